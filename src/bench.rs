@@ -1,0 +1,1 @@
+//! `rlsync bench_sync`: the weight-sync benchmark entry point.

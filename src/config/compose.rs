@@ -1,0 +1,1 @@
+//! merge configs in defaults-list order, apply CLI overrides, enforce struct mode.

@@ -1,0 +1,1 @@
+//! Hydra defaults lists: build the defaults tree and the flat, ordered defaults list.

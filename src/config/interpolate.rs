@@ -1,0 +1,1 @@
+//! OmegaConf ${...} interpolation: grammar, resolution and resolvers.

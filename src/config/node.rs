@@ -1,0 +1,282 @@
+//! The ordered config tree (OmegaConf's DictConfig/ListConfig) that every stage of composition works on.
+//!
+//! A [`Node`] is a value plus where it came from ([`Origin`]), so errors can name `file:line:col`.
+//! Dicts keep insertion order ([`indexmap::IndexMap`]) and may have non-string keys, as OmegaConf allows.
+//! Strings are stored raw: a string containing `${...}` is an interpolation and is only resolved by
+//! `config::interpolate`. `???` is [`Value::Missing`].
+
+use std::fmt;
+use std::sync::Arc;
+
+use indexmap::IndexMap;
+
+/// Where a node was read from: a YAML file position, or a command-line override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// `line` and `col` are 1-based.
+    File { file: Arc<str>, line: u32, col: u32 },
+    /// The override as the user typed it.
+    Override(Arc<str>),
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { file, line, col } => write!(f, "{file}:{line}:{col}"),
+            Origin::Override(text) => write!(f, "override '{text}'"),
+        }
+    }
+}
+
+/// A dict key. OmegaConf allows str, int, float, bool and None keys (YAML `1: a`, `true: b`, `null: c`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    Str(String),
+    Int(i64),
+    /// The bit pattern of an `f64` (so keys can be hashed); use [`Key::float`] / [`Key::as_f64`].
+    Float(u64),
+    Bool(bool),
+    Null,
+}
+
+impl Key {
+    pub fn float(v: f64) -> Key {
+        Key::Float(v.to_bits())
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Key::Float(bits) => Some(f64::from_bits(*bits)),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Key::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl From<&str> for Key {
+    fn from(s: &str) -> Key {
+        Key::Str(s.to_owned())
+    }
+}
+
+impl From<String> for Key {
+    fn from(s: String) -> Key {
+        Key::Str(s)
+    }
+}
+
+impl fmt::Display for Key {
+    /// The key as OmegaConf prints it in a dotted path (`a.1.true`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Str(s) => f.write_str(s),
+            Key::Int(i) => write!(f, "{i}"),
+            Key::Float(bits) => write!(f, "{}", crate::config::node::python_float_repr(f64::from_bits(*bits))),
+            Key::Bool(true) => f.write_str("True"),
+            Key::Bool(false) => f.write_str("False"),
+            Key::Null => f.write_str("None"),
+        }
+    }
+}
+
+/// An ordered mapping, as OmegaConf's DictConfig.
+pub type Dict = IndexMap<Key, Node>;
+
+/// A config value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    /// A string; if it contains `${` it is (or contains) an interpolation.
+    Str(String),
+    /// YAML `!!binary`.
+    Bytes(Vec<u8>),
+    /// `???`: mandatory value not yet set.
+    Missing,
+    List(Vec<Node>),
+    Dict(Dict),
+}
+
+/// A value and its provenance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Node {
+    pub value: Value,
+    pub origin: Option<Origin>,
+}
+
+impl Node {
+    pub fn new(value: Value) -> Node {
+        Node { value, origin: None }
+    }
+
+    pub fn with_origin(value: Value, origin: Option<Origin>) -> Node {
+        Node { value, origin }
+    }
+
+    pub fn empty_dict() -> Node {
+        Node::new(Value::Dict(Dict::new()))
+    }
+
+    pub fn str(s: impl Into<String>) -> Node {
+        Node::new(Value::Str(s.into()))
+    }
+
+    pub fn as_dict(&self) -> Option<&Dict> {
+        match &self.value {
+            Value::Dict(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn as_dict_mut(&mut self) -> Option<&mut Dict> {
+        match &mut self.value {
+            Value::Dict(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn as_list(&self) -> Option<&[Node]> {
+        match &self.value {
+            Value::List(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match &self.value {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Child of a dict by string key.
+    pub fn get(&self, key: &str) -> Option<&Node> {
+        self.as_dict().and_then(|d| d.get(&Key::Str(key.to_owned())))
+    }
+
+    /// Follow a dotted path of string keys / list indices (`a.b.0.c`). No interpolation is resolved.
+    pub fn get_path(&self, dotted: &str) -> Option<&Node> {
+        if dotted.is_empty() {
+            return Some(self);
+        }
+        let mut cur = self;
+        for part in dotted.split('.') {
+            cur = match &cur.value {
+                Value::Dict(d) => d.get(&Key::Str(part.to_owned()))?,
+                Value::List(l) => l.get(part.parse::<usize>().ok()?)?,
+                _ => return None,
+            };
+        }
+        Some(cur)
+    }
+
+    /// OmegaConf's type name of the value, for error messages.
+    pub fn type_name(&self) -> &'static str {
+        self.value.type_name()
+    }
+}
+
+impl Value {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "NoneType",
+            Value::Bool(_) => "bool",
+            Value::Int(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::Missing => "missing",
+            Value::List(_) => "list",
+            Value::Dict(_) => "dict",
+        }
+    }
+
+    /// True for dicts and lists (OmegaConf "containers").
+    pub fn is_container(&self) -> bool {
+        matches!(self, Value::List(_) | Value::Dict(_))
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, `1e-05` style exponents, `inf`/`nan`.
+pub fn python_float_repr(v: f64) -> String {
+    if v.is_nan() {
+        return "nan".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+    }
+    // Rust's `{:e}` gives the shortest round-trip mantissa; re-layout it the way Python does:
+    // positional for 1e-4 <= |v| < 1e16, scientific otherwise.
+    let sci = format!("{v:e}");
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` always has an exponent");
+    let exp: i32 = exp.parse().expect("`{:e}` exponent is an integer");
+    let negative = mantissa.starts_with('-');
+    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
+    let sign = if negative { "-" } else { "" };
+    if (-4..16).contains(&exp) {
+        let point = exp + 1; // digits before the decimal point
+        let s = if point <= 0 {
+            format!("0.{}{}", "0".repeat((-point) as usize), digits)
+        } else if (point as usize) >= digits.len() {
+            format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
+        } else {
+            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+        };
+        format!("{sign}{s}")
+    } else {
+        let (first, rest) = digits.split_at(1);
+        let mant = if rest.is_empty() { first.to_owned() } else { format!("{first}.{rest}") };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{mant}e{esign}{:02}", exp.abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_repr_matches_python() {
+        let cases = [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (1e-4, "0.0001"),
+            (1e-5, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (1e16, "1e+16"),
+            (123456789012345.0, "123456789012345.0"),
+            (-2.5, "-2.5"),
+            (3.14, "3.14"),
+            (1e300, "1e+300"),
+            (-0.0, "-0.0"),
+            (f64::INFINITY, "inf"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(python_float_repr(v), want, "repr of {v:e}");
+        }
+    }
+
+    #[test]
+    fn get_path_walks_dicts_and_lists() {
+        let mut inner = Dict::new();
+        inner.insert(Key::from("c"), Node::new(Value::Int(3)));
+        let list = Node::new(Value::List(vec![Node::new(Value::Dict(inner))]));
+        let mut root = Dict::new();
+        root.insert(Key::from("a"), list);
+        let root = Node::new(Value::Dict(root));
+        assert_eq!(root.get_path("a.0.c").map(|n| &n.value), Some(&Value::Int(3)));
+        assert!(root.get_path("a.1.c").is_none());
+        assert!(root.get_path("a.x").is_none());
+    }
+}

@@ -1,0 +1,1 @@
+//! the Hydra command-line override grammar, parsed into typed overrides and sweeps.

@@ -1,0 +1,618 @@
+//! Typed sections of the run configuration: what rlsync reads after composition and resolution.
+//!
+//! Key paths follow RLinf wherever RLinf has a key for the concept (`weight_syncer.patch.compression`,
+//! `actor.sync_weight_no_wait`, `runner.weight_sync_interval`, `algorithm.staleness_threshold`,
+//! `cluster.component_placement`). Every struct has defaults, so a section may be partial; unknown keys are
+//! reported by `config::typed` (errors inside rlsync-owned sections, "did you mean" elsewhere).
+//! Settings are enums, `NonZero*` and durations, never strings, past this module.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::PathBuf;
+
+use indexmap::IndexMap;
+use serde::Deserialize;
+
+/// The whole typed configuration handed to workers (they never re-compose).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RunConfig {
+    pub weight_syncer: WeightSyncerConfig,
+    pub runner: RunnerConfig,
+    pub cluster: ClusterConfig,
+    pub actor: ActorConfig,
+    pub rollout: RolloutConfig,
+    pub algorithm: AlgorithmConfig,
+    pub env: EnvConfig,
+    /// Only read by `rlsync bench_sync`.
+    pub bench: BenchConfig,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            weight_syncer: WeightSyncerConfig::default(),
+            runner: RunnerConfig::default(),
+            cluster: ClusterConfig::default(),
+            actor: ActorConfig::default(),
+            rollout: RolloutConfig::default(),
+            algorithm: AlgorithmConfig::default(),
+            env: EnvConfig::default(),
+            bench: BenchConfig::default(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// weight_syncer
+
+/// `weight_syncer.type`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncerKind {
+    #[default]
+    Patch,
+    Bucket,
+}
+
+/// A device where a buffer lives (`cpu` | `cuda`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+/// `weight_syncer.patch.compression`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Compression {
+    #[default]
+    None,
+    /// CPU LZ4 (lz4_flex).
+    Lz4,
+    /// GPU LZ4 via nvCOMP; needs a CUDA build and `transport_device: cuda`.
+    NvcompLz4,
+}
+
+/// `weight_syncer.bucket.bucket_dtype` (floating tensors only are cast).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FloatDtype {
+    #[serde(alias = "bf16")]
+    Bfloat16,
+    #[serde(alias = "fp16", alias = "f16", alias = "half")]
+    Float16,
+    #[serde(alias = "fp32", alias = "f32", alias = "float")]
+    Float32,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct WeightSyncerConfig {
+    #[serde(rename = "type")]
+    pub kind: SyncerKind,
+    pub patch: PatchConfig,
+    pub bucket: BucketConfig,
+}
+
+impl Default for WeightSyncerConfig {
+    fn default() -> Self {
+        WeightSyncerConfig { kind: SyncerKind::Patch, patch: PatchConfig::default(), bucket: BucketConfig::default() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct PatchConfig {
+    pub snapshot_device: Device,
+    pub transport_device: Device,
+    pub delta_encoding: bool,
+    pub compression: Compression,
+    pub init_sync: InitSyncConfig,
+}
+
+impl Default for PatchConfig {
+    fn default() -> Self {
+        PatchConfig {
+            snapshot_device: Device::Cpu,
+            transport_device: Device::Cpu,
+            delta_encoding: true,
+            compression: Compression::None,
+            init_sync: InitSyncConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct InitSyncConfig {
+    pub enabled: bool,
+    /// `None`: the whole state dict; otherwise keys equal to a prefix or starting with `prefix.`.
+    pub prefixes: Option<Vec<String>>,
+    pub bucket_size: NonZeroU64,
+}
+
+impl Default for InitSyncConfig {
+    fn default() -> Self {
+        InitSyncConfig { enabled: true, prefixes: None, bucket_size: NonZeroU64::new(128 << 20).unwrap() }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BucketConfig {
+    pub bucket_size: NonZeroU64,
+    pub bucket_dtype: Option<FloatDtype>,
+    pub bucket_device: Device,
+    /// RLinf compatibility switch for agent-side key naming; accepted, no effect on embodied runs.
+    pub is_agent: bool,
+    /// `true`: install each bucket on arrival; `false`: stage all buckets, install at the end.
+    pub load_instant: bool,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        BucketConfig {
+            bucket_size: NonZeroU64::new(512 << 20).unwrap(),
+            bucket_dtype: None,
+            bucket_device: Device::Cpu,
+            is_agent: false,
+            load_instant: true,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// runner
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LoggerBackend {
+    Tensorboard,
+    Jsonl,
+    Wandb,
+    Swanlab,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct LoggerConfig {
+    pub log_path: PathBuf,
+    pub project_name: String,
+    pub experiment_name: String,
+    /// RLinf's key; `backends` is accepted as an alias.
+    #[serde(alias = "backends")]
+    pub logger_backends: Vec<LoggerBackend>,
+    /// Console level for the orchestrator and the prefixed worker logs (`error|warn|info|debug|trace`).
+    pub level: LogLevel,
+}
+
+impl Default for LoggerConfig {
+    fn default() -> Self {
+        LoggerConfig {
+            log_path: PathBuf::from("."),
+            project_name: "rlsync".into(),
+            experiment_name: "default".into(),
+            logger_backends: vec![LoggerBackend::Tensorboard],
+            level: LogLevel::Info,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RunnerConfig {
+    /// Number of training steps; RLinf's `-1` means "use `max_epochs`".
+    pub max_steps: i64,
+    pub max_epochs: i64,
+    /// Sync the rollout weights every this many trainer steps.
+    pub weight_sync_interval: NonZeroU32,
+    /// After each sync, rollouts report their state checksum and version and the orchestrator checks them.
+    pub verify_sync: bool,
+    /// Checkpoint every this many steps (`<= 0`: never).
+    pub save_interval: i64,
+    /// Evaluate every this many steps (`<= 0`: never).
+    pub val_check_interval: i64,
+    pub resume_dir: Option<PathBuf>,
+    pub only_eval: bool,
+    /// A worker that has not completed its handshake by then fails the run.
+    pub handshake_timeout_s: f64,
+    /// A step that takes longer than this fails the run (`<= 0`: no deadline).
+    pub step_timeout_s: f64,
+    /// Time granted to workers to stop after SIGTERM before the group is killed.
+    pub shutdown_grace_s: f64,
+    pub logger: LoggerConfig,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            max_steps: 10,
+            max_epochs: 1,
+            weight_sync_interval: NonZeroU32::MIN,
+            verify_sync: true,
+            save_interval: -1,
+            val_check_interval: -1,
+            resume_dir: None,
+            only_eval: false,
+            handshake_timeout_s: 30.0,
+            step_timeout_s: 600.0,
+            shutdown_grace_s: 3.0,
+            logger: LoggerConfig::default(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// cluster
+
+/// A `cluster.component_placement` value: RLinf writes GPU ranges (`0-7`, `0,2,4`, `3`). rlsync spawns one
+/// worker per listed slot, so `rollout: 0-3` means four rollout workers.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Placement {
+    Single(u32),
+    Ranges(String),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ClusterConfig {
+    pub num_nodes: NonZeroU32,
+    pub component_placement: IndexMap<String, Placement>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        let mut placement = IndexMap::new();
+        placement.insert("actor".to_owned(), Placement::Single(0));
+        placement.insert("rollout".to_owned(), Placement::Ranges("0-1".into()));
+        ClusterConfig { num_nodes: NonZeroU32::MIN, component_placement: placement }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// actor / model
+
+/// `actor.model.model_type`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelType {
+    /// Model-shaped state dict with a realistic Adam-like update; no learning.
+    #[default]
+    Synthetic,
+    /// Gaussian (continuous) or categorical (discrete) MLP actor with a value head (needs `--features torch`).
+    MlpPolicy,
+    /// Frozen backbone + trainable LoRA-style adapters and action head (needs `--features torch`).
+    VlaTiny,
+    /// A user's TorchScript policy at `torchscript_path` (needs `--features torch`).
+    Torchscript,
+}
+
+/// Element type of weights (`precision`, `bench.dtype`, synthetic `dtype`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightDtype {
+    #[default]
+    #[serde(alias = "bfloat16")]
+    Bf16,
+    #[serde(alias = "float16", alias = "fp16")]
+    F16,
+    #[serde(alias = "float32", alias = "fp32")]
+    F32,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ModelConfig {
+    pub model_type: ModelType,
+    /// Weight dtype held by rollouts (the trainer keeps fp32 master weights and sync converts).
+    pub precision: WeightDtype,
+    /// Synthetic: total number of elements.
+    pub params: u64,
+    /// Synthetic: number of tensors in the state dict (realistic shape mix).
+    pub tensors: NonZeroU32,
+    /// Synthetic / vla_tiny: share of the parameters that are frozen (backbone).
+    pub frozen_fraction: f64,
+    /// Synthetic: learning rate of the emulated Adam step (sets the changed fraction per step).
+    pub adam_lr: f64,
+    /// Synthetic: emulated trainer compute per step.
+    pub train_ms: f64,
+    /// Synthetic: emulated rollout compute per env step.
+    pub rollout_ms_per_step: f64,
+    /// Synthetic: bytes of trajectory data per env step.
+    pub traj_bytes_per_step: u64,
+    /// mlp_policy / vla_tiny hidden width.
+    pub hidden_dim: NonZeroU32,
+    pub num_layers: NonZeroU32,
+    /// vla_tiny: rank of the LoRA adapters.
+    pub lora_rank: NonZeroU32,
+    /// torchscript: path to the scripted policy (see examples/torchscript).
+    pub torchscript_path: Option<PathBuf>,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            model_type: ModelType::Synthetic,
+            precision: WeightDtype::Bf16,
+            params: 1 << 20,
+            tensors: NonZeroU32::new(16).unwrap(),
+            frozen_fraction: 0.0,
+            adam_lr: 1e-6,
+            train_ms: 0.0,
+            rollout_ms_per_step: 0.0,
+            traj_bytes_per_step: 256,
+            hidden_dim: NonZeroU32::new(64).unwrap(),
+            num_layers: NonZeroU32::new(2).unwrap(),
+            lora_rank: NonZeroU32::new(8).unwrap(),
+            torchscript_path: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct OptimConfig {
+    pub lr: f64,
+    pub value_lr: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip (`<= 0`: off).
+    pub clip_grad: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        OptimConfig {
+            lr: 3e-4,
+            value_lr: 1e-3,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_eps: 1e-8,
+            weight_decay: 0.0,
+            clip_grad: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct ActorConfig {
+    /// `true`: rollouts receive and apply weights in the background (async entry point).
+    pub sync_weight_no_wait: bool,
+    pub seed: u64,
+    pub micro_batch_size: NonZeroU32,
+    pub global_batch_size: NonZeroU32,
+    pub model: ModelConfig,
+    pub optim: OptimConfig,
+}
+
+impl Default for ActorConfig {
+    fn default() -> Self {
+        ActorConfig {
+            sync_weight_no_wait: false,
+            seed: 1234,
+            micro_batch_size: NonZeroU32::new(64).unwrap(),
+            global_batch_size: NonZeroU32::new(256).unwrap(),
+            model: ModelConfig::default(),
+            optim: OptimConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RolloutModelConfig {
+    pub precision: WeightDtype,
+}
+
+impl Default for RolloutModelConfig {
+    fn default() -> Self {
+        RolloutModelConfig { precision: WeightDtype::Bf16 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct RolloutConfig {
+    pub model: RolloutModelConfig,
+    /// train_async: capacity of the trajectory buffer, in rollout chunks.
+    pub buffer_chunks: NonZeroU32,
+    /// Env steps per rollout chunk (weights are installed between chunks, never mid-forward).
+    pub chunk_steps: NonZeroU32,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        RolloutConfig {
+            model: RolloutModelConfig::default(),
+            buffer_chunks: NonZeroU32::new(8).unwrap(),
+            chunk_steps: NonZeroU32::new(16).unwrap(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// algorithm
+
+/// `algorithm.adv_type`: GAE with a critic (PPO) or group-relative advantages without one (GRPO).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageType {
+    #[default]
+    Gae,
+    #[serde(alias = "grpo")]
+    GrpoGroup,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct AlgorithmConfig {
+    /// train_async: data older than `trainer_version - staleness_threshold` is dropped.
+    pub staleness_threshold: u32,
+    pub adv_type: AdvantageType,
+    pub normalize_advantages: bool,
+    pub group_size: NonZeroU32,
+    pub gamma: f64,
+    pub gae_lambda: f64,
+    pub clip_ratio_low: f64,
+    pub clip_ratio_high: f64,
+    pub value_clip: f64,
+    pub entropy_bonus: f64,
+    pub value_coef: f64,
+    pub update_epoch: NonZeroU32,
+}
+
+impl Default for AlgorithmConfig {
+    fn default() -> Self {
+        AlgorithmConfig {
+            staleness_threshold: 1,
+            adv_type: AdvantageType::Gae,
+            normalize_advantages: true,
+            group_size: NonZeroU32::MIN,
+            gamma: 0.99,
+            gae_lambda: 0.95,
+            clip_ratio_low: 0.2,
+            clip_ratio_high: 0.2,
+            value_clip: 0.2,
+            entropy_bonus: 0.0,
+            value_coef: 0.5,
+            update_epoch: NonZeroU32::new(4).unwrap(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// env
+
+/// `env.{train,eval}.env_type`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvType {
+    /// Fake trajectories of configurable size (synthetic workload).
+    #[default]
+    Synthetic,
+    /// Planar multi-link arm reaching a random target (continuous actions).
+    Reach,
+    /// Classic cart-pole (discrete actions).
+    Cartpole,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct EnvSplitConfig {
+    pub env_type: EnvType,
+    /// Split evenly across rollout workers.
+    pub total_num_envs: NonZeroU32,
+    pub max_episode_steps: NonZeroU32,
+    /// Env steps per rollout epoch (per env).
+    pub max_steps_per_rollout_epoch: NonZeroU32,
+    pub rollout_epoch: NonZeroU32,
+    pub seed: u64,
+    /// reach: number of links of the arm.
+    pub num_links: NonZeroU32,
+}
+
+impl Default for EnvSplitConfig {
+    fn default() -> Self {
+        EnvSplitConfig {
+            env_type: EnvType::Synthetic,
+            total_num_envs: NonZeroU32::new(8).unwrap(),
+            max_episode_steps: NonZeroU32::new(100).unwrap(),
+            max_steps_per_rollout_epoch: NonZeroU32::new(32).unwrap(),
+            rollout_epoch: NonZeroU32::MIN,
+            seed: 0,
+            num_links: NonZeroU32::new(2).unwrap(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[serde(default)]
+pub struct EnvConfig {
+    pub train: EnvSplitConfig,
+    pub eval: EnvSplitConfig,
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// bench (rlsync bench_sync)
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum UpdateKind {
+    /// fp32 master weights with an Adam-like step, cast to the receiver dtype.
+    #[default]
+    Adam,
+    /// A fixed share of elements changed at random positions with random values.
+    Density,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    #[default]
+    Inproc,
+    Shm,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct BenchConfig {
+    pub params: u64,
+    pub dtype: WeightDtype,
+    pub tensors: NonZeroU32,
+    pub update: UpdateKind,
+    pub adam_lr: f64,
+    pub density: f64,
+    pub frozen_fraction: f64,
+    pub steps: NonZeroU32,
+    pub receivers: NonZeroU32,
+    pub transport: TransportKind,
+    /// Threads for the diff/apply kernels (`0`: all cores).
+    pub threads: u32,
+    pub format: OutputFormat,
+    pub seed: u64,
+}
+
+impl Default for BenchConfig {
+    fn default() -> Self {
+        BenchConfig {
+            params: 1 << 24,
+            dtype: WeightDtype::Bf16,
+            tensors: NonZeroU32::new(64).unwrap(),
+            update: UpdateKind::Adam,
+            adam_lr: 1e-6,
+            density: 0.01,
+            frozen_fraction: 0.0,
+            steps: NonZeroU32::new(5).unwrap(),
+            receivers: NonZeroU32::MIN,
+            transport: TransportKind::Inproc,
+            threads: 0,
+            format: OutputFormat::Table,
+            seed: 0,
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! the config search path: embedded tree, --config-path/--config-dir, hydra.searchpath.

@@ -1,0 +1,1 @@
+//! extract the typed RunConfig from a resolved tree, with full key paths and did-you-mean errors.

@@ -1,0 +1,1 @@
+//! load YAML with OmegaConf's scalar typing; every node keeps file:line:col.

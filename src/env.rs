@@ -1,0 +1,1 @@
+//! Built-in vectorised embodied tasks (reach, cartpole), deterministic under a seed.

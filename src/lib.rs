@@ -1,0 +1,25 @@
+//! rlsync: Hydra-compatible configuration, process orchestration and weight synchronisation for embodied RL.
+//!
+//! # Layout
+//! - [`cli`]: entry points (`train_embodied`, `train_async`, `bench_sync`, hidden `worker`) and Hydra's flags.
+//! - [`config`]: the Hydra 1.3 compatible engine (YAML, defaults lists, overrides, interpolation) and the
+//!   typed, validated run configuration. Knows nothing of processes or tensors.
+//! - [`tensor`]: named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O.
+//! - [`syncer`]: the `WeightSyncer` (patch | bucket) on top of a [`transport`] channel; never imports tch.
+//! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory + Unix sockets).
+//! - [`orchestrator`]: supervisor, control protocol, the synchronous and asynchronous training loops, metrics.
+//! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
+//! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
+//! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
+//! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod env;
+pub mod orchestrator;
+pub mod rl;
+pub mod syncer;
+pub mod tensor;
+pub mod transport;
+pub mod worker;

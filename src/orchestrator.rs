@@ -1,0 +1,1 @@
+//! The orchestrator: supervisor, control protocol, synchronous and asynchronous training loops, metrics.

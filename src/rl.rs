@@ -1,0 +1,1 @@
+//! The real learner on libtorch (policies, PPO, GRPO, TorchScript); a dummy without the `torch` feature.

@@ -1,0 +1,1 @@
+//! Worker processes (trainer, rollout) and the `Workload` trait they run; the synthetic workload.
