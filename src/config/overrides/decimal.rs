@@ -22,6 +22,10 @@ pub(super) fn float_range(start: f64, stop: f64, step: f64, max_len: usize) -> R
         Some(Ordering::Less) => false,
         _ => return Err(RangeError::ZeroStep),
     };
+    // Refuse hopeless ranges up front instead of stepping a million times in big decimals.
+    if (stop - start) / step > max_len as f64 {
+        return Err(RangeError::TooLong);
+    }
     let (stop, step) = (Dec::exact(stop), Dec::exact(step));
     let mut cur = Dec::exact(start);
     let mut out = Vec::new();

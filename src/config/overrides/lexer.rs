@@ -327,7 +327,8 @@ mod tests {
         check("a.b.c=1", &[(DotPath, "a.b.c"), (Equal, "="), (Int, "1")]);
         check("++$x=", &[(Plus, "+"), (Plus, "+"), (KeySpecial, "$x"), (Equal, "=")]);
         check("hydra/launcher@p.q= x", &[(Id, "hydra"), (Slash, "/"), (Id, "launcher"), (At, "@"), (DotPath, "p.q"), (Equal, "= "), (Id, "x")]);
-        check("list.0_1.x", &[(DotPath, "list.0_1.x")]);
+        check("list.10_1.x", &[(DotPath, "list.10_1.x")]);
+        check("list.0_1", &[(DotPath, "list.0"), (Id, "_1")]);
     }
 
     #[test]
