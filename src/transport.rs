@@ -205,3 +205,55 @@ impl From<ShmReceiver> for Receiver {
         Receiver::Shm(r)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Callers spawn sync work on tokio tasks, so every channel future must be `Send` (when the closure is).
+    #[test]
+    fn channel_futures_are_send() {
+        let (mut tx, mut rxs) = inproc_channel(1);
+        assert_send(&tx.send_with(4, |b| b.len()));
+        assert_send(&tx.send(b"x"));
+        assert_send(&tx.flush());
+        assert_send(&tx.recv_from(0));
+        if let Some(rx) = rxs.first_mut() {
+            assert_send(&rx.recv_with(|b| b.len()));
+            assert_send(&rx.send(b"x"));
+        }
+        assert_send(&tx);
+        assert_send(&rxs);
+        assert_send(&ShmSender::bind(ShmConfig::default()));
+        assert_send(&ShmReceiver::connect(std::path::Path::new("x"), 0, DEFAULT_TIMEOUT));
+    }
+
+    #[test]
+    fn errors_name_the_peer() {
+        let check = |err: TransportError, expect: &str| assert_eq!(err.to_string(), expect);
+        check(
+            TransportError::Timeout { op: "flushing", peer: Peer::Receivers(vec![0, 2]), timeout: Duration::from_secs(3) },
+            "timed out after 3s while flushing, waiting on receiver ranks [0, 2]",
+        );
+        check(
+            TransportError::PeerGone { op: "sending a payload", peer: Peer::Receiver(1) },
+            "receiver rank 1 is gone (disconnected) while sending a payload",
+        );
+        check(
+            TransportError::PeerGone { op: "waiting for a payload", peer: Peer::Sender },
+            "the sender is gone (disconnected) while waiting for a payload",
+        );
+    }
+
+    #[tokio::test]
+    async fn send_copies_the_payload() {
+        let (mut tx, mut rxs) = inproc_channel(2);
+        tx.send(b"weights").await.unwrap();
+        for rx in rxs.iter_mut() {
+            assert_eq!(rx.recv_with(<[u8]>::to_vec).await.unwrap(), b"weights");
+        }
+        tx.flush().await.unwrap();
+    }
+}

@@ -332,7 +332,7 @@ async fn shm_segments_are_private_and_unlinked_once_mapped() {
 async fn shm_receiver_timeout_is_recoverable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("s.sock");
-    let (mut tx, mut rx) = pair(&socket, &unique_prefix("idle"), Duration::from_millis(100)).await;
+    let (mut tx, mut rx) = pair(&socket, &unique_prefix("idle"), Duration::from_secs(1)).await;
     let err = rx.recv_with(|_| ()).await.expect_err("nothing was sent");
     assert!(matches!(err, TransportError::Timeout { peer: Peer::Sender, .. }), "{err}");
     tx.send(b"late").await.expect("send");
@@ -346,19 +346,28 @@ async fn shm_bind_refuses_bad_ranks_and_times_out_naming_missing_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("s.sock");
     let prefix = unique_prefix("hello");
-    let cfg = ShmConfig { timeout: Duration::from_millis(300), ..config(&socket, &prefix, 2) };
+    // Long enough for every connection below to reach the sender even on a loaded machine.
+    let cfg = ShmConfig { timeout: Duration::from_secs(3), ..config(&socket, &prefix, 2) };
     let bind = tokio::spawn(ShmSender::bind(cfg));
     let bad = ShmReceiver::connect(&socket, 5, TIMEOUT).await.expect_err("rank out of range");
     assert!(matches!(&bad, TransportError::Rejected { reason } if reason.contains("rank 5")), "{bad}");
-    // Rank 0 joins (and waits for the welcome), rank 1 never does.
-    let joined = tokio::spawn({
+    // Rank 0 tries to join twice (one is refused as a duplicate, the other waits for the welcome); rank 1
+    // never joins.
+    let join0 = || {
         let socket = socket.clone();
-        async move { ShmReceiver::connect(&socket, 0, Duration::from_millis(500)).await }
-    });
+        tokio::spawn(async move { ShmReceiver::connect(&socket, 0, Duration::from_secs(6)).await })
+    };
+    let (first, second) = (join0(), join0());
     let err = bind.await.expect("bind task").expect_err("rank 1 is missing");
     assert!(matches!(&err, TransportError::Timeout { peer: Peer::Receivers(missing), .. } if missing == &[1]), "{err}");
     assert!(!socket.exists(), "socket file removed on error");
-    assert!(joined.await.expect("join task").is_err(), "rank 0 hears that the sender gave up");
+    let outcomes = [first.await.expect("join task"), second.await.expect("join task")];
+    let refused = outcomes
+        .iter()
+        .filter(|o| matches!(o, Err(TransportError::Rejected { reason }) if reason.contains("already joined")))
+        .count();
+    assert_eq!(refused, 1, "exactly one duplicate rank 0 is refused");
+    assert!(outcomes.iter().all(Result::is_err), "the accepted rank 0 hears that the sender gave up");
 }
 
 #[tokio::test]

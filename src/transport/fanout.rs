@@ -104,7 +104,8 @@ impl Fanout {
 
     /// Record that payload `seq` was published in `slot` to every rank.
     pub(crate) fn published(&mut self, seq: u64, slot: usize) {
-        if let Some(entry) = self.slots.get_mut(slot) {
+        // With no receivers nothing is ever in flight.
+        if let Some(entry) = self.slots.get_mut(slot).filter(|_| self.receivers > 0) {
             *entry = Some(InFlight { seq, pending: vec![true; self.receivers] });
         }
         self.next_seq = seq + 1;
@@ -112,7 +113,9 @@ impl Fanout {
 
     /// Record that a new segment generation for `slot` was announced to every rank.
     pub(crate) fn announced(&mut self, slot: usize, generation: u64) {
-        if let Some(entry) = self.maps.get_mut(slot) {
+        if self.receivers == 0 {
+            self.fully_mapped.push((slot, generation));
+        } else if let Some(entry) = self.maps.get_mut(slot) {
             *entry = Some(MapWait { generation, pending: vec![true; self.receivers] });
         }
     }
@@ -277,6 +280,20 @@ mod tests {
         let err = f.wait_all_free("flushing").await.unwrap_err();
         assert!(matches!(err, TransportError::PeerGone { peer: Peer::Receiver(2), .. }), "{err}");
         assert!(f.require_all_alive("sending").is_err());
+    }
+
+    #[tokio::test]
+    async fn no_receivers_means_nothing_in_flight() {
+        let (mut f, _tx) = fanout(0, 2);
+        for seq in 0..5 {
+            let (next, slot) = f.next();
+            assert_eq!((next, slot), (seq, (seq % 2) as usize));
+            f.wait_slot_free(slot, "t").await.unwrap();
+            f.published(seq, slot);
+            f.announced(slot, seq);
+        }
+        f.wait_all_free("t").await.unwrap();
+        assert_eq!(f.drain_fully_mapped().len(), 5);
     }
 
     #[tokio::test]

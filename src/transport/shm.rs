@@ -286,10 +286,10 @@ impl ShmSender {
     /// Unlink the segments every receiver has mapped by now.
     fn unlink_mapped(&mut self) {
         for (slot, generation) in self.fanout.drain_fully_mapped() {
-            if let Some(Some(seg)) = self.segments.get_mut(slot) {
-                if seg.generation() == generation {
-                    seg.unlink();
-                }
+            if let Some(Some(seg)) = self.segments.get_mut(slot)
+                && seg.generation() == generation
+            {
+                seg.unlink();
             }
         }
     }

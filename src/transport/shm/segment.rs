@@ -132,10 +132,10 @@ impl OwnedSegment {
 
     /// Remove the name (the memory lives on while mapped). Idempotent.
     pub(crate) fn unlink(&mut self) {
-        if std::mem::replace(&mut self.linked, false) {
-            if let Err(errno) = shm_unlink(shm_path(&self.name).as_str()) {
-                tracing::warn!(segment = %self.name, %errno, "could not unlink shared memory segment");
-            }
+        if std::mem::replace(&mut self.linked, false)
+            && let Err(errno) = shm_unlink(shm_path(&self.name).as_str())
+        {
+            tracing::warn!(segment = %self.name, %errno, "could not unlink shared memory segment");
         }
     }
 }
