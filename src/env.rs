@@ -83,6 +83,8 @@ pub struct EnvOptions {
     pub max_episode_steps: NonZeroU32,
     /// reach only: links of the arm.
     pub num_links: NonZeroU32,
+    /// Consecutive envs sharing one reset stream (GRPO groups start from identical states); 1 otherwise.
+    pub group_size: NonZeroU32,
 }
 
 impl EnvOptions {
@@ -101,7 +103,13 @@ impl EnvOptions {
             seed: cfg.seed,
             max_episode_steps: cfg.max_episode_steps,
             num_links: cfg.num_links,
+            group_size: NonZeroU32::MIN,
         }
+    }
+
+    /// The reset-stream index of global env `index`.
+    fn stream(&self, index: usize) -> usize {
+        index / self.group_size.get() as usize
     }
 }
 
@@ -146,10 +154,10 @@ pub(crate) struct Transition {
 
 impl VecEnv {
     pub fn new(opts: &EnvOptions) -> Result<VecEnv, EnvError> {
-        let indices = opts.first_index..opts.first_index + opts.num_envs;
+        let streams: Vec<usize> = (opts.first_index..opts.first_index + opts.num_envs).map(|i| opts.stream(i)).collect();
         let task = match opts.env_type {
-            EnvType::Reach => Task::Reach(Reach::new(opts.num_links.get() as usize, opts.seed, indices)),
-            EnvType::Cartpole => Task::Cartpole(Cartpole::new(opts.seed, indices)),
+            EnvType::Reach => Task::Reach(Reach::new(opts.num_links.get() as usize, opts.seed, &streams)),
+            EnvType::Cartpole => Task::Cartpole(Cartpole::new(opts.seed, &streams)),
             other => return Err(EnvError::NotBuiltIn { env_type: other }),
         };
         let spec = match &task {
@@ -175,6 +183,15 @@ impl VecEnv {
 
     pub fn num_envs(&self) -> usize {
         self.num_envs
+    }
+
+    pub fn max_episode_steps(&self) -> u32 {
+        self.max_episode_steps
+    }
+
+    /// Episodes finished since the last [`VecEnv::take_metrics`].
+    pub fn finished_episodes(&self) -> u64 {
+        self.stats.finished()
     }
 
     /// Current observations, `num_envs * obs_dim` values.
@@ -298,6 +315,7 @@ mod tests {
             seed,
             max_episode_steps: NonZeroU32::new(20).unwrap(),
             num_links: NonZeroU32::new(2).unwrap(),
+            group_size: NonZeroU32::MIN,
         }
     }
 
@@ -345,6 +363,18 @@ mod tests {
             assert_eq!(joined.len(), 5 * dim);
             assert_eq!(joined, whole.obs(), "{ty:?}");
         }
+    }
+
+    #[test]
+    fn group_members_start_identically() {
+        let mut o = opts(EnvType::Reach, 4, 0, 9);
+        o.group_size = NonZeroU32::new(2).unwrap();
+        let env = VecEnv::new(&o).unwrap();
+        let d = env.spec().obs_dim;
+        let obs = env.obs();
+        assert_eq!(obs[..d], obs[d..2 * d]);
+        assert_eq!(obs[2 * d..3 * d], obs[3 * d..]);
+        assert_ne!(obs[..d], obs[2 * d..3 * d]);
     }
 
     #[test]

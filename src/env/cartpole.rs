@@ -5,7 +5,6 @@
 //! 12 degrees or the cart leaves `[-2.4, 2.4]`. Reward is 1 per step survived; reaching the episode cap counts
 //! as a success. Observation: `[x, x_dot, theta, theta_dot]`, each drawn in `[-0.05, 0.05]` on reset.
 
-use std::ops::Range;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,10 +28,10 @@ pub struct Cartpole {
 }
 
 impl Cartpole {
-    pub fn new(seed: u64, indices: Range<usize>) -> Cartpole {
+    pub fn new(seed: u64, streams: &[usize]) -> Cartpole {
         Cartpole {
-            state: vec![[0.0; 4]; indices.len()],
-            rngs: indices.map(|i| StdRng::seed_from_u64(env_seed(seed, i))).collect(),
+            state: vec![[0.0; 4]; streams.len()],
+            rngs: streams.iter().map(|&i| StdRng::seed_from_u64(env_seed(seed, i))).collect(),
         }
     }
 
@@ -86,7 +85,7 @@ mod tests {
 
     #[test]
     fn constant_push_fails_and_balancing_survives_longer() {
-        let mut c = Cartpole::new(0, 0..1);
+        let mut c = Cartpole::new(0, &[0]);
         let mut obs = [0.0; 4];
         c.reset(0, &mut obs);
         let mut pushed = 0;

@@ -75,6 +75,10 @@ impl EpisodeStats {
         }
     }
 
+    pub fn finished(&self) -> u64 {
+        self.episodes
+    }
+
     /// Forgets unfinished episodes (after a forced reset of every env).
     pub fn discard_running(&mut self) {
         self.running_return.iter_mut().for_each(|r| *r = 0.0);
