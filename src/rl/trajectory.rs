@@ -188,14 +188,15 @@ impl Trajectory {
     }
 }
 
-/// Runs `steps` batched env steps with `actor`, recording everything the trainer needs; `version` is the
-/// weight version the actor holds.
-pub fn collect(env: &mut VecEnv, actor: &mut Actor, steps: usize, version: u64) -> Result<Trajectory, RlError> {
+/// Runs `steps` batched env steps with `actor`, recording everything the trainer needs, each entry tagged
+/// with the weight version the actor held.
+pub fn collect(env: &mut VecEnv, actor: &mut Actor, steps: usize) -> Result<Trajectory, RlError> {
     let spec = env.spec();
     let n = env.num_envs();
     let mut traj = Trajectory::new(n, spec.obs_dim, spec.action);
     for _ in 0..steps {
         let obs = env.obs().to_vec();
+        let version = actor.version();
         let decision = actor.act(&obs, ActMode::Sample)?;
         let out = env.step(decision.actions.as_actions())?;
         traj.obs.extend_from_slice(&obs);
