@@ -88,14 +88,15 @@ pub struct EnvOptions {
 }
 
 impl EnvOptions {
-    /// Options for the share of rollout worker `rank` out of `workers`: `total_num_envs` split evenly, the
-    /// first `total % workers` ranks taking one more env.
+    /// Options for the share of rollout worker `rank` out of `workers`: `total_num_envs` split evenly in
+    /// whole groups of `group_size` envs, the first ranks taking one more group when they do not divide.
     pub fn for_worker(cfg: &EnvSplitConfig, rank: usize, workers: NonZeroU32) -> EnvOptions {
-        let total = cfg.total_num_envs.get() as usize;
+        let group = cfg.group_size.get() as usize;
+        let groups = (cfg.total_num_envs.get() as usize).div_ceil(group);
         let workers = workers.get() as usize;
-        let (base, extra) = (total / workers, total % workers);
-        let num_envs = base + usize::from(rank < extra);
-        let first_index = rank * base + rank.min(extra);
+        let (base, extra) = (groups / workers, groups % workers);
+        let num_envs = (base + usize::from(rank < extra)) * group;
+        let first_index = (rank * base + rank.min(extra)) * group;
         EnvOptions {
             env_type: cfg.env_type,
             num_envs,
@@ -103,7 +104,7 @@ impl EnvOptions {
             seed: cfg.seed,
             max_episode_steps: cfg.max_episode_steps,
             num_links: cfg.num_links,
-            group_size: NonZeroU32::MIN,
+            group_size: cfg.group_size,
         }
     }
 
@@ -363,6 +364,21 @@ mod tests {
             assert_eq!(joined.len(), 5 * dim);
             assert_eq!(joined, whole.obs(), "{ty:?}");
         }
+    }
+
+    #[test]
+    fn workers_get_whole_groups() {
+        let cfg = EnvSplitConfig {
+            env_type: EnvType::Reach,
+            total_num_envs: NonZeroU32::new(12).unwrap(),
+            group_size: NonZeroU32::new(4).unwrap(),
+            ..Default::default()
+        };
+        let split: Vec<(usize, usize)> = (0..2)
+            .map(|r| EnvOptions::for_worker(&cfg, r, NonZeroU32::new(2).unwrap()))
+            .map(|o| (o.first_index, o.num_envs))
+            .collect();
+        assert_eq!(split, vec![(0, 8), (8, 4)]);
     }
 
     #[test]
