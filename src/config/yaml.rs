@@ -539,4 +539,42 @@ mod tests {
         assert_eq!(count, 183, "case count changed");
         assert!(failures.is_empty(), "{} of {count} cases failed:\n{}", failures.len(), failures.join("\n"));
     }
+
+    // ---- robustness: bad input is an error, never a panic ----
+
+    const SEEDS: &[&str] = &[
+        "a: 1\nb: [1, 2, {c: d}]\n",
+        "base: &b {x: 1}\nd:\n  <<: *b\n  y: !!int '2'\n",
+        "l:\n- - a\n  - b\n- |\n  text\n- >-\n  folded\n",
+        "? k\n: v\n'q': \"x\\ty\"\n",
+        "%YAML 1.1\n---\na: !!binary aGk=\n...\n",
+        "a: !!omap [x: 1]\nb: !!set {q}\n",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 2000, ..Default::default() })]
+
+        #[test]
+        fn arbitrary_text_never_panics(text in ".{0,64}") {
+            let _ = load_str(&text, "fuzz.yaml");
+        }
+
+        #[test]
+        fn mutated_configs_never_panic(
+            seed in proptest::sample::select(SEEDS),
+            edits in proptest::collection::vec((0usize..200, proptest::sample::select(vec![
+                "", "-", ":", " ", "\n", "\t", "&a", "*a", "!!", "!", "[", "]", "{", "}", "?", "'", "\"", "<<", "|", ">", "#", "%", "---", "...", ",", "\\",
+            ])), 1..6),
+        ) {
+            let mut text = seed.to_owned();
+            for (at, insert) in edits {
+                let mut at = at % (text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                text.insert_str(at, insert);
+            }
+            let _ = load_str(&text, "fuzz.yaml");
+        }
+    }
 }
