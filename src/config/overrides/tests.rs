@@ -190,6 +190,7 @@ fn functions_evaluate_at_parse_time() {
         ("a=str([0,1,2])", "['0', '1', '2']"),
         ("a=float({a:10})", "{'a': 10.0}"),
         ("a=bool({a:[0,1,2]})", "{'a': [False, True, True]}"),
+        ("a=bool(null)", "False"),
         ("a=int(value=3)", "3"),
         ("a=sort([2,3,1],reverse=true)", "[3, 2, 1]"),
         ("a=sort(list=[1,2,3], reverse=True)", "[3, 2, 1]"),
@@ -279,6 +280,7 @@ fn grammar_errors_carry_hydra_wording() {
         ("a=choice(x=1)", "TypeError while evaluating 'choice(x=1)': got an unexpected keyword argument 'x'"),
         ("a=choice()", "empty choice is not legal"),
         ("a=choice(choice(1,2))", "nesting choices is not supported"),
+        ("a=choice(str(choice(1,2)))", "nesting choices is not supported"),
         ("a=f(a=1,2)", "positional argument follows keyword argument"),
         ("a=sort(list=[b,a],reverse=1)", "mismatch type argument reverse: int is incompatible with bool"),
         ("a=range()", "missing a required argument: 'start'"),
@@ -312,6 +314,16 @@ fn single_run_rejects_sweeps_with_hydra_messages() {
     let hydra = parse_override("hydra.a=1,2").and_then(|o| o.validate_sweep(RunMode::Multirun));
     assert!(matches!(hydra, Err(OverrideError::HydraSweep { .. })));
     assert_eq!(parse_override("x=1").and_then(|o| o.validate_sweep(RunMode::Run)), Ok(()));
+}
+
+#[test]
+fn sweeps_among_choice_items_are_refused_when_enumerated() {
+    for input in ["a=1,choice(2,3)", "a=choice(1,choice(2,3))", "a=shuffle(1,2),3", "a=[range(1)],2"] {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
+        assert!(matches!(sweep.expand(None), Err(OverrideError::NestedSweepInChoice { .. })), "{input}");
+        assert!(o.validate_sweep(RunMode::Run).is_err());
+    }
 }
 
 #[test]
