@@ -1,7 +1,7 @@
 //! Hydra's override functions (`int() float() str() bool() choice() range() interval() tag() sort()
 //! shuffle() glob()`), with Python's argument binding, type checks and exceptions.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use rand::seq::SliceRandom;
 
@@ -58,12 +58,21 @@ fn eval_inner(call: Call<'_>) -> Result<Val, Raise> {
         other => other,
     };
     let args: Vec<Val> = call.args.into_iter().map(unquote).collect();
+    // Hydra collects keyword arguments in a dict: a repeated name keeps its first place, the last value.
     let mut kwargs: Vec<(String, Val)> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
     for (name, v) in call.kwargs {
         let v = unquote(v);
-        match kwargs.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = v,
-            None => kwargs.push((name, v)),
+        match seen.get(&name) {
+            Some(&i) => {
+                if let Some(slot) = kwargs.get_mut(i) {
+                    slot.1 = v;
+                }
+            }
+            None => {
+                seen.insert(name.clone(), kwargs.len());
+                kwargs.push((name, v));
+            }
         }
     }
     let bound = bind(&sig, args, kwargs)?;

@@ -587,3 +587,19 @@ fn deep_nesting_is_an_error_not_a_crash() {
     let ok = format!("a={}1{}", "[".repeat(50), "]".repeat(50));
     assert!(parse_override(&ok).is_ok());
 }
+
+#[test]
+fn long_pathological_input_is_handled() {
+    // Each of these would be quadratic with naive scanning or key de-duplication.
+    let braces = format!("a={}", "${".repeat(60_000));
+    assert!(parse_override(&braces).is_err());
+    let keys: Vec<String> = (0..20_000).map(|i| format!("k{}:{i}", i % 3)).collect();
+    let dict = parse_override(&format!("a={{{}}}", keys.join(",")));
+    let Ok(Some(Element::Dict(pairs))) = dict.map(|o| o.element().cloned()) else { panic!("a dict") };
+    assert_eq!(pairs.len(), 3);
+    assert_eq!(pairs[0], (Key::from("k0"), Element::Int(19_998)));
+    let kwargs: Vec<&str> = std::iter::repeat_n("reverse=true", 20_000).collect();
+    assert!(parse_override(&format!("a=sort([1,2],{})", kwargs.join(","))).is_ok());
+    let wide = format!("a=[{}]", vec!["1"; 100_000].join(","));
+    assert!(parse_override(&wide).is_ok());
+}
