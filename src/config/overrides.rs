@@ -77,7 +77,7 @@ pub enum OverrideError {
     #[error("Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
     NestedSweep { input: String, sweep_type: &'static str },
     /// A choice with a sweep among its items (`a=1,choice(2,3)`), which Hydra cannot enumerate either.
-    #[error("cannot enumerate a choice whose items include a {sweep_type}")]
+    #[error("Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
     NestedSweepInChoice { sweep_type: &'static str },
     /// `a=1,2` without `--multirun`.
     #[error(
@@ -202,6 +202,18 @@ impl Override {
             None => format!("{prefix}{}", self.key_or_group),
             Some(pkg) => format!("{prefix}{}@{pkg}", self.key_or_group),
         }
+    }
+
+    /// How Hydra's basic sweeper writes this override into each job of a multirun when it is not a
+    /// sweep: `key_element=value_text`, so `b= x ` becomes `b=x` and `~a` becomes `~a=null`. `None` for
+    /// sweeps, which [`Sweep::expand`] enumerates instead.
+    pub fn job_text(&self) -> Option<String> {
+        let value = match &self.value {
+            Some(OverrideValue::Sweep(_)) => return None,
+            Some(OverrideValue::Element(e)) => e.to_override_text(),
+            None => Element::Null.to_override_text(),
+        };
+        Some(format!("{}={value}", self.key_element()))
     }
 
     /// Hydra's `get_value_string()`: the input after the first `=`, as typed.

@@ -333,6 +333,46 @@ fn nested_sweeps_fail_like_a_merge() {
 }
 
 #[test]
+fn job_text_is_what_the_basic_sweeper_writes() {
+    let cases = [
+        ("b= x ", Some("b=x")),
+        ("~a", Some("~a=null")),
+        ("+c='a b'", Some("+c='a b'")),
+        ("d=", Some("d=")),
+        ("db@pkg=mysql", Some("db@pkg=mysql")),
+        (r"e=[1,a\ b,{k:true}]", Some(r"e=[1,a\ b,{k:True}]")),
+        ("f=1,2", None),
+    ];
+    for (input, want) in cases {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        assert_eq!(o.job_text().as_deref(), want, "{input}");
+    }
+}
+
+#[test]
+fn sweeps_enumerate_as_the_basic_sweeper_does() {
+    // Expected lists printed by Hydra's BasicSweeper.split_arguments for the same overrides.
+    let cases: [(&str, &[&str]); 5] = [
+        ("f=1,2", &["f=1", "f=2"]),
+        ("g=range(1,3)", &["g=1", "g=2"]),
+        ("h=choice('x y', \"z\")", &["h=x\\ y", "h=z"]),
+        ("i=1.5,'a b'", &["i=1.5", "i='a b'"]),
+        ("j=range(0,1,0.25)", &["j=0.0", "j=0.25", "j=0.5", "j=0.75"]),
+    ];
+    for (input, want) in cases {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
+        let jobs: Vec<String> = sweep
+            .expand(None)
+            .unwrap_or_else(|e| panic!("{input}: {e}"))
+            .iter()
+            .map(|e| format!("{}={}", o.key_element(), e.to_override_text()))
+            .collect();
+        assert_eq!(jobs, want, "{input}");
+    }
+}
+
+#[test]
 fn multirun_expansion_reparses() {
     let o = parse_override("a='x y',b\\,c,3").unwrap_or_else(|e| panic!("{e}"));
     let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("not a sweep") };
