@@ -218,14 +218,7 @@ impl Lexer {
     }
 
     fn starts_with(&self, i: usize, pat: &str) -> bool {
-        let mut j = i;
-        for c in pat.chars() {
-            if self.at(j) != Some(c) {
-                return false;
-            }
-            j += 1;
-        }
-        true
+        (i..).zip(pat.chars()).all(|(j, c)| self.at(j) == Some(c))
     }
 
     fn count_ws(&self, i: usize) -> usize {
@@ -568,7 +561,7 @@ impl Parser {
             Ok(())
         } else {
             let t = &self.toks[self.pos];
-            err(format!("extraneous input '{}' expecting <EOF>", t.text))
+            err(format!("mismatched input '{}' expecting <EOF>", t.text))
         }
     }
 
@@ -756,10 +749,10 @@ impl Parser {
                 break;
             }
         }
-        if items.len() == 1 {
-            if let Some(only) = items.pop() {
-                return Ok(only);
-            }
+        if items.len() == 1
+            && let Some(only) = items.pop()
+        {
+            return Ok(only);
         }
         let mut parts: Vec<Part> = Vec::new();
         for (item, (kind, text)) in items.into_iter().zip(raw_texts) {
