@@ -12,6 +12,8 @@
 //! Layout: `grammar` (lexer + parser), `tree` (parent-linked working copy), `py` (Python values and
 //! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers).
 
+#[cfg(test)]
+mod conformance_tests;
 mod eval;
 mod grammar;
 mod py;
