@@ -382,3 +382,26 @@ async fn shm_config_is_validated() {
     std::fs::write(&socket, b"not a socket").expect("write file");
     assert!(matches!(check(config(&socket, "x", 1)).await, Err(TransportError::Config { .. })));
 }
+
+#[test]
+fn shm_fill_that_panics_leaves_the_channel_consistent() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("s.sock");
+    let prefix = unique_prefix("panic");
+    let (mut tx, mut rx) = rt.block_on(pair(&socket, &prefix, TIMEOUT));
+    // The fill panics after a bigger segment was created for slot 0 but before it was announced.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(tx.send_with(3 << 20, |_| panic!("fill failed")))
+    }));
+    assert!(panicked.is_err());
+    rt.block_on(async {
+        for (seed, len) in [(1, 2 << 20), (2, 3 << 20), (3, 5)] {
+            tx.send_with(len, |buf| fill_pattern(seed, buf)).await.expect("send after a panicked fill");
+            let ok = rx.recv_with(|b| b == pattern(seed, len).as_slice()).await.expect("recv");
+            assert!(ok, "payload {seed} intact");
+        }
+        tx.flush().await.expect("flush");
+    });
+    assert!(shm_files(&prefix).is_empty());
+}

@@ -5,8 +5,9 @@
 //! replaced by a bigger segment while receivers still read another. Per payload there is one small `Publish`
 //! frame to each receiver and one `Released` frame back. A segment's name is unlinked as soon as every
 //! receiver has mapped it, so only a crash inside that short window can leave a file behind
-//! ([`remove_leftovers`] sweeps those). After a failed wait (timeout, dead receiver, broken socket) the sender
-//! unlinks everything and refuses further use with [`TransportError::Broken`].
+//! ([`remove_leftovers`] sweeps those). A wait that times out leaves the channel usable (the caller may wait
+//! again or give up); a dead receiver, a failed socket write or a protocol violation breaks it: the sender
+//! unlinks every segment and refuses further use with [`TransportError::Broken`].
 
 mod receiver;
 mod segment;
@@ -29,6 +30,20 @@ use segment::{Namer, OwnedSegment};
 
 /// Segments grow in steps of this many bytes (and at least by half their size) to avoid remapping often.
 const GROW_STEP: usize = 1 << 20;
+
+const OP_SEND: &str = "sending a payload";
+const OP_FLUSH: &str = "flushing";
+const OP_RECV_FROM: &str = "receiving an upstream message";
+
+/// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
+/// half-written), or a caller mistake.
+fn recoverable(err: &TransportError) -> bool {
+    match err {
+        TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
+        TransportError::NoSuchRank { .. } => true,
+        _ => false,
+    }
+}
 
 /// How the shm sender is set up.
 #[derive(Debug, Clone)]
@@ -105,6 +120,8 @@ pub struct ShmSender {
     writers: Vec<OwnedWriteHalf>,
     reader_tasks: Vec<JoinHandle<()>>,
     segments: Vec<Option<OwnedSegment>>,
+    /// A slot's segment that receivers have not been told about yet.
+    unannounced: Vec<Option<SegmentInfo>>,
     namer: Namer,
     initial_capacity: usize,
     broken: Option<String>,
@@ -260,6 +277,7 @@ impl ShmSender {
             writers,
             reader_tasks,
             segments: (0..cfg.slots).map(|_| None).collect(),
+            unannounced: (0..cfg.slots).map(|_| None).collect(),
             namer: Namer::new(&cfg.segment_prefix),
             initial_capacity: cfg.initial_capacity,
             broken: None,
@@ -283,6 +301,15 @@ impl ShmSender {
         err
     }
 
+    /// Housekeeping after every public call: unlink what is mapped everywhere, break the channel on fatal errors.
+    fn settle<T>(&mut self, result: Result<T, TransportError>) -> Result<T, TransportError> {
+        self.unlink_mapped();
+        match result {
+            Err(err) if !recoverable(&err) => Err(self.fail(err)),
+            other => other,
+        }
+    }
+
     /// Unlink the segments every receiver has mapped by now.
     fn unlink_mapped(&mut self) {
         for (slot, generation) in self.fanout.drain_fully_mapped() {
@@ -294,8 +321,8 @@ impl ShmSender {
         }
     }
 
-    /// Give `slot` a new segment of at least `len` bytes; returns what receivers need to map it.
-    fn replace_segment(&mut self, slot: usize, len: usize) -> Result<SegmentInfo, TransportError> {
+    /// Give `slot` a new segment of at least `len` bytes, to be announced with the slot's next payload.
+    fn replace_segment(&mut self, slot: usize, len: usize) -> Result<(), TransportError> {
         let old = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
         let capacity = len.max(old.saturating_add(old / 2)).div_ceil(GROW_STEP).saturating_mul(GROW_STEP);
         let (generation, name) = self.namer.next();
@@ -308,8 +335,10 @@ impl ShmSender {
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = Some(seg);
         }
-        self.fanout.announced(slot, generation);
-        Ok(info)
+        if let Some(entry) = self.unannounced.get_mut(slot) {
+            *entry = Some(info);
+        }
+        Ok(())
     }
 
     async fn publish(&mut self, frame: &[u8]) -> Result<(), TransportError> {
@@ -321,7 +350,7 @@ impl ShmSender {
     }
 
     async fn try_send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
-        const OP: &str = "sending a payload";
+        const OP: &str = OP_SEND;
         self.fanout.poll_events()?;
         self.unlink_mapped();
         self.fanout.require_all_alive(OP)?;
@@ -329,7 +358,9 @@ impl ShmSender {
         self.fanout.wait_slot_free(slot, OP).await?;
         self.unlink_mapped();
         let current = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
-        let fresh = if len > current { Some(self.replace_segment(slot, len.max(self.initial_capacity))?) } else { None };
+        if len > current {
+            self.replace_segment(slot, len.max(self.initial_capacity))?;
+        }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
             Some(seg) => match seg.bytes_mut(len) {
                 Some(bytes) => fill(bytes),
@@ -337,10 +368,16 @@ impl ShmSender {
             },
             None => fill(&mut []),
         };
+        // Taken only now, so that a `fill` that panicked leaves the announcement for the next payload.
+        let fresh = self.unannounced.get_mut(slot).and_then(Option::take);
+        let generation = fresh.as_ref().map(|info| info.generation);
         let frame = Down::Publish { seq, slot: slot as u32, len: len as u64, segment: fresh }
             .encode()
             .map_err(|e| protocol(Peer::Sender, e))?;
         self.publish(&frame).await?;
+        if let Some(generation) = generation {
+            self.fanout.announced(slot, generation);
+        }
         self.fanout.published(seq, slot);
         Ok(out)
     }
@@ -353,34 +390,20 @@ impl SendBackend for ShmSender {
 
     async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
         self.check_usable()?;
-        match self.try_send_with(len, fill).await {
-            Ok(out) => Ok(out),
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.try_send_with(len, fill).await;
+        self.settle(result)
     }
 
     async fn flush(&mut self) -> Result<(), TransportError> {
         self.check_usable()?;
-        let result = self.fanout.wait_all_free("flushing");
-        match result.await {
-            Ok(()) => {
-                self.unlink_mapped();
-                Ok(())
-            }
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.fanout.wait_all_free(OP_FLUSH).await;
+        self.settle(result)
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
         self.check_usable()?;
-        match self.fanout.wait_message(rank, "receiving an upstream message").await {
-            Ok(msg) => {
-                self.unlink_mapped();
-                Ok(msg)
-            }
-            Err(err @ TransportError::NoSuchRank { .. }) => Err(err),
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.fanout.wait_message(rank, OP_RECV_FROM).await;
+        self.settle(result)
     }
 }
 
