@@ -1,4 +1,4 @@
-//! Broadcast throughput of 256 MiB payloads over shm (1 and 2 receivers) and inproc, against one plain memcpy.
+//! Broadcast throughput of 256 MiB over shm (1 and 2 receivers, whole or in 32 MiB payloads) and inproc, vs memcpy.
 //!
 //! Each payload is filled by a memcpy from a source buffer straight into the shared slot, and every receiver
 //! copies it out into its own buffer (what a bucket install does), so a transport adding nothing would cost
@@ -46,7 +46,7 @@ where
 }
 
 fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) -> (Sender, Vec<JoinHandle<()>>) {
-    let socket = dir.join(format!("bench-{receivers}.sock"));
+    let socket = dir.join("bench.sock");
     let cfg = ShmConfig {
         socket_path: socket.clone(),
         segment_prefix: format!("rlsync-bench-{}", std::process::id()),
@@ -64,12 +64,14 @@ fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) 
     (tx, threads)
 }
 
-/// Time `iters` payloads from first fill to the last release.
-fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], iters: u64) -> Duration {
+/// Time `iters` rounds of sending all of `src` as payloads of `chunk` bytes, from first fill to last release.
+fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], chunk: usize, iters: u64) -> Duration {
     runtime.block_on(async {
         let start = Instant::now();
         for _ in 0..iters {
-            tx.send_with(src.len(), |buf| buf.copy_from_slice(src)).await.expect("send");
+            for part in src.chunks(chunk) {
+                tx.send_with(part.len(), |buf| buf.copy_from_slice(part)).await.expect("send");
+            }
         }
         tx.flush().await.expect("flush");
         start.elapsed()
@@ -93,16 +95,18 @@ fn broadcast(c: &mut Criterion) {
     });
     drop(dst);
 
-    for receivers in [1, 2] {
+    // One 256 MiB payload per iteration (fill and copy-out cannot overlap), then the same bytes as 8 payloads
+    // of 32 MiB (as a bucket sync sends them: the next fill overlaps the previous copy-out).
+    for (receivers, chunk, name) in [(1, PAYLOAD, "shm_1rx"), (2, PAYLOAD, "shm_2rx"), (1, PAYLOAD / 8, "shm_1rx_8x32MiB")] {
         let (mut tx, threads) = shm_channel(&runtime, dir.path(), receivers);
-        group.bench_function(format!("shm_{receivers}rx"), |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+        group.bench_function(name, |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, chunk, iters)));
         drop(tx);
         threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
     }
 
     let (mut tx, rxs) = inproc_channel(1);
     let threads: Vec<_> = rxs.into_iter().map(|rx| spawn_receiver(async move { rx })).collect();
-    group.bench_function("inproc_1rx", |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+    group.bench_function("inproc_1rx", |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, PAYLOAD, iters)));
     drop(tx);
     threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
     group.finish();

@@ -122,6 +122,7 @@ impl Sender {
 
     /// Write a payload of `len` bytes in place and publish it to every receiver; returns once published.
     ///
+    /// The buffer starts 64-byte aligned, and so does what receivers see, so typed views over it work.
     /// For shm, `fill` writes straight into the shared segment (once for all receivers). The buffer is not
     /// zeroed between payloads: `fill` must write every byte it wants receivers to see. At most the channel's
     /// slot count of payloads is in flight; this waits (bounded by the timeout) for the oldest to be released.

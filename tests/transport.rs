@@ -322,8 +322,9 @@ async fn shm_segments_are_private_and_unlinked_once_mapped() {
     let [name] = files.as_slice() else { panic!("one segment expected, got {files:?}") };
     let mode = std::fs::metadata(Path::new("/dev/shm").join(name)).expect("stat segment").permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "segment {name} mode {mode:o}");
-    let ok = rx.recv_with(|b| b == pattern(9, 64 << 10).as_slice()).await.expect("recv");
+    let (ok, addr) = rx.recv_with(|b| (b == pattern(9, 64 << 10).as_slice(), b.as_ptr() as usize)).await.expect("recv");
     assert!(ok);
+    assert_eq!(addr % 64, 0, "payloads start aligned");
     tx.flush().await.expect("flush");
     assert!(shm_files(&prefix).is_empty());
 }
@@ -404,4 +405,26 @@ fn shm_fill_that_panics_leaves_the_channel_consistent() {
         tx.flush().await.expect("flush");
     });
     assert!(shm_files(&prefix).is_empty());
+}
+
+#[tokio::test]
+async fn shm_silent_connection_does_not_hold_up_the_receivers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("s.sock");
+    let prefix = unique_prefix("silent");
+    let bind = tokio::spawn(ShmSender::bind(config(&socket, &prefix, 1)));
+    // A connection that never says hello, made as soon as the sender listens.
+    let mut silent = None;
+    for _ in 0..1000 {
+        if let Ok(stream) = tokio::net::UnixStream::connect(&socket).await {
+            silent = Some(stream);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(silent.is_some(), "sender never listened");
+    let mut rx = ShmReceiver::connect(&socket, 0, TIMEOUT).await.expect("real receiver joins");
+    let mut tx = bind.await.expect("bind task").expect("bind completes without the silent peer");
+    tx.send(b"hi").await.expect("send");
+    assert_eq!(rx.recv_with(<[u8]>::to_vec).await.expect("recv"), b"hi");
 }

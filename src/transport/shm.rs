@@ -155,34 +155,63 @@ struct Joined {
     writer: OwnedWriteHalf,
 }
 
-/// Read one receiver's hello; `Ok(Err(reason))` is a hello to refuse (the stream is answered and dropped).
-async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> Result<Result<Joined, String>, TransportError> {
-    let (read, writer) = stream.into_split();
+/// Send a refusal (best effort) before dropping the stream.
+async fn refuse(writer: &mut OwnedWriteHalf, reason: &str, deadline: Instant) {
+    tracing::warn!(%reason, "refused a receiver");
+    if let Ok(frame) = (Down::Reject { reason: reason.to_owned() }).encode() {
+        let _ = tokio::time::timeout_at(deadline, writer.write_all(&frame)).await;
+    }
+}
+
+/// Read one receiver's hello; an `Err` is a refusal reason (already answered, the stream is dropped).
+async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> Result<Joined, String> {
+    let (read, mut writer) = stream.into_split();
     let mut reader = FrameReader::new(read);
     let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
-        Err(_) => return Ok(Err("no hello before the deadline".to_owned())),
+        Err(_) => return Err("no hello before the deadline".to_owned()),
         Ok(Ok(Some(frame))) => frame,
-        Ok(Ok(None) | Err(_)) => return Ok(Err("connection closed before hello".to_owned())),
+        Ok(Ok(None) | Err(_)) => return Err("connection closed before hello".to_owned()),
     };
-    let (version, rank) = match Up::decode(&frame) {
-        Ok(Up::Hello { version, rank }) => (version, rank as usize),
-        _ => return Ok(Err("first frame is not a hello".to_owned())),
-    };
-    let mut joined = Joined { rank, reader, writer };
-    let refusal = if version != VERSION {
-        Some(format!("protocol version {version} is not the sender's {VERSION}"))
-    } else if rank >= receivers {
-        Some(format!("rank {rank} is out of range for {receivers} receivers"))
-    } else {
-        None
-    };
-    if let Some(reason) = refusal {
-        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
-            let _ = tokio::time::timeout_at(deadline, joined.writer.write_all(&frame)).await;
+    let refusal = match Up::decode(&frame) {
+        Ok(Up::Hello { version, .. }) if version != VERSION => {
+            format!("protocol version {version} is not the sender's {VERSION}")
         }
-        return Ok(Err(reason));
+        Ok(Up::Hello { rank, .. }) if rank as usize >= receivers => {
+            format!("rank {rank} is out of range for {receivers} receivers")
+        }
+        Ok(Up::Hello { rank, .. }) => return Ok(Joined { rank: rank as usize, reader, writer }),
+        _ => "first frame is not a hello".to_owned(),
+    };
+    refuse(&mut writer, &refusal, deadline).await;
+    Err(refusal)
+}
+
+/// Accept connections until every rank in `0..receivers` has said hello, reading hellos concurrently so a
+/// silent connection cannot hold up the others.
+async fn accept_all(listener: &UnixListener, receivers: usize, deadline: Instant, timeout: Duration) -> Result<Vec<Joined>, TransportError> {
+    let mut joined: Vec<Option<Joined>> = (0..receivers).map(|_| None).collect();
+    let mut hellos = tokio::task::JoinSet::new();
+    while joined.iter().any(Option::is_none) {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?;
+                hellos.spawn(read_hello(stream, receivers, deadline));
+            }
+            Some(done) = hellos.join_next() => match done {
+                Ok(Ok(mut j)) => match joined.get_mut(j.rank) {
+                    Some(entry @ None) => *entry = Some(j),
+                    _ => refuse(&mut j.writer, &format!("rank {} has already joined", j.rank), deadline).await,
+                },
+                Ok(Err(_refused)) => {}
+                Err(e) => tracing::warn!(error = %e, "hello task failed"),
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                let missing = joined.iter().enumerate().filter(|(_, j)| j.is_none()).map(|(rank, _)| rank).collect();
+                return Err(TransportError::Timeout { op: "accepting receivers", peer: Peer::Receivers(missing), timeout });
+            }
+        }
     }
-    Ok(Ok(joined))
+    Ok(joined.into_iter().flatten().collect())
 }
 
 /// Forward one receiver's upstream frames as events until its stream ends.
@@ -233,29 +262,10 @@ impl ShmSender {
             .map_err(|source| TransportError::Io { op: "binding the socket", source })?;
         let socket_file = SocketFile(cfg.socket_path.clone());
 
-        let deadline = Instant::now() + cfg.timeout;
-        let mut joined: Vec<Option<Joined>> = (0..cfg.receivers).map(|_| None).collect();
-        while joined.iter().any(Option::is_none) {
-            let missing: Vec<usize> = (0..cfg.receivers).filter(|r| joined.get(*r).is_some_and(Option::is_none)).collect();
-            let timeout = |missing| TransportError::Timeout { op: "accepting receivers", peer: Peer::Receivers(missing), timeout: cfg.timeout };
-            let (stream, _) = match tokio::time::timeout_at(deadline, listener.accept()).await {
-                Err(_) => return Err(timeout(missing)),
-                Ok(accepted) => accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?,
-            };
-            match read_hello(stream, cfg.receivers, deadline).await? {
-                Ok(mut j) => match joined.get_mut(j.rank) {
-                    Some(entry @ None) => *entry = Some(j),
-                    _ => {
-                        let reason = format!("rank {} has already joined", j.rank);
-                        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
-                            let _ = tokio::time::timeout_at(deadline, j.writer.write_all(&frame)).await;
-                        }
-                        tracing::warn!(%reason, "refused a receiver");
-                    }
-                },
-                Err(reason) => tracing::warn!(%reason, "refused a receiver"),
-            }
-        }
+        // Same-uid processes are trusted anyway; others must not even connect.
+        std::fs::set_permissions(&cfg.socket_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(|source| TransportError::Io { op: "restricting the socket to its owner", source })?;
+        let joined = accept_all(&listener, cfg.receivers, Instant::now() + cfg.timeout, cfg.timeout).await?;
         drop(listener);
         drop(socket_file);
 
@@ -266,7 +276,7 @@ impl ShmSender {
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let mut writers = Vec::with_capacity(cfg.receivers);
         let mut reader_tasks = Vec::with_capacity(cfg.receivers);
-        for (rank, j) in joined.into_iter().flatten().enumerate() {
+        for (rank, j) in joined.into_iter().enumerate() {
             let mut writer = j.writer;
             write_frame(&mut writer, &welcome, cfg.timeout, "welcoming a receiver", Peer::Receiver(rank)).await?;
             writers.push(writer);
