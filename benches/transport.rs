@@ -25,7 +25,10 @@ fn filled(len: usize) -> Vec<u8> {
 async fn copy_out(mut rx: Receiver) {
     let mut dst = vec![0u8; PAYLOAD];
     loop {
-        match rx.recv_with(|bytes| dst[..bytes.len()].copy_from_slice(bytes)).await {
+        match rx
+            .recv_with(|bytes| dst[..bytes.len()].copy_from_slice(bytes))
+            .await
+        {
             Ok(()) => {}
             Err(TransportError::Timeout { .. }) => continue,
             Err(_) => break,
@@ -40,12 +43,19 @@ where
     F: Future<Output = Receiver> + Send + 'static,
 {
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("receiver runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("receiver runtime");
         rt.block_on(async move { copy_out(connect.await).await });
     })
 }
 
-fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) -> (Sender, Vec<JoinHandle<()>>) {
+fn shm_channel(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    receivers: usize,
+) -> (Sender, Vec<JoinHandle<()>>) {
     let socket = dir.join("bench.sock");
     let cfg = ShmConfig {
         socket_path: socket.clone(),
@@ -57,7 +67,11 @@ fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) 
     let threads = (0..receivers)
         .map(|rank| {
             let socket = socket.clone();
-            spawn_receiver(async move { ShmReceiver::connect(&socket, rank, TIMEOUT).await.expect("connect") })
+            spawn_receiver(async move {
+                ShmReceiver::connect(&socket, rank, TIMEOUT)
+                    .await
+                    .expect("connect")
+            })
         })
         .collect();
     let tx = runtime.block_on(ShmSender::bind(cfg)).expect("bind");
@@ -65,12 +79,20 @@ fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) 
 }
 
 /// Time `iters` rounds of sending all of `src` as payloads of `chunk` bytes, from first fill to last release.
-fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], chunk: usize, iters: u64) -> Duration {
+fn stream(
+    runtime: &tokio::runtime::Runtime,
+    tx: &mut Sender,
+    src: &[u8],
+    chunk: usize,
+    iters: u64,
+) -> Duration {
     runtime.block_on(async {
         let start = Instant::now();
         for _ in 0..iters {
             for part in src.chunks(chunk) {
-                tx.send_with(part.len(), |buf| buf.copy_from_slice(part)).await.expect("send");
+                tx.send_with(part.len(), |buf| buf.copy_from_slice(part))
+                    .await
+                    .expect("send");
             }
         }
         tx.flush().await.expect("flush");
@@ -79,11 +101,17 @@ fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], chunk:
 }
 
 fn broadcast(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let src = filled(PAYLOAD);
     let mut group = c.benchmark_group("broadcast_256MiB");
-    group.throughput(Throughput::Bytes(PAYLOAD as u64)).sample_size(10).warm_up_time(Duration::from_secs(1));
+    group
+        .throughput(Throughput::Bytes(PAYLOAD as u64))
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(8));
 
     let mut dst = vec![0u8; PAYLOAD];
@@ -97,18 +125,33 @@ fn broadcast(c: &mut Criterion) {
 
     // One 256 MiB payload per iteration (fill and copy-out cannot overlap), then the same bytes as 8 payloads
     // of 32 MiB (as a bucket sync sends them: the next fill overlaps the previous copy-out).
-    for (receivers, chunk, name) in [(1, PAYLOAD, "shm_1rx"), (2, PAYLOAD, "shm_2rx"), (1, PAYLOAD / 8, "shm_1rx_8x32MiB")] {
+    for (receivers, chunk, name) in [
+        (1, PAYLOAD, "shm_1rx"),
+        (2, PAYLOAD, "shm_2rx"),
+        (1, PAYLOAD / 8, "shm_1rx_8x32MiB"),
+    ] {
         let (mut tx, threads) = shm_channel(&runtime, dir.path(), receivers);
-        group.bench_function(name, |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, chunk, iters)));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| stream(&runtime, &mut tx, &src, chunk, iters))
+        });
         drop(tx);
-        threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+        threads
+            .into_iter()
+            .for_each(|t| t.join().expect("receiver thread"));
     }
 
     let (mut tx, rxs) = inproc_channel(1);
-    let threads: Vec<_> = rxs.into_iter().map(|rx| spawn_receiver(async move { rx })).collect();
-    group.bench_function("inproc_1rx", |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, PAYLOAD, iters)));
+    let threads: Vec<_> = rxs
+        .into_iter()
+        .map(|rx| spawn_receiver(async move { rx }))
+        .collect();
+    group.bench_function("inproc_1rx", |b| {
+        b.iter_custom(|iters| stream(&runtime, &mut tx, &src, PAYLOAD, iters))
+    });
     drop(tx);
-    threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+    threads
+        .into_iter()
+        .for_each(|t| t.join().expect("receiver thread"));
     group.finish();
 }
 

@@ -89,18 +89,33 @@ pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(source) => return Err(TransportError::Io { op: "inspecting the socket path", source }),
+        Err(source) => {
+            return Err(TransportError::Io {
+                op: "inspecting the socket path",
+                source,
+            });
+        }
     };
     if !meta.file_type().is_socket() {
-        return Err(TransportError::Config { reason: format!("{} exists and is not a socket", path.display()) });
+        return Err(TransportError::Config {
+            reason: format!("{} exists and is not a socket", path.display()),
+        });
     }
     match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(TransportError::Config { reason: format!("{} is in use by a live listener", path.display()) }),
+        Ok(_) => Err(TransportError::Config {
+            reason: format!("{} is in use by a live listener", path.display()),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            std::fs::remove_file(path).map_err(|source| TransportError::Io { op: "removing a stale socket", source })?;
+            std::fs::remove_file(path).map_err(|source| TransportError::Io {
+                op: "removing a stale socket",
+                source,
+            })?;
             Ok(true)
         }
-        Err(source) => Err(TransportError::Io { op: "probing the socket path", source }),
+        Err(source) => Err(TransportError::Io {
+            op: "probing the socket path",
+            source,
+        }),
     }
 }
 
@@ -137,7 +152,12 @@ pub(crate) async fn write_frame(
     match tokio::time::timeout(timeout, writer.write_all(frame)).await {
         Err(_) => Err(TransportError::Timeout { op, peer, timeout }),
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
             Err(TransportError::PeerGone { op, peer })
         }
         Ok(Err(source)) => Err(TransportError::Io { op, source }),
@@ -145,7 +165,10 @@ pub(crate) async fn write_frame(
 }
 
 fn protocol(peer: Peer, reason: impl std::fmt::Display) -> TransportError {
-    TransportError::Protocol { peer, reason: reason.to_string() }
+    TransportError::Protocol {
+        peer,
+        reason: reason.to_string(),
+    }
 }
 
 /// A joined receiver's stream, between its hello and the welcome.
@@ -158,13 +181,21 @@ struct Joined {
 /// Send a refusal (best effort) before dropping the stream.
 async fn refuse(writer: &mut OwnedWriteHalf, reason: &str, deadline: Instant) {
     tracing::warn!(%reason, "refused a receiver");
-    if let Ok(frame) = (Down::Reject { reason: reason.to_owned() }).encode() {
+    if let Ok(frame) = (Down::Reject {
+        reason: reason.to_owned(),
+    })
+    .encode()
+    {
         let _ = tokio::time::timeout_at(deadline, writer.write_all(&frame)).await;
     }
 }
 
 /// Read one receiver's hello; an `Err` is a refusal reason (already answered, the stream is dropped).
-async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> Result<Joined, String> {
+async fn read_hello(
+    stream: UnixStream,
+    receivers: usize,
+    deadline: Instant,
+) -> Result<Joined, String> {
     let (read, mut writer) = stream.into_split();
     let mut reader = FrameReader::new(read);
     let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
@@ -179,7 +210,13 @@ async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> 
         Ok(Up::Hello { rank, .. }) if rank as usize >= receivers => {
             format!("rank {rank} is out of range for {receivers} receivers")
         }
-        Ok(Up::Hello { rank, .. }) => return Ok(Joined { rank: rank as usize, reader, writer }),
+        Ok(Up::Hello { rank, .. }) => {
+            return Ok(Joined {
+                rank: rank as usize,
+                reader,
+                writer,
+            });
+        }
         _ => "first frame is not a hello".to_owned(),
     };
     refuse(&mut writer, &refusal, deadline).await;
@@ -188,7 +225,12 @@ async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> 
 
 /// Accept connections until every rank in `0..receivers` has said hello, reading hellos concurrently so a
 /// silent connection cannot hold up the others.
-async fn accept_all(listener: &UnixListener, receivers: usize, deadline: Instant, timeout: Duration) -> Result<Vec<Joined>, TransportError> {
+async fn accept_all(
+    listener: &UnixListener,
+    receivers: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<Joined>, TransportError> {
     let mut joined: Vec<Option<Joined>> = (0..receivers).map(|_| None).collect();
     let mut hellos = tokio::task::JoinSet::new();
     while joined.iter().any(Option::is_none) {
@@ -215,13 +257,20 @@ async fn accept_all(listener: &UnixListener, receivers: usize, deadline: Instant
 }
 
 /// Forward one receiver's upstream frames as events until its stream ends.
-fn spawn_reader(rank: usize, mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>, events: EventTx) -> JoinHandle<()> {
+fn spawn_reader(
+    rank: usize,
+    mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    events: EventTx,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let event = match reader.next().await {
                 Ok(Some(frame)) => match Up::decode(&frame) {
                     Ok(Up::Released { seq }) => Event::Released { seq },
-                    Ok(Up::Mapped { slot, generation }) => Event::Mapped { slot: slot as usize, generation },
+                    Ok(Up::Mapped { slot, generation }) => Event::Mapped {
+                        slot: slot as usize,
+                        generation,
+                    },
                     Ok(Up::Message(msg)) => Event::Message(msg),
                     Ok(Up::Hello { .. }) => {
                         tracing::warn!(rank, "receiver sent a second hello; dropping it");
@@ -253,32 +302,63 @@ impl ShmSender {
     pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
         segment::validate_prefix(&cfg.segment_prefix)?;
         if cfg.slots == 0 {
-            return Err(TransportError::Config { reason: "slots must be at least 1".to_owned() });
+            return Err(TransportError::Config {
+                reason: "slots must be at least 1".to_owned(),
+            });
         }
-        let wire_receivers = u32::try_from(cfg.receivers)
-            .map_err(|_| TransportError::Config { reason: format!("{} receivers is too many", cfg.receivers) })?;
+        let wire_receivers = u32::try_from(cfg.receivers).map_err(|_| TransportError::Config {
+            reason: format!("{} receivers is too many", cfg.receivers),
+        })?;
         remove_stale_socket(&cfg.socket_path)?;
-        let listener = UnixListener::bind(&cfg.socket_path)
-            .map_err(|source| TransportError::Io { op: "binding the socket", source })?;
+        let listener =
+            UnixListener::bind(&cfg.socket_path).map_err(|source| TransportError::Io {
+                op: "binding the socket",
+                source,
+            })?;
         let socket_file = SocketFile(cfg.socket_path.clone());
 
         // Same-uid processes are trusted anyway; others must not even connect.
-        std::fs::set_permissions(&cfg.socket_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(|source| TransportError::Io { op: "restricting the socket to its owner", source })?;
-        let joined = accept_all(&listener, cfg.receivers, Instant::now() + cfg.timeout, cfg.timeout).await?;
+        std::fs::set_permissions(
+            &cfg.socket_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|source| TransportError::Io {
+            op: "restricting the socket to its owner",
+            source,
+        })?;
+        let joined = accept_all(
+            &listener,
+            cfg.receivers,
+            Instant::now() + cfg.timeout,
+            cfg.timeout,
+        )
+        .await?;
         drop(listener);
         drop(socket_file);
 
-        let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config { reason: "too many slots".to_owned() })?;
-        let welcome = Down::Welcome { version: VERSION, receivers: wire_receivers, slots }
-            .encode()
-            .map_err(|e| protocol(Peer::Sender, e))?;
+        let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config {
+            reason: "too many slots".to_owned(),
+        })?;
+        let welcome = Down::Welcome {
+            version: VERSION,
+            receivers: wire_receivers,
+            slots,
+        }
+        .encode()
+        .map_err(|e| protocol(Peer::Sender, e))?;
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let mut writers = Vec::with_capacity(cfg.receivers);
         let mut reader_tasks = Vec::with_capacity(cfg.receivers);
         for (rank, j) in joined.into_iter().enumerate() {
             let mut writer = j.writer;
-            write_frame(&mut writer, &welcome, cfg.timeout, "welcoming a receiver", Peer::Receiver(rank)).await?;
+            write_frame(
+                &mut writer,
+                &welcome,
+                cfg.timeout,
+                "welcoming a receiver",
+                Peer::Receiver(rank),
+            )
+            .await?;
             writers.push(writer);
             reader_tasks.push(spawn_reader(rank, j.reader, event_tx.clone()));
         }
@@ -297,7 +377,9 @@ impl ShmSender {
 
     fn check_usable(&self) -> Result<(), TransportError> {
         match &self.broken {
-            Some(first) => Err(TransportError::Broken { first: first.clone() }),
+            Some(first) => Err(TransportError::Broken {
+                first: first.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -307,7 +389,10 @@ impl ShmSender {
         if self.broken.is_none() {
             self.broken = Some(err.to_string());
         }
-        self.segments.iter_mut().flatten().for_each(OwnedSegment::unlink);
+        self.segments
+            .iter_mut()
+            .flatten()
+            .for_each(OwnedSegment::unlink);
         err
     }
 
@@ -333,15 +418,26 @@ impl ShmSender {
 
     /// Give `slot` a new segment of at least `len` bytes, to be announced with the slot's next payload.
     fn replace_segment(&mut self, slot: usize, len: usize) -> Result<(), TransportError> {
-        let old = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
-        let capacity = len.max(old.saturating_add(old / 2)).div_ceil(GROW_STEP).saturating_mul(GROW_STEP);
+        let old = self
+            .segments
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, OwnedSegment::capacity);
+        let capacity = len
+            .max(old.saturating_add(old / 2))
+            .div_ceil(GROW_STEP)
+            .saturating_mul(GROW_STEP);
         let (generation, name) = self.namer.next();
         // Drop the old segment first: its memory is freed once receivers remap too.
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = None;
         }
         let seg = OwnedSegment::create(&name, generation, capacity)?;
-        let info = SegmentInfo { generation, capacity: seg.capacity() as u64, name: seg.name().to_owned() };
+        let info = SegmentInfo {
+            generation,
+            capacity: seg.capacity() as u64,
+            name: seg.name().to_owned(),
+        };
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = Some(seg);
         }
@@ -354,12 +450,23 @@ impl ShmSender {
     async fn publish(&mut self, frame: &[u8]) -> Result<(), TransportError> {
         let timeout = self.fanout.timeout();
         for (rank, writer) in self.writers.iter_mut().enumerate() {
-            write_frame(writer, frame, timeout, "publishing a payload", Peer::Receiver(rank)).await?;
+            write_frame(
+                writer,
+                frame,
+                timeout,
+                "publishing a payload",
+                Peer::Receiver(rank),
+            )
+            .await?;
         }
         Ok(())
     }
 
-    async fn try_send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    async fn try_send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         const OP: &str = OP_SEND;
         self.fanout.poll_events()?;
         self.unlink_mapped();
@@ -367,23 +474,37 @@ impl ShmSender {
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
         self.unlink_mapped();
-        let current = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
+        let current = self
+            .segments
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, OwnedSegment::capacity);
         if len > current {
             self.replace_segment(slot, len.max(self.initial_capacity))?;
         }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
             Some(seg) => match seg.bytes_mut(len) {
                 Some(bytes) => fill(bytes),
-                None => return Err(protocol(Peer::Sender, format!("slot {slot} segment is smaller than {len} bytes"))),
+                None => {
+                    return Err(protocol(
+                        Peer::Sender,
+                        format!("slot {slot} segment is smaller than {len} bytes"),
+                    ));
+                }
             },
             None => fill(&mut []),
         };
         // Taken only now, so that a `fill` that panicked leaves the announcement for the next payload.
         let fresh = self.unannounced.get_mut(slot).and_then(Option::take);
         let generation = fresh.as_ref().map(|info| info.generation);
-        let frame = Down::Publish { seq, slot: slot as u32, len: len as u64, segment: fresh }
-            .encode()
-            .map_err(|e| protocol(Peer::Sender, e))?;
+        let frame = Down::Publish {
+            seq,
+            slot: slot as u32,
+            len: len as u64,
+            segment: fresh,
+        }
+        .encode()
+        .map_err(|e| protocol(Peer::Sender, e))?;
         self.publish(&frame).await?;
         if let Some(generation) = generation {
             self.fanout.announced(slot, generation);
@@ -398,7 +519,11 @@ impl SendBackend for ShmSender {
         self.fanout.receivers()
     }
 
-    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         self.check_usable()?;
         let result = self.try_send_with(len, fill).await;
         self.settle(result)
