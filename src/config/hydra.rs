@@ -269,7 +269,7 @@ mod tests {
             tree: TreeNode { node: crate::config::defaults::InputDefault::group("x", crate::config::defaults::GroupValue::Name(None), None, false, false), children: None },
             known_choices: IndexMap::new(),
         };
-        let want = "\nDefaults List\n*************\n| Config path  | Package | _self_ | Parent | \n-------------------------------------------\n| hydra/config | hydra   | True   | <root> |\n| empty        |         | False  | <root> |\n-------------------------------------------\n";
+        let want = "\nDefaults List\n*************\n| Config path  | Package | _self_ | Parent | \n---------------------------------------------\n| hydra/config | hydra   | True   | <root> |\n| empty        |         | False  | <root> |\n---------------------------------------------\n";
         assert_eq!(format_defaults_table(&list), want);
     }
 

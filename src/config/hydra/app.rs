@@ -249,8 +249,17 @@ fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<S
 
 fn plugins_info() -> String {
     let mut out = String::from("Installed Hydra Plugins\n***********************\n");
-    for (kind, plugin) in [("Launcher:", "BasicLauncher"), ("Sweeper:", "BasicSweeper")] {
-        out.push_str(&format!("\t{kind}\n\t{}\n\t\t{plugin}\n", "-".repeat(kind.len())));
+    let kinds: [(&str, &[&str]); 4] = [
+        ("ConfigSource:", &["FileConfigSource", "ImportlibResourcesConfigSource", "StructuredConfigSource"]),
+        ("CompletionPlugin:", &["BashCompletion", "FishCompletion", "ZshCompletion"]),
+        ("Launcher:", &["BasicLauncher"]),
+        ("Sweeper:", &["BasicSweeper"]),
+    ];
+    for (kind, plugins) in kinds {
+        out.push_str(&format!("\t{kind}\n\t{}\n", "-".repeat(kind.len())));
+        for plugin in plugins {
+            out.push_str(&format!("\t\t{plugin}\n"));
+        }
     }
     out
 }

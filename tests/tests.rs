@@ -1,0 +1,4 @@
+//! The single integration test binary: every integration test module is declared here.
+
+mod cli;
+mod util;
