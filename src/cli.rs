@@ -262,21 +262,37 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         Outcome::Printed { success } => Ok(if success { ExitStatus::Success } else { ExitStatus::Failure }),
         Outcome::Jobs(jobs) => {
             for job in &jobs {
-                run_job(args.entry, job)?;
+                if run_job(args.entry, job)? == ExitStatus::Failure {
+                    return Ok(ExitStatus::Failure);
+                }
             }
             Ok(ExitStatus::Success)
         }
     }
 }
 
-/// The seam to the rest of rlsync: a composed, resolved job goes to typed validation and then the orchestrator.
-fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<()> {
-    let _ = &job.config; // → crate::config::typed::extract(&job.config) once the typed layer lands
+/// The seam to the rest of rlsync: a composed, resolved job goes to typed validation, then to the dry-run plan
+/// or the orchestrator.
+fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
+    let extracted = match crate::config::typed::extract(&job.config) {
+        Ok(extracted) => extracted,
+        Err(errors) => {
+            eprint!("{errors}");
+            return Ok(ExitStatus::Failure);
+        }
+    };
     if job.dry_run {
-        anyhow::bail!("not yet: --dry-run needs the typed config layer (config::typed), which is not built yet");
+        let plan_entry = match entry {
+            Entry::TrainEmbodied => crate::plan::Entry::Embodied,
+            Entry::TrainAsync => crate::plan::Entry::Async,
+            Entry::BenchSync => crate::plan::Entry::BenchSync,
+        };
+        let report = crate::plan::dry_run(plan_entry, &extracted, &job.output_dir);
+        print!("{report}");
+        return Ok(if report.problems.is_empty() { ExitStatus::Success } else { ExitStatus::Failure });
     }
     anyhow::bail!(
-        "not yet: the orchestrator is not built; {} composed its config into {}",
+        "not yet: the orchestrator is not built; {} composed and validated its config in {}",
         entry.name(),
         job.output_dir.display()
     )
