@@ -1,4 +1,5 @@
-//! The single integration test binary: every integration test module is declared here.
+//! The single integration test binary: one module per area, plus the shared fixture helper.
 
 mod cli;
+mod transport;
 mod util;
