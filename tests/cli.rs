@@ -1,6 +1,6 @@
 //! End-to-end tests of the Hydra front end: `--cfg`, `--info`, errors, run and multirun directories.
 
-use rlsync::config::compose::standin::yaml::load_str;
+use rlsync::config::yaml::load_str;
 use rlsync::config::node::{Node, Value};
 
 use crate::util::Dir;

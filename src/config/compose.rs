@@ -10,16 +10,14 @@ use std::fmt::Write as _;
 
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
 use crate::config::hydra::{self, RuntimeInfo};
+use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Dict, Key, Node, Origin, Value};
 use crate::config::search_path::{Repository, SearchPathError, Source};
-use standin::overrides::{self as ovr, Element, Override, OverrideError, OverrideKind, OverrideValue};
+use crate::config::overrides::{self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue};
+use crate::config::search_path::ObjectType;
 
 /// Run (one job) or multirun (sweeps allowed, `???` group defaults skipped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunMode {
-    Run,
-    Multirun,
-}
+pub use crate::config::overrides::RunMode;
 
 /// A composition error, worded as Hydra words it.
 #[derive(Debug, thiserror::Error)]
@@ -30,12 +28,8 @@ pub enum ComposeError {
     Defaults(#[from] DefaultsError),
     #[error(transparent)]
     SearchPath(#[from] SearchPathError),
-    #[error("Ambiguous value for argument '{input}'\n1. To use it as a list, use key=[value1,value2]\n2. To use it as string, quote the value: key=\\'value1,value2\\'\n3. To sweep over it, add --multirun to your command line")]
-    AmbiguousSweep { input: String },
-    #[error("Sweep parameters '{input}' requires --multirun")]
-    SweepNeedsMultirun { input: String },
-    #[error("Sweeping over Hydra's configuration is not supported : '{input}'")]
-    HydraSweep { input: String },
+    #[error(transparent)]
+    Interpolation(#[from] InterpolationError),
     #[error("hydra.searchpath must be a list of strings. Got: {got}")]
     SearchPathNotList { got: String },
     #[error("primary config '{config_name}' must be a DictConfig, got ListConfig")]
@@ -80,16 +74,8 @@ pub fn parse_overrides(overrides: &[String]) -> Result<Vec<Override>, ComposeErr
     overrides.iter().map(|o| ovr::parse_override(o).map_err(ComposeError::from)).collect()
 }
 
-fn is_sweep(o: &Override) -> bool {
-    matches!(o.value, Some(OverrideValue::Sweep(_)))
-}
-
-fn is_hydra_override(o: &Override) -> bool {
-    o.key_or_group.starts_with("hydra.") || o.key_or_group.starts_with("hydra/")
-}
-
-/// `~key@pkg` style key element without the prefix: `key[@pkg]`.
-fn key_element(o: &Override) -> String {
+/// The override's `key[@pkg]` without its `+`/`++`/`~` prefix (how group choices and deletions are keyed).
+fn group_key(o: &Override) -> String {
     match &o.package {
         Some(p) => format!("{}@{}", o.key_or_group, p),
         None => o.key_or_group.clone(),
@@ -99,45 +85,46 @@ fn key_element(o: &Override) -> String {
 /// Hydra's checks on sweep overrides for the given mode.
 pub fn validate_sweeps(overrides: &[Override], mode: RunMode) -> Result<(), ComposeError> {
     for o in overrides {
-        let Some(OverrideValue::Sweep(sweep)) = &o.value else { continue };
-        match mode {
-            RunMode::Multirun if is_hydra_override(o) => return Err(ComposeError::HydraSweep { input: o.input.clone() }),
-            RunMode::Multirun => {}
-            RunMode::Run if sweep.simple => return Err(ComposeError::AmbiguousSweep { input: o.input.clone() }),
-            RunMode::Run => return Err(ComposeError::SweepNeedsMultirun { input: o.input.clone() }),
-        }
+        o.validate_sweep(mode)?;
     }
     Ok(())
 }
 
 /// Add the primary config's (or the command line's) `hydra.searchpath` entries to the repository.
+/// Entries may use interpolations (`file://${oc.env:EMBODIED_PATH}/config`); directories that do not exist
+/// are kept but never match, as in Hydra.
 fn process_search_path(repo: &mut Repository, config_name: &str, overrides: &[Override]) -> Result<(), ComposeError> {
-    let from_cli = overrides.iter().find(|o| key_element(o) == "hydra.searchpath" && o.kind == OverrideKind::Change);
-    let (entries, provider): (Node, &str) = match from_cli.and_then(|o| o.value.as_ref()) {
-        Some(OverrideValue::Element(e)) => (e.to_node(None), "hydra.searchpath in command-line"),
-        _ => {
+    let from_cli = overrides.iter().find(|o| o.key_element() == "hydra.searchpath");
+    let (root, provider): (Node, &str) = match from_cli.and_then(|o| o.element().map(|e| (o, e))) {
+        Some((o, e)) => {
+            let mut searchpath = Dict::new();
+            searchpath.insert(Key::from("searchpath"), e.to_node_from(&o.input));
+            let mut root = Dict::new();
+            root.insert(Key::from("hydra"), Node::new(Value::Dict(searchpath)));
+            (Node::new(Value::Dict(root)), "hydra.searchpath in command-line")
+        }
+        None => {
             let Some(primary) = repo.load(config_name)? else { return Ok(()) };
             if primary.root.as_list().is_some() {
                 return Err(ComposeError::PrimaryNotDict { config_name: config_name.into() });
             }
-            match primary.root.get_path("hydra.searchpath") {
-                Some(node) => (node.clone(), "hydra.searchpath in main"),
-                None => return Ok(()),
-            }
+            (primary.root.clone(), "hydra.searchpath in main")
         }
     };
+    let Some(entries) = root.get_path("hydra.searchpath") else { return Ok(()) };
     let items = match &entries.value {
         Value::Null => return Ok(()),
         Value::List(items) => items,
-        _ => return Err(ComposeError::SearchPathNotList { got: hydra::python_str(&entries) }),
+        _ => return Err(ComposeError::SearchPathNotList { got: hydra::python_str(entries) }),
     };
+    let ctx = ResolveContext::new();
     let mut sources = Vec::with_capacity(items.len());
-    for item in items {
-        let Value::Str(text) = &item.value else {
-            return Err(ComposeError::SearchPathNotList { got: hydra::python_str(&entries) });
+    for idx in 0..items.len() {
+        let entry = interpolate::resolve_at(&root, &format!("hydra.searchpath.{idx}"), &ctx)?;
+        let Value::Str(text) = &entry.value else {
+            return Err(ComposeError::SearchPathNotList { got: hydra::python_str(entries) });
         };
-        let resolved = hydra::resolve_search_path_entry(text);
-        sources.push(Source::from_search_path_entry(provider, &resolved)?);
+        sources.push(Source::from_search_path_entry(provider, text)?);
     }
     repo.append_before_structured(sources);
     Ok(())
@@ -148,14 +135,11 @@ fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides
     let mut groups = GroupOverrides::default();
     let mut values = Vec::new();
     for o in overrides {
-        if is_sweep(o) {
+        if o.is_sweep() {
             continue;
         }
-        let element = match &o.value {
-            Some(OverrideValue::Element(e)) => Some(e),
-            _ => None,
-        };
-        let is_dict = element.is_some_and(|e| e.to_node(None).as_dict().is_some());
+        let element = o.element();
+        let is_dict = matches!(element, Some(Element::Dict(_)));
         if is_dict || !repo.group_exists(&o.key_or_group) {
             values.push(o.clone());
             continue;
@@ -163,50 +147,28 @@ fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides
         match o.kind {
             OverrideKind::ForceAdd => return Err(DefaultsError::ForceAddGroup { input: o.input.clone() }.into()),
             OverrideKind::Delete => {
-                let name = match element.map(|e| e.to_node(None).value) {
+                let name = match element {
                     None => None,
-                    Some(Value::Str(s)) => Some(s),
-                    Some(_) => return Err(DefaultsError::DeletionValueNotString { input: o.input.clone() }.into()),
+                    Some(Element::Str { value, .. }) => Some(value.clone()),
+                    Some(_) => return Err(OverrideError::GroupDeletionValueType { input: o.input.clone() }.into()),
                 };
-                groups.deletions.push((key_element(o), name));
+                groups.deletions.push((group_key(o), name));
             }
             OverrideKind::Add | OverrideKind::Change => {
-                let value = group_value(element)?;
+                let value = match element.map(Element::group_choice).transpose()? {
+                    Some(GroupChoice::One(name)) => GroupValue::Name(Some(name)),
+                    Some(GroupChoice::Many(names)) => GroupValue::Options(names),
+                    None => return Err(OverrideError::GroupValueType { type_name: "NoneType" }.into()),
+                };
                 if o.kind == OverrideKind::Add {
                     groups.appends.push((o.key_or_group.clone(), o.package.clone(), value));
                 } else {
-                    groups.choices.push((key_element(o), value));
+                    groups.choices.push((group_key(o), value));
                 }
             }
         }
     }
     Ok((groups, values))
-}
-
-fn group_value(element: Option<&Element>) -> Result<GroupValue, ComposeError> {
-    let node = element.map(|e| e.to_node(None)).unwrap_or_else(|| Node::new(Value::Null));
-    match node.value {
-        Value::Str(s) => Ok(GroupValue::Name(Some(s))),
-        Value::List(items) => {
-            let mut names = Vec::with_capacity(items.len());
-            for item in items {
-                match item.value {
-                    Value::Str(s) => names.push(s),
-                    other => return Err(DefaultsError::GroupValueType { type_name: other.type_name().into() }.into()),
-                }
-            }
-            Ok(GroupValue::Options(names))
-        }
-        other => Err(DefaultsError::GroupValueType { type_name: python_type_name(&other).into() }.into()),
-    }
-}
-
-fn python_type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "NoneType",
-        Value::Dict(_) => "dict",
-        other => other.type_name(),
-    }
 }
 
 /// The defaults list only, as `--info defaults` computes it (no value overrides, no sweep checks).
@@ -241,7 +203,7 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     for o in &value_overrides {
         apply_override(&mut cfg, o)?;
     }
-    let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| is_hydra_override(o));
+    let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| o.is_hydra_override());
     let info = RuntimeInfo {
         job_name: req.job_name,
         config_name: req.config_name,
@@ -342,11 +304,8 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
         return Err(ComposeError::NotAGroup { input: o.input.clone(), key: o.key_or_group.clone() });
     }
     let key = o.key_or_group.as_str();
-    let origin = Some(Origin::Override(o.input.as_str().into()));
-    let value = match &o.value {
-        Some(OverrideValue::Element(e)) => Some(e.to_node(origin)),
-        _ => None,
-    };
+    let origin = Origin::Override(o.input.as_str().into());
+    let value = o.element().map(|e| e.to_node(&origin));
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
@@ -525,46 +484,37 @@ fn python_eq(a: &Value, b: &Value) -> bool {
 }
 
 /// The jobs of a multirun (Hydra's BasicSweeper): the cartesian product of every sweep's values, in
-/// command-line order, each job getting the non-sweep overrides plus one `key=value` per sweep.
-pub fn sweep_combinations(overrides: &[String]) -> Result<Vec<Vec<String>>, ComposeError> {
+/// command-line order, each job getting every override as `key=value` (one value per sweep). A key given
+/// twice keeps its first position and its last value, as the sweeper's ordered dict does.
+pub fn sweep_combinations(repo: &Repository, overrides: &[String]) -> Result<Vec<Vec<String>>, ComposeError> {
     let parsed = parse_overrides(overrides)?;
-    let mut lists: Vec<Vec<String>> = Vec::with_capacity(parsed.len());
+    let mut lists: indexmap::IndexMap<String, Vec<String>> = indexmap::IndexMap::new();
     for o in &parsed {
-        match &o.value {
+        let key = o.key_element();
+        let items = match &o.value {
             Some(OverrideValue::Sweep(sweep)) => {
-                let prefix = match o.kind {
-                    OverrideKind::Add => "+",
-                    OverrideKind::ForceAdd => "++",
-                    OverrideKind::Delete => "~",
-                    OverrideKind::Change => "",
-                };
-                let key = key_element(o);
-                lists.push(sweep.items.iter().map(|e| format!("{prefix}{key}={}", element_text(e))).collect());
+                let options = repo.group_exists(&o.key_or_group).then(|| repo.group_options(&o.key_or_group, ObjectType::Config));
+                sweep.expand(options.as_deref())?.iter().map(|e| format!("{key}={}", e.to_override_text())).collect()
             }
-            _ => lists.push(vec![o.input.clone()]),
-        }
+            Some(OverrideValue::Element(e)) => vec![format!("{key}={}", e.to_override_text())],
+            None => vec![format!("{key}=null")],
+        };
+        lists.insert(key, items);
     }
     let mut jobs: Vec<Vec<String>> = vec![Vec::new()];
-    for list in lists {
-        jobs = jobs.into_iter().flat_map(|job| list.iter().map(move |item| {
-            let mut next = job.clone();
-            next.push(item.clone());
-            next
-        })).collect();
+    for list in lists.values() {
+        jobs = jobs
+            .into_iter()
+            .flat_map(|job| {
+                list.iter().map(move |item| {
+                    let mut next = job.clone();
+                    next.push(item.clone());
+                    next
+                })
+            })
+            .collect();
     }
     Ok(jobs)
-}
-
-/// An element written back as override text.
-fn element_text(e: &Element) -> String {
-    match e {
-        Element::Null => "null".into(),
-        Element::Bool(b) => b.to_string(),
-        Element::Int(i) => i.to_string(),
-        Element::Float(f) => crate::config::node::python_float_repr(*f),
-        Element::Str { value, .. } => value.clone(),
-        Element::List(items) => format!("[{}]", items.iter().map(element_text).collect::<Vec<_>>().join(",")),
-    }
 }
 
 /// Render `overrides` the way Hydra logs a list (used in messages and `.hydra/overrides.yaml`).

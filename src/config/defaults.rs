@@ -9,7 +9,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use indexmap::IndexMap;
 
-use crate::config::node::{Key, Node, Value};
+use crate::config::interpolate::{self, ResolveContext};
+use crate::config::node::{Dict, Key, Node, Value};
 use crate::config::search_path::{ObjectType, Repository, SearchPathError};
 
 /// A defaults-list composition error, worded as Hydra words it.
@@ -633,7 +634,7 @@ fn python_type(value: &Value) -> &'static str {
     }
 }
 
-fn python_dict_repr(dict: &crate::config::node::Dict) -> String {
+fn python_dict_repr(dict: &Dict) -> String {
     let items: Vec<String> = dict
         .iter()
         .map(|(k, v)| {
@@ -857,9 +858,33 @@ impl Builder<'_> {
         Ok(())
     }
 
-    fn interpolation_map(&self, defaults: &[InputDefault], self_added: bool) -> IndexMap<String, Option<String>> {
-        let _ = (defaults, self_added);
-        self.overrides.known_choices.clone()
+    /// Hydra's `_create_interpolation_map`: the known choices plus this level's `defaults` list.
+    fn interpolation_map(&self, defaults: &[InputDefault], self_added: bool) -> Node {
+        let mut map = Dict::new();
+        for (key, value) in &self.overrides.known_choices {
+            map.insert(Key::from(key.as_str()), Node::new(value.clone().map_or(Value::Null, Value::Str)));
+        }
+        let mut list = Vec::new();
+        for d in defaults {
+            if self_added && d.is_self() {
+                continue;
+            }
+            match &d.kind {
+                DefaultKind::Config { .. } => list.push(Node::str(d.config_path())),
+                DefaultKind::Group { value, .. } => {
+                    let value = match value {
+                        GroupValue::Name(n) => n.clone().map_or(Value::Null, Value::Str),
+                        GroupValue::Options(o) => Value::List(o.iter().map(|x| Node::str(x.clone())).collect()),
+                    };
+                    let mut entry = Dict::new();
+                    entry.insert(Key::from(d.override_key()), Node::new(value));
+                    list.push(Node::new(Value::Dict(entry)));
+                }
+                DefaultKind::Virtual => {}
+            }
+        }
+        map.insert(Key::from("defaults"), Node::new(Value::List(list)));
+        Node::new(Value::Dict(map))
     }
 }
 
@@ -885,40 +910,31 @@ fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) ->
     Ok(!has_self)
 }
 
-/// Resolve `${choice}` references of a defaults element against the choices known so far.
-fn resolve_element_interpolation(d: &mut InputDefault, choices: &IndexMap<String, Option<String>>) -> Result<(), DefaultsError> {
+/// Resolve `${choice}` references of a defaults element against the choices known so far (Hydra resolves
+/// the element as a value whose parent is a config of the known choices plus a `defaults` list).
+fn resolve_element_interpolation(d: &mut InputDefault, choices: &Node) -> Result<(), DefaultsError> {
     let template = match &d.kind {
         DefaultKind::Config { .. } => d.config_path(),
         DefaultKind::Group { value: GroupValue::Name(Some(n)), .. } => n.clone(),
         _ => return Ok(()),
     };
-    let resolved = substitute_choices(&template, choices).ok_or_else(|| DefaultsError::Interpolation {
-        value: template.clone(),
-        keys: choices.keys().cloned().collect(),
+    let resolved = interpolate::resolve_str(&template, choices, &ResolveContext::new()).map_err(|_| {
+        let keys = choices
+            .as_dict()
+            .map(|d| d.keys().filter_map(Key::as_str).filter(|k| *k != "defaults").map(str::to_owned).collect())
+            .unwrap_or_default();
+        DefaultsError::Interpolation { value: template.clone(), keys }
     })?;
+    let resolved = match resolved.value {
+        Value::Str(s) => s,
+        other => crate::config::hydra::python_str(&Node::new(other)),
+    };
     match &mut d.kind {
         DefaultKind::Config { path } => *path = resolved,
         DefaultKind::Group { value, .. } => *value = GroupValue::Name(Some(resolved)),
         DefaultKind::Virtual => {}
     }
     Ok(())
-}
-
-/// String interpolation of `${key}` against the known choices (keys may contain `/` and `@`).
-fn substitute_choices(template: &str, choices: &IndexMap<String, Option<String>>) -> Option<String> {
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        let end = after.find('}')?;
-        let key = after[..end].trim();
-        let value = choices.get(key)?.as_ref()?;
-        out.push_str(value);
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    Some(out)
 }
 
 /// Build the defaults tree for `config_name` (with Hydra's own `hydra/config` first when `with_hydra`) and
@@ -1043,12 +1059,4 @@ mod tests {
         assert!(matches!(parse_item("cfg", &Node::new(Value::Int(1))), Err(DefaultsError::UnsupportedItemType { .. })));
     }
 
-    #[test]
-    fn choices_are_substituted_into_interpolated_defaults() {
-        let mut choices = IndexMap::new();
-        choices.insert("db".to_owned(), Some("mysql".to_owned()));
-        choices.insert("server".to_owned(), Some("apache".to_owned()));
-        assert_eq!(substitute_choices("${db}_${server}", &choices).as_deref(), Some("mysql_apache"));
-        assert_eq!(substitute_choices("${nope}", &choices), None);
-    }
 }

@@ -159,28 +159,6 @@ fn python_repr(node: &Node) -> String {
     }
 }
 
-/// Resolve `${oc.env:VAR}` / `${oc.env:VAR,default}` in a `hydra.searchpath` entry.
-pub fn resolve_search_path_entry(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${oc.env:") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + "${oc.env:".len()..];
-        let Some(end) = after.find('}') else {
-            out.push_str(&rest[start..]);
-            return out;
-        };
-        let (var, default) = match after[..end].split_once(',') {
-            Some((v, d)) => (v.trim(), Some(d.trim().trim_matches(|c| c == '\'' || c == '"'))),
-            None => (after[..end].trim(), None),
-        };
-        out.push_str(&std::env::var(var).ok().or(default.map(str::to_owned)).unwrap_or_default());
-        rest = &after[end + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 /// `--info defaults`: Hydra's "Defaults List" table.
 pub fn format_defaults_table(list: &DefaultsList) -> String {
     let mut rows: Vec<[String; 4]> = vec![["Config path".into(), "Package".into(), "_self_".into(), "Parent".into()]];
@@ -281,9 +259,4 @@ mod tests {
         assert_eq!(python_str(&Node::str("x")), "x");
     }
 
-    #[test]
-    fn search_path_entries_read_the_environment() {
-        assert_eq!(resolve_search_path_entry("file://${oc.env:RLSYNC_SURELY_UNSET_VAR,/d}/config"), "file:///d/config");
-        assert_eq!(resolve_search_path_entry("file:///plain"), "file:///plain");
-    }
 }

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use crate::config::node::Node;
-use crate::config::compose::standin::yaml::{self, YamlError};
+use crate::config::interpolate::{self, InterpolationError};
+use crate::config::yaml::{self, YamlError};
 
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_configs.rs"));
@@ -34,6 +35,9 @@ pub enum SearchPathError {
         #[from]
         source: YamlError,
     },
+    /// A value with bad interpolation syntax (OmegaConf rejects it when the file is loaded).
+    #[error(transparent)]
+    Interpolation(#[from] InterpolationError),
     #[error("in '{file}': Expected header format: KEY VALUE, got '{line}'")]
     HeaderFormat { file: String, line: String },
     #[error("in '{file}': Too many components in '{line}'")]
@@ -280,6 +284,7 @@ impl Repository {
             Some((text, file)) => {
                 let header_package = parse_package_header(&text, &file)?;
                 let root = yaml::load_str(&text, &file)?;
+                interpolate::validate_tree(&root)?;
                 Some(Rc::new(ConfigFile { config_path: config_path.to_owned(), file, header_package, root }))
             }
         };

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use crate::config::compose::standin::emit::to_yaml;
 use crate::config::compose::{self, ComposeError, ComposeRequest, Composed, RunMode};
 use crate::config::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
+use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Key, Node, Value};
 use crate::config::search_path::{ObjectType, Repository, SearchPathError, Source};
 
@@ -96,8 +97,8 @@ pub enum AppError {
     SearchPath(#[from] SearchPathError),
     #[error("package '{package}' not found in config")]
     PackageNotFound { package: String },
-    #[error("{message}")]
-    Resolve { message: String },
+    #[error(transparent)]
+    Interpolation(#[from] InterpolationError),
     #[error("cannot write '{path}': {reason}")]
     Io { path: String, reason: String },
 }
@@ -212,22 +213,20 @@ fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package:
     Ok(Outcome::Printed { success: true })
 }
 
-/// Resolve every interpolation of `cfg`; `full` supplies the `hydra` node for `${hydra:...}`.
-fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
-    let _ = full;
-    if contains_interpolation(cfg) {
-        return Err(AppError::Resolve { message: "not yet: interpolation resolution is not merged into this build".into() });
+/// The resolution context of a composed config: its `hydra` node serves `${hydra:...}`.
+fn context(full: &Node) -> ResolveContext<'_> {
+    // One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+    static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
+    let ctx = ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
+    match full.get("hydra") {
+        Some(hydra) => ctx.with_hydra(hydra),
+        None => ctx,
     }
-    Ok(cfg.clone())
 }
 
-fn contains_interpolation(node: &Node) -> bool {
-    match &node.value {
-        Value::Str(s) => s.contains("${"),
-        Value::List(items) => items.iter().any(contains_interpolation),
-        Value::Dict(d) => d.values().any(contains_interpolation),
-        _ => false,
-    }
+/// Resolve every interpolation of `cfg` (OmegaConf.resolve); `full` supplies the `hydra` node.
+fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
+    Ok(interpolate::resolve_tree(cfg, &context(full))?)
 }
 
 fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<String, AppError> {
@@ -297,17 +296,12 @@ fn format_groups(repo: &Repository, hydra_groups: bool) -> String {
     groups.iter().map(|g| format!("{g}: {}\n", repo.group_options(g, ObjectType::Config).join(", "))).collect()
 }
 
-/// Expand `${a.b}` references to plain strings of the config (enough for Hydra's help templates).
-fn expand_refs(text: &str, root: &Node) -> String {
-    let mut out = text.to_owned();
-    for _ in 0..8 {
-        let Some(start) = out.find("${") else { break };
-        let Some(len) = out[start..].find('}') else { break };
-        let key = out[start + 2..start + len].to_owned();
-        let value = root.get_path(&key).map(hy::python_str).unwrap_or_default();
-        out.replace_range(start..=start + len, &value);
+/// A help template, resolved as Hydra reads it (`cfg.hydra.help.template`); unresolvable ones stay raw.
+fn template(full: &Node, key: &str) -> String {
+    match interpolate::resolve_at(full, key, &context(full)) {
+        Ok(node) => hy::python_str(&node),
+        Err(_) => full.get_path(key).map(hy::python_str).unwrap_or_default(),
     }
-    out
 }
 
 fn fill_template(template: &str, flags_help: &str, repo: &Repository, config: &str) -> String {
@@ -319,13 +313,11 @@ fn fill_template(template: &str, flags_help: &str, repo: &Repository, config: &s
 }
 
 fn app_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
-    let template = full.get_path("hydra.help.template").and_then(Node::as_str).unwrap_or("");
-    fill_template(&expand_refs(template, full), flags_help, repo, &to_yaml(&job_config(full)))
+    fill_template(&template(full, "hydra.help.template"), flags_help, repo, &to_yaml(&job_config(full)))
 }
 
 fn hydra_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
-    let template = full.get_path("hydra.hydra_help.template").and_then(Node::as_str).unwrap_or("");
-    fill_template(&expand_refs(template, full), flags_help, repo, &to_yaml(&sanitized_hydra(full)))
+    fill_template(&template(full, "hydra.hydra_help.template"), flags_help, repo, &to_yaml(&sanitized_hydra(full)))
 }
 
 fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
@@ -339,25 +331,10 @@ fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
     }
 }
 
-/// Resolve a `hydra.*` directory template (`outputs/${now:...}`) against the full config.
+/// Resolve a `hydra.*` directory setting (`outputs/${now:...}`) against the full config.
 fn resolve_dir(full: &Node, key: &str) -> Result<PathBuf, AppError> {
-    let template = full.get_path(key).map(hy::python_str).unwrap_or_default();
-    let text = expand_now(&expand_refs(&template, full));
-    if text.contains("${") {
-        return Err(AppError::Resolve { message: format!("not yet: cannot resolve {key} '{template}' without the interpolation engine") });
-    }
-    Ok(PathBuf::from(text))
-}
-
-fn expand_now(text: &str) -> String {
-    let now = chrono::Local::now();
-    let mut out = text.to_owned();
-    while let Some(start) = out.find("${now:") {
-        let Some(len) = out[start..].find('}') else { break };
-        let format = out[start + 6..start + len].to_owned();
-        out.replace_range(start..=start + len, &now.format(&format).to_string());
-    }
-    out
+    let node = interpolate::resolve_at(full, key, &context(full))?;
+    Ok(PathBuf::from(hy::python_str(&node)))
 }
 
 /// Write `.hydra/{config,hydra,overrides}.yaml` under `output_dir` unless `hydra.output_subdir` is null.
@@ -425,7 +402,7 @@ fn prepare_multirun(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) 
         let path = sweep_dir.join("multirun.yaml");
         std::fs::write(&path, to_yaml(&master.config)).map_err(|e| AppError::Io { path: path.display().to_string(), reason: e.to_string() })?;
     }
-    let combos = compose::sweep_combinations(req.overrides)?;
+    let combos = compose::sweep_combinations(repo, req.overrides)?;
     let mut jobs = Vec::with_capacity(combos.len());
     for (num, overrides) in combos.iter().enumerate() {
         let mut repo_job = build_repository(req.config_path, req.config_dir)?;
@@ -437,6 +414,5 @@ fn prepare_multirun(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) 
         let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
         jobs.push(finish_job(composed.config, sweep_dir.join(subdir), dry_run)?);
     }
-    let _ = repo;
     Ok(jobs)
 }
