@@ -405,7 +405,12 @@ impl WeightSyncer {
                     Some(d) if src.is_floating() => d,
                     _ => src,
                 });
-                SenderStrategy::Bucket { buckets: bucket::plan(items, self.settings.bucket_size) }
+                let mut buckets = bucket::plan(items, self.settings.bucket_size);
+                if buckets.is_empty() {
+                    // Nothing selected: one empty bucket per version still carries the version.
+                    buckets.push(Vec::new());
+                }
+                SenderStrategy::Bucket { buckets }
             }
         };
         report.build = t_build.elapsed();

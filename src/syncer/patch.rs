@@ -401,7 +401,11 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
             for (j, i) in (e.index_pos..e.index_pos + e.nnz).enumerate() {
                 let (Some(r), Some(c)) = (get_uint(s0, i, w), get_uint(s1, i, w)) else { return };
                 let idx = r as usize * e.cols + c as usize;
-                let v = read_le(s2, e.value_pos / e.width + j, e.width);
+                let at = e.value_pos + j * e.width;
+                let mut b = [0u8; 8];
+                let Some(src) = s2.get(at..at + e.width) else { return };
+                b[..e.width].copy_from_slice(src);
+                let v = u64::from_le_bytes(b);
                 if let Some(x) = dst.get_mut(idx) {
                     *x = W::from_u64(v);
                 }
