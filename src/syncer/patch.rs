@@ -8,7 +8,6 @@
 //! before it writes a single byte, so a rejected patch leaves the weights untouched.
 
 use std::num::NonZeroUsize;
-use std::ops::{BitOr, BitXor};
 
 use crate::tensor::parallel::map_items;
 use crate::tensor::{cast_bytes, pod_slice, pod_slice_mut, DType, Pod, StateDict, Storage};
@@ -21,12 +20,12 @@ use super::wire::{
 /// Elements per diff work item (indices inside a segment fit in u32).
 pub const SEGMENT: usize = 1 << 22;
 /// Elements per comparison block.
-const BLOCK: usize = 32;
+const BLOCK: usize = 32; // fits the u32 change mask
 /// Elements converted at a time when the sender's dtype differs from the receiver's.
 const CAST_BLOCK: usize = 4096;
 
 /// A bit pattern of one element width.
-pub(crate) trait Word: Pod + Eq + Default + BitXor<Output = Self> + BitOr<Output = Self> {
+pub(crate) trait Word: Pod + Eq {
     fn to_u64(self) -> u64;
     fn from_u64(v: u64) -> Self;
 }
@@ -64,8 +63,9 @@ pub struct SnapTensor {
 pub struct Changes {
     pub base: usize,
     pub idx: Vec<u32>,
-    pub old: Vec<u8>,
-    pub new: Vec<u8>,
+    /// Old and new bit patterns (zero-extended).
+    pub old: Vec<u64>,
+    pub new: Vec<u64>,
 }
 
 /// The result of a build: per snapshot tensor, its segments' changes in order.
@@ -76,28 +76,29 @@ pub struct Built {
 
 #[inline(always)]
 fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes) {
-    let push = |i: usize, old: W, new: W, out: &mut Changes| {
-        out.idx.push((base + i) as u32);
-        out.old.extend_from_slice(&old.to_u64().to_le_bytes()[..std::mem::size_of::<W>()]);
-        out.new.extend_from_slice(&new.to_u64().to_le_bytes()[..std::mem::size_of::<W>()]);
-    };
-    let full = cur.len() / BLOCK * BLOCK;
-    let (cur_blocks, cur_tail) = cur.split_at(full.min(cur.len()));
-    let (snap_blocks, snap_tail) = snap.split_at_mut(full.min(snap.len()));
+    let full = cur.len().min(snap.len()) / BLOCK * BLOCK;
+    let (cur_blocks, cur_tail) = cur.split_at(full);
+    let (snap_blocks, snap_tail) = snap.split_at_mut(full);
     for (b, (c, s)) in cur_blocks.chunks_exact(BLOCK).zip(snap_blocks.chunks_exact_mut(BLOCK)).enumerate() {
-        let acc = c.iter().zip(s.iter()).fold(W::default(), |a, (&x, &y)| a | (x ^ y));
-        if acc != W::default() {
-            for j in 0..BLOCK {
-                if c[j] != s[j] {
-                    push(b * BLOCK + j, s[j], c[j], out);
-                    s[j] = c[j];
-                }
-            }
+        // A compare + movemask per block (vectorised); the scalar walk only visits differing elements.
+        let mut mask = 0u32;
+        for j in 0..BLOCK {
+            mask |= u32::from(c[j] != s[j]) << j;
+        }
+        while mask != 0 {
+            let j = mask.trailing_zeros() as usize;
+            out.idx.push((base + b * BLOCK + j) as u32);
+            out.old.push(s[j].to_u64());
+            out.new.push(c[j].to_u64());
+            s[j] = c[j];
+            mask &= mask - 1;
         }
     }
     for (j, (c, s)) in cur_tail.iter().zip(snap_tail.iter_mut()).enumerate() {
         if *c != *s {
-            push(full + j, *s, *c, out);
+            out.idx.push((base + full + j) as u32);
+            out.old.push(s.to_u64());
+            out.new.push(c.to_u64());
             *s = *c;
         }
     }
@@ -175,12 +176,6 @@ pub fn build(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize) 
     Ok(Built { tensors, changed })
 }
 
-fn read_le(bytes: &[u8], i: usize, w: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b[..w].copy_from_slice(&bytes[i * w..i * w + w]);
-    u64::from_le_bytes(b)
-}
-
 fn sign_extend(v: u64, bits: u32) -> i64 {
     let shift = 64 - bits;
     ((v << shift) as i64) >> shift
@@ -209,7 +204,7 @@ pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool) -> PatchBody {
                     let idx = (seg.base + rel as usize) as u64;
                     put_varint(&mut gaps, idx - next);
                     next = idx + 1;
-                    let d = read_le(&seg.new, i, w).wrapping_sub(read_le(&seg.old, i, w)) & mask;
+                    let d = seg.new[i].wrapping_sub(seg.old[i]) & mask;
                     let z = zigzag(sign_extend(d, bits));
                     let code = if (1..=3).contains(&z) { z as u8 } else { 0 };
                     if k % 4 == 0 {
@@ -252,7 +247,10 @@ pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool) -> PatchBody {
                     put_uint(&mut rows, (idx / cols) as u64, width);
                     put_uint(&mut cols_s, (idx % cols) as u64, width);
                 }
-                values.extend_from_slice(&seg.new);
+                let w = st.dtype.size_bytes();
+                for v in &seg.new {
+                    values.extend_from_slice(&v.to_le_bytes()[..w]);
+                }
             }
         }
         PatchBody { index: IndexCoding::Coo, value: ValueCoding::Raw, index_width: width, entries, streams: vec![rows, cols_s, values] }

@@ -238,7 +238,7 @@ fn frozen_after_init(p: &Pair, keys: &[KeySpec], s: &Settings) -> Vec<(String, V
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
 
     #[test]
     fn receiver_is_bit_identical_after_every_sync(keys in model(), s in settings(), seed in any::<u64>(), steps in 1..4usize, density in 0..60u64) {
