@@ -305,7 +305,7 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     }
     let key = o.key_or_group.as_str();
     let origin = Origin::Override(o.input.as_str().into());
-    let value = o.element().map(|e| e.to_node(&origin));
+    let value = o.element().map(|e| e.to_node(Some(origin.clone())));
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
