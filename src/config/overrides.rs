@@ -124,9 +124,6 @@ pub enum OverrideError {
     /// A config group override whose value is not a string or a list (`db=1`).
     #[error("Config group override must be a string or a list. Got {type_name}")]
     GroupValueType { type_name: &'static str },
-    /// A config group deletion with a value that is not a string (`~db=1`).
-    #[error("Config group override deletion value must be a string : {input}")]
-    GroupDeletionValueType { input: String },
 }
 
 /// Why an override did not parse: the line printed between Hydra's first line and its hint line.

@@ -206,7 +206,7 @@ fn key_repr(k: &Key) -> String {
 }
 
 /// Hydra's `escape_special_characters`: a backslash before each of `\()[]{}:=, \t`.
-pub fn escape_special_characters(s: &str) -> String {
+pub(super) fn escape_special_characters(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if "\\()[]{}:=, \t".contains(c) {

@@ -243,7 +243,7 @@ fn expand_range(r: &RangeSweep) -> Result<Vec<Element>, OverrideError> {
 }
 
 /// Python's `fnmatch.fnmatch` on POSIX: `*`, `?`, `[seq]`, `[!seq]`, case-sensitive.
-pub fn fnmatch(name: &str, pattern: &str) -> bool {
+pub(super) fn fnmatch(name: &str, pattern: &str) -> bool {
     let name: Vec<char> = name.chars().collect();
     let pattern: Vec<char> = pattern.chars().collect();
     // Iterative matcher with one backtrack point for the last `*` (no exponential blow-up).
