@@ -121,6 +121,9 @@ pub enum OverrideError {
     /// A range with more elements than a sweep can reasonably launch.
     #[error("range has more than {limit} values and cannot be enumerated")]
     RangeTooLong { limit: usize },
+    /// A config group deletion with a value that is not a string (`~db=1`).
+    #[error("Config group override deletion value must be a string : {input}")]
+    GroupDeletionValueType { input: String },
     /// A config group override whose value is not a string or a list (`db=1`).
     #[error("Config group override must be a string or a list. Got {type_name}")]
     GroupValueType { type_name: &'static str },

@@ -57,7 +57,7 @@ pub enum GroupChoice {
 impl Element {
     /// The config node OmegaConf builds from this value (strings stay raw; `???` is missing); every node
     /// of it gets `origin`.
-    pub fn to_node(&self, origin: Option<Origin>) -> Node {
+    pub fn to_node(&self, origin: &Origin) -> Node {
         let value = match self {
             Element::Null => Value::Null,
             Element::Bool(b) => Value::Bool(*b),
@@ -66,22 +66,22 @@ impl Element {
             Element::Str { value, .. } if value == "???" => Value::Missing,
             Element::Str { value, .. } => Value::Str(value.clone()),
             Element::List(items) => {
-                Value::List(items.iter().map(|e| e.to_node(origin.clone())).collect())
+                Value::List(items.iter().map(|e| e.to_node(origin)).collect())
             }
             Element::Dict(pairs) => {
                 let mut dict = Dict::with_capacity(pairs.len());
                 for (k, v) in pairs {
-                    dict.insert(k.clone(), v.to_node(origin.clone()));
+                    dict.insert(k.clone(), v.to_node(origin));
                 }
                 Value::Dict(dict)
             }
         };
-        Node::with_origin(value, origin)
+        Node::with_origin(value, Some(origin.clone()))
     }
 
     /// [`Element::to_node`] with the override itself as origin.
     pub fn to_node_from(&self, input: &str) -> Node {
-        self.to_node(Some(Origin::Override(Arc::from(input))))
+        self.to_node(&Origin::Override(Arc::from(input)))
     }
 
     /// Python's type name of the value (`str`, `int`, `NoneType`, ...), as Hydra's messages print it.
