@@ -25,7 +25,8 @@ pub use element::{Element, GroupChoice, Quote};
 pub use sweep::{ChoiceSweep, GlobSweep, IntervalSweep, Number, RangeSweep, Sweep};
 
 /// Hydra's hint line, printed after every grammar error.
-pub const GRAMMAR_HINT: &str = "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
+pub const GRAMMAR_HINT: &str =
+    "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
 
 /// One parsed command-line override (`[+|++|~]key[@package][=value]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -74,10 +75,17 @@ pub enum OverrideError {
     #[error("Error parsing override '{input}'\n{reason}\n{GRAMMAR_HINT}")]
     Grammar { input: String, reason: GrammarError },
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
-    #[error("Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
-    NestedSweep { input: String, sweep_type: &'static str },
+    #[error(
+        "Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
+    NestedSweep {
+        input: String,
+        sweep_type: &'static str,
+    },
     /// A choice with a sweep among its items (`a=1,choice(2,3)`), which Hydra cannot enumerate either.
-    #[error("Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
+    #[error(
+        "Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
     NestedSweepInChoice { sweep_type: &'static str },
     /// `a=1,2` without `--multirun`.
     #[error(
@@ -98,19 +106,27 @@ pub enum OverrideError {
     ZeroIntRangeStep,
     /// `range(a,b,0.0)` over floats.
     #[error("Invalid range values (start:{start}, stop:{stop}, step:{step})")]
-    ZeroFloatRangeStep { start: String, stop: String, step: String },
+    ZeroFloatRangeStep {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A float range over `inf`/`nan` bounds, which never ends (Hydra loops or fails in `decimal`).
     #[error("range over a non-finite bound cannot be enumerated: range({start}, {stop}, {step})")]
-    NonFiniteRange { start: String, stop: String, step: String },
+    NonFiniteRange {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A range with more elements than a sweep can reasonably launch.
     #[error("range has more than {limit} values and cannot be enumerated")]
     RangeTooLong { limit: usize },
-    /// A config group override whose value is not a string or a list (`db=1`).
-    #[error("Config group override must be a string or a list. Got {type_name}")]
-    GroupValueType { type_name: &'static str },
     /// A config group deletion with a value that is not a string (`~db=1`).
     #[error("Config group override deletion value must be a string : {input}")]
     GroupDeletionValueType { input: String },
+    /// A config group override whose value is not a string or a list (`db=1`).
+    #[error("Config group override must be a string or a list. Got {type_name}")]
+    GroupValueType { type_name: &'static str },
 }
 
 /// Why an override did not parse: the line printed between Hydra's first line and its hint line.
@@ -119,13 +135,20 @@ pub enum GrammarError {
     /// No token starts at `column` (0-based, in characters); printed with a caret like Hydra's.
     Lexer { input: String, column: usize },
     /// The parser met `found` where it expected `expected`.
-    Syntax { found: String, expected: &'static str },
+    Syntax {
+        found: String,
+        expected: &'static str,
+    },
     /// A primitive made of whitespace only.
     AllWhitespace,
     /// `f(a=1, 2)`.
     PositionalAfterKeyword,
     /// A grammar function raised: `<exception> while evaluating '<call>': <message>`.
-    Function { call: String, exception: &'static str, message: String },
+    Function {
+        call: String,
+        exception: &'static str,
+        message: String,
+    },
     /// An integer literal (or an int() result) beyond 64 bits, which Python would keep as a big int.
     IntOutOfRange { text: String },
 }
@@ -141,9 +164,17 @@ impl fmt::Display for GrammarError {
             GrammarError::Syntax { found, expected } => {
                 write!(f, "mismatched input '{found}' expecting {expected}")
             }
-            GrammarError::AllWhitespace => f.write_str("Trying to parse a primitive that is all whitespaces"),
-            GrammarError::PositionalAfterKeyword => f.write_str("positional argument follows keyword argument"),
-            GrammarError::Function { call, exception, message } => {
+            GrammarError::AllWhitespace => {
+                f.write_str("Trying to parse a primitive that is all whitespaces")
+            }
+            GrammarError::PositionalAfterKeyword => {
+                f.write_str("positional argument follows keyword argument")
+            }
+            GrammarError::Function {
+                call,
+                exception,
+                message,
+            } => {
                 write!(f, "{exception} while evaluating '{call}': {message}")
             }
             GrammarError::IntOutOfRange { text } => {
@@ -155,13 +186,21 @@ impl fmt::Display for GrammarError {
 
 /// Parse one command-line override as Hydra 1.3 does (functions are evaluated here, as in Hydra).
 pub fn parse_override(text: &str) -> Result<Override, OverrideError> {
-    let grammar = |reason| OverrideError::Grammar { input: text.to_owned(), reason };
+    let grammar = |reason| OverrideError::Grammar {
+        input: text.to_owned(),
+        reason,
+    };
     let parsed = parser::parse(text).map_err(grammar)?;
     let value = match parsed.value {
         None => None,
-        Some(v) => Some(value::into_override_value(v).map_err(|nested| match nested {
-            value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep { input: text.to_owned(), sweep_type },
-        })?),
+        Some(v) => Some(
+            value::into_override_value(v).map_err(|nested| match nested {
+                value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep {
+                    input: text.to_owned(),
+                    sweep_type,
+                },
+            })?,
+        ),
     };
     Ok(Override {
         kind: parsed.kind,
@@ -228,9 +267,13 @@ impl Override {
         };
         let input = self.input.clone();
         match mode {
-            RunMode::Multirun if self.is_hydra_override() => Err(OverrideError::HydraSweep { input }),
+            RunMode::Multirun if self.is_hydra_override() => {
+                Err(OverrideError::HydraSweep { input })
+            }
             RunMode::Multirun => Ok(()),
-            RunMode::Run if sweep.is_simple_choice() => Err(OverrideError::AmbiguousSweep { input }),
+            RunMode::Run if sweep.is_simple_choice() => {
+                Err(OverrideError::AmbiguousSweep { input })
+            }
             RunMode::Run => Err(OverrideError::SweepNeedsMultirun { input }),
         }
     }
