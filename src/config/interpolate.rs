@@ -112,6 +112,9 @@ pub enum ErrorKind {
     /// `OmegaConf.resolve` cannot store a plain list/dict produced by a resolver in a value node.
     #[error("Value '{type_name}' is not a supported primitive type")]
     UnsupportedValueType { type_name: &'static str },
+    /// Not an OmegaConf error: OmegaConf would keep going (for hours) on exponentially self-referencing configs.
+    #[error("resolving interpolations took more than {limit} steps; the config references itself exponentially")]
+    TooMuchWork { limit: usize },
     #[error("Cannot resolve interpolation for a node without a parent")]
     NoParent,
     /// [`resolve_at`] was given a path that names nothing.
@@ -422,6 +425,18 @@ mod tests {
             assert!(err.to_string().contains(&format!("full_key: {key}")), "{input}: {err}");
         }
         assert_eq!(validate_tree(&parse(r#"{"a": "\\${not an interpolation\\}", "b": "${x.y[0]}", "c": "${f:[1, {a: b}]}"}"#)), Ok(()));
+    }
+
+    #[test]
+    fn exponential_self_reference_is_cut_off() {
+        let mut root = Dict::new();
+        for level in 0..40 {
+            let next = format!("${{l{}}}", level + 1);
+            root.insert(Key::from(format!("l{level}")), node(&serde_json::json!([next, next])));
+        }
+        root.insert(Key::from("l40"), Node::new(Value::Int(1)));
+        let err = resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");
+        assert_eq!(err.kind(), &ErrorKind::TooMuchWork { limit: eval::MAX_STEPS });
     }
 
     #[test]
