@@ -224,9 +224,11 @@ pub fn is_interpolation(s: &str) -> bool {
     s.contains("${")
 }
 
-/// Check the syntax of one interpolation string without resolving it.
+/// Check one value the way OmegaConf does when it stores it: a string with `${` must parse, unless it
+/// matches OmegaConf's fast pattern for common interpolations (which lets a few invalid ones, like
+/// `${:x}`, through until they are resolved).
 pub fn check_syntax(s: &str) -> Result<(), GrammarError> {
-    grammar::parse_value(s).map(|_| ())
+    grammar::validate_value(s)
 }
 
 /// Check every interpolation in `root`, as OmegaConf does when a config is created: the first invalid
@@ -446,5 +448,6 @@ mod tests {
         assert!(!is_interpolation("$b {c}"));
         assert!(check_syntax("${a.b}").is_ok());
         assert!(check_syntax("${a.b").is_err());
+        assert!(check_syntax("${:lenient}").is_ok());
     }
 }

@@ -441,9 +441,7 @@ impl<'c, 'a> Engine<'c, 'a> {
             Py::Bytes(b) => Scalar::Bytes(b),
             Py::Str(s) if s == "???" => Scalar::Missing,
             Py::Str(s) => {
-                if s.contains("${") {
-                    grammar::parse_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
-                }
+                grammar::validate_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
                 Scalar::Str(s)
             }
             other => return Err(ErrorKind::UnsupportedValueType { type_name: other.type_name(&self.tree) }),
