@@ -36,11 +36,11 @@ const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
-/// half-written), or a caller mistake.
+/// half-written), or a caller mistake (bad rank, impossible size; nothing was published).
 fn recoverable(err: &TransportError) -> bool {
     match err {
         TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
-        TransportError::NoSuchRank { .. } => true,
+        TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
         _ => false,
     }
 }
