@@ -617,6 +617,14 @@ async fn shm_config_is_validated() {
         check(bad_prefix).await,
         Err(TransportError::Config { .. })
     ));
+    let no_path = ShmConfig {
+        socket_path: PathBuf::new(),
+        ..config(&socket, "x", 1)
+    };
+    assert!(matches!(
+        check(no_path).await,
+        Err(TransportError::Config { .. })
+    ));
     let no_slots = ShmConfig {
         slots: 0,
         ..config(&socket, "x", 1)
