@@ -150,7 +150,7 @@ struct Located {
 }
 
 impl InterpolationError {
-    fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
+    pub fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
         InterpolationError(Box::new(Located { kind, full_key, origin }))
     }
 
