@@ -525,6 +525,55 @@ mod tests {
         );
     }
 
+    /// PyYAML ignores indentation inside flow collections and quoted scalars; saphyr wants it deeper
+    /// than the enclosing block, so such lines are re-indented and positions mapped back.
+    #[test]
+    fn shallow_continuation_lines_load_as_in_pyyaml() {
+        let v = val("a:\n  b: \"x\n  y\"\n  c: 1\n");
+        assert_eq!(
+            v,
+            dict(vec![(
+                k("a"),
+                dict(vec![(k("b"), s("x y")), (k("c"), Value::Int(1))])
+            )])
+        );
+        let text = "a: [1,\n2, {q: [3,\n 4]}]\nb: 'it''s\nx' # c\nd: \"e\\\"\nf\"\n";
+        let want = dict(vec![
+            (
+                k("a"),
+                list(vec![
+                    Value::Int(1),
+                    Value::Int(2),
+                    dict(vec![(k("q"), list(vec![Value::Int(3), Value::Int(4)]))]),
+                ]),
+            ),
+            (k("b"), s("it's x")),
+            (k("d"), s("e\" f")),
+        ]);
+        assert_eq!(val(text), want);
+        let node = load(text).unwrap_or_else(|e| panic!("{e}"));
+        let at = |path: &str| {
+            node.get_path(path)
+                .and_then(|n| n.origin.clone())
+                .map(|o| o.to_string())
+        };
+        assert_eq!(at("a.1").as_deref(), Some("t.yaml:2:1"));
+        assert_eq!(at("a.2.q.1").as_deref(), Some("t.yaml:3:2"));
+        assert_eq!(
+            val("- a: [\n  1]\n"),
+            list(vec![dict(vec![(k("a"), list(vec![Value::Int(1)]))])])
+        );
+        // Still errors: an unterminated quote, and block structure that is really mis-indented.
+        assert!(matches!(
+            err_kind("a: \"x\nb: 1\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
+        assert!(matches!(
+            err_kind("a:\n  b: 1\n c: 2\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
+    }
+
     #[test]
     fn duplicate_string_keys_name_the_position() {
         let e = load("a:\n  b: 1\n  b: 2\n").err().map(|e| e.to_string());

@@ -30,6 +30,9 @@ struct Open {
     anchor: usize,
     tag: Option<String>,
     pos: Pos,
+    /// Start line and column in the text as parsed (after any re-indenting), for indentation repairs.
+    raw_line: usize,
+    raw_col: usize,
     body: OpenBody,
 }
 
@@ -43,47 +46,241 @@ enum OpenBody {
 
 /// Read the single document of `text`. `Ok(None)` for a stream without any document.
 pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
-    let text = prepare(text)?;
-    let mut parser = Parser::new_from_str(&text);
+    let mut text = prepare(text)?;
+    let mut shifts = LineShifts::default();
+    let mut last_repair = None;
+    for _ in 0..MAX_REPAIRS {
+        let (failure, repair) = match read(&text, &shifts) {
+            Ok(root) => return Ok(root),
+            Err(Stop::Fail(failure)) => return Err(failure),
+            Err(Stop::Indentation { failure, repair }) => (failure, repair),
+        };
+        // The same repair twice means it did not help: report saphyr's error.
+        if last_repair == Some(repair) {
+            return Err(failure);
+        }
+        match reindent(&text, repair, &mut shifts) {
+            Some(fixed) => text = Cow::Owned(fixed),
+            None => return Err(failure),
+        }
+        last_repair = Some(repair);
+    }
+    Err((
+        Pos { line: 1, col: 1 },
+        Invalid::Syntax {
+            message: "too many under-indented lines".into(),
+        },
+    ))
+}
+
+/// At most this many lines are re-indented (each costs a re-parse).
+const MAX_REPAIRS: usize = 256;
+
+/// Why reading stopped.
+enum Stop {
+    Fail((Pos, Invalid)),
+    /// saphyr (YAML 1.2) wants continuation lines of flow collections and quoted scalars indented
+    /// deeper than the enclosing block; PyYAML does not care. Such lines can be indented and re-read:
+    /// leading whitespace there carries no meaning in either YAML version.
+    Indentation {
+        failure: (Pos, Invalid),
+        repair: Repair,
+    },
+}
+
+impl From<(Pos, Invalid)> for Stop {
+    fn from(failure: (Pos, Invalid)) -> Stop {
+        Stop::Fail(failure)
+    }
+}
+
+/// Which lines to indent, and to which column (0-based, in the text as it is now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repair {
+    /// The continuation lines of the quoted scalar whose opening quote is at `line`/`col`.
+    Quoted { line: usize, col: usize },
+    /// One line inside a flow collection.
+    Flow { line: usize, target: usize },
+}
+
+/// Spaces added at the start of each line (1-based) by repairs, so positions can be reported in the
+/// original text.
+#[derive(Default)]
+struct LineShifts(Vec<usize>);
+
+impl LineShifts {
+    fn added(&self, line: usize) -> usize {
+        self.0.get(line).copied().unwrap_or(0)
+    }
+
+    fn pos(&self, line: usize, col: usize) -> Pos {
+        Pos::from_marker(line, col.saturating_sub(self.added(line)))
+    }
+
+    fn add(&mut self, line: usize, spaces: usize) {
+        if self.0.len() <= line {
+            self.0.resize(line + 1, 0);
+        }
+        if let Some(slot) = self.0.get_mut(line) {
+            *slot += spaces;
+        }
+    }
+}
+
+/// `text` with the lines `repair` names indented; `None` when the repair does not apply.
+fn reindent(text: &str, repair: Repair, shifts: &mut LineShifts) -> Option<String> {
+    // Lines are counted by `\n`; a lone `\r` line break would make the count wrong.
+    if text.replace("\r\n", "").contains('\r') {
+        return None;
+    }
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let (first, last, target) = match repair {
+        Repair::Flow { line, target } => (line, line, target),
+        Repair::Quoted { line, col } => {
+            let end = quoted_scalar_end_line(&lines, line, col)?;
+            (line + 1, end, col)
+        }
+    };
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut changed = false;
+    for (i, l) in lines.iter().enumerate() {
+        let line_no = i + 1;
+        let indent = l.chars().take_while(|&c| c == ' ').count();
+        if (first..=last).contains(&line_no) && indent < target && !l.trim().is_empty() {
+            out.extend(std::iter::repeat_n(' ', target - indent));
+            shifts.add(line_no, target - indent);
+            changed = true;
+        }
+        out.push_str(l);
+    }
+    changed.then_some(out)
+}
+
+/// The node starting at `line` (1-based) / `col` (0-based) is a flow collection: after any anchor and
+/// tag on the same line comes `[` or `{`.
+fn starts_flow_collection(text: &str, line: usize, col: usize) -> bool {
+    let Some(rest) = line.checked_sub(1).and_then(|i| text.split('\n').nth(i)) else {
+        return false;
+    };
+    let mut rest: String = rest.chars().skip(col).collect();
+    loop {
+        let trimmed = rest.trim_start_matches([' ', '\t']);
+        if trimmed.starts_with(['&', '!']) {
+            rest = trimmed
+                .chars()
+                .skip_while(|c| !matches!(c, ' ' | '\t'))
+                .collect();
+        } else {
+            return trimmed.starts_with(['[', '{']);
+        }
+    }
+}
+
+/// The line holding the closing quote of the quoted scalar opening at `line`/`col` (1-based line,
+/// 0-based column), or the last line if it never closes.
+fn quoted_scalar_end_line(lines: &[&str], line: usize, col: usize) -> Option<usize> {
+    let mut chars = lines
+        .iter()
+        .enumerate()
+        .skip(line.checked_sub(1)?)
+        .flat_map(|(i, l)| l.chars().map(move |c| (i + 1, c)));
+    let quote = chars
+        .nth(col)
+        .map(|(_, c)| c)
+        .filter(|c| *c == '"' || *c == '\'')?;
+    let mut last = line;
+    while let Some((at, c)) = chars.next() {
+        last = at;
+        if quote == '"' && c == '\\' {
+            chars.next();
+        } else if c == quote {
+            // In single quotes `''` is an escaped quote, not the end.
+            if quote == '\'' && chars.clone().next().is_some_and(|(_, n)| n == '\'') {
+                chars.next();
+            } else {
+                return Some(at);
+            }
+        }
+    }
+    Some(last)
+}
+
+/// Read the events of `text` into the raw graph.
+fn read(text: &str, shifts: &LineShifts) -> Result<Option<Rc<Raw>>, Stop> {
+    let mut parser = Parser::new_from_str(text);
     let mut anchors: HashMap<usize, Rc<Raw>> = HashMap::new();
     let mut open_anchors: HashSet<usize> = HashSet::new();
     let mut stack: Vec<Open> = Vec::new();
     let mut root: Option<Rc<Raw>> = None;
     let mut documents = 0usize;
     while let Some(next) = parser.next_event() {
-        let (event, span) = next.map_err(|e| {
-            let m = e.marker();
-            (
-                Pos::from_marker(m.line(), m.col()),
-                Invalid::Syntax {
-                    message: e.info().to_owned(),
-                },
-            )
-        })?;
-        let pos = Pos::from_marker(span.start.line(), span.start.col());
+        let (event, span) = match next {
+            Ok(ok) => ok,
+            Err(e) => {
+                let m = e.marker();
+                let failure = (
+                    shifts.pos(m.line(), m.col()),
+                    Invalid::Syntax {
+                        message: e.info().to_owned(),
+                    },
+                );
+                let repair = match e.info() {
+                    "invalid indentation in quoted scalar" => Some(Repair::Quoted {
+                        line: m.line(),
+                        col: m.col(),
+                    }),
+                    // The innermost open collection starts at or right of the enclosing block's
+                    // indentation, so one column past it is always deep enough.
+                    "invalid indentation in flow construct" => {
+                        let target = stack.last().map_or(1, |open| open.raw_col + 1);
+                        Some(Repair::Flow {
+                            line: m.line(),
+                            target,
+                        })
+                    }
+                    // Raised for any token left of the block indentation; only repaired when the
+                    // token is inside a flow collection, where PyYAML ignores indentation.
+                    "invalid indentation" => stack
+                        .last()
+                        .filter(|open| starts_flow_collection(text, open.raw_line, open.raw_col))
+                        .map(|open| Repair::Flow {
+                            line: m.line(),
+                            target: open.raw_col + 1,
+                        }),
+                    _ => None,
+                };
+                return Err(match repair {
+                    Some(repair) => Stop::Indentation { failure, repair },
+                    None => Stop::Fail(failure),
+                });
+            }
+        };
+        let pos = shifts.pos(span.start.line(), span.start.col());
+        let (raw_line, raw_col) = (span.start.line(), span.start.col());
+        let is_sequence = matches!(event, Event::SequenceStart(..));
         let done: Rc<Raw> = match event {
             Event::StreamEnd => break,
             Event::DocumentStart(_) => {
                 documents += 1;
                 if documents > 1 {
-                    return Err((pos, Invalid::MultipleDocuments));
+                    return Err(Stop::Fail((pos, Invalid::MultipleDocuments)));
                 }
                 continue;
             }
             Event::Nothing | Event::StreamStart | Event::DocumentEnd => continue,
             Event::Alias(id) => {
                 if open_anchors.contains(&id) {
-                    return Err((pos, Invalid::RecursiveAlias));
+                    return Err(Stop::Fail((pos, Invalid::RecursiveAlias)));
                 }
                 match anchors.get(&id) {
                     Some(node) => Rc::clone(node),
                     None => {
-                        return Err((
+                        return Err(Stop::Fail((
                             pos,
                             Invalid::Syntax {
                                 message: "found undefined alias".into(),
                             },
-                        ));
+                        )));
                     }
                 }
             }
@@ -101,51 +298,49 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
                 }
                 node
             }
-            Event::SequenceStart(anchor, tag) => {
-                open(
-                    &mut stack,
-                    &mut open_anchors,
-                    anchor,
-                    tag.as_deref().map(full_tag),
-                    pos,
-                    OpenBody::Seq(Vec::new()),
-                )?;
-                continue;
-            }
-            Event::MappingStart(anchor, tag) => {
-                let body = OpenBody::Map {
-                    pairs: Vec::new(),
-                    key: None,
+            Event::SequenceStart(anchor, tag) | Event::MappingStart(anchor, tag) => {
+                let body = if is_sequence {
+                    OpenBody::Seq(Vec::new())
+                } else {
+                    OpenBody::Map {
+                        pairs: Vec::new(),
+                        key: None,
+                    }
                 };
+                let tag = tag.as_deref().map(full_tag);
                 open(
                     &mut stack,
                     &mut open_anchors,
-                    anchor,
-                    tag.as_deref().map(full_tag),
-                    pos,
-                    body,
+                    Open {
+                        anchor,
+                        tag,
+                        pos,
+                        raw_line,
+                        raw_col,
+                        body,
+                    },
                 )?;
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(open) = stack.pop() else {
-                    return Err((
+                    return Err(Stop::Fail((
                         pos,
                         Invalid::Syntax {
                             message: "unbalanced collection end".into(),
                         },
-                    ));
+                    )));
                 };
                 let kind = match open.body {
                     OpenBody::Seq(items) => RawKind::Seq(items),
                     OpenBody::Map { pairs, key: None } => RawKind::Map(pairs),
                     OpenBody::Map { key: Some(_), .. } => {
-                        return Err((
+                        return Err(Stop::Fail((
                             pos,
                             Invalid::Syntax {
                                 message: "mapping key without a value".into(),
                             },
-                        ));
+                        )));
                     }
                 };
                 let node = Rc::new(Raw {
@@ -182,23 +377,15 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
 fn open(
     stack: &mut Vec<Open>,
     open_anchors: &mut HashSet<usize>,
-    anchor: usize,
-    tag: Option<String>,
-    pos: Pos,
-    body: OpenBody,
+    open: Open,
 ) -> Result<(), (Pos, Invalid)> {
     if stack.len() >= MAX_DEPTH {
-        return Err((pos, Invalid::TooDeep { limit: MAX_DEPTH }));
+        return Err((open.pos, Invalid::TooDeep { limit: MAX_DEPTH }));
     }
-    if anchor != 0 {
-        open_anchors.insert(anchor);
+    if open.anchor != 0 {
+        open_anchors.insert(open.anchor);
     }
-    stack.push(Open {
-        anchor,
-        tag,
-        pos,
-        body,
-    });
+    stack.push(open);
     Ok(())
 }
 
