@@ -2,15 +2,25 @@
 //! does (PyYAML SafeLoader, YAML 1.1 resolvers plus OmegaConf's float rule, no timestamps), with
 //! `file:line:col` on every node.
 //!
-//! Pipeline: saphyr-parser events → [`compose`] (anchors, aliases, tags, positions) → [`construct`]
-//! (tags, merge keys, duplicate keys, key types) using [`scalar`] for the typing rules.
+//! Pipeline: saphyr-parser events → `compose` (anchors, aliases, tags, positions; `reindent` for
+//! the indentation saphyr refuses and PyYAML accepts) → `construct`
+//! (tags, merge keys, duplicate keys, key types) using `scalar` for the typing rules.
 //!
-//! Decisions where OmegaConf and this tree differ: integers outside `i64` are an error
-//! ([`YamlErrorKind::IntOutOfRange`]) where Python keeps them; `!!binary` keys are refused
-//! ([`YamlErrorKind::UnsupportedKey`]); `null` keys are refused as OmegaConf refuses them.
+//! A string value `???` (quoted or not) becomes [`Value::Missing`]; `${...}` strings stay raw for
+//! `config::interpolate` (which also owns interpolation grammar errors).
+//!
+//! Where this loader and OmegaConf differ (found by comparing both over generated documents):
+//! - integers outside `i64` are an error ([`YamlErrorKind::IntOutOfRange`]); Python keeps them;
+//! - `!!binary` keys are refused ([`YamlErrorKind::UnsupportedKey`]); OmegaConf accepts bytes keys;
+//! - raw U+2028/U+2029 are refused ([`YamlErrorKind::LineSeparator`]);
+//! - an alias inside its own anchor is refused ([`YamlErrorKind::RecursiveAlias`]);
+//! - saphyr's YAML 1.2 syntax: a lone `-` right before `,]}` in flow (`[-]`) and an alias key without
+//!   a space (`*a: 1`, where `a:` is the alias name) fail; `[???]`, `[:x]`, `{|x: 1}`, repeated
+//!   anchor names and `%YAML 2.0` load where PyYAML fails.
 
 mod compose;
 mod construct;
+mod reindent;
 pub(crate) mod scalar;
 
 use std::path::Path;
