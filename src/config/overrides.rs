@@ -293,3 +293,6 @@ impl Override {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod golden;
