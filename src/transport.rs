@@ -91,6 +91,9 @@ pub enum TransportError {
 }
 
 /// The writing end: one sender, N receivers.
+///
+/// Call [`Sender::flush`] before dropping it: dropping ends the channel at once, and a shm receiver that has
+/// not yet mapped a payload's (new) segment can then no longer read it.
 #[derive(Debug)]
 pub enum Sender {
     InProc(InProcSender),

@@ -112,6 +112,9 @@ pub enum ErrorKind {
     /// `OmegaConf.resolve` cannot store a plain list/dict produced by a resolver in a value node.
     #[error("Value '{type_name}' is not a supported primitive type")]
     UnsupportedValueType { type_name: &'static str },
+    /// Not an OmegaConf error: OmegaConf would keep going (for hours) on exponentially self-referencing configs.
+    #[error("resolving interpolations took more than {limit} steps; the config references itself exponentially")]
+    TooMuchWork { limit: usize },
     #[error("Cannot resolve interpolation for a node without a parent")]
     NoParent,
     /// [`resolve_at`] was given a path that names nothing.
@@ -147,7 +150,7 @@ struct Located {
 }
 
 impl InterpolationError {
-    fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
+    pub fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
         InterpolationError(Box::new(Located { kind, full_key, origin }))
     }
 
@@ -221,9 +224,11 @@ pub fn is_interpolation(s: &str) -> bool {
     s.contains("${")
 }
 
-/// Check the syntax of one interpolation string without resolving it.
+/// Check one value the way OmegaConf does when it stores it: a string with `${` must parse, unless it
+/// matches OmegaConf's fast pattern for common interpolations (which lets a few invalid ones, like
+/// `${:x}`, through until they are resolved).
 pub fn check_syntax(s: &str) -> Result<(), GrammarError> {
-    grammar::parse_value(s).map(|_| ())
+    grammar::validate_value(s)
 }
 
 /// Check every interpolation in `root`, as OmegaConf does when a config is created: the first invalid
@@ -425,11 +430,24 @@ mod tests {
     }
 
     #[test]
+    fn exponential_self_reference_is_cut_off() {
+        let mut root = Dict::new();
+        for level in 0..40 {
+            let next = format!("${{l{}}}", level + 1);
+            root.insert(Key::from(format!("l{level}")), node(&serde_json::json!([next, next])));
+        }
+        root.insert(Key::from("l40"), Node::new(Value::Int(1)));
+        let err = resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");
+        assert_eq!(err.kind(), &ErrorKind::TooMuchWork { limit: eval::MAX_STEPS });
+    }
+
+    #[test]
     fn is_interpolation_is_the_cheap_test() {
         assert!(is_interpolation("a ${b}"));
         assert!(is_interpolation("\\${b}"));
         assert!(!is_interpolation("$b {c}"));
         assert!(check_syntax("${a.b}").is_ok());
         assert!(check_syntax("${a.b").is_err());
+        assert!(check_syntax("${:lenient}").is_ok());
     }
 }

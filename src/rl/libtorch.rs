@@ -128,14 +128,19 @@ fn install(policy: &Policy, weights: &[(String, Tensor)]) -> Result<(), RlError>
     if mine.len() != weights.len() {
         return Err(RlError::WeightsMismatch { reason: format!("{} weights given, the model has {}", weights.len(), mine.len()) });
     }
+    // check everything first: a rejected checkpoint leaves the weights untouched.
+    let mut pairs = Vec::with_capacity(mine.len());
+    for (name, dst) in mine {
+        let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
+            return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
+        };
+        if src.size() != dst.size() {
+            return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
+        }
+        pairs.push((dst, src));
+    }
     tch::no_grad(|| {
-        for (name, mut dst) in mine {
-            let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
-                return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
-            };
-            if src.size() != dst.size() {
-                return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
-            }
+        for (mut dst, src) in pairs {
             dst.f_copy_(src).map_err(torch_err("installing weights"))?;
         }
         Ok(())

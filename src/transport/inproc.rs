@@ -22,10 +22,19 @@ struct AlignedBuf {
 }
 
 impl AlignedBuf {
-    fn with_len(len: usize) -> Self {
-        AlignedBuf {
-            lines: vec![Line([0; 64]); len.div_ceil(64)],
-        }
+    /// A zeroed buffer of at least `len` bytes; an impossible size is an error, not an abort.
+    fn with_len(len: usize) -> Result<Self, TransportError> {
+        let count = len.div_ceil(64);
+        let mut lines = Vec::new();
+        lines
+            .try_reserve_exact(count)
+            .map_err(|_| TransportError::TooLarge {
+                what: "payload",
+                len,
+                max: isize::MAX as usize,
+            })?;
+        lines.resize(count, Line([0; 64]));
+        Ok(AlignedBuf { lines })
     }
 
     fn capacity(&self) -> usize {
@@ -115,14 +124,14 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
 
 impl InProcSender {
     /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
-    fn take_buf(&mut self, slot: usize, len: usize) -> AlignedBuf {
+    fn take_buf(&mut self, slot: usize, len: usize) -> Result<AlignedBuf, TransportError> {
         let old = self
             .bufs
             .get_mut(slot)
             .and_then(Option::take)
             .and_then(|arc| Arc::try_unwrap(arc).ok());
         match old {
-            Some(buf) if buf.capacity() >= len => buf,
+            Some(buf) if buf.capacity() >= len => Ok(buf),
             _ => AlignedBuf::with_len(len),
         }
     }
@@ -143,7 +152,7 @@ impl SendBackend for InProcSender {
         self.fanout.require_all_alive(OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
-        let mut buf = self.take_buf(slot, len);
+        let mut buf = self.take_buf(slot, len)?;
         let out = fill(buf.bytes_mut(len));
         let buf = Arc::new(buf);
         for (rank, tx) in self.outs.iter().enumerate() {
@@ -234,11 +243,28 @@ mod tests {
     #[test]
     fn aligned_buf_is_aligned_and_sized() {
         for len in [0, 1, 63, 64, 65, 1000] {
-            let mut buf = AlignedBuf::with_len(len);
+            let mut buf = AlignedBuf::with_len(len).unwrap();
             assert!(buf.capacity() >= len);
             assert_eq!(buf.bytes_mut(len).len(), len);
             assert_eq!(buf.bytes(len).as_ptr() as usize % 64, 0);
         }
+    }
+
+    #[tokio::test]
+    async fn impossible_payload_size_is_an_error() {
+        let (mut tx, _rxs) = inproc_channel(1);
+        let err = tx.send_with(usize::MAX, |_| ()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::TooLarge {
+                    len: usize::MAX,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        tx.send(b"still usable").await.unwrap();
     }
 
     #[tokio::test]

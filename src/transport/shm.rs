@@ -36,11 +36,11 @@ const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
-/// half-written), or a caller mistake.
+/// half-written), or a caller mistake (bad rank, impossible size; nothing was published).
 fn recoverable(err: &TransportError) -> bool {
     match err {
         TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
-        TransportError::NoSuchRank { .. } => true,
+        TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
         _ => false,
     }
 }
@@ -272,14 +272,8 @@ fn spawn_reader(
                         generation,
                     },
                     Ok(Up::Message(msg)) => Event::Message(msg),
-                    Ok(Up::Hello { .. }) => {
-                        tracing::warn!(rank, "receiver sent a second hello; dropping it");
-                        Event::Gone
-                    }
-                    Err(e) => {
-                        tracing::warn!(rank, error = %e, "malformed frame from receiver; dropping it");
-                        Event::Gone
-                    }
+                    Ok(Up::Hello { .. }) => Event::Violation("a second hello".to_owned()),
+                    Err(e) => Event::Violation(e.to_string()),
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
@@ -287,8 +281,8 @@ fn spawn_reader(
                     Event::Gone
                 }
             };
-            let gone = event == Event::Gone;
-            if events.send((rank, event)).is_err() || gone {
+            let last = matches!(event, Event::Gone | Event::Violation(_));
+            if events.send((rank, event)).is_err() || last {
                 return;
             }
         }
@@ -301,6 +295,11 @@ impl ShmSender {
     /// refused and do not count.
     pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
         segment::validate_prefix(&cfg.segment_prefix)?;
+        if cfg.socket_path.as_os_str().is_empty() {
+            return Err(TransportError::Config {
+                reason: "socket_path is empty".to_owned(),
+            });
+        }
         if cfg.slots == 0 {
             return Err(TransportError::Config {
                 reason: "slots must be at least 1".to_owned(),

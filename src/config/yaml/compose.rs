@@ -35,7 +35,10 @@ struct Open {
 
 enum OpenBody {
     Seq(Vec<Rc<Raw>>),
-    Map { pairs: Vec<(Rc<Raw>, Rc<Raw>)>, key: Option<Rc<Raw>> },
+    Map {
+        pairs: Vec<(Rc<Raw>, Rc<Raw>)>,
+        key: Option<Rc<Raw>>,
+    },
 }
 
 /// Read the single document of `text`. `Ok(None)` for a stream without any document.
@@ -50,7 +53,12 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
     while let Some(next) = parser.next_event() {
         let (event, span) = next.map_err(|e| {
             let m = e.marker();
-            (Pos::from_marker(m.line(), m.col()), Invalid::Syntax { message: e.info().to_owned() })
+            (
+                Pos::from_marker(m.line(), m.col()),
+                Invalid::Syntax {
+                    message: e.info().to_owned(),
+                },
+            )
         })?;
         let pos = Pos::from_marker(span.start.line(), span.start.col());
         let done: Rc<Raw> = match event {
@@ -69,12 +77,22 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
                 }
                 match anchors.get(&id) {
                     Some(node) => Rc::clone(node),
-                    None => return Err((pos, Invalid::Syntax { message: "found undefined alias".into() })),
+                    None => {
+                        return Err((
+                            pos,
+                            Invalid::Syntax {
+                                message: "found undefined alias".into(),
+                            },
+                        ));
+                    }
                 }
             }
             Event::Scalar(text, style, anchor, tag) => {
                 let node = Rc::new(Raw {
-                    kind: RawKind::Scalar { text: text.into_owned(), style },
+                    kind: RawKind::Scalar {
+                        text: text.into_owned(),
+                        style,
+                    },
                     tag: tag.as_deref().map(full_tag),
                     pos,
                 });
@@ -84,26 +102,57 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
                 node
             }
             Event::SequenceStart(anchor, tag) => {
-                open(&mut stack, &mut open_anchors, anchor, tag.as_deref().map(full_tag), pos, OpenBody::Seq(Vec::new()))?;
+                open(
+                    &mut stack,
+                    &mut open_anchors,
+                    anchor,
+                    tag.as_deref().map(full_tag),
+                    pos,
+                    OpenBody::Seq(Vec::new()),
+                )?;
                 continue;
             }
             Event::MappingStart(anchor, tag) => {
-                let body = OpenBody::Map { pairs: Vec::new(), key: None };
-                open(&mut stack, &mut open_anchors, anchor, tag.as_deref().map(full_tag), pos, body)?;
+                let body = OpenBody::Map {
+                    pairs: Vec::new(),
+                    key: None,
+                };
+                open(
+                    &mut stack,
+                    &mut open_anchors,
+                    anchor,
+                    tag.as_deref().map(full_tag),
+                    pos,
+                    body,
+                )?;
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(open) = stack.pop() else {
-                    return Err((pos, Invalid::Syntax { message: "unbalanced collection end".into() }));
+                    return Err((
+                        pos,
+                        Invalid::Syntax {
+                            message: "unbalanced collection end".into(),
+                        },
+                    ));
                 };
                 let kind = match open.body {
                     OpenBody::Seq(items) => RawKind::Seq(items),
                     OpenBody::Map { pairs, key: None } => RawKind::Map(pairs),
                     OpenBody::Map { key: Some(_), .. } => {
-                        return Err((pos, Invalid::Syntax { message: "mapping key without a value".into() }));
+                        return Err((
+                            pos,
+                            Invalid::Syntax {
+                                message: "mapping key without a value".into(),
+                            },
+                        ));
                     }
                 };
-                let node = Rc::new(Raw { kind, tag: open.tag, pos: open.pos });
+                let node = Rc::new(Raw {
+                    kind,
+                    tag: open.tag,
+                    pos: open.pos,
+                });
                 if open.anchor != 0 {
                     open_anchors.remove(&open.anchor);
                     anchors.insert(open.anchor, Rc::clone(&node));
@@ -113,8 +162,14 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
         };
         match stack.last_mut() {
             None => root = Some(done),
-            Some(Open { body: OpenBody::Seq(items), .. }) => items.push(done),
-            Some(Open { body: OpenBody::Map { pairs, key }, .. }) => match key.take() {
+            Some(Open {
+                body: OpenBody::Seq(items),
+                ..
+            }) => items.push(done),
+            Some(Open {
+                body: OpenBody::Map { pairs, key },
+                ..
+            }) => match key.take() {
                 None => *key = Some(done),
                 Some(k) => pairs.push((k, done)),
             },
@@ -138,13 +193,22 @@ fn open(
     if anchor != 0 {
         open_anchors.insert(anchor);
     }
-    stack.push(Open { anchor, tag, pos, body });
+    stack.push(Open {
+        anchor,
+        tag,
+        pos,
+        body,
+    });
     Ok(())
 }
 
 /// saphyr splits tags into handle and suffix, with `!` alone as handle "" + suffix "!".
 fn full_tag(tag: &Tag) -> String {
-    if tag.handle == "!" { format!("!{}", tag.suffix) } else { format!("{}{}", tag.handle, tag.suffix) }
+    if tag.handle == "!" {
+        format!("!{}", tag.suffix)
+    } else {
+        format!("{}{}", tag.handle, tag.suffix)
+    }
 }
 
 /// What PyYAML's reader does before scanning: reject characters outside its printable set, and treat
@@ -169,5 +233,9 @@ fn prepare(text: &str) -> Result<Cow<'_, str>, (Pos, Invalid)> {
             col = col.saturating_add(1);
         }
     }
-    Ok(if text.contains('\u{85}') { Cow::Owned(text.replace('\u{85}', "\n")) } else { Cow::Borrowed(text) })
+    Ok(if text.contains('\u{85}') {
+        Cow::Owned(text.replace('\u{85}', "\n"))
+    } else {
+        Cow::Borrowed(text)
+    })
 }

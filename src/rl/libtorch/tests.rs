@@ -283,3 +283,15 @@ fn torchscript_export_train_checkpoint_resume() {
     missing.actor.model.torchscript_path = Some(tmp.path().join("nope.pt"));
     assert!(matches!(Learner::new(&missing, train_env.spec()), Err(crate::rl::RlError::Torchscript { .. })));
 }
+
+#[test]
+fn evaluation_on_a_fresh_env_is_deterministic() {
+    let cfg = reach_cfg();
+    let spec = env(&cfg, true).spec();
+    let learner = Learner::new(&cfg, spec).unwrap();
+    // different sampling seeds: evaluation uses the mode, so they must not matter.
+    let a = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 1).unwrap(), 20).unwrap();
+    let b = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 2).unwrap(), 20).unwrap();
+    assert_eq!(a, b);
+    assert!(a.episodes >= 20, "{a:?}");
+}
