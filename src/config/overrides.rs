@@ -25,7 +25,8 @@ pub use element::{Element, GroupChoice, Quote};
 pub use sweep::{ChoiceSweep, GlobSweep, IntervalSweep, Number, RangeSweep, Sweep};
 
 /// Hydra's hint line, printed after every grammar error.
-pub const GRAMMAR_HINT: &str = "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
+pub const GRAMMAR_HINT: &str =
+    "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
 
 /// One parsed command-line override (`[+|++|~]key[@package][=value]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -74,8 +75,18 @@ pub enum OverrideError {
     #[error("Error parsing override '{input}'\n{reason}\n{GRAMMAR_HINT}")]
     Grammar { input: String, reason: GrammarError },
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
-    #[error("Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
-    NestedSweep { input: String, sweep_type: &'static str },
+    #[error(
+        "Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
+    NestedSweep {
+        input: String,
+        sweep_type: &'static str,
+    },
+    /// A choice with a sweep among its items (`a=1,choice(2,3)`), which Hydra cannot enumerate either.
+    #[error(
+        "Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
+    NestedSweepInChoice { sweep_type: &'static str },
     /// `a=1,2` without `--multirun`.
     #[error(
         "Ambiguous value for argument '{input}'\n1. To use it as a list, use key=[value1,value2]\n2. To use it as string, quote the value: key=\\'value1,value2\\'\n3. To sweep over it, add --multirun to your command line"
@@ -95,22 +106,27 @@ pub enum OverrideError {
     ZeroIntRangeStep,
     /// `range(a,b,0.0)` over floats.
     #[error("Invalid range values (start:{start}, stop:{stop}, step:{step})")]
-    ZeroFloatRangeStep { start: String, stop: String, step: String },
+    ZeroFloatRangeStep {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A float range over `inf`/`nan` bounds, which never ends (Hydra loops or fails in `decimal`).
     #[error("range over a non-finite bound cannot be enumerated: range({start}, {stop}, {step})")]
-    NonFiniteRange { start: String, stop: String, step: String },
+    NonFiniteRange {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A range with more elements than a sweep can reasonably launch.
     #[error("range has more than {limit} values and cannot be enumerated")]
     RangeTooLong { limit: usize },
-    /// A `glob()` include/exclude list holds something other than strings.
-    #[error("glob patterns must be strings, got {type_name}")]
-    GlobPatternType { type_name: &'static str },
-    /// A config group override whose value is not a string or a list (`db=1`).
-    #[error("Config group override must be a string or a list. Got {type_name}")]
-    GroupValueType { type_name: &'static str },
     /// A config group deletion with a value that is not a string (`~db=1`).
     #[error("Config group override deletion value must be a string : {input}")]
     GroupDeletionValueType { input: String },
+    /// A config group override whose value is not a string or a list (`db=1`).
+    #[error("Config group override must be a string or a list. Got {type_name}")]
+    GroupValueType { type_name: &'static str },
 }
 
 /// Why an override did not parse: the line printed between Hydra's first line and its hint line.
@@ -119,13 +135,20 @@ pub enum GrammarError {
     /// No token starts at `column` (0-based, in characters); printed with a caret like Hydra's.
     Lexer { input: String, column: usize },
     /// The parser met `found` where it expected `expected`.
-    Syntax { found: String, expected: &'static str },
+    Syntax {
+        found: String,
+        expected: &'static str,
+    },
     /// A primitive made of whitespace only.
     AllWhitespace,
     /// `f(a=1, 2)`.
     PositionalAfterKeyword,
     /// A grammar function raised: `<exception> while evaluating '<call>': <message>`.
-    Function { call: String, exception: &'static str, message: String },
+    Function {
+        call: String,
+        exception: &'static str,
+        message: String,
+    },
     /// An integer literal (or an int() result) beyond 64 bits, which Python would keep as a big int.
     IntOutOfRange { text: String },
 }
@@ -141,9 +164,17 @@ impl fmt::Display for GrammarError {
             GrammarError::Syntax { found, expected } => {
                 write!(f, "mismatched input '{found}' expecting {expected}")
             }
-            GrammarError::AllWhitespace => f.write_str("Trying to parse a primitive that is all whitespaces"),
-            GrammarError::PositionalAfterKeyword => f.write_str("positional argument follows keyword argument"),
-            GrammarError::Function { call, exception, message } => {
+            GrammarError::AllWhitespace => {
+                f.write_str("Trying to parse a primitive that is all whitespaces")
+            }
+            GrammarError::PositionalAfterKeyword => {
+                f.write_str("positional argument follows keyword argument")
+            }
+            GrammarError::Function {
+                call,
+                exception,
+                message,
+            } => {
                 write!(f, "{exception} while evaluating '{call}': {message}")
             }
             GrammarError::IntOutOfRange { text } => {
@@ -155,13 +186,21 @@ impl fmt::Display for GrammarError {
 
 /// Parse one command-line override as Hydra 1.3 does (functions are evaluated here, as in Hydra).
 pub fn parse_override(text: &str) -> Result<Override, OverrideError> {
-    let grammar = |reason| OverrideError::Grammar { input: text.to_owned(), reason };
+    let grammar = |reason| OverrideError::Grammar {
+        input: text.to_owned(),
+        reason,
+    };
     let parsed = parser::parse(text).map_err(grammar)?;
     let value = match parsed.value {
         None => None,
-        Some(v) => Some(value::into_override_value(v).map_err(|nested| match nested {
-            value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep { input: text.to_owned(), sweep_type },
-        })?),
+        Some(v) => Some(
+            value::into_override_value(v).map_err(|nested| match nested {
+                value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep {
+                    input: text.to_owned(),
+                    sweep_type,
+                },
+            })?,
+        ),
     };
     Ok(Override {
         kind: parsed.kind,
@@ -204,6 +243,18 @@ impl Override {
         }
     }
 
+    /// How Hydra's basic sweeper writes this override into each job of a multirun when it is not a
+    /// sweep: `key_element=value_text`, so `b= x ` becomes `b=x` and `~a` becomes `~a=null`. `None` for
+    /// sweeps, which [`Sweep::expand`] enumerates instead.
+    pub fn job_text(&self) -> Option<String> {
+        let value = match &self.value {
+            Some(OverrideValue::Sweep(_)) => return None,
+            Some(OverrideValue::Element(e)) => e.to_override_text(),
+            None => Element::Null.to_override_text(),
+        };
+        Some(format!("{}={value}", self.key_element()))
+    }
+
     /// Hydra's `get_value_string()`: the input after the first `=`, as typed.
     pub fn value_string(&self) -> Option<&str> {
         self.input.split_once('=').map(|(_, v)| v)
@@ -216,9 +267,13 @@ impl Override {
         };
         let input = self.input.clone();
         match mode {
-            RunMode::Multirun if self.is_hydra_override() => Err(OverrideError::HydraSweep { input }),
+            RunMode::Multirun if self.is_hydra_override() => {
+                Err(OverrideError::HydraSweep { input })
+            }
             RunMode::Multirun => Ok(()),
-            RunMode::Run if sweep.is_simple_choice() => Err(OverrideError::AmbiguousSweep { input }),
+            RunMode::Run if sweep.is_simple_choice() => {
+                Err(OverrideError::AmbiguousSweep { input })
+            }
             RunMode::Run => Err(OverrideError::SweepNeedsMultirun { input }),
         }
     }

@@ -6,7 +6,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::fanout::{Event, EventTx, Fanout};
-use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, RecvBackend, Receiver, SendBackend, Sender, TransportError};
+use super::{
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, Receiver, RecvBackend, SendBackend, Sender,
+    TransportError,
+};
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
 #[derive(Clone, Copy)]
@@ -19,8 +22,19 @@ struct AlignedBuf {
 }
 
 impl AlignedBuf {
-    fn with_len(len: usize) -> Self {
-        AlignedBuf { lines: vec![Line([0; 64]); len.div_ceil(64)] }
+    /// A zeroed buffer of at least `len` bytes; an impossible size is an error, not an abort.
+    fn with_len(len: usize) -> Result<Self, TransportError> {
+        let count = len.div_ceil(64);
+        let mut lines = Vec::new();
+        lines
+            .try_reserve_exact(count)
+            .map_err(|_| TransportError::TooLarge {
+                what: "payload",
+                len,
+                max: isize::MAX as usize,
+            })?;
+        lines.resize(count, Line([0; 64]));
+        Ok(AlignedBuf { lines })
     }
 
     fn capacity(&self) -> usize {
@@ -64,13 +78,18 @@ pub struct InProcReceiver {
 
 impl std::fmt::Debug for InProcSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InProcSender").field("receivers", &self.outs.len()).field("slots", &self.bufs.len()).finish()
+        f.debug_struct("InProcSender")
+            .field("receivers", &self.outs.len())
+            .field("slots", &self.bufs.len())
+            .finish()
     }
 }
 
 impl std::fmt::Debug for InProcReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InProcReceiver").field("rank", &self.rank).finish()
+        f.debug_struct("InProcReceiver")
+            .field("rank", &self.rank)
+            .finish()
     }
 }
 
@@ -88,7 +107,12 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
     for rank in 0..receivers {
         let (tx, inbox) = mpsc::unbounded_channel();
         outs.push(tx);
-        rxs.push(Receiver::InProc(InProcReceiver { rank, timeout, inbox, events: event_tx.clone() }));
+        rxs.push(Receiver::InProc(InProcReceiver {
+            rank,
+            timeout,
+            inbox,
+            events: event_tx.clone(),
+        }));
     }
     let sender = InProcSender {
         fanout: Fanout::new(receivers, DEFAULT_SLOTS, timeout, event_rx),
@@ -100,10 +124,14 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
 
 impl InProcSender {
     /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
-    fn take_buf(&mut self, slot: usize, len: usize) -> AlignedBuf {
-        let old = self.bufs.get_mut(slot).and_then(Option::take).and_then(|arc| Arc::try_unwrap(arc).ok());
+    fn take_buf(&mut self, slot: usize, len: usize) -> Result<AlignedBuf, TransportError> {
+        let old = self
+            .bufs
+            .get_mut(slot)
+            .and_then(Option::take)
+            .and_then(|arc| Arc::try_unwrap(arc).ok());
         match old {
-            Some(buf) if buf.capacity() >= len => buf,
+            Some(buf) if buf.capacity() >= len => Ok(buf),
             _ => AlignedBuf::with_len(len),
         }
     }
@@ -114,18 +142,32 @@ impl SendBackend for InProcSender {
         self.fanout.receivers()
     }
 
-    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         const OP: &str = "sending a payload";
         self.fanout.poll_events()?;
         self.fanout.require_all_alive(OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
-        let mut buf = self.take_buf(slot, len);
+        let mut buf = self.take_buf(slot, len)?;
         let out = fill(buf.bytes_mut(len));
         let buf = Arc::new(buf);
         for (rank, tx) in self.outs.iter().enumerate() {
-            if tx.send(Published { seq, len, buf: Arc::clone(&buf) }).is_err() {
-                return Err(TransportError::PeerGone { op: OP, peer: Peer::Receiver(rank) });
+            if tx
+                .send(Published {
+                    seq,
+                    len,
+                    buf: Arc::clone(&buf),
+                })
+                .is_err()
+            {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Receiver(rank),
+                });
             }
         }
         if let Some(entry) = self.bufs.get_mut(slot) {
@@ -140,7 +182,9 @@ impl SendBackend for InProcSender {
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
-        self.fanout.wait_message(rank, "receiving an upstream message").await
+        self.fanout
+            .wait_message(rank, "receiving an upstream message")
+            .await
     }
 }
 
@@ -152,8 +196,19 @@ impl RecvBackend for InProcReceiver {
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
         const OP: &str = "receiving a payload";
         let published = match tokio::time::timeout(self.timeout, self.inbox.recv()).await {
-            Err(_) => return Err(TransportError::Timeout { op: OP, peer: Peer::Sender, timeout: self.timeout }),
-            Ok(None) => return Err(TransportError::PeerGone { op: OP, peer: Peer::Sender }),
+            Err(_) => {
+                return Err(TransportError::Timeout {
+                    op: OP,
+                    peer: Peer::Sender,
+                    timeout: self.timeout,
+                });
+            }
+            Ok(None) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Sender,
+                });
+            }
             Ok(Some(published)) => published,
         };
         let out = read(published.buf.bytes(published.len));
@@ -168,7 +223,10 @@ impl RecvBackend for InProcReceiver {
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
         self.events
             .send((self.rank, Event::Message(msg.to_vec())))
-            .map_err(|_| TransportError::PeerGone { op: "sending an upstream message", peer: Peer::Sender })
+            .map_err(|_| TransportError::PeerGone {
+                op: "sending an upstream message",
+                peer: Peer::Sender,
+            })
     }
 }
 
@@ -185,7 +243,7 @@ mod tests {
     #[test]
     fn aligned_buf_is_aligned_and_sized() {
         for len in [0, 1, 63, 64, 65, 1000] {
-            let mut buf = AlignedBuf::with_len(len);
+            let mut buf = AlignedBuf::with_len(len).unwrap();
             assert!(buf.capacity() >= len);
             assert_eq!(buf.bytes_mut(len).len(), len);
             assert_eq!(buf.bytes(len).as_ptr() as usize % 64, 0);
@@ -193,12 +251,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn impossible_payload_size_is_an_error() {
+        let (mut tx, _rxs) = inproc_channel(1);
+        let err = tx.send_with(usize::MAX, |_| ()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::TooLarge {
+                    len: usize::MAX,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        tx.send(b"still usable").await.unwrap();
+    }
+
+    #[tokio::test]
     async fn buffer_is_reused_once_released() {
         let (mut tx, mut rxs) = inproc_channel(1);
-        let Some(rx) = rxs.get_mut(0) else { panic!("one receiver") };
+        let Some(rx) = rxs.get_mut(0) else {
+            panic!("one receiver")
+        };
         let mut ptrs = Vec::new();
         for i in 0..4u8 {
-            let p = tx.send_with(100, |buf| { buf.fill(i); buf.as_ptr() as usize }).await.unwrap();
+            let p = tx
+                .send_with(100, |buf| {
+                    buf.fill(i);
+                    buf.as_ptr() as usize
+                })
+                .await
+                .unwrap();
             ptrs.push(p);
             assert_eq!(rx.recv_with(|b| b.to_vec()).await.unwrap(), vec![i; 100]);
             tx.flush().await.unwrap();
