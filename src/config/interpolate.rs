@@ -434,6 +434,23 @@ mod tests {
     }
 
     #[test]
+    fn long_reference_chains_fail_cleanly() {
+        let chain = |n: usize| {
+            let mut root = Dict::new();
+            for i in 0..n {
+                root.insert(Key::from(format!("a{i}")), Node::str(format!("${{a{}}}", i + 1)));
+            }
+            root.insert(Key::from(format!("a{n}")), Node::new(Value::Int(7)));
+            Node::new(Value::Dict(root))
+        };
+        let ok = resolve_tree(&chain(20), &test_ctx()).expect("a short chain resolves");
+        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::Int(7)));
+        // Far deeper than Python's recursion limit allows: an error, not a stack overflow.
+        let err = resolve_at(&chain(5000), "a0", &test_ctx()).expect_err("too deep");
+        assert!(first_line(&err).starts_with("RecursionError raised while resolving interpolation"), "{err}");
+    }
+
+    #[test]
     fn exponential_self_reference_is_cut_off() {
         let mut root = Dict::new();
         for level in 0..40 {
