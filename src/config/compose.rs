@@ -212,12 +212,8 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
                 continue;
             }
             if let Err(e) = interpolate::check_syntax(&o.input) {
-                return Err(InterpolationError::new(
-                    ErrorKind::Grammar { detail: e.detail },
-                    format!("hydra.overrides.{list}[{idx}]"),
-                    None,
-                )
-                .into());
+                let full_key = format!("hydra.overrides.{list}[{idx}]");
+                return Err(InterpolationError::new(ErrorKind::Grammar { detail: e.detail }, full_key, None).into());
             }
         }
     }
