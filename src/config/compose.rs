@@ -4,13 +4,11 @@
 //! Merge rules are OmegaConf's: dicts merge key by key (existing keys keep their place, new keys go last),
 //! everything else (lists included) replaces, and a `???` source value never replaces an existing one.
 
-pub mod standin;
-
 use std::fmt::Write as _;
 
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
 use crate::config::hydra::{self, RuntimeInfo};
-use crate::config::interpolate::{self, ErrorKind, InterpolationError, ResolveContext};
+use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Dict, Key, Node, Origin, Value};
 use crate::config::search_path::{Repository, SearchPathError, Source};
 use crate::config::overrides::{self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue};
@@ -206,17 +204,7 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| o.is_hydra_override());
     // The override lines are stored in `hydra.overrides.{hydra,task}` as strings, and OmegaConf checks the
     // syntax of any `${` in them when they are appended.
-    for (list, overrides) in [("hydra", &hydra_overrides), ("task", &task_overrides)] {
-        for (idx, o) in overrides.iter().enumerate() {
-            if !interpolate::is_interpolation(&o.input) {
-                continue;
-            }
-            if let Err(e) = interpolate::check_syntax(&o.input) {
-                let full_key = format!("hydra.overrides.{list}[{idx}]");
-                return Err(InterpolationError::new(ErrorKind::Grammar { detail: e.detail }, full_key, None).into());
-            }
-        }
-    }
+    check_override_lines(&hydra_overrides, &task_overrides)?;
     let info = RuntimeInfo {
         job_name: req.job_name,
         config_name: req.config_name,
@@ -227,6 +215,19 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     };
     hydra::fill_runtime(&mut cfg, &info);
     Ok(Composed { config: cfg, defaults: defaults_list })
+}
+
+/// Validate the override lines as OmegaConf does when Hydra appends them to `hydra.overrides.*`.
+fn check_override_lines(hydra_overrides: &[&Override], task_overrides: &[&Override]) -> Result<(), InterpolationError> {
+    let lines = |list: &[&Override]| Node::new(Value::List(list.iter().map(|o| Node::str(o.input.clone())).collect()));
+    let mut overrides = Dict::new();
+    overrides.insert(Key::from("hydra"), lines(hydra_overrides));
+    overrides.insert(Key::from("task"), lines(task_overrides));
+    let mut hydra = Dict::new();
+    hydra.insert(Key::from("overrides"), Node::new(Value::Dict(overrides)));
+    let mut root = Dict::new();
+    root.insert(Key::from("hydra"), Node::new(Value::Dict(hydra)));
+    interpolate::validate_tree(&Node::new(Value::Dict(root)))
 }
 
 /// Put `config` under a dotted package (`a.b` → `{a: {b: config}}`); empty package = at the root.
