@@ -13,6 +13,11 @@
 //! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
+//! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
+//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with a clear error until the GPU
+//! path exists. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
+//!
 //! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
 //! on a tokio runtime should give the syncer a task that may block (it uses `block_in_place` when it can).
 
