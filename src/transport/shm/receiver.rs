@@ -260,7 +260,7 @@ impl ShmReceiver {
                 .slots
                 .get(slot)
                 .and_then(Option::as_ref)
-                .and_then(|seg| seg.bytes(len))
+                .and_then(|seg| seg.payload(len))
                 .ok_or_else(|| {
                     protocol(format!(
                         "payload {seq} of {len} bytes does not fit slot {slot}"
