@@ -18,7 +18,8 @@
 
 mod bootstrap;
 mod bucket;
-mod patch;
+/// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
+pub mod patch;
 pub mod wire;
 
 use std::num::NonZeroUsize;

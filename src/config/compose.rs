@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
 use crate::config::hydra::{self, RuntimeInfo};
-use crate::config::interpolate::{self, InterpolationError, ResolveContext};
+use crate::config::interpolate::{self, ErrorKind, InterpolationError, ResolveContext};
 use crate::config::node::{Dict, Key, Node, Origin, Value};
 use crate::config::search_path::{Repository, SearchPathError, Source};
 use crate::config::overrides::{self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue};
@@ -204,6 +204,19 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
         apply_override(&mut cfg, o)?;
     }
     let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| o.is_hydra_override());
+    // The override lines are stored in `hydra.overrides.{hydra,task}` as strings, and OmegaConf checks the
+    // syntax of any `${` in them when they are appended.
+    for (list, overrides) in [("hydra", &hydra_overrides), ("task", &task_overrides)] {
+        for (idx, o) in overrides.iter().enumerate() {
+            if !interpolate::is_interpolation(&o.input) {
+                continue;
+            }
+            if let Err(e) = interpolate::check_syntax(&o.input) {
+                let full_key = format!("hydra.overrides.{list}[{idx}]");
+                return Err(InterpolationError::new(ErrorKind::Grammar { detail: e.detail }, full_key, None).into());
+            }
+        }
+    }
     let info = RuntimeInfo {
         job_name: req.job_name,
         config_name: req.config_name,
@@ -305,7 +318,15 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     }
     let key = o.key_or_group.as_str();
     let origin = Origin::Override(o.input.as_str().into());
-    let value = o.element().map(|e| e.to_node(Some(origin.clone())));
+    let value = o.element().map(|e| e.to_node(&origin));
+    if let Some(value) = &value {
+        // OmegaConf checks keys and interpolation syntax when it wraps the value, before anything else.
+        let invalid = |message: String| ComposeError::MergeOverride { input: o.input.clone(), message };
+        if has_null_key(value) {
+            return Err(invalid("Incompatible key type 'NoneType'".into()));
+        }
+        interpolate::validate_tree(value).map_err(|e| invalid(e.to_string()))?;
+    }
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
@@ -460,6 +481,15 @@ fn delete(cfg: &mut Node, key: &str) {
             }
         }
         _ => {}
+    }
+}
+
+/// OmegaConf refuses `None` as a dict key anywhere in a value.
+fn has_null_key(node: &Node) -> bool {
+    match &node.value {
+        Value::Dict(d) => d.iter().any(|(k, v)| *k == Key::Null || has_null_key(v)),
+        Value::List(items) => items.iter().any(has_null_key),
+        _ => false,
     }
 }
 
