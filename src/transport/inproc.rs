@@ -7,8 +7,8 @@ use tokio::sync::mpsc;
 
 use super::fanout::{Event, EventTx, Fanout};
 use super::{
-    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, Receiver, RecvBackend, SendBackend, Sender,
-    TransportError,
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, PAYLOAD_PAGE_OFFSET, Peer, Receiver, RecvBackend, SendBackend,
+    Sender, TransportError,
 };
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
@@ -16,41 +16,59 @@ use super::{
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A growable byte buffer whose start is 64-byte aligned (typed views over payloads rely on alignment).
+const PAGE: usize = 4096;
+
+/// A byte buffer whose payload starts at page offset [`PAYLOAD_PAGE_OFFSET`] (hence 64-byte aligned, which
+/// typed views over payloads rely on).
 struct AlignedBuf {
     lines: Vec<Line>,
+    /// Byte offset of the payload in `lines` (a multiple of 64).
+    start: usize,
 }
 
 impl AlignedBuf {
-    /// A zeroed buffer of at least `len` bytes; an impossible size is an error, not an abort.
+    /// A zeroed buffer of at least `len` payload bytes; an impossible size is an error, not an abort.
     fn with_len(len: usize) -> Result<Self, TransportError> {
-        let count = len.div_ceil(64);
+        let too_large = || TransportError::TooLarge {
+            what: "payload",
+            len,
+            max: isize::MAX as usize,
+        };
+        let count = len
+            .div_ceil(64)
+            .checked_add(PAGE / 64)
+            .ok_or_else(too_large)?;
         let mut lines = Vec::new();
-        lines
-            .try_reserve_exact(count)
-            .map_err(|_| TransportError::TooLarge {
-                what: "payload",
-                len,
-                max: isize::MAX as usize,
-            })?;
+        lines.try_reserve_exact(count).map_err(|_| too_large())?;
         lines.resize(count, Line([0; 64]));
-        Ok(AlignedBuf { lines })
+        let addr = lines.as_ptr() as usize;
+        let start = (PAYLOAD_PAGE_OFFSET + PAGE - addr % PAGE) % PAGE;
+        Ok(AlignedBuf { lines, start })
     }
 
     fn capacity(&self) -> usize {
-        self.lines.len() * 64
+        (self.lines.len() * 64).saturating_sub(self.start)
     }
 
     fn bytes(&self, len: usize) -> &[u8] {
-        let len = len.min(self.capacity());
-        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is `capacity()` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), len) }
+        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is that many initialised bytes.
+        let all = unsafe {
+            std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.lines.len() * 64)
+        };
+        let end = self.start + len.min(self.capacity());
+        all.get(self.start..end).unwrap_or_default()
     }
 
     fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
-        let len = len.min(self.capacity());
+        let end = self.start + len.min(self.capacity());
         // SAFETY: as in `bytes`, and `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), len) }
+        let all = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.lines.as_mut_ptr().cast::<u8>(),
+                self.lines.len() * 64,
+            )
+        };
+        all.get_mut(self.start..end).unwrap_or_default()
     }
 }
 
@@ -246,7 +264,7 @@ mod tests {
             let mut buf = AlignedBuf::with_len(len).unwrap();
             assert!(buf.capacity() >= len);
             assert_eq!(buf.bytes_mut(len).len(), len);
-            assert_eq!(buf.bytes(len).as_ptr() as usize % 64, 0);
+            assert_eq!(buf.bytes(len).as_ptr() as usize % 4096, PAYLOAD_PAGE_OFFSET);
         }
     }
 

@@ -415,14 +415,15 @@ impl ShmSender {
         }
     }
 
-    /// Give `slot` a new segment of at least `len` bytes, to be announced with the slot's next payload.
+    /// Give `slot` a new segment for payloads of at least `len` bytes, announced with the slot's next payload.
     fn replace_segment(&mut self, slot: usize, len: usize) -> Result<(), TransportError> {
         let old = self
             .segments
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, OwnedSegment::capacity);
+            .map_or(0, OwnedSegment::size);
         let capacity = len
+            .saturating_add(segment::PAYLOAD_OFFSET)
             .max(old.saturating_add(old / 2))
             .div_ceil(GROW_STEP)
             .saturating_mul(GROW_STEP);
@@ -434,7 +435,7 @@ impl ShmSender {
         let seg = OwnedSegment::create(&name, generation, capacity)?;
         let info = SegmentInfo {
             generation,
-            capacity: seg.capacity() as u64,
+            capacity: seg.size() as u64,
             name: seg.name().to_owned(),
         };
         if let Some(entry) = self.segments.get_mut(slot) {
@@ -477,12 +478,12 @@ impl ShmSender {
             .segments
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, OwnedSegment::capacity);
+            .map_or(0, OwnedSegment::payload_capacity);
         if len > current {
             self.replace_segment(slot, len.max(self.initial_capacity))?;
         }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
-            Some(seg) => match seg.bytes_mut(len) {
+            Some(seg) => match seg.payload_mut(len) {
                 Some(bytes) => fill(bytes),
                 None => {
                     return Err(protocol(
