@@ -27,6 +27,11 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
             println!("usage: rlsync <train_embodied|train_async|bench_sync> [HYDRA FLAGS] [OVERRIDES...]");
             Ok(ExitStatus::Success)
         }
+        // Hidden: started by the orchestrator's supervisor, never by users.
+        Some("worker") => {
+            crate::worker::run_worker(args.get(1..).unwrap_or_default())?;
+            Ok(ExitStatus::Success)
+        }
         Some(other) => anyhow::bail!("'{other}' is not implemented yet"),
     }
 }
