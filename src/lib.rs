@@ -11,6 +11,7 @@
 //! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
+//! - [`plan`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
 
 pub mod bench;
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod env;
 pub mod orchestrator;
+pub mod plan;
 pub mod rl;
 pub mod syncer;
 pub mod tensor;

@@ -28,17 +28,9 @@ use protocol::{LaunchSpec, LoopKind, PROTOCOL_VERSION, ProtocolError};
 use supervisor::{Supervisor, SupervisorConfig};
 
 pub use metrics::summary::RunSummary;
+pub use crate::plan::Entry;
 pub use plan::{RunPlan, plan};
 pub use supervisor::{ShutdownHandle, ShutdownSource};
-
-/// Which loop a run executes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    /// `train_embodied`: synchronous sync → rollout → train.
-    Embodied,
-    /// `train_async`: overlapped rollout and training with bounded staleness.
-    Async,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum OrchestratorError {
@@ -125,10 +117,7 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
     let sockets = std::env::temp_dir();
     let launch = LaunchSpec {
         format_version: PROTOCOL_VERSION,
-        loop_kind: match plan.entry {
-            Entry::Embodied => LoopKind::Embodied,
-            Entry::Async => LoopKind::Async,
-        },
+        loop_kind: if plan.entry == Entry::Async { LoopKind::Async } else { LoopKind::Embodied },
         rollouts: plan.rollouts,
         envs_per_rollout: plan.envs_per_rollout,
         control_socket: sockets.join(format!("{tag}.sock")),
@@ -179,7 +168,7 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
 async fn drive(sup: &mut Supervisor, plan: &RunPlan, cfg: &RunConfig, sink: &mut MetricsSink) -> Result<LoopTotals, OrchestratorError> {
     let interval = u64::from(cfg.runner.weight_sync_interval.get());
     match plan.entry {
-        Entry::Embodied => embodied::run(sup, plan, interval, cfg.runner.verify_sync, sink).await,
+        Entry::Embodied | Entry::BenchSync => embodied::run(sup, plan, interval, cfg.runner.verify_sync, sink).await,
         Entry::Async => {
             let set = async_loop::AsyncSettings {
                 staleness_threshold: u64::from(cfg.algorithm.staleness_threshold),

@@ -267,6 +267,36 @@ pub enum Placement {
     Ranges(String),
 }
 
+impl Placement {
+    /// The slots this placement lists (`0-3,6` → 0,1,2,3,6), in order, without duplicates.
+    pub fn slots(&self) -> Result<Vec<u32>, String> {
+        let text = match self {
+            Placement::Single(n) => return Ok(vec![*n]),
+            Placement::Ranges(text) => text,
+        };
+        let mut slots = Vec::new();
+        for part in text.split(',').map(str::trim) {
+            let bad = || format!("'{text}' is not a placement like `0-3`, `0,2,4` or `3`");
+            let (lo, hi) = match part.split_once('-') {
+                Some((lo, hi)) => (lo.trim(), hi.trim()),
+                None => (part, part),
+            };
+            let lo: u32 = lo.parse().map_err(|_| bad())?;
+            let hi: u32 = hi.parse().map_err(|_| bad())?;
+            if hi < lo {
+                return Err(format!("'{text}': range {lo}-{hi} is empty"));
+            }
+            for s in lo..=hi {
+                if slots.contains(&s) {
+                    return Err(format!("'{text}' lists slot {s} twice"));
+                }
+                slots.push(s);
+            }
+        }
+        Ok(slots)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ClusterConfig {
@@ -614,5 +644,30 @@ impl Default for BenchConfig {
             format: OutputFormat::Table,
             seed: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placement_slots() {
+        let check = |p: Placement, want: Result<Vec<u32>, ()>| assert_eq!(p.slots().map_err(|_| ()), want, "{p:?}");
+        check(Placement::Single(3), Ok(vec![3]));
+        check(Placement::Ranges("0-3".into()), Ok(vec![0, 1, 2, 3]));
+        check(Placement::Ranges("0,2, 4".into()), Ok(vec![0, 2, 4]));
+        check(Placement::Ranges("0-1,5".into()), Ok(vec![0, 1, 5]));
+        check(Placement::Ranges("3-1".into()), Err(()));
+        check(Placement::Ranges("0-1,1".into()), Err(()));
+        check(Placement::Ranges("gpu0".into()), Err(()));
+    }
+
+    #[test]
+    fn defaults_are_consistent() {
+        let d = RunConfig::default();
+        assert_eq!(d.cluster.component_placement["rollout"].slots().unwrap().len(), 2);
+        assert_eq!(d.env.train.total_num_envs.get() % 2, 0);
+        assert!(d.weight_syncer.patch.init_sync.enabled);
     }
 }

@@ -1,1 +1,725 @@
-//! extract the typed RunConfig from a resolved tree, with full key paths and did-you-mean errors.
+//! Extract the typed [`RunConfig`] from a resolved tree, with full key paths, origins and did-you-mean errors.
+//!
+//! Stage two of configuration: the composed, resolved [`Node`] tree is deserialized through serde into
+//! [`schema`](super::schema) structs. Every problem names the full key path, the offending value, what was
+//! expected and the file it came from. All problems are collected, not just the first: after a value error the
+//! offending key is dropped (its default takes over) and extraction is retried.
+//!
+//! Unknown keys: inside sections rlsync owns (`weight_syncer`, `bench`) they are errors; elsewhere (sections
+//! shared with RLinf configs, which carry many keys rlsync does not use) a key close to a known one is an error
+//! with a suggestion, and any other is reported as ignored.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::node::{Key, Node, Origin, Value};
+use super::schema::{Compression, Device, RunConfig};
+
+/// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
+const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
+/// Retry budget when collecting value errors (each retry drops one offending key).
+const MAX_PROBLEMS: usize = 64;
+
+/// One problem found while extracting or validating the typed configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// Full dotted key path (`weight_syncer.patch.compression`).
+    pub path: String,
+    pub message: String,
+    /// Where the value came from, when known.
+    pub origin: Option<Origin>,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)?;
+        if let Some(origin) = &self.origin {
+            write!(f, " (from {origin})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem of a configuration that could not be turned into a [`RunConfig`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct ConfigErrors {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        writeln!(f, "invalid configuration ({n} problem{}):", if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            writeln!(f, "  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A successfully extracted configuration plus the keys it ignored.
+#[derive(Debug, Clone)]
+pub struct Extracted {
+    pub config: RunConfig,
+    /// Keys present in the tree that rlsync does not read (full paths), for `--dry-run`.
+    pub ignored: Vec<String>,
+}
+
+/// Turn a resolved tree into a validated [`RunConfig`], or report every problem found.
+pub fn extract(resolved: &Node) -> Result<Extracted, ConfigErrors> {
+    let mut tree = resolved.clone();
+    let mut problems = Vec::new();
+    let mut ignored = Vec::new();
+    let config = loop {
+        let sink = Sink::default();
+        let result = RunConfig::deserialize(NodeDe { node: &tree, path: Path::root(), sink: &sink, fields: None });
+        let Sink { unknown, .. } = sink;
+        match result {
+            Ok(config) => {
+                for u in unknown.into_inner() {
+                    match u.kind {
+                        UnknownKind::Ignored => ignored.push(u.problem.path),
+                        UnknownKind::Error => problems.push(u.problem),
+                    }
+                }
+                break config;
+            }
+            Err(err) => {
+                let removed = err.path.as_deref().is_some_and(|p| remove_path(&mut tree, p));
+                problems.push(Problem {
+                    path: err.path.clone().unwrap_or_else(|| "<root>".into()),
+                    message: err.message,
+                    origin: err.origin,
+                });
+                if !removed || problems.len() >= MAX_PROBLEMS {
+                    return Err(ConfigErrors { problems });
+                }
+            }
+        }
+    };
+    problems.extend(cross_field_problems(&config, resolved));
+    if problems.is_empty() { Ok(Extracted { config, ignored }) } else { Err(ConfigErrors { problems }) }
+}
+
+/// Rules that involve more than one key.
+fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut problem = |path: &str, message: String| {
+        let origin = tree.get_path(path).and_then(|n| n.origin.clone());
+        out.push(Problem { path: path.to_owned(), message, origin });
+    };
+    let patch = &cfg.weight_syncer.patch;
+    if patch.compression == Compression::NvcompLz4 && patch.transport_device != Device::Cuda {
+        problem(
+            "weight_syncer.patch.compression",
+            "nvcomp_lz4 (GPU compression) requires weight_syncer.patch.transport_device: cuda".into(),
+        );
+    }
+    if matches!(&patch.init_sync.prefixes, Some(p) if p.is_empty()) {
+        problem(
+            "weight_syncer.patch.init_sync.prefixes",
+            "must be null (whole state dict) or a non-empty list of key prefixes".into(),
+        );
+    }
+    if let Some(prefixes) = &patch.init_sync.prefixes {
+        for (i, p) in prefixes.iter().enumerate() {
+            if p.is_empty() {
+                problem(&format!("weight_syncer.patch.init_sync.prefixes.{i}"), "a prefix must not be empty".into());
+            }
+        }
+    }
+    if cfg.runner.max_steps <= 0 && cfg.runner.max_epochs <= 0 {
+        problem("runner.max_steps", "the run never ends: set runner.max_steps or runner.max_epochs > 0".into());
+    }
+    for (path, secs) in [
+        ("runner.handshake_timeout_s", cfg.runner.handshake_timeout_s),
+        ("runner.shutdown_grace_s", cfg.runner.shutdown_grace_s),
+    ] {
+        if !(secs.is_finite() && secs > 0.0) {
+            problem(path, format!("{secs} is not a positive number of seconds"));
+        }
+    }
+    match cfg.cluster.component_placement.get("rollout").map(|p| p.slots()) {
+        None => problem(
+            "cluster.component_placement.rollout",
+            "missing: it sets the rollout workers (e.g. `0-1` for two)".into(),
+        ),
+        Some(Err(e)) => problem("cluster.component_placement.rollout", e),
+        Some(Ok(slots)) => {
+            let workers = slots.len() as u32;
+            for split in ["train", "eval"] {
+                let envs = if split == "train" { &cfg.env.train } else { &cfg.env.eval };
+                if envs.total_num_envs.get() % workers != 0 {
+                    problem(
+                        &format!("env.{split}.total_num_envs"),
+                        format!(
+                            "{} envs cannot be split evenly across {workers} rollout workers",
+                            envs.total_num_envs
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    if let Some(actor) = cfg.cluster.component_placement.get("actor")
+        && let Err(e) = actor.slots()
+    {
+        problem("cluster.component_placement.actor", e);
+    }
+    for (path, v, lo_open) in [
+        ("actor.model.frozen_fraction", cfg.actor.model.frozen_fraction, false),
+        ("bench.frozen_fraction", cfg.bench.frozen_fraction, false),
+        ("bench.density", cfg.bench.density, true),
+    ] {
+        let ok = v.is_finite() && v < 1.0 + f64::EPSILON && if lo_open { v > 0.0 } else { v >= 0.0 };
+        let ok = ok && !(path.ends_with("frozen_fraction") && v >= 1.0);
+        if !ok {
+            let range = if lo_open { "(0, 1]" } else { "[0, 1)" };
+            problem(path, format!("{v} is outside {range}"));
+        }
+    }
+    for (path, v) in [("actor.model.adam_lr", cfg.actor.model.adam_lr), ("bench.adam_lr", cfg.bench.adam_lr)] {
+        if !(v.is_finite() && v > 0.0) {
+            problem(path, format!("{v} is not a positive learning rate"));
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// the serde Deserializer over Node
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UnknownKind {
+    Ignored,
+    Error,
+}
+
+#[derive(Debug)]
+struct Unknown {
+    kind: UnknownKind,
+    problem: Problem,
+}
+
+/// Collects unknown keys while serde walks the tree.
+#[derive(Default)]
+struct Sink {
+    unknown: RefCell<Vec<Unknown>>,
+}
+
+/// A key path as a linked list of borrowed segments (cheap to extend while descending).
+#[derive(Clone, Copy)]
+struct Path<'a> {
+    parent: Option<&'a Path<'a>>,
+    segment: Option<&'a Key>,
+    index: Option<usize>,
+}
+
+impl<'a> Path<'a> {
+    fn root() -> Path<'static> {
+        Path { parent: None, segment: None, index: None }
+    }
+
+    fn render(&self) -> String {
+        let mut parts = Vec::new();
+        let mut cur = Some(self);
+        while let Some(p) = cur {
+            if let Some(k) = p.segment {
+                parts.push(k.to_string());
+            } else if let Some(i) = p.index {
+                parts.push(i.to_string());
+            }
+            cur = p.parent;
+        }
+        parts.reverse();
+        parts.join(".")
+    }
+
+    fn top(&self) -> Option<String> {
+        let mut cur = self;
+        while let Some(parent) = cur.parent {
+            if parent.parent.is_none() {
+                return cur.segment.map(|k| k.to_string());
+            }
+            cur = parent;
+        }
+        cur.segment.map(|k| k.to_string())
+    }
+}
+
+/// serde error carrying the innermost path and origin.
+#[derive(Debug)]
+struct DeError {
+    path: Option<String>,
+    origin: Option<Origin>,
+    message: String,
+}
+
+impl fmt::Display for DeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for DeError {}
+
+impl de::Error for DeError {
+    fn custom<T: fmt::Display>(msg: T) -> Self {
+        DeError { path: None, origin: None, message: humanize(&msg.to_string()) }
+    }
+}
+
+/// serde's messages use backticks; make them read like the rest of rlsync's errors.
+fn humanize(msg: &str) -> String {
+    msg.replace('`', "'")
+}
+
+struct NodeDe<'a, 'p, 's> {
+    node: &'a Node,
+    path: Path<'p>,
+    sink: &'s Sink,
+    /// The field names of the struct this node is a field of (for did-you-mean on unknown keys).
+    fields: Option<&'static [&'static str]>,
+}
+
+impl NodeDe<'_, '_, '_> {
+    fn locate(&self, mut err: DeError) -> DeError {
+        if err.path.is_none() {
+            err.path = Some(self.path.render());
+            err.origin = self.node.origin.clone();
+        }
+        err
+    }
+
+    fn type_error(&self, expected: &str) -> DeError {
+        let shown = describe(&self.node.value);
+        self.locate(DeError { path: None, origin: None, message: format!("{shown} is not {expected}") })
+    }
+
+    fn record_unknown(&self) {
+        let path = self.path.render();
+        let key = self.path.segment.map(|k| k.to_string()).unwrap_or_default();
+        let strict = self.path.top().is_some_and(|t| STRICT_SECTIONS.contains(&t.as_str()));
+        let fields = self.fields.unwrap_or(&[]);
+        let suggestion = closest(&key, fields);
+        let parent = path.strip_suffix(&key).unwrap_or("").to_owned();
+        let (kind, message) = match (&suggestion, strict) {
+            (Some(s), _) => (UnknownKind::Error, format!("unknown key (did you mean {parent}{s}?)")),
+            (None, true) => (UnknownKind::Error, format!("unknown key; known keys here: {}", fields.join(", "))),
+            (None, false) => (UnknownKind::Ignored, "not used by rlsync".to_owned()),
+        };
+        self.sink.unknown.borrow_mut().push(Unknown {
+            kind,
+            problem: Problem { path, message, origin: self.node.origin.clone() },
+        });
+    }
+}
+
+fn describe(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Int(i) => format!("integer {i}"),
+        Value::Float(x) => format!("float {}", super::node::python_float_repr(*x)),
+        Value::Str(s) => format!("string '{s}'"),
+        Value::Bytes(_) => "binary data".into(),
+        Value::Missing => "??? (missing mandatory value)".into(),
+        Value::List(_) => "a list".into(),
+        Value::Dict(_) => "a mapping".into(),
+    }
+}
+
+/// The closest known name to `key`, if it is close enough to be a typo.
+fn closest(key: &str, known: &[&str]) -> Option<String> {
+    let budget = (key.len() / 3).clamp(1, 3);
+    known
+        .iter()
+        .map(|k| (levenshtein(key, k), *k))
+        .filter(|(d, _)| *d <= budget)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k.to_owned())
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Remove the node at a dotted path (so its default applies on the next attempt).
+fn remove_path(tree: &mut Node, dotted: &str) -> bool {
+    let (parent, last) = match dotted.rsplit_once('.') {
+        Some((p, l)) => (Some(p), l),
+        None => (None, dotted),
+    };
+    let mut cur = tree;
+    if let Some(parent) = parent {
+        for part in parent.split('.') {
+            cur = match &mut cur.value {
+                Value::Dict(d) => match d.get_mut(&Key::Str(part.to_owned())) {
+                    Some(n) => n,
+                    None => return false,
+                },
+                Value::List(l) => match part.parse::<usize>().ok().and_then(|i| l.get_mut(i)) {
+                    Some(n) => n,
+                    None => return false,
+                },
+                _ => return false,
+            };
+        }
+    }
+    match &mut cur.value {
+        Value::Dict(d) => d.shift_remove(&Key::Str(last.to_owned())).is_some(),
+        // A bad list element: drop the whole list so the default applies.
+        Value::List(_) => {
+            *cur = Node::new(Value::Null);
+            true
+        }
+        _ => false,
+    }
+}
+
+macro_rules! forward_to_any {
+    ($($method:ident)*) => {
+        $(fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+            self.deserialize_any(visitor)
+        })*
+    };
+}
+
+impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
+    type Error = DeError;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        let r = match &self.node.value {
+            Value::Null => visitor.visit_unit(),
+            Value::Bool(b) => visitor.visit_bool(*b),
+            Value::Int(i) => visitor.visit_i64(*i),
+            Value::Float(x) => visitor.visit_f64(*x),
+            Value::Str(s) => visitor.visit_borrowed_str(s.as_str()),
+            Value::Bytes(b) => visitor.visit_borrowed_bytes(b.as_slice()),
+            Value::Missing => return Err(self.type_error("set (mandatory value)")),
+            Value::List(items) => visitor.visit_seq(ListAccess { items, next: 0, de: &self }),
+            Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, None)),
+        };
+        r.map_err(|e| self.locate(e))
+    }
+
+    fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        // OmegaConf lets an int stand for a float (`lr: 1`).
+        let r = match &self.node.value {
+            Value::Int(i) => visitor.visit_f64(*i as f64),
+            Value::Float(x) => visitor.visit_f64(*x),
+            _ => return Err(self.type_error("a number")),
+        };
+        r.map_err(|e| self.locate(e))
+    }
+
+    fn deserialize_f32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.deserialize_f64(visitor)
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Bool(b) => visitor.visit_bool(*b).map_err(|e| self.locate(e)),
+            _ => Err(self.type_error("a boolean (true/false)")),
+        }
+    }
+
+    fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Str(s) => visitor.visit_borrowed_str(s.as_str()).map_err(|e| self.locate(e)),
+            _ => Err(self.type_error("a string")),
+        }
+    }
+
+    fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.deserialize_string(visitor)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Null => visitor.visit_none().map_err(|e| self.locate(e)),
+            _ => visitor.visit_some(self),
+        }
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::List(items) => visitor.visit_seq(ListAccess { items, next: 0, de: &self }).map_err(|e| self.locate(e)),
+            _ => Err(self.type_error("a list")),
+        }
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, None)).map_err(|e| self.locate(e)),
+            _ => Err(self.type_error("a mapping")),
+        }
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, Some(fields))).map_err(|e| self.locate(e)),
+            // `section: null` means "all defaults", as an absent section would.
+            Value::Null => visitor.visit_map(EmptyMap).map_err(|e| self.locate(e)),
+            _ => Err(self.type_error("a mapping")),
+        }
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        variants: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
+        match &self.node.value {
+            Value::Str(s) => visitor.visit_enum(s.as_str().into_deserializer()).map_err(|e: DeError| self.locate(e)),
+            _ => Err(self.type_error(&format!("one of {}", variants.join(", ")))),
+        }
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.record_unknown();
+        visitor.visit_unit()
+    }
+
+    forward_to_any! {
+        deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64 deserialize_i128
+        deserialize_u8 deserialize_u16 deserialize_u32 deserialize_u64 deserialize_u128
+        deserialize_char deserialize_bytes deserialize_byte_buf deserialize_unit deserialize_identifier
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, DeError> {
+        self.deserialize_any(visitor)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, DeError> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, _: usize, visitor: V) -> Result<V::Value, DeError> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: usize,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
+        self.deserialize_seq(visitor)
+    }
+}
+
+struct ListAccess<'a, 'b, 'p, 's> {
+    items: &'a [Node],
+    next: usize,
+    de: &'b NodeDe<'a, 'p, 's>,
+}
+
+impl<'de, 'a: 'de, 'b, 'p, 's> SeqAccess<'de> for ListAccess<'a, 'b, 'p, 's> {
+    type Error = DeError;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
+        let Some(node) = self.items.get(self.next) else { return Ok(None) };
+        let path = Path { parent: Some(&self.de.path), segment: None, index: Some(self.next) };
+        self.next += 1;
+        seed.deserialize(NodeDe { node, path, sink: self.de.sink, fields: None }).map(Some)
+    }
+}
+
+struct DictAccess<'a, 'b, 'p, 's> {
+    iter: indexmap::map::Iter<'a, Key, Node>,
+    value: Option<(&'a Key, &'a Node)>,
+    de: &'b NodeDe<'a, 'p, 's>,
+    fields: Option<&'static [&'static str]>,
+}
+
+impl<'a, 'b, 'p, 's> DictAccess<'a, 'b, 'p, 's> {
+    fn new(de: &'b NodeDe<'a, 'p, 's>, fields: Option<&'static [&'static str]>) -> Self {
+        let iter = match &de.node.value {
+            Value::Dict(d) => d.iter(),
+            _ => unreachable!("DictAccess is only built for dicts"),
+        };
+        DictAccess { iter, value: None, de, fields }
+    }
+}
+
+impl<'de, 'a: 'de, 'b, 'p, 's> MapAccess<'de> for DictAccess<'a, 'b, 'p, 's> {
+    type Error = DeError;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
+        let Some((key, node)) = self.iter.next() else { return Ok(None) };
+        self.value = Some((key, node));
+        let text = key.to_string();
+        seed.deserialize(de::value::StringDeserializer::<DeError>::new(text)).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
+        let Some((key, node)) = self.value.take() else {
+            return Err(de::Error::custom("value requested before key"));
+        };
+        let path = Path { parent: Some(&self.de.path), segment: Some(key), index: None };
+        seed.deserialize(NodeDe { node, path, sink: self.de.sink, fields: self.fields })
+    }
+}
+
+struct EmptyMap;
+
+impl<'de> MapAccess<'de> for EmptyMap {
+    type Error = DeError;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, _: K) -> Result<Option<K::Value>, DeError> {
+        Ok(None)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, _: V) -> Result<V::Value, DeError> {
+        Err(de::Error::custom("no value in an empty mapping"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::node::Dict;
+    use crate::config::schema::{FloatDtype, SyncerKind};
+    use std::sync::Arc;
+
+    /// Build a tree from `(dotted.path, value)` pairs.
+    fn tree(entries: &[(&str, Value)]) -> Node {
+        let mut root = Node::empty_dict();
+        for (path, value) in entries {
+            let mut cur = &mut root;
+            let parts: Vec<&str> = path.split('.').collect();
+            for (i, part) in parts.iter().enumerate() {
+                let dict = cur.as_dict_mut().expect("test paths go through dicts");
+                let last = i + 1 == parts.len();
+                let child = dict.entry(Key::from(*part)).or_insert_with(|| Node::new(Value::Dict(Dict::new())));
+                if last {
+                    *child = Node::with_origin(
+                        value.clone(),
+                        Some(Origin::File { file: Arc::from("t.yaml"), line: 3, col: 7 }),
+                    );
+                }
+                cur = child;
+            }
+        }
+        root
+    }
+
+    fn s(v: &str) -> Value {
+        Value::Str(v.into())
+    }
+
+    #[test]
+    fn empty_tree_gives_defaults() {
+        let got = extract(&Node::empty_dict()).expect("defaults validate");
+        assert_eq!(got.config, RunConfig::default());
+        assert!(got.ignored.is_empty());
+    }
+
+    #[test]
+    fn values_are_typed() {
+        let got = extract(&tree(&[
+            ("weight_syncer.type", s("bucket")),
+            ("weight_syncer.bucket.bucket_dtype", s("bfloat16")),
+            ("weight_syncer.bucket.bucket_size", Value::Int(1024)),
+            ("actor.optim.lr", Value::Int(1)),
+            ("actor.sync_weight_no_wait", Value::Bool(true)),
+            ("runner.weight_sync_interval", Value::Int(8)),
+        ]))
+        .expect("valid");
+        let c = got.config;
+        assert_eq!(c.weight_syncer.kind, SyncerKind::Bucket);
+        assert_eq!(c.weight_syncer.bucket.bucket_dtype, Some(FloatDtype::Bfloat16));
+        assert_eq!(c.weight_syncer.bucket.bucket_size.get(), 1024);
+        assert_eq!(c.actor.optim.lr, 1.0);
+        assert!(c.actor.sync_weight_no_wait);
+        assert_eq!(c.runner.weight_sync_interval.get(), 8);
+    }
+
+    #[test]
+    fn typo_in_strict_section_suggests_the_key() {
+        let err = extract(&tree(&[("weight_syncer.patch.compresion", s("lz4"))])).unwrap_err();
+        assert_eq!(err.problems.len(), 1);
+        let p = &err.problems[0];
+        assert_eq!(p.path, "weight_syncer.patch.compresion");
+        assert!(p.message.contains("did you mean weight_syncer.patch.compression?"), "{}", p.message);
+        assert!(p.to_string().contains("t.yaml:3:7"), "{p}");
+    }
+
+    #[test]
+    fn unrelated_key_in_shared_section_is_ignored_not_an_error() {
+        let got = extract(&tree(&[("actor.fsdp_config.strategy", s("fsdp")), ("reward.use_reward_model", Value::Bool(false))]))
+            .expect("RLinf keys rlsync does not use are ignored");
+        assert_eq!(got.ignored, vec!["actor.fsdp_config".to_owned(), "reward".to_owned()]);
+    }
+
+    #[test]
+    fn every_problem_is_reported_not_just_the_first() {
+        let err = extract(&tree(&[
+            ("weight_syncer.patch.compression", s("lz5")),
+            ("weight_syncer.bucket.bucket_size", Value::Int(0)),
+            ("runner.weight_sync_interval", s("often")),
+            ("actor.optim.lr", s("fast")),
+        ]))
+        .unwrap_err();
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "weight_syncer.patch.compression",
+                "weight_syncer.bucket.bucket_size",
+                "runner.weight_sync_interval",
+                "actor.optim.lr"
+            ]
+        );
+        assert!(err.problems[0].message.contains("lz5") && err.problems[0].message.contains("nvcomp_lz4"));
+        assert!(err.problems[1].message.contains("nonzero"), "{}", err.problems[1].message);
+        assert!(err.problems[3].message.contains("string 'fast' is not a number"), "{}", err.problems[3].message);
+    }
+
+    #[test]
+    fn cross_field_rules() {
+        let err = extract(&tree(&[
+            ("weight_syncer.patch.compression", s("nvcomp_lz4")),
+            ("weight_syncer.patch.init_sync.prefixes", Value::List(vec![])),
+            ("cluster.component_placement.rollout", s("0-2")),
+        ]))
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("requires weight_syncer.patch.transport_device: cuda"), "{text}");
+        assert!(text.contains("null (whole state dict) or a non-empty list"), "{text}");
+        assert!(text.contains("cannot be split evenly across 3 rollout workers"), "{text}");
+    }
+
+    #[test]
+    fn missing_value_is_reported() {
+        let err = extract(&tree(&[("actor.seed", Value::Missing)])).unwrap_err();
+        assert!(err.problems[0].message.contains("missing mandatory value"), "{}", err.problems[0].message);
+    }
+
+    #[test]
+    fn closest_only_suggests_near_misses() {
+        assert_eq!(closest("compresion", &["compression", "delta_encoding"]).as_deref(), Some("compression"));
+        assert_eq!(closest("video_cfg", &["compression", "delta_encoding"]), None);
+        assert_eq!(levenshtein("kitten", "sitting"), 3);
+    }
+}

@@ -1,0 +1,366 @@
+//! The `--dry-run` report: the validated settings, the processes that would be spawned, the sync volume, and
+//! pre-flight checks of the run directory and shared memory — computed without spawning anything.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::config::schema::{
+    Compression, ModelType, RunConfig, SyncerKind, WeightDtype,
+};
+use crate::config::typed::Extracted;
+
+/// Which loop the entry point runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `train_embodied`: synchronous sync → rollout → train.
+    Embodied,
+    /// `train_async`: overlapped rollouts and training with a staleness bound.
+    Async,
+    /// `bench_sync`: the weight-sync benchmark.
+    BenchSync,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Embodied => "train_embodied",
+            Entry::Async => "train_async",
+            Entry::BenchSync => "bench_sync",
+        }
+    }
+}
+
+/// One process the orchestrator would start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedWorker {
+    pub role: &'static str,
+    pub rank: u32,
+    /// Envs this worker steps (rollouts only).
+    pub envs: u32,
+}
+
+/// Sizes of the weights that move, for the configured model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Footprint {
+    /// Elements in trainable parameters + persistent buffers (what incremental sync covers).
+    pub synced_elements: u64,
+    /// Elements in frozen parameters (only the init bootstrap moves them).
+    pub frozen_elements: u64,
+    pub dtype_bytes: u64,
+}
+
+/// The whole dry-run report.
+#[derive(Debug, Clone)]
+pub struct DryRun {
+    pub entry: Entry,
+    pub run_dir: PathBuf,
+    pub workers: Vec<PlannedWorker>,
+    pub footprint: Option<Footprint>,
+    pub config: RunConfig,
+    pub ignored: Vec<String>,
+    /// Pre-flight problems (the dry run fails if any).
+    pub problems: Vec<String>,
+}
+
+/// Build the report for a validated configuration. Never spawns or creates anything.
+pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
+    let cfg = &extracted.config;
+    let mut problems = Vec::new();
+    let workers = planned_workers(cfg).unwrap_or_else(|e| {
+        problems.push(e);
+        Vec::new()
+    });
+    let footprint = footprint(cfg);
+    if let Err(e) = check_writable(run_dir) {
+        problems.push(e);
+    }
+    if entry != Entry::BenchSync
+        && let Some(fp) = footprint
+    {
+        let need = largest_payload(cfg, fp);
+        match shm_free_bytes() {
+            Ok(free) if free < need => problems.push(format!(
+                "/dev/shm has {} free but the largest sync payload needs about {}",
+                human_bytes(free),
+                human_bytes(need)
+            )),
+            Ok(_) => {}
+            Err(e) => problems.push(format!("cannot check /dev/shm: {e}")),
+        }
+    }
+    DryRun {
+        entry,
+        run_dir: run_dir.to_owned(),
+        workers,
+        footprint,
+        config: cfg.clone(),
+        ignored: extracted.ignored.clone(),
+        problems,
+    }
+}
+
+/// Trainer rank 0 plus one rollout per `cluster.component_placement.rollout` slot, envs split evenly.
+pub fn planned_workers(cfg: &RunConfig) -> Result<Vec<PlannedWorker>, String> {
+    let slots = cfg
+        .cluster
+        .component_placement
+        .get("rollout")
+        .ok_or("cluster.component_placement.rollout is missing")?
+        .slots()?;
+    let n = slots.len() as u32;
+    let envs = cfg.env.train.total_num_envs.get() / n.max(1);
+    let mut workers = vec![PlannedWorker { role: "trainer", rank: 0, envs: 0 }];
+    workers.extend((0..n).map(|rank| PlannedWorker { role: "rollout", rank, envs }));
+    Ok(workers)
+}
+
+/// Weight sizes for models whose size follows from the config alone (the synthetic workload).
+pub fn footprint(cfg: &RunConfig) -> Option<Footprint> {
+    let model = &cfg.actor.model;
+    match model.model_type {
+        ModelType::Synthetic => {
+            let frozen = (model.params as f64 * model.frozen_fraction).round() as u64;
+            Some(Footprint {
+                synced_elements: model.params - frozen.min(model.params),
+                frozen_elements: frozen.min(model.params),
+                dtype_bytes: dtype_bytes(cfg.rollout.model.precision),
+            })
+        }
+        // Policy sizes come from building the network (needs the `torch` feature); reported at run start.
+        ModelType::MlpPolicy | ModelType::VlaTiny | ModelType::Torchscript => None,
+    }
+}
+
+fn dtype_bytes(d: WeightDtype) -> u64 {
+    match d {
+        WeightDtype::Bf16 | WeightDtype::F16 => 2,
+        WeightDtype::F32 => 4,
+    }
+}
+
+/// Estimated bytes per incremental sync: dense for bucket; for patch, a changed share times ~2 bytes per
+/// changed element (the patch codec's measured cost on realistic updates; see README's bench_sync figures).
+pub fn estimated_sync_bytes(cfg: &RunConfig, fp: Footprint) -> u64 {
+    let synced = fp.synced_elements;
+    match cfg.weight_syncer.kind {
+        SyncerKind::Bucket => {
+            let bytes = match cfg.weight_syncer.bucket.bucket_dtype {
+                Some(crate::config::schema::FloatDtype::Float32) => 4,
+                Some(_) => 2,
+                None => fp.dtype_bytes,
+            };
+            synced * bytes
+        }
+        SyncerKind::Patch => {
+            let share = assumed_changed_share(cfg.actor.model.adam_lr, cfg.rollout.model.precision);
+            let per_changed = if cfg.weight_syncer.patch.compression == Compression::None { 2.5 } else { 2.0 };
+            (synced as f64 * share * per_changed).ceil() as u64
+        }
+    }
+}
+
+/// Share of elements whose receiver-dtype bits change per Adam step at `lr`: an Adam step moves each weight by
+/// about `lr`; a bf16 value of magnitude ~|w| changes when the step crosses half an ulp (|w| * 2^-8).
+fn assumed_changed_share(lr: f64, dtype: WeightDtype) -> f64 {
+    let mantissa_bits = match dtype {
+        WeightDtype::Bf16 => 8.0,
+        WeightDtype::F16 => 11.0,
+        WeightDtype::F32 => 24.0,
+    };
+    let typical_weight = 0.02_f64;
+    let half_ulp = typical_weight * 2f64.powf(-mantissa_bits);
+    (lr / half_ulp).clamp(0.0, 1.0)
+}
+
+fn largest_payload(cfg: &RunConfig, fp: Footprint) -> u64 {
+    let ws = &cfg.weight_syncer;
+    let init = if ws.kind == SyncerKind::Patch && ws.patch.init_sync.enabled {
+        ws.patch.init_sync.bucket_size.get().min((fp.synced_elements + fp.frozen_elements) * fp.dtype_bytes)
+    } else {
+        0
+    };
+    let per_sync = match ws.kind {
+        SyncerKind::Bucket => ws.bucket.bucket_size.get().min(estimated_sync_bytes(cfg, fp)),
+        SyncerKind::Patch => estimated_sync_bytes(cfg, fp),
+    };
+    init.max(per_sync)
+}
+
+/// The run directory (or its closest existing ancestor) must accept new files.
+fn check_writable(run_dir: &Path) -> Result<(), String> {
+    let mut probe_dir = run_dir;
+    while !probe_dir.exists() {
+        match probe_dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => probe_dir = p,
+            _ => {
+                probe_dir = Path::new(".");
+                break;
+            }
+        }
+    }
+    let probe = probe_dir.join(format!(".rlsync-dry-run-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| format!("run directory {} is not writable ({}: {e})", run_dir.display(), probe_dir.display()))
+}
+
+fn shm_free_bytes() -> Result<u64, String> {
+    let st = nix::sys::statvfs::statvfs("/dev/shm").map_err(|e| e.to_string())?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
+}
+
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+}
+
+impl fmt::Display for DryRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(f, "rlsync dry run: {}", self.entry.name())?;
+        writeln!(f, "  run dir        {}", self.run_dir.display())?;
+        if self.entry != Entry::BenchSync {
+            let rollouts = self.workers.iter().filter(|w| w.role == "rollout").count();
+            writeln!(f, "  processes      1 orchestrator (this process), 1 trainer, {rollouts} rollout workers")?;
+            for w in &self.workers {
+                let envs = if w.role == "rollout" { format!(" ({} envs)", w.envs) } else { String::new() };
+                writeln!(f, "    - rlsync worker --role {} --rank {}{envs}", w.role, w.rank)?;
+            }
+            writeln!(f, "  transport      shared memory (trainer writes once, every rollout reads in place), control over Unix sockets")?;
+            let loop_desc = match self.entry {
+                Entry::Async => format!(
+                    "async: staleness_threshold={}, sync_weight_no_wait={}",
+                    c.algorithm.staleness_threshold, c.actor.sync_weight_no_wait
+                ),
+                _ => format!("synchronous: sync every {} step(s)", c.runner.weight_sync_interval),
+            };
+            writeln!(f, "  loop           {loop_desc}, {} steps, verify_sync={}", c.runner.max_steps, c.runner.verify_sync)?;
+            writeln!(
+                f,
+                "  model          {:?}, rollout precision {:?}, env {:?} x {}",
+                c.actor.model.model_type, c.rollout.model.precision, c.env.train.env_type, c.env.train.total_num_envs
+            )?;
+        } else {
+            let b = &c.bench;
+            writeln!(
+                f,
+                "  bench          {} params {:?}, {} tensors, update={:?}, steps={}, receivers={}, transport={:?}",
+                b.params, b.dtype, b.tensors, b.update, b.steps, b.receivers, b.transport
+            )?;
+        }
+        let ws = &c.weight_syncer;
+        match ws.kind {
+            SyncerKind::Patch => {
+                let p = &ws.patch;
+                writeln!(
+                    f,
+                    "  weight_syncer  patch: snapshot_device={:?} transport_device={:?} delta_encoding={} compression={:?}",
+                    p.snapshot_device, p.transport_device, p.delta_encoding, p.compression
+                )?;
+                let prefixes = match &p.init_sync.prefixes {
+                    None => "whole state dict".to_owned(),
+                    Some(list) => list.join(", "),
+                };
+                writeln!(
+                    f,
+                    "                 init_sync: enabled={} ({prefixes}), bucket_size={}",
+                    p.init_sync.enabled,
+                    human_bytes(p.init_sync.bucket_size.get())
+                )?;
+            }
+            SyncerKind::Bucket => {
+                let b = &ws.bucket;
+                writeln!(
+                    f,
+                    "  weight_syncer  bucket: bucket_size={} bucket_dtype={:?} bucket_device={:?} load_instant={} is_agent={}",
+                    human_bytes(b.bucket_size.get()),
+                    b.bucket_dtype,
+                    b.bucket_device,
+                    b.load_instant,
+                    b.is_agent
+                )?;
+            }
+        }
+        if self.entry != Entry::BenchSync {
+            match self.footprint {
+                Some(fp) => {
+                    writeln!(
+                        f,
+                        "  weights        synced {} ({} elements), frozen {} ({} elements)",
+                        human_bytes(fp.synced_elements * fp.dtype_bytes),
+                        fp.synced_elements,
+                        human_bytes(fp.frozen_elements * fp.dtype_bytes),
+                        fp.frozen_elements
+                    )?;
+                    writeln!(f, "  per sync       ~{} (estimate)", human_bytes(estimated_sync_bytes(c, fp)))?;
+                }
+                None => writeln!(f, "  weights        sized when the policy is built (at run start)")?,
+            }
+        }
+        if !self.ignored.is_empty() {
+            writeln!(f, "  ignored keys   {} (not used by rlsync): {}", self.ignored.len(), self.ignored.join(", "))?;
+        }
+        if self.problems.is_empty() {
+            writeln!(f, "OK: configuration is valid; nothing was started.")
+        } else {
+            writeln!(f, "{} problem(s):", self.problems.len())?;
+            for p in &self.problems {
+                writeln!(f, "  - {p}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::node::Node;
+    use crate::config::typed::extract;
+
+    #[test]
+    fn default_plan_has_trainer_and_two_rollouts() {
+        let ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
+        assert_eq!(report.workers.len(), 3);
+        assert_eq!(report.workers[1], PlannedWorker { role: "rollout", rank: 0, envs: 4 });
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        let text = report.to_string();
+        assert!(text.contains("rlsync worker --role rollout --rank 1 (4 envs)"), "{text}");
+        assert!(text.contains("OK: configuration is valid"), "{text}");
+    }
+
+    #[test]
+    fn unwritable_run_dir_is_a_problem() {
+        let ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"x").expect("write");
+        let report = dry_run(Entry::Embodied, &ex, &file.join("run"));
+        assert!(report.problems.iter().any(|p| p.contains("not writable")), "{:?}", report.problems);
+    }
+
+    #[test]
+    fn bucket_estimate_is_dense_patch_is_sparse() {
+        let mut cfg = RunConfig::default();
+        let fp = Footprint { synced_elements: 1_000_000, frozen_elements: 0, dtype_bytes: 2 };
+        cfg.weight_syncer.kind = SyncerKind::Bucket;
+        assert_eq!(estimated_sync_bytes(&cfg, fp), 2_000_000);
+        cfg.weight_syncer.kind = SyncerKind::Patch;
+        let patch = estimated_sync_bytes(&cfg, fp);
+        assert!(patch > 0 && patch < 200_000, "{patch}");
+    }
+
+    #[test]
+    fn human_bytes_units() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(134217728), "128.0 MiB");
+    }
+}
