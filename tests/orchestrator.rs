@@ -47,6 +47,8 @@ fn small_config() -> RunConfig {
     cfg.runner.max_steps = 10;
     cfg.runner.handshake_timeout_s = 20.0;
     cfg.runner.shutdown_grace_s = 1.0;
+    // A stuck loop fails the test instead of hanging it.
+    cfg.runner.step_timeout_s = 30.0;
     cfg.env.train.total_num_envs = nz(4);
     cfg.env.train.max_steps_per_rollout_epoch = nz(8);
     cfg.rollout.chunk_steps = nz(4);

@@ -70,7 +70,6 @@ struct Loop<'a> {
     buffer: VecDeque<Buffered>,
     slots: Vec<Slot>,
     next_chunk: u64,
-    consumed: u64,
     discarded: u64,
     rollout_busy_s: f64,
     last_row: Instant,
@@ -90,8 +89,9 @@ impl Loop<'_> {
     fn may_grant(&self, rank: usize) -> bool {
         let Some(slot) = self.slots.get(rank) else { return false };
         let queued = self.buffer.len() + self.in_flight();
-        let needed = self.batch() as u64 * self.plan.steps;
-        if slot.in_flight || self.consumed + queued as u64 >= needed || queued >= self.set.buffer_chunks.max(self.batch()) {
+        // Discarded chunks do not count: only what steps still to start will train on.
+        let needed = self.batch() as u64 * (self.plan.steps - self.steps_started.min(self.plan.steps));
+        if slot.in_flight || queued as u64 >= needed || queued >= self.set.buffer_chunks.max(self.batch()) {
             return false;
         }
         let training = u64::from(matches!(self.trainer, Trainer::Training { .. }));
@@ -127,14 +127,11 @@ impl Loop<'_> {
         let oldest = self.trainer_version.saturating_sub(self.set.staleness_threshold);
         let before = self.buffer.len();
         self.buffer.retain(|c| c.version >= oldest);
-        let dropped = (before - self.buffer.len()) as u64;
-        self.discarded += dropped;
-        self.consumed += dropped;
+        self.discarded += (before - self.buffer.len()) as u64;
         if self.buffer.len() < self.batch() {
             return Ok(());
         }
         let chunks: Vec<Buffered> = self.buffer.drain(..self.batch()).collect();
-        self.consumed += chunks.len() as u64;
         let samples: Vec<(u64, u64)> = chunks.iter().map(|c| (c.version, c.env_steps)).collect();
         let env_steps: u64 = chunks.iter().map(|c| c.env_steps).sum();
         let mean_return = chunks.iter().map(|c| c.mean_return).sum::<f64>() / chunks.len().max(1) as f64;
@@ -281,7 +278,6 @@ pub async fn run(
         buffer: VecDeque::new(),
         slots,
         next_chunk: 0,
-        consumed: 0,
         discarded: 0,
         rollout_busy_s: 0.0,
         last_row: started,
@@ -289,8 +285,9 @@ pub async fn run(
     };
     lp.sup.begin_step();
     while lp.totals.steps < plan.steps {
-        lp.grant().await?;
+        // Training first: discarding stale chunks can make room for new grants.
         lp.try_train().await?;
+        lp.grant().await?;
         let (id, frame) = lp.sup.recv("trajectories, training or weight sync").await?;
         lp.on_report(id, frame.header, frame.blob, sink).await?;
     }

@@ -353,15 +353,16 @@ impl Supervisor {
     pub async fn stop(&mut self, graceful: bool) {
         let grace = self.cfg.grace;
         if graceful && self.stop_requests < 2 {
-            for i in 0..self.units.len() {
-                if let Some(unit) = self.units.get_mut(i) {
+            // Rollouts first: a rollout that outlives the trainer would see its weight channel break.
+            for role in [Role::Rollout, Role::Trainer] {
+                for unit in self.units.iter_mut().filter(|u| u.id.role == role) {
                     if let (UnitState::Connected, Some(writer)) = (unit.state, unit.writer.as_mut()) {
                         let _ = protocol::write_frame(writer, &Command::Stop, &[]).await;
                         unit.state = UnitState::Stopping;
                     }
                 }
+                self.wait_exits_of(role, grace).await;
             }
-            self.wait_exits(grace).await;
         }
         if self.any_alive() && self.stop_requests < 2 {
             unix::signal_group(self.pgid, Signal::SIGTERM);
@@ -384,8 +385,18 @@ impl Supervisor {
     }
 
     async fn wait_exits(&mut self, limit: Duration) {
+        self.wait_until(limit, |units| units.iter().any(|u| !matches!(u.state, UnitState::Exited(_)))).await
+    }
+
+    async fn wait_exits_of(&mut self, role: Role, limit: Duration) {
+        let alive = move |units: &[Unit]| units.iter().any(|u| u.id.role == role && !matches!(u.state, UnitState::Exited(_)));
+        self.wait_until(limit, alive).await
+    }
+
+    /// Process exit and signal events until `alive` is false or `limit` passes.
+    async fn wait_until(&mut self, limit: Duration, alive: impl Fn(&[Unit]) -> bool) {
         let deadline = Instant::now() + limit;
-        while self.any_alive() {
+        while alive(&self.units) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(Event::Exited { id, status })) => {
                     if let Some(unit) = self.unit_mut(id) {
