@@ -556,6 +556,9 @@ pub struct EnvSplitConfig {
     pub seed: u64,
     /// reach: number of links of the arm.
     pub num_links: NonZeroU32,
+    /// Consecutive envs sharing reset seeds, so GRPO groups start from identical states (RLinf writes
+    /// `${algorithm.group_size}`).
+    pub group_size: NonZeroU32,
 }
 
 impl Default for EnvSplitConfig {
@@ -568,6 +571,7 @@ impl Default for EnvSplitConfig {
             rollout_epoch: NonZeroU32::MIN,
             seed: 0,
             num_links: NonZeroU32::new(2).unwrap(),
+            group_size: NonZeroU32::MIN,
         }
     }
 }

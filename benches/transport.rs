@@ -1,0 +1,112 @@
+//! Broadcast throughput of 256 MiB payloads over shm (1 and 2 receivers) and inproc, against one plain memcpy.
+//!
+//! Each payload is filled by a memcpy from a source buffer straight into the shared slot, and every receiver
+//! copies it out into its own buffer (what a bucket install does), so a transport adding nothing would cost
+//! about one memcpy per side; the two sides overlap thanks to the double-buffered slots. Receivers are
+//! threads with their own runtime, talking to the sender over the real socket and segments.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use rlsync::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
+use rlsync::transport::{Receiver, Sender, TransportError, inproc_channel};
+
+const PAYLOAD: usize = 256 << 20;
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+fn filled(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31)).collect()
+}
+
+/// Copy every payload out until the sender goes away; waiting between criterion samples is fine.
+async fn copy_out(mut rx: Receiver) {
+    let mut dst = vec![0u8; PAYLOAD];
+    loop {
+        match rx.recv_with(|bytes| dst[..bytes.len()].copy_from_slice(bytes)).await {
+            Ok(()) => {}
+            Err(TransportError::Timeout { .. }) => continue,
+            Err(_) => break,
+        }
+        black_box(&dst);
+    }
+}
+
+/// A receiver thread with its own runtime; `connect` runs on it, since sockets belong to the runtime that made them.
+fn spawn_receiver<F>(connect: F) -> JoinHandle<()>
+where
+    F: Future<Output = Receiver> + Send + 'static,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("receiver runtime");
+        rt.block_on(async move { copy_out(connect.await).await });
+    })
+}
+
+fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) -> (Sender, Vec<JoinHandle<()>>) {
+    let socket = dir.join(format!("bench-{receivers}.sock"));
+    let cfg = ShmConfig {
+        socket_path: socket.clone(),
+        segment_prefix: format!("rlsync-bench-{}", std::process::id()),
+        receivers,
+        timeout: TIMEOUT,
+        ..ShmConfig::default()
+    };
+    let threads = (0..receivers)
+        .map(|rank| {
+            let socket = socket.clone();
+            spawn_receiver(async move { ShmReceiver::connect(&socket, rank, TIMEOUT).await.expect("connect") })
+        })
+        .collect();
+    let tx = runtime.block_on(ShmSender::bind(cfg)).expect("bind");
+    (tx, threads)
+}
+
+/// Time `iters` payloads from first fill to the last release.
+fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], iters: u64) -> Duration {
+    runtime.block_on(async {
+        let start = Instant::now();
+        for _ in 0..iters {
+            tx.send_with(src.len(), |buf| buf.copy_from_slice(src)).await.expect("send");
+        }
+        tx.flush().await.expect("flush");
+        start.elapsed()
+    })
+}
+
+fn broadcast(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = filled(PAYLOAD);
+    let mut group = c.benchmark_group("broadcast_256MiB");
+    group.throughput(Throughput::Bytes(PAYLOAD as u64)).sample_size(10).warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(8));
+
+    let mut dst = vec![0u8; PAYLOAD];
+    group.bench_function("memcpy", |b| {
+        b.iter(|| {
+            dst.copy_from_slice(&src);
+            black_box(&dst);
+        })
+    });
+    drop(dst);
+
+    for receivers in [1, 2] {
+        let (mut tx, threads) = shm_channel(&runtime, dir.path(), receivers);
+        group.bench_function(format!("shm_{receivers}rx"), |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+        drop(tx);
+        threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+    }
+
+    let (mut tx, rxs) = inproc_channel(1);
+    let threads: Vec<_> = rxs.into_iter().map(|rx| spawn_receiver(async move { rx })).collect();
+    group.bench_function("inproc_1rx", |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+    drop(tx);
+    threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+    group.finish();
+}
+
+criterion_group!(benches, broadcast);
+criterion_main!(benches);

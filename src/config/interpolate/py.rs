@@ -1,0 +1,401 @@
+//! Python values as OmegaConf's resolvers see them, with Python's `str`/`repr`, truthiness and arithmetic.
+//!
+//! Resolver arguments and results are Python objects: primitives, plain lists/dicts, or config containers
+//! (`DictConfig`/`ListConfig`, here [`Py::Config`]). String interpolation uses `str()`, error messages use
+//! `repr()`, and RLinf's `multiply`/`int_div`/`subtract`/`not` follow Python's operators exactly.
+
+use super::tree::{Body, Id, Scalar, Tree};
+use crate::config::node::{Key, python_float_repr};
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Py {
+    None,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Bytes(Vec<u8>),
+    List(Vec<Py>),
+    Dict(Vec<(Py, Py)>),
+    /// A config container (a node of the working tree).
+    Config(Id),
+}
+
+/// A Python exception raised inside a resolver: class name and `str(exc)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PyErr {
+    pub class: &'static str,
+    pub message: String,
+}
+
+impl PyErr {
+    pub fn new(class: &'static str, message: impl Into<String>) -> PyErr {
+        PyErr { class, message: message.into() }
+    }
+
+    pub fn type_error(message: impl Into<String>) -> PyErr {
+        PyErr::new("TypeError", message)
+    }
+}
+
+/// Longest string/list a repetition may build; Python would try and run out of memory.
+const MAX_REPEAT: usize = 1 << 26;
+
+impl Py {
+    pub fn from_scalar(s: &Scalar) -> Py {
+        match s {
+            Scalar::Null => Py::None,
+            Scalar::Bool(b) => Py::Bool(*b),
+            Scalar::Int(i) => Py::Int(*i),
+            Scalar::Float(f) => Py::Float(*f),
+            Scalar::Str(s) => Py::Str(s.clone()),
+            Scalar::Bytes(b) => Py::Bytes(b.clone()),
+            Scalar::Missing => Py::Str("???".into()),
+        }
+    }
+
+    pub fn from_key(k: &Key) -> Py {
+        match k {
+            Key::Str(s) => Py::Str(s.clone()),
+            Key::Int(i) => Py::Int(*i),
+            Key::Float(_) => Py::Float(k.as_f64().unwrap_or(f64::NAN)),
+            Key::Bool(b) => Py::Bool(*b),
+            Key::Null => Py::None,
+        }
+    }
+
+    /// The dict key for this value, when Python allows it as an OmegaConf key.
+    pub fn to_key(&self) -> Option<Key> {
+        Some(match self {
+            Py::None => Key::Null,
+            Py::Bool(b) => Key::Bool(*b),
+            Py::Int(i) => Key::Int(*i),
+            Py::Float(f) => Key::float(*f),
+            Py::Str(s) => Key::Str(s.clone()),
+            _ => return None,
+        })
+    }
+
+    pub fn type_name(&self, tree: &Tree) -> &'static str {
+        match self {
+            Py::None => "NoneType",
+            Py::Bool(_) => "bool",
+            Py::Int(_) => "int",
+            Py::Float(_) => "float",
+            Py::Str(_) => "str",
+            Py::Bytes(_) => "bytes",
+            Py::List(_) => "list",
+            Py::Dict(_) => "dict",
+            Py::Config(id) => match tree.body(*id) {
+                Body::List(_) => "ListConfig",
+                _ => "DictConfig",
+            },
+        }
+    }
+
+    /// Python's `str(x)`.
+    pub fn str(&self, tree: &Tree) -> String {
+        match self {
+            Py::Str(s) => s.clone(),
+            other => other.repr(tree),
+        }
+    }
+
+    /// Python's `repr(x)`; a config container prints as its content, with leaves unresolved.
+    pub fn repr(&self, tree: &Tree) -> String {
+        match self {
+            Py::None => "None".into(),
+            Py::Bool(true) => "True".into(),
+            Py::Bool(false) => "False".into(),
+            Py::Int(i) => i.to_string(),
+            Py::Float(f) => python_float_repr(*f),
+            Py::Str(s) => repr_str(s),
+            Py::Bytes(b) => repr_bytes(b),
+            Py::List(items) => format!("[{}]", items.iter().map(|x| x.repr(tree)).collect::<Vec<_>>().join(", ")),
+            Py::Dict(pairs) => format!(
+                "{{{}}}",
+                pairs.iter().map(|(k, v)| format!("{}: {}", k.repr(tree), v.repr(tree))).collect::<Vec<_>>().join(", ")
+            ),
+            Py::Config(id) => config_repr(tree, *id),
+        }
+    }
+
+    /// Python's `bool(x)` (a container is true when it has entries).
+    pub fn truthy(&self, tree: &Tree) -> bool {
+        match self {
+            Py::None => false,
+            Py::Bool(b) => *b,
+            Py::Int(i) => *i != 0,
+            Py::Float(f) => *f != 0.0,
+            Py::Str(s) => !s.is_empty(),
+            Py::Bytes(b) => !b.is_empty(),
+            Py::List(l) => !l.is_empty(),
+            Py::Dict(d) => !d.is_empty(),
+            Py::Config(id) => match tree.body(*id) {
+                Body::List(l) => !l.is_empty(),
+                Body::Dict(d) => !d.is_empty(),
+                Body::Leaf(_) => true,
+            },
+        }
+    }
+
+    /// Python `==` for dict keys (`1 == 1.0 == True`).
+    pub fn key_eq(&self, other: &Py) -> bool {
+        match (self.as_number(), other.as_number()) {
+            (Some(a), Some(b)) => a.eq_num(b),
+            (None, None) => self == other,
+            _ => false,
+        }
+    }
+
+    fn as_number(&self) -> Option<Num> {
+        match self {
+            Py::Bool(b) => Some(Num::Int(i64::from(*b))),
+            Py::Int(i) => Some(Num::Int(*i)),
+            Py::Float(f) => Some(Num::Float(*f)),
+            _ => None,
+        }
+    }
+}
+
+fn config_repr(tree: &Tree, id: Id) -> String {
+    match tree.body(id) {
+        Body::Leaf(s) => Py::from_scalar(s).repr(tree),
+        Body::List(items) => format!("[{}]", items.iter().map(|&c| config_repr(tree, c)).collect::<Vec<_>>().join(", ")),
+        Body::Dict(d) => format!(
+            "{{{}}}",
+            d.iter().map(|(k, &c)| format!("{}: {}", Py::from_key(k).repr(tree), config_repr(tree, c))).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+/// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
+pub fn repr_str(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+fn repr_bytes(b: &[u8]) -> String {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };
+    let mut out = String::from("b");
+    out.push(quote as char);
+    for &c in b {
+        match c {
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c as char);
+            }
+            0x20..=0x7e => out.push(c as char),
+            c => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    out.push(quote as char);
+    out
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Num {
+    Int(i64),
+    Float(f64),
+}
+
+impl Num {
+    fn as_f64(self) -> f64 {
+        match self {
+            Num::Int(i) => i as f64,
+            Num::Float(f) => f,
+        }
+    }
+
+    fn eq_num(self, other: Num) -> bool {
+        match (self, other) {
+            (Num::Int(a), Num::Int(b)) => a == b,
+            (a, b) => a.as_f64() == b.as_f64(),
+        }
+    }
+}
+
+fn unsupported(op: &str, a: &Py, b: &Py, tree: &Tree) -> PyErr {
+    PyErr::type_error(format!("unsupported operand type(s) for {op}: '{}' and '{}'", a.type_name(tree), b.type_name(tree)))
+}
+
+fn overflow() -> PyErr {
+    PyErr::new("OverflowError", "integer result does not fit in 64 bits")
+}
+
+fn repeat_count(n: i64, unit: usize) -> Result<usize, PyErr> {
+    let n = usize::try_from(n.max(0)).map_err(|_| overflow())?;
+    if n.saturating_mul(unit.max(1)) > MAX_REPEAT {
+        return Err(PyErr::new("MemoryError", "repetition result is too large"));
+    }
+    Ok(n)
+}
+
+/// Python `a * b`.
+pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
+    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
+        return Ok(match (x, y) {
+            (Num::Int(x), Num::Int(y)) => Py::Int(x.checked_mul(y).ok_or_else(overflow)?),
+            (x, y) => Py::Float(x.as_f64() * y.as_f64()),
+        });
+    }
+    let (seq, n) = match (a, b) {
+        (Py::Str(_) | Py::List(_) | Py::Bytes(_), _) => (a, b),
+        (_, Py::Str(_) | Py::List(_) | Py::Bytes(_)) => (b, a),
+        _ => return Err(unsupported("*", a, b, tree)),
+    };
+    let count = match n {
+        Py::Int(i) => *i,
+        Py::Bool(v) => i64::from(*v),
+        other => {
+            return Err(PyErr::type_error(format!("can't multiply sequence by non-int of type '{}'", other.type_name(tree))));
+        }
+    };
+    Ok(match seq {
+        Py::Str(s) => Py::Str(s.repeat(repeat_count(count, s.len())?)),
+        Py::Bytes(v) => Py::Bytes(v.repeat(repeat_count(count, v.len())?)),
+        Py::List(l) => {
+            let n = repeat_count(count, l.len())?;
+            Py::List(std::iter::repeat_n(l.iter().cloned(), n).flatten().collect())
+        }
+        _ => return Err(unsupported("*", a, b, tree)),
+    })
+}
+
+/// Python `a - b`.
+pub fn subtract(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
+    match (a.as_number(), b.as_number()) {
+        (Some(Num::Int(x)), Some(Num::Int(y))) => Ok(Py::Int(x.checked_sub(y).ok_or_else(overflow)?)),
+        (Some(x), Some(y)) => Ok(Py::Float(x.as_f64() - y.as_f64())),
+        _ => Err(unsupported("-", a, b, tree)),
+    }
+}
+
+/// Python `a // b`.
+pub fn floor_div(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
+    match (a.as_number(), b.as_number()) {
+        (Some(Num::Int(x)), Some(Num::Int(y))) => {
+            if y == 0 {
+                return Err(PyErr::new("ZeroDivisionError", "integer division or modulo by zero"));
+            }
+            let q = x.checked_div(y).ok_or_else(overflow)?;
+            let floor = if (x % y != 0) && ((x < 0) != (y < 0)) { q - 1 } else { q };
+            Ok(Py::Int(floor))
+        }
+        (Some(x), Some(y)) => {
+            let (x, y) = (x.as_f64(), y.as_f64());
+            if y == 0.0 {
+                return Err(PyErr::new("ZeroDivisionError", "float floor division by zero"));
+            }
+            Ok(Py::Float(float_floor_div(x, y)))
+        }
+        _ => Err(unsupported("//", a, b, tree)),
+    }
+}
+
+/// CPython's `float_floor_div` (via `_float_div_mod`), so rounding matches exactly.
+fn float_floor_div(vx: f64, wx: f64) -> f64 {
+    let m = vx % wx;
+    let mut div = (vx - m) / wx;
+    // The remainder must take the sign of the divisor.
+    if m != 0.0 && ((wx < 0.0) != (m < 0.0)) {
+        div -= 1.0;
+    }
+    if div != 0.0 {
+        // Snap the quotient to the nearest integral value.
+        let mut floordiv = div.floor();
+        if div - floordiv > 0.5 {
+            floordiv += 1.0;
+        }
+        floordiv
+    } else {
+        0.0_f64.copysign(vx / wx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: &str) -> Py {
+        Py::Str(x.into())
+    }
+
+    #[test]
+    fn str_and_repr_follow_python() {
+        let t = Tree::default();
+        let cases = [
+            (Py::None, "None"),
+            (Py::Bool(true), "True"),
+            (Py::Float(1e-7), "1e-07"),
+            (Py::Float(1.0), "1.0"),
+            (s("it's"), "it's"),
+            (Py::List(vec![Py::Int(1), s("a"), s("it's"), Py::None, Py::Float(f64::INFINITY)]), "[1, 'a', \"it's\", None, inf]"),
+            (Py::Dict(vec![(s("a"), Py::List(vec![])), (Py::Int(1), s("x\\y"))]), "{'a': [], 1: 'x\\\\y'}"),
+            (Py::Bytes(b"a\x00".to_vec()), "b'a\\x00'"),
+        ];
+        for (v, want) in cases {
+            assert_eq!(v.str(&t), want);
+        }
+    }
+
+    #[test]
+    fn arithmetic_matches_python() {
+        let t = Tree::default();
+        let cases: Vec<(Result<Py, PyErr>, Py)> = vec![
+            (multiply(&Py::Int(3), &Py::Int(4), &t), Py::Int(12)),
+            (multiply(&Py::Float(2.5), &Py::Int(3), &t), Py::Float(7.5)),
+            (multiply(&s("a"), &Py::Int(3), &t), s("aaa")),
+            (multiply(&Py::Bool(true), &s("ab"), &t), s("ab")),
+            (multiply(&s("a"), &Py::Int(-2), &t), s("")),
+            (multiply(&Py::List(vec![Py::Int(1)]), &Py::Int(2), &t), Py::List(vec![Py::Int(1), Py::Int(1)])),
+            (floor_div(&Py::Int(-7), &Py::Int(2), &t), Py::Int(-4)),
+            (floor_div(&Py::Int(7), &Py::Int(-2), &t), Py::Int(-4)),
+            (floor_div(&Py::Float(7.5), &Py::Int(2), &t), Py::Float(3.0)),
+            (floor_div(&Py::Float(-7.5), &Py::Int(2), &t), Py::Float(-4.0)),
+            (floor_div(&Py::Int(1), &Py::Float(0.1), &t), Py::Float(9.0)),
+            (subtract(&Py::Bool(true), &Py::Int(2), &t), Py::Int(-1)),
+            (subtract(&Py::Int(1), &Py::Float(0.5), &t), Py::Float(0.5)),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, Ok(want));
+        }
+        assert_eq!(floor_div(&Py::Int(1), &Py::Int(0), &t).map_err(|e| e.class), Err("ZeroDivisionError"));
+        assert_eq!(multiply(&s("a"), &s("b"), &t).map_err(|e| e.class), Err("TypeError"));
+        assert_eq!(multiply(&s("a"), &Py::Float(2.0), &t).map_err(|e| e.class), Err("TypeError"));
+        assert_eq!(subtract(&s("a"), &Py::Int(1), &t).map_err(|e| e.class), Err("TypeError"));
+        assert_eq!(multiply(&Py::Int(i64::MAX), &Py::Int(2), &t).map_err(|e| e.class), Err("OverflowError"));
+    }
+
+    #[test]
+    fn truthiness_and_key_equality() {
+        let t = Tree::default();
+        assert!(!s("").truthy(&t));
+        assert!(Py::Float(f64::NAN).truthy(&t));
+        assert!(!Py::List(vec![]).truthy(&t));
+        assert!(Py::Int(1).key_eq(&Py::Bool(true)));
+        assert!(Py::Float(1.0).key_eq(&Py::Int(1)));
+        assert!(!s("1").key_eq(&Py::Int(1)));
+    }
+}

@@ -1,0 +1,291 @@
+//! Values as Hydra's override visitor holds them while evaluating functions, with Python's semantics.
+//!
+//! Unlike the public [`Element`], a [`Val`] may hold sweeps inside lists (Hydra only notices when it
+//! merges) and remembers quoted strings inside containers (`sort(['b','a'])` fails in Hydra because
+//! `QuotedString` has no ordering).
+
+use std::collections::BTreeSet;
+
+use super::element::{Element, Quote};
+use super::sweep::{ChoiceSweep, GlobSweep, IntervalSweep, RangeSweep, Sweep};
+use super::OverrideValue;
+use crate::config::node::{Key, python_float_repr};
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Val {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Quoted(String, Quote),
+    List(Vec<Val>),
+    Dict(Vec<(Key, Val)>),
+    Choice(Choice),
+    Range(RangeSweep),
+    Interval(IntervalSweep),
+    Glob(GlobSweep),
+}
+
+/// Hydra's `ChoiceSweep` while its items may still be any value.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Choice {
+    pub items: Vec<Val>,
+    pub simple_form: bool,
+    pub shuffle: bool,
+    pub tags: BTreeSet<String>,
+}
+
+impl Choice {
+    pub fn new(items: Vec<Val>, simple_form: bool) -> Choice {
+        Choice { items, simple_form, shuffle: false, tags: BTreeSet::new() }
+    }
+}
+
+impl Val {
+    /// Python's `type(v).__name__`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Val::Null => "NoneType",
+            Val::Bool(_) => "bool",
+            Val::Int(_) => "int",
+            Val::Float(_) => "float",
+            Val::Str(_) => "str",
+            Val::Quoted(..) => "QuotedString",
+            Val::List(_) => "list",
+            Val::Dict(_) => "dict",
+            Val::Choice(_) => "ChoiceSweep",
+            Val::Range(_) => "RangeSweep",
+            Val::Interval(_) => "IntervalSweep",
+            Val::Glob(_) => "Glob",
+        }
+    }
+
+    pub fn is_sweep(&self) -> bool {
+        matches!(self, Val::Choice(_) | Val::Range(_) | Val::Interval(_))
+    }
+
+    /// Python's numeric view of bool, int and float.
+    fn as_number(&self) -> Option<f64> {
+        match self {
+            Val::Bool(b) => Some(f64::from(u8::from(*b))),
+            Val::Int(i) => Some(*i as f64),
+            Val::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+
+    fn as_int_like(&self) -> Option<i64> {
+        match self {
+            Val::Bool(b) => Some(i64::from(*b)),
+            Val::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+}
+
+/// Python `a == b` (`1 == 1.0 == True`, `QuotedString` equal only to an equal `QuotedString`).
+pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
+    if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
+        return x == y;
+    }
+    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
+        return x == y;
+    }
+    match (a, b) {
+        (Val::Null, Val::Null) => true,
+        (Val::Str(x), Val::Str(y)) => x == y,
+        (Val::Quoted(x, qx), Val::Quoted(y, qy)) => x == y && qx == qy,
+        (Val::List(x), Val::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q)),
+        (Val::Dict(x), Val::Dict(y)) => {
+            x.len() == y.len()
+                && x.iter().all(|(k, v)| y.iter().any(|(k2, v2)| key_eq(k, k2) && py_eq(v, v2)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Python dict-key equality (`{1: a, 1.0: b, true: c}` has one key).
+pub(super) fn key_eq(a: &Key, b: &Key) -> bool {
+    py_eq(&key_val(a), &key_val(b))
+}
+
+fn key_val(k: &Key) -> Val {
+    match k {
+        Key::Str(s) => Val::Str(s.clone()),
+        Key::Int(i) => Val::Int(*i),
+        Key::Float(_) => Val::Float(k.as_f64().unwrap_or(f64::NAN)),
+        Key::Bool(b) => Val::Bool(*b),
+        Key::Null => Val::Null,
+    }
+}
+
+/// Python `a < b`; `Err` is Python's TypeError message for unorderable types.
+pub(super) fn py_lt(a: &Val, b: &Val) -> Result<bool, String> {
+    if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
+        return Ok(x < y);
+    }
+    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
+        return Ok(x < y);
+    }
+    match (a, b) {
+        (Val::Str(x), Val::Str(y)) => Ok(x < y),
+        (Val::List(x), Val::List(y)) => {
+            for (p, q) in x.iter().zip(y) {
+                if !py_eq(p, q) {
+                    return py_lt(p, q);
+                }
+            }
+            Ok(x.len() < y.len())
+        }
+        _ => Err(format!("'<' not supported between instances of '{}' and '{}'", a.type_name(), b.type_name())),
+    }
+}
+
+/// Python's `sorted(items, reverse=...)`: stable, and failing on the first unorderable pair it compares.
+pub(super) fn py_sorted(items: &[Val], reverse: bool) -> Result<Vec<Val>, String> {
+    // A merge sort using only `<`, as Python's sort does; `reverse` keeps equal items in input order.
+    if items.len() <= 1 {
+        return Ok(items.to_vec());
+    }
+    let (left, right) = items.split_at(items.len() / 2);
+    let (left, right) = (py_sorted(left, reverse)?, py_sorted(right, reverse)?);
+    let mut out = Vec::with_capacity(items.len());
+    let (mut i, mut j) = (0, 0);
+    while i < left.len() && j < right.len() {
+        let take_right = if reverse { py_lt(&left[i], &right[j])? } else { py_lt(&right[j], &left[i])? };
+        if take_right {
+            out.push(right[j].clone());
+            j += 1;
+        } else {
+            out.push(left[i].clone());
+            i += 1;
+        }
+    }
+    out.extend_from_slice(&left[i..]);
+    out.extend_from_slice(&right[j..]);
+    Ok(out)
+}
+
+/// Python's `repr()` of a string (the quoting Python picks, and its escapes).
+pub(super) fn py_repr_str(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// Python's `repr()` of a value, for error messages.
+pub(super) fn py_repr(v: &Val) -> String {
+    match v {
+        Val::Null => "None".into(),
+        Val::Bool(true) => "True".into(),
+        Val::Bool(false) => "False".into(),
+        Val::Int(i) => i.to_string(),
+        Val::Float(f) => python_float_repr(*f),
+        Val::Str(s) => py_repr_str(s),
+        Val::Quoted(s, q) => format!("QuotedString(text={}, quote=<Quote.{}>)", py_repr_str(s), q.python_name()),
+        Val::List(items) => format!("[{}]", items.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Val::Dict(pairs) => {
+            let inner: Vec<String> =
+                pairs.iter().map(|(k, v)| format!("{}: {}", py_repr(&key_val(k)), py_repr(v))).collect();
+            format!("{{{}}}", inner.join(", "))
+        }
+        other => other.type_name().to_owned(),
+    }
+}
+
+/// Why a parsed value cannot become an override value.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Nested {
+    /// A sweep inside a list or dict; the payload is its Python type name.
+    Sweep(&'static str),
+}
+
+/// The visitor's result as an [`OverrideValue`]: top-level sweeps stay sweeps, everything else an element.
+pub(super) fn into_override_value(v: Val) -> Result<OverrideValue, Nested> {
+    Ok(match v {
+        Val::Choice(c) => OverrideValue::Sweep(Sweep::Choice(ChoiceSweep {
+            items: c.items.into_iter().map(into_element).collect::<Result<_, _>>()?,
+            simple_form: c.simple_form,
+            shuffle: c.shuffle,
+            tags: c.tags,
+        })),
+        Val::Range(r) => OverrideValue::Sweep(Sweep::Range(r)),
+        Val::Interval(i) => OverrideValue::Sweep(Sweep::Interval(i)),
+        Val::Glob(g) => OverrideValue::Sweep(Sweep::Glob(g)),
+        other => OverrideValue::Element(into_element(other)?),
+    })
+}
+
+pub(super) fn into_element(v: Val) -> Result<Element, Nested> {
+    Ok(match v {
+        Val::Null => Element::Null,
+        Val::Bool(b) => Element::Bool(b),
+        Val::Int(i) => Element::Int(i),
+        Val::Float(f) => Element::Float(f),
+        Val::Str(s) => Element::Str { value: s, quote: None },
+        Val::Quoted(s, q) => Element::Str { value: s, quote: Some(q) },
+        Val::List(items) => Element::List(items.into_iter().map(into_element).collect::<Result<_, _>>()?),
+        Val::Dict(pairs) => Element::Dict(
+            pairs.into_iter().map(|(k, v)| Ok((k, into_element(v)?))).collect::<Result<_, Nested>>()?,
+        ),
+        sweep @ (Val::Choice(_) | Val::Range(_) | Val::Interval(_) | Val::Glob(_)) => {
+            return Err(Nested::Sweep(sweep.type_name()));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: &str) -> Val {
+        Val::Str(x.into())
+    }
+
+    #[test]
+    fn equality_follows_python() {
+        assert!(py_eq(&Val::Int(1), &Val::Float(1.0)));
+        assert!(py_eq(&Val::Bool(true), &Val::Int(1)));
+        assert!(!py_eq(&Val::Str("1".into()), &Val::Int(1)));
+        assert!(!py_eq(&Val::Float(f64::NAN), &Val::Float(f64::NAN)));
+        assert!(key_eq(&Key::Int(1), &Key::float(1.0)));
+        assert!(!key_eq(&Key::Str("1".into()), &Key::Int(1)));
+    }
+
+    #[test]
+    fn sorting_is_stable_and_fails_on_mixed_types() {
+        let items = [Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)];
+        let sorted = py_sorted(&items, false).unwrap_or_default();
+        assert_eq!(sorted, vec![Val::Int(0), Val::Float(1.0), Val::Bool(true), Val::Int(2)]);
+        let sorted = py_sorted(&items, true).unwrap_or_default();
+        assert_eq!(sorted, vec![Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)]);
+        let err = py_sorted(&[Val::Int(1), s("a")], false);
+        assert_eq!(err, Err("'<' not supported between instances of 'str' and 'int'".to_owned()));
+        let lists = [Val::List(vec![Val::Int(1), s("b")]), Val::List(vec![Val::Int(1), s("a")])];
+        assert_eq!(py_sorted(&lists, false).map(|v| v[0].clone()), Ok(lists[1].clone()));
+    }
+
+    #[test]
+    fn repr_matches_python() {
+        assert_eq!(py_repr_str("a'b"), "\"a'b\"");
+        assert_eq!(py_repr_str("a\\b"), "'a\\\\b'");
+        assert_eq!(py_repr(&Val::List(vec![Val::Int(1), s("x"), Val::Null])), "[1, 'x', None]");
+    }
+}

@@ -1,0 +1,90 @@
+//! The learner backend of a build without the `torch` feature: same API, every constructor fails clearly.
+//!
+//! `Learner` and `Actor` hold an uninhabited value, so once construction has failed no method can be reached;
+//! their bodies are `match self.never {}`.
+
+use std::convert::Infallible;
+use std::path::Path;
+
+use crate::config::schema::RunConfig;
+use crate::env::EnvSpec;
+
+use super::{ActMode, CheckpointInfo, Decision, ParamRole, RlError, TrainMetrics, Trajectory};
+
+/// The trainer's model, optimizer and algorithm (unavailable in this build).
+#[derive(Debug)]
+pub struct Learner {
+    never: Infallible,
+}
+
+/// A rollout's copy of the policy (unavailable in this build).
+#[derive(Debug)]
+pub struct Actor {
+    never: Infallible,
+}
+
+impl Learner {
+    pub fn new(_cfg: &RunConfig, _spec: EnvSpec) -> Result<Learner, RlError> {
+        Err(RlError::NoTorch { what: "the learner (mlp_policy, vla_tiny, torchscript)" })
+    }
+
+    pub fn global_step(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn version(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn param_roles(&self) -> Vec<(String, ParamRole)> {
+        match self.never {}
+    }
+
+    pub fn train_step(&mut self, _traj: &Trajectory) -> Result<TrainMetrics, RlError> {
+        match self.never {}
+    }
+
+    pub fn actor(&self, _cfg: &RunConfig, _seed: u64) -> Result<Actor, RlError> {
+        match self.never {}
+    }
+
+    pub fn save_checkpoint(&self, _run_dir: &Path) -> Result<CheckpointInfo, RlError> {
+        match self.never {}
+    }
+
+    pub fn resume(&mut self, _dir: &Path) -> Result<CheckpointInfo, RlError> {
+        match self.never {}
+    }
+}
+
+impl Actor {
+    pub fn new(_cfg: &RunConfig, _spec: EnvSpec, _seed: u64) -> Result<Actor, RlError> {
+        Err(RlError::NoTorch { what: "the rollout policy" })
+    }
+
+    pub fn version(&self) -> u64 {
+        match self.never {}
+    }
+
+    pub fn act(&mut self, _obs: &[f32], _mode: ActMode) -> Result<Decision, RlError> {
+        match self.never {}
+    }
+
+    pub fn load_from(&mut self, _learner: &Learner) -> Result<(), RlError> {
+        match self.never {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::ActionSpace;
+
+    #[test]
+    fn constructors_say_the_feature_is_missing() {
+        let spec = EnvSpec { obs_dim: 4, action: ActionSpace::Discrete { n: 2 } };
+        let err = Learner::new(&RunConfig::default(), spec).unwrap_err().to_string();
+        assert!(err.contains("built without the `torch` feature"), "{err}");
+        assert!(matches!(Actor::new(&RunConfig::default(), spec, 0), Err(RlError::NoTorch { .. })));
+    }
+}

@@ -1,0 +1,188 @@
+//! The libtorch learner backend: the trainer's [`Learner`] (fp32 master weights, Adam, PPO/GRPO,
+//! checkpoints) and the rollouts' [`Actor`] (a copy of the policy, optionally in bf16).
+
+mod adam;
+mod checkpoint;
+mod dist;
+mod policy;
+mod ppo;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tch::{Kind, Tensor};
+
+use crate::config::schema::{RunConfig, WeightDtype};
+use crate::env::EnvSpec;
+
+use super::checkpoint_layout::{OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir};
+use super::{ActMode, CheckpointInfo, Decision, ParamRole, RlError, TrainMetrics, Trajectory};
+use adam::Adam;
+use policy::{Policy, Use};
+
+/// Turns a libtorch error into [`RlError::Torch`] with what was being done.
+fn torch_err(context: &'static str) -> impl Fn(tch::TchError) -> RlError {
+    move |e| RlError::Torch { context, message: e.to_string() }
+}
+
+const META_FORMAT: &str = "rlsync_checkpoint";
+const FORMAT_VERSION: &str = "1";
+
+/// The trainer's model (fp32 master weights), optimizer and algorithm.
+pub struct Learner {
+    policy: Policy,
+    adam: Adam,
+    cfg: RunConfig,
+    global_step: u64,
+    version: u64,
+}
+
+impl Learner {
+    /// Builds the model `cfg.actor.model` describes for a task of shape `spec`, seeded by `cfg.actor.seed`.
+    pub fn new(cfg: &RunConfig, spec: EnvSpec) -> Result<Learner, RlError> {
+        let policy = Policy::new(&cfg.actor.model, spec, cfg.actor.seed, Use::Train)?;
+        let adam = Adam::new(policy.trainable()?, &cfg.actor.optim, &["critic.", "value_head."]);
+        Ok(Learner { policy, adam, cfg: cfg.clone(), global_step: 0, version: 0 })
+    }
+
+    /// Trainer steps completed.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+
+    /// Version of the current weights (bumped by every training step).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Every named weight and its role (trainable | buffer | frozen), sorted by name.
+    pub fn param_roles(&self) -> Vec<(String, ParamRole)> {
+        self.policy.roles().to_vec()
+    }
+
+    /// One PPO/GRPO update on `traj`; bumps the step and the weight version.
+    pub fn train_step(&mut self, traj: &Trajectory) -> Result<TrainMetrics, RlError> {
+        let seed = self.cfg.actor.seed.wrapping_add(self.global_step.wrapping_mul(0x9E37_79B9));
+        let m = ppo::train_step(&mut self.policy, &mut self.adam, traj, &self.cfg, self.version, seed)?;
+        self.global_step += 1;
+        self.version += 1;
+        Ok(m)
+    }
+
+    /// A rollout actor holding a copy of the current weights in `cfg.rollout.model.precision`.
+    pub fn actor(&self, cfg: &RunConfig, seed: u64) -> Result<Actor, RlError> {
+        let mut actor = Actor::new(cfg, self.policy.spec, seed)?;
+        actor.load_from(self)?;
+        Ok(actor)
+    }
+
+    /// Saves weights, optimizer state, step and version to `<run_dir>/checkpoints/global_step_<n>/`.
+    pub fn save_checkpoint(&self, run_dir: &Path) -> Result<CheckpointInfo, RlError> {
+        let dir = checkpoint_dir(run_dir, self.global_step);
+        std::fs::create_dir_all(&dir).map_err(|e| RlError::Checkpoint { path: dir.clone(), reason: e.to_string() })?;
+        let mut meta = HashMap::from([
+            ("format".to_owned(), META_FORMAT.to_owned()),
+            ("format_version".to_owned(), FORMAT_VERSION.to_owned()),
+            ("global_step".to_owned(), self.global_step.to_string()),
+            ("version".to_owned(), self.version.to_string()),
+        ]);
+        for (name, role) in self.policy.roles() {
+            meta.insert(format!("role.{name}"), role.name().to_owned());
+        }
+        checkpoint::save(&dir.join(WEIGHTS_FILE), &self.policy.named_tensors()?, meta)?;
+        let opt_meta = HashMap::from([
+            ("format".to_owned(), META_FORMAT.to_owned()),
+            ("adam_steps".to_owned(), self.adam.steps().to_string()),
+        ]);
+        checkpoint::save(&dir.join(OPTIMIZER_FILE), &self.adam.state(), opt_meta)?;
+        Ok(CheckpointInfo { dir, global_step: self.global_step, version: self.version })
+    }
+
+    /// Restores weights, optimizer state, step and version from a checkpoint directory.
+    pub fn resume(&mut self, dir: &Path) -> Result<CheckpointInfo, RlError> {
+        let wpath = dir.join(WEIGHTS_FILE);
+        let (weights, meta) = checkpoint::load(&wpath)?;
+        if meta.get("format").map(String::as_str) != Some(META_FORMAT) {
+            return Err(RlError::Checkpoint { path: wpath, reason: "not an rlsync checkpoint (metadata `format`)".into() });
+        }
+        let global_step = checkpoint::meta_u64(&meta, "global_step", &wpath)?;
+        let version = checkpoint::meta_u64(&meta, "version", &wpath)?;
+        install(&self.policy, &weights)?;
+        let opath = dir.join(OPTIMIZER_FILE);
+        let (state, ometa) = checkpoint::load(&opath)?;
+        let steps = checkpoint::meta_u64(&ometa, "adam_steps", &opath)?;
+        self.adam.load_state(&state, steps as i64)?;
+        self.global_step = global_step;
+        self.version = version;
+        Ok(CheckpointInfo { dir: dir.to_owned(), global_step, version })
+    }
+}
+
+/// Copies `weights` (all of the policy's names, same shapes) into `policy`.
+fn install(policy: &Policy, weights: &[(String, Tensor)]) -> Result<(), RlError> {
+    let mine = policy.named_tensors()?;
+    if mine.len() != weights.len() {
+        return Err(RlError::WeightsMismatch { reason: format!("{} weights given, the model has {}", weights.len(), mine.len()) });
+    }
+    tch::no_grad(|| {
+        for (name, mut dst) in mine {
+            let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
+                return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
+            };
+            if src.size() != dst.size() {
+                return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
+            }
+            dst.f_copy_(src).map_err(torch_err("installing weights"))?;
+        }
+        Ok(())
+    })
+}
+
+/// A rollout's copy of the policy.
+pub struct Actor {
+    policy: Policy,
+    rng: StdRng,
+    version: u64,
+}
+
+impl Actor {
+    /// A policy for `spec` in `cfg.rollout.model.precision`, sampling with a RNG seeded by `seed`. Its
+    /// weights are the initial ones until [`Actor::load_from`] (or a sync) installs the trainer's.
+    pub fn new(cfg: &RunConfig, spec: EnvSpec, seed: u64) -> Result<Actor, RlError> {
+        let mut policy = Policy::new(&cfg.actor.model, spec, cfg.actor.seed, Use::Act)?;
+        policy.set_kind(match cfg.rollout.model.precision {
+            WeightDtype::Bf16 => Kind::BFloat16,
+            WeightDtype::F16 => Kind::Half,
+            WeightDtype::F32 => Kind::Float,
+        });
+        Ok(Actor { policy, rng: StdRng::seed_from_u64(seed), version: 0 })
+    }
+
+    /// Version of the weights this actor holds.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Decides actions for `obs` (`num_envs * obs_dim` values).
+    pub fn act(&mut self, obs: &[f32], mode: ActMode) -> Result<Decision, RlError> {
+        let d = self.policy.spec.obs_dim;
+        if d == 0 || obs.len() % d != 0 {
+            return Err(RlError::Shape { what: "observations".into(), expected: format!("a multiple of {d}"), got: obs.len().to_string() });
+        }
+        let x = Tensor::from_slice(obs).f_view([-1, d as i64]).map_err(torch_err("shaping observations"))?;
+        let heads = tch::no_grad(|| self.policy.forward(&x))?;
+        let (actions, logprobs) = dist::act(&heads, mode, &mut self.rng)?;
+        Ok(Decision { actions, logprobs })
+    }
+
+    /// Copies the learner's current weights and version (in-process sync, converting to this actor's dtype).
+    pub fn load_from(&mut self, learner: &Learner) -> Result<(), RlError> {
+        self.policy.copy_from(&learner.policy)?;
+        self.version = learner.version;
+        Ok(())
+    }
+}

@@ -1,0 +1,384 @@
+//! Policies on libtorch: `mlp_policy`, `vla_tiny` and a user's TorchScript module, behind one `Policy` type
+//! that knows every named weight's role.
+
+use std::path::Path;
+
+use tch::nn::{Init, VarStore};
+use tch::{CModule, Device, IValue, Kind, Tensor, TrainableCModule};
+
+use crate::config::schema::{ModelConfig, ModelType};
+use crate::env::EnvSpec;
+use crate::rl::{ParamRole, RlError};
+
+use super::torch_err;
+
+const LOG_STD_INIT: f64 = -0.5;
+
+/// What a policy forward returns (all float32).
+pub(crate) struct Heads {
+    /// `[B, A]`: action means (continuous) or logits (discrete).
+    pub head: Tensor,
+    /// `[A]` or `[B, A]` (continuous only).
+    pub log_std: Option<Tensor>,
+    /// `[B]` (absent without a critic).
+    pub value: Option<Tensor>,
+}
+
+/// The var-store path and leaf for a dotted weight name (tch forbids dots inside one path segment).
+fn at<'a, 'n>(root: &tch::nn::Path<'a>, name: &'n str) -> (tch::nn::Path<'a>, &'n str) {
+    let (dirs, leaf) = name.rsplit_once('.').unwrap_or(("", name));
+    let path = dirs.split('.').filter(|d| !d.is_empty()).fold(root.clone(), |p, d| p.sub(d));
+    (path, leaf)
+}
+
+struct Linear {
+    w: Tensor,
+    b: Tensor,
+}
+
+impl Linear {
+    fn new(p: &tch::nn::Path<'_>, name: &str, inp: usize, out: usize, std: f64, trainable: bool) -> Linear {
+        let (i, o) = (inp as i64, out as i64);
+        let std = std / (inp as f64).sqrt();
+        let (p, leaf) = at(p, name);
+        let p = p.sub(leaf);
+        let w = p.var("weight", &[o, i], Init::Randn { mean: 0.0, stdev: std });
+        let b = p.var("bias", &[o], Init::Const(0.0));
+        let (w, b) = if trainable { (w, b) } else { (w.set_requires_grad(false), b.set_requires_grad(false)) };
+        Linear { w, b }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.linear(&self.w, Some(&self.b))
+    }
+}
+
+/// Running observation statistics kept as synced buffers (`obs_norm.*`).
+struct ObsNorm {
+    mean: Tensor,
+    var: Tensor,
+    count: Tensor,
+}
+
+impl ObsNorm {
+    fn new(p: &tch::nn::Path<'_>, dim: usize) -> ObsNorm {
+        ObsNorm {
+            mean: p.sub("obs_norm").zeros_no_train("mean", &[dim as i64]),
+            var: p.sub("obs_norm").ones_no_train("var", &[dim as i64]),
+            count: p.sub("obs_norm").zeros_no_train("count", &[]),
+        }
+    }
+
+    fn apply(&self, x: &Tensor) -> Tensor {
+        ((x - &self.mean) / (&self.var + 1e-8).sqrt()).clamp(-10.0, 10.0)
+    }
+
+    /// Merges a batch `[B, D]` into the running statistics (parallel Welford).
+    fn update(&mut self, x: &Tensor) {
+        tch::no_grad(|| {
+            let x = x.to_kind(self.mean.kind());
+            let n = x.size()[0] as f64;
+            if n < 1.0 {
+                return;
+            }
+            let bmean = x.mean_dim(0, false, Kind::Float);
+            let bvar = x.var_dim(0, false, false);
+            let count = self.count.double_value(&[]);
+            let total = count + n;
+            let delta = &bmean - &self.mean;
+            let mean = &self.mean + &delta * (n / total);
+            let m2 = &self.var * count + bvar * n + delta.square() * (count * n / total);
+            self.mean.copy_(&mean);
+            self.var.copy_(&(m2 / total));
+            self.count.copy_(&Tensor::from(total as f32));
+        });
+    }
+}
+
+struct Mlp {
+    norm: ObsNorm,
+    actor: Vec<Linear>,
+    head: Linear,
+    log_std: Option<Tensor>,
+    critic: Vec<Linear>,
+    value: Linear,
+}
+
+struct VlaTiny {
+    norm: ObsNorm,
+    /// Frozen backbone layers with their trainable low-rank adapters `(A [r, in], B [out, r])`.
+    layers: Vec<(Linear, Tensor, Tensor)>,
+    head: Linear,
+    log_std: Option<Tensor>,
+    value: Linear,
+}
+
+enum Script {
+    Train(TrainableCModule),
+    Eval(CModule),
+}
+
+enum Net {
+    Mlp(Mlp),
+    Vla(VlaTiny),
+    Script { module: Script, path: std::path::PathBuf },
+}
+
+/// Whether a policy is built for training (grad-tracking TorchScript) or acting only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Use {
+    Train,
+    Act,
+}
+
+pub(crate) struct Policy {
+    pub vs: VarStore,
+    net: Net,
+    /// Every named weight and its role, sorted by name.
+    roles: Vec<(String, ParamRole)>,
+    pub spec: EnvSpec,
+}
+
+impl Policy {
+    /// Builds the policy `model` describes for `spec`, initialised from `seed`, in float32.
+    pub fn new(model: &ModelConfig, spec: EnvSpec, seed: u64, usage: Use) -> Result<Policy, RlError> {
+        tch::manual_seed(seed as i64);
+        let vs = VarStore::new(Device::Cpu);
+        let root = vs.root();
+        let (obs, act) = (spec.obs_dim, spec.action.head_dim());
+        let continuous = matches!(spec.action, crate::env::ActionSpace::Continuous { .. });
+        let hidden = model.hidden_dim.get() as usize;
+        let depth = model.num_layers.get() as usize;
+        let net = match model.model_type {
+            ModelType::MlpPolicy => {
+                let tower = |prefix: &str| {
+                    (0..depth)
+                        .map(|i| {
+                            let inp = if i == 0 { obs } else { hidden };
+                            Linear::new(&root, &format!("{prefix}.layers.{i}"), inp, hidden, 2f64.sqrt(), true)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                Net::Mlp(Mlp {
+                    norm: ObsNorm::new(&root, obs),
+                    actor: tower("actor"),
+                    head: Linear::new(&root, "actor.head", hidden, act, 0.01, true),
+                    log_std: continuous.then(|| root.sub("actor").var("log_std", &[act as i64], Init::Const(LOG_STD_INIT))),
+                    critic: tower("critic"),
+                    value: Linear::new(&root, "critic.head", hidden, 1, 1.0, true),
+                })
+            }
+            ModelType::VlaTiny => {
+                let rank = model.lora_rank.get() as i64;
+                let layers = (0..=depth)
+                    .map(|i| {
+                        let inp = if i == 0 { obs } else { hidden };
+                        let name = if i == 0 { "backbone.embed".to_owned() } else { format!("backbone.layers.{}", i - 1) };
+                        let base = Linear::new(&root, &name, inp, hidden, 1.5, false);
+                        let adapter = if i == 0 { "adapters.embed".to_owned() } else { format!("adapters.layers.{}", i - 1) };
+                        let (ap, _) = at(&root, &format!("{adapter}.x"));
+                        let a = ap.var("lora_a", &[rank, inp as i64], Init::Randn { mean: 0.0, stdev: 1.0 / (inp as f64).sqrt() });
+                        let b = ap.var("lora_b", &[hidden as i64, rank], Init::Const(0.0));
+                        (base, a, b)
+                    })
+                    .collect();
+                Net::Vla(VlaTiny {
+                    norm: ObsNorm::new(&root, obs),
+                    layers,
+                    head: Linear::new(&root, "action_head", hidden, act, 0.01, true),
+                    log_std: continuous.then(|| root.sub("action_head").var("log_std", &[act as i64], Init::Const(LOG_STD_INIT))),
+                    value: Linear::new(&root, "value_head", hidden, 1, 1.0, true),
+                })
+            }
+            ModelType::Torchscript => {
+                let path = model.torchscript_path.clone().ok_or(RlError::MissingTorchscriptPath)?;
+                let ts_err = |e: tch::TchError| RlError::Torchscript { path: path.clone(), reason: e.to_string() };
+                let module = match usage {
+                    Use::Train => Script::Train(TrainableCModule::load(&path, root.clone()).map_err(ts_err)?),
+                    Use::Act => {
+                        let mut m = CModule::load(&path).map_err(ts_err)?;
+                        m.set_eval();
+                        Script::Eval(m)
+                    }
+                };
+                Net::Script { module, path }
+            }
+            ModelType::Synthetic => return Err(RlError::UnsupportedModel { model: "synthetic".into() }),
+        };
+        let mut policy = Policy { vs, net, roles: Vec::new(), spec };
+        policy.roles = policy.compute_roles()?;
+        Ok(policy)
+    }
+
+    fn compute_roles(&self) -> Result<Vec<(String, ParamRole)>, RlError> {
+        let mut roles: Vec<(String, ParamRole)> = self
+            .named_tensors()?
+            .into_iter()
+            .map(|(name, t)| {
+                let role = if name.starts_with("obs_norm.") {
+                    ParamRole::Buffer
+                } else if t.requires_grad() || matches!(self.net, Net::Script { module: Script::Eval(_), .. }) {
+                    ParamRole::Trainable
+                } else {
+                    ParamRole::Frozen
+                };
+                (name, role)
+            })
+            .collect();
+        roles.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(roles)
+    }
+
+    /// Every named weight with its role, sorted by name.
+    pub fn roles(&self) -> &[(String, ParamRole)] {
+        &self.roles
+    }
+
+    /// Every named weight (shallow handles sharing storage with the model), sorted by name. TorchScript
+    /// parameter names use `_` for `.`, as `TrainableCModule` registers them.
+    pub fn named_tensors(&self) -> Result<Vec<(String, Tensor)>, RlError> {
+        let mut v: Vec<(String, Tensor)> = match &self.net {
+            Net::Script { module: Script::Eval(m), .. } => m
+                .named_parameters()
+                .map_err(torch_err("listing torchscript parameters"))?
+                .into_iter()
+                .map(|(n, t)| (n.replace('.', "_"), t))
+                .collect(),
+            _ => self.vs.variables().into_iter().collect(),
+        };
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+
+    /// Trainable weights, sorted by name.
+    pub fn trainable(&self) -> Result<Vec<(String, Tensor)>, RlError> {
+        let roles = &self.roles;
+        Ok(self
+            .named_tensors()?
+            .into_iter()
+            .filter(|(n, t)| t.requires_grad() && roles.iter().any(|(r, role)| r == n && *role == ParamRole::Trainable))
+            .collect())
+    }
+
+    /// Casts every floating weight to `kind` (rollouts may act in bf16).
+    pub fn set_kind(&mut self, kind: Kind) {
+        match &mut self.net {
+            Net::Script { module: Script::Eval(m), .. } => m.to(Device::Cpu, kind, false),
+            _ => self.vs.set_kind(kind),
+        }
+    }
+
+    /// Kind the weights are held in.
+    pub fn kind(&self) -> Kind {
+        match &self.net {
+            Net::Script { module: Script::Eval(m), .. } => m
+                .named_parameters()
+                .ok()
+                .and_then(|p| p.first().map(|(_, t)| t.kind()))
+                .unwrap_or(Kind::Float),
+            _ => self.vs.kind(),
+        }
+    }
+
+    /// Feeds a float32 batch `[B, obs_dim]` through the policy; outputs come back as float32.
+    pub fn forward(&self, obs: &Tensor) -> Result<Heads, RlError> {
+        let x = obs.to_kind(self.kind());
+        let heads = match &self.net {
+            Net::Mlp(m) => {
+                let x = m.norm.apply(&x);
+                let tower = |layers: &[Linear]| layers.iter().fold(x.shallow_clone(), |h, l| l.forward(&h).tanh());
+                let h = tower(&m.actor);
+                let c = tower(&m.critic);
+                Heads { head: m.head.forward(&h), log_std: m.log_std.as_ref().map(|t| t.shallow_clone()), value: Some(m.value.forward(&c).squeeze_dim(-1)) }
+            }
+            Net::Vla(v) => {
+                let x = v.norm.apply(&x);
+                let h = v.layers.iter().fold(x, |h, (base, a, b)| (base.forward(&h) + h.matmul(&a.tr()).matmul(&b.tr())).tanh());
+                Heads { head: v.head.forward(&h), log_std: v.log_std.as_ref().map(|t| t.shallow_clone()), value: Some(v.value.forward(&h).squeeze_dim(-1)) }
+            }
+            Net::Script { module, path } => {
+                let input = [IValue::Tensor(x)];
+                let out = match module {
+                    Script::Train(m) => m.forward_is(&input),
+                    Script::Eval(m) => m.forward_is(&input),
+                };
+                script_heads(out, path)?
+            }
+        };
+        let b = obs.size().first().copied().unwrap_or(0);
+        let continuous = matches!(self.spec.action, crate::env::ActionSpace::Continuous { .. });
+        let heads = Heads {
+            head: heads.head.to_kind(Kind::Float),
+            log_std: heads.log_std.filter(|_| continuous).map(|t| t.to_kind(Kind::Float)),
+            value: heads.value.map(|t| t.to_kind(Kind::Float)),
+        };
+        check_heads(&heads, b, self.spec.action.head_dim())?;
+        Ok(heads)
+    }
+
+    /// Updates the observation statistics buffers (no-op for TorchScript policies).
+    pub fn update_obs_norm(&mut self, obs: &Tensor) {
+        match &mut self.net {
+            Net::Mlp(m) => m.norm.update(obs),
+            Net::Vla(v) => v.norm.update(obs),
+            Net::Script { .. } => {}
+        }
+    }
+
+    /// Copies every weight of `src` (same architecture) into this policy, converting dtypes.
+    pub fn copy_from(&mut self, src: &Policy) -> Result<(), RlError> {
+        let theirs = src.named_tensors()?;
+        let mine = self.named_tensors()?;
+        if theirs.len() != mine.len() {
+            return Err(RlError::WeightsMismatch { reason: format!("{} weights vs {}", theirs.len(), mine.len()) });
+        }
+        tch::no_grad(|| {
+            for ((name, mut dst), (src_name, src)) in mine.into_iter().zip(theirs) {
+                if name != src_name || dst.size() != src.size() {
+                    return Err(RlError::WeightsMismatch {
+                        reason: format!("{name} {:?} vs {src_name} {:?}", dst.size(), src.size()),
+                    });
+                }
+                dst.f_copy_(&src).map_err(torch_err("copying weights"))?;
+            }
+            Ok(())
+        })
+    }
+}
+
+fn script_heads(out: Result<IValue, tch::TchError>, path: &Path) -> Result<Heads, RlError> {
+    let bad = |reason: String| RlError::Torchscript { path: path.to_owned(), reason };
+    let out = out.map_err(|e| bad(format!("forward failed: {e}")))?;
+    let IValue::Tuple(items) = out else {
+        return Err(bad("forward must return a tuple (head, log_std, value)".into()));
+    };
+    let mut tensors = items.into_iter().map(|i| match i {
+        IValue::Tensor(t) => Ok(t),
+        other => Err(bad(format!("forward returned a non-tensor item {other:?}"))),
+    });
+    let (Some(head), Some(log_std), Some(value), None) = (tensors.next(), tensors.next(), tensors.next(), tensors.next()) else {
+        return Err(bad("forward must return exactly three tensors (head, log_std, value)".into()));
+    };
+    let value = value?;
+    let value = if value.dim() == 2 { value.squeeze_dim(-1) } else { value };
+    Ok(Heads { head: head?, log_std: Some(log_std?), value: Some(value) })
+}
+
+fn check_heads(h: &Heads, batch: i64, act: usize) -> Result<(), RlError> {
+    let shape_err = |what: &str, expected: String, got: Vec<i64>| RlError::Shape { what: what.into(), expected, got: format!("{got:?}") };
+    if h.head.size() != [batch, act as i64] {
+        return Err(shape_err("policy head", format!("[{batch}, {act}]"), h.head.size()));
+    }
+    if let Some(v) = &h.value
+        && v.size() != [batch]
+    {
+        return Err(shape_err("value", format!("[{batch}]"), v.size()));
+    }
+    if let Some(s) = &h.log_std {
+        let ok = s.size() == [act as i64] || s.size() == [batch, act as i64];
+        if !ok {
+            return Err(shape_err("log_std", format!("[{act}] or [{batch}, {act}]"), s.size()));
+        }
+    }
+    Ok(())
+}

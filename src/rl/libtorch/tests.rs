@@ -1,0 +1,285 @@
+//! Learning tests of the libtorch backend (seeded, small; they assert on metrics, never on time).
+
+use std::num::NonZeroU32;
+
+use crate::config::schema::{AdvantageType, EnvType, ModelType, RunConfig, WeightDtype};
+use crate::env::{EnvOptions, VecEnv};
+use crate::rl::{ActMode, Actor, Learner, ParamRole, collect, evaluate};
+
+fn nz(n: u32) -> NonZeroU32 {
+    NonZeroU32::new(n).unwrap()
+}
+
+fn reach_cfg() -> RunConfig {
+    let mut cfg = RunConfig::default();
+    cfg.actor.model.model_type = ModelType::MlpPolicy;
+    cfg.actor.model.hidden_dim = nz(64);
+    cfg.actor.model.num_layers = nz(2);
+    cfg.actor.global_batch_size = nz(256);
+    cfg.actor.micro_batch_size = nz(256);
+    cfg.actor.optim.lr = 1e-3;
+    cfg.actor.optim.value_lr = 1e-3;
+    cfg.actor.optim.clip_grad = 0.5;
+    cfg.rollout.model.precision = WeightDtype::F32;
+    cfg.algorithm.update_epoch = nz(4);
+    cfg.algorithm.entropy_bonus = 0.0;
+    cfg.algorithm.value_clip = 0.0;
+    cfg.env.train.env_type = EnvType::Reach;
+    cfg.env.train.total_num_envs = nz(16);
+    cfg.env.train.max_episode_steps = nz(50);
+    cfg.env.train.num_links = nz(2);
+    cfg.env.train.seed = 1;
+    cfg.env.eval = cfg.env.train.clone();
+    cfg.env.eval.seed = 99;
+    cfg
+}
+
+fn env(cfg: &RunConfig, eval: bool) -> VecEnv {
+    let split = if eval { &cfg.env.eval } else { &cfg.env.train };
+    VecEnv::new(&EnvOptions::for_worker(split, 0, nz(1))).unwrap()
+}
+
+#[test]
+fn ppo_on_reach_beats_the_initial_policy_clearly() {
+    tch::set_num_threads(1);
+    let cfg = reach_cfg();
+    let mut train_env = env(&cfg, false);
+    let mut eval_env = env(&cfg, true);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 7).unwrap();
+    let before = evaluate(&mut eval_env, &mut actor, 32).unwrap();
+    let mut last = Default::default();
+    for step in 0..60 {
+        let traj = collect(&mut train_env, &mut actor, 64).unwrap();
+        let m = learner.train_step(&traj).unwrap();
+        // the actor acted with exactly the learner's weights: behaviour KL is ~0 before the update.
+        assert!(m.behav_approx_kl.abs() < 1e-6, "step {step}: {m:?}");
+        assert!(m.loss.is_finite() && m.grad_norm.is_finite() && m.entropy.is_finite());
+        actor.load_from(&learner).unwrap();
+        last = traj.episodes;
+    }
+    let after = evaluate(&mut eval_env, &mut actor, 32).unwrap();
+    eprintln!("before {before:?}\nafter {after:?}\nlast train {last:?}");
+    // the initial policy is close to random (zero-mean actions); a clear margin is 40% less cost and
+    // successes where there were none.
+    assert!(after.ret > before.ret + 0.4 * before.ret.abs(), "before {before:?} after {after:?}");
+    assert!(after.success_rate >= before.success_rate + 0.15, "before {before:?} after {after:?}");
+    assert!(last.success_rate >= 0.3, "{last:?}");
+}
+
+fn weights(learner: &Learner) -> Vec<(String, Vec<u8>)> {
+    learner
+        .policy
+        .named_tensors()
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| {
+            let t = t.detach().contiguous();
+            let mut bytes = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+            t.copy_data_u8(&mut bytes, t.numel());
+            (n, bytes)
+        })
+        .collect()
+}
+
+fn short_run(learner: &mut Learner, actor: &mut Actor, env: &mut VecEnv, steps: usize) -> Vec<crate::rl::TrainMetrics> {
+    (0..steps)
+        .map(|_| {
+            let traj = collect(env, actor, 16).unwrap();
+            let m = learner.train_step(&traj).unwrap();
+            actor.load_from(learner).unwrap();
+            m
+        })
+        .collect()
+}
+
+#[test]
+fn checkpoint_resume_restores_bits_step_version_and_optimizer() {
+    let cfg = reach_cfg();
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 1).unwrap();
+    short_run(&mut learner, &mut actor, &mut train_env, 2);
+    let tmp = tempfile::tempdir().unwrap();
+    let info = learner.save_checkpoint(tmp.path()).unwrap();
+    assert_eq!((info.global_step, info.version), (2, 2));
+    assert_eq!(crate::rl::latest_checkpoint(tmp.path()), Some(info.dir.clone()));
+
+    let mut cfg2 = cfg.clone();
+    cfg2.actor.seed = 999; // different init: resume must overwrite every weight
+    let mut resumed = Learner::new(&cfg2, train_env.spec()).unwrap();
+    assert_ne!(weights(&resumed), weights(&learner));
+    let back = resumed.resume(&info.dir).unwrap();
+    assert_eq!(back, info);
+    assert_eq!(weights(&resumed), weights(&learner));
+    assert_eq!(resumed.adam.steps(), learner.adam.steps());
+    // identical state + identical data => identical next update (optimizer moments restored too).
+    let traj = collect(&mut train_env, &mut actor, 16).unwrap();
+    let mut cfg_same = resumed.cfg.clone();
+    cfg_same.actor.seed = learner.cfg.actor.seed;
+    resumed.cfg = cfg_same;
+    learner.train_step(&traj).unwrap();
+    resumed.train_step(&traj).unwrap();
+    assert_eq!(weights(&resumed), weights(&learner));
+    assert_eq!(resumed.version(), 3);
+}
+
+#[test]
+fn resume_rejects_a_foreign_or_mismatched_checkpoint() {
+    let cfg = reach_cfg();
+    let spec = env(&cfg, false).spec();
+    let learner = Learner::new(&cfg, spec).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let info = learner.save_checkpoint(tmp.path()).unwrap();
+    let mut bigger = cfg.clone();
+    bigger.actor.model.hidden_dim = nz(32);
+    let err = Learner::new(&bigger, spec).unwrap().resume(&info.dir).unwrap_err();
+    assert!(matches!(err, crate::rl::RlError::WeightsMismatch { .. }), "{err}");
+    std::fs::write(info.dir.join(crate::rl::WEIGHTS_FILE), b"not safetensors").unwrap();
+    let err = Learner::new(&cfg, spec).unwrap().resume(&info.dir).unwrap_err();
+    assert!(matches!(err, crate::rl::RlError::Checkpoint { .. }), "{err}");
+}
+
+#[test]
+fn grpo_runs_without_a_critic() {
+    let mut cfg = reach_cfg();
+    cfg.algorithm.adv_type = AdvantageType::GrpoGroup;
+    cfg.algorithm.group_size = nz(4);
+    let mut opts = EnvOptions::for_worker(&cfg.env.train, 0, nz(1));
+    opts.group_size = nz(4);
+    let mut train_env = VecEnv::new(&opts).unwrap();
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 3).unwrap();
+    let before = weights(&learner);
+    for m in short_run(&mut learner, &mut actor, &mut train_env, 3) {
+        assert_eq!(m.value_loss, 0.0);
+        assert!(m.loss.is_finite() && m.entropy.is_finite() && m.grad_norm > 0.0, "{m:?}");
+        assert!(m.behav_approx_kl.abs() < 1e-6, "{m:?}");
+    }
+    // the critic is untouched (no value loss), the actor moved.
+    let after = weights(&learner);
+    let changed = |prefix: &str| before.iter().zip(&after).any(|(a, b)| a.0.starts_with(prefix) && a.1 != b.1);
+    assert!(changed("actor.head"));
+    assert!(!changed("critic."));
+    // a group size that does not divide the envs is an error, not a panic.
+    cfg.algorithm.group_size = nz(5);
+    let mut l = Learner::new(&cfg, train_env.spec()).unwrap();
+    let traj = collect(&mut train_env, &mut actor, 4).unwrap();
+    assert!(matches!(l.train_step(&traj), Err(crate::rl::RlError::GroupSize { .. })));
+}
+
+#[test]
+fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
+    let mut cfg = reach_cfg();
+    cfg.actor.model.model_type = ModelType::VlaTiny;
+    cfg.actor.model.hidden_dim = nz(128);
+    cfg.actor.model.num_layers = nz(3);
+    cfg.actor.model.lora_rank = nz(4);
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let roles = learner.param_roles();
+    let numel = |role: ParamRole| -> usize {
+        let tensors = learner.policy.named_tensors().unwrap();
+        roles.iter().filter(|(_, r)| *r == role).map(|(n, _)| tensors.iter().find(|(m, _)| m == n).unwrap().1.numel()).sum()
+    };
+    let (frozen, trainable, buffers) = (numel(ParamRole::Frozen), numel(ParamRole::Trainable), numel(ParamRole::Buffer));
+    assert!(frozen > 4 * trainable, "frozen {frozen} trainable {trainable}");
+    assert!(buffers > 0);
+    assert!(roles.iter().all(|(n, r)| (*r == ParamRole::Frozen) == n.starts_with("backbone.")), "{roles:?}");
+    let mut actor = learner.actor(&cfg, 5).unwrap();
+    let before = weights(&learner);
+    short_run(&mut learner, &mut actor, &mut train_env, 2);
+    let after = weights(&learner);
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        let role = roles.iter().find(|(n, _)| n == name).unwrap().1;
+        match role {
+            ParamRole::Frozen => assert_eq!(a, b, "{name} changed"),
+            // lora_b starts at zero, so lora_a only moves once lora_b did; the head and lora_b move at once.
+            ParamRole::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => assert_ne!(a, b, "{name}"),
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn bf16_actor_holds_bf16_weights_and_acts() {
+    let mut cfg = reach_cfg();
+    cfg.rollout.model.precision = WeightDtype::Bf16;
+    let mut train_env = env(&cfg, false);
+    let learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 0).unwrap();
+    for (name, t) in actor.policy.named_tensors().unwrap() {
+        assert_eq!(t.kind(), tch::Kind::BFloat16, "{name}");
+    }
+    let d = actor.act(train_env.obs(), ActMode::Sample).unwrap();
+    assert!(d.logprobs.iter().all(|l| l.is_finite()));
+    train_env.step(d.actions.as_actions()).unwrap();
+    // a bf16 rollout is close to, but not exactly, the fp32 trainer.
+    let mut fp32 = cfg.clone();
+    fp32.rollout.model.precision = WeightDtype::F32;
+    let mut exact = learner.actor(&fp32, 0).unwrap();
+    let a = actor.act(train_env.obs(), ActMode::Deterministic).unwrap();
+    let b = exact.act(train_env.obs(), ActMode::Deterministic).unwrap();
+    let (crate::rl::ActionBuf::Continuous(a), crate::rl::ActionBuf::Continuous(b)) = (a.actions, b.actions) else { panic!("continuous") };
+    assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 0.05));
+    assert!(actor.act(&[0.0; 3], ActMode::Sample).is_err());
+}
+
+#[test]
+fn ppo_on_cartpole_runs_with_categorical_actions() {
+    let mut cfg = reach_cfg();
+    cfg.env.train.env_type = EnvType::Cartpole;
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 2).unwrap();
+    let ms = short_run(&mut learner, &mut actor, &mut train_env, 3);
+    for m in &ms {
+        assert!(m.behav_approx_kl.abs() < 1e-6 && m.entropy > 0.0 && m.entropy <= std::f64::consts::LN_2 + 1e-6, "{m:?}");
+    }
+}
+
+fn python() -> std::path::PathBuf {
+    std::env::var_os("RLSYNC_PYTHON").map(Into::into).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/rlsync/venv/bin/python")
+    })
+}
+
+#[test]
+fn torchscript_export_train_checkpoint_resume() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("policy.pt");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torchscript/export_policy.py");
+    let out = std::process::Command::new(python())
+        .args([example.as_os_str(), "--obs-dim".as_ref(), "10".as_ref(), "--actions".as_ref(), "2".as_ref(), "--out".as_ref(), script.as_os_str()])
+        .output()
+        .expect("the venv python (RLSYNC_PYTHON) runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let mut cfg = reach_cfg();
+    cfg.actor.model.model_type = ModelType::Torchscript;
+    cfg.actor.model.torchscript_path = Some(script.clone());
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    assert!(learner.param_roles().iter().any(|(n, r)| n == "mu_weight" && *r == ParamRole::Trainable), "{:?}", learner.param_roles());
+    let mut actor = learner.actor(&cfg, 4).unwrap();
+    let before = weights(&learner);
+    for m in short_run(&mut learner, &mut actor, &mut train_env, 3) {
+        assert!(m.behav_approx_kl.abs() < 1e-6 && m.loss.is_finite(), "{m:?}");
+    }
+    assert_ne!(weights(&learner), before);
+    let info = learner.save_checkpoint(tmp.path()).unwrap();
+    assert_eq!(info.global_step, 3);
+
+    let mut resumed = Learner::new(&cfg, train_env.spec()).unwrap();
+    resumed.resume(&info.dir).unwrap();
+    assert_eq!(weights(&resumed), weights(&learner));
+    let mut actor = resumed.actor(&cfg, 4).unwrap();
+    assert_eq!(actor.version(), 3);
+    let m = short_run(&mut resumed, &mut actor, &mut train_env, 1);
+    assert!(m[0].loss.is_finite());
+    assert_eq!(resumed.global_step(), 4);
+
+    let mut missing = cfg.clone();
+    missing.actor.model.torchscript_path = Some(tmp.path().join("nope.pt"));
+    assert!(matches!(Learner::new(&missing, train_env.spec()), Err(crate::rl::RlError::Torchscript { .. })));
+}

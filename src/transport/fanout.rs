@@ -1,0 +1,339 @@
+//! Sender-side bookkeeping shared by the backends: in-flight slots, releases, upstream queues, dead peers, timed waits.
+//!
+//! Receivers report through one event stream (`(rank, Event)`); the sender's waits pull events until their
+//! condition holds, the deadline passes (`Timeout` naming the laggards) or a rank they need is gone (`PeerGone`).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{Peer, TransportError};
+
+/// What a receiver tells the sender.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// The receiver's read of payload `seq` returned; its slot may be reused once every rank released it.
+    Released { seq: u64 },
+    /// The receiver mapped generation `generation` of slot `slot`'s segment (shm only).
+    Mapped { slot: usize, generation: u64 },
+    /// An upstream message.
+    Message(Vec<u8>),
+    /// The receiver disconnected.
+    Gone,
+}
+
+pub(crate) type EventTx = mpsc::UnboundedSender<(usize, Event)>;
+pub(crate) type EventRx = mpsc::UnboundedReceiver<(usize, Event)>;
+
+#[derive(Debug)]
+struct InFlight {
+    seq: u64,
+    /// `pending[rank]`: rank has not released `seq` yet.
+    pending: Vec<bool>,
+}
+
+/// A segment generation waiting for every rank's `Mapped` acknowledgement.
+#[derive(Debug)]
+struct MapWait {
+    generation: u64,
+    pending: Vec<bool>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Fanout {
+    receivers: usize,
+    timeout: Duration,
+    slots: Vec<Option<InFlight>>,
+    maps: Vec<Option<MapWait>>,
+    /// Slots whose current generation every rank has mapped (drained by the shm backend to unlink).
+    fully_mapped: Vec<(usize, u64)>,
+    next_seq: u64,
+    queues: Vec<VecDeque<Vec<u8>>>,
+    gone: Vec<bool>,
+    events: EventRx,
+}
+
+fn ranks_where(flags: &[bool]) -> Vec<usize> {
+    flags.iter().enumerate().filter(|(_, f)| **f).map(|(rank, _)| rank).collect()
+}
+
+fn peer_of(mut ranks: Vec<usize>) -> Peer {
+    if ranks.len() == 1 {
+        ranks.pop().map_or(Peer::Receivers(Vec::new()), Peer::Receiver)
+    } else {
+        Peer::Receivers(ranks)
+    }
+}
+
+impl Fanout {
+    pub(crate) fn new(receivers: usize, slots: usize, timeout: Duration, events: EventRx) -> Self {
+        Fanout {
+            receivers,
+            timeout,
+            slots: (0..slots).map(|_| None).collect(),
+            maps: (0..slots).map(|_| None).collect(),
+            fully_mapped: Vec::new(),
+            next_seq: 0,
+            queues: (0..receivers).map(|_| VecDeque::new()).collect(),
+            gone: vec![false; receivers],
+            events,
+        }
+    }
+
+    pub(crate) fn receivers(&self) -> usize {
+        self.receivers
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sequence number and slot of the next payload.
+    pub(crate) fn next(&self) -> (u64, usize) {
+        let slots = self.slots.len().max(1) as u64;
+        (self.next_seq, (self.next_seq % slots) as usize)
+    }
+
+    /// Fail if any rank is gone: a payload must reach every receiver.
+    pub(crate) fn require_all_alive(&self, op: &'static str) -> Result<(), TransportError> {
+        let gone = ranks_where(&self.gone);
+        if gone.is_empty() { Ok(()) } else { Err(TransportError::PeerGone { op, peer: peer_of(gone) }) }
+    }
+
+    /// Record that payload `seq` was published in `slot` to every rank.
+    pub(crate) fn published(&mut self, seq: u64, slot: usize) {
+        // With no receivers nothing is ever in flight.
+        if let Some(entry) = self.slots.get_mut(slot).filter(|_| self.receivers > 0) {
+            *entry = Some(InFlight { seq, pending: vec![true; self.receivers] });
+        }
+        self.next_seq = seq + 1;
+    }
+
+    /// Record that a new segment generation for `slot` was announced to every rank.
+    pub(crate) fn announced(&mut self, slot: usize, generation: u64) {
+        if self.receivers == 0 {
+            self.fully_mapped.push((slot, generation));
+        } else if let Some(entry) = self.maps.get_mut(slot) {
+            *entry = Some(MapWait { generation, pending: vec![true; self.receivers] });
+        }
+    }
+
+    /// Slot generations every rank has mapped since the last call.
+    pub(crate) fn drain_fully_mapped(&mut self) -> Vec<(usize, u64)> {
+        std::mem::take(&mut self.fully_mapped)
+    }
+
+    /// Wait until no payload is in flight in `slot`.
+    pub(crate) async fn wait_slot_free(&mut self, slot: usize, op: &'static str) -> Result<(), TransportError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let pending = match self.slots.get(slot) {
+                Some(Some(inflight)) => ranks_where(&inflight.pending),
+                _ => return Ok(()),
+            };
+            self.check_pending(&pending, op)?;
+            self.next_event(deadline, op, pending).await?;
+        }
+    }
+
+    /// Wait until every published payload is released by every rank.
+    pub(crate) async fn wait_all_free(&mut self, op: &'static str) -> Result<(), TransportError> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut pending = vec![false; self.receivers];
+            for inflight in self.slots.iter().flatten() {
+                for (acc, p) in pending.iter_mut().zip(&inflight.pending) {
+                    *acc |= *p;
+                }
+            }
+            let pending = ranks_where(&pending);
+            if pending.is_empty() {
+                return Ok(());
+            }
+            self.check_pending(&pending, op)?;
+            self.next_event(deadline, op, pending).await?;
+        }
+    }
+
+    /// Wait for the next upstream message from `rank`.
+    pub(crate) async fn wait_message(&mut self, rank: usize, op: &'static str) -> Result<Vec<u8>, TransportError> {
+        if rank >= self.receivers {
+            return Err(TransportError::NoSuchRank { rank, receivers: self.receivers });
+        }
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if let Some(msg) = self.queues.get_mut(rank).and_then(VecDeque::pop_front) {
+                return Ok(msg);
+            }
+            self.check_pending(&[rank], op)?;
+            self.next_event(deadline, op, vec![rank]).await?;
+        }
+    }
+
+    fn check_pending(&self, pending: &[usize], op: &'static str) -> Result<(), TransportError> {
+        let gone: Vec<usize> = pending.iter().copied().filter(|r| self.gone.get(*r).copied().unwrap_or(true)).collect();
+        if gone.is_empty() { Ok(()) } else { Err(TransportError::PeerGone { op, peer: peer_of(gone) }) }
+    }
+
+    async fn next_event(&mut self, deadline: Instant, op: &'static str, waiting_on: Vec<usize>) -> Result<(), TransportError> {
+        match tokio::time::timeout_at(deadline, self.events.recv()).await {
+            Err(_) => Err(TransportError::Timeout { op, peer: peer_of(waiting_on), timeout: self.timeout }),
+            Ok(Some((rank, event))) => self.apply(rank, event),
+            // Every event source is gone at once: all receivers have disconnected.
+            Ok(None) => {
+                self.gone.iter_mut().for_each(|g| *g = true);
+                Ok(())
+            }
+        }
+    }
+
+    /// Take already-delivered events without waiting (keeps acknowledgements flowing between waits).
+    pub(crate) fn poll_events(&mut self) -> Result<(), TransportError> {
+        while let Ok((rank, event)) = self.events.try_recv() {
+            self.apply(rank, event)?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, rank: usize, event: Event) -> Result<(), TransportError> {
+        let protocol = |reason: String| TransportError::Protocol { peer: Peer::Receiver(rank), reason };
+        if rank >= self.receivers {
+            return Err(protocol(format!("event from unknown rank {rank}")));
+        }
+        match event {
+            Event::Released { seq } => {
+                let inflight = self
+                    .slots
+                    .iter_mut()
+                    .flatten()
+                    .find(|inflight| inflight.seq == seq)
+                    .ok_or_else(|| protocol(format!("released payload {seq}, which is not in flight")))?;
+                match inflight.pending.get_mut(rank) {
+                    Some(flag @ true) => *flag = false,
+                    _ => return Err(protocol(format!("released payload {seq} twice"))),
+                }
+                for slot in self.slots.iter_mut() {
+                    if slot.as_ref().is_some_and(|s| s.pending.iter().all(|p| !p)) {
+                        *slot = None;
+                    }
+                }
+            }
+            Event::Mapped { slot, generation } => {
+                let wait = match self.maps.get_mut(slot) {
+                    Some(Some(wait)) if wait.generation == generation => wait,
+                    _ => return Err(protocol(format!("mapped slot {slot} generation {generation}, which was not announced"))),
+                };
+                if let Some(flag) = wait.pending.get_mut(rank) {
+                    *flag = false;
+                }
+                if wait.pending.iter().all(|p| !p) {
+                    self.fully_mapped.push((slot, generation));
+                    if let Some(entry) = self.maps.get_mut(slot) {
+                        *entry = None;
+                    }
+                }
+            }
+            Event::Message(msg) => {
+                if let Some(queue) = self.queues.get_mut(rank) {
+                    queue.push_back(msg);
+                }
+            }
+            Event::Gone => {
+                if let Some(flag) = self.gone.get_mut(rank) {
+                    *flag = true;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fanout(receivers: usize, slots: usize) -> (Fanout, EventTx) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Fanout::new(receivers, slots, Duration::from_millis(50), rx), tx)
+    }
+
+    #[tokio::test]
+    async fn slot_frees_only_after_every_rank_released() {
+        let (mut f, tx) = fanout(2, 2);
+        f.published(0, 0);
+        tx.send((0, Event::Released { seq: 0 })).ok();
+        let err = f.wait_slot_free(0, "test").await.unwrap_err();
+        assert!(matches!(err, TransportError::Timeout { peer: Peer::Receiver(1), .. }), "{err}");
+        tx.send((1, Event::Released { seq: 0 })).ok();
+        f.wait_slot_free(0, "test").await.unwrap();
+        f.wait_all_free("test").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn gone_rank_fails_waits_that_need_it() {
+        let (mut f, tx) = fanout(3, 2);
+        f.published(0, 0);
+        tx.send((0, Event::Released { seq: 0 })).ok();
+        tx.send((2, Event::Gone)).ok();
+        let err = f.wait_all_free("flushing").await.unwrap_err();
+        assert!(matches!(err, TransportError::PeerGone { peer: Peer::Receiver(2), .. }), "{err}");
+        assert!(f.require_all_alive("sending").is_err());
+    }
+
+    #[tokio::test]
+    async fn no_receivers_means_nothing_in_flight() {
+        let (mut f, _tx) = fanout(0, 2);
+        for seq in 0..5 {
+            let (next, slot) = f.next();
+            assert_eq!((next, slot), (seq, (seq % 2) as usize));
+            f.wait_slot_free(slot, "t").await.unwrap();
+            f.published(seq, slot);
+            f.announced(slot, seq);
+        }
+        f.wait_all_free("t").await.unwrap();
+        assert_eq!(f.drain_fully_mapped().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn messages_queue_per_rank_in_order() {
+        let (mut f, tx) = fanout(2, 1);
+        tx.send((1, Event::Message(b"a".to_vec()))).ok();
+        tx.send((0, Event::Message(b"b".to_vec()))).ok();
+        tx.send((1, Event::Message(b"c".to_vec()))).ok();
+        assert_eq!(f.wait_message(1, "t").await.unwrap(), b"a");
+        assert_eq!(f.wait_message(1, "t").await.unwrap(), b"c");
+        assert_eq!(f.wait_message(0, "t").await.unwrap(), b"b");
+        assert!(matches!(f.wait_message(5, "t").await, Err(TransportError::NoSuchRank { rank: 5, .. })));
+    }
+
+    #[tokio::test]
+    async fn bogus_events_are_protocol_errors() {
+        let check = |event: Event| async move {
+            let (mut f, tx) = fanout(1, 1);
+            f.published(0, 0);
+            tx.send((0, Event::Released { seq: 0 })).ok();
+            tx.send((0, event)).ok();
+            f.wait_all_free("t").await.unwrap();
+            f.poll_events()
+        };
+        assert!(check(Event::Released { seq: 0 }).await.is_err(), "double release");
+        assert!(check(Event::Released { seq: 9 }).await.is_err(), "unknown seq");
+        assert!(check(Event::Mapped { slot: 0, generation: 3 }).await.is_err(), "unannounced generation");
+        assert!(check(Event::Message(vec![1])).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn mapped_generations_drain_once_all_ranks_mapped() {
+        let (mut f, tx) = fanout(2, 2);
+        f.announced(1, 7);
+        tx.send((0, Event::Mapped { slot: 1, generation: 7 })).ok();
+        f.poll_events().unwrap();
+        assert!(f.drain_fully_mapped().is_empty());
+        tx.send((1, Event::Mapped { slot: 1, generation: 7 })).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.drain_fully_mapped(), vec![(1, 7)]);
+        assert!(f.drain_fully_mapped().is_empty());
+    }
+}

@@ -1,0 +1,210 @@
+//! In-process backend: payload buffers shared by reference between tasks, recycled once every receiver released them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::fanout::{Event, EventTx, Fanout};
+use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, RecvBackend, Receiver, SendBackend, Sender, TransportError};
+
+/// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// A growable byte buffer whose start is 64-byte aligned (typed views over payloads rely on alignment).
+struct AlignedBuf {
+    lines: Vec<Line>,
+}
+
+impl AlignedBuf {
+    fn with_len(len: usize) -> Self {
+        AlignedBuf { lines: vec![Line([0; 64]); len.div_ceil(64)] }
+    }
+
+    fn capacity(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    fn bytes(&self, len: usize) -> &[u8] {
+        let len = len.min(self.capacity());
+        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is `capacity()` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), len) }
+    }
+
+    fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        let len = len.min(self.capacity());
+        // SAFETY: as in `bytes`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), len) }
+    }
+}
+
+struct Published {
+    seq: u64,
+    len: usize,
+    buf: Arc<AlignedBuf>,
+}
+
+/// The sending end of an in-process channel.
+pub struct InProcSender {
+    fanout: Fanout,
+    outs: Vec<mpsc::UnboundedSender<Published>>,
+    /// The buffer last published in each slot; reused in place once every receiver dropped its reference.
+    bufs: Vec<Option<Arc<AlignedBuf>>>,
+}
+
+/// A receiving end of an in-process channel.
+pub struct InProcReceiver {
+    rank: usize,
+    timeout: Duration,
+    inbox: mpsc::UnboundedReceiver<Published>,
+    events: EventTx,
+}
+
+impl std::fmt::Debug for InProcSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcSender").field("receivers", &self.outs.len()).field("slots", &self.bufs.len()).finish()
+    }
+}
+
+impl std::fmt::Debug for InProcReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcReceiver").field("rank", &self.rank).finish()
+    }
+}
+
+/// A channel from one sender to `receivers` receivers in this process (ranks `0..receivers`, in order), with
+/// [`DEFAULT_TIMEOUT`] on every wait.
+pub fn inproc_channel(receivers: usize) -> (Sender, Vec<Receiver>) {
+    inproc_channel_with_timeout(receivers, DEFAULT_TIMEOUT)
+}
+
+/// As [`inproc_channel`], with `timeout` bounding every wait.
+pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Sender, Vec<Receiver>) {
+    let (event_tx, event_rx) = mpsc::unbounded_channel();
+    let mut outs = Vec::with_capacity(receivers);
+    let mut rxs = Vec::with_capacity(receivers);
+    for rank in 0..receivers {
+        let (tx, inbox) = mpsc::unbounded_channel();
+        outs.push(tx);
+        rxs.push(Receiver::InProc(InProcReceiver { rank, timeout, inbox, events: event_tx.clone() }));
+    }
+    let sender = InProcSender {
+        fanout: Fanout::new(receivers, DEFAULT_SLOTS, timeout, event_rx),
+        outs,
+        bufs: (0..DEFAULT_SLOTS).map(|_| None).collect(),
+    };
+    (Sender::InProc(sender), rxs)
+}
+
+impl InProcSender {
+    /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
+    fn take_buf(&mut self, slot: usize, len: usize) -> AlignedBuf {
+        let old = self.bufs.get_mut(slot).and_then(Option::take).and_then(|arc| Arc::try_unwrap(arc).ok());
+        match old {
+            Some(buf) if buf.capacity() >= len => buf,
+            _ => AlignedBuf::with_len(len),
+        }
+    }
+}
+
+impl SendBackend for InProcSender {
+    fn receivers(&self) -> usize {
+        self.fanout.receivers()
+    }
+
+    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+        const OP: &str = "sending a payload";
+        self.fanout.poll_events()?;
+        self.fanout.require_all_alive(OP)?;
+        let (seq, slot) = self.fanout.next();
+        self.fanout.wait_slot_free(slot, OP).await?;
+        let mut buf = self.take_buf(slot, len);
+        let out = fill(buf.bytes_mut(len));
+        let buf = Arc::new(buf);
+        for (rank, tx) in self.outs.iter().enumerate() {
+            if tx.send(Published { seq, len, buf: Arc::clone(&buf) }).is_err() {
+                return Err(TransportError::PeerGone { op: OP, peer: Peer::Receiver(rank) });
+            }
+        }
+        if let Some(entry) = self.bufs.get_mut(slot) {
+            *entry = Some(buf);
+        }
+        self.fanout.published(seq, slot);
+        Ok(out)
+    }
+
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        self.fanout.wait_all_free("flushing").await
+    }
+
+    async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+        self.fanout.wait_message(rank, "receiving an upstream message").await
+    }
+}
+
+impl RecvBackend for InProcReceiver {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
+        const OP: &str = "receiving a payload";
+        let published = match tokio::time::timeout(self.timeout, self.inbox.recv()).await {
+            Err(_) => return Err(TransportError::Timeout { op: OP, peer: Peer::Sender, timeout: self.timeout }),
+            Ok(None) => return Err(TransportError::PeerGone { op: OP, peer: Peer::Sender }),
+            Ok(Some(published)) => published,
+        };
+        let out = read(published.buf.bytes(published.len));
+        let seq = published.seq;
+        // Drop our reference before releasing, so the sender can reuse the buffer in place.
+        drop(published);
+        // The read succeeded; a sender that vanished since will be reported by the next call.
+        let _ = self.events.send((self.rank, Event::Released { seq }));
+        Ok(out)
+    }
+
+    async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
+        self.events
+            .send((self.rank, Event::Message(msg.to_vec())))
+            .map_err(|_| TransportError::PeerGone { op: "sending an upstream message", peer: Peer::Sender })
+    }
+}
+
+impl Drop for InProcReceiver {
+    fn drop(&mut self) {
+        let _ = self.events.send((self.rank, Event::Gone));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buf_is_aligned_and_sized() {
+        for len in [0, 1, 63, 64, 65, 1000] {
+            let mut buf = AlignedBuf::with_len(len);
+            assert!(buf.capacity() >= len);
+            assert_eq!(buf.bytes_mut(len).len(), len);
+            assert_eq!(buf.bytes(len).as_ptr() as usize % 64, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn buffer_is_reused_once_released() {
+        let (mut tx, mut rxs) = inproc_channel(1);
+        let Some(rx) = rxs.get_mut(0) else { panic!("one receiver") };
+        let mut ptrs = Vec::new();
+        for i in 0..4u8 {
+            let p = tx.send_with(100, |buf| { buf.fill(i); buf.as_ptr() as usize }).await.unwrap();
+            ptrs.push(p);
+            assert_eq!(rx.recv_with(|b| b.to_vec()).await.unwrap(), vec![i; 100]);
+            tx.flush().await.unwrap();
+        }
+        // Two slots alternate, each reusing its own buffer.
+        assert_eq!(ptrs[0], ptrs[2]);
+        assert_eq!(ptrs[1], ptrs[3]);
+    }
+}

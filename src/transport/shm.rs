@@ -1,0 +1,394 @@
+//! Same-host shared-memory backend: payloads written once into POSIX shm slots, read in place by every receiver.
+//!
+//! The sender listens on a Unix socket only until all N receivers have said hello, then removes the socket
+//! file. Each of the `slots` payload slots is backed by its own segment, so one slot can be refilled or
+//! replaced by a bigger segment while receivers still read another. Per payload there is one small `Publish`
+//! frame to each receiver and one `Released` frame back. A segment's name is unlinked as soon as every
+//! receiver has mapped it, so only a crash inside that short window can leave a file behind
+//! ([`remove_leftovers`] sweeps those). After a failed wait (timeout, dead receiver, broken socket) the sender
+//! unlinks everything and refuses further use with [`TransportError::Broken`].
+
+mod receiver;
+mod segment;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::fanout::{Event, EventTx, Fanout};
+use super::frame::{Down, FrameReader, SegmentInfo, Up, VERSION};
+use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, TransportError};
+pub use receiver::ShmReceiver;
+use segment::{Namer, OwnedSegment};
+
+/// Segments grow in steps of this many bytes (and at least by half their size) to avoid remapping often.
+const GROW_STEP: usize = 1 << 20;
+
+/// How the shm sender is set up.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// Unix socket the receivers connect to; exists only until every receiver has joined.
+    pub socket_path: PathBuf,
+    /// Segment names start with `<segment_prefix>.`; 1..=191 characters of `[A-Za-z0-9_.-]`.
+    pub segment_prefix: String,
+    /// Number of receivers (ranks `0..receivers`) that must join.
+    pub receivers: usize,
+    /// Bound on every wait: joining, a free slot, releases, upstream messages, socket writes.
+    pub timeout: Duration,
+    /// Payloads in flight at once (at least 1; 2 lets the sender fill one while receivers read the other).
+    pub slots: usize,
+    /// Smallest segment a slot gets when it first needs one (segments are created at first use, grown on demand).
+    pub initial_capacity: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            socket_path: PathBuf::new(),
+            segment_prefix: "rlsync".to_owned(),
+            receivers: 1,
+            timeout: DEFAULT_TIMEOUT,
+            slots: DEFAULT_SLOTS,
+            initial_capacity: 0,
+        }
+    }
+}
+
+/// Remove what a crashed run left behind: segments `<segment_prefix>.<pid>.…` whose process is gone.
+/// Segments of live processes are kept, so sweeping while another run uses the prefix is safe.
+/// Returns the number of segments removed.
+pub fn remove_leftovers(segment_prefix: &str) -> Result<usize, TransportError> {
+    segment::sweep(segment_prefix)
+}
+
+/// Remove the socket file at `path` if nobody listens on it (left by a crashed sender). Returns whether a
+/// file was removed; a live listener or a non-socket file is left alone (and reported as an error).
+pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(source) => return Err(TransportError::Io { op: "inspecting the socket path", source }),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(TransportError::Config { reason: format!("{} exists and is not a socket", path.display()) });
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(TransportError::Config { reason: format!("{} is in use by a live listener", path.display()) }),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            std::fs::remove_file(path).map_err(|source| TransportError::Io { op: "removing a stale socket", source })?;
+            Ok(true)
+        }
+        Err(source) => Err(TransportError::Io { op: "probing the socket path", source }),
+    }
+}
+
+/// Removes the listening socket's file when the accept phase ends, however it ends.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The sending end of a shared-memory channel.
+#[derive(Debug)]
+pub struct ShmSender {
+    fanout: Fanout,
+    writers: Vec<OwnedWriteHalf>,
+    reader_tasks: Vec<JoinHandle<()>>,
+    segments: Vec<Option<OwnedSegment>>,
+    namer: Namer,
+    initial_capacity: usize,
+    broken: Option<String>,
+}
+
+pub(crate) async fn write_frame(
+    writer: &mut OwnedWriteHalf,
+    frame: &[u8],
+    timeout: Duration,
+    op: &'static str,
+    peer: Peer,
+) -> Result<(), TransportError> {
+    match tokio::time::timeout(timeout, writer.write_all(frame)).await {
+        Err(_) => Err(TransportError::Timeout { op, peer, timeout }),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
+            Err(TransportError::PeerGone { op, peer })
+        }
+        Ok(Err(source)) => Err(TransportError::Io { op, source }),
+    }
+}
+
+fn protocol(peer: Peer, reason: impl std::fmt::Display) -> TransportError {
+    TransportError::Protocol { peer, reason: reason.to_string() }
+}
+
+/// A joined receiver's stream, between its hello and the welcome.
+struct Joined {
+    rank: usize,
+    reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+}
+
+/// Read one receiver's hello; `Ok(Err(reason))` is a hello to refuse (the stream is answered and dropped).
+async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> Result<Result<Joined, String>, TransportError> {
+    let (read, writer) = stream.into_split();
+    let mut reader = FrameReader::new(read);
+    let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
+        Err(_) => return Ok(Err("no hello before the deadline".to_owned())),
+        Ok(Ok(Some(frame))) => frame,
+        Ok(Ok(None) | Err(_)) => return Ok(Err("connection closed before hello".to_owned())),
+    };
+    let (version, rank) = match Up::decode(&frame) {
+        Ok(Up::Hello { version, rank }) => (version, rank as usize),
+        _ => return Ok(Err("first frame is not a hello".to_owned())),
+    };
+    let mut joined = Joined { rank, reader, writer };
+    let refusal = if version != VERSION {
+        Some(format!("protocol version {version} is not the sender's {VERSION}"))
+    } else if rank >= receivers {
+        Some(format!("rank {rank} is out of range for {receivers} receivers"))
+    } else {
+        None
+    };
+    if let Some(reason) = refusal {
+        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
+            let _ = tokio::time::timeout_at(deadline, joined.writer.write_all(&frame)).await;
+        }
+        return Ok(Err(reason));
+    }
+    Ok(Ok(joined))
+}
+
+/// Forward one receiver's upstream frames as events until its stream ends.
+fn spawn_reader(rank: usize, mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>, events: EventTx) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let event = match reader.next().await {
+                Ok(Some(frame)) => match Up::decode(&frame) {
+                    Ok(Up::Released { seq }) => Event::Released { seq },
+                    Ok(Up::Mapped { slot, generation }) => Event::Mapped { slot: slot as usize, generation },
+                    Ok(Up::Message(msg)) => Event::Message(msg),
+                    Ok(Up::Hello { .. }) => {
+                        tracing::warn!(rank, "receiver sent a second hello; dropping it");
+                        Event::Gone
+                    }
+                    Err(e) => {
+                        tracing::warn!(rank, error = %e, "malformed frame from receiver; dropping it");
+                        Event::Gone
+                    }
+                },
+                Ok(None) => Event::Gone,
+                Err(e) => {
+                    tracing::debug!(rank, error = %e, "receiver stream failed");
+                    Event::Gone
+                }
+            };
+            let gone = event == Event::Gone;
+            if events.send((rank, event)).is_err() || gone {
+                return;
+            }
+        }
+    })
+}
+
+impl ShmSender {
+    /// Listen on `cfg.socket_path` (replacing a stale socket file), accept all `cfg.receivers` receivers within
+    /// `cfg.timeout`, then remove the socket file. Hellos with a bad version or rank, or a duplicate rank, are
+    /// refused and do not count.
+    pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
+        segment::validate_prefix(&cfg.segment_prefix)?;
+        if cfg.slots == 0 {
+            return Err(TransportError::Config { reason: "slots must be at least 1".to_owned() });
+        }
+        let wire_receivers = u32::try_from(cfg.receivers)
+            .map_err(|_| TransportError::Config { reason: format!("{} receivers is too many", cfg.receivers) })?;
+        remove_stale_socket(&cfg.socket_path)?;
+        let listener = UnixListener::bind(&cfg.socket_path)
+            .map_err(|source| TransportError::Io { op: "binding the socket", source })?;
+        let socket_file = SocketFile(cfg.socket_path.clone());
+
+        let deadline = Instant::now() + cfg.timeout;
+        let mut joined: Vec<Option<Joined>> = (0..cfg.receivers).map(|_| None).collect();
+        while joined.iter().any(Option::is_none) {
+            let missing: Vec<usize> = (0..cfg.receivers).filter(|r| joined.get(*r).is_some_and(Option::is_none)).collect();
+            let timeout = |missing| TransportError::Timeout { op: "accepting receivers", peer: Peer::Receivers(missing), timeout: cfg.timeout };
+            let (stream, _) = match tokio::time::timeout_at(deadline, listener.accept()).await {
+                Err(_) => return Err(timeout(missing)),
+                Ok(accepted) => accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?,
+            };
+            match read_hello(stream, cfg.receivers, deadline).await? {
+                Ok(mut j) => match joined.get_mut(j.rank) {
+                    Some(entry @ None) => *entry = Some(j),
+                    _ => {
+                        let reason = format!("rank {} has already joined", j.rank);
+                        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
+                            let _ = tokio::time::timeout_at(deadline, j.writer.write_all(&frame)).await;
+                        }
+                        tracing::warn!(%reason, "refused a receiver");
+                    }
+                },
+                Err(reason) => tracing::warn!(%reason, "refused a receiver"),
+            }
+        }
+        drop(listener);
+        drop(socket_file);
+
+        let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config { reason: "too many slots".to_owned() })?;
+        let welcome = Down::Welcome { version: VERSION, receivers: wire_receivers, slots }
+            .encode()
+            .map_err(|e| protocol(Peer::Sender, e))?;
+        let (event_tx, event_rx) = mpsc::unbounded_channel();
+        let mut writers = Vec::with_capacity(cfg.receivers);
+        let mut reader_tasks = Vec::with_capacity(cfg.receivers);
+        for (rank, j) in joined.into_iter().flatten().enumerate() {
+            let mut writer = j.writer;
+            write_frame(&mut writer, &welcome, cfg.timeout, "welcoming a receiver", Peer::Receiver(rank)).await?;
+            writers.push(writer);
+            reader_tasks.push(spawn_reader(rank, j.reader, event_tx.clone()));
+        }
+        let sender = ShmSender {
+            fanout: Fanout::new(cfg.receivers, cfg.slots, cfg.timeout, event_rx),
+            writers,
+            reader_tasks,
+            segments: (0..cfg.slots).map(|_| None).collect(),
+            namer: Namer::new(&cfg.segment_prefix),
+            initial_capacity: cfg.initial_capacity,
+            broken: None,
+        };
+        Ok(Sender::Shm(sender))
+    }
+
+    fn check_usable(&self) -> Result<(), TransportError> {
+        match &self.broken {
+            Some(first) => Err(TransportError::Broken { first: first.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    /// Record a fatal error: from now on the channel refuses use, and no segment name stays behind.
+    fn fail(&mut self, err: TransportError) -> TransportError {
+        if self.broken.is_none() {
+            self.broken = Some(err.to_string());
+        }
+        self.segments.iter_mut().flatten().for_each(OwnedSegment::unlink);
+        err
+    }
+
+    /// Unlink the segments every receiver has mapped by now.
+    fn unlink_mapped(&mut self) {
+        for (slot, generation) in self.fanout.drain_fully_mapped() {
+            if let Some(Some(seg)) = self.segments.get_mut(slot)
+                && seg.generation() == generation
+            {
+                seg.unlink();
+            }
+        }
+    }
+
+    /// Give `slot` a new segment of at least `len` bytes; returns what receivers need to map it.
+    fn replace_segment(&mut self, slot: usize, len: usize) -> Result<SegmentInfo, TransportError> {
+        let old = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
+        let capacity = len.max(old.saturating_add(old / 2)).div_ceil(GROW_STEP).saturating_mul(GROW_STEP);
+        let (generation, name) = self.namer.next();
+        // Drop the old segment first: its memory is freed once receivers remap too.
+        if let Some(entry) = self.segments.get_mut(slot) {
+            *entry = None;
+        }
+        let seg = OwnedSegment::create(&name, generation, capacity)?;
+        let info = SegmentInfo { generation, capacity: seg.capacity() as u64, name: seg.name().to_owned() };
+        if let Some(entry) = self.segments.get_mut(slot) {
+            *entry = Some(seg);
+        }
+        self.fanout.announced(slot, generation);
+        Ok(info)
+    }
+
+    async fn publish(&mut self, frame: &[u8]) -> Result<(), TransportError> {
+        let timeout = self.fanout.timeout();
+        for (rank, writer) in self.writers.iter_mut().enumerate() {
+            write_frame(writer, frame, timeout, "publishing a payload", Peer::Receiver(rank)).await?;
+        }
+        Ok(())
+    }
+
+    async fn try_send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+        const OP: &str = "sending a payload";
+        self.fanout.poll_events()?;
+        self.unlink_mapped();
+        self.fanout.require_all_alive(OP)?;
+        let (seq, slot) = self.fanout.next();
+        self.fanout.wait_slot_free(slot, OP).await?;
+        self.unlink_mapped();
+        let current = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
+        let fresh = if len > current { Some(self.replace_segment(slot, len.max(self.initial_capacity))?) } else { None };
+        let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
+            Some(seg) => match seg.bytes_mut(len) {
+                Some(bytes) => fill(bytes),
+                None => return Err(protocol(Peer::Sender, format!("slot {slot} segment is smaller than {len} bytes"))),
+            },
+            None => fill(&mut []),
+        };
+        let frame = Down::Publish { seq, slot: slot as u32, len: len as u64, segment: fresh }
+            .encode()
+            .map_err(|e| protocol(Peer::Sender, e))?;
+        self.publish(&frame).await?;
+        self.fanout.published(seq, slot);
+        Ok(out)
+    }
+}
+
+impl SendBackend for ShmSender {
+    fn receivers(&self) -> usize {
+        self.fanout.receivers()
+    }
+
+    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+        self.check_usable()?;
+        match self.try_send_with(len, fill).await {
+            Ok(out) => Ok(out),
+            Err(err) => Err(self.fail(err)),
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = self.fanout.wait_all_free("flushing");
+        match result.await {
+            Ok(()) => {
+                self.unlink_mapped();
+                Ok(())
+            }
+            Err(err) => Err(self.fail(err)),
+        }
+    }
+
+    async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+        self.check_usable()?;
+        match self.fanout.wait_message(rank, "receiving an upstream message").await {
+            Ok(msg) => {
+                self.unlink_mapped();
+                Ok(msg)
+            }
+            Err(err @ TransportError::NoSuchRank { .. }) => Err(err),
+            Err(err) => Err(self.fail(err)),
+        }
+    }
+}
+
+impl Drop for ShmSender {
+    fn drop(&mut self) {
+        for task in &self.reader_tasks {
+            task.abort();
+        }
+        // Segments unlink themselves on drop; the socket file is gone since `bind` returned.
+    }
+}
