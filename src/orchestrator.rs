@@ -153,8 +153,12 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
         }
         Err(err) => Err(err),
     };
+    // Workers are gone now; sweep what a crashed one may have left behind.
     let _ = std::fs::remove_file(&launch.weight_socket);
     let _ = std::fs::remove_file(&launch.control_socket);
+    if let Err(err) = crate::transport::shm::remove_leftovers(&launch.segment_prefix) {
+        tracing::warn!("removing shared-memory leftovers of {}: {err}", launch.segment_prefix);
+    }
     let flushed = sink.finish();
     let totals = result?;
     flushed?;

@@ -46,7 +46,7 @@ pub enum WorkerError {
     #[error("weight sync: {0}")]
     Sync(#[from] standin::syncer::SyncError),
     #[error("weight transport: {0}")]
-    Transport(#[from] standin::transport::TransportError),
+    Transport(#[from] crate::transport::TransportError),
     #[error("workload: {0}")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
@@ -128,8 +128,12 @@ impl WorkerContext {
         &self.launch.config
     }
 
-    pub fn timeout(&self) -> Duration {
-        Duration::from_secs_f64(self.config().runner.handshake_timeout_s.max(0.1))
+    /// Bound of every weight-transport wait. A background receiver idles for a whole train step between
+    /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
+    pub fn transport_timeout(&self) -> Duration {
+        let runner = &self.config().runner;
+        let secs = if runner.step_timeout_s > 0.0 { runner.step_timeout_s.max(runner.handshake_timeout_s) } else { 86_400.0 };
+        Duration::from_secs_f64(if secs.is_finite() && secs > 0.1 { secs } else { 0.1 })
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::orchestrator::protocol::{Command, Report};
 use crate::worker::standin::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::worker::standin::tensor::{StateDict, state_checksum};
-use crate::worker::standin::transport::Receiver;
+use crate::transport::ShmReceiver;
 use crate::worker::workload::{self, Workload};
 use crate::worker::{WorkerContext, WorkerError, worker_seed};
 
@@ -74,7 +74,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
-                let rx = Receiver::connect(&ctx.launch.weight_socket, ctx.args.rank as usize, ctx.timeout()).await?;
+                let rx = ShmReceiver::connect(&ctx.launch.weight_socket, ctx.args.rank as usize, ctx.transport_timeout()).await?;
                 let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
                 let report = syncer.init_receiver(&mut me.state, rx).await?;
                 me.version = report.version;

@@ -1,8 +1,8 @@
-//! TEMPORARY stand-ins for `tensor`, `transport` and `syncer` (API.md shapes) until their branches merge.
+//! TEMPORARY stand-ins for `tensor` and `syncer` (API.md shapes) until their branches merge.
 #![allow(dead_code)] // Stand-ins carry the whole API.md shape; not every part is used yet.
 //!
-//! Deliberately minimal: full-state transfers over one Unix socket per receiver. Deleted once
-//! `crate::{tensor, transport, syncer}` exist in main; callers only use the API.md names.
+//! Deliberately minimal: every sync is a full copy of the synced keys over the real `crate::transport`.
+//! Deleted once `crate::{tensor, syncer}` exist in main; callers only use the API.md names.
 
 pub mod tensor {
     use indexmap::IndexMap;
@@ -96,107 +96,11 @@ pub mod tensor {
     }
 }
 
-pub mod transport {
-    use std::path::{Path, PathBuf};
-    use std::time::Duration;
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::{UnixListener, UnixStream};
-
-    #[derive(Debug, thiserror::Error)]
-    pub enum TransportError {
-        #[error("transport timed out after {after:?} waiting for {what}")]
-        Timeout { what: String, after: Duration },
-        #[error("transport i/o: {0}")]
-        Io(#[from] std::io::Error),
-    }
-
-    pub struct Sender {
-        streams: Vec<UnixStream>,
-        path: PathBuf,
-    }
-
-    pub struct Receiver {
-        stream: UnixStream,
-        rank: usize,
-    }
-
-    impl Sender {
-        pub async fn bind(path: &Path, receivers: usize, timeout: Duration) -> Result<Sender, TransportError> {
-            let _ = std::fs::remove_file(path);
-            let listener = UnixListener::bind(path)?;
-            let mut streams: Vec<Option<UnixStream>> = (0..receivers).map(|_| None).collect();
-            let accept_all = async {
-                for _ in 0..receivers {
-                    let (mut s, _) = listener.accept().await?;
-                    let rank = s.read_u32_le().await? as usize;
-                    if let Some(slot) = streams.get_mut(rank) {
-                        *slot = Some(s);
-                    }
-                }
-                Ok::<(), std::io::Error>(())
-            };
-            let res = tokio::time::timeout(timeout, accept_all).await;
-            let _ = std::fs::remove_file(path);
-            match res {
-                Err(_) => Err(TransportError::Timeout { what: "receivers to connect".into(), after: timeout }),
-                Ok(r) => {
-                    r?;
-                    Ok(Sender { streams: streams.into_iter().flatten().collect(), path: path.to_owned() })
-                }
-            }
-        }
-        pub fn receivers(&self) -> usize {
-            self.streams.len()
-        }
-        pub async fn send(&mut self, payload: &[u8]) -> Result<(), TransportError> {
-            for s in &mut self.streams {
-                s.write_u64_le(payload.len() as u64).await?;
-                s.write_all(payload).await?;
-            }
-            Ok(())
-        }
-    }
-
-    impl Drop for Sender {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.path);
-        }
-    }
-
-    impl Receiver {
-        pub async fn connect(path: &Path, rank: usize, timeout: Duration) -> Result<Receiver, TransportError> {
-            let deadline = tokio::time::Instant::now() + timeout;
-            loop {
-                match UnixStream::connect(path).await {
-                    Ok(mut stream) => {
-                        stream.write_u32_le(rank as u32).await?;
-                        return Ok(Receiver { stream, rank });
-                    }
-                    Err(_) if tokio::time::Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(20)).await
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
-        pub fn rank(&self) -> usize {
-            self.rank
-        }
-        pub async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
-            let len = self.stream.read_u64_le().await? as usize;
-            let mut buf = vec![0u8; len.min(1 << 34)];
-            self.stream.read_exact(&mut buf).await?;
-            Ok(read(&buf))
-        }
-    }
-}
-
 pub mod syncer {
     use std::time::{Duration, Instant};
 
     use super::tensor::{StateDict, state_checksum};
-    use super::transport::{Receiver, Sender, TransportError};
+    use crate::transport::{Receiver, Sender, TransportError};
     use crate::config::schema::{SyncerKind, WeightSyncerConfig};
 
     #[derive(Debug, thiserror::Error)]
@@ -322,7 +226,7 @@ pub mod syncer {
             let started = Instant::now();
             let payload = encode(state, &self.keys, version);
             let sender = self.sender.as_mut().ok_or(SyncError::NotInitialised { side: "sender" })?;
-            sender.send(&payload).await?;
+            sender.send_with(payload.len(), |buf| buf.copy_from_slice(&payload)).await?;
             self.version = version;
             let state_bytes: u64 = self.keys.iter().filter_map(|k| state.get(k)).map(|t| t.bytes().len() as u64).sum();
             Ok(SyncReport {

@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::orchestrator::protocol::{Command, Report, SyncStats};
 use crate::worker::standin::syncer::{SyncKind, SyncOptions, SyncReport, WeightSyncer};
 use crate::worker::standin::tensor::{StateDict, state_checksum};
-use crate::worker::standin::transport::Sender;
+use crate::transport::{ShmConfig, ShmSender};
 use crate::worker::workload::{self, Batch};
 use crate::worker::{WorkerContext, WorkerError, worker_seed};
 
@@ -23,7 +23,14 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
-                let sender = Sender::bind(&ctx.launch.weight_socket, ctx.launch.rollouts as usize, ctx.timeout()).await?;
+                let sender = ShmSender::bind(ShmConfig {
+                    socket_path: ctx.launch.weight_socket.clone(),
+                    segment_prefix: ctx.launch.segment_prefix.clone(),
+                    receivers: ctx.launch.rollouts as usize,
+                    timeout: ctx.transport_timeout(),
+                    ..ShmConfig::default()
+                })
+                .await?;
                 let report = syncer.init_sender(&state, &keys, sender).await?;
                 let synced = synced_report(&state, &keys, &report, started, cfg.runner.verify_sync);
                 ctx.control.report(&synced, &[]).await?;
