@@ -1,4 +1,4 @@
-//! Broadcast throughput of 256 MiB payloads over shm (1 and 2 receivers) and inproc, against one plain memcpy.
+//! Broadcast throughput of 256 MiB over shm (1 and 2 receivers, whole or in 32 MiB payloads) and inproc, vs memcpy.
 //!
 //! Each payload is filled by a memcpy from a source buffer straight into the shared slot, and every receiver
 //! copies it out into its own buffer (what a bucket install does), so a transport adding nothing would cost
@@ -25,7 +25,10 @@ fn filled(len: usize) -> Vec<u8> {
 async fn copy_out(mut rx: Receiver) {
     let mut dst = vec![0u8; PAYLOAD];
     loop {
-        match rx.recv_with(|bytes| dst[..bytes.len()].copy_from_slice(bytes)).await {
+        match rx
+            .recv_with(|bytes| dst[..bytes.len()].copy_from_slice(bytes))
+            .await
+        {
             Ok(()) => {}
             Err(TransportError::Timeout { .. }) => continue,
             Err(_) => break,
@@ -40,13 +43,20 @@ where
     F: Future<Output = Receiver> + Send + 'static,
 {
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("receiver runtime");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("receiver runtime");
         rt.block_on(async move { copy_out(connect.await).await });
     })
 }
 
-fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) -> (Sender, Vec<JoinHandle<()>>) {
-    let socket = dir.join(format!("bench-{receivers}.sock"));
+fn shm_channel(
+    runtime: &tokio::runtime::Runtime,
+    dir: &Path,
+    receivers: usize,
+) -> (Sender, Vec<JoinHandle<()>>) {
+    let socket = dir.join("bench.sock");
     let cfg = ShmConfig {
         socket_path: socket.clone(),
         segment_prefix: format!("rlsync-bench-{}", std::process::id()),
@@ -57,19 +67,33 @@ fn shm_channel(runtime: &tokio::runtime::Runtime, dir: &Path, receivers: usize) 
     let threads = (0..receivers)
         .map(|rank| {
             let socket = socket.clone();
-            spawn_receiver(async move { ShmReceiver::connect(&socket, rank, TIMEOUT).await.expect("connect") })
+            spawn_receiver(async move {
+                ShmReceiver::connect(&socket, rank, TIMEOUT)
+                    .await
+                    .expect("connect")
+            })
         })
         .collect();
     let tx = runtime.block_on(ShmSender::bind(cfg)).expect("bind");
     (tx, threads)
 }
 
-/// Time `iters` payloads from first fill to the last release.
-fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], iters: u64) -> Duration {
+/// Time `iters` rounds of sending all of `src` as payloads of `chunk` bytes, from first fill to last release.
+fn stream(
+    runtime: &tokio::runtime::Runtime,
+    tx: &mut Sender,
+    src: &[u8],
+    chunk: usize,
+    iters: u64,
+) -> Duration {
     runtime.block_on(async {
         let start = Instant::now();
         for _ in 0..iters {
-            tx.send_with(src.len(), |buf| buf.copy_from_slice(src)).await.expect("send");
+            for part in src.chunks(chunk) {
+                tx.send_with(part.len(), |buf| buf.copy_from_slice(part))
+                    .await
+                    .expect("send");
+            }
         }
         tx.flush().await.expect("flush");
         start.elapsed()
@@ -77,11 +101,17 @@ fn stream(runtime: &tokio::runtime::Runtime, tx: &mut Sender, src: &[u8], iters:
 }
 
 fn broadcast(c: &mut Criterion) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
     let src = filled(PAYLOAD);
     let mut group = c.benchmark_group("broadcast_256MiB");
-    group.throughput(Throughput::Bytes(PAYLOAD as u64)).sample_size(10).warm_up_time(Duration::from_secs(1));
+    group
+        .throughput(Throughput::Bytes(PAYLOAD as u64))
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(8));
 
     let mut dst = vec![0u8; PAYLOAD];
@@ -93,18 +123,35 @@ fn broadcast(c: &mut Criterion) {
     });
     drop(dst);
 
-    for receivers in [1, 2] {
+    // One 256 MiB payload per iteration (fill and copy-out cannot overlap), then the same bytes as 8 payloads
+    // of 32 MiB (as a bucket sync sends them: the next fill overlaps the previous copy-out).
+    for (receivers, chunk, name) in [
+        (1, PAYLOAD, "shm_1rx"),
+        (2, PAYLOAD, "shm_2rx"),
+        (1, PAYLOAD / 8, "shm_1rx_8x32MiB"),
+    ] {
         let (mut tx, threads) = shm_channel(&runtime, dir.path(), receivers);
-        group.bench_function(format!("shm_{receivers}rx"), |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| stream(&runtime, &mut tx, &src, chunk, iters))
+        });
         drop(tx);
-        threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+        threads
+            .into_iter()
+            .for_each(|t| t.join().expect("receiver thread"));
     }
 
     let (mut tx, rxs) = inproc_channel(1);
-    let threads: Vec<_> = rxs.into_iter().map(|rx| spawn_receiver(async move { rx })).collect();
-    group.bench_function("inproc_1rx", |b| b.iter_custom(|iters| stream(&runtime, &mut tx, &src, iters)));
+    let threads: Vec<_> = rxs
+        .into_iter()
+        .map(|rx| spawn_receiver(async move { rx }))
+        .collect();
+    group.bench_function("inproc_1rx", |b| {
+        b.iter_custom(|iters| stream(&runtime, &mut tx, &src, PAYLOAD, iters))
+    });
     drop(tx);
-    threads.into_iter().for_each(|t| t.join().expect("receiver thread"));
+    threads
+        .into_iter()
+        .for_each(|t| t.join().expect("receiver thread"));
     group.finish();
 }
 

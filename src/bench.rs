@@ -1,1 +1,207 @@
 //! `rlsync bench_sync`: the weight-sync benchmark entry point.
+//!
+//! A synthetic model (`bench.params` elements in `bench.tensors` tensors of a realistic shape mix) is updated
+//! every step by the update generator (`adam`: fp32 master + Adam-like step at `adam_lr`, cast to
+//! `bench.dtype`; `density`: a fixed share of random elements), then synced with the configured
+//! `weight_syncer` to `bench.receivers` receivers. Receivers run as threads of this process (each with its own
+//! runtime) over the selected transport. Every step checks receiver checksum == sender checksum.
+
+mod report;
+
+use std::time::{Duration, Instant};
+
+use crate::config::schema::{RunConfig, TransportKind, UpdateKind};
+use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use crate::tensor::parallel::resolve_threads;
+use crate::tensor::synthetic::{ModelSpec, SyntheticError, SyntheticModel, UpdateMode};
+use crate::tensor::{DType, StateDict};
+use crate::transport;
+
+pub use report::{BenchSummary, StepRecord};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("bench config: {reason}")]
+    Config { reason: String },
+    #[error(transparent)]
+    Synthetic(#[from] SyntheticError),
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    #[error("receiver {rank}: {reason}")]
+    Receiver { rank: usize, reason: String },
+    #[error("runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// What a receiver thread reports per step.
+struct RxStep {
+    report: SyncReport,
+    done: Instant,
+    checksum: u64,
+}
+
+/// Run the benchmark, print per-step lines and the summary (JSON lines or a table), return the summary.
+pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
+    let b = &cfg.bench;
+    let dtype = DType::from(b.dtype);
+    let threads = resolve_threads(b.threads as usize);
+    let receivers = b.receivers.get() as usize;
+    let mode = match b.update {
+        UpdateKind::Adam => UpdateMode::Adam { lr: b.adam_lr },
+        UpdateKind::Density => UpdateMode::Density { density: b.density },
+    };
+    let spec = ModelSpec { params: b.params, tensors: b.tensors.get(), dtype, frozen_fraction: b.frozen_fraction, seed: b.seed };
+    let mut model = SyntheticModel::new(spec)?;
+    let mut sender_state = model.state_dict()?;
+    let synced = sender_state.synced_keys();
+    let synced_elems: u64 = synced.iter().filter_map(|k| sender_state.get(k)).map(|t| t.numel() as u64).sum();
+    let (tx_ch, rx_chs) = channel(b.transport, receivers)?;
+    let opts = SyncOptions { threads: threads.get() };
+    let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
+    let steps = b.steps.get() as u64;
+
+    let (res_tx, res_rx) = std::sync::mpsc::channel::<(usize, Result<RxStep, String>)>();
+    let mut handles = Vec::with_capacity(receivers);
+    for ch in rx_chs {
+        let rank = ch.rank();
+        let state = model.state_dict()?;
+        let syncer = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
+        let out = res_tx.clone();
+        handles.push(std::thread::Builder::new().name(format!("bench-rx{rank}")).spawn(move || receiver_loop(syncer, state, ch, steps, rank, out))?);
+    }
+    drop(res_tx);
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let memcpy_ms = memcpy_ms(&sender_state, &synced);
+    let fmt = report::Printer::new(b.format);
+    let mut records = Vec::with_capacity(steps as usize);
+    let result: Result<(), BenchError> = rt.block_on(async {
+        sender.init_sender(&sender_state, &synced, tx_ch).await?;
+        // Receivers report their init (bootstrap) as step 0.
+        collect(&res_rx, receivers)?;
+        for step in 1..=steps {
+            let changed = model.step(mode, &mut sender_state, threads)?;
+            let t0 = Instant::now();
+            let sent = sender.sync(&sender_state, step).await?;
+            let rx = collect(&res_rx, receivers)?;
+            let done = rx.iter().map(|r| r.done).max().unwrap_or_else(Instant::now);
+            let want = sender.checksum(&sender_state)?;
+            let verified = rx.iter().all(|r| r.checksum == want && r.report.version == step);
+            let worst = |f: fn(&SyncReport) -> Duration| rx.iter().map(|r| f(&r.report)).max().unwrap_or_default();
+            let rec = StepRecord {
+                step,
+                changed,
+                payload_bytes: sent.payload_bytes,
+                build: sent.build,
+                encode: sent.encode,
+                transfer: sent.transfer,
+                decode: worst(|r| r.decode),
+                apply: worst(|r| r.apply),
+                total: done.saturating_duration_since(t0),
+                verified,
+                state_bytes: sent.state_bytes,
+            };
+            fmt.step(&rec);
+            records.push(rec);
+        }
+        Ok(())
+    });
+    drop(sender);
+    for h in handles {
+        let _ = h.join();
+    }
+    result?;
+    let summary = BenchSummary::from_steps(
+        &records,
+        report::RunFacts {
+            syncer: cfg.weight_syncer.kind,
+            params: b.params,
+            dtype,
+            synced_elems,
+            memcpy_ms,
+            threads: threads.get(),
+            receivers,
+            transport: b.transport,
+            update: b.update,
+        },
+    );
+    fmt.summary(&summary);
+    Ok(summary)
+}
+
+fn channel(kind: TransportKind, receivers: usize) -> Result<(transport::Sender, Vec<transport::Receiver>), BenchError> {
+    match kind {
+        TransportKind::Inproc => Ok(transport::inproc_channel(receivers)),
+        TransportKind::Shm => Err(BenchError::Config { reason: "bench.transport=shm needs the shared-memory transport, which this build does not have yet; use inproc".into() }),
+    }
+}
+
+fn receiver_loop(
+    mut syncer: WeightSyncer,
+    mut state: StateDict,
+    ch: transport::Receiver,
+    steps: u64,
+    rank: usize,
+    out: std::sync::mpsc::Sender<(usize, Result<RxStep, String>)>,
+) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            let _ = out.send((rank, Err(e.to_string())));
+            return;
+        }
+    };
+    rt.block_on(async {
+        match syncer.init_receiver(&mut state, ch).await {
+            Ok(report) => {
+                let _ = out.send((rank, Ok(RxStep { report, done: Instant::now(), checksum: 0 })));
+            }
+            Err(e) => {
+                let _ = out.send((rank, Err(e.to_string())));
+                return;
+            }
+        }
+        for _ in 0..steps {
+            let r = syncer.apply(&mut state).await;
+            let done = Instant::now();
+            let msg = r.map_err(|e| e.to_string()).and_then(|report| {
+                let checksum = syncer.checksum(&state).map_err(|e| e.to_string())?;
+                Ok(RxStep { report, done, checksum })
+            });
+            let failed = msg.is_err();
+            let _ = out.send((rank, msg));
+            if failed {
+                return;
+            }
+        }
+    });
+}
+
+fn collect(rx: &std::sync::mpsc::Receiver<(usize, Result<RxStep, String>)>, n: usize) -> Result<Vec<RxStep>, BenchError> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (rank, r) = rx.recv().map_err(|_| BenchError::Receiver { rank: usize::MAX, reason: "receiver threads ended early".into() })?;
+        out.push(r.map_err(|reason| BenchError::Receiver { rank, reason })?);
+    }
+    Ok(out)
+}
+
+/// Median of three plain copies of the synced state's bytes into a warm buffer.
+fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
+    let tensors: Vec<&[u8]> = keys.iter().filter_map(|k| state.get(k)).map(|t| t.bytes()).collect();
+    let total: usize = tensors.iter().map(|t| t.len()).sum();
+    let mut dst = vec![0u8; total];
+    let mut times = Vec::new();
+    for _ in 0..4 {
+        let t0 = Instant::now();
+        let mut off = 0;
+        for t in &tensors {
+            dst[off..off + t.len()].copy_from_slice(t);
+            off += t.len();
+        }
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(&dst);
+    }
+    times.remove(0); // first pass faults the pages in
+    report::median(&mut times)
+}

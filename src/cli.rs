@@ -1,6 +1,12 @@
 //! Entry points (`train_embodied`, `train_async`, `bench_sync`, hidden `worker`) and Hydra's command-line flags.
+//!
+//! This module only turns argv into a typed [`HydraArgs`] and dispatches; composition lives in `config`.
 
 use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use crate::config::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
 
 /// The process exit statuses rlsync uses (documented in README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,18 +26,329 @@ impl From<ExitStatus> for ExitCode {
     }
 }
 
+/// The user-facing entry points; each composes `<entry>.yaml` by default and becomes `hydra.job.name`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    TrainEmbodied,
+    TrainAsync,
+    BenchSync,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::TrainEmbodied => "train_embodied",
+            Entry::TrainAsync => "train_async",
+            Entry::BenchSync => "bench_sync",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Entry> {
+        match name {
+            "train_embodied" => Some(Entry::TrainEmbodied),
+            "train_async" => Some(Entry::TrainAsync),
+            "bench_sync" => Some(Entry::BenchSync),
+            _ => None,
+        }
+    }
+}
+
+/// What to print instead of running, from `--cfg`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CfgKind {
+    Job,
+    Hydra,
+    All,
+}
+
+/// Hydra's flags as typed on the command line (validated, not yet interpreted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HydraArgs {
+    pub entry: Entry,
+    pub config_path: Option<String>,
+    pub config_name: Option<String>,
+    pub config_dir: Option<String>,
+    pub cfg: Option<CfgKind>,
+    pub resolve: bool,
+    pub package: Option<String>,
+    pub info: Option<InfoKind>,
+    pub multirun: bool,
+    pub run: bool,
+    pub help: bool,
+    pub hydra_help: bool,
+    pub dry_run: bool,
+    pub overrides: Vec<String>,
+}
+
+/// A command-line usage error (unknown flag, missing or bad flag value).
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("{USAGE}\nrlsync: error: unrecognized arguments: {0}")]
+    UnknownFlag(String),
+    #[error("{USAGE}\nrlsync: error: argument {flag}: expected one argument")]
+    MissingValue { flag: &'static str },
+    #[error("{USAGE}\nrlsync: error: argument {flag}: invalid choice: '{value}' (choose from {choices})")]
+    InvalidChoice { flag: &'static str, value: String, choices: &'static str },
+    #[error("{USAGE}\nrlsync: error: unknown entry point '{0}' (choose from train_embodied, train_async, bench_sync)")]
+    UnknownEntry(String),
+}
+
+const USAGE: &str = "usage: rlsync {train_embodied,train_async,bench_sync} [--help] [--hydra-help] [--version] [--cfg {job,hydra,all}]
+              [--resolve] [--package PACKAGE] [--run] [--multirun] [--config-path CONFIG_PATH]
+              [--config-name CONFIG_NAME] [--config-dir CONFIG_DIR]
+              [--info [{all,config,defaults,defaults-tree,plugins,searchpath}]] [--dry-run]
+              [overrides ...]";
+
+const FLAGS_HELP: &str = "--help,-h : Application's help
+--hydra-help : Hydra's help
+--version : Show Hydra's version and exit
+--cfg,-c : Show config instead of running [job|hydra|all]
+--resolve : Used in conjunction with --cfg, resolve config interpolations before printing.
+--package,-p : Config package to show
+--run,-r : Run a job
+--multirun,-m : Run multiple jobs with the configured launcher and sweeper
+--config-path,-cp : Overrides the config_path specified in hydra.main().
+                    The config_path is absolute or relative to the working directory
+--config-name,-cn : Overrides the config_name specified in hydra.main()
+--config-dir,-cd : Adds an additional config dir to the config search path
+--info,-i : Print Hydra information [all|config|defaults|defaults-tree|plugins|searchpath]
+--dry-run : Compose, resolve and validate the config, print the plan, and exit
+Overrides : Any key=value arguments to override config values (use dots for.nested=overrides)";
+
+/// Parse the arguments after the entry point name.
+pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, UsageError> {
+    let mut out = HydraArgs {
+        entry,
+        config_path: None,
+        config_name: None,
+        config_dir: None,
+        cfg: None,
+        resolve: false,
+        package: None,
+        info: None,
+        multirun: false,
+        run: false,
+        help: false,
+        hydra_help: false,
+        dry_run: false,
+        overrides: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        i += 1;
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_owned())),
+            _ => (arg, None),
+        };
+        let mut value = |name: &'static str| -> Result<String, UsageError> {
+            if let Some(v) = &inline {
+                return Ok(v.clone());
+            }
+            let v = args.get(i).ok_or(UsageError::MissingValue { flag: name })?;
+            i += 1;
+            Ok(v.clone())
+        };
+        match flag {
+            "--help" | "-h" => out.help = true,
+            "--hydra-help" => out.hydra_help = true,
+            "--resolve" => out.resolve = true,
+            "--run" | "-r" => out.run = true,
+            "--multirun" | "-m" => out.multirun = true,
+            "--dry-run" => out.dry_run = true,
+            "--config-path" | "-cp" => out.config_path = Some(value("--config-path/-cp")?),
+            "--config-name" | "-cn" => out.config_name = Some(value("--config-name/-cn")?),
+            "--config-dir" | "-cd" => out.config_dir = Some(value("--config-dir/-cd")?),
+            "--package" | "-p" => out.package = Some(value("--package/-p")?),
+            "--cfg" | "-c" => {
+                let v = value("--cfg/-c")?;
+                out.cfg = Some(match v.as_str() {
+                    "job" => CfgKind::Job,
+                    "hydra" => CfgKind::Hydra,
+                    "all" => CfgKind::All,
+                    _ => return Err(UsageError::InvalidChoice { flag: "--cfg/-c", value: v, choices: "'job', 'hydra', 'all'" }),
+                });
+            }
+            "--info" | "-i" => {
+                let v = match (&inline, args.get(i)) {
+                    (Some(v), _) => v.clone(),
+                    (None, Some(next)) if !next.starts_with('-') => {
+                        i += 1;
+                        next.clone()
+                    }
+                    _ => "all".into(),
+                };
+                out.info = Some(InfoKind::parse(&v).ok_or(UsageError::InvalidChoice {
+                    flag: "--info/-i",
+                    value: v,
+                    choices: "'all', 'config', 'defaults', 'defaults-tree', 'plugins', 'searchpath'",
+                })?);
+            }
+            _ if arg.starts_with('-') && !arg.starts_with("--") && arg.len() == 2 || arg.starts_with("--") => {
+                return Err(UsageError::UnknownFlag(arg.to_owned()));
+            }
+            _ if arg.starts_with('-') && !arg.contains('=') => return Err(UsageError::UnknownFlag(arg.to_owned())),
+            _ => out.overrides.push(arg.to_owned()),
+        }
+    }
+    Ok(out)
+}
+
+fn print_usage() {
+    println!("{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nFlags:\n{FLAGS_HELP}");
+}
+
 /// Run rlsync with the arguments after the program name.
 pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
-    match args.first().map(String::as_str) {
-        None | Some("-h") | Some("--help") => {
-            println!("usage: rlsync <train_embodied|train_async|bench_sync> [HYDRA FLAGS] [OVERRIDES...]");
-            Ok(ExitStatus::Success)
-        }
+    let Some(first) = args.first() else {
+        print_usage();
+        return Ok(ExitStatus::Success);
+    };
+    if first == "-h" || first == "--help" {
+        print_usage();
+        return Ok(ExitStatus::Success);
+    }
+    if first == "--version" {
+        println!("rlsync {} (Hydra {})", env!("CARGO_PKG_VERSION"), crate::config::hydra::HYDRA_VERSION);
+        return Ok(ExitStatus::Success);
+    }
+    if first == "worker" {
         // Hidden: started by the orchestrator's supervisor, never by users.
-        Some("worker") => {
-            crate::worker::run_worker(args.get(1..).unwrap_or_default())?;
+        crate::worker::run_worker(args.get(1..).unwrap_or_default())?;
+        return Ok(ExitStatus::Success);
+    }
+    let entry = Entry::parse(first).ok_or_else(|| UsageError::UnknownEntry(first.clone()))?;
+    let rest = args.get(1..).unwrap_or_default();
+    if rest.iter().any(|a| a == "--version") {
+        println!("Hydra {}", crate::config::hydra::HYDRA_VERSION);
+        return Ok(ExitStatus::Success);
+    }
+    let hydra_args = parse_hydra_args(entry, rest)?;
+    run_entry(&hydra_args)
+}
+
+fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
+    let has_cfg = args.cfg.is_some();
+    if args.resolve && !has_cfg && !args.help {
+        anyhow::bail!("The --resolve flag can only be used in conjunction with --cfg or --help");
+    }
+    let commands = [args.run, has_cfg, args.multirun, args.info.is_some()].iter().filter(|b| **b).count();
+    if commands > 1 {
+        anyhow::bail!("Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified");
+    }
+    let command = if args.help {
+        Command::AppHelp { flags_help: FLAGS_HELP }
+    } else if args.hydra_help {
+        Command::HydraHelp { flags_help: FLAGS_HELP }
+    } else if let Some(kind) = args.cfg {
+        let show = match kind {
+            CfgKind::Job => ShowCfg::Job,
+            CfgKind::Hydra => ShowCfg::Hydra,
+            CfgKind::All => ShowCfg::All,
+        };
+        Command::ShowCfg { show, package: args.package.clone(), resolve: args.resolve }
+    } else if let Some(info) = args.info {
+        Command::Info(info)
+    } else if args.multirun {
+        Command::Multirun { dry_run: args.dry_run }
+    } else {
+        Command::Run { dry_run: args.dry_run }
+    };
+    let request = AppRequest {
+        entry: args.entry.name(),
+        config_path: args.config_path.as_deref(),
+        config_name: args.config_name.as_deref().unwrap_or(args.entry.name()),
+        config_dir: args.config_dir.as_deref(),
+        overrides: &args.overrides,
+        command,
+    };
+    let outcome = app::execute(&request).with_context(|| format!("rlsync {}", args.entry.name())).map_err(strip_context)?;
+    match outcome {
+        Outcome::Printed { success } => Ok(if success { ExitStatus::Success } else { ExitStatus::Failure }),
+        Outcome::Jobs(jobs) => {
+            for job in &jobs {
+                if run_job(args.entry, job)? == ExitStatus::Failure {
+                    return Ok(ExitStatus::Failure);
+                }
+            }
             Ok(ExitStatus::Success)
         }
-        Some(other) => anyhow::bail!("'{other}' is not implemented yet"),
+    }
+}
+
+/// The seam to the rest of rlsync: a composed, resolved job goes to typed validation, then to the dry-run plan
+/// or the orchestrator.
+fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
+    let extracted = match crate::config::typed::extract(&job.config) {
+        Ok(extracted) => extracted,
+        Err(errors) => {
+            eprint!("{errors}");
+            return Ok(ExitStatus::Failure);
+        }
+    };
+    if job.dry_run {
+        let plan_entry = match entry {
+            Entry::TrainEmbodied => crate::plan::Entry::Embodied,
+            Entry::TrainAsync => crate::plan::Entry::Async,
+            Entry::BenchSync => crate::plan::Entry::BenchSync,
+        };
+        let report = crate::plan::dry_run(plan_entry, &extracted, &job.output_dir);
+        print!("{report}");
+        return Ok(if report.problems.is_empty() { ExitStatus::Success } else { ExitStatus::Failure });
+    }
+    let orchestrated = match entry {
+        Entry::TrainEmbodied => crate::orchestrator::Entry::Embodied,
+        Entry::TrainAsync => crate::orchestrator::Entry::Async,
+        Entry::BenchSync => anyhow::bail!(
+            "not yet: bench_sync composed and validated its config in {}",
+            job.output_dir.display()
+        ),
+    };
+    let opts = crate::orchestrator::RunOptions::default();
+    crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
+    Ok(ExitStatus::Success)
+}
+
+/// Keep the message exactly as composition words it (Hydra's wording): drop the context line we added.
+fn strip_context(err: anyhow::Error) -> anyhow::Error {
+    match err.chain().nth(1) {
+        Some(inner) => anyhow::anyhow!("{inner}"),
+        None => err,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<HydraArgs, UsageError> {
+        parse_hydra_args(Entry::TrainEmbodied, &args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn flags_and_overrides_are_told_apart() {
+        let a = parse(&["-cp", "/x", "--config-name=foo", "db=mysql", "+a.b=1", "~c", "--cfg", "job", "--resolve"]).ok();
+        let a = a.as_ref();
+        assert_eq!(a.and_then(|a| a.config_path.as_deref()), Some("/x"));
+        assert_eq!(a.and_then(|a| a.config_name.as_deref()), Some("foo"));
+        assert_eq!(a.and_then(|a| a.cfg), Some(CfgKind::Job));
+        assert_eq!(a.map(|a| a.resolve), Some(true));
+        assert_eq!(a.map(|a| a.overrides.clone()), Some(vec!["db=mysql".to_owned(), "+a.b=1".to_owned(), "~c".to_owned()]));
+    }
+
+    #[test]
+    fn info_takes_an_optional_choice() {
+        assert_eq!(parse(&["--info", "defaults"]).ok().and_then(|a| a.info), Some(InfoKind::Defaults));
+        assert_eq!(parse(&["-i"]).ok().and_then(|a| a.info), Some(InfoKind::All));
+        assert_eq!(parse(&["--info", "--cfg", "job"]).ok().and_then(|a| a.info), Some(InfoKind::All));
+        assert!(matches!(parse(&["--info", "nope"]), Err(UsageError::InvalidChoice { .. })));
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        assert!(matches!(parse(&["--frobnicate"]), Err(UsageError::UnknownFlag(_))));
+        assert!(matches!(parse(&["-x"]), Err(UsageError::UnknownFlag(_))));
+        assert!(matches!(parse(&["--cfg"]), Err(UsageError::MissingValue { .. })));
+        assert!(matches!(parse(&["--cfg", "nope"]), Err(UsageError::InvalidChoice { .. })));
     }
 }

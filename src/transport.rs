@@ -52,7 +52,11 @@ impl fmt::Display for Peer {
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error("timed out after {timeout:?} while {op}, waiting on {peer}")]
-    Timeout { op: &'static str, peer: Peer, timeout: Duration },
+    Timeout {
+        op: &'static str,
+        peer: Peer,
+        timeout: Duration,
+    },
     #[error("{peer} is gone (disconnected) while {op}")]
     PeerGone { op: &'static str, peer: Peer },
     #[error("i/o error while {op}: {source}")]
@@ -73,7 +77,11 @@ pub enum TransportError {
     #[error("the handshake was rejected by the sender: {reason}")]
     Rejected { reason: String },
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
-    TooLarge { what: &'static str, len: usize, max: usize },
+    TooLarge {
+        what: &'static str,
+        len: usize,
+        max: usize,
+    },
     #[error("rank {rank} is out of range for a channel with {receivers} receivers")]
     NoSuchRank { rank: usize, receivers: usize },
     #[error("invalid transport config: {reason}")]
@@ -99,7 +107,11 @@ pub enum Receiver {
 /// What every sending backend provides; [`Sender`] dispatches to it.
 pub(crate) trait SendBackend {
     fn receivers(&self) -> usize;
-    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError>;
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError>;
     async fn flush(&mut self) -> Result<(), TransportError>;
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError>;
 }
@@ -122,11 +134,16 @@ impl Sender {
 
     /// Write a payload of `len` bytes in place and publish it to every receiver; returns once published.
     ///
+    /// The buffer starts 64-byte aligned, and so does what receivers see, so typed views over it work.
     /// For shm, `fill` writes straight into the shared segment (once for all receivers). The buffer is not
     /// zeroed between payloads: `fill` must write every byte it wants receivers to see. At most the channel's
     /// slot count of payloads is in flight; this waits (bounded by the timeout) for the oldest to be released.
     /// `fill` runs on the calling thread, so a large fill on a tokio worker blocks it for that long.
-    pub async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    pub async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         match self {
             Sender::InProc(s) => s.send_with(len, fill).await,
             Sender::Shm(s) => s.send_with(len, fill).await,
@@ -135,7 +152,8 @@ impl Sender {
 
     /// Publish a copy of `payload`.
     pub async fn send(&mut self, payload: &[u8]) -> Result<(), TransportError> {
-        self.send_with(payload.len(), |buf| buf.copy_from_slice(payload)).await
+        self.send_with(payload.len(), |buf| buf.copy_from_slice(payload))
+            .await
     }
 
     /// Wait until every receiver has released every published payload.
@@ -166,7 +184,10 @@ impl Receiver {
 
     /// Wait for the next payload; `read` sees it in place (zero-copy) and the payload is released when `read`
     /// returns. `read` runs on the calling thread.
-    pub async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
+    pub async fn recv_with<R>(
+        &mut self,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, TransportError> {
         match self {
             Receiver::InProc(r) => r.recv_with(read).await,
             Receiver::Shm(r) => r.recv_with(read).await,
@@ -227,22 +248,36 @@ mod tests {
         assert_send(&tx);
         assert_send(&rxs);
         assert_send(&ShmSender::bind(ShmConfig::default()));
-        assert_send(&ShmReceiver::connect(std::path::Path::new("x"), 0, DEFAULT_TIMEOUT));
+        assert_send(&ShmReceiver::connect(
+            std::path::Path::new("x"),
+            0,
+            DEFAULT_TIMEOUT,
+        ));
     }
 
     #[test]
     fn errors_name_the_peer() {
         let check = |err: TransportError, expect: &str| assert_eq!(err.to_string(), expect);
         check(
-            TransportError::Timeout { op: "flushing", peer: Peer::Receivers(vec![0, 2]), timeout: Duration::from_secs(3) },
+            TransportError::Timeout {
+                op: "flushing",
+                peer: Peer::Receivers(vec![0, 2]),
+                timeout: Duration::from_secs(3),
+            },
             "timed out after 3s while flushing, waiting on receiver ranks [0, 2]",
         );
         check(
-            TransportError::PeerGone { op: "sending a payload", peer: Peer::Receiver(1) },
+            TransportError::PeerGone {
+                op: "sending a payload",
+                peer: Peer::Receiver(1),
+            },
             "receiver rank 1 is gone (disconnected) while sending a payload",
         );
         check(
-            TransportError::PeerGone { op: "waiting for a payload", peer: Peer::Sender },
+            TransportError::PeerGone {
+                op: "waiting for a payload",
+                peer: Peer::Sender,
+            },
             "the sender is gone (disconnected) while waiting for a payload",
         );
     }

@@ -1,4 +1,6 @@
 //! The single integration test binary: one module per area.
 
+mod cli;
 mod orchestrator;
 mod transport;
+mod util;

@@ -12,6 +12,8 @@
 //! Layout: `grammar` (lexer + parser), `tree` (parent-linked working copy), `py` (Python values and
 //! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers).
 
+#[cfg(test)]
+mod conformance_tests;
 mod eval;
 mod grammar;
 mod py;
@@ -26,12 +28,15 @@ pub use grammar::GrammarError;
 use py::PyErr;
 use tree::Id;
 
+/// Looks up an environment variable (`None` when unset).
+type EnvLookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
+
 /// What resolution may consult besides the config: Hydra's own node, the environment, and the clock.
 pub struct ResolveContext<'a> {
     /// The `hydra` node of the composed config, for `${hydra:runtime.cwd}` and friends.
     hydra: Option<&'a Node>,
     /// Environment lookup for `oc.env` (injectable so tests do not touch the process environment).
-    env: Box<dyn Fn(&str) -> Option<String> + 'a>,
+    env: EnvLookup<'a>,
     /// Local wall-clock time for `${now:...}`; fixed per context, as Hydra caches `now` per pattern.
     now: chrono::NaiveDateTime,
 }
@@ -130,19 +135,41 @@ impl ErrorKind {
     }
 }
 
-/// An interpolation error and the config node it happened at.
+/// An interpolation error and the config node it happened at (boxed: errors are rare, results are not).
 #[derive(Debug, Clone, PartialEq)]
-pub struct InterpolationError {
-    pub kind: ErrorKind,
+pub struct InterpolationError(Box<Located>);
+
+#[derive(Debug, Clone, PartialEq)]
+struct Located {
+    kind: ErrorKind,
+    full_key: String,
+    origin: Option<Origin>,
+}
+
+impl InterpolationError {
+    fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
+        InterpolationError(Box::new(Located { kind, full_key, origin }))
+    }
+
+    pub fn kind(&self) -> &ErrorKind {
+        &self.0.kind
+    }
+
     /// OmegaConf's dotted key of the node being resolved (`a.b`, `list[0]`); empty for the root.
-    pub full_key: String,
-    pub origin: Option<Origin>,
+    pub fn full_key(&self) -> &str {
+        &self.0.full_key
+    }
+
+    /// Where the failing value was written, when known.
+    pub fn origin(&self) -> Option<&Origin> {
+        self.0.origin.as_ref()
+    }
 }
 
 impl fmt::Display for InterpolationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n    full_key: {}", self.kind, self.full_key)?;
-        if let Some(origin) = &self.origin {
+        write!(f, "{}\n    full_key: {}", self.0.kind, self.0.full_key)?;
+        if let Some(origin) = &self.0.origin {
             write!(f, "\n    at {origin}")?;
         }
         Ok(())
@@ -152,7 +179,7 @@ impl fmt::Display for InterpolationError {
 impl std::error::Error for InterpolationError {}
 
 fn locate(engine: &Engine<'_, '_>, kind: ErrorKind, id: Id) -> InterpolationError {
-    InterpolationError { kind, full_key: engine.tree.full_key(id), origin: engine.tree.slot(id).origin.clone() }
+    InterpolationError::new(kind, engine.tree.full_key(id), engine.tree.slot(id).origin.clone())
 }
 
 /// A fully resolved copy of `root`: `OmegaConf.resolve` semantics, so values that are (or reach) `???`
@@ -167,7 +194,7 @@ pub fn resolve_tree(root: &Node, ctx: &ResolveContext) -> Result<Node, Interpola
 /// comes back with its content resolved (`to_container(resolve=True)`, `???` kept where unreferenced).
 pub fn resolve_at(root: &Node, path: &str, ctx: &ResolveContext) -> Result<Node, InterpolationError> {
     let (mut engine, id) = Engine::new(root, ctx);
-    let at_path = |kind| InterpolationError { kind, full_key: path.to_owned(), origin: root.get_path(path).and_then(|n| n.origin.clone()) };
+    let at_path = |kind| InterpolationError::new(kind, path.to_owned(), root.get_path(path).and_then(|n| n.origin.clone()));
     let found = engine.select_impl(id, path, true, &mut eval::Memo::off()).map_err(at_path)?;
     let Some((raw, res)) = found else {
         return Err(at_path(ErrorKind::PathNotFound { path: path.to_owned() }));
@@ -212,12 +239,197 @@ fn validate_slot(t: &tree::Tree, id: Id) -> Result<(), InterpolationError> {
         tree::Body::Dict(d) => d.values().try_for_each(|&c| validate_slot(t, c)),
         tree::Body::List(l) => l.iter().try_for_each(|&c| validate_slot(t, c)),
         tree::Body::Leaf(_) => match t.interpolation(id) {
-            Some(s) => check_syntax(s).map_err(|e| InterpolationError {
-                kind: ErrorKind::Grammar { detail: e.detail },
-                full_key: t.full_key(id),
-                origin: t.slot(id).origin.clone(),
+            Some(s) => check_syntax(s).map_err(|e| {
+                InterpolationError::new(ErrorKind::Grammar { detail: e.detail }, t.full_key(id), t.slot(id).origin.clone())
             }),
             None => Ok(()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::node::{Dict, Key};
+
+    /// JSON to a config tree; the string `???` is a missing value, as in YAML.
+    fn node(j: &serde_json::Value) -> Node {
+        use serde_json::Value as J;
+        Node::new(match j {
+            J::Null => Value::Null,
+            J::Bool(b) => Value::Bool(*b),
+            J::Number(n) => match n.as_i64() {
+                Some(i) => Value::Int(i),
+                None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            J::String(s) if s == "???" => Value::Missing,
+            J::String(s) => Value::Str(s.clone()),
+            J::Array(items) => Value::List(items.iter().map(node).collect()),
+            J::Object(map) => Value::Dict(map.iter().map(|(k, v)| (Key::from(k.as_str()), node(v))).collect()),
+        })
+    }
+
+    fn parse(text: &str) -> Node {
+        node(&serde_json::from_str(text).unwrap_or_else(|e| panic!("bad test JSON {text}: {e}")))
+    }
+
+    fn test_ctx() -> ResolveContext<'static> {
+        ResolveContext::new()
+            .with_env(|k| (k == "RLSYNC_T_SET").then(|| "from_env".to_owned()))
+            .with_now(chrono::NaiveDate::from_ymd_opt(2024, 5, 6).and_then(|d| d.and_hms_opt(7, 8, 9)).unwrap_or_default())
+    }
+
+    fn first_line(e: &InterpolationError) -> String {
+        e.to_string().lines().next().unwrap_or_default().to_owned()
+    }
+
+    /// Expectations come from OmegaConf 2.3.1 itself (`OmegaConf.resolve`, then `to_container`); an error
+    /// is the first line of its message.
+    #[test]
+    fn resolve_tree_matches_omegaconf() {
+        let cases: &[(&str, &str, Result<&str, &str>)] = &[
+        ("node_keeps_type", r#"{"a": 1, "b": "${a}", "c": "${d}", "d": {"e": [1.5, null, true]}}"#, Ok(r#"{"a": 1, "b": 1, "c": {"e": [1.5, null, true]}, "d": {"e": [1.5, null, true]}}"#)),
+        ("string_interpolation_is_str", r#"{"a": 1, "b": "x_${a}_${c}", "c": null}"#, Ok(r#"{"a": 1, "b": "x_1_None", "c": null}"#)),
+        ("relative_keys", r#"{"x": 0, "a": {"b": 1, "c": "${.b}", "d": "${..x}", "e": {"f": "${..b}"}}}"#, Ok(r#"{"x": 0, "a": {"b": 1, "c": 1, "d": 0, "e": {"f": 1}}}"#)),
+        ("list_index_forms", r#"{"l": [10, {"k": "v"}], "a": "${l.0}", "b": "${l[1].k}", "c": "${l[0]}"}"#, Ok(r#"{"l": [10, {"k": "v"}], "a": 10, "b": "v", "c": 10}"#)),
+        ("nested_key_interpolation", r#"{"opt": {"a": "A", "b": "B"}, "choice": "b", "x": "${opt.${choice}}", "y": "${opt[${choice}]}"}"#, Ok(r#"{"opt": {"a": "A", "b": "B"}, "choice": "b", "x": "B", "y": "B"}"#)),
+        ("escapes", r#"{"a": 1, "b": "\\${a}", "c": "\\\\${a}", "d": "x\\y${a}", "e": "${a}\\\\"}"#, Ok(r#"{"a": 1, "b": "${a}", "c": "\\1", "d": "x\\y1", "e": "1\\\\"}"#)),
+        ("escaped_then_referenced", r#"{"a": 1, "x": "\\${a}", "y": "${x}"}"#, Ok(r#"{"a": 1, "x": "${a}", "y": 1}"#)),
+        ("missing_stays_missing", r#"{"m": "???", "a": "${m}", "b": "s_${m}", "c": "${oc.select:m,dflt}"}"#, Ok(r#"{"m": "???", "a": "???", "b": "???", "c": "dflt"}"#)),
+        ("referenced_dict_is_resolved_copy", r#"{"d": {"p": 1, "q": "${.p}"}, "e": "${d}", "s": "${d} and ${l}", "l": [1, "${d.p}", "???"]}"#, Ok(r#"{"d": {"p": 1, "q": 1}, "e": {"p": 1, "q": 1}, "s": "{'p': 1, 'q': 1} and [1, '${d.p}', '???']", "l": [1, 1, "???"]}"#)),
+        ("oc_env", r#"{"a": "${oc.env:RLSYNC_T_SET}", "b": "${oc.env:RLSYNC_T_UNSET,5}", "c": "${oc.env:RLSYNC_T_UNSET,null}", "d": "${oc.env:RLSYNC_T_UNSET,}", "e": "${oc.env:RLSYNC_T_UNSET,[1, 2]}"}"#, Ok(r#"{"a": "from_env", "b": "5", "c": null, "d": "", "e": "[1, 2]"}"#)),
+        ("oc_env_unset_fails", r#"{"a": "${oc.env:RLSYNC_T_UNSET}"}"#, Err(r#"KeyError raised while resolving interpolation: "Environment variable 'RLSYNC_T_UNSET' not found""#)),
+        ("oc_select", r#"{"a": {"b": 2}, "s": "x", "x1": "${oc.select:a.b}", "x2": "${oc.select:nope,7}", "x3": "${oc.select:s.t,deflt}", "x4": "${oc.select:a}", "x5": "${oc.select:nope}"}"#, Ok(r#"{"a": {"b": 2}, "s": "x", "x1": 2, "x2": 7, "x3": "deflt", "x4": {"b": 2}, "x5": null}"#)),
+        ("oc_decode", r#"{"s": "[1, 0.5, hi, null, {k: 'v'}]", "n": "-1_000", "x": "${oc.decode:${n}}", "y": "${oc.decode:'  3.5e1 '}", "z": "${oc.decode:null}", "w": "x ${oc.decode:${s}}"}"#, Ok(r#"{"s": "[1, 0.5, hi, null, {k: 'v'}]", "n": "-1_000", "x": -1000, "y": "  3.5e1 ", "z": null, "w": "x [1, 0.5, 'hi', None, {'k': 'v'}]"}"#)),
+        ("oc_decode_list_cannot_be_stored", r#"{"x": "${oc.decode:'[1, 2]'}"}"#, Err(r#"Value 'list' is not a supported primitive type"#)),
+        ("oc_decode_rejects_numbers", r#"{"x": "${oc.decode:5}"}"#, Err(r#"TypeError raised while resolving interpolation: `oc.decode` can only take strings or None as input, but `5` is of type int"#)),
+        ("oc_create", r#"{"y": 3, "a": "${oc.create:{k: 1, l: [a, '${y}']}}", "b": "${oc.create:${a}}", "c": "${oc.create:[1, {z: '${.y}', y: 2}]}"}"#, Ok(r#"{"y": 3, "a": {"k": 1, "l": ["a", "3"]}, "b": {"k": 1, "l": ["a", "3"]}, "c": [1, {"z": "3", "y": 2}]}"#)),
+        ("oc_create_rejects_scalars", r#"{"x": "${oc.create:0}"}"#, Err(r#"ValidationError raised while resolving interpolation: Object of unsupported type: 'int'"#)),
+        ("oc_dict", r#"{"d": {"a": 1, "b": "${x}"}, "x": 7, "k": "${oc.dict.keys:d}", "v": "${oc.dict.values:d}", "r": {"v": "${oc.dict.values:..d}"}}"#, Ok(r#"{"d": {"a": 1, "b": 7}, "x": 7, "k": ["a", "b"], "v": [1, 7], "r": {"v": [1, 7]}}"#)),
+        ("oc_dict_needs_a_dict", r#"{"x": "${oc.dict.keys:i}", "i": 0}"#, Err(r#"TypeError raised while resolving interpolation: `oc.dict.keys` cannot be applied to objects of type: int"#)),
+        ("oc_dict_key_not_found", r#"{"x": "${oc.dict.values:nosuch}"}"#, Err(r#"ConfigKeyError raised while resolving interpolation: Key not found: 'nosuch'"#)),
+        ("oc_deprecated", r#"{"new": {"k": 1}, "old": "${oc.deprecated:new.k}"}"#, Ok(r#"{"new": {"k": 1}, "old": 1}"#)),
+        ("oc_deprecated_missing_target", r#"{"old": "${oc.deprecated:nosuch}"}"#, Err(r#"ConfigKeyError raised while resolving interpolation: In oc.deprecated resolver at 'old': Key not found: 'nosuch'"#)),
+        ("rlinf_resolvers", r#"{"a": 6, "b": 4, "m": "${multiply:${a},${b}}", "mf": "${multiply:2.5,${a}}", "ms": "${multiply:ab,3}", "d": "${int_div:${a},${b}}", "df": "${int_div:-7.5,2}", "s": "${subtract:${a},0.5}", "n": "${not:${a}}", "n2": "${not:''}", "n3": "${not:[]}"}"#, Ok(r#"{"a": 6, "b": 4, "m": 24, "mf": 15.0, "ms": "ababab", "d": 1, "df": -4.0, "s": 5.5, "n": false, "n2": true, "n3": true}"#)),
+        ("int_div_by_zero", r#"{"x": "${int_div:1,0}"}"#, Err(r#"ZeroDivisionError raised while resolving interpolation: integer division or modulo by zero"#)),
+        ("multiply_wrong_arity", r#"{"x": "${multiply:1}"}"#, Err(r#"TypeError raised while resolving interpolation: <lambda>() missing 1 required positional argument: 'y'"#)),
+        ("unknown_resolver", r#"{"x": "${nosuch:1}"}"#, Err(r#"Unsupported interpolation type nosuch"#)),
+        ("key_not_found", r#"{"a": {"b": 1}, "x": "${a.c}"}"#, Err(r#"Interpolation key 'a.c' not found"#)),
+        ("relative_past_root", r#"{"a": "${..y}"}"#, Err(r#"ConfigKeyError while resolving interpolation: Error resolving key '..y'"#)),
+        ("not_a_container", r#"{"a": 1, "c": "${a.b}"}"#, Err(r#"ConfigTypeError raised while resolving interpolation: Error trying to access a.b: node `a` is not a container and thus cannot contain `b`"#)),
+        ("list_index_not_int", r#"{"l": [1], "c": "${l.x}"}"#, Err(r#"TypeError raised while resolving interpolation: Index 'x' (str) is not an int"#)),
+        ("list_index_out_of_range", r#"{"l": [1], "c": "${l.5}"}"#, Err(r#"Interpolation key 'l.5' not found"#)),
+        ("cycle", r#"{"a": "${b}", "b": "${a}"}"#, Err(r#"Recursive interpolation detected"#)),
+        ("self_cycle_in_string", r#"{"a": "x ${a}"}"#, Err(r#"Recursive interpolation detected"#)),
+        ("points_at_parent", r#"{"a": {"b": "${a}"}}"#, Err(r#"Interpolation to parent node detected"#)),
+        ("key_must_be_string", r#"{"f": 1.5, "d": {}, "x": "${d.${f}}"}"#, Err(r#"The following interpolation is used to denote a config key and thus should return a string, but instead returned `1.5` of type `<class 'float'>`: ${f}"#)),
+        ("whitespace_in_interpolation", r#"{"a": {"b": 1}, "x": "${ a.b }", "y": "${oc.select: a.b , 0 }"}"#, Ok(r#"{"a": {"b": 1}, "x": 1, "y": 1}"#)),
+        ("resolver_args_are_typed", r#"{"x": "${oc.select:nope,[1, 'two', {k: null}]} end", "y": "${oc.select:nope,'a,b'}", "z": "${oc.select:nope,1_0.5}", "w": "${oc.select:nope,\\,x}"}"#, Ok(r#"{"x": "[1, 'two', {'k': None}] end", "y": "a,b", "z": 10.5, "w": ",x"}"#)),
+        ("list_result_cannot_be_stored", r#"{"x": "${oc.select:nope,[1]}"}"#, Err(r#"Value 'list' is not a supported primitive type"#)),
+        ("escaped_string_is_revalidated", r#"{"a": 1, "x": "\\${a\\}"}"#, Err(r#"token recognition error at: '\'"#)),
+        ("recursion_through_resolvers_is_bounded", r#"{"x": "${oc.select:x}"}"#, Err(r#"RecursionError raised while resolving interpolation: maximum recursion depth exceeded"#)),
+        ];
+        let ctx = test_ctx();
+        for (name, input, want) in cases {
+            let got = resolve_tree(&parse(input), &ctx);
+            match (want, got) {
+                (Ok(want), Ok(got)) => assert_eq!(got, parse(want), "{name}"),
+                (Err(want), Err(got)) => assert_eq!(&first_line(&got), want, "{name}"),
+                (want, got) => panic!("{name}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_failing_key_and_origin() {
+        let origin = Origin::File { file: "conf.yaml".into(), line: 3, col: 5 };
+        let mut inner = Dict::new();
+        inner.insert(Key::from("b"), Node::with_origin(Value::Str("${nope}".into()), Some(origin.clone())));
+        let mut root = Dict::new();
+        root.insert(Key::from("a"), Node::new(Value::List(vec![Node::new(Value::Dict(inner))])));
+        let err = resolve_tree(&Node::new(Value::Dict(root)), &test_ctx()).expect_err("nope is not defined");
+        assert_eq!(err.kind(), &ErrorKind::KeyNotFound { key: "nope".into() });
+        assert_eq!(err.full_key(), "a[0].b");
+        assert_eq!(err.origin(), Some(&origin));
+        assert_eq!(err.to_string(), "Interpolation key 'nope' not found\n    full_key: a[0].b\n    at conf.yaml:3:5");
+    }
+
+    #[test]
+    fn resolve_at_is_a_lookup() {
+        let cfg = parse(r#"{"a": {"b": "${c}", "m": "???", "r": "${.m}"}, "c": [1, "${a.b}"], "m": "???", "p": "${m}"}"#);
+        let ctx = test_ctx();
+        let check = |path: &str, want: Result<&str, &str>| match (want, resolve_at(&cfg, path, &ctx)) {
+            (Ok(want), Ok(got)) => assert_eq!(got, parse(want), "{path}"),
+            (Err(want), Err(got)) => assert_eq!(first_line(&got), want, "{path}"),
+            (want, got) => panic!("{path}: want {want:?}, got {got:?}"),
+        };
+        check("c.0", Ok("1"));
+        check("c[0]", Ok("1"));
+        check("m", Err("Missing mandatory value: m"));
+        check("p", Err("MissingMandatoryValue while resolving interpolation: Missing mandatory value: m"));
+        check("a.r", Err("MissingMandatoryValue while resolving interpolation: Missing mandatory value: a.m"));
+        check("nope.x", Err("Key 'nope.x' not found"));
+        check("c.1", Err("Interpolation to parent node detected"));
+    }
+
+    #[test]
+    fn resolve_at_resolves_containers_and_keeps_unreferenced_missing() {
+        let cfg = parse(r#"{"d": {"x": "${v}", "m": "???", "s": "n_${v}"}, "v": 2}"#);
+        assert_eq!(resolve_at(&cfg, "d", &test_ctx()), Ok(parse(r#"{"x": 2, "m": "???", "s": "n_2"}"#)));
+    }
+
+    #[test]
+    fn resolve_str_uses_the_root_as_parent() {
+        let cfg = parse(r#"{"db": {"name": "pg"}, "n": 3}"#);
+        let ctx = test_ctx();
+        assert_eq!(resolve_str("db/${db.name}", &cfg, &ctx), Ok(Node::str("db/pg")));
+        assert_eq!(resolve_str("${n}", &cfg, &ctx), Ok(Node::new(Value::Int(3))));
+        assert_eq!(resolve_str("${.db}", &cfg, &ctx), Ok(parse(r#"{"name": "pg"}"#)));
+        assert_eq!(resolve_str("plain $n {x} \\", &cfg, &ctx), Ok(Node::str("plain $n {x} \\")));
+        assert_eq!(resolve_str("esc \\${n}", &cfg, &ctx), Ok(Node::str("esc ${n}")));
+        let err = resolve_str("${nope}", &cfg, &ctx).expect_err("nope is not defined");
+        assert_eq!(first_line(&err), "Interpolation key 'nope' not found");
+    }
+
+    #[test]
+    fn hydra_and_now_resolvers() {
+        let hydra = parse(r#"{"job": {"name": "train", "dir": "out/${hydra.job.name}"}, "runtime": {"cwd": "/w"}, "m": "???"}"#);
+        let ctx = test_ctx().with_hydra(&hydra);
+        let cfg = parse(
+            r#"{"a": "${hydra:runtime.cwd}", "b": "${hydra:job.dir}", "c": "${hydra:nope}", "d": "${hydra:m}",
+                "e": "${now:%Y-%m-%d_%H-%M-%S}", "f": "${hydra:job}"}"#,
+        );
+        let want = parse(
+            r#"{"a": "/w", "b": "out/train", "c": null, "d": null, "e": "2024-05-06_07-08-09",
+                "f": {"name": "train", "dir": "out/train"}}"#,
+        );
+        assert_eq!(resolve_tree(&cfg, &ctx), Ok(want));
+        let without = resolve_tree(&parse(r#"{"a": "${hydra:job.name}"}"#), &test_ctx()).expect_err("no hydra node");
+        assert_eq!(first_line(&without), "ValueError raised while resolving interpolation: HydraConfig was not set");
+    }
+
+    #[test]
+    fn validate_tree_reports_grammar_errors_with_their_key() {
+        for (input, key) in [
+            (r#"{"a": "${}"}"#, "a"),
+            (r#"{"a": {"b": ["ok ${x}", "${d i c t.a}"]}}"#, "a.b[1]"),
+            (r#"{"a": "${some_${resolver}:a, b, c}"}"#, "a"),
+            (r#"{"a": "${1e1:1,2,3}"}"#, "a"),
+        ] {
+            let err = validate_tree(&parse(input)).expect_err(input);
+            assert!(matches!(err.kind(), ErrorKind::Grammar { .. }), "{input}: {err}");
+            assert_eq!(err.full_key(), key, "{input}");
+            assert!(err.to_string().contains(&format!("full_key: {key}")), "{input}: {err}");
+        }
+        assert_eq!(validate_tree(&parse(r#"{"a": "\\${not an interpolation\\}", "b": "${x.y[0]}", "c": "${f:[1, {a: b}]}"}"#)), Ok(()));
+    }
+
+    #[test]
+    fn is_interpolation_is_the_cheap_test() {
+        assert!(is_interpolation("a ${b}"));
+        assert!(is_interpolation("\\${b}"));
+        assert!(!is_interpolation("$b {c}"));
+        assert!(check_syntax("${a.b}").is_ok());
+        assert!(check_syntax("${a.b").is_err());
     }
 }

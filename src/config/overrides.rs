@@ -76,6 +76,9 @@ pub enum OverrideError {
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
     #[error("Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
     NestedSweep { input: String, sweep_type: &'static str },
+    /// A choice with a sweep among its items (`a=1,choice(2,3)`), which Hydra cannot enumerate either.
+    #[error("Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
+    NestedSweepInChoice { sweep_type: &'static str },
     /// `a=1,2` without `--multirun`.
     #[error(
         "Ambiguous value for argument '{input}'\n1. To use it as a list, use key=[value1,value2]\n2. To use it as string, quote the value: key=\\'value1,value2\\'\n3. To sweep over it, add --multirun to your command line"
@@ -102,9 +105,6 @@ pub enum OverrideError {
     /// A range with more elements than a sweep can reasonably launch.
     #[error("range has more than {limit} values and cannot be enumerated")]
     RangeTooLong { limit: usize },
-    /// A `glob()` include/exclude list holds something other than strings.
-    #[error("glob patterns must be strings, got {type_name}")]
-    GlobPatternType { type_name: &'static str },
     /// A config group override whose value is not a string or a list (`db=1`).
     #[error("Config group override must be a string or a list. Got {type_name}")]
     GroupValueType { type_name: &'static str },
@@ -202,6 +202,18 @@ impl Override {
             None => format!("{prefix}{}", self.key_or_group),
             Some(pkg) => format!("{prefix}{}@{pkg}", self.key_or_group),
         }
+    }
+
+    /// How Hydra's basic sweeper writes this override into each job of a multirun when it is not a
+    /// sweep: `key_element=value_text`, so `b= x ` becomes `b=x` and `~a` becomes `~a=null`. `None` for
+    /// sweeps, which [`Sweep::expand`] enumerates instead.
+    pub fn job_text(&self) -> Option<String> {
+        let value = match &self.value {
+            Some(OverrideValue::Sweep(_)) => return None,
+            Some(OverrideValue::Element(e)) => e.to_override_text(),
+            None => Element::Null.to_override_text(),
+        };
+        Some(format!("{}={value}", self.key_element()))
     }
 
     /// Hydra's `get_value_string()`: the input after the first `=`, as typed.

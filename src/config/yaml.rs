@@ -61,6 +61,8 @@ pub enum YamlErrorKind {
     RecursiveAlias,
     #[error("found unacceptable character {ch:?}: special characters are not allowed")]
     NonPrintable { ch: char },
+    #[error("found line separator {ch:?}, which YAML 1.1 reads as a line break; write it as an escape in double quotes")]
+    LineSeparator { ch: char },
     #[error("found duplicate key {key}")]
     DuplicateKey { key: String },
     #[error("could not determine a constructor for the tag '{tag}'")]
@@ -125,6 +127,7 @@ fn load_document(text: &str, file: &Arc<str>) -> Result<Node, (Pos, YamlErrorKin
         return Ok(Node::with_origin(Value::Dict(Dict::new()), ctor.origin(start)));
     };
     let node = ctor.node(&root, 0)?;
+    construct::reject_null_keys(&node)?;
     match node.value {
         Value::Null => Ok(Node::with_origin(Value::Dict(Dict::new()), node.origin)),
         Value::Dict(_) | Value::List(_) => Ok(node),
@@ -154,6 +157,7 @@ fn reparse_top_level_string(text: &str, ctor: &mut construct::Constructor, pos: 
         other => return Err((pos, YamlErrorKind::TopLevel { type_name: other.type_name() })),
     };
     set_origin_deep(&mut node, &origin);
+    construct::reject_null_keys(&node)?;
     Ok(node)
 }
 
@@ -336,10 +340,29 @@ mod tests {
     #[test]
     fn bad_keys_are_errors() {
         assert_eq!(err_kind("~: x"), YamlErrorKind::KeyType { type_name: "NoneType" });
-        assert_eq!(err_kind(": x"), YamlErrorKind::KeyType { type_name: "NoneType" });
+        assert_eq!(err_kind("a: 1\n: x"), YamlErrorKind::KeyType { type_name: "NoneType" });
         assert_eq!(err_kind("[1]: x"), YamlErrorKind::UnhashableKey { type_name: "list" });
         assert_eq!(err_kind("{a: 1}: x"), YamlErrorKind::UnhashableKey { type_name: "dict" });
         assert_eq!(err_kind("!!binary aGk=: x"), YamlErrorKind::UnsupportedKey { type_name: "bytes" });
+    }
+
+    #[test]
+    fn null_keys_fail_only_if_they_survive() {
+        // A later duplicate int key replaces the dict holding the null key, as in PyYAML + OmegaConf.
+        assert_eq!(val("1: {~: 1}\n1: 2"), dict(vec![(Key::Int(1), Value::Int(2))]));
+        let e = load("a:\n  ~: x\n").err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("t.yaml:2:6: Incompatible key type 'NoneType'"));
+        assert_eq!(err_kind("\"~: x\""), YamlErrorKind::KeyType { type_name: "NoneType" });
+    }
+
+    #[test]
+    fn yaml11_line_breaks() {
+        assert_eq!(val("a: \"x\u{85} b\""), dict(vec![(k("a"), s("x b"))]));
+        assert_eq!(val("a: [x,\u{85} y]"), dict(vec![(k("a"), list(vec![s("x"), s("y")]))]));
+        assert_eq!(val("a: 1\u{85}b: 2"), dict(vec![(k("a"), Value::Int(1)), (k("b"), Value::Int(2))]));
+        assert_eq!(val("a: |\u{85}  x\u{85}  y\u{85}"), dict(vec![(k("a"), s("x\ny\n"))]));
+        assert_eq!(val("a: x\rb: 2"), dict(vec![(k("a"), s("x")), (k("b"), Value::Int(2))]));
+        assert_eq!(err_kind("a: x\u{2028}b"), YamlErrorKind::LineSeparator { ch: '\u{2028}' });
     }
 
     #[test]
@@ -538,5 +561,43 @@ mod tests {
         }
         assert_eq!(count, 183, "case count changed");
         assert!(failures.is_empty(), "{} of {count} cases failed:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    // ---- robustness: bad input is an error, never a panic ----
+
+    const SEEDS: &[&str] = &[
+        "a: 1\nb: [1, 2, {c: d}]\n",
+        "base: &b {x: 1}\nd:\n  <<: *b\n  y: !!int '2'\n",
+        "l:\n- - a\n  - b\n- |\n  text\n- >-\n  folded\n",
+        "? k\n: v\n'q': \"x\\ty\"\n",
+        "%YAML 1.1\n---\na: !!binary aGk=\n...\n",
+        "a: !!omap [x: 1]\nb: !!set {q}\n",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 2000, ..Default::default() })]
+
+        #[test]
+        fn arbitrary_text_never_panics(text in ".{0,64}") {
+            let _ = load_str(&text, "fuzz.yaml");
+        }
+
+        #[test]
+        fn mutated_configs_never_panic(
+            seed in proptest::sample::select(SEEDS),
+            edits in proptest::collection::vec((0usize..200, proptest::sample::select(vec![
+                "", "-", ":", " ", "\n", "\t", "&a", "*a", "!!", "!", "[", "]", "{", "}", "?", "'", "\"", "<<", "|", ">", "#", "%", "---", "...", ",", "\\",
+            ])), 1..6),
+        ) {
+            let mut text = seed.to_owned();
+            for (at, insert) in edits {
+                let mut at = at % (text.len() + 1);
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                text.insert_str(at, insert);
+            }
+            let _ = load_str(&text, "fuzz.yaml");
+        }
     }
 }

@@ -56,12 +56,19 @@ pub(crate) struct Fanout {
 }
 
 fn ranks_where(flags: &[bool]) -> Vec<usize> {
-    flags.iter().enumerate().filter(|(_, f)| **f).map(|(rank, _)| rank).collect()
+    flags
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f)
+        .map(|(rank, _)| rank)
+        .collect()
 }
 
 fn peer_of(mut ranks: Vec<usize>) -> Peer {
     if ranks.len() == 1 {
-        ranks.pop().map_or(Peer::Receivers(Vec::new()), Peer::Receiver)
+        ranks
+            .pop()
+            .map_or(Peer::Receivers(Vec::new()), Peer::Receiver)
     } else {
         Peer::Receivers(ranks)
     }
@@ -99,14 +106,24 @@ impl Fanout {
     /// Fail if any rank is gone: a payload must reach every receiver.
     pub(crate) fn require_all_alive(&self, op: &'static str) -> Result<(), TransportError> {
         let gone = ranks_where(&self.gone);
-        if gone.is_empty() { Ok(()) } else { Err(TransportError::PeerGone { op, peer: peer_of(gone) }) }
+        if gone.is_empty() {
+            Ok(())
+        } else {
+            Err(TransportError::PeerGone {
+                op,
+                peer: peer_of(gone),
+            })
+        }
     }
 
     /// Record that payload `seq` was published in `slot` to every rank.
     pub(crate) fn published(&mut self, seq: u64, slot: usize) {
         // With no receivers nothing is ever in flight.
         if let Some(entry) = self.slots.get_mut(slot).filter(|_| self.receivers > 0) {
-            *entry = Some(InFlight { seq, pending: vec![true; self.receivers] });
+            *entry = Some(InFlight {
+                seq,
+                pending: vec![true; self.receivers],
+            });
         }
         self.next_seq = seq + 1;
     }
@@ -116,7 +133,10 @@ impl Fanout {
         if self.receivers == 0 {
             self.fully_mapped.push((slot, generation));
         } else if let Some(entry) = self.maps.get_mut(slot) {
-            *entry = Some(MapWait { generation, pending: vec![true; self.receivers] });
+            *entry = Some(MapWait {
+                generation,
+                pending: vec![true; self.receivers],
+            });
         }
     }
 
@@ -126,7 +146,11 @@ impl Fanout {
     }
 
     /// Wait until no payload is in flight in `slot`.
-    pub(crate) async fn wait_slot_free(&mut self, slot: usize, op: &'static str) -> Result<(), TransportError> {
+    pub(crate) async fn wait_slot_free(
+        &mut self,
+        slot: usize,
+        op: &'static str,
+    ) -> Result<(), TransportError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let pending = match self.slots.get(slot) {
@@ -158,9 +182,16 @@ impl Fanout {
     }
 
     /// Wait for the next upstream message from `rank`.
-    pub(crate) async fn wait_message(&mut self, rank: usize, op: &'static str) -> Result<Vec<u8>, TransportError> {
+    pub(crate) async fn wait_message(
+        &mut self,
+        rank: usize,
+        op: &'static str,
+    ) -> Result<Vec<u8>, TransportError> {
         if rank >= self.receivers {
-            return Err(TransportError::NoSuchRank { rank, receivers: self.receivers });
+            return Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.receivers,
+            });
         }
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -173,13 +204,33 @@ impl Fanout {
     }
 
     fn check_pending(&self, pending: &[usize], op: &'static str) -> Result<(), TransportError> {
-        let gone: Vec<usize> = pending.iter().copied().filter(|r| self.gone.get(*r).copied().unwrap_or(true)).collect();
-        if gone.is_empty() { Ok(()) } else { Err(TransportError::PeerGone { op, peer: peer_of(gone) }) }
+        let gone: Vec<usize> = pending
+            .iter()
+            .copied()
+            .filter(|r| self.gone.get(*r).copied().unwrap_or(true))
+            .collect();
+        if gone.is_empty() {
+            Ok(())
+        } else {
+            Err(TransportError::PeerGone {
+                op,
+                peer: peer_of(gone),
+            })
+        }
     }
 
-    async fn next_event(&mut self, deadline: Instant, op: &'static str, waiting_on: Vec<usize>) -> Result<(), TransportError> {
+    async fn next_event(
+        &mut self,
+        deadline: Instant,
+        op: &'static str,
+        waiting_on: Vec<usize>,
+    ) -> Result<(), TransportError> {
         match tokio::time::timeout_at(deadline, self.events.recv()).await {
-            Err(_) => Err(TransportError::Timeout { op, peer: peer_of(waiting_on), timeout: self.timeout }),
+            Err(_) => Err(TransportError::Timeout {
+                op,
+                peer: peer_of(waiting_on),
+                timeout: self.timeout,
+            }),
             Ok(Some((rank, event))) => self.apply(rank, event),
             // Every event source is gone at once: all receivers have disconnected.
             Ok(None) => {
@@ -198,7 +249,10 @@ impl Fanout {
     }
 
     fn apply(&mut self, rank: usize, event: Event) -> Result<(), TransportError> {
-        let protocol = |reason: String| TransportError::Protocol { peer: Peer::Receiver(rank), reason };
+        let protocol = |reason: String| TransportError::Protocol {
+            peer: Peer::Receiver(rank),
+            reason,
+        };
         if rank >= self.receivers {
             return Err(protocol(format!("event from unknown rank {rank}")));
         }
@@ -209,7 +263,9 @@ impl Fanout {
                     .iter_mut()
                     .flatten()
                     .find(|inflight| inflight.seq == seq)
-                    .ok_or_else(|| protocol(format!("released payload {seq}, which is not in flight")))?;
+                    .ok_or_else(|| {
+                        protocol(format!("released payload {seq}, which is not in flight"))
+                    })?;
                 match inflight.pending.get_mut(rank) {
                     Some(flag @ true) => *flag = false,
                     _ => return Err(protocol(format!("released payload {seq} twice"))),
@@ -223,7 +279,11 @@ impl Fanout {
             Event::Mapped { slot, generation } => {
                 let wait = match self.maps.get_mut(slot) {
                     Some(Some(wait)) if wait.generation == generation => wait,
-                    _ => return Err(protocol(format!("mapped slot {slot} generation {generation}, which was not announced"))),
+                    _ => {
+                        return Err(protocol(format!(
+                            "mapped slot {slot} generation {generation}, which was not announced"
+                        )));
+                    }
                 };
                 if let Some(flag) = wait.pending.get_mut(rank) {
                     *flag = false;
@@ -256,7 +316,10 @@ mod tests {
 
     fn fanout(receivers: usize, slots: usize) -> (Fanout, EventTx) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Fanout::new(receivers, slots, Duration::from_millis(50), rx), tx)
+        (
+            Fanout::new(receivers, slots, Duration::from_millis(50), rx),
+            tx,
+        )
     }
 
     #[tokio::test]
@@ -265,7 +328,16 @@ mod tests {
         f.published(0, 0);
         tx.send((0, Event::Released { seq: 0 })).ok();
         let err = f.wait_slot_free(0, "test").await.unwrap_err();
-        assert!(matches!(err, TransportError::Timeout { peer: Peer::Receiver(1), .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                TransportError::Timeout {
+                    peer: Peer::Receiver(1),
+                    ..
+                }
+            ),
+            "{err}"
+        );
         tx.send((1, Event::Released { seq: 0 })).ok();
         f.wait_slot_free(0, "test").await.unwrap();
         f.wait_all_free("test").await.unwrap();
@@ -278,7 +350,16 @@ mod tests {
         tx.send((0, Event::Released { seq: 0 })).ok();
         tx.send((2, Event::Gone)).ok();
         let err = f.wait_all_free("flushing").await.unwrap_err();
-        assert!(matches!(err, TransportError::PeerGone { peer: Peer::Receiver(2), .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                TransportError::PeerGone {
+                    peer: Peer::Receiver(2),
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(f.require_all_alive("sending").is_err());
     }
 
@@ -305,7 +386,10 @@ mod tests {
         assert_eq!(f.wait_message(1, "t").await.unwrap(), b"a");
         assert_eq!(f.wait_message(1, "t").await.unwrap(), b"c");
         assert_eq!(f.wait_message(0, "t").await.unwrap(), b"b");
-        assert!(matches!(f.wait_message(5, "t").await, Err(TransportError::NoSuchRank { rank: 5, .. })));
+        assert!(matches!(
+            f.wait_message(5, "t").await,
+            Err(TransportError::NoSuchRank { rank: 5, .. })
+        ));
     }
 
     #[tokio::test]
@@ -318,9 +402,23 @@ mod tests {
             f.wait_all_free("t").await.unwrap();
             f.poll_events()
         };
-        assert!(check(Event::Released { seq: 0 }).await.is_err(), "double release");
-        assert!(check(Event::Released { seq: 9 }).await.is_err(), "unknown seq");
-        assert!(check(Event::Mapped { slot: 0, generation: 3 }).await.is_err(), "unannounced generation");
+        assert!(
+            check(Event::Released { seq: 0 }).await.is_err(),
+            "double release"
+        );
+        assert!(
+            check(Event::Released { seq: 9 }).await.is_err(),
+            "unknown seq"
+        );
+        assert!(
+            check(Event::Mapped {
+                slot: 0,
+                generation: 3
+            })
+            .await
+            .is_err(),
+            "unannounced generation"
+        );
         assert!(check(Event::Message(vec![1])).await.is_ok());
     }
 
@@ -328,10 +426,24 @@ mod tests {
     async fn mapped_generations_drain_once_all_ranks_mapped() {
         let (mut f, tx) = fanout(2, 2);
         f.announced(1, 7);
-        tx.send((0, Event::Mapped { slot: 1, generation: 7 })).ok();
+        tx.send((
+            0,
+            Event::Mapped {
+                slot: 1,
+                generation: 7,
+            },
+        ))
+        .ok();
         f.poll_events().unwrap();
         assert!(f.drain_fully_mapped().is_empty());
-        tx.send((1, Event::Mapped { slot: 1, generation: 7 })).ok();
+        tx.send((
+            1,
+            Event::Mapped {
+                slot: 1,
+                generation: 7,
+            },
+        ))
+        .ok();
         f.poll_events().unwrap();
         assert_eq!(f.drain_fully_mapped(), vec![(1, 7)]);
         assert!(f.drain_fully_mapped().is_empty());

@@ -15,10 +15,21 @@ pub(crate) const MAX_FRAME: usize = 64 << 20;
 /// Sender → receiver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Down {
-    Welcome { version: u8, receivers: u32, slots: u32 },
-    Reject { reason: String },
+    Welcome {
+        version: u8,
+        receivers: u32,
+        slots: u32,
+    },
+    Reject {
+        reason: String,
+    },
     /// Payload `seq` of `len` bytes lies at the start of slot `slot`; `segment` announces a new segment for it.
-    Publish { seq: u64, slot: u32, len: u64, segment: Option<SegmentInfo> },
+    Publish {
+        seq: u64,
+        slot: u32,
+        len: u64,
+        segment: Option<SegmentInfo>,
+    },
 }
 
 /// A (new) segment backing a slot: the receiver maps it before reading.
@@ -95,7 +106,10 @@ impl FrameWriter {
     fn finish(mut self) -> Result<Vec<u8>, FrameError> {
         let len = self.out.len() - 4;
         if len > MAX_FRAME {
-            return Err(FrameError::TooLong { len, max: MAX_FRAME });
+            return Err(FrameError::TooLong {
+                len,
+                max: MAX_FRAME,
+            });
         }
         self.out[..4].copy_from_slice(&(len as u32).to_le_bytes());
         Ok(self.out)
@@ -139,7 +153,14 @@ impl<'a> Cursor<'a> {
         String::from_utf8(raw.to_vec()).map_err(|_| FrameError::NotUtf8 { what })
     }
     fn end(self, tag: u8) -> Result<(), FrameError> {
-        if self.rest.is_empty() { Ok(()) } else { Err(FrameError::Trailing { tag, extra: self.rest.len() }) }
+        if self.rest.is_empty() {
+            Ok(())
+        } else {
+            Err(FrameError::Trailing {
+                tag,
+                extra: self.rest.len(),
+            })
+        }
     }
 }
 
@@ -153,15 +174,32 @@ fn split_tag(frame: &[u8]) -> Result<(u8, Cursor<'_>), FrameError> {
 impl Down {
     pub(crate) fn encode(&self) -> Result<Vec<u8>, FrameError> {
         match self {
-            Down::Welcome { version, receivers, slots } => {
-                FrameWriter::new(TAG_WELCOME).u8(*version).u32(*receivers).u32(*slots).finish()
-            }
-            Down::Reject { reason } => FrameWriter::new(TAG_REJECT).bytes(reason.as_bytes()).finish(),
-            Down::Publish { seq, slot, len, segment } => {
+            Down::Welcome {
+                version,
+                receivers,
+                slots,
+            } => FrameWriter::new(TAG_WELCOME)
+                .u8(*version)
+                .u32(*receivers)
+                .u32(*slots)
+                .finish(),
+            Down::Reject { reason } => FrameWriter::new(TAG_REJECT)
+                .bytes(reason.as_bytes())
+                .finish(),
+            Down::Publish {
+                seq,
+                slot,
+                len,
+                segment,
+            } => {
                 let w = FrameWriter::new(TAG_PUBLISH).u64(*seq).u32(*slot).u64(*len);
                 match segment {
                     None => w.u8(0),
-                    Some(s) => w.u8(1).u64(s.generation).u64(s.capacity).bytes(s.name.as_bytes()),
+                    Some(s) => w
+                        .u8(1)
+                        .u64(s.generation)
+                        .u64(s.capacity)
+                        .bytes(s.name.as_bytes()),
                 }
                 .finish()
             }
@@ -172,10 +210,14 @@ impl Down {
     pub(crate) fn decode(frame: &[u8]) -> Result<Down, FrameError> {
         let (tag, mut c) = split_tag(frame)?;
         let msg = match tag {
-            TAG_WELCOME => {
-                Down::Welcome { version: c.u8("version")?, receivers: c.u32("receivers")?, slots: c.u32("slots")? }
-            }
-            TAG_REJECT => Down::Reject { reason: c.string("reason")? },
+            TAG_WELCOME => Down::Welcome {
+                version: c.u8("version")?,
+                receivers: c.u32("receivers")?,
+                slots: c.u32("slots")?,
+            },
+            TAG_REJECT => Down::Reject {
+                reason: c.string("reason")?,
+            },
             TAG_PUBLISH => {
                 let (seq, slot, len) = (c.u64("seq")?, c.u32("slot")?, c.u64("len")?);
                 let segment = match c.u8("segment flag")? {
@@ -186,7 +228,12 @@ impl Down {
                         name: c.string("segment name")?,
                     }),
                 };
-                Down::Publish { seq, slot, len, segment }
+                Down::Publish {
+                    seq,
+                    slot,
+                    len,
+                    segment,
+                }
             }
             tag => return Err(FrameError::UnknownTag { tag }),
         };
@@ -198,8 +245,13 @@ impl Down {
 impl Up {
     pub(crate) fn encode(&self) -> Result<Vec<u8>, FrameError> {
         match self {
-            Up::Hello { version, rank } => FrameWriter::new(TAG_HELLO).u8(*version).u32(*rank).finish(),
-            Up::Mapped { slot, generation } => FrameWriter::new(TAG_MAPPED).u32(*slot).u64(*generation).finish(),
+            Up::Hello { version, rank } => {
+                FrameWriter::new(TAG_HELLO).u8(*version).u32(*rank).finish()
+            }
+            Up::Mapped { slot, generation } => FrameWriter::new(TAG_MAPPED)
+                .u32(*slot)
+                .u64(*generation)
+                .finish(),
             Up::Released { seq } => FrameWriter::new(TAG_RELEASED).u64(*seq).finish(),
             Up::Message(msg) => {
                 // A message fills the rest of the frame: no inner length needed.
@@ -214,8 +266,14 @@ impl Up {
     pub(crate) fn decode(frame: &[u8]) -> Result<Up, FrameError> {
         let (tag, mut c) = split_tag(frame)?;
         let msg = match tag {
-            TAG_HELLO => Up::Hello { version: c.u8("version")?, rank: c.u32("rank")? },
-            TAG_MAPPED => Up::Mapped { slot: c.u32("slot")?, generation: c.u64("generation")? },
+            TAG_HELLO => Up::Hello {
+                version: c.u8("version")?,
+                rank: c.u32("rank")?,
+            },
+            TAG_MAPPED => Up::Mapped {
+                slot: c.u32("slot")?,
+                generation: c.u64("generation")?,
+            },
             TAG_RELEASED => Up::Released { seq: c.u64("seq")? },
             TAG_MESSAGE => Up::Message(c.take(c.rest.len(), "message")?.to_vec()),
             tag => return Err(FrameError::UnknownTag { tag }),
@@ -244,13 +302,19 @@ pub(crate) struct FrameReader<R> {
 
 impl<R> std::fmt::Debug for FrameReader<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameReader").field("buffered", &(self.buf.len() - self.start)).finish()
+        f.debug_struct("FrameReader")
+            .field("buffered", &(self.buf.len() - self.start))
+            .finish()
     }
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub(crate) fn new(stream: R) -> Self {
-        FrameReader { stream, buf: Vec::new(), start: 0 }
+        FrameReader {
+            stream,
+            buf: Vec::new(),
+            start: 0,
+        }
     }
 
     /// The next frame (tag and body), or `None` on a clean end of stream between frames.
@@ -272,20 +336,28 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 self.buf.drain(..self.start);
                 self.start = 0;
             }
-            self.buf.extend_from_slice(chunk.get(..n).unwrap_or_default());
+            self.buf
+                .extend_from_slice(chunk.get(..n).unwrap_or_default());
         }
     }
 
     fn take_buffered(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
         let pending = self.buf.get(self.start..).unwrap_or_default();
-        let Some(prefix) = pending.get(..4) else { return Ok(None) };
+        let Some(prefix) = pending.get(..4) else {
+            return Ok(None);
+        };
         let mut len_bytes = [0; 4];
         len_bytes.copy_from_slice(prefix);
         let len = u32::from_le_bytes(len_bytes) as usize;
         if len > MAX_FRAME {
-            return Err(FrameError::TooLong { len, max: MAX_FRAME });
+            return Err(FrameError::TooLong {
+                len,
+                max: MAX_FRAME,
+            });
         }
-        let Some(frame) = pending.get(4..4 + len) else { return Ok(None) };
+        let Some(frame) = pending.get(4..4 + len) else {
+            return Ok(None);
+        };
         let frame = frame.to_vec();
         self.start += 4 + len;
         Ok(Some(frame))
@@ -304,24 +376,48 @@ mod tests {
     #[test]
     fn every_message_round_trips() {
         let downs = [
-            Down::Welcome { version: VERSION, receivers: 3, slots: 2 },
-            Down::Reject { reason: "rank 7 out of range".into() },
-            Down::Publish { seq: 9, slot: 1, len: 0, segment: None },
+            Down::Welcome {
+                version: VERSION,
+                receivers: 3,
+                slots: 2,
+            },
+            Down::Reject {
+                reason: "rank 7 out of range".into(),
+            },
+            Down::Publish {
+                seq: 9,
+                slot: 1,
+                len: 0,
+                segment: None,
+            },
             Down::Publish {
                 seq: u64::MAX,
                 slot: 0,
                 len: 1 << 40,
-                segment: Some(SegmentInfo { generation: 4, capacity: 1 << 41, name: "rlsync.1.0.4".into() }),
+                segment: Some(SegmentInfo {
+                    generation: 4,
+                    capacity: 1 << 41,
+                    name: "rlsync.1.0.4".into(),
+                }),
             },
         ];
         for msg in downs {
             let frame = msg.encode().unwrap();
-            assert_eq!(frame.len() - 4, u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize);
+            assert_eq!(
+                frame.len() - 4,
+                u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize
+            );
             assert_eq!(Down::decode(body(&frame)), Ok(msg));
         }
         let ups = [
-            Up::Hello { version: VERSION, rank: 5 },
-            Up::Mapped { slot: 1, generation: 2 },
+            Up::Hello {
+                version: VERSION,
+                rank: 5,
+            },
+            Up::Mapped {
+                slot: 1,
+                generation: 2,
+            },
             Up::Released { seq: 77 },
             Up::Message(Vec::new()),
             Up::Message(b"metadata".to_vec()),
@@ -334,37 +430,77 @@ mod tests {
 
     #[test]
     fn malformed_frames_are_errors() {
-        let check_down = |frame: &[u8], expect: FrameError| assert_eq!(Down::decode(frame), Err(expect));
-        let check_up = |frame: &[u8], expect: FrameError| assert_eq!(Up::decode(frame), Err(expect));
+        let check_down =
+            |frame: &[u8], expect: FrameError| assert_eq!(Down::decode(frame), Err(expect));
+        let check_up =
+            |frame: &[u8], expect: FrameError| assert_eq!(Up::decode(frame), Err(expect));
         check_down(&[], FrameError::Empty);
         check_down(&[99], FrameError::UnknownTag { tag: 99 });
-        check_down(&[TAG_WELCOME, 1, 0], FrameError::Truncated { what: "receivers" });
-        check_down(&[TAG_REJECT, 5, 0, 0, 0, b'a'], FrameError::Truncated { what: "reason" });
-        check_down(&[TAG_REJECT, 1, 0, 0, 0, 0xff], FrameError::NotUtf8 { what: "reason" });
-        check_up(&[TAG_RELEASED, 1, 2, 3], FrameError::Truncated { what: "seq" });
-        check_up(&[TAG_HELLO, 1, 0, 0, 0, 0, 9], FrameError::Trailing { tag: TAG_HELLO, extra: 1 });
+        check_down(
+            &[TAG_WELCOME, 1, 0],
+            FrameError::Truncated { what: "receivers" },
+        );
+        check_down(
+            &[TAG_REJECT, 5, 0, 0, 0, b'a'],
+            FrameError::Truncated { what: "reason" },
+        );
+        check_down(
+            &[TAG_REJECT, 1, 0, 0, 0, 0xff],
+            FrameError::NotUtf8 { what: "reason" },
+        );
+        check_up(
+            &[TAG_RELEASED, 1, 2, 3],
+            FrameError::Truncated { what: "seq" },
+        );
+        check_up(
+            &[TAG_HELLO, 1, 0, 0, 0, 0, 9],
+            FrameError::Trailing {
+                tag: TAG_HELLO,
+                extra: 1,
+            },
+        );
         check_up(&[TAG_WELCOME], FrameError::UnknownTag { tag: TAG_WELCOME });
         let mut publish = Down::Publish {
             seq: 1,
             slot: 0,
             len: 8,
-            segment: Some(SegmentInfo { generation: 1, capacity: 8, name: "x".into() }),
+            segment: Some(SegmentInfo {
+                generation: 1,
+                capacity: 8,
+                name: "x".into(),
+            }),
         }
         .encode()
         .unwrap();
         publish.pop();
-        assert!(matches!(Down::decode(body(&publish)), Err(FrameError::Truncated { .. })));
+        assert!(matches!(
+            Down::decode(body(&publish)),
+            Err(FrameError::Truncated { .. })
+        ));
     }
 
     #[test]
     fn oversized_message_is_refused_at_encode() {
         let err = Up::Message(vec![0; MAX_FRAME]).encode().unwrap_err();
-        assert_eq!(err, FrameError::TooLong { len: MAX_FRAME + 1, max: MAX_FRAME });
+        assert_eq!(
+            err,
+            FrameError::TooLong {
+                len: MAX_FRAME + 1,
+                max: MAX_FRAME
+            }
+        );
     }
 
     #[tokio::test]
     async fn reader_reassembles_frames_split_across_reads() {
-        let msgs = [Up::Hello { version: VERSION, rank: 1 }, Up::Message(vec![7; 10_000]), Up::Released { seq: 3 }];
+        let msgs = [
+            Up::Hello {
+                version: VERSION,
+                rank: 1,
+            },
+            Up::Message(vec![7; 10_000]),
+            Up::Released { seq: 3 },
+        ];
         let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode().unwrap()).collect();
         let (mut a, b) = tokio::io::duplex(64);
         let writer = tokio::spawn(async move {
@@ -379,7 +515,10 @@ mod tests {
             assert_eq!(&Up::decode(&frame).unwrap(), msg);
         }
         writer.await.unwrap();
-        assert!(reader.next().await.unwrap().is_none(), "clean end of stream");
+        assert!(
+            reader.next().await.unwrap().is_none(),
+            "clean end of stream"
+        );
     }
 
     #[tokio::test]
@@ -387,11 +526,17 @@ mod tests {
         let (mut a, b) = tokio::io::duplex(64);
         a.write_all(&[10, 0, 0, 0, TAG_RELEASED]).await.unwrap();
         drop(a);
-        assert!(matches!(FrameReader::new(b).next().await, Err(ReadError::Io(_))));
+        assert!(matches!(
+            FrameReader::new(b).next().await,
+            Err(ReadError::Io(_))
+        ));
 
         let (mut a, b) = tokio::io::duplex(64);
         a.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
-        assert!(matches!(FrameReader::new(b).next().await, Err(ReadError::Frame(FrameError::TooLong { .. }))));
+        assert!(matches!(
+            FrameReader::new(b).next().await,
+            Err(ReadError::Frame(FrameError::TooLong { .. }))
+        ));
     }
 
     #[tokio::test]
@@ -400,7 +545,8 @@ mod tests {
         let mut reader = FrameReader::new(b);
         let frame = Up::Released { seq: 42 }.encode().unwrap();
         a.write_all(&frame[..6]).await.unwrap();
-        let timed_out = tokio::time::timeout(std::time::Duration::from_millis(20), reader.next()).await;
+        let timed_out =
+            tokio::time::timeout(std::time::Duration::from_millis(20), reader.next()).await;
         assert!(timed_out.is_err(), "half a frame is not a frame");
         a.write_all(&frame[6..]).await.unwrap();
         let got = reader.next().await.unwrap().unwrap();

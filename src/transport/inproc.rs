@@ -6,7 +6,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::fanout::{Event, EventTx, Fanout};
-use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, RecvBackend, Receiver, SendBackend, Sender, TransportError};
+use super::{
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, Receiver, RecvBackend, SendBackend, Sender,
+    TransportError,
+};
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
 #[derive(Clone, Copy)]
@@ -20,7 +23,9 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     fn with_len(len: usize) -> Self {
-        AlignedBuf { lines: vec![Line([0; 64]); len.div_ceil(64)] }
+        AlignedBuf {
+            lines: vec![Line([0; 64]); len.div_ceil(64)],
+        }
     }
 
     fn capacity(&self) -> usize {
@@ -64,13 +69,18 @@ pub struct InProcReceiver {
 
 impl std::fmt::Debug for InProcSender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InProcSender").field("receivers", &self.outs.len()).field("slots", &self.bufs.len()).finish()
+        f.debug_struct("InProcSender")
+            .field("receivers", &self.outs.len())
+            .field("slots", &self.bufs.len())
+            .finish()
     }
 }
 
 impl std::fmt::Debug for InProcReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InProcReceiver").field("rank", &self.rank).finish()
+        f.debug_struct("InProcReceiver")
+            .field("rank", &self.rank)
+            .finish()
     }
 }
 
@@ -88,7 +98,12 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
     for rank in 0..receivers {
         let (tx, inbox) = mpsc::unbounded_channel();
         outs.push(tx);
-        rxs.push(Receiver::InProc(InProcReceiver { rank, timeout, inbox, events: event_tx.clone() }));
+        rxs.push(Receiver::InProc(InProcReceiver {
+            rank,
+            timeout,
+            inbox,
+            events: event_tx.clone(),
+        }));
     }
     let sender = InProcSender {
         fanout: Fanout::new(receivers, DEFAULT_SLOTS, timeout, event_rx),
@@ -101,7 +116,11 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
 impl InProcSender {
     /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
     fn take_buf(&mut self, slot: usize, len: usize) -> AlignedBuf {
-        let old = self.bufs.get_mut(slot).and_then(Option::take).and_then(|arc| Arc::try_unwrap(arc).ok());
+        let old = self
+            .bufs
+            .get_mut(slot)
+            .and_then(Option::take)
+            .and_then(|arc| Arc::try_unwrap(arc).ok());
         match old {
             Some(buf) if buf.capacity() >= len => buf,
             _ => AlignedBuf::with_len(len),
@@ -114,7 +133,11 @@ impl SendBackend for InProcSender {
         self.fanout.receivers()
     }
 
-    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         const OP: &str = "sending a payload";
         self.fanout.poll_events()?;
         self.fanout.require_all_alive(OP)?;
@@ -124,8 +147,18 @@ impl SendBackend for InProcSender {
         let out = fill(buf.bytes_mut(len));
         let buf = Arc::new(buf);
         for (rank, tx) in self.outs.iter().enumerate() {
-            if tx.send(Published { seq, len, buf: Arc::clone(&buf) }).is_err() {
-                return Err(TransportError::PeerGone { op: OP, peer: Peer::Receiver(rank) });
+            if tx
+                .send(Published {
+                    seq,
+                    len,
+                    buf: Arc::clone(&buf),
+                })
+                .is_err()
+            {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Receiver(rank),
+                });
             }
         }
         if let Some(entry) = self.bufs.get_mut(slot) {
@@ -140,7 +173,9 @@ impl SendBackend for InProcSender {
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
-        self.fanout.wait_message(rank, "receiving an upstream message").await
+        self.fanout
+            .wait_message(rank, "receiving an upstream message")
+            .await
     }
 }
 
@@ -152,8 +187,19 @@ impl RecvBackend for InProcReceiver {
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
         const OP: &str = "receiving a payload";
         let published = match tokio::time::timeout(self.timeout, self.inbox.recv()).await {
-            Err(_) => return Err(TransportError::Timeout { op: OP, peer: Peer::Sender, timeout: self.timeout }),
-            Ok(None) => return Err(TransportError::PeerGone { op: OP, peer: Peer::Sender }),
+            Err(_) => {
+                return Err(TransportError::Timeout {
+                    op: OP,
+                    peer: Peer::Sender,
+                    timeout: self.timeout,
+                });
+            }
+            Ok(None) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Sender,
+                });
+            }
             Ok(Some(published)) => published,
         };
         let out = read(published.buf.bytes(published.len));
@@ -168,7 +214,10 @@ impl RecvBackend for InProcReceiver {
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
         self.events
             .send((self.rank, Event::Message(msg.to_vec())))
-            .map_err(|_| TransportError::PeerGone { op: "sending an upstream message", peer: Peer::Sender })
+            .map_err(|_| TransportError::PeerGone {
+                op: "sending an upstream message",
+                peer: Peer::Sender,
+            })
     }
 }
 
@@ -195,10 +244,18 @@ mod tests {
     #[tokio::test]
     async fn buffer_is_reused_once_released() {
         let (mut tx, mut rxs) = inproc_channel(1);
-        let Some(rx) = rxs.get_mut(0) else { panic!("one receiver") };
+        let Some(rx) = rxs.get_mut(0) else {
+            panic!("one receiver")
+        };
         let mut ptrs = Vec::new();
         for i in 0..4u8 {
-            let p = tx.send_with(100, |buf| { buf.fill(i); buf.as_ptr() as usize }).await.unwrap();
+            let p = tx
+                .send_with(100, |buf| {
+                    buf.fill(i);
+                    buf.as_ptr() as usize
+                })
+                .await
+                .unwrap();
             ptrs.push(p);
             assert_eq!(rx.recv_with(|b| b.to_vec()).await.unwrap(), vec![i; 100]);
             tx.flush().await.unwrap();

@@ -5,8 +5,9 @@
 //! replaced by a bigger segment while receivers still read another. Per payload there is one small `Publish`
 //! frame to each receiver and one `Released` frame back. A segment's name is unlinked as soon as every
 //! receiver has mapped it, so only a crash inside that short window can leave a file behind
-//! ([`remove_leftovers`] sweeps those). After a failed wait (timeout, dead receiver, broken socket) the sender
-//! unlinks everything and refuses further use with [`TransportError::Broken`].
+//! ([`remove_leftovers`] sweeps those). A wait that times out leaves the channel usable (the caller may wait
+//! again or give up); a dead receiver, a failed socket write or a protocol violation breaks it: the sender
+//! unlinks every segment and refuses further use with [`TransportError::Broken`].
 
 mod receiver;
 mod segment;
@@ -29,6 +30,20 @@ use segment::{Namer, OwnedSegment};
 
 /// Segments grow in steps of this many bytes (and at least by half their size) to avoid remapping often.
 const GROW_STEP: usize = 1 << 20;
+
+const OP_SEND: &str = "sending a payload";
+const OP_FLUSH: &str = "flushing";
+const OP_RECV_FROM: &str = "receiving an upstream message";
+
+/// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
+/// half-written), or a caller mistake.
+fn recoverable(err: &TransportError) -> bool {
+    match err {
+        TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
+        TransportError::NoSuchRank { .. } => true,
+        _ => false,
+    }
+}
 
 /// How the shm sender is set up.
 #[derive(Debug, Clone)]
@@ -74,18 +89,33 @@ pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(source) => return Err(TransportError::Io { op: "inspecting the socket path", source }),
+        Err(source) => {
+            return Err(TransportError::Io {
+                op: "inspecting the socket path",
+                source,
+            });
+        }
     };
     if !meta.file_type().is_socket() {
-        return Err(TransportError::Config { reason: format!("{} exists and is not a socket", path.display()) });
+        return Err(TransportError::Config {
+            reason: format!("{} exists and is not a socket", path.display()),
+        });
     }
     match std::os::unix::net::UnixStream::connect(path) {
-        Ok(_) => Err(TransportError::Config { reason: format!("{} is in use by a live listener", path.display()) }),
+        Ok(_) => Err(TransportError::Config {
+            reason: format!("{} is in use by a live listener", path.display()),
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-            std::fs::remove_file(path).map_err(|source| TransportError::Io { op: "removing a stale socket", source })?;
+            std::fs::remove_file(path).map_err(|source| TransportError::Io {
+                op: "removing a stale socket",
+                source,
+            })?;
             Ok(true)
         }
-        Err(source) => Err(TransportError::Io { op: "probing the socket path", source }),
+        Err(source) => Err(TransportError::Io {
+            op: "probing the socket path",
+            source,
+        }),
     }
 }
 
@@ -105,6 +135,8 @@ pub struct ShmSender {
     writers: Vec<OwnedWriteHalf>,
     reader_tasks: Vec<JoinHandle<()>>,
     segments: Vec<Option<OwnedSegment>>,
+    /// A slot's segment that receivers have not been told about yet.
+    unannounced: Vec<Option<SegmentInfo>>,
     namer: Namer,
     initial_capacity: usize,
     broken: Option<String>,
@@ -120,7 +152,12 @@ pub(crate) async fn write_frame(
     match tokio::time::timeout(timeout, writer.write_all(frame)).await {
         Err(_) => Err(TransportError::Timeout { op, peer, timeout }),
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) => {
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) =>
+        {
             Err(TransportError::PeerGone { op, peer })
         }
         Ok(Err(source)) => Err(TransportError::Io { op, source }),
@@ -128,7 +165,10 @@ pub(crate) async fn write_frame(
 }
 
 fn protocol(peer: Peer, reason: impl std::fmt::Display) -> TransportError {
-    TransportError::Protocol { peer, reason: reason.to_string() }
+    TransportError::Protocol {
+        peer,
+        reason: reason.to_string(),
+    }
 }
 
 /// A joined receiver's stream, between its hello and the welcome.
@@ -138,44 +178,99 @@ struct Joined {
     writer: OwnedWriteHalf,
 }
 
-/// Read one receiver's hello; `Ok(Err(reason))` is a hello to refuse (the stream is answered and dropped).
-async fn read_hello(stream: UnixStream, receivers: usize, deadline: Instant) -> Result<Result<Joined, String>, TransportError> {
-    let (read, writer) = stream.into_split();
+/// Send a refusal (best effort) before dropping the stream.
+async fn refuse(writer: &mut OwnedWriteHalf, reason: &str, deadline: Instant) {
+    tracing::warn!(%reason, "refused a receiver");
+    if let Ok(frame) = (Down::Reject {
+        reason: reason.to_owned(),
+    })
+    .encode()
+    {
+        let _ = tokio::time::timeout_at(deadline, writer.write_all(&frame)).await;
+    }
+}
+
+/// Read one receiver's hello; an `Err` is a refusal reason (already answered, the stream is dropped).
+async fn read_hello(
+    stream: UnixStream,
+    receivers: usize,
+    deadline: Instant,
+) -> Result<Joined, String> {
+    let (read, mut writer) = stream.into_split();
     let mut reader = FrameReader::new(read);
     let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
-        Err(_) => return Ok(Err("no hello before the deadline".to_owned())),
+        Err(_) => return Err("no hello before the deadline".to_owned()),
         Ok(Ok(Some(frame))) => frame,
-        Ok(Ok(None) | Err(_)) => return Ok(Err("connection closed before hello".to_owned())),
+        Ok(Ok(None) | Err(_)) => return Err("connection closed before hello".to_owned()),
     };
-    let (version, rank) = match Up::decode(&frame) {
-        Ok(Up::Hello { version, rank }) => (version, rank as usize),
-        _ => return Ok(Err("first frame is not a hello".to_owned())),
-    };
-    let mut joined = Joined { rank, reader, writer };
-    let refusal = if version != VERSION {
-        Some(format!("protocol version {version} is not the sender's {VERSION}"))
-    } else if rank >= receivers {
-        Some(format!("rank {rank} is out of range for {receivers} receivers"))
-    } else {
-        None
-    };
-    if let Some(reason) = refusal {
-        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
-            let _ = tokio::time::timeout_at(deadline, joined.writer.write_all(&frame)).await;
+    let refusal = match Up::decode(&frame) {
+        Ok(Up::Hello { version, .. }) if version != VERSION => {
+            format!("protocol version {version} is not the sender's {VERSION}")
         }
-        return Ok(Err(reason));
+        Ok(Up::Hello { rank, .. }) if rank as usize >= receivers => {
+            format!("rank {rank} is out of range for {receivers} receivers")
+        }
+        Ok(Up::Hello { rank, .. }) => {
+            return Ok(Joined {
+                rank: rank as usize,
+                reader,
+                writer,
+            });
+        }
+        _ => "first frame is not a hello".to_owned(),
+    };
+    refuse(&mut writer, &refusal, deadline).await;
+    Err(refusal)
+}
+
+/// Accept connections until every rank in `0..receivers` has said hello, reading hellos concurrently so a
+/// silent connection cannot hold up the others.
+async fn accept_all(
+    listener: &UnixListener,
+    receivers: usize,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Vec<Joined>, TransportError> {
+    let mut joined: Vec<Option<Joined>> = (0..receivers).map(|_| None).collect();
+    let mut hellos = tokio::task::JoinSet::new();
+    while joined.iter().any(Option::is_none) {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _) = accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?;
+                hellos.spawn(read_hello(stream, receivers, deadline));
+            }
+            Some(done) = hellos.join_next() => match done {
+                Ok(Ok(mut j)) => match joined.get_mut(j.rank) {
+                    Some(entry @ None) => *entry = Some(j),
+                    _ => refuse(&mut j.writer, &format!("rank {} has already joined", j.rank), deadline).await,
+                },
+                Ok(Err(_refused)) => {}
+                Err(e) => tracing::warn!(error = %e, "hello task failed"),
+            },
+            () = tokio::time::sleep_until(deadline) => {
+                let missing = joined.iter().enumerate().filter(|(_, j)| j.is_none()).map(|(rank, _)| rank).collect();
+                return Err(TransportError::Timeout { op: "accepting receivers", peer: Peer::Receivers(missing), timeout });
+            }
+        }
     }
-    Ok(Ok(joined))
+    Ok(joined.into_iter().flatten().collect())
 }
 
 /// Forward one receiver's upstream frames as events until its stream ends.
-fn spawn_reader(rank: usize, mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>, events: EventTx) -> JoinHandle<()> {
+fn spawn_reader(
+    rank: usize,
+    mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
+    events: EventTx,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             let event = match reader.next().await {
                 Ok(Some(frame)) => match Up::decode(&frame) {
                     Ok(Up::Released { seq }) => Event::Released { seq },
-                    Ok(Up::Mapped { slot, generation }) => Event::Mapped { slot: slot as usize, generation },
+                    Ok(Up::Mapped { slot, generation }) => Event::Mapped {
+                        slot: slot as usize,
+                        generation,
+                    },
                     Ok(Up::Message(msg)) => Event::Message(msg),
                     Ok(Up::Hello { .. }) => {
                         tracing::warn!(rank, "receiver sent a second hello; dropping it");
@@ -207,51 +302,63 @@ impl ShmSender {
     pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
         segment::validate_prefix(&cfg.segment_prefix)?;
         if cfg.slots == 0 {
-            return Err(TransportError::Config { reason: "slots must be at least 1".to_owned() });
+            return Err(TransportError::Config {
+                reason: "slots must be at least 1".to_owned(),
+            });
         }
-        let wire_receivers = u32::try_from(cfg.receivers)
-            .map_err(|_| TransportError::Config { reason: format!("{} receivers is too many", cfg.receivers) })?;
+        let wire_receivers = u32::try_from(cfg.receivers).map_err(|_| TransportError::Config {
+            reason: format!("{} receivers is too many", cfg.receivers),
+        })?;
         remove_stale_socket(&cfg.socket_path)?;
-        let listener = UnixListener::bind(&cfg.socket_path)
-            .map_err(|source| TransportError::Io { op: "binding the socket", source })?;
+        let listener =
+            UnixListener::bind(&cfg.socket_path).map_err(|source| TransportError::Io {
+                op: "binding the socket",
+                source,
+            })?;
         let socket_file = SocketFile(cfg.socket_path.clone());
 
-        let deadline = Instant::now() + cfg.timeout;
-        let mut joined: Vec<Option<Joined>> = (0..cfg.receivers).map(|_| None).collect();
-        while joined.iter().any(Option::is_none) {
-            let missing: Vec<usize> = (0..cfg.receivers).filter(|r| joined.get(*r).is_some_and(Option::is_none)).collect();
-            let timeout = |missing| TransportError::Timeout { op: "accepting receivers", peer: Peer::Receivers(missing), timeout: cfg.timeout };
-            let (stream, _) = match tokio::time::timeout_at(deadline, listener.accept()).await {
-                Err(_) => return Err(timeout(missing)),
-                Ok(accepted) => accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?,
-            };
-            match read_hello(stream, cfg.receivers, deadline).await? {
-                Ok(mut j) => match joined.get_mut(j.rank) {
-                    Some(entry @ None) => *entry = Some(j),
-                    _ => {
-                        let reason = format!("rank {} has already joined", j.rank);
-                        if let Ok(frame) = (Down::Reject { reason: reason.clone() }).encode() {
-                            let _ = tokio::time::timeout_at(deadline, j.writer.write_all(&frame)).await;
-                        }
-                        tracing::warn!(%reason, "refused a receiver");
-                    }
-                },
-                Err(reason) => tracing::warn!(%reason, "refused a receiver"),
-            }
-        }
+        // Same-uid processes are trusted anyway; others must not even connect.
+        std::fs::set_permissions(
+            &cfg.socket_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|source| TransportError::Io {
+            op: "restricting the socket to its owner",
+            source,
+        })?;
+        let joined = accept_all(
+            &listener,
+            cfg.receivers,
+            Instant::now() + cfg.timeout,
+            cfg.timeout,
+        )
+        .await?;
         drop(listener);
         drop(socket_file);
 
-        let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config { reason: "too many slots".to_owned() })?;
-        let welcome = Down::Welcome { version: VERSION, receivers: wire_receivers, slots }
-            .encode()
-            .map_err(|e| protocol(Peer::Sender, e))?;
+        let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config {
+            reason: "too many slots".to_owned(),
+        })?;
+        let welcome = Down::Welcome {
+            version: VERSION,
+            receivers: wire_receivers,
+            slots,
+        }
+        .encode()
+        .map_err(|e| protocol(Peer::Sender, e))?;
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let mut writers = Vec::with_capacity(cfg.receivers);
         let mut reader_tasks = Vec::with_capacity(cfg.receivers);
-        for (rank, j) in joined.into_iter().flatten().enumerate() {
+        for (rank, j) in joined.into_iter().enumerate() {
             let mut writer = j.writer;
-            write_frame(&mut writer, &welcome, cfg.timeout, "welcoming a receiver", Peer::Receiver(rank)).await?;
+            write_frame(
+                &mut writer,
+                &welcome,
+                cfg.timeout,
+                "welcoming a receiver",
+                Peer::Receiver(rank),
+            )
+            .await?;
             writers.push(writer);
             reader_tasks.push(spawn_reader(rank, j.reader, event_tx.clone()));
         }
@@ -260,6 +367,7 @@ impl ShmSender {
             writers,
             reader_tasks,
             segments: (0..cfg.slots).map(|_| None).collect(),
+            unannounced: (0..cfg.slots).map(|_| None).collect(),
             namer: Namer::new(&cfg.segment_prefix),
             initial_capacity: cfg.initial_capacity,
             broken: None,
@@ -269,7 +377,9 @@ impl ShmSender {
 
     fn check_usable(&self) -> Result<(), TransportError> {
         match &self.broken {
-            Some(first) => Err(TransportError::Broken { first: first.clone() }),
+            Some(first) => Err(TransportError::Broken {
+                first: first.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -279,8 +389,20 @@ impl ShmSender {
         if self.broken.is_none() {
             self.broken = Some(err.to_string());
         }
-        self.segments.iter_mut().flatten().for_each(OwnedSegment::unlink);
+        self.segments
+            .iter_mut()
+            .flatten()
+            .for_each(OwnedSegment::unlink);
         err
+    }
+
+    /// Housekeeping after every public call: unlink what is mapped everywhere, break the channel on fatal errors.
+    fn settle<T>(&mut self, result: Result<T, TransportError>) -> Result<T, TransportError> {
+        self.unlink_mapped();
+        match result {
+            Err(err) if !recoverable(&err) => Err(self.fail(err)),
+            other => other,
+        }
     }
 
     /// Unlink the segments every receiver has mapped by now.
@@ -294,53 +416,99 @@ impl ShmSender {
         }
     }
 
-    /// Give `slot` a new segment of at least `len` bytes; returns what receivers need to map it.
-    fn replace_segment(&mut self, slot: usize, len: usize) -> Result<SegmentInfo, TransportError> {
-        let old = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
-        let capacity = len.max(old.saturating_add(old / 2)).div_ceil(GROW_STEP).saturating_mul(GROW_STEP);
+    /// Give `slot` a new segment of at least `len` bytes, to be announced with the slot's next payload.
+    fn replace_segment(&mut self, slot: usize, len: usize) -> Result<(), TransportError> {
+        let old = self
+            .segments
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, OwnedSegment::capacity);
+        let capacity = len
+            .max(old.saturating_add(old / 2))
+            .div_ceil(GROW_STEP)
+            .saturating_mul(GROW_STEP);
         let (generation, name) = self.namer.next();
         // Drop the old segment first: its memory is freed once receivers remap too.
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = None;
         }
         let seg = OwnedSegment::create(&name, generation, capacity)?;
-        let info = SegmentInfo { generation, capacity: seg.capacity() as u64, name: seg.name().to_owned() };
+        let info = SegmentInfo {
+            generation,
+            capacity: seg.capacity() as u64,
+            name: seg.name().to_owned(),
+        };
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = Some(seg);
         }
-        self.fanout.announced(slot, generation);
-        Ok(info)
+        if let Some(entry) = self.unannounced.get_mut(slot) {
+            *entry = Some(info);
+        }
+        Ok(())
     }
 
     async fn publish(&mut self, frame: &[u8]) -> Result<(), TransportError> {
         let timeout = self.fanout.timeout();
         for (rank, writer) in self.writers.iter_mut().enumerate() {
-            write_frame(writer, frame, timeout, "publishing a payload", Peer::Receiver(rank)).await?;
+            write_frame(
+                writer,
+                frame,
+                timeout,
+                "publishing a payload",
+                Peer::Receiver(rank),
+            )
+            .await?;
         }
         Ok(())
     }
 
-    async fn try_send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
-        const OP: &str = "sending a payload";
+    async fn try_send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
+        const OP: &str = OP_SEND;
         self.fanout.poll_events()?;
         self.unlink_mapped();
         self.fanout.require_all_alive(OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
         self.unlink_mapped();
-        let current = self.segments.get(slot).and_then(Option::as_ref).map_or(0, OwnedSegment::capacity);
-        let fresh = if len > current { Some(self.replace_segment(slot, len.max(self.initial_capacity))?) } else { None };
+        let current = self
+            .segments
+            .get(slot)
+            .and_then(Option::as_ref)
+            .map_or(0, OwnedSegment::capacity);
+        if len > current {
+            self.replace_segment(slot, len.max(self.initial_capacity))?;
+        }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
             Some(seg) => match seg.bytes_mut(len) {
                 Some(bytes) => fill(bytes),
-                None => return Err(protocol(Peer::Sender, format!("slot {slot} segment is smaller than {len} bytes"))),
+                None => {
+                    return Err(protocol(
+                        Peer::Sender,
+                        format!("slot {slot} segment is smaller than {len} bytes"),
+                    ));
+                }
             },
             None => fill(&mut []),
         };
-        let frame = Down::Publish { seq, slot: slot as u32, len: len as u64, segment: fresh }
-            .encode()
-            .map_err(|e| protocol(Peer::Sender, e))?;
+        // Taken only now, so that a `fill` that panicked leaves the announcement for the next payload.
+        let fresh = self.unannounced.get_mut(slot).and_then(Option::take);
+        let generation = fresh.as_ref().map(|info| info.generation);
+        let frame = Down::Publish {
+            seq,
+            slot: slot as u32,
+            len: len as u64,
+            segment: fresh,
+        }
+        .encode()
+        .map_err(|e| protocol(Peer::Sender, e))?;
         self.publish(&frame).await?;
+        if let Some(generation) = generation {
+            self.fanout.announced(slot, generation);
+        }
         self.fanout.published(seq, slot);
         Ok(out)
     }
@@ -351,36 +519,26 @@ impl SendBackend for ShmSender {
         self.fanout.receivers()
     }
 
-    async fn send_with<R>(&mut self, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> Result<R, TransportError> {
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
         self.check_usable()?;
-        match self.try_send_with(len, fill).await {
-            Ok(out) => Ok(out),
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.try_send_with(len, fill).await;
+        self.settle(result)
     }
 
     async fn flush(&mut self) -> Result<(), TransportError> {
         self.check_usable()?;
-        let result = self.fanout.wait_all_free("flushing");
-        match result.await {
-            Ok(()) => {
-                self.unlink_mapped();
-                Ok(())
-            }
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.fanout.wait_all_free(OP_FLUSH).await;
+        self.settle(result)
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
         self.check_usable()?;
-        match self.fanout.wait_message(rank, "receiving an upstream message").await {
-            Ok(msg) => {
-                self.unlink_mapped();
-                Ok(msg)
-            }
-            Err(err @ TransportError::NoSuchRank { .. }) => Err(err),
-            Err(err) => Err(self.fail(err)),
-        }
+        let result = self.fanout.wait_message(rank, OP_RECV_FROM).await;
+        self.settle(result)
     }
 }
 

@@ -4,7 +4,7 @@
 //! `_maybe_resolve_interpolation`, `resolve_parse_tree` (which wraps foreign exceptions),
 //! `_resolve_node_interpolation`, `_select_impl`/`_select_one`, and the two ways a whole config is resolved:
 //! in place (`OmegaConf.resolve`, what Hydra's `--cfg job --resolve` prints) and by copy
-//! (`OmegaConf.to_container(resolve=True)`, used for single lookups).
+//! (`OmegaConf.container_content(resolve=True)`, used for single lookups).
 
 use super::ErrorKind;
 use super::ResolveContext;
@@ -372,10 +372,11 @@ impl<'c, 'a> Engine<'c, 'a> {
             }
             Body::Leaf(_) => (None, key.to_owned()),
         };
-        if let Some(id) = found {
-            if throw_on_missing && matches!(self.tree.leaf(id), Some(Scalar::Missing)) {
-                return Err(ErrorKind::Missing { key: self.tree.child_full_key(c, &shown_key) });
-            }
+        if let Some(id) = found
+            && throw_on_missing
+            && matches!(self.tree.leaf(id), Some(Scalar::Missing))
+        {
+            return Err(ErrorKind::Missing { key: self.tree.child_full_key(c, &shown_key) });
         }
         Ok(found)
     }
@@ -440,14 +441,14 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// `OmegaConf.to_container(resolve=True)` of a node (missing values stay `???`).
-    pub fn to_container(&mut self, id: Id) -> Result<Node, (ErrorKind, Id)> {
+    pub fn container_content(&mut self, id: Id) -> Result<Node, (ErrorKind, Id)> {
         self.enter().map_err(|e| (e, id))?;
-        let out = self.to_container_inner(id);
+        let out = self.container_content_inner(id);
         self.leave();
         out
     }
 
-    fn to_container_inner(&mut self, id: Id) -> Result<Node, (ErrorKind, Id)> {
+    fn container_content_inner(&mut self, id: Id) -> Result<Node, (ErrorKind, Id)> {
         let origin = self.tree.slot(id).origin.clone();
         let value = match self.tree.body(id).clone() {
             Body::Leaf(s) => scalar_to_value(&s),
@@ -479,7 +480,7 @@ impl<'c, 'a> Engine<'c, 'a> {
     /// A resolution result as a plain [`Node`] (containers converted recursively).
     pub fn res_to_node(&mut self, r: Res, origin: Option<crate::config::node::Origin>) -> Result<Node, ErrorKind> {
         match r {
-            Res::Node(id) if self.tree.is_container(id) => self.to_container(id).map_err(|(e, _)| e),
+            Res::Node(id) if self.tree.is_container(id) => self.container_content(id).map_err(|(e, _)| e),
             Res::Node(id) => Ok(self.tree.to_node(id)),
             Res::Val(p) => self.py_to_node(p, origin),
         }
@@ -509,7 +510,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                 }
                 Value::Dict(out)
             }
-            Py::Config(id) => return self.to_container(id).map_err(|(e, _)| e),
+            Py::Config(id) => return self.container_content(id).map_err(|(e, _)| e),
         };
         Ok(Node::with_origin(value, origin))
     }

@@ -86,7 +86,7 @@ pub enum DictKey {
 /// Parse a config value that contains `${` (OmegaConf's `parse(value)`).
 pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
     let toks = lex(input, Mode::Default)?;
-    let mut p = Parser { toks, pos: 0 };
+    let mut p = Parser { toks, pos: 0, depth: 0 };
     let text = p.text(TextCtx::TopLevel)?;
     p.expect_eof()?;
     Ok(text)
@@ -95,7 +95,7 @@ pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
 /// Parse a single element in value mode (`oc.decode`'s `singleElement`).
 pub fn parse_element(input: &str) -> Result<Element, GrammarError> {
     let toks = lex(input, Mode::Value)?;
-    let mut p = Parser { toks, pos: 0 };
+    let mut p = Parser { toks, pos: 0, depth: 0 };
     let el = p.element()?;
     p.expect_eof()?;
     Ok(el)
@@ -218,14 +218,7 @@ impl Lexer {
     }
 
     fn starts_with(&self, i: usize, pat: &str) -> bool {
-        let mut j = i;
-        for c in pat.chars() {
-            if self.at(j) != Some(c) {
-                return false;
-            }
-            j += 1;
-        }
-        true
+        (i..).zip(pat.chars()).all(|(j, c)| self.at(j) == Some(c))
     }
 
     fn count_ws(&self, i: usize) -> usize {
@@ -523,7 +516,12 @@ fn longest(cands: &[(Tk, usize)]) -> (Tk, usize) {
 struct Parser {
     toks: Vec<Tok>,
     pos: usize,
+    /// Current nesting of interpolations and containers; bounded so hostile input cannot overflow the stack.
+    depth: usize,
 }
+
+/// Deepest nesting of `${...}`, `[...]` and `{...}` accepted in one value.
+const MAX_NESTING: usize = 64;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TextCtx {
@@ -568,7 +566,7 @@ impl Parser {
             Ok(())
         } else {
             let t = &self.toks[self.pos];
-            err(format!("extraneous input '{}' expecting <EOF>", t.text))
+            err(format!("mismatched input '{}' expecting <EOF>", t.text))
         }
     }
 
@@ -626,7 +624,19 @@ impl Parser {
         Ok(Text { parts })
     }
 
+    fn nest(&mut self) -> Result<(), GrammarError> {
+        self.depth += 1;
+        if self.depth > MAX_NESTING { err(format!("interpolations nested deeper than {MAX_NESTING} levels")) } else { Ok(()) }
+    }
+
     fn interpolation(&mut self) -> Result<Interp, GrammarError> {
+        self.nest()?;
+        let out = self.interpolation_inner();
+        self.depth -= 1;
+        out
+    }
+
+    fn interpolation_inner(&mut self) -> Result<Interp, GrammarError> {
         let start = self.pos;
         self.expect(Tk::InterOpen)?;
         let mut items = Vec::new();
@@ -704,6 +714,13 @@ impl Parser {
     }
 
     fn element(&mut self) -> Result<Element, GrammarError> {
+        self.nest()?;
+        let out = self.element_inner();
+        self.depth -= 1;
+        out
+    }
+
+    fn element_inner(&mut self) -> Result<Element, GrammarError> {
         match self.peek() {
             Some(Tk::QuoteOpenSingle | Tk::QuoteOpenDouble) => {
                 self.pos += 1;
@@ -756,10 +773,10 @@ impl Parser {
                 break;
             }
         }
-        if items.len() == 1 {
-            if let Some(only) = items.pop() {
-                return Ok(only);
-            }
+        if items.len() == 1
+            && let Some(only) = items.pop()
+        {
+            return Ok(only);
         }
         let mut parts: Vec<Part> = Vec::new();
         for (item, (kind, text)) in items.into_iter().zip(raw_texts) {
@@ -995,6 +1012,16 @@ mod tests {
         for bad in ["a,=b", "È", "\\#", "'Hi''there'", "''a'", "\"abc\\\"", "[1,", "", "{'a': 1}"] {
             assert!(parse_element(bad).is_err(), "{bad:?} should not parse");
         }
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let deep = "${".repeat(10_000) + &"}".repeat(10_000);
+        assert!(parse_value(&deep).is_err());
+        let lists = "[".repeat(10_000) + &"]".repeat(10_000);
+        assert!(parse_element(&lists).is_err());
+        let ok = "${a.".repeat(10) + "b" + &"}".repeat(10);
+        assert!(parse_value(&ok).is_ok(), "{ok}");
     }
 
     #[test]

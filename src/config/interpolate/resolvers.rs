@@ -188,11 +188,26 @@ impl Engine<'_, '_> {
         match obj {
             Py::None => Ok(Py::None),
             Py::Dict(_) | Py::List(_) | Py::Config(_) => Ok(Py::Config(self.build(&obj, Some(owner), None)?)),
-            Py::Str(_) => Err(py_err(
-                "NotImplementedError",
-                "oc.create of a YAML string is not supported (pass a dict or list literal instead)",
-            )),
+            // A string is YAML, loaded the way `OmegaConf.create(str)` does (`a` → `{a: null}`).
+            Py::Str(text) => {
+                let node = crate::config::yaml::load_str(&text, "<oc.create>").map_err(|e| py_err("YAMLError", e.to_string()))?;
+                let id = self.tree.insert_node(&node, Some(owner), None);
+                self.check_created(id)?;
+                Ok(Py::Config(id))
+            }
             other => Err(py_err("ValidationError", format!("Object of unsupported type: '{}'", other.type_name(&self.tree)))),
+        }
+    }
+
+    /// `OmegaConf.create` validates every interpolation string it stores.
+    fn check_created(&self, id: Id) -> Result<(), ErrorKind> {
+        match self.tree.body(id) {
+            Body::Dict(d) => d.values().try_for_each(|&c| self.check_created(c)),
+            Body::List(l) => l.iter().try_for_each(|&c| self.check_created(c)),
+            Body::Leaf(_) => match self.tree.interpolation(id) {
+                Some(s) => grammar::parse_value(s).map(|_| ()).map_err(|e| ErrorKind::Grammar { detail: e.detail }),
+                None => Ok(()),
+            },
         }
     }
 

@@ -52,8 +52,9 @@ pub enum GroupChoice {
 }
 
 impl Element {
-    /// The config node OmegaConf builds from this value (strings stay raw; `???` is missing).
-    pub fn to_node(&self, origin: &Origin) -> Node {
+    /// The config node OmegaConf builds from this value (strings stay raw; `???` is missing); every node
+    /// of it gets `origin`.
+    pub fn to_node(&self, origin: Option<Origin>) -> Node {
         let value = match self {
             Element::Null => Value::Null,
             Element::Bool(b) => Value::Bool(*b),
@@ -61,21 +62,21 @@ impl Element {
             Element::Float(f) => Value::Float(*f),
             Element::Str { value, .. } if value == "???" => Value::Missing,
             Element::Str { value, .. } => Value::Str(value.clone()),
-            Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin)).collect()),
+            Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin.clone())).collect()),
             Element::Dict(pairs) => {
                 let mut dict = Dict::with_capacity(pairs.len());
                 for (k, v) in pairs {
-                    dict.insert(k.clone(), v.to_node(origin));
+                    dict.insert(k.clone(), v.to_node(origin.clone()));
                 }
                 Value::Dict(dict)
             }
         };
-        Node::with_origin(value, Some(origin.clone()))
+        Node::with_origin(value, origin)
     }
 
     /// [`Element::to_node`] with the override itself as origin.
     pub fn to_node_from(&self, input: &str) -> Node {
-        self.to_node(&Origin::Override(Arc::from(input)))
+        self.to_node(Some(Origin::Override(Arc::from(input))))
     }
 
     /// Python's type name of the value (`str`, `int`, `NoneType`, ...), as Hydra's messages print it.

@@ -1,7 +1,7 @@
 //! Hydra's override functions (`int() float() str() bool() choice() range() interval() tag() sort()
 //! shuffle() glob()`), with Python's argument binding, type checks and exceptions.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use rand::seq::SliceRandom;
 
@@ -58,12 +58,21 @@ fn eval_inner(call: Call<'_>) -> Result<Val, Raise> {
         other => other,
     };
     let args: Vec<Val> = call.args.into_iter().map(unquote).collect();
+    // Hydra collects keyword arguments in a dict: a repeated name keeps its first place, the last value.
     let mut kwargs: Vec<(String, Val)> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
     for (name, v) in call.kwargs {
         let v = unquote(v);
-        match kwargs.iter_mut().find(|(n, _)| *n == name) {
-            Some(slot) => slot.1 = v,
-            None => kwargs.push((name, v)),
+        match seen.get(&name) {
+            Some(&i) => {
+                if let Some(slot) = kwargs.get_mut(i) {
+                    slot.1 = v;
+                }
+            }
+            None => {
+                seen.insert(name.clone(), kwargs.len());
+                kwargs.push((name, v));
+            }
         }
     }
     let bound = bind(&sig, args, kwargs)?;
@@ -346,6 +355,8 @@ fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
                 tags: i.tags,
             })),
         },
+        // `cast_bool` ends in Python's `bool(value)`, which accepts None; the others assert a primitive.
+        Val::Null if kind == Cast::Bool => Ok(Val::Bool(false)),
         Val::Null | Val::Glob(_) => Err(assertion_error()),
         Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_) => cast_primitive(kind, v),
     }
@@ -494,10 +505,6 @@ fn choice(b: Bound) -> Result<Val, Raise> {
             c.simple_form = false;
             return Ok(args.remove(0));
         }
-    }
-    // Hydra accepts a choice among choices here and fails later, when the sweeper formats it.
-    if args.iter().any(|v| matches!(v, Val::Choice(_))) {
-        return Err(value_error("nesting choices is not supported"));
     }
     Ok(Val::Choice(Choice::new(args, false)))
 }
@@ -654,13 +661,14 @@ fn glob(mut b: Bound) -> Result<Val, Raise> {
         match v {
             None => Ok(Vec::new()),
             Some(Val::Str(s)) => Ok(vec![s]),
-            Some(Val::List(items)) => items
+            // Hydra does not check the items; a non-string pattern is kept as its Python str().
+            Some(Val::List(items)) => Ok(items
                 .into_iter()
                 .map(|item| match item {
-                    Val::Str(s) | Val::Quoted(s, _) => Ok(s),
-                    other => Err(type_error(format!("glob patterns must be strings, got {}", other.type_name()))),
+                    Val::Str(s) | Val::Quoted(s, _) => s,
+                    other => py_repr(&other),
                 })
-                .collect(),
+                .collect()),
             Some(_) => Err(assertion_error()),
         }
     };

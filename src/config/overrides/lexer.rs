@@ -48,8 +48,9 @@ pub(super) fn tokenize(chars: &[char]) -> Result<Vec<Token>, GrammarError> {
     let mut tokens = Vec::new();
     let mut pos = 0;
     let mut value_mode = false;
+    let closing = next_closing_braces(chars);
     while pos < chars.len() {
-        let matched = if value_mode { value_token(chars, pos) } else { key_token(chars, pos) };
+        let matched = if value_mode { value_token(chars, &closing, pos) } else { key_token(chars, pos) };
         let Some((kind, len)) = matched else {
             return Err(GrammarError::Lexer { input: chars.iter().collect(), column: pos });
         };
@@ -271,16 +272,28 @@ fn quoted_len(chars: &[char], i: usize) -> usize {
     0
 }
 
+/// For each index, where the next `}` at or after it is (`chars.len()` if none), so that scanning for
+/// interpolations stays linear even for input like `${${${...`.
+fn next_closing_braces(chars: &[char]) -> Vec<usize> {
+    let mut next = vec![chars.len(); chars.len() + 1];
+    for i in (0..chars.len()).rev() {
+        next[i] = if chars[i] == '}' { i } else { next[i + 1] };
+    }
+    next
+}
+
 /// `INTERPOLATION: '${' ~('}')+ '}'`
-fn interpolation_len(chars: &[char], i: usize) -> usize {
+fn interpolation_len(chars: &[char], closing: &[usize], i: usize) -> usize {
     if at(chars, i) != Some('$') || at(chars, i + 1) != Some('{') {
         return 0;
     }
-    let body = chars[(i + 2).min(chars.len())..].iter().take_while(|c| **c != '}').count();
-    if body == 0 || at(chars, i + 2 + body) != Some('}') { 0 } else { body + 3 }
+    match closing.get(i + 2) {
+        Some(&close) if close < chars.len() && close > i + 2 => close - i + 1,
+        _ => 0,
+    }
 }
 
-fn value_token(chars: &[char], i: usize) -> Option<(Tok, usize)> {
+fn value_token(chars: &[char], closing: &[usize], i: usize) -> Option<(Tok, usize)> {
     let unquoted = usize::from(at(chars, i).is_some_and(|c| "/-\\+.$%*@?|".contains(c)));
     longest(&[
         (Tok::POpen, punct_len(chars, i, '(', true, true)),
@@ -301,7 +314,7 @@ fn value_token(chars: &[char], i: usize) -> Option<(Tok, usize)> {
         (Tok::Esc, esc_len(chars, i)),
         (Tok::Ws, ws_len(chars, i)),
         (Tok::Quoted, quoted_len(chars, i)),
-        (Tok::Interpolation, interpolation_len(chars, i)),
+        (Tok::Interpolation, interpolation_len(chars, closing, i)),
     ])
 }
 

@@ -1,9 +1,11 @@
 //! Recursive-descent parser for `OverrideParser.g4`, visiting as it parses (functions are evaluated here).
 
+use std::collections::HashMap;
+
 use super::element::Quote;
 use super::functions::{self, Call};
 use super::lexer::{Tok, Token, tokenize};
-use super::value::{Choice, Val, key_eq};
+use super::value::{Choice, Val};
 use super::{GrammarError, OverrideKind};
 use crate::config::node::Key;
 
@@ -220,6 +222,7 @@ impl<'a> Parser<'a> {
     fn parse_dict(&mut self) -> Result<Val, GrammarError> {
         self.bump();
         let mut pairs: Vec<(Key, Val)> = Vec::new();
+        let mut index: HashMap<PyKey, usize> = HashMap::new();
         if self.peek() != Tok::BraceClose {
             loop {
                 let key_tokens = self.take_while(is_dict_key_token);
@@ -230,9 +233,18 @@ impl<'a> Parser<'a> {
                 self.expect(Tok::Colon, "':'")?;
                 let value = self.parse_element()?;
                 // A Python dict: a repeated key keeps its first position and takes the last value.
-                match pairs.iter_mut().find(|(k, _)| key_eq(k, &key)) {
-                    Some(slot) => slot.1 = value,
-                    None => pairs.push((key, value)),
+                match PyKey::of(&key).and_then(|k| index.get(&k).copied()) {
+                    Some(i) => {
+                        if let Some(slot) = pairs.get_mut(i) {
+                            slot.1 = value;
+                        }
+                    }
+                    None => {
+                        if let Some(k) = PyKey::of(&key) {
+                            index.insert(k, pairs.len());
+                        }
+                        pairs.push((key, value));
+                    }
                 }
                 if self.peek() != Tok::Comma {
                     break;
@@ -322,6 +334,36 @@ impl<'a> Parser<'a> {
             Tok::Bool => Val::Bool(text.eq_ignore_ascii_case("true")),
             Tok::Esc => Val::Str(text.chars().skip(1).step_by(2).collect()),
             _ => Val::Str(text),
+        })
+    }
+}
+
+/// A dict key under Python's equality (`1 == 1.0 == True`), for hashing; `None` for NaN, which equals
+/// nothing (each `nan` literal is a new key).
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum PyKey {
+    Str(String),
+    Int(i64),
+    /// The bits of a float that is not an integer (or is beyond i64).
+    Float(u64),
+    Null,
+}
+
+impl PyKey {
+    fn of(key: &Key) -> Option<PyKey> {
+        Some(match key {
+            Key::Str(s) => PyKey::Str(s.clone()),
+            Key::Int(i) => PyKey::Int(*i),
+            Key::Bool(b) => PyKey::Int(i64::from(*b)),
+            Key::Null => PyKey::Null,
+            Key::Float(_) => {
+                let f = key.as_f64()?;
+                if f.is_nan() {
+                    return None;
+                }
+                let integral = f.fract() == 0.0 && (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(&f);
+                if integral { PyKey::Int(f as i64) } else { PyKey::Float((f + 0.0).to_bits()) }
+            }
         })
     }
 }

@@ -73,6 +73,9 @@ pub struct ChoiceSweep {
     pub simple_form: bool,
     pub shuffle: bool,
     pub tags: BTreeSet<String>,
+    /// Python type name of a sweep given as an item (`1,choice(2,3)`): Hydra parses it and refuses it
+    /// without `--multirun`, but cannot enumerate it. Such items are not in `items`; `expand` fails.
+    pub nested_sweep: Option<&'static str>,
 }
 
 /// `range(start, stop, step)`: ints when all three are ints, else floats stepped in decimal.
@@ -140,6 +143,9 @@ impl Sweep {
     pub fn expand(&self, group_options: Option<&[String]>) -> Result<Vec<Element>, OverrideError> {
         match self {
             Sweep::Choice(c) => {
+                if let Some(sweep_type) = c.nested_sweep {
+                    return Err(OverrideError::NestedSweepInChoice { sweep_type });
+                }
                 let mut items = c.items.clone();
                 if c.shuffle {
                     items.shuffle(&mut rand::thread_rng());

@@ -190,6 +190,7 @@ fn functions_evaluate_at_parse_time() {
         ("a=str([0,1,2])", "['0', '1', '2']"),
         ("a=float({a:10})", "{'a': 10.0}"),
         ("a=bool({a:[0,1,2]})", "{'a': [False, True, True]}"),
+        ("a=bool(null)", "False"),
         ("a=int(value=3)", "3"),
         ("a=sort([2,3,1],reverse=true)", "[3, 2, 1]"),
         ("a=sort(list=[1,2,3], reverse=True)", "[3, 2, 1]"),
@@ -279,6 +280,7 @@ fn grammar_errors_carry_hydra_wording() {
         ("a=choice(x=1)", "TypeError while evaluating 'choice(x=1)': got an unexpected keyword argument 'x'"),
         ("a=choice()", "empty choice is not legal"),
         ("a=choice(choice(1,2))", "nesting choices is not supported"),
+        ("a=choice(str(choice(1,2)))", "nesting choices is not supported"),
         ("a=f(a=1,2)", "positional argument follows keyword argument"),
         ("a=sort(list=[b,a],reverse=1)", "mismatch type argument reverse: int is incompatible with bool"),
         ("a=range()", "missing a required argument: 'start'"),
@@ -315,9 +317,59 @@ fn single_run_rejects_sweeps_with_hydra_messages() {
 }
 
 #[test]
+fn sweeps_among_choice_items_are_refused_when_enumerated() {
+    for input in ["a=1,choice(2,3)", "a=choice(1,choice(2,3))", "a=shuffle(1,2),3", "a=[range(1)],2"] {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
+        assert!(matches!(sweep.expand(None), Err(OverrideError::NestedSweepInChoice { .. })), "{input}");
+        assert!(o.validate_sweep(RunMode::Run).is_err());
+    }
+}
+
+#[test]
 fn nested_sweeps_fail_like_a_merge() {
     let err = parse_override("+x=[choice(1,2)]").map_err(|e| e.to_string());
     assert!(err.as_ref().is_err_and(|e| e.starts_with("Error merging override +x=[choice(1,2)]\n")), "{err:?}");
+}
+
+#[test]
+fn job_text_is_what_the_basic_sweeper_writes() {
+    let cases = [
+        ("b= x ", Some("b=x")),
+        ("~a", Some("~a=null")),
+        ("+c='a b'", Some("+c='a b'")),
+        ("d=", Some("d=")),
+        ("db@pkg=mysql", Some("db@pkg=mysql")),
+        (r"e=[1,a\ b,{k:true}]", Some(r"e=[1,a\ b,{k:True}]")),
+        ("f=1,2", None),
+    ];
+    for (input, want) in cases {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        assert_eq!(o.job_text().as_deref(), want, "{input}");
+    }
+}
+
+#[test]
+fn sweeps_enumerate_as_the_basic_sweeper_does() {
+    // Expected lists printed by Hydra's BasicSweeper.split_arguments for the same overrides.
+    let cases: [(&str, &[&str]); 5] = [
+        ("f=1,2", &["f=1", "f=2"]),
+        ("g=range(1,3)", &["g=1", "g=2"]),
+        ("h=choice('x y', \"z\")", &["h=x\\ y", "h=z"]),
+        ("i=1.5,'a b'", &["i=1.5", "i='a b'"]),
+        ("j=range(0,1,0.25)", &["j=0.0", "j=0.25", "j=0.5", "j=0.75"]),
+    ];
+    for (input, want) in cases {
+        let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
+        let jobs: Vec<String> = sweep
+            .expand(None)
+            .unwrap_or_else(|e| panic!("{input}: {e}"))
+            .iter()
+            .map(|e| format!("{}={}", o.key_element(), e.to_override_text()))
+            .collect();
+        assert_eq!(jobs, want, "{input}");
+    }
 }
 
 #[test]
@@ -574,4 +626,20 @@ fn deep_nesting_is_an_error_not_a_crash() {
     assert!(matches!(parse_override(&deep), Err(OverrideError::Grammar { .. })));
     let ok = format!("a={}1{}", "[".repeat(50), "]".repeat(50));
     assert!(parse_override(&ok).is_ok());
+}
+
+#[test]
+fn long_pathological_input_is_handled() {
+    // Each of these would be quadratic with naive scanning or key de-duplication.
+    let braces = format!("a={}", "${".repeat(60_000));
+    assert!(parse_override(&braces).is_err());
+    let keys: Vec<String> = (0..20_000).map(|i| format!("k{}:{i}", i % 3)).collect();
+    let dict = parse_override(&format!("a={{{}}}", keys.join(",")));
+    let Ok(Some(Element::Dict(pairs))) = dict.map(|o| o.element().cloned()) else { panic!("a dict") };
+    assert_eq!(pairs.len(), 3);
+    assert_eq!(pairs[0], (Key::from("k0"), Element::Int(19_998)));
+    let kwargs: Vec<&str> = std::iter::repeat_n("reverse=true", 20_000).collect();
+    assert!(parse_override(&format!("a=sort([1,2],{})", kwargs.join(","))).is_ok());
+    let wide = format!("a=[{}]", vec!["1"; 100_000].join(","));
+    assert!(parse_override(&wide).is_ok());
 }

@@ -220,17 +220,33 @@ pub(super) enum Nested {
 /// The visitor's result as an [`OverrideValue`]: top-level sweeps stay sweeps, everything else an element.
 pub(super) fn into_override_value(v: Val) -> Result<OverrideValue, Nested> {
     Ok(match v {
-        Val::Choice(c) => OverrideValue::Sweep(Sweep::Choice(ChoiceSweep {
-            items: c.items.into_iter().map(into_element).collect::<Result<_, _>>()?,
-            simple_form: c.simple_form,
-            shuffle: c.shuffle,
-            tags: c.tags,
-        })),
+        Val::Choice(c) => {
+            // Hydra parses `1,choice(2,3)` and fails only when a sweeper formats the inner sweep.
+            let nested_sweep = c.items.iter().find_map(nested_sweep_type);
+            let items = c.items.into_iter().filter(|v| nested_sweep_type(v).is_none());
+            OverrideValue::Sweep(Sweep::Choice(ChoiceSweep {
+                items: items.map(into_element).collect::<Result<_, _>>()?,
+                simple_form: c.simple_form,
+                shuffle: c.shuffle,
+                tags: c.tags,
+                nested_sweep,
+            }))
+        }
         Val::Range(r) => OverrideValue::Sweep(Sweep::Range(r)),
         Val::Interval(i) => OverrideValue::Sweep(Sweep::Interval(i)),
         Val::Glob(g) => OverrideValue::Sweep(Sweep::Glob(g)),
         other => OverrideValue::Element(into_element(other)?),
     })
+}
+
+/// The Python type name of the first sweep in `v`, itself included.
+fn nested_sweep_type(v: &Val) -> Option<&'static str> {
+    match v {
+        Val::Choice(_) | Val::Range(_) | Val::Interval(_) | Val::Glob(_) => Some(v.type_name()),
+        Val::List(items) => items.iter().find_map(nested_sweep_type),
+        Val::Dict(pairs) => pairs.iter().find_map(|(_, v)| nested_sweep_type(v)),
+        _ => None,
+    }
 }
 
 pub(super) fn into_element(v: Val) -> Result<Element, Nested> {

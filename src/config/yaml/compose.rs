@@ -1,6 +1,7 @@
 //! Turn saphyr's event stream into a graph of raw YAML nodes (PyYAML's "composer"): anchors resolved,
 //! aliases shared, tags and source positions kept, nothing typed yet.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 
@@ -39,8 +40,8 @@ enum OpenBody {
 
 /// Read the single document of `text`. `Ok(None)` for a stream without any document.
 pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
-    check_printable(text)?;
-    let mut parser = Parser::new_from_str(text);
+    let text = prepare(text)?;
+    let mut parser = Parser::new_from_str(&text);
     let mut anchors: HashMap<usize, Rc<Raw>> = HashMap::new();
     let mut open_anchors: HashSet<usize> = HashSet::new();
     let mut stack: Vec<Open> = Vec::new();
@@ -146,22 +147,27 @@ fn full_tag(tag: &Tag) -> String {
     if tag.handle == "!" { format!("!{}", tag.suffix) } else { format!("{}{}", tag.handle, tag.suffix) }
 }
 
-/// PyYAML's reader rejects characters outside its printable set anywhere in the stream, before parsing.
-fn check_printable(text: &str) -> Result<(), (Pos, Invalid)> {
+/// What PyYAML's reader does before scanning: reject characters outside its printable set, and treat
+/// NEL (U+0085) as a line break (saphyr, a YAML 1.2 parser, would not). U+2028/U+2029 are line breaks
+/// to PyYAML that it keeps in scalar content; saphyr cannot reproduce that, so they are refused.
+fn prepare(text: &str) -> Result<Cow<'_, str>, (Pos, Invalid)> {
     let mut line = 1u32;
     let mut col = 1u32;
     for ch in text.chars() {
-        let ok = matches!(ch, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
+        let printable = matches!(ch, '\t' | '\n' | '\r' | ' '..='~' | '\u{85}' | '\u{A0}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}')
             || ch >= '\u{10000}';
-        if !ok {
+        if !printable {
             return Err((Pos { line, col }, Invalid::NonPrintable { ch }));
         }
-        if ch == '\n' {
+        if matches!(ch, '\u{2028}' | '\u{2029}') {
+            return Err((Pos { line, col }, Invalid::LineSeparator { ch }));
+        }
+        if ch == '\n' || ch == '\u{85}' {
             line = line.saturating_add(1);
             col = 1;
         } else {
             col = col.saturating_add(1);
         }
     }
-    Ok(())
+    Ok(if text.contains('\u{85}') { Cow::Owned(text.replace('\u{85}', "\n")) } else { Cow::Borrowed(text) })
 }

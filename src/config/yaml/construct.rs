@@ -191,7 +191,8 @@ impl Constructor {
             Value::Int(i) => Ok(Key::Int(i)),
             Value::Float(f) => Ok(Key::float(f)),
             Value::Bool(b) => Ok(Key::Bool(b)),
-            Value::Null => fail(YamlErrorKind::KeyType { type_name: "NoneType" }),
+            // PyYAML accepts it; OmegaConf refuses it once the whole document is built (see reject_null_keys).
+            Value::Null => Ok(Key::Null),
             Value::Bytes(_) => fail(YamlErrorKind::UnsupportedKey { type_name: "bytes" }),
             Value::List(_) => fail(YamlErrorKind::UnhashableKey { type_name: "list" }),
             Value::Dict(_) => fail(YamlErrorKind::UnhashableKey { type_name: "dict" }),
@@ -296,5 +297,24 @@ fn python_hash_key(key: &Key) -> Option<Key> {
                 Some(key.clone())
             }
         }
+    }
+}
+
+/// OmegaConf refuses `None` keys when it creates the config from PyYAML's finished document, so a
+/// null key that a later duplicate replaced away is no error. Reported at the key's value.
+pub(super) fn reject_null_keys(node: &Node) -> Result<(), Fail> {
+    match &node.value {
+        Value::List(items) => items.iter().try_for_each(reject_null_keys),
+        Value::Dict(dict) => dict.iter().try_for_each(|(key, value)| {
+            if *key == Key::Null {
+                let pos = match &value.origin {
+                    Some(Origin::File { line, col, .. }) => Pos { line: *line, col: *col },
+                    _ => Pos { line: 1, col: 1 },
+                };
+                return Err((pos, YamlErrorKind::KeyType { type_name: "NoneType" }));
+            }
+            reject_null_keys(value)
+        }),
+        _ => Ok(()),
     }
 }

@@ -30,13 +30,24 @@ pub struct ShmReceiver {
 }
 
 fn protocol(reason: impl std::fmt::Display) -> TransportError {
-    TransportError::Protocol { peer: Peer::Sender, reason: reason.to_string() }
+    TransportError::Protocol {
+        peer: Peer::Sender,
+        reason: reason.to_string(),
+    }
 }
 
 fn read_error(op: &'static str, err: ReadError) -> TransportError {
     match err {
-        ReadError::Io(e) if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof) => {
-            TransportError::PeerGone { op, peer: Peer::Sender }
+        ReadError::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            TransportError::PeerGone {
+                op,
+                peer: Peer::Sender,
+            }
         }
         ReadError::Io(source) => TransportError::Io { op, source },
         ReadError::Frame(e) => protocol(e),
@@ -44,17 +55,35 @@ fn read_error(op: &'static str, err: ReadError) -> TransportError {
 }
 
 /// Connect to `path`, retrying while the sender has not bound it yet.
-async fn connect_stream(path: &Path, deadline: Instant, timeout: Duration) -> Result<UnixStream, TransportError> {
+async fn connect_stream(
+    path: &Path,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<UnixStream, TransportError> {
     loop {
         match UnixStream::connect(path).await {
             Ok(stream) => return Ok(stream),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
                 if Instant::now() + CONNECT_RETRY >= deadline {
-                    return Err(TransportError::Timeout { op: "connecting", peer: Peer::Sender, timeout });
+                    return Err(TransportError::Timeout {
+                        op: "connecting",
+                        peer: Peer::Sender,
+                        timeout,
+                    });
                 }
                 tokio::time::sleep(CONNECT_RETRY).await;
             }
-            Err(source) => return Err(TransportError::Io { op: "connecting", source }),
+            Err(source) => {
+                return Err(TransportError::Io {
+                    op: "connecting",
+                    source,
+                });
+            }
         }
     }
 }
@@ -62,28 +91,60 @@ async fn connect_stream(path: &Path, deadline: Instant, timeout: Duration) -> Re
 impl ShmReceiver {
     /// Join the sender listening on `socket_path` as `rank`. Waits (bounded by `timeout`) for the sender to
     /// listen and for every other receiver to join, since the sender welcomes all of them at once.
-    pub async fn connect(socket_path: &Path, rank: usize, timeout: Duration) -> Result<Receiver, TransportError> {
+    pub async fn connect(
+        socket_path: &Path,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<Receiver, TransportError> {
         const OP: &str = "joining the sender";
         let deadline = Instant::now() + timeout;
-        let wire_rank = u32::try_from(rank).map_err(|_| TransportError::NoSuchRank { rank, receivers: u32::MAX as usize })?;
+        let wire_rank = u32::try_from(rank).map_err(|_| TransportError::NoSuchRank {
+            rank,
+            receivers: u32::MAX as usize,
+        })?;
         let stream = connect_stream(socket_path, deadline, timeout).await?;
         let (read, mut writer) = stream.into_split();
         let mut reader = FrameReader::new(read);
-        let hello = Up::Hello { version: VERSION, rank: wire_rank }.encode().map_err(protocol)?;
+        let hello = Up::Hello {
+            version: VERSION,
+            rank: wire_rank,
+        }
+        .encode()
+        .map_err(protocol)?;
         write_frame(&mut writer, &hello, timeout, OP, Peer::Sender).await?;
         let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
-            Err(_) => return Err(TransportError::Timeout { op: OP, peer: Peer::Sender, timeout }),
+            Err(_) => {
+                return Err(TransportError::Timeout {
+                    op: OP,
+                    peer: Peer::Sender,
+                    timeout,
+                });
+            }
             Ok(Ok(Some(frame))) => frame,
-            Ok(Ok(None)) => return Err(TransportError::PeerGone { op: OP, peer: Peer::Sender }),
+            Ok(Ok(None)) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Sender,
+                });
+            }
             Ok(Err(e)) => return Err(read_error(OP, e)),
         };
         let slots = match Down::decode(&frame).map_err(protocol)? {
-            Down::Welcome { version, receivers, slots } => {
+            Down::Welcome {
+                version,
+                receivers,
+                slots,
+            } => {
                 if version != VERSION {
-                    return Err(protocol(format!("protocol version {version} is not ours ({VERSION})")));
+                    return Err(protocol(format!(
+                        "protocol version {version} is not ours ({VERSION})"
+                    )));
                 }
                 if rank >= receivers as usize {
-                    return Err(TransportError::NoSuchRank { rank, receivers: receivers as usize });
+                    return Err(TransportError::NoSuchRank {
+                        rank,
+                        receivers: receivers as usize,
+                    });
                 }
                 slots as usize
             }
@@ -103,7 +164,9 @@ impl ShmReceiver {
 
     fn check_usable(&self) -> Result<(), TransportError> {
         match &self.broken {
-            Some(first) => Err(TransportError::Broken { first: first.clone() }),
+            Some(first) => Err(TransportError::Broken {
+                first: first.clone(),
+            }),
             None => Ok(()),
         }
     }
@@ -118,36 +181,78 @@ impl ShmReceiver {
     /// Map the announced segment into `slot` and tell the sender, so it can unlink the name.
     async fn map(&mut self, slot: usize, info: SegmentInfo) -> Result<(), TransportError> {
         if !segment::validate_name(&info.name) {
-            return Err(protocol(format!("announced segment name {:?} is not a plain name", info.name)));
+            return Err(protocol(format!(
+                "announced segment name {:?} is not a plain name",
+                info.name
+            )));
         }
-        let capacity = usize::try_from(info.capacity).map_err(|_| protocol("segment capacity does not fit in memory"))?;
-        let entry = self.slots.get_mut(slot).ok_or_else(|| protocol(format!("slot {slot} out of range")))?;
+        let capacity = usize::try_from(info.capacity)
+            .map_err(|_| protocol("segment capacity does not fit in memory"))?;
+        let entry = self
+            .slots
+            .get_mut(slot)
+            .ok_or_else(|| protocol(format!("slot {slot} out of range")))?;
         // Unmap the old generation first: its memory can go as soon as every process dropped it.
         *entry = None;
         *entry = Some(MappedSegment::open(&info.name, capacity)?);
-        let mapped = Up::Mapped { slot: slot as u32, generation: info.generation }.encode().map_err(protocol)?;
-        write_frame(&mut self.writer, &mapped, self.timeout, "acknowledging a segment", Peer::Sender).await
+        let mapped = Up::Mapped {
+            slot: slot as u32,
+            generation: info.generation,
+        }
+        .encode()
+        .map_err(protocol)?;
+        write_frame(
+            &mut self.writer,
+            &mapped,
+            self.timeout,
+            "acknowledging a segment",
+            Peer::Sender,
+        )
+        .await
     }
 
-    async fn try_recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
+    async fn try_recv_with<R>(
+        &mut self,
+        read: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, TransportError> {
         const OP: &str = RECV_OP;
         let frame = match tokio::time::timeout(self.timeout, self.reader.next()).await {
-            Err(_) => return Err(TransportError::Timeout { op: OP, peer: Peer::Sender, timeout: self.timeout }),
+            Err(_) => {
+                return Err(TransportError::Timeout {
+                    op: OP,
+                    peer: Peer::Sender,
+                    timeout: self.timeout,
+                });
+            }
             Ok(Ok(Some(frame))) => frame,
-            Ok(Ok(None)) => return Err(TransportError::PeerGone { op: OP, peer: Peer::Sender }),
+            Ok(Ok(None)) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Sender,
+                });
+            }
             Ok(Err(e)) => return Err(read_error(OP, e)),
         };
         let (seq, slot, len, segment) = match Down::decode(&frame).map_err(protocol)? {
-            Down::Publish { seq, slot, len, segment } => (seq, slot as usize, len, segment),
+            Down::Publish {
+                seq,
+                slot,
+                len,
+                segment,
+            } => (seq, slot as usize, len, segment),
             other => return Err(protocol(format!("expected a payload, got {other:?}"))),
         };
         if seq != self.next_seq {
-            return Err(protocol(format!("payload {seq} arrived where {} was expected", self.next_seq)));
+            return Err(protocol(format!(
+                "payload {seq} arrived where {} was expected",
+                self.next_seq
+            )));
         }
         if let Some(info) = segment {
             self.map(slot, info).await?;
         }
-        let len = usize::try_from(len).map_err(|_| protocol("payload length does not fit in memory"))?;
+        let len =
+            usize::try_from(len).map_err(|_| protocol("payload length does not fit in memory"))?;
         let out = if len == 0 {
             read(&[])
         } else {
@@ -156,13 +261,25 @@ impl ShmReceiver {
                 .get(slot)
                 .and_then(Option::as_ref)
                 .and_then(|seg| seg.bytes(len))
-                .ok_or_else(|| protocol(format!("payload {seq} of {len} bytes does not fit slot {slot}")))?;
+                .ok_or_else(|| {
+                    protocol(format!(
+                        "payload {seq} of {len} bytes does not fit slot {slot}"
+                    ))
+                })?;
             read(bytes)
         };
         self.next_seq += 1;
         let released = Up::Released { seq }.encode().map_err(protocol)?;
         // The read succeeded; a sender that vanished since is reported by the next call.
-        if let Err(err) = write_frame(&mut self.writer, &released, self.timeout, "releasing a payload", Peer::Sender).await {
+        if let Err(err) = write_frame(
+            &mut self.writer,
+            &released,
+            self.timeout,
+            "releasing a payload",
+            Peer::Sender,
+        )
+        .await
+        {
             self.fail(err);
         }
         Ok(out)
@@ -187,10 +304,22 @@ impl RecvBackend for ShmReceiver {
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
         self.check_usable()?;
         if msg.len() >= MAX_FRAME {
-            return Err(TransportError::TooLarge { what: "upstream message", len: msg.len(), max: MAX_FRAME - 1 });
+            return Err(TransportError::TooLarge {
+                what: "upstream message",
+                len: msg.len(),
+                max: MAX_FRAME - 1,
+            });
         }
         let frame = Up::Message(msg.to_vec()).encode().map_err(protocol)?;
-        match write_frame(&mut self.writer, &frame, self.timeout, "sending an upstream message", Peer::Sender).await {
+        match write_frame(
+            &mut self.writer,
+            &frame,
+            self.timeout,
+            "sending an upstream message",
+            Peer::Sender,
+        )
+        .await
+        {
             Ok(()) => Ok(()),
             Err(err) => Err(self.fail(err)),
         }

@@ -24,7 +24,11 @@ const NAME_MAX: usize = 255;
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
 fn segment_error(name: &str, op: &'static str, errno: Errno) -> TransportError {
-    TransportError::Segment { name: name.to_owned(), op, source: std::io::Error::from(errno) }
+    TransportError::Segment {
+        name: name.to_owned(),
+        op,
+        source: std::io::Error::from(errno),
+    }
 }
 
 /// Checks a user-given prefix: a plain file-name fragment, so segment names stay valid and sweepable.
@@ -45,7 +49,9 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), TransportError> {
 pub(crate) fn validate_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= NAME_MAX
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
         && !name.starts_with('.')
 }
 
@@ -72,7 +78,13 @@ impl Namer {
     pub(crate) fn next(&mut self) -> (u64, String) {
         let generation = self.next_generation;
         self.next_generation += 1;
-        (generation, format!("{}.{}.{}.{}", self.prefix, self.pid, self.instance, generation))
+        (
+            generation,
+            format!(
+                "{}.{}.{}.{}",
+                self.prefix, self.pid, self.instance, generation
+            ),
+        )
     }
 }
 
@@ -92,26 +104,50 @@ pub(crate) struct OwnedSegment {
 impl OwnedSegment {
     /// Create segment `name` of `capacity` bytes (mode 0600), reserving its memory now so that a full /dev/shm
     /// is an error here rather than a SIGBUS on first write, and mapping it with its pages already faulted in.
-    pub(crate) fn create(name: &str, generation: u64, capacity: usize) -> Result<Self, TransportError> {
+    pub(crate) fn create(
+        name: &str,
+        generation: u64,
+        capacity: usize,
+    ) -> Result<Self, TransportError> {
         let path = shm_path(name);
-        let fd = shm_open(path.as_str(), OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR, Mode::S_IRUSR | Mode::S_IWUSR)
-            .map_err(|e| segment_error(name, "create", e))?;
+        let fd = shm_open(
+            path.as_str(),
+            OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_RDWR,
+            Mode::S_IRUSR | Mode::S_IWUSR,
+        )
+        .map_err(|e| segment_error(name, "create", e))?;
         let unlink_on_error = |err: TransportError| {
             let _ = shm_unlink(path.as_str());
             err
         };
         let len = libc::off_t::try_from(capacity).map_err(|_| {
-            unlink_on_error(TransportError::TooLarge { what: "segment", len: capacity, max: libc::off_t::MAX as usize })
+            unlink_on_error(TransportError::TooLarge {
+                what: "segment",
+                len: capacity,
+                max: libc::off_t::MAX as usize,
+            })
         })?;
         if capacity > 0 {
-            nix::fcntl::posix_fallocate(&fd, 0, len).map_err(|e| unlink_on_error(segment_error(name, "reserve", e)))?;
+            nix::fcntl::posix_fallocate(&fd, 0, len)
+                .map_err(|e| unlink_on_error(segment_error(name, "reserve", e)))?;
         }
         let file = File::from(fd);
         // SAFETY: the segment was just created exclusively (O_EXCL) by us with the size mapped here, and only
         // this sender writes it; receivers map it read-only and read a slot only between publish and release.
-        let map = unsafe { MmapOptions::new().len(capacity).populate().map_mut(&file) }
-            .map_err(|e| unlink_on_error(TransportError::Segment { name: name.to_owned(), op: "map", source: e }))?;
-        Ok(OwnedSegment { name: name.to_owned(), generation, map, linked: true })
+        let map =
+            unsafe { MmapOptions::new().len(capacity).populate().map_mut(&file) }.map_err(|e| {
+                unlink_on_error(TransportError::Segment {
+                    name: name.to_owned(),
+                    op: "map",
+                    source: e,
+                })
+            })?;
+        Ok(OwnedSegment {
+            name: name.to_owned(),
+            generation,
+            map,
+            linked: true,
+        })
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -159,7 +195,14 @@ impl MappedSegment {
         let fd = shm_open(shm_path(name).as_str(), OFlag::O_RDONLY, Mode::empty())
             .map_err(|e| segment_error(name, "open", e))?;
         let file = File::from(fd);
-        let size = file.metadata().map_err(|e| TransportError::Segment { name: name.to_owned(), op: "stat", source: e })?.len();
+        let size = file
+            .metadata()
+            .map_err(|e| TransportError::Segment {
+                name: name.to_owned(),
+                op: "stat",
+                source: e,
+            })?
+            .len();
         if size < capacity as u64 {
             return Err(TransportError::Protocol {
                 peer: crate::transport::Peer::Sender,
@@ -168,8 +211,14 @@ impl MappedSegment {
         }
         // SAFETY: mapped read-only; the sender never shrinks a segment, and writes a slot only after every
         // receiver released it, so the bytes we hand out are stable while `read` runs.
-        let map = unsafe { MmapOptions::new().len(capacity).populate().map(&file) }
-            .map_err(|e| TransportError::Segment { name: name.to_owned(), op: "map", source: e })?;
+        let map =
+            unsafe { MmapOptions::new().len(capacity).populate().map(&file) }.map_err(|e| {
+                TransportError::Segment {
+                    name: name.to_owned(),
+                    op: "map",
+                    source: e,
+                }
+            })?;
         Ok(MappedSegment { map })
     }
 
@@ -180,20 +229,32 @@ impl MappedSegment {
 
 /// Whether a process with this pid exists (a zombie counts as existing until reaped).
 fn pid_alive(pid: i32) -> bool {
-    !matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(Errno::ESRCH))
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(Errno::ESRCH)
+    )
 }
 
 /// Unlink the segments named `<prefix>.<pid>.…` whose creating process no longer exists; returns how many.
 pub(crate) fn sweep(prefix: &str) -> Result<usize, TransportError> {
     validate_prefix(prefix)?;
-    let entries = std::fs::read_dir(SHM_DIR).map_err(|source| TransportError::Io { op: "listing /dev/shm", source })?;
+    let entries = std::fs::read_dir(SHM_DIR).map_err(|source| TransportError::Io {
+        op: "listing /dev/shm",
+        source,
+    })?;
     let lead = format!("{prefix}.");
     let mut removed = 0;
     for entry in entries.flatten() {
         let file_name = entry.file_name();
-        let Some(name) = file_name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix(&lead) else { continue };
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix(&lead) else {
+            continue;
+        };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
         if pid <= 0 || pid_alive(pid) {
             continue;
         }
@@ -238,10 +299,17 @@ mod tests {
         let view = MappedSegment::open(&name, 8192).unwrap();
         assert_eq!(view.bytes(4), Some(&b"abcd"[..]));
         assert!(view.bytes(8193).is_none());
-        assert!(MappedSegment::open(&name, 8193).is_err(), "announced size beyond the file");
+        assert!(
+            MappedSegment::open(&name, 8193).is_err(),
+            "announced size beyond the file"
+        );
         drop(seg);
         assert!(!path.exists());
-        assert_eq!(view.bytes(4), Some(&b"abcd"[..]), "mapping outlives the name");
+        assert_eq!(
+            view.bytes(4),
+            Some(&b"abcd"[..]),
+            "mapping outlives the name"
+        );
     }
 
     #[test]
@@ -249,7 +317,11 @@ mod tests {
         let mut namer = Namer::new("rlsync-unit-sweep");
         let (generation, name) = namer.next();
         let seg = OwnedSegment::create(&name, generation, 4096).unwrap();
-        assert_eq!(sweep("rlsync-unit-sweep").unwrap(), 0, "our own pid is alive");
+        assert_eq!(
+            sweep("rlsync-unit-sweep").unwrap(),
+            0,
+            "our own pid is alive"
+        );
         assert!(std::path::Path::new(SHM_DIR).join(seg.name()).exists());
     }
 }

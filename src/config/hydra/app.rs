@@ -1,0 +1,418 @@
+//! The Hydra application front end after argv parsing: build the search path, then show the config
+//! (`--cfg`), print information (`--info`, `--help`, `--hydra-help`), or prepare the job(s) of a run or
+//! multirun (run directory and `.hydra/` files). Running a prepared job is the caller's business.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::compose::standin::emit::to_yaml;
+use crate::config::compose::{self, ComposeError, ComposeRequest, Composed, RunMode};
+use crate::config::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
+use crate::config::interpolate::{self, InterpolationError, ResolveContext};
+use crate::config::node::{Key, Node, Value};
+use crate::config::search_path::{ObjectType, Repository, SearchPathError, Source};
+
+/// `--info` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InfoKind {
+    All,
+    Config,
+    Defaults,
+    DefaultsTree,
+    Plugins,
+    SearchPath,
+}
+
+impl InfoKind {
+    pub fn parse(text: &str) -> Option<InfoKind> {
+        Some(match text {
+            "all" => InfoKind::All,
+            "config" => InfoKind::Config,
+            "defaults" => InfoKind::Defaults,
+            "defaults-tree" => InfoKind::DefaultsTree,
+            "plugins" => InfoKind::Plugins,
+            "searchpath" => InfoKind::SearchPath,
+            _ => return None,
+        })
+    }
+}
+
+/// Which part of the config `--cfg` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShowCfg {
+    Job,
+    Hydra,
+    All,
+}
+
+/// What the command line asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    AppHelp { flags_help: &'static str },
+    HydraHelp { flags_help: &'static str },
+    ShowCfg { show: ShowCfg, package: Option<String>, resolve: bool },
+    Info(InfoKind),
+    Run { dry_run: bool },
+    Multirun { dry_run: bool },
+}
+
+/// One invocation of an entry point.
+#[derive(Debug, Clone)]
+pub struct AppRequest<'a> {
+    /// Entry point name (`train_embodied`): the default job name.
+    pub entry: &'a str,
+    pub config_path: Option<&'a str>,
+    pub config_name: &'a str,
+    pub config_dir: Option<&'a str>,
+    pub overrides: &'a [String],
+    pub command: Command,
+}
+
+/// A composed job ready to run.
+#[derive(Debug, Clone)]
+pub struct PreparedJob {
+    /// The job config (no `hydra` node), interpolations resolved.
+    pub config: Node,
+    /// The full composed config, unresolved (with its `hydra` node).
+    pub full: Node,
+    /// The job's output directory (created unless `dry_run`).
+    pub output_dir: PathBuf,
+    pub dry_run: bool,
+}
+
+/// What `execute` did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Output was printed; exit with this success flag.
+    Printed { success: bool },
+    /// Jobs to run, one after another.
+    Jobs(Vec<PreparedJob>),
+}
+
+/// Errors of the application front end.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Compose(#[from] ComposeError),
+    #[error(transparent)]
+    SearchPath(#[from] SearchPathError),
+    #[error("package '{package}' not found in config")]
+    PackageNotFound { package: String },
+    #[error(transparent)]
+    Interpolation(#[from] InterpolationError),
+    #[error("cannot write '{path}': {reason}")]
+    Io { path: String, reason: String },
+}
+
+/// Build the search path for `--config-path` / `--config-dir` (relative paths are taken from the working directory).
+pub fn build_repository(config_path: Option<&str>, config_dir: Option<&str>) -> Result<Repository, SearchPathError> {
+    let mut sources = vec![Source::hydra_builtin()];
+    match config_path {
+        Some(path) if path.starts_with("pkg://") => return Err(SearchPathError::UnsupportedScheme { entry: path.into() }),
+        Some(path) => {
+            let dir = absolute(path.strip_prefix("file://").unwrap_or(path));
+            let source = Source::dir("main", dir.clone());
+            if !source.available() {
+                return Err(SearchPathError::PrimaryDirNotFound { path: dir.display().to_string() });
+            }
+            sources.push(source);
+        }
+        None => sources.push(Source::embedded_main()),
+    }
+    if let Some(dir) = config_dir {
+        let dir = absolute(dir);
+        if !dir.is_dir() {
+            return Err(SearchPathError::ConfigDirNotFound { path: dir.display().to_string() });
+        }
+        sources.push(Source::dir("command-line", dir));
+    }
+    sources.push(Source::structured());
+    Ok(Repository::new(sources))
+}
+
+fn absolute(path: &str) -> PathBuf {
+    std::path::absolute(Path::new(path)).unwrap_or_else(|_| PathBuf::from(path))
+}
+
+/// Run the command; prints to stdout what Hydra prints there.
+pub fn execute(req: &AppRequest<'_>) -> Result<Outcome, AppError> {
+    let mut repo = build_repository(req.config_path, req.config_dir)?;
+    match &req.command {
+        Command::ShowCfg { show, package, resolve } => show_cfg(&mut repo, req, *show, package.as_deref(), *resolve),
+        Command::Info(kind) => {
+            print!("{}", info(&mut repo, req, *kind)?);
+            Ok(Outcome::Printed { success: true })
+        }
+        Command::AppHelp { flags_help } => {
+            let composed = compose_run(&mut repo, req, RunMode::Run)?;
+            println!("{}", app_help(&repo, &composed.config, flags_help));
+            Ok(Outcome::Printed { success: true })
+        }
+        Command::HydraHelp { flags_help } => {
+            let composed = compose_run(&mut repo, req, RunMode::Run)?;
+            println!("{}", hydra_help(&repo, &composed.config, flags_help));
+            Ok(Outcome::Printed { success: true })
+        }
+        Command::Run { dry_run } => {
+            let job = prepare_run(&mut repo, req, *dry_run)?;
+            Ok(Outcome::Jobs(vec![job]))
+        }
+        Command::Multirun { dry_run } => Ok(Outcome::Jobs(prepare_multirun(&mut repo, req, *dry_run)?)),
+    }
+}
+
+fn compose_run(repo: &mut Repository, req: &AppRequest<'_>, mode: RunMode) -> Result<Composed, ComposeError> {
+    compose::compose(repo, &ComposeRequest { config_name: req.config_name, overrides: req.overrides, mode, job_name: req.entry })
+}
+
+fn remove_key(node: &mut Node, key: &str) -> Option<Node> {
+    node.as_dict_mut().and_then(|d| d.shift_remove(&Key::from(key)))
+}
+
+/// The job part of a composed config (everything but `hydra`).
+pub fn job_config(full: &Node) -> Node {
+    let mut job = full.clone();
+    remove_key(&mut job, "hydra");
+    job
+}
+
+/// `{hydra: ...}` without the help templates, as `--cfg hydra` shows it.
+fn sanitized_hydra(full: &Node) -> Node {
+    let mut out = Node::empty_dict();
+    if let (Some(hydra), Some(dict)) = (full.get("hydra"), out.as_dict_mut()) {
+        let mut hydra = hydra.clone();
+        remove_key(&mut hydra, "hydra_help");
+        remove_key(&mut hydra, "help");
+        dict.insert(Key::from("hydra"), hydra);
+    }
+    out
+}
+
+fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package: Option<&str>, resolve: bool) -> Result<Outcome, AppError> {
+    let composed = compose_run(repo, req, RunMode::Run)?;
+    let mut cfg = match show {
+        ShowCfg::Job => job_config(&composed.config),
+        ShowCfg::Hydra => sanitized_hydra(&composed.config),
+        ShowCfg::All => composed.config.clone(),
+    };
+    if resolve {
+        cfg = resolve_tree(&cfg, &composed.config)?;
+    }
+    let package = package.filter(|p| *p != "_global_");
+    let Some(package) = package else {
+        print!("{}", to_yaml(&cfg));
+        return Ok(Outcome::Printed { success: true });
+    };
+    let selected = cfg.get_path(package).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
+    let Some(selected) = selected else { return Err(AppError::PackageNotFound { package: package.into() }) };
+    if selected.value.is_container() {
+        println!("# @package {package}");
+        print!("{}", to_yaml(selected));
+    } else {
+        println!("{}", hy::python_str(selected));
+    }
+    Ok(Outcome::Printed { success: true })
+}
+
+/// The resolution context of a composed config: its `hydra` node serves `${hydra:...}`.
+fn context(full: &Node) -> ResolveContext<'_> {
+    // One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+    static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
+    let ctx = ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
+    match full.get("hydra") {
+        Some(hydra) => ctx.with_hydra(hydra),
+        None => ctx,
+    }
+}
+
+/// Resolve every interpolation of `cfg` (OmegaConf.resolve); `full` supplies the `hydra` node.
+fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
+    Ok(interpolate::resolve_tree(cfg, &context(full))?)
+}
+
+fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<String, AppError> {
+    Ok(match kind {
+        InfoKind::Defaults => format_defaults_table(&compose::compute_defaults(repo, req.config_name, req.overrides)?),
+        InfoKind::DefaultsTree => format_defaults_tree(&compose::compute_defaults(repo, req.config_name, req.overrides)?.tree),
+        InfoKind::SearchPath => {
+            compose_run(repo, req, RunMode::Run)?;
+            format_search_path(repo.sources())
+        }
+        InfoKind::Plugins => plugins_info(),
+        InfoKind::Config => config_info(repo, req)?,
+        InfoKind::All => {
+            let title = format!("Hydra {}", hy::HYDRA_VERSION);
+            format!("{title}\n{}\n{}{}", "=".repeat(title.len()), plugins_info(), config_info(repo, req)?)
+        }
+    })
+}
+
+fn plugins_info() -> String {
+    let mut out = String::from("Installed Hydra Plugins\n***********************\n");
+    let kinds: [(&str, &[&str]); 4] = [
+        ("ConfigSource:", &["FileConfigSource", "ImportlibResourcesConfigSource", "StructuredConfigSource"]),
+        ("CompletionPlugin:", &["BashCompletion", "FishCompletion", "ZshCompletion"]),
+        ("Launcher:", &["BasicLauncher"]),
+        ("Sweeper:", &["BasicSweeper"]),
+    ];
+    for (kind, plugins) in kinds {
+        out.push_str(&format!("\t{kind}\n\t{}\n", "-".repeat(kind.len())));
+        for plugin in plugins {
+            out.push_str(&format!("\t\t{plugin}\n"));
+        }
+    }
+    out
+}
+
+fn config_info(repo: &mut Repository, req: &AppRequest<'_>) -> Result<String, AppError> {
+    let composed = compose_run(repo, req, RunMode::Run)?;
+    let mut out = format_search_path(repo.sources());
+    let defaults = compose::compute_defaults(repo, req.config_name, req.overrides)?;
+    out.push_str(&format_defaults_tree(&defaults.tree));
+    out.push_str(&format_defaults_table(&defaults));
+    out.push_str("Config\n******\n");
+    out.push_str(&to_yaml(&job_config(&composed.config)));
+    out.push('\n');
+    Ok(out)
+}
+
+/// All config groups (recursively), as Hydra's help lists them.
+fn all_groups(repo: &Repository, parent: &str, out: &mut Vec<String>) {
+    for group in repo.group_options(parent, ObjectType::Group) {
+        let name = if parent.is_empty() { group } else { format!("{parent}/{group}") };
+        if !repo.group_options(&name, ObjectType::Config).is_empty() {
+            out.push(name.clone());
+        }
+        if !repo.group_options(&name, ObjectType::Group).is_empty() {
+            all_groups(repo, &name, out);
+        }
+    }
+}
+
+fn format_groups(repo: &Repository, hydra_groups: bool) -> String {
+    let mut groups = Vec::new();
+    all_groups(repo, "", &mut groups);
+    groups.retain(|g| (g == "hydra" || g.starts_with("hydra/")) == hydra_groups);
+    groups.sort();
+    groups.iter().map(|g| format!("{g}: {}\n", repo.group_options(g, ObjectType::Config).join(", "))).collect()
+}
+
+/// A help template, resolved as Hydra reads it (`cfg.hydra.help.template`); unresolvable ones stay raw.
+fn template(full: &Node, key: &str) -> String {
+    match interpolate::resolve_at(full, key, &context(full)) {
+        Ok(node) => hy::python_str(&node),
+        Err(_) => full.get_path(key).map(hy::python_str).unwrap_or_default(),
+    }
+}
+
+fn fill_template(template: &str, flags_help: &str, repo: &Repository, config: &str) -> String {
+    template
+        .replace("$FLAGS_HELP", flags_help)
+        .replace("$APP_CONFIG_GROUPS", &format_groups(repo, false))
+        .replace("$HYDRA_CONFIG_GROUPS", &format_groups(repo, true))
+        .replace("$CONFIG", config)
+}
+
+fn app_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
+    fill_template(&template(full, "hydra.help.template"), flags_help, repo, &to_yaml(&job_config(full)))
+}
+
+fn hydra_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
+    fill_template(&template(full, "hydra.hydra_help.template"), flags_help, repo, &to_yaml(&sanitized_hydra(full)))
+}
+
+fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
+    let mut cur = full;
+    for part in ["hydra"].iter().chain(path[..path.len().saturating_sub(1)].iter()) {
+        let Some(dict) = cur.as_dict_mut() else { return };
+        cur = dict.entry(Key::from(*part)).or_insert_with(Node::empty_dict);
+    }
+    if let (Some(dict), Some(last)) = (cur.as_dict_mut(), path.last()) {
+        dict.insert(Key::from(*last), Node::new(value));
+    }
+}
+
+/// Resolve a `hydra.*` directory setting (`outputs/${now:...}`) against the full config.
+fn resolve_dir(full: &Node, key: &str) -> Result<PathBuf, AppError> {
+    let node = interpolate::resolve_at(full, key, &context(full))?;
+    Ok(PathBuf::from(hy::python_str(&node)))
+}
+
+/// Write `.hydra/{config,hydra,overrides}.yaml` under `output_dir` unless `hydra.output_subdir` is null.
+fn write_hydra_files(full: &Node, output_dir: &Path) -> Result<(), AppError> {
+    let subdir = match full.get_path("hydra.output_subdir") {
+        None | Some(Node { value: Value::Null, .. }) => return Ok(()),
+        Some(node) => hy::python_str(node),
+    };
+    let dir = output_dir.join(subdir);
+    let io = |path: &Path, err: std::io::Error| AppError::Io { path: path.display().to_string(), reason: err.to_string() };
+    std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+    let overrides = full.get_path("hydra.overrides.task").cloned().unwrap_or_else(|| Node::new(Value::List(Vec::new())));
+    for (name, node) in [("config.yaml", job_config(full)), ("hydra.yaml", sanitized_hydra_full(full)), ("overrides.yaml", overrides)] {
+        let path = dir.join(name);
+        std::fs::write(&path, to_yaml(&node)).map_err(|e| io(&path, e))?;
+    }
+    Ok(())
+}
+
+fn sanitized_hydra_full(full: &Node) -> Node {
+    let mut out = Node::empty_dict();
+    if let (Some(hydra), Some(dict)) = (full.get("hydra"), out.as_dict_mut()) {
+        dict.insert(Key::from("hydra"), hydra.clone());
+    }
+    out
+}
+
+fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<PreparedJob, AppError> {
+    let abs = std::path::absolute(&output_dir).unwrap_or(output_dir);
+    set_hydra(&mut full, &["runtime", "output_dir"], Value::Str(abs.display().to_string()));
+    if !dry_run {
+        std::fs::create_dir_all(&abs).map_err(|e| AppError::Io { path: abs.display().to_string(), reason: e.to_string() })?;
+        write_hydra_files(&full, &abs)?;
+    }
+    let config = resolve_tree(&job_config(&full), &full)?;
+    Ok(PreparedJob { config, full, output_dir: abs, dry_run })
+}
+
+fn prepare_run(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) -> Result<PreparedJob, AppError> {
+    let mut composed = compose_run(repo, req, RunMode::Run)?;
+    mark_mode(&mut composed.config, "RUN");
+    let output_dir = resolve_dir(&composed.config, "hydra.run.dir")?;
+    finish_job(composed.config, output_dir, dry_run)
+}
+
+/// `hydra.mode=RUN|MULTIRUN`, added as Hydra's `_run_app` does when the config does not set it.
+fn mark_mode(full: &mut Node, mode: &str) {
+    if full.get_path("hydra.mode").is_some_and(|n| !matches!(n.value, Value::Null)) {
+        return;
+    }
+    set_hydra(full, &["mode"], Value::Str(mode.into()));
+    if let Some(Value::List(list)) = full.get_path("hydra.overrides.hydra").map(|n| n.value.clone()) {
+        let mut list = list;
+        list.push(Node::str(format!("hydra.mode={mode}")));
+        set_hydra(full, &["overrides", "hydra"], Value::List(list));
+    }
+}
+
+fn prepare_multirun(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) -> Result<Vec<PreparedJob>, AppError> {
+    let mut master = compose_run(repo, req, RunMode::Multirun)?;
+    mark_mode(&mut master.config, "MULTIRUN");
+    let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir")?;
+    if !dry_run {
+        std::fs::create_dir_all(&sweep_dir).map_err(|e| AppError::Io { path: sweep_dir.display().to_string(), reason: e.to_string() })?;
+        let path = sweep_dir.join("multirun.yaml");
+        std::fs::write(&path, to_yaml(&master.config)).map_err(|e| AppError::Io { path: path.display().to_string(), reason: e.to_string() })?;
+    }
+    let combos = compose::sweep_combinations(repo, req.overrides)?;
+    let mut jobs = Vec::with_capacity(combos.len());
+    for (num, overrides) in combos.iter().enumerate() {
+        let mut repo_job = build_repository(req.config_path, req.config_dir)?;
+        let job_req = AppRequest { overrides, ..req.clone() };
+        let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
+        mark_mode(&mut composed.config, "MULTIRUN");
+        set_hydra(&mut composed.config, &["job", "id"], Value::Int(num as i64));
+        set_hydra(&mut composed.config, &["job", "num"], Value::Int(num as i64));
+        let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
+        jobs.push(finish_job(composed.config, sweep_dir.join(subdir), dry_run)?);
+    }
+    Ok(jobs)
+}

@@ -1,0 +1,521 @@
+//! Property and end-to-end tests of the weight syncer over the in-process transport.
+
+use std::num::NonZeroU64;
+
+use proptest::prelude::*;
+use proptest::strategy::Strategy;
+
+use super::*;
+use crate::config::schema::{FloatDtype, WeightSyncerConfig};
+use crate::tensor::{Role, Tensor};
+use crate::transport::inproc_channel_with_timeout;
+
+fn inproc_channel(n: usize) -> (transport::Sender, Vec<transport::Receiver>) {
+    inproc_channel_with_timeout(n, std::time::Duration::from_secs(5))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+fn cast_copy(t: &Tensor, to: DType) -> Vec<u8> {
+    let mut out = Storage::zeroed(t.numel() * to.size_bytes());
+    cast_bytes(t.bytes(), t.dtype(), out.bytes_mut(), to).unwrap();
+    out.bytes().to_vec()
+}
+
+/// One key of a generated model: sender dtype, receiver dtype, shape, role.
+#[derive(Debug, Clone)]
+struct KeySpec {
+    name: String,
+    tx: DType,
+    rx: DType,
+    shape: Vec<usize>,
+    role: Role,
+}
+
+fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
+    (0..DType::ALL.len(), 0..4usize, prop::collection::vec(0..5usize, 0..=4), 0..3u8, any::<bool>()).prop_map(move |(d, rxd, shape, role, nested)| {
+        let tx = DType::ALL[d];
+        let floats = [DType::Bf16, DType::F16, DType::F32, DType::F64];
+        let rx = if tx.is_floating() { floats[rxd] } else { tx };
+        let role = match role {
+            0 => Role::Frozen,
+            1 => Role::Buffer,
+            _ => Role::Trainable,
+        };
+        let name = if nested { format!("block{}.sub.t{i}", i % 2) } else { format!("t{i}") };
+        KeySpec { name, tx, rx, shape, role }
+    })
+}
+
+fn model() -> impl Strategy<Value = Vec<KeySpec>> {
+    (1..7usize).prop_flat_map(|n| (0..n).map(key_spec).collect::<Vec<_>>())
+}
+
+/// Fill a tensor with random bytes from a seed (NaNs, -0.0 and odd bools included).
+fn random_bytes(t: &mut Tensor, seed: u64) {
+    let mut x = seed | 1;
+    for b in t.bytes_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+fn build_state(keys: &[KeySpec], receiver: bool, seed: u64) -> StateDict {
+    let mut sd = StateDict::new();
+    for (i, k) in keys.iter().enumerate() {
+        let mut t = Tensor::zeros(if receiver { k.rx } else { k.tx }, &k.shape, k.role).unwrap();
+        random_bytes(&mut t, seed.wrapping_mul(31).wrapping_add(i as u64 + 1));
+        sd.insert(k.name.clone(), t);
+    }
+    sd
+}
+
+/// Change a random subset of elements of every non-frozen (and, to prove they are ignored, frozen) tensor.
+fn mutate(state: &mut StateDict, seed: u64, density_pct: u64) {
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for (_, t) in state.iter_mut() {
+        let w = t.dtype().size_bytes();
+        let n = t.numel();
+        let bytes = t.bytes_mut();
+        for i in 0..n {
+            if next() % 100 < density_pct {
+                let r = next();
+                // Small bit-pattern moves (the common training case) and arbitrary new values.
+                if r % 3 == 0 {
+                    bytes[i * w] = bytes[i * w].wrapping_add(1);
+                } else {
+                    for b in &mut bytes[i * w..(i + 1) * w] {
+                        *b = next() as u8;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    bucket: bool,
+    delta: bool,
+    lz4: bool,
+    init_sync: bool,
+    prefixes: bool,
+    bucket_size: u64,
+    bucket_dtype: Option<FloatDtype>,
+    load_instant: bool,
+    threads: usize,
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), prop_oneof![1..64u64, Just(1u64 << 20)], 0..4u8, any::<bool>(), 1..3usize)
+        .prop_map(|(bucket, delta, lz4, init_sync, prefixes, bucket_size, bd, load_instant, threads)| Settings {
+            bucket,
+            delta,
+            lz4,
+            init_sync,
+            prefixes,
+            bucket_size,
+            bucket_dtype: match bd {
+                0 => Some(FloatDtype::Bfloat16),
+                1 => Some(FloatDtype::Float16),
+                2 => Some(FloatDtype::Float32),
+                _ => None,
+            },
+            load_instant,
+            threads,
+        })
+}
+
+fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
+    let mut c = WeightSyncerConfig::default();
+    c.kind = if s.bucket { SyncerKind::Bucket } else { SyncerKind::Patch };
+    c.patch.delta_encoding = s.delta;
+    c.patch.compression = if s.lz4 { Compression::Lz4 } else { Compression::None };
+    c.patch.init_sync.enabled = s.init_sync;
+    c.patch.init_sync.bucket_size = NonZeroU64::new(s.bucket_size).unwrap();
+    if s.prefixes {
+        let first = keys[0].name.split('.').next().unwrap().to_string();
+        c.patch.init_sync.prefixes = Some(vec![first]);
+    }
+    c.bucket.bucket_size = NonZeroU64::new(s.bucket_size).unwrap();
+    c.bucket.bucket_dtype = s.bucket_dtype;
+    c.bucket.load_instant = s.load_instant;
+    c
+}
+
+/// The keys the init bootstrap covers under these settings.
+fn bootstrapped(s: &Settings, keys: &[KeySpec]) -> Vec<bool> {
+    let first = keys[0].name.split('.').next().unwrap().to_string();
+    keys.iter()
+        .map(|k| !s.bucket && s.init_sync && (!s.prefixes || k.name == first || k.name.starts_with(&format!("{first}."))))
+        .collect()
+}
+
+/// What the receiver must hold for `key` after a sync of `sender`.
+fn expected(s: &Settings, k: &KeySpec, t: &Tensor) -> Vec<u8> {
+    match (s.bucket, s.bucket_dtype) {
+        (true, Some(d)) if k.tx.is_floating() => {
+            let wire = DType::from(d);
+            let mid = Tensor::from_bytes(wire, &k.shape, k.role, &cast_copy(t, wire)).unwrap();
+            cast_copy(&mid, k.rx)
+        }
+        _ => cast_copy(t, k.rx),
+    }
+}
+
+struct Pair {
+    tx: WeightSyncer,
+    rx: WeightSyncer,
+    sender: StateDict,
+    receiver: StateDict,
+}
+
+fn init_pair(rt: &tokio::runtime::Runtime, keys: &[KeySpec], s: &Settings, seed: u64) -> Result<Pair, SyncError> {
+    let sender = build_state(keys, false, seed);
+    let mut receiver = build_state(keys, true, seed ^ 0xABCD);
+    // Without a bootstrap of a key, patch assumes the receiver already equals the sender (RLinf's contract).
+    let boot = bootstrapped(s, keys);
+    if !s.bucket {
+        for (k, b) in keys.iter().zip(&boot) {
+            if !b {
+                let bytes = cast_copy(sender.get(&k.name).unwrap(), k.rx);
+                receiver.get_mut(&k.name).unwrap().bytes_mut().copy_from_slice(&bytes);
+            }
+        }
+    }
+    let cfg = config(s, keys);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    tx.tap = Some(Vec::new());
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    let (ch, mut rxs) = inproc_channel(1);
+    let rch = rxs.pop().unwrap();
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rch)) });
+    a?;
+    b?;
+    Ok(Pair { tx, rx, sender, receiver })
+}
+
+fn sync_once(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> (SyncReport, SyncReport) {
+    let (a, b) = rt.block_on(async { tokio::join!(p.tx.sync(&p.sender, version), p.rx.apply(&mut p.receiver)) });
+    (a.unwrap(), b.unwrap())
+}
+
+fn assert_synced(p: &Pair, keys: &[KeySpec], s: &Settings, frozen_expect: &[(String, Vec<u8>)]) {
+    for k in keys {
+        let got = p.receiver.get(&k.name).unwrap();
+        if k.role.is_synced() {
+            assert_eq!(got.bytes(), expected(s, k, p.sender.get(&k.name).unwrap()).as_slice(), "synced key {} ({:?})", k.name, k);
+        }
+    }
+    for (name, bytes) in frozen_expect {
+        assert_eq!(p.receiver.get(name).unwrap().bytes(), bytes.as_slice(), "frozen key {name}");
+    }
+    assert_eq!(p.tx.checksum(&p.sender).unwrap(), p.rx.checksum(&p.receiver).unwrap(), "checksums");
+}
+
+/// Frozen keys' expected receiver bytes right after init (bootstrapped → sender's cast, else untouched).
+fn frozen_after_init(p: &Pair, keys: &[KeySpec], s: &Settings) -> Vec<(String, Vec<u8>)> {
+    let boot = bootstrapped(s, keys);
+    keys.iter()
+        .zip(boot)
+        .filter(|(k, _)| !k.role.is_synced())
+        .map(|(k, b)| {
+            let bytes = if b { cast_copy(p.sender.get(&k.name).unwrap(), k.rx) } else { p.receiver.get(&k.name).unwrap().bytes().to_vec() };
+            (k.name.clone(), bytes)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn receiver_is_bit_identical_after_every_sync(keys in model(), s in settings(), seed in any::<u64>(), steps in 1..4usize, density in 0..60u64) {
+        let rt = rt();
+        let mut p = init_pair(&rt, &keys, &s, seed).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        if !s.bucket {
+            // After init (before any sync), the patch receiver already holds the snapshot.
+            assert_synced(&p, &keys, &s, &frozen);
+        }
+        for v in 1..=steps as u64 {
+            mutate(&mut p.sender, seed.wrapping_add(v), density);
+            let (sent, applied) = sync_once(&rt, &mut p, v * 2);
+            prop_assert_eq!(applied.version, v * 2);
+            prop_assert_eq!(p.rx.version(), v * 2);
+            prop_assert_eq!(sent.payload_bytes, applied.payload_bytes);
+            if !s.bucket {
+                prop_assert_eq!(sent.changed, applied.changed);
+            }
+            assert_synced(&p, &keys, &s, &frozen);
+        }
+    }
+
+    #[test]
+    fn corrupt_truncated_and_replayed_payloads_are_rejected(keys in model(), s in settings(), seed in any::<u64>(), flip in any::<u64>(), mode in 0..3u8) {
+        let rt = rt();
+        let mut p = init_pair(&rt, &keys, &s, seed).unwrap();
+        sync_once(&rt, &mut p, 1);
+        let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        mutate(&mut p.sender, seed ^ 77, 30);
+        let good = capture(&rt, &mut p, 2);
+        let bad: Vec<Vec<u8>> = match mode {
+            0 => {
+                // flip one bit of one message (only messages up to it are sent)
+                let k = (flip as usize) % good.len();
+                let mut m = good[..=k].to_vec();
+                let last = m.last_mut().unwrap();
+                let pos = (flip as usize / 7) % last.len();
+                last[pos] ^= 1 << (flip % 8);
+                m
+            }
+            1 => {
+                let k = (flip as usize) % good.len();
+                let mut m = good[..=k].to_vec();
+                let last = m.last_mut().unwrap();
+                let cut = (flip as usize / 7) % last.len();
+                last.truncate(cut);
+                m
+            }
+            _ => vec![p.tx.tap.as_ref().unwrap()[0].clone()], // the first payload ever sent (init or v1)
+        };
+        let r = inject_and_apply(&rt, &mut p, &bad);
+        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted: {:?}", r.map(|r| r.version));
+        prop_assert_eq!(p.rx.version(), 1);
+        let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        prop_assert!(before == after, "state changed by a rejected payload");
+        // The genuine payload still applies afterwards (leftovers of the bad version are skipped).
+        let r = inject_and_apply(&rt, &mut p, &good).unwrap();
+        prop_assert_eq!(r.version, 2);
+        let frozen: Vec<(String, Vec<u8>)> = Vec::new();
+        assert_synced(&p, &keys, &s, &frozen);
+    }
+}
+
+/// Produce the payloads of `version` without delivering them (the sender's channel is swapped for a drained one).
+fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<u8>> {
+    let (dummy, mut drx) = inproc_channel(1);
+    let Side::Sender(s) = &mut p.tx.side else { panic!("not a sender") };
+    let real = std::mem::replace(&mut s.ch, dummy);
+    let start = p.tx.tap.as_ref().unwrap().len();
+    let mut d = drx.pop().unwrap();
+    rt.block_on(async {
+        let drain = async {
+            while d.recv_with(|_| ()).await.is_ok() {}
+        };
+        let send = async {
+            let r = p.tx.sync(&p.sender, version).await;
+            let Side::Sender(s) = &mut p.tx.side else { unreachable!() };
+            // Dropping the dummy sender ends the drain loop.
+            let _ = std::mem::replace(&mut s.ch, real);
+            r
+        };
+        let (r, _) = tokio::join!(send, drain);
+        r.unwrap();
+    });
+    p.tx.tap.as_ref().unwrap()[start..].to_vec()
+}
+
+fn inject_and_apply(rt: &tokio::runtime::Runtime, p: &mut Pair, msgs: &[Vec<u8>]) -> Result<SyncReport, SyncError> {
+    let Side::Sender(s) = &mut p.tx.side else { panic!("not a sender") };
+    let ch = &mut s.ch;
+    let rx = &mut p.rx;
+    let receiver = &mut p.receiver;
+    rt.block_on(async {
+        let send = async {
+            for m in msgs {
+                ch.send(m).await.unwrap();
+            }
+        };
+        let (_, r) = tokio::join!(send, rx.apply(receiver));
+        r
+    })
+}
+
+fn simple_keys() -> Vec<KeySpec> {
+    vec![
+        KeySpec { name: "w".into(), tx: DType::F32, rx: DType::Bf16, shape: vec![4, 8], role: Role::Trainable },
+        KeySpec { name: "frozen".into(), tx: DType::F32, rx: DType::F32, shape: vec![3], role: Role::Frozen },
+        KeySpec { name: "count".into(), tx: DType::I64, rx: DType::I64, shape: vec![], role: Role::Buffer },
+    ]
+}
+
+fn default_settings(bucket: bool) -> Settings {
+    Settings { bucket, delta: true, lz4: false, init_sync: true, prefixes: false, bucket_size: 1 << 20, bucket_dtype: None, load_instant: true, threads: 1 }
+}
+
+#[test]
+fn empty_patch_still_carries_the_version() {
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(false);
+    let mut p = init_pair(&rt, &keys, &s, 1).unwrap();
+    let (sent, applied) = sync_once(&rt, &mut p, 5);
+    assert_eq!((sent.changed, applied.changed), (0, 0));
+    assert_eq!(applied.version, 5);
+    assert_eq!(p.rx.version(), 5);
+    assert!(sent.payload_bytes > 0);
+}
+
+#[test]
+fn two_receivers_get_the_same_weights() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 3);
+        let mut r1 = build_state(&keys, true, 4);
+        let mut r2 = build_state(&keys, true, 5);
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut a = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut b = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(2);
+        let (c2, c1) = (rxs.pop().unwrap(), rxs.pop().unwrap());
+        let synced = sender.synced_keys();
+        rt.block_on(async {
+            let (x, y, z) = tokio::join!(tx.init_sender(&sender, &synced, ch), a.init_receiver(&mut r1, c1), b.init_receiver(&mut r2, c2));
+            x.unwrap();
+            y.unwrap();
+            z.unwrap();
+            for v in 1..4 {
+                mutate(&mut sender, v, 40);
+                let (x, y, z) = tokio::join!(tx.sync(&sender, v), a.apply(&mut r1), b.apply(&mut r2));
+                x.unwrap();
+                assert_eq!(y.unwrap().version, v);
+                assert_eq!(z.unwrap().version, v);
+                let want = tx.checksum(&sender).unwrap();
+                assert_eq!(a.checksum(&r1).unwrap(), want, "bucket={bucket} v={v}");
+                assert_eq!(b.checksum(&r2).unwrap(), want, "bucket={bucket} v={v}");
+            }
+        });
+    }
+}
+
+#[test]
+fn pending_update_installs_later_and_stale_pending_is_rejected() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 9).unwrap();
+        mutate(&mut p.sender, 1, 50);
+        let pending = rt.block_on(async {
+            let (x, y) = tokio::join!(p.tx.sync(&p.sender, 1), p.rx.receive());
+            x.unwrap();
+            y.unwrap()
+        });
+        assert_eq!(pending.version(), 1);
+        assert_eq!(p.rx.version(), 0, "receive does not touch the applied version");
+        let r = pending.install(&mut p.receiver).unwrap();
+        assert_eq!(r.version, 1);
+        assert_synced(&p, &keys, &s, &[]);
+    }
+}
+
+#[test]
+fn sender_rejects_non_increasing_versions() {
+    let rt = rt();
+    let keys = simple_keys();
+    let mut p = init_pair(&rt, &keys, &default_settings(false), 2).unwrap();
+    sync_once(&rt, &mut p, 3);
+    let r = rt.block_on(p.tx.sync(&p.sender, 3));
+    assert!(matches!(r, Err(SyncError::VersionNotNewer { version: 3, last: 3 })), "{r:?}");
+}
+
+#[test]
+fn unsupported_devices_and_nvcomp_are_clear_errors() {
+    let check = |f: &dyn Fn(&mut WeightSyncerConfig), needle: &str| {
+        let mut c = WeightSyncerConfig::default();
+        f(&mut c);
+        let e = WeightSyncer::from_config(&c, SyncOptions::default()).err().expect("must fail");
+        assert!(matches!(e, SyncError::Config { .. }) && e.to_string().contains(needle), "{e}");
+    };
+    check(&|c| c.patch.compression = Compression::NvcompLz4, "requires a CUDA build");
+    check(&|c| c.patch.snapshot_device = Device::Cuda, "snapshot_device");
+    check(&|c| {
+        c.kind = SyncerKind::Bucket;
+        c.bucket.bucket_device = Device::Cuda
+    }, "bucket_device");
+    check(&|c| c.patch.init_sync.prefixes = Some(vec![]), "empty list");
+}
+
+#[test]
+fn handshake_mismatch_fails_both_sides_naming_the_key() {
+    let rt = rt();
+    let keys = simple_keys();
+    let cfg = config(&default_settings(false), &keys);
+    let sender = build_state(&keys, false, 1);
+    let mut bad = keys.clone();
+    bad[0].shape = vec![8, 4];
+    let mut receiver = build_state(&bad, true, 2);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (ch, mut rxs) = inproc_channel(1);
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap())) });
+    let a = a.unwrap_err().to_string();
+    let b = b.unwrap_err().to_string();
+    assert!(a.contains("shape mismatch") && a.contains("'w'"), "{a}");
+    assert!(b.contains("refused") && b.contains("'w'"), "{b}");
+}
+
+#[test]
+fn prefix_matching_nothing_is_an_error() {
+    let rt = rt();
+    let keys = simple_keys();
+    let mut cfg = config(&default_settings(false), &keys);
+    cfg.patch.init_sync.prefixes = Some(vec!["nope".into()]);
+    let sender = build_state(&keys, false, 1);
+    let mut receiver = build_state(&keys, true, 2);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (ch, mut rxs) = inproc_channel(1);
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap())) });
+    assert!(a.unwrap_err().to_string().contains("'nope' matches no key"));
+    assert!(b.is_err());
+}
+
+#[test]
+fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
+    use crate::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+    let rt = rt();
+    let mut model = SyntheticModel::new(ModelSpec { params: 1 << 20, tensors: 32, dtype: DType::Bf16, frozen_fraction: 0.0, seed: 7 }).unwrap();
+    let mut sender = model.state_dict().unwrap();
+    let mut receiver = model.state_dict().unwrap();
+    for compression in [Compression::None, Compression::Lz4] {
+        let mut cfg = WeightSyncerConfig::default();
+        cfg.patch.compression = compression;
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(1);
+        let synced = sender.synced_keys();
+        rt.block_on(async {
+            let (a, b) = tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap()));
+            a.unwrap();
+            b.unwrap();
+            for v in 1..=3 {
+                let changed = model.step(UpdateMode::Adam { lr: 1e-6 }, &mut sender, NonZeroUsize::MIN).unwrap();
+                let (a, b) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
+                let (a, b) = (a.unwrap(), b.unwrap());
+                assert_eq!(a.changed, changed);
+                let per = a.payload_bytes as f64 / changed as f64;
+                assert!(per <= 2.0, "{compression:?}: {per:.3} bytes per changed element");
+                assert_eq!(b.version, v);
+            }
+        });
+        assert_eq!(tx.checksum(&sender).unwrap(), rx.checksum(&receiver).unwrap());
+    }
+}

@@ -1,0 +1,777 @@
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 1.
+//!
+//! Every message is a 48-byte little-endian [`Header`] followed by a body:
+//! ```text
+//!  0 magic "RLSW" | 4 format u16 | 6 kind u8 | 7 flags u8 | 8 version u64 | 16 seq u32 | 20 count u32
+//! 24 body_len u64 | 32 aux u64 | 40 checksum u64 = xxh3_64_with_seed(body, seed = xxh3_64(header[0..40]))
+//! ```
+//! so a flipped bit anywhere (header or body) is detected. Bodies by kind:
+//! - `Metadata` (receiver → sender): `u32 n`, then per key `u32 name_len, name, u8 dtype, u8 rank, rank × u64`.
+//! - `Plan` (sender → receivers): `u8 strategy, u32 n, n × u32 synced ordinals` (ordinals index the receiver's
+//!   metadata order); `count` = number of init bootstrap buckets that follow.
+//! - `Abort`: UTF-8 reason (the sender refused the handshake).
+//! - `InitBucket` / `Bucket` (seq/count = position in the version): `u32 n`, per tensor `u32 ordinal, u8 wire
+//!   dtype, u8 pad[3], u64 byte_len`, then the tensors' bytes, each starting 8-byte aligned.
+//! - `Patch` (aux = base version): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
+//!   u32 n_entries`, per entry `u32 ordinal, u64 nnz`, then `u32 n_streams` and per stream `u64 raw_len,
+//!   u64 stored_len, u8 codec, stored bytes`.
+
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+use crate::tensor::DType;
+
+pub const MAGIC: [u8; 4] = *b"RLSW";
+pub const FORMAT_VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 48;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("truncated: need {need} bytes, got {got}")]
+    Truncated { need: usize, got: usize },
+    #[error("bad magic {found:02x?} (not an rlsync weight-sync message)")]
+    BadMagic { found: [u8; 4] },
+    #[error("unsupported wire format version {found} (this build speaks {FORMAT_VERSION})")]
+    FormatVersion { found: u16 },
+    #[error("unknown message kind {code}")]
+    UnknownKind { code: u8 },
+    #[error("expected a {expected} message, got {got}")]
+    UnexpectedKind { expected: &'static str, got: &'static str },
+    #[error("body length {declared} in header, {actual} bytes present")]
+    BodyLength { declared: u64, actual: usize },
+    #[error("checksum mismatch (header says {expected:#018x}, content hashes to {actual:#018x})")]
+    Checksum { expected: u64, actual: u64 },
+    #[error("malformed {what}: {reason}")]
+    Malformed { what: &'static str, reason: String },
+}
+
+fn malformed(what: &'static str, reason: impl Into<String>) -> WireError {
+    WireError::Malformed { what, reason: reason.into() }
+}
+
+/// Message kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Metadata,
+    Plan,
+    Abort,
+    InitBucket,
+    Patch,
+    Bucket,
+}
+
+impl Kind {
+    fn code(self) -> u8 {
+        match self {
+            Kind::Metadata => 1,
+            Kind::Plan => 2,
+            Kind::Abort => 3,
+            Kind::InitBucket => 4,
+            Kind::Patch => 5,
+            Kind::Bucket => 6,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Kind> {
+        Some(match c {
+            1 => Kind::Metadata,
+            2 => Kind::Plan,
+            3 => Kind::Abort,
+            4 => Kind::InitBucket,
+            5 => Kind::Patch,
+            6 => Kind::Bucket,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Metadata => "metadata",
+            Kind::Plan => "plan",
+            Kind::Abort => "abort",
+            Kind::InitBucket => "init bucket",
+            Kind::Patch => "patch",
+            Kind::Bucket => "bucket",
+        }
+    }
+}
+
+/// The fixed message header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub flags: u8,
+    pub version: u64,
+    pub seq: u32,
+    pub count: u32,
+    pub body_len: u64,
+    pub aux: u64,
+    pub checksum: u64,
+}
+
+impl Header {
+    pub fn new(kind: Kind, version: u64, body_len: usize) -> Header {
+        Header { kind, flags: 0, version, seq: 0, count: 1, body_len: body_len as u64, aux: 0, checksum: 0 }
+    }
+
+    fn prefix(&self) -> [u8; 40] {
+        let mut b = [0u8; 40];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[6] = self.kind.code();
+        b[7] = self.flags;
+        b[8..16].copy_from_slice(&self.version.to_le_bytes());
+        b[16..20].copy_from_slice(&self.seq.to_le_bytes());
+        b[20..24].copy_from_slice(&self.count.to_le_bytes());
+        b[24..32].copy_from_slice(&self.body_len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.aux.to_le_bytes());
+        b
+    }
+
+    /// Seed of the body checksum (binds the header fields to the body).
+    pub fn checksum_seed(&self) -> u64 {
+        xxh3_64(&self.prefix())
+    }
+
+    /// Write the header with `checksum` into `out[..48]`.
+    pub fn write(&self, out: &mut [u8]) -> Result<(), WireError> {
+        let got = out.len();
+        let dst = out.get_mut(..HEADER_LEN).ok_or(WireError::Truncated { need: HEADER_LEN, got })?;
+        dst[..40].copy_from_slice(&self.prefix());
+        dst[40..48].copy_from_slice(&self.checksum.to_le_bytes());
+        Ok(())
+    }
+
+    /// Parse the header and check the body length, without hashing the body (callers that copy the body
+    /// hash while copying, then call [`Header::verify_digest`]).
+    pub fn parse_unverified(msg: &[u8]) -> Result<(Header, &[u8]), WireError> {
+        let h = msg.get(..HEADER_LEN).ok_or(WireError::Truncated { need: HEADER_LEN, got: msg.len() })?;
+        let magic = [h[0], h[1], h[2], h[3]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic { found: magic });
+        }
+        let format = u16::from_le_bytes([h[4], h[5]]);
+        if format != FORMAT_VERSION {
+            return Err(WireError::FormatVersion { found: format });
+        }
+        let kind = Kind::from_code(h[6]).ok_or(WireError::UnknownKind { code: h[6] })?;
+        let u64_at = |o: usize| u64::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3], h[o + 4], h[o + 5], h[o + 6], h[o + 7]]);
+        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let header = Header {
+            kind,
+            flags: h[7],
+            version: u64_at(8),
+            seq: u32_at(16),
+            count: u32_at(20),
+            body_len: u64_at(24),
+            aux: u64_at(32),
+            checksum: u64_at(40),
+        };
+        let body = &msg[HEADER_LEN..];
+        if header.body_len != body.len() as u64 {
+            return Err(WireError::BodyLength { declared: header.body_len, actual: body.len() });
+        }
+        if header.seq >= header.count {
+            return Err(malformed("header", format!("sequence number {} of {} messages", header.seq, header.count)));
+        }
+        Ok((header, body))
+    }
+
+    /// Parse and fully verify a message (header + body checksum).
+    pub fn parse(msg: &[u8]) -> Result<(Header, &[u8]), WireError> {
+        let (h, body) = Header::parse_unverified(msg)?;
+        h.verify_digest(xxh3_64_with_seed(body, h.checksum_seed()))?;
+        Ok((h, body))
+    }
+
+    pub fn verify_digest(&self, actual: u64) -> Result<(), WireError> {
+        if actual == self.checksum { Ok(()) } else { Err(WireError::Checksum { expected: self.checksum, actual }) }
+    }
+
+    pub fn expect(&self, kind: Kind) -> Result<(), WireError> {
+        if self.kind == kind { Ok(()) } else { Err(WireError::UnexpectedKind { expected: kind.name(), got: self.kind.name() }) }
+    }
+}
+
+/// Assemble a small message (header + body) into one buffer.
+pub fn message(mut header: Header, body: &[u8]) -> Vec<u8> {
+    header.body_len = body.len() as u64;
+    header.checksum = xxh3_64_with_seed(body, header.checksum_seed());
+    let mut out = vec![0u8; HEADER_LEN + body.len()];
+    // The buffer is exactly HEADER_LEN + body long, so neither step can fail.
+    let _ = header.write(&mut out);
+    out[HEADER_LEN..].copy_from_slice(body);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// a bounds-checked reader
+
+/// Reads little-endian fields; every read is bounds-checked and names what was being read.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8], what: &'static str) -> Reader<'a> {
+        Reader { buf, pos: 0, what }
+    }
+
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
+        let end = end.ok_or_else(|| malformed(self.what, format!("needs {n} bytes at offset {}, {} left", self.pos, self.buf.len() - self.pos)))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    pub fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// A count that must fit in `usize` and be at most `max`.
+    pub fn count(&mut self, max: usize) -> Result<usize, WireError> {
+        let n = self.u64()?;
+        usize::try_from(n).ok().filter(|&n| n <= max).ok_or_else(|| malformed(self.what, format!("count {n} exceeds {max}")))
+    }
+
+    pub fn align8(&mut self) -> Result<(), WireError> {
+        let pad = (8 - self.pos % 8) % 8;
+        self.take(pad).map(|_| ())
+    }
+
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn finish(&self) -> Result<(), WireError> {
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            Err(malformed(self.what, format!("{} trailing bytes", self.buf.len() - self.pos)))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// handshake
+
+/// One receiver-side key: name, dtype, shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyMeta {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+pub fn encode_metadata(keys: &[KeyMeta]) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    for k in keys {
+        b.extend_from_slice(&(k.name.len() as u32).to_le_bytes());
+        b.extend_from_slice(k.name.as_bytes());
+        b.push(k.dtype.code());
+        b.push(k.shape.len() as u8);
+        for &d in &k.shape {
+            b.extend_from_slice(&(d as u64).to_le_bytes());
+        }
+    }
+    message(Header::new(Kind::Metadata, 0, b.len()), &b)
+}
+
+pub fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
+    let mut r = Reader::new(body, "metadata");
+    let n = r.u32()? as usize;
+    let mut keys = Vec::with_capacity(n.min(body.len() / 6));
+    for _ in 0..n {
+        let len = r.u32()? as usize;
+        let name = std::str::from_utf8(r.take(len)?).map_err(|e| malformed("metadata", format!("key name: {e}")))?.to_string();
+        let code = r.u8()?;
+        let dtype = DType::from_code(code).ok_or_else(|| malformed("metadata", format!("key '{name}': dtype code {code}")))?;
+        let rank = usize::from(r.u8()?);
+        let mut shape = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            shape.push(usize::try_from(r.u64()?).map_err(|_| malformed("metadata", format!("key '{name}': dim overflow")))?);
+        }
+        keys.push(KeyMeta { name, dtype, shape });
+    }
+    r.finish()?;
+    Ok(keys)
+}
+
+/// Which strategy follows the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    Patch,
+    Bucket,
+}
+
+/// The sender's answer to the metadata: the strategy, the synced ordinals, and how many init buckets follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub strategy: Strategy,
+    pub synced: Vec<u32>,
+    pub init_buckets: u32,
+}
+
+pub fn encode_plan(plan: &Plan) -> Vec<u8> {
+    let mut b = Vec::with_capacity(5 + 4 * plan.synced.len());
+    b.push(match plan.strategy {
+        Strategy::Patch => 0,
+        Strategy::Bucket => 1,
+    });
+    b.extend_from_slice(&(plan.synced.len() as u32).to_le_bytes());
+    for o in &plan.synced {
+        b.extend_from_slice(&o.to_le_bytes());
+    }
+    let mut h = Header::new(Kind::Plan, 0, b.len());
+    h.aux = u64::from(plan.init_buckets);
+    message(h, &b)
+}
+
+pub fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
+    let mut r = Reader::new(body, "plan");
+    let strategy = match r.u8()? {
+        0 => Strategy::Patch,
+        1 => Strategy::Bucket,
+        s => return Err(malformed("plan", format!("strategy code {s}"))),
+    };
+    let n = r.u32()? as usize;
+    let mut synced = Vec::with_capacity(n.min(body.len() / 4));
+    for _ in 0..n {
+        synced.push(r.u32()?);
+    }
+    r.finish()?;
+    let init_buckets = u32::try_from(header.aux).map_err(|_| malformed("plan", "init bucket count overflow"))?;
+    Ok(Plan { strategy, synced, init_buckets })
+}
+
+pub fn encode_abort(reason: &str) -> Vec<u8> {
+    message(Header::new(Kind::Abort, 0, reason.len()), reason.as_bytes())
+}
+
+pub fn decode_abort(body: &[u8]) -> String {
+    String::from_utf8_lossy(body).into_owned()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// buckets
+
+/// One tensor inside a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketEntry {
+    pub ordinal: u32,
+    pub dtype: DType,
+    pub byte_len: usize,
+}
+
+const BUCKET_ENTRY_LEN: usize = 16;
+
+fn pad8(n: usize) -> usize {
+    n.div_ceil(8) * 8
+}
+
+/// Body length of a bucket and the offsets (within the body) of each tensor's bytes.
+pub fn bucket_layout(entries: &[BucketEntry]) -> (usize, Vec<usize>) {
+    let mut off = pad8(4 + entries.len() * BUCKET_ENTRY_LEN);
+    let mut offsets = Vec::with_capacity(entries.len());
+    for e in entries {
+        offsets.push(off);
+        off = pad8(off + e.byte_len);
+    }
+    (off, offsets)
+}
+
+/// Write a bucket's entry table into the start of `body` (the tensors' bytes go at the layout's offsets).
+pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<(), WireError> {
+    let need = 4 + entries.len() * BUCKET_ENTRY_LEN;
+    let dst = body.get_mut(..need).ok_or(WireError::Truncated { need, got: 0 })?;
+    dst[..4].copy_from_slice(&(entries.len() as u32).to_le_bytes());
+    for (e, slot) in entries.iter().zip(dst[4..].chunks_exact_mut(BUCKET_ENTRY_LEN)) {
+        slot[..4].copy_from_slice(&e.ordinal.to_le_bytes());
+        slot[4] = e.dtype.code();
+        slot[5..8].fill(0);
+        slot[8..16].copy_from_slice(&(e.byte_len as u64).to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Parse a bucket body into entries and their byte ranges (bounds-checked against the body).
+pub fn read_bucket(body: &[u8]) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
+    let mut r = Reader::new(body, "bucket");
+    let n = r.u32()? as usize;
+    if n > body.len() / BUCKET_ENTRY_LEN {
+        return Err(malformed("bucket", format!("{n} entries cannot fit in {} bytes", body.len())));
+    }
+    let mut entries = Vec::with_capacity(n);
+    for _ in 0..n {
+        let ordinal = r.u32()?;
+        let code = r.u8()?;
+        let dtype = DType::from_code(code).ok_or_else(|| malformed("bucket", format!("dtype code {code}")))?;
+        r.take(3)?;
+        let byte_len = r.count(body.len())?;
+        entries.push(BucketEntry { ordinal, dtype, byte_len });
+    }
+    let (total, offsets) = bucket_layout(&entries);
+    if total != body.len() {
+        return Err(malformed("bucket", format!("entries describe {total} bytes, body has {}", body.len())));
+    }
+    Ok(entries.into_iter().zip(offsets).map(|(e, o)| (e, o..o + e.byte_len)).collect())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// patches
+
+/// How changed positions are coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexCoding {
+    /// Absolute (row, col) of the 2-D COO view, each stream at the narrowest unsigned width (RLinf layout).
+    Coo,
+    /// Row-major gaps in the 2-D COO view (`idx - prev - 1`), LEB128 varints (delta-coded coordinates).
+    Gaps,
+}
+
+/// How new values are coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueCoding {
+    /// The new element bytes.
+    Raw,
+    /// Integer difference of the bit patterns vs the previous value (zig-zag): 2-bit codes (1..=3 = the
+    /// zig-zag value, 0 = escape) plus a varint escape stream. A bf16 weight nudged by one ulp costs 2 bits.
+    Delta,
+}
+
+/// Stream codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Plain,
+    Lz4,
+}
+
+/// A decoded (but not yet interpreted) patch body: entries and raw streams.
+#[derive(Debug)]
+pub struct PatchBody {
+    pub index: IndexCoding,
+    pub value: ValueCoding,
+    /// Bytes per row/col for [`IndexCoding::Coo`].
+    pub index_width: u8,
+    /// `(ordinal, nnz)` per changed tensor, ordinals strictly increasing.
+    pub entries: Vec<(u32, u64)>,
+    /// Coo: rows, cols, values. Gaps: gaps, codes, escapes (Raw values: gaps, values).
+    pub streams: Vec<Vec<u8>>,
+}
+
+/// Encoded patch body plus size accounting.
+pub struct EncodedPatch {
+    pub body: Vec<u8>,
+    /// Sum of the streams before compression.
+    pub raw_stream_bytes: usize,
+    /// Sum of the streams as stored.
+    pub stored_stream_bytes: usize,
+}
+
+/// Serialize a patch body; with `Codec::Lz4` each stream is compressed when that makes it smaller.
+pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
+    let mut b = Vec::with_capacity(16 + p.entries.len() * 12 + p.streams.iter().map(Vec::len).sum::<usize>());
+    b.push(match p.index {
+        IndexCoding::Coo => 0,
+        IndexCoding::Gaps => 1,
+    });
+    b.push(match p.value {
+        ValueCoding::Raw => 0,
+        ValueCoding::Delta => 1,
+    });
+    b.push(p.index_width);
+    b.push(0);
+    b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
+    for &(o, n) in &p.entries {
+        b.extend_from_slice(&o.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    b.extend_from_slice(&(p.streams.len() as u32).to_le_bytes());
+    let (mut raw, mut stored) = (0, 0);
+    for s in &p.streams {
+        let packed = match codec {
+            Codec::Lz4 if !s.is_empty() => Some(lz4_flex::block::compress(s)).filter(|c| c.len() < s.len()),
+            _ => None,
+        };
+        let (code, bytes) = match &packed {
+            Some(c) => (1u8, c.as_slice()),
+            None => (0u8, s.as_slice()),
+        };
+        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        b.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        b.push(code);
+        b.extend_from_slice(bytes);
+        raw += s.len();
+        stored += bytes.len();
+    }
+    EncodedPatch { body: b, raw_stream_bytes: raw, stored_stream_bytes: stored }
+}
+
+/// Parse a patch body; decompressed streams are limited to `max_stream` bytes each.
+pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, WireError> {
+    let mut r = Reader::new(body, "patch");
+    let index = match r.u8()? {
+        0 => IndexCoding::Coo,
+        1 => IndexCoding::Gaps,
+        c => return Err(malformed("patch", format!("index coding {c}"))),
+    };
+    let value = match r.u8()? {
+        0 => ValueCoding::Raw,
+        1 => ValueCoding::Delta,
+        c => return Err(malformed("patch", format!("value coding {c}"))),
+    };
+    let index_width = r.u8()?;
+    if index == IndexCoding::Coo && ![1, 2, 4, 8].contains(&index_width) {
+        return Err(malformed("patch", format!("index width {index_width}")));
+    }
+    r.u8()?;
+    let n = r.u32()? as usize;
+    if n > body.len() / 12 {
+        return Err(malformed("patch", format!("{n} entries cannot fit in {} bytes", body.len())));
+    }
+    let mut entries = Vec::with_capacity(n);
+    let mut last: Option<u32> = None;
+    for _ in 0..n {
+        let o = r.u32()?;
+        let nnz = r.u64()?;
+        if last.is_some_and(|l| o <= l) {
+            return Err(malformed("patch", format!("ordinal {o} out of order")));
+        }
+        last = Some(o);
+        entries.push((o, nnz));
+    }
+    let ns = r.u32()? as usize;
+    if ns > 4 {
+        return Err(malformed("patch", format!("{ns} streams")));
+    }
+    let mut streams = Vec::with_capacity(ns);
+    for _ in 0..ns {
+        let raw_len = r.count(max_stream)?;
+        let stored_len = r.count(body.len())?;
+        let codec = r.u8()?;
+        let bytes = r.take(stored_len)?;
+        let s = match codec {
+            0 if stored_len == raw_len => bytes.to_vec(),
+            0 => return Err(malformed("patch", "plain stream length mismatch")),
+            1 => {
+                let mut out = vec![0u8; raw_len];
+                let got = lz4_flex::block::decompress_into(bytes, &mut out).map_err(|e| malformed("patch", format!("lz4: {e}")))?;
+                if got != raw_len {
+                    return Err(malformed("patch", format!("lz4 stream inflated to {got} bytes, expected {raw_len}")));
+                }
+                out
+            }
+            c => return Err(malformed("patch", format!("stream codec {c}"))),
+        };
+        streams.push(s);
+    }
+    r.finish()?;
+    Ok(PatchBody { index, value, index_width, entries, streams })
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// integer codings used by patch streams
+
+#[inline(always)]
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Decode a LEB128 varint at `*pos`; `None` when truncated or longer than 10 bytes.
+#[inline(always)]
+pub fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
+    let first = *buf.get(*pos)?;
+    if first < 0x80 {
+        *pos += 1;
+        return Some(u64::from(first));
+    }
+    let mut v = 0u64;
+    for i in 0..10 {
+        let b = *buf.get(*pos + i)?;
+        v |= u64::from(b & 0x7F) << (7 * i);
+        if b < 0x80 {
+            *pos += i + 1;
+            return Some(v);
+        }
+    }
+    None
+}
+
+#[inline(always)]
+pub fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+#[inline(always)]
+pub fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Narrowest unsigned width (1, 2, 4, 8 bytes) holding `max`.
+pub fn narrowest_width(max: u64) -> u8 {
+    match max {
+        0..=0xFF => 1,
+        0x100..=0xFFFF => 2,
+        0x1_0000..=0xFFFF_FFFF => 4,
+        _ => 8,
+    }
+}
+
+pub fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
+    out.extend_from_slice(&v.to_le_bytes()[..usize::from(width)]);
+}
+
+pub fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
+    let w = usize::from(width);
+    let s = buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?)?;
+    let mut b = [0u8; 8];
+    b[..w].copy_from_slice(s);
+    Some(u64::from_le_bytes(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_roundtrip_and_every_bit_flip_is_caught() {
+        let mut h = Header::new(Kind::Patch, 7, 0);
+        h.aux = 6;
+        let msg = message(h, b"hello patch");
+        let (p, body) = Header::parse(&msg).unwrap();
+        assert_eq!((p.kind, p.version, p.aux, body), (Kind::Patch, 7, 6, &b"hello patch"[..]));
+        for byte in 0..msg.len() {
+            for bit in 0..8 {
+                let mut m = msg.clone();
+                m[byte] ^= 1 << bit;
+                assert!(Header::parse(&m).is_err(), "flip at byte {byte} bit {bit} accepted");
+            }
+        }
+        for cut in 0..msg.len() {
+            assert!(Header::parse(&msg[..cut]).is_err(), "truncation to {cut} accepted");
+        }
+    }
+
+    #[test]
+    fn streaming_digest_equals_one_shot() {
+        let body: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        let seed = 12345;
+        let mut s = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+        for c in body.chunks(777) {
+            s.update(c);
+        }
+        assert_eq!(s.digest(), xxh3_64_with_seed(&body, seed));
+    }
+
+    #[test]
+    fn metadata_roundtrip() {
+        let keys = vec![
+            KeyMeta { name: "a.w".into(), dtype: DType::Bf16, shape: vec![3, 4] },
+            KeyMeta { name: "s".into(), dtype: DType::I64, shape: vec![] },
+        ];
+        let msg = encode_metadata(&keys);
+        let (h, body) = Header::parse(&msg).unwrap();
+        assert_eq!(h.kind, Kind::Metadata);
+        assert_eq!(decode_metadata(body).unwrap(), keys);
+    }
+
+    #[test]
+    fn varints_and_zigzag_roundtrip() {
+        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
+            let mut b = Vec::new();
+            put_varint(&mut b, v);
+            let mut pos = 0;
+            assert_eq!(get_varint(&b, &mut pos), Some(v));
+            assert_eq!(pos, b.len());
+            assert_eq!(get_varint(&b[..b.len() - 1], &mut 0), if b.len() == 1 { None } else { None });
+        }
+        for v in [0i64, 1, -1, 2, -2, i64::MAX, i64::MIN] {
+            assert_eq!(unzigzag(zigzag(v)), v);
+        }
+        assert_eq!(get_varint(&[0xFF; 11], &mut 0), None);
+    }
+
+    #[test]
+    fn narrowest_width_picks_smallest() {
+        let check = |max, w| assert_eq!(narrowest_width(max), w, "{max}");
+        check(0, 1);
+        check(255, 1);
+        check(256, 2);
+        check(65536, 4);
+        check(1 << 32, 8);
+    }
+
+    #[test]
+    fn patch_body_roundtrip_with_and_without_lz4() {
+        let p = PatchBody {
+            index: IndexCoding::Gaps,
+            value: ValueCoding::Delta,
+            index_width: 0,
+            entries: vec![(0, 3), (4, 1)],
+            streams: vec![vec![1, 2, 3, 4], vec![0; 1000], vec![]],
+        };
+        for codec in [Codec::Plain, Codec::Lz4] {
+            let e = encode_patch_body(&p, codec);
+            let d = decode_patch_body(&e.body, 1 << 20).unwrap();
+            assert_eq!(d.entries, p.entries);
+            assert_eq!(d.streams, p.streams);
+            if codec == Codec::Lz4 {
+                assert!(e.stored_stream_bytes < e.raw_stream_bytes);
+            }
+            for cut in 0..e.body.len() {
+                assert!(decode_patch_body(&e.body[..cut], 1 << 20).is_err(), "cut {cut}");
+            }
+        }
+        let e = encode_patch_body(&p, Codec::Plain);
+        assert!(decode_patch_body(&e.body, 10).is_err(), "stream limit enforced");
+    }
+
+    #[test]
+    fn bucket_table_roundtrip_and_bounds() {
+        let entries = vec![
+            BucketEntry { ordinal: 2, dtype: DType::F32, byte_len: 12 },
+            BucketEntry { ordinal: 5, dtype: DType::Bool, byte_len: 3 },
+        ];
+        let (len, offsets) = bucket_layout(&entries);
+        assert!(offsets.iter().all(|o| o % 8 == 0));
+        let mut body = vec![0u8; len];
+        write_bucket_table(&entries, &mut body).unwrap();
+        let parsed = read_bucket(&body).unwrap();
+        assert_eq!(parsed.iter().map(|(e, _)| *e).collect::<Vec<_>>(), entries);
+        assert!(read_bucket(&body[..len - 8]).is_err());
+        assert!(read_bucket(&[0xFF; 4]).is_err());
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let mut x = 0x1234_5678_u64;
+        for len in 0..300 {
+            let buf: Vec<u8> = (0..len).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect();
+            let _ = Header::parse(&buf);
+            let _ = decode_metadata(&buf);
+            let _ = read_bucket(&buf);
+            let _ = decode_patch_body(&buf, 1 << 16);
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Tensor layout (dtype + shape) kept apart from storage (8-byte aligned, contiguous CPU bytes on a device).
+
+use super::dtype::{DType, Element};
+
+/// Where a storage's bytes live. Only host memory exists today; a GPU variant comes with the CUDA backend, so
+/// algorithms must ask the storage for its device rather than assume one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+}
+
+/// Element type and shape of a contiguous row-major tensor. Rank 0 (a scalar) and zero-size dims are valid.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    dtype: DType,
+    shape: Vec<usize>,
+}
+
+impl Layout {
+    pub fn new(dtype: DType, shape: &[usize]) -> Layout {
+        Layout { dtype, shape: shape.to_vec() }
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Number of elements, `None` on overflow.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Byte length, `None` on overflow.
+    pub fn checked_byte_len(&self) -> Option<usize> {
+        self.checked_numel()?.checked_mul(self.dtype.size_bytes())
+    }
+
+    /// The 2-D COO view used to address patches: scalar (1,1), 1-D (1,N), 2-D as is, ≥3-D (shape[0], rest).
+    /// `None` on overflow.
+    pub fn coo_view(&self) -> Option<(usize, usize)> {
+        match self.shape.as_slice() {
+            [] => Some((1, 1)),
+            [n] => Some((1, *n)),
+            [r, rest @ ..] => Some((*r, rest.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?)),
+        }
+    }
+
+    /// The same shape with another dtype.
+    pub fn with_dtype(&self, dtype: DType) -> Layout {
+        Layout { dtype, shape: self.shape.clone() }
+    }
+}
+
+/// Contiguous bytes, 8-byte aligned so every [`Element`] view is aligned. Deliberately not `Clone`: copying
+/// a model-sized buffer must be explicit ([`Storage::duplicate`]).
+#[derive(Debug)]
+pub struct Storage {
+    words: Vec<u64>,
+    len: usize,
+    device: Device,
+}
+
+impl Storage {
+    /// `len` zero bytes (allocated zeroed, so untouched pages cost nothing).
+    pub fn zeroed(len: usize) -> Storage {
+        Storage { words: vec![0u64; len.div_ceil(8)], len, device: Device::Cpu }
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Storage {
+        let mut s = Storage::zeroed(bytes.len());
+        s.bytes_mut().copy_from_slice(bytes);
+        s
+    }
+
+    /// An explicit deep copy.
+    pub fn duplicate(&self) -> Storage {
+        Storage::from_bytes(self.bytes())
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        let all = words_as_bytes(&self.words);
+        &all[..self.len.min(all.len())]
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let all = words_as_bytes_mut(&mut self.words);
+        let n = len.min(all.len());
+        &mut all[..n]
+    }
+}
+
+fn words_as_bytes(words: &[u64]) -> &[u8] {
+    // SAFETY: u8 has no alignment or validity requirements and the byte length is exactly the words' size.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
+}
+
+fn words_as_bytes_mut(words: &mut [u64]) -> &mut [u8] {
+    // SAFETY: as above; the mutable borrow of `words` is held for the returned lifetime.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
+}
+
+/// Plain-old-data types the kernels may reinterpret bytes as (every bit pattern valid, no padding).
+pub(crate) trait Pod: Copy + Send + Sync + 'static {}
+impl Pod for u8 {}
+impl Pod for u16 {}
+impl Pod for u32 {}
+impl Pod for u64 {}
+impl Pod for i8 {}
+impl Pod for i16 {}
+impl Pod for i32 {}
+impl Pod for i64 {}
+impl Pod for f32 {}
+impl Pod for f64 {}
+impl Pod for half::bf16 {}
+impl Pod for half::f16 {}
+
+/// Reinterpret bytes as `[T]`; `None` when misaligned or the length is not a multiple of `size_of::<T>()`.
+pub(crate) fn pod_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
+    // SAFETY: T is Pod (every bit pattern valid); align_to only yields a correctly aligned middle part.
+    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// Mutable counterpart of [`pod_slice`].
+pub(crate) fn pod_slice_mut<T: Pod>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    // SAFETY: as in `pod_slice`; writes of any T bit pattern leave the bytes valid.
+    let (head, mid, tail) = unsafe { bytes.align_to_mut::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+/// View typed `Element`s (public API: the element type must match the dtype).
+pub(crate) fn element_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
+    // SAFETY: every Element is plain old data (sealed list: floats, ints, u8), any bit pattern is valid.
+    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+pub(crate) fn element_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    // SAFETY: as in `element_slice`.
+    let (head, mid, tail) = unsafe { bytes.align_to_mut::<T>() };
+    (head.is_empty() && tail.is_empty()).then_some(mid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coo_view_follows_rank_rules() {
+        let check = |shape: &[usize], expect: (usize, usize)| {
+            assert_eq!(Layout::new(DType::F32, shape).coo_view(), Some(expect), "shape {shape:?}");
+        };
+        check(&[], (1, 1));
+        check(&[7], (1, 7));
+        check(&[3, 4], (3, 4));
+        check(&[2, 3, 4], (2, 12));
+        check(&[2, 0, 4, 5], (2, 0));
+        check(&[0], (1, 0));
+    }
+
+    #[test]
+    fn storage_is_aligned_and_sized() {
+        let mut s = Storage::zeroed(13);
+        assert_eq!(s.bytes().len(), 13);
+        assert_eq!(s.bytes().as_ptr() as usize % 8, 0);
+        s.bytes_mut()[12] = 7;
+        let d = s.duplicate();
+        assert_eq!(d.bytes()[12], 7);
+        assert!(pod_slice::<u32>(s.bytes()).is_none(), "13 bytes are not a whole number of u32");
+        assert_eq!(pod_slice::<u32>(&s.bytes()[..12]).map(<[u32]>::len), Some(3));
+    }
+
+    #[test]
+    fn numel_overflow_is_none() {
+        let l = Layout::new(DType::F64, &[usize::MAX, 2]);
+        assert_eq!(l.checked_numel(), None);
+        assert_eq!(Layout::new(DType::F64, &[usize::MAX / 4]).checked_byte_len(), None);
+    }
+}

@@ -1,0 +1,79 @@
+//! Fixture helper for integration tests: a temporary config tree and a way to run the `rlsync` binary in it.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A temporary directory holding config files; `rlsync` runs with it as the working directory.
+pub struct Dir {
+    tmp: tempfile::TempDir,
+}
+
+/// What one run of the binary produced.
+#[derive(Debug)]
+pub struct Output {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0)
+    }
+
+    /// Assert success and return stdout.
+    #[track_caller]
+    pub fn ok(&self) -> &str {
+        assert!(self.success(), "rlsync failed ({:?}):\nstdout:\n{}\nstderr:\n{}", self.code, self.stdout, self.stderr);
+        &self.stdout
+    }
+
+    /// Assert failure and return stderr.
+    #[track_caller]
+    pub fn err(&self) -> &str {
+        assert!(!self.success(), "rlsync unexpectedly succeeded:\nstdout:\n{}", self.stdout);
+        &self.stderr
+    }
+}
+
+impl Dir {
+    pub fn new() -> Dir {
+        Dir { tmp: tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}")) }
+    }
+
+    /// Write `contents` at `rel` (parents created).
+    pub fn create(&self, rel: &str, contents: &str) -> &Dir {
+        let path = self.tmp.path().join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("cannot create {}: {e}", parent.display()));
+        }
+        std::fs::write(&path, contents).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        self
+    }
+
+    pub fn join(&self, rel: &str) -> PathBuf {
+        self.tmp.path().join(rel)
+    }
+
+    /// Run `rlsync <args>` in this directory.
+    pub fn run(&self, args: &[&str]) -> Output {
+        let out = Command::new(env!("CARGO_BIN_EXE_rlsync"))
+            .args(args)
+            .current_dir(self.tmp.path())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run rlsync: {e}"));
+        Output {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Run `rlsync train_embodied -cp <this dir> -cn <name> <args>`.
+    pub fn compose(&self, name: &str, args: &[&str]) -> Output {
+        let cp = self.tmp.path().display().to_string();
+        let mut all = vec!["train_embodied", "-cp", cp.as_str(), "-cn", name];
+        all.extend_from_slice(args);
+        self.run(&all)
+    }
+}
