@@ -7,7 +7,6 @@
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
 pub mod rollout;
-pub(crate) mod standin;
 pub mod synthetic;
 pub mod trainer;
 pub mod workload;
@@ -44,7 +43,7 @@ pub enum WorkerError {
     #[error("the orchestrator went away")]
     OrchestratorGone,
     #[error("weight sync: {0}")]
-    Sync(#[from] standin::syncer::SyncError),
+    Sync(#[from] crate::syncer::SyncError),
     #[error("weight transport: {0}")]
     Transport(#[from] crate::transport::TransportError),
     #[error("workload: {0}")]

@@ -6,8 +6,8 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::orchestrator::protocol::{Command, Report};
-use crate::worker::standin::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
-use crate::worker::standin::tensor::{StateDict, state_checksum};
+use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
+use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;
 use crate::worker::workload::{self, Workload};
 use crate::worker::{WorkerContext, WorkerError, worker_seed};
@@ -56,6 +56,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
     let mut workload = workload::build(&cfg, ctx.launch.envs_per_rollout, worker_seed(ctx.args.role, ctx.args.rank))?;
     let state = tokio::task::block_in_place(|| workload.init_state())?;
+    // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
     let mut me = Rollout { state, keys, version: 0, verify: cfg.runner.verify_sync, workload };
     let mut weights = Weights::None;
@@ -78,6 +79,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                 let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
                 let report = syncer.init_receiver(&mut me.state, rx).await?;
                 me.version = report.version;
+                me.keys = syncer.synced_keys().to_vec();
                 weights = Weights::Blocking(syncer);
                 ctx.control.report(&me.applied(started), &[]).await?;
             }

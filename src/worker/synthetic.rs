@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::config::schema::{ModelConfig, WeightDtype};
-use crate::worker::standin::tensor::{DType, Role, StateDict, Tensor};
+use crate::tensor::{DType, Role, StateDict, Tensor};
 use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 
 /// Name, shape and role of one tensor of the synthetic model.
@@ -110,6 +110,8 @@ fn write_elem(dtype: DType, out: &mut [u8], value: f32) {
         DType::Bf16 => out.copy_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
         DType::F16 => out.copy_from_slice(&half::f16::from_f32(value).to_le_bytes()),
         DType::F32 => out.copy_from_slice(&value.to_le_bytes()),
+        // `dtype_of` only yields the floating dtypes above.
+        _ => {}
     }
 }
 
@@ -184,7 +186,7 @@ impl Workload for SyntheticWorkload {
         let mut state = StateDict::default();
         let size = self.dtype.size_bytes();
         for spec in layout(&self.model)? {
-            let mut tensor = Tensor::zeros(self.dtype, &spec.shape, spec.role);
+            let mut tensor = Tensor::zeros(self.dtype, &spec.shape, spec.role)?;
             let mut rng = Rng::new(name_seed(self.seed, &spec.name));
             let scale = if spec.role == Role::Buffer { 1.0 } else { 0.05 };
             for elem in tensor.bytes_mut().chunks_exact_mut(size) {
@@ -241,7 +243,7 @@ impl Workload for SyntheticWorkload {
         // A fake return that depends on the weights, so different versions act differently.
         let probe = state
             .iter()
-            .find(|(_, t)| t.role == Role::Trainable)
+            .find(|(_, t)| t.role() == Role::Trainable)
             .and_then(|(_, t)| t.bytes().get(..self.dtype.size_bytes()).map(|b| read_elem(self.dtype, b)))
             .unwrap_or(0.0);
         sleep_ms(self.model.rollout_ms_per_step * f64::from(steps));
@@ -292,8 +294,8 @@ mod tests {
         let mut rollout = SyntheticWorkload::new(&cfg, 1, 7, 1).unwrap();
         let mut a = trainer.init_state().unwrap();
         let b = rollout.init_state().unwrap();
-        let keys: Vec<String> = a.iter().map(|(k, _)| k.clone()).collect();
-        let sum = crate::worker::standin::tensor::state_checksum;
+        let keys: Vec<String> = a.keys().map(str::to_owned).collect();
+        let sum = crate::tensor::state_checksum;
         assert_eq!(sum(&a, &keys), sum(&b, &keys));
         let before: Vec<u8> = a.get("head.layers.0.weight").unwrap().bytes().to_vec();
         let frozen_before: Vec<u8> = a.get("backbone.layers.0.weight").unwrap().bytes().to_vec();

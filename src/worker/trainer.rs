@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use crate::orchestrator::protocol::{Command, Report, SyncStats};
-use crate::worker::standin::syncer::{SyncKind, SyncOptions, SyncReport, WeightSyncer};
-use crate::worker::standin::tensor::{StateDict, state_checksum};
+use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
+use crate::tensor::StateDict;
 use crate::transport::{ShmConfig, ShmSender};
 use crate::worker::workload::{self, Batch};
 use crate::worker::{WorkerContext, WorkerError, worker_seed};
@@ -32,13 +32,13 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                 })
                 .await?;
                 let report = syncer.init_sender(&state, &keys, sender).await?;
-                let synced = synced_report(&state, &keys, &report, started, cfg.runner.verify_sync);
+                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Sync { version: wanted } => {
                 let started = Instant::now();
                 let report = syncer.sync(&state, wanted).await?;
-                let synced = synced_report(&state, &keys, &report, started, cfg.runner.verify_sync);
+                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Train { step, chunks, env_steps } => {
@@ -57,17 +57,19 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     }
 }
 
-fn synced_report(state: &StateDict, keys: &[String], report: &SyncReport, started: Instant, verify: bool) -> Report {
-    let kind = match report.kind {
-        SyncKind::Init => "init",
-        SyncKind::Patch => "patch",
-        SyncKind::Bucket => "bucket",
-    };
-    let checksum = if verify { tokio::task::block_in_place(|| state_checksum(state, keys)) } else { 0 };
-    Report::Synced {
+/// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
+fn synced_report(
+    syncer: &WeightSyncer,
+    state: &StateDict,
+    report: &SyncReport,
+    started: Instant,
+    verify: bool,
+) -> Result<Report, WorkerError> {
+    let checksum = if verify { tokio::task::block_in_place(|| syncer.checksum(state))? } else { 0 };
+    Ok(Report::Synced {
         stats: SyncStats {
             version: report.version,
-            kind: kind.into(),
+            kind: report.kind.name().into(),
             payload_bytes: report.payload_bytes,
             changed: report.changed,
             state_bytes: report.state_bytes,
@@ -76,5 +78,5 @@ fn synced_report(state: &StateDict, keys: &[String], report: &SyncReport, starte
         },
         checksum,
         seconds: started.elapsed().as_secs_f64(),
-    }
+    })
 }

@@ -1,7 +1,7 @@
 //! The `Workload` trait: what a trainer or rollout worker computes, independent of processes and transport.
 
 use crate::config::schema::{ModelType, RunConfig};
-use crate::worker::standin::tensor::StateDict;
+use crate::tensor::StateDict;
 use crate::worker::synthetic::SyntheticWorkload;
 
 #[derive(Debug, thiserror::Error)]
@@ -10,6 +10,8 @@ pub enum WorkloadError {
     Unavailable { model: ModelType, reason: &'static str },
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
+    #[error("model tensor: {0}")]
+    Tensor(#[from] crate::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
 }
