@@ -3,7 +3,16 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args = Vec::new();
+    for arg in std::env::args_os().skip(1) {
+        match arg.into_string() {
+            Ok(arg) => args.push(arg),
+            Err(raw) => {
+                eprintln!("Error: argument {raw:?} is not valid UTF-8");
+                return rlsync::cli::ExitStatus::Failure.into();
+            }
+        }
+    }
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {

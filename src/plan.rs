@@ -8,6 +8,7 @@ use crate::config::schema::{
     Compression, ModelType, RunConfig, SyncerKind, WeightDtype,
 };
 use crate::config::typed::Extracted;
+use crate::orchestrator::{self, RunPlan};
 
 /// Which loop the entry point runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct Footprint {
 pub struct DryRun {
     pub entry: Entry,
     pub run_dir: PathBuf,
+    /// The orchestrator's loop plan (None for bench_sync, or when the plan itself is invalid).
+    pub loop_plan: Option<RunPlan>,
     pub workers: Vec<PlannedWorker>,
     pub footprint: Option<Footprint>,
     pub config: RunConfig,
@@ -66,10 +69,17 @@ pub struct DryRun {
 pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     let cfg = &extracted.config;
     let mut problems = Vec::new();
-    let workers = planned_workers(cfg).unwrap_or_else(|e| {
-        problems.push(e);
-        Vec::new()
-    });
+    let loop_plan = match entry {
+        Entry::BenchSync => None,
+        _ => match orchestrator::plan(entry, cfg) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                problems.push(e.to_string());
+                None
+            }
+        },
+    };
+    let workers = loop_plan.as_ref().map(planned_workers).unwrap_or_default();
     let footprint = footprint(cfg);
     if let Err(e) = check_writable(run_dir) {
         problems.push(e);
@@ -91,6 +101,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     DryRun {
         entry,
         run_dir: run_dir.to_owned(),
+        loop_plan,
         workers,
         footprint,
         config: cfg.clone(),
@@ -99,19 +110,12 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     }
 }
 
-/// Trainer rank 0 plus one rollout per `cluster.component_placement.rollout` slot, envs split evenly.
-pub fn planned_workers(cfg: &RunConfig) -> Result<Vec<PlannedWorker>, String> {
-    let slots = cfg
-        .cluster
-        .component_placement
-        .get("rollout")
-        .ok_or("cluster.component_placement.rollout is missing")?
-        .slots()?;
-    let n = slots.len() as u32;
-    let envs = cfg.env.train.total_num_envs.get() / n.max(1);
+/// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
+/// what a run would start).
+pub fn planned_workers(plan: &RunPlan) -> Vec<PlannedWorker> {
     let mut workers = vec![PlannedWorker { role: "trainer", rank: 0, envs: 0 }];
-    workers.extend((0..n).map(|rank| PlannedWorker { role: "rollout", rank, envs }));
-    Ok(workers)
+    workers.extend((0..plan.rollouts).map(|rank| PlannedWorker { role: "rollout", rank, envs: plan.envs_per_rollout }));
+    workers
 }
 
 /// Weight sizes for models whose size follows from the config alone (the synthetic workload).
@@ -240,7 +244,14 @@ impl fmt::Display for DryRun {
                 ),
                 _ => format!("synchronous: sync every {} step(s)", c.runner.weight_sync_interval),
             };
-            writeln!(f, "  loop           {loop_desc}, {} steps, verify_sync={}", c.runner.max_steps, c.runner.verify_sync)?;
+            writeln!(f, "  loop           {loop_desc}, verify_sync={}", c.runner.verify_sync)?;
+            if let Some(p) = &self.loop_plan {
+                writeln!(
+                    f,
+                    "                 {} train steps; per step {} env steps ({} chunk(s) of {} steps per rollout)",
+                    p.steps, p.env_steps_per_step, p.chunks_per_rollout, p.chunk_steps
+                )?;
+            }
             writeln!(
                 f,
                 "  model          {:?}, rollout precision {:?}, env {:?} x {}",
