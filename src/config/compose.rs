@@ -330,7 +330,7 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     }
     let key = o.key_or_group.as_str();
     let origin = Origin::Override(o.input.as_str().into());
-    let value = o.element().map(|e| e.to_node(Some(origin.clone())));
+    let value = o.element().map(|e| e.to_node(&origin));
     if let Some(value) = &value {
         // OmegaConf checks keys and interpolation syntax when it wraps the value, before anything else.
         let invalid = |message: String| ComposeError::MergeOverride { input: o.input.clone(), message };

@@ -6,6 +6,7 @@ mod checkpoint;
 mod dist;
 mod policy;
 mod ppo;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -78,6 +79,18 @@ impl Learner {
         let mut actor = Actor::new(cfg, self.policy.spec, seed)?;
         actor.load_from(self)?;
         Ok(actor)
+    }
+
+    /// The model as a state dict: every weight with its role (names sorted); floating weights cast to
+    /// `float` when given (e.g. bf16 for rollouts), fp32 master values otherwise.
+    pub fn state_dict(&self, float: Option<crate::tensor::DType>) -> Result<crate::tensor::StateDict, RlError> {
+        state::state_dict(&self.policy, float)
+    }
+
+    /// Writes the current weights into `state` in place (one copy, no allocation; each entry keeps its
+    /// dtype): what the trainer calls after a step, before `WeightSyncer::sync`.
+    pub fn export_into(&self, state: &mut crate::tensor::StateDict) -> Result<(), RlError> {
+        state::export_into(&self.policy, state)
     }
 
     /// Saves weights, optimizer state, step and version to `<run_dir>/checkpoints/global_step_<n>/`.
@@ -182,6 +195,18 @@ impl Actor {
         let heads = tch::no_grad(|| self.policy.forward(&x))?;
         let (actions, logprobs) = dist::act(&heads, mode, &mut self.rng)?;
         Ok(Decision { actions, logprobs })
+    }
+
+    /// The actor's weights as a state dict in its own dtypes (the receiver side of a sync starts from it).
+    pub fn state_dict(&self) -> Result<crate::tensor::StateDict, RlError> {
+        state::state_dict(&self.policy, None)
+    }
+
+    /// Installs weights received by a sync (converting dtypes) and records their version.
+    pub fn import_state(&mut self, state: &crate::tensor::StateDict, version: u64) -> Result<(), RlError> {
+        state::import_from(&self.policy, state)?;
+        self.version = version;
+        Ok(())
     }
 
     /// Copies the learner's current weights and version (in-process sync, converting to this actor's dtype).
