@@ -52,12 +52,11 @@ fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) {
         let path = entry.path();
         if path.is_dir() {
             collect(root, &path, out);
-        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-            if let Ok(rel) = path.strip_prefix(root) {
+        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+            && let Ok(rel) = path.strip_prefix(root) {
                 let rel: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
                 out.push((rel.join("/"), path));
             }
-        }
     }
 }
 

@@ -173,20 +173,26 @@ fn show_commands_create_no_output_dirs() {
     assert!(!dir.join("outputs").exists());
 }
 
+/// A run of the test app that stops at typed validation (an unknown syncer type), after Hydra's part of
+/// the run (output directory, `.hydra/` files) is done and before any worker would start.
+const STOP_AT_VALIDATION: &str = "+weight_syncer.type=no_such_syncer";
+
 #[test]
 fn a_run_writes_the_hydra_files() {
     let dir = app();
-    let out = dir.compose("config", &["hydra.run.dir=runs/one", "app.port=1"]);
-    // The orchestrator is not wired in yet, so the run stops after composing, but its directory exists.
-    let _ = out;
+    let err = dir.compose("config", &["hydra.run.dir=runs/one", "app.port=1", STOP_AT_VALIDATION]).err().to_owned();
+    assert!(err.contains("weight_syncer.type"), "{err}");
     assert!(dir.join("runs/one/.hydra/config.yaml").is_file());
     assert!(dir.join("runs/one/.hydra/hydra.yaml").is_file());
     let overrides = std::fs::read_to_string(dir.join("runs/one/.hydra/overrides.yaml")).unwrap_or_default();
     assert!(overrides.contains("app.port=1"), "{overrides}");
     let config = std::fs::read_to_string(dir.join("runs/one/.hydra/config.yaml")).unwrap_or_default();
-    assert_yaml_eq(&config, "db: {driver: mysql, port: 3306}\nserver: {size: {workers: 2}}\napp: {name: demo, port: 1}\n");
+    assert_yaml_eq(
+        &config,
+        "db: {driver: mysql, port: 3306}\nserver: {size: {workers: 2}}\napp: {name: demo, port: 1}\nweight_syncer: {type: no_such_syncer}\n",
+    );
 
-    dir.compose("config", &["hydra.run.dir=runs/two", "hydra.output_subdir=null"]);
+    dir.compose("config", &["hydra.run.dir=runs/two", "hydra.output_subdir=null", STOP_AT_VALIDATION]);
     assert!(dir.join("runs/two").is_dir());
     assert!(!dir.join("runs/two/.hydra").exists());
 }
@@ -194,7 +200,7 @@ fn a_run_writes_the_hydra_files() {
 #[test]
 fn multirun_prepares_one_dir_per_combination() {
     let dir = app();
-    dir.compose("config", &["-m", "hydra.sweep.dir=sweep", "db=mysql,postgresql", "app.port=1,2,3"]);
+    dir.compose("config", &["-m", "hydra.sweep.dir=sweep", "db=mysql,postgresql", "app.port=1,2,3", STOP_AT_VALIDATION]);
     assert!(dir.join("sweep/multirun.yaml").is_file());
     for n in 0..6 {
         assert!(dir.join(&format!("sweep/{n}/.hydra/config.yaml")).is_file(), "job {n}");

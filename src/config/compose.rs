@@ -4,8 +4,6 @@
 //! Merge rules are OmegaConf's: dicts merge key by key (existing keys keep their place, new keys go last),
 //! everything else (lists included) replaces, and a `???` source value never replaces an existing one.
 
-use std::fmt::Write as _;
-
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
 use crate::config::hydra::{self, RuntimeInfo};
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
@@ -21,9 +19,9 @@ pub use crate::config::overrides::RunMode;
 #[derive(Debug, thiserror::Error)]
 pub enum ComposeError {
     #[error(transparent)]
-    Override(#[from] OverrideError),
+    Override(Box<OverrideError>),
     #[error(transparent)]
-    Defaults(#[from] DefaultsError),
+    Defaults(Box<DefaultsError>),
     #[error(transparent)]
     SearchPath(#[from] SearchPathError),
     #[error(transparent)]
@@ -48,6 +46,19 @@ pub enum ComposeError {
     OverrideMissingKey { key: String, input: String },
     #[error("Error merging override {input}\n{message}")]
     MergeOverride { input: String, message: String },
+}
+
+// The two large error types are boxed so every `Result<_, ComposeError>` stays small.
+impl From<OverrideError> for ComposeError {
+    fn from(err: OverrideError) -> ComposeError {
+        ComposeError::Override(Box::new(err))
+    }
+}
+
+impl From<DefaultsError> for ComposeError {
+    fn from(err: DefaultsError) -> ComposeError {
+        ComposeError::Defaults(Box::new(err))
+    }
 }
 
 /// What to compose.
@@ -332,15 +343,14 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     match o.kind {
         OverrideKind::Delete => {
             let Some(actual) = existing else { return Err(ComposeError::DeleteMissing { key: key.into() }) };
-            if let Some(expected) = &value {
-                if !python_eq(&actual.value, &expected.value) {
+            if let Some(expected) = &value
+                && !python_eq(&actual.value, &expected.value) {
                     return Err(ComposeError::DeleteValueMismatch {
                         key: key.into(),
                         actual: hydra::python_str(actual),
                         expected: hydra::python_str(expected),
                     });
                 }
-            }
             delete(cfg, key);
             Ok(())
         }
@@ -546,15 +556,6 @@ pub fn sweep_combinations(repo: &Repository, overrides: &[String]) -> Result<Vec
             .collect();
     }
     Ok(jobs)
-}
-
-/// Render `overrides` the way Hydra logs a list (used in messages and `.hydra/overrides.yaml`).
-pub fn describe_overrides(overrides: &[String]) -> String {
-    let mut out = String::new();
-    for o in overrides {
-        let _ = writeln!(out, "- {o}");
-    }
-    out
 }
 
 #[cfg(test)]

@@ -196,12 +196,11 @@ impl InputDefault {
     fn update_parent(&mut self, parent_base_dir: Option<&str>, parent_package: Option<&str>) {
         self.parent_base_dir = parent_base_dir.map(str::to_owned);
         self.parent_package = parent_package.map(str::to_owned);
-        if let Some(pkg) = &self.package {
-            if pkg.contains("_group_") {
+        if let Some(pkg) = &self.package
+            && pkg.contains("_group_") {
                 let resolved = pkg.replace("_group_", &self.default_package());
                 self.package = Some(format!("_global_.{resolved}"));
             }
-        }
     }
 
     /// The group this element belongs to, relative to the config tree root.
@@ -276,11 +275,10 @@ impl InputDefault {
         };
         let parent_package = self.parent_package.as_deref().unwrap_or("");
         let mut package = self.get_package(default_to_header).unwrap_or_else(|| self.relative_group_path().replace('/', "."));
-        if let Some(name) = name {
-            if package.contains("_name_") {
+        if let Some(name) = name
+            && package.contains("_name_") {
                 package = package.replace("_name_", &name);
             }
-        }
         let joined = if parent_package.is_empty() {
             package
         } else if package.is_empty() {
@@ -564,12 +562,11 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
             let mut entries: Vec<(&Key, &Node)> = dict.iter().collect();
             // version_base 1.1: `optional: true` beside the group key is the legacy spelling of `optional`.
             let mut legacy_optional = None;
-            if entries.len() > 1 {
-                if let Some(pos) = entries.iter().position(|(k, _)| k.as_str() == Some("optional")) {
+            if entries.len() > 1
+                && let Some(pos) = entries.iter().position(|(k, _)| k.as_str() == Some("optional")) {
                     legacy_optional = Some(matches!(entries[pos].1.value, Value::Bool(true)));
                     entries.remove(pos);
                 }
-            }
             let (key, node) = match entries.as_slice() {
                 [] => return Err(DefaultsError::MissingGroupName { config_path: config_path.into(), item: python_dict_repr(dict) }),
                 [one] => *one,
@@ -729,12 +726,11 @@ impl Builder<'_> {
             }
         }
         // The package header (`# @package`) of the config this element points at.
-        if !root.node.is_missing() && root.node.name().is_some() {
-            if let Some(loaded) = self.repo.load(&root.node.config_path())? {
+        if !root.node.is_missing() && root.node.name().is_some()
+            && let Some(loaded) = self.repo.load(&root.node.config_path())? {
                 let header = loaded.header_package.clone();
                 root.node.set_package_header(header.as_deref());
             }
-        }
         if self.overrides.is_deleted(&root.node) {
             self.overrides.delete(&mut root.node);
             return Ok(root);
@@ -978,11 +974,10 @@ pub fn create_defaults_list(
     collect(&tree, None, &mut defaults);
     let mut seen = BTreeSet::new();
     for d in &defaults {
-        if let (false, Some(key)) = (d.is_self, &d.override_key) {
-            if !seen.insert(key.clone()) {
+        if let (false, Some(key)) = (d.is_self, &d.override_key)
+            && !seen.insert(key.clone()) {
                 return Err(DefaultsError::Duplicate { key: key.clone() });
             }
-        }
     }
     builder.overrides.ensure_used()?;
     Ok(DefaultsList { defaults, tree, known_choices: builder.overrides.known_choices })

@@ -310,11 +310,10 @@ fn parse_package_header(text: &str, file: &str) -> Result<Option<String>, Search
         let parts: Vec<&str> = body.split(' ').filter(|p| !p.is_empty()).collect();
         match parts.as_slice() {
             [key, value] => {
-                if let Some(key) = key.strip_prefix('@') {
-                    if key == "package" {
+                if let Some(key) = key.strip_prefix('@')
+                    && key == "package" {
                         package = Some((*value).to_owned());
                     }
-                }
             }
             [_] | [] => return Err(SearchPathError::HeaderFormat { file: file.into(), line: body.into() }),
             _ => return Err(SearchPathError::HeaderTooManyComponents { file: file.into(), line: body.into() }),
