@@ -17,7 +17,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let keys = state.synced_keys();
     let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
     let mut version = 0u64;
-    tracing::info!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
+    tracing::debug!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
     loop {
         let frame = ctx.control.next().await?;
         match frame.header {
