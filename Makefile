@@ -1,44 +1,52 @@
-# rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up.
+# rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
+# Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
+# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
-CACHE      ?= $(HOME)/.cache/rlsync
-VENV       ?= $(CACHE)/venv
-PYTHON     := $(VENV)/bin/python
-SHARED     ?= ../shared
+CACHE       ?= $(HOME)/.cache/rlsync
+VENV        ?= $(CACHE)/venv
+PYTHON      := $(VENV)/bin/python
+SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
-CARGO      ?= cargo
-BIN        := target/release/rlsync
-VENV_STAMP := $(VENV)/.rlsync-venv-v1
+CARGO       ?= cargo
+BIN         := target/release/rlsync
+VENV_STAMP  := $(VENV)/.rlsync-venv-v2
+# tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
+TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run test test-rust conformance bench venv clean
+.PHONY: all build run test test-plain test-torch conformance bench venv clean
 
 all: build
 
-# The Python venv (outside the checkout, reused across runs): real Hydra for the conformance harness.
 venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	mkdir -p $(CACHE)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check hydra-core==1.3.8 pyyaml
+	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml
 	touch $@
 
-build:
-	$(CARGO) build --release --locked
+# The shipped binary: with the real learner (libtorch).
+build: venv
+	$(TORCH_ENV) $(CARGO) build --release --locked --features torch
 
 run: build
 	$(BIN) train_embodied
 
-test: venv test-rust conformance
+# Tests of the plain build (no libtorch) and of the torch build, then the Hydra conformance kit.
+test: test-plain test-torch conformance
 
-test-rust:
+test-plain:
 	$(CARGO) test --release --locked
 
-conformance: build venv
+test-torch: venv
+	$(TORCH_ENV) $(CARGO) test --release --locked --features torch
+
+conformance: build
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(BIN))" -j 2
 
-bench: build
-	$(CARGO) bench --locked
+bench: venv
+	$(TORCH_ENV) $(CARGO) bench --locked --features torch
 
 clean:
 	$(CARGO) clean

@@ -299,10 +299,10 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     let orchestrated = match entry {
         Entry::TrainEmbodied => crate::orchestrator::Entry::Embodied,
         Entry::TrainAsync => crate::orchestrator::Entry::Async,
-        Entry::BenchSync => anyhow::bail!(
-            "not yet: bench_sync composed and validated its config in {}",
-            job.output_dir.display()
-        ),
+        Entry::BenchSync => {
+            crate::bench::run(&extracted.config)?;
+            return Ok(ExitStatus::Success);
+        }
     };
     let opts = crate::orchestrator::RunOptions::default();
     crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;

@@ -10,7 +10,8 @@
 //!   they are not lowercase because users and the conformance kit match them against real Hydra.
 //!
 //! Layout: `grammar` (lexer + parser), `tree` (parent-linked working copy), `py` (Python values and
-//! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers).
+//! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers),
+//! `conformance_tests` (the conformance kit's interpolation suite).
 
 #[cfg(test)]
 mod conformance_tests;
@@ -25,7 +26,7 @@ use std::fmt;
 use crate::config::node::{Node, Origin, Value};
 use eval::Engine;
 pub use grammar::GrammarError;
-use py::PyErr;
+pub use py::PyErr;
 use tree::Id;
 
 /// Looks up an environment variable (`None` when unset).
@@ -112,6 +113,9 @@ pub enum ErrorKind {
     /// `OmegaConf.resolve` cannot store a plain list/dict produced by a resolver in a value node.
     #[error("Value '{type_name}' is not a supported primitive type")]
     UnsupportedValueType { type_name: &'static str },
+    /// Not an OmegaConf error: OmegaConf would keep going (for hours) on exponentially self-referencing configs.
+    #[error("resolving interpolations took more than {limit} steps; the config references itself exponentially")]
+    TooMuchWork { limit: usize },
     #[error("Cannot resolve interpolation for a node without a parent")]
     NoParent,
     /// [`resolve_at`] was given a path that names nothing.
@@ -147,7 +151,7 @@ struct Located {
 }
 
 impl InterpolationError {
-    fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
+    pub fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
         InterpolationError(Box::new(Located { kind, full_key, origin }))
     }
 
@@ -155,7 +159,8 @@ impl InterpolationError {
         &self.0.kind
     }
 
-    /// OmegaConf's dotted key of the node being resolved (`a.b`, `list[0]`); empty for the root.
+    /// OmegaConf's dotted key of the node being resolved (`a.b`, `list[0]`); empty for the root or a
+    /// standalone template.
     pub fn full_key(&self) -> &str {
         &self.0.full_key
     }
@@ -168,7 +173,10 @@ impl InterpolationError {
 
 impl fmt::Display for InterpolationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n    full_key: {}", self.0.kind, self.0.full_key)?;
+        write!(f, "{}", self.0.kind)?;
+        if !self.0.full_key.is_empty() {
+            write!(f, "\n    full_key: {}", self.0.full_key)?;
+        }
         if let Some(origin) = &self.0.origin {
             write!(f, "\n    at {origin}")?;
         }
@@ -221,9 +229,11 @@ pub fn is_interpolation(s: &str) -> bool {
     s.contains("${")
 }
 
-/// Check the syntax of one interpolation string without resolving it.
+/// Check one value the way OmegaConf does when it stores it: a string with `${` must parse, unless it
+/// matches OmegaConf's fast pattern for common interpolations (which lets a few invalid ones, like
+/// `${:x}`, through until they are resolved).
 pub fn check_syntax(s: &str) -> Result<(), GrammarError> {
-    grammar::parse_value(s).map(|_| ())
+    grammar::validate_value(s)
 }
 
 /// Check every interpolation in `root`, as OmegaConf does when a config is created: the first invalid
@@ -388,7 +398,7 @@ mod tests {
         assert_eq!(resolve_str("plain $n {x} \\", &cfg, &ctx), Ok(Node::str("plain $n {x} \\")));
         assert_eq!(resolve_str("esc \\${n}", &cfg, &ctx), Ok(Node::str("esc ${n}")));
         let err = resolve_str("${nope}", &cfg, &ctx).expect_err("nope is not defined");
-        assert_eq!(first_line(&err), "Interpolation key 'nope' not found");
+        assert_eq!(err.to_string(), "Interpolation key 'nope' not found");
     }
 
     #[test]
@@ -425,11 +435,41 @@ mod tests {
     }
 
     #[test]
+    fn long_reference_chains_fail_cleanly() {
+        let chain = |n: usize| {
+            let mut root = Dict::new();
+            for i in 0..n {
+                root.insert(Key::from(format!("a{i}")), Node::str(format!("${{a{}}}", i + 1)));
+            }
+            root.insert(Key::from(format!("a{n}")), Node::new(Value::Int(7)));
+            Node::new(Value::Dict(root))
+        };
+        let ok = resolve_tree(&chain(20), &test_ctx()).expect("a short chain resolves");
+        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::Int(7)));
+        // Far deeper than Python's recursion limit allows: an error, not a stack overflow.
+        let err = resolve_at(&chain(5000), "a0", &test_ctx()).expect_err("too deep");
+        assert!(first_line(&err).starts_with("RecursionError raised while resolving interpolation"), "{err}");
+    }
+
+    #[test]
+    fn exponential_self_reference_is_cut_off() {
+        let mut root = Dict::new();
+        for level in 0..40 {
+            let next = format!("${{l{}}}", level + 1);
+            root.insert(Key::from(format!("l{level}")), node(&serde_json::json!([next, next])));
+        }
+        root.insert(Key::from("l40"), Node::new(Value::Int(1)));
+        let err = resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");
+        assert_eq!(err.kind(), &ErrorKind::TooMuchWork { limit: eval::MAX_STEPS });
+    }
+
+    #[test]
     fn is_interpolation_is_the_cheap_test() {
         assert!(is_interpolation("a ${b}"));
         assert!(is_interpolation("\\${b}"));
         assert!(!is_interpolation("$b {c}"));
         assert!(check_syntax("${a.b}").is_ok());
         assert!(check_syntax("${a.b").is_err());
+        assert!(check_syntax("${:lenient}").is_ok());
     }
 }

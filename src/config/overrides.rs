@@ -8,8 +8,9 @@
 //! as they are.
 //!
 //! Sweeps (`a=1,2`, `choice(..)`, `range(..)`, ...) come out as [`OverrideValue::Sweep`]; a single run must
-//! reject them with [`Override::validate_sweep`], a multirun enumerates them with [`Sweep::expand`] and
-//! re-parses `key=<Element::to_override_text()>` per job, as Hydra's basic sweeper does.
+//! reject them with [`Override::validate_sweep`]. A multirun builds each job's overrides as Hydra's basic
+//! sweeper does: `<key_element>=<Element::to_override_text()>` for each value of [`Sweep::expand`], and
+//! [`Override::job_text`] for the other overrides; each job then parses its overrides again.
 
 mod decimal;
 mod element;
@@ -25,7 +26,8 @@ pub use element::{Element, GroupChoice, Quote};
 pub use sweep::{ChoiceSweep, GlobSweep, IntervalSweep, Number, RangeSweep, Sweep};
 
 /// Hydra's hint line, printed after every grammar error.
-pub const GRAMMAR_HINT: &str = "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
+pub const GRAMMAR_HINT: &str =
+    "See https://hydra.cc/docs/1.2/advanced/override_grammar/basic for details";
 
 /// One parsed command-line override (`[+|++|~]key[@package][=value]`).
 #[derive(Debug, Clone, PartialEq)]
@@ -71,13 +73,20 @@ pub enum RunMode {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OverrideError {
     /// The override does not parse, or a function in it fails.
-    #[error("Error parsing override '{input}'\n{reason}\n{GRAMMAR_HINT}")]
+    #[error("Error parsing override '{input}'\n{}\n{GRAMMAR_HINT}", .reason.render(.input))]
     Grammar { input: String, reason: GrammarError },
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
-    #[error("Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
-    NestedSweep { input: String, sweep_type: &'static str },
+    #[error(
+        "Error merging override {input}\nUnexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
+    NestedSweep {
+        input: String,
+        sweep_type: &'static str,
+    },
     /// A choice with a sweep among its items (`a=1,choice(2,3)`), which Hydra cannot enumerate either.
-    #[error("Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}")]
+    #[error(
+        "Unexpected type annotation: Set[str]\n    full_key: tags\n    object_type={sweep_type}"
+    )]
     NestedSweepInChoice { sweep_type: &'static str },
     /// `a=1,2` without `--multirun`.
     #[error(
@@ -98,52 +107,86 @@ pub enum OverrideError {
     ZeroIntRangeStep,
     /// `range(a,b,0.0)` over floats.
     #[error("Invalid range values (start:{start}, stop:{stop}, step:{step})")]
-    ZeroFloatRangeStep { start: String, stop: String, step: String },
+    ZeroFloatRangeStep {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A float range over `inf`/`nan` bounds, which never ends (Hydra loops or fails in `decimal`).
     #[error("range over a non-finite bound cannot be enumerated: range({start}, {stop}, {step})")]
-    NonFiniteRange { start: String, stop: String, step: String },
+    NonFiniteRange {
+        start: String,
+        stop: String,
+        step: String,
+    },
     /// A range with more elements than a sweep can reasonably launch.
     #[error("range has more than {limit} values and cannot be enumerated")]
     RangeTooLong { limit: usize },
-    /// A config group override whose value is not a string or a list (`db=1`).
-    #[error("Config group override must be a string or a list. Got {type_name}")]
-    GroupValueType { type_name: &'static str },
     /// A config group deletion with a value that is not a string (`~db=1`).
     #[error("Config group override deletion value must be a string : {input}")]
     GroupDeletionValueType { input: String },
+    /// A config group override whose value is not a string or a list (`db=1`).
+    #[error("Config group override must be a string or a list. Got {type_name}")]
+    GroupValueType { type_name: &'static str },
 }
 
 /// Why an override did not parse: the line printed between Hydra's first line and its hint line.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GrammarError {
     /// No token starts at `column` (0-based, in characters); printed with a caret like Hydra's.
-    Lexer { input: String, column: usize },
+    Lexer { column: usize },
     /// The parser met `found` where it expected `expected`.
-    Syntax { found: String, expected: &'static str },
+    Syntax {
+        found: String,
+        expected: &'static str,
+    },
     /// A primitive made of whitespace only.
     AllWhitespace,
     /// `f(a=1, 2)`.
     PositionalAfterKeyword,
     /// A grammar function raised: `<exception> while evaluating '<call>': <message>`.
-    Function { call: String, exception: &'static str, message: String },
+    Function {
+        call: String,
+        exception: &'static str,
+        message: String,
+    },
     /// An integer literal (or an int() result) beyond 64 bits, which Python would keep as a big int.
     IntOutOfRange { text: String },
+}
+
+impl GrammarError {
+    /// The message for `input`: a lexer error repeats the input with a caret under the bad character,
+    /// as Hydra prints it.
+    pub fn render(&self, input: &str) -> String {
+        match self {
+            GrammarError::Lexer { column } => {
+                const PREFIX: &str = "LexerNoViableAltException: ";
+                let caret_at = PREFIX.chars().count() + column + 1;
+                format!("{PREFIX}{input}\n{:>caret_at$}", "^")
+            }
+            other => other.to_string(),
+        }
+    }
 }
 
 impl fmt::Display for GrammarError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            GrammarError::Lexer { input, column } => {
-                const PREFIX: &str = "LexerNoViableAltException: ";
-                let caret_at = PREFIX.chars().count() + column + 1;
-                write!(f, "{PREFIX}{input}\n{:>caret_at$}", "^")
-            }
+            GrammarError::Lexer { column } => write!(f, "no token starts at column {column}"),
             GrammarError::Syntax { found, expected } => {
                 write!(f, "mismatched input '{found}' expecting {expected}")
             }
-            GrammarError::AllWhitespace => f.write_str("Trying to parse a primitive that is all whitespaces"),
-            GrammarError::PositionalAfterKeyword => f.write_str("positional argument follows keyword argument"),
-            GrammarError::Function { call, exception, message } => {
+            GrammarError::AllWhitespace => {
+                f.write_str("Trying to parse a primitive that is all whitespaces")
+            }
+            GrammarError::PositionalAfterKeyword => {
+                f.write_str("positional argument follows keyword argument")
+            }
+            GrammarError::Function {
+                call,
+                exception,
+                message,
+            } => {
                 write!(f, "{exception} while evaluating '{call}': {message}")
             }
             GrammarError::IntOutOfRange { text } => {
@@ -155,13 +198,21 @@ impl fmt::Display for GrammarError {
 
 /// Parse one command-line override as Hydra 1.3 does (functions are evaluated here, as in Hydra).
 pub fn parse_override(text: &str) -> Result<Override, OverrideError> {
-    let grammar = |reason| OverrideError::Grammar { input: text.to_owned(), reason };
+    let grammar = |reason| OverrideError::Grammar {
+        input: text.to_owned(),
+        reason,
+    };
     let parsed = parser::parse(text).map_err(grammar)?;
     let value = match parsed.value {
         None => None,
-        Some(v) => Some(value::into_override_value(v).map_err(|nested| match nested {
-            value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep { input: text.to_owned(), sweep_type },
-        })?),
+        Some(v) => Some(
+            value::into_override_value(v).map_err(|nested| match nested {
+                value::Nested::Sweep(sweep_type) => OverrideError::NestedSweep {
+                    input: text.to_owned(),
+                    sweep_type,
+                },
+            })?,
+        ),
     };
     Ok(Override {
         kind: parsed.kind,
@@ -228,9 +279,13 @@ impl Override {
         };
         let input = self.input.clone();
         match mode {
-            RunMode::Multirun if self.is_hydra_override() => Err(OverrideError::HydraSweep { input }),
+            RunMode::Multirun if self.is_hydra_override() => {
+                Err(OverrideError::HydraSweep { input })
+            }
             RunMode::Multirun => Ok(()),
-            RunMode::Run if sweep.is_simple_choice() => Err(OverrideError::AmbiguousSweep { input }),
+            RunMode::Run if sweep.is_simple_choice() => {
+                Err(OverrideError::AmbiguousSweep { input })
+            }
             RunMode::Run => Err(OverrideError::SweepNeedsMultirun { input }),
         }
     }
@@ -238,3 +293,6 @@ impl Override {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod golden;

@@ -2,15 +2,25 @@
 //! does (PyYAML SafeLoader, YAML 1.1 resolvers plus OmegaConf's float rule, no timestamps), with
 //! `file:line:col` on every node.
 //!
-//! Pipeline: saphyr-parser events → [`compose`] (anchors, aliases, tags, positions) → [`construct`]
-//! (tags, merge keys, duplicate keys, key types) using [`scalar`] for the typing rules.
+//! Pipeline: saphyr-parser events → `compose` (anchors, aliases, tags, positions; `reindent` for
+//! the indentation saphyr refuses and PyYAML accepts) → `construct`
+//! (tags, merge keys, duplicate keys, key types) using `scalar` for the typing rules.
 //!
-//! Decisions where OmegaConf and this tree differ: integers outside `i64` are an error
-//! ([`YamlErrorKind::IntOutOfRange`]) where Python keeps them; `!!binary` keys are refused
-//! ([`YamlErrorKind::UnsupportedKey`]); `null` keys are refused as OmegaConf refuses them.
+//! A string value `???` (quoted or not) becomes [`Value::Missing`]; `${...}` strings stay raw for
+//! `config::interpolate` (which also owns interpolation grammar errors).
+//!
+//! Where this loader and OmegaConf differ (found by comparing both over generated documents):
+//! - integers outside `i64` are an error ([`YamlErrorKind::IntOutOfRange`]); Python keeps them;
+//! - `!!binary` keys are refused ([`YamlErrorKind::UnsupportedKey`]); OmegaConf accepts bytes keys;
+//! - raw U+2028/U+2029 are refused ([`YamlErrorKind::LineSeparator`]);
+//! - an alias inside its own anchor is refused ([`YamlErrorKind::RecursiveAlias`]);
+//! - saphyr's YAML 1.2 syntax: a lone `-` right before `,]}` in flow (`[-]`) and an alias key without
+//!   a space (`*a: 1`, where `a:` is the alias name) fail; `[???]`, `[:x]`, `{|x: 1}`, repeated
+//!   anchor names and `%YAML 2.0` load where PyYAML fails.
 
 mod compose;
 mod construct;
+mod reindent;
 pub(crate) mod scalar;
 
 use std::path::Path;
@@ -33,7 +43,10 @@ struct Pos {
 impl Pos {
     /// From saphyr's marker: 1-based line, 0-based column in characters.
     fn from_marker(line: usize, col: usize) -> Pos {
-        Pos { line: u32::try_from(line).unwrap_or(u32::MAX), col: u32::try_from(col.saturating_add(1)).unwrap_or(u32::MAX) }
+        Pos {
+            line: u32::try_from(line).unwrap_or(u32::MAX),
+            col: u32::try_from(col.saturating_add(1)).unwrap_or(u32::MAX),
+        }
     }
 }
 
@@ -47,7 +60,12 @@ pub enum YamlError {
         source: std::io::Error,
     },
     #[error("{file}:{line}:{col}: {kind}")]
-    Invalid { file: Arc<str>, line: u32, col: u32, kind: YamlErrorKind },
+    Invalid {
+        file: Arc<str>,
+        line: u32,
+        col: u32,
+        kind: YamlErrorKind,
+    },
 }
 
 /// What was wrong in a YAML document. Wording follows PyYAML/OmegaConf where users would search for it.
@@ -61,14 +79,20 @@ pub enum YamlErrorKind {
     RecursiveAlias,
     #[error("found unacceptable character {ch:?}: special characters are not allowed")]
     NonPrintable { ch: char },
-    #[error("found line separator {ch:?}, which YAML 1.1 reads as a line break; write it as an escape in double quotes")]
+    #[error(
+        "found line separator {ch:?}, which YAML 1.1 reads as a line break; write it as an escape in double quotes"
+    )]
     LineSeparator { ch: char },
     #[error("found duplicate key {key}")]
     DuplicateKey { key: String },
     #[error("could not determine a constructor for the tag '{tag}'")]
     UnknownTag { tag: String },
     #[error("expected a {expected} node for tag '{tag}', but found a {found}")]
-    WrongNodeKind { tag: String, expected: &'static str, found: &'static str },
+    WrongNodeKind {
+        tag: String,
+        expected: &'static str,
+        found: &'static str,
+    },
     #[error("invalid literal '{text}' for tag '{tag}'")]
     BadScalar { tag: String, text: String },
     #[error("integer {text} does not fit in 64 bits")]
@@ -110,13 +134,21 @@ impl YamlError {
 /// string is parsed again as YAML, as `OmegaConf.load` does (`hello` → `{hello: null}`).
 pub fn load_str(text: &str, file: &str) -> Result<Node, YamlError> {
     let file: Arc<str> = Arc::from(file);
-    load_document(text, &file).map_err(|(pos, kind)| YamlError::Invalid { file: Arc::clone(&file), line: pos.line, col: pos.col, kind })
+    load_document(text, &file).map_err(|(pos, kind)| YamlError::Invalid {
+        file: Arc::clone(&file),
+        line: pos.line,
+        col: pos.col,
+        kind,
+    })
 }
 
 /// Read and load a YAML file (UTF-8).
 pub fn load_file(path: &Path) -> Result<Node, YamlError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| YamlError::Read { file: file.clone(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| YamlError::Read {
+        file: file.clone(),
+        source,
+    })?;
     load_str(&text, &file)
 }
 
@@ -124,7 +156,10 @@ fn load_document(text: &str, file: &Arc<str>) -> Result<Node, (Pos, YamlErrorKin
     let mut ctor = construct::Constructor::new(Arc::clone(file));
     let start = Pos { line: 1, col: 1 };
     let Some(root) = compose::compose(text)? else {
-        return Ok(Node::with_origin(Value::Dict(Dict::new()), ctor.origin(start)));
+        return Ok(Node::with_origin(
+            Value::Dict(Dict::new()),
+            ctor.origin(start),
+        ));
     };
     let node = ctor.node(&root, 0)?;
     construct::reject_null_keys(&node)?;
@@ -133,13 +168,22 @@ fn load_document(text: &str, file: &Arc<str>) -> Result<Node, (Pos, YamlErrorKin
         Value::Dict(_) | Value::List(_) => Ok(node),
         // OmegaConf.load passes a top-level string to OmegaConf.create, which parses it as YAML again.
         Value::Str(inner) => reparse_top_level_string(&inner, &mut ctor, root.pos),
-        other => Err((root.pos, YamlErrorKind::TopLevel { type_name: other.type_name() })),
+        other => Err((
+            root.pos,
+            YamlErrorKind::TopLevel {
+                type_name: other.type_name(),
+            },
+        )),
     }
 }
 
 /// `OmegaConf.create(str)`: null → `{}`, a string `s` → `{s: null}`, a dict or list as is, else an error.
 /// Everything inside takes the position of the outer string.
-fn reparse_top_level_string(text: &str, ctor: &mut construct::Constructor, pos: Pos) -> Result<Node, (Pos, YamlErrorKind)> {
+fn reparse_top_level_string(
+    text: &str,
+    ctor: &mut construct::Constructor,
+    pos: Pos,
+) -> Result<Node, (Pos, YamlErrorKind)> {
     let origin = ctor.origin(pos);
     let at_outer = |(_, kind): (Pos, YamlErrorKind)| (pos, kind);
     let node = match compose::compose(text).map_err(at_outer)? {
@@ -154,7 +198,14 @@ fn reparse_top_level_string(text: &str, ctor: &mut construct::Constructor, pos: 
             Node::new(Value::Dict(dict))
         }
         Value::Dict(_) | Value::List(_) => node,
-        other => return Err((pos, YamlErrorKind::TopLevel { type_name: other.type_name() })),
+        other => {
+            return Err((
+                pos,
+                YamlErrorKind::TopLevel {
+                    type_name: other.type_name(),
+                },
+            ));
+        }
     };
     set_origin_deep(&mut node, &origin);
     construct::reject_null_keys(&node)?;
@@ -174,10 +225,17 @@ fn set_origin_deep(node: &mut Node, origin: &Option<Origin>) {
 #[cfg(test)]
 pub(crate) fn same_tree(a: &Node, b: &Node) -> bool {
     match (&a.value, &b.value) {
-        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-        (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_tree(p, q)),
+        (Value::Float(x), Value::Float(y)) => {
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+        }
+        (Value::List(x), Value::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_tree(p, q))
+        }
         (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|((kp, vp), (kq, vq))| kp == kq && same_tree(vp, vq))
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((kp, vp), (kq, vq))| kp == kq && same_tree(vp, vq))
         }
         (x, y) => x == y,
     }
@@ -200,7 +258,9 @@ mod tests {
         fn bare(node: Node) -> Node {
             let value = match node.value {
                 Value::List(items) => Value::List(items.into_iter().map(bare).collect()),
-                Value::Dict(dict) => Value::Dict(dict.into_iter().map(|(k, v)| (k, bare(v))).collect()),
+                Value::Dict(dict) => {
+                    Value::Dict(dict.into_iter().map(|(k, v)| (k, bare(v))).collect())
+                }
                 other => other,
             };
             Node::new(value)
@@ -214,7 +274,10 @@ mod tests {
     fn err_kind(text: &str) -> YamlErrorKind {
         match load(text) {
             Ok(node) => panic!("{text:?} loaded as {:?}, expected an error", node.value),
-            Err(e) => e.kind().cloned().unwrap_or_else(|| panic!("not a document error: {e}")),
+            Err(e) => e
+                .kind()
+                .cloned()
+                .unwrap_or_else(|| panic!("not a document error: {e}")),
         }
     }
 
@@ -239,7 +302,10 @@ mod tests {
         for (text, want) in cases {
             let got = val(&format!("v: {text}\n"));
             let want = dict(vec![(k("v"), want.clone())]);
-            assert!(same_tree(&Node::new(got.clone()), &Node::new(want.clone())), "v: {text}\n got {got:?}\nwant {want:?}");
+            assert!(
+                same_tree(&Node::new(got.clone()), &Node::new(want.clone())),
+                "v: {text}\n got {got:?}\nwant {want:?}"
+            );
         }
     }
 
@@ -259,7 +325,11 @@ mod tests {
 
     #[test]
     fn missing_is_recognised_however_quoted() {
-        check_v(&[("???", Value::Missing), ("'???'", Value::Missing), ("!!str ???", Value::Missing)]);
+        check_v(&[
+            ("???", Value::Missing),
+            ("'???'", Value::Missing),
+            ("!!str ???", Value::Missing),
+        ]);
         assert_eq!(val("???: 1"), dict(vec![(k("???"), Value::Int(1))]));
         assert_eq!(val("- ???\n- a"), list(vec![Value::Missing, s("a")]));
     }
@@ -277,40 +347,83 @@ mod tests {
             ("!!bool 'true'", Value::Bool(true)),
             ("!!null foo", Value::Null),
             ("!!binary aGVsbG8=", Value::Bytes(b"hello".to_vec())),
-            ("!!binary |\n  aGVs\n  bG8=\n", Value::Bytes(b"hello".to_vec())),
+            (
+                "!!binary |\n  aGVs\n  bG8=\n",
+                Value::Bytes(b"hello".to_vec()),
+            ),
             ("!<tag:yaml.org,2002:str> 5", s("5")),
             ("! 12", Value::Int(12)),
             ("! 'yes'", Value::Bool(true)),
             ("!", Value::Null),
             ("!!map {x: 1}", dict(vec![(k("x"), Value::Int(1))])),
             ("!!seq [1]", list(vec![Value::Int(1)])),
-            ("!!omap [a: 1, b: 2]", list(vec![list(vec![s("a"), Value::Int(1)]), list(vec![s("b"), Value::Int(2)])])),
-            ("!!pairs [a: 1]", list(vec![list(vec![s("a"), Value::Int(1)])])),
+            (
+                "!!omap [a: 1, b: 2]",
+                list(vec![
+                    list(vec![s("a"), Value::Int(1)]),
+                    list(vec![s("b"), Value::Int(2)]),
+                ]),
+            ),
+            (
+                "!!pairs [a: 1]",
+                list(vec![list(vec![s("a"), Value::Int(1)])]),
+            ),
             ("!!omap []", list(vec![])),
         ]);
     }
 
     #[test]
     fn bad_tags_and_literals_are_errors() {
-        let cases: &[(&str, fn(&YamlErrorKind) -> bool)] = &[
-            ("v: !custom x", |e| matches!(e, YamlErrorKind::UnknownTag { .. })),
-            ("v: !!python/tuple [1, 2]", |e| matches!(e, YamlErrorKind::UnknownTag { .. })),
-            ("v: !!int abc", |e| matches!(e, YamlErrorKind::BadScalar { .. })),
+        type IsExpected = fn(&YamlErrorKind) -> bool;
+        let cases: &[(&str, IsExpected)] = &[
+            ("v: !custom x", |e| {
+                matches!(e, YamlErrorKind::UnknownTag { .. })
+            }),
+            ("v: !!python/tuple [1, 2]", |e| {
+                matches!(e, YamlErrorKind::UnknownTag { .. })
+            }),
+            ("v: !!int abc", |e| {
+                matches!(e, YamlErrorKind::BadScalar { .. })
+            }),
             ("v: !!int", |e| matches!(e, YamlErrorKind::BadScalar { .. })),
-            ("v: !!float abc", |e| matches!(e, YamlErrorKind::BadScalar { .. })),
-            ("v: !!bool y", |e| matches!(e, YamlErrorKind::BadScalar { .. })),
-            ("v: !!binary aGVsbG8", |e| matches!(e, YamlErrorKind::BadScalar { .. })),
-            ("v: !!set {a, b}", |e| matches!(e, YamlErrorKind::UnsupportedValue { type_name: "set" })),
-            ("v: !!timestamp 2001-01-01", |e| matches!(e, YamlErrorKind::UnsupportedValue { .. })),
-            ("v: !!omap {a: 1}", |e| matches!(e, YamlErrorKind::WrongNodeKind { .. })),
-            ("v: !!omap [x]", |e| matches!(e, YamlErrorKind::BadPairs { .. })),
-            ("v: !!omap [{a: 1, b: 2}]", |e| matches!(e, YamlErrorKind::BadPairs { .. })),
-            ("v: !!str [1]", |e| matches!(e, YamlErrorKind::WrongNodeKind { .. })),
-            ("v: !!map 1", |e| matches!(e, YamlErrorKind::WrongNodeKind { .. })),
+            ("v: !!float abc", |e| {
+                matches!(e, YamlErrorKind::BadScalar { .. })
+            }),
+            ("v: !!bool y", |e| {
+                matches!(e, YamlErrorKind::BadScalar { .. })
+            }),
+            ("v: !!binary aGVsbG8", |e| {
+                matches!(e, YamlErrorKind::BadScalar { .. })
+            }),
+            ("v: !!set {a, b}", |e| {
+                matches!(e, YamlErrorKind::UnsupportedValue { type_name: "set" })
+            }),
+            ("v: !!timestamp 2001-01-01", |e| {
+                matches!(e, YamlErrorKind::UnsupportedValue { .. })
+            }),
+            ("v: !!omap {a: 1}", |e| {
+                matches!(e, YamlErrorKind::WrongNodeKind { .. })
+            }),
+            ("v: !!omap [x]", |e| {
+                matches!(e, YamlErrorKind::BadPairs { .. })
+            }),
+            ("v: !!omap [{a: 1, b: 2}]", |e| {
+                matches!(e, YamlErrorKind::BadPairs { .. })
+            }),
+            ("v: !!str [1]", |e| {
+                matches!(e, YamlErrorKind::WrongNodeKind { .. })
+            }),
+            ("v: !!map 1", |e| {
+                matches!(e, YamlErrorKind::WrongNodeKind { .. })
+            }),
             ("v: =", |e| matches!(e, YamlErrorKind::UnknownTag { .. })),
             ("v: <<", |e| matches!(e, YamlErrorKind::UnknownTag { .. })),
-            ("v: 9223372036854775808", |e| matches!(e, YamlErrorKind::IntOutOfRange { .. })),
-            ("v: -9223372036854775809", |e| matches!(e, YamlErrorKind::IntOutOfRange { .. })),
+            ("v: 9223372036854775808", |e| {
+                matches!(e, YamlErrorKind::IntOutOfRange { .. })
+            }),
+            ("v: -9223372036854775809", |e| {
+                matches!(e, YamlErrorKind::IntOutOfRange { .. })
+            }),
         ];
         for (text, is_expected) in cases {
             let e = err_kind(text);
@@ -321,9 +434,15 @@ mod tests {
 
     #[test]
     fn keys_take_their_yaml_types() {
-        assert_eq!(val("1: a\n'1': b"), dict(vec![(Key::Int(1), s("a")), (k("1"), s("b"))]));
+        assert_eq!(
+            val("1: a\n'1': b"),
+            dict(vec![(Key::Int(1), s("a")), (k("1"), s("b"))])
+        );
         assert_eq!(val("1.5: x"), dict(vec![(Key::float(1.5), s("x"))]));
-        assert_eq!(val("yes: x\noff: y"), dict(vec![(Key::Bool(true), s("x")), (Key::Bool(false), s("y"))]));
+        assert_eq!(
+            val("yes: x\noff: y"),
+            dict(vec![(Key::Bool(true), s("x")), (Key::Bool(false), s("y"))])
+        );
         assert_eq!(val("=: x"), dict(vec![(k("="), s("x"))]));
         assert_eq!(val("? k\n: v"), dict(vec![(k("k"), s("v"))]));
         assert_eq!(val("'': e"), dict(vec![(k(""), s("e"))]));
@@ -331,59 +450,183 @@ mod tests {
 
     #[test]
     fn numeric_keys_collide_like_python_dict_keys() {
-        assert_eq!(val("1: a\n1.0: b\ntrue: c"), dict(vec![(Key::Int(1), s("c"))]));
-        assert_eq!(val("0.0: a\n-0.0: b"), dict(vec![(Key::float(0.0), s("b"))]));
+        assert_eq!(
+            val("1: a\n1.0: b\ntrue: c"),
+            dict(vec![(Key::Int(1), s("c"))])
+        );
+        assert_eq!(
+            val("0.0: a\n-0.0: b"),
+            dict(vec![(Key::float(0.0), s("b"))])
+        );
         // Non-string duplicates are not rejected by OmegaConf's loader: the last value wins.
         assert_eq!(val("1: a\n1: b"), dict(vec![(Key::Int(1), s("b"))]));
     }
 
     #[test]
     fn bad_keys_are_errors() {
-        assert_eq!(err_kind("~: x"), YamlErrorKind::KeyType { type_name: "NoneType" });
-        assert_eq!(err_kind("a: 1\n: x"), YamlErrorKind::KeyType { type_name: "NoneType" });
-        assert_eq!(err_kind("[1]: x"), YamlErrorKind::UnhashableKey { type_name: "list" });
-        assert_eq!(err_kind("{a: 1}: x"), YamlErrorKind::UnhashableKey { type_name: "dict" });
-        assert_eq!(err_kind("!!binary aGk=: x"), YamlErrorKind::UnsupportedKey { type_name: "bytes" });
+        assert_eq!(
+            err_kind("~: x"),
+            YamlErrorKind::KeyType {
+                type_name: "NoneType"
+            }
+        );
+        assert_eq!(
+            err_kind("a: 1\n: x"),
+            YamlErrorKind::KeyType {
+                type_name: "NoneType"
+            }
+        );
+        assert_eq!(
+            err_kind("[1]: x"),
+            YamlErrorKind::UnhashableKey { type_name: "list" }
+        );
+        assert_eq!(
+            err_kind("{a: 1}: x"),
+            YamlErrorKind::UnhashableKey { type_name: "dict" }
+        );
+        assert_eq!(
+            err_kind("!!binary aGk=: x"),
+            YamlErrorKind::UnsupportedKey { type_name: "bytes" }
+        );
     }
 
     #[test]
     fn null_keys_fail_only_if_they_survive() {
         // A later duplicate int key replaces the dict holding the null key, as in PyYAML + OmegaConf.
-        assert_eq!(val("1: {~: 1}\n1: 2"), dict(vec![(Key::Int(1), Value::Int(2))]));
+        assert_eq!(
+            val("1: {~: 1}\n1: 2"),
+            dict(vec![(Key::Int(1), Value::Int(2))])
+        );
         let e = load("a:\n  ~: x\n").err().map(|e| e.to_string());
-        assert_eq!(e.as_deref(), Some("t.yaml:2:6: Incompatible key type 'NoneType'"));
-        assert_eq!(err_kind("\"~: x\""), YamlErrorKind::KeyType { type_name: "NoneType" });
+        assert_eq!(
+            e.as_deref(),
+            Some("t.yaml:2:6: Incompatible key type 'NoneType'")
+        );
+        assert_eq!(
+            err_kind("\"~: x\""),
+            YamlErrorKind::KeyType {
+                type_name: "NoneType"
+            }
+        );
     }
 
     #[test]
     fn yaml11_line_breaks() {
         assert_eq!(val("a: \"x\u{85} b\""), dict(vec![(k("a"), s("x b"))]));
-        assert_eq!(val("a: [x,\u{85} y]"), dict(vec![(k("a"), list(vec![s("x"), s("y")]))]));
-        assert_eq!(val("a: 1\u{85}b: 2"), dict(vec![(k("a"), Value::Int(1)), (k("b"), Value::Int(2))]));
-        assert_eq!(val("a: |\u{85}  x\u{85}  y\u{85}"), dict(vec![(k("a"), s("x\ny\n"))]));
-        assert_eq!(val("a: x\rb: 2"), dict(vec![(k("a"), s("x")), (k("b"), Value::Int(2))]));
-        assert_eq!(err_kind("a: x\u{2028}b"), YamlErrorKind::LineSeparator { ch: '\u{2028}' });
+        assert_eq!(
+            val("a: [x,\u{85} y]"),
+            dict(vec![(k("a"), list(vec![s("x"), s("y")]))])
+        );
+        assert_eq!(
+            val("a: 1\u{85}b: 2"),
+            dict(vec![(k("a"), Value::Int(1)), (k("b"), Value::Int(2))])
+        );
+        assert_eq!(
+            val("a: |\u{85}  x\u{85}  y\u{85}"),
+            dict(vec![(k("a"), s("x\ny\n"))])
+        );
+        assert_eq!(
+            val("a: x\rb: 2"),
+            dict(vec![(k("a"), s("x")), (k("b"), Value::Int(2))])
+        );
+        assert_eq!(
+            err_kind("a: x\u{2028}b"),
+            YamlErrorKind::LineSeparator { ch: '\u{2028}' }
+        );
+    }
+
+    /// PyYAML ignores indentation inside flow collections and quoted scalars; saphyr wants it deeper
+    /// than the enclosing block, so such lines are re-indented and positions mapped back.
+    #[test]
+    fn shallow_continuation_lines_load_as_in_pyyaml() {
+        let v = val("a:\n  b: \"x\n  y\"\n  c: 1\n");
+        assert_eq!(
+            v,
+            dict(vec![(
+                k("a"),
+                dict(vec![(k("b"), s("x y")), (k("c"), Value::Int(1))])
+            )])
+        );
+        let text = "a: [1,\n2, {q: [3,\n 4]}]\nb: 'it''s\nx' # c\nd: \"e\\\"\nf\"\n";
+        let want = dict(vec![
+            (
+                k("a"),
+                list(vec![
+                    Value::Int(1),
+                    Value::Int(2),
+                    dict(vec![(k("q"), list(vec![Value::Int(3), Value::Int(4)]))]),
+                ]),
+            ),
+            (k("b"), s("it's x")),
+            (k("d"), s("e\" f")),
+        ]);
+        assert_eq!(val(text), want);
+        let node = load(text).unwrap_or_else(|e| panic!("{e}"));
+        let at = |path: &str| {
+            node.get_path(path)
+                .and_then(|n| n.origin.clone())
+                .map(|o| o.to_string())
+        };
+        assert_eq!(at("a.1").as_deref(), Some("t.yaml:2:1"));
+        assert_eq!(at("a.2.q.1").as_deref(), Some("t.yaml:3:2"));
+        assert_eq!(
+            val("- a: [\n  1]\n"),
+            list(vec![dict(vec![(k("a"), list(vec![Value::Int(1)]))])])
+        );
+        // Still errors: an unterminated quote, and block structure that is really mis-indented.
+        assert!(matches!(
+            err_kind("a: \"x\nb: 1\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
+        assert!(matches!(
+            err_kind("a:\n  b: 1\n c: 2\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
     }
 
     #[test]
     fn duplicate_string_keys_name_the_position() {
         let e = load("a:\n  b: 1\n  b: 2\n").err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("t.yaml:3:3: found duplicate key b"));
-        assert!(matches!(err_kind("a: 1\n\"a\": 2"), YamlErrorKind::DuplicateKey { .. }));
-        assert!(matches!(err_kind("a: 1\n!!str a: 2"), YamlErrorKind::DuplicateKey { .. }));
+        assert!(matches!(
+            err_kind("a: 1\n\"a\": 2"),
+            YamlErrorKind::DuplicateKey { .. }
+        ));
+        assert!(matches!(
+            err_kind("a: 1\n!!str a: 2"),
+            YamlErrorKind::DuplicateKey { .. }
+        ));
     }
 
     #[test]
     fn merge_keys() {
         let text = "b: &b {y: 2, x: 1}\nm:\n  z: 0\n  <<: *b\n  y: 3\n";
         let want = dict(vec![
-            (k("b"), dict(vec![(k("y"), Value::Int(2)), (k("x"), Value::Int(1))])),
-            (k("m"), dict(vec![(k("y"), Value::Int(3)), (k("x"), Value::Int(1)), (k("z"), Value::Int(0))])),
+            (
+                k("b"),
+                dict(vec![(k("y"), Value::Int(2)), (k("x"), Value::Int(1))]),
+            ),
+            (
+                k("m"),
+                dict(vec![
+                    (k("y"), Value::Int(3)),
+                    (k("x"), Value::Int(1)),
+                    (k("z"), Value::Int(0)),
+                ]),
+            ),
         ]);
         assert_eq!(val(text), want);
         let text = "b1: &b1 {x: 1, y: 1}\nb2: &b2 {y: 2, z: 2}\nm:\n  <<: [*b1, *b2]\n  w: 0\n";
-        let m = dict(vec![(k("y"), Value::Int(1)), (k("z"), Value::Int(2)), (k("x"), Value::Int(1)), (k("w"), Value::Int(0))]);
-        assert_eq!(Node::new(val(text)).get("m").map(|n| n.value.clone()), Some(m));
+        let m = dict(vec![
+            (k("y"), Value::Int(1)),
+            (k("z"), Value::Int(2)),
+            (k("x"), Value::Int(1)),
+            (k("w"), Value::Int(0)),
+        ]);
+        assert_eq!(
+            Node::new(val(text)).get("m").map(|n| n.value.clone()),
+            Some(m)
+        );
         // A merged key does not count as a duplicate; `'<<'` quoted is an ordinary key.
         assert_eq!(val("a: 1\n<<: {a: 2}"), dict(vec![(k("a"), Value::Int(1))]));
         assert_eq!(val("'<<': 1"), dict(vec![(k("<<"), Value::Int(1))]));
@@ -394,7 +637,19 @@ mod tests {
     #[test]
     fn anchors_and_aliases() {
         let v = val("a: &x [1, {b: 2}]\nc: *x\n");
-        assert_eq!(v, dict(vec![(k("a"), list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])])), (k("c"), list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])]))]));
+        assert_eq!(
+            v,
+            dict(vec![
+                (
+                    k("a"),
+                    list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])])
+                ),
+                (
+                    k("c"),
+                    list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])])
+                )
+            ])
+        );
         assert_eq!(err_kind("d: &y [*y]"), YamlErrorKind::RecursiveAlias);
         assert!(matches!(err_kind("v: *nope"), YamlErrorKind::Syntax { .. }));
     }
@@ -410,16 +665,29 @@ mod tests {
         assert_eq!(val("\"a: 1\""), dict(vec![(k("a"), Value::Int(1))]));
         assert_eq!(val("'[1, ???]'"), list(vec![Value::Int(1), Value::Missing]));
         assert_eq!(err_kind("5"), YamlErrorKind::TopLevel { type_name: "int" });
-        assert_eq!(err_kind("'5'"), YamlErrorKind::TopLevel { type_name: "int" });
-        assert_eq!(err_kind("a: 1\n---\nb: 2\n"), YamlErrorKind::MultipleDocuments);
+        assert_eq!(
+            err_kind("'5'"),
+            YamlErrorKind::TopLevel { type_name: "int" }
+        );
+        assert_eq!(
+            err_kind("a: 1\n---\nb: 2\n"),
+            YamlErrorKind::MultipleDocuments
+        );
         assert_eq!(val("\u{feff}a: 1"), dict(vec![(k("a"), Value::Int(1))]));
-        assert_eq!(val("a: 1\r\nb: two\r\n"), dict(vec![(k("a"), Value::Int(1)), (k("b"), s("two"))]));
+        assert_eq!(
+            val("a: 1\r\nb: two\r\n"),
+            dict(vec![(k("a"), Value::Int(1)), (k("b"), s("two"))])
+        );
     }
 
     #[test]
     fn every_node_has_its_position() {
         let node = load("a:\n  b: [1, x]\n").unwrap_or_else(|e| panic!("{e}"));
-        let at = |path: &str| node.get_path(path).and_then(|n| n.origin.clone()).map(|o| o.to_string());
+        let at = |path: &str| {
+            node.get_path(path)
+                .and_then(|n| n.origin.clone())
+                .map(|o| o.to_string())
+        };
         assert_eq!(at("").as_deref(), Some("t.yaml:1:1"));
         assert_eq!(at("a").as_deref(), Some("t.yaml:2:3"));
         assert_eq!(at("a.b").as_deref(), Some("t.yaml:2:6"));
@@ -437,7 +705,10 @@ mod tests {
         ];
         for (text, prefix) in cases {
             let msg = load(text).err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(msg.starts_with(prefix), "{text:?}: {msg:?} should start with {prefix:?}");
+            assert!(
+                msg.starts_with(prefix),
+                "{text:?}: {msg:?} should start with {prefix:?}"
+            );
         }
     }
 
@@ -492,12 +763,18 @@ mod tests {
                     });
                 }
                 if let (1, Some(J::String(b))) = (map.len(), map.get("$bytes")) {
-                    return Value::Bytes(base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default());
+                    return Value::Bytes(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(b)
+                            .unwrap_or_default(),
+                    );
                 }
                 if let (1, Some(J::Array(pairs))) = (map.len(), map.get("$dict")) {
                     let mut dict = Dict::new();
                     for pair in pairs {
-                        let (Some(key), Some(value)) = (pair.get(0), pair.get(1)) else { continue };
+                        let (Some(key), Some(value)) = (pair.get(0), pair.get(1)) else {
+                            continue;
+                        };
                         let key = match from_json(key) {
                             Value::Str(t) => Key::Str(t),
                             Value::Missing => Key::Str("???".into()),
@@ -510,22 +787,41 @@ mod tests {
                     }
                     return Value::Dict(dict);
                 }
-                Value::Dict(map.iter().map(|(key, value)| (Key::Str(key.clone()), Node::new(from_json(value)))).collect())
+                Value::Dict(
+                    map.iter()
+                        .map(|(key, value)| (Key::Str(key.clone()), Node::new(from_json(value))))
+                        .collect(),
+                )
             }
         }
     }
 
+    type Check = fn(&Result<Node, YamlError>) -> bool;
+
     /// Cases whose expectation is not the loader's to meet, each with what the loader must do instead.
-    fn deviation(name: &str) -> Option<fn(&Result<Node, YamlError>) -> bool> {
+    fn deviation(name: &str) -> Option<Check> {
         match name {
             // Python ints are unbounded; ours are i64 (see the module doc).
             "scalar059_9223372036854775808" | "scalar060_123456789012345678901234567890" => {
-                Some(|r| matches!(r.as_ref().err().and_then(YamlError::kind), Some(YamlErrorKind::IntOutOfRange { .. })))
+                Some(|r| {
+                    matches!(
+                        r.as_ref().err().and_then(YamlError::kind),
+                        Some(YamlErrorKind::IntOutOfRange { .. })
+                    )
+                })
             }
             // `${` is an interpolation grammar error, reported by config::interpolate, not by YAML loading.
-            "scalar206_dollar_lbrace" => Some(|r| r.as_ref().ok().and_then(|n| n.get("v")).and_then(Node::as_str) == Some("${")),
+            "scalar206_dollar_lbrace" => Some(|r| {
+                r.as_ref()
+                    .ok()
+                    .and_then(|n| n.get("v"))
+                    .and_then(Node::as_str)
+                    == Some("${")
+            }),
             // "primary config must be a DictConfig" is composition's rule; the file itself is a list.
-            "doc_top_level_list" => Some(|r| r.as_ref().ok().and_then(Node::as_list).map(<[Node]>::len) == Some(2)),
+            "doc_top_level_list" => {
+                Some(|r| r.as_ref().ok().and_then(Node::as_list).map(<[Node]>::len) == Some(2))
+            }
             _ => None,
         }
     }
@@ -533,15 +829,25 @@ mod tests {
     #[test]
     fn conformance_yaml_typing_cases() {
         let kit = shared_dir().join("conformance");
-        let cases = std::fs::read_to_string(kit.join("cases/yaml_typing.jsonl"))
-            .unwrap_or_else(|e| panic!("cannot read the conformance kit under {} (set RLSYNC_SHARED): {e}", kit.display()));
+        let cases =
+            std::fs::read_to_string(kit.join("cases/yaml_typing.jsonl")).unwrap_or_else(|e| {
+                panic!(
+                    "cannot read the conformance kit under {} (set RLSYNC_SHARED): {e}",
+                    kit.display()
+                )
+            });
         let mut failures = Vec::new();
         let mut count = 0;
         for line in cases.lines().filter(|l| !l.trim().is_empty()) {
-            let case: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad case line: {e}"));
+            let case: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("bad case line: {e}"));
             let name = case["config_name"].as_str().unwrap_or_default();
             assert_eq!(case["mode"], "cfg", "{name}");
-            assert_eq!(case["overrides"].as_array().map(Vec::len), Some(0), "{name}");
+            assert_eq!(
+                case["overrides"].as_array().map(Vec::len),
+                Some(0),
+                "{name}"
+            );
             let file = kit.join("data/yaml_typing").join(format!("{name}.yaml"));
             let result = load_file(&file);
             count += 1;
@@ -556,11 +862,20 @@ mod tests {
                 matches!(&result, Ok(got) if same_tree(got, &want))
             };
             if !ok {
-                failures.push(format!("{name}: got {:?}\n   expect {}", result.map(|n| n.value), case["expect"]));
+                failures.push(format!(
+                    "{name}: got {:?}\n   expect {}",
+                    result.map(|n| n.value),
+                    case["expect"]
+                ));
             }
         }
         assert_eq!(count, 183, "case count changed");
-        assert!(failures.is_empty(), "{} of {count} cases failed:\n{}", failures.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {count} cases failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
 
     // ---- robustness: bad input is an error, never a panic ----

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use crate::config::schema::RunConfig;
 use crate::env::EnvSpec;
+use crate::tensor::{DType, StateDict};
 
 use super::{ActMode, CheckpointInfo, Decision, ParamRole, RlError, TrainMetrics, Trajectory};
 
@@ -48,6 +49,14 @@ impl Learner {
         match self.never {}
     }
 
+    pub fn state_dict(&self, _float: Option<DType>) -> Result<StateDict, RlError> {
+        match self.never {}
+    }
+
+    pub fn export_into(&self, _state: &mut StateDict) -> Result<(), RlError> {
+        match self.never {}
+    }
+
     pub fn save_checkpoint(&self, _run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         match self.never {}
     }
@@ -67,6 +76,14 @@ impl Actor {
     }
 
     pub fn act(&mut self, _obs: &[f32], _mode: ActMode) -> Result<Decision, RlError> {
+        match self.never {}
+    }
+
+    pub fn state_dict(&self) -> Result<StateDict, RlError> {
+        match self.never {}
+    }
+
+    pub fn import_state(&mut self, _state: &StateDict, _version: u64) -> Result<(), RlError> {
         match self.never {}
     }
 

@@ -6,6 +6,7 @@ mod checkpoint;
 mod dist;
 mod policy;
 mod ppo;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -80,6 +81,18 @@ impl Learner {
         Ok(actor)
     }
 
+    /// The model as a state dict: every weight with its role (names sorted); floating weights cast to
+    /// `float` when given (e.g. bf16 for rollouts), fp32 master values otherwise.
+    pub fn state_dict(&self, float: Option<crate::tensor::DType>) -> Result<crate::tensor::StateDict, RlError> {
+        state::state_dict(&self.policy, float)
+    }
+
+    /// Writes the current weights into `state` in place (one copy, no allocation; each entry keeps its
+    /// dtype): what the trainer calls after a step, before `WeightSyncer::sync`.
+    pub fn export_into(&self, state: &mut crate::tensor::StateDict) -> Result<(), RlError> {
+        state::export_into(&self.policy, state)
+    }
+
     /// Saves weights, optimizer state, step and version to `<run_dir>/checkpoints/global_step_<n>/`.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         let dir = checkpoint_dir(run_dir, self.global_step);
@@ -128,14 +141,19 @@ fn install(policy: &Policy, weights: &[(String, Tensor)]) -> Result<(), RlError>
     if mine.len() != weights.len() {
         return Err(RlError::WeightsMismatch { reason: format!("{} weights given, the model has {}", weights.len(), mine.len()) });
     }
+    // check everything first: a rejected checkpoint leaves the weights untouched.
+    let mut pairs = Vec::with_capacity(mine.len());
+    for (name, dst) in mine {
+        let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
+            return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
+        };
+        if src.size() != dst.size() {
+            return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
+        }
+        pairs.push((dst, src));
+    }
     tch::no_grad(|| {
-        for (name, mut dst) in mine {
-            let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
-                return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
-            };
-            if src.size() != dst.size() {
-                return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
-            }
+        for (mut dst, src) in pairs {
             dst.f_copy_(src).map_err(torch_err("installing weights"))?;
         }
         Ok(())
@@ -177,6 +195,18 @@ impl Actor {
         let heads = tch::no_grad(|| self.policy.forward(&x))?;
         let (actions, logprobs) = dist::act(&heads, mode, &mut self.rng)?;
         Ok(Decision { actions, logprobs })
+    }
+
+    /// The actor's weights as a state dict in its own dtypes (the receiver side of a sync starts from it).
+    pub fn state_dict(&self) -> Result<crate::tensor::StateDict, RlError> {
+        state::state_dict(&self.policy, None)
+    }
+
+    /// Installs weights received by a sync (converting dtypes) and records their version.
+    pub fn import_state(&mut self, state: &crate::tensor::StateDict, version: u64) -> Result<(), RlError> {
+        state::import_from(&self.policy, state)?;
+        self.version = version;
+        Ok(())
     }
 
     /// Copies the learner's current weights and version (in-process sync, converting to this actor's dtype).

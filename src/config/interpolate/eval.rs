@@ -16,6 +16,9 @@ use crate::config::node::{Dict, Key, Node, Value};
 /// How deep interpolations may nest before resolution gives up (Python's recursion limit, in spirit).
 const MAX_DEPTH: usize = 96;
 
+/// How many interpolations one resolution may evaluate in total.
+pub const MAX_STEPS: usize = 1_000_000;
+
 /// The outcome of resolving an interpolation: a node of the tree, or a value a resolver produced.
 #[derive(Debug, Clone)]
 pub enum Res {
@@ -46,6 +49,9 @@ pub struct Engine<'c, 'a> {
     /// The `hydra` node inside a detached `{hydra: ...}` root, for `${hydra:...}`.
     pub hydra: Option<Id>,
     depth: usize,
+    /// Evaluation steps so far; bounded because a config can reference itself exponentially
+    /// (`a: [${b}, ${b}]`, `b: [${c}, ${c}]`, ...), which would otherwise never finish.
+    steps: usize,
 }
 
 impl<'c, 'a> Engine<'c, 'a> {
@@ -62,12 +68,16 @@ impl<'c, 'a> Engine<'c, 'a> {
             tree.replace_body(hroot, Body::Dict(d));
             id
         });
-        (Engine { tree, ctx, hydra, depth: 0 }, root_id)
+        (Engine { tree, ctx, hydra, depth: 0, steps: 0 }, root_id)
     }
 
     fn enter(&mut self) -> Result<(), ErrorKind> {
         if self.depth >= MAX_DEPTH {
             return Err(ErrorKind::Python(PyErr::new("RecursionError", "maximum recursion depth exceeded")));
+        }
+        self.steps += 1;
+        if self.steps > MAX_STEPS {
+            return Err(ErrorKind::TooMuchWork { limit: MAX_STEPS });
         }
         self.depth += 1;
         Ok(())
@@ -431,9 +441,7 @@ impl<'c, 'a> Engine<'c, 'a> {
             Py::Bytes(b) => Scalar::Bytes(b),
             Py::Str(s) if s == "???" => Scalar::Missing,
             Py::Str(s) => {
-                if s.contains("${") {
-                    grammar::parse_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
-                }
+                grammar::validate_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
                 Scalar::Str(s)
             }
             other => return Err(ErrorKind::UnsupportedValueType { type_name: other.type_name(&self.tree) }),

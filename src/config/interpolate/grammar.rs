@@ -101,6 +101,95 @@ pub fn parse_element(input: &str) -> Result<Element, GrammarError> {
     Ok(el)
 }
 
+/// OmegaConf's strict validation when a value is stored: strings matching its fast
+/// `SIMPLE_INTERPOLATION_PATTERN` are accepted without parsing (even the few the grammar rejects, such as
+/// `${:x}`), anything else with `${` must parse.
+pub fn validate_value(s: &str) -> Result<(), GrammarError> {
+    if !s.contains("${") || matches_simple_pattern(s) {
+        return Ok(());
+    }
+    parse_value(s).map(|_| ())
+}
+
+/// `SIMPLE_INTERPOLATION_PATTERN` of `grammar_parser.py` (ASCII mode): text without `${`, and at least one
+/// `${a.b[c]}` or `${name:arg, arg}` whose content has no braces.
+fn matches_simple_pattern(s: &str) -> bool {
+    let mut rest = s;
+    let mut found = false;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { return false };
+        let content = &after[..end];
+        if !(simple_node_content(content) || simple_resolver_content(content)) {
+            return false;
+        }
+        found = true;
+        rest = &after[end + 1..];
+    }
+    found
+}
+
+fn is_py_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c')
+}
+
+fn is_word(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// `\s*(\.)*([$\w]+|\[[$\w]+\])(\.[$\w]+|\[[$\w]+\])*\s*`
+fn simple_node_content(content: &str) -> bool {
+    let body = content.trim_matches(is_py_space);
+    let key_char = |c: char| is_word(c) || c == '$';
+    let mut chars = body.trim_start_matches('.').chars().peekable();
+    let mut first = true;
+    loop {
+        let bracket = match chars.peek() {
+            None => return !first,
+            Some('[') => true,
+            Some('.') if !first => false,
+            Some(_) if first => {
+                let mut n = 0;
+                while chars.peek().is_some_and(|&c| key_char(c)) {
+                    chars.next();
+                    n += 1;
+                }
+                if n == 0 {
+                    return false;
+                }
+                first = false;
+                continue;
+            }
+            Some(_) => return false,
+        };
+        chars.next();
+        let mut n = 0;
+        while chars.peek().is_some_and(|&c| key_char(c)) {
+            chars.next();
+            n += 1;
+        }
+        if n == 0 || (bracket && chars.next() != Some(']')) {
+            return false;
+        }
+        first = false;
+    }
+}
+
+/// `\s*([a-zA-Z_][\w\-]*(\.[a-zA-Z_][\w\-]*)*)?\s*:\s*ARG(\s*,\s*ARG)*?\s*`: OmegaConf writes
+/// `{_args}?`, which makes only the repetition optional, so at least one argument is required.
+fn simple_resolver_content(content: &str) -> bool {
+    let Some((name, args)) = content.split_once(':') else { return false };
+    let name = name.trim_matches(is_py_space);
+    let name_ok = name.is_empty()
+        || name.split('.').all(|id| {
+            let mut cs = id.chars();
+            cs.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && cs.all(|c| is_word(c) || c == '-')
+        });
+    let args = args.trim_matches(is_py_space);
+    let arg_ok = |a: &str| !a.is_empty() && a.chars().all(|c| is_word(c) || "/-+.$%*@?|".contains(c));
+    name_ok && args.split(',').all(|a| arg_ok(a.trim_matches(is_py_space)))
+}
+
 // ---------------------------------------------------------------- lexer
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1022,6 +1111,23 @@ mod tests {
         assert!(parse_element(&lists).is_err());
         let ok = "${a.".repeat(10) + "b" + &"}".repeat(10);
         assert!(parse_value(&ok).is_ok(), "{ok}");
+    }
+
+    #[test]
+    fn storing_a_value_validates_like_omegaconf() {
+        // Accepted by OmegaConf's fast pattern although the grammar rejects them.
+        assert!(validate_value("${:true}").is_ok());
+        assert!(validate_value("a ${ : x} b").is_ok());
+        // ... but not these, which go to the parser and fail there.
+        assert!(validate_value("${\t: }").is_err());
+        assert!(validate_value("${:}").is_err());
+        assert!(parse_value("${:true}").is_err());
+        assert!(validate_value("plain").is_ok());
+        assert!(validate_value("${a.b[c]} and ${oc.env:HOME, x}").is_ok());
+        assert!(validate_value("${a.${b}}").is_ok());
+        for bad in ["${}", "${a.}", "${foo", "x ${d i c t}", "${a:'b}"] {
+            assert!(validate_value(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

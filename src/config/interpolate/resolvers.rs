@@ -205,7 +205,7 @@ impl Engine<'_, '_> {
             Body::Dict(d) => d.values().try_for_each(|&c| self.check_created(c)),
             Body::List(l) => l.iter().try_for_each(|&c| self.check_created(c)),
             Body::Leaf(_) => match self.tree.interpolation(id) {
-                Some(s) => grammar::parse_value(s).map(|_| ()).map_err(|e| ErrorKind::Grammar { detail: e.detail }),
+                Some(s) => grammar::validate_value(s).map_err(|e| ErrorKind::Grammar { detail: e.detail }),
                 None => Ok(()),
             },
         }

@@ -13,7 +13,12 @@ pub(super) enum RangeError {
 }
 
 /// `list(FloatRange(start, stop, step))` as Hydra computes it, or an error instead of an endless loop.
-pub(super) fn float_range(start: f64, stop: f64, step: f64, max_len: usize) -> Result<Vec<f64>, RangeError> {
+pub(super) fn float_range(
+    start: f64,
+    stop: f64,
+    step: f64,
+    max_len: usize,
+) -> Result<Vec<f64>, RangeError> {
     if !(start.is_finite() && stop.is_finite() && step.is_finite()) {
         return Err(RangeError::NonFinite);
     }
@@ -30,7 +35,11 @@ pub(super) fn float_range(start: f64, stop: f64, step: f64, max_len: usize) -> R
     let mut cur = Dec::exact(start);
     let mut out = Vec::new();
     loop {
-        let go_on = if ascending { cur.cmp(&stop) == Ordering::Less } else { cur.cmp(&stop) == Ordering::Greater };
+        let go_on = if ascending {
+            cur.cmp(&stop) == Ordering::Less
+        } else {
+            cur.cmp(&stop) == Ordering::Greater
+        };
         if !go_on {
             return Ok(out);
         }
@@ -57,9 +66,18 @@ impl Dec {
         let text = format!("{:.1100e}", v.abs());
         let (mantissa, exp) = text.split_once('e').unwrap_or((&text, "0"));
         let exp: i64 = exp.parse().unwrap_or(0);
-        let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).map(|b| b - b'0').collect();
+        let digits: Vec<u8> = mantissa
+            .bytes()
+            .filter(u8::is_ascii_digit)
+            .map(|b| b - b'0')
+            .collect();
         let exp = exp - (digits.len() as i64 - 1);
-        Dec { negative: v.is_sign_negative(), digits, exp }.normalized()
+        Dec {
+            negative: v.is_sign_negative(),
+            digits,
+            exp,
+        }
+        .normalized()
     }
 
     fn normalized(mut self) -> Dec {
@@ -94,7 +112,10 @@ impl Dec {
         adjusted(self).cmp(&adjusted(other)).then_with(|| {
             let n = self.digits.len().max(other.digits.len());
             let at = |d: &Dec, i: usize| d.digits.get(i).copied().unwrap_or(0);
-            (0..n).map(|i| at(self, i).cmp(&at(other, i))).find(|o| *o != Ordering::Equal).unwrap_or(Ordering::Equal)
+            (0..n)
+                .map(|i| at(self, i).cmp(&at(other, i)))
+                .find(|o| *o != Ordering::Equal)
+                .unwrap_or(Ordering::Equal)
         })
     }
 
@@ -112,13 +133,23 @@ impl Dec {
         let exp = self.exp.min(other.exp);
         let (a, b) = (self.scaled(exp), other.scaled(exp));
         if self.negative == other.negative {
-            return Dec { negative: self.negative, digits: add_digits(&a, &b), exp }.normalized();
+            return Dec {
+                negative: self.negative,
+                digits: add_digits(&a, &b),
+                exp,
+            }
+            .normalized();
         }
         let (big, small, negative) = match self.cmp_magnitude(other) {
             Ordering::Less => (b, a, other.negative),
             _ => (a, b, self.negative),
         };
-        Dec { negative, digits: sub_digits(&big, &small), exp }.normalized()
+        Dec {
+            negative,
+            digits: sub_digits(&big, &small),
+            exp,
+        }
+        .normalized()
     }
 
     /// Rounded to the context precision, half to even.
@@ -143,7 +174,9 @@ impl Dec {
         }
         let digits: String = self.digits.iter().map(|d| char::from(b'0' + d)).collect();
         let sign = if self.negative { "-" } else { "" };
-        format!("{sign}{digits}e{}", self.exp).parse().unwrap_or(f64::NAN)
+        format!("{sign}{digits}e{}", self.exp)
+            .parse()
+            .unwrap_or(f64::NAN)
     }
 }
 
@@ -191,7 +224,10 @@ mod tests {
     fn exact_expansion_of_a_double() {
         let d = Dec::exact(0.1);
         let digits: String = d.digits.iter().map(|x| char::from(b'0' + x)).collect();
-        assert_eq!(digits, "1000000000000000055511151231257827021181583404541015625");
+        assert_eq!(
+            digits,
+            "1000000000000000055511151231257827021181583404541015625"
+        );
         assert_eq!(d.exp, -55);
         assert_eq!(Dec::exact(0.0).digits, Vec::<u8>::new());
         assert_eq!(Dec::exact(-2.5).to_f64(), -2.5);
@@ -201,23 +237,66 @@ mod tests {
     fn matches_python_decimal_ranges() {
         // Each expectation printed by Python: list(hydra.core.override_parser.types.FloatRange(...)).
         let cases: [(f64, f64, f64, &[f64]); 4] = [
-            (0.0, 1.0, 0.1, &[0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7000000000000001, 0.8, 0.9]),
+            (
+                0.0,
+                1.0,
+                0.1,
+                &[
+                    0.0,
+                    0.1,
+                    0.2,
+                    0.3,
+                    0.4,
+                    0.5,
+                    0.6,
+                    0.7000000000000001,
+                    0.8,
+                    0.9,
+                ],
+            ),
             (1.5, -0.5, -0.5, &[1.5, 1.0, 0.5, 0.0]),
             (0.1, 0.5, 0.1, &[0.1, 0.2, 0.30000000000000004, 0.4]),
-            (1e20, 1e20 + 1e6, 1.5e5, &[1e20, 1.0000000000000015e20, 1.000000000000003e20, 1.0000000000000044e20,
-                1.000000000000006e20, 1.0000000000000075e20, 1.000000000000009e20]),
+            (
+                1e20,
+                1e20 + 1e6,
+                1.5e5,
+                &[
+                    1e20,
+                    1.0000000000000015e20,
+                    1.000000000000003e20,
+                    1.0000000000000044e20,
+                    1.000000000000006e20,
+                    1.0000000000000075e20,
+                    1.000000000000009e20,
+                ],
+            ),
         ];
         for (start, stop, step, want) in cases {
-            assert_eq!(float_range(start, stop, step, 1000).as_deref(), Ok(want), "range({start}, {stop}, {step})");
+            assert_eq!(
+                float_range(start, stop, step, 1000).as_deref(),
+                Ok(want),
+                "range({start}, {stop}, {step})"
+            );
         }
         let tiny = float_range(1e-30, 1e-29, 1e-31, 1000).unwrap_or_default();
-        assert_eq!(&tiny[..4], &[1e-30, 1.1000000000000001e-30, 1.2000000000000001e-30, 1.3000000000000001e-30]);
+        assert_eq!(
+            &tiny[..4],
+            &[
+                1e-30,
+                1.1000000000000001e-30,
+                1.2000000000000001e-30,
+                1.3000000000000001e-30
+            ]
+        );
     }
 
     #[test]
     fn degenerate_ranges() {
         assert_eq!(float_range(0.0, 1.0, 0.0, 10), Err(RangeError::ZeroStep));
-        assert_eq!(float_range(0.0, f64::INFINITY, 1.0, 10), Err(RangeError::NonFinite));
+        assert_eq!(
+            float_range(0.0, f64::INFINITY, 1.0, 10),
+            Err(RangeError::NonFinite)
+        );
         assert_eq!(float_range(0.0, 100.0, 1.0, 10), Err(RangeError::TooLong));
         assert_eq!(float_range(1.0, 0.0, 0.5, 10), Ok(vec![]));
     }

@@ -37,7 +37,10 @@ pub enum Element {
     Float(f64),
     /// `quote` is `Some` for `'...'` / `"..."` (already unescaped), `None` for unquoted text and the
     /// results of functions such as `str()`.
-    Str { value: String, quote: Option<Quote> },
+    Str {
+        value: String,
+        quote: Option<Quote>,
+    },
     List(Vec<Element>),
     /// Keys as Hydra types them (`{1: a, true: b, x: c}`); duplicate keys are already merged the way a
     /// Python dict merges them.
@@ -54,7 +57,7 @@ pub enum GroupChoice {
 impl Element {
     /// The config node OmegaConf builds from this value (strings stay raw; `???` is missing); every node
     /// of it gets `origin`.
-    pub fn to_node(&self, origin: Option<Origin>) -> Node {
+    pub fn to_node(&self, origin: &Origin) -> Node {
         let value = match self {
             Element::Null => Value::Null,
             Element::Bool(b) => Value::Bool(*b),
@@ -62,21 +65,21 @@ impl Element {
             Element::Float(f) => Value::Float(*f),
             Element::Str { value, .. } if value == "???" => Value::Missing,
             Element::Str { value, .. } => Value::Str(value.clone()),
-            Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin.clone())).collect()),
+            Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin)).collect()),
             Element::Dict(pairs) => {
                 let mut dict = Dict::with_capacity(pairs.len());
                 for (k, v) in pairs {
-                    dict.insert(k.clone(), v.to_node(origin.clone()));
+                    dict.insert(k.clone(), v.to_node(origin));
                 }
                 Value::Dict(dict)
             }
         };
-        Node::with_origin(value, origin)
+        Node::with_origin(value, Some(origin.clone()))
     }
 
     /// [`Element::to_node`] with the override itself as origin.
     pub fn to_node_from(&self, input: &str) -> Node {
-        self.to_node(Some(Origin::Override(Arc::from(input))))
+        self.to_node(&Origin::Override(Arc::from(input)))
     }
 
     /// Python's type name of the value (`str`, `int`, `NoneType`, ...), as Hydra's messages print it.
@@ -103,8 +106,12 @@ impl Element {
     pub fn group_choice(&self) -> Result<GroupChoice, OverrideError> {
         match self {
             Element::Str { value, .. } => Ok(GroupChoice::One(value.clone())),
-            Element::List(items) => Ok(GroupChoice::Many(items.iter().map(Element::python_str).collect())),
-            other => Err(OverrideError::GroupValueType { type_name: other.type_name() }),
+            Element::List(items) => Ok(GroupChoice::Many(
+                items.iter().map(Element::python_str).collect(),
+            )),
+            other => Err(OverrideError::GroupValueType {
+                type_name: other.type_name(),
+            }),
         }
     }
 
@@ -117,14 +124,26 @@ impl Element {
             Element::Bool(false) => "False".into(),
             Element::Int(i) => i.to_string(),
             Element::Float(f) => python_float_repr(*f),
-            Element::Str { value, quote: Some(q) } => with_quotes(value, *q),
+            Element::Str {
+                value,
+                quote: Some(q),
+            } => with_quotes(value, *q),
             Element::Str { value, quote: None } => escape_special_characters(value),
             Element::List(items) => {
-                format!("[{}]", items.iter().map(Element::to_override_text).collect::<Vec<_>>().join(","))
+                format!(
+                    "[{}]",
+                    items
+                        .iter()
+                        .map(Element::to_override_text)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
             }
             Element::Dict(pairs) => {
-                let inner: Vec<String> =
-                    pairs.iter().map(|(k, v)| format!("{}:{}", key_override_text(k), v.to_override_text())).collect();
+                let inner: Vec<String> = pairs
+                    .iter()
+                    .map(|(k, v)| format!("{}:{}", key_override_text(k), v.to_override_text()))
+                    .collect();
                 format!("{{{}}}", inner.join(","))
             }
         }
@@ -149,11 +168,20 @@ impl Element {
             Element::Float(f) => python_float_repr(*f),
             Element::Str { value, .. } => super::value::py_repr_str(value),
             Element::List(items) => {
-                format!("[{}]", items.iter().map(Element::python_repr).collect::<Vec<_>>().join(", "))
+                format!(
+                    "[{}]",
+                    items
+                        .iter()
+                        .map(Element::python_repr)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
             }
             Element::Dict(pairs) => {
-                let inner: Vec<String> =
-                    pairs.iter().map(|(k, v)| format!("{}: {}", key_repr(k), v.python_repr())).collect();
+                let inner: Vec<String> = pairs
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", key_repr(k), v.python_repr()))
+                    .collect();
                 format!("{{{}}}", inner.join(", "))
             }
         }
@@ -176,7 +204,7 @@ fn key_repr(k: &Key) -> String {
 }
 
 /// Hydra's `escape_special_characters`: a backslash before each of `\()[]{}:=, \t`.
-pub fn escape_special_characters(s: &str) -> String {
+pub(super) fn escape_special_characters(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if "\\()[]{}:=, \t".contains(c) {
@@ -220,7 +248,10 @@ mod tests {
     use super::*;
 
     fn s(value: &str, quote: Option<Quote>) -> Element {
-        Element::Str { value: value.into(), quote }
+        Element::Str {
+            value: value.into(),
+            quote,
+        }
     }
 
     #[test]
@@ -234,8 +265,17 @@ mod tests {
             (s("a\\", Some(Quote::Single)), "'a\\\\'"),
             (s("a\\'b", Some(Quote::Single)), "'a\\\\\\'b'"),
             (s("a\\b", Some(Quote::Double)), "\"a\\b\""),
-            (Element::List(vec![Element::Int(1), s("x", Some(Quote::Double))]), "[1,\"x\"]"),
-            (Element::Dict(vec![(Key::from("a"), Element::Int(1)), (Key::Int(2), Element::Null)]), "{a:1,2:null}"),
+            (
+                Element::List(vec![Element::Int(1), s("x", Some(Quote::Double))]),
+                "[1,\"x\"]",
+            ),
+            (
+                Element::Dict(vec![
+                    (Key::from("a"), Element::Int(1)),
+                    (Key::Int(2), Element::Null),
+                ]),
+                "{a:1,2:null}",
+            ),
         ];
         for (element, want) in cases {
             assert_eq!(element.to_override_text(), want, "text of {element:?}");
@@ -244,7 +284,11 @@ mod tests {
 
     #[test]
     fn python_rendering() {
-        let list = Element::List(vec![Element::Int(1), s("a", Some(Quote::Double)), Element::Bool(false)]);
+        let list = Element::List(vec![
+            Element::Int(1),
+            s("a", Some(Quote::Double)),
+            Element::Bool(false),
+        ]);
         assert_eq!(list.python_str(), "[1, 'a', False]");
         assert_eq!(s("abc", None).python_str(), "abc");
         assert_eq!(Element::Null.python_str(), "None");
@@ -252,9 +296,15 @@ mod tests {
 
     #[test]
     fn group_choice_requires_string_or_list() {
-        assert_eq!(s("mysql", None).group_choice(), Ok(GroupChoice::One("mysql".into())));
+        assert_eq!(
+            s("mysql", None).group_choice(),
+            Ok(GroupChoice::One("mysql".into()))
+        );
         let err = Element::Int(1).group_choice().map_err(|e| e.to_string());
-        assert_eq!(err, Err("Config group override must be a string or a list. Got int".to_owned()));
+        assert_eq!(
+            err,
+            Err("Config group override must be a string or a list. Got int".to_owned())
+        );
     }
 
     #[test]
@@ -262,6 +312,9 @@ mod tests {
         let node = s("???", None).to_node_from("a=???");
         assert_eq!(node.value, Value::Missing);
         let node = Element::List(vec![Element::Float(1.5)]).to_node_from("a=[1.5]");
-        assert_eq!(node.as_list().map(|l| l[0].value.clone()), Some(Value::Float(1.5)));
+        assert_eq!(
+            node.as_list().map(|l| l[0].value.clone()),
+            Some(Value::Float(1.5))
+        );
     }
 }

@@ -26,15 +26,24 @@ struct Raise {
 }
 
 fn type_error(message: impl Into<String>) -> Raise {
-    Raise { exception: "TypeError", message: message.into() }
+    Raise {
+        exception: "TypeError",
+        message: message.into(),
+    }
 }
 
 fn value_error(message: impl Into<String>) -> Raise {
-    Raise { exception: "ValueError", message: message.into() }
+    Raise {
+        exception: "ValueError",
+        message: message.into(),
+    }
 }
 
 fn assertion_error() -> Raise {
-    Raise { exception: "AssertionError", message: String::new() }
+    Raise {
+        exception: "AssertionError",
+        message: String::new(),
+    }
 }
 
 const AVAILABLE: &str = "bool,choice,float,glob,int,interval,range,shuffle,sort,str,tag";
@@ -42,7 +51,11 @@ const AVAILABLE: &str = "bool,choice,float,glob,int,interval,range,shuffle,sort,
 /// Evaluate a function call the way Hydra's `Functions.eval` does.
 pub(super) fn eval(call: Call<'_>) -> Result<Val, GrammarError> {
     let text = call.text.to_owned();
-    eval_inner(call).map_err(|r| GrammarError::Function { call: text, exception: r.exception, message: r.message })
+    eval_inner(call).map_err(|r| GrammarError::Function {
+        call: text,
+        exception: r.exception,
+        message: r.message,
+    })
 }
 
 fn eval_inner(call: Call<'_>) -> Result<Val, Raise> {
@@ -112,17 +125,25 @@ impl Accept {
         let number = matches!(v, V::Bool(_) | V::Int(_) | V::Float(_));
         match self {
             Accept::Castable => !matches!(v, V::Glob(_)),
-            Accept::ChoiceArg => number || matches!(v, V::Str(_) | V::Dict(_) | V::List(_) | V::Choice(_)),
+            Accept::ChoiceArg => {
+                number || matches!(v, V::Str(_) | V::Dict(_) | V::List(_) | V::Choice(_))
+            }
             Accept::Number { optional } => number || (optional && matches!(v, V::Null)),
             Accept::TagArg => matches!(v, V::Str(_)) || v.is_sweep(),
             Accept::OptSweep => matches!(v, V::Null) || v.is_sweep(),
             Accept::SortArg => {
-                number || matches!(v, V::Str(_) | V::List(_) | V::Dict(_) | V::Choice(_) | V::Range(_))
+                number
+                    || matches!(
+                        v,
+                        V::Str(_) | V::List(_) | V::Dict(_) | V::Choice(_) | V::Range(_)
+                    )
             }
             Accept::OptChoiceOrRange => matches!(v, V::Null | V::Choice(_) | V::Range(_)),
             Accept::OptList => matches!(v, V::Null | V::List(_)),
             Accept::ExactBool => matches!(v, V::Bool(_)),
-            Accept::StrOrList { optional } => matches!(v, V::Str(_) | V::List(_)) || (optional && matches!(v, V::Null)),
+            Accept::StrOrList { optional } => {
+                matches!(v, V::Str(_) | V::List(_)) || (optional && matches!(v, V::Null))
+            }
         }
     }
 
@@ -131,7 +152,9 @@ impl Accept {
             Accept::Castable => {
                 "Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, NoneType, Sweep]"
             }
-            Accept::ChoiceArg => "Union[str, int, float, bool, Dict[Any, Any], List[Any], ChoiceSweep]",
+            Accept::ChoiceArg => {
+                "Union[str, int, float, bool, Dict[Any, Any], List[Any], ChoiceSweep]"
+            }
             Accept::Number { optional: false } => "Union[int, float]",
             Accept::Number { optional: true } => "Union[int, float, NoneType]",
             Accept::TagArg => "Union[str, Sweep]",
@@ -168,9 +191,12 @@ const fn p(name: &'static str, kind: Kind, accept: Accept) -> Param {
     Param { name, kind, accept }
 }
 
+/// A function's implementation, called with its bound and type-checked arguments.
+type Body = fn(Bound) -> Result<Val, Raise>;
+
 struct Signature {
     params: &'static [Param],
-    body: fn(Bound) -> Result<Val, Raise>,
+    body: Body,
 }
 
 /// Bound arguments: `*args` and the named parameters that were given.
@@ -191,15 +217,24 @@ impl Bound {
 }
 
 const NUM: Accept = Accept::Number { optional: false };
-const CAST: &[Param] = &[p("args", Kind::Var, Accept::Castable), p("value", Kind::KeywordOnly, Accept::Castable)];
+const CAST: &[Param] = &[
+    p("args", Kind::Var, Accept::Castable),
+    p("value", Kind::KeywordOnly, Accept::Castable),
+];
 const CHOICE: &[Param] = &[p("args", Kind::Var, Accept::ChoiceArg)];
 const RANGE: &[Param] = &[
     p("start", Kind::Required, NUM),
     p("stop", Kind::Optional, Accept::Number { optional: true }),
     p("step", Kind::Optional, NUM),
 ];
-const INTERVAL: &[Param] = &[p("start", Kind::Required, NUM), p("end", Kind::Required, NUM)];
-const TAG: &[Param] = &[p("args", Kind::Var, Accept::TagArg), p("sweep", Kind::KeywordOnly, Accept::OptSweep)];
+const INTERVAL: &[Param] = &[
+    p("start", Kind::Required, NUM),
+    p("end", Kind::Required, NUM),
+];
+const TAG: &[Param] = &[
+    p("args", Kind::Var, Accept::TagArg),
+    p("sweep", Kind::KeywordOnly, Accept::OptSweep),
+];
 const SHUFFLE: &[Param] = &[
     p("args", Kind::Var, Accept::SortArg),
     p("sweep", Kind::KeywordOnly, Accept::OptChoiceOrRange),
@@ -212,12 +247,20 @@ const SORT: &[Param] = &[
     p("reverse", Kind::KeywordOnly, Accept::ExactBool),
 ];
 const GLOB: &[Param] = &[
-    p("include", Kind::Required, Accept::StrOrList { optional: false }),
-    p("exclude", Kind::Optional, Accept::StrOrList { optional: true }),
+    p(
+        "include",
+        Kind::Required,
+        Accept::StrOrList { optional: false },
+    ),
+    p(
+        "exclude",
+        Kind::Optional,
+        Accept::StrOrList { optional: true },
+    ),
 ];
 
 fn signature(name: &str) -> Option<Signature> {
-    let (params, body): (&'static [Param], fn(Bound) -> Result<Val, Raise>) = match name {
+    let (params, body): (&'static [Param], Body) = match name {
         "int" => (CAST, |b| cast_call(Cast::Int, b)),
         "float" => (CAST, |b| cast_call(Cast::Float, b)),
         "str" => (CAST, |b| cast_call(Cast::Str, b)),
@@ -236,8 +279,14 @@ fn signature(name: &str) -> Option<Signature> {
 
 /// Python's `inspect.Signature.bind`.
 fn bind(sig: &Signature, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Bound, Raise> {
-    let mut bound = Bound { var: Vec::new(), named: Vec::new() };
-    let mut positional = sig.params.iter().filter(|p| matches!(p.kind, Kind::Required | Kind::Optional));
+    let mut bound = Bound {
+        var: Vec::new(),
+        named: Vec::new(),
+    };
+    let mut positional = sig
+        .params
+        .iter()
+        .filter(|p| matches!(p.kind, Kind::Required | Kind::Optional));
     let has_var = sig.params.iter().any(|p| p.kind == Kind::Var);
     for arg in args {
         match positional.next() {
@@ -247,8 +296,14 @@ fn bind(sig: &Signature, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<B
         }
     }
     for (name, v) in kwargs {
-        let Some(param) = sig.params.iter().find(|p| p.name == name && p.kind != Kind::Var) else {
-            return Err(type_error(format!("got an unexpected keyword argument '{name}'")));
+        let Some(param) = sig
+            .params
+            .iter()
+            .find(|p| p.name == name && p.kind != Kind::Var)
+        else {
+            return Err(type_error(format!(
+                "got an unexpected keyword argument '{name}'"
+            )));
         };
         if bound.named.iter().any(|(n, _)| *n == param.name) {
             return Err(type_error(format!("multiple values for argument '{name}'")));
@@ -257,7 +312,10 @@ fn bind(sig: &Signature, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<B
     }
     for param in sig.params.iter().filter(|p| p.kind == Kind::Required) {
         if !bound.named.iter().any(|(n, _)| *n == param.name) {
-            return Err(type_error(format!("missing a required argument: '{}'", param.name)));
+            return Err(type_error(format!(
+                "missing a required argument: '{}'",
+                param.name
+            )));
         }
     }
     Ok(bound)
@@ -273,13 +331,18 @@ fn check_types(sig: &Signature, bound: &Bound) -> Result<(), Raise> {
     };
     for param in sig.params {
         if param.kind == Kind::Var {
-            if let Some((i, v)) = bound.var.iter().enumerate().find(|(_, v)| !param.accept.accepts(v)) {
+            if let Some((i, v)) = bound
+                .var
+                .iter()
+                .enumerate()
+                .find(|(_, v)| !param.accept.accepts(v))
+            {
                 return Err(mismatch(format!("{}[{i}]", param.name), v, param.accept));
             }
-        } else if let Some((_, v)) = bound.named.iter().find(|(n, _)| *n == param.name) {
-            if !param.accept.accepts(v) {
-                return Err(mismatch(param.name.to_owned(), v, param.accept));
-            }
+        } else if let Some((_, v)) = bound.named.iter().find(|(n, _)| *n == param.name)
+            && !param.accept.accepts(v)
+        {
+            return Err(mismatch(param.name.to_owned(), v, param.accept));
         }
     }
     Ok(())
@@ -287,7 +350,10 @@ fn check_types(sig: &Signature, bound: &Bound) -> Result<(), Raise> {
 
 /// `_list_to_simple_choice`: several arguments become the simple form `a,b,c`.
 fn simple_choice(items: Vec<Val>) -> Result<Choice, Raise> {
-    if items.iter().any(|v| v.is_sweep() || matches!(v, Val::Glob(_))) {
+    if items
+        .iter()
+        .any(|v| v.is_sweep() || matches!(v, Val::Glob(_)))
+    {
         return Err(assertion_error());
     }
     Ok(Choice::new(items, true))
@@ -315,7 +381,9 @@ impl Cast {
 fn cast_call(kind: Cast, mut b: Bound) -> Result<Val, Raise> {
     let value = b.take("value");
     let target = match (value, b.var.len()) {
-        (Some(_), n) if n > 0 => return Err(type_error("cannot use both position and named arguments")),
+        (Some(_), n) if n > 0 => {
+            return Err(type_error("cannot use both position and named arguments"));
+        }
         (Some(v), _) => v,
         (None, 0) => return Err(type_error("No positional args or value specified")),
         (None, 1) => b.var.remove(0),
@@ -327,12 +395,24 @@ fn cast_call(kind: Cast, mut b: Bound) -> Result<Val, Raise> {
 fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
     match v {
         Val::Quoted(s, _) => cast(kind, Val::Str(s)),
-        Val::Dict(pairs) => {
-            Ok(Val::Dict(pairs.into_iter().map(|(k, v)| Ok((k, cast(kind, v)?))).collect::<Result<_, Raise>>()?))
-        }
-        Val::List(items) => Ok(Val::List(items.into_iter().map(|v| cast(kind, v)).collect::<Result<_, _>>()?)),
+        Val::Dict(pairs) => Ok(Val::Dict(
+            pairs
+                .into_iter()
+                .map(|(k, v)| Ok((k, cast(kind, v)?)))
+                .collect::<Result<_, Raise>>()?,
+        )),
+        Val::List(items) => Ok(Val::List(
+            items
+                .into_iter()
+                .map(|v| cast(kind, v))
+                .collect::<Result<_, _>>()?,
+        )),
         Val::Choice(c) => {
-            let items = c.items.into_iter().map(|v| cast(kind, v)).collect::<Result<_, _>>()?;
+            let items = c
+                .items
+                .into_iter()
+                .map(|v| cast(kind, v))
+                .collect::<Result<_, _>>()?;
             Ok(Val::Choice(Choice::new(items, c.simple_form)))
         }
         Val::Range(r) => {
@@ -348,7 +428,10 @@ fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
             }))
         }
         Val::Interval(i) => match kind {
-            Cast::Str | Cast::Bool => Err(value_error(format!("Intervals cannot be cast to {}", kind.name()))),
+            Cast::Str | Cast::Bool => Err(value_error(format!(
+                "Intervals cannot be cast to {}",
+                kind.name()
+            ))),
             Cast::Int | Cast::Float => Ok(Val::Interval(IntervalSweep {
                 start: cast_number(kind, i.start)?,
                 end: cast_number(kind, i.end)?,
@@ -406,11 +489,15 @@ fn float_to_int(f: f64) -> Result<i64, Raise> {
         return Err(value_error("cannot convert float NaN to integer"));
     }
     if f.is_infinite() {
-        return Err(Raise { exception: "OverflowError", message: "cannot convert float infinity to integer".into() });
+        return Err(Raise {
+            exception: "OverflowError",
+            message: "cannot convert float infinity to integer".into(),
+        });
     }
     let t = f.trunc();
-    // 2^63 is exactly representable; anything at or beyond it does not fit (Python would make a big int).
-    if t >= 9_223_372_036_854_775_808.0 || t < -9_223_372_036_854_775_808.0 {
+    // -2^63 is exactly representable; anything at or beyond ±2^63 does not fit (Python makes a big int).
+    let limit = -(i64::MIN as f64);
+    if !(-limit..limit).contains(&t) {
         return Err(Raise {
             exception: "OverflowError",
             message: format!("int({}) does not fit in 64 bits", python_float_repr(f)),
@@ -431,7 +518,12 @@ fn is_underscored_digits(s: &str) -> bool {
 
 /// Python's `int(str)` in base 10: surrounding whitespace, a sign, digits with single underscores.
 fn py_int_from_str(s: &str) -> Result<i64, Raise> {
-    let invalid = || value_error(format!("invalid literal for int() with base 10: {}", super::value::py_repr_str(s)));
+    let invalid = || {
+        value_error(format!(
+            "invalid literal for int() with base 10: {}",
+            super::value::py_repr_str(s)
+        ))
+    };
     let t = s.trim();
     let (negative, digits) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -445,13 +537,21 @@ fn py_int_from_str(s: &str) -> Result<i64, Raise> {
     let signed = if negative { format!("-{clean}") } else { clean };
     signed.parse::<i64>().map_err(|_| Raise {
         exception: "OverflowError",
-        message: format!("int({}) does not fit in 64 bits", super::value::py_repr_str(s)),
+        message: format!(
+            "int({}) does not fit in 64 bits",
+            super::value::py_repr_str(s)
+        ),
     })
 }
 
 /// Python's `float(str)`: whitespace, sign, `inf`/`infinity`/`nan`, digits with single underscores.
 fn py_float_from_str(s: &str) -> Result<f64, Raise> {
-    let invalid = || value_error(format!("could not convert string to float: {}", super::value::py_repr_str(s)));
+    let invalid = || {
+        value_error(format!(
+            "could not convert string to float: {}",
+            super::value::py_repr_str(s)
+        ))
+    };
     let t = s.trim();
     let (negative, body) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -497,14 +597,12 @@ fn choice(b: Bound) -> Result<Val, Raise> {
     if args.is_empty() {
         return Err(value_error("empty choice is not legal"));
     }
-    if args.len() == 1 {
-        if let Val::Choice(c) = &mut args[0] {
-            if !c.simple_form {
-                return Err(value_error("nesting choices is not supported"));
-            }
-            c.simple_form = false;
-            return Ok(args.remove(0));
+    if let [Val::Choice(c)] = args.as_mut_slice() {
+        if !c.simple_form {
+            return Err(value_error("nesting choices is not supported"));
         }
+        c.simple_form = false;
+        return Ok(args.remove(0));
     }
     Ok(Val::Choice(Choice::new(args, false)))
 }
@@ -526,7 +624,13 @@ fn range(mut b: Bound) -> Result<Val, Raise> {
         Some(stop) => (start, stop),
         None => (Number::Int(0), start),
     };
-    Ok(Val::Range(RangeSweep { start, stop, step, shuffle: false, tags: BTreeSet::new() }))
+    Ok(Val::Range(RangeSweep {
+        start,
+        stop,
+        step,
+        shuffle: false,
+        tags: BTreeSet::new(),
+    }))
 }
 
 fn interval(mut b: Bound) -> Result<Val, Raise> {
@@ -541,14 +645,23 @@ fn interval(mut b: Bound) -> Result<Val, Raise> {
 
 fn tag(mut b: Bound) -> Result<Val, Raise> {
     if b.var.is_empty() {
-        return Err(value_error("Not enough arguments to tag, must take at least a sweep"));
+        return Err(value_error(
+            "Not enough arguments to tag, must take at least a sweep",
+        ));
     }
     let mut args = b.var;
-    if let Some(sweep) = b.named.pop().map(|(_, v)| v).filter(|v| !matches!(v, Val::Null)) {
+    if let Some(sweep) = b
+        .named
+        .pop()
+        .map(|(_, v)| v)
+        .filter(|v| !matches!(v, Val::Null))
+    {
         args.push(sweep);
     }
     let Some(mut last) = args.pop().filter(Val::is_sweep) else {
-        return Err(value_error("Last argument to tag() must be a choice(), range() or interval(), got NoneType"));
+        return Err(value_error(
+            "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
+        ));
     };
     let mut tags = BTreeSet::new();
     for t in args {
@@ -556,7 +669,12 @@ fn tag(mut b: Bound) -> Result<Val, Raise> {
             Val::Str(s) => {
                 tags.insert(s);
             }
-            other => return Err(value_error(format!("tag arguments type must be string, got {}", other.type_name()))),
+            other => {
+                return Err(value_error(format!(
+                    "tag arguments type must be string, got {}",
+                    other.type_name()
+                )));
+            }
         }
     }
     match &mut last {
@@ -612,9 +730,16 @@ fn sort(mut b: Bound) -> Result<Val, Raise> {
     if b.var.len() == 1 {
         return sort_one(b.var.remove(0), reverse);
     }
-    if !b.var.iter().all(|v| matches!(v, Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_))) {
+    if !b
+        .var
+        .iter()
+        .all(|v| matches!(v, Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_)))
+    {
         let reprs: Vec<String> = b.var.iter().map(py_repr).collect();
-        return Err(type_error(format!("Invalid arguments: ({})", reprs.join(", "))));
+        return Err(type_error(format!(
+            "Invalid arguments: ({})",
+            reprs.join(", ")
+        )));
     }
     if b.var.is_empty() {
         return Err(value_error("empty sort input"));
@@ -638,7 +763,11 @@ fn sort_sweep(v: Val, reverse: bool) -> Result<Val, Raise> {
             Ok(Val::Choice(c))
         }
         Val::Range(mut r) => {
-            let flip = if reverse { r.start.lt(r.stop) } else { r.stop.lt(r.start) };
+            let flip = if reverse {
+                r.start.lt(r.stop)
+            } else {
+                r.stop.lt(r.start)
+            };
             if flip {
                 let step = r.step.abs();
                 let (start, stop) = if reverse {
@@ -683,11 +812,30 @@ mod tests {
 
     #[test]
     fn python_int_and_float_parsing() {
-        let ints = [(" 7 ", Some(7)), ("1_0", Some(10)), ("-0_1", Some(-1)), ("1__0", None), ("10.0", None), ("", None), ("+3", Some(3))];
+        let ints = [
+            (" 7 ", Some(7)),
+            ("1_0", Some(10)),
+            ("-0_1", Some(-1)),
+            ("1__0", None),
+            ("10.0", None),
+            ("", None),
+            ("+3", Some(3)),
+        ];
         for (text, want) in ints {
             assert_eq!(py_int_from_str(text).ok(), want, "int({text:?})");
         }
-        let floats = [(" 1.5 ", Some(1.5)), ("1e6", Some(1e6)), ("-iNf", Some(f64::NEG_INFINITY)), ("1_0.5", Some(10.5)), (".5", Some(0.5)), ("5.", Some(5.0)), ("e5", None), ("1e", None), ("true", None), ("1._5", None)];
+        let floats = [
+            (" 1.5 ", Some(1.5)),
+            ("1e6", Some(1e6)),
+            ("-iNf", Some(f64::NEG_INFINITY)),
+            ("1_0.5", Some(10.5)),
+            (".5", Some(0.5)),
+            ("5.", Some(5.0)),
+            ("e5", None),
+            ("1e", None),
+            ("true", None),
+            ("1._5", None),
+        ];
         for (text, want) in floats {
             assert_eq!(py_float_from_str(text).ok(), want, "float({text:?})");
         }
@@ -696,8 +844,20 @@ mod tests {
 
     #[test]
     fn int_of_non_finite_float_raises_like_python() {
-        assert!(matches!(float_to_int(f64::INFINITY), Err(Raise { exception: "OverflowError", .. })));
-        assert!(matches!(float_to_int(f64::NAN), Err(Raise { exception: "ValueError", .. })));
+        assert!(matches!(
+            float_to_int(f64::INFINITY),
+            Err(Raise {
+                exception: "OverflowError",
+                ..
+            })
+        ));
+        assert!(matches!(
+            float_to_int(f64::NAN),
+            Err(Raise {
+                exception: "ValueError",
+                ..
+            })
+        ));
         assert_eq!(float_to_int(-2.7).ok(), Some(-2));
     }
 }

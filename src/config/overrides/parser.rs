@@ -23,7 +23,12 @@ const MAX_DEPTH: usize = 200;
 pub(super) fn parse(text: &str) -> Result<Parsed, GrammarError> {
     let chars: Vec<char> = text.chars().collect();
     let tokens = tokenize(&chars)?;
-    let mut p = Parser { chars: &chars, tokens: &tokens, pos: 0, depth: 0 };
+    let mut p = Parser {
+        chars: &chars,
+        tokens: &tokens,
+        pos: 0,
+        depth: 0,
+    };
     p.parse_override()
 }
 
@@ -56,8 +61,7 @@ fn is_dict_key_token(kind: Tok) -> bool {
     is_primitive_token(kind) && !matches!(kind, Tok::Colon | Tok::Interpolation)
 }
 
-const EXPECT_ELEMENT: &str =
-    "{':', BRACKET_OPEN, BRACE_OPEN, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS, QUOTED_VALUE, INTERPOLATION}";
+const EXPECT_ELEMENT: &str = "{':', BRACKET_OPEN, BRACE_OPEN, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS, QUOTED_VALUE, INTERPOLATION}";
 
 impl<'a> Parser<'a> {
     fn peek(&self) -> Tok {
@@ -65,7 +69,9 @@ impl<'a> Parser<'a> {
     }
 
     fn peek_at(&self, ahead: usize) -> Tok {
-        self.tokens.get(self.pos + ahead).map_or(Tok::Eof, |t| t.kind)
+        self.tokens
+            .get(self.pos + ahead)
+            .map_or(Tok::Eof, |t| t.kind)
     }
 
     fn text_of(&self, t: &Token) -> String {
@@ -73,7 +79,11 @@ impl<'a> Parser<'a> {
     }
 
     fn bump(&mut self) -> Token {
-        let t = self.tokens.get(self.pos).copied().unwrap_or(Token { kind: Tok::Eof, start: 0, end: 0 });
+        let t = self.tokens.get(self.pos).copied().unwrap_or(Token {
+            kind: Tok::Eof,
+            start: 0,
+            end: 0,
+        });
         if t.kind != Tok::Eof {
             self.pos += 1;
         }
@@ -89,7 +99,11 @@ impl<'a> Parser<'a> {
     }
 
     fn expect(&mut self, kind: Tok, expected: &'static str) -> Result<Token, GrammarError> {
-        if self.peek() == kind { Ok(self.bump()) } else { Err(self.error(expected)) }
+        if self.peek() == kind {
+            Ok(self.bump())
+        } else {
+            Err(self.error(expected))
+        }
     }
 
     // override: (key EQUAL value? | TILDE key (EQUAL value?)? | PLUS PLUS? key EQUAL value?) EOF
@@ -115,10 +129,19 @@ impl<'a> Parser<'a> {
             None
         } else {
             self.expect(Tok::Equal, "EQUAL")?;
-            if self.peek() == Tok::Eof { Some(Val::Str(String::new())) } else { Some(self.parse_value()?) }
+            if self.peek() == Tok::Eof {
+                Some(Val::Str(String::new()))
+            } else {
+                Some(self.parse_value()?)
+            }
         };
         self.expect(Tok::Eof, "<EOF>")?;
-        Ok(Parsed { kind, key_or_group, package, value })
+        Ok(Parsed {
+            kind,
+            key_or_group,
+            package,
+            value,
+        })
     }
 
     // key: packageOrGroup (AT package)?
@@ -227,7 +250,9 @@ impl<'a> Parser<'a> {
             loop {
                 let key_tokens = self.take_while(is_dict_key_token);
                 if key_tokens.is_empty() {
-                    return Err(self.error("{BRACE_CLOSE, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS}"));
+                    return Err(self.error(
+                        "{BRACE_CLOSE, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS}",
+                    ));
                 }
                 let key = dict_key(self.primitive(&key_tokens)?);
                 self.expect(Tok::Colon, "':'")?;
@@ -286,24 +311,29 @@ impl<'a> Parser<'a> {
         let close = self.expect(Tok::PClose, "{',', ')'}")?;
         let name: String = self.text_of(&name_tok);
         let text: String = self.chars[name_tok.start..close.end].iter().collect();
-        functions::eval(Call { name: &name, text: &text, args, kwargs })
+        functions::eval(Call {
+            name: &name,
+            text: &text,
+            args,
+            kwargs,
+        })
     }
 
     /// The visitor's `_createPrimitive`: one token is typed, several are concatenated into a string.
     fn primitive(&self, tokens: &[Token]) -> Result<Val, GrammarError> {
         let mut inner = tokens;
-        if let [first, rest @ ..] = inner {
-            if first.kind == Tok::Ws {
-                if rest.is_empty() {
-                    return Err(GrammarError::AllWhitespace);
-                }
-                inner = rest;
+        if let [first, rest @ ..] = inner
+            && first.kind == Tok::Ws
+        {
+            if rest.is_empty() {
+                return Err(GrammarError::AllWhitespace);
             }
+            inner = rest;
         }
-        if let [rest @ .., last] = inner {
-            if last.kind == Tok::Ws {
-                inner = rest;
-            }
+        if let [rest @ .., last] = inner
+            && last.kind == Tok::Ws
+        {
+            inner = rest;
         }
         match inner {
             [single] => self.typed_token(single),
@@ -327,7 +357,11 @@ impl<'a> Parser<'a> {
         Ok(match t.kind {
             Tok::Int => {
                 let clean: String = text.chars().filter(|c| *c != '_').collect();
-                Val::Int(clean.parse().map_err(|_| GrammarError::IntOutOfRange { text: text.clone() })?)
+                Val::Int(
+                    clean
+                        .parse()
+                        .map_err(|_| GrammarError::IntOutOfRange { text: text.clone() })?,
+                )
             }
             Tok::Float => Val::Float(functions::parse_float_token(&text)),
             Tok::Null => Val::Null,
@@ -361,8 +395,13 @@ impl PyKey {
                 if f.is_nan() {
                     return None;
                 }
-                let integral = f.fract() == 0.0 && (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18).contains(&f);
-                if integral { PyKey::Int(f as i64) } else { PyKey::Float((f + 0.0).to_bits()) }
+                let limit = -(i64::MIN as f64);
+                let integral = f.fract() == 0.0 && (-limit..limit).contains(&f);
+                if integral {
+                    PyKey::Int(f as i64)
+                } else {
+                    PyKey::Float((f + 0.0).to_bits())
+                }
             }
         })
     }
@@ -383,8 +422,14 @@ fn dict_key(v: Val) -> Key {
 /// The visitor's `_unescape_quoted_string`: drop the quotes, and halve each run of backslashes that
 /// precedes a quote of the same kind (an odd run also keeps the quote itself).
 fn unquote(token: &[char]) -> Val {
-    let (qc, quote) = if token.first() == Some(&'"') { ('"', Quote::Double) } else { ('\'', Quote::Single) };
-    let body = token.get(1..token.len().saturating_sub(1)).unwrap_or_default();
+    let (qc, quote) = if token.first() == Some(&'"') {
+        ('"', Quote::Double)
+    } else {
+        ('\'', Quote::Single)
+    };
+    let body = token
+        .get(1..token.len().saturating_sub(1))
+        .unwrap_or_default();
     let mut out = String::with_capacity(body.len());
     let mut i = 0;
     while i < body.len() {

@@ -37,7 +37,9 @@ impl Number {
 
     pub(super) fn add(self, other: Number) -> Number {
         match (self, other) {
-            (Number::Int(a), Number::Int(b)) => a.checked_add(b).map_or(Number::Float(a as f64 + b as f64), Number::Int),
+            (Number::Int(a), Number::Int(b)) => a
+                .checked_add(b)
+                .map_or(Number::Float(a as f64 + b as f64), Number::Int),
             (a, b) => Number::Float(a.as_f64() + b.as_f64()),
         }
     }
@@ -48,13 +50,19 @@ impl Number {
 
     pub(super) fn neg(self) -> Number {
         match self {
-            Number::Int(i) => i.checked_neg().map_or(Number::Float(-(i as f64)), Number::Int),
+            Number::Int(i) => i
+                .checked_neg()
+                .map_or(Number::Float(-(i as f64)), Number::Int),
             Number::Float(f) => Number::Float(-f),
         }
     }
 
     pub(super) fn abs(self) -> Number {
-        if self.lt(Number::Int(0)) { self.neg() } else { self }
+        if self.lt(Number::Int(0)) {
+            self.neg()
+        } else {
+            self
+        }
     }
 
     pub(super) fn lt(self, other: Number) -> bool {
@@ -162,7 +170,13 @@ impl Sweep {
             Sweep::Interval(_) => Err(OverrideError::IntervalNotEnumerable),
             Sweep::Glob(g) => {
                 let options = group_options.unwrap_or_default();
-                Ok(g.filter(options).into_iter().map(|name| Element::Str { value: name, quote: None }).collect())
+                Ok(g.filter(options)
+                    .into_iter()
+                    .map(|name| Element::Str {
+                        value: name,
+                        quote: None,
+                    })
+                    .collect())
             }
         }
     }
@@ -172,7 +186,11 @@ impl GlobSweep {
     /// The names that match an include pattern and no exclude pattern (Python's `fnmatch`).
     pub fn filter(&self, names: &[String]) -> Vec<String> {
         let matches_any = |name: &str, globs: &[String]| globs.iter().any(|g| fnmatch(name, g));
-        names.iter().filter(|n| matches_any(n, &self.include) && !matches_any(n, &self.exclude)).cloned().collect()
+        names
+            .iter()
+            .filter(|n| matches_any(n, &self.include) && !matches_any(n, &self.exclude))
+            .cloned()
+            .collect()
     }
 }
 
@@ -182,17 +200,30 @@ fn expand_range(r: &RangeSweep) -> Result<Vec<Element>, OverrideError> {
             if step == 0 {
                 return Err(OverrideError::ZeroIntRangeStep);
             }
-            let span = if step > 0 { i128::from(stop) - i128::from(start) } else { i128::from(start) - i128::from(stop) };
+            let span = if step > 0 {
+                i128::from(stop) - i128::from(start)
+            } else {
+                i128::from(start) - i128::from(stop)
+            };
             let step_abs = i128::from(step).abs();
-            let len = if span <= 0 { 0 } else { (span + step_abs - 1) / step_abs };
+            let len = if span <= 0 {
+                0
+            } else {
+                (span + step_abs - 1) / step_abs
+            };
             if len > MAX_RANGE_LEN as i128 {
-                return Err(OverrideError::RangeTooLong { limit: MAX_RANGE_LEN });
+                return Err(OverrideError::RangeTooLong {
+                    limit: MAX_RANGE_LEN,
+                });
             }
-            Ok((0..len).map(|k| Element::Int((i128::from(start) + k * i128::from(step)) as i64)).collect())
+            Ok((0..len)
+                .map(|k| Element::Int((i128::from(start) + k * i128::from(step)) as i64))
+                .collect())
         }
         (start, stop, step) => {
             let names = || (start.python_str(), stop.python_str(), step.python_str());
-            let values = decimal::float_range(start.as_f64(), stop.as_f64(), step.as_f64(), MAX_RANGE_LEN);
+            let values =
+                decimal::float_range(start.as_f64(), stop.as_f64(), step.as_f64(), MAX_RANGE_LEN);
             match values {
                 Ok(v) => Ok(v.into_iter().map(Element::Float).collect()),
                 Err(decimal::RangeError::ZeroStep) => {
@@ -203,14 +234,16 @@ fn expand_range(r: &RangeSweep) -> Result<Vec<Element>, OverrideError> {
                     let (start, stop, step) = names();
                     Err(OverrideError::NonFiniteRange { start, stop, step })
                 }
-                Err(decimal::RangeError::TooLong) => Err(OverrideError::RangeTooLong { limit: MAX_RANGE_LEN }),
+                Err(decimal::RangeError::TooLong) => Err(OverrideError::RangeTooLong {
+                    limit: MAX_RANGE_LEN,
+                }),
             }
         }
     }
 }
 
 /// Python's `fnmatch.fnmatch` on POSIX: `*`, `?`, `[seq]`, `[!seq]`, case-sensitive.
-pub fn fnmatch(name: &str, pattern: &str) -> bool {
+pub(super) fn fnmatch(name: &str, pattern: &str) -> bool {
     let name: Vec<char> = name.chars().collect();
     let pattern: Vec<char> = pattern.chars().collect();
     // Iterative matcher with one backtrack point for the last `*` (no exponential blow-up).
@@ -291,42 +324,96 @@ mod tests {
     use super::*;
 
     fn range(start: Number, stop: Number, step: Number) -> Sweep {
-        Sweep::Range(RangeSweep { start, stop, step, shuffle: false, tags: BTreeSet::new() })
+        Sweep::Range(RangeSweep {
+            start,
+            stop,
+            step,
+            shuffle: false,
+            tags: BTreeSet::new(),
+        })
     }
 
     #[test]
     fn int_ranges_follow_python() {
         use Number::Int;
         let ints = |s: &Sweep| -> Vec<i64> {
-            s.expand(None).unwrap_or_default().iter().filter_map(|e| match e { Element::Int(i) => Some(*i), _ => None }).collect()
+            s.expand(None)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|e| match e {
+                    Element::Int(i) => Some(*i),
+                    _ => None,
+                })
+                .collect()
         };
         assert_eq!(ints(&range(Int(1), Int(10), Int(3))), vec![1, 4, 7]);
         assert_eq!(ints(&range(Int(9), Int(0), Int(-4))), vec![9, 5, 1]);
         assert_eq!(ints(&range(Int(5), Int(0), Int(1))), Vec::<i64>::new());
-        assert_eq!(range(Int(0), Int(3), Int(0)).expand(None), Err(OverrideError::ZeroIntRangeStep));
-        assert!(matches!(range(Int(0), Int(i64::MAX), Int(1)).expand(None), Err(OverrideError::RangeTooLong { .. })));
+        assert_eq!(
+            range(Int(0), Int(3), Int(0)).expand(None),
+            Err(OverrideError::ZeroIntRangeStep)
+        );
+        assert!(matches!(
+            range(Int(0), Int(i64::MAX), Int(1)).expand(None),
+            Err(OverrideError::RangeTooLong { .. })
+        ));
     }
 
     #[test]
     fn float_ranges_step_in_decimal() {
         use Number::{Float, Int};
         let floats = |s: &Sweep| -> Vec<f64> {
-            s.expand(None).unwrap_or_default().iter().filter_map(|e| match e { Element::Float(f) => Some(*f), _ => None }).collect()
+            s.expand(None)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|e| match e {
+                    Element::Float(f) => Some(*f),
+                    _ => None,
+                })
+                .collect()
         };
         // Python: list(FloatRange(0, 1, 0.1)) in Hydra's decimal arithmetic.
         assert_eq!(
             floats(&range(Int(0), Int(1), Float(0.1))),
-            vec![0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7000000000000001, 0.8, 0.9]
+            vec![
+                0.0,
+                0.1,
+                0.2,
+                0.3,
+                0.4,
+                0.5,
+                0.6,
+                0.7000000000000001,
+                0.8,
+                0.9
+            ]
         );
-        assert_eq!(floats(&range(Float(1.5), Float(-0.5), Float(-0.5))), vec![1.5, 1.0, 0.5, 0.0]);
-        assert!(matches!(range(Float(0.0), Float(1.0), Float(0.0)).expand(None), Err(OverrideError::ZeroFloatRangeStep { .. })));
+        assert_eq!(
+            floats(&range(Float(1.5), Float(-0.5), Float(-0.5))),
+            vec![1.5, 1.0, 0.5, 0.0]
+        );
+        assert!(matches!(
+            range(Float(0.0), Float(1.0), Float(0.0)).expand(None),
+            Err(OverrideError::ZeroFloatRangeStep { .. })
+        ));
     }
 
     #[test]
     fn glob_filters_group_options() {
-        let glob = Sweep::Glob(GlobSweep { include: vec!["a*".into(), "b?".into()], exclude: vec!["*x".into()] });
-        let options: Vec<String> = ["ab", "ax", "b1", "b12", "c"].iter().map(|s| s.to_string()).collect();
-        let names: Vec<String> = glob.expand(Some(&options)).unwrap_or_default().iter().filter_map(|e| e.as_str().map(str::to_owned)).collect();
+        let glob = Sweep::Glob(GlobSweep {
+            include: vec!["a*".into(), "b?".into()],
+            exclude: vec!["*x".into()],
+        });
+        let options: Vec<String> = ["ab", "ax", "b1", "b12", "c"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let names: Vec<String> = glob
+            .expand(Some(&options))
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|e| e.as_str().map(str::to_owned))
+            .collect();
         assert_eq!(names, vec!["ab", "b1"]);
         assert_eq!(glob.expand(None), Ok(vec![]));
     }
@@ -348,13 +435,21 @@ mod tests {
             ("x", "", false),
         ];
         for (name, pattern, want) in cases {
-            assert_eq!(fnmatch(name, pattern), want, "fnmatch({name:?}, {pattern:?})");
+            assert_eq!(
+                fnmatch(name, pattern),
+                want,
+                "fnmatch({name:?}, {pattern:?})"
+            );
         }
     }
 
     #[test]
     fn interval_cannot_be_enumerated() {
-        let s = Sweep::Interval(IntervalSweep { start: Number::Float(0.0), end: Number::Float(1.0), tags: BTreeSet::new() });
+        let s = Sweep::Interval(IntervalSweep {
+            start: Number::Float(0.0),
+            end: Number::Float(1.0),
+            tags: BTreeSet::new(),
+        });
         assert_eq!(s.expand(None), Err(OverrideError::IntervalNotEnumerable));
     }
 }

@@ -17,7 +17,11 @@ fn render(o: &Override) -> String {
             let items: Vec<String> = c.items.iter().map(Element::python_repr).collect();
             let form = if c.simple_form { "simple" } else { "choice" };
             let shuffle = if c.shuffle { " shuffled" } else { "" };
-            let tags = if c.tags.is_empty() { String::new() } else { format!(" tags={:?}", c.tags) };
+            let tags = if c.tags.is_empty() {
+                String::new()
+            } else {
+                format!(" tags={:?}", c.tags)
+            };
             format!("{form}[{}]{shuffle}{tags}", items.join(", "))
         }
         Some(OverrideValue::Sweep(Sweep::Range(r))) => format!(
@@ -30,7 +34,9 @@ fn render(o: &Override) -> String {
         Some(OverrideValue::Sweep(Sweep::Interval(i))) => {
             format!("interval({}, {})", i.start.python_str(), i.end.python_str())
         }
-        Some(OverrideValue::Sweep(Sweep::Glob(g))) => format!("glob({:?}, {:?})", g.include, g.exclude),
+        Some(OverrideValue::Sweep(Sweep::Glob(g))) => {
+            format!("glob({:?}, {:?})", g.include, g.exclude)
+        }
     }
 }
 
@@ -46,9 +52,18 @@ fn check_err(input: &str, expect: &str) {
         Ok(o) => panic!("{input:?} parsed as {}", render(&o)),
         Err(e) => {
             let text = e.to_string();
-            assert!(text.contains(expect), "error of {input:?} is {text:?}, expected to contain {expect:?}");
-            assert!(text.ends_with(GRAMMAR_HINT), "error of {input:?} lacks the hint: {text:?}");
-            assert!(text.starts_with(&format!("Error parsing override '{input}'\n")), "{text:?}");
+            assert!(
+                text.contains(expect),
+                "error of {input:?} is {text:?}, expected to contain {expect:?}"
+            );
+            assert!(
+                text.ends_with(GRAMMAR_HINT),
+                "error of {input:?} lacks the hint: {text:?}"
+            );
+            assert!(
+                text.starts_with(&format!("Error parsing override '{input}'\n")),
+                "{text:?}"
+            );
         }
     }
 }
@@ -104,7 +119,10 @@ fn escapes_and_quotes() {
         (r"a=$\{foo.bar\}", "'${foo.bar}'"),
         (r"a=ab\\", r"'ab\\'"),
         (r"a=\\\\\\", r"'\\\\\\'"),
-        ("a=ab\\\\\\(cd\\{ef\\}\\[gh\\]\\)\\:\\ ij\\,kl\\\t", r"'ab\\(cd{ef}[gh]): ij,kl\t'"),
+        (
+            "a=ab\\\\\\(cd\\{ef\\}\\[gh\\]\\)\\:\\ ij\\,kl\\\t",
+            r"'ab\\(cd{ef}[gh]): ij,kl\t'",
+        ),
         (r"a='foo \'bar'", "\"foo 'bar\""),
         (r#"a="foo \"bar""#, r#"'foo "bar'"#),
         (r"a='foo\\bar'", r"'foo\\\\bar'"),
@@ -134,7 +152,10 @@ fn containers() {
         ("a={a:1,a:2}", "{'a': 2}"),
         ("a={1: a, 1.0: b, true: c}", "{1: 'c'}"),
         ("a={a:${b}}", "{'a': '${b}'}"),
-        ("a={\\\\\\(\\)\\[\\]\\{\\}\\:\\=\\ \\\t\\,: 2}", "{'\\\\()[]{}:= \\t,': 2}"),
+        (
+            "a={\\\\\\(\\)\\[\\]\\{\\}\\:\\=\\ \\\t\\,: 2}",
+            "{'\\\\()[]{}:= \\t,': 2}",
+        ),
     ];
     for (input, want) in cases {
         check(input, want);
@@ -148,20 +169,45 @@ fn keys_and_kinds() {
         ("+x=1", OverrideKind::Add, "x", None),
         ("++x=1", OverrideKind::ForceAdd, "x", None),
         ("~x", OverrideKind::Delete, "x", None),
-        ("db@backup=mysql", OverrideKind::Change, "db", Some("backup")),
-        ("+extra@$foo.bar$.x$z=one", OverrideKind::Add, "extra", Some("$foo.bar$.x$z")),
+        (
+            "db@backup=mysql",
+            OverrideKind::Change,
+            "db",
+            Some("backup"),
+        ),
+        (
+            "+extra@$foo.bar$.x$z=one",
+            OverrideKind::Add,
+            "extra",
+            Some("$foo.bar$.x$z"),
+        ),
         ("+group@=x", OverrideKind::Add, "group", Some("")),
-        ("hydra/launcher=basic", OverrideKind::Change, "hydra/launcher", None),
+        (
+            "hydra/launcher=basic",
+            OverrideKind::Change,
+            "hydra/launcher",
+            None,
+        ),
         ("+ab-c/d-ef=1", OverrideKind::Add, "ab-c/d-ef", None),
         ("list.0=1", OverrideKind::Change, "list.0", None),
     ];
     for (input, kind, key, package) in cases {
         let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
-        assert_eq!((o.kind, o.key_or_group.as_str(), o.package.as_deref()), (kind, key, package), "{input}");
+        assert_eq!(
+            (o.kind, o.key_or_group.as_str(), o.package.as_deref()),
+            (kind, key, package),
+            "{input}"
+        );
         assert_eq!(o.input, input);
     }
     let del = parse_override("~x=").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(del.element(), Some(&Element::Str { value: String::new(), quote: None }));
+    assert_eq!(
+        del.element(),
+        Some(&Element::Str {
+            value: String::new(),
+            quote: None
+        })
+    );
     assert_eq!(parse_override("~x").map(|o| o.value), Ok(None));
     let o = parse_override("++db@pkg=a").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(o.key_element(), "++db@pkg");
@@ -203,12 +249,17 @@ fn functions_evaluate_at_parse_time() {
         check(input, want);
     }
     let shuffled = parse_override("a=shuffle([1,2,3])").map(|o| o.element().cloned());
-    let Ok(Some(Element::List(mut items))) = shuffled else { panic!("shuffle of a list is a list: {shuffled:?}") };
+    let Ok(Some(Element::List(mut items))) = shuffled else {
+        panic!("shuffle of a list is a list: {shuffled:?}")
+    };
     items.sort_by_key(|e| match e {
         Element::Int(i) => *i,
         _ => i64::MAX,
     });
-    assert_eq!(items, vec![Element::Int(1), Element::Int(2), Element::Int(3)]);
+    assert_eq!(
+        items,
+        vec![Element::Int(1), Element::Int(2), Element::Int(3)]
+    );
 }
 
 #[test]
@@ -235,12 +286,18 @@ fn sweeps() {
         ("a=range(start=1,stop=10,step=2)", "range(1, 10, 2)"),
         ("a=sort(range(9,0,-1))", "range(1, 10, 1)"),
         ("a=sort(range(1,10),reverse=true)", "range(9, 0, -1)"),
-        ("a=sort(range(0,2,0.5),reverse=true)", "range(1.5, -0.5, -0.5)"),
+        (
+            "a=sort(range(0,2,0.5),reverse=true)",
+            "range(1.5, -0.5, -0.5)",
+        ),
         ("a=int(range(1.0,10.0))", "range(1, 10, 1)"),
         ("a=interval(10,11)", "interval(10.0, 11.0)"),
         ("a=int(interval(1.0, 2.0))", "interval(1, 2)"),
         ("a=glob(*)", "glob([\"*\"], [])"),
-        ("a=glob(include=[a*, b*], exclude=c*)", "glob([\"a*\", \"b*\"], [\"c*\"])"),
+        (
+            "a=glob(include=[a*, b*], exclude=c*)",
+            "glob([\"a*\", \"b*\"], [\"c*\"])",
+        ),
     ];
     for (input, want) in cases {
         check(input, want);
@@ -253,7 +310,10 @@ fn grammar_errors_carry_hydra_wording() {
         ("+a", "expecting EQUAL"),
         ("a=\u{5e9}", "LexerNoViableAltException"),
         ("key=[]aa", "'aa'"),
-        ("key=[1,2,3]'", "LexerNoViableAltException: key=[1,2,3]'\n                                      ^"),
+        (
+            "key=[1,2,3]'",
+            "LexerNoViableAltException: key=[1,2,3]'\n                                      ^",
+        ),
         ("key={' abc ': 0}", ""),
         ("$foo/bar=foobar", ""),
         ("+extra@a/b/c=one", ""),
@@ -265,34 +325,85 @@ fn grammar_errors_carry_hydra_wording() {
         ("a b=1", "LexerNoViableAltException"),
         ("a=b=c", "'='"),
         ("a=${}", ""),
-        ("a=int(inf)", "OverflowError while evaluating 'int(inf)': cannot convert float infinity to integer"),
+        (
+            "a=int(inf)",
+            "OverflowError while evaluating 'int(inf)': cannot convert float infinity to integer",
+        ),
         ("a=int(nan)", "ValueError while evaluating 'int(nan)'"),
-        ("a=int('10.0')", "invalid literal for int() with base 10: '10.0'"),
-        ("a=float('true')", "could not convert string to float: 'true'"),
+        (
+            "a=int('10.0')",
+            "invalid literal for int() with base 10: '10.0'",
+        ),
+        (
+            "a=float('true')",
+            "could not convert string to float: 'true'",
+        ),
         ("a=bool('10.0')", "Cannot cast '10.0' to bool"),
         ("a=int([a,1])", "ValueError while evaluating 'int([a,1])'"),
-        ("a=str(interval(1.0, 2.0))", "Intervals cannot be cast to str"),
-        ("a=bool(range(1,10))", "Range can only be cast to int or float"),
-        ("a=float(choice(a,b))", "could not convert string to float: 'a'"),
-        ("a=sort(3,2,str(1))", "'<' not supported between instances of 'str' and 'int'"),
-        ("a=sort(['b','a'])", "between instances of 'QuotedString' and 'QuotedString'"),
-        ("a=foo(1)", "HydraException while evaluating 'foo(1)': Unknown function 'foo'\nAvailable: bool,choice,float,glob,int,interval,range,shuffle,sort,str,tag\n"),
-        ("a=choice(x=1)", "TypeError while evaluating 'choice(x=1)': got an unexpected keyword argument 'x'"),
+        (
+            "a=str(interval(1.0, 2.0))",
+            "Intervals cannot be cast to str",
+        ),
+        (
+            "a=bool(range(1,10))",
+            "Range can only be cast to int or float",
+        ),
+        (
+            "a=float(choice(a,b))",
+            "could not convert string to float: 'a'",
+        ),
+        (
+            "a=sort(3,2,str(1))",
+            "'<' not supported between instances of 'str' and 'int'",
+        ),
+        (
+            "a=sort(['b','a'])",
+            "between instances of 'QuotedString' and 'QuotedString'",
+        ),
+        (
+            "a=foo(1)",
+            "HydraException while evaluating 'foo(1)': Unknown function 'foo'\nAvailable: bool,choice,float,glob,int,interval,range,shuffle,sort,str,tag\n",
+        ),
+        (
+            "a=choice(x=1)",
+            "TypeError while evaluating 'choice(x=1)': got an unexpected keyword argument 'x'",
+        ),
         ("a=choice()", "empty choice is not legal"),
         ("a=choice(choice(1,2))", "nesting choices is not supported"),
-        ("a=choice(str(choice(1,2)))", "nesting choices is not supported"),
+        (
+            "a=choice(str(choice(1,2)))",
+            "nesting choices is not supported",
+        ),
         ("a=f(a=1,2)", "positional argument follows keyword argument"),
-        ("a=sort(list=[b,a],reverse=1)", "mismatch type argument reverse: int is incompatible with bool"),
+        (
+            "a=sort(list=[b,a],reverse=1)",
+            "mismatch type argument reverse: int is incompatible with bool",
+        ),
         ("a=range()", "missing a required argument: 'start'"),
         ("a=range(1,2,3,4)", "too many positional arguments"),
         ("a=range(a)", "mismatch type argument start: str"),
-        ("a=interval(1,2,start=3)", "multiple values for argument 'start'"),
-        ("a=int(1,value=2)", "cannot use both position and named arguments"),
+        (
+            "a=interval(1,2,start=3)",
+            "multiple values for argument 'start'",
+        ),
+        (
+            "a=int(1,value=2)",
+            "cannot use both position and named arguments",
+        ),
         ("a=int()", "No positional args or value specified"),
-        ("a=int(null)", "AssertionError while evaluating 'int(null)': "),
+        (
+            "a=int(null)",
+            "AssertionError while evaluating 'int(null)': ",
+        ),
         ("a=int(glob(*))", "mismatch type argument args[0]: Glob"),
-        ("a=tag(1,choice(1,2))", "mismatch type argument args[0]: int"),
-        ("a=tag(a,b)", "Last argument to tag() must be a choice(), range() or interval(), got NoneType"),
+        (
+            "a=tag(1,choice(1,2))",
+            "mismatch type argument args[0]: int",
+        ),
+        (
+            "a=tag(a,b)",
+            "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
+        ),
         ("a=sort()", "empty sort input"),
         ("a=99999999999999999999", "does not fit in 64 bits"),
     ];
@@ -303,25 +414,51 @@ fn grammar_errors_carry_hydra_wording() {
 
 #[test]
 fn single_run_rejects_sweeps_with_hydra_messages() {
-    let ambiguous = parse_override("a=1,2").and_then(|o| o.validate_sweep(RunMode::Run)).map_err(|e| e.to_string());
+    let ambiguous = parse_override("a=1,2")
+        .and_then(|o| o.validate_sweep(RunMode::Run))
+        .map_err(|e| e.to_string());
     assert_eq!(
         ambiguous,
         Err("Ambiguous value for argument 'a=1,2'\n1. To use it as a list, use key=[value1,value2]\n2. To use it as string, quote the value: key=\\'value1,value2\\'\n3. To sweep over it, add --multirun to your command line".to_owned())
     );
-    let sweep = parse_override("+x=range(1,3)").and_then(|o| o.validate_sweep(RunMode::Run)).map_err(|e| e.to_string());
-    assert_eq!(sweep, Err("Sweep parameters '+x=range(1,3)' requires --multirun".to_owned()));
-    assert_eq!(parse_override("x=range(1,3)").and_then(|o| o.validate_sweep(RunMode::Multirun)), Ok(()));
+    let sweep = parse_override("+x=range(1,3)")
+        .and_then(|o| o.validate_sweep(RunMode::Run))
+        .map_err(|e| e.to_string());
+    assert_eq!(
+        sweep,
+        Err("Sweep parameters '+x=range(1,3)' requires --multirun".to_owned())
+    );
+    assert_eq!(
+        parse_override("x=range(1,3)").and_then(|o| o.validate_sweep(RunMode::Multirun)),
+        Ok(())
+    );
     let hydra = parse_override("hydra.a=1,2").and_then(|o| o.validate_sweep(RunMode::Multirun));
     assert!(matches!(hydra, Err(OverrideError::HydraSweep { .. })));
-    assert_eq!(parse_override("x=1").and_then(|o| o.validate_sweep(RunMode::Run)), Ok(()));
+    assert_eq!(
+        parse_override("x=1").and_then(|o| o.validate_sweep(RunMode::Run)),
+        Ok(())
+    );
 }
 
 #[test]
 fn sweeps_among_choice_items_are_refused_when_enumerated() {
-    for input in ["a=1,choice(2,3)", "a=choice(1,choice(2,3))", "a=shuffle(1,2),3", "a=[range(1)],2"] {
+    for input in [
+        "a=1,choice(2,3)",
+        "a=choice(1,choice(2,3))",
+        "a=shuffle(1,2),3",
+        "a=[range(1)],2",
+    ] {
         let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
-        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
-        assert!(matches!(sweep.expand(None), Err(OverrideError::NestedSweepInChoice { .. })), "{input}");
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else {
+            panic!("{input} is a sweep")
+        };
+        assert!(
+            matches!(
+                sweep.expand(None),
+                Err(OverrideError::NestedSweepInChoice { .. })
+            ),
+            "{input}"
+        );
         assert!(o.validate_sweep(RunMode::Run).is_err());
     }
 }
@@ -329,7 +466,11 @@ fn sweeps_among_choice_items_are_refused_when_enumerated() {
 #[test]
 fn nested_sweeps_fail_like_a_merge() {
     let err = parse_override("+x=[choice(1,2)]").map_err(|e| e.to_string());
-    assert!(err.as_ref().is_err_and(|e| e.starts_with("Error merging override +x=[choice(1,2)]\n")), "{err:?}");
+    assert!(
+        err.as_ref()
+            .is_err_and(|e| e.starts_with("Error merging override +x=[choice(1,2)]\n")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -361,7 +502,9 @@ fn sweeps_enumerate_as_the_basic_sweeper_does() {
     ];
     for (input, want) in cases {
         let o = parse_override(input).unwrap_or_else(|e| panic!("{input}: {e}"));
-        let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("{input} is a sweep") };
+        let Some(OverrideValue::Sweep(sweep)) = &o.value else {
+            panic!("{input} is a sweep")
+        };
         let jobs: Vec<String> = sweep
             .expand(None)
             .unwrap_or_else(|e| panic!("{input}: {e}"))
@@ -375,17 +518,35 @@ fn sweeps_enumerate_as_the_basic_sweeper_does() {
 #[test]
 fn multirun_expansion_reparses() {
     let o = parse_override("a='x y',b\\,c,3").unwrap_or_else(|e| panic!("{e}"));
-    let Some(OverrideValue::Sweep(sweep)) = &o.value else { panic!("not a sweep") };
-    let texts: Vec<String> = sweep.expand(None).unwrap_or_default().iter().map(Element::to_override_text).collect();
+    let Some(OverrideValue::Sweep(sweep)) = &o.value else {
+        panic!("not a sweep")
+    };
+    let texts: Vec<String> = sweep
+        .expand(None)
+        .unwrap_or_default()
+        .iter()
+        .map(Element::to_override_text)
+        .collect();
     assert_eq!(texts, vec!["'x y'", "b\\,c", "3"]);
     for text in &texts {
         let again = parse_override(&format!("a={text}")).unwrap_or_else(|e| panic!("{e}"));
         assert!(again.element().is_some(), "{text} re-parses to an element");
     }
     let glob = parse_override("db=glob(*,exclude=m*)").unwrap_or_else(|e| panic!("{e}"));
-    let Some(OverrideValue::Sweep(sweep)) = &glob.value else { panic!("not a sweep") };
-    let options = vec!["mysql".to_owned(), "postgresql".to_owned(), "sqlite".to_owned()];
-    let names: Vec<String> = sweep.expand(Some(&options)).unwrap_or_default().iter().map(Element::python_str).collect();
+    let Some(OverrideValue::Sweep(sweep)) = &glob.value else {
+        panic!("not a sweep")
+    };
+    let options = vec![
+        "mysql".to_owned(),
+        "postgresql".to_owned(),
+        "sqlite".to_owned(),
+    ];
+    let names: Vec<String> = sweep
+        .expand(Some(&options))
+        .unwrap_or_default()
+        .iter()
+        .map(Element::python_str)
+        .collect();
     assert_eq!(names, vec!["postgresql", "sqlite"]);
 }
 
@@ -402,7 +563,9 @@ fn conformance_dir() -> PathBuf {
         .into_iter()
         .flatten()
         .find(|p| p.join("cases/override_values.jsonl").is_file())
-        .unwrap_or_else(|| panic!("conformance kit not found; set RLSYNC_CONFORMANCE to its directory"))
+        .unwrap_or_else(|| {
+            panic!("conformance kit not found; set RLSYNC_CONFORMANCE to its directory")
+        })
 }
 
 /// The conformance README's encoding of values JSON cannot express.
@@ -456,9 +619,14 @@ fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Float(x), Value::Float(y)) => x == y || (x.is_nan() && y.is_nan()),
         (Value::Missing, Value::Str(s)) | (Value::Str(s), Value::Missing) => s == "???",
-        (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(&p.value, &q.value)),
+        (Value::List(x), Value::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(&p.value, &q.value))
+        }
         (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|((k1, v1), (k2, v2))| k1 == k2 && same(&v1.value, &v2.value))
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((k1, v1), (k2, v2))| k1 == k2 && same(&v1.value, &v2.value))
         }
         _ => a == b,
     }
@@ -477,7 +645,9 @@ fn regex_literal(re: &str) -> Option<String> {
                 }
                 out.push(next);
             }
-            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => return None,
+            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => {
+                return None;
+            }
             c => out.push(c),
         }
     }
@@ -498,49 +668,84 @@ struct Coverage {
 /// where the composed value is not the parsed one alone (merges into dicts, packages, hydra keys).
 fn value_target(o: &Override) -> Option<(&Element, &str)> {
     let element = o.element()?;
-    let plain = o.package.is_none() && o.kind != OverrideKind::Delete && !o.key_or_group.starts_with("hydra");
+    let plain = o.package.is_none()
+        && o.kind != OverrideKind::Delete
+        && !o.key_or_group.starts_with("hydra");
     let merges = o.key_or_group == "nested" && matches!(element, Element::Dict(_));
     (plain && !merges).then_some((element, o.key_or_group.as_str()))
 }
 
 fn expected_at<'a>(config: &'a Node, key: &str) -> Option<&'a Node> {
-    if key.contains('/') { config.get(key) } else { config.get_path(key) }
+    if key.contains('/') {
+        config.get(key)
+    } else {
+        config.get_path(key)
+    }
 }
 
 /// One case of any suite: every override of a successful case parses, grammar errors fail to parse,
 /// sweeps are refused in a single run, and single overrides on `base.yaml` give Hydra's typed value.
 fn conformance_case(case: &Json, cov: &mut Coverage) {
     let id = case["id"].as_str().unwrap_or("?");
-    let lines: Vec<&str> =
-        case["overrides"].as_array().map(|a| a.iter().filter_map(Json::as_str).collect()).unwrap_or_default();
-    let parsed: Vec<Result<Override, OverrideError>> = lines.iter().map(|l| parse_override(l)).collect();
+    let lines: Vec<&str> = case["overrides"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    let parsed: Vec<Result<Override, OverrideError>> =
+        lines.iter().map(|l| parse_override(l)).collect();
     if let Some(config) = case["expect"].get("config") {
         for (line, p) in lines.iter().zip(&parsed) {
-            assert!(p.is_ok(), "{id}: {line:?} must parse: {:?}", p.as_ref().err());
+            assert!(
+                p.is_ok(),
+                "{id}: {line:?} must parse: {:?}",
+                p.as_ref().err()
+            );
             cov.parsed += 1;
         }
-        let single_on_base = case["config_name"].as_str() == Some("base") && case["mode"].as_str() == Some("cfg");
+        let single_on_base =
+            case["config_name"].as_str() == Some("base") && case["mode"].as_str() == Some("cfg");
         if let ([line], [Ok(o)], true) = (lines.as_slice(), parsed.as_slice(), single_on_base) {
-            let Some((element, key)) = value_target(o) else { return };
+            let Some((element, key)) = value_target(o) else {
+                return;
+            };
             let want = Node::new(decode(config));
-            let Some(want_at) = expected_at(&want, key) else { panic!("{id}: expected config has no {key}") };
+            let Some(want_at) = expected_at(&want, key) else {
+                panic!("{id}: expected config has no {key}")
+            };
             let got = element.to_node_from(line).value;
-            assert!(same(&got, &want_at.value), "{id}: {line:?} gives {got:?}, Hydra {:?}", want_at.value);
+            assert!(
+                same(&got, &want_at.value),
+                "{id}: {line:?} gives {got:?}, Hydra {:?}",
+                want_at.value
+            );
             cov.values += 1;
         }
         return;
     }
-    let Some(re) = case["expect"].get("error").and_then(Json::as_str) else { return };
-    let Some(literal) = regex_literal(re) else { return };
+    let Some(re) = case["expect"].get("error").and_then(Json::as_str) else {
+        return;
+    };
+    let Some(literal) = regex_literal(re) else {
+        return;
+    };
     if literal == GRAMMAR_HINT || literal.starts_with("Error parsing override") {
         let failure = parsed.iter().find_map(|p| p.as_ref().err());
         let err = failure.unwrap_or_else(|| panic!("{id}: one of {lines:?} must not parse"));
-        assert!(err.to_string().contains(&literal), "{id}: {err} lacks {literal:?}");
+        assert!(
+            err.to_string().contains(&literal),
+            "{id}: {err} lacks {literal:?}"
+        );
         cov.grammar_errors += 1;
     } else if literal.starts_with("Ambiguous value") || literal.starts_with("Sweep parameters") {
-        let refused = parsed.iter().flatten().find_map(|o| o.validate_sweep(RunMode::Run).err());
+        let refused = parsed
+            .iter()
+            .flatten()
+            .find_map(|o| o.validate_sweep(RunMode::Run).err());
         let err = refused.unwrap_or_else(|| panic!("{id}: one of {lines:?} must be a sweep"));
-        assert!(err.to_string().contains(&literal), "{id}: {err} lacks {literal:?}");
+        assert!(
+            err.to_string().contains(&literal),
+            "{id}: {err} lacks {literal:?}"
+        );
         cov.sweep_errors += 1;
     }
 }
@@ -556,9 +761,11 @@ fn conformance_cases() {
     files.sort();
     let mut cov = Coverage::default();
     for path in &files {
-        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         for (n, line) in text.lines().enumerate() {
-            let case: Json = serde_json::from_str(line).unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), n + 1));
+            let case: Json = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), n + 1));
             conformance_case(&case, &mut cov);
         }
     }
@@ -593,10 +800,15 @@ fn grammar_text() -> impl Strategy<Value = String> {
         Just("/".to_owned()),
         Just(".".to_owned()),
         Just("_".to_owned()),
-        prop::sample::select(vec!["choice", "range", "int", "float", "str", "bool", "sort", "shuffle", "tag", "glob", "interval"])
-            .prop_map(str::to_owned),
-        prop::sample::select(vec!["1", "0", "-1", "1e3", "1.5", "inf", "nan", "true", "null", "a", "x1", "_"])
-            .prop_map(str::to_owned),
+        prop::sample::select(vec![
+            "choice", "range", "int", "float", "str", "bool", "sort", "shuffle", "tag", "glob",
+            "interval"
+        ])
+        .prop_map(str::to_owned),
+        prop::sample::select(vec![
+            "1", "0", "-1", "1e3", "1.5", "inf", "nan", "true", "null", "a", "x1", "_"
+        ])
+        .prop_map(str::to_owned),
         any::<char>().prop_map(String::from),
     ];
     prop::collection::vec(piece, 0..40).prop_map(|v| v.concat())
@@ -623,7 +835,10 @@ proptest! {
 #[test]
 fn deep_nesting_is_an_error_not_a_crash() {
     let deep = format!("a={}{}", "[".repeat(5000), "]".repeat(5000));
-    assert!(matches!(parse_override(&deep), Err(OverrideError::Grammar { .. })));
+    assert!(matches!(
+        parse_override(&deep),
+        Err(OverrideError::Grammar { .. })
+    ));
     let ok = format!("a={}1{}", "[".repeat(50), "]".repeat(50));
     assert!(parse_override(&ok).is_ok());
 }
@@ -635,7 +850,9 @@ fn long_pathological_input_is_handled() {
     assert!(parse_override(&braces).is_err());
     let keys: Vec<String> = (0..20_000).map(|i| format!("k{}:{i}", i % 3)).collect();
     let dict = parse_override(&format!("a={{{}}}", keys.join(",")));
-    let Ok(Some(Element::Dict(pairs))) = dict.map(|o| o.element().cloned()) else { panic!("a dict") };
+    let Ok(Some(Element::Dict(pairs))) = dict.map(|o| o.element().cloned()) else {
+        panic!("a dict")
+    };
     assert_eq!(pairs.len(), 3);
     assert_eq!(pairs[0], (Key::from("k0"), Element::Int(19_998)));
     let kwargs: Vec<&str> = std::iter::repeat_n("reverse=true", 20_000).collect();

@@ -6,9 +6,9 @@
 
 use std::collections::BTreeSet;
 
+use super::OverrideValue;
 use super::element::{Element, Quote};
 use super::sweep::{ChoiceSweep, GlobSweep, IntervalSweep, RangeSweep, Sweep};
-use super::OverrideValue;
 use crate::config::node::{Key, python_float_repr};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +38,12 @@ pub(super) struct Choice {
 
 impl Choice {
     pub fn new(items: Vec<Val>, simple_form: bool) -> Choice {
-        Choice { items, simple_form, shuffle: false, tags: BTreeSet::new() }
+        Choice {
+            items,
+            simple_form,
+            shuffle: false,
+            tags: BTreeSet::new(),
+        }
     }
 }
 
@@ -96,10 +101,13 @@ pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
         (Val::Null, Val::Null) => true,
         (Val::Str(x), Val::Str(y)) => x == y,
         (Val::Quoted(x, qx), Val::Quoted(y, qy)) => x == y && qx == qy,
-        (Val::List(x), Val::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q)),
+        (Val::List(x), Val::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q))
+        }
         (Val::Dict(x), Val::Dict(y)) => {
             x.len() == y.len()
-                && x.iter().all(|(k, v)| y.iter().any(|(k2, v2)| key_eq(k, k2) && py_eq(v, v2)))
+                && x.iter()
+                    .all(|(k, v)| y.iter().any(|(k2, v2)| key_eq(k, k2) && py_eq(v, v2)))
         }
         _ => a == b,
     }
@@ -138,7 +146,11 @@ pub(super) fn py_lt(a: &Val, b: &Val) -> Result<bool, String> {
             }
             Ok(x.len() < y.len())
         }
-        _ => Err(format!("'<' not supported between instances of '{}' and '{}'", a.type_name(), b.type_name())),
+        _ => Err(format!(
+            "'<' not supported between instances of '{}' and '{}'",
+            a.type_name(),
+            b.type_name()
+        )),
     }
 }
 
@@ -153,7 +165,11 @@ pub(super) fn py_sorted(items: &[Val], reverse: bool) -> Result<Vec<Val>, String
     let mut out = Vec::with_capacity(items.len());
     let (mut i, mut j) = (0, 0);
     while i < left.len() && j < right.len() {
-        let take_right = if reverse { py_lt(&left[i], &right[j])? } else { py_lt(&right[j], &left[i])? };
+        let take_right = if reverse {
+            py_lt(&left[i], &right[j])?
+        } else {
+            py_lt(&right[j], &left[i])?
+        };
         if take_right {
             out.push(right[j].clone());
             j += 1;
@@ -169,7 +185,11 @@ pub(super) fn py_sorted(items: &[Val], reverse: bool) -> Result<Vec<Val>, String
 
 /// Python's `repr()` of a string (the quoting Python picks, and its escapes).
 pub(super) fn py_repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -182,7 +202,9 @@ pub(super) fn py_repr_str(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -199,11 +221,20 @@ pub(super) fn py_repr(v: &Val) -> String {
         Val::Int(i) => i.to_string(),
         Val::Float(f) => python_float_repr(*f),
         Val::Str(s) => py_repr_str(s),
-        Val::Quoted(s, q) => format!("QuotedString(text={}, quote=<Quote.{}>)", py_repr_str(s), q.python_name()),
-        Val::List(items) => format!("[{}]", items.iter().map(py_repr).collect::<Vec<_>>().join(", ")),
+        Val::Quoted(s, q) => format!(
+            "QuotedString(text={}, quote=<Quote.{}>)",
+            py_repr_str(s),
+            q.python_name()
+        ),
+        Val::List(items) => format!(
+            "[{}]",
+            items.iter().map(py_repr).collect::<Vec<_>>().join(", ")
+        ),
         Val::Dict(pairs) => {
-            let inner: Vec<String> =
-                pairs.iter().map(|(k, v)| format!("{}: {}", py_repr(&key_val(k)), py_repr(v))).collect();
+            let inner: Vec<String> = pairs
+                .iter()
+                .map(|(k, v)| format!("{}: {}", py_repr(&key_val(k)), py_repr(v)))
+                .collect();
             format!("{{{}}}", inner.join(", "))
         }
         other => other.type_name().to_owned(),
@@ -223,7 +254,10 @@ pub(super) fn into_override_value(v: Val) -> Result<OverrideValue, Nested> {
         Val::Choice(c) => {
             // Hydra parses `1,choice(2,3)` and fails only when a sweeper formats the inner sweep.
             let nested_sweep = c.items.iter().find_map(nested_sweep_type);
-            let items = c.items.into_iter().filter(|v| nested_sweep_type(v).is_none());
+            let items = c
+                .items
+                .into_iter()
+                .filter(|v| nested_sweep_type(v).is_none());
             OverrideValue::Sweep(Sweep::Choice(ChoiceSweep {
                 items: items.map(into_element).collect::<Result<_, _>>()?,
                 simple_form: c.simple_form,
@@ -255,11 +289,25 @@ pub(super) fn into_element(v: Val) -> Result<Element, Nested> {
         Val::Bool(b) => Element::Bool(b),
         Val::Int(i) => Element::Int(i),
         Val::Float(f) => Element::Float(f),
-        Val::Str(s) => Element::Str { value: s, quote: None },
-        Val::Quoted(s, q) => Element::Str { value: s, quote: Some(q) },
-        Val::List(items) => Element::List(items.into_iter().map(into_element).collect::<Result<_, _>>()?),
+        Val::Str(s) => Element::Str {
+            value: s,
+            quote: None,
+        },
+        Val::Quoted(s, q) => Element::Str {
+            value: s,
+            quote: Some(q),
+        },
+        Val::List(items) => Element::List(
+            items
+                .into_iter()
+                .map(into_element)
+                .collect::<Result<_, _>>()?,
+        ),
         Val::Dict(pairs) => Element::Dict(
-            pairs.into_iter().map(|(k, v)| Ok((k, into_element(v)?))).collect::<Result<_, Nested>>()?,
+            pairs
+                .into_iter()
+                .map(|(k, v)| Ok((k, into_element(v)?)))
+                .collect::<Result<_, Nested>>()?,
         ),
         sweep @ (Val::Choice(_) | Val::Range(_) | Val::Interval(_) | Val::Glob(_)) => {
             return Err(Nested::Sweep(sweep.type_name()));
@@ -289,19 +337,37 @@ mod tests {
     fn sorting_is_stable_and_fails_on_mixed_types() {
         let items = [Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)];
         let sorted = py_sorted(&items, false).unwrap_or_default();
-        assert_eq!(sorted, vec![Val::Int(0), Val::Float(1.0), Val::Bool(true), Val::Int(2)]);
+        assert_eq!(
+            sorted,
+            vec![Val::Int(0), Val::Float(1.0), Val::Bool(true), Val::Int(2)]
+        );
         let sorted = py_sorted(&items, true).unwrap_or_default();
-        assert_eq!(sorted, vec![Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)]);
+        assert_eq!(
+            sorted,
+            vec![Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)]
+        );
         let err = py_sorted(&[Val::Int(1), s("a")], false);
-        assert_eq!(err, Err("'<' not supported between instances of 'str' and 'int'".to_owned()));
-        let lists = [Val::List(vec![Val::Int(1), s("b")]), Val::List(vec![Val::Int(1), s("a")])];
-        assert_eq!(py_sorted(&lists, false).map(|v| v[0].clone()), Ok(lists[1].clone()));
+        assert_eq!(
+            err,
+            Err("'<' not supported between instances of 'str' and 'int'".to_owned())
+        );
+        let lists = [
+            Val::List(vec![Val::Int(1), s("b")]),
+            Val::List(vec![Val::Int(1), s("a")]),
+        ];
+        assert_eq!(
+            py_sorted(&lists, false).map(|v| v[0].clone()),
+            Ok(lists[1].clone())
+        );
     }
 
     #[test]
     fn repr_matches_python() {
         assert_eq!(py_repr_str("a'b"), "\"a'b\"");
         assert_eq!(py_repr_str("a\\b"), "'a\\\\b'");
-        assert_eq!(py_repr(&Val::List(vec![Val::Int(1), s("x"), Val::Null])), "[1, 'x', None]");
+        assert_eq!(
+            py_repr(&Val::List(vec![Val::Int(1), s("x"), Val::Null])),
+            "[1, 'x', None]"
+        );
     }
 }

@@ -30,7 +30,9 @@ enum TagClass<'a> {
 fn classify(tag: Option<&str>) -> TagClass<'_> {
     match tag {
         None | Some("!") => TagClass::Untagged,
-        Some(t) => t.strip_prefix(CORE).map_or(TagClass::Unknown, TagClass::Core),
+        Some(t) => t
+            .strip_prefix(CORE)
+            .map_or(TagClass::Unknown, TagClass::Core),
     }
 }
 
@@ -48,7 +50,11 @@ impl Constructor {
     }
 
     pub(super) fn origin(&self, pos: Pos) -> Option<Origin> {
-        Some(Origin::File { file: Arc::clone(&self.file), line: pos.line, col: pos.col })
+        Some(Origin::File {
+            file: Arc::clone(&self.file),
+            line: pos.line,
+            col: pos.col,
+        })
     }
 
     fn spend(&mut self, pos: Pos, units: usize) -> Result<(), Fail> {
@@ -76,7 +82,9 @@ impl Constructor {
         }
         self.spend(raw.pos, 1)?;
         let value = match &raw.kind {
-            RawKind::Scalar { text, style } => scalar_value(raw, text, *style).map_err(|kind| (raw.pos, kind))?,
+            RawKind::Scalar { text, style } => {
+                scalar_value(raw, text, *style).map_err(|kind| (raw.pos, kind))?
+            }
             RawKind::Seq(items) => self.sequence(raw, items, depth)?,
             RawKind::Map(pairs) => self.mapping(raw, pairs, depth)?,
         };
@@ -87,13 +95,23 @@ impl Constructor {
         let tag = raw.tag.as_deref().unwrap_or_default();
         match classify(raw.tag.as_deref()) {
             TagClass::Untagged | TagClass::Core("seq") => {
-                let list = items.iter().map(|item| self.value(item, depth + 1)).collect::<Result<_, _>>()?;
+                let list = items
+                    .iter()
+                    .map(|item| self.value(item, depth + 1))
+                    .collect::<Result<_, _>>()?;
                 Ok(Value::List(list))
             }
             TagClass::Core("omap" | "pairs") => self.pairs(raw, items, depth),
             TagClass::Core("set" | "map") => Err(wrong_kind(raw, "mapping", "sequence")),
-            TagClass::Core(name) if SCALAR_TAGS.contains(&name) => Err(wrong_kind(raw, "scalar", "sequence")),
-            TagClass::Core(_) | TagClass::Unknown => Err((raw.pos, YamlErrorKind::UnknownTag { tag: tag.to_owned() })),
+            TagClass::Core(name) if SCALAR_TAGS.contains(&name) => {
+                Err(wrong_kind(raw, "scalar", "sequence"))
+            }
+            TagClass::Core(_) | TagClass::Unknown => Err((
+                raw.pos,
+                YamlErrorKind::UnknownTag {
+                    tag: tag.to_owned(),
+                },
+            )),
         }
     }
 
@@ -103,7 +121,14 @@ impl Constructor {
         for item in items {
             let (key, value) = match &item.kind {
                 RawKind::Map(pairs) if pairs.len() == 1 => &pairs[0],
-                _ => return Err((item.pos, YamlErrorKind::BadPairs { tag: raw.tag.clone().unwrap_or_default() })),
+                _ => {
+                    return Err((
+                        item.pos,
+                        YamlErrorKind::BadPairs {
+                            tag: raw.tag.clone().unwrap_or_default(),
+                        },
+                    ));
+                }
             };
             self.spend(item.pos, 1)?;
             let pair = vec![self.value(key, depth + 2)?, self.value(value, depth + 2)?];
@@ -112,15 +137,30 @@ impl Constructor {
         Ok(Value::List(list))
     }
 
-    fn mapping(&mut self, raw: &Raw, pairs: &[(Rc<Raw>, Rc<Raw>)], depth: usize) -> Result<Value, Fail> {
+    fn mapping(
+        &mut self,
+        raw: &Raw,
+        pairs: &[(Rc<Raw>, Rc<Raw>)],
+        depth: usize,
+    ) -> Result<Value, Fail> {
         let tag = raw.tag.as_deref().unwrap_or_default();
         match classify(raw.tag.as_deref()) {
             TagClass::Untagged | TagClass::Core("map") => self.dict(pairs, depth).map(Value::Dict),
             // PyYAML builds a Python set, which OmegaConf then refuses.
-            TagClass::Core("set") => Err((raw.pos, YamlErrorKind::UnsupportedValue { type_name: "set" })),
+            TagClass::Core("set") => Err((
+                raw.pos,
+                YamlErrorKind::UnsupportedValue { type_name: "set" },
+            )),
             TagClass::Core("omap" | "pairs" | "seq") => Err(wrong_kind(raw, "sequence", "mapping")),
-            TagClass::Core(name) if SCALAR_TAGS.contains(&name) => Err(wrong_kind(raw, "scalar", "mapping")),
-            TagClass::Core(_) | TagClass::Unknown => Err((raw.pos, YamlErrorKind::UnknownTag { tag: tag.to_owned() })),
+            TagClass::Core(name) if SCALAR_TAGS.contains(&name) => {
+                Err(wrong_kind(raw, "scalar", "mapping"))
+            }
+            TagClass::Core(_) | TagClass::Unknown => Err((
+                raw.pos,
+                YamlErrorKind::UnknownTag {
+                    tag: tag.to_owned(),
+                },
+            )),
         }
     }
 
@@ -202,22 +242,36 @@ impl Constructor {
 }
 
 fn wrong_kind(raw: &Raw, expected: &'static str, found: &'static str) -> Fail {
-    (raw.pos, YamlErrorKind::WrongNodeKind { tag: raw.tag.clone().unwrap_or_default(), expected, found })
+    (
+        raw.pos,
+        YamlErrorKind::WrongNodeKind {
+            tag: raw.tag.clone().unwrap_or_default(),
+            expected,
+            found,
+        },
+    )
 }
 
 /// A scalar's value from its tag, style and text.
 fn scalar_value(raw: &Raw, text: &str, style: ScalarStyle) -> Result<Value, YamlErrorKind> {
     let tag = raw.tag.as_deref();
     let name = match classify(tag) {
-        TagClass::Untagged if style == ScalarStyle::Plain || tag == Some("!") => implicit_name(scalar::resolve_plain(text)),
+        TagClass::Untagged if style == ScalarStyle::Plain || tag == Some("!") => {
+            implicit_name(scalar::resolve_plain(text))
+        }
         TagClass::Untagged => "str",
         TagClass::Core(name) => name,
         TagClass::Unknown => "",
     };
     let full_tag = || tag.map_or_else(|| format!("{CORE}{name}"), str::to_owned);
     let bad = |e: ScalarError| match e {
-        ScalarError::Invalid => YamlErrorKind::BadScalar { tag: full_tag(), text: text.to_owned() },
-        ScalarError::OutOfRange => YamlErrorKind::IntOutOfRange { text: text.to_owned() },
+        ScalarError::Invalid => YamlErrorKind::BadScalar {
+            tag: full_tag(),
+            text: text.to_owned(),
+        },
+        ScalarError::OutOfRange => YamlErrorKind::IntOutOfRange {
+            text: text.to_owned(),
+        },
     };
     match name {
         "str" => Ok(Value::Str(text.to_owned())),
@@ -225,12 +279,18 @@ fn scalar_value(raw: &Raw, text: &str, style: ScalarStyle) -> Result<Value, Yaml
         "bool" => scalar::construct_bool(text).map(Value::Bool).map_err(bad),
         "int" => scalar::construct_int(text).map(Value::Int).map_err(bad),
         "float" => scalar::construct_float(text).map(Value::Float).map_err(bad),
-        "binary" => scalar::construct_binary(text).map(Value::Bytes).map_err(bad),
+        "binary" => scalar::construct_binary(text)
+            .map(Value::Bytes)
+            .map_err(bad),
         // PyYAML builds a date, which OmegaConf then refuses.
         "timestamp" => Err(YamlErrorKind::UnsupportedValue { type_name: "date" }),
         "map" | "omap" | "pairs" | "set" | "seq" => Err(YamlErrorKind::WrongNodeKind {
             tag: full_tag(),
-            expected: if matches!(name, "map" | "set") { "mapping" } else { "sequence" },
+            expected: if matches!(name, "map" | "set") {
+                "mapping"
+            } else {
+                "sequence"
+            },
             found: "scalar",
         }),
         _ => Err(YamlErrorKind::UnknownTag { tag: full_tag() }),
@@ -251,9 +311,17 @@ fn implicit_name(implicit: Implicit) -> &'static str {
 }
 
 /// The scalar carries core tag `name`, explicitly or by implicit resolution to `implicit`.
-fn scalar_is(tag: Option<&str>, text: &str, style: ScalarStyle, name: &str, implicit: Implicit) -> bool {
+fn scalar_is(
+    tag: Option<&str>,
+    text: &str,
+    style: ScalarStyle,
+    name: &str,
+    implicit: Implicit,
+) -> bool {
     match classify(tag) {
-        TagClass::Untagged if style == ScalarStyle::Plain || tag == Some("!") => scalar::resolve_plain(text) == implicit,
+        TagClass::Untagged if style == ScalarStyle::Plain || tag == Some("!") => {
+            scalar::resolve_plain(text) == implicit
+        }
         TagClass::Untagged => implicit == Implicit::Str,
         TagClass::Core(n) => n == name,
         TagClass::Unknown => false,
@@ -262,7 +330,9 @@ fn scalar_is(tag: Option<&str>, text: &str, style: ScalarStyle, name: &str, impl
 
 fn is_merge_key(raw: &Raw) -> bool {
     match &raw.kind {
-        RawKind::Scalar { text, style } => scalar_is(raw.tag.as_deref(), text, *style, "merge", Implicit::Merge),
+        RawKind::Scalar { text, style } => {
+            scalar_is(raw.tag.as_deref(), text, *style, "merge", Implicit::Merge)
+        }
         _ => matches!(classify(raw.tag.as_deref()), TagClass::Core("merge")),
     }
 }
@@ -272,10 +342,11 @@ fn is_merge_key(raw: &Raw) -> bool {
 fn check_duplicates(pairs: &[(Rc<Raw>, Rc<Raw>)]) -> Result<(), Fail> {
     let mut seen: HashSet<&str> = HashSet::new();
     for (k, _) in pairs {
-        if let RawKind::Scalar { text, style } = &k.kind {
-            if scalar_is(k.tag.as_deref(), text, *style, "str", Implicit::Str) && !seen.insert(text) {
-                return Err((k.pos, YamlErrorKind::DuplicateKey { key: text.clone() }));
-            }
+        if let RawKind::Scalar { text, style } = &k.kind
+            && scalar_is(k.tag.as_deref(), text, *style, "str", Implicit::Str)
+            && !seen.insert(text)
+        {
+            return Err((k.pos, YamlErrorKind::DuplicateKey { key: text.clone() }));
         }
     }
     Ok(())
@@ -291,7 +362,9 @@ fn python_hash_key(key: &Key) -> Option<Key> {
         Key::Float(bits) => {
             let f = f64::from_bits(*bits);
             // Exactly integral and inside i64: equal to that int in Python.
-            if f.fract() == 0.0 && f >= -9.223_372_036_854_776e18 && f < 9.223_372_036_854_776e18 {
+            if f.fract() == 0.0
+                && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f)
+            {
                 Some(Key::Int(f as i64))
             } else {
                 Some(key.clone())
@@ -308,10 +381,18 @@ pub(super) fn reject_null_keys(node: &Node) -> Result<(), Fail> {
         Value::Dict(dict) => dict.iter().try_for_each(|(key, value)| {
             if *key == Key::Null {
                 let pos = match &value.origin {
-                    Some(Origin::File { line, col, .. }) => Pos { line: *line, col: *col },
+                    Some(Origin::File { line, col, .. }) => Pos {
+                        line: *line,
+                        col: *col,
+                    },
                     _ => Pos { line: 1, col: 1 },
                 };
-                return Err((pos, YamlErrorKind::KeyType { type_name: "NoneType" }));
+                return Err((
+                    pos,
+                    YamlErrorKind::KeyType {
+                        type_name: "NoneType",
+                    },
+                ));
             }
             reject_null_keys(value)
         }),

@@ -34,10 +34,10 @@ pub(crate) fn resolve_plain(text: &str) -> Implicit {
     let Some(&first) = text.as_bytes().first() else {
         return Implicit::Null;
     };
-    if b"yYnNtTfFoO".contains(&first) {
-        if let Some(b) = yaml11_bool(text) {
-            return Implicit::Bool(b);
-        }
+    if b"yYnNtTfFoO".contains(&first)
+        && let Some(b) = yaml11_bool(text)
+    {
+        return Implicit::Bool(b);
     }
     if b"-+0123456789.".contains(&first) {
         if yaml11_float(text) {
@@ -75,7 +75,10 @@ struct Cur<'a> {
 
 impl<'a> Cur<'a> {
     fn new(text: &'a str) -> Self {
-        Cur { b: text.as_bytes(), i: 0 }
+        Cur {
+            b: text.as_bytes(),
+            i: 0,
+        }
     }
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
@@ -137,7 +140,8 @@ impl<'a> Cur<'a> {
     fn sexagesimal_groups(&mut self) -> bool {
         let mut groups = 0;
         while self.peek() == Some(b':') {
-            let two = self.peek_at(1).is_some_and(|c| (b'0'..=b'5').contains(&c)) && self.peek_at(2).is_some_and(is_digit);
+            let two = self.peek_at(1).is_some_and(|c| (b'0'..=b'5').contains(&c))
+                && self.peek_at(2).is_some_and(is_digit);
             if two {
                 self.i += 3;
             } else if self.peek_at(1).is_some_and(is_digit) {
@@ -184,7 +188,9 @@ fn any_alt(text: &str, alts: &[fn(&mut Cur) -> bool]) -> bool {
 fn special_float(c: &mut Cur) -> bool {
     let mut signed = *c;
     signed.sign();
-    if signed.eat_byte(b'.') && (signed.eat_str("inf") || signed.eat_str("Inf") || signed.eat_str("INF")) {
+    if signed.eat_byte(b'.')
+        && (signed.eat_str("inf") || signed.eat_str("Inf") || signed.eat_str("INF"))
+    {
         *c = signed;
         return true;
     }
@@ -205,14 +211,21 @@ pub(crate) fn yaml11_float(text: &str) -> bool {
                 }
             },
             // \.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
-            |c| c.eat_byte(b'.') && c.digit_then_digits_or_underscores() && c.optional_exponent_then_end(false),
+            |c| {
+                c.eat_byte(b'.')
+                    && c.digit_then_digits_or_underscores()
+                    && c.optional_exponent_then_end(false)
+            },
             // [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*
             |c| {
                 c.sign();
-                c.digit_then_digits_or_underscores() && c.sexagesimal_groups() && c.eat_byte(b'.') && {
-                    c.eat_while(digit_or_underscore);
-                    true
-                }
+                c.digit_then_digits_or_underscores()
+                    && c.sexagesimal_groups()
+                    && c.eat_byte(b'.')
+                    && {
+                        c.eat_while(digit_or_underscore);
+                        true
+                    }
             },
             special_float,
         ],
@@ -272,10 +285,11 @@ pub(crate) fn yaml11_int(text: &str) -> bool {
             // [-+]?(?:0|[1-9][0-9_]*)
             |c| {
                 c.sign();
-                c.eat_byte(b'0') || (c.eat(|x| (b'1'..=b'9').contains(&x)) && {
-                    c.eat_while(digit_or_underscore);
-                    true
-                })
+                c.eat_byte(b'0')
+                    || (c.eat(|x| (b'1'..=b'9').contains(&x)) && {
+                        c.eat_while(digit_or_underscore);
+                        true
+                    })
             },
             // [-+]?0x[0-9a-fA-F_]+
             |c| {
@@ -308,7 +322,13 @@ pub(crate) fn yaml11_timestamp(text: &str) -> bool {
         text,
         &[
             // [0-9]{4}-[0-9]{2}-[0-9]{2}
-            |c| digits(c, 4, 4) && c.eat_byte(b'-') && digits(c, 2, 2) && c.eat_byte(b'-') && digits(c, 2, 2),
+            |c| {
+                digits(c, 4, 4)
+                    && c.eat_byte(b'-')
+                    && digits(c, 2, 2)
+                    && c.eat_byte(b'-')
+                    && digits(c, 2, 2)
+            },
             // [0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt]|[ \t]+)[0-9]{1,2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]*)?
             //   (?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?
             |c| {
@@ -317,7 +337,8 @@ pub(crate) fn yaml11_timestamp(text: &str) -> bool {
                     && digits(c, 1, 2)
                     && c.eat_byte(b'-')
                     && digits(c, 1, 2)
-                    && (c.eat(|x| x == b'T' || x == b't') || c.eat_while(|x| x == b' ' || x == b'\t') > 0);
+                    && (c.eat(|x| x == b'T' || x == b't')
+                        || c.eat_while(|x| x == b' ' || x == b'\t') > 0);
                 let time = date
                     && digits(c, 1, 2)
                     && c.eat_byte(b':')
@@ -338,7 +359,11 @@ pub(crate) fn yaml11_timestamp(text: &str) -> bool {
                     return true;
                 }
                 c.eat(|x| x == b'-' || x == b'+') && digits(c, 1, 2) && {
-                    if c.eat_byte(b':') { digits(c, 2, 2) } else { true }
+                    if c.eat_byte(b':') {
+                        digits(c, 2, 2)
+                    } else {
+                        true
+                    }
                 }
             },
         ],
@@ -366,14 +391,21 @@ pub(crate) fn construct_int(text: &str) -> Result<i64, ScalarError> {
         let mut base: i128 = 1;
         for part in body.split(':').rev() {
             let digit = python_int(part, 10)?;
-            total = digit.checked_mul(base).and_then(|d| total.checked_add(d)).ok_or(ScalarError::OutOfRange)?;
+            total = digit
+                .checked_mul(base)
+                .and_then(|d| total.checked_add(d))
+                .ok_or(ScalarError::OutOfRange)?;
             base = base.checked_mul(60).ok_or(ScalarError::OutOfRange)?;
         }
         total
     } else {
         python_int(body, 10)?
     };
-    let signed = if negative { magnitude.checked_neg().ok_or(ScalarError::OutOfRange)? } else { magnitude };
+    let signed = if negative {
+        magnitude.checked_neg().ok_or(ScalarError::OutOfRange)?
+    } else {
+        magnitude
+    };
     i64::try_from(signed).map_err(|_| ScalarError::OutOfRange)
 }
 
@@ -399,7 +431,9 @@ fn python_int(text: &str, base: u32) -> Result<i128, ScalarError> {
         2 => Some(["0b", "0B"]),
         _ => None,
     };
-    let digits = prefix.and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p))).unwrap_or(t);
+    let digits = prefix
+        .and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p)))
+        .unwrap_or(t);
     if digits.is_empty() {
         return Err(ScalarError::Invalid);
     }
@@ -417,7 +451,11 @@ fn python_int(text: &str, base: u32) -> Result<i128, ScalarError> {
 /// PyYAML's `construct_yaml_float`: strips `_`, lowercases, takes the sign, then `.inf`/`.nan`/`a:b.c`
 /// sexagesimal/Python `float()`.
 pub(crate) fn construct_float(text: &str) -> Result<f64, ScalarError> {
-    let value: String = text.chars().filter(|&c| c != '_').collect::<String>().to_lowercase();
+    let value: String = text
+        .chars()
+        .filter(|&c| c != '_')
+        .collect::<String>()
+        .to_lowercase();
     let sign = if value.starts_with('-') { -1.0 } else { 1.0 };
     let (_, body) = split_sign(&value);
     if value.is_empty() {
@@ -499,7 +537,11 @@ pub(crate) fn construct_binary(text: &str) -> Result<Vec<u8>, ScalarError> {
             }
         }
     }
-    if quad_pos == 0 { Ok(out) } else { Err(ScalarError::Invalid) }
+    if quad_pos == 0 {
+        Ok(out)
+    } else {
+        Err(ScalarError::Invalid)
+    }
 }
 
 fn base64_value(c: u8) -> Option<u32> {
@@ -533,7 +575,11 @@ pub(crate) fn python_is_float(text: &str) -> bool {
     }
     let mut c = Cur::new(body);
     let int_part = c.grouped_digits();
-    let frac_part = if c.eat_byte(b'.') { c.grouped_digits() } else { false };
+    let frac_part = if c.eat_byte(b'.') {
+        c.grouped_digits()
+    } else {
+        false
+    };
     if !(int_part || frac_part) {
         return false;
     }
@@ -595,7 +641,16 @@ mod tests {
     #[test]
     fn nulls() {
         use Implicit::*;
-        check_resolve(&[("", Null), ("~", Null), ("null", Null), ("Null", Null), ("NULL", Null), ("nULL", Str), ("none", Str), ("None", Str)]);
+        check_resolve(&[
+            ("", Null),
+            ("~", Null),
+            ("null", Null),
+            ("Null", Null),
+            ("NULL", Null),
+            ("nULL", Str),
+            ("none", Str),
+            ("None", Str),
+        ]);
     }
 
     #[test]
@@ -692,7 +747,14 @@ mod tests {
     #[test]
     fn other_plain_scalars() {
         use Implicit::*;
-        check_resolve(&[("<<", Merge), ("=", Value), ("abc", Str), ("2024-01-01", Str), ("${a}", Str), ("???", Str)]);
+        check_resolve(&[
+            ("<<", Merge),
+            ("=", Value),
+            ("abc", Str),
+            ("2024-01-01", Str),
+            ("${a}", Str),
+            ("???", Str),
+        ]);
     }
 
     #[test]
@@ -716,7 +778,10 @@ mod tests {
             ("9223372036854775807", Ok(i64::MAX)),
             ("-9223372036854775808", Ok(i64::MIN)),
             ("9223372036854775808", Err(ScalarError::OutOfRange)),
-            ("123456789012345678901234567890123456789012", Err(ScalarError::OutOfRange)),
+            (
+                "123456789012345678901234567890123456789012",
+                Err(ScalarError::OutOfRange),
+            ),
             ("abc", Err(ScalarError::Invalid)),
             ("", Err(ScalarError::Invalid)),
             ("-", Err(ScalarError::Invalid)),
@@ -747,7 +812,11 @@ mod tests {
         ];
         for (text, want) in cases {
             let got = construct_float(text);
-            assert_eq!(got.map(f64::to_bits), Ok(want.to_bits()), "construct_float({text:?})");
+            assert_eq!(
+                got.map(f64::to_bits),
+                Ok(want.to_bits()),
+                "construct_float({text:?})"
+            );
         }
         assert!(construct_float(".NaN").is_ok_and(f64::is_nan));
         assert_eq!(construct_float("abc"), Err(ScalarError::Invalid));
@@ -775,13 +844,23 @@ mod tests {
             ("é", Err(ScalarError::Invalid)),
         ];
         for (text, want) in cases {
-            assert_eq!(construct_binary(text).as_deref(), want.as_deref(), "construct_binary({text:?})");
+            assert_eq!(
+                construct_binary(text).as_deref(),
+                want.as_deref(),
+                "construct_binary({text:?})"
+            );
         }
     }
 
     #[test]
     fn timestamps_match_pyyaml() {
-        for yes in ["2024-01-01", "2024-1-1 10:00:00", "2024-01-01T10:00:00Z", "2001-12-14t21:59:43.10-05:00", "2001-12-14 21:59:43.10 -5"] {
+        for yes in [
+            "2024-01-01",
+            "2024-1-1 10:00:00",
+            "2024-01-01T10:00:00Z",
+            "2001-12-14t21:59:43.10-05:00",
+            "2001-12-14 21:59:43.10 -5",
+        ] {
             assert!(yaml11_timestamp(yes), "{yes}");
         }
         for no in ["2024-1-1", "2024-01-01T", "24-01-01", "2024-01-01 10:00"] {
@@ -797,7 +876,17 @@ mod tests {
         for no in ["", "1.0", "1__0", "_1", "0x1", "a"] {
             assert!(!python_is_int(no), "{no}");
         }
-        for yes in ["1", "1.", ".5", "1e5", "1E-5", "inf", "-Infinity", "nan", "1_0.5"] {
+        for yes in [
+            "1",
+            "1.",
+            ".5",
+            "1e5",
+            "1E-5",
+            "inf",
+            "-Infinity",
+            "nan",
+            "1_0.5",
+        ] {
             assert!(python_is_float(yes), "{yes}");
         }
         for no in ["", ".", "e5", "1e", "1.5e", "infx", "1__0", ".inf"] {

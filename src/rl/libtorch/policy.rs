@@ -332,13 +332,13 @@ impl Policy {
         if theirs.len() != mine.len() {
             return Err(RlError::WeightsMismatch { reason: format!("{} weights vs {}", theirs.len(), mine.len()) });
         }
+        if let Some(((name, dst), (src_name, src))) =
+            mine.iter().zip(&theirs).find(|((n, d), (m, s))| n != m || d.size() != s.size())
+        {
+            return Err(RlError::WeightsMismatch { reason: format!("{name} {:?} vs {src_name} {:?}", dst.size(), src.size()) });
+        }
         tch::no_grad(|| {
-            for ((name, mut dst), (src_name, src)) in mine.into_iter().zip(theirs) {
-                if name != src_name || dst.size() != src.size() {
-                    return Err(RlError::WeightsMismatch {
-                        reason: format!("{name} {:?} vs {src_name} {:?}", dst.size(), src.size()),
-                    });
-                }
+            for ((_, mut dst), (_, src)) in mine.into_iter().zip(theirs) {
                 dst.f_copy_(&src).map_err(torch_err("copying weights"))?;
             }
             Ok(())

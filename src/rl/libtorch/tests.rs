@@ -283,3 +283,201 @@ fn torchscript_export_train_checkpoint_resume() {
     missing.actor.model.torchscript_path = Some(tmp.path().join("nope.pt"));
     assert!(matches!(Learner::new(&missing, train_env.spec()), Err(crate::rl::RlError::Torchscript { .. })));
 }
+
+#[test]
+fn evaluation_on_a_fresh_env_is_deterministic() {
+    let cfg = reach_cfg();
+    let spec = env(&cfg, true).spec();
+    let learner = Learner::new(&cfg, spec).unwrap();
+    // different sampling seeds: evaluation uses the mode, so they must not matter.
+    let a = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 1).unwrap(), 20).unwrap();
+    let b = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 2).unwrap(), 20).unwrap();
+    assert_eq!(a, b);
+    assert!(a.episodes >= 20, "{a:?}");
+}
+
+fn entry_bytes(state: &crate::tensor::StateDict) -> Vec<(String, crate::tensor::DType, Vec<u8>)> {
+    state.iter().map(|(n, t)| (n.to_owned(), t.dtype(), t.bytes().to_vec())).collect()
+}
+
+#[test]
+fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
+    use crate::tensor::{DType, Role};
+    let mut cfg = reach_cfg();
+    cfg.actor.model.model_type = ModelType::VlaTiny;
+    cfg.actor.model.hidden_dim = nz(32);
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let mut actor = learner.actor(&cfg, 0).unwrap();
+    short_run(&mut learner, &mut actor, &mut train_env, 1);
+
+    // fp32 export is the master weights bit for bit, with roles from the model.
+    let master = learner.state_dict(None).unwrap();
+    let direct = weights(&learner);
+    assert_eq!(master.len(), direct.len());
+    for ((name, bytes), (sname, t)) in direct.iter().zip(master.iter()) {
+        assert_eq!((name.as_str(), bytes.as_slice()), (sname, t.bytes()));
+        assert_eq!(t.dtype(), DType::F32);
+        let role = learner.param_roles().into_iter().find(|(n, _)| n == name).unwrap().1;
+        let expect = match role {
+            ParamRole::Trainable => Role::Trainable,
+            ParamRole::Buffer => Role::Buffer,
+            ParamRole::Frozen => Role::Frozen,
+        };
+        assert_eq!(t.role(), expect, "{name}");
+    }
+    assert!(master.synced_keys().iter().all(|k| !k.starts_with("backbone.")));
+
+    // fp32 -> actor -> fp32 and bf16 -> bf16 actor -> bf16 keep every bit.
+    for (precision, float) in [(WeightDtype::F32, None), (WeightDtype::Bf16, Some(DType::Bf16))] {
+        let mut c = cfg.clone();
+        c.rollout.model.precision = precision;
+        let sent = learner.state_dict(float).unwrap();
+        let mut receiver = Actor::new(&c, train_env.spec(), 0).unwrap();
+        receiver.import_state(&sent, 42).unwrap();
+        assert_eq!(receiver.version(), 42);
+        assert_eq!(entry_bytes(&receiver.state_dict().unwrap()), entry_bytes(&sent), "{precision:?}");
+    }
+    // the bf16 export equals libtorch's own cast of the master weights.
+    let bf16 = learner.state_dict(Some(DType::Bf16)).unwrap();
+    let mut c = cfg.clone();
+    c.rollout.model.precision = WeightDtype::Bf16;
+    let cast = learner.actor(&c, 0).unwrap().state_dict().unwrap();
+    assert_eq!(entry_bytes(&bf16), entry_bytes(&cast));
+
+    // export_into refreshes in place: after a step only synced entries change.
+    let mut state = learner.state_dict(Some(DType::Bf16)).unwrap();
+    let before = entry_bytes(&state);
+    short_run(&mut learner, &mut actor, &mut train_env, 1);
+    learner.export_into(&mut state).unwrap();
+    let after = entry_bytes(&state);
+    let synced = state.synced_keys();
+    for ((name, _, a), (_, _, b)) in before.iter().zip(&after) {
+        if !synced.contains(name) {
+            assert_eq!(a, b, "frozen {name} changed");
+        }
+    }
+    assert!(before.iter().zip(&after).any(|(a, b)| a.2 != b.2));
+
+    // a state dict of another model is rejected without touching the actor.
+    let mut other = cfg.clone();
+    other.actor.model.hidden_dim = nz(16);
+    let foreign = Learner::new(&other, train_env.spec()).unwrap().state_dict(None).unwrap();
+    let keep = entry_bytes(&actor.state_dict().unwrap());
+    assert!(matches!(actor.import_state(&foreign, 9), Err(crate::rl::RlError::WeightsMismatch { .. })));
+    assert_eq!(entry_bytes(&actor.state_dict().unwrap()), keep);
+    assert_ne!(actor.version(), 9);
+}
+
+/// How the sync test's rollout gets its weights after each step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SyncMode {
+    Real(crate::config::schema::SyncerKind),
+    /// The negative control: the sync is skipped but the rollout believes it holds the new version.
+    Skipped,
+}
+
+/// Trainer → syncer (over an in-process channel) → rollout for `steps` steps; returns every step's metrics
+/// and, per sync, whether the rollout's whole state (frozen entries included) equals the trainer's export.
+fn run_with_sync(cfg: &RunConfig, mode: SyncMode, steps: usize) -> (Vec<crate::rl::TrainMetrics>, Vec<bool>) {
+    use crate::syncer::{SyncOptions, WeightSyncer};
+    use crate::tensor::DType;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut cfg = cfg.clone();
+    if let SyncMode::Real(kind) = mode {
+        cfg.weight_syncer.kind = kind;
+    }
+    let mut train_env = env(&cfg, false);
+    let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
+    let rollout_dtype = match cfg.rollout.model.precision {
+        WeightDtype::Bf16 => DType::Bf16,
+        WeightDtype::F16 => DType::F16,
+        WeightDtype::F32 => DType::F32,
+    };
+    // the trainer's sync buffer holds the rollout dtype; export_into casts the fp32 masters into it.
+    let mut sent = learner.state_dict(Some(rollout_dtype)).unwrap();
+    // with patch sync the rollout builds its model from another seed, so only the init bootstrap can make
+    // its weights the trainer's; bucket sync has no bootstrap, and both sides start from the same config.
+    let mut rollout_cfg = cfg.clone();
+    if mode == SyncMode::Real(crate::config::schema::SyncerKind::Patch) {
+        rollout_cfg.actor.seed += 1;
+    }
+    let mut actor = Actor::new(&rollout_cfg, train_env.spec(), 11).unwrap();
+    let mut received = actor.state_dict().unwrap();
+    let (tx, mut rxs) = crate::transport::inproc_channel(1);
+    let rx = rxs.pop().unwrap();
+    let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
+    let mut receiver = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
+    let keys = sent.synced_keys();
+    rt.block_on(async {
+        let (a, b) = tokio::join!(sender.init_sender(&sent, &keys, tx), receiver.init_receiver(&mut received, rx));
+        a.unwrap();
+        b.unwrap();
+    });
+    actor.import_state(&received, learner.version()).unwrap();
+    let same = |a: &crate::tensor::StateDict, b: &crate::tensor::StateDict| entry_bytes(a) == entry_bytes(b);
+    let mut equal = vec![same(&sent, &received)];
+    let mut metrics = Vec::new();
+    for _ in 0..steps {
+        let traj = collect(&mut train_env, &mut actor, 16).unwrap();
+        metrics.push(learner.train_step(&traj).unwrap());
+        learner.export_into(&mut sent).unwrap();
+        match mode {
+            SyncMode::Real(_) => {
+                let version = learner.version();
+                let applied = rt.block_on(async {
+                    let (a, b) = tokio::join!(sender.sync(&sent, version), receiver.apply(&mut received));
+                    a.unwrap();
+                    b.unwrap()
+                });
+                assert_eq!(applied.version, version);
+                actor.import_state(&received, applied.version).unwrap();
+            }
+            SyncMode::Skipped => actor.import_state(&received, learner.version()).unwrap(),
+        }
+        equal.push(same(&sent, &received));
+    }
+    (metrics, equal)
+}
+
+#[test]
+fn behaviour_kl_is_zero_with_patch_and_bucket_sync_and_not_when_sync_is_skipped() {
+    use crate::config::schema::SyncerKind;
+    let cfg = reach_cfg(); // fp32 rollouts: the rollout's log-probs must equal the trainer's exactly
+    for kind in [SyncerKind::Patch, SyncerKind::Bucket] {
+        let (metrics, equal) = run_with_sync(&cfg, SyncMode::Real(kind), 3);
+        for (step, m) in metrics.iter().enumerate() {
+            assert!(m.behav_approx_kl.abs() < 1e-6, "{kind:?} step {step}: {m:?}");
+        }
+        assert!(equal.iter().all(|e| *e), "{kind:?}: {equal:?}");
+    }
+    let (metrics, equal) = run_with_sync(&cfg, SyncMode::Skipped, 3);
+    assert!(metrics[0].behav_approx_kl.abs() < 1e-6, "the bootstrap did happen: {:?}", metrics[0]);
+    for m in &metrics[1..] {
+        assert!(m.behav_approx_kl > 1e-6, "stale weights must show: {m:?}");
+    }
+    assert!(!equal[1..].iter().any(|e| *e));
+}
+
+#[test]
+fn vla_tiny_with_patch_sync_bootstraps_frozen_keys_and_never_patches_them() {
+    use crate::config::schema::SyncerKind;
+    let mut cfg = reach_cfg();
+    cfg.actor.model.model_type = ModelType::VlaTiny;
+    cfg.actor.model.hidden_dim = nz(64);
+    cfg.rollout.model.precision = WeightDtype::Bf16;
+    let spec = env(&cfg, false).spec();
+    let learner = Learner::new(&cfg, spec).unwrap();
+    let state = learner.state_dict(Some(crate::tensor::DType::Bf16)).unwrap();
+    assert!(state.synced_keys().iter().all(|k| !k.starts_with("backbone.")));
+    assert!(state.keys().any(|k| k.starts_with("backbone.")));
+    // run_with_sync builds the rollout from another seed, so its backbone starts different and only the
+    // init bootstrap can align it; later patches cover synced keys only.
+    let mut other = cfg.clone();
+    other.actor.seed += 1;
+    let fresh = Actor::new(&other, spec, 0).unwrap().state_dict().unwrap();
+    assert!(fresh.iter().zip(state.iter()).any(|((n, a), (_, b))| n.starts_with("backbone.") && a.bytes() != b.bytes()));
+    let (metrics, equal) = run_with_sync(&cfg, SyncMode::Real(SyncerKind::Patch), 2);
+    assert!(equal.iter().all(|e| *e), "{equal:?}");
+    assert!(metrics.iter().all(|m| m.loss.is_finite()));
+}
