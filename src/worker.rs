@@ -196,6 +196,17 @@ async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> 
     result
 }
 
+/// Threads for the syncer's kernels in a worker: one for small states (spawning threads would cost more
+/// than the work), else the cores shared among the `sharers` workers that sync at the same time.
+pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
+    const SMALL: usize = 16 << 20;
+    if state_bytes < SMALL {
+        return 1;
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    (cores / sharers.max(1) as usize).max(1)
+}
+
 /// The seed offset of a worker, so rollouts draw different trajectories.
 pub fn worker_seed(role: Role, rank: u32) -> u64 {
     match role {

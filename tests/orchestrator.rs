@@ -257,3 +257,38 @@ fn worker_without_handshake_times_out_naming_it() {
     assert!(err.to_string().contains("handshake"));
     assert_clean(&run_dir);
 }
+
+#[test]
+fn second_shutdown_request_kills_at_once_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = ShutdownHandle::new();
+    let rx = start_long_run(dir.path(), handle.clone());
+    handle.request();
+    handle.request();
+    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the orchestrator must stop within 5 s");
+    assert!(matches!(result, Err(OrchestratorError::Interrupted { .. })), "{result:?}");
+    assert_clean(dir.path());
+}
+
+#[test]
+fn missed_step_deadline_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.actor.model.train_ms = 5_000.0;
+    cfg.runner.step_timeout_s = 0.5;
+    let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err();
+    assert!(matches!(&err, OrchestratorError::StepTimeout { .. }), "{err}");
+    assert!(err.to_string().contains("the trainer's step"), "{err}");
+    assert_clean(dir.path());
+}
+
+#[test]
+fn failing_workload_is_reported_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
+    let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err().to_string();
+    assert!(err.contains("exited with status 1") && err.contains("not available in this build"), "{err}");
+    assert!(err.contains("last lines of"), "{err}");
+    assert_clean(dir.path());
+}

@@ -1,13 +1,17 @@
 //! The synchronous `train_embodied` loop: per step, sync (every `runner.weight_sync_interval` steps) →
 //! every rollout generates its share → the trainer trains on all of it → one metrics record.
+//!
+//! The sync and rollout commands go out together: each rollout applies the new version and then generates,
+//! without a round trip through the orchestrator in between (commands run in order on a rollout, so every
+//! chunk of the step still comes from the new version).
 
 use std::time::Instant;
 
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
-use crate::orchestrator::protocol::{Command, Report};
+use crate::orchestrator::protocol::{Command, Report, SyncStats};
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, Verifier};
+use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 
 /// What the rollout phase of one step produced.
@@ -21,22 +25,47 @@ struct Gathered {
     busy_s: f64,
 }
 
-async fn gather(sup: &mut Supervisor, chunks: u64) -> Result<Gathered, OrchestratorError> {
+/// Collect the sync reports (when `syncing`) and `chunks` trajectory chunks, in whatever order they come.
+async fn gather(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+    syncing: bool,
+    chunks: u64,
+) -> Result<(Gathered, Option<SyncOutcome>), OrchestratorError> {
+    let started = Instant::now();
     let mut got = Gathered::default();
-    for _ in 0..chunks {
-        let (id, frame) = sup.recv("rollout chunks").await?;
+    let mut received = 0u64;
+    let mut stats: Option<SyncStats> = None;
+    let mut applied = 0u32;
+    let applies = if syncing { sup.rollouts() } else { 0 };
+    let mut sync_s = 0.0;
+    while received < chunks || applied < applies || (syncing && stats.is_none()) {
+        let (id, frame) = sup.recv("weight sync and rollout chunks").await?;
         match frame.header {
             Report::Chunk { version, env_steps, mean_return, busy_s, .. } if id != WorkerId::TRAINER => {
+                received += 1;
                 got.samples.push((version, env_steps));
                 got.env_steps += env_steps;
                 got.return_sum += mean_return;
                 got.busy_s += busy_s;
                 got.data.extend_from_slice(&frame.blob);
             }
+            Report::Synced { stats: s, checksum, .. } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
+                verifier.trainer(s.version, checksum)?;
+                stats = Some(s);
+            }
+            Report::Applied { version, checksum, .. } if id != WorkerId::TRAINER && applied < applies => {
+                verifier.rollout(id, version, checksum)?;
+                applied += 1;
+            }
             other => return Err(OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{other:?}") }),
         }
+        if syncing && sync_s == 0.0 && stats.is_some() && applied == applies {
+            sync_s = started.elapsed().as_secs_f64();
+        }
     }
-    Ok(got)
+    let outcome = stats.map(|stats| SyncOutcome { stats, seconds: sync_s, verified: verifier.all_matched() });
+    Ok((got, outcome))
 }
 
 pub async fn run(
@@ -55,13 +84,12 @@ pub async fn run(
     for step in 0..plan.steps {
         sup.begin_step();
         let step_start = Instant::now();
-        let sync = match (step % interval == 0, step) {
-            (false, _) => None,
-            (true, 0) => Some(init.clone()),
-            (true, _) => Some(weights::blocking_sync(sup, &mut verifier, version).await?),
-        };
-
-        let rollout_start = Instant::now();
+        // Step 0's weights are the bootstrap's.
+        let syncing = step % interval == 0 && step > 0;
+        if syncing {
+            sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;
+            sup.send_rollouts(&Command::Apply).await?;
+        }
         let cmd = Command::Rollout {
             first_chunk: step * u64::from(plan.chunks_per_rollout),
             chunks: plan.chunks_per_rollout,
@@ -69,8 +97,10 @@ pub async fn run(
             background: false,
         };
         sup.send_rollouts(&cmd).await?;
-        let got = gather(sup, chunks).await?;
-        let rollout_s = rollout_start.elapsed().as_secs_f64();
+        let (got, synced) = gather(sup, &mut verifier, syncing, chunks).await?;
+        // Rollouts start generating right after applying: their phase is what remains of the gather.
+        let rollout_s = step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
+        let sync = if step == 0 { Some(init.clone()) } else { synced };
 
         let train_start = Instant::now();
         let train = Command::Train { step, chunks: chunks as u32, env_steps: got.env_steps };

@@ -129,14 +129,6 @@ pub async fn bootstrap(sup: &mut Supervisor, verifier: &mut Verifier) -> Result<
     collect(sup, verifier, started).await
 }
 
-/// Publish `version` and wait until every rollout has applied it.
-pub async fn blocking_sync(sup: &mut Supervisor, verifier: &mut Verifier, version: u64) -> Result<SyncOutcome, OrchestratorError> {
-    let started = Instant::now();
-    sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;
-    sup.send_rollouts(&Command::Apply).await?;
-    collect(sup, verifier, started).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

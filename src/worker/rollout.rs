@@ -10,7 +10,7 @@ use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;
 use crate::worker::workload::{self, Workload};
-use crate::worker::{WorkerContext, WorkerError, worker_seed};
+use crate::worker::{WorkerContext, WorkerError, kernel_threads, worker_seed};
 
 /// An update received in the background, and the signal that lets the receiver fetch the next one.
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
@@ -76,7 +76,8 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
             Command::InitWeights => {
                 let started = Instant::now();
                 let rx = ShmReceiver::connect(&ctx.launch.weight_socket, ctx.args.rank as usize, ctx.transport_timeout()).await?;
-                let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
+                let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
+                let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
                 let report = syncer.init_receiver(&mut me.state, rx).await?;
                 me.version = report.version;
                 me.keys = syncer.synced_keys().to_vec();

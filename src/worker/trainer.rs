@@ -7,7 +7,7 @@ use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
 use crate::transport::{ShmConfig, ShmSender};
 use crate::worker::workload::{self, Batch};
-use crate::worker::{WorkerContext, WorkerError, worker_seed};
+use crate::worker::{WorkerContext, WorkerError, kernel_threads, worker_seed};
 
 /// Run the trainer's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
@@ -15,9 +15,10 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let mut workload = workload::build(&cfg, 1, worker_seed(ctx.args.role, ctx.args.rank))?;
     let mut state = tokio::task::block_in_place(|| workload.init_state())?;
     let keys = state.synced_keys();
-    let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
+    let threads = kernel_threads(state.total_bytes(), 1);
+    let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
     let mut version = 0u64;
-    tracing::info!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
+    tracing::debug!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
     loop {
         let frame = ctx.control.next().await?;
         match frame.header {
