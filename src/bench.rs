@@ -55,15 +55,14 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let mut sender_state = model.state_dict()?;
     let synced = sender_state.synced_keys();
     let synced_elems: u64 = synced.iter().filter_map(|k| sender_state.get(k)).map(|t| t.numel() as u64).sum();
-    let (tx_ch, rx_chs) = channel(b.transport, receivers)?;
     let opts = SyncOptions { threads: threads.get() };
     let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
     let steps = b.steps.get() as u64;
 
+    let (tx_link, rx_links) = links(b.transport, receivers);
     let (res_tx, res_rx) = std::sync::mpsc::channel::<(usize, Result<RxStep, String>)>();
     let mut handles = Vec::with_capacity(receivers);
-    for ch in rx_chs {
-        let rank = ch.rank();
+    for (rank, ch) in rx_links.into_iter().enumerate() {
         let state = model.state_dict()?;
         let syncer = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
         let out = res_tx.clone();
@@ -76,6 +75,10 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let fmt = report::Printer::new(b.format);
     let mut records = Vec::with_capacity(steps as usize);
     let result: Result<(), BenchError> = rt.block_on(async {
+        let tx_ch = match tx_link {
+            TxLink::Ready(ch) => ch,
+            TxLink::Shm(cfg) => transport::ShmSender::bind(cfg).await.map_err(SyncError::from)?,
+        };
         sender.init_sender(&sender_state, &synced, tx_ch).await?;
         // Receivers report their init (bootstrap) as step 0.
         collect(&res_rx, receivers)?;
@@ -129,17 +132,36 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     Ok(summary)
 }
 
-fn channel(kind: TransportKind, receivers: usize) -> Result<(transport::Sender, Vec<transport::Receiver>), BenchError> {
+/// How the sender gets its channel (shm: bound inside the sender's runtime while receivers connect).
+enum TxLink {
+    Ready(transport::Sender),
+    Shm(transport::ShmConfig),
+}
+
+/// How a receiver thread gets its channel.
+enum RxLink {
+    Ready(transport::Receiver),
+    Shm { socket: std::path::PathBuf, rank: usize },
+}
+
+fn links(kind: TransportKind, receivers: usize) -> (TxLink, Vec<RxLink>) {
     match kind {
-        TransportKind::Inproc => Ok(transport::inproc_channel(receivers)),
-        TransportKind::Shm => Err(BenchError::Config { reason: "bench.transport=shm needs the shared-memory transport, which this build does not have yet; use inproc".into() }),
+        TransportKind::Inproc => {
+            let (tx, rxs) = transport::inproc_channel(receivers);
+            (TxLink::Ready(tx), rxs.into_iter().map(RxLink::Ready).collect())
+        }
+        TransportKind::Shm => {
+            let socket = std::env::temp_dir().join(format!("rlsync-bench-{}.sock", std::process::id()));
+            let cfg = transport::ShmConfig { socket_path: socket.clone(), segment_prefix: "rlsync-bench".into(), receivers, ..Default::default() };
+            (TxLink::Shm(cfg), (0..receivers).map(|rank| RxLink::Shm { socket: socket.clone(), rank }).collect())
+        }
     }
 }
 
 fn receiver_loop(
     mut syncer: WeightSyncer,
     mut state: StateDict,
-    ch: transport::Receiver,
+    link: RxLink,
     steps: u64,
     rank: usize,
     out: std::sync::mpsc::Sender<(usize, Result<RxStep, String>)>,
@@ -152,6 +174,16 @@ fn receiver_loop(
         }
     };
     rt.block_on(async {
+        let ch = match link {
+            RxLink::Ready(ch) => ch,
+            RxLink::Shm { socket, rank } => match transport::ShmReceiver::connect(&socket, rank, transport::DEFAULT_TIMEOUT).await {
+                Ok(ch) => ch,
+                Err(e) => {
+                    let _ = out.send((rank, Err(e.to_string())));
+                    return;
+                }
+            },
+        };
         match syncer.init_receiver(&mut state, ch).await {
             Ok(report) => {
                 let _ = out.send((rank, Ok(RxStep { report, done: Instant::now(), checksum: 0 })));

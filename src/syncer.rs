@@ -13,12 +13,18 @@
 //! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
+//! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
+//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with a clear error until the GPU
+//! path exists. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
+//!
 //! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
 //! on a tokio runtime should give the syncer a task that may block (it uses `block_in_place` when it can).
 
 mod bootstrap;
 mod bucket;
-mod patch;
+/// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
+pub mod patch;
 pub mod wire;
 
 use std::num::NonZeroUsize;
@@ -149,6 +155,18 @@ struct ReceiverShared {
     applied: AtomicU64,
     pool: Mutex<Pool>,
     threads: NonZeroUsize,
+}
+
+impl ReceiverShared {
+    /// Bytes of the synced tensors in the receiver's dtypes.
+    fn synced_bytes(&self) -> u64 {
+        self.synced
+            .iter()
+            .zip(&self.meta)
+            .filter(|(s, _)| **s)
+            .map(|(_, m)| m.shape.iter().product::<usize>().saturating_mul(m.dtype.size_bytes()) as u64)
+            .sum()
+    }
 }
 
 struct ReceiverSide {
@@ -311,7 +329,6 @@ impl WeightSyncer {
         if !matches!(self.side, Side::Uninit) {
             return Err(SyncError::AlreadyInitialized);
         }
-        let start = Instant::now();
         // 1. every receiver's metadata
         let mut meta: Option<Vec<KeyMeta>> = None;
         for rank in 0..ch.receivers() {
@@ -423,7 +440,6 @@ impl WeightSyncer {
         ch.flush().await?;
         report.transfer = t_flush.elapsed();
         self.side = Side::Sender(SenderSide { ch, synced_keys: keys_to_sync.to_vec(), recv_dtypes, last_version: 0, strategy });
-        let _ = start;
         Ok(report)
     }
 
@@ -566,9 +582,7 @@ impl WeightSyncer {
                 }
             }
             SenderStrategy::Bucket { buckets } => {
-                let t0 = Instant::now();
                 let stats = bucket::send(&mut s.ch, state, buckets, Kind::Bucket, version, tap).await?;
-                let _ = t0;
                 SyncReport {
                     kind: SyncKind::Bucket,
                     payload_bytes: stats.payload_bytes,
@@ -744,7 +758,7 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
         transfer: t_wait.elapsed().saturating_sub(decode),
         decode,
         compression_ratio: 1.0,
-        state_bytes: r.synced_keys.len() as u64 * 0,
+        state_bytes: r.shared.synced_bytes(),
         ..Default::default()
     };
     Ok(PendingUpdate { version, body: PendingBody::Patch { base, body }, shared: r.shared.clone(), report })
@@ -840,7 +854,7 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
     r.received = version;
     report.transfer = t_start.elapsed().saturating_sub(report.decode + report.apply);
     report.version = version;
-    report.state_bytes = report.changed * 0 + shared.synced.iter().zip(&shared.meta).filter(|(s, _)| **s).map(|(_, m)| (m.shape.iter().product::<usize>() * m.dtype.size_bytes()) as u64).sum::<u64>();
+    report.state_bytes = shared.synced_bytes();
     match install {
         Some(_) => {
             give_back(&shared, undo);

@@ -27,6 +27,12 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Payloads in flight at once unless configured otherwise: one being read while the next is filled.
 pub const DEFAULT_SLOTS: usize = 2;
 
+/// Page offset (in a 4 KiB page) where every payload starts. Copies whose destination sits a little after
+/// their source modulo 4 KiB run about 3x slower (loads falsely wait on earlier stores to the same page
+/// offset: "4K aliasing"). Receivers copy into allocator buffers, which start at small page offsets (16,
+/// 64), so payloads at offset 0 (plus a small header) would hit exactly that; half a page keeps them apart.
+pub(crate) const PAYLOAD_PAGE_OFFSET: usize = 2048;
+
 /// Who an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {
@@ -91,6 +97,9 @@ pub enum TransportError {
 }
 
 /// The writing end: one sender, N receivers.
+///
+/// Call [`Sender::flush`] before dropping it: dropping ends the channel at once, and a shm receiver that has
+/// not yet mapped a payload's (new) segment can then no longer read it.
 #[derive(Debug)]
 pub enum Sender {
     InProc(InProcSender),
@@ -134,7 +143,8 @@ impl Sender {
 
     /// Write a payload of `len` bytes in place and publish it to every receiver; returns once published.
     ///
-    /// The buffer starts 64-byte aligned, and so does what receivers see, so typed views over it work.
+    /// The buffer starts 64-byte aligned (at page offset 2048, see `PAYLOAD_PAGE_OFFSET`), and so does what
+    /// receivers see, so typed views over it work.
     /// For shm, `fill` writes straight into the shared segment (once for all receivers). The buffer is not
     /// zeroed between payloads: `fill` must write every byte it wants receivers to see. At most the channel's
     /// slot count of payloads is in flight; this waits (bounded by the timeout) for the oldest to be released.

@@ -213,3 +213,31 @@ fn app_help_lists_groups() {
     assert!(text.contains("db: mysql, postgresql"), "{text}");
     assert!(text.contains("server: large, small"), "{text}");
 }
+
+#[test]
+fn a_config_that_includes_itself_is_an_error_not_a_crash() {
+    let dir = Dir::new();
+    dir.create("c.yaml", "defaults:\n  - g: a\n").create("g/a.yaml", "defaults:\n  - /c\n");
+    let err = dir.compose("c", &["--cfg", "job"]).err().to_owned();
+    assert!(err.contains("defaults list cycle: <root> -> c -> g/a -> c"), "{err}");
+}
+
+#[test]
+fn interpolated_defaults_and_resolve() {
+    let dir = Dir::new();
+    dir.create("config.yaml", "defaults:\n  - db: mysql\n  - combo: ${db}_small\n  - _self_\nname: ${db.driver}-app\njob: ${hydra:job.name}\n")
+        .create("db/mysql.yaml", "driver: mysql\n")
+        .create("db/pg.yaml", "driver: pg\n")
+        .create("combo/mysql_small.yaml", "size: 1\n")
+        .create("combo/pg_small.yaml", "size: 2\n");
+    assert_yaml_eq(
+        dir.compose("config", &["db=pg", "--cfg", "job"]).ok(),
+        "db: {driver: pg}\ncombo: {size: 2}\nname: ${db.driver}-app\njob: ${hydra:job.name}\n",
+    );
+    assert_yaml_eq(
+        dir.compose("config", &["db=pg", "--cfg", "job", "--resolve"]).ok(),
+        "db: {driver: pg}\ncombo: {size: 2}\nname: pg-app\njob: train_embodied\n",
+    );
+    let err = dir.compose("config", &["name=${nosuch}", "--cfg", "job", "--resolve"]).err().to_owned();
+    assert!(err.contains("Interpolation key 'nosuch' not found"), "{err}");
+}

@@ -1,5 +1,6 @@
 //! The single integration test binary: one module per area, plus the shared fixture helper.
 
 mod cli;
+mod sync_shm;
 mod transport;
 mod util;

@@ -511,7 +511,7 @@ async fn shm_segments_are_private_and_unlinked_once_mapped() {
 }
 
 #[tokio::test]
-async fn shm_receiver_timeout_is_recoverable() {
+async fn shm_timeouts_and_refused_sizes_are_recoverable() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("s.sock");
     let (mut tx, mut rx) = pair(&socket, &unique_prefix("idle"), Duration::from_secs(1)).await;
@@ -544,6 +544,15 @@ async fn shm_receiver_timeout_is_recoverable() {
         ),
         "{err}"
     );
+    let err = tx
+        .send_with(usize::MAX, |_| ())
+        .await
+        .expect_err("impossible size");
+    assert!(matches!(err, TransportError::TooLarge { .. }), "{err}");
+    tx.send(b"after")
+        .await
+        .expect("still usable after a refused size");
+    assert_eq!(rx.recv_with(<[u8]>::to_vec).await.expect("recv"), b"after");
 }
 
 #[tokio::test]
@@ -606,6 +615,14 @@ async fn shm_config_is_validated() {
     };
     assert!(matches!(
         check(bad_prefix).await,
+        Err(TransportError::Config { .. })
+    ));
+    let no_path = ShmConfig {
+        socket_path: PathBuf::new(),
+        ..config(&socket, "x", 1)
+    };
+    assert!(matches!(
+        check(no_path).await,
         Err(TransportError::Config { .. })
     ));
     let no_slots = ShmConfig {

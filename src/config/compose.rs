@@ -4,8 +4,6 @@
 //! Merge rules are OmegaConf's: dicts merge key by key (existing keys keep their place, new keys go last),
 //! everything else (lists included) replaces, and a `???` source value never replaces an existing one.
 
-pub mod standin;
-
 use std::fmt::Write as _;
 
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
@@ -204,6 +202,9 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
         apply_override(&mut cfg, o)?;
     }
     let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| o.is_hydra_override());
+    // The override lines are stored in `hydra.overrides.{hydra,task}` as strings, and OmegaConf checks the
+    // syntax of any `${` in them when they are appended.
+    check_override_lines(&hydra_overrides, &task_overrides)?;
     let info = RuntimeInfo {
         job_name: req.job_name,
         config_name: req.config_name,
@@ -214,6 +215,19 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     };
     hydra::fill_runtime(&mut cfg, &info);
     Ok(Composed { config: cfg, defaults: defaults_list })
+}
+
+/// Validate the override lines as OmegaConf does when Hydra appends them to `hydra.overrides.*`.
+fn check_override_lines(hydra_overrides: &[&Override], task_overrides: &[&Override]) -> Result<(), InterpolationError> {
+    let lines = |list: &[&Override]| Node::new(Value::List(list.iter().map(|o| Node::str(o.input.clone())).collect()));
+    let mut overrides = Dict::new();
+    overrides.insert(Key::from("hydra"), lines(hydra_overrides));
+    overrides.insert(Key::from("task"), lines(task_overrides));
+    let mut hydra = Dict::new();
+    hydra.insert(Key::from("overrides"), Node::new(Value::Dict(overrides)));
+    let mut root = Dict::new();
+    root.insert(Key::from("hydra"), Node::new(Value::Dict(hydra)));
+    interpolate::validate_tree(&Node::new(Value::Dict(root)))
 }
 
 /// Put `config` under a dotted package (`a.b` → `{a: {b: config}}`); empty package = at the root.
@@ -305,7 +319,15 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     }
     let key = o.key_or_group.as_str();
     let origin = Origin::Override(o.input.as_str().into());
-    let value = o.element().map(|e| e.to_node(Some(origin.clone())));
+    let value = o.element().map(|e| e.to_node(&origin));
+    if let Some(value) = &value {
+        // OmegaConf checks keys and interpolation syntax when it wraps the value, before anything else.
+        let invalid = |message: String| ComposeError::MergeOverride { input: o.input.clone(), message };
+        if has_null_key(value) {
+            return Err(invalid("Incompatible key type 'NoneType'".into()));
+        }
+        interpolate::validate_tree(value).map_err(|e| invalid(e.to_string()))?;
+    }
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
@@ -460,6 +482,15 @@ fn delete(cfg: &mut Node, key: &str) {
             }
         }
         _ => {}
+    }
+}
+
+/// OmegaConf refuses `None` as a dict key anywhere in a value.
+fn has_null_key(node: &Node) -> bool {
+    match &node.value {
+        Value::Dict(d) => d.iter().any(|(k, v)| *k == Key::Null || has_null_key(v)),
+        Value::List(items) => items.iter().any(has_null_key),
+        _ => false,
     }
 }
 

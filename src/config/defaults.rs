@@ -44,6 +44,8 @@ pub enum DefaultsError {
     InterpolationInOptions { path: String },
     #[error("Error resolving interpolation '{value}'{}", if keys.is_empty() { String::new() } else { format!(", possible interpolation keys: {}", keys.join(", ")) })]
     Interpolation { value: String, keys: Vec<String> },
+    #[error("defaults list cycle: {chain}")]
+    Cycle { chain: String },
     #[error("{key} appears more than once in the final defaults list")]
     Duplicate { key: String },
     #[error("force-add of config groups is not supported: '{input}'")]
@@ -656,6 +658,8 @@ struct Builder<'a> {
     repo: &'a mut Repository,
     overrides: Overrides,
     skip_missing: bool,
+    /// Config paths being expanded, outermost first (a config that includes itself would never end).
+    ancestors: Vec<String>,
 }
 
 impl Builder<'_> {
@@ -699,8 +703,22 @@ impl Builder<'_> {
         Ok(root)
     }
 
+    /// Hydra's `_create_defaults_tree_impl`, refusing a config that (indirectly) includes itself.
+    fn build(&mut self, root: TreeNode, parent_path: Option<&str>, is_root_config: bool, interpolated: bool) -> Result<TreeNode, DefaultsError> {
+        let path = root.node.config_path();
+        if !root.node.is_virtual() && self.ancestors.contains(&path) {
+            let mut chain = self.ancestors.clone();
+            chain.push(path);
+            return Err(DefaultsError::Cycle { chain: chain.join(" -> ") });
+        }
+        self.ancestors.push(path);
+        let result = self.build_node(root, parent_path, is_root_config, interpolated);
+        self.ancestors.pop();
+        result
+    }
+
     /// Hydra's `_create_defaults_tree_impl`. `parent_path` is the config path of the tree node above `root`.
-    fn build(&mut self, mut root: TreeNode, parent_path: Option<&str>, is_root_config: bool, interpolated: bool) -> Result<TreeNode, DefaultsError> {
+    fn build_node(&mut self, mut root: TreeNode, parent_path: Option<&str>, is_root_config: bool, interpolated: bool) -> Result<TreeNode, DefaultsError> {
         if root.node.is_virtual() {
             return if is_root_config { self.expand_virtual_root(root) } else { Ok(root) };
         }
@@ -954,7 +972,7 @@ pub fn create_defaults_list(
     } else {
         TreeNode { node: primary, children: None }
     };
-    let mut builder = Builder { repo, overrides: Overrides::new(overrides), skip_missing };
+    let mut builder = Builder { repo, overrides: Overrides::new(overrides), skip_missing, ancestors: Vec::new() };
     let tree = builder.build(root, None, true, false)?;
     let mut defaults = Vec::new();
     collect(&tree, None, &mut defaults);

@@ -150,7 +150,7 @@ struct Located {
 }
 
 impl InterpolationError {
-    fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
+    pub fn new(kind: ErrorKind, full_key: String, origin: Option<Origin>) -> InterpolationError {
         InterpolationError(Box::new(Located { kind, full_key, origin }))
     }
 
@@ -158,7 +158,8 @@ impl InterpolationError {
         &self.0.kind
     }
 
-    /// OmegaConf's dotted key of the node being resolved (`a.b`, `list[0]`); empty for the root.
+    /// OmegaConf's dotted key of the node being resolved (`a.b`, `list[0]`); empty for the root or a
+    /// standalone template.
     pub fn full_key(&self) -> &str {
         &self.0.full_key
     }
@@ -171,7 +172,10 @@ impl InterpolationError {
 
 impl fmt::Display for InterpolationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}\n    full_key: {}", self.0.kind, self.0.full_key)?;
+        write!(f, "{}", self.0.kind)?;
+        if !self.0.full_key.is_empty() {
+            write!(f, "\n    full_key: {}", self.0.full_key)?;
+        }
         if let Some(origin) = &self.0.origin {
             write!(f, "\n    at {origin}")?;
         }
@@ -393,7 +397,7 @@ mod tests {
         assert_eq!(resolve_str("plain $n {x} \\", &cfg, &ctx), Ok(Node::str("plain $n {x} \\")));
         assert_eq!(resolve_str("esc \\${n}", &cfg, &ctx), Ok(Node::str("esc ${n}")));
         let err = resolve_str("${nope}", &cfg, &ctx).expect_err("nope is not defined");
-        assert_eq!(first_line(&err), "Interpolation key 'nope' not found");
+        assert_eq!(err.to_string(), "Interpolation key 'nope' not found");
     }
 
     #[test]
@@ -427,6 +431,23 @@ mod tests {
             assert!(err.to_string().contains(&format!("full_key: {key}")), "{input}: {err}");
         }
         assert_eq!(validate_tree(&parse(r#"{"a": "\\${not an interpolation\\}", "b": "${x.y[0]}", "c": "${f:[1, {a: b}]}"}"#)), Ok(()));
+    }
+
+    #[test]
+    fn long_reference_chains_fail_cleanly() {
+        let chain = |n: usize| {
+            let mut root = Dict::new();
+            for i in 0..n {
+                root.insert(Key::from(format!("a{i}")), Node::str(format!("${{a{}}}", i + 1)));
+            }
+            root.insert(Key::from(format!("a{n}")), Node::new(Value::Int(7)));
+            Node::new(Value::Dict(root))
+        };
+        let ok = resolve_tree(&chain(20), &test_ctx()).expect("a short chain resolves");
+        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::Int(7)));
+        // Far deeper than Python's recursion limit allows: an error, not a stack overflow.
+        let err = resolve_at(&chain(5000), "a0", &test_ctx()).expect_err("too deep");
+        assert!(first_line(&err).starts_with("RecursionError raised while resolving interpolation"), "{err}");
     }
 
     #[test]

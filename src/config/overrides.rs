@@ -8,8 +8,9 @@
 //! as they are.
 //!
 //! Sweeps (`a=1,2`, `choice(..)`, `range(..)`, ...) come out as [`OverrideValue::Sweep`]; a single run must
-//! reject them with [`Override::validate_sweep`], a multirun enumerates them with [`Sweep::expand`] and
-//! re-parses `key=<Element::to_override_text()>` per job, as Hydra's basic sweeper does.
+//! reject them with [`Override::validate_sweep`]. A multirun builds each job's overrides as Hydra's basic
+//! sweeper does: `<key_element>=<Element::to_override_text()>` for each value of [`Sweep::expand`], and
+//! [`Override::job_text`] for the other overrides; each job then parses its overrides again.
 
 mod decimal;
 mod element;
@@ -72,7 +73,7 @@ pub enum RunMode {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OverrideError {
     /// The override does not parse, or a function in it fails.
-    #[error("Error parsing override '{input}'\n{reason}\n{GRAMMAR_HINT}")]
+    #[error("Error parsing override '{input}'\n{}\n{GRAMMAR_HINT}", .reason.render(.input))]
     Grammar { input: String, reason: GrammarError },
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
     #[error(
@@ -133,7 +134,7 @@ pub enum OverrideError {
 #[derive(Debug, Clone, PartialEq)]
 pub enum GrammarError {
     /// No token starts at `column` (0-based, in characters); printed with a caret like Hydra's.
-    Lexer { input: String, column: usize },
+    Lexer { column: usize },
     /// The parser met `found` where it expected `expected`.
     Syntax {
         found: String,
@@ -153,14 +154,25 @@ pub enum GrammarError {
     IntOutOfRange { text: String },
 }
 
+impl GrammarError {
+    /// The message for `input`: a lexer error repeats the input with a caret under the bad character,
+    /// as Hydra prints it.
+    pub fn render(&self, input: &str) -> String {
+        match self {
+            GrammarError::Lexer { column } => {
+                const PREFIX: &str = "LexerNoViableAltException: ";
+                let caret_at = PREFIX.chars().count() + column + 1;
+                format!("{PREFIX}{input}\n{:>caret_at$}", "^")
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for GrammarError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            GrammarError::Lexer { input, column } => {
-                const PREFIX: &str = "LexerNoViableAltException: ";
-                let caret_at = PREFIX.chars().count() + column + 1;
-                write!(f, "{PREFIX}{input}\n{:>caret_at$}", "^")
-            }
+            GrammarError::Lexer { column } => write!(f, "no token starts at column {column}"),
             GrammarError::Syntax { found, expected } => {
                 write!(f, "mismatched input '{found}' expecting {expected}")
             }
@@ -281,3 +293,6 @@ impl Override {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod golden;

@@ -2,15 +2,25 @@
 //! does (PyYAML SafeLoader, YAML 1.1 resolvers plus OmegaConf's float rule, no timestamps), with
 //! `file:line:col` on every node.
 //!
-//! Pipeline: saphyr-parser events → [`compose`] (anchors, aliases, tags, positions) → [`construct`]
-//! (tags, merge keys, duplicate keys, key types) using [`scalar`] for the typing rules.
+//! Pipeline: saphyr-parser events → `compose` (anchors, aliases, tags, positions; `reindent` for
+//! the indentation saphyr refuses and PyYAML accepts) → `construct`
+//! (tags, merge keys, duplicate keys, key types) using `scalar` for the typing rules.
 //!
-//! Decisions where OmegaConf and this tree differ: integers outside `i64` are an error
-//! ([`YamlErrorKind::IntOutOfRange`]) where Python keeps them; `!!binary` keys are refused
-//! ([`YamlErrorKind::UnsupportedKey`]); `null` keys are refused as OmegaConf refuses them.
+//! A string value `???` (quoted or not) becomes [`Value::Missing`]; `${...}` strings stay raw for
+//! `config::interpolate` (which also owns interpolation grammar errors).
+//!
+//! Where this loader and OmegaConf differ (found by comparing both over generated documents):
+//! - integers outside `i64` are an error ([`YamlErrorKind::IntOutOfRange`]); Python keeps them;
+//! - `!!binary` keys are refused ([`YamlErrorKind::UnsupportedKey`]); OmegaConf accepts bytes keys;
+//! - raw U+2028/U+2029 are refused ([`YamlErrorKind::LineSeparator`]);
+//! - an alias inside its own anchor is refused ([`YamlErrorKind::RecursiveAlias`]);
+//! - saphyr's YAML 1.2 syntax: a lone `-` right before `,]}` in flow (`[-]`) and an alias key without
+//!   a space (`*a: 1`, where `a:` is the alias name) fail; `[???]`, `[:x]`, `{|x: 1}`, repeated
+//!   anchor names and `%YAML 2.0` load where PyYAML fails.
 
 mod compose;
 mod construct;
+mod reindent;
 pub(crate) mod scalar;
 
 use std::path::Path;
@@ -523,6 +533,55 @@ mod tests {
             err_kind("a: x\u{2028}b"),
             YamlErrorKind::LineSeparator { ch: '\u{2028}' }
         );
+    }
+
+    /// PyYAML ignores indentation inside flow collections and quoted scalars; saphyr wants it deeper
+    /// than the enclosing block, so such lines are re-indented and positions mapped back.
+    #[test]
+    fn shallow_continuation_lines_load_as_in_pyyaml() {
+        let v = val("a:\n  b: \"x\n  y\"\n  c: 1\n");
+        assert_eq!(
+            v,
+            dict(vec![(
+                k("a"),
+                dict(vec![(k("b"), s("x y")), (k("c"), Value::Int(1))])
+            )])
+        );
+        let text = "a: [1,\n2, {q: [3,\n 4]}]\nb: 'it''s\nx' # c\nd: \"e\\\"\nf\"\n";
+        let want = dict(vec![
+            (
+                k("a"),
+                list(vec![
+                    Value::Int(1),
+                    Value::Int(2),
+                    dict(vec![(k("q"), list(vec![Value::Int(3), Value::Int(4)]))]),
+                ]),
+            ),
+            (k("b"), s("it's x")),
+            (k("d"), s("e\" f")),
+        ]);
+        assert_eq!(val(text), want);
+        let node = load(text).unwrap_or_else(|e| panic!("{e}"));
+        let at = |path: &str| {
+            node.get_path(path)
+                .and_then(|n| n.origin.clone())
+                .map(|o| o.to_string())
+        };
+        assert_eq!(at("a.1").as_deref(), Some("t.yaml:2:1"));
+        assert_eq!(at("a.2.q.1").as_deref(), Some("t.yaml:3:2"));
+        assert_eq!(
+            val("- a: [\n  1]\n"),
+            list(vec![dict(vec![(k("a"), list(vec![Value::Int(1)]))])])
+        );
+        // Still errors: an unterminated quote, and block structure that is really mis-indented.
+        assert!(matches!(
+            err_kind("a: \"x\nb: 1\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
+        assert!(matches!(
+            err_kind("a:\n  b: 1\n c: 2\n"),
+            YamlErrorKind::Syntax { .. }
+        ));
     }
 
     #[test]

@@ -519,3 +519,28 @@ fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
         assert_eq!(tx.checksum(&sender).unwrap(), rx.checksum(&receiver).unwrap());
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    /// A payload with a valid header and checksum but an arbitrary body (a buggy or hostile sender) is
+    /// rejected without panicking and without touching the weights.
+    #[test]
+    fn well_framed_garbage_is_rejected(keys in model(), bucket in any::<bool>(), body in prop::collection::vec(any::<u8>(), 0..256), aux in 0..3u64, seq_count in (0..1u32, 1..3u32)) {
+        let rt = rt();
+        let mut s = default_settings(bucket);
+        s.init_sync = false;
+        let mut p = init_pair(&rt, &keys, &s, 5).unwrap();
+        let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        let mut h = Header::new(if bucket { Kind::Bucket } else { Kind::Patch }, 1, body.len());
+        h.aux = aux;
+        h.seq = 0;
+        h.count = seq_count.1;
+        let msg = wire::message(h, &body);
+        let r = inject_and_apply(&rt, &mut p, &[msg]);
+        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted garbage: {:?}", r.map(|r| r.version));
+        let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        prop_assert!(before == after);
+        prop_assert_eq!(p.rx.version(), 0);
+    }
+}

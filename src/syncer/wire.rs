@@ -464,7 +464,7 @@ pub enum Codec {
 }
 
 /// A decoded (but not yet interpreted) patch body: entries and raw streams.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct PatchBody {
     pub index: IndexCoding,
     pub value: ValueCoding,

@@ -22,6 +22,8 @@ pub(crate) enum Event {
     Message(Vec<u8>),
     /// The receiver disconnected.
     Gone,
+    /// The receiver broke the protocol (its stream is dropped); the reason says how.
+    Violation(String),
 }
 
 pub(crate) type EventTx = mpsc::UnboundedSender<(usize, Event)>;
@@ -305,6 +307,12 @@ impl Fanout {
                     *flag = true;
                 }
             }
+            Event::Violation(reason) => {
+                if let Some(flag) = self.gone.get_mut(rank) {
+                    *flag = true;
+                }
+                return Err(protocol(reason));
+            }
         }
         Ok(())
     }
@@ -418,6 +426,13 @@ mod tests {
             .await
             .is_err(),
             "unannounced generation"
+        );
+        assert!(
+            matches!(
+                check(Event::Violation("a second hello".into())).await,
+                Err(TransportError::Protocol { peer: Peer::Receiver(0), reason }) if reason == "a second hello"
+            ),
+            "violations name the rank"
         );
         assert!(check(Event::Message(vec![1])).await.is_ok());
     }

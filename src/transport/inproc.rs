@@ -7,8 +7,8 @@ use tokio::sync::mpsc;
 
 use super::fanout::{Event, EventTx, Fanout};
 use super::{
-    DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, Receiver, RecvBackend, SendBackend, Sender,
-    TransportError,
+    DEFAULT_SLOTS, DEFAULT_TIMEOUT, PAYLOAD_PAGE_OFFSET, Peer, Receiver, RecvBackend, SendBackend,
+    Sender, TransportError,
 };
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
@@ -16,32 +16,59 @@ use super::{
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-/// A growable byte buffer whose start is 64-byte aligned (typed views over payloads rely on alignment).
+const PAGE: usize = 4096;
+
+/// A byte buffer whose payload starts at page offset [`PAYLOAD_PAGE_OFFSET`] (hence 64-byte aligned, which
+/// typed views over payloads rely on).
 struct AlignedBuf {
     lines: Vec<Line>,
+    /// Byte offset of the payload in `lines` (a multiple of 64).
+    start: usize,
 }
 
 impl AlignedBuf {
-    fn with_len(len: usize) -> Self {
-        AlignedBuf {
-            lines: vec![Line([0; 64]); len.div_ceil(64)],
-        }
+    /// A zeroed buffer of at least `len` payload bytes; an impossible size is an error, not an abort.
+    fn with_len(len: usize) -> Result<Self, TransportError> {
+        let too_large = || TransportError::TooLarge {
+            what: "payload",
+            len,
+            max: isize::MAX as usize,
+        };
+        let count = len
+            .div_ceil(64)
+            .checked_add(PAGE / 64)
+            .ok_or_else(too_large)?;
+        let mut lines = Vec::new();
+        lines.try_reserve_exact(count).map_err(|_| too_large())?;
+        lines.resize(count, Line([0; 64]));
+        let addr = lines.as_ptr() as usize;
+        let start = (PAYLOAD_PAGE_OFFSET + PAGE - addr % PAGE) % PAGE;
+        Ok(AlignedBuf { lines, start })
     }
 
     fn capacity(&self) -> usize {
-        self.lines.len() * 64
+        (self.lines.len() * 64).saturating_sub(self.start)
     }
 
     fn bytes(&self, len: usize) -> &[u8] {
-        let len = len.min(self.capacity());
-        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is `capacity()` initialised bytes.
-        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), len) }
+        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is that many initialised bytes.
+        let all = unsafe {
+            std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.lines.len() * 64)
+        };
+        let end = self.start + len.min(self.capacity());
+        all.get(self.start..end).unwrap_or_default()
     }
 
     fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
-        let len = len.min(self.capacity());
+        let end = self.start + len.min(self.capacity());
         // SAFETY: as in `bytes`, and `&mut self` makes the borrow unique.
-        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast::<u8>(), len) }
+        let all = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.lines.as_mut_ptr().cast::<u8>(),
+                self.lines.len() * 64,
+            )
+        };
+        all.get_mut(self.start..end).unwrap_or_default()
     }
 }
 
@@ -115,14 +142,14 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
 
 impl InProcSender {
     /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
-    fn take_buf(&mut self, slot: usize, len: usize) -> AlignedBuf {
+    fn take_buf(&mut self, slot: usize, len: usize) -> Result<AlignedBuf, TransportError> {
         let old = self
             .bufs
             .get_mut(slot)
             .and_then(Option::take)
             .and_then(|arc| Arc::try_unwrap(arc).ok());
         match old {
-            Some(buf) if buf.capacity() >= len => buf,
+            Some(buf) if buf.capacity() >= len => Ok(buf),
             _ => AlignedBuf::with_len(len),
         }
     }
@@ -143,7 +170,7 @@ impl SendBackend for InProcSender {
         self.fanout.require_all_alive(OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
-        let mut buf = self.take_buf(slot, len);
+        let mut buf = self.take_buf(slot, len)?;
         let out = fill(buf.bytes_mut(len));
         let buf = Arc::new(buf);
         for (rank, tx) in self.outs.iter().enumerate() {
@@ -234,11 +261,28 @@ mod tests {
     #[test]
     fn aligned_buf_is_aligned_and_sized() {
         for len in [0, 1, 63, 64, 65, 1000] {
-            let mut buf = AlignedBuf::with_len(len);
+            let mut buf = AlignedBuf::with_len(len).unwrap();
             assert!(buf.capacity() >= len);
             assert_eq!(buf.bytes_mut(len).len(), len);
-            assert_eq!(buf.bytes(len).as_ptr() as usize % 64, 0);
+            assert_eq!(buf.bytes(len).as_ptr() as usize % 4096, PAYLOAD_PAGE_OFFSET);
         }
+    }
+
+    #[tokio::test]
+    async fn impossible_payload_size_is_an_error() {
+        let (mut tx, _rxs) = inproc_channel(1);
+        let err = tx.send_with(usize::MAX, |_| ()).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::TooLarge {
+                    len: usize::MAX,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        tx.send(b"still usable").await.unwrap();
     }
 
     #[tokio::test]

@@ -36,11 +36,11 @@ const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
-/// half-written), or a caller mistake.
+/// half-written), or a caller mistake (bad rank, impossible size; nothing was published).
 fn recoverable(err: &TransportError) -> bool {
     match err {
         TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
-        TransportError::NoSuchRank { .. } => true,
+        TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
         _ => false,
     }
 }
@@ -272,14 +272,8 @@ fn spawn_reader(
                         generation,
                     },
                     Ok(Up::Message(msg)) => Event::Message(msg),
-                    Ok(Up::Hello { .. }) => {
-                        tracing::warn!(rank, "receiver sent a second hello; dropping it");
-                        Event::Gone
-                    }
-                    Err(e) => {
-                        tracing::warn!(rank, error = %e, "malformed frame from receiver; dropping it");
-                        Event::Gone
-                    }
+                    Ok(Up::Hello { .. }) => Event::Violation("a second hello".to_owned()),
+                    Err(e) => Event::Violation(e.to_string()),
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
@@ -287,8 +281,8 @@ fn spawn_reader(
                     Event::Gone
                 }
             };
-            let gone = event == Event::Gone;
-            if events.send((rank, event)).is_err() || gone {
+            let last = matches!(event, Event::Gone | Event::Violation(_));
+            if events.send((rank, event)).is_err() || last {
                 return;
             }
         }
@@ -301,6 +295,11 @@ impl ShmSender {
     /// refused and do not count.
     pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
         segment::validate_prefix(&cfg.segment_prefix)?;
+        if cfg.socket_path.as_os_str().is_empty() {
+            return Err(TransportError::Config {
+                reason: "socket_path is empty".to_owned(),
+            });
+        }
         if cfg.slots == 0 {
             return Err(TransportError::Config {
                 reason: "slots must be at least 1".to_owned(),
@@ -416,14 +415,15 @@ impl ShmSender {
         }
     }
 
-    /// Give `slot` a new segment of at least `len` bytes, to be announced with the slot's next payload.
+    /// Give `slot` a new segment for payloads of at least `len` bytes, announced with the slot's next payload.
     fn replace_segment(&mut self, slot: usize, len: usize) -> Result<(), TransportError> {
         let old = self
             .segments
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, OwnedSegment::capacity);
+            .map_or(0, OwnedSegment::size);
         let capacity = len
+            .saturating_add(segment::PAYLOAD_OFFSET)
             .max(old.saturating_add(old / 2))
             .div_ceil(GROW_STEP)
             .saturating_mul(GROW_STEP);
@@ -435,7 +435,7 @@ impl ShmSender {
         let seg = OwnedSegment::create(&name, generation, capacity)?;
         let info = SegmentInfo {
             generation,
-            capacity: seg.capacity() as u64,
+            capacity: seg.size() as u64,
             name: seg.name().to_owned(),
         };
         if let Some(entry) = self.segments.get_mut(slot) {
@@ -478,12 +478,12 @@ impl ShmSender {
             .segments
             .get(slot)
             .and_then(Option::as_ref)
-            .map_or(0, OwnedSegment::capacity);
+            .map_or(0, OwnedSegment::payload_capacity);
         if len > current {
             self.replace_segment(slot, len.max(self.initial_capacity))?;
         }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
-            Some(seg) => match seg.bytes_mut(len) {
+            Some(seg) => match seg.payload_mut(len) {
                 Some(bytes) => fill(bytes),
                 None => {
                     return Err(protocol(

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::compose::standin::emit::to_yaml;
+use crate::config::emit::to_yaml;
 use crate::config::compose::{self, ComposeError, ComposeRequest, Composed, RunMode};
 use crate::config::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};

@@ -175,7 +175,8 @@ fn simple_node_content(content: &str) -> bool {
     }
 }
 
-/// `\s*([a-zA-Z_][\w\-]*(\.[a-zA-Z_][\w\-]*)*)?\s*:\s*(ARG(\s*,\s*ARG)*)?\s*`
+/// `\s*([a-zA-Z_][\w\-]*(\.[a-zA-Z_][\w\-]*)*)?\s*:\s*ARG(\s*,\s*ARG)*?\s*`: OmegaConf writes
+/// `{_args}?`, which makes only the repetition optional, so at least one argument is required.
 fn simple_resolver_content(content: &str) -> bool {
     let Some((name, args)) = content.split_once(':') else { return false };
     let name = name.trim_matches(is_py_space);
@@ -186,7 +187,7 @@ fn simple_resolver_content(content: &str) -> bool {
         });
     let args = args.trim_matches(is_py_space);
     let arg_ok = |a: &str| !a.is_empty() && a.chars().all(|c| is_word(c) || "/-+.$%*@?|".contains(c));
-    name_ok && (args.is_empty() || args.split(',').all(|a| arg_ok(a.trim_matches(is_py_space))))
+    name_ok && args.split(',').all(|a| arg_ok(a.trim_matches(is_py_space)))
 }
 
 // ---------------------------------------------------------------- lexer
@@ -1117,6 +1118,9 @@ mod tests {
         // Accepted by OmegaConf's fast pattern although the grammar rejects them.
         assert!(validate_value("${:true}").is_ok());
         assert!(validate_value("a ${ : x} b").is_ok());
+        // ... but not these, which go to the parser and fail there.
+        assert!(validate_value("${\t: }").is_err());
+        assert!(validate_value("${:}").is_err());
         assert!(parse_value("${:true}").is_err());
         assert!(validate_value("plain").is_ok());
         assert!(validate_value("${a.b[c]} and ${oc.env:HOME, x}").is_ok());

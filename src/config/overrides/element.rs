@@ -65,9 +65,7 @@ impl Element {
             Element::Float(f) => Value::Float(*f),
             Element::Str { value, .. } if value == "???" => Value::Missing,
             Element::Str { value, .. } => Value::Str(value.clone()),
-            Element::List(items) => {
-                Value::List(items.iter().map(|e| e.to_node(origin)).collect())
-            }
+            Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin)).collect()),
             Element::Dict(pairs) => {
                 let mut dict = Dict::with_capacity(pairs.len());
                 for (k, v) in pairs {

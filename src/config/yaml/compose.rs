@@ -7,6 +7,7 @@ use std::rc::Rc;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Tag};
 
+use super::reindent::{LineShifts, Repair, reindent, starts_flow_collection};
 use super::{MAX_DEPTH, Pos, YamlErrorKind as Invalid};
 
 /// One YAML node before typing. Aliases are shared `Rc`s of the anchored node.
@@ -30,6 +31,9 @@ struct Open {
     anchor: usize,
     tag: Option<String>,
     pos: Pos,
+    /// Start line and column in the text as parsed (after any re-indenting), for indentation repairs.
+    raw_line: usize,
+    raw_col: usize,
     body: OpenBody,
 }
 
@@ -43,47 +47,130 @@ enum OpenBody {
 
 /// Read the single document of `text`. `Ok(None)` for a stream without any document.
 pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
-    let text = prepare(text)?;
-    let mut parser = Parser::new_from_str(&text);
+    let mut text = prepare(text)?;
+    let mut shifts = LineShifts::default();
+    let mut last_repair = None;
+    for _ in 0..MAX_REPAIRS {
+        let (failure, repair) = match read(&text, &shifts) {
+            Ok(root) => return Ok(root),
+            Err(Stop::Fail(failure)) => return Err(failure),
+            Err(Stop::Indentation { failure, repair }) => (failure, repair),
+        };
+        // The same repair twice means it did not help: report saphyr's error.
+        if last_repair == Some(repair) {
+            return Err(failure);
+        }
+        match reindent(&text, repair, &mut shifts) {
+            Some(fixed) => text = Cow::Owned(fixed),
+            None => return Err(failure),
+        }
+        last_repair = Some(repair);
+    }
+    Err((
+        Pos { line: 1, col: 1 },
+        Invalid::Syntax {
+            message: "too many under-indented lines".into(),
+        },
+    ))
+}
+
+/// At most this many lines are re-indented (each costs a re-parse).
+const MAX_REPAIRS: usize = 256;
+
+/// Why reading stopped.
+enum Stop {
+    Fail((Pos, Invalid)),
+    /// saphyr (YAML 1.2) wants continuation lines of flow collections and quoted scalars indented
+    /// deeper than the enclosing block; PyYAML does not care. Such lines can be indented and re-read:
+    /// leading whitespace there carries no meaning in either YAML version.
+    Indentation {
+        failure: (Pos, Invalid),
+        repair: Repair,
+    },
+}
+
+impl From<(Pos, Invalid)> for Stop {
+    fn from(failure: (Pos, Invalid)) -> Stop {
+        Stop::Fail(failure)
+    }
+}
+
+/// Read the events of `text` into the raw graph.
+fn read(text: &str, shifts: &LineShifts) -> Result<Option<Rc<Raw>>, Stop> {
+    let mut parser = Parser::new_from_str(text);
     let mut anchors: HashMap<usize, Rc<Raw>> = HashMap::new();
     let mut open_anchors: HashSet<usize> = HashSet::new();
     let mut stack: Vec<Open> = Vec::new();
     let mut root: Option<Rc<Raw>> = None;
     let mut documents = 0usize;
     while let Some(next) = parser.next_event() {
-        let (event, span) = next.map_err(|e| {
-            let m = e.marker();
-            (
-                Pos::from_marker(m.line(), m.col()),
-                Invalid::Syntax {
-                    message: e.info().to_owned(),
-                },
-            )
-        })?;
-        let pos = Pos::from_marker(span.start.line(), span.start.col());
+        let (event, span) = match next {
+            Ok(ok) => ok,
+            Err(e) => {
+                let m = e.marker();
+                let failure = (
+                    shifts.pos(m.line(), m.col()),
+                    Invalid::Syntax {
+                        message: e.info().to_owned(),
+                    },
+                );
+                let repair = match e.info() {
+                    "invalid indentation in quoted scalar" => Some(Repair::Quoted {
+                        line: m.line(),
+                        col: m.col(),
+                    }),
+                    // The innermost open collection starts at or right of the enclosing block's
+                    // indentation, so one column past it is always deep enough.
+                    "invalid indentation in flow construct" => {
+                        let target = stack.last().map_or(1, |open| open.raw_col + 1);
+                        Some(Repair::Flow {
+                            line: m.line(),
+                            target,
+                        })
+                    }
+                    // Raised for any token left of the block indentation; only repaired when the
+                    // token is inside a flow collection, where PyYAML ignores indentation.
+                    "invalid indentation" => stack
+                        .last()
+                        .filter(|open| starts_flow_collection(text, open.raw_line, open.raw_col))
+                        .map(|open| Repair::Flow {
+                            line: m.line(),
+                            target: open.raw_col + 1,
+                        }),
+                    _ => None,
+                };
+                return Err(match repair {
+                    Some(repair) => Stop::Indentation { failure, repair },
+                    None => Stop::Fail(failure),
+                });
+            }
+        };
+        let pos = shifts.pos(span.start.line(), span.start.col());
+        let (raw_line, raw_col) = (span.start.line(), span.start.col());
+        let is_sequence = matches!(event, Event::SequenceStart(..));
         let done: Rc<Raw> = match event {
             Event::StreamEnd => break,
             Event::DocumentStart(_) => {
                 documents += 1;
                 if documents > 1 {
-                    return Err((pos, Invalid::MultipleDocuments));
+                    return Err(Stop::Fail((pos, Invalid::MultipleDocuments)));
                 }
                 continue;
             }
             Event::Nothing | Event::StreamStart | Event::DocumentEnd => continue,
             Event::Alias(id) => {
                 if open_anchors.contains(&id) {
-                    return Err((pos, Invalid::RecursiveAlias));
+                    return Err(Stop::Fail((pos, Invalid::RecursiveAlias)));
                 }
                 match anchors.get(&id) {
                     Some(node) => Rc::clone(node),
                     None => {
-                        return Err((
+                        return Err(Stop::Fail((
                             pos,
                             Invalid::Syntax {
                                 message: "found undefined alias".into(),
                             },
-                        ));
+                        )));
                     }
                 }
             }
@@ -101,51 +188,49 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
                 }
                 node
             }
-            Event::SequenceStart(anchor, tag) => {
-                open(
-                    &mut stack,
-                    &mut open_anchors,
-                    anchor,
-                    tag.as_deref().map(full_tag),
-                    pos,
-                    OpenBody::Seq(Vec::new()),
-                )?;
-                continue;
-            }
-            Event::MappingStart(anchor, tag) => {
-                let body = OpenBody::Map {
-                    pairs: Vec::new(),
-                    key: None,
+            Event::SequenceStart(anchor, tag) | Event::MappingStart(anchor, tag) => {
+                let body = if is_sequence {
+                    OpenBody::Seq(Vec::new())
+                } else {
+                    OpenBody::Map {
+                        pairs: Vec::new(),
+                        key: None,
+                    }
                 };
+                let tag = tag.as_deref().map(full_tag);
                 open(
                     &mut stack,
                     &mut open_anchors,
-                    anchor,
-                    tag.as_deref().map(full_tag),
-                    pos,
-                    body,
+                    Open {
+                        anchor,
+                        tag,
+                        pos,
+                        raw_line,
+                        raw_col,
+                        body,
+                    },
                 )?;
                 continue;
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(open) = stack.pop() else {
-                    return Err((
+                    return Err(Stop::Fail((
                         pos,
                         Invalid::Syntax {
                             message: "unbalanced collection end".into(),
                         },
-                    ));
+                    )));
                 };
                 let kind = match open.body {
                     OpenBody::Seq(items) => RawKind::Seq(items),
                     OpenBody::Map { pairs, key: None } => RawKind::Map(pairs),
                     OpenBody::Map { key: Some(_), .. } => {
-                        return Err((
+                        return Err(Stop::Fail((
                             pos,
                             Invalid::Syntax {
                                 message: "mapping key without a value".into(),
                             },
-                        ));
+                        )));
                     }
                 };
                 let node = Rc::new(Raw {
@@ -182,23 +267,15 @@ pub(super) fn compose(text: &str) -> Result<Option<Rc<Raw>>, (Pos, Invalid)> {
 fn open(
     stack: &mut Vec<Open>,
     open_anchors: &mut HashSet<usize>,
-    anchor: usize,
-    tag: Option<String>,
-    pos: Pos,
-    body: OpenBody,
+    open: Open,
 ) -> Result<(), (Pos, Invalid)> {
     if stack.len() >= MAX_DEPTH {
-        return Err((pos, Invalid::TooDeep { limit: MAX_DEPTH }));
+        return Err((open.pos, Invalid::TooDeep { limit: MAX_DEPTH }));
     }
-    if anchor != 0 {
-        open_anchors.insert(anchor);
+    if open.anchor != 0 {
+        open_anchors.insert(open.anchor);
     }
-    stack.push(Open {
-        anchor,
-        tag,
-        pos,
-        body,
-    });
+    stack.push(open);
     Ok(())
 }
 

@@ -260,7 +260,7 @@ impl ShmReceiver {
                 .slots
                 .get(slot)
                 .and_then(Option::as_ref)
-                .and_then(|seg| seg.bytes(len))
+                .and_then(|seg| seg.payload(len))
                 .ok_or_else(|| {
                     protocol(format!(
                         "payload {seq} of {len} bytes does not fit slot {slot}"
@@ -270,8 +270,9 @@ impl ShmReceiver {
         };
         self.next_seq += 1;
         let released = Up::Released { seq }.encode().map_err(protocol)?;
-        // The read succeeded; a sender that vanished since is reported by the next call.
-        if let Err(err) = write_frame(
+        // The read succeeded, so it is returned whatever happens to the release: a sender that vanished is
+        // reported (as PeerGone) by the next read, any other failure leaves the stream unusable.
+        match write_frame(
             &mut self.writer,
             &released,
             self.timeout,
@@ -280,7 +281,10 @@ impl ShmReceiver {
         )
         .await
         {
-            self.fail(err);
+            Ok(()) | Err(TransportError::PeerGone { .. }) => {}
+            Err(err) => {
+                self.fail(err);
+            }
         }
         Ok(out)
     }

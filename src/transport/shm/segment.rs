@@ -20,6 +20,9 @@ pub(crate) const SHM_DIR: &str = "/dev/shm";
 /// Longest segment name Linux accepts (a file name under /dev/shm).
 const NAME_MAX: usize = 255;
 
+/// Where a payload starts inside its segment (segments are page-aligned).
+pub(crate) const PAYLOAD_OFFSET: usize = crate::transport::PAYLOAD_PAGE_OFFSET;
+
 /// Distinguishes senders created by the same process.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
@@ -158,12 +161,20 @@ impl OwnedSegment {
         self.generation
     }
 
-    pub(crate) fn capacity(&self) -> usize {
+    /// Size of the whole segment.
+    pub(crate) fn size(&self) -> usize {
         self.map.len()
     }
 
-    pub(crate) fn bytes_mut(&mut self, len: usize) -> Option<&mut [u8]> {
-        self.map.get_mut(..len)
+    /// The largest payload the segment holds.
+    pub(crate) fn payload_capacity(&self) -> usize {
+        self.map.len().saturating_sub(PAYLOAD_OFFSET)
+    }
+
+    /// The first `len` payload bytes, if the segment holds that many.
+    pub(crate) fn payload_mut(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.map
+            .get_mut(PAYLOAD_OFFSET..PAYLOAD_OFFSET.checked_add(len)?)
     }
 
     /// Remove the name (the memory lives on while mapped). Idempotent.
@@ -222,8 +233,10 @@ impl MappedSegment {
         Ok(MappedSegment { map })
     }
 
-    pub(crate) fn bytes(&self, len: usize) -> Option<&[u8]> {
-        self.map.get(..len)
+    /// The first `len` payload bytes, if the segment holds that many.
+    pub(crate) fn payload(&self, len: usize) -> Option<&[u8]> {
+        self.map
+            .get(PAYLOAD_OFFSET..PAYLOAD_OFFSET.checked_add(len)?)
     }
 }
 
@@ -295,10 +308,10 @@ mod tests {
         let path = std::path::Path::new(SHM_DIR).join(&name);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        seg.bytes_mut(4).unwrap().copy_from_slice(b"abcd");
+        seg.payload_mut(4).unwrap().copy_from_slice(b"abcd");
         let view = MappedSegment::open(&name, 8192).unwrap();
-        assert_eq!(view.bytes(4), Some(&b"abcd"[..]));
-        assert!(view.bytes(8193).is_none());
+        assert_eq!(view.payload(4), Some(&b"abcd"[..]));
+        assert!(view.payload(8192 - PAYLOAD_OFFSET + 1).is_none());
         assert!(
             MappedSegment::open(&name, 8193).is_err(),
             "announced size beyond the file"
@@ -306,7 +319,7 @@ mod tests {
         drop(seg);
         assert!(!path.exists());
         assert_eq!(
-            view.bytes(4),
+            view.payload(4),
             Some(&b"abcd"[..]),
             "mapping outlives the name"
         );

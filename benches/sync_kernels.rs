@@ -1,0 +1,186 @@
+//! Criterion benches of the weight-sync kernels: patch build (diff + gather + snapshot update), patch encode
+//! (coding + optional lz4), patch decode (validate) and install, on a 2^24-element bf16 state after one
+//! Adam step at lr 1e-6 (≈1–3 % of elements changed).
+//!
+//! Single-thread figures use the measuring thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so a shared,
+//! overloaded machine does not charge other processes' time to the kernel; all-thread figures use wall time.
+
+use std::hint::black_box;
+use std::num::NonZeroUsize;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use rlsync::syncer::patch::{self, SnapTensor};
+use rlsync::syncer::wire::{self, Codec, KeyMeta};
+use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+use rlsync::tensor::{DType, StateDict, Storage};
+
+const PARAMS: u64 = 1 << 24;
+
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// Time `f` with the thread's CPU clock (1 thread) or the wall clock (all threads).
+fn timed(cpu: bool, f: impl FnOnce()) -> Duration {
+    if cpu {
+        let t = thread_cpu();
+        f();
+        thread_cpu() - t
+    } else {
+        let t = Instant::now();
+        f();
+        t.elapsed()
+    }
+}
+
+struct Fixture {
+    before: StateDict,
+    after: StateDict,
+    changed: u64,
+}
+
+fn fixture() -> Fixture {
+    let mut m = SyntheticModel::new(ModelSpec { params: PARAMS, tensors: 64, dtype: DType::Bf16, frozen_fraction: 0.0, seed: 1 }).unwrap();
+    let mut after = m.state_dict().unwrap();
+    // Warm the optimizer up so the changed fraction is the steady-state one, then take one measured step.
+    for _ in 0..3 {
+        m.step(UpdateMode::Adam { lr: 1e-6 }, &mut after, NonZeroUsize::new(2).unwrap()).unwrap();
+    }
+    let before = after.duplicate();
+    let changed = m.step(UpdateMode::Adam { lr: 1e-6 }, &mut after, NonZeroUsize::new(2).unwrap()).unwrap();
+    Fixture { before, after, changed }
+}
+
+fn snapshot(state: &StateDict) -> Vec<SnapTensor> {
+    state
+        .iter()
+        .enumerate()
+        .map(|(i, (k, t))| SnapTensor {
+            key: k.to_string(),
+            ordinal: i as u32,
+            dtype: t.dtype(),
+            cols: t.layout().coo_view().unwrap().1,
+            storage: Storage::from_bytes(t.bytes()),
+        })
+        .collect()
+}
+
+fn restore(snap: &mut [SnapTensor], from: &StateDict) {
+    for (s, (_, t)) in snap.iter_mut().zip(from.iter()) {
+        s.storage.bytes_mut().copy_from_slice(t.bytes());
+    }
+}
+
+fn all_threads() -> NonZeroUsize {
+    std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN)
+}
+
+fn kernels(c: &mut Criterion) {
+    let fx = fixture();
+    let state_bytes = fx.after.total_bytes() as u64;
+    eprintln!("fixture: {} elements, {} changed ({:.2} %)", PARAMS, fx.changed, fx.changed as f64 * 100.0 / PARAMS as f64);
+    let mut snap = snapshot(&fx.before);
+
+    let mut g = c.benchmark_group("patch_build");
+    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    for (name, threads, cpu) in [("1thread_cpu", NonZeroUsize::MIN, true), ("all_threads_wall", all_threads(), false)] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    restore(&mut snap, &fx.before);
+                    total += timed(cpu, || {
+                        black_box(patch::build(&mut snap, &fx.after, threads).unwrap());
+                    });
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+
+    restore(&mut snap, &fx.before);
+    let built = patch::build(&mut snap, &fx.after, NonZeroUsize::MIN).unwrap();
+    let mut g = c.benchmark_group("patch_encode");
+    g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    for (name, delta, codec) in [("delta_none", true, Codec::Plain), ("delta_lz4", true, Codec::Lz4), ("coo_none", false, Codec::Plain)] {
+        let body = patch::encode(&built, &snap, delta);
+        let enc = wire::encode_patch_body(&body, codec);
+        eprintln!("{name}: {} bytes, {:.3} bytes per changed element", enc.body.len() + wire::HEADER_LEN, (enc.body.len() + wire::HEADER_LEN) as f64 / built.changed as f64);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += timed(true, || {
+                        let body = patch::encode(&built, &snap, delta);
+                        black_box(wire::encode_patch_body(&body, codec));
+                    });
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+
+    let meta: Vec<KeyMeta> = fx.before.iter().map(|(k, t)| KeyMeta { name: k.to_string(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect();
+    let synced = vec![true; meta.len()];
+    let mut receiver = fx.before.duplicate();
+    let mut g = c.benchmark_group("patch_apply");
+    g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    for (name, delta) in [("delta", true), ("coo", false)] {
+        let body = wire::decode_patch_body(&wire::encode_patch_body(&patch::encode(&built, &snap, delta), Codec::Plain).body, usize::MAX).unwrap();
+        g.bench_function(format!("{name}_validate_1thread_cpu"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let body = body.clone();
+                    total += timed(true, || {
+                        black_box(patch::validate(body, &meta, &synced, &receiver).unwrap());
+                    });
+                }
+                total
+            })
+        });
+        let valid = patch::validate(body.clone(), &meta, &synced, &receiver).unwrap();
+        for (tname, threads, cpu) in [("1thread_cpu", NonZeroUsize::MIN, true), ("all_threads_wall", all_threads(), false)] {
+            g.bench_function(format!("{name}_install_{tname}"), |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += timed(cpu, || patch::install(&valid, &mut receiver, threads));
+                    }
+                    total
+                })
+            });
+        }
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("memcpy");
+    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    let mut dst = Storage::zeroed(state_bytes as usize);
+    g.bench_function("state_copy_1thread_cpu", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                total += timed(true, || {
+                    let mut off = 0;
+                    for (_, t) in fx.after.iter() {
+                        dst.bytes_mut()[off..off + t.bytes().len()].copy_from_slice(t.bytes());
+                        off += t.bytes().len();
+                    }
+                    black_box(&dst);
+                });
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, kernels);
+criterion_main!(benches);
