@@ -212,6 +212,11 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
         println!("rlsync {} (Hydra {})", env!("CARGO_PKG_VERSION"), crate::config::hydra::HYDRA_VERSION);
         return Ok(ExitStatus::Success);
     }
+    if first == "worker" {
+        // Hidden: started by the orchestrator's supervisor, never by users.
+        crate::worker::run_worker(args.get(1..).unwrap_or_default())?;
+        return Ok(ExitStatus::Success);
+    }
     let entry = Entry::parse(first).ok_or_else(|| UsageError::UnknownEntry(first.clone()))?;
     let rest = args.get(1..).unwrap_or_default();
     if rest.iter().any(|a| a == "--version") {
@@ -291,15 +296,17 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         print!("{report}");
         return Ok(if report.problems.is_empty() { ExitStatus::Success } else { ExitStatus::Failure });
     }
-    if entry == Entry::BenchSync {
-        crate::bench::run(&extracted.config)?;
-        return Ok(ExitStatus::Success);
-    }
-    anyhow::bail!(
-        "not yet: the orchestrator is not built; {} composed and validated its config in {}",
-        entry.name(),
-        job.output_dir.display()
-    )
+    let orchestrated = match entry {
+        Entry::TrainEmbodied => crate::orchestrator::Entry::Embodied,
+        Entry::TrainAsync => crate::orchestrator::Entry::Async,
+        Entry::BenchSync => {
+            crate::bench::run(&extracted.config)?;
+            return Ok(ExitStatus::Success);
+        }
+    };
+    let opts = crate::orchestrator::RunOptions::default();
+    crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
+    Ok(ExitStatus::Success)
 }
 
 /// Keep the message exactly as composition words it (Hydra's wording): drop the context line we added.

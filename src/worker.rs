@@ -1,1 +1,235 @@
 //! Worker processes (trainer, rollout) and the `Workload` trait they run; the synthetic workload.
+//!
+//! A worker is started by the supervisor as `rlsync worker --role trainer|rollout --rank R --run-dir D`. It
+//! reads the launch file the orchestrator wrote (`<run_dir>/.rlsync/launch.json`: the resolved config, socket
+//! paths), connects to the control socket, says [`Hello`] first, then executes [`Command`]s until `Stop`.
+//! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
+//! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
+
+pub mod rollout;
+pub mod synthetic;
+pub mod trainer;
+pub mod workload;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::mpsc;
+
+use crate::config::schema::{LogLevel, RunConfig};
+use crate::orchestrator::protocol::{
+    self, Command, Frame, Hello, LaunchSpec, PROTOCOL_VERSION, ProtocolError, Report, Role,
+};
+
+/// Path of the launch file inside a run dir.
+pub fn launch_file(run_dir: &Path) -> PathBuf {
+    run_dir.join(".rlsync").join("launch.json")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)")]
+    Usage { reason: String },
+    #[error("cannot read launch file {path}: {source}")]
+    LaunchFile { path: PathBuf, source: std::io::Error },
+    #[error("launch file {path}: {source}")]
+    LaunchFormat { path: PathBuf, source: ProtocolError },
+    #[error("cannot connect to the orchestrator at {path}: {source}")]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("control connection: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("the orchestrator went away")]
+    OrchestratorGone,
+    #[error("weight sync: {0}")]
+    Sync(#[from] crate::syncer::SyncError),
+    #[error("weight transport: {0}")]
+    Transport(#[from] crate::transport::TransportError),
+    #[error("workload: {0}")]
+    Workload(#[from] workload::WorkloadError),
+    #[error("command {command} is not valid for a {role} worker")]
+    UnexpectedCommand { role: &'static str, command: String },
+    #[error("cannot start the worker runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Parsed `rlsync worker` arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerArgs {
+    pub role: Role,
+    pub rank: u32,
+    pub run_dir: PathBuf,
+}
+
+pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+    let usage = |reason: String| WorkerError::Usage { reason };
+    let (mut role, mut rank, mut run_dir) = (None, None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| usage(format!("{flag} needs a value")))?;
+        match flag.as_str() {
+            "--role" => role = Some(Role::parse(value).ok_or_else(|| usage(format!("unknown role '{value}'")))?),
+            "--rank" => rank = Some(value.parse::<u32>().map_err(|_| usage(format!("rank '{value}' is not a number")))?),
+            "--run-dir" => run_dir = Some(PathBuf::from(value)),
+            other => return Err(usage(format!("unknown flag '{other}'"))),
+        }
+    }
+    Ok(WorkerArgs {
+        role: role.ok_or_else(|| usage("missing --role".into()))?,
+        rank: rank.ok_or_else(|| usage("missing --rank".into()))?,
+        run_dir: run_dir.ok_or_else(|| usage("missing --run-dir".into()))?,
+    })
+}
+
+/// Entry point of the hidden `rlsync worker` subcommand (`args` are those after `worker`).
+pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
+    let args = parse_args(args)?;
+    let path = launch_file(&args.run_dir);
+    let bytes = std::fs::read(&path).map_err(|source| WorkerError::LaunchFile { path: path.clone(), source })?;
+    let launch = protocol::decode_launch(&bytes).map_err(|source| WorkerError::LaunchFormat { path, source })?;
+    init_logging(launch.config.runner.logger.level);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(WorkerError::Runtime)?;
+    runtime.block_on(serve(args, launch))
+}
+
+fn init_logging(level: LogLevel) {
+    let level = match level {
+        LogLevel::Error => tracing::Level::ERROR,
+        LogLevel::Warn => tracing::Level::WARN,
+        LogLevel::Info => tracing::Level::INFO,
+        LogLevel::Debug => tracing::Level::DEBUG,
+        LogLevel::Trace => tracing::Level::TRACE,
+    };
+    // The orchestrator prefixes and timestamps nothing itself: keep lines short and plain.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// What every worker role gets: its identity, the launch spec and the control connection.
+pub struct WorkerContext {
+    pub args: WorkerArgs,
+    pub launch: LaunchSpec,
+    pub control: Control,
+}
+
+impl WorkerContext {
+    pub fn config(&self) -> &RunConfig {
+        &self.launch.config
+    }
+
+    /// Bound of every weight-transport wait. A background receiver idles for a whole train step between
+    /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
+    pub fn transport_timeout(&self) -> Duration {
+        let runner = &self.config().runner;
+        let secs = if runner.step_timeout_s > 0.0 { runner.step_timeout_s.max(runner.handshake_timeout_s) } else { 86_400.0 };
+        Duration::from_secs_f64(if secs.is_finite() && secs > 0.1 { secs } else { 0.1 })
+    }
+}
+
+/// The worker's end of the control connection: commands arrive through a reader task (so waiting for one is
+/// cancel-safe inside `select!`), reports go straight to the socket.
+pub struct Control {
+    writer: OwnedWriteHalf,
+    commands: mpsc::Receiver<Result<Frame<Command>, ProtocolError>>,
+}
+
+impl Control {
+    pub async fn connect(path: &Path, hello: &Hello) -> Result<Control, WorkerError> {
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| WorkerError::Connect { path: path.to_owned(), source })?;
+        let (mut reader, mut writer) = stream.into_split();
+        protocol::write_frame(&mut writer, &Report::Hello(hello.clone()), &[]).await?;
+        let (tx, commands) = mpsc::channel(16);
+        tokio::spawn(async move {
+            loop {
+                let frame = protocol::read_frame::<Command, _>(&mut reader).await;
+                let done = frame.is_err();
+                if tx.send(frame).await.is_err() || done {
+                    break;
+                }
+            }
+        });
+        Ok(Control { writer, commands })
+    }
+
+    /// The next command; `OrchestratorGone` when the connection closed.
+    pub async fn next(&mut self) -> Result<Frame<Command>, WorkerError> {
+        match self.commands.recv().await {
+            Some(Ok(frame)) => Ok(frame),
+            Some(Err(ProtocolError::Closed)) | None => Err(WorkerError::OrchestratorGone),
+            Some(Err(e)) => Err(e.into()),
+        }
+    }
+
+    pub async fn report(&mut self, report: &Report, blob: &[u8]) -> Result<(), WorkerError> {
+        protocol::write_frame(&mut self.writer, report, blob).await.map_err(|e| match e {
+            ProtocolError::Io(_) => WorkerError::OrchestratorGone,
+            other => other.into(),
+        })
+    }
+}
+
+async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> {
+    let hello = Hello { protocol: PROTOCOL_VERSION, role: args.role, rank: args.rank, pid: std::process::id() };
+    let control = Control::connect(&launch.control_socket, &hello).await?;
+    let mut ctx = WorkerContext { args, launch, control };
+    tracing::debug!("connected to the orchestrator");
+    let result = match ctx.args.role {
+        Role::Trainer => trainer::run(&mut ctx).await,
+        Role::Rollout => rollout::run(&mut ctx).await,
+    };
+    if let Err(err) = &result {
+        // Best effort: the orchestrator names this worker with the reason; it also sees the exit status.
+        let _ = ctx.control.report(&Report::Failed { message: err.to_string() }, &[]).await;
+    }
+    result
+}
+
+/// The seed offset of a worker, so rollouts draw different trajectories.
+pub fn worker_seed(role: Role, rank: u32) -> u64 {
+    match role {
+        Role::Trainer => 0,
+        Role::Rollout => 1 + u64::from(rank),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn parses_worker_arguments() {
+        let parsed = parse_args(&args("--role rollout --rank 3 --run-dir /tmp/x")).unwrap();
+        assert_eq!(parsed, WorkerArgs { role: Role::Rollout, rank: 3, run_dir: "/tmp/x".into() });
+    }
+
+    fn check_usage_error(line: &str, expect: &str) {
+        let err = parse_args(&args(line)).unwrap_err().to_string();
+        assert!(err.contains(expect), "'{err}' should mention '{expect}'");
+    }
+
+    #[test]
+    fn bad_worker_arguments_are_named() {
+        check_usage_error("--role critic --rank 0 --run-dir d", "unknown role 'critic'");
+        check_usage_error("--role trainer --rank x --run-dir d", "rank 'x'");
+        check_usage_error("--role trainer --run-dir d", "missing --rank");
+        check_usage_error("--role trainer --rank 0", "missing --run-dir");
+        check_usage_error("--role", "--role needs a value");
+        check_usage_error("--colour red", "unknown flag '--colour'");
+    }
+}

@@ -10,7 +10,8 @@
 //!   they are not lowercase because users and the conformance kit match them against real Hydra.
 //!
 //! Layout: `grammar` (lexer + parser), `tree` (parent-linked working copy), `py` (Python values and
-//! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers).
+//! operators), `eval` (OmegaConf's resolution algorithm), `resolvers` (the built-in resolvers),
+//! `conformance_tests` (the conformance kit's interpolation suite).
 
 #[cfg(test)]
 mod conformance_tests;
@@ -25,7 +26,7 @@ use std::fmt;
 use crate::config::node::{Node, Origin, Value};
 use eval::Engine;
 pub use grammar::GrammarError;
-use py::PyErr;
+pub use py::PyErr;
 use tree::Id;
 
 /// Looks up an environment variable (`None` when unset).

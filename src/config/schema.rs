@@ -10,10 +10,10 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::path::PathBuf;
 
 use indexmap::IndexMap;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole typed configuration handed to workers (they never re-compose).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RunConfig {
     pub weight_syncer: WeightSyncerConfig,
@@ -46,7 +46,7 @@ impl Default for RunConfig {
 // weight_syncer
 
 /// `weight_syncer.type`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SyncerKind {
     #[default]
@@ -55,7 +55,7 @@ pub enum SyncerKind {
 }
 
 /// A device where a buffer lives (`cpu` | `cuda`).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     #[default]
@@ -64,7 +64,7 @@ pub enum Device {
 }
 
 /// `weight_syncer.patch.compression`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Compression {
     #[default]
@@ -76,7 +76,7 @@ pub enum Compression {
 }
 
 /// `weight_syncer.bucket.bucket_dtype` (floating tensors only are cast).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum FloatDtype {
     #[serde(alias = "bf16")]
@@ -87,7 +87,7 @@ pub enum FloatDtype {
     Float32,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct WeightSyncerConfig {
     #[serde(rename = "type")]
@@ -102,7 +102,7 @@ impl Default for WeightSyncerConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct PatchConfig {
     pub snapshot_device: Device,
@@ -124,7 +124,7 @@ impl Default for PatchConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct InitSyncConfig {
     pub enabled: bool,
@@ -139,7 +139,7 @@ impl Default for InitSyncConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct BucketConfig {
     pub bucket_size: NonZeroU64,
@@ -166,7 +166,7 @@ impl Default for BucketConfig {
 // ---------------------------------------------------------------------------------------------------------
 // runner
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LoggerBackend {
     Tensorboard,
@@ -175,7 +175,7 @@ pub enum LoggerBackend {
     Swanlab,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct LoggerConfig {
     pub log_path: PathBuf,
@@ -200,7 +200,7 @@ impl Default for LoggerConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Error,
@@ -211,7 +211,7 @@ pub enum LogLevel {
     Trace,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RunnerConfig {
     /// Number of training steps; RLinf's `-1` means "use `max_epochs`".
@@ -260,7 +260,7 @@ impl Default for RunnerConfig {
 
 /// A `cluster.component_placement` value: RLinf writes GPU ranges (`0-7`, `0,2,4`, `3`). rlsync spawns one
 /// worker per listed slot, so `rollout: 0-3` means four rollout workers.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Placement {
     Single(u32),
@@ -297,7 +297,7 @@ impl Placement {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ClusterConfig {
     pub num_nodes: NonZeroU32,
@@ -317,7 +317,7 @@ impl Default for ClusterConfig {
 // actor / model
 
 /// `actor.model.model_type`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelType {
     /// Model-shaped state dict with a realistic Adam-like update; no learning.
@@ -332,7 +332,7 @@ pub enum ModelType {
 }
 
 /// Element type of weights (`precision`, `bench.dtype`, synthetic `dtype`).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum WeightDtype {
     #[default]
@@ -344,7 +344,7 @@ pub enum WeightDtype {
     F32,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ModelConfig {
     pub model_type: ModelType,
@@ -393,7 +393,7 @@ impl Default for ModelConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct OptimConfig {
     pub lr: f64,
@@ -420,7 +420,7 @@ impl Default for OptimConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ActorConfig {
     /// `true`: rollouts receive and apply weights in the background (async entry point).
@@ -445,7 +445,7 @@ impl Default for ActorConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RolloutModelConfig {
     pub precision: WeightDtype,
@@ -457,7 +457,7 @@ impl Default for RolloutModelConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RolloutConfig {
     pub model: RolloutModelConfig,
@@ -481,7 +481,7 @@ impl Default for RolloutConfig {
 // algorithm
 
 /// `algorithm.adv_type`: GAE with a critic (PPO) or group-relative advantages without one (GRPO).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AdvantageType {
     #[default]
@@ -490,7 +490,7 @@ pub enum AdvantageType {
     GrpoGroup,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct AlgorithmConfig {
     /// train_async: data older than `trainer_version - staleness_threshold` is dropped.
@@ -531,7 +531,7 @@ impl Default for AlgorithmConfig {
 // env
 
 /// `env.{train,eval}.env_type`.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum EnvType {
     /// Fake trajectories of configurable size (synthetic workload).
@@ -543,7 +543,7 @@ pub enum EnvType {
     Cartpole,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct EnvSplitConfig {
     pub env_type: EnvType,
@@ -576,7 +576,7 @@ impl Default for EnvSplitConfig {
     }
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default)]
 pub struct EnvConfig {
     pub train: EnvSplitConfig,
@@ -586,7 +586,7 @@ pub struct EnvConfig {
 // ---------------------------------------------------------------------------------------------------------
 // bench (rlsync bench_sync)
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum UpdateKind {
     /// fp32 master weights with an Adam-like step, cast to the receiver dtype.
@@ -596,7 +596,7 @@ pub enum UpdateKind {
     Density,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportKind {
     #[default]
@@ -604,7 +604,7 @@ pub enum TransportKind {
     Shm,
 }
 
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
     #[default]
@@ -612,7 +612,7 @@ pub enum OutputFormat {
     Json,
 }
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct BenchConfig {
     pub params: u64,

@@ -1,0 +1,298 @@
+//! The overlapped `train_async` loop: rollouts generate chunks continuously into a bounded buffer while the
+//! trainer trains; stale data is dropped; rollouts are held back when they are too far ahead.
+//!
+//! Staleness: a chunk produced by weights `v` and trained at trainer version `T` has lag `T - v`; chunks with
+//! lag above `algorithm.staleness_threshold` are discarded (counted). Back-pressure makes that rare: a rollout
+//! only gets the next chunk when, consumed in FIFO order, it would be trained at a version within the
+//! threshold of the rollout's weights; otherwise it idles until newer weights arrive.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
+use crate::orchestrator::plan::RunPlan;
+use crate::orchestrator::protocol::{Command, Report, SyncStats};
+use crate::orchestrator::supervisor::{Supervisor, WorkerId};
+use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
+use crate::orchestrator::{LoopTotals, OrchestratorError};
+
+/// Settings of the loop taken from the config.
+#[derive(Debug, Clone, Copy)]
+pub struct AsyncSettings {
+    pub staleness_threshold: u64,
+    pub sync_interval: u64,
+    /// `actor.sync_weight_no_wait`: rollouts install in the background; the trainer never waits for them.
+    pub no_wait: bool,
+    pub verify: bool,
+    /// `rollout.buffer_chunks` (raised to one batch if smaller).
+    pub buffer_chunks: usize,
+}
+
+struct Buffered {
+    version: u64,
+    env_steps: u64,
+    mean_return: f64,
+    data: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    version: u64,
+    in_flight: bool,
+}
+
+/// What the record of the step in progress needs once its sync is done.
+struct StepInfo {
+    step: u64,
+    wait_s: f64,
+    train_s: f64,
+    loss: f64,
+    stale: Staleness,
+    env_steps: u64,
+    mean_return: f64,
+    discarded: u64,
+}
+
+enum Trainer {
+    Idle { since: Instant },
+    Training { started: Instant, info: StepInfo },
+    Syncing { started: Instant, info: StepInfo, stats: Option<SyncStats>, applies_left: u32 },
+}
+
+struct Loop<'a> {
+    sup: &'a mut Supervisor,
+    plan: &'a RunPlan,
+    set: AsyncSettings,
+    verifier: Verifier,
+    trainer: Trainer,
+    trainer_version: u64,
+    steps_started: u64,
+    buffer: VecDeque<Buffered>,
+    slots: Vec<Slot>,
+    next_chunk: u64,
+    discarded: u64,
+    rollout_busy_s: f64,
+    last_row: Instant,
+    totals: LoopTotals,
+}
+
+impl Loop<'_> {
+    fn batch(&self) -> usize {
+        (self.plan.rollouts * self.plan.chunks_per_rollout) as usize
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.iter().filter(|s| s.in_flight).count()
+    }
+
+    /// Whether rollout `rank` may start one more chunk now.
+    fn may_grant(&self, rank: usize) -> bool {
+        let Some(slot) = self.slots.get(rank) else { return false };
+        let queued = self.buffer.len() + self.in_flight();
+        // Discarded chunks do not count: only what steps still to start will train on.
+        let needed = self.batch() as u64 * (self.plan.steps - self.steps_started.min(self.plan.steps));
+        if slot.in_flight || queued as u64 >= needed || queued >= self.set.buffer_chunks.max(self.batch()) {
+            return false;
+        }
+        let training = u64::from(matches!(self.trainer, Trainer::Training { .. }));
+        let consumed_at = self.trainer_version + training + (queued / self.batch().max(1)) as u64;
+        consumed_at <= slot.version + self.set.staleness_threshold
+    }
+
+    async fn grant(&mut self) -> Result<(), OrchestratorError> {
+        for rank in 0..self.slots.len() {
+            if self.may_grant(rank) {
+                let cmd = Command::Rollout {
+                    first_chunk: self.next_chunk,
+                    chunks: 1,
+                    steps: self.plan.chunk_steps,
+                    background: self.set.no_wait,
+                };
+                self.sup.send(WorkerId::rollout(rank as u32), &cmd, &[]).await?;
+                self.next_chunk += 1;
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.in_flight = true;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Start a train step when the trainer is idle and a batch of fresh data is buffered.
+    async fn try_train(&mut self) -> Result<(), OrchestratorError> {
+        let Trainer::Idle { since } = self.trainer else { return Ok(()) };
+        if self.steps_started >= self.plan.steps {
+            return Ok(());
+        }
+        let oldest = self.trainer_version.saturating_sub(self.set.staleness_threshold);
+        let before = self.buffer.len();
+        self.buffer.retain(|c| c.version >= oldest);
+        self.discarded += (before - self.buffer.len()) as u64;
+        if self.buffer.len() < self.batch() {
+            return Ok(());
+        }
+        let chunks: Vec<Buffered> = self.buffer.drain(..self.batch()).collect();
+        let samples: Vec<(u64, u64)> = chunks.iter().map(|c| (c.version, c.env_steps)).collect();
+        let env_steps: u64 = chunks.iter().map(|c| c.env_steps).sum();
+        let mean_return = chunks.iter().map(|c| c.mean_return).sum::<f64>() / chunks.len().max(1) as f64;
+        let data: Vec<u8> = chunks.iter().flat_map(|c| c.data.iter().copied()).collect();
+        let step = self.steps_started;
+        self.sup.begin_step();
+        let cmd = Command::Train { step, chunks: chunks.len() as u32, env_steps };
+        self.sup.send(WorkerId::TRAINER, &cmd, &data).await?;
+        let info = StepInfo {
+            step,
+            wait_s: since.elapsed().as_secs_f64(),
+            train_s: 0.0,
+            loss: 0.0,
+            stale: staleness(self.trainer_version, &samples),
+            env_steps,
+            mean_return,
+            discarded: std::mem::take(&mut self.discarded),
+        };
+        self.steps_started += 1;
+        self.trainer = Trainer::Training { started: Instant::now(), info };
+        Ok(())
+    }
+
+    fn emit(&mut self, info: StepInfo, sync: Option<SyncOutcome>, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
+        let step_s = self.last_row.elapsed().as_secs_f64().max(1e-12);
+        self.last_row = Instant::now();
+        let sync_s = sync.as_ref().map(|s| s.seconds).unwrap_or(0.0);
+        let mut rec = StepRecord::new(info.step);
+        rec.float("time/step", step_s);
+        rec.float("time/sync_weights", sync_s);
+        rec.float("time/rollout", info.wait_s);
+        rec.float("time/train", info.train_s);
+        if let Some(sync) = &sync {
+            sync.record(&mut rec);
+        }
+        rec.int("actor/current_version", self.trainer_version as i64);
+        info.stale.record(&mut rec, self.set.staleness_threshold);
+        rec.int("rollout/discarded_unused_trajs", info.discarded as i64);
+        rec.float("trainer/idle_ratio", (info.wait_s / step_s).clamp(0.0, 1.0));
+        let capacity = f64::from(self.plan.rollouts) * step_s;
+        rec.float("rollout/idle_ratio", (1.0 - std::mem::take(&mut self.rollout_busy_s) / capacity).clamp(0.0, 1.0));
+        rec.float("throughput/env_steps_per_s", info.env_steps as f64 / step_s);
+        rec.float("rollout/return", info.mean_return);
+        rec.int("rollout/env_steps", info.env_steps as i64);
+        rec.float("train/loss", info.loss);
+        sink.record(rec)?;
+        self.totals.steps += 1;
+        self.totals.env_steps += info.env_steps;
+        self.trainer = Trainer::Idle { since: Instant::now() };
+        Ok(())
+    }
+
+    fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
+        OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{report:?}") }
+    }
+
+    async fn on_report(&mut self, id: WorkerId, report: Report, blob: Vec<u8>, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
+        let rank = id.rank as usize;
+        match report {
+            Report::Chunk { version, env_steps, mean_return, busy_s, .. } if id != WorkerId::TRAINER => {
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.in_flight = false;
+                    slot.version = slot.version.max(version);
+                }
+                self.rollout_busy_s += busy_s;
+                self.buffer.push_back(Buffered { version, env_steps, mean_return, data: blob });
+            }
+            Report::Applied { version, checksum, .. } if id != WorkerId::TRAINER => {
+                self.verifier.rollout(id, version, checksum)?;
+                if let Some(slot) = self.slots.get_mut(rank) {
+                    slot.version = slot.version.max(version);
+                }
+                if let Trainer::Syncing { applies_left, .. } = &mut self.trainer {
+                    *applies_left = applies_left.saturating_sub(1);
+                }
+                self.finish_sync(sink)?;
+            }
+            Report::Trained { version, loss, .. } if id == WorkerId::TRAINER => {
+                let Trainer::Training { started, mut info } = std::mem::replace(&mut self.trainer, Trainer::Idle { since: Instant::now() })
+                else {
+                    return Err(Self::unexpected(id, &Report::Trained { step: 0, version, loss, busy_s: 0.0 }));
+                };
+                info.train_s = started.elapsed().as_secs_f64();
+                info.loss = loss;
+                self.trainer_version = version;
+                if version % self.set.sync_interval == 0 {
+                    self.sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;
+                    let applies_left = if self.set.no_wait { 0 } else { self.plan.rollouts };
+                    if !self.set.no_wait {
+                        self.sup.send_rollouts(&Command::Apply).await?;
+                    }
+                    self.trainer = Trainer::Syncing { started: Instant::now(), info, stats: None, applies_left };
+                } else {
+                    self.emit(info, None, sink)?;
+                }
+            }
+            Report::Synced { stats, checksum, .. } if id == WorkerId::TRAINER => {
+                self.verifier.trainer(stats.version, checksum)?;
+                match &mut self.trainer {
+                    Trainer::Syncing { stats: slot @ None, .. } => *slot = Some(stats),
+                    _ => return Err(Self::unexpected(id, &Report::Synced { stats, checksum, seconds: 0.0 })),
+                }
+                self.finish_sync(sink)?;
+            }
+            other => return Err(Self::unexpected(id, &other)),
+        }
+        Ok(())
+    }
+
+    /// Emit the step's record once its sync is published (and, when blocking, applied everywhere).
+    fn finish_sync(&mut self, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
+        let done = matches!(self.trainer, Trainer::Syncing { stats: Some(_), applies_left: 0, .. });
+        if !done {
+            return Ok(());
+        }
+        let Trainer::Syncing { started, info, stats: Some(stats), .. } =
+            std::mem::replace(&mut self.trainer, Trainer::Idle { since: Instant::now() })
+        else {
+            return Ok(());
+        };
+        let outcome = SyncOutcome { stats, seconds: started.elapsed().as_secs_f64(), verified: self.verifier.all_matched() };
+        self.emit(info, Some(outcome), sink)
+    }
+}
+
+pub async fn run(
+    sup: &mut Supervisor,
+    plan: &RunPlan,
+    set: AsyncSettings,
+    sink: &mut MetricsSink,
+) -> Result<LoopTotals, OrchestratorError> {
+    let mut verifier = Verifier::new(set.verify);
+    weights::bootstrap(sup, &mut verifier).await?;
+    let started = Instant::now();
+    let slots = vec![Slot::default(); plan.rollouts as usize];
+    let mut lp = Loop {
+        sup,
+        plan,
+        set,
+        verifier,
+        trainer: Trainer::Idle { since: started },
+        trainer_version: 0,
+        steps_started: 0,
+        buffer: VecDeque::new(),
+        slots,
+        next_chunk: 0,
+        discarded: 0,
+        rollout_busy_s: 0.0,
+        last_row: started,
+        totals: LoopTotals::default(),
+    };
+    lp.sup.begin_step();
+    while lp.totals.steps < plan.steps {
+        // Training first: discarding stale chunks can make room for new grants.
+        lp.try_train().await?;
+        lp.grant().await?;
+        let (id, frame) = lp.sup.recv("trajectories, training or weight sync").await?;
+        lp.on_report(id, frame.header, frame.blob, sink).await?;
+    }
+    let mut totals = lp.totals;
+    totals.wall_s = started.elapsed().as_secs_f64();
+    totals.unused_at_end = (lp.buffer.len() + lp.slots.iter().filter(|s| s.in_flight).count()) as u64;
+    Ok(totals)
+}

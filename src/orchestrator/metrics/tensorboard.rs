@@ -1,0 +1,166 @@
+//! TensorBoard event files written by hand: TFRecord framing (length, masked CRC-32C) around `Event`
+//! protobufs with scalar `Summary` values. Small enough not to need a protobuf crate.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::orchestrator::metrics::{MetricsError, StepRecord};
+
+/// CRC-32C (Castagnoli), reflected, table-driven.
+pub fn crc32c(data: &[u8]) -> u32 {
+    const fn table() -> [u32; 256] {
+        let mut table = [0u32; 256];
+        let mut i = 0;
+        while i < 256 {
+            let mut crc = i as u32;
+            let mut k = 0;
+            while k < 8 {
+                crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+                k += 1;
+            }
+            table[i] = crc;
+            i += 1;
+        }
+        table
+    }
+    const TABLE: [u32; 256] = table();
+    let mut crc = !0u32;
+    for b in data {
+        crc = TABLE[((crc ^ u32::from(*b)) & 0xFF) as usize] ^ (crc >> 8);
+    }
+    !crc
+}
+
+/// TFRecord's masked CRC.
+pub fn masked_crc(data: &[u8]) -> u32 {
+    let crc = crc32c(data);
+    (crc.rotate_right(15)).wrapping_add(0xA282_EAD8)
+}
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn key(out: &mut Vec<u8>, field: u32, wire: u8) {
+    varint(out, (u64::from(field) << 3) | u64::from(wire));
+}
+
+fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
+    key(out, field, 2);
+    varint(out, data.len() as u64);
+    out.extend_from_slice(data);
+}
+
+/// `Event { wall_time, step, file_version | summary }` as protobuf bytes.
+pub fn encode_event(wall_time: f64, step: i64, file_version: Option<&str>, scalars: &[(&str, f32)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    key(&mut out, 1, 1);
+    out.extend_from_slice(&wall_time.to_le_bytes());
+    key(&mut out, 2, 0);
+    varint(&mut out, step as u64);
+    if let Some(version) = file_version {
+        bytes_field(&mut out, 3, version.as_bytes());
+    }
+    if !scalars.is_empty() {
+        let mut summary = Vec::new();
+        for (tag, value) in scalars {
+            let mut v = Vec::new();
+            bytes_field(&mut v, 1, tag.as_bytes());
+            key(&mut v, 2, 5);
+            v.extend_from_slice(&value.to_le_bytes());
+            bytes_field(&mut summary, 1, &v);
+        }
+        bytes_field(&mut out, 5, &summary);
+    }
+    out
+}
+
+/// One TFRecord around `data`.
+pub fn frame_record(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + 16);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc(data).to_le_bytes());
+    out
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+pub struct EventWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl EventWriter {
+    /// Create `<dir>/events.out.tfevents.<secs>.rlsync.<pid>` and write the file-version event.
+    pub fn create(dir: &Path) -> Result<EventWriter, MetricsError> {
+        std::fs::create_dir_all(dir).map_err(|source| MetricsError::Io { path: dir.to_owned(), source })?;
+        let wall = now();
+        let path = dir.join(format!("events.out.tfevents.{}.rlsync.{}", wall as u64, std::process::id()));
+        let file = File::create(&path).map_err(|source| MetricsError::Io { path: path.clone(), source })?;
+        let mut writer = EventWriter { path, out: BufWriter::new(file) };
+        writer.put(&encode_event(wall, 0, Some("brain.Event:2"), &[]))?;
+        Ok(writer)
+    }
+
+    fn put(&mut self, event: &[u8]) -> Result<(), MetricsError> {
+        self.out.write_all(&frame_record(event)).map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+    }
+
+    /// Every numeric metric of the record as a scalar at `rec.step`.
+    pub fn write(&mut self, rec: &StepRecord) -> Result<(), MetricsError> {
+        let scalars: Vec<(&str, f32)> =
+            rec.entries.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.as_str(), f as f32))).collect();
+        self.put(&encode_event(now(), rec.step as i64, None, &scalars))?;
+        self.flush()
+    }
+
+    pub fn flush(&mut self) -> Result<(), MetricsError> {
+        self.out.flush().map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32c_known_vectors() {
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+        assert_eq!(crc32c(b""), 0);
+        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+    }
+
+    #[test]
+    fn record_framing_checks_out() {
+        let event = encode_event(1.5, 7, None, &[("time/step", 0.25)]);
+        let rec = frame_record(&event);
+        let len = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
+        assert_eq!(len, event.len());
+        assert_eq!(u32::from_le_bytes(rec[8..12].try_into().unwrap()), masked_crc(&rec[..8]));
+        assert_eq!(&rec[12..12 + len], &event[..]);
+        assert_eq!(u32::from_le_bytes(rec[12 + len..].try_into().unwrap()), masked_crc(&event));
+    }
+
+    #[test]
+    fn event_protobuf_layout() {
+        let event = encode_event(1.0, 300, None, &[("a", 2.0)]);
+        let mut expect = vec![0x09];
+        expect.extend_from_slice(&1.0f64.to_le_bytes());
+        expect.extend_from_slice(&[0x10, 0xAC, 0x02]); // step 300 as varint
+        // summary (field 5) → value (field 1) → tag "a" (field 1), simple_value (field 2, fixed32)
+        expect.extend_from_slice(&[0x2A, 10, 0x0A, 8, 0x0A, 1, b'a', 0x15]);
+        expect.extend_from_slice(&2.0f32.to_le_bytes());
+        assert_eq!(event, expect);
+    }
+}

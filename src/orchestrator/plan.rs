@@ -1,0 +1,136 @@
+//! The loop plan of a run, computed from the config alone: worker count, env split, chunking and the env
+//! steps per train step. (The `--dry-run` report with byte estimates is `crate::plan`.)
+
+use crate::config::schema::RunConfig;
+use crate::orchestrator::{Entry, OrchestratorError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPlan {
+    pub entry: Entry,
+    pub rollouts: u32,
+    pub envs_per_rollout: u32,
+    /// Train steps to run.
+    pub steps: u64,
+    /// Env steps of every env of a rollout per chunk.
+    pub chunk_steps: u32,
+    /// Chunks each rollout contributes per train step (the batch is `rollouts * chunks_per_rollout`).
+    pub chunks_per_rollout: u32,
+    /// Env steps trained on per train step.
+    pub env_steps_per_step: u64,
+}
+
+fn invalid(reason: impl Into<String>) -> OrchestratorError {
+    OrchestratorError::Config { reason: reason.into() }
+}
+
+/// The rollout worker count: one per slot of `cluster.component_placement.rollout`.
+pub fn rollout_workers(cfg: &RunConfig) -> Result<u32, OrchestratorError> {
+    let placement = cfg
+        .cluster
+        .component_placement
+        .get("rollout")
+        .ok_or_else(|| invalid("cluster.component_placement has no 'rollout' entry (e.g. rollout: 0-1)"))?;
+    let slots = placement.slots().map_err(|e| invalid(format!("cluster.component_placement.rollout: {e}")))?;
+    match u32::try_from(slots.len()) {
+        Ok(0) | Err(_) => Err(invalid("cluster.component_placement.rollout must list 1 or more slots")),
+        Ok(n) => Ok(n),
+    }
+}
+
+pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError> {
+    if entry == Entry::BenchSync {
+        return Err(invalid("bench_sync does not start workers; it is run by `rlsync bench_sync`"));
+    }
+    let rollouts = rollout_workers(cfg)?;
+    let envs = cfg.env.train.total_num_envs.get();
+    if envs % rollouts != 0 {
+        return Err(invalid(format!(
+            "env.train.total_num_envs={envs} does not split evenly over {rollouts} rollout workers"
+        )));
+    }
+    let steps = if cfg.runner.max_steps >= 0 { cfg.runner.max_steps } else { cfg.runner.max_epochs };
+    if steps <= 0 {
+        return Err(invalid("runner.max_steps (or runner.max_epochs when max_steps is -1) must be positive"));
+    }
+    let per_step =
+        u64::from(cfg.env.train.max_steps_per_rollout_epoch.get()) * u64::from(cfg.env.train.rollout_epoch.get());
+    let chunk_steps = u64::from(cfg.rollout.chunk_steps.get()).min(per_step);
+    let chunks_per_rollout =
+        u32::try_from(per_step.div_ceil(chunk_steps)).map_err(|_| invalid("too many rollout chunks per step"))?;
+    let interval = u64::from(cfg.runner.weight_sync_interval.get());
+    if entry == Entry::Async && u64::from(cfg.algorithm.staleness_threshold) + 1 < interval {
+        return Err(invalid(format!(
+            "algorithm.staleness_threshold={} cannot be met when weights are synced only every {interval} steps \
+             (runner.weight_sync_interval); use a threshold of at least {}",
+            cfg.algorithm.staleness_threshold,
+            interval - 1
+        )));
+    }
+    let envs_per_rollout = envs / rollouts;
+    Ok(RunPlan {
+        entry,
+        rollouts,
+        envs_per_rollout,
+        steps: steps as u64,
+        chunk_steps: chunk_steps as u32,
+        chunks_per_rollout,
+        env_steps_per_step: u64::from(rollouts)
+            * u64::from(chunks_per_rollout)
+            * chunk_steps
+            * u64::from(envs_per_rollout),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::config::schema::Placement;
+
+    #[test]
+    fn default_plan_splits_envs_and_chunks() {
+        let p = plan(Entry::Embodied, &RunConfig::default()).unwrap();
+        assert_eq!((p.rollouts, p.envs_per_rollout, p.steps), (2, 4, 10));
+        assert_eq!((p.chunk_steps, p.chunks_per_rollout), (16, 2));
+        assert_eq!(p.env_steps_per_step, 2 * 2 * 16 * 4);
+    }
+
+    fn check_error(edit: impl FnOnce(&mut RunConfig), entry: Entry, expect: &str) {
+        let mut cfg = RunConfig::default();
+        edit(&mut cfg);
+        let err = plan(entry, &cfg).unwrap_err().to_string();
+        assert!(err.contains(expect), "'{err}' should contain '{expect}'");
+    }
+
+    #[test]
+    fn impossible_configs_are_named() {
+        check_error(|c| c.env.train.total_num_envs = NonZeroU32::new(3).unwrap(), Entry::Embodied, "total_num_envs=3");
+        check_error(
+            |c| {
+                c.runner.weight_sync_interval = NonZeroU32::new(3).unwrap();
+                c.algorithm.staleness_threshold = 1;
+            },
+            Entry::Async,
+            "staleness_threshold=1",
+        );
+        check_error(|c| c.runner.max_steps = 0, Entry::Embodied, "max_steps");
+        check_error(|c| drop(c.cluster.component_placement.shift_remove("rollout")), Entry::Embodied, "no 'rollout'");
+        check_error(
+            |c| drop(c.cluster.component_placement.insert("rollout".into(), Placement::Ranges("2-1".into()))),
+            Entry::Embodied,
+            "component_placement.rollout",
+        );
+        check_error(|_| {}, Entry::BenchSync, "bench_sync");
+    }
+
+    #[test]
+    fn slower_sync_is_fine_for_the_synchronous_loop() {
+        let mut cfg = RunConfig::default();
+        cfg.runner.weight_sync_interval = NonZeroU32::new(3).unwrap();
+        cfg.algorithm.staleness_threshold = 0;
+        assert!(plan(Entry::Embodied, &cfg).is_ok());
+        cfg.cluster.component_placement.insert("rollout".into(), Placement::Single(3));
+        assert_eq!(plan(Entry::Embodied, &cfg).unwrap().rollouts, 1);
+    }
+}

@@ -1,0 +1,143 @@
+//! The rollout worker: holds a copy of the weights, generates trajectory chunks, installs weight updates
+//! only between chunks (blocking `Apply`, or received in the background with `sync_weight_no_wait`).
+
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::orchestrator::protocol::{Command, Report};
+use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
+use crate::tensor::{StateDict, state_checksum};
+use crate::transport::ShmReceiver;
+use crate::worker::workload::{self, Workload};
+use crate::worker::{WorkerContext, WorkerError, worker_seed};
+
+/// An update received in the background, and the signal that lets the receiver fetch the next one.
+type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
+
+/// How updates reach this rollout.
+enum Weights {
+    /// Not bootstrapped yet.
+    None,
+    /// Blocking mode: the syncer is used in place on `Apply`.
+    Blocking(WeightSyncer),
+    /// Background mode: a task owns the syncer and hands over one validated update at a time.
+    Background(mpsc::Receiver<Received>),
+}
+
+struct Rollout {
+    state: StateDict,
+    keys: Vec<String>,
+    version: u64,
+    verify: bool,
+    workload: Box<dyn Workload>,
+}
+
+impl Rollout {
+    fn applied(&self, started: Instant) -> Report {
+        let checksum = if self.verify { tokio::task::block_in_place(|| state_checksum(&self.state, &self.keys)) } else { 0 };
+        Report::Applied { version: self.version, checksum, seconds: started.elapsed().as_secs_f64() }
+    }
+
+    /// Install a background update (only ever called between chunks).
+    fn install(&mut self, received: Received) -> Result<Report, WorkerError> {
+        let started = Instant::now();
+        let (update, next) = received;
+        let report = update?.install(&mut self.state)?;
+        self.version = report.version;
+        // The receiver task may now fetch the following update.
+        let _ = next.send(());
+        Ok(self.applied(started))
+    }
+}
+
+/// Run the rollout's command loop until `Stop`.
+pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
+    let cfg = ctx.config().clone();
+    let mut workload = workload::build(&cfg, ctx.launch.envs_per_rollout, worker_seed(ctx.args.role, ctx.args.rank))?;
+    let state = tokio::task::block_in_place(|| workload.init_state())?;
+    // Replaced by the syncer's own list after init (it decides what is synced).
+    let keys = state.synced_keys();
+    let mut me = Rollout { state, keys, version: 0, verify: cfg.runner.verify_sync, workload };
+    let mut weights = Weights::None;
+    loop {
+        let frame = match &mut weights {
+            Weights::Background(updates) => tokio::select! {
+                frame = ctx.control.next() => frame?,
+                Some(received) = updates.recv() => {
+                    let report = me.install(received)?;
+                    ctx.control.report(&report, &[]).await?;
+                    continue;
+                }
+            },
+            _ => ctx.control.next().await?,
+        };
+        match frame.header {
+            Command::InitWeights => {
+                let started = Instant::now();
+                let rx = ShmReceiver::connect(&ctx.launch.weight_socket, ctx.args.rank as usize, ctx.transport_timeout()).await?;
+                let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
+                let report = syncer.init_receiver(&mut me.state, rx).await?;
+                me.version = report.version;
+                me.keys = syncer.synced_keys().to_vec();
+                weights = Weights::Blocking(syncer);
+                ctx.control.report(&me.applied(started), &[]).await?;
+            }
+            Command::Apply => {
+                let Weights::Blocking(syncer) = &mut weights else {
+                    return Err(WorkerError::UnexpectedCommand { role: "rollout", command: "Apply (not in blocking mode)".into() });
+                };
+                let started = Instant::now();
+                let report = syncer.apply(&mut me.state).await?;
+                me.version = report.version;
+                ctx.control.report(&me.applied(started), &[]).await?;
+            }
+            Command::Rollout { first_chunk, chunks, steps, background } => {
+                if background && matches!(weights, Weights::Blocking(_)) {
+                    if let Weights::Blocking(syncer) = std::mem::replace(&mut weights, Weights::None) {
+                        weights = Weights::Background(spawn_receiver(syncer));
+                    }
+                }
+                for chunk in first_chunk..first_chunk + u64::from(chunks) {
+                    // Between chunks: install whatever arrived, never in the middle of one.
+                    if let Weights::Background(updates) = &mut weights {
+                        while let Ok(received) = updates.try_recv() {
+                            let report = me.install(received)?;
+                            ctx.control.report(&report, &[]).await?;
+                        }
+                    }
+                    let started = Instant::now();
+                    let out = tokio::task::block_in_place(|| me.workload.rollout(&me.state, steps))?;
+                    let report = Report::Chunk {
+                        chunk,
+                        version: me.version,
+                        env_steps: out.env_steps,
+                        mean_return: out.mean_return,
+                        busy_s: started.elapsed().as_secs_f64(),
+                    };
+                    ctx.control.report(&report, &out.data).await?;
+                }
+            }
+            Command::Stop => return Ok(()),
+            other @ (Command::Sync { .. } | Command::Train { .. }) => {
+                return Err(WorkerError::UnexpectedCommand { role: "rollout", command: format!("{other:?}") });
+            }
+        }
+    }
+}
+
+/// Receive updates in the background: one at a time, the next only after the previous one is installed.
+fn spawn_receiver(mut syncer: WeightSyncer) -> mpsc::Receiver<Received> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            let update = syncer.receive().await;
+            let failed = update.is_err();
+            let (next_tx, next_rx) = oneshot::channel();
+            if tx.send((update, next_tx)).await.is_err() || failed || next_rx.await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

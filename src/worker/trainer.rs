@@ -1,0 +1,82 @@
+//! The trainer worker: holds the model, trains on trajectory batches, publishes weights to every rollout.
+
+use std::time::Instant;
+
+use crate::orchestrator::protocol::{Command, Report, SyncStats};
+use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
+use crate::tensor::StateDict;
+use crate::transport::{ShmConfig, ShmSender};
+use crate::worker::workload::{self, Batch};
+use crate::worker::{WorkerContext, WorkerError, worker_seed};
+
+/// Run the trainer's command loop until `Stop`.
+pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
+    let cfg = ctx.config().clone();
+    let mut workload = workload::build(&cfg, 1, worker_seed(ctx.args.role, ctx.args.rank))?;
+    let mut state = tokio::task::block_in_place(|| workload.init_state())?;
+    let keys = state.synced_keys();
+    let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())?;
+    let mut version = 0u64;
+    tracing::info!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
+    loop {
+        let frame = ctx.control.next().await?;
+        match frame.header {
+            Command::InitWeights => {
+                let started = Instant::now();
+                let sender = ShmSender::bind(ShmConfig {
+                    socket_path: ctx.launch.weight_socket.clone(),
+                    segment_prefix: ctx.launch.segment_prefix.clone(),
+                    receivers: ctx.launch.rollouts as usize,
+                    timeout: ctx.transport_timeout(),
+                    ..ShmConfig::default()
+                })
+                .await?;
+                let report = syncer.init_sender(&state, &keys, sender).await?;
+                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                ctx.control.report(&synced, &[]).await?;
+            }
+            Command::Sync { version: wanted } => {
+                let started = Instant::now();
+                let report = syncer.sync(&state, wanted).await?;
+                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                ctx.control.report(&synced, &[]).await?;
+            }
+            Command::Train { step, chunks, env_steps } => {
+                let started = Instant::now();
+                let batch = Batch { chunks, env_steps, data: &frame.blob };
+                let stats = tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
+                version += 1;
+                let busy_s = started.elapsed().as_secs_f64();
+                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s }, &[]).await?;
+            }
+            Command::Stop => return Ok(()),
+            other @ (Command::Apply | Command::Rollout { .. }) => {
+                return Err(WorkerError::UnexpectedCommand { role: "trainer", command: format!("{other:?}") });
+            }
+        }
+    }
+}
+
+/// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
+fn synced_report(
+    syncer: &WeightSyncer,
+    state: &StateDict,
+    report: &SyncReport,
+    started: Instant,
+    verify: bool,
+) -> Result<Report, WorkerError> {
+    let checksum = if verify { tokio::task::block_in_place(|| syncer.checksum(state))? } else { 0 };
+    Ok(Report::Synced {
+        stats: SyncStats {
+            version: report.version,
+            kind: report.kind.name().into(),
+            payload_bytes: report.payload_bytes,
+            changed: report.changed,
+            state_bytes: report.state_bytes,
+            compression_ratio: report.compression_ratio,
+            seconds: report.transfer.as_secs_f64(),
+        },
+        checksum,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
