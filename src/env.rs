@@ -114,6 +114,15 @@ impl EnvOptions {
     }
 }
 
+/// The observation and action shape of a task, without building its envs (the trainer needs no envs).
+pub fn spec_for(cfg: &EnvSplitConfig) -> Result<EnvSpec, EnvError> {
+    match cfg.env_type {
+        EnvType::Reach => Ok(Reach::new(cfg.num_links.get() as usize, 0, &[]).spec()),
+        EnvType::Cartpole => Ok(Cartpole::spec()),
+        other => Err(EnvError::NotBuiltIn { env_type: other }),
+    }
+}
+
 /// What one batched step returns; every buffer has one row per env.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepResult {
@@ -364,6 +373,16 @@ mod tests {
             assert_eq!(joined.len(), 5 * dim);
             assert_eq!(joined, whole.obs(), "{ty:?}");
         }
+    }
+
+    #[test]
+    fn spec_without_envs_matches_the_built_envs() {
+        for ty in [EnvType::Reach, EnvType::Cartpole] {
+            let cfg = EnvSplitConfig { env_type: ty, num_links: NonZeroU32::new(3).unwrap(), ..Default::default() };
+            let built = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN)).unwrap().spec();
+            assert_eq!(spec_for(&cfg).unwrap(), built);
+        }
+        assert!(spec_for(&EnvSplitConfig::default()).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod advantage;
 mod checkpoint_layout;
 mod metrics;
 mod trajectory;
+mod workload;
 
 #[cfg(feature = "torch")]
 mod libtorch;
@@ -35,6 +36,7 @@ pub use backend::{Actor, Learner};
 pub use checkpoint_layout::{CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint};
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
+pub use workload::{RolloutWork, TrainerWork, rollout_dtype};
 
 use crate::env::EnvError;
 

@@ -481,3 +481,38 @@ fn vla_tiny_with_patch_sync_bootstraps_frozen_keys_and_never_patches_them() {
     assert!(equal.iter().all(|e| *e), "{equal:?}");
     assert!(metrics.iter().all(|m| m.loss.is_finite()));
 }
+
+#[test]
+fn trainer_and_two_rollout_workers_train_checkpoint_and_resume() {
+    use crate::rl::{RolloutWork, TrainerWork};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = reach_cfg();
+    cfg.runner.save_interval = 2;
+    let workers = nz(2);
+    let mut trainer = TrainerWork::new(&cfg, tmp.path()).unwrap();
+    let mut state = trainer.init_state().unwrap();
+    let mut rollouts: Vec<RolloutWork> = (0..2).map(|r| RolloutWork::new(&cfg, r, workers).unwrap()).collect();
+    for r in &rollouts {
+        let own = r.init_state().unwrap();
+        assert_eq!(own.keys().collect::<Vec<_>>(), state.keys().collect::<Vec<_>>());
+    }
+    let mut saved = Vec::new();
+    for _ in 0..3 {
+        let version = trainer.learner().version();
+        // stands in for the syncer: every rollout receives the trainer's buffer as is.
+        let chunks: Vec<_> = rollouts.iter_mut().map(|r| r.rollout(&state, version, 8).unwrap()).collect();
+        assert_eq!(chunks.iter().map(|c| c.envs).sum::<usize>(), 16);
+        let (m, ckpt) = trainer.train_step(&mut state, &chunks).unwrap();
+        assert!(m.behav_approx_kl.abs() < 1e-6, "{m:?}");
+        saved.extend(ckpt);
+    }
+    assert_eq!(saved.iter().map(|c| c.global_step).collect::<Vec<_>>(), vec![2]);
+    let a = rollouts[0].evaluate(4).unwrap();
+    let b = rollouts[0].evaluate(4).unwrap();
+    assert_eq!(a, b);
+
+    let mut resumed_cfg = cfg.clone();
+    resumed_cfg.runner.resume_dir = Some(saved[0].dir.clone());
+    let resumed = TrainerWork::new(&resumed_cfg, tmp.path()).unwrap();
+    assert_eq!((resumed.learner().global_step(), resumed.learner().version()), (2, 2));
+}
