@@ -3,6 +3,7 @@
 //! Data flow: search path → defaults tree → merged [`node::Node`] tree → CLI overrides → interpolation
 //! → typed [`schema::RunConfig`]. This module knows nothing of processes, tensors or tch.
 
+pub mod bigint;
 pub mod compose;
 pub mod defaults;
 pub mod emit;

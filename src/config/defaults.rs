@@ -624,7 +624,7 @@ fn python_type(value: &Value) -> &'static str {
     match value {
         Value::Null => "NoneType",
         Value::Bool(_) => "bool",
-        Value::Int(_) => "int",
+        Value::Int(_) | Value::BigInt(_) => "int",
         Value::Float(_) => "float",
         Value::Str(_) | Value::Missing => "str",
         Value::Bytes(_) => "bytes",

@@ -100,6 +100,7 @@ impl Writer {
                 self.string(s, indent, simple);
             }
             Key::Int(i) => self.put(&i.to_string()),
+            Key::BigInt(digits) => self.put(digits),
             Key::Float(bits) => self.put(&float_text(f64::from_bits(*bits))),
             Key::Bool(b) => self.put(if *b { "true" } else { "false" }),
             Key::Null => self.put("null"),
@@ -163,6 +164,7 @@ impl Writer {
             Value::Null => "null".to_owned(),
             Value::Bool(b) => if *b { "true" } else { "false" }.to_owned(),
             Value::Int(i) => i.to_string(),
+            Value::BigInt(digits) => digits.clone(),
             Value::Float(f) => float_text(*f),
             Value::Missing => "???".to_owned(),
             // The string `???` would read back as missing either way; quoting keeps it visibly a string.

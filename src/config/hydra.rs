@@ -138,6 +138,7 @@ fn python_repr(node: &Node) -> String {
         Value::Bool(true) => "True".into(),
         Value::Bool(false) => "False".into(),
         Value::Int(i) => i.to_string(),
+        Value::BigInt(digits) => digits.clone(),
         Value::Float(f) => python_float_repr(*f),
         Value::Str(s) => format!("'{s}'"),
         Value::Bytes(b) => format!("b'{}'", String::from_utf8_lossy(b)),

@@ -33,6 +33,8 @@ impl fmt::Display for Origin {
 pub enum Key {
     Str(String),
     Int(i64),
+    /// An int outside `i64`, as canonical decimal digits (see [`crate::config::bigint`]).
+    BigInt(String),
     /// The bit pattern of an `f64` (so keys can be hashed); use [`Key::float`] / [`Key::as_f64`].
     Float(u64),
     Bool(bool),
@@ -77,6 +79,7 @@ impl fmt::Display for Key {
         match self {
             Key::Str(s) => f.write_str(s),
             Key::Int(i) => write!(f, "{i}"),
+            Key::BigInt(digits) => f.write_str(digits),
             Key::Float(bits) => write!(f, "{}", crate::config::node::python_float_repr(f64::from_bits(*bits))),
             Key::Bool(true) => f.write_str("True"),
             Key::Bool(false) => f.write_str("False"),
@@ -94,6 +97,9 @@ pub enum Value {
     Null,
     Bool(bool),
     Int(i64),
+    /// A Python int outside `i64`: canonical decimal digits with an optional `-`, never fitting `i64`
+    /// (build it with [`crate::config::bigint::BigInt::into_value`]).
+    BigInt(String),
     Float(f64),
     /// A string; if it contains `${` it is (or contains) an interpolation.
     Str(String),
@@ -189,7 +195,7 @@ impl Value {
         match self {
             Value::Null => "NoneType",
             Value::Bool(_) => "bool",
-            Value::Int(_) => "int",
+            Value::Int(_) | Value::BigInt(_) => "int",
             Value::Float(_) => "float",
             Value::Str(_) => "str",
             Value::Bytes(_) => "bytes",

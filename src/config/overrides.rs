@@ -150,8 +150,8 @@ pub enum GrammarError {
         exception: &'static str,
         message: String,
     },
-    /// An integer literal (or an int() result) beyond 64 bits, which Python would keep as a big int.
-    IntOutOfRange { text: String },
+    /// An INT token that is not decimal digits (the lexer never makes one).
+    BadInt { text: String },
 }
 
 impl GrammarError {
@@ -189,8 +189,8 @@ impl fmt::Display for GrammarError {
             } => {
                 write!(f, "{exception} while evaluating '{call}': {message}")
             }
-            GrammarError::IntOutOfRange { text } => {
-                write!(f, "integer {text} does not fit in 64 bits")
+            GrammarError::BadInt { text } => {
+                write!(f, "invalid integer literal '{text}'")
             }
         }
     }

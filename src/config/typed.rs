@@ -299,6 +299,10 @@ impl NodeDe<'_, '_, '_> {
         self.locate(DeError { path: None, origin: None, message: format!("{shown} is not {expected}") })
     }
 
+    fn out_of_range(&self, digits: &str) -> DeError {
+        self.locate(DeError { path: None, origin: None, message: format!("integer {digits} is out of range (beyond 64 bits)") })
+    }
+
     fn record_unknown(&self) {
         let path = self.path.render();
         let key = self.path.segment.map(|k| k.to_string()).unwrap_or_default();
@@ -323,6 +327,7 @@ fn describe(v: &Value) -> String {
         Value::Null => "null".into(),
         Value::Bool(b) => format!("boolean {b}"),
         Value::Int(i) => format!("integer {i}"),
+        Value::BigInt(digits) => format!("integer {digits}"),
         Value::Float(x) => format!("float {}", super::node::python_float_repr(*x)),
         Value::Str(s) => format!("string '{s}'"),
         Value::Bytes(_) => "binary data".into(),
@@ -406,6 +411,7 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
             Value::Null => visitor.visit_unit(),
             Value::Bool(b) => visitor.visit_bool(*b),
             Value::Int(i) => visitor.visit_i64(*i),
+            Value::BigInt(digits) => return Err(self.out_of_range(digits)),
             Value::Float(x) => visitor.visit_f64(*x),
             Value::Str(s) => visitor.visit_borrowed_str(s.as_str()),
             Value::Bytes(b) => visitor.visit_borrowed_bytes(b.as_slice()),
@@ -420,6 +426,8 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         // OmegaConf lets an int stand for a float (`lr: 1`).
         let r = match &self.node.value {
             Value::Int(i) => visitor.visit_f64(*i as f64),
+            // Python's float(int) rounds to nearest, as Rust's decimal parse does.
+            Value::BigInt(digits) => visitor.visit_f64(digits.parse::<f64>().unwrap_or(f64::NAN)),
             Value::Float(x) => visitor.visit_f64(*x),
             _ => return Err(self.type_error("a number")),
         };

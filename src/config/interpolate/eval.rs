@@ -11,6 +11,7 @@ use super::ResolveContext;
 use super::grammar::{self, DictKey, Element, Interp, InterpKind, KeyPiece, Part, Text};
 use super::py::{Py, PyErr};
 use super::tree::{Body, Id, Scalar, SlotKey, Tree, scalar_to_value};
+use crate::config::bigint::BigInt;
 use crate::config::node::{Dict, Key, Node, Value};
 
 /// How deep interpolations may nest before resolution gives up (Python's recursion limit, in spirit).
@@ -217,7 +218,7 @@ impl<'c, 'a> Engine<'c, 'a> {
             Element::Empty => Py::Str(String::new()),
             Element::Null => Py::None,
             Element::Bool(b) => Py::Bool(*b),
-            Element::Int(s) => Py::Int(parse_int_literal(s)?),
+            Element::Int(s) => parse_int_literal(s)?,
             Element::Float(s) => Py::Float(parse_float_literal(s)),
             Element::Str(s) => Py::Str(s.clone()),
             Element::Interp(i) => {
@@ -437,6 +438,7 @@ impl<'c, 'a> Engine<'c, 'a> {
             Py::None => Scalar::Null,
             Py::Bool(b) => Scalar::Bool(b),
             Py::Int(i) => Scalar::Int(i),
+            Py::BigInt(d) => Scalar::BigInt(d),
             Py::Float(f) => Scalar::Float(f),
             Py::Bytes(b) => Scalar::Bytes(b),
             Py::Str(s) if s == "???" => Scalar::Missing,
@@ -499,6 +501,7 @@ impl<'c, 'a> Engine<'c, 'a> {
             Py::None => Value::Null,
             Py::Bool(b) => Value::Bool(b),
             Py::Int(i) => Value::Int(i),
+            Py::BigInt(d) => Value::BigInt(d),
             Py::Float(f) => Value::Float(f),
             Py::Str(s) => Value::Str(s),
             Py::Bytes(b) => Value::Bytes(b),
@@ -573,18 +576,22 @@ fn dict_key_value(k: &DictKey) -> Result<Py, ErrorKind> {
     Ok(match k {
         DictKey::Null => Py::None,
         DictKey::Bool(b) => Py::Bool(*b),
-        DictKey::Int(s) => Py::Int(parse_int_literal(s)?),
+        DictKey::Int(s) => parse_int_literal(s)?,
         DictKey::Float(s) => Py::Float(parse_float_literal(s)),
         DictKey::Str(s) => Py::Str(s.clone()),
     })
 }
 
 /// `int(text)` for an INT token (`-1_000`).
-fn parse_int_literal(s: &str) -> Result<i64, ErrorKind> {
+fn parse_int_literal(s: &str) -> Result<Py, ErrorKind> {
     let clean: String = s.chars().filter(|&c| c != '_').collect();
-    clean
-        .parse::<i64>()
-        .map_err(|_| ErrorKind::Python(PyErr::new("OverflowError", format!("integer {s} does not fit in 64 bits"))))
+    let (negative, digits) = match clean.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
+    };
+    let magnitude = BigInt::parse_radix(digits, 10)
+        .ok_or_else(|| ErrorKind::Python(PyErr::new("ValueError", format!("invalid literal for int() with base 10: '{s}'"))))?;
+    Ok(Py::int(if negative { magnitude.neg() } else { magnitude }))
 }
 
 /// `float(text)` for a FLOAT token (`1_0.5e-3`, `-inf`, `NaN`, `1.`, `.5`).

@@ -5,6 +5,7 @@
 //! `repr()`, and RLinf's `multiply`/`int_div`/`subtract`/`not` follow Python's operators exactly.
 
 use super::tree::{Body, Id, Scalar, Tree};
+use crate::config::bigint::BigInt;
 use crate::config::node::{Key, python_float_repr};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -12,6 +13,8 @@ pub enum Py {
     None,
     Bool(bool),
     Int(i64),
+    /// An int outside `i64`, as canonical decimal digits (never one that fits `i64`).
+    BigInt(String),
     Float(f64),
     Str(String),
     Bytes(Vec<u8>),
@@ -42,11 +45,20 @@ impl PyErr {
 const MAX_REPEAT: usize = 1 << 26;
 
 impl Py {
+    /// An exact int: `Py::Int` when it fits in `i64`, else `Py::BigInt`.
+    pub fn int(v: BigInt) -> Py {
+        match v.to_i64() {
+            Some(i) => Py::Int(i),
+            None => Py::BigInt(v.to_string()),
+        }
+    }
+
     pub fn from_scalar(s: &Scalar) -> Py {
         match s {
             Scalar::Null => Py::None,
             Scalar::Bool(b) => Py::Bool(*b),
             Scalar::Int(i) => Py::Int(*i),
+            Scalar::BigInt(digits) => Py::BigInt(digits.clone()),
             Scalar::Float(f) => Py::Float(*f),
             Scalar::Str(s) => Py::Str(s.clone()),
             Scalar::Bytes(b) => Py::Bytes(b.clone()),
@@ -58,6 +70,7 @@ impl Py {
         match k {
             Key::Str(s) => Py::Str(s.clone()),
             Key::Int(i) => Py::Int(*i),
+            Key::BigInt(digits) => Py::BigInt(digits.clone()),
             Key::Float(_) => Py::Float(k.as_f64().unwrap_or(f64::NAN)),
             Key::Bool(b) => Py::Bool(*b),
             Key::Null => Py::None,
@@ -70,6 +83,7 @@ impl Py {
             Py::None => Key::Null,
             Py::Bool(b) => Key::Bool(*b),
             Py::Int(i) => Key::Int(*i),
+            Py::BigInt(digits) => Key::BigInt(digits.clone()),
             Py::Float(f) => Key::float(*f),
             Py::Str(s) => Key::Str(s.clone()),
             _ => return None,
@@ -80,7 +94,7 @@ impl Py {
         match self {
             Py::None => "NoneType",
             Py::Bool(_) => "bool",
-            Py::Int(_) => "int",
+            Py::Int(_) | Py::BigInt(_) => "int",
             Py::Float(_) => "float",
             Py::Str(_) => "str",
             Py::Bytes(_) => "bytes",
@@ -108,6 +122,7 @@ impl Py {
             Py::Bool(true) => "True".into(),
             Py::Bool(false) => "False".into(),
             Py::Int(i) => i.to_string(),
+            Py::BigInt(digits) => digits.clone(),
             Py::Float(f) => python_float_repr(*f),
             Py::Str(s) => repr_str(s),
             Py::Bytes(b) => repr_bytes(b),
@@ -126,6 +141,8 @@ impl Py {
             Py::None => false,
             Py::Bool(b) => *b,
             Py::Int(i) => *i != 0,
+            // Never zero: zero fits in i64.
+            Py::BigInt(_) => true,
             Py::Float(f) => *f != 0.0,
             Py::Str(s) => !s.is_empty(),
             Py::Bytes(b) => !b.is_empty(),
@@ -142,7 +159,7 @@ impl Py {
     /// Python `==` for dict keys (`1 == 1.0 == True`).
     pub fn key_eq(&self, other: &Py) -> bool {
         match (self.as_number(), other.as_number()) {
-            (Some(a), Some(b)) => a.eq_num(b),
+            (Some(a), Some(b)) => a.eq_num(&b),
             (None, None) => self == other,
             _ => false,
         }
@@ -150,8 +167,9 @@ impl Py {
 
     fn as_number(&self) -> Option<Num> {
         match self {
-            Py::Bool(b) => Some(Num::Int(i64::from(*b))),
-            Py::Int(i) => Some(Num::Int(*i)),
+            Py::Bool(b) => Some(Num::Int(BigInt::from_i64(i64::from(*b)))),
+            Py::Int(i) => Some(Num::Int(BigInt::from_i64(*i))),
+            Py::BigInt(digits) => BigInt::parse_decimal(digits).map(Num::Int),
             Py::Float(f) => Some(Num::Float(*f)),
             _ => None,
         }
@@ -214,24 +232,38 @@ fn repr_bytes(b: &[u8]) -> String {
     out
 }
 
-#[derive(Debug, Clone, Copy)]
+/// A Python number: ints are exact at any size, as in Python.
+#[derive(Debug, Clone)]
 enum Num {
-    Int(i64),
+    Int(BigInt),
     Float(f64),
 }
 
 impl Num {
-    fn as_f64(self) -> f64 {
+    /// Python's `float(x)`, which refuses ints beyond the float range.
+    fn as_f64(&self) -> Result<f64, PyErr> {
         match self {
-            Num::Int(i) => i as f64,
-            Num::Float(f) => f,
+            Num::Int(i) => {
+                let f = i.to_string().parse::<f64>().unwrap_or(f64::NAN);
+                if f.is_finite() {
+                    Ok(f)
+                } else {
+                    Err(PyErr::new("OverflowError", "int too large to convert to float"))
+                }
+            }
+            Num::Float(f) => Ok(*f),
         }
     }
 
-    fn eq_num(self, other: Num) -> bool {
+    /// Python `==`, which compares an int and a float exactly.
+    fn eq_num(&self, other: &Num) -> bool {
         match (self, other) {
             (Num::Int(a), Num::Int(b)) => a == b,
-            (a, b) => a.as_f64() == b.as_f64(),
+            (Num::Float(a), Num::Float(b)) => a == b,
+            (Num::Int(i), Num::Float(f)) | (Num::Float(f), Num::Int(i)) => {
+                // `{:.0}` prints an integral f64's exact decimal value.
+                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(i)
+            }
         }
     }
 }
@@ -240,12 +272,15 @@ fn unsupported(op: &str, a: &Py, b: &Py, tree: &Tree) -> PyErr {
     PyErr::type_error(format!("unsupported operand type(s) for {op}: '{}' and '{}'", a.type_name(tree), b.type_name(tree)))
 }
 
-fn overflow() -> PyErr {
-    PyErr::new("OverflowError", "integer result does not fit in 64 bits")
-}
-
-fn repeat_count(n: i64, unit: usize) -> Result<usize, PyErr> {
-    let n = usize::try_from(n.max(0)).map_err(|_| overflow())?;
+/// The repeat count of `seq * n`; Python refuses counts beyond `Py_ssize_t`.
+fn repeat_count(n: &BigInt, unit: usize) -> Result<usize, PyErr> {
+    if n.is_negative() {
+        return Ok(0);
+    }
+    let n = n
+        .to_i64()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| PyErr::new("OverflowError", "cannot fit 'int' into an index-sized integer"))?;
     if n.saturating_mul(unit.max(1)) > MAX_REPEAT {
         return Err(PyErr::new("MemoryError", "repetition result is too large"));
     }
@@ -256,8 +291,8 @@ fn repeat_count(n: i64, unit: usize) -> Result<usize, PyErr> {
 pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
     if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
         return Ok(match (x, y) {
-            (Num::Int(x), Num::Int(y)) => Py::Int(x.checked_mul(y).ok_or_else(overflow)?),
-            (x, y) => Py::Float(x.as_f64() * y.as_f64()),
+            (Num::Int(x), Num::Int(y)) => Py::int(x.mul(&y)),
+            (x, y) => Py::Float(x.as_f64()? * y.as_f64()?),
         });
     }
     let (seq, n) = match (a, b) {
@@ -265,18 +300,17 @@ pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
         (_, Py::Str(_) | Py::List(_) | Py::Bytes(_)) => (b, a),
         _ => return Err(unsupported("*", a, b, tree)),
     };
-    let count = match n {
-        Py::Int(i) => *i,
-        Py::Bool(v) => i64::from(*v),
-        other => {
-            return Err(PyErr::type_error(format!("can't multiply sequence by non-int of type '{}'", other.type_name(tree))));
+    let count = match n.as_number() {
+        Some(Num::Int(i)) => i,
+        _ => {
+            return Err(PyErr::type_error(format!("can't multiply sequence by non-int of type '{}'", n.type_name(tree))));
         }
     };
     Ok(match seq {
-        Py::Str(s) => Py::Str(s.repeat(repeat_count(count, s.len())?)),
-        Py::Bytes(v) => Py::Bytes(v.repeat(repeat_count(count, v.len())?)),
+        Py::Str(s) => Py::Str(s.repeat(repeat_count(&count, s.len())?)),
+        Py::Bytes(v) => Py::Bytes(v.repeat(repeat_count(&count, v.len())?)),
         Py::List(l) => {
-            let n = repeat_count(count, l.len())?;
+            let n = repeat_count(&count, l.len())?;
             Py::List(std::iter::repeat_n(l.iter().cloned(), n).flatten().collect())
         }
         _ => return Err(unsupported("*", a, b, tree)),
@@ -286,8 +320,8 @@ pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
 /// Python `a - b`.
 pub fn subtract(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
     match (a.as_number(), b.as_number()) {
-        (Some(Num::Int(x)), Some(Num::Int(y))) => Ok(Py::Int(x.checked_sub(y).ok_or_else(overflow)?)),
-        (Some(x), Some(y)) => Ok(Py::Float(x.as_f64() - y.as_f64())),
+        (Some(Num::Int(x)), Some(Num::Int(y))) => Ok(Py::int(x.sub(&y))),
+        (Some(x), Some(y)) => Ok(Py::Float(x.as_f64()? - y.as_f64()?)),
         _ => Err(unsupported("-", a, b, tree)),
     }
 }
@@ -295,16 +329,12 @@ pub fn subtract(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
 /// Python `a // b`.
 pub fn floor_div(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
     match (a.as_number(), b.as_number()) {
-        (Some(Num::Int(x)), Some(Num::Int(y))) => {
-            if y == 0 {
-                return Err(PyErr::new("ZeroDivisionError", "integer division or modulo by zero"));
-            }
-            let q = x.checked_div(y).ok_or_else(overflow)?;
-            let floor = if (x % y != 0) && ((x < 0) != (y < 0)) { q - 1 } else { q };
-            Ok(Py::Int(floor))
-        }
+        (Some(Num::Int(x)), Some(Num::Int(y))) => match x.div_mod_floor(&y) {
+            Some((q, _)) => Ok(Py::int(q)),
+            None => Err(PyErr::new("ZeroDivisionError", "integer division or modulo by zero")),
+        },
         (Some(x), Some(y)) => {
-            let (x, y) = (x.as_f64(), y.as_f64());
+            let (x, y) = (x.as_f64()?, y.as_f64()?);
             if y == 0.0 {
                 return Err(PyErr::new("ZeroDivisionError", "float floor division by zero"));
             }
@@ -385,7 +415,36 @@ mod tests {
         assert_eq!(multiply(&s("a"), &s("b"), &t).map_err(|e| e.class), Err("TypeError"));
         assert_eq!(multiply(&s("a"), &Py::Float(2.0), &t).map_err(|e| e.class), Err("TypeError"));
         assert_eq!(subtract(&s("a"), &Py::Int(1), &t).map_err(|e| e.class), Err("TypeError"));
-        assert_eq!(multiply(&Py::Int(i64::MAX), &Py::Int(2), &t).map_err(|e| e.class), Err("OverflowError"));
+    }
+
+    /// Expected values computed with CPython.
+    #[test]
+    fn int_arithmetic_is_exact_beyond_64_bits() {
+        let t = Tree::default();
+        let big = |d: &str| Py::BigInt(d.into());
+        let cases: Vec<(Result<Py, PyErr>, Py)> = vec![
+            (multiply(&Py::Int(i64::MAX), &Py::Int(2), &t), big("18446744073709551614")),
+            (multiply(&big("99999999999999999999"), &Py::Int(-3), &t), big("-299999999999999999997")),
+            (multiply(&big("99999999999999999999"), &Py::Float(0.5), &t), Py::Float(5e19)),
+            (multiply(&s("ab"), &big("-99999999999999999999"), &t), s("")),
+            (subtract(&Py::Int(i64::MIN), &Py::Int(1), &t), big("-9223372036854775809")),
+            (subtract(&big("9223372036854775808"), &Py::Int(1), &t), Py::Int(i64::MAX)),
+            (floor_div(&big("-99999999999999999999"), &Py::Int(7), &t), big("-14285714285714285715")),
+            (floor_div(&Py::Int(i64::MIN), &Py::Int(-1), &t), big("9223372036854775808")),
+            (floor_div(&big("18446744073709551616"), &big("4294967296"), &t), Py::Int(4294967296)),
+            (floor_div(&big("10000000000000000000"), &Py::Float(4.0), &t), Py::Float(2.5e18)),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, Ok(want));
+        }
+        assert_eq!(floor_div(&big("99999999999999999999"), &Py::Int(0), &t).map_err(|e| e.class), Err("ZeroDivisionError"));
+        assert_eq!(multiply(&s("a"), &big("99999999999999999999"), &t).map_err(|e| e.class), Err("OverflowError"));
+        let huge = big(&"9".repeat(400));
+        assert_eq!(multiply(&huge, &Py::Float(1.0), &t).map_err(|e| e.class), Err("OverflowError"));
+        assert_eq!(big("99999999999999999999").str(&t), "99999999999999999999");
+        assert!(big("-99999999999999999999").truthy(&t));
+        assert!(big("100000000000000000000").key_eq(&Py::Float(1e20)));
+        assert!(!big("100000000000000000001").key_eq(&Py::Float(1e20)));
     }
 
     #[test]

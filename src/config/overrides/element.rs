@@ -34,6 +34,8 @@ pub enum Element {
     Null,
     Bool(bool),
     Int(i64),
+    /// A Python int outside `i64`, as canonical decimal digits.
+    BigInt(String),
     Float(f64),
     /// `quote` is `Some` for `'...'` / `"..."` (already unescaped), `None` for unquoted text and the
     /// results of functions such as `str()`.
@@ -62,6 +64,7 @@ impl Element {
             Element::Null => Value::Null,
             Element::Bool(b) => Value::Bool(*b),
             Element::Int(i) => Value::Int(*i),
+            Element::BigInt(d) => Value::BigInt(d.clone()),
             Element::Float(f) => Value::Float(*f),
             Element::Str { value, .. } if value == "???" => Value::Missing,
             Element::Str { value, .. } => Value::Str(value.clone()),
@@ -87,7 +90,7 @@ impl Element {
         match self {
             Element::Null => "NoneType",
             Element::Bool(_) => "bool",
-            Element::Int(_) => "int",
+            Element::Int(_) | Element::BigInt(_) => "int",
             Element::Float(_) => "float",
             Element::Str { .. } => "str",
             Element::List(_) => "list",
@@ -123,6 +126,7 @@ impl Element {
             Element::Bool(true) => "True".into(),
             Element::Bool(false) => "False".into(),
             Element::Int(i) => i.to_string(),
+            Element::BigInt(d) => d.clone(),
             Element::Float(f) => python_float_repr(*f),
             Element::Str {
                 value,
@@ -165,6 +169,7 @@ impl Element {
             Element::Bool(true) => "True".into(),
             Element::Bool(false) => "False".into(),
             Element::Int(i) => i.to_string(),
+            Element::BigInt(d) => d.clone(),
             Element::Float(f) => python_float_repr(*f),
             Element::Str { value, .. } => super::value::py_repr_str(value),
             Element::List(items) => {

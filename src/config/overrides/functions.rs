@@ -8,6 +8,7 @@ use rand::seq::SliceRandom;
 use super::GrammarError;
 use super::sweep::{GlobSweep, IntervalSweep, Number, RangeSweep};
 use super::value::{Choice, Val, py_repr, py_sorted};
+use crate::config::bigint::BigInt;
 use crate::config::node::python_float_repr;
 
 /// A call as the visitor collected it: positional args, then keyword args (a later duplicate wins).
@@ -441,7 +442,9 @@ fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
         // `cast_bool` ends in Python's `bool(value)`, which accepts None; the others assert a primitive.
         Val::Null if kind == Cast::Bool => Ok(Val::Bool(false)),
         Val::Null | Val::Glob(_) => Err(assertion_error()),
-        Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_) => cast_primitive(kind, v),
+        Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_) => {
+            cast_primitive(kind, v)
+        }
     }
 }
 
@@ -453,7 +456,16 @@ fn cast_number(kind: Cast, n: Number) -> Result<Number, Raise> {
     match cast_primitive(kind, v)? {
         Val::Int(i) => Ok(Number::Int(i)),
         Val::Float(f) => Ok(Number::Float(f)),
+        Val::BigInt(d) => Err(sweep_bound_too_big(&d)),
         _ => Err(assertion_error()),
+    }
+}
+
+/// Sweep bounds are `i64` here; Python's would be unbounded.
+fn sweep_bound_too_big(digits: &str) -> Raise {
+    Raise {
+        exception: "OverflowError",
+        message: format!("sweep bound {digits} does not fit in 64 bits"),
     }
 }
 
@@ -461,8 +473,13 @@ fn cast_primitive(kind: Cast, v: Val) -> Result<Val, Raise> {
     Ok(match (kind, v) {
         (Cast::Int, Val::Bool(b)) => Val::Int(i64::from(b)),
         (Cast::Int, Val::Int(i)) => Val::Int(i),
-        (Cast::Int, Val::Float(f)) => Val::Int(float_to_int(f)?),
-        (Cast::Int, Val::Str(s)) => Val::Int(py_int_from_str(&s)?),
+        (Cast::Int, Val::Float(f)) => Val::int(float_to_int(f)?),
+        (Cast::Int, Val::Str(s)) => Val::int(py_int_from_str(&s)?),
+        (Cast::Int, Val::BigInt(d)) => Val::BigInt(d),
+        (Cast::Float, Val::BigInt(d)) => Val::Float(big_to_float(&d)?),
+        (Cast::Str, Val::BigInt(d)) => Val::Str(d),
+        // Never zero: zero fits in i64.
+        (Cast::Bool, Val::BigInt(_)) => Val::Bool(true),
         (Cast::Float, Val::Bool(b)) => Val::Float(f64::from(u8::from(b))),
         (Cast::Float, Val::Int(i)) => Val::Float(i as f64),
         (Cast::Float, Val::Float(f)) => Val::Float(f),
@@ -483,8 +500,19 @@ fn cast_primitive(kind: Cast, v: Val) -> Result<Val, Raise> {
     })
 }
 
+/// Python's `float(int)`, which refuses ints beyond the float range.
+fn big_to_float(digits: &str) -> Result<f64, Raise> {
+    match digits.parse::<f64>() {
+        Ok(f) if f.is_finite() => Ok(f),
+        _ => Err(Raise {
+            exception: "OverflowError",
+            message: "int too large to convert to float".into(),
+        }),
+    }
+}
+
 /// Python's `int(float)`: truncation, with Python's errors for inf and nan.
-fn float_to_int(f: f64) -> Result<i64, Raise> {
+fn float_to_int(f: f64) -> Result<BigInt, Raise> {
     if f.is_nan() {
         return Err(value_error("cannot convert float NaN to integer"));
     }
@@ -494,16 +522,9 @@ fn float_to_int(f: f64) -> Result<i64, Raise> {
             message: "cannot convert float infinity to integer".into(),
         });
     }
-    let t = f.trunc();
-    // -2^63 is exactly representable; anything at or beyond ±2^63 does not fit (Python makes a big int).
-    let limit = -(i64::MIN as f64);
-    if !(-limit..limit).contains(&t) {
-        return Err(Raise {
-            exception: "OverflowError",
-            message: format!("int({}) does not fit in 64 bits", python_float_repr(f)),
-        });
-    }
-    Ok(t as i64)
+    // `{:.0}` prints an integral f64's exact decimal value, as Python's int(float) gives it.
+    let exact = format!("{:.0}", f.trunc());
+    BigInt::parse_decimal(&exact).ok_or_else(|| value_error(format!("cannot convert float {exact} to integer")))
 }
 
 /// `DIGIT (('_')? DIGIT)*` over the whole of `s`.
@@ -517,7 +538,7 @@ fn is_underscored_digits(s: &str) -> bool {
 }
 
 /// Python's `int(str)` in base 10: surrounding whitespace, a sign, digits with single underscores.
-fn py_int_from_str(s: &str) -> Result<i64, Raise> {
+fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
     let invalid = || {
         value_error(format!(
             "invalid literal for int() with base 10: {}",
@@ -534,14 +555,8 @@ fn py_int_from_str(s: &str) -> Result<i64, Raise> {
         return Err(invalid());
     }
     let clean: String = digits.chars().filter(|c| *c != '_').collect();
-    let signed = if negative { format!("-{clean}") } else { clean };
-    signed.parse::<i64>().map_err(|_| Raise {
-        exception: "OverflowError",
-        message: format!(
-            "int({}) does not fit in 64 bits",
-            super::value::py_repr_str(s)
-        ),
-    })
+    let magnitude = BigInt::parse_radix(&clean, 10).ok_or_else(invalid)?;
+    Ok(if negative { magnitude.neg() } else { magnitude })
 }
 
 /// Python's `float(str)`: whitespace, sign, `inf`/`infinity`/`nan`, digits with single underscores.
@@ -611,6 +626,7 @@ fn number(v: Val) -> Result<Number, Raise> {
     match v {
         Val::Bool(b) => Ok(Number::Int(i64::from(b))),
         Val::Int(i) => Ok(Number::Int(i)),
+        Val::BigInt(d) => Err(sweep_bound_too_big(&d)),
         Val::Float(f) => Ok(Number::Float(f)),
         _ => Err(assertion_error()),
     }
@@ -733,7 +749,7 @@ fn sort(mut b: Bound) -> Result<Val, Raise> {
     if !b
         .var
         .iter()
-        .all(|v| matches!(v, Val::Bool(_) | Val::Int(_) | Val::Float(_) | Val::Str(_)))
+        .all(|v| matches!(v, Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_)))
     {
         let reprs: Vec<String> = b.var.iter().map(py_repr).collect();
         return Err(type_error(format!(
@@ -813,16 +829,18 @@ mod tests {
     #[test]
     fn python_int_and_float_parsing() {
         let ints = [
-            (" 7 ", Some(7)),
-            ("1_0", Some(10)),
-            ("-0_1", Some(-1)),
+            (" 7 ", Some("7")),
+            ("1_0", Some("10")),
+            ("-0_1", Some("-1")),
             ("1__0", None),
             ("10.0", None),
             ("", None),
-            ("+3", Some(3)),
+            ("+3", Some("3")),
+            ("99_999_999_999_999_999_999", Some("99999999999999999999")),
+            ("-9223372036854775809", Some("-9223372036854775809")),
         ];
         for (text, want) in ints {
-            assert_eq!(py_int_from_str(text).ok(), want, "int({text:?})");
+            assert_eq!(py_int_from_str(text).ok().map(|b| b.to_string()).as_deref(), want, "int({text:?})");
         }
         let floats = [
             (" 1.5 ", Some(1.5)),
@@ -858,6 +876,9 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(float_to_int(-2.7).ok(), Some(-2));
+        assert_eq!(float_to_int(-2.7).ok(), Some(BigInt::from_i64(-2)));
+        // Python: int(1e20) == 100000000000000000000, int(-1.5e19) == -15000000000000000000.
+        assert_eq!(float_to_int(1e20).map(|b| b.to_string()).ok().as_deref(), Some("100000000000000000000"));
+        assert_eq!(float_to_int(-1.5e19).map(|b| b.to_string()).ok().as_deref(), Some("-15000000000000000000"));
     }
 }

@@ -7,6 +7,7 @@ use super::functions::{self, Call};
 use super::lexer::{Tok, Token, tokenize};
 use super::value::{Choice, Val};
 use super::{GrammarError, OverrideKind};
+use crate::config::bigint::BigInt;
 use crate::config::node::Key;
 
 /// An override before its value is split into element or sweep.
@@ -357,11 +358,14 @@ impl<'a> Parser<'a> {
         Ok(match t.kind {
             Tok::Int => {
                 let clean: String = text.chars().filter(|c| *c != '_').collect();
-                Val::Int(
-                    clean
-                        .parse()
-                        .map_err(|_| GrammarError::IntOutOfRange { text: text.clone() })?,
-                )
+                let (negative, digits) = match clean.strip_prefix('-') {
+                    Some(rest) => (true, rest),
+                    None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
+                };
+                // The lexer only makes INT tokens of digits, so this fails only on a lexer bug.
+                let magnitude = BigInt::parse_radix(digits, 10)
+                    .ok_or_else(|| GrammarError::BadInt { text: text.clone() })?;
+                Val::int(if negative { magnitude.neg() } else { magnitude })
             }
             Tok::Float => Val::Float(functions::parse_float_token(&text)),
             Tok::Null => Val::Null,
@@ -378,7 +382,8 @@ impl<'a> Parser<'a> {
 enum PyKey {
     Str(String),
     Int(i64),
-    /// The bits of a float that is not an integer (or is beyond i64).
+    BigInt(String),
+    /// The bits of a float that is not an integer.
     Float(u64),
     Null,
 }
@@ -388,6 +393,7 @@ impl PyKey {
         Some(match key {
             Key::Str(s) => PyKey::Str(s.clone()),
             Key::Int(i) => PyKey::Int(*i),
+            Key::BigInt(d) => PyKey::BigInt(d.clone()),
             Key::Bool(b) => PyKey::Int(i64::from(*b)),
             Key::Null => PyKey::Null,
             Key::Float(_) => {
@@ -399,6 +405,9 @@ impl PyKey {
                 let integral = f.fract() == 0.0 && (-limit..limit).contains(&f);
                 if integral {
                     PyKey::Int(f as i64)
+                } else if f.is_finite() && f.fract() == 0.0 {
+                    // `{:.0}` prints an integral f64's exact value: `1e20` is the key 10**20.
+                    PyKey::BigInt(format!("{f:.0}"))
                 } else {
                     PyKey::Float((f + 0.0).to_bits())
                 }
@@ -413,6 +422,7 @@ fn dict_key(v: Val) -> Key {
         Val::Null => Key::Null,
         Val::Bool(b) => Key::Bool(b),
         Val::Int(i) => Key::Int(i),
+        Val::BigInt(d) => Key::BigInt(d),
         Val::Float(f) => Key::float(f),
         Val::Str(s) | Val::Quoted(s, _) => Key::Str(s),
         _ => Key::Null,

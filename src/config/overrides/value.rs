@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use super::OverrideValue;
 use super::element::{Element, Quote};
 use super::sweep::{ChoiceSweep, GlobSweep, IntervalSweep, RangeSweep, Sweep};
+use crate::config::bigint::BigInt;
 use crate::config::node::{Key, python_float_repr};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +17,8 @@ pub(super) enum Val {
     Null,
     Bool(bool),
     Int(i64),
+    /// An int outside `i64`, as canonical decimal digits.
+    BigInt(String),
     Float(f64),
     Str(String),
     Quoted(String, Quote),
@@ -53,7 +56,7 @@ impl Val {
         match self {
             Val::Null => "NoneType",
             Val::Bool(_) => "bool",
-            Val::Int(_) => "int",
+            Val::Int(_) | Val::BigInt(_) => "int",
             Val::Float(_) => "float",
             Val::Str(_) => "str",
             Val::Quoted(..) => "QuotedString",
@@ -75,16 +78,26 @@ impl Val {
         match self {
             Val::Bool(b) => Some(f64::from(u8::from(*b))),
             Val::Int(i) => Some(*i as f64),
+            Val::BigInt(d) => d.parse::<f64>().ok(),
             Val::Float(f) => Some(*f),
             _ => None,
         }
     }
 
-    fn as_int_like(&self) -> Option<i64> {
+    fn as_int_like(&self) -> Option<BigInt> {
         match self {
-            Val::Bool(b) => Some(i64::from(*b)),
-            Val::Int(i) => Some(*i),
+            Val::Bool(b) => Some(BigInt::from_i64(i64::from(*b))),
+            Val::Int(i) => Some(BigInt::from_i64(*i)),
+            Val::BigInt(d) => BigInt::parse_decimal(d),
             _ => None,
+        }
+    }
+
+    /// An exact int: `Val::Int` when it fits in `i64`, else `Val::BigInt`.
+    pub fn int(v: BigInt) -> Val {
+        match v.to_i64() {
+            Some(i) => Val::Int(i),
+            None => Val::BigInt(v.to_string()),
         }
     }
 }
@@ -93,6 +106,10 @@ impl Val {
 pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
     if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
         return x == y;
+    }
+    // Python compares an int and a float exactly; only big ints can tell the difference from `f64`.
+    if let (Val::BigInt(d), Val::Float(f)) | (Val::Float(f), Val::BigInt(d)) = (a, b) {
+        return f.is_finite() && f.fract() == 0.0 && format!("{f:.0}") == *d;
     }
     if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
         return x == y;
@@ -122,6 +139,7 @@ fn key_val(k: &Key) -> Val {
     match k {
         Key::Str(s) => Val::Str(s.clone()),
         Key::Int(i) => Val::Int(*i),
+        Key::BigInt(d) => Val::BigInt(d.clone()),
         Key::Float(_) => Val::Float(k.as_f64().unwrap_or(f64::NAN)),
         Key::Bool(b) => Val::Bool(*b),
         Key::Null => Val::Null,
@@ -219,6 +237,7 @@ pub(super) fn py_repr(v: &Val) -> String {
         Val::Bool(true) => "True".into(),
         Val::Bool(false) => "False".into(),
         Val::Int(i) => i.to_string(),
+        Val::BigInt(d) => d.clone(),
         Val::Float(f) => python_float_repr(*f),
         Val::Str(s) => py_repr_str(s),
         Val::Quoted(s, q) => format!(
@@ -288,6 +307,7 @@ pub(super) fn into_element(v: Val) -> Result<Element, Nested> {
         Val::Null => Element::Null,
         Val::Bool(b) => Element::Bool(b),
         Val::Int(i) => Element::Int(i),
+        Val::BigInt(d) => Element::BigInt(d),
         Val::Float(f) => Element::Float(f),
         Val::Str(s) => Element::Str {
             value: s,

@@ -229,6 +229,7 @@ impl Constructor {
         match node.value {
             Value::Str(s) => Ok(Key::Str(s)),
             Value::Int(i) => Ok(Key::Int(i)),
+            Value::BigInt(digits) => Ok(Key::BigInt(digits)),
             Value::Float(f) => Ok(Key::float(f)),
             Value::Bool(b) => Ok(Key::Bool(b)),
             // PyYAML accepts it; OmegaConf refuses it once the whole document is built (see reject_null_keys).
@@ -269,15 +270,12 @@ fn scalar_value(raw: &Raw, text: &str, style: ScalarStyle) -> Result<Value, Yaml
             tag: full_tag(),
             text: text.to_owned(),
         },
-        ScalarError::OutOfRange => YamlErrorKind::IntOutOfRange {
-            text: text.to_owned(),
-        },
     };
     match name {
         "str" => Ok(Value::Str(text.to_owned())),
         "null" => Ok(Value::Null),
         "bool" => scalar::construct_bool(text).map(Value::Bool).map_err(bad),
-        "int" => scalar::construct_int(text).map(Value::Int).map_err(bad),
+        "int" => scalar::construct_int(text).map_err(bad),
         "float" => scalar::construct_float(text).map(Value::Float).map_err(bad),
         "binary" => scalar::construct_binary(text)
             .map(Value::Bytes)
@@ -358,7 +356,7 @@ fn python_hash_key(key: &Key) -> Option<Key> {
     match key {
         Key::Str(_) => None,
         Key::Bool(b) => Some(Key::Int(i64::from(*b))),
-        Key::Int(_) | Key::Null => Some(key.clone()),
+        Key::Int(_) | Key::BigInt(_) | Key::Null => Some(key.clone()),
         Key::Float(bits) => {
             let f = f64::from_bits(*bits);
             // Exactly integral and inside i64: equal to that int in Python.
@@ -366,6 +364,9 @@ fn python_hash_key(key: &Key) -> Option<Key> {
                 && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f)
             {
                 Some(Key::Int(f as i64))
+            } else if f.is_finite() && f.fract() == 0.0 {
+                // `{:.0}` prints an integral f64's exact decimal value, so `1e20` collides with 10**20.
+                Some(Key::BigInt(format!("{f:.0}")))
             } else {
                 Some(key.clone())
             }

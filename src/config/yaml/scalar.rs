@@ -5,6 +5,9 @@
 //! The resolvers are hand-written matchers for PyYAML's regular expressions; each alternative is written
 //! the way the regex reads, so the two can be compared line by line.
 
+use crate::config::bigint::BigInt;
+use crate::config::node::Value;
+
 /// What a plain (unquoted, untagged) scalar resolves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Implicit {
@@ -24,8 +27,6 @@ pub(crate) enum Implicit {
 pub(crate) enum ScalarError {
     /// Not a valid literal for the type.
     Invalid,
-    /// An integer that does not fit in 64 bits (Python would keep it; we cannot).
-    OutOfRange,
 }
 
 /// Resolve a plain scalar the way OmegaConf's loader does. Order matters only where PyYAML's resolvers
@@ -371,15 +372,16 @@ pub(crate) fn yaml11_timestamp(text: &str) -> bool {
 }
 
 /// PyYAML's `construct_yaml_int`: strips `_`, takes the sign, then `0b`/`0x`/leading-`0` octal/`a:b`
-/// sexagesimal/decimal, each through Python's `int(text, base)`.
-pub(crate) fn construct_int(text: &str) -> Result<i64, ScalarError> {
+/// sexagesimal/decimal, each through Python's `int(text, base)`. Python ints are unbounded, so a
+/// value outside `i64` becomes [`Value::BigInt`].
+pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
     let value: String = text.chars().filter(|&c| c != '_').collect();
     let (negative, body) = split_sign(&value);
     if body.is_empty() {
         return Err(ScalarError::Invalid);
     }
-    let magnitude: i128 = if body == "0" {
-        0
+    let magnitude = if body == "0" {
+        BigInt::zero()
     } else if let Some(bin) = body.strip_prefix("0b") {
         python_int(bin, 2)?
     } else if let Some(hex) = body.strip_prefix("0x") {
@@ -387,26 +389,16 @@ pub(crate) fn construct_int(text: &str) -> Result<i64, ScalarError> {
     } else if body.starts_with('0') {
         python_int(body, 8)?
     } else if body.contains(':') {
-        let mut total: i128 = 0;
-        let mut base: i128 = 1;
-        for part in body.split(':').rev() {
-            let digit = python_int(part, 10)?;
-            total = digit
-                .checked_mul(base)
-                .and_then(|d| total.checked_add(d))
-                .ok_or(ScalarError::OutOfRange)?;
-            base = base.checked_mul(60).ok_or(ScalarError::OutOfRange)?;
+        let sixty = BigInt::from_i64(60);
+        let mut total = BigInt::zero();
+        for part in body.split(':') {
+            total = total.mul(&sixty).add(&python_int(part, 10)?);
         }
         total
     } else {
         python_int(body, 10)?
     };
-    let signed = if negative {
-        magnitude.checked_neg().ok_or(ScalarError::OutOfRange)?
-    } else {
-        magnitude
-    };
-    i64::try_from(signed).map_err(|_| ScalarError::OutOfRange)
+    Ok(if negative { magnitude.neg() } else { magnitude }.into_value())
 }
 
 /// Split a leading `-`/`+` the way PyYAML does (`value[0] in '+-'`).
@@ -422,7 +414,7 @@ fn split_sign(value: &str) -> (bool, &str) {
 
 /// Python's `int(text, base)` for the bases PyYAML uses, on text without underscores: surrounding
 /// whitespace, an optional sign and the base's `0x`/`0o`/`0b` prefix are accepted.
-fn python_int(text: &str, base: u32) -> Result<i128, ScalarError> {
+fn python_int(text: &str, base: u32) -> Result<BigInt, ScalarError> {
     let t = text.trim();
     let (negative, t) = split_sign(t);
     let prefix = match base {
@@ -434,18 +426,8 @@ fn python_int(text: &str, base: u32) -> Result<i128, ScalarError> {
     let digits = prefix
         .and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p)))
         .unwrap_or(t);
-    if digits.is_empty() {
-        return Err(ScalarError::Invalid);
-    }
-    let mut acc: i128 = 0;
-    for ch in digits.chars() {
-        let d = ch.to_digit(base).ok_or(ScalarError::Invalid)?;
-        acc = acc
-            .checked_mul(i128::from(base))
-            .and_then(|a| a.checked_add(i128::from(d)))
-            .ok_or(ScalarError::OutOfRange)?;
-    }
-    Ok(if negative { -acc } else { acc })
+    let magnitude = BigInt::parse_radix(digits, base).ok_or(ScalarError::Invalid)?;
+    Ok(if negative { magnitude.neg() } else { magnitude })
 }
 
 /// PyYAML's `construct_yaml_float`: strips `_`, lowercases, takes the sign, then `.inf`/`.nan`/`a:b.c`
@@ -759,29 +741,36 @@ mod tests {
 
     #[test]
     fn ints_construct_like_pyyaml() {
-        let cases: &[(&str, Result<i64, ScalarError>)] = &[
-            ("7", Ok(7)),
-            ("-7", Ok(-7)),
-            ("+0", Ok(0)),
-            ("0755", Ok(493)),
-            ("+0755", Ok(493)),
-            ("0o755", Ok(493)),
-            ("0x1F", Ok(31)),
-            ("-0x1F", Ok(-31)),
-            ("0x_1F", Ok(31)),
-            ("0b101", Ok(5)),
-            ("-0b11", Ok(-3)),
-            ("1_000", Ok(1000)),
-            ("1:30", Ok(90)),
-            ("-1:30:00", Ok(-5400)),
-            ("42", Ok(42)),
-            ("9223372036854775807", Ok(i64::MAX)),
-            ("-9223372036854775808", Ok(i64::MIN)),
-            ("9223372036854775808", Err(ScalarError::OutOfRange)),
-            (
-                "123456789012345678901234567890123456789012",
-                Err(ScalarError::OutOfRange),
-            ),
+        let big = |digits: &str| Ok(Value::BigInt(digits.to_owned()));
+        let cases: &[(&str, Result<Value, ScalarError>)] = &[
+            ("7", Ok(Value::Int(7))),
+            ("-7", Ok(Value::Int(-7))),
+            ("+0", Ok(Value::Int(0))),
+            ("0755", Ok(Value::Int(493))),
+            ("+0755", Ok(Value::Int(493))),
+            ("0o755", Ok(Value::Int(493))),
+            ("0x1F", Ok(Value::Int(31))),
+            ("-0x1F", Ok(Value::Int(-31))),
+            ("0x_1F", Ok(Value::Int(31))),
+            ("0b101", Ok(Value::Int(5))),
+            ("-0b11", Ok(Value::Int(-3))),
+            ("1_000", Ok(Value::Int(1000))),
+            ("1:30", Ok(Value::Int(90))),
+            ("-1:30:00", Ok(Value::Int(-5400))),
+            ("42", Ok(Value::Int(42))),
+            ("9223372036854775807", Ok(Value::Int(i64::MAX))),
+            ("-9223372036854775808", Ok(Value::Int(i64::MIN))),
+            // Beyond i64, with Python's values (checked against PyYAML).
+            ("9223372036854775808", big("9223372036854775808")),
+            ("-9223372036854775809", big("-9223372036854775809")),
+            ("123456789012345678901234567890123456789012", big("123456789012345678901234567890123456789012")),
+            ("0x8000000000000000", big("9223372036854775808")),
+            ("-0x8000000000000001", big("-9223372036854775809")),
+            ("0b1111111111111111111111111111111111111111111111111111111111111111", big("18446744073709551615")),
+            ("01000000000000000000000", big("9223372036854775808")),
+            ("1_000_000_000_000_000_000_000", big("1000000000000000000000")),
+            ("1:0:0:0:0:0:0:0:0:0:0:0", big("36279705600000000000")),
+            ("0x_FFFF_FFFF_FFFF_FFFF_FFFF", big("1208925819614629174706175")),
             ("abc", Err(ScalarError::Invalid)),
             ("", Err(ScalarError::Invalid)),
             ("-", Err(ScalarError::Invalid)),
