@@ -405,11 +405,16 @@ fn grammar_errors_carry_hydra_wording() {
             "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
         ),
         ("a=sort()", "empty sort input"),
-        ("a=99999999999999999999", "does not fit in 64 bits"),
     ];
     for (input, want) in cases {
         check_err(input, want);
     }
+}
+
+#[test]
+fn integers_beyond_64_bits_are_python_ints() {
+    check("a=99999999999999999999", "99999999999999999999");
+    check("a=-99999999999999999999", "-99999999999999999999");
 }
 
 #[test]
