@@ -123,7 +123,7 @@ enum Accept {
 impl Accept {
     fn accepts(self, v: &Val) -> bool {
         use Val as V;
-        let number = matches!(v, V::Bool(_) | V::Int(_) | V::Float(_));
+        let number = matches!(v, V::Bool(_) | V::Int(_) | V::BigInt(_) | V::Float(_));
         match self {
             Accept::Castable => !matches!(v, V::Glob(_)),
             Accept::ChoiceArg => {
