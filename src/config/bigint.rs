@@ -74,7 +74,7 @@ impl BigInt {
         self.negative
     }
 
-    pub fn neg(self) -> BigInt {
+    pub fn negated(self) -> BigInt {
         let negative = !self.negative;
         self.with_sign(negative)
     }
@@ -129,7 +129,7 @@ impl BigInt {
     }
 
     pub fn sub(&self, other: &BigInt) -> BigInt {
-        self.add(&other.clone().neg())
+        self.add(&other.clone().negated())
     }
 
     pub fn mul(&self, other: &BigInt) -> BigInt {

@@ -591,7 +591,7 @@ fn parse_int_literal(s: &str) -> Result<Py, ErrorKind> {
     };
     let magnitude = BigInt::parse_radix(digits, 10)
         .ok_or_else(|| ErrorKind::Python(PyErr::new("ValueError", format!("invalid literal for int() with base 10: '{s}'"))))?;
-    Ok(Py::int(if negative { magnitude.neg() } else { magnitude }))
+    Ok(Py::int(if negative { magnitude.negated() } else { magnitude }))
 }
 
 /// `float(text)` for a FLOAT token (`1_0.5e-3`, `-inf`, `NaN`, `1.`, `.5`).
