@@ -333,13 +333,20 @@ fn inject_and_apply(rt: &tokio::runtime::Runtime, p: &mut Pair, msgs: &[Vec<u8>]
     let rx = &mut p.rx;
     let receiver = &mut p.receiver;
     rt.block_on(async {
+        // The receiver may reject an early message and return: then nobody reads the rest, so stop sending
+        // as soon as `apply` is done instead of waiting out the channel's timeout.
         let send = async {
             for m in msgs {
-                ch.send(m).await.unwrap();
+                if ch.send(m).await.is_err() {
+                    break;
+                }
             }
+            std::future::pending::<()>().await
         };
-        let (_, r) = tokio::join!(send, rx.apply(receiver));
-        r
+        tokio::select! {
+            r = rx.apply(receiver) => r,
+            () = send => unreachable!("the send future never completes"),
+        }
     })
 }
 
