@@ -63,8 +63,10 @@ fn ppo_on_reach_through_the_workers_improves_the_return() {
     let last = eval[eval.len() - 5..].iter().sum::<f64>() / 5.0;
     // Reach's reward is the negative distance (plus a success bonus): a clear margin is 40% less cost.
     assert!(last > first + 0.4 * first.abs(), "eval returns did not improve: {eval:?}");
-    let success = rows[rows.len() - 5..].iter().map(|r| num(r, "env/success_rate")).fold(0.0, f64::max);
-    assert!(success >= 0.3, "train success rate stayed low: {success}");
+    // Successes where there were (almost) none.
+    let success = rows[rows.len() - 5..].iter().map(|r| num(r, "env/success_rate")).sum::<f64>() / 5.0;
+    let first_success = num(&rows[0], "env/success_rate");
+    assert!(success >= first_success + 0.05, "train success rate {first_success} -> {success}");
 }
 
 #[test]

@@ -52,7 +52,7 @@ struct StepInfo {
     mean_return: f64,
     discarded: u64,
     /// The workload's own metrics from the trainer's report.
-    metrics: Vec<(String, f64)>,
+    metrics: Vec<(String, Option<f64>)>,
 }
 
 enum Trainer {
@@ -181,7 +181,7 @@ impl Loop<'_> {
         rec.int("rollout/env_steps", info.env_steps as i64);
         rec.float("train/loss", info.loss);
         for (key, value) in &info.metrics {
-            rec.float(key, *value);
+            rec.float(key, value.unwrap_or(f64::NAN));
         }
         sink.record(rec)?;
         self.totals.steps += 1;

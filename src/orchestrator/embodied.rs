@@ -139,7 +139,7 @@ pub async fn run(
         rec.int("rollout/env_steps", got.env_steps as i64);
         rec.float("train/loss", loss);
         for (key, value) in &metrics {
-            rec.float(key, *value);
+            rec.float(key, value.unwrap_or(f64::NAN));
         }
         sink.record(rec)?;
         totals.env_steps += got.env_steps;

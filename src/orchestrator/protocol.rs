@@ -139,14 +139,15 @@ pub enum Report {
     /// Rollout: one trajectory chunk in the blob, produced entirely by weights `version`.
     Chunk { chunk: u64, version: u64, env_steps: u64, mean_return: f64, busy_s: f64 },
     /// Trainer: the step is done, the trainer now holds `version`. `metrics` are the workload's own
-    /// (`actor/…`, `env/…`, `eval/…`), logged as they are; absent for workloads that have none.
+    /// (`actor/…`, `env/…`, `eval/…`), logged as they are; absent for workloads that have none. A value is
+    /// `None` where it is undefined this step (NaN: JSON has no NaN, so an f64 would not round-trip).
     Trained {
         step: u64,
         version: u64,
         loss: f64,
         busy_s: f64,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        metrics: Vec<(String, f64)>,
+        metrics: Vec<(String, Option<f64>)>,
     },
     /// The worker failed; it exits right after.
     Failed { message: String },
@@ -462,6 +463,15 @@ mod tests {
         roundtrip(Command::Sync { version: 7 }, b"");
         roundtrip(Command::Train { step: 3, chunks: 2, env_steps: 64 }, &[1, 2, 3, 0, 255]);
         roundtrip(Command::Rollout { first_chunk: 9, chunks: 4, steps: 16, background: true }, b"");
+        let trained = Report::Trained {
+            step: 1,
+            version: 2,
+            loss: 0.5,
+            busy_s: 0.1,
+            metrics: vec![("actor/loss".into(), Some(0.5)), ("actor/behav_approx_kl".into(), None)],
+        };
+        let bytes = encode(&trained, b"").unwrap();
+        assert_eq!(decode_body::<Report>(bytes[4..].to_vec()).unwrap().header, trained);
     }
 
     fn check_malformed(body: Vec<u8>, expect: &str) {

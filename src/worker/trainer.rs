@@ -48,7 +48,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                 let stats = tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
                 version += 1;
                 let busy_s = started.elapsed().as_secs_f64();
-                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s, metrics: stats.metrics }, &[]).await?;
+                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s, metrics: finite_or_none(stats.metrics) }, &[]).await?;
             }
             Command::Stop => return Ok(()),
             other @ (Command::Apply | Command::Rollout { .. }) => {
@@ -56,6 +56,11 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
             }
         }
     }
+}
+
+/// Undefined metrics (NaN, e.g. no sample from the behaviour version) travel as `None`.
+fn finite_or_none(metrics: Vec<(String, f64)>) -> Vec<(String, Option<f64>)> {
+    metrics.into_iter().map(|(key, value)| (key, value.is_finite().then_some(value))).collect()
 }
 
 /// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
