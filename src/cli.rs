@@ -304,6 +304,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
             return Ok(ExitStatus::Success);
         }
     };
+    crate::logging::init_console(extracted.config.runner.logger.level);
     let opts = crate::orchestrator::RunOptions::default();
     crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
     Ok(ExitStatus::Success)

@@ -11,6 +11,7 @@
 //! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
+//! - [`logging`]: console logging set-up (tracing) for the orchestrator and the workers.
 //! - [`plan`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
 
@@ -18,6 +19,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod env;
+pub mod logging;
 pub mod orchestrator;
 pub mod plan;
 pub mod rl;

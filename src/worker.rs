@@ -19,7 +19,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
-use crate::config::schema::{LogLevel, RunConfig};
+use crate::config::schema::RunConfig;
 use crate::orchestrator::protocol::{
     self, Command, Frame, Hello, LaunchSpec, PROTOCOL_VERSION, ProtocolError, Report, Role,
 };
@@ -89,31 +89,13 @@ pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
     let path = launch_file(&args.run_dir);
     let bytes = std::fs::read(&path).map_err(|source| WorkerError::LaunchFile { path: path.clone(), source })?;
     let launch = protocol::decode_launch(&bytes).map_err(|source| WorkerError::LaunchFormat { path, source })?;
-    init_logging(launch.config.runner.logger.level);
+    crate::logging::init_console(launch.config.runner.logger.level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(WorkerError::Runtime)?;
     runtime.block_on(serve(args, launch))
-}
-
-fn init_logging(level: LogLevel) {
-    let level = match level {
-        LogLevel::Error => tracing::Level::ERROR,
-        LogLevel::Warn => tracing::Level::WARN,
-        LogLevel::Info => tracing::Level::INFO,
-        LogLevel::Debug => tracing::Level::DEBUG,
-        LogLevel::Trace => tracing::Level::TRACE,
-    };
-    // The orchestrator prefixes and timestamps nothing itself: keep lines short and plain.
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_ansi(false)
-        .without_time()
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// What every worker role gets: its identity, the launch spec and the control connection.

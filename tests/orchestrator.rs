@@ -292,3 +292,52 @@ fn failing_workload_is_reported_with_its_reason() {
     assert!(err.contains("last lines of"), "{err}");
     assert_clean(dir.path());
 }
+
+#[test]
+fn sigterm_to_the_orchestrator_process_stops_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let mut child = std::process::Command::new(BIN)
+        .args([
+            "train_embodied",
+            &format!("hydra.run.dir={}", run_dir.display()),
+            "runner.max_steps=100000",
+            "runner.shutdown_grace_s=1.0",
+            "actor.model.params=65536",
+            "actor.model.tensors=8",
+            "actor.model.rollout_ms_per_step=2.0",
+            "env.train.total_num_envs=4",
+            "env.train.max_steps_per_rollout_epoch=8",
+            "rollout.chunk_steps=4",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start rlsync");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metrics(&run_dir).len() < 3 {
+        if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+            let _ = child.kill();
+            panic!("run did not start: {:?}", child.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let stopped = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > stopped {
+            let _ = child.kill();
+            panic!("the orchestrator did not exit within 5 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = child.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+    assert!(!status.success(), "an interrupted run exits non-zero");
+    assert!(stderr.contains("SIGTERM"), "the error names the signal: {stderr}");
+    assert_clean(&run_dir);
+}

@@ -74,7 +74,7 @@ impl BigInt {
         self.negative
     }
 
-    pub fn neg(self) -> BigInt {
+    pub fn negated(self) -> BigInt {
         let negative = !self.negative;
         self.with_sign(negative)
     }
@@ -129,7 +129,7 @@ impl BigInt {
     }
 
     pub fn sub(&self, other: &BigInt) -> BigInt {
-        self.add(&other.clone().neg())
+        self.add(&other.clone().negated())
     }
 
     pub fn mul(&self, other: &BigInt) -> BigInt {
@@ -200,6 +200,28 @@ impl fmt::Display for BigInt {
         }
         Ok(())
     }
+}
+
+/// Python `==` between numeric config values (bool, int, float), exact across ints and floats as
+/// Python is (`2**63 - 1 != 2.0**63`); `None` when either side is not a number.
+pub fn numbers_equal(a: &Value, b: &Value) -> Option<bool> {
+    enum N {
+        I(BigInt),
+        F(f64),
+    }
+    let num = |v: &Value| match v {
+        Value::Bool(b) => Some(N::I(BigInt::from_i64(i64::from(*b)))),
+        Value::Float(f) => Some(N::F(*f)),
+        other => BigInt::from_value(other).map(N::I),
+    };
+    Some(match (num(a)?, num(b)?) {
+        (N::I(x), N::I(y)) => x == y,
+        (N::F(x), N::F(y)) => x == y,
+        (N::I(i), N::F(f)) | (N::F(f), N::I(i)) => {
+            // `{:.0}` prints an integral f64's exact decimal value.
+            f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")) == Some(i)
+        }
+    })
 }
 
 fn trim(mag: &mut Vec<u32>) {
@@ -319,6 +341,26 @@ mod tests {
             Value::BigInt("-9223372036854775809".into())
         );
         assert_eq!(big("99999999999999999999").into_key(), Key::BigInt("99999999999999999999".into()));
+    }
+
+    #[test]
+    fn numbers_compare_exactly_as_python() {
+        let big = |d: &str| Value::BigInt(d.into());
+        let cases = [
+            (Value::Int(1), Value::Float(1.0), Some(true)),
+            (Value::Bool(true), Value::Int(1), Some(true)),
+            (Value::Int(i64::MAX), Value::Float(9_223_372_036_854_775_808.0), Some(false)),
+            (big("9223372036854775808"), Value::Float(9_223_372_036_854_775_808.0), Some(true)),
+            (big("100000000000000000000"), Value::Float(1e20), Some(true)),
+            (big("100000000000000000001"), Value::Float(1e20), Some(false)),
+            (big("9223372036854775808"), Value::Int(i64::MAX), Some(false)),
+            (Value::Float(f64::NAN), Value::Float(f64::NAN), Some(false)),
+            (Value::Int(1), Value::Str("1".into()), None),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(numbers_equal(&a, &b), want, "{a:?} == {b:?}");
+            assert_eq!(numbers_equal(&b, &a), want, "{b:?} == {a:?}");
+        }
     }
 
     /// Expected values computed with CPython.

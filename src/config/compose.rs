@@ -506,21 +506,12 @@ fn has_null_key(node: &Node) -> bool {
 
 /// Python `==` between config values (`1 == 1.0`, `True == 1`).
 fn python_eq(a: &Value, b: &Value) -> bool {
-    let num = |v: &Value| match v {
-        Value::Int(i) => Some(*i as f64),
-        Value::Float(f) => Some(*f),
-        Value::Bool(b) => Some(f64::from(u8::from(*b))),
-        _ => None,
-    };
     match (a, b) {
         (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| python_eq(&p.value, &q.value)),
         (Value::Dict(x), Value::Dict(y)) => {
             x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| python_eq(&v.value, &w.value)))
         }
-        _ => match (num(a), num(b)) {
-            (Some(x), Some(y)) => x == y,
-            _ => a == b,
-        },
+        _ => crate::config::bigint::numbers_equal(a, b).unwrap_or_else(|| a == b),
     }
 }
 

@@ -211,6 +211,29 @@ impl Value {
     }
 }
 
+/// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
+pub fn python_repr_str(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
 /// Python's `repr(float)`: shortest round-trip digits, `1e-05` style exponents, `inf`/`nan`.
 pub fn python_float_repr(v: f64) -> String {
     if v.is_nan() {

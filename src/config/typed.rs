@@ -725,6 +725,17 @@ mod tests {
     }
 
     #[test]
+    fn big_int_in_an_integer_field_names_the_key() {
+        let err = extract(&tree(&[("actor.seed", Value::BigInt("99999999999999999999".into()))])).unwrap_err();
+        let p = &err.problems[0];
+        assert_eq!(p.path, "actor.seed");
+        assert!(p.message.contains("integer 99999999999999999999 is out of range"), "{}", p.message);
+        // A float field takes it as Python's float(int) would.
+        let got = extract(&tree(&[("actor.optim.lr", Value::BigInt("100000000000000000000".into()))])).expect("valid");
+        assert_eq!(got.config.actor.optim.lr, 1e20);
+    }
+
+    #[test]
     fn closest_only_suggests_near_misses() {
         assert_eq!(closest("compresion", &["compression", "delta_encoding"]).as_deref(), Some("compression"));
         assert_eq!(closest("video_cfg", &["compression", "delta_encoding"]), None);

@@ -436,6 +436,13 @@ mod tests {
         );
         assert_eq!(val("1.5: x"), dict(vec![(Key::float(1.5), s("x"))]));
         assert_eq!(
+            val("99999999999999999999: x\n0x8000000000000000: y"),
+            dict(vec![
+                (Key::BigInt("99999999999999999999".into()), s("x")),
+                (Key::BigInt("9223372036854775808".into()), s("y")),
+            ])
+        );
+        assert_eq!(
             val("yes: x\noff: y"),
             dict(vec![(Key::Bool(true), s("x")), (Key::Bool(false), s("y"))])
         );

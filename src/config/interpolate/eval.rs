@@ -591,7 +591,7 @@ fn parse_int_literal(s: &str) -> Result<Py, ErrorKind> {
     };
     let magnitude = BigInt::parse_radix(digits, 10)
         .ok_or_else(|| ErrorKind::Python(PyErr::new("ValueError", format!("invalid literal for int() with base 10: '{s}'"))))?;
-    Ok(Py::int(if negative { magnitude.neg() } else { magnitude }))
+    Ok(Py::int(if negative { magnitude.negated() } else { magnitude }))
 }
 
 /// `float(text)` for a FLOAT token (`1_0.5e-3`, `-inf`, `NaN`, `1.`, `.5`).
@@ -705,7 +705,9 @@ mod tests {
             assert_eq!(parse_float_literal(text), want, "{text}");
         }
         assert!(parse_float_literal("NaN").is_nan());
-        assert_eq!(parse_int_literal("-1_000").ok(), Some(-1000));
-        assert!(parse_int_literal("99999999999999999999").is_err());
+        assert_eq!(parse_int_literal("-1_000").ok(), Some(Py::Int(-1000)));
+        assert_eq!(parse_int_literal("+9_223_372_036_854_775_807").ok(), Some(Py::Int(i64::MAX)));
+        assert_eq!(parse_int_literal("99999999999999999999").ok(), Some(Py::BigInt("99999999999999999999".into())));
+        assert_eq!(parse_int_literal("-9223372036854775809").ok(), Some(Py::BigInt("-9223372036854775809".into())));
     }
 }

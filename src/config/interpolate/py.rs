@@ -187,28 +187,7 @@ fn config_repr(tree: &Tree, id: Id) -> String {
     }
 }
 
-/// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
-pub fn repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
-}
+pub use crate::config::node::python_repr_str as repr_str;
 
 fn repr_bytes(b: &[u8]) -> String {
     let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };

@@ -123,7 +123,7 @@ enum Accept {
 impl Accept {
     fn accepts(self, v: &Val) -> bool {
         use Val as V;
-        let number = matches!(v, V::Bool(_) | V::Int(_) | V::Float(_));
+        let number = matches!(v, V::Bool(_) | V::Int(_) | V::BigInt(_) | V::Float(_));
         match self {
             Accept::Castable => !matches!(v, V::Glob(_)),
             Accept::ChoiceArg => {
@@ -556,7 +556,7 @@ fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
     }
     let clean: String = digits.chars().filter(|c| *c != '_').collect();
     let magnitude = BigInt::parse_radix(&clean, 10).ok_or_else(invalid)?;
-    Ok(if negative { magnitude.neg() } else { magnitude })
+    Ok(if negative { magnitude.negated() } else { magnitude })
 }
 
 /// Python's `float(str)`: whitespace, sign, `inf`/`infinity`/`nan`, digits with single underscores.

@@ -28,6 +28,7 @@ fn key(k: &Key) -> String {
     match k {
         Key::Str(s) => format!("s:{}", text(s)),
         Key::Int(i) => format!("i:{i}"),
+        Key::BigInt(d) => format!("i:{d}"),
         Key::Float(_) => format!("f:{}", python_float_repr(k.as_f64().unwrap_or(f64::NAN))),
         Key::Bool(b) => format!("b:{}", py_bool(*b)),
         Key::Null => "null".into(),
@@ -39,6 +40,7 @@ fn element(e: &Element) -> String {
         Element::Null => "null".into(),
         Element::Bool(b) => format!("b:{}", py_bool(*b)),
         Element::Int(i) => format!("i:{i}"),
+        Element::BigInt(d) => format!("i:{d}"),
         Element::Float(f) => format!("f:{}", python_float_repr(*f)),
         Element::Str { value, quote: None } => format!("s:{}", text(value)),
         Element::Str {

@@ -75,6 +75,17 @@ fn primitives_are_typed_as_hydra_types_them() {
         ("a=1", "1"),
         ("a=-1", "-1"),
         ("a=10_0", "100"),
+        // Python ints are unbounded (checked against Hydra's oracle).
+        ("a=99999999999999999999", "99999999999999999999"),
+        ("a=-9_223_372_036_854_775_809", "-9223372036854775809"),
+        ("a=-0x8000000000000001", "'-0x8000000000000001'"),
+        ("a=int(1e20)", "100000000000000000000"),
+        ("a=int('123456789012345678901234567890')", "123456789012345678901234567890"),
+        ("a=float(99999999999999999999)", "1e+20"),
+        ("a=str(99999999999999999999)", "'99999999999999999999'"),
+        ("a=bool(99999999999999999999)", "True"),
+        ("a=sort([99999999999999999999,1,-99999999999999999999])", "[-99999999999999999999, 1, 99999999999999999999]"),
+        ("a={99999999999999999999: 1}", "{99999999999999999999: 1}"),
         ("a=1.0", "1.0"),
         ("a=1e-05", "1e-05"),
         ("a=3.1_4", "3.14"),
@@ -405,7 +416,8 @@ fn grammar_errors_carry_hydra_wording() {
             "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
         ),
         ("a=sort()", "empty sort input"),
-        ("a=99999999999999999999", "does not fit in 64 bits"),
+        // Python's range() takes big ints; our sweep bounds are i64.
+        ("a=range(0,99999999999999999999)", "sweep bound 99999999999999999999 does not fit in 64 bits"),
     ];
     for (input, want) in cases {
         check_err(input, want);

@@ -201,34 +201,7 @@ pub(super) fn py_sorted(items: &[Val], reverse: bool) -> Result<Vec<Val>, String
     Ok(out)
 }
 
-/// Python's `repr()` of a string (the quoting Python picks, and its escapes).
-pub(super) fn py_repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') {
-        '"'
-    } else {
-        '\''
-    };
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push(quote);
-    for c in s.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c);
-            }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32))
-            }
-            c => out.push(c),
-        }
-    }
-    out.push(quote);
-    out
-}
+pub(super) use crate::config::node::python_repr_str as py_repr_str;
 
 /// Python's `repr()` of a value, for error messages.
 pub(super) fn py_repr(v: &Val) -> String {

@@ -398,7 +398,7 @@ pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
     } else {
         python_int(body, 10)?
     };
-    Ok(if negative { magnitude.neg() } else { magnitude }.into_value())
+    Ok(if negative { magnitude.negated() } else { magnitude }.into_value())
 }
 
 /// Split a leading `-`/`+` the way PyYAML does (`value[0] in '+-'`).
@@ -427,7 +427,7 @@ fn python_int(text: &str, base: u32) -> Result<BigInt, ScalarError> {
         .and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p)))
         .unwrap_or(t);
     let magnitude = BigInt::parse_radix(digits, base).ok_or(ScalarError::Invalid)?;
-    Ok(if negative { magnitude.neg() } else { magnitude })
+    Ok(if negative { magnitude.negated() } else { magnitude })
 }
 
 /// PyYAML's `construct_yaml_float`: strips `_`, lowercases, takes the sign, then `.inf`/`.nan`/`a:b.c`
