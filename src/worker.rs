@@ -6,6 +6,7 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
+pub mod learner;
 pub mod rollout;
 pub mod synthetic;
 pub mod trainer;
@@ -107,6 +108,21 @@ pub struct WorkerContext {
 impl WorkerContext {
     pub fn config(&self) -> &RunConfig {
         &self.launch.config
+    }
+
+    /// Where this worker's workload runs.
+    pub fn placement(&self) -> workload::Placement {
+        let envs = match self.args.role {
+            Role::Trainer => 1,
+            Role::Rollout => self.launch.envs_per_rollout,
+        };
+        workload::Placement {
+            role: self.args.role,
+            rank: self.args.rank,
+            rollouts: self.launch.rollouts,
+            envs,
+            run_dir: self.args.run_dir.clone(),
+        }
     }
 
     /// Bound of every weight-transport wait. A background receiver idles for a whole train step between

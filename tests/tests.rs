@@ -1,6 +1,8 @@
 //! The single integration test binary: one module per area, plus the shared fixture helper.
 
 mod cli;
+#[cfg(feature = "torch")]
+mod learner;
 mod orchestrator;
 mod sync_shm;
 mod transport;

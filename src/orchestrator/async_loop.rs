@@ -51,6 +51,8 @@ struct StepInfo {
     env_steps: u64,
     mean_return: f64,
     discarded: u64,
+    /// The workload's own metrics from the trainer's report.
+    metrics: Vec<(String, Option<f64>)>,
 }
 
 enum Trainer {
@@ -149,6 +151,7 @@ impl Loop<'_> {
             env_steps,
             mean_return,
             discarded: std::mem::take(&mut self.discarded),
+            metrics: Vec::new(),
         };
         self.steps_started += 1;
         self.trainer = Trainer::Training { started: Instant::now(), info };
@@ -177,6 +180,9 @@ impl Loop<'_> {
         rec.float("rollout/return", info.mean_return);
         rec.int("rollout/env_steps", info.env_steps as i64);
         rec.float("train/loss", info.loss);
+        for (key, value) in &info.metrics {
+            rec.float(key, value.unwrap_or(f64::NAN));
+        }
         sink.record(rec)?;
         self.totals.steps += 1;
         self.totals.env_steps += info.env_steps;
@@ -209,13 +215,14 @@ impl Loop<'_> {
                 }
                 self.finish_sync(sink)?;
             }
-            Report::Trained { version, loss, .. } if id == WorkerId::TRAINER => {
+            Report::Trained { version, loss, metrics, .. } if id == WorkerId::TRAINER => {
                 let Trainer::Training { started, mut info } = std::mem::replace(&mut self.trainer, Trainer::Idle { since: Instant::now() })
                 else {
-                    return Err(Self::unexpected(id, &Report::Trained { step: 0, version, loss, busy_s: 0.0 }));
+                    return Err(Self::unexpected(id, &Report::Trained { step: 0, version, loss, busy_s: 0.0, metrics }));
                 };
                 info.train_s = started.elapsed().as_secs_f64();
                 info.loss = loss;
+                info.metrics = metrics;
                 self.trainer_version = version;
                 if version % self.set.sync_interval == 0 {
                     self.sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;

@@ -105,10 +105,12 @@ pub async fn run(
         let train_start = Instant::now();
         let train = Command::Train { step, chunks: chunks as u32, env_steps: got.env_steps };
         sup.send(WorkerId::TRAINER, &train, &got.data).await?;
-        let (loss, trained_version, train_busy) = loop {
+        let (loss, trained_version, train_busy, metrics) = loop {
             let (id, frame) = sup.recv("the trainer's step").await?;
             match frame.header {
-                Report::Trained { version, loss, busy_s, .. } if id == WorkerId::TRAINER => break (loss, version, busy_s),
+                Report::Trained { version, loss, busy_s, metrics, .. } if id == WorkerId::TRAINER => {
+                    break (loss, version, busy_s, metrics);
+                }
                 other => return Err(OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{other:?}") }),
             }
         };
@@ -136,6 +138,9 @@ pub async fn run(
         rec.float("rollout/return", got.return_sum / chunks.max(1) as f64);
         rec.int("rollout/env_steps", got.env_steps as i64);
         rec.float("train/loss", loss);
+        for (key, value) in &metrics {
+            rec.float(key, value.unwrap_or(f64::NAN));
+        }
         sink.record(rec)?;
         totals.env_steps += got.env_steps;
         totals.steps += 1;

@@ -86,6 +86,7 @@ impl SyncOutcome {
         rec.text("sync/kind", &self.stats.kind);
         rec.int("sync/bytes", self.stats.payload_bytes as i64);
         rec.int("sync/changed", self.stats.changed as i64);
+        rec.int("sync/state_bytes", self.stats.state_bytes as i64);
         rec.float("sync/compression_ratio", self.stats.compression_ratio);
         rec.flag("sync/verified", self.verified);
     }

@@ -10,7 +10,7 @@ use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;
 use crate::worker::workload::{self, Workload};
-use crate::worker::{WorkerContext, WorkerError, kernel_threads, worker_seed};
+use crate::worker::{WorkerContext, WorkerError, kernel_threads};
 
 /// An update received in the background, and the signal that lets the receiver fetch the next one.
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
@@ -54,7 +54,7 @@ impl Rollout {
 /// Run the rollout's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
-    let mut workload = workload::build(&cfg, ctx.launch.envs_per_rollout, worker_seed(ctx.args.role, ctx.args.rank))?;
+    let mut workload = workload::build(&cfg, &ctx.placement())?;
     let state = tokio::task::block_in_place(|| workload.init_state())?;
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
@@ -108,7 +108,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                         }
                     }
                     let started = Instant::now();
-                    let out = tokio::task::block_in_place(|| me.workload.rollout(&me.state, steps))?;
+                    let out = tokio::task::block_in_place(|| me.workload.rollout(&me.state, me.version, steps))?;
                     let report = Report::Chunk {
                         chunk,
                         version: me.version,

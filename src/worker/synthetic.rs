@@ -229,10 +229,10 @@ impl Workload for SyntheticWorkload {
             }
         }
         sleep_ms(self.model.train_ms);
-        Ok(TrainStats { loss: 1.0 / (1.0 + self.step as f64) + data_mean * 1e-6 })
+        Ok(TrainStats { loss: 1.0 / (1.0 + self.step as f64) + data_mean * 1e-6, metrics: Vec::new() })
     }
 
-    fn rollout(&mut self, state: &StateDict, steps: u32) -> Result<TrajectoryChunk, WorkloadError> {
+    fn rollout(&mut self, state: &StateDict, _version: u64, steps: u32) -> Result<TrajectoryChunk, WorkloadError> {
         let env_steps = u64::from(steps) * u64::from(self.envs);
         let len = env_steps.saturating_mul(self.model.traj_bytes_per_step) as usize;
         let mut data = vec![0u8; len];
@@ -311,7 +311,7 @@ mod tests {
         let cfg = ModelConfig { traj_bytes_per_step: 10, ..model(4096, 2, 0.0) };
         let mut w = SyntheticWorkload::new(&cfg, 3, 1, 0).unwrap();
         let state = w.init_state().unwrap();
-        let chunk = w.rollout(&state, 5).unwrap();
+        let chunk = w.rollout(&state, 0, 5).unwrap();
         assert_eq!(chunk.env_steps, 15);
         assert_eq!(chunk.data.len(), 150);
     }

@@ -7,12 +7,12 @@ use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
 use crate::transport::{ShmConfig, ShmSender};
 use crate::worker::workload::{self, Batch};
-use crate::worker::{WorkerContext, WorkerError, kernel_threads, worker_seed};
+use crate::worker::{WorkerContext, WorkerError, kernel_threads};
 
 /// Run the trainer's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
-    let mut workload = workload::build(&cfg, 1, worker_seed(ctx.args.role, ctx.args.rank))?;
+    let mut workload = workload::build(&cfg, &ctx.placement())?;
     let mut state = tokio::task::block_in_place(|| workload.init_state())?;
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);
@@ -48,7 +48,7 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                 let stats = tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
                 version += 1;
                 let busy_s = started.elapsed().as_secs_f64();
-                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s }, &[]).await?;
+                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s, metrics: finite_or_none(stats.metrics) }, &[]).await?;
             }
             Command::Stop => return Ok(()),
             other @ (Command::Apply | Command::Rollout { .. }) => {
@@ -56,6 +56,11 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
             }
         }
     }
+}
+
+/// Undefined metrics (NaN, e.g. no sample from the behaviour version) travel as `None`.
+fn finite_or_none(metrics: Vec<(String, f64)>) -> Vec<(String, Option<f64>)> {
+    metrics.into_iter().map(|(key, value)| (key, value.is_finite().then_some(value))).collect()
 }
 
 /// The `Synced` report; its checksum is of the weights as every rollout must now hold them.

@@ -1,19 +1,29 @@
 //! The `Workload` trait: what a trainer or rollout worker computes, independent of processes and transport.
 
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
 use crate::config::schema::{ModelType, RunConfig};
+use crate::orchestrator::protocol::{ProtocolError, Role};
+use crate::rl::RlError;
 use crate::tensor::StateDict;
+use crate::worker::learner::{LearnerRollout, LearnerTrainer};
 use crate::worker::synthetic::SyntheticWorkload;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
-    #[error("model type {model:?} is not available in this build: {reason}")]
-    Unavailable { model: ModelType, reason: &'static str },
+    #[error("worker placement: {reason}")]
+    Placement { reason: String },
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
     #[error("model tensor: {0}")]
     Tensor(#[from] crate::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
+    #[error("learner: {0}")]
+    Learner(#[from] RlError),
+    #[error("trajectory batch: {0}")]
+    Trajectories(#[from] ProtocolError),
 }
 
 /// One batch of trajectories handed to a train step: concatenated chunk payloads.
@@ -25,9 +35,11 @@ pub struct Batch<'a> {
 }
 
 /// What a train step reports.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrainStats {
     pub loss: f64,
+    /// The workload's own metrics (`actor/…`, `env/…`, `eval/…`), logged as named.
+    pub metrics: Vec<(String, f64)>,
 }
 
 /// A piece of trajectory produced by one weight version (weights never change inside a chunk).
@@ -46,17 +58,39 @@ pub trait Workload: Send {
     fn init_state(&mut self) -> Result<StateDict, WorkloadError>;
     /// One optimisation step on `batch`, updating `state` in place.
     fn train_step(&mut self, state: &mut StateDict, batch: &Batch<'_>) -> Result<TrainStats, WorkloadError>;
-    /// Act in the environments for `steps` steps of every env with the weights in `state`.
-    fn rollout(&mut self, state: &StateDict, steps: u32) -> Result<TrajectoryChunk, WorkloadError>;
+    /// Act in the environments for `steps` steps of every env with the weights in `state`, which are the
+    /// weights of `version` (the chunk's trajectories are tagged with it).
+    fn rollout(&mut self, state: &StateDict, version: u64, steps: u32) -> Result<TrajectoryChunk, WorkloadError>;
 }
 
-/// Build the workload that `actor.model.model_type` names, for a worker simulating `envs` environments.
-pub fn build(cfg: &RunConfig, envs: u32, worker_seed: u64) -> Result<Box<dyn Workload>, WorkloadError> {
+/// Where a workload runs: its worker's role and rank, the run's shape and directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub role: Role,
+    pub rank: u32,
+    /// Rollout workers of the run.
+    pub rollouts: u32,
+    /// Envs this worker simulates (rollouts; 1 for the trainer).
+    pub envs: u32,
+    /// Checkpoints go to `<run_dir>/checkpoints/`.
+    pub run_dir: PathBuf,
+}
+
+/// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one, or
+/// the libtorch learner (`mlp_policy`, `vla_tiny`, `torchscript`; a clear error in builds without `torch`).
+pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, WorkloadError> {
     match cfg.actor.model.model_type {
-        ModelType::Synthetic => Ok(Box::new(SyntheticWorkload::new(&cfg.actor.model, envs, cfg.actor.seed, worker_seed)?)),
-        other => Err(WorkloadError::Unavailable {
-            model: other,
-            reason: "the libtorch learner is not wired into the workers yet; use actor.model.model_type=synthetic",
-        }),
+        ModelType::Synthetic => {
+            let seed = crate::worker::worker_seed(place.role, place.rank);
+            Ok(Box::new(SyntheticWorkload::new(&cfg.actor.model, place.envs, cfg.actor.seed, seed)?))
+        }
+        _ => match place.role {
+            Role::Trainer => Ok(Box::new(LearnerTrainer::new(cfg, &place.run_dir)?)),
+            Role::Rollout => {
+                let workers = NonZeroU32::new(place.rollouts)
+                    .ok_or_else(|| WorkloadError::Placement { reason: "a run needs at least one rollout worker".into() })?;
+                Ok(Box::new(LearnerRollout::new(cfg, place.rank, workers)?))
+            }
+        },
     }
 }
