@@ -288,8 +288,9 @@ fn failing_workload_is_reported_with_its_reason() {
     let mut cfg = small_config();
     cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
     let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err().to_string();
-    // A learner model on the synthetic env cannot start: the trainer exits and its own reason is reported.
-    assert!(err.contains("trainer-0") && err.contains("exited with status 1"), "{err}");
+    // A learner model on the synthetic env cannot start: the worker exits and its own reason is reported.
+    // Trainer and rollouts build the same workload; whichever fails first is named.
+    assert!(err.contains("worker ") && err.contains("exited with status 1"), "{err}");
     assert!(err.contains("workload: learner:") && err.contains("not a built-in vectorised task"), "{err}");
     assert!(err.contains("last lines of"), "{err}");
     assert_clean(dir.path());
