@@ -44,9 +44,10 @@ test-torch: venv
 
 # The config engine does not need libtorch, and a torch-linked binary pays ~0.5 s of shared-library loading at
 # every start, so the conformance kit (2720 process starts) runs against the plain build.
-PLAIN_BIN := target/plain/release/rlsync
+PLAIN_BIN := target/release/rlsync-plain
 conformance: venv
-	$(CARGO) build --release --locked --target-dir target/plain
+	$(CARGO) build --release --locked
+	cp $(BIN) $(PLAIN_BIN)
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
 
 bench: venv
