@@ -84,6 +84,7 @@ fn kernels(c: &mut Criterion) {
     let state_bytes = fx.after.total_bytes() as u64;
     eprintln!("fixture: {} elements, {} changed ({:.2} %)", PARAMS, fx.changed, fx.changed as f64 * 100.0 / PARAMS as f64);
     let mut snap = snapshot(&fx.before);
+    let mut built = patch::Built::default();
 
     let mut g = c.benchmark_group("patch_build");
     g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
@@ -94,7 +95,8 @@ fn kernels(c: &mut Criterion) {
                 for _ in 0..iters {
                     restore(&mut snap, &fx.before);
                     total += timed(cpu, || {
-                        black_box(patch::build(&mut snap, &fx.after, threads).unwrap());
+                        patch::build(&mut snap, &fx.after, threads, &mut built).unwrap();
+                        black_box(&built);
                     });
                 }
                 total
@@ -104,11 +106,11 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 
     restore(&mut snap, &fx.before);
-    let built = patch::build(&mut snap, &fx.after, NonZeroUsize::MIN).unwrap();
+    patch::build(&mut snap, &fx.after, NonZeroUsize::MIN, &mut built).unwrap();
     let mut g = c.benchmark_group("patch_encode");
     g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
     for (name, delta, codec) in [("delta_none", true, Codec::Plain), ("delta_lz4", true, Codec::Lz4), ("coo_none", false, Codec::Plain)] {
-        let body = patch::encode(&built, &snap, delta);
+        let body = patch::encode(&built, &snap, delta, NonZeroUsize::MIN);
         let enc = wire::encode_patch_body(&body, codec);
         eprintln!("{name}: {} bytes, {:.3} bytes per changed element", enc.body.len() + wire::HEADER_LEN, (enc.body.len() + wire::HEADER_LEN) as f64 / built.changed as f64);
         g.bench_function(name, |b| {
@@ -116,7 +118,7 @@ fn kernels(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     total += timed(true, || {
-                        let body = patch::encode(&built, &snap, delta);
+                        let body = patch::encode(&built, &snap, delta, NonZeroUsize::MIN);
                         black_box(wire::encode_patch_body(&body, codec));
                     });
                 }
@@ -132,20 +134,20 @@ fn kernels(c: &mut Criterion) {
     let mut g = c.benchmark_group("patch_apply");
     g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
     for (name, delta) in [("delta", true), ("coo", false)] {
-        let body = wire::decode_patch_body(&wire::encode_patch_body(&patch::encode(&built, &snap, delta), Codec::Plain).body, usize::MAX).unwrap();
+        let body = wire::decode_patch_body(&wire::encode_patch_body(&patch::encode(&built, &snap, delta, NonZeroUsize::MIN), Codec::Plain).body, usize::MAX).unwrap();
         g.bench_function(format!("{name}_validate_1thread_cpu"), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let body = body.clone();
                     total += timed(true, || {
-                        black_box(patch::validate(body, &meta, &synced, &receiver).unwrap());
+                        black_box(patch::validate(body, &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap());
                     });
                 }
                 total
             })
         });
-        let valid = patch::validate(body.clone(), &meta, &synced, &receiver).unwrap();
+        let valid = patch::validate(body.clone(), &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap();
         for (tname, threads, cpu) in [("1thread_cpu", NonZeroUsize::MIN, true), ("all_threads_wall", all_threads(), false)] {
             g.bench_function(format!("{name}_install_{tname}"), |b| {
                 b.iter_custom(|iters| {
@@ -158,6 +160,60 @@ fn kernels(c: &mut Criterion) {
             });
         }
     }
+    g.finish();
+
+    // Rooflines on the same data: what the build and the install could at best reach on this machine.
+    // `scan` reads the snapshot and the state once each (the diff without recording anything): the memory
+    // bound of a build. `touch` increments exactly the changed elements in place (no decoding): the memory bound
+    // of an install, which must read and write back every cache line holding a change.
+    let mut g = c.benchmark_group("roofline");
+    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.bench_function("scan_state_and_snapshot_1thread_cpu", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                total += timed(true, || {
+                    let mut acc = 0u64;
+                    for ((_, t), s) in fx.after.iter().zip(&snap) {
+                        for (x, y) in t.bytes().chunks_exact(64).zip(s.storage.bytes().chunks_exact(64)) {
+                            let mut v = 0u8;
+                            for j in 0..64 {
+                                v |= x[j] ^ y[j];
+                            }
+                            acc += u64::from(v);
+                        }
+                    }
+                    black_box(acc);
+                });
+            }
+            total
+        })
+    });
+    let positions: Vec<Vec<usize>> = {
+        let mut per = vec![Vec::new(); fx.after.len()];
+        for seg in built.segments() {
+            per[seg.tensor].extend(seg.idx.iter().map(|&i| seg.base + i as usize));
+        }
+        per
+    };
+    g.throughput(Throughput::Elements(built.changed));
+    g.bench_function("touch_changed_elements_1thread_cpu", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                total += timed(true, || {
+                    for ((_, t), pos) in receiver.iter_mut().zip(&positions) {
+                        let Ok(x) = t.as_mut_slice::<half::bf16>() else { continue };
+                        for &i in pos {
+                            x[i] = half::bf16::from_bits(x[i].to_bits().wrapping_add(1));
+                        }
+                    }
+                    black_box(&receiver);
+                });
+            }
+            total
+        })
+    });
     g.finish();
 
     let mut g = c.benchmark_group("memcpy");

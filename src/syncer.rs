@@ -135,7 +135,7 @@ struct Settings {
 }
 
 enum SenderStrategy {
-    Patch { snap: Vec<SnapTensor> },
+    Patch { snap: Vec<SnapTensor>, built: patch::Built },
     Bucket { buckets: Vec<Vec<Planned>> },
 }
 
@@ -292,7 +292,7 @@ impl WeightSyncer {
             Side::Sender(s) => {
                 let mut h = StateHasher::new();
                 match &s.strategy {
-                    SenderStrategy::Patch { snap } => {
+                    SenderStrategy::Patch { snap, .. } => {
                         for st in snap {
                             let shape = state.get(&st.key).map(|t| t.shape().to_vec()).unwrap_or_default();
                             h.begin_tensor(&st.key, st.dtype, &shape);
@@ -413,7 +413,7 @@ impl WeightSyncer {
                     let cols = t.layout().coo_view().map_or(t.numel(), |(_, c)| c);
                     snap.push(SnapTensor { key: key.clone(), ordinal: o, dtype: rd, cols, storage });
                 }
-                SenderStrategy::Patch { snap }
+                SenderStrategy::Patch { snap, built: patch::Built::default() }
             }
             SyncerKind::Bucket => {
                 let refs: Vec<&str> = keys_to_sync.iter().map(String::as_str).collect();
@@ -544,16 +544,16 @@ impl WeightSyncer {
             return Err(SyncError::VersionNotNewer { version, last: s.last_version });
         }
         let mut report = match &mut s.strategy {
-            SenderStrategy::Patch { snap } => {
+            SenderStrategy::Patch { snap, built } => {
                 let t0 = Instant::now();
-                let built = blocking(|| patch::build(snap, state, settings.threads)).map_err(|reason| SyncError::StateMismatch {
+                blocking(|| patch::build(snap, state, settings.threads, built)).map_err(|reason| SyncError::StateMismatch {
                     key: "(synced keys)".into(),
                     reason,
                 })?;
                 let build = t0.elapsed();
                 let t1 = Instant::now();
                 let (msg, ratio, tensors) = blocking(|| {
-                    let body = patch::encode(&built, snap, settings.delta);
+                    let body = patch::encode(built, snap, settings.delta, settings.threads);
                     let tensors = body.entries.len();
                     let enc = wire::encode_patch_body(&body, settings.codec);
                     let mut h = Header::new(Kind::Patch, version, enc.body.len());
@@ -685,7 +685,7 @@ impl PendingUpdate {
                     return Err(rejected(Some(version), current, format!("patch is based on version {base}, this receiver holds {current} (a full resync is needed)")));
                 }
                 let t0 = Instant::now();
-                let valid: ValidPatch = blocking(|| patch::validate(body, &shared.meta, &shared.synced, state)).map_err(|r| rejected(Some(version), current, r))?;
+                let valid: ValidPatch = blocking(|| patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)).map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
                 let t1 = Instant::now();
                 blocking(|| patch::install(&valid, state, shared.threads));

@@ -14,10 +14,10 @@ use crate::tensor::{cast_bytes, pod_slice, pod_slice_mut, DType, Pod, StateDict,
 
 use super::wire::{
     get_uint, get_varint, narrowest_width, put_uint, put_varint, unzigzag, zigzag, IndexCoding, KeyMeta, PatchBody,
-    ValueCoding,
+    PatchEntry, ValueCoding,
 };
 
-/// Elements per diff work item (indices inside a segment fit in u32).
+/// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
 pub const SEGMENT: usize = 1 << 22;
 /// Elements per comparison block.
 const BLOCK: usize = 32; // fits the u32 change mask
@@ -26,6 +26,8 @@ const CAST_BLOCK: usize = 4096;
 
 /// A bit pattern of one element width.
 pub(crate) trait Word: Pod + Eq {
+    /// 8-byte words take two slots in [`Changes`].
+    const WIDE: bool;
     fn to_u64(self) -> u64;
     fn from_u64(v: u64) -> Self;
 }
@@ -33,6 +35,7 @@ pub(crate) trait Word: Pod + Eq {
 macro_rules! word {
     ($t:ty) => {
         impl Word for $t {
+            const WIDE: bool = size_of::<$t>() == 8;
             #[inline(always)]
             fn to_u64(self) -> u64 {
                 self as u64
@@ -58,20 +61,75 @@ pub struct SnapTensor {
     pub storage: Storage,
 }
 
-/// Changed elements of one segment: indices relative to the segment start, old and new element bytes.
+/// Changed elements of one segment of one snapshot tensor. Buffers are kept between builds (see [`Built`]), so
+/// a steady-state build allocates nothing and never page-faults fresh memory.
 #[derive(Default)]
 pub struct Changes {
+    /// Position of the tensor in the snapshot.
+    pub tensor: usize,
+    /// Element offset of the segment in its tensor.
     pub base: usize,
+    /// Indices relative to the segment start.
     pub idx: Vec<u32>,
-    /// Old and new bit patterns (zero-extended).
-    pub old: Vec<u64>,
-    pub new: Vec<u64>,
+    /// Old and new bit patterns: `old | new << 32` for elements of up to 4 bytes, or two words (old, new) per
+    /// change for 8-byte elements.
+    vals: Vec<u64>,
 }
 
-/// The result of a build: per snapshot tensor, its segments' changes in order.
+impl Changes {
+    fn reset(&mut self, tensor: usize, base: usize) {
+        self.tensor = tensor;
+        self.base = base;
+        self.idx.clear();
+        self.vals.clear();
+    }
+
+    /// Number of changed elements.
+    pub fn len(&self) -> usize {
+        self.idx.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.idx.is_empty()
+    }
+
+    /// Old and new bit patterns of change `i` (zero-extended).
+    #[inline(always)]
+    pub fn old_new(&self, i: usize, width: usize) -> (u64, u64) {
+        if width == 8 {
+            (self.vals[2 * i], self.vals[2 * i + 1])
+        } else {
+            let v = self.vals[i];
+            (v & 0xffff_ffff, v >> 32)
+        }
+    }
+
+    #[inline(always)]
+    fn push<W: Word>(&mut self, idx: usize, old: W, new: W) {
+        self.idx.push(idx as u32);
+        if W::WIDE {
+            self.vals.push(old.to_u64());
+            self.vals.push(new.to_u64());
+        } else {
+            self.vals.push(old.to_u64() | new.to_u64() << 32);
+        }
+    }
+}
+
+/// The result of a build: every segment's changes, in snapshot order. Keep one `Built` per sender and pass it
+/// to every [`build`]: its buffers are reused.
+#[derive(Default)]
 pub struct Built {
-    pub tensors: Vec<Vec<Changes>>,
+    segs: Vec<Changes>,
+    used: usize,
     pub changed: u64,
+}
+
+impl Built {
+    /// The segments of the last build (tensor order, then element order).
+    pub fn segments(&self) -> &[Changes] {
+        &self.segs[..self.used]
+    }
 }
 
 #[inline(always)]
@@ -87,18 +145,14 @@ fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes
         }
         while mask != 0 {
             let j = mask.trailing_zeros() as usize;
-            out.idx.push((base + b * BLOCK + j) as u32);
-            out.old.push(s[j].to_u64());
-            out.new.push(c[j].to_u64());
+            out.push(base + b * BLOCK + j, s[j], c[j]);
             s[j] = c[j];
             mask &= mask - 1;
         }
     }
     for (j, (c, s)) in cur_tail.iter().zip(snap_tail.iter_mut()).enumerate() {
         if *c != *s {
-            out.idx.push((base + full + j) as u32);
-            out.old.push(s.to_u64());
-            out.new.push(c.to_u64());
+            out.push(base + full + j, *s, *c);
             *s = *c;
         }
     }
@@ -150,6 +204,10 @@ mod simd {
 
         use super::Changes;
 
+        /// Changes written per block without a data-dependent loop (at 1–3 % density a 32-element block
+        /// holds at most a few); the rare rest goes through a loop.
+        const UNROLL: usize = 4;
+
         /// # Safety
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
@@ -159,8 +217,9 @@ mod simd {
             let sp = snap.as_mut_ptr();
             let mut b = 0;
             while b < n {
-                // SAFETY: b + 32 <= n <= both lengths, so all four 32-byte loads are in bounds; unaligned
-                // loads are used, and writes below stay at indices < n.
+                // SAFETY: b + 32 <= n <= both lengths, so all 32-byte loads and stores are in bounds; every
+                // element index read below is b + (0..32). Writes into `out` stay within the capacity reserved
+                // just before them, and the lengths are set to cover exactly the entries written.
                 unsafe {
                     let c0 = _mm256_loadu_si256(cp.add(b).cast());
                     let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
@@ -172,15 +231,31 @@ mod simd {
                         let eq = _mm256_packs_epi16(_mm256_cmpeq_epi16(c0, s0), _mm256_cmpeq_epi16(c1, s1));
                         let eq = _mm256_permute4x64_epi64::<0b11_01_10_00>(eq);
                         let mut m = !(_mm256_movemask_epi8(eq) as u32);
+                        let count = m.count_ones() as usize;
+                        out.idx.reserve(32);
+                        out.vals.reserve(32);
+                        let (len, ip, vp) = (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
+                        // Branch-free: write UNROLL slots; slots past `count` hold a harmless in-block element
+                        // and are cut off by the length update.
+                        for k in 0..UNROLL.min(32) {
+                            let i = b + (m.trailing_zeros() & 31) as usize;
+                            *ip.add(len + k) = (base + i) as u32;
+                            *vp.add(len + k) = u64::from(*sp.add(i)) | u64::from(*cp.add(i)) << 32;
+                            m &= m.wrapping_sub(1);
+                        }
+                        let mut k = UNROLL;
                         while m != 0 {
                             let i = b + m.trailing_zeros() as usize;
-                            let (old, new) = (*sp.add(i), *cp.add(i));
-                            out.idx.push((base + i) as u32);
-                            out.old.push(u64::from(old));
-                            out.new.push(u64::from(new));
-                            *sp.add(i) = new;
+                            *ip.add(len + k) = (base + i) as u32;
+                            *vp.add(len + k) = u64::from(*sp.add(i)) | u64::from(*cp.add(i)) << 32;
                             m &= m - 1;
+                            k += 1;
                         }
+                        out.idx.set_len(len + count);
+                        out.vals.set_len(len + count);
+                        // The snapshot takes the current block (old values were read above).
+                        _mm256_storeu_si256(sp.add(b).cast(), c0);
+                        _mm256_storeu_si256(sp.add(b + 16).cast(), c1);
                     }
                 }
                 b += 32;
@@ -191,12 +266,11 @@ mod simd {
 }
 
 /// Diff one segment: `cur` in `from`, `snap` in `to` (converted block by block when they differ).
-fn diff_segment(cur: &[u8], from: DType, snap: &mut [u8], to: DType) -> Changes {
-    let mut out = Changes::default();
+fn diff_segment(cur: &[u8], from: DType, snap: &mut [u8], to: DType, out: &mut Changes) {
     let w = to.size_bytes();
     if from == to {
-        diff_same(cur, snap, w, 0, &mut out);
-        return out;
+        diff_same(cur, snap, w, 0, out);
+        return;
     }
     let mut tmp = Storage::zeroed(CAST_BLOCK * w);
     let fw = from.size_bytes();
@@ -204,44 +278,44 @@ fn diff_segment(cur: &[u8], from: DType, snap: &mut [u8], to: DType) -> Changes 
         let t = &mut tmp.bytes_mut()[..s.len()];
         // Dtype pairs were checked at init (floating ↔ floating), so the cast cannot fail here.
         if cast_bytes(c, from, t, to).is_ok() {
-            diff_same(t, s, w, i * CAST_BLOCK, &mut out);
+            diff_same(t, s, w, i * CAST_BLOCK, out);
         }
     }
-    out
 }
 
-/// Diff every synced tensor of `state` against the snapshot, updating the snapshot.
-pub fn build(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize) -> Result<Built, String> {
-    let mut items = Vec::new();
+/// Diff every synced tensor of `state` against the snapshot, updating the snapshot; the changes land in
+/// `built` (its buffers are reused).
+pub fn build(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize, built: &mut Built) -> Result<(), String> {
+    build_segmented(snap, state, threads, built, SEGMENT)
+}
+
+/// [`build`] with segments of `segment` elements (a multiple of the comparison block, at most 2^32).
+fn build_segmented(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize, built: &mut Built, segment: usize) -> Result<(), String> {
+    const { assert!(SEGMENT % BLOCK == 0 && SEGMENT <= 1 << 32) };
+    debug_assert!(segment % BLOCK == 0 && segment <= 1 << 32);
+    let mut work = Vec::new();
     for (pos, st) in snap.iter_mut().enumerate() {
         let t = state.get(&st.key).ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
-        let from = t.dtype();
         let numel = st.storage.len() / st.dtype.size_bytes();
         if t.numel() != numel {
             return Err(format!("key '{}' has {} elements, {} at init", st.key, t.numel(), numel));
         }
-        let (fw, w) = (from.size_bytes(), st.dtype.size_bytes());
-        let cur = t.bytes();
-        for (seg, (c, s)) in cur.chunks(SEGMENT * fw).zip(st.storage.bytes_mut().chunks_mut(SEGMENT * w)).enumerate() {
-            items.push((pos, seg * SEGMENT, c, from, s, st.dtype));
+        let (fw, w) = (t.dtype().size_bytes(), st.dtype.size_bytes());
+        for (seg, (c, s)) in t.bytes().chunks(segment * fw).zip(st.storage.bytes_mut().chunks_mut(segment * w)).enumerate() {
+            work.push((pos, seg * segment, c, t.dtype(), s, st.dtype));
         }
     }
-    let results = map_items(items, threads, |(pos, base, c, from, s, to)| {
-        let mut ch = diff_segment(c, from, s, to);
-        ch.base = base;
-        (pos, ch)
+    if built.segs.len() < work.len() {
+        built.segs.resize_with(work.len(), Changes::default);
+    }
+    built.used = work.len();
+    let items: Vec<_> = work.into_iter().zip(built.segs.iter_mut()).collect();
+    map_items(items, threads, |((pos, base, c, from, s, to), out)| {
+        out.reset(pos, base);
+        diff_segment(c, from, s, to, out);
     });
-    let mut tensors: Vec<Vec<Changes>> = (0..snap.len()).map(|_| Vec::new()).collect();
-    let mut changed = 0u64;
-    for (pos, ch) in results {
-        changed += ch.idx.len() as u64;
-        if !ch.idx.is_empty() {
-            if let Some(v) = tensors.get_mut(pos) {
-                v.push(ch);
-            }
-        }
-    }
-    Ok(Built { tensors, changed })
+    built.changed = built.segments().iter().map(|c| c.len() as u64).sum();
+    Ok(())
 }
 
 fn sign_extend(v: u64, bits: u32) -> i64 {
@@ -249,92 +323,108 @@ fn sign_extend(v: u64, bits: u32) -> i64 {
     ((v << shift) as i64) >> shift
 }
 
-/// Code a build into a patch body: gap varints + delta codes (`delta`), or absolute COO + raw values.
-pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool) -> PatchBody {
-    let mut entries = Vec::new();
-    if delta {
-        let mut gaps = Vec::new();
-        let mut codes = Vec::new();
-        let mut escapes = Vec::new();
-        let mut k = 0usize;
-        for (st, segs) in snap.iter().zip(&built.tensors) {
-            let nnz: usize = segs.iter().map(|c| c.idx.len()).sum();
-            if nnz == 0 {
-                continue;
-            }
-            entries.push((st.ordinal, nnz as u64));
-            let w = st.dtype.size_bytes();
-            let bits = (w * 8) as u32;
-            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-            let mut next = 0u64; // previous index + 1
-            for seg in segs {
-                for (i, &rel) in seg.idx.iter().enumerate() {
-                    let idx = (seg.base + rel as usize) as u64;
-                    put_varint(&mut gaps, idx - next);
-                    next = idx + 1;
-                    let d = seg.new[i].wrapping_sub(seg.old[i]) & mask;
-                    let z = zigzag(sign_extend(d, bits));
-                    let code = if (1..=3).contains(&z) { z as u8 } else { 0 };
-                    if k % 4 == 0 {
-                        codes.push(0);
-                    }
-                    if let Some(last) = codes.last_mut() {
-                        *last |= code << ((k % 4) * 2);
-                    }
-                    if code == 0 {
-                        put_varint(&mut escapes, z);
-                    }
-                    k += 1;
-                }
-            }
-        }
-        PatchBody { index: IndexCoding::Gaps, value: ValueCoding::Delta, index_width: 0, entries, streams: vec![gaps, codes, escapes] }
-    } else {
-        let mut max = 0u64;
-        for (st, segs) in snap.iter().zip(&built.tensors) {
-            let cols = st.cols.max(1);
-            for seg in segs {
-                for &rel in &seg.idx {
-                    let idx = seg.base + rel as usize;
-                    max = max.max((idx / cols) as u64).max((idx % cols) as u64);
-                }
-            }
-        }
-        let width = narrowest_width(max);
-        let (mut rows, mut cols_s, mut values) = (Vec::new(), Vec::new(), Vec::new());
-        for (st, segs) in snap.iter().zip(&built.tensors) {
-            let nnz: usize = segs.iter().map(|c| c.idx.len()).sum();
-            if nnz == 0 {
-                continue;
-            }
-            entries.push((st.ordinal, nnz as u64));
-            let cols = st.cols.max(1);
-            for seg in segs {
-                for &rel in &seg.idx {
-                    let idx = seg.base + rel as usize;
-                    put_uint(&mut rows, (idx / cols) as u64, width);
-                    put_uint(&mut cols_s, (idx % cols) as u64, width);
-                }
-                let w = st.dtype.size_bytes();
-                for v in &seg.new {
-                    values.extend_from_slice(&v.to_le_bytes()[..w]);
-                }
-            }
-        }
-        PatchBody { index: IndexCoding::Coo, value: ValueCoding::Raw, index_width: width, entries, streams: vec![rows, cols_s, values] }
-    }
+/// One entry's coded streams (gaps/codes/escapes, or rows/cols/values).
+struct Coded {
+    entry: PatchEntry,
+    streams: [Vec<u8>; 3],
 }
 
-/// Where one entry's data starts in each stream (found by the validation pass).
+/// Code a build into a patch body: gap varints + delta codes (`delta`), or absolute COO + raw values. Each
+/// non-empty segment becomes one entry, coded in parallel.
+pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool, threads: NonZeroUsize) -> PatchBody {
+    let segs: Vec<(&SnapTensor, &Changes)> =
+        built.segments().iter().filter(|c| !c.is_empty()).filter_map(|c| Some((snap.get(c.tensor)?, c))).collect();
+    let (index, value, width) = if delta {
+        (IndexCoding::Gaps, ValueCoding::Delta, 0)
+    } else {
+        let max = map_items(segs.clone(), threads, |(st, c)| coo_max(st, c)).into_iter().max().unwrap_or(0);
+        (IndexCoding::Coo, ValueCoding::Raw, narrowest_width(max))
+    };
+    let coded = map_items(segs, threads, |(st, c)| if delta { code_delta(st, c) } else { code_coo(st, c, width) });
+    let mut streams: [Vec<u8>; 3] = Default::default();
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.reserve_exact(coded.iter().map(|c| c.streams[i].len()).sum());
+    }
+    let mut entries = Vec::with_capacity(coded.len());
+    for c in coded {
+        entries.push(c.entry);
+        for (dst, src) in streams.iter_mut().zip(&c.streams) {
+            dst.extend_from_slice(src);
+        }
+    }
+    PatchBody { index, value, index_width: width, entries, streams: streams.into() }
+}
+
+/// Largest row or column of a segment's changes in the tensor's COO view.
+fn coo_max(st: &SnapTensor, c: &Changes) -> u64 {
+    let cols = st.cols.max(1);
+    let (first, last) = match (c.idx.first(), c.idx.last()) {
+        (Some(&f), Some(&l)) => (c.base + f as usize, c.base + l as usize),
+        _ => return 0,
+    };
+    // Indices ascend, so the last one has the largest row; a single-row span bounds the columns directly.
+    let col_max = if first / cols == last / cols { last % cols } else { cols - 1 };
+    ((last / cols) as u64).max(col_max as u64)
+}
+
+fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
+    let w = st.dtype.size_bytes();
+    let bits = (w * 8) as u32;
+    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let n = c.len();
+    let mut gaps = Vec::with_capacity(n * 2);
+    let mut codes = vec![0u8; n.div_ceil(4)];
+    let mut escapes = Vec::new();
+    let mut next = 0u64; // previous relative index + 1
+    for (k, &rel) in c.idx.iter().enumerate() {
+        let rel = u64::from(rel);
+        put_varint(&mut gaps, rel - next);
+        next = rel + 1;
+        let (old, new) = c.old_new(k, w);
+        let z = zigzag(sign_extend(new.wrapping_sub(old) & mask, bits));
+        if (1..=3).contains(&z) {
+            codes[k / 4] |= (z as u8) << ((k % 4) * 2);
+        } else {
+            put_varint(&mut escapes, z);
+        }
+    }
+    let entry = PatchEntry { ordinal: st.ordinal, base: c.base as u64, nnz: n as u64, index_bytes: gaps.len() as u64, escape_bytes: escapes.len() as u64 };
+    Coded { entry, streams: [gaps, codes, escapes] }
+}
+
+fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
+    let cols = st.cols.max(1);
+    let w = st.dtype.size_bytes();
+    let n = c.len();
+    let (mut rows, mut cols_s) = (Vec::with_capacity(n * usize::from(width)), Vec::with_capacity(n * usize::from(width)));
+    let mut values = Vec::with_capacity(n * w);
+    for (k, &rel) in c.idx.iter().enumerate() {
+        let idx = c.base + rel as usize;
+        put_uint(&mut rows, (idx / cols) as u64, width);
+        put_uint(&mut cols_s, (idx % cols) as u64, width);
+        values.extend_from_slice(&c.old_new(k, w).1.to_le_bytes()[..w]);
+    }
+    let entry = PatchEntry { ordinal: st.ordinal, base: c.base as u64, nnz: n as u64, index_bytes: rows.len() as u64, escape_bytes: 0 };
+    Coded { entry, streams: [rows, cols_s, values] }
+}
+
+/// Where one entry's data lies (found by the validation pass) and the element range it may touch.
 #[derive(Debug, Clone, Copy)]
 struct EntryPlan {
     ordinal: usize,
+    /// Element range `base..limit` of the tensor (up to the next entry of the same tensor).
+    base: usize,
+    limit: usize,
     nnz: usize,
     width: usize,
     cols: usize,
+    rows: usize,
     index_pos: usize,
+    index_len: usize,
+    code_pos: usize,
     value_pos: usize,
     escape_pos: usize,
+    escape_len: usize,
 }
 
 /// A patch that passed validation against a state dict's layout; installing it cannot fail.
@@ -344,18 +434,32 @@ pub struct ValidPatch {
     pub changed: u64,
 }
 
-/// Check every part of `body` against the receiver's metadata and state before anything is written.
-pub fn validate(body: PatchBody, meta: &[KeyMeta], synced: &[bool], state: &StateDict) -> Result<ValidPatch, String> {
-    let nstreams = body.streams.len();
-    if nstreams != 3 {
-        return Err(format!("expected 3 streams, found {nstreams}"));
+/// Check every part of `body` against the receiver's metadata and state before anything is written: the entry
+/// table first (ranges, stream extents), then each entry's streams (in parallel when `threads > 1`).
+pub fn validate(body: PatchBody, meta: &[KeyMeta], synced: &[bool], state: &StateDict, threads: NonZeroUsize) -> Result<ValidPatch, String> {
+    if body.streams.len() != 3 {
+        return Err(format!("expected 3 streams, found {}", body.streams.len()));
     }
-    let (s0, s1, s2) = (&body.streams[0], &body.streams[1], &body.streams[2]);
-    let mut plan = Vec::with_capacity(body.entries.len());
-    let (mut ipos, mut vpos, mut epos) = (0usize, 0usize, 0usize);
-    let mut changed = 0u64;
-    for &(ordinal, nnz) in &body.entries {
-        let o = ordinal as usize;
+    let plan = plan_entries(&body, meta, synced, state)?;
+    let failures = map_items(plan.iter().collect(), threads, |e| check_entry(&body, e).err());
+    if let Some(reason) = failures.into_iter().flatten().next() {
+        return Err(reason);
+    }
+    let changed = plan.iter().map(|e| e.nnz as u64).sum();
+    Ok(ValidPatch { body, plan, changed })
+}
+
+fn plan_entries(body: &PatchBody, meta: &[KeyMeta], synced: &[bool], state: &StateDict) -> Result<Vec<EntryPlan>, String> {
+    let coo = match (body.index, body.value) {
+        (IndexCoding::Gaps, ValueCoding::Delta) => false,
+        (IndexCoding::Coo, ValueCoding::Raw) => true,
+        _ => return Err("unsupported combination of index and value coding".into()),
+    };
+    let iw = usize::from(body.index_width);
+    let mut plan: Vec<EntryPlan> = Vec::with_capacity(body.entries.len());
+    let (mut ipos, mut cpos, mut vpos, mut epos) = (0usize, 0usize, 0usize, 0usize);
+    for (i, e) in body.entries.iter().enumerate() {
+        let o = e.ordinal as usize;
         let m = meta.get(o).ok_or_else(|| format!("ordinal {o} is not a key of the receiver"))?;
         if !synced.get(o).copied().unwrap_or(false) {
             return Err(format!("key '{}' is not synced", m.name));
@@ -365,74 +469,101 @@ pub fn validate(body: PatchBody, meta: &[KeyMeta], synced: &[bool], state: &Stat
             return Err(format!("state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')", m.name));
         }
         let numel = t.numel();
-        let nnz = usize::try_from(nnz).ok().filter(|&n| n <= numel).ok_or_else(|| format!("key '{name}': {nnz} changes for {numel} elements"))?;
-        let (rows, cols) = t.layout().coo_view().unwrap_or((1, numel));
+        let limit = match body.entries.get(i + 1) {
+            Some(next) if next.ordinal == e.ordinal => usize::try_from(next.base).unwrap_or(usize::MAX).min(numel),
+            _ => numel,
+        };
+        let base = usize::try_from(e.base).ok().filter(|&b| b <= limit).ok_or_else(|| format!("key '{name}': entry at element {} outside 0..{limit}", e.base))?;
+        let nnz = usize::try_from(e.nnz).ok().filter(|&n| n <= limit - base).ok_or_else(|| format!("key '{name}': {} changes for {} elements", e.nnz, limit - base))?;
         let width = m.dtype.size_bytes();
-        plan.push(EntryPlan { ordinal: o, nnz, width, cols, index_pos: ipos, value_pos: vpos, escape_pos: epos });
-        match body.index {
-            IndexCoding::Gaps => {
-                let mut next = 0u64;
-                for _ in 0..nnz {
-                    let g = get_varint(s0, &mut ipos).ok_or_else(|| format!("key '{name}': truncated index stream"))?;
-                    let idx = next.checked_add(g).filter(|&i| i < numel as u64).ok_or_else(|| format!("key '{name}': index out of range"))?;
-                    next = idx + 1;
-                }
-            }
-            IndexCoding::Coo => {
-                let w = body.index_width;
-                for i in ipos..ipos + nnz {
-                    let r = get_uint(s0, i, w).ok_or_else(|| format!("key '{name}': truncated row stream"))?;
-                    let c = get_uint(s1, i, w).ok_or_else(|| format!("key '{name}': truncated col stream"))?;
-                    if r >= rows as u64 || c >= cols as u64 {
-                        return Err(format!("key '{name}': coordinate ({r}, {c}) outside the {rows}x{cols} view"));
-                    }
-                }
-                ipos += nnz;
-            }
+        let (rows, cols) = t.layout().coo_view().unwrap_or((1, numel));
+        let index_len = usize::try_from(e.index_bytes).map_err(|_| format!("key '{name}': index stream extent overflows"))?;
+        let escape_len = usize::try_from(e.escape_bytes).map_err(|_| format!("key '{name}': escape stream extent overflows"))?;
+        if coo && (index_len != nnz * iw || escape_len != 0) {
+            return Err(format!("key '{name}': entry extents do not match {nnz} coordinates of {iw} bytes"));
         }
-        match body.value {
-            ValueCoding::Raw => {
-                vpos = vpos.checked_add(nnz * width).filter(|&v| v <= s2.len()).ok_or_else(|| format!("key '{name}': truncated value stream"))?;
-            }
-            ValueCoding::Delta => {
-                if body.index != IndexCoding::Gaps {
-                    return Err("delta values need gap-coded indices".into());
-                }
-                let (codes, esc) = (s1, s2);
-                for k in vpos..vpos + nnz {
-                    let byte = codes.get(k / 4).ok_or_else(|| format!("key '{name}': truncated code stream"))?;
-                    if (byte >> ((k % 4) * 2)) & 3 == 0 {
-                        get_varint(esc, &mut epos).ok_or_else(|| format!("key '{name}': truncated escape stream"))?;
-                    }
-                }
-                vpos += nnz;
-            }
+        plan.push(EntryPlan { ordinal: o, base, limit, nnz, width, cols: cols.max(1), rows, index_pos: ipos, index_len, code_pos: cpos, value_pos: vpos, escape_pos: epos, escape_len });
+        let overflow = || format!("key '{name}': stream extents overflow");
+        ipos = ipos.checked_add(index_len).ok_or_else(overflow)?;
+        epos = epos.checked_add(escape_len).ok_or_else(overflow)?;
+        if coo {
+            vpos = vpos.checked_add(nnz * width).ok_or_else(overflow)?;
+        } else {
+            cpos += nnz.div_ceil(4);
         }
-        changed += nnz as u64;
     }
-    let consumed = match (body.index, body.value) {
-        (IndexCoding::Gaps, ValueCoding::Delta) => ipos == s0.len() && vpos.div_ceil(4) == s1.len() && epos == s2.len(),
-        (IndexCoding::Coo, ValueCoding::Raw) => {
-            let w = usize::from(body.index_width);
-            ipos * w == s0.len() && ipos * w == s1.len() && vpos == s2.len()
-        }
-        _ => return Err("unsupported combination of index and value coding".into()),
-    };
-    if !consumed {
-        return Err("streams hold more data than the entries describe".into());
+    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
+    let exact = if coo { ipos == s0.len() && ipos == s1.len() && vpos == s2.len() } else { ipos == s0.len() && cpos == s1.len() && epos == s2.len() };
+    if !exact {
+        return Err("stream lengths do not match the entry table".into());
     }
-    Ok(ValidPatch { body, plan, changed })
+    Ok(plan)
 }
 
-/// Write a validated patch into the state (tensors in parallel when `threads > 1`).
+/// Check one entry's streams: every index inside its range, every stream run consumed exactly.
+fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
+    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
+    let span = e.limit - e.base;
+    match body.index {
+        IndexCoding::Gaps => {
+            let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
+            let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
+            let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
+            let (mut pos, mut next) = (0usize, 0u64);
+            for _ in 0..e.nnz {
+                let g = get_varint(gaps, &mut pos).ok_or("truncated index stream")?;
+                let rel = next.checked_add(g).filter(|&r| r < span as u64).ok_or("index outside the entry's range")?;
+                next = rel + 1;
+            }
+            if pos != gaps.len() {
+                return Err("index stream holds more data than the entry describes".into());
+            }
+            let escaped = (0..e.nnz).filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0).count();
+            let padding = if e.nnz % 4 == 0 { 0 } else { codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2)) };
+            if padding != 0 {
+                return Err("code stream padding is not zero".into());
+            }
+            let mut epos = 0usize;
+            for _ in 0..escaped {
+                get_varint(escapes, &mut epos).ok_or("truncated escape stream")?;
+            }
+            if epos != escapes.len() {
+                return Err("escape stream holds more data than the entry describes".into());
+            }
+        }
+        IndexCoding::Coo => {
+            let w = body.index_width;
+            let (rows, cols) = (&s0[e.index_pos..e.index_pos + e.index_len], &s1[e.index_pos..e.index_pos + e.index_len]);
+            for i in 0..e.nnz {
+                let (r, c) = (get_uint(rows, i, w).ok_or("truncated row stream")?, get_uint(cols, i, w).ok_or("truncated col stream")?);
+                if r >= e.rows as u64 || c >= e.cols as u64 {
+                    return Err(format!("coordinate ({r}, {c}) outside the {}x{} view", e.rows, e.cols));
+                }
+                let idx = r * e.cols as u64 + c;
+                if idx < e.base as u64 || idx >= e.limit as u64 {
+                    return Err(format!("coordinate ({r}, {c}) outside the entry's range"));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Write a validated patch into the state (entries in parallel when `threads > 1`: each owns a disjoint
+/// element range).
 pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
     let mut targets = Vec::with_capacity(p.plan.len());
     let mut plans = p.plan.iter().peekable();
     for (i, (_, t)) in state.iter_mut().enumerate() {
-        if plans.peek().is_some_and(|e| e.ordinal == i) {
-            if let Some(e) = plans.next() {
-                targets.push((*e, t.bytes_mut()));
-            }
+        let mut rest: &mut [u8] = t.bytes_mut();
+        let mut at = 0usize; // element offset of `rest`
+        while let Some(e) = plans.next_if(|e| e.ordinal == i) {
+            // Validation ordered the ranges and kept them inside the tensor, so the splits succeed.
+            let Some((_, tail)) = std::mem::take(&mut rest).split_at_mut_checked((e.base - at) * e.width) else { return };
+            let Some((mine, tail)) = tail.split_at_mut_checked((e.limit - e.base) * e.width) else { return };
+            targets.push((*e, mine));
+            rest = tail;
+            at = e.limit;
         }
     }
     let body = &p.body;
@@ -444,36 +575,39 @@ pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
     });
 }
 
+/// Install one entry into `bytes`, its element range `base..limit`.
 fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
     let Some(dst) = pod_slice_mut::<W>(bytes) else { return };
-    let (s0, s1, s2) = (&body.streams[0], &body.streams[1], &body.streams[2]);
-    match (body.index, body.value) {
-        (IndexCoding::Gaps, ValueCoding::Delta) => {
-            let (mut ipos, mut epos) = (e.index_pos, e.escape_pos);
-            let mut next = 0usize;
-            for k in e.value_pos..e.value_pos + e.nnz {
-                let Some(g) = get_varint(s0, &mut ipos) else { return };
+    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
+    match body.index {
+        IndexCoding::Gaps => {
+            let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
+            let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
+            let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
+            let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0usize);
+            for k in 0..e.nnz {
+                let Some(g) = get_varint(gaps, &mut ipos) else { return };
                 let idx = next + g as usize;
                 next = idx + 1;
-                let code = (s1[k / 4] >> ((k % 4) * 2)) & 3;
-                let z = if code != 0 { u64::from(code) } else { get_varint(s2, &mut epos).unwrap_or(0) };
+                let code = (codes[k / 4] >> ((k % 4) * 2)) & 3;
+                let z = if code != 0 { u64::from(code) } else { get_varint(escapes, &mut epos).unwrap_or(0) };
                 if let Some(x) = dst.get_mut(idx) {
                     *x = W::from_u64(x.to_u64().wrapping_add(unzigzag(z) as u64));
                 }
             }
         }
-        _ => {
+        IndexCoding::Coo => {
             let w = body.index_width;
-            for (j, i) in (e.index_pos..e.index_pos + e.nnz).enumerate() {
-                let (Some(r), Some(c)) = (get_uint(s0, i, w), get_uint(s1, i, w)) else { return };
-                let idx = r as usize * e.cols + c as usize;
-                let at = e.value_pos + j * e.width;
+            let rows = &s0[e.index_pos..e.index_pos + e.index_len];
+            let cols = &s1[e.index_pos..e.index_pos + e.index_len];
+            let values = &s2[e.value_pos..e.value_pos + e.nnz * e.width];
+            for (i, v) in values.chunks_exact(e.width).enumerate() {
+                let (Some(r), Some(c)) = (get_uint(rows, i, w), get_uint(cols, i, w)) else { return };
+                let idx = (r as usize * e.cols + c as usize).wrapping_sub(e.base);
                 let mut b = [0u8; 8];
-                let Some(src) = s2.get(at..at + e.width) else { return };
-                b[..e.width].copy_from_slice(src);
-                let v = u64::from_le_bytes(b);
+                b[..e.width].copy_from_slice(v);
                 if let Some(x) = dst.get_mut(idx) {
-                    *x = W::from_u64(v);
+                    *x = W::from_u64(u64::from_le_bytes(b));
                 }
             }
         }
@@ -507,12 +641,83 @@ mod tests {
         s[0] = -0.0; // 0.0 → -0.0: equal as floats, different bits
         s[33] = f32::NAN;
         s[999] += 1.0;
-        let b = build(&mut snap, &sd, NonZeroUsize::MIN).unwrap();
+        let mut b = Built::default();
+        build(&mut snap, &sd, NonZeroUsize::MIN, &mut b).unwrap();
         assert_eq!(b.changed, 3);
-        assert_eq!(b.tensors[0][0].idx, vec![0, 33, 999]);
+        let found: Vec<usize> = b.segments().iter().flat_map(|c| c.idx.iter().map(|&i| c.base + i as usize)).collect();
+        assert_eq!(found, vec![0, 33, 999]);
         assert_eq!(snap[0].storage.bytes(), sd.get("w").unwrap().bytes(), "snapshot follows the state");
-        let again = build(&mut snap, &sd, NonZeroUsize::MIN).unwrap();
-        assert_eq!(again.changed, 0);
+        build(&mut snap, &sd, NonZeroUsize::MIN, &mut b).unwrap();
+        assert_eq!(b.changed, 0, "a second build of the same state finds nothing (buffers reused)");
+    }
+
+    /// A receiver copy of the snapshot (what the receiver holds after init).
+    fn receiver_of(snap: &[SnapTensor], like: &StateDict) -> StateDict {
+        let mut receiver = StateDict::new();
+        for st in snap {
+            let t = like.get(&st.key).unwrap();
+            receiver.insert(st.key.clone(), Tensor::from_bytes(st.dtype, t.shape(), Role::Trainable, st.storage.bytes()).unwrap());
+        }
+        receiver
+    }
+
+    fn meta_of(state: &StateDict) -> Vec<KeyMeta> {
+        state.iter().map(|(k, t)| KeyMeta { name: k.into(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect()
+    }
+
+    #[test]
+    fn a_tensor_spanning_many_segments_becomes_disjoint_entries() {
+        const SEGMENT: usize = 256;
+        let n = SEGMENT * 5 + 17;
+        let vals: Vec<i16> = (0..n).map(|i| i as i16).collect();
+        let mut sender = StateDict::new();
+        sender.insert("w", Tensor::from_slice(DType::I16, &[n], Role::Trainable, &vals).unwrap());
+        let mut snap = snap_of(&sender, DType::I16);
+        let mut receiver = receiver_of(&snap, &sender);
+        let s = sender.get_mut("w").unwrap().as_mut_slice::<i16>().unwrap();
+        // Changes on both sides of every segment boundary, none in segment 2.
+        for seg in [0, 1, 3, 4, 5] {
+            for i in [seg * SEGMENT, seg * SEGMENT + 1, (seg * SEGMENT).saturating_sub(1)] {
+                if i < n && i / SEGMENT != 2 {
+                    s[i] ^= 0x5a5a;
+                }
+            }
+        }
+        let mut b = Built::default();
+        build_segmented(&mut snap, &sender, NonZeroUsize::new(2).unwrap(), &mut b, SEGMENT).unwrap();
+        for delta in [true, false] {
+            let body = encode(&b, &snap, delta, NonZeroUsize::new(2).unwrap());
+            let bases: Vec<u64> = body.entries.iter().map(|e| e.base).collect();
+            assert_eq!(bases, [0, 1, 3, 4, 5].map(|s| (s * SEGMENT) as u64), "one entry per non-empty segment");
+            let mut r = receiver.duplicate();
+            let v = validate(body.clone(), &meta_of(&r), &[true], &r, NonZeroUsize::new(2).unwrap()).unwrap();
+            install(&v, &mut r, NonZeroUsize::new(2).unwrap());
+            assert_eq!(r.get("w").unwrap().bytes(), sender.get("w").unwrap().bytes(), "delta={delta}");
+
+            // An entry whose indices reach into the next entry's range is rejected before anything is written.
+            let mut bad = body.clone();
+            bad.entries[1].base -= 1;
+            let err = validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).err().unwrap();
+            assert!(err.contains("range") || err.contains("order"), "{err}");
+            // Swapped entries are out of order.
+            let mut bad = body.clone();
+            bad.entries.swap(0, 1);
+            assert!(validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).is_err());
+            // Stream extents that do not add up are rejected.
+            let mut bad = body;
+            bad.entries[0].index_bytes += 1;
+            assert!(validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).is_err());
+        }
+        install_nothing_keeps(&mut receiver);
+    }
+
+    /// A patch with no entries validates and changes nothing.
+    fn install_nothing_keeps(receiver: &mut StateDict) {
+        let before = receiver.duplicate();
+        let body = PatchBody { index: IndexCoding::Gaps, value: ValueCoding::Delta, index_width: 0, entries: vec![], streams: vec![vec![], vec![], vec![]] };
+        let v = validate(body, &meta_of(receiver), &[true], receiver, NonZeroUsize::MIN).unwrap();
+        install(&v, receiver, NonZeroUsize::MIN);
+        assert_eq!(receiver.get("w").unwrap().bytes(), before.get("w").unwrap().bytes());
     }
 
     #[test]
@@ -533,10 +738,11 @@ mod tests {
                 s[i] += if i % 2 == 0 { 0.01 } else { -5.0 };
             }
             sender.get_mut("b").unwrap().as_mut_slice::<f32>().unwrap()[6] = f32::NAN;
-            let b = build(&mut snap, &sender, NonZeroUsize::new(2).unwrap()).unwrap();
-            let body = encode(&b, &snap, delta);
+            let mut b = Built::default();
+            build(&mut snap, &sender, NonZeroUsize::new(2).unwrap(), &mut b).unwrap();
+            let body = encode(&b, &snap, delta, NonZeroUsize::new(2).unwrap());
             let meta: Vec<KeyMeta> = receiver.iter().map(|(k, t)| KeyMeta { name: k.into(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect();
-            let v = validate(body, &meta, &[true, true], &receiver).unwrap();
+            let v = validate(body, &meta, &[true, true], &receiver, NonZeroUsize::new(2).unwrap()).unwrap();
             assert_eq!(v.changed, b.changed);
             install(&v, &mut receiver, NonZeroUsize::new(2).unwrap());
             for st in &snap {

@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 1.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 2.
 //!
 //! Every message is a 48-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -13,15 +13,17 @@
 //! - `InitBucket` / `Bucket` (seq/count = position in the version): `u32 n`, per tensor `u32 ordinal, u8 wire
 //!   dtype, u8 pad[3], u64 byte_len`, then the tensors' bytes, each starting 8-byte aligned.
 //! - `Patch` (aux = base version): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
-//!   u32 n_entries`, per entry `u32 ordinal, u64 nnz`, then `u32 n_streams` and per stream `u64 raw_len,
-//!   u64 stored_len, u8 codec, stored bytes`.
+//!   u32 n_entries`, per entry `u32 ordinal, u64 base, u64 nnz, u64 index_bytes, u64 escape_bytes` (an entry is
+//!   one element range of one tensor, so entries decode independently and in parallel), then `u32 n_streams`
+//!   and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::tensor::DType;
 
 pub const MAGIC: [u8; 4] = *b"RLSW";
-pub const FORMAT_VERSION: u16 = 1;
+/// 2: patch entries are element ranges with their own stream extents (1 had one entry per tensor).
+pub const FORMAT_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 48;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -463,6 +465,23 @@ pub enum Codec {
     Lz4,
 }
 
+/// One entry of a patch: the changes of one tensor at element offsets `base..` (up to the next entry of the
+/// same tensor, or its end). Its data is a contiguous run of each stream, so entries decode independently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchEntry {
+    pub ordinal: u32,
+    /// First element (row-major) the entry may touch; gap coding starts counting here.
+    pub base: u64,
+    pub nnz: u64,
+    /// Bytes of the index stream (gaps, or rows and cols each) that belong to this entry.
+    pub index_bytes: u64,
+    /// Bytes of the escape stream that belong to this entry (delta values only; 0 otherwise).
+    pub escape_bytes: u64,
+}
+
+/// Bytes of one serialized [`PatchEntry`].
+const PATCH_ENTRY_LEN: usize = 36;
+
 /// A decoded (but not yet interpreted) patch body: entries and raw streams.
 #[derive(Debug, Clone)]
 pub struct PatchBody {
@@ -470,9 +489,9 @@ pub struct PatchBody {
     pub value: ValueCoding,
     /// Bytes per row/col for [`IndexCoding::Coo`].
     pub index_width: u8,
-    /// `(ordinal, nnz)` per changed tensor, ordinals strictly increasing.
-    pub entries: Vec<(u32, u64)>,
-    /// Coo: rows, cols, values. Gaps: gaps, codes, escapes (Raw values: gaps, values).
+    /// Entries ordered by `(ordinal, base)`, strictly increasing.
+    pub entries: Vec<PatchEntry>,
+    /// Coo: rows, cols, values. Gaps: gaps, codes (2 bits each, every entry starting on a byte), escapes.
     pub streams: Vec<Vec<u8>>,
 }
 
@@ -487,7 +506,7 @@ pub struct EncodedPatch {
 
 /// Serialize a patch body; with `Codec::Lz4` each stream is compressed when that makes it smaller.
 pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
-    let mut b = Vec::with_capacity(16 + p.entries.len() * 12 + p.streams.iter().map(Vec::len).sum::<usize>());
+    let mut b = Vec::with_capacity(16 + p.entries.len() * PATCH_ENTRY_LEN + p.streams.iter().map(|s| s.len() + 17).sum::<usize>());
     b.push(match p.index {
         IndexCoding::Coo => 0,
         IndexCoding::Gaps => 1,
@@ -499,9 +518,11 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
     b.push(p.index_width);
     b.push(0);
     b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
-    for &(o, n) in &p.entries {
-        b.extend_from_slice(&o.to_le_bytes());
-        b.extend_from_slice(&n.to_le_bytes());
+    for e in &p.entries {
+        b.extend_from_slice(&e.ordinal.to_le_bytes());
+        for v in [e.base, e.nnz, e.index_bytes, e.escape_bytes] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
     }
     b.extend_from_slice(&(p.streams.len() as u32).to_le_bytes());
     let (mut raw, mut stored) = (0, 0);
@@ -543,19 +564,16 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
     }
     r.u8()?;
     let n = r.u32()? as usize;
-    if n > body.len() / 12 {
+    if n > body.len() / PATCH_ENTRY_LEN {
         return Err(malformed("patch", format!("{n} entries cannot fit in {} bytes", body.len())));
     }
-    let mut entries = Vec::with_capacity(n);
-    let mut last: Option<u32> = None;
+    let mut entries: Vec<PatchEntry> = Vec::with_capacity(n);
     for _ in 0..n {
-        let o = r.u32()?;
-        let nnz = r.u64()?;
-        if last.is_some_and(|l| o <= l) {
-            return Err(malformed("patch", format!("ordinal {o} out of order")));
+        let e = PatchEntry { ordinal: r.u32()?, base: r.u64()?, nnz: r.u64()?, index_bytes: r.u64()?, escape_bytes: r.u64()? };
+        if entries.last().is_some_and(|l| (e.ordinal, e.base) <= (l.ordinal, l.base)) {
+            return Err(malformed("patch", format!("entry (ordinal {}, base {}) out of order", e.ordinal, e.base)));
         }
-        last = Some(o);
-        entries.push((o, nnz));
+        entries.push(e);
     }
     let ns = r.u32()? as usize;
     if ns > 4 {
@@ -728,7 +746,11 @@ mod tests {
             index: IndexCoding::Gaps,
             value: ValueCoding::Delta,
             index_width: 0,
-            entries: vec![(0, 3), (4, 1)],
+            entries: vec![
+                PatchEntry { ordinal: 0, base: 0, nnz: 3, index_bytes: 3, escape_bytes: 0 },
+                PatchEntry { ordinal: 0, base: 100, nnz: 1, index_bytes: 1, escape_bytes: 0 },
+                PatchEntry { ordinal: 4, base: 0, nnz: 1, index_bytes: 1, escape_bytes: 0 },
+            ],
             streams: vec![vec![1, 2, 3, 4], vec![0; 1000], vec![]],
         };
         for codec in [Codec::Plain, Codec::Lz4] {
