@@ -1,4 +1,4 @@
-//! Tensor layout (dtype + shape) kept apart from storage (8-byte aligned, contiguous CPU bytes on a device).
+//! Tensor layout (dtype + shape) kept apart from storage (cache-line aligned, contiguous CPU bytes on a device).
 
 use super::dtype::{DType, Element};
 
@@ -59,11 +59,17 @@ impl Layout {
     }
 }
 
-/// Contiguous bytes, 8-byte aligned so every [`Element`] view is aligned. Deliberately not `Clone`: copying
-/// a model-sized buffer must be explicit ([`Storage::duplicate`]).
+/// One cache line: the allocation unit of [`Storage`].
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u64; 8]);
+
+/// Contiguous bytes, 64-byte aligned so every [`Element`] view is aligned and a kernel's 64-byte block is one
+/// cache line (not two). Deliberately not `Clone`: copying a model-sized buffer must be explicit
+/// ([`Storage::duplicate`]).
 #[derive(Debug)]
 pub struct Storage {
-    words: Vec<u64>,
+    words: Vec<Line>,
     len: usize,
     device: Device,
 }
@@ -71,7 +77,7 @@ pub struct Storage {
 impl Storage {
     /// `len` zero bytes (allocated zeroed, so untouched pages cost nothing).
     pub fn zeroed(len: usize) -> Storage {
-        Storage { words: vec![0u64; len.div_ceil(8)], len, device: Device::Cpu }
+        Storage { words: zeroed_lines(len.div_ceil(64)), len, device: Device::Cpu }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Storage {
@@ -110,12 +116,30 @@ impl Storage {
     }
 }
 
-fn words_as_bytes(words: &[u64]) -> &[u8] {
-    // SAFETY: u8 has no alignment or validity requirements and the byte length is exactly the words' size.
+/// `n` zeroed lines from the allocator's zeroed path (fresh pages are not touched until used).
+fn zeroed_lines(n: usize) -> Vec<Line> {
+    let Ok(layout) = std::alloc::Layout::array::<Line>(n) else { std::alloc::handle_alloc_error(std::alloc::Layout::new::<Line>()) };
+    if layout.size() == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the layout has a non-zero size; all-zero bytes are a valid `Line`; the pointer comes from the
+    // global allocator with exactly the layout `Vec<Line>` uses for capacity `n`, so the Vec may own and free it.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<Line>();
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Vec::from_raw_parts(ptr, n, n)
+    }
+}
+
+fn words_as_bytes(words: &[Line]) -> &[u8] {
+    // SAFETY: `Line` is plain u64s without padding; u8 has no alignment or validity requirements and the byte
+    // length is exactly the lines' size.
     unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
 }
 
-fn words_as_bytes_mut(words: &mut [u64]) -> &mut [u8] {
+fn words_as_bytes_mut(words: &mut [Line]) -> &mut [u8] {
     // SAFETY: as above; the mutable borrow of `words` is held for the returned lifetime.
     unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
 }
