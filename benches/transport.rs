@@ -1,4 +1,5 @@
-//! Broadcast throughput of 256 MiB over shm (1 and 2 receivers, whole or in 32 MiB payloads) and inproc, vs memcpy.
+//! Broadcast throughput of 256 MiB over shm (1 and 2 receivers, whole or in 32 MiB payloads) and inproc, vs memcpy;
+//! and the per-side copy kernels of a bucket sync (copy + xxh3 of 256 MiB: plain vs hash-then-stream-copy).
 //!
 //! Each payload is filled by a memcpy from a source buffer straight into the shared slot, and every receiver
 //! copies it out into its own buffer (what a bucket install does), so a transport adding nothing would cost
@@ -155,5 +156,49 @@ fn broadcast(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, broadcast);
+/// What one side of a bucket sync does per byte: copy it and hash it, in cache-sized chunks. The old kernel
+/// copied with ordinary stores and hashed the destination; the current one hashes the source chunk (pulling
+/// it into cache) and then copies it with streaming stores (no read-for-ownership of the destination).
+fn copy_kernels(c: &mut Criterion) {
+    use xxhash_rust::xxh3::Xxh3;
+    const CHUNK: usize = 64 << 10;
+    let src = filled(PAYLOAD);
+    // Destination at page offset 2048 + 48, like a payload body in a shm slot.
+    let mut buf = vec![0u8; PAYLOAD + 8192];
+    let off = buf.as_ptr().align_offset(4096) + 2048 + 48;
+    let mut group = c.benchmark_group("copy_hash_256MiB");
+    group
+        .throughput(Throughput::Bytes(PAYLOAD as u64))
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1));
+    group.bench_function("memcpy", |b| {
+        b.iter(|| {
+            buf[off..off + PAYLOAD].copy_from_slice(&src);
+            black_box(&buf);
+        })
+    });
+    group.bench_function("copy_then_hash_dst", |b| {
+        b.iter(|| {
+            let mut h = Xxh3::new();
+            for (s, d) in src.chunks(CHUNK).zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK)) {
+                d.copy_from_slice(s);
+                h.update(d);
+            }
+            black_box(h.digest())
+        })
+    });
+    group.bench_function("hash_src_then_stream_copy", |b| {
+        b.iter(|| {
+            let mut h = Xxh3::new();
+            for (s, d) in src.chunks(CHUNK).zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK)) {
+                h.update(s);
+                rlsync::tensor::copy_streaming(d, s).expect("equal lengths");
+            }
+            black_box(h.digest())
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, copy_kernels, broadcast);
 criterion_main!(benches);

@@ -37,7 +37,7 @@ use crate::tensor::parallel::resolve_threads;
 use crate::tensor::{cast_bytes, state_checksum, DType, StateDict, StateHasher, Storage};
 use crate::transport::{self, TransportError};
 
-use bucket::{Planned, Pool, Staged};
+use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
 
@@ -132,6 +132,8 @@ struct Settings {
     bucket_dtype: Option<DType>,
     load_instant: bool,
     threads: NonZeroUsize,
+    /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
+    part_bytes: usize,
 }
 
 enum SenderStrategy {
@@ -175,6 +177,8 @@ struct ReceiverSide {
     synced_keys: Vec<String>,
     /// Highest version received and validated (≥ applied).
     received: u64,
+    /// A bucket version this receiver gave up on midway: its remaining parts are skipped.
+    interrupted: Option<u64>,
     shared: Arc<ReceiverShared>,
 }
 
@@ -253,6 +257,7 @@ impl WeightSyncer {
                 bucket_dtype: b.bucket_dtype.map(DType::from),
                 load_instant: b.load_instant,
                 threads: resolve_threads(opts.threads),
+                part_bytes: bucket::PART_BYTES,
             },
             side: Side::Uninit,
             #[cfg(test)]
@@ -393,8 +398,9 @@ impl WeightSyncer {
         ch.send(&wire::encode_plan(&plan)).await?;
         let mut report = SyncReport { kind: SyncKind::Init, messages: boot_buckets.len() as u32, compression_ratio: 1.0, ..Default::default() };
         if !boot_buckets.is_empty() {
+            let part_bytes = self.settings.part_bytes;
             let tap = self.tap_mut();
-            let stats = bucket::send(&mut ch, state, &boot_buckets, Kind::InitBucket, 0, tap).await?;
+            let stats = bucket::send(&mut ch, state, &boot_buckets, Kind::InitBucket, 0, part_bytes, tap).await?;
             report.payload_bytes = stats.payload_bytes;
             report.encode = stats.fill;
             report.changed = boot_buckets.iter().flatten().map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64).sum();
@@ -490,21 +496,34 @@ impl WeightSyncer {
             let mut staged: Staged = Vec::new();
             let mut pool = Pool::default();
             for seq in 0..plan.init_buckets {
-                let t0 = Instant::now();
-                let part = ch
-                    .recv_with(|msg| -> Result<(Staged, usize), String> {
-                        let (h, body) = Header::parse_unverified(msg).map_err(|e| e.to_string())?;
-                        h.expect(Kind::InitBucket).map_err(|e| e.to_string())?;
-                        if h.seq != seq || h.count != plan.init_buckets || h.version != 0 {
-                            return Err(format!("init bucket {}/{} (version {}) out of sequence, expected {seq}/{}", h.seq, h.count, h.version, plan.init_buckets));
-                        }
-                        blocking(|| bucket::stage(&h, body, &shared.meta, &all, &mut pool)).map(|s| (s, msg.len()))
-                    })
-                    .await?
-                    .map_err(|reason| SyncError::Handshake { reason: format!("init bootstrap: {reason}") })?;
-                report.decode += t0.elapsed();
-                report.payload_bytes += part.1 as u64;
-                staged.extend(part.0);
+                let mut asm: Option<Assembly> = None;
+                loop {
+                    let t0 = Instant::now();
+                    let done = ch
+                        .recv_with(|msg| -> Result<bool, String> {
+                            let (h, body) = Header::parse_unverified(msg).map_err(|e| e.to_string())?;
+                            h.expect(Kind::InitBucket).map_err(|e| e.to_string())?;
+                            if h.seq != seq || h.count != plan.init_buckets || h.version != 0 {
+                                return Err(format!("init bucket {}/{} (version {}) out of sequence, expected {seq}/{}", h.seq, h.count, h.version, plan.init_buckets));
+                            }
+                            match asm.as_mut() {
+                                None => asm = Some(blocking(|| Assembly::start(&h, body, &shared.meta, &all, &mut pool))?),
+                                Some(a) => blocking(|| a.add_part(&h, body))?,
+                            }
+                            Ok(asm.as_ref().is_some_and(Assembly::is_complete))
+                        })
+                        .await?
+                        .map_err(|reason| SyncError::Handshake { reason: format!("init bootstrap: {reason}") })?;
+                    report.decode += t0.elapsed();
+                    if done {
+                        break;
+                    }
+                }
+                if let Some(a) = asm {
+                    report.payload_bytes += a.bytes() as u64;
+                    report.messages += 1;
+                    staged.extend(a.finish());
+                }
             }
             let t0 = Instant::now();
             bucket::check_fits(&staged, &shared.meta, state).map_err(|reason| SyncError::Handshake { reason })?;
@@ -512,10 +531,9 @@ impl WeightSyncer {
             report.changed = staged.iter().map(|(o, s)| (s.len() / shared.meta[*o as usize].dtype.size_bytes()) as u64).sum();
             let _ = bucket::swap_in(staged, state);
             report.apply = t0.elapsed();
-            report.messages = plan.init_buckets;
         }
         report.state_bytes = plan.synced.iter().map(|&o| state.get_index(o as usize).map_or(0, |(_, t)| t.bytes().len()) as u64).sum();
-        self.side = Side::Receiver(ReceiverSide { ch, strategy: plan.strategy, synced_keys, received: 0, shared });
+        self.side = Side::Receiver(ReceiverSide { ch, strategy: plan.strategy, synced_keys, received: 0, interrupted: None, shared });
         Ok(report)
     }
 
@@ -582,14 +600,14 @@ impl WeightSyncer {
                 }
             }
             SenderStrategy::Bucket { buckets } => {
-                let stats = bucket::send(&mut s.ch, state, buckets, Kind::Bucket, version, tap).await?;
+                let stats = bucket::send(&mut s.ch, state, buckets, Kind::Bucket, version, settings.part_bytes, tap).await?;
                 SyncReport {
                     kind: SyncKind::Bucket,
                     payload_bytes: stats.payload_bytes,
                     changed: buckets.iter().flatten().map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64).sum(),
                     state_bytes: s.synced_keys.iter().zip(&s.recv_dtypes).map(|(k, d)| state.get(k).map_or(0, |t| t.numel() * d.size_bytes()) as u64).sum(),
                     tensors: buckets.iter().map(Vec::len).sum(),
-                    messages: buckets.len() as u32,
+                    messages: stats.messages,
                     encode: stats.fill,
                     transfer: stats.wait,
                     compression_ratio: 1.0,
@@ -765,35 +783,42 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
 }
 
 enum BucketStep {
-    /// A leftover bucket of an earlier (rejected) version.
+    /// A leftover part of an earlier (rejected or interrupted) version.
     Skip,
-    Staged { header: Header, staged: Staged, len: usize, decode: Duration },
+    /// A part was staged; the bucket is complete when this is true.
+    Staged { complete: bool, decode: Duration },
 }
 
-/// Receive every bucket of one version. With `install = Some(state)` (load_instant) each verified bucket is
-/// swapped into the state at once and undone if a later bucket fails; otherwise everything is staged and
-/// returned as a pending update.
+/// Receive every bucket of one version, part by part. With `install = Some(state)` (load_instant) each
+/// verified bucket is swapped into the state at once and undone if a later bucket fails (or the channel
+/// fails mid-version); otherwise everything is staged and returned as a pending update.
 async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDict>) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
     let current = shared.applied.load(Ordering::SeqCst);
     let mut report = SyncReport { kind: SyncKind::Bucket, compression_ratio: 1.0, ..Default::default() };
     let mut staged_all: Staged = Vec::new();
     let mut undo: Staged = Vec::new();
+    let mut asm: Option<Assembly> = None;
     let mut version: Option<u64> = None;
     let mut count = 0u32;
     let mut seq = 0u32;
     let t_start = Instant::now();
-    let fail = |reason: String, version: Option<u64>, staged_all: Staged, undo: Staged, state: Option<&mut StateDict>| {
+    // Undo what was installed, return every staging storage, and report why.
+    let fail = |err: SyncError, asm: Option<Assembly>, staged_all: Staged, undo: Staged, state: Option<&mut StateDict>| {
         if let Some(state) = state {
             let displaced = bucket::swap_in(undo, state);
             give_back(&shared, displaced);
         }
         give_back(&shared, staged_all);
-        Err(rejected(version, current, reason))
+        if let Some(a) = asm {
+            let mut pool = shared.pool.lock().unwrap_or_else(|p| p.into_inner());
+            a.abandon(&mut pool);
+        }
+        err
     };
     loop {
         let received = r.received;
-        let expecting_first = version.is_none();
+        let interrupted = r.interrupted;
         let v_now = version;
         let step = r
             .ch
@@ -801,40 +826,63 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
                 let t0 = Instant::now();
                 let (h, body) = Header::parse_unverified(msg).map_err(|e| (None, e.to_string()))?;
                 h.expect(Kind::Bucket).map_err(|e| (Some(h.version), e.to_string()))?;
-                if expecting_first {
-                    if h.seq != 0 {
-                        return Ok(BucketStep::Skip);
+                if let Some(a) = asm.as_mut() {
+                    blocking(|| a.add_part(&h, body)).map_err(|e| (Some(h.version), e))?;
+                    return Ok(BucketStep::Staged { complete: a.is_complete(), decode: t0.elapsed() });
+                }
+                let starts_version = h.seq == 0 && h.aux == 0;
+                match v_now {
+                    // Later buckets, or later parts of a bucket this receiver gave up on, of an earlier version.
+                    None if h.seq != 0 || (!starts_version && interrupted == Some(h.version)) => return Ok(BucketStep::Skip),
+                    None if !starts_version => {
+                        return Err((Some(h.version), format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count)));
                     }
-                    if h.version <= received {
+                    None if h.version <= received => {
                         return Err((Some(h.version), format!("version {} is not newer than {received} (replayed or stale)", h.version)));
                     }
-                } else if Some(h.version) != v_now || h.seq != seq || h.count != count {
-                    return Err((Some(h.version), format!("bucket {}/{} of version {} arrived while expecting {seq}/{count} of version {}", h.seq, h.count, h.version, v_now.unwrap_or(0))));
+                    None => {}
+                    Some(v) if h.version != v || h.seq != seq || h.count != count => {
+                        return Err((Some(h.version), format!("bucket {}/{} of version {} arrived while expecting {seq}/{count} of version {v}", h.seq, h.count, h.version)));
+                    }
+                    Some(_) => {}
                 }
-                let mut pool = match shared.pool.lock() {
-                    Ok(p) => p,
-                    Err(p) => p.into_inner(),
-                };
-                let staged = blocking(|| bucket::stage(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.version), e))?;
-                Ok(BucketStep::Staged { header: h, staged, len: msg.len(), decode: t0.elapsed() })
+                let mut pool = shared.pool.lock().unwrap_or_else(|p| p.into_inner());
+                let a = blocking(|| Assembly::start(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.version), e))?;
+                let complete = a.is_complete();
+                if v_now.is_none() {
+                    version = Some(h.version);
+                    count = h.count;
+                }
+                asm = Some(a);
+                Ok(BucketStep::Staged { complete, decode: t0.elapsed() })
             })
-            .await?;
+            .await;
+        let step = match step {
+            Ok(step) => step,
+            Err(e) => {
+                r.interrupted = version;
+                return Err(fail(e.into(), asm, staged_all, undo, install));
+            }
+        };
         match step {
             Ok(BucketStep::Skip) => report.skipped += 1,
-            Ok(BucketStep::Staged { header, staged, len, decode }) => {
-                if version.is_none() {
-                    version = Some(header.version);
-                    count = header.count;
-                }
+            Ok(BucketStep::Staged { complete, decode }) => {
                 report.decode += decode;
-                report.payload_bytes += len as u64;
+                if !complete {
+                    continue;
+                }
+                let Some(done) = asm.take() else { continue };
+                report.payload_bytes += done.bytes() as u64;
                 report.messages += 1;
+                let staged = done.finish();
                 report.tensors += staged.len();
-                report.changed += staged.iter().map(|(o, s)| (s.len() / shared.meta[*o as usize].dtype.size_bytes()) as u64).sum::<u64>();
+                report.changed += staged.iter().map(|(o, s)| (s.len() / shared.meta.get(*o as usize).map_or(1, |m| m.dtype.size_bytes())) as u64).sum::<u64>();
                 match install.as_deref_mut() {
                     Some(state) => {
                         if let Err(reason) = bucket::check_fits(&staged, &shared.meta, state) {
-                            return fail(reason, version, staged, undo, Some(state));
+                            give_back(&shared, staged);
+                            r.interrupted = version;
+                            return Err(fail(rejected(version, current, reason), None, staged_all, undo, Some(state)));
                         }
                         let t1 = Instant::now();
                         undo.extend(bucket::swap_in(staged, state));
@@ -847,7 +895,10 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
                     break;
                 }
             }
-            Err((v, reason)) => return fail(reason, v.or(version), staged_all, undo, install),
+            Err((v, reason)) => {
+                r.interrupted = v.or(version);
+                return Err(fail(rejected(v.or(version), current, reason), asm, staged_all, undo, install));
+            }
         }
     }
     let version = version.unwrap_or(0);

@@ -14,7 +14,7 @@ pub mod synthetic;
 
 use indexmap::IndexMap;
 
-pub use cast::{can_cast, cast_bytes, cast_f32_to_bf16, CastError};
+pub use cast::{can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming, CastError};
 pub use checksum::{state_checksum, StateHasher};
 pub use dtype::{DType, Element};
 pub(crate) use storage::{pod_slice, pod_slice_mut, Pod};

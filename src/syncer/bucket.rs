@@ -1,25 +1,36 @@
 //! Bucket transfers (the bucket strategy and the init bootstrap): plan buckets, fill them straight into the
-//! transport's buffer, and stage / install them on the receiver without ever exposing a partial version.
+//! transport's buffer part by part, and stage / install them on the receiver without ever exposing a
+//! partial version.
 //!
 //! Tensors are visited in order and a bucket closes once its bytes reach the bucket size (a tensor is never
-//! split, so a bucket may exceed it). The sender casts floating tensors to the wire dtype while copying into
-//! the transport buffer and hashes each chunk while it is still in cache; the receiver copies (or casts)
-//! each chunk into a staging storage and hashes it the same way, then verifies before anything is installed.
-//! Installing swaps staged storages into the state dict; the displaced storages become the next staging
-//! buffers, so steady-state syncs allocate nothing.
+//! split across buckets, so a bucket may exceed it). A bucket's body travels as parts of [`PART_BYTES`]
+//! (wire format 2), so the receiver copies part k while the sender fills part k + 1 into the other transport
+//! slot: fill and copy overlap instead of running one after the other. The sender casts floating tensors to
+//! the wire dtype while copying into the transport buffer; same-dtype tensors are hashed from the source
+//! (cache-sized chunks) and then stream-copied into the slot, which the sender never reads back. The
+//! receiver hashes each chunk in the slot and then stream-copies (or casts) it into a staging storage;
+//! every part is verified against its own checksum, and a bucket is handed out only once all its parts
+//! arrived and verified. Installing swaps staged storages into the state dict; the displaced storages
+//! become the next staging buffers, so steady-state syncs allocate nothing.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::tensor::{cast_bytes, DType, StateDict, Storage};
+use crate::tensor::{cast_bytes, copy_streaming, DType, StateDict, Storage};
 use crate::transport;
 
-use super::wire::{bucket_layout, read_bucket, write_bucket_table, BucketEntry, Header, KeyMeta, Kind, HEADER_LEN};
+use super::wire::{bucket_layout, bucket_parts, read_bucket_table, write_bucket_table, BucketEntry, Header, KeyMeta, Kind, HEADER_LEN};
 
-/// Bytes copied (and hashed) at a time; a multiple of every element size.
-const CHUNK: usize = 256 << 10;
+/// Bytes hashed then copied at a time: small enough that the copy re-reads the chunk from L1/L2, a
+/// multiple of every element size.
+const CHUNK: usize = 64 << 10;
+
+/// Size of one transport message of a bucket. Small enough that the pipeline fills quickly (the receiver
+/// waits for one part before it can start), big enough that the per-message round trip is noise.
+pub const PART_BYTES: usize = 8 << 20;
 
 /// One tensor of a planned bucket: the sender's key and what goes on the wire.
 #[derive(Debug, Clone)]
@@ -52,6 +63,8 @@ pub fn plan(items: Vec<Planned>, bucket_size: u64) -> Vec<Vec<Planned>> {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SendStats {
     pub payload_bytes: u64,
+    /// Transport messages sent (parts of all buckets).
+    pub messages: u32,
     /// Time spent casting/copying/hashing into transport buffers.
     pub fill: Duration,
     /// Time spent waiting on the transport (slots, publication).
@@ -66,72 +79,131 @@ pub async fn send(
     buckets: &[Vec<Planned>],
     kind: Kind,
     version: u64,
+    part_bytes: usize,
     mut tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
-    for p in buckets.iter().flatten() {
-        let t = state.get(&p.key).ok_or_else(|| super::SyncError::StateMismatch { key: p.key.clone(), reason: "missing from the state dict".into() })?;
-        if t.dtype() != p.src || t.numel() * p.entry.dtype.size_bytes() != p.entry.byte_len {
-            return Err(super::SyncError::StateMismatch { key: p.key.clone(), reason: format!("now {} {:?}, different at init", t.dtype(), t.shape()) });
+    let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
+    for bucket in buckets {
+        let mut srcs = Vec::with_capacity(bucket.len());
+        for p in bucket {
+            let t = state.get(&p.key).ok_or_else(|| super::SyncError::StateMismatch { key: p.key.clone(), reason: "missing from the state dict".into() })?;
+            if t.dtype() != p.src || t.numel() * p.entry.dtype.size_bytes() != p.entry.byte_len {
+                return Err(super::SyncError::StateMismatch { key: p.key.clone(), reason: format!("now {} {:?}, different at init", t.dtype(), t.shape()) });
+            }
+            srcs.push(t.bytes());
         }
+        sources.push(srcs);
     }
     let mut stats = SendStats::default();
     let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config { reason: "more than 2^32 buckets".into() })?;
-    for (seq, bucket) in buckets.iter().enumerate() {
+    for (seq, (bucket, srcs)) in buckets.iter().zip(&sources).enumerate() {
         let entries: Vec<BucketEntry> = bucket.iter().map(|p| p.entry).collect();
-        let (body_len, offsets) = bucket_layout(&entries);
-        let mut header = Header::new(kind, version, body_len);
-        header.seq = seq as u32;
-        header.count = count;
-        let start = Instant::now();
-        let fill_time = ch
-            .send_with(HEADER_LEN + body_len, |buf| {
-                let t0 = Instant::now();
-                fill(buf, header, bucket, &entries, &offsets, state);
-                if let Some(tap) = tap.as_deref_mut() {
-                    tap.push(buf.to_vec());
-                }
-                t0.elapsed()
-            })
-            .await?;
-        stats.fill += fill_time;
-        stats.wait += start.elapsed().saturating_sub(fill_time);
-        stats.payload_bytes += (HEADER_LEN + body_len) as u64;
+        let layout = Layout::new(&entries, srcs, bucket.iter().map(|p| p.src).collect());
+        for part in bucket_parts(layout.body_len, layout.table_end(), part_bytes) {
+            let mut header = Header::new(kind, version, part.len());
+            header.seq = seq as u32;
+            header.count = count;
+            header.aux = part.start as u64;
+            let start = Instant::now();
+            let fill_time = ch
+                .send_with(HEADER_LEN + part.len(), |buf| {
+                    let t0 = Instant::now();
+                    layout.fill(buf, header, part.clone());
+                    if let Some(tap) = tap.as_deref_mut() {
+                        tap.push(buf.to_vec());
+                    }
+                    t0.elapsed()
+                })
+                .await?;
+            stats.fill += fill_time;
+            stats.wait += start.elapsed().saturating_sub(fill_time);
+            stats.payload_bytes += (HEADER_LEN + part.len()) as u64;
+            stats.messages += 1;
+        }
     }
     Ok(stats)
 }
 
-fn fill(buf: &mut [u8], mut header: Header, bucket: &[Planned], entries: &[BucketEntry], offsets: &[usize], state: &StateDict) {
-    let (head, body) = buf.split_at_mut(HEADER_LEN.min(buf.len()));
-    let mut h = Xxh3::with_seed(header.checksum_seed());
-    let table_end = offsets.first().copied().unwrap_or(body.len());
-    body[..table_end].fill(0);
-    // The table fits: `bucket_layout` sized the body for it.
-    let _ = write_bucket_table(entries, body);
-    h.update(&body[..table_end]);
-    let mut end_prev = table_end;
-    for (p, &off) in bucket.iter().zip(offsets) {
-        if off > end_prev {
-            body[end_prev..off].fill(0);
-            h.update(&body[end_prev..off]);
-        }
-        let dst = &mut body[off..off + p.entry.byte_len];
-        if let Some(t) = state.get(&p.key) {
-            let (sw, dw) = (p.src.size_bytes(), p.entry.dtype.size_bytes());
-            let elems = CHUNK / 8;
-            for (s, d) in t.bytes().chunks(elems * sw).zip(dst.chunks_mut(elems * dw)) {
-                // Checked before sending: same element count, castable dtypes.
-                let _ = cast_bytes(s, p.src, d, p.entry.dtype);
-                h.update(d);
+/// Where each tensor of one bucket lies in the bucket body, and where its bytes come from.
+struct Layout<'a> {
+    entries: &'a [BucketEntry],
+    offsets: Vec<usize>,
+    body_len: usize,
+    srcs: &'a [&'a [u8]],
+    src_dtypes: Vec<DType>,
+}
+
+impl<'a> Layout<'a> {
+    fn new(entries: &'a [BucketEntry], srcs: &'a [&'a [u8]], src_dtypes: Vec<DType>) -> Self {
+        let (body_len, offsets) = bucket_layout(entries);
+        Layout { entries, offsets, body_len, srcs, src_dtypes }
+    }
+
+    fn table_end(&self) -> usize {
+        self.offsets.first().copied().unwrap_or(self.body_len)
+    }
+
+    /// Write part `part` of the bucket body (header first) into `buf`, hashing it as it goes.
+    fn fill(&self, buf: &mut [u8], mut header: Header, part: Range<usize>) {
+        let (head, body) = buf.split_at_mut(HEADER_LEN.min(buf.len()));
+        let mut h = Xxh3::with_seed(header.checksum_seed());
+        let mut pos = part.start;
+        let zero = |body: &mut [u8], h: &mut Xxh3, r: Range<usize>| {
+            if let Some(gap) = body.get_mut(r.start - part.start..r.end - part.start) {
+                gap.fill(0);
+                h.update(gap);
             }
+        };
+        if pos == 0 {
+            let table_end = self.table_end().min(part.end);
+            if let Some(table) = body.get_mut(..table_end) {
+                table.fill(0);
+            }
+            // `bucket_parts` puts the whole table in the first part.
+            let _ = write_bucket_table(self.entries, body);
+            h.update(body.get(..table_end).unwrap_or_default());
+            pos = table_end;
         }
-        end_prev = off + p.entry.byte_len;
+        for (i, e) in self.entries.iter().enumerate() {
+            let off = self.offsets.get(i).copied().unwrap_or(0);
+            let end = off + e.byte_len;
+            if end <= pos || e.byte_len == 0 {
+                continue;
+            }
+            if off >= part.end {
+                break;
+            }
+            if off > pos {
+                zero(body, &mut h, pos..off);
+                pos = off;
+            }
+            let stop = end.min(part.end);
+            let (src, from) = (self.srcs.get(i).copied().unwrap_or_default(), self.src_dtypes.get(i).copied().unwrap_or(e.dtype));
+            let (sw, dw) = (from.size_bytes(), e.dtype.size_bytes());
+            let mut a = pos;
+            while a < stop {
+                let b = stop.min(a + CHUNK);
+                let (e0, e1) = ((a - off) / dw, (b - off) / dw);
+                let (Some(s), Some(d)) = (src.get(e0 * sw..e1 * sw), body.get_mut(a - part.start..b - part.start)) else { break };
+                if from == e.dtype {
+                    // Hash the source (now in cache), then stream it out: the slot is never read back here.
+                    h.update(s);
+                    let _ = copy_streaming(d, s);
+                } else {
+                    // Checked before sending: same element count, castable dtypes.
+                    let _ = cast_bytes(s, from, d, e.dtype);
+                    h.update(d);
+                }
+                a = b;
+            }
+            pos = stop;
+        }
+        if part.end > pos {
+            zero(body, &mut h, pos..part.end);
+        }
+        header.checksum = h.digest();
+        let _ = header.write(head);
     }
-    if body.len() > end_prev {
-        body[end_prev..].fill(0);
-        h.update(&body[end_prev..]);
-    }
-    header.checksum = h.digest();
-    let _ = header.write(head);
 }
 
 /// Reusable staging storages, keyed by receiver ordinal.
@@ -151,58 +223,165 @@ impl Pool {
     pub fn give(&mut self, ordinal: u32, s: Storage) {
         self.free.insert(ordinal, s);
     }
+
+    /// Return all of `staged` to the pool.
+    pub fn give_all(&mut self, staged: Staged) {
+        for (o, s) in staged {
+            self.give(o, s);
+        }
+    }
 }
 
 /// A verified bucket's tensors in the receiver's dtypes.
 pub type Staged = Vec<(u32, Storage)>;
 
-/// Copy (casting to receiver dtypes) and verify one bucket body. `allowed[ordinal]` says which receiver keys
-/// this message kind may carry. Nothing outside `pool` is touched; on error the storages go back to the pool.
-pub fn stage(header: &Header, body: &[u8], meta: &[KeyMeta], allowed: &[bool], pool: &mut Pool) -> Result<Staged, String> {
-    let entries = read_bucket(body).map_err(|e| e.to_string())?;
-    let mut h = Xxh3::with_seed(header.checksum_seed());
-    let table_end = entries.first().map_or(body.len(), |(_, r)| r.start);
-    h.update(&body[..table_end]);
-    let mut staged: Staged = Vec::with_capacity(entries.len());
-    let fail = |msg: String, staged: Staged, pool: &mut Pool| {
-        for (o, s) in staged {
-            pool.give(o, s);
+/// One bucket being received part by part into staging storages. Nothing outside the pool is touched; a
+/// caller that gives up on it returns the storages with [`Assembly::abandon`].
+pub struct Assembly {
+    kind: Kind,
+    version: u64,
+    seq: u32,
+    count: u32,
+    entries: Vec<(BucketEntry, Range<usize>)>,
+    dst_dtypes: Vec<DType>,
+    staged: Staged,
+    /// Bucket-body offset the next part must start at.
+    next: usize,
+    body_len: usize,
+    bytes: usize,
+}
+
+impl Assembly {
+    /// Start a bucket from its first part (offset 0), which carries the entry table, and stage that part.
+    /// `allowed[ordinal]` says which receiver keys this message kind may carry.
+    pub fn start(header: &Header, body: &[u8], meta: &[KeyMeta], allowed: &[bool], pool: &mut Pool) -> Result<Assembly, String> {
+        if header.aux != 0 {
+            return Err(format!("bucket {}/{} of version {} starts at byte {}, not at its first part", header.seq, header.count, header.version, header.aux));
         }
-        Err(msg)
-    };
-    let mut end_prev = table_end;
-    for (e, range) in &entries {
-        let m = match meta.get(e.ordinal as usize) {
-            Some(m) if allowed.get(e.ordinal as usize).copied().unwrap_or(false) => m,
-            Some(m) => return fail(format!("key '{}' is not expected in this {}", m.name, header.kind.name()), staged, pool),
-            None => return fail(format!("ordinal {} is not a key of the receiver", e.ordinal), staged, pool),
+        let max_entry = meta.iter().map(|m| m.shape.iter().try_fold(m.dtype.size_bytes().max(8), |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX)).max().unwrap_or(0);
+        let (entries, body_len) = read_bucket_table(body, max_entry).map_err(|e| e.to_string())?;
+        let mut asm = Assembly {
+            kind: header.kind,
+            version: header.version,
+            seq: header.seq,
+            count: header.count,
+            dst_dtypes: Vec::with_capacity(entries.len()),
+            staged: Vec::with_capacity(entries.len()),
+            entries: Vec::new(),
+            next: 0,
+            body_len,
+            bytes: 0,
         };
-        if staged.iter().any(|(o, _)| *o == e.ordinal) {
-            return fail(format!("key '{}' appears twice", m.name), staged, pool);
+        for (e, _) in &entries {
+            let m = match meta.get(e.ordinal as usize) {
+                Some(m) if allowed.get(e.ordinal as usize).copied().unwrap_or(false) => m,
+                Some(m) => return asm.fail(format!("key '{}' is not expected in this {}", m.name, header.kind.name()), pool),
+                None => return asm.fail(format!("ordinal {} is not a key of the receiver", e.ordinal), pool),
+            };
+            if asm.staged.iter().any(|(o, _)| *o == e.ordinal) {
+                return asm.fail(format!("key '{}' appears twice", m.name), pool);
+            }
+            let numel = m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            let ok_len = numel.and_then(|n| n.checked_mul(e.dtype.size_bytes())) == Some(e.byte_len);
+            let castable = e.dtype == m.dtype || (e.dtype.is_floating() && m.dtype.is_floating());
+            if !ok_len || !castable {
+                return asm.fail(format!("key '{}': {} bytes of {} do not fit a {} tensor of shape {:?}", m.name, e.byte_len, e.dtype, m.dtype, m.shape), pool);
+            }
+            asm.dst_dtypes.push(m.dtype);
+            asm.staged.push((e.ordinal, pool.take(e.ordinal, numel.unwrap_or(0) * m.dtype.size_bytes())));
         }
-        let numel = m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let ok_len = numel.and_then(|n| n.checked_mul(e.dtype.size_bytes())) == Some(e.byte_len);
-        let castable = e.dtype == m.dtype || (e.dtype.is_floating() && m.dtype.is_floating());
-        if !ok_len || !castable {
-            return fail(format!("key '{}': {} bytes of {} do not fit a {} tensor of shape {:?}", m.name, e.byte_len, e.dtype, m.dtype, m.shape), staged, pool);
+        asm.entries = entries;
+        match asm.stage_part(header, body) {
+            Ok(()) => Ok(asm),
+            Err(reason) => asm.fail(reason, pool),
         }
-        h.update(&body[end_prev..range.start]);
-        let n = numel.unwrap_or(0);
-        let mut dst = pool.take(e.ordinal, n * m.dtype.size_bytes());
-        let elems = CHUNK / 8;
-        let (sw, dw) = (e.dtype.size_bytes(), m.dtype.size_bytes());
-        for (s, d) in body[range.clone()].chunks(elems * sw).zip(dst.bytes_mut().chunks_mut(elems * dw)) {
-            h.update(s);
-            let _ = cast_bytes(s, e.dtype, d, m.dtype);
-        }
-        staged.push((e.ordinal, dst));
-        end_prev = range.end;
     }
-    h.update(&body[end_prev..]);
-    if let Err(e) = header.verify_digest(h.digest()) {
-        return fail(e.to_string(), staged, pool);
+
+    fn fail<T>(self, reason: String, pool: &mut Pool) -> Result<T, String> {
+        self.abandon(pool);
+        Err(reason)
     }
-    Ok(staged)
+
+    /// Give the staging storages back to the pool (the bucket will not be installed).
+    pub fn abandon(self, pool: &mut Pool) {
+        pool.give_all(self.staged);
+    }
+
+    /// Whether `header` is the next part of this bucket.
+    pub fn is_next_part(&self, header: &Header) -> bool {
+        header.kind == self.kind && header.version == self.version && header.seq == self.seq && header.count == self.count && header.aux == self.next as u64
+    }
+
+    /// Stage the next part (after [`Assembly::start`]); the caller gives up on the bucket on error.
+    pub fn add_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+        if !self.is_next_part(header) {
+            return Err(format!(
+                "part at byte {} of bucket {}/{} (version {}) arrived while expecting byte {} of bucket {}/{} (version {})",
+                header.aux, header.seq, header.count, header.version, self.next, self.seq, self.count, self.version
+            ));
+        }
+        self.stage_part(header, body)
+    }
+
+    /// Copy (casting to receiver dtypes) one part into the staging storages, hashing it, then verify it.
+    fn stage_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+        let part = self.next..self.next + body.len();
+        if part.end > self.body_len || (body.is_empty() && self.body_len > 0) {
+            return Err(format!("part of {} bytes at byte {} does not fit a bucket body of {} bytes", body.len(), self.next, self.body_len));
+        }
+        // Parts end 8-byte aligned (`bucket_parts`), so no element is split between two parts.
+        if part.end != self.body_len && part.end % 8 != 0 {
+            return Err(format!("part at byte {} ends at byte {}, which is not 8-byte aligned", part.start, part.end));
+        }
+        let mut h = Xxh3::with_seed(header.checksum_seed());
+        let mut pos = part.start;
+        for (((e, range), to), (_, dst)) in self.entries.iter().zip(&self.dst_dtypes).zip(self.staged.iter_mut()) {
+            if range.end <= pos || range.is_empty() {
+                continue;
+            }
+            if range.start >= part.end {
+                break;
+            }
+            if range.start > pos {
+                h.update(&body[pos - part.start..range.start - part.start]);
+                pos = range.start;
+            }
+            let stop = range.end.min(part.end);
+            let (sw, dw) = (e.dtype.size_bytes(), to.size_bytes());
+            let mut a = pos;
+            while a < stop {
+                let b = stop.min(a + CHUNK);
+                let (e0, e1) = ((a - range.start) / sw, (b - range.start) / sw);
+                let d = dst.bytes_mut().get_mut(e0 * dw..e1 * dw).ok_or_else(|| format!("ordinal {}: staging range out of bounds", e.ordinal))?;
+                let s = &body[a - part.start..b - part.start];
+                // Hash first: the copy then reads the chunk from cache.
+                h.update(s);
+                if e.dtype == *to { copy_streaming(d, s) } else { cast_bytes(s, e.dtype, d, *to) }.map_err(|err| format!("ordinal {}: {err}", e.ordinal))?;
+                a = b;
+            }
+            pos = stop;
+        }
+        h.update(&body[pos - part.start..]);
+        header.verify_digest(h.digest()).map_err(|e| e.to_string())?;
+        self.next = part.end;
+        self.bytes += HEADER_LEN + body.len();
+        Ok(())
+    }
+
+    /// Whether every part has arrived (and verified).
+    pub fn is_complete(&self) -> bool {
+        self.next == self.body_len
+    }
+
+    /// Message bytes (headers included) received for this bucket so far.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The staged tensors of a complete bucket.
+    pub fn finish(self) -> Staged {
+        self.staged
+    }
 }
 
 /// Check that every staged tensor fits its slot in `state` (before any swap).
@@ -234,6 +413,7 @@ pub fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::{Role, Tensor};
 
     fn p(n: usize) -> Planned {
         Planned { key: format!("k{n}"), src: DType::U8, entry: BucketEntry { ordinal: n as u32, dtype: DType::U8, byte_len: n } }
@@ -247,5 +427,206 @@ mod tests {
         let b = plan(vec![p(3), p(4)], 1);
         assert_eq!(sizes(&b), vec![vec![3], vec![4]]);
         assert!(plan(vec![], 5).is_empty());
+    }
+
+    /// A sender state (f32 weights sent as bf16, a u8 buffer, an empty i64 tensor) and the receiver's metadata.
+    fn sample() -> (StateDict, Vec<Planned>, Vec<KeyMeta>) {
+        let mut sd = StateDict::new();
+        let w: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 3.0).collect();
+        sd.insert("w".to_owned(), Tensor::from_slice(DType::F32, &[37], Role::Trainable, &w).unwrap());
+        let b: Vec<u8> = (0..13).map(|i| i * 17).collect();
+        sd.insert("b".to_owned(), Tensor::from_slice(DType::U8, &[13], Role::Buffer, &b).unwrap());
+        sd.insert("e".to_owned(), Tensor::zeros(DType::I64, &[0, 3], Role::Trainable).unwrap());
+        let planned = vec![
+            Planned { key: "w".into(), src: DType::F32, entry: BucketEntry { ordinal: 0, dtype: DType::Bf16, byte_len: 74 } },
+            Planned { key: "b".into(), src: DType::U8, entry: BucketEntry { ordinal: 1, dtype: DType::U8, byte_len: 13 } },
+            Planned { key: "e".into(), src: DType::I64, entry: BucketEntry { ordinal: 2, dtype: DType::I64, byte_len: 0 } },
+        ];
+        let meta = vec![
+            KeyMeta { name: "w".into(), dtype: DType::F32, shape: vec![37] },
+            KeyMeta { name: "b".into(), dtype: DType::U8, shape: vec![13] },
+            KeyMeta { name: "e".into(), dtype: DType::I64, shape: vec![0, 3] },
+        ];
+        (sd, planned, meta)
+    }
+
+    /// The messages `send` would publish for one bucket of `planned`, with parts of `part` bytes.
+    fn messages(sd: &StateDict, planned: &[Planned], part: usize) -> Vec<Vec<u8>> {
+        let entries: Vec<BucketEntry> = planned.iter().map(|p| p.entry).collect();
+        let srcs: Vec<&[u8]> = planned.iter().map(|p| sd.get(&p.key).unwrap().bytes()).collect();
+        let layout = Layout::new(&entries, &srcs, planned.iter().map(|p| p.src).collect());
+        bucket_parts(layout.body_len, layout.table_end(), part)
+            .into_iter()
+            .map(|range| {
+                let mut header = Header::new(Kind::Bucket, 7, range.len());
+                header.aux = range.start as u64;
+                let mut buf = vec![0xEE; HEADER_LEN + range.len()];
+                layout.fill(&mut buf, header, range);
+                buf
+            })
+            .collect()
+    }
+
+    /// Feed `msgs` to a new assembly; the staged bytes per ordinal, or the first error.
+    fn assemble(msgs: &[Vec<u8>], meta: &[KeyMeta], pool: &mut Pool) -> Result<Vec<(u32, Vec<u8>)>, String> {
+        let mut asm: Option<Assembly> = None;
+        for m in msgs {
+            let (h, body) = Header::parse_unverified(m).map_err(|e| e.to_string())?;
+            match asm.as_mut() {
+                None => asm = Some(Assembly::start(&h, body, meta, &[true; 3], pool)?),
+                Some(a) => {
+                    if let Err(e) = a.add_part(&h, body) {
+                        if let Some(a) = asm.take() {
+                            a.abandon(pool);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let a = asm.ok_or("no message")?;
+        if !a.is_complete() {
+            a.abandon(pool);
+            return Err("incomplete".into());
+        }
+        Ok(a.finish().into_iter().map(|(o, s)| (o, s.bytes().to_vec())).collect())
+    }
+
+    #[test]
+    fn multi_part_bucket_stages_the_same_bytes_as_one_part() {
+        let (sd, planned, meta) = sample();
+        let mut pool = Pool::default();
+        let whole = messages(&sd, &planned, 1 << 20);
+        assert_eq!(whole.len(), 1);
+        // A single part is an ordinary fully checksummed message.
+        assert!(Header::parse(&whole[0]).is_ok());
+        let want = assemble(&whole, &meta, &mut pool).unwrap();
+        // The f32 weights went through bf16 on the wire and back to f32.
+        let got: Vec<u32> = want[0].1.chunks(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let expect: Vec<u32> = (0..37).map(|i| u32::from(crate::tensor::cast_f32_to_bf16(i as f32 * 0.37 - 3.0)) << 16).collect();
+        assert_eq!(got, expect);
+        assert_eq!(want[1].1, (0..13).map(|i| i * 17).collect::<Vec<u8>>());
+        for part in [8, 16, 24, 40] {
+            let msgs = messages(&sd, &planned, part);
+            assert!(msgs.len() > 2, "part size {part} gives {} messages", msgs.len());
+            assert_eq!(assemble(&msgs, &meta, &mut pool).unwrap(), want, "part size {part}");
+        }
+    }
+
+    #[test]
+    fn corrupt_missing_or_reordered_parts_are_rejected_and_storages_return() {
+        let (sd, planned, meta) = sample();
+        let msgs = messages(&sd, &planned, 16);
+        let check = |msgs: Vec<Vec<u8>>, expect: &str| {
+            let mut pool = Pool::default();
+            let err = assemble(&msgs, &meta, &mut pool).unwrap_err();
+            assert!(err.contains(expect), "{err:?} should mention {expect:?}");
+            // Staging storages of an abandoned bucket go back to the pool, none is lost.
+            assert_eq!(pool.free.len(), 3, "{expect}");
+        };
+        let mut flipped = msgs.clone();
+        let last = flipped.len() - 1;
+        flipped[last][HEADER_LEN] ^= 0x10;
+        check(flipped, "checksum mismatch");
+        let mut flipped = msgs.clone();
+        flipped[2][HEADER_LEN + 3] ^= 1;
+        check(flipped, "checksum mismatch");
+        let mut gap = msgs.clone();
+        gap.remove(2);
+        check(gap, "arrived while expecting byte");
+        let mut swapped = msgs.clone();
+        swapped.swap(1, 2);
+        check(swapped, "arrived while expecting byte");
+        let mut cut = msgs.clone();
+        cut.pop();
+        check(cut, "incomplete");
+    }
+
+    #[test]
+    fn a_bucket_must_start_with_its_table() {
+        let (sd, planned, meta) = sample();
+        let msgs = messages(&sd, &planned, 16);
+        let (h, body) = Header::parse_unverified(&msgs[1]).unwrap();
+        let err = Assembly::start(&h, body, &meta, &[true; 3], &mut Pool::default()).err().unwrap();
+        assert!(err.contains("not at its first part"), "{err}");
+        // A receiver that does not expect a key refuses the bucket before staging anything.
+        let (h, body) = Header::parse_unverified(&msgs[0]).unwrap();
+        let err = Assembly::start(&h, body, &meta, &[true, false, true], &mut Pool::default()).err().unwrap();
+        assert!(err.contains("key 'b' is not expected"), "{err}");
+    }
+
+    /// A sender that stops in the middle of a version (here: after one and a half of three buckets, then
+    /// gone) leaves the receiver's weights and version exactly as they were, with `load_instant` too.
+    #[test]
+    fn partial_send_leaves_weights_intact() {
+        use crate::config::schema::{SyncerKind, WeightSyncerConfig};
+        use crate::syncer::{Side, SyncOptions, WeightSyncer};
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for load_instant in [true, false] {
+            let make = |seed: f32| {
+                let mut sd = StateDict::new();
+                for k in 0..3 {
+                    let v: Vec<f32> = (0..64).map(|i| seed + (k * 64 + i) as f32).collect();
+                    sd.insert(format!("t{k}"), Tensor::from_slice(DType::F32, &[64], Role::Trainable, &v).unwrap());
+                }
+                sd
+            };
+            let mut cfg = WeightSyncerConfig::default();
+            cfg.kind = SyncerKind::Bucket;
+            cfg.bucket.bucket_size = std::num::NonZeroU64::new(256).unwrap();
+            cfg.bucket.load_instant = load_instant;
+            let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+            tx.settings.part_bytes = 64;
+            let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+            let (mut sender, mut receiver) = (make(1.0), make(-1.0));
+            let (ch, mut rxs) = transport::inproc_channel(1);
+            let synced = sender.synced_keys();
+            rt.block_on(async {
+                let (a, b) = tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap()));
+                a.unwrap();
+                b.unwrap();
+                let (a, b) = tokio::join!(tx.sync(&sender, 1), rx.apply(&mut receiver));
+                a.unwrap();
+                assert_eq!(b.unwrap().version, 1);
+            });
+            let before: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+            sender = make(100.0);
+            // Produce version 2's messages into a drained channel, then deliver only a prefix of them.
+            let Side::Sender(s) = &mut tx.side else { panic!("not a sender") };
+            let (dummy, mut drx) = transport::inproc_channel(1);
+            let mut real = std::mem::replace(&mut s.ch, dummy);
+            tx.tap = Some(Vec::new());
+            let mut d = drx.pop().unwrap();
+            rt.block_on(async {
+                let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
+                let send = async {
+                    let r = tx.sync(&sender, 2).await;
+                    if let Side::Sender(s) = &mut tx.side {
+                        let (gone, _) = transport::inproc_channel(1);
+                        drop(std::mem::replace(&mut s.ch, gone));
+                    }
+                    r
+                };
+                let (r, ()) = tokio::join!(send, drain);
+                r.unwrap();
+            });
+            let msgs = tx.tap.take().unwrap();
+            // 3 buckets of 256 + table bytes in 64-byte parts: 5 parts each.
+            assert_eq!(msgs.len(), 15);
+            let r = rt.block_on(async {
+                let send = async {
+                    for m in &msgs[..7] {
+                        real.send(m).await.unwrap();
+                    }
+                    drop(real);
+                };
+                let (_, r) = tokio::join!(send, rx.apply(&mut receiver));
+                r
+            });
+            assert!(r.is_err(), "a version cut short must not apply");
+            assert_eq!(rx.version(), 1);
+            let after: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+            assert!(before == after, "weights changed by a partial version (load_instant {load_instant})");
+        }
     }
 }

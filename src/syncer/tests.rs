@@ -196,6 +196,8 @@ fn init_pair(rt: &tokio::runtime::Runtime, keys: &[KeySpec], s: &Settings, seed:
     let cfg = config(s, keys);
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     tx.tap = Some(Vec::new());
+    // Tiny bucket parts, so that tensors and tables straddle several transport messages.
+    tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
     let mut rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     let (ch, mut rxs) = inproc_channel(1);
     let rch = rxs.pop().unwrap();

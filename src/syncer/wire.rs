@@ -10,8 +10,13 @@
 //! - `Plan` (sender → receivers): `u8 strategy, u32 n, n × u32 synced ordinals` (ordinals index the receiver's
 //!   metadata order); `count` = number of init bootstrap buckets that follow.
 //! - `Abort`: UTF-8 reason (the sender refused the handshake).
-//! - `InitBucket` / `Bucket` (seq/count = position in the version): `u32 n`, per tensor `u32 ordinal, u8 wire
-//!   dtype, u8 pad[3], u64 byte_len`, then the tensors' bytes, each starting 8-byte aligned.
+//! - `InitBucket` / `Bucket` (seq/count = position of the bucket in the version): the bucket body is `u32 n`,
+//!   per tensor `u32 ordinal, u8 wire dtype, u8 pad[3], u64 byte_len`, then the tensors' bytes, each starting
+//!   8-byte aligned. Since format 2 a bucket body travels as one or more *parts* (so a receiver can copy one
+//!   part while the sender fills the next): each part is a message whose body is bytes `aux..aux + body_len`
+//!   of the bucket body, with its own checksum. Parts come in order without gaps; the first (`aux` 0) holds
+//!   at least the whole entry table, which fixes the bucket body's length, so the receiver knows when the
+//!   bucket is complete (see [`bucket_parts`], [`read_bucket_table`]).
 //! - `Patch` (aux = base version): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
 //!   u32 n_entries`, per entry `u32 ordinal, u64 base, u64 nnz, u64 index_bytes, u64 escape_bytes` (an entry is
 //!   one element range of one tensor, so entries decode independently and in parallel), then `u32 n_streams`
@@ -22,7 +27,8 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use crate::tensor::DType;
 
 pub const MAGIC: [u8; 4] = *b"RLSW";
-/// 2: patch entries are element ranges with their own stream extents (1 had one entry per tensor).
+/// 2: bucket bodies travel as parts (1: one message per bucket); patch entries are element ranges with their
+/// own stream extents (1: one entry per tensor).
 pub const FORMAT_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 48;
 
@@ -413,27 +419,62 @@ pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<()
     Ok(())
 }
 
-/// Parse a bucket body into entries and their byte ranges (bounds-checked against the body).
-pub fn read_bucket(body: &[u8]) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
-    let mut r = Reader::new(body, "bucket");
+/// Byte ranges of the parts a bucket body of `body_len` bytes is sent in: parts of `part_size` bytes, except
+/// that the first one is stretched to hold the whole entry table (`table_end`, the first tensor's offset).
+/// A body always has at least one part. `part_size` is rounded up to a multiple of 8, so every part boundary
+/// is 8-byte aligned and no tensor element straddles two parts.
+pub fn bucket_parts(body_len: usize, table_end: usize, part_size: usize) -> Vec<std::ops::Range<usize>> {
+    let step = pad8(part_size.max(8));
+    let first_end = table_end.max(step).min(body_len);
+    let mut parts = vec![0..first_end];
+    let mut start = first_end;
+    while start < body_len {
+        let end = start.saturating_add(step).min(body_len);
+        parts.push(start..end);
+        start = end;
+    }
+    parts
+}
+
+/// A bucket's entries with their byte ranges inside the bucket body, and the body's total length.
+pub type BucketTable = (Vec<(BucketEntry, std::ops::Range<usize>)>, usize);
+
+/// Parse the entry table at the start of a bucket's first part. The whole table must lie inside `first`;
+/// the returned length is that of the whole bucket body (all parts). Entry sizes are limited to
+/// `max_entry_bytes` (the receiver's largest tensor), so layout arithmetic cannot overflow.
+pub fn read_bucket_table(first: &[u8], max_entry_bytes: usize) -> Result<BucketTable, WireError> {
+    let mut r = Reader::new(first, "bucket table");
     let n = r.u32()? as usize;
-    if n > body.len() / BUCKET_ENTRY_LEN {
-        return Err(malformed("bucket", format!("{n} entries cannot fit in {} bytes", body.len())));
+    if n > first.len() / BUCKET_ENTRY_LEN {
+        return Err(malformed("bucket table", format!("{n} entries cannot fit in {} bytes", first.len())));
     }
     let mut entries = Vec::with_capacity(n);
+    // Bounds the layout below: the table, plus each entry padded to 8 bytes.
+    let mut sum = first.len();
     for _ in 0..n {
         let ordinal = r.u32()?;
         let code = r.u8()?;
-        let dtype = DType::from_code(code).ok_or_else(|| malformed("bucket", format!("dtype code {code}")))?;
+        let dtype = DType::from_code(code).ok_or_else(|| malformed("bucket table", format!("dtype code {code}")))?;
         r.take(3)?;
-        let byte_len = r.count(body.len())?;
+        let byte_len = r.count(max_entry_bytes)?;
+        sum = sum.checked_add(byte_len).and_then(|x| x.checked_add(8)).ok_or_else(|| malformed("bucket table", "entry sizes overflow"))?;
         entries.push(BucketEntry { ordinal, dtype, byte_len });
     }
     let (total, offsets) = bucket_layout(&entries);
+    let table_end = offsets.first().copied().unwrap_or(total);
+    if table_end > first.len() {
+        return Err(malformed("bucket table", format!("the table ends at byte {table_end}, the first part has {}", first.len())));
+    }
+    Ok((entries.into_iter().zip(offsets).map(|(e, o)| (e, o..o + e.byte_len)).collect(), total))
+}
+
+/// Parse a whole (single-part) bucket body into entries and their byte ranges (bounds-checked against it).
+pub fn read_bucket(body: &[u8]) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
+    let (entries, total) = read_bucket_table(body, body.len())?;
     if total != body.len() {
         return Err(malformed("bucket", format!("entries describe {total} bytes, body has {}", body.len())));
     }
-    Ok(entries.into_iter().zip(offsets).map(|(e, o)| (e, o..o + e.byte_len)).collect())
+    Ok(entries)
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -786,6 +827,31 @@ mod tests {
     }
 
     #[test]
+    fn bucket_parts_cover_the_body_in_order() {
+        let check = |body_len: usize, table_end: usize, part: usize, expect: Vec<std::ops::Range<usize>>| {
+            assert_eq!(bucket_parts(body_len, table_end, part), expect, "body {body_len}, table {table_end}, part {part}");
+        };
+        check(100, 24, 40, vec![0..40, 40..80, 80..100]);
+        check(100, 56, 40, vec![0..56, 56..96, 96..100]);
+        check(24, 24, 40, vec![0..24]);
+        check(8, 8, 1 << 20, vec![0..8]);
+        // Part sizes round up to a multiple of 8, so no element straddles two parts.
+        check(40, 8, 13, vec![0..16, 16..32, 32..40]);
+    }
+
+    #[test]
+    fn bucket_table_bounds_entry_sizes() {
+        let entries = vec![BucketEntry { ordinal: 0, dtype: DType::U8, byte_len: 100 }];
+        let (len, offsets) = bucket_layout(&entries);
+        let mut body = vec![0u8; len];
+        write_bucket_table(&entries, &mut body).unwrap();
+        let (parsed, total) = read_bucket_table(&body[..offsets[0]], 100).unwrap();
+        assert_eq!((parsed[0].1.clone(), total), (offsets[0]..offsets[0] + 100, len));
+        assert!(read_bucket_table(&body[..offsets[0]], 99).is_err(), "entry larger than the receiver allows");
+        assert!(read_bucket_table(&body[..offsets[0] - 1], 100).is_err(), "table cut short");
+    }
+
+    #[test]
     fn garbage_never_panics() {
         let mut x = 0x1234_5678_u64;
         for len in 0..300 {
@@ -793,6 +859,7 @@ mod tests {
             let _ = Header::parse(&buf);
             let _ = decode_metadata(&buf);
             let _ = read_bucket(&buf);
+            let _ = read_bucket_table(&buf, usize::MAX / 2);
             let _ = decode_patch_body(&buf, 1 << 16);
         }
     }

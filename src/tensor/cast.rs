@@ -80,6 +80,61 @@ pub fn cast_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> Result<
     }
 }
 
+/// Copies shorter than this go through the ordinary `copy_from_slice` (streaming pays off only when the
+/// destination would otherwise push useful data out of the cache).
+const STREAM_MIN: usize = 4096;
+
+/// Copy `src` into `dst` (equal lengths) with non-temporal stores where the CPU has them (x86-64: SSE2,
+/// always present): the destination lines are written straight to memory instead of being read first
+/// and kept in cache. For the transfer paths (shm slots the sender never reads back, staging buffers read
+/// only much later) this saves the read-for-ownership traffic and leaves the cache to the data still
+/// being hashed. The stores are fenced before returning, so the bytes are visible like after a plain copy.
+pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<(), CastError> {
+    if dst.len() != src.len() {
+        return Err(CastError::Length { elements: src.len(), src_bytes: src.len(), dst_bytes: dst.len() });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if src.len() >= STREAM_MIN {
+        stream_x86(dst, src);
+        return Ok(());
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+fn stream_x86(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    // Plain copy up to the first 16-byte aligned destination address (streaming stores need alignment).
+    let head = dst.as_ptr().align_offset(16).min(dst.len());
+    let (dst_head, dst_rest) = dst.split_at_mut(head);
+    let (src_head, src_rest) = src.split_at(head);
+    dst_head.copy_from_slice(src_head);
+    let body = dst_rest.len() / 64 * 64;
+    let (dst_body, dst_tail) = dst_rest.split_at_mut(body);
+    let (src_body, src_tail) = src_rest.split_at(body);
+    for (d, s) in dst_body.chunks_exact_mut(64).zip(src_body.chunks_exact(64)) {
+        let (dp, sp) = (d.as_mut_ptr().cast::<__m128i>(), s.as_ptr().cast::<__m128i>());
+        // SAFETY: `d` and `s` are 64-byte slices, so the four 16-byte lanes are in bounds; loads are
+        // unaligned loads, and `d` starts 16-byte aligned (after `head`, in steps of 64), as the
+        // streaming stores require. SSE2 is part of the x86-64 baseline.
+        unsafe {
+            let a = _mm_loadu_si128(sp);
+            let b = _mm_loadu_si128(sp.add(1));
+            let c = _mm_loadu_si128(sp.add(2));
+            let e = _mm_loadu_si128(sp.add(3));
+            _mm_stream_si128(dp, a);
+            _mm_stream_si128(dp.add(1), b);
+            _mm_stream_si128(dp.add(2), c);
+            _mm_stream_si128(dp.add(3), e);
+        }
+    }
+    dst_tail.copy_from_slice(src_tail);
+    // SAFETY: a store fence has no memory-safety preconditions; it orders the streaming stores before
+    // any later store (such as publishing the payload to another process).
+    unsafe { _mm_sfence() };
+}
+
 /// Whether `from` can be converted to `to` by [`cast_bytes`].
 pub fn can_cast(from: DType, to: DType) -> bool {
     from == to || (from.is_floating() && to.is_floating())
@@ -140,6 +195,18 @@ mod tests {
         assert!(matches!(err, CastError::NotFloating { .. }));
         assert!(can_cast(DType::I32, DType::I32));
         assert!(!can_cast(DType::Bool, DType::U8));
+    }
+
+    #[test]
+    fn streaming_copy_equals_plain_copy_at_every_alignment() {
+        let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+        for (so, dof, len) in [(0, 0, 20_000 - 64), (1, 3, 9_999), (5, 0, 4096), (0, 15, 4095), (3, 1, 17), (0, 0, 0)] {
+            let mut dst = vec![0xAAu8; len + 32];
+            copy_streaming(&mut dst[dof..dof + len], &src[so..so + len]).unwrap();
+            assert_eq!(&dst[dof..dof + len], &src[so..so + len], "src offset {so}, dst offset {dof}, {len} bytes");
+            assert!(dst[..dof].iter().chain(&dst[dof + len..]).all(|&b| b == 0xAA), "bytes outside the destination were touched");
+        }
+        assert!(matches!(copy_streaming(&mut [0u8; 3], &[0u8; 4]), Err(CastError::Length { .. })));
     }
 
     #[test]
