@@ -6,7 +6,7 @@ pub mod app;
 use indexmap::IndexMap;
 
 use crate::config::defaults::{Child, DefaultsList, TreeNode};
-use crate::config::node::{Dict, Key, Node, Value, python_float_repr};
+use crate::config::node::{Dict, Key, Node, PyScalar, Value};
 use crate::config::search_path::Source;
 
 /// The Hydra version rlsync reports (`hydra.runtime.version`): the semantics it reproduces.
@@ -134,29 +134,12 @@ pub fn python_str(node: &Node) -> String {
 
 fn python_repr(node: &Node) -> String {
     match &node.value {
-        Value::Null => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Int(i) => i.to_string(),
-        Value::BigInt(digits) => digits.clone(),
-        Value::Float(f) => python_float_repr(*f),
-        Value::Str(s) => format!("'{s}'"),
-        Value::Bytes(b) => format!("b'{}'", String::from_utf8_lossy(b)),
-        Value::Missing => "'???'".into(),
         Value::List(items) => format!("[{}]", items.iter().map(python_repr).collect::<Vec<_>>().join(", ")),
         Value::Dict(d) => {
-            let items: Vec<String> = d
-                .iter()
-                .map(|(k, v)| {
-                    let key = match k {
-                        Key::Str(s) => format!("'{s}'"),
-                        other => other.to_string(),
-                    };
-                    format!("{key}: {}", python_repr(v))
-                })
-                .collect();
+            let items: Vec<String> = d.iter().map(|(k, v)| format!("{}: {}", k.as_py().repr(), python_repr(v))).collect();
             format!("{{{}}}", items.join(", "))
         }
+        leaf => leaf.as_py().map(PyScalar::repr).unwrap_or_default(),
     }
 }
 
@@ -258,6 +241,8 @@ mod tests {
         assert_eq!(python_str(&list), "[1, 'a', None]");
         assert_eq!(python_str(&Node::new(Value::Bool(true))), "True");
         assert_eq!(python_str(&Node::str("x")), "x");
+        let quoted = Node::new(Value::List(vec![Node::str("it's"), Node::new(Value::Bytes(vec![0]))]));
+        assert_eq!(python_str(&quoted), r#"["it's", b'\x00']"#);
     }
 
 }

@@ -218,7 +218,7 @@ pub fn resolve_str(template: &str, root: &Node, ctx: &ResolveContext) -> Result<
         return Ok(Node::new(Value::Str(template.to_owned())));
     }
     let (mut engine, id) = Engine::new(root, ctx);
-    let leaf = engine.tree.add(Some(id), None, tree::Body::Leaf(tree::Scalar::Str(template.to_owned())), None);
+    let leaf = engine.tree.add(Some(id), None, tree::Body::Leaf(Value::Str(template.to_owned())), None);
     let res = engine.dereference(leaf).map_err(|kind| locate(&engine, kind, leaf))?;
     engine.res_to_node(res, None).map_err(|kind| locate(&engine, kind, leaf))
 }

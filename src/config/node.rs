@@ -211,6 +211,112 @@ impl Value {
     }
 }
 
+/// A borrowed Python scalar: the part that config values, the interpolation tree's leaves, resolver
+/// values (`interpolate::py::Py`) and override values (`overrides::Element` and the visitor's `Val`)
+/// have in common. Each of those types keeps its own containers (config children, Python lists, sweeps),
+/// so only their scalars meet here, and their Python `repr`/`str` and type names are written once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PyScalar<'a> {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int outside `i64`, as canonical decimal digits.
+    BigInt(&'a str),
+    Float(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl PyScalar<'_> {
+    /// Python's `type(x).__name__`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            PyScalar::None => "NoneType",
+            PyScalar::Bool(_) => "bool",
+            PyScalar::Int(_) | PyScalar::BigInt(_) => "int",
+            PyScalar::Float(_) => "float",
+            PyScalar::Str(_) => "str",
+            PyScalar::Bytes(_) => "bytes",
+        }
+    }
+
+    /// Python's `repr(x)`.
+    pub fn repr(self) -> String {
+        match self {
+            PyScalar::None => "None".into(),
+            PyScalar::Bool(true) => "True".into(),
+            PyScalar::Bool(false) => "False".into(),
+            PyScalar::Int(i) => i.to_string(),
+            PyScalar::BigInt(digits) => digits.to_owned(),
+            PyScalar::Float(f) => python_float_repr(f),
+            PyScalar::Str(s) => python_repr_str(s),
+            PyScalar::Bytes(b) => python_repr_bytes(b),
+        }
+    }
+
+    /// Python's `str(x)`: a string as it is, anything else as its `repr`.
+    pub fn str(self) -> String {
+        match self {
+            PyScalar::Str(s) => s.to_owned(),
+            other => other.repr(),
+        }
+    }
+}
+
+impl Key {
+    /// The key as the Python object OmegaConf holds.
+    pub fn as_py(&self) -> PyScalar<'_> {
+        match self {
+            Key::Str(s) => PyScalar::Str(s),
+            Key::Int(i) => PyScalar::Int(*i),
+            Key::BigInt(digits) => PyScalar::BigInt(digits),
+            Key::Float(bits) => PyScalar::Float(f64::from_bits(*bits)),
+            Key::Bool(b) => PyScalar::Bool(*b),
+            Key::Null => PyScalar::None,
+        }
+    }
+}
+
+impl Value {
+    /// A leaf as the Python object OmegaConf hands out (`???` is the string `'???'`); `None` for containers.
+    pub fn as_py(&self) -> Option<PyScalar<'_>> {
+        Some(match self {
+            Value::Null => PyScalar::None,
+            Value::Bool(b) => PyScalar::Bool(*b),
+            Value::Int(i) => PyScalar::Int(*i),
+            Value::BigInt(digits) => PyScalar::BigInt(digits),
+            Value::Float(f) => PyScalar::Float(*f),
+            Value::Str(s) => PyScalar::Str(s),
+            Value::Bytes(b) => PyScalar::Bytes(b),
+            Value::Missing => PyScalar::Str("???"),
+            Value::List(_) | Value::Dict(_) => return None,
+        })
+    }
+}
+
+/// Python's `repr(bytes)`: `b'…'`, quoted as `repr(str)` is, non-printable bytes as `\xNN`.
+pub fn python_repr_bytes(b: &[u8]) -> String {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };
+    let mut out = String::from("b");
+    out.push(quote as char);
+    for &c in b {
+        match c {
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c as char);
+            }
+            0x20..=0x7e => out.push(c as char),
+            c => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    out.push(quote as char);
+    out
+}
+
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 pub fn python_repr_str(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
