@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use indexmap::IndexMap;
 
+use crate::config::bigint::BigInt;
+
 /// Where a node was read from: a YAML file position, or a command-line override.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -254,6 +256,34 @@ impl PyScalar<'_> {
         }
     }
 
+    /// Python `==` between two numbers (bool, int, float; an int and a float compare exactly, as in
+    /// Python); `None` when either is not a number.
+    pub fn num_eq(self, other: PyScalar<'_>) -> Option<bool> {
+        let float = |s: PyScalar<'_>| match s {
+            PyScalar::Float(f) => Some(f),
+            _ => None,
+        };
+        Some(match ((self.exact_int(), float(self)), (other.exact_int(), float(other))) {
+            ((Some(a), _), (Some(b), _)) => a == b,
+            ((_, Some(x)), (_, Some(y))) => x == y,
+            ((Some(i), _), (_, Some(f))) | ((_, Some(f)), (Some(i), _)) => {
+                // `{:.0}` prints an integral f64's exact decimal value.
+                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(&i)
+            }
+            _ => return None,
+        })
+    }
+
+    /// Python's exact int value of a bool or int.
+    fn exact_int(self) -> Option<BigInt> {
+        match self {
+            PyScalar::Bool(b) => Some(BigInt::from_i64(i64::from(b))),
+            PyScalar::Int(i) => Some(BigInt::from_i64(i)),
+            PyScalar::BigInt(digits) => BigInt::parse_decimal(digits),
+            _ => None,
+        }
+    }
+
     /// Python's `str(x)`: a string as it is, anything else as its `repr`.
     pub fn str(self) -> String {
         match self {
@@ -400,6 +430,36 @@ mod tests {
         for (v, want) in cases {
             assert_eq!(python_float_repr(v), want, "repr of {v:e}");
         }
+    }
+
+    #[test]
+    fn python_scalars_compare_and_print_like_python() {
+        use PyScalar::{BigInt as Big, Bool, Float, Int, Str};
+        let eq = [
+            (Int(1), Float(1.0), Some(true)),
+            (Bool(true), Int(1), Some(true)),
+            (Big("100000000000000000000"), Float(1e20), Some(true)),
+            (Big("100000000000000000001"), Float(1e20), Some(false)),
+            // An f64 conversion would call these equal; Python compares exactly.
+            (Int(9_007_199_254_740_993), Float(9_007_199_254_740_992.0), Some(false)),
+            (Float(f64::NAN), Float(f64::NAN), Some(false)),
+            (Str("1"), Int(1), None),
+        ];
+        for (a, b, want) in eq {
+            assert_eq!(a.num_eq(b), want, "{a:?} == {b:?}");
+        }
+        let repr = [
+            (PyScalar::None, "None"),
+            (Bool(false), "False"),
+            (Float(1e-7), "1e-07"),
+            (Str("it's"), "\"it's\""),
+            (PyScalar::Bytes(b"a'\x00"), "b\"a'\\x00\""),
+        ];
+        for (v, want) in repr {
+            assert_eq!(v.repr(), want);
+        }
+        assert_eq!(Key::Null.as_py().repr(), "None");
+        assert_eq!(Value::Missing.as_py().map(PyScalar::str).as_deref(), Some("???"));
     }
 
     #[test]

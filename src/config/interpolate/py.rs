@@ -162,10 +162,9 @@ impl Py {
 
     /// Python `==` for dict keys (`1 == 1.0 == True`).
     pub fn key_eq(&self, other: &Py) -> bool {
-        match (self.as_number(), other.as_number()) {
-            (Some(a), Some(b)) => a.eq_num(&b),
-            (None, None) => self == other,
-            _ => false,
+        match (self.as_scalar(), other.as_scalar()) {
+            (Some(a), Some(b)) => a.num_eq(b).unwrap_or_else(|| self == other),
+            _ => self == other,
         }
     }
 
@@ -213,18 +212,6 @@ impl Num {
                 }
             }
             Num::Float(f) => Ok(*f),
-        }
-    }
-
-    /// Python `==`, which compares an int and a float exactly.
-    fn eq_num(&self, other: &Num) -> bool {
-        match (self, other) {
-            (Num::Int(a), Num::Int(b)) => a == b,
-            (Num::Float(a), Num::Float(b)) => a == b,
-            (Num::Int(i), Num::Float(f)) | (Num::Float(f), Num::Int(i)) => {
-                // `{:.0}` prints an integral f64's exact decimal value.
-                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(i)
-            }
         }
     }
 }

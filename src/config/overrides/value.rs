@@ -115,15 +115,8 @@ impl Val {
 
 /// Python `a == b` (`1 == 1.0 == True`, `QuotedString` equal only to an equal `QuotedString`).
 pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
-    if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
-        return x == y;
-    }
-    // Python compares an int and a float exactly; only big ints can tell the difference from `f64`.
-    if let (Val::BigInt(d), Val::Float(f)) | (Val::Float(f), Val::BigInt(d)) = (a, b) {
-        return f.is_finite() && f.fract() == 0.0 && format!("{f:.0}") == *d;
-    }
-    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
-        return x == y;
+    if let Some(eq) = a.as_scalar().zip(b.as_scalar()).and_then(|(x, y)| x.num_eq(y)) {
+        return eq;
     }
     match (a, b) {
         (Val::Null, Val::Null) => true,
