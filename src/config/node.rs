@@ -308,6 +308,27 @@ impl Key {
 }
 
 impl Value {
+    /// Python's `repr()` of the value as OmegaConf holds it (a container prints as its content).
+    pub fn python_repr(&self) -> String {
+        match self {
+            Value::List(items) => format!("[{}]", items.iter().map(|n| n.value.python_repr()).collect::<Vec<_>>().join(", ")),
+            Value::Dict(d) => {
+                let items: Vec<String> =
+                    d.iter().map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.value.python_repr())).collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            leaf => leaf.as_py().map(PyScalar::repr).unwrap_or_default(),
+        }
+    }
+
+    /// Python's `str()` of the value, as Hydra's messages show values.
+    pub fn python_str(&self) -> String {
+        match self {
+            Value::Str(s) => s.clone(),
+            other => other.python_repr(),
+        }
+    }
+
     /// A leaf as the Python object OmegaConf hands out (`???` is the string `'???'`); `None` for containers.
     pub fn as_py(&self) -> Option<PyScalar<'_>> {
         Some(match self {
@@ -460,6 +481,18 @@ mod tests {
         }
         assert_eq!(Key::Null.as_py().repr(), "None");
         assert_eq!(Value::Missing.as_py().map(PyScalar::str).as_deref(), Some("???"));
+    }
+
+    #[test]
+    fn python_str_of_values() {
+        let list = Value::List(vec![Node::new(Value::Int(1)), Node::str("a"), Node::new(Value::Null)]);
+        assert_eq!(list.python_str(), "[1, 'a', None]");
+        assert_eq!(Value::Bool(true).python_str(), "True");
+        assert_eq!(Value::Str("x".into()).python_str(), "x");
+        let mut dict = Dict::new();
+        dict.insert(Key::Int(1), Node::str("it's"));
+        dict.insert(Key::from("b"), Node::new(Value::Bytes(vec![0])));
+        assert_eq!(Value::Dict(dict).python_str(), r#"{1: "it's", 'b': b'\x00'}"#);
     }
 
     #[test]
