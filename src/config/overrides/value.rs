@@ -136,18 +136,7 @@ pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
 
 /// Python dict-key equality (`{1: a, 1.0: b, true: c}` has one key).
 pub(super) fn key_eq(a: &Key, b: &Key) -> bool {
-    py_eq(&key_val(a), &key_val(b))
-}
-
-fn key_val(k: &Key) -> Val {
-    match k {
-        Key::Str(s) => Val::Str(s.clone()),
-        Key::Int(i) => Val::Int(*i),
-        Key::BigInt(d) => Val::BigInt(d.clone()),
-        Key::Float(_) => Val::Float(k.as_f64().unwrap_or(f64::NAN)),
-        Key::Bool(b) => Val::Bool(*b),
-        Key::Null => Val::Null,
-    }
+    a.as_py().num_eq(b.as_py()).unwrap_or_else(|| a == b)
 }
 
 /// Python `a < b`; `Err` is Python's TypeError message for unorderable types.
