@@ -9,6 +9,8 @@ pub mod defaults;
 pub mod emit;
 pub mod hydra;
 pub mod interpolate;
+#[cfg(test)]
+mod kit;
 pub mod node;
 pub mod overrides;
 pub mod schema;

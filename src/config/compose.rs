@@ -124,14 +124,14 @@ fn process_search_path(repo: &mut Repository, config_name: &str, overrides: &[Ov
     let items = match &entries.value {
         Value::Null => return Ok(()),
         Value::List(items) => items,
-        _ => return Err(ComposeError::SearchPathNotList { got: hydra::python_str(entries) }),
+        _ => return Err(ComposeError::SearchPathNotList { got: entries.value.python_str() }),
     };
     let ctx = ResolveContext::new();
     let mut sources = Vec::with_capacity(items.len());
     for idx in 0..items.len() {
         let entry = interpolate::resolve_at(&root, &format!("hydra.searchpath.{idx}"), &ctx)?;
         let Value::Str(text) = &entry.value else {
-            return Err(ComposeError::SearchPathNotList { got: hydra::python_str(entries) });
+            return Err(ComposeError::SearchPathNotList { got: entries.value.python_str() });
         };
         sources.push(Source::from_search_path_entry(provider, text)?);
     }
@@ -347,8 +347,8 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
                 && !python_eq(&actual.value, &expected.value) {
                     return Err(ComposeError::DeleteValueMismatch {
                         key: key.into(),
-                        actual: hydra::python_str(actual),
-                        expected: hydra::python_str(expected),
+                        actual: actual.value.python_str(),
+                        expected: expected.value.python_str(),
                     });
                 }
             delete(cfg, key);

@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use indexmap::IndexMap;
 
 use crate::config::interpolate::{self, ResolveContext};
-use crate::config::node::{Dict, Key, Node, Value};
+use crate::config::node::{Dict, Key, Node, PyScalar, Value};
 use crate::config::search_path::{ObjectType, Repository, SearchPathError};
 
 /// A defaults-list composition error, worded as Hydra words it.
@@ -568,9 +568,9 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                     entries.remove(pos);
                 }
             let (key, node) = match entries.as_slice() {
-                [] => return Err(DefaultsError::MissingGroupName { config_path: config_path.into(), item: python_dict_repr(dict) }),
+                [] => return Err(DefaultsError::MissingGroupName { config_path: config_path.into(), item: Value::python_repr(&item.value) }),
                 [one] => *one,
-                _ => return Err(DefaultsError::TooManyKeys { config_path: config_path.into(), item: python_dict_repr(dict) }),
+                _ => return Err(DefaultsError::TooManyKeys { config_path: config_path.into(), item: Value::python_repr(&item.value) }),
             };
             let key = key.to_string();
             let (group_with_keywords, package) = split_group(&key);
@@ -620,35 +620,13 @@ fn split_group(text: &str) -> (&str, Option<String>) {
     }
 }
 
+/// OmegaConf's class of a node's value (containers are `ListConfig`/`DictConfig`, `???` a string).
 fn python_type(value: &Value) -> &'static str {
     match value {
-        Value::Null => "NoneType",
-        Value::Bool(_) => "bool",
-        Value::Int(_) | Value::BigInt(_) => "int",
-        Value::Float(_) => "float",
-        Value::Str(_) | Value::Missing => "str",
-        Value::Bytes(_) => "bytes",
         Value::List(_) => "ListConfig",
         Value::Dict(_) => "DictConfig",
+        leaf => leaf.as_py().map_or("object", PyScalar::type_name),
     }
-}
-
-fn python_dict_repr(dict: &Dict) -> String {
-    let items: Vec<String> = dict
-        .iter()
-        .map(|(k, v)| {
-            let value = match &v.value {
-                Value::Str(s) => format!("'{s}'"),
-                Value::Null => "None".into(),
-                Value::Bool(true) => "True".into(),
-                Value::Bool(false) => "False".into(),
-                Value::Int(i) => i.to_string(),
-                _ => "...".into(),
-            };
-            format!("'{k}': {value}")
-        })
-        .collect();
-    format!("{{{}}}", items.join(", "))
 }
 
 struct Builder<'a> {
@@ -941,7 +919,7 @@ fn resolve_element_interpolation(d: &mut InputDefault, choices: &Node) -> Result
     })?;
     let resolved = match resolved.value {
         Value::Str(s) => s,
-        other => crate::config::hydra::python_str(&Node::new(other)),
+        other => other.python_str(),
     };
     match &mut d.kind {
         DefaultKind::Config { path } => *path = resolved,

@@ -6,7 +6,7 @@ pub mod app;
 use indexmap::IndexMap;
 
 use crate::config::defaults::{Child, DefaultsList, TreeNode};
-use crate::config::node::{Dict, Key, Node, Value, python_float_repr};
+use crate::config::node::{Dict, Key, Node, Value};
 use crate::config::search_path::Source;
 
 /// The Hydra version rlsync reports (`hydra.runtime.version`): the semantics it reproduces.
@@ -124,42 +124,6 @@ fn override_dirname(cfg: &Node, task_overrides: &[(String, String)]) -> String {
     lines.join(&item_sep).replace('=', &kv_sep)
 }
 
-/// Python's `str()` of a config value, as Hydra's messages show values.
-pub fn python_str(node: &Node) -> String {
-    match &node.value {
-        Value::Str(s) => s.clone(),
-        _ => python_repr(node),
-    }
-}
-
-fn python_repr(node: &Node) -> String {
-    match &node.value {
-        Value::Null => "None".into(),
-        Value::Bool(true) => "True".into(),
-        Value::Bool(false) => "False".into(),
-        Value::Int(i) => i.to_string(),
-        Value::BigInt(digits) => digits.clone(),
-        Value::Float(f) => python_float_repr(*f),
-        Value::Str(s) => format!("'{s}'"),
-        Value::Bytes(b) => format!("b'{}'", String::from_utf8_lossy(b)),
-        Value::Missing => "'???'".into(),
-        Value::List(items) => format!("[{}]", items.iter().map(python_repr).collect::<Vec<_>>().join(", ")),
-        Value::Dict(d) => {
-            let items: Vec<String> = d
-                .iter()
-                .map(|(k, v)| {
-                    let key = match k {
-                        Key::Str(s) => format!("'{s}'"),
-                        other => other.to_string(),
-                    };
-                    format!("{key}: {}", python_repr(v))
-                })
-                .collect();
-            format!("{{{}}}", items.join(", "))
-        }
-    }
-}
-
 /// `--info defaults`: Hydra's "Defaults List" table.
 pub fn format_defaults_table(list: &DefaultsList) -> String {
     let mut rows: Vec<[String; 4]> = vec![["Config path".into(), "Package".into(), "_self_".into(), "Parent".into()]];
@@ -251,13 +215,4 @@ mod tests {
         let want = "\nDefaults List\n*************\n| Config path  | Package | _self_ | Parent | \n---------------------------------------------\n| hydra/config | hydra   | True   | <root> |\n| empty        |         | False  | <root> |\n---------------------------------------------\n";
         assert_eq!(format_defaults_table(&list), want);
     }
-
-    #[test]
-    fn python_str_of_values() {
-        let list = Node::new(Value::List(vec![Node::new(Value::Int(1)), Node::str("a"), Node::new(Value::Null)]));
-        assert_eq!(python_str(&list), "[1, 'a', None]");
-        assert_eq!(python_str(&Node::new(Value::Bool(true))), "True");
-        assert_eq!(python_str(&Node::str("x")), "x");
-    }
-
 }

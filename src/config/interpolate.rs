@@ -218,7 +218,7 @@ pub fn resolve_str(template: &str, root: &Node, ctx: &ResolveContext) -> Result<
         return Ok(Node::new(Value::Str(template.to_owned())));
     }
     let (mut engine, id) = Engine::new(root, ctx);
-    let leaf = engine.tree.add(Some(id), None, tree::Body::Leaf(tree::Scalar::Str(template.to_owned())), None);
+    let leaf = engine.tree.add(Some(id), None, tree::Body::Leaf(Value::Str(template.to_owned())), None);
     let res = engine.dereference(leaf).map_err(|kind| locate(&engine, kind, leaf))?;
     engine.res_to_node(res, None).map_err(|kind| locate(&engine, kind, leaf))
 }
@@ -260,27 +260,12 @@ fn validate_slot(t: &tree::Tree, id: Id) -> Result<(), InterpolationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::kit;
     use crate::config::node::{Dict, Key};
 
-    /// JSON to a config tree; the string `???` is a missing value, as in YAML.
-    fn node(j: &serde_json::Value) -> Node {
-        use serde_json::Value as J;
-        Node::new(match j {
-            J::Null => Value::Null,
-            J::Bool(b) => Value::Bool(*b),
-            J::Number(n) => match n.as_i64() {
-                Some(i) => Value::Int(i),
-                None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-            },
-            J::String(s) if s == "???" => Value::Missing,
-            J::String(s) => Value::Str(s.clone()),
-            J::Array(items) => Value::List(items.iter().map(node).collect()),
-            J::Object(map) => Value::Dict(map.iter().map(|(k, v)| (Key::from(k.as_str()), node(v))).collect()),
-        })
-    }
-
     fn parse(text: &str) -> Node {
-        node(&serde_json::from_str(text).unwrap_or_else(|e| panic!("bad test JSON {text}: {e}")))
+        // The conformance kit's encoding: plain JSON, and the string `???` is a missing value, as in YAML.
+        Node::new(kit::decode(&serde_json::from_str(text).unwrap_or_else(|e| panic!("bad test JSON {text}: {e}"))))
     }
 
     fn test_ctx() -> ResolveContext<'static> {
@@ -456,7 +441,7 @@ mod tests {
         let mut root = Dict::new();
         for level in 0..40 {
             let next = format!("${{l{}}}", level + 1);
-            root.insert(Key::from(format!("l{level}")), node(&serde_json::json!([next, next])));
+            root.insert(Key::from(format!("l{level}")), Node::new(kit::decode(&serde_json::json!([next, next]))));
         }
         root.insert(Key::from("l40"), Node::new(Value::Int(1)));
         let err = resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");

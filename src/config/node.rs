@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use indexmap::IndexMap;
 
+use crate::config::bigint::BigInt;
+
 /// Where a node was read from: a YAML file position, or a command-line override.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -211,6 +213,161 @@ impl Value {
     }
 }
 
+/// A borrowed Python scalar: the part that config values, the interpolation tree's leaves, resolver
+/// values (`interpolate::py::Py`) and override values (`overrides::Element` and the visitor's `Val`)
+/// have in common. Each of those types keeps its own containers (config children, Python lists, sweeps),
+/// so only their scalars meet here, and their Python `repr`/`str` and type names are written once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PyScalar<'a> {
+    None,
+    Bool(bool),
+    Int(i64),
+    /// An int outside `i64`, as canonical decimal digits.
+    BigInt(&'a str),
+    Float(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+}
+
+impl PyScalar<'_> {
+    /// Python's `type(x).__name__`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            PyScalar::None => "NoneType",
+            PyScalar::Bool(_) => "bool",
+            PyScalar::Int(_) | PyScalar::BigInt(_) => "int",
+            PyScalar::Float(_) => "float",
+            PyScalar::Str(_) => "str",
+            PyScalar::Bytes(_) => "bytes",
+        }
+    }
+
+    /// Python's `repr(x)`.
+    pub fn repr(self) -> String {
+        match self {
+            PyScalar::None => "None".into(),
+            PyScalar::Bool(true) => "True".into(),
+            PyScalar::Bool(false) => "False".into(),
+            PyScalar::Int(i) => i.to_string(),
+            PyScalar::BigInt(digits) => digits.to_owned(),
+            PyScalar::Float(f) => python_float_repr(f),
+            PyScalar::Str(s) => python_repr_str(s),
+            PyScalar::Bytes(b) => python_repr_bytes(b),
+        }
+    }
+
+    /// Python `==` between two numbers (bool, int, float; an int and a float compare exactly, as in
+    /// Python); `None` when either is not a number.
+    pub fn num_eq(self, other: PyScalar<'_>) -> Option<bool> {
+        let float = |s: PyScalar<'_>| match s {
+            PyScalar::Float(f) => Some(f),
+            _ => None,
+        };
+        Some(match ((self.exact_int(), float(self)), (other.exact_int(), float(other))) {
+            ((Some(a), _), (Some(b), _)) => a == b,
+            ((_, Some(x)), (_, Some(y))) => x == y,
+            ((Some(i), _), (_, Some(f))) | ((_, Some(f)), (Some(i), _)) => {
+                // `{:.0}` prints an integral f64's exact decimal value.
+                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(&i)
+            }
+            _ => return None,
+        })
+    }
+
+    /// Python's exact int value of a bool or int.
+    fn exact_int(self) -> Option<BigInt> {
+        match self {
+            PyScalar::Bool(b) => Some(BigInt::from_i64(i64::from(b))),
+            PyScalar::Int(i) => Some(BigInt::from_i64(i)),
+            PyScalar::BigInt(digits) => BigInt::parse_decimal(digits),
+            _ => None,
+        }
+    }
+
+    /// Python's `str(x)`: a string as it is, anything else as its `repr`.
+    pub fn str(self) -> String {
+        match self {
+            PyScalar::Str(s) => s.to_owned(),
+            other => other.repr(),
+        }
+    }
+}
+
+impl Key {
+    /// The key as the Python object OmegaConf holds.
+    pub fn as_py(&self) -> PyScalar<'_> {
+        match self {
+            Key::Str(s) => PyScalar::Str(s),
+            Key::Int(i) => PyScalar::Int(*i),
+            Key::BigInt(digits) => PyScalar::BigInt(digits),
+            Key::Float(bits) => PyScalar::Float(f64::from_bits(*bits)),
+            Key::Bool(b) => PyScalar::Bool(*b),
+            Key::Null => PyScalar::None,
+        }
+    }
+}
+
+impl Value {
+    /// Python's `repr()` of the value as OmegaConf holds it (a container prints as its content).
+    pub fn python_repr(&self) -> String {
+        match self {
+            Value::List(items) => format!("[{}]", items.iter().map(|n| n.value.python_repr()).collect::<Vec<_>>().join(", ")),
+            Value::Dict(d) => {
+                let items: Vec<String> =
+                    d.iter().map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.value.python_repr())).collect();
+                format!("{{{}}}", items.join(", "))
+            }
+            leaf => leaf.as_py().map(PyScalar::repr).unwrap_or_default(),
+        }
+    }
+
+    /// Python's `str()` of the value, as Hydra's messages show values.
+    pub fn python_str(&self) -> String {
+        match self {
+            Value::Str(s) => s.clone(),
+            other => other.python_repr(),
+        }
+    }
+
+    /// A leaf as the Python object OmegaConf hands out (`???` is the string `'???'`); `None` for containers.
+    pub fn as_py(&self) -> Option<PyScalar<'_>> {
+        Some(match self {
+            Value::Null => PyScalar::None,
+            Value::Bool(b) => PyScalar::Bool(*b),
+            Value::Int(i) => PyScalar::Int(*i),
+            Value::BigInt(digits) => PyScalar::BigInt(digits),
+            Value::Float(f) => PyScalar::Float(*f),
+            Value::Str(s) => PyScalar::Str(s),
+            Value::Bytes(b) => PyScalar::Bytes(b),
+            Value::Missing => PyScalar::Str("???"),
+            Value::List(_) | Value::Dict(_) => return None,
+        })
+    }
+}
+
+/// Python's `repr(bytes)`: `b'…'`, quoted as `repr(str)` is, non-printable bytes as `\xNN`.
+pub fn python_repr_bytes(b: &[u8]) -> String {
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };
+    let mut out = String::from("b");
+    out.push(quote as char);
+    for &c in b {
+        match c {
+            b'\\' => out.push_str("\\\\"),
+            b'\n' => out.push_str("\\n"),
+            b'\r' => out.push_str("\\r"),
+            b'\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c as char);
+            }
+            0x20..=0x7e => out.push(c as char),
+            c => out.push_str(&format!("\\x{c:02x}")),
+        }
+    }
+    out.push(quote as char);
+    out
+}
+
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 pub fn python_repr_str(s: &str) -> String {
     let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
@@ -294,6 +451,48 @@ mod tests {
         for (v, want) in cases {
             assert_eq!(python_float_repr(v), want, "repr of {v:e}");
         }
+    }
+
+    #[test]
+    fn python_scalars_compare_and_print_like_python() {
+        use PyScalar::{BigInt as Big, Bool, Float, Int, Str};
+        let eq = [
+            (Int(1), Float(1.0), Some(true)),
+            (Bool(true), Int(1), Some(true)),
+            (Big("100000000000000000000"), Float(1e20), Some(true)),
+            (Big("100000000000000000001"), Float(1e20), Some(false)),
+            // An f64 conversion would call these equal; Python compares exactly.
+            (Int(9_007_199_254_740_993), Float(9_007_199_254_740_992.0), Some(false)),
+            (Float(f64::NAN), Float(f64::NAN), Some(false)),
+            (Str("1"), Int(1), None),
+        ];
+        for (a, b, want) in eq {
+            assert_eq!(a.num_eq(b), want, "{a:?} == {b:?}");
+        }
+        let repr = [
+            (PyScalar::None, "None"),
+            (Bool(false), "False"),
+            (Float(1e-7), "1e-07"),
+            (Str("it's"), "\"it's\""),
+            (PyScalar::Bytes(b"a'\x00"), "b\"a'\\x00\""),
+        ];
+        for (v, want) in repr {
+            assert_eq!(v.repr(), want);
+        }
+        assert_eq!(Key::Null.as_py().repr(), "None");
+        assert_eq!(Value::Missing.as_py().map(PyScalar::str).as_deref(), Some("???"));
+    }
+
+    #[test]
+    fn python_str_of_values() {
+        let list = Value::List(vec![Node::new(Value::Int(1)), Node::str("a"), Node::new(Value::Null)]);
+        assert_eq!(list.python_str(), "[1, 'a', None]");
+        assert_eq!(Value::Bool(true).python_str(), "True");
+        assert_eq!(Value::Str("x".into()).python_str(), "x");
+        let mut dict = Dict::new();
+        dict.insert(Key::Int(1), Node::str("it's"));
+        dict.insert(Key::from("b"), Node::new(Value::Bytes(vec![0])));
+        assert_eq!(Value::Dict(dict).python_str(), r#"{1: "it's", 'b': b'\x00'}"#);
     }
 
     #[test]

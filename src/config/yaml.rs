@@ -218,33 +218,10 @@ fn set_origin_deep(node: &mut Node, origin: &Option<Origin>) {
     }
 }
 
-/// Equality as the conformance kit sees it: origins ignored, NaN equals NaN, key order counts.
-#[cfg(test)]
-pub(crate) fn same_tree(a: &Node, b: &Node) -> bool {
-    match (&a.value, &b.value) {
-        (Value::Float(x), Value::Float(y)) => {
-            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
-        }
-        (Value::List(x), Value::List(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same_tree(p, q))
-        }
-        (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|((kp, vp), (kq, vq))| kp == kq && same_tree(vp, vq))
-        }
-        (x, y) => x == y,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
-    use base64::Engine;
-
     use super::*;
+    use crate::config::kit;
 
     fn load(text: &str) -> Result<Node, YamlError> {
         load_str(text, "t.yaml")
@@ -300,7 +277,7 @@ mod tests {
             let got = val(&format!("v: {text}\n"));
             let want = dict(vec![(k("v"), want.clone())]);
             assert!(
-                same_tree(&Node::new(got.clone()), &Node::new(want.clone())),
+                kit::same(&got, &want),
                 "v: {text}\n got {got:?}\nwant {want:?}"
             );
         }
@@ -738,118 +715,6 @@ mod tests {
 
     // ---- the conformance kit's yaml_typing suite ----
 
-    fn shared_dir() -> PathBuf {
-        std::env::var_os("RLSYNC_SHARED")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-    }
-
-    /// The kit's JSON encoding of an OmegaConf container (`$float`, `$dict`, `$bytes`).
-    fn from_json(v: &serde_json::Value) -> Value {
-        use serde_json::Value as J;
-        match v {
-            J::Null => Value::Null,
-            J::Bool(b) => Value::Bool(*b),
-            J::Number(n) => match n.as_i64() {
-                Some(i) => Value::Int(i),
-                None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-            },
-            J::String(t) if t == "???" => Value::Missing,
-            J::String(t) => Value::Str(t.clone()),
-            J::Array(items) => Value::List(items.iter().map(|i| Node::new(from_json(i))).collect()),
-            J::Object(map) => {
-                if let (1, Some(J::String(f))) = (map.len(), map.get("$float")) {
-                    return Value::Float(match f.as_str() {
-                        "inf" => f64::INFINITY,
-                        "-inf" => f64::NEG_INFINITY,
-                        _ => f64::NAN,
-                    });
-                }
-                if let (1, Some(J::String(digits))) = (map.len(), map.get("$bigint")) {
-                    return Value::BigInt(digits.clone());
-                }
-                if let (1, Some(J::String(b))) = (map.len(), map.get("$bytes")) {
-                    return Value::Bytes(
-                        base64::engine::general_purpose::STANDARD
-                            .decode(b)
-                            .unwrap_or_default(),
-                    );
-                }
-                if let (1, Some(J::Array(pairs))) = (map.len(), map.get("$dict")) {
-                    let mut dict = Dict::new();
-                    for pair in pairs {
-                        let (Some(key), Some(value)) = (pair.get(0), pair.get(1)) else {
-                            continue;
-                        };
-                        let key = match from_json(key) {
-                            Value::Str(t) => Key::Str(t),
-                            Value::Missing => Key::Str("???".into()),
-                            Value::Int(i) => Key::Int(i),
-                            Value::Float(f) => Key::float(f),
-                            Value::Bool(b) => Key::Bool(b),
-                            other => panic!("unexpected key {other:?}"),
-                        };
-                        dict.insert(key, Node::new(from_json(value)));
-                    }
-                    return Value::Dict(dict);
-                }
-                Value::Dict(
-                    map.iter()
-                        .map(|(key, value)| (Key::Str(key.clone()), Node::new(from_json(value))))
-                        .collect(),
-                )
-            }
-        }
-    }
-
-    /// serde_json (without `arbitrary_precision`) rounds integers beyond 64 bits to floats, so the
-    /// kit's big ints are rewritten as `{"$bigint": "digits"}` objects before parsing.
-    fn wrap_big_ints(line: &str) -> String {
-        let mut out = String::with_capacity(line.len());
-        let (mut in_string, mut escaped) = (false, false);
-        let mut chars = line.char_indices().peekable();
-        while let Some((at, c)) = chars.next() {
-            if in_string {
-                out.push(c);
-                (in_string, escaped) = (escaped || c != '"', !escaped && c == '\\');
-                continue;
-            }
-            if c == '"' {
-                in_string = true;
-                out.push(c);
-                continue;
-            }
-            if !(c == '-' || c.is_ascii_digit()) {
-                out.push(c);
-                continue;
-            }
-            let mut end = at + c.len_utf8();
-            while let Some(&(i, d)) = chars.peek() {
-                if !(d.is_ascii_digit() || matches!(d, '.' | 'e' | 'E' | '+' | '-')) {
-                    break;
-                }
-                end = i + d.len_utf8();
-                chars.next();
-            }
-            let token = &line[at..end];
-            let is_int = token.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit());
-            if is_int && token.parse::<i64>().is_err() {
-                out.push_str(&format!("{{\"$bigint\": \"{token}\"}}"));
-            } else {
-                out.push_str(token);
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn wrap_big_ints_only_touches_big_ints() {
-        assert_eq!(
-            wrap_big_ints(r#"{"a": 9223372036854775808, "b": "99999999999999999999", "c": [1, -1.5e300, -9223372036854775809]}"#),
-            r#"{"a": {"$bigint": "9223372036854775808"}, "b": "99999999999999999999", "c": [1, -1.5e300, {"$bigint": "-9223372036854775809"}]}"#
-        );
-    }
-
     type Check = fn(&Result<Node, YamlError>) -> bool;
 
     /// Cases whose expectation is not the loader's to meet, each with what the loader must do instead.
@@ -873,54 +738,29 @@ mod tests {
 
     #[test]
     fn conformance_yaml_typing_cases() {
-        let kit = shared_dir().join("conformance");
-        let cases =
-            std::fs::read_to_string(kit.join("cases/yaml_typing.jsonl")).unwrap_or_else(|e| {
-                panic!(
-                    "cannot read the conformance kit under {} (set RLSYNC_SHARED): {e}",
-                    kit.display()
-                )
-            });
+        let data = kit::dir().join("data/yaml_typing");
+        let cases = kit::suite("yaml_typing");
         let mut failures = Vec::new();
-        let mut count = 0;
-        for line in cases.lines().filter(|l| !l.trim().is_empty()) {
-            let case: serde_json::Value =
-                serde_json::from_str(&wrap_big_ints(line)).unwrap_or_else(|e| panic!("bad case line: {e}"));
+        for case in &cases {
             let name = case["config_name"].as_str().unwrap_or_default();
             assert_eq!(case["mode"], "cfg", "{name}");
-            assert_eq!(
-                case["overrides"].as_array().map(Vec::len),
-                Some(0),
-                "{name}"
-            );
-            let file = kit.join("data/yaml_typing").join(format!("{name}.yaml"));
-            let result = load_file(&file);
-            count += 1;
+            assert_eq!(case["overrides"].as_array().map(Vec::len), Some(0), "{name}");
+            let result = load_file(&data.join(format!("{name}.yaml")));
             let ok = if let Some(check) = deviation(name) {
                 check(&result)
             } else if let Some(regex) = case["expect"]["error"].as_str() {
-                // The kit's regexes here are literal text with escaped dots.
-                let needle = regex.replace("\\.", ".");
-                matches!(&result, Err(e) if e.to_string().contains(&needle))
+                let literal = kit::regex_literal(regex);
+                matches!((&result, literal), (Err(e), Some(lit)) if e.to_string().contains(&lit))
             } else {
-                let want = Node::new(from_json(&case["expect"]["config"]));
-                matches!(&result, Ok(got) if same_tree(got, &want))
+                let want = kit::decode(&case["expect"]["config"]);
+                matches!(&result, Ok(got) if kit::same(&got.value, &want))
             };
             if !ok {
-                failures.push(format!(
-                    "{name}: got {:?}\n   expect {}",
-                    result.map(|n| n.value),
-                    case["expect"]
-                ));
+                failures.push(format!("{name}: got {:?}\n   expect {}", result.map(|n| n.value), case["expect"]));
             }
         }
-        assert_eq!(count, 183, "case count changed");
-        assert!(
-            failures.is_empty(),
-            "{} of {count} cases failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
+        assert_eq!(cases.len(), 183, "case count changed");
+        assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
     }
 
     // ---- robustness: bad input is an error, never a panic ----

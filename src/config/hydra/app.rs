@@ -208,7 +208,7 @@ fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package:
         println!("# @package {package}");
         print!("{}", to_yaml(selected));
     } else {
-        println!("{}", hy::python_str(selected));
+        println!("{}", selected.value.python_str());
     }
     Ok(Outcome::Printed { success: true })
 }
@@ -299,8 +299,8 @@ fn format_groups(repo: &Repository, hydra_groups: bool) -> String {
 /// A help template, resolved as Hydra reads it (`cfg.hydra.help.template`); unresolvable ones stay raw.
 fn template(full: &Node, key: &str) -> String {
     match interpolate::resolve_at(full, key, &context(full)) {
-        Ok(node) => hy::python_str(&node),
-        Err(_) => full.get_path(key).map(hy::python_str).unwrap_or_default(),
+        Ok(node) => node.value.python_str(),
+        Err(_) => full.get_path(key).map(|n| n.value.python_str()).unwrap_or_default(),
     }
 }
 
@@ -334,14 +334,14 @@ fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
 /// Resolve a `hydra.*` directory setting (`outputs/${now:...}`) against the full config.
 fn resolve_dir(full: &Node, key: &str) -> Result<PathBuf, AppError> {
     let node = interpolate::resolve_at(full, key, &context(full))?;
-    Ok(PathBuf::from(hy::python_str(&node)))
+    Ok(PathBuf::from(node.value.python_str()))
 }
 
 /// Write `.hydra/{config,hydra,overrides}.yaml` under `output_dir` unless `hydra.output_subdir` is null.
 fn write_hydra_files(full: &Node, output_dir: &Path) -> Result<(), AppError> {
     let subdir = match full.get_path("hydra.output_subdir") {
         None | Some(Node { value: Value::Null, .. }) => return Ok(()),
-        Some(node) => hy::python_str(node),
+        Some(node) => node.value.python_str(),
     };
     let dir = output_dir.join(subdir);
     let io = |path: &Path, err: std::io::Error| AppError::Io { path: path.display().to_string(), reason: err.to_string() };

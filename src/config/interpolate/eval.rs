@@ -10,7 +10,7 @@ use super::ErrorKind;
 use super::ResolveContext;
 use super::grammar::{self, DictKey, Element, Interp, InterpKind, KeyPiece, Part, Text};
 use super::py::{Py, PyErr};
-use super::tree::{Body, Id, Scalar, SlotKey, Tree, scalar_to_value};
+use super::tree::{Body, Id, SlotKey, Tree};
 use crate::config::bigint::BigInt;
 use crate::config::node::{Dict, Key, Node, Value};
 
@@ -94,7 +94,7 @@ impl<'c, 'a> Engine<'c, 'a> {
     pub fn value_of(&self, r: &Res) -> Py {
         match r {
             Res::Node(id) => match self.tree.leaf(*id) {
-                Some(s) => Py::from_scalar(s),
+                Some(v) => Py::from_leaf(v),
                 None => Py::Config(*id),
             },
             Res::Val(p) => p.clone(),
@@ -385,7 +385,7 @@ impl<'c, 'a> Engine<'c, 'a> {
         };
         if let Some(id) = found
             && throw_on_missing
-            && matches!(self.tree.leaf(id), Some(Scalar::Missing))
+            && matches!(self.tree.leaf(id), Some(Value::Missing))
         {
             return Err(ErrorKind::Missing { key: self.tree.child_full_key(c, &shown_key) });
         }
@@ -415,7 +415,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                 continue;
             }
             match self.dereference(child) {
-                Err(ErrorKind::ToMissing { .. }) => self.tree.set_leaf(child, Scalar::Missing),
+                Err(ErrorKind::ToMissing { .. }) => self.tree.set_leaf(child, Value::Missing),
                 Err(e) => return Err((e, child)),
                 Ok(Res::Node(c)) if self.tree.is_container(c) => {
                     self.resolve_in_place(c)?;
@@ -433,18 +433,18 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// What `AnyNode._set_value` accepts: primitives; `???` becomes missing; interpolations are re-validated.
-    fn assignable(&self, v: Py) -> Result<Scalar, ErrorKind> {
+    fn assignable(&self, v: Py) -> Result<Value, ErrorKind> {
         Ok(match v {
-            Py::None => Scalar::Null,
-            Py::Bool(b) => Scalar::Bool(b),
-            Py::Int(i) => Scalar::Int(i),
-            Py::BigInt(d) => Scalar::BigInt(d),
-            Py::Float(f) => Scalar::Float(f),
-            Py::Bytes(b) => Scalar::Bytes(b),
-            Py::Str(s) if s == "???" => Scalar::Missing,
+            Py::None => Value::Null,
+            Py::Bool(b) => Value::Bool(b),
+            Py::Int(i) => Value::Int(i),
+            Py::BigInt(d) => Value::BigInt(d),
+            Py::Float(f) => Value::Float(f),
+            Py::Bytes(b) => Value::Bytes(b),
+            Py::Str(s) if s == "???" => Value::Missing,
             Py::Str(s) => {
                 grammar::validate_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
-                Scalar::Str(s)
+                Value::Str(s)
             }
             other => return Err(ErrorKind::UnsupportedValueType { type_name: other.type_name(&self.tree) }),
         })
@@ -461,7 +461,7 @@ impl<'c, 'a> Engine<'c, 'a> {
     fn container_content_inner(&mut self, id: Id) -> Result<Node, (ErrorKind, Id)> {
         let origin = self.tree.slot(id).origin.clone();
         let value = match self.tree.body(id).clone() {
-            Body::Leaf(s) => scalar_to_value(&s),
+            Body::Leaf(v) => v,
             Body::List(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for child in items {

@@ -713,16 +713,19 @@ impl Parser {
         Ok(Text { parts })
     }
 
-    fn nest(&mut self) -> Result<(), GrammarError> {
+    /// `inner` one nesting level deeper, refused beyond [`MAX_NESTING`].
+    fn nested<T>(&mut self, inner: fn(&mut Self) -> Result<T, GrammarError>) -> Result<T, GrammarError> {
         self.depth += 1;
-        if self.depth > MAX_NESTING { err(format!("interpolations nested deeper than {MAX_NESTING} levels")) } else { Ok(()) }
+        if self.depth > MAX_NESTING {
+            return err(format!("interpolations nested deeper than {MAX_NESTING} levels"));
+        }
+        let out = inner(self);
+        self.depth -= 1;
+        out
     }
 
     fn interpolation(&mut self) -> Result<Interp, GrammarError> {
-        self.nest()?;
-        let out = self.interpolation_inner();
-        self.depth -= 1;
-        out
+        self.nested(Self::interpolation_inner)
     }
 
     fn interpolation_inner(&mut self) -> Result<Interp, GrammarError> {
@@ -803,10 +806,7 @@ impl Parser {
     }
 
     fn element(&mut self) -> Result<Element, GrammarError> {
-        self.nest()?;
-        let out = self.element_inner();
-        self.depth -= 1;
-        out
+        self.nested(Self::element_inner)
     }
 
     fn element_inner(&mut self) -> Result<Element, GrammarError> {

@@ -4,10 +4,12 @@
 //! (`DictConfig`/`ListConfig`, here [`Py::Config`]). String interpolation uses `str()`, error messages use
 //! `repr()`, and RLinf's `multiply`/`int_div`/`subtract`/`not` follow Python's operators exactly.
 
-use super::tree::{Body, Id, Scalar, Tree};
+use super::tree::{Body, Id, Tree};
 use crate::config::bigint::BigInt;
-use crate::config::node::{Key, python_float_repr};
+use crate::config::node::{Key, PyScalar, Value};
 
+/// A Python object. Not a [`Value`]: Python lists and dicts hold Python objects (any hashable key, no
+/// origins), a config container is a reference into the working tree, and there is no missing value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Py {
     None,
@@ -22,6 +24,20 @@ pub enum Py {
     Dict(Vec<(Py, Py)>),
     /// A config container (a node of the working tree).
     Config(Id),
+}
+
+impl From<PyScalar<'_>> for Py {
+    fn from(s: PyScalar<'_>) -> Py {
+        match s {
+            PyScalar::None => Py::None,
+            PyScalar::Bool(b) => Py::Bool(b),
+            PyScalar::Int(i) => Py::Int(i),
+            PyScalar::BigInt(digits) => Py::BigInt(digits.to_owned()),
+            PyScalar::Float(f) => Py::Float(f),
+            PyScalar::Str(s) => Py::Str(s.to_owned()),
+            PyScalar::Bytes(b) => Py::Bytes(b.to_vec()),
+        }
+    }
 }
 
 /// A Python exception raised inside a resolver: class name and `str(exc)`.
@@ -53,28 +69,28 @@ impl Py {
         }
     }
 
-    pub fn from_scalar(s: &Scalar) -> Py {
-        match s {
-            Scalar::Null => Py::None,
-            Scalar::Bool(b) => Py::Bool(*b),
-            Scalar::Int(i) => Py::Int(*i),
-            Scalar::BigInt(digits) => Py::BigInt(digits.clone()),
-            Scalar::Float(f) => Py::Float(*f),
-            Scalar::Str(s) => Py::Str(s.clone()),
-            Scalar::Bytes(b) => Py::Bytes(b.clone()),
-            Scalar::Missing => Py::Str("???".into()),
-        }
+    /// A tree leaf as resolvers see it (`???` is the string `'???'`).
+    pub fn from_leaf(v: &Value) -> Py {
+        // The tree keeps containers as slots, never as leaves.
+        v.as_py().map_or(Py::None, Py::from)
     }
 
     pub fn from_key(k: &Key) -> Py {
-        match k {
-            Key::Str(s) => Py::Str(s.clone()),
-            Key::Int(i) => Py::Int(*i),
-            Key::BigInt(digits) => Py::BigInt(digits.clone()),
-            Key::Float(_) => Py::Float(k.as_f64().unwrap_or(f64::NAN)),
-            Key::Bool(b) => Py::Bool(*b),
-            Key::Null => Py::None,
-        }
+        Py::from(k.as_py())
+    }
+
+    /// The scalar this is; `None` for lists, dicts and configs.
+    fn as_scalar(&self) -> Option<PyScalar<'_>> {
+        Some(match self {
+            Py::None => PyScalar::None,
+            Py::Bool(b) => PyScalar::Bool(*b),
+            Py::Int(i) => PyScalar::Int(*i),
+            Py::BigInt(digits) => PyScalar::BigInt(digits),
+            Py::Float(f) => PyScalar::Float(*f),
+            Py::Str(s) => PyScalar::Str(s),
+            Py::Bytes(b) => PyScalar::Bytes(b),
+            Py::List(_) | Py::Dict(_) | Py::Config(_) => return None,
+        })
     }
 
     /// The dict key for this value, when Python allows it as an OmegaConf key.
@@ -92,18 +108,13 @@ impl Py {
 
     pub fn type_name(&self, tree: &Tree) -> &'static str {
         match self {
-            Py::None => "NoneType",
-            Py::Bool(_) => "bool",
-            Py::Int(_) | Py::BigInt(_) => "int",
-            Py::Float(_) => "float",
-            Py::Str(_) => "str",
-            Py::Bytes(_) => "bytes",
             Py::List(_) => "list",
             Py::Dict(_) => "dict",
             Py::Config(id) => match tree.body(*id) {
                 Body::List(_) => "ListConfig",
                 _ => "DictConfig",
             },
+            leaf => leaf.as_scalar().map_or("object", PyScalar::type_name),
         }
     }
 
@@ -118,20 +129,13 @@ impl Py {
     /// Python's `repr(x)`; a config container prints as its content, with leaves unresolved.
     pub fn repr(&self, tree: &Tree) -> String {
         match self {
-            Py::None => "None".into(),
-            Py::Bool(true) => "True".into(),
-            Py::Bool(false) => "False".into(),
-            Py::Int(i) => i.to_string(),
-            Py::BigInt(digits) => digits.clone(),
-            Py::Float(f) => python_float_repr(*f),
-            Py::Str(s) => repr_str(s),
-            Py::Bytes(b) => repr_bytes(b),
             Py::List(items) => format!("[{}]", items.iter().map(|x| x.repr(tree)).collect::<Vec<_>>().join(", ")),
             Py::Dict(pairs) => format!(
                 "{{{}}}",
                 pairs.iter().map(|(k, v)| format!("{}: {}", k.repr(tree), v.repr(tree))).collect::<Vec<_>>().join(", ")
             ),
             Py::Config(id) => config_repr(tree, *id),
+            leaf => leaf.as_scalar().map(PyScalar::repr).unwrap_or_default(),
         }
     }
 
@@ -158,10 +162,9 @@ impl Py {
 
     /// Python `==` for dict keys (`1 == 1.0 == True`).
     pub fn key_eq(&self, other: &Py) -> bool {
-        match (self.as_number(), other.as_number()) {
-            (Some(a), Some(b)) => a.eq_num(&b),
-            (None, None) => self == other,
-            _ => false,
+        match (self.as_scalar(), other.as_scalar()) {
+            (Some(a), Some(b)) => a.num_eq(b).unwrap_or_else(|| self == other),
+            _ => self == other,
         }
     }
 
@@ -178,38 +181,16 @@ impl Py {
 
 fn config_repr(tree: &Tree, id: Id) -> String {
     match tree.body(id) {
-        Body::Leaf(s) => Py::from_scalar(s).repr(tree),
+        Body::Leaf(v) => Py::from_leaf(v).repr(tree),
         Body::List(items) => format!("[{}]", items.iter().map(|&c| config_repr(tree, c)).collect::<Vec<_>>().join(", ")),
         Body::Dict(d) => format!(
             "{{{}}}",
-            d.iter().map(|(k, &c)| format!("{}: {}", Py::from_key(k).repr(tree), config_repr(tree, c))).collect::<Vec<_>>().join(", ")
+            d.iter().map(|(k, &c)| format!("{}: {}", k.as_py().repr(), config_repr(tree, c))).collect::<Vec<_>>().join(", ")
         ),
     }
 }
 
 pub use crate::config::node::python_repr_str as repr_str;
-
-fn repr_bytes(b: &[u8]) -> String {
-    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };
-    let mut out = String::from("b");
-    out.push(quote as char);
-    for &c in b {
-        match c {
-            b'\\' => out.push_str("\\\\"),
-            b'\n' => out.push_str("\\n"),
-            b'\r' => out.push_str("\\r"),
-            b'\t' => out.push_str("\\t"),
-            c if c == quote => {
-                out.push('\\');
-                out.push(c as char);
-            }
-            0x20..=0x7e => out.push(c as char),
-            c => out.push_str(&format!("\\x{c:02x}")),
-        }
-    }
-    out.push(quote as char);
-    out
-}
 
 /// A Python number: ints are exact at any size, as in Python.
 #[derive(Debug, Clone)]
@@ -231,18 +212,6 @@ impl Num {
                 }
             }
             Num::Float(f) => Ok(*f),
-        }
-    }
-
-    /// Python `==`, which compares an int and a float exactly.
-    fn eq_num(&self, other: &Num) -> bool {
-        match (self, other) {
-            (Num::Int(a), Num::Int(b)) => a == b,
-            (Num::Float(a), Num::Float(b)) => a == b,
-            (Num::Int(i), Num::Float(f)) | (Num::Float(f), Num::Int(i)) => {
-                // `{:.0}` prints an integral f64's exact decimal value.
-                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(i)
-            }
         }
     }
 }

@@ -7,7 +7,8 @@ use super::ErrorKind;
 use super::eval::{Engine, Memo, Res};
 use super::grammar;
 use super::py::{self, Py, PyErr};
-use super::tree::{Body, Id, Scalar, SlotKey};
+use super::tree::{Body, Id, SlotKey};
+use crate::config::node::Value;
 
 /// A Python function signature: its name (as Python prints it), required and optional parameters.
 struct Sig {
@@ -146,7 +147,7 @@ impl Engine<'_, '_> {
             return Err(py_err("AttributeError", format!("'{}' object has no attribute 'startswith'", key.type_name(&self.tree))));
         };
         match self.select_node(owner, &key, false)? {
-            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Scalar::Missing)) => Ok(default.unwrap_or(Py::None)),
+            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => Ok(default.unwrap_or(Py::None)),
             Some(r) => Ok(self.value_of(&r)),
             None => Ok(default.unwrap_or(Py::None)),
         }
@@ -284,7 +285,7 @@ impl Engine<'_, '_> {
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let leaf = Body::Leaf(Scalar::Str(format!("${{{base}.{k}}}")));
+                let leaf = Body::Leaf(Value::Str(format!("${{{base}.{k}}}")));
                 self.tree.add(Some(list), Some(SlotKey::Index(i)), leaf, None)
             })
             .collect();
@@ -303,7 +304,7 @@ impl Engine<'_, '_> {
         // `select` without `absolute_key` reads keys relative to the node it is given.
         let rel = if path.starts_with('.') { path } else { format!(".{path}") };
         match self.select_node(hydra, &rel, false)? {
-            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Scalar::Missing)) => Ok(Py::None),
+            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => Ok(Py::None),
             Some(r) => Ok(self.value_of(&r)),
             None => Ok(Py::None),
         }

@@ -10,23 +10,12 @@ use crate::config::node::{Key, Node, Origin, Value};
 
 pub type Id = usize;
 
-/// A leaf value. Strings containing `${` are interpolations.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Scalar {
-    Null,
-    Bool(bool),
-    Int(i64),
-    /// An int outside `i64`, as canonical decimal digits.
-    BigInt(String),
-    Float(f64),
-    Str(String),
-    Bytes(Vec<u8>),
-    Missing,
-}
-
 #[derive(Debug, Clone)]
 pub enum Body {
-    Leaf(Scalar),
+    /// A leaf: any [`Value`] but a list or dict (a container's children are slots of their own, so the
+    /// tree builds every container as [`Body::List`] / [`Body::Dict`]). Strings containing `${` are
+    /// interpolations.
+    Leaf(Value),
     Dict(IndexMap<Key, Id>),
     List(Vec<Id>),
 }
@@ -77,16 +66,9 @@ impl Tree {
     pub fn insert_node(&mut self, node: &Node, parent: Option<Id>, key: Option<SlotKey>) -> Id {
         let origin = node.origin.clone();
         let body = match &node.value {
-            Value::Null => Body::Leaf(Scalar::Null),
-            Value::Bool(b) => Body::Leaf(Scalar::Bool(*b)),
-            Value::Int(i) => Body::Leaf(Scalar::Int(*i)),
-            Value::BigInt(d) => Body::Leaf(Scalar::BigInt(d.clone())),
-            Value::Float(f) => Body::Leaf(Scalar::Float(*f)),
-            Value::Str(s) => Body::Leaf(Scalar::Str(s.clone())),
-            Value::Bytes(b) => Body::Leaf(Scalar::Bytes(b.clone())),
-            Value::Missing => Body::Leaf(Scalar::Missing),
             Value::List(_) => Body::List(Vec::new()),
             Value::Dict(_) => Body::Dict(IndexMap::new()),
+            leaf => Body::Leaf(leaf.clone()),
         };
         let id = self.add(parent, key, body, origin);
         match &node.value {
@@ -108,7 +90,7 @@ impl Tree {
     pub fn to_node(&self, id: Id) -> Node {
         let slot = self.slot(id);
         let value = match &slot.body {
-            Body::Leaf(s) => scalar_to_value(s),
+            Body::Leaf(v) => v.clone(),
             Body::List(items) => Value::List(items.iter().map(|&c| self.to_node(c)).collect()),
             Body::Dict(d) => Value::Dict(d.iter().map(|(k, &c)| (k.clone(), self.to_node(c))).collect()),
         };
@@ -119,7 +101,7 @@ impl Tree {
     pub fn deep_copy(&mut self, src: Id, parent: Option<Id>, key: Option<SlotKey>) -> Id {
         let origin = self.slot(src).origin.clone();
         let body = self.slot(src).body.clone();
-        let id = self.add(parent, key, Body::Leaf(Scalar::Null), origin);
+        let id = self.add(parent, key, Body::Leaf(Value::Null), origin);
         let body = match body {
             Body::Leaf(s) => Body::Leaf(s),
             Body::List(items) => {
@@ -162,11 +144,11 @@ impl Tree {
         }
     }
 
-    pub fn set_leaf(&mut self, id: Id, value: Scalar) {
+    pub fn set_leaf(&mut self, id: Id, value: Value) {
         self.slot_mut(id).body = Body::Leaf(value);
     }
 
-    pub fn leaf(&self, id: Id) -> Option<&Scalar> {
+    pub fn leaf(&self, id: Id) -> Option<&Value> {
         match &self.slot(id).body {
             Body::Leaf(s) => Some(s),
             _ => None,
@@ -180,7 +162,7 @@ impl Tree {
     /// The interpolation string of a leaf, if it is one.
     pub fn interpolation(&self, id: Id) -> Option<&str> {
         match self.leaf(id) {
-            Some(Scalar::Str(s)) if s.contains("${") => Some(s),
+            Some(Value::Str(s)) if s.contains("${") => Some(s),
             _ => None,
         }
     }
@@ -226,19 +208,6 @@ impl Tree {
     }
 }
 
-pub fn scalar_to_value(s: &Scalar) -> Value {
-    match s {
-        Scalar::Null => Value::Null,
-        Scalar::Bool(b) => Value::Bool(*b),
-        Scalar::Int(i) => Value::Int(*i),
-        Scalar::BigInt(d) => Value::BigInt(d.clone()),
-        Scalar::Float(f) => Value::Float(*f),
-        Scalar::Str(s) => Value::Str(s.clone()),
-        Scalar::Bytes(b) => Value::Bytes(b.clone()),
-        Scalar::Missing => Value::Missing,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,7 +246,7 @@ mod tests {
         let root = t.insert_node(&sample(), None, None);
         let copy = t.deep_copy(root, None, None);
         let Body::Dict(d) = t.body(copy).clone() else { panic!("dict") };
-        t.set_leaf(d[&Key::Int(3)], Scalar::Int(9));
+        t.set_leaf(d[&Key::Int(3)], Value::Int(9));
         assert_eq!(t.to_node(root), sample());
         assert_ne!(t.to_node(copy), sample());
     }

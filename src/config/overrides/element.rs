@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::OverrideError;
-use crate::config::node::{Dict, Key, Node, Origin, Value, python_float_repr};
+use crate::config::node::{Dict, Key, Node, Origin, PyScalar, Value, python_float_repr};
 
 /// The quote a string was written with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,14 +88,23 @@ impl Element {
     /// Python's type name of the value (`str`, `int`, `NoneType`, ...), as Hydra's messages print it.
     pub fn type_name(&self) -> &'static str {
         match self {
-            Element::Null => "NoneType",
-            Element::Bool(_) => "bool",
-            Element::Int(_) | Element::BigInt(_) => "int",
-            Element::Float(_) => "float",
-            Element::Str { .. } => "str",
             Element::List(_) => "list",
             Element::Dict(_) => "dict",
+            leaf => leaf.as_scalar().map_or("object", PyScalar::type_name),
         }
+    }
+
+    /// The Python scalar this is (a quoted string is its text); `None` for lists and dicts.
+    fn as_scalar(&self) -> Option<PyScalar<'_>> {
+        Some(match self {
+            Element::Null => PyScalar::None,
+            Element::Bool(b) => PyScalar::Bool(*b),
+            Element::Int(i) => PyScalar::Int(*i),
+            Element::BigInt(digits) => PyScalar::BigInt(digits),
+            Element::Float(f) => PyScalar::Float(*f),
+            Element::Str { value, .. } => PyScalar::Str(value),
+            Element::List(_) | Element::Dict(_) => return None,
+        })
     }
 
     pub fn as_str(&self) -> Option<&str> {
@@ -165,13 +174,6 @@ impl Element {
     /// Python's `repr()` of the value (quotes dropped from quoted strings, as `Override.value()` does).
     pub fn python_repr(&self) -> String {
         match self {
-            Element::Null => "None".into(),
-            Element::Bool(true) => "True".into(),
-            Element::Bool(false) => "False".into(),
-            Element::Int(i) => i.to_string(),
-            Element::BigInt(d) => d.clone(),
-            Element::Float(f) => python_float_repr(*f),
-            Element::Str { value, .. } => super::value::py_repr_str(value),
             Element::List(items) => {
                 format!(
                     "[{}]",
@@ -185,10 +187,11 @@ impl Element {
             Element::Dict(pairs) => {
                 let inner: Vec<String> = pairs
                     .iter()
-                    .map(|(k, v)| format!("{}: {}", key_repr(k), v.python_repr()))
+                    .map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.python_repr()))
                     .collect();
                 format!("{{{}}}", inner.join(", "))
             }
+            leaf => leaf.as_scalar().map(PyScalar::repr).unwrap_or_default(),
         }
     }
 }
@@ -197,13 +200,6 @@ fn key_override_text(k: &Key) -> String {
     match k {
         Key::Str(s) => escape_special_characters(s),
         Key::Null => "null".into(),
-        other => other.to_string(),
-    }
-}
-
-fn key_repr(k: &Key) -> String {
-    match k {
-        Key::Str(s) => super::value::py_repr_str(s),
         other => other.to_string(),
     }
 }

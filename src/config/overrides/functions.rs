@@ -537,6 +537,16 @@ fn is_underscored_digits(s: &str) -> bool {
         && !s.contains("__")
 }
 
+/// What Python's `int(str)` and `float(str)` both do first: drop surrounding whitespace, then split off a sign.
+fn split_sign(s: &str) -> (bool, &str) {
+    let t = s.trim();
+    match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    }
+}
+
 /// Python's `int(str)` in base 10: surrounding whitespace, a sign, digits with single underscores.
 fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
     let invalid = || {
@@ -545,12 +555,7 @@ fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
             super::value::py_repr_str(s)
         ))
     };
-    let t = s.trim();
-    let (negative, digits) = match t.as_bytes().first() {
-        Some(b'-') => (true, &t[1..]),
-        Some(b'+') => (false, &t[1..]),
-        _ => (false, t),
-    };
+    let (negative, digits) = split_sign(s);
     if !is_underscored_digits(digits) {
         return Err(invalid());
     }
@@ -567,12 +572,7 @@ fn py_float_from_str(s: &str) -> Result<f64, Raise> {
             super::value::py_repr_str(s)
         ))
     };
-    let t = s.trim();
-    let (negative, body) = match t.as_bytes().first() {
-        Some(b'-') => (true, &t[1..]),
-        Some(b'+') => (false, &t[1..]),
-        _ => (false, t),
-    };
+    let (negative, body) = split_sign(s);
     let magnitude = match body.to_ascii_lowercase().as_str() {
         "inf" | "infinity" => f64::INFINITY,
         "nan" => f64::NAN,

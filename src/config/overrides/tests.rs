@@ -1,12 +1,11 @@
 //! Tests of the override grammar: data-driven cases, the conformance kit's values, and fuzzing.
 
-use std::path::PathBuf;
-
 use proptest::prelude::*;
 use serde_json::Value as Json;
 
 use super::*;
-use crate::config::node::{Key, Node, Value};
+use crate::config::kit::{self, decode, regex_literal, same};
+use crate::config::node::{Key, Node};
 
 /// A compact rendering that shows types: Python's repr for elements, a tag for sweeps.
 fn render(o: &Override) -> String {
@@ -564,108 +563,6 @@ fn multirun_expansion_reparses() {
 
 // ----- the conformance kit's override_values suite -----
 
-fn conformance_dir() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let candidates = [
-        std::env::var_os("RLSYNC_CONFORMANCE").map(PathBuf::from),
-        Some(manifest.join("../shared/conformance")),
-        Some(manifest.join("../../shared/conformance")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| p.join("cases/override_values.jsonl").is_file())
-        .unwrap_or_else(|| {
-            panic!("conformance kit not found; set RLSYNC_CONFORMANCE to its directory")
-        })
-}
-
-/// The conformance README's encoding of values JSON cannot express.
-fn decode(j: &Json) -> Value {
-    match j {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
-        Json::Number(n) => match n.as_i64() {
-            Some(i) if !n.is_f64() => Value::Int(i),
-            _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Json::String(s) => Value::Str(s.clone()),
-        Json::Array(items) => Value::List(items.iter().map(|i| Node::new(decode(i))).collect()),
-        Json::Object(map) => {
-            if let (1, Some(Json::String(f))) = (map.len(), map.get("$float")) {
-                return Value::Float(match f.as_str() {
-                    "inf" => f64::INFINITY,
-                    "-inf" => f64::NEG_INFINITY,
-                    _ => f64::NAN,
-                });
-            }
-            let mut dict = crate::config::node::Dict::new();
-            if let (1, Some(Json::Array(pairs))) = (map.len(), map.get("$dict")) {
-                for pair in pairs {
-                    if let Some([k, v]) = pair.as_array().map(Vec::as_slice) {
-                        dict.insert(decode_key(k), Node::new(decode(v)));
-                    }
-                }
-                return Value::Dict(dict);
-            }
-            for (k, v) in map {
-                dict.insert(Key::from(k.as_str()), Node::new(decode(v)));
-            }
-            Value::Dict(dict)
-        }
-    }
-}
-
-fn decode_key(j: &Json) -> Key {
-    match decode(j) {
-        Value::Int(i) => Key::Int(i),
-        Value::Float(f) => Key::float(f),
-        Value::Bool(b) => Key::Bool(b),
-        Value::Str(s) => Key::Str(s),
-        _ => Key::Null,
-    }
-}
-
-/// Equality as the harness checks it: types count, key order counts, NaN equals NaN, origins do not.
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Float(x), Value::Float(y)) => x == y || (x.is_nan() && y.is_nan()),
-        (Value::Missing, Value::Str(s)) | (Value::Str(s), Value::Missing) => s == "???",
-        (Value::List(x), Value::List(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(&p.value, &q.value))
-        }
-        (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .zip(y)
-                    .all(|((k1, v1), (k2, v2))| k1 == k2 && same(&v1.value, &v2.value))
-        }
-        _ => a == b,
-    }
-}
-
-/// Undo Python's `re.escape` on a regex that is a plain literal; `None` if it has real metacharacters.
-fn regex_literal(re: &str) -> Option<String> {
-    let mut out = String::new();
-    let mut chars = re.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => {
-                let next = chars.next()?;
-                if next.is_ascii_alphanumeric() {
-                    return None;
-                }
-                out.push(next);
-            }
-            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => {
-                return None;
-            }
-            c => out.push(c),
-        }
-    }
-    Some(out)
-}
-
 #[derive(Default, Debug)]
 struct Coverage {
     /// Typed values compared with Hydra's composed config.
@@ -764,20 +661,9 @@ fn conformance_case(case: &Json, cov: &mut Coverage) {
 
 #[test]
 fn conformance_cases() {
-    let dir = conformance_dir().join("cases");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
-        .collect();
-    files.sort();
     let mut cov = Coverage::default();
-    for path in &files {
-        let text =
-            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for (n, line) in text.lines().enumerate() {
-            let case: Json = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("{}:{}: {e}", path.display(), n + 1));
+    for path in kit::case_files() {
+        for case in kit::read_cases(&path) {
             conformance_case(&case, &mut cov);
         }
     }

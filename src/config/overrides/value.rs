@@ -10,8 +10,10 @@ use super::OverrideValue;
 use super::element::{Element, Quote};
 use super::sweep::{ChoiceSweep, GlobSweep, IntervalSweep, RangeSweep, Sweep};
 use crate::config::bigint::BigInt;
-use crate::config::node::{Key, python_float_repr};
+use crate::config::node::{Key, PyScalar};
 
+/// Not an [`Element`] (nor a config `Value`): it may hold sweeps and quoted strings inside containers
+/// (see the module comment); its scalars are [`PyScalar`]s for Python's `repr` and type names.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Val {
     Null,
@@ -54,11 +56,6 @@ impl Val {
     /// Python's `type(v).__name__`.
     pub fn type_name(&self) -> &'static str {
         match self {
-            Val::Null => "NoneType",
-            Val::Bool(_) => "bool",
-            Val::Int(_) | Val::BigInt(_) => "int",
-            Val::Float(_) => "float",
-            Val::Str(_) => "str",
             Val::Quoted(..) => "QuotedString",
             Val::List(_) => "list",
             Val::Dict(_) => "dict",
@@ -66,7 +63,21 @@ impl Val {
             Val::Range(_) => "RangeSweep",
             Val::Interval(_) => "IntervalSweep",
             Val::Glob(_) => "Glob",
+            leaf => leaf.as_scalar().map_or("object", PyScalar::type_name),
         }
+    }
+
+    /// The Python scalar this is; `None` for quoted strings, containers and sweeps.
+    fn as_scalar(&self) -> Option<PyScalar<'_>> {
+        Some(match self {
+            Val::Null => PyScalar::None,
+            Val::Bool(b) => PyScalar::Bool(*b),
+            Val::Int(i) => PyScalar::Int(*i),
+            Val::BigInt(digits) => PyScalar::BigInt(digits),
+            Val::Float(f) => PyScalar::Float(*f),
+            Val::Str(s) => PyScalar::Str(s),
+            _ => return None,
+        })
     }
 
     pub fn is_sweep(&self) -> bool {
@@ -104,15 +115,8 @@ impl Val {
 
 /// Python `a == b` (`1 == 1.0 == True`, `QuotedString` equal only to an equal `QuotedString`).
 pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
-    if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
-        return x == y;
-    }
-    // Python compares an int and a float exactly; only big ints can tell the difference from `f64`.
-    if let (Val::BigInt(d), Val::Float(f)) | (Val::Float(f), Val::BigInt(d)) = (a, b) {
-        return f.is_finite() && f.fract() == 0.0 && format!("{f:.0}") == *d;
-    }
-    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
-        return x == y;
+    if let Some(eq) = a.as_scalar().zip(b.as_scalar()).and_then(|(x, y)| x.num_eq(y)) {
+        return eq;
     }
     match (a, b) {
         (Val::Null, Val::Null) => true,
@@ -132,18 +136,7 @@ pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
 
 /// Python dict-key equality (`{1: a, 1.0: b, true: c}` has one key).
 pub(super) fn key_eq(a: &Key, b: &Key) -> bool {
-    py_eq(&key_val(a), &key_val(b))
-}
-
-fn key_val(k: &Key) -> Val {
-    match k {
-        Key::Str(s) => Val::Str(s.clone()),
-        Key::Int(i) => Val::Int(*i),
-        Key::BigInt(d) => Val::BigInt(d.clone()),
-        Key::Float(_) => Val::Float(k.as_f64().unwrap_or(f64::NAN)),
-        Key::Bool(b) => Val::Bool(*b),
-        Key::Null => Val::Null,
-    }
+    a.as_py().num_eq(b.as_py()).unwrap_or_else(|| a == b)
 }
 
 /// Python `a < b`; `Err` is Python's TypeError message for unorderable types.
@@ -205,14 +198,10 @@ pub(super) use crate::config::node::python_repr_str as py_repr_str;
 
 /// Python's `repr()` of a value, for error messages.
 pub(super) fn py_repr(v: &Val) -> String {
+    if let Some(scalar) = v.as_scalar() {
+        return scalar.repr();
+    }
     match v {
-        Val::Null => "None".into(),
-        Val::Bool(true) => "True".into(),
-        Val::Bool(false) => "False".into(),
-        Val::Int(i) => i.to_string(),
-        Val::BigInt(d) => d.clone(),
-        Val::Float(f) => python_float_repr(*f),
-        Val::Str(s) => py_repr_str(s),
         Val::Quoted(s, q) => format!(
             "QuotedString(text={}, quote=<Quote.{}>)",
             py_repr_str(s),
@@ -225,7 +214,7 @@ pub(super) fn py_repr(v: &Val) -> String {
         Val::Dict(pairs) => {
             let inner: Vec<String> = pairs
                 .iter()
-                .map(|(k, v)| format!("{}: {}", py_repr(&key_val(k)), py_repr(v)))
+                .map(|(k, v)| format!("{}: {}", k.as_py().repr(), py_repr(v)))
                 .collect();
             format!("{{{}}}", inner.join(", "))
         }
