@@ -24,8 +24,10 @@ pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 /// How long any single wait may take unless the channel was built with another timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Payloads in flight at once unless configured otherwise: one being read while the next is filled.
-pub const DEFAULT_SLOTS: usize = 2;
+/// Payloads in flight at once unless configured otherwise. Bucket parts are 8 MiB, so four slots keep the
+/// sender a few parts ahead of a receiver's copy (measured: bucket sync over shm 1.40–1.47× memcpy with four,
+/// 1.50–1.58× with two) for 32 MiB of segments.
+pub const DEFAULT_SLOTS: usize = 4;
 
 /// Page offset (in a 4 KiB page) where every payload starts. Copies whose destination sits a little after
 /// their source modulo 4 KiB run about 3x slower (loads falsely wait on earlier stores to the same page

@@ -284,7 +284,9 @@ async fn inproc_broadcasts_every_payload_to_every_receiver() {
 async fn inproc_names_the_receiver_that_stalls_or_leaves() {
     let (mut tx, mut rxs) = inproc_channel_with_timeout(2, Duration::from_millis(100));
     tx.send(b"one").await.expect("first payload");
-    tx.send(b"two").await.expect("second payload");
+    for _ in 1..rlsync::transport::DEFAULT_SLOTS {
+        tx.send(b"more").await.expect("payload filling a slot");
+    }
     let Some(rx0) = rxs.get_mut(0) else {
         panic!("rank 0")
     };
@@ -292,7 +294,7 @@ async fn inproc_names_the_receiver_that_stalls_or_leaves() {
         rx0.recv_with(<[u8]>::to_vec).await.expect("rank 0 reads"),
         b"one"
     );
-    // Both slots are in flight and rank 1 never reads: the third send times out naming rank 1 only.
+    // Every slot is in flight and rank 1 never reads: the next send times out naming rank 1 only.
     let err = tx.send(b"three").await.expect_err("stalled receiver");
     assert!(
         matches!(
