@@ -259,6 +259,16 @@ mod tests {
     }
 
     #[test]
+    fn a_learner_error_names_each_cause_once() {
+        let rl = crate::rl::RlError::Checkpoint { path: "/ckpt".into(), reason: "metadata `version` is missing".into() };
+        let err = WorkerError::from(workload::WorkloadError::from(rl));
+        // `main` prints the chain with `{:#}`: every cause must appear exactly once.
+        assert_eq!(format!("{:#}", anyhow::Error::from(err)), "workload: learner: checkpoint /ckpt: metadata `version` is missing");
+        let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer { version: 2, last: 3 });
+        assert_eq!(format!("{:#}", anyhow::Error::from(sync)), "weight sync: version 2 is not newer than the last sent version 3");
+    }
+
+    #[test]
     fn bad_worker_arguments_are_named() {
         check_usage_error("--role critic --rank 0 --run-dir d", "unknown role 'critic'");
         check_usage_error("--role trainer --rank x --run-dir d", "rank 'x'");
