@@ -32,6 +32,7 @@ fn train(dir: &Dir, name: &str, extra: &[&str]) -> Vec<Row> {
         "env@env.train=reach",
         "env@env.eval=reach",
         "env.eval.seed=99",
+        "env.eval.total_num_envs=4",
         "rollout.model.precision=fp32",
         "actor.seed=7",
         "actor.optim.lr=1e-3",
@@ -209,4 +210,23 @@ fn torchscript_example_exports_trains_checkpoints_and_resumes() {
     assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
     let path = format!("actor.model.torchscript_path={}", policy.display());
     check_checkpoint_and_resume(&dir, &["model@actor.model=torchscript", path.as_str()]);
+}
+
+#[test]
+fn the_embedded_default_trains_reach_with_mlp_policy_ppo_and_patch_sync() {
+    let dir = Dir::new();
+    // The default as `make run` starts it, shortened to 2 steps with an eval after each.
+    dir.run(&["train_embodied", "hydra.run.dir=default", "runner.max_steps=2", "runner.val_check_interval=1"]).ok();
+    let config = std::fs::read_to_string(dir.join("default/.hydra/config.yaml")).unwrap_or_default();
+    for want in ["model_type: mlp_policy", "env_type: reach", "adv_type: gae", "type: patch"] {
+        assert!(config.contains(want), "default config lacks `{want}`:\n{config}");
+    }
+    for worker in ["trainer-0", "rollout-0", "rollout-1"] {
+        assert!(dir.join(format!("default/logs/{worker}.log")).is_file(), "{worker} did not run");
+    }
+    let rows = rows_of(&dir, "default");
+    assert_eq!(rows.len(), 2);
+    for key in ["actor/loss", "actor/behav_approx_kl", "eval/return", "eval/success_rate", "learner/global_step"] {
+        assert!(num(&rows[1], key).is_finite(), "{key} missing in {:?}", rows[1]);
+    }
 }

@@ -308,6 +308,14 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
     assert!(text.contains("model `mlp_policy` needs the libtorch learner"), "{text}");
     assert!(text.contains("model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"), "{text}");
     assert!(!dir.path().join("logs").exists(), "no worker was started");
+
+    // The embedded default (reach with mlp_policy) from the command line: one error, said once.
+    let run_dir = format!("hydra.run.dir={}", dir.path().join("cli").display());
+    let out = std::process::Command::new(BIN).args(["train_embodied", run_dir.as_str()]).output().expect("start rlsync");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("needs the libtorch learner").count(), 1, "{stderr}");
+    assert!(stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"), "{stderr}");
 }
 
 #[test]
