@@ -222,7 +222,7 @@ fn the_embedded_default_trains_reach_with_mlp_policy_ppo_and_patch_sync() {
         assert!(config.contains(want), "default config lacks `{want}`:\n{config}");
     }
     for worker in ["trainer-0", "rollout-0", "rollout-1"] {
-        assert!(dir.join(format!("default/logs/{worker}.log")).is_file(), "{worker} did not run");
+        assert!(dir.join(&format!("default/logs/{worker}.log")).is_file(), "{worker} did not run");
     }
     let rows = rows_of(&dir, "default");
     assert_eq!(rows.len(), 2);
