@@ -103,6 +103,7 @@ fn secs(value: f64) -> Duration {
 
 /// Run one training job with `cfg` in `run_dir` (created if missing). Blocks until the job ends.
 pub fn run(entry: Entry, cfg: &RunConfig, run_dir: &Path, opts: RunOptions) -> Result<RunSummary, OrchestratorError> {
+    crate::worker::workload::preflight(cfg).map_err(|e| OrchestratorError::Config { reason: e.to_string() })?;
     let plan = plan::plan(entry, cfg)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(OrchestratorError::Runtime)?;
     // A current-thread runtime keeps every spawn on this thread, which PR_SET_PDEATHSIG ties the workers to.

@@ -32,7 +32,7 @@ use dummy as backend;
 use std::path::PathBuf;
 
 pub use advantage::{gae, group_relative};
-pub use backend::{Actor, Learner};
+pub use backend::{Actor, Learner, available};
 pub use checkpoint_layout::{CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint};
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
@@ -65,8 +65,13 @@ impl ParamRole {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RlError {
-    #[error("rlsync was built without the `torch` feature; rebuild with `--features torch` (LIBTORCH_USE_PYTORCH=1) to use {what}")]
-    NoTorch { what: &'static str },
+    #[error(
+        "model `{model}` needs the libtorch learner, and this rlsync was built without the `torch` feature: \
+         build it with `make build` (cargo build --release --features torch, with LIBTORCH_USE_PYTORCH=1), or run \
+         the synthetic workload instead by adding the overrides \
+         `model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic`"
+    )]
+    NoTorch { model: &'static str },
     #[error("model type `{model}` cannot be used by the learner (use mlp_policy, vla_tiny or torchscript)")]
     UnsupportedModel { model: String },
     #[error("actor.model.torchscript_path must be set for model_type torchscript")]

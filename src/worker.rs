@@ -33,26 +33,52 @@ pub fn launch_file(run_dir: &Path) -> PathBuf {
 pub enum WorkerError {
     #[error("worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)")]
     Usage { reason: String },
-    #[error("cannot read launch file {path}: {source}")]
-    LaunchFile { path: PathBuf, source: std::io::Error },
-    #[error("launch file {path}: {source}")]
-    LaunchFormat { path: PathBuf, source: ProtocolError },
-    #[error("cannot connect to the orchestrator at {path}: {source}")]
-    Connect { path: PathBuf, source: std::io::Error },
+    #[error("cannot read launch file {path}: {error}")]
+    LaunchFile { path: PathBuf, error: std::io::Error },
+    #[error("launch file {path}: {error}")]
+    LaunchFormat { path: PathBuf, error: ProtocolError },
+    #[error("cannot connect to the orchestrator at {path}: {error}")]
+    Connect { path: PathBuf, error: std::io::Error },
     #[error("control connection: {0}")]
-    Protocol(#[from] ProtocolError),
+    Protocol(ProtocolError),
     #[error("the orchestrator went away")]
     OrchestratorGone,
     #[error("weight sync: {0}")]
-    Sync(#[from] crate::syncer::SyncError),
+    Sync(crate::syncer::SyncError),
     #[error("weight transport: {0}")]
-    Transport(#[from] crate::transport::TransportError),
+    Transport(crate::transport::TransportError),
     #[error("workload: {0}")]
-    Workload(#[from] workload::WorkloadError),
+    Workload(workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
     #[error("cannot start the worker runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+// Each message above already contains its cause's text, so no variant exposes it as `source()` as well:
+// `main` prints the error chain (`{:#}`), which would otherwise repeat every cause once per level.
+impl From<ProtocolError> for WorkerError {
+    fn from(e: ProtocolError) -> Self {
+        WorkerError::Protocol(e)
+    }
+}
+
+impl From<crate::syncer::SyncError> for WorkerError {
+    fn from(e: crate::syncer::SyncError) -> Self {
+        WorkerError::Sync(e)
+    }
+}
+
+impl From<crate::transport::TransportError> for WorkerError {
+    fn from(e: crate::transport::TransportError) -> Self {
+        WorkerError::Transport(e)
+    }
+}
+
+impl From<workload::WorkloadError> for WorkerError {
+    fn from(e: workload::WorkloadError) -> Self {
+        WorkerError::Workload(e)
+    }
 }
 
 /// Parsed `rlsync worker` arguments.
@@ -87,8 +113,8 @@ pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
 pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
     let args = parse_args(args)?;
     let path = launch_file(&args.run_dir);
-    let bytes = std::fs::read(&path).map_err(|source| WorkerError::LaunchFile { path: path.clone(), source })?;
-    let launch = protocol::decode_launch(&bytes).map_err(|source| WorkerError::LaunchFormat { path, source })?;
+    let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile { path: path.clone(), error })?;
+    let launch = protocol::decode_launch(&bytes).map_err(|error| WorkerError::LaunchFormat { path, error })?;
     crate::logging::init_console(launch.config.runner.logger.level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -145,7 +171,7 @@ impl Control {
     pub async fn connect(path: &Path, hello: &Hello) -> Result<Control, WorkerError> {
         let stream = UnixStream::connect(path)
             .await
-            .map_err(|source| WorkerError::Connect { path: path.to_owned(), source })?;
+            .map_err(|error| WorkerError::Connect { path: path.to_owned(), error })?;
         let (mut reader, mut writer) = stream.into_split();
         protocol::write_frame(&mut writer, &Report::Hello(hello.clone()), &[]).await?;
         let (tx, commands) = mpsc::channel(16);
@@ -230,6 +256,16 @@ mod tests {
     fn check_usage_error(line: &str, expect: &str) {
         let err = parse_args(&args(line)).unwrap_err().to_string();
         assert!(err.contains(expect), "'{err}' should mention '{expect}'");
+    }
+
+    #[test]
+    fn a_learner_error_names_each_cause_once() {
+        let rl = crate::rl::RlError::Checkpoint { path: "/ckpt".into(), reason: "metadata `version` is missing".into() };
+        let err = WorkerError::from(workload::WorkloadError::from(rl));
+        // `main` prints the chain with `{:#}`: every cause must appear exactly once.
+        assert_eq!(format!("{:#}", anyhow::Error::from(err)), "workload: learner: checkpoint /ckpt: metadata `version` is missing");
+        let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer { version: 2, last: 3 });
+        assert_eq!(format!("{:#}", anyhow::Error::from(sync)), "weight sync: version 2 is not newer than the last sent version 3");
     }
 
     #[test]

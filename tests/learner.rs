@@ -1,11 +1,27 @@
 //! The libtorch learner through real worker processes: `rlsync train_embodied` on reach learns, rollouts act
-//! with exactly the trainer's weights (patch and bucket), and vla_tiny's frozen keys stay out of patches.
+//! with exactly the trainer's weights (patch and bucket), vla_tiny's frozen keys stay out of patches, and
+//! checkpoints (mlp_policy and the TorchScript example) resume where they were saved.
 
+use std::collections::HashMap;
+use std::path::Path;
+
+use rlsync::tensor::{StateDict, state_checksum};
 use serde_json::{Map, Value};
 
 use crate::util::Dir;
 
 type Row = Map<String, Value>;
+
+/// The metrics rows of the run in `<dir>/<name>` (none if it wrote none).
+fn rows_of(dir: &Dir, name: &str) -> Vec<Row> {
+    let text = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).unwrap_or_default();
+    text.lines()
+        .map(|l| match serde_json::from_str(l) {
+            Ok(Value::Object(map)) => map,
+            other => panic!("bad metrics line {l}: {other:?}"),
+        })
+        .collect()
+}
 
 /// A seeded PPO run on reach with mlp_policy (fp32 rollouts) plus `extra` overrides; its metrics rows.
 fn train(dir: &Dir, name: &str, extra: &[&str]) -> Vec<Row> {
@@ -16,6 +32,7 @@ fn train(dir: &Dir, name: &str, extra: &[&str]) -> Vec<Row> {
         "env@env.train=reach",
         "env@env.eval=reach",
         "env.eval.seed=99",
+        "env.eval.total_num_envs=4",
         "rollout.model.precision=fp32",
         "actor.seed=7",
         "actor.optim.lr=1e-3",
@@ -32,13 +49,7 @@ fn train(dir: &Dir, name: &str, extra: &[&str]) -> Vec<Row> {
     ];
     args.extend_from_slice(extra);
     dir.run(&args).ok();
-    let text = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).unwrap_or_default();
-    text.lines()
-        .map(|l| match serde_json::from_str(l) {
-            Ok(Value::Object(map)) => map,
-            other => panic!("bad metrics line {l}: {other:?}"),
-        })
-        .collect()
+    rows_of(dir, name)
 }
 
 fn num(row: &Row, key: &str) -> f64 {
@@ -104,5 +115,118 @@ fn vla_tiny_patches_never_cover_the_frozen_backbone() {
         let scope = int(row, "sync/state_bytes");
         assert!(scope > 0 && scope < bootstrap_elements, "patch scope {scope} B vs bootstrap {bootstrap_elements} elements");
         assert!(int(row, "sync/changed") > 0, "the adapters and heads train: {row:?}");
+    }
+}
+
+/// The Python that has torch: the one tch was built against (`PYTHON_SYS_EXECUTABLE`, which `make test`
+/// exports), else `python` on PATH.
+fn python() -> String {
+    std::env::var("PYTHON_SYS_EXECUTABLE").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python".into())
+}
+
+/// Runs reach for `steps` steps with the `model` overrides in `<dir>/<name>`, plus `extra`; asserts success.
+fn run_reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) -> Vec<Row> {
+    let run_dir = format!("hydra.run.dir={name}");
+    let max_steps = format!("runner.max_steps={steps}");
+    let mut args = vec!["train_embodied", "env@env.train=reach", "env@env.eval=reach", "rollout.model.precision=fp32"];
+    args.extend_from_slice(model);
+    args.extend(["actor.seed=7", "env.train.total_num_envs=8", "env.train.max_steps_per_rollout_epoch=16"]);
+    args.extend(["rollout.chunk_steps=16", "runner.logger.logger_backends=[]", max_steps.as_str(), run_dir.as_str()]);
+    args.extend_from_slice(extra);
+    dir.run(&args).ok();
+    rows_of(dir, name)
+}
+
+/// The string metadata of a safetensors file.
+fn metadata(path: &Path) -> HashMap<String, String> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+    meta.metadata().clone().unwrap_or_default()
+}
+
+/// The checksum of the weights in a checkpoint file, computed here from the file (every entry, names sorted),
+/// in the `0x…` form the learner writes.
+fn file_checksum(path: &Path) -> String {
+    let state = StateDict::load_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut keys: Vec<String> = state.keys().map(str::to_owned).collect();
+    keys.sort();
+    format!("{:#018x}", state_checksum(&state, &keys))
+}
+
+/// Trains 3 steps saving every 3, checks the checkpoint's files, then resumes for 1 step and checks that the
+/// run continues from it: step 4, the saved weights (checksum), rollouts bootstrapped with them.
+fn check_checkpoint_and_resume(dir: &Dir, model: &[&str]) {
+    let first = run_reach(dir, "first", model, 3, &["runner.save_interval=3"]);
+    assert_eq!(first.len(), 3);
+    let saved_at: Vec<f64> = first.iter().map(|r| num(r, "checkpoint/global_step")).collect();
+    assert!(saved_at[..2].iter().all(|s| s.is_nan()) && saved_at[2] == 3.0, "checkpoint steps {saved_at:?}");
+
+    let ckpt = dir.join("first/checkpoints/global_step_3");
+    let weights = ckpt.join(rlsync::rl::WEIGHTS_FILE);
+    let optimizer = ckpt.join(rlsync::rl::OPTIMIZER_FILE);
+    let meta = metadata(&weights);
+    assert_eq!(meta.get("global_step").map(String::as_str), Some("3"), "{meta:?}");
+    assert_eq!(meta.get("version").map(String::as_str), Some("3"), "{meta:?}");
+    let saved_checksum = file_checksum(&weights);
+    assert_eq!(meta.get("weights_checksum"), Some(&saved_checksum), "the recorded checksum is the file's weights'");
+    let opt = metadata(&optimizer);
+    let adam_steps: u64 = opt.get("adam_steps").and_then(|s| s.parse().ok()).unwrap_or(0);
+    assert!(adam_steps >= 3, "optimizer state after 3 steps: {opt:?}");
+    assert!(StateDict::load_safetensors(&optimizer).map(|s| s.len()).unwrap_or(0) > 0, "optimizer moments saved");
+
+    let resume = format!("runner.resume_dir={}", ckpt.display());
+    let resumed = run_reach(dir, "resumed", model, 1, &[resume.as_str()]);
+    assert_eq!(resumed.len(), 1);
+    let row = &resumed[0];
+    assert_eq!((num(row, "learner/resumed_from_step"), num(row, "learner/global_step"), num(row, "learner/version")), (3.0, 4.0, 4.0), "{row:?}");
+    // Rollouts were bootstrapped from the resumed trainer (init sync, verified), and acted with exactly the
+    // weights the trainer loaded.
+    assert_eq!(row.get("sync/kind").and_then(Value::as_str), Some("init"), "{row:?}");
+    assert_eq!(row.get("sync/verified").and_then(Value::as_bool), Some(true), "{row:?}");
+    let kl = num(row, "actor/behav_approx_kl");
+    assert!(kl.abs() < 1e-6, "rollouts did not act with the loaded weights: behaviour KL {kl}");
+    // The trainer's weights right after loading have the checksum of the saved file.
+    let log = std::fs::read_to_string(dir.join("resumed/logs/trainer-0.log")).unwrap_or_default();
+    let want = format!("global step 3, version 3, weights checksum {saved_checksum}");
+    assert!(log.contains("resumed from") && log.contains(&want), "trainer log lacks '{want}':\n{log}");
+}
+
+#[test]
+fn mlp_policy_checkpoints_and_resumes() {
+    check_checkpoint_and_resume(&Dir::new(), &["model@actor.model=mlp_policy"]);
+}
+
+#[test]
+fn torchscript_example_exports_trains_checkpoints_and_resumes() {
+    let dir = Dir::new();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torchscript/export_policy.py");
+    let policy = dir.join("reach_policy.pt");
+    let out = std::process::Command::new(python())
+        .arg(&script)
+        .args(["--obs-dim", "10", "--actions", "2", "--out"])
+        .arg(&policy)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
+    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+    let path = format!("actor.model.torchscript_path={}", policy.display());
+    check_checkpoint_and_resume(&dir, &["model@actor.model=torchscript", path.as_str()]);
+}
+
+#[test]
+fn the_embedded_default_trains_reach_with_mlp_policy_ppo_and_patch_sync() {
+    let dir = Dir::new();
+    // The default as `make run` starts it, shortened to 2 steps with an eval after each.
+    dir.run(&["train_embodied", "hydra.run.dir=default", "runner.max_steps=2", "runner.val_check_interval=1"]).ok();
+    let config = std::fs::read_to_string(dir.join("default/.hydra/config.yaml")).unwrap_or_default();
+    for want in ["model_type: mlp_policy", "env_type: reach", "adv_type: gae", "type: patch"] {
+        assert!(config.contains(want), "default config lacks `{want}`:\n{config}");
+    }
+    for worker in ["trainer-0", "rollout-0", "rollout-1"] {
+        assert!(dir.join(&format!("default/logs/{worker}.log")).is_file(), "{worker} did not run");
+    }
+    let rows = rows_of(&dir, "default");
+    assert_eq!(rows.len(), 2);
+    for key in ["actor/loss", "actor/behav_approx_kl", "eval/return", "eval/success_rate", "learner/global_step"] {
+        assert!(num(&rows[1], key).is_finite(), "{key} missing in {:?}", rows[1]);
     }
 }

@@ -286,14 +286,36 @@ fn missed_step_deadline_fails_the_run() {
 fn failing_workload_is_reported_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config();
-    cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
+    // A synthetic model that cannot be built (no trainable part): the worker exits and its own reason is
+    // reported. Trainer and rollouts build the same workload; whichever fails first is named.
+    cfg.actor.model.frozen_fraction = 1.0;
     let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err().to_string();
-    // A learner model on the synthetic env cannot start: the worker exits and its own reason is reported.
-    // Trainer and rollouts build the same workload; whichever fails first is named.
     assert!(err.contains("worker ") && err.contains("exited with status 1"), "{err}");
-    assert!(err.contains("workload: learner:") && err.contains("not a built-in vectorised task"), "{err}");
+    assert!(err.contains("workload: invalid synthetic model: frozen_fraction 1 is not in [0, 1)"), "{err}");
     assert!(err.contains("last lines of"), "{err}");
     assert_clean(dir.path());
+}
+
+#[cfg(not(feature = "torch"))]
+#[test]
+fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
+    let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err();
+    assert!(matches!(&err, OrchestratorError::Config { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("model `mlp_policy` needs the libtorch learner"), "{text}");
+    assert!(text.contains("model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"), "{text}");
+    assert!(!dir.path().join("logs").exists(), "no worker was started");
+
+    // The embedded default (reach with mlp_policy) from the command line: one error, said once.
+    let run_dir = format!("hydra.run.dir={}", dir.path().join("cli").display());
+    let out = std::process::Command::new(BIN).args(["train_embodied", run_dir.as_str()]).output().expect("start rlsync");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("needs the libtorch learner").count(), 1, "{stderr}");
+    assert!(stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"), "{stderr}");
 }
 
 #[test]
@@ -303,6 +325,9 @@ fn sigterm_to_the_orchestrator_process_stops_everything() {
     let mut child = std::process::Command::new(BIN)
         .args([
             "train_embodied",
+            "model@actor.model=synthetic_small",
+            "env@env.train=synthetic",
+            "env@env.eval=synthetic",
             &format!("hydra.run.dir={}", run_dir.display()),
             "runner.max_steps=100000",
             "runner.shutdown_grace_s=1.0",

@@ -13,8 +13,7 @@ file with CModule. Parameter names become weight names with '.' replaced by '_'.
 Usage (reach with 2 links has obs_dim 10 and 2 actions; cartpole has obs_dim 4 and 2 actions):
 
     python examples/torchscript/export_policy.py --obs-dim 10 --actions 2 --out /tmp/reach_policy.pt
-    rlsync train_embodied actor.model.model_type=torchscript actor.model.torchscript_path=/tmp/reach_policy.pt \
-        env.train.env_type=reach env.eval.env_type=reach
+    rlsync train_embodied model@actor.model=torchscript actor.model.torchscript_path=/tmp/reach_policy.pt
 """
 
 import argparse

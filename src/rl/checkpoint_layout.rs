@@ -14,6 +14,8 @@ pub struct CheckpointInfo {
     pub global_step: u64,
     /// Weight version the rollouts held when it was saved.
     pub version: u64,
+    /// xxh3 checksum of the fp32 weights (every entry, names sorted), as `tensor::state_checksum` computes it.
+    pub weights_checksum: u64,
 }
 
 /// `<run_dir>/checkpoints/global_step_<step>`.

@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::path::Path;
 
-use crate::config::schema::RunConfig;
+use crate::config::schema::{ModelType, RunConfig};
 use crate::env::EnvSpec;
 use crate::tensor::{DType, StateDict};
 
@@ -24,9 +24,23 @@ pub struct Actor {
     never: Infallible,
 }
 
+/// Whether this build can run the learner for `model`: never, in this build.
+pub fn available(model: ModelType) -> Result<(), RlError> {
+    Err(RlError::NoTorch { model: model_name(model) })
+}
+
+fn model_name(model: ModelType) -> &'static str {
+    match model {
+        ModelType::Synthetic => "synthetic",
+        ModelType::MlpPolicy => "mlp_policy",
+        ModelType::VlaTiny => "vla_tiny",
+        ModelType::Torchscript => "torchscript",
+    }
+}
+
 impl Learner {
-    pub fn new(_cfg: &RunConfig, _spec: EnvSpec) -> Result<Learner, RlError> {
-        Err(RlError::NoTorch { what: "the learner (mlp_policy, vla_tiny, torchscript)" })
+    pub fn new(cfg: &RunConfig, _spec: EnvSpec) -> Result<Learner, RlError> {
+        Err(RlError::NoTorch { model: model_name(cfg.actor.model.model_type) })
     }
 
     pub fn global_step(&self) -> u64 {
@@ -64,11 +78,15 @@ impl Learner {
     pub fn resume(&mut self, _dir: &Path) -> Result<CheckpointInfo, RlError> {
         match self.never {}
     }
+
+    pub fn weights_checksum(&self) -> Result<u64, RlError> {
+        match self.never {}
+    }
 }
 
 impl Actor {
-    pub fn new(_cfg: &RunConfig, _spec: EnvSpec, _seed: u64) -> Result<Actor, RlError> {
-        Err(RlError::NoTorch { what: "the rollout policy" })
+    pub fn new(cfg: &RunConfig, _spec: EnvSpec, _seed: u64) -> Result<Actor, RlError> {
+        Err(RlError::NoTorch { model: model_name(cfg.actor.model.model_type) })
     }
 
     pub fn version(&self) -> u64 {
@@ -102,6 +120,9 @@ mod tests {
         let spec = EnvSpec { obs_dim: 4, action: ActionSpace::Discrete { n: 2 } };
         let err = Learner::new(&RunConfig::default(), spec).unwrap_err().to_string();
         assert!(err.contains("built without the `torch` feature"), "{err}");
+        let err = available(ModelType::MlpPolicy).unwrap_err().to_string();
+        assert!(err.starts_with("model `mlp_policy` needs the libtorch learner"), "{err}");
+        assert!(err.contains("model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"), "{err}");
         assert!(matches!(Actor::new(&RunConfig::default(), spec, 0), Err(RlError::NoTorch { .. })));
     }
 }

@@ -26,20 +26,37 @@ pub struct TrainerWork {
     learner: Learner,
     cfg: RunConfig,
     run_dir: PathBuf,
+    resumed: Option<CheckpointInfo>,
 }
 
 impl TrainerWork {
     /// Builds the learner for `env.train`'s task and resumes from `runner.resume_dir` when set.
     pub fn new(cfg: &RunConfig, run_dir: &Path) -> Result<TrainerWork, RlError> {
         let mut learner = Learner::new(cfg, spec_for(&cfg.env.train)?)?;
-        if let Some(dir) = &cfg.runner.resume_dir {
-            learner.resume(dir)?;
-        }
-        Ok(TrainerWork { learner, cfg: cfg.clone(), run_dir: run_dir.to_owned() })
+        let resumed = match &cfg.runner.resume_dir {
+            Some(dir) => {
+                let info = learner.resume(dir)?;
+                tracing::info!(
+                    "resumed from {}: global step {}, version {}, weights checksum {:#018x}",
+                    info.dir.display(),
+                    info.global_step,
+                    info.version,
+                    info.weights_checksum
+                );
+                Some(info)
+            }
+            None => None,
+        };
+        Ok(TrainerWork { learner, cfg: cfg.clone(), run_dir: run_dir.to_owned(), resumed })
     }
 
     pub fn learner(&self) -> &Learner {
         &self.learner
+    }
+
+    /// The checkpoint this run resumed from, if any.
+    pub fn resumed(&self) -> Option<&CheckpointInfo> {
+        self.resumed.as_ref()
     }
 
     /// The state dict the syncer sends from: every weight with its role, floating ones in the rollouts'

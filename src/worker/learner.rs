@@ -65,6 +65,12 @@ impl Workload for LearnerTrainer {
         if let Some(saved) = checkpoint {
             metrics.push(("checkpoint/global_step".into(), saved.global_step as f64));
         }
+        // The learner's own counters continue across a resume (the run's `step` and sync versions restart).
+        metrics.push(("learner/global_step".into(), step as f64));
+        metrics.push(("learner/version".into(), self.work.learner().version() as f64));
+        if let Some(from) = self.work.resumed() {
+            metrics.push(("learner/resumed_from_step".into(), from.global_step as f64));
+        }
         Ok(TrainStats { loss: train.loss, metrics })
     }
 

@@ -17,13 +17,33 @@ pub enum WorkloadError {
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
     #[error("model tensor: {0}")]
-    Tensor(#[from] crate::tensor::TensorError),
+    Tensor(crate::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
     #[error("learner: {0}")]
-    Learner(#[from] RlError),
+    Learner(RlError),
     #[error("trajectory batch: {0}")]
-    Trajectories(#[from] ProtocolError),
+    Trajectories(ProtocolError),
+}
+
+// The messages above contain their cause's text, so no variant also exposes it as `source()`: the binary
+// prints the whole chain, which would repeat each cause once per level.
+impl From<crate::tensor::TensorError> for WorkloadError {
+    fn from(e: crate::tensor::TensorError) -> Self {
+        WorkloadError::Tensor(e)
+    }
+}
+
+impl From<RlError> for WorkloadError {
+    fn from(e: RlError) -> Self {
+        WorkloadError::Learner(e)
+    }
+}
+
+impl From<ProtocolError> for WorkloadError {
+    fn from(e: ProtocolError) -> Self {
+        WorkloadError::Trajectories(e)
+    }
 }
 
 /// One batch of trajectories handed to a train step: concatenated chunk payloads.
@@ -74,6 +94,15 @@ pub struct Placement {
     pub envs: u32,
     /// Checkpoints go to `<run_dir>/checkpoints/`.
     pub run_dir: PathBuf,
+}
+
+/// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
+/// a build without libtorch fails once with what to do instead of failing in every worker.
+pub fn preflight(cfg: &RunConfig) -> Result<(), RlError> {
+    match cfg.actor.model.model_type {
+        ModelType::Synthetic => Ok(()),
+        learner => crate::rl::available(learner),
+    }
 }
 
 /// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one, or

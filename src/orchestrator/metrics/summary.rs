@@ -20,7 +20,15 @@ pub struct RunSummary {
     pub verified_syncs: u64,
     pub trainer_idle: f64,
     pub rollout_idle: f64,
+    /// Learning curves' ends, for the metrics of [`LEARNING_KEYS`] the run reported (none for the synthetic
+    /// workload): the mean over the last [`LEARNING_WINDOW`] steps, or the last value when none of them has it.
+    pub learning: Vec<(&'static str, f64)>,
 }
+
+/// Metrics whose final values the summary shows, and over how many of the last steps each is averaged (single
+/// steps are noisy: few episodes end in one step).
+const LEARNING_KEYS: [&str; 4] = ["env/success_rate", "env/return", "eval/success_rate", "eval/return"];
+const LEARNING_WINDOW: usize = 10;
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0u64), |(s, n), v| (s + v, n + 1));
@@ -48,25 +56,38 @@ impl RunSummary {
             verified_syncs: synced.iter().filter(|r| r.get_f64("sync/verified") == Some(1.0)).count() as u64,
             trainer_idle: mean(records.iter().map(|r| get(r, "trainer/idle_ratio"))),
             rollout_idle: mean(records.iter().map(|r| get(r, "rollout/idle_ratio"))),
+            learning: LEARNING_KEYS
+                .into_iter()
+                .filter_map(|key| {
+                    let tail = &records[records.len().saturating_sub(LEARNING_WINDOW)..];
+                    let recent: Vec<f64> = tail.iter().filter_map(|r| r.get_f64(key)).collect();
+                    if recent.is_empty() {
+                        records.iter().rev().find_map(|r| r.get_f64(key)).map(|v| (key, v))
+                    } else {
+                        Some((key, mean(recent.into_iter())))
+                    }
+                })
+                .collect(),
         }
     }
 
     /// A two-column table for the console.
     pub fn table(&self) -> String {
-        let rows = [
-            ("steps", self.steps.to_string()),
-            ("final weight version", self.final_version.to_string()),
-            ("env steps trained", self.env_steps.to_string()),
-            ("wall time", format!("{:.2} s", self.wall_s)),
-            ("throughput", format!("{:.1} env steps/s", self.env_steps_per_s)),
-            ("mean step time", format!("{:.2} ms", self.mean_step_ms)),
-            ("syncs (verified)", format!("{} ({})", self.syncs, self.verified_syncs)),
-            ("bytes synced", format!("{:.3} MB", self.sync_bytes as f64 / 1e6)),
-            ("mean sync time", format!("{:.2} ms", self.mean_sync_ms)),
-            ("staleness mean / max", format!("{:.2} / {}", self.mean_staleness, self.max_staleness)),
-            ("discarded trajectories", self.discarded.to_string()),
-            ("idle trainer / rollouts", format!("{:.0}% / {:.0}%", self.trainer_idle * 100.0, self.rollout_idle * 100.0)),
+        let mut rows = vec![
+            ("steps".to_owned(), self.steps.to_string()),
+            ("final weight version".to_owned(), self.final_version.to_string()),
+            ("env steps trained".to_owned(), self.env_steps.to_string()),
+            ("wall time".to_owned(), format!("{:.2} s", self.wall_s)),
+            ("throughput".to_owned(), format!("{:.1} env steps/s", self.env_steps_per_s)),
+            ("mean step time".to_owned(), format!("{:.2} ms", self.mean_step_ms)),
+            ("syncs (verified)".to_owned(), format!("{} ({})", self.syncs, self.verified_syncs)),
+            ("bytes synced".to_owned(), format!("{:.3} MB", self.sync_bytes as f64 / 1e6)),
+            ("mean sync time".to_owned(), format!("{:.2} ms", self.mean_sync_ms)),
+            ("staleness mean / max".to_owned(), format!("{:.2} / {}", self.mean_staleness, self.max_staleness)),
+            ("discarded trajectories".to_owned(), self.discarded.to_string()),
+            ("idle trainer / rollouts".to_owned(), format!("{:.0}% / {:.0}%", self.trainer_idle * 100.0, self.rollout_idle * 100.0)),
         ];
+        rows.extend(self.learning.iter().map(|(k, v)| (format!("final {k}"), format!("{v:.3}"))));
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::from("run summary\n");
         for (k, v) in rows {
@@ -100,5 +121,30 @@ mod tests {
         assert!((s.mean_step_ms - 20.0).abs() < 1e-9);
         assert!((s.env_steps_per_s - 50.0).abs() < 1e-9);
         assert!(s.table().contains("discarded trajectories"));
+        assert!(s.learning.is_empty() && !s.table().contains("success"));
+    }
+
+    #[test]
+    fn summary_shows_the_end_of_the_learning_curves() {
+        let records: Vec<StepRecord> = (0..15)
+            .map(|i| {
+                let mut r = StepRecord::new(i);
+                // success_rate is reported by every step, eval only by an early one.
+                r.float("env/success_rate", i as f64 / 10.0);
+                if i == 4 {
+                    r.float("eval/return", -3.0);
+                }
+                r
+            })
+            .collect();
+        let s = RunSummary::from_records(&records, 1.0, 10);
+        // Steps 5..=14: mean 0.95.
+        let keys: Vec<&str> = s.learning.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["env/success_rate", "eval/return"]);
+        assert!((s.learning[0].1 - 0.95).abs() < 1e-9 && s.learning[1].1 == -3.0, "{:?}", s.learning);
+        let table = s.table();
+        let row = |key: &str| table.lines().find(|l| l.trim_start().starts_with(key)).map(|l| l.split_whitespace().last().unwrap_or("").to_owned());
+        assert_eq!(row("final env/success_rate").as_deref(), Some("0.950"), "{table}");
+        assert_eq!(row("final eval/return").as_deref(), Some("-3.000"), "{table}");
     }
 }

@@ -135,6 +135,13 @@ fn resume_rejects_a_foreign_or_mismatched_checkpoint() {
     bigger.actor.model.hidden_dim = nz(32);
     let err = Learner::new(&bigger, spec).unwrap().resume(&info.dir).unwrap_err();
     assert!(matches!(err, crate::rl::RlError::WeightsMismatch { .. }), "{err}");
+    // Weights that do not match the checksum the checkpoint recorded (a corrupted or edited file).
+    let path = info.dir.join(crate::rl::WEIGHTS_FILE);
+    let (mut tensors, meta) = super::checkpoint::load(&path).unwrap();
+    tensors[0].1 = &tensors[0].1 + 1.0;
+    super::checkpoint::save(&path, &tensors, meta).unwrap();
+    let err = Learner::new(&cfg, spec).unwrap().resume(&info.dir).unwrap_err();
+    assert!(matches!(err, crate::rl::RlError::Checkpoint { .. }) && err.to_string().contains("checksum"), "{err}");
     std::fs::write(info.dir.join(crate::rl::WEIGHTS_FILE), b"not safetensors").unwrap();
     let err = Learner::new(&cfg, spec).unwrap().resume(&info.dir).unwrap_err();
     assert!(matches!(err, crate::rl::RlError::Checkpoint { .. }), "{err}");
