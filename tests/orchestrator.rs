@@ -249,7 +249,9 @@ fn worker_without_handshake_times_out_naming_it() {
     .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let mut cfg = small_config();
-    cfg.runner.handshake_timeout_s = 1.0;
+    // Long enough for the other workers to start on a loaded machine (a torch build loads libtorch first), so
+    // only the silent one is named.
+    cfg.runner.handshake_timeout_s = 5.0;
     let run_dir = dir.path().join("run");
     let opts = RunOptions { worker_exe: Some(script), shutdown: ShutdownSource::Manual(ShutdownHandle::new()), print_summary: false };
     let err = orchestrator::run(Entry::Embodied, &cfg, &run_dir, opts).unwrap_err();
