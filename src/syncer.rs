@@ -833,7 +833,11 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
                 let starts_version = h.seq == 0 && h.aux == 0;
                 match v_now {
                     // Later buckets, or later parts of a bucket this receiver gave up on, of an earlier version.
-                    None if h.seq != 0 || (!starts_version && interrupted == Some(h.version)) => return Ok(BucketStep::Skip),
+                    None if h.seq != 0 || (!starts_version && interrupted == Some(h.version)) => {
+                        // Skip only a genuine leftover: a corrupted header must not make a part look like one.
+                        Header::parse(msg).map_err(|e| (Some(h.version), e.to_string()))?;
+                        return Ok(BucketStep::Skip);
+                    }
                     None if !starts_version => {
                         return Err((Some(h.version), format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count)));
                     }

@@ -553,3 +553,23 @@ proptest! {
         prop_assert_eq!(p.rx.version(), 0);
     }
 }
+
+#[test]
+fn a_corrupted_header_is_rejected_not_skipped_as_a_leftover() {
+    // Flipping the bucket number of a version's first part must not make the receiver take it for a leftover
+    // of an earlier version and wait for more: the part's checksum fails and the version is rejected.
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(true);
+    let mut p = init_pair(&rt, &keys, &s, 3).unwrap();
+    sync_once(&rt, &mut p, 1);
+    mutate(&mut p.sender, 11, 30);
+    let good = capture(&rt, &mut p, 2);
+    let mut first = good[0].clone();
+    first[16] ^= 1; // header `seq`: bucket 0 → bucket 1
+    let r = inject_and_apply(&rt, &mut p, &[first]);
+    assert!(matches!(r, Err(SyncError::Rejected { .. })), "{:?}", r.map(|r| r.version));
+    assert_eq!(p.rx.version(), 1);
+    let r = inject_and_apply(&rt, &mut p, &good).unwrap();
+    assert_eq!(r.version, 2);
+}
