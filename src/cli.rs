@@ -310,6 +310,20 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// The message printed for a failed run: the error and each cause not already spelled out by the one before
+/// (many errors name their cause in their own message and also expose it as their source).
+pub fn error_report(err: &anyhow::Error) -> String {
+    let mut msg = err.to_string();
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+    }
+    msg
+}
+
 /// Keep the message exactly as composition words it (Hydra's wording): drop the context line we added.
 fn strip_context(err: anyhow::Error) -> anyhow::Error {
     match err.chain().nth(1) {
@@ -321,6 +335,20 @@ fn strip_context(err: anyhow::Error) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_report_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("cannot prepare /run: {source}")]
+        struct Embeds {
+            source: std::io::Error,
+        }
+        let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
+        let err = anyhow::Error::new(Embeds { source: io() }).context("train_embodied");
+        assert_eq!(error_report(&err), "train_embodied: cannot prepare /run: permission denied");
+        let err = anyhow::Error::new(io()).context("reading x");
+        assert_eq!(error_report(&err), "reading x: permission denied", "a cause not in the message is appended");
+    }
 
     fn parse(args: &[&str]) -> Result<HydraArgs, UsageError> {
         parse_hydra_args(Entry::TrainEmbodied, &args.iter().map(|s| s.to_string()).collect::<Vec<_>>())

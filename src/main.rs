@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {
-            eprintln!("Error: {err:#}");
+            eprintln!("Error: {}", rlsync::cli::error_report(&err));
             rlsync::cli::ExitStatus::Failure.into()
         }
     }
