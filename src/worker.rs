@@ -40,45 +40,19 @@ pub enum WorkerError {
     #[error("cannot connect to the orchestrator at {path}: {error}")]
     Connect { path: PathBuf, error: std::io::Error },
     #[error("control connection: {0}")]
-    Protocol(ProtocolError),
+    Protocol(#[from] ProtocolError),
     #[error("the orchestrator went away")]
     OrchestratorGone,
     #[error("weight sync: {0}")]
-    Sync(crate::syncer::SyncError),
+    Sync(#[from] crate::syncer::SyncError),
     #[error("weight transport: {0}")]
-    Transport(crate::transport::TransportError),
+    Transport(#[from] crate::transport::TransportError),
     #[error("workload: {0}")]
-    Workload(workload::WorkloadError),
+    Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
     #[error("cannot start the worker runtime: {0}")]
     Runtime(std::io::Error),
-}
-
-// Each message above already contains its cause's text, so no variant exposes it as `source()` as well:
-// `main` prints the error chain (`{:#}`), which would otherwise repeat every cause once per level.
-impl From<ProtocolError> for WorkerError {
-    fn from(e: ProtocolError) -> Self {
-        WorkerError::Protocol(e)
-    }
-}
-
-impl From<crate::syncer::SyncError> for WorkerError {
-    fn from(e: crate::syncer::SyncError) -> Self {
-        WorkerError::Sync(e)
-    }
-}
-
-impl From<crate::transport::TransportError> for WorkerError {
-    fn from(e: crate::transport::TransportError) -> Self {
-        WorkerError::Transport(e)
-    }
-}
-
-impl From<workload::WorkloadError> for WorkerError {
-    fn from(e: workload::WorkloadError) -> Self {
-        WorkerError::Workload(e)
-    }
 }
 
 /// Parsed `rlsync worker` arguments.
@@ -262,10 +236,11 @@ mod tests {
     fn a_learner_error_names_each_cause_once() {
         let rl = crate::rl::RlError::Checkpoint { path: "/ckpt".into(), reason: "metadata `version` is missing".into() };
         let err = WorkerError::from(workload::WorkloadError::from(rl));
-        // `main` prints the chain with `{:#}`: every cause must appear exactly once.
-        assert_eq!(format!("{:#}", anyhow::Error::from(err)), "workload: learner: checkpoint /ckpt: metadata `version` is missing");
+        // What `main` prints: every cause exactly once.
+        let report = |e: WorkerError| crate::cli::error_report(&anyhow::Error::from(e));
+        assert_eq!(report(err), "workload: learner: checkpoint /ckpt: metadata `version` is missing");
         let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer { version: 2, last: 3 });
-        assert_eq!(format!("{:#}", anyhow::Error::from(sync)), "weight sync: version 2 is not newer than the last sent version 3");
+        assert_eq!(report(sync), "weight sync: version 2 is not newer than the last sent version 3");
     }
 
     #[test]

@@ -17,33 +17,13 @@ pub enum WorkloadError {
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
     #[error("model tensor: {0}")]
-    Tensor(crate::tensor::TensorError),
+    Tensor(#[from] crate::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
     #[error("learner: {0}")]
-    Learner(RlError),
+    Learner(#[from] RlError),
     #[error("trajectory batch: {0}")]
-    Trajectories(ProtocolError),
-}
-
-// The messages above contain their cause's text, so no variant also exposes it as `source()`: the binary
-// prints the whole chain, which would repeat each cause once per level.
-impl From<crate::tensor::TensorError> for WorkloadError {
-    fn from(e: crate::tensor::TensorError) -> Self {
-        WorkloadError::Tensor(e)
-    }
-}
-
-impl From<RlError> for WorkloadError {
-    fn from(e: RlError) -> Self {
-        WorkloadError::Learner(e)
-    }
-}
-
-impl From<ProtocolError> for WorkloadError {
-    fn from(e: ProtocolError) -> Self {
-        WorkloadError::Trajectories(e)
-    }
+    Trajectories(#[from] ProtocolError),
 }
 
 /// One batch of trajectories handed to a train step: concatenated chunk payloads.
