@@ -13,7 +13,7 @@ use crate::tensor::parallel::map_items;
 use crate::tensor::{cast_bytes, pod_slice, pod_slice_mut, DType, Pod, StateDict, Storage};
 
 use super::wire::{
-    get_uint, get_varint, narrowest_width, put_uint, put_varint, unzigzag, zigzag, IndexCoding, KeyMeta, PatchBody,
+    get_uint, get_varint, narrowest_width, put_uint, put_varint, read_uint, unzigzag, zigzag, IndexCoding, KeyMeta, PatchBody,
     PatchEntry, ValueCoding,
 };
 
@@ -631,9 +631,9 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
             let cols = &s1[e.index_pos..e.index_pos + e.index_len];
             let values = &s2[e.value_pos..e.value_pos + e.nnz * w];
             for ((r, c), v) in rows.chunks_exact(iw).zip(cols.chunks_exact(iw)).zip(values.chunks_exact(w)) {
-                let idx = (read_le(r) as usize * e.cols + read_le(c) as usize).wrapping_sub(e.base);
+                let idx = (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
                 if let Some(x) = dst.get_mut(idx) {
-                    *x = W::from_u64(read_le(v));
+                    *x = W::from_u64(read_uint(v));
                 }
             }
         }
@@ -657,17 +657,6 @@ fn gap_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
 /// Positions decoded ahead of their updates in [`install_entry`].
 const INSTALL_BATCH: usize = 256;
 
-/// A little-endian unsigned integer of 1, 2, 4 or 8 bytes.
-#[inline(always)]
-fn read_le(b: &[u8]) -> u64 {
-    match *b {
-        [a] => u64::from(a),
-        [a, b] => u64::from(u16::from_le_bytes([a, b])),
-        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-        _ => 0,
-    }
-}
 
 #[cfg(test)]
 mod tests {

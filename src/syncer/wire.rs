@@ -703,10 +703,19 @@ pub fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
 
 pub fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
     let w = usize::from(width);
-    let s = buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?)?;
-    let mut b = [0u8; 8];
-    b[..w].copy_from_slice(s);
-    Some(u64::from_le_bytes(b))
+    buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?).map(read_uint)
+}
+
+/// A little-endian unsigned integer of 1, 2, 4 or 8 bytes (0 for any other length).
+#[inline(always)]
+pub fn read_uint(b: &[u8]) -> u64 {
+    match *b {
+        [a] => u64::from(a),
+        [a, b] => u64::from(u16::from_le_bytes([a, b])),
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => 0,
+    }
 }
 
 #[cfg(test)]
