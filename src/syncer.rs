@@ -728,11 +728,7 @@ impl PendingUpdate {
 }
 
 fn give_back(shared: &ReceiverShared, staged: Staged) {
-    if let Ok(mut pool) = shared.pool.lock() {
-        for (o, s) in staged {
-            pool.give(o, s);
-        }
-    }
+    shared.pool.lock().unwrap_or_else(|p| p.into_inner()).give_all(staged);
 }
 
 /// Read the next update (patch: one message; bucket: all buckets of a version, staged).
