@@ -160,6 +160,11 @@ struct ReceiverShared {
 }
 
 impl ReceiverShared {
+    /// The staging pool (a panic elsewhere cannot leave it inconsistent: it only holds free storages).
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Bytes of the synced tensors in the receiver's dtypes.
     fn synced_bytes(&self) -> u64 {
         self.synced
@@ -728,7 +733,7 @@ impl PendingUpdate {
 }
 
 fn give_back(shared: &ReceiverShared, staged: Staged) {
-    shared.pool.lock().unwrap_or_else(|p| p.into_inner()).give_all(staged);
+    shared.pool().give_all(staged);
 }
 
 /// Read the next update (patch: one message; bucket: all buckets of a version, staged).
@@ -807,7 +812,7 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
         }
         give_back(&shared, staged_all);
         if let Some(a) = asm {
-            let mut pool = shared.pool.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = shared.pool();
             a.abandon(&mut pool);
         }
         err
@@ -846,7 +851,7 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
                     }
                     Some(_) => {}
                 }
-                let mut pool = shared.pool.lock().unwrap_or_else(|p| p.into_inner());
+                let mut pool = shared.pool();
                 let a = blocking(|| Assembly::start(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.version), e))?;
                 let complete = a.is_complete();
                 if v_now.is_none() {
