@@ -36,7 +36,11 @@ fn embed_configs() {
         files.sort();
         let _ = writeln!(code, "pub static {name}: &[(&str, &str)] = &[");
         for (rel, abs) in files {
-            let _ = writeln!(code, "    ({rel:?}, include_str!({:?})),", abs.display().to_string());
+            let _ = writeln!(
+                code,
+                "    ({rel:?}, include_str!({:?})),",
+                abs.display().to_string()
+            );
         }
         let _ = writeln!(code, "];");
     }
@@ -47,16 +51,24 @@ fn embed_configs() {
 
 /// Collect `(path relative to root with '/' separators, absolute path)` of every YAML file under `dir`.
 fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {
             collect(root, &path, out);
-        } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
-            && let Ok(rel) = path.strip_prefix(root) {
-                let rel: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().into_owned()).collect();
-                out.push((rel.join("/"), path));
-            }
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml")
+        ) && let Ok(rel) = path.strip_prefix(root)
+        {
+            let rel: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            out.push((rel.join("/"), path));
+        }
     }
 }
 
@@ -70,7 +82,10 @@ fn torch_lib_dir() -> Option<PathBuf> {
     std::env::var_os("LIBTORCH_USE_PYTORCH")?;
     let python = std::env::var_os("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|| "python".into());
     let out = Command::new(python)
-        .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .args([
+            "-c",
+            "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))",
+        ])
         .output()
         .ok()?;
     let dir = String::from_utf8(out.stdout).ok()?;
@@ -78,7 +93,13 @@ fn torch_lib_dir() -> Option<PathBuf> {
 }
 
 fn rpath_libtorch() {
-    for var in ["LIBTORCH_LIB", "LIBTORCH", "LIBTORCH_USE_PYTORCH", "PYTHON_SYS_EXECUTABLE", "CARGO_FEATURE_TORCH"] {
+    for var in [
+        "LIBTORCH_LIB",
+        "LIBTORCH",
+        "LIBTORCH_USE_PYTORCH",
+        "PYTHON_SYS_EXECUTABLE",
+        "CARGO_FEATURE_TORCH",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build.rs");
@@ -87,6 +108,8 @@ fn rpath_libtorch() {
     }
     match torch_lib_dir() {
         Some(dir) => println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display()),
-        None => println!("cargo:warning=libtorch's lib directory not found: set LIBTORCH_LIB or LD_LIBRARY_PATH to run"),
+        None => println!(
+            "cargo:warning=libtorch's lib directory not found: set LIBTORCH_LIB or LD_LIBRARY_PATH to run"
+        ),
     }
 }

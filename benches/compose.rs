@@ -10,16 +10,22 @@ use std::process::{Command, Stdio};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn rlinf_config_dir() -> PathBuf {
-    std::env::var_os("RLSYNC_RLINF_CONFIG").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/data/rlinf/config")
-    })
+    std::env::var_os("RLSYNC_RLINF_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../shared/conformance/data/rlinf/config")
+        })
 }
 
 fn compose(c: &mut Criterion) {
     let bin = env!("CARGO_BIN_EXE_rlsync");
     let dir = rlinf_config_dir();
     if !dir.is_dir() {
-        eprintln!("skipping: no RLinf config tree at {} (set RLSYNC_RLINF_CONFIG)", dir.display());
+        eprintln!(
+            "skipping: no RLinf config tree at {} (set RLSYNC_RLINF_CONFIG)",
+            dir.display()
+        );
         return;
     }
     let run = |extra: &[&str]| {

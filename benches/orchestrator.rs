@@ -19,7 +19,10 @@ fn nz(n: u32) -> NonZeroU32 {
 /// `rollouts` workers, one env each, one chunk of `chunk` env steps per rollout per train step.
 fn config(rollouts: u32, chunk: u32, rollout_ms_per_step: f64, train_ms: f64) -> RunConfig {
     let mut cfg = RunConfig::default();
-    cfg.cluster.component_placement.insert("rollout".into(), Placement::Ranges(format!("0-{}", rollouts - 1)));
+    cfg.cluster.component_placement.insert(
+        "rollout".into(),
+        Placement::Ranges(format!("0-{}", rollouts - 1)),
+    );
     cfg.env.train.total_num_envs = nz(rollouts);
     cfg.env.train.max_steps_per_rollout_epoch = nz(chunk);
     cfg.rollout.chunk_steps = nz(chunk);
@@ -53,23 +56,33 @@ fn run_steps(entry: Entry, cfg: &RunConfig, steps: u64) -> Duration {
 
 fn control_plane(c: &mut Criterion) {
     let mut group = c.benchmark_group("control_plane_noop");
-    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
     let cfg = config(4, 1, 0.0, 0.0);
-    group.bench_function("embodied_step_4_rollouts", |b| b.iter_custom(|iters| run_steps(Entry::Embodied, &cfg, iters)));
+    group.bench_function("embodied_step_4_rollouts", |b| {
+        b.iter_custom(|iters| run_steps(Entry::Embodied, &cfg, iters))
+    });
     group.finish();
 }
 
 fn overlap(c: &mut Criterion) {
     let mut group = c.benchmark_group("emulated_compute");
-    group.sample_size(10).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20));
     // Rollout share (16 steps x 2 ms) and train step (32 ms) of similar size.
     let mut cfg = config(2, 16, 2.0, 32.0);
     cfg.algorithm.staleness_threshold = 1;
     cfg.actor.sync_weight_no_wait = true;
     let env_steps_per_step = 2 * 16;
     group.throughput(Throughput::Elements(env_steps_per_step));
-    group.bench_function("train_embodied", |b| b.iter_custom(|iters| run_steps(Entry::Embodied, &cfg, iters)));
-    group.bench_function("train_async_staleness_1", |b| b.iter_custom(|iters| run_steps(Entry::Async, &cfg, iters)));
+    group.bench_function("train_embodied", |b| {
+        b.iter_custom(|iters| run_steps(Entry::Embodied, &cfg, iters))
+    });
+    group.bench_function("train_async_staleness_1", |b| {
+        b.iter_custom(|iters| run_steps(Entry::Async, &cfg, iters))
+    });
     group.finish();
 }
 

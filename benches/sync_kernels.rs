@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rlsync::syncer::patch::{self, SnapTensor};
 use rlsync::syncer::wire::{self, Codec, KeyMeta};
 use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
@@ -18,7 +18,10 @@ use rlsync::tensor::{DType, StateDict, Storage};
 const PARAMS: u64 = 1 << 24;
 
 fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
@@ -44,15 +47,37 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let mut m = SyntheticModel::new(ModelSpec { params: PARAMS, tensors: 64, dtype: DType::Bf16, frozen_fraction: 0.0, seed: 1 }).unwrap();
+    let mut m = SyntheticModel::new(ModelSpec {
+        params: PARAMS,
+        tensors: 64,
+        dtype: DType::Bf16,
+        frozen_fraction: 0.0,
+        seed: 1,
+    })
+    .unwrap();
     let mut after = m.state_dict().unwrap();
     // Warm the optimizer up so the changed fraction is the steady-state one, then take one measured step.
     for _ in 0..3 {
-        m.step(UpdateMode::Adam { lr: 1e-6 }, &mut after, NonZeroUsize::new(2).unwrap()).unwrap();
+        m.step(
+            UpdateMode::Adam { lr: 1e-6 },
+            &mut after,
+            NonZeroUsize::new(2).unwrap(),
+        )
+        .unwrap();
     }
     let before = after.duplicate();
-    let changed = m.step(UpdateMode::Adam { lr: 1e-6 }, &mut after, NonZeroUsize::new(2).unwrap()).unwrap();
-    Fixture { before, after, changed }
+    let changed = m
+        .step(
+            UpdateMode::Adam { lr: 1e-6 },
+            &mut after,
+            NonZeroUsize::new(2).unwrap(),
+        )
+        .unwrap();
+    Fixture {
+        before,
+        after,
+        changed,
+    }
 }
 
 fn snapshot(state: &StateDict) -> Vec<SnapTensor> {
@@ -82,13 +107,24 @@ fn all_threads() -> NonZeroUsize {
 fn kernels(c: &mut Criterion) {
     let fx = fixture();
     let state_bytes = fx.after.total_bytes() as u64;
-    eprintln!("fixture: {} elements, {} changed ({:.2} %)", PARAMS, fx.changed, fx.changed as f64 * 100.0 / PARAMS as f64);
+    eprintln!(
+        "fixture: {} elements, {} changed ({:.2} %)",
+        PARAMS,
+        fx.changed,
+        fx.changed as f64 * 100.0 / PARAMS as f64
+    );
     let mut snap = snapshot(&fx.before);
     let mut built = patch::Built::default();
 
     let mut g = c.benchmark_group("patch_build");
-    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
-    for (name, threads, cpu) in [("1thread_cpu", NonZeroUsize::MIN, true), ("all_threads_wall", all_threads(), false)] {
+    g.throughput(Throughput::Bytes(state_bytes))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for (name, threads, cpu) in [
+        ("1thread_cpu", NonZeroUsize::MIN, true),
+        ("all_threads_wall", all_threads(), false),
+    ] {
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -108,11 +144,22 @@ fn kernels(c: &mut Criterion) {
     restore(&mut snap, &fx.before);
     patch::build(&mut snap, &fx.after, NonZeroUsize::MIN, &mut built).unwrap();
     let mut g = c.benchmark_group("patch_encode");
-    g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
-    for (name, delta, codec) in [("delta_none", true, Codec::Plain), ("delta_lz4", true, Codec::Lz4), ("coo_none", false, Codec::Plain)] {
+    g.throughput(Throughput::Elements(built.changed))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
+    for (name, delta, codec) in [
+        ("delta_none", true, Codec::Plain),
+        ("delta_lz4", true, Codec::Lz4),
+        ("coo_none", false, Codec::Plain),
+    ] {
         let body = patch::encode(&built, &snap, delta, NonZeroUsize::MIN);
         let enc = wire::encode_patch_body(&body, codec);
-        eprintln!("{name}: {} bytes, {:.3} bytes per changed element", enc.body.len() + wire::HEADER_LEN, (enc.body.len() + wire::HEADER_LEN) as f64 / built.changed as f64);
+        eprintln!(
+            "{name}: {} bytes, {:.3} bytes per changed element",
+            enc.body.len() + wire::HEADER_LEN,
+            (enc.body.len() + wire::HEADER_LEN) as f64 / built.changed as f64
+        );
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
@@ -128,27 +175,53 @@ fn kernels(c: &mut Criterion) {
     }
     g.finish();
 
-    let meta: Vec<KeyMeta> = fx.before.iter().map(|(k, t)| KeyMeta { name: k.to_string(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect();
+    let meta: Vec<KeyMeta> = fx
+        .before
+        .iter()
+        .map(|(k, t)| KeyMeta {
+            name: k.to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+        })
+        .collect();
     let synced = vec![true; meta.len()];
     let mut receiver = fx.before.duplicate();
     let mut g = c.benchmark_group("patch_apply");
-    g.throughput(Throughput::Elements(built.changed)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.throughput(Throughput::Elements(built.changed))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
     for (name, delta) in [("delta", true), ("coo", false)] {
-        let body = wire::decode_patch_body(&wire::encode_patch_body(&patch::encode(&built, &snap, delta, NonZeroUsize::MIN), Codec::Plain).body, usize::MAX).unwrap();
+        let body = wire::decode_patch_body(
+            &wire::encode_patch_body(
+                &patch::encode(&built, &snap, delta, NonZeroUsize::MIN),
+                Codec::Plain,
+            )
+            .body,
+            usize::MAX,
+        )
+        .unwrap();
         g.bench_function(format!("{name}_validate_1thread_cpu"), |b| {
             b.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let body = body.clone();
                     total += timed(true, || {
-                        black_box(patch::validate(body, &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap());
+                        black_box(
+                            patch::validate(body, &meta, &synced, &receiver, NonZeroUsize::MIN)
+                                .unwrap(),
+                        );
                     });
                 }
                 total
             })
         });
-        let valid = patch::validate(body.clone(), &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap();
-        for (tname, threads, cpu) in [("1thread_cpu", NonZeroUsize::MIN, true), ("all_threads_wall", all_threads(), false)] {
+        let valid =
+            patch::validate(body.clone(), &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap();
+        for (tname, threads, cpu) in [
+            ("1thread_cpu", NonZeroUsize::MIN, true),
+            ("all_threads_wall", all_threads(), false),
+        ] {
             g.bench_function(format!("{name}_install_{tname}"), |b| {
                 b.iter_custom(|iters| {
                     let mut total = Duration::ZERO;
@@ -167,7 +240,10 @@ fn kernels(c: &mut Criterion) {
     // bound of a build. `touch` increments exactly the changed elements in place (no decoding): the memory bound
     // of an install, which must read and write back every cache line holding a change.
     let mut g = c.benchmark_group("roofline");
-    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.throughput(Throughput::Bytes(state_bytes))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
     g.bench_function("scan_state_and_snapshot_1thread_cpu", |b| {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
@@ -175,7 +251,11 @@ fn kernels(c: &mut Criterion) {
                 total += timed(true, || {
                     let mut acc = 0u64;
                     for ((_, t), s) in fx.after.iter().zip(&snap) {
-                        for (x, y) in t.bytes().chunks_exact(64).zip(s.storage.bytes().chunks_exact(64)) {
+                        for (x, y) in t
+                            .bytes()
+                            .chunks_exact(64)
+                            .zip(s.storage.bytes().chunks_exact(64))
+                        {
                             let mut v = 0u8;
                             for j in 0..64 {
                                 v |= x[j] ^ y[j];
@@ -203,7 +283,9 @@ fn kernels(c: &mut Criterion) {
             for _ in 0..iters {
                 total += timed(true, || {
                     for ((_, t), pos) in receiver.iter_mut().zip(&positions) {
-                        let Ok(x) = t.as_mut_slice::<half::bf16>() else { continue };
+                        let Ok(x) = t.as_mut_slice::<half::bf16>() else {
+                            continue;
+                        };
                         for &i in pos {
                             x[i] = half::bf16::from_bits(x[i].to_bits().wrapping_add(1));
                         }
@@ -217,7 +299,10 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 
     let mut g = c.benchmark_group("memcpy");
-    g.throughput(Throughput::Bytes(state_bytes)).sample_size(10).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500));
+    g.throughput(Throughput::Bytes(state_bytes))
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500));
     let mut dst = Storage::zeroed(state_bytes as usize);
     g.bench_function("state_copy_1thread_cpu", |b| {
         b.iter_custom(|iters| {

@@ -180,7 +180,10 @@ fn copy_kernels(c: &mut Criterion) {
     group.bench_function("copy_then_hash_dst", |b| {
         b.iter(|| {
             let mut h = Xxh3::new();
-            for (s, d) in src.chunks(CHUNK).zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK)) {
+            for (s, d) in src
+                .chunks(CHUNK)
+                .zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK))
+            {
                 d.copy_from_slice(s);
                 h.update(d);
             }
@@ -190,7 +193,10 @@ fn copy_kernels(c: &mut Criterion) {
     group.bench_function("hash_src_then_stream_copy", |b| {
         b.iter(|| {
             let mut h = Xxh3::new();
-            for (s, d) in src.chunks(CHUNK).zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK)) {
+            for (s, d) in src
+                .chunks(CHUNK)
+                .zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK))
+            {
                 h.update(s);
                 rlsync::tensor::copy_streaming(d, s).expect("equal lengths");
             }

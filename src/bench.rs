@@ -50,12 +50,24 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
         UpdateKind::Adam => UpdateMode::Adam { lr: b.adam_lr },
         UpdateKind::Density => UpdateMode::Density { density: b.density },
     };
-    let spec = ModelSpec { params: b.params, tensors: b.tensors.get(), dtype, frozen_fraction: b.frozen_fraction, seed: b.seed };
+    let spec = ModelSpec {
+        params: b.params,
+        tensors: b.tensors.get(),
+        dtype,
+        frozen_fraction: b.frozen_fraction,
+        seed: b.seed,
+    };
     let mut model = SyntheticModel::new(spec)?;
     let mut sender_state = model.state_dict()?;
     let synced = sender_state.synced_keys();
-    let synced_elems: u64 = synced.iter().filter_map(|k| sender_state.get(k)).map(|t| t.numel() as u64).sum();
-    let opts = SyncOptions { threads: threads.get() };
+    let synced_elems: u64 = synced
+        .iter()
+        .filter_map(|k| sender_state.get(k))
+        .map(|t| t.numel() as u64)
+        .sum();
+    let opts = SyncOptions {
+        threads: threads.get(),
+    };
     let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
     let steps = b.steps.get() as u64;
 
@@ -66,18 +78,26 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
         let state = model.state_dict()?;
         let syncer = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
         let out = res_tx.clone();
-        handles.push(std::thread::Builder::new().name(format!("bench-rx{rank}")).spawn(move || receiver_loop(syncer, state, ch, steps, rank, out))?);
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("bench-rx{rank}"))
+                .spawn(move || receiver_loop(syncer, state, ch, steps, rank, out))?,
+        );
     }
     drop(res_tx);
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let memcpy_ms = memcpy_ms(&sender_state, &synced);
     let fmt = report::Printer::new(b.format);
     let mut records = Vec::with_capacity(steps as usize);
     let result: Result<(), BenchError> = rt.block_on(async {
         let tx_ch = match tx_link {
             TxLink::Ready(ch) => ch,
-            TxLink::Shm(cfg) => transport::ShmSender::bind(cfg).await.map_err(SyncError::from)?,
+            TxLink::Shm(cfg) => transport::ShmSender::bind(cfg)
+                .await
+                .map_err(SyncError::from)?,
         };
         sender.init_sender(&sender_state, &synced, tx_ch).await?;
         // Receivers report their init (bootstrap) as step 0.
@@ -89,8 +109,12 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
             let rx = collect(&res_rx, receivers)?;
             let done = rx.iter().map(|r| r.done).max().unwrap_or_else(Instant::now);
             let want = sender.checksum(&sender_state)?;
-            let verified = rx.iter().all(|r| r.checksum == want && r.report.version == step);
-            let worst = |f: fn(&SyncReport) -> Duration| rx.iter().map(|r| f(&r.report)).max().unwrap_or_default();
+            let verified = rx
+                .iter()
+                .all(|r| r.checksum == want && r.report.version == step);
+            let worst = |f: fn(&SyncReport) -> Duration| {
+                rx.iter().map(|r| f(&r.report)).max().unwrap_or_default()
+            };
             let rec = StepRecord {
                 step,
                 changed,
@@ -141,19 +165,39 @@ enum TxLink {
 /// How a receiver thread gets its channel.
 enum RxLink {
     Ready(transport::Receiver),
-    Shm { socket: std::path::PathBuf, rank: usize },
+    Shm {
+        socket: std::path::PathBuf,
+        rank: usize,
+    },
 }
 
 fn links(kind: TransportKind, receivers: usize) -> (TxLink, Vec<RxLink>) {
     match kind {
         TransportKind::Inproc => {
             let (tx, rxs) = transport::inproc_channel(receivers);
-            (TxLink::Ready(tx), rxs.into_iter().map(RxLink::Ready).collect())
+            (
+                TxLink::Ready(tx),
+                rxs.into_iter().map(RxLink::Ready).collect(),
+            )
         }
         TransportKind::Shm => {
-            let socket = std::env::temp_dir().join(format!("rlsync-bench-{}.sock", std::process::id()));
-            let cfg = transport::ShmConfig { socket_path: socket.clone(), segment_prefix: "rlsync-bench".into(), receivers, ..Default::default() };
-            (TxLink::Shm(cfg), (0..receivers).map(|rank| RxLink::Shm { socket: socket.clone(), rank }).collect())
+            let socket =
+                std::env::temp_dir().join(format!("rlsync-bench-{}.sock", std::process::id()));
+            let cfg = transport::ShmConfig {
+                socket_path: socket.clone(),
+                segment_prefix: "rlsync-bench".into(),
+                receivers,
+                ..Default::default()
+            };
+            (
+                TxLink::Shm(cfg),
+                (0..receivers)
+                    .map(|rank| RxLink::Shm {
+                        socket: socket.clone(),
+                        rank,
+                    })
+                    .collect(),
+            )
         }
     }
 }
@@ -166,7 +210,10 @@ fn receiver_loop(
     rank: usize,
     out: std::sync::mpsc::Sender<(usize, Result<RxStep, String>)>,
 ) {
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             let _ = out.send((rank, Err(e.to_string())));
@@ -176,17 +223,28 @@ fn receiver_loop(
     rt.block_on(async {
         let ch = match link {
             RxLink::Ready(ch) => ch,
-            RxLink::Shm { socket, rank } => match transport::ShmReceiver::connect(&socket, rank, transport::DEFAULT_TIMEOUT).await {
-                Ok(ch) => ch,
-                Err(e) => {
-                    let _ = out.send((rank, Err(e.to_string())));
-                    return;
+            RxLink::Shm { socket, rank } => {
+                match transport::ShmReceiver::connect(&socket, rank, transport::DEFAULT_TIMEOUT)
+                    .await
+                {
+                    Ok(ch) => ch,
+                    Err(e) => {
+                        let _ = out.send((rank, Err(e.to_string())));
+                        return;
+                    }
                 }
-            },
+            }
         };
         match syncer.init_receiver(&mut state, ch).await {
             Ok(report) => {
-                let _ = out.send((rank, Ok(RxStep { report, done: Instant::now(), checksum: 0 })));
+                let _ = out.send((
+                    rank,
+                    Ok(RxStep {
+                        report,
+                        done: Instant::now(),
+                        checksum: 0,
+                    }),
+                ));
             }
             Err(e) => {
                 let _ = out.send((rank, Err(e.to_string())));
@@ -198,7 +256,11 @@ fn receiver_loop(
             let done = Instant::now();
             let msg = r.map_err(|e| e.to_string()).and_then(|report| {
                 let checksum = syncer.checksum(&state).map_err(|e| e.to_string())?;
-                Ok(RxStep { report, done, checksum })
+                Ok(RxStep {
+                    report,
+                    done,
+                    checksum,
+                })
             });
             let failed = msg.is_err();
             let _ = out.send((rank, msg));
@@ -209,10 +271,16 @@ fn receiver_loop(
     });
 }
 
-fn collect(rx: &std::sync::mpsc::Receiver<(usize, Result<RxStep, String>)>, n: usize) -> Result<Vec<RxStep>, BenchError> {
+fn collect(
+    rx: &std::sync::mpsc::Receiver<(usize, Result<RxStep, String>)>,
+    n: usize,
+) -> Result<Vec<RxStep>, BenchError> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let (rank, r) = rx.recv().map_err(|_| BenchError::Receiver { rank: usize::MAX, reason: "receiver threads ended early".into() })?;
+        let (rank, r) = rx.recv().map_err(|_| BenchError::Receiver {
+            rank: usize::MAX,
+            reason: "receiver threads ended early".into(),
+        })?;
         out.push(r.map_err(|reason| BenchError::Receiver { rank, reason })?);
     }
     Ok(out)
@@ -220,7 +288,11 @@ fn collect(rx: &std::sync::mpsc::Receiver<(usize, Result<RxStep, String>)>, n: u
 
 /// Median of three plain copies of the synced state's bytes into a warm buffer.
 fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
-    let tensors: Vec<&[u8]> = keys.iter().filter_map(|k| state.get(k)).map(|t| t.bytes()).collect();
+    let tensors: Vec<&[u8]> = keys
+        .iter()
+        .filter_map(|k| state.get(k))
+        .map(|t| t.bytes())
+        .collect();
     let total: usize = tensors.iter().map(|t| t.len()).sum();
     let mut dst = vec![0u8; total];
     let mut times = Vec::new();

@@ -87,9 +87,17 @@ pub enum UsageError {
     UnknownFlag(String),
     #[error("{USAGE}\nrlsync: error: argument {flag}: expected one argument")]
     MissingValue { flag: &'static str },
-    #[error("{USAGE}\nrlsync: error: argument {flag}: invalid choice: '{value}' (choose from {choices})")]
-    InvalidChoice { flag: &'static str, value: String, choices: &'static str },
-    #[error("{USAGE}\nrlsync: error: unknown entry point '{0}' (choose from train_embodied, train_async, bench_sync)")]
+    #[error(
+        "{USAGE}\nrlsync: error: argument {flag}: invalid choice: '{value}' (choose from {choices})"
+    )]
+    InvalidChoice {
+        flag: &'static str,
+        value: String,
+        choices: &'static str,
+    },
+    #[error(
+        "{USAGE}\nrlsync: error: unknown entry point '{0}' (choose from train_embodied, train_async, bench_sync)"
+    )]
     UnknownEntry(String),
 }
 
@@ -166,7 +174,13 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
                     "job" => CfgKind::Job,
                     "hydra" => CfgKind::Hydra,
                     "all" => CfgKind::All,
-                    _ => return Err(UsageError::InvalidChoice { flag: "--cfg/-c", value: v, choices: "'job', 'hydra', 'all'" }),
+                    _ => {
+                        return Err(UsageError::InvalidChoice {
+                            flag: "--cfg/-c",
+                            value: v,
+                            choices: "'job', 'hydra', 'all'",
+                        });
+                    }
                 });
             }
             "--info" | "-i" => {
@@ -184,10 +198,14 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
                     choices: "'all', 'config', 'defaults', 'defaults-tree', 'plugins', 'searchpath'",
                 })?);
             }
-            _ if arg.starts_with('-') && !arg.starts_with("--") && arg.len() == 2 || arg.starts_with("--") => {
+            _ if arg.starts_with('-') && !arg.starts_with("--") && arg.len() == 2
+                || arg.starts_with("--") =>
+            {
                 return Err(UsageError::UnknownFlag(arg.to_owned()));
             }
-            _ if arg.starts_with('-') && !arg.contains('=') => return Err(UsageError::UnknownFlag(arg.to_owned())),
+            _ if arg.starts_with('-') && !arg.contains('=') => {
+                return Err(UsageError::UnknownFlag(arg.to_owned()));
+            }
             _ => out.overrides.push(arg.to_owned()),
         }
     }
@@ -195,7 +213,9 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
 }
 
 fn print_usage() {
-    println!("{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nFlags:\n{FLAGS_HELP}");
+    println!(
+        "{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nFlags:\n{FLAGS_HELP}"
+    );
 }
 
 /// Run rlsync with the arguments after the program name.
@@ -209,7 +229,11 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     if first == "--version" {
-        println!("rlsync {} (Hydra {})", env!("CARGO_PKG_VERSION"), crate::config::hydra::HYDRA_VERSION);
+        println!(
+            "rlsync {} (Hydra {})",
+            env!("CARGO_PKG_VERSION"),
+            crate::config::hydra::HYDRA_VERSION
+        );
         return Ok(ExitStatus::Success);
     }
     if first == "worker" {
@@ -232,27 +256,44 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
     if args.resolve && !has_cfg && !args.help {
         anyhow::bail!("The --resolve flag can only be used in conjunction with --cfg or --help");
     }
-    let commands = [args.run, has_cfg, args.multirun, args.info.is_some()].iter().filter(|b| **b).count();
+    let commands = [args.run, has_cfg, args.multirun, args.info.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
     if commands > 1 {
-        anyhow::bail!("Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified");
+        anyhow::bail!(
+            "Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified"
+        );
     }
     let command = if args.help {
-        Command::AppHelp { flags_help: FLAGS_HELP }
+        Command::AppHelp {
+            flags_help: FLAGS_HELP,
+        }
     } else if args.hydra_help {
-        Command::HydraHelp { flags_help: FLAGS_HELP }
+        Command::HydraHelp {
+            flags_help: FLAGS_HELP,
+        }
     } else if let Some(kind) = args.cfg {
         let show = match kind {
             CfgKind::Job => ShowCfg::Job,
             CfgKind::Hydra => ShowCfg::Hydra,
             CfgKind::All => ShowCfg::All,
         };
-        Command::ShowCfg { show, package: args.package.clone(), resolve: args.resolve }
+        Command::ShowCfg {
+            show,
+            package: args.package.clone(),
+            resolve: args.resolve,
+        }
     } else if let Some(info) = args.info {
         Command::Info(info)
     } else if args.multirun {
-        Command::Multirun { dry_run: args.dry_run }
+        Command::Multirun {
+            dry_run: args.dry_run,
+        }
     } else {
-        Command::Run { dry_run: args.dry_run }
+        Command::Run {
+            dry_run: args.dry_run,
+        }
     };
     let request = AppRequest {
         entry: args.entry.name(),
@@ -262,9 +303,15 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         overrides: &args.overrides,
         command,
     };
-    let outcome = app::execute(&request).with_context(|| format!("rlsync {}", args.entry.name())).map_err(strip_context)?;
+    let outcome = app::execute(&request)
+        .with_context(|| format!("rlsync {}", args.entry.name()))
+        .map_err(strip_context)?;
     match outcome {
-        Outcome::Printed { success } => Ok(if success { ExitStatus::Success } else { ExitStatus::Failure }),
+        Outcome::Printed { success } => Ok(if success {
+            ExitStatus::Success
+        } else {
+            ExitStatus::Failure
+        }),
         Outcome::Jobs(jobs) => {
             for job in &jobs {
                 if run_job(args.entry, job)? == ExitStatus::Failure {
@@ -294,7 +341,11 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         };
         let report = crate::plan::dry_run(plan_entry, &extracted, &job.output_dir);
         print!("{report}");
-        return Ok(if report.problems.is_empty() { ExitStatus::Success } else { ExitStatus::Failure });
+        return Ok(if report.problems.is_empty() {
+            ExitStatus::Success
+        } else {
+            ExitStatus::Failure
+        });
     }
     let orchestrated = match entry {
         Entry::TrainEmbodied => crate::orchestrator::Entry::Embodied,
@@ -345,39 +396,88 @@ mod tests {
         }
         let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
         let err = anyhow::Error::new(Embeds { source: io() }).context("train_embodied");
-        assert_eq!(error_report(&err), "train_embodied: cannot prepare /run: permission denied");
+        assert_eq!(
+            error_report(&err),
+            "train_embodied: cannot prepare /run: permission denied"
+        );
         let err = anyhow::Error::new(io()).context("reading x");
-        assert_eq!(error_report(&err), "reading x: permission denied", "a cause not in the message is appended");
+        assert_eq!(
+            error_report(&err),
+            "reading x: permission denied",
+            "a cause not in the message is appended"
+        );
     }
 
     fn parse(args: &[&str]) -> Result<HydraArgs, UsageError> {
-        parse_hydra_args(Entry::TrainEmbodied, &args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        parse_hydra_args(
+            Entry::TrainEmbodied,
+            &args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+        )
     }
 
     #[test]
     fn flags_and_overrides_are_told_apart() {
-        let a = parse(&["-cp", "/x", "--config-name=foo", "db=mysql", "+a.b=1", "~c", "--cfg", "job", "--resolve"]).ok();
+        let a = parse(&[
+            "-cp",
+            "/x",
+            "--config-name=foo",
+            "db=mysql",
+            "+a.b=1",
+            "~c",
+            "--cfg",
+            "job",
+            "--resolve",
+        ])
+        .ok();
         let a = a.as_ref();
         assert_eq!(a.and_then(|a| a.config_path.as_deref()), Some("/x"));
         assert_eq!(a.and_then(|a| a.config_name.as_deref()), Some("foo"));
         assert_eq!(a.and_then(|a| a.cfg), Some(CfgKind::Job));
         assert_eq!(a.map(|a| a.resolve), Some(true));
-        assert_eq!(a.map(|a| a.overrides.clone()), Some(vec!["db=mysql".to_owned(), "+a.b=1".to_owned(), "~c".to_owned()]));
+        assert_eq!(
+            a.map(|a| a.overrides.clone()),
+            Some(vec![
+                "db=mysql".to_owned(),
+                "+a.b=1".to_owned(),
+                "~c".to_owned()
+            ])
+        );
     }
 
     #[test]
     fn info_takes_an_optional_choice() {
-        assert_eq!(parse(&["--info", "defaults"]).ok().and_then(|a| a.info), Some(InfoKind::Defaults));
-        assert_eq!(parse(&["-i"]).ok().and_then(|a| a.info), Some(InfoKind::All));
-        assert_eq!(parse(&["--info", "--cfg", "job"]).ok().and_then(|a| a.info), Some(InfoKind::All));
-        assert!(matches!(parse(&["--info", "nope"]), Err(UsageError::InvalidChoice { .. })));
+        assert_eq!(
+            parse(&["--info", "defaults"]).ok().and_then(|a| a.info),
+            Some(InfoKind::Defaults)
+        );
+        assert_eq!(
+            parse(&["-i"]).ok().and_then(|a| a.info),
+            Some(InfoKind::All)
+        );
+        assert_eq!(
+            parse(&["--info", "--cfg", "job"]).ok().and_then(|a| a.info),
+            Some(InfoKind::All)
+        );
+        assert!(matches!(
+            parse(&["--info", "nope"]),
+            Err(UsageError::InvalidChoice { .. })
+        ));
     }
 
     #[test]
     fn bad_flags_are_usage_errors() {
-        assert!(matches!(parse(&["--frobnicate"]), Err(UsageError::UnknownFlag(_))));
+        assert!(matches!(
+            parse(&["--frobnicate"]),
+            Err(UsageError::UnknownFlag(_))
+        ));
         assert!(matches!(parse(&["-x"]), Err(UsageError::UnknownFlag(_))));
-        assert!(matches!(parse(&["--cfg"]), Err(UsageError::MissingValue { .. })));
-        assert!(matches!(parse(&["--cfg", "nope"]), Err(UsageError::InvalidChoice { .. })));
+        assert!(matches!(
+            parse(&["--cfg"]),
+            Err(UsageError::MissingValue { .. })
+        ));
+        assert!(matches!(
+            parse(&["--cfg", "nope"]),
+            Err(UsageError::InvalidChoice { .. })
+        ));
     }
 }

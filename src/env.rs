@@ -23,9 +23,18 @@ pub enum EnvError {
     #[error("env type `{env_type:?}` is not a built-in vectorised task (use reach or cartpole)")]
     NotBuiltIn { env_type: EnvType },
     #[error("{what} has {got} entries, expected {expected} ({num_envs} envs)")]
-    ActionShape { what: &'static str, got: usize, expected: usize, num_envs: usize },
+    ActionShape {
+        what: &'static str,
+        got: usize,
+        expected: usize,
+        num_envs: usize,
+    },
     #[error("{task} takes {expected} actions, got {got}")]
-    ActionKind { task: &'static str, expected: &'static str, got: &'static str },
+    ActionKind {
+        task: &'static str,
+        expected: &'static str,
+        got: &'static str,
+    },
     #[error("discrete action {action} of env {env} is out of range 0..{n}")]
     ActionOutOfRange { env: usize, action: i64, n: usize },
 }
@@ -164,9 +173,15 @@ pub(crate) struct Transition {
 
 impl VecEnv {
     pub fn new(opts: &EnvOptions) -> Result<VecEnv, EnvError> {
-        let streams: Vec<usize> = (opts.first_index..opts.first_index + opts.num_envs).map(|i| opts.stream(i)).collect();
+        let streams: Vec<usize> = (opts.first_index..opts.first_index + opts.num_envs)
+            .map(|i| opts.stream(i))
+            .collect();
         let task = match opts.env_type {
-            EnvType::Reach => Task::Reach(Reach::new(opts.num_links.get() as usize, opts.seed, &streams)),
+            EnvType::Reach => Task::Reach(Reach::new(
+                opts.num_links.get() as usize,
+                opts.seed,
+                &streams,
+            )),
             EnvType::Cartpole => Task::Cartpole(Cartpole::new(opts.seed, &streams)),
             other => return Err(EnvError::NotBuiltIn { env_type: other }),
         };
@@ -259,7 +274,8 @@ impl VecEnv {
             out.truncated[env] = truncated;
             // cartpole counts surviving to the cap as success.
             let success = tr.success || (truncated && matches!(self.task, Task::Cartpole(_)));
-            self.stats.record(env, tr.reward, tr.terminated || truncated, success);
+            self.stats
+                .record(env, tr.reward, tr.terminated || truncated, success);
             if tr.terminated || truncated {
                 self.reset_env(env);
             }
@@ -277,22 +293,44 @@ impl VecEnv {
             (ActionSpace::Continuous { dim, .. }, Actions::Continuous(a)) => {
                 let expected = dim * self.num_envs;
                 if a.len() != expected {
-                    return Err(EnvError::ActionShape { what: "continuous actions", got: a.len(), expected, num_envs: self.num_envs });
+                    return Err(EnvError::ActionShape {
+                        what: "continuous actions",
+                        got: a.len(),
+                        expected,
+                        num_envs: self.num_envs,
+                    });
                 }
             }
             (ActionSpace::Discrete { n }, Actions::Discrete(a)) => {
                 if a.len() != self.num_envs {
-                    return Err(EnvError::ActionShape { what: "discrete actions", got: a.len(), expected: self.num_envs, num_envs: self.num_envs });
+                    return Err(EnvError::ActionShape {
+                        what: "discrete actions",
+                        got: a.len(),
+                        expected: self.num_envs,
+                        num_envs: self.num_envs,
+                    });
                 }
-                if let Some((env, &action)) = a.iter().enumerate().find(|(_, x)| !(0..n as i64).contains(x)) {
+                if let Some((env, &action)) = a
+                    .iter()
+                    .enumerate()
+                    .find(|(_, x)| !(0..n as i64).contains(x))
+                {
                     return Err(EnvError::ActionOutOfRange { env, action, n });
                 }
             }
             (ActionSpace::Continuous { .. }, other) => {
-                return Err(EnvError::ActionKind { task, expected: "continuous", got: other.kind() });
+                return Err(EnvError::ActionKind {
+                    task,
+                    expected: "continuous",
+                    got: other.kind(),
+                });
             }
             (ActionSpace::Discrete { .. }, other) => {
-                return Err(EnvError::ActionKind { task, expected: "discrete", got: other.kind() });
+                return Err(EnvError::ActionKind {
+                    task,
+                    expected: "discrete",
+                    got: other.kind(),
+                });
             }
         }
         Ok(())
@@ -307,7 +345,10 @@ impl VecEnv {
 
 /// Seed for env `index` of a run seeded with `seed` (splitmix64, so neighbouring indices decorrelate).
 pub(crate) fn env_seed(seed: u64, index: usize) -> u64 {
-    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0xD1B5_4A32_D192_ED03);
+    let mut z = seed
+        ^ (index as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(0xD1B5_4A32_D192_ED03);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -336,7 +377,9 @@ mod tests {
         (0..steps)
             .map(|t| match spec.action {
                 ActionSpace::Continuous { dim, .. } => {
-                    let a: Vec<f32> = (0..n * dim).map(|i| (((t * 7 + i * 13) % 11) as f32 / 5.0) - 1.0).collect();
+                    let a: Vec<f32> = (0..n * dim)
+                        .map(|i| (((t * 7 + i * 13) % 11) as f32 / 5.0) - 1.0)
+                        .collect();
                     env.step(Actions::Continuous(&a)).unwrap()
                 }
                 ActionSpace::Discrete { .. } => {
@@ -363,11 +406,19 @@ mod tests {
         for ty in [EnvType::Reach, EnvType::Cartpole] {
             let whole = VecEnv::new(&opts(ty, 5, 0, 3)).unwrap();
             let dim = whole.spec().obs_dim;
-            let cfg = EnvSplitConfig { env_type: ty, total_num_envs: NonZeroU32::new(5).unwrap(), seed: 3, ..Default::default() };
+            let cfg = EnvSplitConfig {
+                env_type: ty,
+                total_num_envs: NonZeroU32::new(5).unwrap(),
+                seed: 3,
+                ..Default::default()
+            };
             let mut joined = Vec::new();
             for rank in 0..2 {
                 let o = EnvOptions::for_worker(&cfg, rank, NonZeroU32::new(2).unwrap());
-                assert_eq!((o.num_envs, o.first_index), if rank == 0 { (3, 0) } else { (2, 3) });
+                assert_eq!(
+                    (o.num_envs, o.first_index),
+                    if rank == 0 { (3, 0) } else { (2, 3) }
+                );
                 joined.extend_from_slice(VecEnv::new(&o).unwrap().obs());
             }
             assert_eq!(joined.len(), 5 * dim);
@@ -378,8 +429,14 @@ mod tests {
     #[test]
     fn spec_without_envs_matches_the_built_envs() {
         for ty in [EnvType::Reach, EnvType::Cartpole] {
-            let cfg = EnvSplitConfig { env_type: ty, num_links: NonZeroU32::new(3).unwrap(), ..Default::default() };
-            let built = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN)).unwrap().spec();
+            let cfg = EnvSplitConfig {
+                env_type: ty,
+                num_links: NonZeroU32::new(3).unwrap(),
+                ..Default::default()
+            };
+            let built = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN))
+                .unwrap()
+                .spec();
             assert_eq!(spec_for(&cfg).unwrap(), built);
         }
         assert!(spec_for(&EnvSplitConfig::default()).is_err());
@@ -416,11 +473,30 @@ mod tests {
     fn bad_actions_are_errors_not_panics() {
         let mut reach = VecEnv::new(&opts(EnvType::Reach, 2, 0, 0)).unwrap();
         let mut cart = VecEnv::new(&opts(EnvType::Cartpole, 2, 0, 0)).unwrap();
-        assert!(matches!(reach.step(Actions::Continuous(&[0.0; 3])), Err(EnvError::ActionShape { expected: 4, .. })));
-        assert!(matches!(reach.step(Actions::Discrete(&[0, 1])), Err(EnvError::ActionKind { .. })));
-        assert_eq!(cart.step(Actions::Discrete(&[0, 2])), Err(EnvError::ActionOutOfRange { env: 1, action: 2, n: 2 }));
-        assert!(matches!(cart.step(Actions::Discrete(&[0])), Err(EnvError::ActionShape { .. })));
-        assert!(matches!(VecEnv::new(&opts(EnvType::Synthetic, 2, 0, 0)), Err(EnvError::NotBuiltIn { .. })));
+        assert!(matches!(
+            reach.step(Actions::Continuous(&[0.0; 3])),
+            Err(EnvError::ActionShape { expected: 4, .. })
+        ));
+        assert!(matches!(
+            reach.step(Actions::Discrete(&[0, 1])),
+            Err(EnvError::ActionKind { .. })
+        ));
+        assert_eq!(
+            cart.step(Actions::Discrete(&[0, 2])),
+            Err(EnvError::ActionOutOfRange {
+                env: 1,
+                action: 2,
+                n: 2
+            })
+        );
+        assert!(matches!(
+            cart.step(Actions::Discrete(&[0])),
+            Err(EnvError::ActionShape { .. })
+        ));
+        assert!(matches!(
+            VecEnv::new(&opts(EnvType::Synthetic, 2, 0, 0)),
+            Err(EnvError::NotBuiltIn { .. })
+        ));
     }
 
     #[test]
@@ -437,7 +513,10 @@ mod tests {
             }
         }
         // after a finish the next obs is a fresh start, not the final one.
-        let done = results.iter().find(|r| r.terminated[0] || r.truncated[0]).unwrap();
+        let done = results
+            .iter()
+            .find(|r| r.terminated[0] || r.truncated[0])
+            .unwrap();
         assert_ne!(done.obs[..4], done.final_obs[..4]);
         assert!(done.obs[..4].iter().all(|x| x.abs() <= 0.05));
         // take_metrics forgets what it reported.

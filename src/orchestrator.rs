@@ -27,8 +27,8 @@ use metrics::{MetricsError, MetricsSink};
 use protocol::{LaunchSpec, LoopKind, PROTOCOL_VERSION, ProtocolError};
 use supervisor::{Supervisor, SupervisorConfig};
 
-pub use metrics::summary::RunSummary;
 pub use crate::plan::Entry;
+pub use metrics::summary::RunSummary;
 pub use plan::{RunPlan, plan};
 pub use supervisor::{ShutdownHandle, ShutdownSource};
 
@@ -37,27 +37,58 @@ pub enum OrchestratorError {
     #[error("invalid run configuration: {reason}")]
     Config { reason: String },
     #[error("cannot prepare {path}: {source}")]
-    RunDir { path: PathBuf, source: std::io::Error },
+    RunDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot start {worker} from {exe}: {source}")]
-    Spawn { worker: String, exe: PathBuf, source: std::io::Error },
+    Spawn {
+        worker: String,
+        exe: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot bind the control socket {path}: {source}")]
-    Socket { path: PathBuf, source: std::io::Error },
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot install signal handlers: {source}")]
     Signals { source: std::io::Error },
-    #[error("{workers} did not complete the handshake within {timeout_s} s (runner.handshake_timeout_s)")]
+    #[error(
+        "{workers} did not complete the handshake within {timeout_s} s (runner.handshake_timeout_s)"
+    )]
     HandshakeTimeout { workers: String, timeout_s: f64 },
     #[error("handshake failed: {reason}")]
     Handshake { reason: String },
     #[error("worker {worker} (pid {pid}) {status}{message}\n--- last lines of {} ---\n{tail}", log.display())]
-    WorkerFailed { worker: String, pid: u32, status: String, message: String, log: PathBuf, tail: String },
-    #[error("step deadline of {timeout_s} s (runner.step_timeout_s) passed while waiting for {waiting_for}")]
+    WorkerFailed {
+        worker: String,
+        pid: u32,
+        status: String,
+        message: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error(
+        "step deadline of {timeout_s} s (runner.step_timeout_s) passed while waiting for {waiting_for}"
+    )]
     StepTimeout { timeout_s: f64, waiting_for: String },
-    #[error("weight verification failed: {worker} holds version {version} with checksum {got:#018x}, the trainer's is {expected:#018x}")]
-    VerifyFailed { worker: String, version: u64, got: u64, expected: u64 },
+    #[error(
+        "weight verification failed: {worker} holds version {version} with checksum {got:#018x}, the trainer's is {expected:#018x}"
+    )]
+    VerifyFailed {
+        worker: String,
+        version: u64,
+        got: u64,
+        expected: u64,
+    },
     #[error("interrupted by {signal}; workers stopped")]
     Interrupted { signal: &'static str },
     #[error("control message for {worker}: {source}")]
-    Protocol { worker: String, source: ProtocolError },
+    Protocol {
+        worker: String,
+        source: ProtocolError,
+    },
     #[error("unexpected report from {worker}: {report}")]
     Unexpected { worker: String, report: String },
     #[error("metrics: {0}")]
@@ -77,7 +108,11 @@ pub struct RunOptions {
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { worker_exe: None, shutdown: ShutdownSource::OsSignals, print_summary: true }
+        RunOptions {
+            worker_exe: None,
+            shutdown: ShutdownSource::OsSignals,
+            print_summary: true,
+        }
     }
 }
 
@@ -93,32 +128,64 @@ pub struct LoopTotals {
 
 /// Names of the run's sockets and shared-memory segments; unique per run so runs never collide.
 fn run_tag() -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     format!("rlsync-{}-{nanos:08x}", std::process::id())
 }
 
 fn secs(value: f64) -> Duration {
-    Duration::from_secs_f64(if value.is_finite() && value > 0.0 { value } else { 0.0 })
+    Duration::from_secs_f64(if value.is_finite() && value > 0.0 {
+        value
+    } else {
+        0.0
+    })
 }
 
 /// Run one training job with `cfg` in `run_dir` (created if missing). Blocks until the job ends.
-pub fn run(entry: Entry, cfg: &RunConfig, run_dir: &Path, opts: RunOptions) -> Result<RunSummary, OrchestratorError> {
-    crate::worker::workload::preflight(cfg).map_err(|e| OrchestratorError::Config { reason: e.to_string() })?;
+pub fn run(
+    entry: Entry,
+    cfg: &RunConfig,
+    run_dir: &Path,
+    opts: RunOptions,
+) -> Result<RunSummary, OrchestratorError> {
+    crate::worker::workload::preflight(cfg).map_err(|e| OrchestratorError::Config {
+        reason: e.to_string(),
+    })?;
     let plan = plan::plan(entry, cfg)?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(OrchestratorError::Runtime)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(OrchestratorError::Runtime)?;
     // A current-thread runtime keeps every spawn on this thread, which PR_SET_PDEATHSIG ties the workers to.
     runtime.block_on(run_plan(plan, cfg, run_dir, opts))
 }
 
-async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptions) -> Result<RunSummary, OrchestratorError> {
+async fn run_plan(
+    plan: RunPlan,
+    cfg: &RunConfig,
+    run_dir: &Path,
+    opts: RunOptions,
+) -> Result<RunSummary, OrchestratorError> {
     let private = run_dir.join(".rlsync");
-    std::fs::create_dir_all(&private).map_err(|source| OrchestratorError::RunDir { path: private.clone(), source })?;
-    let run_dir = std::fs::canonicalize(run_dir).map_err(|source| OrchestratorError::RunDir { path: run_dir.to_owned(), source })?;
+    std::fs::create_dir_all(&private).map_err(|source| OrchestratorError::RunDir {
+        path: private.clone(),
+        source,
+    })?;
+    let run_dir = std::fs::canonicalize(run_dir).map_err(|source| OrchestratorError::RunDir {
+        path: run_dir.to_owned(),
+        source,
+    })?;
     let tag = run_tag();
     let sockets = std::env::temp_dir();
     let launch = LaunchSpec {
         format_version: PROTOCOL_VERSION,
-        loop_kind: if plan.entry == Entry::Async { LoopKind::Async } else { LoopKind::Embodied },
+        loop_kind: if plan.entry == Entry::Async {
+            LoopKind::Async
+        } else {
+            LoopKind::Embodied
+        },
         rollouts: plan.rollouts,
         envs_per_rollout: plan.envs_per_rollout,
         control_socket: sockets.join(format!("{tag}.sock")),
@@ -127,15 +194,27 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
         config: cfg.clone(),
     };
     let launch_path = crate::worker::launch_file(&run_dir);
-    let bytes = protocol::encode_launch(&launch).map_err(|e| OrchestratorError::Config { reason: e.to_string() })?;
-    std::fs::write(&launch_path, bytes).map_err(|source| OrchestratorError::RunDir { path: launch_path, source })?;
+    let bytes = protocol::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
+        reason: e.to_string(),
+    })?;
+    std::fs::write(&launch_path, bytes).map_err(|source| OrchestratorError::RunDir {
+        path: launch_path,
+        source,
+    })?;
 
     let exe = match opts.worker_exe {
         Some(exe) => exe,
-        None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir { path: "<current exe>".into(), source })?,
+        None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir {
+            path: "<current exe>".into(),
+            source,
+        })?,
     };
     let (progress, console) = Progress::new(plan.steps);
-    let tensorboard = cfg.runner.logger.logger_backends.contains(&LoggerBackend::Tensorboard);
+    let tensorboard = cfg
+        .runner
+        .logger
+        .logger_backends
+        .contains(&LoggerBackend::Tensorboard);
     let mut sink = MetricsSink::open(&run_dir, tensorboard, progress)?;
     let sup_cfg = SupervisorConfig {
         exe,
@@ -158,7 +237,10 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
     let _ = std::fs::remove_file(&launch.weight_socket);
     let _ = std::fs::remove_file(&launch.control_socket);
     if let Err(err) = crate::transport::shm::remove_leftovers(&launch.segment_prefix) {
-        tracing::warn!("removing shared-memory leftovers of {}: {err}", launch.segment_prefix);
+        tracing::warn!(
+            "removing shared-memory leftovers of {}: {err}",
+            launch.segment_prefix
+        );
     }
     let flushed = sink.finish();
     let totals = result?;
@@ -170,10 +252,17 @@ async fn run_plan(plan: RunPlan, cfg: &RunConfig, run_dir: &Path, opts: RunOptio
     Ok(summary)
 }
 
-async fn drive(sup: &mut Supervisor, plan: &RunPlan, cfg: &RunConfig, sink: &mut MetricsSink) -> Result<LoopTotals, OrchestratorError> {
+async fn drive(
+    sup: &mut Supervisor,
+    plan: &RunPlan,
+    cfg: &RunConfig,
+    sink: &mut MetricsSink,
+) -> Result<LoopTotals, OrchestratorError> {
     let interval = u64::from(cfg.runner.weight_sync_interval.get());
     match plan.entry {
-        Entry::Embodied | Entry::BenchSync => embodied::run(sup, plan, interval, cfg.runner.verify_sync, sink).await,
+        Entry::Embodied | Entry::BenchSync => {
+            embodied::run(sup, plan, interval, cfg.runner.verify_sync, sink).await
+        }
         Entry::Async => {
             let set = async_loop::AsyncSettings {
                 staleness_threshold: u64::from(cfg.algorithm.staleness_threshold),

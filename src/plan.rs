@@ -4,9 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::schema::{
-    Compression, ModelType, RunConfig, SyncerKind, WeightDtype,
-};
+use crate::config::schema::{Compression, ModelType, RunConfig, SyncerKind, WeightDtype};
 use crate::config::typed::Extracted;
 use crate::orchestrator::{self, RunPlan};
 
@@ -113,8 +111,16 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
 /// what a run would start).
 pub fn planned_workers(plan: &RunPlan) -> Vec<PlannedWorker> {
-    let mut workers = vec![PlannedWorker { role: "trainer", rank: 0, envs: 0 }];
-    workers.extend((0..plan.rollouts).map(|rank| PlannedWorker { role: "rollout", rank, envs: plan.envs_per_rollout }));
+    let mut workers = vec![PlannedWorker {
+        role: "trainer",
+        rank: 0,
+        envs: 0,
+    }];
+    workers.extend((0..plan.rollouts).map(|rank| PlannedWorker {
+        role: "rollout",
+        rank,
+        envs: plan.envs_per_rollout,
+    }));
     workers
 }
 
@@ -157,7 +163,11 @@ pub fn estimated_sync_bytes(cfg: &RunConfig, fp: Footprint) -> u64 {
         }
         SyncerKind::Patch => {
             let share = assumed_changed_share(cfg.actor.model.adam_lr, cfg.rollout.model.precision);
-            let per_changed = if cfg.weight_syncer.patch.compression == Compression::None { 2.5 } else { 2.0 };
+            let per_changed = if cfg.weight_syncer.patch.compression == Compression::None {
+                2.5
+            } else {
+                2.0
+            };
             (synced as f64 * share * per_changed).ceil() as u64
         }
     }
@@ -179,12 +189,20 @@ fn assumed_changed_share(lr: f64, dtype: WeightDtype) -> f64 {
 fn largest_payload(cfg: &RunConfig, fp: Footprint) -> u64 {
     let ws = &cfg.weight_syncer;
     let init = if ws.kind == SyncerKind::Patch && ws.patch.init_sync.enabled {
-        ws.patch.init_sync.bucket_size.get().min((fp.synced_elements + fp.frozen_elements) * fp.dtype_bytes)
+        ws.patch
+            .init_sync
+            .bucket_size
+            .get()
+            .min((fp.synced_elements + fp.frozen_elements) * fp.dtype_bytes)
     } else {
         0
     };
     let per_sync = match ws.kind {
-        SyncerKind::Bucket => ws.bucket.bucket_size.get().min(estimated_sync_bytes(cfg, fp)),
+        SyncerKind::Bucket => ws
+            .bucket
+            .bucket_size
+            .get()
+            .min(estimated_sync_bytes(cfg, fp)),
         SyncerKind::Patch => estimated_sync_bytes(cfg, fp),
     };
     init.max(per_sync)
@@ -205,7 +223,13 @@ fn check_writable(run_dir: &Path) -> Result<(), String> {
     let probe = probe_dir.join(format!(".rlsync-dry-run-{}", std::process::id()));
     std::fs::write(&probe, b"")
         .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| format!("run directory {} is not writable ({}: {e})", run_dir.display(), probe_dir.display()))
+        .map_err(|e| {
+            format!(
+                "run directory {} is not writable ({}: {e})",
+                run_dir.display(),
+                probe_dir.display()
+            )
+        })
 }
 
 fn shm_free_bytes() -> Result<u64, String> {
@@ -221,7 +245,11 @@ pub fn human_bytes(n: u64) -> String {
         v /= 1024.0;
         unit += 1;
     }
-    if unit == 0 { format!("{n} B") } else { format!("{v:.1} {}", UNITS[unit]) }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 impl fmt::Display for DryRun {
@@ -231,20 +259,41 @@ impl fmt::Display for DryRun {
         writeln!(f, "  run dir        {}", self.run_dir.display())?;
         if self.entry != Entry::BenchSync {
             let rollouts = self.workers.iter().filter(|w| w.role == "rollout").count();
-            writeln!(f, "  processes      1 orchestrator (this process), 1 trainer, {rollouts} rollout workers")?;
+            writeln!(
+                f,
+                "  processes      1 orchestrator (this process), 1 trainer, {rollouts} rollout workers"
+            )?;
             for w in &self.workers {
-                let envs = if w.role == "rollout" { format!(" ({} envs)", w.envs) } else { String::new() };
-                writeln!(f, "    - rlsync worker --role {} --rank {}{envs}", w.role, w.rank)?;
+                let envs = if w.role == "rollout" {
+                    format!(" ({} envs)", w.envs)
+                } else {
+                    String::new()
+                };
+                writeln!(
+                    f,
+                    "    - rlsync worker --role {} --rank {}{envs}",
+                    w.role, w.rank
+                )?;
             }
-            writeln!(f, "  transport      shared memory (trainer writes once, every rollout reads in place), control over Unix sockets")?;
+            writeln!(
+                f,
+                "  transport      shared memory (trainer writes once, every rollout reads in place), control over Unix sockets"
+            )?;
             let loop_desc = match self.entry {
                 Entry::Async => format!(
                     "async: staleness_threshold={}, sync_weight_no_wait={}",
                     c.algorithm.staleness_threshold, c.actor.sync_weight_no_wait
                 ),
-                _ => format!("synchronous: sync every {} step(s)", c.runner.weight_sync_interval),
+                _ => format!(
+                    "synchronous: sync every {} step(s)",
+                    c.runner.weight_sync_interval
+                ),
             };
-            writeln!(f, "  loop           {loop_desc}, verify_sync={}", c.runner.verify_sync)?;
+            writeln!(
+                f,
+                "  loop           {loop_desc}, verify_sync={}",
+                c.runner.verify_sync
+            )?;
             if let Some(p) = &self.loop_plan {
                 writeln!(
                     f,
@@ -255,7 +304,10 @@ impl fmt::Display for DryRun {
             writeln!(
                 f,
                 "  model          {:?}, rollout precision {:?}, env {:?} x {}",
-                c.actor.model.model_type, c.rollout.model.precision, c.env.train.env_type, c.env.train.total_num_envs
+                c.actor.model.model_type,
+                c.rollout.model.precision,
+                c.env.train.env_type,
+                c.env.train.total_num_envs
             )?;
         } else {
             let b = &c.bench;
@@ -309,13 +361,25 @@ impl fmt::Display for DryRun {
                         human_bytes(fp.frozen_elements * fp.dtype_bytes),
                         fp.frozen_elements
                     )?;
-                    writeln!(f, "  per sync       ~{} (estimate)", human_bytes(estimated_sync_bytes(c, fp)))?;
+                    writeln!(
+                        f,
+                        "  per sync       ~{} (estimate)",
+                        human_bytes(estimated_sync_bytes(c, fp))
+                    )?;
                 }
-                None => writeln!(f, "  weights        sized when the policy is built (at run start)")?,
+                None => writeln!(
+                    f,
+                    "  weights        sized when the policy is built (at run start)"
+                )?,
             }
         }
         if !self.ignored.is_empty() {
-            writeln!(f, "  ignored keys   {} (not used by rlsync): {}", self.ignored.len(), self.ignored.join(", "))?;
+            writeln!(
+                f,
+                "  ignored keys   {} (not used by rlsync): {}",
+                self.ignored.len(),
+                self.ignored.join(", ")
+            )?;
         }
         if self.problems.is_empty() {
             writeln!(f, "OK: configuration is valid; nothing was started.")
@@ -341,10 +405,20 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
         assert_eq!(report.workers.len(), 3);
-        assert_eq!(report.workers[1], PlannedWorker { role: "rollout", rank: 0, envs: 4 });
+        assert_eq!(
+            report.workers[1],
+            PlannedWorker {
+                role: "rollout",
+                rank: 0,
+                envs: 4
+            }
+        );
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         let text = report.to_string();
-        assert!(text.contains("rlsync worker --role rollout --rank 1 (4 envs)"), "{text}");
+        assert!(
+            text.contains("rlsync worker --role rollout --rank 1 (4 envs)"),
+            "{text}"
+        );
         assert!(text.contains("OK: configuration is valid"), "{text}");
     }
 
@@ -355,13 +429,21 @@ mod tests {
         let file = dir.path().join("not-a-dir");
         std::fs::write(&file, b"x").expect("write");
         let report = dry_run(Entry::Embodied, &ex, &file.join("run"));
-        assert!(report.problems.iter().any(|p| p.contains("not writable")), "{:?}", report.problems);
+        assert!(
+            report.problems.iter().any(|p| p.contains("not writable")),
+            "{:?}",
+            report.problems
+        );
     }
 
     #[test]
     fn bucket_estimate_is_dense_patch_is_sparse() {
         let mut cfg = RunConfig::default();
-        let fp = Footprint { synced_elements: 1_000_000, frozen_elements: 0, dtype_bytes: 2 };
+        let fp = Footprint {
+            synced_elements: 1_000_000,
+            frozen_elements: 0,
+            dtype_bytes: 2,
+        };
         cfg.weight_syncer.kind = SyncerKind::Bucket;
         assert_eq!(estimated_sync_bytes(&cfg, fp), 2_000_000);
         cfg.weight_syncer.kind = SyncerKind::Patch;

@@ -33,7 +33,9 @@ use std::path::PathBuf;
 
 pub use advantage::{gae, group_relative};
 pub use backend::{Actor, Learner, available};
-pub use checkpoint_layout::{CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint};
+pub use checkpoint_layout::{
+    CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint,
+};
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
 pub use workload::{RolloutWork, TrainerWork, rollout_dtype};
@@ -59,7 +61,9 @@ impl ParamRole {
     }
 
     pub fn parse(s: &str) -> Option<ParamRole> {
-        [ParamRole::Trainable, ParamRole::Buffer, ParamRole::Frozen].into_iter().find(|r| r.name() == s)
+        [ParamRole::Trainable, ParamRole::Buffer, ParamRole::Frozen]
+            .into_iter()
+            .find(|r| r.name() == s)
     }
 }
 
@@ -72,16 +76,25 @@ pub enum RlError {
          `model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic`"
     )]
     NoTorch { model: &'static str },
-    #[error("model type `{model}` cannot be used by the learner (use mlp_policy, vla_tiny or torchscript)")]
+    #[error(
+        "model type `{model}` cannot be used by the learner (use mlp_policy, vla_tiny or torchscript)"
+    )]
     UnsupportedModel { model: String },
     #[error("actor.model.torchscript_path must be set for model_type torchscript")]
     MissingTorchscriptPath,
     #[error("torchscript policy {path}: {reason}")]
     Torchscript { path: PathBuf, reason: String },
     #[error("libtorch failed while {context}: {message}")]
-    Torch { context: &'static str, message: String },
+    Torch {
+        context: &'static str,
+        message: String,
+    },
     #[error("{what}: expected {expected}, got {got}")]
-    Shape { what: String, expected: String, got: String },
+    Shape {
+        what: String,
+        expected: String,
+        got: String,
+    },
     #[error("invalid trajectory: {reason}")]
     Trajectory { reason: String },
     #[error("algorithm.group_size {group_size} must divide the number of envs {num_envs} for grpo")]

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::schema::{Compression, Device, SyncerKind, WeightSyncerConfig};
 use crate::tensor::parallel::resolve_threads;
-use crate::tensor::{cast_bytes, state_checksum, DType, StateDict, StateHasher, Storage};
+use crate::tensor::{DType, StateDict, StateHasher, Storage, cast_bytes, state_checksum};
 use crate::transport::{self, TransportError};
 
 use bucket::{Assembly, Planned, Pool, Staged};
@@ -113,7 +113,11 @@ pub enum SyncError {
     #[error("version {version} is not newer than the last sent version {last}")]
     VersionNotNewer { version: u64, last: u64 },
     #[error("rejected payload{}: {reason} (kept version {current})", version.map(|v| format!(" for version {v}")).unwrap_or_default())]
-    Rejected { version: Option<u64>, current: u64, reason: String },
+    Rejected {
+        version: Option<u64>,
+        current: u64,
+        reason: String,
+    },
     #[error("state dict key '{key}': {reason}")]
     StateMismatch { key: String, reason: String },
     #[error(transparent)]
@@ -137,8 +141,13 @@ struct Settings {
 }
 
 enum SenderStrategy {
-    Patch { snap: Vec<SnapTensor>, built: patch::Built },
-    Bucket { buckets: Vec<Vec<Planned>> },
+    Patch {
+        snap: Vec<SnapTensor>,
+        built: patch::Built,
+    },
+    Bucket {
+        buckets: Vec<Vec<Planned>>,
+    },
 }
 
 struct SenderSide {
@@ -171,7 +180,12 @@ impl ReceiverShared {
             .iter()
             .zip(&self.meta)
             .filter(|(s, _)| **s)
-            .map(|(_, m)| m.shape.iter().product::<usize>().saturating_mul(m.dtype.size_bytes()) as u64)
+            .map(|(_, m)| {
+                m.shape
+                    .iter()
+                    .product::<usize>()
+                    .saturating_mul(m.dtype.size_bytes()) as u64
+            })
             .sum()
     }
 }
@@ -205,21 +219,34 @@ pub struct WeightSyncer {
 /// Run CPU-heavy work without stalling other tasks of a multi-threaded runtime.
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
         _ => f(),
     }
 }
 
 fn rejected(version: Option<u64>, current: u64, reason: impl Into<String>) -> SyncError {
-    SyncError::Rejected { version, current, reason: reason.into() }
+    SyncError::Rejected {
+        version,
+        current,
+        reason: reason.into(),
+    }
 }
 
 impl WeightSyncer {
     /// Build from the typed config. Unsupported settings (GPU devices, nvCOMP) are clear errors.
-    pub fn from_config(cfg: &WeightSyncerConfig, opts: SyncOptions) -> Result<WeightSyncer, SyncError> {
+    pub fn from_config(
+        cfg: &WeightSyncerConfig,
+        opts: SyncOptions,
+    ) -> Result<WeightSyncer, SyncError> {
         let p = &cfg.patch;
         let b = &cfg.bucket;
-        let cuda = |what: &str| SyncError::Config { reason: format!("{what}: cuda requires a CUDA build and device (rlsync --features cuda); use cpu") };
+        let cuda = |what: &str| SyncError::Config {
+            reason: format!(
+                "{what}: cuda requires a CUDA build and device (rlsync --features cuda); use cpu"
+            ),
+        };
         let codec = match cfg.kind {
             SyncerKind::Patch => {
                 if p.snapshot_device == Device::Cuda {
@@ -245,7 +272,9 @@ impl WeightSyncer {
                 Codec::Plain
             }
         };
-        if let (SyncerKind::Patch, true, Some(pre)) = (cfg.kind, p.init_sync.enabled, &p.init_sync.prefixes) {
+        if let (SyncerKind::Patch, true, Some(pre)) =
+            (cfg.kind, p.init_sync.enabled, &p.init_sync.prefixes)
+        {
             if pre.is_empty() {
                 return Err(SyncError::Config { reason: "weight_syncer.patch.init_sync.prefixes is an empty list (use null for the whole state dict)".into() });
             }
@@ -297,21 +326,29 @@ impl WeightSyncer {
     /// receivers' dtypes through the wire dtype).
     pub fn checksum(&self, state: &StateDict) -> Result<u64, SyncError> {
         match &self.side {
-            Side::Uninit => Err(SyncError::NotInitialized { expected: "sender or receiver" }),
+            Side::Uninit => Err(SyncError::NotInitialized {
+                expected: "sender or receiver",
+            }),
             Side::Receiver(r) => Ok(state_checksum(state, &r.synced_keys)),
             Side::Sender(s) => {
                 let mut h = StateHasher::new();
                 match &s.strategy {
                     SenderStrategy::Patch { snap, .. } => {
                         for st in snap {
-                            let shape = state.get(&st.key).map(|t| t.shape().to_vec()).unwrap_or_default();
+                            let shape = state
+                                .get(&st.key)
+                                .map(|t| t.shape().to_vec())
+                                .unwrap_or_default();
                             h.begin_tensor(&st.key, st.dtype, &shape);
                             h.bytes(st.storage.bytes());
                         }
                     }
                     SenderStrategy::Bucket { .. } => {
                         for (key, &rd) in s.synced_keys.iter().zip(&s.recv_dtypes) {
-                            let t = state.get(key).ok_or_else(|| SyncError::StateMismatch { key: key.clone(), reason: "missing from the state dict".into() })?;
+                            let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
+                                key: key.clone(),
+                                reason: "missing from the state dict".into(),
+                            })?;
                             let wire = self.wire_dtype(t.dtype(), rd);
                             h.begin_tensor(key, rd, t.shape());
                             hash_cast(&mut h, t.bytes(), t.dtype(), wire, rd);
@@ -335,7 +372,12 @@ impl WeightSyncer {
 
     /// Sender side of the handshake (+ init bootstrap for patch). `keys_to_sync` are the keys every later
     /// `sync` covers (typically `state.synced_keys()`: trainable parameters and persistent buffers).
-    pub async fn init_sender(&mut self, state: &StateDict, keys_to_sync: &[String], mut ch: transport::Sender) -> Result<SyncReport, SyncError> {
+    pub async fn init_sender(
+        &mut self,
+        state: &StateDict,
+        keys_to_sync: &[String],
+        mut ch: transport::Sender,
+    ) -> Result<SyncReport, SyncError> {
         if !matches!(self.side, Side::Uninit) {
             return Err(SyncError::AlreadyInitialized);
         }
@@ -344,11 +386,18 @@ impl WeightSyncer {
         for rank in 0..ch.receivers() {
             let msg = ch.recv_from(rank).await?;
             let m = Header::parse(&msg)
-                .and_then(|(h, body)| h.expect(Kind::Metadata).and_then(|_| wire::decode_metadata(body)))
-                .map_err(|e| SyncError::Handshake { reason: format!("metadata from receiver rank {rank}: {e}") })?;
+                .and_then(|(h, body)| {
+                    h.expect(Kind::Metadata)
+                        .and_then(|_| wire::decode_metadata(body))
+                })
+                .map_err(|e| SyncError::Handshake {
+                    reason: format!("metadata from receiver rank {rank}: {e}"),
+                })?;
             match &meta {
                 Some(first) if *first != m => {
-                    let reason = format!("receiver rank {rank} reports different keys/shapes/dtypes than rank 0");
+                    let reason = format!(
+                        "receiver rank {rank} reports different keys/shapes/dtypes than rank 0"
+                    );
                     abort(&mut ch, &reason).await;
                     return Err(SyncError::Handshake { reason });
                 }
@@ -384,31 +433,64 @@ impl WeightSyncer {
                 return Err(SyncError::Handshake { reason });
             }
         };
-        if let Some(dup) = keys_to_sync.iter().enumerate().find(|(i, k)| keys_to_sync[..*i].contains(k)) {
+        if let Some(dup) = keys_to_sync
+            .iter()
+            .enumerate()
+            .find(|(i, k)| keys_to_sync[..*i].contains(k))
+        {
             let reason = format!("keys_to_sync lists '{}' twice", dup.1);
             abort(&mut ch, &reason).await;
             return Err(SyncError::Handshake { reason });
         }
-        let synced_ordinals: Vec<u32> = keys_to_sync.iter().filter_map(|k| ordinals.get(k).copied()).collect();
-        let recv_dtypes: Vec<DType> = synced_ordinals.iter().map(|&o| meta[o as usize].dtype).collect();
+        let synced_ordinals: Vec<u32> = keys_to_sync
+            .iter()
+            .filter_map(|k| ordinals.get(k).copied())
+            .collect();
+        let recv_dtypes: Vec<DType> = synced_ordinals
+            .iter()
+            .map(|&o| meta[o as usize].dtype)
+            .collect();
         // 3. plan + bootstrap
         let boot_refs: Vec<&str> = boot_keys.iter().map(String::as_str).collect();
-        let boot_items = bootstrap::plan_items(state, &boot_refs, &meta, &ordinals, |_, receiver| receiver);
+        let boot_items =
+            bootstrap::plan_items(state, &boot_refs, &meta, &ordinals, |_, receiver| receiver);
         let boot_buckets = bucket::plan(boot_items, self.settings.init_bucket_size);
         let strategy = match self.settings.kind {
             SyncerKind::Patch => Strategy::Patch,
             SyncerKind::Bucket => Strategy::Bucket,
         };
-        let plan = Plan { strategy, synced: synced_ordinals.clone(), init_buckets: boot_buckets.len() as u32 };
+        let plan = Plan {
+            strategy,
+            synced: synced_ordinals.clone(),
+            init_buckets: boot_buckets.len() as u32,
+        };
         ch.send(&wire::encode_plan(&plan)).await?;
-        let mut report = SyncReport { kind: SyncKind::Init, messages: boot_buckets.len() as u32, compression_ratio: 1.0, ..Default::default() };
+        let mut report = SyncReport {
+            kind: SyncKind::Init,
+            messages: boot_buckets.len() as u32,
+            compression_ratio: 1.0,
+            ..Default::default()
+        };
         if !boot_buckets.is_empty() {
             let part_bytes = self.settings.part_bytes;
             let tap = self.tap_mut();
-            let stats = bucket::send(&mut ch, state, &boot_buckets, Kind::InitBucket, 0, part_bytes, tap).await?;
+            let stats = bucket::send(
+                &mut ch,
+                state,
+                &boot_buckets,
+                Kind::InitBucket,
+                0,
+                part_bytes,
+                tap,
+            )
+            .await?;
             report.payload_bytes = stats.payload_bytes;
             report.encode = stats.fill;
-            report.changed = boot_buckets.iter().flatten().map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64).sum();
+            report.changed = boot_buckets
+                .iter()
+                .flatten()
+                .map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64)
+                .sum();
             report.tensors = boot_buckets.iter().map(Vec::len).sum();
         }
         // 4. the strategy's own state
@@ -416,22 +498,40 @@ impl WeightSyncer {
         let strategy = match self.settings.kind {
             SyncerKind::Patch => {
                 let mut snap = Vec::with_capacity(keys_to_sync.len());
-                for ((key, &o), &rd) in keys_to_sync.iter().zip(&synced_ordinals).zip(&recv_dtypes) {
-                    let t = state.get(key).ok_or_else(|| SyncError::StateMismatch { key: key.clone(), reason: "missing from the state dict".into() })?;
+                for ((key, &o), &rd) in keys_to_sync.iter().zip(&synced_ordinals).zip(&recv_dtypes)
+                {
+                    let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
+                        key: key.clone(),
+                        reason: "missing from the state dict".into(),
+                    })?;
                     let mut storage = Storage::zeroed(t.numel() * rd.size_bytes());
                     blocking(|| cast_bytes(t.bytes(), t.dtype(), storage.bytes_mut(), rd))
-                        .map_err(|e| SyncError::StateMismatch { key: key.clone(), reason: e.to_string() })?;
+                        .map_err(|e| SyncError::StateMismatch {
+                            key: key.clone(),
+                            reason: e.to_string(),
+                        })?;
                     let cols = t.layout().coo_view().map_or(t.numel(), |(_, c)| c);
-                    snap.push(SnapTensor { key: key.clone(), ordinal: o, dtype: rd, cols, storage });
+                    snap.push(SnapTensor {
+                        key: key.clone(),
+                        ordinal: o,
+                        dtype: rd,
+                        cols,
+                        storage,
+                    });
                 }
-                SenderStrategy::Patch { snap, built: patch::Built::default() }
+                SenderStrategy::Patch {
+                    snap,
+                    built: patch::Built::default(),
+                }
             }
             SyncerKind::Bucket => {
                 let refs: Vec<&str> = keys_to_sync.iter().map(String::as_str).collect();
                 let bucket_dtype = self.settings.bucket_dtype;
-                let items = bootstrap::plan_items(state, &refs, &meta, &ordinals, |src, _| match bucket_dtype {
-                    Some(d) if src.is_floating() => d,
-                    _ => src,
+                let items = bootstrap::plan_items(state, &refs, &meta, &ordinals, |src, _| {
+                    match bucket_dtype {
+                        Some(d) if src.is_floating() => d,
+                        _ => src,
+                    }
                 });
                 let mut buckets = bucket::plan(items, self.settings.bucket_size);
                 if buckets.is_empty() {
@@ -445,49 +545,100 @@ impl WeightSyncer {
         report.state_bytes = synced_ordinals
             .iter()
             .zip(keys_to_sync)
-            .map(|(&o, k)| state.get(k).map_or(0, |t| t.numel() * meta[o as usize].dtype.size_bytes()) as u64)
+            .map(|(&o, k)| {
+                state
+                    .get(k)
+                    .map_or(0, |t| t.numel() * meta[o as usize].dtype.size_bytes())
+                    as u64
+            })
             .sum();
         let t_flush = Instant::now();
         ch.flush().await?;
         report.transfer = t_flush.elapsed();
-        self.side = Side::Sender(SenderSide { ch, synced_keys: keys_to_sync.to_vec(), recv_dtypes, last_version: 0, strategy });
+        self.side = Side::Sender(SenderSide {
+            ch,
+            synced_keys: keys_to_sync.to_vec(),
+            recv_dtypes,
+            last_version: 0,
+            strategy,
+        });
         Ok(report)
     }
 
     /// Receiver side of the handshake: send metadata of `state`, receive the plan and (patch) install the
     /// init bootstrap into `state`.
-    pub async fn init_receiver(&mut self, state: &mut StateDict, mut ch: transport::Receiver) -> Result<SyncReport, SyncError> {
+    pub async fn init_receiver(
+        &mut self,
+        state: &mut StateDict,
+        mut ch: transport::Receiver,
+    ) -> Result<SyncReport, SyncError> {
         if !matches!(self.side, Side::Uninit) {
             return Err(SyncError::AlreadyInitialized);
         }
-        let meta: Vec<KeyMeta> = state.iter().map(|(k, t)| KeyMeta { name: k.to_string(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect();
+        let meta: Vec<KeyMeta> = state
+            .iter()
+            .map(|(k, t)| KeyMeta {
+                name: k.to_string(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            })
+            .collect();
         ch.send(&wire::encode_metadata(&meta)).await?;
         let t_wait = Instant::now();
         let plan = ch
             .recv_with(|msg| -> Result<Plan, SyncError> {
-                let (h, body) = Header::parse(msg).map_err(|e| SyncError::Handshake { reason: format!("plan from the sender: {e}") })?;
+                let (h, body) = Header::parse(msg).map_err(|e| SyncError::Handshake {
+                    reason: format!("plan from the sender: {e}"),
+                })?;
                 match h.kind {
-                    Kind::Abort => Err(SyncError::Handshake { reason: format!("the sender refused: {}", wire::decode_abort(body)) }),
-                    Kind::Plan => wire::decode_plan(&h, body).map_err(|e| SyncError::Handshake { reason: e.to_string() }),
-                    k => Err(SyncError::Handshake { reason: format!("expected the sender's plan, got a {} message", k.name()) }),
+                    Kind::Abort => Err(SyncError::Handshake {
+                        reason: format!("the sender refused: {}", wire::decode_abort(body)),
+                    }),
+                    Kind::Plan => wire::decode_plan(&h, body).map_err(|e| SyncError::Handshake {
+                        reason: e.to_string(),
+                    }),
+                    k => Err(SyncError::Handshake {
+                        reason: format!("expected the sender's plan, got a {} message", k.name()),
+                    }),
                 }
             })
             .await??;
-        let mut report = SyncReport { kind: SyncKind::Init, transfer: t_wait.elapsed(), compression_ratio: 1.0, ..Default::default() };
+        let mut report = SyncReport {
+            kind: SyncKind::Init,
+            transfer: t_wait.elapsed(),
+            compression_ratio: 1.0,
+            ..Default::default()
+        };
         let mut synced = vec![false; meta.len()];
         for &o in &plan.synced {
             match synced.get_mut(o as usize) {
                 Some(s) => *s = true,
-                None => return Err(SyncError::Handshake { reason: format!("plan names ordinal {o}, the receiver has {} keys", meta.len()) }),
+                None => {
+                    return Err(SyncError::Handshake {
+                        reason: format!(
+                            "plan names ordinal {o}, the receiver has {} keys",
+                            meta.len()
+                        ),
+                    });
+                }
             }
         }
-        let synced_keys: Vec<String> = plan.synced.iter().map(|&o| meta[o as usize].name.clone()).collect();
+        let synced_keys: Vec<String> = plan
+            .synced
+            .iter()
+            .map(|&o| meta[o as usize].name.clone())
+            .collect();
         let expected_strategy = match self.settings.kind {
             SyncerKind::Patch => Strategy::Patch,
             SyncerKind::Bucket => Strategy::Bucket,
         };
         if plan.strategy != expected_strategy {
-            return Err(SyncError::Handshake { reason: format!("sender uses {:?}, this receiver is configured for {:?}", plan.strategy, expected_strategy) });
+            return Err(SyncError::Handshake {
+                reason: format!(
+                    "sender uses {:?}, this receiver is configured for {:?}",
+                    plan.strategy, expected_strategy
+                ),
+            });
         }
         let shared = Arc::new(ReceiverShared {
             meta,
@@ -531,14 +682,33 @@ impl WeightSyncer {
                 }
             }
             let t0 = Instant::now();
-            bucket::check_fits(&staged, &shared.meta, state).map_err(|reason| SyncError::Handshake { reason })?;
+            bucket::check_fits(&staged, &shared.meta, state)
+                .map_err(|reason| SyncError::Handshake { reason })?;
             report.tensors = staged.len();
-            report.changed = staged.iter().map(|(o, s)| (s.len() / shared.meta[*o as usize].dtype.size_bytes()) as u64).sum();
+            report.changed = staged
+                .iter()
+                .map(|(o, s)| (s.len() / shared.meta[*o as usize].dtype.size_bytes()) as u64)
+                .sum();
             let _ = bucket::swap_in(staged, state);
             report.apply = t0.elapsed();
         }
-        report.state_bytes = plan.synced.iter().map(|&o| state.get_index(o as usize).map_or(0, |(_, t)| t.bytes().len()) as u64).sum();
-        self.side = Side::Receiver(ReceiverSide { ch, strategy: plan.strategy, synced_keys, received: 0, interrupted: None, shared });
+        report.state_bytes = plan
+            .synced
+            .iter()
+            .map(|&o| {
+                state
+                    .get_index(o as usize)
+                    .map_or(0, |(_, t)| t.bytes().len()) as u64
+            })
+            .sum();
+        self.side = Side::Receiver(ReceiverSide {
+            ch,
+            strategy: plan.strategy,
+            synced_keys,
+            received: 0,
+            interrupted: None,
+            shared,
+        });
         Ok(report)
     }
 
@@ -562,17 +732,24 @@ impl WeightSyncer {
         let tap = self.tap.as_mut();
         #[cfg(not(test))]
         let tap: Option<&mut Vec<Vec<u8>>> = None;
-        let Side::Sender(s) = &mut self.side else { return Err(SyncError::NotInitialized { expected: "sender" }) };
+        let Side::Sender(s) = &mut self.side else {
+            return Err(SyncError::NotInitialized { expected: "sender" });
+        };
         if version <= s.last_version {
-            return Err(SyncError::VersionNotNewer { version, last: s.last_version });
+            return Err(SyncError::VersionNotNewer {
+                version,
+                last: s.last_version,
+            });
         }
         let mut report = match &mut s.strategy {
             SenderStrategy::Patch { snap, built } => {
                 let t0 = Instant::now();
-                blocking(|| patch::build(snap, state, settings.threads, built)).map_err(|reason| SyncError::StateMismatch {
-                    key: "(synced keys)".into(),
-                    reason,
-                })?;
+                blocking(|| patch::build(snap, state, settings.threads, built)).map_err(
+                    |reason| SyncError::StateMismatch {
+                        key: "(synced keys)".into(),
+                        reason,
+                    },
+                )?;
                 let build = t0.elapsed();
                 let t1 = Instant::now();
                 let (msg, ratio, tensors) = blocking(|| {
@@ -581,7 +758,11 @@ impl WeightSyncer {
                     let enc = wire::encode_patch_body(&body, settings.codec);
                     let mut h = Header::new(Kind::Patch, version, enc.body.len());
                     h.aux = s.last_version;
-                    let ratio = if enc.stored_stream_bytes == 0 { 1.0 } else { enc.raw_stream_bytes as f64 / enc.stored_stream_bytes as f64 };
+                    let ratio = if enc.stored_stream_bytes == 0 {
+                        1.0
+                    } else {
+                        enc.raw_stream_bytes as f64 / enc.stored_stream_bytes as f64
+                    };
                     (wire::message(h, &enc.body), ratio, tensors)
                 });
                 let encode = t1.elapsed();
@@ -605,12 +786,30 @@ impl WeightSyncer {
                 }
             }
             SenderStrategy::Bucket { buckets } => {
-                let stats = bucket::send(&mut s.ch, state, buckets, Kind::Bucket, version, settings.part_bytes, tap).await?;
+                let stats = bucket::send(
+                    &mut s.ch,
+                    state,
+                    buckets,
+                    Kind::Bucket,
+                    version,
+                    settings.part_bytes,
+                    tap,
+                )
+                .await?;
                 SyncReport {
                     kind: SyncKind::Bucket,
                     payload_bytes: stats.payload_bytes,
-                    changed: buckets.iter().flatten().map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64).sum(),
-                    state_bytes: s.synced_keys.iter().zip(&s.recv_dtypes).map(|(k, d)| state.get(k).map_or(0, |t| t.numel() * d.size_bytes()) as u64).sum(),
+                    changed: buckets
+                        .iter()
+                        .flatten()
+                        .map(|p| (p.entry.byte_len / p.entry.dtype.size_bytes()) as u64)
+                        .sum(),
+                    state_bytes: s
+                        .synced_keys
+                        .iter()
+                        .zip(&s.recv_dtypes)
+                        .map(|(k, d)| state.get(k).map_or(0, |t| t.numel() * d.size_bytes()) as u64)
+                        .sum(),
                     tensors: buckets.iter().map(Vec::len).sum(),
                     messages: stats.messages,
                     encode: stats.fill,
@@ -627,7 +826,9 @@ impl WeightSyncer {
 
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), SyncError> {
-        let Side::Sender(s) = &mut self.side else { return Err(SyncError::NotInitialized { expected: "sender" }) };
+        let Side::Sender(s) = &mut self.side else {
+            return Err(SyncError::NotInitialized { expected: "sender" });
+        };
         Ok(s.ch.flush().await?)
     }
 
@@ -637,9 +838,15 @@ impl WeightSyncer {
     /// Receive the next version and install it into `state`; `report.version` is the applied version.
     pub async fn apply(&mut self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
         let instant = self.settings.load_instant;
-        let Side::Receiver(r) = &mut self.side else { return Err(SyncError::NotInitialized { expected: "receiver" }) };
+        let Side::Receiver(r) = &mut self.side else {
+            return Err(SyncError::NotInitialized {
+                expected: "receiver",
+            });
+        };
         if r.strategy == Strategy::Bucket && instant {
-            return receive_buckets(r, Some(state)).await.map(|(_, report)| report);
+            return receive_buckets(r, Some(state))
+                .await
+                .map(|(_, report)| report);
         }
         let pending = receive(r).await?;
         pending.install(state)
@@ -648,7 +855,11 @@ impl WeightSyncer {
     /// Background (no-wait) receive: read and validate the next update without touching the weights; install
     /// it later with [`PendingUpdate::install`] (between rollout chunks, never mid-forward).
     pub async fn receive(&mut self) -> Result<PendingUpdate, SyncError> {
-        let Side::Receiver(r) = &mut self.side else { return Err(SyncError::NotInitialized { expected: "receiver" }) };
+        let Side::Receiver(r) = &mut self.side else {
+            return Err(SyncError::NotInitialized {
+                expected: "receiver",
+            });
+        };
         receive(r).await
     }
 }
@@ -694,21 +905,39 @@ impl PendingUpdate {
     /// when the version is no longer newer than the applied one, a patch's base is not the applied version,
     /// or the payload does not fit the state dict.
     pub fn install(self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
-        let PendingUpdate { version, body, shared, mut report } = self;
+        let PendingUpdate {
+            version,
+            body,
+            shared,
+            mut report,
+        } = self;
         let current = shared.applied.load(Ordering::SeqCst);
         if version <= current {
             if let PendingBody::Bucket(staged) = body {
                 give_back(&shared, staged);
             }
-            return Err(rejected(Some(version), current, format!("version {version} is not newer than the applied version {current}")));
+            return Err(rejected(
+                Some(version),
+                current,
+                format!("version {version} is not newer than the applied version {current}"),
+            ));
         }
         match body {
             PendingBody::Patch { base, body } => {
                 if base != current {
-                    return Err(rejected(Some(version), current, format!("patch is based on version {base}, this receiver holds {current} (a full resync is needed)")));
+                    return Err(rejected(
+                        Some(version),
+                        current,
+                        format!(
+                            "patch is based on version {base}, this receiver holds {current} (a full resync is needed)"
+                        ),
+                    ));
                 }
                 let t0 = Instant::now();
-                let valid: ValidPatch = blocking(|| patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)).map_err(|r| rejected(Some(version), current, r))?;
+                let valid: ValidPatch = blocking(|| {
+                    patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)
+                })
+                .map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
                 let t1 = Instant::now();
                 blocking(|| patch::install(&valid, state, shared.threads));
@@ -742,7 +971,11 @@ async fn receive(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError> {
         Strategy::Patch => receive_patch(r).await,
         Strategy::Bucket => match receive_buckets(r, None).await? {
             (Some(p), _) => Ok(p),
-            (None, _) => Err(rejected(None, r.shared.applied.load(Ordering::SeqCst), "bucket version produced no staged update")),
+            (None, _) => Err(rejected(
+                None,
+                r.shared.applied.load(Ordering::SeqCst),
+                "bucket version produced no staged update",
+            )),
         },
     }
 }
@@ -751,20 +984,37 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
     let current = r.shared.applied.load(Ordering::SeqCst);
     let received = r.received;
     let t_wait = Instant::now();
-    let max_stream = r.shared.meta.iter().map(|m| m.shape.iter().product::<usize>().saturating_mul(10)).sum::<usize>().saturating_add(1 << 16);
+    let max_stream = r
+        .shared
+        .meta
+        .iter()
+        .map(|m| m.shape.iter().product::<usize>().saturating_mul(10))
+        .sum::<usize>()
+        .saturating_add(1 << 16);
     let mut decode = Duration::ZERO;
-    let out = r
-        .ch
-        .recv_with(|msg| -> Result<(u64, u64, wire::PatchBody, usize, Duration), SyncError> {
-            let t0 = Instant::now();
-            let (h, body) = Header::parse(msg).map_err(|e| rejected(None, current, e.to_string()))?;
-            h.expect(Kind::Patch).map_err(|e| rejected(Some(h.version), current, e.to_string()))?;
-            if h.version <= received {
-                return Err(rejected(Some(h.version), current, format!("version {} is not newer than {received} (replayed or stale)", h.version)));
-            }
-            let pb = blocking(|| wire::decode_patch_body(body, max_stream)).map_err(|e: WireError| rejected(Some(h.version), current, e.to_string()))?;
-            Ok((h.version, h.aux, pb, msg.len(), t0.elapsed()))
-        })
+    let out =
+        r.ch.recv_with(
+            |msg| -> Result<(u64, u64, wire::PatchBody, usize, Duration), SyncError> {
+                let t0 = Instant::now();
+                let (h, body) =
+                    Header::parse(msg).map_err(|e| rejected(None, current, e.to_string()))?;
+                h.expect(Kind::Patch)
+                    .map_err(|e| rejected(Some(h.version), current, e.to_string()))?;
+                if h.version <= received {
+                    return Err(rejected(
+                        Some(h.version),
+                        current,
+                        format!(
+                            "version {} is not newer than {received} (replayed or stale)",
+                            h.version
+                        ),
+                    ));
+                }
+                let pb = blocking(|| wire::decode_patch_body(body, max_stream))
+                    .map_err(|e: WireError| rejected(Some(h.version), current, e.to_string()))?;
+                Ok((h.version, h.aux, pb, msg.len(), t0.elapsed()))
+            },
+        )
         .await?;
     let (version, base, body, len, d) = out?;
     decode += d;
@@ -780,7 +1030,12 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
         state_bytes: r.shared.synced_bytes(),
         ..Default::default()
     };
-    Ok(PendingUpdate { version, body: PendingBody::Patch { base, body }, shared: r.shared.clone(), report })
+    Ok(PendingUpdate {
+        version,
+        body: PendingBody::Patch { base, body },
+        shared: r.shared.clone(),
+        report,
+    })
 }
 
 enum BucketStep {
@@ -793,10 +1048,17 @@ enum BucketStep {
 /// Receive every bucket of one version, part by part. With `install = Some(state)` (load_instant) each
 /// verified bucket is swapped into the state at once and undone if a later bucket fails (or the channel
 /// fails mid-version); otherwise everything is staged and returned as a pending update.
-async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDict>) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
+async fn receive_buckets(
+    r: &mut ReceiverSide,
+    mut install: Option<&mut StateDict>,
+) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
     let current = shared.applied.load(Ordering::SeqCst);
-    let mut report = SyncReport { kind: SyncKind::Bucket, compression_ratio: 1.0, ..Default::default() };
+    let mut report = SyncReport {
+        kind: SyncKind::Bucket,
+        compression_ratio: 1.0,
+        ..Default::default()
+    };
     let mut staged_all: Staged = Vec::new();
     let mut undo: Staged = Vec::new();
     let mut asm: Option<Assembly> = None;
@@ -805,7 +1067,11 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
     let mut seq = 0u32;
     let t_start = Instant::now();
     // Undo what was installed, return every staging storage, and report why.
-    let fail = |err: SyncError, asm: Option<Assembly>, staged_all: Staged, undo: Staged, state: Option<&mut StateDict>| {
+    let fail = |err: SyncError,
+                asm: Option<Assembly>,
+                staged_all: Staged,
+                undo: Staged,
+                state: Option<&mut StateDict>| {
         if let Some(state) = state {
             let displaced = bucket::swap_in(undo, state);
             give_back(&shared, displaced);
@@ -881,13 +1147,28 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
                 report.messages += 1;
                 let staged = done.finish();
                 report.tensors += staged.len();
-                report.changed += staged.iter().map(|(o, s)| (s.len() / shared.meta.get(*o as usize).map_or(1, |m| m.dtype.size_bytes())) as u64).sum::<u64>();
+                report.changed += staged
+                    .iter()
+                    .map(|(o, s)| {
+                        (s.len()
+                            / shared
+                                .meta
+                                .get(*o as usize)
+                                .map_or(1, |m| m.dtype.size_bytes())) as u64
+                    })
+                    .sum::<u64>();
                 match install.as_deref_mut() {
                     Some(state) => {
                         if let Err(reason) = bucket::check_fits(&staged, &shared.meta, state) {
                             give_back(&shared, staged);
                             r.interrupted = version;
-                            return Err(fail(rejected(version, current, reason), None, staged_all, undo, Some(state)));
+                            return Err(fail(
+                                rejected(version, current, reason),
+                                None,
+                                staged_all,
+                                undo,
+                                Some(state),
+                            ));
                         }
                         let t1 = Instant::now();
                         undo.extend(bucket::swap_in(staged, state));
@@ -902,13 +1183,21 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
             }
             Err((v, reason)) => {
                 r.interrupted = v.or(version);
-                return Err(fail(rejected(v.or(version), current, reason), asm, staged_all, undo, install));
+                return Err(fail(
+                    rejected(v.or(version), current, reason),
+                    asm,
+                    staged_all,
+                    undo,
+                    install,
+                ));
             }
         }
     }
     let version = version.unwrap_or(0);
     r.received = version;
-    report.transfer = t_start.elapsed().saturating_sub(report.decode + report.apply);
+    report.transfer = t_start
+        .elapsed()
+        .saturating_sub(report.decode + report.apply);
     report.version = version;
     report.state_bytes = shared.synced_bytes();
     match install {
@@ -917,7 +1206,15 @@ async fn receive_buckets(r: &mut ReceiverSide, mut install: Option<&mut StateDic
             shared.applied.store(version, Ordering::SeqCst);
             Ok((None, report))
         }
-        None => Ok((Some(PendingUpdate { version, body: PendingBody::Bucket(staged_all), shared: shared.clone(), report: report.clone() }), report)),
+        None => Ok((
+            Some(PendingUpdate {
+                version,
+                body: PendingBody::Bucket(staged_all),
+                shared: shared.clone(),
+                report: report.clone(),
+            }),
+            report,
+        )),
     }
 }
 

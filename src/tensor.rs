@@ -14,11 +14,11 @@ pub mod synthetic;
 
 use indexmap::IndexMap;
 
-pub use cast::{can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming, CastError};
-pub use checksum::{state_checksum, StateHasher};
+pub use cast::{CastError, can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming};
+pub use checksum::{StateHasher, state_checksum};
 pub use dtype::{DType, Element};
-pub(crate) use storage::{pod_slice, pod_slice_mut, Pod};
 pub use storage::{Device, Layout, Storage};
+pub(crate) use storage::{Pod, pod_slice, pod_slice_mut};
 
 /// Errors of tensor construction, typed views and safetensors I/O.
 #[derive(Debug, thiserror::Error)]
@@ -26,13 +26,27 @@ pub enum TensorError {
     #[error("shape {shape:?} of dtype {dtype} overflows the address space")]
     ShapeOverflow { dtype: DType, shape: Vec<usize> },
     #[error("{got} bytes given for a {dtype} tensor of shape {shape:?} (expected {expected})")]
-    ByteLength { dtype: DType, shape: Vec<usize>, expected: usize, got: usize },
+    ByteLength {
+        dtype: DType,
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
     #[error("cannot view a {dtype} tensor as {requested}")]
-    ViewType { dtype: DType, requested: &'static str },
+    ViewType {
+        dtype: DType,
+        requested: &'static str,
+    },
     #[error("i/o on {path}: {source}")]
-    Io { path: std::path::PathBuf, source: std::io::Error },
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("safetensors file {path}: {reason}")]
-    Safetensors { path: std::path::PathBuf, reason: String },
+    Safetensors {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// How a tensor takes part in training and weight sync.
@@ -84,12 +98,24 @@ impl Tensor {
         let layout = Layout::new(dtype, shape);
         let len = layout
             .checked_byte_len()
-            .ok_or_else(|| TensorError::ShapeOverflow { dtype, shape: shape.to_vec() })?;
-        Ok(Tensor { layout, storage: Storage::zeroed(len), role })
+            .ok_or_else(|| TensorError::ShapeOverflow {
+                dtype,
+                shape: shape.to_vec(),
+            })?;
+        Ok(Tensor {
+            layout,
+            storage: Storage::zeroed(len),
+            role,
+        })
     }
 
     /// A tensor holding a copy of `bytes` (native-endian element bytes, row-major).
-    pub fn from_bytes(dtype: DType, shape: &[usize], role: Role, bytes: &[u8]) -> Result<Tensor, TensorError> {
+    pub fn from_bytes(
+        dtype: DType,
+        shape: &[usize],
+        role: Role,
+        bytes: &[u8],
+    ) -> Result<Tensor, TensorError> {
         let mut t = Tensor::zeros(dtype, shape, role)?;
         if t.storage.len() != bytes.len() {
             return Err(TensorError::ByteLength {
@@ -104,20 +130,37 @@ impl Tensor {
     }
 
     /// A tensor from typed values; `dtype` must match `T` (`u8` also fits `Bool`, values must then be 0 or 1).
-    pub fn from_slice<T: Element>(dtype: DType, shape: &[usize], role: Role, values: &[T]) -> Result<Tensor, TensorError> {
+    pub fn from_slice<T: Element>(
+        dtype: DType,
+        shape: &[usize],
+        role: Role,
+        values: &[T],
+    ) -> Result<Tensor, TensorError> {
         if !T::matches(dtype) {
-            return Err(TensorError::ViewType { dtype, requested: std::any::type_name::<T>() });
+            return Err(TensorError::ViewType {
+                dtype,
+                requested: std::any::type_name::<T>(),
+            });
         }
         // SAFETY: Element types are plain old data; the byte view covers exactly the slice.
-        let bytes = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+        };
         Tensor::from_bytes(dtype, shape, role, bytes)
     }
 
     /// A tensor over an existing storage; its length must match the layout.
-    pub fn from_storage(layout: Layout, storage: Storage, role: Role) -> Result<Tensor, TensorError> {
+    pub fn from_storage(
+        layout: Layout,
+        storage: Storage,
+        role: Role,
+    ) -> Result<Tensor, TensorError> {
         let expected = layout
             .checked_byte_len()
-            .ok_or_else(|| TensorError::ShapeOverflow { dtype: layout.dtype(), shape: layout.shape().to_vec() })?;
+            .ok_or_else(|| TensorError::ShapeOverflow {
+                dtype: layout.dtype(),
+                shape: layout.shape().to_vec(),
+            })?;
         if storage.len() != expected {
             return Err(TensorError::ByteLength {
                 dtype: layout.dtype(),
@@ -126,12 +169,20 @@ impl Tensor {
                 got: storage.len(),
             });
         }
-        Ok(Tensor { layout, storage, role })
+        Ok(Tensor {
+            layout,
+            storage,
+            role,
+        })
     }
 
     /// An explicit deep copy.
     pub fn duplicate(&self) -> Tensor {
-        Tensor { layout: self.layout.clone(), storage: self.storage.duplicate(), role: self.role }
+        Tensor {
+            layout: self.layout.clone(),
+            storage: self.storage.duplicate(),
+            role: self.role,
+        }
     }
 
     pub fn layout(&self) -> &Layout {
@@ -191,20 +242,30 @@ impl Tensor {
     pub fn as_slice<T: Element>(&self) -> Result<&[T], TensorError> {
         let dtype = self.dtype();
         if !T::matches(dtype) {
-            return Err(TensorError::ViewType { dtype, requested: std::any::type_name::<T>() });
+            return Err(TensorError::ViewType {
+                dtype,
+                requested: std::any::type_name::<T>(),
+            });
         }
-        storage::element_slice(self.storage.bytes())
-            .ok_or(TensorError::ViewType { dtype, requested: std::any::type_name::<T>() })
+        storage::element_slice(self.storage.bytes()).ok_or(TensorError::ViewType {
+            dtype,
+            requested: std::any::type_name::<T>(),
+        })
     }
 
     /// Typed mutable view; `T` must match the dtype (`u8` for `Bool`).
     pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T], TensorError> {
         let dtype = self.dtype();
         if !T::matches(dtype) {
-            return Err(TensorError::ViewType { dtype, requested: std::any::type_name::<T>() });
+            return Err(TensorError::ViewType {
+                dtype,
+                requested: std::any::type_name::<T>(),
+            });
         }
-        storage::element_slice_mut(self.storage.bytes_mut())
-            .ok_or(TensorError::ViewType { dtype, requested: std::any::type_name::<T>() })
+        storage::element_slice_mut(self.storage.bytes_mut()).ok_or(TensorError::ViewType {
+            dtype,
+            requested: std::any::type_name::<T>(),
+        })
     }
 }
 
@@ -237,7 +298,9 @@ impl StateDict {
     }
 
     pub fn get_index_mut(&mut self, index: usize) -> Option<(&str, &mut Tensor)> {
-        self.tensors.get_index_mut(index).map(|(k, v)| (k.as_str(), v))
+        self.tensors
+            .get_index_mut(index)
+            .map(|(k, v)| (k.as_str(), v))
     }
 
     pub fn index_of(&self, name: &str) -> Option<usize> {
@@ -266,7 +329,11 @@ impl StateDict {
 
     /// Trainable parameters and persistent buffers, in order.
     pub fn synced_keys(&self) -> Vec<String> {
-        self.tensors.iter().filter(|(_, t)| t.role.is_synced()).map(|(k, _)| k.clone()).collect()
+        self.tensors
+            .iter()
+            .filter(|(_, t)| t.role.is_synced())
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Total bytes of all tensors.
@@ -276,7 +343,13 @@ impl StateDict {
 
     /// An explicit deep copy of every tensor.
     pub fn duplicate(&self) -> StateDict {
-        StateDict { tensors: self.tensors.iter().map(|(k, t)| (k.clone(), t.duplicate())).collect() }
+        StateDict {
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(k, t)| (k.clone(), t.duplicate()))
+                .collect(),
+        }
     }
 
     /// Save to a safetensors file; roles and the key order are kept in the file's metadata.
@@ -299,7 +372,10 @@ mod tests {
     fn typed_views_check_dtype() {
         let mut t = Tensor::from_slice(DType::F32, &[2], Role::Trainable, &[1.0f32, 2.0]).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0]);
-        assert!(matches!(t.as_slice::<bf16>(), Err(TensorError::ViewType { .. })));
+        assert!(matches!(
+            t.as_slice::<bf16>(),
+            Err(TensorError::ViewType { .. })
+        ));
         t.as_mut_slice::<f32>().unwrap()[1] = 5.0;
         assert_eq!(t.as_slice::<f32>().unwrap()[1], 5.0);
         let b = Tensor::from_slice(DType::Bool, &[3], Role::Buffer, &[1u8, 0, 1]).unwrap();
@@ -309,14 +385,27 @@ mod tests {
     #[test]
     fn from_bytes_rejects_wrong_length() {
         let err = Tensor::from_bytes(DType::I16, &[3], Role::Trainable, &[0u8; 5]).unwrap_err();
-        assert!(matches!(err, TensorError::ByteLength { expected: 6, got: 5, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                TensorError::ByteLength {
+                    expected: 6,
+                    got: 5,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn synced_keys_skip_frozen_in_order() {
         let mut sd = StateDict::new();
         sd.insert("a", Tensor::zeros(DType::F32, &[2], Role::Frozen).unwrap());
-        sd.insert("b", Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap());
+        sd.insert(
+            "b",
+            Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+        );
         sd.insert("c", Tensor::zeros(DType::I64, &[], Role::Buffer).unwrap());
         assert_eq!(sd.synced_keys(), vec!["b".to_string(), "c".to_string()]);
         assert_eq!(sd.total_bytes(), 8 + 8 + 8);

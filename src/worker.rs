@@ -31,14 +31,22 @@ pub fn launch_file(run_dir: &Path) -> PathBuf {
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
-    #[error("worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)")]
+    #[error(
+        "worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)"
+    )]
     Usage { reason: String },
     #[error("cannot read launch file {path}: {error}")]
-    LaunchFile { path: PathBuf, error: std::io::Error },
+    LaunchFile {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("launch file {path}: {error}")]
     LaunchFormat { path: PathBuf, error: ProtocolError },
     #[error("cannot connect to the orchestrator at {path}: {error}")]
-    Connect { path: PathBuf, error: std::io::Error },
+    Connect {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("control connection: {0}")]
     Protocol(#[from] ProtocolError),
     #[error("the orchestrator went away")]
@@ -68,10 +76,22 @@ pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
     let (mut role, mut rank, mut run_dir) = (None, None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let value = it.next().ok_or_else(|| usage(format!("{flag} needs a value")))?;
+        let value = it
+            .next()
+            .ok_or_else(|| usage(format!("{flag} needs a value")))?;
         match flag.as_str() {
-            "--role" => role = Some(Role::parse(value).ok_or_else(|| usage(format!("unknown role '{value}'")))?),
-            "--rank" => rank = Some(value.parse::<u32>().map_err(|_| usage(format!("rank '{value}' is not a number")))?),
+            "--role" => {
+                role = Some(
+                    Role::parse(value).ok_or_else(|| usage(format!("unknown role '{value}'")))?,
+                )
+            }
+            "--rank" => {
+                rank = Some(
+                    value
+                        .parse::<u32>()
+                        .map_err(|_| usage(format!("rank '{value}' is not a number")))?,
+                )
+            }
             "--run-dir" => run_dir = Some(PathBuf::from(value)),
             other => return Err(usage(format!("unknown flag '{other}'"))),
         }
@@ -87,8 +107,12 @@ pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
 pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
     let args = parse_args(args)?;
     let path = launch_file(&args.run_dir);
-    let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile { path: path.clone(), error })?;
-    let launch = protocol::decode_launch(&bytes).map_err(|error| WorkerError::LaunchFormat { path, error })?;
+    let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile {
+        path: path.clone(),
+        error,
+    })?;
+    let launch = protocol::decode_launch(&bytes)
+        .map_err(|error| WorkerError::LaunchFormat { path, error })?;
     crate::logging::init_console(launch.config.runner.logger.level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -129,8 +153,16 @@ impl WorkerContext {
     /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
     pub fn transport_timeout(&self) -> Duration {
         let runner = &self.config().runner;
-        let secs = if runner.step_timeout_s > 0.0 { runner.step_timeout_s.max(runner.handshake_timeout_s) } else { 86_400.0 };
-        Duration::from_secs_f64(if secs.is_finite() && secs > 0.1 { secs } else { 0.1 })
+        let secs = if runner.step_timeout_s > 0.0 {
+            runner.step_timeout_s.max(runner.handshake_timeout_s)
+        } else {
+            86_400.0
+        };
+        Duration::from_secs_f64(if secs.is_finite() && secs > 0.1 {
+            secs
+        } else {
+            0.1
+        })
     }
 }
 
@@ -145,7 +177,10 @@ impl Control {
     pub async fn connect(path: &Path, hello: &Hello) -> Result<Control, WorkerError> {
         let stream = UnixStream::connect(path)
             .await
-            .map_err(|error| WorkerError::Connect { path: path.to_owned(), error })?;
+            .map_err(|error| WorkerError::Connect {
+                path: path.to_owned(),
+                error,
+            })?;
         let (mut reader, mut writer) = stream.into_split();
         protocol::write_frame(&mut writer, &Report::Hello(hello.clone()), &[]).await?;
         let (tx, commands) = mpsc::channel(16);
@@ -171,17 +206,28 @@ impl Control {
     }
 
     pub async fn report(&mut self, report: &Report, blob: &[u8]) -> Result<(), WorkerError> {
-        protocol::write_frame(&mut self.writer, report, blob).await.map_err(|e| match e {
-            ProtocolError::Io(_) => WorkerError::OrchestratorGone,
-            other => other.into(),
-        })
+        protocol::write_frame(&mut self.writer, report, blob)
+            .await
+            .map_err(|e| match e {
+                ProtocolError::Io(_) => WorkerError::OrchestratorGone,
+                other => other.into(),
+            })
     }
 }
 
 async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> {
-    let hello = Hello { protocol: PROTOCOL_VERSION, role: args.role, rank: args.rank, pid: std::process::id() };
+    let hello = Hello {
+        protocol: PROTOCOL_VERSION,
+        role: args.role,
+        rank: args.rank,
+        pid: std::process::id(),
+    };
     let control = Control::connect(&launch.control_socket, &hello).await?;
-    let mut ctx = WorkerContext { args, launch, control };
+    let mut ctx = WorkerContext {
+        args,
+        launch,
+        control,
+    };
     tracing::debug!("connected to the orchestrator");
     let result = match ctx.args.role {
         Role::Trainer => trainer::run(&mut ctx).await,
@@ -189,7 +235,15 @@ async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> 
     };
     if let Err(err) = &result {
         // Best effort: the orchestrator names this worker with the reason; it also sees the exit status.
-        let _ = ctx.control.report(&Report::Failed { message: err.to_string() }, &[]).await;
+        let _ = ctx
+            .control
+            .report(
+                &Report::Failed {
+                    message: err.to_string(),
+                },
+                &[],
+            )
+            .await;
     }
     result
 }
@@ -201,7 +255,9 @@ pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
     if state_bytes < SMALL {
         return 1;
     }
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     (cores / sharers.max(1) as usize).max(1)
 }
 
@@ -224,7 +280,14 @@ mod tests {
     #[test]
     fn parses_worker_arguments() {
         let parsed = parse_args(&args("--role rollout --rank 3 --run-dir /tmp/x")).unwrap();
-        assert_eq!(parsed, WorkerArgs { role: Role::Rollout, rank: 3, run_dir: "/tmp/x".into() });
+        assert_eq!(
+            parsed,
+            WorkerArgs {
+                role: Role::Rollout,
+                rank: 3,
+                run_dir: "/tmp/x".into()
+            }
+        );
     }
 
     fn check_usage_error(line: &str, expect: &str) {
@@ -234,18 +297,33 @@ mod tests {
 
     #[test]
     fn a_learner_error_names_each_cause_once() {
-        let rl = crate::rl::RlError::Checkpoint { path: "/ckpt".into(), reason: "metadata `version` is missing".into() };
+        let rl = crate::rl::RlError::Checkpoint {
+            path: "/ckpt".into(),
+            reason: "metadata `version` is missing".into(),
+        };
         let err = WorkerError::from(workload::WorkloadError::from(rl));
         // What `main` prints: every cause exactly once.
         let report = |e: WorkerError| crate::cli::error_report(&anyhow::Error::from(e));
-        assert_eq!(report(err), "workload: learner: checkpoint /ckpt: metadata `version` is missing");
-        let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer { version: 2, last: 3 });
-        assert_eq!(report(sync), "weight sync: version 2 is not newer than the last sent version 3");
+        assert_eq!(
+            report(err),
+            "workload: learner: checkpoint /ckpt: metadata `version` is missing"
+        );
+        let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer {
+            version: 2,
+            last: 3,
+        });
+        assert_eq!(
+            report(sync),
+            "weight sync: version 2 is not newer than the last sent version 3"
+        );
     }
 
     #[test]
     fn bad_worker_arguments_are_named() {
-        check_usage_error("--role critic --rank 0 --run-dir d", "unknown role 'critic'");
+        check_usage_error(
+            "--role critic --rank 0 --run-dir d",
+            "unknown role 'critic'",
+        );
         check_usage_error("--role trainer --rank x --run-dir d", "rank 'x'");
         check_usage_error("--role trainer --run-dir d", "missing --rank");
         check_usage_error("--role trainer --rank 0", "missing --run-dir");

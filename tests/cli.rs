@@ -1,7 +1,7 @@
 //! End-to-end tests of the Hydra front end: `--cfg`, `--info`, errors, run and multirun directories.
 
-use rlsync::config::yaml::load_str;
 use rlsync::config::node::{Node, Value};
+use rlsync::config::yaml::load_str;
 
 use crate::util::Dir;
 
@@ -19,7 +19,10 @@ fn plain(node: Node) -> Node {
 fn assert_yaml_eq(got: &str, want: &str) {
     let got_node = load_str(got, "stdout").map(plain);
     let want_node = load_str(want, "expected").map(plain);
-    assert!(got_node.is_ok() && want_node.is_ok(), "unparsable YAML:\n{got}");
+    assert!(
+        got_node.is_ok() && want_node.is_ok(),
+        "unparsable YAML:\n{got}"
+    );
     assert_eq!(got_node.ok(), want_node.ok(), "stdout was:\n{got}");
 }
 
@@ -47,7 +50,18 @@ fn cfg_job_composes_defaults_in_order() {
 #[test]
 fn group_and_value_overrides_apply() {
     let dir = app();
-    let out = dir.compose("config", &["db=postgresql", "server=large", "app.port=9000", "+app.debug=true", "~db.port", "--cfg", "job"]);
+    let out = dir.compose(
+        "config",
+        &[
+            "db=postgresql",
+            "server=large",
+            "app.port=9000",
+            "+app.debug=true",
+            "~db.port",
+            "--cfg",
+            "job",
+        ],
+    );
     assert_yaml_eq(
         out.ok(),
         "db: {driver: postgresql}\nserver: {size: {workers: 16}}\napp: {name: demo, port: 9000, debug: true}\n",
@@ -93,8 +107,15 @@ Defaults List
 #[test]
 fn info_defaults_ignores_value_overrides() {
     let dir = app();
-    assert!(dir.compose("config", &["nosuch.key=1", "--info", "defaults"]).success());
-    assert!(dir.compose("config", &["nosuch.key=1", "--cfg", "job"]).err().contains("Could not override 'nosuch.key'."));
+    assert!(
+        dir.compose("config", &["nosuch.key=1", "--info", "defaults"])
+            .success()
+    );
+    assert!(
+        dir.compose("config", &["nosuch.key=1", "--cfg", "job"])
+            .err()
+            .contains("Could not override 'nosuch.key'.")
+    );
 }
 
 #[test]
@@ -102,43 +123,105 @@ fn errors_use_hydras_wording() {
     let dir = app();
     // (overrides, a fragment of the expected message)
     let cases: &[(&[&str], &str)] = &[
-        (&["db=nosuch"], "In 'config': Could not find 'db/nosuch'\n\nAvailable options in 'db':\n\tmysql\n\tpostgresql"),
-        (&["nosuch=1"], "Could not override 'nosuch'.\nTo append to your config use +nosuch=1"),
-        (&["+app.name=x"], "Could not append to config. An item is already at 'app.name'."),
-        (&["~app.name=other"], "Could not delete from config. The value of 'app.name' is demo and not other."),
-        (&["~nosuch"], "Could not delete from config. 'nosuch' does not exist."),
-        (&["~db=postgresql"], "Could not delete 'db=postgresql'. No match in the defaults list"),
-        (&["++db=mysql"], "force-add of config groups is not supported: '++db=mysql'"),
-        (&["app.port=1,2"], "Ambiguous value for argument 'app.port=1,2'"),
-        (&["db=mysql,postgresql"], "Ambiguous value for argument 'db=mysql,postgresql'"),
+        (
+            &["db=nosuch"],
+            "In 'config': Could not find 'db/nosuch'\n\nAvailable options in 'db':\n\tmysql\n\tpostgresql",
+        ),
+        (
+            &["nosuch=1"],
+            "Could not override 'nosuch'.\nTo append to your config use +nosuch=1",
+        ),
+        (
+            &["+app.name=x"],
+            "Could not append to config. An item is already at 'app.name'.",
+        ),
+        (
+            &["~app.name=other"],
+            "Could not delete from config. The value of 'app.name' is demo and not other.",
+        ),
+        (
+            &["~nosuch"],
+            "Could not delete from config. 'nosuch' does not exist.",
+        ),
+        (
+            &["~db=postgresql"],
+            "Could not delete 'db=postgresql'. No match in the defaults list",
+        ),
+        (
+            &["++db=mysql"],
+            "force-add of config groups is not supported: '++db=mysql'",
+        ),
+        (
+            &["app.port=1,2"],
+            "Ambiguous value for argument 'app.port=1,2'",
+        ),
+        (
+            &["db=mysql,postgresql"],
+            "Ambiguous value for argument 'db=mysql,postgresql'",
+        ),
     ];
     for (overrides, want) in cases {
         let mut args: Vec<&str> = overrides.to_vec();
         args.extend(["--cfg", "job"]);
         let out = dir.compose("config", &args);
-        assert!(out.err().contains(want), "{overrides:?}: stderr was:\n{}", out.stderr);
+        assert!(
+            out.err().contains(want),
+            "{overrides:?}: stderr was:\n{}",
+            out.stderr
+        );
     }
-    assert!(dir.compose("nosuch", &["--cfg", "job"]).err().contains("Cannot find primary config 'nosuch'"));
+    assert!(
+        dir.compose("nosuch", &["--cfg", "job"])
+            .err()
+            .contains("Cannot find primary config 'nosuch'")
+    );
 }
 
 #[test]
 fn missing_group_choice_lists_options() {
     let dir = Dir::new();
-    dir.create("config.yaml", "defaults:\n  - db: ???\n").create("db/a.yaml", "x: 1\n").create("db/b.yaml", "x: 2\n");
+    dir.create("config.yaml", "defaults:\n  - db: ???\n")
+        .create("db/a.yaml", "x: 1\n")
+        .create("db/b.yaml", "x: 2\n");
     let err = dir.compose("config", &["--cfg", "job"]).err().to_owned();
-    assert!(err.contains("You must specify 'db', e.g, db=<OPTION>\nAvailable options:\n\ta\n\tb"), "{err}");
-    assert_yaml_eq(dir.compose("config", &["db=b", "--cfg", "job"]).ok(), "db: {x: 2}\n");
+    assert!(
+        err.contains("You must specify 'db', e.g, db=<OPTION>\nAvailable options:\n\ta\n\tb"),
+        "{err}"
+    );
+    assert_yaml_eq(
+        dir.compose("config", &["db=b", "--cfg", "job"]).ok(),
+        "db: {x: 2}\n",
+    );
 }
 
 #[test]
 fn hydra_groups_are_built_in() {
     let dir = app();
-    let out = dir.compose("config", &["hydra/job_logging=stdout", "--info", "defaults"]);
-    assert!(out.ok().contains("| hydra/job_logging/stdout "), "{}", out.stdout);
-    let err = dir.compose("config", &["hydra/job_logging=nosuch", "--cfg", "job"]).err().to_owned();
-    assert!(err.contains("Available options in 'hydra/job_logging':\n\tdefault\n\tdisabled\n\tnone\n\tstdout"), "{err}");
+    let out = dir.compose(
+        "config",
+        &["hydra/job_logging=stdout", "--info", "defaults"],
+    );
+    assert!(
+        out.ok().contains("| hydra/job_logging/stdout "),
+        "{}",
+        out.stdout
+    );
+    let err = dir
+        .compose("config", &["hydra/job_logging=nosuch", "--cfg", "job"])
+        .err()
+        .to_owned();
+    assert!(
+        err.contains(
+            "Available options in 'hydra/job_logging':\n\tdefault\n\tdisabled\n\tnone\n\tstdout"
+        ),
+        "{err}"
+    );
     let hydra = dir.compose("config", &["--cfg", "hydra"]);
-    assert!(hydra.ok().contains("train_embodied"), "job name missing:\n{}", hydra.stdout);
+    assert!(
+        hydra.ok().contains("train_embodied"),
+        "job name missing:\n{}",
+        hydra.stdout
+    );
 }
 
 #[test]
@@ -148,21 +231,52 @@ fn config_dir_and_search_path_add_sources() {
     dir.create("more/queue/rabbit.yaml", "port: 5672\n");
     let extra = dir.join("extra").display().to_string();
     let out = dir.compose("config", &["-cd", &extra, "+cache=redis", "--cfg", "job"]);
-    assert!(out.ok().contains("redis") || out.stdout.contains("localhost"), "{}", out.stdout);
-    let more = format!("hydra.searchpath=[file://{},file:///no/such/dir]", dir.join("more").display());
+    assert!(
+        out.ok().contains("redis") || out.stdout.contains("localhost"),
+        "{}",
+        out.stdout
+    );
+    let more = format!(
+        "hydra.searchpath=[file://{},file:///no/such/dir]",
+        dir.join("more").display()
+    );
     let out = dir.compose("config", &[&more, "+queue=rabbit", "--cfg", "job"]);
     assert!(out.ok().contains("5672"), "{}", out.stdout);
-    assert!(dir.compose("config", &["-cd", "/no/such/dir", "--cfg", "job"]).err().contains("Additional config directory '/no/such/dir' not found"));
+    assert!(
+        dir.compose("config", &["-cd", "/no/such/dir", "--cfg", "job"])
+            .err()
+            .contains("Additional config directory '/no/such/dir' not found")
+    );
 }
 
 #[test]
 fn usage_errors_name_the_flag() {
     let dir = app();
-    assert!(dir.run(&["train_embodied", "--frobnicate"]).err().contains("unrecognized arguments: --frobnicate"));
-    assert!(dir.run(&["train_embodied", "--cfg", "everything"]).err().contains("invalid choice: 'everything'"));
-    assert!(dir.run(&["nosuch_entry"]).err().contains("unknown entry point 'nosuch_entry'"));
-    assert!(dir.run(&["train_embodied", "-cp", "/no/such/dir", "--cfg", "job"]).err().contains("Primary config directory not found"));
-    assert!(dir.compose("config", &["--resolve"]).err().contains("--resolve flag can only be used in conjunction with --cfg"));
+    assert!(
+        dir.run(&["train_embodied", "--frobnicate"])
+            .err()
+            .contains("unrecognized arguments: --frobnicate")
+    );
+    assert!(
+        dir.run(&["train_embodied", "--cfg", "everything"])
+            .err()
+            .contains("invalid choice: 'everything'")
+    );
+    assert!(
+        dir.run(&["nosuch_entry"])
+            .err()
+            .contains("unknown entry point 'nosuch_entry'")
+    );
+    assert!(
+        dir.run(&["train_embodied", "-cp", "/no/such/dir", "--cfg", "job"])
+            .err()
+            .contains("Primary config directory not found")
+    );
+    assert!(
+        dir.compose("config", &["--resolve"])
+            .err()
+            .contains("--resolve flag can only be used in conjunction with --cfg")
+    );
 }
 
 #[test]
@@ -180,19 +294,34 @@ const STOP_AT_VALIDATION: &str = "+weight_syncer.type=no_such_syncer";
 #[test]
 fn a_run_writes_the_hydra_files() {
     let dir = app();
-    let err = dir.compose("config", &["hydra.run.dir=runs/one", "app.port=1", STOP_AT_VALIDATION]).err().to_owned();
+    let err = dir
+        .compose(
+            "config",
+            &["hydra.run.dir=runs/one", "app.port=1", STOP_AT_VALIDATION],
+        )
+        .err()
+        .to_owned();
     assert!(err.contains("weight_syncer.type"), "{err}");
     assert!(dir.join("runs/one/.hydra/config.yaml").is_file());
     assert!(dir.join("runs/one/.hydra/hydra.yaml").is_file());
-    let overrides = std::fs::read_to_string(dir.join("runs/one/.hydra/overrides.yaml")).unwrap_or_default();
+    let overrides =
+        std::fs::read_to_string(dir.join("runs/one/.hydra/overrides.yaml")).unwrap_or_default();
     assert!(overrides.contains("app.port=1"), "{overrides}");
-    let config = std::fs::read_to_string(dir.join("runs/one/.hydra/config.yaml")).unwrap_or_default();
+    let config =
+        std::fs::read_to_string(dir.join("runs/one/.hydra/config.yaml")).unwrap_or_default();
     assert_yaml_eq(
         &config,
         "db: {driver: mysql, port: 3306}\nserver: {size: {workers: 2}}\napp: {name: demo, port: 1}\nweight_syncer: {type: no_such_syncer}\n",
     );
 
-    dir.compose("config", &["hydra.run.dir=runs/two", "hydra.output_subdir=null", STOP_AT_VALIDATION]);
+    dir.compose(
+        "config",
+        &[
+            "hydra.run.dir=runs/two",
+            "hydra.output_subdir=null",
+            STOP_AT_VALIDATION,
+        ],
+    );
     assert!(dir.join("runs/two").is_dir());
     assert!(!dir.join("runs/two/.hydra").exists());
 }
@@ -200,14 +329,30 @@ fn a_run_writes_the_hydra_files() {
 #[test]
 fn multirun_prepares_one_dir_per_combination() {
     let dir = app();
-    dir.compose("config", &["-m", "hydra.sweep.dir=sweep", "db=mysql,postgresql", "app.port=1,2,3", STOP_AT_VALIDATION]);
+    dir.compose(
+        "config",
+        &[
+            "-m",
+            "hydra.sweep.dir=sweep",
+            "db=mysql,postgresql",
+            "app.port=1,2,3",
+            STOP_AT_VALIDATION,
+        ],
+    );
     assert!(dir.join("sweep/multirun.yaml").is_file());
     for n in 0..6 {
-        assert!(dir.join(&format!("sweep/{n}/.hydra/config.yaml")).is_file(), "job {n}");
+        assert!(
+            dir.join(&format!("sweep/{n}/.hydra/config.yaml")).is_file(),
+            "job {n}"
+        );
     }
     assert!(!dir.join("sweep/6").exists());
-    let last = std::fs::read_to_string(dir.join("sweep/5/.hydra/overrides.yaml")).unwrap_or_default();
-    assert!(last.contains("db=postgresql") && last.contains("app.port=3"), "{last}");
+    let last =
+        std::fs::read_to_string(dir.join("sweep/5/.hydra/overrides.yaml")).unwrap_or_default();
+    assert!(
+        last.contains("db=postgresql") && last.contains("app.port=3"),
+        "{last}"
+    );
 }
 
 #[test]
@@ -215,7 +360,10 @@ fn app_help_lists_groups() {
     let dir = app();
     let out = dir.compose("config", &["--help"]);
     let text = out.ok();
-    assert!(text.contains("train_embodied is powered by Hydra."), "{text}");
+    assert!(
+        text.contains("train_embodied is powered by Hydra."),
+        "{text}"
+    );
     assert!(text.contains("db: mysql, postgresql"), "{text}");
     assert!(text.contains("server: large, small"), "{text}");
 }
@@ -223,9 +371,13 @@ fn app_help_lists_groups() {
 #[test]
 fn a_config_that_includes_itself_is_an_error_not_a_crash() {
     let dir = Dir::new();
-    dir.create("c.yaml", "defaults:\n  - g: a\n").create("g/a.yaml", "defaults:\n  - /c\n");
+    dir.create("c.yaml", "defaults:\n  - g: a\n")
+        .create("g/a.yaml", "defaults:\n  - /c\n");
     let err = dir.compose("c", &["--cfg", "job"]).err().to_owned();
-    assert!(err.contains("defaults list cycle: <root> -> c -> g/a -> c"), "{err}");
+    assert!(
+        err.contains("defaults list cycle: <root> -> c -> g/a -> c"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -241,9 +393,16 @@ fn interpolated_defaults_and_resolve() {
         "db: {driver: pg}\ncombo: {size: 2}\nname: ${db.driver}-app\njob: ${hydra:job.name}\n",
     );
     assert_yaml_eq(
-        dir.compose("config", &["db=pg", "--cfg", "job", "--resolve"]).ok(),
+        dir.compose("config", &["db=pg", "--cfg", "job", "--resolve"])
+            .ok(),
         "db: {driver: pg}\ncombo: {size: 2}\nname: pg-app\njob: train_embodied\n",
     );
-    let err = dir.compose("config", &["name=${nosuch}", "--cfg", "job", "--resolve"]).err().to_owned();
-    assert!(err.contains("Interpolation key 'nosuch' not found"), "{err}");
+    let err = dir
+        .compose("config", &["name=${nosuch}", "--cfg", "job", "--resolve"])
+        .err()
+        .to_owned();
+    assert!(
+        err.contains("Interpolation key 'nosuch' not found"),
+        "{err}"
+    );
 }

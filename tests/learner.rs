@@ -58,32 +58,62 @@ fn num(row: &Row, key: &str) -> f64 {
 }
 
 fn behav_kls(rows: &[Row]) -> Vec<f64> {
-    rows.iter().map(|r| num(r, "actor/behav_approx_kl")).collect()
+    rows.iter()
+        .map(|r| num(r, "actor/behav_approx_kl"))
+        .collect()
 }
 
 #[test]
 fn ppo_on_reach_through_the_workers_improves_the_return() {
     let dir = Dir::new();
-    let rows = train(&dir, "learn", &["runner.max_steps=40", "runner.val_check_interval=1"]);
+    let rows = train(
+        &dir,
+        "learn",
+        &["runner.max_steps=40", "runner.val_check_interval=1"],
+    );
     assert_eq!(rows.len(), 40);
-    for key in ["actor/loss", "actor/approx_kl", "actor/clip_fraction", "actor/entropy", "actor/grad_norm", "env/return", "env/success_rate", "env/episode_len", "eval/return"] {
-        assert!(num(&rows[0], key).is_finite(), "{key} missing in {:?}", rows[0]);
+    for key in [
+        "actor/loss",
+        "actor/approx_kl",
+        "actor/clip_fraction",
+        "actor/entropy",
+        "actor/grad_norm",
+        "env/return",
+        "env/success_rate",
+        "env/episode_len",
+        "eval/return",
+    ] {
+        assert!(
+            num(&rows[0], key).is_finite(),
+            "{key} missing in {:?}",
+            rows[0]
+        );
     }
     let eval: Vec<f64> = rows.iter().map(|r| num(r, "eval/return")).collect();
     let first = eval[0];
     let last = eval[eval.len() - 5..].iter().sum::<f64>() / 5.0;
     // Reach's reward is the negative distance (plus a success bonus): a clear margin is 40% less cost.
-    assert!(last > first + 0.4 * first.abs(), "eval returns did not improve: {eval:?}");
+    assert!(
+        last > first + 0.4 * first.abs(),
+        "eval returns did not improve: {eval:?}"
+    );
 }
 
 #[test]
 fn rollouts_act_with_exactly_the_trainers_weights_with_patch_and_bucket() {
     let dir = Dir::new();
     for syncer in ["weight_syncer=patch_syncer", "weight_syncer=bucket_syncer"] {
-        let rows = train(&dir, syncer.trim_start_matches("weight_syncer="), &[syncer, "runner.max_steps=4"]);
+        let rows = train(
+            &dir,
+            syncer.trim_start_matches("weight_syncer="),
+            &[syncer, "runner.max_steps=4"],
+        );
         assert_eq!(rows.len(), 4);
         let kls = behav_kls(&rows);
-        assert!(kls.iter().all(|kl| kl.abs() < 1e-6), "{syncer}: behaviour KL per step {kls:?}");
+        assert!(
+            kls.iter().all(|kl| kl.abs() < 1e-6),
+            "{syncer}: behaviour KL per step {kls:?}"
+        );
     }
 }
 
@@ -92,46 +122,90 @@ fn the_behaviour_kl_check_fails_without_exact_sync() {
     let dir = Dir::new();
     // Negative control: sync skipped after the bootstrap. The rollouts act with version 0 while the
     // trainer moves on, so from step 1 no sample is from the trainer's version and the check cannot pass.
-    let rows = train(&dir, "skipped", &["runner.max_steps=3", "runner.weight_sync_interval=1000"]);
+    let rows = train(
+        &dir,
+        "skipped",
+        &["runner.max_steps=3", "runner.weight_sync_interval=1000"],
+    );
     let kls = behav_kls(&rows);
     assert!(kls[0].abs() < 1e-6, "the bootstrap did happen: {kls:?}");
-    assert!(kls[1..].iter().all(|kl| !(kl.abs() < 1e-6)), "stale weights passed the check: {kls:?}");
+    assert!(
+        kls[1..].iter().all(|kl| !(kl.abs() < 1e-6)),
+        "stale weights passed the check: {kls:?}"
+    );
 }
 
 #[test]
 fn vla_tiny_patches_never_cover_the_frozen_backbone() {
     let dir = Dir::new();
-    let rows = train(&dir, "vla", &["model@actor.model=vla_tiny", "actor.model.hidden_dim=64", "runner.max_steps=4"]);
+    let rows = train(
+        &dir,
+        "vla",
+        &[
+            "model@actor.model=vla_tiny",
+            "actor.model.hidden_dim=64",
+            "runner.max_steps=4",
+        ],
+    );
     assert_eq!(rows.len(), 4);
     let int = |row: &Row, key: &str| row.get(key).and_then(Value::as_i64).unwrap_or(-1);
     // Step 0 reports the bootstrap: every element, frozen ones included, in bf16.
-    assert_eq!(rows[0].get("sync/kind").and_then(Value::as_str), Some("init"));
+    assert_eq!(
+        rows[0].get("sync/kind").and_then(Value::as_str),
+        Some("init")
+    );
     let bootstrap_elements = int(&rows[0], "sync/changed");
     for row in &rows[1..] {
         assert_eq!(row.get("sync/kind").and_then(Value::as_str), Some("patch"));
-        assert_eq!(row.get("sync/verified").and_then(Value::as_bool), Some(true));
+        assert_eq!(
+            row.get("sync/verified").and_then(Value::as_bool),
+            Some(true)
+        );
         // A patch's scope (its snapshot, bf16 = 2 bytes per element) would be at least twice the bootstrap's
         // element count if the frozen backbone were in it; the backbone holds most of the parameters.
         let scope = int(row, "sync/state_bytes");
-        assert!(scope > 0 && scope < bootstrap_elements, "patch scope {scope} B vs bootstrap {bootstrap_elements} elements");
-        assert!(int(row, "sync/changed") > 0, "the adapters and heads train: {row:?}");
+        assert!(
+            scope > 0 && scope < bootstrap_elements,
+            "patch scope {scope} B vs bootstrap {bootstrap_elements} elements"
+        );
+        assert!(
+            int(row, "sync/changed") > 0,
+            "the adapters and heads train: {row:?}"
+        );
     }
 }
 
 /// The Python that has torch: the one tch was built against (`PYTHON_SYS_EXECUTABLE`, which `make test`
 /// exports), else `python` on PATH.
 fn python() -> String {
-    std::env::var("PYTHON_SYS_EXECUTABLE").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| "python".into())
+    std::env::var("PYTHON_SYS_EXECUTABLE")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python".into())
 }
 
 /// Runs reach for `steps` steps with the `model` overrides in `<dir>/<name>`, plus `extra`; asserts success.
 fn run_reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) -> Vec<Row> {
     let run_dir = format!("hydra.run.dir={name}");
     let max_steps = format!("runner.max_steps={steps}");
-    let mut args = vec!["train_embodied", "env@env.train=reach", "env@env.eval=reach", "rollout.model.precision=fp32"];
+    let mut args = vec![
+        "train_embodied",
+        "env@env.train=reach",
+        "env@env.eval=reach",
+        "rollout.model.precision=fp32",
+    ];
     args.extend_from_slice(model);
-    args.extend(["actor.seed=7", "env.train.total_num_envs=8", "env.train.max_steps_per_rollout_epoch=16"]);
-    args.extend(["rollout.chunk_steps=16", "runner.logger.logger_backends=[]", max_steps.as_str(), run_dir.as_str()]);
+    args.extend([
+        "actor.seed=7",
+        "env.train.total_num_envs=8",
+        "env.train.max_steps_per_rollout_epoch=16",
+    ]);
+    args.extend([
+        "rollout.chunk_steps=16",
+        "runner.logger.logger_backends=[]",
+        max_steps.as_str(),
+        run_dir.as_str(),
+    ]);
     args.extend_from_slice(extra);
     dir.run(&args).ok();
     rows_of(dir, name)
@@ -139,15 +213,18 @@ fn run_reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) 
 
 /// The string metadata of a safetensors file.
 fn metadata(path: &Path) -> HashMap<String, String> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+    let bytes =
+        std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
     meta.metadata().clone().unwrap_or_default()
 }
 
 /// The checksum of the weights in a checkpoint file, computed here from the file (every entry, names sorted),
 /// in the `0x…` form the learner writes.
 fn file_checksum(path: &Path) -> String {
-    let state = StateDict::load_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let state =
+        StateDict::load_safetensors(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut keys: Vec<String> = state.keys().map(str::to_owned).collect();
     keys.sort();
     format!("{:#018x}", state_checksum(&state, &keys))
@@ -158,37 +235,86 @@ fn file_checksum(path: &Path) -> String {
 fn check_checkpoint_and_resume(dir: &Dir, model: &[&str]) {
     let first = run_reach(dir, "first", model, 3, &["runner.save_interval=3"]);
     assert_eq!(first.len(), 3);
-    let saved_at: Vec<f64> = first.iter().map(|r| num(r, "checkpoint/global_step")).collect();
-    assert!(saved_at[..2].iter().all(|s| s.is_nan()) && saved_at[2] == 3.0, "checkpoint steps {saved_at:?}");
+    let saved_at: Vec<f64> = first
+        .iter()
+        .map(|r| num(r, "checkpoint/global_step"))
+        .collect();
+    assert!(
+        saved_at[..2].iter().all(|s| s.is_nan()) && saved_at[2] == 3.0,
+        "checkpoint steps {saved_at:?}"
+    );
 
     let ckpt = dir.join("first/checkpoints/global_step_3");
     let weights = ckpt.join(rlsync::rl::WEIGHTS_FILE);
     let optimizer = ckpt.join(rlsync::rl::OPTIMIZER_FILE);
     let meta = metadata(&weights);
-    assert_eq!(meta.get("global_step").map(String::as_str), Some("3"), "{meta:?}");
-    assert_eq!(meta.get("version").map(String::as_str), Some("3"), "{meta:?}");
+    assert_eq!(
+        meta.get("global_step").map(String::as_str),
+        Some("3"),
+        "{meta:?}"
+    );
+    assert_eq!(
+        meta.get("version").map(String::as_str),
+        Some("3"),
+        "{meta:?}"
+    );
     let saved_checksum = file_checksum(&weights);
-    assert_eq!(meta.get("weights_checksum"), Some(&saved_checksum), "the recorded checksum is the file's weights'");
+    assert_eq!(
+        meta.get("weights_checksum"),
+        Some(&saved_checksum),
+        "the recorded checksum is the file's weights'"
+    );
     let opt = metadata(&optimizer);
-    let adam_steps: u64 = opt.get("adam_steps").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let adam_steps: u64 = opt
+        .get("adam_steps")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     assert!(adam_steps >= 3, "optimizer state after 3 steps: {opt:?}");
-    assert!(StateDict::load_safetensors(&optimizer).map(|s| s.len()).unwrap_or(0) > 0, "optimizer moments saved");
+    assert!(
+        StateDict::load_safetensors(&optimizer)
+            .map(|s| s.len())
+            .unwrap_or(0)
+            > 0,
+        "optimizer moments saved"
+    );
 
     let resume = format!("runner.resume_dir={}", ckpt.display());
     let resumed = run_reach(dir, "resumed", model, 1, &[resume.as_str()]);
     assert_eq!(resumed.len(), 1);
     let row = &resumed[0];
-    assert_eq!((num(row, "learner/resumed_from_step"), num(row, "learner/global_step"), num(row, "learner/version")), (3.0, 4.0, 4.0), "{row:?}");
+    assert_eq!(
+        (
+            num(row, "learner/resumed_from_step"),
+            num(row, "learner/global_step"),
+            num(row, "learner/version")
+        ),
+        (3.0, 4.0, 4.0),
+        "{row:?}"
+    );
     // Rollouts were bootstrapped from the resumed trainer (init sync, verified), and acted with exactly the
     // weights the trainer loaded.
-    assert_eq!(row.get("sync/kind").and_then(Value::as_str), Some("init"), "{row:?}");
-    assert_eq!(row.get("sync/verified").and_then(Value::as_bool), Some(true), "{row:?}");
+    assert_eq!(
+        row.get("sync/kind").and_then(Value::as_str),
+        Some("init"),
+        "{row:?}"
+    );
+    assert_eq!(
+        row.get("sync/verified").and_then(Value::as_bool),
+        Some(true),
+        "{row:?}"
+    );
     let kl = num(row, "actor/behav_approx_kl");
-    assert!(kl.abs() < 1e-6, "rollouts did not act with the loaded weights: behaviour KL {kl}");
+    assert!(
+        kl.abs() < 1e-6,
+        "rollouts did not act with the loaded weights: behaviour KL {kl}"
+    );
     // The trainer's weights right after loading have the checksum of the saved file.
     let log = std::fs::read_to_string(dir.join("resumed/logs/trainer-0.log")).unwrap_or_default();
     let want = format!("global step 3, version 3, weights checksum {saved_checksum}");
-    assert!(log.contains("resumed from") && log.contains(&want), "trainer log lacks '{want}':\n{log}");
+    assert!(
+        log.contains("resumed from") && log.contains(&want),
+        "trainer log lacks '{want}':\n{log}"
+    );
 }
 
 #[test]
@@ -199,7 +325,8 @@ fn mlp_policy_checkpoints_and_resumes() {
 #[test]
 fn torchscript_example_exports_trains_checkpoints_and_resumes() {
     let dir = Dir::new();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torchscript/export_policy.py");
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torchscript/export_policy.py");
     let policy = dir.join("reach_policy.pt");
     let out = std::process::Command::new(python())
         .arg(&script)
@@ -207,7 +334,11 @@ fn torchscript_example_exports_trains_checkpoints_and_resumes() {
         .arg(&policy)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
-    assert!(out.status.success(), "export failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "export failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let path = format!("actor.model.torchscript_path={}", policy.display());
     check_checkpoint_and_resume(&dir, &["model@actor.model=torchscript", path.as_str()]);
 }
@@ -216,17 +347,45 @@ fn torchscript_example_exports_trains_checkpoints_and_resumes() {
 fn the_embedded_default_trains_reach_with_mlp_policy_ppo_and_patch_sync() {
     let dir = Dir::new();
     // The default as `make run` starts it, shortened to 2 steps with an eval after each.
-    dir.run(&["train_embodied", "hydra.run.dir=default", "runner.max_steps=2", "runner.val_check_interval=1"]).ok();
-    let config = std::fs::read_to_string(dir.join("default/.hydra/config.yaml")).unwrap_or_default();
-    for want in ["model_type: mlp_policy", "env_type: reach", "adv_type: gae", "type: patch"] {
-        assert!(config.contains(want), "default config lacks `{want}`:\n{config}");
+    dir.run(&[
+        "train_embodied",
+        "hydra.run.dir=default",
+        "runner.max_steps=2",
+        "runner.val_check_interval=1",
+    ])
+    .ok();
+    let config =
+        std::fs::read_to_string(dir.join("default/.hydra/config.yaml")).unwrap_or_default();
+    for want in [
+        "model_type: mlp_policy",
+        "env_type: reach",
+        "adv_type: gae",
+        "type: patch",
+    ] {
+        assert!(
+            config.contains(want),
+            "default config lacks `{want}`:\n{config}"
+        );
     }
     for worker in ["trainer-0", "rollout-0", "rollout-1"] {
-        assert!(dir.join(&format!("default/logs/{worker}.log")).is_file(), "{worker} did not run");
+        assert!(
+            dir.join(&format!("default/logs/{worker}.log")).is_file(),
+            "{worker} did not run"
+        );
     }
     let rows = rows_of(&dir, "default");
     assert_eq!(rows.len(), 2);
-    for key in ["actor/loss", "actor/behav_approx_kl", "eval/return", "eval/success_rate", "learner/global_step"] {
-        assert!(num(&rows[1], key).is_finite(), "{key} missing in {:?}", rows[1]);
+    for key in [
+        "actor/loss",
+        "actor/behav_approx_kl",
+        "eval/return",
+        "eval/success_rate",
+        "learner/global_step",
+    ] {
+        assert!(
+            num(&rows[1], key).is_finite(),
+            "{key} missing in {:?}",
+            rows[1]
+        );
     }
 }

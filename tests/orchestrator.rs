@@ -6,7 +6,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use rlsync::config::schema::{RunConfig, SyncerKind};
-use rlsync::orchestrator::{self, Entry, OrchestratorError, RunOptions, RunSummary, ShutdownHandle, ShutdownSource};
+use rlsync::orchestrator::{
+    self, Entry, OrchestratorError, RunOptions, RunSummary, ShutdownHandle, ShutdownSource,
+};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
@@ -56,11 +58,20 @@ fn small_config() -> RunConfig {
 }
 
 fn opts(shutdown: ShutdownSource) -> RunOptions {
-    RunOptions { worker_exe: Some(BIN.into()), shutdown, print_summary: false }
+    RunOptions {
+        worker_exe: Some(BIN.into()),
+        shutdown,
+        print_summary: false,
+    }
 }
 
 fn run_in(entry: Entry, cfg: &RunConfig, dir: &Path) -> Result<RunSummary, OrchestratorError> {
-    orchestrator::run(entry, cfg, dir, opts(ShutdownSource::Manual(ShutdownHandle::new())))
+    orchestrator::run(
+        entry,
+        cfg,
+        dir,
+        opts(ShutdownSource::Manual(ShutdownHandle::new())),
+    )
 }
 
 fn metrics(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
@@ -74,7 +85,8 @@ fn metrics(dir: &Path) -> Vec<serde_json::Map<String, Value>> {
 }
 
 fn segment_prefix(dir: &Path) -> String {
-    let launch: Value = serde_json::from_slice(&std::fs::read(dir.join(".rlsync/launch.json")).unwrap()).unwrap();
+    let launch: Value =
+        serde_json::from_slice(&std::fs::read(dir.join(".rlsync/launch.json")).unwrap()).unwrap();
     launch["segment_prefix"].as_str().unwrap().to_owned()
 }
 
@@ -83,8 +95,12 @@ fn processes_of(dir: &Path) -> Vec<(u32, String)> {
     let needle = dir.to_string_lossy().into_owned();
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
         if cmdline.contains(&needle) && pid != std::process::id() {
             found.push((pid, cmdline));
@@ -104,11 +120,24 @@ fn assert_clean(dir: &Path) {
     assert_eq!(processes_of(dir), vec![], "processes of the run remain");
     let leftovers = |d: &Path| -> Vec<PathBuf> {
         std::fs::read_dir(d)
-            .map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.to_string_lossy().contains(&prefix)).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.to_string_lossy().contains(&prefix))
+                    .collect()
+            })
             .unwrap_or_default()
     };
-    assert_eq!(leftovers(Path::new("/dev/shm")), Vec::<PathBuf>::new(), "shm segments remain");
-    assert_eq!(leftovers(&std::env::temp_dir()), Vec::<PathBuf>::new(), "sockets remain");
+    assert_eq!(
+        leftovers(Path::new("/dev/shm")),
+        Vec::<PathBuf>::new(),
+        "shm segments remain"
+    );
+    assert_eq!(
+        leftovers(&std::env::temp_dir()),
+        Vec::<PathBuf>::new(),
+        "sockets remain"
+    );
 }
 
 fn check_embodied(kind: SyncerKind) {
@@ -122,19 +151,41 @@ fn check_embodied(kind: SyncerKind) {
     let mut last_version = None;
     for row in &rows {
         for key in REQUIRED_KEYS {
-            assert!(row.contains_key(*key), "{kind:?}: step {:?} lacks {key}", row.get("step"));
+            assert!(
+                row.contains_key(*key),
+                "{kind:?}: step {:?} lacks {key}",
+                row.get("step")
+            );
         }
         let version = row["sync/version"].as_i64().unwrap();
-        assert!(last_version.is_none_or(|v| version > v), "versions must increase: {last_version:?} then {version}");
+        assert!(
+            last_version.is_none_or(|v| version > v),
+            "versions must increase: {last_version:?} then {version}"
+        );
         last_version = Some(version);
-        assert_eq!(row["sync/verified"], Value::Bool(true), "step {:?} not verified", row["step"]);
+        assert_eq!(
+            row["sync/verified"],
+            Value::Bool(true),
+            "step {:?} not verified",
+            row["step"]
+        );
     }
     assert_eq!(rows[0]["sync/kind"], "init");
-    let later = if kind == SyncerKind::Patch { "patch" } else { "bucket" };
+    let later = if kind == SyncerKind::Patch {
+        "patch"
+    } else {
+        "bucket"
+    };
     assert_eq!(rows[1]["sync/kind"], later);
     assert_eq!(rows[9]["actor/current_version"], 10);
-    assert!(dir.path().join("logs/trainer-0.log").exists() && dir.path().join("logs/rollout-1.log").exists());
-    let tb: Vec<_> = std::fs::read_dir(dir.path().join("tensorboard")).unwrap().flatten().collect();
+    assert!(
+        dir.path().join("logs/trainer-0.log").exists()
+            && dir.path().join("logs/rollout-1.log").exists()
+    );
+    let tb: Vec<_> = std::fs::read_dir(dir.path().join("tensorboard"))
+        .unwrap()
+        .flatten()
+        .collect();
     assert_eq!(tb.len(), 1, "one tensorboard event file");
     assert_clean(dir.path());
 }
@@ -163,20 +214,36 @@ fn check_async(no_wait: bool) {
     assert_eq!(rows.len(), 12);
     for row in &rows {
         let max = row["staleness/max"].as_i64().unwrap();
-        assert!(max <= 1, "no_wait={no_wait}: step {} trained on lag {max}", row["step"]);
+        assert!(
+            max <= 1,
+            "no_wait={no_wait}: step {} trained on lag {max}",
+            row["step"]
+        );
         assert!(row.contains_key("rollout/discarded_unused_trajs"));
         for key in REQUIRED_KEYS {
-            assert!(row.contains_key(*key), "step {:?} lacks {key}", row.get("step"));
+            assert!(
+                row.contains_key(*key),
+                "step {:?} lacks {key}",
+                row.get("step")
+            );
         }
         for (key, value) in row {
-            if let Some(lag) = key.strip_prefix("rollout/data_staleness_").and_then(|k| k.strip_suffix("/ratio")) {
+            if let Some(lag) = key
+                .strip_prefix("rollout/data_staleness_")
+                .and_then(|k| k.strip_suffix("/ratio"))
+            {
                 if lag.parse::<u32>().unwrap() > 1 {
                     assert_eq!(value.as_f64(), Some(0.0), "{key}");
                 }
             }
         }
     }
-    assert_eq!(summary.discarded, rows.iter().map(|r| r["rollout/discarded_unused_trajs"].as_u64().unwrap()).sum::<u64>());
+    assert_eq!(
+        summary.discarded,
+        rows.iter()
+            .map(|r| r["rollout/discarded_unused_trajs"].as_u64().unwrap())
+            .sum::<u64>()
+    );
     assert_eq!(rows[11]["actor/current_version"], 12);
     assert_clean(dir.path());
 }
@@ -192,14 +259,22 @@ fn async_blocking_respects_staleness_threshold() {
 }
 
 /// Start a long run on a thread; returns the result channel.
-fn start_long_run(dir: &Path, handle: ShutdownHandle) -> mpsc::Receiver<Result<RunSummary, OrchestratorError>> {
+fn start_long_run(
+    dir: &Path,
+    handle: ShutdownHandle,
+) -> mpsc::Receiver<Result<RunSummary, OrchestratorError>> {
     let mut cfg = small_config();
     cfg.runner.max_steps = 100_000;
     cfg.actor.model.rollout_ms_per_step = 2.0;
     let (tx, rx) = mpsc::channel();
     let run_dir = dir.to_owned();
     std::thread::spawn(move || {
-        let _ = tx.send(orchestrator::run(Entry::Embodied, &cfg, &run_dir, opts(ShutdownSource::Manual(handle))));
+        let _ = tx.send(orchestrator::run(
+            Entry::Embodied,
+            &cfg,
+            &run_dir,
+            opts(ShutdownSource::Manual(handle)),
+        ));
     });
     // Mid-run: a few steps are done.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -218,10 +293,19 @@ fn killed_rollout_fails_the_run_naming_it_and_leaves_nothing() {
         .into_iter()
         .find(|(_, cmd)| cmd.contains("--role rollout --rank 1 "))
         .expect("rollout-1 is running");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim.0 as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the orchestrator must stop within 5 s");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.0 as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let result = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the orchestrator must stop within 5 s");
     let err = result.unwrap_err().to_string();
-    assert!(err.contains("rollout-1") && err.contains("SIGKILL"), "error should name rollout-1 and SIGKILL: {err}");
+    assert!(
+        err.contains("rollout-1") && err.contains("SIGKILL"),
+        "error should name rollout-1 and SIGKILL: {err}"
+    );
     assert_clean(dir.path());
 }
 
@@ -231,9 +315,17 @@ fn shutdown_request_stops_the_run_cleanly() {
     let handle = ShutdownHandle::new();
     let rx = start_long_run(dir.path(), handle.clone());
     handle.request();
-    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the orchestrator must stop within 5 s");
-    assert!(matches!(result, Err(OrchestratorError::Interrupted { .. })), "{result:?}");
-    assert!(!metrics(dir.path()).is_empty(), "metrics of finished steps are kept");
+    let result = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the orchestrator must stop within 5 s");
+    assert!(
+        matches!(result, Err(OrchestratorError::Interrupted { .. })),
+        "{result:?}"
+    );
+    assert!(
+        !metrics(dir.path()).is_empty(),
+        "metrics of finished steps are kept"
+    );
     assert_clean(dir.path());
 }
 
@@ -253,9 +345,16 @@ fn worker_without_handshake_times_out_naming_it() {
     // only the silent one is named.
     cfg.runner.handshake_timeout_s = 5.0;
     let run_dir = dir.path().join("run");
-    let opts = RunOptions { worker_exe: Some(script), shutdown: ShutdownSource::Manual(ShutdownHandle::new()), print_summary: false };
+    let opts = RunOptions {
+        worker_exe: Some(script),
+        shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
+        print_summary: false,
+    };
     let err = orchestrator::run(Entry::Embodied, &cfg, &run_dir, opts).unwrap_err();
-    assert!(matches!(&err, OrchestratorError::HandshakeTimeout { workers, .. } if workers == "rollout-1"), "{err}");
+    assert!(
+        matches!(&err, OrchestratorError::HandshakeTimeout { workers, .. } if workers == "rollout-1"),
+        "{err}"
+    );
     assert!(err.to_string().contains("handshake"));
     assert_clean(&run_dir);
 }
@@ -267,8 +366,13 @@ fn second_shutdown_request_kills_at_once_and_leaves_nothing() {
     let rx = start_long_run(dir.path(), handle.clone());
     handle.request();
     handle.request();
-    let result = rx.recv_timeout(Duration::from_secs(5)).expect("the orchestrator must stop within 5 s");
-    assert!(matches!(result, Err(OrchestratorError::Interrupted { .. })), "{result:?}");
+    let result = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("the orchestrator must stop within 5 s");
+    assert!(
+        matches!(result, Err(OrchestratorError::Interrupted { .. })),
+        "{result:?}"
+    );
     assert_clean(dir.path());
 }
 
@@ -279,7 +383,10 @@ fn missed_step_deadline_fails_the_run() {
     cfg.actor.model.train_ms = 5_000.0;
     cfg.runner.step_timeout_s = 0.5;
     let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err();
-    assert!(matches!(&err, OrchestratorError::StepTimeout { .. }), "{err}");
+    assert!(
+        matches!(&err, OrchestratorError::StepTimeout { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("the trainer's step"), "{err}");
     assert_clean(dir.path());
 }
@@ -291,9 +398,17 @@ fn failing_workload_is_reported_with_its_reason() {
     // A synthetic model that cannot be built (no trainable part): the worker exits and its own reason is
     // reported. Trainer and rollouts build the same workload; whichever fails first is named.
     cfg.actor.model.frozen_fraction = 1.0;
-    let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err().to_string();
-    assert!(err.contains("worker ") && err.contains("exited with status 1"), "{err}");
-    assert!(err.contains("workload: invalid synthetic model: frozen_fraction 1 is not in [0, 1)"), "{err}");
+    let err = run_in(Entry::Embodied, &cfg, dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("worker ") && err.contains("exited with status 1"),
+        "{err}"
+    );
+    assert!(
+        err.contains("workload: invalid synthetic model: frozen_fraction 1 is not in [0, 1)"),
+        "{err}"
+    );
     assert!(err.contains("last lines of"), "{err}");
     assert_clean(dir.path());
 }
@@ -307,17 +422,35 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
     let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err();
     assert!(matches!(&err, OrchestratorError::Config { .. }), "{err}");
     let text = err.to_string();
-    assert!(text.contains("model `mlp_policy` needs the libtorch learner"), "{text}");
-    assert!(text.contains("model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"), "{text}");
+    assert!(
+        text.contains("model `mlp_policy` needs the libtorch learner"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"
+        ),
+        "{text}"
+    );
     assert!(!dir.path().join("logs").exists(), "no worker was started");
 
     // The embedded default (reach with mlp_policy) from the command line: one error, said once.
     let run_dir = format!("hydra.run.dir={}", dir.path().join("cli").display());
-    let out = std::process::Command::new(BIN).args(["train_embodied", run_dir.as_str()]).output().expect("start rlsync");
+    let out = std::process::Command::new(BIN)
+        .args(["train_embodied", run_dir.as_str()])
+        .output()
+        .expect("start rlsync");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert_eq!(stderr.matches("needs the libtorch learner").count(), 1, "{stderr}");
-    assert!(stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"), "{stderr}");
+    assert_eq!(
+        stderr.matches("needs the libtorch learner").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -349,7 +482,12 @@ fn sigterm_to_the_orchestrator_process_stops_everything() {
     while metrics(&run_dir).len() < 3 {
         if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
             let _ = child.kill();
-            panic!("run did not start: {:?}", child.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()));
+            panic!(
+                "run did not start: {:?}",
+                child
+                    .wait_with_output()
+                    .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -366,8 +504,14 @@ fn sigterm_to_the_orchestrator_process_stops_everything() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let stderr = child.wait_with_output().map(|o| String::from_utf8_lossy(&o.stderr).into_owned()).unwrap_or_default();
+    let stderr = child
+        .wait_with_output()
+        .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        .unwrap_or_default();
     assert!(!status.success(), "an interrupted run exits non-zero");
-    assert!(stderr.contains("SIGTERM"), "the error names the signal: {stderr}");
+    assert!(
+        stderr.contains("SIGTERM"),
+        "the error names the signal: {stderr}"
+    );
     assert_clean(&run_dir);
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use rlsync::config::schema::{Compression, SyncerKind, WeightSyncerConfig};
 use rlsync::syncer::{SyncOptions, WeightSyncer};
-use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
 use rlsync::tensor::DType;
+use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
 use rlsync::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
 
 const CHILD_ENV: &str = "RLSYNC_SYNC_TEST_CHILD";
@@ -20,7 +20,13 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const VERSIONS: u64 = 3;
 
 fn spec(seed: u64) -> ModelSpec {
-    ModelSpec { params: 1 << 16, tensors: 12, dtype: DType::Bf16, frozen_fraction: 0.2, seed }
+    ModelSpec {
+        params: 1 << 16,
+        tensors: 12,
+        dtype: DType::Bf16,
+        frozen_fraction: 0.2,
+        seed,
+    }
 }
 
 fn syncer_config(kind: &str) -> WeightSyncerConfig {
@@ -47,7 +53,12 @@ impl Drop for ChildGuard {
 fn spawn_child(kind: &str, socket: &Path, rank: usize) -> ChildGuard {
     let exe = std::env::current_exe().expect("test binary path");
     let child = Command::new(exe)
-        .args(["--exact", "sync_shm::child_receiver", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "sync_shm::child_receiver",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, format!("{kind}|{}|{rank}", socket.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -58,18 +69,33 @@ fn spawn_child(kind: &str, socket: &Path, rank: usize) -> ChildGuard {
 
 #[test]
 fn child_receiver() {
-    let Ok(spec_env) = std::env::var(CHILD_ENV) else { return };
+    let Ok(spec_env) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     let parts: Vec<&str> = spec_env.split('|').collect();
-    let [kind, socket, rank] = parts.as_slice() else { panic!("bad child spec {spec_env:?}") };
+    let [kind, socket, rank] = parts.as_slice() else {
+        panic!("bad child spec {spec_env:?}")
+    };
     let rank: usize = rank.parse().expect("rank");
     let socket = PathBuf::from(socket);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async move {
         // Start from other weights than the sender: the init bootstrap (patch) or the buckets align them.
-        let mut state = SyntheticModel::new(spec(1000 + rank as u64)).expect("model").state_dict().expect("state");
-        let mut rx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default()).expect("syncer");
-        let ch = ShmReceiver::connect(&socket, rank, TIMEOUT).await.expect("connect");
-        rx.init_receiver(&mut state, ch).await.expect("init_receiver");
+        let mut state = SyntheticModel::new(spec(1000 + rank as u64))
+            .expect("model")
+            .state_dict()
+            .expect("state");
+        let mut rx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
+            .expect("syncer");
+        let ch = ShmReceiver::connect(&socket, rank, TIMEOUT)
+            .await
+            .expect("connect");
+        rx.init_receiver(&mut state, ch)
+            .await
+            .expect("init_receiver");
         for _ in 0..VERSIONS {
             let report = rx.apply(&mut state).await.expect("apply");
             let sum = rx.checksum(&state).expect("checksum");
@@ -86,8 +112,13 @@ fn child_receiver() {
 fn run(kind: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("sync.sock");
-    let children: Vec<ChildGuard> = (0..2).map(|rank| spawn_child(kind, &socket, rank)).collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let children: Vec<ChildGuard> = (0..2)
+        .map(|rank| spawn_child(kind, &socket, rank))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let mut model = SyntheticModel::new(spec(7)).expect("model");
     let mut state = model.state_dict().expect("state");
     let mut expected = Vec::new();
@@ -100,11 +131,16 @@ fn run(kind: &str) {
             ..Default::default()
         };
         let ch = ShmSender::bind(cfg).await.expect("bind");
-        let mut tx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default()).expect("syncer");
+        let mut tx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
+            .expect("syncer");
         let keys = state.synced_keys();
-        tx.init_sender(&state, &keys, ch).await.expect("init_sender");
+        tx.init_sender(&state, &keys, ch)
+            .await
+            .expect("init_sender");
         for v in 1..=VERSIONS {
-            model.step(UpdateMode::Adam { lr: 1e-4 }, &mut state, NonZeroUsize::MIN).expect("step");
+            model
+                .step(UpdateMode::Adam { lr: 1e-4 }, &mut state, NonZeroUsize::MIN)
+                .expect("step");
             let r = tx.sync(&state, v).await.expect("sync");
             assert!(r.payload_bytes > 0);
             expected.push(format!("{v}:{}", tx.checksum(&state).expect("checksum")));
@@ -113,10 +149,17 @@ fn run(kind: &str) {
     });
     for (rank, mut child) in children.into_iter().enumerate() {
         let status = child.0.wait().expect("wait for child");
-        assert!(status.success(), "{kind}: receiver rank {rank} failed: {status}");
-        let report = std::fs::read_to_string(socket.with_extension(format!("rank{rank}"))).expect("child report");
+        assert!(
+            status.success(),
+            "{kind}: receiver rank {rank} failed: {status}"
+        );
+        let report = std::fs::read_to_string(socket.with_extension(format!("rank{rank}")))
+            .expect("child report");
         let lines: Vec<&str> = report.lines().collect();
-        assert_eq!(lines, expected, "{kind}: receiver rank {rank} versions/checksums");
+        assert_eq!(
+            lines, expected,
+            "{kind}: receiver rank {rank} versions/checksums"
+        );
     }
 }
 

@@ -24,30 +24,44 @@ impl Output {
     /// Assert success and return stdout.
     #[track_caller]
     pub fn ok(&self) -> &str {
-        assert!(self.success(), "rlsync failed ({:?}):\nstdout:\n{}\nstderr:\n{}", self.code, self.stdout, self.stderr);
+        assert!(
+            self.success(),
+            "rlsync failed ({:?}):\nstdout:\n{}\nstderr:\n{}",
+            self.code,
+            self.stdout,
+            self.stderr
+        );
         &self.stdout
     }
 
     /// Assert failure and return stderr.
     #[track_caller]
     pub fn err(&self) -> &str {
-        assert!(!self.success(), "rlsync unexpectedly succeeded:\nstdout:\n{}", self.stdout);
+        assert!(
+            !self.success(),
+            "rlsync unexpectedly succeeded:\nstdout:\n{}",
+            self.stdout
+        );
         &self.stderr
     }
 }
 
 impl Dir {
     pub fn new() -> Dir {
-        Dir { tmp: tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}")) }
+        Dir {
+            tmp: tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}")),
+        }
     }
 
     /// Write `contents` at `rel` (parents created).
     pub fn create(&self, rel: &str, contents: &str) -> &Dir {
         let path = self.tmp.path().join(rel);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("cannot create {}: {e}", parent.display()));
+            std::fs::create_dir_all(parent)
+                .unwrap_or_else(|e| panic!("cannot create {}: {e}", parent.display()));
         }
-        std::fs::write(&path, contents).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        std::fs::write(&path, contents)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
         self
     }
 

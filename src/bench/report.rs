@@ -69,7 +69,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -77,12 +81,17 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn per_changed(payload: u64, changed: u64) -> f64 {
-    if changed == 0 { 0.0 } else { payload as f64 / changed as f64 }
+    if changed == 0 {
+        0.0
+    } else {
+        payload as f64 / changed as f64
+    }
 }
 
 impl BenchSummary {
     pub fn from_steps(steps: &[StepRecord], f: RunFacts) -> BenchSummary {
-        let med = |g: &dyn Fn(&StepRecord) -> f64| median(&mut steps.iter().map(g).collect::<Vec<_>>());
+        let med =
+            |g: &dyn Fn(&StepRecord) -> f64| median(&mut steps.iter().map(g).collect::<Vec<_>>());
         let changed = med(&|s| s.changed as f64);
         BenchSummary {
             syncer: match f.syncer {
@@ -93,7 +102,11 @@ impl BenchSummary {
             dtype: f.dtype,
             state_bytes: steps.first().map_or(0, |s| s.state_bytes),
             changed,
-            density: if f.synced_elems == 0 { 0.0 } else { changed / f.synced_elems as f64 },
+            density: if f.synced_elems == 0 {
+                0.0
+            } else {
+                changed / f.synced_elems as f64
+            },
             payload_bytes: med(&|s| s.payload_bytes as f64),
             bytes_per_changed: med(&|s| per_changed(s.payload_bytes, s.changed)),
             build_ms: med(&|s| ms(s.build)),
@@ -173,7 +186,17 @@ impl Printer {
         if format == OutputFormat::Table {
             println!(
                 "{:>5} {:>12} {:>14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
-                "step", "changed", "payload_B", "B/chg", "build", "encode", "transfer", "decode", "apply", "total", "verified"
+                "step",
+                "changed",
+                "payload_B",
+                "B/chg",
+                "build",
+                "encode",
+                "transfer",
+                "decode",
+                "apply",
+                "total",
+                "verified"
             );
         }
         Printer { format }
@@ -205,11 +228,29 @@ impl Printer {
             OutputFormat::Table => {
                 println!(
                     "median {:>12.0} {:>14.0} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
-                    s.changed, s.payload_bytes, s.bytes_per_changed, s.build_ms, s.encode_ms, s.transfer_ms, s.decode_ms, s.apply_ms, s.total_ms, s.verified
+                    s.changed,
+                    s.payload_bytes,
+                    s.bytes_per_changed,
+                    s.build_ms,
+                    s.encode_ms,
+                    s.transfer_ms,
+                    s.decode_ms,
+                    s.apply_ms,
+                    s.total_ms,
+                    s.verified
                 );
                 println!(
                     "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)",
-                    s.syncer, s.params, s.dtype, s.state_bytes, s.density, s.memcpy_ms, s.threads, s.receivers, s.transport, s.update
+                    s.syncer,
+                    s.params,
+                    s.dtype,
+                    s.state_bytes,
+                    s.density,
+                    s.memcpy_ms,
+                    s.threads,
+                    s.receivers,
+                    s.transport,
+                    s.update
                 );
             }
         }

@@ -21,7 +21,10 @@ pub struct BigInt {
 
 impl BigInt {
     pub fn zero() -> BigInt {
-        BigInt { negative: false, mag: Vec::new() }
+        BigInt {
+            negative: false,
+            mag: Vec::new(),
+        }
     }
 
     pub fn from_i64(v: i64) -> BigInt {
@@ -31,7 +34,10 @@ impl BigInt {
             mag.push((m % LIMB) as u32);
             m /= LIMB;
         }
-        BigInt { negative: v < 0, mag }
+        BigInt {
+            negative: v < 0,
+            mag,
+        }
     }
 
     /// Unsigned `digits` (no sign, prefix or `_`) in `radix` (2..=36); `None` if empty or a digit is invalid.
@@ -114,17 +120,24 @@ impl BigInt {
 
     pub fn add(&self, other: &BigInt) -> BigInt {
         if self.negative == other.negative {
-            return BigInt { negative: self.negative, mag: add_mag(&self.mag, &other.mag) }
-                .with_sign(self.negative);
+            return BigInt {
+                negative: self.negative,
+                mag: add_mag(&self.mag, &other.mag),
+            }
+            .with_sign(self.negative);
         }
         match cmp_mag(&self.mag, &other.mag) {
             Ordering::Equal => BigInt::zero(),
-            Ordering::Greater => {
-                BigInt { negative: false, mag: sub_mag(&self.mag, &other.mag) }.with_sign(self.negative)
+            Ordering::Greater => BigInt {
+                negative: false,
+                mag: sub_mag(&self.mag, &other.mag),
             }
-            Ordering::Less => {
-                BigInt { negative: false, mag: sub_mag(&other.mag, &self.mag) }.with_sign(other.negative)
+            .with_sign(self.negative),
+            Ordering::Less => BigInt {
+                negative: false,
+                mag: sub_mag(&other.mag, &self.mag),
             }
+            .with_sign(other.negative),
         }
     }
 
@@ -150,7 +163,11 @@ impl BigInt {
             }
         }
         let mag = out.into_iter().map(|l| l as u32).collect();
-        BigInt { negative: false, mag }.with_sign(self.negative != other.negative)
+        BigInt {
+            negative: false,
+            mag,
+        }
+        .with_sign(self.negative != other.negative)
     }
 
     /// Python's `//` (floor division) and `%`; `None` when dividing by zero.
@@ -159,8 +176,16 @@ impl BigInt {
             return None;
         }
         let (q, r) = div_mag(&self.mag, &other.mag);
-        let mut q = BigInt { negative: false, mag: q }.with_sign(self.negative != other.negative);
-        let mut r = BigInt { negative: false, mag: r }.with_sign(self.negative);
+        let mut q = BigInt {
+            negative: false,
+            mag: q,
+        }
+        .with_sign(self.negative != other.negative);
+        let mut r = BigInt {
+            negative: false,
+            mag: r,
+        }
+        .with_sign(self.negative);
         if !r.is_zero() && self.negative != other.negative {
             q = q.sub(&BigInt::from_i64(1));
             r = r.add(other);
@@ -219,7 +244,9 @@ pub fn numbers_equal(a: &Value, b: &Value) -> Option<bool> {
         (N::F(x), N::F(y)) => x == y,
         (N::I(i), N::F(f)) | (N::F(f), N::I(i)) => {
             // `{:.0}` prints an integral f64's exact decimal value.
-            f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")) == Some(i)
+            f.is_finite()
+                && f.fract() == 0.0
+                && BigInt::parse_decimal(&format!("{f:.0}")) == Some(i)
         }
     })
 }
@@ -244,14 +271,18 @@ fn mul_small_add(mag: &mut Vec<u32>, mul: u32, add: u32) {
 }
 
 fn cmp_mag(a: &[u32], b: &[u32]) -> Ordering {
-    a.len().cmp(&b.len()).then_with(|| a.iter().rev().cmp(b.iter().rev()))
+    a.len()
+        .cmp(&b.len())
+        .then_with(|| a.iter().rev().cmp(b.iter().rev()))
 }
 
 fn add_mag(a: &[u32], b: &[u32]) -> Vec<u32> {
     let mut out = Vec::with_capacity(a.len().max(b.len()) + 1);
     let mut carry = 0u64;
     for i in 0..a.len().max(b.len()) {
-        let cur = u64::from(a.get(i).copied().unwrap_or(0)) + u64::from(b.get(i).copied().unwrap_or(0)) + carry;
+        let cur = u64::from(a.get(i).copied().unwrap_or(0))
+            + u64::from(b.get(i).copied().unwrap_or(0))
+            + carry;
         out.push((cur % LIMB) as u32);
         carry = cur / LIMB;
     }
@@ -280,7 +311,11 @@ fn sub_mag(a: &[u32], b: &[u32]) -> Vec<u32> {
 
 /// Truncating magnitude division, one decimal digit of the dividend at a time.
 fn div_mag(a: &[u32], b: &[u32]) -> (Vec<u32>, Vec<u32>) {
-    let digits = BigInt { negative: false, mag: a.to_vec() }.to_string();
+    let digits = BigInt {
+        negative: false,
+        mag: a.to_vec(),
+    }
+    .to_string();
     let mut quotient = Vec::new();
     let mut rem: Vec<u32> = Vec::new();
     for ch in digits.chars() {
@@ -308,7 +343,11 @@ mod tests {
     fn parses_every_base_to_python_values() {
         let cases = [
             ("9223372036854775808", 10, "9223372036854775808"),
-            ("123456789012345678901234567890", 10, "123456789012345678901234567890"),
+            (
+                "123456789012345678901234567890",
+                10,
+                "123456789012345678901234567890",
+            ),
             ("10000000000000000", 16, "18446744073709551616"),
             ("1".repeat(70).as_str(), 2, "1180591620717411303423"),
             ("1000000000000000000000", 8, "9223372036854775808"),
@@ -340,7 +379,10 @@ mod tests {
             big("-9223372036854775809").into_value(),
             Value::BigInt("-9223372036854775809".into())
         );
-        assert_eq!(big("99999999999999999999").into_key(), Key::BigInt("99999999999999999999".into()));
+        assert_eq!(
+            big("99999999999999999999").into_key(),
+            Key::BigInt("99999999999999999999".into())
+        );
     }
 
     #[test]
@@ -349,11 +391,27 @@ mod tests {
         let cases = [
             (Value::Int(1), Value::Float(1.0), Some(true)),
             (Value::Bool(true), Value::Int(1), Some(true)),
-            (Value::Int(i64::MAX), Value::Float(9_223_372_036_854_775_808.0), Some(false)),
-            (big("9223372036854775808"), Value::Float(9_223_372_036_854_775_808.0), Some(true)),
+            (
+                Value::Int(i64::MAX),
+                Value::Float(9_223_372_036_854_775_808.0),
+                Some(false),
+            ),
+            (
+                big("9223372036854775808"),
+                Value::Float(9_223_372_036_854_775_808.0),
+                Some(true),
+            ),
             (big("100000000000000000000"), Value::Float(1e20), Some(true)),
-            (big("100000000000000000001"), Value::Float(1e20), Some(false)),
-            (big("9223372036854775808"), Value::Int(i64::MAX), Some(false)),
+            (
+                big("100000000000000000001"),
+                Value::Float(1e20),
+                Some(false),
+            ),
+            (
+                big("9223372036854775808"),
+                Value::Int(i64::MAX),
+                Some(false),
+            ),
             (Value::Float(f64::NAN), Value::Float(f64::NAN), Some(false)),
             (Value::Int(1), Value::Str("1".into()), None),
         ];
@@ -367,14 +425,30 @@ mod tests {
     #[test]
     fn arithmetic_matches_python() {
         let max = BigInt::from_i64(i64::MAX);
-        assert_eq!(max.add(&BigInt::from_i64(1)).to_string(), "9223372036854775808");
-        assert_eq!(max.mul(&max).to_string(), "85070591730234615847396907784232501249");
-        assert_eq!(BigInt::from_i64(i64::MIN).sub(&BigInt::from_i64(1)).to_string(), "-9223372036854775809");
-        assert_eq!(big("-5").mul(&big("123456789012345678901")).to_string(), "-617283945061728394505");
+        assert_eq!(
+            max.add(&BigInt::from_i64(1)).to_string(),
+            "9223372036854775808"
+        );
+        assert_eq!(
+            max.mul(&max).to_string(),
+            "85070591730234615847396907784232501249"
+        );
+        assert_eq!(
+            BigInt::from_i64(i64::MIN)
+                .sub(&BigInt::from_i64(1))
+                .to_string(),
+            "-9223372036854775809"
+        );
+        assert_eq!(
+            big("-5").mul(&big("123456789012345678901")).to_string(),
+            "-617283945061728394505"
+        );
         assert_eq!(big("5").add(&big("-7")).to_string(), "-2");
         assert_eq!(big("-5").add(&big("5")).to_string(), "0");
         let floor = |a: &str, b: &str| {
-            big(a).div_mod_floor(&big(b)).map(|(q, r)| (q.to_string(), r.to_string()))
+            big(a)
+                .div_mod_floor(&big(b))
+                .map(|(q, r)| (q.to_string(), r.to_string()))
         };
         let s = |a: &str, b: &str| Some((a.to_owned(), b.to_owned()));
         assert_eq!(floor("7", "2"), s("3", "1"));
@@ -386,7 +460,13 @@ mod tests {
             floor("123456789012345678901234567890", "987654321987"),
             s("124999998748520313", "645722545959")
         );
-        assert_eq!(floor("85070591730234615847396907784232501249", "9223372036854775807"), s("9223372036854775807", "0"));
+        assert_eq!(
+            floor(
+                "85070591730234615847396907784232501249",
+                "9223372036854775807"
+            ),
+            s("9223372036854775807", "0")
+        );
         assert_eq!(floor("1", "0"), None);
         assert!(big("-99999999999999999999") < big("-1"));
         assert!(big("99999999999999999999") > big("9223372036854775807"));

@@ -8,9 +8,11 @@ use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides,
 use crate::config::hydra::{self, RuntimeInfo};
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Dict, Key, Node, Origin, Value};
-use crate::config::search_path::{Repository, SearchPathError, Source};
-use crate::config::overrides::{self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue};
+use crate::config::overrides::{
+    self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue,
+};
 use crate::config::search_path::ObjectType;
+use crate::config::search_path::{Repository, SearchPathError, Source};
 
 /// Run (one job) or multirun (sweeps allowed, `???` group defaults skipped).
 pub use crate::config::overrides::RunMode;
@@ -30,18 +32,35 @@ pub enum ComposeError {
     SearchPathNotList { got: String },
     #[error("primary config '{config_name}' must be a DictConfig, got ListConfig")]
     PrimaryNotDict { config_name: String },
-    #[error("In '{config_path}': Overriding hydra.searchpath is only supported from the primary config")]
+    #[error(
+        "In '{config_path}': Overriding hydra.searchpath is only supported from the primary config"
+    )]
     SearchPathOutsidePrimary { config_path: String },
     #[error("In '{config_path}': ConfigTypeError raised while composing config:\n{message}")]
-    Merge { config_path: String, message: String },
-    #[error("Override {input} looks like a config group override, but config group '{key}' does not exist.")]
+    Merge {
+        config_path: String,
+        message: String,
+    },
+    #[error(
+        "Override {input} looks like a config group override, but config group '{key}' does not exist."
+    )]
     NotAGroup { input: String, key: String },
     #[error("Could not delete from config. '{key}' does not exist.")]
     DeleteMissing { key: String },
     #[error("Could not delete from config. The value of '{key}' is {actual} and not {expected}.")]
-    DeleteValueMismatch { key: String, actual: String, expected: String },
-    #[error("Could not append to config. An item is already at '{key}'.\nEither remove + prefix: '{without_plus}'\nOr add a second + to add or override '{key}': '+{input}'")]
-    AppendExisting { key: String, without_plus: String, input: String },
+    DeleteValueMismatch {
+        key: String,
+        actual: String,
+        expected: String,
+    },
+    #[error(
+        "Could not append to config. An item is already at '{key}'.\nEither remove + prefix: '{without_plus}'\nOr add a second + to add or override '{key}': '+{input}'"
+    )]
+    AppendExisting {
+        key: String,
+        without_plus: String,
+        input: String,
+    },
     #[error("Could not override '{key}'.\nTo append to your config use +{input}")]
     OverrideMissingKey { key: String, input: String },
     #[error("Error merging override {input}\n{message}")]
@@ -80,7 +99,10 @@ pub struct Composed {
 
 /// Parse every override (Hydra reports the first bad one).
 pub fn parse_overrides(overrides: &[String]) -> Result<Vec<Override>, ComposeError> {
-    overrides.iter().map(|o| ovr::parse_override(o).map_err(ComposeError::from)).collect()
+    overrides
+        .iter()
+        .map(|o| ovr::parse_override(o).map_err(ComposeError::from))
+        .collect()
 }
 
 /// The override's `key[@pkg]` without its `+`/`++`/`~` prefix (how group choices and deletions are keyed).
@@ -102,36 +124,57 @@ pub fn validate_sweeps(overrides: &[Override], mode: RunMode) -> Result<(), Comp
 /// Add the primary config's (or the command line's) `hydra.searchpath` entries to the repository.
 /// Entries may use interpolations (`file://${oc.env:EMBODIED_PATH}/config`); directories that do not exist
 /// are kept but never match, as in Hydra.
-fn process_search_path(repo: &mut Repository, config_name: &str, overrides: &[Override]) -> Result<(), ComposeError> {
-    let from_cli = overrides.iter().find(|o| o.key_element() == "hydra.searchpath");
+fn process_search_path(
+    repo: &mut Repository,
+    config_name: &str,
+    overrides: &[Override],
+) -> Result<(), ComposeError> {
+    let from_cli = overrides
+        .iter()
+        .find(|o| o.key_element() == "hydra.searchpath");
     let (root, provider): (Node, &str) = match from_cli.and_then(|o| o.element().map(|e| (o, e))) {
         Some((o, e)) => {
             let mut searchpath = Dict::new();
             searchpath.insert(Key::from("searchpath"), e.to_node_from(&o.input));
             let mut root = Dict::new();
             root.insert(Key::from("hydra"), Node::new(Value::Dict(searchpath)));
-            (Node::new(Value::Dict(root)), "hydra.searchpath in command-line")
+            (
+                Node::new(Value::Dict(root)),
+                "hydra.searchpath in command-line",
+            )
         }
         None => {
-            let Some(primary) = repo.load(config_name)? else { return Ok(()) };
+            let Some(primary) = repo.load(config_name)? else {
+                return Ok(());
+            };
             if primary.root.as_list().is_some() {
-                return Err(ComposeError::PrimaryNotDict { config_name: config_name.into() });
+                return Err(ComposeError::PrimaryNotDict {
+                    config_name: config_name.into(),
+                });
             }
             (primary.root.clone(), "hydra.searchpath in main")
         }
     };
-    let Some(entries) = root.get_path("hydra.searchpath") else { return Ok(()) };
+    let Some(entries) = root.get_path("hydra.searchpath") else {
+        return Ok(());
+    };
     let items = match &entries.value {
         Value::Null => return Ok(()),
         Value::List(items) => items,
-        _ => return Err(ComposeError::SearchPathNotList { got: entries.value.python_str() }),
+        _ => {
+            return Err(ComposeError::SearchPathNotList {
+                got: entries.value.python_str(),
+            });
+        }
     };
     let ctx = ResolveContext::new();
     let mut sources = Vec::with_capacity(items.len());
     for idx in 0..items.len() {
         let entry = interpolate::resolve_at(&root, &format!("hydra.searchpath.{idx}"), &ctx)?;
         let Value::Str(text) = &entry.value else {
-            return Err(ComposeError::SearchPathNotList { got: entries.value.python_str() });
+            return Err(ComposeError::SearchPathNotList {
+                got: entries.value.python_str(),
+            });
         };
         sources.push(Source::from_search_path_entry(provider, text)?);
     }
@@ -140,7 +183,10 @@ fn process_search_path(repo: &mut Repository, config_name: &str, overrides: &[Ov
 }
 
 /// Split overrides into group overrides (for the defaults list) and value overrides (applied after merging).
-fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides, Vec<Override>), ComposeError> {
+fn classify(
+    repo: &Repository,
+    overrides: &[Override],
+) -> Result<(GroupOverrides, Vec<Override>), ComposeError> {
     let mut groups = GroupOverrides::default();
     let mut values = Vec::new();
     for o in overrides {
@@ -154,12 +200,22 @@ fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides
             continue;
         }
         match o.kind {
-            OverrideKind::ForceAdd => return Err(DefaultsError::ForceAddGroup { input: o.input.clone() }.into()),
+            OverrideKind::ForceAdd => {
+                return Err(DefaultsError::ForceAddGroup {
+                    input: o.input.clone(),
+                }
+                .into());
+            }
             OverrideKind::Delete => {
                 let name = match element {
                     None => None,
                     Some(Element::Str { value, .. }) => Some(value.clone()),
-                    Some(_) => return Err(OverrideError::GroupDeletionValueType { input: o.input.clone() }.into()),
+                    Some(_) => {
+                        return Err(OverrideError::GroupDeletionValueType {
+                            input: o.input.clone(),
+                        }
+                        .into());
+                    }
                 };
                 groups.deletions.push((group_key(o), name));
             }
@@ -167,10 +223,17 @@ fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides
                 let value = match element.map(Element::group_choice).transpose()? {
                     Some(GroupChoice::One(name)) => GroupValue::Name(Some(name)),
                     Some(GroupChoice::Many(names)) => GroupValue::Options(names),
-                    None => return Err(OverrideError::GroupValueType { type_name: "NoneType" }.into()),
+                    None => {
+                        return Err(OverrideError::GroupValueType {
+                            type_name: "NoneType",
+                        }
+                        .into());
+                    }
                 };
                 if o.kind == OverrideKind::Add {
-                    groups.appends.push((o.key_or_group.clone(), o.package.clone(), value));
+                    groups
+                        .appends
+                        .push((o.key_or_group.clone(), o.package.clone(), value));
                 } else {
                     groups.choices.push((group_key(o), value));
                 }
@@ -181,11 +244,21 @@ fn classify(repo: &Repository, overrides: &[Override]) -> Result<(GroupOverrides
 }
 
 /// The defaults list only, as `--info defaults` computes it (no value overrides, no sweep checks).
-pub fn compute_defaults(repo: &mut Repository, config_name: &str, overrides: &[String]) -> Result<DefaultsList, ComposeError> {
+pub fn compute_defaults(
+    repo: &mut Repository,
+    config_name: &str,
+    overrides: &[String],
+) -> Result<DefaultsList, ComposeError> {
     let parsed = parse_overrides(overrides)?;
     process_search_path(repo, config_name, &parsed)?;
     let (groups, _) = classify(repo, &parsed)?;
-    Ok(defaults::create_defaults_list(repo, config_name, &groups, true, false)?)
+    Ok(defaults::create_defaults_list(
+        repo,
+        config_name,
+        &groups,
+        true,
+        false,
+    )?)
 }
 
 /// Compose the full config (job config plus `hydra` node).
@@ -194,25 +267,44 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     process_search_path(repo, req.config_name, &parsed)?;
     validate_sweeps(&parsed, req.mode)?;
     let (groups, value_overrides) = classify(repo, &parsed)?;
-    let defaults_list = defaults::create_defaults_list(repo, req.config_name, &groups, true, req.mode == RunMode::Multirun)?;
+    let defaults_list = defaults::create_defaults_list(
+        repo,
+        req.config_name,
+        &groups,
+        true,
+        req.mode == RunMode::Multirun,
+    )?;
 
     let mut cfg = Node::empty_dict();
     for d in &defaults_list.defaults {
-        let Some(loaded) = repo.load(&d.config_path)? else { continue };
+        let Some(loaded) = repo.load(&d.config_path)? else {
+            continue;
+        };
         let mut config = loaded.root.clone();
         if let Some(dict) = config.as_dict_mut() {
             dict.shift_remove(&Key::from("defaults"));
         }
-        if !d.primary && d.config_path != "hydra/config" && config.get_path("hydra.searchpath").is_some_and(|n| !matches!(n.value, Value::Null)) {
-            return Err(ComposeError::SearchPathOutsidePrimary { config_path: d.config_path.clone() });
+        if !d.primary
+            && d.config_path != "hydra/config"
+            && config
+                .get_path("hydra.searchpath")
+                .is_some_and(|n| !matches!(n.value, Value::Null))
+        {
+            return Err(ComposeError::SearchPathOutsidePrimary {
+                config_path: d.config_path.clone(),
+            });
         }
         let embedded = embed(config, &d.package);
-        merge(&mut cfg, embedded).map_err(|message| ComposeError::Merge { config_path: d.config_path.clone(), message })?;
+        merge(&mut cfg, embedded).map_err(|message| ComposeError::Merge {
+            config_path: d.config_path.clone(),
+            message,
+        })?;
     }
     for o in &value_overrides {
         apply_override(&mut cfg, o)?;
     }
-    let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) = parsed.iter().partition(|o| o.is_hydra_override());
+    let (hydra_overrides, task_overrides): (Vec<&Override>, Vec<&Override>) =
+        parsed.iter().partition(|o| o.is_hydra_override());
     // The override lines are stored in `hydra.overrides.{hydra,task}` as strings, and OmegaConf checks the
     // syntax of any `${` in them when they are appended.
     check_override_lines(&hydra_overrides, &task_overrides)?;
@@ -220,17 +312,30 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
         job_name: req.job_name,
         config_name: req.config_name,
         hydra_overrides: hydra_overrides.iter().map(|o| o.input.clone()).collect(),
-        task_overrides: task_overrides.iter().map(|o| (o.key_or_group.clone(), o.input.clone())).collect(),
+        task_overrides: task_overrides
+            .iter()
+            .map(|o| (o.key_or_group.clone(), o.input.clone()))
+            .collect(),
         choices: &defaults_list.known_choices,
         sources: repo.sources(),
     };
     hydra::fill_runtime(&mut cfg, &info);
-    Ok(Composed { config: cfg, defaults: defaults_list })
+    Ok(Composed {
+        config: cfg,
+        defaults: defaults_list,
+    })
 }
 
 /// Validate the override lines as OmegaConf does when Hydra appends them to `hydra.overrides.*`.
-fn check_override_lines(hydra_overrides: &[&Override], task_overrides: &[&Override]) -> Result<(), InterpolationError> {
-    let lines = |list: &[&Override]| Node::new(Value::List(list.iter().map(|o| Node::str(o.input.clone())).collect()));
+fn check_override_lines(
+    hydra_overrides: &[&Override],
+    task_overrides: &[&Override],
+) -> Result<(), InterpolationError> {
+    let lines = |list: &[&Override]| {
+        Node::new(Value::List(
+            list.iter().map(|o| Node::str(o.input.clone())).collect(),
+        ))
+    };
     let mut overrides = Dict::new();
     overrides.insert(Key::from("hydra"), lines(hydra_overrides));
     overrides.insert(Key::from("task"), lines(task_overrides));
@@ -280,7 +385,9 @@ pub fn merge(dest: &mut Node, src: Node) -> Result<(), String> {
             }
             Ok(())
         }
-        (Value::Dict(_), Value::List(_)) | (Value::List(_), Value::Dict(_)) => Err("Cannot merge DictConfig with ListConfig".into()),
+        (Value::Dict(_), Value::List(_)) | (Value::List(_), Value::Dict(_)) => {
+            Err("Cannot merge DictConfig with ListConfig".into())
+        }
         (_, Value::Missing) => Ok(()),
         (_, value) => {
             dest.value = value;
@@ -326,14 +433,20 @@ fn split_key(key: &str) -> Vec<String> {
 /// Apply one value override to the composed config (Hydra's `_apply_overrides_to_config`).
 fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     if o.package.is_some() {
-        return Err(ComposeError::NotAGroup { input: o.input.clone(), key: o.key_or_group.clone() });
+        return Err(ComposeError::NotAGroup {
+            input: o.input.clone(),
+            key: o.key_or_group.clone(),
+        });
     }
     let key = o.key_or_group.as_str();
     let origin = Origin::Override(o.input.as_str().into());
     let value = o.element().map(|e| e.to_node(&origin));
     if let Some(value) = &value {
         // OmegaConf checks keys and interpolation syntax when it wraps the value, before anything else.
-        let invalid = |message: String| ComposeError::MergeOverride { input: o.input.clone(), message };
+        let invalid = |message: String| ComposeError::MergeOverride {
+            input: o.input.clone(),
+            message,
+        };
         if has_null_key(value) {
             return Err(invalid("Incompatible key type 'NoneType'".into()));
         }
@@ -342,15 +455,18 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
-            let Some(actual) = existing else { return Err(ComposeError::DeleteMissing { key: key.into() }) };
+            let Some(actual) = existing else {
+                return Err(ComposeError::DeleteMissing { key: key.into() });
+            };
             if let Some(expected) = &value
-                && !python_eq(&actual.value, &expected.value) {
-                    return Err(ComposeError::DeleteValueMismatch {
-                        key: key.into(),
-                        actual: actual.value.python_str(),
-                        expected: expected.value.python_str(),
-                    });
-                }
+                && !python_eq(&actual.value, &expected.value)
+            {
+                return Err(ComposeError::DeleteValueMismatch {
+                    key: key.into(),
+                    actual: actual.value.python_str(),
+                    expected: expected.value.python_str(),
+                });
+            }
             delete(cfg, key);
             Ok(())
         }
@@ -365,8 +481,20 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
             }
             update(cfg, key, value, true).map_err(|e| e.into_compose(o))
         }
-        OverrideKind::ForceAdd => update(cfg, key, value.unwrap_or_else(|| Node::new(Value::Null)), true).map_err(|e| e.into_compose(o)),
-        OverrideKind::Change => update(cfg, key, value.unwrap_or_else(|| Node::new(Value::Null)), false).map_err(|e| e.into_compose(o)),
+        OverrideKind::ForceAdd => update(
+            cfg,
+            key,
+            value.unwrap_or_else(|| Node::new(Value::Null)),
+            true,
+        )
+        .map_err(|e| e.into_compose(o)),
+        OverrideKind::Change => update(
+            cfg,
+            key,
+            value.unwrap_or_else(|| Node::new(Value::Null)),
+            false,
+        )
+        .map_err(|e| e.into_compose(o)),
     }
 }
 
@@ -380,8 +508,14 @@ enum UpdateError {
 impl UpdateError {
     fn into_compose(self, o: &Override) -> ComposeError {
         match self {
-            UpdateError::MissingKey => ComposeError::OverrideMissingKey { key: o.key_or_group.clone(), input: o.input.clone() },
-            UpdateError::Other(message) => ComposeError::MergeOverride { input: o.input.clone(), message },
+            UpdateError::MissingKey => ComposeError::OverrideMissingKey {
+                key: o.key_or_group.clone(),
+                input: o.input.clone(),
+            },
+            UpdateError::Other(message) => ComposeError::MergeOverride {
+                input: o.input.clone(),
+                message,
+            },
         }
     }
 }
@@ -389,7 +523,9 @@ impl UpdateError {
 /// OmegaConf.update(cfg, key, value, merge=True) under struct mode; `force_add` lifts struct mode.
 fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool) -> Result<(), UpdateError> {
     let parts = split_key(key);
-    let Some((last, path)) = parts.split_last() else { return Err(UpdateError::MissingKey) };
+    let Some((last, path)) = parts.split_last() else {
+        return Err(UpdateError::MissingKey);
+    };
     let mut root = cfg;
     for part in path {
         root = match &mut root.value {
@@ -406,9 +542,15 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool) -> Result<(),
                 child
             }
             Value::List(l) => {
-                let idx: usize = part.parse().map_err(|_| UpdateError::Other(format!("ListConfig indices must be integers or slices, not str: '{part}'")))?;
+                let idx: usize = part.parse().map_err(|_| {
+                    UpdateError::Other(format!(
+                        "ListConfig indices must be integers or slices, not str: '{part}'"
+                    ))
+                })?;
                 let len = l.len();
-                let child = l.get_mut(idx).ok_or_else(|| UpdateError::Other(format!("list index {idx} out of range (size {len})")))?;
+                let child = l.get_mut(idx).ok_or_else(|| {
+                    UpdateError::Other(format!("list index {idx} out of range (size {len})"))
+                })?;
                 if !child.value.is_container() {
                     *child = Node::empty_dict();
                 }
@@ -436,9 +578,15 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool) -> Result<(),
             }
         }
         Value::List(l) => {
-            let idx: usize = last.parse().map_err(|_| UpdateError::Other(format!("ListConfig indices must be integers or slices, not str: '{last}'")))?;
+            let idx: usize = last.parse().map_err(|_| {
+                UpdateError::Other(format!(
+                    "ListConfig indices must be integers or slices, not str: '{last}'"
+                ))
+            })?;
             let len = l.len();
-            let slot = l.get_mut(idx).ok_or_else(|| UpdateError::Other(format!("list index {idx} out of range (size {len})")))?;
+            let slot = l.get_mut(idx).ok_or_else(|| {
+                UpdateError::Other(format!("list index {idx} out of range (size {len})"))
+            })?;
             if slot.value.is_container() && value.value.is_container() {
                 return merge_struct(slot, value, force_add);
             }
@@ -471,7 +619,9 @@ fn check_struct(dest: &Node, src: &Node) -> Result<(), UpdateError> {
 
 fn delete(cfg: &mut Node, key: &str) {
     let parts = split_key(key);
-    let Some((last, path)) = parts.split_last() else { return };
+    let Some((last, path)) = parts.split_last() else {
+        return;
+    };
     let mut cur = cfg;
     for part in path {
         let next = match &mut cur.value {
@@ -507,9 +657,13 @@ fn has_null_key(node: &Node) -> bool {
 /// Python `==` between config values (`1 == 1.0`, `True == 1`).
 fn python_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| python_eq(&p.value, &q.value)),
+        (Value::List(x), Value::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| python_eq(&p.value, &q.value))
+        }
         (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| python_eq(&v.value, &w.value)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| python_eq(&v.value, &w.value)))
         }
         _ => crate::config::bigint::numbers_equal(a, b).unwrap_or_else(|| a == b),
     }
@@ -518,15 +672,24 @@ fn python_eq(a: &Value, b: &Value) -> bool {
 /// The jobs of a multirun (Hydra's BasicSweeper): the cartesian product of every sweep's values, in
 /// command-line order, each job getting every override as `key=value` (one value per sweep). A key given
 /// twice keeps its first position and its last value, as the sweeper's ordered dict does.
-pub fn sweep_combinations(repo: &Repository, overrides: &[String]) -> Result<Vec<Vec<String>>, ComposeError> {
+pub fn sweep_combinations(
+    repo: &Repository,
+    overrides: &[String],
+) -> Result<Vec<Vec<String>>, ComposeError> {
     let parsed = parse_overrides(overrides)?;
     let mut lists: indexmap::IndexMap<String, Vec<String>> = indexmap::IndexMap::new();
     for o in &parsed {
         let key = o.key_element();
         let items = match &o.value {
             Some(OverrideValue::Sweep(sweep)) => {
-                let options = repo.group_exists(&o.key_or_group).then(|| repo.group_options(&o.key_or_group, ObjectType::Config));
-                sweep.expand(options.as_deref())?.iter().map(|e| format!("{key}={}", e.to_override_text())).collect()
+                let options = repo
+                    .group_exists(&o.key_or_group)
+                    .then(|| repo.group_options(&o.key_or_group, ObjectType::Config));
+                sweep
+                    .expand(options.as_deref())?
+                    .iter()
+                    .map(|e| format!("{key}={}", e.to_override_text()))
+                    .collect()
             }
             Some(OverrideValue::Element(e)) => vec![format!("{key}={}", e.to_override_text())],
             None => vec![format!("{key}=null")],
@@ -558,11 +721,15 @@ mod tests {
             Node::new(match v {
                 serde_json::Value::Null => Value::Null,
                 serde_json::Value::Bool(b) => Value::Bool(b),
-                serde_json::Value::Number(n) => n.as_i64().map_or_else(|| Value::Float(n.as_f64().unwrap_or(0.0)), Value::Int),
+                serde_json::Value::Number(n) => n
+                    .as_i64()
+                    .map_or_else(|| Value::Float(n.as_f64().unwrap_or(0.0)), Value::Int),
                 serde_json::Value::String(s) if s == "???" => Value::Missing,
                 serde_json::Value::String(s) => Value::Str(s),
                 serde_json::Value::Array(a) => Value::List(a.into_iter().map(conv).collect()),
-                serde_json::Value::Object(o) => Value::Dict(o.into_iter().map(|(k, v)| (Key::Str(k), conv(v))).collect()),
+                serde_json::Value::Object(o) => {
+                    Value::Dict(o.into_iter().map(|(k, v)| (Key::Str(k), conv(v))).collect())
+                }
             })
         }
         conv(serde_json::from_str(json).unwrap_or(serde_json::Value::Null))
@@ -580,7 +747,11 @@ mod tests {
         };
         check(r#"{"x":1}"#, r#"{"x":"???"}"#, Ok(r#"{"x":1}"#));
         check(r#"{"x":"???"}"#, r#"{"x":{"a":1}}"#, Ok(r#"{"x":{"a":1}}"#));
-        check(r#"{"x":{"a":1,"b":2}}"#, r#"{"x":{"b":3,"c":4}}"#, Ok(r#"{"x":{"a":1,"b":3,"c":4}}"#));
+        check(
+            r#"{"x":{"a":1,"b":2}}"#,
+            r#"{"x":{"b":3,"c":4}}"#,
+            Ok(r#"{"x":{"a":1,"b":3,"c":4}}"#),
+        );
         check(r#"{"x":[1,2]}"#, r#"{"x":[3]}"#, Ok(r#"{"x":[3]}"#));
         check(r#"{"x":{"a":1}}"#, r#"{"x":null}"#, Ok(r#"{"x":null}"#));
         check(r#"{"x":[1]}"#, r#"{"x":{"a":1}}"#, Err(()));
@@ -595,8 +766,14 @@ mod tests {
     #[test]
     fn update_respects_struct_mode() {
         let mut cfg = node(r#"{"a":1,"nested":{"b":2}}"#);
-        assert!(matches!(update(&mut cfg, "x", node("1"), false), Err(UpdateError::MissingKey)));
-        assert!(matches!(update(&mut cfg, "nested", node(r#"{"c":1}"#), false), Err(UpdateError::MissingKey)));
+        assert!(matches!(
+            update(&mut cfg, "x", node("1"), false),
+            Err(UpdateError::MissingKey)
+        ));
+        assert!(matches!(
+            update(&mut cfg, "nested", node(r#"{"c":1}"#), false),
+            Err(UpdateError::MissingKey)
+        ));
         assert!(update(&mut cfg, "nested.b", node("5"), false).is_ok());
         assert!(update(&mut cfg, "x.y", node("1"), true).is_ok());
         assert_eq!(cfg, node(r#"{"a":1,"nested":{"b":5},"x":{"y":1}}"#));

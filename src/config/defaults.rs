@@ -18,16 +18,36 @@ use crate::config::search_path::{ObjectType, Repository, SearchPathError};
 pub enum DefaultsError {
     #[error("{0}")]
     SearchPath(#[from] SearchPathError),
-    #[error("Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}")]
-    MissingPrimary { config_path: String, search_path: String },
+    #[error(
+        "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}"
+    )]
+    MissingPrimary {
+        config_path: String,
+        search_path: String,
+    },
     #[error("{}{}{}", in_parent(parent), not_found_body(config_path, group.as_deref(), options), search_path)]
-    NotFound { parent: Option<String>, config_path: String, group: Option<String>, options: Vec<String>, search_path: String },
-    #[error("You must specify '{key}', e.g, {key}=<OPTION>\nAvailable options:\n{}", tab_list(options))]
+    NotFound {
+        parent: Option<String>,
+        config_path: String,
+        group: Option<String>,
+        options: Vec<String>,
+        search_path: String,
+    },
+    #[error(
+        "You must specify '{key}', e.g, {key}=<OPTION>\nAvailable options:\n{}",
+        tab_list(options)
+    )]
     MustSpecify { key: String, options: Vec<String> },
     #[error("Missing ConfigDefault is not supported : {path}")]
     MissingConfigDefault { path: String },
     #[error("{}", override_not_used(key, value, containing.as_deref(), choices, *external))]
-    OverrideNotUsed { key: String, value: String, containing: Option<String>, choices: Vec<String>, external: bool },
+    OverrideNotUsed {
+        key: String,
+        value: String,
+        containing: Option<String>,
+        choices: Vec<String>,
+        external: bool,
+    },
     #[error("Could not delete '{desc}'. No match in the defaults list")]
     DeletionNotUsed { desc: String },
     #[error("Multiple values for {key}. To override a value use 'override {key}: {prev}'")]
@@ -36,10 +56,24 @@ pub enum DefaultsError {
     DuplicateSelf { config_path: String },
     #[error("_self_@PACKAGE is not supported")]
     SelfWithPackage,
-    #[error("In {parent}: Override '{okey} : {oval}' is defined before '{key}: {name}'.\nOverrides must be at the end of the defaults list")]
-    OverrideNotLast { parent: String, okey: String, oval: String, key: String, name: String },
-    #[error("{parent}: Default List Overrides are not allowed in the subtree\nof an in interpolated config group (override {key}={name}).")]
-    OverrideInInterpolatedSubtree { parent: String, key: String, name: String },
+    #[error(
+        "In {parent}: Override '{okey} : {oval}' is defined before '{key}: {name}'.\nOverrides must be at the end of the defaults list"
+    )]
+    OverrideNotLast {
+        parent: String,
+        okey: String,
+        oval: String,
+        key: String,
+        name: String,
+    },
+    #[error(
+        "{parent}: Default List Overrides are not allowed in the subtree\nof an in interpolated config group (override {key}={name})."
+    )]
+    OverrideInInterpolatedSubtree {
+        parent: String,
+        key: String,
+        name: String,
+    },
     #[error("In '{path}': Defaults List interpolation is not supported in options list items")]
     InterpolationInOptions { path: String },
     #[error("Error resolving interpolation '{value}'{}", if keys.is_empty() { String::new() } else { format!(", possible interpolation keys: {}", keys.join(", ")) })]
@@ -69,34 +103,55 @@ pub enum DefaultsError {
 }
 
 fn in_parent(parent: &Option<String>) -> String {
-    parent.as_ref().map(|p| format!("In '{p}': ")).unwrap_or_default()
+    parent
+        .as_ref()
+        .map(|p| format!("In '{p}': "))
+        .unwrap_or_default()
 }
 
 fn tab_list(options: &[String]) -> String {
-    options.iter().map(|o| format!("\t{o}")).collect::<Vec<_>>().join("\n")
+    options
+        .iter()
+        .map(|o| format!("\t{o}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn not_found_body(config_path: &str, group: Option<&str>, options: &[String]) -> String {
     match group {
         Some(group) if !options.is_empty() => {
-            format!("Could not find '{config_path}'\n\nAvailable options in '{group}':\n{}", tab_list(options))
+            format!(
+                "Could not find '{config_path}'\n\nAvailable options in '{group}':\n{}",
+                tab_list(options)
+            )
         }
         Some(_) => format!("Could not find '{config_path}'\n"),
         None => format!("Could not load '{config_path}'.\n"),
     }
 }
 
-fn override_not_used(key: &str, value: &str, containing: Option<&str>, choices: &[String], external: bool) -> String {
+fn override_not_used(
+    key: &str,
+    value: &str,
+    containing: Option<&str>,
+    choices: &[String],
+    external: bool,
+) -> String {
     let mut msg = match choices {
         [] => format!("Could not override '{key}'. No match in the defaults list."),
         [one] => format!("Could not override '{key}'.\nDid you mean to override {one}?"),
-        many => format!("Could not override '{key}'.\nDid you mean to override one of {}?", many.join(", ")),
+        many => format!(
+            "Could not override '{key}'.\nDid you mean to override one of {}?",
+            many.join(", ")
+        ),
     };
     if let Some(path) = containing {
         msg = format!("In '{path}': {msg}");
     }
     if external {
-        msg.push_str(&format!("\nTo append to your default list use +{key}={value}"));
+        msg.push_str(&format!(
+            "\nTo append to your default list use +{key}={value}"
+        ));
     }
     msg
 }
@@ -114,7 +169,13 @@ impl GroupValue {
         match self {
             GroupValue::Name(Some(n)) => n.clone(),
             GroupValue::Name(None) => "None".into(),
-            GroupValue::Options(o) => format!("[{}]", o.iter().map(|x| format!("'{x}'")).collect::<Vec<_>>().join(", ")),
+            GroupValue::Options(o) => format!(
+                "[{}]",
+                o.iter()
+                    .map(|x| format!("'{x}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 }
@@ -127,7 +188,12 @@ pub enum DefaultKind {
     /// A config path (`db/mysql`, `_self_`, `/abs/path`).
     Config { path: String },
     /// A group default (`db: mysql`).
-    Group { group: String, value: GroupValue, is_override: bool, external_append: bool },
+    Group {
+        group: String,
+        value: GroupValue,
+        is_override: bool,
+        external_append: bool,
+    },
 }
 
 /// One element of a defaults list (Hydra's `InputDefault`).
@@ -147,18 +213,50 @@ impl InputDefault {
     fn new(kind: DefaultKind, package: Option<String>, optional: bool) -> InputDefault {
         // `_here_` means "the parent's package".
         let package = package.map(|p| if p == "_here_" { String::new() } else { p });
-        InputDefault { kind, package, parent_base_dir: None, parent_package: None, package_header: None, primary: false, optional, deleted: false }
+        InputDefault {
+            kind,
+            package,
+            parent_base_dir: None,
+            parent_package: None,
+            package_header: None,
+            primary: false,
+            optional,
+            deleted: false,
+        }
     }
 
-    pub fn config(path: &str, package: Option<String>, optional: bool) -> Result<InputDefault, DefaultsError> {
+    pub fn config(
+        path: &str,
+        package: Option<String>,
+        optional: bool,
+    ) -> Result<InputDefault, DefaultsError> {
         if path == "_self_" && package.is_some() {
             return Err(DefaultsError::SelfWithPackage);
         }
-        Ok(InputDefault::new(DefaultKind::Config { path: path.into() }, package, optional))
+        Ok(InputDefault::new(
+            DefaultKind::Config { path: path.into() },
+            package,
+            optional,
+        ))
     }
 
-    pub fn group(group: &str, value: GroupValue, package: Option<String>, optional: bool, is_override: bool) -> InputDefault {
-        InputDefault::new(DefaultKind::Group { group: group.into(), value, is_override, external_append: false }, package, optional)
+    pub fn group(
+        group: &str,
+        value: GroupValue,
+        package: Option<String>,
+        optional: bool,
+        is_override: bool,
+    ) -> InputDefault {
+        InputDefault::new(
+            DefaultKind::Group {
+                group: group.into(),
+                value,
+                is_override,
+                external_append: false,
+            },
+            package,
+            optional,
+        )
     }
 
     fn virtual_root() -> InputDefault {
@@ -172,17 +270,32 @@ impl InputDefault {
     pub fn is_self(&self) -> bool {
         match &self.kind {
             DefaultKind::Config { path } => path == "_self_",
-            DefaultKind::Group { value: GroupValue::Name(Some(n)), .. } => n == "_self_",
+            DefaultKind::Group {
+                value: GroupValue::Name(Some(n)),
+                ..
+            } => n == "_self_",
             _ => false,
         }
     }
 
     pub fn is_override(&self) -> bool {
-        matches!(self.kind, DefaultKind::Group { is_override: true, .. })
+        matches!(
+            self.kind,
+            DefaultKind::Group {
+                is_override: true,
+                ..
+            }
+        )
     }
 
     fn is_external_append(&self) -> bool {
-        matches!(self.kind, DefaultKind::Group { external_append: true, .. })
+        matches!(
+            self.kind,
+            DefaultKind::Group {
+                external_append: true,
+                ..
+            }
+        )
     }
 
     fn is_group(&self) -> bool {
@@ -197,10 +310,11 @@ impl InputDefault {
         self.parent_base_dir = parent_base_dir.map(str::to_owned);
         self.parent_package = parent_package.map(str::to_owned);
         if let Some(pkg) = &self.package
-            && pkg.contains("_group_") {
-                let resolved = pkg.replace("_group_", &self.default_package());
-                self.package = Some(format!("_global_.{resolved}"));
-            }
+            && pkg.contains("_group_")
+        {
+            let resolved = pkg.replace("_group_", &self.default_package());
+            self.package = Some(format!("_global_.{resolved}"));
+        }
     }
 
     /// The group this element belongs to, relative to the config tree root.
@@ -220,7 +334,11 @@ impl InputDefault {
             }
             DefaultKind::Group { group, .. } => {
                 let (group, absolute) = strip_abs(group);
-                if absolute || self.base_dir().is_empty() { group.to_owned() } else { format!("{}/{group}", self.base_dir()) }
+                if absolute || self.base_dir().is_empty() {
+                    group.to_owned()
+                } else {
+                    format!("{}/{group}", self.base_dir())
+                }
             }
         }
     }
@@ -229,9 +347,19 @@ impl InputDefault {
     pub fn name(&self) -> Option<String> {
         match &self.kind {
             DefaultKind::Virtual => None,
-            DefaultKind::Config { path } => Some(path.rfind('/').map_or(path.as_str(), |idx| &path[idx + 1..]).to_owned()),
-            DefaultKind::Group { value: GroupValue::Name(n), .. } => n.clone(),
-            DefaultKind::Group { value: GroupValue::Options(_), .. } => None,
+            DefaultKind::Config { path } => Some(
+                path.rfind('/')
+                    .map_or(path.as_str(), |idx| &path[idx + 1..])
+                    .to_owned(),
+            ),
+            DefaultKind::Group {
+                value: GroupValue::Name(n),
+                ..
+            } => n.clone(),
+            DefaultKind::Group {
+                value: GroupValue::Options(_),
+                ..
+            } => None,
         }
     }
 
@@ -240,10 +368,18 @@ impl InputDefault {
             DefaultKind::Virtual => "<root>".into(),
             DefaultKind::Config { path } => {
                 let (path, absolute) = strip_abs(path);
-                if absolute || self.base_dir().is_empty() { path.to_owned() } else { format!("{}/{path}", self.base_dir()) }
+                if absolute || self.base_dir().is_empty() {
+                    path.to_owned()
+                } else {
+                    format!("{}/{path}", self.base_dir())
+                }
             }
             DefaultKind::Group { .. } => {
-                format!("{}/{}", self.group_path(), self.name().unwrap_or_else(|| "None".into()))
+                format!(
+                    "{}/{}",
+                    self.group_path(),
+                    self.name().unwrap_or_else(|| "None".into())
+                )
             }
         }
     }
@@ -264,21 +400,31 @@ impl InputDefault {
     }
 
     fn get_package(&self, default_to_header: bool) -> Option<String> {
-        if self.package.is_none() && default_to_header { self.package_header.clone() } else { self.package.clone() }
+        if self.package.is_none() && default_to_header {
+            self.package_header.clone()
+        } else {
+            self.package.clone()
+        }
     }
 
     /// The package this element's config is merged into (`db`, `hydra.launcher`, empty for global).
     pub fn final_package(&self, default_to_header: bool) -> String {
         let name = match &self.kind {
-            DefaultKind::Group { value: GroupValue::Options(_), .. } => None,
+            DefaultKind::Group {
+                value: GroupValue::Options(_),
+                ..
+            } => None,
             _ => self.name(),
         };
         let parent_package = self.parent_package.as_deref().unwrap_or("");
-        let mut package = self.get_package(default_to_header).unwrap_or_else(|| self.relative_group_path().replace('/', "."));
+        let mut package = self
+            .get_package(default_to_header)
+            .unwrap_or_else(|| self.relative_group_path().replace('/', "."));
         if let Some(name) = name
-            && package.contains("_name_") {
-                package = package.replace("_name_", &name);
-            }
+            && package.contains("_name_")
+        {
+            package = package.replace("_name_", &name);
+        }
         let joined = if parent_package.is_empty() {
             package
         } else if package.is_empty() {
@@ -288,7 +434,10 @@ impl InputDefault {
         };
         match joined.rfind("_global_") {
             None => joined,
-            Some(idx) => joined.get(idx + "_global_".len() + 1..).unwrap_or("").to_owned(),
+            Some(idx) => joined
+                .get(idx + "_global_".len() + 1..)
+                .unwrap_or("")
+                .to_owned(),
         }
     }
 
@@ -325,7 +474,10 @@ impl InputDefault {
     fn is_interpolation(&self) -> bool {
         match &self.kind {
             DefaultKind::Config { .. } => is_interpolation(&self.config_path()),
-            DefaultKind::Group { value: GroupValue::Name(Some(n)), .. } => is_interpolation(n),
+            DefaultKind::Group {
+                value: GroupValue::Name(Some(n)),
+                ..
+            } => is_interpolation(n),
             _ => false,
         }
     }
@@ -333,7 +485,10 @@ impl InputDefault {
     fn is_missing(&self) -> bool {
         match &self.kind {
             DefaultKind::Config { .. } => self.name().as_deref() == Some("???"),
-            DefaultKind::Group { value: GroupValue::Name(Some(n)), .. } => n == "???",
+            DefaultKind::Group {
+                value: GroupValue::Name(Some(n)),
+                ..
+            } => n == "???",
             _ => false,
         }
     }
@@ -341,7 +496,11 @@ impl InputDefault {
     /// How `--info defaults-tree` shows the element.
     pub fn tree_label(&self) -> String {
         match &self.kind {
-            DefaultKind::Group { .. } => format!("{}: {}", self.override_key(), self.name().unwrap_or_else(|| "null".into())),
+            DefaultKind::Group { .. } => format!(
+                "{}: {}",
+                self.override_key(),
+                self.name().unwrap_or_else(|| "null".into())
+            ),
             _ => self.config_path(),
         }
     }
@@ -427,21 +586,43 @@ impl Overrides {
         let mut meta = IndexMap::new();
         for (key, value) in &input.choices {
             choices.insert(key.clone(), value.clone());
-            meta.insert(key.clone(), OverrideMeta { external: true, containing: None, used: false });
+            meta.insert(
+                key.clone(),
+                OverrideMeta {
+                    external: true,
+                    containing: None,
+                    used: false,
+                },
+            );
         }
         let appends = input
             .appends
             .iter()
             .map(|(group, package, value)| {
-                let mut d = InputDefault::group(group, value.clone(), package.clone(), false, false);
-                if let DefaultKind::Group { external_append, .. } = &mut d.kind {
+                let mut d =
+                    InputDefault::group(group, value.clone(), package.clone(), false, false);
+                if let DefaultKind::Group {
+                    external_append, ..
+                } = &mut d.kind
+                {
                     *external_append = true;
                 }
                 d
             })
             .collect();
-        let deletions = input.deletions.iter().map(|(k, v)| (k.clone(), (v.clone(), false))).collect();
-        Overrides { choices, meta, appends, known_choices: IndexMap::new(), known_per_group: HashMap::new(), deletions }
+        let deletions = input
+            .deletions
+            .iter()
+            .map(|(k, v)| (k.clone(), (v.clone(), false)))
+            .collect();
+        Overrides {
+            choices,
+            meta,
+            appends,
+            known_choices: IndexMap::new(),
+            known_per_group: HashMap::new(),
+            deletions,
+        }
     }
 
     fn add_override(&mut self, parent_config_path: &str, d: &InputDefault) {
@@ -451,7 +632,14 @@ impl Overrides {
         }
         if let DefaultKind::Group { value, .. } = &d.kind {
             self.choices.insert(key.clone(), value.clone());
-            self.meta.insert(key, OverrideMeta { external: false, containing: Some(parent_config_path.into()), used: false });
+            self.meta.insert(
+                key,
+                OverrideMeta {
+                    external: false,
+                    containing: Some(parent_config_path.into()),
+                    used: false,
+                },
+            );
         }
     }
 
@@ -482,11 +670,17 @@ impl Overrides {
                 self.known_choices.insert(key.clone(), name);
             }
             Some(prev) if *prev != name => {
-                return Err(DefaultsError::MultipleValues { key, prev: prev.clone().unwrap_or_else(|| "None".into()) });
+                return Err(DefaultsError::MultipleValues {
+                    key,
+                    prev: prev.clone().unwrap_or_else(|| "None".into()),
+                });
             }
             Some(_) => {}
         }
-        self.known_per_group.entry(d.group_path()).or_default().insert(key);
+        self.known_per_group
+            .entry(d.group_path())
+            .or_default()
+            .insert(key);
         Ok(())
     }
 
@@ -514,8 +708,16 @@ impl Overrides {
                 continue;
             }
             let group = key.split('@').next().unwrap_or(key);
-            let choices: Vec<String> = self.known_per_group.get(group).map(|s| s.iter().cloned().collect()).unwrap_or_default();
-            let value = self.choices.get(key).map(GroupValue::python_str).unwrap_or_default();
+            let choices: Vec<String> = self
+                .known_per_group
+                .get(group)
+                .map(|s| s.iter().cloned().collect())
+                .unwrap_or_default();
+            let value = self
+                .choices
+                .get(key)
+                .map(GroupValue::python_str)
+                .unwrap_or_default();
             return Err(DefaultsError::OverrideNotUsed {
                 key: key.clone(),
                 value,
@@ -539,11 +741,23 @@ impl Overrides {
 
 /// Parse the `defaults` entry of a loaded config into elements (Hydra's `_create_defaults_list`).
 pub fn parse_defaults(config_path: &str, root: &Node) -> Result<Vec<InputDefault>, DefaultsError> {
-    let Some(raw) = root.get("defaults") else { return Ok(Vec::new()) };
+    let Some(raw) = root.get("defaults") else {
+        return Ok(Vec::new());
+    };
     let items = match &raw.value {
         Value::List(items) => items,
-        Value::Dict(_) => return Err(DefaultsError::NotAList { config_path: config_path.into(), got: "mapping".into() }),
-        other => return Err(DefaultsError::NotAList { config_path: config_path.into(), got: python_type(other).into() }),
+        Value::Dict(_) => {
+            return Err(DefaultsError::NotAList {
+                config_path: config_path.into(),
+                got: "mapping".into(),
+            });
+        }
+        other => {
+            return Err(DefaultsError::NotAList {
+                config_path: config_path.into(),
+                got: python_type(other).into(),
+            });
+        }
     };
     let mut out = Vec::with_capacity(items.len());
     for item in items {
@@ -563,14 +777,27 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
             // version_base 1.1: `optional: true` beside the group key is the legacy spelling of `optional`.
             let mut legacy_optional = None;
             if entries.len() > 1
-                && let Some(pos) = entries.iter().position(|(k, _)| k.as_str() == Some("optional")) {
-                    legacy_optional = Some(matches!(entries[pos].1.value, Value::Bool(true)));
-                    entries.remove(pos);
-                }
+                && let Some(pos) = entries
+                    .iter()
+                    .position(|(k, _)| k.as_str() == Some("optional"))
+            {
+                legacy_optional = Some(matches!(entries[pos].1.value, Value::Bool(true)));
+                entries.remove(pos);
+            }
             let (key, node) = match entries.as_slice() {
-                [] => return Err(DefaultsError::MissingGroupName { config_path: config_path.into(), item: Value::python_repr(&item.value) }),
+                [] => {
+                    return Err(DefaultsError::MissingGroupName {
+                        config_path: config_path.into(),
+                        item: Value::python_repr(&item.value),
+                    });
+                }
                 [one] => *one,
-                _ => return Err(DefaultsError::TooManyKeys { config_path: config_path.into(), item: Value::python_repr(&item.value) }),
+                _ => {
+                    return Err(DefaultsError::TooManyKeys {
+                        config_path: config_path.into(),
+                        item: Value::python_repr(&item.value),
+                    });
+                }
             };
             let key = key.to_string();
             let (group_with_keywords, package) = split_group(&key);
@@ -596,16 +823,32 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                     for v in items {
                         match &v.value {
                             Value::Str(s) => names.push(s.clone()),
-                            other => return Err(DefaultsError::UnsupportedNestedValue { type_name: python_type(other).into() }),
+                            other => {
+                                return Err(DefaultsError::UnsupportedNestedValue {
+                                    type_name: python_type(other).into(),
+                                });
+                            }
                         }
                     }
                     GroupValue::Options(names)
                 }
-                other => return Err(DefaultsError::UnsupportedItemValue { type_name: python_type(other).into() }),
+                other => {
+                    return Err(DefaultsError::UnsupportedItemValue {
+                        type_name: python_type(other).into(),
+                    });
+                }
             };
-            Ok(InputDefault::group(group, value, package, optional, is_override))
+            Ok(InputDefault::group(
+                group,
+                value,
+                package,
+                optional,
+                is_override,
+            ))
         }
-        other => Err(DefaultsError::UnsupportedItemType { type_name: python_type(other).into() }),
+        other => Err(DefaultsError::UnsupportedItemType {
+            type_name: python_type(other).into(),
+        }),
     }
 }
 
@@ -639,13 +882,21 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn search_path_dump(&self) -> String {
-        let lines: Vec<String> = self.repo.sources().iter().map(|s| format!("\t{}", s.describe())).collect();
+        let lines: Vec<String> = self
+            .repo
+            .sources()
+            .iter()
+            .map(|s| format!("\t{}", s.describe()))
+            .collect();
         format!("\nConfig search path:\n{}", lines.join("\n"))
     }
 
     fn not_found(&self, node: &InputDefault, parent: Option<&str>) -> DefaultsError {
         if node.primary {
-            return DefaultsError::MissingPrimary { config_path: node.config_path(), search_path: self.search_path_dump() };
+            return DefaultsError::MissingPrimary {
+                config_path: node.config_path(),
+                search_path: self.search_path_dump(),
+            };
         }
         let (group, options) = if node.is_group() {
             let group = node.group_path();
@@ -664,14 +915,28 @@ impl Builder<'_> {
     }
 
     fn expand_virtual_root(&mut self, mut root: TreeNode) -> Result<TreeNode, DefaultsError> {
-        let Some(children) = root.children.take() else { return Ok(root) };
+        let Some(children) = root.children.take() else {
+            return Ok(root);
+        };
         let mut out = Vec::with_capacity(children.len());
         for child in children.into_iter().rev() {
             let Child::Leaf(mut d) = child else { continue };
             d.update_parent(Some(""), Some(""));
             let primary = d.primary;
-            let subtree = self.build(TreeNode { node: d, children: None }, Some("<root>"), primary, false)?;
-            out.push(if subtree.children.is_none() { Child::Leaf(subtree.node) } else { Child::Tree(subtree) });
+            let subtree = self.build(
+                TreeNode {
+                    node: d,
+                    children: None,
+                },
+                Some("<root>"),
+                primary,
+                false,
+            )?;
+            out.push(if subtree.children.is_none() {
+                Child::Leaf(subtree.node)
+            } else {
+                Child::Tree(subtree)
+            });
         }
         out.reverse();
         root.children = Some(out);
@@ -679,12 +944,20 @@ impl Builder<'_> {
     }
 
     /// Hydra's `_create_defaults_tree_impl`, refusing a config that (indirectly) includes itself.
-    fn build(&mut self, root: TreeNode, parent_path: Option<&str>, is_root_config: bool, interpolated: bool) -> Result<TreeNode, DefaultsError> {
+    fn build(
+        &mut self,
+        root: TreeNode,
+        parent_path: Option<&str>,
+        is_root_config: bool,
+        interpolated: bool,
+    ) -> Result<TreeNode, DefaultsError> {
         let path = root.node.config_path();
         if !root.node.is_virtual() && self.ancestors.contains(&path) {
             let mut chain = self.ancestors.clone();
             chain.push(path);
-            return Err(DefaultsError::Cycle { chain: chain.join(" -> ") });
+            return Err(DefaultsError::Cycle {
+                chain: chain.join(" -> "),
+            });
         }
         self.ancestors.push(path);
         let result = self.build_node(root, parent_path, is_root_config, interpolated);
@@ -693,9 +966,19 @@ impl Builder<'_> {
     }
 
     /// Hydra's `_create_defaults_tree_impl`. `parent_path` is the config path of the tree node above `root`.
-    fn build_node(&mut self, mut root: TreeNode, parent_path: Option<&str>, is_root_config: bool, interpolated: bool) -> Result<TreeNode, DefaultsError> {
+    fn build_node(
+        &mut self,
+        mut root: TreeNode,
+        parent_path: Option<&str>,
+        is_root_config: bool,
+        interpolated: bool,
+    ) -> Result<TreeNode, DefaultsError> {
         if root.node.is_virtual() {
-            return if is_root_config { self.expand_virtual_root(root) } else { Ok(root) };
+            return if is_root_config {
+                self.expand_virtual_root(root)
+            } else {
+                Ok(root)
+            };
         }
         if is_root_config {
             root.node.update_parent(Some(""), Some(""));
@@ -704,11 +987,13 @@ impl Builder<'_> {
             }
         }
         // The package header (`# @package`) of the config this element points at.
-        if !root.node.is_missing() && root.node.name().is_some()
-            && let Some(loaded) = self.repo.load(&root.node.config_path())? {
-                let header = loaded.header_package.clone();
-                root.node.set_package_header(header.as_deref());
-            }
+        if !root.node.is_missing()
+            && root.node.name().is_some()
+            && let Some(loaded) = self.repo.load(&root.node.config_path())?
+        {
+            let header = loaded.header_package.clone();
+            root.node.set_package_header(header.as_deref());
+        }
         if self.overrides.is_deleted(&root.node) {
             self.overrides.delete(&mut root.node);
             return Ok(root);
@@ -722,10 +1007,17 @@ impl Builder<'_> {
                 return Ok(root);
             }
             if root.node.is_group() {
-                let options = self.repo.group_options(&root.node.group_path(), ObjectType::Config);
-                return Err(DefaultsError::MustSpecify { key: root.node.override_key(), options });
+                let options = self
+                    .repo
+                    .group_options(&root.node.group_path(), ObjectType::Config);
+                return Err(DefaultsError::MustSpecify {
+                    key: root.node.override_key(),
+                    options,
+                });
             }
-            return Err(DefaultsError::MissingConfigDefault { path: root.node.config_path() });
+            return Err(DefaultsError::MissingConfigDefault {
+                path: root.node.config_path(),
+            });
         }
         let path = root.node.config_path();
         let Some(loaded) = self.repo.load(&path)? else {
@@ -763,12 +1055,21 @@ impl Builder<'_> {
             if self.overrides.is_overridden(d) {
                 self.overrides.override_default_option(d);
             }
-            if let DefaultKind::Group { group, value: GroupValue::Options(options), .. } = &d.kind {
+            if let DefaultKind::Group {
+                group,
+                value: GroupValue::Options(options),
+                ..
+            } = &d.kind
+            {
                 for item in options.iter().rev() {
                     if item.contains("${") {
                         return Err(DefaultsError::InterpolationInOptions { path: path.clone() });
                     }
-                    let mut node = InputDefault::config(&format!("{group}/{item}"), d.package.clone(), d.optional)?;
+                    let mut node = InputDefault::config(
+                        &format!("{group}/{item}"),
+                        d.package.clone(),
+                        d.optional,
+                    )?;
                     node.update_parent(Some(&parent_group), Some(&parent_package));
                     self.add_child(&mut children, node, &path, interpolated)?;
                 }
@@ -789,8 +1090,20 @@ impl Builder<'_> {
             let mut dd = dd.clone();
             resolve_element_interpolation(&mut dd, &choices)?;
             dd.update_parent(Some(&parent_group), Some(&parent_package));
-            let subtree = self.build(TreeNode { node: dd, children: None }, Some(&path), false, true)?;
-            *child = if subtree.children.is_none() { Child::Leaf(subtree.node) } else { Child::Tree(subtree) };
+            let subtree = self.build(
+                TreeNode {
+                    node: dd,
+                    children: None,
+                },
+                Some(&path),
+                false,
+                true,
+            )?;
+            *child = if subtree.children.is_none() {
+                Child::Leaf(subtree.node)
+            } else {
+                Child::Tree(subtree)
+            };
         }
         if !children.is_empty() {
             children.reverse();
@@ -799,13 +1112,36 @@ impl Builder<'_> {
         Ok(root)
     }
 
-    fn add_child(&mut self, children: &mut Vec<Child>, node: InputDefault, parent_path: &str, interpolated: bool) -> Result<(), DefaultsError> {
-        let subtree = self.build(TreeNode { node, children: None }, Some(parent_path), false, interpolated)?;
-        children.push(if subtree.children.is_none() { Child::Leaf(subtree.node) } else { Child::Tree(subtree) });
+    fn add_child(
+        &mut self,
+        children: &mut Vec<Child>,
+        node: InputDefault,
+        parent_path: &str,
+        interpolated: bool,
+    ) -> Result<(), DefaultsError> {
+        let subtree = self.build(
+            TreeNode {
+                node,
+                children: None,
+            },
+            Some(parent_path),
+            false,
+            interpolated,
+        )?;
+        children.push(if subtree.children.is_none() {
+            Child::Leaf(subtree.node)
+        } else {
+            Child::Tree(subtree)
+        });
         Ok(())
     }
 
-    fn update_overrides(&mut self, defaults: &mut [InputDefault], parent: &InputDefault, interpolated: bool) -> Result<(), DefaultsError> {
+    fn update_overrides(
+        &mut self,
+        defaults: &mut [InputDefault],
+        parent: &InputDefault,
+        interpolated: bool,
+    ) -> Result<(), DefaultsError> {
         let parent_group = parent.group_path();
         let parent_package = parent.final_package(true);
         let mut seen_override = false;
@@ -817,12 +1153,16 @@ impl Builder<'_> {
             d.update_parent(Some(&parent_group), Some(&parent_package));
             // version_base 1.1: a `hydra/...` group default without `override` still acts as an override.
             let legacy_hydra_override = matches!(&d.kind, DefaultKind::Group { group, is_override: false, .. } if group.starts_with("hydra/"));
-            if seen_override && !(d.is_override() || d.is_external_append() || legacy_hydra_override) {
+            if seen_override
+                && !(d.is_override() || d.is_external_append() || legacy_hydra_override)
+            {
                 let last = last_override.as_ref();
                 return Err(DefaultsError::OverrideNotLast {
                     parent: parent.config_path(),
                     okey: last.map(InputDefault::override_key).unwrap_or_default(),
-                    oval: last.and_then(InputDefault::name).unwrap_or_else(|| "None".into()),
+                    oval: last
+                        .and_then(InputDefault::name)
+                        .unwrap_or_else(|| "None".into()),
                     key: d.override_key(),
                     name: d.name().unwrap_or_else(|| "None".into()),
                 });
@@ -854,7 +1194,10 @@ impl Builder<'_> {
     fn interpolation_map(&self, defaults: &[InputDefault], self_added: bool) -> Node {
         let mut map = Dict::new();
         for (key, value) in &self.overrides.known_choices {
-            map.insert(Key::from(key.as_str()), Node::new(value.clone().map_or(Value::Null, Value::Str)));
+            map.insert(
+                Key::from(key.as_str()),
+                Node::new(value.clone().map_or(Value::Null, Value::Str)),
+            );
         }
         let mut list = Vec::new();
         for d in defaults {
@@ -866,7 +1209,9 @@ impl Builder<'_> {
                 DefaultKind::Group { value, .. } => {
                     let value = match value {
                         GroupValue::Name(n) => n.clone().map_or(Value::Null, Value::Str),
-                        GroupValue::Options(o) => Value::List(o.iter().map(|x| Node::str(x.clone())).collect()),
+                        GroupValue::Options(o) => {
+                            Value::List(o.iter().map(|x| Node::str(x.clone())).collect())
+                        }
                     };
                     let mut entry = Dict::new();
                     entry.insert(Key::from(d.override_key()), Node::new(value));
@@ -882,7 +1227,10 @@ impl Builder<'_> {
 
 /// `_self_` must appear at most once; when absent it is appended (after the group defaults).
 /// Returns true if it was added.
-fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) -> Result<bool, DefaultsError> {
+fn validate_self(
+    containing: &InputDefault,
+    defaults: &mut Vec<InputDefault>,
+) -> Result<bool, DefaultsError> {
     let mut has_self = false;
     let mut has_non_override = false;
     for d in defaults.iter() {
@@ -891,7 +1239,9 @@ fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) ->
         }
         if d.is_self() {
             if has_self {
-                return Err(DefaultsError::DuplicateSelf { config_path: containing.config_path() });
+                return Err(DefaultsError::DuplicateSelf {
+                    config_path: containing.config_path(),
+                });
             }
             has_self = true;
         }
@@ -904,19 +1254,35 @@ fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) ->
 
 /// Resolve `${choice}` references of a defaults element against the choices known so far (Hydra resolves
 /// the element as a value whose parent is a config of the known choices plus a `defaults` list).
-fn resolve_element_interpolation(d: &mut InputDefault, choices: &Node) -> Result<(), DefaultsError> {
+fn resolve_element_interpolation(
+    d: &mut InputDefault,
+    choices: &Node,
+) -> Result<(), DefaultsError> {
     let template = match &d.kind {
         DefaultKind::Config { .. } => d.config_path(),
-        DefaultKind::Group { value: GroupValue::Name(Some(n)), .. } => n.clone(),
+        DefaultKind::Group {
+            value: GroupValue::Name(Some(n)),
+            ..
+        } => n.clone(),
         _ => return Ok(()),
     };
-    let resolved = interpolate::resolve_str(&template, choices, &ResolveContext::new()).map_err(|_| {
-        let keys = choices
-            .as_dict()
-            .map(|d| d.keys().filter_map(Key::as_str).filter(|k| *k != "defaults").map(str::to_owned).collect())
-            .unwrap_or_default();
-        DefaultsError::Interpolation { value: template.clone(), keys }
-    })?;
+    let resolved =
+        interpolate::resolve_str(&template, choices, &ResolveContext::new()).map_err(|_| {
+            let keys = choices
+                .as_dict()
+                .map(|d| {
+                    d.keys()
+                        .filter_map(Key::as_str)
+                        .filter(|k| *k != "defaults")
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            DefaultsError::Interpolation {
+                value: template.clone(),
+                keys,
+            }
+        })?;
     let resolved = match resolved.value {
         Value::Str(s) => s,
         other => other.python_str(),
@@ -942,23 +1308,39 @@ pub fn create_defaults_list(
     primary.primary = true;
     let root = if with_hydra {
         let hydra = InputDefault::config("hydra/config", None, false)?;
-        TreeNode { node: InputDefault::virtual_root(), children: Some(vec![Child::Leaf(hydra), Child::Leaf(primary)]) }
+        TreeNode {
+            node: InputDefault::virtual_root(),
+            children: Some(vec![Child::Leaf(hydra), Child::Leaf(primary)]),
+        }
     } else {
-        TreeNode { node: primary, children: None }
+        TreeNode {
+            node: primary,
+            children: None,
+        }
     };
-    let mut builder = Builder { repo, overrides: Overrides::new(overrides), skip_missing, ancestors: Vec::new() };
+    let mut builder = Builder {
+        repo,
+        overrides: Overrides::new(overrides),
+        skip_missing,
+        ancestors: Vec::new(),
+    };
     let tree = builder.build(root, None, true, false)?;
     let mut defaults = Vec::new();
     collect(&tree, None, &mut defaults);
     let mut seen = BTreeSet::new();
     for d in &defaults {
         if let (false, Some(key)) = (d.is_self, &d.override_key)
-            && !seen.insert(key.clone()) {
-                return Err(DefaultsError::Duplicate { key: key.clone() });
-            }
+            && !seen.insert(key.clone())
+        {
+            return Err(DefaultsError::Duplicate { key: key.clone() });
+        }
     }
     builder.overrides.ensure_used()?;
-    Ok(DefaultsList { defaults, tree, known_choices: builder.overrides.known_choices })
+    Ok(DefaultsList {
+        defaults,
+        tree,
+        known_choices: builder.overrides.known_choices,
+    })
 }
 
 /// Depth-first flattening (Hydra's `_tree_to_list`). `parent` is the config path of the node above `tree`.
@@ -978,7 +1360,13 @@ fn collect(tree: &TreeNode, parent: Option<&str>, out: &mut Vec<ResultDefault>) 
 }
 
 /// One flattened entry. `containing` is the tree node a `_self_` belongs to; `containing_parent` its parent.
-fn push_result(containing: Option<&TreeNode>, parent: Option<&str>, containing_parent: Option<&str>, node: &InputDefault, out: &mut Vec<ResultDefault>) {
+fn push_result(
+    containing: Option<&TreeNode>,
+    parent: Option<&str>,
+    containing_parent: Option<&str>,
+    node: &InputDefault,
+    out: &mut Vec<ResultDefault>,
+) {
     if node.deleted || node.is_missing() || node.is_virtual() || node.name().is_none() {
         return;
     }
@@ -1008,7 +1396,13 @@ mod tests {
     use super::*;
 
     fn group(group: &str, value: &str, package: Option<&str>) -> InputDefault {
-        InputDefault::group(group, GroupValue::Name(Some(value.into())), package.map(str::to_owned), false, false)
+        InputDefault::group(
+            group,
+            GroupValue::Name(Some(value.into())),
+            package.map(str::to_owned),
+            false,
+            false,
+        )
     }
 
     #[test]
@@ -1020,12 +1414,48 @@ mod tests {
             assert_eq!(d.override_key(), want_key, "{d:?}");
         };
         check(group("db", "mysql", None), "", "", "db", "db");
-        check(group("db", "mysql", Some("backup")), "", "", "backup", "db@backup");
-        check(group("db", "mysql", Some("_global_")), "", "", "", "db@_global_");
-        check(group("db", "mysql", Some("_here_")), "", "", "", "db@_global_");
-        check(group("group2", "file1", None), "group1", "group1", "group1.group2", "group1/group2");
-        check(group("/db", "mysql", None), "group1", "group1", "group1.db", "db@group1.db");
-        check(group("output", "default", None), "hydra", "hydra", "hydra.output", "hydra/output");
+        check(
+            group("db", "mysql", Some("backup")),
+            "",
+            "",
+            "backup",
+            "db@backup",
+        );
+        check(
+            group("db", "mysql", Some("_global_")),
+            "",
+            "",
+            "",
+            "db@_global_",
+        );
+        check(
+            group("db", "mysql", Some("_here_")),
+            "",
+            "",
+            "",
+            "db@_global_",
+        );
+        check(
+            group("group2", "file1", None),
+            "group1",
+            "group1",
+            "group1.group2",
+            "group1/group2",
+        );
+        check(
+            group("/db", "mysql", None),
+            "group1",
+            "group1",
+            "group1.db",
+            "db@group1.db",
+        );
+        check(
+            group("output", "default", None),
+            "hydra",
+            "hydra",
+            "hydra.output",
+            "hydra/output",
+        );
     }
 
     #[test]
@@ -1044,10 +1474,29 @@ mod tests {
         };
         let mut dict = crate::config::node::Dict::new();
         dict.insert(Key::from("override db@backup"), Node::str("mysql"));
-        check(Node::new(Value::Dict(dict)), InputDefault::group("db", GroupValue::Name(Some("mysql".into())), Some("backup".into()), false, true));
-        check(Node::str("db/mysql@pkg"), InputDefault::config("db/mysql", Some("pkg".into()), false).ok().unwrap_or_else(|| unreachable!()));
-        assert!(matches!(parse_item("cfg", &Node::str("_self_@x")), Err(DefaultsError::SelfWithPackage)));
-        assert!(matches!(parse_item("cfg", &Node::new(Value::Int(1))), Err(DefaultsError::UnsupportedItemType { .. })));
+        check(
+            Node::new(Value::Dict(dict)),
+            InputDefault::group(
+                "db",
+                GroupValue::Name(Some("mysql".into())),
+                Some("backup".into()),
+                false,
+                true,
+            ),
+        );
+        check(
+            Node::str("db/mysql@pkg"),
+            InputDefault::config("db/mysql", Some("pkg".into()), false)
+                .ok()
+                .unwrap_or_else(|| unreachable!()),
+        );
+        assert!(matches!(
+            parse_item("cfg", &Node::str("_self_@x")),
+            Err(DefaultsError::SelfWithPackage)
+        ));
+        assert!(matches!(
+            parse_item("cfg", &Node::new(Value::Int(1))),
+            Err(DefaultsError::UnsupportedItemType { .. })
+        ));
     }
-
 }

@@ -30,7 +30,9 @@ fn dict_at<'n>(root: &'n mut Node, path: &[&str]) -> Option<&'n mut Dict> {
     let mut cur = root;
     for part in path {
         let dict = cur.as_dict_mut()?;
-        cur = dict.entry(Key::from(*part)).or_insert_with(Node::empty_dict);
+        cur = dict
+            .entry(Key::from(*part))
+            .or_insert_with(Node::empty_dict);
         if !cur.value.is_container() {
             *cur = Node::empty_dict();
         }
@@ -52,7 +54,9 @@ fn str_list(items: impl IntoIterator<Item = String>) -> Value {
 pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
     let append = |cfg: &mut Node, which: &str, items: Vec<String>| {
         if let Some(dict) = dict_at(cfg, &["hydra", "overrides"]) {
-            let slot = dict.entry(Key::from(which)).or_insert_with(|| Node::new(Value::List(Vec::new())));
+            let slot = dict
+                .entry(Key::from(which))
+                .or_insert_with(|| Node::new(Value::List(Vec::new())));
             if let Value::List(list) = &mut slot.value {
                 list.extend(items.into_iter().map(Node::str));
             } else {
@@ -61,7 +65,14 @@ pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
         }
     };
     append(cfg, "hydra", info.hydra_overrides.clone());
-    append(cfg, "task", info.task_overrides.iter().map(|(_, input)| input.clone()).collect());
+    append(
+        cfg,
+        "task",
+        info.task_overrides
+            .iter()
+            .map(|(_, input)| input.clone())
+            .collect(),
+    );
 
     if let Some(choices) = dict_at(cfg, &["hydra", "runtime", "choices"]) {
         for (key, value) in info.choices {
@@ -72,7 +83,11 @@ pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
     let env_copy: Vec<String> = cfg
         .get_path("hydra.job.env_copy")
         .and_then(Node::as_list)
-        .map(|l| l.iter().filter_map(|n| n.as_str().map(str::to_owned)).collect())
+        .map(|l| {
+            l.iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
     if let Some(env_set) = dict_at(cfg, &["hydra", "job", "env_set"]) {
         for key in env_copy {
@@ -81,9 +96,21 @@ pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
             }
         }
     }
-    set(cfg, &["hydra", "runtime"], "version", Value::Str(HYDRA_VERSION.into()));
-    set(cfg, &["hydra", "runtime"], "version_base", Value::Str(VERSION_BASE.into()));
-    let cwd = std::env::current_dir().map(|p| p.display().to_string()).unwrap_or_default();
+    set(
+        cfg,
+        &["hydra", "runtime"],
+        "version",
+        Value::Str(HYDRA_VERSION.into()),
+    );
+    set(
+        cfg,
+        &["hydra", "runtime"],
+        "version_base",
+        Value::Str(VERSION_BASE.into()),
+    );
+    let cwd = std::env::current_dir()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     set(cfg, &["hydra", "runtime"], "cwd", Value::Str(cwd));
     let sources = info
         .sources
@@ -96,54 +123,115 @@ pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
             Node::new(Value::Dict(d))
         })
         .collect();
-    set(cfg, &["hydra", "runtime"], "config_sources", Value::List(sources));
+    set(
+        cfg,
+        &["hydra", "runtime"],
+        "config_sources",
+        Value::List(sources),
+    );
 
-    let name_missing = cfg.get_path("hydra.job.name").is_none_or(|n| matches!(n.value, Value::Missing));
+    let name_missing = cfg
+        .get_path("hydra.job.name")
+        .is_none_or(|n| matches!(n.value, Value::Missing));
     if name_missing {
-        set(cfg, &["hydra", "job"], "name", Value::Str(info.job_name.into()));
+        set(
+            cfg,
+            &["hydra", "job"],
+            "name",
+            Value::Str(info.job_name.into()),
+        );
     }
     let dirname = override_dirname(cfg, &info.task_overrides);
-    set(cfg, &["hydra", "job"], "override_dirname", Value::Str(dirname));
-    set(cfg, &["hydra", "job"], "config_name", Value::Str(info.config_name.into()));
+    set(
+        cfg,
+        &["hydra", "job"],
+        "override_dirname",
+        Value::Str(dirname),
+    );
+    set(
+        cfg,
+        &["hydra", "job"],
+        "config_name",
+        Value::Str(info.config_name.into()),
+    );
 }
 
 /// `hydra.job.override_dirname`: sorted task overrides minus excluded keys, joined with the configured separators.
 fn override_dirname(cfg: &Node, task_overrides: &[(String, String)]) -> String {
     let sep = |key: &str, default: &str| {
-        cfg.get_path(&format!("hydra.job.config.override_dirname.{key}")).and_then(Node::as_str).unwrap_or(default).to_owned()
+        cfg.get_path(&format!("hydra.job.config.override_dirname.{key}"))
+            .and_then(Node::as_str)
+            .unwrap_or(default)
+            .to_owned()
     };
     let kv_sep = sep("kv_sep", "=");
     let item_sep = sep("item_sep", ",");
     let exclude: Vec<String> = cfg
         .get_path("hydra.job.config.override_dirname.exclude_keys")
         .and_then(Node::as_list)
-        .map(|l| l.iter().filter_map(|n| n.as_str().map(str::to_owned)).collect())
+        .map(|l| {
+            l.iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default();
-    let mut lines: Vec<&str> = task_overrides.iter().filter(|(key, _)| !exclude.contains(key)).map(|(_, input)| input.as_str()).collect();
+    let mut lines: Vec<&str> = task_overrides
+        .iter()
+        .filter(|(key, _)| !exclude.contains(key))
+        .map(|(_, input)| input.as_str())
+        .collect();
     lines.sort_unstable();
     lines.join(&item_sep).replace('=', &kv_sep)
 }
 
 /// `--info defaults`: Hydra's "Defaults List" table.
 pub fn format_defaults_table(list: &DefaultsList) -> String {
-    let mut rows: Vec<[String; 4]> = vec![["Config path".into(), "Package".into(), "_self_".into(), "Parent".into()]];
+    let mut rows: Vec<[String; 4]> = vec![[
+        "Config path".into(),
+        "Package".into(),
+        "_self_".into(),
+        "Parent".into(),
+    ]];
     for d in &list.defaults {
         rows.push([
             d.config_path.clone(),
             d.package.clone(),
-            if d.is_self { "True".into() } else { "False".into() },
+            if d.is_self {
+                "True".into()
+            } else {
+                "False".into()
+            },
             d.parent.clone().unwrap_or_default(),
         ]);
     }
-    let widths: Vec<usize> = (0..4).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..4)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
     let pad = |s: &str, w: usize| format!("{s}{}", " ".repeat(w.saturating_sub(s.chars().count())));
     let mut out = String::from("\n");
     out.push_str(&header_lines("Defaults List", '*'));
     let mut iter = rows.iter();
-    let header = iter.next().map(|h| format!("| {} | {} | {} | {} | ", pad(&h[0], widths[0]), pad(&h[1], widths[1]), pad(&h[2], widths[2]), pad(&h[3], widths[3]))).unwrap_or_default();
+    let header = iter
+        .next()
+        .map(|h| {
+            format!(
+                "| {} | {} | {} | {} | ",
+                pad(&h[0], widths[0]),
+                pad(&h[1], widths[1]),
+                pad(&h[2], widths[2]),
+                pad(&h[3], widths[3])
+            )
+        })
+        .unwrap_or_default();
     out.push_str(&header_lines(&header, '-'));
     for r in iter {
-        out.push_str(&format!("| {} | {} | {} | {} |\n", pad(&r[0], widths[0]), pad(&r[1], widths[1]), pad(&r[2], widths[2]), pad(&r[3], widths[3])));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} |\n",
+            pad(&r[0], widths[0]),
+            pad(&r[1], widths[1]),
+            pad(&r[2], widths[2]),
+            pad(&r[3], widths[3])
+        ));
     }
     out.push_str(&"-".repeat(header.chars().count()));
     out.push('\n');
@@ -151,7 +239,10 @@ pub fn format_defaults_table(list: &DefaultsList) -> String {
 }
 
 fn header_lines(header: &str, filler: char) -> String {
-    format!("{header}\n{}\n", filler.to_string().repeat(header.chars().count()))
+    format!(
+        "{header}\n{}\n",
+        filler.to_string().repeat(header.chars().count())
+    )
 }
 
 /// `--info defaults-tree`.
@@ -170,7 +261,11 @@ fn tree_lines(tree: &TreeNode, indent: usize, out: &mut String) {
             out.push_str(&format!("{pad}{label}:\n"));
             for child in children {
                 match child {
-                    Child::Leaf(node) => out.push_str(&format!("{}{}\n", "  ".repeat(indent + 1), node.tree_label())),
+                    Child::Leaf(node) => out.push_str(&format!(
+                        "{}{}\n",
+                        "  ".repeat(indent + 1),
+                        node.tree_label()
+                    )),
                     Child::Tree(sub) => tree_lines(sub, indent + 1, out),
                 }
             }
@@ -181,9 +276,22 @@ fn tree_lines(tree: &TreeNode, indent: usize, out: &mut String) {
 
 /// `--info searchpath`.
 pub fn format_search_path(sources: &[Source]) -> String {
-    let rows: Vec<(String, String)> = sources.iter().map(|s| (s.provider.clone(), format!("{}://{}", s.scheme, s.path))).collect();
-    let w0 = rows.iter().map(|r| r.0.chars().count()).chain(["Provider".len()]).max().unwrap_or(0);
-    let w1 = rows.iter().map(|r| r.1.chars().count()).chain(["Search path".len()]).max().unwrap_or(0);
+    let rows: Vec<(String, String)> = sources
+        .iter()
+        .map(|s| (s.provider.clone(), format!("{}://{}", s.scheme, s.path)))
+        .collect();
+    let w0 = rows
+        .iter()
+        .map(|r| r.0.chars().count())
+        .chain(["Provider".len()])
+        .max()
+        .unwrap_or(0);
+    let w1 = rows
+        .iter()
+        .map(|r| r.1.chars().count())
+        .chain(["Search path".len()])
+        .max()
+        .unwrap_or(0);
     let pad = |s: &str, w: usize| format!("{s}{}", " ".repeat(w.saturating_sub(s.chars().count())));
     let mut out = String::from("\n");
     out.push_str(&header_lines("Config search path", '*'));
@@ -206,10 +314,33 @@ mod tests {
     fn defaults_table_matches_hydra_layout() {
         let list = DefaultsList {
             defaults: vec![
-                ResultDefault { config_path: "hydra/config".into(), parent: Some("<root>".into()), package: "hydra".into(), is_self: true, primary: false, override_key: None },
-                ResultDefault { config_path: "empty".into(), parent: Some("<root>".into()), package: String::new(), is_self: false, primary: true, override_key: None },
+                ResultDefault {
+                    config_path: "hydra/config".into(),
+                    parent: Some("<root>".into()),
+                    package: "hydra".into(),
+                    is_self: true,
+                    primary: false,
+                    override_key: None,
+                },
+                ResultDefault {
+                    config_path: "empty".into(),
+                    parent: Some("<root>".into()),
+                    package: String::new(),
+                    is_self: false,
+                    primary: true,
+                    override_key: None,
+                },
             ],
-            tree: TreeNode { node: crate::config::defaults::InputDefault::group("x", crate::config::defaults::GroupValue::Name(None), None, false, false), children: None },
+            tree: TreeNode {
+                node: crate::config::defaults::InputDefault::group(
+                    "x",
+                    crate::config::defaults::GroupValue::Name(None),
+                    None,
+                    false,
+                    false,
+                ),
+                children: None,
+            },
             known_choices: IndexMap::new(),
         };
         let want = "\nDefaults List\n*************\n| Config path  | Package | _self_ | Parent | \n---------------------------------------------\n| hydra/config | hydra   | True   | <root> |\n| empty        |         | False  | <root> |\n---------------------------------------------\n";

@@ -87,7 +87,10 @@ pub fn wrap_big_ints(line: &str) -> String {
             chars.next();
         }
         let token = &line[at..end];
-        let is_int = token.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit());
+        let is_int = token
+            .trim_start_matches('-')
+            .bytes()
+            .all(|b| b.is_ascii_digit());
         if is_int && token.parse::<i64>().is_err() {
             out.push_str(&format!("{{\"$bigint\": \"{token}\"}}"));
         } else {
@@ -122,7 +125,11 @@ pub fn decode(j: &Json) -> Value {
                 return Value::BigInt(digits.clone());
             }
             if let Some(Json::String(b)) = tagged("$bytes") {
-                return Value::Bytes(base64::engine::general_purpose::STANDARD.decode(b).unwrap_or_default());
+                return Value::Bytes(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b)
+                        .unwrap_or_default(),
+                );
             }
             if let Some(Json::Array(pairs)) = tagged("$dict") {
                 let mut dict = Dict::new();
@@ -133,7 +140,11 @@ pub fn decode(j: &Json) -> Value {
                 }
                 return Value::Dict(dict);
             }
-            Value::Dict(map.iter().map(|(k, v)| (Key::from(k.as_str()), Node::new(decode(v)))).collect())
+            Value::Dict(
+                map.iter()
+                    .map(|(k, v)| (Key::from(k.as_str()), Node::new(decode(v))))
+                    .collect(),
+            )
         }
     }
 }
@@ -155,10 +166,17 @@ fn decode_key(j: &Json) -> Key {
 /// NaN, origins do not.
 pub fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Float(x), Value::Float(y)) => x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-        (Value::List(x), Value::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(&p.value, &q.value)),
+        (Value::Float(x), Value::Float(y)) => {
+            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+        }
+        (Value::List(x), Value::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(&p.value, &q.value))
+        }
         (Value::Dict(x), Value::Dict(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|((k1, v1), (k2, v2))| k1 == k2 && same(&v1.value, &v2.value))
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((k1, v1), (k2, v2))| k1 == k2 && same(&v1.value, &v2.value))
         }
         _ => a == b,
     }
@@ -177,7 +195,9 @@ pub fn regex_literal(re: &str) -> Option<String> {
                 }
                 out.push(next);
             }
-            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => return None,
+            '.' | '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => {
+                return None;
+            }
             c => out.push(c),
         }
     }
@@ -187,7 +207,9 @@ pub fn regex_literal(re: &str) -> Option<String> {
 #[test]
 fn wrap_big_ints_only_touches_big_ints() {
     assert_eq!(
-        wrap_big_ints(r#"{"a": 9223372036854775808, "b": "99999999999999999999", "c": [1, -1.5e300, -9223372036854775809]}"#),
+        wrap_big_ints(
+            r#"{"a": 9223372036854775808, "b": "99999999999999999999", "c": [1, -1.5e300, -9223372036854775809]}"#
+        ),
         r#"{"a": {"$bigint": "9223372036854775808"}, "b": "99999999999999999999", "c": [1, -1.5e300, {"$bigint": "-9223372036854775809"}]}"#
     );
 }
@@ -203,7 +225,10 @@ fn decodes_the_kit_encoding() {
     check("1.0", Value::Float(1.0));
     check(r#"{"$float": "-inf"}"#, Value::Float(f64::NEG_INFINITY));
     check(r#"{"$float": "nan"}"#, Value::Float(f64::NAN));
-    check("99999999999999999999", Value::BigInt("99999999999999999999".into()));
+    check(
+        "99999999999999999999",
+        Value::BigInt("99999999999999999999".into()),
+    );
     check(r#"{"$bytes": "aGk="}"#, Value::Bytes(b"hi".to_vec()));
     check(r#""???""#, Value::Missing);
     let mut dict = Dict::new();

@@ -82,7 +82,11 @@ impl fmt::Display for Key {
             Key::Str(s) => f.write_str(s),
             Key::Int(i) => write!(f, "{i}"),
             Key::BigInt(digits) => f.write_str(digits),
-            Key::Float(bits) => write!(f, "{}", crate::config::node::python_float_repr(f64::from_bits(*bits))),
+            Key::Float(bits) => write!(
+                f,
+                "{}",
+                crate::config::node::python_float_repr(f64::from_bits(*bits))
+            ),
             Key::Bool(true) => f.write_str("True"),
             Key::Bool(false) => f.write_str("False"),
             Key::Null => f.write_str("None"),
@@ -122,7 +126,10 @@ pub struct Node {
 
 impl Node {
     pub fn new(value: Value) -> Node {
-        Node { value, origin: None }
+        Node {
+            value,
+            origin: None,
+        }
     }
 
     pub fn with_origin(value: Value, origin: Option<Origin>) -> Node {
@@ -167,7 +174,8 @@ impl Node {
 
     /// Child of a dict by string key.
     pub fn get(&self, key: &str) -> Option<&Node> {
-        self.as_dict().and_then(|d| d.get(&Key::Str(key.to_owned())))
+        self.as_dict()
+            .and_then(|d| d.get(&Key::Str(key.to_owned())))
     }
 
     /// Follow a dotted path of string keys / list indices (`a.b.0.c`). No interpolation is resolved.
@@ -263,15 +271,22 @@ impl PyScalar<'_> {
             PyScalar::Float(f) => Some(f),
             _ => None,
         };
-        Some(match ((self.exact_int(), float(self)), (other.exact_int(), float(other))) {
-            ((Some(a), _), (Some(b), _)) => a == b,
-            ((_, Some(x)), (_, Some(y))) => x == y,
-            ((Some(i), _), (_, Some(f))) | ((_, Some(f)), (Some(i), _)) => {
-                // `{:.0}` prints an integral f64's exact decimal value.
-                f.is_finite() && f.fract() == 0.0 && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(&i)
-            }
-            _ => return None,
-        })
+        Some(
+            match (
+                (self.exact_int(), float(self)),
+                (other.exact_int(), float(other)),
+            ) {
+                ((Some(a), _), (Some(b), _)) => a == b,
+                ((_, Some(x)), (_, Some(y))) => x == y,
+                ((Some(i), _), (_, Some(f))) | ((_, Some(f)), (Some(i), _)) => {
+                    // `{:.0}` prints an integral f64's exact decimal value.
+                    f.is_finite()
+                        && f.fract() == 0.0
+                        && BigInt::parse_decimal(&format!("{f:.0}")).as_ref() == Some(&i)
+                }
+                _ => return None,
+            },
+        )
     }
 
     /// Python's exact int value of a bool or int.
@@ -311,10 +326,19 @@ impl Value {
     /// Python's `repr()` of the value as OmegaConf holds it (a container prints as its content).
     pub fn python_repr(&self) -> String {
         match self {
-            Value::List(items) => format!("[{}]", items.iter().map(|n| n.value.python_repr()).collect::<Vec<_>>().join(", ")),
+            Value::List(items) => format!(
+                "[{}]",
+                items
+                    .iter()
+                    .map(|n| n.value.python_repr())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Value::Dict(d) => {
-                let items: Vec<String> =
-                    d.iter().map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.value.python_repr())).collect();
+                let items: Vec<String> = d
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.value.python_repr()))
+                    .collect();
                 format!("{{{}}}", items.join(", "))
             }
             leaf => leaf.as_py().map(PyScalar::repr).unwrap_or_default(),
@@ -347,7 +371,11 @@ impl Value {
 
 /// Python's `repr(bytes)`: `b'…'`, quoted as `repr(str)` is, non-printable bytes as `\xNN`.
 pub fn python_repr_bytes(b: &[u8]) -> String {
-    let quote = if b.contains(&b'\'') && !b.contains(&b'"') { b'"' } else { b'\'' };
+    let quote = if b.contains(&b'\'') && !b.contains(&b'"') {
+        b'"'
+    } else {
+        b'\''
+    };
     let mut out = String::from("b");
     out.push(quote as char);
     for &c in b {
@@ -370,7 +398,11 @@ pub fn python_repr_bytes(b: &[u8]) -> String {
 
 /// Python's `repr(str)`: single quotes unless the text has `'` and no `"`.
 pub fn python_repr_str(s: &str) -> String {
-    let quote = if s.contains('\'') && !s.contains('"') { '"' } else { '\'' };
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
     let mut out = String::with_capacity(s.len() + 2);
     out.push(quote);
     for c in s.chars() {
@@ -383,7 +415,9 @@ pub fn python_repr_str(s: &str) -> String {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
             c => out.push(c),
         }
     }
@@ -400,7 +434,11 @@ pub fn python_float_repr(v: f64) -> String {
         return if v > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if v == 0.0 {
-        return if v.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if v.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     // Rust's `{:e}` gives the shortest round-trip mantissa; re-layout it the way Python does:
     // positional for 1e-4 <= |v| < 1e16, scientific otherwise.
@@ -417,12 +455,20 @@ pub fn python_float_repr(v: f64) -> String {
         } else if (point as usize) >= digits.len() {
             format!("{}{}.0", digits, "0".repeat(point as usize - digits.len()))
         } else {
-            format!("{}.{}", &digits[..point as usize], &digits[point as usize..])
+            format!(
+                "{}.{}",
+                &digits[..point as usize],
+                &digits[point as usize..]
+            )
         };
         format!("{sign}{s}")
     } else {
         let (first, rest) = digits.split_at(1);
-        let mant = if rest.is_empty() { first.to_owned() } else { format!("{first}.{rest}") };
+        let mant = if rest.is_empty() {
+            first.to_owned()
+        } else {
+            format!("{first}.{rest}")
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{mant}e{esign}{:02}", exp.abs())
     }
@@ -462,7 +508,11 @@ mod tests {
             (Big("100000000000000000000"), Float(1e20), Some(true)),
             (Big("100000000000000000001"), Float(1e20), Some(false)),
             // An f64 conversion would call these equal; Python compares exactly.
-            (Int(9_007_199_254_740_993), Float(9_007_199_254_740_992.0), Some(false)),
+            (
+                Int(9_007_199_254_740_993),
+                Float(9_007_199_254_740_992.0),
+                Some(false),
+            ),
             (Float(f64::NAN), Float(f64::NAN), Some(false)),
             (Str("1"), Int(1), None),
         ];
@@ -480,19 +530,29 @@ mod tests {
             assert_eq!(v.repr(), want);
         }
         assert_eq!(Key::Null.as_py().repr(), "None");
-        assert_eq!(Value::Missing.as_py().map(PyScalar::str).as_deref(), Some("???"));
+        assert_eq!(
+            Value::Missing.as_py().map(PyScalar::str).as_deref(),
+            Some("???")
+        );
     }
 
     #[test]
     fn python_str_of_values() {
-        let list = Value::List(vec![Node::new(Value::Int(1)), Node::str("a"), Node::new(Value::Null)]);
+        let list = Value::List(vec![
+            Node::new(Value::Int(1)),
+            Node::str("a"),
+            Node::new(Value::Null),
+        ]);
         assert_eq!(list.python_str(), "[1, 'a', None]");
         assert_eq!(Value::Bool(true).python_str(), "True");
         assert_eq!(Value::Str("x".into()).python_str(), "x");
         let mut dict = Dict::new();
         dict.insert(Key::Int(1), Node::str("it's"));
         dict.insert(Key::from("b"), Node::new(Value::Bytes(vec![0])));
-        assert_eq!(Value::Dict(dict).python_str(), r#"{1: "it's", 'b': b'\x00'}"#);
+        assert_eq!(
+            Value::Dict(dict).python_str(),
+            r#"{1: "it's", 'b': b'\x00'}"#
+        );
     }
 
     #[test]
@@ -503,7 +563,10 @@ mod tests {
         let mut root = Dict::new();
         root.insert(Key::from("a"), list);
         let root = Node::new(Value::Dict(root));
-        assert_eq!(root.get_path("a.0.c").map(|n| &n.value), Some(&Value::Int(3)));
+        assert_eq!(
+            root.get_path("a.0.c").map(|n| &n.value),
+            Some(&Value::Int(3))
+        );
         assert!(root.get_path("a.1.c").is_none());
         assert!(root.get_path("a.x").is_none());
     }

@@ -98,7 +98,11 @@ pub struct WeightSyncerConfig {
 
 impl Default for WeightSyncerConfig {
     fn default() -> Self {
-        WeightSyncerConfig { kind: SyncerKind::Patch, patch: PatchConfig::default(), bucket: BucketConfig::default() }
+        WeightSyncerConfig {
+            kind: SyncerKind::Patch,
+            patch: PatchConfig::default(),
+            bucket: BucketConfig::default(),
+        }
     }
 }
 
@@ -135,7 +139,11 @@ pub struct InitSyncConfig {
 
 impl Default for InitSyncConfig {
     fn default() -> Self {
-        InitSyncConfig { enabled: true, prefixes: None, bucket_size: NonZeroU64::new(128 << 20).unwrap() }
+        InitSyncConfig {
+            enabled: true,
+            prefixes: None,
+            bucket_size: NonZeroU64::new(128 << 20).unwrap(),
+        }
     }
 }
 
@@ -309,7 +317,10 @@ impl Default for ClusterConfig {
         let mut placement = IndexMap::new();
         placement.insert("actor".to_owned(), Placement::Single(0));
         placement.insert("rollout".to_owned(), Placement::Ranges("0-1".into()));
-        ClusterConfig { num_nodes: NonZeroU32::MIN, component_placement: placement }
+        ClusterConfig {
+            num_nodes: NonZeroU32::MIN,
+            component_placement: placement,
+        }
     }
 }
 
@@ -453,7 +464,9 @@ pub struct RolloutModelConfig {
 
 impl Default for RolloutModelConfig {
     fn default() -> Self {
-        RolloutModelConfig { precision: WeightDtype::Bf16 }
+        RolloutModelConfig {
+            precision: WeightDtype::Bf16,
+        }
     }
 }
 
@@ -657,7 +670,9 @@ mod tests {
 
     #[test]
     fn placement_slots() {
-        let check = |p: Placement, want: Result<Vec<u32>, ()>| assert_eq!(p.slots().map_err(|_| ()), want, "{p:?}");
+        let check = |p: Placement, want: Result<Vec<u32>, ()>| {
+            assert_eq!(p.slots().map_err(|_| ()), want, "{p:?}")
+        };
         check(Placement::Single(3), Ok(vec![3]));
         check(Placement::Ranges("0-3".into()), Ok(vec![0, 1, 2, 3]));
         check(Placement::Ranges("0,2, 4".into()), Ok(vec![0, 2, 4]));
@@ -670,7 +685,13 @@ mod tests {
     #[test]
     fn defaults_are_consistent() {
         let d = RunConfig::default();
-        assert_eq!(d.cluster.component_placement["rollout"].slots().unwrap().len(), 2);
+        assert_eq!(
+            d.cluster.component_placement["rollout"]
+                .slots()
+                .unwrap()
+                .len(),
+            2
+        );
         assert_eq!(d.env.train.total_num_envs.get() % 2, 0);
         assert!(d.weight_syncer.patch.init_sync.enabled);
     }

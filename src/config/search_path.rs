@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use crate::config::node::Node;
 use crate::config::interpolate::{self, InterpolationError};
+use crate::config::node::Node;
 use crate::config::yaml::{self, YamlError};
 
 mod embedded {
@@ -22,11 +22,15 @@ mod embedded {
 /// Errors while building the search path or loading a config file.
 #[derive(Debug, thiserror::Error)]
 pub enum SearchPathError {
-    #[error("Primary config directory not found.\nCheck that the config directory '{path}' exists and readable")]
+    #[error(
+        "Primary config directory not found.\nCheck that the config directory '{path}' exists and readable"
+    )]
     PrimaryDirNotFound { path: String },
     #[error("Additional config directory '{path}' not found")]
     ConfigDirNotFound { path: String },
-    #[error("search path entry '{entry}' is not supported: only file:// paths can be searched (pkg:// needs Python)")]
+    #[error(
+        "search path entry '{entry}' is not supported: only file:// paths can be searched (pkg:// needs Python)"
+    )]
     UnsupportedScheme { entry: String },
     #[error("cannot read config file '{file}': {reason}")]
     Read { file: String, reason: String },
@@ -75,22 +79,42 @@ pub enum ObjectType {
 impl Source {
     /// Hydra's built-in `hydra/` groups (`pkg://hydra.conf`).
     pub fn hydra_builtin() -> Source {
-        Source { provider: "hydra".into(), scheme: "pkg", path: "hydra.conf".into(), store: Store::Embedded(embedded::HYDRA_PKG) }
+        Source {
+            provider: "hydra".into(),
+            scheme: "pkg",
+            path: "hydra.conf".into(),
+            store: Store::Embedded(embedded::HYDRA_PKG),
+        }
     }
 
     /// What Hydra keeps in its ConfigStore (always last).
     pub fn structured() -> Source {
-        Source { provider: "schema".into(), scheme: "structured", path: String::new(), store: Store::Embedded(embedded::HYDRA_STRUCTURED) }
+        Source {
+            provider: "schema".into(),
+            scheme: "structured",
+            path: String::new(),
+            store: Store::Embedded(embedded::HYDRA_STRUCTURED),
+        }
     }
 
     /// The repo's default `config/` tree compiled into the binary.
     pub fn embedded_main() -> Source {
-        Source { provider: "main".into(), scheme: "pkg", path: "rlsync.config".into(), store: Store::Embedded(embedded::MAIN) }
+        Source {
+            provider: "main".into(),
+            scheme: "pkg",
+            path: "rlsync.config".into(),
+            store: Store::Embedded(embedded::MAIN),
+        }
     }
 
     /// A directory source; `dir` should be absolute.
     pub fn dir(provider: &str, dir: PathBuf) -> Source {
-        Source { provider: provider.into(), scheme: "file", path: dir.display().to_string(), store: Store::Dir(dir) }
+        Source {
+            provider: provider.into(),
+            scheme: "file",
+            path: dir.display().to_string(),
+            store: Store::Dir(dir),
+        }
     }
 
     /// A `hydra.searchpath` entry: `file://dir` or a bare directory (relative to the working directory).
@@ -98,15 +122,27 @@ impl Source {
         let path = match entry.find("://") {
             None => entry,
             Some(idx) if &entry[..idx] == "file" => &entry[idx + 3..],
-            Some(_) => return Err(SearchPathError::UnsupportedScheme { entry: entry.into() }),
+            Some(_) => {
+                return Err(SearchPathError::UnsupportedScheme {
+                    entry: entry.into(),
+                });
+            }
         };
         let dir = std::path::absolute(Path::new(path)).unwrap_or_else(|_| PathBuf::from(path));
-        Ok(Source { provider: provider.into(), scheme: "file", path: path.into(), store: Store::Dir(dir) })
+        Ok(Source {
+            provider: provider.into(),
+            scheme: "file",
+            path: path.into(),
+            store: Store::Dir(dir),
+        })
     }
 
     /// `provider=..., path=scheme://path`, as Hydra prints a source.
     pub fn describe(&self) -> String {
-        format!("provider={}, path={}://{}", self.provider, self.scheme, self.path)
+        format!(
+            "provider={}, path={}://{}",
+            self.provider, self.scheme, self.path
+        )
     }
 
     /// True if the source points at something that exists.
@@ -138,7 +174,13 @@ impl Source {
     /// Names directly under `group` (config names without extension, or sub-group names), sorted, unique.
     pub fn list(&self, group: &str, filter: ObjectType) -> Vec<String> {
         let mut names: Vec<String> = Vec::new();
-        let join = |name: &str| if group.is_empty() { name.to_owned() } else { format!("{group}/{name}") };
+        let join = |name: &str| {
+            if group.is_empty() {
+                name.to_owned()
+            } else {
+                format!("{group}/{name}")
+            }
+        };
         let mut consider = |name: &str| {
             if name == "__pycache__" || name == "__init__.py" {
                 return;
@@ -155,7 +197,11 @@ impl Source {
         };
         match &self.store {
             Store::Embedded(files) => {
-                let prefix = if group.is_empty() { String::new() } else { format!("{group}/") };
+                let prefix = if group.is_empty() {
+                    String::new()
+                } else {
+                    format!("{group}/")
+                };
                 for (path, _) in files.iter() {
                     if let Some(rest) = path.strip_prefix(prefix.as_str()) {
                         let first = rest.split('/').next().unwrap_or(rest);
@@ -182,10 +228,14 @@ impl Source {
     fn read(&self, config_path: &str) -> Result<Option<(String, String)>, SearchPathError> {
         let file = normalize_file_name(config_path);
         match &self.store {
-            Store::Embedded(files) => Ok(files
-                .iter()
-                .find(|(p, _)| *p == file)
-                .map(|(p, text)| ((*text).to_owned(), format!("{}://{}/{}", self.scheme, self.path, p)))),
+            Store::Embedded(files) => {
+                Ok(files.iter().find(|(p, _)| *p == file).map(|(p, text)| {
+                    (
+                        (*text).to_owned(),
+                        format!("{}://{}/{}", self.scheme, self.path, p),
+                    )
+                }))
+            }
             Store::Dir(root) => {
                 let full = root.join(&file);
                 if !full.is_file() {
@@ -194,7 +244,10 @@ impl Source {
                 let shown = full.display().to_string();
                 match std::fs::read_to_string(&full) {
                     Ok(text) => Ok(Some((text, shown))),
-                    Err(err) => Err(SearchPathError::Read { file: shown, reason: err.to_string() }),
+                    Err(err) => Err(SearchPathError::Read {
+                        file: shown,
+                        reason: err.to_string(),
+                    }),
                 }
             }
         }
@@ -232,7 +285,10 @@ pub struct Repository {
 
 impl Repository {
     pub fn new(sources: Vec<Source>) -> Repository {
-        Repository { sources, cache: HashMap::new() }
+        Repository {
+            sources,
+            cache: HashMap::new(),
+        }
     }
 
     pub fn sources(&self) -> &[Source] {
@@ -242,7 +298,11 @@ impl Repository {
     /// Insert sources just before the final structured source (how `hydra.searchpath` entries are added).
     /// Already loaded configs stay cached, as in Hydra's caching repository.
     pub fn append_before_structured(&mut self, extra: Vec<Source>) {
-        let at = self.sources.iter().position(|s| s.scheme == "structured").unwrap_or(self.sources.len());
+        let at = self
+            .sources
+            .iter()
+            .position(|s| s.scheme == "structured")
+            .unwrap_or(self.sources.len());
         self.sources.splice(at..at, extra);
     }
 
@@ -285,7 +345,12 @@ impl Repository {
                 let header_package = parse_package_header(&text, &file)?;
                 let root = yaml::load_str(&text, &file)?;
                 interpolate::validate_tree(&root)?;
-                Some(Rc::new(ConfigFile { config_path: config_path.to_owned(), file, header_package, root }))
+                Some(Rc::new(ConfigFile {
+                    config_path: config_path.to_owned(),
+                    file,
+                    header_package,
+                    root,
+                }))
             }
         };
         self.cache.insert(config_path.to_owned(), loaded.clone());
@@ -302,7 +367,9 @@ fn parse_package_header(text: &str, file: &str) -> Result<Option<String>, Search
         if line.is_empty() {
             continue;
         }
-        let Some(rest) = line.strip_prefix('#') else { break };
+        let Some(rest) = line.strip_prefix('#') else {
+            break;
+        };
         if !rest.trim_start().starts_with('@') {
             break;
         }
@@ -311,12 +378,23 @@ fn parse_package_header(text: &str, file: &str) -> Result<Option<String>, Search
         match parts.as_slice() {
             [key, value] => {
                 if let Some(key) = key.strip_prefix('@')
-                    && key == "package" {
-                        package = Some((*value).to_owned());
-                    }
+                    && key == "package"
+                {
+                    package = Some((*value).to_owned());
+                }
             }
-            [_] | [] => return Err(SearchPathError::HeaderFormat { file: file.into(), line: body.into() }),
-            _ => return Err(SearchPathError::HeaderTooManyComponents { file: file.into(), line: body.into() }),
+            [_] | [] => {
+                return Err(SearchPathError::HeaderFormat {
+                    file: file.into(),
+                    line: body.into(),
+                });
+            }
+            _ => {
+                return Err(SearchPathError::HeaderTooManyComponents {
+                    file: file.into(),
+                    line: body.into(),
+                });
+            }
         }
     }
     Ok(package)
@@ -329,7 +407,11 @@ mod tests {
     #[test]
     fn package_header_is_read_from_leading_comments() {
         let check = |text: &str, want: Option<&str>| {
-            assert_eq!(parse_package_header(text, "f").ok().flatten().as_deref(), want, "{text:?}");
+            assert_eq!(
+                parse_package_header(text, "f").ok().flatten().as_deref(),
+                want,
+                "{text:?}"
+            );
         };
         check("# @package foo\na: 1\n", Some("foo"));
         check("\n\n#   @package _global_.x\n", Some("_global_.x"));
@@ -343,17 +425,29 @@ mod tests {
     #[test]
     fn builtin_hydra_groups_are_listed_like_hydra() {
         let repo = Repository::new(vec![Source::hydra_builtin(), Source::structured()]);
-        assert_eq!(repo.group_options("hydra/job_logging", ObjectType::Config), ["default", "disabled", "none", "stdout"]);
-        assert_eq!(repo.group_options("hydra/launcher", ObjectType::Config), ["basic"]);
+        assert_eq!(
+            repo.group_options("hydra/job_logging", ObjectType::Config),
+            ["default", "disabled", "none", "stdout"]
+        );
+        assert_eq!(
+            repo.group_options("hydra/launcher", ObjectType::Config),
+            ["basic"]
+        );
         assert!(repo.config_exists("hydra/config"));
         assert!(repo.group_exists("hydra"));
         assert!(!repo.group_exists("hydra/nosuch"));
-        assert!(repo.group_options("hydra", ObjectType::Group).contains(&"job_logging".to_owned()));
+        assert!(
+            repo.group_options("hydra", ObjectType::Group)
+                .contains(&"job_logging".to_owned())
+        );
     }
 
     #[test]
     fn unsupported_search_path_scheme_is_an_error() {
         assert!(Source::from_search_path_entry("p", "pkg://foo.conf").is_err());
-        assert!(Source::from_search_path_entry("p", "file:///nonexistent/dir").is_ok_and(|s| !s.available()));
+        assert!(
+            Source::from_search_path_entry("p", "file:///nonexistent/dir")
+                .is_ok_and(|s| !s.available())
+        );
     }
 }

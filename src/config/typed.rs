@@ -12,8 +12,8 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
 use super::node::{Key, Node, Origin, Value};
 use super::schema::{Compression, Device, RunConfig};
@@ -52,7 +52,11 @@ pub struct ConfigErrors {
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.problems.len();
-        writeln!(f, "invalid configuration ({n} problem{}):", if n == 1 { "" } else { "s" })?;
+        writeln!(
+            f,
+            "invalid configuration ({n} problem{}):",
+            if n == 1 { "" } else { "s" }
+        )?;
         for p in &self.problems {
             writeln!(f, "  - {p}")?;
         }
@@ -75,7 +79,12 @@ pub fn extract(resolved: &Node) -> Result<Extracted, ConfigErrors> {
     let mut ignored = Vec::new();
     let config = loop {
         let sink = Sink::default();
-        let result = RunConfig::deserialize(NodeDe { node: &tree, path: Path::root(), sink: &sink, fields: None });
+        let result = RunConfig::deserialize(NodeDe {
+            node: &tree,
+            path: Path::root(),
+            sink: &sink,
+            fields: None,
+        });
         let Sink { unknown, .. } = sink;
         match result {
             Ok(config) => {
@@ -88,7 +97,10 @@ pub fn extract(resolved: &Node) -> Result<Extracted, ConfigErrors> {
                 break config;
             }
             Err(err) => {
-                let removed = err.path.as_deref().is_some_and(|p| remove_path(&mut tree, p));
+                let removed = err
+                    .path
+                    .as_deref()
+                    .is_some_and(|p| remove_path(&mut tree, p));
                 problems.push(Problem {
                     path: err.path.clone().unwrap_or_else(|| "<root>".into()),
                     message: err.message,
@@ -101,7 +113,11 @@ pub fn extract(resolved: &Node) -> Result<Extracted, ConfigErrors> {
         }
     };
     problems.extend(cross_field_problems(&config, resolved));
-    if problems.is_empty() { Ok(Extracted { config, ignored }) } else { Err(ConfigErrors { problems }) }
+    if problems.is_empty() {
+        Ok(Extracted { config, ignored })
+    } else {
+        Err(ConfigErrors { problems })
+    }
 }
 
 /// Rules that involve more than one key.
@@ -109,13 +125,18 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
     let mut out = Vec::new();
     let mut problem = |path: &str, message: String| {
         let origin = tree.get_path(path).and_then(|n| n.origin.clone());
-        out.push(Problem { path: path.to_owned(), message, origin });
+        out.push(Problem {
+            path: path.to_owned(),
+            message,
+            origin,
+        });
     };
     let patch = &cfg.weight_syncer.patch;
     if patch.compression == Compression::NvcompLz4 && patch.transport_device != Device::Cuda {
         problem(
             "weight_syncer.patch.compression",
-            "nvcomp_lz4 (GPU compression) requires weight_syncer.patch.transport_device: cuda".into(),
+            "nvcomp_lz4 (GPU compression) requires weight_syncer.patch.transport_device: cuda"
+                .into(),
         );
     }
     if matches!(&patch.init_sync.prefixes, Some(p) if p.is_empty()) {
@@ -127,12 +148,18 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
     if let Some(prefixes) = &patch.init_sync.prefixes {
         for (i, p) in prefixes.iter().enumerate() {
             if p.is_empty() {
-                problem(&format!("weight_syncer.patch.init_sync.prefixes.{i}"), "a prefix must not be empty".into());
+                problem(
+                    &format!("weight_syncer.patch.init_sync.prefixes.{i}"),
+                    "a prefix must not be empty".into(),
+                );
             }
         }
     }
     if cfg.runner.max_steps <= 0 && cfg.runner.max_epochs <= 0 {
-        problem("runner.max_steps", "the run never ends: set runner.max_steps or runner.max_epochs > 0".into());
+        problem(
+            "runner.max_steps",
+            "the run never ends: set runner.max_steps or runner.max_epochs > 0".into(),
+        );
     }
     for (path, secs) in [
         ("runner.handshake_timeout_s", cfg.runner.handshake_timeout_s),
@@ -142,7 +169,12 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             problem(path, format!("{secs} is not a positive number of seconds"));
         }
     }
-    match cfg.cluster.component_placement.get("rollout").map(|p| p.slots()) {
+    match cfg
+        .cluster
+        .component_placement
+        .get("rollout")
+        .map(|p| p.slots())
+    {
         None => problem(
             "cluster.component_placement.rollout",
             "missing: it sets the rollout workers (e.g. `0-1` for two)".into(),
@@ -151,7 +183,11 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
         Some(Ok(slots)) => {
             let workers = slots.len() as u32;
             for split in ["train", "eval"] {
-                let envs = if split == "train" { &cfg.env.train } else { &cfg.env.eval };
+                let envs = if split == "train" {
+                    &cfg.env.train
+                } else {
+                    &cfg.env.eval
+                };
                 if envs.total_num_envs.get() % workers != 0 {
                     problem(
                         &format!("env.{split}.total_num_envs"),
@@ -170,18 +206,26 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
         problem("cluster.component_placement.actor", e);
     }
     for (path, v, lo_open) in [
-        ("actor.model.frozen_fraction", cfg.actor.model.frozen_fraction, false),
+        (
+            "actor.model.frozen_fraction",
+            cfg.actor.model.frozen_fraction,
+            false,
+        ),
         ("bench.frozen_fraction", cfg.bench.frozen_fraction, false),
         ("bench.density", cfg.bench.density, true),
     ] {
-        let ok = v.is_finite() && v < 1.0 + f64::EPSILON && if lo_open { v > 0.0 } else { v >= 0.0 };
+        let ok =
+            v.is_finite() && v < 1.0 + f64::EPSILON && if lo_open { v > 0.0 } else { v >= 0.0 };
         let ok = ok && !(path.ends_with("frozen_fraction") && v >= 1.0);
         if !ok {
             let range = if lo_open { "(0, 1]" } else { "[0, 1)" };
             problem(path, format!("{v} is outside {range}"));
         }
     }
-    for (path, v) in [("actor.model.adam_lr", cfg.actor.model.adam_lr), ("bench.adam_lr", cfg.bench.adam_lr)] {
+    for (path, v) in [
+        ("actor.model.adam_lr", cfg.actor.model.adam_lr),
+        ("bench.adam_lr", cfg.bench.adam_lr),
+    ] {
         if !(v.is_finite() && v > 0.0) {
             problem(path, format!("{v} is not a positive learning rate"));
         }
@@ -220,7 +264,11 @@ struct Path<'a> {
 
 impl<'a> Path<'a> {
     fn root() -> Path<'static> {
-        Path { parent: None, segment: None, index: None }
+        Path {
+            parent: None,
+            segment: None,
+            index: None,
+        }
     }
 
     fn render(&self) -> String {
@@ -268,7 +316,11 @@ impl std::error::Error for DeError {}
 
 impl de::Error for DeError {
     fn custom<T: fmt::Display>(msg: T) -> Self {
-        DeError { path: None, origin: None, message: humanize(&msg.to_string()) }
+        DeError {
+            path: None,
+            origin: None,
+            message: humanize(&msg.to_string()),
+        }
     }
 }
 
@@ -296,28 +348,49 @@ impl NodeDe<'_, '_, '_> {
 
     fn type_error(&self, expected: &str) -> DeError {
         let shown = describe(&self.node.value);
-        self.locate(DeError { path: None, origin: None, message: format!("{shown} is not {expected}") })
+        self.locate(DeError {
+            path: None,
+            origin: None,
+            message: format!("{shown} is not {expected}"),
+        })
     }
 
     fn out_of_range(&self, digits: &str) -> DeError {
-        self.locate(DeError { path: None, origin: None, message: format!("integer {digits} is out of range (beyond 64 bits)") })
+        self.locate(DeError {
+            path: None,
+            origin: None,
+            message: format!("integer {digits} is out of range (beyond 64 bits)"),
+        })
     }
 
     fn record_unknown(&self) {
         let path = self.path.render();
         let key = self.path.segment.map(|k| k.to_string()).unwrap_or_default();
-        let strict = self.path.top().is_some_and(|t| STRICT_SECTIONS.contains(&t.as_str()));
+        let strict = self
+            .path
+            .top()
+            .is_some_and(|t| STRICT_SECTIONS.contains(&t.as_str()));
         let fields = self.fields.unwrap_or(&[]);
         let suggestion = closest(&key, fields);
         let parent = path.strip_suffix(&key).unwrap_or("").to_owned();
         let (kind, message) = match (&suggestion, strict) {
-            (Some(s), _) => (UnknownKind::Error, format!("unknown key (did you mean {parent}{s}?)")),
-            (None, true) => (UnknownKind::Error, format!("unknown key; known keys here: {}", fields.join(", "))),
+            (Some(s), _) => (
+                UnknownKind::Error,
+                format!("unknown key (did you mean {parent}{s}?)"),
+            ),
+            (None, true) => (
+                UnknownKind::Error,
+                format!("unknown key; known keys here: {}", fields.join(", ")),
+            ),
             (None, false) => (UnknownKind::Ignored, "not used by rlsync".to_owned()),
         };
         self.sink.unknown.borrow_mut().push(Unknown {
             kind,
-            problem: Problem { path, message, origin: self.node.origin.clone() },
+            problem: Problem {
+                path,
+                message,
+                origin: self.node.origin.clone(),
+            },
         });
     }
 }
@@ -416,7 +489,11 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
             Value::Str(s) => visitor.visit_borrowed_str(s.as_str()),
             Value::Bytes(b) => visitor.visit_borrowed_bytes(b.as_slice()),
             Value::Missing => return Err(self.type_error("set (mandatory value)")),
-            Value::List(items) => visitor.visit_seq(ListAccess { items, next: 0, de: &self }),
+            Value::List(items) => visitor.visit_seq(ListAccess {
+                items,
+                next: 0,
+                de: &self,
+            }),
             Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, None)),
         };
         r.map_err(|e| self.locate(e))
@@ -447,7 +524,9 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
 
     fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Str(s) => visitor.visit_borrowed_str(s.as_str()).map_err(|e| self.locate(e)),
+            Value::Str(s) => visitor
+                .visit_borrowed_str(s.as_str())
+                .map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a string")),
         }
     }
@@ -465,14 +544,22 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::List(items) => visitor.visit_seq(ListAccess { items, next: 0, de: &self }).map_err(|e| self.locate(e)),
+            Value::List(items) => visitor
+                .visit_seq(ListAccess {
+                    items,
+                    next: 0,
+                    de: &self,
+                })
+                .map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a list")),
         }
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, None)).map_err(|e| self.locate(e)),
+            Value::Dict(_) => visitor
+                .visit_map(DictAccess::new(&self, None))
+                .map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a mapping")),
         }
     }
@@ -484,7 +571,9 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Dict(_) => visitor.visit_map(DictAccess::new(&self, Some(fields))).map_err(|e| self.locate(e)),
+            Value::Dict(_) => visitor
+                .visit_map(DictAccess::new(&self, Some(fields)))
+                .map_err(|e| self.locate(e)),
             // `section: null` means "all defaults", as an absent section would.
             Value::Null => visitor.visit_map(EmptyMap).map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a mapping")),
@@ -498,7 +587,9 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Str(s) => visitor.visit_enum(s.as_str().into_deserializer()).map_err(|e: DeError| self.locate(e)),
+            Value::Str(s) => visitor
+                .visit_enum(s.as_str().into_deserializer())
+                .map_err(|e: DeError| self.locate(e)),
             _ => Err(self.type_error(&format!("one of {}", variants.join(", ")))),
         }
     }
@@ -514,11 +605,19 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         deserialize_char deserialize_bytes deserialize_byte_buf deserialize_unit deserialize_identifier
     }
 
-    fn deserialize_unit_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_unit_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         self.deserialize_any(visitor)
     }
 
-    fn deserialize_newtype_struct<V: Visitor<'de>>(self, _: &'static str, visitor: V) -> Result<V::Value, DeError> {
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, DeError> {
         visitor.visit_newtype_struct(self)
     }
 
@@ -545,11 +644,26 @@ struct ListAccess<'a, 'b, 'p, 's> {
 impl<'de, 'a: 'de, 'b, 'p, 's> SeqAccess<'de> for ListAccess<'a, 'b, 'p, 's> {
     type Error = DeError;
 
-    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>, DeError> {
-        let Some(node) = self.items.get(self.next) else { return Ok(None) };
-        let path = Path { parent: Some(&self.de.path), segment: None, index: Some(self.next) };
+    fn next_element_seed<T: DeserializeSeed<'de>>(
+        &mut self,
+        seed: T,
+    ) -> Result<Option<T::Value>, DeError> {
+        let Some(node) = self.items.get(self.next) else {
+            return Ok(None);
+        };
+        let path = Path {
+            parent: Some(&self.de.path),
+            segment: None,
+            index: Some(self.next),
+        };
         self.next += 1;
-        seed.deserialize(NodeDe { node, path, sink: self.de.sink, fields: None }).map(Some)
+        seed.deserialize(NodeDe {
+            node,
+            path,
+            sink: self.de.sink,
+            fields: None,
+        })
+        .map(Some)
     }
 }
 
@@ -566,26 +680,46 @@ impl<'a, 'b, 'p, 's> DictAccess<'a, 'b, 'p, 's> {
             Value::Dict(d) => d.iter(),
             _ => unreachable!("DictAccess is only built for dicts"),
         };
-        DictAccess { iter, value: None, de, fields }
+        DictAccess {
+            iter,
+            value: None,
+            de,
+            fields,
+        }
     }
 }
 
 impl<'de, 'a: 'de, 'b, 'p, 's> MapAccess<'de> for DictAccess<'a, 'b, 'p, 's> {
     type Error = DeError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, DeError> {
-        let Some((key, node)) = self.iter.next() else { return Ok(None) };
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, DeError> {
+        let Some((key, node)) = self.iter.next() else {
+            return Ok(None);
+        };
         self.value = Some((key, node));
         let text = key.to_string();
-        seed.deserialize(de::value::StringDeserializer::<DeError>::new(text)).map(Some)
+        seed.deserialize(de::value::StringDeserializer::<DeError>::new(text))
+            .map(Some)
     }
 
     fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, DeError> {
         let Some((key, node)) = self.value.take() else {
             return Err(de::Error::custom("value requested before key"));
         };
-        let path = Path { parent: Some(&self.de.path), segment: Some(key), index: None };
-        seed.deserialize(NodeDe { node, path, sink: self.de.sink, fields: self.fields })
+        let path = Path {
+            parent: Some(&self.de.path),
+            segment: Some(key),
+            index: None,
+        };
+        seed.deserialize(NodeDe {
+            node,
+            path,
+            sink: self.de.sink,
+            fields: self.fields,
+        })
     }
 }
 
@@ -594,7 +728,10 @@ struct EmptyMap;
 impl<'de> MapAccess<'de> for EmptyMap {
     type Error = DeError;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, _: K) -> Result<Option<K::Value>, DeError> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        _: K,
+    ) -> Result<Option<K::Value>, DeError> {
         Ok(None)
     }
 
@@ -619,11 +756,17 @@ mod tests {
             for (i, part) in parts.iter().enumerate() {
                 let dict = cur.as_dict_mut().expect("test paths go through dicts");
                 let last = i + 1 == parts.len();
-                let child = dict.entry(Key::from(*part)).or_insert_with(|| Node::new(Value::Dict(Dict::new())));
+                let child = dict
+                    .entry(Key::from(*part))
+                    .or_insert_with(|| Node::new(Value::Dict(Dict::new())));
                 if last {
                     *child = Node::with_origin(
                         value.clone(),
-                        Some(Origin::File { file: Arc::from("t.yaml"), line: 3, col: 7 }),
+                        Some(Origin::File {
+                            file: Arc::from("t.yaml"),
+                            line: 3,
+                            col: 7,
+                        }),
                     );
                 }
                 cur = child;
@@ -656,7 +799,10 @@ mod tests {
         .expect("valid");
         let c = got.config;
         assert_eq!(c.weight_syncer.kind, SyncerKind::Bucket);
-        assert_eq!(c.weight_syncer.bucket.bucket_dtype, Some(FloatDtype::Bfloat16));
+        assert_eq!(
+            c.weight_syncer.bucket.bucket_dtype,
+            Some(FloatDtype::Bfloat16)
+        );
         assert_eq!(c.weight_syncer.bucket.bucket_size.get(), 1024);
         assert_eq!(c.actor.optim.lr, 1.0);
         assert!(c.actor.sync_weight_no_wait);
@@ -669,15 +815,26 @@ mod tests {
         assert_eq!(err.problems.len(), 1);
         let p = &err.problems[0];
         assert_eq!(p.path, "weight_syncer.patch.compresion");
-        assert!(p.message.contains("did you mean weight_syncer.patch.compression?"), "{}", p.message);
+        assert!(
+            p.message
+                .contains("did you mean weight_syncer.patch.compression?"),
+            "{}",
+            p.message
+        );
         assert!(p.to_string().contains("t.yaml:3:7"), "{p}");
     }
 
     #[test]
     fn unrelated_key_in_shared_section_is_ignored_not_an_error() {
-        let got = extract(&tree(&[("actor.fsdp_config.strategy", s("fsdp")), ("reward.use_reward_model", Value::Bool(false))]))
-            .expect("RLinf keys rlsync does not use are ignored");
-        assert_eq!(got.ignored, vec!["actor.fsdp_config".to_owned(), "reward".to_owned()]);
+        let got = extract(&tree(&[
+            ("actor.fsdp_config.strategy", s("fsdp")),
+            ("reward.use_reward_model", Value::Bool(false)),
+        ]))
+        .expect("RLinf keys rlsync does not use are ignored");
+        assert_eq!(
+            got.ignored,
+            vec!["actor.fsdp_config".to_owned(), "reward".to_owned()]
+        );
     }
 
     #[test]
@@ -699,46 +856,94 @@ mod tests {
                 "actor.optim.lr"
             ]
         );
-        assert!(err.problems[0].message.contains("lz5") && err.problems[0].message.contains("nvcomp_lz4"));
-        assert!(err.problems[1].message.contains("nonzero"), "{}", err.problems[1].message);
-        assert!(err.problems[3].message.contains("string 'fast' is not a number"), "{}", err.problems[3].message);
+        assert!(
+            err.problems[0].message.contains("lz5")
+                && err.problems[0].message.contains("nvcomp_lz4")
+        );
+        assert!(
+            err.problems[1].message.contains("nonzero"),
+            "{}",
+            err.problems[1].message
+        );
+        assert!(
+            err.problems[3]
+                .message
+                .contains("string 'fast' is not a number"),
+            "{}",
+            err.problems[3].message
+        );
     }
 
     #[test]
     fn cross_field_rules() {
         let err = extract(&tree(&[
             ("weight_syncer.patch.compression", s("nvcomp_lz4")),
-            ("weight_syncer.patch.init_sync.prefixes", Value::List(vec![])),
+            (
+                "weight_syncer.patch.init_sync.prefixes",
+                Value::List(vec![]),
+            ),
             ("cluster.component_placement.rollout", s("0-2")),
         ]))
         .unwrap_err();
         let text = err.to_string();
-        assert!(text.contains("requires weight_syncer.patch.transport_device: cuda"), "{text}");
-        assert!(text.contains("null (whole state dict) or a non-empty list"), "{text}");
-        assert!(text.contains("cannot be split evenly across 3 rollout workers"), "{text}");
+        assert!(
+            text.contains("requires weight_syncer.patch.transport_device: cuda"),
+            "{text}"
+        );
+        assert!(
+            text.contains("null (whole state dict) or a non-empty list"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cannot be split evenly across 3 rollout workers"),
+            "{text}"
+        );
     }
 
     #[test]
     fn missing_value_is_reported() {
         let err = extract(&tree(&[("actor.seed", Value::Missing)])).unwrap_err();
-        assert!(err.problems[0].message.contains("missing mandatory value"), "{}", err.problems[0].message);
+        assert!(
+            err.problems[0].message.contains("missing mandatory value"),
+            "{}",
+            err.problems[0].message
+        );
     }
 
     #[test]
     fn big_int_in_an_integer_field_names_the_key() {
-        let err = extract(&tree(&[("actor.seed", Value::BigInt("99999999999999999999".into()))])).unwrap_err();
+        let err = extract(&tree(&[(
+            "actor.seed",
+            Value::BigInt("99999999999999999999".into()),
+        )]))
+        .unwrap_err();
         let p = &err.problems[0];
         assert_eq!(p.path, "actor.seed");
-        assert!(p.message.contains("integer 99999999999999999999 is out of range"), "{}", p.message);
+        assert!(
+            p.message
+                .contains("integer 99999999999999999999 is out of range"),
+            "{}",
+            p.message
+        );
         // A float field takes it as Python's float(int) would.
-        let got = extract(&tree(&[("actor.optim.lr", Value::BigInt("100000000000000000000".into()))])).expect("valid");
+        let got = extract(&tree(&[(
+            "actor.optim.lr",
+            Value::BigInt("100000000000000000000".into()),
+        )]))
+        .expect("valid");
         assert_eq!(got.config.actor.optim.lr, 1e20);
     }
 
     #[test]
     fn closest_only_suggests_near_misses() {
-        assert_eq!(closest("compresion", &["compression", "delta_encoding"]).as_deref(), Some("compression"));
-        assert_eq!(closest("video_cfg", &["compression", "delta_encoding"]), None);
+        assert_eq!(
+            closest("compresion", &["compression", "delta_encoding"]).as_deref(),
+            Some("compression")
+        );
+        assert_eq!(
+            closest("video_cfg", &["compression", "delta_encoding"]),
+            None
+        );
         assert_eq!(levenshtein("kitten", "sitting"), 3);
     }
 }

@@ -399,9 +399,18 @@ mod tests {
         }
         check_v(&[
             ("-9223372036854775808", Value::Int(i64::MIN)),
-            ("-9223372036854775809", Value::BigInt("-9223372036854775809".into())),
-            ("0x1_0000_0000_0000_0000", Value::BigInt("18446744073709551616".into())),
-            ("!!int '99999999999999999999'", Value::BigInt("99999999999999999999".into())),
+            (
+                "-9223372036854775809",
+                Value::BigInt("-9223372036854775809".into()),
+            ),
+            (
+                "0x1_0000_0000_0000_0000",
+                Value::BigInt("18446744073709551616".into()),
+            ),
+            (
+                "!!int '99999999999999999999'",
+                Value::BigInt("99999999999999999999".into()),
+            ),
         ]);
     }
 
@@ -744,7 +753,11 @@ mod tests {
         for case in &cases {
             let name = case["config_name"].as_str().unwrap_or_default();
             assert_eq!(case["mode"], "cfg", "{name}");
-            assert_eq!(case["overrides"].as_array().map(Vec::len), Some(0), "{name}");
+            assert_eq!(
+                case["overrides"].as_array().map(Vec::len),
+                Some(0),
+                "{name}"
+            );
             let result = load_file(&data.join(format!("{name}.yaml")));
             let ok = if let Some(check) = deviation(name) {
                 check(&result)
@@ -756,11 +769,21 @@ mod tests {
                 matches!(&result, Ok(got) if kit::same(&got.value, &want))
             };
             if !ok {
-                failures.push(format!("{name}: got {:?}\n   expect {}", result.map(|n| n.value), case["expect"]));
+                failures.push(format!(
+                    "{name}: got {:?}\n   expect {}",
+                    result.map(|n| n.value),
+                    case["expect"]
+                ));
             }
         }
         assert_eq!(cases.len(), 183, "case count changed");
-        assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {} cases failed:\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
     }
 
     // ---- robustness: bad input is an error, never a panic ----

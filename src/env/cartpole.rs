@@ -5,7 +5,6 @@
 //! 12 degrees or the cart leaves `[-2.4, 2.4]`. Reward is 1 per step survived; reaching the episode cap counts
 //! as a success. Observation: `[x, x_dot, theta, theta_dot]`, each drawn in `[-0.05, 0.05]` on reset.
 
-
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -31,16 +30,24 @@ impl Cartpole {
     pub fn new(seed: u64, streams: &[usize]) -> Cartpole {
         Cartpole {
             state: vec![[0.0; 4]; streams.len()],
-            rngs: streams.iter().map(|&i| StdRng::seed_from_u64(env_seed(seed, i))).collect(),
+            rngs: streams
+                .iter()
+                .map(|&i| StdRng::seed_from_u64(env_seed(seed, i)))
+                .collect(),
         }
     }
 
     pub fn spec() -> EnvSpec {
-        EnvSpec { obs_dim: 4, action: ActionSpace::Discrete { n: 2 } }
+        EnvSpec {
+            obs_dim: 4,
+            action: ActionSpace::Discrete { n: 2 },
+        }
     }
 
     pub(crate) fn reset(&mut self, env: usize, obs: &mut [f32]) {
-        let (Some(s), Some(rng)) = (self.state.get_mut(env), self.rngs.get_mut(env)) else { return };
+        let (Some(s), Some(rng)) = (self.state.get_mut(env), self.rngs.get_mut(env)) else {
+            return;
+        };
         for v in s.iter_mut() {
             *v = rng.gen_range(-0.05f32..0.05);
         }
@@ -49,12 +56,20 @@ impl Cartpole {
 
     pub(crate) fn step(&mut self, env: usize, action: i64, obs: &mut [f32]) -> Transition {
         let Some(s) = self.state.get_mut(env) else {
-            return Transition { reward: 0.0, terminated: true, success: false };
+            return Transition {
+                reward: 0.0,
+                terminated: true,
+                success: false,
+            };
         };
         *s = physics(*s, if action == 1 { FORCE_MAG } else { -FORCE_MAG });
         obs.copy_from_slice(s);
         let failed = s[0].abs() > X_LIMIT || s[2].abs() > THETA_LIMIT;
-        Transition { reward: 1.0, terminated: failed, success: false }
+        Transition {
+            reward: 1.0,
+            terminated: failed,
+            success: false,
+        }
     }
 }
 
@@ -63,10 +78,15 @@ fn physics([x, x_dot, theta, theta_dot]: [f32; 4], force: f32) -> [f32; 4] {
     let pole_mass_len = MASS_POLE * HALF_POLE_LEN;
     let (sin, cos) = theta.sin_cos();
     let temp = (force + pole_mass_len * theta_dot * theta_dot * sin) / total_mass;
-    let theta_acc =
-        (GRAVITY * sin - cos * temp) / (HALF_POLE_LEN * (4.0 / 3.0 - MASS_POLE * cos * cos / total_mass));
+    let theta_acc = (GRAVITY * sin - cos * temp)
+        / (HALF_POLE_LEN * (4.0 / 3.0 - MASS_POLE * cos * cos / total_mass));
     let x_acc = temp - pole_mass_len * theta_acc * cos / total_mass;
-    [x + TAU * x_dot, x_dot + TAU * x_acc, theta + TAU * theta_dot, theta_dot + TAU * theta_acc]
+    [
+        x + TAU * x_dot,
+        x_dot + TAU * x_acc,
+        theta + TAU * theta_dot,
+        theta_dot + TAU * theta_acc,
+    ]
 }
 
 #[cfg(test)]

@@ -40,12 +40,21 @@ impl Reach {
             links: links.max(1),
             q: vec![0.0; n * links.max(1)],
             target: vec![[0.0; 2]; n],
-            rngs: streams.iter().map(|&i| StdRng::seed_from_u64(env_seed(seed, i))).collect(),
+            rngs: streams
+                .iter()
+                .map(|&i| StdRng::seed_from_u64(env_seed(seed, i)))
+                .collect(),
         }
     }
 
     pub fn spec(&self) -> EnvSpec {
-        EnvSpec { obs_dim: 2 * self.links + 6, action: ActionSpace::Continuous { dim: self.links, bound: 1.0 } }
+        EnvSpec {
+            obs_dim: 2 * self.links + 6,
+            action: ActionSpace::Continuous {
+                dim: self.links,
+                bound: 1.0,
+            },
+        }
     }
 
     fn link_len(&self) -> f32 {
@@ -57,7 +66,11 @@ impl Reach {
         let l = self.link_len();
         let mut angle = 0.0f32;
         let mut p = [0.0f32; 2];
-        for &qi in self.q.get(env * self.links..(env + 1) * self.links).unwrap_or(&[]) {
+        for &qi in self
+            .q
+            .get(env * self.links..(env + 1) * self.links)
+            .unwrap_or(&[])
+        {
             angle += qi;
             p[0] += l * angle.cos();
             p[1] += l * angle.sin();
@@ -70,17 +83,26 @@ impl Reach {
     }
 
     fn distance(&self, env: usize) -> f32 {
-        let (p, t) = (self.end_effector(env), self.target.get(env).copied().unwrap_or_default());
+        let (p, t) = (
+            self.end_effector(env),
+            self.target.get(env).copied().unwrap_or_default(),
+        );
         ((t[0] - p[0]).powi(2) + (t[1] - p[1]).powi(2)).sqrt()
     }
 
     pub(crate) fn reset(&mut self, env: usize, obs: &mut [f32]) {
         let links = self.links;
-        let Some(rng) = self.rngs.get_mut(env) else { return };
+        let Some(rng) = self.rngs.get_mut(env) else {
+            return;
+        };
         for qi in &mut self.q[env * links..(env + 1) * links] {
             *qi = rng.gen_range(-PI..PI);
         }
-        let radius = if links == 1 { 1.0 } else { rng.gen_range(0.2f32..0.9) };
+        let radius = if links == 1 {
+            1.0
+        } else {
+            rng.gen_range(0.2f32..0.9)
+        };
         let theta = rng.gen_range(-PI..PI);
         self.target[env] = [radius * theta.cos(), radius * theta.sin()];
         // a start already inside the success radius would end at once: push the target to the far side.
@@ -93,7 +115,10 @@ impl Reach {
     pub(crate) fn step(&mut self, env: usize, action: &[f32], obs: &mut [f32]) -> Transition {
         let links = self.links;
         let mut cost = 0.0;
-        for (qi, &a) in self.q[env * links..(env + 1) * links].iter_mut().zip(action) {
+        for (qi, &a) in self.q[env * links..(env + 1) * links]
+            .iter_mut()
+            .zip(action)
+        {
             // NaN actions count as no move rather than poisoning the state.
             let a = if a.is_nan() { 0.0 } else { a.clamp(-1.0, 1.0) };
             cost += a * a;
@@ -138,7 +163,10 @@ mod tests {
         assert!((p[0] - 1.0).abs() < 1e-6 && p[1].abs() < 1e-6);
         r.q = vec![PI / 2.0, -PI / 2.0];
         let p = r.end_effector(0);
-        assert!((p[0] - 0.5).abs() < 1e-6 && (p[1] - 0.5).abs() < 1e-6, "{p:?}");
+        assert!(
+            (p[0] - 0.5).abs() < 1e-6 && (p[1] - 0.5).abs() < 1e-6,
+            "{p:?}"
+        );
     }
 
     #[test]
@@ -166,9 +194,16 @@ mod tests {
         r.target[0] = [p[0] + SUCCESS_RADIUS / 2.0, p[1]];
         let tr = r.step(0, &[0.0, 0.0], &mut obs);
         assert!(tr.success && tr.terminated);
-        assert!((tr.reward - (SUCCESS_BONUS - SUCCESS_RADIUS / 2.0)).abs() < 1e-4, "{}", tr.reward);
+        assert!(
+            (tr.reward - (SUCCESS_BONUS - SUCCESS_RADIUS / 2.0)).abs() < 1e-4,
+            "{}",
+            tr.reward
+        );
         // the obs carries target - end effector.
-        assert!((obs[8] - SUCCESS_RADIUS / 2.0).abs() < 1e-5 && obs[9].abs() < 1e-5, "{obs:?}");
+        assert!(
+            (obs[8] - SUCCESS_RADIUS / 2.0).abs() < 1e-5 && obs[9].abs() < 1e-5,
+            "{obs:?}"
+        );
     }
 
     #[test]
@@ -182,7 +217,10 @@ mod tests {
         for j in 0..3 {
             r.q = q0.clone();
             r.q[j] += 1e-3;
-            grad[j] = (r.distance(0) - { r.q = q0.clone(); r.distance(0) }) / 1e-3;
+            grad[j] = (r.distance(0) - {
+                r.q = q0.clone();
+                r.distance(0)
+            }) / 1e-3;
         }
         let toward: Vec<f32> = grad.iter().map(|g| -g.signum() * 0.5).collect();
         let away: Vec<f32> = toward.iter().map(|a| -a).collect();

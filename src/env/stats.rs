@@ -16,7 +16,11 @@ pub struct EpisodeMetrics {
 impl EpisodeMetrics {
     /// Metric names and values as the run logs them.
     pub fn named(&self) -> [(&'static str, f64); 3] {
-        [("env/return", self.ret), ("env/success_rate", self.success_rate), ("env/episode_len", self.episode_len)]
+        [
+            ("env/return", self.ret),
+            ("env/success_rate", self.success_rate),
+            ("env/episode_len", self.episode_len),
+        ]
     }
 
     /// Pools two reports, weighting by episode counts (for combining rollout workers).
@@ -60,7 +64,10 @@ impl EpisodeStats {
 
     /// Adds one step of env `env`; `done` closes its episode.
     pub fn record(&mut self, env: usize, reward: f32, done: bool, success: bool) {
-        let (Some(ret), Some(len)) = (self.running_return.get_mut(env), self.running_len.get_mut(env)) else {
+        let (Some(ret), Some(len)) = (
+            self.running_return.get_mut(env),
+            self.running_len.get_mut(env),
+        ) else {
             return;
         };
         *ret += f64::from(reward);
@@ -118,16 +125,55 @@ mod tests {
         s.record(1, 5.0, false, false); // still running: not reported
         s.record(7, 5.0, true, true); // unknown env: ignored, not a panic
         let m = s.take();
-        assert_eq!(m, EpisodeMetrics { ret: 3.0, success_rate: 1.0, episode_len: 2.0, episodes: 1 });
+        assert_eq!(
+            m,
+            EpisodeMetrics {
+                ret: 3.0,
+                success_rate: 1.0,
+                episode_len: 2.0,
+                episodes: 1
+            }
+        );
         s.record(1, 1.0, true, false);
-        assert_eq!(s.take(), EpisodeMetrics { ret: 6.0, success_rate: 0.0, episode_len: 2.0, episodes: 1 });
+        assert_eq!(
+            s.take(),
+            EpisodeMetrics {
+                ret: 6.0,
+                success_rate: 0.0,
+                episode_len: 2.0,
+                episodes: 1
+            }
+        );
     }
 
     #[test]
     fn merge_weights_by_episodes() {
-        let a = EpisodeMetrics { ret: 1.0, success_rate: 1.0, episode_len: 10.0, episodes: 3 };
-        let b = EpisodeMetrics { ret: 5.0, success_rate: 0.0, episode_len: 2.0, episodes: 1 };
-        assert_eq!(a.merge(&b), EpisodeMetrics { ret: 2.0, success_rate: 0.75, episode_len: 8.0, episodes: 4 });
-        assert_eq!(EpisodeMetrics::default().merge(&EpisodeMetrics::default()).episodes, 0);
+        let a = EpisodeMetrics {
+            ret: 1.0,
+            success_rate: 1.0,
+            episode_len: 10.0,
+            episodes: 3,
+        };
+        let b = EpisodeMetrics {
+            ret: 5.0,
+            success_rate: 0.0,
+            episode_len: 2.0,
+            episodes: 1,
+        };
+        assert_eq!(
+            a.merge(&b),
+            EpisodeMetrics {
+                ret: 2.0,
+                success_rate: 0.75,
+                episode_len: 8.0,
+                episodes: 4
+            }
+        );
+        assert_eq!(
+            EpisodeMetrics::default()
+                .merge(&EpisodeMetrics::default())
+                .episodes,
+            0
+        );
     }
 }

@@ -56,9 +56,19 @@ struct StepInfo {
 }
 
 enum Trainer {
-    Idle { since: Instant },
-    Training { started: Instant, info: StepInfo },
-    Syncing { started: Instant, info: StepInfo, stats: Option<SyncStats>, applies_left: u32 },
+    Idle {
+        since: Instant,
+    },
+    Training {
+        started: Instant,
+        info: StepInfo,
+    },
+    Syncing {
+        started: Instant,
+        info: StepInfo,
+        stats: Option<SyncStats>,
+        applies_left: u32,
+    },
 }
 
 struct Loop<'a> {
@@ -89,11 +99,17 @@ impl Loop<'_> {
 
     /// Whether rollout `rank` may start one more chunk now.
     fn may_grant(&self, rank: usize) -> bool {
-        let Some(slot) = self.slots.get(rank) else { return false };
+        let Some(slot) = self.slots.get(rank) else {
+            return false;
+        };
         let queued = self.buffer.len() + self.in_flight();
         // Discarded chunks do not count: only what steps still to start will train on.
-        let needed = self.batch() as u64 * (self.plan.steps - self.steps_started.min(self.plan.steps));
-        if slot.in_flight || queued as u64 >= needed || queued >= self.set.buffer_chunks.max(self.batch()) {
+        let needed =
+            self.batch() as u64 * (self.plan.steps - self.steps_started.min(self.plan.steps));
+        if slot.in_flight
+            || queued as u64 >= needed
+            || queued >= self.set.buffer_chunks.max(self.batch())
+        {
             return false;
         }
         let training = u64::from(matches!(self.trainer, Trainer::Training { .. }));
@@ -110,7 +126,9 @@ impl Loop<'_> {
                     steps: self.plan.chunk_steps,
                     background: self.set.no_wait,
                 };
-                self.sup.send(WorkerId::rollout(rank as u32), &cmd, &[]).await?;
+                self.sup
+                    .send(WorkerId::rollout(rank as u32), &cmd, &[])
+                    .await?;
                 self.next_chunk += 1;
                 if let Some(slot) = self.slots.get_mut(rank) {
                     slot.in_flight = true;
@@ -122,11 +140,15 @@ impl Loop<'_> {
 
     /// Start a train step when the trainer is idle and a batch of fresh data is buffered.
     async fn try_train(&mut self) -> Result<(), OrchestratorError> {
-        let Trainer::Idle { since } = self.trainer else { return Ok(()) };
+        let Trainer::Idle { since } = self.trainer else {
+            return Ok(());
+        };
         if self.steps_started >= self.plan.steps {
             return Ok(());
         }
-        let oldest = self.trainer_version.saturating_sub(self.set.staleness_threshold);
+        let oldest = self
+            .trainer_version
+            .saturating_sub(self.set.staleness_threshold);
         let before = self.buffer.len();
         self.buffer.retain(|c| c.version >= oldest);
         self.discarded += (before - self.buffer.len()) as u64;
@@ -136,11 +158,16 @@ impl Loop<'_> {
         let chunks: Vec<Buffered> = self.buffer.drain(..self.batch()).collect();
         let samples: Vec<(u64, u64)> = chunks.iter().map(|c| (c.version, c.env_steps)).collect();
         let env_steps: u64 = chunks.iter().map(|c| c.env_steps).sum();
-        let mean_return = chunks.iter().map(|c| c.mean_return).sum::<f64>() / chunks.len().max(1) as f64;
+        let mean_return =
+            chunks.iter().map(|c| c.mean_return).sum::<f64>() / chunks.len().max(1) as f64;
         let data: Vec<u8> = chunks.iter().flat_map(|c| c.data.iter().copied()).collect();
         let step = self.steps_started;
         self.sup.begin_step();
-        let cmd = Command::Train { step, chunks: chunks.len() as u32, env_steps };
+        let cmd = Command::Train {
+            step,
+            chunks: chunks.len() as u32,
+            env_steps,
+        };
         self.sup.send(WorkerId::TRAINER, &cmd, &data).await?;
         let info = StepInfo {
             step,
@@ -154,11 +181,19 @@ impl Loop<'_> {
             metrics: Vec::new(),
         };
         self.steps_started += 1;
-        self.trainer = Trainer::Training { started: Instant::now(), info };
+        self.trainer = Trainer::Training {
+            started: Instant::now(),
+            info,
+        };
         Ok(())
     }
 
-    fn emit(&mut self, info: StepInfo, sync: Option<SyncOutcome>, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
+    fn emit(
+        &mut self,
+        info: StepInfo,
+        sync: Option<SyncOutcome>,
+        sink: &mut MetricsSink,
+    ) -> Result<(), OrchestratorError> {
         let step_s = self.last_row.elapsed().as_secs_f64().max(1e-12);
         self.last_row = Instant::now();
         let sync_s = sync.as_ref().map(|s| s.seconds).unwrap_or(0.0);
@@ -175,7 +210,10 @@ impl Loop<'_> {
         rec.int("rollout/discarded_unused_trajs", info.discarded as i64);
         rec.float("trainer/idle_ratio", (info.wait_s / step_s).clamp(0.0, 1.0));
         let capacity = f64::from(self.plan.rollouts) * step_s;
-        rec.float("rollout/idle_ratio", (1.0 - std::mem::take(&mut self.rollout_busy_s) / capacity).clamp(0.0, 1.0));
+        rec.float(
+            "rollout/idle_ratio",
+            (1.0 - std::mem::take(&mut self.rollout_busy_s) / capacity).clamp(0.0, 1.0),
+        );
         rec.float("throughput/env_steps_per_s", info.env_steps as f64 / step_s);
         rec.float("rollout/return", info.mean_return);
         rec.int("rollout/env_steps", info.env_steps as i64);
@@ -186,26 +224,50 @@ impl Loop<'_> {
         sink.record(rec)?;
         self.totals.steps += 1;
         self.totals.env_steps += info.env_steps;
-        self.trainer = Trainer::Idle { since: Instant::now() };
+        self.trainer = Trainer::Idle {
+            since: Instant::now(),
+        };
         Ok(())
     }
 
     fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
-        OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{report:?}") }
+        OrchestratorError::Unexpected {
+            worker: id.to_string(),
+            report: format!("{report:?}"),
+        }
     }
 
-    async fn on_report(&mut self, id: WorkerId, report: Report, blob: Vec<u8>, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
+    async fn on_report(
+        &mut self,
+        id: WorkerId,
+        report: Report,
+        blob: Vec<u8>,
+        sink: &mut MetricsSink,
+    ) -> Result<(), OrchestratorError> {
         let rank = id.rank as usize;
         match report {
-            Report::Chunk { version, env_steps, mean_return, busy_s, .. } if id != WorkerId::TRAINER => {
+            Report::Chunk {
+                version,
+                env_steps,
+                mean_return,
+                busy_s,
+                ..
+            } if id != WorkerId::TRAINER => {
                 if let Some(slot) = self.slots.get_mut(rank) {
                     slot.in_flight = false;
                     slot.version = slot.version.max(version);
                 }
                 self.rollout_busy_s += busy_s;
-                self.buffer.push_back(Buffered { version, env_steps, mean_return, data: blob });
+                self.buffer.push_back(Buffered {
+                    version,
+                    env_steps,
+                    mean_return,
+                    data: blob,
+                });
             }
-            Report::Applied { version, checksum, .. } if id != WorkerId::TRAINER => {
+            Report::Applied {
+                version, checksum, ..
+            } if id != WorkerId::TRAINER => {
                 self.verifier.rollout(id, version, checksum)?;
                 if let Some(slot) = self.slots.get_mut(rank) {
                     slot.version = slot.version.max(version);
@@ -215,31 +277,73 @@ impl Loop<'_> {
                 }
                 self.finish_sync(sink)?;
             }
-            Report::Trained { version, loss, metrics, .. } if id == WorkerId::TRAINER => {
-                let Trainer::Training { started, mut info } = std::mem::replace(&mut self.trainer, Trainer::Idle { since: Instant::now() })
-                else {
-                    return Err(Self::unexpected(id, &Report::Trained { step: 0, version, loss, busy_s: 0.0, metrics }));
+            Report::Trained {
+                version,
+                loss,
+                metrics,
+                ..
+            } if id == WorkerId::TRAINER => {
+                let Trainer::Training { started, mut info } = std::mem::replace(
+                    &mut self.trainer,
+                    Trainer::Idle {
+                        since: Instant::now(),
+                    },
+                ) else {
+                    return Err(Self::unexpected(
+                        id,
+                        &Report::Trained {
+                            step: 0,
+                            version,
+                            loss,
+                            busy_s: 0.0,
+                            metrics,
+                        },
+                    ));
                 };
                 info.train_s = started.elapsed().as_secs_f64();
                 info.loss = loss;
                 info.metrics = metrics;
                 self.trainer_version = version;
                 if version % self.set.sync_interval == 0 {
-                    self.sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;
-                    let applies_left = if self.set.no_wait { 0 } else { self.plan.rollouts };
+                    self.sup
+                        .send(WorkerId::TRAINER, &Command::Sync { version }, &[])
+                        .await?;
+                    let applies_left = if self.set.no_wait {
+                        0
+                    } else {
+                        self.plan.rollouts
+                    };
                     if !self.set.no_wait {
                         self.sup.send_rollouts(&Command::Apply).await?;
                     }
-                    self.trainer = Trainer::Syncing { started: Instant::now(), info, stats: None, applies_left };
+                    self.trainer = Trainer::Syncing {
+                        started: Instant::now(),
+                        info,
+                        stats: None,
+                        applies_left,
+                    };
                 } else {
                     self.emit(info, None, sink)?;
                 }
             }
-            Report::Synced { stats, checksum, .. } if id == WorkerId::TRAINER => {
+            Report::Synced {
+                stats, checksum, ..
+            } if id == WorkerId::TRAINER => {
                 self.verifier.trainer(stats.version, checksum)?;
                 match &mut self.trainer {
-                    Trainer::Syncing { stats: slot @ None, .. } => *slot = Some(stats),
-                    _ => return Err(Self::unexpected(id, &Report::Synced { stats, checksum, seconds: 0.0 })),
+                    Trainer::Syncing {
+                        stats: slot @ None, ..
+                    } => *slot = Some(stats),
+                    _ => {
+                        return Err(Self::unexpected(
+                            id,
+                            &Report::Synced {
+                                stats,
+                                checksum,
+                                seconds: 0.0,
+                            },
+                        ));
+                    }
                 }
                 self.finish_sync(sink)?;
             }
@@ -250,16 +354,36 @@ impl Loop<'_> {
 
     /// Emit the step's record once its sync is published (and, when blocking, applied everywhere).
     fn finish_sync(&mut self, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
-        let done = matches!(self.trainer, Trainer::Syncing { stats: Some(_), applies_left: 0, .. });
+        let done = matches!(
+            self.trainer,
+            Trainer::Syncing {
+                stats: Some(_),
+                applies_left: 0,
+                ..
+            }
+        );
         if !done {
             return Ok(());
         }
-        let Trainer::Syncing { started, info, stats: Some(stats), .. } =
-            std::mem::replace(&mut self.trainer, Trainer::Idle { since: Instant::now() })
+        let Trainer::Syncing {
+            started,
+            info,
+            stats: Some(stats),
+            ..
+        } = std::mem::replace(
+            &mut self.trainer,
+            Trainer::Idle {
+                since: Instant::now(),
+            },
+        )
         else {
             return Ok(());
         };
-        let outcome = SyncOutcome { stats, seconds: started.elapsed().as_secs_f64(), verified: self.verifier.all_matched() };
+        let outcome = SyncOutcome {
+            stats,
+            seconds: started.elapsed().as_secs_f64(),
+            verified: self.verifier.all_matched(),
+        };
         self.emit(info, Some(outcome), sink)
     }
 }
@@ -300,6 +424,7 @@ pub async fn run(
     }
     let mut totals = lp.totals;
     totals.wall_s = started.elapsed().as_secs_f64();
-    totals.unused_at_end = (lp.buffer.len() + lp.slots.iter().filter(|s| s.in_flight).count()) as u64;
+    totals.unused_at_end =
+        (lp.buffer.len() + lp.slots.iter().filter(|s| s.in_flight).count()) as u64;
     Ok(totals)
 }

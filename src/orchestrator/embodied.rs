@@ -42,7 +42,13 @@ async fn gather(
     while received < chunks || applied < applies || (syncing && stats.is_none()) {
         let (id, frame) = sup.recv("weight sync and rollout chunks").await?;
         match frame.header {
-            Report::Chunk { version, env_steps, mean_return, busy_s, .. } if id != WorkerId::TRAINER => {
+            Report::Chunk {
+                version,
+                env_steps,
+                mean_return,
+                busy_s,
+                ..
+            } if id != WorkerId::TRAINER => {
                 received += 1;
                 got.samples.push((version, env_steps));
                 got.env_steps += env_steps;
@@ -50,21 +56,34 @@ async fn gather(
                 got.busy_s += busy_s;
                 got.data.extend_from_slice(&frame.blob);
             }
-            Report::Synced { stats: s, checksum, .. } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
+            Report::Synced {
+                stats: s, checksum, ..
+            } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
                 verifier.trainer(s.version, checksum)?;
                 stats = Some(s);
             }
-            Report::Applied { version, checksum, .. } if id != WorkerId::TRAINER && applied < applies => {
+            Report::Applied {
+                version, checksum, ..
+            } if id != WorkerId::TRAINER && applied < applies => {
                 verifier.rollout(id, version, checksum)?;
                 applied += 1;
             }
-            other => return Err(OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{other:?}") }),
+            other => {
+                return Err(OrchestratorError::Unexpected {
+                    worker: id.to_string(),
+                    report: format!("{other:?}"),
+                });
+            }
         }
         if syncing && sync_s == 0.0 && stats.is_some() && applied == applies {
             sync_s = started.elapsed().as_secs_f64();
         }
     }
-    let outcome = stats.map(|stats| SyncOutcome { stats, seconds: sync_s, verified: verifier.all_matched() });
+    let outcome = stats.map(|stats| SyncOutcome {
+        stats,
+        seconds: sync_s,
+        verified: verifier.all_matched(),
+    });
     Ok((got, outcome))
 }
 
@@ -87,7 +106,8 @@ pub async fn run(
         // Step 0's weights are the bootstrap's.
         let syncing = step % interval == 0 && step > 0;
         if syncing {
-            sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[]).await?;
+            sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
+                .await?;
             sup.send_rollouts(&Command::Apply).await?;
         }
         let cmd = Command::Rollout {
@@ -99,19 +119,39 @@ pub async fn run(
         sup.send_rollouts(&cmd).await?;
         let (got, synced) = gather(sup, &mut verifier, syncing, chunks).await?;
         // Rollouts start generating right after applying: their phase is what remains of the gather.
-        let rollout_s = step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
-        let sync = if step == 0 { Some(init.clone()) } else { synced };
+        let rollout_s =
+            step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
+        let sync = if step == 0 {
+            Some(init.clone())
+        } else {
+            synced
+        };
 
         let train_start = Instant::now();
-        let train = Command::Train { step, chunks: chunks as u32, env_steps: got.env_steps };
+        let train = Command::Train {
+            step,
+            chunks: chunks as u32,
+            env_steps: got.env_steps,
+        };
         sup.send(WorkerId::TRAINER, &train, &got.data).await?;
         let (loss, trained_version, train_busy, metrics) = loop {
             let (id, frame) = sup.recv("the trainer's step").await?;
             match frame.header {
-                Report::Trained { version, loss, busy_s, metrics, .. } if id == WorkerId::TRAINER => {
+                Report::Trained {
+                    version,
+                    loss,
+                    busy_s,
+                    metrics,
+                    ..
+                } if id == WorkerId::TRAINER => {
                     break (loss, version, busy_s, metrics);
                 }
-                other => return Err(OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{other:?}") }),
+                other => {
+                    return Err(OrchestratorError::Unexpected {
+                        worker: id.to_string(),
+                        report: format!("{other:?}"),
+                    });
+                }
             }
         };
         let train_s = train_start.elapsed().as_secs_f64();
@@ -131,10 +171,19 @@ pub async fn run(
         rec.int("actor/current_version", version as i64);
         stale.record(&mut rec, 0);
         rec.int("rollout/discarded_unused_trajs", 0);
-        rec.float("trainer/idle_ratio", (1.0 - (train_busy + sync_s) / step_s.max(1e-12)).clamp(0.0, 1.0));
+        rec.float(
+            "trainer/idle_ratio",
+            (1.0 - (train_busy + sync_s) / step_s.max(1e-12)).clamp(0.0, 1.0),
+        );
         let rollout_capacity = f64::from(plan.rollouts) * step_s;
-        rec.float("rollout/idle_ratio", (1.0 - got.busy_s / rollout_capacity.max(1e-12)).clamp(0.0, 1.0));
-        rec.float("throughput/env_steps_per_s", got.env_steps as f64 / step_s.max(1e-12));
+        rec.float(
+            "rollout/idle_ratio",
+            (1.0 - got.busy_s / rollout_capacity.max(1e-12)).clamp(0.0, 1.0),
+        );
+        rec.float(
+            "throughput/env_steps_per_s",
+            got.env_steps as f64 / step_s.max(1e-12),
+        );
         rec.float("rollout/return", got.return_sum / chunks.max(1) as f64);
         rec.int("rollout/env_steps", got.env_steps as i64);
         rec.float("train/loss", loss);

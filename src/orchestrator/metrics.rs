@@ -14,7 +14,10 @@ use progress::Progress;
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
     #[error("cannot write {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// One metric value.
@@ -47,19 +50,25 @@ pub struct StepRecord {
 
 impl StepRecord {
     pub fn new(step: u64) -> StepRecord {
-        StepRecord { step, entries: Vec::new() }
+        StepRecord {
+            step,
+            entries: Vec::new(),
+        }
     }
     pub fn float(&mut self, key: &str, value: f64) {
-        self.entries.push((key.to_owned(), MetricValue::Float(value)));
+        self.entries
+            .push((key.to_owned(), MetricValue::Float(value)));
     }
     pub fn int(&mut self, key: &str, value: i64) {
         self.entries.push((key.to_owned(), MetricValue::Int(value)));
     }
     pub fn flag(&mut self, key: &str, value: bool) {
-        self.entries.push((key.to_owned(), MetricValue::Bool(value)));
+        self.entries
+            .push((key.to_owned(), MetricValue::Bool(value)));
     }
     pub fn text(&mut self, key: &str, value: &str) {
-        self.entries.push((key.to_owned(), MetricValue::Text(value.to_owned())));
+        self.entries
+            .push((key.to_owned(), MetricValue::Text(value.to_owned())));
     }
     pub fn get(&self, key: &str) -> Option<&MetricValue> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
@@ -96,7 +105,10 @@ pub fn staleness(trainer_version: u64, samples: &[(u64, u64)]) -> Staleness {
         }
     }
     Staleness {
-        ratios: counts.into_iter().map(|(lag, n)| (lag, n as f64 / total_f)).collect(),
+        ratios: counts
+            .into_iter()
+            .map(|(lag, n)| (lag, n as f64 / total_f))
+            .collect(),
         mean: lag_sum / total_f,
         max,
         average_version: version_sum / total_f,
@@ -107,9 +119,18 @@ impl Staleness {
     /// Add the staleness keys; lags `0..=up_to` are always present so columns are stable.
     pub fn record(&self, rec: &mut StepRecord, up_to: u64) {
         rec.float("actor/average_version", self.average_version);
-        let last = self.ratios.keys().next_back().copied().unwrap_or(0).max(up_to);
+        let last = self
+            .ratios
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(0)
+            .max(up_to);
         for lag in 0..=last {
-            rec.float(&format!("rollout/data_staleness_{lag}/ratio"), self.ratios.get(&lag).copied().unwrap_or(0.0));
+            rec.float(
+                &format!("rollout/data_staleness_{lag}/ratio"),
+                self.ratios.get(&lag).copied().unwrap_or(0.0),
+            );
         }
         rec.float("staleness/mean", self.mean);
         rec.int("staleness/max", self.max as i64);
@@ -125,10 +146,25 @@ pub struct MetricsSink {
 }
 
 impl MetricsSink {
-    pub fn open(run_dir: &Path, tensorboard: bool, progress: Progress) -> Result<MetricsSink, MetricsError> {
+    pub fn open(
+        run_dir: &Path,
+        tensorboard: bool,
+        progress: Progress,
+    ) -> Result<MetricsSink, MetricsError> {
         let jsonl = jsonl::JsonlWriter::create(&run_dir.join("metrics.jsonl"))?;
-        let tensorboard = if tensorboard { Some(tensorboard::EventWriter::create(&run_dir.join("tensorboard"))?) } else { None };
-        Ok(MetricsSink { jsonl, tensorboard, progress, history: Vec::new() })
+        let tensorboard = if tensorboard {
+            Some(tensorboard::EventWriter::create(
+                &run_dir.join("tensorboard"),
+            )?)
+        } else {
+            None
+        };
+        Ok(MetricsSink {
+            jsonl,
+            tensorboard,
+            progress,
+            history: Vec::new(),
+        })
     }
 
     pub fn record(&mut self, rec: StepRecord) -> Result<(), MetricsError> {
@@ -156,7 +192,14 @@ impl MetricsSink {
 mod tests {
     use super::*;
 
-    fn check(trainer: u64, samples: &[(u64, u64)], ratios: &[(u64, f64)], mean: f64, max: u64, avg: f64) {
+    fn check(
+        trainer: u64,
+        samples: &[(u64, u64)],
+        ratios: &[(u64, f64)],
+        mean: f64,
+        max: u64,
+        avg: f64,
+    ) {
         let s = staleness(trainer, samples);
         assert_eq!(s.ratios, ratios.iter().copied().collect::<BTreeMap<_, _>>());
         assert!((s.mean - mean).abs() < 1e-12, "mean {} vs {mean}", s.mean);
@@ -167,8 +210,22 @@ mod tests {
     #[test]
     fn staleness_is_weighted_by_env_steps() {
         check(5, &[(5, 10)], &[(0, 1.0)], 0.0, 0, 5.0);
-        check(5, &[(5, 10), (4, 30)], &[(0, 0.25), (1, 0.75)], 0.75, 1, 4.25);
-        check(3, &[(1, 1), (3, 1), (2, 2)], &[(0, 0.25), (1, 0.5), (2, 0.25)], 1.0, 2, 2.0);
+        check(
+            5,
+            &[(5, 10), (4, 30)],
+            &[(0, 0.25), (1, 0.75)],
+            0.75,
+            1,
+            4.25,
+        );
+        check(
+            3,
+            &[(1, 1), (3, 1), (2, 2)],
+            &[(0, 0.25), (1, 0.5), (2, 0.25)],
+            1.0,
+            2,
+            2.0,
+        );
         check(0, &[], &[], 0.0, 0, 0.0);
     }
 
@@ -176,7 +233,12 @@ mod tests {
     fn staleness_keys_cover_the_threshold() {
         let mut rec = StepRecord::new(0);
         staleness(2, &[(2, 4)]).record(&mut rec, 2);
-        for key in ["rollout/data_staleness_0/ratio", "rollout/data_staleness_2/ratio", "staleness/max", "actor/average_version"] {
+        for key in [
+            "rollout/data_staleness_0/ratio",
+            "rollout/data_staleness_2/ratio",
+            "staleness/max",
+            "actor/average_version",
+        ] {
             assert!(rec.get(key).is_some(), "{key} missing");
         }
         assert_eq!(rec.get_f64("rollout/data_staleness_0/ratio"), Some(1.0));

@@ -20,7 +20,9 @@ pub struct RunPlan {
 }
 
 fn invalid(reason: impl Into<String>) -> OrchestratorError {
-    OrchestratorError::Config { reason: reason.into() }
+    OrchestratorError::Config {
+        reason: reason.into(),
+    }
 }
 
 /// The rollout worker count: one per slot of `cluster.component_placement.rollout`.
@@ -29,17 +31,25 @@ pub fn rollout_workers(cfg: &RunConfig) -> Result<u32, OrchestratorError> {
         .cluster
         .component_placement
         .get("rollout")
-        .ok_or_else(|| invalid("cluster.component_placement has no 'rollout' entry (e.g. rollout: 0-1)"))?;
-    let slots = placement.slots().map_err(|e| invalid(format!("cluster.component_placement.rollout: {e}")))?;
+        .ok_or_else(|| {
+            invalid("cluster.component_placement has no 'rollout' entry (e.g. rollout: 0-1)")
+        })?;
+    let slots = placement
+        .slots()
+        .map_err(|e| invalid(format!("cluster.component_placement.rollout: {e}")))?;
     match u32::try_from(slots.len()) {
-        Ok(0) | Err(_) => Err(invalid("cluster.component_placement.rollout must list 1 or more slots")),
+        Ok(0) | Err(_) => Err(invalid(
+            "cluster.component_placement.rollout must list 1 or more slots",
+        )),
         Ok(n) => Ok(n),
     }
 }
 
 pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError> {
     if entry == Entry::BenchSync {
-        return Err(invalid("bench_sync does not start workers; it is run by `rlsync bench_sync`"));
+        return Err(invalid(
+            "bench_sync does not start workers; it is run by `rlsync bench_sync`",
+        ));
     }
     let rollouts = rollout_workers(cfg)?;
     let envs = cfg.env.train.total_num_envs.get();
@@ -48,15 +58,21 @@ pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError>
             "env.train.total_num_envs={envs} does not split evenly over {rollouts} rollout workers"
         )));
     }
-    let steps = if cfg.runner.max_steps >= 0 { cfg.runner.max_steps } else { cfg.runner.max_epochs };
+    let steps = if cfg.runner.max_steps >= 0 {
+        cfg.runner.max_steps
+    } else {
+        cfg.runner.max_epochs
+    };
     if steps <= 0 {
-        return Err(invalid("runner.max_steps (or runner.max_epochs when max_steps is -1) must be positive"));
+        return Err(invalid(
+            "runner.max_steps (or runner.max_epochs when max_steps is -1) must be positive",
+        ));
     }
-    let per_step =
-        u64::from(cfg.env.train.max_steps_per_rollout_epoch.get()) * u64::from(cfg.env.train.rollout_epoch.get());
+    let per_step = u64::from(cfg.env.train.max_steps_per_rollout_epoch.get())
+        * u64::from(cfg.env.train.rollout_epoch.get());
     let chunk_steps = u64::from(cfg.rollout.chunk_steps.get()).min(per_step);
-    let chunks_per_rollout =
-        u32::try_from(per_step.div_ceil(chunk_steps)).map_err(|_| invalid("too many rollout chunks per step"))?;
+    let chunks_per_rollout = u32::try_from(per_step.div_ceil(chunk_steps))
+        .map_err(|_| invalid("too many rollout chunks per step"))?;
     let interval = u64::from(cfg.runner.weight_sync_interval.get());
     if entry == Entry::Async && u64::from(cfg.algorithm.staleness_threshold) + 1 < interval {
         return Err(invalid(format!(
@@ -105,7 +121,11 @@ mod tests {
 
     #[test]
     fn impossible_configs_are_named() {
-        check_error(|c| c.env.train.total_num_envs = NonZeroU32::new(3).unwrap(), Entry::Embodied, "total_num_envs=3");
+        check_error(
+            |c| c.env.train.total_num_envs = NonZeroU32::new(3).unwrap(),
+            Entry::Embodied,
+            "total_num_envs=3",
+        );
         check_error(
             |c| {
                 c.runner.weight_sync_interval = NonZeroU32::new(3).unwrap();
@@ -115,9 +135,19 @@ mod tests {
             "staleness_threshold=1",
         );
         check_error(|c| c.runner.max_steps = 0, Entry::Embodied, "max_steps");
-        check_error(|c| drop(c.cluster.component_placement.shift_remove("rollout")), Entry::Embodied, "no 'rollout'");
         check_error(
-            |c| drop(c.cluster.component_placement.insert("rollout".into(), Placement::Ranges("2-1".into()))),
+            |c| drop(c.cluster.component_placement.shift_remove("rollout")),
+            Entry::Embodied,
+            "no 'rollout'",
+        );
+        check_error(
+            |c| {
+                drop(
+                    c.cluster
+                        .component_placement
+                        .insert("rollout".into(), Placement::Ranges("2-1".into())),
+                )
+            },
             Entry::Embodied,
             "component_placement.rollout",
         );
@@ -130,7 +160,9 @@ mod tests {
         cfg.runner.weight_sync_interval = NonZeroU32::new(3).unwrap();
         cfg.algorithm.staleness_threshold = 0;
         assert!(plan(Entry::Embodied, &cfg).is_ok());
-        cfg.cluster.component_placement.insert("rollout".into(), Placement::Single(3));
+        cfg.cluster
+            .component_placement
+            .insert("rollout".into(), Placement::Single(3));
         assert_eq!(plan(Entry::Embodied, &cfg).unwrap().rollouts, 1);
     }
 }

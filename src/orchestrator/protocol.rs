@@ -120,9 +120,18 @@ pub enum Command {
     /// Rollout: generate chunks `first_chunk..first_chunk+chunks`, one [`Report::Chunk`] each.
     /// Each chunk is `steps` steps of every env of the worker. With `background` set, updates are received in
     /// the background and installed between chunks.
-    Rollout { first_chunk: u64, chunks: u32, steps: u32, background: bool },
+    Rollout {
+        first_chunk: u64,
+        chunks: u32,
+        steps: u32,
+        background: bool,
+    },
     /// Trainer: one optimisation step on the trajectories in the blob (concatenated chunk payloads).
-    Train { step: u64, chunks: u32, env_steps: u64 },
+    Train {
+        step: u64,
+        chunks: u32,
+        env_steps: u64,
+    },
     /// Finish and exit 0.
     Stop,
 }
@@ -133,11 +142,25 @@ pub enum Command {
 pub enum Report {
     Hello(Hello),
     /// Trainer: weights published.
-    Synced { stats: SyncStats, checksum: u64, seconds: f64 },
+    Synced {
+        stats: SyncStats,
+        checksum: u64,
+        seconds: f64,
+    },
     /// Rollout: a version is installed (after bootstrap, a blocking apply or a background install).
-    Applied { version: u64, checksum: u64, seconds: f64 },
+    Applied {
+        version: u64,
+        checksum: u64,
+        seconds: f64,
+    },
     /// Rollout: one trajectory chunk in the blob, produced entirely by weights `version`.
-    Chunk { chunk: u64, version: u64, env_steps: u64, mean_return: f64, busy_s: f64 },
+    Chunk {
+        chunk: u64,
+        version: u64,
+        env_steps: u64,
+        mean_return: f64,
+        busy_s: f64,
+    },
     /// Trainer: the step is done, the trainer now holds `version`. `metrics` are the workload's own
     /// (`actor/…`, `env/…`, `eval/…`), logged as they are; absent for workloads that have none. A value is
     /// `None` where it is undefined this step (NaN: JSON has no NaN, so an f64 would not round-trip).
@@ -150,7 +173,9 @@ pub enum Report {
         metrics: Vec<(String, Option<f64>)>,
     },
     /// The worker failed; it exits right after.
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 /// A decoded frame: a typed header and its bulk bytes.
@@ -162,10 +187,15 @@ pub struct Frame<T> {
 
 /// Encode a header and blob into one frame.
 pub fn encode<T: Serialize>(header: &T, blob: &[u8]) -> Result<Vec<u8>, ProtocolError> {
-    let json = serde_json::to_vec(header).map_err(|e| ProtocolError::Malformed { reason: e.to_string() })?;
+    let json = serde_json::to_vec(header).map_err(|e| ProtocolError::Malformed {
+        reason: e.to_string(),
+    })?;
     let body_len = 4 + json.len() + blob.len();
     if body_len > MAX_FRAME_BYTES {
-        return Err(ProtocolError::TooLarge { len: body_len, max: MAX_FRAME_BYTES });
+        return Err(ProtocolError::TooLarge {
+            len: body_len,
+            max: MAX_FRAME_BYTES,
+        });
     }
     let mut out = Vec::with_capacity(4 + body_len);
     out.extend_from_slice(&(body_len as u32).to_le_bytes());
@@ -176,16 +206,28 @@ pub fn encode<T: Serialize>(header: &T, blob: &[u8]) -> Result<Vec<u8>, Protocol
 }
 
 /// Decode a frame body (everything after the `frame_len` prefix).
-pub fn decode_body<T: for<'de> Deserialize<'de>>(mut body: Vec<u8>) -> Result<Frame<T>, ProtocolError> {
+pub fn decode_body<T: for<'de> Deserialize<'de>>(
+    mut body: Vec<u8>,
+) -> Result<Frame<T>, ProtocolError> {
     let header_len = body
         .get(..4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        .ok_or_else(|| ProtocolError::Malformed { reason: format!("body of {} bytes has no header length", body.len()) })?;
-    let header_end = 4usize.checked_add(header_len).filter(|end| *end <= body.len()).ok_or_else(|| {
-        ProtocolError::Malformed { reason: format!("header length {header_len} exceeds body of {} bytes", body.len()) }
-    })?;
-    let header = serde_json::from_slice(&body[4..header_end])
-        .map_err(|e| ProtocolError::Malformed { reason: format!("bad header: {e}") })?;
+        .ok_or_else(|| ProtocolError::Malformed {
+            reason: format!("body of {} bytes has no header length", body.len()),
+        })?;
+    let header_end = 4usize
+        .checked_add(header_len)
+        .filter(|end| *end <= body.len())
+        .ok_or_else(|| ProtocolError::Malformed {
+            reason: format!(
+                "header length {header_len} exceeds body of {} bytes",
+                body.len()
+            ),
+        })?;
+    let header =
+        serde_json::from_slice(&body[4..header_end]).map_err(|e| ProtocolError::Malformed {
+            reason: format!("bad header: {e}"),
+        })?;
     let blob = body.split_off(header_end);
     Ok(Frame { header, blob })
 }
@@ -199,18 +241,26 @@ where
     let mut len = [0u8; 4];
     match reader.read_exact(&mut len).await {
         Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Err(ProtocolError::Closed),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(ProtocolError::Closed);
+        }
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME_BYTES {
-        return Err(ProtocolError::TooLarge { len, max: MAX_FRAME_BYTES });
+        return Err(ProtocolError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
     }
     let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).await.map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => ProtocolError::Closed,
-        _ => ProtocolError::Io(e),
-    })?;
+    reader
+        .read_exact(&mut body)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => ProtocolError::Closed,
+            _ => ProtocolError::Io(e),
+        })?;
     decode_body(body)
 }
 
@@ -229,14 +279,19 @@ where
 /// Check a worker's greeting against this binary's protocol version.
 pub fn check_hello(hello: &Hello) -> Result<(), ProtocolError> {
     if hello.protocol != PROTOCOL_VERSION {
-        return Err(ProtocolError::Version { peer: hello.protocol, ours: PROTOCOL_VERSION });
+        return Err(ProtocolError::Version {
+            peer: hello.protocol,
+            ours: PROTOCOL_VERSION,
+        });
     }
     Ok(())
 }
 
 /// Serialize the launch file.
 pub fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
-    serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed { reason: e.to_string() })
+    serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed {
+        reason: e.to_string(),
+    })
 }
 
 /// Parse the launch file, refusing other format versions.
@@ -245,12 +300,19 @@ pub fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
     struct VersionOnly {
         format_version: u32,
     }
-    let probe: VersionOnly = serde_json::from_slice(bytes)
-        .map_err(|e| ProtocolError::Malformed { reason: format!("launch file: {e}") })?;
+    let probe: VersionOnly =
+        serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
+            reason: format!("launch file: {e}"),
+        })?;
     if probe.format_version != PROTOCOL_VERSION {
-        return Err(ProtocolError::Version { peer: probe.format_version, ours: PROTOCOL_VERSION });
+        return Err(ProtocolError::Version {
+            peer: probe.format_version,
+            ours: PROTOCOL_VERSION,
+        });
     }
-    serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed { reason: format!("launch file: {e}") })
+    serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
+        reason: format!("launch file: {e}"),
+    })
 }
 
 /// Version of the trajectory chunk encoding ([`encode_trajectory`]); bump on any incompatible change.
@@ -288,15 +350,29 @@ pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Vec<u8> {
     put_f32s(&mut body, &traj.obs);
     match &traj.actions {
         ActionBuf::Continuous(a) => put_f32s(&mut body, a),
-        ActionBuf::Discrete(a) => put_array(&mut body, a.len(), a.iter().flat_map(|v| v.to_le_bytes())),
+        ActionBuf::Discrete(a) => {
+            put_array(&mut body, a.len(), a.iter().flat_map(|v| v.to_le_bytes()))
+        }
     }
     put_f32s(&mut body, &traj.logprobs);
     put_f32s(&mut body, &traj.rewards);
-    put_array(&mut body, traj.terminated.len(), traj.terminated.iter().map(|b| u8::from(*b)));
-    put_array(&mut body, traj.truncated.len(), traj.truncated.iter().map(|b| u8::from(*b)));
+    put_array(
+        &mut body,
+        traj.terminated.len(),
+        traj.terminated.iter().map(|b| u8::from(*b)),
+    );
+    put_array(
+        &mut body,
+        traj.truncated.len(),
+        traj.truncated.iter().map(|b| u8::from(*b)),
+    );
     put_f32s(&mut body, &traj.truncated_obs);
     put_f32s(&mut body, &traj.last_obs);
-    put_array(&mut body, traj.versions.len(), traj.versions.iter().flat_map(|v| v.to_le_bytes()));
+    put_array(
+        &mut body,
+        traj.versions.len(),
+        traj.versions.iter().flat_map(|v| v.to_le_bytes()),
+    );
     let ep = &traj.episodes;
     for v in [ep.ret, ep.success_rate, ep.episode_len] {
         body.extend_from_slice(&v.to_le_bytes());
@@ -311,19 +387,33 @@ pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Vec<u8> {
 }
 
 /// Decode every chunk of a blob of back-to-back [`encode_trajectory`] payloads; each is validated.
-pub fn decode_trajectories(mut bytes: &[u8]) -> Result<Vec<(ChunkOrigin, Trajectory)>, ProtocolError> {
+pub fn decode_trajectories(
+    mut bytes: &[u8],
+) -> Result<Vec<(ChunkOrigin, Trajectory)>, ProtocolError> {
     let mut out = Vec::new();
     while !bytes.is_empty() {
-        let mut head = Reader { bytes, what: "trajectory header" };
+        let mut head = Reader {
+            bytes,
+            what: "trajectory header",
+        };
         if head.take(4)? != TRAJECTORY_MAGIC {
-            return Err(malformed("trajectory payload does not start with RLTJ".into()));
+            return Err(malformed(
+                "trajectory payload does not start with RLTJ".into(),
+            ));
         }
         let format = head.u32()?;
         if format != TRAJECTORY_FORMAT {
-            return Err(ProtocolError::Version { peer: format, ours: TRAJECTORY_FORMAT });
+            return Err(ProtocolError::Version {
+                peer: format,
+                ours: TRAJECTORY_FORMAT,
+            });
         }
-        let len = usize::try_from(head.u64()?).map_err(|_| malformed("trajectory length overflows".into()))?;
-        let mut body = Reader { bytes: head.bytes, what: "trajectory body" };
+        let len = usize::try_from(head.u64()?)
+            .map_err(|_| malformed("trajectory length overflows".into()))?;
+        let mut body = Reader {
+            bytes: head.bytes,
+            what: "trajectory body",
+        };
         let chunk = body.take(len)?;
         bytes = body.bytes;
         out.push(decode_one(chunk)?);
@@ -332,8 +422,14 @@ pub fn decode_trajectories(mut bytes: &[u8]) -> Result<Vec<(ChunkOrigin, Traject
 }
 
 fn decode_one(bytes: &[u8]) -> Result<(ChunkOrigin, Trajectory), ProtocolError> {
-    let mut r = Reader { bytes, what: "trajectory body" };
-    let origin = ChunkOrigin { rank: r.u32()?, chunk: r.u64()? };
+    let mut r = Reader {
+        bytes,
+        what: "trajectory body",
+    };
+    let origin = ChunkOrigin {
+        rank: r.u32()?,
+        chunk: r.u64()?,
+    };
     let envs = r.usize()?;
     let obs_dim = r.usize()?;
     let kind = r.take(1)?.first().copied().unwrap_or(u8::MAX);
@@ -348,7 +444,9 @@ fn decode_one(bytes: &[u8]) -> Result<(ChunkOrigin, Trajectory), ProtocolError> 
     t.obs = r.f32s()?;
     t.actions = match action {
         ActionSpace::Continuous { .. } => ActionBuf::Continuous(r.f32s()?),
-        ActionSpace::Discrete { .. } => ActionBuf::Discrete(r.values(8, |b| i64::from_le_bytes(to_array(b)))?),
+        ActionSpace::Discrete { .. } => {
+            ActionBuf::Discrete(r.values(8, |b| i64::from_le_bytes(to_array(b)))?)
+        }
     };
     t.logprobs = r.f32s()?;
     t.rewards = r.f32s()?;
@@ -364,7 +462,10 @@ fn decode_one(bytes: &[u8]) -> Result<(ChunkOrigin, Trajectory), ProtocolError> 
         episodes: r.u64()?,
     };
     if !r.bytes.is_empty() {
-        return Err(malformed(format!("{} unexpected bytes after the trajectory", r.bytes.len())));
+        return Err(malformed(format!(
+            "{} unexpected bytes after the trajectory",
+            r.bytes.len()
+        )));
     }
     t.validate().map_err(|e| malformed(e.to_string()))?;
     Ok((origin, t))
@@ -380,7 +481,11 @@ fn put_array(out: &mut Vec<u8>, count: usize, bytes: impl Iterator<Item = u8>) {
 }
 
 fn put_f32s(out: &mut Vec<u8>, values: &[f32]) {
-    put_array(out, values.len(), values.iter().flat_map(|v| v.to_le_bytes()));
+    put_array(
+        out,
+        values.len(),
+        values.iter().flat_map(|v| v.to_le_bytes()),
+    );
 }
 
 fn to_array<const N: usize>(bytes: &[u8]) -> [u8; N] {
@@ -398,7 +503,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], ProtocolError> {
         if n > self.bytes.len() {
-            return Err(malformed(format!("{} truncated: needs {n} more bytes, {} left", self.what, self.bytes.len())));
+            return Err(malformed(format!(
+                "{} truncated: needs {n} more bytes, {} left",
+                self.what,
+                self.bytes.len()
+            )));
         }
         let (head, rest) = self.bytes.split_at(n);
         self.bytes = rest;
@@ -418,13 +527,20 @@ impl<'a> Reader<'a> {
     }
 
     fn usize(&mut self) -> Result<usize, ProtocolError> {
-        usize::try_from(self.u64()?).map_err(|_| malformed(format!("{}: size overflows", self.what)))
+        usize::try_from(self.u64()?)
+            .map_err(|_| malformed(format!("{}: size overflows", self.what)))
     }
 
     /// `u64 count` then `count` values of `width` bytes; the count is checked against the bytes left first.
-    fn values<T>(&mut self, width: usize, read: impl Fn(&[u8]) -> T) -> Result<Vec<T>, ProtocolError> {
+    fn values<T>(
+        &mut self,
+        width: usize,
+        read: impl Fn(&[u8]) -> T,
+    ) -> Result<Vec<T>, ProtocolError> {
         let count = self.usize()?;
-        let len = count.checked_mul(width).ok_or_else(|| malformed(format!("{}: array count {count} overflows", self.what)))?;
+        let len = count
+            .checked_mul(width)
+            .ok_or_else(|| malformed(format!("{}: array count {count} overflows", self.what)))?;
         Ok(self.take(len)?.chunks_exact(width).map(read).collect())
     }
 
@@ -438,7 +554,10 @@ impl<'a> Reader<'a> {
             .map(|b| match b {
                 0 => Ok(false),
                 1 => Ok(true),
-                other => Err(malformed(format!("{}: flag byte {other} is neither 0 nor 1", self.what))),
+                other => Err(malformed(format!(
+                    "{}: flag byte {other} is neither 0 nor 1",
+                    self.what
+                ))),
             })
             .collect()
     }
@@ -461,22 +580,46 @@ mod tests {
     fn commands_roundtrip_with_blobs() {
         roundtrip(Command::InitWeights, b"");
         roundtrip(Command::Sync { version: 7 }, b"");
-        roundtrip(Command::Train { step: 3, chunks: 2, env_steps: 64 }, &[1, 2, 3, 0, 255]);
-        roundtrip(Command::Rollout { first_chunk: 9, chunks: 4, steps: 16, background: true }, b"");
+        roundtrip(
+            Command::Train {
+                step: 3,
+                chunks: 2,
+                env_steps: 64,
+            },
+            &[1, 2, 3, 0, 255],
+        );
+        roundtrip(
+            Command::Rollout {
+                first_chunk: 9,
+                chunks: 4,
+                steps: 16,
+                background: true,
+            },
+            b"",
+        );
         let trained = Report::Trained {
             step: 1,
             version: 2,
             loss: 0.5,
             busy_s: 0.1,
-            metrics: vec![("actor/loss".into(), Some(0.5)), ("actor/behav_approx_kl".into(), None)],
+            metrics: vec![
+                ("actor/loss".into(), Some(0.5)),
+                ("actor/behav_approx_kl".into(), None),
+            ],
         };
         let bytes = encode(&trained, b"").unwrap();
-        assert_eq!(decode_body::<Report>(bytes[4..].to_vec()).unwrap().header, trained);
+        assert_eq!(
+            decode_body::<Report>(bytes[4..].to_vec()).unwrap().header,
+            trained
+        );
     }
 
     fn check_malformed(body: Vec<u8>, expect: &str) {
         let err = decode_body::<Command>(body).unwrap_err();
-        assert!(err.to_string().contains(expect), "{err} does not contain {expect}");
+        assert!(
+            err.to_string().contains(expect),
+            "{err} does not contain {expect}"
+        );
     }
 
     #[test]
@@ -492,28 +635,50 @@ mod tests {
     #[tokio::test]
     async fn stream_roundtrip_and_clean_close() {
         let (mut a, mut b) = tokio::io::duplex(1024);
-        let hello = Report::Hello(Hello { protocol: PROTOCOL_VERSION, role: Role::Rollout, rank: 2, pid: 42 });
+        let hello = Report::Hello(Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Rollout,
+            rank: 2,
+            pid: 42,
+        });
         write_frame(&mut a, &hello, b"xyz").await.unwrap();
         drop(a);
         let frame: Frame<Report> = read_frame(&mut b).await.unwrap();
         assert_eq!(frame.header, hello);
         assert_eq!(frame.blob, b"xyz");
-        assert!(matches!(read_frame::<Report, _>(&mut b).await, Err(ProtocolError::Closed)));
+        assert!(matches!(
+            read_frame::<Report, _>(&mut b).await,
+            Err(ProtocolError::Closed)
+        ));
     }
 
     #[tokio::test]
     async fn oversized_length_is_rejected_before_allocating() {
         let (mut a, mut b) = tokio::io::duplex(64);
         a.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
-        assert!(matches!(read_frame::<Report, _>(&mut b).await, Err(ProtocolError::TooLarge { .. })));
+        assert!(matches!(
+            read_frame::<Report, _>(&mut b).await,
+            Err(ProtocolError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn hello_version_is_checked() {
-        let ok = Hello { protocol: PROTOCOL_VERSION, role: Role::Trainer, rank: 0, pid: 1 };
+        let ok = Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Trainer,
+            rank: 0,
+            pid: 1,
+        };
         assert!(check_hello(&ok).is_ok());
-        let bad = Hello { protocol: PROTOCOL_VERSION + 1, ..ok };
-        assert!(matches!(check_hello(&bad), Err(ProtocolError::Version { .. })));
+        let bad = Hello {
+            protocol: PROTOCOL_VERSION + 1,
+            ..ok
+        };
+        assert!(matches!(
+            check_hello(&bad),
+            Err(ProtocolError::Version { .. })
+        ));
     }
 
     #[test]
@@ -530,18 +695,33 @@ mod tests {
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);
-        let text = String::from_utf8(bytes).unwrap().replacen("\"format_version\": 1", "\"format_version\": 99", 1);
-        assert!(matches!(decode_launch(text.as_bytes()), Err(ProtocolError::Version { peer: 99, .. })));
+        let text = String::from_utf8(bytes).unwrap().replacen(
+            "\"format_version\": 1",
+            "\"format_version\": 99",
+            1,
+        );
+        assert!(matches!(
+            decode_launch(text.as_bytes()),
+            Err(ProtocolError::Version { peer: 99, .. })
+        ));
         assert!(decode_launch(b"{").is_err());
     }
 
     fn sample_trajectory(discrete: bool) -> Trajectory {
         let (envs, steps, d) = (2, 3, 2);
         let n = envs * steps;
-        let action = if discrete { ActionSpace::Discrete { n: 3 } } else { ActionSpace::Continuous { dim: 2, bound: 1.5 } };
+        let action = if discrete {
+            ActionSpace::Discrete { n: 3 }
+        } else {
+            ActionSpace::Continuous { dim: 2, bound: 1.5 }
+        };
         let mut t = Trajectory::new(envs, d, action);
         t.obs = (0..n * d).map(|i| i as f32 * 0.5).collect();
-        t.actions = if discrete { ActionBuf::Discrete((0..n as i64).map(|i| i % 3).collect()) } else { ActionBuf::Continuous((0..n * 2).map(|i| -(i as f32)).collect()) };
+        t.actions = if discrete {
+            ActionBuf::Discrete((0..n as i64).map(|i| i % 3).collect())
+        } else {
+            ActionBuf::Continuous((0..n * 2).map(|i| -(i as f32)).collect())
+        };
         t.logprobs = (0..n).map(|i| -(i as f32) / 7.0).collect();
         t.rewards = (0..n).map(|i| i as f32).collect();
         t.terminated = (0..n).map(|i| i == 4).collect();
@@ -549,7 +729,12 @@ mod tests {
         t.truncated_obs = vec![9.0, 8.0];
         t.last_obs = vec![1.0, 2.0, 3.0, 4.0];
         t.versions = vec![7, 7, 7, 8, 8, 8];
-        t.episodes = EpisodeMetrics { ret: 1.25, success_rate: 0.5, episode_len: 3.0, episodes: 2 };
+        t.episodes = EpisodeMetrics {
+            ret: 1.25,
+            success_rate: 0.5,
+            episode_len: 3.0,
+            episodes: 2,
+        };
         t.validate().unwrap();
         t
     }
@@ -564,7 +749,13 @@ mod tests {
         ]
         .concat();
         let got = decode_trajectories(&blob).unwrap();
-        assert_eq!(got, vec![(ChunkOrigin { rank: 1, chunk: 4 }, a), (ChunkOrigin { rank: 0, chunk: 5 }, b)]);
+        assert_eq!(
+            got,
+            vec![
+                (ChunkOrigin { rank: 1, chunk: 4 }, a),
+                (ChunkOrigin { rank: 0, chunk: 5 }, b)
+            ]
+        );
         assert!(decode_trajectories(&[]).unwrap().is_empty());
     }
 
@@ -602,6 +793,9 @@ mod tests {
         // Sizes that disagree are caught by validation.
         let mut t = sample_trajectory(true);
         t.versions.pop();
-        check_bad_trajectory(&encode_trajectory(ChunkOrigin { rank: 0, chunk: 0 }, &t), "versions");
+        check_bad_trajectory(
+            &encode_trajectory(ChunkOrigin { rank: 0, chunk: 0 }, &t),
+            "versions",
+        );
     }
 }

@@ -36,10 +36,16 @@ pub struct WorkerId {
 }
 
 impl WorkerId {
-    pub const TRAINER: WorkerId = WorkerId { role: Role::Trainer, rank: 0 };
+    pub const TRAINER: WorkerId = WorkerId {
+        role: Role::Trainer,
+        rank: 0,
+    };
 
     pub fn rollout(rank: u32) -> WorkerId {
-        WorkerId { role: Role::Rollout, rank }
+        WorkerId {
+            role: Role::Rollout,
+            rank,
+        }
     }
 }
 
@@ -52,14 +58,31 @@ impl fmt::Display for WorkerId {
 /// Everything the supervisor reacts to.
 pub enum Event {
     /// A worker connected and said hello.
-    Connected { hello: Hello, reader: OwnedReadHalf, writer: OwnedWriteHalf },
+    Connected {
+        hello: Hello,
+        reader: OwnedReadHalf,
+        writer: OwnedWriteHalf,
+    },
     /// A connection that did not produce a valid hello.
-    BadHandshake { reason: String },
-    Report { id: WorkerId, frame: Frame<Report> },
+    BadHandshake {
+        reason: String,
+    },
+    Report {
+        id: WorkerId,
+        frame: Frame<Report>,
+    },
     /// The control connection of a worker closed or broke.
-    Disconnected { id: WorkerId, reason: String },
-    Exited { id: WorkerId, status: ExitStatus },
-    Signal { name: &'static str },
+    Disconnected {
+        id: WorkerId,
+        reason: String,
+    },
+    Exited {
+        id: WorkerId,
+        status: ExitStatus,
+    },
+    Signal {
+        name: &'static str,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +132,9 @@ fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with status {code}"),
         (None, Some(sig)) => {
-            let name = Signal::try_from(sig).map(|s| s.as_str().to_owned()).unwrap_or_else(|_| format!("signal {sig}"));
+            let name = Signal::try_from(sig)
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_else(|_| format!("signal {sig}"));
             format!("was killed by {name}")
         }
         _ => "ended".to_owned(),
@@ -118,18 +143,39 @@ fn describe(status: ExitStatus) -> String {
 
 impl Supervisor {
     /// Bind the control socket, spawn the trainer and the rollouts, and wait for every handshake.
-    pub async fn start(cfg: SupervisorConfig, shutdown: ShutdownSource, console: Console) -> Result<Supervisor, OrchestratorError> {
+    pub async fn start(
+        cfg: SupervisorConfig,
+        shutdown: ShutdownSource,
+        console: Console,
+    ) -> Result<Supervisor, OrchestratorError> {
         let (tx, events) = mpsc::unbounded_channel();
-        unix::forward_signals(shutdown, tx.clone()).map_err(|source| OrchestratorError::Signals { source })?;
+        unix::forward_signals(shutdown, tx.clone())
+            .map_err(|source| OrchestratorError::Signals { source })?;
         let _ = std::fs::remove_file(&cfg.control_socket);
-        let listener = UnixListener::bind(&cfg.control_socket)
-            .map_err(|source| OrchestratorError::Socket { path: cfg.control_socket.clone(), source })?;
+        let listener = UnixListener::bind(&cfg.control_socket).map_err(|source| {
+            OrchestratorError::Socket {
+                path: cfg.control_socket.clone(),
+                source,
+            }
+        })?;
         accept_loop(listener, tx.clone(), cfg.handshake_timeout);
 
         let logs = cfg.run_dir.join("logs");
-        std::fs::create_dir_all(&logs).map_err(|source| OrchestratorError::RunDir { path: logs.clone(), source })?;
-        let ids = std::iter::once(WorkerId::TRAINER).chain((0..cfg.rollouts).map(WorkerId::rollout));
-        let mut sup = Supervisor { units: Vec::new(), events, tx: tx.clone(), pgid: 0, cfg, step_deadline: None, stop_requests: 0 };
+        std::fs::create_dir_all(&logs).map_err(|source| OrchestratorError::RunDir {
+            path: logs.clone(),
+            source,
+        })?;
+        let ids =
+            std::iter::once(WorkerId::TRAINER).chain((0..cfg.rollouts).map(WorkerId::rollout));
+        let mut sup = Supervisor {
+            units: Vec::new(),
+            events,
+            tx: tx.clone(),
+            pgid: 0,
+            cfg,
+            step_deadline: None,
+            stop_requests: 0,
+        };
         for id in ids {
             if let Err(err) = sup.spawn_unit(id, &logs, &tx, &console) {
                 sup.stop(false).await;
@@ -151,11 +197,20 @@ impl Supervisor {
         console: &Console,
     ) -> Result<(), OrchestratorError> {
         let log_path = logs.join(format!("{id}.log"));
-        let file = std::fs::File::create(&log_path)
-            .map_err(|source| OrchestratorError::RunDir { path: log_path.clone(), source })?;
+        let file =
+            std::fs::File::create(&log_path).map_err(|source| OrchestratorError::RunDir {
+                path: log_path.clone(),
+                source,
+            })?;
         let pgid = (self.pgid != 0).then_some(self.pgid);
-        let mut child = spawn::spawn_worker(&self.cfg.exe, id, &self.cfg.run_dir, pgid)
-            .map_err(|source| OrchestratorError::Spawn { worker: id.to_string(), exe: self.cfg.exe.clone(), source })?;
+        let mut child =
+            spawn::spawn_worker(&self.cfg.exe, id, &self.cfg.run_dir, pgid).map_err(|source| {
+                OrchestratorError::Spawn {
+                    worker: id.to_string(),
+                    exe: self.cfg.exe.clone(),
+                    source,
+                }
+            })?;
         let pid = child.id().unwrap_or(0);
         if self.pgid == 0 {
             self.pgid = pid as i32;
@@ -175,7 +230,15 @@ impl Supervisor {
             }
         });
         tracing::debug!("spawned {id} (pid {pid})");
-        self.units.push(Unit { id, pid, state: UnitState::Spawned, writer: None, tail, log_path, failure: None });
+        self.units.push(Unit {
+            id,
+            pid,
+            state: UnitState::Spawned,
+            writer: None,
+            tail,
+            log_path,
+            failure: None,
+        });
         Ok(())
     }
 
@@ -184,10 +247,18 @@ impl Supervisor {
         while self.units.iter().any(|u| u.state == UnitState::Spawned) {
             let event = match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(event)) => event,
-                Ok(None) => return Err(OrchestratorError::Handshake { reason: "event channel closed".into() }),
+                Ok(None) => {
+                    return Err(OrchestratorError::Handshake {
+                        reason: "event channel closed".into(),
+                    });
+                }
                 Err(_) => {
-                    let missing: Vec<String> =
-                        self.units.iter().filter(|u| u.state == UnitState::Spawned).map(|u| u.id.to_string()).collect();
+                    let missing: Vec<String> = self
+                        .units
+                        .iter()
+                        .filter(|u| u.state == UnitState::Spawned)
+                        .map(|u| u.id.to_string())
+                        .collect();
                     return Err(OrchestratorError::HandshakeTimeout {
                         workers: missing.join(", "),
                         timeout_s: self.cfg.handshake_timeout.as_secs_f64(),
@@ -195,7 +266,10 @@ impl Supervisor {
                 }
             };
             if let Some(report) = self.dispatch(event).await? {
-                return Err(OrchestratorError::Unexpected { worker: report.0.to_string(), report: format!("{:?}", report.1.header) });
+                return Err(OrchestratorError::Unexpected {
+                    worker: report.0.to_string(),
+                    report: format!("{:?}", report.1.header),
+                });
             }
         }
         Ok(())
@@ -206,21 +280,40 @@ impl Supervisor {
     }
 
     /// Update unit state for one event; reports are handed back, failures become errors.
-    async fn dispatch(&mut self, event: Event) -> Result<Option<(WorkerId, Frame<Report>)>, OrchestratorError> {
+    async fn dispatch(
+        &mut self,
+        event: Event,
+    ) -> Result<Option<(WorkerId, Frame<Report>)>, OrchestratorError> {
         match event {
-            Event::Connected { hello, reader, writer } => {
-                protocol::check_hello(&hello)
-                    .map_err(|e| OrchestratorError::Handshake { reason: format!("{}-{}: {e}", hello.role.name(), hello.rank) })?;
-                let id = WorkerId { role: hello.role, rank: hello.rank };
-                let events = self.tx.clone();
-                let unit = self.unit_mut(id).ok_or_else(|| OrchestratorError::Handshake {
-                    reason: format!("hello from unknown worker {id} (pid {})", hello.pid),
+            Event::Connected {
+                hello,
+                reader,
+                writer,
+            } => {
+                protocol::check_hello(&hello).map_err(|e| OrchestratorError::Handshake {
+                    reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
                 })?;
+                let id = WorkerId {
+                    role: hello.role,
+                    rank: hello.rank,
+                };
+                let events = self.tx.clone();
+                let unit = self
+                    .unit_mut(id)
+                    .ok_or_else(|| OrchestratorError::Handshake {
+                        reason: format!("hello from unknown worker {id} (pid {})", hello.pid),
+                    })?;
                 if unit.state != UnitState::Spawned {
-                    return Err(OrchestratorError::Handshake { reason: format!("second connection claiming to be {id}") });
+                    return Err(OrchestratorError::Handshake {
+                        reason: format!("second connection claiming to be {id}"),
+                    });
                 }
                 if unit.pid != hello.pid {
-                    tracing::warn!("{id}: hello from pid {}, spawned pid {}", hello.pid, unit.pid);
+                    tracing::warn!(
+                        "{id}: hello from pid {}, spawned pid {}",
+                        hello.pid,
+                        unit.pid
+                    );
                 }
                 unit.state = UnitState::Connected;
                 unit.writer = Some(writer);
@@ -257,7 +350,10 @@ impl Supervisor {
     /// Build the error for a failed worker, after giving it a moment to exit so its status can be named.
     async fn worker_failed(&mut self, id: WorkerId) -> OrchestratorError {
         let deadline = Instant::now() + Duration::from_secs(2);
-        while !matches!(self.unit_mut(id).map(|u| u.state), Some(UnitState::Exited(_)) | None) {
+        while !matches!(
+            self.unit_mut(id).map(|u| u.state),
+            Some(UnitState::Exited(_)) | None
+        ) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(Event::Exited { id: who, status })) => {
                     if let Some(unit) = self.unit_mut(who) {
@@ -265,7 +361,9 @@ impl Supervisor {
                     }
                 }
                 Ok(Some(Event::Report { id: who, frame })) => {
-                    if let (Report::Failed { message }, Some(unit)) = (frame.header, self.unit_mut(who)) {
+                    if let (Report::Failed { message }, Some(unit)) =
+                        (frame.header, self.unit_mut(who))
+                    {
                         unit.failure = Some(message);
                     }
                 }
@@ -275,7 +373,9 @@ impl Supervisor {
             }
         }
         let Some(unit) = self.units.iter().find(|u| u.id == id) else {
-            return OrchestratorError::Handshake { reason: format!("unknown worker {id}") };
+            return OrchestratorError::Handshake {
+                reason: format!("unknown worker {id}"),
+            };
         };
         let status = match unit.state {
             UnitState::Exited(status) => describe(status),
@@ -285,7 +385,11 @@ impl Supervisor {
             worker: id.to_string(),
             pid: unit.pid,
             status,
-            message: unit.failure.clone().map(|m| format!(": {m}")).unwrap_or_default(),
+            message: unit
+                .failure
+                .clone()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default(),
             log: unit.log_path.clone(),
             tail: unit.tail.lines().join("\n"),
         }
@@ -302,17 +406,30 @@ impl Supervisor {
     }
 
     /// Send a command to one worker.
-    pub async fn send(&mut self, id: WorkerId, cmd: &Command, blob: &[u8]) -> Result<(), OrchestratorError> {
-        let unit = self
-            .units
-            .iter_mut()
-            .find(|u| u.id == id)
-            .ok_or_else(|| OrchestratorError::Handshake { reason: format!("no worker {id}") })?;
-        let writer = unit.writer.as_mut().ok_or_else(|| OrchestratorError::Handshake { reason: format!("{id} is not connected") })?;
+    pub async fn send(
+        &mut self,
+        id: WorkerId,
+        cmd: &Command,
+        blob: &[u8],
+    ) -> Result<(), OrchestratorError> {
+        let unit = self.units.iter_mut().find(|u| u.id == id).ok_or_else(|| {
+            OrchestratorError::Handshake {
+                reason: format!("no worker {id}"),
+            }
+        })?;
+        let writer = unit
+            .writer
+            .as_mut()
+            .ok_or_else(|| OrchestratorError::Handshake {
+                reason: format!("{id} is not connected"),
+            })?;
         match protocol::write_frame(writer, cmd, blob).await {
             Ok(()) => Ok(()),
             Err(ProtocolError::Io(_)) => Err(self.worker_failed(id).await),
-            Err(source) => Err(OrchestratorError::Protocol { worker: id.to_string(), source }),
+            Err(source) => Err(OrchestratorError::Protocol {
+                worker: id.to_string(),
+                source,
+            }),
         }
     }
 
@@ -326,20 +443,33 @@ impl Supervisor {
 
     /// The next report of any worker. `waiting_for` names whom the caller waits on, for the step-deadline
     /// error.
-    pub async fn recv(&mut self, waiting_for: &str) -> Result<(WorkerId, Frame<Report>), OrchestratorError> {
+    pub async fn recv(
+        &mut self,
+        waiting_for: &str,
+    ) -> Result<(WorkerId, Frame<Report>), OrchestratorError> {
         loop {
             let next = match self.step_deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Some(deadline) => match tokio::time::timeout_at(deadline, self.events.recv()).await
+                {
                     Ok(event) => event,
                     Err(_) => {
-                        let timeout_s = self.cfg.step_timeout.map(|t| t.as_secs_f64()).unwrap_or_default();
-                        return Err(OrchestratorError::StepTimeout { timeout_s, waiting_for: waiting_for.to_owned() });
+                        let timeout_s = self
+                            .cfg
+                            .step_timeout
+                            .map(|t| t.as_secs_f64())
+                            .unwrap_or_default();
+                        return Err(OrchestratorError::StepTimeout {
+                            timeout_s,
+                            waiting_for: waiting_for.to_owned(),
+                        });
                     }
                 },
                 None => self.events.recv().await,
             };
             let Some(event) = next else {
-                return Err(OrchestratorError::Handshake { reason: "every worker channel closed".into() });
+                return Err(OrchestratorError::Handshake {
+                    reason: "every worker channel closed".into(),
+                });
             };
             if let Some(report) = self.dispatch(event).await? {
                 return Ok(report);
@@ -356,7 +486,8 @@ impl Supervisor {
             // Rollouts first: a rollout that outlives the trainer would see its weight channel break.
             for role in [Role::Rollout, Role::Trainer] {
                 for unit in self.units.iter_mut().filter(|u| u.id.role == role) {
-                    if let (UnitState::Connected, Some(writer)) = (unit.state, unit.writer.as_mut()) {
+                    if let (UnitState::Connected, Some(writer)) = (unit.state, unit.writer.as_mut())
+                    {
                         let _ = protocol::write_frame(writer, &Command::Stop, &[]).await;
                         unit.state = UnitState::Stopping;
                     }
@@ -381,15 +512,26 @@ impl Supervisor {
     }
 
     fn any_alive(&self) -> bool {
-        self.units.iter().any(|u| !matches!(u.state, UnitState::Exited(_)))
+        self.units
+            .iter()
+            .any(|u| !matches!(u.state, UnitState::Exited(_)))
     }
 
     async fn wait_exits(&mut self, limit: Duration) {
-        self.wait_until(limit, |units| units.iter().any(|u| !matches!(u.state, UnitState::Exited(_)))).await
+        self.wait_until(limit, |units| {
+            units
+                .iter()
+                .any(|u| !matches!(u.state, UnitState::Exited(_)))
+        })
+        .await
     }
 
     async fn wait_exits_of(&mut self, role: Role, limit: Duration) {
-        let alive = move |units: &[Unit]| units.iter().any(|u| u.id.role == role && !matches!(u.state, UnitState::Exited(_)));
+        let alive = move |units: &[Unit]| {
+            units
+                .iter()
+                .any(|u| u.id.role == role && !matches!(u.state, UnitState::Exited(_)))
+        };
         self.wait_until(limit, alive).await
     }
 
@@ -424,14 +566,32 @@ impl Supervisor {
 fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, timeout: Duration) {
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { break };
+            let Ok((stream, _)) = listener.accept().await else {
+                break;
+            };
             let sender = events.clone();
             tokio::spawn(async move {
                 let (mut reader, writer) = stream.into_split();
-                let event = match tokio::time::timeout(timeout, protocol::read_frame::<Report, _>(&mut reader)).await {
-                    Ok(Ok(Frame { header: Report::Hello(hello), .. })) => Event::Connected { hello, reader, writer },
-                    Ok(Ok(frame)) => Event::BadHandshake { reason: format!("first frame was {:?}, not a hello", frame.header) },
-                    Ok(Err(e)) => Event::BadHandshake { reason: format!("reading the hello failed: {e}") },
+                let event = match tokio::time::timeout(
+                    timeout,
+                    protocol::read_frame::<Report, _>(&mut reader),
+                )
+                .await
+                {
+                    Ok(Ok(Frame {
+                        header: Report::Hello(hello),
+                        ..
+                    })) => Event::Connected {
+                        hello,
+                        reader,
+                        writer,
+                    },
+                    Ok(Ok(frame)) => Event::BadHandshake {
+                        reason: format!("first frame was {:?}, not a hello", frame.header),
+                    },
+                    Ok(Err(e)) => Event::BadHandshake {
+                        reason: format!("reading the hello failed: {e}"),
+                    },
                     Err(_) => return,
                 };
                 let _ = sender.send(event);
@@ -454,7 +614,10 @@ fn read_loop(id: WorkerId, mut reader: OwnedReadHalf, events: mpsc::UnboundedSen
                     }
                 }
                 Err(e) => {
-                    let _ = events.send(Event::Disconnected { id, reason: e.to_string() });
+                    let _ = events.send(Event::Disconnected {
+                        id,
+                        reason: e.to_string(),
+                    });
                     break;
                 }
             }

@@ -20,16 +20,30 @@ pub struct Verifier {
 
 impl Verifier {
     pub fn new(enabled: bool) -> Verifier {
-        Verifier { enabled, ..Verifier::default() }
+        Verifier {
+            enabled,
+            ..Verifier::default()
+        }
     }
 
     pub fn enabled(&self) -> bool {
         self.enabled
     }
 
-    fn compare(&mut self, id: WorkerId, version: u64, got: u64, expected: u64) -> Result<(), OrchestratorError> {
+    fn compare(
+        &mut self,
+        id: WorkerId,
+        version: u64,
+        got: u64,
+        expected: u64,
+    ) -> Result<(), OrchestratorError> {
         if got != expected {
-            return Err(OrchestratorError::VerifyFailed { worker: id.to_string(), version, got, expected });
+            return Err(OrchestratorError::VerifyFailed {
+                worker: id.to_string(),
+                version,
+                got,
+                expected,
+            });
         }
         self.checked += 1;
         Ok(())
@@ -44,7 +58,8 @@ impl Verifier {
         while self.expected.len() > 64 {
             self.expected.pop_first();
         }
-        let (now, later): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|(_, v, _)| *v == version);
+        let (now, later): (Vec<_>, Vec<_>) =
+            self.waiting.drain(..).partition(|(_, v, _)| *v == version);
         self.waiting = later;
         for (id, v, got) in now {
             self.compare(id, v, got, checksum)?;
@@ -52,7 +67,12 @@ impl Verifier {
         Ok(())
     }
 
-    pub fn rollout(&mut self, id: WorkerId, version: u64, checksum: u64) -> Result<(), OrchestratorError> {
+    pub fn rollout(
+        &mut self,
+        id: WorkerId,
+        version: u64,
+        checksum: u64,
+    ) -> Result<(), OrchestratorError> {
         if !self.enabled {
             return Ok(());
         }
@@ -93,23 +113,38 @@ impl SyncOutcome {
 }
 
 fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
-    OrchestratorError::Unexpected { worker: id.to_string(), report: format!("{report:?}") }
+    OrchestratorError::Unexpected {
+        worker: id.to_string(),
+        report: format!("{report:?}"),
+    }
 }
 
 /// Wait for the trainer's `Synced` and every rollout's `Applied` of one transfer.
-async fn collect(sup: &mut Supervisor, verifier: &mut Verifier, started: Instant) -> Result<SyncOutcome, OrchestratorError> {
+async fn collect(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+    started: Instant,
+) -> Result<SyncOutcome, OrchestratorError> {
     let rollouts = sup.rollouts();
     let mut stats = None;
     let mut applied = 0;
     while stats.is_none() || applied < rollouts {
-        let waiting = if stats.is_none() { "the trainer's sync" } else { "rollouts to apply weights" };
+        let waiting = if stats.is_none() {
+            "the trainer's sync"
+        } else {
+            "rollouts to apply weights"
+        };
         let (id, frame) = sup.recv(waiting).await?;
         match frame.header {
-            Report::Synced { stats: s, checksum, .. } if id == WorkerId::TRAINER && stats.is_none() => {
+            Report::Synced {
+                stats: s, checksum, ..
+            } if id == WorkerId::TRAINER && stats.is_none() => {
                 verifier.trainer(s.version, checksum)?;
                 stats = Some(s);
             }
-            Report::Applied { version, checksum, .. } if id != WorkerId::TRAINER => {
+            Report::Applied {
+                version, checksum, ..
+            } if id != WorkerId::TRAINER => {
                 verifier.rollout(id, version, checksum)?;
                 applied += 1;
             }
@@ -118,14 +153,22 @@ async fn collect(sup: &mut Supervisor, verifier: &mut Verifier, started: Instant
     }
     let stats = stats.unwrap_or_default();
     let verified = verifier.all_matched();
-    Ok(SyncOutcome { stats, seconds: started.elapsed().as_secs_f64(), verified })
+    Ok(SyncOutcome {
+        stats,
+        seconds: started.elapsed().as_secs_f64(),
+        verified,
+    })
 }
 
 /// Initial bootstrap (always blocking): every rollout holds version 0 when this returns.
-pub async fn bootstrap(sup: &mut Supervisor, verifier: &mut Verifier) -> Result<SyncOutcome, OrchestratorError> {
+pub async fn bootstrap(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+) -> Result<SyncOutcome, OrchestratorError> {
     let started = Instant::now();
     sup.begin_step();
-    sup.send(WorkerId::TRAINER, &Command::InitWeights, &[]).await?;
+    sup.send(WorkerId::TRAINER, &Command::InitWeights, &[])
+        .await?;
     sup.send_rollouts(&Command::InitWeights).await?;
     collect(sup, verifier, started).await
 }
@@ -149,11 +192,22 @@ mod tests {
     fn verifier_names_the_mismatching_worker() {
         let mut v = Verifier::new(true);
         v.trainer(2, 1).unwrap();
-        let err = v.rollout(WorkerId::rollout(3), 2, 9).unwrap_err().to_string();
-        assert!(err.contains("rollout-3") && err.contains("version 2"), "{err}");
+        let err = v
+            .rollout(WorkerId::rollout(3), 2, 9)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rollout-3") && err.contains("version 2"),
+            "{err}"
+        );
         let mut v = Verifier::new(true);
         v.rollout(WorkerId::rollout(1), 5, 9).unwrap();
-        assert!(v.trainer(5, 1).unwrap_err().to_string().contains("rollout-1"));
+        assert!(
+            v.trainer(5, 1)
+                .unwrap_err()
+                .to_string()
+                .contains("rollout-1")
+        );
     }
 
     #[test]

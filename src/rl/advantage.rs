@@ -18,7 +18,8 @@ pub fn gae(
     lambda: f32,
 ) -> Result<(Vec<f32>, Vec<f32>), RlError> {
     let n = rewards.len();
-    if envs == 0 || n % envs != 0 || values.len() != n || next_values.len() != n || dones.len() != n {
+    if envs == 0 || n % envs != 0 || values.len() != n || next_values.len() != n || dones.len() != n
+    {
         return Err(RlError::Trajectory {
             reason: format!(
                 "gae buffers disagree: rewards {n}, values {}, next_values {}, dones {}, envs {envs}",
@@ -35,7 +36,11 @@ pub fn gae(
         for t in (0..steps).rev() {
             let i = t * envs + e;
             let delta = rewards[i] + gamma * next_values[i] - values[i];
-            let carry = if dones[i] { 0.0 } else { gamma * lambda * running };
+            let carry = if dones[i] {
+                0.0
+            } else {
+                gamma * lambda * running
+            };
             running = delta + carry;
             adv[i] = running;
         }
@@ -57,11 +62,17 @@ pub fn group_relative(
 ) -> Result<Vec<f32>, RlError> {
     let n = rewards.len();
     if group_size == 0 || envs == 0 || envs % group_size != 0 {
-        return Err(RlError::GroupSize { group_size, num_envs: envs });
+        return Err(RlError::GroupSize {
+            group_size,
+            num_envs: envs,
+        });
     }
     if n % envs != 0 || dones.len() != n {
         return Err(RlError::Trajectory {
-            reason: format!("grpo buffers disagree: rewards {n}, dones {}, envs {envs}", dones.len()),
+            reason: format!(
+                "grpo buffers disagree: rewards {n}, dones {}, envs {envs}",
+                dones.len()
+            ),
         });
     }
     let steps = n / envs;
@@ -138,13 +149,23 @@ mod tests {
         let adv = group_relative(&[1.0, 3.0, 10.0, 10.0], &[true; 4], 4, 2, 1.0).unwrap();
         assert!(close(&adv[..2], &[-1.0, 1.0]), "{adv:?}");
         assert!(close(&adv[2..], &[0.0, 0.0]), "{adv:?}");
-        assert!(matches!(group_relative(&[0.0; 3], &[false; 3], 3, 2, 1.0), Err(RlError::GroupSize { .. })));
+        assert!(matches!(
+            group_relative(&[0.0; 3], &[false; 3], 3, 2, 1.0),
+            Err(RlError::GroupSize { .. })
+        ));
     }
 
     #[test]
     fn group_relative_uses_return_to_go_within_episodes() {
         // two steps, two envs (one group): env 0 earns 1 then 1, env 1 earns 0 then 2 but its episode ends at step 0.
-        let adv = group_relative(&[1.0, 0.0, 1.0, 2.0], &[false, true, false, false], 2, 2, 1.0).unwrap();
+        let adv = group_relative(
+            &[1.0, 0.0, 1.0, 2.0],
+            &[false, true, false, false],
+            2,
+            2,
+            1.0,
+        )
+        .unwrap();
         // to-go: step0 = [2, 0], step1 = [1, 2]
         assert!(close(&adv, &[1.0, -1.0, -1.0, 1.0]), "{adv:?}");
     }

@@ -20,7 +20,9 @@ pub struct CheckpointInfo {
 
 /// `<run_dir>/checkpoints/global_step_<step>`.
 pub fn checkpoint_dir(run_dir: &Path, step: u64) -> PathBuf {
-    run_dir.join("checkpoints").join(format!("global_step_{step}"))
+    run_dir
+        .join("checkpoints")
+        .join(format!("global_step_{step}"))
 }
 
 /// The `global_step_<n>` directory with the largest `n` under `<run_dir>/checkpoints`, if any holds weights.
@@ -31,7 +33,10 @@ pub fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let step: u64 = name.strip_prefix("global_step_")?.parse().ok()?;
-            e.path().join(WEIGHTS_FILE).is_file().then(|| (step, e.path()))
+            e.path()
+                .join(WEIGHTS_FILE)
+                .is_file()
+                .then(|| (step, e.path()))
         })
         .max_by_key(|(step, _)| *step)
         .map(|(_, path)| path)
@@ -53,7 +58,10 @@ mod tests {
             }
         }
         std::fs::create_dir_all(tmp.path().join("checkpoints/global_step_x")).unwrap();
-        assert_eq!(latest_checkpoint(tmp.path()), Some(checkpoint_dir(tmp.path(), 10)));
+        assert_eq!(
+            latest_checkpoint(tmp.path()),
+            Some(checkpoint_dir(tmp.path(), 10))
+        );
         assert!(checkpoint_dir(tmp.path(), 10).ends_with("checkpoints/global_step_10"));
     }
 }

@@ -26,7 +26,9 @@ pub struct Actor {
 
 /// Whether this build can run the learner for `model`: never, in this build.
 pub fn available(model: ModelType) -> Result<(), RlError> {
-    Err(RlError::NoTorch { model: model_name(model) })
+    Err(RlError::NoTorch {
+        model: model_name(model),
+    })
 }
 
 fn model_name(model: ModelType) -> &'static str {
@@ -40,7 +42,9 @@ fn model_name(model: ModelType) -> &'static str {
 
 impl Learner {
     pub fn new(cfg: &RunConfig, _spec: EnvSpec) -> Result<Learner, RlError> {
-        Err(RlError::NoTorch { model: model_name(cfg.actor.model.model_type) })
+        Err(RlError::NoTorch {
+            model: model_name(cfg.actor.model.model_type),
+        })
     }
 
     pub fn global_step(&self) -> u64 {
@@ -86,7 +90,9 @@ impl Learner {
 
 impl Actor {
     pub fn new(cfg: &RunConfig, _spec: EnvSpec, _seed: u64) -> Result<Actor, RlError> {
-        Err(RlError::NoTorch { model: model_name(cfg.actor.model.model_type) })
+        Err(RlError::NoTorch {
+            model: model_name(cfg.actor.model.model_type),
+        })
     }
 
     pub fn version(&self) -> u64 {
@@ -117,12 +123,28 @@ mod tests {
 
     #[test]
     fn constructors_say_the_feature_is_missing() {
-        let spec = EnvSpec { obs_dim: 4, action: ActionSpace::Discrete { n: 2 } };
-        let err = Learner::new(&RunConfig::default(), spec).unwrap_err().to_string();
+        let spec = EnvSpec {
+            obs_dim: 4,
+            action: ActionSpace::Discrete { n: 2 },
+        };
+        let err = Learner::new(&RunConfig::default(), spec)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("built without the `torch` feature"), "{err}");
         let err = available(ModelType::MlpPolicy).unwrap_err().to_string();
-        assert!(err.starts_with("model `mlp_policy` needs the libtorch learner"), "{err}");
-        assert!(err.contains("model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"), "{err}");
-        assert!(matches!(Actor::new(&RunConfig::default(), spec, 0), Err(RlError::NoTorch { .. })));
+        assert!(
+            err.starts_with("model `mlp_policy` needs the libtorch learner"),
+            "{err}"
+        );
+        assert!(
+            err.contains(
+                "model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic"
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            Actor::new(&RunConfig::default(), spec, 0),
+            Err(RlError::NoTorch { .. })
+        ));
     }
 }

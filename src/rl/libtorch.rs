@@ -27,7 +27,10 @@ use policy::{Policy, Use};
 
 /// Turns a libtorch error into [`RlError::Torch`] with what was being done.
 fn torch_err(context: &'static str) -> impl Fn(tch::TchError) -> RlError {
-    move |e| RlError::Torch { context, message: e.to_string() }
+    move |e| RlError::Torch {
+        context,
+        message: e.to_string(),
+    }
 }
 
 /// One intra-op thread per worker process. The learner's models are small, and a trainer and N rollouts share
@@ -64,8 +67,19 @@ impl Learner {
     pub fn new(cfg: &RunConfig, spec: EnvSpec) -> Result<Learner, RlError> {
         one_thread_per_process();
         let policy = Policy::new(&cfg.actor.model, spec, cfg.actor.seed, Use::Train)?;
-        let adam = Adam::new(policy.trainable()?, &cfg.actor.optim, &["critic.", "value_head."]);
-        Ok(Learner { policy, adam, cfg: cfg.clone(), global_step: 0, version: 0, run_base: 0 })
+        let adam = Adam::new(
+            policy.trainable()?,
+            &cfg.actor.optim,
+            &["critic.", "value_head."],
+        );
+        Ok(Learner {
+            policy,
+            adam,
+            cfg: cfg.clone(),
+            global_step: 0,
+            version: 0,
+            run_base: 0,
+        })
     }
 
     /// Trainer steps completed.
@@ -85,9 +99,20 @@ impl Learner {
 
     /// One PPO/GRPO update on `traj`; bumps the step and the weight version.
     pub fn train_step(&mut self, traj: &Trajectory) -> Result<TrainMetrics, RlError> {
-        let seed = self.cfg.actor.seed.wrapping_add(self.global_step.wrapping_mul(0x9E37_79B9));
+        let seed = self
+            .cfg
+            .actor
+            .seed
+            .wrapping_add(self.global_step.wrapping_mul(0x9E37_79B9));
         let sync_version = self.version - self.run_base;
-        let m = ppo::train_step(&mut self.policy, &mut self.adam, traj, &self.cfg, sync_version, seed)?;
+        let m = ppo::train_step(
+            &mut self.policy,
+            &mut self.adam,
+            traj,
+            &self.cfg,
+            sync_version,
+            seed,
+        )?;
         self.global_step += 1;
         self.version += 1;
         Ok(m)
@@ -111,7 +136,10 @@ impl Learner {
 
     /// The model as a state dict: every weight with its role (names sorted); floating weights cast to
     /// `float` when given (e.g. bf16 for rollouts), fp32 master values otherwise.
-    pub fn state_dict(&self, float: Option<crate::tensor::DType>) -> Result<crate::tensor::StateDict, RlError> {
+    pub fn state_dict(
+        &self,
+        float: Option<crate::tensor::DType>,
+    ) -> Result<crate::tensor::StateDict, RlError> {
         state::state_dict(&self.policy, float)
     }
 
@@ -125,7 +153,10 @@ impl Learner {
     /// `<run_dir>/checkpoints/global_step_<n>/`.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         let dir = checkpoint_dir(run_dir, self.global_step);
-        std::fs::create_dir_all(&dir).map_err(|e| RlError::Checkpoint { path: dir.clone(), reason: e.to_string() })?;
+        std::fs::create_dir_all(&dir).map_err(|e| RlError::Checkpoint {
+            path: dir.clone(),
+            reason: e.to_string(),
+        })?;
         let weights_checksum = self.weights_checksum()?;
         let mut meta = HashMap::from([
             ("format".to_owned(), META_FORMAT.to_owned()),
@@ -143,7 +174,12 @@ impl Learner {
             ("adam_steps".to_owned(), self.adam.steps().to_string()),
         ]);
         checkpoint::save(&dir.join(OPTIMIZER_FILE), &self.adam.state(), opt_meta)?;
-        Ok(CheckpointInfo { dir, global_step: self.global_step, version: self.version, weights_checksum })
+        Ok(CheckpointInfo {
+            dir,
+            global_step: self.global_step,
+            version: self.version,
+            weights_checksum,
+        })
     }
 
     /// Restores weights, optimizer state, step and version from a checkpoint directory, and checks the loaded
@@ -152,7 +188,10 @@ impl Learner {
         let wpath = dir.join(WEIGHTS_FILE);
         let (weights, meta) = checkpoint::load(&wpath)?;
         if meta.get("format").map(String::as_str) != Some(META_FORMAT) {
-            return Err(RlError::Checkpoint { path: wpath, reason: "not an rlsync checkpoint (metadata `format`)".into() });
+            return Err(RlError::Checkpoint {
+                path: wpath,
+                reason: "not an rlsync checkpoint (metadata `format`)".into(),
+            });
         }
         let global_step = checkpoint::meta_u64(&meta, "global_step", &wpath)?;
         let version = checkpoint::meta_u64(&meta, "version", &wpath)?;
@@ -165,13 +204,23 @@ impl Learner {
         if let Some(saved) = meta.get(CHECKSUM_KEY) {
             let loaded = format!("{weights_checksum:#018x}");
             if *saved != loaded {
-                return Err(RlError::Checkpoint { path: wpath, reason: format!("loaded weights have checksum {loaded}, the checkpoint recorded {saved}") });
+                return Err(RlError::Checkpoint {
+                    path: wpath,
+                    reason: format!(
+                        "loaded weights have checksum {loaded}, the checkpoint recorded {saved}"
+                    ),
+                });
             }
         }
         self.global_step = global_step;
         self.version = version;
         self.run_base = version;
-        Ok(CheckpointInfo { dir: dir.to_owned(), global_step, version, weights_checksum })
+        Ok(CheckpointInfo {
+            dir: dir.to_owned(),
+            global_step,
+            version,
+            weights_checksum,
+        })
     }
 }
 
@@ -179,16 +228,30 @@ impl Learner {
 fn install(policy: &Policy, weights: &[(String, Tensor)]) -> Result<(), RlError> {
     let mine = policy.named_tensors()?;
     if mine.len() != weights.len() {
-        return Err(RlError::WeightsMismatch { reason: format!("{} weights given, the model has {}", weights.len(), mine.len()) });
+        return Err(RlError::WeightsMismatch {
+            reason: format!(
+                "{} weights given, the model has {}",
+                weights.len(),
+                mine.len()
+            ),
+        });
     }
     // check everything first: a rejected checkpoint leaves the weights untouched.
     let mut pairs = Vec::with_capacity(mine.len());
     for (name, dst) in mine {
         let Some((_, src)) = weights.iter().find(|(n, _)| *n == name) else {
-            return Err(RlError::WeightsMismatch { reason: format!("`{name}` is missing") });
+            return Err(RlError::WeightsMismatch {
+                reason: format!("`{name}` is missing"),
+            });
         };
         if src.size() != dst.size() {
-            return Err(RlError::WeightsMismatch { reason: format!("`{name}` has shape {:?}, the model {:?}", src.size(), dst.size()) });
+            return Err(RlError::WeightsMismatch {
+                reason: format!(
+                    "`{name}` has shape {:?}, the model {:?}",
+                    src.size(),
+                    dst.size()
+                ),
+            });
         }
         pairs.push((dst, src));
     }
@@ -218,7 +281,11 @@ impl Actor {
             WeightDtype::F16 => Kind::Half,
             WeightDtype::F32 => Kind::Float,
         });
-        Ok(Actor { policy, rng: StdRng::seed_from_u64(seed), version: 0 })
+        Ok(Actor {
+            policy,
+            rng: StdRng::seed_from_u64(seed),
+            version: 0,
+        })
     }
 
     /// Version of the weights this actor holds.
@@ -230,9 +297,15 @@ impl Actor {
     pub fn act(&mut self, obs: &[f32], mode: ActMode) -> Result<Decision, RlError> {
         let d = self.policy.spec.obs_dim;
         if d == 0 || obs.len() % d != 0 {
-            return Err(RlError::Shape { what: "observations".into(), expected: format!("a multiple of {d}"), got: obs.len().to_string() });
+            return Err(RlError::Shape {
+                what: "observations".into(),
+                expected: format!("a multiple of {d}"),
+                got: obs.len().to_string(),
+            });
         }
-        let x = Tensor::from_slice(obs).f_view([-1, d as i64]).map_err(torch_err("shaping observations"))?;
+        let x = Tensor::from_slice(obs)
+            .f_view([-1, d as i64])
+            .map_err(torch_err("shaping observations"))?;
         let heads = tch::no_grad(|| self.policy.forward(&x))?;
         let (actions, logprobs) = dist::act(&heads, mode, &mut self.rng)?;
         Ok(Decision { actions, logprobs })
@@ -244,7 +317,11 @@ impl Actor {
     }
 
     /// Installs weights received by a sync (converting dtypes) and records their version.
-    pub fn import_state(&mut self, state: &crate::tensor::StateDict, version: u64) -> Result<(), RlError> {
+    pub fn import_state(
+        &mut self,
+        state: &crate::tensor::StateDict,
+        version: u64,
+    ) -> Result<(), RlError> {
         state::import_from(&self.policy, state)?;
         self.version = version;
         Ok(())

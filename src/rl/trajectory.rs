@@ -31,7 +31,11 @@ impl ActionBuf {
         match (self, other) {
             (ActionBuf::Continuous(a), ActionBuf::Continuous(b)) => a.extend_from_slice(b),
             (ActionBuf::Discrete(a), ActionBuf::Discrete(b)) => a.extend_from_slice(b),
-            _ => return Err(RlError::Trajectory { reason: "continuous and discrete actions mixed".into() }),
+            _ => {
+                return Err(RlError::Trajectory {
+                    reason: "continuous and discrete actions mixed".into(),
+                });
+            }
         }
         Ok(())
     }
@@ -114,7 +118,11 @@ impl Trajectory {
     }
 
     pub fn steps(&self) -> usize {
-        if self.envs == 0 { 0 } else { self.len() / self.envs }
+        if self.envs == 0 {
+            0
+        } else {
+            self.len() / self.envs
+        }
     }
 
     /// Checks that every buffer agrees with `steps x envs` (data may come from another process).
@@ -126,18 +134,56 @@ impl Trajectory {
         };
         let truncs = self.truncated.iter().filter(|t| **t).count();
         let checks = [
-            ("envs", self.envs > 0 && n % self.envs == 0, format!("{} envs for {n} entries", self.envs)),
-            ("obs", self.obs.len() == n * self.obs_dim, format!("{} values", self.obs.len())),
-            ("actions", self.actions.len() == n * adim, format!("{} values", self.actions.len())),
-            ("logprobs", self.logprobs.len() == n, format!("{}", self.logprobs.len())),
-            ("terminated", self.terminated.len() == n, format!("{}", self.terminated.len())),
-            ("truncated", self.truncated.len() == n, format!("{}", self.truncated.len())),
-            ("truncated_obs", self.truncated_obs.len() == truncs * self.obs_dim, format!("{}", self.truncated_obs.len())),
-            ("last_obs", self.last_obs.len() == self.envs * self.obs_dim, format!("{}", self.last_obs.len())),
-            ("versions", self.versions.len() == n, format!("{}", self.versions.len())),
+            (
+                "envs",
+                self.envs > 0 && n % self.envs == 0,
+                format!("{} envs for {n} entries", self.envs),
+            ),
+            (
+                "obs",
+                self.obs.len() == n * self.obs_dim,
+                format!("{} values", self.obs.len()),
+            ),
+            (
+                "actions",
+                self.actions.len() == n * adim,
+                format!("{} values", self.actions.len()),
+            ),
+            (
+                "logprobs",
+                self.logprobs.len() == n,
+                format!("{}", self.logprobs.len()),
+            ),
+            (
+                "terminated",
+                self.terminated.len() == n,
+                format!("{}", self.terminated.len()),
+            ),
+            (
+                "truncated",
+                self.truncated.len() == n,
+                format!("{}", self.truncated.len()),
+            ),
+            (
+                "truncated_obs",
+                self.truncated_obs.len() == truncs * self.obs_dim,
+                format!("{}", self.truncated_obs.len()),
+            ),
+            (
+                "last_obs",
+                self.last_obs.len() == self.envs * self.obs_dim,
+                format!("{}", self.last_obs.len()),
+            ),
+            (
+                "versions",
+                self.versions.len() == n,
+                format!("{}", self.versions.len()),
+            ),
         ];
         match checks.into_iter().find(|(_, ok, _)| !ok) {
-            Some((what, _, got)) => Err(RlError::Trajectory { reason: format!("{what} has the wrong size ({got}, {n} entries)") }),
+            Some((what, _, got)) => Err(RlError::Trajectory {
+                reason: format!("{what} has the wrong size ({got}, {n} entries)"),
+            }),
             None => Ok(()),
         }
     }
@@ -146,14 +192,21 @@ impl Trajectory {
     /// into one trajectory over all their envs, in the order given.
     pub fn concat_envs(parts: &[Trajectory]) -> Result<Trajectory, RlError> {
         let Some(first) = parts.first() else {
-            return Err(RlError::Trajectory { reason: "no trajectories to join".into() });
+            return Err(RlError::Trajectory {
+                reason: "no trajectories to join".into(),
+            });
         };
         let steps = first.steps();
         for p in parts {
             p.validate()?;
             if p.steps() != steps || p.obs_dim != first.obs_dim || p.action != first.action {
                 return Err(RlError::Trajectory {
-                    reason: format!("chunks disagree: {} vs {steps} steps, obs {} vs {}", p.steps(), p.obs_dim, first.obs_dim),
+                    reason: format!(
+                        "chunks disagree: {} vs {steps} steps, obs {} vs {}",
+                        p.steps(),
+                        p.obs_dim,
+                        first.obs_dim
+                    ),
                 });
             }
         }
@@ -164,20 +217,25 @@ impl Trajectory {
         for t in 0..steps {
             for p in parts {
                 let rows = t * p.envs..(t + 1) * p.envs;
-                out.obs.extend_from_slice(&p.obs[rows.start * d..rows.end * d]);
+                out.obs
+                    .extend_from_slice(&p.obs[rows.start * d..rows.end * d]);
                 let a = match &p.actions {
-                    ActionBuf::Continuous(a) => ActionBuf::Continuous(a[rows.start * adim..rows.end * adim].to_vec()),
+                    ActionBuf::Continuous(a) => {
+                        ActionBuf::Continuous(a[rows.start * adim..rows.end * adim].to_vec())
+                    }
                     ActionBuf::Discrete(a) => ActionBuf::Discrete(a[rows.clone()].to_vec()),
                 };
                 out.actions.extend(&a)?;
                 out.logprobs.extend_from_slice(&p.logprobs[rows.clone()]);
                 out.rewards.extend_from_slice(&p.rewards[rows.clone()]);
-                out.terminated.extend_from_slice(&p.terminated[rows.clone()]);
+                out.terminated
+                    .extend_from_slice(&p.terminated[rows.clone()]);
                 out.truncated.extend_from_slice(&p.truncated[rows.clone()]);
                 out.versions.extend_from_slice(&p.versions[rows.clone()]);
                 let skip = p.truncated[..rows.start].iter().filter(|x| **x).count();
                 let take = p.truncated[rows].iter().filter(|x| **x).count();
-                out.truncated_obs.extend_from_slice(&p.truncated_obs[skip * d..(skip + take) * d]);
+                out.truncated_obs
+                    .extend_from_slice(&p.truncated_obs[skip * d..(skip + take) * d]);
             }
         }
         for p in parts {
@@ -206,7 +264,8 @@ pub fn collect(env: &mut VecEnv, actor: &mut Actor, steps: usize) -> Result<Traj
         traj.terminated.extend_from_slice(&out.terminated);
         traj.truncated.extend_from_slice(&out.truncated);
         for (e, _) in out.truncated.iter().enumerate().filter(|(_, t)| **t) {
-            traj.truncated_obs.extend_from_slice(&out.final_obs[e * spec.obs_dim..(e + 1) * spec.obs_dim]);
+            traj.truncated_obs
+                .extend_from_slice(&out.final_obs[e * spec.obs_dim..(e + 1) * spec.obs_dim]);
         }
         traj.versions.extend(std::iter::repeat_n(version, n));
     }
@@ -218,7 +277,11 @@ pub fn collect(env: &mut VecEnv, actor: &mut Actor, steps: usize) -> Result<Traj
 
 /// Deterministic evaluation: resets `env`, acts with the distribution's mode until at least `episodes`
 /// episodes finished (or a step cap is hit), and reports their metrics.
-pub fn evaluate(env: &mut VecEnv, actor: &mut Actor, episodes: u64) -> Result<EpisodeMetrics, RlError> {
+pub fn evaluate(
+    env: &mut VecEnv,
+    actor: &mut Actor,
+    episodes: u64,
+) -> Result<EpisodeMetrics, RlError> {
     env.reset();
     env.take_metrics();
     let per_env = episodes.div_ceil(env.num_envs().max(1) as u64) + 1;
@@ -275,7 +338,12 @@ mod tests {
         assert!(err.contains("logprobs"), "{err}");
         let mut t = chunk(2, 2, 0.0);
         t.truncated_obs.clear();
-        assert!(t.validate().unwrap_err().to_string().contains("truncated_obs"));
+        assert!(
+            t.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("truncated_obs")
+        );
         assert!(Trajectory::concat_envs(&[chunk(1, 2, 0.0), chunk(1, 3, 0.0)]).is_err());
         assert!(Trajectory::concat_envs(&[]).is_err());
     }

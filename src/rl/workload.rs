@@ -47,7 +47,12 @@ impl TrainerWork {
             }
             None => None,
         };
-        Ok(TrainerWork { learner, cfg: cfg.clone(), run_dir: run_dir.to_owned(), resumed })
+        Ok(TrainerWork {
+            learner,
+            cfg: cfg.clone(),
+            run_dir: run_dir.to_owned(),
+            resumed,
+        })
     }
 
     pub fn learner(&self) -> &Learner {
@@ -67,7 +72,11 @@ impl TrainerWork {
 
     /// One update on the chunks of every rollout worker (same steps, disjoint envs, worker order), then
     /// the new weights are written into `state`; saves a checkpoint every `runner.save_interval` steps.
-    pub fn train_step(&mut self, state: &mut StateDict, chunks: &[Trajectory]) -> Result<(TrainMetrics, Option<CheckpointInfo>), RlError> {
+    pub fn train_step(
+        &mut self,
+        state: &mut StateDict,
+        chunks: &[Trajectory],
+    ) -> Result<(TrainMetrics, Option<CheckpointInfo>), RlError> {
         let traj = Trajectory::concat_envs(chunks)?;
         let metrics = self.learner.train_step(&traj)?;
         self.learner.export_into(state)?;
@@ -98,7 +107,14 @@ impl RolloutWork {
         let env = VecEnv::new(&EnvOptions::for_worker(&cfg.env.train, rank, workers))?;
         let seed = cfg.actor.seed ^ (0x5EED_0000 + rank as u64);
         let actor = Actor::new(cfg, env.spec(), seed)?;
-        Ok(RolloutWork { actor, env, cfg: cfg.clone(), rank, workers, installed: None })
+        Ok(RolloutWork {
+            actor,
+            env,
+            cfg: cfg.clone(),
+            rank,
+            workers,
+            installed: None,
+        })
     }
 
     /// The receiver-side state dict (same names, shapes, roles and dtypes as the trainer's sync buffer).
@@ -108,7 +124,12 @@ impl RolloutWork {
 
     /// Installs `state` (the weights of `version`) unless that version is already installed, then steps
     /// every env `steps` times; each entry is tagged with `version`.
-    pub fn rollout(&mut self, state: &StateDict, version: u64, steps: usize) -> Result<Trajectory, RlError> {
+    pub fn rollout(
+        &mut self,
+        state: &StateDict,
+        version: u64,
+        steps: usize,
+    ) -> Result<Trajectory, RlError> {
         if self.installed != Some(version) {
             self.actor.import_state(state, version)?;
             self.installed = Some(version);
@@ -119,7 +140,11 @@ impl RolloutWork {
     /// Deterministic evaluation of the current weights on this worker's share of `env.eval`, on freshly
     /// built envs (the same episodes at every call).
     pub fn evaluate(&mut self, episodes: u64) -> Result<EpisodeMetrics, RlError> {
-        let mut env = VecEnv::new(&EnvOptions::for_worker(&self.cfg.env.eval, self.rank, self.workers))?;
+        let mut env = VecEnv::new(&EnvOptions::for_worker(
+            &self.cfg.env.eval,
+            self.rank,
+            self.workers,
+        ))?;
         evaluate(&mut env, &mut self.actor, episodes)
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::tensor::{can_cast, DType, StateDict};
+use crate::tensor::{DType, StateDict, can_cast};
 
 use super::bucket::Planned;
 use super::wire::{BucketEntry, KeyMeta};
@@ -11,20 +11,35 @@ use super::wire::{BucketEntry, KeyMeta};
 /// is an error naming it.
 pub fn select_prefixed(state: &StateDict, prefixes: &[String]) -> Result<Vec<String>, String> {
     if prefixes.is_empty() {
-        return Err("init_sync.prefixes is an empty list (use null for the whole state dict)".into());
+        return Err(
+            "init_sync.prefixes is an empty list (use null for the whole state dict)".into(),
+        );
     }
-    let matches = |k: &str, p: &str| k == p || (k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.');
+    let matches = |k: &str, p: &str| {
+        k == p || (k.len() > p.len() && k.starts_with(p) && k.as_bytes()[p.len()] == b'.')
+    };
     for p in prefixes {
         if !state.keys().any(|k| matches(k, p)) {
-            return Err(format!("init_sync prefix '{p}' matches no key of the state dict"));
+            return Err(format!(
+                "init_sync prefix '{p}' matches no key of the state dict"
+            ));
         }
     }
-    Ok(state.keys().filter(|k| prefixes.iter().any(|p| matches(k, p))).map(str::to_string).collect())
+    Ok(state
+        .keys()
+        .filter(|k| prefixes.iter().any(|p| matches(k, p)))
+        .map(str::to_string)
+        .collect())
 }
 
 fn list(keys: &[&str]) -> String {
     const SHOW: usize = 5;
-    let mut s = keys.iter().take(SHOW).map(|k| format!("'{k}'")).collect::<Vec<_>>().join(", ");
+    let mut s = keys
+        .iter()
+        .take(SHOW)
+        .map(|k| format!("'{k}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
     if keys.len() > SHOW {
         s.push_str(&format!(" and {} more", keys.len() - SHOW));
     }
@@ -33,54 +48,117 @@ fn list(keys: &[&str]) -> String {
 
 /// Check the receiver's metadata against the sender's state for `keys` (synced ∪ bootstrap); with
 /// `full_state`, the receiver must not hold keys the sender lacks. Returns key → receiver ordinal.
-pub fn check_metadata(meta: &[KeyMeta], state: &StateDict, keys: &[&str], full_state: bool) -> Result<HashMap<String, u32>, String> {
-    let index: HashMap<&str, usize> = meta.iter().enumerate().map(|(i, m)| (m.name.as_str(), i)).collect();
+pub fn check_metadata(
+    meta: &[KeyMeta],
+    state: &StateDict,
+    keys: &[&str],
+    full_state: bool,
+) -> Result<HashMap<String, u32>, String> {
+    let index: HashMap<&str, usize> = meta
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.name.as_str(), i))
+        .collect();
     if index.len() != meta.len() {
         return Err("receiver metadata lists a key twice".into());
     }
-    let missing_rx: Vec<&str> = keys.iter().copied().filter(|k| !index.contains_key(k)).collect();
+    let missing_rx: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| !index.contains_key(k))
+        .collect();
     if !missing_rx.is_empty() {
-        return Err(format!("keys missing on the receiver: {}", list(&missing_rx)));
+        return Err(format!(
+            "keys missing on the receiver: {}",
+            list(&missing_rx)
+        ));
     }
-    let missing_tx: Vec<&str> = keys.iter().copied().filter(|k| state.get(k).is_none()).collect();
+    let missing_tx: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| state.get(k).is_none())
+        .collect();
     if !missing_tx.is_empty() {
-        return Err(format!("keys missing from the sender's state dict: {}", list(&missing_tx)));
+        return Err(format!(
+            "keys missing from the sender's state dict: {}",
+            list(&missing_tx)
+        ));
     }
     if full_state {
-        let extra: Vec<&str> = meta.iter().map(|m| m.name.as_str()).filter(|k| state.get(k).is_none()).collect();
+        let extra: Vec<&str> = meta
+            .iter()
+            .map(|m| m.name.as_str())
+            .filter(|k| state.get(k).is_none())
+            .collect();
         if !extra.is_empty() {
-            return Err(format!("keys only on the receiver (not aligned by init_sync): {}", list(&extra)));
+            return Err(format!(
+                "keys only on the receiver (not aligned by init_sync): {}",
+                list(&extra)
+            ));
         }
     }
     let mut bad_shape = Vec::new();
     let mut bad_dtype = Vec::new();
     for &k in keys {
-        let (Some(&i), Some(t)) = (index.get(k), state.get(k)) else { continue };
+        let (Some(&i), Some(t)) = (index.get(k), state.get(k)) else {
+            continue;
+        };
         let m = &meta[i];
         if t.shape() != m.shape.as_slice() {
-            bad_shape.push(format!("'{k}' (sender {:?}, receiver {:?})", t.shape(), m.shape));
+            bad_shape.push(format!(
+                "'{k}' (sender {:?}, receiver {:?})",
+                t.shape(),
+                m.shape
+            ));
         } else if !can_cast(t.dtype(), m.dtype) {
-            bad_dtype.push(format!("'{k}' (sender {}, receiver {})", t.dtype(), m.dtype));
+            bad_dtype.push(format!(
+                "'{k}' (sender {}, receiver {})",
+                t.dtype(),
+                m.dtype
+            ));
         }
     }
     if !bad_shape.is_empty() {
-        return Err(format!("shape mismatch for {}", bad_shape.into_iter().take(5).collect::<Vec<_>>().join(", ")));
+        return Err(format!(
+            "shape mismatch for {}",
+            bad_shape.into_iter().take(5).collect::<Vec<_>>().join(", ")
+        ));
     }
     if !bad_dtype.is_empty() {
-        return Err(format!("dtype mismatch (only floating dtypes convert) for {}", bad_dtype.into_iter().take(5).collect::<Vec<_>>().join(", ")));
+        return Err(format!(
+            "dtype mismatch (only floating dtypes convert) for {}",
+            bad_dtype.into_iter().take(5).collect::<Vec<_>>().join(", ")
+        ));
     }
-    Ok(keys.iter().filter_map(|&k| index.get(k).map(|&i| (k.to_string(), i as u32))).collect())
+    Ok(keys
+        .iter()
+        .filter_map(|&k| index.get(k).map(|&i| (k.to_string(), i as u32)))
+        .collect())
 }
 
 /// Bucket items for `keys` with the wire dtype chosen by `wire(sender dtype, receiver dtype)`.
-pub fn plan_items(state: &StateDict, keys: &[&str], meta: &[KeyMeta], ordinals: &HashMap<String, u32>, wire: impl Fn(DType, DType) -> DType) -> Vec<Planned> {
+pub fn plan_items(
+    state: &StateDict,
+    keys: &[&str],
+    meta: &[KeyMeta],
+    ordinals: &HashMap<String, u32>,
+    wire: impl Fn(DType, DType) -> DType,
+) -> Vec<Planned> {
     keys.iter()
         .filter_map(|&k| {
             let t = state.get(k)?;
             let &o = ordinals.get(k)?;
             let m = meta.get(o as usize)?;
             let dtype = wire(t.dtype(), m.dtype);
-            Some(Planned { key: k.to_string(), src: t.dtype(), entry: BucketEntry { ordinal: o, dtype, byte_len: t.numel() * dtype.size_bytes() } })
+            Some(Planned {
+                key: k.to_string(),
+                src: t.dtype(),
+                entry: BucketEntry {
+                    ordinal: o,
+                    dtype,
+                    byte_len: t.numel() * dtype.size_bytes(),
+                },
+            })
         })
         .collect()
 }
@@ -93,7 +171,10 @@ mod tests {
     fn sd(keys: &[&str]) -> StateDict {
         let mut s = StateDict::new();
         for k in keys {
-            s.insert(*k, Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap());
+            s.insert(
+                *k,
+                Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+            );
         }
         s
     }
@@ -105,7 +186,11 @@ mod tests {
             let p: Vec<String> = p.iter().map(|x| x.to_string()).collect();
             let got = select_prefixed(&s, &p);
             match expect {
-                Ok(keys) => assert_eq!(got.unwrap(), keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(), "{p:?}"),
+                Ok(keys) => assert_eq!(
+                    got.unwrap(),
+                    keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+                    "{p:?}"
+                ),
                 Err(msg) => assert!(got.unwrap_err().contains(msg), "{p:?}"),
             }
         };
@@ -119,16 +204,54 @@ mod tests {
     #[test]
     fn metadata_mismatches_name_the_keys() {
         let s = sd(&["a", "b"]);
-        let meta = |names: &[(&str, DType, Vec<usize>)]| names.iter().map(|(n, d, sh)| KeyMeta { name: n.to_string(), dtype: *d, shape: sh.clone() }).collect::<Vec<_>>();
+        let meta = |names: &[(&str, DType, Vec<usize>)]| {
+            names
+                .iter()
+                .map(|(n, d, sh)| KeyMeta {
+                    name: n.to_string(),
+                    dtype: *d,
+                    shape: sh.clone(),
+                })
+                .collect::<Vec<_>>()
+        };
         let ok = meta(&[("a", DType::Bf16, vec![2]), ("b", DType::F32, vec![2])]);
         assert_eq!(check_metadata(&ok, &s, &["a", "b"], true).unwrap().len(), 2);
-        let e = check_metadata(&meta(&[("a", DType::F32, vec![2])]), &s, &["a", "b"], false).unwrap_err();
-        assert!(e.contains("missing on the receiver") && e.contains("'b'"), "{e}");
-        let e = check_metadata(&meta(&[("a", DType::F32, vec![3]), ("b", DType::F32, vec![2])]), &s, &["a", "b"], false).unwrap_err();
+        let e = check_metadata(&meta(&[("a", DType::F32, vec![2])]), &s, &["a", "b"], false)
+            .unwrap_err();
+        assert!(
+            e.contains("missing on the receiver") && e.contains("'b'"),
+            "{e}"
+        );
+        let e = check_metadata(
+            &meta(&[("a", DType::F32, vec![3]), ("b", DType::F32, vec![2])]),
+            &s,
+            &["a", "b"],
+            false,
+        )
+        .unwrap_err();
         assert!(e.contains("shape mismatch") && e.contains("'a'"), "{e}");
-        let e = check_metadata(&meta(&[("a", DType::I32, vec![2]), ("b", DType::F32, vec![2])]), &s, &["a"], false).unwrap_err();
+        let e = check_metadata(
+            &meta(&[("a", DType::I32, vec![2]), ("b", DType::F32, vec![2])]),
+            &s,
+            &["a"],
+            false,
+        )
+        .unwrap_err();
         assert!(e.contains("dtype mismatch") && e.contains("'a'"), "{e}");
-        let e = check_metadata(&meta(&[("a", DType::F32, vec![2]), ("b", DType::F32, vec![2]), ("c", DType::F32, vec![1])]), &s, &["a", "b"], true).unwrap_err();
-        assert!(e.contains("only on the receiver") && e.contains("'c'"), "{e}");
+        let e = check_metadata(
+            &meta(&[
+                ("a", DType::F32, vec![2]),
+                ("b", DType::F32, vec![2]),
+                ("c", DType::F32, vec![1]),
+            ]),
+            &s,
+            &["a", "b"],
+            true,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("only on the receiver") && e.contains("'c'"),
+            "{e}"
+        );
     }
 }

@@ -19,10 +19,13 @@ use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::tensor::{cast_bytes, copy_streaming, DType, StateDict, Storage};
+use crate::tensor::{DType, StateDict, Storage, cast_bytes, copy_streaming};
 use crate::transport;
 
-use super::wire::{bucket_layout, bucket_parts, read_bucket_table, write_bucket_table, BucketEntry, Header, KeyMeta, Kind, HEADER_LEN};
+use super::wire::{
+    BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, bucket_layout, bucket_parts, read_bucket_table,
+    write_bucket_table,
+};
 
 /// Bytes hashed then copied at a time: small enough that the copy re-reads the chunk from L1/L2, a
 /// multiple of every element size.
@@ -86,16 +89,26 @@ pub async fn send(
     for bucket in buckets {
         let mut srcs = Vec::with_capacity(bucket.len());
         for p in bucket {
-            let t = state.get(&p.key).ok_or_else(|| super::SyncError::StateMismatch { key: p.key.clone(), reason: "missing from the state dict".into() })?;
+            let t = state
+                .get(&p.key)
+                .ok_or_else(|| super::SyncError::StateMismatch {
+                    key: p.key.clone(),
+                    reason: "missing from the state dict".into(),
+                })?;
             if t.dtype() != p.src || t.numel() * p.entry.dtype.size_bytes() != p.entry.byte_len {
-                return Err(super::SyncError::StateMismatch { key: p.key.clone(), reason: format!("now {} {:?}, different at init", t.dtype(), t.shape()) });
+                return Err(super::SyncError::StateMismatch {
+                    key: p.key.clone(),
+                    reason: format!("now {} {:?}, different at init", t.dtype(), t.shape()),
+                });
             }
             srcs.push(t.bytes());
         }
         sources.push(srcs);
     }
     let mut stats = SendStats::default();
-    let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config { reason: "more than 2^32 buckets".into() })?;
+    let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
+        reason: "more than 2^32 buckets".into(),
+    })?;
     for (seq, (bucket, srcs)) in buckets.iter().zip(&sources).enumerate() {
         let entries: Vec<BucketEntry> = bucket.iter().map(|p| p.entry).collect();
         let layout = Layout::new(&entries, srcs, bucket.iter().map(|p| p.src).collect());
@@ -136,7 +149,13 @@ struct Layout<'a> {
 impl<'a> Layout<'a> {
     fn new(entries: &'a [BucketEntry], srcs: &'a [&'a [u8]], src_dtypes: Vec<DType>) -> Self {
         let (body_len, offsets) = bucket_layout(entries);
-        Layout { entries, offsets, body_len, srcs, src_dtypes }
+        Layout {
+            entries,
+            offsets,
+            body_len,
+            srcs,
+            src_dtypes,
+        }
     }
 
     fn table_end(&self) -> usize {
@@ -178,13 +197,21 @@ impl<'a> Layout<'a> {
                 pos = off;
             }
             let stop = end.min(part.end);
-            let (src, from) = (self.srcs.get(i).copied().unwrap_or_default(), self.src_dtypes.get(i).copied().unwrap_or(e.dtype));
+            let (src, from) = (
+                self.srcs.get(i).copied().unwrap_or_default(),
+                self.src_dtypes.get(i).copied().unwrap_or(e.dtype),
+            );
             let (sw, dw) = (from.size_bytes(), e.dtype.size_bytes());
             let mut a = pos;
             while a < stop {
                 let b = stop.min(a + CHUNK);
                 let (e0, e1) = ((a - off) / dw, (b - off) / dw);
-                let (Some(s), Some(d)) = (src.get(e0 * sw..e1 * sw), body.get_mut(a - part.start..b - part.start)) else { break };
+                let (Some(s), Some(d)) = (
+                    src.get(e0 * sw..e1 * sw),
+                    body.get_mut(a - part.start..b - part.start),
+                ) else {
+                    break;
+                };
                 if from == e.dtype {
                     // Hash the source (now in cache), then stream it out: the slot is never read back here.
                     h.update(s);
@@ -254,11 +281,29 @@ pub struct Assembly {
 impl Assembly {
     /// Start a bucket from its first part (offset 0), which carries the entry table, and stage that part.
     /// `allowed[ordinal]` says which receiver keys this message kind may carry.
-    pub fn start(header: &Header, body: &[u8], meta: &[KeyMeta], allowed: &[bool], pool: &mut Pool) -> Result<Assembly, String> {
+    pub fn start(
+        header: &Header,
+        body: &[u8],
+        meta: &[KeyMeta],
+        allowed: &[bool],
+        pool: &mut Pool,
+    ) -> Result<Assembly, String> {
         if header.aux != 0 {
-            return Err(format!("bucket {}/{} of version {} starts at byte {}, not at its first part", header.seq, header.count, header.version, header.aux));
+            return Err(format!(
+                "bucket {}/{} of version {} starts at byte {}, not at its first part",
+                header.seq, header.count, header.version, header.aux
+            ));
         }
-        let max_entry = meta.iter().map(|m| m.shape.iter().try_fold(m.dtype.size_bytes().max(8), |a, &d| a.checked_mul(d)).unwrap_or(usize::MAX)).max().unwrap_or(0);
+        let max_entry = meta
+            .iter()
+            .map(|m| {
+                m.shape
+                    .iter()
+                    .try_fold(m.dtype.size_bytes().max(8), |a, &d| a.checked_mul(d))
+                    .unwrap_or(usize::MAX)
+            })
+            .max()
+            .unwrap_or(0);
         let (entries, body_len) = read_bucket_table(body, max_entry).map_err(|e| e.to_string())?;
         let mut asm = Assembly {
             kind: header.kind,
@@ -275,20 +320,44 @@ impl Assembly {
         for (e, _) in &entries {
             let m = match meta.get(e.ordinal as usize) {
                 Some(m) if allowed.get(e.ordinal as usize).copied().unwrap_or(false) => m,
-                Some(m) => return asm.fail(format!("key '{}' is not expected in this {}", m.name, header.kind.name()), pool),
-                None => return asm.fail(format!("ordinal {} is not a key of the receiver", e.ordinal), pool),
+                Some(m) => {
+                    return asm.fail(
+                        format!(
+                            "key '{}' is not expected in this {}",
+                            m.name,
+                            header.kind.name()
+                        ),
+                        pool,
+                    );
+                }
+                None => {
+                    return asm.fail(
+                        format!("ordinal {} is not a key of the receiver", e.ordinal),
+                        pool,
+                    );
+                }
             };
             if asm.staged.iter().any(|(o, _)| *o == e.ordinal) {
                 return asm.fail(format!("key '{}' appears twice", m.name), pool);
             }
             let numel = m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-            let ok_len = numel.and_then(|n| n.checked_mul(e.dtype.size_bytes())) == Some(e.byte_len);
+            let ok_len =
+                numel.and_then(|n| n.checked_mul(e.dtype.size_bytes())) == Some(e.byte_len);
             let castable = e.dtype == m.dtype || (e.dtype.is_floating() && m.dtype.is_floating());
             if !ok_len || !castable {
-                return asm.fail(format!("key '{}': {} bytes of {} do not fit a {} tensor of shape {:?}", m.name, e.byte_len, e.dtype, m.dtype, m.shape), pool);
+                return asm.fail(
+                    format!(
+                        "key '{}': {} bytes of {} do not fit a {} tensor of shape {:?}",
+                        m.name, e.byte_len, e.dtype, m.dtype, m.shape
+                    ),
+                    pool,
+                );
             }
             asm.dst_dtypes.push(m.dtype);
-            asm.staged.push((e.ordinal, pool.take(e.ordinal, numel.unwrap_or(0) * m.dtype.size_bytes())));
+            asm.staged.push((
+                e.ordinal,
+                pool.take(e.ordinal, numel.unwrap_or(0) * m.dtype.size_bytes()),
+            ));
         }
         asm.entries = entries;
         match asm.stage_part(header, body) {
@@ -309,7 +378,11 @@ impl Assembly {
 
     /// Whether `header` is the next part of this bucket.
     pub fn is_next_part(&self, header: &Header) -> bool {
-        header.kind == self.kind && header.version == self.version && header.seq == self.seq && header.count == self.count && header.aux == self.next as u64
+        header.kind == self.kind
+            && header.version == self.version
+            && header.seq == self.seq
+            && header.count == self.count
+            && header.aux == self.next as u64
     }
 
     /// Stage the next part (after [`Assembly::start`]); the caller gives up on the bucket on error.
@@ -317,7 +390,14 @@ impl Assembly {
         if !self.is_next_part(header) {
             return Err(format!(
                 "part at byte {} of bucket {}/{} (version {}) arrived while expecting byte {} of bucket {}/{} (version {})",
-                header.aux, header.seq, header.count, header.version, self.next, self.seq, self.count, self.version
+                header.aux,
+                header.seq,
+                header.count,
+                header.version,
+                self.next,
+                self.seq,
+                self.count,
+                self.version
             ));
         }
         self.stage_part(header, body)
@@ -327,15 +407,28 @@ impl Assembly {
     fn stage_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
         let part = self.next..self.next + body.len();
         if part.end > self.body_len || (body.is_empty() && self.body_len > 0) {
-            return Err(format!("part of {} bytes at byte {} does not fit a bucket body of {} bytes", body.len(), self.next, self.body_len));
+            return Err(format!(
+                "part of {} bytes at byte {} does not fit a bucket body of {} bytes",
+                body.len(),
+                self.next,
+                self.body_len
+            ));
         }
         // Parts end 8-byte aligned (`bucket_parts`), so no element is split between two parts.
         if part.end != self.body_len && part.end % 8 != 0 {
-            return Err(format!("part at byte {} ends at byte {}, which is not 8-byte aligned", part.start, part.end));
+            return Err(format!(
+                "part at byte {} ends at byte {}, which is not 8-byte aligned",
+                part.start, part.end
+            ));
         }
         let mut h = Xxh3::with_seed(header.checksum_seed());
         let mut pos = part.start;
-        for (((e, range), to), (_, dst)) in self.entries.iter().zip(&self.dst_dtypes).zip(self.staged.iter_mut()) {
+        for (((e, range), to), (_, dst)) in self
+            .entries
+            .iter()
+            .zip(&self.dst_dtypes)
+            .zip(self.staged.iter_mut())
+        {
             if range.end <= pos || range.is_empty() {
                 continue;
             }
@@ -352,17 +445,27 @@ impl Assembly {
             while a < stop {
                 let b = stop.min(a + CHUNK);
                 let (e0, e1) = ((a - range.start) / sw, (b - range.start) / sw);
-                let d = dst.bytes_mut().get_mut(e0 * dw..e1 * dw).ok_or_else(|| format!("ordinal {}: staging range out of bounds", e.ordinal))?;
+                let d = dst
+                    .bytes_mut()
+                    .get_mut(e0 * dw..e1 * dw)
+                    .ok_or_else(|| format!("ordinal {}: staging range out of bounds", e.ordinal))?;
                 let s = &body[a - part.start..b - part.start];
                 // Hash first: the copy then reads the chunk from cache.
                 h.update(s);
-                if e.dtype == *to { copy_streaming(d, s) } else { cast_bytes(s, e.dtype, d, *to) }.map_err(|err| format!("ordinal {}: {err}", e.ordinal))?;
+                if e.dtype == *to {
+                    copy_streaming(d, s)
+                } else {
+                    cast_bytes(s, e.dtype, d, *to)
+                }
+                .map_err(|err| format!("ordinal {}: {err}", e.ordinal))?;
                 a = b;
             }
             pos = stop;
         }
         h.update(&body[pos - part.start..]);
-        header.verify_digest(h.digest()).map_err(|e| e.to_string())?;
+        header
+            .verify_digest(h.digest())
+            .map_err(|e| e.to_string())?;
         self.next = part.end;
         self.bytes += HEADER_LEN + body.len();
         Ok(())
@@ -387,10 +490,21 @@ impl Assembly {
 /// Check that every staged tensor fits its slot in `state` (before any swap).
 pub fn check_fits(staged: &Staged, meta: &[KeyMeta], state: &StateDict) -> Result<(), String> {
     for (o, s) in staged {
-        let m = meta.get(*o as usize).ok_or_else(|| format!("ordinal {o} unknown"))?;
-        let (name, t) = state.get_index(*o as usize).ok_or_else(|| format!("key '{}' is missing from the state dict", m.name))?;
-        if name != m.name || t.dtype() != m.dtype || t.shape() != m.shape.as_slice() || t.bytes().len() != s.len() {
-            return Err(format!("state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')", m.name));
+        let m = meta
+            .get(*o as usize)
+            .ok_or_else(|| format!("ordinal {o} unknown"))?;
+        let (name, t) = state
+            .get_index(*o as usize)
+            .ok_or_else(|| format!("key '{}' is missing from the state dict", m.name))?;
+        if name != m.name
+            || t.dtype() != m.dtype
+            || t.shape() != m.shape.as_slice()
+            || t.bytes().len() != s.len()
+        {
+            return Err(format!(
+                "state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')",
+                m.name
+            ));
         }
     }
     Ok(())
@@ -416,12 +530,24 @@ mod tests {
     use crate::tensor::{Role, Tensor};
 
     fn p(n: usize) -> Planned {
-        Planned { key: format!("k{n}"), src: DType::U8, entry: BucketEntry { ordinal: n as u32, dtype: DType::U8, byte_len: n } }
+        Planned {
+            key: format!("k{n}"),
+            src: DType::U8,
+            entry: BucketEntry {
+                ordinal: n as u32,
+                dtype: DType::U8,
+                byte_len: n,
+            },
+        }
     }
 
     #[test]
     fn buckets_close_at_size_and_never_split() {
-        let sizes = |b: &Vec<Vec<Planned>>| b.iter().map(|v| v.iter().map(|p| p.entry.byte_len).collect::<Vec<_>>()).collect::<Vec<_>>();
+        let sizes = |b: &Vec<Vec<Planned>>| {
+            b.iter()
+                .map(|v| v.iter().map(|p| p.entry.byte_len).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
         let b = plan(vec![p(3), p(4), p(10), p(1), p(2)], 5);
         assert_eq!(sizes(&b), vec![vec![3, 4], vec![10], vec![1, 2]]);
         let b = plan(vec![p(3), p(4)], 1);
@@ -433,19 +559,64 @@ mod tests {
     fn sample() -> (StateDict, Vec<Planned>, Vec<KeyMeta>) {
         let mut sd = StateDict::new();
         let w: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 3.0).collect();
-        sd.insert("w".to_owned(), Tensor::from_slice(DType::F32, &[37], Role::Trainable, &w).unwrap());
+        sd.insert(
+            "w".to_owned(),
+            Tensor::from_slice(DType::F32, &[37], Role::Trainable, &w).unwrap(),
+        );
         let b: Vec<u8> = (0..13).map(|i| i * 17).collect();
-        sd.insert("b".to_owned(), Tensor::from_slice(DType::U8, &[13], Role::Buffer, &b).unwrap());
-        sd.insert("e".to_owned(), Tensor::zeros(DType::I64, &[0, 3], Role::Trainable).unwrap());
+        sd.insert(
+            "b".to_owned(),
+            Tensor::from_slice(DType::U8, &[13], Role::Buffer, &b).unwrap(),
+        );
+        sd.insert(
+            "e".to_owned(),
+            Tensor::zeros(DType::I64, &[0, 3], Role::Trainable).unwrap(),
+        );
         let planned = vec![
-            Planned { key: "w".into(), src: DType::F32, entry: BucketEntry { ordinal: 0, dtype: DType::Bf16, byte_len: 74 } },
-            Planned { key: "b".into(), src: DType::U8, entry: BucketEntry { ordinal: 1, dtype: DType::U8, byte_len: 13 } },
-            Planned { key: "e".into(), src: DType::I64, entry: BucketEntry { ordinal: 2, dtype: DType::I64, byte_len: 0 } },
+            Planned {
+                key: "w".into(),
+                src: DType::F32,
+                entry: BucketEntry {
+                    ordinal: 0,
+                    dtype: DType::Bf16,
+                    byte_len: 74,
+                },
+            },
+            Planned {
+                key: "b".into(),
+                src: DType::U8,
+                entry: BucketEntry {
+                    ordinal: 1,
+                    dtype: DType::U8,
+                    byte_len: 13,
+                },
+            },
+            Planned {
+                key: "e".into(),
+                src: DType::I64,
+                entry: BucketEntry {
+                    ordinal: 2,
+                    dtype: DType::I64,
+                    byte_len: 0,
+                },
+            },
         ];
         let meta = vec![
-            KeyMeta { name: "w".into(), dtype: DType::F32, shape: vec![37] },
-            KeyMeta { name: "b".into(), dtype: DType::U8, shape: vec![13] },
-            KeyMeta { name: "e".into(), dtype: DType::I64, shape: vec![0, 3] },
+            KeyMeta {
+                name: "w".into(),
+                dtype: DType::F32,
+                shape: vec![37],
+            },
+            KeyMeta {
+                name: "b".into(),
+                dtype: DType::U8,
+                shape: vec![13],
+            },
+            KeyMeta {
+                name: "e".into(),
+                dtype: DType::I64,
+                shape: vec![0, 3],
+            },
         ];
         (sd, planned, meta)
     }
@@ -453,7 +624,10 @@ mod tests {
     /// The messages `send` would publish for one bucket of `planned`, with parts of `part` bytes.
     fn messages(sd: &StateDict, planned: &[Planned], part: usize) -> Vec<Vec<u8>> {
         let entries: Vec<BucketEntry> = planned.iter().map(|p| p.entry).collect();
-        let srcs: Vec<&[u8]> = planned.iter().map(|p| sd.get(&p.key).unwrap().bytes()).collect();
+        let srcs: Vec<&[u8]> = planned
+            .iter()
+            .map(|p| sd.get(&p.key).unwrap().bytes())
+            .collect();
         let layout = Layout::new(&entries, &srcs, planned.iter().map(|p| p.src).collect());
         bucket_parts(layout.body_len, layout.table_end(), part)
             .into_iter()
@@ -468,7 +642,11 @@ mod tests {
     }
 
     /// Feed `msgs` to a new assembly; the staged bytes per ordinal, or the first error.
-    fn assemble(msgs: &[Vec<u8>], meta: &[KeyMeta], pool: &mut Pool) -> Result<Vec<(u32, Vec<u8>)>, String> {
+    fn assemble(
+        msgs: &[Vec<u8>],
+        meta: &[KeyMeta],
+        pool: &mut Pool,
+    ) -> Result<Vec<(u32, Vec<u8>)>, String> {
         let mut asm: Option<Assembly> = None;
         for m in msgs {
             let (h, body) = Header::parse_unverified(m).map_err(|e| e.to_string())?;
@@ -489,7 +667,10 @@ mod tests {
             a.abandon(pool);
             return Err("incomplete".into());
         }
-        Ok(a.finish().into_iter().map(|(o, s)| (o, s.bytes().to_vec())).collect())
+        Ok(a.finish()
+            .into_iter()
+            .map(|(o, s)| (o, s.bytes().to_vec()))
+            .collect())
     }
 
     #[test]
@@ -502,14 +683,28 @@ mod tests {
         assert!(Header::parse(&whole[0]).is_ok());
         let want = assemble(&whole, &meta, &mut pool).unwrap();
         // The f32 weights went through bf16 on the wire and back to f32.
-        let got: Vec<u32> = want[0].1.chunks(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let expect: Vec<u32> = (0..37).map(|i| u32::from(crate::tensor::cast_f32_to_bf16(i as f32 * 0.37 - 3.0)) << 16).collect();
+        let got: Vec<u32> = want[0]
+            .1
+            .chunks(4)
+            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let expect: Vec<u32> = (0..37)
+            .map(|i| u32::from(crate::tensor::cast_f32_to_bf16(i as f32 * 0.37 - 3.0)) << 16)
+            .collect();
         assert_eq!(got, expect);
         assert_eq!(want[1].1, (0..13).map(|i| i * 17).collect::<Vec<u8>>());
         for part in [8, 16, 24, 40] {
             let msgs = messages(&sd, &planned, part);
-            assert!(msgs.len() > 2, "part size {part} gives {} messages", msgs.len());
-            assert_eq!(assemble(&msgs, &meta, &mut pool).unwrap(), want, "part size {part}");
+            assert!(
+                msgs.len() > 2,
+                "part size {part} gives {} messages",
+                msgs.len()
+            );
+            assert_eq!(
+                assemble(&msgs, &meta, &mut pool).unwrap(),
+                want,
+                "part size {part}"
+            );
         }
     }
 
@@ -547,11 +742,15 @@ mod tests {
         let (sd, planned, meta) = sample();
         let msgs = messages(&sd, &planned, 16);
         let (h, body) = Header::parse_unverified(&msgs[1]).unwrap();
-        let err = Assembly::start(&h, body, &meta, &[true; 3], &mut Pool::default()).err().unwrap();
+        let err = Assembly::start(&h, body, &meta, &[true; 3], &mut Pool::default())
+            .err()
+            .unwrap();
         assert!(err.contains("not at its first part"), "{err}");
         // A receiver that does not expect a key refuses the bucket before staging anything.
         let (h, body) = Header::parse_unverified(&msgs[0]).unwrap();
-        let err = Assembly::start(&h, body, &meta, &[true, false, true], &mut Pool::default()).err().unwrap();
+        let err = Assembly::start(&h, body, &meta, &[true, false, true], &mut Pool::default())
+            .err()
+            .unwrap();
         assert!(err.contains("key 'b' is not expected"), "{err}");
     }
 
@@ -561,13 +760,19 @@ mod tests {
     fn partial_send_leaves_weights_intact() {
         use crate::config::schema::{SyncerKind, WeightSyncerConfig};
         use crate::syncer::{Side, SyncOptions, WeightSyncer};
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         for load_instant in [true, false] {
             let make = |seed: f32| {
                 let mut sd = StateDict::new();
                 for k in 0..3 {
                     let v: Vec<f32> = (0..64).map(|i| seed + (k * 64 + i) as f32).collect();
-                    sd.insert(format!("t{k}"), Tensor::from_slice(DType::F32, &[64], Role::Trainable, &v).unwrap());
+                    sd.insert(
+                        format!("t{k}"),
+                        Tensor::from_slice(DType::F32, &[64], Role::Trainable, &v).unwrap(),
+                    );
                 }
                 sd
             };
@@ -582,7 +787,10 @@ mod tests {
             let (ch, mut rxs) = transport::inproc_channel(1);
             let synced = sender.synced_keys();
             rt.block_on(async {
-                let (a, b) = tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap()));
+                let (a, b) = tokio::join!(
+                    tx.init_sender(&sender, &synced, ch),
+                    rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+                );
                 a.unwrap();
                 b.unwrap();
                 let (a, b) = tokio::join!(tx.sync(&sender, 1), rx.apply(&mut receiver));
@@ -592,7 +800,9 @@ mod tests {
             let before: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
             sender = make(100.0);
             // Produce version 2's messages into a drained channel, then deliver only a prefix of them.
-            let Side::Sender(s) = &mut tx.side else { panic!("not a sender") };
+            let Side::Sender(s) = &mut tx.side else {
+                panic!("not a sender")
+            };
             let (dummy, mut drx) = transport::inproc_channel(1);
             let mut real = std::mem::replace(&mut s.ch, dummy);
             tx.tap = Some(Vec::new());
@@ -626,7 +836,10 @@ mod tests {
             assert!(r.is_err(), "a version cut short must not apply");
             assert_eq!(rx.version(), 1);
             let after: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
-            assert!(before == after, "weights changed by a partial version (load_instant {load_instant})");
+            assert!(
+                before == after,
+                "weights changed by a partial version (load_instant {load_instant})"
+            );
         }
     }
 }

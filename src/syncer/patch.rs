@@ -10,11 +10,11 @@
 use std::num::NonZeroUsize;
 
 use crate::tensor::parallel::map_items;
-use crate::tensor::{cast_bytes, pod_slice, pod_slice_mut, DType, Pod, StateDict, Storage};
+use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 use super::wire::{
-    get_uint, get_varint, narrowest_width, put_uint, put_varint, read_uint, unzigzag, zigzag, IndexCoding, KeyMeta, PatchBody,
-    PatchEntry, ValueCoding,
+    IndexCoding, KeyMeta, PatchBody, PatchEntry, ValueCoding, get_uint, get_varint,
+    narrowest_width, put_uint, put_varint, read_uint, unzigzag, zigzag,
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
@@ -137,7 +137,11 @@ fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes
     let full = cur.len().min(snap.len()) / BLOCK * BLOCK;
     let (cur_blocks, cur_tail) = cur.split_at(full);
     let (snap_blocks, snap_tail) = snap.split_at_mut(full);
-    for (b, (c, s)) in cur_blocks.chunks_exact(BLOCK).zip(snap_blocks.chunks_exact_mut(BLOCK)).enumerate() {
+    for (b, (c, s)) in cur_blocks
+        .chunks_exact(BLOCK)
+        .zip(snap_blocks.chunks_exact_mut(BLOCK))
+        .enumerate()
+    {
         // A compare + movemask per block (vectorised); the scalar walk only visits differing elements.
         let mut mask = 0u32;
         for j in 0..BLOCK {
@@ -224,7 +228,12 @@ mod simd {
         /// # Safety
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
-        pub unsafe fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
+        pub unsafe fn diff_u16(
+            cur: &[u16],
+            snap: &mut [u16],
+            base: usize,
+            out: &mut Changes,
+        ) -> usize {
             let n = cur.len().min(snap.len()) / 32 * 32;
             let cp = cur.as_ptr();
             let sp = snap.as_mut_ptr();
@@ -241,13 +250,17 @@ mod simd {
                     let x = _mm256_or_si256(_mm256_xor_si256(c0, s0), _mm256_xor_si256(c1, s1));
                     if _mm256_testz_si256(x, x) == 0 {
                         // packs interleaves 64-bit chunks as (c0 lo, c1 lo, c0 hi, c1 hi): restore element order.
-                        let eq = _mm256_packs_epi16(_mm256_cmpeq_epi16(c0, s0), _mm256_cmpeq_epi16(c1, s1));
+                        let eq = _mm256_packs_epi16(
+                            _mm256_cmpeq_epi16(c0, s0),
+                            _mm256_cmpeq_epi16(c1, s1),
+                        );
                         let eq = _mm256_permute4x64_epi64::<0b11_01_10_00>(eq);
                         let mut m = !(_mm256_movemask_epi8(eq) as u32);
                         let count = m.count_ones() as usize;
                         out.idx.reserve(32);
                         out.vals.reserve(32);
-                        let (len, ip, vp) = (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
+                        let (len, ip, vp) =
+                            (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
                         // Branch-free: write UNROLL slots; slots past `count` hold a harmless in-block element
                         // and are cut off by the length update.
                         for k in 0..UNROLL.min(32) {
@@ -287,7 +300,11 @@ fn diff_segment(cur: &[u8], from: DType, snap: &mut [u8], to: DType, out: &mut C
     }
     let mut tmp = Storage::zeroed(CAST_BLOCK * w);
     let fw = from.size_bytes();
-    for (i, (c, s)) in cur.chunks(CAST_BLOCK * fw).zip(snap.chunks_mut(CAST_BLOCK * w)).enumerate() {
+    for (i, (c, s)) in cur
+        .chunks(CAST_BLOCK * fw)
+        .zip(snap.chunks_mut(CAST_BLOCK * w))
+        .enumerate()
+    {
         let t = &mut tmp.bytes_mut()[..s.len()];
         // Dtype pairs were checked at init (floating ↔ floating), so the cast cannot fail here.
         if cast_bytes(c, from, t, to).is_ok() {
@@ -298,23 +315,46 @@ fn diff_segment(cur: &[u8], from: DType, snap: &mut [u8], to: DType, out: &mut C
 
 /// Diff every synced tensor of `state` against the snapshot, updating the snapshot; the changes land in
 /// `built` (its buffers are reused).
-pub fn build(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize, built: &mut Built) -> Result<(), String> {
+pub fn build(
+    snap: &mut [SnapTensor],
+    state: &StateDict,
+    threads: NonZeroUsize,
+    built: &mut Built,
+) -> Result<(), String> {
     build_segmented(snap, state, threads, built, SEGMENT)
 }
 
 /// [`build`] with segments of `segment` elements (a multiple of the comparison block, at most 2^32).
-fn build_segmented(snap: &mut [SnapTensor], state: &StateDict, threads: NonZeroUsize, built: &mut Built, segment: usize) -> Result<(), String> {
+fn build_segmented(
+    snap: &mut [SnapTensor],
+    state: &StateDict,
+    threads: NonZeroUsize,
+    built: &mut Built,
+    segment: usize,
+) -> Result<(), String> {
     const { assert!(SEGMENT % BLOCK == 0 && SEGMENT <= 1 << 32) };
     debug_assert!(segment % BLOCK == 0 && segment <= 1 << 32);
     let mut work = Vec::new();
     for (pos, st) in snap.iter_mut().enumerate() {
-        let t = state.get(&st.key).ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
+        let t = state
+            .get(&st.key)
+            .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
         let numel = st.storage.len() / st.dtype.size_bytes();
         if t.numel() != numel {
-            return Err(format!("key '{}' has {} elements, {} at init", st.key, t.numel(), numel));
+            return Err(format!(
+                "key '{}' has {} elements, {} at init",
+                st.key,
+                t.numel(),
+                numel
+            ));
         }
         let (fw, w) = (t.dtype().size_bytes(), st.dtype.size_bytes());
-        for (seg, (c, s)) in t.bytes().chunks(segment * fw).zip(st.storage.bytes_mut().chunks_mut(segment * w)).enumerate() {
+        for (seg, (c, s)) in t
+            .bytes()
+            .chunks(segment * fw)
+            .zip(st.storage.bytes_mut().chunks_mut(segment * w))
+            .enumerate()
+        {
             work.push((pos, seg * segment, c, t.dtype(), s, st.dtype));
         }
     }
@@ -345,15 +385,28 @@ struct Coded {
 /// Code a build into a patch body: gap varints + delta codes (`delta`), or absolute COO + raw values. Each
 /// non-empty segment becomes one entry, coded in parallel.
 pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool, threads: NonZeroUsize) -> PatchBody {
-    let segs: Vec<(&SnapTensor, &Changes)> =
-        built.segments().iter().filter(|c| !c.is_empty()).filter_map(|c| Some((snap.get(c.tensor)?, c))).collect();
+    let segs: Vec<(&SnapTensor, &Changes)> = built
+        .segments()
+        .iter()
+        .filter(|c| !c.is_empty())
+        .filter_map(|c| Some((snap.get(c.tensor)?, c)))
+        .collect();
     let (index, value, width) = if delta {
         (IndexCoding::Gaps, ValueCoding::Delta, 0)
     } else {
-        let max = map_items(segs.clone(), threads, |(st, c)| coo_max(st, c)).into_iter().max().unwrap_or(0);
+        let max = map_items(segs.clone(), threads, |(st, c)| coo_max(st, c))
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         (IndexCoding::Coo, ValueCoding::Raw, narrowest_width(max))
     };
-    let coded = map_items(segs, threads, |(st, c)| if delta { code_delta(st, c) } else { code_coo(st, c, width) });
+    let coded = map_items(segs, threads, |(st, c)| {
+        if delta {
+            code_delta(st, c)
+        } else {
+            code_coo(st, c, width)
+        }
+    });
     let mut streams: [Vec<u8>; 3] = Default::default();
     for (i, s) in streams.iter_mut().enumerate() {
         s.reserve_exact(coded.iter().map(|c| c.streams[i].len()).sum());
@@ -365,7 +418,13 @@ pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool, threads: NonZeroU
             dst.extend_from_slice(src);
         }
     }
-    PatchBody { index, value, index_width: width, entries, streams: streams.into() }
+    PatchBody {
+        index,
+        value,
+        index_width: width,
+        entries,
+        streams: streams.into(),
+    }
 }
 
 /// Largest row or column of a segment's changes in the tensor's COO view.
@@ -376,14 +435,22 @@ fn coo_max(st: &SnapTensor, c: &Changes) -> u64 {
         _ => return 0,
     };
     // Indices ascend, so the last one has the largest row; a single-row span bounds the columns directly.
-    let col_max = if first / cols == last / cols { last % cols } else { cols - 1 };
+    let col_max = if first / cols == last / cols {
+        last % cols
+    } else {
+        cols - 1
+    };
     ((last / cols) as u64).max(col_max as u64)
 }
 
 fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
     let w = st.dtype.size_bytes();
     let bits = (w * 8) as u32;
-    let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+    let mask = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
     let n = c.len();
     let mut gaps = Vec::with_capacity(n * 2);
     let mut codes = vec![0u8; n.div_ceil(4)];
@@ -401,15 +468,27 @@ fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
             put_varint(&mut escapes, z);
         }
     }
-    let entry = PatchEntry { ordinal: st.ordinal, base: c.base as u64, nnz: n as u64, index_bytes: gaps.len() as u64, escape_bytes: escapes.len() as u64 };
-    Coded { entry, streams: [gaps, codes, escapes] }
+    let entry = PatchEntry {
+        ordinal: st.ordinal,
+        base: c.base as u64,
+        nnz: n as u64,
+        index_bytes: gaps.len() as u64,
+        escape_bytes: escapes.len() as u64,
+    };
+    Coded {
+        entry,
+        streams: [gaps, codes, escapes],
+    }
 }
 
 fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
     let cols = st.cols.max(1);
     let w = st.dtype.size_bytes();
     let n = c.len();
-    let (mut rows, mut cols_s) = (Vec::with_capacity(n * usize::from(width)), Vec::with_capacity(n * usize::from(width)));
+    let (mut rows, mut cols_s) = (
+        Vec::with_capacity(n * usize::from(width)),
+        Vec::with_capacity(n * usize::from(width)),
+    );
     let mut values = Vec::with_capacity(n * w);
     for (k, &rel) in c.idx.iter().enumerate() {
         let idx = c.base + rel as usize;
@@ -417,8 +496,17 @@ fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
         put_uint(&mut cols_s, (idx % cols) as u64, width);
         values.extend_from_slice(&c.old_new(k, w).1.to_le_bytes()[..w]);
     }
-    let entry = PatchEntry { ordinal: st.ordinal, base: c.base as u64, nnz: n as u64, index_bytes: rows.len() as u64, escape_bytes: 0 };
-    Coded { entry, streams: [rows, cols_s, values] }
+    let entry = PatchEntry {
+        ordinal: st.ordinal,
+        base: c.base as u64,
+        nnz: n as u64,
+        index_bytes: rows.len() as u64,
+        escape_bytes: 0,
+    };
+    Coded {
+        entry,
+        streams: [rows, cols_s, values],
+    }
 }
 
 /// Where one entry's data lies (found by the validation pass) and the element range it may touch.
@@ -449,20 +537,37 @@ pub struct ValidPatch {
 
 /// Check every part of `body` against the receiver's metadata and state before anything is written: the entry
 /// table first (ranges, stream extents), then each entry's streams (in parallel when `threads > 1`).
-pub fn validate(body: PatchBody, meta: &[KeyMeta], synced: &[bool], state: &StateDict, threads: NonZeroUsize) -> Result<ValidPatch, String> {
+pub fn validate(
+    body: PatchBody,
+    meta: &[KeyMeta],
+    synced: &[bool],
+    state: &StateDict,
+    threads: NonZeroUsize,
+) -> Result<ValidPatch, String> {
     if body.streams.len() != 3 {
         return Err(format!("expected 3 streams, found {}", body.streams.len()));
     }
     let plan = plan_entries(&body, meta, synced, state)?;
-    let failures = map_items(plan.iter().collect(), threads, |e| check_entry(&body, e).err());
+    let failures = map_items(plan.iter().collect(), threads, |e| {
+        check_entry(&body, e).err()
+    });
     if let Some(reason) = failures.into_iter().flatten().next() {
         return Err(reason);
     }
     let changed = plan.iter().map(|e| e.nnz as u64).sum();
-    Ok(ValidPatch { body, plan, changed })
+    Ok(ValidPatch {
+        body,
+        plan,
+        changed,
+    })
 }
 
-fn plan_entries(body: &PatchBody, meta: &[KeyMeta], synced: &[bool], state: &StateDict) -> Result<Vec<EntryPlan>, String> {
+fn plan_entries(
+    body: &PatchBody,
+    meta: &[KeyMeta],
+    synced: &[bool],
+    state: &StateDict,
+) -> Result<Vec<EntryPlan>, String> {
     let coo = match (body.index, body.value) {
         (IndexCoding::Gaps, ValueCoding::Delta) => false,
         (IndexCoding::Coo, ValueCoding::Raw) => true,
@@ -476,29 +581,73 @@ fn plan_entries(body: &PatchBody, meta: &[KeyMeta], synced: &[bool], state: &Sta
     let (mut ipos, mut cpos, mut vpos, mut epos) = (0usize, 0usize, 0usize, 0usize);
     for (i, e) in body.entries.iter().enumerate() {
         let o = e.ordinal as usize;
-        let m = meta.get(o).ok_or_else(|| format!("ordinal {o} is not a key of the receiver"))?;
+        let m = meta
+            .get(o)
+            .ok_or_else(|| format!("ordinal {o} is not a key of the receiver"))?;
         if !synced.get(o).copied().unwrap_or(false) {
             return Err(format!("key '{}' is not synced", m.name));
         }
-        let (name, t) = state.get_index(o).ok_or_else(|| format!("key '{}' is missing from the state dict", m.name))?;
+        let (name, t) = state
+            .get_index(o)
+            .ok_or_else(|| format!("key '{}' is missing from the state dict", m.name))?;
         if name != m.name || t.dtype() != m.dtype || t.shape() != m.shape.as_slice() {
-            return Err(format!("state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')", m.name));
+            return Err(format!(
+                "state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')",
+                m.name
+            ));
         }
         let numel = t.numel();
         let limit = match body.entries.get(i + 1) {
-            Some(next) if next.ordinal == e.ordinal => usize::try_from(next.base).unwrap_or(usize::MAX).min(numel),
+            Some(next) if next.ordinal == e.ordinal => {
+                usize::try_from(next.base).unwrap_or(usize::MAX).min(numel)
+            }
             _ => numel,
         };
-        let base = usize::try_from(e.base).ok().filter(|&b| b <= limit).ok_or_else(|| format!("key '{name}': entry at element {} outside 0..{limit}", e.base))?;
-        let nnz = usize::try_from(e.nnz).ok().filter(|&n| n <= limit - base).ok_or_else(|| format!("key '{name}': {} changes for {} elements", e.nnz, limit - base))?;
+        let base = usize::try_from(e.base)
+            .ok()
+            .filter(|&b| b <= limit)
+            .ok_or_else(|| {
+                format!(
+                    "key '{name}': entry at element {} outside 0..{limit}",
+                    e.base
+                )
+            })?;
+        let nnz = usize::try_from(e.nnz)
+            .ok()
+            .filter(|&n| n <= limit - base)
+            .ok_or_else(|| {
+                format!(
+                    "key '{name}': {} changes for {} elements",
+                    e.nnz,
+                    limit - base
+                )
+            })?;
         let width = m.dtype.size_bytes();
         let (rows, cols) = t.layout().coo_view().unwrap_or((1, numel));
-        let index_len = usize::try_from(e.index_bytes).map_err(|_| format!("key '{name}': index stream extent overflows"))?;
-        let escape_len = usize::try_from(e.escape_bytes).map_err(|_| format!("key '{name}': escape stream extent overflows"))?;
+        let index_len = usize::try_from(e.index_bytes)
+            .map_err(|_| format!("key '{name}': index stream extent overflows"))?;
+        let escape_len = usize::try_from(e.escape_bytes)
+            .map_err(|_| format!("key '{name}': escape stream extent overflows"))?;
         if coo && (index_len != nnz * iw || escape_len != 0) {
-            return Err(format!("key '{name}': entry extents do not match {nnz} coordinates of {iw} bytes"));
+            return Err(format!(
+                "key '{name}': entry extents do not match {nnz} coordinates of {iw} bytes"
+            ));
         }
-        plan.push(EntryPlan { ordinal: o, base, limit, nnz, width, cols: cols.max(1), rows, index_pos: ipos, index_len, code_pos: cpos, value_pos: vpos, escape_pos: epos, escape_len });
+        plan.push(EntryPlan {
+            ordinal: o,
+            base,
+            limit,
+            nnz,
+            width,
+            cols: cols.max(1),
+            rows,
+            index_pos: ipos,
+            index_len,
+            code_pos: cpos,
+            value_pos: vpos,
+            escape_pos: epos,
+            escape_len,
+        });
         let overflow = || format!("key '{name}': stream extents overflow");
         ipos = ipos.checked_add(index_len).ok_or_else(overflow)?;
         epos = epos.checked_add(escape_len).ok_or_else(overflow)?;
@@ -509,7 +658,11 @@ fn plan_entries(body: &PatchBody, meta: &[KeyMeta], synced: &[bool], state: &Sta
         }
     }
     let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
-    let exact = if coo { ipos == s0.len() && ipos == s1.len() && vpos == s2.len() } else { ipos == s0.len() && cpos == s1.len() && epos == s2.len() };
+    let exact = if coo {
+        ipos == s0.len() && ipos == s1.len() && vpos == s2.len()
+    } else {
+        ipos == s0.len() && cpos == s1.len() && epos == s2.len()
+    };
     if !exact {
         return Err("stream lengths do not match the entry table".into());
     }
@@ -528,14 +681,23 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
             let (mut pos, mut next) = (0usize, 0u64);
             for _ in 0..e.nnz {
                 let g = get_varint(gaps, &mut pos).ok_or("truncated index stream")?;
-                let rel = next.checked_add(g).filter(|&r| r < span as u64).ok_or("index outside the entry's range")?;
+                let rel = next
+                    .checked_add(g)
+                    .filter(|&r| r < span as u64)
+                    .ok_or("index outside the entry's range")?;
                 next = rel + 1;
             }
             if pos != gaps.len() {
                 return Err("index stream holds more data than the entry describes".into());
             }
-            let escaped = (0..e.nnz).filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0).count();
-            let padding = if e.nnz % 4 == 0 { 0 } else { codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2)) };
+            let escaped = (0..e.nnz)
+                .filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0)
+                .count();
+            let padding = if e.nnz % 4 == 0 {
+                0
+            } else {
+                codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2))
+            };
             if padding != 0 {
                 return Err("code stream padding is not zero".into());
             }
@@ -549,11 +711,20 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
         }
         IndexCoding::Coo => {
             let w = body.index_width;
-            let (rows, cols) = (&s0[e.index_pos..e.index_pos + e.index_len], &s1[e.index_pos..e.index_pos + e.index_len]);
+            let (rows, cols) = (
+                &s0[e.index_pos..e.index_pos + e.index_len],
+                &s1[e.index_pos..e.index_pos + e.index_len],
+            );
             for i in 0..e.nnz {
-                let (r, c) = (get_uint(rows, i, w).ok_or("truncated row stream")?, get_uint(cols, i, w).ok_or("truncated col stream")?);
+                let (r, c) = (
+                    get_uint(rows, i, w).ok_or("truncated row stream")?,
+                    get_uint(cols, i, w).ok_or("truncated col stream")?,
+                );
                 if r >= e.rows as u64 || c >= e.cols as u64 {
-                    return Err(format!("coordinate ({r}, {c}) outside the {}x{} view", e.rows, e.cols));
+                    return Err(format!(
+                        "coordinate ({r}, {c}) outside the {}x{} view",
+                        e.rows, e.cols
+                    ));
                 }
                 let idx = r * e.cols as u64 + c;
                 if idx < e.base as u64 || idx >= e.limit as u64 {
@@ -575,8 +746,14 @@ pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
         let mut at = 0usize; // element offset of `rest`
         while let Some(e) = plans.next_if(|e| e.ordinal == i) {
             // Validation ordered the ranges and kept them inside the tensor, so the splits succeed.
-            let Some((_, tail)) = std::mem::take(&mut rest).split_at_mut_checked((e.base - at) * e.width) else { return };
-            let Some((mine, tail)) = tail.split_at_mut_checked((e.limit - e.base) * e.width) else { return };
+            let Some((_, tail)) =
+                std::mem::take(&mut rest).split_at_mut_checked((e.base - at) * e.width)
+            else {
+                return;
+            };
+            let Some((mine, tail)) = tail.split_at_mut_checked((e.limit - e.base) * e.width) else {
+                return;
+            };
             targets.push((*e, mine));
             rest = tail;
             at = e.limit;
@@ -593,7 +770,9 @@ pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
 
 /// Install one entry into `bytes`, its element range `base..limit`.
 fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
-    let Some(dst) = pod_slice_mut::<W>(bytes) else { return };
+    let Some(dst) = pod_slice_mut::<W>(bytes) else {
+        return;
+    };
     let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
     match body.index {
         IndexCoding::Gaps => {
@@ -607,12 +786,18 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
             while k < e.nnz {
                 let n = INSTALL_BATCH.min(e.nnz - k);
                 for j in 0..n {
-                    let Some(g) = gap_varint(gaps, &mut ipos) else { return };
+                    let Some(g) = gap_varint(gaps, &mut ipos) else {
+                        return;
+                    };
                     let idx = next + g as usize;
                     next = idx + 1;
                     let kk = k + j;
                     let code = (codes[kk / 4] >> ((kk % 4) * 2)) & 3;
-                    let z = if code != 0 { u64::from(code) } else { get_varint(escapes, &mut epos).unwrap_or(0) };
+                    let z = if code != 0 {
+                        u64::from(code)
+                    } else {
+                        get_varint(escapes, &mut epos).unwrap_or(0)
+                    };
                     idxs[j] = idx;
                     deltas[j] = unzigzag(z) as u64;
                     simd::prefetch(dst.as_ptr().wrapping_add(idx));
@@ -630,8 +815,13 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
             let rows = &s0[e.index_pos..e.index_pos + e.index_len];
             let cols = &s1[e.index_pos..e.index_pos + e.index_len];
             let values = &s2[e.value_pos..e.value_pos + e.nnz * w];
-            for ((r, c), v) in rows.chunks_exact(iw).zip(cols.chunks_exact(iw)).zip(values.chunks_exact(w)) {
-                let idx = (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
+            for ((r, c), v) in rows
+                .chunks_exact(iw)
+                .zip(cols.chunks_exact(iw))
+                .zip(values.chunks_exact(w))
+            {
+                let idx =
+                    (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
                 if let Some(x) = dst.get_mut(idx) {
                     *x = W::from_u64(read_uint(v));
                 }
@@ -657,7 +847,6 @@ fn gap_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
 /// Positions decoded ahead of their updates in [`install_entry`].
 const INSTALL_BATCH: usize = 256;
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -670,7 +859,13 @@ mod tests {
             .map(|(i, (k, t))| {
                 let mut s = Storage::zeroed(t.numel() * dtype.size_bytes());
                 cast_bytes(t.bytes(), t.dtype(), s.bytes_mut(), dtype).unwrap();
-                SnapTensor { key: k.into(), ordinal: i as u32, dtype, cols: t.layout().coo_view().unwrap().1, storage: s }
+                SnapTensor {
+                    key: k.into(),
+                    ordinal: i as u32,
+                    dtype,
+                    cols: t.layout().coo_view().unwrap().1,
+                    storage: s,
+                }
             })
             .collect()
     }
@@ -679,7 +874,10 @@ mod tests {
     fn diff_finds_exactly_the_changed_bits_including_nan_and_negative_zero() {
         let vals: Vec<f32> = (0..1000).map(|i| i as f32 * 0.25).collect();
         let mut sd = StateDict::new();
-        sd.insert("w", Tensor::from_slice(DType::F32, &[10, 100], Role::Trainable, &vals).unwrap());
+        sd.insert(
+            "w",
+            Tensor::from_slice(DType::F32, &[10, 100], Role::Trainable, &vals).unwrap(),
+        );
         let mut snap = snap_of(&sd, DType::F32);
         let s = sd.get_mut("w").unwrap().as_mut_slice::<f32>().unwrap();
         s[0] = -0.0; // 0.0 → -0.0: equal as floats, different bits
@@ -688,11 +886,22 @@ mod tests {
         let mut b = Built::default();
         build(&mut snap, &sd, NonZeroUsize::MIN, &mut b).unwrap();
         assert_eq!(b.changed, 3);
-        let found: Vec<usize> = b.segments().iter().flat_map(|c| c.idx.iter().map(|&i| c.base + i as usize)).collect();
+        let found: Vec<usize> = b
+            .segments()
+            .iter()
+            .flat_map(|c| c.idx.iter().map(|&i| c.base + i as usize))
+            .collect();
         assert_eq!(found, vec![0, 33, 999]);
-        assert_eq!(snap[0].storage.bytes(), sd.get("w").unwrap().bytes(), "snapshot follows the state");
+        assert_eq!(
+            snap[0].storage.bytes(),
+            sd.get("w").unwrap().bytes(),
+            "snapshot follows the state"
+        );
         build(&mut snap, &sd, NonZeroUsize::MIN, &mut b).unwrap();
-        assert_eq!(b.changed, 0, "a second build of the same state finds nothing (buffers reused)");
+        assert_eq!(
+            b.changed, 0,
+            "a second build of the same state finds nothing (buffers reused)"
+        );
     }
 
     /// A receiver copy of the snapshot (what the receiver holds after init).
@@ -700,13 +909,24 @@ mod tests {
         let mut receiver = StateDict::new();
         for st in snap {
             let t = like.get(&st.key).unwrap();
-            receiver.insert(st.key.clone(), Tensor::from_bytes(st.dtype, t.shape(), Role::Trainable, st.storage.bytes()).unwrap());
+            receiver.insert(
+                st.key.clone(),
+                Tensor::from_bytes(st.dtype, t.shape(), Role::Trainable, st.storage.bytes())
+                    .unwrap(),
+            );
         }
         receiver
     }
 
     fn meta_of(state: &StateDict) -> Vec<KeyMeta> {
-        state.iter().map(|(k, t)| KeyMeta { name: k.into(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect()
+        state
+            .iter()
+            .map(|(k, t)| KeyMeta {
+                name: k.into(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            })
+            .collect()
     }
 
     #[test]
@@ -715,42 +935,97 @@ mod tests {
         let n = SEGMENT * 5 + 17;
         let vals: Vec<i16> = (0..n).map(|i| i as i16).collect();
         let mut sender = StateDict::new();
-        sender.insert("w", Tensor::from_slice(DType::I16, &[n], Role::Trainable, &vals).unwrap());
+        sender.insert(
+            "w",
+            Tensor::from_slice(DType::I16, &[n], Role::Trainable, &vals).unwrap(),
+        );
         let mut snap = snap_of(&sender, DType::I16);
         let mut receiver = receiver_of(&snap, &sender);
         let s = sender.get_mut("w").unwrap().as_mut_slice::<i16>().unwrap();
         // Changes on both sides of every segment boundary, none in segment 2.
         for seg in [0, 1, 3, 4, 5] {
-            for i in [seg * SEGMENT, seg * SEGMENT + 1, (seg * SEGMENT).saturating_sub(1)] {
+            for i in [
+                seg * SEGMENT,
+                seg * SEGMENT + 1,
+                (seg * SEGMENT).saturating_sub(1),
+            ] {
                 if i < n && i / SEGMENT != 2 {
                     s[i] ^= 0x5a5a;
                 }
             }
         }
         let mut b = Built::default();
-        build_segmented(&mut snap, &sender, NonZeroUsize::new(2).unwrap(), &mut b, SEGMENT).unwrap();
+        build_segmented(
+            &mut snap,
+            &sender,
+            NonZeroUsize::new(2).unwrap(),
+            &mut b,
+            SEGMENT,
+        )
+        .unwrap();
         for delta in [true, false] {
             let body = encode(&b, &snap, delta, NonZeroUsize::new(2).unwrap());
             let bases: Vec<u64> = body.entries.iter().map(|e| e.base).collect();
-            assert_eq!(bases, [0, 1, 3, 4, 5].map(|s| (s * SEGMENT) as u64), "one entry per non-empty segment");
+            assert_eq!(
+                bases,
+                [0, 1, 3, 4, 5].map(|s| (s * SEGMENT) as u64),
+                "one entry per non-empty segment"
+            );
             let mut r = receiver.duplicate();
-            let v = validate(body.clone(), &meta_of(&r), &[true], &r, NonZeroUsize::new(2).unwrap()).unwrap();
+            let v = validate(
+                body.clone(),
+                &meta_of(&r),
+                &[true],
+                &r,
+                NonZeroUsize::new(2).unwrap(),
+            )
+            .unwrap();
             install(&v, &mut r, NonZeroUsize::new(2).unwrap());
-            assert_eq!(r.get("w").unwrap().bytes(), sender.get("w").unwrap().bytes(), "delta={delta}");
+            assert_eq!(
+                r.get("w").unwrap().bytes(),
+                sender.get("w").unwrap().bytes(),
+                "delta={delta}"
+            );
 
             // An entry whose indices reach into the next entry's range is rejected before anything is written.
             let mut bad = body.clone();
             bad.entries[1].base -= 1;
-            let err = validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).err().unwrap();
+            let err = validate(
+                bad,
+                &meta_of(&receiver),
+                &[true],
+                &receiver,
+                NonZeroUsize::MIN,
+            )
+            .err()
+            .unwrap();
             assert!(err.contains("range") || err.contains("order"), "{err}");
             // Swapped entries are out of order.
             let mut bad = body.clone();
             bad.entries.swap(0, 1);
-            assert!(validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).is_err());
+            assert!(
+                validate(
+                    bad,
+                    &meta_of(&receiver),
+                    &[true],
+                    &receiver,
+                    NonZeroUsize::MIN
+                )
+                .is_err()
+            );
             // Stream extents that do not add up are rejected.
             let mut bad = body;
             bad.entries[0].index_bytes += 1;
-            assert!(validate(bad, &meta_of(&receiver), &[true], &receiver, NonZeroUsize::MIN).is_err());
+            assert!(
+                validate(
+                    bad,
+                    &meta_of(&receiver),
+                    &[true],
+                    &receiver,
+                    NonZeroUsize::MIN
+                )
+                .is_err()
+            );
         }
         install_nothing_keeps(&mut receiver);
     }
@@ -758,10 +1033,26 @@ mod tests {
     /// A patch with no entries validates and changes nothing.
     fn install_nothing_keeps(receiver: &mut StateDict) {
         let before = receiver.duplicate();
-        let body = PatchBody { index: IndexCoding::Gaps, value: ValueCoding::Delta, index_width: 0, entries: vec![], streams: vec![vec![], vec![], vec![]] };
-        let v = validate(body, &meta_of(receiver), &[true], receiver, NonZeroUsize::MIN).unwrap();
+        let body = PatchBody {
+            index: IndexCoding::Gaps,
+            value: ValueCoding::Delta,
+            index_width: 0,
+            entries: vec![],
+            streams: vec![vec![], vec![], vec![]],
+        };
+        let v = validate(
+            body,
+            &meta_of(receiver),
+            &[true],
+            receiver,
+            NonZeroUsize::MIN,
+        )
+        .unwrap();
         install(&v, receiver, NonZeroUsize::MIN);
-        assert_eq!(receiver.get("w").unwrap().bytes(), before.get("w").unwrap().bytes());
+        assert_eq!(
+            receiver.get("w").unwrap().bytes(),
+            before.get("w").unwrap().bytes()
+        );
     }
 
     #[test]
@@ -769,13 +1060,23 @@ mod tests {
         for delta in [true, false] {
             let vals: Vec<f32> = (0..5000).map(|i| (i as f32).sin()).collect();
             let mut sender = StateDict::new();
-            sender.insert("w", Tensor::from_slice(DType::F32, &[50, 100], Role::Trainable, &vals).unwrap());
-            sender.insert("b", Tensor::from_slice(DType::F32, &[7], Role::Trainable, &[1.0f32; 7]).unwrap());
+            sender.insert(
+                "w",
+                Tensor::from_slice(DType::F32, &[50, 100], Role::Trainable, &vals).unwrap(),
+            );
+            sender.insert(
+                "b",
+                Tensor::from_slice(DType::F32, &[7], Role::Trainable, &[1.0f32; 7]).unwrap(),
+            );
             let mut snap = snap_of(&sender, DType::Bf16);
             let mut receiver = StateDict::new();
             for st in &snap {
                 let t = sender.get(&st.key).unwrap();
-                receiver.insert(st.key.clone(), Tensor::from_bytes(DType::Bf16, t.shape(), Role::Trainable, st.storage.bytes()).unwrap());
+                receiver.insert(
+                    st.key.clone(),
+                    Tensor::from_bytes(DType::Bf16, t.shape(), Role::Trainable, st.storage.bytes())
+                        .unwrap(),
+                );
             }
             let s = sender.get_mut("w").unwrap().as_mut_slice::<f32>().unwrap();
             for i in (0..5000).step_by(37) {
@@ -785,12 +1086,31 @@ mod tests {
             let mut b = Built::default();
             build(&mut snap, &sender, NonZeroUsize::new(2).unwrap(), &mut b).unwrap();
             let body = encode(&b, &snap, delta, NonZeroUsize::new(2).unwrap());
-            let meta: Vec<KeyMeta> = receiver.iter().map(|(k, t)| KeyMeta { name: k.into(), dtype: t.dtype(), shape: t.shape().to_vec() }).collect();
-            let v = validate(body, &meta, &[true, true], &receiver, NonZeroUsize::new(2).unwrap()).unwrap();
+            let meta: Vec<KeyMeta> = receiver
+                .iter()
+                .map(|(k, t)| KeyMeta {
+                    name: k.into(),
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                })
+                .collect();
+            let v = validate(
+                body,
+                &meta,
+                &[true, true],
+                &receiver,
+                NonZeroUsize::new(2).unwrap(),
+            )
+            .unwrap();
             assert_eq!(v.changed, b.changed);
             install(&v, &mut receiver, NonZeroUsize::new(2).unwrap());
             for st in &snap {
-                assert_eq!(receiver.get(&st.key).unwrap().bytes(), st.storage.bytes(), "delta={delta} key {}", st.key);
+                assert_eq!(
+                    receiver.get(&st.key).unwrap().bytes(),
+                    st.storage.bytes(),
+                    "delta={delta} key {}",
+                    st.key
+                );
             }
         }
     }

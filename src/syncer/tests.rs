@@ -15,7 +15,10 @@ fn inproc_channel(n: usize) -> (transport::Sender, Vec<transport::Receiver>) {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn cast_copy(t: &Tensor, to: DType) -> Vec<u8> {
@@ -35,18 +38,35 @@ struct KeySpec {
 }
 
 fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
-    (0..DType::ALL.len(), 0..4usize, prop::collection::vec(0..5usize, 0..=4), 0..3u8, any::<bool>()).prop_map(move |(d, rxd, shape, role, nested)| {
-        let tx = DType::ALL[d];
-        let floats = [DType::Bf16, DType::F16, DType::F32, DType::F64];
-        let rx = if tx.is_floating() { floats[rxd] } else { tx };
-        let role = match role {
-            0 => Role::Frozen,
-            1 => Role::Buffer,
-            _ => Role::Trainable,
-        };
-        let name = if nested { format!("block{}.sub.t{i}", i % 2) } else { format!("t{i}") };
-        KeySpec { name, tx, rx, shape, role }
-    })
+    (
+        0..DType::ALL.len(),
+        0..4usize,
+        prop::collection::vec(0..5usize, 0..=4),
+        0..3u8,
+        any::<bool>(),
+    )
+        .prop_map(move |(d, rxd, shape, role, nested)| {
+            let tx = DType::ALL[d];
+            let floats = [DType::Bf16, DType::F16, DType::F32, DType::F64];
+            let rx = if tx.is_floating() { floats[rxd] } else { tx };
+            let role = match role {
+                0 => Role::Frozen,
+                1 => Role::Buffer,
+                _ => Role::Trainable,
+            };
+            let name = if nested {
+                format!("block{}.sub.t{i}", i % 2)
+            } else {
+                format!("t{i}")
+            };
+            KeySpec {
+                name,
+                tx,
+                rx,
+                shape,
+                role,
+            }
+        })
 }
 
 fn model() -> impl Strategy<Value = Vec<KeySpec>> {
@@ -117,30 +137,52 @@ struct Settings {
 }
 
 fn settings() -> impl Strategy<Value = Settings> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), prop_oneof![1..64u64, Just(1u64 << 20)], 0..4u8, any::<bool>(), 1..3usize)
-        .prop_map(|(bucket, delta, lz4, init_sync, prefixes, bucket_size, bd, load_instant, threads)| Settings {
-            bucket,
-            delta,
-            lz4,
-            init_sync,
-            prefixes,
-            bucket_size,
-            bucket_dtype: match bd {
-                0 => Some(FloatDtype::Bfloat16),
-                1 => Some(FloatDtype::Float16),
-                2 => Some(FloatDtype::Float32),
-                _ => None,
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![1..64u64, Just(1u64 << 20)],
+        0..4u8,
+        any::<bool>(),
+        1..3usize,
+    )
+        .prop_map(
+            |(bucket, delta, lz4, init_sync, prefixes, bucket_size, bd, load_instant, threads)| {
+                Settings {
+                    bucket,
+                    delta,
+                    lz4,
+                    init_sync,
+                    prefixes,
+                    bucket_size,
+                    bucket_dtype: match bd {
+                        0 => Some(FloatDtype::Bfloat16),
+                        1 => Some(FloatDtype::Float16),
+                        2 => Some(FloatDtype::Float32),
+                        _ => None,
+                    },
+                    load_instant,
+                    threads,
+                }
             },
-            load_instant,
-            threads,
-        })
+        )
 }
 
 fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
     let mut c = WeightSyncerConfig::default();
-    c.kind = if s.bucket { SyncerKind::Bucket } else { SyncerKind::Patch };
+    c.kind = if s.bucket {
+        SyncerKind::Bucket
+    } else {
+        SyncerKind::Patch
+    };
     c.patch.delta_encoding = s.delta;
-    c.patch.compression = if s.lz4 { Compression::Lz4 } else { Compression::None };
+    c.patch.compression = if s.lz4 {
+        Compression::Lz4
+    } else {
+        Compression::None
+    };
     c.patch.init_sync.enabled = s.init_sync;
     c.patch.init_sync.bucket_size = NonZeroU64::new(s.bucket_size).unwrap();
     if s.prefixes {
@@ -157,7 +199,11 @@ fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
 fn bootstrapped(s: &Settings, keys: &[KeySpec]) -> Vec<bool> {
     let first = keys[0].name.split('.').next().unwrap().to_string();
     keys.iter()
-        .map(|k| !s.bucket && s.init_sync && (!s.prefixes || k.name == first || k.name.starts_with(&format!("{first}."))))
+        .map(|k| {
+            !s.bucket
+                && s.init_sync
+                && (!s.prefixes || k.name == first || k.name.starts_with(&format!("{first}.")))
+        })
         .collect()
 }
 
@@ -180,7 +226,12 @@ struct Pair {
     receiver: StateDict,
 }
 
-fn init_pair(rt: &tokio::runtime::Runtime, keys: &[KeySpec], s: &Settings, seed: u64) -> Result<Pair, SyncError> {
+fn init_pair(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+) -> Result<Pair, SyncError> {
     let sender = build_state(keys, false, seed);
     let mut receiver = build_state(keys, true, seed ^ 0xABCD);
     // Without a bootstrap of a key, patch assumes the receiver already equals the sender (RLinf's contract).
@@ -189,7 +240,11 @@ fn init_pair(rt: &tokio::runtime::Runtime, keys: &[KeySpec], s: &Settings, seed:
         for (k, b) in keys.iter().zip(&boot) {
             if !b {
                 let bytes = cast_copy(sender.get(&k.name).unwrap(), k.rx);
-                receiver.get_mut(&k.name).unwrap().bytes_mut().copy_from_slice(&bytes);
+                receiver
+                    .get_mut(&k.name)
+                    .unwrap()
+                    .bytes_mut()
+                    .copy_from_slice(&bytes);
             }
         }
     }
@@ -202,14 +257,26 @@ fn init_pair(rt: &tokio::runtime::Runtime, keys: &[KeySpec], s: &Settings, seed:
     let (ch, mut rxs) = inproc_channel(1);
     let rch = rxs.pop().unwrap();
     let synced = sender.synced_keys();
-    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rch)) });
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rch)
+        )
+    });
     a?;
     b?;
-    Ok(Pair { tx, rx, sender, receiver })
+    Ok(Pair {
+        tx,
+        rx,
+        sender,
+        receiver,
+    })
 }
 
 fn sync_once(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> (SyncReport, SyncReport) {
-    let (a, b) = rt.block_on(async { tokio::join!(p.tx.sync(&p.sender, version), p.rx.apply(&mut p.receiver)) });
+    let (a, b) = rt.block_on(async {
+        tokio::join!(p.tx.sync(&p.sender, version), p.rx.apply(&mut p.receiver))
+    });
     (a.unwrap(), b.unwrap())
 }
 
@@ -217,13 +284,27 @@ fn assert_synced(p: &Pair, keys: &[KeySpec], s: &Settings, frozen_expect: &[(Str
     for k in keys {
         let got = p.receiver.get(&k.name).unwrap();
         if k.role.is_synced() {
-            assert_eq!(got.bytes(), expected(s, k, p.sender.get(&k.name).unwrap()).as_slice(), "synced key {} ({:?})", k.name, k);
+            assert_eq!(
+                got.bytes(),
+                expected(s, k, p.sender.get(&k.name).unwrap()).as_slice(),
+                "synced key {} ({:?})",
+                k.name,
+                k
+            );
         }
     }
     for (name, bytes) in frozen_expect {
-        assert_eq!(p.receiver.get(name).unwrap().bytes(), bytes.as_slice(), "frozen key {name}");
+        assert_eq!(
+            p.receiver.get(name).unwrap().bytes(),
+            bytes.as_slice(),
+            "frozen key {name}"
+        );
     }
-    assert_eq!(p.tx.checksum(&p.sender).unwrap(), p.rx.checksum(&p.receiver).unwrap(), "checksums");
+    assert_eq!(
+        p.tx.checksum(&p.sender).unwrap(),
+        p.rx.checksum(&p.receiver).unwrap(),
+        "checksums"
+    );
 }
 
 /// Frozen keys' expected receiver bytes right after init (bootstrapped → sender's cast, else untouched).
@@ -233,7 +314,11 @@ fn frozen_after_init(p: &Pair, keys: &[KeySpec], s: &Settings) -> Vec<(String, V
         .zip(boot)
         .filter(|(k, _)| !k.role.is_synced())
         .map(|(k, b)| {
-            let bytes = if b { cast_copy(p.sender.get(&k.name).unwrap(), k.rx) } else { p.receiver.get(&k.name).unwrap().bytes().to_vec() };
+            let bytes = if b {
+                cast_copy(p.sender.get(&k.name).unwrap(), k.rx)
+            } else {
+                p.receiver.get(&k.name).unwrap().bytes().to_vec()
+            };
             (k.name.clone(), bytes)
         })
         .collect()
@@ -308,17 +393,19 @@ proptest! {
 /// Produce the payloads of `version` without delivering them (the sender's channel is swapped for a drained one).
 fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<u8>> {
     let (dummy, mut drx) = inproc_channel(1);
-    let Side::Sender(s) = &mut p.tx.side else { panic!("not a sender") };
+    let Side::Sender(s) = &mut p.tx.side else {
+        panic!("not a sender")
+    };
     let real = std::mem::replace(&mut s.ch, dummy);
     let start = p.tx.tap.as_ref().unwrap().len();
     let mut d = drx.pop().unwrap();
     rt.block_on(async {
-        let drain = async {
-            while d.recv_with(|_| ()).await.is_ok() {}
-        };
+        let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
         let send = async {
             let r = p.tx.sync(&p.sender, version).await;
-            let Side::Sender(s) = &mut p.tx.side else { unreachable!() };
+            let Side::Sender(s) = &mut p.tx.side else {
+                unreachable!()
+            };
             // Dropping the dummy sender ends the drain loop.
             let _ = std::mem::replace(&mut s.ch, real);
             r
@@ -329,8 +416,14 @@ fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<
     p.tx.tap.as_ref().unwrap()[start..].to_vec()
 }
 
-fn inject_and_apply(rt: &tokio::runtime::Runtime, p: &mut Pair, msgs: &[Vec<u8>]) -> Result<SyncReport, SyncError> {
-    let Side::Sender(s) = &mut p.tx.side else { panic!("not a sender") };
+fn inject_and_apply(
+    rt: &tokio::runtime::Runtime,
+    p: &mut Pair,
+    msgs: &[Vec<u8>],
+) -> Result<SyncReport, SyncError> {
+    let Side::Sender(s) = &mut p.tx.side else {
+        panic!("not a sender")
+    };
     let ch = &mut s.ch;
     let rx = &mut p.rx;
     let receiver = &mut p.receiver;
@@ -354,14 +447,42 @@ fn inject_and_apply(rt: &tokio::runtime::Runtime, p: &mut Pair, msgs: &[Vec<u8>]
 
 fn simple_keys() -> Vec<KeySpec> {
     vec![
-        KeySpec { name: "w".into(), tx: DType::F32, rx: DType::Bf16, shape: vec![4, 8], role: Role::Trainable },
-        KeySpec { name: "frozen".into(), tx: DType::F32, rx: DType::F32, shape: vec![3], role: Role::Frozen },
-        KeySpec { name: "count".into(), tx: DType::I64, rx: DType::I64, shape: vec![], role: Role::Buffer },
+        KeySpec {
+            name: "w".into(),
+            tx: DType::F32,
+            rx: DType::Bf16,
+            shape: vec![4, 8],
+            role: Role::Trainable,
+        },
+        KeySpec {
+            name: "frozen".into(),
+            tx: DType::F32,
+            rx: DType::F32,
+            shape: vec![3],
+            role: Role::Frozen,
+        },
+        KeySpec {
+            name: "count".into(),
+            tx: DType::I64,
+            rx: DType::I64,
+            shape: vec![],
+            role: Role::Buffer,
+        },
     ]
 }
 
 fn default_settings(bucket: bool) -> Settings {
-    Settings { bucket, delta: true, lz4: false, init_sync: true, prefixes: false, bucket_size: 1 << 20, bucket_dtype: None, load_instant: true, threads: 1 }
+    Settings {
+        bucket,
+        delta: true,
+        lz4: false,
+        init_sync: true,
+        prefixes: false,
+        bucket_size: 1 << 20,
+        bucket_dtype: None,
+        load_instant: true,
+        threads: 1,
+    }
 }
 
 #[test]
@@ -394,13 +515,18 @@ fn two_receivers_get_the_same_weights() {
         let (c2, c1) = (rxs.pop().unwrap(), rxs.pop().unwrap());
         let synced = sender.synced_keys();
         rt.block_on(async {
-            let (x, y, z) = tokio::join!(tx.init_sender(&sender, &synced, ch), a.init_receiver(&mut r1, c1), b.init_receiver(&mut r2, c2));
+            let (x, y, z) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                a.init_receiver(&mut r1, c1),
+                b.init_receiver(&mut r2, c2)
+            );
             x.unwrap();
             y.unwrap();
             z.unwrap();
             for v in 1..4 {
                 mutate(&mut sender, v, 40);
-                let (x, y, z) = tokio::join!(tx.sync(&sender, v), a.apply(&mut r1), b.apply(&mut r2));
+                let (x, y, z) =
+                    tokio::join!(tx.sync(&sender, v), a.apply(&mut r1), b.apply(&mut r2));
                 x.unwrap();
                 assert_eq!(y.unwrap().version, v);
                 assert_eq!(z.unwrap().version, v);
@@ -426,7 +552,11 @@ fn pending_update_installs_later_and_stale_pending_is_rejected() {
             y.unwrap()
         });
         assert_eq!(pending.version(), 1);
-        assert_eq!(p.rx.version(), 0, "receive does not touch the applied version");
+        assert_eq!(
+            p.rx.version(),
+            0,
+            "receive does not touch the applied version"
+        );
         let r = pending.install(&mut p.receiver).unwrap();
         assert_eq!(r.version, 1);
         assert_synced(&p, &keys, &s, &[]);
@@ -440,7 +570,16 @@ fn sender_rejects_non_increasing_versions() {
     let mut p = init_pair(&rt, &keys, &default_settings(false), 2).unwrap();
     sync_once(&rt, &mut p, 3);
     let r = rt.block_on(p.tx.sync(&p.sender, 3));
-    assert!(matches!(r, Err(SyncError::VersionNotNewer { version: 3, last: 3 })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(SyncError::VersionNotNewer {
+                version: 3,
+                last: 3
+            })
+        ),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -448,15 +587,29 @@ fn unsupported_devices_and_nvcomp_are_clear_errors() {
     let check = |f: &dyn Fn(&mut WeightSyncerConfig), needle: &str| {
         let mut c = WeightSyncerConfig::default();
         f(&mut c);
-        let e = WeightSyncer::from_config(&c, SyncOptions::default()).err().expect("must fail");
-        assert!(matches!(e, SyncError::Config { .. }) && e.to_string().contains(needle), "{e}");
+        let e = WeightSyncer::from_config(&c, SyncOptions::default())
+            .err()
+            .expect("must fail");
+        assert!(
+            matches!(e, SyncError::Config { .. }) && e.to_string().contains(needle),
+            "{e}"
+        );
     };
-    check(&|c| c.patch.compression = Compression::NvcompLz4, "requires a CUDA build");
-    check(&|c| c.patch.snapshot_device = Device::Cuda, "snapshot_device");
-    check(&|c| {
-        c.kind = SyncerKind::Bucket;
-        c.bucket.bucket_device = Device::Cuda
-    }, "bucket_device");
+    check(
+        &|c| c.patch.compression = Compression::NvcompLz4,
+        "requires a CUDA build",
+    );
+    check(
+        &|c| c.patch.snapshot_device = Device::Cuda,
+        "snapshot_device",
+    );
+    check(
+        &|c| {
+            c.kind = SyncerKind::Bucket;
+            c.bucket.bucket_device = Device::Cuda
+        },
+        "bucket_device",
+    );
     check(&|c| c.patch.init_sync.prefixes = Some(vec![]), "empty list");
 }
 
@@ -473,7 +626,12 @@ fn handshake_mismatch_fails_both_sides_naming_the_key() {
     let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (ch, mut rxs) = inproc_channel(1);
     let synced = sender.synced_keys();
-    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap())) });
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+        )
+    });
     let a = a.unwrap_err().to_string();
     let b = b.unwrap_err().to_string();
     assert!(a.contains("shape mismatch") && a.contains("'w'"), "{a}");
@@ -492,7 +650,12 @@ fn prefix_matching_nothing_is_an_error() {
     let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (ch, mut rxs) = inproc_channel(1);
     let synced = sender.synced_keys();
-    let (a, b) = rt.block_on(async { tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap())) });
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+        )
+    });
     assert!(a.unwrap_err().to_string().contains("'nope' matches no key"));
     assert!(b.is_err());
 }
@@ -501,7 +664,14 @@ fn prefix_matching_nothing_is_an_error() {
 fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
     use crate::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
     let rt = rt();
-    let mut model = SyntheticModel::new(ModelSpec { params: 1 << 20, tensors: 32, dtype: DType::Bf16, frozen_fraction: 0.0, seed: 7 }).unwrap();
+    let mut model = SyntheticModel::new(ModelSpec {
+        params: 1 << 20,
+        tensors: 32,
+        dtype: DType::Bf16,
+        frozen_fraction: 0.0,
+        seed: 7,
+    })
+    .unwrap();
     let mut sender = model.state_dict().unwrap();
     let mut receiver = model.state_dict().unwrap();
     for compression in [Compression::None, Compression::Lz4] {
@@ -512,20 +682,35 @@ fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
         let (ch, mut rxs) = inproc_channel(1);
         let synced = sender.synced_keys();
         rt.block_on(async {
-            let (a, b) = tokio::join!(tx.init_sender(&sender, &synced, ch), rx.init_receiver(&mut receiver, rxs.pop().unwrap()));
+            let (a, b) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+            );
             a.unwrap();
             b.unwrap();
             for v in 1..=3 {
-                let changed = model.step(UpdateMode::Adam { lr: 1e-6 }, &mut sender, NonZeroUsize::MIN).unwrap();
+                let changed = model
+                    .step(
+                        UpdateMode::Adam { lr: 1e-6 },
+                        &mut sender,
+                        NonZeroUsize::MIN,
+                    )
+                    .unwrap();
                 let (a, b) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
                 let (a, b) = (a.unwrap(), b.unwrap());
                 assert_eq!(a.changed, changed);
                 let per = a.payload_bytes as f64 / changed as f64;
-                assert!(per <= 2.0, "{compression:?}: {per:.3} bytes per changed element");
+                assert!(
+                    per <= 2.0,
+                    "{compression:?}: {per:.3} bytes per changed element"
+                );
                 assert_eq!(b.version, v);
             }
         });
-        assert_eq!(tx.checksum(&sender).unwrap(), rx.checksum(&receiver).unwrap());
+        assert_eq!(
+            tx.checksum(&sender).unwrap(),
+            rx.checksum(&receiver).unwrap()
+        );
     }
 }
 
@@ -568,7 +753,11 @@ fn a_corrupted_header_is_rejected_not_skipped_as_a_leftover() {
     let mut first = good[0].clone();
     first[16] ^= 1; // header `seq`: bucket 0 → bucket 1
     let r = inject_and_apply(&rt, &mut p, &[first]);
-    assert!(matches!(r, Err(SyncError::Rejected { .. })), "{:?}", r.map(|r| r.version));
+    assert!(
+        matches!(r, Err(SyncError::Rejected { .. })),
+        "{:?}",
+        r.map(|r| r.version)
+    );
     assert_eq!(p.rx.version(), 1);
     let r = inject_and_apply(&rt, &mut p, &good).unwrap();
     assert_eq!(r.version, 2);

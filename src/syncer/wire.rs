@@ -43,7 +43,10 @@ pub enum WireError {
     #[error("unknown message kind {code}")]
     UnknownKind { code: u8 },
     #[error("expected a {expected} message, got {got}")]
-    UnexpectedKind { expected: &'static str, got: &'static str },
+    UnexpectedKind {
+        expected: &'static str,
+        got: &'static str,
+    },
     #[error("body length {declared} in header, {actual} bytes present")]
     BodyLength { declared: u64, actual: usize },
     #[error("checksum mismatch (header says {expected:#018x}, content hashes to {actual:#018x})")]
@@ -53,7 +56,10 @@ pub enum WireError {
 }
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> WireError {
-    WireError::Malformed { what, reason: reason.into() }
+    WireError::Malformed {
+        what,
+        reason: reason.into(),
+    }
 }
 
 /// Message kinds.
@@ -118,7 +124,16 @@ pub struct Header {
 
 impl Header {
     pub fn new(kind: Kind, version: u64, body_len: usize) -> Header {
-        Header { kind, flags: 0, version, seq: 0, count: 1, body_len: body_len as u64, aux: 0, checksum: 0 }
+        Header {
+            kind,
+            flags: 0,
+            version,
+            seq: 0,
+            count: 1,
+            body_len: body_len as u64,
+            aux: 0,
+            checksum: 0,
+        }
     }
 
     fn prefix(&self) -> [u8; 40] {
@@ -143,7 +158,10 @@ impl Header {
     /// Write the header with `checksum` into `out[..48]`.
     pub fn write(&self, out: &mut [u8]) -> Result<(), WireError> {
         let got = out.len();
-        let dst = out.get_mut(..HEADER_LEN).ok_or(WireError::Truncated { need: HEADER_LEN, got })?;
+        let dst = out.get_mut(..HEADER_LEN).ok_or(WireError::Truncated {
+            need: HEADER_LEN,
+            got,
+        })?;
         dst[..40].copy_from_slice(&self.prefix());
         dst[40..48].copy_from_slice(&self.checksum.to_le_bytes());
         Ok(())
@@ -152,7 +170,10 @@ impl Header {
     /// Parse the header and check the body length, without hashing the body (callers that copy the body
     /// hash while copying, then call [`Header::verify_digest`]).
     pub fn parse_unverified(msg: &[u8]) -> Result<(Header, &[u8]), WireError> {
-        let h = msg.get(..HEADER_LEN).ok_or(WireError::Truncated { need: HEADER_LEN, got: msg.len() })?;
+        let h = msg.get(..HEADER_LEN).ok_or(WireError::Truncated {
+            need: HEADER_LEN,
+            got: msg.len(),
+        })?;
         let magic = [h[0], h[1], h[2], h[3]];
         if magic != MAGIC {
             return Err(WireError::BadMagic { found: magic });
@@ -162,7 +183,18 @@ impl Header {
             return Err(WireError::FormatVersion { found: format });
         }
         let kind = Kind::from_code(h[6]).ok_or(WireError::UnknownKind { code: h[6] })?;
-        let u64_at = |o: usize| u64::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3], h[o + 4], h[o + 5], h[o + 6], h[o + 7]]);
+        let u64_at = |o: usize| {
+            u64::from_le_bytes([
+                h[o],
+                h[o + 1],
+                h[o + 2],
+                h[o + 3],
+                h[o + 4],
+                h[o + 5],
+                h[o + 6],
+                h[o + 7],
+            ])
+        };
         let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
         let header = Header {
             kind,
@@ -176,10 +208,19 @@ impl Header {
         };
         let body = &msg[HEADER_LEN..];
         if header.body_len != body.len() as u64 {
-            return Err(WireError::BodyLength { declared: header.body_len, actual: body.len() });
+            return Err(WireError::BodyLength {
+                declared: header.body_len,
+                actual: body.len(),
+            });
         }
         if header.seq >= header.count {
-            return Err(malformed("header", format!("sequence number {} of {} messages", header.seq, header.count)));
+            return Err(malformed(
+                "header",
+                format!(
+                    "sequence number {} of {} messages",
+                    header.seq, header.count
+                ),
+            ));
         }
         Ok((header, body))
     }
@@ -192,11 +233,25 @@ impl Header {
     }
 
     pub fn verify_digest(&self, actual: u64) -> Result<(), WireError> {
-        if actual == self.checksum { Ok(()) } else { Err(WireError::Checksum { expected: self.checksum, actual }) }
+        if actual == self.checksum {
+            Ok(())
+        } else {
+            Err(WireError::Checksum {
+                expected: self.checksum,
+                actual,
+            })
+        }
     }
 
     pub fn expect(&self, kind: Kind) -> Result<(), WireError> {
-        if self.kind == kind { Ok(()) } else { Err(WireError::UnexpectedKind { expected: kind.name(), got: self.kind.name() }) }
+        if self.kind == kind {
+            Ok(())
+        } else {
+            Err(WireError::UnexpectedKind {
+                expected: kind.name(),
+                got: self.kind.name(),
+            })
+        }
     }
 }
 
@@ -228,7 +283,16 @@ impl<'a> Reader<'a> {
 
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| malformed(self.what, format!("needs {n} bytes at offset {}, {} left", self.pos, self.buf.len() - self.pos)))?;
+        let end = end.ok_or_else(|| {
+            malformed(
+                self.what,
+                format!(
+                    "needs {n} bytes at offset {}, {} left",
+                    self.pos,
+                    self.buf.len() - self.pos
+                ),
+            )
+        })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -255,7 +319,10 @@ impl<'a> Reader<'a> {
     /// A count that must fit in `usize` and be at most `max`.
     pub fn count(&mut self, max: usize) -> Result<usize, WireError> {
         let n = self.u64()?;
-        usize::try_from(n).ok().filter(|&n| n <= max).ok_or_else(|| malformed(self.what, format!("count {n} exceeds {max}")))
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or_else(|| malformed(self.what, format!("count {n} exceeds {max}")))
     }
 
     pub fn align8(&mut self) -> Result<(), WireError> {
@@ -271,7 +338,10 @@ impl<'a> Reader<'a> {
         if self.pos == self.buf.len() {
             Ok(())
         } else {
-            Err(malformed(self.what, format!("{} trailing bytes", self.buf.len() - self.pos)))
+            Err(malformed(
+                self.what,
+                format!("{} trailing bytes", self.buf.len() - self.pos),
+            ))
         }
     }
 }
@@ -308,13 +378,19 @@ pub fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
     let mut keys = Vec::with_capacity(n.min(body.len() / 6));
     for _ in 0..n {
         let len = r.u32()? as usize;
-        let name = std::str::from_utf8(r.take(len)?).map_err(|e| malformed("metadata", format!("key name: {e}")))?.to_string();
+        let name = std::str::from_utf8(r.take(len)?)
+            .map_err(|e| malformed("metadata", format!("key name: {e}")))?
+            .to_string();
         let code = r.u8()?;
-        let dtype = DType::from_code(code).ok_or_else(|| malformed("metadata", format!("key '{name}': dtype code {code}")))?;
+        let dtype = DType::from_code(code)
+            .ok_or_else(|| malformed("metadata", format!("key '{name}': dtype code {code}")))?;
         let rank = usize::from(r.u8()?);
         let mut shape = Vec::with_capacity(rank);
         for _ in 0..rank {
-            shape.push(usize::try_from(r.u64()?).map_err(|_| malformed("metadata", format!("key '{name}': dim overflow")))?);
+            shape.push(
+                usize::try_from(r.u64()?)
+                    .map_err(|_| malformed("metadata", format!("key '{name}': dim overflow")))?,
+            );
         }
         keys.push(KeyMeta { name, dtype, shape });
     }
@@ -365,8 +441,13 @@ pub fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
         synced.push(r.u32()?);
     }
     r.finish()?;
-    let init_buckets = u32::try_from(header.aux).map_err(|_| malformed("plan", "init bucket count overflow"))?;
-    Ok(Plan { strategy, synced, init_buckets })
+    let init_buckets =
+        u32::try_from(header.aux).map_err(|_| malformed("plan", "init bucket count overflow"))?;
+    Ok(Plan {
+        strategy,
+        synced,
+        init_buckets,
+    })
 }
 
 pub fn encode_abort(reason: &str) -> Vec<u8> {
@@ -408,9 +489,14 @@ pub fn bucket_layout(entries: &[BucketEntry]) -> (usize, Vec<usize>) {
 /// Write a bucket's entry table into the start of `body` (the tensors' bytes go at the layout's offsets).
 pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<(), WireError> {
     let need = 4 + entries.len() * BUCKET_ENTRY_LEN;
-    let dst = body.get_mut(..need).ok_or(WireError::Truncated { need, got: 0 })?;
+    let dst = body
+        .get_mut(..need)
+        .ok_or(WireError::Truncated { need, got: 0 })?;
     dst[..4].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (e, slot) in entries.iter().zip(dst[4..].chunks_exact_mut(BUCKET_ENTRY_LEN)) {
+    for (e, slot) in entries
+        .iter()
+        .zip(dst[4..].chunks_exact_mut(BUCKET_ENTRY_LEN))
+    {
         slot[..4].copy_from_slice(&e.ordinal.to_le_bytes());
         slot[4] = e.dtype.code();
         slot[5..8].fill(0);
@@ -423,7 +509,11 @@ pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<()
 /// that the first one is stretched to hold the whole entry table (`table_end`, the first tensor's offset).
 /// A body always has at least one part. `part_size` is rounded up to a multiple of 8, so every part boundary
 /// is 8-byte aligned and no tensor element straddles two parts.
-pub fn bucket_parts(body_len: usize, table_end: usize, part_size: usize) -> Vec<std::ops::Range<usize>> {
+pub fn bucket_parts(
+    body_len: usize,
+    table_end: usize,
+    part_size: usize,
+) -> Vec<std::ops::Range<usize>> {
     let step = pad8(part_size.max(8));
     let first_end = table_end.max(step).min(body_len);
     let mut parts = vec![0..first_end];
@@ -446,7 +536,10 @@ pub fn read_bucket_table(first: &[u8], max_entry_bytes: usize) -> Result<BucketT
     let mut r = Reader::new(first, "bucket table");
     let n = r.u32()? as usize;
     if n > first.len() / BUCKET_ENTRY_LEN {
-        return Err(malformed("bucket table", format!("{n} entries cannot fit in {} bytes", first.len())));
+        return Err(malformed(
+            "bucket table",
+            format!("{n} entries cannot fit in {} bytes", first.len()),
+        ));
     }
     let mut entries = Vec::with_capacity(n);
     // Bounds the layout below: the table, plus each entry padded to 8 bytes.
@@ -454,25 +547,49 @@ pub fn read_bucket_table(first: &[u8], max_entry_bytes: usize) -> Result<BucketT
     for _ in 0..n {
         let ordinal = r.u32()?;
         let code = r.u8()?;
-        let dtype = DType::from_code(code).ok_or_else(|| malformed("bucket table", format!("dtype code {code}")))?;
+        let dtype = DType::from_code(code)
+            .ok_or_else(|| malformed("bucket table", format!("dtype code {code}")))?;
         r.take(3)?;
         let byte_len = r.count(max_entry_bytes)?;
-        sum = sum.checked_add(byte_len).and_then(|x| x.checked_add(8)).ok_or_else(|| malformed("bucket table", "entry sizes overflow"))?;
-        entries.push(BucketEntry { ordinal, dtype, byte_len });
+        sum = sum
+            .checked_add(byte_len)
+            .and_then(|x| x.checked_add(8))
+            .ok_or_else(|| malformed("bucket table", "entry sizes overflow"))?;
+        entries.push(BucketEntry {
+            ordinal,
+            dtype,
+            byte_len,
+        });
     }
     let (total, offsets) = bucket_layout(&entries);
     let table_end = offsets.first().copied().unwrap_or(total);
     if table_end > first.len() {
-        return Err(malformed("bucket table", format!("the table ends at byte {table_end}, the first part has {}", first.len())));
+        return Err(malformed(
+            "bucket table",
+            format!(
+                "the table ends at byte {table_end}, the first part has {}",
+                first.len()
+            ),
+        ));
     }
-    Ok((entries.into_iter().zip(offsets).map(|(e, o)| (e, o..o + e.byte_len)).collect(), total))
+    Ok((
+        entries
+            .into_iter()
+            .zip(offsets)
+            .map(|(e, o)| (e, o..o + e.byte_len))
+            .collect(),
+        total,
+    ))
 }
 
 /// Parse a whole (single-part) bucket body into entries and their byte ranges (bounds-checked against it).
 pub fn read_bucket(body: &[u8]) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
     let (entries, total) = read_bucket_table(body, body.len())?;
     if total != body.len() {
-        return Err(malformed("bucket", format!("entries describe {total} bytes, body has {}", body.len())));
+        return Err(malformed(
+            "bucket",
+            format!("entries describe {total} bytes, body has {}", body.len()),
+        ));
     }
     Ok(entries)
 }
@@ -547,7 +664,10 @@ pub struct EncodedPatch {
 
 /// Serialize a patch body; with `Codec::Lz4` each stream is compressed when that makes it smaller.
 pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
-    let mut b = Vec::with_capacity(16 + p.entries.len() * PATCH_ENTRY_LEN + p.streams.iter().map(|s| s.len() + 17).sum::<usize>());
+    let mut b = Vec::with_capacity(
+        16 + p.entries.len() * PATCH_ENTRY_LEN
+            + p.streams.iter().map(|s| s.len() + 17).sum::<usize>(),
+    );
     b.push(match p.index {
         IndexCoding::Coo => 0,
         IndexCoding::Gaps => 1,
@@ -569,7 +689,9 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
     let (mut raw, mut stored) = (0, 0);
     for s in &p.streams {
         let packed = match codec {
-            Codec::Lz4 if !s.is_empty() => Some(lz4_flex::block::compress(s)).filter(|c| c.len() < s.len()),
+            Codec::Lz4 if !s.is_empty() => {
+                Some(lz4_flex::block::compress(s)).filter(|c| c.len() < s.len())
+            }
             _ => None,
         };
         let (code, bytes) = match &packed {
@@ -583,7 +705,11 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
         raw += s.len();
         stored += bytes.len();
     }
-    EncodedPatch { body: b, raw_stream_bytes: raw, stored_stream_bytes: stored }
+    EncodedPatch {
+        body: b,
+        raw_stream_bytes: raw,
+        stored_stream_bytes: stored,
+    }
 }
 
 /// Parse a patch body; decompressed streams are limited to `max_stream` bytes each.
@@ -606,13 +732,31 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
     r.u8()?;
     let n = r.u32()? as usize;
     if n > body.len() / PATCH_ENTRY_LEN {
-        return Err(malformed("patch", format!("{n} entries cannot fit in {} bytes", body.len())));
+        return Err(malformed(
+            "patch",
+            format!("{n} entries cannot fit in {} bytes", body.len()),
+        ));
     }
     let mut entries: Vec<PatchEntry> = Vec::with_capacity(n);
     for _ in 0..n {
-        let e = PatchEntry { ordinal: r.u32()?, base: r.u64()?, nnz: r.u64()?, index_bytes: r.u64()?, escape_bytes: r.u64()? };
-        if entries.last().is_some_and(|l| (e.ordinal, e.base) <= (l.ordinal, l.base)) {
-            return Err(malformed("patch", format!("entry (ordinal {}, base {}) out of order", e.ordinal, e.base)));
+        let e = PatchEntry {
+            ordinal: r.u32()?,
+            base: r.u64()?,
+            nnz: r.u64()?,
+            index_bytes: r.u64()?,
+            escape_bytes: r.u64()?,
+        };
+        if entries
+            .last()
+            .is_some_and(|l| (e.ordinal, e.base) <= (l.ordinal, l.base))
+        {
+            return Err(malformed(
+                "patch",
+                format!(
+                    "entry (ordinal {}, base {}) out of order",
+                    e.ordinal, e.base
+                ),
+            ));
         }
         entries.push(e);
     }
@@ -631,9 +775,13 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
             0 => return Err(malformed("patch", "plain stream length mismatch")),
             1 => {
                 let mut out = vec![0u8; raw_len];
-                let got = lz4_flex::block::decompress_into(bytes, &mut out).map_err(|e| malformed("patch", format!("lz4: {e}")))?;
+                let got = lz4_flex::block::decompress_into(bytes, &mut out)
+                    .map_err(|e| malformed("patch", format!("lz4: {e}")))?;
                 if got != raw_len {
-                    return Err(malformed("patch", format!("lz4 stream inflated to {got} bytes, expected {raw_len}")));
+                    return Err(malformed(
+                        "patch",
+                        format!("lz4 stream inflated to {got} bytes, expected {raw_len}"),
+                    ));
                 }
                 out
             }
@@ -642,7 +790,13 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
         streams.push(s);
     }
     r.finish()?;
-    Ok(PatchBody { index, value, index_width, entries, streams })
+    Ok(PatchBody {
+        index,
+        value,
+        index_width,
+        entries,
+        streams,
+    })
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -703,7 +857,8 @@ pub fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
 
 pub fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
     let w = usize::from(width);
-    buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?).map(read_uint)
+    buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?)
+        .map(read_uint)
 }
 
 /// A little-endian unsigned integer of 1, 2, 4 or 8 bytes (0 for any other length).
@@ -728,16 +883,25 @@ mod tests {
         h.aux = 6;
         let msg = message(h, b"hello patch");
         let (p, body) = Header::parse(&msg).unwrap();
-        assert_eq!((p.kind, p.version, p.aux, body), (Kind::Patch, 7, 6, &b"hello patch"[..]));
+        assert_eq!(
+            (p.kind, p.version, p.aux, body),
+            (Kind::Patch, 7, 6, &b"hello patch"[..])
+        );
         for byte in 0..msg.len() {
             for bit in 0..8 {
                 let mut m = msg.clone();
                 m[byte] ^= 1 << bit;
-                assert!(Header::parse(&m).is_err(), "flip at byte {byte} bit {bit} accepted");
+                assert!(
+                    Header::parse(&m).is_err(),
+                    "flip at byte {byte} bit {bit} accepted"
+                );
             }
         }
         for cut in 0..msg.len() {
-            assert!(Header::parse(&msg[..cut]).is_err(), "truncation to {cut} accepted");
+            assert!(
+                Header::parse(&msg[..cut]).is_err(),
+                "truncation to {cut} accepted"
+            );
         }
     }
 
@@ -755,8 +919,16 @@ mod tests {
     #[test]
     fn metadata_roundtrip() {
         let keys = vec![
-            KeyMeta { name: "a.w".into(), dtype: DType::Bf16, shape: vec![3, 4] },
-            KeyMeta { name: "s".into(), dtype: DType::I64, shape: vec![] },
+            KeyMeta {
+                name: "a.w".into(),
+                dtype: DType::Bf16,
+                shape: vec![3, 4],
+            },
+            KeyMeta {
+                name: "s".into(),
+                dtype: DType::I64,
+                shape: vec![],
+            },
         ];
         let msg = encode_metadata(&keys);
         let (h, body) = Header::parse(&msg).unwrap();
@@ -772,7 +944,10 @@ mod tests {
             let mut pos = 0;
             assert_eq!(get_varint(&b, &mut pos), Some(v));
             assert_eq!(pos, b.len());
-            assert_eq!(get_varint(&b[..b.len() - 1], &mut 0), if b.len() == 1 { None } else { None });
+            assert_eq!(
+                get_varint(&b[..b.len() - 1], &mut 0),
+                if b.len() == 1 { None } else { None }
+            );
         }
         for v in [0i64, 1, -1, 2, -2, i64::MAX, i64::MIN] {
             assert_eq!(unzigzag(zigzag(v)), v);
@@ -797,9 +972,27 @@ mod tests {
             value: ValueCoding::Delta,
             index_width: 0,
             entries: vec![
-                PatchEntry { ordinal: 0, base: 0, nnz: 3, index_bytes: 3, escape_bytes: 0 },
-                PatchEntry { ordinal: 0, base: 100, nnz: 1, index_bytes: 1, escape_bytes: 0 },
-                PatchEntry { ordinal: 4, base: 0, nnz: 1, index_bytes: 1, escape_bytes: 0 },
+                PatchEntry {
+                    ordinal: 0,
+                    base: 0,
+                    nnz: 3,
+                    index_bytes: 3,
+                    escape_bytes: 0,
+                },
+                PatchEntry {
+                    ordinal: 0,
+                    base: 100,
+                    nnz: 1,
+                    index_bytes: 1,
+                    escape_bytes: 0,
+                },
+                PatchEntry {
+                    ordinal: 4,
+                    base: 0,
+                    nnz: 1,
+                    index_bytes: 1,
+                    escape_bytes: 0,
+                },
             ],
             streams: vec![vec![1, 2, 3, 4], vec![0; 1000], vec![]],
         };
@@ -812,18 +1005,32 @@ mod tests {
                 assert!(e.stored_stream_bytes < e.raw_stream_bytes);
             }
             for cut in 0..e.body.len() {
-                assert!(decode_patch_body(&e.body[..cut], 1 << 20).is_err(), "cut {cut}");
+                assert!(
+                    decode_patch_body(&e.body[..cut], 1 << 20).is_err(),
+                    "cut {cut}"
+                );
             }
         }
         let e = encode_patch_body(&p, Codec::Plain);
-        assert!(decode_patch_body(&e.body, 10).is_err(), "stream limit enforced");
+        assert!(
+            decode_patch_body(&e.body, 10).is_err(),
+            "stream limit enforced"
+        );
     }
 
     #[test]
     fn bucket_table_roundtrip_and_bounds() {
         let entries = vec![
-            BucketEntry { ordinal: 2, dtype: DType::F32, byte_len: 12 },
-            BucketEntry { ordinal: 5, dtype: DType::Bool, byte_len: 3 },
+            BucketEntry {
+                ordinal: 2,
+                dtype: DType::F32,
+                byte_len: 12,
+            },
+            BucketEntry {
+                ordinal: 5,
+                dtype: DType::Bool,
+                byte_len: 3,
+            },
         ];
         let (len, offsets) = bucket_layout(&entries);
         assert!(offsets.iter().all(|o| o % 8 == 0));
@@ -837,8 +1044,15 @@ mod tests {
 
     #[test]
     fn bucket_parts_cover_the_body_in_order() {
-        let check = |body_len: usize, table_end: usize, part: usize, expect: Vec<std::ops::Range<usize>>| {
-            assert_eq!(bucket_parts(body_len, table_end, part), expect, "body {body_len}, table {table_end}, part {part}");
+        let check = |body_len: usize,
+                     table_end: usize,
+                     part: usize,
+                     expect: Vec<std::ops::Range<usize>>| {
+            assert_eq!(
+                bucket_parts(body_len, table_end, part),
+                expect,
+                "body {body_len}, table {table_end}, part {part}"
+            );
         };
         check(100, 24, 40, vec![0..40, 40..80, 80..100]);
         check(100, 56, 40, vec![0..56, 56..96, 96..100]);
@@ -850,21 +1064,41 @@ mod tests {
 
     #[test]
     fn bucket_table_bounds_entry_sizes() {
-        let entries = vec![BucketEntry { ordinal: 0, dtype: DType::U8, byte_len: 100 }];
+        let entries = vec![BucketEntry {
+            ordinal: 0,
+            dtype: DType::U8,
+            byte_len: 100,
+        }];
         let (len, offsets) = bucket_layout(&entries);
         let mut body = vec![0u8; len];
         write_bucket_table(&entries, &mut body).unwrap();
         let (parsed, total) = read_bucket_table(&body[..offsets[0]], 100).unwrap();
-        assert_eq!((parsed[0].1.clone(), total), (offsets[0]..offsets[0] + 100, len));
-        assert!(read_bucket_table(&body[..offsets[0]], 99).is_err(), "entry larger than the receiver allows");
-        assert!(read_bucket_table(&body[..offsets[0] - 1], 100).is_err(), "table cut short");
+        assert_eq!(
+            (parsed[0].1.clone(), total),
+            (offsets[0]..offsets[0] + 100, len)
+        );
+        assert!(
+            read_bucket_table(&body[..offsets[0]], 99).is_err(),
+            "entry larger than the receiver allows"
+        );
+        assert!(
+            read_bucket_table(&body[..offsets[0] - 1], 100).is_err(),
+            "table cut short"
+        );
     }
 
     #[test]
     fn garbage_never_panics() {
         let mut x = 0x1234_5678_u64;
         for len in 0..300 {
-            let buf: Vec<u8> = (0..len).map(|_| { x ^= x << 13; x ^= x >> 7; x ^= x << 17; x as u8 }).collect();
+            let buf: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
             let _ = Header::parse(&buf);
             let _ = decode_metadata(&buf);
             let _ = read_bucket(&buf);

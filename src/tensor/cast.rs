@@ -12,14 +12,18 @@
 use half::f16;
 
 use super::dtype::DType;
-use super::storage::{pod_slice, pod_slice_mut, Pod};
+use super::storage::{Pod, pod_slice, pod_slice_mut};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CastError {
     #[error("cannot convert {from} to {to}: only floating dtypes convert")]
     NotFloating { from: DType, to: DType },
     #[error("cast of {elements} elements: source has {src_bytes} bytes, destination {dst_bytes}")]
-    Length { elements: usize, src_bytes: usize, dst_bytes: usize },
+    Length {
+        elements: usize,
+        src_bytes: usize,
+        dst_bytes: usize,
+    },
     #[error("cast buffers are not aligned for their dtypes")]
     Misaligned,
 }
@@ -30,12 +34,20 @@ pub fn cast_f32_to_bf16(x: f32) -> u16 {
     let bits = x.to_bits();
     let rounded = (bits.wrapping_add(0x7FFF + ((bits >> 16) & 1)) >> 16) as u16;
     // Written as a select so the slice loop stays branch-free and vectorises.
-    if (bits & 0x7FFF_FFFF) > 0x7F80_0000 { 0xFFFF } else { rounded }
+    if (bits & 0x7FFF_FFFF) > 0x7F80_0000 {
+        0xFFFF
+    } else {
+        rounded
+    }
 }
 
 #[inline(always)]
 fn f16_to_bf16(x: f16) -> u16 {
-    if x.is_nan() { 0x7FC0 } else { cast_f32_to_bf16(x.to_f32()) }
+    if x.is_nan() {
+        0x7FC0
+    } else {
+        cast_f32_to_bf16(x.to_f32())
+    }
 }
 
 #[inline(always)]
@@ -56,7 +68,11 @@ fn map<S: Pod, D: Pod>(src: &[u8], dst: &mut [u8], f: impl Fn(S) -> D) -> Result
 pub fn cast_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> Result<(), CastError> {
     let elements = src.len() / from.size_bytes();
     if src.len() % from.size_bytes() != 0 || dst.len() != elements * to.size_bytes() {
-        return Err(CastError::Length { elements, src_bytes: src.len(), dst_bytes: dst.len() });
+        return Err(CastError::Length {
+            elements,
+            src_bytes: src.len(),
+            dst_bytes: dst.len(),
+        });
     }
     if from == to {
         dst.copy_from_slice(src);
@@ -91,7 +107,11 @@ const STREAM_MIN: usize = 4096;
 /// being hashed. The stores are fenced before returning, so the bytes are visible like after a plain copy.
 pub fn copy_streaming(dst: &mut [u8], src: &[u8]) -> Result<(), CastError> {
     if dst.len() != src.len() {
-        return Err(CastError::Length { elements: src.len(), src_bytes: src.len(), dst_bytes: dst.len() });
+        return Err(CastError::Length {
+            elements: src.len(),
+            src_bytes: src.len(),
+            dst_bytes: dst.len(),
+        });
     }
     #[cfg(target_arch = "x86_64")]
     if src.len() >= STREAM_MIN {
@@ -114,7 +134,10 @@ fn stream_x86(dst: &mut [u8], src: &[u8]) {
     let (dst_body, dst_tail) = dst_rest.split_at_mut(body);
     let (src_body, src_tail) = src_rest.split_at(body);
     for (d, s) in dst_body.chunks_exact_mut(64).zip(src_body.chunks_exact(64)) {
-        let (dp, sp) = (d.as_mut_ptr().cast::<__m128i>(), s.as_ptr().cast::<__m128i>());
+        let (dp, sp) = (
+            d.as_mut_ptr().cast::<__m128i>(),
+            s.as_ptr().cast::<__m128i>(),
+        );
         // SAFETY: `d` and `s` are 64-byte slices, so the four 16-byte lanes are in bounds; loads are
         // unaligned loads, and `d` starts 16-byte aligned (after `head`, in steps of 64), as the
         // streaming stores require. SSE2 is part of the x86-64 baseline.
@@ -149,24 +172,40 @@ mod tests {
         let mut aligned_src = super::super::Storage::from_bytes(&src);
         let mut dst = super::super::Storage::zeroed(bits.len() * 2);
         cast_bytes(aligned_src.bytes_mut(), DType::F32, dst.bytes_mut(), to).unwrap();
-        dst.bytes().chunks(2).map(|c| u16::from_ne_bytes([c[0], c[1]])).collect()
+        dst.bytes()
+            .chunks(2)
+            .map(|c| u16::from_ne_bytes([c[0], c[1]]))
+            .collect()
     }
 
     // Expected values printed by torch 2.13 (CPU): torch.tensor(bits, dtype=int32).view(float32).to(dtype).
     const BITS: [u32; 11] = [
-        0x7fc0_0000, 0xffc0_0000, 0x7f80_0001, 0xff81_2345, 0x7fa0_0000, 0x7fff_ffff,
-        0x3f80_8000, 0x3f81_8000, 0x7f7f_ffff, 0x0000_0001, 0x8000_8000,
+        0x7fc0_0000,
+        0xffc0_0000,
+        0x7f80_0001,
+        0xff81_2345,
+        0x7fa0_0000,
+        0x7fff_ffff,
+        0x3f80_8000,
+        0x3f81_8000,
+        0x7f7f_ffff,
+        0x0000_0001,
+        0x8000_8000,
     ];
 
     #[test]
     fn f32_to_bf16_matches_torch() {
-        let expect = [0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0x3f80, 0x3f82, 0x7f80, 0x0, 0x8000];
+        let expect = [
+            0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff, 0x3f80, 0x3f82, 0x7f80, 0x0, 0x8000,
+        ];
         assert_eq!(f32_to(&BITS, DType::Bf16), expect);
     }
 
     #[test]
     fn f32_to_f16_matches_torch() {
-        let expect = [0x7e00, 0xfe00, 0x7e00, 0xfe09, 0x7f00, 0x7fff, 0x3c04, 0x3c0c, 0x7c00, 0x0, 0x8000];
+        let expect = [
+            0x7e00, 0xfe00, 0x7e00, 0xfe09, 0x7f00, 0x7fff, 0x3c04, 0x3c0c, 0x7c00, 0x0, 0x8000,
+        ];
         assert_eq!(f32_to(&BITS, DType::F16), expect);
     }
 
@@ -200,18 +239,41 @@ mod tests {
     #[test]
     fn streaming_copy_equals_plain_copy_at_every_alignment() {
         let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        for (so, dof, len) in [(0, 0, 20_000 - 64), (1, 3, 9_999), (5, 0, 4096), (0, 15, 4095), (3, 1, 17), (0, 0, 0)] {
+        for (so, dof, len) in [
+            (0, 0, 20_000 - 64),
+            (1, 3, 9_999),
+            (5, 0, 4096),
+            (0, 15, 4095),
+            (3, 1, 17),
+            (0, 0, 0),
+        ] {
             let mut dst = vec![0xAAu8; len + 32];
             copy_streaming(&mut dst[dof..dof + len], &src[so..so + len]).unwrap();
-            assert_eq!(&dst[dof..dof + len], &src[so..so + len], "src offset {so}, dst offset {dof}, {len} bytes");
-            assert!(dst[..dof].iter().chain(&dst[dof + len..]).all(|&b| b == 0xAA), "bytes outside the destination were touched");
+            assert_eq!(
+                &dst[dof..dof + len],
+                &src[so..so + len],
+                "src offset {so}, dst offset {dof}, {len} bytes"
+            );
+            assert!(
+                dst[..dof]
+                    .iter()
+                    .chain(&dst[dof + len..])
+                    .all(|&b| b == 0xAA),
+                "bytes outside the destination were touched"
+            );
         }
-        assert!(matches!(copy_streaming(&mut [0u8; 3], &[0u8; 4]), Err(CastError::Length { .. })));
+        assert!(matches!(
+            copy_streaming(&mut [0u8; 3], &[0u8; 4]),
+            Err(CastError::Length { .. })
+        ));
     }
 
     #[test]
     fn length_mismatch_is_an_error() {
         let mut dst = [0u8; 3];
-        assert!(matches!(cast_bytes(&[0u8; 4], DType::F32, &mut dst, DType::Bf16), Err(CastError::Length { .. })));
+        assert!(matches!(
+            cast_bytes(&[0u8; 4], DType::F32, &mut dst, DType::Bf16),
+            Err(CastError::Length { .. })
+        ));
     }
 }

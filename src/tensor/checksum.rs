@@ -2,8 +2,8 @@
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::dtype::DType;
 use super::StateDict;
+use super::dtype::DType;
 
 /// Incremental checksum of a sequence of named tensors; the bytes of a tensor may arrive in pieces (so a
 /// sender can hash converted chunks without materialising them). Same input sequence → same value.
@@ -71,7 +71,10 @@ mod tests {
 
     fn sd(values: &[f32], shape: &[usize]) -> StateDict {
         let mut s = StateDict::new();
-        s.insert("w", Tensor::from_slice(DType::F32, shape, Role::Trainable, values).unwrap());
+        s.insert(
+            "w",
+            Tensor::from_slice(DType::F32, shape, Role::Trainable, values).unwrap(),
+        );
         s
     }
 
@@ -82,7 +85,10 @@ mod tests {
         assert_eq!(a, state_checksum(&sd(&[1.0, 2.0], &[2]), &keys));
         assert_ne!(a, state_checksum(&sd(&[1.0, 3.0], &[2]), &keys));
         assert_ne!(a, state_checksum(&sd(&[1.0, 2.0], &[1, 2]), &keys));
-        assert_ne!(a, state_checksum(&sd(&[1.0, 2.0], &[2]), &["v".to_string()]));
+        assert_ne!(
+            a,
+            state_checksum(&sd(&[1.0, 2.0], &[2]), &["v".to_string()])
+        );
     }
 
     #[test]

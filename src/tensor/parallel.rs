@@ -11,7 +11,11 @@ pub fn resolve_threads(threads: usize) -> NonZeroUsize {
 
 /// Apply `f` to every item, on up to `threads` scoped threads (items are taken from a shared queue, so uneven
 /// items balance). Results come back in item order. With one thread (or one item) everything runs inline.
-pub fn map_items<T: Send, R: Send>(items: Vec<T>, threads: NonZeroUsize, f: impl Fn(T) -> R + Sync) -> Vec<R> {
+pub fn map_items<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: NonZeroUsize,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
     let n = items.len();
     let workers = threads.get().min(n);
     if workers <= 1 {
@@ -37,7 +41,10 @@ pub fn map_items<T: Send, R: Send>(items: Vec<T>, threads: NonZeroUsize, f: impl
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     });
     results.sort_unstable_by_key(|(i, _)| *i);
     results.into_iter().map(|(_, r)| r).collect()
@@ -52,7 +59,11 @@ mod tests {
         for threads in [1, 2, 5] {
             let items: Vec<u64> = (0..100).collect();
             let out = map_items(items, NonZeroUsize::new(threads).unwrap(), |x| x * x);
-            assert_eq!(out, (0..100u64).map(|x| x * x).collect::<Vec<_>>(), "threads {threads}");
+            assert_eq!(
+                out,
+                (0..100u64).map(|x| x * x).collect::<Vec<_>>(),
+                "threads {threads}"
+            );
         }
     }
 

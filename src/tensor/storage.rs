@@ -18,7 +18,10 @@ pub struct Layout {
 
 impl Layout {
     pub fn new(dtype: DType, shape: &[usize]) -> Layout {
-        Layout { dtype, shape: shape.to_vec() }
+        Layout {
+            dtype,
+            shape: shape.to_vec(),
+        }
     }
 
     pub fn dtype(&self) -> DType {
@@ -35,7 +38,9 @@ impl Layout {
 
     /// Number of elements, `None` on overflow.
     pub fn checked_numel(&self) -> Option<usize> {
-        self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// Byte length, `None` on overflow.
@@ -55,7 +60,10 @@ impl Layout {
 
     /// The same shape with another dtype.
     pub fn with_dtype(&self, dtype: DType) -> Layout {
-        Layout { dtype, shape: self.shape.clone() }
+        Layout {
+            dtype,
+            shape: self.shape.clone(),
+        }
     }
 }
 
@@ -77,7 +85,11 @@ pub struct Storage {
 impl Storage {
     /// `len` zero bytes (allocated zeroed, so untouched pages cost nothing).
     pub fn zeroed(len: usize) -> Storage {
-        Storage { words: zeroed_lines(len.div_ceil(64)), len, device: Device::Cpu }
+        Storage {
+            words: zeroed_lines(len.div_ceil(64)),
+            len,
+            device: Device::Cpu,
+        }
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Storage {
@@ -118,7 +130,9 @@ impl Storage {
 
 /// `n` zeroed lines from the allocator's zeroed path (fresh pages are not touched until used).
 fn zeroed_lines(n: usize) -> Vec<Line> {
-    let Ok(layout) = std::alloc::Layout::array::<Line>(n) else { std::alloc::handle_alloc_error(std::alloc::Layout::new::<Line>()) };
+    let Ok(layout) = std::alloc::Layout::array::<Line>(n) else {
+        std::alloc::handle_alloc_error(std::alloc::Layout::new::<Line>())
+    };
     if layout.size() == 0 {
         return Vec::new();
     }
@@ -141,7 +155,12 @@ fn words_as_bytes(words: &[Line]) -> &[u8] {
 
 fn words_as_bytes_mut(words: &mut [Line]) -> &mut [u8] {
     // SAFETY: as above; the mutable borrow of `words` is held for the returned lifetime.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            words.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(words),
+        )
+    }
 }
 
 /// Plain-old-data types the kernels may reinterpret bytes as (every bit pattern valid, no padding).
@@ -193,7 +212,11 @@ mod tests {
     #[test]
     fn coo_view_follows_rank_rules() {
         let check = |shape: &[usize], expect: (usize, usize)| {
-            assert_eq!(Layout::new(DType::F32, shape).coo_view(), Some(expect), "shape {shape:?}");
+            assert_eq!(
+                Layout::new(DType::F32, shape).coo_view(),
+                Some(expect),
+                "shape {shape:?}"
+            );
         };
         check(&[], (1, 1));
         check(&[7], (1, 7));
@@ -211,14 +234,23 @@ mod tests {
         s.bytes_mut()[12] = 7;
         let d = s.duplicate();
         assert_eq!(d.bytes()[12], 7);
-        assert!(pod_slice::<u32>(s.bytes()).is_none(), "13 bytes are not a whole number of u32");
-        assert_eq!(pod_slice::<u32>(&s.bytes()[..12]).map(<[u32]>::len), Some(3));
+        assert!(
+            pod_slice::<u32>(s.bytes()).is_none(),
+            "13 bytes are not a whole number of u32"
+        );
+        assert_eq!(
+            pod_slice::<u32>(&s.bytes()[..12]).map(<[u32]>::len),
+            Some(3)
+        );
     }
 
     #[test]
     fn numel_overflow_is_none() {
         let l = Layout::new(DType::F64, &[usize::MAX, 2]);
         assert_eq!(l.checked_numel(), None);
-        assert_eq!(Layout::new(DType::F64, &[usize::MAX / 4]).checked_byte_len(), None);
+        assert_eq!(
+            Layout::new(DType::F64, &[usize::MAX / 4]).checked_byte_len(),
+            None
+        );
     }
 }

@@ -11,7 +11,7 @@ use std::num::NonZeroUsize;
 
 use super::cast::cast_f32_to_bf16;
 use super::parallel::map_items;
-use super::storage::{pod_slice_mut, Pod};
+use super::storage::{Pod, pod_slice_mut};
 use super::{DType, Role, StateDict, Tensor, TensorError};
 
 /// What to build.
@@ -85,7 +85,10 @@ struct Rng(u64);
 
 impl Rng {
     fn new(seed: u64, a: u64, b: u64, c: u64) -> Rng {
-        let mut r = Rng(seed ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) ^ c.rotate_left(31));
+        let mut r = Rng(seed
+            ^ a.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ b.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+            ^ c.rotate_left(31));
         r.next();
         r
     }
@@ -117,9 +120,19 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
     if t < 3 {
         // Too few tensors for a model mix: one matrix-ish tensor (+ a bias).
         let n = if t == 2 { p.saturating_sub(1) } else { p };
-        let mut v = vec![Entry { name: "weight".into(), shape: vec![n], role: Role::Trainable, init: Init::Uniform(0.05) }];
+        let mut v = vec![Entry {
+            name: "weight".into(),
+            shape: vec![n],
+            role: Role::Trainable,
+            init: Init::Uniform(0.05),
+        }];
         if t == 2 {
-            v.push(Entry { name: "step".into(), shape: vec![], role: Role::Buffer, init: Init::Counter });
+            v.push(Entry {
+                name: "step".into(),
+                shape: vec![],
+                role: Role::Buffer,
+                init: Init::Counter,
+            });
         }
         return v;
     }
@@ -149,7 +162,11 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
         })
         .sum();
     // Give the body ~80 % of the parameters; h is a multiple of 8 when large enough.
-    let mut h = if quad == 0 { 1 } else { (((p as f64 * 0.8) / quad as f64).sqrt() as usize).max(1) };
+    let mut h = if quad == 0 {
+        1
+    } else {
+        (((p as f64 * 0.8) / quad as f64).sqrt() as usize).max(1)
+    };
     if h > 64 {
         h -= h % 8;
     }
@@ -160,9 +177,24 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
                 let (name, k) = template[i % 8];
                 let name = format!("blocks.{}.{name}", i / 8);
                 match k {
-                    K::Mat(a, b) => Entry { name, shape: vec![a * h, b * h], role: Role::Trainable, init: Init::Uniform(1.0 / ((b * h) as f32).sqrt()) },
-                    K::Vec(a, init) => Entry { name, shape: vec![a * h], role: Role::Trainable, init },
-                    K::Conv => Entry { name, shape: conv_shape(h), role: Role::Trainable, init: Init::Uniform(0.05) },
+                    K::Mat(a, b) => Entry {
+                        name,
+                        shape: vec![a * h, b * h],
+                        role: Role::Trainable,
+                        init: Init::Uniform(1.0 / ((b * h) as f32).sqrt()),
+                    },
+                    K::Vec(a, init) => Entry {
+                        name,
+                        shape: vec![a * h],
+                        role: Role::Trainable,
+                        init,
+                    },
+                    K::Conv => Entry {
+                        name,
+                        shape: conv_shape(h),
+                        role: Role::Trainable,
+                        init: Init::Uniform(0.05),
+                    },
                 }
             })
             .collect()
@@ -177,10 +209,25 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
     let vocab = rest / h.max(1);
     let head = rest - vocab * h.max(1);
     let mut v = Vec::with_capacity(t);
-    v.push(Entry { name: "embed.weight".into(), shape: vec![vocab, h.max(1)], role: Role::Trainable, init: Init::Uniform(0.035) });
+    v.push(Entry {
+        name: "embed.weight".into(),
+        shape: vec![vocab, h.max(1)],
+        role: Role::Trainable,
+        init: Init::Uniform(0.035),
+    });
     v.extend(body_entries);
-    v.push(Entry { name: "head.bias".into(), shape: vec![head], role: Role::Trainable, init: Init::Const(0.0) });
-    v.push(Entry { name: "step".into(), shape: vec![], role: Role::Buffer, init: Init::Counter });
+    v.push(Entry {
+        name: "head.bias".into(),
+        shape: vec![head],
+        role: Role::Trainable,
+        init: Init::Const(0.0),
+    });
+    v.push(Entry {
+        name: "step".into(),
+        shape: vec![],
+        role: Role::Buffer,
+        init: Init::Counter,
+    });
     v
 }
 
@@ -237,19 +284,40 @@ impl SyntheticModel {
             return Err(SyntheticError::NotFloating { dtype: spec.dtype });
         }
         if !(0.0..=1.0).contains(&spec.frozen_fraction) {
-            return Err(SyntheticError::Fraction { what: "frozen_fraction", value: spec.frozen_fraction });
+            return Err(SyntheticError::Fraction {
+                what: "frozen_fraction",
+                value: spec.frozen_fraction,
+            });
         }
         if usize::try_from(spec.params).map_or(true, |p| p.checked_mul(16).is_none()) {
-            return Err(SyntheticError::TooLarge { params: spec.params });
+            return Err(SyntheticError::TooLarge {
+                params: spec.params,
+            });
         }
         let mut entries = shapes(&spec);
         mark_frozen(&mut entries, spec.frozen_fraction, spec.params);
-        let master: Vec<Vec<f32>> = entries.iter().enumerate().map(|(i, e)| init_values(e, i, spec.seed)).collect();
+        let master: Vec<Vec<f32>> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| init_values(e, i, spec.seed))
+            .collect();
         let momentum = entries
             .iter()
-            .map(|e| if matches!(e.role, Role::Trainable) { vec![0f32; e.numel()] } else { Vec::new() })
+            .map(|e| {
+                if matches!(e.role, Role::Trainable) {
+                    vec![0f32; e.numel()]
+                } else {
+                    Vec::new()
+                }
+            })
             .collect();
-        Ok(SyntheticModel { spec, entries, master, momentum, step: 0 })
+        Ok(SyntheticModel {
+            spec,
+            entries,
+            master,
+            momentum,
+            step: 0,
+        })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -266,7 +334,9 @@ impl SyntheticModel {
         let mut sd = StateDict::new();
         for (e, m) in self.entries.iter().zip(&self.master) {
             let t = match e.init {
-                Init::Counter => Tensor::from_slice(DType::I64, &e.shape, e.role, &[self.step as i64])?,
+                Init::Counter => {
+                    Tensor::from_slice(DType::I64, &e.shape, e.role, &[self.step as i64])?
+                }
                 _ => {
                     let mut t = Tensor::zeros(self.spec.dtype, &e.shape, e.role)?;
                     write_f32s(t.bytes_mut(), self.spec.dtype, m);
@@ -280,10 +350,18 @@ impl SyntheticModel {
 
     /// One update step applied to `state` (which must come from [`SyntheticModel::state_dict`]); returns the
     /// number of elements whose bits changed.
-    pub fn step(&mut self, mode: UpdateMode, state: &mut StateDict, threads: NonZeroUsize) -> Result<u64, SyntheticError> {
+    pub fn step(
+        &mut self,
+        mode: UpdateMode,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<u64, SyntheticError> {
         if let UpdateMode::Density { density } = mode {
             if !(0.0..=1.0).contains(&density) {
-                return Err(SyntheticError::Fraction { what: "density", value: density });
+                return Err(SyntheticError::Fraction {
+                    what: "density",
+                    value: density,
+                });
             }
         }
         self.step += 1;
@@ -292,8 +370,12 @@ impl SyntheticModel {
         let dtype = self.spec.dtype;
         let mut items = Vec::new();
         let mut changed = 0u64;
-        for (idx, ((e, (m, mom)), (_, t))) in
-            self.entries.iter().zip(self.master.iter_mut().zip(self.momentum.iter_mut())).zip(state.iter_mut()).enumerate()
+        for (idx, ((e, (m, mom)), (_, t))) in self
+            .entries
+            .iter()
+            .zip(self.master.iter_mut().zip(self.momentum.iter_mut()))
+            .zip(state.iter_mut())
+            .enumerate()
         {
             if matches!(e.init, Init::Counter) {
                 if let Ok(s) = t.as_mut_slice::<i64>() {
@@ -328,8 +410,12 @@ impl SyntheticModel {
         let counts = map_items(items, threads, |(idx, c, master, mom, bytes)| {
             let mut rng = Rng::new(seed, idx as u64, c, step);
             match mode {
-                UpdateMode::Adam { lr } => adam_chunk(master, mom, bytes, dtype, lr as f32, step, &mut rng),
-                UpdateMode::Density { density } => density_chunk(master, bytes, dtype, density, &mut rng),
+                UpdateMode::Adam { lr } => {
+                    adam_chunk(master, mom, bytes, dtype, lr as f32, step, &mut rng)
+                }
+                UpdateMode::Density { density } => {
+                    density_chunk(master, bytes, dtype, density, &mut rng)
+                }
             }
         });
         Ok(changed + counts.into_iter().sum::<u64>())
@@ -338,7 +424,15 @@ impl SyntheticModel {
 
 /// Adam-like step on one chunk: momentum of uniform gradients (β1 = 0.9, bias-corrected), normalised by the
 /// gradient RMS (1/√3 for U[-1,1]), then cast; counts elements whose bits changed.
-fn adam_chunk(master: &mut [f32], mom: &mut [f32], bytes: &mut [u8], dtype: DType, lr: f32, step: u64, rng: &mut Rng) -> u64 {
+fn adam_chunk(
+    master: &mut [f32],
+    mom: &mut [f32],
+    bytes: &mut [u8],
+    dtype: DType,
+    lr: f32,
+    step: u64,
+    rng: &mut Rng,
+) -> u64 {
     let corr = 1.0 - 0.9f32.powi(step.min(1000) as i32);
     let scale = lr * 3f32.sqrt() / corr;
     for (x, m) in master.iter_mut().zip(mom.iter_mut()) {
@@ -349,8 +443,15 @@ fn adam_chunk(master: &mut [f32], mom: &mut [f32], bytes: &mut [u8], dtype: DTyp
 }
 
 fn recast(master: &[f32], bytes: &mut [u8], dtype: DType) -> u64 {
-    fn go<D: Pod + PartialEq>(master: &[f32], bytes: &mut [u8], f: impl Fn(f32) -> D, eq: impl Fn(D, D) -> bool) -> u64 {
-        let Some(d) = pod_slice_mut::<D>(bytes) else { return 0 };
+    fn go<D: Pod + PartialEq>(
+        master: &[f32],
+        bytes: &mut [u8],
+        f: impl Fn(f32) -> D,
+        eq: impl Fn(D, D) -> bool,
+    ) -> u64 {
+        let Some(d) = pod_slice_mut::<D>(bytes) else {
+            return 0;
+        };
         let mut n = 0u64;
         for (o, &x) in d.iter_mut().zip(master) {
             let v = f(x);
@@ -361,21 +462,36 @@ fn recast(master: &[f32], bytes: &mut [u8], dtype: DType) -> u64 {
     }
     match dtype {
         DType::Bf16 => go(master, bytes, cast_f32_to_bf16, |a, b| a == b),
-        DType::F16 => go(master, bytes, |x| half::f16::from_f32(x).to_bits(), |a, b| a == b),
+        DType::F16 => go(
+            master,
+            bytes,
+            |x| half::f16::from_f32(x).to_bits(),
+            |a, b| a == b,
+        ),
         DType::F32 => go(master, bytes, f32::to_bits, |a, b| a == b),
         _ => go(master, bytes, |x| f64::from(x).to_bits(), |a, b| a == b),
     }
 }
 
 /// Fixed density: geometric gaps between changed positions, new values uniform in ±0.05 (forced to differ).
-fn density_chunk(master: &mut [f32], bytes: &mut [u8], dtype: DType, density: f64, rng: &mut Rng) -> u64 {
+fn density_chunk(
+    master: &mut [f32],
+    bytes: &mut [u8],
+    dtype: DType,
+    density: f64,
+    rng: &mut Rng,
+) -> u64 {
     if density <= 0.0 || master.is_empty() {
         return 0;
     }
     let log_q = (1.0 - density).ln();
     let mut i = 0usize;
     loop {
-        let gap = if density >= 1.0 { 0 } else { (rng.unit().ln() / log_q).floor() as usize };
+        let gap = if density >= 1.0 {
+            0
+        } else {
+            (rng.unit().ln() / log_q).floor() as usize
+        };
         i = match i.checked_add(gap) {
             Some(v) if v < master.len() => v,
             _ => break,
@@ -404,21 +520,43 @@ mod tests {
     use super::*;
 
     fn spec(params: u64, tensors: u32, dtype: DType) -> ModelSpec {
-        ModelSpec { params, tensors, dtype, frozen_fraction: 0.0, seed: 1 }
+        ModelSpec {
+            params,
+            tensors,
+            dtype,
+            frozen_fraction: 0.0,
+            seed: 1,
+        }
     }
 
     #[test]
     fn shape_mix_has_exact_params_and_tensor_count() {
-        for (p, t) in [(1u64 << 20, 64u32), (1000, 16), (10, 3), (5, 1), (100_000, 2), (1 << 16, 9)] {
+        for (p, t) in [
+            (1u64 << 20, 64u32),
+            (1000, 16),
+            (10, 3),
+            (5, 1),
+            (100_000, 2),
+            (1 << 16, 9),
+        ] {
             let m = SyntheticModel::new(spec(p, t, DType::Bf16)).unwrap();
             let sd = m.state_dict().unwrap();
             let total: usize = sd.iter().map(|(_, t)| t.numel()).sum();
             assert_eq!(total as u64, p, "params for ({p}, {t})");
             assert_eq!(sd.len(), t as usize, "tensors for ({p}, {t})");
         }
-        let sd = SyntheticModel::new(spec(1 << 20, 64, DType::Bf16)).unwrap().state_dict().unwrap();
-        assert!(sd.iter().any(|(_, t)| t.shape().len() == 4), "a 4-D conv weight is in the mix");
-        assert!(sd.iter().any(|(_, t)| t.shape().is_empty() && t.dtype() == DType::I64));
+        let sd = SyntheticModel::new(spec(1 << 20, 64, DType::Bf16))
+            .unwrap()
+            .state_dict()
+            .unwrap();
+        assert!(
+            sd.iter().any(|(_, t)| t.shape().len() == 4),
+            "a 4-D conv weight is in the mix"
+        );
+        assert!(
+            sd.iter()
+                .any(|(_, t)| t.shape().is_empty() && t.dtype() == DType::I64)
+        );
     }
 
     #[test]
@@ -427,11 +565,20 @@ mod tests {
         let mut sd = m.state_dict().unwrap();
         let mut fractions = Vec::new();
         for _ in 0..4 {
-            let c = m.step(UpdateMode::Adam { lr: 1e-6 }, &mut sd, NonZeroUsize::new(2).unwrap()).unwrap();
+            let c = m
+                .step(
+                    UpdateMode::Adam { lr: 1e-6 },
+                    &mut sd,
+                    NonZeroUsize::new(2).unwrap(),
+                )
+                .unwrap();
             fractions.push(c as f64 / (1u64 << 20) as f64);
         }
         let last = fractions[3];
-        assert!((0.002..0.05).contains(&last), "changed fraction {fractions:?}");
+        assert!(
+            (0.002..0.05).contains(&last),
+            "changed fraction {fractions:?}"
+        );
         // The counted changes are the bits that differ from a freshly cast state.
         let fresh = m.state_dict().unwrap();
         for ((n, a), (_, b)) in sd.iter().zip(fresh.iter()) {
@@ -444,13 +591,25 @@ mod tests {
         let mut m = SyntheticModel::new(spec(1 << 20, 16, DType::F32)).unwrap();
         let mut sd = m.state_dict().unwrap();
         let before = sd.duplicate();
-        let c = m.step(UpdateMode::Density { density: 0.01 }, &mut sd, NonZeroUsize::MIN).unwrap();
+        let c = m
+            .step(
+                UpdateMode::Density { density: 0.01 },
+                &mut sd,
+                NonZeroUsize::MIN,
+            )
+            .unwrap();
         let frac = c as f64 / (1u64 << 20) as f64;
         assert!((0.008..0.012).contains(&frac), "density {frac}");
         let diff: usize = sd
             .iter()
             .zip(before.iter())
-            .map(|((_, a), (_, b))| a.bytes().chunks(4).zip(b.bytes().chunks(4)).filter(|(x, y)| x != y).count())
+            .map(|((_, a), (_, b))| {
+                a.bytes()
+                    .chunks(4)
+                    .zip(b.bytes().chunks(4))
+                    .filter(|(x, y)| x != y)
+                    .count()
+            })
             .sum();
         assert_eq!(diff as u64, c);
     }
@@ -461,10 +620,15 @@ mod tests {
         s.frozen_fraction = 0.3;
         let mut m = SyntheticModel::new(s).unwrap();
         let mut sd = m.state_dict().unwrap();
-        let frozen: usize = sd.iter().filter(|(_, t)| t.role() == Role::Frozen).map(|(_, t)| t.numel()).sum();
+        let frozen: usize = sd
+            .iter()
+            .filter(|(_, t)| t.role() == Role::Frozen)
+            .map(|(_, t)| t.numel())
+            .sum();
         assert!(frozen as f64 >= 0.3 * 65536.0, "frozen {frozen}");
         let before = sd.duplicate();
-        m.step(UpdateMode::Adam { lr: 1e-3 }, &mut sd, NonZeroUsize::MIN).unwrap();
+        m.step(UpdateMode::Adam { lr: 1e-3 }, &mut sd, NonZeroUsize::MIN)
+            .unwrap();
         for ((n, a), (_, b)) in sd.iter().zip(before.iter()) {
             if a.role() == Role::Frozen {
                 assert_eq!(a.bytes(), b.bytes(), "{n}");
@@ -474,9 +638,15 @@ mod tests {
 
     #[test]
     fn bad_settings_are_errors() {
-        assert!(matches!(SyntheticModel::new(spec(10, 3, DType::I32)), Err(SyntheticError::NotFloating { .. })));
+        assert!(matches!(
+            SyntheticModel::new(spec(10, 3, DType::I32)),
+            Err(SyntheticError::NotFloating { .. })
+        ));
         let mut s = spec(10, 3, DType::Bf16);
         s.frozen_fraction = 1.5;
-        assert!(matches!(SyntheticModel::new(s), Err(SyntheticError::Fraction { .. })));
+        assert!(matches!(
+            SyntheticModel::new(s),
+            Err(SyntheticError::Fraction { .. })
+        ));
     }
 }

@@ -35,8 +35,16 @@ struct Rollout {
 
 impl Rollout {
     fn applied(&self, started: Instant) -> Report {
-        let checksum = if self.verify { tokio::task::block_in_place(|| state_checksum(&self.state, &self.keys)) } else { 0 };
-        Report::Applied { version: self.version, checksum, seconds: started.elapsed().as_secs_f64() }
+        let checksum = if self.verify {
+            tokio::task::block_in_place(|| state_checksum(&self.state, &self.keys))
+        } else {
+            0
+        };
+        Report::Applied {
+            version: self.version,
+            checksum,
+            seconds: started.elapsed().as_secs_f64(),
+        }
     }
 
     /// Install a background update (only ever called between chunks).
@@ -58,7 +66,13 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let state = tokio::task::block_in_place(|| workload.init_state())?;
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
-    let mut me = Rollout { state, keys, version: 0, verify: cfg.runner.verify_sync, workload };
+    let mut me = Rollout {
+        state,
+        keys,
+        version: 0,
+        verify: cfg.runner.verify_sync,
+        workload,
+    };
     let mut weights = Weights::None;
     loop {
         let frame = match &mut weights {
@@ -75,9 +89,15 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
-                let rx = ShmReceiver::connect(&ctx.launch.weight_socket, ctx.args.rank as usize, ctx.transport_timeout()).await?;
+                let rx = ShmReceiver::connect(
+                    &ctx.launch.weight_socket,
+                    ctx.args.rank as usize,
+                    ctx.transport_timeout(),
+                )
+                .await?;
                 let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
-                let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+                let mut syncer =
+                    WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
                 let report = syncer.init_receiver(&mut me.state, rx).await?;
                 me.version = report.version;
                 me.keys = syncer.synced_keys().to_vec();
@@ -86,16 +106,26 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
             }
             Command::Apply => {
                 let Weights::Blocking(syncer) = &mut weights else {
-                    return Err(WorkerError::UnexpectedCommand { role: "rollout", command: "Apply (not in blocking mode)".into() });
+                    return Err(WorkerError::UnexpectedCommand {
+                        role: "rollout",
+                        command: "Apply (not in blocking mode)".into(),
+                    });
                 };
                 let started = Instant::now();
                 let report = syncer.apply(&mut me.state).await?;
                 me.version = report.version;
                 ctx.control.report(&me.applied(started), &[]).await?;
             }
-            Command::Rollout { first_chunk, chunks, steps, background } => {
+            Command::Rollout {
+                first_chunk,
+                chunks,
+                steps,
+                background,
+            } => {
                 if background && matches!(weights, Weights::Blocking(_)) {
-                    if let Weights::Blocking(syncer) = std::mem::replace(&mut weights, Weights::None) {
+                    if let Weights::Blocking(syncer) =
+                        std::mem::replace(&mut weights, Weights::None)
+                    {
                         weights = Weights::Background(spawn_receiver(syncer));
                     }
                 }
@@ -108,7 +138,9 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                         }
                     }
                     let started = Instant::now();
-                    let out = tokio::task::block_in_place(|| me.workload.rollout(&me.state, me.version, steps))?;
+                    let out = tokio::task::block_in_place(|| {
+                        me.workload.rollout(&me.state, me.version, steps)
+                    })?;
                     let report = Report::Chunk {
                         chunk,
                         version: me.version,
@@ -121,7 +153,10 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
             }
             Command::Stop => return Ok(()),
             other @ (Command::Sync { .. } | Command::Train { .. }) => {
-                return Err(WorkerError::UnexpectedCommand { role: "rollout", command: format!("{other:?}") });
+                return Err(WorkerError::UnexpectedCommand {
+                    role: "rollout",
+                    command: format!("{other:?}"),
+                });
             }
         }
     }

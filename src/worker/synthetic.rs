@@ -50,7 +50,9 @@ fn shape_for(n: u64) -> Vec<usize> {
 pub fn layout(model: &ModelConfig) -> Result<Vec<TensorSpec>, WorkloadError> {
     let f = model.frozen_fraction;
     if !(0.0..1.0).contains(&f) {
-        return Err(WorkloadError::InvalidModel { reason: format!("frozen_fraction {f} is not in [0, 1)") });
+        return Err(WorkloadError::InvalidModel {
+            reason: format!("frozen_fraction {f} is not in [0, 1)"),
+        });
     }
     let tensors = u64::from(model.tensors.get());
     if model.params < tensors {
@@ -59,23 +61,47 @@ pub fn layout(model: &ModelConfig) -> Result<Vec<TensorSpec>, WorkloadError> {
         });
     }
     let frozen_params = (model.params as f64 * f).round() as u64;
-    let frozen_tensors = if frozen_params == 0 { 0 } else { ((tensors as f64 * f).round() as u64).clamp(1, tensors - 1) };
+    let frozen_tensors = if frozen_params == 0 {
+        0
+    } else {
+        ((tensors as f64 * f).round() as u64).clamp(1, tensors - 1)
+    };
     let head_tensors = tensors - frozen_tensors;
     let mut specs = Vec::with_capacity(tensors as usize);
     for i in 0..frozen_tensors {
         let n = frozen_params / frozen_tensors;
-        specs.push(TensorSpec { name: format!("backbone.layers.{i}.weight"), shape: shape_for(n), role: Role::Frozen });
+        specs.push(TensorSpec {
+            name: format!("backbone.layers.{i}.weight"),
+            shape: shape_for(n),
+            role: Role::Frozen,
+        });
     }
     let head_params = model.params - frozen_params;
     // One small buffer (running statistics) when there is room for it next to at least one weight.
-    let buffer_len = if head_tensors >= 2 { (head_params / head_tensors).min(1024) } else { 0 };
-    let weights = if buffer_len > 0 { head_tensors - 1 } else { head_tensors };
+    let buffer_len = if head_tensors >= 2 {
+        (head_params / head_tensors).min(1024)
+    } else {
+        0
+    };
+    let weights = if buffer_len > 0 {
+        head_tensors - 1
+    } else {
+        head_tensors
+    };
     for i in 0..weights {
         let n = (head_params - buffer_len) / weights;
-        specs.push(TensorSpec { name: format!("head.layers.{i}.weight"), shape: shape_for(n), role: Role::Trainable });
+        specs.push(TensorSpec {
+            name: format!("head.layers.{i}.weight"),
+            shape: shape_for(n),
+            role: Role::Trainable,
+        });
     }
     if buffer_len > 0 {
-        specs.push(TensorSpec { name: "head.norm.running_mean".into(), shape: vec![buffer_len as usize], role: Role::Buffer });
+        specs.push(TensorSpec {
+            name: "head.norm.running_mean".into(),
+            shape: vec![buffer_len as usize],
+            role: Role::Buffer,
+        });
     }
     Ok(specs)
 }
@@ -144,7 +170,12 @@ pub struct SyntheticWorkload {
 }
 
 impl SyntheticWorkload {
-    pub fn new(model: &ModelConfig, envs: u32, seed: u64, worker_seed: u64) -> Result<Self, WorkloadError> {
+    pub fn new(
+        model: &ModelConfig,
+        envs: u32,
+        seed: u64,
+        worker_seed: u64,
+    ) -> Result<Self, WorkloadError> {
         layout(model)?;
         Ok(SyntheticWorkload {
             model: model.clone(),
@@ -165,11 +196,25 @@ impl SyntheticWorkload {
             if spec.role == Role::Frozen {
                 continue;
             }
-            let tensor = state.get(&spec.name).ok_or_else(|| WorkloadError::MissingTensor { name: spec.name.clone() })?;
+            let tensor = state
+                .get(&spec.name)
+                .ok_or_else(|| WorkloadError::MissingTensor {
+                    name: spec.name.clone(),
+                })?;
             let size = self.dtype.size_bytes();
-            let params: Vec<f32> = tensor.bytes().chunks_exact(size).map(|c| read_elem(self.dtype, c)).collect();
+            let params: Vec<f32> = tensor
+                .bytes()
+                .chunks_exact(size)
+                .map(|c| read_elem(self.dtype, c))
+                .collect();
             let n = params.len();
-            self.masters.push(Master { name: spec.name, params, m: vec![0.0; n], v: vec![0.0; n], role: spec.role });
+            self.masters.push(Master {
+                name: spec.name,
+                params,
+                m: vec![0.0; n],
+                v: vec![0.0; n],
+                role: spec.role,
+            });
         }
         Ok(())
     }
@@ -197,7 +242,11 @@ impl Workload for SyntheticWorkload {
         Ok(state)
     }
 
-    fn train_step(&mut self, state: &mut StateDict, batch: &Batch<'_>) -> Result<TrainStats, WorkloadError> {
+    fn train_step(
+        &mut self,
+        state: &mut StateDict,
+        batch: &Batch<'_>,
+    ) -> Result<TrainStats, WorkloadError> {
         self.ensure_masters(state)?;
         self.step += 1;
         let (b1, b2, eps) = (0.9f32, 0.999f32, 1e-8f32);
@@ -206,14 +255,22 @@ impl Workload for SyntheticWorkload {
         let lr = self.model.adam_lr as f32;
         let size = self.dtype.size_bytes();
         // The batch enters the loss so every byte handed over is actually read.
-        let data_mean = batch.data.iter().map(|b| u64::from(*b)).sum::<u64>() as f64 / batch.data.len().max(1) as f64;
+        let data_mean = batch.data.iter().map(|b| u64::from(*b)).sum::<u64>() as f64
+            / batch.data.len().max(1) as f64;
         for master in &mut self.masters {
             let tensor =
-                state.get_mut(&master.name).ok_or_else(|| WorkloadError::MissingTensor { name: master.name.clone() })?;
+                state
+                    .get_mut(&master.name)
+                    .ok_or_else(|| WorkloadError::MissingTensor {
+                        name: master.name.clone(),
+                    })?;
             let bytes = tensor.bytes_mut();
             for (i, elem) in bytes.chunks_exact_mut(size).enumerate() {
-                let (Some(p), Some(m), Some(v)) = (master.params.get_mut(i), master.m.get_mut(i), master.v.get_mut(i))
-                else {
+                let (Some(p), Some(m), Some(v)) = (
+                    master.params.get_mut(i),
+                    master.m.get_mut(i),
+                    master.v.get_mut(i),
+                ) else {
                     break;
                 };
                 if master.role == Role::Buffer {
@@ -229,10 +286,18 @@ impl Workload for SyntheticWorkload {
             }
         }
         sleep_ms(self.model.train_ms);
-        Ok(TrainStats { loss: 1.0 / (1.0 + self.step as f64) + data_mean * 1e-6, metrics: Vec::new() })
+        Ok(TrainStats {
+            loss: 1.0 / (1.0 + self.step as f64) + data_mean * 1e-6,
+            metrics: Vec::new(),
+        })
     }
 
-    fn rollout(&mut self, state: &StateDict, _version: u64, steps: u32) -> Result<TrajectoryChunk, WorkloadError> {
+    fn rollout(
+        &mut self,
+        state: &StateDict,
+        _version: u64,
+        steps: u32,
+    ) -> Result<TrajectoryChunk, WorkloadError> {
         let env_steps = u64::from(steps) * u64::from(self.envs);
         let len = env_steps.saturating_mul(self.model.traj_bytes_per_step) as usize;
         let mut data = vec![0u8; len];
@@ -244,10 +309,18 @@ impl Workload for SyntheticWorkload {
         let probe = state
             .iter()
             .find(|(_, t)| t.role() == Role::Trainable)
-            .and_then(|(_, t)| t.bytes().get(..self.dtype.size_bytes()).map(|b| read_elem(self.dtype, b)))
+            .and_then(|(_, t)| {
+                t.bytes()
+                    .get(..self.dtype.size_bytes())
+                    .map(|b| read_elem(self.dtype, b))
+            })
             .unwrap_or(0.0);
         sleep_ms(self.model.rollout_ms_per_step * f64::from(steps));
-        Ok(TrajectoryChunk { env_steps, mean_return: f64::from(probe) * 10.0 + f64::from(self.rng.next_sym()), data })
+        Ok(TrajectoryChunk {
+            env_steps,
+            mean_return: f64::from(probe) * 10.0 + f64::from(self.rng.next_sym()),
+            data,
+        })
     }
 }
 
@@ -258,17 +331,36 @@ mod tests {
     use super::*;
 
     fn model(params: u64, tensors: u32, frozen: f64) -> ModelConfig {
-        ModelConfig { params, tensors: NonZeroU32::new(tensors).unwrap(), frozen_fraction: frozen, ..ModelConfig::default() }
+        ModelConfig {
+            params,
+            tensors: NonZeroU32::new(tensors).unwrap(),
+            frozen_fraction: frozen,
+            ..ModelConfig::default()
+        }
     }
 
     fn check_layout(params: u64, tensors: u32, frozen: f64, expect_roles: (usize, usize, usize)) {
         let specs = layout(&model(params, tensors, frozen)).unwrap();
         assert_eq!(specs.len(), tensors as usize);
         let count = |r: Role| specs.iter().filter(|s| s.role == r).count();
-        assert_eq!((count(Role::Frozen), count(Role::Trainable), count(Role::Buffer)), expect_roles);
+        assert_eq!(
+            (
+                count(Role::Frozen),
+                count(Role::Trainable),
+                count(Role::Buffer)
+            ),
+            expect_roles
+        );
         let total: u64 = specs.iter().map(TensorSpec::numel).sum();
-        assert!(total <= params && total as f64 >= params as f64 * 0.9, "total {total} for {params}");
-        let frozen_total: u64 = specs.iter().filter(|s| s.role == Role::Frozen).map(TensorSpec::numel).sum();
+        assert!(
+            total <= params && total as f64 >= params as f64 * 0.9,
+            "total {total} for {params}"
+        );
+        let frozen_total: u64 = specs
+            .iter()
+            .filter(|s| s.role == Role::Frozen)
+            .map(TensorSpec::numel)
+            .sum();
         assert!((frozen_total as f64 - params as f64 * frozen).abs() <= params as f64 * 0.05);
     }
 
@@ -289,7 +381,10 @@ mod tests {
 
     #[test]
     fn same_config_gives_same_state_and_updates_change_few_elements() {
-        let cfg = ModelConfig { adam_lr: 1e-4, ..model(1 << 16, 4, 0.25) };
+        let cfg = ModelConfig {
+            adam_lr: 1e-4,
+            ..model(1 << 16, 4, 0.25)
+        };
         let mut trainer = SyntheticWorkload::new(&cfg, 1, 7, 0).unwrap();
         let mut rollout = SyntheticWorkload::new(&cfg, 1, 7, 1).unwrap();
         let mut a = trainer.init_state().unwrap();
@@ -299,16 +394,39 @@ mod tests {
         assert_eq!(sum(&a, &keys), sum(&b, &keys));
         let before: Vec<u8> = a.get("head.layers.0.weight").unwrap().bytes().to_vec();
         let frozen_before: Vec<u8> = a.get("backbone.layers.0.weight").unwrap().bytes().to_vec();
-        trainer.train_step(&mut a, &Batch { chunks: 1, env_steps: 1, data: &[1, 2, 3] }).unwrap();
+        trainer
+            .train_step(
+                &mut a,
+                &Batch {
+                    chunks: 1,
+                    env_steps: 1,
+                    data: &[1, 2, 3],
+                },
+            )
+            .unwrap();
         let after = a.get("head.layers.0.weight").unwrap().bytes();
-        let changed = before.chunks(2).zip(after.chunks(2)).filter(|(x, y)| x != y).count();
-        assert!(changed > 0 && changed < before.len() / 2, "changed {changed} of {}", before.len() / 2);
-        assert_eq!(a.get("backbone.layers.0.weight").unwrap().bytes(), &frozen_before[..]);
+        let changed = before
+            .chunks(2)
+            .zip(after.chunks(2))
+            .filter(|(x, y)| x != y)
+            .count();
+        assert!(
+            changed > 0 && changed < before.len() / 2,
+            "changed {changed} of {}",
+            before.len() / 2
+        );
+        assert_eq!(
+            a.get("backbone.layers.0.weight").unwrap().bytes(),
+            &frozen_before[..]
+        );
     }
 
     #[test]
     fn rollout_produces_requested_trajectory_size() {
-        let cfg = ModelConfig { traj_bytes_per_step: 10, ..model(4096, 2, 0.0) };
+        let cfg = ModelConfig {
+            traj_bytes_per_step: 10,
+            ..model(4096, 2, 0.0)
+        };
         let mut w = SyntheticWorkload::new(&cfg, 3, 1, 0).unwrap();
         let state = w.init_state().unwrap();
         let chunk = w.rollout(&state, 0, 5).unwrap();

@@ -18,7 +18,11 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
     let threads = kernel_threads(state.total_bytes(), 1);
     let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
     let mut version = 0u64;
-    tracing::debug!(tensors = state.iter().count(), synced = keys.len(), "trainer ready");
+    tracing::debug!(
+        tensors = state.iter().count(),
+        synced = keys.len(),
+        "trainer ready"
+    );
     loop {
         let frame = ctx.control.next().await?;
         match frame.header {
@@ -33,26 +37,51 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
                 })
                 .await?;
                 let report = syncer.init_sender(&state, &keys, sender).await?;
-                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                let synced =
+                    synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Sync { version: wanted } => {
                 let started = Instant::now();
                 let report = syncer.sync(&state, wanted).await?;
-                let synced = synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                let synced =
+                    synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
             }
-            Command::Train { step, chunks, env_steps } => {
+            Command::Train {
+                step,
+                chunks,
+                env_steps,
+            } => {
                 let started = Instant::now();
-                let batch = Batch { chunks, env_steps, data: &frame.blob };
-                let stats = tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
+                let batch = Batch {
+                    chunks,
+                    env_steps,
+                    data: &frame.blob,
+                };
+                let stats =
+                    tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
                 version += 1;
                 let busy_s = started.elapsed().as_secs_f64();
-                ctx.control.report(&Report::Trained { step, version, loss: stats.loss, busy_s, metrics: finite_or_none(stats.metrics) }, &[]).await?;
+                ctx.control
+                    .report(
+                        &Report::Trained {
+                            step,
+                            version,
+                            loss: stats.loss,
+                            busy_s,
+                            metrics: finite_or_none(stats.metrics),
+                        },
+                        &[],
+                    )
+                    .await?;
             }
             Command::Stop => return Ok(()),
             other @ (Command::Apply | Command::Rollout { .. }) => {
-                return Err(WorkerError::UnexpectedCommand { role: "trainer", command: format!("{other:?}") });
+                return Err(WorkerError::UnexpectedCommand {
+                    role: "trainer",
+                    command: format!("{other:?}"),
+                });
             }
         }
     }
@@ -60,7 +89,10 @@ pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
 
 /// Undefined metrics (NaN, e.g. no sample from the behaviour version) travel as `None`.
 fn finite_or_none(metrics: Vec<(String, f64)>) -> Vec<(String, Option<f64>)> {
-    metrics.into_iter().map(|(key, value)| (key, value.is_finite().then_some(value))).collect()
+    metrics
+        .into_iter()
+        .map(|(key, value)| (key, value.is_finite().then_some(value)))
+        .collect()
 }
 
 /// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
@@ -71,7 +103,11 @@ fn synced_report(
     started: Instant,
     verify: bool,
 ) -> Result<Report, WorkerError> {
-    let checksum = if verify { tokio::task::block_in_place(|| syncer.checksum(state))? } else { 0 };
+    let checksum = if verify {
+        tokio::task::block_in_place(|| syncer.checksum(state))?
+    } else {
+        0
+    };
     Ok(Report::Synced {
         stats: SyncStats {
             version: report.version,

@@ -57,10 +57,19 @@ pub trait Workload: Send {
     /// Build the model state dict with roles (trainable | buffer | frozen) and initial values.
     fn init_state(&mut self) -> Result<StateDict, WorkloadError>;
     /// One optimisation step on `batch`, updating `state` in place.
-    fn train_step(&mut self, state: &mut StateDict, batch: &Batch<'_>) -> Result<TrainStats, WorkloadError>;
+    fn train_step(
+        &mut self,
+        state: &mut StateDict,
+        batch: &Batch<'_>,
+    ) -> Result<TrainStats, WorkloadError>;
     /// Act in the environments for `steps` steps of every env with the weights in `state`, which are the
     /// weights of `version` (the chunk's trajectories are tagged with it).
-    fn rollout(&mut self, state: &StateDict, version: u64, steps: u32) -> Result<TrajectoryChunk, WorkloadError>;
+    fn rollout(
+        &mut self,
+        state: &StateDict,
+        version: u64,
+        steps: u32,
+    ) -> Result<TrajectoryChunk, WorkloadError>;
 }
 
 /// Where a workload runs: its worker's role and rank, the run's shape and directory.
@@ -91,13 +100,20 @@ pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, Wo
     match cfg.actor.model.model_type {
         ModelType::Synthetic => {
             let seed = crate::worker::worker_seed(place.role, place.rank);
-            Ok(Box::new(SyntheticWorkload::new(&cfg.actor.model, place.envs, cfg.actor.seed, seed)?))
+            Ok(Box::new(SyntheticWorkload::new(
+                &cfg.actor.model,
+                place.envs,
+                cfg.actor.seed,
+                seed,
+            )?))
         }
         _ => match place.role {
             Role::Trainer => Ok(Box::new(LearnerTrainer::new(cfg, &place.run_dir)?)),
             Role::Rollout => {
-                let workers = NonZeroU32::new(place.rollouts)
-                    .ok_or_else(|| WorkloadError::Placement { reason: "a run needs at least one rollout worker".into() })?;
+                let workers =
+                    NonZeroU32::new(place.rollouts).ok_or_else(|| WorkloadError::Placement {
+                        reason: "a run needs at least one rollout worker".into(),
+                    })?;
                 Ok(Box::new(LearnerRollout::new(cfg, place.rank, workers)?))
             }
         },

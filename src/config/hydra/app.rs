@@ -4,9 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::emit::to_yaml;
 use crate::config::compose::{self, ComposeError, ComposeRequest, Composed, RunMode};
-use crate::config::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
+use crate::config::emit::to_yaml;
+use crate::config::hydra::{
+    self as hy, format_defaults_table, format_defaults_tree, format_search_path,
+};
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Key, Node, Value};
 use crate::config::search_path::{ObjectType, Repository, SearchPathError, Source};
@@ -47,12 +49,24 @@ pub enum ShowCfg {
 /// What the command line asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    AppHelp { flags_help: &'static str },
-    HydraHelp { flags_help: &'static str },
-    ShowCfg { show: ShowCfg, package: Option<String>, resolve: bool },
+    AppHelp {
+        flags_help: &'static str,
+    },
+    HydraHelp {
+        flags_help: &'static str,
+    },
+    ShowCfg {
+        show: ShowCfg,
+        package: Option<String>,
+        resolve: bool,
+    },
     Info(InfoKind),
-    Run { dry_run: bool },
-    Multirun { dry_run: bool },
+    Run {
+        dry_run: bool,
+    },
+    Multirun {
+        dry_run: bool,
+    },
 }
 
 /// One invocation of an entry point.
@@ -104,15 +118,22 @@ pub enum AppError {
 }
 
 /// Build the search path for `--config-path` / `--config-dir` (relative paths are taken from the working directory).
-pub fn build_repository(config_path: Option<&str>, config_dir: Option<&str>) -> Result<Repository, SearchPathError> {
+pub fn build_repository(
+    config_path: Option<&str>,
+    config_dir: Option<&str>,
+) -> Result<Repository, SearchPathError> {
     let mut sources = vec![Source::hydra_builtin()];
     match config_path {
-        Some(path) if path.starts_with("pkg://") => return Err(SearchPathError::UnsupportedScheme { entry: path.into() }),
+        Some(path) if path.starts_with("pkg://") => {
+            return Err(SearchPathError::UnsupportedScheme { entry: path.into() });
+        }
         Some(path) => {
             let dir = absolute(path.strip_prefix("file://").unwrap_or(path));
             let source = Source::dir("main", dir.clone());
             if !source.available() {
-                return Err(SearchPathError::PrimaryDirNotFound { path: dir.display().to_string() });
+                return Err(SearchPathError::PrimaryDirNotFound {
+                    path: dir.display().to_string(),
+                });
             }
             sources.push(source);
         }
@@ -121,7 +142,9 @@ pub fn build_repository(config_path: Option<&str>, config_dir: Option<&str>) -> 
     if let Some(dir) = config_dir {
         let dir = absolute(dir);
         if !dir.is_dir() {
-            return Err(SearchPathError::ConfigDirNotFound { path: dir.display().to_string() });
+            return Err(SearchPathError::ConfigDirNotFound {
+                path: dir.display().to_string(),
+            });
         }
         sources.push(Source::dir("command-line", dir));
     }
@@ -137,7 +160,11 @@ fn absolute(path: &str) -> PathBuf {
 pub fn execute(req: &AppRequest<'_>) -> Result<Outcome, AppError> {
     let mut repo = build_repository(req.config_path, req.config_dir)?;
     match &req.command {
-        Command::ShowCfg { show, package, resolve } => show_cfg(&mut repo, req, *show, package.as_deref(), *resolve),
+        Command::ShowCfg {
+            show,
+            package,
+            resolve,
+        } => show_cfg(&mut repo, req, *show, package.as_deref(), *resolve),
         Command::Info(kind) => {
             print!("{}", info(&mut repo, req, *kind)?);
             Ok(Outcome::Printed { success: true })
@@ -156,16 +183,31 @@ pub fn execute(req: &AppRequest<'_>) -> Result<Outcome, AppError> {
             let job = prepare_run(&mut repo, req, *dry_run)?;
             Ok(Outcome::Jobs(vec![job]))
         }
-        Command::Multirun { dry_run } => Ok(Outcome::Jobs(prepare_multirun(&mut repo, req, *dry_run)?)),
+        Command::Multirun { dry_run } => {
+            Ok(Outcome::Jobs(prepare_multirun(&mut repo, req, *dry_run)?))
+        }
     }
 }
 
-fn compose_run(repo: &mut Repository, req: &AppRequest<'_>, mode: RunMode) -> Result<Composed, ComposeError> {
-    compose::compose(repo, &ComposeRequest { config_name: req.config_name, overrides: req.overrides, mode, job_name: req.entry })
+fn compose_run(
+    repo: &mut Repository,
+    req: &AppRequest<'_>,
+    mode: RunMode,
+) -> Result<Composed, ComposeError> {
+    compose::compose(
+        repo,
+        &ComposeRequest {
+            config_name: req.config_name,
+            overrides: req.overrides,
+            mode,
+            job_name: req.entry,
+        },
+    )
 }
 
 fn remove_key(node: &mut Node, key: &str) -> Option<Node> {
-    node.as_dict_mut().and_then(|d| d.shift_remove(&Key::from(key)))
+    node.as_dict_mut()
+        .and_then(|d| d.shift_remove(&Key::from(key)))
 }
 
 /// The job part of a composed config (everything but `hydra`).
@@ -187,7 +229,13 @@ fn sanitized_hydra(full: &Node) -> Node {
     out
 }
 
-fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package: Option<&str>, resolve: bool) -> Result<Outcome, AppError> {
+fn show_cfg(
+    repo: &mut Repository,
+    req: &AppRequest<'_>,
+    show: ShowCfg,
+    package: Option<&str>,
+    resolve: bool,
+) -> Result<Outcome, AppError> {
     let composed = compose_run(repo, req, RunMode::Run)?;
     let mut cfg = match show {
         ShowCfg::Job => job_config(&composed.config),
@@ -202,8 +250,14 @@ fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package:
         print!("{}", to_yaml(&cfg));
         return Ok(Outcome::Printed { success: true });
     };
-    let selected = cfg.get_path(package).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
-    let Some(selected) = selected else { return Err(AppError::PackageNotFound { package: package.into() }) };
+    let selected = cfg
+        .get_path(package)
+        .filter(|n| !matches!(n.value, Value::Null | Value::Missing));
+    let Some(selected) = selected else {
+        return Err(AppError::PackageNotFound {
+            package: package.into(),
+        });
+    };
     if selected.value.is_container() {
         println!("# @package {package}");
         print!("{}", to_yaml(selected));
@@ -217,7 +271,8 @@ fn show_cfg(repo: &mut Repository, req: &AppRequest<'_>, show: ShowCfg, package:
 fn context(full: &Node) -> ResolveContext<'_> {
     // One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
     static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
-    let ctx = ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
+    let ctx =
+        ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
     match full.get("hydra") {
         Some(hydra) => ctx.with_hydra(hydra),
         None => ctx,
@@ -231,8 +286,14 @@ fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
 
 fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<String, AppError> {
     Ok(match kind {
-        InfoKind::Defaults => format_defaults_table(&compose::compute_defaults(repo, req.config_name, req.overrides)?),
-        InfoKind::DefaultsTree => format_defaults_tree(&compose::compute_defaults(repo, req.config_name, req.overrides)?.tree),
+        InfoKind::Defaults => format_defaults_table(&compose::compute_defaults(
+            repo,
+            req.config_name,
+            req.overrides,
+        )?),
+        InfoKind::DefaultsTree => format_defaults_tree(
+            &compose::compute_defaults(repo, req.config_name, req.overrides)?.tree,
+        ),
         InfoKind::SearchPath => {
             compose_run(repo, req, RunMode::Run)?;
             format_search_path(repo.sources())
@@ -241,7 +302,12 @@ fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<S
         InfoKind::Config => config_info(repo, req)?,
         InfoKind::All => {
             let title = format!("Hydra {}", hy::HYDRA_VERSION);
-            format!("{title}\n{}\n{}{}", "=".repeat(title.len()), plugins_info(), config_info(repo, req)?)
+            format!(
+                "{title}\n{}\n{}{}",
+                "=".repeat(title.len()),
+                plugins_info(),
+                config_info(repo, req)?
+            )
         }
     })
 }
@@ -249,8 +315,18 @@ fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<S
 fn plugins_info() -> String {
     let mut out = String::from("Installed Hydra Plugins\n***********************\n");
     let kinds: [(&str, &[&str]); 4] = [
-        ("ConfigSource:", &["FileConfigSource", "ImportlibResourcesConfigSource", "StructuredConfigSource"]),
-        ("CompletionPlugin:", &["BashCompletion", "FishCompletion", "ZshCompletion"]),
+        (
+            "ConfigSource:",
+            &[
+                "FileConfigSource",
+                "ImportlibResourcesConfigSource",
+                "StructuredConfigSource",
+            ],
+        ),
+        (
+            "CompletionPlugin:",
+            &["BashCompletion", "FishCompletion", "ZshCompletion"],
+        ),
         ("Launcher:", &["BasicLauncher"]),
         ("Sweeper:", &["BasicSweeper"]),
     ];
@@ -278,7 +354,11 @@ fn config_info(repo: &mut Repository, req: &AppRequest<'_>) -> Result<String, Ap
 /// All config groups (recursively), as Hydra's help lists them.
 fn all_groups(repo: &Repository, parent: &str, out: &mut Vec<String>) {
     for group in repo.group_options(parent, ObjectType::Group) {
-        let name = if parent.is_empty() { group } else { format!("{parent}/{group}") };
+        let name = if parent.is_empty() {
+            group
+        } else {
+            format!("{parent}/{group}")
+        };
         if !repo.group_options(&name, ObjectType::Config).is_empty() {
             out.push(name.clone());
         }
@@ -293,14 +373,25 @@ fn format_groups(repo: &Repository, hydra_groups: bool) -> String {
     all_groups(repo, "", &mut groups);
     groups.retain(|g| (g == "hydra" || g.starts_with("hydra/")) == hydra_groups);
     groups.sort();
-    groups.iter().map(|g| format!("{g}: {}\n", repo.group_options(g, ObjectType::Config).join(", "))).collect()
+    groups
+        .iter()
+        .map(|g| {
+            format!(
+                "{g}: {}\n",
+                repo.group_options(g, ObjectType::Config).join(", ")
+            )
+        })
+        .collect()
 }
 
 /// A help template, resolved as Hydra reads it (`cfg.hydra.help.template`); unresolvable ones stay raw.
 fn template(full: &Node, key: &str) -> String {
     match interpolate::resolve_at(full, key, &context(full)) {
         Ok(node) => node.value.python_str(),
-        Err(_) => full.get_path(key).map(|n| n.value.python_str()).unwrap_or_default(),
+        Err(_) => full
+            .get_path(key)
+            .map(|n| n.value.python_str())
+            .unwrap_or_default(),
     }
 }
 
@@ -313,18 +404,35 @@ fn fill_template(template: &str, flags_help: &str, repo: &Repository, config: &s
 }
 
 fn app_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
-    fill_template(&template(full, "hydra.help.template"), flags_help, repo, &to_yaml(&job_config(full)))
+    fill_template(
+        &template(full, "hydra.help.template"),
+        flags_help,
+        repo,
+        &to_yaml(&job_config(full)),
+    )
 }
 
 fn hydra_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
-    fill_template(&template(full, "hydra.hydra_help.template"), flags_help, repo, &to_yaml(&sanitized_hydra(full)))
+    fill_template(
+        &template(full, "hydra.hydra_help.template"),
+        flags_help,
+        repo,
+        &to_yaml(&sanitized_hydra(full)),
+    )
 }
 
 fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
     let mut cur = full;
-    for part in ["hydra"].iter().chain(path[..path.len().saturating_sub(1)].iter()) {
-        let Some(dict) = cur.as_dict_mut() else { return };
-        cur = dict.entry(Key::from(*part)).or_insert_with(Node::empty_dict);
+    for part in ["hydra"]
+        .iter()
+        .chain(path[..path.len().saturating_sub(1)].iter())
+    {
+        let Some(dict) = cur.as_dict_mut() else {
+            return;
+        };
+        cur = dict
+            .entry(Key::from(*part))
+            .or_insert_with(Node::empty_dict);
     }
     if let (Some(dict), Some(last)) = (cur.as_dict_mut(), path.last()) {
         dict.insert(Key::from(*last), Node::new(value));
@@ -340,14 +448,27 @@ fn resolve_dir(full: &Node, key: &str) -> Result<PathBuf, AppError> {
 /// Write `.hydra/{config,hydra,overrides}.yaml` under `output_dir` unless `hydra.output_subdir` is null.
 fn write_hydra_files(full: &Node, output_dir: &Path) -> Result<(), AppError> {
     let subdir = match full.get_path("hydra.output_subdir") {
-        None | Some(Node { value: Value::Null, .. }) => return Ok(()),
+        None
+        | Some(Node {
+            value: Value::Null, ..
+        }) => return Ok(()),
         Some(node) => node.value.python_str(),
     };
     let dir = output_dir.join(subdir);
-    let io = |path: &Path, err: std::io::Error| AppError::Io { path: path.display().to_string(), reason: err.to_string() };
+    let io = |path: &Path, err: std::io::Error| AppError::Io {
+        path: path.display().to_string(),
+        reason: err.to_string(),
+    };
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
-    let overrides = full.get_path("hydra.overrides.task").cloned().unwrap_or_else(|| Node::new(Value::List(Vec::new())));
-    for (name, node) in [("config.yaml", job_config(full)), ("hydra.yaml", sanitized_hydra_full(full)), ("overrides.yaml", overrides)] {
+    let overrides = full
+        .get_path("hydra.overrides.task")
+        .cloned()
+        .unwrap_or_else(|| Node::new(Value::List(Vec::new())));
+    for (name, node) in [
+        ("config.yaml", job_config(full)),
+        ("hydra.yaml", sanitized_hydra_full(full)),
+        ("overrides.yaml", overrides),
+    ] {
         let path = dir.join(name);
         std::fs::write(&path, to_yaml(&node)).map_err(|e| io(&path, e))?;
     }
@@ -364,16 +485,32 @@ fn sanitized_hydra_full(full: &Node) -> Node {
 
 fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<PreparedJob, AppError> {
     let abs = std::path::absolute(&output_dir).unwrap_or(output_dir);
-    set_hydra(&mut full, &["runtime", "output_dir"], Value::Str(abs.display().to_string()));
+    set_hydra(
+        &mut full,
+        &["runtime", "output_dir"],
+        Value::Str(abs.display().to_string()),
+    );
     if !dry_run {
-        std::fs::create_dir_all(&abs).map_err(|e| AppError::Io { path: abs.display().to_string(), reason: e.to_string() })?;
+        std::fs::create_dir_all(&abs).map_err(|e| AppError::Io {
+            path: abs.display().to_string(),
+            reason: e.to_string(),
+        })?;
         write_hydra_files(&full, &abs)?;
     }
     let config = resolve_tree(&job_config(&full), &full)?;
-    Ok(PreparedJob { config, full, output_dir: abs, dry_run })
+    Ok(PreparedJob {
+        config,
+        full,
+        output_dir: abs,
+        dry_run,
+    })
 }
 
-fn prepare_run(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) -> Result<PreparedJob, AppError> {
+fn prepare_run(
+    repo: &mut Repository,
+    req: &AppRequest<'_>,
+    dry_run: bool,
+) -> Result<PreparedJob, AppError> {
     let mut composed = compose_run(repo, req, RunMode::Run)?;
     mark_mode(&mut composed.config, "RUN");
     let output_dir = resolve_dir(&composed.config, "hydra.run.dir")?;
@@ -382,37 +519,64 @@ fn prepare_run(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) -> Re
 
 /// `hydra.mode=RUN|MULTIRUN`, added as Hydra's `_run_app` does when the config does not set it.
 fn mark_mode(full: &mut Node, mode: &str) {
-    if full.get_path("hydra.mode").is_some_and(|n| !matches!(n.value, Value::Null)) {
+    if full
+        .get_path("hydra.mode")
+        .is_some_and(|n| !matches!(n.value, Value::Null))
+    {
         return;
     }
     set_hydra(full, &["mode"], Value::Str(mode.into()));
-    if let Some(Value::List(list)) = full.get_path("hydra.overrides.hydra").map(|n| n.value.clone()) {
+    if let Some(Value::List(list)) = full
+        .get_path("hydra.overrides.hydra")
+        .map(|n| n.value.clone())
+    {
         let mut list = list;
         list.push(Node::str(format!("hydra.mode={mode}")));
         set_hydra(full, &["overrides", "hydra"], Value::List(list));
     }
 }
 
-fn prepare_multirun(repo: &mut Repository, req: &AppRequest<'_>, dry_run: bool) -> Result<Vec<PreparedJob>, AppError> {
+fn prepare_multirun(
+    repo: &mut Repository,
+    req: &AppRequest<'_>,
+    dry_run: bool,
+) -> Result<Vec<PreparedJob>, AppError> {
     let mut master = compose_run(repo, req, RunMode::Multirun)?;
     mark_mode(&mut master.config, "MULTIRUN");
     let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir")?;
     if !dry_run {
-        std::fs::create_dir_all(&sweep_dir).map_err(|e| AppError::Io { path: sweep_dir.display().to_string(), reason: e.to_string() })?;
+        std::fs::create_dir_all(&sweep_dir).map_err(|e| AppError::Io {
+            path: sweep_dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
         let path = sweep_dir.join("multirun.yaml");
-        std::fs::write(&path, to_yaml(&master.config)).map_err(|e| AppError::Io { path: path.display().to_string(), reason: e.to_string() })?;
+        std::fs::write(&path, to_yaml(&master.config)).map_err(|e| AppError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
     }
     let combos = compose::sweep_combinations(repo, req.overrides)?;
     let mut jobs = Vec::with_capacity(combos.len());
     for (num, overrides) in combos.iter().enumerate() {
         let mut repo_job = build_repository(req.config_path, req.config_dir)?;
-        let job_req = AppRequest { overrides, ..req.clone() };
+        let job_req = AppRequest {
+            overrides,
+            ..req.clone()
+        };
         let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
         mark_mode(&mut composed.config, "MULTIRUN");
         set_hydra(&mut composed.config, &["job", "id"], Value::Int(num as i64));
-        set_hydra(&mut composed.config, &["job", "num"], Value::Int(num as i64));
+        set_hydra(
+            &mut composed.config,
+            &["job", "num"],
+            Value::Int(num as i64),
+        );
         let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
-        jobs.push(finish_job(composed.config, sweep_dir.join(subdir), dry_run)?);
+        jobs.push(finish_job(
+            composed.config,
+            sweep_dir.join(subdir),
+            dry_run,
+        )?);
     }
     Ok(jobs)
 }

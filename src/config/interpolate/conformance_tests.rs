@@ -12,24 +12,40 @@ use crate::config::yaml;
 
 /// Run one case; `Err` describes the mismatch.
 fn run_case(kit: &std::path::Path, case: &Json) -> Result<(), String> {
-    let name = case["config_name"].as_str().ok_or("case without config_name")?;
+    let name = case["config_name"]
+        .as_str()
+        .ok_or("case without config_name")?;
     let path = kit.join("data/interpolation").join(format!("{name}.yaml"));
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let env: Vec<(String, Option<String>)> = case["env"]
         .as_object()
-        .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned))).collect())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().map(str::to_owned)))
+                .collect()
+        })
         .unwrap_or_default();
     // Hermetic: only the variables the case sets exist.
-    let ctx = ResolveContext::new().with_env(move |key| env.iter().find(|(k, _)| k == key).and_then(|(_, v)| v.clone()));
-    let outcome = yaml::load_str(&text, name).map_err(|e| e.to_string()).and_then(|node| {
-        validate_tree(&node).map_err(|e| e.to_string())?;
-        match case["mode"].as_str() {
-            Some("resolve") => resolve_tree(&node, &ctx).map_err(|e| e.to_string()),
-            _ => Ok(node),
-        }
+    let ctx = ResolveContext::new().with_env(move |key| {
+        env.iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.clone())
     });
+    let outcome = yaml::load_str(&text, name)
+        .map_err(|e| e.to_string())
+        .and_then(|node| {
+            validate_tree(&node).map_err(|e| e.to_string())?;
+            match case["mode"].as_str() {
+                Some("resolve") => resolve_tree(&node, &ctx).map_err(|e| e.to_string()),
+                _ => Ok(node),
+            }
+        });
     let expect = &case["expect"];
-    match (expect.get("config"), expect.get("error").and_then(Json::as_str), outcome) {
+    match (
+        expect.get("config"),
+        expect.get("error").and_then(Json::as_str),
+        outcome,
+    ) {
         (Some(want), _, Ok(got)) if same(&decode(want), &got.value) => Ok(()),
         (Some(want), _, Ok(got)) => Err(format!("want {want}, got {got:?}")),
         (Some(_), _, Err(e)) => Err(format!("unexpected error: {e}")),
@@ -44,8 +60,20 @@ fn run_case(kit: &std::path::Path, case: &Json) -> Result<(), String> {
 fn conformance_interpolation_suite() {
     let dir = kit::dir();
     let cases = kit::suite("interpolation");
-    let failures: Vec<String> =
-        cases.iter().filter_map(|case| run_case(&dir, case).err().map(|why| format!("{}: {why}", case["id"]))).collect();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|case| {
+            run_case(&dir, case)
+                .err()
+                .map(|why| format!("{}: {why}", case["id"]))
+        })
+        .collect();
     assert!(cases.len() > 500, "only {} cases read", cases.len());
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }

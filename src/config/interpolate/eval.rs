@@ -36,11 +36,17 @@ pub struct Memo {
 
 impl Memo {
     pub fn off() -> Memo {
-        Memo { ids: Vec::new(), on: false }
+        Memo {
+            ids: Vec::new(),
+            on: false,
+        }
     }
 
     fn fresh() -> Memo {
-        Memo { ids: Vec::new(), on: true }
+        Memo {
+            ids: Vec::new(),
+            on: true,
+        }
     }
 }
 
@@ -69,12 +75,24 @@ impl<'c, 'a> Engine<'c, 'a> {
             tree.replace_body(hroot, Body::Dict(d));
             id
         });
-        (Engine { tree, ctx, hydra, depth: 0, steps: 0 }, root_id)
+        (
+            Engine {
+                tree,
+                ctx,
+                hydra,
+                depth: 0,
+                steps: 0,
+            },
+            root_id,
+        )
     }
 
     fn enter(&mut self) -> Result<(), ErrorKind> {
         if self.depth >= MAX_DEPTH {
-            return Err(ErrorKind::Python(PyErr::new("RecursionError", "maximum recursion depth exceeded")));
+            return Err(ErrorKind::Python(PyErr::new(
+                "RecursionError",
+                "maximum recursion depth exceeded",
+            )));
         }
         self.steps += 1;
         if self.steps > MAX_STEPS {
@@ -128,12 +146,25 @@ impl<'c, 'a> Engine<'c, 'a> {
 
     /// `_maybe_resolve_interpolation` + `resolve_parse_tree`: parse `s` (a value of node `node`, whose
     /// container is `owner`) and evaluate it. Errors other than resolution errors are wrapped here.
-    pub fn resolve_string(&mut self, owner: Id, node: Id, s: &str, memo: &mut Memo) -> Result<Res, ErrorKind> {
+    pub fn resolve_string(
+        &mut self,
+        owner: Id,
+        node: Id,
+        s: &str,
+        memo: &mut Memo,
+    ) -> Result<Res, ErrorKind> {
         let text = grammar::parse_value(s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
-        self.visit_text(owner, node, &text, memo).map_err(ErrorKind::wrap)
+        self.visit_text(owner, node, &text, memo)
+            .map_err(ErrorKind::wrap)
     }
 
-    pub fn visit_text(&mut self, owner: Id, node: Id, text: &Text, memo: &mut Memo) -> Result<Res, ErrorKind> {
+    pub fn visit_text(
+        &mut self,
+        owner: Id,
+        node: Id,
+        text: &Text,
+        memo: &mut Memo,
+    ) -> Result<Res, ErrorKind> {
         if let [Part::Interp(i)] = text.parts.as_slice() {
             return self.visit_interp(owner, node, i, memo);
         }
@@ -150,14 +181,26 @@ impl<'c, 'a> Engine<'c, 'a> {
         Ok(Res::Val(Py::Str(out)))
     }
 
-    fn visit_interp(&mut self, owner: Id, node: Id, interp: &Interp, memo: &mut Memo) -> Result<Res, ErrorKind> {
+    fn visit_interp(
+        &mut self,
+        owner: Id,
+        node: Id,
+        interp: &Interp,
+        memo: &mut Memo,
+    ) -> Result<Res, ErrorKind> {
         self.enter()?;
         let out = self.visit_interp_inner(owner, node, interp, memo);
         self.leave();
         out
     }
 
-    fn visit_interp_inner(&mut self, owner: Id, node: Id, interp: &Interp, memo: &mut Memo) -> Result<Res, ErrorKind> {
+    fn visit_interp_inner(
+        &mut self,
+        owner: Id,
+        node: Id,
+        interp: &Interp,
+        memo: &mut Memo,
+    ) -> Result<Res, ErrorKind> {
         match &interp.kind {
             InterpKind::Node(pieces) => {
                 let mut key = String::new();
@@ -213,7 +256,13 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// `visitElement` followed by `_get_value`, as every caller applies it.
-    pub fn visit_element(&mut self, owner: Id, node: Id, el: &Element, memo: &mut Memo) -> Result<Py, ErrorKind> {
+    pub fn visit_element(
+        &mut self,
+        owner: Id,
+        node: Id,
+        el: &Element,
+        memo: &mut Memo,
+    ) -> Result<Py, ErrorKind> {
         Ok(match el {
             Element::Empty => Py::Str(String::new()),
             Element::Null => Py::None,
@@ -226,7 +275,9 @@ impl<'c, 'a> Engine<'c, 'a> {
                 self.value_of(&r)
             }
             Element::Concat(parts) => {
-                let text = Text { parts: parts.clone() };
+                let text = Text {
+                    parts: parts.clone(),
+                };
                 let r = self.visit_text(owner, node, &text, memo)?;
                 match r {
                     // A concatenation always yields a string, even with one interpolation part.
@@ -267,7 +318,12 @@ impl<'c, 'a> Engine<'c, 'a> {
     // ------------------------------------------------------------ node interpolation
 
     /// `_resolve_node_interpolation`.
-    fn node_interpolation(&mut self, owner: Id, key: &str, memo: &mut Memo) -> Result<Res, ErrorKind> {
+    fn node_interpolation(
+        &mut self,
+        owner: Id,
+        key: &str,
+        memo: &mut Memo,
+    ) -> Result<Res, ErrorKind> {
         let (root, rest) = self.key_and_root(owner, key)?;
         let found = match self.select_impl(root, &rest, true, memo) {
             Err(ErrorKind::Missing { key }) => return Err(ErrorKind::ToMissing { key }),
@@ -300,7 +356,12 @@ impl<'c, 'a> Engine<'c, 'a> {
             if !rest.starts_with('.') {
                 break;
             }
-            root = self.tree.parent(root).ok_or_else(|| ErrorKind::BadRelativeKey { key: key.to_owned() })?;
+            root = self
+                .tree
+                .parent(root)
+                .ok_or_else(|| ErrorKind::BadRelativeKey {
+                    key: key.to_owned(),
+                })?;
         }
         Ok((root, rest.to_owned()))
     }
@@ -371,14 +432,23 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// `_select_one`: one step of a key path.
-    fn select_one(&self, c: Id, key: &str, throw_on_missing: bool) -> Result<Option<Id>, ErrorKind> {
+    fn select_one(
+        &self,
+        c: Id,
+        key: &str,
+        throw_on_missing: bool,
+    ) -> Result<Option<Id>, ErrorKind> {
         let (found, shown_key) = match self.tree.body(c) {
             Body::Dict(d) => (d.get(&Key::Str(key.to_owned())).copied(), key.to_owned()),
             Body::List(items) => {
                 let Some(index) = python_int(key) else {
-                    return Err(ErrorKind::Python(PyErr::type_error(format!("Index '{key}' (str) is not an int"))));
+                    return Err(ErrorKind::Python(PyErr::type_error(format!(
+                        "Index '{key}' (str) is not an int"
+                    ))));
                 };
-                let found = usize::try_from(index).ok().and_then(|i| items.get(i).copied());
+                let found = usize::try_from(index)
+                    .ok()
+                    .and_then(|i| items.get(i).copied());
                 (found, index.to_string())
             }
             Body::Leaf(_) => (None, key.to_owned()),
@@ -387,7 +457,9 @@ impl<'c, 'a> Engine<'c, 'a> {
             && throw_on_missing
             && matches!(self.tree.leaf(id), Some(Value::Missing))
         {
-            return Err(ErrorKind::Missing { key: self.tree.child_full_key(c, &shown_key) });
+            return Err(ErrorKind::Missing {
+                key: self.tree.child_full_key(c, &shown_key),
+            });
         }
         Ok(found)
     }
@@ -409,7 +481,9 @@ impl<'c, 'a> Engine<'c, 'a> {
             Body::Leaf(_) => return Ok(()),
         };
         for key in keys {
-            let Some(child) = self.tree.child(id, &key) else { continue };
+            let Some(child) = self.tree.child(id, &key) else {
+                continue;
+            };
             if self.tree.interpolation(child).is_none() {
                 self.resolve_in_place(child)?;
                 continue;
@@ -446,7 +520,11 @@ impl<'c, 'a> Engine<'c, 'a> {
                 grammar::validate_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
                 Value::Str(s)
             }
-            other => return Err(ErrorKind::UnsupportedValueType { type_name: other.type_name(&self.tree) }),
+            other => {
+                return Err(ErrorKind::UnsupportedValueType {
+                    type_name: other.type_name(&self.tree),
+                });
+            }
         })
     }
 
@@ -488,15 +566,25 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// A resolution result as a plain [`Node`] (containers converted recursively).
-    pub fn res_to_node(&mut self, r: Res, origin: Option<crate::config::node::Origin>) -> Result<Node, ErrorKind> {
+    pub fn res_to_node(
+        &mut self,
+        r: Res,
+        origin: Option<crate::config::node::Origin>,
+    ) -> Result<Node, ErrorKind> {
         match r {
-            Res::Node(id) if self.tree.is_container(id) => self.container_content(id).map_err(|(e, _)| e),
+            Res::Node(id) if self.tree.is_container(id) => {
+                self.container_content(id).map_err(|(e, _)| e)
+            }
             Res::Node(id) => Ok(self.tree.to_node(id)),
             Res::Val(p) => self.py_to_node(p, origin),
         }
     }
 
-    fn py_to_node(&mut self, p: Py, origin: Option<crate::config::node::Origin>) -> Result<Node, ErrorKind> {
+    fn py_to_node(
+        &mut self,
+        p: Py,
+        origin: Option<crate::config::node::Origin>,
+    ) -> Result<Node, ErrorKind> {
         let value = match p {
             Py::None => Value::Null,
             Py::Bool(b) => Value::Bool(b),
@@ -515,7 +603,9 @@ impl<'c, 'a> Engine<'c, 'a> {
             Py::Dict(pairs) => {
                 let mut out = Dict::new();
                 for (k, v) in pairs {
-                    let key = k.to_key().ok_or_else(|| ErrorKind::Python(PyErr::type_error("unhashable dict key")))?;
+                    let key = k.to_key().ok_or_else(|| {
+                        ErrorKind::Python(PyErr::type_error("unhashable dict key"))
+                    })?;
                     let v = self.py_to_node(v, origin.clone())?;
                     out.insert(key, v);
                 }
@@ -527,7 +617,12 @@ impl<'c, 'a> Engine<'c, 'a> {
     }
 
     /// Build a config subtree from a Python value (`_node_wrap` / `OmegaConf.create`), parented at `parent`.
-    pub fn build(&mut self, p: &Py, parent: Option<Id>, key: Option<SlotKey>) -> Result<Id, ErrorKind> {
+    pub fn build(
+        &mut self,
+        p: &Py,
+        parent: Option<Id>,
+        key: Option<SlotKey>,
+    ) -> Result<Id, ErrorKind> {
         let body = match p {
             Py::Config(src) => return Ok(self.tree.deep_copy(*src, parent, key)),
             Py::List(_) => Body::List(Vec::new()),
@@ -547,7 +642,10 @@ impl<'c, 'a> Engine<'c, 'a> {
                 let mut d = indexmap::IndexMap::new();
                 for (k, v) in pairs {
                     let key = k.to_key().ok_or_else(|| {
-                        ErrorKind::Python(PyErr::new("KeyValidationError", format!("Incompatible key type '{}'", k.type_name(&self.tree))))
+                        ErrorKind::Python(PyErr::new(
+                            "KeyValidationError",
+                            format!("Incompatible key type '{}'", k.type_name(&self.tree)),
+                        ))
                     })?;
                     let child = self.build(v, Some(id), Some(SlotKey::Key(key.clone())))?;
                     d.insert(key, child);
@@ -565,7 +663,11 @@ pub fn python_class(p: &Py, tree: &Tree) -> String {
     match p {
         Py::Config(_) => {
             let name = p.type_name(tree);
-            let module = if name == "ListConfig" { "listconfig" } else { "dictconfig" };
+            let module = if name == "ListConfig" {
+                "listconfig"
+            } else {
+                "dictconfig"
+            };
             format!("<class 'omegaconf.{module}.{name}'>")
         }
         other => format!("<class '{}'>", other.type_name(tree)),
@@ -589,14 +691,26 @@ fn parse_int_literal(s: &str) -> Result<Py, ErrorKind> {
         Some(rest) => (true, rest),
         None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
     };
-    let magnitude = BigInt::parse_radix(digits, 10)
-        .ok_or_else(|| ErrorKind::Python(PyErr::new("ValueError", format!("invalid literal for int() with base 10: '{s}'"))))?;
-    Ok(Py::int(if negative { magnitude.negated() } else { magnitude }))
+    let magnitude = BigInt::parse_radix(digits, 10).ok_or_else(|| {
+        ErrorKind::Python(PyErr::new(
+            "ValueError",
+            format!("invalid literal for int() with base 10: '{s}'"),
+        ))
+    })?;
+    Ok(Py::int(if negative {
+        magnitude.negated()
+    } else {
+        magnitude
+    }))
 }
 
 /// `float(text)` for a FLOAT token (`1_0.5e-3`, `-inf`, `NaN`, `1.`, `.5`).
 fn parse_float_literal(s: &str) -> f64 {
-    let clean: String = s.chars().filter(|&c| c != '_').collect::<String>().to_ascii_lowercase();
+    let clean: String = s
+        .chars()
+        .filter(|&c| c != '_')
+        .collect::<String>()
+        .to_ascii_lowercase();
     let (neg, body) = match clean.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
@@ -607,7 +721,11 @@ fn parse_float_literal(s: &str) -> f64 {
         _ => {
             // Rust does not accept a bare trailing `.` before an exponent (`1.e5`); Python does.
             let fixed = body.replace(".e", ".0e");
-            let fixed = if fixed.ends_with('.') { format!("{fixed}0") } else { fixed };
+            let fixed = if fixed.ends_with('.') {
+                format!("{fixed}0")
+            } else {
+                fixed
+            };
             fixed.parse::<f64>().unwrap_or(f64::NAN)
         }
     };
@@ -621,7 +739,11 @@ pub fn python_int(s: &str) -> Option<i64> {
         Some(rest) => (true, rest),
         None => (false, t.strip_prefix('+').unwrap_or(t)),
     };
-    if digits.is_empty() || digits.starts_with('_') || digits.ends_with('_') || digits.contains("__") {
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
         return None;
     }
     if !digits.chars().all(|c| c.is_ascii_digit() || c == '_') {
@@ -691,7 +813,11 @@ mod tests {
             ("a", &["a"]),
         ];
         for (input, want) in cases {
-            assert_eq!(split_key(input), want.iter().map(|s| s.to_string()).collect::<Vec<_>>(), "{input}");
+            assert_eq!(
+                split_key(input),
+                want.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+                "{input}"
+            );
         }
     }
 
@@ -701,13 +827,29 @@ mod tests {
         assert_eq!(python_int("-1"), Some(-1));
         assert_eq!(python_int("1__0"), None);
         assert_eq!(python_int("x"), None);
-        for (text, want) in [("1.", 1.0), (".5", 0.5), ("1.e2", 100.0), ("1_000.5", 1000.5), ("-INF", f64::NEG_INFINITY), ("2E-1", 0.2)] {
+        for (text, want) in [
+            ("1.", 1.0),
+            (".5", 0.5),
+            ("1.e2", 100.0),
+            ("1_000.5", 1000.5),
+            ("-INF", f64::NEG_INFINITY),
+            ("2E-1", 0.2),
+        ] {
             assert_eq!(parse_float_literal(text), want, "{text}");
         }
         assert!(parse_float_literal("NaN").is_nan());
         assert_eq!(parse_int_literal("-1_000").ok(), Some(Py::Int(-1000)));
-        assert_eq!(parse_int_literal("+9_223_372_036_854_775_807").ok(), Some(Py::Int(i64::MAX)));
-        assert_eq!(parse_int_literal("99999999999999999999").ok(), Some(Py::BigInt("99999999999999999999".into())));
-        assert_eq!(parse_int_literal("-9223372036854775809").ok(), Some(Py::BigInt("-9223372036854775809".into())));
+        assert_eq!(
+            parse_int_literal("+9_223_372_036_854_775_807").ok(),
+            Some(Py::Int(i64::MAX))
+        );
+        assert_eq!(
+            parse_int_literal("99999999999999999999").ok(),
+            Some(Py::BigInt("99999999999999999999".into()))
+        );
+        assert_eq!(
+            parse_int_literal("-9223372036854775809").ok(),
+            Some(Py::BigInt("-9223372036854775809".into()))
+        );
     }
 }

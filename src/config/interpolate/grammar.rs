@@ -15,7 +15,9 @@ pub struct GrammarError {
 }
 
 fn err<T>(detail: impl Into<String>) -> Result<T, GrammarError> {
-    Err(GrammarError { detail: detail.into() })
+    Err(GrammarError {
+        detail: detail.into(),
+    })
 }
 
 /// A whole config value (`configValue: text EOF`) or a quoted string's content.
@@ -43,7 +45,10 @@ pub enum InterpKind {
     /// `${a.b[0]}`: the key is the concatenation of the pieces, re-split later (OmegaConf's `split_key`).
     Node(Vec<KeyPiece>),
     /// `${name:args}`: the name is the pieces joined with `.`; `None` args are empty sequence slots (`""`).
-    Resolver { name: Vec<KeyPiece>, args: Vec<Element> },
+    Resolver {
+        name: Vec<KeyPiece>,
+        args: Vec<Element>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,7 +91,11 @@ pub enum DictKey {
 /// Parse a config value that contains `${` (OmegaConf's `parse(value)`).
 pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
     let toks = lex(input, Mode::Default)?;
-    let mut p = Parser { toks, pos: 0, depth: 0 };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
     let text = p.text(TextCtx::TopLevel)?;
     p.expect_eof()?;
     Ok(text)
@@ -95,7 +104,11 @@ pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
 /// Parse a single element in value mode (`oc.decode`'s `singleElement`).
 pub fn parse_element(input: &str) -> Result<Element, GrammarError> {
     let toks = lex(input, Mode::Value)?;
-    let mut p = Parser { toks, pos: 0, depth: 0 };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
     let el = p.element()?;
     p.expect_eof()?;
     Ok(el)
@@ -118,7 +131,9 @@ fn matches_simple_pattern(s: &str) -> bool {
     let mut found = false;
     while let Some(start) = rest.find("${") {
         let after = &rest[start + 2..];
-        let Some(end) = after.find('}') else { return false };
+        let Some(end) = after.find('}') else {
+            return false;
+        };
         let content = &after[..end];
         if !(simple_node_content(content) || simple_resolver_content(content)) {
             return false;
@@ -178,15 +193,20 @@ fn simple_node_content(content: &str) -> bool {
 /// `\s*([a-zA-Z_][\w\-]*(\.[a-zA-Z_][\w\-]*)*)?\s*:\s*ARG(\s*,\s*ARG)*?\s*`: OmegaConf writes
 /// `{_args}?`, which makes only the repetition optional, so at least one argument is required.
 fn simple_resolver_content(content: &str) -> bool {
-    let Some((name, args)) = content.split_once(':') else { return false };
+    let Some((name, args)) = content.split_once(':') else {
+        return false;
+    };
     let name = name.trim_matches(is_py_space);
     let name_ok = name.is_empty()
         || name.split('.').all(|id| {
             let mut cs = id.chars();
-            cs.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && cs.all(|c| is_word(c) || c == '-')
+            cs.next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && cs.all(|c| is_word(c) || c == '-')
         });
     let args = args.trim_matches(is_py_space);
-    let arg_ok = |a: &str| !a.is_empty() && a.chars().all(|c| is_word(c) || "/-+.$%*@?|".contains(c));
+    let arg_ok =
+        |a: &str| !a.is_empty() && a.chars().all(|c| is_word(c) || "/-+.$%*@?|".contains(c));
     name_ok && args.split(',').all(|a| arg_ok(a.trim_matches(is_py_space)))
 }
 
@@ -280,7 +300,11 @@ fn is_ws(c: char) -> bool {
 }
 
 fn lex(input: &str, start: Mode) -> Result<Vec<Tok>, GrammarError> {
-    let mut lx = Lexer { s: input.chars().collect(), mode: start, stack: Vec::new() };
+    let mut lx = Lexer {
+        s: input.chars().collect(),
+        mode: start,
+        stack: Vec::new(),
+    };
     let mut toks = Vec::new();
     let mut i = 0;
     while i < lx.s.len() {
@@ -385,7 +409,11 @@ impl Lexer {
             Some('$') => (Tk::AnyStr, 1),
             Some('\\') => {
                 let n = self.count_backslashes(i);
-                let esc_inter = if n % 2 == 1 && self.starts_with(i + n, "${") { n + 2 } else { 0 };
+                let esc_inter = if n % 2 == 1 && self.starts_with(i + n, "${") {
+                    n + 2
+                } else {
+                    0
+                };
                 let cands = [
                     (Tk::AnyStr, self.any_str_len(i, &['$'])),
                     (Tk::EscInter, esc_inter),
@@ -408,8 +436,16 @@ impl Lexer {
             Some('\\') => {
                 let n = self.count_backslashes(i);
                 let odd = n % 2 == 1;
-                let esc_inter = if odd && self.starts_with(i + n, "${") { n + 2 } else { 0 };
-                let esc_quote = if odd && self.at(i + n) == Some(quote) { n + 1 } else { 0 };
+                let esc_inter = if odd && self.starts_with(i + n, "${") {
+                    n + 2
+                } else {
+                    0
+                };
+                let esc_quote = if odd && self.at(i + n) == Some(quote) {
+                    n + 1
+                } else {
+                    0
+                };
                 let cands = [
                     (Tk::AnyStr, self.any_str_len(i, &[quote, '$'])),
                     (Tk::EscInter, esc_inter),
@@ -442,7 +478,10 @@ impl Lexer {
         }
         let id = self.id_len(i);
         let mut key = 0;
-        while self.at(i + key).is_some_and(|c| !"\\{}()[]:. \t'\"".contains(c)) {
+        while self
+            .at(i + key)
+            .is_some_and(|c| !"\\{}()[]:. \t'\"".contains(c))
+        {
             key += 1;
         }
         if id > 0 && id >= key {
@@ -485,7 +524,11 @@ impl Lexer {
             (Tk::Esc, self.esc_len(i)),
         ];
         let (kind, len) = longest(&cands);
-        if len == 0 { self.recognition_error(i) } else { Ok((kind, len)) }
+        if len == 0 {
+            self.recognition_error(i)
+        } else {
+            Ok((kind, len))
+        }
     }
 
     /// `ID: (CHAR|'_') (CHAR|DIGIT|'_'|'-')*`
@@ -495,7 +538,10 @@ impl Lexer {
             _ => return 0,
         }
         let mut n = 1;
-        while self.at(i + n).is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        while self
+            .at(i + n)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
             n += 1;
         }
         n
@@ -503,7 +549,10 @@ impl Lexer {
 
     fn keyword_len(&self, i: usize, words: &[&str]) -> usize {
         for w in words {
-            let matches = w.chars().enumerate().all(|(k, wc)| self.at(i + k).is_some_and(|c| c.eq_ignore_ascii_case(&wc)));
+            let matches = w
+                .chars()
+                .enumerate()
+                .all(|(k, wc)| self.at(i + k).is_some_and(|c| c.eq_ignore_ascii_case(&wc)));
             if matches {
                 return w.len();
             }
@@ -514,7 +563,11 @@ impl Lexer {
     /// `ESC: (ESC_BACKSLASH | '\(' | '\)' | ... | '\ ' | '\\t')+`
     fn esc_len(&self, i: usize) -> usize {
         let mut n = 0;
-        while self.at(i + n) == Some('\\') && self.at(i + n + 1).is_some_and(|c| "\\()[]{}:=, \t".contains(c)) {
+        while self.at(i + n) == Some('\\')
+            && self
+                .at(i + n + 1)
+                .is_some_and(|c| "\\()[]{}:=, \t".contains(c))
+        {
             n += 2;
         }
         n
@@ -529,7 +582,8 @@ impl Lexer {
         loop {
             if self.at(j).is_some_and(|c| c.is_ascii_digit()) {
                 j += 1;
-            } else if self.at(j) == Some('_') && self.at(j + 1).is_some_and(|c| c.is_ascii_digit()) {
+            } else if self.at(j) == Some('_') && self.at(j + 1).is_some_and(|c| c.is_ascii_digit())
+            {
                 j += 2;
             } else {
                 return Some(j);
@@ -634,20 +688,31 @@ impl Parser {
     }
 
     fn next_text(&mut self) -> String {
-        let t = self.toks.get(self.pos).map(|t| t.text.clone()).unwrap_or_default();
+        let t = self
+            .toks
+            .get(self.pos)
+            .map(|t| t.text.clone())
+            .unwrap_or_default();
         self.pos += 1;
         t
     }
 
     fn mismatch<T>(&self, expecting: &str) -> Result<T, GrammarError> {
         match self.toks.get(self.pos) {
-            Some(t) => err(format!("mismatched input '{}' expecting {expecting}", t.text)),
+            Some(t) => err(format!(
+                "mismatched input '{}' expecting {expecting}",
+                t.text
+            )),
             None => err(format!("mismatched input '<EOF>' expecting {expecting}")),
         }
     }
 
     fn expect(&mut self, kind: Tk) -> Result<String, GrammarError> {
-        if self.peek() == Some(kind) { Ok(self.next_text()) } else { self.mismatch(&kind.to_string()) }
+        if self.peek() == Some(kind) {
+            Ok(self.next_text())
+        } else {
+            self.mismatch(&kind.to_string())
+        }
     }
 
     fn expect_eof(&self) -> Result<(), GrammarError> {
@@ -661,7 +726,10 @@ impl Parser {
 
     /// Source text of tokens `from..self.pos`.
     fn text_since(&self, from: usize) -> String {
-        self.toks[from..self.pos.min(self.toks.len())].iter().map(|t| t.text.as_str()).collect()
+        self.toks[from..self.pos.min(self.toks.len())]
+            .iter()
+            .map(|t| t.text.as_str())
+            .collect()
     }
 
     /// `text: (interpolation | ANY_STR | ESC | ESC_INTER | TOP_ESC | QUOTED_ESC)+`, unescaped.
@@ -700,7 +768,9 @@ impl Parser {
                         }
                         Tk::Esc => every_second(&text),
                         Tk::TopEsc if next_is_interp => every_second(&text),
-                        Tk::QuotedEsc if ctx == TextCtx::Quoted && (next_is_interp || is_last) => every_second(&text),
+                        Tk::QuotedEsc if ctx == TextCtx::Quoted && (next_is_interp || is_last) => {
+                            every_second(&text)
+                        }
                         _ => text,
                     };
                     match parts.last_mut() {
@@ -714,10 +784,15 @@ impl Parser {
     }
 
     /// `inner` one nesting level deeper, refused beyond [`MAX_NESTING`].
-    fn nested<T>(&mut self, inner: fn(&mut Self) -> Result<T, GrammarError>) -> Result<T, GrammarError> {
+    fn nested<T>(
+        &mut self,
+        inner: fn(&mut Self) -> Result<T, GrammarError>,
+    ) -> Result<T, GrammarError> {
         self.depth += 1;
         if self.depth > MAX_NESTING {
-            return err(format!("interpolations nested deeper than {MAX_NESTING} levels"));
+            return err(format!(
+                "interpolations nested deeper than {MAX_NESTING} levels"
+            ));
         }
         let out = inner(self);
         self.depth -= 1;
@@ -760,18 +835,28 @@ impl Parser {
             Some(Tk::Colon) => {
                 self.pos += 1;
                 let name = resolver_name(items, &self.text_since(start))?;
-                let args = if self.peek() == Some(Tk::BraceClose) { Vec::new() } else { self.sequence()? };
+                let args = if self.peek() == Some(Tk::BraceClose) {
+                    Vec::new()
+                } else {
+                    self.sequence()?
+                };
                 self.expect(Tk::BraceClose)?;
                 InterpKind::Resolver { name, args }
             }
             _ => return self.no_viable(start),
         };
-        Ok(Interp { kind, text: self.text_since(start) })
+        Ok(Interp {
+            kind,
+            text: self.text_since(start),
+        })
     }
 
     fn no_viable<T>(&self, start: usize) -> Result<T, GrammarError> {
         let upto = (self.pos + 1).min(self.toks.len());
-        let text: String = self.toks[start..upto].iter().map(|t| t.text.as_str()).collect();
+        let text: String = self.toks[start..upto]
+            .iter()
+            .map(|t| t.text.as_str())
+            .collect();
         err(format!("no viable alternative at input '{text}'"))
     }
 
@@ -813,13 +898,21 @@ impl Parser {
         match self.peek() {
             Some(Tk::QuoteOpenSingle | Tk::QuoteOpenDouble) => {
                 self.pos += 1;
-                let text = if self.peek() == Some(Tk::QuoteClose) { Text { parts: Vec::new() } } else { self.text(TextCtx::Quoted)? };
+                let text = if self.peek() == Some(Tk::QuoteClose) {
+                    Text { parts: Vec::new() }
+                } else {
+                    self.text(TextCtx::Quoted)?
+                };
                 self.expect(Tk::QuoteClose)?;
                 Ok(Element::Quoted(text))
             }
             Some(Tk::BracketOpen) => {
                 self.pos += 1;
-                let items = if self.peek() == Some(Tk::BracketClose) { Vec::new() } else { self.sequence()? };
+                let items = if self.peek() == Some(Tk::BracketClose) {
+                    Vec::new()
+                } else {
+                    self.sequence()?
+                };
                 self.expect(Tk::BracketClose)?;
                 Ok(Element::List(items))
             }
@@ -888,7 +981,17 @@ impl Parser {
     fn dict_key(&mut self) -> Result<DictKey, GrammarError> {
         let mut toks: Vec<(Tk, String)> = Vec::new();
         while let Some(k) = self.peek() {
-            if matches!(k, Tk::Id | Tk::Null | Tk::Int | Tk::Float | Tk::Bool | Tk::UnquotedChar | Tk::Esc | Tk::Ws) {
+            if matches!(
+                k,
+                Tk::Id
+                    | Tk::Null
+                    | Tk::Int
+                    | Tk::Float
+                    | Tk::Bool
+                    | Tk::UnquotedChar
+                    | Tk::Esc
+                    | Tk::Ws
+            ) {
                 toks.push((k, self.next_text()));
             } else {
                 break;
@@ -905,20 +1008,41 @@ impl Parser {
                 _ => DictKey::Str(text.clone()),
             }),
             many => Ok(DictKey::Str(
-                many.iter().map(|(k, t)| if *k == Tk::Esc { every_second(t) } else { t.clone() }).collect(),
+                many.iter()
+                    .map(|(k, t)| {
+                        if *k == Tk::Esc {
+                            every_second(t)
+                        } else {
+                            t.clone()
+                        }
+                    })
+                    .collect(),
             )),
         }
     }
 }
 
 fn starts_element(k: Tk) -> bool {
-    is_primitive_token(k) || matches!(k, Tk::QuoteOpenSingle | Tk::QuoteOpenDouble | Tk::BracketOpen | Tk::BraceOpen)
+    is_primitive_token(k)
+        || matches!(
+            k,
+            Tk::QuoteOpenSingle | Tk::QuoteOpenDouble | Tk::BracketOpen | Tk::BraceOpen
+        )
 }
 
 fn is_primitive_token(k: Tk) -> bool {
     matches!(
         k,
-        Tk::Id | Tk::Null | Tk::Int | Tk::Float | Tk::Bool | Tk::UnquotedChar | Tk::Colon | Tk::Esc | Tk::Ws | Tk::InterOpen
+        Tk::Id
+            | Tk::Null
+            | Tk::Int
+            | Tk::Float
+            | Tk::Bool
+            | Tk::UnquotedChar
+            | Tk::Colon
+            | Tk::Esc
+            | Tk::Ws
+            | Tk::InterOpen
     )
 }
 
@@ -941,7 +1065,9 @@ fn every_second(text: &str) -> String {
 
 /// `INTER_OPEN DOT* (configKey | [configKey]) (DOT configKey | [configKey])* INTER_CLOSE`
 fn node_path(items: Vec<PathItem>, text: &str) -> Result<Vec<KeyPiece>, GrammarError> {
-    let bad = || GrammarError { detail: format!("no viable alternative at input '{text}'") };
+    let bad = || GrammarError {
+        detail: format!("no viable alternative at input '{text}'"),
+    };
     let mut out = Vec::new();
     let mut it = items.into_iter().peekable();
     while matches!(it.peek(), Some(PathItem::Dot)) {
@@ -1013,7 +1139,10 @@ mod tests {
     fn node(keys: &[&str]) -> Part {
         let pieces = keys.iter().map(|k| KeyPiece::Lit((*k).into())).collect();
         let text = format!("${{{}}}", keys.concat());
-        Part::Interp(Interp { kind: InterpKind::Node(pieces), text })
+        Part::Interp(Interp {
+            kind: InterpKind::Node(pieces),
+            text,
+        })
     }
 
     #[test]
@@ -1072,7 +1201,11 @@ mod tests {
             "${$x$y$z$}",
             "${x@y}",
         ] {
-            assert!(parse_value(good).is_ok(), "{good:?} should parse: {:?}", parse_value(good));
+            assert!(
+                parse_value(good).is_ok(),
+                "{good:?} should parse: {:?}",
+                parse_value(good)
+            );
         }
     }
 
@@ -1092,13 +1225,28 @@ mod tests {
             (r"\,", Element::Str(",".into())),
             ("1.5.3", Element::Concat(vec![lit("1.5.3")])),
             ("a b", Element::Concat(vec![lit("a b")])),
-            ("'a\\'b'", Element::Quoted(Text { parts: vec![lit("a'b")] })),
+            (
+                "'a\\'b'",
+                Element::Quoted(Text {
+                    parts: vec![lit("a'b")],
+                }),
+            ),
             ("''", Element::Quoted(Text { parts: vec![] })),
         ];
         for (input, want) in cases {
             assert_eq!(parse_element(input).as_ref(), Ok(want), "input {input:?}");
         }
-        for bad in ["a,=b", "È", "\\#", "'Hi''there'", "''a'", "\"abc\\\"", "[1,", "", "{'a': 1}"] {
+        for bad in [
+            "a,=b",
+            "È",
+            "\\#",
+            "'Hi''there'",
+            "''a'",
+            "\"abc\\\"",
+            "[1,",
+            "",
+            "{'a': 1}",
+        ] {
             assert!(parse_element(bad).is_err(), "{bad:?} should not parse");
         }
     }
@@ -1133,9 +1281,16 @@ mod tests {
     #[test]
     fn sequence_keeps_empty_slots() {
         let t = parse_value("${f:,a,}").expect("valid");
-        let Some(Part::Interp(Interp { kind: InterpKind::Resolver { args, .. }, .. })) = t.parts.first() else {
+        let Some(Part::Interp(Interp {
+            kind: InterpKind::Resolver { args, .. },
+            ..
+        })) = t.parts.first()
+        else {
             panic!("not a resolver: {t:?}");
         };
-        assert_eq!(args, &vec![Element::Empty, Element::Str("a".into()), Element::Empty]);
+        assert_eq!(
+            args,
+            &vec![Element::Empty, Element::Str("a".into()), Element::Empty]
+        );
     }
 }

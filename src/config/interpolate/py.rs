@@ -49,7 +49,10 @@ pub struct PyErr {
 
 impl PyErr {
     pub fn new(class: &'static str, message: impl Into<String>) -> PyErr {
-        PyErr { class, message: message.into() }
+        PyErr {
+            class,
+            message: message.into(),
+        }
     }
 
     pub fn type_error(message: impl Into<String>) -> PyErr {
@@ -129,10 +132,21 @@ impl Py {
     /// Python's `repr(x)`; a config container prints as its content, with leaves unresolved.
     pub fn repr(&self, tree: &Tree) -> String {
         match self {
-            Py::List(items) => format!("[{}]", items.iter().map(|x| x.repr(tree)).collect::<Vec<_>>().join(", ")),
+            Py::List(items) => format!(
+                "[{}]",
+                items
+                    .iter()
+                    .map(|x| x.repr(tree))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             Py::Dict(pairs) => format!(
                 "{{{}}}",
-                pairs.iter().map(|(k, v)| format!("{}: {}", k.repr(tree), v.repr(tree))).collect::<Vec<_>>().join(", ")
+                pairs
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", k.repr(tree), v.repr(tree)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Py::Config(id) => config_repr(tree, *id),
             leaf => leaf.as_scalar().map(PyScalar::repr).unwrap_or_default(),
@@ -182,10 +196,20 @@ impl Py {
 fn config_repr(tree: &Tree, id: Id) -> String {
     match tree.body(id) {
         Body::Leaf(v) => Py::from_leaf(v).repr(tree),
-        Body::List(items) => format!("[{}]", items.iter().map(|&c| config_repr(tree, c)).collect::<Vec<_>>().join(", ")),
+        Body::List(items) => format!(
+            "[{}]",
+            items
+                .iter()
+                .map(|&c| config_repr(tree, c))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Body::Dict(d) => format!(
             "{{{}}}",
-            d.iter().map(|(k, &c)| format!("{}: {}", k.as_py().repr(), config_repr(tree, c))).collect::<Vec<_>>().join(", ")
+            d.iter()
+                .map(|(k, &c)| format!("{}: {}", k.as_py().repr(), config_repr(tree, c)))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }
@@ -208,7 +232,10 @@ impl Num {
                 if f.is_finite() {
                     Ok(f)
                 } else {
-                    Err(PyErr::new("OverflowError", "int too large to convert to float"))
+                    Err(PyErr::new(
+                        "OverflowError",
+                        "int too large to convert to float",
+                    ))
                 }
             }
             Num::Float(f) => Ok(*f),
@@ -217,7 +244,11 @@ impl Num {
 }
 
 fn unsupported(op: &str, a: &Py, b: &Py, tree: &Tree) -> PyErr {
-    PyErr::type_error(format!("unsupported operand type(s) for {op}: '{}' and '{}'", a.type_name(tree), b.type_name(tree)))
+    PyErr::type_error(format!(
+        "unsupported operand type(s) for {op}: '{}' and '{}'",
+        a.type_name(tree),
+        b.type_name(tree)
+    ))
 }
 
 /// The repeat count of `seq * n`; Python refuses counts beyond `Py_ssize_t`.
@@ -228,7 +259,12 @@ fn repeat_count(n: &BigInt, unit: usize) -> Result<usize, PyErr> {
     let n = n
         .to_i64()
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| PyErr::new("OverflowError", "cannot fit 'int' into an index-sized integer"))?;
+        .ok_or_else(|| {
+            PyErr::new(
+                "OverflowError",
+                "cannot fit 'int' into an index-sized integer",
+            )
+        })?;
     if n.saturating_mul(unit.max(1)) > MAX_REPEAT {
         return Err(PyErr::new("MemoryError", "repetition result is too large"));
     }
@@ -251,7 +287,10 @@ pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
     let count = match n.as_number() {
         Some(Num::Int(i)) => i,
         _ => {
-            return Err(PyErr::type_error(format!("can't multiply sequence by non-int of type '{}'", n.type_name(tree))));
+            return Err(PyErr::type_error(format!(
+                "can't multiply sequence by non-int of type '{}'",
+                n.type_name(tree)
+            )));
         }
     };
     Ok(match seq {
@@ -259,7 +298,11 @@ pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
         Py::Bytes(v) => Py::Bytes(v.repeat(repeat_count(&count, v.len())?)),
         Py::List(l) => {
             let n = repeat_count(&count, l.len())?;
-            Py::List(std::iter::repeat_n(l.iter().cloned(), n).flatten().collect())
+            Py::List(
+                std::iter::repeat_n(l.iter().cloned(), n)
+                    .flatten()
+                    .collect(),
+            )
         }
         _ => return Err(unsupported("*", a, b, tree)),
     })
@@ -279,12 +322,18 @@ pub fn floor_div(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
     match (a.as_number(), b.as_number()) {
         (Some(Num::Int(x)), Some(Num::Int(y))) => match x.div_mod_floor(&y) {
             Some((q, _)) => Ok(Py::int(q)),
-            None => Err(PyErr::new("ZeroDivisionError", "integer division or modulo by zero")),
+            None => Err(PyErr::new(
+                "ZeroDivisionError",
+                "integer division or modulo by zero",
+            )),
         },
         (Some(x), Some(y)) => {
             let (x, y) = (x.as_f64()?, y.as_f64()?);
             if y == 0.0 {
-                return Err(PyErr::new("ZeroDivisionError", "float floor division by zero"));
+                return Err(PyErr::new(
+                    "ZeroDivisionError",
+                    "float floor division by zero",
+                ));
             }
             Ok(Py::Float(float_floor_div(x, y)))
         }
@@ -329,8 +378,20 @@ mod tests {
             (Py::Float(1e-7), "1e-07"),
             (Py::Float(1.0), "1.0"),
             (s("it's"), "it's"),
-            (Py::List(vec![Py::Int(1), s("a"), s("it's"), Py::None, Py::Float(f64::INFINITY)]), "[1, 'a', \"it's\", None, inf]"),
-            (Py::Dict(vec![(s("a"), Py::List(vec![])), (Py::Int(1), s("x\\y"))]), "{'a': [], 1: 'x\\\\y'}"),
+            (
+                Py::List(vec![
+                    Py::Int(1),
+                    s("a"),
+                    s("it's"),
+                    Py::None,
+                    Py::Float(f64::INFINITY),
+                ]),
+                "[1, 'a', \"it's\", None, inf]",
+            ),
+            (
+                Py::Dict(vec![(s("a"), Py::List(vec![])), (Py::Int(1), s("x\\y"))]),
+                "{'a': [], 1: 'x\\\\y'}",
+            ),
             (Py::Bytes(b"a\x00".to_vec()), "b'a\\x00'"),
         ];
         for (v, want) in cases {
@@ -347,11 +408,17 @@ mod tests {
             (multiply(&s("a"), &Py::Int(3), &t), s("aaa")),
             (multiply(&Py::Bool(true), &s("ab"), &t), s("ab")),
             (multiply(&s("a"), &Py::Int(-2), &t), s("")),
-            (multiply(&Py::List(vec![Py::Int(1)]), &Py::Int(2), &t), Py::List(vec![Py::Int(1), Py::Int(1)])),
+            (
+                multiply(&Py::List(vec![Py::Int(1)]), &Py::Int(2), &t),
+                Py::List(vec![Py::Int(1), Py::Int(1)]),
+            ),
             (floor_div(&Py::Int(-7), &Py::Int(2), &t), Py::Int(-4)),
             (floor_div(&Py::Int(7), &Py::Int(-2), &t), Py::Int(-4)),
             (floor_div(&Py::Float(7.5), &Py::Int(2), &t), Py::Float(3.0)),
-            (floor_div(&Py::Float(-7.5), &Py::Int(2), &t), Py::Float(-4.0)),
+            (
+                floor_div(&Py::Float(-7.5), &Py::Int(2), &t),
+                Py::Float(-4.0),
+            ),
             (floor_div(&Py::Int(1), &Py::Float(0.1), &t), Py::Float(9.0)),
             (subtract(&Py::Bool(true), &Py::Int(2), &t), Py::Int(-1)),
             (subtract(&Py::Int(1), &Py::Float(0.5), &t), Py::Float(0.5)),
@@ -359,10 +426,22 @@ mod tests {
         for (got, want) in cases {
             assert_eq!(got, Ok(want));
         }
-        assert_eq!(floor_div(&Py::Int(1), &Py::Int(0), &t).map_err(|e| e.class), Err("ZeroDivisionError"));
-        assert_eq!(multiply(&s("a"), &s("b"), &t).map_err(|e| e.class), Err("TypeError"));
-        assert_eq!(multiply(&s("a"), &Py::Float(2.0), &t).map_err(|e| e.class), Err("TypeError"));
-        assert_eq!(subtract(&s("a"), &Py::Int(1), &t).map_err(|e| e.class), Err("TypeError"));
+        assert_eq!(
+            floor_div(&Py::Int(1), &Py::Int(0), &t).map_err(|e| e.class),
+            Err("ZeroDivisionError")
+        );
+        assert_eq!(
+            multiply(&s("a"), &s("b"), &t).map_err(|e| e.class),
+            Err("TypeError")
+        );
+        assert_eq!(
+            multiply(&s("a"), &Py::Float(2.0), &t).map_err(|e| e.class),
+            Err("TypeError")
+        );
+        assert_eq!(
+            subtract(&s("a"), &Py::Int(1), &t).map_err(|e| e.class),
+            Err("TypeError")
+        );
     }
 
     /// Expected values computed with CPython.
@@ -371,24 +450,60 @@ mod tests {
         let t = Tree::default();
         let big = |d: &str| Py::BigInt(d.into());
         let cases: Vec<(Result<Py, PyErr>, Py)> = vec![
-            (multiply(&Py::Int(i64::MAX), &Py::Int(2), &t), big("18446744073709551614")),
-            (multiply(&big("99999999999999999999"), &Py::Int(-3), &t), big("-299999999999999999997")),
-            (multiply(&big("99999999999999999999"), &Py::Float(0.5), &t), Py::Float(5e19)),
+            (
+                multiply(&Py::Int(i64::MAX), &Py::Int(2), &t),
+                big("18446744073709551614"),
+            ),
+            (
+                multiply(&big("99999999999999999999"), &Py::Int(-3), &t),
+                big("-299999999999999999997"),
+            ),
+            (
+                multiply(&big("99999999999999999999"), &Py::Float(0.5), &t),
+                Py::Float(5e19),
+            ),
             (multiply(&s("ab"), &big("-99999999999999999999"), &t), s("")),
-            (subtract(&Py::Int(i64::MIN), &Py::Int(1), &t), big("-9223372036854775809")),
-            (subtract(&big("9223372036854775808"), &Py::Int(1), &t), Py::Int(i64::MAX)),
-            (floor_div(&big("-99999999999999999999"), &Py::Int(7), &t), big("-14285714285714285715")),
-            (floor_div(&Py::Int(i64::MIN), &Py::Int(-1), &t), big("9223372036854775808")),
-            (floor_div(&big("18446744073709551616"), &big("4294967296"), &t), Py::Int(4294967296)),
-            (floor_div(&big("10000000000000000000"), &Py::Float(4.0), &t), Py::Float(2.5e18)),
+            (
+                subtract(&Py::Int(i64::MIN), &Py::Int(1), &t),
+                big("-9223372036854775809"),
+            ),
+            (
+                subtract(&big("9223372036854775808"), &Py::Int(1), &t),
+                Py::Int(i64::MAX),
+            ),
+            (
+                floor_div(&big("-99999999999999999999"), &Py::Int(7), &t),
+                big("-14285714285714285715"),
+            ),
+            (
+                floor_div(&Py::Int(i64::MIN), &Py::Int(-1), &t),
+                big("9223372036854775808"),
+            ),
+            (
+                floor_div(&big("18446744073709551616"), &big("4294967296"), &t),
+                Py::Int(4294967296),
+            ),
+            (
+                floor_div(&big("10000000000000000000"), &Py::Float(4.0), &t),
+                Py::Float(2.5e18),
+            ),
         ];
         for (got, want) in cases {
             assert_eq!(got, Ok(want));
         }
-        assert_eq!(floor_div(&big("99999999999999999999"), &Py::Int(0), &t).map_err(|e| e.class), Err("ZeroDivisionError"));
-        assert_eq!(multiply(&s("a"), &big("99999999999999999999"), &t).map_err(|e| e.class), Err("OverflowError"));
+        assert_eq!(
+            floor_div(&big("99999999999999999999"), &Py::Int(0), &t).map_err(|e| e.class),
+            Err("ZeroDivisionError")
+        );
+        assert_eq!(
+            multiply(&s("a"), &big("99999999999999999999"), &t).map_err(|e| e.class),
+            Err("OverflowError")
+        );
         let huge = big(&"9".repeat(400));
-        assert_eq!(multiply(&huge, &Py::Float(1.0), &t).map_err(|e| e.class), Err("OverflowError"));
+        assert_eq!(
+            multiply(&huge, &Py::Float(1.0), &t).map_err(|e| e.class),
+            Err("OverflowError")
+        );
         assert_eq!(big("99999999999999999999").str(&t), "99999999999999999999");
         assert!(big("-99999999999999999999").truthy(&t));
         assert!(big("100000000000000000000").key_eq(&Py::Float(1e20)));

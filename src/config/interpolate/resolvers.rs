@@ -29,7 +29,11 @@ impl Sig {
                 [init @ .., last] => format!("{} and {last}", init.join(", ")),
                 [] => String::new(),
             };
-            let plural = if missing.len() == 1 { "argument" } else { "arguments" };
+            let plural = if missing.len() == 1 {
+                "argument"
+            } else {
+                "arguments"
+            };
             return Err(type_error(format!(
                 "{}() missing {} required positional {plural}: {list}",
                 self.name,
@@ -38,12 +42,18 @@ impl Sig {
         }
         if n > req + opt {
             let takes = if opt == 0 {
-                format!("{req} positional argument{}", if req == 1 { "" } else { "s" })
+                format!(
+                    "{req} positional argument{}",
+                    if req == 1 { "" } else { "s" }
+                )
             } else {
                 format!("from {req} to {} positional arguments", req + opt)
             };
             let given = if n == 1 { "was" } else { "were" };
-            return Err(type_error(format!("{}() takes {takes} but {n} {given} given", self.name)));
+            return Err(type_error(format!(
+                "{}() takes {takes} but {n} {given} given",
+                self.name
+            )));
         }
         Ok(())
     }
@@ -61,8 +71,18 @@ const LAMBDA: &str = "<lambda>";
 
 impl Engine<'_, '_> {
     /// `_evaluate_custom_resolver`: `owner` is OmegaConf's `_parent_`, `node` its `_node_`.
-    pub fn call_resolver(&mut self, name: &str, owner: Id, node: Id, args: Vec<Py>) -> Result<Py, ErrorKind> {
-        let sig = |name, required, optional| Sig { name, required, optional };
+    pub fn call_resolver(
+        &mut self,
+        name: &str,
+        owner: Id,
+        node: Id,
+        args: Vec<Py>,
+    ) -> Result<Py, ErrorKind> {
+        let sig = |name, required, optional| Sig {
+            name,
+            required,
+            optional,
+        };
         let n = args.len();
         let arg = |i: usize| args.get(i).cloned();
         match name {
@@ -122,13 +142,18 @@ impl Engine<'_, '_> {
                 sig(LAMBDA, &["x"], &[]).check(n)?;
                 Ok(Py::Bool(!arg(0).unwrap_or(Py::None).truthy(&self.tree)))
             }
-            other => Err(ErrorKind::UnsupportedResolver { name: other.to_owned() }),
+            other => Err(ErrorKind::UnsupportedResolver {
+                name: other.to_owned(),
+            }),
         }
     }
 
     fn oc_env(&self, key: Py, default: Option<Py>) -> Result<Py, ErrorKind> {
         let Py::Str(key) = key else {
-            return Err(type_error(format!("str expected, not {}", key.type_name(&self.tree))));
+            return Err(type_error(format!(
+                "str expected, not {}",
+                key.type_name(&self.tree)
+            )));
         };
         if let Some(v) = (self.ctx.env)(&key) {
             return Ok(Py::Str(v));
@@ -137,30 +162,56 @@ impl Engine<'_, '_> {
             Some(Py::None) => Ok(Py::None),
             Some(d) => Ok(Py::Str(d.str(&self.tree))),
             // `str(KeyError(msg))` is the repr of the message.
-            None => Err(py_err("KeyError", py::repr_str(&format!("Environment variable '{key}' not found")))),
+            None => Err(py_err(
+                "KeyError",
+                py::repr_str(&format!("Environment variable '{key}' not found")),
+            )),
         }
     }
 
     /// `select_value(_parent_, key, absolute_key=True, default=...)`.
     fn oc_select(&mut self, owner: Id, key: Py, default: Option<Py>) -> Result<Py, ErrorKind> {
         let Py::Str(key) = key else {
-            return Err(py_err("AttributeError", format!("'{}' object has no attribute 'startswith'", key.type_name(&self.tree))));
+            return Err(py_err(
+                "AttributeError",
+                format!(
+                    "'{}' object has no attribute 'startswith'",
+                    key.type_name(&self.tree)
+                ),
+            ));
         };
         match self.select_node(owner, &key, false)? {
-            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => Ok(default.unwrap_or(Py::None)),
+            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => {
+                Ok(default.unwrap_or(Py::None))
+            }
             Some(r) => Ok(self.value_of(&r)),
             None => Ok(default.unwrap_or(Py::None)),
         }
     }
 
     /// `select_node(cfg, key, absolute_key=True)`: a `ConfigTypeError` counts as "not found".
-    fn select_node(&mut self, owner: Id, key: &str, throw_on_missing: bool) -> Result<Option<Res>, ErrorKind> {
-        Ok(self.select_node_raw(owner, key, throw_on_missing)?.map(|(_, r)| r))
+    fn select_node(
+        &mut self,
+        owner: Id,
+        key: &str,
+        throw_on_missing: bool,
+    ) -> Result<Option<Res>, ErrorKind> {
+        Ok(self
+            .select_node_raw(owner, key, throw_on_missing)?
+            .map(|(_, r)| r))
     }
 
-    fn select_node_raw(&mut self, owner: Id, key: &str, throw_on_missing: bool) -> Result<Option<(Id, Res)>, ErrorKind> {
+    fn select_node_raw(
+        &mut self,
+        owner: Id,
+        key: &str,
+        throw_on_missing: bool,
+    ) -> Result<Option<(Id, Res)>, ErrorKind> {
         let (root, rest) = self.key_and_root(owner, key).map_err(|_| {
-            ErrorKind::Python(PyErr::new("ConfigKeyError", format!("Error resolving key '{key}'")))
+            ErrorKind::Python(PyErr::new(
+                "ConfigKeyError",
+                format!("Error resolving key '{key}'"),
+            ))
         })?;
         match self.select_impl(root, &rest, throw_on_missing, &mut Memo::off()) {
             Err(ErrorKind::NotAContainer { .. }) => Ok(None),
@@ -181,22 +232,32 @@ impl Engine<'_, '_> {
             }
         };
         let el = grammar::parse_element(&s).map_err(|e| py_err("GrammarParseError", e.detail))?;
-        self.visit_element(owner, node, &el, &mut Memo::off()).map_err(ErrorKind::wrap)
+        self.visit_element(owner, node, &el, &mut Memo::off())
+            .map_err(ErrorKind::wrap)
     }
 
     /// `OmegaConf.create(obj, parent=_parent_)`.
     fn oc_create(&mut self, owner: Id, obj: Py) -> Result<Py, ErrorKind> {
         match obj {
             Py::None => Ok(Py::None),
-            Py::Dict(_) | Py::List(_) | Py::Config(_) => Ok(Py::Config(self.build(&obj, Some(owner), None)?)),
+            Py::Dict(_) | Py::List(_) | Py::Config(_) => {
+                Ok(Py::Config(self.build(&obj, Some(owner), None)?))
+            }
             // A string is YAML, loaded the way `OmegaConf.create(str)` does (`a` → `{a: null}`).
             Py::Str(text) => {
-                let node = crate::config::yaml::load_str(&text, "<oc.create>").map_err(|e| py_err("YAMLError", e.to_string()))?;
+                let node = crate::config::yaml::load_str(&text, "<oc.create>")
+                    .map_err(|e| py_err("YAMLError", e.to_string()))?;
                 let id = self.tree.insert_node(&node, Some(owner), None);
                 self.check_created(id)?;
                 Ok(Py::Config(id))
             }
-            other => Err(py_err("ValidationError", format!("Object of unsupported type: '{}'", other.type_name(&self.tree)))),
+            other => Err(py_err(
+                "ValidationError",
+                format!(
+                    "Object of unsupported type: '{}'",
+                    other.type_name(&self.tree)
+                ),
+            )),
         }
     }
 
@@ -206,13 +267,21 @@ impl Engine<'_, '_> {
             Body::Dict(d) => d.values().try_for_each(|&c| self.check_created(c)),
             Body::List(l) => l.iter().try_for_each(|&c| self.check_created(c)),
             Body::Leaf(_) => match self.tree.interpolation(id) {
-                Some(s) => grammar::validate_value(s).map_err(|e| ErrorKind::Grammar { detail: e.detail }),
+                Some(s) => {
+                    grammar::validate_value(s).map_err(|e| ErrorKind::Grammar { detail: e.detail })
+                }
                 None => Ok(()),
             },
         }
     }
 
-    fn oc_deprecated(&mut self, owner: Id, node: Id, key: Py, message: Option<Py>) -> Result<Py, ErrorKind> {
+    fn oc_deprecated(
+        &mut self,
+        owner: Id,
+        node: Id,
+        key: Py,
+        message: Option<Py>,
+    ) -> Result<Py, ErrorKind> {
         let Py::Str(key) = key else {
             return Err(type_error(format!(
                 "oc.deprecated: interpolation key type is not a string ({})",
@@ -220,7 +289,9 @@ impl Engine<'_, '_> {
             )));
         };
         let message = match message {
-            None => "'$OLD_KEY' is deprecated. Change your code and config to use '$NEW_KEY'".to_owned(),
+            None => {
+                "'$OLD_KEY' is deprecated. Change your code and config to use '$NEW_KEY'".to_owned()
+            }
             Some(Py::Str(m)) => m,
             Some(other) => {
                 return Err(type_error(format!(
@@ -231,16 +302,26 @@ impl Engine<'_, '_> {
         };
         let full_key = self.tree.full_key(node);
         let Some((raw, target)) = self.select_node_raw(owner, &key, false)? else {
-            return Err(py_err("ConfigKeyError", format!("In oc.deprecated resolver at '{full_key}': Key not found: '{key}'")));
+            return Err(py_err(
+                "ConfigKeyError",
+                format!("In oc.deprecated resolver at '{full_key}': Key not found: '{key}'"),
+            ));
         };
         let new_key = self.tree.full_key(raw);
-        let msg = message.replace("$OLD_KEY", &full_key).replace("$NEW_KEY", &new_key);
+        let msg = message
+            .replace("$OLD_KEY", &full_key)
+            .replace("$NEW_KEY", &new_key);
         tracing::warn!("{msg}");
         Ok(self.value_of(&target))
     }
 
     /// The dict `oc.dict.keys` / `oc.dict.values` read (`_get_and_validate_dict_input`).
-    fn dict_input(&mut self, owner: Id, key: &Py, resolver: &str) -> Result<(String, Id), ErrorKind> {
+    fn dict_input(
+        &mut self,
+        owner: Id,
+        key: &Py,
+        resolver: &str,
+    ) -> Result<(String, Id), ErrorKind> {
         let Py::Str(key) = key else {
             return Err(type_error(format!(
                 "`{resolver}` requires a string as input, but obtained `{}` of type: {}",
@@ -250,7 +331,10 @@ impl Engine<'_, '_> {
         };
         let found = match self.select_node(owner, key, true) {
             Err(ErrorKind::Missing { key }) => {
-                return Err(py_err("MissingMandatoryValue", format!("Missing mandatory value: {key}")));
+                return Err(py_err(
+                    "MissingMandatoryValue",
+                    format!("Missing mandatory value: {key}"),
+                ));
             }
             other => other?,
         };
@@ -259,7 +343,10 @@ impl Engine<'_, '_> {
         };
         match self.value_of(&r) {
             Py::Config(id) if matches!(self.tree.body(id), Body::Dict(_)) => Ok((key.clone(), id)),
-            other => Err(type_error(format!("`{resolver}` cannot be applied to objects of type: {}", other.type_name(&self.tree)))),
+            other => Err(type_error(format!(
+                "`{resolver}` cannot be applied to objects of type: {}",
+                other.type_name(&self.tree)
+            ))),
         }
     }
 
@@ -269,24 +356,35 @@ impl Engine<'_, '_> {
             Body::Dict(d) => d.keys().map(Py::from_key).collect(),
             _ => Vec::new(),
         };
-        Ok(Py::Config(self.build(&Py::List(keys), Some(owner), None)?))
+        Ok(Py::Config(self.build(
+            &Py::List(keys),
+            Some(owner),
+            None,
+        )?))
     }
 
     fn oc_dict_values(&mut self, owner: Id, key: Py) -> Result<Py, ErrorKind> {
         let (key, dict) = self.dict_input(owner, &key, "oc.dict.values")?;
         // The list adds a level of nesting, so a relative key needs one more dot.
-        let base = if key.starts_with('.') { format!(".{key}") } else { key };
+        let base = if key.starts_with('.') {
+            format!(".{key}")
+        } else {
+            key
+        };
         let keys: Vec<String> = match self.tree.body(dict) {
             Body::Dict(d) => d.keys().map(|k| k.to_string()).collect(),
             _ => Vec::new(),
         };
-        let list = self.tree.add(Some(owner), None, Body::List(Vec::new()), None);
+        let list = self
+            .tree
+            .add(Some(owner), None, Body::List(Vec::new()), None);
         let items = keys
             .iter()
             .enumerate()
             .map(|(i, k)| {
                 let leaf = Body::Leaf(Value::Str(format!("${{{base}.{k}}}")));
-                self.tree.add(Some(list), Some(SlotKey::Index(i)), leaf, None)
+                self.tree
+                    .add(Some(list), Some(SlotKey::Index(i)), leaf, None)
             })
             .collect();
         self.tree.replace_body(list, Body::List(items));
@@ -299,12 +397,24 @@ impl Engine<'_, '_> {
             return Err(py_err("ValueError", "HydraConfig was not set"));
         };
         let Py::Str(path) = path else {
-            return Err(py_err("AttributeError", format!("'{}' object has no attribute 'startswith'", path.type_name(&self.tree))));
+            return Err(py_err(
+                "AttributeError",
+                format!(
+                    "'{}' object has no attribute 'startswith'",
+                    path.type_name(&self.tree)
+                ),
+            ));
         };
         // `select` without `absolute_key` reads keys relative to the node it is given.
-        let rel = if path.starts_with('.') { path } else { format!(".{path}") };
+        let rel = if path.starts_with('.') {
+            path
+        } else {
+            format!(".{path}")
+        };
         match self.select_node(hydra, &rel, false)? {
-            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => Ok(Py::None),
+            Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => {
+                Ok(Py::None)
+            }
             Some(r) => Ok(self.value_of(&r)),
             None => Ok(Py::None),
         }
@@ -329,9 +439,9 @@ pub fn strftime(now: &chrono::NaiveDateTime, pattern: &str) -> String {
             // Python's %f is microseconds; naive times have no zone, so %z/%Z are empty.
             'f' => "%6f".to_owned(),
             'z' | 'Z' => continue,
-            'a' | 'A' | 'w' | 'd' | 'b' | 'B' | 'm' | 'y' | 'Y' | 'H' | 'I' | 'p' | 'M' | 'S' | 'j' | 'U' | 'W' | 'c'
-            | 'x' | 'X' | '%' | 'e' | 'G' | 'g' | 'V' | 'u' | 'C' | 'D' | 'F' | 'T' | 'R' | 'n' | 't' | 'h' | 'k'
-            | 'l' | 's' | 'P' | 'r' => format!("%{d}"),
+            'a' | 'A' | 'w' | 'd' | 'b' | 'B' | 'm' | 'y' | 'Y' | 'H' | 'I' | 'p' | 'M' | 'S'
+            | 'j' | 'U' | 'W' | 'c' | 'x' | 'X' | '%' | 'e' | 'G' | 'g' | 'V' | 'u' | 'C' | 'D'
+            | 'F' | 'T' | 'R' | 'n' | 't' | 'h' | 'k' | 'l' | 's' | 'P' | 'r' => format!("%{d}"),
             other => {
                 out.push('%');
                 out.push(other);
@@ -351,14 +461,34 @@ mod tests {
 
     #[test]
     fn arity_errors_use_python_wording() {
-        let env = Sig { name: "env", required: &["key"], optional: &["default"] };
+        let env = Sig {
+            name: "env",
+            required: &["key"],
+            optional: &["default"],
+        };
         let msg = |r: Result<(), ErrorKind>| r.err().map(|e| e.to_string());
-        assert_eq!(msg(env.check(0)).as_deref(), Some("env() missing 1 required positional argument: 'key'"));
-        assert_eq!(msg(env.check(3)).as_deref(), Some("env() takes from 1 to 2 positional arguments but 3 were given"));
+        assert_eq!(
+            msg(env.check(0)).as_deref(),
+            Some("env() missing 1 required positional argument: 'key'")
+        );
+        assert_eq!(
+            msg(env.check(3)).as_deref(),
+            Some("env() takes from 1 to 2 positional arguments but 3 were given")
+        );
         assert!(env.check(2).is_ok());
-        let lam = Sig { name: LAMBDA, required: &["x", "y"], optional: &[] };
-        assert_eq!(msg(lam.check(0)).as_deref(), Some("<lambda>() missing 2 required positional arguments: 'x' and 'y'"));
-        assert_eq!(msg(lam.check(3)).as_deref(), Some("<lambda>() takes 2 positional arguments but 3 were given"));
+        let lam = Sig {
+            name: LAMBDA,
+            required: &["x", "y"],
+            optional: &[],
+        };
+        assert_eq!(
+            msg(lam.check(0)).as_deref(),
+            Some("<lambda>() missing 2 required positional arguments: 'x' and 'y'")
+        );
+        assert_eq!(
+            msg(lam.check(3)).as_deref(),
+            Some("<lambda>() takes 2 positional arguments but 3 were given")
+        );
     }
 
     #[test]

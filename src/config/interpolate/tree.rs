@@ -57,8 +57,19 @@ impl Tree {
         self.slots[id].parent
     }
 
-    pub fn add(&mut self, parent: Option<Id>, key: Option<SlotKey>, body: Body, origin: Option<Origin>) -> Id {
-        self.slots.push(Slot { parent, key, body, origin });
+    pub fn add(
+        &mut self,
+        parent: Option<Id>,
+        key: Option<SlotKey>,
+        body: Body,
+        origin: Option<Origin>,
+    ) -> Id {
+        self.slots.push(Slot {
+            parent,
+            key,
+            body,
+            origin,
+        });
         self.slots.len() - 1
     }
 
@@ -73,12 +84,23 @@ impl Tree {
         let id = self.add(parent, key, body, origin);
         match &node.value {
             Value::List(items) => {
-                let ids = items.iter().enumerate().map(|(i, n)| self.insert_node(n, Some(id), Some(SlotKey::Index(i)))).collect();
+                let ids = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| self.insert_node(n, Some(id), Some(SlotKey::Index(i))))
+                    .collect();
                 self.slot_mut(id).body = Body::List(ids);
             }
             Value::Dict(d) => {
-                let ids =
-                    d.iter().map(|(k, n)| (k.clone(), self.insert_node(n, Some(id), Some(SlotKey::Key(k.clone()))))).collect();
+                let ids = d
+                    .iter()
+                    .map(|(k, n)| {
+                        (
+                            k.clone(),
+                            self.insert_node(n, Some(id), Some(SlotKey::Key(k.clone()))),
+                        )
+                    })
+                    .collect();
                 self.slot_mut(id).body = Body::Dict(ids);
             }
             _ => {}
@@ -92,7 +114,11 @@ impl Tree {
         let value = match &slot.body {
             Body::Leaf(v) => v.clone(),
             Body::List(items) => Value::List(items.iter().map(|&c| self.to_node(c)).collect()),
-            Body::Dict(d) => Value::Dict(d.iter().map(|(k, &c)| (k.clone(), self.to_node(c))).collect()),
+            Body::Dict(d) => Value::Dict(
+                d.iter()
+                    .map(|(k, &c)| (k.clone(), self.to_node(c)))
+                    .collect(),
+            ),
         };
         Node::with_origin(value, slot.origin.clone())
     }
@@ -104,12 +130,23 @@ impl Tree {
         let id = self.add(parent, key, Body::Leaf(Value::Null), origin);
         let body = match body {
             Body::Leaf(s) => Body::Leaf(s),
-            Body::List(items) => {
-                Body::List(items.iter().enumerate().map(|(i, &c)| self.deep_copy(c, Some(id), Some(SlotKey::Index(i)))).collect())
-            }
-            Body::Dict(d) => {
-                Body::Dict(d.iter().map(|(k, &c)| (k.clone(), self.deep_copy(c, Some(id), Some(SlotKey::Key(k.clone()))))).collect())
-            }
+            Body::List(items) => Body::List(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| self.deep_copy(c, Some(id), Some(SlotKey::Index(i))))
+                    .collect(),
+            ),
+            Body::Dict(d) => Body::Dict(
+                d.iter()
+                    .map(|(k, &c)| {
+                        (
+                            k.clone(),
+                            self.deep_copy(c, Some(id), Some(SlotKey::Key(k.clone()))),
+                        )
+                    })
+                    .collect(),
+            ),
         };
         self.slot_mut(id).body = body;
         id
@@ -215,7 +252,10 @@ mod tests {
     fn sample() -> Node {
         let mut inner = crate::config::node::Dict::new();
         inner.insert(Key::from("c"), Node::new(Value::Int(1)));
-        let list = Node::new(Value::List(vec![Node::new(Value::Dict(inner)), Node::str("${x}")]));
+        let list = Node::new(Value::List(vec![
+            Node::new(Value::Dict(inner)),
+            Node::str("${x}"),
+        ]));
         let mut root = crate::config::node::Dict::new();
         root.insert(Key::from("l"), list);
         root.insert(Key::Int(3), Node::new(Value::Missing));
@@ -228,10 +268,16 @@ mod tests {
         let mut t = Tree::default();
         let root = t.insert_node(&node, None, None);
         assert_eq!(t.to_node(root), node);
-        let Body::Dict(d) = t.body(root) else { panic!("root is a dict") };
+        let Body::Dict(d) = t.body(root) else {
+            panic!("root is a dict")
+        };
         let l = d[&Key::from("l")];
-        let Body::List(items) = t.body(l) else { panic!("l is a list") };
-        let Body::Dict(first) = t.body(items[0]) else { panic!("l[0] is a dict") };
+        let Body::List(items) = t.body(l) else {
+            panic!("l is a list")
+        };
+        let Body::Dict(first) = t.body(items[0]) else {
+            panic!("l[0] is a dict")
+        };
         assert_eq!(t.full_key(first[&Key::from("c")]), "l[0].c");
         assert_eq!(t.full_key(items[1]), "l[1]");
         assert_eq!(t.interpolation(items[1]), Some("${x}"));
@@ -245,7 +291,9 @@ mod tests {
         let mut t = Tree::default();
         let root = t.insert_node(&sample(), None, None);
         let copy = t.deep_copy(root, None, None);
-        let Body::Dict(d) = t.body(copy).clone() else { panic!("dict") };
+        let Body::Dict(d) = t.body(copy).clone() else {
+            panic!("dict")
+        };
         t.set_leaf(d[&Key::Int(3)], Value::Int(9));
         assert_eq!(t.to_node(root), sample());
         assert_ne!(t.to_node(copy), sample());

@@ -524,7 +524,8 @@ fn float_to_int(f: f64) -> Result<BigInt, Raise> {
     }
     // `{:.0}` prints an integral f64's exact decimal value, as Python's int(float) gives it.
     let exact = format!("{:.0}", f.trunc());
-    BigInt::parse_decimal(&exact).ok_or_else(|| value_error(format!("cannot convert float {exact} to integer")))
+    BigInt::parse_decimal(&exact)
+        .ok_or_else(|| value_error(format!("cannot convert float {exact} to integer")))
 }
 
 /// `DIGIT (('_')? DIGIT)*` over the whole of `s`.
@@ -561,7 +562,11 @@ fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
     }
     let clean: String = digits.chars().filter(|c| *c != '_').collect();
     let magnitude = BigInt::parse_radix(&clean, 10).ok_or_else(invalid)?;
-    Ok(if negative { magnitude.negated() } else { magnitude })
+    Ok(if negative {
+        magnitude.negated()
+    } else {
+        magnitude
+    })
 }
 
 /// Python's `float(str)`: whitespace, sign, `inf`/`infinity`/`nan`, digits with single underscores.
@@ -746,11 +751,12 @@ fn sort(mut b: Bound) -> Result<Val, Raise> {
     if b.var.len() == 1 {
         return sort_one(b.var.remove(0), reverse);
     }
-    if !b
-        .var
-        .iter()
-        .all(|v| matches!(v, Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_)))
-    {
+    if !b.var.iter().all(|v| {
+        matches!(
+            v,
+            Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_)
+        )
+    }) {
         let reprs: Vec<String> = b.var.iter().map(py_repr).collect();
         return Err(type_error(format!(
             "Invalid arguments: ({})",
@@ -840,7 +846,11 @@ mod tests {
             ("-9223372036854775809", Some("-9223372036854775809")),
         ];
         for (text, want) in ints {
-            assert_eq!(py_int_from_str(text).ok().map(|b| b.to_string()).as_deref(), want, "int({text:?})");
+            assert_eq!(
+                py_int_from_str(text).ok().map(|b| b.to_string()).as_deref(),
+                want,
+                "int({text:?})"
+            );
         }
         let floats = [
             (" 1.5 ", Some(1.5)),
@@ -878,7 +888,13 @@ mod tests {
         ));
         assert_eq!(float_to_int(-2.7).ok(), Some(BigInt::from_i64(-2)));
         // Python: int(1e20) == 100000000000000000000, int(-1.5e19) == -15000000000000000000.
-        assert_eq!(float_to_int(1e20).map(|b| b.to_string()).ok().as_deref(), Some("100000000000000000000"));
-        assert_eq!(float_to_int(-1.5e19).map(|b| b.to_string()).ok().as_deref(), Some("-15000000000000000000"));
+        assert_eq!(
+            float_to_int(1e20).map(|b| b.to_string()).ok().as_deref(),
+            Some("100000000000000000000")
+        );
+        assert_eq!(
+            float_to_int(-1.5e19).map(|b| b.to_string()).ok().as_deref(),
+            Some("-15000000000000000000")
+        );
     }
 }

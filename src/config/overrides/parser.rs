@@ -365,7 +365,11 @@ impl<'a> Parser<'a> {
                 // The lexer only makes INT tokens of digits, so this fails only on a lexer bug.
                 let magnitude = BigInt::parse_radix(digits, 10)
                     .ok_or_else(|| GrammarError::BadInt { text: text.clone() })?;
-                Val::int(if negative { magnitude.negated() } else { magnitude })
+                Val::int(if negative {
+                    magnitude.negated()
+                } else {
+                    magnitude
+                })
             }
             Tok::Float => Val::Float(functions::parse_float_token(&text)),
             Tok::Null => Val::Null,

@@ -115,7 +115,11 @@ impl Val {
 
 /// Python `a == b` (`1 == 1.0 == True`, `QuotedString` equal only to an equal `QuotedString`).
 pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
-    if let Some(eq) = a.as_scalar().zip(b.as_scalar()).and_then(|(x, y)| x.num_eq(y)) {
+    if let Some(eq) = a
+        .as_scalar()
+        .zip(b.as_scalar())
+        .and_then(|(x, y)| x.num_eq(y))
+    {
         return eq;
     }
     match (a, b) {

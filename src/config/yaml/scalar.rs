@@ -398,7 +398,12 @@ pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
     } else {
         python_int(body, 10)?
     };
-    Ok(if negative { magnitude.negated() } else { magnitude }.into_value())
+    Ok(if negative {
+        magnitude.negated()
+    } else {
+        magnitude
+    }
+    .into_value())
 }
 
 /// Split a leading `-`/`+` the way PyYAML does (`value[0] in '+-'`).
@@ -427,7 +432,11 @@ fn python_int(text: &str, base: u32) -> Result<BigInt, ScalarError> {
         .and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p)))
         .unwrap_or(t);
     let magnitude = BigInt::parse_radix(digits, base).ok_or(ScalarError::Invalid)?;
-    Ok(if negative { magnitude.negated() } else { magnitude })
+    Ok(if negative {
+        magnitude.negated()
+    } else {
+        magnitude
+    })
 }
 
 /// PyYAML's `construct_yaml_float`: strips `_`, lowercases, takes the sign, then `.inf`/`.nan`/`a:b.c`
@@ -763,14 +772,26 @@ mod tests {
             // Beyond i64, with Python's values (checked against PyYAML).
             ("9223372036854775808", big("9223372036854775808")),
             ("-9223372036854775809", big("-9223372036854775809")),
-            ("123456789012345678901234567890123456789012", big("123456789012345678901234567890123456789012")),
+            (
+                "123456789012345678901234567890123456789012",
+                big("123456789012345678901234567890123456789012"),
+            ),
             ("0x8000000000000000", big("9223372036854775808")),
             ("-0x8000000000000001", big("-9223372036854775809")),
-            ("0b1111111111111111111111111111111111111111111111111111111111111111", big("18446744073709551615")),
+            (
+                "0b1111111111111111111111111111111111111111111111111111111111111111",
+                big("18446744073709551615"),
+            ),
             ("01000000000000000000000", big("9223372036854775808")),
-            ("1_000_000_000_000_000_000_000", big("1000000000000000000000")),
+            (
+                "1_000_000_000_000_000_000_000",
+                big("1000000000000000000000"),
+            ),
             ("1:0:0:0:0:0:0:0:0:0:0:0", big("36279705600000000000")),
-            ("0x_FFFF_FFFF_FFFF_FFFF_FFFF", big("1208925819614629174706175")),
+            (
+                "0x_FFFF_FFFF_FFFF_FFFF_FFFF",
+                big("1208925819614629174706175"),
+            ),
             ("abc", Err(ScalarError::Invalid)),
             ("", Err(ScalarError::Invalid)),
             ("-", Err(ScalarError::Invalid)),

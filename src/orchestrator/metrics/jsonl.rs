@@ -20,7 +20,9 @@ pub fn to_line(rec: &StepRecord) -> String {
     for (key, value) in &rec.entries {
         let v = match value {
             MetricValue::Int(i) => Value::from(*i),
-            MetricValue::Float(f) => Number::from_f64(*f).map(Value::Number).unwrap_or(Value::Null),
+            MetricValue::Float(f) => Number::from_f64(*f)
+                .map(Value::Number)
+                .unwrap_or(Value::Null),
             MetricValue::Bool(b) => Value::Bool(*b),
             MetricValue::Text(t) => Value::String(t.clone()),
         };
@@ -31,19 +33,34 @@ pub fn to_line(rec: &StepRecord) -> String {
 
 impl JsonlWriter {
     pub fn create(path: &Path) -> Result<JsonlWriter, MetricsError> {
-        let file = File::create(path).map_err(|source| MetricsError::Io { path: path.to_owned(), source })?;
-        Ok(JsonlWriter { path: path.to_owned(), out: BufWriter::new(file) })
+        let file = File::create(path).map_err(|source| MetricsError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(JsonlWriter {
+            path: path.to_owned(),
+            out: BufWriter::new(file),
+        })
     }
 
     /// Written and flushed per step, so a crash keeps every finished step.
     pub fn write(&mut self, rec: &StepRecord) -> Result<(), MetricsError> {
-        let io = |source| MetricsError::Io { path: self.path.clone(), source };
+        let io = |source| MetricsError::Io {
+            path: self.path.clone(),
+            source,
+        };
         writeln!(self.out, "{}", to_line(rec)).map_err(io)?;
-        self.out.flush().map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| MetricsError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     pub fn flush(&mut self) -> Result<(), MetricsError> {
-        self.out.flush().map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| MetricsError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 }
 

@@ -33,10 +33,16 @@ impl Progress {
             return (Progress { bar: None }, Console::default());
         }
         let bar = ProgressBar::new(steps);
-        let style = ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} [{elapsed_precise}]")
-            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let style =
+            ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} [{elapsed_precise}]")
+                .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
-        (Progress { bar: Some(bar.clone()) }, Console { bar: Some(bar) })
+        (
+            Progress {
+                bar: Some(bar.clone()),
+            },
+            Console { bar: Some(bar) },
+        )
     }
 
     pub fn update(&mut self, rec: &StepRecord) {
@@ -56,7 +62,10 @@ impl Progress {
 /// `return 0.12 | sync 3.1 ms 1.2 MB | stale 0.50`.
 pub fn message(rec: &StepRecord) -> String {
     let ret = rec.get_f64("rollout/return").unwrap_or(f64::NAN);
-    let sync_ms = rec.get_f64("time/sync_weights").map(|s| s * 1e3).unwrap_or(0.0);
+    let sync_ms = rec
+        .get_f64("time/sync_weights")
+        .map(|s| s * 1e3)
+        .unwrap_or(0.0);
     let mb = rec.get_f64("sync/bytes").unwrap_or(0.0) / 1e6;
     let stale = rec.get_f64("staleness/mean").unwrap_or(0.0);
     format!("return {ret:.3} | sync {sync_ms:.1} ms {mb:.2} MB | stale {stale:.2}")
@@ -73,6 +82,9 @@ mod tests {
         rec.float("time/sync_weights", 0.002);
         rec.int("sync/bytes", 3_000_000);
         rec.float("staleness/mean", 0.25);
-        assert_eq!(message(&rec), "return 0.500 | sync 2.0 ms 3.00 MB | stale 0.25");
+        assert_eq!(
+            message(&rec),
+            "return 0.500 | sync 2.0 ms 3.00 MB | stale 0.25"
+        );
     }
 }

@@ -17,7 +17,11 @@ pub fn crc32c(data: &[u8]) -> u32 {
             let mut crc = i as u32;
             let mut k = 0;
             while k < 8 {
-                crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0x82F6_3B78
+                } else {
+                    crc >> 1
+                };
                 k += 1;
             }
             table[i] = crc;
@@ -58,7 +62,12 @@ fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
 }
 
 /// `Event { wall_time, step, file_version | summary }` as protobuf bytes.
-pub fn encode_event(wall_time: f64, step: i64, file_version: Option<&str>, scalars: &[(&str, f32)]) -> Vec<u8> {
+pub fn encode_event(
+    wall_time: f64,
+    step: i64,
+    file_version: Option<&str>,
+    scalars: &[(&str, f32)],
+) -> Vec<u8> {
     let mut out = Vec::new();
     key(&mut out, 1, 1);
     out.extend_from_slice(&wall_time.to_le_bytes());
@@ -93,7 +102,10 @@ pub fn frame_record(data: &[u8]) -> Vec<u8> {
 }
 
 fn now() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 pub struct EventWriter {
@@ -104,29 +116,53 @@ pub struct EventWriter {
 impl EventWriter {
     /// Create `<dir>/events.out.tfevents.<secs>.rlsync.<pid>` and write the file-version event.
     pub fn create(dir: &Path) -> Result<EventWriter, MetricsError> {
-        std::fs::create_dir_all(dir).map_err(|source| MetricsError::Io { path: dir.to_owned(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| MetricsError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
         let wall = now();
-        let path = dir.join(format!("events.out.tfevents.{}.rlsync.{}", wall as u64, std::process::id()));
-        let file = File::create(&path).map_err(|source| MetricsError::Io { path: path.clone(), source })?;
-        let mut writer = EventWriter { path, out: BufWriter::new(file) };
+        let path = dir.join(format!(
+            "events.out.tfevents.{}.rlsync.{}",
+            wall as u64,
+            std::process::id()
+        ));
+        let file = File::create(&path).map_err(|source| MetricsError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut writer = EventWriter {
+            path,
+            out: BufWriter::new(file),
+        };
         writer.put(&encode_event(wall, 0, Some("brain.Event:2"), &[]))?;
         Ok(writer)
     }
 
     fn put(&mut self, event: &[u8]) -> Result<(), MetricsError> {
-        self.out.write_all(&frame_record(event)).map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+        self.out
+            .write_all(&frame_record(event))
+            .map_err(|source| MetricsError::Io {
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Every numeric metric of the record as a scalar at `rec.step`.
     pub fn write(&mut self, rec: &StepRecord) -> Result<(), MetricsError> {
-        let scalars: Vec<(&str, f32)> =
-            rec.entries.iter().filter_map(|(k, v)| v.as_f64().map(|f| (k.as_str(), f as f32))).collect();
+        let scalars: Vec<(&str, f32)> = rec
+            .entries
+            .iter()
+            .filter_map(|(k, v)| v.as_f64().map(|f| (k.as_str(), f as f32)))
+            .collect();
         self.put(&encode_event(now(), rec.step as i64, None, &scalars))?;
         self.flush()
     }
 
     pub fn flush(&mut self) -> Result<(), MetricsError> {
-        self.out.flush().map_err(|source| MetricsError::Io { path: self.path.clone(), source })
+        self.out.flush().map_err(|source| MetricsError::Io {
+            path: self.path.clone(),
+            source,
+        })
     }
 }
 
@@ -147,9 +183,15 @@ mod tests {
         let rec = frame_record(&event);
         let len = u64::from_le_bytes(rec[..8].try_into().unwrap()) as usize;
         assert_eq!(len, event.len());
-        assert_eq!(u32::from_le_bytes(rec[8..12].try_into().unwrap()), masked_crc(&rec[..8]));
+        assert_eq!(
+            u32::from_le_bytes(rec[8..12].try_into().unwrap()),
+            masked_crc(&rec[..8])
+        );
         assert_eq!(&rec[12..12 + len], &event[..]);
-        assert_eq!(u32::from_le_bytes(rec[12 + len..].try_into().unwrap()), masked_crc(&event));
+        assert_eq!(
+            u32::from_le_bytes(rec[12 + len..].try_into().unwrap()),
+            masked_crc(&event)
+        );
     }
 
     #[test]

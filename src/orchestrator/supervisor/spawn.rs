@@ -31,13 +31,21 @@ impl LogTail {
     }
 
     pub fn lines(&self) -> Vec<String> {
-        self.0.lock().map(|tail| tail.iter().cloned().collect()).unwrap_or_default()
+        self.0
+            .lock()
+            .map(|tail| tail.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
 /// Spawn `exe worker --role R --rank N --run-dir D`. `pgid`: `None` makes the child the leader of a new
 /// process group; `Some(g)` puts it into the run's group `g`.
-pub fn spawn_worker(exe: &Path, id: WorkerId, run_dir: &Path, pgid: Option<i32>) -> std::io::Result<Child> {
+pub fn spawn_worker(
+    exe: &Path,
+    id: WorkerId,
+    run_dir: &Path,
+    pgid: Option<i32>,
+) -> std::io::Result<Child> {
     let mut cmd = Command::new(exe);
     cmd.arg("worker")
         .args(["--role", id.role.name(), "--rank", &id.rank.to_string()])
@@ -54,7 +62,14 @@ pub fn spawn_worker(exe: &Path, id: WorkerId, run_dir: &Path, pgid: Option<i32>)
     unsafe {
         cmd.pre_exec(move || {
             // Die with the orchestrator even if it is SIGKILLed and cannot stop us itself.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // The orchestrator may have died before prctl took effect.
@@ -68,8 +83,13 @@ pub fn spawn_worker(exe: &Path, id: WorkerId, run_dir: &Path, pgid: Option<i32>)
 }
 
 /// Copy a worker's output into its log file, the console (prefixed) and its in-memory tail.
-pub fn pump_lines<R>(stream: R, id: WorkerId, log: Arc<Mutex<std::fs::File>>, tail: LogTail, console: Console)
-where
+pub fn pump_lines<R>(
+    stream: R,
+    id: WorkerId,
+    log: Arc<Mutex<std::fs::File>>,
+    tail: LogTail,
+    console: Console,
+) where
     R: AsyncRead + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
@@ -105,6 +125,9 @@ mod tests {
         let lines = tail.lines();
         assert_eq!(lines.len(), TAIL_LINES);
         assert_eq!(lines.first().map(String::as_str), Some("line 5"));
-        assert_eq!(lines.last().map(String::as_str), Some(format!("line {}", TAIL_LINES + 4).as_str()));
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some(format!("line {}", TAIL_LINES + 4).as_str())
+        );
     }
 }

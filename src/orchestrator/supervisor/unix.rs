@@ -43,7 +43,10 @@ impl Default for ShutdownHandle {
 }
 
 /// Forward stop requests from `source` as [`Event::Signal`]s.
-pub fn forward_signals(source: ShutdownSource, events: mpsc::UnboundedSender<Event>) -> std::io::Result<()> {
+pub fn forward_signals(
+    source: ShutdownSource,
+    events: mpsc::UnboundedSender<Event>,
+) -> std::io::Result<()> {
     match source {
         ShutdownSource::OsSignals => {
             use tokio::signal::unix::{SignalKind, signal};
@@ -70,7 +73,12 @@ pub fn forward_signals(source: ShutdownSource, events: mpsc::UnboundedSender<Eve
                 loop {
                     let now = *requests.borrow_and_update();
                     for _ in seen..now {
-                        if events.send(Event::Signal { name: "shutdown request" }).is_err() {
+                        if events
+                            .send(Event::Signal {
+                                name: "shutdown request",
+                            })
+                            .is_err()
+                        {
                             return;
                         }
                     }

@@ -25,15 +25,36 @@ struct Param {
 
 impl Adam {
     /// `params` are `(name, tensor)`; names starting with one of `value_prefixes` use `optim.value_lr`.
-    pub fn new(params: Vec<(String, Tensor)>, optim: &OptimConfig, value_prefixes: &[&str]) -> Adam {
+    pub fn new(
+        params: Vec<(String, Tensor)>,
+        optim: &OptimConfig,
+        value_prefixes: &[&str],
+    ) -> Adam {
         let params = params
             .into_iter()
             .map(|(name, tensor)| {
-                let lr = if value_prefixes.iter().any(|p| name.starts_with(p)) { optim.value_lr } else { optim.lr };
-                Param { m: tensor.zeros_like().detach(), v: tensor.zeros_like().detach(), name, tensor, lr }
+                let lr = if value_prefixes.iter().any(|p| name.starts_with(p)) {
+                    optim.value_lr
+                } else {
+                    optim.lr
+                };
+                Param {
+                    m: tensor.zeros_like().detach(),
+                    v: tensor.zeros_like().detach(),
+                    name,
+                    tensor,
+                    lr,
+                }
             })
             .collect();
-        Adam { params, t: 0, beta1: optim.adam_beta1, beta2: optim.adam_beta2, eps: optim.adam_eps, weight_decay: optim.weight_decay }
+        Adam {
+            params,
+            t: 0,
+            beta1: optim.adam_beta1,
+            beta2: optim.adam_beta2,
+            eps: optim.adam_eps,
+            weight_decay: optim.weight_decay,
+        }
     }
 
     pub fn zero_grad(&mut self) {
@@ -82,7 +103,11 @@ impl Adam {
                 if !g.defined() {
                     continue;
                 }
-                let g = if self.weight_decay > 0.0 { &g + &p.tensor * self.weight_decay } else { g };
+                let g = if self.weight_decay > 0.0 {
+                    &g + &p.tensor * self.weight_decay
+                } else {
+                    g
+                };
                 p.m.copy_(&(&p.m * b1 + &g * (1.0 - b1)));
                 p.v.copy_(&(&p.v * b2 + g.square() * (1.0 - b2)));
                 let update = (&p.m / bc1) / ((&p.v / bc2).sqrt() + self.eps) * p.lr;
@@ -100,7 +125,12 @@ impl Adam {
     pub fn state(&self) -> Vec<(String, Tensor)> {
         self.params
             .iter()
-            .flat_map(|p| [(format!("m.{}", p.name), p.m.shallow_clone()), (format!("v.{}", p.name), p.v.shallow_clone())])
+            .flat_map(|p| {
+                [
+                    (format!("m.{}", p.name), p.m.shallow_clone()),
+                    (format!("v.{}", p.name), p.v.shallow_clone()),
+                ]
+            })
             .collect()
     }
 
@@ -110,10 +140,18 @@ impl Adam {
             for (prefix, dst) in [("m", &mut p.m), ("v", &mut p.v)] {
                 let key = format!("{prefix}.{}", p.name);
                 let Some((_, src)) = state.iter().find(|(n, _)| *n == key) else {
-                    return Err(RlError::WeightsMismatch { reason: format!("optimizer state lacks `{key}`") });
+                    return Err(RlError::WeightsMismatch {
+                        reason: format!("optimizer state lacks `{key}`"),
+                    });
                 };
                 if src.size() != dst.size() {
-                    return Err(RlError::WeightsMismatch { reason: format!("optimizer `{key}` has shape {:?}, expected {:?}", src.size(), dst.size()) });
+                    return Err(RlError::WeightsMismatch {
+                        reason: format!(
+                            "optimizer `{key}` has shape {:?}, expected {:?}",
+                            src.size(),
+                            dst.size()
+                        ),
+                    });
                 }
                 tch::no_grad(|| dst.copy_(src));
             }

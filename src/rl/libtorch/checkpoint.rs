@@ -33,7 +33,9 @@ impl View for &TensorBytes {
         }
         // SAFETY: `tensor` is a contiguous CPU tensor owned by `self` for the borrow's lifetime; its storage
         // holds `numel * element size` initialised bytes starting at `data_ptr`.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.tensor.data_ptr() as *const u8, len) })
+        Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(self.tensor.data_ptr() as *const u8, len)
+        })
     }
 
     fn data_len(&self) -> usize {
@@ -74,33 +76,63 @@ fn kind_of(dtype: Dtype) -> Option<Kind> {
 }
 
 /// Writes `tensors` and `metadata` to `path`.
-pub(crate) fn save(path: &Path, tensors: &[(String, Tensor)], metadata: HashMap<String, String>) -> Result<(), RlError> {
-    let err = |reason: String| RlError::Checkpoint { path: path.to_owned(), reason };
+pub(crate) fn save(
+    path: &Path,
+    tensors: &[(String, Tensor)],
+    metadata: HashMap<String, String>,
+) -> Result<(), RlError> {
+    let err = |reason: String| RlError::Checkpoint {
+        path: path.to_owned(),
+        reason,
+    };
     let views = tensors
         .iter()
         .map(|(name, t)| {
             let tensor = t.detach().contiguous();
-            let dtype = dtype_of(tensor.kind()).ok_or_else(|| err(format!("`{name}` has unsupported dtype {:?}", tensor.kind())))?;
+            let dtype = dtype_of(tensor.kind()).ok_or_else(|| {
+                err(format!(
+                    "`{name}` has unsupported dtype {:?}",
+                    tensor.kind()
+                ))
+            })?;
             let shape = tensor.size().iter().map(|&d| d as usize).collect();
-            Ok((name.clone(), TensorBytes { tensor, shape, dtype }))
+            Ok((
+                name.clone(),
+                TensorBytes {
+                    tensor,
+                    shape,
+                    dtype,
+                },
+            ))
         })
         .collect::<Result<Vec<_>, RlError>>()?;
-    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.as_str(), v)), &Some(metadata), path)
-        .map_err(|e| err(e.to_string()))
+    safetensors::serialize_to_file(
+        views.iter().map(|(n, v)| (n.as_str(), v)),
+        &Some(metadata),
+        path,
+    )
+    .map_err(|e| err(e.to_string()))
 }
 
 /// Reads every tensor and the metadata of `path`.
-pub(crate) fn load(path: &Path) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>), RlError> {
-    let err = |reason: String| RlError::Checkpoint { path: path.to_owned(), reason };
+pub(crate) fn load(
+    path: &Path,
+) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>), RlError> {
+    let err = |reason: String| RlError::Checkpoint {
+        path: path.to_owned(),
+        reason,
+    };
     let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
-        let kind = kind_of(view.dtype()).ok_or_else(|| err(format!("`{name}` has unsupported dtype {:?}", view.dtype())))?;
+        let kind = kind_of(view.dtype())
+            .ok_or_else(|| err(format!("`{name}` has unsupported dtype {:?}", view.dtype())))?;
         let shape: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(view.data(), &shape, kind).map_err(|e| err(format!("`{name}`: {e}")))?;
+        let t = Tensor::f_from_data_size(view.data(), &shape, kind)
+            .map_err(|e| err(format!("`{name}`: {e}")))?;
         out.push((name, t));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -108,8 +140,15 @@ pub(crate) fn load(path: &Path) -> Result<(Vec<(String, Tensor)>, HashMap<String
 }
 
 /// A metadata entry parsed as an integer.
-pub(crate) fn meta_u64(meta: &HashMap<String, String>, key: &str, path: &Path) -> Result<u64, RlError> {
+pub(crate) fn meta_u64(
+    meta: &HashMap<String, String>,
+    key: &str,
+    path: &Path,
+) -> Result<u64, RlError> {
     meta.get(key)
         .and_then(|v| v.parse().ok())
-        .ok_or_else(|| RlError::Checkpoint { path: path.to_owned(), reason: format!("metadata `{key}` is missing or not an integer") })
+        .ok_or_else(|| RlError::Checkpoint {
+            path: path.to_owned(),
+            reason: format!("metadata `{key}` is missing or not an integer"),
+        })
 }

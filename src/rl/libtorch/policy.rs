@@ -27,7 +27,10 @@ pub(crate) struct Heads {
 /// The var-store path and leaf for a dotted weight name (tch forbids dots inside one path segment).
 fn at<'a, 'n>(root: &tch::nn::Path<'a>, name: &'n str) -> (tch::nn::Path<'a>, &'n str) {
     let (dirs, leaf) = name.rsplit_once('.').unwrap_or(("", name));
-    let path = dirs.split('.').filter(|d| !d.is_empty()).fold(root.clone(), |p, d| p.sub(d));
+    let path = dirs
+        .split('.')
+        .filter(|d| !d.is_empty())
+        .fold(root.clone(), |p, d| p.sub(d));
     (path, leaf)
 }
 
@@ -37,14 +40,32 @@ struct Linear {
 }
 
 impl Linear {
-    fn new(p: &tch::nn::Path<'_>, name: &str, inp: usize, out: usize, std: f64, trainable: bool) -> Linear {
+    fn new(
+        p: &tch::nn::Path<'_>,
+        name: &str,
+        inp: usize,
+        out: usize,
+        std: f64,
+        trainable: bool,
+    ) -> Linear {
         let (i, o) = (inp as i64, out as i64);
         let std = std / (inp as f64).sqrt();
         let (p, leaf) = at(p, name);
         let p = p.sub(leaf);
-        let w = p.var("weight", &[o, i], Init::Randn { mean: 0.0, stdev: std });
+        let w = p.var(
+            "weight",
+            &[o, i],
+            Init::Randn {
+                mean: 0.0,
+                stdev: std,
+            },
+        );
         let b = p.var("bias", &[o], Init::Const(0.0));
-        let (w, b) = if trainable { (w, b) } else { (w.set_requires_grad(false), b.set_requires_grad(false)) };
+        let (w, b) = if trainable {
+            (w, b)
+        } else {
+            (w.set_requires_grad(false), b.set_requires_grad(false))
+        };
         Linear { w, b }
     }
 
@@ -121,7 +142,10 @@ enum Script {
 enum Net {
     Mlp(Mlp),
     Vla(VlaTiny),
-    Script { module: Script, path: std::path::PathBuf },
+    Script {
+        module: Script,
+        path: std::path::PathBuf,
+    },
 }
 
 /// Whether a policy is built for training (grad-tracking TorchScript) or acting only.
@@ -141,7 +165,12 @@ pub(crate) struct Policy {
 
 impl Policy {
     /// Builds the policy `model` describes for `spec`, initialised from `seed`, in float32.
-    pub fn new(model: &ModelConfig, spec: EnvSpec, seed: u64, usage: Use) -> Result<Policy, RlError> {
+    pub fn new(
+        model: &ModelConfig,
+        spec: EnvSpec,
+        seed: u64,
+        usage: Use,
+    ) -> Result<Policy, RlError> {
         tch::manual_seed(seed as i64);
         let vs = VarStore::new(Device::Cpu);
         let root = vs.root();
@@ -155,7 +184,14 @@ impl Policy {
                     (0..depth)
                         .map(|i| {
                             let inp = if i == 0 { obs } else { hidden };
-                            Linear::new(&root, &format!("{prefix}.layers.{i}"), inp, hidden, 2f64.sqrt(), true)
+                            Linear::new(
+                                &root,
+                                &format!("{prefix}.layers.{i}"),
+                                inp,
+                                hidden,
+                                2f64.sqrt(),
+                                true,
+                            )
                         })
                         .collect::<Vec<_>>()
                 };
@@ -163,7 +199,10 @@ impl Policy {
                     norm: ObsNorm::new(&root, obs),
                     actor: tower("actor"),
                     head: Linear::new(&root, "actor.head", hidden, act, 0.01, true),
-                    log_std: continuous.then(|| root.sub("actor").var("log_std", &[act as i64], Init::Const(LOG_STD_INIT))),
+                    log_std: continuous.then(|| {
+                        root.sub("actor")
+                            .var("log_std", &[act as i64], Init::Const(LOG_STD_INIT))
+                    }),
                     critic: tower("critic"),
                     value: Linear::new(&root, "critic.head", hidden, 1, 1.0, true),
                 })
@@ -173,11 +212,26 @@ impl Policy {
                 let layers = (0..=depth)
                     .map(|i| {
                         let inp = if i == 0 { obs } else { hidden };
-                        let name = if i == 0 { "backbone.embed".to_owned() } else { format!("backbone.layers.{}", i - 1) };
+                        let name = if i == 0 {
+                            "backbone.embed".to_owned()
+                        } else {
+                            format!("backbone.layers.{}", i - 1)
+                        };
                         let base = Linear::new(&root, &name, inp, hidden, 1.5, false);
-                        let adapter = if i == 0 { "adapters.embed".to_owned() } else { format!("adapters.layers.{}", i - 1) };
+                        let adapter = if i == 0 {
+                            "adapters.embed".to_owned()
+                        } else {
+                            format!("adapters.layers.{}", i - 1)
+                        };
                         let (ap, _) = at(&root, &format!("{adapter}.x"));
-                        let a = ap.var("lora_a", &[rank, inp as i64], Init::Randn { mean: 0.0, stdev: 1.0 / (inp as f64).sqrt() });
+                        let a = ap.var(
+                            "lora_a",
+                            &[rank, inp as i64],
+                            Init::Randn {
+                                mean: 0.0,
+                                stdev: 1.0 / (inp as f64).sqrt(),
+                            },
+                        );
                         let b = ap.var("lora_b", &[hidden as i64, rank], Init::Const(0.0));
                         (base, a, b)
                     })
@@ -186,15 +240,29 @@ impl Policy {
                     norm: ObsNorm::new(&root, obs),
                     layers,
                     head: Linear::new(&root, "action_head", hidden, act, 0.01, true),
-                    log_std: continuous.then(|| root.sub("action_head").var("log_std", &[act as i64], Init::Const(LOG_STD_INIT))),
+                    log_std: continuous.then(|| {
+                        root.sub("action_head").var(
+                            "log_std",
+                            &[act as i64],
+                            Init::Const(LOG_STD_INIT),
+                        )
+                    }),
                     value: Linear::new(&root, "value_head", hidden, 1, 1.0, true),
                 })
             }
             ModelType::Torchscript => {
-                let path = model.torchscript_path.clone().ok_or(RlError::MissingTorchscriptPath)?;
-                let ts_err = |e: tch::TchError| RlError::Torchscript { path: path.clone(), reason: e.to_string() };
+                let path = model
+                    .torchscript_path
+                    .clone()
+                    .ok_or(RlError::MissingTorchscriptPath)?;
+                let ts_err = |e: tch::TchError| RlError::Torchscript {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                };
                 let module = match usage {
-                    Use::Train => Script::Train(TrainableCModule::load(&path, root.clone()).map_err(ts_err)?),
+                    Use::Train => {
+                        Script::Train(TrainableCModule::load(&path, root.clone()).map_err(ts_err)?)
+                    }
                     Use::Act => {
                         let mut m = CModule::load(&path).map_err(ts_err)?;
                         m.set_eval();
@@ -203,9 +271,18 @@ impl Policy {
                 };
                 Net::Script { module, path }
             }
-            ModelType::Synthetic => return Err(RlError::UnsupportedModel { model: "synthetic".into() }),
+            ModelType::Synthetic => {
+                return Err(RlError::UnsupportedModel {
+                    model: "synthetic".into(),
+                });
+            }
         };
-        let mut policy = Policy { vs, net, roles: Vec::new(), spec };
+        let mut policy = Policy {
+            vs,
+            net,
+            roles: Vec::new(),
+            spec,
+        };
         policy.roles = policy.compute_roles()?;
         Ok(policy)
     }
@@ -217,7 +294,15 @@ impl Policy {
             .map(|(name, t)| {
                 let role = if name.starts_with("obs_norm.") {
                     ParamRole::Buffer
-                } else if t.requires_grad() || matches!(self.net, Net::Script { module: Script::Eval(_), .. }) {
+                } else if t.requires_grad()
+                    || matches!(
+                        self.net,
+                        Net::Script {
+                            module: Script::Eval(_),
+                            ..
+                        }
+                    )
+                {
                     ParamRole::Trainable
                 } else {
                     ParamRole::Frozen
@@ -238,7 +323,10 @@ impl Policy {
     /// parameter names use `_` for `.`, as `TrainableCModule` registers them.
     pub fn named_tensors(&self) -> Result<Vec<(String, Tensor)>, RlError> {
         let mut v: Vec<(String, Tensor)> = match &self.net {
-            Net::Script { module: Script::Eval(m), .. } => m
+            Net::Script {
+                module: Script::Eval(m),
+                ..
+            } => m
                 .named_parameters()
                 .map_err(torch_err("listing torchscript parameters"))?
                 .into_iter()
@@ -256,14 +344,22 @@ impl Policy {
         Ok(self
             .named_tensors()?
             .into_iter()
-            .filter(|(n, t)| t.requires_grad() && roles.iter().any(|(r, role)| r == n && *role == ParamRole::Trainable))
+            .filter(|(n, t)| {
+                t.requires_grad()
+                    && roles
+                        .iter()
+                        .any(|(r, role)| r == n && *role == ParamRole::Trainable)
+            })
             .collect())
     }
 
     /// Casts every floating weight to `kind` (rollouts may act in bf16).
     pub fn set_kind(&mut self, kind: Kind) {
         match &mut self.net {
-            Net::Script { module: Script::Eval(m), .. } => m.to(Device::Cpu, kind, false),
+            Net::Script {
+                module: Script::Eval(m),
+                ..
+            } => m.to(Device::Cpu, kind, false),
             _ => self.vs.set_kind(kind),
         }
     }
@@ -271,7 +367,10 @@ impl Policy {
     /// Kind the weights are held in.
     pub fn kind(&self) -> Kind {
         match &self.net {
-            Net::Script { module: Script::Eval(m), .. } => m
+            Net::Script {
+                module: Script::Eval(m),
+                ..
+            } => m
                 .named_parameters()
                 .ok()
                 .and_then(|p| p.first().map(|(_, t)| t.kind()))
@@ -286,15 +385,29 @@ impl Policy {
         let heads = match &self.net {
             Net::Mlp(m) => {
                 let x = m.norm.apply(&x);
-                let tower = |layers: &[Linear]| layers.iter().fold(x.shallow_clone(), |h, l| l.forward(&h).tanh());
+                let tower = |layers: &[Linear]| {
+                    layers
+                        .iter()
+                        .fold(x.shallow_clone(), |h, l| l.forward(&h).tanh())
+                };
                 let h = tower(&m.actor);
                 let c = tower(&m.critic);
-                Heads { head: m.head.forward(&h), log_std: m.log_std.as_ref().map(|t| t.shallow_clone()), value: Some(m.value.forward(&c).squeeze_dim(-1)) }
+                Heads {
+                    head: m.head.forward(&h),
+                    log_std: m.log_std.as_ref().map(|t| t.shallow_clone()),
+                    value: Some(m.value.forward(&c).squeeze_dim(-1)),
+                }
             }
             Net::Vla(v) => {
                 let x = v.norm.apply(&x);
-                let h = v.layers.iter().fold(x, |h, (base, a, b)| (base.forward(&h) + h.matmul(&a.tr()).matmul(&b.tr())).tanh());
-                Heads { head: v.head.forward(&h), log_std: v.log_std.as_ref().map(|t| t.shallow_clone()), value: Some(v.value.forward(&h).squeeze_dim(-1)) }
+                let h = v.layers.iter().fold(x, |h, (base, a, b)| {
+                    (base.forward(&h) + h.matmul(&a.tr()).matmul(&b.tr())).tanh()
+                });
+                Heads {
+                    head: v.head.forward(&h),
+                    log_std: v.log_std.as_ref().map(|t| t.shallow_clone()),
+                    value: Some(v.value.forward(&h).squeeze_dim(-1)),
+                }
             }
             Net::Script { module, path } => {
                 let input = [IValue::Tensor(x)];
@@ -309,7 +422,10 @@ impl Policy {
         let continuous = matches!(self.spec.action, crate::env::ActionSpace::Continuous { .. });
         let heads = Heads {
             head: heads.head.to_kind(Kind::Float),
-            log_std: heads.log_std.filter(|_| continuous).map(|t| t.to_kind(Kind::Float)),
+            log_std: heads
+                .log_std
+                .filter(|_| continuous)
+                .map(|t| t.to_kind(Kind::Float)),
             value: heads.value.map(|t| t.to_kind(Kind::Float)),
         };
         check_heads(&heads, b, self.spec.action.head_dim())?;
@@ -330,12 +446,18 @@ impl Policy {
         let theirs = src.named_tensors()?;
         let mine = self.named_tensors()?;
         if theirs.len() != mine.len() {
-            return Err(RlError::WeightsMismatch { reason: format!("{} weights vs {}", theirs.len(), mine.len()) });
+            return Err(RlError::WeightsMismatch {
+                reason: format!("{} weights vs {}", theirs.len(), mine.len()),
+            });
         }
-        if let Some(((name, dst), (src_name, src))) =
-            mine.iter().zip(&theirs).find(|((n, d), (m, s))| n != m || d.size() != s.size())
+        if let Some(((name, dst), (src_name, src))) = mine
+            .iter()
+            .zip(&theirs)
+            .find(|((n, d), (m, s))| n != m || d.size() != s.size())
         {
-            return Err(RlError::WeightsMismatch { reason: format!("{name} {:?} vs {src_name} {:?}", dst.size(), src.size()) });
+            return Err(RlError::WeightsMismatch {
+                reason: format!("{name} {:?} vs {src_name} {:?}", dst.size(), src.size()),
+            });
         }
         tch::no_grad(|| {
             for ((_, mut dst), (_, src)) in mine.into_iter().zip(theirs) {
@@ -347,27 +469,55 @@ impl Policy {
 }
 
 fn script_heads(out: Result<IValue, tch::TchError>, path: &Path) -> Result<Heads, RlError> {
-    let bad = |reason: String| RlError::Torchscript { path: path.to_owned(), reason };
+    let bad = |reason: String| RlError::Torchscript {
+        path: path.to_owned(),
+        reason,
+    };
     let out = out.map_err(|e| bad(format!("forward failed: {e}")))?;
     let IValue::Tuple(items) = out else {
-        return Err(bad("forward must return a tuple (head, log_std, value)".into()));
+        return Err(bad(
+            "forward must return a tuple (head, log_std, value)".into()
+        ));
     };
     let mut tensors = items.into_iter().map(|i| match i {
         IValue::Tensor(t) => Ok(t),
         other => Err(bad(format!("forward returned a non-tensor item {other:?}"))),
     });
-    let (Some(head), Some(log_std), Some(value), None) = (tensors.next(), tensors.next(), tensors.next(), tensors.next()) else {
-        return Err(bad("forward must return exactly three tensors (head, log_std, value)".into()));
+    let (Some(head), Some(log_std), Some(value), None) = (
+        tensors.next(),
+        tensors.next(),
+        tensors.next(),
+        tensors.next(),
+    ) else {
+        return Err(bad(
+            "forward must return exactly three tensors (head, log_std, value)".into(),
+        ));
     };
     let value = value?;
-    let value = if value.dim() == 2 { value.squeeze_dim(-1) } else { value };
-    Ok(Heads { head: head?, log_std: Some(log_std?), value: Some(value) })
+    let value = if value.dim() == 2 {
+        value.squeeze_dim(-1)
+    } else {
+        value
+    };
+    Ok(Heads {
+        head: head?,
+        log_std: Some(log_std?),
+        value: Some(value),
+    })
 }
 
 fn check_heads(h: &Heads, batch: i64, act: usize) -> Result<(), RlError> {
-    let shape_err = |what: &str, expected: String, got: Vec<i64>| RlError::Shape { what: what.into(), expected, got: format!("{got:?}") };
+    let shape_err = |what: &str, expected: String, got: Vec<i64>| RlError::Shape {
+        what: what.into(),
+        expected,
+        got: format!("{got:?}"),
+    };
     if h.head.size() != [batch, act as i64] {
-        return Err(shape_err("policy head", format!("[{batch}, {act}]"), h.head.size()));
+        return Err(shape_err(
+            "policy head",
+            format!("[{batch}, {act}]"),
+            h.head.size(),
+        ));
     }
     if let Some(v) = &h.value
         && v.size() != [batch]
@@ -377,7 +527,11 @@ fn check_heads(h: &Heads, batch: i64, act: usize) -> Result<(), RlError> {
     if let Some(s) = &h.log_std {
         let ok = s.size() == [act as i64] || s.size() == [batch, act as i64];
         if !ok {
-            return Err(shape_err("log_std", format!("[{act}] or [{batch}, {act}]"), s.size()));
+            return Err(shape_err(
+                "log_std",
+                format!("[{act}] or [{batch}, {act}]"),
+                s.size(),
+            ));
         }
     }
     Ok(())

@@ -44,14 +44,21 @@ pub(crate) fn train_step(
     traj.validate()?;
     if traj.obs_dim != policy.spec.obs_dim || traj.action != policy.spec.action {
         return Err(RlError::Trajectory {
-            reason: format!("trajectory is for obs {} / {:?}, the policy for obs {} / {:?}", traj.obs_dim, traj.action, policy.spec.obs_dim, policy.spec.action),
+            reason: format!(
+                "trajectory is for obs {} / {:?}, the policy for obs {} / {:?}",
+                traj.obs_dim, traj.action, policy.spec.obs_dim, policy.spec.action
+            ),
         });
     }
     let n = traj.len() as i64;
     if n == 0 {
-        return Err(RlError::Trajectory { reason: "empty trajectory".into() });
+        return Err(RlError::Trajectory {
+            reason: "empty trajectory".into(),
+        });
     }
-    let obs = Tensor::from_slice(&traj.obs).f_view([n, traj.obs_dim as i64]).map_err(torch_err("shaping observations"))?;
+    let obs = Tensor::from_slice(&traj.obs)
+        .f_view([n, traj.obs_dim as i64])
+        .map_err(torch_err("shaping observations"))?;
     let actions = actions_tensor(&traj.actions, n)?;
     let old_logp = Tensor::from_slice(&traj.logprobs);
 
@@ -71,20 +78,42 @@ pub(crate) fn train_step(
     metrics.behav_approx_kl = behav;
 
     let alg = &cfg.algorithm;
-    let dones: Vec<bool> = traj.terminated.iter().zip(&traj.truncated).map(|(a, b)| *a || *b).collect();
+    let dones: Vec<bool> = traj
+        .terminated
+        .iter()
+        .zip(&traj.truncated)
+        .map(|(a, b)| *a || *b)
+        .collect();
     let (adv, returns) = match (alg.adv_type, &values) {
         (AdvantageType::Gae, Some(values)) => {
             let values_v = Vec::<f32>::try_from(values).map_err(torch_err("reading values"))?;
             let next = next_values(policy, traj, &values_v)?;
-            let (adv, ret) = gae(&traj.rewards, &values_v, &next, &dones, traj.envs, alg.gamma as f32, alg.gae_lambda as f32)?;
+            let (adv, ret) = gae(
+                &traj.rewards,
+                &values_v,
+                &next,
+                &dones,
+                traj.envs,
+                alg.gamma as f32,
+                alg.gae_lambda as f32,
+            )?;
             (adv, Some(ret))
         }
         (AdvantageType::Gae, None) => {
-            return Err(RlError::UnsupportedModel { model: "a policy without a value head cannot use adv_type gae".into() });
+            return Err(RlError::UnsupportedModel {
+                model: "a policy without a value head cannot use adv_type gae".into(),
+            });
         }
-        (AdvantageType::GrpoGroup, _) => {
-            (group_relative(&traj.rewards, &dones, traj.envs, alg.group_size.get() as usize, alg.gamma as f32)?, None)
-        }
+        (AdvantageType::GrpoGroup, _) => (
+            group_relative(
+                &traj.rewards,
+                &dones,
+                traj.envs,
+                alg.group_size.get() as usize,
+                alg.gamma as f32,
+            )?,
+            None,
+        ),
     };
     let mut adv = Tensor::from_slice(&adv);
     if alg.normalize_advantages && n > 1 {
@@ -96,7 +125,9 @@ pub(crate) fn train_step(
         actions,
         old_logp,
         adv,
-        returns: returns.filter(|_| use_critic).map(|r| Tensor::from_slice(&r)),
+        returns: returns
+            .filter(|_| use_critic)
+            .map(|r| Tensor::from_slice(&r)),
         old_values: values.filter(|_| use_critic),
     };
     update(policy, adam, &batch, cfg, seed, &mut metrics)?;
@@ -112,8 +143,14 @@ fn next_values(policy: &Policy, traj: &Trajectory, values: &[f32]) -> Result<Vec
         if obs.is_empty() {
             return Ok(Vec::new());
         }
-        let t = Tensor::from_slice(obs).f_view([-1, d]).map_err(torch_err("shaping observations"))?;
-        let v = tch::no_grad(|| policy.forward(&t))?.value.ok_or(RlError::UnsupportedModel { model: "policy without a value head".into() })?;
+        let t = Tensor::from_slice(obs)
+            .f_view([-1, d])
+            .map_err(torch_err("shaping observations"))?;
+        let v = tch::no_grad(|| policy.forward(&t))?
+            .value
+            .ok_or(RlError::UnsupportedModel {
+                model: "policy without a value head".into(),
+            })?;
         Vec::<f32>::try_from(v).map_err(torch_err("reading values"))
     };
     let last = value_of(&traj.last_obs)?;
@@ -136,7 +173,14 @@ fn next_values(policy: &Policy, traj: &Trajectory, values: &[f32]) -> Result<Vec
     Ok(next)
 }
 
-fn update(policy: &mut Policy, adam: &mut Adam, b: &Batch, cfg: &RunConfig, seed: u64, m: &mut TrainMetrics) -> Result<(), RlError> {
+fn update(
+    policy: &mut Policy,
+    adam: &mut Adam,
+    b: &Batch,
+    cfg: &RunConfig,
+    seed: u64,
+    m: &mut TrainMetrics,
+) -> Result<(), RlError> {
     let alg = &cfg.algorithm;
     let n = b.obs.size()[0] as usize;
     let minibatch = (cfg.actor.global_batch_size.get() as usize).min(n);
@@ -156,11 +200,14 @@ fn update(policy: &mut Policy, adam: &mut Adam, b: &Batch, cfg: &RunConfig, seed
                 let old = b.old_logp.index_select(0, &idx);
                 let adv = b.adv.index_select(0, &idx);
                 let ratio = (&logp - &old).exp();
-                let pg = -(&ratio * &adv).minimum(&(ratio.clamp(1.0 - low, 1.0 + high) * &adv)).mean(Kind::Float);
+                let pg = -(&ratio * &adv)
+                    .minimum(&(ratio.clamp(1.0 - low, 1.0 + high) * &adv))
+                    .mean(Kind::Float);
                 let ent = entropy(&heads).mean(Kind::Float);
                 let mut loss = &pg - &ent * alg.entropy_bonus;
                 let mut vloss_v = 0.0;
-                if let (Some(ret), Some(oldv), Some(v)) = (&b.returns, &b.old_values, &heads.value) {
+                if let (Some(ret), Some(oldv), Some(v)) = (&b.returns, &b.old_values, &heads.value)
+                {
                     let ret = ret.index_select(0, &idx);
                     let oldv = oldv.index_select(0, &idx);
                     let unclipped = (v - &ret).square();
@@ -175,9 +222,15 @@ fn update(policy: &mut Policy, adam: &mut Adam, b: &Batch, cfg: &RunConfig, seed
                     loss = loss + vloss * alg.value_coef;
                 }
                 let share = chunk.len() as f64 / mb.len() as f64;
-                (loss * share).f_backward().map_err(torch_err("backpropagating the loss"))?;
+                (loss * share)
+                    .f_backward()
+                    .map_err(torch_err("backpropagating the loss"))?;
                 tch::no_grad(|| {
-                    let clipped = ratio.lt(1.0 - low).logical_or(&ratio.gt(1.0 + high)).to_kind(Kind::Float).mean(Kind::Float);
+                    let clipped = ratio
+                        .lt(1.0 - low)
+                        .logical_or(&ratio.gt(1.0 + high))
+                        .to_kind(Kind::Float)
+                        .mean(Kind::Float);
                     let w = chunk.len() as f64;
                     sums[0] += pg.double_value(&[]) * w;
                     sums[1] += approx_kl(&logp, &old).double_value(&[]) * w;

@@ -58,14 +58,19 @@ fn shape_i64(shape: &[usize]) -> Vec<i64> {
 pub(crate) fn state_dict(policy: &Policy, float: Option<DType>) -> Result<StateDict, RlError> {
     let mut state = StateDict::new();
     for ((name, t), (_, role)) in policy.named_tensors()?.into_iter().zip(policy.roles()) {
-        let own = dtype_of(t.kind()).ok_or_else(|| RlError::WeightsMismatch { reason: format!("`{name}` has unsupported kind {:?}", t.kind()) })?;
+        let own = dtype_of(t.kind()).ok_or_else(|| RlError::WeightsMismatch {
+            reason: format!("`{name}` has unsupported kind {:?}", t.kind()),
+        })?;
         let dtype = match float {
             Some(f) if own.is_floating() => f,
             _ => own,
         };
         let shape: Vec<usize> = t.size().iter().map(|&d| d.max(0) as usize).collect();
-        let tensor = tensor::Tensor::zeros(dtype, &shape, role_of(*role))
-            .map_err(|e| RlError::WeightsMismatch { reason: format!("`{name}`: {e}") })?;
+        let tensor = tensor::Tensor::zeros(dtype, &shape, role_of(*role)).map_err(|e| {
+            RlError::WeightsMismatch {
+                reason: format!("`{name}`: {e}"),
+            }
+        })?;
         state.insert(name, tensor);
     }
     export_into(policy, &mut state)?;
@@ -77,7 +82,9 @@ pub(crate) fn export_into(policy: &Policy, state: &mut StateDict) -> Result<(), 
     let weights = policy.named_tensors()?;
     check_all(&weights, state)?;
     for (name, src) in weights {
-        let Some(dst) = state.get_mut(&name) else { continue };
+        let Some(dst) = state.get_mut(&name) else {
+            continue;
+        };
         if dst.numel() == 0 {
             continue;
         }
@@ -86,8 +93,9 @@ pub(crate) fn export_into(policy: &Policy, state: &mut StateDict) -> Result<(), 
         let bytes = dst.bytes_mut();
         // SAFETY: `bytes` is the contiguous, initialised, exclusively borrowed storage of a tensor of exactly
         // this dtype and shape (checked above); the view is dropped before the borrow ends.
-        let mut view = unsafe { Tensor::f_from_blob(bytes.as_mut_ptr(), &shape, &[], kind, Device::Cpu) }
-            .map_err(torch_err("viewing state dict bytes"))?;
+        let mut view =
+            unsafe { Tensor::f_from_blob(bytes.as_mut_ptr(), &shape, &[], kind, Device::Cpu) }
+                .map_err(torch_err("viewing state dict bytes"))?;
         tch::no_grad(|| view.f_copy_(&src)).map_err(torch_err("exporting weights"))?;
     }
     Ok(())
@@ -99,7 +107,9 @@ pub(crate) fn import_from(policy: &Policy, state: &StateDict) -> Result<(), RlEr
     // check everything first: a rejected state dict leaves the weights untouched.
     check_all(&weights, state)?;
     for (name, mut dst) in weights {
-        let Some(src) = state.get(&name) else { continue };
+        let Some(src) = state.get(&name) else {
+            continue;
+        };
         if src.numel() == 0 {
             continue;
         }
@@ -107,8 +117,16 @@ pub(crate) fn import_from(policy: &Policy, state: &StateDict) -> Result<(), RlEr
         let bytes = src.bytes();
         // SAFETY: `bytes` is the contiguous, initialised storage of a tensor of this dtype and shape (checked
         // above), borrowed for the whole time the view lives; the view is only read.
-        let view = unsafe { Tensor::f_from_blob(bytes.as_ptr(), &shape, &[], kind_of(src.dtype()), Device::Cpu) }
-            .map_err(torch_err("viewing state dict bytes"))?;
+        let view = unsafe {
+            Tensor::f_from_blob(
+                bytes.as_ptr(),
+                &shape,
+                &[],
+                kind_of(src.dtype()),
+                Device::Cpu,
+            )
+        }
+        .map_err(torch_err("viewing state dict bytes"))?;
         tch::no_grad(|| dst.f_copy_(&view)).map_err(torch_err("importing weights"))?;
     }
     Ok(())
@@ -117,10 +135,16 @@ pub(crate) fn import_from(policy: &Policy, state: &StateDict) -> Result<(), RlEr
 /// Every model weight has an entry of the same shape in `state`.
 fn check_all(weights: &[(String, Tensor)], state: &StateDict) -> Result<(), RlError> {
     for (name, t) in weights {
-        let entry = state.get(name).ok_or_else(|| RlError::WeightsMismatch { reason: format!("state dict lacks `{name}`") })?;
+        let entry = state.get(name).ok_or_else(|| RlError::WeightsMismatch {
+            reason: format!("state dict lacks `{name}`"),
+        })?;
         if t.size() != shape_i64(entry.shape()) {
             return Err(RlError::WeightsMismatch {
-                reason: format!("`{name}` has shape {:?} in the state dict, {:?} in the model", entry.shape(), t.size()),
+                reason: format!(
+                    "`{name}` has shape {:?} in the state dict, {:?} in the model",
+                    entry.shape(),
+                    t.size()
+                ),
             });
         }
     }

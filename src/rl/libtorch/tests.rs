@@ -62,8 +62,14 @@ fn ppo_on_reach_beats_the_initial_policy_clearly() {
     eprintln!("before {before:?}\nafter {after:?}\nlast train {last:?}");
     // the initial policy is close to random (zero-mean actions); a clear margin is 40% less cost and
     // successes where there were none.
-    assert!(after.ret > before.ret + 0.4 * before.ret.abs(), "before {before:?} after {after:?}");
-    assert!(after.success_rate >= before.success_rate + 0.15, "before {before:?} after {after:?}");
+    assert!(
+        after.ret > before.ret + 0.4 * before.ret.abs(),
+        "before {before:?} after {after:?}"
+    );
+    assert!(
+        after.success_rate >= before.success_rate + 0.15,
+        "before {before:?} after {after:?}"
+    );
     assert!(last.success_rate >= 0.3, "{last:?}");
 }
 
@@ -82,7 +88,12 @@ fn weights(learner: &Learner) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn short_run(learner: &mut Learner, actor: &mut Actor, env: &mut VecEnv, steps: usize) -> Vec<crate::rl::TrainMetrics> {
+fn short_run(
+    learner: &mut Learner,
+    actor: &mut Actor,
+    env: &mut VecEnv,
+    steps: usize,
+) -> Vec<crate::rl::TrainMetrics> {
     (0..steps)
         .map(|_| {
             let traj = collect(env, actor, 16).unwrap();
@@ -103,7 +114,10 @@ fn checkpoint_resume_restores_bits_step_version_and_optimizer() {
     let tmp = tempfile::tempdir().unwrap();
     let info = learner.save_checkpoint(tmp.path()).unwrap();
     assert_eq!((info.global_step, info.version), (2, 2));
-    assert_eq!(crate::rl::latest_checkpoint(tmp.path()), Some(info.dir.clone()));
+    assert_eq!(
+        crate::rl::latest_checkpoint(tmp.path()),
+        Some(info.dir.clone())
+    );
 
     let mut cfg2 = cfg.clone();
     cfg2.actor.seed = 999; // different init: resume must overwrite every weight
@@ -133,18 +147,37 @@ fn resume_rejects_a_foreign_or_mismatched_checkpoint() {
     let info = learner.save_checkpoint(tmp.path()).unwrap();
     let mut bigger = cfg.clone();
     bigger.actor.model.hidden_dim = nz(32);
-    let err = Learner::new(&bigger, spec).unwrap().resume(&info.dir).unwrap_err();
-    assert!(matches!(err, crate::rl::RlError::WeightsMismatch { .. }), "{err}");
+    let err = Learner::new(&bigger, spec)
+        .unwrap()
+        .resume(&info.dir)
+        .unwrap_err();
+    assert!(
+        matches!(err, crate::rl::RlError::WeightsMismatch { .. }),
+        "{err}"
+    );
     // Weights that do not match the checksum the checkpoint recorded (a corrupted or edited file).
     let path = info.dir.join(crate::rl::WEIGHTS_FILE);
     let (mut tensors, meta) = super::checkpoint::load(&path).unwrap();
     tensors[0].1 = &tensors[0].1 + 1.0;
     super::checkpoint::save(&path, &tensors, meta).unwrap();
-    let err = Learner::new(&cfg, spec).unwrap().resume(&info.dir).unwrap_err();
-    assert!(matches!(err, crate::rl::RlError::Checkpoint { .. }) && err.to_string().contains("checksum"), "{err}");
+    let err = Learner::new(&cfg, spec)
+        .unwrap()
+        .resume(&info.dir)
+        .unwrap_err();
+    assert!(
+        matches!(err, crate::rl::RlError::Checkpoint { .. })
+            && err.to_string().contains("checksum"),
+        "{err}"
+    );
     std::fs::write(info.dir.join(crate::rl::WEIGHTS_FILE), b"not safetensors").unwrap();
-    let err = Learner::new(&cfg, spec).unwrap().resume(&info.dir).unwrap_err();
-    assert!(matches!(err, crate::rl::RlError::Checkpoint { .. }), "{err}");
+    let err = Learner::new(&cfg, spec)
+        .unwrap()
+        .resume(&info.dir)
+        .unwrap_err();
+    assert!(
+        matches!(err, crate::rl::RlError::Checkpoint { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -160,19 +193,30 @@ fn grpo_runs_without_a_critic() {
     let before = weights(&learner);
     for m in short_run(&mut learner, &mut actor, &mut train_env, 3) {
         assert_eq!(m.value_loss, 0.0);
-        assert!(m.loss.is_finite() && m.entropy.is_finite() && m.grad_norm > 0.0, "{m:?}");
+        assert!(
+            m.loss.is_finite() && m.entropy.is_finite() && m.grad_norm > 0.0,
+            "{m:?}"
+        );
         assert!(m.behav_approx_kl.abs() < 1e-6, "{m:?}");
     }
     // the critic is untouched (no value loss), the actor moved.
     let after = weights(&learner);
-    let changed = |prefix: &str| before.iter().zip(&after).any(|(a, b)| a.0.starts_with(prefix) && a.1 != b.1);
+    let changed = |prefix: &str| {
+        before
+            .iter()
+            .zip(&after)
+            .any(|(a, b)| a.0.starts_with(prefix) && a.1 != b.1)
+    };
     assert!(changed("actor.head"));
     assert!(!changed("critic."));
     // a group size that does not divide the envs is an error, not a panic.
     cfg.algorithm.group_size = nz(5);
     let mut l = Learner::new(&cfg, train_env.spec()).unwrap();
     let traj = collect(&mut train_env, &mut actor, 4).unwrap();
-    assert!(matches!(l.train_step(&traj), Err(crate::rl::RlError::GroupSize { .. })));
+    assert!(matches!(
+        l.train_step(&traj),
+        Err(crate::rl::RlError::GroupSize { .. })
+    ));
 }
 
 #[test]
@@ -187,12 +231,28 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     let roles = learner.param_roles();
     let numel = |role: ParamRole| -> usize {
         let tensors = learner.policy.named_tensors().unwrap();
-        roles.iter().filter(|(_, r)| *r == role).map(|(n, _)| tensors.iter().find(|(m, _)| m == n).unwrap().1.numel()).sum()
+        roles
+            .iter()
+            .filter(|(_, r)| *r == role)
+            .map(|(n, _)| tensors.iter().find(|(m, _)| m == n).unwrap().1.numel())
+            .sum()
     };
-    let (frozen, trainable, buffers) = (numel(ParamRole::Frozen), numel(ParamRole::Trainable), numel(ParamRole::Buffer));
-    assert!(frozen > 4 * trainable, "frozen {frozen} trainable {trainable}");
+    let (frozen, trainable, buffers) = (
+        numel(ParamRole::Frozen),
+        numel(ParamRole::Trainable),
+        numel(ParamRole::Buffer),
+    );
+    assert!(
+        frozen > 4 * trainable,
+        "frozen {frozen} trainable {trainable}"
+    );
     assert!(buffers > 0);
-    assert!(roles.iter().all(|(n, r)| (*r == ParamRole::Frozen) == n.starts_with("backbone.")), "{roles:?}");
+    assert!(
+        roles
+            .iter()
+            .all(|(n, r)| (*r == ParamRole::Frozen) == n.starts_with("backbone.")),
+        "{roles:?}"
+    );
     let mut actor = learner.actor(&cfg, 5).unwrap();
     let before = weights(&learner);
     short_run(&mut learner, &mut actor, &mut train_env, 2);
@@ -202,7 +262,9 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
         match role {
             ParamRole::Frozen => assert_eq!(a, b, "{name} changed"),
             // lora_b starts at zero, so lora_a only moves once lora_b did; the head and lora_b move at once.
-            ParamRole::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => assert_ne!(a, b, "{name}"),
+            ParamRole::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => {
+                assert_ne!(a, b, "{name}")
+            }
             _ => {}
         }
     }
@@ -227,7 +289,11 @@ fn bf16_actor_holds_bf16_weights_and_acts() {
     let mut exact = learner.actor(&fp32, 0).unwrap();
     let a = actor.act(train_env.obs(), ActMode::Deterministic).unwrap();
     let b = exact.act(train_env.obs(), ActMode::Deterministic).unwrap();
-    let (crate::rl::ActionBuf::Continuous(a), crate::rl::ActionBuf::Continuous(b)) = (a.actions, b.actions) else { panic!("continuous") };
+    let (crate::rl::ActionBuf::Continuous(a), crate::rl::ActionBuf::Continuous(b)) =
+        (a.actions, b.actions)
+    else {
+        panic!("continuous")
+    };
     assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 0.05));
     assert!(actor.act(&[0.0; 3], ActMode::Sample).is_err());
 }
@@ -241,37 +307,68 @@ fn ppo_on_cartpole_runs_with_categorical_actions() {
     let mut actor = learner.actor(&cfg, 2).unwrap();
     let ms = short_run(&mut learner, &mut actor, &mut train_env, 3);
     for m in &ms {
-        assert!(m.behav_approx_kl.abs() < 1e-6 && m.entropy > 0.0 && m.entropy <= std::f64::consts::LN_2 + 1e-6, "{m:?}");
+        assert!(
+            m.behav_approx_kl.abs() < 1e-6
+                && m.entropy > 0.0
+                && m.entropy <= std::f64::consts::LN_2 + 1e-6,
+            "{m:?}"
+        );
     }
 }
 
 fn python() -> std::path::PathBuf {
-    std::env::var_os("RLSYNC_PYTHON").map(Into::into).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/rlsync/venv/bin/python")
-    })
+    std::env::var_os("RLSYNC_PYTHON")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/rlsync/venv/bin/python")
+        })
 }
 
 #[test]
 fn torchscript_export_train_checkpoint_resume() {
     let tmp = tempfile::tempdir().unwrap();
     let script = tmp.path().join("policy.pt");
-    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/torchscript/export_policy.py");
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/torchscript/export_policy.py");
     let out = std::process::Command::new(python())
-        .args([example.as_os_str(), "--obs-dim".as_ref(), "10".as_ref(), "--actions".as_ref(), "2".as_ref(), "--out".as_ref(), script.as_os_str()])
+        .args([
+            example.as_os_str(),
+            "--obs-dim".as_ref(),
+            "10".as_ref(),
+            "--actions".as_ref(),
+            "2".as_ref(),
+            "--out".as_ref(),
+            script.as_os_str(),
+        ])
         .output()
         .expect("the venv python (RLSYNC_PYTHON) runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut cfg = reach_cfg();
     cfg.actor.model.model_type = ModelType::Torchscript;
     cfg.actor.model.torchscript_path = Some(script.clone());
     let mut train_env = env(&cfg, false);
     let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
-    assert!(learner.param_roles().iter().any(|(n, r)| n == "mu_weight" && *r == ParamRole::Trainable), "{:?}", learner.param_roles());
+    assert!(
+        learner
+            .param_roles()
+            .iter()
+            .any(|(n, r)| n == "mu_weight" && *r == ParamRole::Trainable),
+        "{:?}",
+        learner.param_roles()
+    );
     let mut actor = learner.actor(&cfg, 4).unwrap();
     let before = weights(&learner);
     for m in short_run(&mut learner, &mut actor, &mut train_env, 3) {
-        assert!(m.behav_approx_kl.abs() < 1e-6 && m.loss.is_finite(), "{m:?}");
+        assert!(
+            m.behav_approx_kl.abs() < 1e-6 && m.loss.is_finite(),
+            "{m:?}"
+        );
     }
     assert_ne!(weights(&learner), before);
     let info = learner.save_checkpoint(tmp.path()).unwrap();
@@ -288,7 +385,10 @@ fn torchscript_export_train_checkpoint_resume() {
 
     let mut missing = cfg.clone();
     missing.actor.model.torchscript_path = Some(tmp.path().join("nope.pt"));
-    assert!(matches!(Learner::new(&missing, train_env.spec()), Err(crate::rl::RlError::Torchscript { .. })));
+    assert!(matches!(
+        Learner::new(&missing, train_env.spec()),
+        Err(crate::rl::RlError::Torchscript { .. })
+    ));
 }
 
 #[test]
@@ -297,14 +397,27 @@ fn evaluation_on_a_fresh_env_is_deterministic() {
     let spec = env(&cfg, true).spec();
     let learner = Learner::new(&cfg, spec).unwrap();
     // different sampling seeds: evaluation uses the mode, so they must not matter.
-    let a = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 1).unwrap(), 20).unwrap();
-    let b = evaluate(&mut env(&cfg, true), &mut learner.actor(&cfg, 2).unwrap(), 20).unwrap();
+    let a = evaluate(
+        &mut env(&cfg, true),
+        &mut learner.actor(&cfg, 1).unwrap(),
+        20,
+    )
+    .unwrap();
+    let b = evaluate(
+        &mut env(&cfg, true),
+        &mut learner.actor(&cfg, 2).unwrap(),
+        20,
+    )
+    .unwrap();
     assert_eq!(a, b);
     assert!(a.episodes >= 20, "{a:?}");
 }
 
 fn entry_bytes(state: &crate::tensor::StateDict) -> Vec<(String, crate::tensor::DType, Vec<u8>)> {
-    state.iter().map(|(n, t)| (n.to_owned(), t.dtype(), t.bytes().to_vec())).collect()
+    state
+        .iter()
+        .map(|(n, t)| (n.to_owned(), t.dtype(), t.bytes().to_vec()))
+        .collect()
 }
 
 #[test]
@@ -325,7 +438,12 @@ fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
     for ((name, bytes), (sname, t)) in direct.iter().zip(master.iter()) {
         assert_eq!((name.as_str(), bytes.as_slice()), (sname, t.bytes()));
         assert_eq!(t.dtype(), DType::F32);
-        let role = learner.param_roles().into_iter().find(|(n, _)| n == name).unwrap().1;
+        let role = learner
+            .param_roles()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap()
+            .1;
         let expect = match role {
             ParamRole::Trainable => Role::Trainable,
             ParamRole::Buffer => Role::Buffer,
@@ -333,17 +451,29 @@ fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
         };
         assert_eq!(t.role(), expect, "{name}");
     }
-    assert!(master.synced_keys().iter().all(|k| !k.starts_with("backbone.")));
+    assert!(
+        master
+            .synced_keys()
+            .iter()
+            .all(|k| !k.starts_with("backbone."))
+    );
 
     // fp32 -> actor -> fp32 and bf16 -> bf16 actor -> bf16 keep every bit.
-    for (precision, float) in [(WeightDtype::F32, None), (WeightDtype::Bf16, Some(DType::Bf16))] {
+    for (precision, float) in [
+        (WeightDtype::F32, None),
+        (WeightDtype::Bf16, Some(DType::Bf16)),
+    ] {
         let mut c = cfg.clone();
         c.rollout.model.precision = precision;
         let sent = learner.state_dict(float).unwrap();
         let mut receiver = Actor::new(&c, train_env.spec(), 0).unwrap();
         receiver.import_state(&sent, 42).unwrap();
         assert_eq!(receiver.version(), 42);
-        assert_eq!(entry_bytes(&receiver.state_dict().unwrap()), entry_bytes(&sent), "{precision:?}");
+        assert_eq!(
+            entry_bytes(&receiver.state_dict().unwrap()),
+            entry_bytes(&sent),
+            "{precision:?}"
+        );
     }
     // the bf16 export equals libtorch's own cast of the master weights.
     let bf16 = learner.state_dict(Some(DType::Bf16)).unwrap();
@@ -369,9 +499,15 @@ fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
     // a state dict of another model is rejected without touching the actor.
     let mut other = cfg.clone();
     other.actor.model.hidden_dim = nz(16);
-    let foreign = Learner::new(&other, train_env.spec()).unwrap().state_dict(None).unwrap();
+    let foreign = Learner::new(&other, train_env.spec())
+        .unwrap()
+        .state_dict(None)
+        .unwrap();
     let keep = entry_bytes(&actor.state_dict().unwrap());
-    assert!(matches!(actor.import_state(&foreign, 9), Err(crate::rl::RlError::WeightsMismatch { .. })));
+    assert!(matches!(
+        actor.import_state(&foreign, 9),
+        Err(crate::rl::RlError::WeightsMismatch { .. })
+    ));
     assert_eq!(entry_bytes(&actor.state_dict().unwrap()), keep);
     assert_ne!(actor.version(), 9);
 }
@@ -386,10 +522,17 @@ enum SyncMode {
 
 /// Trainer → syncer (over an in-process channel) → rollout for `steps` steps; returns every step's metrics
 /// and, per sync, whether the rollout's whole state (frozen entries included) equals the trainer's export.
-fn run_with_sync(cfg: &RunConfig, mode: SyncMode, steps: usize) -> (Vec<crate::rl::TrainMetrics>, Vec<bool>) {
+fn run_with_sync(
+    cfg: &RunConfig,
+    mode: SyncMode,
+    steps: usize,
+) -> (Vec<crate::rl::TrainMetrics>, Vec<bool>) {
     use crate::syncer::{SyncOptions, WeightSyncer};
     use crate::tensor::DType;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let mut cfg = cfg.clone();
     if let SyncMode::Real(kind) = mode {
         cfg.weight_syncer.kind = kind;
@@ -414,15 +557,21 @@ fn run_with_sync(cfg: &RunConfig, mode: SyncMode, steps: usize) -> (Vec<crate::r
     let (tx, mut rxs) = crate::transport::inproc_channel(1);
     let rx = rxs.pop().unwrap();
     let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
-    let mut receiver = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
+    let mut receiver =
+        WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
     let keys = sent.synced_keys();
     rt.block_on(async {
-        let (a, b) = tokio::join!(sender.init_sender(&sent, &keys, tx), receiver.init_receiver(&mut received, rx));
+        let (a, b) = tokio::join!(
+            sender.init_sender(&sent, &keys, tx),
+            receiver.init_receiver(&mut received, rx)
+        );
         a.unwrap();
         b.unwrap();
     });
     actor.import_state(&received, learner.version()).unwrap();
-    let same = |a: &crate::tensor::StateDict, b: &crate::tensor::StateDict| entry_bytes(a) == entry_bytes(b);
+    let same = |a: &crate::tensor::StateDict, b: &crate::tensor::StateDict| {
+        entry_bytes(a) == entry_bytes(b)
+    };
     let mut equal = vec![same(&sent, &received)];
     let mut metrics = Vec::new();
     for _ in 0..steps {
@@ -433,7 +582,8 @@ fn run_with_sync(cfg: &RunConfig, mode: SyncMode, steps: usize) -> (Vec<crate::r
             SyncMode::Real(_) => {
                 let version = learner.version();
                 let applied = rt.block_on(async {
-                    let (a, b) = tokio::join!(sender.sync(&sent, version), receiver.apply(&mut received));
+                    let (a, b) =
+                        tokio::join!(sender.sync(&sent, version), receiver.apply(&mut received));
                     a.unwrap();
                     b.unwrap()
                 });
@@ -454,12 +604,19 @@ fn behaviour_kl_is_zero_with_patch_and_bucket_sync_and_not_when_sync_is_skipped(
     for kind in [SyncerKind::Patch, SyncerKind::Bucket] {
         let (metrics, equal) = run_with_sync(&cfg, SyncMode::Real(kind), 3);
         for (step, m) in metrics.iter().enumerate() {
-            assert!(m.behav_approx_kl.abs() < 1e-6, "{kind:?} step {step}: {m:?}");
+            assert!(
+                m.behav_approx_kl.abs() < 1e-6,
+                "{kind:?} step {step}: {m:?}"
+            );
         }
         assert!(equal.iter().all(|e| *e), "{kind:?}: {equal:?}");
     }
     let (metrics, equal) = run_with_sync(&cfg, SyncMode::Skipped, 3);
-    assert!(metrics[0].behav_approx_kl.abs() < 1e-6, "the bootstrap did happen: {:?}", metrics[0]);
+    assert!(
+        metrics[0].behav_approx_kl.abs() < 1e-6,
+        "the bootstrap did happen: {:?}",
+        metrics[0]
+    );
     for m in &metrics[1..] {
         assert!(m.behav_approx_kl > 1e-6, "stale weights must show: {m:?}");
     }
@@ -475,15 +632,27 @@ fn vla_tiny_with_patch_sync_bootstraps_frozen_keys_and_never_patches_them() {
     cfg.rollout.model.precision = WeightDtype::Bf16;
     let spec = env(&cfg, false).spec();
     let learner = Learner::new(&cfg, spec).unwrap();
-    let state = learner.state_dict(Some(crate::tensor::DType::Bf16)).unwrap();
-    assert!(state.synced_keys().iter().all(|k| !k.starts_with("backbone.")));
+    let state = learner
+        .state_dict(Some(crate::tensor::DType::Bf16))
+        .unwrap();
+    assert!(
+        state
+            .synced_keys()
+            .iter()
+            .all(|k| !k.starts_with("backbone."))
+    );
     assert!(state.keys().any(|k| k.starts_with("backbone.")));
     // run_with_sync builds the rollout from another seed, so its backbone starts different and only the
     // init bootstrap can align it; later patches cover synced keys only.
     let mut other = cfg.clone();
     other.actor.seed += 1;
     let fresh = Actor::new(&other, spec, 0).unwrap().state_dict().unwrap();
-    assert!(fresh.iter().zip(state.iter()).any(|((n, a), (_, b))| n.starts_with("backbone.") && a.bytes() != b.bytes()));
+    assert!(
+        fresh
+            .iter()
+            .zip(state.iter())
+            .any(|((n, a), (_, b))| n.starts_with("backbone.") && a.bytes() != b.bytes())
+    );
     let (metrics, equal) = run_with_sync(&cfg, SyncMode::Real(SyncerKind::Patch), 2);
     assert!(equal.iter().all(|e| *e), "{equal:?}");
     assert!(metrics.iter().all(|m| m.loss.is_finite()));
@@ -498,22 +667,33 @@ fn trainer_and_two_rollout_workers_train_checkpoint_and_resume() {
     let workers = nz(2);
     let mut trainer = TrainerWork::new(&cfg, tmp.path()).unwrap();
     let mut state = trainer.init_state().unwrap();
-    let mut rollouts: Vec<RolloutWork> = (0..2).map(|r| RolloutWork::new(&cfg, r, workers).unwrap()).collect();
+    let mut rollouts: Vec<RolloutWork> = (0..2)
+        .map(|r| RolloutWork::new(&cfg, r, workers).unwrap())
+        .collect();
     for r in &rollouts {
         let own = r.init_state().unwrap();
-        assert_eq!(own.keys().collect::<Vec<_>>(), state.keys().collect::<Vec<_>>());
+        assert_eq!(
+            own.keys().collect::<Vec<_>>(),
+            state.keys().collect::<Vec<_>>()
+        );
     }
     let mut saved = Vec::new();
     for _ in 0..3 {
         let version = trainer.learner().version();
         // stands in for the syncer: every rollout receives the trainer's buffer as is.
-        let chunks: Vec<_> = rollouts.iter_mut().map(|r| r.rollout(&state, version, 8).unwrap()).collect();
+        let chunks: Vec<_> = rollouts
+            .iter_mut()
+            .map(|r| r.rollout(&state, version, 8).unwrap())
+            .collect();
         assert_eq!(chunks.iter().map(|c| c.envs).sum::<usize>(), 16);
         let (m, ckpt) = trainer.train_step(&mut state, &chunks).unwrap();
         assert!(m.behav_approx_kl.abs() < 1e-6, "{m:?}");
         saved.extend(ckpt);
     }
-    assert_eq!(saved.iter().map(|c| c.global_step).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(
+        saved.iter().map(|c| c.global_step).collect::<Vec<_>>(),
+        vec![2]
+    );
     let a = rollouts[0].evaluate(4).unwrap();
     let b = rollouts[0].evaluate(4).unwrap();
     assert_eq!(a, b);
@@ -521,5 +701,8 @@ fn trainer_and_two_rollout_workers_train_checkpoint_and_resume() {
     let mut resumed_cfg = cfg.clone();
     resumed_cfg.runner.resume_dir = Some(saved[0].dir.clone());
     let resumed = TrainerWork::new(&resumed_cfg, tmp.path()).unwrap();
-    assert_eq!((resumed.learner().global_step(), resumed.learner().version()), (2, 2));
+    assert_eq!(
+        (resumed.learner().global_step(), resumed.learner().version()),
+        (2, 2)
+    );
 }
