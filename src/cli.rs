@@ -213,9 +213,9 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
 }
 
 fn print_usage() {
-    println!(
-        "{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nFlags:\n{FLAGS_HELP}"
-    );
+    crate::stdio::out(format_args!(
+        "{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nrlsync --cleanup removes the sockets and shared memory of runs whose orchestrator was killed.\n\nFlags:\n{FLAGS_HELP}\n"
+    ));
 }
 
 /// Run rlsync with the arguments after the program name.
@@ -229,11 +229,26 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     if first == "--version" {
-        println!(
-            "rlsync {} (Hydra {})",
+        crate::stdio::out(format_args!(
+            "rlsync {} (Hydra {})\n",
             env!("CARGO_PKG_VERSION"),
             crate::config::hydra::HYDRA_VERSION
-        );
+        ));
+        return Ok(ExitStatus::Success);
+    }
+    if first == "--cleanup" {
+        // Leftovers of runs whose orchestrator was killed (SIGKILL leaves no chance to clean up).
+        let swept = crate::orchestrator::run_files::sweep_leftovers(&std::env::temp_dir());
+        for dir in &swept.dirs {
+            crate::stdio::out(format_args!("removed {}\n", dir.display()));
+        }
+        crate::stdio::out(format_args!(
+            "removed {} run director{} and {} shared-memory segment{} of runs that are gone\n",
+            swept.dirs.len(),
+            if swept.dirs.len() == 1 { "y" } else { "ies" },
+            swept.segments,
+            if swept.segments == 1 { "" } else { "s" }
+        ));
         return Ok(ExitStatus::Success);
     }
     if first == "worker" {
@@ -244,7 +259,10 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
     let entry = Entry::parse(first).ok_or_else(|| UsageError::UnknownEntry(first.clone()))?;
     let rest = args.get(1..).unwrap_or_default();
     if rest.iter().any(|a| a == "--version") {
-        println!("Hydra {}", crate::config::hydra::HYDRA_VERSION);
+        crate::stdio::out(format_args!(
+            "Hydra {}\n",
+            crate::config::hydra::HYDRA_VERSION
+        ));
         return Ok(ExitStatus::Success);
     }
     let hydra_args = parse_hydra_args(entry, rest)?;
@@ -313,12 +331,15 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
             ExitStatus::Failure
         }),
         Outcome::Jobs(jobs) => {
-            for job in &jobs {
-                if run_job(args.entry, job)? == ExitStatus::Failure {
-                    return Ok(ExitStatus::Failure);
+            // Every job runs (as Hydra's basic launcher does); the sweep fails if any job failed.
+            let mut status = ExitStatus::Success;
+            for job in jobs {
+                let job = job.map_err(anyhow::Error::from)?;
+                if run_job(args.entry, &job)? == ExitStatus::Failure {
+                    status = ExitStatus::Failure;
                 }
             }
-            Ok(ExitStatus::Success)
+            Ok(status)
         }
     }
 }
@@ -329,7 +350,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     let extracted = match crate::config::typed::extract(&job.config) {
         Ok(extracted) => extracted,
         Err(errors) => {
-            eprint!("{errors}");
+            crate::stdio::err(format_args!("{errors}"));
             return Ok(ExitStatus::Failure);
         }
     };
@@ -340,7 +361,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
             Entry::BenchSync => crate::plan::Entry::BenchSync,
         };
         let report = crate::plan::dry_run(plan_entry, &extracted, &job.output_dir);
-        print!("{report}");
+        crate::stdio::out(format_args!("{report}"));
         return Ok(if report.problems.is_empty() {
             ExitStatus::Success
         } else {

@@ -14,6 +14,7 @@
 //! - [`logging`]: console logging set-up (tracing) for the orchestrator and the workers.
 //! - [`plan`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
+//! - [`stdio`]: stdout/stderr writes that end quietly on a closed pipe instead of panicking.
 
 pub mod bench;
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod logging;
 pub mod orchestrator;
 pub mod plan;
 pub mod rl;
+pub mod stdio;
 pub mod syncer;
 pub mod tensor;
 pub mod transport;

@@ -8,7 +8,7 @@ fn main() -> ExitCode {
         match arg.into_string() {
             Ok(arg) => args.push(arg),
             Err(raw) => {
-                eprintln!("Error: argument {raw:?} is not valid UTF-8");
+                rlsync::stdio::err(format_args!("Error: argument {raw:?} is not valid UTF-8\n"));
                 return rlsync::cli::ExitStatus::Failure.into();
             }
         }
@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {
-            eprintln!("Error: {}", rlsync::cli::error_report(&err));
+            rlsync::stdio::err(format_args!("Error: {}\n", rlsync::cli::error_report(&err)));
             rlsync::cli::ExitStatus::Failure.into()
         }
     }

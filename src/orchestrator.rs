@@ -15,11 +15,11 @@ pub mod embodied;
 pub mod metrics;
 pub mod plan;
 pub mod protocol;
+pub mod run_files;
 pub mod supervisor;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::schema::{LoggerBackend, RunConfig};
 use metrics::progress::Progress;
@@ -95,6 +95,8 @@ pub enum OrchestratorError {
     Metrics(#[from] MetricsError),
     #[error("cannot start the orchestrator runtime: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    RunFiles(#[from] run_files::RunFilesError),
 }
 
 /// How a run is started beyond its config.
@@ -126,23 +128,6 @@ pub struct LoopTotals {
     pub unused_at_end: u64,
 }
 
-/// Names of the run's sockets and shared-memory segments; unique per run so runs never collide.
-fn run_tag() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("rlsync-{}-{nanos:08x}", std::process::id())
-}
-
-fn secs(value: f64) -> Duration {
-    Duration::from_secs_f64(if value.is_finite() && value > 0.0 {
-        value
-    } else {
-        0.0
-    })
-}
-
 /// Run one training job with `cfg` in `run_dir` (created if missing). Blocks until the job ends.
 pub fn run(
     entry: Entry,
@@ -153,6 +138,9 @@ pub fn run(
     crate::worker::workload::preflight(cfg).map_err(|e| OrchestratorError::Config {
         reason: e.to_string(),
     })?;
+    if let Some(reason) = crate::plan::resume_problem(cfg) {
+        return Err(OrchestratorError::Config { reason });
+    }
     let plan = plan::plan(entry, cfg)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -177,8 +165,36 @@ async fn run_plan(
         path: run_dir.to_owned(),
         source,
     })?;
-    let tag = run_tag();
-    let sockets = std::env::temp_dir();
+    // Held until this function returns (or the process dies): a second run in this dir is refused.
+    let _lock = run_files::lock_run_dir(&run_dir)?;
+    let tmp = std::env::temp_dir();
+    let swept = run_files::sweep_leftovers(&tmp);
+    if !swept.dirs.is_empty() || swept.segments > 0 {
+        tracing::info!(
+            "removed leftovers of {} dead run(s) and {} shared-memory segment(s)",
+            swept.dirs.len(),
+            swept.segments
+        );
+    }
+    let tag = run_files::new_tag();
+    let files = run_files::PrivateDir::create(&tmp, &tag)?;
+    let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files).await;
+    files.remove();
+    if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
+        tracing::warn!("removing shared-memory leftovers of {tag}: {err}");
+    }
+    result
+}
+
+async fn run_in_private_dir(
+    plan: RunPlan,
+    cfg: &RunConfig,
+    run_dir: &Path,
+    opts: RunOptions,
+    tag: &str,
+    files: &run_files::PrivateDir,
+) -> Result<RunSummary, OrchestratorError> {
+    let run_dir = run_dir.to_owned();
     let launch = LaunchSpec {
         format_version: PROTOCOL_VERSION,
         loop_kind: if plan.entry == Entry::Async {
@@ -188,19 +204,16 @@ async fn run_plan(
         },
         rollouts: plan.rollouts,
         envs_per_rollout: plan.envs_per_rollout,
-        control_socket: sockets.join(format!("{tag}.sock")),
-        weight_socket: sockets.join(format!("{tag}-weights.sock")),
-        segment_prefix: tag,
+        control_socket: files.control_socket.clone(),
+        weight_socket: files.weight_socket.clone(),
+        segment_prefix: tag.to_owned(),
         config: cfg.clone(),
     };
     let launch_path = crate::worker::launch_file(&run_dir);
     let bytes = protocol::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
         reason: e.to_string(),
     })?;
-    std::fs::write(&launch_path, bytes).map_err(|source| OrchestratorError::RunDir {
-        path: launch_path,
-        source,
-    })?;
+    run_files::write_private(&launch_path, &bytes)?;
 
     let exe = match opts.worker_exe {
         Some(exe) => exe,
@@ -221,9 +234,9 @@ async fn run_plan(
         run_dir: run_dir.clone(),
         control_socket: launch.control_socket.clone(),
         rollouts: plan.rollouts,
-        handshake_timeout: secs(cfg.runner.handshake_timeout_s),
-        step_timeout: (cfg.runner.step_timeout_s > 0.0).then(|| secs(cfg.runner.step_timeout_s)),
-        grace: secs(cfg.runner.shutdown_grace_s),
+        handshake_timeout: cfg.runner.handshake_timeout_s.get(),
+        step_timeout: cfg.runner.step_timeout_s.get(),
+        grace: cfg.runner.shutdown_grace_s.get(),
     };
     let result = match Supervisor::start(sup_cfg, opts.shutdown, console).await {
         Ok(mut sup) => {
@@ -233,21 +246,13 @@ async fn run_plan(
         }
         Err(err) => Err(err),
     };
-    // Workers are gone now; sweep what a crashed one may have left behind.
-    let _ = std::fs::remove_file(&launch.weight_socket);
-    let _ = std::fs::remove_file(&launch.control_socket);
-    if let Err(err) = crate::transport::shm::remove_leftovers(&launch.segment_prefix) {
-        tracing::warn!(
-            "removing shared-memory leftovers of {}: {err}",
-            launch.segment_prefix
-        );
-    }
+    // Workers are gone now; the caller removes the private dir (sockets) and sweeps the run's segments.
     let flushed = sink.finish();
     let totals = result?;
     flushed?;
     let summary = RunSummary::from_records(&sink.history, totals.wall_s, totals.env_steps);
     if opts.print_summary {
-        println!("{}", summary.table());
+        crate::stdio::out(format_args!("{}\n", summary.table()));
     }
     Ok(summary)
 }

@@ -82,6 +82,19 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     if let Err(e) = check_writable(run_dir) {
         problems.push(e);
     }
+    if entry != Entry::BenchSync {
+        // What would make the run fail at once: sockets that do not fit, a learner this build lacks, a
+        // checkpoint to resume that is not there.
+        if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
+            problems.push(e.to_string());
+        }
+        if let Err(e) = crate::worker::workload::preflight(cfg) {
+            problems.push(format!("actor.model.model_type: {e}"));
+        }
+        if let Some(problem) = resume_problem(cfg) {
+            problems.push(problem);
+        }
+    }
     if entry != Entry::BenchSync
         && let Some(fp) = footprint
     {
@@ -106,6 +119,18 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         ignored: extracted.ignored.clone(),
         problems,
     }
+}
+
+/// A `runner.resume_dir` that is set but holds nothing to resume from (checked by the dry run and at the
+/// start of a real run).
+pub fn resume_problem(cfg: &RunConfig) -> Option<String> {
+    let dir = cfg.runner.resume_dir.as_ref()?;
+    (!dir.is_dir()).then(|| {
+        format!(
+            "runner.resume_dir: {} is not a directory (nothing to resume from)",
+            dir.display()
+        )
+    })
 }
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
@@ -139,6 +164,15 @@ pub fn footprint(cfg: &RunConfig) -> Option<Footprint> {
         // Policy sizes come from building the network (needs the `torch` feature); reported at run start.
         ModelType::MlpPolicy | ModelType::VlaTiny | ModelType::Torchscript => None,
     }
+}
+
+/// Weight memory of the trainer and of one rollout (bytes, estimate): the trainer keeps fp32 master weights
+/// plus its state and the sync snapshot in the rollout dtype; a rollout keeps its weights and a staging copy.
+pub fn process_memory(fp: Footprint) -> (u64, u64) {
+    let elements = fp.synced_elements.saturating_add(fp.frozen_elements);
+    let trainer = elements.saturating_mul(4 + 2 * fp.dtype_bytes);
+    let rollout = elements.saturating_mul(2 * fp.dtype_bytes);
+    (trainer, rollout)
 }
 
 fn dtype_bytes(d: WeightDtype) -> u64 {
@@ -261,8 +295,19 @@ impl fmt::Display for DryRun {
             let rollouts = self.workers.iter().filter(|w| w.role == "rollout").count();
             writeln!(
                 f,
-                "  processes      1 orchestrator (this process), 1 trainer, {rollouts} rollout workers"
+                "  processes      {} in all: 1 orchestrator (this process), 1 trainer, {rollouts} rollout workers",
+                rollouts + 2
             )?;
+            if let Some(fp) = self.footprint {
+                let (trainer, rollout) = process_memory(fp);
+                writeln!(
+                    f,
+                    "  memory         ~{} for weights in all (estimate): trainer ~{}, each rollout ~{}",
+                    human_bytes(trainer.saturating_add(rollout.saturating_mul(rollouts as u64))),
+                    human_bytes(trainer),
+                    human_bytes(rollout)
+                )?;
+            }
             for w in &self.workers {
                 let envs = if w.role == "rollout" {
                     format!(" ({} envs)", w.envs)
@@ -420,6 +465,51 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("OK: configuration is valid"), "{text}");
+    }
+
+    /// Issue 9: the dry run catches what makes a real run fail at once.
+    #[test]
+    fn dry_run_catches_immediate_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        ex.config.runner.resume_dir = Some(dir.path().join("no-such-checkpoint"));
+        let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.contains("runner.resume_dir") && p.contains("no-such-checkpoint")),
+            "{:?}",
+            report.problems
+        );
+        ex.config.runner.resume_dir = None;
+        ex.config.actor.model.model_type = ModelType::MlpPolicy;
+        let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
+        let learner = crate::worker::workload::preflight(&ex.config);
+        assert_eq!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.starts_with("actor.model.model_type")),
+            learner.is_err(),
+            "a build without torch must refuse mlp_policy, one with it must not: {:?}",
+            report.problems
+        );
+    }
+
+    #[test]
+    fn dry_run_counts_processes_and_memory() {
+        let ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        let dir = tempfile::tempdir().unwrap();
+        let text = dry_run(Entry::Embodied, &ex, &dir.path().join("run")).to_string();
+        assert!(text.contains("processes      4 in all"), "{text}");
+        // 1 Mi bf16 elements: trainer 8 MiB, rollouts 4 MiB each.
+        assert!(
+            text.contains(
+                "~16.0 MiB for weights in all (estimate): trainer ~8.0 MiB, each rollout ~4.0 MiB"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

@@ -587,7 +587,9 @@ impl WeightSyncer {
         let t_wait = Instant::now();
         let plan = ch
             .recv_with(|msg| -> Result<Plan, SyncError> {
-                let (h, body) = Header::parse(msg).map_err(|e| SyncError::Handshake {
+                // Verify what is used: the checksum and the decoding read one private copy, never the slot twice.
+                let msg = msg.to_vec();
+                let (h, body) = Header::parse(&msg).map_err(|e| SyncError::Handshake {
                     reason: format!("plan from the sender: {e}"),
                 })?;
                 match h.kind {
@@ -996,8 +998,11 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
         r.ch.recv_with(
             |msg| -> Result<(u64, u64, wire::PatchBody, usize, Duration), SyncError> {
                 let t0 = Instant::now();
+                // Verify what is installed: the slot may be shared memory another process can write, so the
+                // checksum and the decoding both read one private copy, never the slot twice.
+                let msg = blocking(|| msg.to_vec());
                 let (h, body) =
-                    Header::parse(msg).map_err(|e| rejected(None, current, e.to_string()))?;
+                    Header::parse(&msg).map_err(|e| rejected(None, current, e.to_string()))?;
                 h.expect(Kind::Patch)
                     .map_err(|e| rejected(Some(h.version), current, e.to_string()))?;
                 if h.version <= received {

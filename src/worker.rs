@@ -153,16 +153,11 @@ impl WorkerContext {
     /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
     pub fn transport_timeout(&self) -> Duration {
         let runner = &self.config().runner;
-        let secs = if runner.step_timeout_s > 0.0 {
-            runner.step_timeout_s.max(runner.handshake_timeout_s)
-        } else {
-            86_400.0
+        let limit = match runner.step_timeout_s.get() {
+            Some(step) => step.max(runner.handshake_timeout_s.get()),
+            None => Duration::from_secs(86_400),
         };
-        Duration::from_secs_f64(if secs.is_finite() && secs > 0.1 {
-            secs
-        } else {
-            0.1
-        })
+        limit.max(Duration::from_millis(100))
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rlsync::config::schema::{RunConfig, SyncerKind};
+use rlsync::config::schema::{Deadline, RunConfig, Seconds, SyncerKind};
 use rlsync::orchestrator::{
     self, Entry, OrchestratorError, RunOptions, RunSummary, ShutdownHandle, ShutdownSource,
 };
@@ -47,10 +47,10 @@ fn small_config() -> RunConfig {
     cfg.actor.model.tensors = nz(8);
     cfg.actor.model.adam_lr = 1e-4;
     cfg.runner.max_steps = 10;
-    cfg.runner.handshake_timeout_s = 20.0;
-    cfg.runner.shutdown_grace_s = 1.0;
+    cfg.runner.handshake_timeout_s = Seconds::from_secs(20);
+    cfg.runner.shutdown_grace_s = Seconds::from_secs(1);
     // A stuck loop fails the test instead of hanging it.
-    cfg.runner.step_timeout_s = 30.0;
+    cfg.runner.step_timeout_s = Deadline::after(Seconds::from_secs(30));
     cfg.env.train.total_num_envs = nz(4);
     cfg.env.train.max_steps_per_rollout_epoch = nz(8);
     cfg.rollout.chunk_steps = nz(4);
@@ -343,7 +343,7 @@ fn worker_without_handshake_times_out_naming_it() {
     let mut cfg = small_config();
     // Long enough for the other workers to start on a loaded machine (a torch build loads libtorch first), so
     // only the silent one is named.
-    cfg.runner.handshake_timeout_s = 5.0;
+    cfg.runner.handshake_timeout_s = Seconds::from_secs(5);
     let run_dir = dir.path().join("run");
     let opts = RunOptions {
         worker_exe: Some(script),
@@ -381,7 +381,7 @@ fn missed_step_deadline_fails_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = small_config();
     cfg.actor.model.train_ms = 5_000.0;
-    cfg.runner.step_timeout_s = 0.5;
+    cfg.runner.step_timeout_s = Deadline::after(Seconds::from_secs_f64(0.5).unwrap());
     let err = run_in(Entry::Embodied, &cfg, dir.path()).unwrap_err();
     assert!(
         matches!(&err, OrchestratorError::StepTimeout { .. }),

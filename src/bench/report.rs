@@ -184,8 +184,8 @@ pub struct Printer {
 impl Printer {
     pub fn new(format: OutputFormat) -> Printer {
         if format == OutputFormat::Table {
-            println!(
-                "{:>5} {:>12} {:>14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
+            crate::stdio::out(format_args!(
+                "{:>5} {:>12} {:>14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}\n",
                 "step",
                 "changed",
                 "payload_B",
@@ -197,16 +197,16 @@ impl Printer {
                 "apply",
                 "total",
                 "verified"
-            );
+            ));
         }
         Printer { format }
     }
 
     pub fn step(&self, s: &StepRecord) {
         match self.format {
-            OutputFormat::Json => println!("{}", step_json(s)),
-            OutputFormat::Table => println!(
-                "{:>5} {:>12} {:>14} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
+            OutputFormat::Json => crate::stdio::out(format_args!("{}\n", step_json(s))),
+            OutputFormat::Table => crate::stdio::out(format_args!(
+                "{:>5} {:>12} {:>14} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}\n",
                 s.step,
                 s.changed,
                 s.payload_bytes,
@@ -218,16 +218,16 @@ impl Printer {
                 ms(s.apply),
                 ms(s.total),
                 s.verified
-            ),
+            )),
         }
     }
 
     pub fn summary(&self, s: &BenchSummary) {
         match self.format {
-            OutputFormat::Json => println!("{}", s.to_json()),
+            OutputFormat::Json => crate::stdio::out(format_args!("{}\n", s.to_json())),
             OutputFormat::Table => {
-                println!(
-                    "median {:>12.0} {:>14.0} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}",
+                crate::stdio::out(format_args!(
+                    "median {:>12.0} {:>14.0} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}\n",
                     s.changed,
                     s.payload_bytes,
                     s.bytes_per_changed,
@@ -238,9 +238,9 @@ impl Printer {
                     s.apply_ms,
                     s.total_ms,
                     s.verified
-                );
-                println!(
-                    "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)",
+                ));
+                crate::stdio::out(format_args!(
+                    "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)\n",
                     s.syncer,
                     s.params,
                     s.dtype,
@@ -251,7 +251,7 @@ impl Printer {
                     s.receivers,
                     s.transport,
                     s.update
-                );
+                ));
             }
         }
     }

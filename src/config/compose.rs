@@ -675,7 +675,7 @@ fn python_eq(a: &Value, b: &Value) -> bool {
 pub fn sweep_combinations(
     repo: &Repository,
     overrides: &[String],
-) -> Result<Vec<Vec<String>>, ComposeError> {
+) -> Result<SweepProduct, ComposeError> {
     let parsed = parse_overrides(overrides)?;
     let mut lists: indexmap::IndexMap<String, Vec<String>> = indexmap::IndexMap::new();
     for o in &parsed {
@@ -696,20 +696,58 @@ pub fn sweep_combinations(
         };
         lists.insert(key, items);
     }
-    let mut jobs: Vec<Vec<String>> = vec![Vec::new()];
-    for list in lists.values() {
-        jobs = jobs
-            .into_iter()
-            .flat_map(|job| {
-                list.iter().map(move |item| {
-                    let mut next = job.clone();
-                    next.push(item.clone());
-                    next
-                })
-            })
-            .collect();
+    Ok(SweepProduct::new(lists.into_values().collect()))
+}
+
+/// The cartesian product of a sweep's override lists, produced one job at a time (a sweep of 10^8 jobs costs
+/// the memory of its lists, not of its jobs). The first override varies slowest, as in Hydra.
+#[derive(Debug, Clone)]
+pub struct SweepProduct {
+    lists: Vec<Vec<String>>,
+    /// Index into each list of the next job; `None` once every job was produced.
+    next: Option<Vec<usize>>,
+}
+
+impl SweepProduct {
+    pub fn new(lists: Vec<Vec<String>>) -> SweepProduct {
+        let next = (!lists.iter().any(Vec::is_empty)).then(|| vec![0; lists.len()]);
+        SweepProduct { lists, next }
     }
-    Ok(jobs)
+
+    /// The number of jobs in the whole sweep (saturating).
+    pub fn total(&self) -> u128 {
+        self.lists
+            .iter()
+            .fold(1u128, |n, l| n.saturating_mul(l.len() as u128))
+    }
+}
+
+impl Iterator for SweepProduct {
+    type Item = Vec<String>;
+
+    fn next(&mut self) -> Option<Vec<String>> {
+        let index = self.next.as_mut()?;
+        let job = index
+            .iter()
+            .zip(&self.lists)
+            .map(|(&i, list)| list[i].clone())
+            .collect();
+        // Odometer: the last list turns fastest.
+        let mut pos = index.len();
+        loop {
+            if pos == 0 {
+                self.next = None;
+                break;
+            }
+            pos -= 1;
+            index[pos] += 1;
+            if index[pos] < self.lists[pos].len() {
+                break;
+            }
+            index[pos] = 0;
+        }
+        Some(job)
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,10 @@
 //! reported by `config::typed` (errors inside rlsync-owned sections, "did you mean" elsewhere).
 //! Settings are enums, `NonZero*` and durations, never strings, past this module.
 
+use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -172,6 +174,129 @@ impl Default for BucketConfig {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// durations
+
+/// The longest duration a `*_s` setting may hold (7 days): beyond it a value is a typo, and every deadline
+/// computed from it (`now + d`) stays far from the clock's limits.
+pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A duration written in seconds (`runner.handshake_timeout_s: 30`): finite, `>= 0` and at most
+/// [`MAX_SECONDS`], checked when the config is read (YAML or the launch file), so no later
+/// `Duration::from_secs_f64` can panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Seconds(Duration);
+
+impl Seconds {
+    pub const fn from_secs(secs: u64) -> Seconds {
+        Seconds(Duration::from_secs(secs))
+    }
+
+    /// `None` when `secs` is not finite, negative or beyond [`MAX_SECONDS`].
+    pub fn from_secs_f64(secs: f64) -> Option<Seconds> {
+        (secs.is_finite() && (0.0..=MAX_SECONDS).contains(&secs))
+            .then(|| Seconds(Duration::from_secs_f64(secs)))
+    }
+
+    pub fn get(self) -> Duration {
+        self.0
+    }
+}
+
+impl fmt::Display for Seconds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} s", self.0.as_secs_f64())
+    }
+}
+
+impl Serialize for Seconds {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.0.as_secs_f64())
+    }
+}
+
+/// Reads a number of seconds; `allow_off` lets `<= 0` through as "off" (for [`Deadline`]).
+struct SecondsVisitor {
+    allow_off: bool,
+}
+
+impl SecondsVisitor {
+    fn check<E: serde::de::Error>(&self, secs: f64) -> Result<Option<Seconds>, E> {
+        if !secs.is_finite() {
+            return Err(E::custom(format!(
+                "{secs} is not a finite number of seconds"
+            )));
+        }
+        if secs <= 0.0 && self.allow_off {
+            return Ok(None);
+        }
+        if secs < 0.0 {
+            return Err(E::custom(format!("{secs} s is negative")));
+        }
+        Seconds::from_secs_f64(secs).map(Some).ok_or_else(|| {
+            E::custom(format!(
+                "{secs} s is beyond the limit of {MAX_SECONDS} s (7 days)"
+            ))
+        })
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for SecondsVisitor {
+    type Value = Option<Seconds>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number of seconds")
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        self.check(v)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        self.check(v as f64)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        self.check(v as f64)
+    }
+}
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Seconds, D::Error> {
+        d.deserialize_f64(SecondsVisitor { allow_off: false })
+            .map(|s| s.unwrap_or_default())
+    }
+}
+
+/// An optional deadline written in seconds: `<= 0` turns it off (`runner.step_timeout_s: 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deadline(Option<Seconds>);
+
+impl Deadline {
+    pub const OFF: Deadline = Deadline(None);
+
+    pub const fn after(limit: Seconds) -> Deadline {
+        Deadline(Some(limit))
+    }
+
+    pub fn get(self) -> Option<Duration> {
+        self.0.map(Seconds::get)
+    }
+}
+
+impl Serialize for Deadline {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(self.get().map_or(0.0, |d| d.as_secs_f64()))
+    }
+}
+
+impl<'de> Deserialize<'de> for Deadline {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Deadline, D::Error> {
+        d.deserialize_f64(SecondsVisitor { allow_off: true })
+            .map(Deadline)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // runner
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -236,11 +361,11 @@ pub struct RunnerConfig {
     pub resume_dir: Option<PathBuf>,
     pub only_eval: bool,
     /// A worker that has not completed its handshake by then fails the run.
-    pub handshake_timeout_s: f64,
+    pub handshake_timeout_s: Seconds,
     /// A step that takes longer than this fails the run (`<= 0`: no deadline).
-    pub step_timeout_s: f64,
+    pub step_timeout_s: Deadline,
     /// Time granted to workers to stop after SIGTERM before the group is killed.
-    pub shutdown_grace_s: f64,
+    pub shutdown_grace_s: Seconds,
     pub logger: LoggerConfig,
 }
 
@@ -255,9 +380,9 @@ impl Default for RunnerConfig {
             val_check_interval: -1,
             resume_dir: None,
             only_eval: false,
-            handshake_timeout_s: 30.0,
-            step_timeout_s: 600.0,
-            shutdown_grace_s: 3.0,
+            handshake_timeout_s: Seconds::from_secs(30),
+            step_timeout_s: Deadline::after(Seconds::from_secs(600)),
+            shutdown_grace_s: Seconds::from_secs(3),
             logger: LoggerConfig::default(),
         }
     }
@@ -276,13 +401,15 @@ pub enum Placement {
 }
 
 impl Placement {
-    /// The slots this placement lists (`0-3,6` → 0,1,2,3,6), in order, without duplicates.
+    /// The slots this placement lists (`0-3,6` → 0,1,2,3,6), in order, without duplicates. Linear in the
+    /// number of slots, and refuses more than [`MAX_PLACEMENT_SLOTS`] before expanding any range.
     pub fn slots(&self) -> Result<Vec<u32>, String> {
         let text = match self {
             Placement::Single(n) => return Ok(vec![*n]),
             Placement::Ranges(text) => text,
         };
-        let mut slots = Vec::new();
+        let mut ranges = Vec::new();
+        let mut total: u64 = 0;
         for part in text.split(',').map(str::trim) {
             let bad = || format!("'{text}' is not a placement like `0-3`, `0,2,4` or `3`");
             let (lo, hi) = match part.split_once('-') {
@@ -294,16 +421,30 @@ impl Placement {
             if hi < lo {
                 return Err(format!("'{text}': range {lo}-{hi} is empty"));
             }
-            for s in lo..=hi {
-                if slots.contains(&s) {
-                    return Err(format!("'{text}' lists slot {s} twice"));
-                }
-                slots.push(s);
+            total += u64::from(hi - lo) + 1;
+            if total > MAX_PLACEMENT_SLOTS as u64 {
+                return Err(format!(
+                    "'{text}' lists more than {MAX_PLACEMENT_SLOTS} slots (one worker process each)"
+                ));
             }
+            ranges.push(lo..=hi);
+        }
+        let slots: Vec<u32> = ranges.into_iter().flatten().collect();
+        let mut sorted = slots.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("'{text}' lists slot {} twice", w[0]));
         }
         Ok(slots)
     }
 }
+
+/// The most slots one placement may list; a placement beyond it is refused before any range is expanded.
+pub const MAX_PLACEMENT_SLOTS: usize = 4096;
+
+/// The most rollout worker processes rlsync starts on one host (every rollout is a process with its own copy
+/// of the weights).
+pub const MAX_ROLLOUTS_PER_HOST: usize = 256;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -680,6 +821,40 @@ mod tests {
         check(Placement::Ranges("3-1".into()), Err(()));
         check(Placement::Ranges("0-1,1".into()), Err(()));
         check(Placement::Ranges("gpu0".into()), Err(()));
+    }
+
+    #[test]
+    fn placement_expansion_is_linear_and_bounded() {
+        // A million-slot range is refused by counting, not by expanding it.
+        let err = Placement::Ranges("0-2000000".into()).slots().unwrap_err();
+        assert!(err.contains("more than 4096 slots"), "{err}");
+        let err = Placement::Ranges("0-4000,4000".into()).slots().unwrap_err();
+        assert!(err.contains("slot 4000 twice"), "{err}");
+        assert_eq!(
+            Placement::Ranges("4000-4095,0-3999".into())
+                .slots()
+                .map(|s| s.len()),
+            Ok(4096)
+        );
+    }
+
+    #[test]
+    fn seconds_round_trip_through_json_and_refuse_the_unusable() {
+        let cfg = RunnerConfig::default();
+        let json = serde_json::to_string(&cfg).unwrap();
+        let back: RunnerConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, cfg);
+        let off: Deadline = serde_json::from_str("-1").unwrap();
+        assert_eq!(off, Deadline::OFF);
+        for bad in ["1e300", "-0.5"] {
+            assert!(serde_json::from_str::<Seconds>(bad).is_err(), "{bad}");
+        }
+        assert!(serde_json::from_str::<Deadline>("1e19").is_err());
+        assert_eq!(Seconds::from_secs_f64(f64::NAN), None);
+        assert_eq!(
+            Seconds::from_secs_f64(1.5).map(Seconds::get),
+            Some(Duration::from_millis(1500))
+        );
     }
 
     #[test]

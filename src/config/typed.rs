@@ -16,12 +16,14 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
 use super::node::{Key, Node, Origin, Value};
-use super::schema::{Compression, Device, RunConfig};
+use super::schema::{Compression, Device, MAX_ROLLOUTS_PER_HOST, RunConfig};
 
 /// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
 const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
 /// Retry budget when collecting value errors (each retry drops one offending key).
 const MAX_PROBLEMS: usize = 64;
+/// Upper bound of the synthetic workload's emulated compute per train step or env step, in milliseconds.
+const MAX_EMULATED_MS: f64 = 3_600_000.0;
 
 /// One problem found while extracting or validating the typed configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -165,8 +167,24 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
         ("runner.handshake_timeout_s", cfg.runner.handshake_timeout_s),
         ("runner.shutdown_grace_s", cfg.runner.shutdown_grace_s),
     ] {
-        if !(secs.is_finite() && secs > 0.0) {
+        if secs.get().is_zero() {
             problem(path, format!("{secs} is not a positive number of seconds"));
+        }
+    }
+    for (path, ms) in [
+        ("actor.model.train_ms", cfg.actor.model.train_ms),
+        (
+            "actor.model.rollout_ms_per_step",
+            cfg.actor.model.rollout_ms_per_step,
+        ),
+    ] {
+        if !(0.0..=MAX_EMULATED_MS).contains(&ms) {
+            problem(
+                path,
+                format!(
+                    "{ms} ms is outside [0, {MAX_EMULATED_MS}] (at most one hour of emulated compute)"
+                ),
+            );
         }
     }
     match cfg
@@ -180,6 +198,13 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             "missing: it sets the rollout workers (e.g. `0-1` for two)".into(),
         ),
         Some(Err(e)) => problem("cluster.component_placement.rollout", e),
+        Some(Ok(slots)) if slots.len() > MAX_ROLLOUTS_PER_HOST => problem(
+            "cluster.component_placement.rollout",
+            format!(
+                "{} rollout workers is more than the {MAX_ROLLOUTS_PER_HOST} rlsync starts on one host (one process each)",
+                slots.len()
+            ),
+        ),
         Some(Ok(slots)) => {
             let workers = slots.len() as u32;
             for split in ["train", "eval"] {
@@ -363,6 +388,24 @@ impl NodeDe<'_, '_, '_> {
         })
     }
 
+    /// NaN and ±inf reach no setting: no field of [`RunConfig`] gives them a meaning, and each would fail (or
+    /// panic) far from its key once used.
+    fn reject_non_finite(&self) -> Result<(), DeError> {
+        let x = match &self.node.value {
+            Value::Float(x) => *x,
+            Value::BigInt(digits) => digits.parse::<f64>().unwrap_or(f64::NAN),
+            _ => return Ok(()),
+        };
+        if x.is_finite() {
+            return Ok(());
+        }
+        Err(self.locate(DeError {
+            path: None,
+            origin: None,
+            message: format!("{} is not a finite number", describe(&self.node.value)),
+        }))
+    }
+
     fn record_unknown(&self) {
         let path = self.path.render();
         let key = self.path.segment.map(|k| k.to_string()).unwrap_or_default();
@@ -500,6 +543,7 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
     }
 
     fn deserialize_f64<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
+        self.reject_non_finite()?;
         // OmegaConf lets an int stand for a float (`lr: 1`).
         let r = match &self.node.value {
             Value::Int(i) => visitor.visit_f64(*i as f64),
@@ -932,6 +976,129 @@ mod tests {
         )]))
         .expect("valid");
         assert_eq!(got.config.actor.optim.lr, 1e20);
+    }
+
+    /// Issue 9, break 5: durations and magnitudes a real run cannot use are refused at their key.
+    #[test]
+    fn durations_and_magnitudes_are_bounded() {
+        let check = |key: &str, value: Value, want: &str| {
+            let err = extract(&tree(&[(key, value)])).unwrap_err();
+            let p = err
+                .problems
+                .iter()
+                .find(|p| p.path == key)
+                .unwrap_or_else(|| panic!("no problem at {key}: {err}"));
+            assert!(p.message.contains(want), "{key}: {}", p.message);
+            assert!(p.to_string().contains("t.yaml:3:7"), "{p}");
+        };
+        check(
+            "runner.handshake_timeout_s",
+            Value::Float(1e300),
+            "beyond the limit",
+        );
+        check(
+            "runner.step_timeout_s",
+            Value::Float(1e19),
+            "beyond the limit",
+        );
+        check(
+            "runner.shutdown_grace_s",
+            Value::Float(1e300),
+            "beyond the limit",
+        );
+        check("runner.shutdown_grace_s", Value::Int(-1), "negative");
+        check(
+            "runner.handshake_timeout_s",
+            Value::Int(0),
+            "not a positive number",
+        );
+        check(
+            "actor.model.train_ms",
+            Value::Float(1e300),
+            "outside [0, 3600000]",
+        );
+        check(
+            "actor.model.rollout_ms_per_step",
+            Value::Float(-1.0),
+            "outside",
+        );
+        let ok = extract(&tree(&[
+            ("runner.step_timeout_s", Value::Int(0)),
+            ("runner.handshake_timeout_s", Value::Float(604800.0)),
+        ]))
+        .expect("0 turns the step deadline off; 7 days is allowed");
+        assert_eq!(ok.config.runner.step_timeout_s.get(), None);
+        assert_eq!(
+            ok.config.runner.handshake_timeout_s.get(),
+            std::time::Duration::from_secs(604800)
+        );
+    }
+
+    /// Issue 9, break 6: NaN and infinities are refused at their key, with the value and its origin.
+    #[test]
+    fn nan_and_inf_are_refused_at_their_key() {
+        for key in [
+            "algorithm.gamma",
+            "actor.optim.lr",
+            "runner.step_timeout_s",
+            "algorithm.clip_ratio_low",
+        ] {
+            for (value, shown) in [
+                (f64::NAN, "float nan"),
+                (f64::INFINITY, "float inf"),
+                (f64::NEG_INFINITY, "float -inf"),
+            ] {
+                let err = extract(&tree(&[(key, Value::Float(value))])).unwrap_err();
+                let p = &err.problems[0];
+                assert_eq!(p.path, key);
+                assert!(
+                    p.message
+                        .contains(&format!("{shown} is not a finite number")),
+                    "{key}: {}",
+                    p.message
+                );
+                assert!(p.to_string().contains("t.yaml:3:7"), "{p}");
+            }
+        }
+        // An integer too large for a float becomes inf too.
+        let big = "9".repeat(400);
+        let err = extract(&tree(&[("algorithm.gamma", Value::BigInt(big))])).unwrap_err();
+        assert!(
+            err.problems[0].message.contains("is not a finite number"),
+            "{}",
+            err.problems[0].message
+        );
+    }
+
+    /// Issue 9, break 8: a huge placement is refused quickly with a clear error, before expanding it.
+    #[test]
+    fn rollout_placement_is_capped() {
+        let err = extract(&tree(&[(
+            "cluster.component_placement.rollout",
+            s("0-2000000"),
+        )]))
+        .unwrap_err();
+        let p = &err.problems[0];
+        assert_eq!(p.path, "cluster.component_placement.rollout");
+        assert!(p.message.contains("more than 4096 slots"), "{}", p.message);
+        let err = extract(&tree(&[
+            ("cluster.component_placement.rollout", s("0-9999")),
+            ("env.train.total_num_envs", Value::Int(10000)),
+            ("env.eval.total_num_envs", Value::Int(10000)),
+        ]))
+        .unwrap_err();
+        assert!(err.to_string().contains("more than 4096 slots"), "{err}");
+        let err = extract(&tree(&[
+            ("cluster.component_placement.rollout", s("0-511")),
+            ("env.train.total_num_envs", Value::Int(512)),
+            ("env.eval.total_num_envs", Value::Int(512)),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("512 rollout workers is more than the 256 rlsync starts on one host"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -124,8 +124,74 @@ pub struct Supervisor {
     tx: mpsc::UnboundedSender<Event>,
     pgid: i32,
     cfg: SupervisorConfig,
-    step_deadline: Option<Instant>,
+    step_deadline: Option<WorkerDeadline>,
     stop_requests: u32,
+}
+
+/// How often a wait against a worker deadline wakes to look for a stall of this process.
+const STALL_TICK: Duration = Duration::from_millis(250);
+/// A wake this much later than planned means this process did not run (SIGSTOP, a frozen VM, an overloaded
+/// host); the time it lost is not counted against the workers.
+const STALL_SLACK: Duration = Duration::from_secs(1);
+
+/// A deadline the workers must meet, which does not count time the orchestrator itself did not run: waits wake
+/// at least every [`STALL_TICK`], and a wake (or a return to waiting) later than planned by more than
+/// [`STALL_SLACK`] moves the deadline by that lateness.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerDeadline {
+    at: Instant,
+    /// When this process is next expected to look at the deadline again.
+    planned: Instant,
+    /// Time credited back because this process stalled.
+    credited: Duration,
+}
+
+impl WorkerDeadline {
+    pub fn after(limit: Duration) -> WorkerDeadline {
+        let now = Instant::now();
+        WorkerDeadline {
+            at: now + limit,
+            planned: now,
+            credited: Duration::ZERO,
+        }
+    }
+
+    /// Time given back to the workers so far because this process stalled.
+    pub fn credited(&self) -> Duration {
+        self.credited
+    }
+
+    fn credit_lateness(&mut self, now: Instant) {
+        let late = now.saturating_duration_since(self.planned);
+        if late > STALL_SLACK {
+            self.at += late;
+            self.credited += late;
+        }
+        self.planned = now;
+    }
+
+    /// The next event, or `None` once the deadline passed.
+    pub async fn next(
+        &mut self,
+        events: &mut mpsc::UnboundedReceiver<Event>,
+    ) -> Option<Option<Event>> {
+        // Time since the last return was spent by this process (or it was stopped): never the workers'.
+        self.credit_lateness(Instant::now());
+        loop {
+            let now = Instant::now();
+            if now >= self.at {
+                return None;
+            }
+            let wake = self.at.min(now + STALL_TICK);
+            self.planned = wake;
+            let got = tokio::time::timeout_at(wake, events.recv()).await;
+            // Woken long after `wake`, whichever branch fired: this process did not run meanwhile.
+            self.credit_lateness(Instant::now().max(wake));
+            if let Ok(event) = got {
+                return Some(event);
+            }
+        }
+    }
 }
 
 fn describe(status: ExitStatus) -> String {
@@ -157,6 +223,15 @@ impl Supervisor {
                 path: cfg.control_socket.clone(),
                 source,
             }
+        })?;
+        // Owner only, whatever the umask (the directory holding it is 0700 too).
+        std::fs::set_permissions(
+            &cfg.control_socket,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .map_err(|source| OrchestratorError::Socket {
+            path: cfg.control_socket.clone(),
+            source,
         })?;
         accept_loop(listener, tx.clone(), cfg.handshake_timeout);
 
@@ -243,16 +318,16 @@ impl Supervisor {
     }
 
     async fn await_handshakes(&mut self) -> Result<(), OrchestratorError> {
-        let deadline = Instant::now() + self.cfg.handshake_timeout;
+        let mut deadline = WorkerDeadline::after(self.cfg.handshake_timeout);
         while self.units.iter().any(|u| u.state == UnitState::Spawned) {
-            let event = match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                Ok(Some(event)) => event,
-                Ok(None) => {
+            let event = match deadline.next(&mut self.events).await {
+                Some(Some(event)) => event,
+                Some(None) => {
                     return Err(OrchestratorError::Handshake {
                         reason: "event channel closed".into(),
                     });
                 }
-                Err(_) => {
+                None => {
                     let missing: Vec<String> = self
                         .units
                         .iter()
@@ -402,7 +477,7 @@ impl Supervisor {
 
     /// Start the deadline of a new step (if `runner.step_timeout_s` sets one).
     pub fn begin_step(&mut self) {
-        self.step_deadline = self.cfg.step_timeout.map(|t| Instant::now() + t);
+        self.step_deadline = self.cfg.step_timeout.map(WorkerDeadline::after);
     }
 
     /// Send a command to one worker.
@@ -448,11 +523,10 @@ impl Supervisor {
         waiting_for: &str,
     ) -> Result<(WorkerId, Frame<Report>), OrchestratorError> {
         loop {
-            let next = match self.step_deadline {
-                Some(deadline) => match tokio::time::timeout_at(deadline, self.events.recv()).await
-                {
-                    Ok(event) => event,
-                    Err(_) => {
+            let next = match self.step_deadline.as_mut() {
+                Some(deadline) => match deadline.next(&mut self.events).await {
+                    Some(event) => event,
+                    None => {
                         let timeout_s = self
                             .cfg
                             .step_timeout
@@ -623,4 +697,58 @@ fn read_loop(id: WorkerId, mut reader: OwnedReadHalf, events: mpsc::UnboundedSen
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 9, break 2: time this process did not run (here: its only thread blocked, as under SIGSTOP) is
+    /// not counted against the workers, so their events after the stall still arrive within the deadline.
+    #[test]
+    fn a_stall_of_this_process_does_not_expire_a_worker_deadline() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let mut deadline = WorkerDeadline::after(Duration::from_millis(1500));
+            tokio::spawn(async move {
+                // Blocks the runtime's only thread: the deadline's timer cannot run meanwhile.
+                std::thread::sleep(Duration::from_secs(4));
+                for name in ["first", "second"] {
+                    let _ = tx.send(Event::Signal { name });
+                }
+            });
+            for want in ["first", "second"] {
+                match deadline.next(&mut rx).await {
+                    Some(Some(Event::Signal { name })) => assert_eq!(name, want),
+                    Some(_) => panic!("unexpected event"),
+                    None => panic!(
+                        "the deadline expired although only this process stalled (credited {:?})",
+                        deadline.credited()
+                    ),
+                }
+            }
+            assert!(
+                deadline.credited() >= Duration::from_secs(2),
+                "{:?}",
+                deadline.credited()
+            );
+        });
+    }
+
+    #[test]
+    fn a_deadline_still_expires_when_workers_are_silent() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (_tx, mut rx) = mpsc::unbounded_channel::<Event>();
+            let mut deadline = WorkerDeadline::after(Duration::from_millis(300));
+            assert!(deadline.next(&mut rx).await.is_none());
+        });
+    }
 }

@@ -8,7 +8,8 @@
 //! slot: fill and copy overlap instead of running one after the other. The sender casts floating tensors to
 //! the wire dtype while copying into the transport buffer; same-dtype tensors are hashed from the source
 //! (cache-sized chunks) and then stream-copied into the slot, which the sender never reads back. The
-//! receiver hashes each chunk in the slot and then stream-copies (or casts) it into a staging storage;
+//! receiver copies each chunk out of the slot once (a cache-sized private chunk: the slot may be shared memory
+//! another process can write), hashes that copy and stream-copies (or casts) it into a staging storage;
 //! every part is verified against its own checksum, and a bucket is handed out only once all its parts
 //! arrived and verified. Installing swaps staged storages into the state dict; the displaced storages
 //! become the next staging buffers, so steady-state syncs allocate nothing.
@@ -276,6 +277,43 @@ pub struct Assembly {
     next: usize,
     body_len: usize,
     bytes: usize,
+    /// The private copy of the entry table (first part) that was parsed; it is what gets hashed.
+    table: Vec<u8>,
+    /// A chunk of the payload copied out of the transport slot, hashed and installed from there: the slot may
+    /// be shared memory another process can write, so it is read exactly once.
+    scratch: Vec<u8>,
+}
+
+/// One part's bytes in the transport slot, addressed by bucket-body offsets.
+struct Slot<'a> {
+    body: &'a [u8],
+    /// Bucket-body offset of `body[0]`.
+    start: usize,
+}
+
+impl Slot<'_> {
+    /// Copy body bytes `a..b` (at most [`CHUNK`]) into `scratch` and return the copy.
+    fn copy<'s>(&self, scratch: &'s mut Vec<u8>, a: usize, b: usize) -> &'s [u8] {
+        scratch.clear();
+        scratch.extend_from_slice(&self.body[a - self.start..b - self.start]);
+        scratch
+    }
+
+    /// Hash body bytes `from..to` outside the tensors (table, padding): the table from its private copy, the
+    /// rest through `scratch`.
+    fn hash_gap(&self, h: &mut Xxh3, table: &[u8], scratch: &mut Vec<u8>, from: usize, to: usize) {
+        let mut a = from;
+        if a < table.len() {
+            let b = to.min(table.len());
+            h.update(&table[a..b]);
+            a = b;
+        }
+        while a < to {
+            let b = to.min(a + CHUNK);
+            h.update(self.copy(scratch, a, b));
+            a = b;
+        }
+    }
 }
 
 impl Assembly {
@@ -304,8 +342,26 @@ impl Assembly {
             })
             .max()
             .unwrap_or(0);
-        let (entries, body_len) = read_bucket_table(body, max_entry).map_err(|e| e.to_string())?;
+        // Parse the table from a private copy (the one hashed below), so the table that is used is the one
+        // that is verified.
+        let (first, _) = read_bucket_table(body, max_entry).map_err(|e| e.to_string())?;
+        let table_end = first
+            .first()
+            .map_or(body.len(), |(_, range)| range.start)
+            .min(body.len());
+        let table = body[..table_end].to_vec();
+        let (entries, body_len) =
+            read_bucket_table(&table, max_entry).map_err(|e| e.to_string())?;
+        if entries.len() != first.len()
+            || entries.iter().zip(&first).any(|((a, ra), (b, rb))| {
+                ra != rb || a.ordinal != b.ordinal || a.byte_len != b.byte_len
+            })
+        {
+            return Err("the bucket table changed while it was being read".to_owned());
+        }
         let mut asm = Assembly {
+            table,
+            scratch: Vec::with_capacity(CHUNK),
             kind: header.kind,
             version: header.version,
             seq: header.seq,
@@ -423,11 +479,20 @@ impl Assembly {
         }
         let mut h = Xxh3::with_seed(header.checksum_seed());
         let mut pos = part.start;
-        for (((e, range), to), (_, dst)) in self
-            .entries
-            .iter()
-            .zip(&self.dst_dtypes)
-            .zip(self.staged.iter_mut())
+        let Assembly {
+            entries,
+            dst_dtypes,
+            staged,
+            table,
+            scratch,
+            ..
+        } = self;
+        let slot = Slot {
+            body,
+            start: part.start,
+        };
+        for (((e, range), to), (_, dst)) in
+            entries.iter().zip(dst_dtypes.iter()).zip(staged.iter_mut())
         {
             if range.end <= pos || range.is_empty() {
                 continue;
@@ -436,7 +501,7 @@ impl Assembly {
                 break;
             }
             if range.start > pos {
-                h.update(&body[pos - part.start..range.start - part.start]);
+                slot.hash_gap(&mut h, table, scratch, pos, range.start);
                 pos = range.start;
             }
             let stop = range.end.min(part.end);
@@ -449,20 +514,21 @@ impl Assembly {
                     .bytes_mut()
                     .get_mut(e0 * dw..e1 * dw)
                     .ok_or_else(|| format!("ordinal {}: staging range out of bounds", e.ordinal))?;
-                let s = &body[a - part.start..b - part.start];
-                // Hash first: the copy then reads the chunk from cache.
-                h.update(s);
+                // Read the slot once, into a cache-sized private chunk; hash and install that chunk, so the
+                // bytes installed are exactly the bytes verified.
+                let chunk = slot.copy(scratch, a, b);
+                h.update(chunk);
                 if e.dtype == *to {
-                    copy_streaming(d, s)
+                    copy_streaming(d, chunk)
                 } else {
-                    cast_bytes(s, e.dtype, d, *to)
+                    cast_bytes(chunk, e.dtype, d, *to)
                 }
                 .map_err(|err| format!("ordinal {}: {err}", e.ordinal))?;
                 a = b;
             }
             pos = stop;
         }
-        h.update(&body[pos - part.start..]);
+        slot.hash_gap(&mut h, table, scratch, pos, part.end);
         header
             .verify_digest(h.digest())
             .map_err(|e| e.to_string())?;

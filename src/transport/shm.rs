@@ -82,6 +82,11 @@ pub fn remove_leftovers(segment_prefix: &str) -> Result<usize, TransportError> {
     segment::sweep(segment_prefix)
 }
 
+/// Whether `pid` is a running process (a zombie is not), as the leftover sweeps judge owners.
+pub fn pid_alive(pid: i32) -> bool {
+    segment::pid_alive(pid)
+}
+
 /// Remove the socket file at `path` if nobody listens on it (left by a crashed sender). Returns whether a
 /// file was removed; a live listener or a non-socket file is left alone (and reported as an error).
 pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {

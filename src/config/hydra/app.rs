@@ -95,11 +95,62 @@ pub struct PreparedJob {
 
 /// What `execute` did.
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Outcome<'a> {
     /// Output was printed; exit with this success flag.
     Printed { success: bool },
-    /// Jobs to run, one after another.
-    Jobs(Vec<PreparedJob>),
+    /// Jobs to run, one after another (composed as they are taken).
+    Jobs(Jobs<'a>),
+}
+
+/// The jobs of a run (one) or a multirun (the sweep's product, composed lazily: each job is composed, its
+/// directory prepared and its line printed only when the caller takes it).
+#[derive(Debug)]
+pub struct Jobs<'a> {
+    kind: JobsKind<'a>,
+}
+
+#[derive(Debug)]
+enum JobsKind<'a> {
+    One(Option<PreparedJob>),
+    Sweep {
+        req: AppRequest<'a>,
+        sweep_dir: PathBuf,
+        dry_run: bool,
+        product: compose::SweepProduct,
+        num: u64,
+    },
+}
+
+impl Jobs<'_> {
+    /// How many jobs there are in all.
+    pub fn total(&self) -> u128 {
+        match &self.kind {
+            JobsKind::One(_) => 1,
+            JobsKind::Sweep { product, .. } => product.total(),
+        }
+    }
+}
+
+impl Iterator for Jobs<'_> {
+    type Item = Result<PreparedJob, AppError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match &mut self.kind {
+            JobsKind::One(job) => job.take().map(Ok),
+            JobsKind::Sweep {
+                req,
+                sweep_dir,
+                dry_run,
+                product,
+                num,
+            } => {
+                let overrides = product.next()?;
+                let job = prepare_sweep_job(req, sweep_dir, *dry_run, &overrides, *num);
+                *num += 1;
+                Some(job)
+            }
+        }
+    }
 }
 
 /// Errors of the application front end.
@@ -157,7 +208,7 @@ fn absolute(path: &str) -> PathBuf {
 }
 
 /// Run the command; prints to stdout what Hydra prints there.
-pub fn execute(req: &AppRequest<'_>) -> Result<Outcome, AppError> {
+pub fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
     let mut repo = build_repository(req.config_path, req.config_dir)?;
     match &req.command {
         Command::ShowCfg {
@@ -166,22 +217,30 @@ pub fn execute(req: &AppRequest<'_>) -> Result<Outcome, AppError> {
             resolve,
         } => show_cfg(&mut repo, req, *show, package.as_deref(), *resolve),
         Command::Info(kind) => {
-            print!("{}", info(&mut repo, req, *kind)?);
+            crate::stdio::out(format_args!("{}", info(&mut repo, req, *kind)?));
             Ok(Outcome::Printed { success: true })
         }
         Command::AppHelp { flags_help } => {
             let composed = compose_run(&mut repo, req, RunMode::Run)?;
-            println!("{}", app_help(&repo, &composed.config, flags_help));
+            crate::stdio::out(format_args!(
+                "{}\n",
+                app_help(&repo, &composed.config, flags_help)
+            ));
             Ok(Outcome::Printed { success: true })
         }
         Command::HydraHelp { flags_help } => {
             let composed = compose_run(&mut repo, req, RunMode::Run)?;
-            println!("{}", hydra_help(&repo, &composed.config, flags_help));
+            crate::stdio::out(format_args!(
+                "{}\n",
+                hydra_help(&repo, &composed.config, flags_help)
+            ));
             Ok(Outcome::Printed { success: true })
         }
         Command::Run { dry_run } => {
             let job = prepare_run(&mut repo, req, *dry_run)?;
-            Ok(Outcome::Jobs(vec![job]))
+            Ok(Outcome::Jobs(Jobs {
+                kind: JobsKind::One(Some(job)),
+            }))
         }
         Command::Multirun { dry_run } => {
             Ok(Outcome::Jobs(prepare_multirun(&mut repo, req, *dry_run)?))
@@ -235,7 +294,7 @@ fn show_cfg(
     show: ShowCfg,
     package: Option<&str>,
     resolve: bool,
-) -> Result<Outcome, AppError> {
+) -> Result<Outcome<'static>, AppError> {
     let composed = compose_run(repo, req, RunMode::Run)?;
     let mut cfg = match show {
         ShowCfg::Job => job_config(&composed.config),
@@ -247,7 +306,7 @@ fn show_cfg(
     }
     let package = package.filter(|p| *p != "_global_");
     let Some(package) = package else {
-        print!("{}", to_yaml(&cfg));
+        crate::stdio::out(format_args!("{}", to_yaml(&cfg)));
         return Ok(Outcome::Printed { success: true });
     };
     let selected = cfg
@@ -259,10 +318,10 @@ fn show_cfg(
         });
     };
     if selected.value.is_container() {
-        println!("# @package {package}");
-        print!("{}", to_yaml(selected));
+        crate::stdio::out(format_args!("# @package {package}\n"));
+        crate::stdio::out(format_args!("{}", to_yaml(selected)));
     } else {
-        println!("{}", selected.value.python_str());
+        crate::stdio::out(format_args!("{}\n", selected.value.python_str()));
     }
     Ok(Outcome::Printed { success: true })
 }
@@ -536,11 +595,11 @@ fn mark_mode(full: &mut Node, mode: &str) {
     }
 }
 
-fn prepare_multirun(
+fn prepare_multirun<'a>(
     repo: &mut Repository,
-    req: &AppRequest<'_>,
+    req: &AppRequest<'a>,
     dry_run: bool,
-) -> Result<Vec<PreparedJob>, AppError> {
+) -> Result<Jobs<'a>, AppError> {
     let mut master = compose_run(repo, req, RunMode::Multirun)?;
     mark_mode(&mut master.config, "MULTIRUN");
     let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir")?;
@@ -555,28 +614,41 @@ fn prepare_multirun(
             reason: e.to_string(),
         })?;
     }
-    let combos = compose::sweep_combinations(repo, req.overrides)?;
-    let mut jobs = Vec::with_capacity(combos.len());
-    for (num, overrides) in combos.iter().enumerate() {
-        let mut repo_job = build_repository(req.config_path, req.config_dir)?;
-        let job_req = AppRequest {
-            overrides,
-            ..req.clone()
-        };
-        let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
-        mark_mode(&mut composed.config, "MULTIRUN");
-        set_hydra(&mut composed.config, &["job", "id"], Value::Int(num as i64));
-        set_hydra(
-            &mut composed.config,
-            &["job", "num"],
-            Value::Int(num as i64),
-        );
-        let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
-        jobs.push(finish_job(
-            composed.config,
-            sweep_dir.join(subdir),
+    let product = compose::sweep_combinations(repo, req.overrides)?;
+    crate::stdio::out(format_args!(
+        "[HYDRA] Launching {} jobs locally\n",
+        product.total()
+    ));
+    Ok(Jobs {
+        kind: JobsKind::Sweep {
+            req: req.clone(),
+            sweep_dir,
             dry_run,
-        )?);
-    }
-    Ok(jobs)
+            product,
+            num: 0,
+        },
+    })
+}
+
+/// Compose job `num` of a sweep with its overrides, announcing it as Hydra's launcher does.
+fn prepare_sweep_job(
+    req: &AppRequest<'_>,
+    sweep_dir: &Path,
+    dry_run: bool,
+    overrides: &[String],
+    num: u64,
+) -> Result<PreparedJob, AppError> {
+    crate::stdio::out(format_args!("[HYDRA] \t#{num} : {}\n", overrides.join(" ")));
+    let mut repo_job = build_repository(req.config_path, req.config_dir)?;
+    let job_req = AppRequest {
+        overrides,
+        ..req.clone()
+    };
+    let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
+    mark_mode(&mut composed.config, "MULTIRUN");
+    let num = i64::try_from(num).unwrap_or(i64::MAX);
+    set_hydra(&mut composed.config, &["job", "id"], Value::Int(num));
+    set_hydra(&mut composed.config, &["job", "num"], Value::Int(num));
+    let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
+    finish_job(composed.config, sweep_dir.join(subdir), dry_run)
 }

@@ -15,8 +15,8 @@ pub struct Console {
 impl Console {
     pub fn println(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
+            Some(bar) => bar.suspend(|| crate::stdio::err(format_args!("{line}\n"))),
+            None => crate::stdio::err(format_args!("{line}\n")),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! Unix specifics of supervision: signalling the run's process group, and turning SIGINT/SIGTERM (or a
-//! manual shutdown handle) into supervisor events.
+//! SIGHUP/SIGQUIT/SIGUSR1, or a manual shutdown handle) into supervisor events.
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -16,7 +16,7 @@ pub fn signal_group(pgid: i32, signal: Signal) {
 
 /// Where stop requests come from. Passed in so that tests need not send real signals to themselves.
 pub enum ShutdownSource {
-    /// SIGINT and SIGTERM of this process (the CLI).
+    /// SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGUSR1 of this process (the CLI).
     OsSignals,
     /// A handle the caller triggers (tests, embedding).
     Manual(ShutdownHandle),
@@ -52,11 +52,19 @@ pub fn forward_signals(
             use tokio::signal::unix::{SignalKind, signal};
             let mut interrupt = signal(SignalKind::interrupt())?;
             let mut terminate = signal(SignalKind::terminate())?;
+            // An ssh disconnect (SIGHUP), Ctrl-\ (SIGQUIT) and SIGUSR1 would otherwise end the orchestrator
+            // without cleanup; they stop the run like SIGTERM.
+            let mut hangup = signal(SignalKind::hangup())?;
+            let mut quit = signal(SignalKind::quit())?;
+            let mut user1 = signal(SignalKind::user_defined1())?;
             tokio::spawn(async move {
                 loop {
                     let name = tokio::select! {
                         Some(()) = interrupt.recv() => "SIGINT",
                         Some(()) = terminate.recv() => "SIGTERM",
+                        Some(()) = hangup.recv() => "SIGHUP",
+                        Some(()) = quit.recv() => "SIGQUIT",
+                        Some(()) = user1.recv() => "SIGUSR1",
                         else => break,
                     };
                     if events.send(Event::Signal { name }).is_err() {

@@ -241,11 +241,22 @@ impl MappedSegment {
 }
 
 /// Whether a process with this pid exists (a zombie counts as existing until reaped).
-fn pid_alive(pid: i32) -> bool {
-    !matches!(
+/// Whether `pid` is a running process. A zombie (dead, not yet reaped: the child of an orchestrator killed
+/// by SIGKILL, waiting for init) counts as gone: it can no longer use a segment.
+pub(crate) fn pid_alive(pid: i32) -> bool {
+    if matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
         Err(Errno::ESRCH)
-    )
+    ) {
+        return false;
+    }
+    // `/proc/<pid>/stat` is `pid (comm) state …`; comm may hold spaces or parentheses, so split at the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
 }
 
 /// Unlink the segments named `<prefix>.<pid>.…` whose creating process no longer exists; returns how many.
@@ -323,6 +334,26 @@ mod tests {
             Some(&b"abcd"[..]),
             "mapping outlives the name"
         );
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        assert!(pid_alive(std::process::id() as i32));
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // Not reaped yet: once it exits it is a zombie until `wait`.
+        let zombie = (0..2000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        });
+        assert!(zombie, "the child never became a zombie");
+        assert!(!pid_alive(pid));
+        let mut child = child;
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
     }
 
     #[test]

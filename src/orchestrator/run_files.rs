@@ -1,0 +1,331 @@
+//! The run's own files outside its results: the run-dir lock, the private 0700 directory under `TMPDIR` that
+//! holds the control sockets, the 0600 launch file, and the sweep of what runs whose orchestrator died left.
+//!
+//! Naming: a run's tag is `rlsync-<orchestrator pid>-<nonce>`; its private directory is `$TMPDIR/<tag>/`
+//! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…`. So after a SIGKILL of the
+//! orchestrator, anything named `rlsync-<pid>-…` whose pid is gone can be swept: by the next run's start and by
+//! `rlsync --cleanup`.
+
+use std::fs::File;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+/// File names inside the private directory (short, so deep `TMPDIR`s still fit [`MAX_SOCKET_PATH`]).
+const CONTROL_SOCKET: &str = "control.sock";
+const WEIGHT_SOCKET: &str = "weights.sock";
+/// What a run's tag looks like at most: `rlsync-<pid up to 10 digits>-<8 hex digits>`.
+const LONGEST_TAG: usize = "rlsync-".len() + 10 + 1 + 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunFilesError {
+    #[error(
+        "run directory {run_dir} is in use by another rlsync run (pid {holder}); wait for it or choose another hydra.run.dir"
+    )]
+    InUse { run_dir: PathBuf, holder: String },
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "socket path {path} is {len} bytes, more than the {MAX_SOCKET_PATH} a Unix socket address holds; set TMPDIR to a shorter directory"
+    )]
+    SocketPathTooLong { path: PathBuf, len: usize },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunFilesError + '_ {
+    move |source| RunFilesError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The exclusive hold on a run directory, released when dropped (or when the process dies, however it dies).
+#[derive(Debug)]
+pub struct RunLock {
+    _lock: Flock<File>,
+}
+
+/// Lock `<run_dir>/.rlsync/lock` for the life of the run; refused, naming the holder's pid, when another run
+/// holds it. Creates `<run_dir>/.rlsync` (0700).
+pub fn lock_run_dir(run_dir: &Path) -> Result<RunLock, RunFilesError> {
+    let private = run_dir.join(".rlsync");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&private)
+        .map_err(io(&private))?;
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(&private))?;
+    let path = private.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io(&path))?;
+    let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((mut file, Errno::EWOULDBLOCK)) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            return Err(RunFilesError::InUse {
+                run_dir: run_dir.to_owned(),
+                holder: if holder.is_empty() {
+                    "unknown".to_owned()
+                } else {
+                    holder.to_owned()
+                },
+            });
+        }
+        Err((_, errno)) => return Err(io(&path)(std::io::Error::from(errno))),
+    };
+    let pid = std::process::id().to_string();
+    lock.set_len(0)
+        .and_then(|()| lock.rewind())
+        .and_then(|()| lock.write_all(pid.as_bytes()))
+        .map_err(io(&path))?;
+    Ok(RunLock { _lock: lock })
+}
+
+/// Write `bytes` to `path` readable and writable by the owner only, whatever the umask.
+pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RunFilesError> {
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(path))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(io(path))?;
+    file.write_all(bytes).map_err(io(path))
+}
+
+/// A new run tag: `rlsync-<pid>-<nonce>` (unique per run, sweepable once the pid is gone).
+pub fn new_tag() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("rlsync-{}-{nanos:08x}", std::process::id())
+}
+
+/// The run's private directory under `tmp` and the paths of its sockets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrivateDir {
+    pub dir: PathBuf,
+    pub control_socket: PathBuf,
+    pub weight_socket: PathBuf,
+}
+
+impl PrivateDir {
+    pub fn layout(tmp: &Path, tag: &str) -> PrivateDir {
+        let dir = tmp.join(tag);
+        PrivateDir {
+            control_socket: dir.join(CONTROL_SOCKET),
+            weight_socket: dir.join(WEIGHT_SOCKET),
+            dir,
+        }
+    }
+
+    /// Create the directory (0700, whatever the umask) after checking that its socket paths fit.
+    pub fn create(tmp: &Path, tag: &str) -> Result<PrivateDir, RunFilesError> {
+        let layout = PrivateDir::layout(tmp, tag);
+        for path in [&layout.control_socket, &layout.weight_socket] {
+            check_socket_path(path)?;
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&layout.dir)
+            .map_err(io(&layout.dir))?;
+        std::fs::set_permissions(&layout.dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(&layout.dir))?;
+        Ok(layout)
+    }
+
+    /// Remove the directory and everything in it.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn check_socket_path(path: &Path) -> Result<(), RunFilesError> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(RunFilesError::SocketPathTooLong {
+            path: path.to_owned(),
+            len,
+        });
+    }
+    Ok(())
+}
+
+/// The dry run's check: would the longest socket path of a run fit under `tmp`?
+pub fn check_socket_dir(tmp: &Path) -> Result<(), RunFilesError> {
+    let tag = "x".repeat(LONGEST_TAG);
+    let layout = PrivateDir::layout(tmp, &tag);
+    check_socket_path(&layout.control_socket)?;
+    check_socket_path(&layout.weight_socket)
+}
+
+/// What a sweep removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub dirs: Vec<PathBuf>,
+    pub segments: usize,
+}
+
+/// The orchestrator pid in a name that starts `rlsync-<pid>-`.
+fn owner_pid(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix("rlsync-")?;
+    let (pid, _) = rest.split_once('-')?;
+    pid.parse().ok().filter(|p| *p > 0)
+}
+
+fn pid_alive(pid: i32) -> bool {
+    crate::transport::shm::pid_alive(pid)
+}
+
+/// Remove what runs whose orchestrator is gone left behind: their private directories (and sockets of the
+/// older flat layout) under `tmp`, and their shared-memory segments whose creator is gone too. Only this
+/// user's entries are touched; anything of a live pid is kept.
+pub fn sweep_leftovers(tmp: &Path) -> Swept {
+    use std::os::unix::fs::MetadataExt as _;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let mut swept = Swept::default();
+    if let Ok(entries) = std::fs::read_dir(tmp) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(owner_pid) else {
+                continue;
+            };
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.uid() != uid || pid_alive(pid) {
+                continue;
+            }
+            let path = entry.path();
+            let removed = if meta.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            if removed.is_ok() {
+                swept.dirs.push(path);
+            }
+        }
+    }
+    let mut prefixes = std::collections::BTreeSet::new();
+    if let Ok(entries) = std::fs::read_dir("/dev/shm") {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let Some(prefix) = name.split('.').next() else {
+                continue;
+            };
+            if let Some(pid) = owner_pid(prefix)
+                && !pid_alive(pid)
+                && entry.metadata().is_ok_and(|m| m.uid() == uid)
+            {
+                prefixes.insert(prefix.to_owned());
+            }
+        }
+    }
+    for prefix in prefixes {
+        swept.segments += crate::transport::shm::remove_leftovers(&prefix).unwrap_or(0);
+    }
+    swept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_locked_run_dir_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock_run_dir(dir.path()).expect("first lock");
+        let err = lock_run_dir(dir.path()).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!(
+                "in use by another rlsync run (pid {})",
+                std::process::id()
+            )),
+            "{text}"
+        );
+        drop(held);
+        lock_run_dir(dir.path()).expect("free again once the holder is gone");
+        let mode = std::fs::metadata(dir.path().join(".rlsync"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn private_files_are_owner_only_whatever_the_umask() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let private = PrivateDir::create(dir.path(), "rlsync-1-0000abcd");
+        let file = dir.path().join("launch.json");
+        let written = write_private(&file, b"{}");
+        nix::sys::stat::umask(old);
+        let private = private.unwrap();
+        written.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&private.dir), 0o700);
+        assert_eq!(mode(&file), 0o600);
+        assert!(private.control_socket.starts_with(&private.dir));
+    }
+
+    #[test]
+    fn socket_paths_beyond_sun_len_are_refused() {
+        let long = PathBuf::from(format!("/tmp/{}", "d".repeat(90)));
+        let err = check_socket_dir(&long).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("more than the 107 a Unix socket address holds"),
+            "{err}"
+        );
+        check_socket_dir(Path::new("/tmp")).expect("a short TMPDIR fits");
+        assert!(PrivateDir::create(&long, "rlsync-1-x").is_err());
+    }
+
+    #[test]
+    fn sweep_removes_only_dead_owners() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid far above any pid_max is never alive.
+        let dead = dir.path().join("rlsync-2147483000-00000001");
+        let live = dir
+            .path()
+            .join(format!("rlsync-{}-00000002", std::process::id()));
+        let flat = dir.path().join("rlsync-2147483000-00000003.sock");
+        let other = dir.path().join("unrelated-1-2");
+        for d in [&dead, &live, &other] {
+            std::fs::create_dir(d).unwrap();
+        }
+        std::fs::write(dead.join("control.sock"), b"").unwrap();
+        std::fs::write(&flat, b"").unwrap();
+        let swept = sweep_leftovers(dir.path());
+        assert_eq!(swept.dirs.len(), 2, "{swept:?}");
+        assert!(!dead.exists() && !flat.exists());
+        assert!(live.exists() && other.exists());
+        assert_eq!(owner_pid("rlsync-12-ab"), Some(12));
+        assert_eq!(owner_pid("rlsync-bench.1.2"), None);
+    }
+}

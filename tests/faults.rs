@@ -1,0 +1,822 @@
+//! The fault campaign of issue 9 against the real binary: every break the hardening issue lists, repeated at
+//! random moments. Each test prints `break K (what): held N / broke M` and fails if anything broke.
+//!
+//! `make test` runs one trial of each; the full campaign sets the trials of the process faults:
+//! `RLSYNC_FAULT_TRIALS=20 cargo test --release --locked --test tests faults:: -- --test-threads=1 --nocapture`
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rand::Rng as _;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
+/// Generous bound of any one process of a trial (the machine may be shared and loaded); only a hang hits it.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Trials per process fault (`RLSYNC_FAULT_TRIALS`, default 1).
+fn trials() -> usize {
+    std::env::var("RLSYNC_FAULT_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(1)
+}
+
+/// Held/broke counts of one break, with the reason of every break.
+struct Tally {
+    name: &'static str,
+    held: usize,
+    broke: Vec<String>,
+}
+
+impl Tally {
+    fn new(name: &'static str) -> Tally {
+        Tally {
+            name,
+            held: 0,
+            broke: Vec::new(),
+        }
+    }
+
+    fn record(&mut self, trial: Result<(), String>) {
+        match trial {
+            Ok(()) => self.held += 1,
+            Err(why) => self.broke.push(why),
+        }
+    }
+
+    #[track_caller]
+    fn finish(self) {
+        println!(
+            "{}: held {} / broke {}",
+            self.name,
+            self.held,
+            self.broke.len()
+        );
+        assert!(
+            self.broke.is_empty(),
+            "{}: {} broke:\n{}",
+            self.name,
+            self.broke.len(),
+            self.broke.join("\n---\n")
+        );
+    }
+}
+
+/// One trial's scratch space: the run dir and a private TMPDIR (so leftovers are exactly what is in it).
+struct Scratch {
+    _dir: tempfile::TempDir,
+    run_dir: PathBuf,
+    tmp: PathBuf,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = tempfile::Builder::new()
+            .prefix("rf")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let run_dir = dir.path().join("run");
+        let tmp = dir.path().join("t");
+        std::fs::create_dir(&tmp).unwrap();
+        Scratch {
+            run_dir,
+            tmp,
+            _dir: dir,
+        }
+    }
+
+    /// `rlsync train_embodied` on the small synthetic workload with `extra` overrides.
+    fn command(&self, steps: u32, extra: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("train_embodied")
+            .args([
+                "model@actor.model=synthetic_small",
+                "env@env.train=synthetic",
+                "env@env.eval=synthetic",
+                "actor.model.params=65536",
+                "actor.model.tensors=8",
+                "actor.model.train_ms=20",
+                "actor.model.rollout_ms_per_step=2",
+                "env.train.total_num_envs=4",
+                "env.train.max_steps_per_rollout_epoch=8",
+                "rollout.chunk_steps=4",
+                "runner.shutdown_grace_s=1",
+                "runner.handshake_timeout_s=60",
+                "runner.step_timeout_s=60",
+            ])
+            .arg(format!("runner.max_steps={steps}"))
+            .arg(format!("hydra.run.dir={}", self.run_dir.display()))
+            .args(extra)
+            .env("TMPDIR", &self.tmp)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn metrics_lines(&self) -> usize {
+        std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// Every metrics line is a JSON object.
+    fn metrics_valid(&self) -> Result<usize, String> {
+        let text = std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
+            .map_err(|e| format!("metrics.jsonl: {e}"))?;
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line)
+                .map_err(|e| format!("invalid metrics line {line:?}: {e}"))?;
+        }
+        Ok(text.lines().count())
+    }
+
+    fn segment_prefix(&self) -> Option<String> {
+        let bytes = std::fs::read(self.run_dir.join(".rlsync/launch.json")).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        v["segment_prefix"].as_str().map(str::to_owned)
+    }
+
+    /// Nothing of the run is left: no process, no socket or directory in its TMPDIR, no shm segment.
+    fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_of(&self.run_dir).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for (pid, cmd) in processes_of(&self.run_dir) {
+            left.push(format!("process {pid}: {cmd}"));
+        }
+        if let Ok(rd) = std::fs::read_dir(&self.tmp) {
+            left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
+        }
+        if let Some(prefix) = self.segment_prefix()
+            && let Ok(rd) = std::fs::read_dir("/dev/shm")
+        {
+            left.extend(
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .map(|e| format!("{}", e.path().display())),
+            );
+        }
+        left
+    }
+
+    /// Wait until the run wrote `n` metrics lines (it is running), or it ended.
+    fn wait_for_steps(&self, child: &mut Child, n: usize) -> Result<(), String> {
+        let deadline = Instant::now() + PATIENCE;
+        while self.metrics_lines() < n {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "the run ended ({status}) before step {n}: {}",
+                    stderr_of(child)
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(format!("no step {n} within {PATIENCE:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+}
+
+/// Processes whose command line mentions `dir` (every worker of a run does, via --run-dir).
+fn processes_of(dir: &Path) -> Vec<(u32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(&needle) && pid != std::process::id() && cmdline.contains(" worker ") {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut text = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut text);
+    }
+    text
+}
+
+/// Wait for `child` (killing it after [`PATIENCE`]); its exit code (None: killed by a signal) and stderr.
+fn finish(mut child: Child) -> Result<(Option<i32>, String), String> {
+    let deadline = Instant::now() + PATIENCE;
+    // Drain stderr meanwhile so a chatty child never blocks on a full pipe.
+    let mut err = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(err) = err.as_mut() {
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {PATIENCE:?}: killed"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = reader.join().unwrap_or_default();
+    Ok((status.code(), text))
+}
+
+fn signal(child: &Child, sig: Signal) {
+    let _ = kill(Pid::from_raw(child.id() as i32), sig);
+}
+
+fn no_panic(code: Option<i32>, stderr: &str) -> Result<(), String> {
+    if code == Some(101) || stderr.contains("panicked") {
+        return Err(format!("panicked (exit {code:?}):\n{stderr}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// break 1: two runs in one run dir
+
+#[test]
+fn break_1_a_run_dir_in_use_is_refused() {
+    let mut tally = Tally::new("break 1 (two runs, one run dir)");
+    for _ in 0..trials() {
+        tally.record(two_runs_one_dir());
+    }
+    tally.finish();
+}
+
+fn two_runs_one_dir() -> Result<(), String> {
+    let s = Scratch::new();
+    let steps = 15;
+    let first = s.command(steps, &[]).spawn().map_err(|e| e.to_string())?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..300)));
+    let second = s.command(steps, &[]).spawn().map_err(|e| e.to_string())?;
+    let a = finish(first)?;
+    let b = finish(second)?;
+    no_panic(a.0, &a.1)?;
+    no_panic(b.0, &b.1)?;
+    let (ok, refused) = match (a.0, b.0) {
+        (Some(0), Some(1)) => (a, b),
+        (Some(1), Some(0)) => (b, a),
+        _ => {
+            return Err(format!(
+                "want one run to finish and one to be refused; exits {:?} / {:?}\n{}\n{}",
+                a.0, b.0, a.1, b.1
+            ));
+        }
+    };
+    let _ = ok;
+    if !refused.1.contains("is in use by another rlsync run (pid ") {
+        return Err(format!(
+            "the refusal does not name the holder:\n{}",
+            refused.1
+        ));
+    }
+    let lines = s.metrics_valid()?;
+    if lines != steps as usize {
+        return Err(format!("{lines} metrics lines, want {steps}"));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// break 2: a suspended orchestrator
+
+#[test]
+fn break_2_a_suspended_orchestrator_does_not_fail_the_run() {
+    let mut tally = Tally::new("break 2 (SIGSTOP of the orchestrator past the step deadline)");
+    for _ in 0..trials() {
+        tally.record(suspended_orchestrator());
+    }
+    tally.finish();
+}
+
+fn suspended_orchestrator() -> Result<(), String> {
+    let s = Scratch::new();
+    let mut child = s
+        .command(12, &["runner.step_timeout_s=2"])
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let at = rand::thread_rng().gen_range(1..6);
+    s.wait_for_steps(&mut child, at)?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..100)));
+    signal(&child, Signal::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(3500));
+    signal(&child, Signal::SIGCONT);
+    let (code, stderr) = finish(child)?;
+    no_panic(code, &stderr)?;
+    if code != Some(0) {
+        return Err(format!(
+            "a healthy run failed after SIGSTOP at step {at}:\n{stderr}"
+        ));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// break 4: signals and SIGKILL of the orchestrator
+
+#[test]
+fn break_4_every_stop_signal_cleans_up() {
+    let mut tally =
+        Tally::new("break 4 (SIGHUP/SIGQUIT/SIGUSR1/SIGTERM/SIGINT of the orchestrator)");
+    for _ in 0..trials() {
+        for sig in [
+            Signal::SIGHUP,
+            Signal::SIGQUIT,
+            Signal::SIGUSR1,
+            Signal::SIGTERM,
+            Signal::SIGINT,
+        ] {
+            tally.record(stopped_by(sig).map_err(|e| format!("{sig}: {e}")));
+        }
+    }
+    tally.finish();
+}
+
+fn stopped_by(sig: Signal) -> Result<(), String> {
+    let s = Scratch::new();
+    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
+    let at = rand::thread_rng().gen_range(1..4);
+    s.wait_for_steps(&mut child, at)?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..50)));
+    signal(&child, sig);
+    let (code, stderr) = finish(child)?;
+    no_panic(code, &stderr)?;
+    if code != Some(1) || !stderr.contains(sig.as_str()) {
+        return Err(format!("want exit 1 naming {sig}, got {code:?}:\n{stderr}"));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn break_4_leftovers_of_a_killed_orchestrator_are_swept() {
+    let mut tally = Tally::new("break 4 (SIGKILL of the orchestrator, then sweeps)");
+    for trial in 0..trials() {
+        // Alternate the two sweepers: `rlsync --cleanup` and the next run's start.
+        tally.record(killed_then_swept(trial % 2 == 1));
+    }
+    tally.finish();
+}
+
+fn killed_then_swept(by_next_run: bool) -> Result<(), String> {
+    let s = Scratch::new();
+    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
+    let at = rand::thread_rng().gen_range(1..4);
+    s.wait_for_steps(&mut child, at)?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..50)));
+    signal(&child, Signal::SIGKILL);
+    let _ = finish(child)?;
+    // The workers die with the orchestrator (PR_SET_PDEATHSIG).
+    let deadline = Instant::now() + PATIENCE;
+    while !processes_of(&s.run_dir).is_empty() {
+        if Instant::now() > deadline {
+            return Err("workers outlived the killed orchestrator".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if by_next_run {
+        let next = s.command(2, &[]).spawn().map_err(|e| e.to_string())?;
+        let (code, stderr) = finish(next)?;
+        if code != Some(0) {
+            return Err(format!("the next run failed in the same dir:\n{stderr}"));
+        }
+    } else {
+        let out = Command::new(BIN)
+            .arg("--cleanup")
+            .env("TMPDIR", &s.tmp)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("rlsync --cleanup failed: {out:?}"));
+        }
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers after the sweep: {left:?}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// breaks 5, 6, 8, 9 and the dry-run checks: hostile configs
+
+/// `rlsync <args>` with `env`; exit code and stderr (and stdout).
+fn rlsync(args: &[&str], env: &[(&str, &str)]) -> Result<(Option<i32>, String, String), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut out = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(out) = out.as_mut() {
+            let _ = out.read_to_string(&mut text);
+        }
+        text
+    });
+    let (code, stderr) = finish(child)?;
+    Ok((code, stderr, reader.join().unwrap_or_default()))
+}
+
+const S: [&str; 3] = [
+    "model@actor.model=synthetic_small",
+    "env@env.train=synthetic",
+    "env@env.eval=synthetic",
+];
+
+#[test]
+fn breaks_5_6_8_hostile_values_fail_at_their_key() {
+    let mut tally = Tally::new("breaks 5, 6, 8 (hostile values: exit 1 naming the key, no panic)");
+    let cases: &[(&str, &str)] = &[
+        (
+            "runner.handshake_timeout_s=1e300",
+            "runner.handshake_timeout_s",
+        ),
+        ("runner.step_timeout_s=1e19", "runner.step_timeout_s"),
+        ("runner.shutdown_grace_s=1e300", "runner.shutdown_grace_s"),
+        ("actor.model.train_ms=1e300", "actor.model.train_ms"),
+        ("algorithm.gamma=nan", "algorithm.gamma"),
+        ("actor.optim.lr=nan", "actor.optim.lr"),
+        ("runner.step_timeout_s=inf", "runner.step_timeout_s"),
+        ("algorithm.clip_ratio_low=inf", "algorithm.clip_ratio_low"),
+        (
+            "cluster.component_placement.rollout=0-2000000",
+            "cluster.component_placement.rollout",
+        ),
+        (
+            "cluster.component_placement.rollout=0-9999",
+            "cluster.component_placement.rollout",
+        ),
+    ];
+    for (value, key) in cases {
+        for dry in [true, false] {
+            let trial = (|| {
+                let run_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+                let dir_arg = format!("hydra.run.dir={}", run_dir.path().display());
+                let mut args = vec!["train_embodied"];
+                args.extend(S);
+                args.extend([*value, dir_arg.as_str()]);
+                if dry {
+                    args.push("--dry-run");
+                }
+                let (code, stderr, _) = rlsync(&args, &[])?;
+                no_panic(code, &stderr)?;
+                if code != Some(1) || !stderr.contains(&format!("{key}:")) {
+                    return Err(format!("{value} (dry run {dry}): exit {code:?}:\n{stderr}"));
+                }
+                Ok(())
+            })();
+            tally.record(trial);
+        }
+    }
+    tally.finish();
+}
+
+#[test]
+fn break_9_a_huge_sweep_starts_at_once_in_bounded_memory() {
+    let mut tally = Tally::new("break 9 (a 10^8-job sweep is iterated lazily)");
+    tally.record(huge_sweep());
+    tally.finish();
+}
+
+fn huge_sweep() -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut child = Command::new(BIN)
+        .args(["train_embodied", "-m", "--dry-run"])
+        .args(S)
+        .args([
+            "actor.seed=range(0,10000)",
+            "algorithm.gamma=range(0,10000)",
+        ])
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let pid = child.id();
+    // Read until the third job is announced: the sweep must start long before its product is built.
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("#2 : ") {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let deadline = Instant::now() + PATIENCE;
+    while !reader.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    let _ = child.kill();
+    let _ = child.wait();
+    let seen = reader.join().unwrap_or_default();
+    if !seen.contains("Launching 100000000 jobs")
+        || !seen.contains("actor.seed=0 algorithm.gamma=2\n")
+    {
+        return Err(format!("the sweep did not start job by job:\n{seen}"));
+    }
+    if rss_kib > 512 * 1024 {
+        return Err(format!("{rss_kib} KiB resident after three jobs"));
+    }
+    Ok(())
+}
+
+#[test]
+fn dry_run_catches_what_fails_a_run_at_once() {
+    let mut tally = Tally::new("dry-run checks (TMPDIR too long, missing resume_dir)");
+    let long_tmp = format!("/tmp/{}", "t".repeat(100));
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec![],
+            vec![("TMPDIR", long_tmp.as_str())],
+            "set TMPDIR to a shorter directory",
+        ),
+        (
+            vec!["runner.resume_dir=/nonexistent/ckpt"],
+            vec![],
+            "runner.resume_dir: /nonexistent/ckpt is not a directory",
+        ),
+    ];
+    for (extra, env, want) in cases {
+        let trial = (|| {
+            let mut args = vec!["train_embodied", "--dry-run"];
+            args.extend(S);
+            args.extend(extra.iter().copied());
+            let (code, stderr, stdout) = rlsync(&args, &env)?;
+            no_panic(code, &stderr)?;
+            if code != Some(1) || !stdout.contains(want) {
+                return Err(format!(
+                    "want exit 1 and {want:?}, got {code:?}:\n{stdout}\n{stderr}"
+                ));
+            }
+            // The real run fails the same way, at once.
+            let mut args: Vec<&str> = vec!["train_embodied"];
+            args.extend(S);
+            args.extend(extra.iter().copied());
+            let run_dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+            let dir_arg = format!("hydra.run.dir={}", run_dir.path().display());
+            args.push(&dir_arg);
+            let (code, stderr, _) = rlsync(&args, &env)?;
+            no_panic(code, &stderr)?;
+            if code != Some(1) {
+                return Err(format!("the real run did not fail: {code:?}\n{stderr}"));
+            }
+            Ok(())
+        })();
+        tally.record(trial);
+    }
+    tally.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// break 7: closed stdout / stderr
+
+/// Run `rlsync args` with stdout (or stderr) a pipe whose reader is already gone.
+fn with_closed(
+    args: &[String],
+    close_stderr: bool,
+    tmp: &Path,
+) -> Result<(Option<i32>, String), String> {
+    let (read, write) = nix::unistd::pipe().map_err(|e| e.to_string())?;
+    drop(read);
+    let closed = Stdio::from(write);
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env("TMPDIR", tmp).stdin(Stdio::null());
+    if close_stderr {
+        cmd.stdout(Stdio::null()).stderr(closed);
+    } else {
+        cmd.stdout(closed).stderr(Stdio::piped());
+    }
+    let child = cmd.spawn().map_err(|e| e.to_string())?;
+    finish(child)
+}
+
+#[test]
+fn break_7_a_closed_stdout_or_stderr_never_panics() {
+    let mut tally = Tally::new("break 7 (EPIPE on stdout/stderr)");
+    let s = Scratch::new();
+    let run: Vec<String> = {
+        let cmd = s.command(2, &[]);
+        std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .skip(1)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    };
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut dry = strings(&["train_embodied", "--dry-run"]);
+    dry.extend(strings(&S));
+    let cases: Vec<(&str, Vec<String>, bool, Option<i32>)> = vec![
+        ("--help", strings(&["--help"]), false, Some(0)),
+        (
+            "train_embodied --help",
+            strings(&["train_embodied", "--help"]),
+            false,
+            Some(0),
+        ),
+        (
+            "--cfg all",
+            strings(&["train_embodied", "--cfg", "all"]),
+            false,
+            Some(0),
+        ),
+        ("--dry-run", dry, false, Some(0)),
+        ("a finished run's summary", run, false, Some(0)),
+        (
+            "an error on a closed stderr",
+            strings(&["train_embodied", "algorithm.gamma=nan"]),
+            true,
+            Some(1),
+        ),
+        (
+            "a usage error on a closed stderr",
+            strings(&["--frobnicate"]),
+            true,
+            Some(1),
+        ),
+    ];
+    for (what, args, close_stderr, want) in cases {
+        let trial = (|| {
+            let (code, stderr) = with_closed(&args, close_stderr, &s.tmp)?;
+            no_panic(code, &stderr)?;
+            if code != want {
+                return Err(format!("{what}: exit {code:?}, want {want:?}:\n{stderr}"));
+            }
+            Ok(())
+        })();
+        tally.record(trial.map_err(|e| format!("{what}: {e}")));
+    }
+    let left = s.leftovers();
+    tally.record(if left.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("the run left {left:?}"))
+    });
+    tally.finish();
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// done means: a shared-memory slot corrupted by another process while a sync is in flight
+
+#[test]
+fn corrupting_shared_memory_mid_sync_is_never_installed() {
+    let mut tally = Tally::new("shm corruption between processes (patch and bucket)");
+    for trial in 0..trials() {
+        for syncer in ["patch_syncer", "bucket_syncer"] {
+            tally.record(
+                corrupt_mid_sync(syncer).map_err(|e| format!("trial {trial}, {syncer}: {e}")),
+            );
+        }
+    }
+    tally.finish();
+}
+
+/// Run with every step synced and verified while this process (a stranger to the run) flips random bytes in
+/// the run's shared-memory segments. A run may fail on a rejected payload; it must never install one:
+/// `runner.verify_sync` compares every rollout's state checksum with the trainer's.
+fn corrupt_mid_sync(syncer: &str) -> Result<(), String> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let s = Scratch::new();
+    let syncer_arg = format!("weight_syncer={syncer}");
+    let child = s
+        .command(
+            40,
+            &[
+                syncer_arg.as_str(),
+                "runner.verify_sync=true",
+                "actor.model.params=1048576",
+                "actor.model.adam_lr=1e-3",
+                "actor.model.train_ms=5",
+            ],
+        )
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicUsize::new(0));
+    let corrupter = {
+        let (stop, writes) = (stop.clone(), writes.clone());
+        let launch = s.run_dir.join(".rlsync/launch.json");
+        std::thread::spawn(move || {
+            let mut rng = rand::thread_rng();
+            let mut prefix = None;
+            while !stop.load(Ordering::Relaxed) {
+                if prefix.is_none() {
+                    prefix = std::fs::read(&launch)
+                        .ok()
+                        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                        .and_then(|v| v["segment_prefix"].as_str().map(|p| format!("{p}.")));
+                }
+                let Some(p) = &prefix else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                let names: Vec<PathBuf> = std::fs::read_dir("/dev/shm")
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter(|e| e.file_name().to_string_lossy().starts_with(p.as_str()))
+                            .map(|e| e.path())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for name in names {
+                    let Ok(file) = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(&name)
+                    else {
+                        continue;
+                    };
+                    // SAFETY: a deliberate stranger's write into the run's shared memory; this process reads
+                    // nothing through the mapping.
+                    let Ok(mut map) = (unsafe { memmap2::MmapMut::map_mut(&file) }) else {
+                        continue;
+                    };
+                    if map.is_empty() {
+                        continue;
+                    }
+                    for _ in 0..rng.gen_range(1..8) {
+                        let at = rng.gen_range(0..map.len());
+                        map[at] ^= 1 << rng.gen_range(0..8);
+                        writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(rng.gen_range(0..2000)));
+            }
+        })
+    };
+    let result = finish(child);
+    stop.store(true, Ordering::Relaxed);
+    let _ = corrupter.join();
+    let (code, stderr) = result?;
+    no_panic(code, &stderr)?;
+    if stderr.contains("weight verification failed") {
+        return Err(format!("a corrupted payload was installed:\n{stderr}"));
+    }
+    match code {
+        Some(0) => {}
+        Some(1) if stderr.contains("rejected payload") || stderr.contains("checksum") => {}
+        _ => {
+            return Err(format!(
+                "want success or a rejected payload, got {code:?} after {} corrupting writes:\n{stderr}",
+                writes.load(Ordering::Relaxed)
+            ));
+        }
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
