@@ -88,7 +88,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
             problems.push(e.to_string());
         }
-        if let Err(e) = crate::worker::workload::preflight(cfg) {
+        if let Err(e) = crate::rl::preflight(cfg.actor.model.model_type) {
             problems.push(format!("actor.model.model_type: {e}"));
         }
         if let Some(problem) = resume_problem(cfg) {
@@ -485,7 +485,7 @@ mod tests {
         ex.config.runner.resume_dir = None;
         ex.config.actor.model.model_type = ModelType::MlpPolicy;
         let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
-        let learner = crate::worker::workload::preflight(&ex.config);
+        let learner = crate::rl::preflight(ex.config.actor.model.model_type);
         assert_eq!(
             report
                 .problems

@@ -5,6 +5,7 @@ mod faults;
 #[cfg(feature = "torch")]
 mod learner;
 mod orchestrator;
+mod protocol_doc;
 mod sync_shm;
 mod transport;
 mod util;
