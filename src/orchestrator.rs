@@ -71,9 +71,14 @@ pub enum OrchestratorError {
         tail: String,
     },
     #[error(
-        "step deadline of {timeout_s} s (runner.step_timeout_s) passed while waiting for {waiting_for}"
+        "step deadline of {timeout_s} s (runner.step_timeout_s) passed while waiting for {waiting_for}; no answer from {silent}"
     )]
-    StepTimeout { timeout_s: f64, waiting_for: String },
+    StepTimeout {
+        timeout_s: f64,
+        waiting_for: String,
+        /// The workers that did not answer (stopped ones first).
+        silent: String,
+    },
     #[error(
         "weight verification failed: {worker} holds version {version} with checksum {got:#018x}, the trainer's is {expected:#018x}"
     )]
@@ -208,6 +213,7 @@ async fn run_in_private_dir(
         control_socket: files.control_socket.clone(),
         weight_socket: files.weight_socket.clone(),
         segment_prefix: tag.to_owned(),
+        token: crate::protocol::messages::new_token(),
         config: cfg.clone(),
     };
     let launch_path = launch::launch_file(&run_dir);
@@ -234,6 +240,7 @@ async fn run_in_private_dir(
         exe,
         run_dir: run_dir.clone(),
         control_socket: launch.control_socket.clone(),
+        token: launch.token.clone(),
         rollouts: plan.rollouts,
         handshake_timeout: cfg.runner.handshake_timeout_s.get(),
         step_timeout: cfg.runner.step_timeout_s.get(),

@@ -26,6 +26,8 @@ pub enum ProtocolError {
     Malformed { reason: String },
     #[error("protocol version mismatch: peer speaks {peer}, this binary speaks {ours}")]
     Version { peer: u32, ours: u32 },
+    #[error("the hello does not carry this run's token")]
+    BadToken,
 }
 
 impl From<BytesError> for ProtocolError {

@@ -58,6 +58,35 @@ pub enum WorkerError {
     Runtime(std::io::Error),
 }
 
+impl WorkerError {
+    /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
+    /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
+    pub fn blames(&self) -> Vec<messages::Blame> {
+        use crate::transport::{Peer, TransportError};
+        let transport = match self {
+            WorkerError::Transport(e)
+            | WorkerError::Sync(crate::syncer::SyncError::Transport(e)) => e,
+            _ => return Vec::new(),
+        };
+        let peer = match transport {
+            TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } => peer,
+            _ => return Vec::new(),
+        };
+        let rollout = |rank: usize| messages::Blame {
+            role: Role::Rollout,
+            rank: rank as u32,
+        };
+        match peer {
+            Peer::Sender => vec![messages::Blame {
+                role: Role::Trainer,
+                rank: 0,
+            }],
+            Peer::Receiver(rank) => vec![rollout(*rank)],
+            Peer::Receivers(ranks) => ranks.iter().map(|r| rollout(*r)).collect(),
+        }
+    }
+}
+
 /// Parsed `rlsync worker` arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerArgs {
@@ -212,6 +241,7 @@ async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> 
         role: args.role,
         rank: args.rank,
         pid: std::process::id(),
+        token: launch.token.clone(),
     };
     let control = Control::connect(&launch.control_socket, &hello).await?;
     let mut ctx = WorkerContext {
@@ -231,6 +261,7 @@ async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> 
             .report(
                 &Report::Failed {
                     message: err.to_string(),
+                    blames: err.blames(),
                 },
                 &[],
             )
@@ -307,6 +338,37 @@ mod tests {
             report(sync),
             "weight sync: version 2 is not newer than the last sent version 3"
         );
+    }
+
+    #[test]
+    fn a_peer_failure_blames_the_peer() {
+        use crate::transport::{Peer, TransportError};
+        let gone = WorkerError::Transport(TransportError::PeerGone {
+            op: "receiving",
+            peer: Peer::Sender,
+        });
+        assert_eq!(
+            gone.blames(),
+            vec![messages::Blame {
+                role: Role::Trainer,
+                rank: 0
+            }]
+        );
+        let late = WorkerError::Sync(crate::syncer::SyncError::Transport(
+            TransportError::Timeout {
+                op: "waiting for releases",
+                peer: Peer::Receivers(vec![1, 3]),
+                timeout: Duration::from_secs(1),
+            },
+        ));
+        assert_eq!(
+            late.blames()
+                .iter()
+                .map(|b| (b.role, b.rank))
+                .collect::<Vec<_>>(),
+            vec![(Role::Rollout, 1), (Role::Rollout, 3)]
+        );
+        assert!(WorkerError::OrchestratorGone.blames().is_empty());
     }
 
     #[test]

@@ -820,3 +820,205 @@ fn corrupt_mid_sync(syncer: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// break 3: strangers on the control socket
+
+/// `cmd` run under `umask 000` (through `sh`), so file modes cannot come from the umask.
+fn with_umask_000(cmd: &Command) -> Command {
+    let mut sh = Command::new("sh");
+    sh.arg("-c")
+        .arg("umask 000; exec \"$0\" \"$@\"")
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            sh.env(k, v);
+        }
+    }
+    sh
+}
+
+#[test]
+fn break_3_strangers_on_the_control_socket_never_disturb_a_run() {
+    let mut tally = Tally::new("break 3 (strangers on the control socket, umask 000)");
+    for trial in 0..trials() {
+        for attack in 0..4 {
+            tally.record(
+                stranger(attack).map_err(|e| format!("trial {trial}, attack {attack}: {e}")),
+            );
+        }
+    }
+    tally.finish();
+}
+
+/// One stranger (this test process: same user, not a spawned worker) connects while the run is going and:
+/// 0 sends 8 bytes of junk; 1 says hello as rollout-1 without the token; 2 says hello as rollout-1 with the
+/// token it read from the launch file; 3 connects and says nothing.
+fn stranger(attack: u32) -> Result<(), String> {
+    use std::io::Write as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    let s = Scratch::new();
+    let mut child = with_umask_000(&s.command(10, &[]))
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    let launch_path = s.run_dir.join(".rlsync/launch.json");
+    let launch: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&launch_path).map_err(|e| format!("launch file: {e}"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    let mode = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.permissions().mode() & 0o777)
+            .unwrap_or(0)
+    };
+    let socket = PathBuf::from(
+        launch["control_socket"]
+            .as_str()
+            .ok_or("no control_socket")?,
+    );
+    let private = socket.parent().ok_or("no socket dir")?.to_owned();
+    for (what, path, want) in [
+        ("launch file", launch_path.as_path(), 0o600),
+        ("control socket", socket.as_path(), 0o600),
+        ("private dir", private.as_path(), 0o700),
+        ("run dir .rlsync", &s.run_dir.join(".rlsync"), 0o700),
+    ] {
+        if mode(path) != want {
+            let _ = child.kill();
+            return Err(format!(
+                "{what} {} has mode {:o}",
+                path.display(),
+                mode(path)
+            ));
+        }
+    }
+    let token = launch["token"].as_str().unwrap_or_default().to_owned();
+    let mut conn = std::os::unix::net::UnixStream::connect(&socket).map_err(|e| e.to_string())?;
+    let frame = |json: String| {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&((json.len() + 4) as u32).to_le_bytes());
+        bytes.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(json.as_bytes());
+        bytes
+    };
+    let hello = |token: &str| {
+        frame(format!(
+            r#"{{"report":"hello","protocol":1,"role":"rollout","rank":1,"pid":{},"token":"{token}"}}"#,
+            std::process::id()
+        ))
+    };
+    let sent = match attack {
+        0 => conn.write_all(&[0xff, 0xff, 0xff, 0x7f, 1, 2, 3, 4]),
+        1 => conn.write_all(&hello("")),
+        2 => conn.write_all(&hello(&token)),
+        _ => Ok(()),
+    };
+    // The run may already have dropped us: a failed write is fine.
+    let _ = sent;
+    let (code, stderr) = finish(child)?;
+    drop(conn);
+    no_panic(code, &stderr)?;
+    if code != Some(0) {
+        return Err(format!(
+            "the stranger disturbed the run (exit {code:?}):\n{stderr}"
+        ));
+    }
+    if s.metrics_valid()? != 10 {
+        return Err("the run did not finish its 10 steps".into());
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// break 10: the first cause is the one named
+
+/// The pid of the run's worker whose command line has `--role <role> --rank <rank> `.
+fn worker_pid(run_dir: &Path, role: &str, rank: u32) -> Option<i32> {
+    let needle = format!("--role {role} --rank {rank} ");
+    processes_of(run_dir)
+        .into_iter()
+        .find(|(_, cmd)| cmd.contains(&needle))
+        .map(|(pid, _)| pid as i32)
+}
+
+#[test]
+fn break_10_a_killed_trainer_is_named_not_a_rollout() {
+    let mut tally = Tally::new("break 10 (SIGKILL of the trainer names the trainer)");
+    for _ in 0..trials() {
+        tally.record(killed_worker("trainer", 0));
+    }
+    tally.finish();
+}
+
+fn killed_worker(role: &str, rank: u32) -> Result<(), String> {
+    let s = Scratch::new();
+    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
+    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..60)));
+    let pid = worker_pid(&s.run_dir, role, rank).ok_or("worker not found")?;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    let (code, stderr) = finish(child)?;
+    no_panic(code, &stderr)?;
+    let want = format!("worker {role}-{rank} (pid {pid}) was killed by SIGKILL");
+    if code != Some(1) || !stderr.contains(&want) {
+        return Err(format!(
+            "want exit 1 naming {want:?}, got {code:?}:\n{stderr}"
+        ));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn break_10_a_stopped_rollout_is_named() {
+    let mut tally = Tally::new("break 10 (SIGSTOP of a rollout names it)");
+    for _ in 0..trials() {
+        tally.record(stopped_rollout());
+    }
+    tally.finish();
+}
+
+fn stopped_rollout() -> Result<(), String> {
+    let s = Scratch::new();
+    let mut child = s
+        .command(
+            100_000,
+            &["runner.step_timeout_s=3", "runner.handshake_timeout_s=3"],
+        )
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..60)));
+    let rank = rand::thread_rng().gen_range(0..2);
+    let pid = worker_pid(&s.run_dir, "rollout", rank).ok_or("rollout not found")?;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+    let (code, stderr) = finish(child)?;
+    let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+    no_panic(code, &stderr)?;
+    let named = stderr.contains(&format!("rollout-{rank} (pid {pid}, stopped)"))
+        || stderr.contains(&format!(
+            "worker rollout-{rank} (pid {pid}) did not answer (the process is stopped)"
+        ));
+    if code != Some(1) || !named {
+        return Err(format!(
+            "want exit 1 naming stopped rollout-{rank} (pid {pid}), got {code:?}:\n{stderr}"
+        ));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}

@@ -62,12 +62,15 @@ pub enum Event {
     /// A worker connected and said hello.
     Connected {
         hello: Hello,
+        /// The connecting process (`SO_PEERCRED`).
+        peer_pid: Option<i32>,
         reader: FrameReader<OwnedReadHalf>,
         writer: OwnedWriteHalf,
     },
     /// A connection that did not produce a valid hello.
     BadHandshake {
         reason: String,
+        peer_pid: Option<i32>,
     },
     Report {
         id: WorkerId,
@@ -105,6 +108,13 @@ struct Unit {
     log_path: PathBuf,
     /// The reason a worker gave in a `Failed` report.
     failure: Option<String>,
+    /// The peers that report blamed.
+    blames: Vec<WorkerId>,
+    /// When the supervisor first saw this worker fail (report, broken connection or exit).
+    failed_at: Option<Instant>,
+    /// When it was last sent a command, and last heard from (for naming who did not answer).
+    last_sent: Option<Instant>,
+    last_heard: Option<Instant>,
 }
 
 /// Settings of one supervised run.
@@ -117,6 +127,8 @@ pub struct SupervisorConfig {
     /// `None`: no step deadline.
     pub step_timeout: Option<Duration>,
     pub grace: Duration,
+    /// The run's token (launch file); every hello must carry it.
+    pub token: String,
 }
 
 pub struct Supervisor {
@@ -315,6 +327,10 @@ impl Supervisor {
             tail,
             log_path,
             failure: None,
+            blames: Vec::new(),
+            failed_at: None,
+            last_sent: None,
+            last_heard: None,
         });
         Ok(())
     }
@@ -352,6 +368,15 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Whether `pid` is a worker this run spawned that has not connected yet.
+    fn is_spawned_unconnected(&self, pid: Option<i32>) -> bool {
+        pid.is_some_and(|pid| {
+            self.units
+                .iter()
+                .any(|u| u.pid as i32 == pid && u.state == UnitState::Spawned)
+        })
+    }
+
     fn unit_mut(&mut self, id: WorkerId) -> Option<&mut Unit> {
         self.units.iter_mut().find(|u| u.id == id)
     }
@@ -364,11 +389,25 @@ impl Supervisor {
         match event {
             Event::Connected {
                 hello,
+                peer_pid,
                 reader,
                 writer,
             } => {
-                messages::check_hello(&hello).map_err(|e| OrchestratorError::Handshake {
-                    reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
+                // Only the processes this run spawned may speak on its control socket; anyone else (another
+                // run's stray worker, a same-user stranger) is dropped and logged, and the run goes on.
+                if !self.is_spawned_unconnected(peer_pid) {
+                    tracing::warn!(
+                        "dropped a control connection from pid {}: not a worker this run is waiting for (its hello claims {}-{})",
+                        peer_pid.map_or("?".to_owned(), |p| p.to_string()),
+                        hello.role.name(),
+                        hello.rank
+                    );
+                    return Ok(None);
+                }
+                messages::authenticate(&hello, &self.cfg.token).map_err(|e| {
+                    OrchestratorError::Handshake {
+                        reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
+                    }
                 })?;
                 let id = WorkerId {
                     role: hello.role,
@@ -385,36 +424,50 @@ impl Supervisor {
                         reason: format!("second connection claiming to be {id}"),
                     });
                 }
-                if unit.pid != hello.pid {
-                    tracing::warn!(
-                        "{id}: hello from pid {}, spawned pid {}",
-                        hello.pid,
-                        unit.pid
-                    );
+                if peer_pid != Some(unit.pid as i32) {
+                    return Err(OrchestratorError::Handshake {
+                        reason: format!(
+                            "the hello of {id} came from pid {}, not from the spawned pid {}",
+                            peer_pid.map_or("?".to_owned(), |p| p.to_string()),
+                            unit.pid
+                        ),
+                    });
                 }
                 unit.state = UnitState::Connected;
                 unit.writer = Some(writer);
                 read_loop(id, reader, events);
                 Ok(None)
             }
-            Event::BadHandshake { reason } => Err(OrchestratorError::Handshake { reason }),
-            Event::Report { id, frame } => match frame.header {
-                Report::Failed { message } => {
-                    if let Some(unit) = self.unit_mut(id) {
-                        unit.failure = Some(message);
-                    }
-                    Err(self.worker_failed(id).await)
+            Event::BadHandshake { reason, peer_pid } => {
+                if self.is_spawned_unconnected(peer_pid) {
+                    Err(OrchestratorError::Handshake { reason })
+                } else {
+                    tracing::warn!(
+                        "dropped a control connection from pid {}: {reason}",
+                        peer_pid.map_or("?".to_owned(), |p| p.to_string())
+                    );
+                    Ok(None)
                 }
-                _ => Ok(Some((id, frame))),
-            },
+            }
+            Event::Report { id, frame } => {
+                if let Some(unit) = self.unit_mut(id) {
+                    unit.last_heard = Some(Instant::now());
+                }
+                match frame.header {
+                    Report::Failed { .. } => {
+                        self.note_failure(Event::Report { id, frame });
+                        Err(self.worker_failed(id).await)
+                    }
+                    _ => Ok(Some((id, frame))),
+                }
+            }
             Event::Disconnected { id, reason } => {
                 tracing::debug!("{id} disconnected: {reason}");
+                self.note_failure(Event::Disconnected { id, reason });
                 Err(self.worker_failed(id).await)
             }
             Event::Exited { id, status } => {
-                if let Some(unit) = self.unit_mut(id) {
-                    unit.state = UnitState::Exited(status);
-                }
+                self.note_failure(Event::Exited { id, status });
                 Err(self.worker_failed(id).await)
             }
             Event::Signal { name } => {
@@ -424,7 +477,49 @@ impl Supervisor {
         }
     }
 
-    /// Build the error for a failed worker, after giving it a moment to exit so its status can be named.
+    /// Record what a failure event says about its worker (first failure time, exit status, reason, blames).
+    fn note_failure(&mut self, event: Event) {
+        let now = Instant::now();
+        let (id, status, report) = match event {
+            Event::Exited { id, status } => (id, Some(status), None),
+            Event::Disconnected { id, .. } => (id, None, None),
+            Event::Report {
+                id,
+                frame:
+                    Frame {
+                        header: Report::Failed { message, blames },
+                        ..
+                    },
+            } => (id, None, Some((message, blames))),
+            Event::Signal { .. } => {
+                self.stop_requests += 1;
+                return;
+            }
+            _ => return,
+        };
+        let Some(unit) = self.unit_mut(id) else {
+            return;
+        };
+        unit.failed_at.get_or_insert(now);
+        if let Some(status) = status {
+            unit.state = UnitState::Exited(status);
+        }
+        if let Some((message, blames)) = report {
+            unit.failure = Some(message);
+            unit.blames = blames
+                .into_iter()
+                .map(|b| WorkerId {
+                    role: b.role,
+                    rank: b.rank,
+                })
+                .collect();
+        }
+    }
+
+    /// Build the error for a failed worker. The first cause in time is the one named: the supervisor gives the
+    /// failing worker a moment to exit (so its status can be named) and the others a short moment to report
+    /// failures already under way, then names the earliest worker that failed on its own; a worker that only
+    /// failed because of a peer (gone, or silent past a deadline) hands the blame to that peer.
     async fn worker_failed(&mut self, id: WorkerId) -> OrchestratorError {
         let deadline = Instant::now() + Duration::from_secs(2);
         while !matches!(
@@ -432,44 +527,101 @@ impl Supervisor {
             Some(UnitState::Exited(_)) | None
         ) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                Ok(Some(Event::Exited { id: who, status })) => {
-                    if let Some(unit) = self.unit_mut(who) {
-                        unit.state = UnitState::Exited(status);
-                    }
-                }
-                Ok(Some(Event::Report { id: who, frame })) => {
-                    if let (Report::Failed { message }, Some(unit)) =
-                        (frame.header, self.unit_mut(who))
-                    {
-                        unit.failure = Some(message);
-                    }
-                }
-                Ok(Some(Event::Signal { .. })) => self.stop_requests += 1,
-                Ok(Some(_)) => {}
+                Ok(Some(event)) => self.note_failure(event),
                 Ok(None) | Err(_) => break,
             }
         }
-        let Some(unit) = self.units.iter().find(|u| u.id == id) else {
+        // Failures of other workers already on their way (a peer's exit, its report) arrive within moments.
+        let settle = Instant::now() + Duration::from_millis(500);
+        while let Ok(Some(event)) = tokio::time::timeout_at(settle, self.events.recv()).await {
+            self.note_failure(event);
+        }
+        let culprit = self.first_cause(id);
+        let Some(unit) = self.units.iter().find(|u| u.id == culprit) else {
             return OrchestratorError::Handshake {
-                reason: format!("unknown worker {id}"),
+                reason: format!("unknown worker {culprit}"),
             };
         };
         let status = match unit.state {
             UnitState::Exited(status) => describe(status),
-            _ => "closed its control connection".to_owned(),
+            _ if unit.failed_at.is_some() => "closed its control connection".to_owned(),
+            _ if process_stopped(unit.pid) => "did not answer (the process is stopped)".to_owned(),
+            _ => "did not answer".to_owned(),
         };
+        let mut message = unit
+            .failure
+            .clone()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default();
+        if culprit != id
+            && let Some(first) = self.units.iter().find(|u| u.id == id)
+        {
+            message.push_str(&format!(
+                "; {id} failed because of it: {}",
+                first.failure.as_deref().unwrap_or("its connection broke")
+            ));
+        }
         OrchestratorError::WorkerFailed {
-            worker: id.to_string(),
+            worker: culprit.to_string(),
             pid: unit.pid,
             status,
-            message: unit
-                .failure
-                .clone()
-                .map(|m| format!(": {m}"))
-                .unwrap_or_default(),
+            message,
             log: unit.log_path.clone(),
             tail: unit.tail.lines().join("\n"),
         }
+    }
+
+    /// The worker to name for a failure first seen on `first`: the earliest to fail on its own (blaming no
+    /// peer); when every failure blames a peer, the peer the earliest one blames.
+    fn first_cause(&self, first: WorkerId) -> WorkerId {
+        let failed = |own: bool| {
+            self.units
+                .iter()
+                .filter(|u| u.failed_at.is_some() && u.blames.is_empty() == own)
+                .min_by_key(|u| u.failed_at)
+        };
+        if let Some(unit) = failed(true) {
+            return unit.id;
+        }
+        failed(false)
+            .and_then(|u| {
+                u.blames
+                    .iter()
+                    .find(|b| self.units.iter().any(|x| x.id == **b))
+            })
+            .copied()
+            .unwrap_or(first)
+    }
+
+    /// The workers that did not answer: stopped processes first; else those with a command outstanding;
+    /// else every worker still running.
+    fn silent_workers(&self) -> String {
+        let alive: Vec<&Unit> = self
+            .units
+            .iter()
+            .filter(|u| !matches!(u.state, UnitState::Exited(_)))
+            .collect();
+        let name = |u: &&Unit| format!("{} (pid {})", u.id, u.pid);
+        let stopped: Vec<String> = alive
+            .iter()
+            .filter(|u| process_stopped(u.pid))
+            .map(|u| format!("{} (pid {}, stopped)", u.id, u.pid))
+            .collect();
+        if !stopped.is_empty() {
+            return stopped.join(", ");
+        }
+        let pending: Vec<String> = alive
+            .iter()
+            .filter(|u| {
+                u.last_sent
+                    .is_some_and(|s| u.last_heard.is_none_or(|h| h < s))
+            })
+            .map(name)
+            .collect();
+        if !pending.is_empty() {
+            return pending.join(", ");
+        }
+        alive.iter().map(name).collect::<Vec<_>>().join(", ")
     }
 
     /// Number of rollout workers.
@@ -500,6 +652,7 @@ impl Supervisor {
             .ok_or_else(|| OrchestratorError::Handshake {
                 reason: format!("{id} is not connected"),
             })?;
+        unit.last_sent = Some(Instant::now());
         match messages::write_frame(writer, cmd, blob).await {
             Ok(()) => Ok(()),
             Err(ProtocolError::Io(_)) => Err(self.worker_failed(id).await),
@@ -537,6 +690,7 @@ impl Supervisor {
                         return Err(OrchestratorError::StepTimeout {
                             timeout_s,
                             waiting_for: waiting_for.to_owned(),
+                            silent: self.silent_workers(),
                         });
                     }
                 },
@@ -638,6 +792,14 @@ impl Supervisor {
     }
 }
 
+/// Whether process `pid` is stopped (SIGSTOP, a debugger): state `T` or `t` in `/proc/<pid>/stat`.
+fn process_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+    })
+}
+
 /// Accept control connections and turn each first frame into `Connected` (or `BadHandshake`).
 fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, timeout: Duration) {
     tokio::spawn(async move {
@@ -646,6 +808,20 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                 break;
             };
             let sender = events.clone();
+            // SO_PEERCRED: a process of another user is refused before it can send a byte.
+            let cred = stream.peer_cred().ok();
+            // SAFETY: getuid has no preconditions and cannot fail.
+            let uid = unsafe { libc::getuid() };
+            if cred.is_none_or(|c| c.uid() != uid) {
+                tracing::warn!(
+                    "dropped a control connection from uid {} (pid {}): not this run's user",
+                    cred.map_or("?".to_owned(), |c| c.uid().to_string()),
+                    cred.and_then(|c| c.pid())
+                        .map_or("?".to_owned(), |p| p.to_string())
+                );
+                continue;
+            }
+            let peer_pid = cred.and_then(|c| c.pid());
             tokio::spawn(async move {
                 let (reader, writer) = stream.into_split();
                 let mut reader = messages::control_reader(reader);
@@ -660,14 +836,17 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                         ..
                     })) => Event::Connected {
                         hello,
+                        peer_pid,
                         reader,
                         writer,
                     },
                     Ok(Ok(frame)) => Event::BadHandshake {
                         reason: format!("first frame was {:?}, not a hello", frame.header),
+                        peer_pid,
                     },
                     Ok(Err(e)) => Event::BadHandshake {
                         reason: format!("reading the hello failed: {e}"),
+                        peer_pid,
                     },
                     Err(_) => return,
                 };

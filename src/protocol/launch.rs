@@ -29,6 +29,10 @@ pub struct LaunchSpec {
     pub weight_socket: PathBuf,
     /// Names of shared-memory segments of this run start with this prefix.
     pub segment_prefix: String,
+    /// A per-run secret (random, hex): every worker's hello must carry it. The launch file is 0600, so only
+    /// the run's own user can read it.
+    #[serde(default)]
+    pub token: String,
     pub config: RunConfig,
 }
 
@@ -79,6 +83,7 @@ mod tests {
             control_socket: "/tmp/c.sock".into(),
             weight_socket: "/tmp/w.sock".into(),
             segment_prefix: "rlsync-1-x".into(),
+            token: "0123".into(),
             config: RunConfig::default(),
         };
         let bytes = encode_launch(&spec).unwrap();

@@ -51,6 +51,9 @@ pub struct Hello {
     pub role: Role,
     pub rank: u32,
     pub pid: u32,
+    /// The run's token from the launch file (absent in hellos of protocol-doc examples).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
 }
 
 /// Statistics of one weight transfer, as the trainer reports them.
@@ -131,10 +134,20 @@ pub enum Report {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         metrics: Vec<(String, Option<f64>)>,
     },
-    /// The worker failed; it exits right after.
+    /// The worker failed; it exits right after. `blames` names the peers its failure was about (a weight
+    /// channel peer that is gone or did not answer in time), so the orchestrator can name the first cause.
     Failed {
         message: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        blames: Vec<Blame>,
     },
+}
+
+/// A worker another worker's failure points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blame {
+    pub role: Role,
+    pub rank: u32,
 }
 
 /// A decoded frame: a typed header and its bulk bytes.
@@ -233,6 +246,23 @@ pub fn check_hello(hello: &Hello) -> Result<(), ProtocolError> {
     Ok(())
 }
 
+/// Check a greeting's version and that it carries the run's `token` (compared in constant time).
+pub fn authenticate(hello: &Hello, token: &str) -> Result<(), ProtocolError> {
+    check_hello(hello)?;
+    let (got, want) = (hello.token.as_bytes(), token.as_bytes());
+    let differ =
+        got.len() != want.len() || got.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0;
+    if want.is_empty() || differ {
+        return Err(ProtocolError::BadToken);
+    }
+    Ok(())
+}
+
+/// A new per-run token: 128 random bits as hex.
+pub fn new_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +275,32 @@ mod tests {
         let frame: Frame<Command> = decode_body(bytes[4..].to_vec()).unwrap();
         assert_eq!(frame.header, cmd);
         assert_eq!(frame.blob, blob);
+    }
+
+    #[test]
+    fn hellos_are_authenticated_by_the_run_token() {
+        let hello = |token: &str| Hello {
+            protocol: PROTOCOL_VERSION,
+            role: Role::Rollout,
+            rank: 1,
+            pid: 7,
+            token: token.to_owned(),
+        };
+        let token = new_token();
+        assert_eq!(token.len(), 32);
+        assert_ne!(token, new_token(), "each run draws its own");
+        assert!(authenticate(&hello(&token), &token).is_ok());
+        for bad in ["", "00", &token[1..], &format!("{}0", &token[..31])] {
+            assert!(
+                matches!(
+                    authenticate(&hello(bad), &token),
+                    Err(ProtocolError::BadToken)
+                ),
+                "{bad:?}"
+            );
+        }
+        // An empty expected token never authenticates anyone.
+        assert!(authenticate(&hello(""), "").is_err());
     }
 
     #[test]
@@ -311,6 +367,7 @@ mod tests {
             role: Role::Rollout,
             rank: 2,
             pid: 42,
+            token: String::new(),
         });
         write_frame(&mut a, &hello, b"xyz").await.unwrap();
         drop(a);
@@ -341,6 +398,7 @@ mod tests {
             role: Role::Trainer,
             rank: 0,
             pid: 1,
+            token: String::new(),
         };
         assert!(check_hello(&ok).is_ok());
         let bad = Hello {
