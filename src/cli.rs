@@ -333,7 +333,7 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         Outcome::Jobs(jobs) => {
             // Every job runs (as Hydra's basic launcher does); the sweep fails if any job failed.
             let mut status = ExitStatus::Success;
-            for job in jobs {
+            for job in *jobs {
                 let job = job.map_err(anyhow::Error::from)?;
                 if run_job(args.entry, &job)? == ExitStatus::Failure {
                     status = ExitStatus::Failure;

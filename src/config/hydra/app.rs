@@ -99,7 +99,7 @@ pub enum Outcome<'a> {
     /// Output was printed; exit with this success flag.
     Printed { success: bool },
     /// Jobs to run, one after another (composed as they are taken).
-    Jobs(Jobs<'a>),
+    Jobs(Box<Jobs<'a>>),
 }
 
 /// The jobs of a run (one) or a multirun (the sweep's product, composed lazily: each job is composed, its
@@ -238,13 +238,13 @@ pub fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
         }
         Command::Run { dry_run } => {
             let job = prepare_run(&mut repo, req, *dry_run)?;
-            Ok(Outcome::Jobs(Jobs {
+            Ok(Outcome::Jobs(Box::new(Jobs {
                 kind: JobsKind::One(Some(job)),
-            }))
+            })))
         }
-        Command::Multirun { dry_run } => {
-            Ok(Outcome::Jobs(prepare_multirun(&mut repo, req, *dry_run)?))
-        }
+        Command::Multirun { dry_run } => Ok(Outcome::Jobs(Box::new(prepare_multirun(
+            &mut repo, req, *dry_run,
+        )?))),
     }
 }
 
