@@ -238,19 +238,25 @@ impl BorrowedState {
     }
 
     /// Map `keys` to their canonical names, dropping repeats (a tied group listed under several names is
-    /// synced once), in first-seen order. An unknown key is an error naming it.
+    /// synced once), in the state dict's order (the order patches and buckets carry tensors in, whatever
+    /// order the caller listed them in). An unknown key is an error naming it.
     pub fn fold_keys(&self, keys: &[String]) -> Result<Vec<String>, BorrowError> {
-        let mut out: Vec<String> = Vec::with_capacity(keys.len());
-        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        let mut picked = vec![false; self.state.len()];
         for k in keys {
             let c = self
                 .canonical(k)
                 .ok_or_else(|| BorrowError::UnknownKey { key: k.clone() })?;
-            if seen.insert(c.to_string()) {
-                out.push(c.to_string());
+            if let Some(i) = self.state.index_of(c) {
+                picked[i] = true;
             }
         }
-        Ok(out)
+        Ok(self
+            .state
+            .keys()
+            .zip(picked)
+            .filter(|(_, p)| *p)
+            .map(|(k, _)| k.to_string())
+            .collect())
     }
 }
 
@@ -329,7 +335,7 @@ mod tests {
             st.aliases(),
             &[("head.weight".to_string(), "emb.weight".to_string())]
         );
-        let keys = ["head.weight", "x", "emb.weight"].map(String::from);
+        let keys = ["x", "head.weight", "emb.weight"].map(String::from);
         assert_eq!(st.fold_keys(&keys).unwrap(), vec!["emb.weight", "x"]);
         assert_eq!(
             st.fold_keys(&["nope".to_string()]).unwrap_err(),
