@@ -342,6 +342,8 @@ class PatchWeightSyncer(WeightSyncer):
     ) -> None:
         if compression_algorithm not in ("none", "lz4", "nvcomp_lz4"):
             raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")
+        if int(init_sync_bucket_size) <= 0:
+            raise ValueError(f"init_sync_bucket_size must be a positive number of bytes, got {init_sync_bucket_size}")
         config = {
             "type": "patch",
             "patch": {
@@ -394,6 +396,8 @@ class BucketWeightSyncer(WeightSyncer):
         *,
         threads: int = 0,
     ) -> None:
+        if int(bucket_size) <= 0:
+            raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size}")
         config = {
             "type": "bucket",
             "bucket": {

@@ -403,7 +403,10 @@ fn op_for(
     keep: Vec<Py<PyAny>>,
 ) -> Op {
     let driver = match &io {
-        Some(io) => Driver::Bridge(Pump::new(fut, io.clone())),
+        Some(io) => {
+            io.reset();
+            Driver::Bridge(Pump::new(fut, io.clone()))
+        }
         None => Driver::Blocking(Box::pin(fut)),
     };
     make_op(slf.clone().unbind(), driver, io, keep)

@@ -67,6 +67,16 @@ impl BridgeIo {
         self.lock().inbox = Some(payload);
     }
 
+    /// Forget an earlier operation's failure and leftovers before the next operation starts on this end.
+    pub fn reset(&self) {
+        let mut s = self.lock();
+        s.outbox.clear();
+        s.confirmed = s.started;
+        s.wants = false;
+        s.inbox = None;
+        s.failed = None;
+    }
+
     /// The caller's transport failed (its `send`/`recv` raised): pending and later waits fail with `reason`.
     pub fn fail(&self, reason: impl Into<String>) {
         self.lock().failed = Some(reason.into());
@@ -379,17 +389,29 @@ mod tests {
     #[test]
     fn a_failed_transport_ends_the_operation_with_its_reason() {
         let (mut rx, rio) = bridge_receiver();
-        let mut p = Pump::new(async move { rx.recv_with(<[u8]>::len).await }, rio.clone());
+        let mut p = Pump::new(
+            async move { (rx.recv_with(<[u8]>::len).await, rx) },
+            rio.clone(),
+        );
         assert!(matches!(p.step().unwrap(), Step::Recv));
         rio.fail("ConnectionResetError: peer went away");
-        match p.step().unwrap() {
-            Step::Done(Err(e)) => assert!(e.to_string().contains("peer went away"), "{e}"),
+        let mut rx = match p.step().unwrap() {
+            Step::Done((Err(e), rx)) => {
+                assert!(e.to_string().contains("peer went away"), "{e}");
+                rx
+            }
             _ => panic!("expected a failed operation"),
-        }
+        };
         assert!(
             p.step().is_err(),
             "stepping a finished operation is an error"
         );
+        // The end stays usable: the next operation on it starts afresh after a reset.
+        rio.reset();
+        let mut p = Pump::new(async move { rx.recv_with(<[u8]>::len).await }, rio.clone());
+        assert!(matches!(p.step().unwrap(), Step::Recv));
+        rio.deliver(Box::new(vec![1u8, 2]));
+        assert!(matches!(p.step().unwrap(), Step::Done(Ok(2))));
 
         // An operation waiting on something else is failed rather than left hanging.
         let (_tx, io) = bridge_sender();
