@@ -248,22 +248,20 @@ class WeightSyncer:
         if version < 0:
             raise ValueError(f"version must be a non-negative integer, got {version}")
         descs = _describe(state_dict)
-        op = self._native.begin_sync(descs, version)
         if self._native.on_shm:
             self._check_channel(send)
-            await asyncio.to_thread(op.run)
+            await asyncio.to_thread(self._native.begin_sync(descs, version).run)
         else:
-            await _drive(op, send, None)
+            await _drive(self._native.begin_sync(descs, version), send, None)
 
     async def apply(self, model_or_state_dict: StateDictLike, recv: RecvFn | ShmReceiver) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
         A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing."""
         descs = _describe(model_or_state_dict)
-        op = self._native.begin_apply(descs)
         if self._native.on_shm:
             self._check_channel(recv)
-            return await asyncio.to_thread(op.run)
-        return await _drive(op, None, recv)
+            return await asyncio.to_thread(self._native.begin_apply(descs).run)
+        return await _drive(self._native.begin_apply(descs), None, recv)
 
     # -- rlsync's extras --------------------------------------------------------------------------------
 

@@ -454,6 +454,19 @@ impl Op {
     }
 }
 
+impl Drop for Op {
+    /// An op dropped midway (its driver gave up) is ended cleanly, so the syncer comes back to its owner.
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let (Some(Driver::Bridge(pump)), Some(io)) = (state.as_mut(), &self.io) {
+            io.fail("the operation was abandoned");
+            if let Ok(Step::Done(out)) = pump.step() {
+                self.owner.get().give_back(out.syncer);
+            }
+        }
+    }
+}
+
 /// A payload handed in from Python: a `bytes` object read in place (kept alive until the crate is done).
 struct PyPayload {
     _obj: Py<PyBytes>,

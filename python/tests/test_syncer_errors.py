@@ -244,3 +244,18 @@ def test_a_different_state_dict_layout_after_init_is_refused() -> None:
             await rx.apply({**rx_sd, "z": torch.zeros(1)}, link.recv)
 
     asyncio.run(main())
+
+
+def test_an_operation_dropped_midway_gives_the_syncer_back() -> None:
+    tx_sd, rx_sd = state(9), state(9)
+
+    async def main() -> None:
+        tx, rx, link = await pair("patch", tx_sd, rx_sd)
+        pending = rx.apply(rx_sd, link.recv)  # a coroutine never awaited: its op is never even started
+        pending.close()
+        bump(tx_sd, 1)
+        await tx.sync(tx_sd, link.send, 1)
+        task = asyncio.ensure_future(rx.apply(rx_sd, link.recv))
+        assert await task == 1
+
+    asyncio.run(main())
