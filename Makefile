@@ -1,6 +1,7 @@
 # rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
-# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness).
+# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
+# Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -24,7 +25,8 @@ $(VENV_STAMP):
 	mkdir -p $(CACHE)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml \
-		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6
+		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 \
+		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0
 	touch $@
 
 # The shipped binary: with the real learner (libtorch).
