@@ -5,6 +5,7 @@ mod cli;
 mod learner;
 mod orchestrator;
 mod protocol_doc;
+mod sync_bridge;
 mod sync_shm;
 mod transport;
 mod util;
