@@ -1,6 +1,7 @@
 # rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
-# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness).
+# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
+# Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -11,11 +12,11 @@ SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
-VENV_STAMP  := $(VENV)/.rlsync-venv-v2
+VENV_STAMP  := $(VENV)/.rlsync-venv-v3
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run test test-plain test-torch conformance bench venv clean
+.PHONY: all build run test test-plain test-torch conformance bench venv python test-python clean
 
 all: build
 
@@ -23,18 +24,26 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	mkdir -p $(CACHE)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml
+	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml \
+		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 \
+		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0
 	touch $@
 
 # The shipped binary: with the real learner (libtorch).
 build: venv
 	$(TORCH_ENV) $(CARGO) build --release --locked --features torch
 
-run: build
+run: build python
 	$(BIN) train_embodied
 
-# Tests of the plain build (no libtorch) and of the torch build, then the Hydra conformance kit.
-test: test-plain test-torch conformance
+# The `rlsync` Python package (python/: PyO3 + maturin, abi3) built in release mode and installed into the venv
+# (editable: the extension module lands in python/rlsync/, which git ignores).
+python: venv
+	VIRTUAL_ENV=$(VENV) PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --locked -q -m python/Cargo.toml
+
+# Tests of the plain build (no libtorch) and of the torch build, the Hydra conformance kit, then the Python
+# package's tests (last, so CI's last line is pytest's summary).
+test: test-plain test-torch conformance test-python
 
 test-plain:
 	$(CARGO) test --release --locked
@@ -49,6 +58,9 @@ conformance: venv
 	$(CARGO) build --release --locked
 	cp $(BIN) $(PLAIN_BIN)
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
+
+test-python: python
+	$(PYTHON) -m pytest -q python/tests
 
 bench: venv
 	$(TORCH_ENV) $(CARGO) bench --locked --features torch

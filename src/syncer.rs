@@ -138,6 +138,8 @@ struct Settings {
     threads: NonZeroUsize,
     /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
     part_bytes: usize,
+    /// Refuse a receiver whose state dict differs from the sender's at all ([`WeightSyncer::require_same_keys`]).
+    same_keys: bool,
 }
 
 enum SenderStrategy {
@@ -292,6 +294,7 @@ impl WeightSyncer {
                 load_instant: b.load_instant,
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
+                same_keys: false,
             },
             side: Side::Uninit,
             #[cfg(test)]
@@ -301,6 +304,13 @@ impl WeightSyncer {
 
     pub fn kind(&self) -> SyncerKind {
         self.settings.kind
+    }
+
+    /// Make `init_sender` refuse a receiver whose state dict differs from the sender's — a key on one side
+    /// only, another shape, or non-convertible dtypes — naming the first difference (RLinf's rule; by default
+    /// only the synced and bootstrapped keys must match).
+    pub fn require_same_keys(&mut self, on: bool) {
+        self.settings.same_keys = on;
     }
 
     /// Sender: the last version sent. Receiver: the version applied. 0 before the first sync.
@@ -406,6 +416,13 @@ impl WeightSyncer {
             }
         }
         let meta = meta.unwrap_or_default();
+        if self.settings.same_keys {
+            if let Some(diff) = bootstrap::first_difference(&meta, state) {
+                let reason = format!("trainer and rollout state dicts differ: {diff}");
+                abort(&mut ch, &reason).await;
+                return Err(SyncError::Handshake { reason });
+            }
+        }
         // 2. key selection and checks
         let patch_init = self.settings.kind == SyncerKind::Patch && self.settings.init_sync;
         let boot_keys: Vec<String> = match (patch_init, &self.settings.init_prefixes) {

@@ -4,6 +4,7 @@
 //! [`Role`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
 //! parameters and persistent buffers; frozen tensors are only aligned by the one-time init bootstrap.
 
+pub mod borrowed;
 mod cast;
 mod checksum;
 mod dtype;
@@ -14,6 +15,7 @@ pub mod synthetic;
 
 use indexmap::IndexMap;
 
+pub use borrowed::{BorrowError, BorrowedState, RawTensor};
 pub use cast::{CastError, can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming};
 pub use checksum::{StateHasher, state_checksum};
 pub use dtype::{DType, Element};
@@ -226,7 +228,10 @@ impl Tensor {
     }
 
     /// Swap in another storage of the same byte length, returning the previous one (used for atomic installs).
-    pub fn replace_storage(&mut self, storage: Storage) -> Result<Storage, TensorError> {
+    ///
+    /// A borrowed storage (memory the caller owns, see [`Storage::borrowed`]) stays in place: the bytes are
+    /// swapped instead, so the caller's tensor gets the new values and the returned storage holds the old ones.
+    pub fn replace_storage(&mut self, mut storage: Storage) -> Result<Storage, TensorError> {
         if storage.len() != self.storage.len() {
             return Err(TensorError::ByteLength {
                 dtype: self.dtype(),
@@ -234,6 +239,12 @@ impl Tensor {
                 expected: self.storage.len(),
                 got: storage.len(),
             });
+        }
+        if self.storage.is_borrowed() {
+            self.storage
+                .bytes_mut()
+                .swap_with_slice(storage.bytes_mut());
+            return Ok(storage);
         }
         Ok(std::mem::replace(&mut self.storage, storage))
     }

@@ -1,4 +1,5 @@
-//! Byte channels from one sender to N receivers: in-process, and shared memory with Unix-socket control.
+//! Byte channels from one sender to N receivers: in-process, shared memory with Unix-socket control, and a
+//! bridge whose bytes the caller carries (the Python binding's async `send`/`recv`).
 //!
 //! A [`Sender`] publishes payloads that every [`Receiver`] reads in place; receivers release each payload when
 //! their read closure returns, and a bounded number of payloads may be in flight (the sender fills the next one
@@ -10,6 +11,7 @@
 //! the [`Sender`]/[`Receiver`] enums, so callers never name a backend after construction.
 //! The transport moves bytes only; it knows nothing about what the payloads mean.
 
+pub mod bridge;
 mod fanout;
 mod frame;
 pub mod inproc;
@@ -106,6 +108,7 @@ pub enum TransportError {
 pub enum Sender {
     InProc(InProcSender),
     Shm(ShmSender),
+    Bridge(bridge::BridgeSender),
 }
 
 /// A reading end, identified by its rank in `0..receivers`.
@@ -113,6 +116,7 @@ pub enum Sender {
 pub enum Receiver {
     InProc(InProcReceiver),
     Shm(ShmReceiver),
+    Bridge(bridge::BridgeReceiver),
 }
 
 /// What every sending backend provides; [`Sender`] dispatches to it.
@@ -140,6 +144,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.receivers(),
             Sender::Shm(s) => s.receivers(),
+            Sender::Bridge(s) => s.receivers(),
         }
     }
 
@@ -159,6 +164,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.send_with(len, fill).await,
             Sender::Shm(s) => s.send_with(len, fill).await,
+            Sender::Bridge(s) => s.send_with(len, fill).await,
         }
     }
 
@@ -173,6 +179,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.flush().await,
             Sender::Shm(s) => s.flush().await,
+            Sender::Bridge(s) => s.flush().await,
         }
     }
 
@@ -181,6 +188,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.recv_from(rank).await,
             Sender::Shm(s) => s.recv_from(rank).await,
+            Sender::Bridge(s) => s.recv_from(rank).await,
         }
     }
 }
@@ -191,6 +199,7 @@ impl Receiver {
         match self {
             Receiver::InProc(r) => r.rank(),
             Receiver::Shm(r) => r.rank(),
+            Receiver::Bridge(r) => r.rank(),
         }
     }
 
@@ -203,6 +212,7 @@ impl Receiver {
         match self {
             Receiver::InProc(r) => r.recv_with(read).await,
             Receiver::Shm(r) => r.recv_with(read).await,
+            Receiver::Bridge(r) => r.recv_with(read).await,
         }
     }
 
@@ -211,6 +221,7 @@ impl Receiver {
         match self {
             Receiver::InProc(r) => r.send(msg).await,
             Receiver::Shm(r) => r.send(msg).await,
+            Receiver::Bridge(r) => r.send(msg).await,
         }
     }
 }

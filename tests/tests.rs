@@ -6,6 +6,7 @@ mod faults;
 mod learner;
 mod orchestrator;
 mod protocol_doc;
+mod sync_bridge;
 mod sync_shm;
 mod transport;
 mod util;

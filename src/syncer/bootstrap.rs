@@ -136,6 +136,40 @@ pub fn check_metadata(
         .collect())
 }
 
+/// The first difference between the sender's state dict and the receiver's metadata, in the sender's key order
+/// (then the receiver's extra keys): a key on one side only, another shape, or dtypes that do not convert
+/// (only floating dtypes may differ: patches and buckets carry the receiver's dtype). `None` when they match.
+pub fn first_difference(meta: &[KeyMeta], state: &StateDict) -> Option<String> {
+    let index: HashMap<&str, &KeyMeta> = meta.iter().map(|m| (m.name.as_str(), m)).collect();
+    for (k, t) in state.iter() {
+        let Some(m) = index.get(k) else {
+            return Some(format!(
+                "key '{k}' is in the sender's state dict but not the receiver's"
+            ));
+        };
+        if t.shape() != m.shape.as_slice() {
+            return Some(format!(
+                "key '{k}' has shape {:?} on the sender and {:?} on the receiver",
+                t.shape(),
+                m.shape
+            ));
+        }
+        if !can_cast(t.dtype(), m.dtype) {
+            return Some(format!(
+                "key '{k}' has dtype {} on the sender and {} on the receiver (only floating dtypes may differ)",
+                t.dtype(),
+                m.dtype
+            ));
+        }
+    }
+    meta.iter().find(|m| state.get(&m.name).is_none()).map(|m| {
+        format!(
+            "key '{}' is in the receiver's state dict but not the sender's",
+            m.name
+        )
+    })
+}
+
 /// Bucket items for `keys` with the wire dtype chosen by `wire(sender dtype, receiver dtype)`.
 pub fn plan_items(
     state: &StateDict,

@@ -77,6 +77,11 @@ impl DType {
         }
     }
 
+    /// The dtype with PyTorch's name [`DType::name`] (`"bfloat16"`, `"float32"`, ...).
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.iter().copied().find(|d| d.name() == name)
+    }
+
     pub fn from_code(code: u8) -> Option<DType> {
         DType::ALL.get(usize::from(code)).copied()
     }

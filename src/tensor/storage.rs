@@ -75,21 +75,62 @@ struct Line([u64; 8]);
 /// Contiguous bytes, 64-byte aligned so every [`Element`] view is aligned and a kernel's 64-byte block is one
 /// cache line (not two). Deliberately not `Clone`: copying a model-sized buffer must be explicit
 /// ([`Storage::duplicate`]).
+///
+/// A storage may also *borrow* memory its caller owns ([`Storage::borrowed`], e.g. a torch tensor's data
+/// handed over by the Python binding): then it is only element-aligned, and installs write into that memory
+/// in place ([`Storage::is_borrowed`]).
 #[derive(Debug)]
 pub struct Storage {
-    words: Vec<Line>,
+    mem: Mem,
     len: usize,
     device: Device,
 }
+
+#[derive(Debug)]
+enum Mem {
+    Owned(Vec<Line>),
+    /// `len` bytes at this address, owned by the caller of [`Storage::borrowed`].
+    Borrowed(std::ptr::NonNull<u8>),
+}
+
+// SAFETY: an owned storage is a Vec. A borrowed one is, by the contract of `Storage::borrowed`, memory that
+// stays valid and is accessed only through this storage while it lives, so moving it to or sharing it with
+// other threads is as safe as doing so with a `Vec<u8>`: `&self` gives shared reads, `&mut self` unique writes.
+unsafe impl Send for Storage {}
+// SAFETY: as above.
+unsafe impl Sync for Storage {}
 
 impl Storage {
     /// `len` zero bytes (allocated zeroed, so untouched pages cost nothing).
     pub fn zeroed(len: usize) -> Storage {
         Storage {
-            words: zeroed_lines(len.div_ceil(64)),
+            mem: Mem::Owned(zeroed_lines(len.div_ceil(64))),
             len,
             device: Device::Cpu,
         }
+    }
+
+    /// A storage over `len` bytes of CPU memory the caller owns (zero-copy). A null `ptr` is only accepted for
+    /// `len == 0` (an owned empty storage is returned then).
+    ///
+    /// # Safety
+    /// For as long as the returned storage (or anything it is moved into) lives, `ptr..ptr + len` must stay
+    /// valid for reads and writes, and must not be read or written other than through this storage while a
+    /// syncer operation runs on it.
+    pub unsafe fn borrowed(ptr: *mut u8, len: usize) -> Storage {
+        match std::ptr::NonNull::new(ptr) {
+            Some(p) if len > 0 => Storage {
+                mem: Mem::Borrowed(p),
+                len,
+                device: Device::Cpu,
+            },
+            _ => Storage::zeroed(0),
+        }
+    }
+
+    /// Whether the bytes belong to the caller of [`Storage::borrowed`] (installs then copy into them).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.mem, Mem::Borrowed(_))
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Storage {
@@ -116,15 +157,27 @@ impl Storage {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        let all = words_as_bytes(&self.words);
-        &all[..self.len.min(all.len())]
+        match &self.mem {
+            Mem::Owned(words) => {
+                let all = words_as_bytes(words);
+                &all[..self.len.min(all.len())]
+            }
+            // SAFETY: `Storage::borrowed`'s contract: `len` valid bytes for this storage's lifetime.
+            Mem::Borrowed(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), self.len) },
+        }
     }
 
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.len;
-        let all = words_as_bytes_mut(&mut self.words);
-        let n = len.min(all.len());
-        &mut all[..n]
+        match &mut self.mem {
+            Mem::Owned(words) => {
+                let all = words_as_bytes_mut(words);
+                let n = len.min(all.len());
+                &mut all[..n]
+            }
+            // SAFETY: as in `bytes`; `&mut self` makes this the only access through the storage.
+            Mem::Borrowed(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) },
+        }
     }
 }
 

@@ -1,0 +1,436 @@
+"""Weight syncers for torch state dicts with RLinf's interface, backed by rlsync's Rust core.
+
+A trainer (sender) and its rollout workers (receivers) each create the same kind of syncer::
+
+    # trainer                                           # rollout
+    s = rlsync.PatchWeightSyncer()                      r = rlsync.PatchWeightSyncer()
+    await s.init_sender(model.state_dict(),             await r.init_receiver(model.state_dict(), recv, send)
+        rlsync.param_names_need_sync(model), send, recv)
+    await s.sync(model.state_dict(), send, version=1)   v = await r.apply(model, recv)   # -> 1
+
+``send`` / ``recv`` are the caller's async callables (``await send(payload)``, ``payload = await recv()``),
+exactly as in RLinf; payloads are ``bytes`` (``recv`` may return any bytes-like object), so any transport
+carries them. Callers without a transport pass rlsync's shared-memory channel ends instead (see
+:func:`rlsync.shm_sender` / :func:`rlsync.shm_receiver`).
+
+Semantics are the Rust core's: the sender keeps a snapshot in the receivers' dtypes and sends only changes
+(patch) or every synced tensor (bucket); every payload carries its version and a checksum, and a corrupt,
+truncated, replayed or stale payload raises :class:`rlsync.PayloadRejected` and leaves the receiver's
+weights and version untouched. Tensors must be CPU and contiguous: they are read in place and written in
+place, so a module's parameters keep their identity (optimizers and other references see the new values).
+Don't modify the tensors while an operation on them is being awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Union
+
+from . import _native
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "SendFn",
+    "RecvFn",
+    "WeightSyncer",
+    "PatchWeightSyncer",
+    "BucketWeightSyncer",
+    "ShmSender",
+    "ShmReceiver",
+    "shm_sender",
+    "shm_receiver",
+    "param_names_need_sync",
+]
+
+SendFn = Callable[[Any], Awaitable[None]]
+"""``await send(payload)``: carry one payload (``bytes``) to the peer(s)."""
+RecvFn = Callable[[], Awaitable[Any]]
+"""``payload = await recv()``: the next payload from the peer (any bytes-like object)."""
+
+ShmSender = _native.ShmSender
+ShmReceiver = _native.ShmReceiver
+
+StateDictLike = Union[Mapping[str, "torch.Tensor"], "torch.nn.Module"]
+
+
+def param_names_need_sync(module: "torch.nn.Module") -> list[str]:
+    """Names a syncer should keep in sync: trainable parameters (tied aliases included, under every name)
+    and persistent buffers, in ``named_parameters`` / ``named_modules`` order — as RLinf's
+    ``collect_param_names_need_sync``. Frozen parameters (``requires_grad=False``) are left out: only the
+    init bootstrap (``init_sync_enabled``) aligns them.
+    """
+    names = [n for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad]
+    for mod_name, sub in module.named_modules(remove_duplicate=False):
+        non_persistent = getattr(sub, "_non_persistent_buffers_set", set())
+        for buf_name, _ in sub.named_buffers(recurse=False, remove_duplicate=False):
+            if buf_name in non_persistent:
+                continue
+            names.append(f"{mod_name}.{buf_name}" if mod_name else buf_name)
+    return names
+
+
+def _state_dict(obj: StateDictLike) -> Mapping[str, Any]:
+    if isinstance(obj, Mapping):
+        return obj
+    state_dict = getattr(obj, "state_dict", None)
+    if callable(state_dict):
+        return state_dict(keep_vars=True)
+    raise TypeError(f"expected a state dict (a mapping of names to tensors) or a torch.nn.Module, got {type(obj).__name__}")
+
+
+def _describe(obj: StateDictLike) -> list[tuple]:
+    """``(name, tensor, data_ptr, dtype, shape, strides, device)`` of every tensor, for the native module."""
+    import torch
+
+    out = []
+    for name, t in _state_dict(obj).items():
+        if not isinstance(t, torch.Tensor):
+            if "_extra_state" in name:
+                continue  # modules' extra state is not a tensor; RLinf skips it too
+            raise TypeError(f"state_dict['{name}'] is a {type(t).__name__}, not a torch.Tensor")
+        if t.layout != torch.strided:
+            raise ValueError(f"tensor '{name}' has layout {t.layout}: rlsync syncs dense (strided) tensors only")
+        out.append(
+            (
+                name,
+                t,
+                t.data_ptr(),
+                str(t.dtype).removeprefix("torch."),
+                tuple(t.shape),
+                tuple(t.stride()),
+                t.device.type,
+            )
+        )
+    return out
+
+
+def _as_bytes(payload: Any) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    try:
+        return bytes(memoryview(payload))
+    except TypeError:
+        pass
+    numpy = getattr(payload, "numpy", None)  # a uint8 torch tensor
+    if callable(numpy):
+        return payload.contiguous().cpu().numpy().tobytes()
+    raise TypeError(f"recv() returned a {type(payload).__name__}; rlsync payloads are bytes-like objects")
+
+
+async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> int:
+    """Pump a bridge op: run it until it needs ``send`` / ``recv``, await those, repeat until done."""
+    try:
+        while True:
+            kind, payload = op.step()
+            if kind == "done":
+                return payload
+            if kind == "send":
+                if send is None:
+                    raise ValueError("this operation needs a send function")
+                await send(payload)
+                op.sent()
+            else:
+                if recv is None:
+                    raise ValueError("this operation needs a recv function")
+                op.deliver(_as_bytes(await recv()))
+    except BaseException as exc:
+        if not op.finished:
+            # End the op cleanly so the syncer comes back (weights and version untouched), then re-raise.
+            op.fail(f"{type(exc).__name__}: {exc}")
+            try:
+                while not op.finished:
+                    op.step()
+            except Exception:
+                pass
+        raise
+
+
+class WeightSyncer:
+    """A weight syncer (patch or bucket) for torch state dicts, with RLinf's async interface.
+
+    Create it through :class:`PatchWeightSyncer`, :class:`BucketWeightSyncer` or :meth:`create`. One object
+    is either a sender (after :meth:`init_sender`) or a receiver (after :meth:`init_receiver`).
+    """
+
+    def __init__(self, config: Mapping[str, Any], *, threads: int = 0) -> None:
+        self._config = dict(config)
+        self._native = _native.NativeSyncer(json.dumps(self._config), threads)
+        self._active = True
+        self._channel: Any = None
+
+    @classmethod
+    def create(cls, config: Any, *, threads: int = 0) -> "WeightSyncer":
+        """Build from an RLinf-shaped ``weight_syncer`` config (dict or OmegaConf ``DictConfig``):
+        ``{"type": "patch" | "bucket", "patch": {...}, "bucket": {...}}``."""
+        try:
+            from omegaconf import OmegaConf
+
+            if OmegaConf.is_config(config):
+                config = OmegaConf.to_container(config, resolve=True)
+        except ImportError:  # pragma: no cover - omegaconf is optional
+            pass
+        config = dict(config)
+        kind = config.get("type")
+        if kind == "patch":
+            p = dict(config.get("patch") or {})
+            if "compression_algorithm" in p:
+                p["compression"] = p.pop("compression_algorithm")
+            config["patch"] = p
+            return PatchWeightSyncer._from_config(config, threads)
+        if kind == "bucket":
+            return BucketWeightSyncer._from_config(config, threads)
+        raise ValueError(f"Unsupported weight syncer type: {kind!r} (expected 'patch' or 'bucket')")
+
+    # -- RLinf's interface ------------------------------------------------------------------------------
+
+    async def init_sender(
+        self,
+        state_dict: StateDictLike,
+        param_names_need_sync: Iterable[str],
+        send: SendFn | ShmSender,
+        recv: RecvFn | None = None,
+        is_sender: bool = True,
+    ) -> None:
+        """Sender side of the handshake: read the receiver's metadata (``recv``), check that both state
+        dicts match (first differing key, shape or dtype named in :class:`rlsync.HandshakeError`), send the
+        plan and, for patch with ``init_sync_enabled``, the init bootstrap; then snapshot the synced keys.
+
+        ``param_names_need_sync`` are the keys every later :meth:`sync` covers (see
+        :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
+        instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
+        participant (as RLinf's non-source ranks): nothing is sent or received, :meth:`sync` does nothing.
+        """
+        if not is_sender:
+            self._active = False
+            return
+        names = list(param_names_need_sync)
+        descs = _describe(state_dict)
+        if isinstance(send, ShmSender):
+            self._channel = send
+            op = self._native.begin_init_sender(descs, names, send)
+            await asyncio.to_thread(op.run)
+            return
+        if recv is None:
+            raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
+        await _drive(self._native.begin_init_sender(descs, names, None), send, recv)
+
+    async def init_receiver(
+        self,
+        state_dict: StateDictLike | None,
+        recv: RecvFn | ShmReceiver,
+        send: SendFn | None = None,
+    ) -> None:
+        """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
+        ``send``, receive the plan and, for patch with ``init_sync_enabled``, install the init bootstrap.
+        ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed)."""
+        if state_dict is None:
+            raise ValueError("init_receiver needs the receiver's state_dict")
+        descs = _describe(state_dict)
+        if isinstance(recv, ShmReceiver):
+            self._channel = recv
+            op = self._native.begin_init_receiver(descs, recv)
+            await asyncio.to_thread(op.run)
+            return
+        if send is None:
+            raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
+        await _drive(self._native.begin_init_receiver(descs, None), send, recv)
+
+    async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
+        """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
+        ``version`` must be newer than the last one sent."""
+        if not self._active:
+            return
+        version = int(version)
+        if version < 0:
+            raise ValueError(f"version must be a non-negative integer, got {version}")
+        descs = _describe(state_dict)
+        if self._native.on_shm:
+            self._check_channel(send)
+            await asyncio.to_thread(self._native.begin_sync(descs, version).run)
+        else:
+            await _drive(self._native.begin_sync(descs, version), send, None)
+
+    async def apply(self, model_or_state_dict: StateDictLike, recv: RecvFn | ShmReceiver) -> int:
+        """Receive the next version, verify it completely, install it in place and return its number.
+        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing."""
+        descs = _describe(model_or_state_dict)
+        if self._native.on_shm:
+            self._check_channel(recv)
+            return await asyncio.to_thread(self._native.begin_apply(descs).run)
+        return await _drive(self._native.begin_apply(descs), None, recv)
+
+    # -- rlsync's extras --------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Sender: the last version sent. Receiver: the version applied. 0 before the first sync."""
+        return self._native.version
+
+    @property
+    def synced_keys(self) -> list[str]:
+        """The keys each sync covers (one name per tied group), known after init."""
+        return self._native.synced_keys
+
+    def checksum(self, state_dict: StateDictLike) -> int:
+        """xxh3 checksum of the synced keys. A receiver's equals its sender's after every applied version."""
+        return self._native.checksum(_describe(state_dict))
+
+    def last_report(self) -> dict[str, Any]:
+        """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds)."""
+        return self._native.last_report()
+
+    def sender_initialized(self) -> bool:
+        return self._native.role == "sender" or not self._active
+
+    def receiver_initialized(self) -> bool:
+        return self._native.role == "receiver"
+
+    def _check_channel(self, end: Any) -> None:
+        if end is not self._channel:
+            raise ValueError("this syncer runs on the shm channel it was initialised with: pass that channel end")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(role={self._native.role!r}, version={self.version})"
+
+
+def _device(value: Any, what: str) -> str:
+    name = "cpu" if value is None else str(value)
+    kind = name.split(":")[0]
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"{what}: unsupported device {name!r} (rlsync syncs CPU tensors)")
+    return kind
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    if name not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"bucket_dtype must be None, torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
+    return name
+
+
+class PatchWeightSyncer(WeightSyncer):
+    """Incremental sync: the sender keeps a snapshot (in the receivers' dtypes) and sends only the elements
+    that changed since the last version, delta-coded (``delta_encoding``) and optionally LZ4-compressed
+    (``compression_algorithm="lz4"``). An unchanged state still sends an empty patch carrying its version.
+
+    The arguments are RLinf's. ``snapshot_device`` / ``transport_device`` must be ``"cpu"`` (the default;
+    ``None`` means CPU); ``init_sync_enabled`` bootstraps the receiver with the sender's values of the whole
+    state dict (or the keys under ``init_sync_prefixes``) during init, frozen parameters included.
+    """
+
+    def __init__(
+        self,
+        snapshot_device: Any = "cpu",
+        transport_device: Any = None,
+        delta_encoding: bool = True,
+        compression_algorithm: str = "none",
+        init_sync_enabled: bool = False,
+        init_sync_prefixes: list[str] | None = None,
+        init_sync_bucket_size: int = 128 * 1024 * 1024,
+        *,
+        threads: int = 0,
+    ) -> None:
+        if compression_algorithm not in ("none", "lz4", "nvcomp_lz4"):
+            raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")
+        if int(init_sync_bucket_size) <= 0:
+            raise ValueError(f"init_sync_bucket_size must be a positive number of bytes, got {init_sync_bucket_size}")
+        config = {
+            "type": "patch",
+            "patch": {
+                "snapshot_device": _device(snapshot_device, "snapshot_device"),
+                "transport_device": _device(transport_device, "transport_device"),
+                "delta_encoding": bool(delta_encoding),
+                "compression": compression_algorithm,
+                "init_sync": {
+                    "enabled": bool(init_sync_enabled),
+                    "prefixes": None if init_sync_prefixes is None else [str(p) for p in init_sync_prefixes],
+                    "bucket_size": int(init_sync_bucket_size),
+                },
+            },
+        }
+        super().__init__(config, threads=threads)
+
+    @classmethod
+    def _from_config(cls, config: dict, threads: int) -> "PatchWeightSyncer":
+        p = config.get("patch") or {}
+        init = p.get("init_sync") or {}
+        return cls(
+            snapshot_device=p.get("snapshot_device", "cpu"),
+            transport_device=p.get("transport_device"),
+            delta_encoding=p.get("delta_encoding", True),
+            compression_algorithm=p.get("compression", "none"),
+            init_sync_enabled=init.get("enabled", False),
+            init_sync_prefixes=init.get("prefixes"),
+            init_sync_bucket_size=init.get("bucket_size", 128 * 1024 * 1024),
+            threads=threads,
+        )
+
+
+class BucketWeightSyncer(WeightSyncer):
+    """Dense sync: every synced tensor is sent in full, in buckets of at most ``bucket_size`` bytes (a
+    tensor is never split). ``bucket_dtype`` (``None``, ``torch.bfloat16``, ``torch.float16`` or
+    ``torch.float32``) casts floating tensors only on the wire; integer and bool buffers keep their dtype.
+    With ``load_instant`` each verified bucket is installed as it arrives (undone if a later bucket of the
+    same version fails), otherwise the whole version is staged and installed at the end.
+
+    The arguments are RLinf's; ``bucket_device`` must be ``"cpu"``; ``is_agent`` is accepted and ignored.
+    """
+
+    def __init__(
+        self,
+        bucket_size: int = 512 * 1024 * 1024,
+        bucket_dtype: Any = None,
+        bucket_device: Any = "cpu",
+        is_agent: bool = False,
+        load_instant: bool = True,
+        *,
+        threads: int = 0,
+    ) -> None:
+        if int(bucket_size) <= 0:
+            raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size}")
+        config = {
+            "type": "bucket",
+            "bucket": {
+                "bucket_size": int(bucket_size),
+                "bucket_dtype": _dtype_name(bucket_dtype),
+                "bucket_device": _device(bucket_device, "bucket_device"),
+                "is_agent": bool(is_agent),
+                "load_instant": bool(load_instant),
+            },
+        }
+        super().__init__(config, threads=threads)
+
+    @classmethod
+    def _from_config(cls, config: dict, threads: int) -> "BucketWeightSyncer":
+        b = config.get("bucket") or {}
+        return cls(
+            bucket_size=b.get("bucket_size", 512 * 1024 * 1024),
+            bucket_dtype=b.get("bucket_dtype"),
+            bucket_device=b.get("bucket_device", "cpu"),
+            is_agent=b.get("is_agent", False),
+            load_instant=b.get("load_instant", True),
+            threads=threads,
+        )
+
+
+async def shm_sender(
+    socket_path: str, receivers: int, *, timeout: float = 60.0, slots: int = 4, segment_prefix: str = "rlsync"
+) -> ShmSender:
+    """Open rlsync's shared-memory channel (1 -> ``receivers`` on this host) for a sender: bind the Unix
+    socket ``socket_path`` and wait until every receiver joined (each wait bounded by ``timeout`` seconds).
+    Pass the result as ``send`` to :meth:`WeightSyncer.init_sender` and :meth:`WeightSyncer.sync`."""
+    return await asyncio.to_thread(_native.shm_bind, socket_path, receivers, timeout, slots, segment_prefix)
+
+
+async def shm_receiver(socket_path: str, rank: int, *, timeout: float = 60.0) -> ShmReceiver:
+    """Join rlsync's shared-memory channel at ``socket_path`` as receiver ``rank`` (``0..receivers``).
+    Pass the result as ``recv`` to :meth:`WeightSyncer.init_receiver` and :meth:`WeightSyncer.apply`."""
+    return await asyncio.to_thread(_native.shm_connect, socket_path, rank, timeout)

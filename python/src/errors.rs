@@ -1,0 +1,80 @@
+//! Python exception classes of `rlsync` and the conversion of crate errors into them (message = the Rust
+//! error and each of its causes, once).
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use rlsync::syncer::SyncError;
+use rlsync::tensor::BorrowError;
+use rlsync::transport::TransportError as CoreTransportError;
+
+create_exception!(
+    rlsync,
+    RlsyncError,
+    PyRuntimeError,
+    "Base class of rlsync's errors (the message carries the Rust cause)."
+);
+create_exception!(
+    rlsync,
+    PayloadRejected,
+    RlsyncError,
+    "A received payload was corrupt, truncated, replayed, stale or did not fit; weights and version are untouched."
+);
+create_exception!(
+    rlsync,
+    HandshakeError,
+    RlsyncError,
+    "The sender and the receiver do not agree (state dict keys, shapes, dtypes or syncer kind)."
+);
+create_exception!(
+    rlsync,
+    TransportError,
+    RlsyncError,
+    "Moving bytes failed: the caller's send/recv raised, a peer went away or a wait timed out."
+);
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("RlsyncError", py.get_type::<RlsyncError>())?;
+    m.add("PayloadRejected", py.get_type::<PayloadRejected>())?;
+    m.add("HandshakeError", py.get_type::<HandshakeError>())?;
+    m.add("TransportError", py.get_type::<TransportError>())?;
+    Ok(())
+}
+
+/// `err` and its sources, each once (a source already quoted in its parent's message is skipped).
+pub fn chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut src = err.source();
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+pub fn sync_error(err: &SyncError) -> PyErr {
+    let msg = chain(err);
+    match err {
+        SyncError::Rejected { .. } => PayloadRejected::new_err(msg),
+        SyncError::Handshake { .. } | SyncError::StateMismatch { .. } => {
+            HandshakeError::new_err(msg)
+        }
+        SyncError::Transport(_) => TransportError::new_err(msg),
+        SyncError::Config { .. } => PyValueError::new_err(msg),
+        _ => RlsyncError::new_err(msg),
+    }
+}
+
+pub fn transport_error(err: &CoreTransportError) -> PyErr {
+    TransportError::new_err(chain(err))
+}
+
+pub fn borrow_error(err: &BorrowError) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}

@@ -1,0 +1,22 @@
+//! `rlsync._native`: the PyO3 extension module behind the `rlsync` Python package (registration only).
+//!
+//! All logic lives in the `rlsync` crate; each module here converts Python objects to the crate's types and
+//! back. The Python package (`python/rlsync/`) wraps these classes in typed, documented async APIs.
+//!
+//! - [`errors`]: the exception classes and the conversion of crate errors into them.
+//! - [`runtime`]: the one tokio runtime that owns every socket the module opens.
+//! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
+
+mod errors;
+mod runtime;
+mod syncer;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    syncer::register(m)?;
+    Ok(())
+}
