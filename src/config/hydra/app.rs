@@ -11,7 +11,7 @@ use crate::config::hydra::{
 };
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Key, Node, Value};
-use crate::config::search_path::{ObjectType, Repository, SearchPathError, Source};
+use crate::config::search_path::{ObjectType, PythonEnv, Repository, SearchPathError, Source};
 
 /// `--info` choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +125,22 @@ pub fn build_repository(
     let mut sources = vec![Source::hydra_builtin()];
     match config_path {
         Some(path) if path.starts_with("pkg://") => {
-            return Err(SearchPathError::UnsupportedScheme { entry: path.into() });
+            let module = &path["pkg://".len()..];
+            let (source, lookup) = Source::package("main", module, &PythonEnv::from_process());
+            if source.path.is_empty() {
+                return Err(SearchPathError::PrimaryModuleEmpty);
+            }
+            if lookup.found.is_none() {
+                return Err(SearchPathError::PrimaryModuleNotFound {
+                    module: source.path,
+                    searched: lookup
+                        .searched
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                });
+            }
+            sources.push(source);
         }
         Some(path) => {
             let dir = absolute(path.strip_prefix("file://").unwrap_or(path));
@@ -242,8 +257,12 @@ fn show_cfg(
         ShowCfg::Hydra => sanitized_hydra(&composed.config),
         ShowCfg::All => composed.config.clone(),
     };
+    let ctx = match show {
+        ShowCfg::Hydra => context(&composed.config),
+        ShowCfg::Job | ShowCfg::All => show_context(&composed.config),
+    };
     if resolve {
-        cfg = resolve_tree(&cfg, &composed.config)?;
+        cfg = resolve_tree(&cfg, &ctx)?;
     }
     let package = package.filter(|p| *p != "_global_");
     let Some(package) = package else {
@@ -261,27 +280,43 @@ fn show_cfg(
     if selected.value.is_container() {
         println!("# @package {package}");
         print!("{}", to_yaml(selected));
-    } else {
-        println!("{}", selected.value.python_str());
+        return Ok(Outcome::Printed { success: true });
     }
+    // `OmegaConf.select` resolves a leaf; a value that resolves to None is "not found" as well.
+    let value = interpolate::resolve_at(&cfg, package, &ctx)?;
+    if matches!(value.value, Value::Null) {
+        return Err(AppError::PackageNotFound {
+            package: package.into(),
+        });
+    }
+    println!("{}", value.value.python_str());
     Ok(Outcome::Printed { success: true })
 }
 
-/// The resolution context of a composed config: its `hydra` node serves `${hydra:...}`.
-fn context(full: &Node) -> ResolveContext<'_> {
-    // One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+/// One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+fn clock() -> ResolveContext<'static> {
     static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
-    let ctx =
-        ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
+    ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()))
+}
+
+/// The resolution context of a running job: its `hydra` node serves `${hydra:...}`, and absolute keys
+/// inside that node resolve in the full config.
+fn context(full: &Node) -> ResolveContext<'_> {
+    clock().with_full_config(full)
+}
+
+/// The resolution context of `--cfg job|all`: Hydra deletes `hydra` from the config it prints but keeps
+/// it as the `HydraConfig` node, whose parent is the printed config.
+fn show_context(full: &Node) -> ResolveContext<'_> {
     match full.get("hydra") {
-        Some(hydra) => ctx.with_hydra(hydra),
-        None => ctx,
+        Some(hydra) => clock().with_hydra(hydra),
+        None => clock(),
     }
 }
 
-/// Resolve every interpolation of `cfg` (OmegaConf.resolve); `full` supplies the `hydra` node.
-fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
-    Ok(interpolate::resolve_tree(cfg, &context(full))?)
+/// Resolve every interpolation of `cfg` (OmegaConf.resolve).
+fn resolve_tree(cfg: &Node, ctx: &ResolveContext<'_>) -> Result<Node, AppError> {
+    Ok(interpolate::resolve_tree(cfg, ctx)?)
 }
 
 fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<String, AppError> {
@@ -497,7 +532,7 @@ fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<Prep
         })?;
         write_hydra_files(&full, &abs)?;
     }
-    let config = resolve_tree(&job_config(&full), &full)?;
+    let config = resolve_tree(&job_config(&full), &context(&full))?;
     Ok(PreparedJob {
         config,
         full,
