@@ -252,7 +252,7 @@ fn show_cfg(
     resolve: bool,
 ) -> Result<Outcome, AppError> {
     let composed = compose_run(repo, req, RunMode::Run)?;
-    let mut cfg = match show {
+    let cfg = match show {
         ShowCfg::Job => job_config(&composed.config),
         ShowCfg::Hydra => sanitized_hydra(&composed.config),
         ShowCfg::All => composed.config.clone(),
@@ -261,35 +261,47 @@ fn show_cfg(
         ShowCfg::Hydra => context(&composed.config),
         ShowCfg::Job | ShowCfg::All => show_context(&composed.config),
     };
-    if resolve {
-        cfg = resolve_tree(&cfg, &ctx)?;
-    }
+    let resolved = |cfg: &Node| -> Result<Node, AppError> {
+        if resolve {
+            resolve_tree(cfg, &ctx)
+        } else {
+            Ok(cfg.clone())
+        }
+    };
     let package = package.filter(|p| *p != "_global_");
     let Some(package) = package else {
-        print!("{}", to_yaml(&cfg));
+        print!("{}", to_yaml(&resolved(&cfg)?));
         return Ok(Outcome::Printed { success: true });
     };
+    let not_found = || AppError::PackageNotFound {
+        package: package.into(),
+    };
+    // Hydra selects first (`OmegaConf.select`, which resolves a leaf) and resolves only a container.
     let selected = cfg
         .get_path(package)
-        .filter(|n| !matches!(n.value, Value::Null | Value::Missing));
-    let Some(selected) = selected else {
-        return Err(AppError::PackageNotFound {
-            package: package.into(),
-        });
-    };
+        .filter(|n| !matches!(n.value, Value::Null | Value::Missing))
+        .ok_or_else(not_found)?;
     if selected.value.is_container() {
+        let full = resolved(&cfg)?;
+        let selected = full.get_path(package).ok_or_else(not_found)?;
         println!("# @package {package}");
         print!("{}", to_yaml(selected));
         return Ok(Outcome::Printed { success: true });
     }
-    // `OmegaConf.select` resolves a leaf; a value that resolves to None is "not found" as well.
     let value = interpolate::resolve_at(&cfg, package, &ctx)?;
     if matches!(value.value, Value::Null) {
-        return Err(AppError::PackageNotFound {
-            package: package.into(),
-        });
+        return Err(not_found());
     }
-    println!("{}", value.value.python_str());
+    // `print(value)`: Hydra's `hydra.mode` is a `RunMode` enum, whose str() names its class.
+    let is_run_mode = package
+        .strip_prefix("hydra.")
+        .map(|rest| rest.split('.').map(str::to_owned).collect::<Vec<_>>())
+        .and_then(|path| hy::conf::type_at(&path, composed.config.get("hydra")))
+        .is_some_and(|(ty, _)| matches!(ty, hy::conf::Ty::Mode));
+    match &value.value {
+        Value::Str(name) if is_run_mode => println!("RunMode.{name}"),
+        other => println!("{}", other.python_str()),
+    }
     Ok(Outcome::Printed { success: true })
 }
 
