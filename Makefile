@@ -58,6 +58,7 @@ conformance: venv
 	$(CARGO) build --release --locked
 	cp $(BIN) $(PLAIN_BIN)
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
+	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(PLAIN_BIN))" --kit $(CONFORMANCE) -j 2
 
 test-python: python
 	$(PYTHON) -m pytest -q python/tests

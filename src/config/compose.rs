@@ -5,6 +5,7 @@
 //! everything else (lists included) replaces, and a `???` source value never replaces an existing one.
 
 use crate::config::defaults::{self, DefaultsError, DefaultsList, GroupOverrides, GroupValue};
+use crate::config::hydra::conf::{self as hydra_conf, SchemaError};
 use crate::config::hydra::{self, RuntimeInfo};
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Dict, Key, Node, Origin, Value};
@@ -65,6 +66,17 @@ pub enum ComposeError {
     OverrideMissingKey { key: String, input: String },
     #[error("Error merging override {input}\n{message}")]
     MergeOverride { input: String, message: String },
+    /// A config sets a `hydra.*` value that Hydra's schema (HydraConf, JobConf, …) refuses.
+    #[error("In '{config_path}': {} raised while composing config:\n{error}", .error.class)]
+    HydraSchema {
+        config_path: String,
+        error: SchemaError,
+    },
+    /// A user `hydra/config.yaml` shadows Hydra's own, whose ConfigStore schema has a defaults list.
+    #[error(
+        "'{config_path}' is validated against ConfigStore schema with the same name.\nThis behavior is deprecated in Hydra 1.1 and will be removed in Hydra 1.2.\nIn addition, the automatically matched schema contains a defaults list.\nThis combination is no longer supported.\nSee https://hydra.cc/docs/1.2/upgrades/1.0_to_1.1/automatic_schema_matching for migration instructions."
+    )]
+    SchemaWithDefaults { config_path: String },
 }
 
 // The two large error types are boxed so every `Result<_, ComposeError>` stays small.
@@ -276,29 +288,60 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
     )?;
 
     let mut cfg = Node::empty_dict();
+    // Once Hydra's structured `hydra/config` is merged, the `hydra` node is typed by its schema.
+    let mut hydra_typed = false;
     for d in &defaults_list.defaults {
         let Some(loaded) = repo.load(&d.config_path)? else {
             continue;
         };
+        let is_hydra_config = d.config_path == "hydra/config";
+        if is_hydra_config && !loaded.file.starts_with("structured://") {
+            return Err(ComposeError::SchemaWithDefaults {
+                config_path: d.config_path.clone(),
+            });
+        }
         let mut config = loaded.root.clone();
         if let Some(dict) = config.as_dict_mut() {
             dict.shift_remove(&Key::from("defaults"));
         }
+        // Hydra checks the config placed at its package: `hydra.searchpath` in a config of group `g` lands
+        // at `g.hydra.searchpath`, which is allowed.
+        let embedded = embed(config, &d.package);
         if !d.primary
             && d.config_path != "hydra/config"
-            && config
+            && embedded
                 .get_path("hydra.searchpath")
-                .is_some_and(|n| !matches!(n.value, Value::Null))
+                .is_some_and(|n| !matches!(n.value, Value::Null | Value::Missing))
         {
             return Err(ComposeError::SearchPathOutsidePrimary {
                 config_path: d.config_path.clone(),
             });
         }
-        let embedded = embed(config, &d.package);
+        let mut embedded = embedded;
+        let schema_error = |error| ComposeError::HydraSchema {
+            config_path: d.config_path.clone(),
+            error,
+        };
+        if hydra_typed
+            && let Some(src) = embedded
+                .as_dict_mut()
+                .and_then(|e| e.get_mut(&Key::from("hydra")))
+        {
+            hydra_conf::conform_merge(src, cfg.get("hydra")).map_err(schema_error)?;
+        }
         merge(&mut cfg, embedded).map_err(|message| ComposeError::Merge {
             config_path: d.config_path.clone(),
             message,
         })?;
+        if is_hydra_config {
+            hydra_typed = true;
+            if let Some(node) = cfg
+                .as_dict_mut()
+                .and_then(|c| c.get_mut(&Key::from("hydra")))
+            {
+                hydra_conf::conform_after_schema(node).map_err(schema_error)?;
+            }
+        }
     }
     for o in &value_overrides {
         apply_override(&mut cfg, o)?;
@@ -452,20 +495,70 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
         }
         interpolate::validate_tree(value).map_err(|e| invalid(e.to_string()))?;
     }
+    // `hydra.*` values are typed by Hydra's schema (env_set: Dict[str, str], chdir: Optional[bool], …).
+    let hydra_path: Option<Vec<String>> = if key == "hydra" {
+        Some(Vec::new())
+    } else {
+        key.strip_prefix("hydra.").map(split_key)
+    };
+    let schema_error = |e: SchemaError| ComposeError::MergeOverride {
+        input: o.input.clone(),
+        message: e.to_string(),
+    };
+    let mut value = value;
+    if let (Some(path), Some(v), false) =
+        (&hydra_path, value.as_mut(), o.kind == OverrideKind::Delete)
+    {
+        hydra_conf::conform_override(path, v, cfg.get("hydra")).map_err(schema_error)?;
+    }
     let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
-            let Some(actual) = existing else {
+            let Some(raw) = existing else {
                 return Err(ComposeError::DeleteMissing { key: key.into() });
             };
+            // Hydra compares with `OmegaConf.select(cfg, key)`: a leaf comes back resolved (a failure fails
+            // the override), a container as it is (its str() unresolved, its == resolved).
+            let refused = hydra_path
+                .as_deref()
+                .and_then(|path| hydra_conf::deletion_refused(path, cfg.get("hydra")));
+            let refuse = |message: String| ComposeError::MergeOverride {
+                input: o.input.clone(),
+                message,
+            };
+            if raw.value.is_container() && value.is_none() {
+                if let Some(message) = refused {
+                    return Err(refuse(message));
+                }
+                delete(cfg, key);
+                return Ok(());
+            }
+            let resolved =
+                interpolate::resolve_at(cfg, key, &ResolveContext::new()).map_err(|e| {
+                    ComposeError::MergeOverride {
+                        input: o.input.clone(),
+                        message: e.kind().to_string(),
+                    }
+                })?;
+            if matches!(resolved.value, Value::Null) {
+                return Err(ComposeError::DeleteMissing { key: key.into() });
+            }
             if let Some(expected) = &value
-                && !python_eq(&actual.value, &expected.value)
+                && !python_eq(&resolved.value, &expected.value)
             {
+                let shown = if raw.value.is_container() {
+                    raw
+                } else {
+                    &resolved
+                };
                 return Err(ComposeError::DeleteValueMismatch {
                     key: key.into(),
-                    actual: actual.value.python_str(),
+                    actual: shown.value.python_str(),
                     expected: expected.value.python_str(),
                 });
+            }
+            if let Some(message) = refused {
+                return Err(refuse(message));
             }
             delete(cfg, key);
             Ok(())

@@ -104,6 +104,17 @@ impl Writer {
             Key::Float(bits) => self.put(&float_text(f64::from_bits(*bits))),
             Key::Bool(b) => self.put(if *b { "true" } else { "false" }),
             Key::Null => self.put("null"),
+            // Never a simple key: PyYAML writes `? !!binary |` and the base64 lines below it.
+            Key::Bytes(b) if b.is_empty() => self.put("!!binary \"\""),
+            Key::Bytes(b) => {
+                self.put("!!binary |");
+                let encoded = base64::engine::general_purpose::STANDARD.encode(b);
+                for line in encoded.as_bytes().chunks(76) {
+                    self.put("\n");
+                    self.pad(indent);
+                    self.put(&String::from_utf8_lossy(line));
+                }
+            }
         }
     }
 
@@ -312,6 +323,7 @@ enum Style {
 fn is_simple_key(key: &Key) -> bool {
     match key {
         Key::Str(s) => s.chars().count() < 128 && !s.is_empty() && !s.chars().any(is_break),
+        Key::Bytes(_) => false,
         _ => true,
     }
 }

@@ -36,6 +36,10 @@ type EnvLookup<'a> = Box<dyn Fn(&str) -> Option<String> + 'a>;
 pub struct ResolveContext<'a> {
     /// The `hydra` node of the composed config, for `${hydra:runtime.cwd}` and friends.
     hydra: Option<&'a Node>,
+    /// Where the `hydra` node hangs: `None`, a hidden child of the config being resolved (Hydra's
+    /// `--cfg job`, which deletes `hydra` from the config it resolves); `Some(full)`, a child of the full
+    /// config given to [`ResolveContext::with_full_config`] (a running job).
+    hydra_in_full: Option<&'a Node>,
     /// Environment lookup for `oc.env` (injectable so tests do not touch the process environment).
     env: EnvLookup<'a>,
     /// Local wall-clock time for `${now:...}`; fixed per context, as Hydra caches `now` per pattern.
@@ -53,6 +57,7 @@ impl<'a> ResolveContext<'a> {
     pub fn new() -> ResolveContext<'a> {
         ResolveContext {
             hydra: None,
+            hydra_in_full: None,
             env: Box::new(|key| std::env::var_os(key).map(|v| v.to_string_lossy().into_owned())),
             now: chrono::Local::now().naive_local(),
         }
@@ -60,6 +65,14 @@ impl<'a> ResolveContext<'a> {
 
     pub fn with_hydra(mut self, hydra: &'a Node) -> ResolveContext<'a> {
         self.hydra = Some(hydra);
+        self
+    }
+
+    /// `${hydra:...}` reads the `hydra` node of `full`, and absolute keys inside it resolve in `full`
+    /// (Hydra's `HydraConfig` during a run).
+    pub fn with_full_config(mut self, full: &'a Node) -> ResolveContext<'a> {
+        self.hydra = full.get("hydra");
+        self.hydra_in_full = self.hydra.map(|_| full);
         self
     }
 
@@ -702,7 +715,10 @@ mod tests {
         let hydra = parse(
             r#"{"job": {"name": "train", "dir": "out/${hydra.job.name}"}, "runtime": {"cwd": "/w"}, "m": "???"}"#,
         );
-        let ctx = test_ctx().with_hydra(&hydra);
+        let full = Node::new(Value::Dict(
+            [(Key::from("hydra"), hydra.clone())].into_iter().collect(),
+        ));
+        let ctx = test_ctx().with_full_config(&full);
         let cfg = parse(
             r#"{"a": "${hydra:runtime.cwd}", "b": "${hydra:job.dir}", "c": "${hydra:nope}", "d": "${hydra:m}",
                 "e": "${now:%Y-%m-%d_%H-%M-%S}", "f": "${hydra:job}"}"#,
@@ -712,6 +728,20 @@ mod tests {
                 "f": {"name": "train", "dir": "out/train"}}"#,
         );
         assert_eq!(resolve_tree(&cfg, &ctx), Ok(want));
+        // `--cfg job`: the hydra node hangs below the job config, so its `${a}` reads the job's `a` and its
+        // `${hydra.job.name}` finds nothing (as in Hydra 1.3.8).
+        let hidden = parse(r#"{"job": {"name": "n=${a}", "dir": "out/${hydra.job.name}"}}"#);
+        let ctx = test_ctx().with_hydra(&hidden);
+        let cfg = parse(r#"{"a": 10, "b": "${hydra:job.name}"}"#);
+        assert_eq!(
+            resolve_tree(&cfg, &ctx),
+            Ok(parse(r#"{"a": 10, "b": "n=10"}"#))
+        );
+        let err = resolve_tree(&parse(r#"{"b": "${hydra:job.dir}"}"#), &ctx).expect_err("hidden");
+        assert_eq!(
+            first_line(&err),
+            "Interpolation key 'hydra.job.name' not found"
+        );
         let without = resolve_tree(&parse(r#"{"a": "${hydra:job.name}"}"#), &test_ctx())
             .expect_err("no hydra node");
         assert_eq!(

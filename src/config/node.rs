@@ -41,6 +41,8 @@ pub enum Key {
     Float(u64),
     Bool(bool),
     Null,
+    /// YAML `!!binary` (PyYAML loads it as Python `bytes`, which OmegaConf accepts as a key).
+    Bytes(Vec<u8>),
 }
 
 impl Key {
@@ -90,6 +92,7 @@ impl fmt::Display for Key {
             Key::Bool(true) => f.write_str("True"),
             Key::Bool(false) => f.write_str("False"),
             Key::Null => f.write_str("None"),
+            Key::Bytes(b) => f.write_str(&python_repr_bytes(b)),
         }
     }
 }
@@ -318,6 +321,7 @@ impl Key {
             Key::Float(bits) => PyScalar::Float(f64::from_bits(*bits)),
             Key::Bool(b) => PyScalar::Bool(*b),
             Key::Null => PyScalar::None,
+            Key::Bytes(b) => PyScalar::Bytes(b),
         }
     }
 }

@@ -15,6 +15,10 @@ use crate::config::interpolate::{self, InterpolationError};
 use crate::config::node::Node;
 use crate::config::yaml::{self, YamlError};
 
+mod python;
+
+pub use python::{PackageLookup, PythonEnv};
+
 mod embedded {
     include!(concat!(env!("OUT_DIR"), "/embedded_configs.rs"));
 }
@@ -29,9 +33,21 @@ pub enum SearchPathError {
     #[error("Additional config directory '{path}' not found")]
     ConfigDirNotFound { path: String },
     #[error(
-        "search path entry '{entry}' is not supported: only file:// paths can be searched (pkg:// needs Python)"
+        "search path entry '{entry}' is not supported: only file:// and pkg:// paths can be searched"
     )]
     UnsupportedScheme { entry: String },
+    #[error(
+        "Primary config module '{module}' not found.\nCheck that it's correct and contains an __init__.py file\n(looked for it as Python would import it, in: {})",
+        .searched.join(", ")
+    )]
+    PrimaryModuleNotFound {
+        module: String,
+        searched: Vec<String>,
+    },
+    #[error(
+        "Primary config module is empty.\nPython requires resources to be in a module with an __init__.py file"
+    )]
+    PrimaryModuleEmpty,
     #[error("cannot read config file '{file}': {reason}")]
     Read { file: String, reason: String },
     #[error("{source}")]
@@ -55,6 +71,8 @@ enum Store {
     Embedded(&'static [(&'static str, &'static str)]),
     /// A directory on disk (may not exist: then the source is simply unavailable, as in Hydra).
     Dir(PathBuf),
+    /// A `pkg://` package that Python would not find: never matches.
+    Unavailable,
 }
 
 /// One entry of the search path.
@@ -117,10 +135,38 @@ impl Source {
         }
     }
 
-    /// A `hydra.searchpath` entry: `file://dir` or a bare directory (relative to the working directory).
+    /// A `pkg://a.b` source: the package directory where Python's import would find it (see
+    /// [`PythonEnv::sys_path`]), or an unavailable source; the lookup says where it looked.
+    pub fn package(provider: &str, module: &str, env: &PythonEnv) -> (Source, PackageLookup) {
+        // Hydra normalizes `a/b/` to `a.b`.
+        let module = module.replace('/', ".").trim_end_matches('.').to_owned();
+        let lookup = python::find_package(&module, &env.sys_path());
+        let store = match &lookup.found {
+            Some(dir) => Store::Dir(dir.clone()),
+            None => Store::Unavailable,
+        };
+        let source = Source {
+            provider: provider.into(),
+            scheme: "pkg",
+            path: module,
+            store,
+        };
+        (source, lookup)
+    }
+
+    /// A `hydra.searchpath` entry: `file://dir`, `pkg://module` or a bare directory (relative to the working
+    /// directory).
     pub fn from_search_path_entry(provider: &str, entry: &str) -> Result<Source, SearchPathError> {
         let path = match entry.find("://") {
             None => entry,
+            Some(idx) if &entry[..idx] == "pkg" => {
+                return Ok(Source::package(
+                    provider,
+                    &entry[idx + 3..],
+                    &PythonEnv::from_process(),
+                )
+                .0);
+            }
             Some(idx) if &entry[..idx] == "file" => &entry[idx + 3..],
             Some(_) => {
                 return Err(SearchPathError::UnsupportedScheme {
@@ -160,6 +206,7 @@ impl Source {
                 files.iter().any(|(p, _)| p.starts_with(&prefix))
             }
             Store::Dir(root) => root.join(group).is_dir(),
+            Store::Unavailable => false,
         }
     }
 
@@ -168,6 +215,7 @@ impl Source {
         match &self.store {
             Store::Embedded(files) => files.iter().any(|(p, _)| *p == file),
             Store::Dir(root) => root.join(&file).is_file(),
+            Store::Unavailable => false,
         }
     }
 
@@ -218,6 +266,7 @@ impl Source {
                     }
                 }
             }
+            Store::Unavailable => {}
         }
         names.sort();
         names.dedup();
@@ -250,6 +299,7 @@ impl Source {
                     }),
                 }
             }
+            Store::Unavailable => Ok(None),
         }
     }
 }
@@ -444,7 +494,7 @@ mod tests {
 
     #[test]
     fn unsupported_search_path_scheme_is_an_error() {
-        assert!(Source::from_search_path_entry("p", "pkg://foo.conf").is_err());
+        assert!(Source::from_search_path_entry("p", "http://foo.conf").is_err());
         assert!(
             Source::from_search_path_entry("p", "file:///nonexistent/dir")
                 .is_ok_and(|s| !s.available())

@@ -10,7 +10,6 @@
 //! `config::interpolate` (which also owns interpolation grammar errors).
 //!
 //! Where this loader and OmegaConf differ (found by comparing both over generated documents):
-//! - `!!binary` keys are refused ([`YamlErrorKind::UnsupportedKey`]); OmegaConf accepts bytes keys;
 //! - raw U+2028/U+2029 are refused ([`YamlErrorKind::LineSeparator`]);
 //! - an alias inside its own anchor is refused ([`YamlErrorKind::RecursiveAlias`]);
 //! - saphyr's YAML 1.2 syntax: a lone `-` right before `,]}` in flow (`[-]`) and an alias key without
@@ -101,8 +100,6 @@ pub enum YamlErrorKind {
     /// Capitalised as OmegaConf words it: that is the message users (and the conformance kit) look for.
     #[error("Incompatible key type '{type_name}'")]
     KeyType { type_name: &'static str },
-    #[error("keys of type '{type_name}' are not supported")]
-    UnsupportedKey { type_name: &'static str },
     #[error("found unhashable key of type '{type_name}'")]
     UnhashableKey { type_name: &'static str },
     #[error("value '{type_name}' is not a supported primitive type")]
@@ -473,10 +470,18 @@ mod tests {
             err_kind("{a: 1}: x"),
             YamlErrorKind::UnhashableKey { type_name: "dict" }
         );
+    }
+
+    #[test]
+    fn binary_keys_are_bytes_keys() {
+        // PyYAML loads `!!binary` as bytes, and OmegaConf keeps a bytes key (hydra-core 1.3.8 composes it).
+        let node = load("!!binary aGk=: x\n").expect("a bytes key loads");
+        let dict = node.as_dict().expect("a mapping");
         assert_eq!(
-            err_kind("!!binary aGk=: x"),
-            YamlErrorKind::UnsupportedKey { type_name: "bytes" }
+            dict.keys().collect::<Vec<_>>(),
+            [&Key::Bytes(b"hi".to_vec())]
         );
+        assert_eq!(Key::Bytes(b"hi".to_vec()).to_string(), "b'hi'");
     }
 
     #[test]

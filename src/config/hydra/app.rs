@@ -11,7 +11,7 @@ use crate::config::hydra::{
 };
 use crate::config::interpolate::{self, InterpolationError, ResolveContext};
 use crate::config::node::{Key, Node, Value};
-use crate::config::search_path::{ObjectType, Repository, SearchPathError, Source};
+use crate::config::search_path::{ObjectType, PythonEnv, Repository, SearchPathError, Source};
 
 /// `--info` choices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +176,22 @@ pub fn build_repository(
     let mut sources = vec![Source::hydra_builtin()];
     match config_path {
         Some(path) if path.starts_with("pkg://") => {
-            return Err(SearchPathError::UnsupportedScheme { entry: path.into() });
+            let module = &path["pkg://".len()..];
+            let (source, lookup) = Source::package("main", module, &PythonEnv::from_process());
+            if source.path.is_empty() {
+                return Err(SearchPathError::PrimaryModuleEmpty);
+            }
+            if lookup.found.is_none() {
+                return Err(SearchPathError::PrimaryModuleNotFound {
+                    module: source.path,
+                    searched: lookup
+                        .searched
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                });
+            }
+            sources.push(source);
         }
         Some(path) => {
             let dir = absolute(path.strip_prefix("file://").unwrap_or(path));
@@ -296,51 +311,83 @@ fn show_cfg(
     resolve: bool,
 ) -> Result<Outcome<'static>, AppError> {
     let composed = compose_run(repo, req, RunMode::Run)?;
-    let mut cfg = match show {
+    let cfg = match show {
         ShowCfg::Job => job_config(&composed.config),
         ShowCfg::Hydra => sanitized_hydra(&composed.config),
         ShowCfg::All => composed.config.clone(),
     };
-    if resolve {
-        cfg = resolve_tree(&cfg, &composed.config)?;
-    }
+    let ctx = match show {
+        ShowCfg::Hydra => context(&composed.config),
+        ShowCfg::Job | ShowCfg::All => show_context(&composed.config),
+    };
+    let resolved = |cfg: &Node| -> Result<Node, AppError> {
+        if resolve {
+            resolve_tree(cfg, &ctx)
+        } else {
+            Ok(cfg.clone())
+        }
+    };
     let package = package.filter(|p| *p != "_global_");
     let Some(package) = package else {
-        crate::stdio::out(format_args!("{}", to_yaml(&cfg)));
+        crate::stdio::out(format_args!("{}", to_yaml(&resolved(&cfg)?)));
         return Ok(Outcome::Printed { success: true });
     };
+    let not_found = || AppError::PackageNotFound {
+        package: package.into(),
+    };
+    // Hydra selects first (`OmegaConf.select`, which resolves a leaf) and resolves only a container.
     let selected = cfg
         .get_path(package)
-        .filter(|n| !matches!(n.value, Value::Null | Value::Missing));
-    let Some(selected) = selected else {
-        return Err(AppError::PackageNotFound {
-            package: package.into(),
-        });
-    };
+        .filter(|n| !matches!(n.value, Value::Null | Value::Missing))
+        .ok_or_else(not_found)?;
     if selected.value.is_container() {
+        let full = resolved(&cfg)?;
+        let selected = full.get_path(package).ok_or_else(not_found)?;
         crate::stdio::out(format_args!("# @package {package}\n"));
         crate::stdio::out(format_args!("{}", to_yaml(selected)));
-    } else {
-        crate::stdio::out(format_args!("{}\n", selected.value.python_str()));
+        return Ok(Outcome::Printed { success: true });
+    }
+    let value = interpolate::resolve_at(&cfg, package, &ctx)?;
+    if matches!(value.value, Value::Null) {
+        return Err(not_found());
+    }
+    // `print(value)`: Hydra's `hydra.mode` is a `RunMode` enum, whose str() names its class.
+    let is_run_mode = package
+        .strip_prefix("hydra.")
+        .map(|rest| rest.split('.').map(str::to_owned).collect::<Vec<_>>())
+        .and_then(|path| hy::conf::type_at(&path, composed.config.get("hydra")))
+        .is_some_and(|(ty, _)| matches!(ty, hy::conf::Ty::Mode));
+    match &value.value {
+        Value::Str(name) if is_run_mode => crate::stdio::out(format_args!("RunMode.{name}\n")),
+        other => crate::stdio::out(format_args!("{}\n", other.python_str())),
     }
     Ok(Outcome::Printed { success: true })
 }
 
-/// The resolution context of a composed config: its `hydra` node serves `${hydra:...}`.
-fn context(full: &Node) -> ResolveContext<'_> {
-    // One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+/// One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
+fn clock() -> ResolveContext<'static> {
     static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
-    let ctx =
-        ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()));
+    ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()))
+}
+
+/// The resolution context of a running job: its `hydra` node serves `${hydra:...}`, and absolute keys
+/// inside that node resolve in the full config.
+fn context(full: &Node) -> ResolveContext<'_> {
+    clock().with_full_config(full)
+}
+
+/// The resolution context of `--cfg job|all`: Hydra deletes `hydra` from the config it prints but keeps
+/// it as the `HydraConfig` node, whose parent is the printed config.
+fn show_context(full: &Node) -> ResolveContext<'_> {
     match full.get("hydra") {
-        Some(hydra) => ctx.with_hydra(hydra),
-        None => ctx,
+        Some(hydra) => clock().with_hydra(hydra),
+        None => clock(),
     }
 }
 
-/// Resolve every interpolation of `cfg` (OmegaConf.resolve); `full` supplies the `hydra` node.
-fn resolve_tree(cfg: &Node, full: &Node) -> Result<Node, AppError> {
-    Ok(interpolate::resolve_tree(cfg, &context(full))?)
+/// Resolve every interpolation of `cfg` (OmegaConf.resolve).
+fn resolve_tree(cfg: &Node, ctx: &ResolveContext<'_>) -> Result<Node, AppError> {
+    Ok(interpolate::resolve_tree(cfg, ctx)?)
 }
 
 fn info(repo: &mut Repository, req: &AppRequest<'_>, kind: InfoKind) -> Result<String, AppError> {
@@ -556,7 +603,7 @@ fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<Prep
         })?;
         write_hydra_files(&full, &abs)?;
     }
-    let config = resolve_tree(&job_config(&full), &full)?;
+    let config = resolve_tree(&job_config(&full), &context(&full))?;
     Ok(PreparedJob {
         config,
         full,

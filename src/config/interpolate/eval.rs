@@ -66,15 +66,18 @@ impl<'c, 'a> Engine<'c, 'a> {
     pub fn new(root: &Node, ctx: &'c ResolveContext<'a>) -> (Engine<'c, 'a>, Id) {
         let mut tree = Tree::default();
         let root_id = tree.insert_node(root, None, None);
-        let hydra = ctx.hydra.map(|h| {
-            let hroot = tree.add(None, None, Body::Dict(Default::default()), None);
-            let key = Key::from("hydra");
-            let id = tree.insert_node(h, Some(hroot), Some(SlotKey::Key(key.clone())));
-            let mut d = indexmap::IndexMap::new();
-            d.insert(key, id);
-            tree.replace_body(hroot, Body::Dict(d));
-            id
-        });
+        // Hydra's `HydraConfig` node is a hidden child of the config being resolved: its parent is that
+        // config (with `--cfg job`, the job config without `hydra`), so `${a}` inside a `hydra.*` value
+        // resolves against the user's keys, while the root itself does not list it.
+        let hydra = match ctx.hydra_in_full {
+            Some(full) => {
+                let full_id = tree.insert_node(full, None, None);
+                tree.child(full_id, &SlotKey::Key(Key::from("hydra")))
+            }
+            None => ctx.hydra.map(|h| {
+                tree.insert_node(h, Some(root_id), Some(SlotKey::Key(Key::from("hydra"))))
+            }),
+        };
         (
             Engine {
                 tree,

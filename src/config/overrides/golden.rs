@@ -5,7 +5,7 @@
 //! `{k=>v,..}`, or a sweep; `ERR` where Hydra rejects the override. Inputs whose result is random
 //! (`shuffle`) or that nest sweeps (which this crate reports differently, see the report) are left out.
 
-use crate::config::node::{Key, python_float_repr};
+use crate::config::node::{Key, python_float_repr, python_repr_bytes};
 
 use super::*;
 
@@ -32,6 +32,7 @@ fn key(k: &Key) -> String {
         Key::Float(_) => format!("f:{}", python_float_repr(k.as_f64().unwrap_or(f64::NAN))),
         Key::Bool(b) => format!("b:{}", py_bool(*b)),
         Key::Null => "null".into(),
+        Key::Bytes(b) => format!("y:{}", python_repr_bytes(b)),
     }
 }
 

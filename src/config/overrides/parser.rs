@@ -390,6 +390,7 @@ enum PyKey {
     /// The bits of a float that is not an integer.
     Float(u64),
     Null,
+    Bytes(Vec<u8>),
 }
 
 impl PyKey {
@@ -400,6 +401,7 @@ impl PyKey {
             Key::BigInt(d) => PyKey::BigInt(d.clone()),
             Key::Bool(b) => PyKey::Int(i64::from(*b)),
             Key::Null => PyKey::Null,
+            Key::Bytes(b) => PyKey::Bytes(b.clone()),
             Key::Float(_) => {
                 let f = key.as_f64()?;
                 if f.is_nan() {

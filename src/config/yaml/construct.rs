@@ -234,7 +234,7 @@ impl Constructor {
             Value::Bool(b) => Ok(Key::Bool(b)),
             // PyYAML accepts it; OmegaConf refuses it once the whole document is built (see reject_null_keys).
             Value::Null => Ok(Key::Null),
-            Value::Bytes(_) => fail(YamlErrorKind::UnsupportedKey { type_name: "bytes" }),
+            Value::Bytes(b) => Ok(Key::Bytes(b)),
             Value::List(_) => fail(YamlErrorKind::UnhashableKey { type_name: "list" }),
             Value::Dict(_) => fail(YamlErrorKind::UnhashableKey { type_name: "dict" }),
             Value::Missing => Ok(Key::Str("???".to_owned())),
@@ -354,7 +354,7 @@ fn check_duplicates(pairs: &[(Rc<Raw>, Rc<Raw>)]) -> Result<(), Fail> {
 /// `None` for string keys, which only equal themselves.
 fn python_hash_key(key: &Key) -> Option<Key> {
     match key {
-        Key::Str(_) => None,
+        Key::Str(_) | Key::Bytes(_) => None,
         Key::Bool(b) => Some(Key::Int(i64::from(*b))),
         Key::Int(_) | Key::BigInt(_) | Key::Null => Some(key.clone()),
         Key::Float(bits) => {
