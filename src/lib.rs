@@ -8,6 +8,8 @@
 //! - [`syncer`]: the `WeightSyncer` (patch | bucket) on top of a [`transport`] channel; never imports tch.
 //! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory + Unix sockets).
 //! - [`orchestrator`]: supervisor, control protocol, the synchronous and asynchronous training loops, metrics.
+//! - [`cluster`]: multi-node runs: node rank / count / rendezvous from the scheduler's environment, placement
+//!   of workers over nodes (RLinf's `cluster.component_placement`).
 //! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
@@ -17,6 +19,7 @@
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod env;
 pub mod logging;

@@ -169,19 +169,10 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             problem(path, format!("{secs} is not a positive number of seconds"));
         }
     }
-    match cfg
-        .cluster
-        .component_placement
-        .get("rollout")
-        .map(|p| p.slots())
-    {
-        None => problem(
-            "cluster.component_placement.rollout",
-            "missing: it sets the rollout workers (e.g. `0-1` for two)".into(),
-        ),
-        Some(Err(e)) => problem("cluster.component_placement.rollout", e),
-        Some(Ok(slots)) => {
-            let workers = slots.len() as u32;
+    match crate::cluster::resolve(&cfg.cluster) {
+        Err(e) => problem(&e.key_path(), e.to_string()),
+        Ok(placement) => {
+            let workers = placement.rollouts.len() as u32;
             for split in ["train", "eval"] {
                 let envs = if split == "train" {
                     &cfg.env.train
@@ -200,10 +191,43 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             }
         }
     }
-    if let Some(actor) = cfg.cluster.component_placement.get("actor")
-        && let Err(e) = actor.slots()
+    let c = &cfg.cluster;
+    if !(c.node_timeout_s.is_finite() && c.node_timeout_s > 0.0) {
+        problem(
+            "cluster.node_timeout_s",
+            format!("{} is not a positive number of seconds", c.node_timeout_s),
+        );
+    }
+    if c.network.port_min == 0 || c.network.port_min > c.network.port_max {
+        problem(
+            "cluster.network.port_min",
+            format!(
+                "{}-{} is not a port range (1 <= port_min <= port_max <= 65535)",
+                c.network.port_min, c.network.port_max
+            ),
+        );
+    } else if u32::from(c.network.port_max - c.network.port_min) + 1 < c.num_nodes.get() {
+        problem(
+            "cluster.network.port_max",
+            format!(
+                "{}-{} has fewer ports than cluster.num_nodes={} (one weight-chain port per node)",
+                c.network.port_min, c.network.port_max, c.num_nodes
+            ),
+        );
+    }
+    if c.network.part_bytes.get() < 4096 || c.network.part_bytes.get() > 1 << 30 {
+        problem(
+            "cluster.network.part_bytes",
+            format!("{} is outside [4096, 1 GiB]", c.network.part_bytes),
+        );
+    }
+    if let Some(rank) = c.node_rank
+        && rank >= c.num_nodes.get()
     {
-        problem("cluster.component_placement.actor", e);
+        problem(
+            "cluster.node_rank",
+            format!("{rank} is not a node of cluster.num_nodes={}", c.num_nodes),
+        );
     }
     for (path, v, lo_open) in [
         (
