@@ -1,4 +1,5 @@
-//! Byte channels from one sender to N receivers: in-process, and shared memory with Unix-socket control.
+//! Byte channels from one sender to N receivers: in-process, shared memory with Unix-socket control, and a
+//! pipelined TCP chain across nodes (each node's receivers behind its own local channel).
 //!
 //! A [`Sender`] publishes payloads that every [`Receiver`] reads in place; receivers release each payload when
 //! their read closure returns, and a bounded number of payloads may be in flight (the sender fills the next one
@@ -14,12 +15,14 @@ mod fanout;
 mod frame;
 pub mod inproc;
 pub mod shm;
+pub mod tcp;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use inproc::{InProcReceiver, InProcSender, inproc_channel, inproc_channel_with_timeout};
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
+pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
 
 /// How long any single wait may take unless the channel was built with another timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,6 +47,8 @@ pub enum Peer {
     Receiver(usize),
     /// Several receivers, by rank (e.g. all those that did not release a payload in time).
     Receivers(Vec<usize>),
+    /// Another node of a TCP chain (`node 2 (gpu07) at 10.0.0.7:29511`).
+    Node(String),
 }
 
 impl fmt::Display for Peer {
@@ -52,6 +57,7 @@ impl fmt::Display for Peer {
             Peer::Sender => write!(f, "the sender"),
             Peer::Receiver(rank) => write!(f, "receiver rank {rank}"),
             Peer::Receivers(ranks) => write!(f, "receiver ranks {ranks:?}"),
+            Peer::Node(name) => write!(f, "{name}"),
         }
     }
 }
@@ -82,6 +88,8 @@ pub enum TransportError {
     },
     #[error("protocol violation by {peer}: {reason}")]
     Protocol { peer: Peer, reason: String },
+    #[error("{peer} was refused: {reason}")]
+    Auth { peer: String, reason: String },
     #[error("the handshake was rejected by the sender: {reason}")]
     Rejected { reason: String },
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
@@ -106,6 +114,8 @@ pub enum TransportError {
 pub enum Sender {
     InProc(InProcSender),
     Shm(ShmSender),
+    /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
+    Chain(ChainSender),
 }
 
 /// A reading end, identified by its rank in `0..receivers`.
@@ -140,6 +150,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.receivers(),
             Sender::Shm(s) => s.receivers(),
+            Sender::Chain(s) => s.receivers(),
         }
     }
 
@@ -159,6 +170,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.send_with(len, fill).await,
             Sender::Shm(s) => s.send_with(len, fill).await,
+            Sender::Chain(s) => s.send_with(len, fill).await,
         }
     }
 
@@ -173,6 +185,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.flush().await,
             Sender::Shm(s) => s.flush().await,
+            Sender::Chain(s) => s.flush().await,
         }
     }
 
@@ -181,6 +194,7 @@ impl Sender {
         match self {
             Sender::InProc(s) => s.recv_from(rank).await,
             Sender::Shm(s) => s.recv_from(rank).await,
+            Sender::Chain(s) => s.recv_from(rank).await,
         }
     }
 }
@@ -224,6 +238,12 @@ impl From<InProcSender> for Sender {
 impl From<ShmSender> for Sender {
     fn from(s: ShmSender) -> Self {
         Sender::Shm(s)
+    }
+}
+
+impl From<ChainSender> for Sender {
+    fn from(s: ChainSender) -> Self {
+        Sender::Chain(s)
     }
 }
 
