@@ -365,7 +365,7 @@ impl Default for NetworkConfig {
             interface: None,
             port_min: 29510,
             port_max: 29599,
-            part_bytes: NonZeroU64::new(4 << 20).unwrap(),
+            part_bytes: NonZeroU64::new(256 << 10).unwrap(),
         }
     }
 }
