@@ -268,6 +268,8 @@ pub fn detect(
     let master_addr = match master_addr {
         Some(a) => a,
         None if num_nodes == 1 => "127.0.0.1".to_owned(),
+        // Node 0 is the rendezvous: it listens, so it needs no address of its own to reach.
+        None if rank == 0 => host.clone(),
         None => {
             return Err(ClusterError::NoRendezvous {
                 host,

@@ -170,7 +170,12 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
         }
     }
     match crate::cluster::resolve(&cfg.cluster) {
-        Err(e) => problem(&e.key_path(), e.to_string()),
+        Err(e) => {
+            let path = e.key_path();
+            let text = e.to_string();
+            let message = text.strip_prefix(&format!("{path}: ")).unwrap_or(&text);
+            problem(&path, message.to_owned());
+        }
         Ok(placement) => {
             let workers = placement.rollouts.len() as u32;
             for split in ["train", "eval"] {
