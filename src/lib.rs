@@ -11,6 +11,8 @@
 //!   trajectory codec); documented for other implementations in `docs/protocol.md`.
 //! - [`bytes`]: the one little-endian byte reader and varint of the crate.
 //! - [`orchestrator`]: supervisor, the synchronous and asynchronous training loops, metrics.
+//! - [`cluster`]: multi-node runs: node rank / count / rendezvous from the scheduler's environment, placement
+//!   of workers over nodes (RLinf's `cluster.component_placement`).
 //! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
@@ -22,6 +24,7 @@
 pub mod bench;
 pub mod bytes;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod env;
 pub mod logging;

@@ -148,6 +148,15 @@ pub fn run(
         return Err(OrchestratorError::Config { reason });
     }
     let plan = plan::plan(entry, cfg)?;
+    if cfg.cluster.num_nodes.get() > 1 {
+        return Err(OrchestratorError::Config {
+            reason: format!(
+                "cluster.num_nodes={}: this build places workers over nodes (see --dry-run) but does not \
+                 start node agents yet; run on one node (cluster.num_nodes=1)",
+                cfg.cluster.num_nodes
+            ),
+        });
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -59,6 +59,10 @@ pub struct DryRun {
     pub footprint: Option<Footprint>,
     pub config: RunConfig,
     pub ignored: Vec<String>,
+    /// The workers over nodes (None when the placement is invalid, which config extraction reports).
+    pub nodes: Option<crate::cluster::NodePlacement>,
+    /// Who this process would be in a multi-node run (from `cluster.*` and the scheduler's environment).
+    pub identity: Option<crate::cluster::NodeIdentity>,
     /// Pre-flight problems (the dry run fails if any).
     pub problems: Vec<String>,
 }
@@ -78,6 +82,22 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         },
     };
     let workers = loop_plan.as_ref().map(planned_workers).unwrap_or_default();
+    let nodes = match entry {
+        Entry::BenchSync => None,
+        _ => crate::cluster::resolve(&cfg.cluster).ok(),
+    };
+    let identity = match entry {
+        Entry::BenchSync => None,
+        _ => match crate::cluster::detect(&cfg.cluster, &crate::cluster::host_name(), |k| {
+            std::env::var(k).ok()
+        }) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                problems.push(e.to_string());
+                None
+            }
+        },
+    };
     let footprint = footprint(cfg);
     if let Err(e) = check_writable(run_dir) {
         problems.push(e);
@@ -117,6 +137,8 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         footprint,
         config: cfg.clone(),
         ignored: extracted.ignored.clone(),
+        nodes,
+        identity,
         problems,
     }
 }
@@ -320,10 +342,37 @@ impl fmt::Display for DryRun {
                     w.role, w.rank
                 )?;
             }
-            writeln!(
-                f,
-                "  transport      shared memory (trainer writes once, every rollout reads in place), control over Unix sockets"
-            )?;
+            let multi_node = self.nodes.as_ref().is_some_and(|n| n.num_nodes > 1);
+            if let Some(nodes) = self.nodes.as_ref().filter(|_| multi_node) {
+                write!(f, "{nodes}")?;
+                for idle in nodes.idle_nodes() {
+                    writeln!(
+                        f,
+                        "  warning        node {idle} has no workers: its agent would only wait"
+                    )?;
+                }
+                if let Some(id) = &self.identity {
+                    writeln!(
+                        f,
+                        "  this host      {} is node {} of {} ({}); rendezvous {}:{}",
+                        id.host,
+                        id.node_rank,
+                        id.num_nodes,
+                        id.scheduler,
+                        id.master_addr,
+                        id.master_port
+                    )?;
+                }
+                writeln!(
+                    f,
+                    "  transport      TCP chain between nodes (each node forwards parts while it receives), shared memory to the rollouts of each node"
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "  transport      shared memory (trainer writes once, every rollout reads in place), control over Unix sockets"
+                )?;
+            }
             let loop_desc = match self.entry {
                 Entry::Async => format!(
                     "async: staleness_threshold={}, sync_weight_no_wait={}",

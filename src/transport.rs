@@ -1,5 +1,6 @@
-//! Byte channels from one sender to N receivers: in-process, shared memory with Unix-socket control, and a
-//! bridge whose bytes the caller carries (the Python binding's async `send`/`recv`).
+//! Byte channels from one sender to N receivers: in-process, shared memory with Unix-socket control, a
+//! bridge whose bytes the caller carries (the Python binding's async `send`/`recv`), and a pipelined TCP
+//! chain across nodes (each node's receivers behind its own local channel).
 //!
 //! A [`Sender`] publishes payloads that every [`Receiver`] reads in place; receivers release each payload when
 //! their read closure returns, and a bounded number of payloads may be in flight (the sender fills the next one
@@ -16,12 +17,14 @@ mod fanout;
 mod frame;
 pub mod inproc;
 pub mod shm;
+pub mod tcp;
 
 use std::fmt;
 use std::time::Duration;
 
 pub use inproc::{InProcReceiver, InProcSender, inproc_channel, inproc_channel_with_timeout};
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
+pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
 
 /// How long any single wait may take unless the channel was built with another timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -46,6 +49,8 @@ pub enum Peer {
     Receiver(usize),
     /// Several receivers, by rank (e.g. all those that did not release a payload in time).
     Receivers(Vec<usize>),
+    /// Another node of a TCP chain (`node 2 (gpu07) at 10.0.0.7:29511`).
+    Node(String),
 }
 
 impl fmt::Display for Peer {
@@ -54,6 +59,7 @@ impl fmt::Display for Peer {
             Peer::Sender => write!(f, "the sender"),
             Peer::Receiver(rank) => write!(f, "receiver rank {rank}"),
             Peer::Receivers(ranks) => write!(f, "receiver ranks {ranks:?}"),
+            Peer::Node(name) => write!(f, "{name}"),
         }
     }
 }
@@ -84,6 +90,8 @@ pub enum TransportError {
     },
     #[error("protocol violation by {peer}: {reason}")]
     Protocol { peer: Peer, reason: String },
+    #[error("{peer} was refused: {reason}")]
+    Auth { peer: String, reason: String },
     #[error("the handshake was rejected by the sender: {reason}")]
     Rejected { reason: String },
     #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
@@ -109,6 +117,8 @@ pub enum Sender {
     InProc(InProcSender),
     Shm(ShmSender),
     Bridge(bridge::BridgeSender),
+    /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
+    Chain(ChainSender),
 }
 
 /// A reading end, identified by its rank in `0..receivers`.
@@ -145,6 +155,7 @@ impl Sender {
             Sender::InProc(s) => s.receivers(),
             Sender::Shm(s) => s.receivers(),
             Sender::Bridge(s) => s.receivers(),
+            Sender::Chain(s) => s.receivers(),
         }
     }
 
@@ -165,6 +176,7 @@ impl Sender {
             Sender::InProc(s) => s.send_with(len, fill).await,
             Sender::Shm(s) => s.send_with(len, fill).await,
             Sender::Bridge(s) => s.send_with(len, fill).await,
+            Sender::Chain(s) => s.send_with(len, fill).await,
         }
     }
 
@@ -180,6 +192,7 @@ impl Sender {
             Sender::InProc(s) => s.flush().await,
             Sender::Shm(s) => s.flush().await,
             Sender::Bridge(s) => s.flush().await,
+            Sender::Chain(s) => s.flush().await,
         }
     }
 
@@ -189,6 +202,7 @@ impl Sender {
             Sender::InProc(s) => s.recv_from(rank).await,
             Sender::Shm(s) => s.recv_from(rank).await,
             Sender::Bridge(s) => s.recv_from(rank).await,
+            Sender::Chain(s) => s.recv_from(rank).await,
         }
     }
 }
@@ -235,6 +249,12 @@ impl From<InProcSender> for Sender {
 impl From<ShmSender> for Sender {
     fn from(s: ShmSender) -> Self {
         Sender::Shm(s)
+    }
+}
+
+impl From<ChainSender> for Sender {
+    fn from(s: ChainSender) -> Self {
+        Sender::Chain(s)
     }
 }
 

@@ -83,6 +83,8 @@ impl WorkerError {
             }],
             Peer::Receiver(rank) => vec![rollout(*rank)],
             Peer::Receivers(ranks) => ranks.iter().map(|r| rollout(*r)).collect(),
+            // Node agents do not exist yet: a chain peer is not a worker of this host to blame.
+            Peer::Node(_) => Vec::new(),
         }
     }
 }

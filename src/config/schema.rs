@@ -391,23 +391,61 @@ impl Default for RunnerConfig {
 // ---------------------------------------------------------------------------------------------------------
 // cluster
 
-/// A `cluster.component_placement` value: RLinf writes GPU ranges (`0-7`, `0,2,4`, `3`). rlsync spawns one
-/// worker per listed slot, so `rollout: 0-3` means four rollout workers.
+/// A `cluster.component_placement` value, in RLinf's syntax: slot (resource) ranges such as `0-7`, `0,2,4`, `3`
+/// or `all`, optionally with process ranks (`0-1:0-3` puts processes 0-3 on slots 0-1, two per slot), either
+/// directly or under `placement:` next to a `node_group`. rlsync spawns one worker per process, so
+/// `rollout: 0-3` means four rollout workers. Slots are global: slot `s` lives on node
+/// `s / cluster.slots_per_node` (see `crate::cluster::placement`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Placement {
     Single(u32),
     Ranges(String),
+    Grouped(GroupedPlacement),
+}
+
+/// RLinf's long form: `{node_group: <label>, placement: <ranges>}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GroupedPlacement {
+    #[serde(default)]
+    pub node_group: Option<String>,
+    pub placement: PlacementRanges,
+}
+
+/// The ranges of a [`GroupedPlacement`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum PlacementRanges {
+    Single(u32),
+    Ranges(String),
 }
 
 impl Placement {
+    /// The placement text (`0-3`, `0-1:0-7`, `all`) and the node group it names, if any.
+    pub fn text(&self) -> (String, Option<&str>) {
+        match self {
+            Placement::Single(n) => (n.to_string(), None),
+            Placement::Ranges(t) => (t.clone(), None),
+            Placement::Grouped(g) => {
+                let text = match &g.placement {
+                    PlacementRanges::Single(n) => n.to_string(),
+                    PlacementRanges::Ranges(t) => t.clone(),
+                };
+                (text, g.node_group.as_deref())
+            }
+        }
+    }
+
     /// The slots this placement lists (`0-3,6` → 0,1,2,3,6), in order, without duplicates. Linear in the
-    /// number of slots, and refuses more than [`MAX_PLACEMENT_SLOTS`] before expanding any range.
+    /// number of slots, and refuses more than [`MAX_PLACEMENT_SLOTS`] before expanding any range. Process
+    /// ranks (`0-1:0-3`) and `all` need the cluster's size: see `crate::cluster::placement::resolve`.
     pub fn slots(&self) -> Result<Vec<u32>, String> {
         let text = match self {
             Placement::Single(n) => return Ok(vec![*n]),
-            Placement::Ranges(text) => text,
+            Placement::Ranges(text) => text.clone(),
+            Placement::Grouped(_) => self.text().0,
         };
+        let text = text.as_str();
         let mut ranges = Vec::new();
         let mut total: u64 = 0;
         for part in text.split(',').map(str::trim) {
@@ -446,11 +484,60 @@ pub const MAX_PLACEMENT_SLOTS: usize = 4096;
 /// of the weights).
 pub const MAX_ROLLOUTS_PER_HOST: usize = 256;
 
+/// `cluster.network`: where the TCP control plane and weight chain of a multi-node run listen.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct NetworkConfig {
+    /// Interface name (`eth0`, `ib0`) or IP address to bind and advertise; null: the address that routes to
+    /// the rendezvous host.
+    pub interface: Option<String>,
+    /// First and last TCP port the weight chain may listen on (one per node; the rendezvous port is
+    /// `cluster.master_port`).
+    pub port_min: u16,
+    pub port_max: u16,
+    /// Size of the parts a payload travels in along the chain (each node forwards a part while it receives
+    /// the next).
+    pub part_bytes: NonZeroU64,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            interface: None,
+            port_min: 29510,
+            port_max: 29599,
+            part_bytes: NonZeroU64::new(256 << 10).unwrap(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ClusterConfig {
     pub num_nodes: NonZeroU32,
     pub component_placement: IndexMap<String, Placement>,
+    /// Slots per node: slot `s` of a placement is on node `s / slots_per_node`. Null: every slot on one node
+    /// when `num_nodes` is 1, else the slots in use split evenly over the nodes.
+    pub slots_per_node: Option<NonZeroU32>,
+    /// This host's node rank; null: from the scheduler's environment (torchrun, Slurm, OpenMPI), else 0.
+    pub node_rank: Option<u32>,
+    /// Rendezvous host (node 0); null: `MASTER_ADDR`, or the first host of `SLURM_JOB_NODELIST`.
+    pub master_addr: Option<String>,
+    /// Rendezvous port on node 0; null: `MASTER_PORT`, else 29500.
+    pub master_port: Option<u16>,
+    /// A node that does not answer heartbeats for this long fails the run (naming the node).
+    pub node_timeout_s: f64,
+    pub network: NetworkConfig,
+}
+
+impl ClusterConfig {
+    /// The placement of `component`, whether it has its own key or shares one (`actor,env,rollout: 0-3`).
+    pub fn placement_of(&self, component: &str) -> Option<(&str, &Placement)> {
+        self.component_placement
+            .iter()
+            .find(|(key, _)| key.split(',').any(|c| c.trim() == component))
+            .map(|(k, p)| (k.as_str(), p))
+    }
 }
 
 impl Default for ClusterConfig {
@@ -461,6 +548,12 @@ impl Default for ClusterConfig {
         ClusterConfig {
             num_nodes: NonZeroU32::MIN,
             component_placement: placement,
+            slots_per_node: None,
+            node_rank: None,
+            master_addr: None,
+            master_port: None,
+            node_timeout_s: 30.0,
+            network: NetworkConfig::default(),
         }
     }
 }

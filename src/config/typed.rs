@@ -187,26 +187,27 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             );
         }
     }
-    match cfg
-        .cluster
-        .component_placement
-        .get("rollout")
-        .map(|p| p.slots())
-    {
-        None => problem(
-            "cluster.component_placement.rollout",
-            "missing: it sets the rollout workers (e.g. `0-1` for two)".into(),
-        ),
-        Some(Err(e)) => problem("cluster.component_placement.rollout", e),
-        Some(Ok(slots)) if slots.len() > MAX_ROLLOUTS_PER_HOST => problem(
-            "cluster.component_placement.rollout",
-            format!(
-                "{} rollout workers is more than the {MAX_ROLLOUTS_PER_HOST} rlsync starts on one host (one process each)",
-                slots.len()
-            ),
-        ),
-        Some(Ok(slots)) => {
-            let workers = slots.len() as u32;
+    match crate::cluster::resolve(&cfg.cluster) {
+        Err(e) => {
+            let path = e.key_path();
+            let text = e.to_string();
+            let message = text.strip_prefix(&format!("{path}: ")).unwrap_or(&text);
+            problem(&path, message.to_owned());
+        }
+        Ok(placement) => {
+            let workers = placement.rollouts.len() as u32;
+            let busiest = (0..cfg.cluster.num_nodes.get())
+                .map(|n| placement.rollouts.iter().filter(|w| w.node == n).count())
+                .max()
+                .unwrap_or(0);
+            if busiest > MAX_ROLLOUTS_PER_HOST {
+                problem(
+                    "cluster.component_placement.rollout",
+                    format!(
+                        "{busiest} rollout workers on one node is more than the {MAX_ROLLOUTS_PER_HOST} rlsync starts on one host (one process each)"
+                    ),
+                );
+            }
             for split in ["train", "eval"] {
                 let envs = if split == "train" {
                     &cfg.env.train
@@ -225,10 +226,43 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             }
         }
     }
-    if let Some(actor) = cfg.cluster.component_placement.get("actor")
-        && let Err(e) = actor.slots()
+    let c = &cfg.cluster;
+    if !(c.node_timeout_s.is_finite() && c.node_timeout_s > 0.0) {
+        problem(
+            "cluster.node_timeout_s",
+            format!("{} is not a positive number of seconds", c.node_timeout_s),
+        );
+    }
+    if c.network.port_min == 0 || c.network.port_min > c.network.port_max {
+        problem(
+            "cluster.network.port_min",
+            format!(
+                "{}-{} is not a port range (1 <= port_min <= port_max <= 65535)",
+                c.network.port_min, c.network.port_max
+            ),
+        );
+    } else if u32::from(c.network.port_max - c.network.port_min) + 1 < c.num_nodes.get() {
+        problem(
+            "cluster.network.port_max",
+            format!(
+                "{}-{} has fewer ports than cluster.num_nodes={} (one weight-chain port per node)",
+                c.network.port_min, c.network.port_max, c.num_nodes
+            ),
+        );
+    }
+    if c.network.part_bytes.get() < 4096 || c.network.part_bytes.get() > 1 << 30 {
+        problem(
+            "cluster.network.part_bytes",
+            format!("{} is outside [4096, 1 GiB]", c.network.part_bytes),
+        );
+    }
+    if let Some(rank) = c.node_rank
+        && rank >= c.num_nodes.get()
     {
-        problem("cluster.component_placement.actor", e);
+        problem(
+            "cluster.node_rank",
+            format!("{rank} is not a node of cluster.num_nodes={}", c.num_nodes),
+        );
     }
     for (path, v, lo_open) in [
         (

@@ -25,19 +25,11 @@ fn invalid(reason: impl Into<String>) -> OrchestratorError {
     }
 }
 
-/// The rollout worker count: one per slot of `cluster.component_placement.rollout`.
+/// The rollout worker count: one per process of `cluster.component_placement.rollout` (one per slot unless
+/// the placement gives process ranks).
 pub fn rollout_workers(cfg: &RunConfig) -> Result<u32, OrchestratorError> {
-    let placement = cfg
-        .cluster
-        .component_placement
-        .get("rollout")
-        .ok_or_else(|| {
-            invalid("cluster.component_placement has no 'rollout' entry (e.g. rollout: 0-1)")
-        })?;
-    let slots = placement
-        .slots()
-        .map_err(|e| invalid(format!("cluster.component_placement.rollout: {e}")))?;
-    match u32::try_from(slots.len()) {
+    let placement = crate::cluster::resolve(&cfg.cluster).map_err(|e| invalid(e.to_string()))?;
+    match u32::try_from(placement.rollouts.len()) {
         Ok(0) | Err(_) => Err(invalid(
             "cluster.component_placement.rollout must list 1 or more slots",
         )),
@@ -138,7 +130,7 @@ mod tests {
         check_error(
             |c| drop(c.cluster.component_placement.shift_remove("rollout")),
             Entry::Embodied,
-            "no 'rollout'",
+            "no entry for rollout",
         );
         check_error(
             |c| {

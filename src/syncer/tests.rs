@@ -762,3 +762,113 @@ fn a_corrupted_header_is_rejected_not_skipped_as_a_leftover() {
     let r = inject_and_apply(&rt, &mut p, &good).unwrap();
     assert_eq!(r.version, 2);
 }
+
+fn chain_cfg(name: &str) -> crate::transport::ChainConfig {
+    crate::transport::ChainConfig {
+        token: b"run-token".to_vec(),
+        name: name.to_owned(),
+        part_bytes: 48,
+        timeout: std::time::Duration::from_secs(20),
+    }
+}
+
+/// Three nodes on loopback: node 0 (the trainer, one local rollout in process), node 1 (one rollout in
+/// process) and node 2 (one rollout over shared memory), joined by the TCP chain. Patch and bucket syncs
+/// reach every rollout bit for bit, and node 2's rollout sees versions exactly as on one host.
+#[test]
+fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
+    use crate::transport::{ChainRelay, ChainSender, ShmConfig, ShmReceiver, ShmSender};
+    use tokio::net::TcpListener;
+    let timeout = std::time::Duration::from_secs(20);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 3);
+        let mut states: Vec<StateDict> = (0..3).map(|i| build_state(&keys, true, 10 + i)).collect();
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        // Tiny bucket parts: many payloads in flight along the chain.
+        tx.settings.part_bytes = 40;
+        let mut rxs: Vec<WeightSyncer> = (0..3)
+            .map(|_| WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap())
+            .collect();
+        rt.block_on(async {
+            let l1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let l2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let a1 = l1.local_addr().unwrap().to_string();
+            let a2 = l2.local_addr().unwrap().to_string();
+            let sock = dir.path().join(format!("node2-{bucket}.sock"));
+            let shm = ShmConfig {
+                socket_path: sock.clone(),
+                segment_prefix: "rlsync-chain-test".into(),
+                receivers: 1,
+                timeout,
+                ..ShmConfig::default()
+            };
+            let (shm_tx, shm_rx) = tokio::join!(
+                ShmSender::bind(shm),
+                ShmReceiver::connect(&sock, 0, timeout)
+            );
+            let (shm_tx, shm_rx) = (shm_tx.unwrap(), shm_rx.unwrap());
+            let (tx1, mut rx1) = inproc_channel(1);
+            let relay2 = tokio::spawn(async move {
+                let relay = ChainRelay::establish(&l2, None, shm_tx, chain_cfg("node 2")).await?;
+                relay.serve().await
+            });
+            let relay1 = tokio::spawn(async move {
+                let relay = ChainRelay::establish(&l1, Some(&a2), tx1, chain_cfg("node 1")).await?;
+                relay.serve().await
+            });
+            let (head_local, mut rx0) = inproc_channel(1);
+            let head = ChainSender::connect(Some(head_local), Some(&a1), chain_cfg("node 0"))
+                .await
+                .unwrap();
+            assert_eq!(head.receivers(), 3);
+            let (c0, c1, c2) = (rx0.pop().unwrap(), rx1.pop().unwrap(), shm_rx);
+            let synced = sender.synced_keys();
+            let [s0, s1, s2] = &mut states[..] else {
+                unreachable!()
+            };
+            let [w0, w1, w2] = &mut rxs[..] else {
+                unreachable!()
+            };
+            let (x, a, b, c) = tokio::join!(
+                tx.init_sender(&sender, &synced, head),
+                w0.init_receiver(s0, c0),
+                w1.init_receiver(s1, c1),
+                w2.init_receiver(s2, c2)
+            );
+            x.unwrap();
+            a.unwrap();
+            b.unwrap();
+            c.unwrap();
+            for v in 1..4 {
+                mutate(&mut sender, v, 40);
+                let (x, a, b, c) = tokio::join!(
+                    tx.sync(&sender, v),
+                    w0.apply(s0),
+                    w1.apply(s1),
+                    w2.apply(s2)
+                );
+                x.unwrap();
+                for r in [a, b, c] {
+                    assert_eq!(r.unwrap().version, v, "bucket={bucket}");
+                }
+                let want = tx.checksum(&sender).unwrap();
+                for (w, st) in [(&*w0, &*s0), (&*w1, &*s1), (&*w2, &*s2)] {
+                    assert_eq!(w.checksum(st).unwrap(), want, "bucket={bucket} v={v}");
+                }
+            }
+            drop(tx);
+            for relay in [relay1, relay2] {
+                relay.await.unwrap().unwrap();
+            }
+        });
+    }
+}

@@ -20,7 +20,7 @@ const PAGE: usize = 4096;
 
 /// A byte buffer whose payload starts at page offset [`PAYLOAD_PAGE_OFFSET`] (hence 64-byte aligned, which
 /// typed views over payloads rely on).
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     lines: Vec<Line>,
     /// Byte offset of the payload in `lines` (a multiple of 64).
     start: usize,
@@ -28,7 +28,7 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     /// A zeroed buffer of at least `len` payload bytes; an impossible size is an error, not an abort.
-    fn with_len(len: usize) -> Result<Self, TransportError> {
+    pub(crate) fn with_len(len: usize) -> Result<Self, TransportError> {
         let too_large = || TransportError::TooLarge {
             what: "payload",
             len,
@@ -46,11 +46,11 @@ impl AlignedBuf {
         Ok(AlignedBuf { lines, start })
     }
 
-    fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         (self.lines.len() * 64).saturating_sub(self.start)
     }
 
-    fn bytes(&self, len: usize) -> &[u8] {
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
         // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is that many initialised bytes.
         let all = unsafe {
             std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.lines.len() * 64)
@@ -59,7 +59,7 @@ impl AlignedBuf {
         all.get(self.start..end).unwrap_or_default()
     }
 
-    fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
         let end = self.start + len.min(self.capacity());
         // SAFETY: as in `bytes`, and `&mut self` makes the borrow unique.
         let all = unsafe {

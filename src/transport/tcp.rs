@@ -1,0 +1,1101 @@
+//! TCP weight chain between nodes: the head (trainer's node) sends each payload to the next node, which
+//! forwards it part by part while it receives, and so on down the chain; every node hands the payload to its
+//! local fan-out (shared memory to its rollouts). Each byte crosses each link once, so a broadcast to k nodes
+//! takes about one payload's time on the slowest link, not k.
+//!
+//! Set-up, once per connection: a mutual challenge-response on the run token (HMAC-SHA256 over both sides'
+//! random nonces; the token never crosses the wire). A peer without the token is refused, logged, and the
+//! listener keeps waiting for the right one. Then the upstream node tells the downstream one the first global
+//! receiver rank of its local receivers, and the downstream node answers with the number of receivers at and
+//! beyond it, so the head sees one channel of `local + remote` receivers with global ranks in chain order.
+//!
+//! Frames after set-up (little-endian). Downstream: `PAYLOAD len:u64 bytes`, `FLUSH`, `PULL rank:u32`,
+//! `CLOSE`. Upstream (answers, in order): `FLUSHED`, `MSG rank:u32 len:u32 bytes`, `ERROR len:u32 utf8`.
+//! Memory stays bounded by TCP back-pressure: a node reads the next payload only once its local fan-out took
+//! the previous one. Waiting for the next frame is unbounded (syncs are minutes apart); liveness is the
+//! control plane's job. Every other wait is bounded by the channel timeout. Errors name the node they are
+//! about. The chain moves bytes only; it knows nothing about what the payloads mean.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::inproc::AlignedBuf;
+use super::{InProcSender, Peer, SendBackend, Sender, ShmSender, TransportError};
+
+const MAGIC: &[u8; 8] = b"RLSYNCC1";
+const NONCE: usize = 32;
+const MAC: usize = 32;
+const MAX_NAME: usize = 256;
+/// Upper bound on one upstream message (metadata, reports).
+const MAX_MSG: usize = 64 << 20;
+
+const TAG_PAYLOAD: u8 = 1;
+const TAG_FLUSH: u8 = 2;
+const TAG_PULL: u8 = 3;
+const TAG_CLOSE: u8 = 4;
+const TAG_FLUSHED: u8 = 0x81;
+const TAG_MSG: u8 = 0x82;
+const TAG_ERROR: u8 = 0x83;
+const AUTH_OK: u8 = 1;
+const AUTH_REFUSED: u8 = 0;
+
+/// Settings shared by every node of a chain.
+#[derive(Clone)]
+pub struct ChainConfig {
+    /// The run's secret; both ends of every link must hold the same one.
+    pub token: Vec<u8>,
+    /// This node's name in peers' logs and errors (e.g. `node 2 (gpu07)`).
+    pub name: String,
+    /// Size of the parts a node forwards while it receives the next.
+    pub part_bytes: usize,
+    /// Bound on every wait except the wait for the next frame.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for ChainConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainConfig")
+            .field("name", &self.name)
+            .field("part_bytes", &self.part_bytes)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+fn node(name: &str) -> Peer {
+    Peer::Node(name.to_owned())
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(std::io::Error) -> TransportError {
+    move |source| TransportError::Io { op, source }
+}
+
+/// Map a read failure on a link to "the peer is gone" when it closed, else an i/o error.
+fn read_err<'a>(
+    op: &'static str,
+    peer: &'a str,
+) -> impl FnOnce(std::io::Error) -> TransportError + 'a {
+    move |source| match source.kind() {
+        std::io::ErrorKind::UnexpectedEof
+        | std::io::ErrorKind::ConnectionReset
+        | std::io::ErrorKind::BrokenPipe => TransportError::PeerGone {
+            op,
+            peer: node(peer),
+        },
+        _ => TransportError::Io { op, source },
+    }
+}
+
+async fn bounded<T>(
+    timeout: Duration,
+    op: &'static str,
+    peer: &str,
+    fut: impl Future<Output = Result<T, TransportError>>,
+) -> Result<T, TransportError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TransportError::Timeout {
+                op,
+                peer: node(peer),
+                timeout,
+            })
+        })
+}
+
+fn mac(token: &[u8], label: &[u8], first: &[u8], second: &[u8]) -> [u8; MAC] {
+    // HMAC accepts keys of any length, so this cannot fail.
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(token).unwrap_or_else(|_| unreachable!());
+    m.update(label);
+    m.update(first);
+    m.update(second);
+    m.finalize().into_bytes().into()
+}
+
+fn mac_ok(token: &[u8], label: &[u8], first: &[u8], second: &[u8], got: &[u8]) -> bool {
+    let Ok(mut m) = <Hmac<Sha256> as Mac>::new_from_slice(token) else {
+        return false;
+    };
+    m.update(label);
+    m.update(first);
+    m.update(second);
+    m.verify_slice(got).is_ok()
+}
+
+const LABEL_SERVER: &[u8] = b"rlsync chain: downstream proves the token";
+const LABEL_CLIENT: &[u8] = b"rlsync chain: upstream proves the token";
+
+async fn write_name(s: &mut TcpStream, name: &str) -> Result<(), TransportError> {
+    let bytes = &name.as_bytes()[..name.len().min(MAX_NAME)];
+    s.write_u16_le(bytes.len() as u16)
+        .await
+        .map_err(io_err("sending a node name"))?;
+    s.write_all(bytes)
+        .await
+        .map_err(io_err("sending a node name"))
+}
+
+async fn read_name(s: &mut TcpStream, peer: &str) -> Result<String, TransportError> {
+    const OP: &str = "reading a node name";
+    let len = usize::from(s.read_u16_le().await.map_err(read_err(OP, peer))?);
+    if len > MAX_NAME {
+        return Err(TransportError::TooLarge {
+            what: "node name",
+            len,
+            max: MAX_NAME,
+        });
+    }
+    let mut buf = vec![0; len];
+    s.read_exact(&mut buf).await.map_err(read_err(OP, peer))?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// Upstream side of set-up: prove the token, learn the downstream node's name, send our first rank, get the
+/// receiver count at and beyond it.
+async fn client_handshake(
+    s: &mut TcpStream,
+    cfg: &ChainConfig,
+    addr: &str,
+    first_rank: u32,
+) -> Result<(String, u32), TransportError> {
+    const OP: &str = "authenticating to the next node";
+    let ours: [u8; NONCE] = rand::random();
+    s.write_all(MAGIC).await.map_err(io_err(OP))?;
+    s.write_all(&ours).await.map_err(io_err(OP))?;
+    write_name(s, &cfg.name).await?;
+    let mut magic = [0; 8];
+    s.read_exact(&mut magic).await.map_err(read_err(OP, addr))?;
+    if &magic != MAGIC {
+        return Err(TransportError::Protocol {
+            peer: node(addr),
+            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
+        });
+    }
+    let mut theirs = [0; NONCE];
+    s.read_exact(&mut theirs)
+        .await
+        .map_err(read_err(OP, addr))?;
+    let mut proof = [0; MAC];
+    s.read_exact(&mut proof).await.map_err(read_err(OP, addr))?;
+    let name = read_name(s, addr).await?;
+    let peer = format!("{name} at {addr}");
+    if !mac_ok(&cfg.token, LABEL_SERVER, &ours, &theirs, &proof) {
+        return Err(TransportError::Auth {
+            peer,
+            reason: "it does not hold this run's token".into(),
+        });
+    }
+    s.write_all(&mac(&cfg.token, LABEL_CLIENT, &theirs, &ours))
+        .await
+        .map_err(io_err(OP))?;
+    s.write_u32_le(first_rank).await.map_err(io_err(OP))?;
+    match s.read_u8().await.map_err(read_err(OP, &peer))? {
+        AUTH_OK => {}
+        _ => {
+            return Err(TransportError::Auth {
+                peer,
+                reason: "it refused our token".into(),
+            });
+        }
+    }
+    let receivers = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
+    Ok((peer, receivers))
+}
+
+/// Downstream side of set-up up to the point where the receiver count is known: check the peer's proof,
+/// learn its name and our first rank. A peer that fails is refused (and told so when it got that far).
+async fn server_handshake(
+    s: &mut TcpStream,
+    cfg: &ChainConfig,
+    addr: &str,
+) -> Result<(String, u32), TransportError> {
+    const OP: &str = "authenticating the previous node";
+    let mut magic = [0; 8];
+    s.read_exact(&mut magic).await.map_err(read_err(OP, addr))?;
+    if &magic != MAGIC {
+        return Err(TransportError::Protocol {
+            peer: node(addr),
+            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
+        });
+    }
+    let mut theirs = [0; NONCE];
+    s.read_exact(&mut theirs)
+        .await
+        .map_err(read_err(OP, addr))?;
+    let name = read_name(s, addr).await?;
+    let peer = format!("{name} at {addr}");
+    let ours: [u8; NONCE] = rand::random();
+    s.write_all(MAGIC).await.map_err(io_err(OP))?;
+    s.write_all(&ours).await.map_err(io_err(OP))?;
+    s.write_all(&mac(&cfg.token, LABEL_SERVER, &theirs, &ours))
+        .await
+        .map_err(io_err(OP))?;
+    write_name(s, &cfg.name).await?;
+    let mut proof = [0; MAC];
+    s.read_exact(&mut proof)
+        .await
+        .map_err(read_err(OP, &peer))?;
+    let first_rank = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
+    if !mac_ok(&cfg.token, LABEL_CLIENT, &ours, &theirs, &proof) {
+        let _ = s.write_u8(AUTH_REFUSED).await;
+        return Err(TransportError::Auth {
+            peer,
+            reason: "it does not hold this run's token".into(),
+        });
+    }
+    Ok((peer, first_rank))
+}
+
+async fn finish_server_handshake(
+    s: &mut TcpStream,
+    peer: &str,
+    receivers: u32,
+) -> Result<(), TransportError> {
+    const OP: &str = "completing set-up with the previous node";
+    s.write_u8(AUTH_OK).await.map_err(read_err(OP, peer))?;
+    s.write_u32_le(receivers).await.map_err(read_err(OP, peer))
+}
+
+/// Accept connections on `listener` until one proves the token (within `cfg.timeout` overall). Refused peers
+/// are logged and dropped; the wait goes on.
+async fn accept_authenticated(
+    listener: &TcpListener,
+    cfg: &ChainConfig,
+) -> Result<(TcpStream, String, u32), TransportError> {
+    let timeout = cfg.timeout;
+    let accept = async {
+        loop {
+            let (mut s, addr) = listener
+                .accept()
+                .await
+                .map_err(io_err("accepting the previous node"))?;
+            let addr = addr.to_string();
+            match bounded(
+                timeout,
+                "authenticating the previous node",
+                &addr,
+                server_handshake(&mut s, cfg, &addr),
+            )
+            .await
+            {
+                Ok((peer, first)) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok((s, peer, first));
+                }
+                Err(e) => {
+                    tracing::warn!("{}: refused a chain connection from {addr}: {e}", cfg.name);
+                }
+            }
+        }
+    };
+    tokio::time::timeout(timeout, accept)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TransportError::Timeout {
+                op: "waiting for the previous node to connect",
+                peer: Peer::Node("the previous node".into()),
+                timeout,
+            })
+        })
+}
+
+async fn connect_downstream(
+    addr: &str,
+    cfg: &ChainConfig,
+    first_rank: u32,
+) -> Result<(TcpStream, String, u32), TransportError> {
+    bounded(cfg.timeout, "connecting to the next node", addr, async {
+        // The next node may still be starting: retry refused connections until the timeout.
+        let mut s = loop {
+            match TcpStream::connect(addr).await {
+                Ok(s) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(source) => {
+                    return Err(TransportError::Io {
+                        op: "connecting to the next node",
+                        source,
+                    });
+                }
+            }
+        };
+        let _ = s.set_nodelay(true);
+        let (peer, receivers) = client_handshake(&mut s, cfg, addr, first_rank).await?;
+        Ok((s, peer, receivers))
+    })
+    .await
+}
+
+/// Read one upstream answer from `s`: `FLUSHED`, or `MSG` for `rank`; `ERROR` becomes an error naming `peer`.
+async fn read_answer(
+    s: &mut TcpStream,
+    peer: &str,
+    want: u8,
+    timeout: Duration,
+) -> Result<Option<(u32, Vec<u8>)>, TransportError> {
+    const OP: &str = "waiting for the next node's answer";
+    bounded(timeout, OP, peer, async {
+        let tag = s.read_u8().await.map_err(read_err(OP, peer))?;
+        match tag {
+            TAG_FLUSHED if want == TAG_FLUSHED => Ok(None),
+            TAG_MSG if want == TAG_MSG => {
+                let rank = s.read_u32_le().await.map_err(read_err(OP, peer))?;
+                let len = s.read_u32_le().await.map_err(read_err(OP, peer))? as usize;
+                if len > MAX_MSG {
+                    return Err(TransportError::TooLarge {
+                        what: "upstream message",
+                        len,
+                        max: MAX_MSG,
+                    });
+                }
+                let mut msg = vec![0; len];
+                s.read_exact(&mut msg).await.map_err(read_err(OP, peer))?;
+                Ok(Some((rank, msg)))
+            }
+            TAG_ERROR => {
+                let len =
+                    (s.read_u32_le().await.map_err(read_err(OP, peer))? as usize).min(MAX_MSG);
+                let mut text = vec![0; len];
+                s.read_exact(&mut text).await.map_err(read_err(OP, peer))?;
+                Err(TransportError::Protocol {
+                    peer: node(peer),
+                    reason: format!("failed: {}", String::from_utf8_lossy(&text)),
+                })
+            }
+            other => Err(TransportError::Protocol {
+                peer: node(peer),
+                reason: format!("answered with frame tag {other:#04x} where {want:#04x} was due"),
+            }),
+        }
+    })
+    .await
+}
+
+/// A node's own fan-out behind the chain: any sender but another chain (which would make the dispatch
+/// recursive).
+enum Local {
+    InProc(InProcSender),
+    Shm(ShmSender),
+}
+
+impl Local {
+    fn new(sender: Sender) -> Result<Local, TransportError> {
+        match sender {
+            Sender::InProc(s) => Ok(Local::InProc(s)),
+            Sender::Shm(s) => Ok(Local::Shm(s)),
+            Sender::Chain(_) | Sender::Bridge(_) => Err(TransportError::Config {
+                reason: "a node's local fan-out is an in-process or shared-memory channel".into(),
+            }),
+        }
+    }
+
+    fn receivers(&self) -> usize {
+        match self {
+            Local::InProc(s) => s.receivers(),
+            Local::Shm(s) => s.receivers(),
+        }
+    }
+
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
+        match self {
+            Local::InProc(s) => s.send_with(len, fill).await,
+            Local::Shm(s) => s.send_with(len, fill).await,
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        match self {
+            Local::InProc(s) => s.flush().await,
+            Local::Shm(s) => s.flush().await,
+        }
+    }
+
+    async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+        match self {
+            Local::InProc(s) => s.recv_from(rank).await,
+            Local::Shm(s) => s.recv_from(rank).await,
+        }
+    }
+}
+
+/// The next node of the chain, as seen from the node before it.
+struct Downstream {
+    stream: TcpStream,
+    /// `name at addr`.
+    peer: String,
+    /// Receivers at and beyond it.
+    receivers: u32,
+}
+
+/// The head of a chain: the trainer's node. Sends to its own receivers through `local` and to every other
+/// node through the chain. Global receiver ranks: `local` first, then the chain's nodes in order.
+pub struct ChainSender {
+    local: Option<Local>,
+    local_receivers: usize,
+    down: Option<Downstream>,
+    cfg: ChainConfig,
+    /// Staging copy of the payload being sent downstream (64-byte aligned, like every payload buffer).
+    staging: Option<AlignedBuf>,
+}
+
+impl std::fmt::Debug for ChainSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainSender")
+            .field("local_receivers", &self.local_receivers)
+            .field("next", &self.down.as_ref().map(|d| &d.peer))
+            .field("remote_receivers", &self.down.as_ref().map(|d| d.receivers))
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChainSender {
+    /// Start a chain at this node: `local` serves this node's receivers (ranks first), `next` is the address of
+    /// the next node (None: a chain of one node). Returns once every node downstream completed set-up.
+    pub async fn connect(
+        local: Option<Sender>,
+        next: Option<&str>,
+        cfg: ChainConfig,
+    ) -> Result<Sender, TransportError> {
+        let local = local.map(Local::new).transpose()?;
+        let local_receivers = local.as_ref().map_or(0, Local::receivers);
+        let first = u32::try_from(local_receivers).map_err(|_| TransportError::Config {
+            reason: format!("{local_receivers} local receivers is too many"),
+        })?;
+        let down = match next {
+            None => None,
+            Some(addr) => {
+                let (stream, peer, receivers) = connect_downstream(addr, &cfg, first).await?;
+                tracing::debug!(
+                    "{}: chain to {peer} ({receivers} receivers) is up",
+                    cfg.name
+                );
+                Some(Downstream {
+                    stream,
+                    peer,
+                    receivers,
+                })
+            }
+        };
+        Ok(Sender::Chain(ChainSender {
+            local,
+            local_receivers,
+            down,
+            cfg,
+            staging: None,
+        }))
+    }
+
+    async fn send_downstream(&mut self, len: usize) -> Result<(), TransportError> {
+        const OP: &str = "sending a payload down the chain";
+        let (Some(down), Some(staging)) = (self.down.as_mut(), self.staging.as_ref()) else {
+            return Ok(());
+        };
+        let bytes = staging.bytes(len);
+        let peer = down.peer.clone();
+        let s = &mut down.stream;
+        bounded(self.cfg.timeout, OP, &peer, async {
+            s.write_u8(TAG_PAYLOAD).await.map_err(read_err(OP, &peer))?;
+            s.write_u64_le(len as u64)
+                .await
+                .map_err(read_err(OP, &peer))?;
+            Ok(())
+        })
+        .await?;
+        for part in bytes.chunks(self.cfg.part_bytes.max(1)) {
+            bounded(self.cfg.timeout, OP, &peer, async {
+                s.write_all(part).await.map_err(read_err(OP, &peer))
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+impl SendBackend for ChainSender {
+    fn receivers(&self) -> usize {
+        self.local_receivers + self.down.as_ref().map_or(0, |d| d.receivers as usize)
+    }
+
+    async fn send_with<R>(
+        &mut self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
+        if self.down.is_some() {
+            let fits = self.staging.as_ref().is_some_and(|s| s.capacity() >= len);
+            if !fits {
+                self.staging = Some(AlignedBuf::with_len(len)?);
+            }
+        }
+        let out = match (self.local.as_mut(), self.staging.as_mut()) {
+            (Some(local), staging) if self.down.is_some() => {
+                let staging = staging.map(|s| s.bytes_mut(len));
+                local
+                    .send_with(len, |buf| {
+                        let r = fill(buf);
+                        if let Some(st) = staging {
+                            st.copy_from_slice(buf);
+                        }
+                        r
+                    })
+                    .await?
+            }
+            (Some(local), _) => return local.send_with(len, fill).await,
+            (None, Some(staging)) => fill(staging.bytes_mut(len)),
+            (None, None) => {
+                return Err(TransportError::Config {
+                    reason: "a chain with neither local receivers nor a next node".into(),
+                });
+            }
+        };
+        self.send_downstream(len).await?;
+        Ok(out)
+    }
+
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        if let Some(down) = self.down.as_mut() {
+            down.stream
+                .write_u8(TAG_FLUSH)
+                .await
+                .map_err(read_err("flushing the chain", &down.peer))?;
+        }
+        if let Some(local) = self.local.as_mut() {
+            local.flush().await?;
+        }
+        if let Some(down) = self.down.as_mut() {
+            read_answer(&mut down.stream, &down.peer, TAG_FLUSHED, self.cfg.timeout).await?;
+        }
+        Ok(())
+    }
+
+    async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+        if rank < self.local_receivers
+            && let Some(local) = self.local.as_mut()
+        {
+            return local.recv_from(rank).await;
+        }
+        let receivers = self.receivers();
+        let Some(down) = self.down.as_mut().filter(|_| rank < receivers) else {
+            return Err(TransportError::NoSuchRank { rank, receivers });
+        };
+        pull(down, rank as u32, self.cfg.timeout).await
+    }
+}
+
+async fn pull(
+    down: &mut Downstream,
+    rank: u32,
+    timeout: Duration,
+) -> Result<Vec<u8>, TransportError> {
+    const OP: &str = "asking the next node for a message";
+    down.stream
+        .write_u8(TAG_PULL)
+        .await
+        .map_err(read_err(OP, &down.peer))?;
+    down.stream
+        .write_u32_le(rank)
+        .await
+        .map_err(read_err(OP, &down.peer))?;
+    // Upstream messages may come long after (a receiver answers once it has work to report).
+    let _ = timeout;
+    match read_answer(&mut down.stream, &down.peer, TAG_MSG, Duration::MAX / 4).await? {
+        Some((got, msg)) if got == rank => Ok(msg),
+        Some((got, _)) => Err(TransportError::Protocol {
+            peer: node(&down.peer),
+            reason: format!("answered for receiver rank {got} when asked for {rank}"),
+        }),
+        None => unreachable!("read_answer(TAG_MSG) returns a message or an error"),
+    }
+}
+
+impl Drop for ChainSender {
+    fn drop(&mut self) {
+        // Best effort: tell the chain it ended (a closed socket tells it too).
+        if let Some(down) = self.down.as_mut() {
+            let _ = down.stream.try_write(&[TAG_CLOSE]);
+        }
+    }
+}
+
+/// A node past the head: receives from the previous node, forwards downstream while receiving, and hands
+/// each payload to its local fan-out.
+pub struct ChainRelay {
+    up: TcpStream,
+    up_peer: String,
+    down: Option<Downstream>,
+    local: Local,
+    first_rank: u32,
+    cfg: ChainConfig,
+    buf: Option<AlignedBuf>,
+}
+
+impl std::fmt::Debug for ChainRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChainRelay")
+            .field("from", &self.up_peer)
+            .field("next", &self.down.as_ref().map(|d| &d.peer))
+            .field("first_rank", &self.first_rank)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayEnd {
+    /// The head closed the channel.
+    Closed,
+}
+
+impl ChainRelay {
+    /// Accept the previous node on `listener` (refusing peers without the token), connect to `next` (if
+    /// any), and complete set-up. `local` serves this node's receivers.
+    pub async fn establish(
+        listener: &TcpListener,
+        next: Option<&str>,
+        local: Sender,
+        cfg: ChainConfig,
+    ) -> Result<ChainRelay, TransportError> {
+        let local = Local::new(local)?;
+        let (mut up, up_peer, first_rank) = accept_authenticated(listener, &cfg).await?;
+        let local_n = u32::try_from(local.receivers()).unwrap_or(u32::MAX);
+        let after = first_rank
+            .checked_add(local_n)
+            .ok_or_else(|| TransportError::Config {
+                reason: "too many receivers in the chain".into(),
+            })?;
+        let down = match next {
+            None => None,
+            Some(addr) => {
+                let (stream, peer, receivers) = connect_downstream(addr, &cfg, after).await?;
+                Some(Downstream {
+                    stream,
+                    peer,
+                    receivers,
+                })
+            }
+        };
+        let total = local_n.saturating_add(down.as_ref().map_or(0, |d| d.receivers));
+        finish_server_handshake(&mut up, &up_peer, total).await?;
+        Ok(ChainRelay {
+            up,
+            up_peer,
+            down,
+            local,
+            first_rank,
+            cfg,
+            buf: None,
+        })
+    }
+
+    /// Global rank of this node's first local receiver.
+    pub fn first_rank(&self) -> u32 {
+        self.first_rank
+    }
+
+    /// Serve the chain until the head closes it. On an error, the previous node is told (naming this node)
+    /// before the error is returned.
+    pub async fn serve(mut self) -> Result<RelayEnd, TransportError> {
+        let result = self.serve_frames().await;
+        if let Err(e) = &result {
+            let text = format!("{}: {e}", self.cfg.name);
+            let mut frame = vec![TAG_ERROR];
+            frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            frame.extend_from_slice(text.as_bytes());
+            let _ = tokio::time::timeout(Duration::from_secs(1), self.up.write_all(&frame)).await;
+        }
+        let _ = self.local.flush().await;
+        result
+    }
+
+    async fn serve_frames(&mut self) -> Result<RelayEnd, TransportError> {
+        const OP: &str = "waiting for the next frame";
+        loop {
+            let tag = match self.up.read_u8().await {
+                Ok(t) => t,
+                Err(e) => return Err(read_err(OP, &self.up_peer)(e)),
+            };
+            match tag {
+                TAG_PAYLOAD => self.relay_payload().await?,
+                TAG_FLUSH => self.flush().await?,
+                TAG_PULL => self.pull().await?,
+                TAG_CLOSE => {
+                    if let Some(d) = self.down.as_mut() {
+                        let _ = d.stream.write_u8(TAG_CLOSE).await;
+                    }
+                    return Ok(RelayEnd::Closed);
+                }
+                other => {
+                    return Err(TransportError::Protocol {
+                        peer: node(&self.up_peer),
+                        reason: format!("sent unknown frame tag {other:#04x}"),
+                    });
+                }
+            }
+        }
+    }
+
+    async fn relay_payload(&mut self) -> Result<(), TransportError> {
+        const OP: &str = "receiving a payload";
+        const FWD: &str = "forwarding a payload";
+        let timeout = self.cfg.timeout;
+        let up_peer = self.up_peer.clone();
+        let len = bounded(timeout, OP, &up_peer, async {
+            self.up.read_u64_le().await.map_err(read_err(OP, &up_peer))
+        })
+        .await?;
+        let len = usize::try_from(len).map_err(|_| TransportError::TooLarge {
+            what: "payload",
+            len: usize::MAX,
+            max: isize::MAX as usize,
+        })?;
+        if !self.buf.as_ref().is_some_and(|b| b.capacity() >= len) {
+            self.buf = Some(AlignedBuf::with_len(len)?);
+        }
+        let Some(buf) = self.buf.as_mut() else {
+            unreachable!("allocated above")
+        };
+        let bytes = buf.bytes_mut(len);
+        let part = self.cfg.part_bytes.max(1);
+        let (mut received, mut sent) = (0usize, 0usize);
+        let up = &mut self.up;
+        let mut down = self.down.as_mut();
+        // Receive part i+1 while part i goes downstream.
+        while sent < len {
+            let (done, rest) = bytes.split_at_mut(received);
+            let n = part.min(rest.len());
+            let read = async {
+                if n > 0 {
+                    up.read_exact(&mut rest[..n])
+                        .await
+                        .map_err(read_err(OP, &up_peer))?;
+                }
+                Ok::<(), TransportError>(())
+            };
+            let to_send = &done[sent..];
+            let write = async {
+                if let Some(d) = down.as_deref_mut()
+                    && !to_send.is_empty()
+                {
+                    if sent == 0 {
+                        d.stream
+                            .write_u8(TAG_PAYLOAD)
+                            .await
+                            .map_err(read_err(FWD, &d.peer))?;
+                        d.stream
+                            .write_u64_le(len as u64)
+                            .await
+                            .map_err(read_err(FWD, &d.peer))?;
+                    }
+                    d.stream
+                        .write_all(to_send)
+                        .await
+                        .map_err(read_err(FWD, &d.peer))?;
+                }
+                Ok::<(), TransportError>(())
+            };
+            let (r, w) = tokio::time::timeout(timeout, async { tokio::join!(read, write) })
+                .await
+                .map_err(|_| TransportError::Timeout {
+                    op: OP,
+                    peer: node(&up_peer),
+                    timeout,
+                })?;
+            r?;
+            w?;
+            sent = received;
+            received += n;
+        }
+        if len == 0
+            && let Some(d) = down
+        {
+            d.stream
+                .write_u8(TAG_PAYLOAD)
+                .await
+                .map_err(read_err(FWD, &d.peer))?;
+            d.stream
+                .write_u64_le(0)
+                .await
+                .map_err(read_err(FWD, &d.peer))?;
+        }
+        if self.local.receivers() > 0 {
+            let Some(buf) = self.buf.as_ref() else {
+                unreachable!("allocated above")
+            };
+            let payload = buf.bytes(len);
+            self.local
+                .send_with(len, |dst| dst.copy_from_slice(payload))
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), TransportError> {
+        const OP: &str = "flushing";
+        if let Some(d) = self.down.as_mut() {
+            d.stream
+                .write_u8(TAG_FLUSH)
+                .await
+                .map_err(read_err(OP, &d.peer))?;
+        }
+        if self.local.receivers() > 0 {
+            self.local.flush().await?;
+        }
+        if let Some(d) = self.down.as_mut() {
+            read_answer(&mut d.stream, &d.peer, TAG_FLUSHED, self.cfg.timeout).await?;
+        }
+        self.up
+            .write_u8(TAG_FLUSHED)
+            .await
+            .map_err(read_err(OP, &self.up_peer))
+    }
+
+    async fn pull(&mut self) -> Result<(), TransportError> {
+        const OP: &str = "answering a pull";
+        let rank = self
+            .up
+            .read_u32_le()
+            .await
+            .map_err(read_err(OP, &self.up_peer))?;
+        let local_n = self.local.receivers() as u64;
+        let local = u64::from(rank)
+            .checked_sub(u64::from(self.first_rank))
+            .filter(|&r| r < local_n);
+        let msg = match (local, self.down.as_mut()) {
+            (Some(r), _) => self.local.recv_from(r as usize).await?,
+            (None, Some(d)) if rank >= self.first_rank => pull(d, rank, self.cfg.timeout).await?,
+            _ => {
+                return Err(TransportError::NoSuchRank {
+                    rank: rank as usize,
+                    receivers: (self.first_rank as u64 + local_n) as usize,
+                });
+            }
+        };
+        let mut frame = Vec::with_capacity(9 + msg.len());
+        frame.push(TAG_MSG);
+        frame.extend_from_slice(&rank.to_le_bytes());
+        frame.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&msg);
+        self.up
+            .write_all(&frame)
+            .await
+            .map_err(read_err(OP, &self.up_peer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::{Receiver, inproc_channel_with_timeout};
+
+    const T: Duration = Duration::from_secs(20);
+
+    fn cfg(name: &str, token: &[u8], part: usize) -> ChainConfig {
+        ChainConfig {
+            token: token.to_vec(),
+            name: name.to_owned(),
+            part_bytes: part,
+            timeout: T,
+        }
+    }
+
+    async fn listen() -> (TcpListener, String) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        (l, addr)
+    }
+
+    /// A head with `local[0]` receivers and relays with `local[1..]` receivers each, on loopback; returns the
+    /// head, every receiver in global rank order, and the relay tasks.
+    async fn chain(
+        local: &[usize],
+        part: usize,
+    ) -> (
+        Sender,
+        Vec<Receiver>,
+        Vec<tokio::task::JoinHandle<Result<RelayEnd, TransportError>>>,
+    ) {
+        let mut listeners = Vec::new();
+        for _ in 1..local.len() {
+            listeners.push(listen().await);
+        }
+        let addrs: Vec<String> = listeners.iter().map(|(_, a)| a.clone()).collect();
+        let mut receivers = Vec::new();
+        let (head_local, head_rx) = inproc_channel_with_timeout(local[0], T);
+        let mut relays = Vec::new();
+        let mut relay_rx = Vec::new();
+        for (i, (listener, _)) in listeners.into_iter().enumerate() {
+            let (tx, rx) = inproc_channel_with_timeout(local[i + 1], T);
+            relay_rx.push(rx);
+            let next = addrs.get(i + 1).cloned();
+            let c = cfg(&format!("node {}", i + 1), b"secret", part);
+            relays.push(tokio::spawn(async move {
+                let relay = ChainRelay::establish(&listener, next.as_deref(), tx, c).await?;
+                relay.serve().await
+            }));
+        }
+        let head = ChainSender::connect(
+            (local[0] > 0).then_some(head_local),
+            addrs.first().map(String::as_str),
+            cfg("node 0", b"secret", part),
+        )
+        .await
+        .unwrap();
+        receivers.extend(head_rx);
+        for rx in relay_rx {
+            receivers.extend(rx);
+        }
+        (head, receivers, relays)
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn payloads_reach_every_node_bitwise() {
+        // Parts smaller than the payloads and not dividing them, so forwarding overlaps receiving.
+        let (mut head, mut rxs, relays) = chain(&[1, 2, 0, 1], 1000).await;
+        assert_eq!(head.receivers(), 4);
+        let payloads = [
+            pattern(10_000, 1),
+            pattern(1, 2),
+            Vec::new(),
+            pattern(4096, 3),
+        ];
+        let readers: Vec<_> = rxs
+            .drain(..)
+            .map(|mut rx| {
+                tokio::spawn(async move {
+                    let mut got = Vec::new();
+                    for _ in 0..4 {
+                        got.push(rx.recv_with(|b| b.to_vec()).await.unwrap());
+                    }
+                    let rank = rx.rank();
+                    rx.send(format!("done {rank}").as_bytes()).await.unwrap();
+                    got
+                })
+            })
+            .collect();
+        for p in &payloads {
+            head.send(p).await.unwrap();
+        }
+        head.flush().await.unwrap();
+        for r in 0..4 {
+            assert_eq!(head.recv_from(r).await.unwrap(), local_done(r));
+        }
+        for reader in readers {
+            assert_eq!(reader.await.unwrap(), payloads);
+        }
+        assert!(matches!(
+            head.recv_from(4).await,
+            Err(TransportError::NoSuchRank {
+                rank: 4,
+                receivers: 4
+            })
+        ));
+        drop(head);
+        for relay in relays {
+            assert_eq!(relay.await.unwrap().unwrap(), RelayEnd::Closed);
+        }
+    }
+
+    /// What receiver `r` of `chain(&[1, 2, 0, 1])` reports: its rank within its node's local channel.
+    fn local_done(r: usize) -> Vec<u8> {
+        let local_rank = [0, 0, 1, 0][r];
+        format!("done {local_rank}").into_bytes()
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_without_the_token_is_refused_and_the_chain_goes_on() {
+        let (listener, addr) = listen().await;
+        let (tx, mut rxs) = inproc_channel_with_timeout(1, T);
+        let relay = tokio::spawn(async move {
+            let relay =
+                ChainRelay::establish(&listener, None, tx, cfg("node 1", b"secret", 64)).await?;
+            relay.serve().await
+        });
+        // An impostor: refused, told so, and the relay keeps listening.
+        let err = ChainSender::connect(None, Some(&addr), cfg("impostor", b"guess", 64))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, TransportError::Auth { peer, .. } if peer.contains("node 1")),
+            "{err}"
+        );
+        // Something that is not rlsync at all.
+        let mut junk = TcpStream::connect(&addr).await.unwrap();
+        junk.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+        drop(junk);
+        // The real head still gets through.
+        let mut head = ChainSender::connect(None, Some(&addr), cfg("node 0", b"secret", 64))
+            .await
+            .unwrap();
+        head.send(b"weights").await.unwrap();
+        assert_eq!(rxs[0].recv_with(<[u8]>::to_vec).await.unwrap(), b"weights");
+        head.flush().await.unwrap();
+        drop(head);
+        assert_eq!(relay.await.unwrap().unwrap(), RelayEnd::Closed);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_without_the_token_is_not_trusted() {
+        // The relay side proves the token too: a head cannot be fooled by a listener without it.
+        let (listener, addr) = listen().await;
+        let fake = tokio::spawn(async move {
+            let (tx, _rxs) = inproc_channel_with_timeout(1, T);
+            ChainRelay::establish(&listener, None, tx, cfg("fake node", b"other", 64)).await
+        });
+        let err = ChainSender::connect(None, Some(&addr), cfg("node 0", b"secret", 64))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, TransportError::Auth { peer, .. } if peer.contains("fake node")),
+            "{err}"
+        );
+        fake.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_node_is_named() {
+        // node 2 dies: node 1 reports it upstream and the head's flush names it.
+        let (l1, a1) = listen().await;
+        let (l2, a2) = listen().await;
+        let (tx1, rx1) = inproc_channel_with_timeout(1, T);
+        let drain = tokio::spawn(async move {
+            for mut rx in rx1 {
+                while rx.recv_with(|_| ()).await.is_ok() {}
+            }
+        });
+        let relay1 = tokio::spawn(async move {
+            let r = ChainRelay::establish(&l1, Some(&a2), tx1, cfg("node 1", b"k", 16)).await?;
+            r.serve().await
+        });
+        let relay2 = tokio::spawn(async move {
+            let (tx2, rx2) = inproc_channel_with_timeout(1, T);
+            let r = ChainRelay::establish(&l2, None, tx2, cfg("node 2", b"k", 16)).await;
+            drop(rx2);
+            r
+        });
+        let mut head = ChainSender::connect(None, Some(&a1), cfg("node 0", b"k", 16))
+            .await
+            .unwrap();
+        // node 2 completed set-up; now it goes away (its relay and socket are dropped).
+        drop(relay2.await.unwrap().unwrap());
+        let _ = head.send(&[7; 100]).await;
+        let err = head.flush().await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("node 1") && text.contains("node 2"), "{text}");
+        assert!(relay1.await.unwrap().is_err());
+        drain.abort();
+    }
+}
