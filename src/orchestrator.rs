@@ -25,7 +25,7 @@ use crate::config::schema::{LoggerBackend, RunConfig};
 use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
 use protocol::{LaunchSpec, LoopKind, PROTOCOL_VERSION, ProtocolError};
-use supervisor::{Supervisor, SupervisorConfig};
+use supervisor::{Program, Supervisor, SupervisorConfig};
 
 pub use crate::plan::Entry;
 pub use metrics::summary::RunSummary;
@@ -104,12 +104,15 @@ pub struct RunOptions {
     pub shutdown: ShutdownSource,
     /// Print the final summary table to stdout.
     pub print_summary: bool,
+    /// The resolved job config as plain data, handed to Python workers (see [`LaunchSpec::job`]).
+    pub job: serde_json::Value,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             worker_exe: None,
+            job: serde_json::Value::Null,
             shutdown: ShutdownSource::OsSignals,
             print_summary: true,
         }
@@ -192,6 +195,7 @@ async fn run_plan(
         weight_socket: sockets.join(format!("{tag}-weights.sock")),
         segment_prefix: tag,
         config: cfg.clone(),
+        job: opts.job,
     };
     let launch_path = crate::worker::launch_file(&run_dir);
     let bytes = protocol::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
@@ -217,7 +221,8 @@ async fn run_plan(
         .contains(&LoggerBackend::Tensorboard);
     let mut sink = MetricsSink::open(&run_dir, tensorboard, progress)?;
     let sup_cfg = SupervisorConfig {
-        exe,
+        trainer: Program::for_worker(&cfg.actor.worker, &exe),
+        rollout: Program::for_worker(&cfg.rollout.worker, &exe),
         run_dir: run_dir.clone(),
         control_socket: launch.control_socket.clone(),
         rollouts: plan.rollouts,

@@ -92,6 +92,10 @@ pub struct LaunchSpec {
     /// Names of shared-memory segments of this run start with this prefix.
     pub segment_prefix: String,
     pub config: RunConfig,
+    /// The resolved job config as plain data (every key, also those rlsync does not read), for Python
+    /// workers; `null` when the run was started without one (tests, benches).
+    #[serde(default)]
+    pub job: serde_json::Value,
 }
 
 /// Statistics of one weight transfer, as the trainer reports them.
@@ -692,6 +696,7 @@ mod tests {
             weight_socket: "/tmp/w.sock".into(),
             segment_prefix: "rlsync-1-x".into(),
             config: RunConfig::default(),
+            job: serde_json::json!({"env": {"train": {"task": "Reacher-v5"}}}),
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);

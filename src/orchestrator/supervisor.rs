@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::progress::Console;
 use crate::orchestrator::protocol::{self, Command, Frame, Hello, ProtocolError, Report, Role};
+pub use spawn::Program;
 use spawn::LogTail;
 pub use unix::{ShutdownHandle, ShutdownSource};
 
@@ -107,7 +108,10 @@ struct Unit {
 
 /// Settings of one supervised run.
 pub struct SupervisorConfig {
-    pub exe: PathBuf,
+    /// What the trainer runs.
+    pub trainer: Program,
+    /// What every rollout runs.
+    pub rollout: Program,
     pub run_dir: PathBuf,
     pub control_socket: PathBuf,
     pub rollouts: u32,
@@ -203,11 +207,15 @@ impl Supervisor {
                 source,
             })?;
         let pgid = (self.pgid != 0).then_some(self.pgid);
+        let program = match id.role {
+            Role::Trainer => &self.cfg.trainer,
+            Role::Rollout => &self.cfg.rollout,
+        };
         let mut child =
-            spawn::spawn_worker(&self.cfg.exe, id, &self.cfg.run_dir, pgid).map_err(|source| {
+            spawn::spawn_worker(program, id, &self.cfg.run_dir, pgid).map_err(|source| {
                 OrchestratorError::Spawn {
                     worker: id.to_string(),
-                    exe: self.cfg.exe.clone(),
+                    exe: program.executable().to_owned(),
                     source,
                 }
             })?;

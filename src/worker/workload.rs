@@ -3,7 +3,7 @@
 use std::num::NonZeroU32;
 use std::path::PathBuf;
 
-use crate::config::schema::{ModelType, RunConfig};
+use crate::config::schema::{ModelType, RunConfig, WorkerKind};
 use crate::orchestrator::protocol::{ProtocolError, Role};
 use crate::rl::RlError;
 use crate::tensor::StateDict;
@@ -88,6 +88,10 @@ pub struct Placement {
 /// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
 /// a build without libtorch fails once with what to do instead of failing in every worker.
 pub fn preflight(cfg: &RunConfig) -> Result<(), RlError> {
+    if cfg.actor.worker.kind == WorkerKind::Python {
+        // The user's Python workers bring their own model; `actor.model` is theirs to read.
+        return Ok(());
+    }
     match cfg.actor.model.model_type {
         ModelType::Synthetic => Ok(()),
         learner => crate::rl::available(learner),

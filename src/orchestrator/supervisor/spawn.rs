@@ -3,13 +3,14 @@
 
 use std::collections::VecDeque;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::config::schema::{WorkerConfig, WorkerKind};
 use crate::orchestrator::metrics::progress::Console;
 use crate::orchestrator::supervisor::WorkerId;
 
@@ -38,17 +39,84 @@ impl LogTail {
     }
 }
 
-/// Spawn `exe worker --role R --rank N --run-dir D`. `pgid`: `None` makes the child the leader of a new
-/// process group; `Some(g)` puts it into the run's group `g`.
+/// The program a worker process runs; both speak the same control protocol and take the same arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// `EXE worker --role R --rank N --run-dir D`: the rlsync binary's built-in worker.
+    Rlsync(PathBuf),
+    /// `INTERPRETER -m rlsync.worker --role R --rank N --run-dir D`: a Python worker through the `rlsync`
+    /// package, with `path` in front of `PYTHONPATH`. The interpreter is exec'd directly (no shell), so the
+    /// pid the supervisor spawned is the pid that says hello.
+    Python {
+        interpreter: PathBuf,
+        path: Vec<PathBuf>,
+    },
+}
+
+impl Program {
+    /// The program for a role's `worker` config; `exe` is the rlsync binary (for `builtin`).
+    pub fn for_worker(worker: &WorkerConfig, exe: &Path) -> Program {
+        match worker.kind {
+            WorkerKind::Builtin => Program::Rlsync(exe.to_owned()),
+            WorkerKind::Python => Program::Python {
+                interpreter: worker.python.clone().unwrap_or_else(default_python),
+                path: worker.path.clone(),
+            },
+        }
+    }
+
+    /// The executable, for error messages.
+    pub fn executable(&self) -> &Path {
+        match self {
+            Program::Rlsync(exe) => exe,
+            Program::Python { interpreter, .. } => interpreter,
+        }
+    }
+
+    fn command(&self) -> Command {
+        match self {
+            Program::Rlsync(exe) => {
+                let mut cmd = Command::new(exe);
+                cmd.arg("worker");
+                cmd
+            }
+            Program::Python { interpreter, path } => {
+                let mut cmd = Command::new(interpreter);
+                cmd.args(["-m", "rlsync.worker"]);
+                let inherited = std::env::var_os("PYTHONPATH");
+                let joined = std::env::join_paths(
+                    path.iter()
+                        .map(|p| p.as_os_str())
+                        .chain(inherited.as_deref())
+                        .filter(|p| !p.is_empty()),
+                );
+                if let Ok(joined) = joined {
+                    cmd.env("PYTHONPATH", joined);
+                }
+                cmd
+            }
+        }
+    }
+}
+
+/// The active venv's interpreter (`$VIRTUAL_ENV/bin/python`), else `python3` from `PATH`.
+fn default_python() -> PathBuf {
+    match std::env::var_os("VIRTUAL_ENV") {
+        Some(venv) if !venv.is_empty() => PathBuf::from(venv).join("bin").join("python"),
+        _ => PathBuf::from("python3"),
+    }
+}
+
+/// Spawn `PROGRAM --role R --rank N --run-dir D` (see [`Program`]). `pgid`: `None` makes the child the
+/// leader of a new process group; `Some(g)` puts it into the run's group `g`.
 pub fn spawn_worker(
-    exe: &Path,
+    program: &Program,
     id: WorkerId,
     run_dir: &Path,
     pgid: Option<i32>,
 ) -> std::io::Result<Child> {
-    let mut cmd = Command::new(exe);
-    cmd.arg("worker")
-        .args(["--role", id.role.name(), "--rank", &id.rank.to_string()])
+    let mut cmd = program.command();
+    cmd.args(["--role", id.role.name(), "--rank", &id.rank.to_string()])
         .arg("--run-dir")
         .arg(run_dir)
         .env("RLSYNC_WORKER", id.to_string())
