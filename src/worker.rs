@@ -20,10 +20,10 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::config::schema::RunConfig;
-use crate::worker::workload::{Workload, WorkloadError};
 use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec};
 use crate::protocol::messages::{self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role};
+use crate::worker::workload::{Workload, WorkloadError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {

@@ -151,7 +151,11 @@ impl Node {
             Value::Str(s) => J::String(s.clone()),
             Value::Bytes(b) => J::String(base64::engine::general_purpose::STANDARD.encode(b)),
             Value::List(items) => J::Array(items.iter().map(Node::to_json).collect()),
-            Value::Dict(d) => J::Object(d.iter().map(|(k, v)| (k.to_string(), v.to_json())).collect()),
+            Value::Dict(d) => J::Object(
+                d.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_json()))
+                    .collect(),
+            ),
         }
     }
 

@@ -237,7 +237,10 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
 /// `actor.worker` / `rollout.worker`: a Python worker names an importable entry; both roles run the same kind
 /// (the trajectories a rollout sends are in its kind's format); a Python env needs Python rollouts.
 fn worker_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
-    for (role, worker) in [("actor", &cfg.actor.worker), ("rollout", &cfg.rollout.worker)] {
+    for (role, worker) in [
+        ("actor", &cfg.actor.worker),
+        ("rollout", &cfg.rollout.worker),
+    ] {
         if worker.kind != WorkerKind::Python {
             continue;
         }
@@ -267,7 +270,11 @@ fn worker_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
         );
     }
     for split in ["train", "eval"] {
-        let env = if split == "train" { &cfg.env.train } else { &cfg.env.eval };
+        let env = if split == "train" {
+            &cfg.env.train
+        } else {
+            &cfg.env.eval
+        };
         if env.env_type == EnvType::Python && cfg.rollout.worker.kind != WorkerKind::Python {
             problem(
                 &format!("env.{split}.env_type"),

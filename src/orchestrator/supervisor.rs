@@ -27,8 +27,8 @@ use crate::orchestrator::metrics::progress::Console;
 use crate::protocol::ProtocolError;
 use crate::protocol::frame::FrameReader;
 use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
-pub use spawn::Program;
 use spawn::LogTail;
+pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
 
 /// A worker's identity; displayed as `trainer-0`, `rollout-3` (also its log file name).

@@ -83,20 +83,32 @@ impl Program {
             Program::Python { interpreter, path } => {
                 let mut cmd = Command::new(interpreter);
                 cmd.args(["-m", "rlsync.worker"]);
-                let inherited = std::env::var_os("PYTHONPATH");
-                let joined = std::env::join_paths(
-                    path.iter()
-                        .map(|p| p.as_os_str())
-                        .chain(inherited.as_deref())
-                        .filter(|p| !p.is_empty()),
-                );
-                if let Ok(joined) = joined {
+                if let Some(joined) = python_path(path, std::env::var_os("PYTHONPATH")) {
                     cmd.env("PYTHONPATH", joined);
                 }
                 cmd
             }
         }
     }
+}
+
+/// `path` in front of the inherited `PYTHONPATH` (`None`: nothing to set, or an entry holds the separator).
+fn python_path(
+    path: &[PathBuf],
+    inherited: Option<std::ffi::OsString>,
+) -> Option<std::ffi::OsString> {
+    let inherited: Vec<PathBuf> = inherited
+        .map(|v| std::env::split_paths(&v).collect())
+        .unwrap_or_default();
+    let all: Vec<&PathBuf> = path
+        .iter()
+        .chain(&inherited)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    if all.is_empty() {
+        return None;
+    }
+    std::env::join_paths(all).ok()
 }
 
 /// The active venv's interpreter (`$VIRTUAL_ENV/bin/python`), else `python3` from `PATH`.
@@ -183,6 +195,14 @@ pub fn pump_lines<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_path_puts_the_configured_dirs_in_front_of_the_inherited_ones() {
+        let got = python_path(&["/a".into(), "/b".into()], Some("/c:/d".into())).unwrap();
+        assert_eq!(got, "/a:/b:/c:/d");
+        assert_eq!(python_path(&[], Some("".into())), None);
+        assert_eq!(python_path(&["/a".into()], None).unwrap(), "/a");
+    }
 
     #[test]
     fn tail_keeps_the_last_lines() {
