@@ -377,7 +377,10 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         }
     };
     crate::logging::init_console(extracted.config.runner.logger.level);
-    let opts = crate::orchestrator::RunOptions::default();
+    let opts = crate::orchestrator::RunOptions {
+        job: job.config.to_json(),
+        ..Default::default()
+    };
     crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
     Ok(ExitStatus::Success)
 }

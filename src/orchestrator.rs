@@ -20,13 +20,13 @@ pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::schema::{LoggerBackend, RunConfig};
+use crate::config::schema::{LoggerBackend, RunConfig, WorkerKind};
 use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec, LoopKind};
 use crate::protocol::messages::PROTOCOL_VERSION;
 use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
-use supervisor::{Supervisor, SupervisorConfig};
+use supervisor::{Program, Supervisor, SupervisorConfig};
 
 pub use crate::plan::Entry;
 pub use metrics::summary::RunSummary;
@@ -112,12 +112,15 @@ pub struct RunOptions {
     pub shutdown: ShutdownSource,
     /// Print the final summary table to stdout.
     pub print_summary: bool,
+    /// The resolved job config as plain data, handed to Python workers (see [`LaunchSpec::job`]).
+    pub job: serde_json::Value,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
         RunOptions {
             worker_exe: None,
+            job: serde_json::Value::Null,
             shutdown: ShutdownSource::OsSignals,
             print_summary: true,
         }
@@ -141,9 +144,14 @@ pub fn run(
     run_dir: &Path,
     opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
-    crate::rl::preflight(cfg.actor.model.model_type).map_err(|e| OrchestratorError::Config {
-        reason: e.to_string(),
-    })?;
+    // Python workers bring their own model: `actor.model` is theirs to read.
+    if cfg.actor.worker.kind == WorkerKind::Builtin {
+        crate::rl::preflight(cfg.actor.model.model_type).map_err(|e| {
+            OrchestratorError::Config {
+                reason: e.to_string(),
+            }
+        })?;
+    }
     if let Some(reason) = crate::plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
@@ -224,6 +232,7 @@ async fn run_in_private_dir(
         segment_prefix: tag.to_owned(),
         token: crate::protocol::messages::new_token(),
         config: cfg.clone(),
+        job: opts.job,
     };
     let launch_path = launch::launch_file(&run_dir);
     let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
@@ -246,7 +255,8 @@ async fn run_in_private_dir(
         .contains(&LoggerBackend::Tensorboard);
     let mut sink = MetricsSink::open(&run_dir, tensorboard, progress)?;
     let sup_cfg = SupervisorConfig {
-        exe,
+        trainer: Program::for_worker(&cfg.actor.worker, &exe),
+        rollout: Program::for_worker(&cfg.rollout.worker, &exe),
         run_dir: run_dir.clone(),
         control_socket: launch.control_socket.clone(),
         token: launch.token.clone(),

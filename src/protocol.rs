@@ -6,7 +6,9 @@
 //! - [`messages`]: the control messages, their versions and the handshake.
 //! - [`launch`]: the launch file a worker reads at start.
 //! - [`trajectory`]: the binary codec of rollout chunks carried in control-frame blobs.
+//! - [`arrays`]: the named-array codec of Python workers' rollout chunks (numpy arrays by name).
 
+pub mod arrays;
 pub mod frame;
 pub mod launch;
 pub mod messages;

@@ -23,6 +23,7 @@ use crate::config::schema::RunConfig;
 use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec};
 use crate::protocol::messages::{self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role};
+use crate::worker::workload::{Workload, WorkloadError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -129,8 +130,22 @@ pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
     })
 }
 
+/// Builds a worker's workload once it is connected to the orchestrator: the built-in one
+/// ([`workload::build`]), or the user's Python object (the `rlsync` Python package's binding).
+pub type WorkloadBuilder =
+    Box<dyn FnOnce(&WorkerContext) -> Result<Box<dyn Workload>, WorkloadError> + Send>;
+
 /// Entry point of the hidden `rlsync worker` subcommand (`args` are those after `worker`).
 pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
+    run_worker_with(
+        args,
+        Box::new(|ctx| workload::build(ctx.config(), &ctx.placement())),
+    )
+}
+
+/// A worker whose workload `build` makes: the same handshake, weight channel, command loop, verification and
+/// failure reports for every implementation (this is what `python -m rlsync.worker` runs).
+pub fn run_worker_with(args: &[String], build: WorkloadBuilder) -> Result<(), WorkerError> {
     let args = parse_args(args)?;
     let path = launch::launch_file(&args.run_dir);
     let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile {
@@ -145,7 +160,7 @@ pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
         .enable_all()
         .build()
         .map_err(WorkerError::Runtime)?;
-    runtime.block_on(serve(args, launch))
+    runtime.block_on(serve(args, launch, build))
 }
 
 /// What every worker role gets: its identity, the launch spec and the control connection.
@@ -158,6 +173,11 @@ pub struct WorkerContext {
 impl WorkerContext {
     pub fn config(&self) -> &RunConfig {
         &self.launch.config
+    }
+
+    /// The resolved job config as plain data (every key, also those rlsync does not read).
+    pub fn job(&self) -> &serde_json::Value {
+        &self.launch.job
     }
 
     /// Where this worker's workload runs.
@@ -237,7 +257,11 @@ impl Control {
     }
 }
 
-async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> {
+async fn serve(
+    args: WorkerArgs,
+    launch: LaunchSpec,
+    build: WorkloadBuilder,
+) -> Result<(), WorkerError> {
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
         role: args.role,
@@ -253,8 +277,8 @@ async fn serve(args: WorkerArgs, launch: LaunchSpec) -> Result<(), WorkerError> 
     };
     tracing::debug!("connected to the orchestrator");
     let result = match ctx.args.role {
-        Role::Trainer => trainer::run(&mut ctx).await,
-        Role::Rollout => rollout::run(&mut ctx).await,
+        Role::Trainer => trainer::run(&mut ctx, build).await,
+        Role::Rollout => rollout::run(&mut ctx, build).await,
     };
     if let Err(err) = &result {
         // Best effort: the orchestrator names this worker with the reason; it also sees the exit status.

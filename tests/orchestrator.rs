@@ -62,6 +62,7 @@ fn opts(shutdown: ShutdownSource) -> RunOptions {
         worker_exe: Some(BIN.into()),
         shutdown,
         print_summary: false,
+        ..RunOptions::default()
     }
 }
 
@@ -349,6 +350,7 @@ fn worker_without_handshake_times_out_naming_it() {
         worker_exe: Some(script),
         shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
         print_summary: false,
+        ..RunOptions::default()
     };
     let err = orchestrator::run(Entry::Embodied, &cfg, &run_dir, opts).unwrap_err();
     assert!(

@@ -9,7 +9,9 @@ trainer alone, which computes values and GAE advantages on the batch it receives
 running statistics are persistent buffers of the actor, so they travel with the weights and every rollout
 normalises exactly as the trainer does.
 
-Run it: ``rlsync train_embodied --config-name gym_reacher`` (see README, "Python workers").
+Run it from the repository root: ``rlsync train_embodied --config-name gym_reacher`` (README, "Python workers");
+other tasks by override: ``env.train.task=InvertedPendulum-v5`` (also Pusher-v5; ``CartPole-v1`` for a
+discrete action space).
 The same file runs without rlsync for a quick check: ``python examples/gym_ppo/gym_ppo.py --steps 200000``.
 """
 
@@ -30,9 +32,10 @@ from torch import nn
 
 
 class Actor(nn.Module):
-    """Observation normaliser (persistent buffers) + tanh MLP mean + state-independent log std."""
+    """Observation normaliser (persistent buffers) + tanh MLP: a Gaussian (mean + state-independent log
+    std) for Box action spaces, a categorical over logits for Discrete ones."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64) -> None:
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64, discrete: bool = False) -> None:
         super().__init__()
         self.register_buffer("obs_mean", torch.zeros(obs_dim, dtype=torch.float64))
         self.register_buffer("obs_var", torch.ones(obs_dim, dtype=torch.float64))
@@ -43,15 +46,27 @@ class Actor(nn.Module):
         )
         nn.init.orthogonal_(self.net[-1].weight, gain=0.01)
         nn.init.zeros_(self.net[-1].bias)
+        self.discrete = discrete
+        # Unused (but synced, it is a parameter) for discrete actions.
         self.log_std = nn.Parameter(torch.full((act_dim,), -0.5))
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
         std = torch.sqrt(self.obs_var + 1e-8)
         return ((obs.double() - self.obs_mean) / std).clamp(-10.0, 10.0).float()
 
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        mean = self.net(self.normalize(obs))
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+    def dist(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        out = self.net(self.normalize(obs))
+        if self.discrete:
+            return torch.distributions.Categorical(logits=out)
+        return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+
+    def log_prob(self, dist: torch.distributions.Distribution, action: torch.Tensor) -> torch.Tensor:
+        lp = dist.log_prob(action)
+        return lp if self.discrete else lp.sum(-1)
+
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.net(self.normalize(obs))
+        return out.argmax(-1) if self.discrete else out
 
     @torch.no_grad()
     def update_normalizer(self, obs: np.ndarray) -> None:
@@ -74,13 +89,17 @@ def critic(obs_dim: int, hidden: int = 64) -> nn.Module:
     return net
 
 
-def _task_dims(task: str) -> tuple[int, int]:
+def _task_dims(task: str) -> tuple[int, int, bool]:
+    """Observation size, action size (dims or choices) and whether the action space is discrete."""
     env = gym.make(task)
     try:
         obs_dim = int(np.prod(env.observation_space.shape))
         space = env.action_space
-        act_dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else int(space.n)
-        return obs_dim, act_dim
+        if isinstance(space, gym.spaces.Discrete):
+            return obs_dim, int(space.n), True
+        if isinstance(space, gym.spaces.Box):
+            return obs_dim, int(np.prod(space.shape)), False
+        raise ValueError(f"{task}: action space {space} is neither Box nor Discrete")
     finally:
         env.close()
 
@@ -102,9 +121,9 @@ class Trainer:
         seed = int(_get(cfg, "actor.seed", 1))
         torch.manual_seed(seed)
         torch.set_num_threads(1)
-        obs_dim, act_dim = _task_dims(self.task)
-        hidden = int(_get(cfg, "actor.model.hidden", 64))
-        self.actor = Actor(obs_dim, act_dim, hidden)
+        obs_dim, act_dim, discrete = _task_dims(self.task)
+        hidden = int(_get(cfg, "actor.model.hidden_dim", 64))
+        self.actor = Actor(obs_dim, act_dim, hidden, discrete)
         self.critic = critic(obs_dim, hidden)
         lr = float(_get(cfg, "actor.optim.lr", 3e-4))
         self.optim = torch.optim.Adam(
@@ -112,9 +131,11 @@ class Trainer:
         )
         self.gamma = float(_get(cfg, "algorithm.gamma", 0.99))
         self.lam = float(_get(cfg, "algorithm.gae_lambda", 0.95))
-        self.clip = float(_get(cfg, "algorithm.clip_ratio_high", 0.2))
-        self.epochs = int(_get(cfg, "algorithm.update_epochs", 10))
-        self.minibatch = int(_get(cfg, "actor.micro_batch_size", 256))
+        self.clip_low = float(_get(cfg, "algorithm.clip_ratio_low", 0.2))
+        self.clip_high = float(_get(cfg, "algorithm.clip_ratio_high", 0.2))
+        self.value_coef = float(_get(cfg, "algorithm.value_coef", 0.5))
+        self.epochs = int(_get(cfg, "algorithm.update_epoch", 10))
+        self.minibatch = int(_get(cfg, "actor.global_batch_size", 256))
         self.clip_grad = float(_get(cfg, "actor.optim.clip_grad", 0.5))
         self.ret_rms = np.array([0.0, 1.0, 1e-4])  # running mean, var, count of discounted returns
         self.ret_acc: np.ndarray | None = None
@@ -166,13 +187,14 @@ class Trainer:
                 gae = delta + self.gamma * self.lam * (1.0 - ended) * gae
                 adv[t] = gae
             returns = adv + values
-        act = torch.as_tensor(b["actions"], dtype=torch.float32).reshape(T * N, -1)
+        act = torch.as_tensor(b["actions"])
+        act = act.reshape(T * N) if self.actor.discrete else act.float().reshape(T * N, -1)
         old_logp = torch.as_tensor(b["logp"], dtype=torch.float32).reshape(-1)
         flat_obs, adv, returns = obs.reshape(T * N, -1), adv.reshape(-1), returns.reshape(-1)
         # The behaviour policy's log-probs against the trainer's weights before the update: ~0 when the rollouts
         # acted with exactly these weights (train_embodied), > 0 when they were stale (train_async).
         with torch.no_grad():
-            behav_kl = (old_logp - self.actor.dist(flat_obs).log_prob(act).sum(-1)).mean().item()
+            behav_kl = (old_logp - self.actor.log_prob(self.actor.dist(flat_obs), act)).mean().item()
         stats = {"pg_loss": 0.0, "value_loss": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
         n_mb = 0
         for _ in range(self.epochs):
@@ -181,13 +203,14 @@ class Trainer:
                 idx = perm[start : start + self.minibatch]
                 a = adv[idx]
                 a = (a - a.mean()) / (a.std() + 1e-8)
-                logp = self.actor.dist(flat_obs[idx]).log_prob(act[idx]).sum(-1)
+                logp = self.actor.log_prob(self.actor.dist(flat_obs[idx]), act[idx])
                 ratio = (logp - old_logp[idx]).exp()
-                pg = -torch.min(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a).mean()
+                clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high)
+                pg = -torch.min(ratio * a, clipped * a).mean()
                 v = self.critic(self.actor.normalize(flat_obs[idx])).squeeze(-1)
                 vloss = 0.5 * (v - returns[idx]).pow(2).mean()
                 self.optim.zero_grad()
-                (pg + 0.5 * vloss).backward()
+                (pg + self.value_coef * vloss).backward()
                 nn.utils.clip_grad_norm_(
                     list(self.actor.parameters()) + list(self.critic.parameters()), self.clip_grad
                 )
@@ -196,14 +219,16 @@ class Trainer:
                     stats["pg_loss"] += pg.item()
                     stats["value_loss"] += vloss.item()
                     stats["approx_kl"] += (old_logp[idx] - logp).mean().item()
-                    stats["clip_frac"] += ((ratio - 1).abs() > self.clip).float().mean().item()
+                    stats["clip_frac"] += (ratio != clipped).float().mean().item()
                 n_mb += 1
         # Normalise with statistics that include this batch from the next update on (the rollouts get them
         # with the weights).
         self.actor.update_normalizer(b["obs"])
         out = {k: v / max(n_mb, 1) for k, v in stats.items()}
+        out["loss"] = out["pg_loss"] + self.value_coef * out["value_loss"]
         out["behav_approx_kl"] = behav_kl
-        out["entropy"] = float(self.actor.log_std.sum().item() + 0.5 * act.shape[1] * (1 + math.log(2 * math.pi)))
+        with torch.no_grad():
+            out["entropy"] = float(self.actor.dist(flat_obs[:1024]).entropy().mean().item())
         return out
 
 
@@ -217,14 +242,17 @@ class Rollout:
         seed = int(_get(cfg, "actor.seed", 1)) * 1000 + rank * 100
         torch.manual_seed(seed)
         torch.set_num_threads(1)
-        obs_dim, act_dim = _task_dims(self.task)
-        self.actor = Actor(obs_dim, act_dim, int(_get(cfg, "actor.model.hidden", 64)))
+        obs_dim, act_dim, discrete = _task_dims(self.task)
+        self.actor = Actor(obs_dim, act_dim, int(_get(cfg, "actor.model.hidden_dim", 64)), discrete)
         self.envs = gym.make_vec(
             self.task, num_envs=self.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
         )
-        self.low = self.envs.single_action_space.low
-        self.high = self.envs.single_action_space.high
+        space = self.envs.single_action_space
+        self.act_shape = () if discrete else space.shape
+        self.act_dtype = np.int64 if discrete else np.float32
+        # Gaussian samples are clipped to the box when stepping (the trajectory keeps the sample).
+        self.clip = (lambda a: a) if discrete else (lambda a: np.clip(a, space.low, space.high))
         self.obs, _ = self.envs.reset(seed=seed)
         self.ep_ret = np.zeros(self.num_envs)
         self.eval_task = _get(cfg, "env.eval.task", self.task)
@@ -241,7 +269,7 @@ class Rollout:
         T, N, O = steps, self.num_envs, self.obs.shape[-1]
         out = {
             "obs": np.zeros((T, N, O), np.float32),
-            "actions": np.zeros((T, N, len(self.low)), np.float32),
+            "actions": np.zeros((T, N, *self.act_shape), self.act_dtype),
             "logp": np.zeros((T, N), np.float32),
             "rewards": np.zeros((T, N), np.float32),
             "terminated": np.zeros((T, N), bool),
@@ -255,8 +283,8 @@ class Rollout:
             action = dist.sample()
             out["obs"][t] = self.obs
             out["actions"][t] = action.numpy()
-            out["logp"][t] = dist.log_prob(action).sum(-1).numpy()
-            self.obs, reward, term, trunc, info = self.envs.step(np.clip(action.numpy(), self.low, self.high))
+            out["logp"][t] = self.actor.log_prob(dist, action).numpy()
+            self.obs, reward, term, trunc, info = self.envs.step(self.clip(action.numpy()))
             out["rewards"][t], out["terminated"][t], out["truncated"][t] = reward, term, trunc
             self.ep_ret += reward
             for i in np.flatnonzero(np.logical_or(term, trunc)):
@@ -278,8 +306,8 @@ class Rollout:
             done = np.zeros(self.eval_envs, bool)
             total = np.zeros(self.eval_envs)
             while not done.all():
-                mean = self.actor.net(self.actor.normalize(torch.as_tensor(obs, dtype=torch.float32)))
-                obs, reward, term, trunc, _ = envs.step(np.clip(mean.numpy(), self.low, self.high))
+                action = self.actor.act_deterministic(torch.as_tensor(obs, dtype=torch.float32))
+                obs, reward, term, trunc, _ = envs.step(self.clip(action.numpy()))
                 total += np.where(done, 0.0, reward)
                 done |= np.logical_or(term, trunc)
             return {"return": float(total.mean()), "episodes": float(self.eval_envs)}

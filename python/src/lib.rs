@@ -6,10 +6,12 @@
 //! - [`errors`]: the exception classes and the conversion of crate errors into them.
 //! - [`runtime`]: the one tokio runtime that owns every socket the module opens.
 //! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
+//! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
 
 mod errors;
 mod runtime;
 mod syncer;
+mod worker;
 
 use pyo3::prelude::*;
 
@@ -18,5 +20,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     syncer::register(m)?;
+    worker::register(m)?;
     Ok(())
 }

@@ -39,7 +39,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// One tensor as the Python side describes it.
-type Desc = (
+pub(crate) type Desc = (
     String,
     Py<PyAny>,
     usize,
@@ -50,7 +50,7 @@ type Desc = (
 );
 
 /// Borrow the described tensors; the returned objects keep them alive.
-fn borrow(descs: Vec<Desc>) -> PyResult<(BorrowedState, Vec<Py<PyAny>>)> {
+pub(crate) fn borrow(descs: Vec<Desc>) -> PyResult<(BorrowedState, Vec<Py<PyAny>>)> {
     let mut raws = Vec::with_capacity(descs.len());
     let mut keep = Vec::with_capacity(descs.len());
     for (name, obj, addr, dtype, shape, strides, device) in descs {

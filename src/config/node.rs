@@ -139,6 +139,29 @@ impl Node {
         Node { value, origin }
     }
 
+    /// The plain-data view of a resolved tree that workers outside Rust read (Python workers get it as a
+    /// dict): keys as their Python `str()`, big ints and `!!binary` as strings (decimal digits, base64),
+    /// non-finite floats and `???` as null (JSON has neither).
+    pub fn to_json(&self) -> serde_json::Value {
+        use base64::Engine as _;
+        use serde_json::Value as J;
+        match &self.value {
+            Value::Null | Value::Missing => J::Null,
+            Value::Bool(b) => J::Bool(*b),
+            Value::Int(i) => J::from(*i),
+            Value::BigInt(digits) => J::String(digits.clone()),
+            Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+            Value::Str(s) => J::String(s.clone()),
+            Value::Bytes(b) => J::String(base64::engine::general_purpose::STANDARD.encode(b)),
+            Value::List(items) => J::Array(items.iter().map(Node::to_json).collect()),
+            Value::Dict(d) => J::Object(
+                d.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_json()))
+                    .collect(),
+            ),
+        }
+    }
+
     pub fn empty_dict() -> Node {
         Node::new(Value::Dict(Dict::new()))
     }

@@ -665,6 +665,30 @@ impl Default for OptimConfig {
     }
 }
 
+/// `actor.worker.kind` / `rollout.worker.kind`: which program a role's workers run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerKind {
+    /// `rlsync worker`: the libtorch learner or the synthetic workload, as `actor.model` selects.
+    #[default]
+    Builtin,
+    /// `PYTHON -m rlsync.worker`: the user's Python class named by `entry` (the `rlsync` package's SDK).
+    Python,
+}
+
+/// `actor.worker` / `rollout.worker` (config group `worker`: `builtin` | `python`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(default)]
+pub struct WorkerConfig {
+    pub kind: WorkerKind,
+    /// python: `package.module:Attr` (or `package.module`, whose `Trainer`/`Rollout` is used).
+    pub entry: Option<String>,
+    /// python: the interpreter (`None`: `$VIRTUAL_ENV/bin/python` when a venv is active, else `python3`).
+    pub python: Option<PathBuf>,
+    /// python: directories put in front of the worker's `sys.path`.
+    pub path: Vec<PathBuf>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ActorConfig {
@@ -675,6 +699,8 @@ pub struct ActorConfig {
     pub global_batch_size: NonZeroU32,
     pub model: ModelConfig,
     pub optim: OptimConfig,
+    /// The trainer's program.
+    pub worker: WorkerConfig,
 }
 
 impl Default for ActorConfig {
@@ -686,6 +712,7 @@ impl Default for ActorConfig {
             global_batch_size: NonZeroU32::new(256).unwrap(),
             model: ModelConfig::default(),
             optim: OptimConfig::default(),
+            worker: WorkerConfig::default(),
         }
     }
 }
@@ -712,6 +739,8 @@ pub struct RolloutConfig {
     pub buffer_chunks: NonZeroU32,
     /// Env steps per rollout chunk (weights are installed between chunks, never mid-forward).
     pub chunk_steps: NonZeroU32,
+    /// The rollouts' program.
+    pub worker: WorkerConfig,
 }
 
 impl Default for RolloutConfig {
@@ -720,6 +749,7 @@ impl Default for RolloutConfig {
             model: RolloutModelConfig::default(),
             buffer_chunks: NonZeroU32::new(8).unwrap(),
             chunk_steps: NonZeroU32::new(16).unwrap(),
+            worker: WorkerConfig::default(),
         }
     }
 }
@@ -788,6 +818,9 @@ pub enum EnvType {
     Reach,
     /// Classic cart-pole (discrete actions).
     Cartpole,
+    /// Simulated by the user's Python rollout worker (`rollout.worker.kind: python`); rlsync only splits
+    /// `total_num_envs` across the rollouts.
+    Python,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
 use super::node::{Key, Node, Origin, Value};
-use super::schema::{Compression, Device, MAX_ROLLOUTS_PER_HOST, RunConfig};
+use super::schema::{Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerKind};
 
 /// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
 const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
@@ -289,7 +289,72 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             problem(path, format!("{v} is not a positive learning rate"));
         }
     }
+    worker_problems(cfg, &mut problem);
     out
+}
+
+/// `actor.worker` / `rollout.worker`: a Python worker names an importable entry; both roles run the same kind
+/// (the trajectories a rollout sends are in its kind's format); a Python env needs Python rollouts.
+fn worker_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
+    for (role, worker) in [
+        ("actor", &cfg.actor.worker),
+        ("rollout", &cfg.rollout.worker),
+    ] {
+        if worker.kind != WorkerKind::Python {
+            continue;
+        }
+        match worker.entry.as_deref() {
+            None => problem(
+                &format!("{role}.worker.entry"),
+                "a python worker needs an entry: `package.module:Attr`".into(),
+            ),
+            Some(entry) if !valid_entry(entry) => problem(
+                &format!("{role}.worker.entry"),
+                format!(
+                    "'{entry}' is not `package.module:Attr` (dotted Python identifiers, one optional colon)"
+                ),
+            ),
+            Some(_) => {}
+        }
+    }
+    if cfg.actor.worker.kind != cfg.rollout.worker.kind {
+        problem(
+            "rollout.worker.kind",
+            format!(
+                "the trainer runs a {:?} worker and the rollouts a {:?} one: both roles must be python or both \
+                 builtin (the trajectories a rollout sends are in its own kind's format)",
+                cfg.actor.worker.kind, cfg.rollout.worker.kind
+            )
+            .to_lowercase(),
+        );
+    }
+    for split in ["train", "eval"] {
+        let env = if split == "train" {
+            &cfg.env.train
+        } else {
+            &cfg.env.eval
+        };
+        if env.env_type == EnvType::Python && cfg.rollout.worker.kind != WorkerKind::Python {
+            problem(
+                &format!("env.{split}.env_type"),
+                "a python env is simulated by a python rollout worker: set worker@rollout.worker=python".into(),
+            );
+        }
+    }
+}
+
+/// `package.module` or `package.module:Attr.attr`, each part a Python identifier.
+fn valid_entry(entry: &str) -> bool {
+    let ident = |s: &str| {
+        let mut chars = s.chars();
+        chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+            && chars.all(|c| c == '_' || c.is_alphanumeric())
+    };
+    let dotted = |s: &str| s.split('.').all(ident);
+    match entry.split_once(':') {
+        Some((module, attr)) => dotted(module) && dotted(attr),
+        None => dotted(entry),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ use crate::protocol::ProtocolError;
 use crate::protocol::frame::FrameReader;
 use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
 use spawn::LogTail;
+pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
 
 /// A worker's identity; displayed as `trainer-0`, `rollout-3` (also its log file name).
@@ -119,7 +120,10 @@ struct Unit {
 
 /// Settings of one supervised run.
 pub struct SupervisorConfig {
-    pub exe: PathBuf,
+    /// What the trainer runs.
+    pub trainer: Program,
+    /// What every rollout runs.
+    pub rollout: Program,
     pub run_dir: PathBuf,
     pub control_socket: PathBuf,
     pub rollouts: u32,
@@ -292,11 +296,15 @@ impl Supervisor {
                 source,
             })?;
         let pgid = (self.pgid != 0).then_some(self.pgid);
+        let program = match id.role {
+            Role::Trainer => &self.cfg.trainer,
+            Role::Rollout => &self.cfg.rollout,
+        };
         let mut child =
-            spawn::spawn_worker(&self.cfg.exe, id, &self.cfg.run_dir, pgid).map_err(|source| {
+            spawn::spawn_worker(program, id, &self.cfg.run_dir, pgid).map_err(|source| {
                 OrchestratorError::Spawn {
                     worker: id.to_string(),
-                    exe: self.cfg.exe.clone(),
+                    exe: program.executable().to_owned(),
                     source,
                 }
             })?;

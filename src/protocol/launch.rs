@@ -34,6 +34,10 @@ pub struct LaunchSpec {
     #[serde(default)]
     pub token: String,
     pub config: RunConfig,
+    /// The resolved job config as plain data (every key, also those rlsync does not read), for Python
+    /// workers; `null` when the run was started without one (tests, benches).
+    #[serde(default)]
+    pub job: serde_json::Value,
 }
 
 /// Path of the launch file inside a run dir.
@@ -85,6 +89,7 @@ mod tests {
             segment_prefix: "rlsync-1-x".into(),
             token: "0123".into(),
             config: RunConfig::default(),
+            job: serde_json::json!({"env": {"train": {"task": "Reacher-v5"}}}),
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);

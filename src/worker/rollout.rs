@@ -9,8 +9,8 @@ use crate::protocol::messages::{Command, Report};
 use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;
-use crate::worker::workload::{self, Workload};
-use crate::worker::{WorkerContext, WorkerError, kernel_threads};
+use crate::worker::workload::Workload;
+use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 
 /// An update received in the background, and the signal that lets the receiver fetch the next one.
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
@@ -60,9 +60,9 @@ impl Rollout {
 }
 
 /// Run the rollout's command loop until `Stop`.
-pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
+pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
-    let mut workload = workload::build(&cfg, &ctx.placement())?;
+    let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let state = tokio::task::block_in_place(|| workload.init_state())?;
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();

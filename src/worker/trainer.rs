@@ -6,13 +6,13 @@ use crate::protocol::messages::{Command, Report, SyncStats};
 use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
 use crate::transport::{ShmConfig, ShmSender};
-use crate::worker::workload::{self, Batch};
-use crate::worker::{WorkerContext, WorkerError, kernel_threads};
+use crate::worker::workload::Batch;
+use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 
 /// Run the trainer's command loop until `Stop`.
-pub async fn run(ctx: &mut WorkerContext) -> Result<(), WorkerError> {
+pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
-    let mut workload = workload::build(&cfg, &ctx.placement())?;
+    let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let mut state = tokio::task::block_in_place(|| workload.init_state())?;
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);

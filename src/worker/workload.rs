@@ -25,6 +25,10 @@ pub enum WorkloadError {
     Learner(#[from] RlError),
     #[error("trajectory batch: {0}")]
     Trajectories(#[from] ProtocolError),
+    /// A workload implemented outside Rust failed (a Python worker raised; `message` ends with the
+    /// traceback's last lines).
+    #[error("{message}")]
+    Foreign { message: String },
 }
 
 /// One batch of trajectories handed to a train step: concatenated chunk payloads.

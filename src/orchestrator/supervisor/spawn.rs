@@ -3,13 +3,14 @@
 
 use std::collections::VecDeque;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::config::schema::{WorkerConfig, WorkerKind};
 use crate::orchestrator::metrics::progress::Console;
 use crate::orchestrator::supervisor::WorkerId;
 
@@ -38,17 +39,96 @@ impl LogTail {
     }
 }
 
-/// Spawn `exe worker --role R --rank N --run-dir D`. `pgid`: `None` makes the child the leader of a new
-/// process group; `Some(g)` puts it into the run's group `g`.
+/// The program a worker process runs; both speak the same control protocol and take the same arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// `EXE worker --role R --rank N --run-dir D`: the rlsync binary's built-in worker.
+    Rlsync(PathBuf),
+    /// `INTERPRETER -m rlsync.worker --role R --rank N --run-dir D`: a Python worker through the `rlsync`
+    /// package, with `path` in front of `PYTHONPATH`. The interpreter is exec'd directly (no shell), so the
+    /// pid the supervisor spawned is the pid that says hello.
+    Python {
+        interpreter: PathBuf,
+        path: Vec<PathBuf>,
+    },
+}
+
+impl Program {
+    /// The program for a role's `worker` config; `exe` is the rlsync binary (for `builtin`).
+    pub fn for_worker(worker: &WorkerConfig, exe: &Path) -> Program {
+        match worker.kind {
+            WorkerKind::Builtin => Program::Rlsync(exe.to_owned()),
+            WorkerKind::Python => Program::Python {
+                interpreter: worker.python.clone().unwrap_or_else(default_python),
+                path: worker.path.clone(),
+            },
+        }
+    }
+
+    /// The executable, for error messages.
+    pub fn executable(&self) -> &Path {
+        match self {
+            Program::Rlsync(exe) => exe,
+            Program::Python { interpreter, .. } => interpreter,
+        }
+    }
+
+    fn command(&self) -> Command {
+        match self {
+            Program::Rlsync(exe) => {
+                let mut cmd = Command::new(exe);
+                cmd.arg("worker");
+                cmd
+            }
+            Program::Python { interpreter, path } => {
+                let mut cmd = Command::new(interpreter);
+                cmd.args(["-m", "rlsync.worker"]);
+                if let Some(joined) = python_path(path, std::env::var_os("PYTHONPATH")) {
+                    cmd.env("PYTHONPATH", joined);
+                }
+                cmd
+            }
+        }
+    }
+}
+
+/// `path` in front of the inherited `PYTHONPATH` (`None`: nothing to set, or an entry holds the separator).
+fn python_path(
+    path: &[PathBuf],
+    inherited: Option<std::ffi::OsString>,
+) -> Option<std::ffi::OsString> {
+    let inherited: Vec<PathBuf> = inherited
+        .map(|v| std::env::split_paths(&v).collect())
+        .unwrap_or_default();
+    let all: Vec<&PathBuf> = path
+        .iter()
+        .chain(&inherited)
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    if all.is_empty() {
+        return None;
+    }
+    std::env::join_paths(all).ok()
+}
+
+/// The active venv's interpreter (`$VIRTUAL_ENV/bin/python`), else `python3` from `PATH`.
+fn default_python() -> PathBuf {
+    match std::env::var_os("VIRTUAL_ENV") {
+        Some(venv) if !venv.is_empty() => PathBuf::from(venv).join("bin").join("python"),
+        _ => PathBuf::from("python3"),
+    }
+}
+
+/// Spawn `PROGRAM --role R --rank N --run-dir D` (see [`Program`]). `pgid`: `None` makes the child the
+/// leader of a new process group; `Some(g)` puts it into the run's group `g`.
 pub fn spawn_worker(
-    exe: &Path,
+    program: &Program,
     id: WorkerId,
     run_dir: &Path,
     pgid: Option<i32>,
 ) -> std::io::Result<Child> {
-    let mut cmd = Command::new(exe);
-    cmd.arg("worker")
-        .args(["--role", id.role.name(), "--rank", &id.rank.to_string()])
+    let mut cmd = program.command();
+    cmd.args(["--role", id.role.name(), "--rank", &id.rank.to_string()])
         .arg("--run-dir")
         .arg(run_dir)
         .env("RLSYNC_WORKER", id.to_string())
@@ -115,6 +195,14 @@ pub fn pump_lines<R>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_path_puts_the_configured_dirs_in_front_of_the_inherited_ones() {
+        let got = python_path(&["/a".into(), "/b".into()], Some("/c:/d".into())).unwrap();
+        assert_eq!(got, "/a:/b:/c:/d");
+        assert_eq!(python_path(&[], Some("".into())), None);
+        assert_eq!(python_path(&["/a".into()], None).unwrap(), "/a");
+    }
 
     #[test]
     fn tail_keeps_the_last_lines() {

@@ -1,0 +1,160 @@
+"""Run your PyTorch trainer and your Python simulator as rlsync's workers.
+
+rlsync starts ``PYTHON -m rlsync.worker --role trainer|rollout --rank N --run-dir DIR`` for a role whose
+config selects ``worker@actor.worker=python`` / ``worker@rollout.worker=python``. This module imports the
+role's ``entry`` (``package.module:Attr``; with no ``:Attr``, the module's ``Trainer`` or ``Rollout``) and
+hands it to rlsync's Rust worker, which does everything else exactly as for a built-in worker: the handshake,
+the weight channel (the trainer sends, every rollout receives and installs in place), checksum verification,
+the command loop, metrics and failure reports.
+
+Your classes::
+
+    class Trainer:
+        def __init__(self, cfg: dict): ...                      # the resolved job config, as plain data
+        def model(self) -> torch.nn.Module: ...                 # the weights rlsync sends to the rollouts
+        def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]: ...
+            # one update on the chunks of trajectories (one dict per chunk, as your rollouts returned them);
+            # must return "loss"; every other key is logged as actor/<key> (keys with a "/" as they are)
+
+    class Rollout:
+        def __init__(self, cfg: dict, rank: int, num_rollouts: int): ...
+        def model(self) -> torch.nn.Module: ...                 # rlsync installs the trainer's weights into it
+        def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]: ...
+            # act `steps` steps in each of your envs; the arrays (any names, numeric or bool dtypes) go to the
+            # trainer; stats["return"] (mean return of episodes finished in the chunk) is logged as
+            # rollout/return (without one, the chunk's reward per env from an array named "rewards")
+        # optional: env_steps(arrays) -> int, when your arrays are not time-major [steps, envs, ...]
+
+Which tensors are synced: :func:`rlsync.param_names_need_sync` of ``model()`` (trainable parameters, tied
+aliases included, and persistent buffers); the rest of the state dict is aligned once at start-up. The model's
+tensors must stay CPU, contiguous and in place (optimizers update in place; do not rebind parameters).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import _native
+from .syncer import _describe, param_names_need_sync
+
+__all__ = ["main", "load_entry"]
+
+
+def load_entry(entry: str, role: str) -> Any:
+    """Import ``package.module:Attr`` (or ``package.module``, taking ``Trainer`` / ``Rollout`` by role)."""
+    module_name, _, attr = entry.partition(":")
+    attr = attr or ("Trainer" if role == "trainer" else "Rollout")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(
+            f"cannot import the {role} worker entry '{entry}': {e} (sys.path: {sys.path})"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ImportError(
+                f"the {role} worker entry '{entry}': module '{module_name}' has no attribute '{attr}'"
+            ) from None
+    return obj
+
+
+def _arrays_out(arrays: dict) -> list[tuple[str, str, tuple[int, ...], bytes]]:
+    if not isinstance(arrays, dict):
+        raise TypeError(f"rollout() must return (dict of arrays, dict of stats), got {type(arrays).__name__}")
+    out = []
+    for name, value in arrays.items():
+        a = np.ascontiguousarray(value.numpy() if hasattr(value, "numpy") else value)
+        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
+            a = a.astype(a.dtype.newbyteorder("<"))
+        dtype = a.dtype.str.replace("=", "<")
+        out.append((str(name), dtype, tuple(int(d) for d in a.shape), a.tobytes()))
+    return out
+
+
+def _arrays_in(items: list) -> dict[str, np.ndarray]:
+    return {name: np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape) for name, dtype, shape, data in items}
+
+
+class _Adapter:
+    """What the native worker calls: uniform methods over the user's object."""
+
+    def __init__(self, user: Any, role: str) -> None:
+        self.user = user
+        self.role = role
+        for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
+            if not callable(getattr(user, method, None)):
+                raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
+
+    def describe(self) -> tuple[list[tuple], list[str]]:
+        model = self.user.model()
+        return _describe(model), param_names_need_sync(model)
+
+    def train(self, chunks: list) -> tuple[float, list[tuple[str, float]]]:
+        stats = self.user.train([_arrays_in(c) for c in chunks])
+        if not isinstance(stats, dict) or "loss" not in stats:
+            raise TypeError("train() must return a dict of floats with a 'loss' key")
+        loss = float(stats["loss"])
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"train() returned loss={loss}: the update diverged")
+        metrics = [(k if "/" in k else f"actor/{k}", float(v)) for k, v in stats.items() if k != "loss"]
+        return loss, metrics
+
+    def rollout(self, steps: int, version: int) -> tuple[list, int, float]:
+        out = self.user.rollout(steps)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError("rollout() must return (dict of arrays, dict of stats)")
+        arrays, stats = out
+        items = _arrays_out(arrays)
+        counter = getattr(self.user, "env_steps", None)
+        if callable(counter):
+            env_steps = int(counter(arrays))
+        else:
+            shape = items[0][2] if items else ()
+            env_steps = int(shape[0] * shape[1]) if len(shape) >= 2 else int(shape[0]) if shape else 0
+        mean_return = stats.get("return") if isinstance(stats, dict) else None
+        if mean_return is None or not math.isfinite(float(mean_return)):
+            # No episode finished in this chunk: the reward collected per env, as rlsync's own rollouts log.
+            rewards = arrays.get("rewards")
+            rewards = np.asarray(rewards.numpy() if hasattr(rewards, "numpy") else rewards) if rewards is not None else None
+            envs = rewards.shape[1] if rewards is not None and rewards.ndim >= 2 else 1
+            mean_return = float(rewards.sum()) / envs if rewards is not None else 0.0
+        return items, env_steps, float(mean_return)
+
+
+def _factory(job_json: str, placement: dict) -> _Adapter:
+    cfg = json.loads(job_json) or {}
+    role = placement["role"]
+    section = cfg.get("actor" if role == "trainer" else "rollout", {})
+    entry = (section.get("worker") or {}).get("entry")
+    if not entry:
+        raise ValueError(f"no {'actor' if role == 'trainer' else 'rollout'}.worker.entry in the job config")
+    cls = load_entry(entry, role)
+    if role == "trainer":
+        user = cls(cfg)
+    else:
+        user = cls(cfg, placement["rank"], placement["rollouts"])
+    return _Adapter(user, role)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlsync.worker --role R --rank N --run-dir D`` (started by rlsync's supervisor)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        _native.run_worker(args, _factory)
+    except _native.RlsyncError as e:
+        print(f"rlsync worker failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+//! Python workers: `run_worker(argv, factory)` runs the crate's worker — handshake, weight channel, command
+//! loop, verification, failure reports — with a workload whose compute is a Python object.
+//!
+//! The Python side (`rlsync.worker`) passes `factory(job_json, placement) -> adapter`; the adapter exposes
+//! `describe() -> (tensor descriptions, synced names)`, `train(chunks) -> dict`, `rollout(steps, version) ->
+//! (arrays, stats)`. Tensors are borrowed in place (see `syncer::borrow`), so the syncer installs straight
+//! into the module's parameters; trajectories travel in the crate's named-array codec. The GIL is released
+//! while the crate runs and taken only for each call into the adapter.
+
+use pyo3::call::PyCallArgs;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use rlsync::protocol::arrays::{self, NamedArray};
+use rlsync::protocol::trajectory::ChunkOrigin;
+use rlsync::tensor::{Role, StateDict};
+use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
+use rlsync::worker::{WorkerContext, WorkloadBuilder};
+
+use crate::errors::{RlsyncError, chain};
+use crate::syncer::{Desc, borrow};
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(run_worker, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_arrays, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_arrays, m)?)?;
+    Ok(())
+}
+
+/// Lines of a Python traceback quoted in the failure the orchestrator prints (the whole traceback is in the
+/// worker's log).
+const TRACEBACK_LINES: usize = 8;
+
+/// A Python exception as a workload error: the traceback goes to stderr (the worker's log) and its last lines
+/// into the message.
+fn foreign(py: Python<'_>, what: &str, err: PyErr) -> WorkloadError {
+    let lines: Vec<String> = py
+        .import("traceback")
+        .and_then(|tb| tb.call_method1("format_exception", (err.clone_ref(py),)))
+        .and_then(|list| list.extract::<Vec<String>>())
+        .map(|parts| parts.concat().lines().map(str::to_owned).collect())
+        .unwrap_or_else(|_| vec![err.to_string()]);
+    eprintln!("{what} raised:\n{}", lines.join("\n"));
+    let tail = &lines[lines.len().saturating_sub(TRACEBACK_LINES)..];
+    WorkloadError::Foreign {
+        message: format!("{what} raised:\n    {}", tail.join("\n    ")),
+    }
+}
+
+/// The user's Python object behind the crate's `Workload` trait.
+struct PyWorkload {
+    adapter: Py<PyAny>,
+    /// The tensor objects whose memory the state dict borrows (kept alive as long as it).
+    keep: Vec<Py<PyAny>>,
+    rank: u32,
+    next_chunk: u64,
+}
+
+impl PyWorkload {
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        method: &str,
+        args: impl PyCallArgs<'py>,
+    ) -> Result<Bound<'py, PyAny>, WorkloadError> {
+        self.adapter
+            .bind(py)
+            .call_method1(method, args)
+            .map_err(|e| foreign(py, &format!("{method}()"), e))
+    }
+}
+
+fn bad_return(what: &str, err: PyErr) -> WorkloadError {
+    WorkloadError::Foreign {
+        message: format!("{what} returned an unexpected value: {err}"),
+    }
+}
+
+impl Workload for PyWorkload {
+    fn init_state(&mut self) -> Result<StateDict, WorkloadError> {
+        Python::attach(|py| {
+            let out = self.call(py, "describe", ())?;
+            let (descs, synced) = out
+                .extract::<(Vec<Desc>, Vec<String>)>()
+                .map_err(|e| bad_return("describe()", e))?;
+            let (borrowed, keep) = borrow(descs).map_err(|e| WorkloadError::Foreign {
+                message: format!("the model's tensors cannot be synced: {}", e.value(py)),
+            })?;
+            let synced = borrowed
+                .fold_keys(&synced)
+                .map_err(|e| WorkloadError::Foreign {
+                    message: format!("the synced names: {e}"),
+                })?;
+            self.keep = keep;
+            let mut state = borrowed.state;
+            for (name, tensor) in state.iter_mut() {
+                if !synced.iter().any(|s| s == name) {
+                    tensor.set_role(Role::Frozen);
+                }
+            }
+            Ok(state)
+        })
+    }
+
+    fn train_step(
+        &mut self,
+        _state: &mut StateDict,
+        batch: &Batch<'_>,
+    ) -> Result<TrainStats, WorkloadError> {
+        let chunks = arrays::decode_arrays(batch.data)?;
+        Python::attach(|py| {
+            let list = PyList::empty(py);
+            for (_, arrays) in &chunks {
+                let chunk = PyList::empty(py);
+                for a in arrays {
+                    let item = (a.name, a.dtype, a.shape.clone(), PyBytes::new(py, a.data));
+                    chunk.append(item).map_err(|e| foreign(py, "train()", e))?;
+                }
+                list.append(chunk).map_err(|e| foreign(py, "train()", e))?;
+            }
+            let out = self.call(py, "train", (list,))?;
+            let (loss, metrics) = out
+                .extract::<(f64, Vec<(String, f64)>)>()
+                .map_err(|e| bad_return("train()", e))?;
+            Ok(TrainStats { loss, metrics })
+        })
+    }
+
+    fn rollout(
+        &mut self,
+        _state: &StateDict,
+        version: u64,
+        steps: u32,
+    ) -> Result<TrajectoryChunk, WorkloadError> {
+        let origin = ChunkOrigin {
+            rank: self.rank,
+            chunk: self.next_chunk,
+        };
+        self.next_chunk += 1;
+        Python::attach(|py| {
+            let out = self.call(py, "rollout", (steps, version))?;
+            type Arr = (String, String, Vec<u64>, Vec<u8>);
+            let (items, env_steps, mean_return) = out
+                .extract::<(Vec<Arr>, u64, f64)>()
+                .map_err(|e| bad_return("rollout()", e))?;
+            let named: Vec<NamedArray<'_>> = items
+                .iter()
+                .map(|(name, dtype, shape, data)| NamedArray {
+                    name,
+                    dtype,
+                    shape: shape.clone(),
+                    data,
+                })
+                .collect();
+            Ok(TrajectoryChunk {
+                env_steps,
+                mean_return,
+                data: arrays::encode_arrays(origin, &named)?,
+            })
+        })
+    }
+}
+
+/// Run this process as an rlsync worker (`argv`: `--role R --rank N --run-dir D`), with the workload that
+/// `factory(job_json: str, placement: dict)` returns. Blocks until the orchestrator says stop; raises
+/// `RlsyncError` naming the cause when the worker fails (the orchestrator has been told).
+#[pyfunction]
+fn run_worker(py: Python<'_>, argv: Vec<String>, factory: Py<PyAny>) -> PyResult<()> {
+    let builder: WorkloadBuilder = Box::new(move |ctx: &WorkerContext| {
+        let place = ctx.placement();
+        let job = serde_json::to_string(ctx.job()).map_err(|e| WorkloadError::Foreign {
+            message: format!("the job config does not serialize: {e}"),
+        })?;
+        Python::attach(|py| {
+            let placement = PyDict::new(py);
+            let filled: PyResult<()> = (|| {
+                placement.set_item("role", place.role.name())?;
+                placement.set_item("rank", place.rank)?;
+                placement.set_item("rollouts", place.rollouts)?;
+                placement.set_item("envs", place.envs)?;
+                placement.set_item("run_dir", place.run_dir.to_string_lossy().into_owned())
+            })();
+            filled.map_err(|e| foreign(py, "the worker's placement", e))?;
+            let adapter = factory
+                .call1(py, (job, placement))
+                .map_err(|e| foreign(py, "creating the worker", e))?;
+            Ok(Box::new(PyWorkload {
+                adapter,
+                keep: Vec::new(),
+                rank: place.rank,
+                next_chunk: 0,
+            }) as Box<dyn Workload>)
+        })
+    });
+    py.detach(|| rlsync::worker::run_worker_with(&argv, builder))
+        .map_err(|e| RlsyncError::new_err(chain(&e)))
+}
+
+/// Encode `arrays` — `[(name, dtype_str, shape, bytes)]` — as one named-array chunk (what a rollout sends).
+#[pyfunction]
+fn encode_arrays<'py>(
+    py: Python<'py>,
+    rank: u32,
+    chunk: u64,
+    items: Vec<(String, String, Vec<u64>, Vec<u8>)>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let named: Vec<NamedArray<'_>> = items
+        .iter()
+        .map(|(name, dtype, shape, data)| NamedArray {
+            name,
+            dtype,
+            shape: shape.clone(),
+            data,
+        })
+        .collect();
+    let bytes = arrays::encode_arrays(ChunkOrigin { rank, chunk }, &named)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    Ok(PyBytes::new(py, &bytes))
+}
+
+/// Decode back-to-back named-array chunks: `[(rank, chunk, [(name, dtype_str, shape, bytes)])]`.
+#[pyfunction]
+fn decode_arrays<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+    let chunks = arrays::decode_arrays(data)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    let out = PyList::empty(py);
+    for (origin, arrays) in chunks {
+        let list = PyList::empty(py);
+        for a in arrays {
+            list.append((a.name, a.dtype, a.shape, PyBytes::new(py, a.data)))?;
+        }
+        out.append((origin.rank, origin.chunk, list))?;
+    }
+    Ok(out)
+}
