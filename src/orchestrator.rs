@@ -28,9 +28,8 @@ use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
 use supervisor::{Supervisor, SupervisorConfig};
 
-pub use crate::plan::Entry;
 pub use metrics::summary::RunSummary;
-pub use plan::{RunPlan, plan};
+pub use plan::{Entry, RunPlan, plan};
 pub use supervisor::{ShutdownHandle, ShutdownSource};
 
 #[derive(Debug, thiserror::Error)]

@@ -1,13 +1,6 @@
-//! Tensor layout (dtype + shape) kept apart from storage (cache-line aligned, contiguous CPU bytes on a device).
+//! Tensor layout (dtype + shape) kept apart from storage (cache-line aligned, contiguous host bytes).
 
 use super::dtype::{DType, Element};
-
-/// Where a storage's bytes live. Only host memory exists today; a GPU variant comes with the CUDA backend, so
-/// algorithms must ask the storage for its device rather than assume one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    Cpu,
-}
 
 /// Element type and shape of a contiguous row-major tensor. Rank 0 (a scalar) and zero-size dims are valid.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -74,12 +67,13 @@ struct Line([u64; 8]);
 
 /// Contiguous bytes, 64-byte aligned so every [`Element`] view is aligned and a kernel's 64-byte block is one
 /// cache line (not two). Deliberately not `Clone`: copying a model-sized buffer must be explicit
-/// ([`Storage::duplicate`]).
+/// ([`Storage::duplicate`]). Host memory only: a GPU backend would turn this into an enum of per-device
+/// storages behind the same methods (as candle's `Storage::{Cpu, Cuda}`), so nothing outside this file
+/// depends on how the bytes are held.
 #[derive(Debug)]
 pub struct Storage {
     words: Vec<Line>,
     len: usize,
-    device: Device,
 }
 
 impl Storage {
@@ -88,7 +82,6 @@ impl Storage {
         Storage {
             words: zeroed_lines(len.div_ceil(64)),
             len,
-            device: Device::Cpu,
         }
     }
 
@@ -101,10 +94,6 @@ impl Storage {
     /// An explicit deep copy.
     pub fn duplicate(&self) -> Storage {
         Storage::from_bytes(self.bytes())
-    }
-
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     pub fn len(&self) -> usize {
