@@ -5,7 +5,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::rl::RlError;
-use crate::tensor::{self, DType, Role, StateDict};
+use crate::tensor::{self, DType, StateDict};
 
 use super::policy::Policy;
 use super::torch_err;
