@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use crate::config::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
+use crate::orchestrator::Entry;
 
 /// The process exit statuses rlsync uses (documented in README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,33 +23,6 @@ impl From<ExitStatus> for ExitCode {
         match status {
             ExitStatus::Success => ExitCode::SUCCESS,
             ExitStatus::Failure => ExitCode::FAILURE,
-        }
-    }
-}
-
-/// The user-facing entry points; each composes `<entry>.yaml` by default and becomes `hydra.job.name`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    TrainEmbodied,
-    TrainAsync,
-    BenchSync,
-}
-
-impl Entry {
-    pub fn name(self) -> &'static str {
-        match self {
-            Entry::TrainEmbodied => "train_embodied",
-            Entry::TrainAsync => "train_async",
-            Entry::BenchSync => "bench_sync",
-        }
-    }
-
-    fn parse(name: &str) -> Option<Entry> {
-        match name {
-            "train_embodied" => Some(Entry::TrainEmbodied),
-            "train_async" => Some(Entry::TrainAsync),
-            "bench_sync" => Some(Entry::BenchSync),
-            _ => None,
         }
     }
 }
@@ -355,12 +329,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         }
     };
     if job.dry_run {
-        let plan_entry = match entry {
-            Entry::TrainEmbodied => crate::plan::Entry::Embodied,
-            Entry::TrainAsync => crate::plan::Entry::Async,
-            Entry::BenchSync => crate::plan::Entry::BenchSync,
-        };
-        let report = crate::plan::dry_run(plan_entry, &extracted, &job.output_dir);
+        let report = crate::dry_run::dry_run(entry, &extracted, &job.output_dir);
         crate::stdio::out(format_args!("{report}"));
         return Ok(if report.problems.is_empty() {
             ExitStatus::Success
@@ -368,20 +337,16 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
             ExitStatus::Failure
         });
     }
-    let orchestrated = match entry {
-        Entry::TrainEmbodied => crate::orchestrator::Entry::Embodied,
-        Entry::TrainAsync => crate::orchestrator::Entry::Async,
-        Entry::BenchSync => {
-            crate::bench::run(&extracted.config)?;
-            return Ok(ExitStatus::Success);
-        }
-    };
+    if entry == Entry::BenchSync {
+        crate::bench::run(&extracted.config)?;
+        return Ok(ExitStatus::Success);
+    }
     crate::logging::init_console(extracted.config.runner.logger.level);
     let opts = crate::orchestrator::RunOptions {
         job: job.config.to_json(),
         ..Default::default()
     };
-    crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
+    crate::orchestrator::run(entry, &extracted.config, &job.output_dir, opts)?;
     Ok(ExitStatus::Success)
 }
 
@@ -434,7 +399,7 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<HydraArgs, UsageError> {
         parse_hydra_args(
-            Entry::TrainEmbodied,
+            Entry::Embodied,
             &args.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
         )
     }

@@ -17,7 +17,7 @@
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
 //! - [`logging`]: console logging set-up (tracing) for the orchestrator and the workers.
-//! - [`plan`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
+//! - [`dry_run`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
 //! - [`stdio`]: stdout/stderr writes that end quietly on a closed pipe instead of panicking.
 
@@ -26,10 +26,10 @@ pub mod bytes;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod dry_run;
 pub mod env;
 pub mod logging;
 pub mod orchestrator;
-pub mod plan;
 pub mod protocol;
 pub mod rl;
 pub mod stdio;

@@ -28,9 +28,8 @@ use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
 use supervisor::{Program, Supervisor, SupervisorConfig};
 
-pub use crate::plan::Entry;
 pub use metrics::summary::RunSummary;
-pub use plan::{RunPlan, plan};
+pub use plan::{Entry, RunPlan, plan};
 pub use supervisor::{ShutdownHandle, ShutdownSource};
 
 #[derive(Debug, thiserror::Error)]
@@ -152,7 +151,7 @@ pub fn run(
             }
         })?;
     }
-    if let Some(reason) = crate::plan::resume_problem(cfg) {
+    if let Some(reason) = crate::dry_run::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
     let plan = plan::plan(entry, cfg)?;

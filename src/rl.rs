@@ -52,31 +52,6 @@ pub fn preflight(model: ModelType) -> Result<(), RlError> {
     }
 }
 
-/// Role of a named weight, as the syncer sees it: trainable and buffer entries are synced after every step,
-/// frozen ones only at bootstrap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ParamRole {
-    Trainable,
-    Buffer,
-    Frozen,
-}
-
-impl ParamRole {
-    pub fn name(self) -> &'static str {
-        match self {
-            ParamRole::Trainable => "trainable",
-            ParamRole::Buffer => "buffer",
-            ParamRole::Frozen => "frozen",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ParamRole> {
-        [ParamRole::Trainable, ParamRole::Buffer, ParamRole::Frozen]
-            .into_iter()
-            .find(|r| r.name() == s)
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum RlError {
     #[error(
@@ -115,17 +90,4 @@ pub enum RlError {
     WeightsMismatch { reason: String },
     #[error(transparent)]
     Env(#[from] EnvError),
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roles_round_trip_by_name() {
-        for r in [ParamRole::Trainable, ParamRole::Buffer, ParamRole::Frozen] {
-            assert_eq!(ParamRole::parse(r.name()), Some(r));
-        }
-        assert_eq!(ParamRole::parse("persistent"), None);
-    }
 }

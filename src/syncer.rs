@@ -14,8 +14,8 @@
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
 //! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
-//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with a clear error until the GPU
-//! path exists. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with [`SyncError::NoGpuBackend`]
+//! (rlsync has no GPU backend yet). With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
 //! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
 //!
 //! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
@@ -104,6 +104,12 @@ pub struct SyncReport {
 pub enum SyncError {
     #[error("weight_syncer config: {reason}")]
     Config { reason: String },
+    #[error("{setting}: {value} needs a GPU backend, which rlsync does not have; use {instead}")]
+    NoGpuBackend {
+        setting: &'static str,
+        value: &'static str,
+        instead: &'static str,
+    },
     #[error("handshake failed: {reason}")]
     Handshake { reason: String },
     #[error("the syncer is not initialised as a {expected} (call init_{expected} first)")]
@@ -237,17 +243,17 @@ fn rejected(version: Option<u64>, current: u64, reason: impl Into<String>) -> Sy
 }
 
 impl WeightSyncer {
-    /// Build from the typed config. Unsupported settings (GPU devices, nvCOMP) are clear errors.
+    /// Build from the typed config. Settings that need a GPU (devices, nvCOMP) are [`SyncError::NoGpuBackend`].
     pub fn from_config(
         cfg: &WeightSyncerConfig,
         opts: SyncOptions,
     ) -> Result<WeightSyncer, SyncError> {
         let p = &cfg.patch;
         let b = &cfg.bucket;
-        let cuda = |what: &str| SyncError::Config {
-            reason: format!(
-                "{what}: cuda requires a CUDA build and device (rlsync --features cuda); use cpu"
-            ),
+        let cuda = |setting: &'static str| SyncError::NoGpuBackend {
+            setting,
+            value: "cuda",
+            instead: "cpu",
         };
         let codec = match cfg.kind {
             SyncerKind::Patch => {
@@ -261,8 +267,10 @@ impl WeightSyncer {
                     Compression::None => Codec::Plain,
                     Compression::Lz4 => Codec::Lz4,
                     Compression::NvcompLz4 => {
-                        return Err(SyncError::Config {
-                            reason: "weight_syncer.patch.compression: nvcomp_lz4 requires a CUDA build and device with transport_device: cuda; use lz4 (CPU) or none".into(),
+                        return Err(SyncError::NoGpuBackend {
+                            setting: "weight_syncer.patch.compression",
+                            value: "nvcomp_lz4",
+                            instead: "lz4 or none",
                         });
                     }
                 }

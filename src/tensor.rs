@@ -1,6 +1,6 @@
 //! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O; checksums.
 //!
-//! A [`Tensor`] is a [`Layout`] (dtype + shape) over a [`Storage`] (aligned bytes on a [`Device`]) plus its
+//! A [`Tensor`] is a [`Layout`] (dtype + shape) over a [`Storage`] (aligned host bytes) plus its
 //! [`Role`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
 //! parameters and persistent buffers; frozen tensors are only aligned by the one-time init bootstrap.
 
@@ -19,7 +19,7 @@ pub use borrowed::{BorrowError, BorrowedState, RawTensor};
 pub use cast::{CastError, can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming};
 pub use checksum::{StateHasher, state_checksum};
 pub use dtype::{DType, Element};
-pub use storage::{Device, Layout, Storage};
+pub use storage::{Layout, Storage};
 pub(crate) use storage::{Pod, pod_slice, pod_slice_mut};
 
 /// Errors of tensor construction, typed views and safetensors I/O.
@@ -209,10 +209,6 @@ impl Tensor {
 
     pub fn set_role(&mut self, role: Role) {
         self.role = role;
-    }
-
-    pub fn device(&self) -> Device {
-        self.storage.device()
     }
 
     pub fn storage(&self) -> &Storage {

@@ -56,7 +56,7 @@ pub enum SyncerKind {
     Bucket,
 }
 
-/// A device where a buffer lives (`cpu` | `cuda`).
+/// A device where a buffer lives (`cpu` | `cuda`); the syncer refuses `cuda` (rlsync has no GPU backend).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
@@ -73,7 +73,7 @@ pub enum Compression {
     None,
     /// CPU LZ4 (lz4_flex).
     Lz4,
-    /// GPU LZ4 via nvCOMP; needs a CUDA build and `transport_device: cuda`.
+    /// GPU LZ4 via nvCOMP (RLinf's); accepted in configs, refused by the syncer: rlsync has no GPU backend.
     NvcompLz4,
 }
 

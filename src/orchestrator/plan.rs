@@ -1,8 +1,35 @@
-//! The loop plan of a run, computed from the config alone: worker count, env split, chunking and the env
-//! steps per train step. (The `--dry-run` report with byte estimates is `crate::plan`.)
+//! The loop plan of a run, computed from the config alone: the entry point, worker count, env split, chunking
+//! and the env steps per train step. (The `--dry-run` report with byte estimates is `crate::dry_run`.)
 
 use crate::config::schema::RunConfig;
-use crate::orchestrator::{Entry, OrchestratorError};
+use crate::orchestrator::OrchestratorError;
+
+/// The user-facing entry points; each composes `<entry>.yaml` by default and becomes `hydra.job.name`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    /// `train_embodied`: synchronous sync → rollout → train.
+    Embodied,
+    /// `train_async`: overlapped rollouts and training with a staleness bound.
+    Async,
+    /// `bench_sync`: the weight-sync benchmark.
+    BenchSync,
+}
+
+impl Entry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Embodied => "train_embodied",
+            Entry::Async => "train_async",
+            Entry::BenchSync => "bench_sync",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Entry> {
+        [Entry::Embodied, Entry::Async, Entry::BenchSync]
+            .into_iter()
+            .find(|e| e.name() == name)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunPlan {

@@ -8,9 +8,9 @@ use std::path::Path;
 
 use crate::config::schema::{ModelType, RunConfig};
 use crate::env::EnvSpec;
-use crate::tensor::{DType, StateDict};
+use crate::tensor::{DType, Role, StateDict};
 
-use super::{ActMode, CheckpointInfo, Decision, ParamRole, RlError, TrainMetrics, Trajectory};
+use super::{ActMode, CheckpointInfo, Decision, RlError, TrainMetrics, Trajectory};
 
 /// The trainer's model, optimizer and algorithm (unavailable in this build).
 #[derive(Debug)]
@@ -55,7 +55,7 @@ impl Learner {
         match self.never {}
     }
 
-    pub fn param_roles(&self) -> Vec<(String, ParamRole)> {
+    pub fn param_roles(&self) -> Vec<(String, Role)> {
         match self.never {}
     }
 

@@ -21,7 +21,8 @@ use crate::config::schema::{ModelType, RunConfig, WeightDtype};
 use crate::env::EnvSpec;
 
 use super::checkpoint_layout::{OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir};
-use super::{ActMode, CheckpointInfo, Decision, ParamRole, RlError, TrainMetrics, Trajectory};
+use super::{ActMode, CheckpointInfo, Decision, RlError, TrainMetrics, Trajectory};
+use crate::tensor::Role;
 use adam::Adam;
 use policy::{Policy, Use};
 
@@ -93,7 +94,7 @@ impl Learner {
     }
 
     /// Every named weight and its role (trainable | buffer | frozen), sorted by name.
-    pub fn param_roles(&self) -> Vec<(String, ParamRole)> {
+    pub fn param_roles(&self) -> Vec<(String, Role)> {
         self.policy.roles().to_vec()
     }
 

@@ -584,33 +584,50 @@ fn sender_rejects_non_increasing_versions() {
 
 #[test]
 fn unsupported_devices_and_nvcomp_are_clear_errors() {
-    let check = |f: &dyn Fn(&mut WeightSyncerConfig), needle: &str| {
+    let fail = |f: &dyn Fn(&mut WeightSyncerConfig)| {
         let mut c = WeightSyncerConfig::default();
         f(&mut c);
-        let e = WeightSyncer::from_config(&c, SyncOptions::default())
+        WeightSyncer::from_config(&c, SyncOptions::default())
             .err()
-            .expect("must fail");
+            .expect("must fail")
+    };
+    let no_gpu = |f: &dyn Fn(&mut WeightSyncerConfig), want: &str| {
+        let e = fail(f);
         assert!(
-            matches!(e, SyncError::Config { .. }) && e.to_string().contains(needle),
+            matches!(&e, SyncError::NoGpuBackend { setting, .. } if *setting == want),
             "{e}"
         );
+        let text = e.to_string();
+        assert!(text.contains("needs a GPU backend"), "{text}");
+        assert!(
+            !text.contains("--features") && !text.contains("CUDA build"),
+            "{text}"
+        );
     };
-    check(
+    no_gpu(
         &|c| c.patch.compression = Compression::NvcompLz4,
-        "requires a CUDA build",
+        "weight_syncer.patch.compression",
     );
-    check(
+    no_gpu(
         &|c| c.patch.snapshot_device = Device::Cuda,
-        "snapshot_device",
+        "weight_syncer.patch.snapshot_device",
     );
-    check(
+    no_gpu(
+        &|c| c.patch.transport_device = Device::Cuda,
+        "weight_syncer.patch.transport_device",
+    );
+    no_gpu(
         &|c| {
             c.kind = SyncerKind::Bucket;
             c.bucket.bucket_device = Device::Cuda
         },
-        "bucket_device",
+        "weight_syncer.bucket.bucket_device",
     );
-    check(&|c| c.patch.init_sync.prefixes = Some(vec![]), "empty list");
+    let e = fail(&|c| c.patch.init_sync.prefixes = Some(vec![]));
+    assert!(
+        matches!(e, SyncError::Config { .. }) && e.to_string().contains("empty list"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -1,13 +1,6 @@
-//! Tensor layout (dtype + shape) kept apart from storage (cache-line aligned, contiguous CPU bytes on a device).
+//! Tensor layout (dtype + shape) kept apart from storage (cache-line aligned, contiguous host bytes).
 
 use super::dtype::{DType, Element};
-
-/// Where a storage's bytes live. Only host memory exists today; a GPU variant comes with the CUDA backend, so
-/// algorithms must ask the storage for its device rather than assume one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    Cpu,
-}
 
 /// Element type and shape of a contiguous row-major tensor. Rank 0 (a scalar) and zero-size dims are valid.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -79,11 +72,12 @@ struct Line([u64; 8]);
 /// A storage may also *borrow* memory its caller owns ([`Storage::borrowed`], e.g. a torch tensor's data
 /// handed over by the Python binding): then it is only element-aligned, and installs write into that memory
 /// in place ([`Storage::is_borrowed`]).
+/// Host memory only: a GPU backend would turn this into an enum of per-device storages behind the same
+/// methods (as candle's `Storage::{Cpu, Cuda}`), so nothing outside this file depends on how the bytes are held.
 #[derive(Debug)]
 pub struct Storage {
     mem: Mem,
     len: usize,
-    device: Device,
 }
 
 #[derive(Debug)]
@@ -106,7 +100,6 @@ impl Storage {
         Storage {
             mem: Mem::Owned(zeroed_lines(len.div_ceil(64))),
             len,
-            device: Device::Cpu,
         }
     }
 
@@ -122,7 +115,6 @@ impl Storage {
             Some(p) if len > 0 => Storage {
                 mem: Mem::Borrowed(p),
                 len,
-                device: Device::Cpu,
             },
             _ => Storage::zeroed(0),
         }
@@ -142,10 +134,6 @@ impl Storage {
     /// An explicit deep copy.
     pub fn duplicate(&self) -> Storage {
         Storage::from_bytes(self.bytes())
-    }
-
-    pub fn device(&self) -> Device {
-        self.device
     }
 
     pub fn len(&self) -> usize {

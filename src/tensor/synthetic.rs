@@ -54,15 +54,16 @@ enum Init {
     Counter,
 }
 
+/// One tensor of a synthetic model: name, shape, role and how it is initialised.
 #[derive(Debug, Clone)]
-struct Entry {
+struct ParamSpec {
     name: String,
     shape: Vec<usize>,
     role: Role,
     init: Init,
 }
 
-impl Entry {
+impl ParamSpec {
     fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -71,7 +72,7 @@ impl Entry {
 /// A synthetic trainer: fp32 master weights + Adam momentum for the trainable floating tensors.
 pub struct SyntheticModel {
     spec: ModelSpec,
-    entries: Vec<Entry>,
+    entries: Vec<ParamSpec>,
     master: Vec<Vec<f32>>,
     momentum: Vec<Vec<f32>>,
     step: u64,
@@ -114,20 +115,20 @@ impl Rng {
     }
 }
 
-fn shapes(spec: &ModelSpec) -> Vec<Entry> {
+fn shapes(spec: &ModelSpec) -> Vec<ParamSpec> {
     let p = spec.params as usize;
     let t = spec.tensors.max(1) as usize;
     if t < 3 {
         // Too few tensors for a model mix: one matrix-ish tensor (+ a bias).
         let n = if t == 2 { p.saturating_sub(1) } else { p };
-        let mut v = vec![Entry {
+        let mut v = vec![ParamSpec {
             name: "weight".into(),
             shape: vec![n],
             role: Role::Trainable,
             init: Init::Uniform(0.05),
         }];
         if t == 2 {
-            v.push(Entry {
+            v.push(ParamSpec {
                 name: "step".into(),
                 shape: vec![],
                 role: Role::Buffer,
@@ -171,25 +172,25 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
         h -= h % 8;
     }
     let conv_shape = |h: usize| vec![h.max(1), (h / 9).max(1), 3, 3];
-    let build = |h: usize| -> Vec<Entry> {
+    let build = |h: usize| -> Vec<ParamSpec> {
         (0..body)
             .map(|i| {
                 let (name, k) = template[i % 8];
                 let name = format!("blocks.{}.{name}", i / 8);
                 match k {
-                    K::Mat(a, b) => Entry {
+                    K::Mat(a, b) => ParamSpec {
                         name,
                         shape: vec![a * h, b * h],
                         role: Role::Trainable,
                         init: Init::Uniform(1.0 / ((b * h) as f32).sqrt()),
                     },
-                    K::Vec(a, init) => Entry {
+                    K::Vec(a, init) => ParamSpec {
                         name,
                         shape: vec![a * h],
                         role: Role::Trainable,
                         init,
                     },
-                    K::Conv => Entry {
+                    K::Conv => ParamSpec {
                         name,
                         shape: conv_shape(h),
                         role: Role::Trainable,
@@ -200,29 +201,29 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
             .collect()
     };
     let mut body_entries = build(h);
-    while h > 1 && body_entries.iter().map(Entry::numel).sum::<usize>() > p {
+    while h > 1 && body_entries.iter().map(ParamSpec::numel).sum::<usize>() > p {
         h = h / 2;
         body_entries = build(h);
     }
-    let used: usize = body_entries.iter().map(Entry::numel).sum();
+    let used: usize = body_entries.iter().map(ParamSpec::numel).sum();
     let rest = p.saturating_sub(used).saturating_sub(1); // one element for the step counter
     let vocab = rest / h.max(1);
     let head = rest - vocab * h.max(1);
     let mut v = Vec::with_capacity(t);
-    v.push(Entry {
+    v.push(ParamSpec {
         name: "embed.weight".into(),
         shape: vec![vocab, h.max(1)],
         role: Role::Trainable,
         init: Init::Uniform(0.035),
     });
     v.extend(body_entries);
-    v.push(Entry {
+    v.push(ParamSpec {
         name: "head.bias".into(),
         shape: vec![head],
         role: Role::Trainable,
         init: Init::Const(0.0),
     });
-    v.push(Entry {
+    v.push(ParamSpec {
         name: "step".into(),
         shape: vec![],
         role: Role::Buffer,
@@ -231,7 +232,7 @@ fn shapes(spec: &ModelSpec) -> Vec<Entry> {
     v
 }
 
-fn mark_frozen(entries: &mut [Entry], fraction: f64, params: u64) {
+fn mark_frozen(entries: &mut [ParamSpec], fraction: f64, params: u64) {
     let target = (fraction * params as f64) as usize;
     let mut frozen = 0usize;
     for e in entries.iter_mut() {
@@ -243,7 +244,7 @@ fn mark_frozen(entries: &mut [Entry], fraction: f64, params: u64) {
     }
 }
 
-fn init_values(e: &Entry, idx: usize, seed: u64) -> Vec<f32> {
+fn init_values(e: &ParamSpec, idx: usize, seed: u64) -> Vec<f32> {
     let n = e.numel();
     match e.init {
         Init::Const(c) => vec![c; n],

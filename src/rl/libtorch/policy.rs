@@ -8,7 +8,8 @@ use tch::{CModule, Device, IValue, Kind, Tensor, TrainableCModule};
 
 use crate::config::schema::{ModelConfig, ModelType};
 use crate::env::EnvSpec;
-use crate::rl::{ParamRole, RlError};
+use crate::rl::RlError;
+use crate::tensor::Role;
 
 use super::torch_err;
 
@@ -159,7 +160,7 @@ pub(crate) struct Policy {
     pub vs: VarStore,
     net: Net,
     /// Every named weight and its role, sorted by name.
-    roles: Vec<(String, ParamRole)>,
+    roles: Vec<(String, Role)>,
     pub spec: EnvSpec,
 }
 
@@ -287,13 +288,13 @@ impl Policy {
         Ok(policy)
     }
 
-    fn compute_roles(&self) -> Result<Vec<(String, ParamRole)>, RlError> {
-        let mut roles: Vec<(String, ParamRole)> = self
+    fn compute_roles(&self) -> Result<Vec<(String, Role)>, RlError> {
+        let mut roles: Vec<(String, Role)> = self
             .named_tensors()?
             .into_iter()
             .map(|(name, t)| {
                 let role = if name.starts_with("obs_norm.") {
-                    ParamRole::Buffer
+                    Role::Buffer
                 } else if t.requires_grad()
                     || matches!(
                         self.net,
@@ -303,9 +304,9 @@ impl Policy {
                         }
                     )
                 {
-                    ParamRole::Trainable
+                    Role::Trainable
                 } else {
-                    ParamRole::Frozen
+                    Role::Frozen
                 };
                 (name, role)
             })
@@ -315,7 +316,7 @@ impl Policy {
     }
 
     /// Every named weight with its role, sorted by name.
-    pub fn roles(&self) -> &[(String, ParamRole)] {
+    pub fn roles(&self) -> &[(String, Role)] {
         &self.roles
     }
 
@@ -348,7 +349,7 @@ impl Policy {
                 t.requires_grad()
                     && roles
                         .iter()
-                        .any(|(r, role)| r == n && *role == ParamRole::Trainable)
+                        .any(|(r, role)| r == n && *role == Role::Trainable)
             })
             .collect())
     }

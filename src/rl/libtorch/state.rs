@@ -4,8 +4,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use crate::rl::{ParamRole, RlError};
-use crate::tensor::{self, DType, Role, StateDict};
+use crate::rl::RlError;
+use crate::tensor::{self, DType, StateDict};
 
 use super::policy::Policy;
 use super::torch_err;
@@ -41,14 +41,6 @@ pub(crate) fn dtype_of(kind: Kind) -> Option<DType> {
     })
 }
 
-fn role_of(role: ParamRole) -> Role {
-    match role {
-        ParamRole::Trainable => Role::Trainable,
-        ParamRole::Buffer => Role::Buffer,
-        ParamRole::Frozen => Role::Frozen,
-    }
-}
-
 fn shape_i64(shape: &[usize]) -> Vec<i64> {
     shape.iter().map(|&d| d as i64).collect()
 }
@@ -66,11 +58,10 @@ pub(crate) fn state_dict(policy: &Policy, float: Option<DType>) -> Result<StateD
             _ => own,
         };
         let shape: Vec<usize> = t.size().iter().map(|&d| d.max(0) as usize).collect();
-        let tensor = tensor::Tensor::zeros(dtype, &shape, role_of(*role)).map_err(|e| {
-            RlError::WeightsMismatch {
+        let tensor =
+            tensor::Tensor::zeros(dtype, &shape, *role).map_err(|e| RlError::WeightsMismatch {
                 reason: format!("`{name}`: {e}"),
-            }
-        })?;
+            })?;
         state.insert(name, tensor);
     }
     export_into(policy, &mut state)?;

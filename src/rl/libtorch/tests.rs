@@ -4,7 +4,8 @@ use std::num::NonZeroU32;
 
 use crate::config::schema::{AdvantageType, EnvType, ModelType, RunConfig, WeightDtype};
 use crate::env::{EnvOptions, VecEnv};
-use crate::rl::{ActMode, Actor, Learner, ParamRole, collect, evaluate};
+use crate::rl::{ActMode, Actor, Learner, collect, evaluate};
+use crate::tensor::Role;
 
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap()
@@ -229,7 +230,7 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     let mut train_env = env(&cfg, false);
     let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
     let roles = learner.param_roles();
-    let numel = |role: ParamRole| -> usize {
+    let numel = |role: Role| -> usize {
         let tensors = learner.policy.named_tensors().unwrap();
         roles
             .iter()
@@ -238,9 +239,9 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
             .sum()
     };
     let (frozen, trainable, buffers) = (
-        numel(ParamRole::Frozen),
-        numel(ParamRole::Trainable),
-        numel(ParamRole::Buffer),
+        numel(Role::Frozen),
+        numel(Role::Trainable),
+        numel(Role::Buffer),
     );
     assert!(
         frozen > 4 * trainable,
@@ -250,7 +251,7 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     assert!(
         roles
             .iter()
-            .all(|(n, r)| (*r == ParamRole::Frozen) == n.starts_with("backbone.")),
+            .all(|(n, r)| (*r == Role::Frozen) == n.starts_with("backbone.")),
         "{roles:?}"
     );
     let mut actor = learner.actor(&cfg, 5).unwrap();
@@ -260,9 +261,9 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     for ((name, a), (_, b)) in before.iter().zip(&after) {
         let role = roles.iter().find(|(n, _)| n == name).unwrap().1;
         match role {
-            ParamRole::Frozen => assert_eq!(a, b, "{name} changed"),
+            Role::Frozen => assert_eq!(a, b, "{name} changed"),
             // lora_b starts at zero, so lora_a only moves once lora_b did; the head and lora_b move at once.
-            ParamRole::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => {
+            Role::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => {
                 assert_ne!(a, b, "{name}")
             }
             _ => {}
@@ -358,7 +359,7 @@ fn torchscript_export_train_checkpoint_resume() {
         learner
             .param_roles()
             .iter()
-            .any(|(n, r)| n == "mu_weight" && *r == ParamRole::Trainable),
+            .any(|(n, r)| n == "mu_weight" && *r == Role::Trainable),
         "{:?}",
         learner.param_roles()
     );
@@ -422,7 +423,7 @@ fn entry_bytes(state: &crate::tensor::StateDict) -> Vec<(String, crate::tensor::
 
 #[test]
 fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
-    use crate::tensor::{DType, Role};
+    use crate::tensor::DType;
     let mut cfg = reach_cfg();
     cfg.actor.model.model_type = ModelType::VlaTiny;
     cfg.actor.model.hidden_dim = nz(32);
@@ -444,12 +445,7 @@ fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
             .find(|(n, _)| n == name)
             .unwrap()
             .1;
-        let expect = match role {
-            ParamRole::Trainable => Role::Trainable,
-            ParamRole::Buffer => Role::Buffer,
-            ParamRole::Frozen => Role::Frozen,
-        };
-        assert_eq!(t.role(), expect, "{name}");
+        assert_eq!(t.role(), role, "{name}");
     }
     assert!(
         master

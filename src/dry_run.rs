@@ -6,28 +6,8 @@ use std::path::{Path, PathBuf};
 
 use crate::config::schema::{Compression, ModelType, RunConfig, SyncerKind, WeightDtype};
 use crate::config::typed::Extracted;
-use crate::orchestrator::{self, RunPlan};
-
-/// Which loop the entry point runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    /// `train_embodied`: synchronous sync → rollout → train.
-    Embodied,
-    /// `train_async`: overlapped rollouts and training with a staleness bound.
-    Async,
-    /// `bench_sync`: the weight-sync benchmark.
-    BenchSync,
-}
-
-impl Entry {
-    pub fn name(self) -> &'static str {
-        match self {
-            Entry::Embodied => "train_embodied",
-            Entry::Async => "train_async",
-            Entry::BenchSync => "bench_sync",
-        }
-    }
-}
+use crate::orchestrator;
+use crate::orchestrator::plan::{self, Entry, RunPlan};
 
 /// One process the orchestrator would start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +53,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     let mut problems = Vec::new();
     let loop_plan = match entry {
         Entry::BenchSync => None,
-        _ => match orchestrator::plan(entry, cfg) {
+        _ => match plan::plan(entry, cfg) {
             Ok(p) => Some(p),
             Err(e) => {
                 problems.push(e.to_string());
