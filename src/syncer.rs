@@ -96,6 +96,8 @@ pub struct SyncReport {
     pub apply: Duration,
     /// Patch streams' raw bytes / stored bytes (1.0 without compression).
     pub compression_ratio: f64,
+    /// Patch segments sent dense (their new bytes) because a sparse coding would have been larger.
+    pub dense_segments: u64,
     /// Receiver: leftover messages of an earlier rejected version that were skipped.
     pub skipped: u32,
 }
@@ -779,9 +781,10 @@ impl WeightSyncer {
                 )?;
                 let build = t0.elapsed();
                 let t1 = Instant::now();
-                let (msg, ratio, tensors) = blocking(|| {
+                let (msg, ratio, tensors, dense) = blocking(|| {
                     let body = patch::encode(built, snap, settings.delta, settings.threads);
                     let tensors = body.entries.len();
+                    let dense = body.entries.iter().filter(|e| e.dense).count() as u64;
                     let enc = wire::encode_patch_body(&body, settings.codec);
                     let mut h = Header::new(Kind::Patch, version, enc.body.len());
                     h.aux = s.last_version;
@@ -790,7 +793,7 @@ impl WeightSyncer {
                     } else {
                         enc.raw_stream_bytes as f64 / enc.stored_stream_bytes as f64
                     };
-                    (wire::message(h, &enc.body), ratio, tensors)
+                    (wire::message(h, &enc.body), ratio, tensors, dense)
                 });
                 let encode = t1.elapsed();
                 let t2 = Instant::now();
@@ -809,6 +812,7 @@ impl WeightSyncer {
                     encode,
                     transfer: t2.elapsed(),
                     compression_ratio: ratio,
+                    dense_segments: dense,
                     ..Default::default()
                 }
             }

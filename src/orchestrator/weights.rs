@@ -108,6 +108,7 @@ impl SyncOutcome {
         rec.int("sync/changed", self.stats.changed as i64);
         rec.int("sync/state_bytes", self.stats.state_bytes as i64);
         rec.float("sync/compression_ratio", self.stats.compression_ratio);
+        rec.int("sync/dense_segments", self.stats.dense_segments as i64);
         rec.flag("sync/verified", self.verified);
     }
 }

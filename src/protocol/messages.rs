@@ -66,6 +66,9 @@ pub struct SyncStats {
     pub changed: u64,
     pub state_bytes: u64,
     pub compression_ratio: f64,
+    /// Patch segments sent dense (absent from older workers' reports: 0).
+    #[serde(default)]
+    pub dense_segments: u64,
     pub seconds: f64,
 }
 

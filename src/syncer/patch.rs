@@ -14,8 +14,8 @@ use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 use super::wire::{
-    IndexCoding, KeyMeta, PatchBody, PatchEntry, ValueCoding, get_uint, narrowest_width, put_uint,
-    unzigzag, zigzag,
+    IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, ValueCoding, get_uint,
+    narrowest_width, put_uint, unzigzag, zigzag,
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
@@ -70,6 +70,8 @@ pub struct Changes {
     pub tensor: usize,
     /// Element offset of the segment in its tensor.
     pub base: usize,
+    /// Elements in the segment.
+    pub span: usize,
     /// Indices relative to the segment start.
     pub idx: Vec<u32>,
     /// Old and new bit patterns: `old | new << 32` for elements of up to 4 bytes, or two words (old, new) per
@@ -78,9 +80,10 @@ pub struct Changes {
 }
 
 impl Changes {
-    fn reset(&mut self, tensor: usize, base: usize) {
+    fn reset(&mut self, tensor: usize, base: usize, span: usize) {
         self.tensor = tensor;
         self.base = base;
+        self.span = span;
         self.idx.clear();
         self.vals.clear();
     }
@@ -356,7 +359,8 @@ fn build_segmented(
             .zip(st.storage.bytes_mut().chunks_mut(segment * w))
             .enumerate()
         {
-            work.push((pos, seg * segment, c, t.dtype(), s, st.dtype));
+            let span = s.len() / w;
+            work.push((pos, seg * segment, c, t.dtype(), s, st.dtype, span));
         }
     }
     if built.segs.len() < work.len() {
@@ -364,10 +368,14 @@ fn build_segmented(
     }
     built.used = work.len();
     let items: Vec<_> = work.into_iter().zip(built.segs.iter_mut()).collect();
-    map_items(items, threads, |((pos, base, c, from, s, to), out)| {
-        out.reset(pos, base);
-        diff_segment(c, from, s, to, out);
-    });
+    map_items(
+        items,
+        threads,
+        |((pos, base, c, from, s, to, span), out)| {
+            out.reset(pos, base, span);
+            diff_segment(c, from, s, to, out);
+        },
+    );
     built.changed = built.segments().iter().map(|c| c.len() as u64).sum();
     Ok(())
 }
@@ -377,15 +385,36 @@ fn sign_extend(v: u64, bits: u32) -> i64 {
     ((v << shift) as i64) >> shift
 }
 
-/// One entry's coded streams (gaps/codes/escapes, or rows/cols/values).
+/// One entry's coded streams (gaps/codes/escapes, or rows/cols/values; then dense values).
 struct Coded {
     entry: PatchEntry,
-    streams: [Vec<u8>; 3],
+    streams: [Vec<u8>; PATCH_STREAMS],
 }
 
 /// Code a build into a patch body: gap varints + delta codes (`delta`), or absolute COO + raw values. Each
-/// non-empty segment becomes one entry, coded in parallel.
+/// non-empty segment becomes one entry, coded in parallel: sparse, or dense (the segment's new bytes, from the
+/// snapshot the build just updated) where that is no larger.
 pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool, threads: NonZeroUsize) -> PatchBody {
+    encode_as(built, snap, delta, threads, Pick::Smaller)
+}
+
+/// How [`encode_as`] codes each segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+enum Pick {
+    /// The smaller of sparse and dense (dense on a tie).
+    Smaller,
+    Sparse,
+    Dense,
+}
+
+fn encode_as(
+    built: &Built,
+    snap: &[SnapTensor],
+    delta: bool,
+    threads: NonZeroUsize,
+    pick: Pick,
+) -> PatchBody {
     let segs: Vec<(&SnapTensor, &Changes)> = built
         .segments()
         .iter()
@@ -402,13 +431,26 @@ pub fn encode(built: &Built, snap: &[SnapTensor], delta: bool, threads: NonZeroU
         (IndexCoding::Coo, ValueCoding::Raw, narrowest_width(max))
     };
     let coded = map_items(segs, threads, |(st, c)| {
-        if delta {
+        let dense_bytes = c.span * st.dtype.size_bytes();
+        // A sparse coding takes at least a byte per change (a gap varint, or COO coordinates and value), so a
+        // segment whose changes alone outweigh it goes dense without being coded twice.
+        if pick == Pick::Dense || pick == Pick::Smaller && c.len() >= dense_bytes {
+            return code_dense(st, c);
+        }
+        let sparse = if delta {
             code_delta(st, c)
         } else {
             code_coo(st, c, width)
+        };
+        if pick == Pick::Smaller
+            && sparse.streams.iter().map(Vec::len).sum::<usize>() >= dense_bytes
+        {
+            code_dense(st, c)
+        } else {
+            sparse
         }
     });
-    let mut streams: [Vec<u8>; 3] = Default::default();
+    let mut streams: [Vec<u8>; PATCH_STREAMS] = Default::default();
     for (i, s) in streams.iter_mut().enumerate() {
         s.reserve_exact(coded.iter().map(|c| c.streams[i].len()).sum());
     }
@@ -444,6 +486,23 @@ fn coo_max(st: &SnapTensor, c: &Changes) -> u64 {
     ((last / cols) as u64).max(col_max as u64)
 }
 
+/// The segment's elements as they now are (the snapshot holds the new values in the receiver's dtype).
+fn code_dense(st: &SnapTensor, c: &Changes) -> Coded {
+    let w = st.dtype.size_bytes();
+    let bytes = st.storage.bytes()[c.base * w..(c.base + c.span) * w].to_vec();
+    Coded {
+        entry: PatchEntry {
+            ordinal: st.ordinal,
+            dense: true,
+            base: c.base as u64,
+            nnz: c.span as u64,
+            index_bytes: 0,
+            escape_bytes: 0,
+        },
+        streams: [Vec::new(), Vec::new(), Vec::new(), bytes],
+    }
+}
+
 fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
     let w = st.dtype.size_bytes();
     let bits = (w * 8) as u32;
@@ -471,6 +530,7 @@ fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
     }
     let entry = PatchEntry {
         ordinal: st.ordinal,
+        dense: false,
         base: c.base as u64,
         nnz: n as u64,
         index_bytes: gaps.len() as u64,
@@ -478,7 +538,7 @@ fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
     };
     Coded {
         entry,
-        streams: [gaps, codes, escapes],
+        streams: [gaps, codes, escapes, Vec::new()],
     }
 }
 
@@ -499,6 +559,7 @@ fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
     }
     let entry = PatchEntry {
         ordinal: st.ordinal,
+        dense: false,
         base: c.base as u64,
         nnz: n as u64,
         index_bytes: rows.len() as u64,
@@ -506,7 +567,7 @@ fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
     };
     Coded {
         entry,
-        streams: [rows, cols_s, values],
+        streams: [rows, cols_s, values, Vec::new()],
     }
 }
 
@@ -514,6 +575,7 @@ fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
 #[derive(Debug, Clone, Copy)]
 struct EntryPlan {
     ordinal: usize,
+    dense: bool,
     /// Element range `base..limit` of the tensor (up to the next entry of the same tensor).
     base: usize,
     limit: usize,
@@ -527,12 +589,14 @@ struct EntryPlan {
     value_pos: usize,
     escape_pos: usize,
     escape_len: usize,
+    dense_pos: usize,
 }
 
 /// A patch that passed validation against a state dict's layout; installing it cannot fail.
 pub struct ValidPatch {
     body: PatchBody,
     plan: Vec<EntryPlan>,
+    /// Elements the patch writes (the changes of sparse entries, every element of dense ones).
     pub changed: u64,
 }
 
@@ -545,8 +609,11 @@ pub fn validate(
     state: &StateDict,
     threads: NonZeroUsize,
 ) -> Result<ValidPatch, String> {
-    if body.streams.len() != 3 {
-        return Err(format!("expected 3 streams, found {}", body.streams.len()));
+    if body.streams.len() != PATCH_STREAMS {
+        return Err(format!(
+            "expected {PATCH_STREAMS} streams, found {}",
+            body.streams.len()
+        ));
     }
     let plan = plan_entries(&body, meta, synced, state)?;
     let failures = map_items(plan.iter().collect(), threads, |e| {
@@ -579,7 +646,8 @@ fn plan_entries(
         return Err(format!("index width {iw}"));
     }
     let mut plan: Vec<EntryPlan> = Vec::with_capacity(body.entries.len());
-    let (mut ipos, mut cpos, mut vpos, mut epos) = (0usize, 0usize, 0usize, 0usize);
+    let (mut ipos, mut cpos, mut vpos, mut epos, mut dpos) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
     for (i, e) in body.entries.iter().enumerate() {
         let o = e.ordinal as usize;
         let m = meta
@@ -629,13 +697,19 @@ fn plan_entries(
             .map_err(|_| format!("key '{name}': index stream extent overflows"))?;
         let escape_len = usize::try_from(e.escape_bytes)
             .map_err(|_| format!("key '{name}': escape stream extent overflows"))?;
-        if coo && (index_len != nnz * iw || escape_len != 0) {
+        if e.dense && (index_len != 0 || escape_len != 0) {
+            return Err(format!(
+                "key '{name}': a dense entry has index or escape bytes"
+            ));
+        }
+        if coo && !e.dense && (index_len != nnz * iw || escape_len != 0) {
             return Err(format!(
                 "key '{name}': entry extents do not match {nnz} coordinates of {iw} bytes"
             ));
         }
         plan.push(EntryPlan {
             ordinal: o,
+            dense: e.dense,
             base,
             limit,
             nnz,
@@ -648,22 +722,34 @@ fn plan_entries(
             value_pos: vpos,
             escape_pos: epos,
             escape_len,
+            dense_pos: dpos,
         });
         let overflow = || format!("key '{name}': stream extents overflow");
         ipos = ipos.checked_add(index_len).ok_or_else(overflow)?;
         epos = epos.checked_add(escape_len).ok_or_else(overflow)?;
-        if coo {
+        if e.dense {
+            dpos = nnz
+                .checked_mul(width)
+                .and_then(|b| dpos.checked_add(b))
+                .ok_or_else(overflow)?;
+        } else if coo {
             vpos = vpos.checked_add(nnz * width).ok_or_else(overflow)?;
         } else {
             cpos += nnz.div_ceil(4);
         }
     }
-    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
-    let exact = if coo {
-        ipos == s0.len() && ipos == s1.len() && vpos == s2.len()
-    } else {
-        ipos == s0.len() && cpos == s1.len() && epos == s2.len()
-    };
+    let [s0, s1, s2, s3] = [
+        &body.streams[0],
+        &body.streams[1],
+        &body.streams[2],
+        &body.streams[3],
+    ];
+    let exact = dpos == s3.len()
+        && if coo {
+            ipos == s0.len() && ipos == s1.len() && vpos == s2.len()
+        } else {
+            ipos == s0.len() && cpos == s1.len() && epos == s2.len()
+        };
     if !exact {
         return Err("stream lengths do not match the entry table".into());
     }
@@ -672,6 +758,10 @@ fn plan_entries(
 
 /// Check one entry's streams: every index inside its range, every stream run consumed exactly.
 fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
+    if e.dense {
+        // Its extent in the dense stream was checked with the entry table; any bytes are valid values.
+        return Ok(());
+    }
     let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
     let span = e.limit - e.base;
     match body.index {
@@ -771,6 +861,12 @@ pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
 
 /// Install one entry into `bytes`, its element range `base..limit`.
 fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
+    if e.dense {
+        let n = e.nnz * e.width;
+        let src = &body.streams[3][e.dense_pos..e.dense_pos + n];
+        bytes[..n].copy_from_slice(src);
+        return;
+    }
     let Some(dst) = pod_slice_mut::<W>(bytes) else {
         return;
     };
@@ -1039,7 +1135,7 @@ mod tests {
             value: ValueCoding::Delta,
             index_width: 0,
             entries: vec![],
-            streams: vec![vec![], vec![], vec![]],
+            streams: vec![vec![]; PATCH_STREAMS],
         };
         let v = validate(
             body,
@@ -1054,6 +1150,60 @@ mod tests {
             receiver.get("w").unwrap().bytes(),
             before.get("w").unwrap().bytes()
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+        /// Each segment goes sparse or dense, whichever is smaller: the patch is never larger than an
+        /// all-sparse or an all-dense one, and installs to exactly the sender's snapshot either way.
+        #[test]
+        fn segments_go_dense_where_sparse_does_not_pay(
+            n in 1usize..3000,
+            bf16 in proptest::prelude::any::<bool>(),
+            density in 0u64..=100,
+            big in proptest::prelude::any::<bool>(),
+            seed in proptest::prelude::any::<u64>(),
+            delta in proptest::prelude::any::<bool>(),
+        ) {
+            const SEGMENT: usize = 256;
+            let vals: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let mut sender = StateDict::new();
+            sender.insert("w", Tensor::from_slice(DType::F32, &[n], Role::Trainable, &vals).unwrap());
+            let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
+            let mut snap = snap_of(&sender, dtype);
+            let receiver = receiver_of(&snap, &sender);
+            let mut x = seed | 1;
+            for v in sender.get_mut("w").unwrap().as_mut_slice::<f32>().unwrap() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x % 100 < density {
+                    // Small (Adam-like) or large (random) updates.
+                    *v += if big { (x >> 40) as f32 * 1e-6 } else { *v * 0.01 + 1e-3 };
+                }
+            }
+            let mut b = Built::default();
+            let threads = NonZeroUsize::new(2).unwrap();
+            build_segmented(&mut snap, &sender, threads, &mut b, SEGMENT).unwrap();
+            let size = |p: &PatchBody| super::super::wire::encode_patch_body(p, super::super::wire::Codec::Plain).body.len();
+            let mut sizes = Vec::new();
+            for pick in [Pick::Smaller, Pick::Sparse, Pick::Dense] {
+                let body = encode_as(&b, &snap, delta, threads, pick);
+                sizes.push(size(&body));
+                if !body.entries.is_empty() {
+                    // An entry read with the other coding never validates (its extents no longer add up).
+                    let mut bad = body.clone();
+                    bad.entries[0].dense = !bad.entries[0].dense;
+                    proptest::prop_assert!(validate(bad, &meta_of(&receiver), &[true], &receiver, threads).is_err());
+                }
+                let mut r = receiver.duplicate();
+                let v = validate(body, &meta_of(&r), &[true], &r, threads).unwrap();
+                install(&v, &mut r, threads);
+                proptest::prop_assert_eq!(r.get("w").unwrap().bytes(), snap[0].storage.bytes(), "{:?}", pick);
+            }
+            proptest::prop_assert!(sizes[0] <= sizes[1].min(sizes[2]), "smaller {} sparse {} dense {}", sizes[0], sizes[1], sizes[2]);
+        }
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 2.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 3.
 //!
 //! Every message is a 48-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -18,9 +18,11 @@
 //!   at least the whole entry table, which fixes the bucket body's length, so the receiver knows when the
 //!   bucket is complete (see [`bucket_parts`], [`read_bucket_table`]).
 //! - `Patch` (aux = base version): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
-//!   u32 n_entries`, per entry `u32 ordinal, u64 base, u64 nnz, u64 index_bytes, u64 escape_bytes` (an entry is
-//!   one element range of one tensor, so entries decode independently and in parallel), then `u32 n_streams`
-//!   and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
+//!   u32 n_entries`, per entry `u32 ordinal, u8 dense, u8 pad[3], u64 base, u64 nnz, u64 index_bytes,
+//!   u64 escape_bytes` (an entry is one element range of one tensor, so entries decode independently and in
+//!   parallel), then `u32 n_streams` (4) and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
+//!   Since format 3 an entry is either sparse (its changes in the index/value streams) or dense (`dense` 1:
+//!   the new bytes of elements `base..base + nnz` in the fourth stream), whichever codes its segment smaller.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -28,9 +30,10 @@ use crate::bytes::{BytesError, Reader, read_uint};
 use crate::tensor::DType;
 
 pub const MAGIC: [u8; 4] = *b"RLSW";
-/// 2: bucket bodies travel as parts (1: one message per bucket); patch entries are element ranges with their
-/// own stream extents (1: one entry per tensor).
-pub const FORMAT_VERSION: u16 = 2;
+/// 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
+/// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
+/// tensor).
+pub const FORMAT_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 48;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -555,8 +558,12 @@ pub enum Codec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PatchEntry {
     pub ordinal: u32,
+    /// Dense: the entry holds the new bytes of elements `base..base + nnz` in the dense stream (no index or
+    /// escape bytes). Sparse: `nnz` changes in the index and value streams.
+    pub dense: bool,
     /// First element (row-major) the entry may touch; gap coding starts counting here.
     pub base: u64,
+    /// Sparse: changed elements. Dense: elements written.
     pub nnz: u64,
     /// Bytes of the index stream (gaps, or rows and cols each) that belong to this entry.
     pub index_bytes: u64,
@@ -565,7 +572,10 @@ pub struct PatchEntry {
 }
 
 /// Bytes of one serialized [`PatchEntry`].
-const PATCH_ENTRY_LEN: usize = 36;
+const PATCH_ENTRY_LEN: usize = 40;
+
+/// Streams of a patch body: index, codes or cols, escapes or values, dense values.
+pub const PATCH_STREAMS: usize = 4;
 
 /// A decoded (but not yet interpreted) patch body: entries and raw streams.
 #[derive(Debug, Clone)]
@@ -577,6 +587,7 @@ pub struct PatchBody {
     /// Entries ordered by `(ordinal, base)`, strictly increasing.
     pub entries: Vec<PatchEntry>,
     /// Coo: rows, cols, values. Gaps: gaps, codes (2 bits each, every entry starting on a byte), escapes.
+    /// Both: then the dense entries' element bytes, in entry order.
     pub streams: Vec<Vec<u8>>,
 }
 
@@ -608,6 +619,7 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
     b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
     for e in &p.entries {
         b.extend_from_slice(&e.ordinal.to_le_bytes());
+        b.extend_from_slice(&[u8::from(e.dense), 0, 0, 0]);
         for v in [e.base, e.nnz, e.index_bytes, e.escape_bytes] {
             b.extend_from_slice(&v.to_le_bytes());
         }
@@ -666,8 +678,15 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
     }
     let mut entries: Vec<PatchEntry> = Vec::with_capacity(n);
     for _ in 0..n {
+        let ordinal = r.u32()?;
+        let dense = match r.take(4)? {
+            [0, 0, 0, 0] => false,
+            [1, 0, 0, 0] => true,
+            other => return Err(malformed("patch", format!("entry coding {other:?}"))),
+        };
         let e = PatchEntry {
-            ordinal: r.u32()?,
+            ordinal,
+            dense,
             base: r.u64()?,
             nnz: r.u64()?,
             index_bytes: r.u64()?,
@@ -688,7 +707,7 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
         entries.push(e);
     }
     let ns = r.u32()? as usize;
-    if ns > 4 {
+    if ns != PATCH_STREAMS {
         return Err(malformed("patch", format!("{ns} streams")));
     }
     let mut streams = Vec::with_capacity(ns);
@@ -849,6 +868,7 @@ mod tests {
             entries: vec![
                 PatchEntry {
                     ordinal: 0,
+                    dense: false,
                     base: 0,
                     nnz: 3,
                     index_bytes: 3,
@@ -856,6 +876,7 @@ mod tests {
                 },
                 PatchEntry {
                     ordinal: 0,
+                    dense: false,
                     base: 100,
                     nnz: 1,
                     index_bytes: 1,
@@ -863,13 +884,22 @@ mod tests {
                 },
                 PatchEntry {
                     ordinal: 4,
+                    dense: false,
                     base: 0,
                     nnz: 1,
                     index_bytes: 1,
                     escape_bytes: 0,
                 },
+                PatchEntry {
+                    ordinal: 5,
+                    dense: true,
+                    base: 0,
+                    nnz: 2,
+                    index_bytes: 0,
+                    escape_bytes: 0,
+                },
             ],
-            streams: vec![vec![1, 2, 3, 4], vec![0; 1000], vec![]],
+            streams: vec![vec![1, 2, 3, 4], vec![0; 1000], vec![], vec![7; 8]],
         };
         for codec in [Codec::Plain, Codec::Lz4] {
             let e = encode_patch_body(&p, codec);
@@ -879,6 +909,10 @@ mod tests {
             if codec == Codec::Lz4 {
                 assert!(e.stored_stream_bytes < e.raw_stream_bytes);
             }
+            // An entry coding other than 0 (sparse) or 1 (dense) is refused.
+            let mut bad = e.body.clone();
+            bad[8 + 4] = 2;
+            assert!(decode_patch_body(&bad, 1 << 20).is_err());
             for cut in 0..e.body.len() {
                 assert!(
                     decode_patch_body(&e.body[..cut], 1 << 20).is_err(),

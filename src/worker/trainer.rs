@@ -116,6 +116,7 @@ fn synced_report(
             changed: report.changed,
             state_bytes: report.state_bytes,
             compression_ratio: report.compression_ratio,
+            dense_segments: report.dense_segments,
             seconds: report.transfer.as_secs_f64(),
         },
         checksum,
