@@ -7,7 +7,10 @@
 //! - [`tensor`]: named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O.
 //! - [`syncer`]: the `WeightSyncer` (patch | bucket) on top of a [`transport`] channel; never imports tch.
 //! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory + Unix sockets).
-//! - [`orchestrator`]: supervisor, control protocol, the synchronous and asynchronous training loops, metrics.
+//! - [`protocol`]: the control protocol shared by orchestrator and workers (framing, messages, launch file,
+//!   trajectory codec); documented for other implementations in `docs/protocol.md`.
+//! - [`bytes`]: the one little-endian byte reader and varint of the crate.
+//! - [`orchestrator`]: supervisor, the synchronous and asynchronous training loops, metrics.
 //! - [`worker`]: the trainer and rollout worker processes and the `Workload` trait (synthetic workload).
 //! - [`env`]: built-in vectorised embodied tasks (reach, cartpole).
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
@@ -16,12 +19,14 @@
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
 
 pub mod bench;
+pub mod bytes;
 pub mod cli;
 pub mod config;
 pub mod env;
 pub mod logging;
 pub mod orchestrator;
 pub mod plan;
+pub mod protocol;
 pub mod rl;
 pub mod syncer;
 pub mod tensor;

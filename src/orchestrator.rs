@@ -1,4 +1,4 @@
-//! The orchestrator: supervisor, control protocol, synchronous and asynchronous training loops, metrics.
+//! The orchestrator: supervisor, synchronous and asynchronous training loops, metrics.
 //!
 //! [`run`] is what `rlsync train_embodied` / `train_async` call after composing the config: it writes the
 //! launch file, spawns one trainer and N rollout workers through the [`supervisor`], bootstraps the rollout
@@ -14,7 +14,6 @@ pub mod async_loop;
 pub mod embodied;
 pub mod metrics;
 pub mod plan;
-pub mod protocol;
 pub mod supervisor;
 pub mod weights;
 
@@ -22,9 +21,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::schema::{LoggerBackend, RunConfig};
+use crate::protocol::ProtocolError;
+use crate::protocol::launch::{self, LaunchSpec, LoopKind};
+use crate::protocol::messages::PROTOCOL_VERSION;
 use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
-use protocol::{LaunchSpec, LoopKind, PROTOCOL_VERSION, ProtocolError};
 use supervisor::{Supervisor, SupervisorConfig};
 
 pub use crate::plan::Entry;
@@ -150,7 +151,7 @@ pub fn run(
     run_dir: &Path,
     opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
-    crate::worker::workload::preflight(cfg).map_err(|e| OrchestratorError::Config {
+    crate::rl::preflight(cfg.actor.model.model_type).map_err(|e| OrchestratorError::Config {
         reason: e.to_string(),
     })?;
     let plan = plan::plan(entry, cfg)?;
@@ -193,8 +194,8 @@ async fn run_plan(
         segment_prefix: tag,
         config: cfg.clone(),
     };
-    let launch_path = crate::worker::launch_file(&run_dir);
-    let bytes = protocol::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
+    let launch_path = launch::launch_file(&run_dir);
+    let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
         reason: e.to_string(),
     })?;
     std::fs::write(&launch_path, bytes).map_err(|source| OrchestratorError::RunDir {

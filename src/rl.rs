@@ -40,7 +40,17 @@ pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
 pub use workload::{RolloutWork, TrainerWork, rollout_dtype};
 
+use crate::config::schema::ModelType;
 use crate::env::EnvError;
+
+/// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
+/// a build without libtorch fails once with what to do instead of failing in every worker.
+pub fn preflight(model: ModelType) -> Result<(), RlError> {
+    match model {
+        ModelType::Synthetic => Ok(()),
+        learner => available(learner),
+    }
+}
 
 /// Role of a named weight, as the syncer sees it: trainable and buffer entries are synced after every step,
 /// frozen ones only at bootstrap.

@@ -20,14 +20,9 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::config::schema::RunConfig;
-use crate::orchestrator::protocol::{
-    self, Command, Frame, Hello, LaunchSpec, PROTOCOL_VERSION, ProtocolError, Report, Role,
-};
-
-/// Path of the launch file inside a run dir.
-pub fn launch_file(run_dir: &Path) -> PathBuf {
-    run_dir.join(".rlsync").join("launch.json")
-}
+use crate::protocol::ProtocolError;
+use crate::protocol::launch::{self, LaunchSpec};
+use crate::protocol::messages::{self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -106,13 +101,13 @@ pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
 /// Entry point of the hidden `rlsync worker` subcommand (`args` are those after `worker`).
 pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
     let args = parse_args(args)?;
-    let path = launch_file(&args.run_dir);
+    let path = launch::launch_file(&args.run_dir);
     let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile {
         path: path.clone(),
         error,
     })?;
-    let launch = protocol::decode_launch(&bytes)
-        .map_err(|error| WorkerError::LaunchFormat { path, error })?;
+    let launch =
+        launch::decode_launch(&bytes).map_err(|error| WorkerError::LaunchFormat { path, error })?;
     crate::logging::init_console(launch.config.runner.logger.level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -181,12 +176,13 @@ impl Control {
                 path: path.to_owned(),
                 error,
             })?;
-        let (mut reader, mut writer) = stream.into_split();
-        protocol::write_frame(&mut writer, &Report::Hello(hello.clone()), &[]).await?;
+        let (reader, mut writer) = stream.into_split();
+        let mut reader = messages::control_reader(reader);
+        messages::write_frame(&mut writer, &Report::Hello(hello.clone()), &[]).await?;
         let (tx, commands) = mpsc::channel(16);
         tokio::spawn(async move {
             loop {
-                let frame = protocol::read_frame::<Command, _>(&mut reader).await;
+                let frame = messages::read_frame::<Command, _>(&mut reader).await;
                 let done = frame.is_err();
                 if tx.send(frame).await.is_err() || done {
                     break;
@@ -206,7 +202,7 @@ impl Control {
     }
 
     pub async fn report(&mut self, report: &Report, blob: &[u8]) -> Result<(), WorkerError> {
-        protocol::write_frame(&mut self.writer, report, blob)
+        messages::write_frame(&mut self.writer, report, blob)
             .await
             .map_err(|e| match e {
                 ProtocolError::Io(_) => WorkerError::OrchestratorGone,

@@ -11,10 +11,10 @@ use std::time::Instant;
 
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
-use crate::orchestrator::protocol::{Command, Report, SyncStats};
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
 use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
+use crate::protocol::messages::{Command, Report, SyncStats};
 
 /// Settings of the loop taken from the config.
 #[derive(Debug, Clone, Copy)]

@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
-use crate::orchestrator::protocol::{Command, Report, SyncStats};
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
 use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
+use crate::protocol::messages::{Command, Report, SyncStats};
 
 /// What the rollout phase of one step produced.
 #[derive(Default)]

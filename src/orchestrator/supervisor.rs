@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::progress::Console;
-use crate::orchestrator::protocol::{self, Command, Frame, Hello, ProtocolError, Report, Role};
+use crate::protocol::ProtocolError;
+use crate::protocol::frame::FrameReader;
+use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
 use spawn::LogTail;
 pub use unix::{ShutdownHandle, ShutdownSource};
 
@@ -60,7 +62,7 @@ pub enum Event {
     /// A worker connected and said hello.
     Connected {
         hello: Hello,
-        reader: OwnedReadHalf,
+        reader: FrameReader<OwnedReadHalf>,
         writer: OwnedWriteHalf,
     },
     /// A connection that did not produce a valid hello.
@@ -290,7 +292,7 @@ impl Supervisor {
                 reader,
                 writer,
             } => {
-                protocol::check_hello(&hello).map_err(|e| OrchestratorError::Handshake {
+                messages::check_hello(&hello).map_err(|e| OrchestratorError::Handshake {
                     reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
                 })?;
                 let id = WorkerId {
@@ -423,7 +425,7 @@ impl Supervisor {
             .ok_or_else(|| OrchestratorError::Handshake {
                 reason: format!("{id} is not connected"),
             })?;
-        match protocol::write_frame(writer, cmd, blob).await {
+        match messages::write_frame(writer, cmd, blob).await {
             Ok(()) => Ok(()),
             Err(ProtocolError::Io(_)) => Err(self.worker_failed(id).await),
             Err(source) => Err(OrchestratorError::Protocol {
@@ -488,7 +490,7 @@ impl Supervisor {
                 for unit in self.units.iter_mut().filter(|u| u.id.role == role) {
                     if let (UnitState::Connected, Some(writer)) = (unit.state, unit.writer.as_mut())
                     {
-                        let _ = protocol::write_frame(writer, &Command::Stop, &[]).await;
+                        let _ = messages::write_frame(writer, &Command::Stop, &[]).await;
                         unit.state = UnitState::Stopping;
                     }
                 }
@@ -571,10 +573,11 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
             };
             let sender = events.clone();
             tokio::spawn(async move {
-                let (mut reader, writer) = stream.into_split();
+                let (reader, writer) = stream.into_split();
+                let mut reader = messages::control_reader(reader);
                 let event = match tokio::time::timeout(
                     timeout,
-                    protocol::read_frame::<Report, _>(&mut reader),
+                    messages::read_frame::<Report, _>(&mut reader),
                 )
                 .await
                 {
@@ -604,10 +607,14 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
 }
 
 /// Forward a connected worker's reports until its connection ends.
-fn read_loop(id: WorkerId, mut reader: OwnedReadHalf, events: mpsc::UnboundedSender<Event>) {
+fn read_loop(
+    id: WorkerId,
+    mut reader: FrameReader<OwnedReadHalf>,
+    events: mpsc::UnboundedSender<Event>,
+) {
     tokio::spawn(async move {
         loop {
-            match protocol::read_frame::<Report, _>(&mut reader).await {
+            match messages::read_frame::<Report, _>(&mut reader).await {
                 Ok(frame) => {
                     if events.send(Event::Report { id, frame }).is_err() {
                         break;

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::StepRecord;
-use crate::orchestrator::protocol::{Command, Report, SyncStats};
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
+use crate::protocol::messages::{Command, Report, SyncStats};
 
 /// Matches trainer and rollout checksums per version, whichever report arrives first.
 #[derive(Debug, Default)]

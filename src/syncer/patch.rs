@@ -9,12 +9,13 @@
 
 use std::num::NonZeroUsize;
 
+use crate::bytes::{get_varint, put_varint, read_uint};
 use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 use super::wire::{
-    IndexCoding, KeyMeta, PatchBody, PatchEntry, ValueCoding, get_uint, get_varint,
-    narrowest_width, put_uint, put_varint, read_uint, unzigzag, zigzag,
+    IndexCoding, KeyMeta, PatchBody, PatchEntry, ValueCoding, get_uint, narrowest_width, put_uint,
+    unzigzag, zigzag,
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).

@@ -34,6 +34,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use crate::bytes::{BytesError, Reader, read_uint};
 use crate::tensor::DType;
 
 pub const MAGIC: [u8; 4] = *b"RLSW";
@@ -292,83 +293,9 @@ pub fn message(mut header: Header, body: &[u8]) -> Vec<u8> {
     out
 }
 
-// ---------------------------------------------------------------------------------------------------------
-// a bounds-checked reader
-
-/// Reads little-endian fields; every read is bounds-checked and names what was being read.
-pub struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-    what: &'static str,
-}
-
-impl<'a> Reader<'a> {
-    pub fn new(buf: &'a [u8], what: &'static str) -> Reader<'a> {
-        Reader { buf, pos: 0, what }
-    }
-
-    pub fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| {
-            malformed(
-                self.what,
-                format!(
-                    "needs {n} bytes at offset {}, {} left",
-                    self.pos,
-                    self.buf.len() - self.pos
-                ),
-            )
-        })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-
-    pub fn u8(&mut self) -> Result<u8, WireError> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    pub fn u32(&mut self) -> Result<u32, WireError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-
-    pub fn u64(&mut self) -> Result<u64, WireError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-
-    /// A count that must fit in `usize` and be at most `max`.
-    pub fn count(&mut self, max: usize) -> Result<usize, WireError> {
-        let n = self.u64()?;
-        usize::try_from(n)
-            .ok()
-            .filter(|&n| n <= max)
-            .ok_or_else(|| malformed(self.what, format!("count {n} exceeds {max}")))
-    }
-
-    pub fn align8(&mut self) -> Result<(), WireError> {
-        let pad = (8 - self.pos % 8) % 8;
-        self.take(pad).map(|_| ())
-    }
-
-    pub fn position(&self) -> usize {
-        self.pos
-    }
-
-    pub fn finish(&self) -> Result<(), WireError> {
-        if self.pos == self.buf.len() {
-            Ok(())
-        } else {
-            Err(malformed(
-                self.what,
-                format!("{} trailing bytes", self.buf.len() - self.pos),
-            ))
-        }
+impl From<BytesError> for WireError {
+    fn from(e: BytesError) -> WireError {
+        malformed(e.what(), e.to_string())
     }
 }
 
@@ -968,35 +895,6 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
 // integer codings used by patch streams
 
 #[inline(always)]
-pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-/// Decode a LEB128 varint at `*pos`; `None` when truncated or longer than 10 bytes.
-#[inline(always)]
-pub fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-    let first = *buf.get(*pos)?;
-    if first < 0x80 {
-        *pos += 1;
-        return Some(u64::from(first));
-    }
-    let mut v = 0u64;
-    for i in 0..10 {
-        let b = *buf.get(*pos + i)?;
-        v |= u64::from(b & 0x7F) << (7 * i);
-        if b < 0x80 {
-            *pos += i + 1;
-            return Some(v);
-        }
-    }
-    None
-}
-
-#[inline(always)]
 pub fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
@@ -1024,18 +922,6 @@ pub fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
     let w = usize::from(width);
     buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?)
         .map(read_uint)
-}
-
-/// A little-endian unsigned integer of 1, 2, 4 or 8 bytes (0 for any other length).
-#[inline(always)]
-pub fn read_uint(b: &[u8]) -> u64 {
-    match *b {
-        [a] => u64::from(a),
-        [a, b] => u64::from(u16::from_le_bytes([a, b])),
-        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-        _ => 0,
-    }
 }
 
 #[cfg(test)]
@@ -1102,22 +988,11 @@ mod tests {
     }
 
     #[test]
-    fn varints_and_zigzag_roundtrip() {
-        for v in [0u64, 1, 127, 128, 300, u32::MAX as u64, u64::MAX] {
-            let mut b = Vec::new();
-            put_varint(&mut b, v);
-            let mut pos = 0;
-            assert_eq!(get_varint(&b, &mut pos), Some(v));
-            assert_eq!(pos, b.len());
-            assert_eq!(
-                get_varint(&b[..b.len() - 1], &mut 0),
-                if b.len() == 1 { None } else { None }
-            );
-        }
+    fn zigzag_roundtrips() {
         for v in [0i64, 1, -1, 2, -2, i64::MAX, i64::MIN] {
             assert_eq!(unzigzag(zigzag(v)), v);
         }
-        assert_eq!(get_varint(&[0xFF; 11], &mut 0), None);
+        assert_eq!((zigzag(-1), zigzag(1)), (1, 2));
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! Length-prefixed control frames of the shm backend (private plumbing, not a product format) and a cancel-safe reader.
+//! The shm backend's control messages (private plumbing, not a product format), carried by `protocol::frame`.
 //!
-//! A frame is `u32 length (LE) | u8 tag | body`, the length counting tag and body. Integers are little-endian,
-//! strings and byte strings carry a `u32` length. The receiver's `Hello` opens with [`VERSION`] so that mismatched
-//! builds refuse each other in the handshake instead of misreading frames.
+//! A frame is `u32 length (LE) | u8 tag | body` (the crate's one framing), the length counting tag and body.
+//! Integers are little-endian, strings and byte strings carry a `u32` length. The receiver's `Hello` opens with
+//! [`VERSION`] so that mismatched builds refuse each other in the handshake instead of misreading frames.
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use crate::bytes::{BytesError, Reader};
+use crate::protocol::frame::{self, TooLong};
 
 /// Version of this control protocol, sent first in `Hello` and `Welcome`. 2: a receiver sees an increasing
 /// subsequence of payload numbers (payloads may target one rank; receivers may join late).
@@ -74,15 +75,26 @@ const TAG_MAPPED: u8 = 17;
 const TAG_RELEASED: u8 = 18;
 const TAG_MESSAGE: u8 = 19;
 
-/// Appends frames to a buffer, patching the length prefix at the end.
+impl From<BytesError> for FrameError {
+    fn from(e: BytesError) -> FrameError {
+        FrameError::Truncated { what: e.what() }
+    }
+}
+
+impl From<TooLong> for FrameError {
+    fn from(TooLong { len, max }: TooLong) -> FrameError {
+        FrameError::TooLong { len, max }
+    }
+}
+
+/// Appends a frame's fields after its tag; `finish` seals the length prefix.
 struct FrameWriter {
     out: Vec<u8>,
 }
 
 impl FrameWriter {
     fn new(tag: u8) -> Self {
-        let mut out = Vec::with_capacity(32);
-        out.extend_from_slice(&[0; 4]);
+        let mut out = frame::start();
         out.push(tag);
         FrameWriter { out }
     }
@@ -104,70 +116,46 @@ impl FrameWriter {
         self.out.extend_from_slice(v);
         self
     }
-    fn finish(mut self) -> Result<Vec<u8>, FrameError> {
-        let len = self.out.len() - 4;
-        if len > MAX_FRAME {
-            return Err(FrameError::TooLong {
-                len,
-                max: MAX_FRAME,
-            });
-        }
-        self.out[..4].copy_from_slice(&(len as u32).to_le_bytes());
-        Ok(self.out)
+    fn finish(self) -> Result<Vec<u8>, FrameError> {
+        Ok(frame::seal(self.out, MAX_FRAME)?)
     }
 }
 
-/// Reads fields off a frame body, failing on truncation instead of panicking.
+/// A frame's fields after its tag: each read names its field in errors.
 struct Cursor<'a> {
-    rest: &'a [u8],
+    r: Reader<'a>,
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FrameError> {
-        if self.rest.len() < n {
-            return Err(FrameError::Truncated { what });
-        }
-        let (head, tail) = self.rest.split_at(n);
-        self.rest = tail;
-        Ok(head)
-    }
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], FrameError> {
-        let mut a = [0; N];
-        a.copy_from_slice(self.take(N, what)?);
-        Ok(a)
-    }
     fn u8(&mut self, what: &'static str) -> Result<u8, FrameError> {
-        Ok(self.array::<1>(what)?[0])
+        Ok(self.r.named(what).u8()?)
     }
     fn u32(&mut self, what: &'static str) -> Result<u32, FrameError> {
-        Ok(u32::from_le_bytes(self.array(what)?))
+        Ok(self.r.named(what).u32()?)
     }
     fn u64(&mut self, what: &'static str) -> Result<u64, FrameError> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-    fn bytes(&mut self, what: &'static str) -> Result<&'a [u8], FrameError> {
-        let len = self.u32(what)? as usize;
-        self.take(len, what)
+        Ok(self.r.named(what).u64()?)
     }
     fn string(&mut self, what: &'static str) -> Result<String, FrameError> {
-        let raw = self.bytes(what)?;
+        let raw = self.r.named(what).bytes_u32()?;
         String::from_utf8(raw.to_vec()).map_err(|_| FrameError::NotUtf8 { what })
     }
     fn end(self, tag: u8) -> Result<(), FrameError> {
-        if self.rest.is_empty() {
-            Ok(())
-        } else {
-            Err(FrameError::Trailing {
-                tag,
-                extra: self.rest.len(),
-            })
+        match self.r.remaining() {
+            0 => Ok(()),
+            extra => Err(FrameError::Trailing { tag, extra }),
         }
     }
 }
 
 fn split_tag(frame: &[u8]) -> Result<(u8, Cursor<'_>), FrameError> {
     match frame.split_first() {
-        Some((tag, rest)) => Ok((*tag, Cursor { rest })),
+        Some((tag, rest)) => Ok((
+            *tag,
+            Cursor {
+                r: Reader::new(rest, "frame"),
+            },
+        )),
         None => Err(FrameError::Empty),
     }
 }
@@ -276,7 +264,7 @@ impl Up {
                 generation: c.u64("generation")?,
             },
             TAG_RELEASED => Up::Released { seq: c.u64("seq")? },
-            TAG_MESSAGE => Up::Message(c.take(c.rest.len(), "message")?.to_vec()),
+            TAG_MESSAGE => Up::Message(c.r.rest().to_vec()),
             tag => return Err(FrameError::UnknownTag { tag }),
         };
         c.end(tag)?;
@@ -284,91 +272,9 @@ impl Up {
     }
 }
 
-/// Why no frame could be read.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ReadError {
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error(transparent)]
-    Frame(#[from] FrameError),
-}
-
-/// Reads whole frames from a stream. Cancel-safe: dropping a pending [`FrameReader::next`] (e.g. on a timeout)
-/// loses no bytes, because only completed reads are appended to the buffer.
-pub(crate) struct FrameReader<R> {
-    stream: R,
-    buf: Vec<u8>,
-    start: usize,
-}
-
-impl<R> std::fmt::Debug for FrameReader<R> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameReader")
-            .field("buffered", &(self.buf.len() - self.start))
-            .finish()
-    }
-}
-
-impl<R: AsyncRead + Unpin> FrameReader<R> {
-    pub(crate) fn new(stream: R) -> Self {
-        FrameReader {
-            stream,
-            buf: Vec::new(),
-            start: 0,
-        }
-    }
-
-    /// The next frame (tag and body), or `None` on a clean end of stream between frames.
-    pub(crate) async fn next(&mut self) -> Result<Option<Vec<u8>>, ReadError> {
-        loop {
-            if let Some(frame) = self.take_buffered()? {
-                return Ok(Some(frame));
-            }
-            let mut chunk = [0u8; 4096];
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                return if self.start == self.buf.len() {
-                    Ok(None)
-                } else {
-                    Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()))
-                };
-            }
-            if self.start > 0 {
-                self.buf.drain(..self.start);
-                self.start = 0;
-            }
-            self.buf
-                .extend_from_slice(chunk.get(..n).unwrap_or_default());
-        }
-    }
-
-    fn take_buffered(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
-        let pending = self.buf.get(self.start..).unwrap_or_default();
-        let Some(prefix) = pending.get(..4) else {
-            return Ok(None);
-        };
-        let mut len_bytes = [0; 4];
-        len_bytes.copy_from_slice(prefix);
-        let len = u32::from_le_bytes(len_bytes) as usize;
-        if len > MAX_FRAME {
-            return Err(FrameError::TooLong {
-                len,
-                max: MAX_FRAME,
-            });
-        }
-        let Some(frame) = pending.get(4..4 + len) else {
-            return Ok(None);
-        };
-        let frame = frame.to_vec();
-        self.start += 4 + len;
-        Ok(Some(frame))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
 
     fn body(frame: &[u8]) -> &[u8] {
         frame.get(4..).unwrap_or_default()
@@ -490,67 +396,5 @@ mod tests {
                 max: MAX_FRAME
             }
         );
-    }
-
-    #[tokio::test]
-    async fn reader_reassembles_frames_split_across_reads() {
-        let msgs = [
-            Up::Hello {
-                version: VERSION,
-                rank: 1,
-            },
-            Up::Message(vec![7; 10_000]),
-            Up::Released { seq: 3 },
-        ];
-        let bytes: Vec<u8> = msgs.iter().flat_map(|m| m.encode().unwrap()).collect();
-        let (mut a, b) = tokio::io::duplex(64);
-        let writer = tokio::spawn(async move {
-            // Odd chunk sizes split length prefixes and bodies.
-            for chunk in bytes.chunks(7) {
-                a.write_all(chunk).await.unwrap();
-            }
-        });
-        let mut reader = FrameReader::new(b);
-        for msg in &msgs {
-            let frame = reader.next().await.unwrap().unwrap();
-            assert_eq!(&Up::decode(&frame).unwrap(), msg);
-        }
-        writer.await.unwrap();
-        assert!(
-            reader.next().await.unwrap().is_none(),
-            "clean end of stream"
-        );
-    }
-
-    #[tokio::test]
-    async fn reader_rejects_eof_mid_frame_and_huge_prefix() {
-        let (mut a, b) = tokio::io::duplex(64);
-        a.write_all(&[10, 0, 0, 0, TAG_RELEASED]).await.unwrap();
-        drop(a);
-        assert!(matches!(
-            FrameReader::new(b).next().await,
-            Err(ReadError::Io(_))
-        ));
-
-        let (mut a, b) = tokio::io::duplex(64);
-        a.write_all(&u32::MAX.to_le_bytes()).await.unwrap();
-        assert!(matches!(
-            FrameReader::new(b).next().await,
-            Err(ReadError::Frame(FrameError::TooLong { .. }))
-        ));
-    }
-
-    #[tokio::test]
-    async fn reader_survives_a_cancelled_read() {
-        let (mut a, b) = tokio::io::duplex(64);
-        let mut reader = FrameReader::new(b);
-        let frame = Up::Released { seq: 42 }.encode().unwrap();
-        a.write_all(&frame[..6]).await.unwrap();
-        let timed_out =
-            tokio::time::timeout(std::time::Duration::from_millis(20), reader.next()).await;
-        assert!(timed_out.is_err(), "half a frame is not a frame");
-        a.write_all(&frame[6..]).await.unwrap();
-        let got = reader.next().await.unwrap().unwrap();
-        assert_eq!(Up::decode(&got), Ok(Up::Released { seq: 42 }));
     }
 }

@@ -29,8 +29,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::fanout::{Event, EventTx, Fanout};
-use super::frame::{Down, FrameReader, SegmentInfo, Up, VERSION};
+use super::frame::{Down, MAX_FRAME, SegmentInfo, Up, VERSION};
 use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, Target, TransportError};
+use crate::protocol::frame::FrameReader;
 pub use receiver::ShmReceiver;
 use segment::{Namer, OwnedSegment};
 
@@ -283,7 +284,7 @@ async fn read_hello(
     deadline: Instant,
 ) -> Result<Joined, String> {
     let (read, mut writer) = stream.into_split();
-    let mut reader = FrameReader::new(read);
+    let mut reader = FrameReader::new(read, MAX_FRAME);
     let frame = match tokio::time::timeout_at(deadline, reader.next()).await {
         Err(_) => return Err("no hello before the deadline".to_owned()),
         Ok(Ok(Some(frame))) => frame,

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::config::schema::RunConfig;
 use crate::env::{EnvOptions, EpisodeMetrics, VecEnv};
-use crate::orchestrator::protocol::{ChunkOrigin, decode_trajectories, encode_trajectory};
+use crate::protocol::trajectory::{ChunkOrigin, decode_trajectories, encode_trajectory};
 use crate::rl::{RolloutWork, TrainerWork, Trajectory, evaluate};
 use crate::tensor::StateDict;
 use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};

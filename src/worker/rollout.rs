@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::orchestrator::protocol::{Command, Report};
+use crate::protocol::messages::{Command, Report};
 use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;

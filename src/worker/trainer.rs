@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::orchestrator::protocol::{Command, Report, SyncStats};
+use crate::protocol::messages::{Command, Report, SyncStats};
 use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
 use crate::transport::{ShmConfig, ShmSender};

@@ -4,7 +4,8 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use crate::config::schema::{ModelType, RunConfig};
-use crate::orchestrator::protocol::{ProtocolError, Role};
+use crate::protocol::ProtocolError;
+use crate::protocol::messages::Role;
 use crate::rl::RlError;
 use crate::tensor::StateDict;
 use crate::worker::learner::{LearnerRollout, LearnerTrainer};
@@ -83,15 +84,6 @@ pub struct Placement {
     pub envs: u32,
     /// Checkpoints go to `<run_dir>/checkpoints/`.
     pub run_dir: PathBuf,
-}
-
-/// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
-/// a build without libtorch fails once with what to do instead of failing in every worker.
-pub fn preflight(cfg: &RunConfig) -> Result<(), RlError> {
-    match cfg.actor.model.model_type {
-        ModelType::Synthetic => Ok(()),
-        learner => crate::rl::available(learner),
-    }
 }
 
 /// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one, or

@@ -6,6 +6,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::bytes::put_varint;
 use crate::orchestrator::metrics::{MetricsError, StepRecord};
 
 /// CRC-32C (Castagnoli), reflected, table-driven.
@@ -43,21 +44,13 @@ pub fn masked_crc(data: &[u8]) -> u32 {
     (crc.rotate_right(15)).wrapping_add(0xA282_EAD8)
 }
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 fn key(out: &mut Vec<u8>, field: u32, wire: u8) {
-    varint(out, (u64::from(field) << 3) | u64::from(wire));
+    put_varint(out, (u64::from(field) << 3) | u64::from(wire));
 }
 
 fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
     key(out, field, 2);
-    varint(out, data.len() as u64);
+    put_varint(out, data.len() as u64);
     out.extend_from_slice(data);
 }
 
@@ -72,7 +65,7 @@ pub fn encode_event(
     key(&mut out, 1, 1);
     out.extend_from_slice(&wall_time.to_le_bytes());
     key(&mut out, 2, 0);
-    varint(&mut out, step as u64);
+    put_varint(&mut out, step as u64);
     if let Some(version) = file_version {
         bytes_field(&mut out, 3, version.as_bytes());
     }

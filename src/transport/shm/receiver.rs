@@ -9,7 +9,8 @@ use tokio::time::Instant;
 
 use super::segment::{self, MappedSegment};
 use super::write_frame;
-use crate::transport::frame::{Down, FrameReader, MAX_FRAME, ReadError, SegmentInfo, Up, VERSION};
+use crate::protocol::frame::{FrameReader, ReadError};
+use crate::transport::frame::{Down, MAX_FRAME, SegmentInfo, Up, VERSION};
 use crate::transport::{Peer, Receiver, RecvBackend, TransportError};
 
 /// Pause between connection attempts while the sender is not listening yet.
@@ -50,7 +51,7 @@ fn read_error(op: &'static str, err: ReadError) -> TransportError {
             }
         }
         ReadError::Io(source) => TransportError::Io { op, source },
-        ReadError::Frame(e) => protocol(e),
+        ReadError::TooLong(e) => protocol(e),
     }
 }
 
@@ -104,7 +105,7 @@ impl ShmReceiver {
         })?;
         let stream = connect_stream(socket_path, deadline, timeout).await?;
         let (read, mut writer) = stream.into_split();
-        let mut reader = FrameReader::new(read);
+        let mut reader = FrameReader::new(read, MAX_FRAME);
         let hello = Up::Hello {
             version: VERSION,
             rank: wire_rank,

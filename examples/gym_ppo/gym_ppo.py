@@ -1,0 +1,322 @@
+"""PPO on Gymnasium/MuJoCo tasks as rlsync Python workers: a PyTorch trainer and a vector-env rollout.
+
+rlsync launches one ``Trainer`` (``actor.worker.entry=gym_ppo:Trainer``) and N ``Rollout`` workers
+(``rollout.worker.entry=gym_ppo:Rollout``); it moves the actor's weights trainer -> rollouts after every update
+(patch or bucket syncer, verified by checksum) and the trajectories rollouts -> trainer.
+
+Only the actor (``Actor``: observation normaliser buffers + Gaussian policy) is synced: the critic lives on the
+trainer alone, which computes values and GAE advantages on the batch it receives. The observation normaliser's
+running statistics are persistent buffers of the actor, so they travel with the weights and every rollout
+normalises exactly as the trainer does.
+
+Run it: ``rlsync train_embodied --config-name gym_reacher`` (see README, "Python workers").
+The same file runs without rlsync for a quick check: ``python examples/gym_ppo/gym_ppo.py --steps 200000``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+# Trajectory arrays a rollout returns for a chunk of T steps on N envs (time-major).
+# obs [T, N, O], actions [T, N, A], logp [T, N], rewards [T, N], terminated [T, N], truncated [T, N],
+# final_obs [T, N, O] (the observation an episode ended on; zeros elsewhere), last_obs [N, O].
+
+
+class Actor(nn.Module):
+    """Observation normaliser (persistent buffers) + tanh MLP mean + state-independent log std."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.register_buffer("obs_mean", torch.zeros(obs_dim, dtype=torch.float64))
+        self.register_buffer("obs_var", torch.ones(obs_dim, dtype=torch.float64))
+        self.register_buffer("obs_count", torch.tensor(1e-4, dtype=torch.float64))
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+            nn.Linear(hidden, act_dim),
+        )
+        nn.init.orthogonal_(self.net[-1].weight, gain=0.01)
+        nn.init.zeros_(self.net[-1].bias)
+        self.log_std = nn.Parameter(torch.full((act_dim,), -0.5))
+
+    def normalize(self, obs: torch.Tensor) -> torch.Tensor:
+        std = torch.sqrt(self.obs_var + 1e-8)
+        return ((obs.double() - self.obs_mean) / std).clamp(-10.0, 10.0).float()
+
+    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
+        mean = self.net(self.normalize(obs))
+        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+
+    @torch.no_grad()
+    def update_normalizer(self, obs: np.ndarray) -> None:
+        """Welford-style merge of a batch into the running mean/var (done by the trainer only)."""
+        batch = torch.as_tensor(obs.reshape(-1, obs.shape[-1]), dtype=torch.float64)
+        b_mean, b_var, b_n = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
+        delta, total = b_mean - self.obs_mean, self.obs_count + b_n
+        m2 = self.obs_var * self.obs_count + b_var * b_n + delta.pow(2) * self.obs_count * b_n / total
+        self.obs_mean += delta * b_n / total
+        self.obs_var.copy_(m2 / total)
+        self.obs_count.copy_(total)
+
+
+def critic(obs_dim: int, hidden: int = 64) -> nn.Module:
+    net = nn.Sequential(
+        nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+        nn.Linear(hidden, 1),
+    )
+    nn.init.orthogonal_(net[-1].weight, gain=1.0)
+    return net
+
+
+def _task_dims(task: str) -> tuple[int, int]:
+    env = gym.make(task)
+    try:
+        obs_dim = int(np.prod(env.observation_space.shape))
+        space = env.action_space
+        act_dim = int(np.prod(space.shape)) if isinstance(space, gym.spaces.Box) else int(space.n)
+        return obs_dim, act_dim
+    finally:
+        env.close()
+
+
+def _get(cfg: dict, path: str, default: Any) -> Any:
+    node: Any = cfg
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+class Trainer:
+    """The PPO learner: actor (synced to rollouts) + critic (trainer only)."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.task = _get(cfg, "env.train.task", "Reacher-v5")
+        seed = int(_get(cfg, "actor.seed", 1))
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        obs_dim, act_dim = _task_dims(self.task)
+        hidden = int(_get(cfg, "actor.model.hidden", 64))
+        self.actor = Actor(obs_dim, act_dim, hidden)
+        self.critic = critic(obs_dim, hidden)
+        lr = float(_get(cfg, "actor.optim.lr", 3e-4))
+        self.optim = torch.optim.Adam(
+            list(self.actor.parameters()) + list(self.critic.parameters()), lr=lr, eps=1e-5
+        )
+        self.gamma = float(_get(cfg, "algorithm.gamma", 0.99))
+        self.lam = float(_get(cfg, "algorithm.gae_lambda", 0.95))
+        self.clip = float(_get(cfg, "algorithm.clip_ratio_high", 0.2))
+        self.epochs = int(_get(cfg, "algorithm.update_epochs", 10))
+        self.minibatch = int(_get(cfg, "actor.micro_batch_size", 256))
+        self.clip_grad = float(_get(cfg, "actor.optim.clip_grad", 0.5))
+        self.ret_rms = np.array([0.0, 1.0, 1e-4])  # running mean, var, count of discounted returns
+        self.ret_acc: np.ndarray | None = None
+
+    def model(self) -> nn.Module:
+        """The module whose weights rlsync syncs to the rollouts."""
+        return self.actor
+
+    def _reward_scale(self, rewards: np.ndarray, done: np.ndarray) -> float:
+        # Scale rewards by the std of the running discounted return (as SB3's VecNormalize does).
+        if self.ret_acc is None or self.ret_acc.shape != rewards.shape[1:]:
+            self.ret_acc = np.zeros(rewards.shape[1:])
+        rets = []
+        for t in range(rewards.shape[0]):
+            self.ret_acc = self.ret_acc * self.gamma + rewards[t]
+            rets.append(self.ret_acc.copy())
+            self.ret_acc[done[t]] = 0.0
+        batch = np.asarray(rets)
+        mean, var, count = self.ret_rms
+        b_mean, b_var, b_n = batch.mean(), batch.var(), batch.size
+        delta, total = b_mean - mean, count + b_n
+        var = (var * count + b_var * b_n + delta**2 * count * b_n / total) / total
+        self.ret_rms = np.array([mean + delta * b_n / total, var, total])
+        return 1.0 / math.sqrt(var + 1e-8)
+
+    def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
+        """One PPO update on the trajectories of every rollout (each time-major [T, N, ...])."""
+        b = {k: np.concatenate([x[k] for x in batches], axis=0 if k == "last_obs" else 1) for k in batches[0]}
+        obs = torch.as_tensor(b["obs"], dtype=torch.float32)
+        T, N = b["rewards"].shape
+        done = np.logical_or(b["terminated"], b["truncated"])
+        scale = self._reward_scale(b["rewards"], done)
+        rewards = torch.as_tensor(b["rewards"] * scale, dtype=torch.float32).clamp(-10, 10)
+        with torch.no_grad():
+            norm = self.actor.normalize
+            values = self.critic(norm(obs)).squeeze(-1)
+            last_v = self.critic(norm(torch.as_tensor(b["last_obs"], dtype=torch.float32))).squeeze(-1)
+            final_v = self.critic(norm(torch.as_tensor(b["final_obs"], dtype=torch.float32))).squeeze(-1)
+            term = torch.as_tensor(b["terminated"], dtype=torch.float32)
+            trunc = torch.as_tensor(b["truncated"], dtype=torch.float32)
+            adv = torch.zeros(T, N)
+            gae = torch.zeros(N)
+            for t in reversed(range(T)):
+                next_v = last_v if t == T - 1 else values[t + 1]
+                ended = torch.maximum(term[t], trunc[t])
+                # A truncated episode bootstraps from its final observation; a terminated one from 0.
+                boot = torch.where(trunc[t] > 0, final_v[t], next_v) * (1.0 - term[t])
+                delta = rewards[t] + self.gamma * boot - values[t]
+                gae = delta + self.gamma * self.lam * (1.0 - ended) * gae
+                adv[t] = gae
+            returns = adv + values
+        act = torch.as_tensor(b["actions"], dtype=torch.float32).reshape(T * N, -1)
+        old_logp = torch.as_tensor(b["logp"], dtype=torch.float32).reshape(-1)
+        flat_obs, adv, returns = obs.reshape(T * N, -1), adv.reshape(-1), returns.reshape(-1)
+        # The behaviour policy's log-probs against the trainer's weights before the update: ~0 when the rollouts
+        # acted with exactly these weights (train_embodied), > 0 when they were stale (train_async).
+        with torch.no_grad():
+            behav_kl = (old_logp - self.actor.dist(flat_obs).log_prob(act).sum(-1)).mean().item()
+        stats = {"pg_loss": 0.0, "value_loss": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
+        n_mb = 0
+        for _ in range(self.epochs):
+            perm = torch.randperm(T * N)
+            for start in range(0, T * N, self.minibatch):
+                idx = perm[start : start + self.minibatch]
+                a = adv[idx]
+                a = (a - a.mean()) / (a.std() + 1e-8)
+                logp = self.actor.dist(flat_obs[idx]).log_prob(act[idx]).sum(-1)
+                ratio = (logp - old_logp[idx]).exp()
+                pg = -torch.min(ratio * a, ratio.clamp(1 - self.clip, 1 + self.clip) * a).mean()
+                v = self.critic(self.actor.normalize(flat_obs[idx])).squeeze(-1)
+                vloss = 0.5 * (v - returns[idx]).pow(2).mean()
+                self.optim.zero_grad()
+                (pg + 0.5 * vloss).backward()
+                nn.utils.clip_grad_norm_(
+                    list(self.actor.parameters()) + list(self.critic.parameters()), self.clip_grad
+                )
+                self.optim.step()
+                with torch.no_grad():
+                    stats["pg_loss"] += pg.item()
+                    stats["value_loss"] += vloss.item()
+                    stats["approx_kl"] += (old_logp[idx] - logp).mean().item()
+                    stats["clip_frac"] += ((ratio - 1).abs() > self.clip).float().mean().item()
+                n_mb += 1
+        # Normalise with statistics that include this batch from the next update on (the rollouts get them
+        # with the weights).
+        self.actor.update_normalizer(b["obs"])
+        out = {k: v / max(n_mb, 1) for k, v in stats.items()}
+        out["behav_approx_kl"] = behav_kl
+        out["entropy"] = float(self.actor.log_std.sum().item() + 0.5 * act.shape[1] * (1 + math.log(2 * math.pi)))
+        return out
+
+
+class Rollout:
+    """A Gymnasium vector env acting with the synced actor; episodes continue across chunks."""
+
+    def __init__(self, cfg: dict, rank: int, num_rollouts: int) -> None:
+        self.task = _get(cfg, "env.train.task", "Reacher-v5")
+        total = int(_get(cfg, "env.train.total_num_envs", 16))
+        self.num_envs = max(1, total // max(num_rollouts, 1))
+        seed = int(_get(cfg, "actor.seed", 1)) * 1000 + rank * 100
+        torch.manual_seed(seed)
+        torch.set_num_threads(1)
+        obs_dim, act_dim = _task_dims(self.task)
+        self.actor = Actor(obs_dim, act_dim, int(_get(cfg, "actor.model.hidden", 64)))
+        self.envs = gym.make_vec(
+            self.task, num_envs=self.num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        )
+        self.low = self.envs.single_action_space.low
+        self.high = self.envs.single_action_space.high
+        self.obs, _ = self.envs.reset(seed=seed)
+        self.ep_ret = np.zeros(self.num_envs)
+        self.eval_task = _get(cfg, "env.eval.task", self.task)
+        self.eval_seed = int(_get(cfg, "env.eval.seed", 1000)) + rank * 100
+        self.eval_envs = int(_get(cfg, "env.eval.total_num_envs", 8)) // max(num_rollouts, 1) or 1
+
+    def model(self) -> nn.Module:
+        """The module rlsync installs the trainer's weights into (in place)."""
+        return self.actor
+
+    @torch.no_grad()
+    def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """Act ``steps`` steps in every env; return the trajectories and episode statistics."""
+        T, N, O = steps, self.num_envs, self.obs.shape[-1]
+        out = {
+            "obs": np.zeros((T, N, O), np.float32),
+            "actions": np.zeros((T, N, len(self.low)), np.float32),
+            "logp": np.zeros((T, N), np.float32),
+            "rewards": np.zeros((T, N), np.float32),
+            "terminated": np.zeros((T, N), bool),
+            "truncated": np.zeros((T, N), bool),
+            "final_obs": np.zeros((T, N, O), np.float32),
+        }
+        returns: list[float] = []
+        for t in range(T):
+            obs_t = torch.as_tensor(self.obs, dtype=torch.float32)
+            dist = self.actor.dist(obs_t)
+            action = dist.sample()
+            out["obs"][t] = self.obs
+            out["actions"][t] = action.numpy()
+            out["logp"][t] = dist.log_prob(action).sum(-1).numpy()
+            self.obs, reward, term, trunc, info = self.envs.step(np.clip(action.numpy(), self.low, self.high))
+            out["rewards"][t], out["terminated"][t], out["truncated"][t] = reward, term, trunc
+            self.ep_ret += reward
+            for i in np.flatnonzero(np.logical_or(term, trunc)):
+                out["final_obs"][t, i] = info["final_obs"][i]
+                returns.append(float(self.ep_ret[i]))
+                self.ep_ret[i] = 0.0
+        out["last_obs"] = self.obs.astype(np.float32)
+        stats = {"episodes": float(len(returns))}
+        if returns:
+            stats["return"] = float(np.mean(returns))
+        return out, stats
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Exactly one deterministic episode (the policy's mean action) per eval env."""
+        envs = gym.make_vec(self.eval_task, num_envs=self.eval_envs, vectorization_mode="sync")
+        try:
+            obs, _ = envs.reset(seed=self.eval_seed)
+            done = np.zeros(self.eval_envs, bool)
+            total = np.zeros(self.eval_envs)
+            while not done.all():
+                mean = self.actor.net(self.actor.normalize(torch.as_tensor(obs, dtype=torch.float32)))
+                obs, reward, term, trunc, _ = envs.step(np.clip(mean.numpy(), self.low, self.high))
+                total += np.where(done, 0.0, reward)
+                done |= np.logical_or(term, trunc)
+            return {"return": float(total.mean()), "episodes": float(self.eval_envs)}
+        finally:
+            envs.close()
+
+
+def _standalone(steps: int, task: str, rollouts: int, chunk: int) -> None:
+    """Trainer and rollouts in one process, weights copied by load_state_dict (a check without rlsync)."""
+    cfg = {"env": {"train": {"task": task, "total_num_envs": 16}, "eval": {"task": task}}}
+    trainer = Trainer(cfg)
+    workers = [Rollout(cfg, r, rollouts) for r in range(rollouts)]
+    done_steps, start, it = 0, time.time(), 0
+    while done_steps < steps:
+        for w in workers:
+            w.actor.load_state_dict(trainer.actor.state_dict())
+        results = [w.rollout(chunk) for w in workers]
+        stats = trainer.train([r[0] for r in results])
+        done_steps += chunk * sum(w.num_envs for w in workers)
+        rets = [r[1]["return"] for r in results if "return" in r[1]]
+        it += 1
+        if it % 10 == 0:
+            ev = workers[0].evaluate()
+            print(
+                f"env_steps={done_steps} t={time.time() - start:.0f}s return={np.mean(rets) if rets else float('nan'):.2f} "
+                f"eval={ev['return']:.2f} kl={stats['approx_kl']:.4f} behav_kl={stats['behav_approx_kl']:.2e}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300_000)
+    p.add_argument("--task", default="Reacher-v5")
+    p.add_argument("--rollouts", type=int, default=2)
+    p.add_argument("--chunk", type=int, default=128)
+    a = p.parse_args()
+    _standalone(a.steps, a.task, a.rollouts, a.chunk)

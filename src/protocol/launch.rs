@@ -1,0 +1,97 @@
+//! The launch file: everything a worker needs to start, written once by the orchestrator (versioned JSON).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::ProtocolError;
+use super::messages::PROTOCOL_VERSION;
+use crate::config::schema::RunConfig;
+
+/// Which entry point the run executes (the workers behave slightly differently in each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopKind {
+    Embodied,
+    Async,
+}
+
+/// Everything a worker needs to start, written once by the orchestrator to `<run_dir>/.rlsync/launch.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    pub format_version: u32,
+    pub loop_kind: LoopKind,
+    pub rollouts: u32,
+    /// Envs simulated by each rollout worker.
+    pub envs_per_rollout: u32,
+    pub control_socket: PathBuf,
+    /// Where the trainer's weight sender listens (rollouts connect to it).
+    pub weight_socket: PathBuf,
+    /// Names of shared-memory segments of this run start with this prefix.
+    pub segment_prefix: String,
+    pub config: RunConfig,
+}
+
+/// Path of the launch file inside a run dir.
+pub fn launch_file(run_dir: &Path) -> PathBuf {
+    run_dir.join(".rlsync").join("launch.json")
+}
+
+/// Serialize the launch file.
+pub fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
+    serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed {
+        reason: e.to_string(),
+    })
+}
+
+/// Parse the launch file, refusing other format versions.
+pub fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        format_version: u32,
+    }
+    let probe: VersionOnly =
+        serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
+            reason: format!("launch file: {e}"),
+        })?;
+    if probe.format_version != PROTOCOL_VERSION {
+        return Err(ProtocolError::Version {
+            peer: probe.format_version,
+            ours: PROTOCOL_VERSION,
+        });
+    }
+    serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
+        reason: format!("launch file: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_file_roundtrips_and_checks_version() {
+        let spec = LaunchSpec {
+            format_version: PROTOCOL_VERSION,
+            loop_kind: LoopKind::Async,
+            rollouts: 2,
+            envs_per_rollout: 4,
+            control_socket: "/tmp/c.sock".into(),
+            weight_socket: "/tmp/w.sock".into(),
+            segment_prefix: "rlsync-1-x".into(),
+            config: RunConfig::default(),
+        };
+        let bytes = encode_launch(&spec).unwrap();
+        assert_eq!(decode_launch(&bytes).unwrap(), spec);
+        let text = String::from_utf8(bytes).unwrap().replacen(
+            "\"format_version\": 1",
+            "\"format_version\": 99",
+            1,
+        );
+        assert!(matches!(
+            decode_launch(text.as_bytes()),
+            Err(ProtocolError::Version { peer: 99, .. })
+        ));
+        assert!(decode_launch(b"{").is_err());
+    }
+}
