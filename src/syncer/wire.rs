@@ -439,7 +439,7 @@ pub fn decode_rejoin_plan(body: &[u8]) -> Result<(Plan, Vec<u32>), WireError> {
                 format!("{n} ordinals in {} bytes", body.len()),
             ));
         }
-        (0..n).map(|_| r.u32()).collect()
+        (0..n).map(|_| Ok(r.u32()?)).collect()
     };
     let synced = ordinals(&mut r)?;
     let boot_only = ordinals(&mut r)?;
