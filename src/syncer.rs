@@ -25,6 +25,7 @@ mod bootstrap;
 mod bucket;
 /// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
 pub mod patch;
+mod rejoin;
 pub mod wire;
 
 use std::num::NonZeroUsize;
@@ -40,6 +41,8 @@ use crate::transport::{self, TransportError};
 use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
+
+pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 
 /// Runtime options that are not part of the weight_syncer config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -148,6 +151,9 @@ struct Settings {
     part_bytes: usize,
     /// Refuse a receiver whose state dict differs from the sender's at all ([`WeightSyncer::require_same_keys`]).
     same_keys: bool,
+    /// Patches the sender keeps for rejoining receivers, and their byte cap.
+    replay_versions: usize,
+    replay_max_bytes: u64,
 }
 
 enum SenderStrategy {
@@ -167,6 +173,7 @@ struct SenderSide {
     recv_dtypes: Vec<DType>,
     last_version: u64,
     strategy: SenderStrategy,
+    rejoin: rejoin::RejoinInfo,
 }
 
 /// Receiver-side facts shared with [`PendingUpdate`]s.
@@ -305,6 +312,8 @@ impl WeightSyncer {
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
                 same_keys: false,
+                replay_versions: p.replay_versions as usize,
+                replay_max_bytes: p.replay_max_bytes,
             },
             side: Side::Uninit,
             #[cfg(test)]
@@ -354,6 +363,9 @@ impl WeightSyncer {
                 let mut h = StateHasher::new();
                 match &s.strategy {
                     SenderStrategy::Patch { snap, .. } => {
+                        if let Some(c) = s.rejoin.cached_checksum(s.last_version) {
+                            return Ok(c);
+                        }
                         for st in snap {
                             let shape = state
                                 .get(&st.key)
@@ -362,6 +374,9 @@ impl WeightSyncer {
                             h.begin_tensor(&st.key, st.dtype, &shape);
                             h.bytes(st.storage.bytes());
                         }
+                        let c = h.finish();
+                        s.rejoin.cache_checksum(s.last_version, c);
+                        return Ok(c);
                     }
                     SenderStrategy::Bucket { .. } => {
                         for (key, &rd) in s.synced_keys.iter().zip(&s.recv_dtypes) {
@@ -582,12 +597,34 @@ impl WeightSyncer {
         let t_flush = Instant::now();
         ch.flush().await?;
         report.transfer = t_flush.elapsed();
+        let boot_only: Vec<(String, u32)> = boot_keys
+            .iter()
+            .filter(|k| !keys_to_sync.contains(k))
+            .filter_map(|k| ordinals.get(k).map(|&o| (k.clone(), o)))
+            .collect();
+        let boot_typed: Vec<(String, DType)> = boot_only
+            .iter()
+            .map(|(k, o)| (k.clone(), meta[*o as usize].dtype))
+            .collect();
+        let boot_checksum = blocking(|| rejoin::cast_checksum(state, &boot_typed))?;
         self.side = Side::Sender(SenderSide {
             ch,
             synced_keys: keys_to_sync.to_vec(),
             recv_dtypes,
             last_version: 0,
             strategy,
+            rejoin: rejoin::RejoinInfo {
+                meta,
+                synced_ordinals,
+                boot_only,
+                init_bucket_size: self.settings.init_bucket_size,
+                boot_checksum,
+                log: ReplayLog::new(
+                    self.settings.replay_versions,
+                    self.settings.replay_max_bytes,
+                ),
+                checksum: Mutex::new(None),
+            },
         });
         Ok(report)
     }
@@ -677,49 +714,13 @@ impl WeightSyncer {
             threads: self.settings.threads,
         });
         if plan.init_buckets > 0 {
-            let all = vec![true; shared.meta.len()];
-            let mut staged: Staged = Vec::new();
-            let mut pool = Pool::default();
-            for seq in 0..plan.init_buckets {
-                let mut asm: Option<Assembly> = None;
-                loop {
-                    let t0 = Instant::now();
-                    let done = ch
-                        .recv_with(|msg| -> Result<bool, String> {
-                            let (h, body) = Header::parse_unverified(msg).map_err(|e| e.to_string())?;
-                            h.expect(Kind::InitBucket).map_err(|e| e.to_string())?;
-                            if h.seq != seq || h.count != plan.init_buckets || h.version != 0 {
-                                return Err(format!("init bucket {}/{} (version {}) out of sequence, expected {seq}/{}", h.seq, h.count, h.version, plan.init_buckets));
-                            }
-                            match asm.as_mut() {
-                                None => asm = Some(blocking(|| Assembly::start(&h, body, &shared.meta, &all, &mut pool))?),
-                                Some(a) => blocking(|| a.add_part(&h, body))?,
-                            }
-                            Ok(asm.as_ref().is_some_and(Assembly::is_complete))
-                        })
-                        .await?
-                        .map_err(|reason| SyncError::Handshake { reason: format!("init bootstrap: {reason}") })?;
-                    report.decode += t0.elapsed();
-                    if done {
-                        break;
-                    }
-                }
-                if let Some(a) = asm {
-                    report.payload_bytes += a.bytes() as u64;
-                    report.messages += 1;
-                    staged.extend(a.finish());
-                }
-            }
-            let t0 = Instant::now();
-            bucket::check_fits(&staged, &shared.meta, state)
-                .map_err(|reason| SyncError::Handshake { reason })?;
-            report.tensors = staged.len();
-            report.changed = staged
-                .iter()
-                .map(|(o, s)| (s.len() / shared.meta[*o as usize].dtype.size_bytes()) as u64)
-                .sum();
-            let _ = bucket::swap_in(staged, state);
-            report.apply = t0.elapsed();
+            let got = receive_init_buckets(&mut ch, plan.init_buckets, &shared.meta, state).await?;
+            report.payload_bytes += got.payload_bytes;
+            report.messages += got.messages;
+            report.decode += got.decode;
+            report.apply += got.apply;
+            report.tensors = got.tensors;
+            report.changed = got.changed;
         }
         report.state_bytes = plan
             .synced
@@ -738,6 +739,176 @@ impl WeightSyncer {
             interrupted: None,
             shared,
         });
+        Ok(report)
+    }
+
+    /// Receiver side of a rejoin (a restarted rollout on an elastic channel): report the metadata of `state`
+    /// and the version `held` it holds (0 after a fresh start: its own init weights), then install the
+    /// catch-up the sender chose (see `syncer/rejoin.rs`). Afterwards this is a receiver like any other, at
+    /// `report.to` (0 for a deferred catch-up: the next version, a full transfer, makes it current).
+    pub async fn rejoin_receiver(
+        &mut self,
+        state: &mut StateDict,
+        mut ch: transport::Receiver,
+        held: u64,
+    ) -> Result<CatchUpReport, SyncError> {
+        if !matches!(self.side, Side::Uninit) {
+            return Err(SyncError::AlreadyInitialized);
+        }
+        let started = Instant::now();
+        let rank = ch.rank();
+        let meta: Vec<KeyMeta> = state
+            .iter()
+            .map(|(k, t)| KeyMeta {
+                name: k.to_string(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            })
+            .collect();
+        let handshake = |reason: String| SyncError::Handshake {
+            reason: format!("rejoin: {reason}"),
+        };
+        let msg = wire::encode_rejoin(&meta, held);
+        let mut report = CatchUpReport {
+            rank,
+            from: held,
+            payload_bytes: msg.len() as u64,
+            ..CatchUpReport::default()
+        };
+        ch.send(&msg).await?;
+        let (plan, boot_only, len) = ch
+            .recv_with(|msg| -> Result<(Plan, Vec<u32>, usize), SyncError> {
+                let (h, body) = Header::parse(msg).map_err(|e| handshake(e.to_string()))?;
+                match h.kind {
+                    Kind::Abort => Err(handshake(format!(
+                        "the sender refused: {}",
+                        wire::decode_abort(body)
+                    ))),
+                    Kind::RejoinPlan => wire::decode_rejoin_plan(body)
+                        .map(|(p, b)| (p, b, msg.len()))
+                        .map_err(|e| handshake(e.to_string())),
+                    k => Err(handshake(format!(
+                        "expected the sender's rejoin plan, got a {} message",
+                        k.name()
+                    ))),
+                }
+            })
+            .await??;
+        report.payload_bytes += len as u64;
+        let expected_strategy = match self.settings.kind {
+            SyncerKind::Patch => Strategy::Patch,
+            SyncerKind::Bucket => Strategy::Bucket,
+        };
+        if plan.strategy != expected_strategy {
+            return Err(handshake(format!(
+                "sender uses {:?}, this receiver is configured for {:?}",
+                plan.strategy, expected_strategy
+            )));
+        }
+        let name = |o: &u32| {
+            meta.get(*o as usize)
+                .map(|m| m.name.clone())
+                .ok_or_else(|| {
+                    handshake(format!(
+                        "plan names ordinal {o}, the receiver has {} keys",
+                        meta.len()
+                    ))
+                })
+        };
+        let synced_keys = plan
+            .synced
+            .iter()
+            .map(name)
+            .collect::<Result<Vec<_>, _>>()?;
+        let boot_keys = boot_only.iter().map(name).collect::<Result<Vec<_>, _>>()?;
+        let mut synced = vec![false; meta.len()];
+        for &o in &plan.synced {
+            if let Some(s) = synced.get_mut(o as usize) {
+                *s = true;
+            }
+        }
+        let held_now = blocking(|| rejoin::held(state, held, &synced_keys, &boot_keys));
+        let msg = wire::encode_held(&held_now);
+        report.payload_bytes += msg.len() as u64;
+        ch.send(&msg).await?;
+        let (catch_up, len) = ch
+            .recv_with(|msg| -> Result<(wire::CatchUpPlan, usize), SyncError> {
+                let (h, body) = Header::parse(msg).map_err(|e| handshake(e.to_string()))?;
+                h.expect(Kind::CatchUp)
+                    .and_then(|_| wire::decode_catch_up(&h, body))
+                    .map(|c| (c, msg.len()))
+                    .map_err(|e| handshake(e.to_string()))
+            })
+            .await??;
+        report.payload_bytes += len as u64;
+        if catch_up.boot_buckets > 0 {
+            let got = receive_init_buckets(&mut ch, catch_up.boot_buckets, &meta, state).await?;
+            report.boot_bytes = got.payload_bytes;
+            report.payload_bytes += got.payload_bytes;
+        }
+        // Replay starts from the held version; a full or deferred catch-up replaces everything.
+        let start = match catch_up.mode {
+            wire::CatchUpMode::Replay => held,
+            wire::CatchUpMode::Full | wire::CatchUpMode::Deferred => 0,
+        };
+        let shared = Arc::new(ReceiverShared {
+            meta,
+            synced,
+            applied: AtomicU64::new(start),
+            pool: Mutex::new(Pool::default()),
+            threads: self.settings.threads,
+        });
+        let mut r = ReceiverSide {
+            ch,
+            strategy: plan.strategy,
+            synced_keys,
+            received: start,
+            interrupted: None,
+            shared,
+        };
+        match catch_up.mode {
+            wire::CatchUpMode::Replay => {
+                report.kind = CatchUpKind::Replay;
+                for _ in 0..catch_up.patches {
+                    let pending = receive_patch(&mut r).await?;
+                    let got = pending.install(state)?;
+                    report.payload_bytes += got.payload_bytes;
+                    report.patches += 1;
+                }
+            }
+            wire::CatchUpMode::Full => {
+                report.kind = CatchUpKind::Full;
+                if catch_up.version == 0 {
+                    // Version 0 (no sync yet): the snapshot travels as init buckets, like the bootstrap.
+                    let got = receive_init_buckets(
+                        &mut r.ch,
+                        catch_up.full_buckets,
+                        &r.shared.meta,
+                        state,
+                    )
+                    .await?;
+                    report.payload_bytes += got.payload_bytes;
+                } else if catch_up.full_buckets > 0 {
+                    let (_, got) = receive_buckets(&mut r, Some(state)).await?;
+                    report.payload_bytes += got.payload_bytes;
+                }
+            }
+            wire::CatchUpMode::Deferred => report.kind = CatchUpKind::Full,
+        }
+        let now = r.shared.applied.load(Ordering::SeqCst);
+        if now != catch_up.version {
+            return Err(rejected(
+                Some(catch_up.version),
+                now,
+                format!(
+                    "the catch-up was announced to reach version {}, it reached {now}",
+                    catch_up.version
+                ),
+            ));
+        }
+        report.to = now;
+        report.elapsed = started.elapsed();
+        self.side = Side::Receiver(r);
         Ok(report)
     }
 
@@ -772,6 +943,14 @@ impl WeightSyncer {
         }
         let mut report = match &mut s.strategy {
             SenderStrategy::Patch { snap, built } => {
+                // The log needs the checksum of the base (the snapshot before this build).
+                let base_checksum = s.rejoin.log.is_enabled().then(|| {
+                    s.rejoin.cached_checksum(s.last_version).unwrap_or_else(|| {
+                        let c = blocking(|| rejoin::snapshot_checksum(snap, &s.rejoin.meta));
+                        s.rejoin.cache_checksum(s.last_version, c);
+                        c
+                    })
+                });
                 let t0 = Instant::now();
                 blocking(|| patch::build(snap, state, settings.threads, built)).map_err(
                     |reason| SyncError::StateMismatch {
@@ -801,9 +980,13 @@ impl WeightSyncer {
                 if let Some(tap) = tap {
                     tap.push(msg.clone());
                 }
+                let payload_bytes = msg.len() as u64;
+                if let Some(c) = base_checksum {
+                    s.rejoin.log.push(s.last_version, version, c, msg);
+                }
                 SyncReport {
                     kind: SyncKind::Patch,
-                    payload_bytes: msg.len() as u64,
+                    payload_bytes,
                     changed: built.changed,
                     state_bytes: snap.iter().map(|t| t.storage.len() as u64).sum(),
                     tensors,
@@ -855,6 +1038,52 @@ impl WeightSyncer {
         Ok(report)
     }
 
+    /// Sender: catch up receiver `rank`, which joined the (elastic) channel late and called
+    /// [`WeightSyncer::rejoin_receiver`]: replay of logged patches when sound, else a full transfer (see
+    /// `syncer/rejoin.rs`). Only that receiver sees these messages. Waits (bounded by the channel's timeout)
+    /// for the receiver to join.
+    pub async fn rejoin(
+        &mut self,
+        state: &StateDict,
+        rank: usize,
+    ) -> Result<CatchUpReport, SyncError> {
+        let part_bytes = self.settings.part_bytes;
+        let Side::Sender(s) = &mut self.side else {
+            return Err(SyncError::NotInitialized { expected: "sender" });
+        };
+        let (snap, strategy) = match &s.strategy {
+            SenderStrategy::Patch { snap, .. } => (Some(snap.as_slice()), Strategy::Patch),
+            SenderStrategy::Bucket { .. } => (None, Strategy::Bucket),
+        };
+        rejoin::serve(
+            &mut s.ch,
+            rank,
+            &s.rejoin,
+            state,
+            snap,
+            s.last_version,
+            strategy,
+            part_bytes,
+        )
+        .await
+    }
+
+    /// Sender: bytes held by the replay log.
+    pub fn replay_log_bytes(&self) -> u64 {
+        match &self.side {
+            Side::Sender(s) => s.rejoin.log.bytes(),
+            _ => 0,
+        }
+    }
+
+    /// Sender: receiver ranks attached to the channel now.
+    pub fn live_receivers(&self) -> Vec<usize> {
+        match &self.side {
+            Side::Sender(s) => s.ch.live(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), SyncError> {
         let Side::Sender(s) = &mut self.side else {
@@ -893,6 +1122,68 @@ impl WeightSyncer {
         };
         receive(r).await
     }
+}
+
+/// Receive `count` init buckets (any receiver key) and install them into `state` once all arrived and fit.
+async fn receive_init_buckets(
+    ch: &mut transport::Receiver,
+    count: u32,
+    meta: &[KeyMeta],
+    state: &mut StateDict,
+) -> Result<SyncReport, SyncError> {
+    let mut report = SyncReport::default();
+    let all = vec![true; meta.len()];
+    let mut staged: Staged = Vec::new();
+    let mut pool = Pool::default();
+    for seq in 0..count {
+        let mut asm: Option<Assembly> = None;
+        loop {
+            let t0 = Instant::now();
+            let done = ch
+                .recv_with(|msg| -> Result<bool, String> {
+                    let (h, body) = Header::parse_unverified(msg).map_err(|e| e.to_string())?;
+                    h.expect(Kind::InitBucket).map_err(|e| e.to_string())?;
+                    if h.seq != seq || h.count != count || h.version != 0 {
+                        return Err(format!(
+                            "init bucket {}/{} (version {}) out of sequence, expected {seq}/{count}",
+                            h.seq, h.count, h.version
+                        ));
+                    }
+                    match asm.as_mut() {
+                        None => {
+                            asm = Some(blocking(|| {
+                                Assembly::start(&h, body, meta, &all, &mut pool)
+                            })?)
+                        }
+                        Some(a) => blocking(|| a.add_part(&h, body))?,
+                    }
+                    Ok(asm.as_ref().is_some_and(Assembly::is_complete))
+                })
+                .await?
+                .map_err(|reason| SyncError::Handshake {
+                    reason: format!("init bootstrap: {reason}"),
+                })?;
+            report.decode += t0.elapsed();
+            if done {
+                break;
+            }
+        }
+        if let Some(a) = asm {
+            report.payload_bytes += a.bytes() as u64;
+            report.messages += 1;
+            staged.extend(a.finish());
+        }
+    }
+    let t0 = Instant::now();
+    bucket::check_fits(&staged, meta, state).map_err(|reason| SyncError::Handshake { reason })?;
+    report.tensors = staged.len();
+    report.changed = staged
+        .iter()
+        .map(|(o, s)| (s.len() / meta.get(*o as usize).map_or(1, |m| m.dtype.size_bytes())) as u64)
+        .sum();
+    let _ = bucket::swap_in(staged, state);
+    report.apply = t0.elapsed();
+    Ok(report)
 }
 
 async fn abort(ch: &mut transport::Sender, reason: &str) {

@@ -8,6 +8,10 @@
 //! sender. Every wait is bounded by the channel's timeout: a dead or stuck peer gives
 //! [`TransportError::Timeout`] or [`TransportError::PeerGone`] naming it, never a hang.
 //!
+//! Elastic channels ([`ShmConfig::elastic`], [`inproc_channel_elastic`]) outlive their receivers: a gone
+//! receiver is detached instead of breaking the channel, a new receiver may take its rank
+//! ([`Sender::wait_joined`]), and a payload may go to one rank only ([`Sender::send_to_with`]).
+//!
 //! Backends sit behind one internal trait per side ([`SendBackend`], [`RecvBackend`]) and are dispatched through
 //! the [`Sender`]/[`Receiver`] enums, so callers never name a backend after construction.
 //! The transport moves bytes only; it knows nothing about what the payloads mean.
@@ -22,7 +26,10 @@ pub mod tcp;
 use std::fmt;
 use std::time::Duration;
 
-pub use inproc::{InProcReceiver, InProcSender, inproc_channel, inproc_channel_with_timeout};
+pub use inproc::{
+    InProcJoiner, InProcReceiver, InProcSender, inproc_channel, inproc_channel_elastic,
+    inproc_channel_with_timeout,
+};
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
 
@@ -129,16 +136,37 @@ pub enum Receiver {
     Bridge(bridge::BridgeReceiver),
 }
 
+/// Who a payload is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// Every live receiver.
+    All,
+    /// One receiver.
+    Rank(usize),
+}
+
 /// What every sending backend provides; [`Sender`] dispatches to it.
 pub(crate) trait SendBackend {
     fn receivers(&self) -> usize;
     async fn send_with<R>(
         &mut self,
+        target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError>;
+    async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError>;
+    fn live(&self) -> Vec<usize>;
     async fn flush(&mut self) -> Result<(), TransportError>;
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError>;
+}
+
+/// The error of a backend that cannot admit new receivers or address one of them.
+pub(crate) fn not_elastic(what: &str) -> TransportError {
+    TransportError::Config {
+        reason: format!(
+            "{what} admits no new receivers and sends to all of them (it is not elastic)"
+        ),
+    }
 }
 
 /// What every receiving backend provides; [`Receiver`] dispatches to it.
@@ -173,10 +201,52 @@ impl Sender {
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
         match self {
-            Sender::InProc(s) => s.send_with(len, fill).await,
-            Sender::Shm(s) => s.send_with(len, fill).await,
-            Sender::Bridge(s) => s.send_with(len, fill).await,
-            Sender::Chain(s) => s.send_with(len, fill).await,
+            Sender::InProc(s) => s.send_with(Target::All, len, fill).await,
+            Sender::Shm(s) => s.send_with(Target::All, len, fill).await,
+            Sender::Bridge(s) => s.send_with(Target::All, len, fill).await,
+            Sender::Chain(s) => s.send_with(Target::All, len, fill).await,
+        }
+    }
+
+    /// As [`Sender::send_with`], for receiver `rank` only (a catch-up for a receiver that rejoined).
+    pub async fn send_to_with<R>(
+        &mut self,
+        rank: usize,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> R,
+    ) -> Result<R, TransportError> {
+        match self {
+            Sender::InProc(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            Sender::Shm(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            Sender::Bridge(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            Sender::Chain(s) => s.send_with(Target::Rank(rank), len, fill).await,
+        }
+    }
+
+    /// Publish a copy of `payload` to receiver `rank` only.
+    pub async fn send_to(&mut self, rank: usize, payload: &[u8]) -> Result<(), TransportError> {
+        self.send_to_with(rank, payload.len(), |buf| buf.copy_from_slice(payload))
+            .await
+    }
+
+    /// Elastic channels: wait (bounded by the timeout) until a new receiver for `rank` has joined since the
+    /// last call for that rank; from then on payloads reach it. A non-elastic channel answers `Config`.
+    pub async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError> {
+        match self {
+            Sender::InProc(s) => s.wait_joined(rank).await,
+            Sender::Shm(s) => s.wait_joined(rank).await,
+            Sender::Bridge(s) => s.wait_joined(rank).await,
+            Sender::Chain(s) => s.wait_joined(rank).await,
+        }
+    }
+
+    /// Ranks whose receiver is attached now (all of them on a channel that is not elastic and not broken).
+    pub fn live(&self) -> Vec<usize> {
+        match self {
+            Sender::InProc(s) => s.live(),
+            Sender::Shm(s) => s.live(),
+            Sender::Bridge(s) => s.live(),
+            Sender::Chain(s) => s.live(),
         }
     }
 

@@ -82,6 +82,7 @@ fn config(socket_path: &Path, prefix: &str, receivers: usize) -> ShmConfig {
         timeout: TIMEOUT,
         slots: 2,
         initial_capacity: 4096,
+        elastic: false,
     }
 }
 
@@ -698,4 +699,109 @@ async fn shm_silent_connection_does_not_hold_up_the_receivers() {
         .expect("bind completes without the silent peer");
     tx.send(b"hi").await.expect("send");
     assert_eq!(rx.recv_with(<[u8]>::to_vec).await.expect("recv"), b"hi");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Elastic shm channels: a dead receiver is detached, a new one takes its rank.
+
+async fn read_all(rx: &mut Receiver) -> Vec<u8> {
+    rx.recv_with(<[u8]>::to_vec).await.expect("payload")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_elastic_channel_detaches_the_dead_and_admits_a_successor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("sync.sock");
+    let prefix = unique_prefix("elastic");
+    let cfg = ShmConfig {
+        elastic: true,
+        ..config(&socket, &prefix, 2)
+    };
+    let bind = tokio::spawn(ShmSender::bind(cfg));
+    // The sender welcomes the first receivers together, once all joined.
+    let (r0, r1) = tokio::join!(
+        ShmReceiver::connect(&socket, 0, TIMEOUT),
+        ShmReceiver::connect(&socket, 1, TIMEOUT)
+    );
+    let (mut r0, mut r1) = (r0.expect("rank 0"), r1.expect("rank 1"));
+    let mut tx = bind.await.expect("task").expect("bind");
+    assert!(socket.exists(), "an elastic channel keeps listening");
+    tx.send(&pattern(0, 100_000)).await.expect("send");
+    assert_eq!(read_all(&mut r0).await, pattern(0, 100_000));
+    assert_eq!(read_all(&mut r1).await, pattern(0, 100_000));
+    tx.flush().await.expect("flush");
+    assert!(
+        shm_files(&prefix).is_empty(),
+        "mapped segments are unlinked"
+    );
+
+    // Rank 1 dies: payloads go on to rank 0, more than the slots hold, and grow the segments.
+    drop(r1);
+    for seed in 1..8 {
+        let len = 3 << 20 | seed as usize;
+        tx.send(&pattern(seed, len))
+            .await
+            .expect("a dead rank is detached");
+        assert_eq!(read_all(&mut r0).await, pattern(seed, len));
+    }
+    assert_eq!(tx.live(), vec![0]);
+    assert!(matches!(
+        tx.send_to(1, b"x").await,
+        Err(TransportError::PeerGone {
+            peer: Peer::Receiver(1),
+            ..
+        })
+    ));
+
+    // Its successor joins; a payload for it alone, then one for both.
+    let mut r1 = ShmReceiver::connect(&socket, 1, TIMEOUT)
+        .await
+        .expect("rejoin");
+    tx.wait_joined(1).await.expect("admitted");
+    assert_eq!(tx.live(), vec![0, 1]);
+    tx.send_to(1, &pattern(100, 5000)).await.expect("targeted");
+    tx.send(&pattern(101, 4 << 20)).await.expect("broadcast");
+    assert_eq!(read_all(&mut r1).await, pattern(100, 5000));
+    assert_eq!(read_all(&mut r1).await, pattern(101, 4 << 20));
+    assert_eq!(
+        read_all(&mut r0).await,
+        pattern(101, 4 << 20),
+        "rank 0 never sees the other rank's payload"
+    );
+    r1.send(b"up").await.expect("upstream");
+    assert_eq!(tx.recv_from(1).await.expect("message"), b"up");
+    tx.flush().await.expect("flush");
+    assert!(
+        shm_files(&prefix).is_empty(),
+        "the successor mapped what it was told"
+    );
+    drop(tx);
+    assert!(!socket.exists(), "the socket file goes with the sender");
+    assert!(shm_files(&prefix).is_empty());
+}
+
+#[tokio::test]
+async fn inproc_elastic_channel_admits_a_successor_once_the_rank_is_gone() {
+    let (mut tx, mut rxs, joiner) =
+        rlsync::transport::inproc_channel_elastic(2, Duration::from_secs(5));
+    let r1 = rxs.pop().expect("rank 1");
+    let mut r0 = rxs.pop().expect("rank 0");
+    // A joiner for a live rank waits (parked) until the old receiver is gone.
+    let mut r1b = joiner.join(1).expect("join");
+    tx.send(b"a").await.expect("send");
+    assert_eq!(read_all(&mut r0).await, b"a");
+    drop(r1);
+    tx.wait_joined(1)
+        .await
+        .expect("admitted after the old one left");
+    tx.send_to(1, b"only").await.expect("targeted");
+    tx.send(b"both").await.expect("send");
+    assert_eq!(read_all(&mut r1b).await, b"only");
+    assert_eq!(read_all(&mut r1b).await, b"both");
+    assert_eq!(read_all(&mut r0).await, b"both");
+    tx.flush().await.expect("flush");
+    assert!(matches!(
+        joiner.join(2),
+        Err(TransportError::NoSuchRank { rank: 2, .. })
+    ));
 }

@@ -116,7 +116,14 @@ pub struct PatchConfig {
     pub delta_encoding: bool,
     pub compression: Compression,
     pub init_sync: InitSyncConfig,
+    /// Patches the trainer keeps so a rollout that rejoins can catch up by replay (0: always a full transfer).
+    pub replay_versions: u32,
+    /// Memory cap of that log in bytes (oldest patches are evicted first).
+    pub replay_max_bytes: u64,
 }
+
+/// Largest `weight_syncer.patch.replay_versions`.
+pub const MAX_REPLAY_VERSIONS: u32 = 4096;
 
 impl Default for PatchConfig {
     fn default() -> Self {
@@ -126,6 +133,8 @@ impl Default for PatchConfig {
             delta_encoding: true,
             compression: Compression::None,
             init_sync: InitSyncConfig::default(),
+            replay_versions: 8,
+            replay_max_bytes: 512 << 20,
         }
     }
 }

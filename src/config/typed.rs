@@ -157,6 +157,16 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             }
         }
     }
+    if patch.replay_versions > super::schema::MAX_REPLAY_VERSIONS {
+        problem(
+            "weight_syncer.patch.replay_versions",
+            format!(
+                "{} is more than {} (the log is for recent versions; older rejoins take a full transfer)",
+                patch.replay_versions,
+                super::schema::MAX_REPLAY_VERSIONS
+            ),
+        );
+    }
     if cfg.runner.max_steps <= 0 && cfg.runner.max_epochs <= 0 {
         problem(
             "runner.max_steps",

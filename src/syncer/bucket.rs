@@ -84,7 +84,7 @@ pub async fn send(
     kind: Kind,
     version: u64,
     part_bytes: usize,
-    mut tap: Option<&mut Vec<Vec<u8>>>,
+    tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
     let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
     for bucket in buckets {
@@ -106,11 +106,27 @@ pub async fn send(
         }
         sources.push(srcs);
     }
+    send_sources(ch, None, buckets, &sources, kind, version, part_bytes, tap).await
+}
+
+/// Send the buckets of one version with each tensor's bytes given (`sources[bucket][item]`, in the planned
+/// source dtype) to every receiver, or to receiver `to` only.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_sources(
+    ch: &mut transport::Sender,
+    to: Option<usize>,
+    buckets: &[Vec<Planned>],
+    sources: &[Vec<&[u8]>],
+    kind: Kind,
+    version: u64,
+    part_bytes: usize,
+    mut tap: Option<&mut Vec<Vec<u8>>>,
+) -> Result<SendStats, super::SyncError> {
     let mut stats = SendStats::default();
     let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
         reason: "more than 2^32 buckets".into(),
     })?;
-    for (seq, (bucket, srcs)) in buckets.iter().zip(&sources).enumerate() {
+    for (seq, (bucket, srcs)) in buckets.iter().zip(sources).enumerate() {
         let entries: Vec<BucketEntry> = bucket.iter().map(|p| p.entry).collect();
         let layout = Layout::new(&entries, srcs, bucket.iter().map(|p| p.src).collect());
         for part in bucket_parts(layout.body_len, layout.table_end(), part_bytes) {
@@ -119,16 +135,19 @@ pub async fn send(
             header.count = count;
             header.aux = part.start as u64;
             let start = Instant::now();
-            let fill_time = ch
-                .send_with(HEADER_LEN + part.len(), |buf| {
-                    let t0 = Instant::now();
-                    layout.fill(buf, header, part.clone());
-                    if let Some(tap) = tap.as_deref_mut() {
-                        tap.push(buf.to_vec());
-                    }
-                    t0.elapsed()
-                })
-                .await?;
+            let fill = |buf: &mut [u8]| {
+                let t0 = Instant::now();
+                layout.fill(buf, header, part.clone());
+                if let Some(tap) = tap.as_deref_mut() {
+                    tap.push(buf.to_vec());
+                }
+                t0.elapsed()
+            };
+            let len = HEADER_LEN + part.len();
+            let fill_time = match to {
+                None => ch.send_with(len, fill).await?,
+                Some(rank) => ch.send_to_with(rank, len, fill).await?,
+            };
             stats.fill += fill_time;
             stats.wait += start.elapsed().saturating_sub(fill_time);
             stats.payload_bytes += (HEADER_LEN + part.len()) as u64;

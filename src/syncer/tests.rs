@@ -892,3 +892,374 @@ fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
         });
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// rejoin: a receiver that left catches up (replay or full) and ends bitwise equal to those that stayed
+
+/// As [`mutate`], for synced tensors only: a trainer never changes frozen weights.
+fn mutate_synced(state: &mut StateDict, seed: u64, density_pct: u64) {
+    let frozen: Vec<(String, Vec<u8>)> = state
+        .iter()
+        .filter(|(_, t)| !t.role().is_synced())
+        .map(|(k, t)| (k.to_string(), t.bytes().to_vec()))
+        .collect();
+    mutate(state, seed, density_pct);
+    for (k, bytes) in frozen {
+        if let Some(t) = state.get_mut(&k) {
+            t.bytes_mut().copy_from_slice(&bytes);
+        }
+    }
+}
+
+struct Elastic {
+    tx: WeightSyncer,
+    sender: StateDict,
+    rxs: Vec<Option<(WeightSyncer, StateDict)>>,
+    joiner: transport::InProcJoiner,
+}
+
+fn init_elastic(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+    replay_versions: u32,
+) -> Elastic {
+    let sender = build_state(keys, false, seed);
+    let mut cfg = config(s, keys);
+    cfg.patch.replay_versions = replay_versions;
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
+    tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
+    let (ch, rchs, joiner) =
+        transport::inproc_channel_elastic(2, std::time::Duration::from_secs(5));
+    let boot = bootstrapped(s, keys);
+    let mut rxs = Vec::new();
+    let mut pending = Vec::new();
+    for rch in rchs {
+        let mut receiver = build_state(keys, true, seed ^ 0xABCD);
+        if !s.bucket {
+            for (k, b) in keys.iter().zip(&boot) {
+                if !b {
+                    let bytes = cast_copy(sender.get(&k.name).unwrap(), k.rx);
+                    receiver
+                        .get_mut(&k.name)
+                        .unwrap()
+                        .bytes_mut()
+                        .copy_from_slice(&bytes);
+                }
+            }
+        }
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
+        pending.push((rx, receiver, rch));
+    }
+    let synced = sender.synced_keys();
+    rt.block_on(async {
+        let mut futs = Vec::new();
+        for (rx, st, rch) in pending {
+            futs.push(tokio::spawn(async move {
+                let mut rx = rx;
+                let mut st = st;
+                rx.init_receiver(&mut st, rch).await.unwrap();
+                (rx, st)
+            }));
+        }
+        tx.init_sender(&sender, &synced, ch).await.unwrap();
+        for f in futs {
+            rxs.push(Some(f.await.unwrap()));
+        }
+    });
+    Elastic {
+        tx,
+        sender,
+        rxs,
+        joiner,
+    }
+}
+
+/// Sync `version` to every live receiver.
+fn sync_live(rt: &tokio::runtime::Runtime, e: &mut Elastic, version: u64) -> SyncReport {
+    rt.block_on(async {
+        let mut futs = Vec::new();
+        for (rank, slot) in e.rxs.iter_mut().enumerate() {
+            if let Some((rx, st)) = slot.take() {
+                futs.push((
+                    rank,
+                    tokio::spawn(async move {
+                        let (mut rx, mut st) = (rx, st);
+                        rx.apply(&mut st).await.unwrap();
+                        (rx, st)
+                    }),
+                ));
+            }
+        }
+        let report = e.tx.sync(&e.sender, version).await.unwrap();
+        for (rank, f) in futs {
+            e.rxs[rank] = Some(f.await.unwrap());
+        }
+        report
+    })
+}
+
+/// Rank `rank` leaves; returns its state (what a late worker holds).
+fn leave(e: &mut Elastic, rank: usize) -> StateDict {
+    let (rx, st) = e.rxs[rank].take().unwrap();
+    drop(rx);
+    st
+}
+
+fn rejoin(
+    rt: &tokio::runtime::Runtime,
+    e: &mut Elastic,
+    rank: usize,
+    mut st: StateDict,
+    held: u64,
+    cfg: &WeightSyncerConfig,
+) -> (
+    Result<CatchUpReport, SyncError>,
+    Result<CatchUpReport, SyncError>,
+) {
+    let rch = e.joiner.join(rank).unwrap();
+    let mut rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin(&e.sender, rank),
+            rx.rejoin_receiver(&mut st, rch, held)
+        )
+    });
+    if b.is_ok() {
+        e.rxs[rank] = Some((rx, st));
+    }
+    (a, b)
+}
+
+fn assert_same(e: &Elastic, keys: &[KeySpec], s: &Settings) {
+    let boot = bootstrapped(s, keys);
+    let (Some((rx0, st0)), Some((rx1, st1))) = (&e.rxs[0], &e.rxs[1]) else {
+        panic!("both receivers live")
+    };
+    for (k, b) in keys.iter().zip(boot) {
+        if k.role.is_synced() || b {
+            assert_eq!(
+                st0.get(&k.name).unwrap().bytes(),
+                st1.get(&k.name).unwrap().bytes(),
+                "key {} ({k:?})",
+                k.name
+            );
+        }
+    }
+    let expect = e.tx.checksum(&e.sender).unwrap();
+    assert_eq!(rx0.checksum(st0).unwrap(), expect);
+    assert_eq!(rx1.checksum(st1).unwrap(), expect);
+    assert_eq!(rx0.version(), rx1.version());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    /// Whatever the settings, the version held and the log size: after the catch-up and the next sync the
+    /// rejoined receiver holds bitwise what the one that stayed holds (synced and bootstrapped keys).
+    #[test]
+    fn rejoin_equals_staying(
+        keys in model(),
+        s in settings(),
+        seed in any::<u64>(),
+        before in 0..3u64,
+        missed in 0..4u64,
+        fresh in any::<bool>(),
+        log in 0..5u32,
+    ) {
+        let rt = rt();
+        let mut cfg = config(&s, &keys);
+        cfg.patch.replay_versions = log;
+        let mut e = init_elastic(&rt, &keys, &s, seed, log);
+        let mut v = 0;
+        for _ in 0..before {
+            v += 1;
+            mutate_synced(&mut e.sender, seed ^ v, 20);
+            sync_live(&rt, &mut e, v);
+        }
+        let late = leave(&mut e, 1);
+        let (st, held) = if fresh {
+            (build_state(&keys, true, seed ^ 0x5EED), 0)
+        } else {
+            (late, v)
+        };
+        for _ in 0..missed {
+            v += 1;
+            mutate_synced(&mut e.sender, seed ^ v, 20);
+            sync_live(&rt, &mut e, v);
+        }
+        let (tx_report, rx_report) = rejoin(&rt, &mut e, 1, st, held, &cfg);
+        let (tx_report, rx_report) = (tx_report.unwrap(), rx_report.unwrap());
+        prop_assert_eq!(tx_report.kind, rx_report.kind);
+        prop_assert_eq!(tx_report.payload_bytes, rx_report.payload_bytes);
+        if s.bucket {
+            prop_assert_eq!(rx_report.to, 0, "bucket: the next version makes it current");
+        } else {
+            prop_assert_eq!(rx_report.to, v);
+            if tx_report.kind == CatchUpKind::Replay {
+                prop_assert_eq!(u64::from(rx_report.patches), v - held);
+            } else {
+                prop_assert!(!tx_report.reason.is_empty());
+            }
+            if !fresh && log as u64 >= missed && missed == 0 {
+                prop_assert_eq!(tx_report.kind, CatchUpKind::Replay, "{}", tx_report.reason);
+            }
+            if log == 0 && v > held {
+                prop_assert_eq!(tx_report.kind, CatchUpKind::Full);
+            }
+        }
+        v += 1;
+        mutate_synced(&mut e.sender, seed ^ v, 20);
+        sync_live(&rt, &mut e, v);
+        assert_same(&e, &keys, &s);
+    }
+}
+
+fn dense_keys() -> Vec<KeySpec> {
+    let k = |name: &str, tx, rx, shape: &[usize], role| KeySpec {
+        name: name.into(),
+        tx,
+        rx,
+        shape: shape.to_vec(),
+        role,
+    };
+    vec![
+        k("enc.w", DType::F32, DType::Bf16, &[64, 64], Role::Frozen),
+        k("l1.w", DType::F32, DType::Bf16, &[128, 64], Role::Trainable),
+        k("l1.b", DType::F32, DType::F32, &[128], Role::Trainable),
+        k("bn.n", DType::I64, DType::I64, &[1], Role::Buffer),
+    ]
+}
+
+fn patch_settings() -> Settings {
+    Settings {
+        bucket: false,
+        delta: true,
+        lz4: false,
+        init_sync: true,
+        prefixes: false,
+        bucket_size: 1 << 20,
+        bucket_dtype: None,
+        load_instant: true,
+        threads: 1,
+    }
+}
+
+#[test]
+fn replay_costs_the_missed_patches_only() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 7, 8);
+    mutate_synced(&mut e.sender, 1, 1);
+    sync_live(&rt, &mut e, 1);
+    let late = leave(&mut e, 1);
+    let mut missed_bytes = 0;
+    for v in 2..=4 {
+        mutate_synced(&mut e.sender, v, 1);
+        missed_bytes += sync_live(&rt, &mut e, v).payload_bytes;
+    }
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 1, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!(
+        (tx.kind, tx.patches, tx.from, tx.to),
+        (CatchUpKind::Replay, 3, 1, 4)
+    );
+    assert_eq!(rx.payload_bytes, tx.payload_bytes);
+    assert_eq!(tx.boot_bytes, 0, "the frozen key is unchanged: not re-sent");
+    // The handshake (metadata, plan, checksums, catch-up header) is the only overhead.
+    let handshake = tx.payload_bytes - missed_bytes;
+    assert!(handshake < 1024, "{handshake} bytes of handshake");
+    mutate_synced(&mut e.sender, 5, 1);
+    sync_live(&rt, &mut e, 5);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_fresh_worker_gets_the_full_state_and_the_frozen_keys() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 9, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    leave(&mut e, 1);
+    let fresh = build_state(&keys, true, 12345);
+    let (tx, rx) = rejoin(&rt, &mut e, 1, fresh, 0, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!((tx.kind, rx.to), (CatchUpKind::Full, 1));
+    assert!(
+        tx.reason.contains("not those of version 0"),
+        "{}",
+        tx.reason
+    );
+    assert!(tx.boot_bytes > 0, "the frozen key differs: re-sent");
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn rejoin_before_the_first_version_sends_version_zero() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 3, 0);
+    leave(&mut e, 1);
+    let fresh = build_state(&keys, true, 999);
+    let (tx, rx) = rejoin(&rt, &mut e, 1, fresh, 0, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!((tx.kind, rx.to), (CatchUpKind::Full, 0));
+    assert_same(&e, &keys, &s);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_corrupt_replayed_patch_is_rejected() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 5, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    let late = leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 2, 5);
+    sync_live(&rt, &mut e, 2);
+    if let Side::Sender(side) = &mut e.tx.side {
+        side.rejoin.log.corrupt_last_for_tests();
+    }
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 1, &cfg);
+    assert_eq!(tx.unwrap().kind, CatchUpKind::Replay);
+    let err = rx.unwrap_err();
+    assert!(
+        matches!(&err, SyncError::Rejected { current: 1, .. })
+            && err.to_string().contains("checksum"),
+        "{err}"
+    );
+    // The sender and the receiver that stayed go on.
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    let (rx0, st0) = e.rxs[0].as_ref().unwrap();
+    assert_eq!(
+        rx0.checksum(st0).unwrap(),
+        e.tx.checksum(&e.sender).unwrap()
+    );
+}
+
+#[test]
+fn a_receiver_with_other_keys_is_refused() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 5, 8);
+    leave(&mut e, 1);
+    let mut other = build_state(&keys, true, 1);
+    other.insert(
+        "extra",
+        Tensor::zeros(DType::F32, &[2], Role::Frozen).unwrap(),
+    );
+    let (tx, rx) = rejoin(&rt, &mut e, 1, other, 0, &cfg);
+    assert!(tx.unwrap_err().to_string().contains("differ"));
+    assert!(rx.unwrap_err().to_string().contains("refused"));
+}

@@ -23,6 +23,16 @@
 //!   parallel), then `u32 n_streams` (4) and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
 //!   Since format 3 an entry is either sparse (its changes in the index/value streams) or dense (`dense` 1:
 //!   the new bytes of elements `base..base + nnz` in the fourth stream), whichever codes its segment smaller.
+//!
+//! Rejoin (a receiver that joined late catches up; see `syncer/rejoin.rs`), added as new kinds:
+//! - `Rejoin` (receiver → sender, version = the version it holds): a `Metadata` body.
+//! - `RejoinPlan` (sender → that receiver): a `Plan` body, then `u32 n, n × u32 ordinals` of the keys the init
+//!   bootstrap covers beyond the synced ones (frozen weights).
+//! - `Held` (receiver → sender, version = the version it holds): `u64 checksum of the synced keys, u64 checksum
+//!   of those bootstrap-only keys`, both as [`crate::tensor::state_checksum`] computes them.
+//! - `CatchUp` (sender → that receiver, version = the version it will hold): `u8 mode (0 replay, 1 full,
+//!   2 deferred to the next version), u32 bootstrap buckets, u32 patches, u32 full buckets`; the messages follow
+//!   in that order: `InitBucket`s, then logged `Patch`es exactly as first sent, or `Bucket`s of that version.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -75,6 +85,10 @@ pub enum Kind {
     InitBucket,
     Patch,
     Bucket,
+    Rejoin,
+    RejoinPlan,
+    Held,
+    CatchUp,
 }
 
 impl Kind {
@@ -86,6 +100,10 @@ impl Kind {
             Kind::InitBucket => 4,
             Kind::Patch => 5,
             Kind::Bucket => 6,
+            Kind::Rejoin => 7,
+            Kind::RejoinPlan => 8,
+            Kind::Held => 9,
+            Kind::CatchUp => 10,
         }
     }
 
@@ -97,6 +115,10 @@ impl Kind {
             4 => Kind::InitBucket,
             5 => Kind::Patch,
             6 => Kind::Bucket,
+            7 => Kind::Rejoin,
+            8 => Kind::RejoinPlan,
+            9 => Kind::Held,
+            10 => Kind::CatchUp,
             _ => return None,
         })
     }
@@ -109,6 +131,10 @@ impl Kind {
             Kind::InitBucket => "init bucket",
             Kind::Patch => "patch",
             Kind::Bucket => "bucket",
+            Kind::Rejoin => "rejoin",
+            Kind::RejoinPlan => "rejoin plan",
+            Kind::Held => "held",
+            Kind::CatchUp => "catch-up",
         }
     }
 }
@@ -378,6 +404,145 @@ pub fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
         synced,
         init_buckets,
     })
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rejoin
+
+/// A rejoining receiver's request: its metadata and the version it holds.
+pub fn encode_rejoin(keys: &[KeyMeta], held: u64) -> Vec<u8> {
+    let meta = encode_metadata(keys);
+    let body = meta.get(HEADER_LEN..).unwrap_or_default();
+    message(Header::new(Kind::Rejoin, held, body.len()), body)
+}
+
+/// The sender's plan for a rejoining receiver: the init plan (no init buckets) and the bootstrap-only keys.
+pub fn encode_rejoin_plan(plan: &Plan, boot_only: &[u32]) -> Vec<u8> {
+    let init = encode_plan(plan);
+    let mut b = init.get(HEADER_LEN..).unwrap_or_default().to_vec();
+    b.extend_from_slice(&(boot_only.len() as u32).to_le_bytes());
+    for o in boot_only {
+        b.extend_from_slice(&o.to_le_bytes());
+    }
+    message(Header::new(Kind::RejoinPlan, 0, b.len()), &b)
+}
+
+pub fn decode_rejoin_plan(body: &[u8]) -> Result<(Plan, Vec<u32>), WireError> {
+    let mut r = Reader::new(body, "rejoin plan");
+    let strategy = match r.u8()? {
+        0 => Strategy::Patch,
+        1 => Strategy::Bucket,
+        s => return Err(malformed("rejoin plan", format!("strategy code {s}"))),
+    };
+    let ordinals = |r: &mut Reader| -> Result<Vec<u32>, WireError> {
+        let n = r.u32()? as usize;
+        if n > body.len() / 4 {
+            return Err(malformed(
+                "rejoin plan",
+                format!("{n} ordinals in {} bytes", body.len()),
+            ));
+        }
+        (0..n).map(|_| Ok(r.u32()?)).collect()
+    };
+    let synced = ordinals(&mut r)?;
+    let boot_only = ordinals(&mut r)?;
+    r.finish()?;
+    Ok((
+        Plan {
+            strategy,
+            synced,
+            init_buckets: 0,
+        },
+        boot_only,
+    ))
+}
+
+/// What a rejoining receiver holds: its version and the checksums of its synced and bootstrap-only keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub version: u64,
+    pub synced: u64,
+    pub boot_only: u64,
+}
+
+pub fn encode_held(held: &Held) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16);
+    b.extend_from_slice(&held.synced.to_le_bytes());
+    b.extend_from_slice(&held.boot_only.to_le_bytes());
+    message(Header::new(Kind::Held, held.version, b.len()), &b)
+}
+
+pub fn decode_held(header: &Header, body: &[u8]) -> Result<Held, WireError> {
+    let mut r = Reader::new(body, "held");
+    let held = Held {
+        version: header.version,
+        synced: r.u64()?,
+        boot_only: r.u64()?,
+    };
+    r.finish()?;
+    Ok(held)
+}
+
+/// How a rejoining receiver catches up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUpMode {
+    /// The logged patches from its version on.
+    Replay,
+    /// Every synced tensor of the sender's last version.
+    Full,
+    /// Nothing now: the next version is a full transfer anyway (bucket syncer).
+    Deferred,
+}
+
+/// The announcement of a catch-up: mode, target version and the message counts that follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CatchUpPlan {
+    pub mode: CatchUpMode,
+    pub version: u64,
+    pub boot_buckets: u32,
+    pub patches: u32,
+    pub full_buckets: u32,
+}
+
+pub fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
+    let mut b = Vec::with_capacity(13);
+    b.push(match c.mode {
+        CatchUpMode::Replay => 0,
+        CatchUpMode::Full => 1,
+        CatchUpMode::Deferred => 2,
+    });
+    for n in [c.boot_buckets, c.patches, c.full_buckets] {
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    message(Header::new(Kind::CatchUp, c.version, b.len()), &b)
+}
+
+pub fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, WireError> {
+    let mut r = Reader::new(body, "catch-up");
+    let mode = match r.u8()? {
+        0 => CatchUpMode::Replay,
+        1 => CatchUpMode::Full,
+        2 => CatchUpMode::Deferred,
+        m => return Err(malformed("catch-up", format!("mode code {m}"))),
+    };
+    let c = CatchUpPlan {
+        mode,
+        version: header.version,
+        boot_buckets: r.u32()?,
+        patches: r.u32()?,
+        full_buckets: r.u32()?,
+    };
+    r.finish()?;
+    if c.mode != CatchUpMode::Replay && c.patches != 0 {
+        return Err(malformed("catch-up", "patches announced outside a replay"));
+    }
+    if c.mode != CatchUpMode::Full && c.full_buckets != 0 {
+        return Err(malformed(
+            "catch-up",
+            "full buckets announced outside a full catch-up",
+        ));
+    }
+    Ok(c)
 }
 
 pub fn encode_abort(reason: &str) -> Vec<u8> {

@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::{Receiver, RecvBackend, SendBackend, Sender, TransportError};
+use super::{Receiver, RecvBackend, SendBackend, Sender, Target, TransportError};
 use crate::tensor::Storage;
 
 /// Bytes handed in by the caller (a `Vec<u8>`, or e.g. a Python `bytes` kept alive by the binding).
@@ -230,11 +230,21 @@ impl SendBackend for BridgeSender {
         1
     }
 
+    async fn wait_joined(&mut self, _rank: usize) -> Result<(), TransportError> {
+        Err(super::not_elastic("a bridge"))
+    }
+
+    fn live(&self) -> Vec<usize> {
+        vec![0]
+    }
+
     async fn send_with<R>(
         &mut self,
+        _target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
+        // One receiver: a payload for rank 0 and one for all are the same.
         let mut buf = Vec::new();
         buf.try_reserve_exact(len)
             .map_err(|_| TransportError::TooLarge {

@@ -2,6 +2,11 @@
 //!
 //! Receivers report through one event stream (`(rank, Event)`); the sender's waits pull events until their
 //! condition holds, the deadline passes (`Timeout` naming the laggards) or a rank they need is gone (`PeerGone`).
+//!
+//! An *elastic* fanout (the channel admits a new receiver for a rank whose old one died) detaches a gone rank
+//! instead of failing: its pending releases and segment mappings are dropped, payloads go to the live ranks
+//! only, and a later `Joined` event for the rank re-attaches it (parked until the old incarnation's `Gone`, so
+//! no event of a dead receiver is ever attributed to its successor). Payloads may also target one rank.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -24,6 +29,8 @@ pub(crate) enum Event {
     Gone,
     /// The receiver broke the protocol (its stream is dropped); the reason says how.
     Violation(String),
+    /// A new receiver said hello for this rank (elastic channels only); the backend holds its stream.
+    Joined,
 }
 
 pub(crate) type EventTx = mpsc::UnboundedSender<(usize, Event)>;
@@ -55,6 +62,12 @@ pub(crate) struct Fanout {
     queues: Vec<VecDeque<Vec<u8>>>,
     gone: Vec<bool>,
     events: EventRx,
+    /// Gone ranks are detached (and may rejoin) instead of failing every later payload.
+    elastic: bool,
+    /// A joiner waits for its rank's old receiver to be reported gone.
+    parked: Vec<bool>,
+    /// Ranks (re)admitted since the backend last took them.
+    admitted: Vec<usize>,
 }
 
 fn ranks_where(flags: &[bool]) -> Vec<usize> {
@@ -88,7 +101,35 @@ impl Fanout {
             queues: (0..receivers).map(|_| VecDeque::new()).collect(),
             gone: vec![false; receivers],
             events,
+            elastic: false,
+            parked: vec![false; receivers],
+            admitted: Vec::new(),
         }
+    }
+
+    /// Detach gone ranks instead of failing, and admit `Joined` receivers (see the module docs).
+    pub(crate) fn elastic(mut self) -> Self {
+        self.elastic = true;
+        self
+    }
+
+    pub(crate) fn is_elastic(&self) -> bool {
+        self.elastic
+    }
+
+    /// Whether `rank` is currently detached (its receiver gone, no successor admitted yet).
+    pub(crate) fn is_gone(&self, rank: usize) -> bool {
+        self.gone.get(rank).copied().unwrap_or(true)
+    }
+
+    /// Ranks with a live receiver.
+    pub(crate) fn live(&self) -> Vec<usize> {
+        ranks_where(&self.gone.iter().map(|g| !g).collect::<Vec<_>>())
+    }
+
+    /// Ranks admitted since the last call (the backend attaches their streams).
+    pub(crate) fn take_admitted(&mut self) -> Vec<usize> {
+        std::mem::take(&mut self.admitted)
     }
 
     pub(crate) fn receivers(&self) -> usize {
@@ -105,10 +146,10 @@ impl Fanout {
         (self.next_seq, (self.next_seq % slots) as usize)
     }
 
-    /// Fail if any rank is gone: a payload must reach every receiver.
+    /// Fail if any rank is gone: a payload must reach every receiver (elastic: the live ones suffice).
     pub(crate) fn require_all_alive(&self, op: &'static str) -> Result<(), TransportError> {
         let gone = ranks_where(&self.gone);
-        if gone.is_empty() {
+        if gone.is_empty() || self.elastic {
             Ok(())
         } else {
             Err(TransportError::PeerGone {
@@ -119,18 +160,32 @@ impl Fanout {
     }
 
     /// Record that payload `seq` was published in `slot` to every rank.
+    #[cfg(test)]
     pub(crate) fn published(&mut self, seq: u64, slot: usize) {
+        let all: Vec<usize> = (0..self.receivers).collect();
+        self.published_to(seq, slot, &all);
+    }
+
+    /// Record that payload `seq` was published in `slot` to `ranks` (those must release it).
+    pub(crate) fn published_to(&mut self, seq: u64, slot: usize, ranks: &[usize]) {
+        let mut pending = vec![false; self.receivers];
+        for &r in ranks {
+            if let Some(p) = pending.get_mut(r) {
+                *p = true;
+            }
+        }
         // With no receivers nothing is ever in flight.
-        if let Some(entry) = self.slots.get_mut(slot).filter(|_| self.receivers > 0) {
-            *entry = Some(InFlight {
-                seq,
-                pending: vec![true; self.receivers],
-            });
+        if let Some(entry) = self.slots.get_mut(slot) {
+            *entry = pending
+                .iter()
+                .any(|p| *p)
+                .then_some(InFlight { seq, pending });
         }
         self.next_seq = seq + 1;
     }
 
     /// Record that a new segment generation for `slot` was announced to every rank.
+    #[cfg(test)]
     pub(crate) fn announced(&mut self, slot: usize, generation: u64) {
         if self.receivers == 0 {
             self.fully_mapped.push((slot, generation));
@@ -142,9 +197,37 @@ impl Fanout {
         }
     }
 
+    /// Record that `generation` of `slot` was announced to `rank` (elastic: ranks learn of a generation at
+    /// their first payload in that slot); its name stays linked until every rank told has mapped it.
+    pub(crate) fn announced_to(&mut self, slot: usize, generation: u64, rank: usize) {
+        let receivers = self.receivers;
+        if let Some(entry) = self.maps.get_mut(slot) {
+            let wait = match entry {
+                Some(w) if w.generation == generation => w,
+                _ => entry.insert(MapWait {
+                    generation,
+                    pending: vec![false; receivers],
+                }),
+            };
+            if let Some(p) = wait.pending.get_mut(rank) {
+                *p = true;
+            }
+        }
+    }
+
     /// Slot generations every rank has mapped since the last call.
     pub(crate) fn drain_fully_mapped(&mut self) -> Vec<(usize, u64)> {
         std::mem::take(&mut self.fully_mapped)
+    }
+
+    /// Wait for the next event (or the deadline: `Timeout` naming `waiting_on`) and apply it.
+    pub(crate) async fn wait_event(
+        &mut self,
+        deadline: Instant,
+        op: &'static str,
+        waiting_on: Vec<usize>,
+    ) -> Result<(), TransportError> {
+        self.next_event(deadline, op, waiting_on).await
     }
 
     /// Wait until no payload is in flight in `slot`.
@@ -236,7 +319,16 @@ impl Fanout {
             Ok(Some((rank, event))) => self.apply(rank, event),
             // Every event source is gone at once: all receivers have disconnected.
             Ok(None) => {
-                self.gone.iter_mut().for_each(|g| *g = true);
+                for rank in 0..self.receivers {
+                    self.mark_gone(rank);
+                }
+                if self.elastic {
+                    // Nobody can join any more either: waiting again would spin.
+                    return Err(TransportError::PeerGone {
+                        op,
+                        peer: peer_of(waiting_on),
+                    });
+                }
                 Ok(())
             }
         }
@@ -302,19 +394,84 @@ impl Fanout {
                     queue.push_back(msg);
                 }
             }
-            Event::Gone => {
-                if let Some(flag) = self.gone.get_mut(rank) {
-                    *flag = true;
-                }
-            }
+            Event::Gone => self.mark_gone(rank),
             Event::Violation(reason) => {
-                if let Some(flag) = self.gone.get_mut(rank) {
-                    *flag = true;
+                self.mark_gone(rank);
+                if !self.elastic {
+                    return Err(protocol(reason));
                 }
-                return Err(protocol(reason));
+                tracing::warn!(rank, %reason, "receiver broke the protocol and was detached");
+            }
+            Event::Joined => {
+                if !self.elastic {
+                    return Err(protocol(
+                        "joined a channel that admits no new receivers".into(),
+                    ));
+                }
+                if self.gone.get(rank).copied().unwrap_or(false) {
+                    self.admit(rank);
+                } else if let Some(p) = self.parked.get_mut(rank) {
+                    *p = true;
+                }
             }
         }
         Ok(())
+    }
+
+    fn admit(&mut self, rank: usize) {
+        if let Some(g) = self.gone.get_mut(rank) {
+            *g = false;
+        }
+        if let Some(p) = self.parked.get_mut(rank) {
+            *p = false;
+        }
+        self.admitted.retain(|&r| r != rank);
+        self.admitted.push(rank);
+    }
+
+    /// Record that `rank`'s receiver is gone. Elastic: it no longer holds up any payload or segment, and a
+    /// parked successor is admitted.
+    fn mark_gone(&mut self, rank: usize) {
+        if let Some(flag) = self.gone.get_mut(rank) {
+            *flag = true;
+        }
+        if !self.elastic {
+            return;
+        }
+        // What the dead receiver sent and nobody read is not its successor's.
+        if let Some(q) = self.queues.get_mut(rank) {
+            q.clear();
+        }
+        self.admitted.retain(|&r| r != rank);
+        for slot in self.slots.iter_mut() {
+            if let Some(inflight) = slot {
+                if let Some(p) = inflight.pending.get_mut(rank) {
+                    *p = false;
+                }
+                if inflight.pending.iter().all(|p| !p) {
+                    *slot = None;
+                }
+            }
+        }
+        for (slot, entry) in self.maps.iter_mut().enumerate() {
+            if let Some(wait) = entry {
+                if let Some(p) = wait.pending.get_mut(rank) {
+                    *p = false;
+                }
+                if wait.pending.iter().all(|p| !p) {
+                    self.fully_mapped.push((slot, wait.generation));
+                    *entry = None;
+                }
+            }
+        }
+        if self.parked.get(rank).copied().unwrap_or(false) {
+            self.admit(rank);
+        }
+    }
+
+    /// Mark `rank` gone because writing to it failed (elastic channels: the same as its `Gone`).
+    pub(crate) fn detach(&mut self, rank: usize) {
+        self.mark_gone(rank);
     }
 }
 

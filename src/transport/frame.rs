@@ -7,8 +7,9 @@
 use crate::bytes::{BytesError, Reader};
 use crate::protocol::frame::{self, TooLong};
 
-/// Version of this control protocol, sent first in `Hello` and `Welcome`.
-pub(crate) const VERSION: u8 = 1;
+/// Version of this control protocol, sent first in `Hello` and `Welcome`. 2: a receiver sees an increasing
+/// subsequence of payload numbers (payloads may target one rank; receivers may join late).
+pub(crate) const VERSION: u8 = 2;
 
 /// Largest frame accepted (upstream messages included): bounds what a bad length prefix can make us allocate.
 pub(crate) const MAX_FRAME: usize = 64 << 20;

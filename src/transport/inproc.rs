@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::fanout::{Event, EventTx, Fanout};
 use super::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, PAYLOAD_PAGE_OFFSET, Peer, Receiver, RecvBackend, SendBackend,
-    Sender, TransportError,
+    Sender, Target, TransportError,
 };
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
@@ -78,12 +78,87 @@ struct Published {
     buf: Arc<AlignedBuf>,
 }
 
+type Inbox = mpsc::UnboundedSender<Published>;
+/// Inboxes of receivers that joined late, by rank, until the sender attaches them.
+type Mailbox = Arc<std::sync::Mutex<Vec<Option<Inbox>>>>;
+
 /// The sending end of an in-process channel.
 pub struct InProcSender {
     fanout: Fanout,
-    outs: Vec<mpsc::UnboundedSender<Published>>,
+    /// `None`: detached (elastic channels).
+    outs: Vec<Option<Inbox>>,
     /// The buffer last published in each slot; reused in place once every receiver dropped its reference.
     bufs: Vec<Option<Arc<AlignedBuf>>>,
+    mailbox: Option<Mailbox>,
+    /// Ranks attached since the caller last waited for them.
+    fresh: Vec<usize>,
+}
+
+/// Makes new receivers for an elastic in-process channel (the in-process stand-in for a restarted worker).
+#[derive(Clone)]
+pub struct InProcJoiner {
+    mailbox: Mailbox,
+    events: EventTx,
+    timeout: Duration,
+    receivers: usize,
+}
+
+impl std::fmt::Debug for InProcJoiner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InProcJoiner")
+            .field("receivers", &self.receivers)
+            .finish()
+    }
+}
+
+impl InProcJoiner {
+    /// A new receiver for `rank`; the sender admits it once the rank's previous receiver is gone.
+    pub fn join(&self, rank: usize) -> Result<Receiver, TransportError> {
+        if rank >= self.receivers {
+            return Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.receivers,
+            });
+        }
+        let (tx, inbox) = mpsc::unbounded_channel();
+        if let Ok(mut m) = self.mailbox.lock()
+            && let Some(entry) = m.get_mut(rank)
+        {
+            *entry = Some(tx);
+        }
+        self.events
+            .send((rank, Event::Joined))
+            .map_err(|_| TransportError::PeerGone {
+                op: "joining the sender",
+                peer: Peer::Sender,
+            })?;
+        Ok(Receiver::InProc(InProcReceiver {
+            rank,
+            timeout: self.timeout,
+            inbox,
+            events: self.events.clone(),
+        }))
+    }
+}
+
+/// An elastic in-process channel: receivers may be dropped and replaced through the joiner.
+pub fn inproc_channel_elastic(
+    receivers: usize,
+    timeout: Duration,
+) -> (Sender, Vec<Receiver>, InProcJoiner) {
+    let (event_tx, event_rx) = mpsc::unbounded_channel();
+    let (mut sender, rxs) = build(receivers, timeout, event_tx.clone(), event_rx, true);
+    let mailbox: Mailbox = Arc::new(std::sync::Mutex::new(
+        (0..receivers).map(|_| None).collect(),
+    ));
+    sender.mailbox = Some(mailbox.clone());
+    let joiner = InProcJoiner {
+        mailbox,
+        events: event_tx,
+        timeout,
+        receivers,
+    };
+    (Sender::InProc(sender), rxs, joiner)
 }
 
 /// A receiving end of an in-process channel.
@@ -120,11 +195,22 @@ pub fn inproc_channel(receivers: usize) -> (Sender, Vec<Receiver>) {
 /// As [`inproc_channel`], with `timeout` bounding every wait.
 pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Sender, Vec<Receiver>) {
     let (event_tx, event_rx) = mpsc::unbounded_channel();
+    let (sender, rxs) = build(receivers, timeout, event_tx, event_rx, false);
+    (Sender::InProc(sender), rxs)
+}
+
+fn build(
+    receivers: usize,
+    timeout: Duration,
+    event_tx: EventTx,
+    event_rx: super::fanout::EventRx,
+    elastic: bool,
+) -> (InProcSender, Vec<Receiver>) {
     let mut outs = Vec::with_capacity(receivers);
     let mut rxs = Vec::with_capacity(receivers);
     for rank in 0..receivers {
         let (tx, inbox) = mpsc::unbounded_channel();
-        outs.push(tx);
+        outs.push(Some(tx));
         rxs.push(Receiver::InProc(InProcReceiver {
             rank,
             timeout,
@@ -132,15 +218,41 @@ pub fn inproc_channel_with_timeout(receivers: usize, timeout: Duration) -> (Send
             events: event_tx.clone(),
         }));
     }
+    let fanout = Fanout::new(receivers, DEFAULT_SLOTS, timeout, event_rx);
     let sender = InProcSender {
-        fanout: Fanout::new(receivers, DEFAULT_SLOTS, timeout, event_rx),
+        fanout: if elastic { fanout.elastic() } else { fanout },
         outs,
         bufs: (0..DEFAULT_SLOTS).map(|_| None).collect(),
+        mailbox: None,
+        fresh: Vec::new(),
     };
-    (Sender::InProc(sender), rxs)
+    (sender, rxs)
 }
 
 impl InProcSender {
+    /// Take events and attach the inboxes of admitted joiners.
+    fn housekeep(&mut self) -> Result<(), TransportError> {
+        let polled = self.fanout.poll_events();
+        for rank in self.fanout.take_admitted() {
+            let inbox = self
+                .mailbox
+                .as_ref()
+                .and_then(|m| m.lock().ok())
+                .and_then(|mut m| m.get_mut(rank).and_then(Option::take));
+            if let (Some(inbox), Some(out)) = (inbox, self.outs.get_mut(rank)) {
+                *out = Some(inbox);
+                self.fresh.retain(|&r| r != rank);
+                self.fresh.push(rank);
+            }
+        }
+        for (rank, out) in self.outs.iter_mut().enumerate() {
+            if self.fanout.is_elastic() && self.fanout.is_gone(rank) {
+                *out = None;
+            }
+        }
+        polled
+    }
+
     /// The slot's buffer, reused when it is no longer shared and big enough, else a fresh one.
     fn take_buf(&mut self, slot: usize, len: usize) -> Result<AlignedBuf, TransportError> {
         let old = self
@@ -162,26 +274,53 @@ impl SendBackend for InProcSender {
 
     async fn send_with<R>(
         &mut self,
+        target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
         const OP: &str = "sending a payload";
-        self.fanout.poll_events()?;
+        self.housekeep()?;
         self.fanout.require_all_alive(OP)?;
+        let targets = match target {
+            Target::All => self.fanout.live(),
+            Target::Rank(rank) if rank >= self.fanout.receivers() => {
+                return Err(TransportError::NoSuchRank {
+                    rank,
+                    receivers: self.fanout.receivers(),
+                });
+            }
+            Target::Rank(rank) if self.fanout.is_gone(rank) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Receiver(rank),
+                });
+            }
+            Target::Rank(rank) => vec![rank],
+        };
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
         let mut buf = self.take_buf(slot, len)?;
         let out = fill(buf.bytes_mut(len));
         let buf = Arc::new(buf);
-        for (rank, tx) in self.outs.iter().enumerate() {
-            if tx
-                .send(Published {
-                    seq,
-                    len,
-                    buf: Arc::clone(&buf),
-                })
-                .is_err()
-            {
+        let mut reached = Vec::with_capacity(targets.len());
+        for rank in targets {
+            let sent = self
+                .outs
+                .get(rank)
+                .and_then(Option::as_ref)
+                .is_some_and(|tx| {
+                    tx.send(Published {
+                        seq,
+                        len,
+                        buf: Arc::clone(&buf),
+                    })
+                    .is_ok()
+                });
+            if sent {
+                reached.push(rank);
+            } else if self.fanout.is_elastic() {
+                self.fanout.detach(rank);
+            } else {
                 return Err(TransportError::PeerGone {
                     op: OP,
                     peer: Peer::Receiver(rank),
@@ -191,15 +330,53 @@ impl SendBackend for InProcSender {
         if let Some(entry) = self.bufs.get_mut(slot) {
             *entry = Some(buf);
         }
-        self.fanout.published(seq, slot);
+        self.fanout.published_to(seq, slot, &reached);
+        if let Target::Rank(rank) = target
+            && reached.is_empty()
+        {
+            return Err(TransportError::PeerGone {
+                op: OP,
+                peer: Peer::Receiver(rank),
+            });
+        }
         Ok(out)
     }
 
+    async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError> {
+        const OP: &str = "waiting for a receiver to rejoin";
+        if self.mailbox.is_none() {
+            return Err(TransportError::Config {
+                reason: "this channel admits no new receivers (it is not elastic)".to_owned(),
+            });
+        }
+        if rank >= self.fanout.receivers() {
+            return Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.fanout.receivers(),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + self.fanout.timeout();
+        loop {
+            self.housekeep()?;
+            if let Some(i) = self.fresh.iter().position(|&r| r == rank) {
+                self.fresh.remove(i);
+                return Ok(());
+            }
+            self.fanout.wait_event(deadline, OP, vec![rank]).await?;
+        }
+    }
+
+    fn live(&self) -> Vec<usize> {
+        self.fanout.live()
+    }
+
     async fn flush(&mut self) -> Result<(), TransportError> {
+        self.housekeep()?;
         self.fanout.wait_all_free("flushing").await
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+        self.housekeep()?;
         self.fanout
             .wait_message(rank, "receiving an upstream message")
             .await

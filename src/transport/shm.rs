@@ -8,6 +8,12 @@
 //! ([`remove_leftovers`] sweeps those). A wait that times out leaves the channel usable (the caller may wait
 //! again or give up); a dead receiver, a failed socket write or a protocol violation breaks it: the sender
 //! unlinks every segment and refuses further use with [`TransportError::Broken`].
+//!
+//! An *elastic* channel (`ShmConfig::elastic`) keeps listening for the sender's lifetime: a dead receiver is
+//! detached instead (payloads go on to the live ranks), and a new receiver for a detached rank is welcomed at
+//! once and admitted as soon as its predecessor is known to be gone ([`Sender::wait_joined`]). Each rank
+//! learns of a slot's segment at its first payload in that slot; a newcomer that needs a segment whose name
+//! is already unlinked gets a fresh segment. Payloads may target one rank ([`Sender::send_to_with`]).
 
 mod receiver;
 mod segment;
@@ -24,7 +30,7 @@ use tokio::time::Instant;
 
 use super::fanout::{Event, EventTx, Fanout};
 use super::frame::{Down, MAX_FRAME, SegmentInfo, Up, VERSION};
-use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, TransportError};
+use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, Target, TransportError};
 use crate::protocol::frame::FrameReader;
 pub use receiver::ShmReceiver;
 use segment::{Namer, OwnedSegment};
@@ -36,12 +42,18 @@ const OP_SEND: &str = "sending a payload";
 const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
+const OP_JOIN: &str = "waiting for a receiver to rejoin";
+
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
-/// half-written), or a caller mistake (bad rank, impossible size; nothing was published).
-fn recoverable(err: &TransportError) -> bool {
+/// half-written), or a caller mistake (bad rank, impossible size; nothing was published). On an elastic
+/// channel a gone receiver only detaches its rank.
+fn recoverable(err: &TransportError, elastic: bool) -> bool {
     match err {
-        TransportError::Timeout { op, .. } => [OP_SEND, OP_FLUSH, OP_RECV_FROM].contains(op),
+        TransportError::Timeout { op, .. } => {
+            [OP_SEND, OP_FLUSH, OP_RECV_FROM, OP_JOIN].contains(op)
+        }
         TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
+        TransportError::PeerGone { peer, .. } => elastic && *peer != Peer::Sender,
         _ => false,
     }
 }
@@ -61,6 +73,8 @@ pub struct ShmConfig {
     pub slots: usize,
     /// Smallest segment a slot gets when it first needs one (segments are created at first use, grown on demand).
     pub initial_capacity: usize,
+    /// Keep listening after the initial join: a dead receiver is detached and a new one may take its rank.
+    pub elastic: bool,
 }
 
 impl Default for ShmConfig {
@@ -72,6 +86,7 @@ impl Default for ShmConfig {
             timeout: DEFAULT_TIMEOUT,
             slots: DEFAULT_SLOTS,
             initial_capacity: 0,
+            elastic: false,
         }
     }
 }
@@ -134,18 +149,89 @@ impl Drop for SocketFile {
     }
 }
 
+/// Streams of receivers that joined late, by rank, until the sender attaches them.
+type Mailbox = std::sync::Arc<std::sync::Mutex<Vec<Option<Joined>>>>;
+
 /// The sending end of a shared-memory channel.
 #[derive(Debug)]
 pub struct ShmSender {
     fanout: Fanout,
-    writers: Vec<OwnedWriteHalf>,
-    reader_tasks: Vec<JoinHandle<()>>,
+    /// `None`: the rank's receiver is gone (elastic) and no successor is attached yet.
+    writers: Vec<Option<OwnedWriteHalf>>,
+    reader_tasks: Vec<Option<JoinHandle<()>>>,
     segments: Vec<Option<OwnedSegment>>,
-    /// A slot's segment that receivers have not been told about yet.
-    unannounced: Vec<Option<SegmentInfo>>,
+    /// The current segment of each slot, as announced.
+    infos: Vec<Option<SegmentInfo>>,
+    /// `known[rank][slot]`: the segment generation of the slot that rank has been told about.
+    known: Vec<Vec<Option<u64>>>,
     namer: Namer,
     initial_capacity: usize,
     broken: Option<String>,
+    /// Elastic channels: the late joiners' streams, the task accepting them, the socket file it listens on.
+    late: Option<Late>,
+    events: EventTx,
+}
+
+struct Late {
+    mailbox: Mailbox,
+    acceptor: JoinHandle<()>,
+    /// Ranks attached since the caller last waited for them.
+    fresh: Vec<usize>,
+    _socket_file: SocketFile,
+}
+
+impl std::fmt::Debug for Late {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Late").field("fresh", &self.fresh).finish()
+    }
+}
+
+impl std::fmt::Debug for Joined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Joined").field("rank", &self.rank).finish()
+    }
+}
+
+/// Elastic channels: accept receivers for the sender's lifetime, welcome each at once and hand it over.
+fn spawn_acceptor(
+    listener: UnixListener,
+    receivers: usize,
+    welcome: Vec<u8>,
+    timeout: Duration,
+    mailbox: Mailbox,
+    events: EventTx,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut hellos = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        hellos.spawn(read_hello(stream, receivers, Instant::now() + timeout));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a late receiver failed");
+                        return;
+                    }
+                },
+                Some(done) = hellos.join_next() => {
+                    let Ok(Ok(mut j)) = done else { continue };
+                    let rank = j.rank;
+                    if write_frame(&mut j.writer, &welcome, timeout, "welcoming a receiver", Peer::Receiver(rank)).await.is_err() {
+                        continue;
+                    }
+                    tracing::info!(rank, "a receiver joined late");
+                    if let Ok(mut slots) = mailbox.lock() && let Some(entry) = slots.get_mut(rank) {
+                        // A joiner not yet attached is replaced: its stream closes, it fails and may retry.
+                        *entry = Some(j);
+                    }
+                    if events.send((rank, Event::Joined)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
 }
 
 pub(crate) async fn write_frame(
@@ -338,8 +424,6 @@ impl ShmSender {
             cfg.timeout,
         )
         .await?;
-        drop(listener);
-        drop(socket_file);
 
         let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config {
             reason: "too many slots".to_owned(),
@@ -364,20 +448,119 @@ impl ShmSender {
                 Peer::Receiver(rank),
             )
             .await?;
-            writers.push(writer);
-            reader_tasks.push(spawn_reader(rank, j.reader, event_tx.clone()));
+            writers.push(Some(writer));
+            reader_tasks.push(Some(spawn_reader(rank, j.reader, event_tx.clone())));
         }
+        let mut fanout = Fanout::new(cfg.receivers, cfg.slots, cfg.timeout, event_rx);
+        let late = if cfg.elastic {
+            fanout = fanout.elastic();
+            let mailbox: Mailbox = std::sync::Arc::new(std::sync::Mutex::new(
+                (0..cfg.receivers).map(|_| None).collect(),
+            ));
+            Some(Late {
+                acceptor: spawn_acceptor(
+                    listener,
+                    cfg.receivers,
+                    welcome,
+                    cfg.timeout,
+                    mailbox.clone(),
+                    event_tx.clone(),
+                ),
+                mailbox,
+                fresh: Vec::new(),
+                _socket_file: socket_file,
+            })
+        } else {
+            drop(listener);
+            drop(socket_file);
+            None
+        };
         let sender = ShmSender {
-            fanout: Fanout::new(cfg.receivers, cfg.slots, cfg.timeout, event_rx),
+            fanout,
             writers,
             reader_tasks,
             segments: (0..cfg.slots).map(|_| None).collect(),
-            unannounced: (0..cfg.slots).map(|_| None).collect(),
+            infos: (0..cfg.slots).map(|_| None).collect(),
+            known: (0..cfg.receivers).map(|_| vec![None; cfg.slots]).collect(),
             namer: Namer::new(&cfg.segment_prefix),
             initial_capacity: cfg.initial_capacity,
             broken: None,
+            late,
+            events: event_tx,
         };
         Ok(Sender::Shm(sender))
+    }
+
+    /// Attach the streams of receivers the fanout admitted (elastic channels).
+    fn attach_admitted(&mut self) {
+        let admitted = self.fanout.take_admitted();
+        let Some(late) = self.late.as_mut() else {
+            return;
+        };
+        for rank in admitted {
+            let joined = late
+                .mailbox
+                .lock()
+                .ok()
+                .and_then(|mut m| m.get_mut(rank).and_then(Option::take));
+            let Some(j) = joined else {
+                // Admitted without a stream: it was replaced by a later joiner that is admitted next.
+                continue;
+            };
+            if let Some(w) = self.writers.get_mut(rank) {
+                *w = Some(j.writer);
+            }
+            if let Some(t) = self.reader_tasks.get_mut(rank) {
+                if let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone())) {
+                    old.abort();
+                }
+            }
+            if let Some(k) = self.known.get_mut(rank) {
+                k.iter_mut().for_each(|g| *g = None);
+            }
+            late.fresh.retain(|&r| r != rank);
+            late.fresh.push(rank);
+        }
+    }
+
+    /// Take events and attach joiners; drop the writers of detached ranks.
+    fn housekeep(&mut self) -> Result<(), TransportError> {
+        let polled = self.fanout.poll_events();
+        self.attach_admitted();
+        self.unlink_mapped();
+        for (rank, w) in self.writers.iter_mut().enumerate() {
+            if self.fanout.is_elastic() && self.fanout.is_gone(rank) && w.is_some() {
+                *w = None;
+            }
+        }
+        polled
+    }
+
+    async fn try_wait_joined(&mut self, rank: usize) -> Result<(), TransportError> {
+        if self.late.is_none() {
+            return Err(TransportError::Config {
+                reason: "this channel admits no new receivers (it is not elastic)".to_owned(),
+            });
+        }
+        if rank >= self.fanout.receivers() {
+            return Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.fanout.receivers(),
+            });
+        }
+        let deadline = Instant::now() + self.fanout.timeout();
+        loop {
+            self.housekeep()?;
+            if let Some(late) = self.late.as_mut()
+                && let Some(i) = late.fresh.iter().position(|&r| r == rank)
+            {
+                late.fresh.remove(i);
+                return Ok(());
+            }
+            self.fanout
+                .wait_event(deadline, OP_JOIN, vec![rank])
+                .await?;
+        }
     }
 
     fn check_usable(&self) -> Result<(), TransportError> {
@@ -405,7 +588,7 @@ impl ShmSender {
     fn settle<T>(&mut self, result: Result<T, TransportError>) -> Result<T, TransportError> {
         self.unlink_mapped();
         match result {
-            Err(err) if !recoverable(&err) => Err(self.fail(err)),
+            Err(err) if !recoverable(&err, self.fanout.is_elastic()) => Err(self.fail(err)),
             other => other,
         }
     }
@@ -447,46 +630,55 @@ impl ShmSender {
         if let Some(entry) = self.segments.get_mut(slot) {
             *entry = Some(seg);
         }
-        if let Some(entry) = self.unannounced.get_mut(slot) {
+        if let Some(entry) = self.infos.get_mut(slot) {
             *entry = Some(info);
-        }
-        Ok(())
-    }
-
-    async fn publish(&mut self, frame: &[u8]) -> Result<(), TransportError> {
-        let timeout = self.fanout.timeout();
-        for (rank, writer) in self.writers.iter_mut().enumerate() {
-            write_frame(
-                writer,
-                frame,
-                timeout,
-                "publishing a payload",
-                Peer::Receiver(rank),
-            )
-            .await?;
         }
         Ok(())
     }
 
     async fn try_send_with<R>(
         &mut self,
+        target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
         const OP: &str = OP_SEND;
-        self.fanout.poll_events()?;
-        self.unlink_mapped();
+        self.housekeep()?;
         self.fanout.require_all_alive(OP)?;
+        let targets: Vec<usize> = match target {
+            Target::All => self.fanout.live(),
+            Target::Rank(rank) if rank >= self.fanout.receivers() => {
+                return Err(TransportError::NoSuchRank {
+                    rank,
+                    receivers: self.fanout.receivers(),
+                });
+            }
+            Target::Rank(rank) if self.fanout.is_gone(rank) => {
+                return Err(TransportError::PeerGone {
+                    op: OP,
+                    peer: Peer::Receiver(rank),
+                });
+            }
+            Target::Rank(rank) => vec![rank],
+        };
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
-        self.unlink_mapped();
-        let current = self
-            .segments
-            .get(slot)
-            .and_then(Option::as_ref)
-            .map_or(0, OwnedSegment::payload_capacity);
-        if len > current {
-            self.replace_segment(slot, len.max(self.initial_capacity))?;
+        self.housekeep()?;
+        let segment = self.segments.get(slot).and_then(Option::as_ref);
+        let current = segment.map_or(0, OwnedSegment::payload_capacity);
+        let generation = segment.map(OwnedSegment::generation);
+        // A target that has not mapped the current segment can no longer open it once its name is gone.
+        let stale = segment.is_some_and(|seg| !seg.is_linked())
+            && targets.iter().any(|&r| {
+                self.known
+                    .get(r)
+                    .and_then(|k| k.get(slot))
+                    .copied()
+                    .flatten()
+                    != generation
+            });
+        if len > current || stale {
+            self.replace_segment(slot, len.max(self.initial_capacity).max(current))?;
         }
         let out = match self.segments.get_mut(slot).and_then(Option::as_mut) {
             Some(seg) => match seg.payload_mut(len) {
@@ -500,22 +692,68 @@ impl ShmSender {
             },
             None => fill(&mut []),
         };
-        // Taken only now, so that a `fill` that panicked leaves the announcement for the next payload.
-        let fresh = self.unannounced.get_mut(slot).and_then(Option::take);
-        let generation = fresh.as_ref().map(|info| info.generation);
-        let frame = Down::Publish {
-            seq,
-            slot: slot as u32,
-            len: len as u64,
-            segment: fresh,
+        let info = self.infos.get(slot).cloned().flatten();
+        let timeout = self.fanout.timeout();
+        let mut reached = Vec::with_capacity(targets.len());
+        for rank in targets {
+            let told = self
+                .known
+                .get(rank)
+                .and_then(|k| k.get(slot))
+                .copied()
+                .flatten();
+            let announce = info.clone().filter(|i| Some(i.generation) != told);
+            let frame = Down::Publish {
+                seq,
+                slot: slot as u32,
+                len: len as u64,
+                segment: announce.clone(),
+            }
+            .encode()
+            .map_err(|e| protocol(Peer::Sender, e))?;
+            let Some(writer) = self.writers.get_mut(rank).and_then(Option::as_mut) else {
+                continue;
+            };
+            match write_frame(
+                writer,
+                &frame,
+                timeout,
+                "publishing a payload",
+                Peer::Receiver(rank),
+            )
+            .await
+            {
+                Ok(()) => {}
+                Err(TransportError::PeerGone { .. } | TransportError::Io { .. })
+                    if self.fanout.is_elastic() =>
+                {
+                    tracing::warn!(rank, "a receiver vanished while publishing; detached");
+                    self.fanout.detach(rank);
+                    if let Some(w) = self.writers.get_mut(rank) {
+                        *w = None;
+                    }
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
+            if let Some(i) = announce {
+                self.fanout.announced_to(slot, i.generation, rank);
+                if let Some(k) = self.known.get_mut(rank).and_then(|k| k.get_mut(slot)) {
+                    *k = Some(i.generation);
+                }
+            }
+            reached.push(rank);
         }
-        .encode()
-        .map_err(|e| protocol(Peer::Sender, e))?;
-        self.publish(&frame).await?;
-        if let Some(generation) = generation {
-            self.fanout.announced(slot, generation);
+        if let Target::Rank(rank) = target
+            && reached.is_empty()
+        {
+            self.fanout.published_to(seq, slot, &reached);
+            return Err(TransportError::PeerGone {
+                op: OP,
+                peer: Peer::Receiver(rank),
+            });
         }
-        self.fanout.published(seq, slot);
+        self.fanout.published_to(seq, slot, &reached);
         Ok(out)
     }
 }
@@ -527,31 +765,51 @@ impl SendBackend for ShmSender {
 
     async fn send_with<R>(
         &mut self,
+        target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
         self.check_usable()?;
-        let result = self.try_send_with(len, fill).await;
+        let result = self.try_send_with(target, len, fill).await;
         self.settle(result)
+    }
+
+    async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = self.try_wait_joined(rank).await;
+        self.settle(result)
+    }
+
+    fn live(&self) -> Vec<usize> {
+        self.fanout.live()
     }
 
     async fn flush(&mut self) -> Result<(), TransportError> {
         self.check_usable()?;
-        let result = self.fanout.wait_all_free(OP_FLUSH).await;
+        let result = match self.housekeep() {
+            Ok(()) => self.fanout.wait_all_free(OP_FLUSH).await,
+            Err(e) => Err(e),
+        };
         self.settle(result)
     }
 
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
         self.check_usable()?;
-        let result = self.fanout.wait_message(rank, OP_RECV_FROM).await;
+        let result = match self.housekeep() {
+            Ok(()) => self.fanout.wait_message(rank, OP_RECV_FROM).await,
+            Err(e) => Err(e),
+        };
         self.settle(result)
     }
 }
 
 impl Drop for ShmSender {
     fn drop(&mut self) {
-        for task in &self.reader_tasks {
+        for task in self.reader_tasks.iter().flatten() {
             task.abort();
+        }
+        if let Some(late) = &self.late {
+            late.acceptor.abort();
         }
         // Segments unlink themselves on drop; the socket file is gone since `bind` returned.
     }

@@ -24,7 +24,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::inproc::AlignedBuf;
-use super::{InProcSender, Peer, SendBackend, Sender, ShmSender, TransportError};
+use super::{
+    InProcSender, Peer, SendBackend, Sender, ShmSender, Target, TransportError, not_elastic,
+};
 
 const MAGIC: &[u8; 8] = b"RLSYNCC1";
 const NONCE: usize = 32;
@@ -407,8 +409,8 @@ impl Local {
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
         match self {
-            Local::InProc(s) => s.send_with(len, fill).await,
-            Local::Shm(s) => s.send_with(len, fill).await,
+            Local::InProc(s) => s.send_with(Target::All, len, fill).await,
+            Local::Shm(s) => s.send_with(Target::All, len, fill).await,
         }
     }
 
@@ -525,11 +527,23 @@ impl SendBackend for ChainSender {
         self.local_receivers + self.down.as_ref().map_or(0, |d| d.receivers as usize)
     }
 
+    async fn wait_joined(&mut self, _rank: usize) -> Result<(), TransportError> {
+        Err(not_elastic("a TCP chain"))
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.receivers()).collect()
+    }
+
     async fn send_with<R>(
         &mut self,
+        target: Target,
         len: usize,
         fill: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R, TransportError> {
+        if let Target::Rank(_) = target {
+            return Err(not_elastic("a TCP chain"));
+        }
         if self.down.is_some() {
             let fits = self.staging.as_ref().is_some_and(|s| s.capacity() >= len);
             if !fits {

@@ -178,6 +178,11 @@ impl OwnedSegment {
     }
 
     /// Remove the name (the memory lives on while mapped). Idempotent.
+    /// Whether the name still exists (a receiver can still open it).
+    pub(crate) fn is_linked(&self) -> bool {
+        self.linked
+    }
+
     pub(crate) fn unlink(&mut self) {
         if std::mem::replace(&mut self.linked, false)
             && let Err(errno) = shm_unlink(shm_path(&self.name).as_str())

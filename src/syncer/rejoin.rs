@@ -1,0 +1,562 @@
+//! Rejoin: a receiver that joined late (a restarted rollout) catches up by replaying logged patches, else by a
+//! full transfer, and is verified like after any sync.
+//!
+//! The sender keeps a bounded log of the patch messages it sent ([`ReplayLog`], keyed by base version, at most
+//! `weight_syncer.patch.replay_versions` entries and `replay_max_bytes` bytes), each with the checksum of the
+//! snapshot it was built on. A rejoining receiver sends its metadata and the version V it holds, gets the plan
+//! (synced keys, bootstrap-only keys), and reports the checksums of both key sets. The sender then chooses:
+//!
+//! - **replay**: V is the base of a chain of logged patches up to the last version sent, the receiver's synced
+//!   checksum equals the logged checksum of V, and the chain costs no more than a full transfer. The patches
+//!   go out byte for byte as first sent and the receiver validates and installs each exactly like a live one
+//!   (kind, checksum, version newer, base equal to its version), so replay is bitwise the same as having been
+//!   there. A patch carries absolute values of the elements that changed since its base, hence it is only
+//!   sound on exactly its base state: that is what the checksum check guarantees (a fresh worker's own init
+//!   weights, a checkpoint-resumed trainer, or a missing log entry all fall back to full).
+//! - **full**: every synced tensor of the sender's snapshot (patch syncer: the last version, in the receiver's
+//!   dtypes, bit for bit what the others hold) as buckets of that version.
+//! - **deferred** (bucket syncer): the sender keeps no copy of the last version, and every version is a full
+//!   transfer anyway, so the receiver only completes the handshake and takes the next version with the others.
+//!
+//! Keys the init bootstrap covers but no version updates (frozen weights) are sent again, as init buckets,
+//! only when the receiver's checksum of them differs from the sender's. All catch-up messages target the one
+//! receiver; the others never see them.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
+use crate::transport;
+
+use super::bucket::{self, Planned};
+use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind};
+use super::{SyncError, blocking, hash_cast};
+
+/// One logged patch: the message as sent, its base and version, and the checksum of its base snapshot.
+#[derive(Debug)]
+struct Logged {
+    base: u64,
+    version: u64,
+    base_checksum: u64,
+    msg: Vec<u8>,
+}
+
+/// The sender's bounded log of recent patches (oldest evicted first).
+#[derive(Debug)]
+pub struct ReplayLog {
+    max_versions: usize,
+    max_bytes: u64,
+    bytes: u64,
+    entries: VecDeque<Logged>,
+}
+
+impl ReplayLog {
+    pub fn new(max_versions: usize, max_bytes: u64) -> ReplayLog {
+        ReplayLog {
+            max_versions,
+            max_bytes,
+            bytes: 0,
+            entries: VecDeque::new(),
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.max_versions > 0 && self.max_bytes > 0
+    }
+
+    /// Record the patch `msg` from `base` to `version`. A message larger than the byte cap empties the log
+    /// (no chain could cross it), and a base that does not continue the log starts it anew.
+    pub fn push(&mut self, base: u64, version: u64, base_checksum: u64, msg: Vec<u8>) {
+        if !self.is_enabled() {
+            return;
+        }
+        if self.entries.back().is_some_and(|e| e.version != base)
+            || msg.len() as u64 > self.max_bytes
+        {
+            self.entries.clear();
+            self.bytes = 0;
+        }
+        if msg.len() as u64 > self.max_bytes {
+            return;
+        }
+        self.bytes += msg.len() as u64;
+        self.entries.push_back(Logged {
+            base,
+            version,
+            base_checksum,
+            msg,
+        });
+        while self.entries.len() > self.max_versions || self.bytes > self.max_bytes {
+            match self.entries.pop_front() {
+                Some(e) => self.bytes -= e.msg.len() as u64,
+                None => break,
+            }
+        }
+    }
+
+    /// Tests: flip one body byte of the newest patch (as if memory or the channel corrupted it).
+    #[cfg(test)]
+    pub(super) fn corrupt_last_for_tests(&mut self) {
+        if let Some(e) = self.entries.back_mut()
+            && let Some(b) = e.msg.last_mut()
+        {
+            *b ^= 0x40;
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Versions the log can replay from (the bases it holds), oldest first.
+    pub fn bases(&self) -> Vec<u64> {
+        self.entries.iter().map(|e| e.base).collect()
+    }
+
+    /// The logged patches from `from` up to the newest, if `from` is a base in the log (the log is one
+    /// contiguous chain, so the rest follows), with the checksum of the snapshot at `from`.
+    fn chain(&self, from: u64) -> Option<(u64, Vec<&[u8]>)> {
+        let i = self.entries.iter().position(|e| e.base == from)?;
+        let first = self.entries.get(i)?;
+        Some((
+            first.base_checksum,
+            self.entries
+                .iter()
+                .skip(i)
+                .map(|e| e.msg.as_slice())
+                .collect(),
+        ))
+    }
+}
+
+/// How a rejoining receiver caught up (metrics: `sync/catchup_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CatchUpKind {
+    #[default]
+    Replay,
+    Full,
+}
+
+impl CatchUpKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CatchUpKind::Replay => "replay",
+            CatchUpKind::Full => "full",
+        }
+    }
+}
+
+/// One catch-up, as the sender or the receiver saw it.
+#[derive(Debug, Clone, Default)]
+pub struct CatchUpReport {
+    pub rank: usize,
+    pub kind: CatchUpKind,
+    /// The version the receiver held.
+    pub from: u64,
+    /// The version it holds now (0 for a deferred catch-up: it takes the next version with the others).
+    pub to: u64,
+    /// Patches replayed.
+    pub patches: u32,
+    /// Bytes of catch-up payloads (handshake, bootstrap-only keys, patches or buckets; headers included).
+    pub payload_bytes: u64,
+    /// Of those, bootstrap-only keys re-sent.
+    pub boot_bytes: u64,
+    /// Why not a replay (empty for a replay).
+    pub reason: String,
+    pub elapsed: Duration,
+}
+
+/// What the sender keeps for rejoins (set at init).
+pub(super) struct RejoinInfo {
+    /// The receivers' metadata (every rank reported the same).
+    pub meta: Vec<KeyMeta>,
+    pub synced_ordinals: Vec<u32>,
+    /// Bootstrap keys that are not synced, with their receiver ordinals (in state order).
+    pub boot_only: Vec<(String, u32)>,
+    pub init_bucket_size: u64,
+    /// Checksum of the bootstrap-only keys as the init bootstrap sent them.
+    pub boot_checksum: u64,
+    pub log: ReplayLog,
+    /// The checksum of the snapshot at a version, when computed for that version (patch syncer).
+    pub checksum: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+impl RejoinInfo {
+    pub fn cached_checksum(&self, version: u64) -> Option<u64> {
+        let c = self.checksum.lock().unwrap_or_else(|p| p.into_inner());
+        c.filter(|(v, _)| *v == version).map(|(_, c)| c)
+    }
+
+    pub fn cache_checksum(&self, version: u64, checksum: u64) {
+        *self.checksum.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, checksum));
+    }
+}
+
+/// Checksum of `keys` of `state` as a receiver holding them in `dtypes` would compute it.
+pub(super) fn cast_checksum(state: &StateDict, keys: &[(String, DType)]) -> Result<u64, SyncError> {
+    let mut h = StateHasher::new();
+    for (key, rd) in keys {
+        let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
+            key: key.clone(),
+            reason: "missing from the state dict".into(),
+        })?;
+        h.begin_tensor(key, *rd, t.shape());
+        hash_cast(&mut h, t.bytes(), t.dtype(), *rd, *rd);
+    }
+    Ok(h.finish())
+}
+
+/// The sender's side of one rejoin: everything goes to `rank` only.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn serve(
+    ch: &mut transport::Sender,
+    rank: usize,
+    info: &RejoinInfo,
+    state: &StateDict,
+    snap: Option<&[super::patch::SnapTensor]>,
+    last_version: u64,
+    strategy: wire::Strategy,
+    part_bytes: usize,
+) -> Result<CatchUpReport, SyncError> {
+    let started = Instant::now();
+    let handshake = |reason: String| SyncError::Handshake {
+        reason: format!("rejoin of receiver rank {rank}: {reason}"),
+    };
+    ch.wait_joined(rank).await?;
+    let mut report = CatchUpReport {
+        rank,
+        ..CatchUpReport::default()
+    };
+    // 1. its metadata and version
+    let msg = ch.recv_from(rank).await?;
+    report.payload_bytes += msg.len() as u64;
+    let (held_version, meta) = Header::parse(&msg)
+        .and_then(|(h, body)| {
+            h.expect(Kind::Rejoin)?;
+            Ok((h.version, wire::decode_metadata(body)?))
+        })
+        .map_err(|e| handshake(e.to_string()))?;
+    if meta != info.meta {
+        let reason =
+            "its keys, shapes or dtypes differ from those of the receivers at init".to_string();
+        let _ = ch.send_to(rank, &wire::encode_abort(&reason)).await;
+        return Err(handshake(reason));
+    }
+    report.from = held_version;
+    // 2. the plan
+    let plan = wire::Plan {
+        strategy,
+        synced: info.synced_ordinals.clone(),
+        init_buckets: 0,
+    };
+    let boot_ordinals: Vec<u32> = info.boot_only.iter().map(|(_, o)| *o).collect();
+    let msg = wire::encode_rejoin_plan(&plan, &boot_ordinals);
+    report.payload_bytes += msg.len() as u64;
+    ch.send_to(rank, &msg).await?;
+    // 3. what it holds
+    let msg = ch.recv_from(rank).await?;
+    report.payload_bytes += msg.len() as u64;
+    let held: Held = Header::parse(&msg)
+        .and_then(|(h, body)| {
+            h.expect(Kind::Held)?;
+            wire::decode_held(&h, body)
+        })
+        .map_err(|e| handshake(e.to_string()))?;
+    if held.version != held_version {
+        return Err(handshake(format!(
+            "reported version {held_version}, then {}",
+            held.version
+        )));
+    }
+    // 4. bootstrap-only keys, if its copy differs
+    let boot_keys: Vec<(String, DType)> = info
+        .boot_only
+        .iter()
+        .map(|(k, o)| (k.clone(), info.meta[*o as usize].dtype))
+        .collect();
+    let boot_now = if boot_keys.is_empty() {
+        held.boot_only
+    } else {
+        blocking(|| cast_checksum(state, &boot_keys))?
+    };
+    if boot_now != info.boot_checksum {
+        // Frozen keys are not synced, so the receivers that stayed still hold what the bootstrap sent; the
+        // sender no longer has those values. The rejoining receiver gets the current ones: say so.
+        tracing::warn!(
+            rank,
+            "frozen (bootstrap-only) keys changed on the sender since the init bootstrap: the rejoining receiver gets their current values, the others keep the bootstrap's"
+        );
+    }
+    let boot_buckets = if boot_now == held.boot_only {
+        Vec::new()
+    } else {
+        let refs: Vec<&str> = boot_keys.iter().map(|(k, _)| k.as_str()).collect();
+        let ordinals = info
+            .boot_only
+            .iter()
+            .map(|(k, o)| (k.clone(), *o))
+            .collect();
+        let items = super::bootstrap::plan_items(state, &refs, &info.meta, &ordinals, |_, r| r);
+        bucket::plan(items, info.init_bucket_size)
+    };
+    // 5. replay, full or deferred
+    let mut plan = CatchUpPlan {
+        mode: CatchUpMode::Full,
+        version: last_version,
+        boot_buckets: boot_buckets.len() as u32,
+        patches: 0,
+        full_buckets: 0,
+    };
+    let mut replay: Vec<&[u8]> = Vec::new();
+    let mut full: Vec<Vec<Planned>> = Vec::new();
+    match snap {
+        None => {
+            plan.mode = CatchUpMode::Deferred;
+            plan.version = 0;
+            report.reason = "bucket syncer: the next version is a full transfer".into();
+        }
+        Some(snap) => {
+            let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
+            let current = match info.cached_checksum(last_version) {
+                Some(c) => c,
+                None => {
+                    let c = blocking(|| snapshot_checksum(snap, &info.meta));
+                    info.cache_checksum(last_version, c);
+                    c
+                }
+            };
+            let chain = if held.version == last_version {
+                Some((current, Vec::new()))
+            } else {
+                info.log.chain(held.version)
+            };
+            match chain {
+                None if !info.log.is_enabled() => {
+                    report.reason =
+                        "the replay log is off (weight_syncer.patch.replay_versions: 0)".into();
+                }
+                None => {
+                    let bases = info.log.bases();
+                    report.reason = match (bases.first(), bases.last()) {
+                        (Some(a), Some(b)) => format!(
+                            "version {} is not in the replay log (it can replay from versions {a}..={b})",
+                            held.version
+                        ),
+                        _ => format!("version {} is not in the (empty) replay log", held.version),
+                    };
+                }
+                Some((expected, _)) if expected != held.synced => {
+                    report.reason = format!(
+                        "its weights are not those of version {} (checksum {:#018x}, expected {expected:#018x})",
+                        held.version, held.synced
+                    );
+                }
+                Some((_, msgs)) => {
+                    let bytes: u64 = msgs.iter().map(|m| m.len() as u64).sum();
+                    if bytes > full_bytes {
+                        report.reason = format!(
+                            "replaying {} patches ({bytes} bytes) costs more than the full state ({full_bytes} bytes)",
+                            msgs.len()
+                        );
+                    } else {
+                        plan.mode = CatchUpMode::Replay;
+                        plan.patches = msgs.len() as u32;
+                        replay = msgs;
+                    }
+                }
+            }
+            if plan.mode == CatchUpMode::Full {
+                let items = snap
+                    .iter()
+                    .map(|t| Planned {
+                        key: t.key.clone(),
+                        src: t.dtype,
+                        entry: wire::BucketEntry {
+                            ordinal: t.ordinal,
+                            dtype: t.dtype,
+                            byte_len: t.storage.len(),
+                        },
+                    })
+                    .collect();
+                full = bucket::plan(items, info.init_bucket_size);
+                if full.is_empty() {
+                    full.push(Vec::new());
+                }
+                plan.full_buckets = full.len() as u32;
+            }
+        }
+    }
+    let msg = wire::encode_catch_up(&plan);
+    report.payload_bytes += msg.len() as u64;
+    ch.send_to(rank, &msg).await?;
+    if !boot_buckets.is_empty() {
+        let stats = send_state_buckets(ch, rank, state, &boot_buckets, part_bytes).await?;
+        report.boot_bytes = stats.payload_bytes;
+        report.payload_bytes += stats.payload_bytes;
+    }
+    for msg in &replay {
+        ch.send_to(rank, msg).await?;
+        report.payload_bytes += msg.len() as u64;
+    }
+    if let (false, Some(snap)) = (full.is_empty(), snap) {
+        let by_key: std::collections::HashMap<&str, &[u8]> = snap
+            .iter()
+            .map(|t| (t.key.as_str(), t.storage.bytes()))
+            .collect();
+        let sources: Vec<Vec<&[u8]>> = full
+            .iter()
+            .map(|b| {
+                b.iter()
+                    .map(|p| by_key.get(p.key.as_str()).copied().unwrap_or_default())
+                    .collect()
+            })
+            .collect();
+        let stats = bucket::send_sources(
+            ch,
+            Some(rank),
+            &full,
+            &sources,
+            // Before the first version a receiver takes version 0 as init buckets (a bucket must be newer).
+            if last_version == 0 {
+                Kind::InitBucket
+            } else {
+                Kind::Bucket
+            },
+            last_version,
+            part_bytes,
+            None,
+        )
+        .await?;
+        report.payload_bytes += stats.payload_bytes;
+    }
+    report.kind = match plan.mode {
+        CatchUpMode::Replay => CatchUpKind::Replay,
+        CatchUpMode::Full | CatchUpMode::Deferred => CatchUpKind::Full,
+    };
+    report.to = plan.version;
+    report.patches = plan.patches;
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Init buckets of `state` (cast to the receiver's dtypes) to one rank.
+async fn send_state_buckets(
+    ch: &mut transport::Sender,
+    rank: usize,
+    state: &StateDict,
+    buckets: &[Vec<Planned>],
+    part_bytes: usize,
+) -> Result<bucket::SendStats, SyncError> {
+    let mut sources = Vec::with_capacity(buckets.len());
+    for b in buckets {
+        let mut srcs = Vec::with_capacity(b.len());
+        for p in b {
+            let t = state.get(&p.key).ok_or_else(|| SyncError::StateMismatch {
+                key: p.key.clone(),
+                reason: "missing from the state dict".into(),
+            })?;
+            if t.dtype() != p.src {
+                return Err(SyncError::StateMismatch {
+                    key: p.key.clone(),
+                    reason: format!("now {}, {} at init", t.dtype(), p.src),
+                });
+            }
+            srcs.push(t.bytes());
+        }
+        sources.push(srcs);
+    }
+    bucket::send_sources(
+        ch,
+        Some(rank),
+        buckets,
+        &sources,
+        Kind::InitBucket,
+        0,
+        part_bytes,
+        None,
+    )
+    .await
+}
+
+/// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys).
+pub(super) fn snapshot_checksum(snap: &[super::patch::SnapTensor], meta: &[KeyMeta]) -> u64 {
+    let mut h = StateHasher::new();
+    for st in snap {
+        let shape = meta
+            .get(st.ordinal as usize)
+            .map(|m| m.shape.as_slice())
+            .unwrap_or_default();
+        h.begin_tensor(&st.key, st.dtype, shape);
+        h.bytes(st.storage.bytes());
+    }
+    h.finish()
+}
+
+/// The receiver's checksums of its synced and bootstrap-only keys.
+pub(super) fn held(
+    state: &StateDict,
+    version: u64,
+    synced: &[String],
+    boot_only: &[String],
+) -> Held {
+    Held {
+        version,
+        synced: state_checksum(state, synced),
+        boot_only: state_checksum(state, boot_only),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(n: usize) -> Vec<u8> {
+        vec![7; n]
+    }
+
+    #[test]
+    fn the_log_keeps_the_newest_versions_within_its_caps() {
+        let mut log = ReplayLog::new(3, 1000);
+        for v in 1..=5u64 {
+            log.push(v - 1, v, v * 10, msg(100));
+        }
+        assert_eq!(log.bases(), vec![2, 3, 4]);
+        assert_eq!(log.bytes(), 300);
+        assert!(log.chain(1).is_none(), "evicted");
+        let (checksum, msgs) = log.chain(3).unwrap();
+        // Each entry carries the checksum of its base (the test pushes version × 10 for base version - 1).
+        assert_eq!((checksum, msgs.len()), (40, 2));
+        // The byte cap evicts too.
+        log.push(5, 6, 60, msg(800));
+        assert_eq!(log.bases(), vec![3, 4, 5]);
+        assert_eq!(log.bytes(), 1000);
+        log.push(6, 7, 70, msg(150));
+        assert_eq!(log.bases(), vec![5, 6]);
+        assert_eq!(log.bytes(), 950);
+        // A patch larger than the cap empties the log: no chain can cross it.
+        log.push(7, 8, 80, msg(1001));
+        assert!(log.bases().is_empty());
+        assert_eq!(log.bytes(), 0);
+        // A base that does not continue the newest version starts the log anew.
+        log.push(7, 8, 80, msg(10));
+        log.push(9, 10, 90, msg(10));
+        assert_eq!(log.bases(), vec![9]);
+    }
+
+    #[test]
+    fn a_disabled_log_holds_nothing() {
+        for (versions, bytes) in [(0, 1000), (4, 0)] {
+            let mut log = ReplayLog::new(versions, bytes);
+            log.push(0, 1, 1, msg(10));
+            assert!(!log.is_enabled());
+            assert!(log.bases().is_empty());
+        }
+    }
+
+    #[test]
+    fn catch_up_kinds_have_metric_names() {
+        assert_eq!(CatchUpKind::Replay.name(), "replay");
+        assert_eq!(CatchUpKind::Full.name(), "full");
+    }
+}
