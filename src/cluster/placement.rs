@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use crate::config::schema::ClusterConfig;
+use crate::config::schema::{ClusterConfig, MAX_PLACEMENT_SLOTS};
 
 /// Where one worker runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,6 +329,22 @@ pub fn resolve(cluster: &ClusterConfig) -> Result<NodePlacement, PlacementError>
             });
         }
         let entries = parse_entries(key, &text)?;
+        // Count before anything is expanded: a hostile `0-2000000` costs nothing to refuse.
+        let listed: u64 = entries
+            .iter()
+            .flat_map(|e| [e.slots, e.processes])
+            .flatten()
+            .map(|(lo, hi)| u64::from(hi.saturating_sub(lo)) + 1)
+            .sum();
+        if listed > MAX_PLACEMENT_SLOTS as u64 {
+            return Err(PlacementError::Syntax {
+                key: key.clone(),
+                text,
+                reason: format!(
+                    "lists more than {MAX_PLACEMENT_SLOTS} slots (one worker process each)"
+                ),
+            });
+        }
         parsed.push((key.clone(), text, entries));
     }
     let num_nodes = cluster.num_nodes.get();

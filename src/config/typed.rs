@@ -214,7 +214,7 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
                 problem(
                     "cluster.component_placement.rollout",
                     format!(
-                        "{busiest} rollout workers on one node is more than the {MAX_ROLLOUTS_PER_HOST} rlsync starts on one host (one process each)"
+                        "{busiest} rollout workers is more than the {MAX_ROLLOUTS_PER_HOST} rlsync starts on one host (one process each, on the busiest node)"
                     ),
                 );
             }
