@@ -16,7 +16,7 @@ VENV_STAMP  := $(VENV)/.rlsync-venv-v3
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run test test-plain test-torch conformance bench venv python test-python clean
+.PHONY: all build run run-gym test test-plain test-torch conformance bench venv python test-python clean
 
 all: build
 
@@ -35,6 +35,10 @@ build: venv
 
 run: build python
 	$(BIN) train_embodied
+
+# PPO on MuJoCo Reacher-v5 with Python workers: a PyTorch trainer and Gymnasium rollouts (examples/gym_ppo).
+run-gym: build python
+	VIRTUAL_ENV=$(VENV) $(BIN) train_embodied --config-name gym_reacher
 
 # The `rlsync` Python package (python/: PyO3 + maturin, abi3) built in release mode and installed into the venv
 # (editable: the extension module lands in python/rlsync/, which git ignores).
@@ -60,7 +64,9 @@ conformance: venv
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
 	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(PLAIN_BIN))" --kit $(CONFORMANCE) -j 2
 
+# The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
 test-python: python
+	$(CARGO) build --release --locked
 	$(PYTHON) -m pytest -q python/tests
 
 bench: venv

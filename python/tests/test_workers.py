@@ -1,0 +1,129 @@
+"""Python workers launched by rlsync: real runs of the `rlsync` binary with `python -m rlsync.worker` workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "target" / "release" / "rlsync"
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def run(tmp_path: Path, entry_point: str, *overrides: str, entry: str = "tiny_rl") -> subprocess.CompletedProcess:
+    assert BIN.exists(), f"{BIN} is missing: build it with `cargo build --release` (make test does)"
+    args = [
+        str(BIN),
+        entry_point,
+        "worker@actor.worker=python",
+        "worker@rollout.worker=python",
+        f"actor.worker.entry={entry}",
+        f"rollout.worker.entry={entry}",
+        f"actor.worker.path=[{WORKERS}]",
+        f"rollout.worker.path=[{WORKERS}]",
+        f"actor.worker.python={sys.executable}",
+        f"rollout.worker.python={sys.executable}",
+        "env@env.train=gym",
+        "env@env.eval=gym",
+        "env.train.total_num_envs=4",
+        "env.eval.total_num_envs=4",
+        "env.train.max_steps_per_rollout_epoch=8",
+        "rollout.chunk_steps=8",
+        "runner.val_check_interval=-1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *overrides,
+    ]
+    env = dict(os.environ)
+    # The workers import the package under test from this checkout.
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+
+
+def metrics(tmp_path: Path) -> list[dict]:
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def leftovers(tmp_path: Path) -> list[str]:
+    """Processes still running from this run (by their --run-dir argument)."""
+    run_dir = str(tmp_path / "run")
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if run_dir in cmd and "pytest" not in cmd:
+            out.append(cmd)
+    return out
+
+
+def test_train_embodied_with_python_workers_syncs_exact_weights(tmp_path):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=4")
+    assert p.returncode == 0, p.stderr
+    rows = metrics(tmp_path)
+    train = [r for r in rows if "actor/weights_match" in r]
+    assert len(train) == 4
+    # Every rollout acted with exactly the weights of the version it reported, and sync was verified.
+    assert all(r["actor/weights_match"] == 1.0 for r in train), train
+    assert all(r["sync/verified"] for r in rows if "sync/verified" in r)
+    assert [r["sync/version"] for r in rows if "sync/version" in r][-1] >= 3
+    assert not leftovers(tmp_path)
+
+
+def test_train_async_with_python_workers(tmp_path):
+    p = run(tmp_path, "train_async", "runner.max_steps=5", "algorithm.staleness_threshold=1")
+    assert p.returncode == 0, p.stderr
+    train = [r for r in metrics(tmp_path) if "actor/weights_match" in r]
+    assert len(train) == 5
+    assert all(r["actor/weights_match"] == 1.0 for r in train), train
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("where, role", [("train", "trainer"), ("rollout", "rollout"), ("trainer_init", "trainer")])
+def test_a_python_exception_fails_the_run_naming_the_worker_and_the_traceback(tmp_path, where, role):
+    before = set(os.listdir("/dev/shm"))
+    p = run(tmp_path, "train_embodied", "runner.max_steps=3", f"+fixture.raise_in={where}")
+    assert p.returncode == 1, p.stderr
+    assert f"boom in {where}" in p.stderr
+    assert "ValueError" in p.stderr
+    assert role in p.stderr
+    assert not leftovers(tmp_path)
+    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("rlsync")]
+
+
+def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_path):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=2", entry="no_such_module_xyz")
+    assert p.returncode == 1
+    assert "no_such_module_xyz" in p.stderr
+    assert "sys.path" in p.stderr
+    assert str(WORKERS) in p.stderr
+    assert not leftovers(tmp_path)
+
+
+def test_a_bad_entry_is_refused_by_the_config_before_anything_starts(tmp_path):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=2", entry="not a module")
+    assert p.returncode == 1
+    assert "actor.worker.entry" in p.stderr
+    assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())
+
+
+def test_mixing_python_and_builtin_workers_is_refused(tmp_path):
+    p = run(tmp_path, "train_embodied", "rollout.worker.kind=builtin", "--dry-run")
+    assert p.returncode == 1
+    assert "rollout.worker.kind" in p.stderr + p.stdout
+
+
+def test_the_worker_module_refuses_bad_arguments():
+    p = subprocess.run(
+        [sys.executable, "-m", "rlsync.worker", "--role", "pilot", "--rank", "0", "--run-dir", "/nonexistent"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert p.returncode == 1
+    assert "unknown role 'pilot'" in p.stderr
