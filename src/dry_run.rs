@@ -4,7 +4,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::config::schema::{Compression, ModelType, RunConfig, SyncerKind, WeightDtype};
+use crate::config::schema::{
+    Compression, ModelType, RunConfig, SyncerKind, WeightDtype, WorkerKind,
+};
 use crate::config::typed::Extracted;
 use crate::orchestrator;
 use crate::orchestrator::plan::{self, Entry, RunPlan};
@@ -316,9 +318,20 @@ impl fmt::Display for DryRun {
                 } else {
                     String::new()
                 };
+                let worker = if w.role == "trainer" {
+                    &self.config.actor.worker
+                } else {
+                    &self.config.rollout.worker
+                };
+                let program = match (&worker.kind, &worker.entry) {
+                    (WorkerKind::Python, Some(entry)) => {
+                        format!("python -m rlsync.worker ({entry})")
+                    }
+                    _ => "rlsync worker".to_owned(),
+                };
                 writeln!(
                     f,
-                    "    - rlsync worker --role {} --rank {}{envs}",
+                    "    - {program} --role {} --rank {}{envs}",
                     w.role, w.rank
                 )?;
             }
@@ -375,14 +388,22 @@ impl fmt::Display for DryRun {
                     p.steps, p.env_steps_per_step, p.chunks_per_rollout, p.chunk_steps
                 )?;
             }
-            writeln!(
-                f,
-                "  model          {:?}, rollout precision {:?}, env {:?} x {}",
-                c.actor.model.model_type,
-                c.rollout.model.precision,
-                c.env.train.env_type,
-                c.env.train.total_num_envs
-            )?;
+            if c.actor.worker.kind == WorkerKind::Python {
+                writeln!(
+                    f,
+                    "  model          the Python workers' own (actor.worker.entry), env {:?} x {}",
+                    c.env.train.env_type, c.env.train.total_num_envs
+                )?;
+            } else {
+                writeln!(
+                    f,
+                    "  model          {:?}, rollout precision {:?}, env {:?} x {}",
+                    c.actor.model.model_type,
+                    c.rollout.model.precision,
+                    c.env.train.env_type,
+                    c.env.train.total_num_envs
+                )?;
+            }
         } else {
             let b = &c.bench;
             writeln!(
@@ -494,6 +515,23 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("OK: configuration is valid"), "{text}");
+    }
+
+    #[test]
+    fn python_workers_are_listed_with_their_program_and_entry() {
+        let mut ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        for w in [&mut ex.config.actor.worker, &mut ex.config.rollout.worker] {
+            w.kind = WorkerKind::Python;
+            w.entry = Some("gym_ppo".into());
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = dry_run(Entry::Embodied, &ex, &dir.path().join("run")).to_string();
+        assert!(
+            text.contains("python -m rlsync.worker (gym_ppo) --role trainer --rank 0"),
+            "{text}"
+        );
+        assert!(text.contains("the Python workers' own"), "{text}");
+        assert!(!text.contains("rlsync worker --role"), "{text}");
     }
 
     /// Issue 9: the dry run catches what makes a real run fail at once.
