@@ -66,7 +66,7 @@ pub fn sync_error(err: &SyncError) -> PyErr {
             HandshakeError::new_err(msg)
         }
         SyncError::Transport(_) => TransportError::new_err(msg),
-        SyncError::Config { .. } => PyValueError::new_err(msg),
+        SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
         _ => RlsyncError::new_err(msg),
     }
 }
