@@ -169,18 +169,7 @@ async fn client_handshake(
     s.write_all(MAGIC).await.map_err(io_err(OP))?;
     s.write_all(&ours).await.map_err(io_err(OP))?;
     write_name(s, &cfg.name).await?;
-    let mut magic = [0; 8];
-    s.read_exact(&mut magic).await.map_err(read_err(OP, addr))?;
-    if &magic != MAGIC {
-        return Err(TransportError::Protocol {
-            peer: node(addr),
-            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
-        });
-    }
-    let mut theirs = [0; NONCE];
-    s.read_exact(&mut theirs)
-        .await
-        .map_err(read_err(OP, addr))?;
+    let theirs = read_greeting(s, addr, OP).await?;
     let mut proof = [0; MAC];
     s.read_exact(&mut proof).await.map_err(read_err(OP, addr))?;
     let name = read_name(s, addr).await?;
@@ -208,6 +197,25 @@ async fn client_handshake(
     Ok((peer, receivers))
 }
 
+/// The peer's greeting: the chain's magic, then its nonce.
+async fn read_greeting(
+    s: &mut TcpStream,
+    addr: &str,
+    op: &'static str,
+) -> Result<[u8; NONCE], TransportError> {
+    let mut magic = [0; 8];
+    s.read_exact(&mut magic).await.map_err(read_err(op, addr))?;
+    if &magic != MAGIC {
+        return Err(TransportError::Protocol {
+            peer: node(addr),
+            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
+        });
+    }
+    let mut nonce = [0; NONCE];
+    s.read_exact(&mut nonce).await.map_err(read_err(op, addr))?;
+    Ok(nonce)
+}
+
 /// Downstream side of set-up up to the point where the receiver count is known: check the peer's proof,
 /// learn its name and our first rank. A peer that fails is refused (and told so when it got that far).
 async fn server_handshake(
@@ -216,18 +224,7 @@ async fn server_handshake(
     addr: &str,
 ) -> Result<(String, u32), TransportError> {
     const OP: &str = "authenticating the previous node";
-    let mut magic = [0; 8];
-    s.read_exact(&mut magic).await.map_err(read_err(OP, addr))?;
-    if &magic != MAGIC {
-        return Err(TransportError::Protocol {
-            peer: node(addr),
-            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
-        });
-    }
-    let mut theirs = [0; NONCE];
-    s.read_exact(&mut theirs)
-        .await
-        .map_err(read_err(OP, addr))?;
+    let theirs = read_greeting(s, addr, OP).await?;
     let name = read_name(s, addr).await?;
     let peer = format!("{name} at {addr}");
     let ours: [u8; NONCE] = rand::random();
