@@ -87,6 +87,14 @@ pub enum OrchestratorError {
         got: u64,
         expected: u64,
     },
+    #[error(
+        "{worker} died after all its {restarts} restarts were used (runner.rollout_restarts={restarts}): {cause}"
+    )]
+    RestartsExhausted {
+        worker: String,
+        restarts: u32,
+        cause: Box<OrchestratorError>,
+    },
     #[error("interrupted by {signal}; workers stopped")]
     Interrupted { signal: &'static str },
     #[error("control message for {worker}: {source}")]
@@ -263,6 +271,8 @@ async fn run_in_private_dir(
         handshake_timeout: cfg.runner.handshake_timeout_s.get(),
         step_timeout: cfg.runner.step_timeout_s.get(),
         grace: cfg.runner.shutdown_grace_s.get(),
+        rollout_restarts: cfg.runner.rollout_restarts,
+        restart_backoff: cfg.runner.rollout_restart_backoff_s.get(),
     };
     let result = match Supervisor::start(sup_cfg, opts.shutdown, console).await {
         Ok(mut sup) => {

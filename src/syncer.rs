@@ -419,7 +419,18 @@ impl WeightSyncer {
         // 1. every receiver's metadata
         let mut meta: Option<Vec<KeyMeta>> = None;
         for rank in 0..ch.receivers() {
-            let msg = ch.recv_from(rank).await?;
+            let msg = match ch.recv_from(rank).await {
+                Ok(msg) => msg,
+                // Elastic: a receiver that died during the bootstrap is detached; its successor rejoins.
+                Err(TransportError::PeerGone { .. }) if ch.is_elastic() => {
+                    tracing::warn!(
+                        rank,
+                        "receiver went away during the bootstrap; it may rejoin"
+                    );
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let m = Header::parse(&msg)
                 .and_then(|(h, body)| {
                     h.expect(Kind::Metadata)
@@ -440,7 +451,15 @@ impl WeightSyncer {
                 None => meta = Some(m),
             }
         }
-        let meta = meta.unwrap_or_default();
+        let meta = match meta {
+            Some(meta) => meta,
+            None if ch.receivers() == 0 => Vec::new(),
+            None => {
+                return Err(SyncError::Handshake {
+                    reason: "every receiver went away before sending its metadata".into(),
+                });
+            }
+        };
         if self.settings.same_keys {
             if let Some(diff) = bootstrap::first_difference(&meta, state) {
                 let reason = format!("trainer and rollout state dicts differ: {diff}");
@@ -893,7 +912,10 @@ impl WeightSyncer {
                     report.payload_bytes += got.payload_bytes;
                 }
             }
-            wire::CatchUpMode::Deferred => report.kind = CatchUpKind::Full,
+            wire::CatchUpMode::Deferred => {
+                report.kind = CatchUpKind::Full;
+                report.deferred = true;
+            }
         }
         let now = r.shared.applied.load(Ordering::SeqCst);
         if now != catch_up.version {

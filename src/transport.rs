@@ -156,6 +156,10 @@ pub(crate) trait SendBackend {
     ) -> Result<R, TransportError>;
     async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError>;
     fn live(&self) -> Vec<usize>;
+    /// Whether a gone receiver only detaches its rank (and a successor may take it).
+    fn is_elastic(&self) -> bool {
+        false
+    }
     async fn flush(&mut self) -> Result<(), TransportError>;
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError>;
 }
@@ -250,6 +254,17 @@ impl Sender {
         }
     }
 
+    /// Whether a gone receiver only detaches its rank, so a successor may take it (shm and in-process
+    /// channels built elastic).
+    pub fn is_elastic(&self) -> bool {
+        match self {
+            Sender::InProc(s) => s.is_elastic(),
+            Sender::Shm(s) => s.is_elastic(),
+            Sender::Bridge(s) => s.is_elastic(),
+            Sender::Chain(s) => s.is_elastic(),
+        }
+    }
+
     /// Publish a copy of `payload`.
     pub async fn send(&mut self, payload: &[u8]) -> Result<(), TransportError> {
         self.send_with(payload.len(), |buf| buf.copy_from_slice(payload))
@@ -278,6 +293,15 @@ impl Sender {
 }
 
 impl Receiver {
+    /// Whether an elastic sender that had already started welcomed this receiver (a successor of a dead
+    /// one): it must be caught up (`WeightSyncer::rejoin_receiver`) rather than initialised.
+    pub fn joined_late(&self) -> bool {
+        match self {
+            Receiver::Shm(r) => r.joined_late(),
+            Receiver::InProc(_) | Receiver::Bridge(_) => false,
+        }
+    }
+
     /// This receiver's rank in `0..receivers`.
     pub fn rank(&self) -> usize {
         match self {

@@ -375,8 +375,20 @@ pub struct RunnerConfig {
     pub step_timeout_s: Deadline,
     /// Time granted to workers to stop after SIGTERM before the group is killed.
     pub shutdown_grace_s: Seconds,
+    /// Times each rollout worker may be restarted after it died (crash, kill, missed step deadline); the
+    /// restarted worker rejoins the weight channel and catches up. 0: a dead rollout fails the run.
+    pub rollout_restarts: u32,
+    /// Wait before restarting a dead rollout; the n-th restart of one worker waits `2^(n-1)` times this
+    /// (at most [`MAX_RESTART_BACKOFF_S`]).
+    pub rollout_restart_backoff_s: Seconds,
     pub logger: LoggerConfig,
 }
+
+/// Most restarts per rollout worker `runner.rollout_restarts` accepts.
+pub const MAX_ROLLOUT_RESTARTS: u32 = 10_000;
+
+/// Longest wait before one restart, however many came before (seconds).
+pub const MAX_RESTART_BACKOFF_S: u64 = 300;
 
 impl Default for RunnerConfig {
     fn default() -> Self {
@@ -392,6 +404,8 @@ impl Default for RunnerConfig {
             handshake_timeout_s: Seconds::from_secs(30),
             step_timeout_s: Deadline::after(Seconds::from_secs(600)),
             shutdown_grace_s: Seconds::from_secs(3),
+            rollout_restarts: 0,
+            rollout_restart_backoff_s: Seconds::from_secs(1),
             logger: LoggerConfig::default(),
         }
     }

@@ -167,6 +167,16 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             ),
         );
     }
+    if cfg.runner.rollout_restarts > super::schema::MAX_ROLLOUT_RESTARTS {
+        problem(
+            "runner.rollout_restarts",
+            format!(
+                "{} is more than {} restarts per rollout worker",
+                cfg.runner.rollout_restarts,
+                super::schema::MAX_ROLLOUT_RESTARTS
+            ),
+        );
+    }
     if cfg.runner.max_steps <= 0 && cfg.runner.max_epochs <= 0 {
         problem(
             "runner.max_steps",

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
+use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 use crate::protocol::messages::{Command, Report, SyncStats};
 
@@ -67,7 +67,8 @@ enum Trainer {
         started: Instant,
         info: StepInfo,
         stats: Option<SyncStats>,
-        applies_left: u32,
+        /// Rollouts whose apply the sync waits for (blocking mode; a lost one is no longer waited for).
+        waiting: Vec<bool>,
     },
 }
 
@@ -76,6 +77,7 @@ struct Loop<'a> {
     plan: &'a RunPlan,
     set: AsyncSettings,
     verifier: Verifier,
+    fleet: Fleet,
     trainer: Trainer,
     trainer_version: u64,
     steps_started: u64,
@@ -102,6 +104,10 @@ impl Loop<'_> {
         let Some(slot) = self.slots.get(rank) else {
             return false;
         };
+        // Lost, rejoining, or holding no version of the trainer's yet.
+        if !self.fleet.is_ready(rank as u32) {
+            return false;
+        }
         let queued = self.buffer.len() + self.in_flight();
         // Discarded chunks do not count: only what steps still to start will train on.
         let needed =
@@ -208,6 +214,7 @@ impl Loop<'_> {
         rec.int("actor/current_version", self.trainer_version as i64);
         info.stale.record(&mut rec, self.set.staleness_threshold);
         rec.int("rollout/discarded_unused_trajs", info.discarded as i64);
+        self.fleet.record(self.sup, &mut rec);
         rec.float("trainer/idle_ratio", (info.wait_s / step_s).clamp(0.0, 1.0));
         let capacity = f64::from(self.plan.rollouts) * step_s;
         rec.float(
@@ -228,6 +235,62 @@ impl Loop<'_> {
             since: Instant::now(),
         };
         Ok(())
+    }
+
+    /// A rollout's restart and rejoin traffic, and its installs; the rest goes to [`Loop::on_report`].
+    async fn on_incoming(
+        &mut self,
+        incoming: crate::orchestrator::supervisor::Incoming,
+        sink: &mut MetricsSink,
+    ) -> Result<(), OrchestratorError> {
+        match self
+            .fleet
+            .handle(self.sup, &mut self.verifier, incoming)
+            .await?
+        {
+            Handled::Nothing => Ok(()),
+            Handled::Report(id, frame) => self.on_report(id, frame.header, frame.blob, sink).await,
+            Handled::Lost(rank) => {
+                if let Some(slot) = self.slots.get_mut(rank as usize)
+                    && slot.in_flight
+                {
+                    slot.in_flight = false;
+                    self.fleet.lost_trajs(1);
+                    tracing::warn!(
+                        "rollout-{rank} was lost while generating a chunk: dropped, granted anew"
+                    );
+                }
+                self.applied(rank, None, sink)
+            }
+            Handled::Ready { rank, version } => {
+                if let Some(slot) = self.slots.get_mut(rank as usize) {
+                    *slot = Slot {
+                        version,
+                        in_flight: false,
+                    };
+                }
+                Ok(())
+            }
+            Handled::Applied { rank, version } => self.applied(rank, Some(version), sink),
+        }
+    }
+
+    /// Rollout `rank` installed `version` (or, `None`, was lost): the sync no longer waits for it.
+    fn applied(
+        &mut self,
+        rank: u32,
+        version: Option<u64>,
+        sink: &mut MetricsSink,
+    ) -> Result<(), OrchestratorError> {
+        if let (Some(v), Some(slot)) = (version, self.slots.get_mut(rank as usize)) {
+            slot.version = slot.version.max(v);
+        }
+        if let Trainer::Syncing { waiting, .. } = &mut self.trainer
+            && let Some(w) = waiting.get_mut(rank as usize)
+        {
+            *w = false;
+        }
+        self.finish_sync(sink)
     }
 
     fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
@@ -265,18 +328,7 @@ impl Loop<'_> {
                     data: blob,
                 });
             }
-            Report::Applied {
-                version, checksum, ..
-            } if id != WorkerId::TRAINER => {
-                self.verifier.rollout(id, version, checksum)?;
-                if let Some(slot) = self.slots.get_mut(rank) {
-                    slot.version = slot.version.max(version);
-                }
-                if let Trainer::Syncing { applies_left, .. } = &mut self.trainer {
-                    *applies_left = applies_left.saturating_sub(1);
-                }
-                self.finish_sync(sink)?;
-            }
+
             Report::Trained {
                 version,
                 loss,
@@ -308,19 +360,29 @@ impl Loop<'_> {
                     self.sup
                         .send(WorkerId::TRAINER, &Command::Sync { version }, &[])
                         .await?;
-                    let applies_left = if self.set.no_wait {
-                        0
+                    let mut waiting = vec![false; self.plan.rollouts as usize];
+                    // No-wait: rollouts install in the background while they generate, except those that
+                    // wait for a version before any work (they apply it at once).
+                    let apply = if self.set.no_wait {
+                        self.fleet.deferred()
                     } else {
-                        self.plan.rollouts
+                        self.fleet.attached()
                     };
-                    if !self.set.no_wait {
-                        self.sup.send_rollouts(&Command::Apply).await?;
+                    for rank in apply {
+                        self.sup
+                            .send(WorkerId::rollout(rank), &Command::Apply, &[])
+                            .await?;
+                        if !self.set.no_wait
+                            && let Some(w) = waiting.get_mut(rank as usize)
+                        {
+                            *w = true;
+                        }
                     }
                     self.trainer = Trainer::Syncing {
                         started: Instant::now(),
                         info,
                         stats: None,
-                        applies_left,
+                        waiting,
                     };
                 } else {
                     self.emit(info, None, sink)?;
@@ -355,12 +417,12 @@ impl Loop<'_> {
     /// Emit the step's record once its sync is published (and, when blocking, applied everywhere).
     fn finish_sync(&mut self, sink: &mut MetricsSink) -> Result<(), OrchestratorError> {
         let done = matches!(
-            self.trainer,
+            &self.trainer,
             Trainer::Syncing {
                 stats: Some(_),
-                applies_left: 0,
+                waiting,
                 ..
-            }
+            } if !waiting.iter().any(|w| *w)
         );
         if !done {
             return Ok(());
@@ -395,7 +457,8 @@ pub async fn run(
     sink: &mut MetricsSink,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
-    weights::bootstrap(sup, &mut verifier).await?;
+    let mut fleet = Fleet::new(plan.rollouts);
+    weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let slots = vec![Slot::default(); plan.rollouts as usize];
     let mut lp = Loop {
@@ -403,6 +466,7 @@ pub async fn run(
         plan,
         set,
         verifier,
+        fleet,
         trainer: Trainer::Idle { since: started },
         trainer_version: 0,
         steps_started: 0,
@@ -419,8 +483,8 @@ pub async fn run(
         // Training first: discarding stale chunks can make room for new grants.
         lp.try_train().await?;
         lp.grant().await?;
-        let (id, frame) = lp.sup.recv("trajectories, training or weight sync").await?;
-        lp.on_report(id, frame.header, frame.blob, sink).await?;
+        let incoming = lp.sup.recv("trajectories, training or weight sync").await?;
+        lp.on_incoming(incoming, sink).await?;
     }
     let mut totals = lp.totals;
     totals.wall_s = started.elapsed().as_secs_f64();

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, SyncOutcome, Verifier};
+use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 use crate::protocol::messages::{Command, Report, SyncStats};
 
@@ -25,57 +25,147 @@ struct Gathered {
     busy_s: f64,
 }
 
-/// Collect the sync reports (when `syncing`) and `chunks` trajectory chunks, in whatever order they come.
+/// The step's chunks: handed out to rollouts that hold the step's weights; a lost rollout's unfinished
+/// chunks go back to the pool (and are counted lost), for the others or its caught-up successor.
+struct Work {
+    /// Chunks not handed out yet.
+    pool: u64,
+    /// Chunks each rank owes.
+    owed: Vec<u64>,
+    /// Ranks that hold (or, commands running in order, will hold before they generate) the step's weights.
+    eligible: Vec<bool>,
+    next_chunk: u64,
+    chunks_per_rollout: u32,
+    steps: u32,
+}
+
+impl Work {
+    /// Hand out pooled chunks: a full share to an eligible rank that owes none, one at a time after that.
+    async fn hand_out(&mut self, sup: &mut Supervisor) -> Result<(), OrchestratorError> {
+        for rank in 0..self.owed.len() {
+            if self.pool == 0 {
+                break;
+            }
+            if !self.eligible[rank] || self.owed[rank] > 0 {
+                continue;
+            }
+            let n = self.pool.min(u64::from(self.chunks_per_rollout));
+            let cmd = Command::Rollout {
+                first_chunk: self.next_chunk,
+                chunks: n as u32,
+                steps: self.steps,
+                background: false,
+            };
+            sup.send(WorkerId::rollout(rank as u32), &cmd, &[]).await?;
+            self.next_chunk += n;
+            self.pool -= n;
+            self.owed[rank] += n;
+        }
+        Ok(())
+    }
+
+    /// Rank `rank` is gone: what it owed goes back to the pool. Returns the chunks lost.
+    fn lose(&mut self, rank: u32) -> u64 {
+        let rank = rank as usize;
+        let owed = self.owed.get(rank).copied().unwrap_or(0);
+        if let Some(o) = self.owed.get_mut(rank) {
+            *o = 0;
+        }
+        if let Some(e) = self.eligible.get_mut(rank) {
+            *e = false;
+        }
+        self.pool += owed;
+        owed
+    }
+}
+
+/// Collect the sync reports (when `syncing`) and the step's `chunks` trajectory chunks, in whatever order they
+/// come, while rollouts are lost and rejoin.
+#[allow(clippy::too_many_arguments)]
 async fn gather(
     sup: &mut Supervisor,
     verifier: &mut Verifier,
+    fleet: &mut Fleet,
     syncing: bool,
+    version: u64,
     chunks: u64,
+    mut work: Work,
+    mut applies: Vec<bool>,
 ) -> Result<(Gathered, Option<SyncOutcome>), OrchestratorError> {
     let started = Instant::now();
     let mut got = Gathered::default();
     let mut received = 0u64;
     let mut stats: Option<SyncStats> = None;
-    let mut applied = 0u32;
-    let applies = if syncing { sup.rollouts() } else { 0 };
     let mut sync_s = 0.0;
-    while received < chunks || applied < applies || (syncing && stats.is_none()) {
-        let (id, frame) = sup.recv("weight sync and rollout chunks").await?;
-        match frame.header {
-            Report::Chunk {
-                version,
-                env_steps,
-                mean_return,
-                busy_s,
-                ..
-            } if id != WorkerId::TRAINER => {
-                received += 1;
-                got.samples.push((version, env_steps));
-                got.env_steps += env_steps;
-                got.return_sum += mean_return;
-                got.busy_s += busy_s;
-                got.data.extend_from_slice(&frame.blob);
+    work.hand_out(sup).await?;
+    while received < chunks || applies.iter().any(|a| *a) || (syncing && stats.is_none()) {
+        let incoming = sup.recv("weight sync and rollout chunks").await?;
+        match fleet.handle(sup, verifier, incoming).await? {
+            Handled::Nothing => {}
+            Handled::Lost(rank) => {
+                let lost = work.lose(rank);
+                fleet.lost_trajs(lost);
+                if let Some(a) = applies.get_mut(rank as usize) {
+                    *a = false;
+                }
+                if lost > 0 {
+                    tracing::warn!(
+                        "rollout-{rank} was lost with {lost} unfinished chunk(s) of step version {version}: dropped, handed to the others"
+                    );
+                }
             }
-            Report::Synced {
-                stats: s, checksum, ..
-            } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
-                verifier.trainer(s.version, checksum)?;
-                stats = Some(s);
+            Handled::Ready { rank, version: v } => {
+                // Caught up to the step's weights (a later version cannot exist before this step trains).
+                if v == version
+                    && let Some(e) = work.eligible.get_mut(rank as usize)
+                {
+                    *e = true;
+                }
             }
-            Report::Applied {
-                version, checksum, ..
-            } if id != WorkerId::TRAINER && applied < applies => {
-                verifier.rollout(id, version, checksum)?;
-                applied += 1;
+            Handled::Applied { rank, version: v } => {
+                if let Some(a) = applies.get_mut(rank as usize) {
+                    *a = false;
+                }
+                if v == version
+                    && let Some(e) = work.eligible.get_mut(rank as usize)
+                {
+                    *e = true;
+                }
             }
-            other => {
-                return Err(OrchestratorError::Unexpected {
-                    worker: id.to_string(),
-                    report: format!("{other:?}"),
-                });
-            }
+            Handled::Report(id, frame) => match frame.header {
+                Report::Chunk {
+                    version,
+                    env_steps,
+                    mean_return,
+                    busy_s,
+                    ..
+                } if id != WorkerId::TRAINER => {
+                    received += 1;
+                    if let Some(o) = work.owed.get_mut(id.rank as usize) {
+                        *o = o.saturating_sub(1);
+                    }
+                    got.samples.push((version, env_steps));
+                    got.env_steps += env_steps;
+                    got.return_sum += mean_return;
+                    got.busy_s += busy_s;
+                    got.data.extend_from_slice(&frame.blob);
+                }
+                Report::Synced {
+                    stats: s, checksum, ..
+                } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
+                    verifier.trainer(s.version, checksum)?;
+                    stats = Some(s);
+                }
+                other => {
+                    return Err(OrchestratorError::Unexpected {
+                        worker: id.to_string(),
+                        report: format!("{other:?}"),
+                    });
+                }
+            },
         }
-        if syncing && sync_s == 0.0 && stats.is_some() && applied == applies {
+        work.hand_out(sup).await?;
+        if syncing && sync_s == 0.0 && stats.is_some() && !applies.iter().any(|a| *a) {
             sync_s = started.elapsed().as_secs_f64();
         }
     }
@@ -95,29 +185,54 @@ pub async fn run(
     sink: &mut MetricsSink,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
-    let init = weights::bootstrap(sup, &mut verifier).await?;
+    let mut fleet = Fleet::new(plan.rollouts);
+    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let mut totals = LoopTotals::default();
     let mut version = 0u64;
+    // The version the rollouts hold (the last one synced).
+    let mut published = 0u64;
     let chunks = u64::from(plan.rollouts) * u64::from(plan.chunks_per_rollout);
     for step in 0..plan.steps {
         sup.begin_step();
         let step_start = Instant::now();
         // Step 0's weights are the bootstrap's.
         let syncing = step % interval == 0 && step > 0;
+        let rollouts = plan.rollouts as usize;
+        let mut applies = vec![false; rollouts];
         if syncing {
+            published = version;
             sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
                 .await?;
-            sup.send_rollouts(&Command::Apply).await?;
+            for rank in fleet.attached() {
+                sup.send(WorkerId::rollout(rank), &Command::Apply, &[])
+                    .await?;
+                applies[rank as usize] = true;
+            }
         }
-        let cmd = Command::Rollout {
-            first_chunk: step * u64::from(plan.chunks_per_rollout),
-            chunks: plan.chunks_per_rollout,
+        // Who generates the step: rollouts holding its weights, or about to (their apply runs first).
+        let eligible: Vec<bool> = (0..plan.rollouts)
+            .map(|r| applies[r as usize] || (fleet.is_ready(r) && fleet.version(r) == published))
+            .collect();
+        let work = Work {
+            pool: chunks,
+            owed: vec![0; rollouts],
+            eligible,
+            next_chunk: step * chunks,
+            chunks_per_rollout: plan.chunks_per_rollout,
             steps: plan.chunk_steps,
-            background: false,
         };
-        sup.send_rollouts(&cmd).await?;
-        let (got, synced) = gather(sup, &mut verifier, syncing, chunks).await?;
+        let (got, synced) = gather(
+            sup,
+            &mut verifier,
+            &mut fleet,
+            syncing,
+            published,
+            chunks,
+            work,
+            applies,
+        )
+        .await?;
         // Rollouts start generating right after applying: their phase is what remains of the gather.
         let rollout_s =
             step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
@@ -135,7 +250,12 @@ pub async fn run(
         };
         sup.send(WorkerId::TRAINER, &train, &got.data).await?;
         let (loss, trained_version, train_busy, metrics) = loop {
-            let (id, frame) = sup.recv("the trainer's step").await?;
+            let incoming = sup.recv("the trainer's step").await?;
+            let (id, frame) = match fleet.handle(sup, &mut verifier, incoming).await? {
+                Handled::Report(id, frame) => (id, frame),
+                // Losses and rejoins between rollout phases: nothing of this step is owed any more.
+                _ => continue,
+            };
             match frame.header {
                 Report::Trained {
                     version,
@@ -171,6 +291,7 @@ pub async fn run(
         rec.int("actor/current_version", version as i64);
         stale.record(&mut rec, 0);
         rec.int("rollout/discarded_unused_trajs", 0);
+        fleet.record(sup, &mut rec);
         rec.float(
             "trainer/idle_ratio",
             (1.0 - (train_busy + sync_s) / step_s.max(1e-12)).clamp(0.0, 1.0),

@@ -5,13 +5,20 @@
 //! control connection, misses the handshake or the step deadline fails the run with an error naming it, its
 //! exit status or signal, and the last lines of its log. Stopping is always: `Stop` command → grace → SIGTERM
 //! to the group → grace → SIGKILL to the group; a second stop request skips straight to SIGKILL.
+//!
+//! Restartable rollouts (`runner.rollout_restarts` > 0): a rollout that dies (crash, kill, `Failed`, a broken
+//! connection, a missed handshake; one that misses the step deadline is killed first) is instead reported to
+//! the loop as [`Incoming::Lost`] and respawned with the same rank after a backoff
+//! (`runner.rollout_restart_backoff_s`, doubling per restart of that worker); once connected it is reported as
+//! [`Incoming::Restarted`]. A rollout that dies with its restarts used up fails the run naming it and the
+//! count. The trainer dying always fails the run (resume from a checkpoint).
 
 pub mod spawn;
 pub mod unix;
 
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -75,16 +82,29 @@ pub enum Event {
     },
     Report {
         id: WorkerId,
+        /// The process it came from (events of a restarted worker's predecessor are ignored).
+        pid: u32,
         frame: Frame<Report>,
     },
     /// The control connection of a worker closed or broke.
     Disconnected {
         id: WorkerId,
+        pid: u32,
         reason: String,
     },
     Exited {
         id: WorkerId,
+        pid: u32,
         status: ExitStatus,
+    },
+    /// A dead rollout's backoff is over: start its successor.
+    Respawn {
+        id: WorkerId,
+    },
+    /// The handshake deadline of restarted worker `pid`.
+    HandshakeDue {
+        id: WorkerId,
+        pid: u32,
     },
     Signal {
         name: &'static str,
@@ -97,6 +117,19 @@ enum UnitState {
     Connected,
     Stopping,
     Exited(ExitStatus),
+    /// A restartable rollout that died (its process killed); its successor is due after the backoff.
+    Down,
+}
+
+/// What the loops get from [`Supervisor::recv`].
+#[derive(Debug)]
+pub enum Incoming {
+    /// A worker's report.
+    Report(WorkerId, Frame<Report>),
+    /// A restartable rollout died: whatever it was doing is lost; its successor comes as `Restarted`.
+    Lost { id: WorkerId, reason: String },
+    /// The successor of a lost rollout connected: it needs `InitWeights` (it rejoins the weight channel).
+    Restarted(WorkerId),
 }
 
 /// One worker as the supervisor sees it.
@@ -116,6 +149,19 @@ struct Unit {
     /// When it was last sent a command, and last heard from (for naming who did not answer).
     last_sent: Option<Instant>,
     last_heard: Option<Instant>,
+    /// Times this worker was restarted.
+    restarts: u32,
+    /// The loop holds the successor back (the trainer is still catching up the previous incarnation).
+    held: bool,
+    /// The backoff ended while held: respawn on release.
+    respawn_due: bool,
+}
+
+impl Unit {
+    /// Whether its process may still run (a lost rollout's was killed).
+    fn alive(&self) -> bool {
+        !matches!(self.state, UnitState::Exited(_) | UnitState::Down)
+    }
 }
 
 /// Settings of one supervised run.
@@ -133,6 +179,17 @@ pub struct SupervisorConfig {
     pub grace: Duration,
     /// The run's token (launch file); every hello must carry it.
     pub token: String,
+    /// `runner.rollout_restarts`: restarts per rollout worker (0: a dead rollout fails the run).
+    pub rollout_restarts: u32,
+    /// `runner.rollout_restart_backoff_s`: the wait before a first restart.
+    pub restart_backoff: Duration,
+}
+
+/// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
+pub fn restart_delay(base: Duration, n: u32) -> Duration {
+    let cap = Duration::from_secs(crate::config::schema::MAX_RESTART_BACKOFF_S);
+    base.saturating_mul(1u32 << n.saturating_sub(1).min(20))
+        .min(cap)
 }
 
 pub struct Supervisor {
@@ -144,6 +201,8 @@ pub struct Supervisor {
     cfg: SupervisorConfig,
     step_deadline: Option<WorkerDeadline>,
     stop_requests: u32,
+    logs: PathBuf,
+    console: Console,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -268,11 +327,16 @@ impl Supervisor {
             cfg,
             step_deadline: None,
             stop_requests: 0,
+            logs,
+            console,
         };
         for id in ids {
-            if let Err(err) = sup.spawn_unit(id, &logs, &tx, &console) {
-                sup.stop(false).await;
-                return Err(err);
+            match sup.spawn_process(id, false) {
+                Ok(unit) => sup.units.push(unit),
+                Err(err) => {
+                    sup.stop(false).await;
+                    return Err(err);
+                }
             }
         }
         if let Err(err) = sup.await_handshakes().await {
@@ -282,19 +346,21 @@ impl Supervisor {
         Ok(sup)
     }
 
-    fn spawn_unit(
-        &mut self,
-        id: WorkerId,
-        logs: &Path,
-        tx: &mpsc::UnboundedSender<Event>,
-        console: &Console,
-    ) -> Result<(), OrchestratorError> {
-        let log_path = logs.join(format!("{id}.log"));
-        let file =
-            std::fs::File::create(&log_path).map_err(|source| OrchestratorError::RunDir {
-                path: log_path.clone(),
-                source,
-            })?;
+    /// Start worker `id`'s process; `restart`: it succeeds a dead one (its log is appended to, not replaced).
+    fn spawn_process(&mut self, id: WorkerId, restart: bool) -> Result<Unit, OrchestratorError> {
+        let log_path = self.logs.join(format!("{id}.log"));
+        let opened = if restart {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .create(true)
+                .open(&log_path)
+        } else {
+            std::fs::File::create(&log_path)
+        };
+        let file = opened.map_err(|source| OrchestratorError::RunDir {
+            path: log_path.clone(),
+            source,
+        })?;
         let pgid = (self.pgid != 0).then_some(self.pgid);
         let program = match id.role {
             Role::Trainer => &self.cfg.trainer,
@@ -314,20 +380,24 @@ impl Supervisor {
         }
         let tail = LogTail::default();
         let log = Arc::new(Mutex::new(file));
+        if restart && let Ok(mut f) = log.lock() {
+            use std::io::Write as _;
+            let _ = writeln!(f, "--- {id} restarted (pid {pid}) ---");
+        }
         if let Some(out) = child.stdout.take() {
-            spawn::pump_lines(out, id, log.clone(), tail.clone(), console.clone());
+            spawn::pump_lines(out, id, log.clone(), tail.clone(), self.console.clone());
         }
         if let Some(err) = child.stderr.take() {
-            spawn::pump_lines(err, id, log, tail.clone(), console.clone());
+            spawn::pump_lines(err, id, log, tail.clone(), self.console.clone());
         }
-        let exits = tx.clone();
+        let exits = self.tx.clone();
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
-                let _ = exits.send(Event::Exited { id, status });
+                let _ = exits.send(Event::Exited { id, pid, status });
             }
         });
         tracing::debug!("spawned {id} (pid {pid})");
-        self.units.push(Unit {
+        Ok(Unit {
             id,
             pid,
             state: UnitState::Spawned,
@@ -339,13 +409,200 @@ impl Supervisor {
             failed_at: None,
             last_sent: None,
             last_heard: None,
+            restarts: 0,
+            held: false,
+            respawn_due: false,
+        })
+    }
+
+    /// Start the successor of dead rollout `id` (same rank), with a handshake deadline of its own.
+    fn respawn(&mut self, id: WorkerId) -> Result<(), OrchestratorError> {
+        let fresh = self.spawn_process(id, true)?;
+        let pid = fresh.pid;
+        let Some(unit) = self.unit_mut(id) else {
+            return Ok(());
+        };
+        let restarts = unit.restarts;
+        *unit = Unit { restarts, ..fresh };
+        tracing::info!("{id}: restarted as pid {pid} (restart {restarts})");
+        let due = self.tx.clone();
+        let limit = self.cfg.handshake_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(limit).await;
+            let _ = due.send(Event::HandshakeDue { id, pid });
         });
         Ok(())
     }
 
+    /// Whether a failure of `id` is handled by restarting it: a rollout, restarts configured, the run not
+    /// stopping, the trainer not failed, and the failure not blamed on the trainer.
+    fn restartable(&self, id: WorkerId, blames: &[messages::Blame]) -> bool {
+        id.role == Role::Rollout
+            && self.cfg.rollout_restarts > 0
+            && self.stop_requests == 0
+            && !blames.iter().any(|b| b.role == Role::Trainer)
+            && self
+                .units
+                .iter()
+                .find(|u| u.id == WorkerId::TRAINER)
+                .is_none_or(|t| t.failed_at.is_none() && !matches!(t.state, UnitState::Exited(_)))
+    }
+
+    /// Rollout `id` died (`cause` says how): kill what is left of it and schedule its successor, or fail the
+    /// run once its restarts are used up.
+    async fn lose(
+        &mut self,
+        id: WorkerId,
+        cause: String,
+    ) -> Result<Option<Incoming>, OrchestratorError> {
+        let budget = self.cfg.rollout_restarts;
+        let Some(unit) = self.unit_mut(id) else {
+            return Ok(None);
+        };
+        if !matches!(unit.state, UnitState::Exited(_)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(unit.pid as i32),
+                Signal::SIGKILL,
+            );
+        }
+        if unit.restarts >= budget {
+            let restarts = unit.restarts;
+            unit.failed_at.get_or_insert(Instant::now());
+            if unit.failure.is_none() {
+                unit.failure = Some(cause);
+            }
+            let err = self.worker_failed(id).await;
+            return Err(OrchestratorError::RestartsExhausted {
+                worker: id.to_string(),
+                restarts,
+                cause: Box::new(err),
+            });
+        }
+        unit.restarts += 1;
+        unit.state = UnitState::Down;
+        unit.writer = None;
+        unit.respawn_due = false;
+        let (n, pid) = (unit.restarts, unit.pid);
+        let tail = unit.tail.lines();
+        let delay = restart_delay(self.cfg.restart_backoff, n);
+        tracing::warn!(
+            "{id} (pid {pid}) {cause}; restarting it in {:.1} s (restart {n} of {budget}, runner.rollout_restarts){}",
+            delay.as_secs_f64(),
+            if tail.is_empty() {
+                String::new()
+            } else {
+                format!("; its last lines:\n{}", tail.join("\n"))
+            }
+        );
+        let due = self.tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let _ = due.send(Event::Respawn { id });
+        });
+        Ok(Some(Incoming::Lost { id, reason: cause }))
+    }
+
+    /// Hold back (or release) the successor of rollout `id`: the loop holds it while the trainer still serves
+    /// a rejoin of that rank, so one incarnation at a time is ever caught up. A successor due meanwhile
+    /// starts on release.
+    pub fn hold_restart(&mut self, id: WorkerId, hold: bool) -> Result<(), OrchestratorError> {
+        let Some(unit) = self.unit_mut(id) else {
+            return Ok(());
+        };
+        unit.held = hold;
+        if !hold && unit.respawn_due && unit.state == UnitState::Down {
+            unit.respawn_due = false;
+            self.respawn(id)?;
+        }
+        Ok(())
+    }
+
+    /// Restarts of all rollouts so far.
+    pub fn restarts(&self) -> u64 {
+        self.units.iter().map(|u| u64::from(u.restarts)).sum()
+    }
+
+    /// Whether worker `id` is connected (and not lost).
+    pub fn is_connected(&self, id: WorkerId) -> bool {
+        self.units
+            .iter()
+            .any(|u| u.id == id && u.state == UnitState::Connected)
+    }
+
+    /// The failure of a restartable rollout, or `None` when the event is not one (or is stale).
+    fn loss_cause(&self, event: &Event) -> Option<(WorkerId, String)> {
+        let (id, pid) = match event {
+            Event::Report {
+                id,
+                pid,
+                frame:
+                    Frame {
+                        header: Report::Failed { .. },
+                        ..
+                    },
+            }
+            | Event::Disconnected { id, pid, .. }
+            | Event::Exited { id, pid, .. } => (*id, *pid),
+            _ => return None,
+        };
+        let unit = self.units.iter().find(|u| u.id == id && u.pid == pid)?;
+        let blames = match event {
+            Event::Report {
+                frame:
+                    Frame {
+                        header: Report::Failed { blames, .. },
+                        ..
+                    },
+                ..
+            } => blames.as_slice(),
+            _ => &[],
+        };
+        if !self.restartable(id, blames) {
+            return None;
+        }
+        let cause = match event {
+            Event::Report {
+                frame:
+                    Frame {
+                        header: Report::Failed { message, .. },
+                        ..
+                    },
+                ..
+            } => format!("failed: {message}"),
+            Event::Exited { status, .. } => match &unit.failure {
+                Some(why) => format!("{} ({why})", describe(*status)),
+                None => describe(*status),
+            },
+            _ => match &unit.failure {
+                Some(why) => format!("closed its control connection ({why})"),
+                None => "closed its control connection".to_owned(),
+            },
+        };
+        Some((id, cause))
+    }
+
+    /// Whether an event comes from a process of a worker that is no longer the current one (a restarted
+    /// worker's predecessor), or from a dead restartable worker: nothing to act on.
+    fn is_stale(&self, event: &Event) -> bool {
+        let (id, pid) = match event {
+            Event::Report { id, pid, .. }
+            | Event::Disconnected { id, pid, .. }
+            | Event::Exited { id, pid, .. } => (*id, *pid),
+            _ => return false,
+        };
+        self.units
+            .iter()
+            .find(|u| u.id == id)
+            .is_some_and(|u| u.pid != pid || u.state == UnitState::Down)
+    }
+
     async fn await_handshakes(&mut self) -> Result<(), OrchestratorError> {
         let mut deadline = WorkerDeadline::after(self.cfg.handshake_timeout);
-        while self.units.iter().any(|u| u.state == UnitState::Spawned) {
+        while self
+            .units
+            .iter()
+            .any(|u| matches!(u.state, UnitState::Spawned | UnitState::Down))
+        {
             let event = match deadline.next(&mut self.events).await {
                 Some(Some(event)) => event,
                 Some(None) => {
@@ -357,7 +614,7 @@ impl Supervisor {
                     let missing: Vec<String> = self
                         .units
                         .iter()
-                        .filter(|u| u.state == UnitState::Spawned)
+                        .filter(|u| matches!(u.state, UnitState::Spawned | UnitState::Down))
                         .map(|u| u.id.to_string())
                         .collect();
                     return Err(OrchestratorError::HandshakeTimeout {
@@ -366,10 +623,12 @@ impl Supervisor {
                     });
                 }
             };
-            if let Some(report) = self.dispatch(event).await? {
+            // A rollout lost (and restarted) before the run began has nothing to catch up: every rollout
+            // gets `InitWeights` next.
+            if let Some(Incoming::Report(id, frame)) = self.dispatch(event).await? {
                 return Err(OrchestratorError::Unexpected {
-                    worker: report.0.to_string(),
-                    report: format!("{:?}", report.1.header),
+                    worker: id.to_string(),
+                    report: format!("{:?}", frame.header),
                 });
             }
         }
@@ -390,10 +649,21 @@ impl Supervisor {
     }
 
     /// Update unit state for one event; reports are handed back, failures become errors.
-    async fn dispatch(
-        &mut self,
-        event: Event,
-    ) -> Result<Option<(WorkerId, Frame<Report>)>, OrchestratorError> {
+    async fn dispatch(&mut self, event: Event) -> Result<Option<Incoming>, OrchestratorError> {
+        if self.is_stale(&event) {
+            if let Event::Exited { id, pid, status } = &event {
+                tracing::debug!("{id}: earlier process {pid} {}", describe(*status));
+            }
+            return Ok(None);
+        }
+        if let Some((id, cause)) = self.loss_cause(&event) {
+            if let Event::Exited { status, .. } = &event
+                && let Some(unit) = self.unit_mut(id)
+            {
+                unit.state = UnitState::Exited(*status);
+            }
+            return self.lose(id, cause).await;
+        }
         match event {
             Event::Connected {
                 hello,
@@ -443,8 +713,9 @@ impl Supervisor {
                 }
                 unit.state = UnitState::Connected;
                 unit.writer = Some(writer);
-                read_loop(id, reader, events);
-                Ok(None)
+                let (pid, restarted) = (unit.pid, unit.restarts > 0);
+                read_loop(id, pid, reader, events);
+                Ok(restarted.then_some(Incoming::Restarted(id)))
             }
             Event::BadHandshake { reason, peer_pid } => {
                 if self.is_spawned_unconnected(peer_pid) {
@@ -457,26 +728,55 @@ impl Supervisor {
                     Ok(None)
                 }
             }
-            Event::Report { id, frame } => {
+            Event::Report { id, pid, frame } => {
                 if let Some(unit) = self.unit_mut(id) {
                     unit.last_heard = Some(Instant::now());
                 }
                 match frame.header {
                     Report::Failed { .. } => {
-                        self.note_failure(Event::Report { id, frame });
+                        self.note_failure(Event::Report { id, pid, frame });
                         Err(self.worker_failed(id).await)
                     }
-                    _ => Ok(Some((id, frame))),
+                    _ => Ok(Some(Incoming::Report(id, frame))),
                 }
             }
-            Event::Disconnected { id, reason } => {
+            Event::Disconnected { id, pid, reason } => {
                 tracing::debug!("{id} disconnected: {reason}");
-                self.note_failure(Event::Disconnected { id, reason });
+                self.note_failure(Event::Disconnected { id, pid, reason });
                 Err(self.worker_failed(id).await)
             }
-            Event::Exited { id, status } => {
-                self.note_failure(Event::Exited { id, status });
+            Event::Exited { id, pid, status } => {
+                self.note_failure(Event::Exited { id, pid, status });
                 Err(self.worker_failed(id).await)
+            }
+            Event::Respawn { id } => {
+                let Some(unit) = self.unit_mut(id) else {
+                    return Ok(None);
+                };
+                if unit.state != UnitState::Down {
+                    return Ok(None);
+                }
+                if unit.held {
+                    unit.respawn_due = true;
+                    return Ok(None);
+                }
+                self.respawn(id)?;
+                Ok(None)
+            }
+            Event::HandshakeDue { id, pid } => {
+                let timeout_s = self.cfg.handshake_timeout.as_secs_f64();
+                match self.unit_mut(id) {
+                    Some(unit) if unit.pid == pid && unit.state == UnitState::Spawned => {
+                        unit.failure = Some(format!(
+                            "did not complete the handshake within {timeout_s} s (runner.handshake_timeout_s)"
+                        ));
+                        let cause = format!(
+                            "did not complete its handshake within {timeout_s} s (runner.handshake_timeout_s)"
+                        );
+                        self.lose(id, cause).await
+                    }
+                    _ => Ok(None),
+                }
             }
             Event::Signal { name } => {
                 self.stop_requests += 1;
@@ -488,8 +788,11 @@ impl Supervisor {
     /// Record what a failure event says about its worker (first failure time, exit status, reason, blames).
     fn note_failure(&mut self, event: Event) {
         let now = Instant::now();
+        if self.is_stale(&event) {
+            return;
+        }
         let (id, status, report) = match event {
-            Event::Exited { id, status } => (id, Some(status), None),
+            Event::Exited { id, status, .. } => (id, Some(status), None),
             Event::Disconnected { id, .. } => (id, None, None),
             Event::Report {
                 id,
@@ -498,6 +801,7 @@ impl Supervisor {
                         header: Report::Failed { message, blames },
                         ..
                     },
+                ..
             } => (id, None, Some((message, blames))),
             Event::Signal { .. } => {
                 self.stop_requests += 1;
@@ -607,7 +911,7 @@ impl Supervisor {
         let alive: Vec<&Unit> = self
             .units
             .iter()
-            .filter(|u| !matches!(u.state, UnitState::Exited(_)))
+            .filter(|u| !matches!(u.state, UnitState::Exited(_) | UnitState::Down))
             .collect();
         let name = |u: &&Unit| format!("{} (pid {})", u.id, u.pid);
         let stopped: Vec<String> = alive
@@ -649,11 +953,17 @@ impl Supervisor {
         cmd: &Command,
         blob: &[u8],
     ) -> Result<(), OrchestratorError> {
+        let elastic = self.restartable(id, &[]);
         let unit = self.units.iter_mut().find(|u| u.id == id).ok_or_else(|| {
             OrchestratorError::Handshake {
                 reason: format!("no worker {id}"),
             }
         })?;
+        if elastic && unit.writer.is_none() {
+            // Lost (or not yet connected): the loop learns of it from `Incoming::Lost` / `Restarted`.
+            tracing::debug!("{id} is not connected; command dropped: {cmd:?}");
+            return Ok(());
+        }
         let writer = unit
             .writer
             .as_mut()
@@ -663,6 +973,8 @@ impl Supervisor {
         unit.last_sent = Some(Instant::now());
         match messages::write_frame(writer, cmd, blob).await {
             Ok(()) => Ok(()),
+            // Its death arrives as an event and becomes `Incoming::Lost`.
+            Err(ProtocolError::Io(_)) if elastic => Ok(()),
             Err(ProtocolError::Io(_)) => Err(self.worker_failed(id).await),
             Err(source) => Err(OrchestratorError::Protocol {
                 worker: id.to_string(),
@@ -671,7 +983,7 @@ impl Supervisor {
         }
     }
 
-    /// Send one command to every rollout.
+    /// Send one command to every rollout (restartable ones: every connected one).
     pub async fn send_rollouts(&mut self, cmd: &Command) -> Result<(), OrchestratorError> {
         for rank in 0..self.cfg.rollouts {
             self.send(WorkerId::rollout(rank), cmd, &[]).await?;
@@ -679,12 +991,45 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Restartable rollouts that missed the step deadline: stopped processes; else, when the trainer owes
+    /// no answer, those with a command outstanding.
+    fn late_rollouts(&self) -> Vec<WorkerId> {
+        let pending = |u: &Unit| {
+            u.last_sent
+                .is_some_and(|s| u.last_heard.is_none_or(|h| h < s))
+        };
+        let rollouts: Vec<&Unit> = self
+            .units
+            .iter()
+            .filter(|u| u.id.role == Role::Rollout && self.restartable(u.id, &[]))
+            .filter(|u| matches!(u.state, UnitState::Connected | UnitState::Spawned))
+            .collect();
+        let stopped: Vec<WorkerId> = rollouts
+            .iter()
+            .filter(|u| process_stopped(u.pid))
+            .map(|u| u.id)
+            .collect();
+        if !stopped.is_empty() {
+            return stopped;
+        }
+        let trainer_owes = self
+            .units
+            .iter()
+            .filter(|u| u.id == WorkerId::TRAINER)
+            .any(pending);
+        if trainer_owes {
+            return Vec::new();
+        }
+        rollouts
+            .iter()
+            .filter(|u| pending(u))
+            .map(|u| u.id)
+            .collect()
+    }
+
     /// The next report of any worker. `waiting_for` names whom the caller waits on, for the step-deadline
     /// error.
-    pub async fn recv(
-        &mut self,
-        waiting_for: &str,
-    ) -> Result<(WorkerId, Frame<Report>), OrchestratorError> {
+    pub async fn recv(&mut self, waiting_for: &str) -> Result<Incoming, OrchestratorError> {
         loop {
             let next = match self.step_deadline.as_mut() {
                 Some(deadline) => match deadline.next(&mut self.events).await {
@@ -695,6 +1040,32 @@ impl Supervisor {
                             .step_timeout
                             .map(|t| t.as_secs_f64())
                             .unwrap_or_default();
+                        let late = self.late_rollouts();
+                        if !late.is_empty() {
+                            // Restartable: kill them; their deaths come back as `Lost`, and the step goes on.
+                            for id in late {
+                                if let Some(unit) = self.unit_mut(id) {
+                                    tracing::warn!(
+                                        "{id} (pid {}) missed the step deadline of {timeout_s} s while the run waited for {waiting_for}: killing it",
+                                        unit.pid
+                                    );
+                                    unit.failure = Some(format!(
+                                        "missed the step deadline of {timeout_s} s (runner.step_timeout_s)"
+                                    ));
+                                    let _ = nix::sys::signal::kill(
+                                        nix::unistd::Pid::from_raw(unit.pid as i32),
+                                        Signal::SIGKILL,
+                                    );
+                                    // SIGKILL stops nothing that is stopped from dying, but wake it anyway.
+                                    let _ = nix::sys::signal::kill(
+                                        nix::unistd::Pid::from_raw(unit.pid as i32),
+                                        Signal::SIGCONT,
+                                    );
+                                }
+                            }
+                            self.begin_step();
+                            continue;
+                        }
                         return Err(OrchestratorError::StepTimeout {
                             timeout_s,
                             waiting_for: waiting_for.to_owned(),
@@ -750,26 +1121,16 @@ impl Supervisor {
     }
 
     fn any_alive(&self) -> bool {
-        self.units
-            .iter()
-            .any(|u| !matches!(u.state, UnitState::Exited(_)))
+        self.units.iter().any(Unit::alive)
     }
 
     async fn wait_exits(&mut self, limit: Duration) {
-        self.wait_until(limit, |units| {
-            units
-                .iter()
-                .any(|u| !matches!(u.state, UnitState::Exited(_)))
-        })
-        .await
+        self.wait_until(limit, |units| units.iter().any(Unit::alive))
+            .await
     }
 
     async fn wait_exits_of(&mut self, role: Role, limit: Duration) {
-        let alive = move |units: &[Unit]| {
-            units
-                .iter()
-                .any(|u| u.id.role == role && !matches!(u.state, UnitState::Exited(_)))
-        };
+        let alive = move |units: &[Unit]| units.iter().any(|u| u.id.role == role && u.alive());
         self.wait_until(limit, alive).await
     }
 
@@ -778,8 +1139,10 @@ impl Supervisor {
         let deadline = Instant::now() + limit;
         while alive(&self.units) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
-                Ok(Some(Event::Exited { id, status })) => {
-                    if let Some(unit) = self.unit_mut(id) {
+                Ok(Some(Event::Exited { id, pid, status })) => {
+                    if let Some(unit) = self.unit_mut(id)
+                        && unit.pid == pid
+                    {
                         unit.state = UnitState::Exited(status);
                     }
                 }
@@ -870,6 +1233,7 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
 /// Forward a connected worker's reports until its connection ends.
 fn read_loop(
     id: WorkerId,
+    pid: u32,
     mut reader: FrameReader<OwnedReadHalf>,
     events: mpsc::UnboundedSender<Event>,
 ) {
@@ -877,13 +1241,14 @@ fn read_loop(
         loop {
             match messages::read_frame::<Report, _>(&mut reader).await {
                 Ok(frame) => {
-                    if events.send(Event::Report { id, frame }).is_err() {
+                    if events.send(Event::Report { id, pid, frame }).is_err() {
                         break;
                     }
                 }
                 Err(e) => {
                     let _ = events.send(Event::Disconnected {
                         id,
+                        pid,
                         reason: e.to_string(),
                     });
                     break;

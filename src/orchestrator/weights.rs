@@ -1,13 +1,21 @@
-//! The orchestrator's side of weight sync: bootstrap, blocking syncs, and verification of the state
-//! checksums rollouts report against the trainer's (`runner.verify_sync`).
+//! The orchestrator's side of weight sync: bootstrap, blocking syncs, verification of the state checksums
+//! rollouts report against the trainer's (`runner.verify_sync`), and the rejoin of restarted rollouts
+//! ([`Fleet`]).
+//!
+//! A restarted rollout (`runner.rollout_restarts`) goes Down → Joining (it got `init_weights`) → it reports
+//! `joined` (it joined the weight channel late) → CatchingUp (the trainer got `rejoin`) → `rejoined`: Ready at
+//! the version it caught up to, verified like any sync, or Deferred (bucket syncer: it takes the next version
+//! before any work). A successor that joined while the trainer was still bootstrapping is bootstrapped like
+//! the others (`applied`, version 0). While the trainer serves a rank, that rank's next successor is held back,
+//! so one incarnation at a time is caught up.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::StepRecord;
-use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::protocol::messages::{Command, Report, SyncStats};
+use crate::orchestrator::supervisor::{Incoming, Supervisor, WorkerId};
+use crate::protocol::messages::{Command, Frame, Report, Role, SyncStats};
 
 /// Matches trainer and rollout checksums per version, whichever report arrives first.
 #[derive(Debug, Default)]
@@ -113,6 +121,256 @@ impl SyncOutcome {
     }
 }
 
+/// Where one rollout stands with the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Holds a verified version: takes work and every sync.
+    Ready,
+    /// Dead; its successor is due.
+    Down,
+    /// Restarted and told `init_weights`; not joined yet.
+    Joining,
+    /// Joined late; the trainer was told to catch it up (it takes every later sync).
+    CatchingUp,
+    /// Caught up without a version of the trainer's (bucket syncer): takes the next sync before any work.
+    Deferred,
+}
+
+/// What [`Fleet::handle`] made of an incoming event.
+#[derive(Debug)]
+pub enum Handled {
+    /// A report for the loop itself.
+    Report(WorkerId, Frame<Report>),
+    /// Rollout `rank` is gone: its unfinished work is lost.
+    Lost(u32),
+    /// Rollout `rank` installed (and, when verifying, verified) `version` after a sync or its bootstrap.
+    Applied { rank: u32, version: u64 },
+    /// Rollout `rank` caught up after a restart: it holds verified `version` and may take work.
+    Ready { rank: u32, version: u64 },
+    /// Nothing for the loop.
+    Nothing,
+}
+
+/// Catch-ups and losses since the last metrics record.
+#[derive(Debug, Default, Clone)]
+struct Since {
+    catchups: u32,
+    full: u32,
+    bytes: u64,
+    ms: f64,
+    lost_trajs: u64,
+}
+
+/// The rollouts as the weights see them: who holds what, who is being caught up, what rejoins cost.
+#[derive(Debug)]
+pub struct Fleet {
+    phases: Vec<Phase>,
+    versions: Vec<u64>,
+    /// The trainer owes a `caught_up` for this rank.
+    serving: Vec<bool>,
+    since: Since,
+}
+
+impl Fleet {
+    /// `rollouts` rollouts, each about to be bootstrapped.
+    pub fn new(rollouts: u32) -> Fleet {
+        let n = rollouts as usize;
+        Fleet {
+            phases: vec![Phase::Joining; n],
+            versions: vec![0; n],
+            serving: vec![false; n],
+            since: Since::default(),
+        }
+    }
+
+    pub fn phase(&self, rank: u32) -> Phase {
+        self.phases
+            .get(rank as usize)
+            .copied()
+            .unwrap_or(Phase::Down)
+    }
+
+    pub fn is_ready(&self, rank: u32) -> bool {
+        self.phase(rank) == Phase::Ready
+    }
+
+    /// The version rollout `rank` holds (meaningful when Ready).
+    pub fn version(&self, rank: u32) -> u64 {
+        self.versions.get(rank as usize).copied().unwrap_or(0)
+    }
+
+    /// Ranks the next sync reaches (so they must apply it): Ready, Deferred, and those the trainer catches up
+    /// first (its commands run in order).
+    pub fn attached(&self) -> Vec<u32> {
+        (0..self.phases.len() as u32)
+            .filter(|&r| {
+                matches!(
+                    self.phase(r),
+                    Phase::Ready | Phase::Deferred | Phase::CatchingUp
+                )
+            })
+            .collect()
+    }
+
+    /// Ranks waiting for a version before they may work.
+    pub fn deferred(&self) -> Vec<u32> {
+        (0..self.phases.len() as u32)
+            .filter(|&r| self.phase(r) == Phase::Deferred)
+            .collect()
+    }
+
+    /// Whether no rollout is between a restart and its first verified version (bootstrap waits for them).
+    pub fn settled(&self) -> bool {
+        !self
+            .phases
+            .iter()
+            .any(|p| matches!(p, Phase::Joining | Phase::CatchingUp))
+    }
+
+    /// Count chunks a lost rollout did not finish (`rollout/lost_trajs`).
+    pub fn lost_trajs(&mut self, chunks: u64) {
+        self.since.lost_trajs += chunks;
+    }
+
+    fn set(&mut self, rank: u32, phase: Phase) {
+        if let Some(p) = self.phases.get_mut(rank as usize) {
+            *p = phase;
+        }
+    }
+
+    /// Take an incoming event: the restart and rejoin traffic is handled here, the rest handed back.
+    pub async fn handle(
+        &mut self,
+        sup: &mut Supervisor,
+        verifier: &mut Verifier,
+        incoming: Incoming,
+    ) -> Result<Handled, OrchestratorError> {
+        let (id, frame) = match incoming {
+            Incoming::Lost { id, reason } => {
+                tracing::debug!("{id} lost: {reason}");
+                self.set(id.rank, Phase::Down);
+                return Ok(Handled::Lost(id.rank));
+            }
+            Incoming::Restarted(id) => {
+                self.set(id.rank, Phase::Joining);
+                sup.send(id, &Command::InitWeights, &[]).await?;
+                return Ok(Handled::Nothing);
+            }
+            Incoming::Report(id, frame) => (id, frame),
+        };
+        let rank = id.rank;
+        match (&frame.header, id.role) {
+            (Report::Joined, Role::Rollout) => {
+                self.set(rank, Phase::CatchingUp);
+                if let Some(s) = self.serving.get_mut(rank as usize) {
+                    *s = true;
+                }
+                sup.hold_restart(id, true)?;
+                sup.send(WorkerId::TRAINER, &Command::Rejoin { rank }, &[])
+                    .await?;
+                Ok(Handled::Nothing)
+            }
+            (
+                Report::CaughtUp {
+                    rank,
+                    ok,
+                    kind,
+                    from,
+                    to,
+                    patches,
+                    payload_bytes,
+                    seconds,
+                    reason,
+                },
+                Role::Trainer,
+            ) => {
+                let rank = *rank;
+                if let Some(s) = self.serving.get_mut(rank as usize) {
+                    *s = false;
+                }
+                sup.hold_restart(WorkerId::rollout(rank), false)?;
+                if *ok {
+                    tracing::info!(
+                        "rollout-{rank} rejoined: caught up by {kind} from version {from} to {to} ({patches} patches, {payload_bytes} bytes, {:.1} ms){}",
+                        seconds * 1e3,
+                        if reason.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; not a replay: {reason}")
+                        }
+                    );
+                    self.since.catchups += 1;
+                    self.since.full += u32::from(kind != "replay");
+                    self.since.bytes += payload_bytes;
+                    self.since.ms += seconds * 1e3;
+                } else {
+                    tracing::warn!("the rejoin of rollout-{rank} did not complete: {reason}");
+                }
+                Ok(Handled::Nothing)
+            }
+            (
+                Report::Rejoined {
+                    version,
+                    checksum,
+                    deferred,
+                    ..
+                },
+                Role::Rollout,
+            ) => {
+                if *deferred {
+                    self.set(rank, Phase::Deferred);
+                    return Ok(Handled::Nothing);
+                }
+                verifier.rollout(id, *version, *checksum)?;
+                self.set(rank, Phase::Ready);
+                if let Some(v) = self.versions.get_mut(rank as usize) {
+                    *v = *version;
+                }
+                Ok(Handled::Ready {
+                    rank,
+                    version: *version,
+                })
+            }
+            (
+                Report::Applied {
+                    version, checksum, ..
+                },
+                Role::Rollout,
+            ) => {
+                verifier.rollout(id, *version, *checksum)?;
+                let was = self.phase(rank);
+                if matches!(was, Phase::Joining | Phase::Deferred | Phase::CatchingUp) {
+                    self.set(rank, Phase::Ready);
+                }
+                if let Some(v) = self.versions.get_mut(rank as usize) {
+                    *v = (*v).max(*version);
+                }
+                if was == Phase::Joining && version == &0 && sup.restarts() > 0 {
+                    tracing::info!("{id}: bootstrapped with the others after its restart");
+                }
+                Ok(Handled::Applied {
+                    rank,
+                    version: *version,
+                })
+            }
+            _ => Ok(Handled::Report(id, frame)),
+        }
+    }
+
+    /// Metrics of restarts, lost trajectories and catch-ups since the last record.
+    pub fn record(&mut self, sup: &Supervisor, rec: &mut StepRecord) {
+        let since = std::mem::take(&mut self.since);
+        rec.int("rollout/restarts", sup.restarts() as i64);
+        rec.int("rollout/lost_trajs", since.lost_trajs as i64);
+        if since.catchups > 0 {
+            // 0: every catch-up since the last record was a replay; 1: at least one was a full transfer.
+            rec.int("sync/catchup_kind", i64::from(since.full > 0));
+            rec.int("sync/catchup_bytes", since.bytes as i64);
+            rec.float("sync/catchup_ms", since.ms);
+        }
+    }
+}
+
 fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
     OrchestratorError::Unexpected {
         worker: id.to_string(),
@@ -120,34 +378,32 @@ fn unexpected(id: WorkerId, report: &Report) -> OrchestratorError {
     }
 }
 
-/// Wait for the trainer's `Synced` and every rollout's `Applied` of one transfer.
+/// Wait for the trainer's `Synced` of the bootstrap and for every rollout to hold it (restarted ones: until
+/// they caught up).
 async fn collect(
     sup: &mut Supervisor,
     verifier: &mut Verifier,
+    fleet: &mut Fleet,
     started: Instant,
 ) -> Result<SyncOutcome, OrchestratorError> {
-    let rollouts = sup.rollouts();
     let mut stats = None;
-    let mut applied = 0;
-    while stats.is_none() || applied < rollouts {
+    while stats.is_none() || !fleet.settled() {
         let waiting = if stats.is_none() {
             "the trainer's sync"
         } else {
             "rollouts to apply weights"
         };
-        let (id, frame) = sup.recv(waiting).await?;
+        let incoming = sup.recv(waiting).await?;
+        let (id, frame) = match fleet.handle(sup, verifier, incoming).await? {
+            Handled::Report(id, frame) => (id, frame),
+            _ => continue,
+        };
         match frame.header {
             Report::Synced {
                 stats: s, checksum, ..
             } if id == WorkerId::TRAINER && stats.is_none() => {
                 verifier.trainer(s.version, checksum)?;
                 stats = Some(s);
-            }
-            Report::Applied {
-                version, checksum, ..
-            } if id != WorkerId::TRAINER => {
-                verifier.rollout(id, version, checksum)?;
-                applied += 1;
             }
             other => return Err(unexpected(id, &other)),
         }
@@ -161,17 +417,27 @@ async fn collect(
     })
 }
 
-/// Initial bootstrap (always blocking): every rollout holds version 0 when this returns.
+/// Initial bootstrap (always blocking): every rollout holds version 0 when this returns (except restarted
+/// ones still on their way: they rejoin through [`Fleet::handle`]).
 pub async fn bootstrap(
     sup: &mut Supervisor,
     verifier: &mut Verifier,
+    fleet: &mut Fleet,
 ) -> Result<SyncOutcome, OrchestratorError> {
     let started = Instant::now();
     sup.begin_step();
     sup.send(WorkerId::TRAINER, &Command::InitWeights, &[])
         .await?;
-    sup.send_rollouts(&Command::InitWeights).await?;
-    collect(sup, verifier, started).await
+    for rank in 0..sup.rollouts() {
+        let id = WorkerId::rollout(rank);
+        if sup.is_connected(id) {
+            sup.send(id, &Command::InitWeights, &[]).await?;
+        } else {
+            // Lost before the bootstrap: its successor gets `init_weights` when it connects.
+            fleet.set(rank, Phase::Down);
+        }
+    }
+    collect(sup, verifier, fleet, started).await
 }
 
 #[cfg(test)]

@@ -97,6 +97,9 @@ pub enum Command {
         chunks: u32,
         env_steps: u64,
     },
+    /// Trainer: catch up rollout `rank`, a restarted worker that joined the weight channel late (it reported
+    /// [`Report::Joined`]): replay of logged patches when sound, else a full transfer, to that rank only.
+    Rejoin { rank: u32 },
     /// Finish and exit 0.
     Stop,
 }
@@ -136,6 +139,33 @@ pub enum Report {
         busy_s: f64,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         metrics: Vec<(String, Option<f64>)>,
+    },
+    /// Rollout (restarted): after `init_weights` it joined the weight channel late, after the bootstrap; it
+    /// waits for the trainer to catch it up ([`Command::Rejoin`]).
+    Joined,
+    /// Rollout (restarted): caught up after a late join and now holds `version` (`checksum` as in `applied`).
+    /// `deferred`: it holds no version of the trainer's yet (bucket syncer: the next sync, a full transfer,
+    /// makes it current), so it must not generate before it applied one.
+    Rejoined {
+        version: u64,
+        checksum: u64,
+        deferred: bool,
+        seconds: f64,
+    },
+    /// Trainer: a `rejoin` is done. `ok` false: the rollout went away meanwhile (`reason` says how). `kind`:
+    /// `replay` (the `patches` logged patches from `from`) or `full`; `payload_bytes`: every catch-up byte
+    /// sent and received; `reason`: why not a replay.
+    CaughtUp {
+        rank: u32,
+        ok: bool,
+        kind: String,
+        from: u64,
+        to: u64,
+        patches: u32,
+        payload_bytes: u64,
+        seconds: f64,
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        reason: String,
     },
     /// The worker failed; it exits right after. `blames` names the peers its failure was about (a weight
     /// channel peer that is gone or did not answer in time), so the orchestrator can name the first cause.

@@ -164,6 +164,9 @@ pub struct CatchUpReport {
     pub boot_bytes: u64,
     /// Why not a replay (empty for a replay).
     pub reason: String,
+    /// Bucket syncer: nothing of the current version was sent; the receiver takes the next version (a full
+    /// transfer) with the others and holds no version of the sender's until then.
+    pub deferred: bool,
     pub elapsed: Duration,
 }
 
@@ -435,6 +438,7 @@ pub(super) async fn serve(
         CatchUpMode::Full | CatchUpMode::Deferred => CatchUpKind::Full,
     };
     report.to = plan.version;
+    report.deferred = plan.mode == CatchUpMode::Deferred;
     report.patches = plan.patches;
     report.elapsed = started.elapsed();
     Ok(report)

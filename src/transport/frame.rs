@@ -8,8 +8,9 @@ use crate::bytes::{BytesError, Reader};
 use crate::protocol::frame::{self, TooLong};
 
 /// Version of this control protocol, sent first in `Hello` and `Welcome`. 2: a receiver sees an increasing
-/// subsequence of payload numbers (payloads may target one rank; receivers may join late).
-pub(crate) const VERSION: u8 = 2;
+/// subsequence of payload numbers (payloads may target one rank; receivers may join late). 3: the welcome
+/// says whether the receiver joined late (after the sender started: it must be caught up, see `syncer/rejoin`).
+pub(crate) const VERSION: u8 = 3;
 
 /// Largest frame accepted (upstream messages included): bounds what a bad length prefix can make us allocate.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
@@ -21,6 +22,8 @@ pub(crate) enum Down {
         version: u8,
         receivers: u32,
         slots: u32,
+        /// Welcomed by an elastic sender that had already started (a successor of a dead receiver).
+        late: bool,
     },
     Reject {
         reason: String,
@@ -167,10 +170,12 @@ impl Down {
                 version,
                 receivers,
                 slots,
+                late,
             } => FrameWriter::new(TAG_WELCOME)
                 .u8(*version)
                 .u32(*receivers)
                 .u32(*slots)
+                .u8(u8::from(*late))
                 .finish(),
             Down::Reject { reason } => FrameWriter::new(TAG_REJECT)
                 .bytes(reason.as_bytes())
@@ -203,6 +208,7 @@ impl Down {
                 version: c.u8("version")?,
                 receivers: c.u32("receivers")?,
                 slots: c.u32("slots")?,
+                late: c.u8("late flag")? != 0,
             },
             TAG_REJECT => Down::Reject {
                 reason: c.string("reason")?,
@@ -287,6 +293,13 @@ mod tests {
                 version: VERSION,
                 receivers: 3,
                 slots: 2,
+                late: false,
+            },
+            Down::Welcome {
+                version: VERSION,
+                receivers: 3,
+                slots: 2,
+                late: true,
             },
             Down::Reject {
                 reason: "rank 7 out of range".into(),

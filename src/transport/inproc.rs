@@ -370,6 +370,10 @@ impl SendBackend for InProcSender {
         self.fanout.live()
     }
 
+    fn is_elastic(&self) -> bool {
+        self.fanout.is_elastic()
+    }
+
     async fn flush(&mut self) -> Result<(), TransportError> {
         self.housekeep()?;
         self.fanout.wait_all_free("flushing").await

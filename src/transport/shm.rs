@@ -322,6 +322,7 @@ async fn accept_all(
     receivers: usize,
     deadline: Instant,
     timeout: Duration,
+    elastic: bool,
 ) -> Result<Vec<Joined>, TransportError> {
     let mut joined: Vec<Option<Joined>> = (0..receivers).map(|_| None).collect();
     let mut hellos = tokio::task::JoinSet::new();
@@ -334,6 +335,12 @@ async fn accept_all(
             Some(done) = hellos.join_next() => match done {
                 Ok(Ok(mut j)) => match joined.get_mut(j.rank) {
                     Some(entry @ None) => *entry = Some(j),
+                    // Elastic: a second hello for a rank comes from a restarted receiver (the first one died
+                    // before the sender started); the newest stream takes the rank.
+                    Some(entry) if elastic => {
+                        tracing::info!(rank = j.rank, "a receiver rejoined before the sender started; the newest takes the rank");
+                        *entry = Some(j);
+                    }
                     _ => refuse(&mut j.writer, &format!("rank {} has already joined", j.rank), deadline).await,
                 },
                 Ok(Err(_refused)) => {}
@@ -422,38 +429,60 @@ impl ShmSender {
             cfg.receivers,
             Instant::now() + cfg.timeout,
             cfg.timeout,
+            cfg.elastic,
         )
         .await?;
 
         let slots = u32::try_from(cfg.slots).map_err(|_| TransportError::Config {
             reason: "too many slots".to_owned(),
         })?;
-        let welcome = Down::Welcome {
-            version: VERSION,
-            receivers: wire_receivers,
-            slots,
-        }
-        .encode()
-        .map_err(|e| protocol(Peer::Sender, e))?;
+        let welcome_as = |late: bool| {
+            Down::Welcome {
+                version: VERSION,
+                receivers: wire_receivers,
+                slots,
+                late,
+            }
+            .encode()
+            .map_err(|e| protocol(Peer::Sender, e))
+        };
+        let welcome = welcome_as(false)?;
         let (event_tx, event_rx) = mpsc::unbounded_channel();
         let mut writers = Vec::with_capacity(cfg.receivers);
         let mut reader_tasks = Vec::with_capacity(cfg.receivers);
+        let mut unwelcome = Vec::new();
         for (rank, j) in joined.into_iter().enumerate() {
             let mut writer = j.writer;
-            write_frame(
+            match write_frame(
                 &mut writer,
                 &welcome,
                 cfg.timeout,
                 "welcoming a receiver",
                 Peer::Receiver(rank),
             )
-            .await?;
+            .await
+            {
+                Ok(()) => {}
+                // Elastic: a receiver that died since its hello starts detached; a successor may take its rank.
+                Err(TransportError::PeerGone { .. } | TransportError::Io { .. }) if cfg.elastic => {
+                    tracing::warn!(rank, "a receiver vanished before its welcome; detached");
+                    unwelcome.push(rank);
+                    writers.push(None);
+                    reader_tasks.push(None);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            }
             writers.push(Some(writer));
             reader_tasks.push(Some(spawn_reader(rank, j.reader, event_tx.clone())));
         }
         let mut fanout = Fanout::new(cfg.receivers, cfg.slots, cfg.timeout, event_rx);
         let late = if cfg.elastic {
             fanout = fanout.elastic();
+            for rank in unwelcome {
+                fanout.detach(rank);
+            }
+            let welcome = welcome_as(true)?;
             let mailbox: Mailbox = std::sync::Arc::new(std::sync::Mutex::new(
                 (0..cfg.receivers).map(|_| None).collect(),
             ));
@@ -646,7 +675,20 @@ impl ShmSender {
         self.housekeep()?;
         self.fanout.require_all_alive(OP)?;
         let targets: Vec<usize> = match target {
-            Target::All => self.fanout.live(),
+            // A late joiner sees only its own payloads until the caller took it in (`wait_joined`): it must be
+            // caught up before it can follow the others.
+            Target::All => {
+                let fresh = self
+                    .late
+                    .as_ref()
+                    .map(|l| l.fresh.as_slice())
+                    .unwrap_or(&[]);
+                self.fanout
+                    .live()
+                    .into_iter()
+                    .filter(|r| !fresh.contains(r))
+                    .collect()
+            }
             Target::Rank(rank) if rank >= self.fanout.receivers() => {
                 return Err(TransportError::NoSuchRank {
                     rank,
@@ -782,6 +824,10 @@ impl SendBackend for ShmSender {
 
     fn live(&self) -> Vec<usize> {
         self.fanout.live()
+    }
+
+    fn is_elastic(&self) -> bool {
+        self.fanout.is_elastic()
     }
 
     async fn flush(&mut self) -> Result<(), TransportError> {

@@ -30,19 +30,25 @@ struct Rollout {
     keys: Vec<String>,
     version: u64,
     verify: bool,
+    /// Rejoined without a version of the trainer's (bucket syncer): no rollout before the next version.
+    deferred: bool,
     workload: Box<dyn Workload>,
 }
 
 impl Rollout {
-    fn applied(&self, started: Instant) -> Report {
-        let checksum = if self.verify {
+    /// The checksum the orchestrator verifies (0 when `runner.verify_sync` is off).
+    fn checksum(&self) -> u64 {
+        if self.verify {
             tokio::task::block_in_place(|| state_checksum(&self.state, &self.keys))
         } else {
             0
-        };
+        }
+    }
+
+    fn applied(&self, started: Instant) -> Report {
         Report::Applied {
             version: self.version,
-            checksum,
+            checksum: self.checksum(),
             seconds: started.elapsed().as_secs_f64(),
         }
     }
@@ -53,6 +59,7 @@ impl Rollout {
         let (update, next) = received;
         let report = update?.install(&mut self.state)?;
         self.version = report.version;
+        self.deferred = false;
         // The receiver task may now fetch the following update.
         let _ = next.send(());
         Ok(self.applied(started))
@@ -71,6 +78,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         keys,
         version: 0,
         verify: cfg.runner.verify_sync,
+        deferred: false,
         workload,
     };
     let mut weights = Weights::None;
@@ -98,6 +106,38 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
                 let mut syncer =
                     WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+                if rx.joined_late() {
+                    // A restarted worker: the trainer catches it up once the orchestrator asks it to.
+                    ctx.control.report(&Report::Joined, &[]).await?;
+                    let caught = syncer
+                        .rejoin_receiver(&mut me.state, rx, me.version)
+                        .await?;
+                    me.version = caught.to;
+                    me.keys = syncer.synced_keys().to_vec();
+                    me.deferred = caught.deferred;
+                    weights = Weights::Blocking(syncer);
+                    tracing::info!(
+                        "rejoined the weight channel: {} from version {} to {}{}, {} bytes in {:.1} ms",
+                        caught.kind.name(),
+                        caught.from,
+                        caught.to,
+                        if caught.deferred {
+                            " (deferred: the next version is a full transfer)"
+                        } else {
+                            ""
+                        },
+                        caught.payload_bytes,
+                        caught.elapsed.as_secs_f64() * 1e3
+                    );
+                    let rejoined = Report::Rejoined {
+                        version: me.version,
+                        checksum: me.checksum(),
+                        deferred: caught.deferred,
+                        seconds: started.elapsed().as_secs_f64(),
+                    };
+                    ctx.control.report(&rejoined, &[]).await?;
+                    continue;
+                }
                 let report = syncer.init_receiver(&mut me.state, rx).await?;
                 me.version = report.version;
                 me.keys = syncer.synced_keys().to_vec();
@@ -114,6 +154,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let started = Instant::now();
                 let report = syncer.apply(&mut me.state).await?;
                 me.version = report.version;
+                me.deferred = false;
                 ctx.control.report(&me.applied(started), &[]).await?;
             }
             Command::Rollout {
@@ -122,6 +163,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 steps,
                 background,
             } => {
+                if me.deferred {
+                    // Its weights are its own, not a version of the trainer's: never generate from them.
+                    return Err(WorkerError::UnexpectedCommand {
+                        role: "rollout",
+                        command: "Rollout (before the first version after a rejoin)".into(),
+                    });
+                }
                 if background && matches!(weights, Weights::Blocking(_)) {
                     if let Weights::Blocking(syncer) =
                         std::mem::replace(&mut weights, Weights::None)
@@ -152,7 +200,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 }
             }
             Command::Stop => return Ok(()),
-            other @ (Command::Sync { .. } | Command::Train { .. }) => {
+            other @ (Command::Sync { .. } | Command::Train { .. } | Command::Rejoin { .. }) => {
                 return Err(WorkerError::UnexpectedCommand {
                     role: "rollout",
                     command: format!("{other:?}"),

@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use crate::protocol::messages::{Command, Report, SyncStats};
-use crate::syncer::{SyncOptions, SyncReport, WeightSyncer};
+use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
-use crate::transport::{ShmConfig, ShmSender};
+use crate::transport::{Peer, ShmConfig, ShmSender, TransportError};
 use crate::worker::workload::Batch;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 
@@ -33,6 +33,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     segment_prefix: ctx.launch.segment_prefix.clone(),
                     receivers: ctx.launch.rollouts as usize,
                     timeout: ctx.transport_timeout(),
+                    // Restartable rollouts: a dead one is detached and its successor rejoins.
+                    elastic: cfg.runner.rollout_restarts > 0,
                     ..ShmConfig::default()
                 })
                 .await?;
@@ -76,6 +78,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     )
                     .await?;
             }
+            Command::Rejoin { rank } => {
+                let report = catch_up(&mut syncer, &state, rank).await?;
+                ctx.control.report(&report, &[]).await?;
+            }
             Command::Stop => return Ok(()),
             other @ (Command::Apply | Command::Rollout { .. }) => {
                 return Err(WorkerError::UnexpectedCommand {
@@ -84,6 +90,71 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 });
             }
         }
+    }
+}
+
+/// Serve the rejoin of restarted rollout `rank`. The rollout going away meanwhile (gone, or silent past the
+/// channel's timeout) is not this worker's failure: the report says so and the orchestrator restarts it again.
+async fn catch_up(
+    syncer: &mut WeightSyncer,
+    state: &StateDict,
+    rank: u32,
+) -> Result<Report, WorkerError> {
+    let started = Instant::now();
+    let outcome = syncer.rejoin(state, rank as usize).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let about_rank = |peer: &Peer| *peer == Peer::Receiver(rank as usize);
+    match outcome {
+        Ok(r) => {
+            tracing::info!(
+                "caught up rollout-{rank}: {} from version {} to {}{}, {} patches, {} bytes in {:.1} ms{}",
+                r.kind.name(),
+                r.from,
+                r.to,
+                if r.deferred {
+                    " (deferred: the next version is a full transfer)"
+                } else {
+                    ""
+                },
+                r.patches,
+                r.payload_bytes,
+                seconds * 1e3,
+                if r.reason.is_empty() {
+                    String::new()
+                } else {
+                    format!("; not a replay: {}", r.reason)
+                },
+            );
+            Ok(Report::CaughtUp {
+                rank,
+                ok: true,
+                kind: r.kind.name().into(),
+                from: r.from,
+                to: r.to,
+                patches: r.patches,
+                payload_bytes: r.payload_bytes,
+                seconds,
+                reason: r.reason,
+            })
+        }
+        Err(SyncError::Transport(
+            e @ (TransportError::PeerGone { .. } | TransportError::Timeout { .. }),
+        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } if about_rank(peer)) =>
+        {
+            tracing::warn!("rejoin of rollout-{rank} failed: {e}");
+            Ok(Report::CaughtUp {
+                rank,
+                ok: false,
+                kind: String::new(),
+                from: 0,
+                to: 0,
+                patches: 0,
+                payload_bytes: 0,
+                seconds,
+                reason: e.to_string(),
+            })
+        }
+        Err(e) => Err(e.into()),
     }
 }
 

@@ -28,6 +28,8 @@ pub struct ShmReceiver {
     slots: Vec<Option<MappedSegment>>,
     next_seq: u64,
     broken: Option<String>,
+    /// Welcomed by an elastic sender that had already started (see [`ShmReceiver::joined_late`]).
+    late: bool,
 }
 
 fn protocol(reason: impl std::fmt::Display) -> TransportError {
@@ -130,11 +132,12 @@ impl ShmReceiver {
             }
             Ok(Err(e)) => return Err(read_error(OP, e)),
         };
-        let slots = match Down::decode(&frame).map_err(protocol)? {
+        let (slots, late) = match Down::decode(&frame).map_err(protocol)? {
             Down::Welcome {
                 version,
                 receivers,
                 slots,
+                late,
             } => {
                 if version != VERSION {
                     return Err(protocol(format!(
@@ -147,7 +150,7 @@ impl ShmReceiver {
                         receivers: receivers as usize,
                     });
                 }
-                slots as usize
+                (slots as usize, late)
             }
             Down::Reject { reason } => return Err(TransportError::Rejected { reason }),
             other => return Err(protocol(format!("expected a welcome, got {other:?}"))),
@@ -160,7 +163,14 @@ impl ShmReceiver {
             slots: (0..slots).map(|_| None).collect(),
             next_seq: 0,
             broken: None,
+            late,
         }))
+    }
+
+    /// Whether the sender had already started when it welcomed this receiver (an elastic channel's successor
+    /// of a dead receiver): the syncer must rejoin (`WeightSyncer::rejoin_receiver`), not init.
+    pub fn joined_late(&self) -> bool {
+        self.late
     }
 
     fn check_usable(&self) -> Result<(), TransportError> {
