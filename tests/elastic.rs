@@ -244,18 +244,25 @@ fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String>
         .map_err(|e| e.to_string())?;
     let mut kills = 0u64;
     let mut rng = rand::thread_rng();
-    for &moment in moments {
-        let rank = rng.gen_range(0..2);
-        if let Some(pid) = kill_rollout(&s, &mut child, rank, moment)? {
-            kills += 1;
-            // Its successor is up before the next kill (which would otherwise find no process to kill).
-            wait_until(&mut child, "the restart", || {
-                rollout_pid(&s.run_dir, rank).is_some_and(|p| p != pid)
-            })?;
+    let mut kill_all = || -> Result<(), String> {
+        for &moment in moments {
+            let rank = rng.gen_range(0..2);
+            if let Some(pid) = kill_rollout(&s, &mut child, rank, moment)? {
+                kills += 1;
+                // Its successor is up before the next kill (which would otherwise find no process to kill).
+                wait_until(&mut child, "the restart", || {
+                    rollout_pid(&s.run_dir, rank).is_some_and(|p| p != pid)
+                })?;
+            }
         }
-    }
+        Ok(())
+    };
+    let killed = kill_all();
     let (code, stderr) = finish(child)?;
     let what = format!("{entry} {syncer} {moments:?} ({kills} kills)");
+    if let Err(why) = killed {
+        return Err(format!("{what}: {why}; exit {code:?}:\n{stderr}"));
+    }
     if code != Some(0) || stderr.contains("panicked") {
         return Err(format!("{what}: exit {code:?}:\n{stderr}"));
     }

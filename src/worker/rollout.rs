@@ -82,6 +82,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         workload,
     };
     let mut weights = Weights::None;
+    // `train_async` with no-wait installs: updates are received in the background, also while idle.
+    let no_wait = cfg.actor.sync_weight_no_wait
+        && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async;
     loop {
         let frame = match &mut weights {
             Weights::Background(updates) => tokio::select! {
@@ -115,7 +118,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.version = caught.to;
                     me.keys = syncer.synced_keys().to_vec();
                     me.deferred = caught.deferred;
-                    weights = Weights::Blocking(syncer);
+                    // No-wait: receive in the background at once (the trainer publishes while this worker waits
+                    // for work); a deferred one first takes its next version with a blocking `apply`.
+                    weights = if no_wait && !me.deferred {
+                        Weights::Background(spawn_receiver(syncer))
+                    } else {
+                        Weights::Blocking(syncer)
+                    };
                     tracing::info!(
                         "rejoined the weight channel: {} from version {} to {}{}, {} bytes in {:.1} ms",
                         caught.kind.name(),
@@ -156,6 +165,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 me.version = report.version;
                 me.deferred = false;
                 ctx.control.report(&me.applied(started), &[]).await?;
+                if no_wait
+                    && let Weights::Blocking(syncer) =
+                        std::mem::replace(&mut weights, Weights::None)
+                {
+                    weights = Weights::Background(spawn_receiver(syncer));
+                }
             }
             Command::Rollout {
                 first_chunk,
