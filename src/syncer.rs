@@ -1069,13 +1069,29 @@ impl WeightSyncer {
         state: &StateDict,
         rank: usize,
     ) -> Result<CatchUpReport, SyncError> {
+        self.rejoin_at(state, rank, false).await
+    }
+
+    /// [`WeightSyncer::rejoin`], where the caller says whether `state` is still exactly the last version sent
+    /// (nothing trained since): the bucket syncer, which keeps no copy of it, then sends `state` as that version
+    /// instead of deferring the receiver to the next one.
+    pub async fn rejoin_at(
+        &mut self,
+        state: &StateDict,
+        rank: usize,
+        state_is_last: bool,
+    ) -> Result<CatchUpReport, SyncError> {
         let part_bytes = self.settings.part_bytes;
         let Side::Sender(s) = &mut self.side else {
             return Err(SyncError::NotInitialized { expected: "sender" });
         };
-        let (snap, strategy) = match &s.strategy {
-            SenderStrategy::Patch { snap, .. } => (Some(snap.as_slice()), Strategy::Patch),
-            SenderStrategy::Bucket { .. } => (None, Strategy::Bucket),
+        let (snap, bucket_full, strategy) = match &s.strategy {
+            SenderStrategy::Patch { snap, .. } => (Some(snap.as_slice()), None, Strategy::Patch),
+            SenderStrategy::Bucket { buckets } => (
+                None,
+                state_is_last.then_some(buckets.as_slice()),
+                Strategy::Bucket,
+            ),
         };
         rejoin::serve(
             &mut s.ch,
@@ -1083,6 +1099,7 @@ impl WeightSyncer {
             &s.rejoin,
             state,
             snap,
+            bucket_full,
             s.last_version,
             strategy,
             part_bytes,

@@ -15,8 +15,11 @@
 //!   weights, a checkpoint-resumed trainer, or a missing log entry all fall back to full).
 //! - **full**: every synced tensor of the sender's snapshot (patch syncer: the last version, in the receiver's
 //!   dtypes, bit for bit what the others hold) as buckets of that version.
-//! - **deferred** (bucket syncer): the sender keeps no copy of the last version, and every version is a full
-//!   transfer anyway, so the receiver only completes the handshake and takes the next version with the others.
+//! - **full, bucket syncer**: the sender keeps no copy of the last version, so it sends its state as that version
+//!   only when the caller says the state *is* the last version (nothing trained since; version 0 needs nothing:
+//!   every receiver of a bucket syncer holds its own initial weights at version 0);
+//! - **deferred** (bucket syncer, the state moved on): every version is a full transfer anyway, so the receiver
+//!   only completes the handshake and takes the next version with the others.
 //!
 //! Keys the init bootstrap covers but no version updates (frozen weights) are sent again, as init buckets,
 //! only when the receiver's checksum of them differs from the sender's. All catch-up messages target the one
@@ -218,6 +221,7 @@ pub(super) async fn serve(
     info: &RejoinInfo,
     state: &StateDict,
     snap: Option<&[super::patch::SnapTensor]>,
+    bucket_full: Option<&[Vec<Planned>]>,
     last_version: u64,
     strategy: wire::Strategy,
     part_bytes: usize,
@@ -313,12 +317,25 @@ pub(super) async fn serve(
     };
     let mut replay: Vec<&[u8]> = Vec::new();
     let mut full: Vec<Vec<Planned>> = Vec::new();
+    // Bucket syncer, state still at the last version: that version, from the state, to this rank.
+    let mut current: &[Vec<Planned>] = &[];
     match snap {
-        None => {
-            plan.mode = CatchUpMode::Deferred;
-            plan.version = 0;
-            report.reason = "bucket syncer: the next version is a full transfer".into();
+        None if last_version == 0 => {
+            // Nothing was ever sent: it holds version 0 (its own initial weights) like the others.
+            report.reason = "bucket syncer: version 0 is every receiver's own initial state".into();
         }
+        None => match bucket_full {
+            Some(buckets) => {
+                plan.full_buckets = buckets.len() as u32;
+                current = buckets;
+                report.reason = "bucket syncer: every version is a full transfer".into();
+            }
+            None => {
+                plan.mode = CatchUpMode::Deferred;
+                plan.version = 0;
+                report.reason = "bucket syncer: the state moved on since the last version; the next version is a full transfer".into();
+            }
+        },
         Some(snap) => {
             let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
             let current = match info.cached_checksum(last_version) {
@@ -394,13 +411,35 @@ pub(super) async fn serve(
     report.payload_bytes += msg.len() as u64;
     ch.send_to(rank, &msg).await?;
     if !boot_buckets.is_empty() {
-        let stats = send_state_buckets(ch, rank, state, &boot_buckets, part_bytes).await?;
+        let stats = send_state_buckets(
+            ch,
+            rank,
+            state,
+            &boot_buckets,
+            Kind::InitBucket,
+            0,
+            part_bytes,
+        )
+        .await?;
         report.boot_bytes = stats.payload_bytes;
         report.payload_bytes += stats.payload_bytes;
     }
     for msg in &replay {
         ch.send_to(rank, msg).await?;
         report.payload_bytes += msg.len() as u64;
+    }
+    if !current.is_empty() {
+        let stats = send_state_buckets(
+            ch,
+            rank,
+            state,
+            current,
+            Kind::Bucket,
+            last_version,
+            part_bytes,
+        )
+        .await?;
+        report.payload_bytes += stats.payload_bytes;
     }
     if let (false, Some(snap)) = (full.is_empty(), snap) {
         let by_key: std::collections::HashMap<&str, &[u8]> = snap
@@ -444,12 +483,14 @@ pub(super) async fn serve(
     Ok(report)
 }
 
-/// Init buckets of `state` (cast to the receiver's dtypes) to one rank.
+/// Buckets of `state` (cast as planned) of `kind` and `version` to one rank.
 async fn send_state_buckets(
     ch: &mut transport::Sender,
     rank: usize,
     state: &StateDict,
     buckets: &[Vec<Planned>],
+    kind: Kind,
+    version: u64,
     part_bytes: usize,
 ) -> Result<bucket::SendStats, SyncError> {
     let mut sources = Vec::with_capacity(buckets.len());
@@ -475,8 +516,8 @@ async fn send_state_buckets(
         Some(rank),
         buckets,
         &sources,
-        Kind::InitBucket,
-        0,
+        kind,
+        version,
         part_bytes,
         None,
     )

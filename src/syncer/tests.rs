@@ -1263,3 +1263,38 @@ fn a_receiver_with_other_keys_is_refused() {
     assert!(tx.unwrap_err().to_string().contains("differ"));
     assert!(rx.unwrap_err().to_string().contains("refused"));
 }
+
+#[test]
+fn a_bucket_syncer_sends_the_last_version_while_the_state_is_still_it() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 11, 8);
+    for v in 1..=2 {
+        mutate_synced(&mut e.sender, v, 5);
+        sync_live(&rt, &mut e, v);
+    }
+    leave(&mut e, 1);
+    let mut st = build_state(&keys, true, 4242);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, true),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
+    assert_eq!(a.payload_bytes, b.payload_bytes);
+    e.rxs[1] = Some((rx, st));
+    // Current at once, before any further version.
+    assert_same(&e, &keys, &s);
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    assert_same(&e, &keys, &s);
+}

@@ -18,6 +18,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     let threads = kernel_threads(state.total_bytes(), 1);
     let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
     let mut version = 0u64;
+    // The trained version the rollouts were last sent (the state is exactly that version while equal).
+    let mut synced_at = 0u64;
     tracing::debug!(
         tensors = state.iter().count(),
         synced = keys.len(),
@@ -46,6 +48,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             Command::Sync { version: wanted } => {
                 let started = Instant::now();
                 let report = syncer.sync(&state, wanted).await?;
+                synced_at = version;
                 let synced =
                     synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
@@ -79,7 +82,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     .await?;
             }
             Command::Rejoin { rank } => {
-                let report = catch_up(&mut syncer, &state, rank).await?;
+                let report = catch_up(&mut syncer, &state, rank, version == synced_at).await?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Stop => return Ok(()),
@@ -99,9 +102,10 @@ async fn catch_up(
     syncer: &mut WeightSyncer,
     state: &StateDict,
     rank: u32,
+    state_is_last: bool,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
-    let outcome = syncer.rejoin(state, rank as usize).await;
+    let outcome = syncer.rejoin_at(state, rank as usize, state_is_last).await;
     let seconds = started.elapsed().as_secs_f64();
     let about_rank = |peer: &Peer| *peer == Peer::Receiver(rank as usize);
     match outcome {
