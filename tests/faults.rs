@@ -1038,16 +1038,8 @@ fn in_small_dev_shm(cmd: &Command, shm_bytes: usize, fill_after: Duration) -> Co
     );
     let mut wrapped = Command::new("unshare");
     wrapped
-        .args([
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            &script,
-        ])
+        .args(namespace_flags())
+        .args(["--propagation", "private", "sh", "-c", &script])
         .arg(cmd.get_program())
         .args(cmd.get_args());
     for (key, value) in cmd.get_envs() {
@@ -1060,6 +1052,25 @@ fn in_small_dev_shm(cmd: &Command, shm_bytes: usize, fill_after: Duration) -> Co
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     wrapped
+}
+
+/// `unshare` flags that give this process a mount namespace where it may mount a tmpfs: a user namespace
+/// mapping us to root (works unprivileged where the kernel allows it), else a plain mount namespace (root).
+fn namespace_flags() -> &'static [&'static str] {
+    const CHOICES: [&[&str]; 2] = [&["--user", "--map-root-user", "--mount"], &["--mount"]];
+    let works = |flags: &[&str]| {
+        Command::new("unshare")
+            .args(flags)
+            .args(["--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs -o size=64k tmpfs /dev/shm")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    CHOICES.into_iter().find(|flags| works(flags)).expect(
+        "this test needs `unshare` and a mount namespace (root, or unprivileged user namespaces)",
+    )
 }
 
 #[test]
