@@ -218,6 +218,8 @@ struct ReceiverSide {
     shared: Arc<ReceiverShared>,
 }
 
+// One per syncer, never moved on a hot path: boxing the large sender side would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Side {
     Uninit,
     Sender(SenderSide),
@@ -293,10 +295,9 @@ impl WeightSyncer {
         };
         if let (SyncerKind::Patch, true, Some(pre)) =
             (cfg.kind, p.init_sync.enabled, &p.init_sync.prefixes)
+            && pre.is_empty()
         {
-            if pre.is_empty() {
-                return Err(SyncError::Config { reason: "weight_syncer.patch.init_sync.prefixes is an empty list (use null for the whole state dict)".into() });
-            }
+            return Err(SyncError::Config { reason: "weight_syncer.patch.init_sync.prefixes is an empty list (use null for the whole state dict)".into() });
         }
         Ok(WeightSyncer {
             settings: Settings {
@@ -441,12 +442,12 @@ impl WeightSyncer {
             }
         }
         let meta = meta.unwrap_or_default();
-        if self.settings.same_keys {
-            if let Some(diff) = bootstrap::first_difference(&meta, state) {
-                let reason = format!("trainer and rollout state dicts differ: {diff}");
-                abort(&mut ch, &reason).await;
-                return Err(SyncError::Handshake { reason });
-            }
+        if self.settings.same_keys
+            && let Some(diff) = bootstrap::first_difference(&meta, state)
+        {
+            let reason = format!("trainer and rollout state dicts differ: {diff}");
+            abort(&mut ch, &reason).await;
+            return Err(SyncError::Handshake { reason });
         }
         // 2. key selection and checks
         let patch_init = self.settings.kind == SyncerKind::Patch && self.settings.init_sync;

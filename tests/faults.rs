@@ -576,7 +576,9 @@ fn huge_sweep() -> Result<(), String> {
 fn dry_run_catches_what_fails_a_run_at_once() {
     let mut tally = Tally::new("dry-run checks (TMPDIR too long, missing resume_dir)");
     let long_tmp = format!("/tmp/{}", "t".repeat(100));
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (extra arguments, environment, what the report must say)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![],
             vec![("TMPDIR", long_tmp.as_str())],

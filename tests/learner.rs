@@ -130,7 +130,7 @@ fn the_behaviour_kl_check_fails_without_exact_sync() {
     let kls = behav_kls(&rows);
     assert!(kls[0].abs() < 1e-6, "the bootstrap did happen: {kls:?}");
     assert!(
-        kls[1..].iter().all(|kl| !(kl.abs() < 1e-6)),
+        kls[1..].iter().all(|kl| kl.abs() >= 1e-6 || kl.is_nan()),
         "stale weights passed the check: {kls:?}"
     );
 }

@@ -280,7 +280,7 @@ fn processes_of(
                 }
                 let n_procs = (phi - plo + 1) as usize;
                 if n_procs >= n_slots {
-                    if n_procs % n_slots != 0 {
+                    if !n_procs.is_multiple_of(n_slots) {
                         return Err(bad(format!(
                             "puts {n_procs} processes on {n_slots} slots: they must split evenly"
                         )));

@@ -15,7 +15,7 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// The whole typed configuration handed to workers (they never re-compose).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RunConfig {
     pub weight_syncer: WeightSyncerConfig,
@@ -27,21 +27,6 @@ pub struct RunConfig {
     pub env: EnvConfig,
     /// Only read by `rlsync bench_sync`.
     pub bench: BenchConfig,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig {
-            weight_syncer: WeightSyncerConfig::default(),
-            runner: RunnerConfig::default(),
-            cluster: ClusterConfig::default(),
-            actor: ActorConfig::default(),
-            rollout: RolloutConfig::default(),
-            algorithm: AlgorithmConfig::default(),
-            env: EnvConfig::default(),
-            bench: BenchConfig::default(),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

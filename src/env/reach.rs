@@ -213,11 +213,11 @@ mod tests {
         let mut obs = vec![0.0; 12];
         r.reset(0, &mut obs);
         let q0 = r.q.clone();
-        let mut grad = vec![0.0; 3];
-        for j in 0..3 {
+        let mut grad = [0.0; 3];
+        for (j, g) in grad.iter_mut().enumerate() {
             r.q = q0.clone();
             r.q[j] += 1e-3;
-            grad[j] = (r.distance(0) - {
+            *g = (r.distance(0) - {
                 r.q = q0.clone();
                 r.distance(0)
             }) / 1e-3;

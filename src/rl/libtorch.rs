@@ -297,7 +297,7 @@ impl Actor {
     /// Decides actions for `obs` (`num_envs * obs_dim` values).
     pub fn act(&mut self, obs: &[f32], mode: ActMode) -> Result<Decision, RlError> {
         let d = self.policy.spec.obs_dim;
-        if d == 0 || obs.len() % d != 0 {
+        if d == 0 || !obs.len().is_multiple_of(d) {
             return Err(RlError::Shape {
                 what: "observations".into(),
                 expected: format!("a multiple of {d}"),

@@ -118,11 +118,7 @@ impl Trajectory {
     }
 
     pub fn steps(&self) -> usize {
-        if self.envs == 0 {
-            0
-        } else {
-            self.len() / self.envs
-        }
+        self.len().checked_div(self.envs).unwrap_or(0)
     }
 
     /// Checks that every buffer agrees with `steps x envs` (data may come from another process).
@@ -136,7 +132,7 @@ impl Trajectory {
         let checks = [
             (
                 "envs",
-                self.envs > 0 && n % self.envs == 0,
+                self.envs > 0 && n.is_multiple_of(self.envs),
                 format!("{} envs for {n} entries", self.envs),
             ),
             (

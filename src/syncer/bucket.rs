@@ -599,11 +599,10 @@ pub fn check_fits(staged: &Staged, meta: &[KeyMeta], state: &StateDict) -> Resul
 pub fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
     let mut old = Vec::with_capacity(staged.len());
     for (o, s) in staged {
-        if let Some((_, t)) = state.get_index_mut(o as usize) {
-            match t.replace_storage(s) {
-                Ok(prev) => old.push((o, prev)),
-                Err(_) => {}
-            }
+        if let Some((_, t)) = state.get_index_mut(o as usize)
+            && let Ok(prev) = t.replace_storage(s)
+        {
+            old.push((o, prev))
         }
     }
     old
@@ -861,8 +860,10 @@ mod tests {
                 }
                 sd
             };
-            let mut cfg = WeightSyncerConfig::default();
-            cfg.kind = SyncerKind::Bucket;
+            let mut cfg = WeightSyncerConfig {
+                kind: SyncerKind::Bucket,
+                ..WeightSyncerConfig::default()
+            };
             cfg.bucket.bucket_size = std::num::NonZeroU64::new(256).unwrap();
             cfg.bucket.load_instant = load_instant;
             let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();

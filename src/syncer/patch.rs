@@ -169,22 +169,23 @@ fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes
 fn diff_same(cur: &[u8], snap: &mut [u8], width: usize, base: usize, out: &mut Changes) {
     match width {
         1 => diff_words::<u8>(cur, snap, base, out),
-        2 => match (pod_slice::<u16>(cur), pod_slice_mut::<u16>(snap)) {
-            (Some(c), Some(s)) => {
+        2 => {
+            if let (Some(c), Some(s)) = (pod_slice::<u16>(cur), pod_slice_mut::<u16>(snap)) {
                 let done = simd::diff_u16(c, s, base, out);
                 let (c, s) = (&c[done..], &mut s[done..]);
                 diff_words(c, s, base + done, out)
             }
-            _ => {}
-        },
-        4 => match (pod_slice::<u32>(cur), pod_slice_mut::<u32>(snap)) {
-            (Some(c), Some(s)) => diff_words(c, s, base, out),
-            _ => {}
-        },
-        _ => match (pod_slice::<u64>(cur), pod_slice_mut::<u64>(snap)) {
-            (Some(c), Some(s)) => diff_words(c, s, base, out),
-            _ => {}
-        },
+        }
+        4 => {
+            if let (Some(c), Some(s)) = (pod_slice::<u32>(cur), pod_slice_mut::<u32>(snap)) {
+                diff_words(c, s, base, out)
+            }
+        }
+        _ => {
+            if let (Some(c), Some(s)) = (pod_slice::<u64>(cur), pod_slice_mut::<u64>(snap)) {
+                diff_words(c, s, base, out)
+            }
+        }
     }
 }
 
@@ -336,8 +337,8 @@ fn build_segmented(
     built: &mut Built,
     segment: usize,
 ) -> Result<(), String> {
-    const { assert!(SEGMENT % BLOCK == 0 && SEGMENT <= 1 << 32) };
-    debug_assert!(segment % BLOCK == 0 && segment <= 1 << 32);
+    const { assert!(SEGMENT.is_multiple_of(BLOCK) && SEGMENT <= 1 << 32) };
+    debug_assert!(segment.is_multiple_of(BLOCK) && segment <= 1 << 32);
     let mut work = Vec::new();
     for (pos, st) in snap.iter_mut().enumerate() {
         let t = state
@@ -784,7 +785,7 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
             let escaped = (0..e.nnz)
                 .filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0)
                 .count();
-            let padding = if e.nnz % 4 == 0 {
+            let padding = if e.nnz.is_multiple_of(4) {
                 0
             } else {
                 codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2))
@@ -931,12 +932,12 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
 /// density a gap crosses 127 often enough that a length branch would mispredict).
 #[inline(always)]
 fn gap_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-    if let Some(&[b0, b1]) = buf.get(*pos..*pos + 2) {
-        if b0 & b1 < 0x80 {
-            let two = usize::from(b0 >> 7);
-            *pos += 1 + two;
-            return Some(u64::from(b0 & 0x7f) | (u64::from(b1 & 0x7f) << 7) * two as u64);
-        }
+    if let Some(&[b0, b1]) = buf.get(*pos..*pos + 2)
+        && b0 & b1 < 0x80
+    {
+        let two = usize::from(b0 >> 7);
+        *pos += 1 + two;
+        return Some(u64::from(b0 & 0x7f) | ((u64::from(b1 & 0x7f) << 7) * two as u64));
     }
     get_varint(buf, pos)
 }

@@ -171,11 +171,13 @@ fn settings() -> impl Strategy<Value = Settings> {
 }
 
 fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
-    let mut c = WeightSyncerConfig::default();
-    c.kind = if s.bucket {
-        SyncerKind::Bucket
-    } else {
-        SyncerKind::Patch
+    let mut c = WeightSyncerConfig {
+        kind: if s.bucket {
+            SyncerKind::Bucket
+        } else {
+            SyncerKind::Patch
+        },
+        ..WeightSyncerConfig::default()
     };
     c.patch.delta_encoding = s.delta;
     c.patch.compression = if s.lz4 {

@@ -604,6 +604,7 @@ pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<()
 /// that the first one is stretched to hold the whole entry table (`table_end`, the first tensor's offset).
 /// A body always has at least one part. `part_size` is rounded up to a multiple of 8, so every part boundary
 /// is 8-byte aligned and no tensor element straddles two parts.
+#[allow(clippy::single_range_in_vec_init)] // a list of part ranges, which may hold just one
 pub fn bucket_parts(
     body_len: usize,
     table_end: usize,
@@ -1117,6 +1118,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // expected part lists, some of one range
     fn bucket_parts_cover_the_body_in_order() {
         let check = |body_len: usize,
                      table_end: usize,

@@ -510,10 +510,10 @@ impl ShmSender {
             if let Some(w) = self.writers.get_mut(rank) {
                 *w = Some(j.writer);
             }
-            if let Some(t) = self.reader_tasks.get_mut(rank) {
-                if let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone())) {
-                    old.abort();
-                }
+            if let Some(t) = self.reader_tasks.get_mut(rank)
+                && let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone()))
+            {
+                old.abort();
             }
             if let Some(k) = self.known.get_mut(rank) {
                 k.iter_mut().for_each(|g| *g = None);

@@ -768,7 +768,7 @@ impl ChainRelay {
             len: usize::MAX,
             max: isize::MAX as usize,
         })?;
-        if !self.buf.as_ref().is_some_and(|b| b.capacity() >= len) {
+        if self.buf.as_ref().is_none_or(|b| b.capacity() < len) {
             self.buf = Some(AlignedBuf::with_len(len)?);
         }
         let Some(buf) = self.buf.as_mut() else {

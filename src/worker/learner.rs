@@ -72,7 +72,7 @@ impl Workload for LearnerTrainer {
         }
         let step = self.work.learner().global_step();
         let every = self.cfg.runner.val_check_interval;
-        if every > 0 && step % every as u64 == 0 {
+        if every > 0 && step.is_multiple_of(every as u64) {
             let eval = self.evaluate()?;
             metrics.extend(
                 eval.named()

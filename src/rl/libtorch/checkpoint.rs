@@ -114,10 +114,11 @@ pub(crate) fn save(
     .map_err(|e| err(e.to_string()))
 }
 
+/// A checkpoint file's tensors (in file order) and its metadata.
+type Loaded = (Vec<(String, Tensor)>, HashMap<String, String>);
+
 /// Reads every tensor and the metadata of `path`.
-pub(crate) fn load(
-    path: &Path,
-) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>), RlError> {
+pub(crate) fn load(path: &Path) -> Result<Loaded, RlError> {
     let err = |reason: String| RlError::Checkpoint {
         path: path.to_owned(),
         reason,
