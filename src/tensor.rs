@@ -39,7 +39,7 @@ pub enum TensorError {
         dtype: DType,
         requested: &'static str,
     },
-    #[error("i/o on {path}: {source}")]
+    #[error("i/o on {path}")]
     Io {
         path: std::path::PathBuf,
         source: std::io::Error,
