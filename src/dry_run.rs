@@ -88,7 +88,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         // What would make the run fail at once: sockets that do not fit, a learner this build lacks, a
         // checkpoint to resume that is not there.
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
-            problems.push(e.to_string());
+            problems.push(crate::stdio::error_chain(&e));
         }
         if let Err(e) = crate::rl::preflight(cfg.actor.model.model_type) {
             problems.push(format!("actor.model.model_type: {e}"));

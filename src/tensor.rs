@@ -1,4 +1,4 @@
-//! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O; checksums.
+//! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); checksums.
 //!
 //! A [`Tensor`] is a [`Layout`] (dtype + shape) over a [`Storage`] (aligned host bytes) plus its
 //! [`Role`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
@@ -9,7 +9,6 @@ mod cast;
 mod checksum;
 mod dtype;
 pub(crate) mod parallel;
-mod safetensors_io;
 mod storage;
 pub mod synthetic;
 
@@ -22,7 +21,7 @@ pub use dtype::{DType, Element};
 pub use storage::{Layout, Storage};
 pub(crate) use storage::{Pod, pod_slice, pod_slice_mut};
 
-/// Errors of tensor construction, typed views and safetensors I/O.
+/// Errors of tensor construction and typed views.
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
     #[error("shape {shape:?} of dtype {dtype} overflows the address space")]
@@ -38,16 +37,6 @@ pub enum TensorError {
     ViewType {
         dtype: DType,
         requested: &'static str,
-    },
-    #[error("i/o on {path}: {source}")]
-    Io {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
-    #[error("safetensors file {path}: {reason}")]
-    Safetensors {
-        path: std::path::PathBuf,
-        reason: String,
     },
 }
 
@@ -68,15 +57,6 @@ impl Role {
             Role::Trainable => "trainable",
             Role::Buffer => "buffer",
             Role::Frozen => "frozen",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Role> {
-        match name {
-            "trainable" => Some(Role::Trainable),
-            "buffer" => Some(Role::Buffer),
-            "frozen" => Some(Role::Frozen),
-            _ => None,
         }
     }
 
@@ -357,16 +337,6 @@ impl StateDict {
                 .map(|(k, t)| (k.clone(), t.duplicate()))
                 .collect(),
         }
-    }
-
-    /// Save to a safetensors file; roles and the key order are kept in the file's metadata.
-    pub fn save_safetensors(&self, path: &std::path::Path) -> Result<(), TensorError> {
-        safetensors_io::save(self, path)
-    }
-
-    /// Load a safetensors file (roles default to trainable when the file has no rlsync metadata).
-    pub fn load_safetensors(path: &std::path::Path) -> Result<StateDict, TensorError> {
-        safetensors_io::load(path)
     }
 }
 

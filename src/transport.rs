@@ -82,13 +82,13 @@ pub enum TransportError {
     },
     #[error("{peer} is gone (disconnected) while {op}")]
     PeerGone { op: &'static str, peer: Peer },
-    #[error("i/o error while {op}: {source}")]
+    #[error("i/o error while {op}")]
     Io {
         op: &'static str,
         #[source]
         source: std::io::Error,
     },
-    #[error("shared memory segment {name}: {op} failed: {source}")]
+    #[error("shared memory segment {name}: {op} failed")]
     Segment {
         name: String,
         op: &'static str,

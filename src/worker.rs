@@ -31,32 +31,38 @@ pub enum WorkerError {
         "worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)"
     )]
     Usage { reason: String },
-    #[error("cannot read launch file {path}: {error}")]
+    #[error("cannot read launch file {path}")]
     LaunchFile {
         path: PathBuf,
+        #[source]
         error: std::io::Error,
     },
-    #[error("launch file {path}: {error}")]
-    LaunchFormat { path: PathBuf, error: ProtocolError },
-    #[error("cannot connect to the orchestrator at {path}: {error}")]
+    #[error("launch file {path}")]
+    LaunchFormat {
+        path: PathBuf,
+        #[source]
+        error: ProtocolError,
+    },
+    #[error("cannot connect to the orchestrator at {path}")]
     Connect {
         path: PathBuf,
+        #[source]
         error: std::io::Error,
     },
-    #[error("control connection: {0}")]
+    #[error("control connection")]
     Protocol(#[from] ProtocolError),
     #[error("the orchestrator went away")]
     OrchestratorGone,
-    #[error("weight sync: {0}")]
+    #[error("weight sync")]
     Sync(#[from] crate::syncer::SyncError),
-    #[error("weight transport: {0}")]
+    #[error("weight transport")]
     Transport(#[from] crate::transport::TransportError),
-    #[error("workload: {0}")]
+    #[error("workload")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
-    #[error("cannot start the worker runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the worker runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl WorkerError {
@@ -286,7 +292,7 @@ async fn serve(
             .control
             .report(
                 &Report::Failed {
-                    message: err.to_string(),
+                    message: crate::stdio::error_chain(err),
                     blames: err.blames(),
                 },
                 &[],
@@ -350,8 +356,8 @@ mod tests {
             reason: "metadata `version` is missing".into(),
         };
         let err = WorkerError::from(workload::WorkloadError::from(rl));
-        // What `main` prints: every cause exactly once.
-        let report = |e: WorkerError| crate::cli::error_report(&anyhow::Error::from(e));
+        // What the worker's `Failed` report says: every layer once, outermost first.
+        let report = |e: WorkerError| crate::stdio::error_chain(&e);
         assert_eq!(
             report(err),
             "workload: learner: checkpoint /ckpt: metadata `version` is missing"

@@ -39,7 +39,6 @@ const FORMAT_HOMES: &[&str] = &[
     "src/transport/frame.rs",
     "src/transport/tcp.rs",
     "src/orchestrator/metrics/tensorboard.rs",
-    "src/tensor/safetensors_io.rs",
     "src/rl/libtorch/checkpoint.rs",
     "python/src/syncer.rs",
     "python/src/worker.rs",

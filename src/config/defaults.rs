@@ -16,7 +16,7 @@ use crate::config::search_path::{ObjectType, Repository, SearchPathError};
 /// A defaults-list composition error, worded as Hydra words it.
 #[derive(Debug, thiserror::Error)]
 pub enum DefaultsError {
-    #[error("{0}")]
+    #[error(transparent)]
     SearchPath(#[from] SearchPathError),
     #[error(
         "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}"

@@ -50,7 +50,7 @@ pub enum SearchPathError {
     PrimaryModuleEmpty,
     #[error("cannot read config file '{file}': {reason}")]
     Read { file: String, reason: String },
-    #[error("{source}")]
+    #[error(transparent)]
     Yaml {
         #[from]
         source: YamlError,

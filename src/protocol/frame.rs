@@ -21,7 +21,7 @@ pub struct TooLong {
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The stream failed, or ended inside a frame (`UnexpectedEof`).
-    #[error("i/o error: {0}")]
+    #[error("i/o error")]
     Io(#[from] std::io::Error),
     /// The length prefix announces more than the reader's limit (nothing is allocated for it).
     #[error(transparent)]

@@ -154,9 +154,9 @@ impl Learner {
     /// `<run_dir>/checkpoints/global_step_<n>/`.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         let dir = checkpoint_dir(run_dir, self.global_step);
-        std::fs::create_dir_all(&dir).map_err(|e| RlError::Checkpoint {
+        std::fs::create_dir_all(&dir).map_err(|source| RlError::CheckpointIo {
             path: dir.clone(),
-            reason: e.to_string(),
+            source,
         })?;
         let weights_checksum = self.weights_checksum()?;
         let mut meta = HashMap::from([

@@ -365,11 +365,11 @@ fn spawn_reader(
                     },
                     Ok(Up::Message(msg)) => Event::Message(msg),
                     Ok(Up::Hello { .. }) => Event::Violation("a second hello".to_owned()),
-                    Err(e) => Event::Violation(e.to_string()),
+                    Err(e) => Event::Violation(crate::stdio::error_chain(&e)),
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
-                    tracing::debug!(rank, error = %e, "receiver stream failed");
+                    tracing::debug!(rank, error = %crate::stdio::error_chain(&e), "receiver stream failed");
                     Event::Gone
                 }
             };
@@ -575,7 +575,7 @@ impl ShmSender {
     /// Record a fatal error: from now on the channel refuses use, and no segment name stays behind.
     fn fail(&mut self, err: TransportError) -> TransportError {
         if self.broken.is_none() {
-            self.broken = Some(err.to_string());
+            self.broken = Some(crate::stdio::error_chain(&err));
         }
         self.segments
             .iter_mut()

@@ -286,7 +286,11 @@ async fn accept_authenticated(
                     return Ok((s, peer, first));
                 }
                 Err(e) => {
-                    tracing::warn!("{}: refused a chain connection from {addr}: {e}", cfg.name);
+                    tracing::warn!(
+                        "{}: refused a chain connection from {addr}: {}",
+                        cfg.name,
+                        crate::stdio::error_chain(&e)
+                    );
                 }
             }
         }
@@ -717,7 +721,7 @@ impl ChainRelay {
     pub async fn serve(mut self) -> Result<RelayEnd, TransportError> {
         let result = self.serve_frames().await;
         if let Err(e) = &result {
-            let text = format!("{}: {e}", self.cfg.name);
+            let text = format!("{}: {}", self.cfg.name, crate::stdio::error_chain(e));
             let mut frame = vec![TAG_ERROR];
             frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
             frame.extend_from_slice(text.as_bytes());

@@ -123,7 +123,10 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, RlError> {
         path: path.to_owned(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let bytes = std::fs::read(path).map_err(|source| RlError::CheckpointIo {
+        path: path.to_owned(),
+        source,
+    })?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;

@@ -174,7 +174,7 @@ impl ShmReceiver {
 
     fn fail(&mut self, err: TransportError) -> TransportError {
         if self.broken.is_none() {
-            self.broken = Some(err.to_string());
+            self.broken = Some(crate::stdio::error_chain(&err));
         }
         err
     }
