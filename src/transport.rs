@@ -34,7 +34,7 @@ pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
 
 /// How long any single wait may take unless the channel was built with another timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Payloads in flight at once unless configured otherwise. Bucket parts are 8 MiB, so four slots keep the
 /// sender a few parts ahead of a receiver's copy (measured: bucket sync over shm 1.40–1.47× memcpy with four,
@@ -209,7 +209,7 @@ impl Sender {
     }
 
     /// As [`Sender::send_with`], for receiver `rank` only (a catch-up for a receiver that rejoined).
-    pub async fn send_to_with<R>(
+    pub(crate) async fn send_to_with<R>(
         &mut self,
         rank: usize,
         len: usize,

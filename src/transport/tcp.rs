@@ -711,11 +711,6 @@ impl ChainRelay {
         })
     }
 
-    /// Global rank of this node's first local receiver.
-    pub fn first_rank(&self) -> u32 {
-        self.first_rank
-    }
-
     /// Serve the chain until the head closes it. On an error, the previous node is told (naming this node)
     /// before the error is returned.
     pub async fn serve(mut self) -> Result<RelayEnd, TransportError> {
