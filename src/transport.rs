@@ -21,6 +21,8 @@ mod fanout;
 mod frame;
 pub mod inproc;
 pub mod shm;
+#[cfg(test)]
+pub(crate) mod tap;
 pub mod tcp;
 
 use std::fmt;
@@ -126,6 +128,9 @@ pub enum Sender {
     Bridge(bridge::BridgeSender),
     /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
     Chain(ChainSender),
+    /// Tests only: an in-process sender that records what it sends ([`tap::tapped`]).
+    #[cfg(test)]
+    Tap(tap::TapSender),
 }
 
 /// A reading end, identified by its rank in `0..receivers`.
@@ -184,6 +189,8 @@ impl Sender {
             Sender::Shm(s) => s.receivers(),
             Sender::Bridge(s) => s.receivers(),
             Sender::Chain(s) => s.receivers(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.receivers(),
         }
     }
 
@@ -205,6 +212,8 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::All, len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::All, len, fill).await,
             Sender::Chain(s) => s.send_with(Target::All, len, fill).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.send_with(Target::All, len, fill).await,
         }
     }
 
@@ -220,6 +229,8 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Chain(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.send_with(Target::Rank(rank), len, fill).await,
         }
     }
 
@@ -237,6 +248,8 @@ impl Sender {
             Sender::Shm(s) => s.wait_joined(rank).await,
             Sender::Bridge(s) => s.wait_joined(rank).await,
             Sender::Chain(s) => s.wait_joined(rank).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.wait_joined(rank).await,
         }
     }
 
@@ -247,6 +260,8 @@ impl Sender {
             Sender::Shm(s) => s.live(),
             Sender::Bridge(s) => s.live(),
             Sender::Chain(s) => s.live(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.live(),
         }
     }
 
@@ -263,6 +278,8 @@ impl Sender {
             Sender::Shm(s) => s.flush().await,
             Sender::Bridge(s) => s.flush().await,
             Sender::Chain(s) => s.flush().await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.flush().await,
         }
     }
 
@@ -273,6 +290,8 @@ impl Sender {
             Sender::Shm(s) => s.recv_from(rank).await,
             Sender::Bridge(s) => s.recv_from(rank).await,
             Sender::Chain(s) => s.recv_from(rank).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.recv_from(rank).await,
         }
     }
 }

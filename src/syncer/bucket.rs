@@ -84,7 +84,6 @@ pub async fn send(
     kind: Kind,
     version: u64,
     part_bytes: usize,
-    tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
     let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
     for bucket in buckets {
@@ -106,12 +105,11 @@ pub async fn send(
         }
         sources.push(srcs);
     }
-    send_sources(ch, None, buckets, &sources, kind, version, part_bytes, tap).await
+    send_sources(ch, None, buckets, &sources, kind, version, part_bytes).await
 }
 
 /// Send the buckets of one version with each tensor's bytes given (`sources[bucket][item]`, in the planned
 /// source dtype) to every receiver, or to receiver `to` only.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn send_sources(
     ch: &mut transport::Sender,
     to: Option<usize>,
@@ -120,7 +118,6 @@ pub(crate) async fn send_sources(
     kind: Kind,
     version: u64,
     part_bytes: usize,
-    mut tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
     let mut stats = SendStats::default();
     let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
@@ -138,9 +135,6 @@ pub(crate) async fn send_sources(
             let fill = |buf: &mut [u8]| {
                 let t0 = Instant::now();
                 layout.fill(buf, header, part.clone());
-                if let Some(tap) = tap.as_deref_mut() {
-                    tap.push(buf.to_vec());
-                }
                 t0.elapsed()
             };
             let len = HEADER_LEN + part.len();
@@ -894,8 +888,8 @@ mod tests {
                 panic!("not a sender")
             };
             let (dummy, mut drx) = transport::inproc_channel(1);
+            let (dummy, tap) = transport::tap::tapped(dummy);
             let mut real = std::mem::replace(&mut s.ch, dummy);
-            tx.tap = Some(Vec::new());
             let mut d = drx.pop().unwrap();
             rt.block_on(async {
                 let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
@@ -910,7 +904,7 @@ mod tests {
                 let (r, ()) = tokio::join!(send, drain);
                 r.unwrap();
             });
-            let msgs = tx.tap.take().unwrap();
+            let msgs = tap.payloads();
             // 3 buckets of 256 + table bytes in 64-byte parts: 5 parts each.
             assert_eq!(msgs.len(), 15);
             let r = rt.block_on(async {
