@@ -45,7 +45,7 @@ use crate::env::EnvError;
 
 /// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
 /// a build without libtorch fails once with what to do instead of failing in every worker.
-pub fn preflight(model: ModelType) -> Result<(), RlError> {
+pub(crate) fn preflight(model: ModelType) -> Result<(), RlError> {
     match model {
         ModelType::Synthetic => Ok(()),
         learner => available(learner),

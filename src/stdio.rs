@@ -37,11 +37,6 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     msg
 }
 
-/// Whether a write to stdout failed (the reader went away).
-pub fn stdout_closed() -> bool {
-    STDOUT_CLOSED.load(Ordering::Relaxed)
-}
-
 fn write_to(w: &mut impl std::io::Write, closed: &AtomicBool, args: fmt::Arguments<'_>) {
     if closed.load(Ordering::Relaxed) {
         return;

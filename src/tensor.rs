@@ -61,7 +61,7 @@ impl Role {
     }
 
     /// Whether incremental sync covers tensors of this role.
-    pub fn is_synced(self) -> bool {
+    pub(crate) fn is_synced(self) -> bool {
         !matches!(self, Role::Frozen)
     }
 }
@@ -76,7 +76,7 @@ pub struct Tensor {
 
 impl Tensor {
     /// A zero-filled tensor.
-    pub fn zeros(dtype: DType, shape: &[usize], role: Role) -> Result<Tensor, TensorError> {
+    pub(crate) fn zeros(dtype: DType, shape: &[usize], role: Role) -> Result<Tensor, TensorError> {
         let layout = Layout::new(dtype, shape);
         let len = layout
             .checked_byte_len()
@@ -132,7 +132,7 @@ impl Tensor {
     }
 
     /// A tensor over an existing storage; its length must match the layout.
-    pub fn from_storage(
+    pub(crate) fn from_storage(
         layout: Layout,
         storage: Storage,
         role: Role,
@@ -179,7 +179,7 @@ impl Tensor {
         self.layout.shape()
     }
 
-    pub fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.storage.len() / self.dtype().size_bytes()
     }
 
@@ -207,7 +207,7 @@ impl Tensor {
     ///
     /// A borrowed storage (memory the caller owns, see [`Storage::borrowed`]) stays in place: the bytes are
     /// swapped instead, so the caller's tensor gets the new values and the returned storage holds the old ones.
-    pub fn replace_storage(&mut self, mut storage: Storage) -> Result<Storage, TensorError> {
+    pub(crate) fn replace_storage(&mut self, mut storage: Storage) -> Result<Storage, TensorError> {
         if storage.len() != self.storage.len() {
             return Err(TensorError::ByteLength {
                 dtype: self.dtype(),
@@ -280,17 +280,17 @@ impl StateDict {
         self.tensors.get_mut(name)
     }
 
-    pub fn get_index(&self, index: usize) -> Option<(&str, &Tensor)> {
+    pub(crate) fn get_index(&self, index: usize) -> Option<(&str, &Tensor)> {
         self.tensors.get_index(index).map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn get_index_mut(&mut self, index: usize) -> Option<(&str, &mut Tensor)> {
+    pub(crate) fn get_index_mut(&mut self, index: usize) -> Option<(&str, &mut Tensor)> {
         self.tensors
             .get_index_mut(index)
             .map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn index_of(&self, name: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         self.tensors.get_index_of(name)
     }
 

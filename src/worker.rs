@@ -68,7 +68,7 @@ pub enum WorkerError {
 impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
-    pub fn blames(&self) -> Vec<messages::Blame> {
+    pub(crate) fn blames(&self) -> Vec<messages::Blame> {
         use crate::transport::{Peer, TransportError};
         let transport = match self {
             WorkerError::Transport(e)
@@ -104,7 +104,7 @@ pub struct WorkerArgs {
     pub run_dir: PathBuf,
 }
 
-pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+pub(crate) fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
     let usage = |reason: String| WorkerError::Usage { reason };
     let (mut role, mut rank, mut run_dir) = (None, None, None);
     let mut it = args.iter();
@@ -203,7 +203,7 @@ impl WorkerContext {
 
     /// Bound of every weight-transport wait. A background receiver idles for a whole train step between
     /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
-    pub fn transport_timeout(&self) -> Duration {
+    pub(crate) fn transport_timeout(&self) -> Duration {
         let runner = &self.config().runner;
         let limit = match runner.step_timeout_s.get() {
             Some(step) => step.max(runner.handshake_timeout_s.get()),
@@ -304,7 +304,7 @@ async fn serve(
 
 /// Threads for the syncer's kernels in a worker: one for small states (spawning threads would cost more
 /// than the work), else the cores shared among the `sharers` workers that sync at the same time.
-pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
+pub(crate) fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
     const SMALL: usize = 16 << 20;
     if state_bytes < SMALL {
         return 1;
@@ -316,7 +316,7 @@ pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
 }
 
 /// The seed offset of a worker, so rollouts draw different trajectories.
-pub fn worker_seed(role: Role, rank: u32) -> u64 {
+pub(crate) fn worker_seed(role: Role, rank: u32) -> u64 {
     match role {
         Role::Trainer => 0,
         Role::Rollout => 1 + u64::from(rank),

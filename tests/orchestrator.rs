@@ -408,8 +408,10 @@ fn failing_workload_is_reported_with_its_reason() {
         err.contains("worker ") && err.contains("exited with status 1"),
         "{err}"
     );
+    // The worker's own report (its error chain on one line) or its log's `Error: … caused by: …` lines.
     assert!(
-        err.contains("workload: invalid synthetic model: frozen_fraction 1 is not in [0, 1)"),
+        err.contains("workload")
+            && err.contains("invalid synthetic model: frozen_fraction 1 is not in [0, 1)"),
         "{err}"
     );
     assert!(err.contains("last lines of"), "{err}");

@@ -20,7 +20,7 @@ impl ActionBuf {
         }
     }
 
-    pub fn as_actions(&self) -> Actions<'_> {
+    pub(crate) fn as_actions(&self) -> Actions<'_> {
         match self {
             ActionBuf::Continuous(a) => Actions::Continuous(a),
             ActionBuf::Discrete(a) => Actions::Discrete(a),
@@ -186,7 +186,7 @@ impl Trajectory {
 
     /// Joins chunks of disjoint env sets collected over the same number of steps (one per rollout worker)
     /// into one trajectory over all their envs, in the order given.
-    pub fn concat_envs(parts: &[Trajectory]) -> Result<Trajectory, RlError> {
+    pub(crate) fn concat_envs(parts: &[Trajectory]) -> Result<Trajectory, RlError> {
         let Some(first) = parts.first() else {
             return Err(RlError::Trajectory {
                 reason: "no trajectories to join".into(),

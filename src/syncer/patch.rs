@@ -19,7 +19,7 @@ use super::wire::{
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
-pub const SEGMENT: usize = 1 << 22;
+pub(crate) const SEGMENT: usize = 1 << 22;
 /// Elements per comparison block.
 const BLOCK: usize = 32; // fits the u32 change mask
 /// Elements converted at a time when the sender's dtype differs from the receiver's.
@@ -99,7 +99,7 @@ impl Changes {
 
     /// Old and new bit patterns of change `i` (zero-extended).
     #[inline(always)]
-    pub fn old_new(&self, i: usize, width: usize) -> (u64, u64) {
+    pub(crate) fn old_new(&self, i: usize, width: usize) -> (u64, u64) {
         if width == 8 {
             (self.vals[2 * i], self.vals[2 * i + 1])
         } else {
@@ -196,7 +196,7 @@ mod simd {
 
     /// Ask for the cache line holding `p` ahead of a read-modify-write (a hint: no effect on results).
     #[inline(always)]
-    pub fn prefetch<T>(p: *const T) {
+    pub(crate) fn prefetch<T>(p: *const T) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: prefetch is a hint; it never faults, whatever the address.
         unsafe {
@@ -208,7 +208,7 @@ mod simd {
 
     /// Diff the leading whole blocks of 32 elements; returns how many elements were covered (0 when the CPU
     /// lacks AVX2, leaving everything to the portable kernel).
-    pub fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
+    pub(crate) fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") {
@@ -233,7 +233,7 @@ mod simd {
         /// # Safety
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
-        pub unsafe fn diff_u16(
+        pub(crate) unsafe fn diff_u16(
             cur: &[u16],
             snap: &mut [u16],
             base: usize,

@@ -391,6 +391,10 @@ impl Local {
         match sender {
             Sender::InProc(s) => Ok(Local::InProc(s)),
             Sender::Shm(s) => Ok(Local::Shm(s)),
+            #[cfg(test)]
+            Sender::Tap(_) => Err(TransportError::Config {
+                reason: "a tapped test sender cannot feed a chain".into(),
+            }),
             Sender::Chain(_) | Sender::Bridge(_) => Err(TransportError::Config {
                 reason: "a node's local fan-out is an in-process or shared-memory channel".into(),
             }),
@@ -709,11 +713,6 @@ impl ChainRelay {
             cfg,
             buf: None,
         })
-    }
-
-    /// Global rank of this node's first local receiver.
-    pub fn first_rank(&self) -> u32 {
-        self.first_rank
     }
 
     /// Serve the chain until the head closes it. On an error, the previous node is told (naming this node)

@@ -13,7 +13,7 @@ use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, Work
 
 /// The trainer side: PPO/GRPO updates, checkpoints every `runner.save_interval` steps, and deterministic
 /// eval of the trainer's weights on `env.eval` every `runner.val_check_interval` steps.
-pub struct LearnerTrainer {
+pub(crate) struct LearnerTrainer {
     work: TrainerWork,
     cfg: RunConfig,
 }
@@ -111,7 +111,7 @@ impl Workload for LearnerTrainer {
 }
 
 /// The rollout side: this worker's share of `env.train`'s envs and a policy copy.
-pub struct LearnerRollout {
+pub(crate) struct LearnerRollout {
     work: RolloutWork,
     rank: u32,
     next_chunk: u64,
