@@ -9,5 +9,6 @@ mod orchestrator;
 mod protocol_doc;
 mod sync_bridge;
 mod sync_shm;
+mod tidy;
 mod transport;
 mod util;

@@ -467,7 +467,6 @@ pub(super) async fn serve(
             },
             last_version,
             part_bytes,
-            None,
         )
         .await?;
         report.payload_bytes += stats.payload_bytes;
@@ -511,17 +510,7 @@ async fn send_state_buckets(
         }
         sources.push(srcs);
     }
-    bucket::send_sources(
-        ch,
-        Some(rank),
-        buckets,
-        &sources,
-        kind,
-        version,
-        part_bytes,
-        None,
-    )
-    .await
+    bucket::send_sources(ch, Some(rank), buckets, &sources, kind, version, part_bytes).await
 }
 
 /// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys).
