@@ -468,9 +468,6 @@ impl Supervisor {
         if unit.restarts >= budget {
             let restarts = unit.restarts;
             unit.failed_at.get_or_insert(Instant::now());
-            if unit.failure.is_none() {
-                unit.failure = Some(cause);
-            }
             let err = self.worker_failed(id).await;
             return Err(OrchestratorError::RestartsExhausted {
                 worker: id.to_string(),
@@ -661,6 +658,19 @@ impl Supervisor {
                 && let Some(unit) = self.unit_mut(id)
             {
                 unit.state = UnitState::Exited(*status);
+            }
+            // Its own words, should this death fail the run.
+            if let Event::Report {
+                frame:
+                    Frame {
+                        header: Report::Failed { message, .. },
+                        ..
+                    },
+                ..
+            } = &event
+                && let Some(unit) = self.unit_mut(id)
+            {
+                unit.failure = Some(message.clone());
             }
             return self.lose(id, cause).await;
         }
