@@ -4,7 +4,7 @@ use crate::config::schema::LogLevel;
 
 /// Install a plain stderr subscriber at `level` (`runner.logger.level`). Lines are short and unprefixed: the
 /// orchestrator adds the `[role-rank]` prefix to worker output itself. A second call is a no-op.
-pub fn init_console(level: LogLevel) {
+pub(crate) fn init_console(level: LogLevel) {
     let level = match level {
         LogLevel::Error => tracing::Level::ERROR,
         LogLevel::Warn => tracing::Level::WARN,

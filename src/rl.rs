@@ -45,7 +45,7 @@ use crate::env::EnvError;
 
 /// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
 /// a build without libtorch fails once with what to do instead of failing in every worker.
-pub fn preflight(model: ModelType) -> Result<(), RlError> {
+pub(crate) fn preflight(model: ModelType) -> Result<(), RlError> {
     match model {
         ModelType::Synthetic => Ok(()),
         learner => available(learner),
@@ -86,6 +86,13 @@ pub enum RlError {
     GroupSize { group_size: usize, num_envs: usize },
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+    /// The checkpoint's file or directory could not be read or written (the caller can tell a missing one).
+    #[error("checkpoint {path}")]
+    CheckpointIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("weights do not match the model: {reason}")]
     WeightsMismatch { reason: String },
     #[error(transparent)]

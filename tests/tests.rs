@@ -8,5 +8,6 @@ mod orchestrator;
 mod protocol_doc;
 mod sync_bridge;
 mod sync_shm;
+mod tidy;
 mod transport;
 mod util;

@@ -81,7 +81,7 @@ impl TrainerWork {
         let metrics = self.learner.train_step(&traj)?;
         self.learner.export_into(state)?;
         let every = self.cfg.runner.save_interval;
-        let checkpoint = if every > 0 && self.learner.global_step() % every as u64 == 0 {
+        let checkpoint = if every > 0 && self.learner.global_step().is_multiple_of(every as u64) {
             Some(self.learner.save_checkpoint(&self.run_dir)?)
         } else {
             None

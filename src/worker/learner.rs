@@ -13,7 +13,7 @@ use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, Work
 
 /// The trainer side: PPO/GRPO updates, checkpoints every `runner.save_interval` steps, and deterministic
 /// eval of the trainer's weights on `env.eval` every `runner.val_check_interval` steps.
-pub struct LearnerTrainer {
+pub(crate) struct LearnerTrainer {
     work: TrainerWork,
     cfg: RunConfig,
 }
@@ -72,7 +72,7 @@ impl Workload for LearnerTrainer {
         }
         let step = self.work.learner().global_step();
         let every = self.cfg.runner.val_check_interval;
-        if every > 0 && step % every as u64 == 0 {
+        if every > 0 && step.is_multiple_of(every as u64) {
             let eval = self.evaluate()?;
             metrics.extend(
                 eval.named()
@@ -111,7 +111,7 @@ impl Workload for LearnerTrainer {
 }
 
 /// The rollout side: this worker's share of `env.train`'s envs and a policy copy.
-pub struct LearnerRollout {
+pub(crate) struct LearnerRollout {
     work: RolloutWork,
     rank: u32,
     next_chunk: u64,

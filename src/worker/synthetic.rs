@@ -20,12 +20,13 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    pub fn numel(&self) -> u64 {
+    #[cfg(test)]
+    fn numel(&self) -> u64 {
         self.shape.iter().map(|d| *d as u64).product()
     }
 }
 
-pub fn dtype_of(precision: WeightDtype) -> DType {
+pub(crate) fn dtype_of(precision: WeightDtype) -> DType {
     match precision {
         WeightDtype::Bf16 => DType::Bf16,
         WeightDtype::F16 => DType::F16,
@@ -159,7 +160,7 @@ struct Master {
     role: Role,
 }
 
-pub struct SyntheticWorkload {
+pub(crate) struct SyntheticWorkload {
     model: ModelConfig,
     dtype: DType,
     envs: u32,

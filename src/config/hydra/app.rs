@@ -71,7 +71,7 @@ pub enum Command {
 
 /// One invocation of an entry point.
 #[derive(Debug, Clone)]
-pub struct AppRequest<'a> {
+pub(crate) struct AppRequest<'a> {
     /// Entry point name (`train_embodied`): the default job name.
     pub entry: &'a str,
     pub config_path: Option<&'a str>,
@@ -95,7 +95,7 @@ pub struct PreparedJob {
 
 /// What `execute` did.
 #[derive(Debug)]
-pub enum Outcome<'a> {
+pub(crate) enum Outcome<'a> {
     /// Output was printed; exit with this success flag.
     Printed { success: bool },
     /// Jobs to run, one after another (composed as they are taken).
@@ -221,7 +221,7 @@ fn needs_python(full: &Node) -> Result<(), AppError> {
 }
 
 /// Build the search path for `--config-path` / `--config-dir` (relative paths are taken from the working directory).
-pub fn build_repository(
+pub(crate) fn build_repository(
     config_path: Option<&str>,
     config_dir: Option<&str>,
 ) -> Result<Repository, SearchPathError> {
@@ -275,7 +275,7 @@ fn absolute(path: &str) -> PathBuf {
 }
 
 /// Run the command; prints to stdout what Hydra prints there.
-pub fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
+pub(crate) fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
     let mut repo = build_repository(req.config_path, req.config_dir)?;
     match &req.command {
         Command::ShowCfg {
@@ -337,7 +337,7 @@ fn remove_key(node: &mut Node, key: &str) -> Option<Node> {
 }
 
 /// The job part of a composed config (everything but `hydra`).
-pub fn job_config(full: &Node) -> Node {
+pub(crate) fn job_config(full: &Node) -> Node {
     let mut job = full.clone();
     remove_key(&mut job, "hydra");
     job
