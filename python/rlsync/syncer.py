@@ -254,6 +254,16 @@ class WeightSyncer:
         else:
             await _drive(self._native.begin_sync(descs, version), send, None)
 
+    async def flush(self) -> None:
+        """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
+        Await it before the sender goes away (a trainer's last sync, then exit): the channel's shared memory is
+        removed with the sender, and a receiver that had not mapped it yet would fail with "the sender is
+        gone". With your own ``send``/``recv`` delivery is your transport's, and this returns at once."""
+        if not self._active:
+            return
+        if self._native.on_shm:
+            await asyncio.to_thread(self._native.begin_flush().run)
+
     async def apply(self, model_or_state_dict: StateDictLike, recv: RecvFn | ShmReceiver) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
         A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing."""

@@ -112,7 +112,8 @@ pub struct NativeSyncer {
 /// What an op hands back when it finishes.
 struct OpOut {
     syncer: WeightSyncer,
-    result: Result<SyncReport, SyncError>,
+    /// `None` for an op that moves no version (`flush`).
+    result: Result<Option<SyncReport>, SyncError>,
 }
 
 type BoxedOp = Pin<Box<dyn Future<Output = OpOut> + Send>>;
@@ -239,7 +240,10 @@ impl NativeSyncer {
         }
         let fut = async move {
             let result = syncer.init_sender(&st.state, &keys, ch).await;
-            OpOut { syncer, result }
+            OpOut {
+                syncer,
+                result: result.map(Some),
+            }
         };
         Ok(op_for(slf, fut, io, keep))
     }
@@ -275,7 +279,10 @@ impl NativeSyncer {
         }
         let fut = async move {
             let result = syncer.init_receiver(&mut st.state, ch).await;
-            OpOut { syncer, result }
+            OpOut {
+                syncer,
+                result: result.map(Some),
+            }
         };
         Ok(op_for(slf, fut, io, keep))
     }
@@ -289,7 +296,10 @@ impl NativeSyncer {
         let mut syncer = this.take("sync")?;
         let fut = async move {
             let result = syncer.sync(&st.state, version).await;
-            OpOut { syncer, result }
+            OpOut {
+                syncer,
+                result: result.map(Some),
+            }
         };
         Ok(op_for(slf, fut, io, keep))
     }
@@ -303,9 +313,25 @@ impl NativeSyncer {
         let mut syncer = this.take("apply")?;
         let fut = async move {
             let result = syncer.apply(&mut st.state).await;
-            OpOut { syncer, result }
+            OpOut {
+                syncer,
+                result: result.map(Some),
+            }
         };
         Ok(op_for(slf, fut, io, keep))
+    }
+
+    /// Start waiting until every receiver has released every payload published so far (sender on rlsync's
+    /// shm channel; on the caller's transport there is nothing in flight that rlsync holds).
+    fn begin_flush(slf: &Bound<'_, Self>) -> PyResult<Op> {
+        let this = slf.get();
+        let io = this.io_for(Role::Sender, "flush")?;
+        let mut syncer = this.take("flush")?;
+        let fut = async move {
+            let result = syncer.flush().await.map(|()| None);
+            OpOut { syncer, result }
+        };
+        Ok(op_for(slf, fut, io, Vec::new()))
     }
 
     /// Sender: the last version sent. Receiver: the applied version. 0 before the first sync.
@@ -444,11 +470,12 @@ impl Op {
         let OpOut { syncer, result } = out;
         owner.give_back(syncer);
         match result {
-            Ok(report) => {
+            Ok(Some(report)) => {
                 let v = report.version;
                 lock(&owner.inner).report = Some(report);
                 Ok(v)
             }
+            Ok(None) => Ok(owner.version()),
             Err(e) => Err(sync_error(&e)),
         }
     }

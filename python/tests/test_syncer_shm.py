@@ -66,6 +66,7 @@ def test_shm_channel_one_trainer_two_rollout_processes(kind: str) -> None:
                 step(sd, v)
                 await s.sync(sd, tx, v)
                 sent.append((v, s.checksum(sd)))
+            await s.flush()  # the segments go with the sender: let every rollout read the last version first
             return sent
 
         try:

@@ -610,6 +610,44 @@ mod tests {
                 Err(r#"token recognition error at: '\'"#),
             ),
             (
+                "oc_decode_syntax_0",
+                r#"{"s": " }", "x": "${oc.decode:${s}}"}"#,
+                Err(r#"Exception raised while resolving interpolation: Empty Stack"#),
+            ),
+            (
+                "oc_decode_syntax_1",
+                r#"{"s": "1 }", "x": "${oc.decode:${s}}"}"#,
+                Err(r#"GrammarParseError raised while resolving interpolation: Empty Stack"#),
+            ),
+            (
+                "oc_decode_syntax_2",
+                r#"{"s": "\t", "x": "${oc.decode:${s}}"}"#,
+                Err(
+                    r#"AssertionError raised while resolving interpolation: WS should never be reached"#,
+                ),
+            ),
+            (
+                "oc_decode_syntax_3",
+                r#"{"s": "[1,2", "x": "${oc.decode:${s}}"}"#,
+                Err(
+                    r#"GrammarParseError raised while resolving interpolation: missing BRACKET_CLOSE at '<EOF>'"#,
+                ),
+            ),
+            (
+                "oc_decode_syntax_4",
+                r#"{"s": "{a:1,}", "x": "${oc.decode:${s}}"}"#,
+                Err(
+                    r#"GrammarParseError raised while resolving interpolation: mismatched input '}' expecting {FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS}"#,
+                ),
+            ),
+            (
+                "oc_decode_syntax_5",
+                r#"{"s": "a=b", "x": "${oc.decode:${s}}"}"#,
+                Err(
+                    r#"GrammarParseError raised while resolving interpolation: token recognition error at: '='"#,
+                ),
+            ),
+            (
                 "recursion_through_resolvers_is_bounded",
                 r#"{"x": "${oc.select:x}"}"#,
                 Err(

@@ -163,6 +163,11 @@ for text in mutations(INTERPOLATION_SEEDS, INTERPOLATION_STRAY):
     elif '"' not in text:
         add("error_text", "error_text", "config", [f'x="{text}"'])
 
+# oc.decode parses its input as a single element, lexed in value mode.
+for text in [" }", "1 }", "\t", "[1,2", "{a:1,}", "a=b", "[1,{a:2}]", "'x", "{a:1}}"]:
+    quoted = f"'{text}'" if "'" not in text else f'"{text}"'
+    add("error_text", "error_text", "config", [f"+y={quoted}", "x='${oc.decode:${y}}'"], RESOLVE)
+
 
 def case_id(kind, cdir, name, overrides, args):
     text = " ".join([cdir, name] + overrides + args)

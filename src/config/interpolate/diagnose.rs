@@ -192,6 +192,22 @@ pub(super) fn diagnose_value(
     d.config_value().err()
 }
 
+/// The same for a `singleElement` (`oc.decode`'s input, lexed in value mode).
+pub(super) fn diagnose_element(
+    tokens: &[Tok],
+    lex_error: Option<&GrammarError>,
+) -> Option<GrammarError> {
+    if max_nesting(tokens) > MAX_NESTING {
+        return None;
+    }
+    let mut d = Diag {
+        tokens,
+        lex_error,
+        pos: 0,
+    };
+    d.single_element().err()
+}
+
 /// Deepest nesting this walk follows (it recurses once per unclosed `${`, bracket, brace or quote); deeper
 /// input keeps the parser's own error rather than risking the stack.
 const MAX_NESTING: usize = 200;
@@ -325,6 +341,12 @@ impl Diag<'_> {
     // configValue: text EOF
     fn config_value(&mut self) -> Step<()> {
         self.text_rule(EOF)?;
+        self.match_tok(None, EOF)
+    }
+
+    // singleElement: element EOF
+    fn single_element(&mut self) -> Step<()> {
+        self.element(EOF)?;
         self.match_tok(None, EOF)
     }
 

@@ -109,15 +109,19 @@ pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
 
 /// Parse a single element in value mode (`oc.decode`'s `singleElement`).
 pub fn parse_element(input: &str) -> Result<Element, GrammarError> {
-    let toks = lex(input, Mode::Value)?;
-    let mut p = Parser {
-        toks,
-        pos: 0,
-        depth: 0,
+    let (toks, lex_error) = lex_prefix(input, Mode::Value);
+    let parsed = match &lex_error {
+        Some(e) => Err(e.clone()),
+        None => {
+            let mut p = Parser {
+                toks: toks.clone(),
+                pos: 0,
+                depth: 0,
+            };
+            p.element().and_then(|el| p.expect_eof().map(|()| el))
+        }
     };
-    let el = p.element()?;
-    p.expect_eof()?;
-    Ok(el)
+    parsed.map_err(|e| super::diagnose::diagnose_element(&toks, lex_error.as_ref()).unwrap_or(e))
 }
 
 /// OmegaConf's strict validation when a value is stored: strings matching its fast
@@ -303,13 +307,6 @@ struct Lexer {
 
 fn is_ws(c: char) -> bool {
     c == ' ' || c == '\t'
-}
-
-fn lex(input: &str, start: Mode) -> Result<Vec<Tok>, GrammarError> {
-    match lex_prefix(input, start) {
-        (toks, None) => Ok(toks),
-        (_, Some(e)) => Err(e),
-    }
 }
 
 /// The tokens before the first one that fails to lex (no token starts there, or it pops an empty mode

@@ -231,6 +231,16 @@ impl Engine<'_, '_> {
                 )));
             }
         };
+        let after_ws = s.trim_start_matches([' ', '\t']);
+        if after_ws.starts_with('}') {
+            // The first token pops the lexer's empty mode stack while OmegaConf sets up its parser, outside
+            // the `try` that turns ANTLR's "Empty Stack" into a GrammarParseError.
+            return Err(py_err("Exception", "Empty Stack"));
+        }
+        if after_ws.is_empty() && !s.is_empty() {
+            // One WS token is a primitive OmegaConf's visitor refuses.
+            return Err(py_err("AssertionError", "WS should never be reached"));
+        }
         let el = grammar::parse_element(&s).map_err(|e| py_err("GrammarParseError", e.detail))?;
         self.visit_element(owner, node, &el, &mut Memo::off())
             .map_err(ErrorKind::wrap)

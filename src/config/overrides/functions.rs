@@ -151,21 +151,21 @@ impl Accept {
     fn python_name(self) -> &'static str {
         match self {
             Accept::Castable => {
-                "Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, NoneType, Sweep]"
+                "Optional[Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, Sweep]]"
             }
             Accept::ChoiceArg => {
                 "Union[str, int, float, bool, Dict[Any, Any], List[Any], ChoiceSweep]"
             }
             Accept::Number { optional: false } => "Union[int, float]",
-            Accept::Number { optional: true } => "Union[int, float, NoneType]",
+            Accept::Number { optional: true } => "Optional[Union[int, float]]",
             Accept::TagArg => "Union[str, Sweep]",
             Accept::OptSweep => "Optional[Sweep]",
             Accept::SortArg => "Union[str, int, bool, float, list, dict, ChoiceSweep, RangeSweep]",
-            Accept::OptChoiceOrRange => "Union[ChoiceSweep, RangeSweep, NoneType]",
+            Accept::OptChoiceOrRange => "Optional[Union[ChoiceSweep, RangeSweep]]",
             Accept::OptList => "Optional[List[Any]]",
             Accept::ExactBool => "bool",
             Accept::StrOrList { optional: false } => "Union[List[str], str]",
-            Accept::StrOrList { optional: true } => "Union[List[str], str, NoneType]",
+            Accept::StrOrList { optional: true } => "Optional[Union[str, List[str]]]",
         }
     }
 }
@@ -289,35 +289,47 @@ fn bind(sig: &Signature, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<B
         .iter()
         .filter(|p| matches!(p.kind, Kind::Required | Kind::Optional));
     let has_var = sig.params.iter().any(|p| p.kind == Kind::Var);
+    // While binding positionals Python refuses a keyword for a parameter already bound (keywords are
+    // unique here, as in the visitor's dict); then each remaining parameter, in order, takes its keyword or
+    // is missing; keywords left over are unexpected.
     for arg in args {
         match positional.next() {
-            Some(param) => bound.named.push((param.name, arg)),
+            Some(param) => {
+                if kwargs.iter().any(|(n, _)| n == param.name) {
+                    return Err(type_error(format!(
+                        "multiple values for argument '{}'",
+                        param.name
+                    )));
+                }
+                bound.named.push((param.name, arg));
+            }
             None if has_var => bound.var.push(arg),
             None => return Err(type_error("too many positional arguments")),
         }
     }
-    for (name, v) in kwargs {
-        let Some(param) = sig
-            .params
-            .iter()
-            .find(|p| p.name == name && p.kind != Kind::Var)
-        else {
-            return Err(type_error(format!(
-                "got an unexpected keyword argument '{name}'"
-            )));
-        };
+    let mut kwargs = kwargs;
+    for param in sig.params.iter().filter(|p| p.kind != Kind::Var) {
         if bound.named.iter().any(|(n, _)| *n == param.name) {
-            return Err(type_error(format!("multiple values for argument '{name}'")));
+            continue;
         }
-        bound.named.push((param.name, v));
+        match kwargs.iter().position(|(n, _)| n == param.name) {
+            Some(i) => {
+                let (_, v) = kwargs.remove(i);
+                bound.named.push((param.name, v));
+            }
+            None if param.kind == Kind::Required => {
+                return Err(type_error(format!(
+                    "missing a required argument: '{}'",
+                    param.name
+                )));
+            }
+            None => {}
+        }
     }
-    for param in sig.params.iter().filter(|p| p.kind == Kind::Required) {
-        if !bound.named.iter().any(|(n, _)| *n == param.name) {
-            return Err(type_error(format!(
-                "missing a required argument: '{}'",
-                param.name
-            )));
-        }
+    if let Some((name, _)) = kwargs.first() {
+        return Err(type_error(format!(
+            "got an unexpected keyword argument '{name}'"
+        )));
     }
     Ok(bound)
 }

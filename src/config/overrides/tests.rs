@@ -513,6 +513,107 @@ fn syntax_errors_follow_antlr_error_recovery() {
     }
 }
 
+/// Function errors as Hydra 1.3.8 prints them (texts from the oracle): OmegaConf's `type_str` of the
+/// annotation (`Optional[...]` for a union with None), and `inspect.Signature.bind`'s order (positionals and
+/// "multiple values", then parameters in order and "missing", then left-over keywords).
+#[test]
+fn function_errors_follow_python() {
+    let cases = [
+        (
+            "x=glob(1)",
+            "Error parsing override 'x=glob(1)'\nTypeError while evaluating 'glob(1)': mismatch type argument include: int is incompatible with Union[List[str], str]",
+        ),
+        (
+            "x=glob(a,exclude=1)",
+            "Error parsing override 'x=glob(a,exclude=1)'\nTypeError while evaluating 'glob(a,exclude=1)': mismatch type argument exclude: int is incompatible with Optional[Union[str, List[str]]]",
+        ),
+        (
+            "x=range(1,a)",
+            "Error parsing override 'x=range(1,a)'\nTypeError while evaluating 'range(1,a)': mismatch type argument stop: str is incompatible with Optional[Union[int, float]]",
+        ),
+        (
+            "x=range(a)",
+            "Error parsing override 'x=range(a)'\nTypeError while evaluating 'range(a)': mismatch type argument start: str is incompatible with Union[int, float]",
+        ),
+        (
+            "x=shuffle(sweep=1)",
+            "Error parsing override 'x=shuffle(sweep=1)'\nTypeError while evaluating 'shuffle(sweep=1)': mismatch type argument sweep: int is incompatible with Optional[Union[ChoiceSweep, RangeSweep]]",
+        ),
+        (
+            "x=sort(sweep=1)",
+            "Error parsing override 'x=sort(sweep=1)'\nTypeError while evaluating 'sort(sweep=1)': mismatch type argument sweep: int is incompatible with Optional[Union[ChoiceSweep, RangeSweep]]",
+        ),
+        (
+            "x=tag(a,sweep=1)",
+            "Error parsing override 'x=tag(a,sweep=1)'\nTypeError while evaluating 'tag(a,sweep=1)': mismatch type argument sweep: int is incompatible with Optional[Sweep]",
+        ),
+        (
+            "x=shuffle(list=1)",
+            "Error parsing override 'x=shuffle(list=1)'\nTypeError while evaluating 'shuffle(list=1)': mismatch type argument list: int is incompatible with Optional[List[Any]]",
+        ),
+        (
+            "x=interval(a,1)",
+            "Error parsing override 'x=interval(a,1)'\nTypeError while evaluating 'interval(a,1)': mismatch type argument start: str is incompatible with Union[int, float]",
+        ),
+        (
+            "x=range(1,2,a)",
+            "Error parsing override 'x=range(1,2,a)'\nTypeError while evaluating 'range(1,2,a)': mismatch type argument step: str is incompatible with Union[int, float]",
+        ),
+        (
+            "x=int(glob(a))",
+            "Error parsing override 'x=int(glob(a))'\nTypeError while evaluating 'int(glob(a))': mismatch type argument args[0]: Glob is incompatible with Optional[Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, Sweep]]",
+        ),
+        (
+            "x=int(value=glob(a))",
+            "Error parsing override 'x=int(value=glob(a))'\nTypeError while evaluating 'int(value=glob(a))': mismatch type argument value: Glob is incompatible with Optional[Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, Sweep]]",
+        ),
+        (
+            "x=str(value=glob(a))",
+            "Error parsing override 'x=str(value=glob(a))'\nTypeError while evaluating 'str(value=glob(a))': mismatch type argument value: Glob is incompatible with Optional[Union[str, int, float, bool, List[Any], Dict[str, Any], QuotedString, Sweep]]",
+        ),
+        (
+            "x=range(strt=1,stop=3)",
+            "Error parsing override 'x=range(strt=1,stop=3)'\nTypeError while evaluating 'range(strt=1,stop=3)': missing a required argument: 'start'",
+        ),
+        (
+            "x=glob(a =*,exclude=b*)",
+            "Error parsing override 'x=glob(a =*,exclude=b*)'\nTypeError while evaluating 'glob(a =*,exclude=b*)': missing a required argument: 'include'",
+        ),
+        (
+            "x=range(1,start=2)",
+            "Error parsing override 'x=range(1,start=2)'\nTypeError while evaluating 'range(1,start=2)': multiple values for argument 'start'",
+        ),
+        (
+            "x=range(1,2,3,4)",
+            "Error parsing override 'x=range(1,2,3,4)'\nTypeError while evaluating 'range(1,2,3,4)': too many positional arguments",
+        ),
+        (
+            "x=sort([1],reverse=1)",
+            "Error parsing override 'x=sort([1],reverse=1)'\nTypeError while evaluating 'sort([1],reverse=1)': mismatch type argument reverse: int is incompatible with bool",
+        ),
+        (
+            "x=int(1,value=2)",
+            "Error parsing override 'x=int(1,value=2)'\nTypeError while evaluating 'int(1,value=2)': cannot use both position and named arguments",
+        ),
+        (
+            "x=choice(1,x=2)",
+            "Error parsing override 'x=choice(1,x=2)'\nTypeError while evaluating 'choice(1,x=2)': got an unexpected keyword argument 'x'",
+        ),
+        (
+            "x=interval(end=1)",
+            "Error parsing override 'x=interval(end=1)'\nTypeError while evaluating 'interval(end=1)': missing a required argument: 'start'",
+        ),
+        (
+            "x=tag(a,b,c,sweep=choice(1),foo=1)",
+            "Error parsing override 'x=tag(a,b,c,sweep=choice(1),foo=1)'\nTypeError while evaluating 'tag(a,b,c,sweep=choice(1),foo=1)': got an unexpected keyword argument 'foo'",
+        ),
+    ];
+    for (input, want) in cases {
+        let got = parse_override(input).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(got, Err(format!("{want}\n{GRAMMAR_HINT}")), "{input:?}");
+    }
+}
+
 #[test]
 fn single_run_rejects_sweeps_with_hydra_messages() {
     let ambiguous = parse_override("a=1,2")
