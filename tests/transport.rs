@@ -463,8 +463,15 @@ async fn shm_sender_sigkill_leftovers_are_swept() {
         .recv_with(|_| ())
         .await
         .expect_err("the segment and the sender are gone");
+    // A missing announced segment means its sender removed it or was swept after it died: the peer is gone.
     assert!(
-        matches!(err, TransportError::Segment { op: "open", .. }),
+        matches!(
+            err,
+            TransportError::PeerGone {
+                peer: rlsync::transport::Peer::Sender,
+                ..
+            }
+        ),
         "{err}"
     );
 }
