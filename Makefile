@@ -1,6 +1,7 @@
 # rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
-# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness).
+# `torch` feature, as tch 0.26 needs), hydra-core (the conformance oracle and harness) and safetensors (the
+# test that runs README's checkpoint loader).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -11,7 +12,7 @@ SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
-VENV_STAMP  := $(VENV)/.rlsync-venv-v2
+VENV_STAMP  := $(VENV)/.rlsync-venv-v3
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
@@ -23,7 +24,7 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	mkdir -p $(CACHE)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml
+	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml safetensors==0.8.0
 	touch $@
 
 # The shipped binary: with the real learner (libtorch).

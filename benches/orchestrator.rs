@@ -47,6 +47,7 @@ fn run_steps(entry: Entry, cfg: &RunConfig, steps: u64) -> Duration {
         worker_exe: Some(env!("CARGO_BIN_EXE_rlsync").into()),
         shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
         print_summary: false,
+        ..RunOptions::default()
     };
     match orchestrator::run(entry, &cfg, dir.path(), opts) {
         Ok(summary) => Duration::from_secs_f64(summary.wall_s),

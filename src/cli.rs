@@ -313,7 +313,18 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
             ExitStatus::Failure
         }),
         Outcome::Jobs(jobs) => {
-            for job in &jobs {
+            // Hydra's basic launcher logs the sweep on stdout; the sweep dir line is rlsync's addition.
+            let sweep = args.multirun && !args.dry_run;
+            if sweep {
+                hydra_log(&format!("Launching {} jobs locally", jobs.len()));
+                if let Some(dir) = jobs.first().and_then(|j| j.sweep_dir.as_ref()) {
+                    hydra_log(&format!("Sweep output dir : {}", dir.display()));
+                }
+            }
+            for (k, job) in jobs.iter().enumerate() {
+                if sweep {
+                    hydra_log(&format!("\t#{k} : {}", job.task_overrides().join(" ")));
+                }
                 if run_job(args.entry, job)? == ExitStatus::Failure {
                     return Ok(ExitStatus::Failure);
                 }
@@ -321,6 +332,12 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
             Ok(ExitStatus::Success)
         }
     }
+}
+
+/// A line of Hydra's own log on stdout: `[2026-01-02 03:04:05,678][HYDRA] message`.
+fn hydra_log(message: &str) {
+    let now = chrono::Local::now().naive_local();
+    println!("[{}][HYDRA] {message}", now.format("%Y-%m-%d %H:%M:%S,%3f"));
 }
 
 /// The seam to the rest of rlsync: a composed, resolved job goes to typed validation, then to the dry-run plan
@@ -356,7 +373,15 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         }
     };
     crate::logging::init_console(extracted.config.runner.logger.level);
-    let opts = crate::orchestrator::RunOptions::default();
+    let job_name = match job.full.get_path("hydra.job.name").map(|n| &n.value) {
+        Some(crate::config::node::Value::Str(name)) => name.clone(),
+        _ => entry.name().to_owned(),
+    };
+    let opts = crate::orchestrator::RunOptions {
+        job_log: Some(job.output_dir.join(format!("{job_name}.log"))),
+        unused_keys: extracted.ignored.clone(),
+        ..crate::orchestrator::RunOptions::default()
+    };
     crate::orchestrator::run(orchestrated, &extracted.config, &job.output_dir, opts)?;
     Ok(ExitStatus::Success)
 }

@@ -376,9 +376,8 @@ impl fmt::Display for DryRun {
         if !self.ignored.is_empty() {
             writeln!(
                 f,
-                "  ignored keys   {} (not used by rlsync): {}",
-                self.ignored.len(),
-                self.ignored.join(", ")
+                "  {}",
+                crate::orchestrator::unused_keys_line(&self.ignored)
             )?;
         }
         if self.problems.is_empty() {

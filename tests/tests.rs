@@ -4,6 +4,7 @@ mod cli;
 #[cfg(feature = "torch")]
 mod learner;
 mod orchestrator;
+mod run_experience;
 mod sync_shm;
 mod transport;
 mod util;

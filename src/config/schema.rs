@@ -174,21 +174,25 @@ impl Default for BucketConfig {
 // ---------------------------------------------------------------------------------------------------------
 // runner
 
+/// `runner.logger.logger_backends`: where metrics go besides `metrics.jsonl`, which every run writes (RLinf's
+/// `wandb` and `swanlab` are not supported: naming one is an error that lists these).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LoggerBackend {
+    /// `<log_path>/tensorboard/events.out.tfevents.*`.
     Tensorboard,
+    /// `<log_path>/metrics.jsonl` (always written; naming it changes nothing).
     Jsonl,
-    Wandb,
-    Swanlab,
+    /// `<log_path>/metrics.csv`: one row per step, a column per metric.
+    Csv,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct LoggerConfig {
-    pub log_path: PathBuf,
-    pub project_name: String,
-    pub experiment_name: String,
+    /// Directory of the metrics files (`metrics.jsonl`, `metrics.csv`, `tensorboard/`); `None`: the run dir.
+    /// (RLinf's `project_name` and `experiment_name` name wandb/swanlab runs: not read, so reported unused.)
+    pub log_path: Option<PathBuf>,
     /// RLinf's key; `backends` is accepted as an alias.
     #[serde(alias = "backends")]
     pub logger_backends: Vec<LoggerBackend>,
@@ -199,9 +203,7 @@ pub struct LoggerConfig {
 impl Default for LoggerConfig {
     fn default() -> Self {
         LoggerConfig {
-            log_path: PathBuf::from("."),
-            project_name: "rlsync".into(),
-            experiment_name: "default".into(),
+            log_path: None,
             logger_backends: vec![LoggerBackend::Tensorboard],
             level: LogLevel::Info,
         }
@@ -308,7 +310,7 @@ impl Placement {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct ClusterConfig {
-    pub num_nodes: NonZeroU32,
+    /// One worker process per slot, all on this machine (RLinf's `num_nodes` is not read: reported unused).
     pub component_placement: IndexMap<String, Placement>,
 }
 
@@ -318,7 +320,6 @@ impl Default for ClusterConfig {
         placement.insert("actor".to_owned(), Placement::Single(0));
         placement.insert("rollout".to_owned(), Placement::Ranges("0-1".into()));
         ClusterConfig {
-            num_nodes: NonZeroU32::MIN,
             component_placement: placement,
         }
     }

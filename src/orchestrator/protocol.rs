@@ -91,7 +91,18 @@ pub struct LaunchSpec {
     pub weight_socket: PathBuf,
     /// Names of shared-memory segments of this run start with this prefix.
     pub segment_prefix: String,
+    /// Where training starts: step 0 and version 0, or the checkpoint a resumed run continues from.
+    #[serde(default)]
+    pub start: StartPoint,
     pub config: RunConfig,
+}
+
+/// The step and weight version a run starts at (`runner.resume_dir`: the checkpoint's; else zero). Steps and
+/// versions continue from there, so the bootstrap sends the checkpoint's weights as this version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartPoint {
+    pub step: u64,
+    pub version: u64,
 }
 
 /// Statistics of one weight transfer, as the trainer reports them.
@@ -132,6 +143,12 @@ pub enum Command {
         chunks: u32,
         env_steps: u64,
     },
+    /// Rollout: evaluate the weights it holds now, deterministically, one episode per env of its share of
+    /// `env.eval`; answered by [`Report::Evaluated`].
+    Eval,
+    /// Trainer: save a checkpoint of the current weights (and optimizer) under
+    /// `<run_dir>/checkpoints/global_step_<step>`; answered by [`Report::Checkpointed`].
+    Checkpoint,
     /// Finish and exit 0.
     Stop,
 }
@@ -171,6 +188,21 @@ pub enum Report {
         busy_s: f64,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         metrics: Vec<(String, Option<f64>)>,
+    },
+    /// Rollout: the evaluation of weights `version`: `episodes` episodes (one per eval env; 0 for workloads
+    /// without envs) with their mean return, success rate and length.
+    Evaluated {
+        version: u64,
+        episodes: u64,
+        mean_return: f64,
+        success_rate: f64,
+        episode_len: f64,
+    },
+    /// Trainer: a checkpoint was written to `dir` at `step` (trainer steps completed) holding `version`.
+    Checkpointed {
+        step: u64,
+        version: u64,
+        dir: PathBuf,
     },
     /// The worker failed; it exits right after.
     Failed {
@@ -580,6 +612,8 @@ mod tests {
     fn commands_roundtrip_with_blobs() {
         roundtrip(Command::InitWeights, b"");
         roundtrip(Command::Sync { version: 7 }, b"");
+        roundtrip(Command::Checkpoint, b"");
+        roundtrip(Command::Eval, b"");
         roundtrip(
             Command::Train {
                 step: 3,
@@ -691,6 +725,10 @@ mod tests {
             control_socket: "/tmp/c.sock".into(),
             weight_socket: "/tmp/w.sock".into(),
             segment_prefix: "rlsync-1-x".into(),
+            start: StartPoint {
+                step: 100,
+                version: 100,
+            },
             config: RunConfig::default(),
         };
         let bytes = encode_launch(&spec).unwrap();

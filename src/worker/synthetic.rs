@@ -5,6 +5,7 @@
 //! a real fine-tune. Compute time is emulated by sleeping `train_ms` / `rollout_ms_per_step`, which lets the
 //! sync/async trade-off be measured on a machine without a GPU.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::config::schema::{ModelConfig, WeightDtype};
@@ -167,9 +168,51 @@ pub struct SyntheticWorkload {
     rng: Rng,
     masters: Vec<Master>,
     step: u64,
+    /// Trainer: where checkpoints go (`<run_dir>/checkpoints/…`) and the one to resume from.
+    run_dir: Option<PathBuf>,
+    resume: Option<PathBuf>,
 }
 
 impl SyntheticWorkload {
+    /// Trainer: save checkpoints under `run_dir` and start from the checkpoint `resume` (its weights; the
+    /// emulated Adam moments restart).
+    pub fn with_checkpoints(mut self, run_dir: &Path, resume: Option<PathBuf>) -> Self {
+        self.run_dir = Some(run_dir.to_owned());
+        self.resume = resume;
+        self
+    }
+
+    /// The weights of the checkpoint in `dir`, checked against this model's layout.
+    fn load_checkpoint(
+        &mut self,
+        dir: &Path,
+        fresh: StateDict,
+    ) -> Result<StateDict, WorkloadError> {
+        let info = crate::rl::read_info(dir)?;
+        let loaded = StateDict::load_safetensors(&dir.join(crate::rl::WEIGHTS_FILE))?;
+        let same = loaded.len() == fresh.len()
+            && fresh.iter().all(|(name, t)| {
+                loaded.get(name).is_some_and(|l| {
+                    l.dtype() == t.dtype() && l.shape() == t.shape() && l.role() == t.role()
+                })
+            });
+        if !same {
+            return Err(WorkloadError::InvalidModel {
+                reason: format!(
+                    "checkpoint {} does not hold this synthetic model's tensors (names, shapes, dtypes)",
+                    dir.display()
+                ),
+            });
+        }
+        self.step = info.global_step;
+        tracing::info!(
+            "resumed from {}: global step {}, version {}",
+            dir.display(),
+            info.global_step,
+            info.version
+        );
+        Ok(loaded)
+    }
     pub fn new(
         model: &ModelConfig,
         envs: u32,
@@ -185,6 +228,8 @@ impl SyntheticWorkload {
             rng: Rng::new(seed.wrapping_add(worker_seed.wrapping_mul(0x1000_0001))),
             masters: Vec::new(),
             step: 0,
+            run_dir: None,
+            resume: None,
         })
     }
 
@@ -239,7 +284,10 @@ impl Workload for SyntheticWorkload {
             }
             state.insert(spec.name, tensor);
         }
-        Ok(state)
+        match self.resume.clone() {
+            Some(dir) => self.load_checkpoint(&dir, state),
+            None => Ok(state),
+        }
     }
 
     fn train_step(
@@ -321,6 +369,38 @@ impl Workload for SyntheticWorkload {
             mean_return: f64::from(probe) * 10.0 + f64::from(self.rng.next_sym()),
             data,
         })
+    }
+
+    fn save_checkpoint(
+        &mut self,
+        state: &StateDict,
+        step: u64,
+        version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        let run_dir = self
+            .run_dir
+            .as_deref()
+            .ok_or_else(|| WorkloadError::Placement {
+                reason: "only the trainer saves checkpoints".into(),
+            })?;
+        let dir = crate::rl::checkpoint_dir(run_dir, step);
+        std::fs::create_dir_all(&dir).map_err(|e| crate::rl::RlError::Checkpoint {
+            path: dir.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut keys: Vec<String> = state.keys().map(str::to_owned).collect();
+        keys.sort();
+        let checksum = crate::tensor::state_checksum(state, &keys);
+        let meta = [
+            ("format", crate::rl::META_FORMAT.to_owned()),
+            ("format_version", crate::rl::FORMAT_VERSION.to_owned()),
+            ("global_step", step.to_string()),
+            ("version", version.to_string()),
+            (crate::rl::CHECKSUM_KEY, format!("{checksum:#018x}")),
+        ]
+        .map(|(k, v)| (k.to_owned(), v));
+        state.save_safetensors_with(&dir.join(crate::rl::WEIGHTS_FILE), &meta)?;
+        Ok(dir)
     }
 }
 
@@ -432,5 +512,51 @@ mod tests {
         let chunk = w.rollout(&state, 0, 5).unwrap();
         assert_eq!(chunk.env_steps, 15);
         assert_eq!(chunk.data.len(), 150);
+    }
+
+    #[test]
+    fn a_checkpoint_resumes_the_trained_weights() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = model(4096, 4, 0.25);
+        let mut w = SyntheticWorkload::new(&cfg, 2, 1, 0)
+            .unwrap()
+            .with_checkpoints(tmp.path(), None);
+        let mut state = w.init_state().unwrap();
+        let data = [1u8; 8];
+        let batch = Batch {
+            chunks: 1,
+            env_steps: 8,
+            data: &data,
+        };
+        w.train_step(&mut state, &batch).unwrap();
+        let dir = w.save_checkpoint(&state, 1, 1).unwrap();
+        assert!(dir.ends_with("checkpoints/global_step_1"));
+        let info = crate::rl::read_info(&dir).unwrap();
+        assert_eq!((info.global_step, info.version), (1, 1));
+        let mut back = SyntheticWorkload::new(&cfg, 2, 1, 0)
+            .unwrap()
+            .with_checkpoints(tmp.path(), Some(dir.clone()));
+        let resumed = back.init_state().unwrap();
+        let fresh = SyntheticWorkload::new(&cfg, 2, 1, 0)
+            .unwrap()
+            .init_state()
+            .unwrap();
+        let bytes = |s: &StateDict| {
+            s.iter()
+                .map(|(_, t)| t.bytes().to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bytes(&resumed), bytes(&state));
+        assert_ne!(
+            bytes(&resumed),
+            bytes(&fresh),
+            "training changed the weights"
+        );
+        // Another model's checkpoint is refused with a reason.
+        let mut other = SyntheticWorkload::new(&model(8192, 4, 0.25), 2, 1, 0)
+            .unwrap()
+            .with_checkpoints(tmp.path(), Some(dir));
+        let err = other.init_state().unwrap_err().to_string();
+        assert!(err.contains("does not hold"), "{err}");
     }
 }

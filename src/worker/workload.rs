@@ -4,6 +4,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use crate::config::schema::{ModelType, RunConfig};
+use crate::env::EpisodeMetrics;
 use crate::orchestrator::protocol::{ProtocolError, Role};
 use crate::rl::RlError;
 use crate::tensor::StateDict;
@@ -70,6 +71,27 @@ pub trait Workload: Send {
         version: u64,
         steps: u32,
     ) -> Result<TrajectoryChunk, WorkloadError>;
+    /// Rollout: deterministic evaluation of `state` (the weights of `version`), one episode per env of this
+    /// worker's share of `env.eval`. `None` for workloads without envs.
+    fn evaluate(
+        &mut self,
+        _state: &StateDict,
+        _version: u64,
+    ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        Ok(None)
+    }
+    /// Trainer: save a checkpoint of `state` (and whatever resuming needs) after `step` trainer steps, holding
+    /// weight `version`, to `<run_dir>/checkpoints/global_step_<step>/`; returns that directory.
+    fn save_checkpoint(
+        &mut self,
+        _state: &StateDict,
+        _step: u64,
+        _version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        Err(WorkloadError::Placement {
+            reason: "only the trainer saves checkpoints".into(),
+        })
+    }
 }
 
 /// Where a workload runs: its worker's role and rank, the run's shape and directory.
@@ -100,12 +122,13 @@ pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, Wo
     match cfg.actor.model.model_type {
         ModelType::Synthetic => {
             let seed = crate::worker::worker_seed(place.role, place.rank);
-            Ok(Box::new(SyntheticWorkload::new(
-                &cfg.actor.model,
-                place.envs,
-                cfg.actor.seed,
-                seed,
-            )?))
+            let mut synthetic =
+                SyntheticWorkload::new(&cfg.actor.model, place.envs, cfg.actor.seed, seed)?;
+            if place.role == Role::Trainer {
+                synthetic =
+                    synthetic.with_checkpoints(&place.run_dir, cfg.runner.resume_dir.clone());
+            }
+            Ok(Box::new(synthetic))
         }
         _ => match place.role {
             Role::Trainer => Ok(Box::new(LearnerTrainer::new(cfg, &place.run_dir)?)),

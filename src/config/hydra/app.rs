@@ -91,6 +91,24 @@ pub struct PreparedJob {
     /// The job's output directory (created unless `dry_run`).
     pub output_dir: PathBuf,
     pub dry_run: bool,
+    /// `-m`: the sweep's directory (`hydra.sweep.dir`); `None` for a single run.
+    pub sweep_dir: Option<PathBuf>,
+}
+
+impl PreparedJob {
+    /// The job's task overrides (`hydra.overrides.task`) as Hydra's launcher lists them (no `hydra.` ones).
+    pub fn task_overrides(&self) -> Vec<String> {
+        match self.full.get_path("hydra.overrides.task").map(|n| &n.value) {
+            Some(Value::List(items)) => items
+                .iter()
+                .filter_map(|n| match &n.value {
+                    Value::Str(s) if !s.starts_with("hydra.") => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// What `execute` did.
@@ -503,6 +521,7 @@ fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<Prep
         full,
         output_dir: abs,
         dry_run,
+        sweep_dir: None,
     })
 }
 
@@ -572,11 +591,9 @@ fn prepare_multirun(
             Value::Int(num as i64),
         );
         let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
-        jobs.push(finish_job(
-            composed.config,
-            sweep_dir.join(subdir),
-            dry_run,
-        )?);
+        let mut job = finish_job(composed.config, sweep_dir.join(subdir), dry_run)?;
+        job.sweep_dir = Some(std::path::absolute(&sweep_dir).unwrap_or_else(|_| sweep_dir.clone()));
+        jobs.push(job);
     }
     Ok(jobs)
 }
