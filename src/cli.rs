@@ -342,8 +342,14 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     crate::logging::init_console(extracted.config.runner.logger.level);
+    let job_name = match job.full.get_path("hydra.job.name").map(|n| &n.value) {
+        Some(crate::config::node::Value::Str(name)) => name.clone(),
+        _ => entry.name().to_owned(),
+    };
     let opts = crate::orchestrator::RunOptions {
         job: job.config.to_json(),
+        job_log: Some(job.output_dir.join(format!("{job_name}.log"))),
+        unused_keys: extracted.ignored.clone(),
         ..Default::default()
     };
     crate::orchestrator::run(entry, &extracted.config, &job.output_dir, opts)?;

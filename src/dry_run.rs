@@ -90,7 +90,10 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
             problems.push(e.to_string());
         }
-        if let Err(e) = crate::rl::preflight(cfg.actor.model.model_type) {
+        // Python workers bring their own model: `actor.model` is theirs to read.
+        if cfg.actor.worker.kind == WorkerKind::Builtin
+            && let Err(e) = crate::rl::preflight(cfg.actor.model.model_type)
+        {
             problems.push(format!("actor.model.model_type: {e}"));
         }
         if let Some(problem) = resume_problem(cfg) {
@@ -471,9 +474,8 @@ impl fmt::Display for DryRun {
         if !self.ignored.is_empty() {
             writeln!(
                 f,
-                "  ignored keys   {} (not used by rlsync): {}",
-                self.ignored.len(),
-                self.ignored.join(", ")
+                "  {}",
+                crate::orchestrator::unused_keys_line(&self.ignored, &self.config)
             )?;
         }
         if self.problems.is_empty() {

@@ -34,7 +34,8 @@ use std::path::PathBuf;
 pub use advantage::{gae, group_relative};
 pub use backend::{Actor, Learner, available};
 pub use checkpoint_layout::{
-    CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint,
+    CHECKSUM_KEY, CheckpointInfo, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, WEIGHTS_FILE,
+    checkpoint_dir, latest_checkpoint, load_weights_into, read_info, read_metadata, save_weights,
 };
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};

@@ -361,7 +361,16 @@ impl StateDict {
 
     /// Save to a safetensors file; roles and the key order are kept in the file's metadata.
     pub fn save_safetensors(&self, path: &std::path::Path) -> Result<(), TensorError> {
-        safetensors_io::save(self, path)
+        safetensors_io::save(self, path, &[])
+    }
+
+    /// [`StateDict::save_safetensors`] with further string metadata entries.
+    pub fn save_safetensors_with(
+        &self,
+        path: &std::path::Path,
+        metadata: &[(String, String)],
+    ) -> Result<(), TensorError> {
+        safetensors_io::save(self, path, metadata)
     }
 
     /// Load a safetensors file (roles default to trainable when the file has no rlsync metadata).

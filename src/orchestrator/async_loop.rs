@@ -9,6 +9,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::orchestrator::checkpoint::Checkpoints;
+use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
@@ -26,6 +28,8 @@ pub struct AsyncSettings {
     pub verify: bool,
     /// `rollout.buffer_chunks` (raised to one batch if smaller).
     pub buffer_chunks: usize,
+    /// `runner.val_check_interval`: after this many steps the rollouts evaluate the weights they hold.
+    pub val_check_interval: i64,
 }
 
 struct Buffered {
@@ -73,6 +77,10 @@ enum Trainer {
 
 struct Loop<'a> {
     sup: &'a mut Supervisor,
+    checkpoints: &'a mut Checkpoints,
+    /// An evaluation the rollouts are running (reports so far), and a finished one not yet in a row.
+    eval_running: Option<EvalTally>,
+    eval_done: Option<EvalTally>,
     plan: &'a RunPlan,
     set: AsyncSettings,
     verifier: Verifier,
@@ -221,6 +229,9 @@ impl Loop<'_> {
         for (key, value) in &info.metrics {
             rec.float(key, value.unwrap_or(f64::NAN));
         }
+        if let Some(tally) = self.eval_done.take() {
+            tally.record(&mut rec);
+        }
         sink.record(rec)?;
         self.totals.steps += 1;
         self.totals.env_steps += info.env_steps;
@@ -304,6 +315,18 @@ impl Loop<'_> {
                 info.loss = loss;
                 info.metrics = metrics;
                 self.trainer_version = version;
+                // Commands run in order on the trainer: the checkpoint holds exactly this step's weights.
+                if self.checkpoints.due(info.step + 1) {
+                    self.checkpoints.request(self.sup).await?;
+                }
+                // The rollouts evaluate the versions they hold (recorded as eval/version): in the overlapped
+                // loop they are not stopped to install this step's weights first.
+                if eval::due(self.set.val_check_interval, info.step + 1, self.plan.steps)
+                    && self.eval_running.is_none()
+                {
+                    self.sup.send_rollouts(&Command::Eval).await?;
+                    self.eval_running = Some(EvalTally::default());
+                }
                 if version % self.set.sync_interval == 0 {
                     self.sup
                         .send(WorkerId::TRAINER, &Command::Sync { version }, &[])
@@ -346,6 +369,23 @@ impl Loop<'_> {
                     }
                 }
                 self.finish_sync(sink)?;
+            }
+            Report::Checkpointed { step, version, dir } if id == WorkerId::TRAINER => {
+                self.checkpoints.saved(step, version, dir);
+            }
+            Report::Evaluated {
+                version,
+                episodes,
+                mean_return,
+                success_rate,
+                episode_len,
+            } if id != WorkerId::TRAINER && self.eval_running.is_some() => {
+                if let Some(tally) = &mut self.eval_running {
+                    tally.add(version, episodes, mean_return, success_rate, episode_len);
+                    if tally.reports == self.plan.rollouts {
+                        self.eval_done = self.eval_running.take();
+                    }
+                }
             }
             other => return Err(Self::unexpected(id, &other)),
         }
@@ -393,19 +433,29 @@ pub async fn run(
     plan: &RunPlan,
     set: AsyncSettings,
     sink: &mut MetricsSink,
+    checkpoints: &mut Checkpoints,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
     weights::bootstrap(sup, &mut verifier).await?;
     let started = Instant::now();
-    let slots = vec![Slot::default(); plan.rollouts as usize];
+    let slots = vec![
+        Slot {
+            version: plan.start.version,
+            ..Slot::default()
+        };
+        plan.rollouts as usize
+    ];
     let mut lp = Loop {
         sup,
         plan,
         set,
         verifier,
         trainer: Trainer::Idle { since: started },
-        trainer_version: 0,
-        steps_started: 0,
+        trainer_version: plan.start.version,
+        steps_started: plan.start.step,
+        checkpoints,
+        eval_running: None,
+        eval_done: None,
         buffer: VecDeque::new(),
         slots,
         next_chunk: 0,
@@ -415,12 +465,19 @@ pub async fn run(
         totals: LoopTotals::default(),
     };
     lp.sup.begin_step();
-    while lp.totals.steps < plan.steps {
+    let to_train = plan.steps - plan.start.step.min(plan.steps);
+    while lp.totals.steps < to_train || lp.checkpoints.pending > 0 || lp.eval_running.is_some() {
         // Training first: discarding stale chunks can make room for new grants.
         lp.try_train().await?;
         lp.grant().await?;
         let (id, frame) = lp.sup.recv("trajectories, training or weight sync").await?;
         lp.on_report(id, frame.header, frame.blob, sink).await?;
+    }
+    // An evaluation that finished after the last row goes into a row of its own at the final step.
+    if let Some(tally) = lp.eval_done.take() {
+        let mut rec = StepRecord::new(plan.steps.saturating_sub(1));
+        tally.record(&mut rec);
+        sink.record(rec)?;
     }
     let mut totals = lp.totals;
     totals.wall_s = started.elapsed().as_secs_f64();

@@ -7,6 +7,8 @@
 
 use std::time::Instant;
 
+use crate::orchestrator::checkpoint::Checkpoints;
+use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
@@ -87,24 +89,124 @@ async fn gather(
     Ok((got, outcome))
 }
 
-pub async fn run(
+/// Evaluate the trainer's weights `version` on every rollout (one deterministic episode per eval env), after
+/// syncing them when the rollouts hold an older version (as RLinf updates the rollout weights before it
+/// evaluates). Returns the pooled reports and that sync, if one was needed.
+pub async fn evaluate(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+    version: u64,
+    rollout_version: &mut u64,
+) -> Result<(EvalTally, Option<SyncOutcome>), OrchestratorError> {
+    let started = Instant::now();
+    let syncing = *rollout_version < version;
+    if syncing {
+        sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
+            .await?;
+        sup.send_rollouts(&Command::Apply).await?;
+    }
+    sup.send_rollouts(&Command::Eval).await?;
+    let rollouts = sup.rollouts();
+    let mut tally = EvalTally::default();
+    let (mut stats, mut applied, mut sync_s) = (None, 0u32, 0.0);
+    while tally.reports < rollouts || (syncing && (stats.is_none() || applied < rollouts)) {
+        let (id, frame) = sup.recv("the rollouts' evaluation").await?;
+        match frame.header {
+            Report::Synced {
+                stats: s, checksum, ..
+            } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
+                verifier.trainer(s.version, checksum)?;
+                stats = Some(s);
+            }
+            Report::Applied {
+                version, checksum, ..
+            } if id != WorkerId::TRAINER && applied < rollouts => {
+                verifier.rollout(id, version, checksum)?;
+                applied += 1;
+                if applied == rollouts {
+                    sync_s = started.elapsed().as_secs_f64();
+                }
+            }
+            Report::Evaluated {
+                version,
+                episodes,
+                mean_return,
+                success_rate,
+                episode_len,
+            } if id != WorkerId::TRAINER => {
+                tally.add(version, episodes, mean_return, success_rate, episode_len);
+            }
+            other => {
+                return Err(OrchestratorError::Unexpected {
+                    worker: id.to_string(),
+                    report: format!("{other:?}"),
+                });
+            }
+        }
+    }
+    *rollout_version = version;
+    let outcome = stats.map(|stats| SyncOutcome {
+        stats,
+        seconds: sync_s,
+        verified: verifier.all_matched(),
+    });
+    Ok((tally, outcome))
+}
+
+/// `runner.only_eval`: evaluate the weights the run starts with (the checkpoint of `runner.resume_dir`, or
+/// the initial ones) on the rollouts, record one row at the start step, and train nothing.
+pub async fn eval_only(
     sup: &mut Supervisor,
     plan: &RunPlan,
-    interval: u64,
     verify: bool,
     sink: &mut MetricsSink,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
     let init = weights::bootstrap(sup, &mut verifier).await?;
     let started = Instant::now();
+    sup.begin_step();
+    let mut held = plan.start.version;
+    let (tally, _) = evaluate(sup, &mut verifier, plan.start.version, &mut held).await?;
+    let mut rec = StepRecord::new(plan.start.step);
+    rec.float("time/eval", started.elapsed().as_secs_f64());
+    init.record(&mut rec);
+    rec.int("actor/current_version", plan.start.version as i64);
+    tally.record(&mut rec);
+    sink.record(rec)?;
+    Ok(LoopTotals {
+        wall_s: started.elapsed().as_secs_f64(),
+        ..LoopTotals::default()
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    sup: &mut Supervisor,
+    plan: &RunPlan,
+    interval: u64,
+    verify: bool,
+    val_check_interval: i64,
+    sink: &mut MetricsSink,
+    checkpoints: &mut Checkpoints,
+) -> Result<LoopTotals, OrchestratorError> {
+    let mut verifier = Verifier::new(verify);
+    let init = weights::bootstrap(sup, &mut verifier).await?;
+    let started = Instant::now();
     let mut totals = LoopTotals::default();
-    let mut version = 0u64;
+    let first = plan.start.step;
+    let mut version = plan.start.version;
+    // The version the rollouts hold, and a sync an evaluation made that the next step's rollouts use.
+    let mut rollout_version = version;
+    let mut carried: Option<SyncOutcome> = None;
     let chunks = u64::from(plan.rollouts) * u64::from(plan.chunks_per_rollout);
-    for step in 0..plan.steps {
+    for step in first..plan.steps {
         sup.begin_step();
         let step_start = Instant::now();
-        // Step 0's weights are the bootstrap's.
-        let syncing = step % interval == 0 && step > 0;
+        // The first step's weights are the bootstrap's.
+        let syncing = step % interval == 0 && step > first && rollout_version < version;
+        if syncing {
+            rollout_version = version;
+        }
         if syncing {
             sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
                 .await?;
@@ -121,10 +223,10 @@ pub async fn run(
         // Rollouts start generating right after applying: their phase is what remains of the gather.
         let rollout_s =
             step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
-        let sync = if step == 0 {
+        let sync = if step == first {
             Some(init.clone())
         } else {
-            synced
+            synced.or(carried.take())
         };
 
         let train_start = Instant::now();
@@ -157,6 +259,14 @@ pub async fn run(
         let train_s = train_start.elapsed().as_secs_f64();
         let stale = staleness(version, &got.samples);
         version = trained_version;
+        let eval_start = Instant::now();
+        let eval = if eval::due(val_check_interval, step + 1, plan.steps) {
+            let (tally, sync) = evaluate(sup, &mut verifier, version, &mut rollout_version).await?;
+            carried = sync;
+            Some((tally, eval_start.elapsed().as_secs_f64()))
+        } else {
+            None
+        };
 
         let step_s = step_start.elapsed().as_secs_f64();
         let sync_s = sync.as_ref().map(|s| s.seconds).unwrap_or(0.0);
@@ -190,9 +300,16 @@ pub async fn run(
         for (key, value) in &metrics {
             rec.float(key, value.unwrap_or(f64::NAN));
         }
+        if let Some((tally, seconds)) = &eval {
+            rec.float("time/eval", *seconds);
+            tally.record(&mut rec);
+        }
         sink.record(rec)?;
         totals.env_steps += got.env_steps;
         totals.steps += 1;
+        if checkpoints.due(step + 1) {
+            checkpoints.save_now(sup).await?;
+        }
     }
     totals.wall_s = started.elapsed().as_secs_f64();
     Ok(totals)

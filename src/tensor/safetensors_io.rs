@@ -44,7 +44,11 @@ fn from_st(d: StDtype) -> Option<DType> {
     })
 }
 
-pub(super) fn save(state: &StateDict, path: &Path) -> Result<(), TensorError> {
+pub(super) fn save(
+    state: &StateDict,
+    path: &Path,
+    extra: &[(String, String)],
+) -> Result<(), TensorError> {
     let err = |reason: String| TensorError::Safetensors {
         path: path.to_path_buf(),
         reason,
@@ -66,6 +70,7 @@ pub(super) fn save(state: &StateDict, path: &Path) -> Result<(), TensorError> {
         ROLES_KEY.to_string(),
         serde_json::to_string(&roles).map_err(|e| err(e.to_string()))?,
     );
+    meta.extend(extra.iter().cloned());
     safetensors::tensor::serialize_to_file(views, &Some(meta), path)
         .map_err(|e| err(format!("{e:?}")))
 }
