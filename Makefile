@@ -30,9 +30,14 @@ $(VENV_STAMP):
 		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0 safetensors==0.8.0
 	touch $@
 
-# The shipped binary: with the real learner (libtorch).
+# The shipped product: `rlsync` without libtorch (every command that does not train starts in milliseconds)
+# and, next to it, `rlsync-learner`: the learner workers built with libtorch, the only processes that load it.
+# The torch build has its own target dir, so plain and torch builds never overwrite each other.
+TORCH_TARGET := target/torch
 build: venv
-	$(TORCH_ENV) $(CARGO) build --release --locked --features torch
+	$(CARGO) build --release --locked --bin rlsync
+	$(TORCH_ENV) $(CARGO) build --release --locked --features torch --target-dir $(TORCH_TARGET) --bin rlsync-learner
+	cp -p $(TORCH_TARGET)/release/rlsync-learner target/release/rlsync-learner
 
 run: build python
 	$(BIN) train_embodied
@@ -53,25 +58,23 @@ test: test-plain test-torch conformance test-python
 test-plain:
 	$(CARGO) test --release --locked
 
-test-torch: venv
-	$(TORCH_ENV) $(CARGO) test --release --locked --features torch
+# `build` first: `cargo test` unifies dev-dependency features, so it alone would leave `make run` a rebuild.
+test-torch: build
+	$(TORCH_ENV) $(CARGO) test --release --locked --features torch --target-dir $(TORCH_TARGET)
 
-# The config engine does not need libtorch, and a torch-linked binary pays ~0.5 s of shared-library loading at
-# every start, so the conformance kit (2720 process starts) runs against the plain build.
-PLAIN_BIN := target/release/rlsync-plain
+# The conformance kit (2720 process starts) runs against the shipped `rlsync`, which has no libtorch.
 conformance: venv
-	$(CARGO) build --release --locked
-	cp $(BIN) $(PLAIN_BIN)
-	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
-	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(PLAIN_BIN))" --kit $(CONFORMANCE) -j 2
+	$(CARGO) build --release --locked --bin rlsync
+	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(BIN))" -j 2
+	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(BIN))" --kit $(CONFORMANCE) -j 2
 
 # The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
 test-python: python
-	$(CARGO) build --release --locked
+	$(CARGO) build --release --locked --bin rlsync
 	$(PYTHON) -m pytest -q python/tests
 
 bench: venv
-	$(TORCH_ENV) $(CARGO) bench --locked --features torch
+	$(TORCH_ENV) $(CARGO) bench --locked --features torch --target-dir $(TORCH_TARGET)
 
 clean:
 	$(CARGO) clean

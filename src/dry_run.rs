@@ -91,13 +91,19 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
             problems.push(e.to_string());
         }
         // Python workers bring their own model: `actor.model` is theirs to read.
+        // Built-in workers of a learner model need libtorch: in this build, or the learner executable beside it.
         if cfg.actor.worker.kind == WorkerKind::Builtin
-            && let Err(e) = crate::rl::preflight(cfg.actor.model.model_type)
+            && let Err(e) = preflight_here(cfg.actor.model.model_type)
         {
             problems.push(format!("actor.model.model_type: {e}"));
         }
         if let Some(problem) = resume_problem(cfg) {
             problems.push(problem);
+        } else if let Some(p) = &loop_plan
+            && let Err(e) = plan::resume_point(cfg, p.steps)
+        {
+            // Not a checkpoint, or nothing left to train: the run would refuse it at once.
+            problems.push(e.to_string());
         }
     }
     if entry != Entry::BenchSync
@@ -138,6 +144,12 @@ pub fn resume_problem(cfg: &RunConfig) -> Option<String> {
             dir.display()
         )
     })
+}
+
+/// `rl::preflight` for this executable and the learner executable it would start (`rl::learner_exe`).
+fn preflight_here(model: crate::config::schema::ModelType) -> Result<PathBuf, crate::rl::RlError> {
+    let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rlsync"));
+    crate::rl::preflight(model, &this, &crate::rl::learner_exe(&this))
 }
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
@@ -554,7 +566,7 @@ mod tests {
         ex.config.runner.resume_dir = None;
         ex.config.actor.model.model_type = ModelType::MlpPolicy;
         let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
-        let learner = crate::rl::preflight(ex.config.actor.model.model_type);
+        let learner = preflight_here(ex.config.actor.model.model_type);
         assert_eq!(
             report
                 .problems

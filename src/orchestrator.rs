@@ -111,6 +111,9 @@ pub enum OrchestratorError {
 pub struct RunOptions {
     /// The `rlsync` binary to start workers from (`None`: this executable).
     pub worker_exe: Option<PathBuf>,
+    /// The learner executable that runs learner workers when `worker_exe` has no libtorch (`None`:
+    /// [`crate::rl::learner_exe`] of `worker_exe`).
+    pub learner_exe: Option<PathBuf>,
     pub shutdown: ShutdownSource,
     /// Print the final summary table to stdout.
     pub print_summary: bool,
@@ -127,6 +130,7 @@ impl Default for RunOptions {
         RunOptions {
             worker_exe: None,
             job: serde_json::Value::Null,
+            learner_exe: None,
             shutdown: ShutdownSource::OsSignals,
             print_summary: true,
             job_log: None,
@@ -167,15 +171,29 @@ pub fn run(
     entry: Entry,
     cfg: &RunConfig,
     run_dir: &Path,
-    opts: RunOptions,
+    mut opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
-    // Python workers bring their own model: `actor.model` is theirs to read.
+    // Python workers bring their own model: `actor.model` is theirs to read. Built-in workers of a learner model
+    // start from the learner executable when this build has no libtorch (see `rl::preflight`).
     if cfg.actor.worker.kind == WorkerKind::Builtin {
-        crate::rl::preflight(cfg.actor.model.model_type).map_err(|e| {
-            OrchestratorError::Config {
-                reason: e.to_string(),
-            }
-        })?;
+        let this = match opts.worker_exe.take() {
+            Some(exe) => exe,
+            None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir {
+                path: "<current exe>".into(),
+                source,
+            })?,
+        };
+        let learner = match opts.learner_exe.take() {
+            Some(exe) => exe,
+            None => crate::rl::learner_exe(&this),
+        };
+        let exe =
+            crate::rl::preflight(cfg.actor.model.model_type, &this, &learner).map_err(|e| {
+                OrchestratorError::Config {
+                    reason: e.to_string(),
+                }
+            })?;
+        opts.worker_exe = Some(exe);
     }
     if let Some(reason) = crate::dry_run::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });

@@ -379,6 +379,59 @@ fn torchscript_example_exports_trains_checkpoints_and_resumes() {
     );
     let path = format!("actor.model.torchscript_path={}", policy.display());
     check_checkpoint_and_resume(&dir, &["model@actor.model=torchscript", path.as_str()]);
+
+    // The checkpoint keeps the module's own parameter names, and its policy.pt is the module with exactly
+    // the checkpoint's (trained) weights, as torch.jit.load sees it.
+    let ckpt = dir.join("first/checkpoints/global_step_3");
+    let saved = StateDict::load_safetensors(&ckpt.join(rlsync::rl::WEIGHTS_FILE))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let params = |module: &Path| -> Map<String, Value> {
+        let out = std::process::Command::new(python())
+            .args([
+                "-c",
+                "import json, sys, torch\n\
+                 m = torch.jit.load(sys.argv[1])\n\
+                 print(json.dumps({n: p.detach().flatten().tolist() for n, p in m.named_parameters()}))",
+            ])
+            .arg(module)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let trained = params(&ckpt.join(rlsync::rl::SCRIPT_FILE));
+    let mut names: Vec<&str> = trained.keys().map(String::as_str).collect();
+    names.sort();
+    let mut saved_names: Vec<&str> = saved.keys().collect();
+    saved_names.sort();
+    assert_eq!(names, saved_names);
+    assert!(names.contains(&"pi.0.weight"), "{names:?}");
+    for name in names {
+        let want: Vec<f32> = saved
+            .get(name)
+            .and_then(|t| t.as_slice::<f32>().ok())
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default();
+        let got: Vec<f32> = trained[name]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|v| v as f32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(got, want, "{name}");
+    }
+    let exported = params(&policy);
+    assert!(
+        exported.iter().any(|(n, v)| trained.get(n) != Some(v)),
+        "policy.pt holds the trained weights, not the exported ones"
+    );
 }
 
 #[test]

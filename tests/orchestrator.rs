@@ -57,9 +57,14 @@ fn small_config() -> RunConfig {
     cfg
 }
 
+/// A learner executable that does not exist: runs of a build without libtorch must not find one that `make
+/// build` left next to the test binary.
+const NO_LEARNER: &str = "/nonexistent/rlsync-learner";
+
 fn opts(shutdown: ShutdownSource) -> RunOptions {
     RunOptions {
         worker_exe: Some(BIN.into()),
+        learner_exe: Some(NO_LEARNER.into()),
         shutdown,
         print_summary: false,
         ..RunOptions::default()
@@ -477,6 +482,7 @@ fn worker_without_handshake_times_out_naming_it() {
     let run_dir = dir.path().join("run");
     let opts = RunOptions {
         worker_exe: Some(script),
+        learner_exe: None,
         shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
         print_summary: false,
         ..RunOptions::default()
@@ -563,12 +569,14 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
         ),
         "{text}"
     );
+    assert!(text.contains(NO_LEARNER), "names where it looked: {text}");
     assert!(!dir.path().join("logs").exists(), "no worker was started");
 
     // The embedded default (reach with mlp_policy) from the command line: one error, said once.
     let run_dir = format!("hydra.run.dir={}", dir.path().join("cli").display());
     let out = std::process::Command::new(BIN)
         .args(["train_embodied", run_dir.as_str()])
+        .env("RLSYNC_LEARNER", dir.path().join("no-learner"))
         .output()
         .expect("start rlsync");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -581,6 +589,75 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
     assert!(
         stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"),
         "{stderr}"
+    );
+
+    // The dry run refuses it too, and passes once a learner executable is there.
+    let dry_run = |learner: &Path| {
+        std::process::Command::new(BIN)
+            .args(["train_embodied", "--dry-run", run_dir.as_str()])
+            .env("RLSYNC_LEARNER", learner)
+            .output()
+            .expect("start rlsync")
+    };
+    let out = dry_run(&dir.path().join("no-learner"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("needs the libtorch learner"), "{stdout}");
+    let out = dry_run(Path::new(BIN));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+}
+
+/// A build without libtorch starts learner workers from the learner executable (here a script that records
+/// its arguments and runs this plain binary, whose workers then fail for want of libtorch), and synthetic
+/// workers from itself.
+#[cfg(not(feature = "torch"))]
+#[test]
+fn learner_workers_start_from_the_learner_executable() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("learner-calls");
+    let learner = dir.path().join("rlsync-learner");
+    std::fs::write(
+        &learner,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\nexec '{BIN}' \"$@\"\n",
+            record.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &learner,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut cfg = small_config();
+    cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
+    let opts = || RunOptions {
+        worker_exe: Some(BIN.into()),
+        learner_exe: Some(learner.clone()),
+        shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
+        print_summary: false,
+        ..RunOptions::default()
+    };
+    // The workers fail (this plain binary has no learner; the synthetic env is no learner task either).
+    orchestrator::run(Entry::Embodied, &cfg, &dir.path().join("learn"), opts()).unwrap_err();
+    let calls = std::fs::read_to_string(&record).unwrap_or_default();
+    assert!(
+        calls.contains("worker --role"),
+        "the learner ran the workers: {calls:?}"
+    );
+
+    std::fs::remove_file(&record).unwrap();
+    orchestrator::run(
+        Entry::Embodied,
+        &small_config(),
+        &dir.path().join("synth"),
+        opts(),
+    )
+    .unwrap();
+    assert!(
+        !record.exists(),
+        "synthetic workers start from rlsync itself"
     );
 }
 

@@ -563,7 +563,7 @@ fn describe(v: &Value) -> String {
 }
 
 /// The closest known name to `key`, if it is close enough to be a typo.
-fn closest(key: &str, known: &[&str]) -> Option<String> {
+pub(crate) fn closest(key: &str, known: &[&str]) -> Option<String> {
     let budget = (key.len() / 3).clamp(1, 3);
     known
         .iter()

@@ -11,6 +11,9 @@ use crate::tensor::StateDict;
 /// File names inside a checkpoint directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// A TorchScript policy's module with the checkpoint's weights (`torch.jit.load`-able); only for
+/// `model_type: torchscript`.
+pub const SCRIPT_FILE: &str = "policy.pt";
 
 /// Metadata of `model.safetensors`: `format` is [`META_FORMAT`]; `global_step`, `version` are integers;
 /// `weights_checksum` is `0x` and 16 hex digits.

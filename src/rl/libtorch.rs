@@ -21,7 +21,8 @@ use crate::config::schema::{ModelType, RunConfig, WeightDtype};
 use crate::env::EnvSpec;
 
 use super::checkpoint_layout::{
-    CHECKSUM_KEY, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir,
+    CHECKSUM_KEY, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, SCRIPT_FILE, WEIGHTS_FILE,
+    checkpoint_dir,
 };
 use super::{ActMode, CheckpointInfo, Decision, RlError, TrainMetrics, Trajectory};
 use crate::tensor::Role;
@@ -169,6 +170,8 @@ impl Learner {
             ("adam_steps".to_owned(), self.adam.steps().to_string()),
         ]);
         checkpoint::save(&dir.join(OPTIMIZER_FILE), &self.adam.state(), opt_meta)?;
+        // A TorchScript policy also goes out as a module with the trained weights, for `torch.jit.load`.
+        self.policy.save_script(&dir.join(SCRIPT_FILE))?;
         Ok(CheckpointInfo {
             dir,
             global_step: self.global_step,

@@ -935,7 +935,7 @@ fn gap_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
         if b0 & b1 < 0x80 {
             let two = usize::from(b0 >> 7);
             *pos += 1 + two;
-            return Some(u64::from(b0 & 0x7f) | (u64::from(b1 & 0x7f) << 7) * two as u64);
+            return Some(u64::from(b0 & 0x7f) | ((u64::from(b1 & 0x7f) << 7) * two as u64));
         }
     }
     get_varint(buf, pos)
