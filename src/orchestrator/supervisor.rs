@@ -290,8 +290,12 @@ impl Supervisor {
         console: &Console,
     ) -> Result<(), OrchestratorError> {
         let log_path = logs.join(format!("{id}.log"));
-        let file =
-            std::fs::File::create(&log_path).map_err(|source| OrchestratorError::RunDir {
+        // Appended to, as metrics.jsonl and the job log are: a run resumed in place keeps the earlier output.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|source| OrchestratorError::RunDir {
                 path: log_path.clone(),
                 source,
             })?;
