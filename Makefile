@@ -17,7 +17,7 @@ VENV_STAMP  := $(VENV)/.rlsync-venv-v4
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test test-plain test-torch conformance bench venv python test-python clean
+.PHONY: all build run run-gym test lint test-plain test-torch conformance bench venv python test-python clean
 
 all: build
 
@@ -51,9 +51,17 @@ run-gym: build python
 python: venv
 	VIRTUAL_ENV=$(VENV) PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --locked -q -m python/Cargo.toml
 
-# Tests of the plain build (no libtorch) and of the torch build, the Hydra conformance kit, then the Python
-# package's tests (last, so CI's last line is pytest's summary).
-test: test-plain test-torch conformance test-python
+# Formatting and clippy first (they fail in a minute, the tests take many), then the tests of the plain build
+# (no libtorch) and of the torch build, the Hydra conformance kit, then the Python package's tests (last, so
+# CI's last line is pytest's summary).
+test: lint test-plain test-torch conformance test-python
+
+# rustfmt.toml's style, and clippy with warnings as errors on every target of both feature sets (the plain one
+# for the whole workspace, so the Python binding crate too).
+lint: venv
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
+	$(TORCH_ENV) $(CARGO) clippy --all-targets --release --locked --features torch -- -D warnings
 
 test-plain:
 	$(CARGO) test --release --locked

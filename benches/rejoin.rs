@@ -62,8 +62,10 @@ async fn run(params: u64, ks: &[u64], threads: usize) {
             .step(UpdateMode::Adam { lr: 1e-6 }, state, step_threads)
             .expect("step")
     };
-    let mut cfg = WeightSyncerConfig::default();
-    cfg.kind = SyncerKind::Patch;
+    let mut cfg = WeightSyncerConfig {
+        kind: SyncerKind::Patch,
+        ..WeightSyncerConfig::default()
+    };
     cfg.patch.replay_versions = ks.iter().copied().max().unwrap_or(1) as u32;
     cfg.patch.replay_max_bytes = u64::MAX;
     let opts = SyncOptions { threads };

@@ -43,9 +43,10 @@ fn spec(o: &Opts) -> ModelSpec {
 }
 
 fn syncer_cfg(o: &Opts) -> WeightSyncerConfig {
-    let mut cfg = WeightSyncerConfig::default();
-    cfg.kind = o.syncer;
-    cfg
+    WeightSyncerConfig {
+        kind: o.syncer,
+        ..WeightSyncerConfig::default()
+    }
 }
 
 fn chain_cfg(o: &Opts, name: String) -> ChainConfig {

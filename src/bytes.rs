@@ -6,7 +6,7 @@
 
 /// Why a [`Reader`] could not read a field; `what` names the structure being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum BytesError {
+pub(crate) enum BytesError {
     #[error("needs {need} bytes at offset {offset}, {left} left")]
     Short {
         what: &'static str,
@@ -37,7 +37,7 @@ impl BytesError {
 
 /// A bounds-checked little-endian cursor over a byte slice.
 #[derive(Debug, Clone)]
-pub struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
     what: &'static str,
@@ -80,7 +80,7 @@ impl<'a> Reader<'a> {
         Ok(self.array::<1>()?[0])
     }
 
-    pub fn u16(&mut self) -> Result<u16, BytesError> {
+    pub(crate) fn u16(&mut self) -> Result<u16, BytesError> {
         self.array().map(u16::from_le_bytes)
     }
 
@@ -90,10 +90,6 @@ impl<'a> Reader<'a> {
 
     pub fn u64(&mut self) -> Result<u64, BytesError> {
         self.array().map(u64::from_le_bytes)
-    }
-
-    pub fn i64(&mut self) -> Result<i64, BytesError> {
-        self.array().map(i64::from_le_bytes)
     }
 
     pub fn f32(&mut self) -> Result<f32, BytesError> {
@@ -118,7 +114,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `u32 length` then that many bytes.
-    pub fn bytes_u32(&mut self) -> Result<&'a [u8], BytesError> {
+    pub(crate) fn bytes_u32(&mut self) -> Result<&'a [u8], BytesError> {
         let len = self.u32()? as usize;
         self.take(len)
     }
@@ -130,17 +126,7 @@ impl<'a> Reader<'a> {
         s
     }
 
-    /// Skip to the next multiple of 8 from the start.
-    pub fn align8(&mut self) -> Result<(), BytesError> {
-        let pad = (8 - self.pos % 8) % 8;
-        self.take(pad).map(|_| ())
-    }
-
-    pub fn position(&self) -> usize {
-        self.pos
-    }
-
-    pub fn remaining(&self) -> usize {
+    pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
@@ -158,7 +144,7 @@ impl<'a> Reader<'a> {
 
 /// Append `v` as a LEB128 varint (7 bits per byte, low first, high bit = more).
 #[inline(always)]
-pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -168,7 +154,7 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 
 /// Decode a LEB128 varint at `*pos`; `None` when truncated or longer than 10 bytes.
 #[inline(always)]
-pub fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
+pub(crate) fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
     let first = *buf.get(*pos)?;
     if first < 0x80 {
         *pos += 1;
@@ -188,7 +174,7 @@ pub fn get_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
 
 /// A little-endian unsigned integer of 1, 2, 4 or 8 bytes (0 for any other length).
 #[inline(always)]
-pub fn read_uint(b: &[u8]) -> u64 {
+pub(crate) fn read_uint(b: &[u8]) -> u64 {
     match *b {
         [a] => u64::from(a),
         [a, b] => u64::from(u16::from_le_bytes([a, b])),
@@ -218,7 +204,7 @@ mod tests {
         assert_eq!(r.u16(), Ok(0x0102));
         assert_eq!(r.u32(), Ok(0x0304_0506));
         assert_eq!(r.u64(), Ok(u64::MAX));
-        assert_eq!(r.i64(), Ok(-3));
+        assert_eq!(r.u64(), Ok(-3i64 as u64));
         assert_eq!(r.f32(), Ok(1.5));
         assert_eq!(r.f64(), Ok(-0.25));
         assert_eq!(r.bytes_u32(), Ok(&b"abc"[..]));
@@ -256,11 +242,6 @@ mod tests {
         let big = u64::MAX.to_le_bytes();
         let err = Reader::new(&big, "table").count(10).unwrap_err();
         assert_eq!(err.to_string(), format!("count {} exceeds 10", u64::MAX));
-        let mut r = Reader::new(&[0u8; 11], "pad");
-        r.take(3).unwrap();
-        r.align8().unwrap();
-        assert_eq!(r.position(), 8);
-        assert!(r.align8().is_ok() && r.position() == 8);
     }
 
     #[test]

@@ -519,16 +519,13 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
-/// The message printed for a failed run: the error and each cause not already spelled out by the one before
-/// (many errors name their cause in their own message and also expose it as their source).
+/// The message printed for a failed run: the error's own line, then one `caused by:` line per cause (each
+/// error's message says only its own layer; its cause is its `source()`).
 pub fn error_report(err: &anyhow::Error) -> String {
     let mut msg = err.to_string();
     for cause in err.chain().skip(1) {
-        let text = cause.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
+        msg.push_str("\n  caused by: ");
+        msg.push_str(&cause.to_string());
     }
     msg
 }
@@ -546,23 +543,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_report_names_each_cause_once() {
+    fn error_report_puts_each_cause_on_its_own_line() {
         #[derive(Debug, thiserror::Error)]
-        #[error("cannot prepare /run: {source}")]
-        struct Embeds {
+        #[error("cannot prepare /run")]
+        struct Prepare {
             source: std::io::Error,
         }
         let io = || std::io::Error::new(std::io::ErrorKind::PermissionDenied, "permission denied");
-        let err = anyhow::Error::new(Embeds { source: io() }).context("train_embodied");
+        let err = anyhow::Error::new(Prepare { source: io() }).context("train_embodied");
         assert_eq!(
             error_report(&err),
-            "train_embodied: cannot prepare /run: permission denied"
+            "train_embodied\n  caused by: cannot prepare /run\n  caused by: permission denied"
         );
-        let err = anyhow::Error::new(io()).context("reading x");
         assert_eq!(
-            error_report(&err),
-            "reading x: permission denied",
-            "a cause not in the message is appended"
+            error_report(&anyhow::Error::new(io())),
+            "permission denied",
+            "an error without causes is one line"
         );
     }
 

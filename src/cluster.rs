@@ -15,7 +15,7 @@ pub use env::{ClusterError, NodeIdentity, Scheduler, detect, first_host};
 pub use placement::{NodePlacement, PlacedWorker, PlacementError, resolve};
 
 /// This host's name as the kernel knows it (for logs and errors); `"localhost"` if it cannot be read.
-pub fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|s| s.trim().to_owned())

@@ -88,7 +88,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         // What would make the run fail at once: sockets that do not fit, a learner this build lacks, a
         // checkpoint to resume that is not there.
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
-            problems.push(e.to_string());
+            problems.push(crate::stdio::error_chain(&e));
         }
         // Python workers bring their own model: `actor.model` is theirs to read.
         // Built-in workers of a learner model need libtorch: in this build, or the learner executable beside it.
@@ -136,7 +136,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
 
 /// A `runner.resume_dir` that is set but holds nothing to resume from (checked by the dry run and at the
 /// start of a real run).
-pub fn resume_problem(cfg: &RunConfig) -> Option<String> {
+pub(crate) fn resume_problem(cfg: &RunConfig) -> Option<String> {
     let dir = cfg.runner.resume_dir.as_ref()?;
     (!dir.is_dir()).then(|| {
         format!(
@@ -154,7 +154,7 @@ fn preflight_here(model: crate::config::schema::ModelType) -> Result<PathBuf, cr
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
 /// what a run would start).
-pub fn planned_workers(plan: &RunPlan) -> Vec<PlannedWorker> {
+pub(crate) fn planned_workers(plan: &RunPlan) -> Vec<PlannedWorker> {
     let mut workers = vec![PlannedWorker {
         role: "trainer",
         rank: 0,
@@ -169,7 +169,7 @@ pub fn planned_workers(plan: &RunPlan) -> Vec<PlannedWorker> {
 }
 
 /// Weight sizes for models whose size follows from the config alone (the synthetic workload).
-pub fn footprint(cfg: &RunConfig) -> Option<Footprint> {
+pub(crate) fn footprint(cfg: &RunConfig) -> Option<Footprint> {
     let model = &cfg.actor.model;
     match model.model_type {
         ModelType::Synthetic => {
@@ -187,7 +187,7 @@ pub fn footprint(cfg: &RunConfig) -> Option<Footprint> {
 
 /// Weight memory of the trainer and of one rollout (bytes, estimate): the trainer keeps fp32 master weights
 /// plus its state and the sync snapshot in the rollout dtype; a rollout keeps its weights and a staging copy.
-pub fn process_memory(fp: Footprint) -> (u64, u64) {
+pub(crate) fn process_memory(fp: Footprint) -> (u64, u64) {
     let elements = fp.synced_elements.saturating_add(fp.frozen_elements);
     let trainer = elements.saturating_mul(4 + 2 * fp.dtype_bytes);
     let rollout = elements.saturating_mul(2 * fp.dtype_bytes);
@@ -203,7 +203,7 @@ fn dtype_bytes(d: WeightDtype) -> u64 {
 
 /// Estimated bytes per incremental sync: dense for bucket; for patch, a changed share times ~2 bytes per
 /// changed element (the patch codec's measured cost on realistic updates; see README's bench_sync figures).
-pub fn estimated_sync_bytes(cfg: &RunConfig, fp: Footprint) -> u64 {
+pub(crate) fn estimated_sync_bytes(cfg: &RunConfig, fp: Footprint) -> u64 {
     let synced = fp.synced_elements;
     match cfg.weight_syncer.kind {
         SyncerKind::Bucket => {
@@ -290,7 +290,7 @@ fn shm_free_bytes() -> Result<u64, String> {
     Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
-pub fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut unit = 0;

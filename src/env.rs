@@ -50,7 +50,7 @@ pub enum ActionSpace {
 
 impl ActionSpace {
     /// Number of policy outputs (mean dims or logits).
-    pub fn head_dim(&self) -> usize {
+    pub(crate) fn head_dim(&self) -> usize {
         match *self {
             ActionSpace::Continuous { dim, .. } => dim,
             ActionSpace::Discrete { n } => n,
@@ -99,7 +99,7 @@ pub struct EnvOptions {
 impl EnvOptions {
     /// Options for the share of rollout worker `rank` out of `workers`: `total_num_envs` split evenly in
     /// whole groups of `group_size` envs, the first ranks taking one more group when they do not divide.
-    pub fn for_worker(cfg: &EnvSplitConfig, rank: usize, workers: NonZeroU32) -> EnvOptions {
+    pub(crate) fn for_worker(cfg: &EnvSplitConfig, rank: usize, workers: NonZeroU32) -> EnvOptions {
         let group = cfg.group_size.get() as usize;
         let groups = (cfg.total_num_envs.get() as usize).div_ceil(group);
         let workers = workers.get() as usize;
@@ -124,7 +124,7 @@ impl EnvOptions {
 }
 
 /// The observation and action shape of a task, without building its envs (the trainer needs no envs).
-pub fn spec_for(cfg: &EnvSplitConfig) -> Result<EnvSpec, EnvError> {
+pub(crate) fn spec_for(cfg: &EnvSplitConfig) -> Result<EnvSpec, EnvError> {
     match cfg.env_type {
         EnvType::Reach => Ok(Reach::new(cfg.num_links.get() as usize, 0, &[]).spec()),
         EnvType::Cartpole => Ok(Cartpole::spec()),
@@ -208,17 +208,12 @@ impl VecEnv {
         self.spec
     }
 
-    pub fn num_envs(&self) -> usize {
+    pub(crate) fn num_envs(&self) -> usize {
         self.num_envs
     }
 
-    pub fn max_episode_steps(&self) -> u32 {
+    pub(crate) fn max_episode_steps(&self) -> u32 {
         self.max_episode_steps
-    }
-
-    /// Episodes finished since the last [`VecEnv::take_metrics`].
-    pub fn finished_episodes(&self) -> u64 {
-        self.stats.finished()
     }
 
     /// Current observations, `num_envs * obs_dim` values.
@@ -342,7 +337,7 @@ impl VecEnv {
 
     /// Metrics of the episodes finished since the last call (`env/return`, `env/success_rate`,
     /// `env/episode_len`), then forgets them.
-    pub fn take_metrics(&mut self) -> EpisodeMetrics {
+    pub(crate) fn take_metrics(&mut self) -> EpisodeMetrics {
         self.stats.take()
     }
 }

@@ -4,7 +4,7 @@
 //! - [`cli`]: entry points (`train_embodied`, `train_async`, `bench_sync`, hidden `worker`) and Hydra's flags.
 //! - [`config`]: the Hydra 1.3 compatible engine (YAML, defaults lists, overrides, interpolation) and the
 //!   typed, validated run configuration. Knows nothing of processes or tensors.
-//! - [`tensor`]: named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O.
+//! - [`tensor`]: named CPU tensors with dtype, shape and role (trainable | buffer | frozen); checksums.
 //! - [`syncer`]: the `WeightSyncer` (patch | bucket) on top of a [`transport`] channel; never imports tch.
 //! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory + Unix sockets).
 //! - [`protocol`]: the control protocol shared by orchestrator and workers (framing, messages, launch file,

@@ -29,7 +29,7 @@ fn level_filter(level: LogLevel) -> tracing::level_filters::LevelFilter {
 /// Install a plain stderr subscriber at `level` (`runner.logger.level`), plus the job-log layer (inactive until
 /// [`set_job_log`]). Lines are short and unprefixed: the orchestrator adds the `[role-rank]` prefix to worker
 /// output itself. A second call is a no-op.
-pub fn init_console(level: LogLevel) {
+pub(crate) fn init_console(level: LogLevel) {
     let console = tracing_subscriber::fmt::layer()
         .with_ansi(false)
         .without_time()

@@ -39,23 +39,23 @@ pub use supervisor::{ShutdownHandle, ShutdownSource};
 pub enum OrchestratorError {
     #[error("invalid run configuration: {reason}")]
     Config { reason: String },
-    #[error("cannot prepare {path}: {source}")]
+    #[error("cannot prepare {path}")]
     RunDir {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot start {worker} from {exe}: {source}")]
+    #[error("cannot start {worker} from {exe}")]
     Spawn {
         worker: String,
         exe: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot bind the control socket {path}: {source}")]
+    #[error("cannot bind the control socket {path}")]
     Socket {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot install signal handlers: {source}")]
+    #[error("cannot install signal handlers")]
     Signals { source: std::io::Error },
     #[error(
         "{workers} did not complete the handshake within {timeout_s} s (runner.handshake_timeout_s)"
@@ -92,17 +92,17 @@ pub enum OrchestratorError {
     },
     #[error("interrupted by {signal}; workers stopped")]
     Interrupted { signal: &'static str },
-    #[error("control message for {worker}: {source}")]
+    #[error("control message for {worker}")]
     Protocol {
         worker: String,
         source: ProtocolError,
     },
     #[error("unexpected report from {worker}: {report}")]
     Unexpected { worker: String, report: String },
-    #[error("metrics: {0}")]
+    #[error("metrics")]
     Metrics(#[from] MetricsError),
-    #[error("cannot start the orchestrator runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the orchestrator runtime")]
+    Runtime(#[source] std::io::Error),
     #[error(transparent)]
     RunFiles(#[from] run_files::RunFilesError),
 }
@@ -232,8 +232,13 @@ async fn run_plan(
         });
     }
     let result = run_logged(plan, cfg, run_dir, opts).await;
+    // The failure goes to the job log only: main prints it on stderr (once, after everything else, so the
+    // worker log lines it quotes never come before its own `Error:` line).
     if let Err(err) = &result {
-        tracing::error!("{err}");
+        let text = format!("Error: {}", crate::stdio::error_chain(err));
+        for line in text.lines() {
+            crate::logging::to_job_log(line);
+        }
     }
     let _ = crate::logging::set_job_log(None);
     result
@@ -274,7 +279,10 @@ async fn run_logged(
     let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files).await;
     files.remove();
     if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
-        tracing::warn!("removing shared-memory leftovers of {tag}: {err}");
+        tracing::warn!(
+            "removing shared-memory leftovers of {tag}: {}",
+            crate::stdio::error_chain(&err)
+        );
     }
     result
 }

@@ -18,7 +18,7 @@ use crate::bytes::BytesError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {
-    #[error("control connection i/o failed: {0}")]
+    #[error("control connection i/o failed")]
     Io(#[from] std::io::Error),
     #[error("peer closed the control connection")]
     Closed,

@@ -127,6 +127,13 @@ pub enum RlError {
     GroupSize { group_size: usize, num_envs: usize },
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: PathBuf, reason: String },
+    /// The checkpoint's file or directory could not be read or written (the caller can tell a missing one).
+    #[error("checkpoint {path}")]
+    CheckpointIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("weights do not match the model: {reason}")]
     WeightsMismatch { reason: String },
     #[error(transparent)]

@@ -4,6 +4,10 @@
 //! Rust's `print!`/`eprint!` panic when the write fails (the runtime ignores `SIGPIPE`, so a closed pipe is an
 //! `EPIPE` error). Every user-facing write of rlsync goes through [`out`] / [`err`] instead: the first failed
 //! write marks that stream closed and later writes to it are dropped.
+//!
+//! Errors say only their own layer and keep the cause in `source()` (nextest's convention); [`error_chain`]
+//! puts an error and its causes on one line where a single line is wanted (a worker's `Failed` report, a
+//! Python exception, a reason inside another message).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,9 +25,16 @@ pub fn err(args: fmt::Arguments<'_>) {
     write_to(&mut std::io::stderr().lock(), &STDERR_CLOSED, args);
 }
 
-/// Whether a write to stdout failed (the reader went away).
-pub fn stdout_closed() -> bool {
-    STDOUT_CLOSED.load(Ordering::Relaxed)
+/// `err` and each of its causes, outermost first, joined by `: ` (each layer's message says only its own part).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        msg.push_str(": ");
+        msg.push_str(&c.to_string());
+        cause = c.source();
+    }
+    msg
 }
 
 fn write_to(w: &mut impl std::io::Write, closed: &AtomicBool, args: fmt::Arguments<'_>) {

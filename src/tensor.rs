@@ -22,7 +22,7 @@ pub use dtype::{DType, Element};
 pub use storage::{Layout, Storage};
 pub(crate) use storage::{Pod, pod_slice, pod_slice_mut};
 
-/// Errors of tensor construction, typed views and safetensors I/O.
+/// Errors of tensor construction and typed views.
 #[derive(Debug, thiserror::Error)]
 pub enum TensorError {
     #[error("shape {shape:?} of dtype {dtype} overflows the address space")]
@@ -39,7 +39,7 @@ pub enum TensorError {
         dtype: DType,
         requested: &'static str,
     },
-    #[error("i/o on {path}: {source}")]
+    #[error("i/o on {path}")]
     Io {
         path: std::path::PathBuf,
         source: std::io::Error,
@@ -71,7 +71,7 @@ impl Role {
         }
     }
 
-    pub fn from_name(name: &str) -> Option<Role> {
+    pub(crate) fn from_name(name: &str) -> Option<Role> {
         match name {
             "trainable" => Some(Role::Trainable),
             "buffer" => Some(Role::Buffer),
@@ -81,7 +81,7 @@ impl Role {
     }
 
     /// Whether incremental sync covers tensors of this role.
-    pub fn is_synced(self) -> bool {
+    pub(crate) fn is_synced(self) -> bool {
         !matches!(self, Role::Frozen)
     }
 }
@@ -96,7 +96,7 @@ pub struct Tensor {
 
 impl Tensor {
     /// A zero-filled tensor.
-    pub fn zeros(dtype: DType, shape: &[usize], role: Role) -> Result<Tensor, TensorError> {
+    pub(crate) fn zeros(dtype: DType, shape: &[usize], role: Role) -> Result<Tensor, TensorError> {
         let layout = Layout::new(dtype, shape);
         let len = layout
             .checked_byte_len()
@@ -152,7 +152,7 @@ impl Tensor {
     }
 
     /// A tensor over an existing storage; its length must match the layout.
-    pub fn from_storage(
+    pub(crate) fn from_storage(
         layout: Layout,
         storage: Storage,
         role: Role,
@@ -199,7 +199,7 @@ impl Tensor {
         self.layout.shape()
     }
 
-    pub fn numel(&self) -> usize {
+    pub(crate) fn numel(&self) -> usize {
         self.storage.len() / self.dtype().size_bytes()
     }
 
@@ -227,7 +227,7 @@ impl Tensor {
     ///
     /// A borrowed storage (memory the caller owns, see [`Storage::borrowed`]) stays in place: the bytes are
     /// swapped instead, so the caller's tensor gets the new values and the returned storage holds the old ones.
-    pub fn replace_storage(&mut self, mut storage: Storage) -> Result<Storage, TensorError> {
+    pub(crate) fn replace_storage(&mut self, mut storage: Storage) -> Result<Storage, TensorError> {
         if storage.len() != self.storage.len() {
             return Err(TensorError::ByteLength {
                 dtype: self.dtype(),
@@ -300,17 +300,17 @@ impl StateDict {
         self.tensors.get_mut(name)
     }
 
-    pub fn get_index(&self, index: usize) -> Option<(&str, &Tensor)> {
+    pub(crate) fn get_index(&self, index: usize) -> Option<(&str, &Tensor)> {
         self.tensors.get_index(index).map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn get_index_mut(&mut self, index: usize) -> Option<(&str, &mut Tensor)> {
+    pub(crate) fn get_index_mut(&mut self, index: usize) -> Option<(&str, &mut Tensor)> {
         self.tensors
             .get_index_mut(index)
             .map(|(k, v)| (k.as_str(), v))
     }
 
-    pub fn index_of(&self, name: &str) -> Option<usize> {
+    pub(crate) fn index_of(&self, name: &str) -> Option<usize> {
         self.tensors.get_index_of(name)
     }
 
@@ -359,12 +359,8 @@ impl StateDict {
         }
     }
 
-    /// Save to a safetensors file; roles and the key order are kept in the file's metadata.
-    pub fn save_safetensors(&self, path: &std::path::Path) -> Result<(), TensorError> {
-        safetensors_io::save(self, path, &[])
-    }
-
-    /// [`StateDict::save_safetensors`] with further string metadata entries.
+    /// Save to a safetensors file with further string metadata entries; roles and the key order are kept in
+    /// the file's metadata. (Checkpoints of workloads without libtorch: synthetic, Python workers.)
     pub fn save_safetensors_with(
         &self,
         path: &std::path::Path,

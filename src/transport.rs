@@ -21,6 +21,8 @@ mod fanout;
 mod frame;
 pub mod inproc;
 pub mod shm;
+#[cfg(test)]
+pub(crate) mod tap;
 pub mod tcp;
 
 use std::fmt;
@@ -34,7 +36,7 @@ pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
 
 /// How long any single wait may take unless the channel was built with another timeout.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Payloads in flight at once unless configured otherwise. Bucket parts are 8 MiB, so four slots keep the
 /// sender a few parts ahead of a receiver's copy (measured: bucket sync over shm 1.40–1.47× memcpy with four,
@@ -82,13 +84,13 @@ pub enum TransportError {
     },
     #[error("{peer} is gone (disconnected) while {op}")]
     PeerGone { op: &'static str, peer: Peer },
-    #[error("i/o error while {op}: {source}")]
+    #[error("i/o error while {op}")]
     Io {
         op: &'static str,
         #[source]
         source: std::io::Error,
     },
-    #[error("shared memory segment {name}: {op} failed: {source}")]
+    #[error("shared memory segment {name}: {op} failed")]
     Segment {
         name: String,
         op: &'static str,
@@ -126,6 +128,9 @@ pub enum Sender {
     Bridge(bridge::BridgeSender),
     /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
     Chain(ChainSender),
+    /// Tests only: an in-process sender that records what it sends ([`tap::tapped`]).
+    #[cfg(test)]
+    Tap(tap::TapSender),
 }
 
 /// A reading end, identified by its rank in `0..receivers`.
@@ -184,6 +189,8 @@ impl Sender {
             Sender::Shm(s) => s.receivers(),
             Sender::Bridge(s) => s.receivers(),
             Sender::Chain(s) => s.receivers(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.receivers(),
         }
     }
 
@@ -205,11 +212,13 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::All, len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::All, len, fill).await,
             Sender::Chain(s) => s.send_with(Target::All, len, fill).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.send_with(Target::All, len, fill).await,
         }
     }
 
     /// As [`Sender::send_with`], for receiver `rank` only (a catch-up for a receiver that rejoined).
-    pub async fn send_to_with<R>(
+    pub(crate) async fn send_to_with<R>(
         &mut self,
         rank: usize,
         len: usize,
@@ -220,6 +229,8 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Chain(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.send_with(Target::Rank(rank), len, fill).await,
         }
     }
 
@@ -237,6 +248,8 @@ impl Sender {
             Sender::Shm(s) => s.wait_joined(rank).await,
             Sender::Bridge(s) => s.wait_joined(rank).await,
             Sender::Chain(s) => s.wait_joined(rank).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.wait_joined(rank).await,
         }
     }
 
@@ -247,6 +260,8 @@ impl Sender {
             Sender::Shm(s) => s.live(),
             Sender::Bridge(s) => s.live(),
             Sender::Chain(s) => s.live(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.live(),
         }
     }
 
@@ -263,6 +278,8 @@ impl Sender {
             Sender::Shm(s) => s.flush().await,
             Sender::Bridge(s) => s.flush().await,
             Sender::Chain(s) => s.flush().await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.flush().await,
         }
     }
 
@@ -273,6 +290,8 @@ impl Sender {
             Sender::Shm(s) => s.recv_from(rank).await,
             Sender::Bridge(s) => s.recv_from(rank).await,
             Sender::Chain(s) => s.recv_from(rank).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.recv_from(rank).await,
         }
     }
 }

@@ -31,38 +31,44 @@ pub enum WorkerError {
         "worker usage: {reason} (expected: worker --role trainer|rollout --rank R --run-dir DIR)"
     )]
     Usage { reason: String },
-    #[error("cannot read launch file {path}: {error}")]
+    #[error("cannot read launch file {path}")]
     LaunchFile {
         path: PathBuf,
+        #[source]
         error: std::io::Error,
     },
-    #[error("launch file {path}: {error}")]
-    LaunchFormat { path: PathBuf, error: ProtocolError },
-    #[error("cannot connect to the orchestrator at {path}: {error}")]
+    #[error("launch file {path}")]
+    LaunchFormat {
+        path: PathBuf,
+        #[source]
+        error: ProtocolError,
+    },
+    #[error("cannot connect to the orchestrator at {path}")]
     Connect {
         path: PathBuf,
+        #[source]
         error: std::io::Error,
     },
-    #[error("control connection: {0}")]
+    #[error("control connection")]
     Protocol(#[from] ProtocolError),
     #[error("the orchestrator went away")]
     OrchestratorGone,
-    #[error("weight sync: {0}")]
+    #[error("weight sync")]
     Sync(#[from] crate::syncer::SyncError),
-    #[error("weight transport: {0}")]
+    #[error("weight transport")]
     Transport(#[from] crate::transport::TransportError),
-    #[error("workload: {0}")]
+    #[error("workload")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
-    #[error("cannot start the worker runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the worker runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
-    pub fn blames(&self) -> Vec<messages::Blame> {
+    pub(crate) fn blames(&self) -> Vec<messages::Blame> {
         use crate::transport::{Peer, TransportError};
         let transport = match self {
             WorkerError::Transport(e)
@@ -98,7 +104,7 @@ pub struct WorkerArgs {
     pub run_dir: PathBuf,
 }
 
-pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+pub(crate) fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
     let usage = |reason: String| WorkerError::Usage { reason };
     let (mut role, mut rank, mut run_dir) = (None, None, None);
     let mut it = args.iter();
@@ -197,7 +203,7 @@ impl WorkerContext {
 
     /// Bound of every weight-transport wait. A background receiver idles for a whole train step between
     /// updates, so this is the step deadline (the orchestrator detects stuck workers itself).
-    pub fn transport_timeout(&self) -> Duration {
+    pub(crate) fn transport_timeout(&self) -> Duration {
         let runner = &self.config().runner;
         let limit = match runner.step_timeout_s.get() {
             Some(step) => step.max(runner.handshake_timeout_s.get()),
@@ -286,7 +292,7 @@ async fn serve(
             .control
             .report(
                 &Report::Failed {
-                    message: err.to_string(),
+                    message: crate::stdio::error_chain(err),
                     blames: err.blames(),
                 },
                 &[],
@@ -298,7 +304,7 @@ async fn serve(
 
 /// Threads for the syncer's kernels in a worker: one for small states (spawning threads would cost more
 /// than the work), else the cores shared among the `sharers` workers that sync at the same time.
-pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
+pub(crate) fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
     const SMALL: usize = 16 << 20;
     if state_bytes < SMALL {
         return 1;
@@ -310,7 +316,7 @@ pub fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
 }
 
 /// The seed offset of a worker, so rollouts draw different trajectories.
-pub fn worker_seed(role: Role, rank: u32) -> u64 {
+pub(crate) fn worker_seed(role: Role, rank: u32) -> u64 {
     match role {
         Role::Trainer => 0,
         Role::Rollout => 1 + u64::from(rank),
@@ -350,8 +356,8 @@ mod tests {
             reason: "metadata `version` is missing".into(),
         };
         let err = WorkerError::from(workload::WorkloadError::from(rl));
-        // What `main` prints: every cause exactly once.
-        let report = |e: WorkerError| crate::cli::error_report(&anyhow::Error::from(e));
+        // What the worker's `Failed` report says: every layer once, outermost first.
+        let report = |e: WorkerError| crate::stdio::error_chain(&e);
         assert_eq!(
             report(err),
             "workload: learner: checkpoint /ckpt: metadata `version` is missing"

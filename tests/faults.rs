@@ -576,7 +576,9 @@ fn huge_sweep() -> Result<(), String> {
 fn dry_run_catches_what_fails_a_run_at_once() {
     let mut tally = Tally::new("dry-run checks (TMPDIR too long, missing resume_dir)");
     let long_tmp = format!("/tmp/{}", "t".repeat(100));
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    // (extra arguments, environment, what the report must say)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![],
             vec![("TMPDIR", long_tmp.as_str())],
@@ -1020,6 +1022,132 @@ fn stopped_rollout() -> Result<(), String> {
     let left = s.leftovers();
     if !left.is_empty() {
         return Err(format!("leftovers: {left:?}"));
+    }
+    Ok(())
+}
+
+/// Runs `cmd` (its program and arguments) in a new user + mount namespace whose /dev/shm is a tmpfs of
+/// `shm_bytes`; after `fill_after`, a filler takes whatever space is left. Once the run ends, the names left in
+/// that /dev/shm (the filler excepted) are printed to stderr as `SHM-LEFT:<names>`.
+fn in_small_dev_shm(cmd: &Command, shm_bytes: usize, fill_after: Duration) -> Command {
+    let script = format!(
+        "mount -t tmpfs -o size={shm_bytes},mode=1777 tmpfs /dev/shm || exit 99\n\
+         (sleep {fill:.3}; cat /dev/zero > /dev/shm/filler 2>/dev/null) &\n\
+         \"$0\" \"$@\"; rc=$?\n\
+         kill $! 2>/dev/null; wait\n\
+         echo \"SHM-LEFT:$(ls /dev/shm | grep -v '^filler$' | tr '\\n' ' ')\" >&2\n\
+         exit $rc",
+        fill = fill_after.as_secs_f64()
+    );
+    let mut wrapped = Command::new("unshare");
+    wrapped
+        .args(namespace_flags())
+        .args(["--propagation", "private", "sh", "-c", &script])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        if let Some(value) = value {
+            wrapped.env(key, value);
+        }
+    }
+    wrapped
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    wrapped
+}
+
+/// `unshare` flags that give this process a mount namespace where it may mount a tmpfs: a user namespace
+/// mapping us to root (works unprivileged where the kernel allows it), else a plain mount namespace (root).
+fn namespace_flags() -> &'static [&'static str] {
+    const CHOICES: [&[&str]; 2] = [&["--user", "--map-root-user", "--mount"], &["--mount"]];
+    let works = |flags: &[&str]| {
+        Command::new("unshare")
+            .args(flags)
+            .args(["--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs -o size=64k tmpfs /dev/shm")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    CHOICES.into_iter().find(|flags| works(flags)).expect(
+        "this test needs `unshare` and a mount namespace (root, or unprivileged user namespaces)",
+    )
+}
+
+#[test]
+fn break_10_a_full_dev_shm_names_the_trainer() {
+    let mut tally = Tally::new("break 10 (/dev/shm full: the trainer's ENOSPC names the trainer)");
+    for _ in 0..trials() {
+        tally.record(full_dev_shm());
+    }
+    tally.finish();
+}
+
+/// /dev/shm too small from the start, or filled at a random moment of the run: the run either finishes or
+/// fails naming the trainer (the one that reserves segments) and the full device, never a rollout, and leaves
+/// nothing behind in that /dev/shm.
+fn full_dev_shm() -> Result<(), String> {
+    let s = Scratch::new();
+    let mut rng = rand::thread_rng();
+    // One full payload of this model is 4 MB (1 Mi f32 elements); a few in-flight slots need several.
+    let shm_bytes = rng.gen_range(64 << 10..24 << 20);
+    let fill_after = Duration::from_millis(rng.gen_range(0..1500));
+    let steps = 12;
+    let syncer = ["weight_syncer=patch_syncer", "weight_syncer=bucket_syncer"][rng.gen_range(0..2)];
+    // A large learning rate makes patches change size from step to step, so segments are regrown mid-run.
+    let run = s.command(
+        steps,
+        &[
+            "actor.model.params=1048576",
+            "actor.model.adam_lr=0.001",
+            syncer,
+        ],
+    );
+    let child = in_small_dev_shm(&run, shm_bytes, fill_after)
+        .spawn()
+        .map_err(|e| format!("unshare: {e}"))?;
+    let (code, stderr) = finish(child)?;
+    let trial = format!("({syncer}, /dev/shm of {shm_bytes} bytes, filled after {fill_after:?})");
+    if code == Some(99) {
+        return Err(format!(
+            "could not mount a tmpfs on /dev/shm in a namespace:\n{stderr}"
+        ));
+    }
+    no_panic(code, &stderr)?;
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("Error: "))
+        .unwrap_or_default();
+    let done = s.metrics_lines();
+    println!("  {trial}: exit {code:?} after {done} steps");
+    match code {
+        Some(0) => {
+            let lines = s.metrics_valid()?;
+            if lines != steps as usize {
+                return Err(format!("{trial}: exit 0 with {lines} of {steps} steps"));
+            }
+        }
+        Some(1) => {
+            if !(error.contains("worker trainer-0 ") && error.contains("No space left on device")) {
+                return Err(format!(
+                    "{trial}: want an error naming trainer-0 and the full device, got {error:?}:\n{stderr}"
+                ));
+            }
+        }
+        _ => return Err(format!("{trial}: exit {code:?}:\n{stderr}")),
+    }
+    let shm_left = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("SHM-LEFT:"))
+        .ok_or_else(|| format!("{trial}: the wrapper did not list /dev/shm:\n{stderr}"))?;
+    if !shm_left.trim().is_empty() {
+        return Err(format!("{trial}: shm segments left: {shm_left}"));
+    }
+    let left = s.leftovers();
+    if !left.is_empty() {
+        return Err(format!("{trial}: leftovers: {left:?}"));
     }
     Ok(())
 }

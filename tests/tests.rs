@@ -9,5 +9,6 @@ mod protocol_doc;
 mod run_experience;
 mod sync_bridge;
 mod sync_shm;
+mod tidy;
 mod transport;
 mod util;

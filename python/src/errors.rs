@@ -43,19 +43,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// `err` and its sources, each once (a source already quoted in its parent's message is skipped).
+/// `err` and its sources on one line, outermost first (each error's message says only its own layer).
 pub fn chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut src = err.source();
-    while let Some(s) = src {
-        let t = s.to_string();
-        if !msg.contains(&t) {
-            msg.push_str(": ");
-            msg.push_str(&t);
-        }
-        src = s.source();
-    }
-    msg
+    rlsync::stdio::error_chain(err)
 }
 
 pub fn sync_error(err: &SyncError) -> PyErr {

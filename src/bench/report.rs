@@ -25,7 +25,7 @@ pub struct StepRecord {
 
 /// Facts about the run that are not per step.
 #[derive(Debug, Clone)]
-pub struct RunFacts {
+pub(crate) struct RunFacts {
     pub syncer: SyncerKind,
     pub params: u64,
     pub dtype: DType,
@@ -63,7 +63,7 @@ pub struct BenchSummary {
     pub steps: usize,
 }
 
-pub fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
@@ -89,7 +89,7 @@ fn per_changed(payload: u64, changed: u64) -> f64 {
 }
 
 impl BenchSummary {
-    pub fn from_steps(steps: &[StepRecord], f: RunFacts) -> BenchSummary {
+    pub(crate) fn from_steps(steps: &[StepRecord], f: RunFacts) -> BenchSummary {
         let med =
             |g: &dyn Fn(&StepRecord) -> f64| median(&mut steps.iter().map(g).collect::<Vec<_>>());
         let changed = med(&|s| s.changed as f64);
@@ -131,7 +131,7 @@ impl BenchSummary {
         }
     }
 
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         json!({
             "summary": true,
             "syncer": self.syncer,
@@ -177,7 +177,7 @@ fn step_json(s: &StepRecord) -> serde_json::Value {
 }
 
 /// Prints steps and the summary in the configured format.
-pub struct Printer {
+pub(crate) struct Printer {
     format: OutputFormat,
 }
 

@@ -11,7 +11,7 @@ use std::fmt;
 use crate::config::schema::ClusterConfig;
 
 /// Rendezvous port when neither `cluster.master_port` nor `MASTER_PORT` gives one (torchrun's default).
-pub const DEFAULT_MASTER_PORT: u16 = 29500;
+pub(crate) const DEFAULT_MASTER_PORT: u16 = 29500;
 
 /// Which launcher's environment gave the node rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,12 +50,7 @@ pub struct NodeIdentity {
     pub scheduler: Scheduler,
 }
 
-impl NodeIdentity {
-    /// Node 0 drives the run; every other node runs a node agent.
-    pub fn is_orchestrator(&self) -> bool {
-        self.node_rank == 0
-    }
-}
+impl NodeIdentity {}
 
 /// The environment does not describe a run rlsync can join.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -361,7 +356,6 @@ mod tests {
     fn no_scheduler_is_a_single_node() {
         let id = detect_with(&cluster(1), &[]).unwrap();
         assert_eq!(summary(&id), "None 0/1 127.0.0.1:29500");
-        assert!(id.is_orchestrator());
         assert_eq!(id.host, "hostA");
     }
 

@@ -35,7 +35,7 @@ pub struct NodePlacement {
 
 impl NodePlacement {
     /// Every worker placed on `node`, trainer first.
-    pub fn on_node(&self, node: u32) -> impl Iterator<Item = &PlacedWorker> {
+    pub(crate) fn on_node(&self, node: u32) -> impl Iterator<Item = &PlacedWorker> {
         std::iter::once(&self.trainer)
             .chain(self.rollouts.iter())
             .filter(move |w| w.node == node)
@@ -54,7 +54,7 @@ impl NodePlacement {
     }
 
     /// Nodes with no worker at all (their agent would only wait; `--dry-run` warns about them).
-    pub fn idle_nodes(&self) -> Vec<u32> {
+    pub(crate) fn idle_nodes(&self) -> Vec<u32> {
         (0..self.num_nodes)
             .filter(|&n| self.on_node(n).next().is_none())
             .collect()
@@ -159,7 +159,7 @@ pub enum PlacementError {
 
 impl PlacementError {
     /// The config key the error is about (for `config::typed`'s problem list).
-    pub fn key_path(&self) -> String {
+    pub(crate) fn key_path(&self) -> String {
         match self {
             PlacementError::Missing { component } => {
                 format!("cluster.component_placement.{component}")
@@ -280,7 +280,7 @@ fn processes_of(
                 }
                 let n_procs = (phi - plo + 1) as usize;
                 if n_procs >= n_slots {
-                    if n_procs % n_slots != 0 {
+                    if !n_procs.is_multiple_of(n_slots) {
                         return Err(bad(format!(
                             "puts {n_procs} processes on {n_slots} slots: they must split evenly"
                         )));

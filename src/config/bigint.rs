@@ -7,13 +7,15 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-use crate::config::node::{Key, Value};
+#[cfg(test)]
+use crate::config::node::Key;
+use crate::config::node::Value;
 
 const LIMB: u64 = 1_000_000_000;
 
 /// A signed arbitrary-precision integer. Zero is never negative; `mag` has no high zero limbs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BigInt {
+pub(crate) struct BigInt {
     negative: bool,
     /// Little-endian base-10⁹ digits.
     mag: Vec<u32>,
@@ -27,7 +29,7 @@ impl BigInt {
         }
     }
 
-    pub fn from_i64(v: i64) -> BigInt {
+    pub(crate) fn from_i64(v: i64) -> BigInt {
         let mut mag = Vec::new();
         let mut m = v.unsigned_abs();
         while m > 0 {
@@ -41,7 +43,7 @@ impl BigInt {
     }
 
     /// Unsigned `digits` (no sign, prefix or `_`) in `radix` (2..=36); `None` if empty or a digit is invalid.
-    pub fn parse_radix(digits: &str, radix: u32) -> Option<BigInt> {
+    pub(crate) fn parse_radix(digits: &str, radix: u32) -> Option<BigInt> {
         if digits.is_empty() || !(2..=36).contains(&radix) {
             return None;
         }
@@ -54,7 +56,7 @@ impl BigInt {
     }
 
     /// Decimal text with an optional leading `-` (as [`Value::BigInt`] stores it).
-    pub fn parse_decimal(text: &str) -> Option<BigInt> {
+    pub(crate) fn parse_decimal(text: &str) -> Option<BigInt> {
         let (negative, digits) = match text.strip_prefix('-') {
             Some(rest) => (true, rest),
             None => (false, text),
@@ -64,7 +66,7 @@ impl BigInt {
 
     /// The integer a config value holds, if it is one (`Int` or `BigInt`; Python bools are ints too,
     /// but callers decide that themselves).
-    pub fn from_value(v: &Value) -> Option<BigInt> {
+    pub(crate) fn from_value(v: &Value) -> Option<BigInt> {
         match v {
             Value::Int(i) => Some(BigInt::from_i64(*i)),
             Value::BigInt(s) => BigInt::parse_decimal(s),
@@ -76,11 +78,11 @@ impl BigInt {
         self.mag.is_empty()
     }
 
-    pub fn is_negative(&self) -> bool {
+    pub(crate) fn is_negative(&self) -> bool {
         self.negative
     }
 
-    pub fn negated(self) -> BigInt {
+    pub(crate) fn negated(self) -> BigInt {
         let negative = !self.negative;
         self.with_sign(negative)
     }
@@ -91,7 +93,7 @@ impl BigInt {
         self
     }
 
-    pub fn to_i64(&self) -> Option<i64> {
+    pub(crate) fn to_i64(&self) -> Option<i64> {
         if self.mag.len() > 3 {
             return None;
         }
@@ -103,7 +105,7 @@ impl BigInt {
     }
 
     /// `Value::Int` when it fits in `i64`, else `Value::BigInt`: the one way big results enter the tree.
-    pub fn into_value(self) -> Value {
+    pub(crate) fn into_value(self) -> Value {
         match self.to_i64() {
             Some(i) => Value::Int(i),
             None => Value::BigInt(self.to_string()),
@@ -111,7 +113,8 @@ impl BigInt {
     }
 
     /// `Key::Int` when it fits in `i64`, else `Key::BigInt`.
-    pub fn into_key(self) -> Key {
+    #[cfg(test)]
+    pub(crate) fn into_key(self) -> Key {
         match self.to_i64() {
             Some(i) => Key::Int(i),
             None => Key::BigInt(self.to_string()),
@@ -141,11 +144,11 @@ impl BigInt {
         }
     }
 
-    pub fn sub(&self, other: &BigInt) -> BigInt {
+    pub(crate) fn sub(&self, other: &BigInt) -> BigInt {
         self.add(&other.clone().negated())
     }
 
-    pub fn mul(&self, other: &BigInt) -> BigInt {
+    pub(crate) fn mul(&self, other: &BigInt) -> BigInt {
         let mut out = vec![0u64; self.mag.len() + other.mag.len()];
         for (i, &a) in self.mag.iter().enumerate() {
             let mut carry = 0u64;
@@ -171,7 +174,7 @@ impl BigInt {
     }
 
     /// Python's `//` (floor division) and `%`; `None` when dividing by zero.
-    pub fn div_mod_floor(&self, other: &BigInt) -> Option<(BigInt, BigInt)> {
+    pub(crate) fn div_mod_floor(&self, other: &BigInt) -> Option<(BigInt, BigInt)> {
         if other.is_zero() {
             return None;
         }
@@ -229,7 +232,7 @@ impl fmt::Display for BigInt {
 
 /// Python `==` between numeric config values (bool, int, float), exact across ints and floats as
 /// Python is (`2**63 - 1 != 2.0**63`); `None` when either side is not a number.
-pub fn numbers_equal(a: &Value, b: &Value) -> Option<bool> {
+pub(crate) fn numbers_equal(a: &Value, b: &Value) -> Option<bool> {
     enum N {
         I(BigInt),
         F(f64),

@@ -118,7 +118,7 @@ pub struct Composed {
 }
 
 /// Parse every override (Hydra reports the first bad one).
-pub fn parse_overrides(overrides: &[String]) -> Result<Vec<Override>, ComposeError> {
+pub(crate) fn parse_overrides(overrides: &[String]) -> Result<Vec<Override>, ComposeError> {
     overrides
         .iter()
         .map(|o| ovr::parse_override(o).map_err(ComposeError::from))
@@ -134,7 +134,7 @@ fn group_key(o: &Override) -> String {
 }
 
 /// Hydra's checks on sweep overrides for the given mode.
-pub fn validate_sweeps(overrides: &[Override], mode: RunMode) -> Result<(), ComposeError> {
+pub(crate) fn validate_sweeps(overrides: &[Override], mode: RunMode) -> Result<(), ComposeError> {
     for o in overrides {
         o.validate_sweep(mode)?;
     }
@@ -264,7 +264,7 @@ fn classify(
 }
 
 /// The defaults list only, as `--info defaults` computes it (no value overrides, no sweep checks).
-pub fn compute_defaults(
+pub(crate) fn compute_defaults(
     repo: &mut Repository,
     config_name: &str,
     overrides: &[String],
@@ -410,7 +410,7 @@ fn embed(config: Node, package: &str) -> Node {
 }
 
 /// OmegaConf's merge of `src` into `dest`. The error text is OmegaConf's.
-pub fn merge(dest: &mut Node, src: Node) -> Result<(), String> {
+pub(crate) fn merge(dest: &mut Node, src: Node) -> Result<(), String> {
     match (&mut dest.value, src.value) {
         (Value::Dict(d), Value::Dict(s)) => {
             for (key, value) in s {
@@ -811,7 +811,7 @@ fn python_eq(a: &Value, b: &Value) -> bool {
 /// The jobs of a multirun (Hydra's BasicSweeper): the cartesian product of every sweep's values, in
 /// command-line order, each job getting every override as `key=value` (one value per sweep). A key given
 /// twice keeps its first position and its last value, as the sweeper's ordered dict does.
-pub fn sweep_combinations(
+pub(crate) fn sweep_combinations(
     repo: &Repository,
     overrides: &[String],
 ) -> Result<SweepProduct, ComposeError> {
@@ -841,7 +841,7 @@ pub fn sweep_combinations(
 /// The cartesian product of a sweep's override lists, produced one job at a time (a sweep of 10^8 jobs costs
 /// the memory of its lists, not of its jobs). The first override varies slowest, as in Hydra.
 #[derive(Debug, Clone)]
-pub struct SweepProduct {
+pub(crate) struct SweepProduct {
     lists: Vec<Vec<String>>,
     /// Index into each list of the next job; `None` once every job was produced.
     next: Option<Vec<usize>>,

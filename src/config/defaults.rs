@@ -16,7 +16,7 @@ use crate::config::search_path::{ObjectType, Repository, SearchPathError};
 /// A defaults-list composition error, worded as Hydra words it.
 #[derive(Debug, thiserror::Error)]
 pub enum DefaultsError {
-    #[error("{0}")]
+    #[error(transparent)]
     SearchPath(#[from] SearchPathError),
     #[error(
         "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}"
@@ -165,7 +165,7 @@ pub enum GroupValue {
 
 impl GroupValue {
     /// How Python's `str()` shows the value (for "To append ... use +key=value").
-    pub fn python_str(&self) -> String {
+    pub(crate) fn python_str(&self) -> String {
         match self {
             GroupValue::Name(Some(n)) => n.clone(),
             GroupValue::Name(None) => "None".into(),
@@ -263,11 +263,11 @@ impl InputDefault {
         InputDefault::new(DefaultKind::Virtual, None, false)
     }
 
-    pub fn is_virtual(&self) -> bool {
+    pub(crate) fn is_virtual(&self) -> bool {
         matches!(self.kind, DefaultKind::Virtual)
     }
 
-    pub fn is_self(&self) -> bool {
+    pub(crate) fn is_self(&self) -> bool {
         match &self.kind {
             DefaultKind::Config { path } => path == "_self_",
             DefaultKind::Group {
@@ -278,7 +278,7 @@ impl InputDefault {
         }
     }
 
-    pub fn is_override(&self) -> bool {
+    pub(crate) fn is_override(&self) -> bool {
         matches!(
             self.kind,
             DefaultKind::Group {
@@ -318,7 +318,7 @@ impl InputDefault {
     }
 
     /// The group this element belongs to, relative to the config tree root.
-    pub fn group_path(&self) -> String {
+    pub(crate) fn group_path(&self) -> String {
         match &self.kind {
             DefaultKind::Virtual => String::new(),
             DefaultKind::Config { path } => {
@@ -363,7 +363,7 @@ impl InputDefault {
         }
     }
 
-    pub fn config_path(&self) -> String {
+    pub(crate) fn config_path(&self) -> String {
         match &self.kind {
             DefaultKind::Virtual => "<root>".into(),
             DefaultKind::Config { path } => {
@@ -408,7 +408,7 @@ impl InputDefault {
     }
 
     /// The package this element's config is merged into (`db`, `hydra.launcher`, empty for global).
-    pub fn final_package(&self, default_to_header: bool) -> String {
+    pub(crate) fn final_package(&self, default_to_header: bool) -> String {
         let name = match &self.kind {
             DefaultKind::Group {
                 value: GroupValue::Options(_),
@@ -458,7 +458,7 @@ impl InputDefault {
     }
 
     /// `group[@package]` as the user writes it on the command line to override this default.
-    pub fn override_key(&self) -> String {
+    pub(crate) fn override_key(&self) -> String {
         let default_pkg = self.default_package();
         let mut final_pkg = self.final_package(false);
         let key = self.group_path();
@@ -494,7 +494,7 @@ impl InputDefault {
     }
 
     /// How `--info defaults-tree` shows the element.
-    pub fn tree_label(&self) -> String {
+    pub(crate) fn tree_label(&self) -> String {
         match &self.kind {
             DefaultKind::Group { .. } => format!(
                 "{}: {}",
@@ -545,7 +545,7 @@ pub struct ResultDefault {
 
 /// Group overrides from the command line, already told apart from value overrides.
 #[derive(Debug, Clone, Default)]
-pub struct GroupOverrides {
+pub(crate) struct GroupOverrides {
     /// `group[@pkg]=value` in command-line order (the key includes `@pkg`).
     pub choices: Vec<(String, GroupValue)>,
     /// `+group[@pkg]=value`.
@@ -740,7 +740,10 @@ impl Overrides {
 }
 
 /// Parse the `defaults` entry of a loaded config into elements (Hydra's `_create_defaults_list`).
-pub fn parse_defaults(config_path: &str, root: &Node) -> Result<Vec<InputDefault>, DefaultsError> {
+pub(crate) fn parse_defaults(
+    config_path: &str,
+    root: &Node,
+) -> Result<Vec<InputDefault>, DefaultsError> {
     let Some(raw) = root.get("defaults") else {
         return Ok(Vec::new());
     };
@@ -1297,7 +1300,7 @@ fn resolve_element_interpolation(
 
 /// Build the defaults tree for `config_name` (with Hydra's own `hydra/config` first when `with_hydra`) and
 /// flatten it. `skip_missing` skips `???` group defaults (multirun) instead of failing.
-pub fn create_defaults_list(
+pub(crate) fn create_defaults_list(
     repo: &mut Repository,
     config_name: &str,
     overrides: &GroupOverrides,

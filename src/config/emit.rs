@@ -18,7 +18,7 @@ use crate::config::yaml::scalar::{self, Implicit};
 const WIDTH: usize = 80;
 
 /// The YAML text of `node`, ending in a newline.
-pub fn to_yaml(node: &Node) -> String {
+pub(crate) fn to_yaml(node: &Node) -> String {
     let mut w = Writer {
         out: String::new(),
         column: 0,

@@ -12,13 +12,13 @@ use crate::config::node::{Dict, Key, Node, Value};
 use crate::config::search_path::Source;
 
 /// The Hydra version rlsync reports (`hydra.runtime.version`): the semantics it reproduces.
-pub const HYDRA_VERSION: &str = "1.3.8";
+pub(crate) const HYDRA_VERSION: &str = "1.3.8";
 /// The version_base rlsync composes with.
-pub const VERSION_BASE: &str = "1.1";
+pub(crate) const VERSION_BASE: &str = "1.1";
 
 /// What composition learned that goes into `hydra.runtime`, `hydra.job` and `hydra.overrides`.
 #[derive(Debug)]
-pub struct RuntimeInfo<'a> {
+pub(crate) struct RuntimeInfo<'a> {
     pub job_name: &'a str,
     pub config_name: &'a str,
     pub hydra_overrides: Vec<String>,
@@ -53,7 +53,7 @@ fn str_list(items: impl IntoIterator<Item = String>) -> Value {
 }
 
 /// Fill the runtime fields of `cfg.hydra` as Hydra's config loader does after merging.
-pub fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
+pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
     let append = |cfg: &mut Node, which: &str, items: Vec<String>| {
         if let Some(dict) = dict_at(cfg, &["hydra", "overrides"]) {
             let slot = dict
@@ -187,7 +187,7 @@ fn override_dirname(cfg: &Node, task_overrides: &[(String, String)]) -> String {
 }
 
 /// `--info defaults`: Hydra's "Defaults List" table.
-pub fn format_defaults_table(list: &DefaultsList) -> String {
+pub(crate) fn format_defaults_table(list: &DefaultsList) -> String {
     let mut rows: Vec<[String; 4]> = vec![[
         "Config path".into(),
         "Package".into(),
@@ -248,7 +248,7 @@ fn header_lines(header: &str, filler: char) -> String {
 }
 
 /// `--info defaults-tree`.
-pub fn format_defaults_tree(tree: &TreeNode) -> String {
+pub(crate) fn format_defaults_tree(tree: &TreeNode) -> String {
     let mut out = String::from("\n");
     out.push_str(&header_lines("Defaults Tree", '*'));
     tree_lines(tree, 0, &mut out);
@@ -277,7 +277,7 @@ fn tree_lines(tree: &TreeNode, indent: usize, out: &mut String) {
 }
 
 /// `--info searchpath`.
-pub fn format_search_path(sources: &[Source]) -> String {
+pub(crate) fn format_search_path(sources: &[Source]) -> String {
     let rows: Vec<(String, String)> = sources
         .iter()
         .map(|s| (s.provider.clone(), format!("{}://{}", s.scheme, s.path)))

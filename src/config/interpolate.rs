@@ -15,6 +15,7 @@
 
 #[cfg(test)]
 mod conformance_tests;
+mod diagnose;
 mod eval;
 mod grammar;
 mod py;
@@ -217,6 +218,17 @@ impl fmt::Display for InterpolationError {
         }
         if let Some(origin) = &self.0.origin {
             write!(f, "\n    at {origin}")?;
+        }
+        // OmegaConf's own text comes first (it is what Hydra prints); the last line says why rlsync cannot do
+        // better: a resolver that OmegaConf does not know can only be registered by the app's Python code.
+        if let ErrorKind::UnsupportedResolver { name } = &self.0.kind
+            && !name.starts_with("oc.")
+        {
+            write!(
+                f,
+                "\n    needs Python: a resolver named '{name}' is registered by Python code \
+                 (OmegaConf.register_new_resolver), which rlsync does not run"
+            )?;
         }
         Ok(())
     }
@@ -819,6 +831,31 @@ mod tests {
                 limit: eval::MAX_STEPS
             }
         );
+    }
+
+    /// An unknown resolver fails with OmegaConf's text first, then says it needs Python; OmegaConf's own
+    /// `oc.` namespace does not.
+    #[test]
+    fn unknown_resolvers_say_they_need_python() {
+        let ctx = test_ctx();
+        let Err(e) = resolve_tree(&parse(r#"{"x": "${my_custom_resolver:1}"}"#), &ctx) else {
+            panic!("an unknown resolver resolved");
+        };
+        let text = e.to_string();
+        assert_eq!(
+            first_line(&e),
+            "Unsupported interpolation type my_custom_resolver"
+        );
+        assert!(
+            text.lines().last().is_some_and(|l| l.starts_with(
+                "    needs Python: a resolver named 'my_custom_resolver' is registered by Python code"
+            )),
+            "{text}"
+        );
+        let Err(e) = resolve_tree(&parse(r#"{"x": "${oc.nosuch:1}"}"#), &ctx) else {
+            panic!("oc.nosuch resolved");
+        };
+        assert!(!e.to_string().contains("needs Python"), "{e}");
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub fn dir() -> PathBuf {
 }
 
 /// Every `cases/*.jsonl` file of the kit, sorted.
-pub fn case_files() -> Vec<PathBuf> {
+pub(crate) fn case_files() -> Vec<PathBuf> {
     let cases = dir().join("cases");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&cases)
         .unwrap_or_else(|e| panic!("{}: {e}", cases.display()))
@@ -40,12 +40,12 @@ pub fn case_files() -> Vec<PathBuf> {
 }
 
 /// The cases of one suite (`cases/{suite}.jsonl`).
-pub fn suite(suite: &str) -> Vec<Json> {
+pub(crate) fn suite(suite: &str) -> Vec<Json> {
     read_cases(&dir().join("cases").join(format!("{suite}.jsonl")))
 }
 
 /// The cases of one `.jsonl` file, big ints kept exact (see [`wrap_big_ints`]).
-pub fn read_cases(path: &Path) -> Vec<Json> {
+pub(crate) fn read_cases(path: &Path) -> Vec<Json> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     text.lines()
         .enumerate()
@@ -59,7 +59,7 @@ pub fn read_cases(path: &Path) -> Vec<Json> {
 
 /// serde_json (without `arbitrary_precision`) rounds integers beyond 64 bits to floats, so the
 /// kit's big ints are rewritten as `{"$bigint": "digits"}` objects before parsing.
-pub fn wrap_big_ints(line: &str) -> String {
+pub(crate) fn wrap_big_ints(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let (mut in_string, mut escaped) = (false, false);
     let mut chars = line.char_indices().peekable();
@@ -183,7 +183,7 @@ pub fn same(a: &Value, b: &Value) -> bool {
 }
 
 /// Undo Python's `re.escape` on a regex that is a plain literal; `None` if it has real metacharacters.
-pub fn regex_literal(re: &str) -> Option<String> {
+pub(crate) fn regex_literal(re: &str) -> Option<String> {
     let mut out = String::new();
     let mut chars = re.chars();
     while let Some(c) = chars.next() {

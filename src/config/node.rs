@@ -46,7 +46,7 @@ pub enum Key {
 }
 
 impl Key {
-    pub fn float(v: f64) -> Key {
+    pub(crate) fn float(v: f64) -> Key {
         Key::Float(v.to_bits())
     }
 
@@ -135,14 +135,14 @@ impl Node {
         }
     }
 
-    pub fn with_origin(value: Value, origin: Option<Origin>) -> Node {
+    pub(crate) fn with_origin(value: Value, origin: Option<Origin>) -> Node {
         Node { value, origin }
     }
 
     /// The plain-data view of a resolved tree that workers outside Rust read (Python workers get it as a
     /// dict): keys as their Python `str()`, big ints and `!!binary` as strings (decimal digits, base64),
     /// non-finite floats and `???` as null (JSON has neither).
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         use base64::Engine as _;
         use serde_json::Value as J;
         match &self.value {
@@ -162,7 +162,7 @@ impl Node {
         }
     }
 
-    pub fn empty_dict() -> Node {
+    pub(crate) fn empty_dict() -> Node {
         Node::new(Value::Dict(Dict::new()))
     }
 
@@ -170,21 +170,21 @@ impl Node {
         Node::new(Value::Str(s.into()))
     }
 
-    pub fn as_dict(&self) -> Option<&Dict> {
+    pub(crate) fn as_dict(&self) -> Option<&Dict> {
         match &self.value {
             Value::Dict(d) => Some(d),
             _ => None,
         }
     }
 
-    pub fn as_dict_mut(&mut self) -> Option<&mut Dict> {
+    pub(crate) fn as_dict_mut(&mut self) -> Option<&mut Dict> {
         match &mut self.value {
             Value::Dict(d) => Some(d),
             _ => None,
         }
     }
 
-    pub fn as_list(&self) -> Option<&[Node]> {
+    pub(crate) fn as_list(&self) -> Option<&[Node]> {
         match &self.value {
             Value::List(l) => Some(l),
             _ => None,
@@ -205,7 +205,7 @@ impl Node {
     }
 
     /// Follow a dotted path of string keys / list indices (`a.b.0.c`). No interpolation is resolved.
-    pub fn get_path(&self, dotted: &str) -> Option<&Node> {
+    pub(crate) fn get_path(&self, dotted: &str) -> Option<&Node> {
         if dotted.is_empty() {
             return Some(self);
         }
@@ -219,15 +219,10 @@ impl Node {
         }
         Some(cur)
     }
-
-    /// OmegaConf's type name of the value, for error messages.
-    pub fn type_name(&self) -> &'static str {
-        self.value.type_name()
-    }
 }
 
 impl Value {
-    pub fn type_name(&self) -> &'static str {
+    pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::Null => "NoneType",
             Value::Bool(_) => "bool",
@@ -242,7 +237,7 @@ impl Value {
     }
 
     /// True for dicts and lists (OmegaConf "containers").
-    pub fn is_container(&self) -> bool {
+    pub(crate) fn is_container(&self) -> bool {
         matches!(self, Value::List(_) | Value::Dict(_))
     }
 }
@@ -252,7 +247,7 @@ impl Value {
 /// have in common. Each of those types keeps its own containers (config children, Python lists, sweeps),
 /// so only their scalars meet here, and their Python `repr`/`str` and type names are written once.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PyScalar<'a> {
+pub(crate) enum PyScalar<'a> {
     None,
     Bool(bool),
     Int(i64),
@@ -265,7 +260,7 @@ pub enum PyScalar<'a> {
 
 impl PyScalar<'_> {
     /// Python's `type(x).__name__`.
-    pub fn type_name(self) -> &'static str {
+    pub(crate) fn type_name(self) -> &'static str {
         match self {
             PyScalar::None => "NoneType",
             PyScalar::Bool(_) => "bool",
@@ -277,7 +272,15 @@ impl PyScalar<'_> {
     }
 
     /// Python's `repr(x)`.
-    pub fn repr(self) -> String {
+    /// Python's `str(x)`: a string as it is, anything else as its `repr`.
+    pub(crate) fn str(self) -> String {
+        match self {
+            PyScalar::Str(s) => s.to_owned(),
+            other => other.repr(),
+        }
+    }
+
+    pub(crate) fn repr(self) -> String {
         match self {
             PyScalar::None => "None".into(),
             PyScalar::Bool(true) => "True".into(),
@@ -292,7 +295,7 @@ impl PyScalar<'_> {
 
     /// Python `==` between two numbers (bool, int, float; an int and a float compare exactly, as in
     /// Python); `None` when either is not a number.
-    pub fn num_eq(self, other: PyScalar<'_>) -> Option<bool> {
+    pub(crate) fn num_eq(self, other: PyScalar<'_>) -> Option<bool> {
         let float = |s: PyScalar<'_>| match s {
             PyScalar::Float(f) => Some(f),
             _ => None,
@@ -324,19 +327,11 @@ impl PyScalar<'_> {
             _ => None,
         }
     }
-
-    /// Python's `str(x)`: a string as it is, anything else as its `repr`.
-    pub fn str(self) -> String {
-        match self {
-            PyScalar::Str(s) => s.to_owned(),
-            other => other.repr(),
-        }
-    }
 }
 
 impl Key {
     /// The key as the Python object OmegaConf holds.
-    pub fn as_py(&self) -> PyScalar<'_> {
+    pub(crate) fn as_py(&self) -> PyScalar<'_> {
         match self {
             Key::Str(s) => PyScalar::Str(s),
             Key::Int(i) => PyScalar::Int(*i),
@@ -351,7 +346,7 @@ impl Key {
 
 impl Value {
     /// Python's `repr()` of the value as OmegaConf holds it (a container prints as its content).
-    pub fn python_repr(&self) -> String {
+    pub(crate) fn python_repr(&self) -> String {
         match self {
             Value::List(items) => format!(
                 "[{}]",
@@ -373,7 +368,7 @@ impl Value {
     }
 
     /// Python's `str()` of the value, as Hydra's messages show values.
-    pub fn python_str(&self) -> String {
+    pub(crate) fn python_str(&self) -> String {
         match self {
             Value::Str(s) => s.clone(),
             other => other.python_repr(),
@@ -381,7 +376,7 @@ impl Value {
     }
 
     /// A leaf as the Python object OmegaConf hands out (`???` is the string `'???'`); `None` for containers.
-    pub fn as_py(&self) -> Option<PyScalar<'_>> {
+    pub(crate) fn as_py(&self) -> Option<PyScalar<'_>> {
         Some(match self {
             Value::Null => PyScalar::None,
             Value::Bool(b) => PyScalar::Bool(*b),
@@ -397,7 +392,7 @@ impl Value {
 }
 
 /// Python's `repr(bytes)`: `b'…'`, quoted as `repr(str)` is, non-printable bytes as `\xNN`.
-pub fn python_repr_bytes(b: &[u8]) -> String {
+pub(crate) fn python_repr_bytes(b: &[u8]) -> String {
     let quote = if b.contains(&b'\'') && !b.contains(&b'"') {
         b'"'
     } else {
@@ -453,7 +448,7 @@ pub fn python_repr_str(s: &str) -> String {
 }
 
 /// Python's `repr(float)`: shortest round-trip digits, `1e-05` style exponents, `inf`/`nan`.
-pub fn python_float_repr(v: f64) -> String {
+pub(crate) fn python_float_repr(v: f64) -> String {
     if v.is_nan() {
         return "nan".into();
     }
@@ -506,6 +501,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::approx_constant)] // 3.14 is a repr case, not an approximation of pi
     fn float_repr_matches_python() {
         let cases = [
             (1.0, "1.0"),

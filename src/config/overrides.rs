@@ -13,6 +13,7 @@
 //! [`Override::job_text`] for the other overrides; each job then parses its overrides again.
 
 mod decimal;
+mod diagnose;
 mod element;
 mod functions;
 mod lexer;
@@ -73,7 +74,7 @@ pub enum RunMode {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OverrideError {
     /// The override does not parse, or a function in it fails.
-    #[error("Error parsing override '{input}'\n{}\n{GRAMMAR_HINT}", .reason.render(.input))]
+    #[error("{}\n{GRAMMAR_HINT}", .reason.render(.input))]
     Grammar { input: String, reason: GrammarError },
     /// A sweep nested in a list or dict (`a=[choice(1,2)]`): Hydra fails when it merges the value.
     #[error(
@@ -135,11 +136,19 @@ pub enum OverrideError {
 pub enum GrammarError {
     /// No token starts at `column` (0-based, in characters); printed with a caret like Hydra's.
     Lexer { column: usize },
-    /// The parser met `found` where it expected `expected`.
+    /// The parser met `found` where it expected `expected` (an input deeper than the parser allows).
     Syntax {
         found: String,
         expected: &'static str,
     },
+    /// ANTLR's prediction found no alternative for `input` (quoted as ANTLR quotes it).
+    NoViableAlt { input: String },
+    /// ANTLR's input mismatch: `found` (quoted) where `expected` (ANTLR's token-set text) was due.
+    Mismatched { found: String, expected: String },
+    /// ANTLR's single-token deletion: `found` (quoted) is in the way of `expected`.
+    Extraneous { found: String, expected: String },
+    /// ANTLR's single-token insertion: `missing` is due before `at` (quoted).
+    Missing { missing: String, at: String },
     /// A primitive made of whitespace only.
     AllWhitespace,
     /// `f(a=1, 2)`.
@@ -155,8 +164,10 @@ pub enum GrammarError {
 }
 
 impl GrammarError {
-    /// The message for `input`: a lexer error repeats the input with a caret under the bad character,
-    /// as Hydra prints it.
+    /// The message for `input` as Hydra prints it: a lexer error repeats the input with a caret under the
+    /// bad character; ANTLR's exceptions (no viable alternative, input mismatch) print alone; the errors
+    /// ANTLR reports without an exception (extraneous or missing token) and the visitor's follow
+    /// "Error parsing override '<input>'".
     pub fn render(&self, input: &str) -> String {
         match self {
             GrammarError::Lexer { column } => {
@@ -164,7 +175,8 @@ impl GrammarError {
                 let caret_at = PREFIX.chars().count() + column + 1;
                 format!("{PREFIX}{input}\n{:>caret_at$}", "^")
             }
-            other => other.to_string(),
+            GrammarError::NoViableAlt { .. } | GrammarError::Mismatched { .. } => self.to_string(),
+            other => format!("Error parsing override '{input}'\n{other}"),
         }
     }
 }
@@ -176,6 +188,16 @@ impl fmt::Display for GrammarError {
             GrammarError::Syntax { found, expected } => {
                 write!(f, "mismatched input '{found}' expecting {expected}")
             }
+            GrammarError::NoViableAlt { input } => {
+                write!(f, "no viable alternative at input {input}")
+            }
+            GrammarError::Mismatched { found, expected } => {
+                write!(f, "mismatched input {found} expecting {expected}")
+            }
+            GrammarError::Extraneous { found, expected } => {
+                write!(f, "extraneous input {found} expecting {expected}")
+            }
+            GrammarError::Missing { missing, at } => write!(f, "missing {missing} at {at}"),
             GrammarError::AllWhitespace => {
                 f.write_str("Trying to parse a primitive that is all whitespaces")
             }

@@ -15,7 +15,7 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 /// The whole typed configuration handed to workers (they never re-compose).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct RunConfig {
     pub weight_syncer: WeightSyncerConfig,
@@ -27,21 +27,6 @@ pub struct RunConfig {
     pub env: EnvConfig,
     /// Only read by `rlsync bench_sync`.
     pub bench: BenchConfig,
-}
-
-impl Default for RunConfig {
-    fn default() -> Self {
-        RunConfig {
-            weight_syncer: WeightSyncerConfig::default(),
-            runner: RunnerConfig::default(),
-            cluster: ClusterConfig::default(),
-            actor: ActorConfig::default(),
-            rollout: RolloutConfig::default(),
-            algorithm: AlgorithmConfig::default(),
-            env: EnvConfig::default(),
-            bench: BenchConfig::default(),
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -123,7 +108,7 @@ pub struct PatchConfig {
 }
 
 /// Largest `weight_syncer.patch.replay_versions`.
-pub const MAX_REPLAY_VERSIONS: u32 = 4096;
+pub(crate) const MAX_REPLAY_VERSIONS: u32 = 4096;
 
 impl Default for PatchConfig {
     fn default() -> Self {
@@ -187,7 +172,7 @@ impl Default for BucketConfig {
 
 /// The longest duration a `*_s` setting may hold (7 days): beyond it a value is a typo, and every deadline
 /// computed from it (`now + d`) stays far from the clock's limits.
-pub const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+pub(crate) const MAX_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
 /// A duration written in seconds (`runner.handshake_timeout_s: 30`): finite, `>= 0` and at most
 /// [`MAX_SECONDS`], checked when the config is read (YAML or the launch file), so no later
@@ -281,7 +266,8 @@ impl<'de> Deserialize<'de> for Seconds {
 pub struct Deadline(Option<Seconds>);
 
 impl Deadline {
-    pub const OFF: Deadline = Deadline(None);
+    #[cfg(test)]
+    pub(crate) const OFF: Deadline = Deadline(None);
 
     pub const fn after(limit: Seconds) -> Deadline {
         Deadline(Some(limit))
@@ -489,11 +475,11 @@ impl Placement {
 }
 
 /// The most slots one placement may list; a placement beyond it is refused before any range is expanded.
-pub const MAX_PLACEMENT_SLOTS: usize = 4096;
+pub(crate) const MAX_PLACEMENT_SLOTS: usize = 4096;
 
 /// The most rollout worker processes rlsync starts on one host (every rollout is a process with its own copy
 /// of the weights).
-pub const MAX_ROLLOUTS_PER_HOST: usize = 256;
+pub(crate) const MAX_ROLLOUTS_PER_HOST: usize = 256;
 
 /// `cluster.network`: where the TCP control plane and weight chain of a multi-node run listen.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -541,15 +527,7 @@ pub struct ClusterConfig {
     pub network: NetworkConfig,
 }
 
-impl ClusterConfig {
-    /// The placement of `component`, whether it has its own key or shares one (`actor,env,rollout: 0-3`).
-    pub fn placement_of(&self, component: &str) -> Option<(&str, &Placement)> {
-        self.component_placement
-            .iter()
-            .find(|(key, _)| key.split(',').any(|c| c.trim() == component))
-            .map(|(k, p)| (k.as_str(), p))
-    }
-}
+impl ClusterConfig {}
 
 impl Default for ClusterConfig {
     fn default() -> Self {

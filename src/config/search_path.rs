@@ -50,7 +50,7 @@ pub enum SearchPathError {
     PrimaryModuleEmpty,
     #[error("cannot read config file '{file}': {reason}")]
     Read { file: String, reason: String },
-    #[error("{source}")]
+    #[error(transparent)]
     Yaml {
         #[from]
         source: YamlError,
@@ -96,7 +96,7 @@ pub enum ObjectType {
 
 impl Source {
     /// Hydra's built-in `hydra/` groups (`pkg://hydra.conf`).
-    pub fn hydra_builtin() -> Source {
+    pub(crate) fn hydra_builtin() -> Source {
         Source {
             provider: "hydra".into(),
             scheme: "pkg",
@@ -106,7 +106,7 @@ impl Source {
     }
 
     /// What Hydra keeps in its ConfigStore (always last).
-    pub fn structured() -> Source {
+    pub(crate) fn structured() -> Source {
         Source {
             provider: "schema".into(),
             scheme: "structured",
@@ -116,7 +116,7 @@ impl Source {
     }
 
     /// The repo's default `config/` tree compiled into the binary.
-    pub fn embedded_main() -> Source {
+    pub(crate) fn embedded_main() -> Source {
         Source {
             provider: "main".into(),
             scheme: "pkg",
@@ -156,7 +156,10 @@ impl Source {
 
     /// A `hydra.searchpath` entry: `file://dir`, `pkg://module` or a bare directory (relative to the working
     /// directory).
-    pub fn from_search_path_entry(provider: &str, entry: &str) -> Result<Source, SearchPathError> {
+    pub(crate) fn from_search_path_entry(
+        provider: &str,
+        entry: &str,
+    ) -> Result<Source, SearchPathError> {
         let path = match entry.find("://") {
             None => entry,
             Some(idx) if &entry[..idx] == "pkg" => {
@@ -196,7 +199,7 @@ impl Source {
         self.is_group("")
     }
 
-    pub fn is_group(&self, group: &str) -> bool {
+    pub(crate) fn is_group(&self, group: &str) -> bool {
         match &self.store {
             Store::Embedded(files) => {
                 if group.is_empty() {
@@ -210,7 +213,7 @@ impl Source {
         }
     }
 
-    pub fn is_config(&self, config_path: &str) -> bool {
+    pub(crate) fn is_config(&self, config_path: &str) -> bool {
         let file = normalize_file_name(config_path);
         match &self.store {
             Store::Embedded(files) => files.iter().any(|(p, _)| *p == file),
@@ -347,7 +350,7 @@ impl Repository {
 
     /// Insert sources just before the final structured source (how `hydra.searchpath` entries are added).
     /// Already loaded configs stay cached, as in Hydra's caching repository.
-    pub fn append_before_structured(&mut self, extra: Vec<Source>) {
+    pub(crate) fn append_before_structured(&mut self, extra: Vec<Source>) {
         let at = self
             .sources
             .iter()
@@ -356,16 +359,16 @@ impl Repository {
         self.sources.splice(at..at, extra);
     }
 
-    pub fn group_exists(&self, group: &str) -> bool {
+    pub(crate) fn group_exists(&self, group: &str) -> bool {
         self.sources.iter().any(|s| s.is_group(group))
     }
 
-    pub fn config_exists(&self, config_path: &str) -> bool {
+    pub(crate) fn config_exists(&self, config_path: &str) -> bool {
         self.sources.iter().any(|s| s.is_config(config_path))
     }
 
     /// Options of a group over all sources, sorted and unique.
-    pub fn group_options(&self, group: &str, filter: ObjectType) -> Vec<String> {
+    pub(crate) fn group_options(&self, group: &str, filter: ObjectType) -> Vec<String> {
         let mut all: Vec<String> = Vec::new();
         for source in &self.sources {
             if source.is_group(group) {

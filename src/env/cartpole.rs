@@ -16,8 +16,8 @@ const MASS_POLE: f32 = 0.1;
 const HALF_POLE_LEN: f32 = 0.5;
 const FORCE_MAG: f32 = 10.0;
 const TAU: f32 = 0.02;
-pub const THETA_LIMIT: f32 = 12.0 * 2.0 * std::f32::consts::PI / 360.0;
-pub const X_LIMIT: f32 = 2.4;
+pub(crate) const THETA_LIMIT: f32 = 12.0 * 2.0 * std::f32::consts::PI / 360.0;
+pub(crate) const X_LIMIT: f32 = 2.4;
 
 /// States `[x, x_dot, theta, theta_dot]` of N cart-poles.
 #[derive(Debug, Clone)]

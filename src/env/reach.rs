@@ -17,11 +17,11 @@ use rand::{Rng, SeedableRng};
 use super::{ActionSpace, EnvSpec, Transition, env_seed};
 
 /// Largest joint move per step, in radians.
-pub const MAX_JOINT_STEP: f32 = 0.2;
+pub(crate) const MAX_JOINT_STEP: f32 = 0.2;
 /// The end effector within this distance of the target is a success.
-pub const SUCCESS_RADIUS: f32 = 0.08;
-pub const SUCCESS_BONUS: f32 = 5.0;
-pub const ACTION_COST: f32 = 0.01;
+pub(crate) const SUCCESS_RADIUS: f32 = 0.08;
+pub(crate) const SUCCESS_BONUS: f32 = 5.0;
+pub(crate) const ACTION_COST: f32 = 0.01;
 
 /// Joint angles and targets of N arms.
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ impl Reach {
     }
 
     /// Forward kinematics: end effector of env `env`.
-    pub fn end_effector(&self, env: usize) -> [f32; 2] {
+    pub(crate) fn end_effector(&self, env: usize) -> [f32; 2] {
         let l = self.link_len();
         let mut angle = 0.0f32;
         let mut p = [0.0f32; 2];
@@ -213,11 +213,11 @@ mod tests {
         let mut obs = vec![0.0; 12];
         r.reset(0, &mut obs);
         let q0 = r.q.clone();
-        let mut grad = vec![0.0; 3];
-        for j in 0..3 {
+        let mut grad = [0.0; 3];
+        for (j, g) in grad.iter_mut().enumerate() {
             r.q = q0.clone();
             r.q[j] += 1e-3;
-            grad[j] = (r.distance(0) - {
+            *g = (r.distance(0) - {
                 r.q = q0.clone();
                 r.distance(0)
             }) / 1e-3;

@@ -24,7 +24,7 @@ impl EpisodeMetrics {
     }
 
     /// Pools two reports, weighting by episode counts (for combining rollout workers).
-    pub fn merge(&self, other: &EpisodeMetrics) -> EpisodeMetrics {
+    pub(crate) fn merge(&self, other: &EpisodeMetrics) -> EpisodeMetrics {
         let n = self.episodes + other.episodes;
         if n == 0 {
             return EpisodeMetrics::default();
@@ -87,7 +87,7 @@ impl EpisodeStats {
     }
 
     /// Forgets unfinished episodes (after a forced reset of every env).
-    pub fn discard_running(&mut self) {
+    pub(crate) fn discard_running(&mut self) {
         self.running_return.iter_mut().for_each(|r| *r = 0.0);
         self.running_len.iter_mut().for_each(|l| *l = 0);
     }

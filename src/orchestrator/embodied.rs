@@ -236,24 +236,20 @@ pub async fn run(
             env_steps: got.env_steps,
         };
         sup.send(WorkerId::TRAINER, &train, &got.data).await?;
-        let (loss, trained_version, train_busy, metrics) = loop {
-            let (id, frame) = sup.recv("the trainer's step").await?;
-            match frame.header {
-                Report::Trained {
-                    version,
-                    loss,
-                    busy_s,
-                    metrics,
-                    ..
-                } if id == WorkerId::TRAINER => {
-                    break (loss, version, busy_s, metrics);
-                }
-                other => {
-                    return Err(OrchestratorError::Unexpected {
-                        worker: id.to_string(),
-                        report: format!("{other:?}"),
-                    });
-                }
+        let (id, frame) = sup.recv("the trainer's step").await?;
+        let (loss, trained_version, train_busy, metrics) = match frame.header {
+            Report::Trained {
+                version,
+                loss,
+                busy_s,
+                metrics,
+                ..
+            } if id == WorkerId::TRAINER => (loss, version, busy_s, metrics),
+            other => {
+                return Err(OrchestratorError::Unexpected {
+                    worker: id.to_string(),
+                    report: format!("{other:?}"),
+                });
             }
         };
         let train_s = train_start.elapsed().as_secs_f64();

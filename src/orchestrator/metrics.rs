@@ -15,7 +15,7 @@ use progress::Progress;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -75,7 +75,7 @@ pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError>
     }
     let rollouts = rollout_workers(cfg)?;
     let envs = cfg.env.train.total_num_envs.get();
-    if envs % rollouts != 0 {
+    if !envs.is_multiple_of(rollouts) {
         return Err(invalid(format!(
             "env.train.total_num_envs={envs} does not split evenly over {rollouts} rollout workers"
         )));

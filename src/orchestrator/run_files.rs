@@ -29,7 +29,7 @@ pub enum RunFilesError {
         "run directory {run_dir} is in use by another rlsync run (pid {holder}); wait for it or choose another hydra.run.dir"
     )]
     InUse { run_dir: PathBuf, holder: String },
-    #[error("cannot prepare {path}: {source}")]
+    #[error("cannot prepare {path}")]
     Io {
         path: PathBuf,
         #[source]

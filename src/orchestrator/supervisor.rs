@@ -857,7 +857,10 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                         peer_pid,
                     },
                     Ok(Err(e)) => Event::BadHandshake {
-                        reason: format!("reading the hello failed: {e}"),
+                        reason: format!(
+                            "reading the hello failed: {}",
+                            crate::stdio::error_chain(&e)
+                        ),
                         peer_pid,
                     },
                     Err(_) => return,
@@ -888,7 +891,7 @@ fn read_loop(
                 Err(e) => {
                     let _ = events.send(Event::Disconnected {
                         id,
-                        reason: e.to_string(),
+                        reason: crate::stdio::error_chain(&e),
                     });
                     break;
                 }

@@ -17,7 +17,7 @@ use crate::protocol::ProtocolError;
 use crate::protocol::trajectory::ChunkOrigin;
 
 /// Version of the named-array encoding; bump on any incompatible change.
-pub const ARRAYS_FORMAT: u32 = 1;
+pub(crate) const ARRAYS_FORMAT: u32 = 1;
 
 const MAGIC: &[u8; 4] = b"RLNA";
 /// Bounds that keep a hostile header from asking for absurd allocations.
@@ -35,7 +35,7 @@ pub struct NamedArray<'a> {
 
 /// The item size of a numpy dtype string this codec carries: byte order `<` or `|` (`=` is not portable
 /// across hosts), kind `f`/`i`/`u`/`b`, size 1, 2, 4 or 8 (`"<f2"` is float16; bfloat16 has no numpy dtype).
-pub fn itemsize(dtype: &str) -> Option<usize> {
+pub(crate) fn itemsize(dtype: &str) -> Option<usize> {
     let rest = dtype.strip_prefix(['<', '|'])?;
     let (kind, size) = rest.split_at_checked(1)?;
     let size: usize = size.parse().ok()?;

@@ -7,7 +7,7 @@
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Bytes of the length prefix.
-pub const PREFIX_LEN: usize = 4;
+pub(crate) const PREFIX_LEN: usize = 4;
 
 /// A frame body that may not be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,7 +21,7 @@ pub struct TooLong {
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     /// The stream failed, or ended inside a frame (`UnexpectedEof`).
-    #[error("i/o error: {0}")]
+    #[error("i/o error")]
     Io(#[from] std::io::Error),
     /// The length prefix announces more than the reader's limit (nothing is allocated for it).
     #[error(transparent)]
@@ -29,7 +29,7 @@ pub enum ReadError {
 }
 
 /// Check a body length against `max`.
-pub fn check_len(len: usize, max: usize) -> Result<(), TooLong> {
+pub(crate) fn check_len(len: usize, max: usize) -> Result<(), TooLong> {
     if len > max {
         Err(TooLong { len, max })
     } else {
@@ -58,7 +58,7 @@ pub fn start() -> Vec<u8> {
 }
 
 /// Write the length of a frame begun with [`start`] into its prefix.
-pub fn seal(mut frame: Vec<u8>, max: usize) -> Result<Vec<u8>, TooLong> {
+pub(crate) fn seal(mut frame: Vec<u8>, max: usize) -> Result<Vec<u8>, TooLong> {
     let len = frame.len().saturating_sub(PREFIX_LEN);
     check_len(len, max)?;
     if let Some(prefix) = frame.get_mut(..PREFIX_LEN) {

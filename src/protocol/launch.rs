@@ -52,19 +52,19 @@ pub struct StartPoint {
 }
 
 /// Path of the launch file inside a run dir.
-pub fn launch_file(run_dir: &Path) -> PathBuf {
+pub(crate) fn launch_file(run_dir: &Path) -> PathBuf {
     run_dir.join(".rlsync").join("launch.json")
 }
 
 /// Serialize the launch file.
-pub fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
+pub(crate) fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
     serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed {
         reason: e.to_string(),
     })
 }
 
 /// Parse the launch file, refusing other format versions.
-pub fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
+pub(crate) fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
     #[derive(Deserialize)]
     struct VersionOnly {
         format_version: u32,

@@ -17,7 +17,7 @@ use super::frame::{self, FrameReader, ReadError};
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Frames larger than this are rejected (a corrupt length must not allocate gigabytes).
-pub const MAX_FRAME_BYTES: usize = 1 << 30;
+pub(crate) const MAX_FRAME_BYTES: usize = 1 << 30;
 
 /// The two worker roles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -223,13 +223,13 @@ pub fn decode_body<T: for<'de> Deserialize<'de>>(
 }
 
 /// A frame reader for one end of a control connection (frames up to [`MAX_FRAME_BYTES`]).
-pub fn control_reader<R: AsyncRead + Unpin>(stream: R) -> FrameReader<R> {
+pub(crate) fn control_reader<R: AsyncRead + Unpin>(stream: R) -> FrameReader<R> {
     FrameReader::new(stream, MAX_FRAME_BYTES)
 }
 
 /// Read one frame; `Closed` when the peer closed the connection (between frames or inside one).
 /// Cancel-safe: a dropped call loses no bytes.
-pub async fn read_frame<T, R>(reader: &mut FrameReader<R>) -> Result<Frame<T>, ProtocolError>
+pub(crate) async fn read_frame<T, R>(reader: &mut FrameReader<R>) -> Result<Frame<T>, ProtocolError>
 where
     T: for<'de> Deserialize<'de>,
     R: AsyncRead + Unpin,
@@ -249,7 +249,11 @@ where
 }
 
 /// Write one frame.
-pub async fn write_frame<T, W>(writer: &mut W, header: &T, blob: &[u8]) -> Result<(), ProtocolError>
+pub(crate) async fn write_frame<T, W>(
+    writer: &mut W,
+    header: &T,
+    blob: &[u8],
+) -> Result<(), ProtocolError>
 where
     T: Serialize,
     W: AsyncWrite + Unpin,
@@ -271,7 +275,7 @@ pub fn check_hello(hello: &Hello) -> Result<(), ProtocolError> {
 }
 
 /// Check a greeting's version and that it carries the run's `token` (compared in constant time).
-pub fn authenticate(hello: &Hello, token: &str) -> Result<(), ProtocolError> {
+pub(crate) fn authenticate(hello: &Hello, token: &str) -> Result<(), ProtocolError> {
     check_hello(hello)?;
     let (got, want) = (hello.token.as_bytes(), token.as_bytes());
     let differ =
@@ -283,7 +287,7 @@ pub fn authenticate(hello: &Hello, token: &str) -> Result<(), ProtocolError> {
 }
 
 /// A new per-run token: 128 random bits as hex.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 

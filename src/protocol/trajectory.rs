@@ -6,7 +6,7 @@ use crate::env::{ActionSpace, EpisodeMetrics};
 use crate::rl::{ActionBuf, Trajectory};
 
 /// Version of the trajectory chunk encoding ([`encode_trajectory`]); bump on any incompatible change.
-pub const TRAJECTORY_FORMAT: u32 = 1;
+pub(crate) const TRAJECTORY_FORMAT: u32 = 1;
 
 const TRAJECTORY_MAGIC: &[u8; 4] = b"RLTJ";
 

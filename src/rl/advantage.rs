@@ -18,7 +18,11 @@ pub fn gae(
     lambda: f32,
 ) -> Result<(Vec<f32>, Vec<f32>), RlError> {
     let n = rewards.len();
-    if envs == 0 || n % envs != 0 || values.len() != n || next_values.len() != n || dones.len() != n
+    if envs == 0
+        || !n.is_multiple_of(envs)
+        || values.len() != n
+        || next_values.len() != n
+        || dones.len() != n
     {
         return Err(RlError::Trajectory {
             reason: format!(
@@ -61,13 +65,13 @@ pub fn group_relative(
     gamma: f32,
 ) -> Result<Vec<f32>, RlError> {
     let n = rewards.len();
-    if group_size == 0 || envs == 0 || envs % group_size != 0 {
+    if group_size == 0 || envs == 0 || !envs.is_multiple_of(group_size) {
         return Err(RlError::GroupSize {
             group_size,
             num_envs: envs,
         });
     }
-    if n % envs != 0 || dones.len() != n {
+    if !n.is_multiple_of(envs) || dones.len() != n {
         return Err(RlError::Trajectory {
             reason: format!(
                 "grpo buffers disagree: rewards {n}, dones {}, envs {envs}",

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use crate::config::schema::{ModelType, RunConfig};
 use crate::env::EnvSpec;
-use crate::tensor::{DType, Role, StateDict};
+use crate::tensor::{DType, StateDict};
 
 use super::{ActMode, CheckpointInfo, Decision, RlError, TrainMetrics, Trajectory};
 
@@ -55,10 +55,6 @@ impl Learner {
         match self.never {}
     }
 
-    pub fn param_roles(&self) -> Vec<(String, Role)> {
-        match self.never {}
-    }
-
     pub fn train_step(&mut self, _traj: &Trajectory) -> Result<TrainMetrics, RlError> {
         match self.never {}
     }
@@ -71,11 +67,11 @@ impl Learner {
         match self.never {}
     }
 
-    pub fn export_into(&self, _state: &mut StateDict) -> Result<(), RlError> {
+    pub(crate) fn export_into(&self, _state: &mut StateDict) -> Result<(), RlError> {
         match self.never {}
     }
 
-    pub fn save_checkpoint(&self, _run_dir: &Path) -> Result<CheckpointInfo, RlError> {
+    pub(crate) fn save_checkpoint(&self, _run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         match self.never {}
     }
 
@@ -107,11 +103,11 @@ impl Actor {
         match self.never {}
     }
 
-    pub fn import_state(&mut self, _state: &StateDict, _version: u64) -> Result<(), RlError> {
-        match self.never {}
-    }
-
-    pub fn load_from(&mut self, _learner: &Learner) -> Result<(), RlError> {
+    pub(crate) fn import_state(
+        &mut self,
+        _state: &StateDict,
+        _version: u64,
+    ) -> Result<(), RlError> {
         match self.never {}
     }
 }

@@ -149,9 +149,9 @@ impl Learner {
     /// `<run_dir>/checkpoints/global_step_<n>/`.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<CheckpointInfo, RlError> {
         let dir = checkpoint_dir(run_dir, self.global_step);
-        std::fs::create_dir_all(&dir).map_err(|e| RlError::Checkpoint {
+        std::fs::create_dir_all(&dir).map_err(|source| RlError::CheckpointIo {
             path: dir.clone(),
-            reason: e.to_string(),
+            source,
         })?;
         let weights_checksum = self.weights_checksum()?;
         let mut meta = HashMap::from([
@@ -293,7 +293,7 @@ impl Actor {
     /// Decides actions for `obs` (`num_envs * obs_dim` values).
     pub fn act(&mut self, obs: &[f32], mode: ActMode) -> Result<Decision, RlError> {
         let d = self.policy.spec.obs_dim;
-        if d == 0 || obs.len() % d != 0 {
+        if d == 0 || !obs.len().is_multiple_of(d) {
             return Err(RlError::Shape {
                 what: "observations".into(),
                 expected: format!("a multiple of {d}"),

@@ -20,7 +20,7 @@ impl ActionBuf {
         }
     }
 
-    pub fn as_actions(&self) -> Actions<'_> {
+    pub(crate) fn as_actions(&self) -> Actions<'_> {
         match self {
             ActionBuf::Continuous(a) => Actions::Continuous(a),
             ActionBuf::Discrete(a) => Actions::Discrete(a),
@@ -118,11 +118,7 @@ impl Trajectory {
     }
 
     pub fn steps(&self) -> usize {
-        if self.envs == 0 {
-            0
-        } else {
-            self.len() / self.envs
-        }
+        self.len().checked_div(self.envs).unwrap_or(0)
     }
 
     /// Checks that every buffer agrees with `steps x envs` (data may come from another process).
@@ -136,7 +132,7 @@ impl Trajectory {
         let checks = [
             (
                 "envs",
-                self.envs > 0 && n % self.envs == 0,
+                self.envs > 0 && n.is_multiple_of(self.envs),
                 format!("{} envs for {n} entries", self.envs),
             ),
             (
@@ -190,7 +186,7 @@ impl Trajectory {
 
     /// Joins chunks of disjoint env sets collected over the same number of steps (one per rollout worker)
     /// into one trajectory over all their envs, in the order given.
-    pub fn concat_envs(parts: &[Trajectory]) -> Result<Trajectory, RlError> {
+    pub(crate) fn concat_envs(parts: &[Trajectory]) -> Result<Trajectory, RlError> {
         let Some(first) = parts.first() else {
             return Err(RlError::Trajectory {
                 reason: "no trajectories to join".into(),

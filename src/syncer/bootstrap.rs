@@ -9,7 +9,10 @@ use super::wire::{BucketEntry, KeyMeta};
 
 /// Keys of `state` equal to a prefix or starting with `prefix.`; an empty list, or a prefix matching nothing,
 /// is an error naming it.
-pub fn select_prefixed(state: &StateDict, prefixes: &[String]) -> Result<Vec<String>, String> {
+pub(crate) fn select_prefixed(
+    state: &StateDict,
+    prefixes: &[String],
+) -> Result<Vec<String>, String> {
     if prefixes.is_empty() {
         return Err(
             "init_sync.prefixes is an empty list (use null for the whole state dict)".into(),
@@ -48,7 +51,7 @@ fn list(keys: &[&str]) -> String {
 
 /// Check the receiver's metadata against the sender's state for `keys` (synced ∪ bootstrap); with
 /// `full_state`, the receiver must not hold keys the sender lacks. Returns key → receiver ordinal.
-pub fn check_metadata(
+pub(crate) fn check_metadata(
     meta: &[KeyMeta],
     state: &StateDict,
     keys: &[&str],
@@ -139,7 +142,7 @@ pub fn check_metadata(
 /// The first difference between the sender's state dict and the receiver's metadata, in the sender's key order
 /// (then the receiver's extra keys): a key on one side only, another shape, or dtypes that do not convert
 /// (only floating dtypes may differ: patches and buckets carry the receiver's dtype). `None` when they match.
-pub fn first_difference(meta: &[KeyMeta], state: &StateDict) -> Option<String> {
+pub(crate) fn first_difference(meta: &[KeyMeta], state: &StateDict) -> Option<String> {
     let index: HashMap<&str, &KeyMeta> = meta.iter().map(|m| (m.name.as_str(), m)).collect();
     for (k, t) in state.iter() {
         let Some(m) = index.get(k) else {
@@ -171,7 +174,7 @@ pub fn first_difference(meta: &[KeyMeta], state: &StateDict) -> Option<String> {
 }
 
 /// Bucket items for `keys` with the wire dtype chosen by `wire(sender dtype, receiver dtype)`.
-pub fn plan_items(
+pub(crate) fn plan_items(
     state: &StateDict,
     keys: &[&str],
     meta: &[KeyMeta],

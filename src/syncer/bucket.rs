@@ -34,11 +34,11 @@ const CHUNK: usize = 64 << 10;
 
 /// Size of one transport message of a bucket. Small enough that the pipeline fills quickly (the receiver
 /// waits for one part before it can start), big enough that the per-message round trip is noise.
-pub const PART_BYTES: usize = 8 << 20;
+pub(crate) const PART_BYTES: usize = 8 << 20;
 
 /// One tensor of a planned bucket: the sender's key and what goes on the wire.
 #[derive(Debug, Clone)]
-pub struct Planned {
+pub(crate) struct Planned {
     pub key: String,
     pub src: DType,
     pub entry: BucketEntry,
@@ -65,7 +65,7 @@ pub fn plan(items: Vec<Planned>, bucket_size: u64) -> Vec<Vec<Planned>> {
 
 /// Sizes and times of one bucketed send.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct SendStats {
+pub(crate) struct SendStats {
     pub payload_bytes: u64,
     /// Transport messages sent (parts of all buckets).
     pub messages: u32,
@@ -84,7 +84,6 @@ pub async fn send(
     kind: Kind,
     version: u64,
     part_bytes: usize,
-    tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
     let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
     for bucket in buckets {
@@ -106,13 +105,12 @@ pub async fn send(
         }
         sources.push(srcs);
     }
-    send_sources(ch, None, buckets, &sources, kind, version, part_bytes, tap).await
+    send_sources(ch, None, buckets, &sources, kind, version, part_bytes).await
 }
 
 /// Send the buckets of one version with each tensor's bytes given (`sources[bucket][item]`, in the planned
 /// source dtype) to every receiver, or to receiver `to` only.
-#[allow(clippy::too_many_arguments)]
-pub async fn send_sources(
+pub(crate) async fn send_sources(
     ch: &mut transport::Sender,
     to: Option<usize>,
     buckets: &[Vec<Planned>],
@@ -120,7 +118,6 @@ pub async fn send_sources(
     kind: Kind,
     version: u64,
     part_bytes: usize,
-    mut tap: Option<&mut Vec<Vec<u8>>>,
 ) -> Result<SendStats, super::SyncError> {
     let mut stats = SendStats::default();
     let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
@@ -138,9 +135,6 @@ pub async fn send_sources(
             let fill = |buf: &mut [u8]| {
                 let t0 = Instant::now();
                 layout.fill(buf, header, part.clone());
-                if let Some(tap) = tap.as_deref_mut() {
-                    tap.push(buf.to_vec());
-                }
                 t0.elapsed()
             };
             let len = HEADER_LEN + part.len();
@@ -255,7 +249,7 @@ impl<'a> Layout<'a> {
 
 /// Reusable staging storages, keyed by receiver ordinal.
 #[derive(Default)]
-pub struct Pool {
+pub(crate) struct Pool {
     free: HashMap<u32, Storage>,
 }
 
@@ -272,7 +266,7 @@ impl Pool {
     }
 
     /// Return all of `staged` to the pool.
-    pub fn give_all(&mut self, staged: Staged) {
+    pub(crate) fn give_all(&mut self, staged: Staged) {
         for (o, s) in staged {
             self.give(o, s);
         }
@@ -280,11 +274,11 @@ impl Pool {
 }
 
 /// A verified bucket's tensors in the receiver's dtypes.
-pub type Staged = Vec<(u32, Storage)>;
+pub(crate) type Staged = Vec<(u32, Storage)>;
 
 /// One bucket being received part by part into staging storages. Nothing outside the pool is touched; a
 /// caller that gives up on it returns the storages with [`Assembly::abandon`].
-pub struct Assembly {
+pub(crate) struct Assembly {
     kind: Kind,
     version: u64,
     seq: u32,
@@ -447,12 +441,12 @@ impl Assembly {
     }
 
     /// Give the staging storages back to the pool (the bucket will not be installed).
-    pub fn abandon(self, pool: &mut Pool) {
+    pub(crate) fn abandon(self, pool: &mut Pool) {
         pool.give_all(self.staged);
     }
 
     /// Whether `header` is the next part of this bucket.
-    pub fn is_next_part(&self, header: &Header) -> bool {
+    pub(crate) fn is_next_part(&self, header: &Header) -> bool {
         header.kind == self.kind
             && header.version == self.version
             && header.seq == self.seq
@@ -461,7 +455,7 @@ impl Assembly {
     }
 
     /// Stage the next part (after [`Assembly::start`]); the caller gives up on the bucket on error.
-    pub fn add_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+    pub(crate) fn add_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
         if !self.is_next_part(header) {
             return Err(format!(
                 "part at byte {} of bucket {}/{} (version {}) arrived while expecting byte {} of bucket {}/{} (version {})",
@@ -557,7 +551,7 @@ impl Assembly {
     }
 
     /// Whether every part has arrived (and verified).
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         self.next == self.body_len
     }
 
@@ -573,7 +567,11 @@ impl Assembly {
 }
 
 /// Check that every staged tensor fits its slot in `state` (before any swap).
-pub fn check_fits(staged: &Staged, meta: &[KeyMeta], state: &StateDict) -> Result<(), String> {
+pub(crate) fn check_fits(
+    staged: &Staged,
+    meta: &[KeyMeta],
+    state: &StateDict,
+) -> Result<(), String> {
     for (o, s) in staged {
         let m = meta
             .get(*o as usize)
@@ -596,14 +594,13 @@ pub fn check_fits(staged: &Staged, meta: &[KeyMeta], state: &StateDict) -> Resul
 }
 
 /// Swap staged storages into `state` (after [`check_fits`]); returns the displaced storages.
-pub fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
+pub(crate) fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
     let mut old = Vec::with_capacity(staged.len());
     for (o, s) in staged {
-        if let Some((_, t)) = state.get_index_mut(o as usize) {
-            match t.replace_storage(s) {
-                Ok(prev) => old.push((o, prev)),
-                Err(_) => {}
-            }
+        if let Some((_, t)) = state.get_index_mut(o as usize)
+            && let Ok(prev) = t.replace_storage(s)
+        {
+            old.push((o, prev))
         }
     }
     old
@@ -861,8 +858,10 @@ mod tests {
                 }
                 sd
             };
-            let mut cfg = WeightSyncerConfig::default();
-            cfg.kind = SyncerKind::Bucket;
+            let mut cfg = WeightSyncerConfig {
+                kind: SyncerKind::Bucket,
+                ..WeightSyncerConfig::default()
+            };
             cfg.bucket.bucket_size = std::num::NonZeroU64::new(256).unwrap();
             cfg.bucket.load_instant = load_instant;
             let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
@@ -889,8 +888,8 @@ mod tests {
                 panic!("not a sender")
             };
             let (dummy, mut drx) = transport::inproc_channel(1);
+            let (dummy, tap) = transport::tap::tapped(dummy);
             let mut real = std::mem::replace(&mut s.ch, dummy);
-            tx.tap = Some(Vec::new());
             let mut d = drx.pop().unwrap();
             rt.block_on(async {
                 let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
@@ -905,7 +904,7 @@ mod tests {
                 let (r, ()) = tokio::join!(send, drain);
                 r.unwrap();
             });
-            let msgs = tx.tap.take().unwrap();
+            let msgs = tap.payloads();
             // 3 buckets of 256 + table bytes in 64-byte parts: 5 parts each.
             assert_eq!(msgs.len(), 15);
             let r = rt.block_on(async {

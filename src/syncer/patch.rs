@@ -19,7 +19,7 @@ use super::wire::{
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
-pub const SEGMENT: usize = 1 << 22;
+pub(crate) const SEGMENT: usize = 1 << 22;
 /// Elements per comparison block.
 const BLOCK: usize = 32; // fits the u32 change mask
 /// Elements converted at a time when the sender's dtype differs from the receiver's.
@@ -99,7 +99,7 @@ impl Changes {
 
     /// Old and new bit patterns of change `i` (zero-extended).
     #[inline(always)]
-    pub fn old_new(&self, i: usize, width: usize) -> (u64, u64) {
+    pub(crate) fn old_new(&self, i: usize, width: usize) -> (u64, u64) {
         if width == 8 {
             (self.vals[2 * i], self.vals[2 * i + 1])
         } else {
@@ -169,22 +169,23 @@ fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes
 fn diff_same(cur: &[u8], snap: &mut [u8], width: usize, base: usize, out: &mut Changes) {
     match width {
         1 => diff_words::<u8>(cur, snap, base, out),
-        2 => match (pod_slice::<u16>(cur), pod_slice_mut::<u16>(snap)) {
-            (Some(c), Some(s)) => {
+        2 => {
+            if let (Some(c), Some(s)) = (pod_slice::<u16>(cur), pod_slice_mut::<u16>(snap)) {
                 let done = simd::diff_u16(c, s, base, out);
                 let (c, s) = (&c[done..], &mut s[done..]);
                 diff_words(c, s, base + done, out)
             }
-            _ => {}
-        },
-        4 => match (pod_slice::<u32>(cur), pod_slice_mut::<u32>(snap)) {
-            (Some(c), Some(s)) => diff_words(c, s, base, out),
-            _ => {}
-        },
-        _ => match (pod_slice::<u64>(cur), pod_slice_mut::<u64>(snap)) {
-            (Some(c), Some(s)) => diff_words(c, s, base, out),
-            _ => {}
-        },
+        }
+        4 => {
+            if let (Some(c), Some(s)) = (pod_slice::<u32>(cur), pod_slice_mut::<u32>(snap)) {
+                diff_words(c, s, base, out)
+            }
+        }
+        _ => {
+            if let (Some(c), Some(s)) = (pod_slice::<u64>(cur), pod_slice_mut::<u64>(snap)) {
+                diff_words(c, s, base, out)
+            }
+        }
     }
 }
 
@@ -195,7 +196,7 @@ mod simd {
 
     /// Ask for the cache line holding `p` ahead of a read-modify-write (a hint: no effect on results).
     #[inline(always)]
-    pub fn prefetch<T>(p: *const T) {
+    pub(crate) fn prefetch<T>(p: *const T) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: prefetch is a hint; it never faults, whatever the address.
         unsafe {
@@ -207,7 +208,7 @@ mod simd {
 
     /// Diff the leading whole blocks of 32 elements; returns how many elements were covered (0 when the CPU
     /// lacks AVX2, leaving everything to the portable kernel).
-    pub fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
+    pub(crate) fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") {
@@ -232,7 +233,7 @@ mod simd {
         /// # Safety
         /// The CPU must support AVX2.
         #[target_feature(enable = "avx2")]
-        pub unsafe fn diff_u16(
+        pub(crate) unsafe fn diff_u16(
             cur: &[u16],
             snap: &mut [u16],
             base: usize,
@@ -336,8 +337,8 @@ fn build_segmented(
     built: &mut Built,
     segment: usize,
 ) -> Result<(), String> {
-    const { assert!(SEGMENT % BLOCK == 0 && SEGMENT <= 1 << 32) };
-    debug_assert!(segment % BLOCK == 0 && segment <= 1 << 32);
+    const { assert!(SEGMENT.is_multiple_of(BLOCK) && SEGMENT <= 1 << 32) };
+    debug_assert!(segment.is_multiple_of(BLOCK) && segment <= 1 << 32);
     let mut work = Vec::new();
     for (pos, st) in snap.iter_mut().enumerate() {
         let t = state
@@ -784,7 +785,7 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
             let escaped = (0..e.nnz)
                 .filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0)
                 .count();
-            let padding = if e.nnz % 4 == 0 {
+            let padding = if e.nnz.is_multiple_of(4) {
                 0
             } else {
                 codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2))
@@ -931,12 +932,12 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
 /// density a gap crosses 127 often enough that a length branch would mispredict).
 #[inline(always)]
 fn gap_varint(buf: &[u8], pos: &mut usize) -> Option<u64> {
-    if let Some(&[b0, b1]) = buf.get(*pos..*pos + 2) {
-        if b0 & b1 < 0x80 {
-            let two = usize::from(b0 >> 7);
-            *pos += 1 + two;
-            return Some(u64::from(b0 & 0x7f) | ((u64::from(b1 & 0x7f) << 7) * two as u64));
-        }
+    if let Some(&[b0, b1]) = buf.get(*pos..*pos + 2)
+        && b0 & b1 < 0x80
+    {
+        let two = usize::from(b0 >> 7);
+        *pos += 1 + two;
+        return Some(u64::from(b0 & 0x7f) | ((u64::from(b1 & 0x7f) << 7) * two as u64));
     }
     get_varint(buf, pos)
 }

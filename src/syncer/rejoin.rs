@@ -425,7 +425,6 @@ pub(super) async fn serve(
             },
             last_version,
             part_bytes,
-            None,
         )
         .await?;
         report.payload_bytes += stats.payload_bytes;
@@ -474,7 +473,6 @@ async fn send_state_buckets(
         Kind::InitBucket,
         0,
         part_bytes,
-        None,
     )
     .await
 }

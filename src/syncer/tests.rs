@@ -9,6 +9,7 @@ use super::*;
 use crate::config::schema::{FloatDtype, WeightSyncerConfig};
 use crate::tensor::{Role, Tensor};
 use crate::transport::inproc_channel_with_timeout;
+use crate::transport::tap::{Tap, tapped};
 
 fn inproc_channel(n: usize) -> (transport::Sender, Vec<transport::Receiver>) {
     inproc_channel_with_timeout(n, std::time::Duration::from_secs(5))
@@ -171,11 +172,13 @@ fn settings() -> impl Strategy<Value = Settings> {
 }
 
 fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
-    let mut c = WeightSyncerConfig::default();
-    c.kind = if s.bucket {
-        SyncerKind::Bucket
-    } else {
-        SyncerKind::Patch
+    let mut c = WeightSyncerConfig {
+        kind: if s.bucket {
+            SyncerKind::Bucket
+        } else {
+            SyncerKind::Patch
+        },
+        ..WeightSyncerConfig::default()
     };
     c.patch.delta_encoding = s.delta;
     c.patch.compression = if s.lz4 {
@@ -224,6 +227,8 @@ struct Pair {
     rx: WeightSyncer,
     sender: StateDict,
     receiver: StateDict,
+    /// Every payload the sender broadcast on its channel (the plan included).
+    tap: Tap,
 }
 
 fn init_pair(
@@ -250,11 +255,11 @@ fn init_pair(
     }
     let cfg = config(s, keys);
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
-    tx.tap = Some(Vec::new());
     // Tiny bucket parts, so that tensors and tables straddle several transport messages.
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
     let mut rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     let (ch, mut rxs) = inproc_channel(1);
+    let (ch, tap) = tapped(ch);
     let rch = rxs.pop().unwrap();
     let synced = sender.synced_keys();
     let (a, b) = rt.block_on(async {
@@ -270,6 +275,7 @@ fn init_pair(
         rx,
         sender,
         receiver,
+        tap,
     })
 }
 
@@ -378,7 +384,7 @@ proptest! {
                 last.truncate(cut);
                 m
             }
-            _ => vec![p.tx.tap.as_ref().unwrap()[0].clone()], // the first payload ever sent (init or v1)
+            _ => vec![first_payload(&p.tap)], // the first payload ever sent (init or v1)
         };
         let r = inject_and_apply(&rt, &mut p, &bad);
         prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted: {:?}", r.map(|r| r.version));
@@ -396,11 +402,11 @@ proptest! {
 /// Produce the payloads of `version` without delivering them (the sender's channel is swapped for a drained one).
 fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<u8>> {
     let (dummy, mut drx) = inproc_channel(1);
+    let (dummy, tap) = tapped(dummy);
     let Side::Sender(s) = &mut p.tx.side else {
         panic!("not a sender")
     };
     let real = std::mem::replace(&mut s.ch, dummy);
-    let start = p.tx.tap.as_ref().unwrap().len();
     let mut d = drx.pop().unwrap();
     rt.block_on(async {
         let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
@@ -416,7 +422,15 @@ fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<
         let (r, _) = tokio::join!(send, drain);
         r.unwrap();
     });
-    p.tx.tap.as_ref().unwrap()[start..].to_vec()
+    tap.payloads()
+}
+
+/// The first payload a tapped sender broadcast after the handshake's plan (an init bucket part, or version 1).
+fn first_payload(tap: &Tap) -> Vec<u8> {
+    tap.payloads()
+        .into_iter()
+        .find(|m| !matches!(Header::parse_unverified(m), Ok((h, _)) if h.kind == Kind::Plan))
+        .expect("a payload after the plan")
 }
 
 fn inject_and_apply(

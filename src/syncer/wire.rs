@@ -39,11 +39,11 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use crate::bytes::{BytesError, Reader, read_uint};
 use crate::tensor::DType;
 
-pub const MAGIC: [u8; 4] = *b"RLSW";
+pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
-pub const FORMAT_VERSION: u16 = 3;
+pub(crate) const FORMAT_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 48;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -181,7 +181,7 @@ impl Header {
     }
 
     /// Seed of the body checksum (binds the header fields to the body).
-    pub fn checksum_seed(&self) -> u64 {
+    pub(crate) fn checksum_seed(&self) -> u64 {
         xxh3_64(&self.prefix())
     }
 
@@ -199,7 +199,7 @@ impl Header {
 
     /// Parse the header and check the body length, without hashing the body (callers that copy the body
     /// hash while copying, then call [`Header::verify_digest`]).
-    pub fn parse_unverified(msg: &[u8]) -> Result<(Header, &[u8]), WireError> {
+    pub(crate) fn parse_unverified(msg: &[u8]) -> Result<(Header, &[u8]), WireError> {
         let h = msg.get(..HEADER_LEN).ok_or(WireError::Truncated {
             need: HEADER_LEN,
             got: msg.len(),
@@ -262,7 +262,7 @@ impl Header {
         Ok((h, body))
     }
 
-    pub fn verify_digest(&self, actual: u64) -> Result<(), WireError> {
+    pub(crate) fn verify_digest(&self, actual: u64) -> Result<(), WireError> {
         if actual == self.checksum {
             Ok(())
         } else {
@@ -313,7 +313,7 @@ pub struct KeyMeta {
     pub shape: Vec<usize>,
 }
 
-pub fn encode_metadata(keys: &[KeyMeta]) -> Vec<u8> {
+pub(crate) fn encode_metadata(keys: &[KeyMeta]) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(&(keys.len() as u32).to_le_bytes());
     for k in keys {
@@ -328,7 +328,7 @@ pub fn encode_metadata(keys: &[KeyMeta]) -> Vec<u8> {
     message(Header::new(Kind::Metadata, 0, b.len()), &b)
 }
 
-pub fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
+pub(crate) fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
     let mut r = Reader::new(body, "metadata");
     let n = r.u32()? as usize;
     let mut keys = Vec::with_capacity(n.min(body.len() / 6));
@@ -356,20 +356,20 @@ pub fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
 
 /// Which strategy follows the handshake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
+pub(crate) enum Strategy {
     Patch,
     Bucket,
 }
 
 /// The sender's answer to the metadata: the strategy, the synced ordinals, and how many init buckets follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
+pub(crate) struct Plan {
     pub strategy: Strategy,
     pub synced: Vec<u32>,
     pub init_buckets: u32,
 }
 
-pub fn encode_plan(plan: &Plan) -> Vec<u8> {
+pub(crate) fn encode_plan(plan: &Plan) -> Vec<u8> {
     let mut b = Vec::with_capacity(5 + 4 * plan.synced.len());
     b.push(match plan.strategy {
         Strategy::Patch => 0,
@@ -384,7 +384,7 @@ pub fn encode_plan(plan: &Plan) -> Vec<u8> {
     message(h, &b)
 }
 
-pub fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
+pub(crate) fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
     let mut r = Reader::new(body, "plan");
     let strategy = match r.u8()? {
         0 => Strategy::Patch,
@@ -410,14 +410,14 @@ pub fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
 // rejoin
 
 /// A rejoining receiver's request: its metadata and the version it holds.
-pub fn encode_rejoin(keys: &[KeyMeta], held: u64) -> Vec<u8> {
+pub(crate) fn encode_rejoin(keys: &[KeyMeta], held: u64) -> Vec<u8> {
     let meta = encode_metadata(keys);
     let body = meta.get(HEADER_LEN..).unwrap_or_default();
     message(Header::new(Kind::Rejoin, held, body.len()), body)
 }
 
 /// The sender's plan for a rejoining receiver: the init plan (no init buckets) and the bootstrap-only keys.
-pub fn encode_rejoin_plan(plan: &Plan, boot_only: &[u32]) -> Vec<u8> {
+pub(crate) fn encode_rejoin_plan(plan: &Plan, boot_only: &[u32]) -> Vec<u8> {
     let init = encode_plan(plan);
     let mut b = init.get(HEADER_LEN..).unwrap_or_default().to_vec();
     b.extend_from_slice(&(boot_only.len() as u32).to_le_bytes());
@@ -427,7 +427,7 @@ pub fn encode_rejoin_plan(plan: &Plan, boot_only: &[u32]) -> Vec<u8> {
     message(Header::new(Kind::RejoinPlan, 0, b.len()), &b)
 }
 
-pub fn decode_rejoin_plan(body: &[u8]) -> Result<(Plan, Vec<u32>), WireError> {
+pub(crate) fn decode_rejoin_plan(body: &[u8]) -> Result<(Plan, Vec<u32>), WireError> {
     let mut r = Reader::new(body, "rejoin plan");
     let strategy = match r.u8()? {
         0 => Strategy::Patch,
@@ -465,14 +465,14 @@ pub struct Held {
     pub boot_only: u64,
 }
 
-pub fn encode_held(held: &Held) -> Vec<u8> {
+pub(crate) fn encode_held(held: &Held) -> Vec<u8> {
     let mut b = Vec::with_capacity(16);
     b.extend_from_slice(&held.synced.to_le_bytes());
     b.extend_from_slice(&held.boot_only.to_le_bytes());
     message(Header::new(Kind::Held, held.version, b.len()), &b)
 }
 
-pub fn decode_held(header: &Header, body: &[u8]) -> Result<Held, WireError> {
+pub(crate) fn decode_held(header: &Header, body: &[u8]) -> Result<Held, WireError> {
     let mut r = Reader::new(body, "held");
     let held = Held {
         version: header.version,
@@ -485,7 +485,7 @@ pub fn decode_held(header: &Header, body: &[u8]) -> Result<Held, WireError> {
 
 /// How a rejoining receiver catches up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CatchUpMode {
+pub(crate) enum CatchUpMode {
     /// The logged patches from its version on.
     Replay,
     /// Every synced tensor of the sender's last version.
@@ -496,7 +496,7 @@ pub enum CatchUpMode {
 
 /// The announcement of a catch-up: mode, target version and the message counts that follow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CatchUpPlan {
+pub(crate) struct CatchUpPlan {
     pub mode: CatchUpMode,
     pub version: u64,
     pub boot_buckets: u32,
@@ -504,7 +504,7 @@ pub struct CatchUpPlan {
     pub full_buckets: u32,
 }
 
-pub fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
+pub(crate) fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
     let mut b = Vec::with_capacity(13);
     b.push(match c.mode {
         CatchUpMode::Replay => 0,
@@ -517,7 +517,7 @@ pub fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
     message(Header::new(Kind::CatchUp, c.version, b.len()), &b)
 }
 
-pub fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, WireError> {
+pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, WireError> {
     let mut r = Reader::new(body, "catch-up");
     let mode = match r.u8()? {
         0 => CatchUpMode::Replay,
@@ -545,11 +545,11 @@ pub fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, Wire
     Ok(c)
 }
 
-pub fn encode_abort(reason: &str) -> Vec<u8> {
+pub(crate) fn encode_abort(reason: &str) -> Vec<u8> {
     message(Header::new(Kind::Abort, 0, reason.len()), reason.as_bytes())
 }
 
-pub fn decode_abort(body: &[u8]) -> String {
+pub(crate) fn decode_abort(body: &[u8]) -> String {
     String::from_utf8_lossy(body).into_owned()
 }
 
@@ -558,7 +558,7 @@ pub fn decode_abort(body: &[u8]) -> String {
 
 /// One tensor inside a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BucketEntry {
+pub(crate) struct BucketEntry {
     pub ordinal: u32,
     pub dtype: DType,
     pub byte_len: usize,
@@ -571,7 +571,7 @@ fn pad8(n: usize) -> usize {
 }
 
 /// Body length of a bucket and the offsets (within the body) of each tensor's bytes.
-pub fn bucket_layout(entries: &[BucketEntry]) -> (usize, Vec<usize>) {
+pub(crate) fn bucket_layout(entries: &[BucketEntry]) -> (usize, Vec<usize>) {
     let mut off = pad8(4 + entries.len() * BUCKET_ENTRY_LEN);
     let mut offsets = Vec::with_capacity(entries.len());
     for e in entries {
@@ -582,7 +582,10 @@ pub fn bucket_layout(entries: &[BucketEntry]) -> (usize, Vec<usize>) {
 }
 
 /// Write a bucket's entry table into the start of `body` (the tensors' bytes go at the layout's offsets).
-pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<(), WireError> {
+pub(crate) fn write_bucket_table(
+    entries: &[BucketEntry],
+    body: &mut [u8],
+) -> Result<(), WireError> {
     let need = 4 + entries.len() * BUCKET_ENTRY_LEN;
     let dst = body
         .get_mut(..need)
@@ -604,7 +607,8 @@ pub fn write_bucket_table(entries: &[BucketEntry], body: &mut [u8]) -> Result<()
 /// that the first one is stretched to hold the whole entry table (`table_end`, the first tensor's offset).
 /// A body always has at least one part. `part_size` is rounded up to a multiple of 8, so every part boundary
 /// is 8-byte aligned and no tensor element straddles two parts.
-pub fn bucket_parts(
+#[allow(clippy::single_range_in_vec_init)] // a list of part ranges, which may hold just one
+pub(crate) fn bucket_parts(
     body_len: usize,
     table_end: usize,
     part_size: usize,
@@ -622,12 +626,15 @@ pub fn bucket_parts(
 }
 
 /// A bucket's entries with their byte ranges inside the bucket body, and the body's total length.
-pub type BucketTable = (Vec<(BucketEntry, std::ops::Range<usize>)>, usize);
+pub(crate) type BucketTable = (Vec<(BucketEntry, std::ops::Range<usize>)>, usize);
 
 /// Parse the entry table at the start of a bucket's first part. The whole table must lie inside `first`;
 /// the returned length is that of the whole bucket body (all parts). Entry sizes are limited to
 /// `max_entry_bytes` (the receiver's largest tensor), so layout arithmetic cannot overflow.
-pub fn read_bucket_table(first: &[u8], max_entry_bytes: usize) -> Result<BucketTable, WireError> {
+pub(crate) fn read_bucket_table(
+    first: &[u8],
+    max_entry_bytes: usize,
+) -> Result<BucketTable, WireError> {
     let mut r = Reader::new(first, "bucket table");
     let n = r.u32()? as usize;
     if n > first.len() / BUCKET_ENTRY_LEN {
@@ -678,7 +685,10 @@ pub fn read_bucket_table(first: &[u8], max_entry_bytes: usize) -> Result<BucketT
 }
 
 /// Parse a whole (single-part) bucket body into entries and their byte ranges (bounds-checked against it).
-pub fn read_bucket(body: &[u8]) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
+#[cfg(test)]
+pub(crate) fn read_bucket(
+    body: &[u8],
+) -> Result<Vec<(BucketEntry, std::ops::Range<usize>)>, WireError> {
     let (entries, total) = read_bucket_table(body, body.len())?;
     if total != body.len() {
         return Err(malformed(
@@ -740,7 +750,7 @@ pub struct PatchEntry {
 const PATCH_ENTRY_LEN: usize = 40;
 
 /// Streams of a patch body: index, codes or cols, escapes or values, dense values.
-pub const PATCH_STREAMS: usize = 4;
+pub(crate) const PATCH_STREAMS: usize = 4;
 
 /// A decoded (but not yet interpreted) patch body: entries and raw streams.
 #[derive(Debug, Clone)]
@@ -914,17 +924,17 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
 // integer codings used by patch streams
 
 #[inline(always)]
-pub fn zigzag(v: i64) -> u64 {
+pub(crate) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
 #[inline(always)]
-pub fn unzigzag(v: u64) -> i64 {
+pub(crate) fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
 }
 
 /// Narrowest unsigned width (1, 2, 4, 8 bytes) holding `max`.
-pub fn narrowest_width(max: u64) -> u8 {
+pub(crate) fn narrowest_width(max: u64) -> u8 {
     match max {
         0..=0xFF => 1,
         0x100..=0xFFFF => 2,
@@ -933,11 +943,11 @@ pub fn narrowest_width(max: u64) -> u8 {
     }
 }
 
-pub fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
+pub(crate) fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
     out.extend_from_slice(&v.to_le_bytes()[..usize::from(width)]);
 }
 
-pub fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
+pub(crate) fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {
     let w = usize::from(width);
     buf.get(i.checked_mul(w)?..i.checked_mul(w)?.checked_add(w)?)
         .map(read_uint)
@@ -1117,6 +1127,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // expected part lists, some of one range
     fn bucket_parts_cover_the_body_in_order() {
         let check = |body_len: usize,
                      table_end: usize,

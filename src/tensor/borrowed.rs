@@ -129,7 +129,7 @@ fn check(t: &RawTensor) -> Result<Checked, BorrowError> {
             numel: len / dtype.size_bytes(),
         });
     }
-    if t.addr % dtype.size_bytes() != 0 {
+    if !t.addr.is_multiple_of(dtype.size_bytes()) {
         return Err(BorrowError::Misaligned {
             key: key(),
             addr: t.addr,
@@ -180,22 +180,22 @@ impl BorrowedState {
         let mut canonical: Vec<Option<usize>> = vec![None; tensors.len()];
         let mut reach: Option<(usize, usize, usize)> = None;
         for &(start, end, i) in &ranges {
-            if let Some((rs, re, ri)) = reach {
-                if start < re {
-                    let same = start == rs
-                        && end == re
-                        && checked[i].dtype == checked[ri].dtype
-                        && tensors[i].shape == tensors[ri].shape;
-                    if !same {
-                        let (a, b) = if ri < i { (ri, i) } else { (i, ri) };
-                        return Err(BorrowError::Overlap {
-                            first: tensors[a].name.clone(),
-                            second: tensors[b].name.clone(),
-                        });
-                    }
-                    canonical[i] = Some(canonical[ri].unwrap_or(ri));
-                    continue;
+            if let Some((rs, re, ri)) = reach
+                && start < re
+            {
+                let same = start == rs
+                    && end == re
+                    && checked[i].dtype == checked[ri].dtype
+                    && tensors[i].shape == tensors[ri].shape;
+                if !same {
+                    let (a, b) = if ri < i { (ri, i) } else { (i, ri) };
+                    return Err(BorrowError::Overlap {
+                        first: tensors[a].name.clone(),
+                        second: tensors[b].name.clone(),
+                    });
                 }
+                canonical[i] = Some(canonical[ri].unwrap_or(ri));
+                continue;
             }
             if reach.is_none_or(|(_, re, _)| end > re) {
                 reach = Some((start, end, i));

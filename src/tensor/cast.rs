@@ -67,7 +67,7 @@ fn map<S: Pod, D: Pod>(src: &[u8], dst: &mut [u8], f: impl Fn(S) -> D) -> Result
 /// Convert `src` (elements of `from`) into `dst` (elements of `to`); same dtype is a copy.
 pub fn cast_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> Result<(), CastError> {
     let elements = src.len() / from.size_bytes();
-    if src.len() % from.size_bytes() != 0 || dst.len() != elements * to.size_bytes() {
+    if !src.len().is_multiple_of(from.size_bytes()) || dst.len() != elements * to.size_bytes() {
         return Err(CastError::Length {
             elements,
             src_bytes: src.len(),

@@ -23,7 +23,7 @@ impl StateHasher {
     }
 
     /// Start a tensor: its name, dtype and shape.
-    pub fn begin_tensor(&mut self, name: &str, dtype: DType, shape: &[usize]) {
+    pub(crate) fn begin_tensor(&mut self, name: &str, dtype: DType, shape: &[usize]) {
         self.inner.update(&(name.len() as u64).to_le_bytes());
         self.inner.update(name.as_bytes());
         self.inner.update(&[1, dtype.code(), shape.len() as u8]);

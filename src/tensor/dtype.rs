@@ -19,7 +19,7 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in wire-code order.
-    pub const ALL: [DType; 10] = [
+    pub(crate) const ALL: [DType; 10] = [
         DType::Bf16,
         DType::F16,
         DType::F32,
@@ -32,7 +32,7 @@ impl DType {
         DType::Bool,
     ];
 
-    pub const fn size_bytes(self) -> usize {
+    pub(crate) const fn size_bytes(self) -> usize {
         match self {
             DType::I8 | DType::U8 | DType::Bool => 1,
             DType::Bf16 | DType::F16 | DType::I16 => 2,
@@ -41,7 +41,7 @@ impl DType {
         }
     }
 
-    pub const fn is_floating(self) -> bool {
+    pub(crate) const fn is_floating(self) -> bool {
         matches!(self, DType::Bf16 | DType::F16 | DType::F32 | DType::F64)
     }
 
@@ -78,11 +78,11 @@ impl DType {
     }
 
     /// The dtype with PyTorch's name [`DType::name`] (`"bfloat16"`, `"float32"`, ...).
-    pub fn from_name(name: &str) -> Option<DType> {
+    pub(crate) fn from_name(name: &str) -> Option<DType> {
         DType::ALL.iter().copied().find(|d| d.name() == name)
     }
 
-    pub fn from_code(code: u8) -> Option<DType> {
+    pub(crate) fn from_code(code: u8) -> Option<DType> {
         DType::ALL.get(usize::from(code)).copied()
     }
 }

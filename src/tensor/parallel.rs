@@ -4,14 +4,14 @@ use std::num::NonZeroUsize;
 use std::sync::Mutex;
 
 /// Resolve a `threads` setting: `0` means every available core.
-pub fn resolve_threads(threads: usize) -> NonZeroUsize {
+pub(crate) fn resolve_threads(threads: usize) -> NonZeroUsize {
     NonZeroUsize::new(threads)
         .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
 }
 
 /// Apply `f` to every item, on up to `threads` scoped threads (items are taken from a shared queue, so uneven
 /// items balance). Results come back in item order. With one thread (or one item) everything runs inline.
-pub fn map_items<T: Send, R: Send>(
+pub(crate) fn map_items<T: Send, R: Send>(
     items: Vec<T>,
     threads: NonZeroUsize,
     f: impl Fn(T) -> R + Sync,

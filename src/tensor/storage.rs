@@ -30,14 +30,14 @@ impl Layout {
     }
 
     /// Number of elements, `None` on overflow.
-    pub fn checked_numel(&self) -> Option<usize> {
+    pub(crate) fn checked_numel(&self) -> Option<usize> {
         self.shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// Byte length, `None` on overflow.
-    pub fn checked_byte_len(&self) -> Option<usize> {
+    pub(crate) fn checked_byte_len(&self) -> Option<usize> {
         self.checked_numel()?.checked_mul(self.dtype.size_bytes())
     }
 
@@ -48,14 +48,6 @@ impl Layout {
             [] => Some((1, 1)),
             [n] => Some((1, *n)),
             [r, rest @ ..] => Some((*r, rest.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?)),
-        }
-    }
-
-    /// The same shape with another dtype.
-    pub fn with_dtype(&self, dtype: DType) -> Layout {
-        Layout {
-            dtype,
-            shape: self.shape.clone(),
         }
     }
 }
@@ -121,7 +113,7 @@ impl Storage {
     }
 
     /// Whether the bytes belong to the caller of [`Storage::borrowed`] (installs then copy into them).
-    pub fn is_borrowed(&self) -> bool {
+    pub(crate) fn is_borrowed(&self) -> bool {
         matches!(self.mem, Mem::Borrowed(_))
     }
 

@@ -202,7 +202,7 @@ fn shapes(spec: &ModelSpec) -> Vec<ParamSpec> {
     };
     let mut body_entries = build(h);
     while h > 1 && body_entries.iter().map(ParamSpec::numel).sum::<usize>() > p {
-        h = h / 2;
+        h /= 2;
         body_entries = build(h);
     }
     let used: usize = body_entries.iter().map(ParamSpec::numel).sum();
@@ -357,13 +357,13 @@ impl SyntheticModel {
         state: &mut StateDict,
         threads: NonZeroUsize,
     ) -> Result<u64, SyntheticError> {
-        if let UpdateMode::Density { density } = mode {
-            if !(0.0..=1.0).contains(&density) {
-                return Err(SyntheticError::Fraction {
-                    what: "density",
-                    value: density,
-                });
-            }
+        if let UpdateMode::Density { density } = mode
+            && !(0.0..=1.0).contains(&density)
+        {
+            return Err(SyntheticError::Fraction {
+                what: "density",
+                value: density,
+            });
         }
         self.step += 1;
         let step = self.step;

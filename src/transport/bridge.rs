@@ -407,7 +407,8 @@ mod tests {
         rio.fail("ConnectionResetError: peer went away");
         let mut rx = match p.step().unwrap() {
             Step::Done((Err(e), rx)) => {
-                assert!(e.to_string().contains("peer went away"), "{e}");
+                let text = crate::stdio::error_chain(&e);
+                assert!(text.contains("peer went away"), "{text}");
                 rx
             }
             _ => panic!("expected a failed operation"),

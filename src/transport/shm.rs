@@ -365,11 +365,11 @@ fn spawn_reader(
                     },
                     Ok(Up::Message(msg)) => Event::Message(msg),
                     Ok(Up::Hello { .. }) => Event::Violation("a second hello".to_owned()),
-                    Err(e) => Event::Violation(e.to_string()),
+                    Err(e) => Event::Violation(crate::stdio::error_chain(&e)),
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
-                    tracing::debug!(rank, error = %e, "receiver stream failed");
+                    tracing::debug!(rank, error = %crate::stdio::error_chain(&e), "receiver stream failed");
                     Event::Gone
                 }
             };
@@ -510,10 +510,10 @@ impl ShmSender {
             if let Some(w) = self.writers.get_mut(rank) {
                 *w = Some(j.writer);
             }
-            if let Some(t) = self.reader_tasks.get_mut(rank) {
-                if let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone())) {
-                    old.abort();
-                }
+            if let Some(t) = self.reader_tasks.get_mut(rank)
+                && let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone()))
+            {
+                old.abort();
             }
             if let Some(k) = self.known.get_mut(rank) {
                 k.iter_mut().for_each(|g| *g = None);
@@ -575,7 +575,7 @@ impl ShmSender {
     /// Record a fatal error: from now on the channel refuses use, and no segment name stays behind.
     fn fail(&mut self, err: TransportError) -> TransportError {
         if self.broken.is_none() {
-            self.broken = Some(err.to_string());
+            self.broken = Some(crate::stdio::error_chain(&err));
         }
         self.segments
             .iter_mut()

@@ -286,7 +286,11 @@ async fn accept_authenticated(
                     return Ok((s, peer, first));
                 }
                 Err(e) => {
-                    tracing::warn!("{}: refused a chain connection from {addr}: {e}", cfg.name);
+                    tracing::warn!(
+                        "{}: refused a chain connection from {addr}: {}",
+                        cfg.name,
+                        crate::stdio::error_chain(&e)
+                    );
                 }
             }
         }
@@ -387,6 +391,10 @@ impl Local {
         match sender {
             Sender::InProc(s) => Ok(Local::InProc(s)),
             Sender::Shm(s) => Ok(Local::Shm(s)),
+            #[cfg(test)]
+            Sender::Tap(_) => Err(TransportError::Config {
+                reason: "a tapped test sender cannot feed a chain".into(),
+            }),
             Sender::Chain(_) | Sender::Bridge(_) => Err(TransportError::Config {
                 reason: "a node's local fan-out is an in-process or shared-memory channel".into(),
             }),
@@ -707,17 +715,12 @@ impl ChainRelay {
         })
     }
 
-    /// Global rank of this node's first local receiver.
-    pub fn first_rank(&self) -> u32 {
-        self.first_rank
-    }
-
     /// Serve the chain until the head closes it. On an error, the previous node is told (naming this node)
     /// before the error is returned.
     pub async fn serve(mut self) -> Result<RelayEnd, TransportError> {
         let result = self.serve_frames().await;
         if let Err(e) = &result {
-            let text = format!("{}: {e}", self.cfg.name);
+            let text = format!("{}: {}", self.cfg.name, crate::stdio::error_chain(e));
             let mut frame = vec![TAG_ERROR];
             frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
             frame.extend_from_slice(text.as_bytes());
@@ -768,7 +771,7 @@ impl ChainRelay {
             len: usize::MAX,
             max: isize::MAX as usize,
         })?;
-        if !self.buf.as_ref().is_some_and(|b| b.capacity() >= len) {
+        if self.buf.as_ref().is_none_or(|b| b.capacity() < len) {
             self.buf = Some(AlignedBuf::with_len(len)?);
         }
         let Some(buf) = self.buf.as_mut() else {

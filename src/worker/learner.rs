@@ -13,7 +13,7 @@ use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, Work
 
 /// The trainer side: PPO/GRPO updates and checkpoints (when the orchestrator asks). Evaluation runs on the
 /// rollout workers ([`LearnerRollout`]).
-pub struct LearnerTrainer {
+pub(crate) struct LearnerTrainer {
     work: TrainerWork,
 }
 
@@ -108,7 +108,7 @@ impl Workload for LearnerTrainer {
 }
 
 /// The rollout side: this worker's share of `env.train`'s envs and a policy copy.
-pub struct LearnerRollout {
+pub(crate) struct LearnerRollout {
     work: RolloutWork,
     rank: u32,
     next_chunk: u64,

@@ -16,6 +16,8 @@ use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads}
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
 
 /// How updates reach this rollout.
+// One per rollout worker: boxing the large blocking variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Weights {
     /// Not bootstrapped yet.
     None,
@@ -130,12 +132,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 steps,
                 background,
             } => {
-                if background && matches!(weights, Weights::Blocking(_)) {
-                    if let Weights::Blocking(syncer) =
+                if background
+                    && matches!(weights, Weights::Blocking(_))
+                    && let Weights::Blocking(syncer) =
                         std::mem::replace(&mut weights, Weights::None)
-                    {
-                        weights = Weights::Background(spawn_receiver(syncer));
-                    }
+                {
+                    weights = Weights::Background(spawn_receiver(syncer));
                 }
                 for chunk in first_chunk..first_chunk + u64::from(chunks) {
                     // Between chunks: install whatever arrived, never in the middle of one.

@@ -21,12 +21,13 @@ pub struct TensorSpec {
 }
 
 impl TensorSpec {
-    pub fn numel(&self) -> u64 {
+    #[cfg(test)]
+    fn numel(&self) -> u64 {
         self.shape.iter().map(|d| *d as u64).product()
     }
 }
 
-pub fn dtype_of(precision: WeightDtype) -> DType {
+pub(crate) fn dtype_of(precision: WeightDtype) -> DType {
     match precision {
         WeightDtype::Bf16 => DType::Bf16,
         WeightDtype::F16 => DType::F16,
@@ -160,7 +161,7 @@ struct Master {
     role: Role,
 }
 
-pub struct SyntheticWorkload {
+pub(crate) struct SyntheticWorkload {
     model: ModelConfig,
     dtype: DType,
     envs: u32,
@@ -482,7 +483,7 @@ mod tests {
         // Another model's checkpoint is refused with a reason.
         let mut other = SyntheticWorkload::new(&model(8192, 4, 0.25), 2, 1, 0).unwrap();
         let mut state = other.init_state().unwrap();
-        let err = other.restore(&mut state, &dir).unwrap_err().to_string();
+        let err = crate::stdio::error_chain(&other.restore(&mut state, &dir).unwrap_err());
         assert!(err.contains("the model's is"), "{err}");
     }
 }

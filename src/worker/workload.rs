@@ -18,13 +18,13 @@ pub enum WorkloadError {
     Placement { reason: String },
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
-    #[error("model tensor: {0}")]
+    #[error("model tensor")]
     Tensor(#[from] crate::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
-    #[error("learner: {0}")]
+    #[error("learner")]
     Learner(#[from] RlError),
-    #[error("trajectory batch: {0}")]
+    #[error("trajectory batch")]
     Trajectories(#[from] ProtocolError),
     /// A workload implemented outside Rust failed (a Python worker raised; `message` ends with the
     /// traceback's last lines).

@@ -71,7 +71,7 @@ pub enum Command {
 
 /// One invocation of an entry point.
 #[derive(Debug, Clone)]
-pub struct AppRequest<'a> {
+pub(crate) struct AppRequest<'a> {
     /// Entry point name (`train_embodied`): the default job name.
     pub entry: &'a str,
     pub config_path: Option<&'a str>,
@@ -95,7 +95,7 @@ pub struct PreparedJob {
 
 /// What `execute` did.
 #[derive(Debug)]
-pub enum Outcome<'a> {
+pub(crate) enum Outcome<'a> {
     /// Output was printed; exit with this success flag.
     Printed { success: bool },
     /// Jobs to run, one after another (composed as they are taken).
@@ -166,10 +166,62 @@ pub enum AppError {
     Interpolation(#[from] InterpolationError),
     #[error("cannot write '{path}': {reason}")]
     Io { path: String, reason: String },
+    /// The config asks Hydra to run Python code around the job (a callback, a launcher or sweeper plugin),
+    /// which rlsync cannot do; `--cfg` and `--info` of such a config still work.
+    #[error("needs Python: {what}")]
+    NeedsPython { what: String },
+}
+
+/// Hydra's own launcher and sweeper, the only ones rlsync runs jobs as.
+const BASIC_PLUGINS: [(&str, &str); 2] = [
+    (
+        "launcher",
+        "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+    ),
+    (
+        "sweeper",
+        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper",
+    ),
+];
+
+/// What of a composed config Hydra would run as Python code around a job: `hydra.callbacks` entries, and a
+/// launcher or sweeper `_target_` other than Hydra's basic ones.
+fn needs_python(full: &Node) -> Result<(), AppError> {
+    let target = |node: &Node| {
+        node.get("_target_")
+            .and_then(Node::as_str)
+            .unwrap_or("no _target_")
+            .to_owned()
+    };
+    if let Some((name, callback)) = full
+        .get_path("hydra.callbacks")
+        .and_then(Node::as_dict)
+        .and_then(|d| d.iter().next())
+    {
+        return Err(AppError::NeedsPython {
+            what: format!(
+                "hydra.callbacks.{name} ({}) is Python code Hydra calls around the job; rlsync does not run it",
+                target(callback)
+            ),
+        });
+    }
+    for (group, basic) in BASIC_PLUGINS {
+        if let Some(node) = full.get_path(&format!("hydra.{group}"))
+            && node.get("_target_").and_then(Node::as_str) != Some(basic)
+        {
+            return Err(AppError::NeedsPython {
+                what: format!(
+                    "hydra.{group} is {}, a Hydra plugin; rlsync runs jobs only as Hydra's basic {group} does",
+                    target(node)
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Build the search path for `--config-path` / `--config-dir` (relative paths are taken from the working directory).
-pub fn build_repository(
+pub(crate) fn build_repository(
     config_path: Option<&str>,
     config_dir: Option<&str>,
 ) -> Result<Repository, SearchPathError> {
@@ -223,7 +275,7 @@ fn absolute(path: &str) -> PathBuf {
 }
 
 /// Run the command; prints to stdout what Hydra prints there.
-pub fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
+pub(crate) fn execute<'a>(req: &AppRequest<'a>) -> Result<Outcome<'a>, AppError> {
     let mut repo = build_repository(req.config_path, req.config_dir)?;
     match &req.command {
         Command::ShowCfg {
@@ -285,7 +337,7 @@ fn remove_key(node: &mut Node, key: &str) -> Option<Node> {
 }
 
 /// The job part of a composed config (everything but `hydra`).
-pub fn job_config(full: &Node) -> Node {
+pub(crate) fn job_config(full: &Node) -> Node {
     let mut job = full.clone();
     remove_key(&mut job, "hydra");
     job
@@ -618,6 +670,7 @@ fn prepare_run(
     dry_run: bool,
 ) -> Result<PreparedJob, AppError> {
     let mut composed = compose_run(repo, req, RunMode::Run)?;
+    needs_python(&composed.config)?;
     mark_mode(&mut composed.config, "RUN");
     let output_dir = resolve_dir(&composed.config, "hydra.run.dir")?;
     finish_job(composed.config, output_dir, dry_run)
@@ -648,6 +701,7 @@ fn prepare_multirun<'a>(
     dry_run: bool,
 ) -> Result<Jobs<'a>, AppError> {
     let mut master = compose_run(repo, req, RunMode::Multirun)?;
+    needs_python(&master.config)?;
     mark_mode(&mut master.config, "MULTIRUN");
     let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir")?;
     if !dry_run {
@@ -712,4 +766,33 @@ fn prepare_sweep_job(
     set_hydra(&mut composed.config, &["job", "num"], Value::Int(num));
     let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
     finish_job(composed.config, sweep_dir.join(subdir), dry_run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::yaml::load_str;
+
+    fn check(hydra: &str) -> Result<(), String> {
+        let full = load_str(&format!("a: 1\nhydra:\n{hydra}"), "test.yaml")
+            .unwrap_or_else(|e| panic!("bad test YAML: {e}"));
+        needs_python(&full).map_err(|e| e.to_string())
+    }
+
+    /// Hydra's basic launcher and sweeper (what the built-in `hydra/config` composes) need no Python;
+    /// callbacks and other plugins do, and say which entry.
+    #[test]
+    fn python_callbacks_and_plugins_are_named() {
+        let basic = "  launcher:\n    _target_: hydra._internal.core_plugins.basic_launcher.BasicLauncher\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n";
+        assert_eq!(check(basic), Ok(()));
+        assert_eq!(check("  callbacks: {}\n"), Ok(()));
+        assert_eq!(
+            check("  callbacks:\n    log:\n      _target_: my.Callback\n"),
+            Err("needs Python: hydra.callbacks.log (my.Callback) is Python code Hydra calls around the job; rlsync does not run it".to_owned())
+        );
+        assert_eq!(
+            check("  launcher:\n    _target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher\n"),
+            Err("needs Python: hydra.launcher is hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher, a Hydra plugin; rlsync runs jobs only as Hydra's basic launcher does".to_owned())
+        );
+    }
 }

@@ -10,7 +10,7 @@ use crate::config::node::{Key, Node, Value};
 
 /// A declared field type.
 #[derive(Debug, Clone, Copy)]
-pub enum Ty {
+pub(crate) enum Ty {
     Str {
         optional: bool,
     },
@@ -36,7 +36,7 @@ pub enum Ty {
 
 /// One dataclass: its name and fields.
 #[derive(Debug)]
-pub struct Schema {
+pub(crate) struct Schema {
     pub name: &'static str,
     fields: &'static [(&'static str, Ty)],
 }
@@ -106,7 +106,7 @@ static RUNTIME: Schema = Schema {
     ],
 };
 /// `hydra/config`.
-pub static HYDRA_CONF: Schema = Schema {
+pub(crate) static HYDRA_CONF: Schema = Schema {
     name: "HydraConf",
     fields: &[
         ("defaults", Ty::Any),
@@ -170,7 +170,7 @@ impl Schema {
 
 /// Where a value is being stored: OmegaConf words a few errors differently for a merge and an assignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Setting {
+pub(crate) enum Setting {
     /// A config file merged into the composed config.
     Merge,
     /// A command-line override (`OmegaConf.update`).
@@ -491,7 +491,7 @@ fn ty_is_any_dict(ty: Ty) -> bool {
 
 /// Check and convert the `hydra` subtree of a config merged after Hydra's own `hydra/config`.
 /// `hydra` is the composed `hydra` node so far.
-pub fn conform_merge(src: &mut Node, hydra: Option<&Node>) -> Result<(), SchemaError> {
+pub(crate) fn conform_merge(src: &mut Node, hydra: Option<&Node>) -> Result<(), SchemaError> {
     let walk = Walk {
         setting: Setting::Merge,
         hydra,
@@ -500,7 +500,10 @@ pub fn conform_merge(src: &mut Node, hydra: Option<&Node>) -> Result<(), SchemaE
 }
 
 /// The declared type at `path` (the parts after `hydra`), if the schema declares one.
-pub fn type_at(path: &[String], hydra: Option<&Node>) -> Option<(Ty, Option<&'static Schema>)> {
+pub(crate) fn type_at(
+    path: &[String],
+    hydra: Option<&Node>,
+) -> Option<(Ty, Option<&'static Schema>)> {
     let mut ty = Ty::Struct(&HYDRA_CONF);
     let mut owner = None;
     for part in path {
@@ -524,7 +527,7 @@ pub fn type_at(path: &[String], hydra: Option<&Node>) -> Option<(Ty, Option<&'st
 }
 
 /// Convert the value of a command-line override of `hydra.<path>` to its declared type.
-pub fn conform_override(
+pub(crate) fn conform_override(
     path: &[String],
     value: &mut Node,
     hydra: Option<&Node>,
@@ -559,7 +562,7 @@ pub fn conform_override(
 }
 
 /// Deleting a field a struct declares fails (`HydraConf (DictConfig) does not support deletion`).
-pub fn deletion_refused(path: &[String], hydra: Option<&Node>) -> Option<String> {
+pub(crate) fn deletion_refused(path: &[String], hydra: Option<&Node>) -> Option<String> {
     let (parent, _) = path.split_last().map(|(_, p)| (p, ()))?;
     let (ty, _) = type_at(parent, hydra)?;
     let Ty::Struct(schema) = ty else {
@@ -573,7 +576,7 @@ pub fn deletion_refused(path: &[String], hydra: Option<&Node>) -> Option<String>
 
 /// The `hydra` node as Hydra's `hydra/config` merge leaves it: values that earlier configs stored are
 /// converted to the declared types (keys the schema does not declare stay).
-pub fn conform_after_schema(hydra: &mut Node) -> Result<(), SchemaError> {
+pub(crate) fn conform_after_schema(hydra: &mut Node) -> Result<(), SchemaError> {
     let snapshot = hydra.clone();
     let walk = Walk {
         setting: Setting::Merge,

@@ -88,17 +88,23 @@ pub enum DictKey {
     Str(String),
 }
 
-/// Parse a config value that contains `${` (OmegaConf's `parse(value)`).
+/// Parse a config value that contains `${` (OmegaConf's `parse(value)`). On failure the error is the first
+/// one ANTLR reports, worded as ANTLR words it (see `diagnose`).
 pub fn parse_value(input: &str) -> Result<Text, GrammarError> {
-    let toks = lex(input, Mode::Default)?;
-    let mut p = Parser {
-        toks,
-        pos: 0,
-        depth: 0,
+    let (toks, lex_error) = lex_prefix(input, Mode::Default);
+    let parsed = match &lex_error {
+        Some(e) => Err(e.clone()),
+        None => {
+            let mut p = Parser {
+                toks: toks.clone(),
+                pos: 0,
+                depth: 0,
+            };
+            p.text(TextCtx::TopLevel)
+                .and_then(|text| p.expect_eof().map(|()| text))
+        }
     };
-    let text = p.text(TextCtx::TopLevel)?;
-    p.expect_eof()?;
-    Ok(text)
+    parsed.map_err(|e| super::diagnose::diagnose_value(&toks, lex_error.as_ref()).unwrap_or(e))
 }
 
 /// Parse a single element in value mode (`oc.decode`'s `singleElement`).
@@ -222,7 +228,7 @@ enum Mode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tk {
+pub(super) enum Tk {
     AnyStr,
     EscInter,
     TopEsc,
@@ -284,9 +290,9 @@ impl fmt::Display for Tk {
 }
 
 #[derive(Debug, Clone)]
-struct Tok {
-    kind: Tk,
-    text: String,
+pub(super) struct Tok {
+    pub(super) kind: Tk,
+    pub(super) text: String,
 }
 
 struct Lexer {
@@ -300,6 +306,15 @@ fn is_ws(c: char) -> bool {
 }
 
 fn lex(input: &str, start: Mode) -> Result<Vec<Tok>, GrammarError> {
+    match lex_prefix(input, start) {
+        (toks, None) => Ok(toks),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// The tokens before the first one that fails to lex (no token starts there, or it pops an empty mode
+/// stack), and that failure.
+fn lex_prefix(input: &str, start: Mode) -> (Vec<Tok>, Option<GrammarError>) {
     let mut lx = Lexer {
         s: input.chars().collect(),
         mode: start,
@@ -308,21 +323,27 @@ fn lex(input: &str, start: Mode) -> Result<Vec<Tok>, GrammarError> {
     let mut toks = Vec::new();
     let mut i = 0;
     while i < lx.s.len() {
-        let (kind, len) = match lx.mode {
-            Mode::Default => lx.default_mode(i),
-            Mode::Value => lx.value_mode(i)?,
-            Mode::Interp => lx.interp_mode(i)?,
-            Mode::QuoteSingle => lx.quoted_mode(i, '\''),
-            Mode::QuoteDouble => lx.quoted_mode(i, '"'),
+        let matched = match lx.mode {
+            Mode::Default => Ok(lx.default_mode(i)),
+            Mode::Value => lx.value_mode(i),
+            Mode::Interp => lx.interp_mode(i),
+            Mode::QuoteSingle => Ok(lx.quoted_mode(i, '\'')),
+            Mode::QuoteDouble => Ok(lx.quoted_mode(i, '"')),
+        };
+        let (kind, len) = match matched {
+            Ok(m) => m,
+            Err(e) => return (toks, Some(e)),
         };
         // Every rule matches at least one character; a zero length would be a bug, not bad input.
         let len = len.max(1);
         let text: String = lx.s[i..(i + len).min(lx.s.len())].iter().collect();
-        lx.apply_mode_change(kind)?;
+        if let Err(e) = lx.apply_mode_change(kind) {
+            return (toks, Some(e));
+        }
         toks.push(Tok { kind, text });
         i += len;
     }
-    Ok(toks)
+    (toks, None)
 }
 
 impl Lexer {
@@ -396,8 +417,19 @@ impl Lexer {
         }
     }
 
-    fn recognition_error<T>(&self, i: usize) -> Result<T, GrammarError> {
-        let rest: String = self.s[i..].iter().take(1).collect();
+    /// ANTLR's lexer error: the text from the token's start through the first character no rule of the
+    /// mode can go on with (`len` characters, cut at the end of input), tabs and newlines escaped.
+    fn recognition_error<T>(&self, i: usize, len: usize) -> Result<T, GrammarError> {
+        let rest: String = self.s[i..]
+            .iter()
+            .take(len)
+            .map(|c| match c {
+                '\n' => "\\n".to_owned(),
+                '\t' => "\\t".to_owned(),
+                '\r' => "\\r".to_owned(),
+                c => c.to_string(),
+            })
+            .collect();
         err(format!("token recognition error at: '{rest}'"))
     }
 
@@ -467,7 +499,8 @@ impl Lexer {
         match self.at(i + ws) {
             Some(':') => return Ok((Tk::Colon, ws + 1 + self.count_ws(i + ws + 1))),
             Some('}') => return Ok((Tk::InterClose, ws + 1)),
-            _ if ws > 0 => return self.recognition_error(i),
+            // Only INTER_COLON and INTER_CLOSE start with whitespace: the error spans it and the next char.
+            _ if ws > 0 => return self.recognition_error(i, ws + 1),
             _ => {}
         }
         match self.at(i) {
@@ -489,7 +522,7 @@ impl Lexer {
         } else if key > 0 {
             Ok((Tk::InterKey, key))
         } else {
-            self.recognition_error(i)
+            self.recognition_error(i, 1)
         }
     }
 
@@ -525,7 +558,7 @@ impl Lexer {
         ];
         let (kind, len) = longest(&cands);
         if len == 0 {
-            self.recognition_error(i)
+            self.recognition_error(i, 1)
         } else {
             Ok((kind, len))
         }
@@ -1130,6 +1163,47 @@ fn resolver_name(items: Vec<PathItem>, text: &str) -> Result<Vec<KeyPiece>, Gram
 
 #[cfg(test)]
 mod tests {
+
+    /// ANTLR's first error, as OmegaConf 2.3.1 reports it (texts from the oracle): the lexer's text runs from
+    /// the token's start through the first character no rule of the mode goes on with; the parser's follows
+    /// ANTLR's error recovery (prediction spans, sync, single-token deletion and insertion).
+    #[test]
+    fn syntax_errors_follow_antlr_error_recovery() {
+        let cases = [
+            ("${dict .\ta}", "token recognition error at: ' .'"),
+            ("${dict \t.a}", "token recognition error at: ' \\t.'"),
+            ("${a:b", "missing BRACE_CLOSE at '<EOF>'"),
+            ("${ [a }", "missing BRACKET_CLOSE at ' }'"),
+            ("${ ]a }", "no viable alternative at input '${ ]'"),
+            ("x${a:[1,2}", "missing BRACKET_CLOSE at '}'"),
+            ("${foo:{a:1,b}}", "mismatched input '}' expecting COLON"),
+            (
+                "${a:'x}",
+                "mismatched input '<EOF>' expecting MATCHING_QUOTE_CLOSE",
+            ),
+            ("${a:b}${", "no viable alternative at input '${'"),
+            (
+                "${${a}.b:c,${d:",
+                "mismatched input '<EOF>' expecting {INTER_OPEN, BRACE_OPEN, BRACE_CLOSE, QUOTE_OPEN_SINGLE, QUOTE_OPEN_DOUBLE, COMMA, BRACKET_OPEN, COLON, FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS}",
+            ),
+            ("${a:1,2]}", "extraneous input ']' expecting BRACE_CLOSE"),
+            (
+                "${.a:b}",
+                "mismatched input ':' expecting {BRACKET_OPEN, INTER_CLOSE, '.'}",
+            ),
+            ("${a[b}", "missing BRACKET_CLOSE at '}'"),
+            (
+                "${a:{1:2,}}",
+                "mismatched input '}' expecting {FLOAT, INT, BOOL, NULL, UNQUOTED_CHAR, ID, ESC, WS}",
+            ),
+        ];
+        for (input, want) in cases {
+            let got = validate_value(input).map_err(|e| e.to_string());
+            assert_eq!(got, Err(want.to_owned()), "{input:?}");
+        }
+        // Deep nesting that ends in a lexer error: the error walk must not recurse into it.
+        assert!(validate_value(&format!("{}(", "${".repeat(100_000))).is_err());
+    }
     use super::*;
 
     fn lit(s: &str) -> Part {

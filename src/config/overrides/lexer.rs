@@ -1,5 +1,6 @@
 //! Tokenizer for the override grammar: `OverrideLexer.g4`'s key mode and value mode, longest match first.
 
+#[cfg(test)]
 use super::GrammarError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +45,17 @@ pub(super) struct Token {
 }
 
 /// Split the whole override into tokens; the lexer starts in key mode and switches to value mode at `=`.
+#[cfg(test)]
 pub(super) fn tokenize(chars: &[char]) -> Result<Vec<Token>, GrammarError> {
+    match tokenize_prefix(chars) {
+        (tokens, None) => Ok(tokens),
+        (_, Some(column)) => Err(GrammarError::Lexer { column }),
+    }
+}
+
+/// The tokens up to the first character no token starts at (its column, then no EOF token), or all of
+/// them with EOF.
+pub(super) fn tokenize_prefix(chars: &[char]) -> (Vec<Token>, Option<usize>) {
     let mut tokens = Vec::new();
     let mut pos = 0;
     let mut value_mode = false;
@@ -56,7 +67,7 @@ pub(super) fn tokenize(chars: &[char]) -> Result<Vec<Token>, GrammarError> {
             key_token(chars, pos)
         };
         let Some((kind, len)) = matched else {
-            return Err(GrammarError::Lexer { column: pos });
+            return (tokens, Some(pos));
         };
         if kind == Tok::Equal {
             value_mode = true;
@@ -73,7 +84,7 @@ pub(super) fn tokenize(chars: &[char]) -> Result<Vec<Token>, GrammarError> {
         start: chars.len(),
         end: chars.len(),
     });
-    Ok(tokens)
+    (tokens, None)
 }
 
 fn at(chars: &[char], i: usize) -> Option<char> {

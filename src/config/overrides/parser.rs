@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 
+use super::diagnose::diagnose;
 use super::element::Quote;
 use super::functions::{self, Call};
-use super::lexer::{Tok, Token, tokenize};
+use super::lexer::{Tok, Token, tokenize_prefix};
 use super::value::{Choice, Val};
 use super::{GrammarError, OverrideKind};
 use crate::config::bigint::BigInt;
@@ -21,16 +22,22 @@ pub(super) struct Parsed {
 /// Deepest nesting of lists, dicts and calls; deeper input is rejected rather than overflowing the stack.
 const MAX_DEPTH: usize = 200;
 
+/// Parse and visit one override. On any failure ANTLR's first syntax error wins, as Hydra's visitor (and
+/// so its functions) only runs on a complete parse tree.
 pub(super) fn parse(text: &str) -> Result<Parsed, GrammarError> {
     let chars: Vec<char> = text.chars().collect();
-    let tokens = tokenize(&chars)?;
-    let mut p = Parser {
-        chars: &chars,
-        tokens: &tokens,
-        pos: 0,
-        depth: 0,
+    let (tokens, lex_error) = tokenize_prefix(&chars);
+    let result = match lex_error {
+        Some(column) => Err(GrammarError::Lexer { column }),
+        None => Parser {
+            chars: &chars,
+            tokens: &tokens,
+            pos: 0,
+            depth: 0,
+        }
+        .parse_override(),
     };
-    p.parse_override()
+    result.map_err(|e| diagnose(&chars, &tokens, lex_error).unwrap_or(e))
 }
 
 struct Parser<'a> {

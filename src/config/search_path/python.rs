@@ -25,7 +25,7 @@ pub struct PythonEnv {
 
 impl PythonEnv {
     /// The current process's directory and variables.
-    pub fn from_process() -> PythonEnv {
+    pub(crate) fn from_process() -> PythonEnv {
         let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
         PythonEnv {
             cwd: std::env::current_dir().ok(),
@@ -39,7 +39,7 @@ impl PythonEnv {
 
     /// The equivalent of `sys.path`, in Python's order (the standard library is left out: it holds no
     /// config packages).
-    pub fn sys_path(&self) -> Vec<PathBuf> {
+    pub(crate) fn sys_path(&self) -> Vec<PathBuf> {
         let mut out: Vec<PathBuf> = Vec::new();
         let cwd = self.cwd.clone().unwrap_or_else(|| PathBuf::from("."));
         out.push(cwd.clone());
@@ -139,7 +139,7 @@ fn pth_entries(site: &Path) -> Vec<PathBuf> {
 }
 
 /// Find the regular package `module` (`a.b.c`) along `sys_path` as `importlib` would.
-pub fn find_package(module: &str, sys_path: &[PathBuf]) -> PackageLookup {
+pub(crate) fn find_package(module: &str, sys_path: &[PathBuf]) -> PackageLookup {
     PackageLookup {
         found: find_in(module, sys_path),
         searched: sys_path.to_vec(),

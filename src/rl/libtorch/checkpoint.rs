@@ -114,15 +114,19 @@ pub(crate) fn save(
     .map_err(|e| err(e.to_string()))
 }
 
+/// A checkpoint file's tensors (in file order) and its metadata.
+type Loaded = (Vec<(String, Tensor)>, HashMap<String, String>);
+
 /// Reads every tensor and the metadata of `path`.
-pub(crate) fn load(
-    path: &Path,
-) -> Result<(Vec<(String, Tensor)>, HashMap<String, String>), RlError> {
+pub(crate) fn load(path: &Path) -> Result<Loaded, RlError> {
     let err = |reason: String| RlError::Checkpoint {
         path: path.to_owned(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| err(e.to_string()))?;
+    let bytes = std::fs::read(path).map_err(|source| RlError::CheckpointIo {
+        path: path.to_owned(),
+        source,
+    })?;
     let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(e.to_string()))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
     let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;

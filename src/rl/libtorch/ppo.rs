@@ -219,7 +219,9 @@ fn update(
                     };
                     let vloss = vloss.mean(Kind::Float) * 0.5;
                     vloss_v = vloss.double_value(&[]);
-                    loss = loss + vloss * alg.value_coef;
+                    // Not `+=`: tch's `+=` is the in-place `add_`, and autograd must see a new tensor.
+                    let sum = loss + vloss * alg.value_coef;
+                    loss = sum;
                 }
                 let share = chunk.len() as f64 / mb.len() as f64;
                 (loss * share)

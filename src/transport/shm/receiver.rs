@@ -174,7 +174,7 @@ impl ShmReceiver {
 
     fn fail(&mut self, err: TransportError) -> TransportError {
         if self.broken.is_none() {
-            self.broken = Some(err.to_string());
+            self.broken = Some(crate::stdio::error_chain(&err));
         }
         err
     }
@@ -195,7 +195,21 @@ impl ShmReceiver {
             .ok_or_else(|| protocol(format!("slot {slot} out of range")))?;
         // Unmap the old generation first: its memory can go as soon as every process dropped it.
         *entry = None;
-        *entry = Some(MappedSegment::open(&info.name, capacity)?);
+        // Only the sender unlinks a segment, and never one it announced before every receiver mapped it
+        // (the slot is not released until then), unless it is going away: a missing segment means the sender
+        // failed or exited, which is what this receiver's failure is about.
+        let segment = MappedSegment::open(&info.name, capacity).map_err(|e| match e {
+            TransportError::Segment { ref source, .. }
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                TransportError::PeerGone {
+                    op: "mapping an announced segment (the sender removed it)",
+                    peer: Peer::Sender,
+                }
+            }
+            e => e,
+        })?;
+        *entry = Some(segment);
         let mapped = Up::Mapped {
             slot: slot as u32,
             generation: info.generation,
