@@ -1,7 +1,8 @@
 # rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
 # `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
-# Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo).
+# Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo);
+# safetensors (the test that runs README's checkpoint loader).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -12,7 +13,7 @@ SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
-VENV_STAMP  := $(VENV)/.rlsync-venv-v3
+VENV_STAMP  := $(VENV)/.rlsync-venv-v4
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
@@ -26,12 +27,17 @@ $(VENV_STAMP):
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml \
 		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 \
-		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0
+		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0 safetensors==0.8.0
 	touch $@
 
-# The shipped binary: with the real learner (libtorch).
+# The shipped product: `rlsync` without libtorch (every command that does not train starts in milliseconds)
+# and, next to it, `rlsync-learner`: the learner workers built with libtorch, the only processes that load it.
+# The torch build has its own target dir, so plain and torch builds never overwrite each other.
+TORCH_TARGET := target/torch
 build: venv
-	$(TORCH_ENV) $(CARGO) build --release --locked --features torch
+	$(CARGO) build --release --locked --bin rlsync
+	$(TORCH_ENV) $(CARGO) build --release --locked --features torch --target-dir $(TORCH_TARGET) --bin rlsync-learner
+	cp -p $(TORCH_TARGET)/release/rlsync-learner target/release/rlsync-learner
 
 run: build python
 	$(BIN) train_embodied
@@ -60,25 +66,23 @@ lint: venv
 test-plain:
 	$(CARGO) test --release --locked
 
-test-torch: venv
-	$(TORCH_ENV) $(CARGO) test --release --locked --features torch
+# `build` first: `cargo test` unifies dev-dependency features, so it alone would leave `make run` a rebuild.
+test-torch: build
+	$(TORCH_ENV) $(CARGO) test --release --locked --features torch --target-dir $(TORCH_TARGET)
 
-# The config engine does not need libtorch, and a torch-linked binary pays ~0.5 s of shared-library loading at
-# every start, so the conformance kit (2720 process starts) runs against the plain build.
-PLAIN_BIN := target/release/rlsync-plain
+# The conformance kit (2720 process starts) runs against the shipped `rlsync`, which has no libtorch.
 conformance: venv
-	$(CARGO) build --release --locked
-	cp $(BIN) $(PLAIN_BIN)
-	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(PLAIN_BIN))" -j 2
-	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(PLAIN_BIN))" --kit $(CONFORMANCE) -j 2
+	$(CARGO) build --release --locked --bin rlsync
+	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(BIN))" -j 2
+	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(BIN))" --kit $(CONFORMANCE) -j 2
 
 # The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
 test-python: python
-	$(CARGO) build --release --locked
+	$(CARGO) build --release --locked --bin rlsync
 	$(PYTHON) -m pytest -q python/tests
 
 bench: venv
-	$(TORCH_ENV) $(CARGO) bench --locked --features torch
+	$(TORCH_ENV) $(CARGO) bench --locked --features torch --target-dir $(TORCH_TARGET)
 
 clean:
 	$(CARGO) clean

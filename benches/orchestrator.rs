@@ -45,6 +45,7 @@ fn run_steps(entry: Entry, cfg: &RunConfig, steps: u64) -> Duration {
     };
     let opts = RunOptions {
         worker_exe: Some(env!("CARGO_BIN_EXE_rlsync").into()),
+        learner_exe: None,
         shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
         print_summary: false,
         ..RunOptions::default()

@@ -1,4 +1,5 @@
-//! Entry points (`train_embodied`, `train_async`, `bench_sync`, hidden `worker`) and Hydra's command-line flags.
+//! Entry points (`train_embodied`, `train_async`, `bench_sync`, `plot`, hidden `worker`) and Hydra's command-line
+//! flags.
 //!
 //! This module only turns argv into a typed [`HydraArgs`] and dispatches; composition lives in `config`.
 
@@ -14,8 +15,10 @@ use crate::orchestrator::Entry;
 pub enum ExitStatus {
     /// The job (or `--cfg`, `--info`, `--dry-run`) completed.
     Success,
-    /// A configuration, usage or runtime error; the message is on stderr.
+    /// A configuration or runtime error; the message is on stderr.
     Failure,
+    /// A command-line usage error (argparse's exit status); usage and message are on stderr.
+    Usage,
 }
 
 impl From<ExitStatus> for ExitCode {
@@ -23,6 +26,7 @@ impl From<ExitStatus> for ExitCode {
         match status {
             ExitStatus::Success => ExitCode::SUCCESS,
             ExitStatus::Failure => ExitCode::FAILURE,
+            ExitStatus::Usage => ExitCode::from(2),
         }
     }
 }
@@ -51,6 +55,8 @@ pub struct HydraArgs {
     pub help: bool,
     pub hydra_help: bool,
     pub dry_run: bool,
+    /// `-sc/--shell-completion [install|uninstall|query=SHELL]`: `Some("")` when given without a value.
+    pub shell_completion: Option<String>,
     pub overrides: Vec<String>,
 }
 
@@ -70,13 +76,17 @@ pub enum UsageError {
         choices: &'static str,
     },
     #[error(
-        "{USAGE}\nrlsync: error: unknown entry point '{0}' (choose from train_embodied, train_async, bench_sync)"
+        "{USAGE}\nrlsync: error: argument entry: invalid choice: '{0}' (choose from 'train_embodied', 'train_async', 'bench_sync')"
     )]
     UnknownEntry(String),
+    #[error(
+        "{USAGE}\nrlsync: error: the following arguments are required: entry (train_embodied, train_async or bench_sync)"
+    )]
+    NoEntry,
 }
 
 const USAGE: &str = "usage: rlsync {train_embodied,train_async,bench_sync} [--help] [--hydra-help] [--version] [--cfg {job,hydra,all}]
-              [--resolve] [--package PACKAGE] [--run] [--multirun] [--config-path CONFIG_PATH]
+              [--resolve] [--package PACKAGE] [--run] [--multirun] [--shell-completion] [--config-path CONFIG_PATH]
               [--config-name CONFIG_NAME] [--config-dir CONFIG_DIR]
               [--info [{all,config,defaults,defaults-tree,plugins,searchpath}]] [--dry-run]
               [overrides ...]";
@@ -89,6 +99,23 @@ const FLAGS_HELP: &str = "--help,-h : Application's help
 --package,-p : Config package to show
 --run,-r : Run a job
 --multirun,-m : Run multiple jobs with the configured launcher and sweeper
+--shell-completion,-sc : Install or Uninstall shell completion:
+    Bash - Install:
+    eval \"$(rlsync -sc install=bash)\"
+    Bash - Uninstall:
+    eval \"$(rlsync -sc uninstall=bash)\"
+
+    Fish - Install:
+    rlsync -sc install=fish | source
+    Fish - Uninstall:
+    rlsync -sc uninstall=fish | source
+
+    Zsh - Install:
+    Zsh is compatible with the Bash shell completion, see the [documentation](https://hydra.cc/docs/1.2/tutorials/basic/running_your_app/tab_completion#zsh-instructions) for details.
+    eval \"$(rlsync -sc install=bash)\"
+    Zsh - Uninstall:
+    eval \"$(rlsync -sc uninstall=bash)\"
+
 --config-path,-cp : Overrides the config_path specified in hydra.main().
                     The config_path is absolute or relative to the working directory
 --config-name,-cn : Overrides the config_name specified in hydra.main()
@@ -113,6 +140,7 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
         help: false,
         hydra_help: false,
         dry_run: false,
+        shell_completion: None,
         overrides: Vec::new(),
     };
     let mut i = 0;
@@ -157,6 +185,18 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
                     }
                 });
             }
+            "--shell-completion" | "-sc" => {
+                let v = match (&inline, args.get(i)) {
+                    (Some(v), _) => v.clone(),
+                    // argparse's optional value: the next word unless it is a flag.
+                    (None, Some(next)) if !next.starts_with('-') => {
+                        i += 1;
+                        next.clone()
+                    }
+                    _ => String::new(),
+                };
+                out.shell_completion = Some(v);
+            }
             "--info" | "-i" => {
                 let v = match (&inline, args.get(i)) {
                     (Some(v), _) => v.clone(),
@@ -194,10 +234,28 @@ fn print_usage() {
 
 /// Run rlsync with the arguments after the program name.
 pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
+    match run_args(args) {
+        Err(err) => match err.downcast::<UsageError>() {
+            // argparse's way: usage and message on stderr, exit status 2.
+            Ok(usage) => {
+                crate::stdio::err(format_args!("{usage}\n"));
+                Ok(ExitStatus::Usage)
+            }
+            Err(other) => Err(other),
+        },
+        ok => ok,
+    }
+}
+
+fn run_args(args: &[String]) -> anyhow::Result<ExitStatus> {
     let Some(first) = args.first() else {
-        print_usage();
-        return Ok(ExitStatus::Success);
+        return Err(UsageError::NoEntry.into());
     };
+    if first == "-sc" || first == "--shell-completion" || first.starts_with("--shell-completion=") {
+        // Completion is set up once for `rlsync`, not per entry point.
+        let parsed = parse_hydra_args(Entry::Embodied, args)?;
+        return shell_completion(parsed.shell_completion.as_deref().unwrap_or_default());
+    }
     if first == "-h" || first == "--help" {
         print_usage();
         return Ok(ExitStatus::Success);
@@ -225,12 +283,24 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
         ));
         return Ok(ExitStatus::Success);
     }
+    if first == "plot" {
+        let args = crate::plot::parse_args(args.get(1..).unwrap_or_default())?;
+        let written = crate::plot::run(&args)?;
+        crate::stdio::out(format_args!("{}\n", written.display()));
+        return Ok(ExitStatus::Success);
+    }
     if first == "worker" {
         // Hidden: started by the orchestrator's supervisor, never by users.
         crate::worker::run_worker(args.get(1..).unwrap_or_default())?;
         return Ok(ExitStatus::Success);
     }
-    let entry = Entry::parse(first).ok_or_else(|| UsageError::UnknownEntry(first.clone()))?;
+    let entry = Entry::parse(first).ok_or_else(|| {
+        if first.starts_with('-') {
+            UsageError::UnknownFlag(first.clone())
+        } else {
+            UsageError::UnknownEntry(first.clone())
+        }
+    })?;
     let rest = args.get(1..).unwrap_or_default();
     if rest.iter().any(|a| a == "--version") {
         crate::stdio::out(format_args!(
@@ -248,14 +318,23 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
     if args.resolve && !has_cfg && !args.help {
         anyhow::bail!("The --resolve flag can only be used in conjunction with --cfg or --help");
     }
-    let commands = [args.run, has_cfg, args.multirun, args.info.is_some()]
-        .iter()
-        .filter(|b| **b)
-        .count();
+    let commands = [
+        args.run,
+        has_cfg,
+        args.multirun,
+        args.info.is_some(),
+        args.shell_completion.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
     if commands > 1 {
         anyhow::bail!(
             "Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified"
         );
+    }
+    if let Some(sc) = &args.shell_completion {
+        return shell_completion(sc);
     }
     let command = if args.help {
         Command::AppHelp {
@@ -318,6 +397,90 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
     }
 }
 
+/// `-sc install=SHELL`, `uninstall=SHELL`, `query=SHELL` (the shell's `COMP_LINE` is the line to complete).
+fn shell_completion(value: &str) -> anyhow::Result<ExitStatus> {
+    use crate::config::hydra::completion::{self, Action, Shell};
+    let Some((action, shell)) = value
+        .split_once('=')
+        .and_then(|(a, s)| Some((Action::parse(a)?, s)))
+    else {
+        anyhow::bail!("Expecting one subcommand from ['install', 'uninstall', 'query'] to be set");
+    };
+    let shell = Shell::parse(shell).ok_or_else(|| {
+        anyhow::anyhow!(
+            "No completion plugin for '{shell}' found, available : \n\tbash\n\tfish\n\tzsh"
+        )
+    })?;
+    let exe = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "rlsync".into());
+    match action {
+        Action::Install => {
+            crate::stdio::out(format_args!("{}", completion::install_script(shell, &exe)))
+        }
+        Action::Uninstall => {
+            let old = std::env::var("_HYDRA_OLD_COMP").unwrap_or_default();
+            crate::stdio::out(format_args!(
+                "{}",
+                completion::uninstall_script(shell, &exe, &old)
+            ));
+        }
+        Action::Query => {
+            let line = std::env::var("COMP_LINE").unwrap_or_default();
+            let found = completion_candidates(&line);
+            crate::stdio::out(format_args!(
+                "{}\n",
+                completion::format_candidates(shell, &found)
+            ));
+        }
+    }
+    Ok(ExitStatus::Success)
+}
+
+/// Candidates for the last word of `line` (`rlsync ENTRY [FLAGS] [OVERRIDES] WORD`): entry points first,
+/// then what Hydra completes for the entry's config (`-cp`/`-cn`/`-cd`/`-m` on the line are honoured).
+pub fn completion_candidates(line: &str) -> Vec<String> {
+    use crate::config::hydra::completion;
+    let rest = completion::strip_program(line);
+    let new_word = line.is_empty() || line.ends_with(' ');
+    let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
+    let word = if new_word {
+        String::new()
+    } else {
+        words.pop().unwrap_or_default()
+    };
+    let Some((first, typed)) = words.split_first() else {
+        return ["bench_sync", "train_async", "train_embodied"]
+            .into_iter()
+            .filter(|e| e.starts_with(&word))
+            .map(str::to_owned)
+            .collect();
+    };
+    let Some(entry) = Entry::parse(first) else {
+        return Vec::new();
+    };
+    let Ok(args) = parse_hydra_args(entry, typed) else {
+        return Vec::new();
+    };
+    let Ok(mut repo) =
+        app::build_repository(args.config_path.as_deref(), args.config_dir.as_deref())
+    else {
+        return Vec::new();
+    };
+    completion::candidates(
+        &mut repo,
+        &completion::Query {
+            config_name: args.config_name.as_deref().unwrap_or(entry.name()),
+            job_name: entry.name(),
+            overrides: &args.overrides,
+            word: &word,
+            multirun: args.multirun,
+        },
+    )
+}
+
 /// The seam to the rest of rlsync: a composed, resolved job goes to typed validation, then to the dry-run plan
 /// or the orchestrator.
 fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
@@ -342,8 +505,14 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     crate::logging::init_console(extracted.config.runner.logger.level);
+    let job_name = match job.full.get_path("hydra.job.name").map(|n| &n.value) {
+        Some(crate::config::node::Value::Str(name)) => name.clone(),
+        _ => entry.name().to_owned(),
+    };
     let opts = crate::orchestrator::RunOptions {
         job: job.config.to_json(),
+        job_log: Some(job.output_dir.join(format!("{job_name}.log"))),
+        unused_keys: extracted.ignored.clone(),
         ..Default::default()
     };
     crate::orchestrator::run(entry, &extracted.config, &job.output_dir, opts)?;

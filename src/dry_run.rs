@@ -90,11 +90,20 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
             problems.push(crate::stdio::error_chain(&e));
         }
-        if let Err(e) = crate::rl::preflight(cfg.actor.model.model_type) {
+        // Python workers bring their own model: `actor.model` is theirs to read.
+        // Built-in workers of a learner model need libtorch: in this build, or the learner executable beside it.
+        if cfg.actor.worker.kind == WorkerKind::Builtin
+            && let Err(e) = preflight_here(cfg.actor.model.model_type)
+        {
             problems.push(format!("actor.model.model_type: {e}"));
         }
         if let Some(problem) = resume_problem(cfg) {
             problems.push(problem);
+        } else if let Some(p) = &loop_plan
+            && let Err(e) = plan::resume_point(cfg, p.steps)
+        {
+            // Not a checkpoint, or nothing left to train: the run would refuse it at once.
+            problems.push(e.to_string());
         }
     }
     if entry != Entry::BenchSync
@@ -135,6 +144,12 @@ pub(crate) fn resume_problem(cfg: &RunConfig) -> Option<String> {
             dir.display()
         )
     })
+}
+
+/// `rl::preflight` for this executable and the learner executable it would start (`rl::learner_exe`).
+fn preflight_here(model: crate::config::schema::ModelType) -> Result<PathBuf, crate::rl::RlError> {
+    let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rlsync"));
+    crate::rl::preflight(model, &this, &crate::rl::learner_exe(&this))
 }
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
@@ -471,9 +486,8 @@ impl fmt::Display for DryRun {
         if !self.ignored.is_empty() {
             writeln!(
                 f,
-                "  ignored keys   {} (not used by rlsync): {}",
-                self.ignored.len(),
-                self.ignored.join(", ")
+                "  {}",
+                crate::orchestrator::unused_keys_line(&self.ignored, &self.config)
             )?;
         }
         if self.problems.is_empty() {
@@ -552,7 +566,7 @@ mod tests {
         ex.config.runner.resume_dir = None;
         ex.config.actor.model.model_type = ModelType::MlpPolicy;
         let report = dry_run(Entry::Embodied, &ex, &dir.path().join("run"));
-        let learner = crate::rl::preflight(ex.config.actor.model.model_type);
+        let learner = preflight_here(ex.config.actor.model.model_type);
         assert_eq!(
             report
                 .problems

@@ -144,6 +144,8 @@ pub struct StepResult {
     pub terminated: Vec<bool>,
     /// The episode hit `max_episode_steps`: bootstrap from `final_obs`.
     pub truncated: Vec<bool>,
+    /// The episode that ended here (terminated or truncated) counts as a success.
+    pub success: Vec<bool>,
 }
 
 /// One task's physics for N envs; the vectorised wrapper handles bookkeeping and resets.
@@ -214,11 +216,6 @@ impl VecEnv {
         self.max_episode_steps
     }
 
-    /// Episodes finished since the last [`VecEnv::take_metrics`].
-    pub(crate) fn finished_episodes(&self) -> u64 {
-        self.stats.finished()
-    }
-
     /// Current observations, `num_envs * obs_dim` values.
     pub fn obs(&self) -> &[f32] {
         &self.obs
@@ -254,6 +251,7 @@ impl VecEnv {
             reward: vec![0.0; n],
             terminated: vec![false; n],
             truncated: vec![false; n],
+            success: vec![false; n],
         };
         for env in 0..n {
             let row = &mut self.obs[env * dim..(env + 1) * dim];
@@ -274,6 +272,7 @@ impl VecEnv {
             out.truncated[env] = truncated;
             // cartpole counts surviving to the cap as success.
             let success = tr.success || (truncated && matches!(self.task, Task::Cartpole(_)));
+            out.success[env] = (tr.terminated || truncated) && success;
             self.stats
                 .record(env, tr.reward, tr.terminated || truncated, success);
             if tr.terminated || truncated {

@@ -18,6 +18,7 @@
 //! - [`rl`]: the real learner (policies, PPO, GRPO) on libtorch; a dummy without the `torch` feature.
 //! - [`logging`]: console logging set-up (tracing) for the orchestrator and the workers.
 //! - [`dry_run`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
+//! - [`plot`]: `rlsync plot`, learning curves from runs' `metrics.jsonl` as PNG.
 //! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
 //! - [`stdio`]: stdout/stderr writes that end quietly on a closed pipe instead of panicking.
 
@@ -30,6 +31,7 @@ pub mod dry_run;
 pub mod env;
 pub mod logging;
 pub mod orchestrator;
+pub mod plot;
 pub mod protocol;
 pub mod rl;
 pub mod stdio;

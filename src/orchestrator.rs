@@ -11,7 +11,9 @@
 //! progress is abandoned, metrics are flushed, workers are stopped; a second signal kills them at once).
 
 pub mod async_loop;
+pub mod checkpoint;
 pub mod embodied;
+pub mod eval;
 pub mod metrics;
 pub mod plan;
 pub mod run_files;
@@ -20,10 +22,11 @@ pub mod weights;
 
 use std::path::{Path, PathBuf};
 
-use crate::config::schema::{LoggerBackend, RunConfig, WorkerKind};
+use crate::config::schema::{RunConfig, WorkerKind};
 use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec, LoopKind};
 use crate::protocol::messages::PROTOCOL_VERSION;
+use checkpoint::Checkpoints;
 use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
 use supervisor::{Program, Supervisor, SupervisorConfig};
@@ -117,11 +120,18 @@ pub enum OrchestratorError {
 pub struct RunOptions {
     /// The `rlsync` binary to start workers from (`None`: this executable).
     pub worker_exe: Option<PathBuf>,
+    /// The learner executable that runs learner workers when `worker_exe` has no libtorch (`None`:
+    /// [`crate::rl::learner_exe`] of `worker_exe`).
+    pub learner_exe: Option<PathBuf>,
     pub shutdown: ShutdownSource,
     /// Print the final summary table to stdout.
     pub print_summary: bool,
     /// The resolved job config as plain data, handed to Python workers (see [`LaunchSpec::job`]).
     pub job: serde_json::Value,
+    /// Hydra's job log (`<run_dir>/<job_name>.log`): the orchestrator's log lines are appended to it.
+    pub job_log: Option<PathBuf>,
+    /// Keys of the composed config that rlsync does not read (`config::typed`), listed when the run starts.
+    pub unused_keys: Vec<String>,
 }
 
 impl Default for RunOptions {
@@ -129,10 +139,30 @@ impl Default for RunOptions {
         RunOptions {
             worker_exe: None,
             job: serde_json::Value::Null,
+            learner_exe: None,
             shutdown: ShutdownSource::OsSignals,
             print_summary: true,
+            job_log: None,
+            unused_keys: Vec::new(),
         }
     }
+}
+
+/// The line that lists the keys a config holds and rlsync does not use (`--dry-run` prints it too). With
+/// Python workers, which get the whole job config, it says that they may read them.
+pub fn unused_keys_line(keys: &[String], cfg: &RunConfig) -> String {
+    let python = cfg.actor.worker.kind == WorkerKind::Python
+        || cfg.rollout.worker.kind == WorkerKind::Python;
+    format!(
+        "keys in this config that rlsync does not use ({}){}: {}",
+        keys.len(),
+        if python {
+            ", though your Python workers may (they get the whole job config)"
+        } else {
+            ""
+        },
+        keys.join(", ")
+    )
 }
 
 /// Totals a loop hands back.
@@ -150,20 +180,35 @@ pub fn run(
     entry: Entry,
     cfg: &RunConfig,
     run_dir: &Path,
-    opts: RunOptions,
+    mut opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
-    // Python workers bring their own model: `actor.model` is theirs to read.
+    // Python workers bring their own model: `actor.model` is theirs to read. Built-in workers of a learner model
+    // start from the learner executable when this build has no libtorch (see `rl::preflight`).
     if cfg.actor.worker.kind == WorkerKind::Builtin {
-        crate::rl::preflight(cfg.actor.model.model_type).map_err(|e| {
-            OrchestratorError::Config {
-                reason: e.to_string(),
-            }
-        })?;
+        let this = match opts.worker_exe.take() {
+            Some(exe) => exe,
+            None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir {
+                path: "<current exe>".into(),
+                source,
+            })?,
+        };
+        let learner = match opts.learner_exe.take() {
+            Some(exe) => exe,
+            None => crate::rl::learner_exe(&this),
+        };
+        let exe =
+            crate::rl::preflight(cfg.actor.model.model_type, &this, &learner).map_err(|e| {
+                OrchestratorError::Config {
+                    reason: e.to_string(),
+                }
+            })?;
+        opts.worker_exe = Some(exe);
     }
     if let Some(reason) = crate::dry_run::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
-    let plan = plan::plan(entry, cfg)?;
+    let mut plan = plan::plan(entry, cfg)?;
+    plan.start = plan::resume_point(cfg, plan.steps)?;
     if cfg.cluster.num_nodes.get() > 1 {
         return Err(OrchestratorError::Config {
             reason: format!(
@@ -187,6 +232,37 @@ async fn run_plan(
     run_dir: &Path,
     opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
+    if let Some(path) = &opts.job_log
+        && let Err(source) = crate::logging::set_job_log(Some(path))
+    {
+        return Err(OrchestratorError::RunDir {
+            path: path.clone(),
+            source,
+        });
+    }
+    let result = run_logged(plan, cfg, run_dir, opts).await;
+    // The failure goes to the job log only: main prints it on stderr (once, after everything else, so the
+    // worker log lines it quotes never come before its own `Error:` line).
+    if let Err(err) = &result {
+        let text = format!("Error: {}", crate::stdio::error_chain(err));
+        for line in text.lines() {
+            crate::logging::to_job_log(line);
+        }
+    }
+    let _ = crate::logging::set_job_log(None);
+    result
+}
+
+async fn run_logged(
+    plan: RunPlan,
+    cfg: &RunConfig,
+    run_dir: &Path,
+    opts: RunOptions,
+) -> Result<RunSummary, OrchestratorError> {
+    tracing::info!("run dir: {}", run_dir.display());
+    if !opts.unused_keys.is_empty() {
+        tracing::info!("{}", unused_keys_line(&opts.unused_keys, cfg));
+    }
     let private = run_dir.join(".rlsync");
     std::fs::create_dir_all(&private).map_err(|source| OrchestratorError::RunDir {
         path: private.clone(),
@@ -242,6 +318,7 @@ async fn run_in_private_dir(
         weight_socket: files.weight_socket.clone(),
         segment_prefix: tag.to_owned(),
         token: crate::protocol::messages::new_token(),
+        start: plan.start,
         config: cfg.clone(),
         job: opts.job,
     };
@@ -258,13 +335,31 @@ async fn run_in_private_dir(
             source,
         })?,
     };
-    let (progress, console) = Progress::new(plan.steps);
-    let tensorboard = cfg
-        .runner
-        .logger
-        .logger_backends
-        .contains(&LoggerBackend::Tensorboard);
-    let mut sink = MetricsSink::open(&run_dir, tensorboard, progress)?;
+    let (progress, console) = Progress::new(plan.steps, plan.start.step);
+    let logger = &cfg.runner.logger;
+    let metrics_dir = match &logger.log_path {
+        Some(path) => std::path::absolute(path).map_err(|source| OrchestratorError::RunDir {
+            path: path.clone(),
+            source,
+        })?,
+        None => run_dir.clone(),
+    };
+    let mut sink = MetricsSink::open(
+        &metrics_dir,
+        &logger.logger_backends,
+        plan.start.step,
+        progress,
+    )?;
+    if plan.start.step > 0 {
+        tracing::info!(
+            "resuming at step {} of {} (weight version {})",
+            plan.start.step,
+            plan.steps,
+            plan.start.version
+        );
+    }
+    let started = std::time::Instant::now();
+    let mut checkpoints = Checkpoints::new(cfg.runner.save_interval, plan.steps);
     let sup_cfg = SupervisorConfig {
         trainer: Program::for_worker(&cfg.actor.worker, &exe),
         rollout: Program::for_worker(&cfg.rollout.worker, &exe),
@@ -280,7 +375,12 @@ async fn run_in_private_dir(
     };
     let result = match Supervisor::start(sup_cfg, opts.shutdown, console).await {
         Ok(mut sup) => {
-            let result = drive(&mut sup, &plan, cfg, &mut sink).await;
+            let result = drive(&mut sup, &plan, cfg, &mut sink, &mut checkpoints).await;
+            if let (Err(OrchestratorError::Interrupted { .. }), false) =
+                (&result, cfg.runner.only_eval)
+            {
+                save_on_interrupt(&mut sup, &mut checkpoints, cfg).await;
+            }
             sup.stop(true).await;
             result
         }
@@ -288,13 +388,83 @@ async fn run_in_private_dir(
     };
     // Workers are gone now; the caller removes the private dir (sockets) and sweeps the run's segments.
     let flushed = sink.finish();
-    let totals = result?;
-    flushed?;
-    let summary = RunSummary::from_records(&sink.history, totals.wall_s, totals.env_steps);
+    let (totals, interrupted) = match result {
+        Ok(totals) => (totals, None),
+        // An interrupted run still gets its summary: what it trained and the checkpoint it left.
+        Err(err @ OrchestratorError::Interrupted { .. }) => {
+            let env_steps = sink
+                .history
+                .iter()
+                .filter_map(|r| r.get_f64("rollout/env_steps"))
+                .sum::<f64>() as u64;
+            let totals = LoopTotals {
+                steps: sink.history.len() as u64,
+                env_steps,
+                wall_s: started.elapsed().as_secs_f64(),
+                unused_at_end: 0,
+            };
+            (totals, Some(err))
+        }
+        Err(err) => return Err(err),
+    };
+    let mut summary = RunSummary::from_records(&sink.history, totals.wall_s, totals.env_steps);
+    summary.checkpoint = checkpoints.last.map(|saved| saved.dir);
+    summary.run_dir = Some(run_dir.clone());
+    summary.metrics_file = Some(sink.metrics_file.clone());
+    summary.tensorboard_dir = sink.tensorboard_dir.clone();
+    let table = summary.table();
     if opts.print_summary {
-        crate::stdio::out(format_args!("{}\n", summary.table()));
+        crate::stdio::out(format_args!("{table}\n"));
     }
-    Ok(summary)
+    for line in table.lines() {
+        crate::logging::to_job_log(line);
+    }
+    flushed?;
+    match interrupted {
+        Some(err) => Err(err),
+        None => Ok(summary),
+    }
+}
+
+/// After SIGINT/SIGTERM: ask the trainer for a checkpoint of what it holds now (the step in progress is
+/// abandoned, a train step already running finishes first) and wait for it, bounded; a second signal, a
+/// failed trainer or the bound ends the wait and the run stops without it.
+async fn save_on_interrupt(sup: &mut Supervisor, checkpoints: &mut Checkpoints, cfg: &RunConfig) {
+    if cfg.runner.save_interval == 0 {
+        return;
+    }
+    sup.begin_step();
+    let handshake = cfg.runner.handshake_timeout_s.get();
+    let bound = cfg
+        .runner
+        .step_timeout_s
+        .get()
+        .map_or(handshake, |step| step.max(handshake));
+    let save = async {
+        checkpoints.request(sup).await?;
+        while checkpoints.pending > 0 {
+            // Rollouts lost or restarted now do not matter: the run is stopping.
+            let supervisor::Incoming::Report(id, frame) = sup
+                .recv("the trainer's checkpoint after the interrupt")
+                .await?
+            else {
+                continue;
+            };
+            if let (crate::protocol::messages::Report::Checkpointed { step, version, dir }, true) =
+                (frame.header, id == supervisor::WorkerId::TRAINER)
+            {
+                checkpoints.saved(step, version, dir);
+            }
+        }
+        Ok::<(), OrchestratorError>(())
+    };
+    match tokio::time::timeout(bound, save).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!("no checkpoint after the interrupt: {err}"),
+        Err(_) => {
+            tracing::warn!("no checkpoint after the interrupt: the trainer did not answer in time")
+        }
+    }
 }
 
 async fn drive(
@@ -302,11 +472,26 @@ async fn drive(
     plan: &RunPlan,
     cfg: &RunConfig,
     sink: &mut MetricsSink,
+    checkpoints: &mut Checkpoints,
 ) -> Result<LoopTotals, OrchestratorError> {
     let interval = u64::from(cfg.runner.weight_sync_interval.get());
+    let runner = &cfg.runner;
+    if runner.only_eval {
+        return embodied::eval_only(sup, plan, runner.verify_sync, sink).await;
+    }
     match plan.entry {
         Entry::Embodied | Entry::BenchSync => {
-            embodied::run(sup, plan, interval, cfg.runner.verify_sync, sink).await
+            let val = runner.val_check_interval;
+            embodied::run(
+                sup,
+                plan,
+                interval,
+                runner.verify_sync,
+                val,
+                sink,
+                checkpoints,
+            )
+            .await
         }
         Entry::Async => {
             let set = async_loop::AsyncSettings {
@@ -315,8 +500,9 @@ async fn drive(
                 no_wait: cfg.actor.sync_weight_no_wait,
                 verify: cfg.runner.verify_sync,
                 buffer_chunks: cfg.rollout.buffer_chunks.get() as usize,
+                val_check_interval: runner.val_check_interval,
             };
-            async_loop::run(sup, plan, set, sink).await
+            async_loop::run(sup, plan, set, sink, checkpoints).await
         }
     }
 }

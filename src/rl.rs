@@ -11,7 +11,11 @@
 //! `torch.jit.ScriptModule` whose `forward(obs)` takes a float32 tensor `[B, obs_dim]` and returns a tuple
 //! `(head, log_std, value)`: `head` is `[B, A]` (action means for continuous tasks, logits for discrete ones),
 //! `log_std` is `[A]` or `[B, A]` (ignored for discrete tasks; return any tensor), `value` is `[B]` or `[B, 1]`.
-//! All parameters with `requires_grad` are trained. See `examples/torchscript/export_policy.py`.
+//! All parameters with `requires_grad` are trained. A module may declare running observation statistics as
+//! non-trainable float32 parameters `obs_norm.mean`, `obs_norm.var` (`[obs_dim]`) and `obs_norm.count` (`[]`):
+//! the trainer updates them from every batch (as for `mlp_policy`) and syncs them as buffers. Weights keep
+//! the module's parameter names; every checkpoint also holds `policy.pt`, the module with its trained weights
+//! (`torch.jit.load`-able). See `examples/torchscript/export_policy.py`.
 
 mod advantage;
 mod checkpoint_layout;
@@ -29,12 +33,14 @@ mod dummy;
 #[cfg(not(feature = "torch"))]
 use dummy as backend;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use advantage::{gae, group_relative};
 pub use backend::{Actor, Learner, available};
 pub use checkpoint_layout::{
-    CheckpointInfo, OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir, latest_checkpoint,
+    CHECKSUM_KEY, CheckpointInfo, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, SCRIPT_FILE,
+    WEIGHTS_FILE, checkpoint_dir, latest_checkpoint, load_weights_into, read_info, read_metadata,
+    save_weights,
 };
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
@@ -43,12 +49,39 @@ pub use workload::{RolloutWork, TrainerWork, rollout_dtype};
 use crate::config::schema::ModelType;
 use crate::env::EnvError;
 
-/// Checks, before any worker starts, that this build can run the workload `actor.model.model_type` names, so
-/// a build without libtorch fails once with what to do instead of failing in every worker.
-pub(crate) fn preflight(model: ModelType) -> Result<(), RlError> {
+/// File name of the learner executable: the `torch` build of the worker, which `make build` puts next to
+/// `rlsync` (a build without libtorch), so that only learner workers load libtorch and every other command
+/// starts in milliseconds.
+pub const LEARNER_EXE: &str = "rlsync-learner";
+
+/// Environment variable that names the learner executable instead of the one next to `rlsync`.
+pub const LEARNER_ENV: &str = "RLSYNC_LEARNER";
+
+/// Where this executable (`exe`) looks for the learner executable: `$RLSYNC_LEARNER`, else `rlsync-learner`
+/// in the same directory.
+pub fn learner_exe(exe: &Path) -> PathBuf {
+    match std::env::var_os(LEARNER_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => exe.with_file_name(LEARNER_EXE),
+    }
+}
+
+/// Checks, before any worker starts, that the built-in workload of `model` (`actor.model.model_type`) can
+/// run, and returns the executable its workers start from: `exe` (this build) for the synthetic workload and
+/// in builds with libtorch, else the separately built learner executable `learner` — so a build without
+/// libtorch and without a learner fails once, with what to do instead, rather than in every worker.
+pub fn preflight(model: ModelType, exe: &Path, learner: &Path) -> Result<PathBuf, RlError> {
     match model {
-        ModelType::Synthetic => Ok(()),
-        learner => available(learner),
+        ModelType::Synthetic => Ok(exe.to_owned()),
+        model => match available(model) {
+            Ok(()) => Ok(exe.to_owned()),
+            Err(RlError::NoTorch { model }) if !learner.is_file() => Err(RlError::NoLearner {
+                model,
+                path: learner.to_owned(),
+            }),
+            Err(RlError::NoTorch { .. }) => Ok(learner.to_owned()),
+            Err(other) => Err(other),
+        },
     }
 }
 
@@ -61,6 +94,14 @@ pub enum RlError {
          `model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic`"
     )]
     NoTorch { model: &'static str },
+    #[error(
+        "model `{model}` needs the libtorch learner: this rlsync was built without the `torch` feature and \
+         there is no learner executable at {path} (set RLSYNC_LEARNER to name another): build both with \
+         `make build`, or run the synthetic workload instead by adding the overrides \
+         `model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic`",
+        path = path.display()
+    )]
+    NoLearner { model: &'static str, path: PathBuf },
     #[error(
         "model type `{model}` cannot be used by the learner (use mlp_policy, vla_tiny or torchscript)"
     )]

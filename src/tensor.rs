@@ -1,4 +1,4 @@
-//! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); checksums.
+//! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O; checksums.
 //!
 //! A [`Tensor`] is a [`Layout`] (dtype + shape) over a [`Storage`] (aligned host bytes) plus its
 //! [`Role`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
@@ -9,6 +9,7 @@ mod cast;
 mod checksum;
 mod dtype;
 pub(crate) mod parallel;
+mod safetensors_io;
 mod storage;
 pub mod synthetic;
 
@@ -38,6 +39,16 @@ pub enum TensorError {
         dtype: DType,
         requested: &'static str,
     },
+    #[error("i/o on {path}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("safetensors file {path}: {reason}")]
+    Safetensors {
+        path: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 /// How a tensor takes part in training and weight sync.
@@ -57,6 +68,15 @@ impl Role {
             Role::Trainable => "trainable",
             Role::Buffer => "buffer",
             Role::Frozen => "frozen",
+        }
+    }
+
+    pub(crate) fn from_name(name: &str) -> Option<Role> {
+        match name {
+            "trainable" => Some(Role::Trainable),
+            "buffer" => Some(Role::Buffer),
+            "frozen" => Some(Role::Frozen),
+            _ => None,
         }
     }
 
@@ -337,6 +357,21 @@ impl StateDict {
                 .map(|(k, t)| (k.clone(), t.duplicate()))
                 .collect(),
         }
+    }
+
+    /// Save to a safetensors file with further string metadata entries; roles and the key order are kept in
+    /// the file's metadata. (Checkpoints of workloads without libtorch: synthetic, Python workers.)
+    pub fn save_safetensors_with(
+        &self,
+        path: &std::path::Path,
+        metadata: &[(String, String)],
+    ) -> Result<(), TensorError> {
+        safetensors_io::save(self, path, metadata)
+    }
+
+    /// Load a safetensors file (roles default to trainable when the file has no rlsync metadata).
+    pub fn load_safetensors(path: &std::path::Path) -> Result<StateDict, TensorError> {
+        safetensors_io::load(path)
     }
 }
 

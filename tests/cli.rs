@@ -265,7 +265,7 @@ fn usage_errors_name_the_flag() {
     assert!(
         dir.run(&["nosuch_entry"])
             .err()
-            .contains("unknown entry point 'nosuch_entry'")
+            .contains("argument entry: invalid choice: 'nosuch_entry'")
     );
     assert!(
         dir.run(&["train_embodied", "-cp", "/no/such/dir", "--cfg", "job"])
@@ -405,4 +405,151 @@ fn interpolated_defaults_and_resolve() {
         err.contains("Interpolation key 'nosuch' not found"),
         "{err}"
     );
+}
+
+/// `-sc query=bash` with the shell's `COMP_LINE` (the line typed so far).
+fn complete(dir: &Dir, line: &str) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rlsync"))
+        .args(["-sc", "query=bash"])
+        .env("COMP_LINE", line)
+        .current_dir(dir.join(""))
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run rlsync: {e}"));
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+}
+
+/// The candidates Hydra 1.3.8's bash completion gives for the same tree and words (recorded from a
+/// `@hydra.main` app on `app()`'s files).
+#[test]
+fn shell_completion_queries_complete_as_hydras() {
+    let dir = app();
+    let cp = dir.join("").display().to_string();
+    let line = |words: &str| format!("rlsync train_embodied -cp {cp} -cn config {words}");
+    for (words, want) in [
+        ("", "app. db. db= hydra hydra. server. server="),
+        ("d", "db. db="),
+        ("db=", "db=mysql db=postgresql"),
+        ("db=p", "db=postgresql"),
+        ("app.", "app.name= app.port="),
+        ("app.port=", "app.port=8080"),
+        ("server.size.w", "server.size.workers="),
+        ("+", "+db= +hydra +server="),
+        ("~", "~db ~hydra ~server"),
+        ("db.driver=", "db.driver=mysql"),
+        ("db=postgresql db.port=", "db.port=5432"),
+        ("app.nme=1 app.", ""),
+    ] {
+        assert_eq!(complete(&dir, &line(words)), want, "words {words:?}");
+    }
+    // Before the entry point, the entry points; in the embedded tree, a typo's neighbour.
+    assert_eq!(
+        complete(&dir, "rlsync "),
+        "bench_sync train_async train_embodied"
+    );
+    assert_eq!(complete(&dir, "rlsync train_a"), "train_async");
+    assert_eq!(
+        complete(&dir, "rlsync train_embodied actor.optim.l"),
+        "actor.optim.lr="
+    );
+    assert_eq!(
+        complete(&dir, "rlsync train_embodied weight_syncer="),
+        "weight_syncer=bucket_syncer weight_syncer=patch_syncer"
+    );
+}
+
+#[test]
+fn shell_completion_installs_hydras_scripts() {
+    let dir = Dir::new();
+    let bash = dir.run(&["-sc", "install=bash"]);
+    assert!(
+        bash.ok()
+            .contains("complete -o nospace -o default -F hydra_bash_completion rlsync"),
+        "{}",
+        bash.stdout
+    );
+    assert!(bash.stdout.contains("$helper -sc query=bash"));
+    let fish = dir.run(&["train_embodied", "-sc", "install=fish"]);
+    assert!(
+        fish.ok()
+            .contains("complete -c rlsync -x -a '(hydra_fish_completion)'")
+    );
+    assert!(
+        dir.run(&["-sc", "uninstall=zsh"])
+            .ok()
+            .contains("unset hydra_bash_completion")
+    );
+    let bad = dir.run(&["-sc", "install=tcsh"]);
+    assert_eq!(bad.code, Some(1));
+    assert!(
+        bad.stderr.contains("No completion plugin for 'tcsh' found"),
+        "{}",
+        bad.stderr
+    );
+    let both = dir.run(&["train_embodied", "-sc", "install=bash", "--cfg", "job"]);
+    assert!(
+        both.err()
+            .contains("Only one of --run, --multirun, --cfg, --info and --shell_completion")
+    );
+}
+
+/// argparse's habits: usage errors exit with status 2, usage and message on stderr.
+#[test]
+fn usage_errors_exit_2_with_argparses_wording() {
+    let dir = Dir::new();
+    for (args, message) in [
+        (
+            &[][..],
+            "rlsync: error: the following arguments are required: entry",
+        ),
+        (
+            &["--frob"][..],
+            "rlsync: error: unrecognized arguments: --frob",
+        ),
+        (
+            &["nope"][..],
+            "rlsync: error: argument entry: invalid choice: 'nope'",
+        ),
+        (
+            &["train_embodied", "--cfg", "nope"][..],
+            "rlsync: error: argument --cfg/-c: invalid choice: 'nope' (choose from 'job', 'hydra', 'all')",
+        ),
+        (
+            &["train_embodied", "--cfg"][..],
+            "rlsync: error: argument --cfg/-c: expected one argument",
+        ),
+    ] {
+        let out = dir.run(args);
+        assert_eq!(out.code, Some(2), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.starts_with("usage: rlsync"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(out.stderr.contains(message), "{args:?}: {}", out.stderr);
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn an_override_typo_keeps_hydras_message_and_suggests_the_key() {
+    let dir = Dir::new();
+    let out = dir.run(&["train_embodied", "actor.optim.lrr=1e-3", "--cfg", "job"]);
+    assert_eq!(out.code, Some(1));
+    assert!(
+        out.stderr.contains(
+            "Could not override 'actor.optim.lrr'.\nTo append to your config use +actor.optim.lrr=1e-3\ndid you mean actor.optim.lr?"
+        ),
+        "{}",
+        out.stderr
+    );
+    let out = dir.run(&["train_embodied", "actr.optim.lr=1", "--cfg", "job"]);
+    assert!(
+        out.err().contains("did you mean actor.optim.lr?"),
+        "{}",
+        out.stderr
+    );
+    // Nothing near: Hydra's message alone.
+    let out = dir.run(&["train_embodied", "zzzzzz=1", "--cfg", "job"]);
+    assert!(!out.err().contains("did you mean"), "{}", out.stderr);
 }

@@ -685,7 +685,8 @@ fn break_7_a_closed_stdout_or_stderr_never_panics() {
             "a usage error on a closed stderr",
             strings(&["--frobnicate"]),
             true,
-            Some(1),
+            // argparse's status for a usage error (issue 12 item 6).
+            Some(2),
         ),
     ];
     for (what, args, close_stderr, want) in cases {

@@ -254,18 +254,22 @@ fn file_checksum(path: &Path) -> String {
     format!("{:#018x}", state_checksum(&state, &keys))
 }
 
-/// Trains 3 steps saving every 3, checks the checkpoint's files, then resumes for 1 step and checks that the
-/// run continues from it: step 4, the saved weights (checksum), rollouts bootstrapped with them.
+/// Trains 3 steps saving every 2 (so at 2 and at the final step 3), checks the checkpoint's files, then resumes from step 3 with `runner.max_steps=4` as the total: one
+/// more step, numbered 3, from the saved weights (checksum), versions continuing, rollouts bootstrapped with
+/// them, and a final checkpoint at step 4.
 fn check_checkpoint_and_resume(dir: &Dir, model: &[&str]) {
-    let first = run_reach(dir, "first", model, 3, &["runner.save_interval=3"]);
+    let first = run_reach(dir, "first", model, 3, &["runner.save_interval=2"]);
     assert_eq!(first.len(), 3);
-    let saved_at: Vec<f64> = first
-        .iter()
-        .map(|r| num(r, "checkpoint/global_step"))
+    let saved: Vec<bool> = (1..=4)
+        .map(|s| {
+            dir.join(&format!("first/checkpoints/global_step_{s}"))
+                .is_dir()
+        })
         .collect();
-    assert!(
-        saved_at[..2].iter().all(|s| s.is_nan()) && saved_at[2] == 3.0,
-        "checkpoint steps {saved_at:?}"
+    assert_eq!(
+        saved,
+        [false, true, true, false],
+        "every 2 steps and the final one"
     );
 
     let ckpt = dir.join("first/checkpoints/global_step_3");
@@ -297,17 +301,23 @@ fn check_checkpoint_and_resume(dir: &Dir, model: &[&str]) {
     assert!(!load_file(&optimizer).is_empty(), "optimizer moments saved");
 
     let resume = format!("runner.resume_dir={}", ckpt.display());
-    let resumed = run_reach(dir, "resumed", model, 1, &[resume.as_str()]);
-    assert_eq!(resumed.len(), 1);
+    let resumed = run_reach(dir, "resumed", model, 4, &[resume.as_str()]);
+    assert_eq!(resumed.len(), 1, "max_steps is the total: 4 - 3 steps left");
     let row = &resumed[0];
     assert_eq!(
         (
-            num(row, "learner/resumed_from_step"),
+            num(row, "step"),
             num(row, "learner/global_step"),
-            num(row, "learner/version")
+            num(row, "learner/version"),
+            num(row, "actor/current_version"),
+            num(row, "actor/average_version"),
         ),
-        (3.0, 4.0, 4.0),
-        "{row:?}"
+        (3.0, 4.0, 4.0, 4.0, 3.0),
+        "steps and versions continue from the checkpoint: {row:?}"
+    );
+    assert!(
+        dir.join("resumed/checkpoints/global_step_4").is_dir(),
+        "the final step is saved"
     );
     // Rollouts were bootstrapped from the resumed trainer (init sync, verified), and acted with exactly the
     // weights the trainer loaded.
@@ -337,7 +347,35 @@ fn check_checkpoint_and_resume(dir: &Dir, model: &[&str]) {
 
 #[test]
 fn mlp_policy_checkpoints_and_resumes() {
-    check_checkpoint_and_resume(&Dir::new(), &["model@actor.model=mlp_policy"]);
+    let dir = Dir::new();
+    check_checkpoint_and_resume(&dir, &["model@actor.model=mlp_policy"]);
+    check_readme_loader(&dir.join("first/checkpoints/global_step_3"));
+}
+
+/// The README's Python snippet (the block after its `checkpoint-loader` marker) loads a checkpoint strictly
+/// into a PyTorch module and runs it.
+fn check_readme_loader(ckpt: &Path) {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .unwrap_or_default();
+    let block = readme
+        .split_once("<!-- checkpoint-loader")
+        .and_then(|(_, rest)| rest.split_once("```python\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(code, _)| code.to_owned())
+        .expect("README has the checkpoint-loader block");
+    let script = ckpt.with_file_name("load_checkpoint.py");
+    std::fs::write(&script, block).unwrap();
+    let out = std::process::Command::new(python())
+        .arg(&script)
+        .arg(ckpt)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("global_step 3 version 3: action ["),
+        "the README loader failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -359,6 +397,59 @@ fn torchscript_example_exports_trains_checkpoints_and_resumes() {
     );
     let path = format!("actor.model.torchscript_path={}", policy.display());
     check_checkpoint_and_resume(&dir, &["model@actor.model=torchscript", path.as_str()]);
+
+    // The checkpoint keeps the module's own parameter names, and its policy.pt is the module with exactly
+    // the checkpoint's (trained) weights, as torch.jit.load sees it.
+    let ckpt = dir.join("first/checkpoints/global_step_3");
+    let saved = StateDict::load_safetensors(&ckpt.join(rlsync::rl::WEIGHTS_FILE))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let params = |module: &Path| -> Map<String, Value> {
+        let out = std::process::Command::new(python())
+            .args([
+                "-c",
+                "import json, sys, torch\n\
+                 m = torch.jit.load(sys.argv[1])\n\
+                 print(json.dumps({n: p.detach().flatten().tolist() for n, p in m.named_parameters()}))",
+            ])
+            .arg(module)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let trained = params(&ckpt.join(rlsync::rl::SCRIPT_FILE));
+    let mut names: Vec<&str> = trained.keys().map(String::as_str).collect();
+    names.sort();
+    let mut saved_names: Vec<&str> = saved.keys().collect();
+    saved_names.sort();
+    assert_eq!(names, saved_names);
+    assert!(names.contains(&"pi.0.weight"), "{names:?}");
+    for name in names {
+        let want: Vec<f32> = saved
+            .get(name)
+            .and_then(|t| t.as_slice::<f32>().ok())
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default();
+        let got: Vec<f32> = trained[name]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|v| v as f32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(got, want, "{name}");
+    }
+    let exported = params(&policy);
+    assert!(
+        exported.iter().any(|(n, v)| trained.get(n) != Some(v)),
+        "policy.pt holds the trained weights, not the exported ones"
+    );
 }
 
 #[test]

@@ -57,9 +57,14 @@ fn small_config() -> RunConfig {
     cfg
 }
 
+/// A learner executable that does not exist: runs of a build without libtorch must not find one that `make
+/// build` left next to the test binary.
+const NO_LEARNER: &str = "/nonexistent/rlsync-learner";
+
 fn opts(shutdown: ShutdownSource) -> RunOptions {
     RunOptions {
         worker_exe: Some(BIN.into()),
+        learner_exe: Some(NO_LEARNER.into()),
         shutdown,
         print_summary: false,
         ..RunOptions::default()
@@ -324,11 +329,140 @@ fn shutdown_request_stops_the_run_cleanly() {
         matches!(result, Err(OrchestratorError::Interrupted { .. })),
         "{result:?}"
     );
+    let rows = metrics(dir.path()).len() as u64;
+    assert!(rows > 0, "metrics of finished steps are kept");
+    // The interrupt leaves a checkpoint of what the trainer held (the step in progress may have finished).
+    let saved =
+        rlsync::rl::latest_checkpoint(dir.path()).expect("a checkpoint after the interrupt");
+    let info = rlsync::rl::read_info(&saved).unwrap();
     assert!(
-        !metrics(dir.path()).is_empty(),
-        "metrics of finished steps are kept"
+        info.global_step == rows || info.global_step == rows + 1,
+        "checkpoint at step {} after {rows} recorded steps",
+        info.global_step
     );
+    assert_eq!(info.version, info.global_step, "one version per step");
     assert_clean(dir.path());
+}
+
+/// The TFRecord payloads of a TensorBoard event file.
+fn event_records(path: &Path) -> Vec<Vec<u8>> {
+    let bytes = std::fs::read(path).unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 12 <= bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        out.push(bytes[at + 12..at + 12 + len].to_vec());
+        at += 12 + len + 4;
+    }
+    out
+}
+
+#[test]
+fn a_resumed_run_continues_steps_versions_metrics_and_tensorboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.runner.max_steps = 4;
+    cfg.runner.save_interval = 2;
+    let first = run_in(Entry::Embodied, &cfg, dir.path()).unwrap();
+    let ckpt = |step: u64| rlsync::rl::checkpoint_dir(dir.path(), step);
+    let saved: Vec<bool> = (1..=4).map(|s| ckpt(s).is_dir()).collect();
+    assert_eq!(saved, [false, true, false, true]);
+    assert_eq!(
+        first.checkpoint,
+        Some(std::fs::canonicalize(ckpt(4)).unwrap())
+    );
+
+    // Resume in place from step 2 with a total of 6: steps 2..=5, appended to the same files.
+    cfg.runner.max_steps = 6;
+    cfg.runner.resume_dir = Some(ckpt(2));
+    let second = run_in(Entry::Embodied, &cfg, dir.path()).unwrap();
+    assert_eq!(second.steps, 4);
+    let rows = metrics(dir.path());
+    let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 1, 2, 3, 2, 3, 4, 5], "appended, never truncated");
+    let versions: Vec<i64> = rows[4..]
+        .iter()
+        .map(|r| r["actor/current_version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [3, 4, 5, 6],
+        "versions continue from the checkpoint's 2"
+    );
+    assert_eq!(rows[4]["sync/kind"], "init");
+    assert_eq!(
+        rows[4]["actor/average_version"], 2.0,
+        "acted with the checkpoint's weights"
+    );
+    assert_eq!(rows[5]["sync/version"], 3);
+    assert!(
+        rows[4..].iter().all(|r| r["sync/verified"] == true),
+        "{rows:?}"
+    );
+    assert_eq!(
+        second.checkpoint,
+        Some(std::fs::canonicalize(ckpt(6)).unwrap())
+    );
+    // The resumed weights are the checkpoint's: its step-6 checkpoint holds version 6.
+    assert_eq!(rlsync::rl::read_info(&ckpt(6)).unwrap().version, 6);
+
+    // TensorBoard: a second event file whose first events are the file version and a session start at step
+    // 2, so TensorBoard drops the first run's points from step 2 on (no out-of-order steps).
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path().join("tensorboard"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let records = event_records(&files[1]);
+    assert_eq!(
+        &records[1][9..],
+        [0x10, 2, 0x3A, 2, 0x08, 0x01],
+        "session start at step 2"
+    );
+    assert_eq!(records.len(), 2 + 4, "one event per resumed step");
+
+    // Resuming at the total is an error naming both numbers; nothing starts.
+    cfg.runner.resume_dir = Some(ckpt(6));
+    let err = run_in(Entry::Embodied, &cfg, dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("step 6") && err.contains("max_steps=6"),
+        "{err}"
+    );
+    assert_eq!(metrics(dir.path()).len(), 8);
+}
+
+#[test]
+fn a_resumed_async_run_continues_steps_and_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.runner.max_steps = 3;
+    cfg.actor.sync_weight_no_wait = true;
+    let first = run_in(Entry::Async, &cfg, dir.path()).unwrap();
+    let ckpt = rlsync::rl::checkpoint_dir(dir.path(), 3);
+    assert_eq!(
+        first.checkpoint,
+        Some(std::fs::canonicalize(&ckpt).unwrap())
+    );
+    cfg.runner.max_steps = 5;
+    cfg.runner.resume_dir = Some(ckpt);
+    run_in(Entry::Async, &cfg, dir.path()).unwrap();
+    let rows = metrics(dir.path());
+    let steps: Vec<u64> = rows.iter().map(|r| r["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [0, 1, 2, 3, 4]);
+    let versions: Vec<i64> = rows
+        .iter()
+        .map(|r| r["actor/current_version"].as_i64().unwrap())
+        .collect();
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
+    for r in &rows[3..] {
+        let avg = r["actor/average_version"].as_f64().unwrap();
+        assert!(avg >= 3.0, "resumed chunks come from version 3 on: {r:?}");
+    }
+    assert!(rlsync::rl::checkpoint_dir(dir.path(), 5).is_dir());
 }
 
 #[test]
@@ -349,6 +483,7 @@ fn worker_without_handshake_times_out_naming_it() {
     let run_dir = dir.path().join("run");
     let opts = RunOptions {
         worker_exe: Some(script),
+        learner_exe: None,
         shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
         print_summary: false,
         ..RunOptions::default()
@@ -437,12 +572,14 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
         ),
         "{text}"
     );
+    assert!(text.contains(NO_LEARNER), "names where it looked: {text}");
     assert!(!dir.path().join("logs").exists(), "no worker was started");
 
     // The embedded default (reach with mlp_policy) from the command line: one error, said once.
     let run_dir = format!("hydra.run.dir={}", dir.path().join("cli").display());
     let out = std::process::Command::new(BIN)
         .args(["train_embodied", run_dir.as_str()])
+        .env("RLSYNC_LEARNER", dir.path().join("no-learner"))
         .output()
         .expect("start rlsync");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -455,6 +592,75 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
     assert!(
         stderr.contains("model `mlp_policy`") && stderr.contains("env@env.train=synthetic"),
         "{stderr}"
+    );
+
+    // The dry run refuses it too, and passes once a learner executable is there.
+    let dry_run = |learner: &Path| {
+        std::process::Command::new(BIN)
+            .args(["train_embodied", "--dry-run", run_dir.as_str()])
+            .env("RLSYNC_LEARNER", learner)
+            .output()
+            .expect("start rlsync")
+    };
+    let out = dry_run(&dir.path().join("no-learner"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("needs the libtorch learner"), "{stdout}");
+    let out = dry_run(Path::new(BIN));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+}
+
+/// A build without libtorch starts learner workers from the learner executable (here a script that records
+/// its arguments and runs this plain binary, whose workers then fail for want of libtorch), and synthetic
+/// workers from itself.
+#[cfg(not(feature = "torch"))]
+#[test]
+fn learner_workers_start_from_the_learner_executable() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("learner-calls");
+    let learner = dir.path().join("rlsync-learner");
+    std::fs::write(
+        &learner,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> '{}'\nexec '{BIN}' \"$@\"\n",
+            record.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &learner,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut cfg = small_config();
+    cfg.actor.model.model_type = rlsync::config::schema::ModelType::MlpPolicy;
+    let opts = || RunOptions {
+        worker_exe: Some(BIN.into()),
+        learner_exe: Some(learner.clone()),
+        shutdown: ShutdownSource::Manual(ShutdownHandle::new()),
+        print_summary: false,
+        ..RunOptions::default()
+    };
+    // The workers fail (this plain binary has no learner; the synthetic env is no learner task either).
+    orchestrator::run(Entry::Embodied, &cfg, &dir.path().join("learn"), opts()).unwrap_err();
+    let calls = std::fs::read_to_string(&record).unwrap_or_default();
+    assert!(
+        calls.contains("worker --role"),
+        "the learner ran the workers: {calls:?}"
+    );
+
+    std::fs::remove_file(&record).unwrap();
+    orchestrator::run(
+        Entry::Embodied,
+        &small_config(),
+        &dir.path().join("synth"),
+        opts(),
+    )
+    .unwrap();
+    assert!(
+        !record.exists(),
+        "synthetic workers start from rlsync itself"
     );
 }
 
@@ -519,4 +725,32 @@ fn sigterm_to_the_orchestrator_process_stops_everything() {
         "the error names the signal: {stderr}"
     );
     assert_clean(&run_dir);
+}
+
+#[test]
+fn val_check_interval_evaluates_on_the_rollouts_with_the_trained_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = small_config();
+    cfg.runner.max_steps = 5;
+    cfg.runner.val_check_interval = 2;
+    run_in(Entry::Embodied, &cfg, dir.path()).unwrap();
+    let rows = metrics(dir.path());
+    let evals: Vec<(u64, i64)> = rows
+        .iter()
+        .filter_map(|r| Some((r["step"].as_u64()?, r.get("eval/version")?.as_i64()?)))
+        .collect();
+    // After 2, 4 and 5 (the end) steps, each time the version just trained.
+    assert_eq!(evals, [(1, 2), (3, 4), (4, 5)]);
+    assert!(
+        rows.iter()
+            .all(|r| r.get("eval/version").is_none() || r["eval/episodes"] == 0)
+    );
+    // The sync an evaluation needed delivers the next step's weights: every step after the first still
+    // records the sync its rollouts used, verified.
+    let synced: Vec<i64> = rows[1..]
+        .iter()
+        .map(|r| r["sync/version"].as_i64().unwrap_or(-1))
+        .collect();
+    assert_eq!(synced, [1, 2, 3, 4]);
+    assert!(rows.iter().all(|r| r["sync/verified"] == true));
 }

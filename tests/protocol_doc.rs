@@ -66,13 +66,13 @@ fn command_frame_example_decodes_and_reencodes() {
 #[test]
 fn json_examples_roundtrip_exactly() {
     let commands = examples("json", "command");
-    assert_eq!(commands.len(), 5);
+    assert_eq!(commands.len(), 7);
     for text in commands {
         let cmd: Command = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert_eq!(serde_json::to_string(&cmd).unwrap(), text);
     }
     let reports = examples("json", "report");
-    assert_eq!(reports.len(), 8);
+    assert_eq!(reports.len(), 10);
     for text in reports {
         let report: Report = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert_eq!(serde_json::to_string(&report).unwrap(), text);

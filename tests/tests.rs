@@ -7,6 +7,7 @@ mod faults;
 mod learner;
 mod orchestrator;
 mod protocol_doc;
+mod run_experience;
 mod sync_bridge;
 mod sync_shm;
 mod tidy;

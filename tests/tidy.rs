@@ -40,6 +40,13 @@ const FORMAT_HOMES: &[&str] = &[
     "src/transport/tcp.rs",
     "src/orchestrator/metrics/tensorboard.rs",
     "src/rl/libtorch/checkpoint.rs",
+    // Checkpoints of workloads without libtorch (synthetic, Python workers) and their metadata, read from the
+    // safetensors header alone (resume, --dry-run): the same file format as the learner's.
+    "src/tensor/safetensors_io.rs",
+    "src/rl/checkpoint_layout.rs",
+    // metrics.csv (the csv logger backend) and the metrics.jsonl reader of `rlsync plot`.
+    "src/orchestrator/metrics/csv.rs",
+    "src/plot.rs",
     "python/src/syncer.rs",
     "python/src/worker.rs",
 ];

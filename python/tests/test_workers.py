@@ -127,3 +127,25 @@ def test_the_worker_module_refuses_bad_arguments():
     )
     assert p.returncode == 1
     assert "unknown role 'pilot'" in p.stderr
+
+
+def test_python_workers_checkpoint_resume_and_eval(tmp_path):
+    # The final step always checkpoints the trainer's model() weights; an eval on Python rollouts is answered
+    # with no episodes (they have no evaluation hook).
+    p = run(tmp_path, "train_embodied", "runner.max_steps=3", "runner.val_check_interval=3")
+    assert p.returncode == 0, p.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "global_step_3"
+    assert (ckpt / "model.safetensors").is_file(), p.stdout
+    assert str(ckpt) in p.stdout, "the summary names the last checkpoint"
+    evals = [r for r in metrics(tmp_path) if "eval/episodes" in r]
+    assert [(r["step"], r["eval/episodes"], r["eval/version"]) for r in evals] == [(2, 0, 3)], evals
+    # Resume in place: steps 3..5, versions continue, metrics appended (3 + 2 train lines), weights loaded.
+    p = run(tmp_path, "train_embodied", "runner.max_steps=5", f"runner.resume_dir={ckpt}")
+    assert p.returncode == 0, p.stderr
+    train = [r for r in metrics(tmp_path) if "actor/weights_match" in r]
+    assert [r["step"] for r in train] == [0, 1, 2, 3, 4], train
+    # The trainer's model got the checkpoint's weights: its `steps` buffer continues at 3.
+    assert [r["actor/model_steps"] for r in train] == [0, 1, 2, 3, 4], train
+    assert all(r["actor/weights_match"] == 1.0 for r in train), train
+    assert (tmp_path / "run" / "checkpoints" / "global_step_5" / "model.safetensors").is_file()
+    assert not leftovers(tmp_path)

@@ -62,8 +62,16 @@ pub enum ComposeError {
         without_plus: String,
         input: String,
     },
-    #[error("Could not override '{key}'.\nTo append to your config use +{input}")]
-    OverrideMissingKey { key: String, input: String },
+    #[error(
+        "Could not override '{key}'.\nTo append to your config use +{input}{}",
+        did_you_mean.as_ref().map(|s| format!("\ndid you mean {s}?")).unwrap_or_default()
+    )]
+    OverrideMissingKey {
+        key: String,
+        input: String,
+        /// The existing key the override most likely meant (a typo of one segment).
+        did_you_mean: Option<String>,
+    },
     #[error("Error merging override {input}\n{message}")]
     MergeOverride { input: String, message: String },
     /// A config sets a `hydra.*` value that Hydra's schema (HydraConf, JobConf, …) refuses.
@@ -587,7 +595,16 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
             value.unwrap_or_else(|| Node::new(Value::Null)),
             false,
         )
-        .map_err(|e| e.into_compose(o)),
+        .map_err(|e| match e.into_compose(o) {
+            ComposeError::OverrideMissingKey { key, input, .. } => {
+                ComposeError::OverrideMissingKey {
+                    did_you_mean: did_you_mean(cfg, &key),
+                    key,
+                    input,
+                }
+            }
+            other => other,
+        }),
     }
 }
 
@@ -604,6 +621,7 @@ impl UpdateError {
             UpdateError::MissingKey => ComposeError::OverrideMissingKey {
                 key: o.key_or_group.clone(),
                 input: o.input.clone(),
+                did_you_mean: None,
             },
             UpdateError::Other(message) => ComposeError::MergeOverride {
                 input: o.input.clone(),
@@ -611,6 +629,34 @@ impl UpdateError {
             },
         }
     }
+}
+
+/// The existing key closest to `key` when one segment of it is a typo: the first segment that is not in its
+/// dict is replaced by the nearest key there (`actor.optim.lrr` → `actor.optim.lr`).
+fn did_you_mean(cfg: &Node, key: &str) -> Option<String> {
+    let parts: Vec<&str> = key.split('.').collect();
+    let mut node = cfg;
+    for (i, part) in parts.iter().enumerate() {
+        let dict = node.as_dict()?;
+        match node.get(part) {
+            Some(child) => node = child,
+            None => {
+                let known: Vec<String> = dict
+                    .keys()
+                    .filter_map(|k| k.as_str())
+                    .map(str::to_owned)
+                    .collect();
+                let known: Vec<&str> = known.iter().map(String::as_str).collect();
+                let near = crate::config::typed::closest(part, &known)?;
+                let mut fixed: Vec<&str> = parts.clone();
+                fixed[i] = &near;
+                let candidate = fixed.join(".");
+                // Only a key that exists (the rest of the path included) is worth suggesting.
+                return cfg.get_path(&candidate).map(|_| candidate.clone());
+            }
+        }
+    }
+    None
 }
 
 /// OmegaConf.update(cfg, key, value, merge=True) under struct mode; `force_add` lifts struct mode.

@@ -2,6 +2,7 @@
 //! directory with its `.hydra/` files.
 
 pub mod app;
+pub mod completion;
 pub mod conf;
 
 use indexmap::IndexMap;

@@ -273,8 +273,7 @@ impl PyScalar<'_> {
 
     /// Python's `repr(x)`.
     /// Python's `str(x)`: a string as it is, anything else as its `repr`.
-    #[cfg(test)]
-    fn str(self) -> String {
+    pub(crate) fn str(self) -> String {
         match self {
             PyScalar::Str(s) => s.to_owned(),
             other => other.repr(),

@@ -294,21 +294,25 @@ impl<'de> Deserialize<'de> for Deadline {
 // ---------------------------------------------------------------------------------------------------------
 // runner
 
+/// `runner.logger.logger_backends`: where metrics go besides `metrics.jsonl`, which every run writes (RLinf's
+/// `wandb` and `swanlab` are not supported: naming one is an error that lists these).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LoggerBackend {
+    /// `<log_path>/tensorboard/events.out.tfevents.*`.
     Tensorboard,
+    /// `<log_path>/metrics.jsonl` (always written; naming it changes nothing).
     Jsonl,
-    Wandb,
-    Swanlab,
+    /// `<log_path>/metrics.csv`: one row per step, a column per metric.
+    Csv,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
 pub struct LoggerConfig {
-    pub log_path: PathBuf,
-    pub project_name: String,
-    pub experiment_name: String,
+    /// Directory of the metrics files (`metrics.jsonl`, `metrics.csv`, `tensorboard/`); `None`: the run dir.
+    /// (RLinf's `project_name` and `experiment_name` name wandb/swanlab runs: not read, so reported unused.)
+    pub log_path: Option<PathBuf>,
     /// RLinf's key; `backends` is accepted as an alias.
     #[serde(alias = "backends")]
     pub logger_backends: Vec<LoggerBackend>,
@@ -319,9 +323,7 @@ pub struct LoggerConfig {
 impl Default for LoggerConfig {
     fn default() -> Self {
         LoggerConfig {
-            log_path: PathBuf::from("."),
-            project_name: "rlsync".into(),
-            experiment_name: "default".into(),
+            log_path: None,
             logger_backends: vec![LoggerBackend::Tensorboard],
             level: LogLevel::Info,
         }

@@ -573,7 +573,7 @@ fn describe(v: &Value) -> String {
 }
 
 /// The closest known name to `key`, if it is close enough to be a typo.
-fn closest(key: &str, known: &[&str]) -> Option<String> {
+pub(crate) fn closest(key: &str, known: &[&str]) -> Option<String> {
     let budget = (key.len() / 3).clamp(1, 3);
     known
         .iter()
@@ -603,6 +603,13 @@ fn remove_path(tree: &mut Node, dotted: &str) -> bool {
         Some((p, l)) => (Some(p), l),
         None => (None, dotted),
     };
+    // A bad list element: drop the whole list from its parent so the default applies (replacing it by null
+    // would be reported again as "null is not a list").
+    if let Some(list) = parent
+        && matches!(tree.get_path(list).map(|n| &n.value), Some(Value::List(_)))
+    {
+        return remove_path(tree, list);
+    }
     let mut cur = tree;
     if let Some(parent) = parent {
         for part in parent.split('.') {
@@ -1035,6 +1042,19 @@ mod tests {
             "{}",
             err.problems[3].message
         );
+    }
+
+    #[test]
+    fn a_bad_list_element_is_one_problem() {
+        // Regression: the list used to be replaced by null, reported again as "null is not a list".
+        let list = Value::List(vec![Node::new(s("tensorboard")), Node::new(s("wandb"))]);
+        let err = extract(&tree(&[("runner.logger.logger_backends", list)])).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        let p = &err.problems[0];
+        assert_eq!(p.path, "runner.logger.logger_backends.1");
+        for want in ["wandb", "tensorboard", "jsonl", "csv"] {
+            assert!(p.message.contains(want), "{}", p.message);
+        }
     }
 
     #[test]

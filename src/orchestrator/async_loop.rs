@@ -9,6 +9,8 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use crate::orchestrator::checkpoint::Checkpoints;
+use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
@@ -26,6 +28,8 @@ pub struct AsyncSettings {
     pub verify: bool,
     /// `rollout.buffer_chunks` (raised to one batch if smaller).
     pub buffer_chunks: usize,
+    /// `runner.val_check_interval`: after this many steps the rollouts evaluate the weights they hold.
+    pub val_check_interval: i64,
 }
 
 struct Buffered {
@@ -74,6 +78,13 @@ enum Trainer {
 
 struct Loop<'a> {
     sup: &'a mut Supervisor,
+    checkpoints: &'a mut Checkpoints,
+    /// An evaluation the rollouts are running (reports so far), and a finished one not yet in a row.
+    eval_running: Option<EvalTally>,
+    eval_done: Option<EvalTally>,
+    /// The rollouts the running evaluation still waits for (those ready when it started, until they report
+    /// or are lost).
+    eval_pending: Vec<bool>,
     plan: &'a RunPlan,
     set: AsyncSettings,
     verifier: Verifier,
@@ -228,6 +239,9 @@ impl Loop<'_> {
         for (key, value) in &info.metrics {
             rec.float(key, value.unwrap_or(f64::NAN));
         }
+        if let Some(tally) = self.eval_done.take() {
+            tally.record(&mut rec);
+        }
         sink.record(rec)?;
         self.totals.steps += 1;
         self.totals.env_steps += info.env_steps;
@@ -251,6 +265,10 @@ impl Loop<'_> {
             Handled::Nothing => Ok(()),
             Handled::Report(id, frame) => self.on_report(id, frame.header, frame.blob, sink).await,
             Handled::Lost(rank) => {
+                if let Some(p) = self.eval_pending.get_mut(rank as usize) {
+                    *p = false;
+                }
+                self.eval_settle();
                 if let Some(slot) = self.slots.get_mut(rank as usize)
                     && slot.in_flight
                 {
@@ -272,6 +290,13 @@ impl Loop<'_> {
                 Ok(())
             }
             Handled::Applied { rank, version } => self.applied(rank, Some(version), sink),
+        }
+    }
+
+    /// The running evaluation is done once no rollout it waits for is left.
+    fn eval_settle(&mut self) {
+        if self.eval_running.is_some() && !self.eval_pending.iter().any(|p| *p) {
+            self.eval_done = self.eval_running.take();
         }
     }
 
@@ -356,6 +381,28 @@ impl Loop<'_> {
                 info.loss = loss;
                 info.metrics = metrics;
                 self.trainer_version = version;
+                // Commands run in order on the trainer: the checkpoint holds exactly this step's weights.
+                if self.checkpoints.due(info.step + 1) {
+                    self.checkpoints.request(self.sup).await?;
+                }
+                // The rollouts evaluate the versions they hold (recorded as eval/version): in the overlapped
+                // loop they are not stopped to install this step's weights first.
+                if eval::due(self.set.val_check_interval, info.step + 1, self.plan.steps)
+                    && self.eval_running.is_none()
+                {
+                    let ready: Vec<u32> = (0..self.plan.rollouts)
+                        .filter(|&r| self.fleet.is_ready(r))
+                        .collect();
+                    self.eval_pending = vec![false; self.plan.rollouts as usize];
+                    for rank in ready {
+                        self.sup
+                            .send(WorkerId::rollout(rank), &Command::Eval, &[])
+                            .await?;
+                        self.eval_pending[rank as usize] = true;
+                    }
+                    self.eval_running = Some(EvalTally::default());
+                    self.eval_settle();
+                }
                 if version % self.set.sync_interval == 0 {
                     self.sup
                         .send(WorkerId::TRAINER, &Command::Sync { version }, &[])
@@ -409,6 +456,24 @@ impl Loop<'_> {
                 }
                 self.finish_sync(sink)?;
             }
+            Report::Checkpointed { step, version, dir } if id == WorkerId::TRAINER => {
+                self.checkpoints.saved(step, version, dir);
+            }
+            Report::Evaluated {
+                version,
+                episodes,
+                mean_return,
+                success_rate,
+                episode_len,
+            } if id != WorkerId::TRAINER && self.eval_running.is_some() => {
+                if let Some(tally) = &mut self.eval_running {
+                    tally.add(version, episodes, mean_return, success_rate, episode_len);
+                }
+                if let Some(p) = self.eval_pending.get_mut(id.rank as usize) {
+                    *p = false;
+                }
+                self.eval_settle();
+            }
             other => return Err(Self::unexpected(id, &other)),
         }
         Ok(())
@@ -455,12 +520,19 @@ pub async fn run(
     plan: &RunPlan,
     set: AsyncSettings,
     sink: &mut MetricsSink,
+    checkpoints: &mut Checkpoints,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
     let mut fleet = Fleet::new(plan.rollouts);
     weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
-    let slots = vec![Slot::default(); plan.rollouts as usize];
+    let slots = vec![
+        Slot {
+            version: plan.start.version,
+            ..Slot::default()
+        };
+        plan.rollouts as usize
+    ];
     let mut lp = Loop {
         sup,
         plan,
@@ -468,8 +540,12 @@ pub async fn run(
         verifier,
         fleet,
         trainer: Trainer::Idle { since: started },
-        trainer_version: 0,
-        steps_started: 0,
+        trainer_version: plan.start.version,
+        steps_started: plan.start.step,
+        checkpoints,
+        eval_running: None,
+        eval_done: None,
+        eval_pending: Vec::new(),
         buffer: VecDeque::new(),
         slots,
         next_chunk: 0,
@@ -479,12 +555,19 @@ pub async fn run(
         totals: LoopTotals::default(),
     };
     lp.sup.begin_step();
-    while lp.totals.steps < plan.steps {
+    let to_train = plan.steps - plan.start.step.min(plan.steps);
+    while lp.totals.steps < to_train || lp.checkpoints.pending > 0 || lp.eval_running.is_some() {
         // Training first: discarding stale chunks can make room for new grants.
         lp.try_train().await?;
         lp.grant().await?;
         let incoming = lp.sup.recv("trajectories, training or weight sync").await?;
         lp.on_incoming(incoming, sink).await?;
+    }
+    // An evaluation that finished after the last row goes into a row of its own at the final step.
+    if let Some(tally) = lp.eval_done.take() {
+        let mut rec = StepRecord::new(plan.steps.saturating_sub(1));
+        tally.record(&mut rec);
+        sink.record(rec)?;
     }
     let mut totals = lp.totals;
     totals.wall_s = started.elapsed().as_secs_f64();

@@ -7,6 +7,8 @@
 
 use std::time::Instant;
 
+use crate::orchestrator::checkpoint::Checkpoints;
+use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
@@ -177,10 +179,105 @@ async fn gather(
     Ok((got, outcome))
 }
 
-pub async fn run(
+/// Evaluate the trainer's weights `version` on the rollouts (one deterministic episode per eval env), after
+/// syncing them when the rollouts hold an older version (as RLinf updates the rollout weights before it
+/// evaluates). Rollouts that are down or still catching up after a restart are not waited for. Returns the
+/// pooled reports and that sync, if one was needed; `published` becomes `version`.
+pub async fn evaluate(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+    fleet: &mut Fleet,
+    version: u64,
+    published: &mut u64,
+) -> Result<(EvalTally, Option<SyncOutcome>), OrchestratorError> {
+    let started = Instant::now();
+    let rollouts = sup.rollouts() as usize;
+    let syncing = *published < version;
+    let mut applies = vec![false; rollouts];
+    if syncing {
+        *published = version;
+        sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
+            .await?;
+        for rank in fleet.attached() {
+            sup.send(WorkerId::rollout(rank), &Command::Apply, &[])
+                .await?;
+            applies[rank as usize] = true;
+        }
+    }
+    // A worker runs its commands in order: those applying the sync evaluate what they installed.
+    let mut evaluating = vec![false; rollouts];
+    for rank in 0..rollouts as u32 {
+        if applies[rank as usize] || (fleet.is_ready(rank) && fleet.version(rank) == *published) {
+            sup.send(WorkerId::rollout(rank), &Command::Eval, &[])
+                .await?;
+            evaluating[rank as usize] = true;
+        }
+    }
+    let mut tally = EvalTally::default();
+    let (mut stats, mut sync_s) = (None, 0.0);
+    while evaluating.iter().any(|e| *e)
+        || applies.iter().any(|a| *a)
+        || (syncing && stats.is_none())
+    {
+        let incoming = sup.recv("the rollouts' evaluation").await?;
+        match fleet.handle(sup, verifier, incoming).await? {
+            Handled::Nothing | Handled::Ready { .. } => {}
+            Handled::Lost(rank) => {
+                for pending in [&mut evaluating, &mut applies] {
+                    if let Some(p) = pending.get_mut(rank as usize) {
+                        *p = false;
+                    }
+                }
+            }
+            Handled::Applied { rank, .. } => {
+                if let Some(a) = applies.get_mut(rank as usize) {
+                    *a = false;
+                }
+            }
+            Handled::Report(id, frame) => match frame.header {
+                Report::Synced {
+                    stats: s, checksum, ..
+                } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
+                    verifier.trainer(s.version, checksum)?;
+                    stats = Some(s);
+                }
+                Report::Evaluated {
+                    version,
+                    episodes,
+                    mean_return,
+                    success_rate,
+                    episode_len,
+                } if id != WorkerId::TRAINER => {
+                    if let Some(e) = evaluating.get_mut(id.rank as usize) {
+                        *e = false;
+                    }
+                    tally.add(version, episodes, mean_return, success_rate, episode_len);
+                }
+                other => {
+                    return Err(OrchestratorError::Unexpected {
+                        worker: id.to_string(),
+                        report: format!("{other:?}"),
+                    });
+                }
+            },
+        }
+        if syncing && sync_s == 0.0 && stats.is_some() && !applies.iter().any(|a| *a) {
+            sync_s = started.elapsed().as_secs_f64();
+        }
+    }
+    let outcome = stats.map(|stats| SyncOutcome {
+        stats,
+        seconds: sync_s,
+        verified: verifier.all_matched(),
+    });
+    Ok((tally, outcome))
+}
+
+/// `runner.only_eval`: evaluate the weights the run starts with (the checkpoint of `runner.resume_dir`, or
+/// the initial ones) on the rollouts, record one row at the start step, and train nothing.
+pub async fn eval_only(
     sup: &mut Supervisor,
     plan: &RunPlan,
-    interval: u64,
     verify: bool,
     sink: &mut MetricsSink,
 ) -> Result<LoopTotals, OrchestratorError> {
@@ -188,16 +285,55 @@ pub async fn run(
     let mut fleet = Fleet::new(plan.rollouts);
     let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
+    sup.begin_step();
+    let mut held = plan.start.version;
+    let (tally, _) = evaluate(
+        sup,
+        &mut verifier,
+        &mut fleet,
+        plan.start.version,
+        &mut held,
+    )
+    .await?;
+    let mut rec = StepRecord::new(plan.start.step);
+    rec.float("time/eval", started.elapsed().as_secs_f64());
+    init.record(&mut rec);
+    rec.int("actor/current_version", plan.start.version as i64);
+    tally.record(&mut rec);
+    sink.record(rec)?;
+    Ok(LoopTotals {
+        wall_s: started.elapsed().as_secs_f64(),
+        ..LoopTotals::default()
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    sup: &mut Supervisor,
+    plan: &RunPlan,
+    interval: u64,
+    verify: bool,
+    val_check_interval: i64,
+    sink: &mut MetricsSink,
+    checkpoints: &mut Checkpoints,
+) -> Result<LoopTotals, OrchestratorError> {
+    let mut verifier = Verifier::new(verify);
+    let mut fleet = Fleet::new(plan.rollouts);
+    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
+    let started = Instant::now();
     let mut totals = LoopTotals::default();
-    let mut version = 0u64;
-    // The version the rollouts hold (the last one synced).
-    let mut published = 0u64;
+    let first = plan.start.step;
+    let mut version = plan.start.version;
+    // The version the rollouts hold (the last one synced, by a step or by an evaluation), and a sync an
+    // evaluation made that the next step's rollouts use.
+    let mut published = version;
+    let mut carried: Option<SyncOutcome> = None;
     let chunks = u64::from(plan.rollouts) * u64::from(plan.chunks_per_rollout);
-    for step in 0..plan.steps {
+    for step in first..plan.steps {
         sup.begin_step();
         let step_start = Instant::now();
-        // Step 0's weights are the bootstrap's.
-        let syncing = step % interval == 0 && step > 0;
+        // The first step's weights are the bootstrap's (or an evaluation's sync).
+        let syncing = step % interval == 0 && step > first && published < version;
         let rollouts = plan.rollouts as usize;
         let mut applies = vec![false; rollouts];
         if syncing {
@@ -236,10 +372,10 @@ pub async fn run(
         // Rollouts start generating right after applying: their phase is what remains of the gather.
         let rollout_s =
             step_start.elapsed().as_secs_f64() - synced.as_ref().map(|s| s.seconds).unwrap_or(0.0);
-        let sync = if step == 0 {
+        let sync = if step == first {
             Some(init.clone())
         } else {
-            synced
+            synced.or(carried.take())
         };
 
         let train_start = Instant::now();
@@ -277,6 +413,15 @@ pub async fn run(
         let train_s = train_start.elapsed().as_secs_f64();
         let stale = staleness(version, &got.samples);
         version = trained_version;
+        let eval_start = Instant::now();
+        let eval = if eval::due(val_check_interval, step + 1, plan.steps) {
+            let (tally, sync) =
+                evaluate(sup, &mut verifier, &mut fleet, version, &mut published).await?;
+            carried = sync;
+            Some((tally, eval_start.elapsed().as_secs_f64()))
+        } else {
+            None
+        };
 
         let step_s = step_start.elapsed().as_secs_f64();
         let sync_s = sync.as_ref().map(|s| s.seconds).unwrap_or(0.0);
@@ -311,9 +456,16 @@ pub async fn run(
         for (key, value) in &metrics {
             rec.float(key, value.unwrap_or(f64::NAN));
         }
+        if let Some((tally, seconds)) = &eval {
+            rec.float("time/eval", *seconds);
+            tally.record(&mut rec);
+        }
         sink.record(rec)?;
         totals.env_steps += got.env_steps;
         totals.steps += 1;
+        if checkpoints.due(step + 1) {
+            checkpoints.save_now(sup, &mut fleet, &mut verifier).await?;
+        }
     }
     totals.wall_s = started.elapsed().as_secs_f64();
     Ok(totals)

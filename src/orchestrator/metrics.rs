@@ -1,6 +1,7 @@
 //! Per-step metrics: the record the loops fill, staleness statistics, and the sink that fans a record out to
 //! `metrics.jsonl`, TensorBoard event files and the progress bar.
 
+pub mod csv;
 pub mod jsonl;
 pub mod progress;
 pub mod summary;
@@ -9,6 +10,7 @@ pub mod tensorboard;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::config::schema::LoggerBackend;
 use progress::Progress;
 
 #[derive(Debug, thiserror::Error)]
@@ -140,35 +142,57 @@ impl Staleness {
 /// Where step records go.
 pub struct MetricsSink {
     jsonl: jsonl::JsonlWriter,
+    csv: Option<csv::CsvWriter>,
     tensorboard: Option<tensorboard::EventWriter>,
     progress: Progress,
     pub history: Vec<StepRecord>,
+    pub metrics_file: PathBuf,
+    pub tensorboard_dir: Option<PathBuf>,
 }
 
 impl MetricsSink {
+    /// Open the backends of a run whose first step is `first_step` (non-zero when resumed). Files are appended
+    /// to, never truncated; TensorBoard gets a new event file that starts with a session start at
+    /// `first_step`, so TensorBoard drops the points an earlier run wrote from that step on.
     pub fn open(
-        run_dir: &Path,
-        tensorboard: bool,
+        dir: &Path,
+        backends: &[LoggerBackend],
+        first_step: u64,
         progress: Progress,
     ) -> Result<MetricsSink, MetricsError> {
-        let jsonl = jsonl::JsonlWriter::create(&run_dir.join("metrics.jsonl"))?;
-        let tensorboard = if tensorboard {
-            Some(tensorboard::EventWriter::create(
-                &run_dir.join("tensorboard"),
-            )?)
-        } else {
-            None
+        std::fs::create_dir_all(dir).map_err(|source| MetricsError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let metrics_file = dir.join("metrics.jsonl");
+        let jsonl = jsonl::JsonlWriter::append(&metrics_file)?;
+        let csv = match backends.contains(&LoggerBackend::Csv) {
+            true => Some(csv::CsvWriter::append(&dir.join("metrics.csv"))?),
+            false => None,
+        };
+        let tensorboard_dir = backends
+            .contains(&LoggerBackend::Tensorboard)
+            .then(|| dir.join("tensorboard"));
+        let tensorboard = match &tensorboard_dir {
+            Some(dir) => Some(tensorboard::EventWriter::create(dir, first_step)?),
+            None => None,
         };
         Ok(MetricsSink {
             jsonl,
+            csv,
             tensorboard,
             progress,
             history: Vec::new(),
+            metrics_file,
+            tensorboard_dir,
         })
     }
 
     pub fn record(&mut self, rec: StepRecord) -> Result<(), MetricsError> {
         self.jsonl.write(&rec)?;
+        if let Some(csv) = &mut self.csv {
+            csv.write(&rec)?;
+        }
         if let Some(tb) = &mut self.tensorboard {
             tb.write(&rec)?;
         }

@@ -3,6 +3,7 @@
 
 use crate::config::schema::RunConfig;
 use crate::orchestrator::OrchestratorError;
+use crate::protocol::launch::StartPoint;
 
 /// The user-facing entry points; each composes `<entry>.yaml` by default and becomes `hydra.job.name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +37,10 @@ pub struct RunPlan {
     pub entry: Entry,
     pub rollouts: u32,
     pub envs_per_rollout: u32,
-    /// Train steps to run.
+    /// The run's total train steps (`runner.max_steps`): a resumed run trains steps `start.step..steps`.
     pub steps: u64,
+    /// The step and weight version training starts at (a resumed run: its checkpoint's; see [`resume_point`]).
+    pub start: StartPoint,
     /// Env steps of every env of a rollout per chunk.
     pub chunk_steps: u32,
     /// Chunks each rollout contributes per train step (the batch is `rollouts * chunks_per_rollout`).
@@ -107,12 +110,37 @@ pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError>
         rollouts,
         envs_per_rollout,
         steps: steps as u64,
+        start: StartPoint::default(),
         chunk_steps: chunk_steps as u32,
         chunks_per_rollout,
         env_steps_per_step: u64::from(rollouts)
             * u64::from(chunks_per_rollout)
             * chunk_steps
             * u64::from(envs_per_rollout),
+    })
+}
+
+/// Where a run starts: step 0 and version 0, or, with `runner.resume_dir`, the step and version that
+/// checkpoint recorded (RLinf's semantics: `runner.max_steps` stays the run's total, so a run resumed at step
+/// 100 of 150 trains 50 steps). A checkpoint at or past the total is an error (there is nothing left to train)
+/// unless `runner.only_eval` is set.
+pub fn resume_point(cfg: &RunConfig, total: u64) -> Result<StartPoint, OrchestratorError> {
+    let Some(dir) = &cfg.runner.resume_dir else {
+        return Ok(StartPoint::default());
+    };
+    let info = crate::rl::read_info(dir)
+        .map_err(|e| invalid(format!("runner.resume_dir={}: {e}", dir.display())))?;
+    if info.global_step >= total && !cfg.runner.only_eval {
+        return Err(invalid(format!(
+            "runner.resume_dir={} is at step {}, and runner.max_steps={total} is the run's total: nothing \
+             is left to train (raise runner.max_steps)",
+            dir.display(),
+            info.global_step
+        )));
+    }
+    Ok(StartPoint {
+        step: info.global_step,
+        version: info.version,
     })
 }
 

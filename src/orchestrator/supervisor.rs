@@ -346,21 +346,18 @@ impl Supervisor {
         Ok(sup)
     }
 
-    /// Start worker `id`'s process; `restart`: it succeeds a dead one (its log is appended to, not replaced).
+    /// Start worker `id`'s process; `restart`: it succeeds a dead one. Its log is appended to, as metrics.jsonl
+    /// and the job log are: a run resumed in place (or a restarted worker) keeps the earlier output.
     fn spawn_process(&mut self, id: WorkerId, restart: bool) -> Result<Unit, OrchestratorError> {
         let log_path = self.logs.join(format!("{id}.log"));
-        let opened = if restart {
-            std::fs::OpenOptions::new()
-                .append(true)
-                .create(true)
-                .open(&log_path)
-        } else {
-            std::fs::File::create(&log_path)
-        };
-        let file = opened.map_err(|source| OrchestratorError::RunDir {
-            path: log_path.clone(),
-            source,
-        })?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|source| OrchestratorError::RunDir {
+                path: log_path.clone(),
+                source,
+            })?;
         let pgid = (self.pgid != 0).then_some(self.pgid);
         let program = match id.role {
             Role::Trainer => &self.cfg.trainer,

@@ -33,11 +33,22 @@ pub struct LaunchSpec {
     /// the run's own user can read it.
     #[serde(default)]
     pub token: String,
+    /// Where training starts: step 0 and version 0, or the checkpoint a resumed run continues from.
+    #[serde(default)]
+    pub start: StartPoint,
     pub config: RunConfig,
     /// The resolved job config as plain data (every key, also those rlsync does not read), for Python
     /// workers; `null` when the run was started without one (tests, benches).
     #[serde(default)]
     pub job: serde_json::Value,
+}
+
+/// The step and weight version a run starts at (`runner.resume_dir`: the checkpoint's; else zero). Steps and
+/// versions continue from there, so the bootstrap sends the checkpoint's weights as this version.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartPoint {
+    pub step: u64,
+    pub version: u64,
 }
 
 /// Path of the launch file inside a run dir.
@@ -88,13 +99,17 @@ mod tests {
             weight_socket: "/tmp/w.sock".into(),
             segment_prefix: "rlsync-1-x".into(),
             token: "0123".into(),
+            start: StartPoint {
+                step: 100,
+                version: 100,
+            },
             config: RunConfig::default(),
             job: serde_json::json!({"env": {"train": {"task": "Reacher-v5"}}}),
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);
         let text = String::from_utf8(bytes).unwrap().replacen(
-            "\"format_version\": 1",
+            "\"format_version\": 2",
             "\"format_version\": 99",
             1,
         );

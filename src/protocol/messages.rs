@@ -14,7 +14,7 @@ use super::ProtocolError;
 use super::frame::{self, FrameReader, ReadError};
 
 /// Version of the control protocol and of the launch file; bump on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Frames larger than this are rejected (a corrupt length must not allocate gigabytes).
 pub(crate) const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -100,6 +100,12 @@ pub enum Command {
     /// Trainer: catch up rollout `rank`, a restarted worker that joined the weight channel late (it reported
     /// [`Report::Joined`]): replay of logged patches when sound, else a full transfer, to that rank only.
     Rejoin { rank: u32 },
+    /// Rollout: evaluate the weights it holds now, deterministically, one episode per env of its share of
+    /// `env.eval`; answered by [`Report::Evaluated`].
+    Eval,
+    /// Trainer: save a checkpoint of the current weights (and optimizer) under
+    /// `<run_dir>/checkpoints/global_step_<step>`; answered by [`Report::Checkpointed`].
+    Checkpoint,
     /// Finish and exit 0.
     Stop,
 }
@@ -166,6 +172,21 @@ pub enum Report {
         seconds: f64,
         #[serde(default, skip_serializing_if = "String::is_empty")]
         reason: String,
+    },
+    /// Rollout: the evaluation of weights `version`: `episodes` episodes (one per eval env; 0 for workloads
+    /// without envs) with their mean return, success rate and length.
+    Evaluated {
+        version: u64,
+        episodes: u64,
+        mean_return: f64,
+        success_rate: f64,
+        episode_len: f64,
+    },
+    /// Trainer: a checkpoint was written to `dir` at `step` (trainer steps completed) holding `version`.
+    Checkpointed {
+        step: u64,
+        version: u64,
+        dir: std::path::PathBuf,
     },
     /// The worker failed; it exits right after. `blames` names the peers its failure was about (a weight
     /// channel peer that is gone or did not answer in time), so the orchestrator can name the first cause.
@@ -347,6 +368,8 @@ mod tests {
     fn commands_roundtrip_with_blobs() {
         roundtrip(Command::InitWeights, b"");
         roundtrip(Command::Sync { version: 7 }, b"");
+        roundtrip(Command::Checkpoint, b"");
+        roundtrip(Command::Eval, b"");
         roundtrip(
             Command::Train {
                 step: 3,
@@ -374,11 +397,25 @@ mod tests {
                 ("actor/behav_approx_kl".into(), None),
             ],
         };
-        let bytes = encode(&trained, b"").unwrap();
-        assert_eq!(
-            decode_body::<Report>(bytes[4..].to_vec()).unwrap().header,
-            trained
-        );
+        let evaluated = Report::Evaluated {
+            version: 4,
+            episodes: 16,
+            mean_return: -3.5,
+            success_rate: 0.75,
+            episode_len: 50.0,
+        };
+        let checkpointed = Report::Checkpointed {
+            step: 100,
+            version: 100,
+            dir: "/runs/x/checkpoints/global_step_100".into(),
+        };
+        for report in [trained, evaluated, checkpointed] {
+            let bytes = encode(&report, b"").unwrap();
+            assert_eq!(
+                decode_body::<Report>(bytes[4..].to_vec()).unwrap().header,
+                report
+            );
+        }
     }
 
     fn check_malformed(body: Vec<u8>, expect: &str) {

@@ -20,7 +20,10 @@ use tch::{Kind, Tensor};
 use crate::config::schema::{ModelType, RunConfig, WeightDtype};
 use crate::env::EnvSpec;
 
-use super::checkpoint_layout::{OPTIMIZER_FILE, WEIGHTS_FILE, checkpoint_dir};
+use super::checkpoint_layout::{
+    CHECKSUM_KEY, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, SCRIPT_FILE, WEIGHTS_FILE,
+    checkpoint_dir,
+};
 use super::{ActMode, CheckpointInfo, Decision, RlError, TrainMetrics, Trajectory};
 use crate::tensor::Role;
 use adam::Adam;
@@ -46,21 +49,15 @@ pub fn available(_model: ModelType) -> Result<(), RlError> {
     Ok(())
 }
 
-const META_FORMAT: &str = "rlsync_checkpoint";
-const FORMAT_VERSION: &str = "1";
-/// Checkpoint metadata: [`Learner::weights_checksum`] at save time, as `0x` and 16 hex digits.
-const CHECKSUM_KEY: &str = "weights_checksum";
-
 /// The trainer's model (fp32 master weights), optimizer and algorithm.
 pub struct Learner {
     policy: Policy,
     adam: Adam,
     cfg: RunConfig,
     global_step: u64,
+    /// Weight versions continue across a resume (the run's sync versions start at the checkpoint's), so a
+    /// trajectory tagged with version `v` was acted by the learner's weights of version `v`.
     version: u64,
-    /// `version` when this process started (non-zero after a resume). Sync versions restart at 0 in every
-    /// run, so a trajectory tagged with sync version `v` was acted by learner version `run_base + v`.
-    run_base: u64,
 }
 
 impl Learner {
@@ -79,7 +76,6 @@ impl Learner {
             cfg: cfg.clone(),
             global_step: 0,
             version: 0,
-            run_base: 0,
         })
     }
 
@@ -105,13 +101,12 @@ impl Learner {
             .actor
             .seed
             .wrapping_add(self.global_step.wrapping_mul(0x9E37_79B9));
-        let sync_version = self.version - self.run_base;
         let m = ppo::train_step(
             &mut self.policy,
             &mut self.adam,
             traj,
             &self.cfg,
-            sync_version,
+            self.version,
             seed,
         )?;
         self.global_step += 1;
@@ -175,6 +170,8 @@ impl Learner {
             ("adam_steps".to_owned(), self.adam.steps().to_string()),
         ]);
         checkpoint::save(&dir.join(OPTIMIZER_FILE), &self.adam.state(), opt_meta)?;
+        // A TorchScript policy also goes out as a module with the trained weights, for `torch.jit.load`.
+        self.policy.save_script(&dir.join(SCRIPT_FILE))?;
         Ok(CheckpointInfo {
             dir,
             global_step: self.global_step,
@@ -215,7 +212,6 @@ impl Learner {
         }
         self.global_step = global_step;
         self.version = version;
-        self.run_base = version;
         Ok(CheckpointInfo {
             dir: dir.to_owned(),
             global_step,

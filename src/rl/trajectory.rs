@@ -271,30 +271,116 @@ pub fn collect(env: &mut VecEnv, actor: &mut Actor, steps: usize) -> Result<Traj
     Ok(traj)
 }
 
-/// Deterministic evaluation: resets `env`, acts with the distribution's mode until at least `episodes`
-/// episodes finished (or a step cap is hit), and reports their metrics.
-pub fn evaluate(
+/// Deterministic evaluation: resets `env` and acts with the distribution's mode until every env has finished
+/// exactly one episode; the metrics cover those episodes only, one per env (an env that finishes early waits:
+/// its later episodes are not counted, so short episodes do not weigh more).
+pub fn evaluate(env: &mut VecEnv, actor: &mut Actor) -> Result<EpisodeMetrics, RlError> {
+    one_episode_per_env(env, |obs| {
+        actor
+            .act(obs, ActMode::Deterministic)
+            .map(|decision| decision.actions)
+    })
+}
+
+/// [`evaluate`] with any policy `act` (observations of every env → their actions).
+pub fn one_episode_per_env(
     env: &mut VecEnv,
-    actor: &mut Actor,
-    episodes: u64,
+    mut act: impl FnMut(&[f32]) -> Result<ActionBuf, RlError>,
 ) -> Result<EpisodeMetrics, RlError> {
     env.reset();
     env.take_metrics();
-    let per_env = episodes.div_ceil(env.num_envs().max(1) as u64) + 1;
-    let cap = per_env * u64::from(env.max_episode_steps());
+    let n = env.num_envs();
+    let (mut done, mut success) = (vec![false; n], vec![false; n]);
+    let (mut ret, mut len) = (vec![0.0f64; n], vec![0u64; n]);
+    // Every episode ends by `max_episode_steps` at the latest (truncation).
+    let cap = u64::from(env.max_episode_steps());
     let mut steps = 0;
-    while env.finished_episodes() < episodes && steps < cap {
+    while done.iter().any(|d| !d) && steps < cap {
         let obs = env.obs().to_vec();
-        let decision = actor.act(&obs, ActMode::Deterministic)?;
-        env.step(decision.actions.as_actions())?;
+        let actions = act(&obs)?;
+        let out = env.step(actions.as_actions())?;
+        for e in 0..n {
+            if done[e] {
+                continue;
+            }
+            ret[e] += f64::from(out.reward[e]);
+            len[e] += 1;
+            if out.terminated[e] || out.truncated[e] {
+                done[e] = true;
+                success[e] = out.success[e];
+            }
+        }
         steps += 1;
     }
-    Ok(env.take_metrics())
+    env.take_metrics();
+    let finished: Vec<usize> = (0..n).filter(|e| done[*e]).collect();
+    let episodes = finished.len() as u64;
+    if episodes == 0 {
+        return Ok(EpisodeMetrics::default());
+    }
+    let mean =
+        |f: &dyn Fn(usize) -> f64| finished.iter().map(|e| f(*e)).sum::<f64>() / episodes as f64;
+    Ok(EpisodeMetrics {
+        ret: mean(&|e| ret[e]),
+        success_rate: mean(&|e| f64::from(u8::from(success[e]))),
+        episode_len: mean(&|e| len[e] as f64),
+        episodes,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn evaluation_counts_exactly_one_episode_per_env() {
+        use crate::config::schema::{EnvSplitConfig, EnvType};
+        use crate::env::EnvOptions;
+        use std::num::NonZeroU32;
+        // Cartpole with a constant action: episodes end at different times in different envs, and the
+        // early ones would end again before the slowest ends.
+        let cfg = EnvSplitConfig {
+            env_type: EnvType::Cartpole,
+            total_num_envs: NonZeroU32::new(6).unwrap(),
+            max_episode_steps: NonZeroU32::new(200).unwrap(),
+            seed: 3,
+            ..EnvSplitConfig::default()
+        };
+        let mut env = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN)).unwrap();
+        let mut calls = 0;
+        let mut first_ends = vec![None; 6];
+        let m = one_episode_per_env(&mut env, |obs| {
+            calls += 1;
+            Ok(ActionBuf::Discrete(vec![0; obs.len() / 4]))
+        })
+        .unwrap();
+        assert_eq!(m.episodes, 6, "one episode per env, never more");
+        // Replaying the same envs by hand: the mean length is that of each env's first episode.
+        let mut env = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN)).unwrap();
+        env.reset();
+        for t in 1..=calls {
+            let out = env
+                .step(ActionBuf::Discrete(vec![0; 6]).as_actions())
+                .unwrap();
+            for e in 0..6 {
+                if first_ends[e].is_none() && (out.terminated[e] || out.truncated[e]) {
+                    first_ends[e] = Some(t as f64);
+                }
+            }
+        }
+        let lens: Vec<f64> = first_ends.iter().map(|l| l.unwrap()).collect();
+        assert!(
+            lens.iter().any(|l| *l != lens[0]),
+            "envs end at different steps: {lens:?}"
+        );
+        let want = lens.iter().sum::<f64>() / 6.0;
+        assert!(
+            (m.episode_len - want).abs() < 1e-9,
+            "{} vs {want}",
+            m.episode_len
+        );
+        assert_eq!(calls as f64, lens.iter().cloned().fold(0.0, f64::max));
+    }
 
     fn chunk(envs: usize, steps: usize, base: f32) -> Trajectory {
         let n = envs * steps;

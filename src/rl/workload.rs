@@ -71,22 +71,22 @@ impl TrainerWork {
     }
 
     /// One update on the chunks of every rollout worker (same steps, disjoint envs, worker order), then
-    /// the new weights are written into `state`; saves a checkpoint every `runner.save_interval` steps.
+    /// the new weights are written into `state`.
     pub fn train_step(
         &mut self,
         state: &mut StateDict,
         chunks: &[Trajectory],
-    ) -> Result<(TrainMetrics, Option<CheckpointInfo>), RlError> {
+    ) -> Result<TrainMetrics, RlError> {
         let traj = Trajectory::concat_envs(chunks)?;
         let metrics = self.learner.train_step(&traj)?;
         self.learner.export_into(state)?;
-        let every = self.cfg.runner.save_interval;
-        let checkpoint = if every > 0 && self.learner.global_step().is_multiple_of(every as u64) {
-            Some(self.learner.save_checkpoint(&self.run_dir)?)
-        } else {
-            None
-        };
-        Ok((metrics, checkpoint))
+        Ok(metrics)
+    }
+
+    /// Saves weights and optimizer state to `<run_dir>/checkpoints/global_step_<n>/` (the orchestrator decides
+    /// when: every `runner.save_interval` steps, at the final step and on an interrupt).
+    pub fn save_checkpoint(&self) -> Result<CheckpointInfo, RlError> {
+        self.learner.save_checkpoint(&self.run_dir)
     }
 }
 
@@ -130,21 +130,28 @@ impl RolloutWork {
         version: u64,
         steps: usize,
     ) -> Result<Trajectory, RlError> {
+        self.install(state, version)?;
+        collect(&mut self.env, &mut self.actor, steps)
+    }
+
+    /// Makes the actor hold `state`, the weights of `version` (a no-op when it already does).
+    pub fn install(&mut self, state: &StateDict, version: u64) -> Result<(), RlError> {
         if self.installed != Some(version) {
             self.actor.import_state(state, version)?;
             self.installed = Some(version);
         }
-        collect(&mut self.env, &mut self.actor, steps)
+        Ok(())
     }
 
-    /// Deterministic evaluation of the current weights on this worker's share of `env.eval`, on freshly
-    /// built envs (the same episodes at every call).
-    pub fn evaluate(&mut self, episodes: u64) -> Result<EpisodeMetrics, RlError> {
+    /// Deterministic evaluation of the weights this worker holds (the version installed by the last
+    /// [`RolloutWork::rollout`] or [`RolloutWork::install`]) on this worker's share of `env.eval`, on freshly
+    /// built envs (the same episodes at every call): exactly one episode per env.
+    pub fn evaluate(&mut self) -> Result<EpisodeMetrics, RlError> {
         let mut env = VecEnv::new(&EnvOptions::for_worker(
             &self.cfg.env.eval,
             self.rank,
             self.workers,
         ))?;
-        evaluate(&mut env, &mut self.actor, episodes)
+        evaluate(&mut env, &mut self.actor)
     }
 }

@@ -2,39 +2,26 @@
 //! wraps `rl::RolloutWork`; trajectories cross processes in the protocol's trajectory encoding.
 
 use std::num::NonZeroU32;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::config::schema::RunConfig;
-use crate::env::{EnvOptions, EpisodeMetrics, VecEnv};
+use crate::env::EpisodeMetrics;
 use crate::protocol::trajectory::{ChunkOrigin, decode_trajectories, encode_trajectory};
-use crate::rl::{RolloutWork, TrainerWork, Trajectory, evaluate};
+use crate::rl::{RolloutWork, TrainerWork, Trajectory};
 use crate::tensor::StateDict;
 use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 
-/// The trainer side: PPO/GRPO updates, checkpoints every `runner.save_interval` steps, and deterministic
-/// eval of the trainer's weights on `env.eval` every `runner.val_check_interval` steps.
+/// The trainer side: PPO/GRPO updates and checkpoints (when the orchestrator asks). Evaluation runs on the
+/// rollout workers ([`LearnerRollout`]).
 pub(crate) struct LearnerTrainer {
     work: TrainerWork,
-    cfg: RunConfig,
 }
 
 impl LearnerTrainer {
     pub fn new(cfg: &RunConfig, run_dir: &Path) -> Result<LearnerTrainer, WorkloadError> {
         Ok(LearnerTrainer {
             work: TrainerWork::new(cfg, run_dir)?,
-            cfg: cfg.clone(),
         })
-    }
-
-    /// Eval episodes on all of `env.eval`'s envs (one episode each), with a fresh actor holding the
-    /// trainer's current weights.
-    fn evaluate(&self) -> Result<EpisodeMetrics, WorkloadError> {
-        let one = NonZeroU32::MIN;
-        let mut env = VecEnv::new(&EnvOptions::for_worker(&self.cfg.env.eval, 0, one))
-            .map_err(crate::rl::RlError::from)?;
-        let mut actor = self.work.learner().actor(&self.cfg, self.cfg.actor.seed)?;
-        let episodes = u64::from(self.cfg.env.eval.total_num_envs.get());
-        Ok(evaluate(&mut env, &mut actor, episodes)?)
     }
 }
 
@@ -60,7 +47,7 @@ impl Workload for LearnerTrainer {
         let episodes = trajs
             .iter()
             .fold(EpisodeMetrics::default(), |acc, t| acc.merge(&t.episodes));
-        let (train, checkpoint) = self.work.train_step(state, &trajs)?;
+        let train = self.work.train_step(state, &trajs)?;
         let mut metrics: Vec<(String, f64)> = train
             .named()
             .iter()
@@ -71,27 +58,12 @@ impl Workload for LearnerTrainer {
             metrics.extend(episodes.named().iter().map(|(k, v)| ((*k).to_owned(), *v)));
         }
         let step = self.work.learner().global_step();
-        let every = self.cfg.runner.val_check_interval;
-        if every > 0 && step.is_multiple_of(every as u64) {
-            let eval = self.evaluate()?;
-            metrics.extend(
-                eval.named()
-                    .iter()
-                    .map(|(k, v)| (k.replacen("env/", "eval/", 1), *v)),
-            );
-        }
-        if let Some(saved) = checkpoint {
-            metrics.push(("checkpoint/global_step".into(), saved.global_step as f64));
-        }
-        // The learner's own counters continue across a resume (the run's `step` and sync versions restart).
+        // The learner's own counters (they continue across a resume, as the run's steps and versions do).
         metrics.push(("learner/global_step".into(), step as f64));
         metrics.push((
             "learner/version".into(),
             self.work.learner().version() as f64,
         ));
-        if let Some(from) = self.work.resumed() {
-            metrics.push(("learner/resumed_from_step".into(), from.global_step as f64));
-        }
         Ok(TrainStats {
             loss: train.loss,
             metrics,
@@ -107,6 +79,31 @@ impl Workload for LearnerTrainer {
         Err(WorkloadError::Placement {
             reason: "the trainer's learner does not generate trajectories".into(),
         })
+    }
+
+    /// The learner saves its own checkpoint (weights, optimizer) under the run dir it was built with.
+    fn save_checkpoint(
+        &mut self,
+        _state: &StateDict,
+        _run_dir: &Path,
+        step: u64,
+        _version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        let info = self.work.save_checkpoint()?;
+        if info.global_step != step {
+            return Err(WorkloadError::Placement {
+                reason: format!(
+                    "the learner is at step {}, the run at step {step}",
+                    info.global_step
+                ),
+            });
+        }
+        Ok(info.dir)
+    }
+
+    /// Nothing to do: `TrainerWork::new` resumed the learner (weights and optimizer) from `runner.resume_dir`.
+    fn restore(&mut self, _state: &mut StateDict, _dir: &Path) -> Result<(), WorkloadError> {
+        Ok(())
     }
 }
 
@@ -144,6 +141,15 @@ impl Workload for LearnerRollout {
         Err(WorkloadError::Placement {
             reason: "a rollout's learner does not train".into(),
         })
+    }
+
+    fn evaluate(
+        &mut self,
+        state: &StateDict,
+        version: u64,
+    ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        self.work.install(state, version)?;
+        Ok(Some(self.work.evaluate()?))
     }
 
     fn rollout(

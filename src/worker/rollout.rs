@@ -149,9 +149,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.control.report(&rejoined, &[]).await?;
                     continue;
                 }
-                let report = syncer.init_receiver(&mut me.state, rx).await?;
-                me.version = report.version;
+                syncer.init_receiver(&mut me.state, rx).await?;
+                // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
+                me.version = ctx.launch.start.version;
                 me.keys = syncer.synced_keys().to_vec();
+                tracing::info!(
+                    "weights received: version {}, {} tensors ({} synced), {} envs",
+                    me.version,
+                    me.state.iter().count(),
+                    me.keys.len(),
+                    ctx.launch.envs_per_rollout
+                );
                 weights = Weights::Blocking(syncer);
                 ctx.control.report(&me.applied(started), &[]).await?;
             }
@@ -216,8 +224,25 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.control.report(&report, &out.data).await?;
                 }
             }
+            Command::Eval => {
+                let version = me.version;
+                let eval =
+                    tokio::task::block_in_place(|| me.workload.evaluate(&me.state, version))?
+                        .unwrap_or_default();
+                let report = Report::Evaluated {
+                    version,
+                    episodes: eval.episodes,
+                    mean_return: eval.ret,
+                    success_rate: eval.success_rate,
+                    episode_len: eval.episode_len,
+                };
+                ctx.control.report(&report, &[]).await?;
+            }
             Command::Stop => return Ok(()),
-            other @ (Command::Sync { .. } | Command::Train { .. } | Command::Rejoin { .. }) => {
+            other @ (Command::Sync { .. }
+            | Command::Train { .. }
+            | Command::Rejoin { .. }
+            | Command::Checkpoint) => {
                 return Err(WorkerError::UnexpectedCommand {
                     role: "rollout",
                     command: format!("{other:?}"),

@@ -5,6 +5,7 @@
 //! a real fine-tune. Compute time is emulated by sleeping `train_ms` / `rollout_ms_per_step`, which lets the
 //! sync/async trade-off be measured on a machine without a GPU.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::config::schema::{ModelConfig, WeightDtype};
@@ -323,6 +324,14 @@ impl Workload for SyntheticWorkload {
             data,
         })
     }
+
+    /// The checkpoint's weights (the emulated Adam moments restart) and its step.
+    fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
+        let info = crate::rl::load_weights_into(state, dir)?;
+        self.step = info.global_step;
+        self.masters.clear();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -433,5 +442,48 @@ mod tests {
         let chunk = w.rollout(&state, 0, 5).unwrap();
         assert_eq!(chunk.env_steps, 15);
         assert_eq!(chunk.data.len(), 150);
+    }
+
+    #[test]
+    fn a_checkpoint_resumes_the_trained_weights() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = model(4096, 4, 0.25);
+        let mut w = SyntheticWorkload::new(&cfg, 2, 1, 0).unwrap();
+        let mut state = w.init_state().unwrap();
+        let data = [1u8; 8];
+        let batch = Batch {
+            chunks: 1,
+            env_steps: 8,
+            data: &data,
+        };
+        w.train_step(&mut state, &batch).unwrap();
+        let dir = w.save_checkpoint(&state, tmp.path(), 1, 1).unwrap();
+        assert!(dir.ends_with("checkpoints/global_step_1"));
+        let info = crate::rl::read_info(&dir).unwrap();
+        assert_eq!((info.global_step, info.version), (1, 1));
+        let mut back = SyntheticWorkload::new(&cfg, 2, 1, 0).unwrap();
+        let mut resumed = back.init_state().unwrap();
+        back.restore(&mut resumed, &dir).unwrap();
+        assert_eq!(back.step, 1);
+        let fresh = SyntheticWorkload::new(&cfg, 2, 1, 0)
+            .unwrap()
+            .init_state()
+            .unwrap();
+        let bytes = |s: &StateDict| {
+            s.iter()
+                .map(|(_, t)| t.bytes().to_vec())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(bytes(&resumed), bytes(&state));
+        assert_ne!(
+            bytes(&resumed),
+            bytes(&fresh),
+            "training changed the weights"
+        );
+        // Another model's checkpoint is refused with a reason.
+        let mut other = SyntheticWorkload::new(&model(8192, 4, 0.25), 2, 1, 0).unwrap();
+        let mut state = other.init_state().unwrap();
+        let err = crate::stdio::error_chain(&other.restore(&mut state, &dir).unwrap_err());
+        assert!(err.contains("the model's is"), "{err}");
     }
 }

@@ -12,18 +12,27 @@ use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads}
 /// Run the trainer's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
+    // A resumed run continues the checkpoint's steps and versions; the bootstrap carries its weights.
+    let start = ctx.launch.start;
     let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let mut state = tokio::task::block_in_place(|| workload.init_state())?;
+    if let Some(dir) = &cfg.runner.resume_dir {
+        tokio::task::block_in_place(|| workload.restore(&mut state, dir))?;
+    }
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);
     let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
-    let mut version = 0u64;
+    let mut version = start.version;
+    let mut steps_done = start.step;
     // The trained version the rollouts were last sent (the state is exactly that version while equal).
-    let mut synced_at = 0u64;
-    tracing::debug!(
-        tensors = state.iter().count(),
-        synced = keys.len(),
-        "trainer ready"
+    let mut synced_at = start.version;
+    tracing::info!(
+        "trainer ready: {} tensors ({} synced), {:.1} MB, starting at step {} (version {})",
+        state.iter().count(),
+        keys.len(),
+        state.total_bytes() as f64 / 1e6,
+        start.step,
+        start.version
     );
     loop {
         let frame = ctx.control.next().await?;
@@ -40,7 +49,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ..ShmConfig::default()
                 })
                 .await?;
-                let report = syncer.init_sender(&state, &keys, sender).await?;
+                let mut report = syncer.init_sender(&state, &keys, sender).await?;
+                // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
+                report.version = start.version;
                 let synced =
                     synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
@@ -67,6 +78,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let stats =
                     tokio::task::block_in_place(|| workload.train_step(&mut state, &batch))?;
                 version += 1;
+                steps_done += 1;
                 let busy_s = started.elapsed().as_secs_f64();
                 ctx.control
                     .report(
@@ -85,8 +97,20 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let report = catch_up(&mut syncer, &state, rank, version == synced_at).await?;
                 ctx.control.report(&report, &[]).await?;
             }
+            Command::Checkpoint => {
+                let dir = tokio::task::block_in_place(|| {
+                    workload.save_checkpoint(&state, &ctx.args.run_dir, steps_done, version)
+                })?;
+                tracing::info!("checkpoint at step {steps_done}: {}", dir.display());
+                let report = Report::Checkpointed {
+                    step: steps_done,
+                    version,
+                    dir,
+                };
+                ctx.control.report(&report, &[]).await?;
+            }
             Command::Stop => return Ok(()),
-            other @ (Command::Apply | Command::Rollout { .. }) => {
+            other @ (Command::Apply | Command::Rollout { .. } | Command::Eval) => {
                 return Err(WorkerError::UnexpectedCommand {
                     role: "trainer",
                     command: format!("{other:?}"),

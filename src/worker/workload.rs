@@ -1,9 +1,10 @@
 //! The `Workload` trait: what a trainer or rollout worker computes, independent of processes and transport.
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::config::schema::{ModelType, RunConfig};
+use crate::env::EpisodeMetrics;
 use crate::protocol::ProtocolError;
 use crate::protocol::messages::Role;
 use crate::rl::RlError;
@@ -75,6 +76,33 @@ pub trait Workload: Send {
         version: u64,
         steps: u32,
     ) -> Result<TrajectoryChunk, WorkloadError>;
+    /// Rollout: deterministic evaluation of `state` (the weights of `version`), one episode per env of this
+    /// worker's share of `env.eval`. `None` for workloads without envs.
+    fn evaluate(
+        &mut self,
+        _state: &StateDict,
+        _version: u64,
+    ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        Ok(None)
+    }
+    /// Trainer: save a checkpoint of `state` (and whatever resuming needs) after `step` trainer steps, holding
+    /// weight `version`, to `<run_dir>/checkpoints/global_step_<step>/`; returns that directory. By default the
+    /// weights alone (`model.safetensors` with the checkpoint metadata, see `rl::save_weights`).
+    fn save_checkpoint(
+        &mut self,
+        state: &StateDict,
+        run_dir: &Path,
+        step: u64,
+        version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        Ok(crate::rl::save_weights(state, run_dir, step, version)?)
+    }
+    /// Trainer of a resumed run (`runner.resume_dir`), right after `init_state`: load the checkpoint in `dir`
+    /// into `state`. By default its weights, in place (see `rl::load_weights_into`).
+    fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
+        crate::rl::load_weights_into(state, dir)?;
+        Ok(())
+    }
 }
 
 /// Where a workload runs: its worker's role and rank, the run's shape and directory.

@@ -31,8 +31,9 @@ class Trainer:
         self.cfg = cfg
         self.policy = Policy()
         self.opt = torch.optim.SGD(self.policy.parameters(), lr=0.1)
-        # Weights by version: version 0 is the initial one; each train() makes the next.
-        self.history = {0: self._flat()}
+        # Weights by version (the `steps` buffer: 0 initially, a checkpoint's step after a resume, which rlsync
+        # restores into the model after __init__); each train() makes the next.
+        self.history: dict[int, np.ndarray] = {}
 
     def _flat(self) -> np.ndarray:
         return torch.cat([p.detach().flatten() for p in self.policy.parameters()]).numpy().copy()
@@ -42,6 +43,8 @@ class Trainer:
 
     def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
         _fail(self.cfg, "train")
+        start = int(self.policy.steps)
+        self.history.setdefault(start, self._flat())
         match = all(
             np.array_equal(b["weights"], self.history[int(b["version"][0])]) for b in batches
         )
@@ -51,8 +54,13 @@ class Trainer:
         loss.backward()
         self.opt.step()
         self.policy.steps += 1
-        self.history[len(self.history)] = self._flat()
-        return {"loss": float(loss), "weights_match": float(match), "chunks": float(len(batches))}
+        self.history[int(self.policy.steps)] = self._flat()
+        return {
+            "loss": float(loss),
+            "weights_match": float(match),
+            "chunks": float(len(batches)),
+            "model_steps": float(start),
+        }
 
 
 class Rollout:

@@ -720,6 +720,14 @@ fn prepare_multirun<'a>(
         "[HYDRA] Launching {} jobs locally\n",
         product.total()
     ));
+    if !dry_run {
+        // rlsync's addition to Hydra's launcher lines: where the jobs' dirs go.
+        let shown = std::path::absolute(&sweep_dir).unwrap_or_else(|_| sweep_dir.clone());
+        crate::stdio::out(format_args!(
+            "[HYDRA] Sweep output dir : {}\n",
+            shown.display()
+        ));
+    }
     Ok(Jobs {
         kind: JobsKind::Sweep {
             req: req.clone(),
@@ -739,7 +747,13 @@ fn prepare_sweep_job(
     overrides: &[String],
     num: u64,
 ) -> Result<PreparedJob, AppError> {
-    crate::stdio::out(format_args!("[HYDRA] \t#{num} : {}\n", overrides.join(" ")));
+    // As Hydra's launcher lists a job: its overrides without the `hydra.*` ones (`filter_overrides`).
+    let shown: Vec<&str> = overrides
+        .iter()
+        .map(String::as_str)
+        .filter(|o| !o.trim_start_matches(['+', '~']).starts_with("hydra."))
+        .collect();
+    crate::stdio::out(format_args!("[HYDRA] \t#{num} : {}\n", shown.join(" ")));
     let mut repo_job = build_repository(req.config_path, req.config_dir)?;
     let job_req = AppRequest {
         overrides,

@@ -32,11 +32,16 @@ pub fn to_line(rec: &StepRecord) -> String {
 }
 
 impl JsonlWriter {
-    pub fn create(path: &Path) -> Result<JsonlWriter, MetricsError> {
-        let file = File::create(path).map_err(|source| MetricsError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+    /// Open `path` for appending (created if missing): a resumed run continues the file.
+    pub fn append(path: &Path) -> Result<JsonlWriter, MetricsError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| MetricsError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
         Ok(JsonlWriter {
             path: path.to_owned(),
             out: BufWriter::new(file),

@@ -1,6 +1,8 @@
-//! The console: a progress bar (only when stdout is a terminal) and worker log lines printed around it.
+//! The console: a progress bar with an ETA when stderr is a terminal, else a progress line every few seconds
+//! (step, return, sync time, env steps/s, ETA), and worker log lines printed around either.
 
 use std::io::IsTerminal;
+use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -21,25 +23,102 @@ impl Console {
     }
 }
 
-/// The step progress bar, or nothing when stdout is not a terminal.
+/// Seconds between two progress lines when stderr is not a terminal.
+pub const LINE_EVERY: Duration = Duration::from_secs(5);
+
+/// Progress lines for logs and pipes: the first step, then at most one line per [`LINE_EVERY`], and the last.
+#[derive(Debug)]
+pub struct Lines {
+    total: u64,
+    first: u64,
+    started: Instant,
+    last: Option<Instant>,
+    env_steps: f64,
+}
+
+impl Lines {
+    pub fn new(total: u64, first: u64, started: Instant) -> Lines {
+        Lines {
+            total,
+            first,
+            started,
+            last: None,
+            env_steps: 0.0,
+        }
+    }
+
+    /// The line to print for `rec` at `now`, if one is due.
+    pub fn update_at(&mut self, rec: &StepRecord, now: Instant) -> Option<String> {
+        self.env_steps += rec.get_f64("rollout/env_steps").unwrap_or(0.0);
+        let done = rec.step + 1;
+        let due = match self.last {
+            None => true,
+            Some(last) => now.duration_since(last) >= LINE_EVERY || done >= self.total,
+        };
+        if !due {
+            return None;
+        }
+        self.last = Some(now);
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        let steps_run = done.saturating_sub(self.first).max(1) as f64;
+        let left = self.total.saturating_sub(done) as f64;
+        let eta = format_duration(elapsed / steps_run * left);
+        let rate = if elapsed > 0.0 {
+            self.env_steps / elapsed
+        } else {
+            0.0
+        };
+        let ret = rec.get_f64("rollout/return").unwrap_or(f64::NAN);
+        let sync_ms = rec.get_f64("time/sync_weights").unwrap_or(0.0) * 1e3;
+        Some(format!(
+            "step {done}/{} | return {ret:.3} | sync {sync_ms:.1} ms | {rate:.0} env steps/s | ETA {eta}",
+            self.total
+        ))
+    }
+}
+
+/// `1:02:03`, `4:05`.
+pub fn format_duration(secs: f64) -> String {
+    let s = if secs.is_finite() && secs > 0.0 {
+        secs.round() as u64
+    } else {
+        0
+    };
+    match s / 3600 {
+        0 => format!("{}:{:02}", s / 60, s % 60),
+        h => format!("{h}:{:02}:{:02}", (s / 60) % 60, s % 60),
+    }
+}
+
+/// The step progress bar (stderr a terminal) or the progress lines (anything else).
 pub struct Progress {
     bar: Option<ProgressBar>,
+    lines: Option<Lines>,
 }
 
 impl Progress {
-    /// A bar over `steps` when stdout is a terminal, with the console that prints around it.
-    pub fn new(steps: u64) -> (Progress, Console) {
-        if !std::io::stdout().is_terminal() {
-            return (Progress { bar: None }, Console::default());
+    /// Progress over the steps `first..total`, and the console that prints around it.
+    pub fn new(total: u64, first: u64) -> (Progress, Console) {
+        if !std::io::stderr().is_terminal() {
+            let lines = Lines::new(total, first, Instant::now());
+            let progress = Progress {
+                bar: None,
+                lines: Some(lines),
+            };
+            return (progress, Console::default());
         }
-        let bar = ProgressBar::new(steps);
-        let style =
-            ProgressStyle::with_template("{bar:30} step {pos}/{len} {msg} [{elapsed_precise}]")
-                .unwrap_or_else(|_| ProgressStyle::default_bar());
+        let bar = ProgressBar::new(total);
+        bar.set_position(first);
+        bar.reset_eta();
+        let style = ProgressStyle::with_template(
+            "{bar:30} step {pos}/{len} {msg} [{elapsed_precise}, ETA {eta}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
         bar.set_style(style);
         (
             Progress {
                 bar: Some(bar.clone()),
+                lines: None,
             },
             Console { bar: Some(bar) },
         )
@@ -49,6 +128,13 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.set_message(message(rec));
             bar.set_position(rec.step + 1);
+        }
+        if let Some(line) = self
+            .lines
+            .as_mut()
+            .and_then(|l| l.update_at(rec, Instant::now()))
+        {
+            tracing::info!("{line}");
         }
     }
 
@@ -74,6 +160,39 @@ pub fn message(rec: &StepRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_come_at_the_first_step_every_few_seconds_and_at_the_end() {
+        let t0 = Instant::now();
+        let mut lines = Lines::new(10, 2, t0);
+        let rec = |step: u64| {
+            let mut r = StepRecord::new(step);
+            r.float("rollout/return", -1.5);
+            r.float("time/sync_weights", 0.004);
+            r.int("rollout/env_steps", 100);
+            r
+        };
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let first = lines
+            .update_at(&rec(2), at(2))
+            .expect("the first step prints");
+        assert_eq!(
+            first,
+            "step 3/10 | return -1.500 | sync 4.0 ms | 50 env steps/s | ETA 0:14"
+        );
+        assert_eq!(lines.update_at(&rec(3), at(3)), None);
+        let later = lines.update_at(&rec(4), at(7)).expect("5 s later");
+        // 3 steps in 7 s, 5 left; 300 env steps in 7 s.
+        assert!(
+            later.starts_with("step 5/10 |") && later.ends_with("| 43 env steps/s | ETA 0:12"),
+            "{later}"
+        );
+        assert!(
+            lines.update_at(&rec(9), at(8)).is_some(),
+            "the last step prints"
+        );
+        assert_eq!(format_duration(3725.0), "1:02:05");
+    }
 
     #[test]
     fn message_shows_return_sync_and_staleness() {

@@ -1,5 +1,7 @@
 //! The final summary of a run: totals and means over the step records, rendered as a table.
 
+use std::path::PathBuf;
+
 use crate::orchestrator::metrics::StepRecord;
 
 /// Totals of a finished (or stopped) run.
@@ -23,6 +25,12 @@ pub struct RunSummary {
     /// Learning curves' ends, for the metrics of [`LEARNING_KEYS`] the run reported (none for the synthetic
     /// workload): the mean over the last [`LEARNING_WINDOW`] steps, or the last value when none of them has it.
     pub learning: Vec<(&'static str, f64)>,
+    /// Where the run's outputs are (set by the orchestrator; shown at the end of the table when present).
+    pub run_dir: Option<PathBuf>,
+    pub metrics_file: Option<PathBuf>,
+    pub tensorboard_dir: Option<PathBuf>,
+    /// The last checkpoint written (`<run_dir>/checkpoints/global_step_<n>`).
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// Metrics whose final values the summary shows, and over how many of the last steps each is averaged (single
@@ -97,6 +105,7 @@ impl RunSummary {
                     }
                 })
                 .collect(),
+            ..RunSummary::default()
         }
     }
 
@@ -152,6 +161,17 @@ impl RunSummary {
                 .iter()
                 .map(|(k, v)| (format!("final {k}"), format!("{v:.3}"))),
         );
+        let paths = [
+            ("run dir", &self.run_dir),
+            ("metrics", &self.metrics_file),
+            ("tensorboard", &self.tensorboard_dir),
+            ("last checkpoint", &self.checkpoint),
+        ];
+        for (name, path) in paths {
+            if let Some(path) = path {
+                rows.push((name.to_owned(), path.display().to_string()));
+            }
+        }
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let mut out = String::from("run summary\n");
         for (k, v) in rows {
@@ -195,6 +215,23 @@ mod tests {
         assert!((s.env_steps_per_s - 50.0).abs() < 1e-9);
         assert!(s.table().contains("discarded trajectories"));
         assert!(s.learning.is_empty() && !s.table().contains("success"));
+        assert!(!s.table().contains("last checkpoint"));
+        let with_paths = RunSummary {
+            run_dir: Some("/runs/a".into()),
+            checkpoint: Some("/runs/a/checkpoints/global_step_2".into()),
+            ..s
+        };
+        let table = with_paths.table();
+        assert!(
+            table.contains("run dir") && table.contains("/runs/a\n"),
+            "{table}"
+        );
+        assert!(
+            table.contains("last checkpoint")
+                && table.contains("/runs/a/checkpoints/global_step_2"),
+            "{table}"
+        );
+        assert!(!table.contains("tensorboard"), "{table}");
     }
 
     #[test]

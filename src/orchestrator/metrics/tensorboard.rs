@@ -54,6 +54,19 @@ fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
     out.extend_from_slice(data);
 }
 
+/// `Event { wall_time, step, session_log: SessionLog { status: START } }`: TensorBoard drops every point at
+/// `step` or later written before it (what PyTorch's `SummaryWriter(purge_step=…)` writes on a resume).
+pub fn encode_session_start(wall_time: f64, step: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    key(&mut out, 1, 1);
+    out.extend_from_slice(&wall_time.to_le_bytes());
+    key(&mut out, 2, 0);
+    put_varint(&mut out, step as u64);
+    // SessionLog.status (field 1, enum) = START (1).
+    bytes_field(&mut out, 7, &[0x08, 0x01]);
+    out
+}
+
 /// `Event { wall_time, step, file_version | summary }` as protobuf bytes.
 pub fn encode_event(
     wall_time: f64,
@@ -107,27 +120,42 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// Create `<dir>/events.out.tfevents.<secs>.rlsync.<pid>` and write the file-version event.
-    pub fn create(dir: &Path) -> Result<EventWriter, MetricsError> {
+    /// Create `<dir>/events.out.tfevents.<secs>.rlsync.<pid>` and write the file-version event and a session
+    /// start at `first_step` (the run's steps from there on replace any an earlier run left in `dir`).
+    pub fn create(dir: &Path, first_step: u64) -> Result<EventWriter, MetricsError> {
         std::fs::create_dir_all(dir).map_err(|source| MetricsError::Io {
             path: dir.to_owned(),
             source,
         })?;
         let wall = now();
-        let path = dir.join(format!(
+        // Never overwrite an earlier run's file (a resume in the same second by the same process): a `.<n>`
+        // suffix sorts after it, and TensorBoard reads a dir's event files in name order.
+        let base = format!(
             "events.out.tfevents.{}.rlsync.{}",
             wall as u64,
             std::process::id()
-        ));
-        let file = File::create(&path).map_err(|source| MetricsError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        );
+        let mut n = 0u32;
+        let (path, file) = loop {
+            let name = match n {
+                0 => base.clone(),
+                n => format!("{base}.{n}"),
+            };
+            let path = dir.join(name);
+            match File::create_new(&path) {
+                Ok(file) => break (path, file),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(source) => return Err(MetricsError::Io { path, source }),
+            }
+        };
         let mut writer = EventWriter {
             path,
             out: BufWriter::new(file),
         };
-        writer.put(&encode_event(wall, 0, Some("brain.Event:2"), &[]))?;
+        let step = first_step as i64;
+        writer.put(&encode_event(wall, step, Some("brain.Event:2"), &[]))?;
+        writer.put(&encode_session_start(wall, step))?;
+        writer.flush()?;
         Ok(writer)
     }
 
@@ -185,6 +213,16 @@ mod tests {
             u32::from_le_bytes(rec[12 + len..].try_into().unwrap()),
             masked_crc(&event)
         );
+    }
+
+    #[test]
+    fn session_start_layout() {
+        let event = encode_session_start(1.0, 5);
+        let mut expect = vec![0x09];
+        expect.extend_from_slice(&1.0f64.to_le_bytes());
+        // step 5, then session_log (field 7, length 2) holding status START.
+        expect.extend_from_slice(&[0x10, 5, 0x3A, 2, 0x08, 0x01]);
+        assert_eq!(event, expect);
     }
 
     #[test]

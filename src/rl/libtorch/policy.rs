@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use tch::nn::{Init, VarStore};
-use tch::{CModule, Device, IValue, Kind, Tensor, TrainableCModule};
+use tch::{CModule, Device, IValue, Kind, Tensor};
 
 use crate::config::schema::{ModelConfig, ModelType};
 use crate::env::EnvSpec;
@@ -75,6 +75,33 @@ impl Linear {
     }
 }
 
+/// A TorchScript policy's running observation statistics: its non-trainable parameters `obs_norm.mean`
+/// and `obs_norm.var` (`[obs_dim]`) and `obs_norm.count` (`[]`), if it declares all three.
+fn script_obs_norm(params: &[(String, Tensor)], obs: usize) -> Result<Option<ObsNorm>, String> {
+    let find = |leaf: &str, shape: &[i64]| -> Result<Option<Tensor>, String> {
+        let name = format!("obs_norm.{leaf}");
+        let Some((_, t)) = params.iter().find(|(n, _)| *n == name) else {
+            return Ok(None);
+        };
+        if t.size() != shape || t.requires_grad() || t.kind() != Kind::Float {
+            return Err(format!(
+                "{name} must be a float32 parameter of shape {shape:?} with requires_grad=False"
+            ));
+        }
+        Ok(Some(t.shallow_clone()))
+    };
+    let dim = obs as i64;
+    match (
+        find("mean", &[dim])?,
+        find("var", &[dim])?,
+        find("count", &[])?,
+    ) {
+        (Some(mean), Some(var), Some(count)) => Ok(Some(ObsNorm { mean, var, count })),
+        (None, None, None) => Ok(None),
+        _ => Err("declare all of obs_norm.mean, obs_norm.var and obs_norm.count, or none".into()),
+    }
+}
+
 /// Running observation statistics kept as synced buffers (`obs_norm.*`).
 struct ObsNorm {
     mean: Tensor,
@@ -136,7 +163,14 @@ struct VlaTiny {
 }
 
 enum Script {
-    Train(TrainableCModule),
+    /// The module in training mode, its parameters registered in the policy's `VarStore` (as tch's
+    /// `TrainableCModule` does: `.` in a name becomes `_` there), with each store name's module name.
+    Train {
+        module: CModule,
+        names: std::collections::HashMap<String, String>,
+        /// The module's `obs_norm.{mean,var,count}` parameters, kept as running observation statistics.
+        norm: Option<ObsNorm>,
+    },
     Eval(CModule),
 }
 
@@ -262,7 +296,35 @@ impl Policy {
                 };
                 let module = match usage {
                     Use::Train => {
-                        Script::Train(TrainableCModule::load(&path, root.clone()).map_err(ts_err)?)
+                        let mut module =
+                            CModule::load_on_device(&path, root.device()).map_err(ts_err)?;
+                        module.set_train();
+                        let mut names = std::collections::HashMap::new();
+                        let params = module.named_parameters().map_err(ts_err)?;
+                        let norm = script_obs_norm(&params, obs).map_err(|reason| {
+                            RlError::Torchscript {
+                                path: path.clone(),
+                                reason,
+                            }
+                        })?;
+                        for (name, tensor) in params {
+                            let stored = name.replace('.', "_");
+                            if let Some(other) = names.insert(stored.clone(), name.clone()) {
+                                return Err(RlError::Torchscript {
+                                    path: path.clone(),
+                                    reason: format!(
+                                        "parameters '{other}' and '{name}' differ only in '.' and '_'"
+                                    ),
+                                });
+                            }
+                            let trainable = tensor.requires_grad();
+                            let _registered = root.add(&stored, tensor, trainable);
+                        }
+                        Script::Train {
+                            module,
+                            names,
+                            norm,
+                        }
                     }
                     Use::Act => {
                         let mut m = CModule::load(&path).map_err(ts_err)?;
@@ -320,8 +382,8 @@ impl Policy {
         &self.roles
     }
 
-    /// Every named weight (shallow handles sharing storage with the model), sorted by name. TorchScript
-    /// parameter names use `_` for `.`, as `TrainableCModule` registers them.
+    /// Every named weight (shallow handles sharing storage with the model), sorted by name. A TorchScript
+    /// module's weights keep the module's own parameter names (`pi.0.weight`).
     pub fn named_tensors(&self) -> Result<Vec<(String, Tensor)>, RlError> {
         let mut v: Vec<(String, Tensor)> = match &self.net {
             Net::Script {
@@ -329,14 +391,36 @@ impl Policy {
                 ..
             } => m
                 .named_parameters()
-                .map_err(torch_err("listing torchscript parameters"))?
+                .map_err(torch_err("listing torchscript parameters"))?,
+            Net::Script {
+                module: Script::Train { names, .. },
+                ..
+            } => self
+                .vs
+                .variables()
                 .into_iter()
-                .map(|(n, t)| (n.replace('.', "_"), t))
+                .map(|(n, t)| (names.get(&n).cloned().unwrap_or(n), t))
                 .collect(),
             _ => self.vs.variables().into_iter().collect(),
         };
         v.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(v)
+    }
+
+    /// Writes a TorchScript policy with its current weights to `path` (`torch.jit.load`-able); `false` for the
+    /// built-in policies, which have no module to write.
+    pub fn save_script(&self, path: &Path) -> Result<bool, RlError> {
+        let module = match &self.net {
+            Net::Script {
+                module: Script::Train { module, .. } | Script::Eval(module),
+                ..
+            } => module,
+            _ => return Ok(false),
+        };
+        module
+            .save(path)
+            .map_err(torch_err("writing the torchscript policy"))?;
+        Ok(true)
     }
 
     /// Trainable weights, sorted by name.
@@ -413,7 +497,7 @@ impl Policy {
             Net::Script { module, path } => {
                 let input = [IValue::Tensor(x)];
                 let out = match module {
-                    Script::Train(m) => m.forward_is(&input),
+                    Script::Train { module, .. } => module.forward_is(&input),
                     Script::Eval(m) => m.forward_is(&input),
                 };
                 script_heads(out, path)?
@@ -433,11 +517,17 @@ impl Policy {
         Ok(heads)
     }
 
-    /// Updates the observation statistics buffers (no-op for TorchScript policies).
+    /// Updates the observation statistics buffers (a TorchScript policy's when it declares them).
     pub fn update_obs_norm(&mut self, obs: &Tensor) {
         match &mut self.net {
             Net::Mlp(m) => m.norm.update(obs),
             Net::Vla(v) => v.norm.update(obs),
+            Net::Script {
+                module: Script::Train {
+                    norm: Some(norm), ..
+                },
+                ..
+            } => norm.update(obs),
             Net::Script { .. } => {}
         }
     }

@@ -1,0 +1,518 @@
+//! `rlsync plot RUN_DIR... [KEYS...] [-o FILE]`: learning curves from runs' `metrics.jsonl` as one PNG.
+//!
+//! A RUN_DIR is a run directory (it holds `metrics.jsonl`) or a multirun sweep directory (its numbered job
+//! directories are taken in order). Every run is one line per panel, labelled by the overrides that set it
+//! apart from the other runs (`.hydra/overrides.yaml`), so the jobs of a `-m` sweep compare at a glance. KEYS
+//! are metric names (`env/return`) or prefixes ending in `/` (`sync/`); without KEYS the panels are the
+//! return, success rates, sync time and bytes and staleness, where the runs have them. Text is drawn with an
+//! embedded DejaVu Sans subset (`assets/fonts`), so no system font is needed.
+
+use std::path::{Path, PathBuf};
+
+use indexmap::IndexMap;
+use plotters::prelude::*;
+
+/// The panels drawn without KEYS (the first present of each group of alternatives).
+const DEFAULT_KEYS: &[&[&str]] = &[
+    &["env/return", "rollout/return"],
+    &["env/success_rate"],
+    &["eval/success_rate"],
+    &["eval/return"],
+    &["time/sync_weights"],
+    &["sync/bytes"],
+    &["staleness/mean"],
+];
+
+const PANEL: (u32, u32) = (640, 400);
+const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans-ascii.ttf");
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("plot usage: {reason} (expected: rlsync plot RUN_DIR... [KEYS...] [-o FILE.png])")]
+    Usage { reason: String },
+    #[error("{path}: no metrics.jsonl here or in a job directory below")]
+    NoMetrics { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: not a metrics record: {reason}")]
+    Record {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("no run has the metric '{key}' (metrics present: {available})")]
+    UnknownKey { key: String, available: String },
+    #[error("none of the default metrics is in these runs; name the metrics to plot")]
+    NothingToPlot,
+    #[error("drawing the plot: {reason}")]
+    Draw { reason: String },
+    #[error("cannot write {path}: {reason}")]
+    Write { path: PathBuf, reason: String },
+}
+
+/// The parsed command line of `rlsync plot`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlotArgs {
+    pub runs: Vec<PathBuf>,
+    pub keys: Vec<String>,
+    pub output: Option<PathBuf>,
+}
+
+/// Split the arguments after `plot`: existing directories are runs, other words metric names.
+pub fn parse_args(args: &[String]) -> Result<PlotArgs, PlotError> {
+    let usage = |reason: &str| PlotError::Usage {
+        reason: reason.into(),
+    };
+    let mut out = PlotArgs {
+        runs: Vec::new(),
+        keys: Vec::new(),
+        output: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "-o" | "--output" => {
+                let file = it.next().ok_or_else(|| usage("-o needs a file name"))?;
+                out.output = Some(PathBuf::from(file));
+            }
+            flag if flag.starts_with("--output=") => {
+                out.output = Some(PathBuf::from(&flag["--output=".len()..]));
+            }
+            flag if flag.starts_with('-') => {
+                return Err(usage(&format!("unknown flag {flag}")));
+            }
+            word if Path::new(word).is_dir() => out.runs.push(PathBuf::from(word)),
+            word => out.keys.push(word.to_owned()),
+        }
+    }
+    if out.runs.is_empty() {
+        return Err(match out.keys.first() {
+            Some(first) => PlotError::NoMetrics {
+                path: PathBuf::from(first),
+            },
+            None => usage("no run directory given"),
+        });
+    }
+    Ok(out)
+}
+
+/// One run's metrics: every numeric metric as `(step, value)` points, in step order.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub dir: PathBuf,
+    pub label: String,
+    pub series: IndexMap<String, Vec<(f64, f64)>>,
+}
+
+/// The run directories `dir` stands for: itself, or the job directories of a sweep.
+pub fn expand(dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
+    if dir.join("metrics.jsonl").is_file() {
+        return Ok(vec![dir.to_owned()]);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|source| PlotError::Read {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let mut jobs: Vec<(u64, String, PathBuf)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("metrics.jsonl").is_file())
+        .map(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            (name.parse().unwrap_or(u64::MAX), name, p)
+        })
+        .collect();
+    jobs.sort();
+    if jobs.is_empty() {
+        return Err(PlotError::NoMetrics {
+            path: dir.to_owned(),
+        });
+    }
+    Ok(jobs.into_iter().map(|(_, _, p)| p).collect())
+}
+
+/// Read `<dir>/metrics.jsonl` (numbers and booleans become points; text metrics are skipped).
+pub fn load_run(dir: &Path) -> Result<Run, PlotError> {
+    let path = dir.join("metrics.jsonl");
+    let text = std::fs::read_to_string(&path).map_err(|source| PlotError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut series: IndexMap<String, Vec<(f64, f64)>> = IndexMap::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |reason: String| PlotError::Record {
+            path: path.clone(),
+            line: i + 1,
+            reason,
+        };
+        let record: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        let step = record
+            .get("step")
+            .and_then(serde_json::Value::as_f64)
+            .ok_or_else(|| bad("no numeric 'step'".into()))?;
+        for (key, value) in &record {
+            let v = match value {
+                serde_json::Value::Number(n) => n.as_f64(),
+                serde_json::Value::Bool(b) => Some(f64::from(u8::from(*b))),
+                _ => None,
+            };
+            if key != "step"
+                && let Some(v) = v.filter(|v| v.is_finite())
+            {
+                series.entry(key.clone()).or_default().push((step, v));
+            }
+        }
+    }
+    Ok(Run {
+        dir: dir.to_owned(),
+        label: String::new(),
+        series,
+    })
+}
+
+/// The overrides of each run (`.hydra/overrides.yaml`) that not all runs share; a run without any is named
+/// by its directory.
+fn label_runs(runs: &mut [Run]) {
+    let overrides: Vec<Vec<String>> = runs.iter().map(|r| read_overrides(&r.dir)).collect();
+    for (run, own) in runs.iter_mut().zip(&overrides) {
+        let distinct: Vec<&str> = own
+            .iter()
+            .filter(|o| overrides.len() == 1 || !overrides.iter().all(|other| other.contains(o)))
+            .map(String::as_str)
+            .collect();
+        run.label = if distinct.is_empty() {
+            run.dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| run.dir.display().to_string())
+        } else {
+            distinct.join(" ")
+        };
+    }
+}
+
+fn read_overrides(dir: &Path) -> Vec<String> {
+    let path = dir.join(".hydra/overrides.yaml");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Vec::new();
+    };
+    let Ok(node) = crate::config::yaml::load_str(&text, &path.display().to_string()) else {
+        return Vec::new();
+    };
+    node.as_list()
+        .unwrap_or_default()
+        .iter()
+        .map(|n| n.value.python_str())
+        .collect()
+}
+
+/// The panels to draw: the keys asked for (prefixes expanded), or the defaults the runs have.
+pub fn select_keys(runs: &[Run], asked: &[String]) -> Result<Vec<String>, PlotError> {
+    let present = |key: &str| runs.iter().any(|r| r.series.contains_key(key));
+    let mut all: Vec<&str> = Vec::new();
+    for run in runs {
+        for key in run.series.keys() {
+            if !all.contains(&key.as_str()) {
+                all.push(key);
+            }
+        }
+    }
+    if asked.is_empty() {
+        let keys: Vec<String> = DEFAULT_KEYS
+            .iter()
+            .filter_map(|alts| alts.iter().find(|k| present(k)))
+            .map(|k| (*k).to_owned())
+            .collect();
+        return if keys.is_empty() {
+            Err(PlotError::NothingToPlot)
+        } else {
+            Ok(keys)
+        };
+    }
+    let mut keys = Vec::new();
+    for key in asked {
+        let matched: Vec<&str> = if key.ends_with('/') {
+            all.iter()
+                .copied()
+                .filter(|k| k.starts_with(key.as_str()))
+                .collect()
+        } else {
+            all.iter().copied().filter(|k| *k == key.as_str()).collect()
+        };
+        if matched.is_empty() {
+            return Err(PlotError::UnknownKey {
+                key: key.clone(),
+                available: all.join(", "),
+            });
+        }
+        keys.extend(matched.into_iter().map(str::to_owned));
+    }
+    Ok(keys)
+}
+
+/// `rlsync plot`: load the runs, draw one panel per metric, write the PNG; returns its path.
+pub fn run(args: &PlotArgs) -> Result<PathBuf, PlotError> {
+    let mut runs = Vec::new();
+    for dir in &args.runs {
+        for job in expand(dir)? {
+            runs.push(load_run(&job)?);
+        }
+    }
+    label_runs(&mut runs);
+    let keys = select_keys(&runs, &args.keys)?;
+    let output = args
+        .output
+        .clone()
+        .unwrap_or_else(|| args.runs[0].join("curves.png"));
+    let png = render(&runs, &keys)?;
+    std::fs::write(&output, png).map_err(|e| PlotError::Write {
+        path: output.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(output)
+}
+
+/// Draw the panels (two per row) and encode them as PNG bytes.
+pub fn render(runs: &[Run], keys: &[String]) -> Result<Vec<u8>, PlotError> {
+    let draw = |e: &dyn std::fmt::Display| PlotError::Draw {
+        reason: e.to_string(),
+    };
+    // Registering twice (a second plot in one process) is harmless: the same font under the same name.
+    plotters::style::register_font("sans-serif", FontStyle::Normal, FONT)
+        .map_err(|_| draw(&"the embedded font is not a valid TrueType font"))?;
+    let cols = if keys.len() == 1 { 1 } else { 2 };
+    let rows = keys.len().div_ceil(cols);
+    let (w, h) = (PANEL.0 * cols as u32, PANEL.1 * rows as u32);
+    let mut pixels = vec![0u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut pixels, (w, h)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw(&e))?;
+        let panels = root.split_evenly((rows, cols));
+        for (key, area) in keys.iter().zip(panels.iter()) {
+            panel(area, runs, key).map_err(|e| draw(&e))?;
+        }
+        root.present().map_err(|e| draw(&e))?;
+    }
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    let mut writer = encoder.write_header().map_err(|e| draw(&e))?;
+    writer.write_image_data(&pixels).map_err(|e| draw(&e))?;
+    writer.finish().map_err(|e| draw(&e))?;
+    Ok(out)
+}
+
+/// Times are recorded in seconds and read best in milliseconds.
+fn scale(key: &str) -> (f64, String) {
+    if key.starts_with("time/") {
+        (1e3, format!("{key} [ms]"))
+    } else {
+        (1.0, key.to_owned())
+    }
+}
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+fn panel(area: &Area<'_>, runs: &[Run], key: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let (factor, title) = scale(key);
+    let lines: Vec<(&Run, Vec<(f64, f64)>)> = runs
+        .iter()
+        .filter_map(|r| {
+            let points = r.series.get(key)?;
+            Some((r, points.iter().map(|&(x, y)| (x, y * factor)).collect()))
+        })
+        .collect();
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for (_, points) in &lines {
+        for &(x, y) in points {
+            (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+        }
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    if x1 - x0 < 1.0 {
+        x1 = x0 + 1.0;
+    }
+    let pad = if y1 > y0 {
+        (y1 - y0) * 0.05
+    } else {
+        y0.abs().max(1.0) * 0.1
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .label_style(("sans-serif", 13))
+        .axis_desc_style(("sans-serif", 14))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| short_number(*v))
+        .draw()?;
+    for (i, (run, points)) in lines.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(run.label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+    }
+    if lines.len() > 1 {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// A tick label short enough for the axis: `1.5M`, `20k`, `0.25`, `-4.2`.
+fn short_number(v: f64) -> String {
+    let a = v.abs();
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            s
+        }
+    };
+    if a >= 1e9 {
+        format!("{}G", trim(format!("{:.2}", v / 1e9)))
+    } else if a >= 1e6 {
+        format!("{}M", trim(format!("{:.2}", v / 1e6)))
+    } else if a >= 1e4 {
+        format!("{}k", trim(format!("{:.1}", v / 1e3)))
+    } else if a >= 100.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else {
+        // A tick a rounding error below zero reads as 0, not -0.
+        let s = trim(format!("{v:.3}"));
+        if s == "-0" { "0".to_owned() } else { s }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_run(dir: &Path, overrides: &[&str], records: &[&str]) {
+        std::fs::create_dir_all(dir.join(".hydra")).unwrap();
+        let yaml: String = overrides.iter().map(|o| format!("- {o}\n")).collect();
+        std::fs::write(dir.join(".hydra/overrides.yaml"), yaml).unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), records.join("\n")).unwrap();
+    }
+
+    #[test]
+    fn a_sweep_dir_expands_to_its_jobs_in_order_labelled_by_their_own_overrides() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (job, lr) in [("0", "1e-3"), ("1", "2e-3"), ("10", "3e-3")] {
+            let lr = format!("actor.optim.lr={lr}");
+            write_run(
+                &tmp.path().join(job),
+                &["runner.max_steps=3", lr.as_str()],
+                &[
+                    r#"{"step":0,"env/return":-40.5,"sync/kind":"init","sync/verified":true}"#,
+                    r#"{"step":1,"env/return":-20.0,"sync/kind":"patch","sync/verified":true}"#,
+                ],
+            );
+        }
+        let jobs = expand(tmp.path()).unwrap();
+        let names: Vec<_> = jobs
+            .iter()
+            .map(|j| j.file_name().unwrap().to_owned())
+            .collect();
+        assert_eq!(names, ["0", "1", "10"]);
+        let mut runs: Vec<Run> = jobs.iter().map(|j| load_run(j).unwrap()).collect();
+        label_runs(&mut runs);
+        assert_eq!(runs[2].label, "actor.optim.lr=3e-3");
+        assert_eq!(
+            runs[0].series["env/return"],
+            vec![(0.0, -40.5), (1.0, -20.0)]
+        );
+        assert!(
+            !runs[0].series.contains_key("sync/kind"),
+            "text is not plotted"
+        );
+        assert_eq!(
+            runs[0].series["sync/verified"],
+            vec![(0.0, 1.0), (1.0, 1.0)]
+        );
+        assert_eq!(select_keys(&runs, &[]).unwrap(), ["env/return"]);
+        assert_eq!(
+            select_keys(&runs, &["sync/".into()]).unwrap(),
+            ["sync/verified"]
+        );
+        let err = select_keys(&runs, &["env/retrun".into()]).unwrap_err();
+        assert!(err.to_string().contains("env/return"), "{err}");
+
+        let png = render(&runs, &["env/return".into(), "sync/verified".into()]).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        let decoder = png::Decoder::new(std::io::Cursor::new(&png));
+        let reader = decoder.read_info().unwrap();
+        assert_eq!(
+            (reader.info().width, reader.info().height),
+            (2 * PANEL.0, PANEL.1)
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            expand(tmp.path()),
+            Err(PlotError::NoMetrics { .. })
+        ));
+        std::fs::write(tmp.path().join("metrics.jsonl"), "{\"step\":0}\nnot json\n").unwrap();
+        let err = load_run(tmp.path()).unwrap_err();
+        assert!(err.to_string().contains("metrics.jsonl:2"), "{err}");
+        std::fs::write(tmp.path().join("metrics.jsonl"), "{\"x\":1}\n").unwrap();
+        assert!(load_run(tmp.path()).is_err());
+        let args = |a: &[&str]| parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(matches!(args(&[]), Err(PlotError::Usage { .. })));
+        assert!(matches!(
+            args(&["/nonexistent/run"]),
+            Err(PlotError::NoMetrics { .. })
+        ));
+        let dir = tmp.path().display().to_string();
+        let parsed = args(&[dir.as_str(), "env/return", "-o", "x.png"]).unwrap();
+        assert_eq!(parsed.keys, ["env/return"]);
+        assert_eq!(parsed.output, Some(PathBuf::from("x.png")));
+        assert!(matches!(
+            args(&[dir.as_str(), "-o"]),
+            Err(PlotError::Usage { .. })
+        ));
+    }
+
+    #[test]
+    fn tick_labels_stay_short() {
+        assert_eq!(short_number(1_500_000.0), "1.5M");
+        assert_eq!(short_number(20_000.0), "20k");
+        assert_eq!(short_number(0.25), "0.25");
+        assert_eq!(short_number(-4.2), "-4.2");
+        assert_eq!(short_number(150.0), "150");
+        assert_eq!(short_number(0.0), "0");
+        assert_eq!(short_number(-1e-17), "0");
+    }
+}

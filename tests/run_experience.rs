@@ -1,0 +1,232 @@
+//! What a user sees from the command line (issue 12): logger backends and unsupported choices, the unused-keys
+//! report, the job log and worker logs, progress without a terminal, the `-m` launcher lines, `only_eval`.
+
+use serde_json::Value;
+
+use crate::util::Dir;
+
+/// A small synthetic run of the embedded `train_embodied` config (no libtorch needed).
+const SMALL: &[&str] = &[
+    "train_embodied",
+    "model@actor.model=synthetic_small",
+    "env@env.train=synthetic",
+    "env@env.eval=synthetic",
+    "actor.model.params=65536",
+    "actor.model.tensors=8",
+    "env.train.total_num_envs=4",
+    "env.eval.total_num_envs=4",
+    "env.train.max_steps_per_rollout_epoch=8",
+    "rollout.chunk_steps=4",
+    "runner.max_steps=2",
+];
+
+fn run(dir: &Dir, extra: &[&str]) -> crate::util::Output {
+    let mut args = SMALL.to_vec();
+    args.extend_from_slice(extra);
+    dir.run(&args)
+}
+
+fn rows(path: &std::path::Path) -> Vec<serde_json::Map<String, Value>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| match serde_json::from_str(l) {
+            Ok(Value::Object(map)) => map,
+            other => panic!("bad metrics line {l}: {other:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn an_unsupported_logger_backend_is_one_error_naming_the_supported_ones() {
+    let dir = Dir::new();
+    let out = run(
+        &dir,
+        &["hydra.run.dir=run", "runner.logger.logger_backends=[wandb]"],
+    );
+    let err = out.err();
+    assert!(
+        err.contains("runner.logger.logger_backends")
+            && err.contains("wandb")
+            && err.contains("tensorboard")
+            && err.contains("csv"),
+        "{err}"
+    );
+    assert!(
+        err.contains("(1 problem)"),
+        "one problem, not a second spurious one: {err}"
+    );
+    assert!(!dir.join("run/metrics.jsonl").exists(), "nothing ran");
+}
+
+#[test]
+fn csv_backend_and_log_path_put_the_metrics_where_asked() {
+    let dir = Dir::new();
+    let out = run(
+        &dir,
+        &[
+            "hydra.run.dir=run",
+            "runner.logger.logger_backends=[csv]",
+            "runner.logger.log_path=elsewhere",
+        ],
+    );
+    out.ok();
+    let csv = std::fs::read_to_string(dir.join("elsewhere/metrics.csv")).unwrap_or_default();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 3, "header and 2 steps:\n{csv}");
+    assert!(
+        lines[0].starts_with("step,") && lines[0].contains("sync/bytes"),
+        "{csv}"
+    );
+    assert!(
+        lines[1].starts_with("0,") && lines[2].starts_with("1,"),
+        "{csv}"
+    );
+    assert_eq!(rows(&dir.join("elsewhere/metrics.jsonl")).len(), 2);
+    assert!(!dir.join("run/metrics.jsonl").exists());
+    assert!(
+        !dir.join("elsewhere/tensorboard").exists(),
+        "tensorboard was not asked for"
+    );
+}
+
+#[test]
+fn dry_run_and_the_run_report_the_keys_rlsync_does_not_use() {
+    let dir = Dir::new();
+    let extra = ["+runner.ckpt_path=x", "+reward.use_reward_model=false"];
+    let mut dry = vec!["--dry-run"];
+    dry.extend(extra);
+    let out = run(&dir, &dry);
+    let report = out.ok();
+    let line = report
+        .lines()
+        .find(|l| l.contains("keys in this config that rlsync does not use"))
+        .unwrap_or_else(|| panic!("no unused-keys line:\n{report}"));
+    for key in [
+        "runner.ckpt_path",
+        "reward",
+        "runner.task_type",
+        "actor.fsdp_config",
+    ] {
+        assert!(line.contains(key), "{key} missing: {line}");
+    }
+    for used in ["runner.max_steps", "runner.logger"] {
+        assert!(!line.contains(used), "{used} is used: {line}");
+    }
+    // The run lists them in its first log lines, on stderr and in Hydra's job log.
+    let mut args = vec!["hydra.run.dir=run"];
+    args.extend(extra);
+    let out = run(&dir, &args);
+    out.ok();
+    let first: Vec<&str> = out.stderr.lines().take(3).collect();
+    assert!(
+        first
+            .iter()
+            .any(|l| l.contains("keys in this config that rlsync does not use")),
+        "{}",
+        out.stderr
+    );
+    let log = std::fs::read_to_string(dir.join("run/train_embodied.log")).unwrap_or_default();
+    assert!(
+        log.lines().any(|l| l
+            .contains("][rlsync][INFO] - keys in this config that rlsync does not use")
+            && l.contains("runner.ckpt_path")),
+        "{log}"
+    );
+}
+
+#[test]
+fn without_a_terminal_the_run_logs_progress_worker_output_and_a_summary_naming_its_files() {
+    let dir = Dir::new();
+    let out = run(&dir, &["hydra.run.dir=run"]);
+    let stdout = out.ok();
+    // stderr is a pipe here: progress lines, not a bar.
+    assert!(
+        out.stderr.contains("step 1/2 | return ") && out.stderr.contains("env steps/s | ETA "),
+        "{}",
+        out.stderr
+    );
+    let run_dir = std::fs::canonicalize(dir.join("run")).unwrap();
+    for (row, want) in [
+        ("run dir", run_dir.clone()),
+        ("metrics", run_dir.join("metrics.jsonl")),
+        ("tensorboard", run_dir.join("tensorboard")),
+        ("last checkpoint", run_dir.join("checkpoints/global_step_2")),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(row))
+            .unwrap_or_else(|| panic!("no {row} row:\n{stdout}"));
+        assert!(line.ends_with(&want.display().to_string()), "{line}");
+    }
+    let trainer = std::fs::read_to_string(dir.join("run/logs/trainer-0.log")).unwrap_or_default();
+    assert!(
+        trainer.contains("trainer ready"),
+        "trainer log: {trainer:?}"
+    );
+    let rollout = std::fs::read_to_string(dir.join("run/logs/rollout-1.log")).unwrap_or_default();
+    assert!(
+        rollout.contains("weights received"),
+        "rollout log: {rollout:?}"
+    );
+    let log = std::fs::read_to_string(dir.join("run/train_embodied.log")).unwrap_or_default();
+    assert!(log.contains("][rlsync][INFO] - step 2/2 |"), "{log}");
+    assert!(
+        log.contains("last checkpoint"),
+        "the summary is in the job log: {log}"
+    );
+}
+
+#[test]
+fn multirun_prints_hydras_launcher_lines_and_the_sweep_dir() {
+    let dir = Dir::new();
+    let out = run(
+        &dir,
+        &["-m", "hydra.sweep.dir=sweep", "runner.max_steps=1,2"],
+    );
+    let stdout = out.ok();
+    let text: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[HYDRA] "))
+        .collect();
+    let sweep = std::fs::canonicalize(dir.join("sweep")).unwrap();
+    assert_eq!(text.len(), 4, "{stdout}");
+    assert_eq!(text[0], "Launching 2 jobs locally");
+    assert_eq!(text[1], format!("Sweep output dir : {}", sweep.display()));
+    // Each job's task overrides, as Hydra lists them (no hydra.* ones).
+    for (k, line) in text[2..].iter().enumerate() {
+        let prefix = format!("\t#{k} : model@actor.model=synthetic_small ");
+        let suffix = format!(" rollout.chunk_steps=4 runner.max_steps={}", k + 1);
+        assert!(
+            line.starts_with(&prefix) && line.ends_with(&suffix) && !line.contains("hydra."),
+            "{line:?}"
+        );
+    }
+    assert_eq!(rows(&dir.join("sweep/1/metrics.jsonl")).len(), 2);
+}
+
+#[test]
+fn only_eval_evaluates_the_checkpoint_on_the_rollouts_and_trains_nothing() {
+    let dir = Dir::new();
+    run(&dir, &["hydra.run.dir=first"]).ok();
+    let ckpt = format!(
+        "runner.resume_dir={}",
+        dir.join("first/checkpoints/global_step_2").display()
+    );
+    run(
+        &dir,
+        &["hydra.run.dir=eval", "runner.only_eval=true", ckpt.as_str()],
+    )
+    .ok();
+    let got = rows(&dir.join("eval/metrics.jsonl"));
+    assert_eq!(got.len(), 1, "{got:?}");
+    let row = &got[0];
+    assert_eq!(row["step"], 2);
+    assert_eq!(row["eval/version"], 2, "the checkpoint's version: {row:?}");
+    assert_eq!(
+        row["eval/episodes"], 0,
+        "the synthetic workload has no episodes"
+    );
+    assert!(row.get("train/loss").is_none(), "nothing trained: {row:?}");
+    assert!(!dir.join("eval/checkpoints").exists(), "nothing to save");
+}
