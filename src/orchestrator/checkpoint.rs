@@ -42,7 +42,7 @@ impl Checkpoints {
     pub fn due(&self, steps_done: u64) -> bool {
         match self.interval {
             0 => false,
-            k if k > 0 => steps_done % k as u64 == 0 || steps_done == self.total,
+            k if k > 0 => steps_done.is_multiple_of(k as u64) || steps_done == self.total,
             _ => steps_done == self.total,
         }
     }

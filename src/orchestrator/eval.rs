@@ -7,7 +7,8 @@ use crate::orchestrator::metrics::StepRecord;
 /// Whether an evaluation is due once `steps_done` trainer steps of `total` are complete (RLinf: every
 /// `val_check_interval` steps and at the end of training; `<= 0`: never).
 pub fn due(val_check_interval: i64, steps_done: u64, total: u64) -> bool {
-    val_check_interval > 0 && (steps_done % val_check_interval as u64 == 0 || steps_done == total)
+    val_check_interval > 0
+        && (steps_done.is_multiple_of(val_check_interval as u64) || steps_done == total)
 }
 
 /// The `Evaluated` reports of one evaluation, pooled.

@@ -348,7 +348,7 @@ mod tests {
         };
         let mut env = VecEnv::new(&EnvOptions::for_worker(&cfg, 0, NonZeroU32::MIN)).unwrap();
         let mut calls = 0;
-        let mut first_ends = vec![None; 6];
+        let mut first_ends = [None; 6];
         let m = one_episode_per_env(&mut env, |obs| {
             calls += 1;
             Ok(ActionBuf::Discrete(vec![0; obs.len() / 4]))
@@ -362,9 +362,9 @@ mod tests {
             let out = env
                 .step(ActionBuf::Discrete(vec![0; 6]).as_actions())
                 .unwrap();
-            for e in 0..6 {
-                if first_ends[e].is_none() && (out.terminated[e] || out.truncated[e]) {
-                    first_ends[e] = Some(t as f64);
+            for (e, end) in first_ends.iter_mut().enumerate() {
+                if end.is_none() && (out.terminated[e] || out.truncated[e]) {
+                    *end = Some(t as f64);
                 }
             }
         }
