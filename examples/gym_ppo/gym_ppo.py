@@ -305,12 +305,14 @@ class Rollout:
             obs, _ = envs.reset(seed=self.eval_seed)
             done = np.zeros(self.eval_envs, bool)
             total = np.zeros(self.eval_envs)
+            length = np.zeros(self.eval_envs)
             while not done.all():
                 action = self.actor.act_deterministic(torch.as_tensor(obs, dtype=torch.float32))
                 obs, reward, term, trunc, _ = envs.step(self.clip(action.numpy()))
                 total += np.where(done, 0.0, reward)
+                length += ~done
                 done |= np.logical_or(term, trunc)
-            return {"return": float(total.mean()), "episodes": float(self.eval_envs)}
+            return {"return": float(total.mean()), "episodes": self.eval_envs, "episode_len": float(length.mean())}
         finally:
             envs.close()
 

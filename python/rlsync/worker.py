@@ -24,6 +24,9 @@ Your classes::
             # trainer; stats["return"] (mean return of episodes finished in the chunk) is logged as
             # rollout/return (without one, the chunk's reward per env from an array named "rewards")
         # optional: env_steps(arrays) -> int, when your arrays are not time-major [steps, envs, ...]
+        # optional: evaluate() -> dict, deterministic episodes with the weights held now (runs every
+        #   runner.val_check_interval steps): "return" and optionally "episodes", "success_rate", "episode_len",
+        #   logged as eval/<key> pooled over the rollouts (without the method: no episodes)
 
 Which tensors are synced: :func:`rlsync.param_names_need_sync` of ``model()`` (trainable parameters, tied
 aliases included, and persistent buffers); the rest of the state dict is aligned once at start-up. The model's
@@ -128,6 +131,22 @@ class _Adapter:
             envs = rewards.shape[1] if rewards is not None and rewards.ndim >= 2 else 1
             mean_return = float(rewards.sum()) / envs if rewards is not None else 0.0
         return items, env_steps, float(mean_return)
+
+
+    def evaluate(self) -> tuple[int, float, float, float] | None:
+        """The user's ``evaluate()`` (optional): deterministic episodes with the weights the rollout holds now,
+        as a dict with ``return`` and optionally ``episodes`` (default 1), ``success_rate``, ``episode_len``
+        (default 0). Without the method, an evaluation reports no episodes."""
+        hook = getattr(self.user, "evaluate", None)
+        if not callable(hook):
+            return None
+        stats = hook()
+        if not isinstance(stats, dict) or "return" not in stats:
+            raise TypeError("evaluate() must return a dict of floats with a 'return' key")
+        values = (float(stats["return"]), float(stats.get("success_rate", 0.0)), float(stats.get("episode_len", 0.0)))
+        if not all(math.isfinite(v) for v in values):
+            raise FloatingPointError(f"evaluate() returned non-finite values: {stats}")
+        return (int(stats.get("episodes", 1)), *values)
 
 
 def _factory(job_json: str, placement: dict) -> _Adapter:

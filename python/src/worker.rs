@@ -11,6 +11,7 @@ use pyo3::call::PyCallArgs;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use rlsync::env::EpisodeMetrics;
 use rlsync::protocol::arrays::{self, NamedArray};
 use rlsync::protocol::trajectory::ChunkOrigin;
 use rlsync::tensor::{Role, StateDict};
@@ -157,6 +158,28 @@ impl Workload for PyWorkload {
                 mean_return,
                 data: arrays::encode_arrays(origin, &named)?,
             })
+        })
+    }
+
+    fn evaluate(
+        &mut self,
+        _state: &StateDict,
+        _version: u64,
+    ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        Python::attach(|py| {
+            let out = self.call(py, "evaluate", ())?;
+            if out.is_none() {
+                return Ok(None);
+            }
+            let (episodes, ret, success_rate, episode_len) = out
+                .extract::<(u64, f64, f64, f64)>()
+                .map_err(|e| bad_return("evaluate()", e))?;
+            Ok(Some(EpisodeMetrics {
+                ret,
+                success_rate,
+                episode_len,
+                episodes,
+            }))
         })
     }
 }

@@ -130,15 +130,16 @@ def test_the_worker_module_refuses_bad_arguments():
 
 
 def test_python_workers_checkpoint_resume_and_eval(tmp_path):
-    # The final step always checkpoints the trainer's model() weights; an eval on Python rollouts is answered
-    # with no episodes (they have no evaluation hook).
+    # The final step always checkpoints the trainer's model() weights; an eval runs the rollouts' evaluate()
+    # on the weights they hold after the step's sync (tiny_rl's return is that version).
     p = run(tmp_path, "train_embodied", "runner.max_steps=3", "runner.val_check_interval=3")
     assert p.returncode == 0, p.stderr
     ckpt = tmp_path / "run" / "checkpoints" / "global_step_3"
     assert (ckpt / "model.safetensors").is_file(), p.stdout
     assert str(ckpt) in p.stdout, "the summary names the last checkpoint"
     evals = [r for r in metrics(tmp_path) if "eval/episodes" in r]
-    assert [(r["step"], r["eval/episodes"], r["eval/version"]) for r in evals] == [(2, 0, 3)], evals
+    assert [(r["step"], r["eval/episodes"], r["eval/version"]) for r in evals] == [(2, 4, 3)], evals
+    assert evals[0]["eval/return"] == 3.0 and evals[0]["eval/episode_len"] == 7.0, evals
     # Resume in place: steps 3..5, versions continue, metrics appended (3 + 2 train lines), weights loaded.
     p = run(tmp_path, "train_embodied", "runner.max_steps=5", f"runner.resume_dir={ckpt}")
     assert p.returncode == 0, p.stderr

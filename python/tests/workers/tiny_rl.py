@@ -69,11 +69,16 @@ class Rollout:
         self.cfg = cfg
         self.policy = Policy()
         self.envs = int(cfg["env"]["train"]["total_num_envs"]) // num_rollouts
+        self.eval_envs = int(cfg["env"]["eval"]["total_num_envs"]) // num_rollouts
         self.rng = np.random.default_rng(rank)
         self.version = 0
 
     def model(self) -> nn.Module:
         return self.policy
+
+    def evaluate(self) -> dict[str, float]:
+        # Its "return" is the version of the weights it holds (the trainer's `steps` buffer travels with them).
+        return {"return": float(self.policy.steps), "episodes": self.eval_envs, "episode_len": 7.0}
 
     def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         _fail(self.cfg, "rollout")
