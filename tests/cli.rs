@@ -152,6 +152,10 @@ fn errors_use_hydras_wording() {
             "force-add of config groups is not supported: '++db=mysql'",
         ),
         (
+            &["@x=[1,'b',2.5]"],
+            "No match in the defaults list.\nTo append to your default list use +@x=[1, 'b', 2.5]",
+        ),
+        (
             &["app.port=1,2"],
             "Ambiguous value for argument 'app.port=1,2'",
         ),

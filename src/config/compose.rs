@@ -255,6 +255,9 @@ fn classify(
                         .appends
                         .push((o.key_or_group.clone(), o.package.clone(), value));
                 } else {
+                    if let Some(e) = element {
+                        groups.shown.push((group_key(o), e.python_str()));
+                    }
                     groups.choices.push((group_key(o), value));
                 }
             }

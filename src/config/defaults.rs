@@ -548,6 +548,9 @@ pub struct ResultDefault {
 pub(crate) struct GroupOverrides {
     /// `group[@pkg]=value` in command-line order (the key includes `@pkg`).
     pub choices: Vec<(String, GroupValue)>,
+    /// How Python's `str()` shows each choice's value as typed (`[1, 2, 3]`: a list of ints), by key, for
+    /// Hydra's "To append to your default list use +key=value" hint.
+    pub shown: Vec<(String, String)>,
     /// `+group[@pkg]=value`.
     pub appends: Vec<(String, Option<String>, GroupValue)>,
     /// `~group[@pkg][=value]` (the key includes `@pkg`).
@@ -568,6 +571,8 @@ struct OverrideMeta {
     external: bool,
     containing: Option<String>,
     used: bool,
+    /// The value as the command line typed it, in Python's `str()` (see [`GroupOverrides::shown`]).
+    shown: Option<String>,
 }
 
 #[derive(Debug)]
@@ -586,12 +591,19 @@ impl Overrides {
         let mut meta = IndexMap::new();
         for (key, value) in &input.choices {
             choices.insert(key.clone(), value.clone());
+            let shown = input
+                .shown
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone());
             meta.insert(
                 key.clone(),
                 OverrideMeta {
                     external: true,
                     containing: None,
                     used: false,
+                    shown,
                 },
             );
         }
@@ -638,6 +650,7 @@ impl Overrides {
                     external: false,
                     containing: Some(parent_config_path.into()),
                     used: false,
+                    shown: None,
                 },
             );
         }
@@ -713,11 +726,12 @@ impl Overrides {
                 .get(group)
                 .map(|s| s.iter().cloned().collect())
                 .unwrap_or_default();
-            let value = self
-                .choices
-                .get(key)
-                .map(GroupValue::python_str)
-                .unwrap_or_default();
+            let value = meta.shown.clone().unwrap_or_else(|| {
+                self.choices
+                    .get(key)
+                    .map(GroupValue::python_str)
+                    .unwrap_or_default()
+            });
             return Err(DefaultsError::OverrideNotUsed {
                 key: key.clone(),
                 value,

@@ -142,8 +142,8 @@ OVERRIDE_SEEDS = [
     "x=a(b(c(d)))", "x=[1,[2,{a:3}]]", "x={a:[1,2],b:choice(1,2)}",
 ]
 OVERRIDE_STRAY = list("[]{}(),=:'\"\\$@~+ \t/.*#") + ["${", ",,"]
-# Not a syntax error, and not this kind's: a list value of a group override that matches no default is
-# printed `+@x=['1', '2', '3']` by rlsync, `+@x=[1, 2, 3]` by Hydra (defaults.rs; left for its owner).
+# Not a syntax error (a group override that matches no default; its hint prints the list as Python's str(),
+# checked in tests/cli.rs), so not a case of this kind.
 NOT_SYNTAX = {"@x=[1,2,3]"}
 for text in mutations(OVERRIDE_SEEDS, OVERRIDE_STRAY):
     if zlib.crc32(text.encode()) % 60 == 0 and text not in NOT_SYNTAX:
