@@ -359,7 +359,7 @@ fn torchscript_export_train_checkpoint_resume() {
         learner
             .param_roles()
             .iter()
-            .any(|(n, r)| n == "mu_weight" && *r == Role::Trainable),
+            .any(|(n, r)| n == "mu.weight" && *r == Role::Trainable),
         "{:?}",
         learner.param_roles()
     );
