@@ -82,7 +82,8 @@ def workers(run_dir: Path) -> dict[int, str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(run_dir) in cmd and "--role" in cmd and "pytest" not in cmd:
+        # (The run dir is under pytest's tmp dir: match the worker's arguments, not the word "pytest".)
+        if f"--run-dir {run_dir}" in cmd and "--role" in cmd and int(pid) != os.getpid():
             found[int(pid)] = cmd
     return found
 
@@ -202,3 +203,5 @@ def test_killed_python_rollouts_are_restarted_and_the_run_finishes(tmp_path, ent
     prefix = json.loads((run_dir / ".rlsync" / "launch.json").read_text())["segment_prefix"]
     assert not [f for f in set(os.listdir("/dev/shm")) - shm_before if f.startswith(prefix)]
     assert not [f for f in os.listdir(run_dir / ".rlsync") if f.startswith("rollout-")]
+    catchups = [line.split("INFO ", 1)[-1] for line in stderr.splitlines() if "rejoined: caught up by" in line]
+    print(f"{what}: held; catch-ups: {catchups}")

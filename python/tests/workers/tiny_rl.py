@@ -69,6 +69,8 @@ class Rollout:
     def __init__(self, cfg: dict, rank: int, num_rollouts: int) -> None:
         _fail(cfg, "rollout_init")
         self.cfg = cfg
+        # The trainer's initial weights (as the bucket syncer assumes: version 0 is each worker's own init).
+        torch.manual_seed(0)
         self.policy = Policy()
         self.envs = int(cfg["env"]["train"]["total_num_envs"]) // num_rollouts
         self.eval_envs = int(cfg["env"]["eval"]["total_num_envs"]) // num_rollouts
