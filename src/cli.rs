@@ -5,8 +5,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
-
 use crate::config::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
 use crate::orchestrator::Entry;
 
@@ -374,9 +372,8 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         overrides: &args.overrides,
         command,
     };
-    let outcome = app::execute(&request)
-        .with_context(|| format!("rlsync {}", args.entry.name()))
-        .map_err(strip_context)?;
+    // Composition's message is Hydra's wording, printed as it is (its causes, if any, on `caused by:` lines).
+    let outcome = app::execute(&request)?;
     match outcome {
         Outcome::Printed { success } => Ok(if success {
             ExitStatus::Success
@@ -519,7 +516,31 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
-/// The message printed for a failed run: the error's own line, then one `caused by:` line per cause (each
+/// What a failed command prints on stderr: `Error: ` and the [`error_report`]. A caret line right under the
+/// first line (Hydra's `LexerNoViableAltException: <override>` and its `^` under the bad character) is shifted by
+/// the prefix too, so it still points at the character.
+pub fn error_text(err: &anyhow::Error) -> String {
+    const PREFIX: &str = "Error: ";
+    let report = error_report(err);
+    let mut lines = report.splitn(3, '\n');
+    let first = lines.next().unwrap_or_default();
+    let mut out = format!("{PREFIX}{first}");
+    if let Some(second) = lines.next() {
+        let is_caret = second.trim_start() == "^";
+        out.push('\n');
+        if is_caret {
+            out.push_str(&" ".repeat(PREFIX.len()));
+        }
+        out.push_str(second);
+    }
+    if let Some(rest) = lines.next() {
+        out.push('\n');
+        out.push_str(rest);
+    }
+    out
+}
+
+/// The message of a failed run: the error's own line, then one `caused by:` line per cause (each
 /// error's message says only its own layer; its cause is its `source()`).
 pub fn error_report(err: &anyhow::Error) -> String {
     let mut msg = err.to_string();
@@ -528,14 +549,6 @@ pub fn error_report(err: &anyhow::Error) -> String {
         msg.push_str(&cause.to_string());
     }
     msg
-}
-
-/// Keep the message exactly as composition words it (Hydra's wording): drop the context line we added.
-fn strip_context(err: anyhow::Error) -> anyhow::Error {
-    match err.chain().nth(1) {
-        Some(inner) => anyhow::anyhow!("{inner}"),
-        None => err,
-    }
 }
 
 #[cfg(test)]
@@ -559,6 +572,21 @@ mod tests {
             error_report(&anyhow::Error::new(io())),
             "permission denied",
             "an error without causes is one line"
+        );
+    }
+
+    #[test]
+    fn error_text_keeps_a_caret_under_its_character() {
+        let err = anyhow::anyhow!("LexerNoViableAltException: #x=1\n{:>28}\nSee the docs", "^");
+        let text = error_text(&err);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "Error: LexerNoViableAltException: #x=1");
+        assert_eq!(lines[1].find('^'), lines[0].find('#'), "{text}");
+        assert_eq!(lines[2], "See the docs");
+        // Other second lines are not moved.
+        assert_eq!(
+            error_text(&anyhow::anyhow!("first\n  indented")),
+            "Error: first\n  indented"
         );
     }
 
