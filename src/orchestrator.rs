@@ -283,10 +283,13 @@ async fn run_logged(
             swept.segments
         );
     }
+    // The rollouts' local weights copies are this run's alone: a previous run's go, and this run's at its end.
+    run_files::remove_rollout_copies(&run_dir);
     let tag = run_files::new_tag();
     let files = run_files::PrivateDir::create(&tmp, &tag)?;
     let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files).await;
     files.remove();
+    run_files::remove_rollout_copies(&run_dir);
     if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",

@@ -157,6 +157,9 @@ struct Settings {
     /// Patches the sender keeps for rejoining receivers, and their byte cap.
     replay_versions: usize,
     replay_max_bytes: u64,
+    /// Bucket sender: keep a copy of the last version sent, so a rejoining receiver gets it at once
+    /// ([`WeightSyncer::keep_last_version`]).
+    keep_last: bool,
 }
 
 enum SenderStrategy {
@@ -166,6 +169,9 @@ enum SenderStrategy {
     },
     Bucket {
         buckets: Vec<Vec<Planned>>,
+        /// With `keep_last`: the bytes of every planned tensor (sender dtype) as the last `sync` sent them,
+        /// bucket by bucket; empty before the first sync or without `keep_last`.
+        last: Vec<Vec<Vec<u8>>>,
     },
 }
 
@@ -315,6 +321,7 @@ impl WeightSyncer {
                 same_keys: false,
                 replay_versions: p.replay_versions as usize,
                 replay_max_bytes: p.replay_max_bytes,
+                keep_last: false,
             },
             side: Side::Uninit,
         })
@@ -329,6 +336,14 @@ impl WeightSyncer {
     /// only the synced and bootstrapped keys must match).
     pub fn require_same_keys(&mut self, on: bool) {
         self.settings.same_keys = on;
+    }
+
+    /// Bucket sender: keep a copy of the synced tensors as last sent (one more copy of the synced state, in
+    /// the sender's dtypes, refreshed by every `sync`), so a receiver that rejoins after the state moved on is
+    /// sent that version at once instead of waiting for the next one (a deferred catch-up). The patch syncer
+    /// keeps its snapshot anyway; for it this changes nothing.
+    pub fn keep_last_version(&mut self, on: bool) {
+        self.settings.keep_last = on;
     }
 
     /// Sender: the last version sent. Receiver: the version applied. 0 before the first sync.

@@ -369,6 +369,13 @@ impl StateDict {
     pub fn load_safetensors(path: &std::path::Path) -> Result<StateDict, TensorError> {
         safetensors_io::load(path)
     }
+
+    /// [`StateDict::load_safetensors`], with the file's string metadata entries.
+    pub fn load_safetensors_with_metadata(
+        path: &std::path::Path,
+    ) -> Result<(StateDict, std::collections::HashMap<String, String>), TensorError> {
+        safetensors_io::load_with_metadata(path)
+    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
 pub mod learner;
+pub mod local_copy;
 pub mod rollout;
 pub mod synthetic;
 pub mod trainer;

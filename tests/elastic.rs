@@ -110,6 +110,14 @@ impl Scratch {
         if let Ok(rd) = std::fs::read_dir(&self.tmp) {
             left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
         }
+        // The rollouts' local weights copies are removed at the run's end.
+        if let Ok(rd) = std::fs::read_dir(self.run_dir.join(".rlsync")) {
+            left.extend(
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rollout-"))
+                    .map(|e| format!("{}", e.path().display())),
+            );
+        }
         if let Some(prefix) = self.segment_prefix()
             && let Ok(rd) = std::fs::read_dir("/dev/shm")
         {
@@ -465,5 +473,199 @@ fn a_rollout_past_the_step_deadline_is_killed_and_restarted() {
     let rows = s.metrics();
     assert_eq!(rows.len(), STEPS);
     assert_eq!(rows.last().unwrap()["rollout/restarts"], 1);
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+}
+
+/// What a test does to rollout-1's local weights copy before it kills the rollout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tamper {
+    /// Nothing: the successor loads it.
+    Keep,
+    /// One flipped byte of tensor data: the successor refuses it (checksum) and starts from version 0.
+    Corrupt,
+    /// A sound copy (its checksum matches) of weights that are not the version it claims: the successor loads
+    /// it, the trainer's checksum check refuses a replay onto it.
+    Foreign,
+}
+
+/// `train_embodied` (patch syncer, a copy every 2 versions, a 16-version replay log) runs past version 20;
+/// rollout-0 is stopped (SIGSTOP), so no step completes and no version passes while rollout-1's copy is
+/// tampered with, rollout-1 is killed and its successor loads the copy and joins the weight channel; then
+/// rollout-0 goes on, and the trainer catches the successor up. Returns the orchestrator's line about the
+/// rejoin, rollout-1's log and the version its successor rejoined from.
+fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
+    let s = Scratch::new();
+    let mut child = s
+        .command(
+            "train_embodied",
+            &[
+                "runner.rollout_restarts=1",
+                "runner.rollout_weights_copy_interval=2",
+                "weight_syncer.patch.replay_versions=16",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    // Past version 16, version 0 (a fresh worker's) is out of the log: only a copy can make the rejoin a replay.
+    wait_until(&mut child, "step 20", || s.metrics().len() >= 20).unwrap();
+    let other = Pid::from_raw(rollout_pid(&s.run_dir, 0).unwrap());
+    kill(other, Signal::SIGSTOP).unwrap();
+    // A copy being written finishes (the step waits for the stopped rollout).
+    std::thread::sleep(Duration::from_millis(500));
+    let copy = s.run_dir.join(".rlsync/rollout-1.safetensors");
+    assert!(
+        copy.is_file(),
+        "rollout-1 keeps a copy at {}",
+        copy.display()
+    );
+    match tamper {
+        Tamper::Keep => {}
+        Tamper::Corrupt => {
+            let mut raw = std::fs::read(&copy).unwrap();
+            let n = raw.len();
+            raw[n - 1] ^= 0x10;
+            std::fs::write(&copy, &raw).unwrap();
+        }
+        Tamper::Foreign => {
+            let (mut state, meta) =
+                rlsync::tensor::StateDict::load_safetensors_with_metadata(&copy).unwrap();
+            let (version, _) = rlsync::protocol::launch::parse_copy_metadata(&meta).unwrap();
+            let key = state.synced_keys()[0].clone();
+            let t = state.get_mut(&key).unwrap();
+            t.bytes_mut()[0] ^= 0x01;
+            rlsync::worker::local_copy::write(&state, version, &copy).unwrap();
+        }
+    }
+    let pid = rollout_pid(&s.run_dir, 1).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let log = s.run_dir.join("logs/rollout-1.log");
+    let joined = wait_until(&mut child, "the successor's join", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("rejoining from"))
+    });
+    let _ = kill(other, Signal::SIGCONT);
+    if let Err(why) = joined {
+        let (code, stderr) = finish(child).unwrap();
+        panic!("{why}; exit {code:?}:\n{stderr}");
+    }
+    let (code, stderr) = finish(child).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let rows: Vec<_> = s
+        .metrics()
+        .into_iter()
+        .filter(|row| row.contains_key("train/loss"))
+        .collect();
+    assert_eq!(rows.len(), STEPS);
+    assert!(
+        rows.iter()
+            .all(|r| r.get("sync/verified").is_none_or(|v| v == true)),
+        "every sync verified"
+    );
+    assert_eq!(rows.last().unwrap()["rollout/restarts"], 1);
+    let caught: Vec<_> = rows
+        .iter()
+        .filter_map(|r| r.get("sync/catchup_kind").and_then(|v| v.as_u64()))
+        .collect();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("rollout-1 rejoined: caught up by"))
+        .unwrap_or_else(|| panic!("no rejoin in the log:\n{stderr}"))
+        .to_string();
+    let from: u64 = line
+        .split("from version ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let want_kind = u64::from(tamper != Tamper::Keep);
+    assert_eq!(caught, vec![want_kind], "{line}");
+    assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
+    let log = std::fs::read_to_string(&log).unwrap();
+    (line, log, from)
+}
+
+/// A successor that loads a local copy still in the replay log catches up by replay from its version, not by
+/// a full transfer from version 0.
+#[test]
+fn a_restarted_rollout_replays_from_its_local_copy() {
+    let (line, log, from) = rejoin_from_a_copy(Tamper::Keep);
+    assert!(line.contains("caught up by replay"), "{line}");
+    assert!(from >= 4, "rejoined from the copy's version: {line}");
+    assert!(
+        log.contains(&format!("loaded the local weights copy of version {from}")),
+        "{log}"
+    );
+}
+
+/// A corrupt copy is refused by the successor: it rejoins from its initial weights, by a full transfer.
+#[test]
+fn a_corrupt_local_copy_falls_back_to_a_full_transfer() {
+    let (line, log, from) = rejoin_from_a_copy(Tamper::Corrupt);
+    assert!(line.contains("caught up by full"), "{line}");
+    assert_eq!(from, 0, "{line}");
+    assert!(
+        log.contains("corrupt") && log.contains("is not used"),
+        "{log}"
+    );
+}
+
+/// A sound copy of weights that are not the version it claims: the trainer's checksum check refuses to
+/// replay onto it, the successor gets the full state (never patches applied to unknown weights).
+#[test]
+fn a_mismatching_local_copy_falls_back_to_a_full_transfer() {
+    let (line, _, from) = rejoin_from_a_copy(Tamper::Foreign);
+    assert!(line.contains("caught up by full"), "{line}");
+    assert!(from >= 4, "it reported the copy's version: {line}");
+    assert!(
+        line.contains("its weights are not those of version"),
+        "{line}"
+    );
+}
+
+/// Bucket syncer, `runner.weight_sync_interval=4`: a rollout restarted between syncs gets the last synced
+/// version at once (the trainer keeps a copy of it), not at the next sync (a deferred catch-up).
+#[test]
+fn a_bucket_rollout_restarted_between_syncs_is_caught_up_at_once() {
+    let s = Scratch::new();
+    let mut child = s
+        .command(
+            "train_embodied",
+            &[
+                "weight_syncer=bucket_syncer",
+                "runner.rollout_restarts=1",
+                "runner.weight_sync_interval=4",
+            ],
+        )
+        .spawn()
+        .unwrap();
+    wait_until(&mut child, "step 10", || s.metrics().len() >= 10).unwrap();
+    let pid = rollout_pid(&s.run_dir, 1).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let (code, stderr) = finish(child).unwrap();
+    assert_eq!(code, Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("rollout-1 rejoined: caught up by"))
+        .unwrap_or_else(|| panic!("no rejoin in the log:\n{stderr}"));
+    let to: u64 = line
+        .split(" to ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    // Synced versions: every 4th, and those an evaluation syncs (runner.val_check_interval).
+    assert!(to >= 8, "caught up to the last synced version: {line}");
+    let log = std::fs::read_to_string(s.run_dir.join("logs/rollout-1.log")).unwrap();
+    assert!(
+        log.contains(&format!(
+            "rejoined the weight channel: full from version 0 to {to}, "
+        )),
+        "{log}"
+    );
+    let rows = s.metrics();
+    assert_eq!(rows.last().unwrap()["rollout/restarts"], 1);
+    assert!(
+        rows.iter()
+            .all(|r| r.get("sync/verified").is_none_or(|v| v == true))
+    );
     assert!(s.leftovers().is_empty(), "{:?}", s.leftovers());
 }

@@ -369,6 +369,11 @@ pub struct RunnerConfig {
     /// Wait before restarting a dead rollout; the n-th restart of one worker waits `2^(n-1)` times this
     /// (at most [`MAX_RESTART_BACKOFF_S`]).
     pub rollout_restart_backoff_s: Seconds,
+    /// Restartable runs with the patch syncer: every rollout keeps a local copy of its weights
+    /// (`<run_dir>/.rlsync/rollout-<rank>.safetensors`), written after an install when this many versions
+    /// passed since the last copy; a restarted rollout loads it and catches up from its version (by replay
+    /// when that version is still in the trainer's log). 0: no copy.
+    pub rollout_weights_copy_interval: u32,
     pub logger: LoggerConfig,
 }
 
@@ -394,6 +399,7 @@ impl Default for RunnerConfig {
             shutdown_grace_s: Seconds::from_secs(3),
             rollout_restarts: 0,
             rollout_restart_backoff_s: Seconds::from_secs(1),
+            rollout_weights_copy_interval: 4,
             logger: LoggerConfig::default(),
         }
     }

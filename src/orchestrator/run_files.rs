@@ -1,5 +1,6 @@
 //! The run's own files outside its results: the run-dir lock, the private 0700 directory under `TMPDIR` that
-//! holds the control sockets, the 0600 launch file, and the sweep of what runs whose orchestrator died left.
+//! holds the control sockets, the 0600 launch file, the removal of the rollouts' local weights copies, and the
+//! sweep of what runs whose orchestrator died left.
 //!
 //! Naming: a run's tag is `rlsync-<orchestrator pid>-<nonce>`; its private directory is `$TMPDIR/<tag>/`
 //! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…`. So after a SIGKILL of the
@@ -97,6 +98,25 @@ pub fn lock_run_dir(run_dir: &Path) -> Result<RunLock, RunFilesError> {
         .and_then(|()| lock.write_all(pid.as_bytes()))
         .map_err(io(&path))?;
     Ok(RunLock { _lock: lock })
+}
+
+/// Remove the rollouts' local weights copies (and temporary files of copies being written) from
+/// `<run_dir>/.rlsync`: at a run's start (a previous run's copies are not this run's versions) and at its end.
+/// Returns how many files were removed.
+pub fn remove_rollout_copies(run_dir: &Path) -> usize {
+    let prefix = crate::protocol::launch::ROLLOUT_COPY_PREFIX;
+    let mut removed = 0;
+    if let Ok(entries) = std::fs::read_dir(run_dir.join(".rlsync")) {
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let copy = name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp");
+            if name.starts_with(prefix) && copy && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+    }
+    removed
 }
 
 /// Write `bytes` to `path` readable and writable by the owner only, whatever the umask.

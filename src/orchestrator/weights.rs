@@ -168,6 +168,8 @@ pub struct Fleet {
     versions: Vec<u64>,
     /// The trainer owes a `caught_up` for this rank.
     serving: Vec<bool>,
+    /// The rank's worker now is a restarted one (for the log).
+    restarted: Vec<bool>,
     since: Since,
 }
 
@@ -179,6 +181,7 @@ impl Fleet {
             phases: vec![Phase::Joining; n],
             versions: vec![0; n],
             serving: vec![false; n],
+            restarted: vec![false; n],
             since: Since::default(),
         }
     }
@@ -253,6 +256,9 @@ impl Fleet {
             }
             Incoming::Restarted(id) => {
                 self.set(id.rank, Phase::Joining);
+                if let Some(r) = self.restarted.get_mut(id.rank as usize) {
+                    *r = true;
+                }
                 sup.send(id, &Command::InitWeights, &[]).await?;
                 return Ok(Handled::Nothing);
             }
@@ -345,7 +351,8 @@ impl Fleet {
                 if let Some(v) = self.versions.get_mut(rank as usize) {
                     *v = (*v).max(*version);
                 }
-                if was == Phase::Joining && version == &0 && sup.restarts() > 0 {
+                let restarted = self.restarted.get(rank as usize).copied().unwrap_or(false);
+                if was == Phase::Joining && version == &0 && restarted {
                     tracing::info!("{id}: bootstrapped with the others after its restart");
                 }
                 Ok(Handled::Applied {

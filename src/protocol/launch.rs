@@ -56,6 +56,53 @@ pub(crate) fn launch_file(run_dir: &Path) -> PathBuf {
     run_dir.join(".rlsync").join("launch.json")
 }
 
+/// File-name prefix of the rollouts' local weights copies (and their temporary files) in `<run_dir>/.rlsync`.
+pub const ROLLOUT_COPY_PREFIX: &str = "rollout-";
+
+/// Path of rollout `rank`'s local weights copy (`runner.rollout_weights_copy_interval`) inside a run dir.
+pub fn rollout_copy_file(run_dir: &Path, rank: u32) -> PathBuf {
+    run_dir
+        .join(".rlsync")
+        .join(format!("{ROLLOUT_COPY_PREFIX}{rank}.safetensors"))
+}
+
+/// Metadata entries of a rollout's local weights copy (a safetensors file; `worker/local_copy.rs` writes and
+/// loads it): format, the version the weights are, and the checksum of the file's tensors (all keys, in order).
+const COPY_FORMAT_KEY: &str = "rlsync.copy.format";
+const COPY_FORMAT: &str = "1";
+const COPY_VERSION_KEY: &str = "rlsync.copy.version";
+const COPY_CHECKSUM_KEY: &str = "rlsync.copy.checksum";
+
+/// The metadata entries of a local weights copy of `version` whose tensors hash to `checksum`.
+pub fn copy_metadata(version: u64, checksum: u64) -> Vec<(String, String)> {
+    vec![
+        (COPY_FORMAT_KEY.to_string(), COPY_FORMAT.to_string()),
+        (COPY_VERSION_KEY.to_string(), version.to_string()),
+        (COPY_CHECKSUM_KEY.to_string(), format!("{checksum:#018x}")),
+    ]
+}
+
+/// The version and checksum a local weights copy's metadata records; why not, when it is not one.
+pub fn parse_copy_metadata(
+    meta: &std::collections::HashMap<String, String>,
+) -> Result<(u64, u64), String> {
+    if meta.get(COPY_FORMAT_KEY).map(String::as_str) != Some(COPY_FORMAT) {
+        return Err(format!(
+            "no {COPY_FORMAT_KEY} = {COPY_FORMAT} in its metadata (not a rollout's weights copy)"
+        ));
+    }
+    let version = meta
+        .get(COPY_VERSION_KEY)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("no valid {COPY_VERSION_KEY} in its metadata"))?;
+    let checksum = meta
+        .get(COPY_CHECKSUM_KEY)
+        .and_then(|c| c.strip_prefix("0x"))
+        .and_then(|c| u64::from_str_radix(c, 16).ok())
+        .ok_or_else(|| format!("no valid {COPY_CHECKSUM_KEY} in its metadata"))?;
+    Ok((version, checksum))
+}
+
 /// Serialize the launch file.
 pub(crate) fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
     serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed {
@@ -87,6 +134,19 @@ pub(crate) fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copy_metadata_roundtrips_and_refuses_other_files() {
+        let meta: std::collections::HashMap<_, _> =
+            copy_metadata(42, 0xDEAD_BEEF).into_iter().collect();
+        assert_eq!(parse_copy_metadata(&meta), Ok((42, 0xDEAD_BEEF)));
+        let mut other = meta.clone();
+        other.remove(COPY_FORMAT_KEY);
+        assert!(parse_copy_metadata(&other).unwrap_err().contains("format"));
+        let mut bad = meta;
+        bad.insert(COPY_CHECKSUM_KEY.into(), "zz".into());
+        assert!(parse_copy_metadata(&bad).unwrap_err().contains("checksum"));
+    }
 
     #[test]
     fn launch_file_roundtrips_and_checks_version() {

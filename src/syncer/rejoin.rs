@@ -15,11 +15,12 @@
 //!   weights, a checkpoint-resumed trainer, or a missing log entry all fall back to full).
 //! - **full**: every synced tensor of the sender's snapshot (patch syncer: the last version, in the receiver's
 //!   dtypes, bit for bit what the others hold) as buckets of that version.
-//! - **full, bucket syncer**: the sender keeps no copy of the last version, so it sends its state as that version
-//!   only when the caller says the state *is* the last version (nothing trained since; version 0 needs nothing:
-//!   every receiver of a bucket syncer holds its own initial weights at version 0);
-//! - **deferred** (bucket syncer, the state moved on): every version is a full transfer anyway, so the receiver
-//!   only completes the handshake and takes the next version with the others.
+//! - **full, bucket syncer**: the last version, from the state when the caller says the state *is* that version
+//!   (nothing trained since), else from the copy of it the sender keeps when asked to
+//!   (`WeightSyncer::keep_last_version`; version 0 needs nothing: every receiver of a bucket syncer holds its
+//!   own initial weights at version 0);
+//! - **deferred** (bucket syncer, the state moved on and no copy kept): every version is a full transfer
+//!   anyway, so the receiver only completes the handshake and takes the next version with the others.
 //!
 //! Keys the init bootstrap covers but no version updates (frozen weights) are sent again, as init buckets,
 //! only when the receiver's checksum of them differs from the sender's. All catch-up messages target the one
@@ -173,6 +174,15 @@ pub struct CatchUpReport {
     pub elapsed: Duration,
 }
 
+/// Where a bucket syncer's full catch-up of the last version comes from.
+pub(super) enum BucketSource<'a> {
+    /// The state is still exactly the last version (nothing trained since).
+    State(&'a [Vec<Planned>]),
+    /// The state moved on: the copy of the last version the sender keeps (`keep_last_version`), the bytes of
+    /// each planned tensor bucket by bucket.
+    Copy(&'a [Vec<Planned>], &'a [Vec<Vec<u8>>]),
+}
+
 /// What the sender keeps for rejoins (set at init).
 pub(super) struct RejoinInfo {
     /// The receivers' metadata (every rank reported the same).
@@ -221,7 +231,7 @@ pub(super) async fn serve(
     info: &RejoinInfo,
     state: &StateDict,
     snap: Option<&[super::patch::SnapTensor]>,
-    bucket_full: Option<&[Vec<Planned>]>,
+    bucket_full: Option<BucketSource<'_>>,
     last_version: u64,
     strategy: wire::Strategy,
     part_bytes: usize,
@@ -317,18 +327,24 @@ pub(super) async fn serve(
     };
     let mut replay: Vec<&[u8]> = Vec::new();
     let mut full: Vec<Vec<Planned>> = Vec::new();
-    // Bucket syncer, state still at the last version: that version, from the state, to this rank.
-    let mut current: &[Vec<Planned>] = &[];
+    // Bucket syncer: the last version, from the state or the sender's copy of it, to this rank.
+    let mut current: Option<BucketSource<'_>> = None;
     match snap {
         None if last_version == 0 => {
             // Nothing was ever sent: it holds version 0 (its own initial weights) like the others.
             report.reason = "bucket syncer: version 0 is every receiver's own initial state".into();
         }
         None => match bucket_full {
-            Some(buckets) => {
-                plan.full_buckets = buckets.len() as u32;
-                current = buckets;
-                report.reason = "bucket syncer: every version is a full transfer".into();
+            Some(source) => {
+                let (buckets, from) = match &source {
+                    BucketSource::State(b) => (b.len(), ""),
+                    BucketSource::Copy(b, _) => {
+                        (b.len(), " (the last version, from the sender's copy)")
+                    }
+                };
+                plan.full_buckets = buckets as u32;
+                current = Some(source);
+                report.reason = format!("bucket syncer: every version is a full transfer{from}");
             }
             None => {
                 plan.mode = CatchUpMode::Deferred;
@@ -428,18 +444,38 @@ pub(super) async fn serve(
         ch.send_to(rank, msg).await?;
         report.payload_bytes += msg.len() as u64;
     }
-    if !current.is_empty() {
-        let stats = send_state_buckets(
-            ch,
-            rank,
-            state,
-            current,
-            Kind::Bucket,
-            last_version,
-            part_bytes,
-        )
-        .await?;
-        report.payload_bytes += stats.payload_bytes;
+    match current {
+        Some(BucketSource::State(buckets)) => {
+            let stats = send_state_buckets(
+                ch,
+                rank,
+                state,
+                buckets,
+                Kind::Bucket,
+                last_version,
+                part_bytes,
+            )
+            .await?;
+            report.payload_bytes += stats.payload_bytes;
+        }
+        Some(BucketSource::Copy(buckets, copy)) => {
+            let sources: Vec<Vec<&[u8]>> = copy
+                .iter()
+                .map(|b| b.iter().map(Vec::as_slice).collect())
+                .collect();
+            let stats = bucket::send_sources(
+                ch,
+                Some(rank),
+                buckets,
+                &sources,
+                Kind::Bucket,
+                last_version,
+                part_bytes,
+            )
+            .await?;
+            report.payload_bytes += stats.payload_bytes;
+        }
+        None => {}
     }
     if let (false, Some(snap)) = (full.is_empty(), snap) {
         let by_key: std::collections::HashMap<&str, &[u8]> = snap

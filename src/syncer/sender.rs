@@ -205,7 +205,10 @@ impl WeightSyncer {
                     // Nothing selected: one empty bucket per version still carries the version.
                     buckets.push(Vec::new());
                 }
-                SenderStrategy::Bucket { buckets }
+                SenderStrategy::Bucket {
+                    buckets,
+                    last: Vec::new(),
+                }
             }
         };
         report.build = t_build.elapsed();
@@ -324,7 +327,7 @@ impl WeightSyncer {
                     ..Default::default()
                 }
             }
-            SenderStrategy::Bucket { buckets } => {
+            SenderStrategy::Bucket { buckets, last } => {
                 let stats = bucket::send(
                     &mut s.ch,
                     state,
@@ -334,6 +337,9 @@ impl WeightSyncer {
                     settings.part_bytes,
                 )
                 .await?;
+                if settings.keep_last {
+                    blocking(|| keep_copy(last, buckets, state))?;
+                }
                 SyncReport {
                     kind: SyncKind::Bucket,
                     payload_bytes: stats.payload_bytes,
@@ -389,11 +395,19 @@ impl WeightSyncer {
         };
         let (snap, bucket_full, strategy) = match &s.strategy {
             SenderStrategy::Patch { snap, .. } => (Some(snap.as_slice()), None, Strategy::Patch),
-            SenderStrategy::Bucket { buckets } => (
-                None,
-                state_is_last.then_some(buckets.as_slice()),
-                Strategy::Bucket,
-            ),
+            SenderStrategy::Bucket { buckets, last } => {
+                let source = if state_is_last {
+                    Some(rejoin::BucketSource::State(buckets.as_slice()))
+                } else if !last.is_empty() {
+                    Some(rejoin::BucketSource::Copy(
+                        buckets.as_slice(),
+                        last.as_slice(),
+                    ))
+                } else {
+                    None
+                };
+                (None, source, Strategy::Bucket)
+            }
         };
         rejoin::serve(
             &mut s.ch,
@@ -432,6 +446,27 @@ impl WeightSyncer {
         };
         Ok(s.ch.flush().await?)
     }
+}
+
+/// Copy the bytes of every planned tensor of `state` into `last` (buffers reused from the previous version).
+fn keep_copy(
+    last: &mut Vec<Vec<Vec<u8>>>,
+    buckets: &[Vec<Planned>],
+    state: &StateDict,
+) -> Result<(), SyncError> {
+    last.resize_with(buckets.len(), Vec::new);
+    for (bucket, copies) in buckets.iter().zip(last.iter_mut()) {
+        copies.resize_with(bucket.len(), Vec::new);
+        for (p, copy) in bucket.iter().zip(copies.iter_mut()) {
+            let t = state.get(&p.key).ok_or_else(|| SyncError::StateMismatch {
+                key: p.key.clone(),
+                reason: "missing from the state dict".into(),
+            })?;
+            copy.clear();
+            copy.extend_from_slice(t.bytes());
+        }
+    }
+    Ok(())
 }
 
 async fn abort(ch: &mut transport::Sender, reason: &str) {

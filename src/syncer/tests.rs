@@ -1352,3 +1352,75 @@ fn a_bucket_syncer_sends_the_last_version_while_the_state_is_still_it() {
     sync_live(&rt, &mut e, 3);
     assert_same(&e, &keys, &s);
 }
+
+#[test]
+fn a_bucket_syncer_keeping_the_last_version_sends_it_after_the_state_moved_on() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 13, 8);
+    e.tx.keep_last_version(true);
+    for v in 1..=2 {
+        mutate_synced(&mut e.sender, v, 5);
+        sync_live(&rt, &mut e, v);
+    }
+    leave(&mut e, 1);
+    // Trained on since version 2 (runner.weight_sync_interval > 1): the state is no longer the last version.
+    mutate_synced(&mut e.sender, 99, 50);
+    let mut st = build_state(&keys, true, 4343);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, false),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
+    assert!(a.reason.contains("sender's copy"), "{}", a.reason);
+    assert_eq!(a.payload_bytes, b.payload_bytes);
+    // Version 2, bit for bit what the receiver that stayed holds, and not the moved-on state.
+    let (rx0, st0) = e.rxs[0].as_ref().unwrap();
+    assert_eq!(rx.checksum(&st).unwrap(), rx0.checksum(st0).unwrap());
+    assert_ne!(rx.checksum(&st).unwrap(), e.tx.checksum(&e.sender).unwrap());
+    e.rxs[1] = Some((rx, st));
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_bucket_syncer_without_the_copy_defers_a_rejoin_after_the_state_moved_on() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 17, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 98, 50);
+    let st = build_state(&keys, true, 4444);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut st = st;
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, false),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 0, true));
+    e.rxs[1] = Some((rx, st));
+    sync_live(&rt, &mut e, 2);
+    assert_same(&e, &keys, &s);
+}

@@ -76,6 +76,13 @@ pub(super) fn save(
 }
 
 pub(super) fn load(path: &Path) -> Result<StateDict, TensorError> {
+    load_with_metadata(path).map(|(state, _)| state)
+}
+
+/// [`load`], with the file's string metadata (rlsync's own entries included).
+pub(super) fn load_with_metadata(
+    path: &Path,
+) -> Result<(StateDict, HashMap<String, String>), TensorError> {
     let err = |reason: String| TensorError::Safetensors {
         path: path.to_path_buf(),
         reason,
@@ -141,7 +148,7 @@ pub(super) fn load(path: &Path) -> Result<StateDict, TensorError> {
             return Err(err(format!("{ORDER_KEY} lists '{name}' twice")));
         }
     }
-    Ok(state)
+    Ok((state, meta))
 }
 
 #[cfg(test)]

@@ -5,10 +5,13 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::config::schema::SyncerKind;
+use crate::protocol::launch::rollout_copy_file;
 use crate::protocol::messages::{Command, Report};
 use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
 use crate::tensor::{StateDict, state_checksum};
 use crate::transport::ShmReceiver;
+use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 
@@ -35,6 +38,8 @@ struct Rollout {
     /// Rejoined without a version of the trainer's (bucket syncer): no rollout before the next version.
     deferred: bool,
     workload: Box<dyn Workload>,
+    /// The local weights copy a restarted successor rejoins from (`runner.rollout_weights_copy_interval`).
+    local: Option<LocalCopy>,
 }
 
 impl Rollout {
@@ -55,6 +60,43 @@ impl Rollout {
         }
     }
 
+    /// After an install: keep the local copy up to date (its own cadence; never weights of no version).
+    fn keep_copy(&mut self) {
+        if !self.deferred
+            && let Some(local) = &mut self.local
+        {
+            local.after_install(&self.state, self.version);
+        }
+    }
+
+    /// A restarted worker: load the local copy, if there is a sound one, and return the version it holds
+    /// (0: its own initial weights).
+    fn load_copy(&mut self) -> u64 {
+        let Some(local) = &self.local else {
+            return self.version;
+        };
+        let loaded = tokio::task::block_in_place(|| local.load_into(&mut self.state));
+        match loaded {
+            Ok(Some(version)) => {
+                tracing::info!(
+                    "loaded the local weights copy of version {version} ({}): rejoining from it",
+                    local.path().display()
+                );
+                self.version = version;
+            }
+            Ok(None) => tracing::info!(
+                "no local weights copy ({}): rejoining from the initial weights",
+                local.path().display()
+            ),
+            Err(e) => tracing::warn!(
+                "{}; rejoining from the initial weights (version {})",
+                crate::stdio::error_chain(&e),
+                self.version
+            ),
+        }
+        self.version
+    }
+
     /// Install a background update (only ever called between chunks).
     fn install(&mut self, received: Received) -> Result<Report, WorkerError> {
         let started = Instant::now();
@@ -64,7 +106,9 @@ impl Rollout {
         self.deferred = false;
         // The receiver task may now fetch the following update.
         let _ = next.send(());
-        Ok(self.applied(started))
+        let applied = self.applied(started);
+        self.keep_copy();
+        Ok(applied)
     }
 }
 
@@ -75,6 +119,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     let state = tokio::task::block_in_place(|| workload.init_state())?;
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
+    // A copy only helps a restarted worker catch up by replay: restartable runs with the patch syncer's log.
+    let copies = cfg.runner.rollout_restarts > 0
+        && cfg.runner.rollout_weights_copy_interval > 0
+        && cfg.weight_syncer.kind == SyncerKind::Patch
+        && cfg.weight_syncer.patch.replay_versions > 0;
+    let local = copies.then(|| {
+        LocalCopy::new(
+            rollout_copy_file(&ctx.args.run_dir, ctx.args.rank),
+            u64::from(cfg.runner.rollout_weights_copy_interval),
+        )
+    });
     let mut me = Rollout {
         state,
         keys,
@@ -82,6 +137,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         verify: cfg.runner.verify_sync,
         deferred: false,
         workload,
+        local,
     };
     let mut weights = Weights::None;
     // `train_async` with no-wait installs: updates are received in the background, also while idle.
@@ -114,9 +170,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 if rx.joined_late() {
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
                     ctx.control.report(&Report::Joined, &[]).await?;
-                    let caught = syncer
-                        .rejoin_receiver(&mut me.state, rx, me.version)
-                        .await?;
+                    let held = me.load_copy();
+                    let caught = syncer.rejoin_receiver(&mut me.state, rx, held).await?;
                     me.version = caught.to;
                     me.keys = syncer.synced_keys().to_vec();
                     me.deferred = caught.deferred;
@@ -147,6 +202,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         seconds: started.elapsed().as_secs_f64(),
                     };
                     ctx.control.report(&rejoined, &[]).await?;
+                    me.keep_copy();
                     continue;
                 }
                 syncer.init_receiver(&mut me.state, rx).await?;
@@ -162,6 +218,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 );
                 weights = Weights::Blocking(syncer);
                 ctx.control.report(&me.applied(started), &[]).await?;
+                me.keep_copy();
             }
             Command::Apply => {
                 let Weights::Blocking(syncer) = &mut weights else {
@@ -175,6 +232,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 me.version = report.version;
                 me.deferred = false;
                 ctx.control.report(&me.applied(started), &[]).await?;
+                me.keep_copy();
                 if no_wait
                     && let Weights::Blocking(syncer) =
                         std::mem::replace(&mut weights, Weights::None)
@@ -238,7 +296,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 };
                 ctx.control.report(&report, &[]).await?;
             }
-            Command::Stop => return Ok(()),
+            Command::Stop => {
+                if let Some(local) = &mut me.local {
+                    tokio::task::block_in_place(|| local.finish());
+                }
+                return Ok(());
+            }
             other @ (Command::Sync { .. }
             | Command::Train { .. }
             | Command::Rejoin { .. }

@@ -22,6 +22,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);
     let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+    // Restartable rollouts: a bucket syncer keeps the last version sent, so a restarted rollout is caught up to
+    // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
+    // for the next sync.
+    syncer.keep_last_version(cfg.runner.rollout_restarts > 0);
     let mut version = start.version;
     let mut steps_done = start.step;
     // The trained version the rollouts were last sent (the state is exactly that version while equal).

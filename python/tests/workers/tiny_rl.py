@@ -7,6 +7,8 @@ the trainer's weights bit for bit (``actor/weights_match`` = 1.0).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import nn
@@ -67,11 +69,15 @@ class Rollout:
     def __init__(self, cfg: dict, rank: int, num_rollouts: int) -> None:
         _fail(cfg, "rollout_init")
         self.cfg = cfg
+        # The trainer's initial weights (as the bucket syncer assumes: version 0 is each worker's own init).
+        torch.manual_seed(0)
         self.policy = Policy()
         self.envs = int(cfg["env"]["train"]["total_num_envs"]) // num_rollouts
         self.eval_envs = int(cfg["env"]["eval"]["total_num_envs"]) // num_rollouts
         self.rng = np.random.default_rng(rank)
         self.version = 0
+        # Seconds each rollout() takes at least (+fixture.rollout_sleep_s): runs long enough to kill workers in.
+        self.sleep = float((cfg.get("fixture") or {}).get("rollout_sleep_s", 0.0))
 
     def model(self) -> nn.Module:
         return self.policy
@@ -82,6 +88,8 @@ class Rollout:
 
     def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         _fail(self.cfg, "rollout")
+        if self.sleep > 0:
+            time.sleep(self.sleep)
         obs = self.rng.standard_normal((steps, self.envs, 3)).astype(np.float32)
         with torch.no_grad():
             act = self.policy.w(torch.as_tensor(obs)).numpy()
