@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,22 @@ def leftovers(tmp_path: Path) -> list[str]:
     return out
 
 
+def shm_leftovers(before: set[str]) -> list[str]:
+    """rlsync segments created since `before` whose owners are gone: what a run left behind. A run's segments are
+    `rlsync-<orchestrator pid>-<n>.<pid>.…`; those of live processes belong to other runs on this machine (other
+    tests running at the same time), as rlsync's own leftover sweep judges them."""
+    out = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        if not name.startswith("rlsync"):
+            continue
+        run = re.match(r"rlsync-(\d+)-", name)
+        parts = name.split(".")
+        pids = ([run.group(1)] if run else []) + ([parts[1]] if len(parts) > 1 and parts[1].isdigit() else [])
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            out.append(name)
+    return out
+
+
 def test_train_embodied_with_python_workers_syncs_exact_weights(tmp_path):
     p = run(tmp_path, "train_embodied", "runner.max_steps=4")
     assert p.returncode == 0, p.stderr
@@ -98,7 +115,7 @@ def test_a_python_exception_fails_the_run_naming_the_worker_and_the_traceback(tm
     assert "ValueError" in p.stderr
     assert role in p.stderr
     assert not leftovers(tmp_path)
-    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("rlsync")]
+    assert not shm_leftovers(before)
 
 
 def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_path):
