@@ -468,9 +468,34 @@ impl de::Error for DeError {
     }
 }
 
-/// serde's messages use backticks; make them read like the rest of rlsync's errors.
+/// serde's messages use backticks and Rust's type names; make them read like the rest of rlsync's errors
+/// (a config author writes YAML: "expected an integer", not "expected i64").
 fn humanize(msg: &str) -> String {
-    msg.replace('`', "'")
+    let msg = msg.replace('`', "'");
+    const RUST_TYPES: &[(&str, &str)] = &[
+        ("i8", "an integer"),
+        ("i16", "an integer"),
+        ("i32", "an integer"),
+        ("i64", "an integer"),
+        ("u8", "a non-negative integer"),
+        ("u16", "a non-negative integer"),
+        ("u32", "a non-negative integer"),
+        ("u64", "a non-negative integer"),
+        ("usize", "a non-negative integer"),
+        ("a nonzero u8", "a positive integer"),
+        ("a nonzero u16", "a positive integer"),
+        ("a nonzero u32", "a positive integer"),
+        ("a nonzero u64", "a positive integer"),
+        ("a nonzero usize", "a positive integer"),
+        ("f32", "a number"),
+        ("f64", "a number"),
+    ];
+    for (rust, words) in RUST_TYPES {
+        if let Some(head) = msg.strip_suffix(&format!("expected {rust}")) {
+            return format!("{head}expected {words}");
+        }
+    }
+    msg
 }
 
 struct NodeDe<'a, 'p, 's> {
@@ -1031,9 +1056,18 @@ mod tests {
                 && err.problems[0].message.contains("nvcomp_lz4")
         );
         assert!(
-            err.problems[1].message.contains("nonzero"),
+            err.problems[1]
+                .message
+                .ends_with("integer '0', expected a positive integer"),
             "{}",
             err.problems[1].message
+        );
+        assert!(
+            err.problems[2]
+                .message
+                .ends_with("string \"often\", expected a positive integer"),
+            "serde's Rust type names are worded for a config author: {}",
+            err.problems[2].message
         );
         assert!(
             err.problems[3]
