@@ -144,6 +144,26 @@ class Trainer:
         """The module whose weights rlsync syncs to the rollouts."""
         return self.actor
 
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming needs besides the actor (which rlsync checkpoints as ``model()``): the critic, Adam's
+        moments and step counts, the reward scaler's running statistics and the RNG that shuffles minibatches.
+        rlsync saves it with every checkpoint (``optimizer.safetensors``) and hands it back to
+        :meth:`load_state_dict` on ``runner.resume_dir``."""
+        return {
+            "critic": self.critic.state_dict(),
+            "optimizer": self.optim.state_dict(),
+            "ret_rms": self.ret_rms,
+            "ret_acc": self.ret_acc,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.critic.load_state_dict(sd["critic"])
+        self.optim.load_state_dict(sd["optimizer"])
+        self.ret_rms = np.asarray(sd["ret_rms"], dtype=np.float64).copy()
+        self.ret_acc = None if sd["ret_acc"] is None else np.asarray(sd["ret_acc"]).copy()
+        torch.set_rng_state(sd["torch_rng"])
+
     def _reward_scale(self, rewards: np.ndarray, done: np.ndarray) -> float:
         # Scale rewards by the std of the running discounted return (as SB3's VecNormalize does).
         if self.ret_acc is None or self.ret_acc.shape != rewards.shape[1:]:

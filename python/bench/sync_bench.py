@@ -1,35 +1,60 @@
 """Weight-sync benchmark, side by side: one trainer process -> N rollout processes on this host.
 
-    python python/bench/sync_bench.py                       # 268 M bf16 parameters (512 MiB), 1 and 4 rollouts
-    python python/bench/sync_bench.py --params 33554432     # a smaller state (64 MiB)
+    python python/bench/sync_bench.py --params 268435456 --receivers 1 4 --steps 3   # 512 MiB bf16, the issue's size
+    python python/bench/sync_bench.py --params 33554432                               # a smaller state (64 MiB)
 
 Methods (each in its own set of processes, same state, same updates):
 - ``rlsync-patch`` / ``rlsync-bucket``: rlsync's Python API (``PatchWeightSyncer`` / ``BucketWeightSyncer``)
-  on rlsync's shared-memory channel (``rlsync.shm_sender`` / ``shm_receiver``);
-- ``torchrl-shared`` / ``torchrl-mp``: TorchRL's ``SharedMemWeightSyncScheme`` / ``MultiProcessWeightSyncScheme``
-  (``sync=True``: ``send`` returns once every worker applied the weights);
+  on rlsync's shared-memory channel (``rlsync.shm_sender`` / ``shm_receiver``); every rollout process holds its
+  own copy of the weights, installed in place;
+- ``rust-patch`` / ``rust-bucket``: the same syncers through ``rlsync bench_sync`` (``--rlsync-bin``, default
+  ``target/release/rlsync``; its receivers are threads of one process and its update is its own Adam emulation);
+- ``torchrl-shared``: TorchRL's ``SharedMemWeightSyncScheme(sync=True)`` with a shared buffer that is not the
+  trainer's module (as when the trainer trains on a GPU, or must not write into what the rollouts act with):
+  each ``send`` copies the new weights into the buffer, notifies every worker and waits for its ack; the
+  workers' modules *are* that one buffer (TorchRL replaces their parameters by it at ``connect``);
+- ``torchrl-shared-alias``: the same scheme initialised with the trainer's own parameters, as TorchRL's examples
+  do with a CPU policy: the buffer *is* the trainer's module, so no data moves at ``send`` at all, and the
+  rollouts read the trainer's live parameters (its optimizer step changes them mid-rollout); "isolated" is
+  False. Shown for reference: it is not a sync;
+- ``torchrl-mp``: ``MultiProcessWeightSyncScheme(sync=True)``, sent a fresh CPU copy of the weights per version
+  (made before the clock starts; sending the module's own tensors would alias them as above): the copy goes
+  through torch's shared-memory pickling and each worker copies it into its module;
 - ``load_state_dict``: a plain in-process ``model.load_state_dict`` copy of the whole state (per rollout).
 
 The update between versions emulates one Adam step at ``--lr`` (fp32 master weights, momentum of uniform
-noise, bias-corrected, cast to bf16), as ``rlsync bench_sync bench.update=adam`` does, so a patch carries the
-same share of changed elements. "e2e" is from the trainer's call until the last rollout has the version
-installed (clock: ``time.perf_counter``, CLOCK_MONOTONIC, shared by the processes of one host); the update
-itself is not timed. The first version after init is a warm-up and not counted. Every rlsync run checks the
-rollouts' checksums against the trainer's.
+noise, bias-corrected, cast to bf16), so a patch carries the share of changed elements such an update makes.
+"e2e" is from the trainer's call until the trainer knows that every rollout has the version installed (rlsync:
+each rollout's message after ``apply`` returned; TorchRL: the acks ``send`` waits for); the update itself is not
+timed. The first version after init is a warm-up and not counted. After the last version every method is
+checked: "verified" = each rollout holds exactly the last version sent (a hash of all its bytes); "isolated" =
+an update the trainer makes afterwards without sending does not show up in the rollouts.
+
+Memory (P bf16 elements, 2P bytes; 512 MiB at P = 268 M): the trainer holds the model (2P), fp32 master
+weights and momentum (8P), for patch a snapshot (2P), for TorchRL a separate buffer (2P); each rollout process
+holds its model (2P) plus its Python + torch (~0.4 GiB); rlsync's shm channel holds up to ``slots`` (2 here)
+payloads (bucket: 2P each). Peak at P = 268 M, 4 rollouts: about 5 + 1 + 4 x 0.9 = 9.6 GiB (bucket), well
+inside 24 GiB; the methods run one after another and free their memory. The table reports the trainer's and
+the largest rollout's peak RSS and the largest /dev/shm use seen.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import math
 import multiprocessing as mp
 import os
+import resource
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: no spinning OpenMP teams on a shared machine
@@ -37,6 +62,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch: no spinning OpenM
 import torch  # noqa: E402
 
 SHAPE_COLS = 4096
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_module(params: int, tensors: int, seed: int | None) -> torch.nn.Module:
@@ -52,6 +78,50 @@ def make_module(params: int, tensors: int, seed: int | None) -> torch.nn.Module:
             t = (torch.randn(rows, SHAPE_COLS, generator=g) * 0.02).to(torch.bfloat16)
         m.register_parameter(f"layer{i}_weight", torch.nn.Parameter(t, requires_grad=False))
     return m
+
+
+def state_hash(module: torch.nn.Module) -> str:
+    """A hash of every byte of the module's parameters (exact, dtype-agnostic)."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in module.parameters():
+        h.update(p.detach().contiguous().view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set since the last :func:`reset_peak_rss` (VmHWM)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
+class ShmWatch:
+    """The largest /dev/shm use seen (sampled after each version) above the level at the start."""
+
+    def __init__(self) -> None:
+        self.base = self._used()
+        self.peak = 0
+
+    @staticmethod
+    def _used() -> int:
+        try:
+            return shutil.disk_usage("/dev/shm").used
+        except OSError:
+            return 0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self._used() - self.base)
 
 
 class AdamLike:
@@ -88,7 +158,7 @@ def _rlsync_syncer(kind: str) -> Any:
     return rlsync.BucketWeightSyncer(bucket_size=512 << 20)
 
 
-def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, tensors: int, q: Any) -> None:
+def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, tensors: int, q: Any, cmd: Any) -> None:
     import rlsync
 
     async def main() -> None:
@@ -98,8 +168,9 @@ def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, 
         await syncer.init_receiver(model.state_dict(), rx)
         for _ in range(versions):
             v = await syncer.apply(model, rx)
-            q.put(("applied", rank, v, time.perf_counter(), syncer.last_report()))
-        q.put(("checksum", rank, syncer.checksum(model.state_dict())))
+            q.put(("applied", rank, v, syncer.last_report()))
+        cmd.wait()  # the trainer made one more update, not sent
+        q.put(("end", rank, state_hash(model), peak_rss_mib()))
 
     try:
         asyncio.run(main())
@@ -107,15 +178,26 @@ def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, 
         q.put(("error", rank, repr(e)))
 
 
+def _get(q: Any, want: str) -> tuple:
+    msg = q.get(timeout=900)
+    if msg[0] == "error":
+        raise RuntimeError(f"rollout {msg[1]}: {msg[2]}")
+    if msg[0] != want:
+        raise RuntimeError(f"expected a '{want}' message, got {msg[:2]}")
+    return msg
+
+
 def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     import rlsync
 
     versions = args.steps + 1
-    q = ctx.Queue()
+    q, cmd = ctx.Queue(), ctx.Event()
+    watch = ShmWatch()
+    reset_peak_rss()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.sock")
         procs = [
-            ctx.Process(target=rlsync_rollout, args=(kind, path, r, versions, args.params, args.tensors, q))
+            ctx.Process(target=rlsync_rollout, args=(kind, path, r, versions, args.params, args.tensors, q, cmd))
             for r in range(n)
         ]
         for p in procs:
@@ -125,7 +207,7 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[st
 
         async def trainer() -> dict[str, Any]:
             syncer = _rlsync_syncer(kind)
-            tx = await rlsync.shm_sender(path, n, timeout=600)
+            tx = await rlsync.shm_sender(path, n, timeout=600, slots=2)
             await syncer.init_sender(model.state_dict(), list(model.state_dict()), tx)
             e2e, send_s, reports = [], [], []
             for v in range(1, versions + 1):
@@ -133,31 +215,62 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[st
                 t0 = time.perf_counter()
                 await syncer.sync(model.state_dict(), tx, v)
                 t_sent = time.perf_counter()
-                done, sums = [], []
-                while len(done) < n:
-                    msg = q.get(timeout=600)
-                    if msg[0] == "error":
-                        raise RuntimeError(f"rollout {msg[1]}: {msg[2]}")
-                    (done if msg[0] == "applied" else sums).append(msg)
+                done = [_get(q, "applied") for _ in range(n)]
+                t_done = time.perf_counter()
+                watch.sample()
+                if any(m[2] != v for m in done):
+                    raise RuntimeError(f"version {v}: rollouts applied {[m[2] for m in done]}")
                 if v > 1:
-                    e2e.append(max(m[3] for m in done) - t0)
+                    e2e.append(t_done - t0)
                     send_s.append(t_sent - t0)
-                    reports.append(done[0][4])
-            want = syncer.checksum(model.state_dict())
-            sums += [q.get(timeout=600) for _ in range(n - len(sums))]
-            verified = all(s[0] == "checksum" and s[2] == want for s in sums)
-            changed = statistics.median(r["changed"] for r in reports)
-            payload = statistics.median(r["payload_bytes"] for r in reports)
-            return {"e2e_ms": 1e3 * statistics.median(e2e), "sender_ms": 1e3 * statistics.median(send_s),
-                    "verified": verified, "changed": changed, "payload_bytes": payload}
+                    reports.append(done[0][3])
+            await syncer.flush()
+            sent = state_hash(model)
+            opt.step()  # not sent: private copies must not see it
+            cmd.set()
+            ends = [_get(q, "end") for _ in range(n)]
+            return {
+                "e2e_ms": 1e3 * statistics.median(e2e),
+                "sender_ms": 1e3 * statistics.median(send_s),
+                "verified": all(e[2] == sent for e in ends),
+                "isolated": all(e[2] != state_hash(model) for e in ends),
+                "changed": statistics.median(r["changed"] for r in reports),
+                "payload_bytes": statistics.median(r["payload_bytes"] for r in reports),
+                "rollout_rss_mib": max(e[3] for e in ends),
+            }
 
         try:
-            return asyncio.run(trainer())
+            out = asyncio.run(trainer())
         finally:
+            cmd.set()
             for p in procs:
                 p.join(timeout=60)
                 if p.is_alive():
                     p.kill()
+    out.update(trainer_rss_mib=peak_rss_mib(), shm_mib=watch.peak / 2**20)
+    return out
+
+
+def run_rust(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``rlsync bench_sync`` with the same size, update and transport (its receivers are threads)."""
+    exe = Path(args.rlsync_bin)
+    if not exe.is_file():
+        raise FileNotFoundError(f"{exe} is missing (cargo build --release, or pass --rlsync-bin)")
+    cmd = [
+        str(exe), "bench_sync", f"bench.params={args.params}", "bench.dtype=bf16", "bench.update=adam",
+        f"bench.adam_lr={args.lr}", "bench.transport=shm", f"bench.receivers={n}", f"bench.steps={args.steps + 1}",
+        "bench.format=json",
+        "weight_syncer=patch_syncer" if kind == "patch" else "weight_syncer=bucket_syncer",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[1:])}: exit {p.returncode}: {p.stderr.strip()[-300:]}")
+    summary = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{") and '"summary"' in line]
+    if not summary:
+        raise RuntimeError(f"no summary line in the output of {' '.join(cmd[1:])}")
+    s = summary[-1]
+    return {"e2e_ms": s["total_ms"], "verified": bool(s["verified"]), "payload_bytes": s.get("payload_bytes"),
+            "density": s.get("density"), "memcpy_ms": s.get("memcpy_ms")}
 
 
 # ---------------------------------------------------------------------------------------------------- torchrl
@@ -166,7 +279,7 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[st
 def _scheme(name: str) -> Any:
     from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme
 
-    return SharedMemWeightSyncScheme(sync=True) if name == "shared" else MultiProcessWeightSyncScheme(sync=True)
+    return MultiProcessWeightSyncScheme(sync=True) if name == "mp" else SharedMemWeightSyncScheme(sync=True)
 
 
 def torchrl_rollout(scheme: Any, rank: int, params: int, tensors: int, stop: Any, q: Any) -> None:
@@ -180,7 +293,7 @@ def torchrl_rollout(scheme: Any, rank: int, params: int, tensors: int, stop: Any
         else:
             while not stop.is_set():
                 scheme.receive(timeout=0.5)
-        q.put(("done", rank, float(next(model.parameters()).float().sum())))
+        q.put(("end", rank, state_hash(model), peak_rss_mib()))
     except BaseException as e:
         q.put(("error", rank, repr(e)))
 
@@ -188,33 +301,48 @@ def torchrl_rollout(scheme: Any, rank: int, params: int, tensors: int, stop: Any
 def run_torchrl(name: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     from tensordict import TensorDict
 
+    reset_peak_rss()
+    watch = ShmWatch()
     model = make_module(args.params, args.tensors, seed=1)
     opt = AdamLike(model, args.lr)
     scheme = _scheme(name)
-    scheme.init_on_sender(model_id="policy", weights=TensorDict.from_module(model),
-                          devices=[torch.device("cpu")] * n, num_workers=n, ctx=ctx)
+    live = TensorDict.from_module(model)
+    # "shared-alias": the trainer's own parameters become the shared buffer (no copy at send, no isolation).
+    initial = live if name == "shared-alias" else live.data.clone()
+    scheme.init_on_sender(model_id="policy", weights=initial, devices=[torch.device("cpu")] * n, num_workers=n, ctx=ctx)
     q, stop = ctx.Queue(), ctx.Event()
     procs = [ctx.Process(target=torchrl_rollout, args=(scheme, r, args.params, args.tensors, stop, q)) for r in range(n)]
     for p in procs:
         p.start()
     try:
-        scheme.connect(weights=TensorDict.from_module(model))
+        scheme.connect(weights=initial)
         for _ in range(n):
-            msg = q.get(timeout=600)
-            if msg[0] == "error":
-                raise RuntimeError(f"torchrl rollout {msg[1]}: {msg[2]}")
+            _get(q, "ready")
         e2e = []
         for v in range(1, args.steps + 2):
             opt.step()
+            # mp: a fresh CPU copy per version, made before the clock starts (sending the module's own tensors
+            # would make the workers alias them after the first send).
+            weights = live.data.clone() if name == "mp" else live
             t0 = time.perf_counter()
-            scheme.send(TensorDict.from_module(model))
+            scheme.send(weights)
+            t1 = time.perf_counter()
+            watch.sample()
+            del weights
             if v > 1:
-                e2e.append(time.perf_counter() - t0)
+                e2e.append(t1 - t0)
+        sent = state_hash(model)
+        opt.step()  # not sent
         stop.set()
-        want = float(next(model.parameters()).float().sum())
-        ends = [q.get(timeout=600) for _ in range(n)]
-        verified = all(e[0] == "done" and e[2] == want for e in ends)
-        return {"e2e_ms": 1e3 * statistics.median(e2e), "verified": verified}
+        ends = [_get(q, "end") for _ in range(n)]
+        return {
+            "e2e_ms": 1e3 * statistics.median(e2e),
+            "verified": all(e[2] == sent for e in ends),
+            "isolated": all(e[2] != state_hash(model) for e in ends),
+            "rollout_rss_mib": max(e[3] for e in ends),
+            "trainer_rss_mib": peak_rss_mib(),
+            "shm_mib": watch.peak / 2**20,
+        }
     finally:
         stop.set()
         for p in procs:
@@ -228,6 +356,7 @@ def run_torchrl(name: str, n: int, args: argparse.Namespace, ctx: Any) -> dict[s
 
 
 def run_load_state_dict(n: int, args: argparse.Namespace) -> dict[str, Any]:
+    reset_peak_rss()
     src = make_module(args.params, args.tensors, seed=1)
     dst = make_module(args.params, args.tensors, seed=None)
     times = []
@@ -236,8 +365,55 @@ def run_load_state_dict(n: int, args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(n):
             dst.load_state_dict(src.state_dict())
         times.append(time.perf_counter() - t0)
-    return {"e2e_ms": 1e3 * statistics.median(times[1:]), "verified": all(
-        torch.equal(a, b) for a, b in zip(src.parameters(), dst.parameters()))}
+    return {"e2e_ms": 1e3 * statistics.median(times[1:]), "verified": state_hash(src) == state_hash(dst),
+            "isolated": True, "trainer_rss_mib": peak_rss_mib()}
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+LABELS = {
+    "rlsync-patch": "rlsync patch, Python API (shm)",
+    "rust-patch": "rlsync patch, `rlsync bench_sync`",
+    "rlsync-bucket": "rlsync bucket, Python API (shm)",
+    "rust-bucket": "rlsync bucket, `rlsync bench_sync`",
+    "torchrl-shared": "TorchRL `SharedMemWeightSyncScheme` (buffer separate from the trainer's module)",
+    "torchrl-shared-alias": "TorchRL `SharedMemWeightSyncScheme`, buffer = the trainer's parameters (not isolated)",
+    "torchrl-mp": "TorchRL `MultiProcessWeightSyncScheme` (a fresh CPU copy per version)",
+    "load_state_dict": "`load_state_dict` copy (in process, per rollout)",
+}
+METHODS = list(LABELS)
+
+
+def cell(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return "failed"
+    text = f"{r['e2e_ms']:.1f} ms"
+    if r.get("payload_bytes") and r["method"].endswith("patch"):
+        text += f" (payload {r['payload_bytes'] / 2**20:.2f} MiB)"
+    if not r.get("verified", False):
+        text += " NOT verified"
+    return text
+
+
+def print_summary(results: list[dict[str, Any]], receivers: list[int]) -> None:
+    """README's table: one row per method, one column per rollout count; then the issue's two ratios."""
+    by = {(r["method"], r["rollouts"]): r for r in results}
+    cols = " | ".join(f"{n} rollout{'s' if n > 1 else ''}" for n in receivers)
+    print(f"\n| method | {cols} |\n|---|{'---|' * len(receivers)}")
+    for m in METHODS:
+        if any((m, n) in by for n in receivers):
+            print(f"| {LABELS[m]} | " + " | ".join(cell(by[(m, n)]) if (m, n) in by else "–" for n in receivers) + " |")
+    for n in receivers:
+        ok = lambda k: k in by and "error" not in by[k]  # noqa: E731
+        if ok(("rlsync-patch", n)) and ok(("rust-patch", n)):
+            print(f"- {n} rollout(s): Python API / Rust bench, patch: "
+                  f"{by[('rlsync-patch', n)]['e2e_ms'] / by[('rust-patch', n)]['e2e_ms']:.2f}x (goal <= 1.2x)")
+        if ok(("rlsync-bucket", n)) and ok(("rust-bucket", n)):
+            print(f"- {n} rollout(s): Python API / Rust bench, bucket: "
+                  f"{by[('rlsync-bucket', n)]['e2e_ms'] / by[('rust-bucket', n)]['e2e_ms']:.2f}x (goal <= 1.2x)")
+        if ok(("rlsync-patch", n)) and ok(("torchrl-shared", n)):
+            print(f"- {n} rollout(s): TorchRL shared-memory / rlsync patch: "
+                  f"{by[('torchrl-shared', n)]['e2e_ms'] / by[('rlsync-patch', n)]['e2e_ms']:.2f}x (goal >= 5x)")
 
 
 def main() -> None:
@@ -247,20 +423,25 @@ def main() -> None:
     ap.add_argument("--receivers", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--steps", type=int, default=3, help="timed versions (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-6)
-    ap.add_argument("--methods", nargs="+",
-                    default=["rlsync-patch", "rlsync-bucket", "torchrl-shared", "torchrl-mp", "load_state_dict"])
-    ap.add_argument("--json", action="store_true", help="one JSON object per line instead of a table")
+    ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    ap.add_argument("--rlsync-bin", default=str(ROOT / "target" / "release" / "rlsync"),
+                    help="the rlsync executable for the rust-* methods")
+    ap.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     print(f"# {args.params} bf16 params ({args.params * 2 / 2**20:.0f} MiB) in {args.tensors} tensors, "
-          f"Adam-like lr {args.lr}, {args.steps} timed versions; load average {os.getloadavg()[0]:.1f}", flush=True)
+          f"Adam-like lr {args.lr}, {args.steps} timed versions; {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
     if not args.json:
-        print("| method | rollouts | e2e ms (median) | verified | notes |\n|---|---|---|---|---|", flush=True)
+        print("| method | rollouts | e2e ms (median) | verified | isolated | notes |\n|---|---|---|---|---|---|", flush=True)
+    results = []
     for n in args.receivers:
         for method in args.methods:
             try:
                 if method.startswith("rlsync-"):
                     r = run_rlsync(method.split("-", 1)[1], n, args, ctx)
+                elif method.startswith("rust-"):
+                    r = run_rust(method.split("-", 1)[1], n, args)
                 elif method.startswith("torchrl-"):
                     r = run_torchrl(method.split("-", 1)[1], n, args, ctx)
                 else:
@@ -268,16 +449,27 @@ def main() -> None:
             except Exception as e:  # report and go on with the other methods
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             r.update(method=method, rollouts=n, load=round(os.getloadavg()[0], 1))
+            results.append(r)
             if args.json:
                 print(json.dumps(r), flush=True)
             elif "error" in r:
-                print(f"| {method} | {n} | – | – | failed: {r['error']} |", flush=True)
+                print(f"| {method} | {n} | – | – | – | failed: {r['error']} |", flush=True)
             else:
                 notes = []
                 if "changed" in r:
-                    notes.append(f"{r['changed'] / args.params:.2%} changed, payload {r['payload_bytes'] / 2**20:.2f} MiB, trainer's sync call {r['sender_ms']:.1f} ms")
+                    notes.append(f"{r['changed'] / args.params:.2%} changed, payload {r['payload_bytes'] / 2**20:.2f} MiB, "
+                                 f"trainer's sync call {r['sender_ms']:.1f} ms")
+                if r.get("density") is not None:
+                    notes.append(f"{r['density']:.2%} changed, its memcpy of the state {r['memcpy_ms']:.1f} ms")
+                for key, what in (("trainer_rss_mib", "trainer peak RSS"), ("rollout_rss_mib", "largest rollout peak RSS"),
+                                  ("shm_mib", "/dev/shm")):
+                    if r.get(key) is not None:
+                        notes.append(f"{what} {r[key] / 1024:.2f} GiB")
                 notes.append(f"load {r['load']}")
-                print(f"| {method} | {n} | {r['e2e_ms']:.1f} | {r['verified']} | {'; '.join(notes)} |", flush=True)
+                print(f"| {method} | {n} | {r['e2e_ms']:.1f} | {r['verified']} | {r.get('isolated', '–')} | "
+                      f"{'; '.join(notes)} |", flush=True)
+    if not args.json:
+        print_summary(results, args.receivers)
 
 
 if __name__ == "__main__":

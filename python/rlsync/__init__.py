@@ -5,6 +5,9 @@
   caller's ``send`` / ``recv`` callables or rlsync's shared-memory channel (:func:`shm_sender`,
   :func:`shm_receiver`).
 - :func:`param_names_need_sync`: trainable parameters (tied aliases included) and persistent buffers.
+- :mod:`rlsync.worker`: run your PyTorch trainer and Python simulator as rlsync's workers
+  (``worker@actor.worker=python``); :mod:`rlsync.checkpoint` / :func:`load_trainer_state`: a trainer's own
+  ``state_dict()`` (optimizer, critic, schedules) in rlsync checkpoints.
 - Errors: :class:`RlsyncError` and its subclasses :class:`PayloadRejected` (weights and version untouched),
   :class:`HandshakeError`, :class:`TransportError`; bad tensors (non-CPU, non-contiguous, overlapping views,
   unsupported dtypes) raise ``ValueError`` naming the key.
@@ -19,6 +22,8 @@ from ._native import (
     TransportError,
     __version__,
 )
+from . import checkpoint
+from .checkpoint import load_trainer_state
 from .syncer import (
     BucketWeightSyncer,
     PatchWeightSyncer,
@@ -44,6 +49,8 @@ __all__ = [
     "shm_sender",
     "shm_receiver",
     "param_names_need_sync",
+    "checkpoint",
+    "load_trainer_state",
     "RlsyncError",
     "PayloadRejected",
     "HandshakeError",

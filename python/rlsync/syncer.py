@@ -293,6 +293,12 @@ class WeightSyncer:
         """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds)."""
         return self._native.last_report()
 
+    @property
+    def comm_options(self) -> None:
+        """RLinf's NCCL collective options (``use_ring_sync``, ``nccl_*_ctas``): always ``None`` here, since
+        rlsync moves payloads through the caller's ``send``/``recv`` or its own shm channel."""
+        return None
+
     def sender_initialized(self) -> bool:
         return self._native.role == "sender" or not self._active
 
@@ -379,7 +385,7 @@ class PatchWeightSyncer(WeightSyncer):
             compression_algorithm=p.get("compression", "none"),
             init_sync_enabled=init.get("enabled", False),
             init_sync_prefixes=init.get("prefixes"),
-            init_sync_bucket_size=init.get("bucket_size", 128 * 1024 * 1024),
+            init_sync_bucket_size=init.get("bucket_size", init.get("buckets_size", 128 * 1024 * 1024)),
             threads=threads,
         )
 

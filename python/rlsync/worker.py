@@ -15,6 +15,9 @@ Your classes::
         def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]: ...
             # one update on the chunks of trajectories (one dict per chunk, as your rollouts returned them);
             # must return "loss"; every other key is logged as actor/<key> (keys with a "/" as they are)
+        # optional: state_dict() -> dict and load_state_dict(sd): what resuming needs besides model()'s
+        #   tensors (optimizer, critic, LR schedules, running statistics); saved with every checkpoint in
+        #   optimizer.safetensors and handed back on runner.resume_dir (see rlsync.checkpoint)
 
     class Rollout:
         def __init__(self, cfg: dict, rank: int, num_rollouts: int): ...
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from . import _native
+from .checkpoint import TRAINER_STATE_FILE, _tensor, flatten_state, unflatten_state
 from .syncer import _describe, param_names_need_sync
 
 __all__ = ["main", "load_entry"]
@@ -132,6 +136,32 @@ class _Adapter:
             mean_return = float(rewards.sum()) / envs if rewards is not None else 0.0
         return items, env_steps, float(mean_return)
 
+    def trainer_state(self) -> tuple[list[tuple], str] | None:
+        """The trainer's optional ``state_dict()`` (optimizer, critic, schedules, ...) flattened for
+        ``optimizer.safetensors``: (tensor descriptions, JSON tree); ``None`` without the method."""
+        hook = getattr(self.user, "state_dict", None)
+        if not callable(hook):
+            return None
+        tensors, structure = flatten_state(hook())
+        return _describe(tensors), structure  # the descriptions hold the tensors while the file is written
+
+    def load_trainer_state(self, items: list | None, structure: str | None) -> None:
+        """On ``runner.resume_dir``, after the weights: hand the saved trainer state to the trainer's
+        ``load_state_dict()``. A mismatch between the two (a state saved but no method, or the reverse) is
+        reported in the worker's log, not an error: the weights alone still resume."""
+        hook = getattr(self.user, "load_state_dict", None)
+        name = type(self.user).__name__
+        if structure is None:
+            if callable(hook):
+                print(f"rlsync: the checkpoint has no trainer state ({TRAINER_STATE_FILE}): "
+                      f"{name}.load_state_dict() is not called; the optimizer starts afresh", file=sys.stderr, flush=True)
+            return
+        if not callable(hook):
+            print(f"rlsync: the checkpoint's trainer state ({TRAINER_STATE_FILE}) is ignored: "
+                  f"{name} has no load_state_dict()", file=sys.stderr, flush=True)
+            return
+        state = unflatten_state({n: _tensor(d, shape, data) for n, d, shape, data in items or []}, structure)
+        hook(state)
 
     def evaluate(self) -> tuple[int, float, float, float] | None:
         """The user's ``evaluate()`` (optional): deterministic episodes with the weights the rollout holds now,

@@ -7,7 +7,9 @@
 //! - [`runtime`]: the one tokio runtime that owns every socket the module opens.
 //! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
 //! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
+//! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
 
+mod checkpoint;
 mod errors;
 mod runtime;
 mod syncer;
@@ -19,6 +21,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    checkpoint::register(m)?;
     syncer::register(m)?;
     worker::register(m)?;
     Ok(())

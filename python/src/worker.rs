@@ -7,6 +7,8 @@
 //! into the module's parameters; trajectories travel in the crate's named-array codec. The GIL is released
 //! while the crate runs and taken only for each call into the adapter.
 
+use std::path::{Path, PathBuf};
+
 use pyo3::call::PyCallArgs;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -18,6 +20,7 @@ use rlsync::tensor::{Role, StateDict};
 use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
 
+use crate::checkpoint;
 use crate::errors::{RlsyncError, chain};
 use crate::syncer::{Desc, borrow};
 
@@ -180,6 +183,57 @@ impl Workload for PyWorkload {
                 episode_len,
                 episodes,
             }))
+        })
+    }
+
+    /// The weights (`model.safetensors`, as for every workload), then the trainer's own `state_dict()`, if it
+    /// defines one, in `optimizer.safetensors` next to them.
+    fn save_checkpoint(
+        &mut self,
+        state: &StateDict,
+        run_dir: &Path,
+        step: u64,
+        version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        let dir = rlsync::rl::save_weights(state, run_dir, step, version)?;
+        Python::attach(|py| {
+            let out = self
+                .adapter
+                .bind(py)
+                .call_method0("trainer_state")
+                .map_err(|e| foreign(py, "state_dict()", e))?;
+            if out.is_none() {
+                return Ok(());
+            }
+            let (descs, structure) = out
+                .extract::<(Vec<Desc>, String)>()
+                .map_err(|e| bad_return("state_dict()", e))?;
+            checkpoint::save(py, &dir, descs, structure, step, version)?;
+            Ok::<(), WorkloadError>(())
+        })?;
+        Ok(dir)
+    }
+
+    /// The checkpoint's weights into `model()` (in place), then its trainer state into the trainer's
+    /// `load_state_dict()`, before the bootstrap sync and the first step.
+    fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
+        rlsync::rl::load_weights_into(state, dir)?;
+        let saved = checkpoint::load(dir)?;
+        Python::attach(|py| {
+            let (items, structure) = match saved {
+                Some((items, structure)) => (
+                    checkpoint::items_to_py(py, items)
+                        .map_err(|e| foreign(py, "load_state_dict()", e))?
+                        .into_any(),
+                    Some(structure),
+                ),
+                None => (py.None().into_bound(py), None),
+            };
+            self.adapter
+                .bind(py)
+                .call_method1("load_trainer_state", (items, structure))
+                .map_err(|e| foreign(py, "load_state_dict()", e))?;
+            Ok(())
         })
     }
 }

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +54,10 @@ def test_a_built_wheel_installs_and_works_in_a_fresh_venv(tmp_path: Path) -> Non
         env=env,
     )
     (wheel,) = wheels.glob("rlsync-*-abi3-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    # Type checkers see the native module's stubs and the package's own hints (PEP 561).
+    assert {"rlsync/_native.pyi", "rlsync/py.typed", "rlsync/checkpoint.py", "rlsync/worker.py"} <= names, names
 
     fresh = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", fresh], check=True)

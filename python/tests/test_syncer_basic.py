@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import pydoc
+from pathlib import Path
 
 import torch
 
@@ -45,3 +48,36 @@ def test_patch_round_trip_keeps_parameter_identity() -> None:
 
     asyncio.run(main())
     assert rollout.weight is weight and rollout.weight.data_ptr() == ptr
+
+
+def test_help_renders_the_whole_interface() -> None:
+    text = pydoc.render_doc(rlsync, renderer=pydoc.plaintext)
+    for name in ("PatchWeightSyncer", "BucketWeightSyncer", "param_names_need_sync", "shm_sender",
+                 "load_trainer_state", "PayloadRejected", "HandshakeError"):
+        assert name in text, name
+    patch = pydoc.render_doc(rlsync.PatchWeightSyncer, renderer=pydoc.plaintext)
+    assert "async init_sender(self, state_dict" in patch and "async apply(self, model_or_state_dict" in patch
+    assert "compression_algorithm: 'str' = 'none'" in patch, "signatures keep their type hints and defaults"
+    assert "Rust cause" in pydoc.render_doc(rlsync.RlsyncError, renderer=pydoc.plaintext)
+
+
+def test_the_native_module_has_type_stubs_for_every_public_name() -> None:
+    from rlsync import _native
+
+    stub = ast.parse(Path(rlsync.__file__).with_name("_native.pyi").read_text())
+    declared: dict[str, set[str]] = {}
+    for node in stub.body:
+        if isinstance(node, ast.ClassDef):
+            declared[node.name] = {f.name for f in node.body if isinstance(f, ast.FunctionDef)} - {"__init__"}
+        elif isinstance(node, ast.FunctionDef):
+            declared[node.name] = set()
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            declared[node.target.id] = set()
+    public = {n for n in dir(_native) if not n.startswith("_")} | {"__version__"}
+    assert public <= set(declared), public - set(declared)
+    for name, members in declared.items():
+        if name in ("Desc", "Array"):
+            continue
+        assert hasattr(_native, name), f"the stub declares {name}, the module has none"
+        for m in members:
+            assert hasattr(getattr(_native, name), m), f"{name}.{m}"

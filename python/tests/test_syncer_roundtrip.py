@@ -218,3 +218,45 @@ def test_non_source_rank_is_silent() -> None:
         assert tx.sender_initialized()
 
     asyncio.run(main())
+
+
+def test_rlinf_config_keys_and_comm_options() -> None:
+    # RLinf's create() reads compression_algorithm (or compression) and init_sync.buckets_size (old spelling).
+    p = rlsync.WeightSyncer.create(
+        {"type": "patch", "patch": {"compression_algorithm": "lz4", "init_sync": {"enabled": True, "buckets_size": 4096}}}
+    )
+    assert p._config["patch"]["compression"] == "lz4"
+    assert p._config["patch"]["init_sync"] == {"enabled": True, "prefixes": None, "bucket_size": 4096}
+    assert p.comm_options is None, "no NCCL collective options: rlsync moves bytes itself"
+    assert not p.sender_initialized() and not p.receiver_initialized()
+
+
+@pytest.mark.parametrize("wrap", ["bytearray", "memoryview", "numpy", "torch"])
+def test_recv_may_return_any_bytes_like_object(wrap: str) -> None:
+    import numpy as np
+
+    convert = {
+        "bytearray": bytearray,
+        "memoryview": memoryview,
+        "numpy": lambda b: np.frombuffer(b, dtype=np.uint8),
+        "torch": lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8),
+    }[wrap]
+    tx_sd, rx_sd = mixed_state(3), mixed_state(4)
+
+    async def main() -> None:
+        tx, rx = SYNCERS["patch"](), SYNCERS["patch"]()
+        link = Link()
+
+        async def recv() -> Any:
+            return convert(await link.recv())
+
+        async def up_recv() -> Any:
+            return convert(await link.up_recv())
+
+        await asyncio.gather(tx.init_sender(tx_sd, SYNCED, link.send, up_recv), rx.init_receiver(rx_sd, recv, link.up_send))
+        update(tx_sd, 1)
+        await tx.sync(tx_sd, link.send, 1)
+        assert await rx.apply(rx_sd, recv) == 1
+        assert_synced(tx_sd, rx_sd, SYNCED)
+
+    asyncio.run(main())

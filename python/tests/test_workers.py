@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / "target" / "release" / "rlsync"
@@ -63,6 +65,22 @@ def leftovers(tmp_path: Path) -> list[str]:
     return out
 
 
+def shm_leftovers(before: set[str]) -> list[str]:
+    """rlsync segments created since `before` whose owners are gone: what a run left behind. A run's segments are
+    `rlsync-<orchestrator pid>-<n>.<pid>.…`; those of live processes belong to other runs on this machine (other
+    tests running at the same time), as rlsync's own leftover sweep judges them."""
+    out = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        if not name.startswith("rlsync"):
+            continue
+        run = re.match(r"rlsync-(\d+)-", name)
+        parts = name.split(".")
+        pids = ([run.group(1)] if run else []) + ([parts[1]] if len(parts) > 1 and parts[1].isdigit() else [])
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            out.append(name)
+    return out
+
+
 def test_train_embodied_with_python_workers_syncs_exact_weights(tmp_path):
     p = run(tmp_path, "train_embodied", "runner.max_steps=4")
     assert p.returncode == 0, p.stderr
@@ -85,7 +103,10 @@ def test_train_async_with_python_workers(tmp_path):
     assert not leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("where, role", [("train", "trainer"), ("rollout", "rollout"), ("trainer_init", "trainer")])
+@pytest.mark.parametrize(
+    "where, role",
+    [("train", "trainer"), ("rollout", "rollout"), ("trainer_init", "trainer"), ("state_dict", "trainer")],
+)
 def test_a_python_exception_fails_the_run_naming_the_worker_and_the_traceback(tmp_path, where, role):
     before = set(os.listdir("/dev/shm"))
     p = run(tmp_path, "train_embodied", "runner.max_steps=3", f"+fixture.raise_in={where}")
@@ -94,7 +115,7 @@ def test_a_python_exception_fails_the_run_naming_the_worker_and_the_traceback(tm
     assert "ValueError" in p.stderr
     assert role in p.stderr
     assert not leftovers(tmp_path)
-    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("rlsync")]
+    assert not shm_leftovers(before)
 
 
 def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_path):
@@ -103,6 +124,22 @@ def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_
     assert "no_such_module_xyz" in p.stderr
     assert "sys.path" in p.stderr
     assert str(WORKERS) in p.stderr
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "fixture, named",
+    [
+        ("+fixture.rollout_out=4", ["w.weight", "[2, 3]", "[4, 3]"]),
+        ("+fixture.rollout_extra=true", ["'extra'", "receiver"]),
+    ],
+)
+def test_trainer_and_rollout_models_that_differ_fail_at_init_naming_the_first_mismatch(tmp_path, fixture, named):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=2", fixture)
+    assert p.returncode == 1, p.stderr
+    for text in named:
+        assert text in p.stderr, (text, p.stderr[-3000:])
+    assert not [r for r in (metrics(tmp_path) if (tmp_path / "run" / "metrics.jsonl").exists() else []) if "train/loss" in r]
     assert not leftovers(tmp_path)
 
 
@@ -149,4 +186,41 @@ def test_python_workers_checkpoint_resume_and_eval(tmp_path):
     assert [r["actor/model_steps"] for r in train] == [0, 1, 2, 3, 4], train
     assert all(r["actor/weights_match"] == 1.0 for r in train), train
     assert (tmp_path / "run" / "checkpoints" / "global_step_5" / "model.safetensors").is_file()
+    assert not leftovers(tmp_path)
+
+
+def test_a_python_trainers_state_dict_is_checkpointed_and_restored_on_resume(tmp_path):
+    # tiny_rl's Trainer defines state_dict() / load_state_dict(): Adam's moments and step counts, a counter and
+    # other kinds of values go to optimizer.safetensors with every checkpoint and come back on resume.
+    p = run(tmp_path, "train_embodied", "runner.max_steps=3")
+    assert p.returncode == 0, p.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "global_step_3"
+    first = [r for r in metrics(tmp_path) if "actor/adam_step" in r]
+    assert [r["actor/adam_step"] for r in first] == [0.0, 1.0, 2.0], first
+    # The file: a plain safetensors file a PyTorch user reads with the safetensors package, or rlsync's loader.
+    from safetensors import safe_open
+
+    import rlsync
+
+    with safe_open(str(ckpt / "optimizer.safetensors"), "pt") as f:
+        meta = f.metadata()
+        assert meta["format"] == "rlsync_checkpoint" and meta["global_step"] == "3", meta
+        assert {"optimizer.state.0.exp_avg", "optimizer.state.0.exp_avg_sq", "optimizer.state.0.step"} <= set(f.keys())
+        raw = rlsync.checkpoint.unflatten_state({k: f.get_tensor(k) for k in f.keys()}, meta["trainer_state"])
+    sd = rlsync.load_trainer_state(ckpt)
+    assert sd["updates"] == 3 and raw["updates"] == 3
+    assert float(sd["optimizer"]["state"][0]["step"]) == 3.0
+    assert sd["optimizer"]["param_groups"][0]["lr"] == 0.05
+    saved_moments = sum(float(s["exp_avg"].double().sum()) for s in sd["optimizer"]["state"].values())
+    assert saved_moments == first[-1]["actor/exp_avg_after"]
+    assert all(torch.equal(raw["optimizer"]["state"][0][k], sd["optimizer"]["state"][0][k]) for k in ("exp_avg", "exp_avg_sq"))
+    # Resume: the optimizer continues where it stopped (step 3, the same moments), not afresh.
+    p = run(tmp_path, "train_embodied", "runner.max_steps=5", f"runner.resume_dir={ckpt}")
+    assert p.returncode == 0, p.stderr
+    rows = [r for r in metrics(tmp_path) if "actor/adam_step" in r]
+    assert [r["actor/adam_step"] for r in rows] == [0.0, 1.0, 2.0, 3.0, 4.0], rows
+    assert [r["actor/updates"] for r in rows] == [0.0, 1.0, 2.0, 3.0, 4.0], rows
+    assert rows[3]["actor/exp_avg_before"] == first[-1]["actor/exp_avg_after"], (rows[3], first[-1])
+    assert all(r["actor/weights_match"] == 1.0 for r in rows), rows
+    assert float(rlsync.load_trainer_state(tmp_path / "run" / "checkpoints" / "global_step_5")["optimizer"]["state"][0]["step"]) == 5.0
     assert not leftovers(tmp_path)

@@ -20,10 +20,12 @@ def _fail(cfg: dict, where: str) -> None:
 
 
 class Policy(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, out: int = 2, extra: bool = False) -> None:
         super().__init__()
-        self.w = nn.Linear(3, 2)
+        self.w = nn.Linear(3, out)
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        if extra:
+            self.register_buffer("extra", torch.zeros(2))
 
 
 class Trainer:
@@ -32,7 +34,8 @@ class Trainer:
         torch.manual_seed(0)
         self.cfg = cfg
         self.policy = Policy()
-        self.opt = torch.optim.SGD(self.policy.parameters(), lr=0.1)
+        self.opt = torch.optim.Adam(self.policy.parameters(), lr=0.05)
+        self.updates = 0  # trainer state outside the model: saved by state_dict(), restored on resume
         # Weights by version (the `steps` buffer: 0 initially, a checkpoint's step after a resume, which rlsync
         # restores into the model after __init__); each train() makes the next.
         self.history: dict[int, np.ndarray] = {}
@@ -43,6 +46,29 @@ class Trainer:
     def model(self) -> nn.Module:
         return self.policy
 
+    def state_dict(self) -> dict:
+        # What resuming needs besides the model's tensors: the optimizer (Adam moments, step counts, param
+        # groups), counters, and a few other kinds of values that must round-trip.
+        _fail(self.cfg, "state_dict")
+        return {
+            "optimizer": self.opt.state_dict(),
+            "updates": self.updates,
+            "extras": {"ratio": np.array([0.5, 2.0]), "tag": ("tiny", None, True), 7: 1.5},
+        }
+
+    def load_state_dict(self, sd: dict) -> None:
+        assert sd["extras"]["tag"] == ("tiny", None, True) and sd["extras"][7] == 1.5, sd["extras"]
+        assert np.array_equal(sd["extras"]["ratio"], [0.5, 2.0])
+        self.opt.load_state_dict(sd["optimizer"])
+        self.updates = sd["updates"]
+
+    def _adam(self) -> tuple[float, float]:
+        """Adam's step count and the sum of its first moments (0 before the first update)."""
+        st = self.opt.state.get(self.policy.w.weight, {})
+        step = float(st["step"]) if "step" in st else 0.0
+        exp_avg = sum(float(s["exp_avg"].double().sum()) for s in self.opt.state.values() if "exp_avg" in s)
+        return step, exp_avg
+
     def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
         _fail(self.cfg, "train")
         start = int(self.policy.steps)
@@ -50,6 +76,7 @@ class Trainer:
         match = all(
             np.array_equal(b["weights"], self.history[int(b["version"][0])]) for b in batches
         )
+        adam_step, exp_avg_before = self._adam()
         obs = torch.as_tensor(np.concatenate([b["obs"].reshape(-1, 3) for b in batches]))
         loss = self.policy.w(obs).pow(2).mean()
         self.opt.zero_grad()
@@ -57,11 +84,16 @@ class Trainer:
         self.opt.step()
         self.policy.steps += 1
         self.history[int(self.policy.steps)] = self._flat()
+        updates, self.updates = self.updates, self.updates + 1
         return {
             "loss": float(loss),
             "weights_match": float(match),
             "chunks": float(len(batches)),
             "model_steps": float(start),
+            "updates": float(updates),
+            "adam_step": adam_step,
+            "exp_avg_before": exp_avg_before,
+            "exp_avg_after": self._adam()[1],
         }
 
 
@@ -69,9 +101,11 @@ class Rollout:
     def __init__(self, cfg: dict, rank: int, num_rollouts: int) -> None:
         _fail(cfg, "rollout_init")
         self.cfg = cfg
-        # The trainer's initial weights (as the bucket syncer assumes: version 0 is each worker's own init).
+        # The trainer's initial weights (as the bucket syncer assumes: version 0 is each worker's own init),
+        # or a rollout model that differs from the trainer's, on demand (the run must refuse it at init).
         torch.manual_seed(0)
-        self.policy = Policy()
+        fixture = cfg.get("fixture") or {}
+        self.policy = Policy(int(fixture.get("rollout_out", 2)), bool(fixture.get("rollout_extra", False)))
         self.envs = int(cfg["env"]["train"]["total_num_envs"]) // num_rollouts
         self.eval_envs = int(cfg["env"]["eval"]["total_num_envs"]) // num_rollouts
         self.rng = np.random.default_rng(rank)
