@@ -58,7 +58,8 @@ RLSYNC_RUN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 node() { # node-rank nodes steps run-dir
     local k=$1 nodes=$2 steps=$3 dir=$4
     ip netns exec "${P}n$k" env TMPDIR="$OUT" "$BIN" train_embodied \
-        actor.model.params=4096 actor.model.tensors=4 actor.model.traj_bytes_per_step=64 \
+        model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic \
+        runner.val_check_interval=-1 runner.save_interval=-1 env.eval.total_num_envs=4 actor.model.params=4096 actor.model.tensors=4 actor.model.traj_bytes_per_step=64 \
         actor.model.rollout_ms_per_step=0 actor.model.train_ms=0 \
         env.train.total_num_envs=4 env.train.max_steps_per_rollout_epoch=1 rollout.chunk_steps=1 \
         runner.logger.logger_backends=[] runner.max_steps="$steps" runner.shutdown_grace_s=1 \
@@ -107,9 +108,13 @@ grep -m1 "^Error" "$OUT/down.0" || tail -3 "$OUT/down.0"
 grep -q "node $((N - 1)) (" "$OUT/down.0" || { echo "the error does not name node $((N - 1))" >&2; exit 1; }
 for pid in "${PIDS[@]}"; do wait "$pid" || true; done
 t2=$(date +%s.%N)
+[ -z "$(ls -A "$OUT" | grep '^rlsync-' || true)" ] || { echo "socket dirs left: $(ls "$OUT" | grep '^rlsync-')" >&2; exit 1; }
 PIDS=()
 echo "every agent exited $(echo "$t2 - $t0" | bc) s after the link went down"
-left=$(grep -l "$OUT" /proc/[0-9]*/cmdline 2>/dev/null | grep -v "/proc/$$/" | grep -v self || true)
-[ -z "$left" ] || { echo "processes left: $left" >&2; exit 1; }
-ls /dev/shm | grep -q "^rlsync-" && echo "note: /dev/shm holds rlsync segments (of other runs?): $(ls /dev/shm | grep -c '^rlsync-')"
-echo "no process of the run is left"
+left=$(pgrep -f -- "$OUT/" || true)
+[ -z "$left" ] || { echo "processes left: $(ps -o pid,args -p "$(echo $left | tr ' ' ,)")" >&2; exit 1; }
+for f in "$OUT"/down/.rlsync/launch.json "$OUT"/down/node-*/.rlsync/launch.json; do
+    prefix=$(sed -n 's/.*"segment_prefix": *"\([^"]*\)".*/\1/p' "$f")
+    if ls /dev/shm | grep -q "^$prefix"; then echo "segments left: $prefix*" >&2; exit 1; fi
+done
+echo "no process, socket dir or shared-memory segment of the run is left"

@@ -15,8 +15,10 @@ use nix::unistd::Pid;
 const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
 /// Generous bound of one process (the machine may be shared and loaded); only a hang hits it.
 const PATIENCE: Duration = Duration::from_secs(120);
-/// `cluster.node_timeout_s` of these runs.
-const NODE_TIMEOUT_S: f64 = 2.0;
+/// `cluster.node_timeout_s` of the fault runs (short: the test waits that long), and of the others (long: a
+/// node starved of CPU by a loaded machine must not look dead).
+const FAULT_NODE_TIMEOUT_S: f64 = 3.0;
+const NODE_TIMEOUT_S: f64 = 30.0;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -35,6 +37,7 @@ struct Run {
     port: u16,
     chain_ports: u16,
     token: String,
+    node_timeout_s: f64,
 }
 
 impl Run {
@@ -53,6 +56,7 @@ impl Run {
             port: free_port(),
             chain_ports: free_port(),
             token: format!("{:032x}", rand::random::<u128>()),
+            node_timeout_s: NODE_TIMEOUT_S,
             _dir: dir,
         }
     }
@@ -89,7 +93,7 @@ impl Run {
             ))
             .arg(format!("cluster.node_rank={node}"))
             .arg(format!("cluster.master_port={}", self.port))
-            .arg(format!("cluster.node_timeout_s={NODE_TIMEOUT_S}"))
+            .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
             .arg(format!("cluster.network.port_min={}", self.chain_ports))
             .arg(format!(
                 "cluster.network.port_max={}",
@@ -301,7 +305,8 @@ fn two_nodes_train_with_buckets_and_a_wrong_token_peer_is_refused() {
 
 /// Start a long run, wait for a few steps, hit node `victim`'s agent with `signal`: node 0 fails naming the
 /// node. Returns node 0's stderr, the seconds from the signal to node 0's exit, and the victim's child.
-fn fault(run: &Run, victim: u32, signal: Signal) -> (String, f64, Vec<Child>) {
+fn fault(run: &mut Run, victim: u32, signal: Signal) -> (String, f64, Vec<Child>) {
+    run.node_timeout_s = FAULT_NODE_TIMEOUT_S;
     let mut children = run.start("patch_syncer", 100_000);
     let deadline = Instant::now() + PATIENCE;
     while run.metrics().len() < 3 {
@@ -332,8 +337,8 @@ fn fault(run: &Run, victim: u32, signal: Signal) -> (String, f64, Vec<Child>) {
 
 #[test]
 fn a_killed_agent_fails_the_run_naming_its_node() {
-    let run = Run::new(3);
-    let (err, took, children) = fault(&run, 2, Signal::SIGKILL);
+    let mut run = Run::new(3);
+    let (err, took, children) = fault(&mut run, 2, Signal::SIGKILL);
     println!("SIGKILL of node 2's agent: node 0 exited {took:.2} s later");
     assert!(err.contains("closed its control connection"), "{err}");
     for (i, child) in children.into_iter().enumerate() {
@@ -355,8 +360,8 @@ fn a_killed_agent_fails_the_run_naming_its_node() {
 
 #[test]
 fn a_stopped_agent_fails_the_run_naming_its_node() {
-    let run = Run::new(3);
-    let (err, took, mut children) = fault(&run, 1, Signal::SIGSTOP);
+    let mut run = Run::new(3);
+    let (err, took, mut children) = fault(&mut run, 1, Signal::SIGSTOP);
     println!("SIGSTOP of node 1's agent: node 0 exited {took:.2} s later");
     assert!(err.contains("did not answer for"), "{err}");
     // Woken, the stopped agent finds the run ended (or its orchestrator gone), stops its workers and exits;
