@@ -93,18 +93,20 @@ fn torch_lib_dir() -> Option<PathBuf> {
 }
 
 fn rpath_libtorch() {
+    println!("cargo:rerun-if-changed=build.rs");
+    // The feature set is part of the build's identity already; only a torch build depends on where libtorch
+    // is. A plain build must not track these: `maturin` sets PYTHON_SYS_EXECUTABLE, and a plain build that
+    // tracked it would be rebuilt each time `make build` and `make python` take turns (issue 12 item 4).
+    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
+        return;
+    }
     for var in [
         "LIBTORCH_LIB",
         "LIBTORCH",
         "LIBTORCH_USE_PYTORCH",
         "PYTHON_SYS_EXECUTABLE",
-        "CARGO_FEATURE_TORCH",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
-    }
-    println!("cargo:rerun-if-changed=build.rs");
-    if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
-        return;
     }
     match torch_lib_dir() {
         Some(dir) => println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display()),

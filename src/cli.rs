@@ -519,7 +519,31 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
-/// The message printed for a failed run: the error's own line, then one `caused by:` line per cause (each
+/// What a failed command prints on stderr: `Error: ` and the [`error_report`]. A caret line right under the
+/// first line (Hydra's `LexerNoViableAltException: <override>` and its `^` under the bad character) is shifted by
+/// the prefix too, so it still points at the character.
+pub fn error_text(err: &anyhow::Error) -> String {
+    const PREFIX: &str = "Error: ";
+    let report = error_report(err);
+    let mut lines = report.splitn(3, '\n');
+    let first = lines.next().unwrap_or_default();
+    let mut out = format!("{PREFIX}{first}");
+    if let Some(second) = lines.next() {
+        let is_caret = second.trim_start() == "^";
+        out.push('\n');
+        if is_caret {
+            out.push_str(&" ".repeat(PREFIX.len()));
+        }
+        out.push_str(second);
+    }
+    if let Some(rest) = lines.next() {
+        out.push('\n');
+        out.push_str(rest);
+    }
+    out
+}
+
+/// The message of a failed run: the error's own line, then one `caused by:` line per cause (each
 /// error's message says only its own layer; its cause is its `source()`).
 pub fn error_report(err: &anyhow::Error) -> String {
     let mut msg = err.to_string();
@@ -559,6 +583,21 @@ mod tests {
             error_report(&anyhow::Error::new(io())),
             "permission denied",
             "an error without causes is one line"
+        );
+    }
+
+    #[test]
+    fn error_text_keeps_a_caret_under_its_character() {
+        let err = anyhow::anyhow!("LexerNoViableAltException: #x=1\n{:>28}\nSee the docs", "^");
+        let text = error_text(&err);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "Error: LexerNoViableAltException: #x=1");
+        assert_eq!(lines[1].find('^'), lines[0].find('#'), "{text}");
+        assert_eq!(lines[2], "See the docs");
+        // Other second lines are not moved.
+        assert_eq!(
+            error_text(&anyhow::anyhow!("first\n  indented")),
+            "Error: first\n  indented"
         );
     }
 

@@ -16,7 +16,7 @@ fn main() -> ExitCode {
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {
-            rlsync::stdio::err(format_args!("Error: {}\n", rlsync::cli::error_report(&err)));
+            rlsync::stdio::err(format_args!("{}\n", rlsync::cli::error_text(&err)));
             rlsync::cli::ExitStatus::Failure.into()
         }
     }

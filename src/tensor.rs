@@ -144,11 +144,7 @@ impl Tensor {
                 requested: std::any::type_name::<T>(),
             });
         }
-        // SAFETY: Element types are plain old data; the byte view covers exactly the slice.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
-        };
-        Tensor::from_bytes(dtype, shape, role, bytes)
+        Tensor::from_bytes(dtype, shape, role, bytemuck::cast_slice(values))
     }
 
     /// A tensor over an existing storage; its length must match the layout.

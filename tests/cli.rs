@@ -181,6 +181,64 @@ fn errors_use_hydras_wording() {
     );
 }
 
+/// Configs only Python code could provide (a `ConfigStore` schema, a Hydra plugin's option) fail with Hydra's text
+/// and then a "needs Python" line; a plain typo in a group with YAML options gets Hydra's text alone.
+#[test]
+fn configs_only_python_provides_say_needs_python() {
+    let dir = Dir::new();
+    dir.create(
+        "config.yaml",
+        "defaults:\n  - base_schema\n  - _self_\nx: 1\n",
+    )
+    .create(
+        "plugin.yaml",
+        "defaults:\n  - override hydra/launcher: joblib\n  - _self_\n",
+    )
+    .create("typo.yaml", "defaults:\n  - db: mysqll\n  - _self_\n")
+    .create(
+        "empty_group.yaml",
+        "defaults:\n  - schema: s1\n  - _self_\n",
+    )
+    .create("db/mysql.yaml", "a: 1\n");
+    let cases: &[(&str, &str, Option<&str>)] = &[
+        (
+            "config",
+            "In 'config': Could not load 'base_schema'.\n",
+            Some("needs Python: if your app registers 'base_schema' with ConfigStore"),
+        ),
+        (
+            "plugin",
+            "Could not find 'hydra/launcher/joblib'\n\nAvailable options in 'hydra/launcher':\n\tbasic",
+            Some("needs Python: 'hydra/launcher/joblib' would come from a Hydra plugin"),
+        ),
+        (
+            "empty_group",
+            "In 'empty_group': Could not find 'schema/s1'\n",
+            Some("(`cs.store(group=\"schema\", name=...)`)"),
+        ),
+        (
+            "nosuch",
+            "Cannot find primary config 'nosuch'.",
+            Some("needs Python: if your app registers 'nosuch' with ConfigStore"),
+        ),
+        (
+            "typo",
+            "In 'typo': Could not find 'db/mysqll'\n\nAvailable options in 'db':\n\tmysql",
+            None,
+        ),
+    ];
+    for (name, hydra, hint) in cases {
+        let err = dir.compose(name, &["--cfg", "job"]).err().to_owned();
+        assert!(err.contains(hydra), "{name}: {err}");
+        // Hydra's text (its search path included) comes first, the hint last.
+        let last = err.trim_end().lines().last().unwrap_or_default().to_owned();
+        match hint {
+            Some(h) => assert!(last.contains(h), "{name}: last line {last:?} of:\n{err}"),
+            None => assert!(!err.contains("needs Python"), "{name}: {err}"),
+        }
+    }
+}
+
 #[test]
 fn missing_group_choice_lists_options() {
     let dir = Dir::new();

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     match rlsync::worker::run_worker(rest) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("Error: {}", rlsync::cli::error_report(&err.into()));
+            eprintln!("{}", rlsync::cli::error_text(&err.into()));
             ExitCode::FAILURE
         }
     }

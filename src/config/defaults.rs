@@ -19,13 +19,20 @@ pub enum DefaultsError {
     #[error(transparent)]
     SearchPath(#[from] SearchPathError),
     #[error(
-        "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}"
+        "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}{}",
+        needs_python_hint(config_path, None, &[])
     )]
     MissingPrimary {
         config_path: String,
         search_path: String,
     },
-    #[error("{}{}{}", in_parent(parent), not_found_body(config_path, group.as_deref(), options), search_path)]
+    #[error(
+        "{}{}{}{}",
+        in_parent(parent),
+        not_found_body(config_path, group.as_deref(), options),
+        search_path,
+        needs_python_hint(config_path, group.as_deref(), options)
+    )]
     NotFound {
         parent: Option<String>,
         config_path: String,
@@ -127,6 +134,30 @@ fn not_found_body(config_path: &str, group: Option<&str>, options: &[String]) ->
         }
         Some(_) => format!("Could not find '{config_path}'\n"),
         None => format!("Could not load '{config_path}'.\n"),
+    }
+}
+
+/// After Hydra's text, a line for configs that only Python code could have provided: a Hydra plugin's option
+/// (`hydra/launcher/joblib`), or a config or group option an app registers with `ConfigStore` (a structured
+/// config schema). Empty for a group option whose group has YAML options (most likely a typo; Hydra's list of
+/// options says it).
+fn needs_python_hint(config_path: &str, group: Option<&str>, options: &[String]) -> String {
+    match group {
+        Some(g) if g == "hydra" || g.starts_with("hydra/") => format!(
+            "\nneeds Python: '{config_path}' would come from a Hydra plugin (a `hydra_plugins` package: Python \
+             code); rlsync has only Hydra's built-in options of '{g}'"
+        ),
+        Some(_) if !options.is_empty() => String::new(),
+        Some(g) => format!(
+            "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
+             (`cs.store(group=\"{g}\", name=...)`), that is Python code rlsync does not run; write it as \
+             {config_path}.yaml in a config directory"
+        ),
+        None => format!(
+            "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
+             (`cs.store(name=\"{config_path}\", node=...)`, a structured config schema), that is Python code rlsync \
+             does not run; write it as {config_path}.yaml in a config directory"
+        ),
     }
 }
 

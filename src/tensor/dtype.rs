@@ -122,7 +122,7 @@ mod sealed {
 /// A plain-old-data Rust type that can view a tensor's bytes: every bit pattern is a valid value, alignment is
 /// at most 8 (storage alignment). `bool` is deliberately absent (not every byte is a valid `bool`): view a
 /// `Bool` tensor as `u8`.
-pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
+pub trait Element: sealed::Sealed + bytemuck::Pod + Send + Sync {
     /// Whether a tensor of dtype `d` may be viewed as `[Self]`.
     fn matches(d: DType) -> bool;
 }

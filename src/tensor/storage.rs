@@ -53,7 +53,7 @@ impl Layout {
 }
 
 /// One cache line: the allocation unit of [`Storage`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
 #[repr(C, align(64))]
 struct Line([u64; 8]);
 
@@ -181,61 +181,33 @@ fn zeroed_lines(n: usize) -> Vec<Line> {
 }
 
 fn words_as_bytes(words: &[Line]) -> &[u8] {
-    // SAFETY: `Line` is plain u64s without padding; u8 has no alignment or validity requirements and the byte
-    // length is exactly the lines' size.
-    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), std::mem::size_of_val(words)) }
+    bytemuck::cast_slice(words)
 }
 
 fn words_as_bytes_mut(words: &mut [Line]) -> &mut [u8] {
-    // SAFETY: as above; the mutable borrow of `words` is held for the returned lifetime.
-    unsafe {
-        std::slice::from_raw_parts_mut(
-            words.as_mut_ptr().cast::<u8>(),
-            std::mem::size_of_val(words),
-        )
-    }
+    bytemuck::cast_slice_mut(words)
 }
 
-/// Plain-old-data types the kernels may reinterpret bytes as (every bit pattern valid, no padding).
-pub(crate) trait Pod: Copy + Send + Sync + 'static {}
-impl Pod for u8 {}
-impl Pod for u16 {}
-impl Pod for u32 {}
-impl Pod for u64 {}
-impl Pod for i8 {}
-impl Pod for i16 {}
-impl Pod for i32 {}
-impl Pod for i64 {}
-impl Pod for f32 {}
-impl Pod for f64 {}
-impl Pod for half::bf16 {}
-impl Pod for half::f16 {}
+/// Plain-old-data types the kernels may reinterpret bytes as (every bit pattern valid, no padding): bytemuck's.
+pub(crate) use bytemuck::Pod;
 
 /// Reinterpret bytes as `[T]`; `None` when misaligned or the length is not a multiple of `size_of::<T>()`.
 pub(crate) fn pod_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
-    // SAFETY: T is Pod (every bit pattern valid); align_to only yields a correctly aligned middle part.
-    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
-    (head.is_empty() && tail.is_empty()).then_some(mid)
+    bytemuck::try_cast_slice(bytes).ok()
 }
 
 /// Mutable counterpart of [`pod_slice`].
 pub(crate) fn pod_slice_mut<T: Pod>(bytes: &mut [u8]) -> Option<&mut [T]> {
-    // SAFETY: as in `pod_slice`; writes of any T bit pattern leave the bytes valid.
-    let (head, mid, tail) = unsafe { bytes.align_to_mut::<T>() };
-    (head.is_empty() && tail.is_empty()).then_some(mid)
+    bytemuck::try_cast_slice_mut(bytes).ok()
 }
 
 /// View typed `Element`s (public API: the element type must match the dtype).
 pub(crate) fn element_slice<T: Element>(bytes: &[u8]) -> Option<&[T]> {
-    // SAFETY: every Element is plain old data (sealed list: floats, ints, u8), any bit pattern is valid.
-    let (head, mid, tail) = unsafe { bytes.align_to::<T>() };
-    (head.is_empty() && tail.is_empty()).then_some(mid)
+    pod_slice(bytes)
 }
 
 pub(crate) fn element_slice_mut<T: Element>(bytes: &mut [u8]) -> Option<&mut [T]> {
-    // SAFETY: as in `element_slice`.
-    let (head, mid, tail) = unsafe { bytes.align_to_mut::<T>() };
-    (head.is_empty() && tail.is_empty()).then_some(mid)
+    pod_slice_mut(bytes)
 }
 
 #[cfg(test)]

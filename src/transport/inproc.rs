@@ -12,7 +12,7 @@ use super::{
 };
 
 /// One cache line: the unit of [`AlignedBuf`], so payloads start 64-byte aligned like shm slots do.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
@@ -51,23 +51,14 @@ impl AlignedBuf {
     }
 
     pub(crate) fn bytes(&self, len: usize) -> &[u8] {
-        // SAFETY: `Line` is plain bytes with no padding, so the vector's storage is that many initialised bytes.
-        let all = unsafe {
-            std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.lines.len() * 64)
-        };
+        let all: &[u8] = bytemuck::cast_slice(&self.lines);
         let end = self.start + len.min(self.capacity());
         all.get(self.start..end).unwrap_or_default()
     }
 
     pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
         let end = self.start + len.min(self.capacity());
-        // SAFETY: as in `bytes`, and `&mut self` makes the borrow unique.
-        let all = unsafe {
-            std::slice::from_raw_parts_mut(
-                self.lines.as_mut_ptr().cast::<u8>(),
-                self.lines.len() * 64,
-            )
-        };
+        let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.lines);
         all.get_mut(self.start..end).unwrap_or_default()
     }
 }
