@@ -61,8 +61,39 @@ impl Run {
         }
     }
 
-    /// Node `node`'s `rlsync train_embodied` (one rollout per node, the trainer beside rollout 0 on node 0).
+    /// Node `node`'s `rlsync train_embodied` (one rollout per node, the trainer beside rollout 0 on node 0),
+    /// its rank and rendezvous as `cluster.*` keys.
     fn node(&self, node: u32, syncer: &str, steps: u32, token: &str) -> Command {
+        let mut cmd = self.node_base(syncer, steps, token);
+        cmd.arg(format!("cluster.node_rank={node}"))
+            .arg("cluster.master_addr=127.0.0.1")
+            .arg(format!("cluster.master_port={}", self.port));
+        cmd
+    }
+
+    /// Node `node` as torchrun starts it: rank, count and rendezvous from its environment only.
+    fn torchrun_node(&self, node: u32, syncer: &str, steps: u32) -> Command {
+        let mut cmd = self.node_base(syncer, steps, &self.token);
+        cmd.env("NODE_RANK", node.to_string())
+            .env("NNODES", self.nodes.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", self.port.to_string());
+        cmd
+    }
+
+    /// Node `node` as Slurm's srun starts it (one task per node; the rendezvous port as a key: Slurm sets none).
+    fn slurm_node(&self, node: u32, syncer: &str, steps: u32) -> Command {
+        let mut cmd = self.node_base(syncer, steps, &self.token);
+        cmd.env("SLURM_PROCID", node.to_string())
+            .env("SLURM_NNODES", self.nodes.to_string())
+            .env("SLURM_NTASKS", self.nodes.to_string())
+            .env("SLURM_JOB_NODELIST", "127.0.0.1")
+            .arg(format!("cluster.master_port={}", self.port));
+        cmd
+    }
+
+    /// The command line every node shares, with no scheduler variables in its environment.
+    fn node_base(&self, syncer: &str, steps: u32, token: &str) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.arg("train_embodied")
             .args([
@@ -80,7 +111,6 @@ impl Run {
                 "runner.step_timeout_s=60",
                 "cluster.slots_per_node=1",
                 "cluster.component_placement.actor=0",
-                "cluster.master_addr=127.0.0.1",
             ])
             .arg(format!("weight_syncer={syncer}"))
             .arg(format!("runner.max_steps={steps}"))
@@ -91,8 +121,6 @@ impl Run {
                 "cluster.component_placement.rollout='0-{}'",
                 self.nodes - 1
             ))
-            .arg(format!("cluster.node_rank={node}"))
-            .arg(format!("cluster.master_port={}", self.port))
             .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
             .arg(format!("cluster.network.port_min={}", self.chain_ports))
             .arg(format!(
@@ -116,6 +144,9 @@ impl Run {
             "SLURM_PROCID",
             "SLURM_NNODES",
             "SLURM_JOB_NODELIST",
+            "SLURM_NTASKS",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_WORLD_SIZE",
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
         ] {
@@ -279,10 +310,11 @@ fn three_nodes_train_with_patches_every_sync_verified() {
     }
 }
 
+/// Node 0 started as srun would start it and node 1 as torchrun would (the README's launch lines).
 #[test]
 fn two_nodes_train_with_buckets_and_a_wrong_token_peer_is_refused() {
     let run = Run::new(2);
-    let node0 = run.node(0, "bucket_syncer", 5, &run.token).spawn().unwrap();
+    let node0 = run.slurm_node(0, "bucket_syncer", 5).spawn().unwrap();
     // An impostor claiming node 1 with another token, before the real node 1.
     let intruder = run
         .node(1, "bucket_syncer", 5, "not-the-run-token")
@@ -294,7 +326,7 @@ fn two_nodes_train_with_buckets_and_a_wrong_token_peer_is_refused() {
         intruder_err.contains("token"),
         "the impostor's error names the token:\n{intruder_err}"
     );
-    let node1 = run.node(1, "bucket_syncer", 5, &run.token).spawn().unwrap();
+    let node1 = run.torchrun_node(1, "bucket_syncer", 5).spawn().unwrap();
     let errs = completes(&run, vec![node0, node1], 5);
     assert!(
         errs[0].contains("refused a node connection"),
