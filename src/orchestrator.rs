@@ -122,6 +122,14 @@ pub enum OrchestratorError {
         reason: String,
     },
     #[error(
+        "node {node} ({host}): the run failed on node 0 ({reason}); this node's workers are stopped"
+    )]
+    RunFailed {
+        node: u32,
+        host: String,
+        reason: String,
+    },
+    #[error(
         "node {node} ({host}): the orchestrator went away ({reason}); this node's workers are stopped"
     )]
     OrchestratorGone {
@@ -436,6 +444,9 @@ async fn run_in_private_dir(
                 (&result, cfg.runner.only_eval)
             {
                 save_on_interrupt(&mut sup, &mut checkpoints, cfg).await;
+            }
+            if let Err(err) = &result {
+                sup.run_failed(err);
             }
             sup.stop(true).await;
             result

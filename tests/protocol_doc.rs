@@ -110,7 +110,7 @@ fn trajectory_example_decodes_and_reencodes() {
 fn node_link_examples_roundtrip_exactly() {
     use rlsync::protocol::node::{NodeCommand, NodeReport};
     let commands = examples("json", "node-command");
-    assert_eq!(commands.len(), 3);
+    assert_eq!(commands.len(), 4);
     for text in commands {
         let cmd: NodeCommand =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));

@@ -346,7 +346,9 @@ async fn await_assignment(
                         .await
                         .map_err(|e| crate::stdio::error_chain(&e))?;
                 }
-                NodeCommand::Shutdown => return Err("the orchestrator ended the run".to_owned()),
+                NodeCommand::Shutdown { .. } => {
+                    return Err("the orchestrator ended the run".to_owned());
+                }
                 NodeCommand::Worker { .. } => {}
             }
         }
@@ -552,7 +554,7 @@ async fn serve(
         relay.abort();
     }
     match &outcome {
-        Ok(()) => up.send(&NodeReport::Stopped, &[]),
+        Ok(()) | Err(OrchestratorError::RunFailed { .. }) => up.send(&NodeReport::Stopped, &[]),
         Err(OrchestratorError::OrchestratorGone { .. }) => {}
         Err(err) => up.send(
             &NodeReport::Failed {
@@ -593,7 +595,16 @@ async fn relay_loop(
                     rank,
                     command,
                 } => sup.send(WorkerId { role, rank }, &command, &blob).await?,
-                NodeCommand::Shutdown => return Ok(()),
+                NodeCommand::Shutdown { failed: None } => return Ok(()),
+                NodeCommand::Shutdown {
+                    failed: Some(reason),
+                } => {
+                    return Err(OrchestratorError::RunFailed {
+                        node: multi.identity.node_rank,
+                        host: multi.identity.host.clone(),
+                        reason,
+                    });
+                }
                 NodeCommand::Ping { .. } | NodeCommand::Assign { .. } => {}
             },
             Incoming::Upstream(Upstream::Gone { reason }) => {

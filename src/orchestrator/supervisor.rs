@@ -258,6 +258,8 @@ pub struct Supervisor {
     console: Console,
     /// The first node lost while a worker failure was being settled (it is then the first cause).
     node_lost: Option<OrchestratorError>,
+    /// Why the run failed, for the node agents' `shutdown` (they exit non-zero and log it).
+    failed: Option<String>,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -398,6 +400,7 @@ impl Supervisor {
             logs,
             console,
             node_lost: None,
+            failed: None,
         };
         for (id, node) in remote {
             // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
@@ -409,12 +412,14 @@ impl Supervisor {
             match sup.spawn_process(id, false) {
                 Ok(unit) => sup.units.push(unit),
                 Err(err) => {
+                    sup.run_failed(&err);
                     sup.stop(false).await;
                     return Err(err);
                 }
             }
         }
         if let Err(err) = sup.await_handshakes().await {
+            sup.run_failed(&err);
             sup.stop(false).await;
             return Err(err);
         }
@@ -709,7 +714,7 @@ impl Supervisor {
                     });
                 }
                 Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
-                    header: NodeCommand::Shutdown,
+                    header: NodeCommand::Shutdown { .. },
                     ..
                 }))) => {
                     return Err(OrchestratorError::Handshake {
@@ -1054,6 +1059,12 @@ impl Supervisor {
             return pending.join(", ");
         }
         alive.iter().map(name).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Record that the run failed (before [`Supervisor::stop`]): node agents are told why.
+    pub fn run_failed(&mut self, err: &OrchestratorError) {
+        self.failed
+            .get_or_insert_with(|| crate::stdio::error_chain(err));
     }
 
     /// The pid of worker `id`'s current process (on its own host).

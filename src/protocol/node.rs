@@ -79,8 +79,11 @@ pub enum NodeCommand {
     },
     /// Heartbeat; answered by `pong` with the same `seq`.
     Ping { seq: u64 },
-    /// Stop the workers and exit (the run ended).
-    Shutdown,
+    /// Stop the workers and exit: the run ended, or (`failed`: node 0's error) it failed.
+    Shutdown {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        failed: Option<String>,
+    },
 }
 
 #[cfg(test)]

@@ -461,8 +461,14 @@ impl Supervisor {
         if self.cfg.cluster.links.is_empty() {
             return;
         }
+        let failed = self.failed.clone();
         for link in &self.cfg.cluster.links {
-            link.tx.send(&NodeCommand::Shutdown, &[]);
+            link.tx.send(
+                &NodeCommand::Shutdown {
+                    failed: failed.clone(),
+                },
+                &[],
+            );
         }
         let bound = self.cfg.grace * 2 + Duration::from_secs(2);
         self.wait_until(bound, |units| {
