@@ -5,8 +5,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context as _;
-
 use crate::config::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
 use crate::orchestrator::Entry;
 
@@ -374,9 +372,8 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         overrides: &args.overrides,
         command,
     };
-    let outcome = app::execute(&request)
-        .with_context(|| format!("rlsync {}", args.entry.name()))
-        .map_err(strip_context)?;
+    // Composition's message is Hydra's wording, printed as it is (its causes, if any, on `caused by:` lines).
+    let outcome = app::execute(&request)?;
     match outcome {
         Outcome::Printed { success } => Ok(if success {
             ExitStatus::Success
@@ -552,14 +549,6 @@ pub fn error_report(err: &anyhow::Error) -> String {
         msg.push_str(&cause.to_string());
     }
     msg
-}
-
-/// Keep the message exactly as composition words it (Hydra's wording): drop the context line we added.
-fn strip_context(err: anyhow::Error) -> anyhow::Error {
-    match err.chain().nth(1) {
-        Some(inner) => anyhow::anyhow!("{inner}"),
-        None => err,
-    }
 }
 
 #[cfg(test)]

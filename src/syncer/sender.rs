@@ -106,6 +106,11 @@ impl WeightSyncer {
             abort(&mut ch, &reason).await;
             return Err(SyncError::Handshake { reason });
         }
+        // From here on the keys go in the state dict's order (ordinal order), whatever order the caller listed
+        // them in: patch entries and buckets are laid out in that order, and receivers validate it.
+        let mut keys_to_sync = keys_to_sync.to_vec();
+        keys_to_sync.sort_by_key(|k| ordinals.get(k).copied().unwrap_or(u32::MAX));
+        let keys_to_sync = keys_to_sync.as_slice();
         let synced_ordinals: Vec<u32> = keys_to_sync
             .iter()
             .filter_map(|k| ordinals.get(k).copied())

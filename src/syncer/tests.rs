@@ -555,6 +555,46 @@ fn two_receivers_get_the_same_weights() {
     }
 }
 
+/// A caller may list the keys to sync in any order (the sender lays patches and buckets out in the state
+/// dict's order, as the receiver validates them).
+#[test]
+fn keys_to_sync_in_any_order_sync_the_same() {
+    let rt = rt();
+    let keys = dense_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 7);
+        let mut receiver = build_state(&keys, true, 7);
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(1);
+        let rch = rxs.pop().unwrap();
+        let mut synced = sender.synced_keys();
+        synced.reverse();
+        assert!(synced.len() > 1, "the test needs several keys");
+        rt.block_on(async {
+            let (x, y) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                rx.init_receiver(&mut receiver, rch)
+            );
+            x.unwrap();
+            y.unwrap();
+            for v in 1..4 {
+                mutate_synced(&mut sender, v, 100);
+                let (x, y) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
+                assert!(x.unwrap().changed > 0, "bucket={bucket} v={v}");
+                assert_eq!(y.unwrap().version, v, "bucket={bucket}");
+                assert_eq!(
+                    rx.checksum(&receiver).unwrap(),
+                    tx.checksum(&sender).unwrap(),
+                    "bucket={bucket} v={v}"
+                );
+            }
+        });
+    }
+}
+
 #[test]
 fn pending_update_installs_later_and_stale_pending_is_rejected() {
     let rt = rt();
