@@ -345,6 +345,14 @@ async fn read_node(
                     crate::protocol::ProtocolError::Closed => {
                         "closed its control connection (its agent exited or was killed)".to_owned()
                     }
+                    crate::protocol::ProtocolError::Io(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+                        ) =>
+                    {
+                        "closed its control connection (its agent exited or was killed)".to_owned()
+                    }
                     e => format!(
                         "broke its control connection: {}",
                         crate::stdio::error_chain(&e)
