@@ -97,6 +97,12 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         {
             problems.push(format!("actor.model.model_type: {e}"));
         }
+        if let Some(problem) = nodes
+            .as_ref()
+            .and_then(|n| orchestrator::multinode::refusal(cfg, n))
+        {
+            problems.push(problem);
+        }
         if let Some(problem) = resume_problem(cfg) {
             problems.push(problem);
         } else if let Some(p) = &loop_plan

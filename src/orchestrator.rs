@@ -15,6 +15,8 @@ pub mod checkpoint;
 pub mod embodied;
 pub mod eval;
 pub mod metrics;
+pub mod multinode;
+pub mod node_agent;
 pub mod plan;
 pub mod run_files;
 pub mod supervisor;
@@ -98,6 +100,42 @@ pub enum OrchestratorError {
         restarts: u32,
         #[source]
         cause: Box<OrchestratorError>,
+    },
+    #[error("node {node} ({host}, {addr}) {reason}")]
+    NodeLost {
+        node: u32,
+        host: String,
+        addr: String,
+        reason: String,
+    },
+    #[error("{nodes} did not join within {timeout_s} s (runner.handshake_timeout_s)")]
+    NodesMissing { nodes: String, timeout_s: f64 },
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("node {node} ({host}): {reason}")]
+    Agent {
+        node: u32,
+        host: String,
+        reason: String,
+    },
+    #[error(
+        "node {node} ({host}): the run failed on node 0 ({reason}); this node's workers are stopped"
+    )]
+    RunFailed {
+        node: u32,
+        host: String,
+        reason: String,
+    },
+    #[error(
+        "node {node} ({host}): the orchestrator went away ({reason}); this node's workers are stopped"
+    )]
+    OrchestratorGone {
+        node: u32,
+        host: String,
+        reason: String,
     },
     #[error("interrupted by {signal}; workers stopped")]
     Interrupted { signal: &'static str },
@@ -209,21 +247,19 @@ pub fn run(
     }
     let mut plan = plan::plan(entry, cfg)?;
     plan.start = plan::resume_point(cfg, plan.steps)?;
-    if cfg.cluster.num_nodes.get() > 1 {
-        return Err(OrchestratorError::Config {
-            reason: format!(
-                "cluster.num_nodes={}: this build places workers over nodes (see --dry-run) but does not \
-                 start node agents yet; run on one node (cluster.num_nodes=1)",
-                cfg.cluster.num_nodes
-            ),
-        });
-    }
+    let multi = multinode::prepare(cfg)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(OrchestratorError::Runtime)?;
     // A current-thread runtime keeps every spawn on this thread, which PR_SET_PDEATHSIG ties the workers to.
-    runtime.block_on(run_plan(plan, cfg, run_dir, opts))
+    match multi {
+        // Nodes 1..n: a node agent under the orchestrator on node 0.
+        Some(m) if m.identity.node_rank > 0 => {
+            runtime.block_on(node_agent::run(cfg, run_dir, m, opts))
+        }
+        multi => runtime.block_on(run_plan(plan, cfg, run_dir, opts, multi)),
+    }
 }
 
 async fn run_plan(
@@ -231,6 +267,7 @@ async fn run_plan(
     cfg: &RunConfig,
     run_dir: &Path,
     opts: RunOptions,
+    multi: Option<multinode::MultiNode>,
 ) -> Result<RunSummary, OrchestratorError> {
     if let Some(path) = &opts.job_log
         && let Err(source) = crate::logging::set_job_log(Some(path))
@@ -240,7 +277,7 @@ async fn run_plan(
             source,
         });
     }
-    let result = run_logged(plan, cfg, run_dir, opts).await;
+    let result = run_logged(plan, cfg, run_dir, opts, multi).await;
     // The failure goes to the job log only: main prints it on stderr (once, after everything else, so the
     // worker log lines it quotes never come before its own `Error:` line).
     if let Err(err) = &result {
@@ -258,6 +295,7 @@ async fn run_logged(
     cfg: &RunConfig,
     run_dir: &Path,
     opts: RunOptions,
+    multi: Option<multinode::MultiNode>,
 ) -> Result<RunSummary, OrchestratorError> {
     tracing::info!("run dir: {}", run_dir.display());
     if !opts.unused_keys.is_empty() {
@@ -287,7 +325,7 @@ async fn run_logged(
     run_files::remove_rollout_copies(&run_dir);
     let tag = run_files::new_tag();
     let files = run_files::PrivateDir::create(&tmp, &tag)?;
-    let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files).await;
+    let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files, multi).await;
     files.remove();
     run_files::remove_rollout_copies(&run_dir);
     if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
@@ -306,9 +344,15 @@ async fn run_in_private_dir(
     opts: RunOptions,
     tag: &str,
     files: &run_files::PrivateDir,
+    multi: Option<multinode::MultiNode>,
 ) -> Result<RunSummary, OrchestratorError> {
     let run_dir = run_dir.to_owned();
-    let launch = LaunchSpec {
+    // Several nodes: every agent joins before anything starts (the chain's addresses go in the launch file).
+    let gathered = match &multi {
+        Some(m) => Some(multinode::gather(m, cfg).await?),
+        None => None,
+    };
+    let mut launch = LaunchSpec {
         format_version: PROTOCOL_VERSION,
         loop_kind: if plan.entry == Entry::Async {
             LoopKind::Async
@@ -320,11 +364,19 @@ async fn run_in_private_dir(
         control_socket: files.control_socket.clone(),
         weight_socket: files.weight_socket.clone(),
         segment_prefix: tag.to_owned(),
-        token: crate::protocol::messages::new_token(),
+        // Several nodes share the run's token (RLSYNC_RUN_TOKEN): the trainer proves it to the weight chain.
+        token: multi
+            .as_ref()
+            .map_or_else(crate::protocol::messages::new_token, |m| m.token.clone()),
         start: plan.start,
         config: cfg.clone(),
         job: opts.job,
+        node_rollouts: None,
+        chain_next: None,
     };
+    if let (Some(m), Some((joined, _))) = (&multi, &gathered) {
+        multinode::node0_launch(m, joined, &mut launch);
+    }
     let launch_path = launch::launch_file(&run_dir);
     let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
         reason: e.to_string(),
@@ -363,6 +415,15 @@ async fn run_in_private_dir(
     }
     let started = std::time::Instant::now();
     let mut checkpoints = Checkpoints::new(cfg.runner.save_interval, plan.steps);
+    let events = supervisor::event_channel();
+    let (local, remote, cluster) = match (&multi, gathered) {
+        (Some(m), Some((joined, mut cluster))) => {
+            let timeout = multinode::MultiNode::node_timeout(cfg);
+            let remote = multinode::assign(m, joined, &launch, &mut cluster, &events.0, timeout);
+            (Some(m.workers_on(0)), remote, cluster)
+        }
+        _ => (None, Vec::new(), supervisor::nodes::Cluster::default()),
+    };
     let sup_cfg = SupervisorConfig {
         trainer: Program::for_worker(&cfg.actor.worker, &exe),
         rollout: Program::for_worker(&cfg.rollout.worker, &exe),
@@ -375,14 +436,20 @@ async fn run_in_private_dir(
         grace: cfg.runner.shutdown_grace_s.get(),
         rollout_restarts: cfg.runner.rollout_restarts,
         restart_backoff: cfg.runner.rollout_restart_backoff_s.get(),
+        local,
+        remote,
+        cluster,
     };
-    let result = match Supervisor::start(sup_cfg, opts.shutdown, console).await {
+    let result = match Supervisor::start_on(sup_cfg, opts.shutdown, console, events).await {
         Ok(mut sup) => {
             let result = drive(&mut sup, &plan, cfg, &mut sink, &mut checkpoints).await;
             if let (Err(OrchestratorError::Interrupted { .. }), false) =
                 (&result, cfg.runner.only_eval)
             {
                 save_on_interrupt(&mut sup, &mut checkpoints, cfg).await;
+            }
+            if let Err(err) = &result {
+                sup.run_failed(err);
             }
             sup.stop(true).await;
             result

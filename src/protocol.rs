@@ -7,11 +7,15 @@
 //! - [`launch`]: the launch file a worker reads at start.
 //! - [`trajectory`]: the binary codec of rollout chunks carried in control-frame blobs.
 //! - [`arrays`]: the named-array codec of Python workers' rollout chunks (numpy arrays by name).
+//! - [`auth`]: the mutual HMAC challenge-response on the run token between hosts (control plane, weight chain).
+//! - [`node`]: the messages between the orchestrator and its node agents over TCP.
 
 pub mod arrays;
+pub mod auth;
 pub mod frame;
 pub mod launch;
 pub mod messages;
+pub mod node;
 pub mod trajectory;
 
 use crate::bytes::BytesError;

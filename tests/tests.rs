@@ -5,6 +5,7 @@ mod elastic;
 mod faults;
 #[cfg(feature = "torch")]
 mod learner;
+mod multinode;
 mod orchestrator;
 mod protocol_doc;
 mod run_experience;

@@ -13,6 +13,7 @@
 //! [`Incoming::Restarted`]. A rollout that dies with its restarts used up fails the run naming it and the
 //! count. The trainer dying always fails the run (resume from a checkpoint).
 
+pub mod nodes;
 pub mod spawn;
 pub mod unix;
 
@@ -34,6 +35,7 @@ use crate::orchestrator::metrics::progress::Console;
 use crate::protocol::ProtocolError;
 use crate::protocol::frame::FrameReader;
 use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
+use crate::protocol::node::NodeCommand;
 use spawn::LogTail;
 pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
@@ -109,6 +111,26 @@ pub enum Event {
     Signal {
         name: &'static str,
     },
+    /// Multi-node, on the orchestrator: a node agent's link.
+    Node(nodes::NodeEvent),
+    /// Multi-node, on an agent: its orchestrator's link.
+    Upstream(nodes::Upstream),
+}
+
+/// The sending half of a supervisor's event stream (node links and tests feed it).
+pub type EventTx = mpsc::UnboundedSender<Event>;
+
+/// A supervisor's event stream, made before it starts when something must feed it from the start.
+pub fn event_channel() -> (EventTx, mpsc::UnboundedReceiver<Event>) {
+    mpsc::unbounded_channel()
+}
+
+/// How commands reach a connected worker.
+enum Link {
+    /// Its control connection on this host.
+    Local(OwnedWriteHalf),
+    /// Through its node's agent.
+    Remote(nodes::FrameTx),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,6 +152,8 @@ pub enum Incoming {
     Lost { id: WorkerId, reason: String },
     /// The successor of a lost rollout connected: it needs `InitWeights` (it rejoins the weight channel).
     Restarted(WorkerId),
+    /// On a node agent: what its orchestrator sent.
+    Upstream(nodes::Upstream),
 }
 
 /// One worker as the supervisor sees it.
@@ -137,7 +161,9 @@ struct Unit {
     id: WorkerId,
     pid: u32,
     state: UnitState,
-    writer: Option<OwnedWriteHalf>,
+    link: Option<Link>,
+    /// The node it runs on when that is not this host (its agent starts and stops it).
+    node: Option<u32>,
     tail: LogTail,
     log_path: PathBuf,
     /// The reason a worker gave in a `Failed` report.
@@ -158,6 +184,27 @@ struct Unit {
 }
 
 impl Unit {
+    /// A worker that node `node`'s agent starts; connected once the agent reports it ready.
+    fn remote(id: WorkerId, node: u32, log_path: PathBuf) -> Unit {
+        Unit {
+            id,
+            pid: 0,
+            state: UnitState::Spawned,
+            link: None,
+            node: Some(node),
+            tail: LogTail::default(),
+            log_path,
+            failure: None,
+            blames: Vec::new(),
+            failed_at: None,
+            last_sent: None,
+            last_heard: None,
+            restarts: 0,
+            held: false,
+            respawn_due: false,
+        }
+    }
+
     /// Whether its process may still run (a lost rollout's was killed).
     fn alive(&self) -> bool {
         !matches!(self.state, UnitState::Exited(_) | UnitState::Down)
@@ -183,6 +230,12 @@ pub struct SupervisorConfig {
     pub rollout_restarts: u32,
     /// `runner.rollout_restart_backoff_s`: the wait before a first restart.
     pub restart_backoff: Duration,
+    /// The workers to start on this host (`None`: the trainer and every rollout).
+    pub local: Option<Vec<WorkerId>>,
+    /// Multi-node: workers on other nodes (with their node), started by those nodes' agents.
+    pub remote: Vec<(WorkerId, u32)>,
+    /// Multi-node: the links to the node agents.
+    pub cluster: nodes::Cluster,
 }
 
 /// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
@@ -203,6 +256,10 @@ pub struct Supervisor {
     stop_requests: u32,
     logs: PathBuf,
     console: Console,
+    /// The first node lost while a worker failure was being settled (it is then the first cause).
+    node_lost: Option<OrchestratorError>,
+    /// Why the run failed, for the node agents' `shutdown` (they exit non-zero and log it).
+    failed: Option<String>,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -248,10 +305,7 @@ impl WorkerDeadline {
     }
 
     /// The next event, or `None` once the deadline passed.
-    pub async fn next(
-        &mut self,
-        events: &mut mpsc::UnboundedReceiver<Event>,
-    ) -> Option<Option<Event>> {
+    pub async fn next<T>(&mut self, events: &mut mpsc::UnboundedReceiver<T>) -> Option<Option<T>> {
         // Time since the last return was spent by this process (or it was stopped): never the workers'.
         self.credit_lateness(Instant::now());
         loop {
@@ -291,7 +345,18 @@ impl Supervisor {
         shutdown: ShutdownSource,
         console: Console,
     ) -> Result<Supervisor, OrchestratorError> {
-        let (tx, events) = mpsc::unbounded_channel();
+        Self::start_on(cfg, shutdown, console, event_channel()).await
+    }
+
+    /// [`Supervisor::start`] on an event stream made beforehand ([`event_channel`]): this host's workers
+    /// (`cfg.local`) are spawned, other nodes' (`cfg.remote`) are started by their agents, and every handshake
+    /// is awaited.
+    pub async fn start_on(
+        cfg: SupervisorConfig,
+        shutdown: ShutdownSource,
+        console: Console,
+        (tx, events): (EventTx, mpsc::UnboundedReceiver<Event>),
+    ) -> Result<Supervisor, OrchestratorError> {
         unix::forward_signals(shutdown, tx.clone())
             .map_err(|source| OrchestratorError::Signals { source })?;
         let _ = std::fs::remove_file(&cfg.control_socket);
@@ -317,8 +382,13 @@ impl Supervisor {
             path: logs.clone(),
             source,
         })?;
-        let ids =
-            std::iter::once(WorkerId::TRAINER).chain((0..cfg.rollouts).map(WorkerId::rollout));
+        let ids: Vec<WorkerId> = match &cfg.local {
+            Some(ids) => ids.clone(),
+            None => std::iter::once(WorkerId::TRAINER)
+                .chain((0..cfg.rollouts).map(WorkerId::rollout))
+                .collect(),
+        };
+        let remote = cfg.remote.clone();
         let mut sup = Supervisor {
             units: Vec::new(),
             events,
@@ -329,17 +399,27 @@ impl Supervisor {
             stop_requests: 0,
             logs,
             console,
+            node_lost: None,
+            failed: None,
         };
+        for (id, node) in remote {
+            // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
+            let log_path = (sup.cfg.run_dir.join(format!("node-{node}")).join("logs"))
+                .join(format!("{id}.log"));
+            sup.units.push(Unit::remote(id, node, log_path));
+        }
         for id in ids {
             match sup.spawn_process(id, false) {
                 Ok(unit) => sup.units.push(unit),
                 Err(err) => {
+                    sup.run_failed(&err);
                     sup.stop(false).await;
                     return Err(err);
                 }
             }
         }
         if let Err(err) = sup.await_handshakes().await {
+            sup.run_failed(&err);
             sup.stop(false).await;
             return Err(err);
         }
@@ -398,7 +478,8 @@ impl Supervisor {
             id,
             pid,
             state: UnitState::Spawned,
-            writer: None,
+            link: None,
+            node: None,
             tail,
             log_path,
             failure: None,
@@ -456,7 +537,7 @@ impl Supervisor {
         let Some(unit) = self.unit_mut(id) else {
             return Ok(None);
         };
-        if !matches!(unit.state, UnitState::Exited(_)) {
+        if !matches!(unit.state, UnitState::Exited(_)) && unit.node.is_none() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(unit.pid as i32),
                 Signal::SIGKILL,
@@ -474,7 +555,7 @@ impl Supervisor {
         }
         unit.restarts += 1;
         unit.state = UnitState::Down;
-        unit.writer = None;
+        unit.link = None;
         unit.respawn_due = false;
         let (n, pid) = (unit.restarts, unit.pid);
         let tail = unit.tail.lines();
@@ -619,11 +700,33 @@ impl Supervisor {
             };
             // A rollout lost (and restarted) before the run began has nothing to catch up: every rollout
             // gets `InitWeights` next.
-            if let Some(Incoming::Report(id, frame)) = self.dispatch(event).await? {
-                return Err(OrchestratorError::Unexpected {
-                    worker: id.to_string(),
-                    report: format!("{:?}", frame.header),
-                });
+            match self.dispatch(event).await? {
+                Some(Incoming::Report(id, frame)) => {
+                    return Err(OrchestratorError::Unexpected {
+                        worker: id.to_string(),
+                        report: format!("{:?}", frame.header),
+                    });
+                }
+                // On an agent: the orchestrator ended the run, or went away, before the workers were up.
+                Some(Incoming::Upstream(nodes::Upstream::Gone { reason })) => {
+                    return Err(OrchestratorError::Handshake {
+                        reason: format!("the orchestrator went away ({reason})"),
+                    });
+                }
+                Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
+                    header: NodeCommand::Shutdown { .. },
+                    ..
+                }))) => {
+                    return Err(OrchestratorError::Handshake {
+                        reason: "the orchestrator ended the run".into(),
+                    });
+                }
+                Some(Incoming::Upstream(nodes::Upstream::Relay(Err(why)))) => {
+                    return Err(OrchestratorError::Handshake {
+                        reason: format!("the weight relay failed: {why}"),
+                    });
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -719,7 +822,7 @@ impl Supervisor {
                     });
                 }
                 unit.state = UnitState::Connected;
-                unit.writer = Some(writer);
+                unit.link = Some(Link::Local(writer));
                 let (pid, restarted) = (unit.pid, unit.restarts > 0);
                 read_loop(id, pid, reader, events);
                 Ok(restarted.then_some(Incoming::Restarted(id)))
@@ -789,6 +892,8 @@ impl Supervisor {
                 self.stop_requests += 1;
                 Err(OrchestratorError::Interrupted { signal: name })
             }
+            Event::Node(event) => self.on_node_event(event),
+            Event::Upstream(event) => Ok(Some(Incoming::Upstream(event))),
         }
     }
 
@@ -812,6 +917,13 @@ impl Supervisor {
             } => (id, None, Some((message, blames))),
             Event::Signal { .. } => {
                 self.stop_requests += 1;
+                return;
+            }
+            Event::Node(nodes::NodeEvent::Lost { node, reason }) => {
+                self.node_ended(node);
+                if self.node_lost.is_none() {
+                    self.node_lost = Some(self.lost_node_error(node, reason));
+                }
                 return;
             }
             _ => return,
@@ -855,6 +967,10 @@ impl Supervisor {
         while let Ok(Some(event)) = tokio::time::timeout_at(settle, self.events.recv()).await {
             self.note_failure(event);
         }
+        // A node lost meanwhile is the first cause (a worker on this host failed because its chain broke).
+        if let Some(err) = self.node_lost.take() {
+            return err;
+        }
         let culprit = self.first_cause(id);
         let Some(unit) = self.units.iter().find(|u| u.id == culprit) else {
             return OrchestratorError::Handshake {
@@ -864,7 +980,9 @@ impl Supervisor {
         let status = match unit.state {
             UnitState::Exited(status) => describe(status),
             _ if unit.failed_at.is_some() => "closed its control connection".to_owned(),
-            _ if process_stopped(unit.pid) => "did not answer (the process is stopped)".to_owned(),
+            _ if unit.node.is_none() && process_stopped(unit.pid) => {
+                "did not answer (the process is stopped)".to_owned()
+            }
             _ => "did not answer".to_owned(),
         };
         let mut message = unit
@@ -923,7 +1041,7 @@ impl Supervisor {
         let name = |u: &&Unit| format!("{} (pid {})", u.id, u.pid);
         let stopped: Vec<String> = alive
             .iter()
-            .filter(|u| process_stopped(u.pid))
+            .filter(|u| u.node.is_none() && process_stopped(u.pid))
             .map(|u| format!("{} (pid {}, stopped)", u.id, u.pid))
             .collect();
         if !stopped.is_empty() {
@@ -941,6 +1059,17 @@ impl Supervisor {
             return pending.join(", ");
         }
         alive.iter().map(name).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Record that the run failed (before [`Supervisor::stop`]): node agents are told why.
+    pub fn run_failed(&mut self, err: &OrchestratorError) {
+        self.failed
+            .get_or_insert_with(|| crate::stdio::error_chain(err));
+    }
+
+    /// The pid of worker `id`'s current process (on its own host).
+    pub fn pid_of(&self, id: WorkerId) -> Option<u32> {
+        self.units.iter().find(|u| u.id == id).map(|u| u.pid)
     }
 
     /// Number of rollout workers.
@@ -966,18 +1095,31 @@ impl Supervisor {
                 reason: format!("no worker {id}"),
             }
         })?;
-        if elastic && unit.writer.is_none() {
+        if elastic && unit.link.is_none() {
             // Lost (or not yet connected): the loop learns of it from `Incoming::Lost` / `Restarted`.
             tracing::debug!("{id} is not connected; command dropped: {cmd:?}");
             return Ok(());
         }
-        let writer = unit
-            .writer
+        let link = unit
+            .link
             .as_mut()
             .ok_or_else(|| OrchestratorError::Handshake {
                 reason: format!("{id} is not connected"),
             })?;
         unit.last_sent = Some(Instant::now());
+        let writer = match link {
+            Link::Local(writer) => writer,
+            Link::Remote(tx) => {
+                let cmd = NodeCommand::Worker {
+                    role: id.role,
+                    rank: id.rank,
+                    command: cmd.clone(),
+                };
+                // A node that is gone says so through its link's events.
+                tx.send(&cmd, blob);
+                return Ok(());
+            }
+        };
         match messages::write_frame(writer, cmd, blob).await {
             Ok(()) => Ok(()),
             // Its death arrives as an event and becomes `Incoming::Lost`.
@@ -1013,7 +1155,7 @@ impl Supervisor {
             .collect();
         let stopped: Vec<WorkerId> = rollouts
             .iter()
-            .filter(|u| process_stopped(u.pid))
+            .filter(|u| u.node.is_none() && process_stopped(u.pid))
             .map(|u| u.id)
             .collect();
         if !stopped.is_empty() {
@@ -1098,11 +1240,14 @@ impl Supervisor {
     /// reaped (or a last bounded wait ran out).
     pub async fn stop(&mut self, graceful: bool) {
         let grace = self.cfg.grace;
+        // Other nodes first: their agents stop their workers (rollouts) and say so.
+        self.stop_nodes().await;
         if graceful && self.stop_requests < 2 {
             // Rollouts first: a rollout that outlives the trainer would see its weight channel break.
             for role in [Role::Rollout, Role::Trainer] {
                 for unit in self.units.iter_mut().filter(|u| u.id.role == role) {
-                    if let (UnitState::Connected, Some(writer)) = (unit.state, unit.writer.as_mut())
+                    if let (UnitState::Connected, Some(Link::Local(writer))) =
+                        (unit.state, unit.link.as_mut())
                     {
                         let _ = messages::write_frame(writer, &Command::Stop, &[]).await;
                         unit.state = UnitState::Stopping;
@@ -1122,7 +1267,7 @@ impl Supervisor {
         // Anything else left in the group (a worker's own children) goes too.
         unix::signal_group(self.pgid, Signal::SIGKILL);
         for unit in &mut self.units {
-            unit.writer = None;
+            unit.link = None;
         }
         let _ = std::fs::remove_file(&self.cfg.control_socket);
     }
@@ -1158,6 +1303,9 @@ impl Supervisor {
                     tracing::warn!("{name} while stopping: killing the workers now");
                     unix::signal_group(self.pgid, Signal::SIGKILL);
                 }
+                Ok(Some(Event::Node(
+                    nodes::NodeEvent::Stopped { node } | nodes::NodeEvent::Lost { node, .. },
+                ))) => self.node_ended(node),
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => return,
             }

@@ -263,6 +263,8 @@ impl Fleet {
                 return Ok(Handled::Nothing);
             }
             Incoming::Report(id, frame) => (id, frame),
+            // Only a node agent's supervisor hands these out.
+            Incoming::Upstream(_) => return Ok(Handled::Nothing),
         };
         let rank = id.rank;
         match (&frame.header, id.role) {

@@ -41,6 +41,30 @@ pub struct LaunchSpec {
     /// workers; `null` when the run was started without one (tests, benches).
     #[serde(default)]
     pub job: serde_json::Value,
+    /// Multi-node runs: the global ranks of the rollouts on this node's weight channel, in channel order (a
+    /// rollout joins it as its position here); absent: every rollout, rank for rank (one host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_rollouts: Option<Vec<u32>>,
+    /// Multi-node runs, the trainer's node: `ip:port` of the next node of the TCP weight chain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_next: Option<String>,
+}
+
+impl LaunchSpec {
+    /// The rollouts this node's weight channel serves.
+    pub fn local_rollouts(&self) -> usize {
+        self.node_rollouts
+            .as_ref()
+            .map_or(self.rollouts as usize, Vec::len)
+    }
+
+    /// Rollout `rank`'s receiver rank on this node's weight channel (`None`: it is not on this node).
+    pub fn weight_rank(&self, rank: u32) -> Option<usize> {
+        match &self.node_rollouts {
+            None => (rank < self.rollouts).then_some(rank as usize),
+            Some(ranks) => ranks.iter().position(|&r| r == rank),
+        }
+    }
 }
 
 /// The step and weight version a run starts at (`runner.resume_dir`: the checkpoint's; else zero). Steps and
@@ -165,6 +189,8 @@ mod tests {
             },
             config: RunConfig::default(),
             job: serde_json::json!({"env": {"train": {"task": "Reacher-v5"}}}),
+            node_rollouts: Some(vec![2, 3]),
+            chain_next: Some("10.0.0.2:29510".into()),
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);

@@ -3,8 +3,8 @@
 //! local fan-out (shared memory to its rollouts). Each byte crosses each link once, so a broadcast to k nodes
 //! takes about one payload's time on the slowest link, not k.
 //!
-//! Set-up, once per connection: a mutual challenge-response on the run token (HMAC-SHA256 over both sides'
-//! random nonces; the token never crosses the wire). A peer without the token is refused, logged, and the
+//! Set-up, once per connection: the mutual challenge-response on the run token of `protocol::auth` (HMAC-SHA256
+//! over both sides' random nonces; the token never crosses the wire; magic `RLSYNCC2`). A peer without the token is refused, logged, and the
 //! listener keeps waiting for the right one. Then the upstream node tells the downstream one the first global
 //! receiver rank of its local receivers, and the downstream node answers with the number of receivers at and
 //! beyond it, so the head sees one channel of `local + remote` receivers with global ranks in chain order.
@@ -18,8 +18,6 @@
 
 use std::time::Duration;
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -27,11 +25,10 @@ use super::inproc::AlignedBuf;
 use super::{
     InProcSender, Peer, SendBackend, Sender, ShmSender, Target, TransportError, not_elastic,
 };
+use crate::protocol::auth::{self, AuthError};
 
-const MAGIC: &[u8; 8] = b"RLSYNCC1";
-const NONCE: usize = 32;
-const MAC: usize = 32;
-const MAX_NAME: usize = 256;
+/// The chain's protocol name in the set-up (`protocol::auth`); 2: the token proof moved there.
+const MAGIC: &[u8; 8] = b"RLSYNCC2";
 /// Upper bound on one upstream message (metadata, reports).
 const MAX_MSG: usize = 64 << 20;
 
@@ -42,8 +39,6 @@ const TAG_CLOSE: u8 = 4;
 const TAG_FLUSHED: u8 = 0x81;
 const TAG_MSG: u8 = 0x82;
 const TAG_ERROR: u8 = 0x83;
-const AUTH_OK: u8 = 1;
-const AUTH_REFUSED: u8 = 0;
 
 /// Settings shared by every node of a chain.
 #[derive(Clone)]
@@ -109,143 +104,59 @@ async fn bounded<T>(
         })
 }
 
-fn mac(token: &[u8], label: &[u8], first: &[u8], second: &[u8]) -> [u8; MAC] {
-    // HMAC accepts keys of any length, so this cannot fail.
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(token).unwrap_or_else(|_| unreachable!());
-    m.update(label);
-    m.update(first);
-    m.update(second);
-    m.finalize().into_bytes().into()
-}
-
-fn mac_ok(token: &[u8], label: &[u8], first: &[u8], second: &[u8], got: &[u8]) -> bool {
-    let Ok(mut m) = <Hmac<Sha256> as Mac>::new_from_slice(token) else {
-        return false;
-    };
-    m.update(label);
-    m.update(first);
-    m.update(second);
-    m.verify_slice(got).is_ok()
-}
-
-const LABEL_SERVER: &[u8] = b"rlsync chain: downstream proves the token";
-const LABEL_CLIENT: &[u8] = b"rlsync chain: upstream proves the token";
-
-async fn write_name(s: &mut TcpStream, name: &str) -> Result<(), TransportError> {
-    let bytes = &name.as_bytes()[..name.len().min(MAX_NAME)];
-    s.write_u16_le(bytes.len() as u16)
-        .await
-        .map_err(io_err("sending a node name"))?;
-    s.write_all(bytes)
-        .await
-        .map_err(io_err("sending a node name"))
-}
-
-async fn read_name(s: &mut TcpStream, peer: &str) -> Result<String, TransportError> {
-    const OP: &str = "reading a node name";
-    let len = usize::from(s.read_u16_le().await.map_err(read_err(OP, peer))?);
-    if len > MAX_NAME {
-        return Err(TransportError::TooLarge {
-            what: "node name",
-            len,
-            max: MAX_NAME,
-        });
+fn auth_err(e: AuthError) -> TransportError {
+    match e {
+        AuthError::Closed { op, peer } => TransportError::PeerGone {
+            op,
+            peer: node(&peer),
+        },
+        AuthError::Io { op, source, .. } => TransportError::Io { op, source },
+        AuthError::Greeting { peer, got, .. } => TransportError::Protocol {
+            peer: node(&peer),
+            reason: format!("not an rlsync chain node (greeting {got:02x?})"),
+        },
+        AuthError::Refused { peer, reason } => TransportError::Auth {
+            peer,
+            reason: reason.to_owned(),
+        },
+        e @ AuthError::NameTooLong { .. } => TransportError::Protocol {
+            peer: node("a peer"),
+            reason: e.to_string(),
+        },
     }
-    let mut buf = vec![0; len];
-    s.read_exact(&mut buf).await.map_err(read_err(OP, peer))?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// Upstream side of set-up: prove the token, learn the downstream node's name, send our first rank, get the
-/// receiver count at and beyond it.
+/// Upstream side of set-up: the mutual token proof (`protocol::auth`), then our first rank out and the
+/// receiver count at and beyond the next node back.
 async fn client_handshake(
     s: &mut TcpStream,
     cfg: &ChainConfig,
     addr: &str,
     first_rank: u32,
 ) -> Result<(String, u32), TransportError> {
-    const OP: &str = "authenticating to the next node";
-    let ours: [u8; NONCE] = rand::random();
-    s.write_all(MAGIC).await.map_err(io_err(OP))?;
-    s.write_all(&ours).await.map_err(io_err(OP))?;
-    write_name(s, &cfg.name).await?;
-    let theirs = read_greeting(s, addr, OP).await?;
-    let mut proof = [0; MAC];
-    s.read_exact(&mut proof).await.map_err(read_err(OP, addr))?;
-    let name = read_name(s, addr).await?;
-    let peer = format!("{name} at {addr}");
-    if !mac_ok(&cfg.token, LABEL_SERVER, &ours, &theirs, &proof) {
-        return Err(TransportError::Auth {
-            peer,
-            reason: "it does not hold this run's token".into(),
-        });
-    }
-    s.write_all(&mac(&cfg.token, LABEL_CLIENT, &theirs, &ours))
+    const OP: &str = "setting up the link to the next node";
+    let peer = auth::client(s, MAGIC, &cfg.token, &cfg.name, addr)
         .await
-        .map_err(io_err(OP))?;
-    s.write_u32_le(first_rank).await.map_err(io_err(OP))?;
-    match s.read_u8().await.map_err(read_err(OP, &peer))? {
-        AUTH_OK => {}
-        _ => {
-            return Err(TransportError::Auth {
-                peer,
-                reason: "it refused our token".into(),
-            });
-        }
-    }
+        .map_err(auth_err)?;
+    s.write_u32_le(first_rank)
+        .await
+        .map_err(read_err(OP, &peer))?;
     let receivers = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
     Ok((peer, receivers))
 }
 
-/// The peer's greeting: the chain's magic, then its nonce.
-async fn read_greeting(
-    s: &mut TcpStream,
-    addr: &str,
-    op: &'static str,
-) -> Result<[u8; NONCE], TransportError> {
-    let mut magic = [0; 8];
-    s.read_exact(&mut magic).await.map_err(read_err(op, addr))?;
-    if &magic != MAGIC {
-        return Err(TransportError::Protocol {
-            peer: node(addr),
-            reason: format!("not an rlsync chain node (greeting {magic:02x?})"),
-        });
-    }
-    let mut nonce = [0; NONCE];
-    s.read_exact(&mut nonce).await.map_err(read_err(op, addr))?;
-    Ok(nonce)
-}
-
-/// Downstream side of set-up up to the point where the receiver count is known: check the peer's proof,
-/// learn its name and our first rank. A peer that fails is refused (and told so when it got that far).
+/// Downstream side of set-up up to the point where the receiver count is known: the mutual token proof (a
+/// peer without the token is refused), then our first rank.
 async fn server_handshake(
     s: &mut TcpStream,
     cfg: &ChainConfig,
     addr: &str,
 ) -> Result<(String, u32), TransportError> {
-    const OP: &str = "authenticating the previous node";
-    let theirs = read_greeting(s, addr, OP).await?;
-    let name = read_name(s, addr).await?;
-    let peer = format!("{name} at {addr}");
-    let ours: [u8; NONCE] = rand::random();
-    s.write_all(MAGIC).await.map_err(io_err(OP))?;
-    s.write_all(&ours).await.map_err(io_err(OP))?;
-    s.write_all(&mac(&cfg.token, LABEL_SERVER, &theirs, &ours))
+    const OP: &str = "setting up the link from the previous node";
+    let peer = auth::server(s, MAGIC, &cfg.token, &cfg.name, addr)
         .await
-        .map_err(io_err(OP))?;
-    write_name(s, &cfg.name).await?;
-    let mut proof = [0; MAC];
-    s.read_exact(&mut proof)
-        .await
-        .map_err(read_err(OP, &peer))?;
+        .map_err(auth_err)?;
     let first_rank = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
-    if !mac_ok(&cfg.token, LABEL_CLIENT, &ours, &theirs, &proof) {
-        let _ = s.write_u8(AUTH_REFUSED).await;
-        return Err(TransportError::Auth {
-            peer,
-            reason: "it does not hold this run's token".into(),
-        });
-    }
     Ok((peer, first_rank))
 }
 
@@ -255,7 +166,6 @@ async fn finish_server_handshake(
     receivers: u32,
 ) -> Result<(), TransportError> {
     const OP: &str = "completing set-up with the previous node";
-    s.write_u8(AUTH_OK).await.map_err(read_err(OP, peer))?;
     s.write_u32_le(receivers).await.map_err(read_err(OP, peer))
 }
 

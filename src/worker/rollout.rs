@@ -158,9 +158,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
+                let Some(channel_rank) = ctx.launch.weight_rank(ctx.args.rank) else {
+                    return Err(WorkerError::Usage {
+                        reason: format!(
+                            "rollout rank {} is not on this node's weight channel",
+                            ctx.args.rank
+                        ),
+                    });
+                };
                 let rx = ShmReceiver::connect(
                     &ctx.launch.weight_socket,
-                    ctx.args.rank as usize,
+                    channel_rank,
                     ctx.transport_timeout(),
                 )
                 .await?;

@@ -5,7 +5,9 @@ use std::time::Instant;
 use crate::protocol::messages::{Command, Report, SyncStats};
 use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::StateDict;
-use crate::transport::{Peer, ShmConfig, ShmSender, TransportError};
+use crate::transport::{
+    ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
+};
 use crate::worker::workload::Batch;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 
@@ -43,16 +45,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
-                let sender = ShmSender::bind(ShmConfig {
-                    socket_path: ctx.launch.weight_socket.clone(),
-                    segment_prefix: ctx.launch.segment_prefix.clone(),
-                    receivers: ctx.launch.rollouts as usize,
-                    timeout: ctx.transport_timeout(),
-                    // Restartable rollouts: a dead one is detached and its successor rejoins.
-                    elastic: cfg.runner.rollout_restarts > 0,
-                    ..ShmConfig::default()
-                })
-                .await?;
+                let sender = open_sender(ctx).await?;
                 let mut report = syncer.init_sender(&state, &keys, sender).await?;
                 // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
                 report.version = start.version;
@@ -122,6 +115,43 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             }
         }
     }
+}
+
+/// The weight sender: shared memory to this node's rollouts and, in a multi-node run, the head of the TCP
+/// chain to the other nodes (`chain_next` in the launch file).
+async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
+    let cfg = ctx.config();
+    let local = ctx.launch.local_rollouts();
+    let shm = if local > 0 {
+        Some(
+            ShmSender::bind(ShmConfig {
+                socket_path: ctx.launch.weight_socket.clone(),
+                segment_prefix: ctx.launch.segment_prefix.clone(),
+                receivers: local,
+                timeout: ctx.transport_timeout(),
+                // Restartable rollouts: a dead one is detached and its successor rejoins.
+                elastic: cfg.runner.rollout_restarts > 0,
+                ..ShmConfig::default()
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let Some(next) = &ctx.launch.chain_next else {
+        return shm.ok_or_else(|| {
+            WorkerError::Transport(TransportError::Config {
+                reason: "no rollout on this node and no next node of a weight chain".into(),
+            })
+        });
+    };
+    let chain = ChainConfig {
+        token: ctx.launch.token.as_bytes().to_vec(),
+        name: format!("node 0 ({})", crate::cluster::host_name()),
+        part_bytes: usize::try_from(cfg.cluster.network.part_bytes.get()).unwrap_or(usize::MAX),
+        timeout: ctx.transport_timeout(),
+    };
+    Ok(ChainSender::connect(shm, Some(next.as_str()), chain).await?)
 }
 
 /// Serve the rejoin of restarted rollout `rank`. The rollout going away meanwhile (gone, or silent past the

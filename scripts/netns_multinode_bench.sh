@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Real multi-node runs between emulated nodes (root required): one network namespace per node, each joined to
+# a bridge by a veth pair (capped by tc at RATE each way, like one NIC per node), `rlsync train_embodied`
+# started in every namespace with the same command line and its node rank, as a scheduler would.
+#   1. control-plane cost per step: a no-op workload (4096 parameters, no compute, one env step per rollout
+#      per step) with 4 rollouts, once over NODES nodes (one rollout per node, the trainer on node 0) and once
+#      on one node, as `cargo bench --bench orchestrator` measures it on one host; mean `time/step`.
+#   2. link down: the same run over NODES nodes, the last node's link set down after a few steps: node 0 must
+#      fail naming that node within cluster.node_timeout_s + 2 s, and every process of the run must be gone
+#      once the cut-off agent gave up (4 node timeouts).
+# Everything it creates (namespaces, bridge, run dirs) is removed on exit.
+#
+#   cargo build --release
+#   sudo scripts/netns_multinode_bench.sh [NODES=4] [STEPS=300] [RATE=1gbit]
+#
+# Addresses: 10.78.0.1..NODES inside the namespaces only; nothing leaves them.
+set -euo pipefail
+N=${1:-4}
+STEPS=${2:-300}
+RATE=${3:-1gbit}
+TIMEOUT_S=${TIMEOUT_S:-2}
+BIN=${BIN:-$(pwd)/target/release/rlsync}
+P=rlmn$$
+OUT=$(mktemp -d /tmp/rlmn.XXXXXX)
+PIDS=()
+
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    for k in $(seq 0 $((N - 1))); do ip netns del "${P}n$k" 2>/dev/null || true; done
+    ip netns del "${P}sw" 2>/dev/null || true
+    rm -rf "$OUT"
+}
+trap cleanup EXIT
+
+[ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)" >&2; exit 2; }
+[ -x "$BIN" ] || { echo "build it first: cargo build --release" >&2; exit 2; }
+
+ip netns add "${P}sw"
+ip -n "${P}sw" link add br0 type bridge
+ip -n "${P}sw" link set br0 up
+for k in $(seq 0 $((N - 1))); do
+    ns="${P}n$k"
+    ip netns add "$ns"
+    ip link add "v$k" netns "$ns" type veth peer name "b$k" netns "${P}sw"
+    ip -n "$ns" addr add "10.78.0.$((k + 1))/24" dev "v$k"
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set "v$k" up
+    ip -n "${P}sw" link set "b$k" master br0 up
+    tc -n "$ns" qdisc add dev "v$k" root tbf rate "$RATE" burst 1mb latency 200ms
+    tc -n "${P}sw" qdisc add dev "b$k" root tbf rate "$RATE" burst 1mb latency 200ms
+done
+
+export RLSYNC_RUN_TOKEN
+RLSYNC_RUN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+
+# rlsync train_embodied with the no-op workload over NODES nodes: node K in namespace K.
+node() { # node-rank nodes steps run-dir
+    local k=$1 nodes=$2 steps=$3 dir=$4
+    ip netns exec "${P}n$k" env TMPDIR="$OUT" "$BIN" train_embodied \
+        model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic \
+        runner.val_check_interval=-1 runner.save_interval=-1 env.eval.total_num_envs=4 actor.model.params=4096 actor.model.tensors=4 actor.model.traj_bytes_per_step=64 \
+        actor.model.rollout_ms_per_step=0 actor.model.train_ms=0 \
+        env.train.total_num_envs=4 env.train.max_steps_per_rollout_epoch=1 rollout.chunk_steps=1 \
+        runner.logger.logger_backends=[] runner.max_steps="$steps" runner.shutdown_grace_s=1 \
+        cluster.num_nodes="$nodes" cluster.slots_per_node=$((4 / nodes)) cluster.component_placement.actor=0 \
+        cluster.component_placement.rollout=0-3 cluster.node_rank="$k" cluster.master_addr=10.78.0.1 \
+        cluster.master_port=29400 cluster.node_timeout_s="$TIMEOUT_S" hydra.run.dir="$dir"
+}
+
+mean_step_ms() { # run-dir
+    python3 -c "
+import json,sys
+rows=[json.loads(l) for l in open('$1/metrics.jsonl')]
+t=[r['time/step'] for r in rows[10:]]
+print('%.3f' % (1000*sum(t)/len(t)))"
+}
+
+echo "== 1. control-plane cost per step, no-op workload, 4 rollouts, $STEPS steps"
+node 0 1 "$STEPS" "$OUT/one" >"$OUT/one.out" 2>&1 || { cat "$OUT/one.out"; exit 1; }
+echo "one node:      $(mean_step_ms "$OUT/one") ms per step (mean time/step past the first 10 steps)"
+PIDS=()
+for k in $(seq $((N - 1)) -1 1); do
+    node "$k" "$N" "$STEPS" "$OUT/multi" >"$OUT/multi.$k" 2>&1 &
+    PIDS+=($!)
+done
+node 0 "$N" "$STEPS" "$OUT/multi" >"$OUT/multi.0" 2>&1 || { cat "$OUT"/multi.*; exit 1; }
+for pid in "${PIDS[@]}"; do wait "$pid" || { cat "$OUT"/multi.*; exit 1; }; done
+PIDS=()
+grep -q '"sync/verified":false' "$OUT/multi/metrics.jsonl" && { echo "an unverified sync" >&2; exit 1; }
+echo "$N nodes (TCP): $(mean_step_ms "$OUT/multi") ms per step; every sync verified"
+
+echo "== 2. link down: node $((N - 1))'s veth set down after 20 steps (cluster.node_timeout_s=$TIMEOUT_S)"
+for k in $(seq $((N - 1)) -1 1); do
+    node "$k" "$N" 1000000 "$OUT/down" >"$OUT/down.$k" 2>&1 &
+    PIDS+=($!)
+done
+node 0 "$N" 1000000 "$OUT/down" >"$OUT/down.0" 2>&1 &
+head=$!
+until [ -f "$OUT/down/metrics.jsonl" ] && [ "$(wc -l <"$OUT/down/metrics.jsonl")" -ge 20 ]; do sleep 0.05; done
+ip -n "${P}n$((N - 1))" link set "v$((N - 1))" down
+t0=$(date +%s.%N)
+status=0
+wait "$head" || status=$?
+t1=$(date +%s.%N)
+echo "node 0 exited with status $status $(echo "$t1 - $t0" | bc) s after the link went down:"
+grep -m1 "^Error" "$OUT/down.0" || tail -3 "$OUT/down.0"
+grep -q "node $((N - 1)) (" "$OUT/down.0" || { echo "the error does not name node $((N - 1))" >&2; exit 1; }
+for pid in "${PIDS[@]}"; do wait "$pid" || true; done
+t2=$(date +%s.%N)
+[ -z "$(ls -A "$OUT" | grep '^rlsync-' || true)" ] || { echo "socket dirs left: $(ls "$OUT" | grep '^rlsync-')" >&2; exit 1; }
+PIDS=()
+echo "every agent exited $(echo "$t2 - $t0" | bc) s after the link went down"
+left=$(pgrep -f -- "$OUT/" || true)
+[ -z "$left" ] || { echo "processes left: $(ps -o pid,args -p "$(echo $left | tr ' ' ,)")" >&2; exit 1; }
+for f in "$OUT"/down/.rlsync/launch.json "$OUT"/down/node-*/.rlsync/launch.json; do
+    prefix=$(sed -n 's/.*"segment_prefix": *"\([^"]*\)".*/\1/p' "$f")
+    if ls /dev/shm | grep -q "^$prefix"; then echo "segments left: $prefix*" >&2; exit 1; fi
+done
+echo "no process, socket dir or shared-memory segment of the run is left"

@@ -1,0 +1,416 @@
+//! Multi-node runs on this host (issue 14): the real binary started once per node on 127.0.0.1 with the same
+//! command line and its node rank, as a scheduler would. Patch and bucket runs finish with every sync
+//! verified across the TCP weight chain; a node agent killed with SIGKILL or stopped with SIGSTOP fails the
+//! run with an error naming the node, every other node exits and nothing is left behind; a peer with the
+//! wrong token is refused and the run goes on.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
+/// Generous bound of one process (the machine may be shared and loaded); only a hang hits it.
+const PATIENCE: Duration = Duration::from_secs(120);
+/// `cluster.node_timeout_s` of the fault runs (short: the test waits that long), and of the others (long: a
+/// node starved of CPU by a loaded machine must not look dead).
+const FAULT_NODE_TIMEOUT_S: f64 = 3.0;
+const NODE_TIMEOUT_S: f64 = 30.0;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One run over `nodes` nodes: its run dir, a private TMPDIR, the rendezvous port and the token.
+struct Run {
+    _dir: tempfile::TempDir,
+    run_dir: PathBuf,
+    tmp: PathBuf,
+    nodes: u32,
+    port: u16,
+    chain_ports: u16,
+    token: String,
+    node_timeout_s: f64,
+}
+
+impl Run {
+    fn new(nodes: u32) -> Run {
+        let dir = tempfile::Builder::new()
+            .prefix("mn")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let run_dir = dir.path().join("run");
+        let tmp = dir.path().join("t");
+        std::fs::create_dir(&tmp).unwrap();
+        Run {
+            run_dir,
+            tmp,
+            nodes,
+            port: free_port(),
+            chain_ports: free_port(),
+            token: format!("{:032x}", rand::random::<u128>()),
+            node_timeout_s: NODE_TIMEOUT_S,
+            _dir: dir,
+        }
+    }
+
+    /// Node `node`'s `rlsync train_embodied` (one rollout per node, the trainer beside rollout 0 on node 0),
+    /// its rank and rendezvous as `cluster.*` keys.
+    fn node(&self, node: u32, syncer: &str, steps: u32, token: &str) -> Command {
+        let mut cmd = self.node_base(syncer, steps, token);
+        cmd.arg(format!("cluster.node_rank={node}"))
+            .arg("cluster.master_addr=127.0.0.1")
+            .arg(format!("cluster.master_port={}", self.port));
+        cmd
+    }
+
+    /// Node `node` as torchrun starts it: rank, count and rendezvous from its environment only.
+    fn torchrun_node(&self, node: u32, syncer: &str, steps: u32) -> Command {
+        let mut cmd = self.node_base(syncer, steps, &self.token);
+        cmd.env("NODE_RANK", node.to_string())
+            .env("NNODES", self.nodes.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", self.port.to_string());
+        cmd
+    }
+
+    /// Node `node` as Slurm's srun starts it (one task per node; the rendezvous port as a key: Slurm sets none).
+    fn slurm_node(&self, node: u32, syncer: &str, steps: u32) -> Command {
+        let mut cmd = self.node_base(syncer, steps, &self.token);
+        cmd.env("SLURM_PROCID", node.to_string())
+            .env("SLURM_NNODES", self.nodes.to_string())
+            .env("SLURM_NTASKS", self.nodes.to_string())
+            .env("SLURM_JOB_NODELIST", "127.0.0.1")
+            .arg(format!("cluster.master_port={}", self.port));
+        cmd
+    }
+
+    /// The command line every node shares, with no scheduler variables in its environment.
+    fn node_base(&self, syncer: &str, steps: u32, token: &str) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("train_embodied")
+            .args([
+                "model@actor.model=synthetic_small",
+                "env@env.train=synthetic",
+                "env@env.eval=synthetic",
+                "actor.model.params=65536",
+                "actor.model.tensors=8",
+                "actor.model.train_ms=5",
+                "actor.model.rollout_ms_per_step=1",
+                "env.train.max_steps_per_rollout_epoch=8",
+                "rollout.chunk_steps=4",
+                "runner.shutdown_grace_s=1",
+                "runner.handshake_timeout_s=60",
+                "runner.step_timeout_s=60",
+                "cluster.slots_per_node=1",
+                "cluster.component_placement.actor=0",
+            ])
+            .arg(format!("weight_syncer={syncer}"))
+            .arg(format!("runner.max_steps={steps}"))
+            .arg(format!("env.train.total_num_envs={}", 2 * self.nodes))
+            .arg(format!("env.eval.total_num_envs={}", self.nodes))
+            .arg(format!("cluster.num_nodes={}", self.nodes))
+            .arg(format!(
+                "cluster.component_placement.rollout='0-{}'",
+                self.nodes - 1
+            ))
+            .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
+            .arg(format!("cluster.network.port_min={}", self.chain_ports))
+            .arg(format!(
+                "cluster.network.port_max={}",
+                self.chain_ports.saturating_add(20)
+            ))
+            .arg(format!("hydra.run.dir={}", self.run_dir.display()))
+            .env("TMPDIR", &self.tmp)
+            .env("RLSYNC_RUN_TOKEN", token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for var in [
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NODE_RANK",
+            "GROUP_RANK",
+            "RANK",
+            "WORLD_SIZE",
+            "NNODES",
+            "SLURM_PROCID",
+            "SLURM_NNODES",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NTASKS",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd
+    }
+
+    /// Every node of the run, node 0 first.
+    fn start(&self, syncer: &str, steps: u32) -> Vec<Child> {
+        (0..self.nodes)
+            .map(|n| {
+                self.node(n, syncer, steps, &self.token)
+                    .spawn()
+                    .expect("spawn rlsync")
+            })
+            .collect()
+    }
+
+    fn metrics(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The shared-memory prefixes of every node (from their launch files).
+    fn segment_prefixes(&self) -> Vec<String> {
+        let mut dirs = vec![self.run_dir.clone()];
+        dirs.extend((1..self.nodes).map(|n| self.run_dir.join(format!("node-{n}"))));
+        dirs.iter()
+            .filter_map(|d| std::fs::read(d.join(".rlsync/launch.json")).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter_map(|v| v["segment_prefix"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// What is left of the run: processes naming its dir, files in its TMPDIR, shm segments of its nodes.
+    fn leftovers(&self) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_of(&self.run_dir).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut left: Vec<String> = processes_of(&self.run_dir)
+            .into_iter()
+            .map(|(pid, cmd)| format!("process {pid}: {cmd}"))
+            .collect();
+        if let Ok(rd) = std::fs::read_dir(&self.tmp) {
+            left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
+        }
+        let prefixes = self.segment_prefixes();
+        if let Ok(rd) = std::fs::read_dir("/dev/shm") {
+            left.extend(
+                rd.flatten()
+                    .filter(|e| {
+                        let name = e.file_name().to_string_lossy().into_owned();
+                        prefixes.iter().any(|p| name.starts_with(p.as_str()))
+                    })
+                    .map(|e| format!("{}", e.path().display())),
+            );
+        }
+        left
+    }
+
+    /// `rlsync --cleanup` with this run's TMPDIR (what the next run's start does anyway).
+    fn cleanup(&self) {
+        let status = Command::new(BIN)
+            .arg("--cleanup")
+            .env("TMPDIR", &self.tmp)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// Processes whose command line names `dir` (the node processes and their workers), other than this one.
+fn processes_of(dir: &Path) -> Vec<(u32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        let zombie = std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        });
+        if cmdline.contains(&needle) && pid != std::process::id() && !zombie {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// Wait for `child` (killing it after [`PATIENCE`]): its exit code (None: killed by a signal) and stderr.
+fn finish(mut child: Child) -> (Option<i32>, String) {
+    let deadline = Instant::now() + PATIENCE;
+    let mut err = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(err) = err.as_mut() {
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still running after {PATIENCE:?}: killed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.code(), reader.join().unwrap_or_default())
+}
+
+/// Every node exits 0, every train step has a verified sync, and nothing is left.
+fn completes(run: &Run, children: Vec<Child>, steps: usize) -> Vec<String> {
+    let outs: Vec<(Option<i32>, String)> = children.into_iter().map(finish).collect();
+    for (node, (code, err)) in outs.iter().enumerate() {
+        assert_eq!(*code, Some(0), "node {node} failed:\n{err}");
+        assert!(!err.contains("panicked"), "node {node}:\n{err}");
+    }
+    let rows: Vec<_> = run
+        .metrics()
+        .into_iter()
+        .filter(|r| r.contains_key("train/loss"))
+        .collect();
+    assert_eq!(rows.len(), steps, "{}", outs[0].1);
+    for row in &rows {
+        assert_eq!(
+            row.get("sync/verified"),
+            Some(&serde_json::Value::Bool(true)),
+            "{row:?}"
+        );
+    }
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+    outs.into_iter().map(|(_, err)| err).collect()
+}
+
+#[test]
+fn three_nodes_train_with_patches_every_sync_verified() {
+    let run = Run::new(3);
+    let children = run.start("patch_syncer", 6);
+    completes(&run, children, 6);
+    // Each agent ran its rollout in its own node dir.
+    for n in 1..3 {
+        let log = run.run_dir.join(format!("node-{n}/logs/rollout-{n}.log"));
+        assert!(log.exists(), "{}", log.display());
+    }
+}
+
+/// Node 0 started as srun would start it and node 1 as torchrun would (the README's launch lines).
+#[test]
+fn two_nodes_train_with_buckets_and_a_wrong_token_peer_is_refused() {
+    let run = Run::new(2);
+    let node0 = run.slurm_node(0, "bucket_syncer", 5).spawn().unwrap();
+    // An impostor claiming node 1 with another token, before the real node 1.
+    let intruder = run
+        .node(1, "bucket_syncer", 5, "not-the-run-token")
+        .spawn()
+        .unwrap();
+    let (code, intruder_err) = finish(intruder);
+    assert_ne!(code, Some(0), "the impostor was let in:\n{intruder_err}");
+    assert!(
+        intruder_err.contains("token"),
+        "the impostor's error names the token:\n{intruder_err}"
+    );
+    let node1 = run.torchrun_node(1, "bucket_syncer", 5).spawn().unwrap();
+    let errs = completes(&run, vec![node0, node1], 5);
+    assert!(
+        errs[0].contains("refused a node connection"),
+        "node 0 logs the refusal:\n{}",
+        errs[0]
+    );
+}
+
+/// Start a long run, wait for a few steps, hit node `victim`'s agent with `signal`: node 0 fails naming the
+/// node. Returns node 0's stderr, the seconds from the signal to node 0's exit, and the victim's child.
+fn fault(run: &mut Run, victim: u32, signal: Signal) -> (String, f64, Vec<Child>) {
+    run.node_timeout_s = FAULT_NODE_TIMEOUT_S;
+    let mut children = run.start("patch_syncer", 100_000);
+    let deadline = Instant::now() + PATIENCE;
+    while run.metrics().len() < 3 {
+        if let Some(status) = children[0].try_wait().unwrap() {
+            let (_, err) = finish(children.remove(0));
+            panic!("node 0 ended ({status}) before the fault:\n{err}");
+        }
+        assert!(Instant::now() < deadline, "no steps within {PATIENCE:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = children[victim as usize].id() as i32;
+    kill(Pid::from_raw(pid), signal).unwrap();
+    let hit = Instant::now();
+    let node0 = children.remove(0);
+    let (code, err) = finish(node0);
+    let took = hit.elapsed().as_secs_f64();
+    assert_eq!(code, Some(1), "node 0 should fail:\n{err}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert!(
+        err.contains(&format!("node {victim} ({host}")),
+        "the error names node {victim} and its host:\n{err}"
+    );
+    (err, took, children)
+}
+
+#[test]
+fn a_killed_agent_fails_the_run_naming_its_node() {
+    let mut run = Run::new(3);
+    let (err, took, children) = fault(&mut run, 2, Signal::SIGKILL);
+    println!("SIGKILL of node 2's agent: node 0 exited {took:.2} s later");
+    assert!(err.contains("its control connection"), "{err}");
+    for (i, child) in children.into_iter().enumerate() {
+        let (code, err) = finish(child);
+        if i == 0 {
+            // Node 1 stopped its workers when node 0 told it the run failed (or went away).
+            assert_eq!(code, Some(1), "{err}");
+            assert!(
+                err.contains("the run failed on node 0") || err.contains("went away"),
+                "{err}"
+            );
+        } else {
+            assert_eq!(code, None, "node 2 was killed");
+        }
+    }
+    // A SIGKILLed agent cannot remove its own private dir; the next run's sweep (or --cleanup) does, as for a
+    // SIGKILLed orchestrator. Every process is gone already.
+    assert!(processes_of(&run.run_dir).is_empty());
+    run.cleanup();
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+}
+
+#[test]
+fn a_stopped_agent_fails_the_run_naming_its_node() {
+    let mut run = Run::new(3);
+    let (err, took, mut children) = fault(&mut run, 1, Signal::SIGSTOP);
+    println!("SIGSTOP of node 1's agent: node 0 exited {took:.2} s later");
+    assert!(err.contains("did not answer for"), "{err}");
+    // Woken, the stopped agent finds the run failed (or its orchestrator gone), stops its workers and exits 1;
+    // node 2 did so when node 0 told it.
+    let stopped = children[0].id() as i32;
+    kill(Pid::from_raw(stopped), Signal::SIGCONT).unwrap();
+    for child in children.drain(..) {
+        // Exit 1 with the run's failure, the orchestrator's absence, or (under load, when the stopped node's
+        // chain link broke first) its own relay's failure.
+        let (code, err) = finish(child);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("node "), "{err}");
+    }
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+}
