@@ -634,7 +634,18 @@ impl ChainRelay {
             let mut frame = vec![TAG_ERROR];
             frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
             frame.extend_from_slice(text.as_bytes());
-            let _ = tokio::time::timeout(Duration::from_secs(1), self.up.write_all(&frame)).await;
+            let up = &mut self.up;
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                up.write_all(&frame).await?;
+                up.shutdown().await?;
+                // Read (and drop) what the previous node still sends until it closes: a socket closed with
+                // unread bytes is reset by the kernel, and the reset can discard the error frame before the
+                // previous node reads it (it would then blame this node instead of the one named).
+                let mut sink = vec![0u8; 64 * 1024];
+                while up.read(&mut sink).await? > 0 {}
+                Ok::<(), std::io::Error>(())
+            })
+            .await;
         }
         let _ = self.local.flush().await;
         result
