@@ -131,23 +131,12 @@ impl Scratch {
     }
 }
 
-/// Workers of the run in `dir` (their command lines name it via --run-dir).
+/// The run's worker processes (their command lines name `dir` via --run-dir).
 fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmdline.contains(&needle) && pid != std::process::id() && cmdline.contains(" worker ") {
-            found.push((pid, cmdline));
-        }
-    }
-    found
+    crate::util::processes_naming(dir)
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains(" worker "))
+        .collect()
 }
 
 /// The pid of the run's rollout `rank` now, if it runs.

@@ -186,23 +186,12 @@ impl Scratch {
     }
 }
 
-/// Processes whose command line mentions `dir` (every worker of a run does, via --run-dir).
+/// The run's worker processes (their command lines name `dir` via --run-dir).
 fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmdline.contains(&needle) && pid != std::process::id() && cmdline.contains(" worker ") {
-            found.push((pid, cmdline));
-        }
-    }
-    found
+    crate::util::processes_naming(dir)
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains(" worker "))
+        .collect()
 }
 
 fn stderr_of(child: &mut Child) -> String {

@@ -5,12 +5,14 @@
 //! wrong token is refused and the run goes on.
 
 use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+
+use crate::util::processes_naming as processes_of;
 
 const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
 /// Generous bound of one process (the machine may be shared and loaded); only a hang hits it.
@@ -223,29 +225,6 @@ impl Run {
             .unwrap();
         assert!(status.success());
     }
-}
-
-/// Processes whose command line names `dir` (the node processes and their workers), other than this one.
-fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        let zombie = std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        });
-        if cmdline.contains(&needle) && pid != std::process::id() && !zombie {
-            found.push((pid, cmdline));
-        }
-    }
-    found
 }
 
 /// Wait for `child` (killing it after [`PATIENCE`]): its exit code (None: killed by a signal) and stderr.

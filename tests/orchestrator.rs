@@ -11,6 +11,8 @@ use rlsync::orchestrator::{
 };
 use serde_json::Value;
 
+use crate::util::processes_naming as processes_of;
+
 const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
 
 const REQUIRED_KEYS: &[&str] = &[
@@ -96,25 +98,6 @@ fn segment_prefix(dir: &Path) -> String {
     let launch: Value =
         serde_json::from_slice(&std::fs::read(dir.join(".rlsync/launch.json")).unwrap()).unwrap();
     launch["segment_prefix"].as_str().unwrap().to_owned()
-}
-
-/// Processes whose command line mentions `dir` (every worker of the run does, via --run-dir).
-fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmdline.contains(&needle) && pid != std::process::id() {
-            found.push((pid, cmdline));
-        }
-    }
-    found
 }
 
 /// No process, shared-memory segment or socket of the run is left.

@@ -91,3 +91,30 @@ impl Dir {
         self.run(&all)
     }
 }
+
+/// Live processes (zombies aside) other than this test whose command line names `dir`: the processes of a run
+/// in that directory (the orchestrator's `hydra.run.dir`, every worker's `--run-dir`).
+pub fn processes_naming(dir: &std::path::Path) -> Vec<(u32, String)> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        let zombie = std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        });
+        if cmdline.contains(&needle) && pid != std::process::id() && !zombie {
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
