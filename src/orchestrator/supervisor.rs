@@ -734,11 +734,16 @@ impl Supervisor {
 
     /// Whether `pid` is a worker this run spawned that has not connected yet.
     fn is_spawned_unconnected(&self, pid: Option<i32>) -> bool {
-        pid.is_some_and(|pid| {
-            self.units
-                .iter()
-                .any(|u| u.pid as i32 == pid && u.state == UnitState::Spawned)
-        })
+        self.spawned_unconnected(pid).is_some()
+    }
+
+    /// The worker spawned as process `pid` that has not said hello yet.
+    fn spawned_unconnected(&self, pid: Option<i32>) -> Option<WorkerId> {
+        let pid = pid?;
+        self.units
+            .iter()
+            .find(|u| u.pid as i32 == pid && u.state == UnitState::Spawned)
+            .map(|u| u.id)
     }
 
     fn unit_mut(&mut self, id: WorkerId) -> Option<&mut Unit> {
@@ -828,7 +833,15 @@ impl Supervisor {
                 Ok(restarted.then_some(Incoming::Restarted(id)))
             }
             Event::BadHandshake { reason, peer_pid } => {
-                if self.is_spawned_unconnected(peer_pid) {
+                if let Some(id) = self.spawned_unconnected(peer_pid) {
+                    if self.restartable(id, &[]) {
+                        // A restartable rollout whose hello broke (typically killed while saying it) is lost
+                        // like one that died before connecting: restarted, or the run fails once its restarts
+                        // are used up.
+                        return self
+                            .lose(id, format!("broke its handshake ({reason})"))
+                            .await;
+                    }
                     Err(OrchestratorError::Handshake { reason })
                 } else {
                     tracing::warn!(
