@@ -8,10 +8,15 @@
 #   2. link down: the same run over NODES nodes, the last node's link set down after a few steps: node 0 must
 #      fail naming that node within cluster.node_timeout_s + 2 s, and every process of the run must be gone
 #      once the cut-off agent gave up (4 node timeouts).
+#   3. weights over the chain: the synthetic workload at WEIGHTS_MIB of bf16 state (Adam-like updates at lr
+#      1e-6), the trainer alone on node 0 and one rollout on each of ROLLOUT_NODES further nodes; bucket, then
+#      patch; mean `time/sync_weights` past the first steps (the orchestrator's Sync until every rollout applied
+#      and verified), against state size / link rate.
 # Everything it creates (namespaces, bridge, run dirs) is removed on exit.
 #
 #   cargo build --release
 #   sudo scripts/netns_multinode_bench.sh [NODES=4] [STEPS=300] [RATE=1gbit]
+#   SECTIONS="3" WEIGHTS_MIB=512 ROLLOUT_NODES=4 WEIGHT_STEPS=6 sudo scripts/netns_multinode_bench.sh
 #
 # Addresses: 10.78.0.1..NODES inside the namespaces only; nothing leaves them.
 set -euo pipefail
@@ -19,6 +24,12 @@ N=${1:-4}
 STEPS=${2:-300}
 RATE=${3:-1gbit}
 TIMEOUT_S=${TIMEOUT_S:-2}
+SECTIONS=${SECTIONS:-1 2 3}
+WEIGHTS_MIB=${WEIGHTS_MIB:-512}
+ROLLOUT_NODES=${ROLLOUT_NODES:-4}
+WEIGHT_STEPS=${WEIGHT_STEPS:-6}
+# Namespaces: enough for sections 1-2 (N nodes) and section 3 (the trainer's node + ROLLOUT_NODES).
+NS=$((N > ROLLOUT_NODES + 1 ? N : ROLLOUT_NODES + 1))
 BIN=${BIN:-$(pwd)/target/release/rlsync}
 P=rlmn$$
 OUT=$(mktemp -d /tmp/rlmn.XXXXXX)
@@ -27,7 +38,7 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    for k in $(seq 0 $((N - 1))); do ip netns del "${P}n$k" 2>/dev/null || true; done
+    for k in $(seq 0 $((NS - 1))); do ip netns del "${P}n$k" 2>/dev/null || true; done
     ip netns del "${P}sw" 2>/dev/null || true
     rm -rf "$OUT"
 }
@@ -39,7 +50,7 @@ trap cleanup EXIT
 ip netns add "${P}sw"
 ip -n "${P}sw" link add br0 type bridge
 ip -n "${P}sw" link set br0 up
-for k in $(seq 0 $((N - 1))); do
+for k in $(seq 0 $((NS - 1))); do
     ns="${P}n$k"
     ip netns add "$ns"
     ip link add "v$k" netns "$ns" type veth peer name "b$k" netns "${P}sw"
@@ -76,6 +87,9 @@ t=[r['time/step'] for r in rows[10:]]
 print('%.3f' % (1000*sum(t)/len(t)))"
 }
 
+wants() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+if wants 1; then
 echo "== 1. control-plane cost per step, no-op workload, 4 rollouts, $STEPS steps"
 node 0 1 "$STEPS" "$OUT/one" >"$OUT/one.out" 2>&1 || { cat "$OUT/one.out"; exit 1; }
 echo "one node:      $(mean_step_ms "$OUT/one") ms per step (mean time/step past the first 10 steps)"
@@ -89,7 +103,9 @@ for pid in "${PIDS[@]}"; do wait "$pid" || { cat "$OUT"/multi.*; exit 1; }; done
 PIDS=()
 grep -q '"sync/verified":false' "$OUT/multi/metrics.jsonl" && { echo "an unverified sync" >&2; exit 1; }
 echo "$N nodes (TCP): $(mean_step_ms "$OUT/multi") ms per step; every sync verified"
+fi
 
+if wants 2; then
 echo "== 2. link down: node $((N - 1))'s veth set down after 20 steps (cluster.node_timeout_s=$TIMEOUT_S)"
 for k in $(seq $((N - 1)) -1 1); do
     node "$k" "$N" 1000000 "$OUT/down" >"$OUT/down.$k" 2>&1 &
@@ -118,3 +134,53 @@ for f in "$OUT"/down/.rlsync/launch.json "$OUT"/down/node-*/.rlsync/launch.json;
     if ls /dev/shm | grep -q "^$prefix"; then echo "segments left: $prefix*" >&2; exit 1; fi
 done
 echo "no process, socket dir or shared-memory segment of the run is left"
+fi
+
+# rlsync train_embodied with the synthetic WEIGHTS_MIB workload: node K in namespace K, the trainer alone on
+# node 0, rollout K-1 on node K.
+weights_node() { # node-rank syncer run-dir
+    local k=$1 syncer=$2 dir=$3 nodes=$((ROLLOUT_NODES + 1))
+    ip netns exec "${P}n$k" env TMPDIR="$OUT" timeout 900 "$BIN" train_embodied \
+        model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic \
+        weight_syncer="$syncer" actor.model.params=$((WEIGHTS_MIB * 1048576 / 2)) actor.model.tensors=64 \
+        actor.model.traj_bytes_per_step=64 runner.val_check_interval=-1 runner.save_interval=0 \
+        env.train.total_num_envs="$ROLLOUT_NODES" env.eval.total_num_envs="$ROLLOUT_NODES" \
+        env.train.max_steps_per_rollout_epoch=1 rollout.chunk_steps=1 \
+        runner.logger.logger_backends=[] runner.max_steps="$WEIGHT_STEPS" runner.shutdown_grace_s=5 \
+        cluster.num_nodes="$nodes" cluster.slots_per_node=1 cluster.component_placement.actor=0 \
+        cluster.component_placement.rollout=1-"$ROLLOUT_NODES" cluster.node_rank="$k" \
+        cluster.master_addr=10.78.0.1 cluster.master_port=29401 cluster.node_timeout_s=60 hydra.run.dir="$dir"
+}
+
+sync_ms() { # run-dir: mean and range of time/sync_weights past the first two steps, and the bytes per sync
+    python3 -c "
+import json
+rows=[json.loads(l) for l in open('$1/metrics.jsonl') if '\"sync/verified\"' in l]
+assert all(r['sync/verified'] for r in rows), 'an unverified sync'
+t=[1000*r['time/sync_weights'] for r in rows[2:]]
+b=sum(r['sync/bytes'] for r in rows[2:])/len(t)
+print('%.0f %.0f %.0f %.0f' % (sum(t)/len(t), min(t), max(t), b))"
+}
+
+if wants 3; then
+    bits=$(echo "$RATE" | sed 's/gbit$/*1000000000/; s/mbit$/*1000000/' | bc)
+    ideal=$(echo "scale=1; $WEIGHTS_MIB * 1048576 * 8 * 1000 / $bits" | bc)
+    echo "== 3. weights over the chain: $WEIGHTS_MIB MiB bf16, trainer on node 0, one rollout on each of" \
+        "$ROLLOUT_NODES nodes, $WEIGHT_STEPS steps; size / link rate = $ideal ms"
+    declare -A mean
+    for syncer in bucket_syncer patch_syncer; do
+        PIDS=()
+        for k in $(seq "$ROLLOUT_NODES" -1 1); do
+            weights_node "$k" "$syncer" "$OUT/w-$syncer" >"$OUT/w-$syncer.$k" 2>&1 &
+            PIDS+=($!)
+        done
+        weights_node 0 "$syncer" "$OUT/w-$syncer" >"$OUT/w-$syncer.0" 2>&1 || { tail -n 20 "$OUT"/w-"$syncer".*; exit 1; }
+        for pid in "${PIDS[@]}"; do wait "$pid" || { tail -n 20 "$OUT"/w-"$syncer".*; exit 1; }; done
+        PIDS=()
+        read -r m lo hi bytes <<<"$(sync_ms "$OUT/w-$syncer")"
+        mean[$syncer]=$m
+        echo "$syncer: $m ms per sync (steps 3-$WEIGHT_STEPS: $lo-$hi ms, $(printf '%.2f' "$(echo "scale=3; $m / $ideal" | bc)") x size/rate)," \
+            "$(printf '%.1f' "$(echo "scale=2; $bytes / 1048576" | bc)") MiB per sync, every sync verified on every rollout"
+    done
+    echo "patch is $(printf '%.1f' "$(echo "scale=2; ${mean[bucket_syncer]} / ${mean[patch_syncer]}" | bc)") x faster than bucket"
+fi
