@@ -28,6 +28,8 @@ SECTIONS=${SECTIONS:-1 2 3}
 WEIGHTS_MIB=${WEIGHTS_MIB:-512}
 ROLLOUT_NODES=${ROLLOUT_NODES:-4}
 WEIGHT_STEPS=${WEIGHT_STEPS:-6}
+SYNCERS=${SYNCERS:-bucket_syncer patch_syncer}
+WEIGHTS_EXTRA=${WEIGHTS_EXTRA:-}   # more overrides for section 3's runs, e.g. runner.verify_sync=false
 # Namespaces: enough for sections 1-2 (N nodes) and section 3 (the trainer's node + ROLLOUT_NODES).
 NS=$((N > ROLLOUT_NODES + 1 ? N : ROLLOUT_NODES + 1))
 BIN=${BIN:-$(pwd)/target/release/rlsync}
@@ -40,7 +42,7 @@ cleanup() {
     wait 2>/dev/null || true
     for k in $(seq 0 $((NS - 1))); do ip netns del "${P}n$k" 2>/dev/null || true; done
     ip netns del "${P}sw" 2>/dev/null || true
-    rm -rf "$OUT"
+    [ -n "${KEEP:-}" ] && echo "kept $OUT" || rm -rf "$OUT"
 }
 trap cleanup EXIT
 
@@ -149,17 +151,20 @@ weights_node() { # node-rank syncer run-dir
         runner.logger.logger_backends=[] runner.max_steps="$WEIGHT_STEPS" runner.shutdown_grace_s=5 \
         cluster.num_nodes="$nodes" cluster.slots_per_node=1 cluster.component_placement.actor=0 \
         cluster.component_placement.rollout=1-"$ROLLOUT_NODES" cluster.node_rank="$k" \
-        cluster.master_addr=10.78.0.1 cluster.master_port=29401 cluster.node_timeout_s=60 hydra.run.dir="$dir"
+        cluster.master_addr=10.78.0.1 cluster.master_port=29401 cluster.node_timeout_s=60 hydra.run.dir="$dir" $WEIGHTS_EXTRA
 }
 
-sync_ms() { # run-dir: mean and range of time/sync_weights past the first two steps, and the bytes per sync
+sync_ms() { # run-dir on|off: mean and range of time/sync_weights past the first two steps, bytes per sync, verified
     python3 -c "
 import json
-rows=[json.loads(l) for l in open('$1/metrics.jsonl') if '\"sync/verified\"' in l]
-assert all(r['sync/verified'] for r in rows), 'an unverified sync'
+rows=[json.loads(l) for l in open('$1/metrics.jsonl')]
+rows=[r for r in rows if 'sync/bytes' in r]
+if '$2' == 'on':
+    assert all(r['sync/verified'] for r in rows), 'an unverified sync'
+checked='every sync verified on every rollout' if '$2' == 'on' else 'not verified (runner.verify_sync=false)'
 t=[1000*r['time/sync_weights'] for r in rows[2:]]
 b=sum(r['sync/bytes'] for r in rows[2:])/len(t)
-print('%.0f %.0f %.0f %.0f' % (sum(t)/len(t), min(t), max(t), b))"
+print('%.0f %.0f %.0f %.0f %s' % (sum(t)/len(t), min(t), max(t), b, checked))"
 }
 
 if wants 3; then
@@ -168,7 +173,9 @@ if wants 3; then
     echo "== 3. weights over the chain: $WEIGHTS_MIB MiB bf16, trainer on node 0, one rollout on each of" \
         "$ROLLOUT_NODES nodes, $WEIGHT_STEPS steps; size / link rate = $ideal ms"
     declare -A mean
-    for syncer in bucket_syncer patch_syncer; do
+    verify=on
+    case "$WEIGHTS_EXTRA" in *verify_sync=false*) verify=off ;; esac
+    for syncer in $SYNCERS; do
         PIDS=()
         for k in $(seq "$ROLLOUT_NODES" -1 1); do
             weights_node "$k" "$syncer" "$OUT/w-$syncer" >"$OUT/w-$syncer.$k" 2>&1 &
@@ -177,10 +184,10 @@ if wants 3; then
         weights_node 0 "$syncer" "$OUT/w-$syncer" >"$OUT/w-$syncer.0" 2>&1 || { tail -n 20 "$OUT"/w-"$syncer".*; exit 1; }
         for pid in "${PIDS[@]}"; do wait "$pid" || { tail -n 20 "$OUT"/w-"$syncer".*; exit 1; }; done
         PIDS=()
-        read -r m lo hi bytes <<<"$(sync_ms "$OUT/w-$syncer")"
+        read -r m lo hi bytes checked <<<"$(sync_ms "$OUT/w-$syncer" "$verify")"
         mean[$syncer]=$m
         echo "$syncer: $m ms per sync (steps 3-$WEIGHT_STEPS: $lo-$hi ms, $(printf '%.2f' "$(echo "scale=3; $m / $ideal" | bc)") x size/rate)," \
-            "$(printf '%.1f' "$(echo "scale=2; $bytes / 1048576" | bc)") MiB per sync, every sync verified on every rollout"
+            "$(printf '%.1f' "$(echo "scale=2; $bytes / 1048576" | bc)") MiB per sync, $checked"
     done
-    echo "patch is $(printf '%.1f' "$(echo "scale=2; ${mean[bucket_syncer]} / ${mean[patch_syncer]}" | bc)") x faster than bucket"
+    [ -n "${mean[bucket_syncer]:-}" ] && [ -n "${mean[patch_syncer]:-}" ] && echo "patch is $(printf '%.1f' "$(echo "scale=2; ${mean[bucket_syncer]} / ${mean[patch_syncer]}" | bc)") x faster than bucket"
 fi
