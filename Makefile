@@ -2,7 +2,8 @@
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
 # `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
 # Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo);
-# safetensors (the test that runs README's checkpoint loader).
+# safetensors (the test that runs README's checkpoint loader); ray (rlsync.ray_launch's tests, on a local
+# three-raylet cluster).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
@@ -13,7 +14,7 @@ SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
-VENV_STAMP  := $(VENV)/.rlsync-venv-v4
+VENV_STAMP  := $(VENV)/.rlsync-venv-v5
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
@@ -27,7 +28,8 @@ $(VENV_STAMP):
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml \
 		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 \
-		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0 safetensors==0.8.0
+		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0 safetensors==0.8.0 \
+		ray==2.60.0
 	touch $@
 
 # The shipped product: `rlsync` without libtorch (every command that does not train starts in milliseconds)
