@@ -7,8 +7,9 @@
 #   cargo build --release --example chain_bench
 #   sudo scripts/netns_chain_bench.sh [ROLLOUT_NODES=4] [MIB=512] [RATE=1gbit]     (STEPS=2 by default)
 #
-# Addresses: 10.77.0.1..N+1 inside the namespaces only; nothing leaves them.
+# Addresses: 10.77.0.1..N+1 inside the namespaces only (scripts/netns_lib.sh); nothing leaves them.
 set -euo pipefail
+. "$(dirname "$0")/netns_lib.sh"
 N=${1:-4}
 MIB=${2:-512}
 RATE=${3:-1gbit}
@@ -21,8 +22,7 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    for k in $(seq 0 "$N"); do ip netns del "${P}n$k" 2>/dev/null || true; done
-    ip netns del "${P}sw" 2>/dev/null || true
+    netns_down "$P" $((N + 1))
     rm -rf "$OUT"
 }
 trap cleanup EXIT
@@ -30,21 +30,7 @@ trap cleanup EXIT
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "build it first: cargo build --release --example chain_bench" >&2; exit 2; }
 
-ip netns add "${P}sw"
-ip -n "${P}sw" link add br0 type bridge
-ip -n "${P}sw" link set br0 up
-for k in $(seq 0 "$N"); do
-    ns="${P}n$k"
-    ip netns add "$ns"
-    ip link add "v$k" netns "$ns" type veth peer name "b$k" netns "${P}sw"
-    ip -n "$ns" addr add "10.77.0.$((k + 1))/24" dev "v$k"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set "v$k" up
-    ip -n "${P}sw" link set "b$k" master br0 up
-    # Cap the node's egress and ingress (the bridge side's egress) at RATE.
-    tc -n "$ns" qdisc add dev "v$k" root tbf rate "$RATE" burst 1mb latency 200ms
-    tc -n "${P}sw" qdisc add dev "b$k" root tbf rate "$RATE" burst 1mb latency 200ms
-done
+netns_up "$P" $((N + 1)) 10.77.0 "$RATE"
 
 run() { # syncer
     local s=$1
@@ -72,7 +58,7 @@ run() { # syncer
     echo "$s: all $N rollout nodes verified at every version"
 }
 
-bits=$(echo "$RATE" | sed 's/gbit$/*1000000000/; s/mbit$/*1000000/' | bc)
+bits=$(rate_bits "$RATE")
 echo "size/bandwidth: $(echo "scale=1; $MIB * 1048576 * 8 * 1000 / $bits" | bc) ms for $MIB MiB at $RATE"
 run bucket
 run patch

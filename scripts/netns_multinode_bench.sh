@@ -20,6 +20,7 @@
 #
 # Addresses: 10.78.0.1..NODES inside the namespaces only; nothing leaves them.
 set -euo pipefail
+. "$(dirname "$0")/netns_lib.sh"
 N=${1:-4}
 STEPS=${2:-300}
 RATE=${3:-1gbit}
@@ -40,8 +41,7 @@ PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    for k in $(seq 0 $((NS - 1))); do ip netns del "${P}n$k" 2>/dev/null || true; done
-    ip netns del "${P}sw" 2>/dev/null || true
+    netns_down "$P" "$NS"
     [ -n "${KEEP:-}" ] && echo "kept $OUT" || rm -rf "$OUT"
 }
 trap cleanup EXIT
@@ -49,20 +49,7 @@ trap cleanup EXIT
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "build it first: cargo build --release" >&2; exit 2; }
 
-ip netns add "${P}sw"
-ip -n "${P}sw" link add br0 type bridge
-ip -n "${P}sw" link set br0 up
-for k in $(seq 0 $((NS - 1))); do
-    ns="${P}n$k"
-    ip netns add "$ns"
-    ip link add "v$k" netns "$ns" type veth peer name "b$k" netns "${P}sw"
-    ip -n "$ns" addr add "10.78.0.$((k + 1))/24" dev "v$k"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set "v$k" up
-    ip -n "${P}sw" link set "b$k" master br0 up
-    tc -n "$ns" qdisc add dev "v$k" root tbf rate "$RATE" burst 1mb latency 200ms
-    tc -n "${P}sw" qdisc add dev "b$k" root tbf rate "$RATE" burst 1mb latency 200ms
-done
+netns_up "$P" "$NS" 10.78.0 "$RATE"
 
 export RLSYNC_RUN_TOKEN
 RLSYNC_RUN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -168,7 +155,7 @@ print('%.0f %.0f %.0f %.0f %s' % (sum(t)/len(t), min(t), max(t), b, checked))"
 }
 
 if wants 3; then
-    bits=$(echo "$RATE" | sed 's/gbit$/*1000000000/; s/mbit$/*1000000/' | bc)
+    bits=$(rate_bits "$RATE")
     ideal=$(echo "scale=1; $WEIGHTS_MIB * 1048576 * 8 * 1000 / $bits" | bc)
     echo "== 3. weights over the chain: $WEIGHTS_MIB MiB bf16, trainer on node 0, one rollout on each of" \
         "$ROLLOUT_NODES nodes, $WEIGHT_STEPS steps; size / link rate = $ideal ms"

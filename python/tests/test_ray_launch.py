@@ -70,6 +70,16 @@ def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
     return proc.returncode, out
 
 
+def wait_for_steps(proc: subprocess.Popen, tmp_path: Path, steps: int) -> None:
+    """Until the run wrote `steps` metrics rows (it must still be running)."""
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= steps):
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, f"the run did not reach step {steps}"
+        time.sleep(0.2)
+
+
 def no_leftovers(tmp_path: Path, shm_before: set[str]) -> None:
     deadline = time.monotonic() + 20
     while leftovers(tmp_path) and time.monotonic() < deadline:
@@ -120,12 +130,7 @@ def test_launcher_keys_and_node_counts_are_checked_before_ray(tmp_path):
 def test_ctrl_c_of_the_launcher_stops_every_node(ray_cluster, tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     proc = launch(ray_cluster, tmp_path, "runner.max_steps=100000", start_new_session=True)
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the run did not reach step 3"
-        time.sleep(0.2)
+    wait_for_steps(proc, tmp_path, 3)
     proc.send_signal(signal.SIGINT)
     rc, out = finish(proc, timeout=60)
     assert rc != 0, out
@@ -136,12 +141,7 @@ def test_ctrl_c_of_the_launcher_stops_every_node(ray_cluster, tmp_path):
 def test_a_dead_actor_takes_its_node_down_and_fails_the_launch(ray_cluster, tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     proc = launch(ray_cluster, tmp_path, "runner.max_steps=100000", "cluster.node_timeout_s=3")
-    metrics = tmp_path / "run" / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "the run did not reach step 3"
-        time.sleep(0.2)
+    wait_for_steps(proc, tmp_path, 3)
     # The actor that started node 2's rlsync is the parent of the process whose command line says rank 2.
     run_dir = str(tmp_path / "run")
     node2 = [p for p in os.listdir("/proc") if p.isdigit() and run_dir in cmdline(p) and "node_rank=2" in cmdline(p)]
