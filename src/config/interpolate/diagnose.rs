@@ -181,21 +181,21 @@ pub(super) fn diagnose_value(
     tokens: &[Tok],
     lex_error: Option<&GrammarError>,
 ) -> Option<GrammarError> {
-    if max_nesting(tokens) > MAX_NESTING {
-        return None;
-    }
-    let mut d = Diag {
-        tokens,
-        lex_error,
-        pos: 0,
-    };
-    d.config_value().err()
+    diagnose(tokens, lex_error, Diag::config_value)
 }
 
 /// The same for a `singleElement` (`oc.decode`'s input, lexed in value mode).
 pub(super) fn diagnose_element(
     tokens: &[Tok],
     lex_error: Option<&GrammarError>,
+) -> Option<GrammarError> {
+    diagnose(tokens, lex_error, Diag::single_element)
+}
+
+fn diagnose<'a>(
+    tokens: &'a [Tok],
+    lex_error: Option<&'a GrammarError>,
+    rule: fn(&mut Diag<'a>) -> Step<()>,
 ) -> Option<GrammarError> {
     if max_nesting(tokens) > MAX_NESTING {
         return None;
@@ -205,7 +205,7 @@ pub(super) fn diagnose_element(
         lex_error,
         pos: 0,
     };
-    d.single_element().err()
+    rule(&mut d).err()
 }
 
 /// Deepest nesting this walk follows (it recurses once per unclosed `${`, bracket, brace or quote); deeper

@@ -472,18 +472,7 @@ impl Diag<'_> {
     fn function(&mut self) -> Step<()> {
         self.consume()?;
         self.consume()?;
-        self.sync_block(ELEMENT | bit(Tok::PClose))?;
-        if ELEMENT & bit(self.la(0)?) != 0 {
-            self.argument()?;
-            let more = set(&[Tok::Comma, Tok::PClose]);
-            self.sync_block(more)?;
-            while self.la(0)? == Tok::Comma {
-                self.consume()?;
-                self.argument()?;
-                self.sync_loop_back(more)?;
-            }
-        }
-        self.match_tok(Tok::PClose, 0)
+        self.separated(ELEMENT, Tok::PClose, Self::argument)
     }
 
     /// `argName? element`: the name is predicted by ID EQUAL; after an ID, only what may follow it in a
@@ -504,38 +493,33 @@ impl Diag<'_> {
         self.element()
     }
 
-    // listContainer: BRACKET_OPEN (element (COMMA element)*)? BRACKET_CLOSE
-    fn list(&mut self) -> Step<()> {
-        self.consume()?;
-        self.sync_block(ELEMENT | bit(Tok::BracketClose))?;
-        if ELEMENT & bit(self.la(0)?) != 0 {
-            self.element()?;
-            let more = set(&[Tok::Comma, Tok::BracketClose]);
+    /// `(item (COMMA item)*)? close` once the opener is consumed, synced as ANTLR's generated loop syncs it:
+    /// the arguments of a call, the elements of a list, the pairs of a dict.
+    fn separated(&mut self, first: Set, close: Tok, item: fn(&mut Self) -> Step<()>) -> Step<()> {
+        self.sync_block(first | bit(close))?;
+        if first & bit(self.la(0)?) != 0 {
+            item(self)?;
+            let more = set(&[Tok::Comma, close]);
             self.sync_block(more)?;
             while self.la(0)? == Tok::Comma {
                 self.consume()?;
-                self.element()?;
+                item(self)?;
                 self.sync_loop_back(more)?;
             }
         }
-        self.match_tok(Tok::BracketClose, 0)
+        self.match_tok(close, 0)
+    }
+
+    // listContainer: BRACKET_OPEN (element (COMMA element)*)? BRACKET_CLOSE
+    fn list(&mut self) -> Step<()> {
+        self.consume()?;
+        self.separated(ELEMENT, Tok::BracketClose, Self::element)
     }
 
     // dictContainer: BRACE_OPEN (dictKeyValuePair (COMMA dictKeyValuePair)*)? BRACE_CLOSE
     fn dict(&mut self) -> Step<()> {
         self.consume()?;
-        self.sync_block(DICT_KEY | bit(Tok::BraceClose))?;
-        if DICT_KEY & bit(self.la(0)?) != 0 {
-            self.pair()?;
-            let more = set(&[Tok::Comma, Tok::BraceClose]);
-            self.sync_block(more)?;
-            while self.la(0)? == Tok::Comma {
-                self.consume()?;
-                self.pair()?;
-                self.sync_loop_back(more)?;
-            }
-        }
-        self.match_tok(Tok::BraceClose, 0)
+        self.separated(DICT_KEY, Tok::BraceClose, Self::pair)
     }
 
     // dictKeyValuePair: dictKey COLON element
