@@ -23,6 +23,7 @@ the cluster; by default the local one (``ray start --head`` on this host).
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import os
 import secrets
@@ -30,6 +31,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,8 @@ _LAUNCHER_KEYS = ("cluster.node_rank", "cluster.master_addr", "cluster.master_po
 _PR_SET_PDEATHSIG = 1
 # A node's status when its actor died (its node's process was killed with it): as for SIGKILL.
 _ACTOR_DIED = 128 + signal.SIGKILL
+# Lines of a failed node's output the launcher prints itself.
+_TAIL_LINES = 20
 
 
 class LaunchError(Exception):
@@ -57,6 +61,8 @@ class NodeProcess:
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.proc: subprocess.Popen[bytes] | None = None
+        self.reader: threading.Thread | None = None
+        self.last_lines: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
 
     def __repr__(self) -> str:  # Ray prefixes the node's forwarded output with it
         return f"rlsync node {self.rank}"
@@ -75,8 +81,20 @@ class NodeProcess:
     def start(self, argv: list[str], env: dict[str, str]) -> int:
         full = dict(os.environ)
         full.update(env)
-        self.proc = subprocess.Popen(argv, env=full, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            argv, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+        self.reader = threading.Thread(target=self._forward, args=(self.proc.stdout,), daemon=True)
+        self.reader.start()
         return self.proc.pid
+
+    def _forward(self, out: Any) -> None:
+        """The node's output to this actor's stdout (Ray forwards it to the driver, asynchronously) and into
+        the tail that the launcher prints itself when the node fails (so a fast failure is never lost)."""
+        for line in out:
+            sys.stdout.buffer.write(line)
+            sys.stdout.flush()
+            self.last_lines.append(line.decode(errors="replace").rstrip("\n"))
 
     def poll(self, wait_s: float) -> int | None:
         """The exit status once the process ended (a signal as 128 + its number), else None after ``wait_s``."""
@@ -85,7 +103,13 @@ class NodeProcess:
             rc = self.proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             return None
+        if self.reader is not None:
+            self.reader.join(timeout=2.0)  # the rest of its output (workers may hold the pipe a moment longer)
         return 128 - rc if rc < 0 else rc
+
+    def tail(self) -> list[str]:
+        """The node's last lines of output."""
+        return list(self.last_lines)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -232,13 +256,14 @@ def launch(argv: Sequence[str]) -> int:
                 if rc is not None:
                     status[r] = rc
         failed = {r: rc for r, rc in sorted(status.items()) if rc != 0}
+        for r, rc in failed.items():
+            try:
+                tail = ray.get(actors[r].tail.remote())
+            except ray.exceptions.RayActorError:
+                tail = []
+            lines = "".join(f"\n  | {line}" for line in tail)
+            print(f"rlsync.ray_launch: node {r} exited with status {rc}{lines}", file=sys.stderr, flush=True)
         if failed:
-            print(
-                "rlsync.ray_launch: "
-                + ", ".join(f"node {r} exited with status {rc}" for r, rc in failed.items()),
-                file=sys.stderr,
-                flush=True,
-            )
             return failed.get(0, next(iter(failed.values())))
         return 0
     finally:

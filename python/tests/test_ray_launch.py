@@ -97,8 +97,8 @@ def test_a_run_over_three_ray_nodes_syncs_every_step(ray_cluster, tmp_path):
     synced = [r for r in rows if "sync/verified" in r]
     assert [r["step"] for r in rows] == list(range(5))
     assert synced and all(r["sync/verified"] for r in synced), rows
-    # Node 0 placed the rollouts on the other two nodes (their agents' logs name them).
-    assert "node 1" in out and "node 2" in out, out
+    # Node 0 placed the rollouts on the other two nodes, whose agents ran them in their own run dirs.
+    assert (tmp_path / "run" / "node-1").is_dir() and (tmp_path / "run" / "node-2").is_dir(), out
     no_leftovers(tmp_path, shm_before)
 
 
@@ -114,8 +114,9 @@ def test_a_node_that_refuses_the_run_fails_the_launch(ray_cluster, tmp_path):
     # A slot past the last node: every node refuses the placement before starting anything.
     rc, out = finish(launch(ray_cluster, tmp_path, "runner.max_steps=1", "cluster.component_placement.rollout=1-5"))
     assert rc == 1, out
-    assert "node 0 exited with status 1" in out
-    assert "slot" in out, out
+    # The node's own error, in the launcher's tail of its output (Ray forwards logs asynchronously).
+    assert "node 0 exited with status 1\n  | " in out, out
+    assert "slot 3 would be on node 3" in out.split("node 0 exited with status 1", 1)[1], out
     assert leftovers(tmp_path) == []
 
 
