@@ -4,7 +4,8 @@
 //! run with an error naming the node, every other node exits and nothing is left behind; a peer with the
 //! wrong token is refused and the run goes on. With `runner.rollout_restarts`, rollouts on other nodes killed
 //! with SIGKILL are restarted through their agents and rejoin through the chain (patch and bucket,
-//! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node.
+//! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node; rollout
+//! ranks out of chain order are refused with restarts.
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -550,4 +551,56 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
     }
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
+}
+
+#[test]
+fn killed_rollouts_on_other_nodes_are_restarted_async_bucket() {
+    rollouts_on_other_nodes_survive_kills("train_async", "bucket_syncer");
+}
+
+/// With restarts, rollout ranks must follow the weight chain (a successor rejoins it by its rank): a placement
+/// that numbers them otherwise is refused with the reason (at `--dry-run` as at the start); in chain order the
+/// same run is accepted.
+#[test]
+fn restarts_need_rollout_ranks_in_chain_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let dry_run = |rollout: &str| {
+        Command::new(BIN)
+            .args([
+                "train_embodied",
+                "--dry-run",
+                "model@actor.model=synthetic_small",
+                "env@env.train=synthetic",
+                "env@env.eval=synthetic",
+                "cluster.num_nodes=2",
+                "cluster.slots_per_node=2",
+                "cluster.component_placement.actor=0",
+                "runner.rollout_restarts=1",
+                "env.train.total_num_envs=6",
+                "env.eval.total_num_envs=3",
+            ])
+            .arg(format!("cluster.component_placement.rollout='{rollout}'"))
+            .arg(format!(
+                "hydra.run.dir={}",
+                dir.path().join("run").display()
+            ))
+            .env("RLSYNC_RUN_TOKEN", "t")
+            .env("TMPDIR", dir.path())
+            .env_remove("NODE_RANK")
+            .env_remove("SLURM_PROCID")
+            .output()
+            .unwrap()
+    };
+    let out = dry_run("2-3,1");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("rollout ranks must follow the chain") && text.contains("[2, 0, 1]"),
+        "{text}"
+    );
+    let out = dry_run("1-3");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
 }

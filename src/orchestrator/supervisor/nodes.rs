@@ -470,10 +470,13 @@ impl Supervisor {
                 status,
             } => {
                 let restartable = self.restartable(id, &[]);
-                let Some(unit) = self
-                    .unit_mut(id)
-                    .filter(|u| u.node == Some(node) && u.pid == pid && u.alive())
-                else {
+                // The agent reports each incarnation's death once; a successor asked for (`Spawned`) is not
+                // known here by pid until it connected.
+                let Some(unit) = self.unit_mut(id).filter(|u| {
+                    u.node == Some(node)
+                        && (u.pid == pid || u.state == UnitState::Spawned)
+                        && u.alive()
+                }) else {
                     tracing::debug!(
                         "node {node}: {id} (pid {pid}) lost, which is no longer current"
                     );
