@@ -442,11 +442,12 @@ fn a_stopped_agent_fails_the_run_naming_its_node() {
     assert!(left.is_empty(), "leftovers: {left:?}");
 }
 
-/// Three nodes, one rollout each; rollout 1 (node 1) and rollout 2 (node 2) are killed with SIGKILL mid-run,
-/// one after the other. Node 0's supervisor restarts each through its node's agent, the successor rejoins
-/// through the TCP chain (its node's relay hands the catch-up to it alone), and the run completes with every
-/// sync verified, the restarts counted and logged, and nothing left.
-fn rollouts_on_other_nodes_survive_kills(entry: &'static str, syncer: &str) {
+/// Three nodes, one rollout each; rollout 1 (node 1), rollout 2 (node 2) and rollout 0 (node 0, beside the
+/// trainer) are killed with SIGKILL mid-run, one after the other. Node 0's supervisor restarts each (the remote
+/// ones through their node's agent), the successor rejoins (the remote ones through the TCP chain, whose relay
+/// hands the catch-up to it alone), and the run completes with every sync verified, the restarts counted and
+/// logged, and nothing left.
+fn rollouts_on_every_node_survive_kills(entry: &'static str, syncer: &str) {
     let mut run = Run::new(3);
     run.entry = entry;
     run.extra = vec![
@@ -456,7 +457,7 @@ fn rollouts_on_other_nodes_survive_kills(entry: &'static str, syncer: &str) {
     let steps = 120;
     let mut children = run.start(syncer, steps as u32);
     let mut kills = Vec::new();
-    for rank in [1, 2] {
+    for rank in [1, 2, 0] {
         let at = run.metrics().len() + 3;
         run.wait_until(&mut children, "the step to kill at", || {
             run.metrics().len() >= at
@@ -480,10 +481,14 @@ fn rollouts_on_other_nodes_survive_kills(entry: &'static str, syncer: &str) {
         .last()
         .and_then(|r| r.get("rollout/restarts"))
         .and_then(serde_json::Value::as_u64);
-    assert_eq!(restarts, Some(2), "{node0}");
+    assert_eq!(restarts, Some(3), "{node0}");
     for (rank, pid) in kills {
-        // Its agent saw the connection close or the exit first; node 0 names the worker, pid and node.
-        let lost = format!("rollout-{rank} (pid {pid} on node {rank}) ");
+        // Its supervisor saw the connection close or the exit first; node 0 names the worker, its pid and (on
+        // another node) the node: rollout r runs on node r.
+        let lost = match rank {
+            0 => format!("rollout-0 (pid {pid}) "),
+            _ => format!("rollout-{rank} (pid {pid} on node {rank}) "),
+        };
         assert!(
             node0
                 .lines()
@@ -505,18 +510,18 @@ fn rollouts_on_other_nodes_survive_kills(entry: &'static str, syncer: &str) {
 }
 
 #[test]
-fn killed_rollouts_on_other_nodes_are_restarted_patch() {
-    rollouts_on_other_nodes_survive_kills("train_embodied", "patch_syncer");
+fn killed_rollouts_on_every_node_are_restarted_patch() {
+    rollouts_on_every_node_survive_kills("train_embodied", "patch_syncer");
 }
 
 #[test]
-fn killed_rollouts_on_other_nodes_are_restarted_bucket() {
-    rollouts_on_other_nodes_survive_kills("train_embodied", "bucket_syncer");
+fn killed_rollouts_on_every_node_are_restarted_bucket() {
+    rollouts_on_every_node_survive_kills("train_embodied", "bucket_syncer");
 }
 
 #[test]
-fn killed_rollouts_on_other_nodes_are_restarted_async_patch() {
-    rollouts_on_other_nodes_survive_kills("train_async", "patch_syncer");
+fn killed_rollouts_on_every_node_are_restarted_async_patch() {
+    rollouts_on_every_node_survive_kills("train_async", "patch_syncer");
 }
 
 /// A rollout on node 1 killed once more than `runner.rollout_restarts` allows fails the run naming it, its
@@ -554,8 +559,8 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
 }
 
 #[test]
-fn killed_rollouts_on_other_nodes_are_restarted_async_bucket() {
-    rollouts_on_other_nodes_survive_kills("train_async", "bucket_syncer");
+fn killed_rollouts_on_every_node_are_restarted_async_bucket() {
+    rollouts_on_every_node_survive_kills("train_async", "bucket_syncer");
 }
 
 /// With restarts, rollout ranks must follow the weight chain (a successor rejoins it by its rank): a placement
