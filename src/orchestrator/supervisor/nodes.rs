@@ -1,6 +1,7 @@
 //! The supervisor's node links (multi-node runs). On the orchestrator: the TCP listener node agents join
 //! (token proof, `join`), one link per agent (writer, reader, heartbeats against a [`WorkerDeadline`]), and the
-//! agents' workers as units the loops address exactly like local ones. On an agent: the link up to the
+//! agents' workers as units the loops address exactly like local ones (a restartable rollout an agent reports
+//! `lost` is lost, budgeted and restarted through its agent like a local one). On an agent: the link up to the
 //! orchestrator, whose commands reach the agent's loop as [`Upstream`] events.
 
 use std::os::unix::process::ExitStatusExt;
