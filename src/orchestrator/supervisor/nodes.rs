@@ -483,6 +483,8 @@ impl Supervisor {
                     );
                     return Ok(None);
                 };
+                // A successor may die before it connected: its pid is known from its agent only.
+                unit.pid = pid;
                 match status {
                     Some(raw) => unit.state = UnitState::Exited(ExitStatus::from_raw(raw)),
                     // Its death has no exit status (a broken connection, a missed handshake): say so.
