@@ -1490,6 +1490,9 @@ mod tests {
         assert_eq!(read(&mut new3).await, pattern(1000, 9));
         head.send_to(2, b"only 2").await.unwrap();
         assert_eq!(read(rxs[2].as_mut().unwrap()).await, b"only 2");
+        // The head's own receivers are addressed through its local fan-out.
+        head.send_to(0, b"only 0").await.unwrap();
+        assert_eq!(read(rxs[0].as_mut().unwrap()).await, b"only 0");
         new3.send(b"held 1").await.unwrap();
         assert_eq!(head.recv_from(3).await.unwrap(), b"held 1");
         // The next broadcast reaches it with the others; nobody saw the targeted payloads.
