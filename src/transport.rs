@@ -8,9 +8,10 @@
 //! sender. Every wait is bounded by the channel's timeout: a dead or stuck peer gives
 //! [`TransportError::Timeout`] or [`TransportError::PeerGone`] naming it, never a hang.
 //!
-//! Elastic channels ([`ShmConfig::elastic`], [`inproc_channel_elastic`]) outlive their receivers: a gone
-//! receiver is detached instead of breaking the channel, a new receiver may take its rank
-//! ([`Sender::wait_joined`]), and a payload may go to one rank only ([`Sender::send_to_with`]).
+//! Elastic channels ([`ShmConfig::elastic`], [`inproc_channel_elastic`], and a TCP chain whose every node's
+//! local fan-out is elastic) outlive their receivers: a gone receiver is detached instead of breaking the
+//! channel, a new receiver may take its rank ([`Sender::wait_joined`]), and a payload may go to one rank only
+//! ([`Sender::send_to_with`]).
 //!
 //! Backends sit behind one internal trait per side ([`SendBackend`], [`RecvBackend`]) and are dispatched through
 //! the [`Sender`]/[`Receiver`] enums, so callers never name a backend after construction.
@@ -270,7 +271,7 @@ impl Sender {
     }
 
     /// Whether a gone receiver only detaches its rank, so a successor may take it (shm and in-process
-    /// channels built elastic).
+    /// channels built elastic; a TCP chain whose every node's local fan-out is elastic).
     pub fn is_elastic(&self) -> bool {
         match self {
             Sender::InProc(s) => s.is_elastic(),

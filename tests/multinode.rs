@@ -2,7 +2,10 @@
 //! command line and its node rank, as a scheduler would. Patch and bucket runs finish with every sync
 //! verified across the TCP weight chain; a node agent killed with SIGKILL or stopped with SIGSTOP fails the
 //! run with an error naming the node, every other node exits and nothing is left behind; a peer with the
-//! wrong token is refused and the run goes on.
+//! wrong token is refused and the run goes on. With `runner.rollout_restarts`, rollouts on other nodes killed
+//! with SIGKILL are restarted through their agents and rejoin through the chain (patch and bucket,
+//! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node; rollout
+//! ranks out of chain order are refused with restarts.
 
 use std::io::Read as _;
 use std::path::PathBuf;
@@ -40,6 +43,10 @@ struct Run {
     chain_ports: u16,
     token: String,
     node_timeout_s: f64,
+    /// More overrides for every node.
+    extra: Vec<String>,
+    /// The entry point (`train_embodied` unless set).
+    entry: &'static str,
 }
 
 impl Run {
@@ -59,6 +66,8 @@ impl Run {
             chain_ports: free_port(),
             token: format!("{:032x}", rand::random::<u128>()),
             node_timeout_s: NODE_TIMEOUT_S,
+            extra: Vec::new(),
+            entry: "train_embodied",
             _dir: dir,
         }
     }
@@ -97,7 +106,7 @@ impl Run {
     /// The command line every node shares, with no scheduler variables in its environment.
     fn node_base(&self, syncer: &str, steps: u32, token: &str) -> Command {
         let mut cmd = Command::new(BIN);
-        cmd.arg("train_embodied")
+        cmd.arg(self.entry)
             .args([
                 "model@actor.model=synthetic_small",
                 "env@env.train=synthetic",
@@ -130,6 +139,7 @@ impl Run {
                 self.chain_ports.saturating_add(20)
             ))
             .arg(format!("hydra.run.dir={}", self.run_dir.display()))
+            .args(&self.extra)
             .env("TMPDIR", &self.tmp)
             .env("RLSYNC_RUN_TOKEN", token)
             .stdin(Stdio::null())
@@ -176,10 +186,38 @@ impl Run {
             .collect()
     }
 
-    /// The shared-memory prefixes of every node (from their launch files).
-    fn segment_prefixes(&self) -> Vec<String> {
+    /// Node 0's run dir, then every agent's.
+    fn node_dirs(&self) -> Vec<PathBuf> {
         let mut dirs = vec![self.run_dir.clone()];
         dirs.extend((1..self.nodes).map(|n| self.run_dir.join(format!("node-{n}"))));
+        dirs
+    }
+
+    /// The pid of the run's rollout `rank` now (on whichever node), if it runs.
+    fn rollout_pid(&self, rank: u32) -> Option<i32> {
+        let needle = format!("--role rollout --rank {rank} ");
+        processes_of(&self.run_dir)
+            .into_iter()
+            .find(|(_, cmd)| cmd.contains(" worker ") && cmd.contains(&needle))
+            .map(|(pid, _)| pid as i32)
+    }
+
+    /// Wait until `cond` holds; node 0 ending first (or [`PATIENCE`] passing) fails the test with its stderr.
+    fn wait_until(&self, children: &mut Vec<Child>, what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !cond() {
+            if children[0].try_wait().unwrap().is_some() {
+                let (code, err) = finish(children.remove(0));
+                panic!("node 0 ended ({code:?}) before {what}:\n{err}");
+            }
+            assert!(Instant::now() < deadline, "no {what} within {PATIENCE:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The shared-memory prefixes of every node (from their launch files).
+    fn segment_prefixes(&self) -> Vec<String> {
+        let dirs = self.node_dirs();
         dirs.iter()
             .filter_map(|d| std::fs::read(d.join(".rlsync/launch.json")).ok())
             .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
@@ -199,6 +237,16 @@ impl Run {
             .collect();
         if let Ok(rd) = std::fs::read_dir(&self.tmp) {
             left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
+        }
+        // The rollouts' local weights copies (kept for a restart) are removed at the run's end.
+        for dir in self.node_dirs() {
+            if let Ok(rd) = std::fs::read_dir(dir.join(".rlsync")) {
+                left.extend(
+                    rd.flatten()
+                        .filter(|e| e.file_name().to_string_lossy().starts_with("rollout-"))
+                        .map(|e| format!("{}", e.path().display())),
+                );
+            }
         }
         let prefixes = self.segment_prefixes();
         if let Ok(rd) = std::fs::read_dir("/dev/shm") {
@@ -392,4 +440,172 @@ fn a_stopped_agent_fails_the_run_naming_its_node() {
     }
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
+}
+
+/// Three nodes, one rollout each; rollout 1 (node 1), rollout 2 (node 2) and rollout 0 (node 0, beside the
+/// trainer) are killed with SIGKILL mid-run, one after the other. Node 0's supervisor restarts each (the remote
+/// ones through their node's agent), the successor rejoins (the remote ones through the TCP chain, whose relay
+/// hands the catch-up to it alone), and the run completes with every sync verified, the restarts counted and
+/// logged, and nothing left.
+fn rollouts_on_every_node_survive_kills(entry: &'static str, syncer: &str) {
+    let mut run = Run::new(3);
+    run.entry = entry;
+    run.extra = vec![
+        "runner.rollout_restarts=2".into(),
+        "runner.rollout_restart_backoff_s=0.05".into(),
+    ];
+    let steps = 120;
+    let mut children = run.start(syncer, steps as u32);
+    let mut kills = Vec::new();
+    for rank in [1, 2, 0] {
+        let at = run.metrics().len() + 3;
+        run.wait_until(&mut children, "the step to kill at", || {
+            run.metrics().len() >= at
+        });
+        let pid = run.rollout_pid(rank).expect("the rollout runs");
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        // Its successor is up (started by its node's agent) before the next kill.
+        run.wait_until(&mut children, "the restart", || {
+            run.rollout_pid(rank).is_some_and(|p| p != pid)
+        });
+        kills.push((rank, pid));
+    }
+    let errs = completes(&run, children, steps);
+    let node0 = &errs[0];
+    let rows: Vec<_> = run
+        .metrics()
+        .into_iter()
+        .filter(|r| r.contains_key("train/loss"))
+        .collect();
+    let restarts = rows
+        .last()
+        .and_then(|r| r.get("rollout/restarts"))
+        .and_then(serde_json::Value::as_u64);
+    assert_eq!(restarts, Some(3), "{node0}");
+    for (rank, pid) in kills {
+        // Its supervisor saw the connection close or the exit first; node 0 names the worker, its pid and (on
+        // another node) the node: rollout r runs on node r.
+        let lost = match rank {
+            0 => format!("rollout-0 (pid {pid}) "),
+            _ => format!("rollout-{rank} (pid {pid} on node {rank}) "),
+        };
+        assert!(
+            node0
+                .lines()
+                .any(|l| l.contains(&lost) && l.contains("restarting it in")),
+            "node 0 logs the loss ({lost}):\n{node0}"
+        );
+        let back = format!("rollout-{rank}: restarted as pid ");
+        assert!(node0.contains(&back), "node 0 logs the restart:\n{node0}");
+        let rejoined = format!("rollout-{rank} rejoined: caught up by");
+        assert!(
+            node0.contains(&rejoined),
+            "node 0 logs the catch-up:\n{node0}"
+        );
+    }
+    assert!(
+        rows.iter().any(|r| r.contains_key("sync/catchup_kind")),
+        "the catch-ups are in the metrics"
+    );
+}
+
+#[test]
+fn killed_rollouts_on_every_node_are_restarted_patch() {
+    rollouts_on_every_node_survive_kills("train_embodied", "patch_syncer");
+}
+
+#[test]
+fn killed_rollouts_on_every_node_are_restarted_bucket() {
+    rollouts_on_every_node_survive_kills("train_embodied", "bucket_syncer");
+}
+
+#[test]
+fn killed_rollouts_on_every_node_are_restarted_async_patch() {
+    rollouts_on_every_node_survive_kills("train_async", "patch_syncer");
+}
+
+/// A rollout on node 1 killed once more than `runner.rollout_restarts` allows fails the run naming it, its
+/// node and the count; every node exits and nothing is left.
+#[test]
+fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
+    let mut run = Run::new(2);
+    run.extra = vec![
+        "runner.rollout_restarts=1".into(),
+        "runner.rollout_restart_backoff_s=0.05".into(),
+    ];
+    let mut children = run.start("patch_syncer", 100_000);
+    run.wait_until(&mut children, "a step", || !run.metrics().is_empty());
+    let first = run.rollout_pid(1).expect("rollout-1 runs");
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    run.wait_until(&mut children, "the restart", || {
+        run.rollout_pid(1).is_some_and(|p| p != first)
+    });
+    let second = run.rollout_pid(1).expect("rollout-1 runs again");
+    kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
+    let mut outs = children.into_iter().map(finish);
+    let (code, err) = outs.next().unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
+        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
+        "{err}"
+    );
+    for (code, err) in outs {
+        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+    }
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+}
+
+#[test]
+fn killed_rollouts_on_every_node_are_restarted_async_bucket() {
+    rollouts_on_every_node_survive_kills("train_async", "bucket_syncer");
+}
+
+/// With restarts, rollout ranks must follow the weight chain (a successor rejoins it by its rank): a placement
+/// that numbers them otherwise is refused with the reason (at `--dry-run` as at the start); in chain order the
+/// same run is accepted.
+#[test]
+fn restarts_need_rollout_ranks_in_chain_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let dry_run = |rollout: &str| {
+        Command::new(BIN)
+            .args([
+                "train_embodied",
+                "--dry-run",
+                "model@actor.model=synthetic_small",
+                "env@env.train=synthetic",
+                "env@env.eval=synthetic",
+                "cluster.num_nodes=2",
+                "cluster.slots_per_node=2",
+                "cluster.component_placement.actor=0",
+                "runner.rollout_restarts=1",
+                "env.train.total_num_envs=6",
+                "env.eval.total_num_envs=3",
+            ])
+            .arg(format!("cluster.component_placement.rollout='{rollout}'"))
+            .arg(format!(
+                "hydra.run.dir={}",
+                dir.path().join("run").display()
+            ))
+            .env("RLSYNC_RUN_TOKEN", "t")
+            .env("TMPDIR", dir.path())
+            .env_remove("NODE_RANK")
+            .env_remove("SLURM_PROCID")
+            .output()
+            .unwrap()
+    };
+    let out = dry_run("2-3,1");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("rollout ranks must follow the chain") && text.contains("[2, 0, 1]"),
+        "{text}"
+    );
+    let out = dry_run("1-3");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
 }

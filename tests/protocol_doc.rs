@@ -110,14 +110,14 @@ fn trajectory_example_decodes_and_reencodes() {
 fn node_link_examples_roundtrip_exactly() {
     use rlsync::protocol::node::{NodeCommand, NodeReport};
     let commands = examples("json", "node-command");
-    assert_eq!(commands.len(), 4);
+    assert_eq!(commands.len(), 6);
     for text in commands {
         let cmd: NodeCommand =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert_eq!(serde_json::to_string(&cmd).unwrap(), text);
     }
     let reports = examples("json", "node-report");
-    assert_eq!(reports.len(), 6);
+    assert_eq!(reports.len(), 8);
     for text in reports {
         let report: NodeReport =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));

@@ -106,11 +106,32 @@ pub fn refusal(cfg: &RunConfig, placement: &NodePlacement) -> Option<String> {
         ));
     }
     if cfg.runner.rollout_restarts > 0 {
-        return Some(format!(
-            "runner.rollout_restarts={}: restarting rollouts is not supported over several nodes yet (the TCP \
-             weight chain admits no late receiver); set runner.rollout_restarts=0",
-            cfg.runner.rollout_restarts
-        ));
+        // A restarted rollout is caught up by its rank on the weight chain, which numbers receivers in chain
+        // order (each node's rollouts in turn); the trainer addresses it by its rollout rank.
+        let chain_order: Vec<u32> = placement
+            .chain()
+            .into_iter()
+            .flat_map(|node| {
+                placement
+                    .rollouts
+                    .iter()
+                    .filter(move |w| w.node == node)
+                    .map(|w| w.rank)
+            })
+            .collect();
+        if chain_order
+            .iter()
+            .copied()
+            .ne(0..placement.rollouts.len() as u32)
+        {
+            return Some(format!(
+                "runner.rollout_restarts={}: over several nodes a restarted rollout rejoins the weight chain by \
+                 its rank, so rollout ranks must follow the chain (the trainer's node first, then node by node); \
+                 cluster.component_placement.rollout puts them in the order {chain_order:?}: list its slots in \
+                 node order, or set runner.rollout_restarts=0",
+                cfg.runner.rollout_restarts
+            ));
+        }
     }
     if std::env::var(TOKEN_VAR)
         .unwrap_or_default()

@@ -2,7 +2,10 @@
 //! orchestrator on the rendezvous address (proving the run token), receives its workers and launch file,
 //! supervises them exactly as the orchestrator does on one host (the same supervisor: process group,
 //! `PR_SET_PDEATHSIG`, stop and cleanup), carries their commands and reports over its one TCP link, answers
-//! heartbeats, and relays the TCP weight chain into its rollouts' shared memory. It stops its workers and exits
+//! heartbeats, and relays the TCP weight chain into its rollouts' shared memory (elastic when rollouts are
+//! restartable). With `runner.rollout_restarts` > 0 a rollout of its that dies is reported to node 0 (`lost`),
+//! whose supervisor keeps the budget and backoff and asks for the successor (`restart`); the agent starts it
+//! and reports it (`restarted`) once connected; it rejoins through the chain. It stops its workers and exits
 //! when the orchestrator says so, when the link closes, or when the orchestrator is silent for
 //! [`ORCHESTRATOR_SILENCE`] heartbeat timeouts; it leaves no process, socket or segment behind.
 
@@ -85,6 +88,8 @@ async fn run_in(
     opts: RunOptions,
 ) -> Result<(), OrchestratorError> {
     let _lock = run_files::lock_run_dir(node_dir)?;
+    // The rollouts' local weights copies (what a restarted one reloads) are this run's only.
+    run_files::remove_rollout_copies(node_dir);
     let node = multi.identity.node_rank;
     let rollouts = multi.rollouts_on(node);
     let chain = if rollouts.is_empty() {
@@ -137,6 +142,7 @@ async fn run_in(
     )
     .await;
     files.remove();
+    run_files::remove_rollout_copies(node_dir);
     if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",
@@ -349,7 +355,9 @@ async fn await_assignment(
                 NodeCommand::Shutdown { .. } => {
                     return Err("the orchestrator ended the run".to_owned());
                 }
-                NodeCommand::Worker { .. } => {}
+                NodeCommand::Worker { .. }
+                | NodeCommand::Restart { .. }
+                | NodeCommand::Kill { .. } => {}
             }
         }
     };
@@ -391,6 +399,8 @@ fn spawn_relay(
         segment_prefix: launch.segment_prefix.clone(),
         receivers: launch.local_rollouts(),
         timeout: transport_timeout(cfg),
+        // Restartable rollouts: a dead one is detached and its successor rejoins through the chain.
+        elastic: cfg.runner.rollout_restarts > 0,
         ..ShmConfig::default()
     };
     let chain = ChainConfig {
@@ -518,11 +528,13 @@ async fn serve(
         // The orchestrator keeps the step deadline for every worker of the run.
         step_timeout: None,
         grace: cfg.runner.shutdown_grace_s.get(),
-        rollout_restarts: 0,
+        // Node 0 keeps the restart budget and backoff; this supervisor reports deaths and restarts on request.
+        rollout_restarts: cfg.runner.rollout_restarts,
         restart_backoff: cfg.runner.rollout_restart_backoff_s.get(),
         local: Some(ids.clone()),
         remote: Vec::new(),
         cluster: nodes::Cluster::default(),
+        restarts_upstream: true,
     };
     let console = super::metrics::progress::Console::default();
     let outcome = match Supervisor::start_on(
@@ -605,6 +617,10 @@ async fn relay_loop(
                         reason,
                     });
                 }
+                NodeCommand::Restart { role, rank } => sup.restart(WorkerId { role, rank })?,
+                NodeCommand::Kill { role, rank, reason } => {
+                    sup.kill(WorkerId { role, rank }, reason);
+                }
                 NodeCommand::Ping { .. } | NodeCommand::Assign { .. } => {}
             },
             Incoming::Upstream(Upstream::Gone { reason }) => {
@@ -619,7 +635,25 @@ async fn relay_loop(
             Incoming::Upstream(Upstream::Relay(Err(why))) => {
                 return Err(agent_err(multi, format!("its weight relay failed: {why}")));
             }
-            Incoming::Lost { .. } | Incoming::Restarted(_) => {}
+            // A restartable rollout died: node 0 decides on its restart.
+            Incoming::Lost { id, reason, status } => up.send(
+                &NodeReport::Lost {
+                    role: id.role,
+                    rank: id.rank,
+                    pid: sup.pid_of(id).unwrap_or(0),
+                    cause: reason,
+                    status,
+                },
+                &[],
+            ),
+            Incoming::Restarted(id) => up.send(
+                &NodeReport::Restarted {
+                    role: id.role,
+                    rank: id.rank,
+                    pid: sup.pid_of(id).unwrap_or(0),
+                },
+                &[],
+            ),
         }
     }
 }

@@ -12,6 +12,11 @@
 //! (`runner.rollout_restart_backoff_s`, doubling per restart of that worker); once connected it is reported as
 //! [`Incoming::Restarted`]. A rollout that dies with its restarts used up fails the run naming it and the
 //! count. The trainer dying always fails the run (resume from a checkpoint).
+//!
+//! Over several nodes the budget, the backoff and the hold stay with node 0's supervisor: a node agent's
+//! supervisor (`restarts_upstream`) only reports the death of its restartable rollout (`Incoming::Lost`, sent
+//! up as `lost`) and starts the successor when node 0 asks (`restart`), reporting it once connected
+//! (`restarted`); node 0 treats the remote worker exactly like a local one.
 
 pub mod nodes;
 pub mod spawn;
@@ -149,7 +154,12 @@ pub enum Incoming {
     /// A worker's report.
     Report(WorkerId, Frame<Report>),
     /// A restartable rollout died: whatever it was doing is lost; its successor comes as `Restarted`.
-    Lost { id: WorkerId, reason: String },
+    /// `status`: its raw wait status, when it exited.
+    Lost {
+        id: WorkerId,
+        reason: String,
+        status: Option<i32>,
+    },
     /// The successor of a lost rollout connected: it needs `InitWeights` (it rejoins the weight channel).
     Restarted(WorkerId),
     /// On a node agent: what its orchestrator sent.
@@ -236,6 +246,10 @@ pub struct SupervisorConfig {
     pub remote: Vec<(WorkerId, u32)>,
     /// Multi-node: the links to the node agents.
     pub cluster: nodes::Cluster,
+    /// On a node agent: a restartable rollout's death is only reported (`Incoming::Lost`); node 0 keeps its
+    /// budget and backoff and asks for its successor ([`Supervisor::restart`]). Before the agent's workers are
+    /// all up (its `ready`), a death fails the node as without restarts.
+    pub restarts_upstream: bool,
 }
 
 /// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
@@ -260,6 +274,8 @@ pub struct Supervisor {
     node_lost: Option<OrchestratorError>,
     /// Why the run failed, for the node agents' `shutdown` (they exit non-zero and log it).
     failed: Option<String>,
+    /// Every first handshake is done (`start_on` returned).
+    started: bool,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -401,6 +417,7 @@ impl Supervisor {
             console,
             node_lost: None,
             failed: None,
+            started: false,
         };
         for (id, node) in remote {
             // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
@@ -423,6 +440,7 @@ impl Supervisor {
             sup.stop(false).await;
             return Err(err);
         }
+        sup.started = true;
         Ok(sup)
     }
 
@@ -438,6 +456,14 @@ impl Supervisor {
                 path: log_path.clone(),
                 source,
             })?;
+        // A group whose every member is gone cannot be joined (a node agent's only worker died): the new
+        // worker leads a new one.
+        if self.pgid != 0
+            && nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pgid), None)
+                == Err(nix::errno::Errno::ESRCH)
+        {
+            self.pgid = 0;
+        }
         let pgid = (self.pgid != 0).then_some(self.pgid);
         let program = match id.role {
             Role::Trainer => &self.cfg.trainer,
@@ -495,6 +521,34 @@ impl Supervisor {
 
     /// Start the successor of dead rollout `id` (same rank), with a handshake deadline of its own.
     fn respawn(&mut self, id: WorkerId) -> Result<(), OrchestratorError> {
+        if let Some((node, log_path)) = self
+            .units
+            .iter()
+            .find(|u| u.id == id)
+            .and_then(|u| u.node.map(|n| (n, u.log_path.clone())))
+        {
+            // On another node: its agent starts it (and bounds its handshake), then reports it `restarted`.
+            let tx = self.cfg.cluster.link(node).map(|l| l.tx.clone());
+            let Some(unit) = self.unit_mut(id) else {
+                return Ok(());
+            };
+            let restarts = unit.restarts;
+            *unit = Unit {
+                restarts,
+                ..Unit::remote(id, node, log_path)
+            };
+            tracing::info!("{id}: restarting it on node {node} (restart {restarts})");
+            if let Some(tx) = tx {
+                tx.send(
+                    &NodeCommand::Restart {
+                        role: id.role,
+                        rank: id.rank,
+                    },
+                    &[],
+                );
+            }
+            return Ok(());
+        }
         let fresh = self.spawn_process(id, true)?;
         let pid = fresh.pid;
         let Some(unit) = self.unit_mut(id) else {
@@ -518,6 +572,7 @@ impl Supervisor {
         id.role == Role::Rollout
             && self.cfg.rollout_restarts > 0
             && self.stop_requests == 0
+            && (self.started || !self.cfg.restarts_upstream)
             && !blames.iter().any(|b| b.role == Role::Trainer)
             && self
                 .units
@@ -534,6 +589,7 @@ impl Supervisor {
         cause: String,
     ) -> Result<Option<Incoming>, OrchestratorError> {
         let budget = self.cfg.rollout_restarts;
+        let upstream = self.cfg.restarts_upstream;
         let Some(unit) = self.unit_mut(id) else {
             return Ok(None);
         };
@@ -543,12 +599,38 @@ impl Supervisor {
                 Signal::SIGKILL,
             );
         }
+        let status = match unit.state {
+            UnitState::Exited(status) => Some(status.into_raw()),
+            _ => None,
+        };
+        if upstream {
+            // A node agent: node 0 counts the restart, waits the backoff and asks for the successor.
+            unit.restarts += 1;
+            unit.state = UnitState::Down;
+            unit.link = None;
+            let (pid, tail) = (unit.pid, unit.tail.lines());
+            tracing::warn!(
+                "{id} (pid {pid}) {cause}; node 0 decides on its restart (runner.rollout_restarts){}",
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; its last lines:\n{}", tail.join("\n"))
+                }
+            );
+            return Ok(Some(Incoming::Lost {
+                id,
+                reason: cause,
+                status,
+            }));
+        }
+        // A worker of another node is named with its node.
+        let on = unit.node.map_or(String::new(), |n| format!(" on node {n}"));
         if unit.restarts >= budget {
             let restarts = unit.restarts;
             unit.failed_at.get_or_insert(Instant::now());
             let err = self.worker_failed(id).await;
             return Err(OrchestratorError::RestartsExhausted {
-                worker: id.to_string(),
+                worker: format!("{id}{on}"),
                 restarts,
                 cause: Box::new(err),
             });
@@ -561,7 +643,7 @@ impl Supervisor {
         let tail = unit.tail.lines();
         let delay = restart_delay(self.cfg.restart_backoff, n);
         tracing::warn!(
-            "{id} (pid {pid}) {cause}; restarting it in {:.1} s (restart {n} of {budget}, runner.rollout_restarts){}",
+            "{id} (pid {pid}{on}) {cause}; restarting it in {:.1} s (restart {n} of {budget}, runner.rollout_restarts){}",
             delay.as_secs_f64(),
             if tail.is_empty() {
                 String::new()
@@ -574,7 +656,11 @@ impl Supervisor {
             tokio::time::sleep(delay).await;
             let _ = due.send(Event::Respawn { id });
         });
-        Ok(Some(Incoming::Lost { id, reason: cause }))
+        Ok(Some(Incoming::Lost {
+            id,
+            reason: cause,
+            status,
+        }))
     }
 
     /// Hold back (or release) the successor of rollout `id`: the loop holds it while the trainer still serves
@@ -590,6 +676,32 @@ impl Supervisor {
             self.respawn(id)?;
         }
         Ok(())
+    }
+
+    /// On a node agent: start the successor of lost rollout `id` now (node 0 asked; it keeps the budget and
+    /// the backoff). A worker that is not lost is left alone.
+    pub fn restart(&mut self, id: WorkerId) -> Result<(), OrchestratorError> {
+        match self.unit_mut(id) {
+            Some(unit) if unit.state == UnitState::Down => self.respawn(id),
+            _ => {
+                tracing::debug!("{id} is not lost: no restart");
+                Ok(())
+            }
+        }
+    }
+
+    /// Kill worker `id` of this host (`reason` is what its death reports): a restartable rollout that missed
+    /// the step deadline. Its death arrives as an event.
+    pub fn kill(&mut self, id: WorkerId, reason: String) {
+        let Some(unit) = self.unit_mut(id).filter(|u| u.node.is_none() && u.alive()) else {
+            return;
+        };
+        tracing::warn!("{id} (pid {}): killing it: {reason}", unit.pid);
+        unit.failure = Some(reason);
+        let pid = nix::unistd::Pid::from_raw(unit.pid as i32);
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        // SIGKILL stops nothing that is stopped from dying, but wake it anyway.
+        let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
     }
 
     /// Restarts of all rollouts so far.
@@ -905,7 +1017,7 @@ impl Supervisor {
                 self.stop_requests += 1;
                 Err(OrchestratorError::Interrupted { signal: name })
             }
-            Event::Node(event) => self.on_node_event(event),
+            Event::Node(event) => self.on_node_event(event).await,
             Event::Upstream(event) => Ok(Some(Incoming::Upstream(event))),
         }
     }
@@ -990,8 +1102,14 @@ impl Supervisor {
                 reason: format!("unknown worker {culprit}"),
             };
         };
+        // A worker of another node that died without an exit status (its connection broke first): its
+        // agent's words say how.
+        let remote_words = (unit.node.is_some() && !matches!(unit.state, UnitState::Exited(_)))
+            .then(|| unit.failure.clone())
+            .flatten();
         let status = match unit.state {
             UnitState::Exited(status) => describe(status),
+            _ if remote_words.is_some() => remote_words.clone().unwrap_or_default(),
             _ if unit.failed_at.is_some() => "closed its control connection".to_owned(),
             _ if unit.node.is_none() && process_stopped(unit.pid) => {
                 "did not answer (the process is stopped)".to_owned()
@@ -1001,6 +1119,7 @@ impl Supervisor {
         let mut message = unit
             .failure
             .clone()
+            .filter(|_| remote_words.is_none())
             .map(|m| format!(": {m}"))
             .unwrap_or_default();
         if culprit != id
@@ -1206,6 +1325,27 @@ impl Supervisor {
                         if !late.is_empty() {
                             // Restartable: kill them; their deaths come back as `Lost`, and the step goes on.
                             for id in late {
+                                if let Some(node) =
+                                    self.units.iter().find(|u| u.id == id).and_then(|u| u.node)
+                                {
+                                    // On another node: its agent kills it; its death comes back as `lost`.
+                                    tracing::warn!(
+                                        "{id} (node {node}) missed the step deadline of {timeout_s} s while the run waited for {waiting_for}: killing it"
+                                    );
+                                    if let Some(link) = self.cfg.cluster.link(node) {
+                                        link.tx.send(
+                                            &NodeCommand::Kill {
+                                                role: id.role,
+                                                rank: id.rank,
+                                                reason: format!(
+                                                    "missed the step deadline of {timeout_s} s (runner.step_timeout_s)"
+                                                ),
+                                            },
+                                            &[],
+                                        );
+                                    }
+                                    continue;
+                                }
                                 if let Some(unit) = self.unit_mut(id) {
                                     tracing::warn!(
                                         "{id} (pid {}) missed the step deadline of {timeout_s} s while the run waited for {waiting_for}: killing it",

@@ -249,7 +249,7 @@ impl Fleet {
         incoming: Incoming,
     ) -> Result<Handled, OrchestratorError> {
         let (id, frame) = match incoming {
-            Incoming::Lost { id, reason } => {
+            Incoming::Lost { id, reason, .. } => {
                 tracing::debug!("{id} lost: {reason}");
                 self.set(id.rank, Phase::Down);
                 return Ok(Handled::Lost(id.rank));

@@ -7,7 +7,7 @@
 //! and sends `proof_c = HMAC(token, "rlsync client" ‖ magic ‖ nonce_s ‖ nonce_c)`; the server checks it and
 //! answers one verdict byte, 1 (accepted) or 0 (refused). A `name` is `u16 len (LE) | UTF-8`, at most 256
 //! bytes: the peer's name for logs and errors (`node 2 (gpu07)`). The magic names the protocol that follows
-//! (`RLSYNCN1` control plane, `RLSYNCC2` weight chain), so a proof for one is no proof for the other.
+//! (`RLSYNCN1` control plane, `RLSYNCC3` weight chain), so a proof for one is no proof for the other.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;

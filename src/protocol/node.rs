@@ -51,6 +51,18 @@ pub enum NodeReport {
         pid: u32,
         report: Report,
     },
+    /// One of its restartable rollouts (`runner.rollout_restarts` > 0) died: `cause` says how, `status` is its
+    /// raw wait status when it exited. Node 0 decides whether it is restarted (its budget and backoff).
+    Lost {
+        role: Role,
+        rank: u32,
+        pid: u32,
+        cause: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        status: Option<i32>,
+    },
+    /// The successor of a lost worker (started on `restart`) completed its handshake as process `pid`.
+    Restarted { role: Role, rank: u32, pid: u32 },
     /// The answer to `ping`.
     Pong { seq: u64 },
     /// The node failed (a worker, its weight relay, its own set-up): its words; it stops and exits.
@@ -76,6 +88,15 @@ pub enum NodeCommand {
         role: Role,
         rank: u32,
         command: Command,
+    },
+    /// Start the successor of lost worker `role`-`rank` (answered by `restarted` once it completed its
+    /// handshake, or by `lost` again).
+    Restart { role: Role, rank: u32 },
+    /// Kill worker `role`-`rank` (it missed the step deadline; `reason` says so); its death comes back as `lost`.
+    Kill {
+        role: Role,
+        rank: u32,
+        reason: String,
     },
     /// Heartbeat; answered by `pong` with the same `seq`.
     Ping { seq: u64 },
@@ -105,6 +126,18 @@ mod tests {
                 rank: 3,
                 pid: 77,
                 report: Report::Joined,
+            },
+            NodeReport::Lost {
+                role: Role::Rollout,
+                rank: 1,
+                pid: 5151,
+                cause: "was killed by SIGKILL".into(),
+                status: Some(9),
+            },
+            NodeReport::Restarted {
+                role: Role::Rollout,
+                rank: 1,
+                pid: 5252,
             },
             NodeReport::Stopped,
         ];

@@ -1,6 +1,7 @@
 //! The supervisor's node links (multi-node runs). On the orchestrator: the TCP listener node agents join
 //! (token proof, `join`), one link per agent (writer, reader, heartbeats against a [`WorkerDeadline`]), and the
-//! agents' workers as units the loops address exactly like local ones. On an agent: the link up to the
+//! agents' workers as units the loops address exactly like local ones (a restartable rollout an agent reports
+//! `lost` is lost, budgeted and restarted through its agent like a local one). On an agent: the link up to the
 //! orchestrator, whose commands reach the agent's loop as [`Upstream`] events.
 
 use std::os::unix::process::ExitStatusExt;
@@ -29,6 +30,16 @@ pub enum NodeEvent {
     Lost { node: u32, reason: String },
     /// The agent stopped its workers after `shutdown`.
     Stopped { node: u32 },
+    /// One of its restartable rollouts died (`cause`; `status`: its raw wait status when it exited).
+    WorkerLost {
+        node: u32,
+        id: WorkerId,
+        pid: u32,
+        cause: String,
+        status: Option<i32>,
+    },
+    /// The successor it started on `restart` completed its handshake as process `pid`.
+    WorkerRestarted { node: u32, id: WorkerId, pid: u32 },
 }
 
 /// What an agent's supervisor hands its loop from the orchestrator's link (and the agent's weight relay).
@@ -378,6 +389,24 @@ async fn read_node(
                 },
             },
             NodeReport::Ready { workers } => Event::Node(NodeEvent::Ready { node, workers }),
+            NodeReport::Lost {
+                role,
+                rank,
+                pid,
+                cause,
+                status,
+            } => Event::Node(NodeEvent::WorkerLost {
+                node,
+                id: WorkerId { role, rank },
+                pid,
+                cause,
+                status,
+            }),
+            NodeReport::Restarted { role, rank, pid } => Event::Node(NodeEvent::WorkerRestarted {
+                node,
+                id: WorkerId { role, rank },
+                pid,
+            }),
             NodeReport::Failed { message } => {
                 let _ = events.send(Event::Node(NodeEvent::Lost {
                     node,
@@ -398,8 +427,9 @@ async fn read_node(
 }
 
 impl Supervisor {
-    /// Update the units of a node for one of its events; a lost node fails the run naming it.
-    pub(super) fn on_node_event(
+    /// Update the units of a node for one of its events; a lost node fails the run naming it. A rollout it
+    /// lost is lost (and restarted, or the run fails) exactly like one of this host.
+    pub(super) async fn on_node_event(
         &mut self,
         event: NodeEvent,
     ) -> Result<Option<Incoming>, OrchestratorError> {
@@ -432,6 +462,63 @@ impl Supervisor {
             NodeEvent::Stopped { node } => {
                 self.node_ended(node);
                 Ok(None)
+            }
+            NodeEvent::WorkerLost {
+                node,
+                id,
+                pid,
+                cause,
+                status,
+            } => {
+                let restartable = self.restartable(id, &[]);
+                // The agent reports each incarnation's death once; a successor asked for (`Spawned`) is not
+                // known here by pid until it connected.
+                let Some(unit) = self.unit_mut(id).filter(|u| {
+                    u.node == Some(node)
+                        && (u.pid == pid || u.state == UnitState::Spawned)
+                        && u.alive()
+                }) else {
+                    tracing::debug!(
+                        "node {node}: {id} (pid {pid}) lost, which is no longer current"
+                    );
+                    return Ok(None);
+                };
+                // A successor may die before it connected: its pid is known from its agent only.
+                unit.pid = pid;
+                match status {
+                    Some(raw) => unit.state = UnitState::Exited(ExitStatus::from_raw(raw)),
+                    // Its death has no exit status (a broken connection, a missed handshake): say so.
+                    None => unit.failure = Some(cause.clone()),
+                }
+                if !restartable {
+                    // The run is stopping or already failing: nothing to restart.
+                    unit.state = UnitState::Down;
+                    unit.link = None;
+                    return Ok(None);
+                }
+                self.lose(id, cause).await
+            }
+            NodeEvent::WorkerRestarted { node, id, pid } => {
+                let Some(tx) = self.cfg.cluster.link(node).map(|l| l.tx.clone()) else {
+                    return Ok(None);
+                };
+                let Some(unit) = self
+                    .unit_mut(id)
+                    .filter(|u| u.node == Some(node) && u.state == UnitState::Spawned)
+                else {
+                    tracing::debug!(
+                        "node {node}: {id} restarted as pid {pid}, which was not asked for"
+                    );
+                    return Ok(None);
+                };
+                unit.pid = pid;
+                unit.state = UnitState::Connected;
+                unit.link = Some(super::Link::Remote(tx));
+                tracing::info!(
+                    "{id}: restarted as pid {pid} on node {node} (restart {})",
+                    unit.restarts
+                );
+                Ok(Some(Incoming::Restarted(id)))
             }
         }
     }
