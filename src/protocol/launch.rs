@@ -195,7 +195,7 @@ mod tests {
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);
         let text = String::from_utf8(bytes).unwrap().replacen(
-            "\"format_version\": 2",
+            &format!("\"format_version\": {PROTOCOL_VERSION}"),
             "\"format_version\": 99",
             1,
         );

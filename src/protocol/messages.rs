@@ -14,7 +14,7 @@ use super::ProtocolError;
 use super::frame::{self, FrameReader, ReadError};
 
 /// Version of the control protocol and of the launch file; bump on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Frames larger than this are rejected (a corrupt length must not allocate gigabytes).
 pub(crate) const MAX_FRAME_BYTES: usize = 1 << 30;

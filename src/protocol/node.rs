@@ -110,12 +110,13 @@ pub enum NodeCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::messages::PROTOCOL_VERSION;
 
     #[test]
     fn node_messages_roundtrip() {
         let reports = [
             NodeReport::Join {
-                protocol: 2,
+                protocol: PROTOCOL_VERSION,
                 node_rank: 1,
                 host: "gpu07".into(),
                 pid: 4242,
