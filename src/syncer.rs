@@ -164,7 +164,8 @@ struct Settings {
 
 enum SenderStrategy {
     Patch {
-        snap: Vec<SnapTensor>,
+        /// Shared only with a background checksum of it (see [`rejoin::RejoinInfo::checksum_in_background`]).
+        snap: Arc<Vec<SnapTensor>>,
         built: patch::Built,
     },
     Bucket {
@@ -380,7 +381,7 @@ impl WeightSyncer {
                         if let Some(c) = s.rejoin.cached_checksum(s.last_version) {
                             return Ok(c);
                         }
-                        for st in snap {
+                        for st in snap.iter() {
                             let shape = state
                                 .get(&st.key)
                                 .map(|t| t.shape().to_vec())

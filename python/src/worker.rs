@@ -51,6 +51,14 @@ fn foreign(py: Python<'_>, what: &str, err: PyErr) -> WorkloadError {
     }
 }
 
+/// A core error met by the Python trainer's checkpoint save / restore, named as the Python trainer's (the
+/// core's `From<RlError>` would call it the built-in learner's).
+fn trainer_error(err: rlsync::rl::RlError) -> WorkloadError {
+    WorkloadError::Foreign {
+        message: format!("Python trainer: {}", rlsync::stdio::error_chain(&err)),
+    }
+}
+
 /// The user's Python object behind the crate's `Workload` trait.
 struct PyWorkload {
     adapter: Py<PyAny>,
@@ -195,7 +203,7 @@ impl Workload for PyWorkload {
         step: u64,
         version: u64,
     ) -> Result<PathBuf, WorkloadError> {
-        let dir = rlsync::rl::save_weights(state, run_dir, step, version)?;
+        let dir = rlsync::rl::save_weights(state, run_dir, step, version).map_err(trainer_error)?;
         Python::attach(|py| {
             let out = self
                 .adapter
@@ -208,7 +216,7 @@ impl Workload for PyWorkload {
             let (descs, structure) = out
                 .extract::<(Vec<Desc>, String)>()
                 .map_err(|e| bad_return("state_dict()", e))?;
-            checkpoint::save(py, &dir, descs, structure, step, version)?;
+            checkpoint::save(py, &dir, descs, structure, step, version).map_err(trainer_error)?;
             Ok::<(), WorkloadError>(())
         })?;
         Ok(dir)
@@ -217,8 +225,8 @@ impl Workload for PyWorkload {
     /// The checkpoint's weights into `model()` (in place), then its trainer state into the trainer's
     /// `load_state_dict()`, before the bootstrap sync and the first step.
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
-        rlsync::rl::load_weights_into(state, dir)?;
-        let saved = checkpoint::load(dir)?;
+        rlsync::rl::load_weights_into(state, dir).map_err(trainer_error)?;
+        let saved = checkpoint::load(dir).map_err(trainer_error)?;
         Python::attach(|py| {
             let (items, structure) = match saved {
                 Some((items, structure)) => (

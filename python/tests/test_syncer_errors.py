@@ -95,6 +95,47 @@ def test_corrupt_truncated_replayed_and_stale_payloads_are_rejected(kind: str) -
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("corrupt", ["last", "middle", "first"])
+def test_a_corrupt_bucket_undoes_the_buckets_of_its_version_installed_before_it(corrupt: str) -> None:
+    """``load_instant`` installs each verified bucket at once, into the tensors' own memory; a corrupt bucket
+    later in the same version undoes them, and the last bucket is installed only once it is verified."""
+    tx_sd, rx_sd = state(1), state(1)
+
+    async def main() -> None:
+        tx, rx, link = rlsync.BucketWeightSyncer(bucket_size=64), rlsync.BucketWeightSyncer(bucket_size=64), Link()
+        await asyncio.gather(
+            tx.init_sender(tx_sd, list(tx_sd), link.send, link.up_recv),
+            rx.init_receiver(rx_sd, link.recv, link.up_send),
+        )
+        bump(tx_sd, 1)
+        await tx.sync(tx_sd, link.send, 1)
+        assert await rx.apply(rx_sd, link.recv) == 1
+        bump(tx_sd, 2)
+        await tx.sync(tx_sd, link.send, 2)
+        buckets = []
+        while not link.to_rx.empty():
+            buckets.append(link.to_rx.get_nowait())
+        assert len(buckets) == 3, "one bucket per tensor at this bucket size"
+        before = snapshot(rx_sd)
+        bad = {"last": 2, "middle": 1, "first": 0}[corrupt]
+        for i, payload in enumerate(buckets[: bad + 1]):
+            if i == bad:
+                flipped = bytearray(payload)
+                flipped[-1] ^= 0x5A
+                payload = bytes(flipped)
+            await link.to_rx.put(payload)
+        with pytest.raises(rlsync.PayloadRejected):
+            await rx.apply(rx_sd, link.recv)
+        assert rx.version == 1
+        assert same(rx_sd, before), "a rejected version changes nothing, not even its verified buckets"
+        for payload in buckets:
+            await link.to_rx.put(payload)
+        assert await rx.apply(rx_sd, link.recv) == 2
+        assert same(rx_sd, tx_sd)
+
+    asyncio.run(main())
+
+
 def test_patch_for_another_base_version_is_rejected() -> None:
     """A receiver that missed version 1 cannot apply version 2's patch (built on 1): rejected, untouched."""
     tx_sd, rx_sd = state(3), state(3)

@@ -11,15 +11,18 @@
 //! receiver copies each chunk out of the slot once (a cache-sized private chunk: the slot may be shared memory
 //! another process can write), hashes that copy and stream-copies (or casts) it into a staging storage;
 //! every part is verified against its own checksum, and a bucket is handed out only once all its parts
-//! arrived and verified. Installing swaps staged storages into the state dict; the displaced storages
+//! arrived and verified. Installing swaps staged storages into the state dict (a borrowed tensor, the
+//! caller's memory, is copied into instead, unless an undo may need its old values); the displaced storages
 //! become the next staging buffers, so steady-state syncs allocate nothing.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, StateDict, Storage, cast_bytes, copy_streaming};
 use crate::transport;
 
@@ -593,7 +596,47 @@ pub(crate) fn check_fits(
     Ok(())
 }
 
-/// Swap staged storages into `state` (after [`check_fits`]); returns the displaced storages.
+/// Bytes one thread copies at a time in [`install`] (parallel copies into borrowed memory).
+const INSTALL_PIECE: usize = 4 << 20;
+
+/// Install staged storages into `state` (after [`check_fits`]) when nothing will need the old values back:
+/// an owned tensor takes the staged storage (a pointer swap, as [`swap_in`]); a borrowed one (the caller's
+/// memory, e.g. a torch tensor) gets the staged bytes copied into it, on up to `threads` threads, instead of
+/// swapping bytes (a swap reads and writes both sides, twice a copy's memory traffic). Returns storages for
+/// the staging pool (their contents are not the old values).
+pub(crate) fn install(staged: Staged, state: &mut StateDict, threads: NonZeroUsize) -> Staged {
+    let mut out = Vec::with_capacity(staged.len());
+    let mut copies: Vec<(u32, Storage, &mut [u8])> = Vec::new();
+    let mut by_ordinal: HashMap<u32, Storage> = staged.into_iter().collect();
+    for (i, (_, t)) in state.iter_mut().enumerate() {
+        let Some(s) = by_ordinal.remove(&(i as u32)) else {
+            continue;
+        };
+        if t.storage().is_borrowed() && t.bytes().len() == s.len() {
+            copies.push((i as u32, s, t.bytes_mut()));
+        } else if let Ok(prev) = t.replace_storage(s) {
+            out.push((i as u32, prev));
+        }
+    }
+    // Whatever did not match a tensor (check_fits rules that out) goes back to the pool untouched.
+    out.extend(by_ordinal);
+    let pieces: Vec<(&mut [u8], &[u8])> = copies
+        .iter_mut()
+        .flat_map(|(_, s, dst)| {
+            dst.chunks_mut(INSTALL_PIECE)
+                .zip(s.bytes().chunks(INSTALL_PIECE))
+        })
+        .collect();
+    map_items(pieces, threads, |(d, s)| {
+        // Equal lengths by construction (same total, same piece size).
+        let _ = copy_streaming(d, s);
+    });
+    out.extend(copies.into_iter().map(|(o, s, _)| (o, s)));
+    out
+}
+
+/// Swap staged storages into `state` (after [`check_fits`]); returns the displaced storages, which hold the
+/// old values (what an undo swaps back).
 pub(crate) fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
     let mut old = Vec::with_capacity(staged.len());
     for (o, s) in staged {

@@ -452,7 +452,7 @@ impl PendingUpdate {
                     return Err(rejected(Some(version), current, r));
                 }
                 let t1 = Instant::now();
-                let old = bucket::swap_in(staged, state);
+                let old = blocking(|| bucket::install(staged, state, shared.threads));
                 report.apply = t1.elapsed();
                 give_back(&shared, old);
             }
@@ -676,7 +676,13 @@ async fn receive_buckets(
                             ));
                         }
                         let t1 = Instant::now();
-                        undo.extend(bucket::swap_in(staged, state));
+                        if seq + 1 == count {
+                            // The last bucket: nothing after it can fail, so no undo needs its old values.
+                            let spare = blocking(|| bucket::install(staged, state, shared.threads));
+                            give_back(&shared, spare);
+                        } else {
+                            undo.extend(bucket::swap_in(staged, state));
+                        }
                         report.apply += t1.elapsed();
                     }
                     None => staged_all.extend(staged),

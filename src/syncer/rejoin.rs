@@ -27,12 +27,14 @@
 //! receiver; the others never see them.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
 use crate::transport;
 
 use super::bucket::{self, Planned};
+use super::patch::SnapTensor;
 use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind};
 use super::{SyncError, blocking, hash_cast};
 
@@ -196,16 +198,67 @@ pub(super) struct RejoinInfo {
     pub log: ReplayLog,
     /// The checksum of the snapshot at a version, when computed for that version (patch syncer).
     pub checksum: std::sync::Mutex<Option<(u64, u64)>>,
+    /// The snapshot's checksum at a version being computed on a background thread (patch syncer with a
+    /// replay log): started once a version is sent, waited for before the snapshot is next used.
+    pub hashing: std::sync::Mutex<Option<(u64, std::thread::JoinHandle<u64>)>>,
 }
 
 impl RejoinInfo {
     pub fn cached_checksum(&self, version: u64) -> Option<u64> {
+        self.settle();
         let c = self.checksum.lock().unwrap_or_else(|p| p.into_inner());
         c.filter(|(v, _)| *v == version).map(|(_, c)| c)
     }
 
+    /// Wait for the background checksum, if one runs, and cache it. Afterwards no thread holds the snapshot.
+    pub fn settle(&self) {
+        let job = self
+            .hashing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        // A hashing thread that panicked leaves nothing cached: the checksum is computed again when needed.
+        if let Some((version, job)) = job
+            && let Ok(c) = job.join()
+        {
+            self.cache_checksum(version, c);
+        }
+    }
+
+    /// Start computing the checksum of `snap`, the snapshot at `version`, on a background thread, so the
+    /// next `sync` finds the base checksum its log entry needs without hashing the whole snapshot on its
+    /// critical path (the trainer's next step overlaps it instead). Inline if no thread can be started.
+    pub fn checksum_in_background(&self, version: u64, snap: &Arc<Vec<SnapTensor>>) {
+        self.settle();
+        let (shared, meta) = (Arc::clone(snap), self.meta.clone());
+        let spawned = std::thread::Builder::new()
+            .name("rlsync-snapsum".into())
+            .spawn(move || {
+                lowest_priority();
+                snapshot_checksum(&shared, &meta)
+            });
+        match spawned {
+            Ok(job) => {
+                *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, job));
+            }
+            Err(_) => self.cache_checksum(version, snapshot_checksum(snap, &self.meta)),
+        }
+    }
+
     pub fn cache_checksum(&self, version: u64, checksum: u64) {
         *self.checksum.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, checksum));
+    }
+}
+
+/// Make the calling thread the host's lowest-priority work (nice 19): a background checksum then takes only
+/// CPU time nothing else wants (receivers installing on the same host, the trainer's next step), and runs at
+/// full speed once the sync that needs it waits for it.
+fn lowest_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: two syscalls about the calling thread, no memory handed over; a failure leaves its priority as it was.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 19);
     }
 }
 

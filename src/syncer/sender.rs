@@ -187,7 +187,7 @@ impl WeightSyncer {
                     });
                 }
                 SenderStrategy::Patch {
-                    snap,
+                    snap: Arc::new(snap),
                     built: patch::Built::default(),
                 }
             }
@@ -252,8 +252,15 @@ impl WeightSyncer {
                     self.settings.replay_max_bytes,
                 ),
                 checksum: Mutex::new(None),
+                hashing: Mutex::new(None),
             },
         });
+        if let Side::Sender(s) = &self.side
+            && let SenderStrategy::Patch { snap, .. } = &s.strategy
+            && s.rejoin.log.is_enabled()
+        {
+            s.rejoin.checksum_in_background(0, snap);
+        }
         Ok(report)
     }
 
@@ -273,15 +280,25 @@ impl WeightSyncer {
             });
         }
         let mut report = match &mut s.strategy {
-            SenderStrategy::Patch { snap, built } => {
-                // The log needs the checksum of the base (the snapshot before this build).
+            SenderStrategy::Patch {
+                snap: shared,
+                built,
+            } => {
+                // The log needs the checksum of the base (the snapshot before this build): normally computed in
+                // the background since the last sync (waited for here), else now.
+                s.rejoin.settle();
                 let base_checksum = s.rejoin.log.is_enabled().then(|| {
                     s.rejoin.cached_checksum(s.last_version).unwrap_or_else(|| {
-                        let c = blocking(|| rejoin::snapshot_checksum(snap, &s.rejoin.meta));
+                        let c = blocking(|| rejoin::snapshot_checksum(shared, &s.rejoin.meta));
                         s.rejoin.cache_checksum(s.last_version, c);
                         c
                     })
                 });
+                // No background checksum holds the snapshot any more (settled above).
+                let snap = Arc::get_mut(shared).ok_or_else(|| SyncError::StateMismatch {
+                    key: "(snapshot)".into(),
+                    reason: "the snapshot is still being read by a checksum thread".into(),
+                })?;
                 let t0 = Instant::now();
                 blocking(|| patch::build(snap, state, settings.threads, built)).map_err(
                     |reason| SyncError::StateMismatch {
@@ -306,17 +323,20 @@ impl WeightSyncer {
                     (wire::message(h, &enc.body), ratio, tensors, dense)
                 });
                 let encode = t1.elapsed();
+                let state_bytes = snap.iter().map(|t| t.storage.len() as u64).sum();
                 let t2 = Instant::now();
                 s.ch.send(&msg).await?;
                 let payload_bytes = msg.len() as u64;
                 if let Some(c) = base_checksum {
                     s.rejoin.log.push(s.last_version, version, c, msg);
+                    // The next sync's base: hashed while the caller goes on (its next training step).
+                    s.rejoin.checksum_in_background(version, shared);
                 }
                 SyncReport {
                     kind: SyncKind::Patch,
                     payload_bytes,
                     changed: built.changed,
-                    state_bytes: snap.iter().map(|t| t.storage.len() as u64).sum(),
+                    state_bytes,
                     tensors,
                     messages: 1,
                     build,
@@ -394,7 +414,10 @@ impl WeightSyncer {
             return Err(SyncError::NotInitialized { expected: "sender" });
         };
         let (snap, bucket_full, strategy) = match &s.strategy {
-            SenderStrategy::Patch { snap, .. } => (Some(snap.as_slice()), None, Strategy::Patch),
+            SenderStrategy::Patch { snap, .. } => {
+                s.rejoin.settle();
+                (Some(snap.as_slice()), None, Strategy::Patch)
+            }
             SenderStrategy::Bucket { buckets, last } => {
                 let source = if state_is_last {
                     Some(rejoin::BucketSource::State(buckets.as_slice()))
