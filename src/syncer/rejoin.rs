@@ -234,7 +234,7 @@ impl RejoinInfo {
         let spawned = std::thread::Builder::new()
             .name("rlsync-snapsum".into())
             .spawn(move || {
-                lowest_priority();
+                crate::tensor::parallel::lowest_priority();
                 snapshot_checksum(&shared, &meta)
             });
         match spawned {
@@ -247,18 +247,6 @@ impl RejoinInfo {
 
     pub fn cache_checksum(&self, version: u64, checksum: u64) {
         *self.checksum.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, checksum));
-    }
-}
-
-/// Make the calling thread the host's lowest-priority work (nice 19): a background checksum then takes only
-/// CPU time nothing else wants (receivers installing on the same host, the trainer's next step), and runs at
-/// full speed once the sync that needs it waits for it.
-fn lowest_priority() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: two syscalls about the calling thread, no memory handed over; a failure leaves its priority as it was.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 19);
     }
 }
 

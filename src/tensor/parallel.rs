@@ -1,4 +1,5 @@
-//! Run independent work items on scoped OS threads (kernels never run on tokio worker threads' behalf alone).
+//! Run independent work items on scoped OS threads (kernels never run on tokio worker threads' behalf alone),
+//! and lower a background thread's priority.
 
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
@@ -48,6 +49,18 @@ pub(crate) fn map_items<T: Send, R: Send>(
     });
     results.sort_unstable_by_key(|(i, _)| *i);
     results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Make the calling thread the host's lowest-priority work (nice 19): background work (a snapshot's checksum)
+/// then takes only CPU time nothing else wants (receivers installing on the same host, the trainer's next
+/// step), and runs at full speed once something waits for it.
+pub(crate) fn lowest_priority() {
+    // SAFETY: two syscalls about the calling thread, no memory handed over; a failure leaves its priority as
+    // it was.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
 }
 
 #[cfg(test)]
