@@ -10,11 +10,11 @@ mod report;
 
 use std::time::{Duration, Instant};
 
-use crate::config::schema::{RunConfig, TransportKind, UpdateKind};
+use crate::config::schema::{ReceiverMemory, RunConfig, TransportKind, UpdateKind};
 use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
 use crate::tensor::parallel::resolve_threads;
 use crate::tensor::synthetic::{ModelSpec, SyntheticError, SyntheticModel, UpdateMode};
-use crate::tensor::{DType, StateDict};
+use crate::tensor::{DType, StateDict, Storage, Tensor};
 use crate::transport;
 
 pub use report::{BenchSummary, StepRecord};
@@ -75,13 +75,23 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let (res_tx, res_rx) = std::sync::mpsc::channel::<(usize, Result<RxStep, String>)>();
     let mut handles = Vec::with_capacity(receivers);
     for (rank, ch) in rx_links.into_iter().enumerate() {
-        let state = model.state_dict()?;
+        let mut owner = model.state_dict()?;
         let syncer = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
         let out = res_tx.clone();
+        let memory = b.receiver_memory;
         handles.push(
             std::thread::Builder::new()
                 .name(format!("bench-rx{rank}"))
-                .spawn(move || receiver_loop(syncer, state, ch, steps, rank, out))?,
+                .spawn(move || match memory {
+                    ReceiverMemory::Owned => receiver_loop(syncer, owner, ch, steps, rank, out),
+                    ReceiverMemory::Borrowed => match borrow_all(&mut owner) {
+                        // The borrowed state is dropped inside receiver_loop, before its owner here.
+                        Ok(state) => receiver_loop(syncer, state, ch, steps, rank, out),
+                        Err(e) => {
+                            let _ = out.send((rank, Err(crate::stdio::error_chain(&e))));
+                        }
+                    },
+                })?,
         );
     }
     drop(res_tx);
@@ -204,6 +214,21 @@ fn links(kind: TransportKind, receivers: usize) -> (TxLink, Vec<RxLink>) {
     }
 }
 
+/// A state dict over `owner`'s memory, which the receiver then does not own (`bench.receiver_memory=borrowed`):
+/// what a Python or tch rollout's tensors are to the syncer, so a bucket is copied in rather than swapped.
+fn borrow_all(owner: &mut StateDict) -> Result<StateDict, crate::tensor::TensorError> {
+    let mut state = StateDict::new();
+    for (name, t) in owner.iter_mut() {
+        let (layout, role) = (t.layout().clone(), t.role());
+        let bytes = t.bytes_mut();
+        // SAFETY: the owner outlives the borrowed state (both live in the receiver's thread, the borrowed one
+        // dropped first) and is not touched while it lives; its storages never move or resize.
+        let storage = unsafe { Storage::borrowed(bytes.as_mut_ptr(), bytes.len()) };
+        state.insert(name, Tensor::from_storage(layout, storage, role)?);
+    }
+    Ok(state)
+}
+
 fn receiver_loop(
     mut syncer: WeightSyncer,
     mut state: StateDict,
@@ -314,4 +339,44 @@ fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
     }
     times.remove(0); // first pass faults the pages in
     report::median(&mut times)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::{NonZeroU32, NonZeroU64};
+
+    use super::*;
+    use crate::config::schema::{OutputFormat, SyncerKind};
+
+    fn bench(kind: SyncerKind, memory: ReceiverMemory, load_instant: bool) -> BenchSummary {
+        let mut cfg = RunConfig::default();
+        cfg.weight_syncer.kind = kind;
+        // Several buckets per version: the ones before the last are swapped in (an undo may need them), the
+        // last is copied in.
+        cfg.weight_syncer.bucket.bucket_size = NonZeroU64::new(64 << 10).unwrap();
+        cfg.weight_syncer.bucket.load_instant = load_instant;
+        cfg.bench.params = 1 << 18;
+        cfg.bench.tensors = NonZeroU32::new(16).unwrap();
+        cfg.bench.steps = NonZeroU32::new(3).unwrap();
+        cfg.bench.receivers = NonZeroU32::new(2).unwrap();
+        cfg.bench.receiver_memory = memory;
+        cfg.bench.threads = 2;
+        cfg.bench.format = OutputFormat::Json;
+        run(&cfg).unwrap()
+    }
+
+    #[test]
+    fn receivers_over_borrowed_memory_reach_the_senders_weights_every_step() {
+        for kind in [SyncerKind::Patch, SyncerKind::Bucket] {
+            for load_instant in [true, false] {
+                for memory in [ReceiverMemory::Owned, ReceiverMemory::Borrowed] {
+                    let s = bench(kind, memory, load_instant);
+                    assert!(
+                        s.verified && s.steps == 3,
+                        "{kind:?} {memory:?} load_instant={load_instant}: {s:?}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -15,6 +15,8 @@ Methods (each in its own set of processes, same state, same updates):
   count, lr and transport, but its model has its own shape mix and its update its own Adam emulation, so its
   changed share differs a little: the rows print it). Its receivers own their tensors, so a bucket installs by
   swapping storages where the Python API copies into the torch tensors' memory;
+- ``rust-patch-borrowed`` / ``rust-bucket-borrowed``: the same, its receivers over memory they do not own
+  (``bench.receiver_memory=borrowed``), so a bucket is copied in as the Python API copies into torch's memory;
 - ``torchrl-shared``: TorchRL's ``SharedMemWeightSyncScheme(sync=True)`` with a shared buffer that is not the
   trainer's module (as when the trainer trains on a GPU, or must not write into what the rollouts act with):
   each ``send`` copies the new weights into the buffer, notifies every worker and waits for its ack; the
@@ -268,8 +270,9 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
     return out
 
 
-def run_rust(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    """``rlsync bench_sync`` with the same size, update and transport (its receivers are threads)."""
+def run_rust(kind: str, n: int, args: argparse.Namespace, borrowed: bool = False) -> dict[str, Any]:
+    """``rlsync bench_sync`` with the same size, update and transport (its receivers are threads); ``borrowed``:
+    its receivers install into memory they do not own (``bench.receiver_memory=borrowed``), as the API does."""
     exe = Path(args.rlsync_bin)
     if not exe.is_file():
         raise FileNotFoundError(f"{exe} is missing (cargo build --release, or pass --rlsync-bin)")
@@ -278,7 +281,7 @@ def run_rust(kind: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         "bench.update=adam",
         f"bench.adam_lr={args.rust_lr if args.rust_lr is not None else args.lr}", "bench.transport=shm",
         f"bench.receivers={n}", f"bench.steps={args.steps + 1}",
-        "bench.format=json",
+        "bench.format=json", f"bench.receiver_memory={'borrowed' if borrowed else 'owned'}",
         "weight_syncer=patch_syncer" if kind == "patch" else "weight_syncer=bucket_syncer",
     ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
@@ -394,9 +397,11 @@ LABELS = {
     "rlsync-patch": "rlsync patch, Python API (shm), rollouts are processes",
     "rlsync-patch-threads": "rlsync patch, Python API (shm), rollouts are threads of the trainer's process",
     "rust-patch": "rlsync patch, `rlsync bench_sync` (shm), receivers are threads of the sender's process",
+    "rust-patch-borrowed": "rlsync patch, `rlsync bench_sync` (shm), receiver threads over memory they do not own",
     "rlsync-bucket": "rlsync bucket, Python API (shm), rollouts are processes",
     "rlsync-bucket-threads": "rlsync bucket, Python API (shm), rollouts are threads of the trainer's process",
     "rust-bucket": "rlsync bucket, `rlsync bench_sync` (shm), receivers are threads of the sender's process",
+    "rust-bucket-borrowed": "rlsync bucket, `rlsync bench_sync` (shm), receiver threads over memory they do not own",
     "torchrl-shared": "TorchRL `SharedMemWeightSyncScheme` (buffer separate from the trainer's module)",
     "torchrl-shared-alias": "TorchRL `SharedMemWeightSyncScheme`, buffer = the trainer's parameters (not isolated)",
     "torchrl-mp": "TorchRL `MultiProcessWeightSyncScheme` (a fresh CPU copy per version)",
@@ -429,9 +434,10 @@ def print_summary(results: list[dict[str, Any]], receivers: list[int]) -> None:
         for kind in ("patch", "bucket"):
             for py, what in ((f"rlsync-{kind}-threads", "same topology, rollouts threads"),
                              (f"rlsync-{kind}", "Python rollouts processes")):
-                if ok((py, n)) and ok((f"rust-{kind}", n)):
-                    print(f"- {n} rollout(s): Python API / Rust bench, {kind} ({what}): "
-                          f"{by[(py, n)]['e2e_ms'] / by[(f'rust-{kind}', n)]['e2e_ms']:.2f}x (goal <= 1.2x)")
+                for rust, install in ((f"rust-{kind}", ""), (f"rust-{kind}-borrowed", ", Rust receivers over borrowed memory")):
+                    if ok((py, n)) and ok((rust, n)):
+                        print(f"- {n} rollout(s): Python API / Rust bench, {kind} ({what}{install}): "
+                              f"{by[(py, n)]['e2e_ms'] / by[(rust, n)]['e2e_ms']:.2f}x (goal <= 1.2x)")
         if ok(("rlsync-patch", n)) and ok(("torchrl-shared", n)):
             print(f"- {n} rollout(s): TorchRL shared-memory / rlsync patch: "
                   f"{by[('torchrl-shared', n)]['e2e_ms'] / by[('rlsync-patch', n)]['e2e_ms']:.2f}x (goal >= 5x)")
@@ -465,7 +471,7 @@ def main() -> None:
                 if method.startswith("rlsync-"):
                     r = run_rlsync(method.split("-")[1], n, args, ctx, threads=method.endswith("-threads"))
                 elif method.startswith("rust-"):
-                    r = run_rust(method.split("-", 1)[1], n, args)
+                    r = run_rust(method.split("-")[1], n, args, borrowed=method.endswith("-borrowed"))
                 elif method.startswith("torchrl-"):
                     r = run_torchrl(method.split("-", 1)[1], n, args, ctx)
                 else:

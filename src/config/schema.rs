@@ -893,6 +893,18 @@ pub enum TransportKind {
     Shm,
 }
 
+/// Whose memory `bench_sync`'s receivers install into.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ReceiverMemory {
+    /// Tensors the receiver owns: a verified bucket is installed by swapping storages.
+    #[default]
+    Owned,
+    /// Memory the receiver does not own, as a Python or tch rollout's tensors are to the syncer: a verified
+    /// bucket is copied in (the caller's tensors keep their memory).
+    Borrowed,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
@@ -914,6 +926,7 @@ pub struct BenchConfig {
     pub steps: NonZeroU32,
     pub receivers: NonZeroU32,
     pub transport: TransportKind,
+    pub receiver_memory: ReceiverMemory,
     /// Threads for the diff/apply kernels (`0`: all cores).
     pub threads: u32,
     pub format: OutputFormat,
@@ -933,6 +946,7 @@ impl Default for BenchConfig {
             steps: NonZeroU32::new(5).unwrap(),
             receivers: NonZeroU32::MIN,
             transport: TransportKind::Inproc,
+            receiver_memory: ReceiverMemory::Owned,
             threads: 0,
             format: OutputFormat::Table,
             seed: 0,
