@@ -196,13 +196,24 @@ struct Unit {
 impl Unit {
     /// A worker that node `node`'s agent starts; connected once the agent reports it ready.
     fn remote(id: WorkerId, node: u32, log_path: PathBuf) -> Unit {
+        Unit::spawned(id, 0, Some(node), LogTail::default(), log_path)
+    }
+
+    /// A worker just started (`pid` 0 until its agent names it, for a remote one), not yet connected.
+    fn spawned(
+        id: WorkerId,
+        pid: u32,
+        node: Option<u32>,
+        tail: LogTail,
+        log_path: PathBuf,
+    ) -> Unit {
         Unit {
             id,
-            pid: 0,
+            pid,
             state: UnitState::Spawned,
             link: None,
-            node: Some(node),
-            tail: LogTail::default(),
+            node,
+            tail,
             log_path,
             failure: None,
             blames: Vec::new(),
@@ -500,23 +511,7 @@ impl Supervisor {
             }
         });
         tracing::debug!("spawned {id} (pid {pid})");
-        Ok(Unit {
-            id,
-            pid,
-            state: UnitState::Spawned,
-            link: None,
-            node: None,
-            tail,
-            log_path,
-            failure: None,
-            blames: Vec::new(),
-            failed_at: None,
-            last_sent: None,
-            last_heard: None,
-            restarts: 0,
-            held: false,
-            respawn_due: false,
-        })
+        Ok(Unit::spawned(id, pid, None, tail, log_path))
     }
 
     /// Start the successor of dead rollout `id` (same rank), with a handshake deadline of its own.
