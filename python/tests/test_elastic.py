@@ -14,39 +14,19 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from python_runs import command, environment, processes
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "rlsync"
-WORKERS = Path(__file__).resolve().parent / "workers"
 STEPS = 80
 # A hang's bound, never a timing assertion: Python workers import torch at every start on a shared machine.
 PATIENCE_S = 240.0
 
 
-def command(run_dir: Path, entry_point: str, syncer: str) -> list[str]:
+def overrides(syncer: str) -> list[str]:
     return [
-        str(BIN),
-        entry_point,
-        "worker@actor.worker=python",
-        "worker@rollout.worker=python",
-        "actor.worker.entry=tiny_rl",
-        "rollout.worker.entry=tiny_rl",
-        f"actor.worker.path=[{WORKERS}]",
-        f"rollout.worker.path=[{WORKERS}]",
-        f"actor.worker.python={sys.executable}",
-        f"rollout.worker.python={sys.executable}",
-        "env@env.train=gym",
-        "env@env.eval=gym",
-        "env.train.total_num_envs=4",
-        "env.eval.total_num_envs=4",
-        "env.train.max_steps_per_rollout_epoch=8",
-        "rollout.chunk_steps=8",
-        "runner.val_check_interval=-1",
         f"runner.max_steps={STEPS}",
         f"weight_syncer={syncer}",
         "runner.rollout_restarts=10",
@@ -56,7 +36,6 @@ def command(run_dir: Path, entry_point: str, syncer: str) -> list[str]:
         "runner.step_timeout_s=120",
         "runner.shutdown_grace_s=2",
         "+fixture.rollout_sleep_s=0.1",
-        f"hydra.run.dir={run_dir}",
     ]
 
 
@@ -75,17 +54,8 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def workers(run_dir: Path) -> dict[int, str]:
-    """pid -> command line of this run's workers (their command lines name the run dir)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        # (The run dir is under pytest's tmp dir: match the worker's arguments, not the word "pytest".)
-        if f"--run-dir {run_dir}" in cmd and "--role" in cmd and int(pid) != os.getpid():
-            found[int(pid)] = cmd
-    return found
+    """pid -> command line of this run's workers."""
+    return {pid: cmd for pid, cmd in processes(run_dir).items() if f"--run-dir {run_dir}" in cmd and "--role" in cmd}
 
 
 def rollout_pid(run_dir: Path, rank: int) -> int | None:
@@ -153,21 +123,18 @@ def kill_campaign(proc: subprocess.Popen, run_dir: Path, rng: random.Random) -> 
 @pytest.mark.parametrize("syncer", ["patch_syncer", "bucket_syncer"])
 @pytest.mark.parametrize("entry_point", ["train_embodied", "train_async"])
 def test_killed_python_rollouts_are_restarted_and_the_run_finishes(tmp_path, entry_point, syncer):
-    assert BIN.exists(), f"{BIN} is missing: build it with `cargo build --release` (make test does)"
     seed = int(os.environ.get("RLSYNC_FAULT_SEED") or random.randrange(1 << 30))
     print(f"RLSYNC_FAULT_SEED={seed}")
     rng = random.Random(seed)
     run_dir = tmp_path / "run"
     shm_before = set(os.listdir("/dev/shm"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
     extra = ["algorithm.staleness_threshold=1"] if entry_point == "train_async" else []
     proc = subprocess.Popen(
-        command(run_dir, entry_point, syncer) + extra,
+        command(entry_point, run_dir, *overrides(syncer), *extra),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "stderr.txt", "w"),
-        env=env,
+        env=environment(),
     )
     try:
         killed = kill_campaign(proc, run_dir, rng)

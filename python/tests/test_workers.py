@@ -11,39 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / "target" / "release" / "rlsync"
-WORKERS = Path(__file__).resolve().parent / "workers"
-
+from python_runs import ROOT, WORKERS, command, environment, processes
 
 def run(tmp_path: Path, entry_point: str, *overrides: str, entry: str = "tiny_rl") -> subprocess.CompletedProcess:
-    assert BIN.exists(), f"{BIN} is missing: build it with `cargo build --release` (make test does)"
-    args = [
-        str(BIN),
-        entry_point,
-        "worker@actor.worker=python",
-        "worker@rollout.worker=python",
-        f"actor.worker.entry={entry}",
-        f"rollout.worker.entry={entry}",
-        f"actor.worker.path=[{WORKERS}]",
-        f"rollout.worker.path=[{WORKERS}]",
-        f"actor.worker.python={sys.executable}",
-        f"rollout.worker.python={sys.executable}",
-        "env@env.train=gym",
-        "env@env.eval=gym",
-        "env.train.total_num_envs=4",
-        "env.eval.total_num_envs=4",
-        "env.train.max_steps_per_rollout_epoch=8",
-        "rollout.chunk_steps=8",
-        "runner.val_check_interval=-1",
-        f"hydra.run.dir={tmp_path / 'run'}",
-        *overrides,
-    ]
-    env = dict(os.environ)
-    # The workers import the package under test from this checkout.
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "python"), env.get("PYTHONPATH", "")])
-    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    args = command(entry_point, tmp_path / "run", *overrides, entry=entry)
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=environment())
 
 
 def metrics(tmp_path: Path) -> list[dict]:
@@ -52,18 +24,8 @@ def metrics(tmp_path: Path) -> list[dict]:
 
 
 def leftovers(tmp_path: Path) -> list[str]:
-    """Processes still running from this run (by their --run-dir argument)."""
-    run_dir = str(tmp_path / "run")
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        # Not by name: the run dir itself lies under pytest's tmp dir (/tmp/pytest-of-root/...).
-        if run_dir in cmd and int(pid) != os.getpid():
-            out.append(cmd)
-    return out
+    """Processes still running from this run."""
+    return list(processes(tmp_path / "run").values())
 
 
 def shm_leftovers(before: set[str]) -> list[str]:
