@@ -8,11 +8,12 @@
 
 mod report;
 
+use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use crate::config::schema::{ReceiverMemory, RunConfig, TransportKind, UpdateKind};
 use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
-use crate::tensor::parallel::resolve_threads;
+use crate::tensor::parallel::{map_items, resolve_threads};
 use crate::tensor::synthetic::{ModelSpec, SyntheticError, SyntheticModel, UpdateMode};
 use crate::tensor::{DType, StateDict, Storage, Tensor};
 use crate::transport;
@@ -99,7 +100,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let memcpy_ms = memcpy_ms(&sender_state, &synced);
+    let floors = memory_floors(&sender_state, &synced, threads);
     let fmt = report::Printer::new(b.format);
     let mut records = Vec::with_capacity(steps as usize);
     let result: Result<(), BenchError> = rt.block_on(async {
@@ -155,7 +156,8 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
             params: b.params,
             dtype,
             synced_elems,
-            memcpy_ms,
+            memcpy_ms: floors.memcpy_ms,
+            scan_ms: floors.scan_ms,
             threads: threads.get(),
             receivers,
             transport: b.transport,
@@ -317,8 +319,11 @@ fn collect(
     Ok(out)
 }
 
-/// Median of three plain copies of the synced state's bytes into a warm buffer.
-fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
+/// The host's memory figures for this state, as medians of three passes after a warm-up: a plain copy of the
+/// synced bytes into a warm buffer (one thread), and one read of those bytes and of that copy compared word by
+/// word on `threads` threads — the traffic a patch build cannot avoid (it must read the state and a snapshot of
+/// it to find what changed), so no build on this host is faster than the scan.
+fn memory_floors(state: &StateDict, keys: &[String], threads: NonZeroUsize) -> Floors {
     let tensors: Vec<&[u8]> = keys
         .iter()
         .filter_map(|k| state.get(k))
@@ -326,7 +331,7 @@ fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
         .collect();
     let total: usize = tensors.iter().map(|t| t.len()).sum();
     let mut dst = vec![0u8; total];
-    let mut times = Vec::new();
+    let mut copies = Vec::new();
     for _ in 0..4 {
         let t0 = Instant::now();
         let mut off = 0;
@@ -334,11 +339,46 @@ fn memcpy_ms(state: &StateDict, keys: &[String]) -> f64 {
             dst[off..off + t.len()].copy_from_slice(t);
             off += t.len();
         }
-        times.push(t0.elapsed().as_secs_f64() * 1e3);
+        copies.push(t0.elapsed().as_secs_f64() * 1e3);
         std::hint::black_box(&dst);
     }
-    times.remove(0); // first pass faults the pages in
-    report::median(&mut times)
+    copies.remove(0); // first pass faults the pages in
+    // Pieces of at most 16 MiB, so the threads share uneven tensors evenly.
+    let mut pieces = Vec::new();
+    let mut off = 0;
+    for t in &tensors {
+        for c in t.chunks(16 << 20) {
+            pieces.push((c, &dst[off..off + c.len()]));
+            off += c.len();
+        }
+    }
+    let mut scans = Vec::new();
+    for _ in 0..4 {
+        let t0 = Instant::now();
+        let differ = any_difference(pieces.clone(), threads);
+        scans.push(t0.elapsed().as_secs_f64() * 1e3);
+        std::hint::black_box(differ);
+    }
+    scans.remove(0);
+    Floors {
+        memcpy_ms: report::median(&mut copies),
+        scan_ms: report::median(&mut scans),
+    }
+}
+
+/// Whether any pair of equally long byte slices differs, read on `threads` threads (every byte is read: the
+/// reduction has no early exit, as a diff has none).
+fn any_difference(pieces: Vec<(&[u8], &[u8])>, threads: NonZeroUsize) -> bool {
+    map_items(pieces, threads, |(a, b)| {
+        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y))
+    })
+    .into_iter()
+    .any(|d| d != 0)
+}
+
+struct Floors {
+    memcpy_ms: f64,
+    scan_ms: f64,
 }
 
 #[cfg(test)]
@@ -363,6 +403,35 @@ mod tests {
         cfg.bench.threads = 2;
         cfg.bench.format = OutputFormat::Json;
         run(&cfg).unwrap()
+    }
+
+    #[test]
+    fn the_scan_floor_reads_every_byte_of_both_sides() {
+        let a: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut b = a.clone();
+        let pieces = |a: &[u8], b: &[u8]| -> Vec<(Vec<u8>, Vec<u8>)> {
+            a.chunks(7_000)
+                .zip(b.chunks(7_000))
+                .map(|(x, y)| (x.to_vec(), y.to_vec()))
+                .collect()
+        };
+        for threads in [1, 3] {
+            let t = NonZeroUsize::new(threads).unwrap();
+            let same = pieces(&a, &b);
+            assert!(!any_difference(
+                same.iter().map(|(x, y)| (&x[..], &y[..])).collect(),
+                t
+            ));
+            for at in [0, 6_999, 50_000, 99_999] {
+                b[at] ^= 0x10;
+                let one = pieces(&a, &b);
+                assert!(
+                    any_difference(one.iter().map(|(x, y)| (&x[..], &y[..])).collect(), t),
+                    "a flipped bit at {at} with {threads} threads"
+                );
+                b[at] ^= 0x10;
+            }
+        }
     }
 
     #[test]

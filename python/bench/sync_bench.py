@@ -292,7 +292,7 @@ def run_rust(kind: str, n: int, args: argparse.Namespace, borrowed: bool = False
         raise RuntimeError(f"no summary line in the output of {' '.join(cmd[1:])}")
     s = summary[-1]
     return {"e2e_ms": s["total_ms"], "verified": bool(s["verified"]), "payload_bytes": s.get("payload_bytes"),
-            "density": s.get("density"), "memcpy_ms": s.get("memcpy_ms")}
+            "density": s.get("density"), "memcpy_ms": s.get("memcpy_ms"), "scan_ms": s.get("scan_ms")}
 
 
 # ---------------------------------------------------------------------------------------------------- torchrl
@@ -441,6 +441,12 @@ def print_summary(results: list[dict[str, Any]], receivers: list[int]) -> None:
         if ok(("rlsync-patch", n)) and ok(("torchrl-shared", n)):
             print(f"- {n} rollout(s): TorchRL shared-memory / rlsync patch: "
                   f"{by[('torchrl-shared', n)]['e2e_ms'] / by[('rlsync-patch', n)]['e2e_ms']:.2f}x (goal >= 5x)")
+        scan = next((by[(m, n)]["scan_ms"] for m in ("rust-patch", "rust-patch-borrowed")
+                     if ok((m, n)) and by[(m, n)].get("scan_ms")), None)
+        if scan and ok(("torchrl-shared", n)):
+            # A patch build reads the state and its snapshot to find what changed: no patch here beats that read.
+            print(f"- {n} rollout(s): the most any snapshot-diff patch can reach on this host, TorchRL shared-memory / "
+                  f"one read of state + snapshot ({scan:.1f} ms): {by[('torchrl-shared', n)]['e2e_ms'] / scan:.2f}x")
 
 
 def main() -> None:
@@ -490,7 +496,8 @@ def main() -> None:
                     notes.append(f"{r['changed'] / args.params:.2%} changed, payload {r['payload_bytes'] / 2**20:.2f} MiB, "
                                  f"trainer's sync call {r['sender_ms']:.1f} ms")
                 if r.get("density") is not None:
-                    notes.append(f"{r['density']:.2%} changed, its memcpy of the state {r['memcpy_ms']:.1f} ms")
+                    notes.append(f"{r['density']:.2%} changed, its memcpy of the state {r['memcpy_ms']:.1f} ms, "
+                                 f"its scan of state + snapshot {r['scan_ms']:.1f} ms")
                 for key, what in (("trainer_rss_mib", "trainer peak RSS"), ("rollout_rss_mib", "largest rollout peak RSS"),
                                   ("shm_mib", "/dev/shm")):
                     if r.get(key) is not None:

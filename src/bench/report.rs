@@ -31,6 +31,7 @@ pub(crate) struct RunFacts {
     pub dtype: DType,
     pub synced_elems: u64,
     pub memcpy_ms: f64,
+    pub scan_ms: f64,
     pub threads: usize,
     pub receivers: usize,
     pub transport: TransportKind,
@@ -55,6 +56,8 @@ pub struct BenchSummary {
     pub apply_ms: f64,
     pub total_ms: f64,
     pub memcpy_ms: f64,
+    /// One read of the synced state and a same-size copy on the syncer's threads: a patch build's floor.
+    pub scan_ms: f64,
     pub threads: usize,
     pub verified: bool,
     pub receivers: usize,
@@ -116,6 +119,7 @@ impl BenchSummary {
             apply_ms: med(&|s| ms(s.apply)),
             total_ms: med(&|s| ms(s.total)),
             memcpy_ms: f.memcpy_ms,
+            scan_ms: f.scan_ms,
             threads: f.threads,
             verified: !steps.is_empty() && steps.iter().all(|s| s.verified),
             receivers: f.receivers,
@@ -149,6 +153,7 @@ impl BenchSummary {
             "apply_ms": self.apply_ms,
             "total_ms": self.total_ms,
             "memcpy_ms": self.memcpy_ms,
+            "scan_ms": self.scan_ms,
             "threads": self.threads,
             "verified": self.verified,
             "receivers": self.receivers,
@@ -240,13 +245,14 @@ impl Printer {
                     s.verified
                 ));
                 crate::stdio::out(format_args!(
-                    "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)\n",
+                    "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} scan_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)\n",
                     s.syncer,
                     s.params,
                     s.dtype,
                     s.state_bytes,
                     s.density,
                     s.memcpy_ms,
+                    s.scan_ms,
                     s.threads,
                     s.receivers,
                     s.transport,
