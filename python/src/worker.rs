@@ -151,19 +151,10 @@ impl Workload for PyWorkload {
         self.next_chunk += 1;
         Python::attach(|py| {
             let out = self.call(py, "rollout", (steps, version))?;
-            type Arr = (String, String, Vec<u64>, Vec<u8>);
             let (items, env_steps, mean_return) = out
-                .extract::<(Vec<Arr>, u64, f64)>()
+                .extract::<(Vec<PyArray>, u64, f64)>()
                 .map_err(|e| bad_return("rollout()", e))?;
-            let named: Vec<NamedArray<'_>> = items
-                .iter()
-                .map(|(name, dtype, shape, data)| NamedArray {
-                    name,
-                    dtype,
-                    shape: shape.clone(),
-                    data,
-                })
-                .collect();
+            let named = named_arrays(&items);
             Ok(TrajectoryChunk {
                 env_steps,
                 mean_return,
@@ -282,14 +273,12 @@ fn run_worker(py: Python<'_>, argv: Vec<String>, factory: Py<PyAny>) -> PyResult
 }
 
 /// Encode `arrays` — `[(name, dtype_str, shape, bytes)]` — as one named-array chunk (what a rollout sends).
-#[pyfunction]
-fn encode_arrays<'py>(
-    py: Python<'py>,
-    rank: u32,
-    chunk: u64,
-    items: Vec<(String, String, Vec<u64>, Vec<u8>)>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let named: Vec<NamedArray<'_>> = items
+/// One array as Python hands it over: `(name, dtype, shape, bytes)`.
+type PyArray = (String, String, Vec<u64>, Vec<u8>);
+
+/// The arrays as the trajectory codec takes them (borrowing names and bytes).
+fn named_arrays(items: &[PyArray]) -> Vec<NamedArray<'_>> {
+    items
         .iter()
         .map(|(name, dtype, shape, data)| NamedArray {
             name,
@@ -297,7 +286,17 @@ fn encode_arrays<'py>(
             shape: shape.clone(),
             data,
         })
-        .collect();
+        .collect()
+}
+
+#[pyfunction]
+fn encode_arrays<'py>(
+    py: Python<'py>,
+    rank: u32,
+    chunk: u64,
+    items: Vec<PyArray>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let named = named_arrays(&items);
     let bytes = arrays::encode_arrays(ChunkOrigin { rank, chunk }, &named)
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
     Ok(PyBytes::new(py, &bytes))
