@@ -3,6 +3,7 @@
 //! Data flow: search path → defaults tree → merged [`node::Node`] tree → CLI overrides → interpolation
 //! → typed [`schema::RunConfig`]. This module knows nothing of processes, tensors or tch.
 
+mod antlr_text;
 pub mod bigint;
 pub mod compose;
 pub mod defaults;

@@ -10,6 +10,7 @@
 //! "no viable alternative" report reads the whole input's text.
 
 use super::grammar::{GrammarError, Tk, Tok};
+use crate::config::antlr_text::{quote, token_set};
 
 /// A set of token kinds: bit `n` is token type `n` of `OmegaConfGrammarLexer.tokens`, bit 0 is EOF and
 /// bit 31 ANTLR's epsilon (the rule may end here).
@@ -73,25 +74,7 @@ fn then(next: Set, follow: Set) -> Set {
 }
 
 fn render(s: Set) -> String {
-    let names: Vec<&str> = NAMES
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| s & (1 << i) != 0)
-        .map(|(_, (_, n))| *n)
-        .collect();
-    match names.as_slice() {
-        [one] => (*one).to_owned(),
-        many => format!("{{{}}}", many.join(", ")),
-    }
-}
-
-/// ANTLR's `escapeWSAndQuote`.
-fn quote(text: &str) -> String {
-    let escaped = text
-        .replace('\n', "\\n")
-        .replace('\r', "\\r")
-        .replace('\t', "\\t");
-    format!("'{escaped}'")
+    token_set(s, NAMES.iter().map(|(_, name)| *name))
 }
 
 fn text_tokens() -> Set {

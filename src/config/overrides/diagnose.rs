@@ -11,6 +11,7 @@
 
 use super::GrammarError;
 use super::lexer::{Tok, Token};
+use crate::config::antlr_text::{quote, token_set};
 
 /// A set of token kinds (the bit of each kind's position in [`ORDER`], EOF first as ANTLR sorts it).
 type Set = u32;
@@ -95,25 +96,7 @@ const DICT_KEY: Set = set(&[
 const KEY_START: Set = set(&[Tok::Id, Tok::KeySpecial, Tok::DotPath]);
 
 fn render(s: Set) -> String {
-    let names: Vec<&str> = ORDER
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| s & (1 << i) != 0)
-        .map(|(_, (_, name))| *name)
-        .collect();
-    match names.as_slice() {
-        [one] => (*one).to_owned(),
-        many => format!("{{{}}}", many.join(", ")),
-    }
-}
-
-/// ANTLR's `escapeWSAndQuote`.
-fn quote(text: &str) -> String {
-    let escaped = text
-        .replace('\n', "\\n")
-        .replace('\r', "\\r")
-        .replace('\t', "\\t");
-    format!("'{escaped}'")
+    token_set(s, ORDER.iter().map(|(_, name)| *name))
 }
 
 /// How the override called `key`: what may follow it.
