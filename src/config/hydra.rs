@@ -28,6 +28,18 @@ pub(crate) struct RuntimeInfo<'a> {
     pub sources: &'a [Source],
 }
 
+/// The strings of the list at dotted `path` (other elements skipped; none when it is absent or not a list).
+fn strings_at(cfg: &Node, path: &str) -> Vec<String> {
+    cfg.get_path(path)
+        .and_then(Node::as_list)
+        .map(|l| {
+            l.iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn dict_at<'n>(root: &'n mut Node, path: &[&str]) -> Option<&'n mut Dict> {
     let mut cur = root;
     for part in path {
@@ -82,15 +94,7 @@ pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
             choices.insert(Key::from(key.as_str()), Node::new(value));
         }
     }
-    let env_copy: Vec<String> = cfg
-        .get_path("hydra.job.env_copy")
-        .and_then(Node::as_list)
-        .map(|l| {
-            l.iter()
-                .filter_map(|n| n.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let env_copy = strings_at(cfg, "hydra.job.env_copy");
     if let Some(env_set) = dict_at(cfg, &["hydra", "job", "env_set"]) {
         for key in env_copy {
             if let Ok(value) = std::env::var(&key) {
@@ -168,15 +172,7 @@ fn override_dirname(cfg: &Node, task_overrides: &[(String, String)]) -> String {
     };
     let kv_sep = sep("kv_sep", "=");
     let item_sep = sep("item_sep", ",");
-    let exclude: Vec<String> = cfg
-        .get_path("hydra.job.config.override_dirname.exclude_keys")
-        .and_then(Node::as_list)
-        .map(|l| {
-            l.iter()
-                .filter_map(|n| n.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let exclude = strings_at(cfg, "hydra.job.config.override_dirname.exclude_keys");
     let mut lines: Vec<&str> = task_overrides
         .iter()
         .filter(|(key, _)| !exclude.contains(key))
