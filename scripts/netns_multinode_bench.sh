@@ -48,6 +48,10 @@ trap cleanup EXIT
 
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, tc)" >&2; exit 2; }
 [ -x "$BIN" ] || { echo "build it first: cargo build --release" >&2; exit 2; }
+if { [[ " $SECTIONS " == *" 1 "* ]] || [[ " $SECTIONS " == *" 2 "* ]]; } && [ $((4 % N)) -ne 0 ]; then
+    echo "NODES=$N must divide 4: sections 1 and 2 spread 4 rollouts evenly (cluster.slots_per_node=4/NODES)" >&2
+    exit 2
+fi
 
 netns_up "$P" "$NS" 10.78.0 "$RATE"
 
