@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Peer, TransportError};
+use super::{Peer, Target, TransportError};
 
 /// What a receiver tells the sender.
 #[derive(Debug, PartialEq, Eq)]
@@ -125,6 +125,32 @@ impl Fanout {
     /// Ranks with a live receiver.
     pub(crate) fn live(&self) -> Vec<usize> {
         ranks_where(&self.gone.iter().map(|g| !g).collect::<Vec<_>>())
+    }
+
+    /// The live ranks a payload for `target` goes to (`All`: every live rank but those in `held_back`); a rank
+    /// that does not exist or is detached is an error of operation `op`.
+    pub(crate) fn targets(
+        &self,
+        target: Target,
+        held_back: &[usize],
+        op: &'static str,
+    ) -> Result<Vec<usize>, TransportError> {
+        match target {
+            Target::All => Ok(self
+                .live()
+                .into_iter()
+                .filter(|r| !held_back.contains(r))
+                .collect()),
+            Target::Rank(rank) if rank >= self.receivers => Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.receivers,
+            }),
+            Target::Rank(rank) if self.is_gone(rank) => Err(TransportError::PeerGone {
+                op,
+                peer: Peer::Receiver(rank),
+            }),
+            Target::Rank(rank) => Ok(vec![rank]),
+        }
     }
 
     /// Ranks admitted since the last call (the backend attaches their streams).

@@ -272,22 +272,7 @@ impl SendBackend for InProcSender {
         const OP: &str = "sending a payload";
         self.housekeep()?;
         self.fanout.require_all_alive(OP)?;
-        let targets = match target {
-            Target::All => self.fanout.live(),
-            Target::Rank(rank) if rank >= self.fanout.receivers() => {
-                return Err(TransportError::NoSuchRank {
-                    rank,
-                    receivers: self.fanout.receivers(),
-                });
-            }
-            Target::Rank(rank) if self.fanout.is_gone(rank) => {
-                return Err(TransportError::PeerGone {
-                    op: OP,
-                    peer: Peer::Receiver(rank),
-                });
-            }
-            Target::Rank(rank) => vec![rank],
-        };
+        let targets = self.fanout.targets(target, &[], OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
         let mut buf = self.take_buf(slot, len)?;

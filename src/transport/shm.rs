@@ -674,35 +674,14 @@ impl ShmSender {
         const OP: &str = OP_SEND;
         self.housekeep()?;
         self.fanout.require_all_alive(OP)?;
-        let targets: Vec<usize> = match target {
-            // A late joiner sees only its own payloads until the caller took it in (`wait_joined`): it must be
-            // caught up before it can follow the others.
-            Target::All => {
-                let fresh = self
-                    .late
-                    .as_ref()
-                    .map(|l| l.fresh.as_slice())
-                    .unwrap_or(&[]);
-                self.fanout
-                    .live()
-                    .into_iter()
-                    .filter(|r| !fresh.contains(r))
-                    .collect()
-            }
-            Target::Rank(rank) if rank >= self.fanout.receivers() => {
-                return Err(TransportError::NoSuchRank {
-                    rank,
-                    receivers: self.fanout.receivers(),
-                });
-            }
-            Target::Rank(rank) if self.fanout.is_gone(rank) => {
-                return Err(TransportError::PeerGone {
-                    op: OP,
-                    peer: Peer::Receiver(rank),
-                });
-            }
-            Target::Rank(rank) => vec![rank],
-        };
+        // A late joiner sees only its own payloads until the caller took it in (`wait_joined`): it must be
+        // caught up before it can follow the others.
+        let fresh = self
+            .late
+            .as_ref()
+            .map(|l| l.fresh.as_slice())
+            .unwrap_or(&[]);
+        let targets = self.fanout.targets(target, fresh, OP)?;
         let (seq, slot) = self.fanout.next();
         self.fanout.wait_slot_free(slot, OP).await?;
         self.housekeep()?;
