@@ -14,9 +14,10 @@
 //! count. The trainer dying always fails the run (resume from a checkpoint).
 //!
 //! Over several nodes the budget, the backoff and the hold stay with node 0's supervisor: a node agent's
-//! supervisor (`restarts_upstream`) only reports the death of its restartable rollout (`Incoming::Lost`, sent
-//! up as `lost`) and starts the successor when node 0 asks (`restart`), reporting it once connected
-//! (`restarted`); node 0 treats the remote worker exactly like a local one.
+//! supervisor (`upstream`) only reports the death of its restartable rollout (`Incoming::Lost`, sent up as
+//! `lost` with the last lines of its log) and starts the successor when node 0 asks (`restart`), reporting it
+//! once connected (`restarted`; during the agent's start-up its `ready` names it instead); node 0 treats the
+//! remote worker exactly like a local one, a death during the start-up included.
 
 pub mod nodes;
 pub mod spawn;
@@ -40,7 +41,7 @@ use crate::orchestrator::metrics::progress::Console;
 use crate::protocol::ProtocolError;
 use crate::protocol::frame::FrameReader;
 use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
-use crate::protocol::node::NodeCommand;
+use crate::protocol::node::{NodeCommand, NodeReport};
 use spawn::LogTail;
 pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
@@ -257,10 +258,11 @@ pub struct SupervisorConfig {
     pub remote: Vec<(WorkerId, u32)>,
     /// Multi-node: the links to the node agents.
     pub cluster: nodes::Cluster,
-    /// On a node agent: a restartable rollout's death is only reported (`Incoming::Lost`); node 0 keeps its
-    /// budget and backoff and asks for its successor ([`Supervisor::restart`]). Before the agent's workers are
-    /// all up (its `ready`), a death fails the node as without restarts.
-    pub restarts_upstream: bool,
+    /// On a node agent, its link up to node 0: a restartable rollout's death is only reported there (`lost`,
+    /// with the last lines of its log), also while the agent's workers are still starting (before its
+    /// `ready`); node 0 keeps its budget and backoff and asks for its successor ([`Supervisor::restart`], also
+    /// honoured during the start-up). `None` on node 0 and on one host.
+    pub upstream: Option<nodes::FrameTx>,
 }
 
 /// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
@@ -567,7 +569,6 @@ impl Supervisor {
         id.role == Role::Rollout
             && self.cfg.rollout_restarts > 0
             && self.stop_requests == 0
-            && (self.started || !self.cfg.restarts_upstream)
             && !blames.iter().any(|b| b.role == Role::Trainer)
             && self
                 .units
@@ -584,7 +585,7 @@ impl Supervisor {
         cause: String,
     ) -> Result<Option<Incoming>, OrchestratorError> {
         let budget = self.cfg.rollout_restarts;
-        let upstream = self.cfg.restarts_upstream;
+        let upstream = self.cfg.upstream.clone();
         let Some(unit) = self.unit_mut(id) else {
             return Ok(None);
         };
@@ -598,8 +599,9 @@ impl Supervisor {
             UnitState::Exited(status) => Some(status.into_raw()),
             _ => None,
         };
-        if upstream {
-            // A node agent: node 0 counts the restart, waits the backoff and asks for the successor.
+        if let Some(up) = upstream {
+            // A node agent: node 0 counts the restart, waits the backoff and asks for the successor; it quotes
+            // the last lines of the log should this death be one too many.
             unit.restarts += 1;
             unit.state = UnitState::Down;
             unit.link = None;
@@ -611,6 +613,17 @@ impl Supervisor {
                 } else {
                     format!("; its last lines:\n{}", tail.join("\n"))
                 }
+            );
+            up.send(
+                &NodeReport::Lost {
+                    role: id.role,
+                    rank: id.rank,
+                    pid,
+                    cause: cause.clone(),
+                    status,
+                    tail: spawn::bounded_tail(tail),
+                },
+                &[],
             );
             return Ok(Some(Incoming::Lost {
                 id,
@@ -833,6 +846,16 @@ impl Supervisor {
                         reason: format!("the weight relay failed: {why}"),
                     });
                 }
+                // On an agent: node 0 restarts a rollout lost during the start-up (it kept the budget and
+                // waited the backoff); `ready` names the successor, so its `restarted` is not sent.
+                Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
+                    header: NodeCommand::Restart { role, rank },
+                    ..
+                }))) => self.restart(WorkerId { role, rank })?,
+                Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
+                    header: NodeCommand::Kill { role, rank, reason },
+                    ..
+                }))) => self.kill(WorkerId { role, rank }, reason),
                 _ => {}
             }
         }
