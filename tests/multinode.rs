@@ -670,8 +670,7 @@ fn restarts(n: u32) -> Vec<String> {
 fn restarts_counted(run: &Run) -> Option<u64> {
     run.metrics()
         .into_iter()
-        .filter(|r| r.contains_key("train/loss"))
-        .last()
+        .rfind(|r| r.contains_key("train/loss"))
         .and_then(|r| {
             r.get("rollout/restarts")
                 .and_then(serde_json::Value::as_u64)
