@@ -180,9 +180,10 @@ pub struct WorkerContext {
 }
 
 /// A test-only knob, for integration tests that kill a rollout at an exact moment (never set it in a real
-/// run): `RLSYNC_TEST_HOLD=<role>-<rank>@<stage>:<file>` makes the first process of that worker to reach
-/// `stage` create `<file>` (it must not exist), write its pid and a newline there, and wait until it is
-/// killed; its successors find the file and go on. Stages: `hello` (before its hello: its supervisor, a node
+/// run): `RLSYNC_TEST_HOLD=<role>-<rank>@<stage>[*<n>]:<file>` makes the first `n` (default 1) processes of
+/// that worker to reach `stage` each create the first of `<file>`, `<file>.2`, … `<file>.<n>` that does not
+/// exist, write its pid and a newline there, and wait until it is killed; later processes (once all `n` files
+/// exist) go on. Stages: `hello` (before its hello: its supervisor, a node
 /// agent's too, is still waiting for it), `bootstrap` (the weight channel's plan received, before the init
 /// bootstrap's payloads), `catchup` (a rejoin's catch-up announced, before its replay or full transfer). A
 /// malformed value is a usage error of the worker.
@@ -192,6 +193,8 @@ pub const TEST_HOLD_VAR: &str = "RLSYNC_TEST_HOLD";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TestHold {
     stage: HoldStage,
+    /// Processes held, one file each.
+    times: u32,
     file: PathBuf,
 }
 
@@ -210,11 +213,18 @@ impl TestHold {
         };
         let usage = || WorkerError::Usage {
             reason: format!(
-                "{TEST_HOLD_VAR}={spec}: expected <role>-<rank>@<hello|bootstrap|catchup>:<file> (a test knob)"
+                "{TEST_HOLD_VAR}={spec}: expected <role>-<rank>@<hello|bootstrap|catchup>[*<n>]:<file> (a test knob)"
             ),
         };
         let (who, rest) = spec.split_once('@').ok_or_else(usage)?;
         let (stage, file) = rest.split_once(':').ok_or_else(usage)?;
+        let (stage, times) = match stage.split_once('*') {
+            Some((stage, n)) => (
+                stage,
+                n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(usage)?,
+            ),
+            None => (stage, 1),
+        };
         let stage = match stage {
             "hello" => HoldStage::Hello,
             "bootstrap" => HoldStage::Bootstrap,
@@ -229,6 +239,7 @@ impl TestHold {
         }
         Ok(Some(TestHold {
             stage,
+            times,
             file: PathBuf::from(file),
         }))
     }
@@ -238,12 +249,27 @@ impl TestHold {
         if self.stage != stage {
             return;
         }
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&self.file);
-        let Ok(mut file) = created else {
-            // A predecessor held here (or the file cannot be made): go on.
+        // The first file no predecessor made; none left (or none can be made): go on.
+        let mut created = None;
+        for n in 1..=self.times {
+            let path = match n {
+                1 => self.file.clone(),
+                n => PathBuf::from(format!("{}.{n}", self.file.display())),
+            };
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path);
+            match made {
+                Ok(file) => {
+                    created = Some(file);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(_) => return,
+            }
+        }
+        let Some(mut file) = created else {
             return;
         };
         use std::io::Write as _;
@@ -434,14 +460,22 @@ mod tests {
             parse("rollout-1@bootstrap:/tmp/h", 1).unwrap(),
             Some(TestHold {
                 stage: HoldStage::Bootstrap,
+                times: 1,
                 file: PathBuf::from("/tmp/h"),
             })
+        );
+        assert_eq!(
+            parse("rollout-1@hello*2:/tmp/h", 1)
+                .unwrap()
+                .map(|h| h.times),
+            Some(2)
         );
         for bad in [
             "rollout-1",
             "rollout-1@later:/tmp/h",
             "rollout-1@hello:",
             "x@hello",
+            "rollout-1@hello*0:/tmp/h",
         ] {
             let err = parse(bad, 1).unwrap_err().to_string();
             assert!(err.contains(TEST_HOLD_VAR) && err.contains(bad), "{err}");

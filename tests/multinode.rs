@@ -602,6 +602,11 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
     );
     for (code, err) in outs {
         assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+        // Told why before its link closed.
+        assert!(
+            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
+            "{err}"
+        );
     }
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
@@ -720,6 +725,48 @@ fn a_remote_rollout_killed_before_its_agent_is_ready_is_restarted() {
         lost < ready,
         "the loss came before node 1 was ready:\n{agent}"
     );
+}
+
+/// The same past its budget: killed again before its agent was ready, it fails the run naming it and its node
+/// and quoting its last lines (sent up by its agent); every node exits and nothing is left.
+#[test]
+fn a_remote_rollout_killed_before_its_agent_is_ready_past_its_budget_fails_the_run() {
+    let mut run = Run::new(2);
+    run.extra = restarts(1);
+    let held = run.hold("rollout-1@hello*2");
+    let mut children = run.start("patch_syncer", 100_000);
+    let first = run.held_pid(&mut children, &held);
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    let second = run.held_pid(
+        &mut children,
+        &PathBuf::from(format!("{}.2", held.display())),
+    );
+    kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
+    let mut outs = children.into_iter().map(finish);
+    let (code, err) = outs.next().unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
+        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
+        "{err}"
+    );
+    let log = run.run_dir.join("node-1/logs/rollout-1.log");
+    let quoted = err
+        .split(&format!("--- last lines of {} ---\n", log.display()))
+        .nth(1)
+        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
+    assert!(quoted.contains("RLSYNC_TEST_HOLD: held at"), "{err}");
+    for (code, err) in outs {
+        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+        assert!(
+            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
+            "{err}"
+        );
+    }
+    assert!(run.metrics().iter().all(|r| !r.contains_key("train/loss")));
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
 }
 
 /// A rollout on node 1 (the middle of a three-node chain) dies during the weight chain's init bootstrap (held

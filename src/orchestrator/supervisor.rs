@@ -289,6 +289,8 @@ pub struct Supervisor {
     failed: Option<String>,
     /// Every first handshake is done (`start_on` returned).
     started: bool,
+    /// Nodes whose agent said it stopped, or that were lost: nothing of theirs runs any more.
+    nodes_ended: Vec<u32>,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -431,6 +433,7 @@ impl Supervisor {
             node_lost: None,
             failed: None,
             started: false,
+            nodes_ended: Vec::new(),
         };
         for (id, node) in remote {
             // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
@@ -834,11 +837,15 @@ impl Supervisor {
                     });
                 }
                 Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
-                    header: NodeCommand::Shutdown { .. },
+                    header: NodeCommand::Shutdown { failed },
                     ..
                 }))) => {
                     return Err(OrchestratorError::Handshake {
-                        reason: "the orchestrator ended the run".into(),
+                        reason: match failed {
+                            // E.g. a rollout of this node lost once more than its budget allows.
+                            Some(why) => format!("the run failed on node 0 ({why})"),
+                            None => "the orchestrator ended the run".into(),
+                        },
                     });
                 }
                 Some(Incoming::Upstream(nodes::Upstream::Relay(Err(why)))) => {
@@ -1448,19 +1455,20 @@ impl Supervisor {
     }
 
     async fn wait_exits(&mut self, limit: Duration) {
-        self.wait_until(limit, |units| units.iter().any(Unit::alive))
+        self.wait_until(limit, |sup| sup.units.iter().any(Unit::alive))
             .await
     }
 
     async fn wait_exits_of(&mut self, role: Role, limit: Duration) {
-        let alive = move |units: &[Unit]| units.iter().any(|u| u.id.role == role && u.alive());
+        let alive =
+            move |sup: &Supervisor| sup.units.iter().any(|u| u.id.role == role && u.alive());
         self.wait_until(limit, alive).await
     }
 
     /// Process exit and signal events until `alive` is false or `limit` passes.
-    async fn wait_until(&mut self, limit: Duration, alive: impl Fn(&[Unit]) -> bool) {
+    async fn wait_until(&mut self, limit: Duration, alive: impl Fn(&Supervisor) -> bool) {
         let deadline = Instant::now() + limit;
-        while alive(&self.units) {
+        while alive(self) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(Event::Exited { id, pid, status })) => {
                     if let Some(unit) = self.unit_mut(id)

@@ -558,6 +558,9 @@ impl Supervisor {
 
     /// Every worker of `node` is gone (stopped by its agent, or the node is lost).
     pub(super) fn node_ended(&mut self, node: u32) {
+        if !self.nodes_ended.contains(&node) {
+            self.nodes_ended.push(node);
+        }
         for unit in self.units.iter_mut().filter(|u| u.node == Some(node)) {
             if unit.alive() {
                 unit.state = UnitState::Exited(ExitStatus::from_raw(0));
@@ -582,8 +585,15 @@ impl Supervisor {
             );
         }
         let bound = self.cfg.grace * 2 + Duration::from_secs(2);
-        self.wait_until(bound, |units| {
-            units.iter().any(|u| u.node.is_some() && u.alive())
+        // Every agent answers (`stopped`, or `failed`, or its link ends), also one whose workers all died
+        // already (a rollout lost past its budget): its link stays up until then, so the `shutdown` with the
+        // run's failure reaches it.
+        self.wait_until(bound, |sup| {
+            sup.cfg
+                .cluster
+                .links
+                .iter()
+                .any(|l| !sup.nodes_ended.contains(&l.node))
         })
         .await;
         let nodes: Vec<u32> = self.cfg.cluster.links.iter().map(|l| l.node).collect();
