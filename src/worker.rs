@@ -184,8 +184,9 @@ pub struct WorkerContext {
 /// that worker to reach `stage` each create the first of `<file>`, `<file>.2`, … `<file>.<n>` that does not
 /// exist, write its pid and a newline there, and wait until it is killed; later processes (once all `n` files
 /// exist) go on. Stages: `hello` (before its hello: its supervisor, a node
-/// agent's too, is still waiting for it), `bootstrap` (the weight channel's plan received, before the init
-/// bootstrap's payloads), `catchup` (a rejoin's catch-up announced, before its replay or full transfer). A
+/// agent's too, is still waiting for it), `handshake` (connected to its weight channel, before it sent its
+/// metadata: the trainer's init bootstrap waits on it), `bootstrap` (the weight channel's plan received,
+/// before the init bootstrap's payloads), `catchup` (a rejoin's catch-up announced, before its replay or full transfer). A
 /// malformed value is a usage error of the worker.
 pub const TEST_HOLD_VAR: &str = "RLSYNC_TEST_HOLD";
 
@@ -201,6 +202,7 @@ pub(crate) struct TestHold {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HoldStage {
     Hello,
+    Handshake,
     Bootstrap,
     CatchUp,
 }
@@ -213,7 +215,7 @@ impl TestHold {
         };
         let usage = || WorkerError::Usage {
             reason: format!(
-                "{TEST_HOLD_VAR}={spec}: expected <role>-<rank>@<hello|bootstrap|catchup>[*<n>]:<file> (a test knob)"
+                "{TEST_HOLD_VAR}={spec}: expected <role>-<rank>@<hello|handshake|bootstrap|catchup>[*<n>]:<file> (a test knob)"
             ),
         };
         let (who, rest) = spec.split_once('@').ok_or_else(usage)?;
@@ -227,6 +229,7 @@ impl TestHold {
         };
         let stage = match stage {
             "hello" => HoldStage::Hello,
+            "handshake" => HoldStage::Handshake,
             "bootstrap" => HoldStage::Bootstrap,
             "catchup" => HoldStage::CatchUp,
             _ => return Err(usage()),
@@ -282,7 +285,7 @@ impl TestHold {
     /// The syncer's hold for this stage, when it is one of the weight channel's.
     pub(crate) fn for_syncer(&self) -> Option<(crate::syncer::HoldPoint, crate::syncer::Hold)> {
         let point = match self.stage {
-            HoldStage::Hello => return None,
+            HoldStage::Hello | HoldStage::Handshake => return None,
             HoldStage::Bootstrap => crate::syncer::HoldPoint::Bootstrap,
             HoldStage::CatchUp => crate::syncer::HoldPoint::CatchUp,
         };

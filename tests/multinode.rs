@@ -769,13 +769,15 @@ fn a_remote_rollout_killed_before_its_agent_is_ready_past_its_budget_fails_the_r
     assert!(left.is_empty(), "leftovers: {left:?}");
 }
 
-/// A rollout on node 1 (the middle of a three-node chain) dies during the weight chain's init bootstrap (held
-/// once the plan arrived, before the bootstrap's payloads): the trainer's bootstrap goes on without it, its
-/// successor joins and is caught up, every sync is verified, the restart counted, nothing left.
-fn a_remote_rollout_killed_in_the_bootstrap_is_restarted(syncer: &str) {
+/// A rollout on node 1 (the middle of a three-node chain) dies during the weight chain's init bootstrap, held
+/// at `stage`: `handshake` (connected to its node's channel, before it sent its metadata: the trainer's
+/// bootstrap waits on it until its node answers that it is gone), or `bootstrap` (the plan received, before
+/// the bootstrap's payloads). The trainer's bootstrap goes on without it, its successor joins and is caught
+/// up, every sync is verified, the restart counted, nothing left.
+fn a_remote_rollout_killed_in_the_bootstrap_is_restarted(syncer: &str, stage: &str) {
     let mut run = Run::new(3);
     run.extra = restarts(2);
-    let held = run.hold("rollout-1@bootstrap");
+    let held = run.hold(&format!("rollout-1@{stage}"));
     let steps = 12;
     let mut children = run.start(syncer, steps);
     let pid = run.held_pid(&mut children, &held);
@@ -787,12 +789,22 @@ fn a_remote_rollout_killed_in_the_bootstrap_is_restarted(syncer: &str) {
 
 #[test]
 fn a_remote_rollout_killed_in_the_bootstrap_is_restarted_patch() {
-    a_remote_rollout_killed_in_the_bootstrap_is_restarted("patch_syncer");
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("patch_syncer", "bootstrap");
 }
 
 #[test]
 fn a_remote_rollout_killed_in_the_bootstrap_is_restarted_bucket() {
-    a_remote_rollout_killed_in_the_bootstrap_is_restarted("bucket_syncer");
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("bucket_syncer", "bootstrap");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_handshake_is_restarted_patch() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("patch_syncer", "handshake");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_handshake_is_restarted_bucket() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("bucket_syncer", "handshake");
 }
 
 /// A rollout on node 1 (mid-chain) is killed mid-run; its successor dies while the trainer catches it up

@@ -216,6 +216,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.keep_copy();
                     continue;
                 }
+                if let Some(hold) = &ctx.hold {
+                    hold.reach(crate::worker::HoldStage::Handshake).await;
+                }
                 syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
                 me.version = ctx.launch.start.version;
