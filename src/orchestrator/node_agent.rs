@@ -586,6 +586,50 @@ async fn serve(
     outcome
 }
 
+/// How long an agent whose weight relay broke waits for the orchestrator's `shutdown` before it fails on its
+/// own: at the run's end the node before it in the chain may stop its relay (its agent told first) before
+/// this agent hears that the run ended.
+const RELAY_SETTLE: Duration = Duration::from_secs(2);
+
+/// The weight relay failed (`why`): the run's end, or its failure, when the orchestrator says so within
+/// [`RELAY_SETTLE`]; else this node fails, naming its relay.
+async fn settle_relay_failure(
+    sup: &mut Supervisor,
+    multi: &MultiNode,
+    why: String,
+) -> Result<(), OrchestratorError> {
+    let deadline = tokio::time::Instant::now() + RELAY_SETTLE;
+    loop {
+        match tokio::time::timeout_at(deadline, sup.recv("the orchestrator's next command")).await {
+            Ok(Ok(Incoming::Upstream(Upstream::Command(Frame {
+                header: NodeCommand::Shutdown { failed },
+                ..
+            })))) => {
+                return match failed {
+                    None => Ok(()),
+                    Some(reason) => Err(OrchestratorError::RunFailed {
+                        node: multi.identity.node_rank,
+                        host: multi.identity.host.clone(),
+                        reason,
+                    }),
+                };
+            }
+            Ok(Ok(Incoming::Upstream(Upstream::Gone { reason }))) => {
+                return Err(OrchestratorError::OrchestratorGone {
+                    node: multi.identity.node_rank,
+                    host: multi.identity.host.clone(),
+                    reason,
+                });
+            }
+            // Whatever else happens meanwhile follows from the broken relay.
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => {
+                return Err(agent_err(multi, format!("its weight relay failed: {why}")));
+            }
+        }
+    }
+}
+
 /// Carry commands down to this node's workers and their reports up until the run ends.
 async fn relay_loop(
     sup: &mut Supervisor,
@@ -635,7 +679,7 @@ async fn relay_loop(
             // The head closed the chain: the run is ending; the shutdown follows.
             Incoming::Upstream(Upstream::Relay(Ok(()))) => {}
             Incoming::Upstream(Upstream::Relay(Err(why))) => {
-                return Err(agent_err(multi, format!("its weight relay failed: {why}")));
+                return settle_relay_failure(sup, multi, why).await;
             }
             // A restartable rollout died: its supervisor reported it `lost`; node 0 decides on its restart.
             Incoming::Lost { .. } => {}
