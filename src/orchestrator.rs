@@ -439,7 +439,7 @@ async fn run_in_private_dir(
         local,
         remote,
         cluster,
-        restarts_upstream: false,
+        upstream: None,
     };
     let result = match Supervisor::start_on(sup_cfg, opts.shutdown, console, events).await {
         Ok(mut sup) => {

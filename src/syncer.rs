@@ -240,7 +240,21 @@ enum Side {
 pub struct WeightSyncer {
     settings: Settings,
     side: Side,
+    /// Tests only: where a receiver awaits a future first ([`WeightSyncer::hold_at`]).
+    hold: Option<(HoldPoint, Hold)>,
 }
+
+/// A point of a receiver's set-up where a test may hold it ([`WeightSyncer::hold_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldPoint {
+    /// `init_receiver`: the plan received, before the init bootstrap's payloads.
+    Bootstrap,
+    /// `rejoin_receiver`: the catch-up announced, before its payloads (replay or full transfer).
+    CatchUp,
+}
+
+/// What a held receiver awaits.
+pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Run CPU-heavy work without stalling other tasks of a multi-threaded runtime.
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
@@ -325,7 +339,23 @@ impl WeightSyncer {
                 keep_last: false,
             },
             side: Side::Uninit,
+            hold: None,
         })
+    }
+
+    /// Tests only: await `hold` once this receiver reaches `point` (the worker's `RLSYNC_TEST_HOLD` knob
+    /// holds a rollout there until a test kills it, a death at a known moment of the weight channel).
+    pub fn hold_at(&mut self, point: HoldPoint, hold: Hold) {
+        self.hold = Some((point, hold));
+    }
+
+    /// Await the hold set for `point`, if any.
+    async fn reach(&mut self, point: HoldPoint) {
+        if self.hold.as_ref().is_some_and(|(p, _)| *p == point)
+            && let Some((_, hold)) = self.hold.take()
+        {
+            hold.await;
+        }
     }
 
     pub fn kind(&self) -> SyncerKind {

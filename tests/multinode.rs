@@ -47,6 +47,8 @@ struct Run {
     extra: Vec<String>,
     /// The entry point (`train_embodied` unless set).
     entry: &'static str,
+    /// More environment for every node (and so its workers).
+    env: Vec<(String, String)>,
 }
 
 impl Run {
@@ -68,6 +70,7 @@ impl Run {
             node_timeout_s: NODE_TIMEOUT_S,
             extra: Vec::new(),
             entry: "train_embodied",
+            env: Vec::new(),
             _dir: dir,
         }
     }
@@ -140,6 +143,7 @@ impl Run {
             ))
             .arg(format!("hydra.run.dir={}", self.run_dir.display()))
             .args(&self.extra)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("TMPDIR", &self.tmp)
             .env("RLSYNC_RUN_TOKEN", token)
             .stdin(Stdio::null())
@@ -200,6 +204,30 @@ impl Run {
             .into_iter()
             .find(|(_, cmd)| cmd.contains(" worker ") && cmd.contains(&needle))
             .map(|(pid, _)| pid as i32)
+    }
+
+    /// Hold `what` (`rollout-1@catchup`: a worker and a stage) with the workers' test knob
+    /// (`RLSYNC_TEST_HOLD`): the first process of that worker to reach the stage writes its pid to the file
+    /// returned and waits to be killed; its successors go on.
+    fn hold(&mut self, what: &str) -> PathBuf {
+        let file = self._dir.path().join("held");
+        self.env.push((
+            "RLSYNC_TEST_HOLD".into(),
+            format!("{what}:{}", file.display()),
+        ));
+        file
+    }
+
+    /// The pid of the process held by [`Run::hold`], once it is held there.
+    fn held_pid(&self, children: &mut Vec<Child>, file: &std::path::Path) -> i32 {
+        let read = || {
+            std::fs::read_to_string(file)
+                .ok()
+                .filter(|t| t.ends_with('\n'))
+                .and_then(|t| t.trim().parse::<i32>().ok())
+        };
+        self.wait_until(children, "the held worker", || read().is_some());
+        read().unwrap()
     }
 
     /// Wait until `cond` holds; node 0 ending first (or [`PATIENCE`] passing) fails the test with its stderr.
@@ -303,9 +331,16 @@ fn finish(mut child: Child) -> (Option<i32>, String) {
 /// Every node exits 0, every train step has a verified sync, and nothing is left.
 fn completes(run: &Run, children: Vec<Child>, steps: usize) -> Vec<String> {
     let outs: Vec<(Option<i32>, String)> = children.into_iter().map(finish).collect();
+    let all = || {
+        outs.iter()
+            .enumerate()
+            .map(|(node, (code, err))| format!("--- node {node} (exit {code:?}):\n{err}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     for (node, (code, err)) in outs.iter().enumerate() {
-        assert_eq!(*code, Some(0), "node {node} failed:\n{err}");
-        assert!(!err.contains("panicked"), "node {node}:\n{err}");
+        assert_eq!(*code, Some(0), "node {node} failed:\n{}", all());
+        assert!(!err.contains("panicked"), "node {node}:\n{}", all());
     }
     let rows: Vec<_> = run
         .metrics()
@@ -541,6 +576,11 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
         run.rollout_pid(1).is_some_and(|p| p != first)
     });
     let second = run.rollout_pid(1).expect("rollout-1 runs again");
+    // The successor printed something of its own (its rejoin) before it is killed.
+    let log = run.run_dir.join("node-1/logs/rollout-1.log");
+    run.wait_until(&mut children, "the successor's rejoin", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("rejoined the weight channel"))
+    });
     kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
     let mut outs = children.into_iter().map(finish);
     let (code, err) = outs.next().unwrap();
@@ -551,8 +591,22 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
         ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
         "{err}"
     );
+    // The last lines of its log on node 1, sent up by its agent, as a local rollout's are quoted.
+    let quoted = err
+        .split(&format!("--- last lines of {} ---\n", log.display()))
+        .nth(1)
+        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
+    assert!(
+        quoted.contains("rejoined the weight channel"),
+        "the quoted lines are its successor's last ones:\n{err}"
+    );
     for (code, err) in outs {
         assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+        // Told why before its link closed.
+        assert!(
+            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
+            "{err}"
+        );
     }
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
@@ -608,4 +662,183 @@ fn restarts_need_rollout_ranks_in_chain_order() {
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
+}
+
+fn restarts(n: u32) -> Vec<String> {
+    vec![
+        format!("runner.rollout_restarts={n}"),
+        "runner.rollout_restart_backoff_s=0.05".into(),
+    ]
+}
+
+/// `rollout/restarts` of the run's last train step.
+fn restarts_counted(run: &Run) -> Option<u64> {
+    run.metrics()
+        .into_iter()
+        .rfind(|r| r.contains_key("train/loss"))
+        .and_then(|r| {
+            r.get("rollout/restarts")
+                .and_then(serde_json::Value::as_u64)
+        })
+}
+
+/// Node 0 logs the loss of `rollout-<rank>` (process `pid` on node `rank`) and its restart.
+fn logs_the_restart(node0: &str, rank: u32, pid: i32) {
+    // Its agent saw the connection close or the exit first.
+    let lost = format!("rollout-{rank} (pid {pid} on node {rank}) ");
+    assert!(
+        node0
+            .lines()
+            .any(|l| l.contains(&lost) && l.contains("restarting it in")),
+        "node 0 logs the loss ({lost}):\n{node0}"
+    );
+    let back = format!("rollout-{rank}: restarted as pid ");
+    assert!(node0.contains(&back), "node 0 logs the restart:\n{node0}");
+}
+
+/// A rollout on node 1 killed before its agent reported its workers `ready` (held before its hello, so the
+/// agent is still starting) is lost, restarted within the budget after the backoff and joins the run, as a
+/// rollout of node 0 killed during the start-up: every sync verified, the restart counted, nothing left.
+#[test]
+fn a_remote_rollout_killed_before_its_agent_is_ready_is_restarted() {
+    let mut run = Run::new(2);
+    run.extra = restarts(1);
+    let held = run.hold("rollout-1@hello");
+    let steps = 8;
+    let mut children = run.start("patch_syncer", steps);
+    let pid = run.held_pid(&mut children, &held);
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let errs = completes(&run, children, steps as usize);
+    assert_eq!(restarts_counted(&run), Some(1), "{}", errs[0]);
+    logs_the_restart(&errs[0], 1, pid);
+    // Its agent was not ready yet: it reported the loss and, once the successor was up, its workers ready.
+    let agent = &errs[1];
+    let lost = agent
+        .find(&format!(
+            "rollout-1 (pid {pid}) was killed by SIGKILL; node 0 decides"
+        ))
+        .unwrap_or_else(|| panic!("node 1 logs the loss:\n{agent}"));
+    let ready = agent
+        .find("1 worker(s) ready")
+        .unwrap_or_else(|| panic!("node 1 gets ready:\n{agent}"));
+    assert!(
+        lost < ready,
+        "the loss came before node 1 was ready:\n{agent}"
+    );
+}
+
+/// The same past its budget: killed again before its agent was ready, it fails the run naming it and its node
+/// and quoting its last lines (sent up by its agent); every node exits and nothing is left.
+#[test]
+fn a_remote_rollout_killed_before_its_agent_is_ready_past_its_budget_fails_the_run() {
+    let mut run = Run::new(2);
+    run.extra = restarts(1);
+    let held = run.hold("rollout-1@hello*2");
+    let mut children = run.start("patch_syncer", 100_000);
+    let first = run.held_pid(&mut children, &held);
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    let second = run.held_pid(
+        &mut children,
+        &PathBuf::from(format!("{}.2", held.display())),
+    );
+    kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
+    let mut outs = children.into_iter().map(finish);
+    let (code, err) = outs.next().unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
+        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
+        "{err}"
+    );
+    let log = run.run_dir.join("node-1/logs/rollout-1.log");
+    let quoted = err
+        .split(&format!("--- last lines of {} ---\n", log.display()))
+        .nth(1)
+        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
+    assert!(quoted.contains("RLSYNC_TEST_HOLD: held at"), "{err}");
+    for (code, err) in outs {
+        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+        assert!(
+            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
+            "{err}"
+        );
+    }
+    assert!(run.metrics().iter().all(|r| !r.contains_key("train/loss")));
+    let left = run.leftovers();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+}
+
+/// A rollout on node 1 (the middle of a three-node chain) dies during the weight chain's init bootstrap, held
+/// at `stage`: `handshake` (connected to its node's channel, before it sent its metadata: the trainer's
+/// bootstrap waits on it until its node answers that it is gone), or `bootstrap` (the plan received, before
+/// the bootstrap's payloads). The trainer's bootstrap goes on without it, its successor joins and is caught
+/// up, every sync is verified, the restart counted, nothing left.
+fn a_remote_rollout_killed_in_the_bootstrap_is_restarted(syncer: &str, stage: &str) {
+    let mut run = Run::new(3);
+    run.extra = restarts(2);
+    let held = run.hold(&format!("rollout-1@{stage}"));
+    let steps = 12;
+    let mut children = run.start(syncer, steps);
+    let pid = run.held_pid(&mut children, &held);
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let errs = completes(&run, children, steps as usize);
+    assert_eq!(restarts_counted(&run), Some(1), "{}", errs[0]);
+    logs_the_restart(&errs[0], 1, pid);
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_is_restarted_patch() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("patch_syncer", "bootstrap");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_is_restarted_bucket() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("bucket_syncer", "bootstrap");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_handshake_is_restarted_patch() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("patch_syncer", "handshake");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_the_bootstrap_handshake_is_restarted_bucket() {
+    a_remote_rollout_killed_in_the_bootstrap_is_restarted("bucket_syncer", "handshake");
+}
+
+/// A rollout on node 1 (mid-chain) is killed mid-run; its successor dies while the trainer catches it up
+/// (held once the catch-up was announced, before the replay or full transfer reached it): that catch-up
+/// fails alone, the next successor is caught up, every sync is verified, both restarts counted, nothing left.
+fn a_remote_rollout_killed_in_its_catch_up_is_restarted(syncer: &str) {
+    let mut run = Run::new(3);
+    run.extra = restarts(3);
+    let held = run.hold("rollout-1@catchup");
+    let steps = 40;
+    let mut children = run.start(syncer, steps);
+    run.wait_until(&mut children, "a few steps", || run.metrics().len() >= 3);
+    let first = run.rollout_pid(1).expect("rollout-1 runs");
+    kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    let second = run.held_pid(&mut children, &held);
+    assert_ne!(first, second);
+    kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
+    let errs = completes(&run, children, steps as usize);
+    let node0 = &errs[0];
+    assert_eq!(restarts_counted(&run), Some(2), "{node0}");
+    logs_the_restart(node0, 1, first);
+    logs_the_restart(node0, 1, second);
+    assert!(
+        node0.contains("rollout-1 rejoined: caught up by"),
+        "node 0 logs the last successor's catch-up:\n{node0}"
+    );
+}
+
+#[test]
+fn a_remote_rollout_killed_in_its_catch_up_is_restarted_patch() {
+    a_remote_rollout_killed_in_its_catch_up_is_restarted("patch_syncer");
+}
+
+#[test]
+fn a_remote_rollout_killed_in_its_catch_up_is_restarted_bucket() {
+    a_remote_rollout_killed_in_its_catch_up_is_restarted("bucket_syncer");
 }

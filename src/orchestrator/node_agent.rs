@@ -3,9 +3,11 @@
 //! supervises them exactly as the orchestrator does on one host (the same supervisor: process group,
 //! `PR_SET_PDEATHSIG`, stop and cleanup), carries their commands and reports over its one TCP link, answers
 //! heartbeats, and relays the TCP weight chain into its rollouts' shared memory (elastic when rollouts are
-//! restartable). With `runner.rollout_restarts` > 0 a rollout of its that dies is reported to node 0 (`lost`),
-//! whose supervisor keeps the budget and backoff and asks for the successor (`restart`); the agent starts it
-//! and reports it (`restarted`) once connected; it rejoins through the chain. It stops its workers and exits
+//! restartable). With `runner.rollout_restarts` > 0 a rollout of its that dies is reported to node 0 (`lost`,
+//! with the last lines of its log), whose supervisor keeps the budget and backoff and asks for the successor
+//! (`restart`); the agent starts it and reports it (`restarted`) once connected; it rejoins through the chain.
+//! This holds from the start: one that dies before the agent reported its workers `ready` is restarted the
+//! same way, and `ready` names its successor. It stops its workers and exits
 //! when the orchestrator says so, when the link closes, or when the orchestrator is silent for
 //! [`ORCHESTRATOR_SILENCE`] heartbeat timeouts; it leaves no process, socket or segment behind.
 
@@ -534,7 +536,7 @@ async fn serve(
         local: Some(ids.clone()),
         remote: Vec::new(),
         cluster: nodes::Cluster::default(),
-        restarts_upstream: true,
+        upstream: Some(up.clone()),
     };
     let console = super::metrics::progress::Console::default();
     let outcome = match Supervisor::start_on(
@@ -582,6 +584,50 @@ async fn serve(
     drop(up);
     let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
     outcome
+}
+
+/// How long an agent whose weight relay broke waits for the orchestrator's `shutdown` before it fails on its
+/// own: at the run's end the node before it in the chain may stop its relay (its agent told first) before
+/// this agent hears that the run ended.
+const RELAY_SETTLE: Duration = Duration::from_secs(2);
+
+/// The weight relay failed (`why`): the run's end, or its failure, when the orchestrator says so within
+/// [`RELAY_SETTLE`]; else this node fails, naming its relay.
+async fn settle_relay_failure(
+    sup: &mut Supervisor,
+    multi: &MultiNode,
+    why: String,
+) -> Result<(), OrchestratorError> {
+    let deadline = tokio::time::Instant::now() + RELAY_SETTLE;
+    loop {
+        match tokio::time::timeout_at(deadline, sup.recv("the orchestrator's next command")).await {
+            Ok(Ok(Incoming::Upstream(Upstream::Command(Frame {
+                header: NodeCommand::Shutdown { failed },
+                ..
+            })))) => {
+                return match failed {
+                    None => Ok(()),
+                    Some(reason) => Err(OrchestratorError::RunFailed {
+                        node: multi.identity.node_rank,
+                        host: multi.identity.host.clone(),
+                        reason,
+                    }),
+                };
+            }
+            Ok(Ok(Incoming::Upstream(Upstream::Gone { reason }))) => {
+                return Err(OrchestratorError::OrchestratorGone {
+                    node: multi.identity.node_rank,
+                    host: multi.identity.host.clone(),
+                    reason,
+                });
+            }
+            // Whatever else happens meanwhile follows from the broken relay.
+            Ok(Ok(_)) => {}
+            Ok(Err(_)) | Err(_) => {
+                return Err(agent_err(multi, format!("its weight relay failed: {why}")));
+            }
+        }
+    }
 }
 
 /// Carry commands down to this node's workers and their reports up until the run ends.
@@ -633,19 +679,10 @@ async fn relay_loop(
             // The head closed the chain: the run is ending; the shutdown follows.
             Incoming::Upstream(Upstream::Relay(Ok(()))) => {}
             Incoming::Upstream(Upstream::Relay(Err(why))) => {
-                return Err(agent_err(multi, format!("its weight relay failed: {why}")));
+                return settle_relay_failure(sup, multi, why).await;
             }
-            // A restartable rollout died: node 0 decides on its restart.
-            Incoming::Lost { id, reason, status } => up.send(
-                &NodeReport::Lost {
-                    role: id.role,
-                    rank: id.rank,
-                    pid: sup.pid_of(id).unwrap_or(0),
-                    cause: reason,
-                    status,
-                },
-                &[],
-            ),
+            // A restartable rollout died: its supervisor reported it `lost`; node 0 decides on its restart.
+            Incoming::Lost { .. } => {}
             Incoming::Restarted(id) => up.send(
                 &NodeReport::Restarted {
                     role: id.role,

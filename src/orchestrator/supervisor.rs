@@ -14,9 +14,10 @@
 //! count. The trainer dying always fails the run (resume from a checkpoint).
 //!
 //! Over several nodes the budget, the backoff and the hold stay with node 0's supervisor: a node agent's
-//! supervisor (`restarts_upstream`) only reports the death of its restartable rollout (`Incoming::Lost`, sent
-//! up as `lost`) and starts the successor when node 0 asks (`restart`), reporting it once connected
-//! (`restarted`); node 0 treats the remote worker exactly like a local one.
+//! supervisor (`upstream`) only reports the death of its restartable rollout (`Incoming::Lost`, sent up as
+//! `lost` with the last lines of its log) and starts the successor when node 0 asks (`restart`), reporting it
+//! once connected (`restarted`; during the agent's start-up its `ready` names it instead); node 0 treats the
+//! remote worker exactly like a local one, a death during the start-up included.
 
 pub mod nodes;
 pub mod spawn;
@@ -40,7 +41,7 @@ use crate::orchestrator::metrics::progress::Console;
 use crate::protocol::ProtocolError;
 use crate::protocol::frame::FrameReader;
 use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
-use crate::protocol::node::NodeCommand;
+use crate::protocol::node::{NodeCommand, NodeReport};
 use spawn::LogTail;
 pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
@@ -257,10 +258,11 @@ pub struct SupervisorConfig {
     pub remote: Vec<(WorkerId, u32)>,
     /// Multi-node: the links to the node agents.
     pub cluster: nodes::Cluster,
-    /// On a node agent: a restartable rollout's death is only reported (`Incoming::Lost`); node 0 keeps its
-    /// budget and backoff and asks for its successor ([`Supervisor::restart`]). Before the agent's workers are
-    /// all up (its `ready`), a death fails the node as without restarts.
-    pub restarts_upstream: bool,
+    /// On a node agent, its link up to node 0: a restartable rollout's death is only reported there (`lost`,
+    /// with the last lines of its log), also while the agent's workers are still starting (before its
+    /// `ready`); node 0 keeps its budget and backoff and asks for its successor ([`Supervisor::restart`], also
+    /// honoured during the start-up). `None` on node 0 and on one host.
+    pub upstream: Option<nodes::FrameTx>,
 }
 
 /// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
@@ -287,6 +289,8 @@ pub struct Supervisor {
     failed: Option<String>,
     /// Every first handshake is done (`start_on` returned).
     started: bool,
+    /// Nodes whose agent said it stopped, or that were lost: nothing of theirs runs any more.
+    nodes_ended: Vec<u32>,
 }
 
 /// How often a wait against a worker deadline wakes to look for a stall of this process.
@@ -429,6 +433,7 @@ impl Supervisor {
             node_lost: None,
             failed: None,
             started: false,
+            nodes_ended: Vec::new(),
         };
         for (id, node) in remote {
             // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
@@ -567,7 +572,6 @@ impl Supervisor {
         id.role == Role::Rollout
             && self.cfg.rollout_restarts > 0
             && self.stop_requests == 0
-            && (self.started || !self.cfg.restarts_upstream)
             && !blames.iter().any(|b| b.role == Role::Trainer)
             && self
                 .units
@@ -584,7 +588,7 @@ impl Supervisor {
         cause: String,
     ) -> Result<Option<Incoming>, OrchestratorError> {
         let budget = self.cfg.rollout_restarts;
-        let upstream = self.cfg.restarts_upstream;
+        let upstream = self.cfg.upstream.clone();
         let Some(unit) = self.unit_mut(id) else {
             return Ok(None);
         };
@@ -598,8 +602,9 @@ impl Supervisor {
             UnitState::Exited(status) => Some(status.into_raw()),
             _ => None,
         };
-        if upstream {
-            // A node agent: node 0 counts the restart, waits the backoff and asks for the successor.
+        if let Some(up) = upstream {
+            // A node agent: node 0 counts the restart, waits the backoff and asks for the successor; it quotes
+            // the last lines of the log should this death be one too many.
             unit.restarts += 1;
             unit.state = UnitState::Down;
             unit.link = None;
@@ -611,6 +616,17 @@ impl Supervisor {
                 } else {
                     format!("; its last lines:\n{}", tail.join("\n"))
                 }
+            );
+            up.send(
+                &NodeReport::Lost {
+                    role: id.role,
+                    rank: id.rank,
+                    pid,
+                    cause: cause.clone(),
+                    status,
+                    tail: spawn::bounded_tail(tail),
+                },
+                &[],
             );
             return Ok(Some(Incoming::Lost {
                 id,
@@ -821,11 +837,15 @@ impl Supervisor {
                     });
                 }
                 Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
-                    header: NodeCommand::Shutdown { .. },
+                    header: NodeCommand::Shutdown { failed },
                     ..
                 }))) => {
                     return Err(OrchestratorError::Handshake {
-                        reason: "the orchestrator ended the run".into(),
+                        reason: match failed {
+                            // E.g. a rollout of this node lost once more than its budget allows.
+                            Some(why) => format!("the run failed on node 0 ({why})"),
+                            None => "the orchestrator ended the run".into(),
+                        },
                     });
                 }
                 Some(Incoming::Upstream(nodes::Upstream::Relay(Err(why)))) => {
@@ -833,6 +853,16 @@ impl Supervisor {
                         reason: format!("the weight relay failed: {why}"),
                     });
                 }
+                // On an agent: node 0 restarts a rollout lost during the start-up (it kept the budget and
+                // waited the backoff); `ready` names the successor, so its `restarted` is not sent.
+                Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
+                    header: NodeCommand::Restart { role, rank },
+                    ..
+                }))) => self.restart(WorkerId { role, rank })?,
+                Some(Incoming::Upstream(nodes::Upstream::Command(Frame {
+                    header: NodeCommand::Kill { role, rank, reason },
+                    ..
+                }))) => self.kill(WorkerId { role, rank }, reason),
                 _ => {}
             }
         }
@@ -1425,19 +1455,20 @@ impl Supervisor {
     }
 
     async fn wait_exits(&mut self, limit: Duration) {
-        self.wait_until(limit, |units| units.iter().any(Unit::alive))
+        self.wait_until(limit, |sup| sup.units.iter().any(Unit::alive))
             .await
     }
 
     async fn wait_exits_of(&mut self, role: Role, limit: Duration) {
-        let alive = move |units: &[Unit]| units.iter().any(|u| u.id.role == role && u.alive());
+        let alive =
+            move |sup: &Supervisor| sup.units.iter().any(|u| u.id.role == role && u.alive());
         self.wait_until(limit, alive).await
     }
 
     /// Process exit and signal events until `alive` is false or `limit` passes.
-    async fn wait_until(&mut self, limit: Duration, alive: impl Fn(&[Unit]) -> bool) {
+    async fn wait_until(&mut self, limit: Duration, alive: impl Fn(&Supervisor) -> bool) {
         let deadline = Instant::now() + limit;
-        while alive(&self.units) {
+        while alive(self) {
             match tokio::time::timeout_at(deadline, self.events.recv()).await {
                 Ok(Some(Event::Exited { id, pid, status })) => {
                     if let Some(unit) = self.unit_mut(id)

@@ -51,8 +51,10 @@ pub enum NodeReport {
         pid: u32,
         report: Report,
     },
-    /// One of its restartable rollouts (`runner.rollout_restarts` > 0) died: `cause` says how, `status` is its
-    /// raw wait status when it exited. Node 0 decides whether it is restarted (its budget and backoff).
+    /// One of its restartable rollouts (`runner.rollout_restarts` > 0) died, also before the agent's `ready`:
+    /// `cause` says how, `status` is its raw wait status when it exited, `tail` the last lines of its log (at
+    /// most 20, each at most 512 bytes: `supervisor::spawn::bounded_tail`), quoted by node 0 should this death
+    /// be past the budget. Node 0 decides whether it is restarted (its budget and backoff).
     Lost {
         role: Role,
         rank: u32,
@@ -60,6 +62,8 @@ pub enum NodeReport {
         cause: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         status: Option<i32>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        tail: Vec<String>,
     },
     /// The successor of a lost worker (started on `restart`) completed its handshake as process `pid`.
     Restarted { role: Role, rank: u32, pid: u32 },
@@ -134,6 +138,7 @@ mod tests {
                 pid: 5151,
                 cause: "was killed by SIGKILL".into(),
                 status: Some(9),
+                tail: vec!["weights received: version 0".into()],
             },
             NodeReport::Restarted {
                 role: Role::Rollout,

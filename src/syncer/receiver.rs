@@ -89,6 +89,7 @@ impl WeightSyncer {
             pool: Mutex::new(Pool::default()),
             threads: self.settings.threads,
         });
+        self.reach(HoldPoint::Bootstrap).await;
         if plan.init_buckets > 0 {
             let got = receive_init_buckets(&mut ch, plan.init_buckets, &shared.meta, state).await?;
             report.payload_bytes += got.payload_bytes;
@@ -217,6 +218,7 @@ impl WeightSyncer {
             })
             .await??;
         report.payload_bytes += len as u64;
+        self.reach(HoldPoint::CatchUp).await;
         if catch_up.boot_buckets > 0 {
             let got = receive_init_buckets(&mut ch, catch_up.boot_buckets, &meta, state).await?;
             report.boot_bytes = got.payload_bytes;

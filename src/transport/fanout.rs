@@ -376,6 +376,19 @@ impl Fanout {
         if rank >= self.receivers {
             return Err(protocol(format!("event from unknown rank {rank}")));
         }
+        // Elastic: what a detached rank's receiver sent before it died (read after the sender detached it, e.g.
+        // on a failed write) concerns nothing any more: its payloads and segments were let go. A successor's
+        // events only come after it was admitted (its stream is attached then), its `Joined` included.
+        if self.elastic
+            && self.gone.get(rank).copied().unwrap_or(false)
+            && matches!(
+                event,
+                Event::Released { .. } | Event::Mapped { .. } | Event::Message(_)
+            )
+        {
+            tracing::debug!(rank, ?event, "ignored an event of a detached receiver");
+            return Ok(());
+        }
         match event {
             Event::Released { seq } => {
                 let inflight = self
@@ -399,9 +412,17 @@ impl Fanout {
             Event::Mapped { slot, generation } => {
                 let wait = match self.maps.get_mut(slot) {
                     Some(Some(wait)) if wait.generation == generation => wait,
-                    _ => {
+                    other => {
+                        let waiting = match other {
+                            Some(Some(wait)) => format!(
+                                "generation {} is awaited from ranks {:?}",
+                                wait.generation,
+                                ranks_where(&wait.pending)
+                            ),
+                            _ => "no generation of it is awaited".to_owned(),
+                        };
                         return Err(protocol(format!(
-                            "mapped slot {slot} generation {generation}, which was not announced"
+                            "mapped slot {slot} generation {generation}, which was not announced ({waiting})"
                         )));
                     }
                 };
@@ -645,5 +666,42 @@ mod tests {
         f.poll_events().unwrap();
         assert_eq!(f.drain_fully_mapped(), vec![(1, 7)]);
         assert!(f.drain_fully_mapped().is_empty());
+    }
+
+    /// A receiver detached on a failed write whose last acknowledgements are read only afterwards: they are
+    /// its dead incarnation's, ignored, and the channel goes on (its successor starts clean).
+    #[tokio::test]
+    async fn events_of_a_detached_receiver_are_ignored_when_elastic() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut f = Fanout::new(2, 2, Duration::from_millis(50), rx).elastic();
+        f.published(0, 0);
+        f.announced_to(0, 5, 0);
+        f.announced_to(0, 5, 1);
+        f.detach(0);
+        for event in [
+            Event::Mapped {
+                slot: 0,
+                generation: 5,
+            },
+            Event::Released { seq: 0 },
+            Event::Message(vec![1]),
+            Event::Gone,
+        ] {
+            tx.send((0, event)).ok();
+        }
+        f.poll_events().unwrap();
+        assert!(f.is_gone(0));
+        tx.send((
+            1,
+            Event::Mapped {
+                slot: 0,
+                generation: 5,
+            },
+        ))
+        .ok();
+        tx.send((1, Event::Released { seq: 0 })).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.drain_fully_mapped(), vec![(0, 5)]);
+        f.wait_all_free("t").await.unwrap();
     }
 }

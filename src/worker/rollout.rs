@@ -175,6 +175,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
                 let mut syncer =
                     WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+                if let Some((point, hold)) = ctx.hold.as_ref().and_then(|h| h.for_syncer()) {
+                    syncer.hold_at(point, hold);
+                }
                 if rx.joined_late() {
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
                     ctx.control.report(&Report::Joined, &[]).await?;
@@ -212,6 +215,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.control.report(&rejoined, &[]).await?;
                     me.keep_copy();
                     continue;
+                }
+                if let Some(hold) = &ctx.hold {
+                    hold.reach(crate::worker::HoldStage::Handshake).await;
                 }
                 syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).

@@ -1,7 +1,8 @@
 //! The supervisor's node links (multi-node runs). On the orchestrator: the TCP listener node agents join
 //! (token proof, `join`), one link per agent (writer, reader, heartbeats against a [`WorkerDeadline`]), and the
 //! agents' workers as units the loops address exactly like local ones (a restartable rollout an agent reports
-//! `lost` is lost, budgeted and restarted through its agent like a local one). On an agent: the link up to the
+//! `lost` is lost, budgeted and restarted through its agent like a local one, also before its agent's `ready`;
+//! the last lines of its log come with the report, for the error should it be past its budget). On an agent: the link up to the
 //! orchestrator, whose commands reach the agent's loop as [`Upstream`] events.
 
 use std::os::unix::process::ExitStatusExt;
@@ -30,13 +31,15 @@ pub enum NodeEvent {
     Lost { node: u32, reason: String },
     /// The agent stopped its workers after `shutdown`.
     Stopped { node: u32 },
-    /// One of its restartable rollouts died (`cause`; `status`: its raw wait status when it exited).
+    /// One of its restartable rollouts died (`cause`; `status`: its raw wait status when it exited; `tail`:
+    /// the last lines of its log on that node).
     WorkerLost {
         node: u32,
         id: WorkerId,
         pid: u32,
         cause: String,
         status: Option<i32>,
+        tail: Vec<String>,
     },
     /// The successor it started on `restart` completed its handshake as process `pid`.
     WorkerRestarted { node: u32, id: WorkerId, pid: u32 },
@@ -395,12 +398,14 @@ async fn read_node(
                 pid,
                 cause,
                 status,
+                tail,
             } => Event::Node(NodeEvent::WorkerLost {
                 node,
                 id: WorkerId { role, rank },
                 pid,
                 cause,
                 status,
+                tail,
             }),
             NodeReport::Restarted { role, rank, pid } => Event::Node(NodeEvent::WorkerRestarted {
                 node,
@@ -452,6 +457,14 @@ impl Supervisor {
                     unit.pid = w.pid;
                     unit.state = UnitState::Connected;
                     unit.link = Some(super::Link::Remote(tx.clone()));
+                    // A successor of one lost during the agent's start-up: `ready` names it.
+                    if unit.restarts > 0 {
+                        tracing::info!(
+                            "{id}: restarted as pid {} on node {node} (restart {})",
+                            w.pid,
+                            unit.restarts
+                        );
+                    }
                 }
                 Ok(None)
             }
@@ -469,6 +482,7 @@ impl Supervisor {
                 pid,
                 cause,
                 status,
+                tail,
             } => {
                 let restartable = self.restartable(id, &[]);
                 // The agent reports each incarnation's death once; a successor asked for (`Spawned`) is not
@@ -485,6 +499,8 @@ impl Supervisor {
                 };
                 // A successor may die before it connected: its pid is known from its agent only.
                 unit.pid = pid;
+                // Its log is on that node: its last lines came with the report (bounded again here).
+                unit.tail.replace(tail);
                 match status {
                     Some(raw) => unit.state = UnitState::Exited(ExitStatus::from_raw(raw)),
                     // Its death has no exit status (a broken connection, a missed handshake): say so.
@@ -542,6 +558,9 @@ impl Supervisor {
 
     /// Every worker of `node` is gone (stopped by its agent, or the node is lost).
     pub(super) fn node_ended(&mut self, node: u32) {
+        if !self.nodes_ended.contains(&node) {
+            self.nodes_ended.push(node);
+        }
         for unit in self.units.iter_mut().filter(|u| u.node == Some(node)) {
             if unit.alive() {
                 unit.state = UnitState::Exited(ExitStatus::from_raw(0));
@@ -566,8 +585,15 @@ impl Supervisor {
             );
         }
         let bound = self.cfg.grace * 2 + Duration::from_secs(2);
-        self.wait_until(bound, |units| {
-            units.iter().any(|u| u.node.is_some() && u.alive())
+        // Every agent answers (`stopped`, or `failed`, or its link ends), also one whose workers all died
+        // already (a rollout lost past its budget): its link stays up until then, so the `shutdown` with the
+        // run's failure reaches it.
+        self.wait_until(bound, |sup| {
+            sup.cfg
+                .cluster
+                .links
+                .iter()
+                .any(|l| !sup.nodes_ended.contains(&l.node))
         })
         .await;
         let nodes: Vec<u32> = self.cfg.cluster.links.iter().map(|l| l.node).collect();

@@ -16,6 +16,30 @@ use crate::orchestrator::supervisor::WorkerId;
 
 /// Lines of a worker's log kept in memory to quote when it fails.
 pub const TAIL_LINES: usize = 20;
+/// Bytes of one tail line a node agent sends up with a lost rollout (longer lines are cut, marked `…`), so a
+/// `lost` report carries at most [`TAIL_LINES`] × this much of its log.
+pub const TAIL_LINE_BYTES: usize = 512;
+
+/// The last [`TAIL_LINES`] of `lines`, each cut to [`TAIL_LINE_BYTES`] (on a character boundary): what may
+/// cross the node link, and what node 0 accepts from it.
+pub fn bounded_tail(lines: Vec<String>) -> Vec<String> {
+    let skip = lines.len().saturating_sub(TAIL_LINES);
+    lines
+        .into_iter()
+        .skip(skip)
+        .map(|mut line| {
+            if line.len() > TAIL_LINE_BYTES {
+                let mut end = TAIL_LINE_BYTES - '…'.len_utf8();
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                line.truncate(end);
+                line.push('…');
+            }
+            line
+        })
+        .collect()
+}
 
 /// The last lines a worker printed, shared between its log pumps and the supervisor.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +52,13 @@ impl LogTail {
                 tail.pop_front();
             }
             tail.push_back(line);
+        }
+    }
+
+    /// Put `lines` in place of what it holds (a remote worker's tail, as its agent sent it).
+    pub fn replace(&self, lines: Vec<String>) {
+        if let Ok(mut tail) = self.0.lock() {
+            *tail = bounded_tail(lines).into();
         }
     }
 
@@ -217,5 +248,22 @@ mod tests {
             lines.last().map(String::as_str),
             Some(format!("line {}", TAIL_LINES + 4).as_str())
         );
+    }
+
+    #[test]
+    fn a_tail_sent_over_the_node_link_is_bounded() {
+        let mut lines: Vec<String> = (0..TAIL_LINES + 3).map(|i| format!("line {i}")).collect();
+        lines.push("é".repeat(TAIL_LINE_BYTES));
+        let tail = LogTail::default();
+        tail.replace(lines);
+        let got = tail.lines();
+        assert_eq!(got.len(), TAIL_LINES);
+        assert_eq!(got[0], "line 4");
+        let long = got.last().unwrap();
+        assert!(
+            long.len() <= TAIL_LINE_BYTES && long.ends_with('…'),
+            "{long}"
+        );
+        assert!(long.starts_with("éé"));
     }
 }
