@@ -137,12 +137,12 @@ impl Trajectory {
             ),
             (
                 "obs",
-                self.obs.len() == n * self.obs_dim,
+                is_product(self.obs.len(), n, self.obs_dim),
                 format!("{} values", self.obs.len()),
             ),
             (
                 "actions",
-                self.actions.len() == n * adim,
+                is_product(self.actions.len(), n, adim),
                 format!("{} values", self.actions.len()),
             ),
             (
@@ -162,12 +162,12 @@ impl Trajectory {
             ),
             (
                 "truncated_obs",
-                self.truncated_obs.len() == truncs * self.obs_dim,
+                is_product(self.truncated_obs.len(), truncs, self.obs_dim),
                 format!("{}", self.truncated_obs.len()),
             ),
             (
                 "last_obs",
-                self.last_obs.len() == self.envs * self.obs_dim,
+                is_product(self.last_obs.len(), self.envs, self.obs_dim),
                 format!("{}", self.last_obs.len()),
             ),
             (
@@ -326,6 +326,12 @@ pub fn one_episode_per_env(
         episode_len: mean(&|e| len[e] as f64),
         episodes,
     })
+}
+
+/// `len == a * b`, where a product past `usize` (sizes from another process) is no match rather than an
+/// overflow.
+fn is_product(len: usize, a: usize, b: usize) -> bool {
+    a.checked_mul(b) == Some(len)
 }
 
 #[cfg(test)]
