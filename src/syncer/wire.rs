@@ -777,10 +777,49 @@ pub struct EncodedPatch {
 
 /// Serialize a patch body; with `Codec::Lz4` each stream is compressed when that makes it smaller.
 pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
-    let mut b = Vec::with_capacity(
-        16 + p.entries.len() * PATCH_ENTRY_LEN
-            + p.streams.iter().map(|s| s.len() + 17).sum::<usize>(),
-    );
+    let mut b = Vec::with_capacity(patch_body_capacity(p));
+    let (raw_stream_bytes, stored_stream_bytes) = write_patch_body(&mut b, p, codec);
+    EncodedPatch {
+        body: b,
+        raw_stream_bytes,
+        stored_stream_bytes,
+    }
+}
+
+/// A whole patch message (header + body) plus size accounting.
+pub struct PatchMessage {
+    pub msg: Vec<u8>,
+    /// Sum of the streams before compression.
+    pub raw_stream_bytes: usize,
+    /// Sum of the streams as stored.
+    pub stored_stream_bytes: usize,
+}
+
+/// [`message`] of [`encode_patch_body`], serialized straight into the message's buffer (the body is not copied
+/// a second time).
+pub fn patch_message(mut header: Header, p: &PatchBody, codec: Codec) -> PatchMessage {
+    let mut out = Vec::with_capacity(HEADER_LEN + patch_body_capacity(p));
+    out.resize(HEADER_LEN, 0);
+    let (raw_stream_bytes, stored_stream_bytes) = write_patch_body(&mut out, p, codec);
+    let body = &out[HEADER_LEN..];
+    header.body_len = body.len() as u64;
+    header.checksum = xxh3_64_with_seed(body, header.checksum_seed());
+    // The buffer holds HEADER_LEN bytes ahead of the body, so the write cannot fail.
+    let _ = header.write(&mut out[..HEADER_LEN]);
+    PatchMessage {
+        msg: out,
+        raw_stream_bytes,
+        stored_stream_bytes,
+    }
+}
+
+/// Bytes of a patch body with its streams stored plain (enough for any codec's choice).
+fn patch_body_capacity(p: &PatchBody) -> usize {
+    16 + p.entries.len() * PATCH_ENTRY_LEN + p.streams.iter().map(|s| s.len() + 17).sum::<usize>()
+}
+
+/// Append the body of `p` to `b`; returns the streams' bytes before and after compression.
+fn write_patch_body(b: &mut Vec<u8>, p: &PatchBody, codec: Codec) -> (usize, usize) {
     b.push(match p.index {
         IndexCoding::Coo => 0,
         IndexCoding::Gaps => 1,
@@ -819,11 +858,7 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
         raw += s.len();
         stored += bytes.len();
     }
-    EncodedPatch {
-        body: b,
-        raw_stream_bytes: raw,
-        stored_stream_bytes: stored,
-    }
+    (raw, stored)
 }
 
 /// Parse a patch body; decompressed streams are limited to `max_stream` bytes each.
@@ -1078,6 +1113,18 @@ mod tests {
         };
         for codec in [Codec::Plain, Codec::Lz4] {
             let e = encode_patch_body(&p, codec);
+            let mut h = Header::new(Kind::Patch, 7, 0);
+            h.aux = 6;
+            let m = patch_message(h, &p, codec);
+            assert_eq!(
+                m.msg,
+                message(h, &e.body),
+                "serialized in place, the same message"
+            );
+            assert_eq!(
+                (m.raw_stream_bytes, m.stored_stream_bytes),
+                (e.raw_stream_bytes, e.stored_stream_bytes)
+            );
             let d = decode_patch_body(&e.body, 1 << 20).unwrap();
             assert_eq!(d.entries, p.entries);
             assert_eq!(d.streams, p.streams);
