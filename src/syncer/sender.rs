@@ -309,12 +309,16 @@ impl WeightSyncer {
                 let build = t0.elapsed();
                 let t1 = Instant::now();
                 let (msg, ratio, tensors, dense) = blocking(|| {
-                    let body = patch::encode(built, snap, settings.delta, settings.threads);
-                    let tensors = body.entries.len();
-                    let dense = body.entries.iter().filter(|e| e.dense).count() as u64;
                     let mut h = Header::new(Kind::Patch, version, 0);
                     h.aux = s.last_version;
-                    let enc = wire::patch_message(h, &body, settings.codec);
+                    let (enc, tensors, dense) = patch::encode_message(
+                        built,
+                        snap,
+                        settings.delta,
+                        settings.threads,
+                        h,
+                        settings.codec,
+                    );
                     let ratio = if enc.stored_stream_bytes == 0 {
                         1.0
                     } else {
