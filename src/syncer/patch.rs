@@ -1008,7 +1008,7 @@ fn gaps_fit(gaps: &[u8], nnz: usize, span: usize) -> bool {
 /// Escapes (zero codes) among the first `nnz` 2-bit codes, or `None` when the padding after them is not zero.
 fn escape_codes(codes: &[u8], nnz: usize) -> Option<usize> {
     let full = nnz / 4;
-    if nnz % 4 != 0 && codes.get(full).is_some_and(|b| b >> ((nnz % 4) * 2) != 0) {
+    if !nnz.is_multiple_of(4) && codes.get(full).is_some_and(|b| b >> ((nnz % 4) * 2) != 0) {
         return None;
     }
     // Each code pair that is not zero sets the low bit of `x | x >> 1` in its pair.
@@ -1618,7 +1618,7 @@ mod tests {
             let last = c.idx.last().map_or(0, |&i| i as usize + 1);
             match damage {
                 0 => {}
-                1 | 2 | 3 => {
+                1..=3 => {
                     let s = [&mut gaps, &mut codes, &mut escapes].into_iter().nth(damage - 1).unwrap_or_else(|| unreachable!());
                     if !s.is_empty() {
                         let i = at % s.len();
