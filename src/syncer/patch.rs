@@ -414,11 +414,6 @@ fn build_segmented(
     Ok(())
 }
 
-fn sign_extend(v: u64, bits: u32) -> i64 {
-    let shift = 64 - bits;
-    ((v << shift) as i64) >> shift
-}
-
 /// One entry's coded streams (gaps/codes/escapes, or rows/cols/values; then dense values).
 struct Coded {
     entry: PatchEntry,
@@ -576,13 +571,19 @@ fn code_dense(st: &SnapTensor, c: &Changes) -> Coded {
 }
 
 fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
-    let w = st.dtype.size_bytes();
-    let bits = (w * 8) as u32;
-    let mask = if bits == 64 {
-        u64::MAX
-    } else {
-        (1u64 << bits) - 1
-    };
+    match st.dtype.size_bytes() {
+        1 => code_delta_width::<1>(st, c),
+        2 => code_delta_width::<2>(st, c),
+        4 => code_delta_width::<4>(st, c),
+        _ => code_delta_width::<8>(st, c),
+    }
+}
+
+/// [`code_delta`] for elements of `W` bytes (the width a constant: the sign extension and the old/new layout
+/// of [`Changes`] need no per-change branch or variable shift).
+fn code_delta_width<const W: usize>(st: &SnapTensor, c: &Changes) -> Coded {
+    // Moving a W-byte difference to the top and back sign-extends it (W = 8: no shift).
+    let shift = 64 - 8 * W as u32;
     let n = c.len();
     let mut gaps = Vec::with_capacity(n + n / 4 + 16);
     let mut codes = vec![0u8; n.div_ceil(4)];
@@ -598,15 +599,26 @@ fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
         .enumerate()
     {
         let (mut gp, mut ep) = (0usize, 0usize);
-        for (j, &rel) in idx.iter().enumerate() {
-            let rel = u64::from(rel);
-            gp += put_short_varint(&mut gbuf[gp..], rel - next, true);
-            next = rel + 1;
-            let (old, new) = c.old_new(ci * CODE_CHUNK + j, w);
-            let z = zigzag(sign_extend(new.wrapping_sub(old) & mask, bits));
-            let coded = (1..=3).contains(&z);
-            codes[j / 4] |= (if coded { z as u8 } else { 0 }) << ((j % 4) * 2);
-            ep += put_short_varint(&mut ebuf[ep..], z, !coded);
+        // Four changes fill one code byte.
+        for (q, (four, code)) in idx.chunks(4).zip(codes.iter_mut()).enumerate() {
+            let mut byte = 0u8;
+            for (r, &rel) in four.iter().enumerate() {
+                let k = ci * CODE_CHUNK + q * 4 + r;
+                let rel = u64::from(rel);
+                gp += put_short_varint(&mut gbuf[gp..], rel - next, true);
+                next = rel + 1;
+                let (old, new) = if W == 8 {
+                    (c.vals[2 * k], c.vals[2 * k + 1])
+                } else {
+                    let v = c.vals[k];
+                    (v & 0xffff_ffff, v >> 32)
+                };
+                let z = zigzag(((new.wrapping_sub(old) << shift) as i64) >> shift);
+                let coded = (1..=3).contains(&z);
+                byte |= (if coded { z as u8 } else { 0 }) << (r * 2);
+                ep += put_short_varint(&mut ebuf[ep..], z, !coded);
+            }
+            *code = byte;
         }
         gaps.extend_from_slice(&gbuf[..gp]);
         escapes.extend_from_slice(&ebuf[..ep]);
@@ -1475,6 +1487,11 @@ mod tests {
             proptest::prop_assert_eq!(s1.bytes(), c.bytes(), "the snapshot takes the state");
             proptest::prop_assert_eq!(s2.bytes(), c.bytes());
         }
+    }
+
+    fn sign_extend(v: u64, bits: u32) -> i64 {
+        let shift = 64 - bits;
+        ((v << shift) as i64) >> shift
     }
 
     /// The delta coder as first written (a `put_varint` per gap and escape): the reference for [`code_delta`].
