@@ -9,13 +9,13 @@
 
 use std::num::NonZeroUsize;
 
-use crate::bytes::{get_varint, put_varint, read_uint};
+use crate::bytes::{get_varint, read_uint};
 use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 use super::wire::{
-    IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, ValueCoding, get_uint,
-    narrowest_width, put_uint, unzigzag, zigzag,
+    Codec, Header, IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, PatchMessage,
+    PatchView, ValueCoding, get_uint, narrowest_width, patch_message, put_uint, unzigzag, zigzag,
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
@@ -230,8 +230,17 @@ mod simd {
         /// holds at most a few); the rare rest goes through a loop.
         const UNROLL: usize = 4;
 
+        /// Blocks compared per pass: a pass's stretch of both slices (2 × 64 KiB) is still in L2 when its
+        /// changed blocks are gathered.
+        const PASS_BLOCKS: usize = 1024;
+
         /// # Safety
         /// The CPU must support AVX2.
+        ///
+        /// Two passes per stretch of [`PASS_BLOCKS`] blocks, so that no branch depends on the data (at 1–3 %
+        /// density about a third of the blocks differ, at random: a branch per block mispredicts often):
+        /// the first compares every block and lists the ones that differ with their change masks; the
+        /// second gathers those blocks' changes and stores them into the snapshot.
         #[target_feature(enable = "avx2")]
         pub(crate) unsafe fn diff_u16(
             cur: &[u16],
@@ -242,32 +251,50 @@ mod simd {
             let n = cur.len().min(snap.len()) / 32 * 32;
             let cp = cur.as_ptr();
             let sp = snap.as_mut_ptr();
-            let mut b = 0;
-            while b < n {
-                // SAFETY: b + 32 <= n <= both lengths, so all 32-byte loads and stores are in bounds; every
-                // element index read below is b + (0..32). Writes into `out` stay within the capacity reserved
-                // just before them, and the lengths are set to cover exactly the entries written.
-                unsafe {
-                    let c0 = _mm256_loadu_si256(cp.add(b).cast());
-                    let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
-                    let s0 = _mm256_loadu_si256(sp.add(b).cast());
-                    let s1 = _mm256_loadu_si256(sp.add(b + 16).cast());
-                    let x = _mm256_or_si256(_mm256_xor_si256(c0, s0), _mm256_xor_si256(c1, s1));
-                    if _mm256_testz_si256(x, x) == 0 {
-                        // packs interleaves 64-bit chunks as (c0 lo, c1 lo, c0 hi, c1 hi): restore element order.
+            let (mut at, mut mask) = ([0u32; PASS_BLOCKS], [0u32; PASS_BLOCKS]);
+            let mut start = 0;
+            while start < n {
+                let blocks = ((n - start) / 32).min(PASS_BLOCKS);
+                let mut hits = 0usize;
+                for k in 0..blocks {
+                    let b = start + k * 32;
+                    // SAFETY: b + 32 <= n <= both lengths, so the 32-byte loads are in bounds; `hits` <= k <
+                    // PASS_BLOCKS, so the list writes are in bounds.
+                    unsafe {
+                        let c0 = _mm256_loadu_si256(cp.add(b).cast());
+                        let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
+                        let s0 = _mm256_loadu_si256(sp.add(b).cast());
+                        let s1 = _mm256_loadu_si256(sp.add(b + 16).cast());
+                        // packs interleaves 64-bit chunks as (c0 lo, c1 lo, c0 hi, c1 hi): restore element
+                        // order.
                         let eq = _mm256_packs_epi16(
                             _mm256_cmpeq_epi16(c0, s0),
                             _mm256_cmpeq_epi16(c1, s1),
                         );
                         let eq = _mm256_permute4x64_epi64::<0b11_01_10_00>(eq);
-                        let mut m = !(_mm256_movemask_epi8(eq) as u32);
+                        let m = !(_mm256_movemask_epi8(eq) as u32);
+                        // Always written, kept only when the block differs.
+                        *at.get_unchecked_mut(hits) = b as u32;
+                        *mask.get_unchecked_mut(hits) = m;
+                        hits += usize::from(m != 0);
+                    }
+                }
+                // Every listed block holds 1 to 32 changes: room for 32 each covers the slots written below.
+                out.idx.reserve(hits * 32);
+                out.vals.reserve(hits * 32);
+                let (mut len, ip, vp) =
+                    (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
+                for h in 0..hits {
+                    // SAFETY: h < hits <= PASS_BLOCKS; b + 32 <= n as above, and every element index read is
+                    // b + (0..32). `len` grows by each block's change count (<= 32), so the slots written,
+                    // len + (0..32), stay within the capacity reserved above; the lengths are set to cover
+                    // exactly the entries written.
+                    unsafe {
+                        let b = *at.get_unchecked(h) as usize;
+                        let mut m = *mask.get_unchecked(h);
                         let count = m.count_ones() as usize;
-                        out.idx.reserve(32);
-                        out.vals.reserve(32);
-                        let (len, ip, vp) =
-                            (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
                         // Branch-free: write UNROLL slots; slots past `count` hold a harmless in-block element
-                        // and are cut off by the length update.
+                        // and are overwritten by the next block or cut off by the length update.
                         for k in 0..UNROLL.min(32) {
                             let i = b + (m.trailing_zeros() & 31) as usize;
                             *ip.add(len + k) = (base + i) as u32;
@@ -282,14 +309,20 @@ mod simd {
                             m &= m - 1;
                             k += 1;
                         }
-                        out.idx.set_len(len + count);
-                        out.vals.set_len(len + count);
+                        len += count;
                         // The snapshot takes the current block (old values were read above).
+                        let c0 = _mm256_loadu_si256(cp.add(b).cast());
+                        let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
                         _mm256_storeu_si256(sp.add(b).cast(), c0);
                         _mm256_storeu_si256(sp.add(b + 16).cast(), c1);
                     }
                 }
-                b += 32;
+                // SAFETY: the first `len` slots of both buffers were written above (or before this pass).
+                unsafe {
+                    out.idx.set_len(len);
+                    out.vals.set_len(len);
+                }
+                start += blocks * 32;
             }
             n
         }
@@ -381,11 +414,6 @@ fn build_segmented(
     Ok(())
 }
 
-fn sign_extend(v: u64, bits: u32) -> i64 {
-    let shift = 64 - bits;
-    ((v << shift) as i64) >> shift
-}
-
 /// One entry's coded streams (gaps/codes/escapes, or rows/cols/values; then dense values).
 struct Coded {
     entry: PatchEntry,
@@ -409,6 +437,32 @@ enum Pick {
     Dense,
 }
 
+/// [`encode`] serialized straight into a message with `header` (its streams gathered from the entries as
+/// coded, never joined into a [`PatchBody`] first); also returns the number of entries and of dense ones.
+pub fn encode_message(
+    built: &Built,
+    snap: &[SnapTensor],
+    delta: bool,
+    threads: NonZeroUsize,
+    header: Header,
+    codec: Codec,
+) -> (PatchMessage, usize, u64) {
+    let (index, value, index_width, coded) =
+        code_segments(built, snap, delta, threads, Pick::Smaller);
+    let entries: Vec<PatchEntry> = coded.iter().map(|c| c.entry).collect();
+    let view = PatchView {
+        index,
+        value,
+        index_width,
+        entries: &entries,
+        streams: (0..PATCH_STREAMS)
+            .map(|i| coded.iter().map(|c| c.streams[i].as_slice()).collect())
+            .collect(),
+    };
+    let dense = entries.iter().filter(|e| e.dense).count() as u64;
+    (patch_message(header, &view, codec), entries.len(), dense)
+}
+
 fn encode_as(
     built: &Built,
     snap: &[SnapTensor],
@@ -416,6 +470,35 @@ fn encode_as(
     threads: NonZeroUsize,
     pick: Pick,
 ) -> PatchBody {
+    let (index, value, index_width, coded) = code_segments(built, snap, delta, threads, pick);
+    let mut streams: [Vec<u8>; PATCH_STREAMS] = Default::default();
+    for (i, s) in streams.iter_mut().enumerate() {
+        s.reserve_exact(coded.iter().map(|c| c.streams[i].len()).sum());
+    }
+    let mut entries = Vec::with_capacity(coded.len());
+    for c in coded {
+        entries.push(c.entry);
+        for (dst, src) in streams.iter_mut().zip(&c.streams) {
+            dst.extend_from_slice(src);
+        }
+    }
+    PatchBody {
+        index,
+        value,
+        index_width,
+        entries,
+        streams: streams.into(),
+    }
+}
+
+/// Code every non-empty segment of a build as one entry (in parallel), as `pick` says.
+fn code_segments(
+    built: &Built,
+    snap: &[SnapTensor],
+    delta: bool,
+    threads: NonZeroUsize,
+    pick: Pick,
+) -> (IndexCoding, ValueCoding, u8, Vec<Coded>) {
     let segs: Vec<(&SnapTensor, &Changes)> = built
         .segments()
         .iter()
@@ -451,24 +534,7 @@ fn encode_as(
             sparse
         }
     });
-    let mut streams: [Vec<u8>; PATCH_STREAMS] = Default::default();
-    for (i, s) in streams.iter_mut().enumerate() {
-        s.reserve_exact(coded.iter().map(|c| c.streams[i].len()).sum());
-    }
-    let mut entries = Vec::with_capacity(coded.len());
-    for c in coded {
-        entries.push(c.entry);
-        for (dst, src) in streams.iter_mut().zip(&c.streams) {
-            dst.extend_from_slice(src);
-        }
-    }
-    PatchBody {
-        index,
-        value,
-        index_width: width,
-        entries,
-        streams: streams.into(),
-    }
+    (index, value, width, coded)
 }
 
 /// Largest row or column of a segment's changes in the tensor's COO view.
@@ -505,29 +571,57 @@ fn code_dense(st: &SnapTensor, c: &Changes) -> Coded {
 }
 
 fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
-    let w = st.dtype.size_bytes();
-    let bits = (w * 8) as u32;
-    let mask = if bits == 64 {
-        u64::MAX
-    } else {
-        (1u64 << bits) - 1
-    };
+    match st.dtype.size_bytes() {
+        1 => code_delta_width::<1>(st, c),
+        2 => code_delta_width::<2>(st, c),
+        4 => code_delta_width::<4>(st, c),
+        _ => code_delta_width::<8>(st, c),
+    }
+}
+
+/// [`code_delta`] for elements of `W` bytes (the width a constant: the sign extension and the old/new layout
+/// of [`Changes`] need no per-change branch or variable shift).
+fn code_delta_width<const W: usize>(st: &SnapTensor, c: &Changes) -> Coded {
+    // Moving a W-byte difference to the top and back sign-extends it (W = 8: no shift).
+    let shift = 64 - 8 * W as u32;
     let n = c.len();
-    let mut gaps = Vec::with_capacity(n * 2);
+    let mut gaps = Vec::with_capacity(n + n / 4 + 16);
     let mut codes = vec![0u8; n.div_ceil(4)];
     let mut escapes = Vec::new();
+    // Each chunk's varints go into fixed buffers first (no capacity check per byte), whole 2-byte words at a
+    // time: a gap or escape below 2^14 is written branch-free, its length decided by arithmetic.
+    let (mut gbuf, mut ebuf) = ([0u8; CODE_CHUNK * 10], [0u8; CODE_CHUNK * 10]);
     let mut next = 0u64; // previous relative index + 1
-    for (k, &rel) in c.idx.iter().enumerate() {
-        let rel = u64::from(rel);
-        put_varint(&mut gaps, rel - next);
-        next = rel + 1;
-        let (old, new) = c.old_new(k, w);
-        let z = zigzag(sign_extend(new.wrapping_sub(old) & mask, bits));
-        if (1..=3).contains(&z) {
-            codes[k / 4] |= (z as u8) << ((k % 4) * 2);
-        } else {
-            put_varint(&mut escapes, z);
+    for (ci, (idx, codes)) in c
+        .idx
+        .chunks(CODE_CHUNK)
+        .zip(codes.chunks_mut(CODE_CHUNK / 4))
+        .enumerate()
+    {
+        let (mut gp, mut ep) = (0usize, 0usize);
+        // Four changes fill one code byte.
+        for (q, (four, code)) in idx.chunks(4).zip(codes.iter_mut()).enumerate() {
+            let mut byte = 0u8;
+            for (r, &rel) in four.iter().enumerate() {
+                let k = ci * CODE_CHUNK + q * 4 + r;
+                let rel = u64::from(rel);
+                gp += put_short_varint(&mut gbuf[gp..], rel - next, true);
+                next = rel + 1;
+                let (old, new) = if W == 8 {
+                    (c.vals[2 * k], c.vals[2 * k + 1])
+                } else {
+                    let v = c.vals[k];
+                    (v & 0xffff_ffff, v >> 32)
+                };
+                let z = zigzag(((new.wrapping_sub(old) << shift) as i64) >> shift);
+                let coded = (1..=3).contains(&z);
+                byte |= (if coded { z as u8 } else { 0 }) << (r * 2);
+                ep += put_short_varint(&mut ebuf[ep..], z, !coded);
+            }
+            *code = byte;
         }
+        gaps.extend_from_slice(&gbuf[..gp]);
+        escapes.extend_from_slice(&ebuf[..ep]);
     }
     let entry = PatchEntry {
         ordinal: st.ordinal,
@@ -540,6 +634,40 @@ fn code_delta(st: &SnapTensor, c: &Changes) -> Coded {
     Coded {
         entry,
         streams: [gaps, codes, escapes, Vec::new()],
+    }
+}
+
+/// Changes coded per chunk by [`code_delta`] (a multiple of 4: a chunk fills whole code bytes).
+const CODE_CHUNK: usize = 256;
+
+/// Write `v` as a varint at the start of `out` (room for 10 bytes) and return its length, or 0 when `keep` is
+/// false (the bytes written are then garbage the next write overwrites). Values below 2^14, nearly all gaps
+/// and escapes, take no data-dependent branch.
+#[inline(always)]
+fn put_short_varint(out: &mut [u8], v: u64, keep: bool) -> usize {
+    if v < 1 << 14 {
+        let two = u16::from(v >= 0x80);
+        let word = (v as u16 & 0x7f) | two << 7 | ((v >> 7) as u16) << 8;
+        if let Some(o) = out.get_mut(..2) {
+            o.copy_from_slice(&word.to_le_bytes());
+        }
+        usize::from(keep) * (1 + usize::from(two))
+    } else if keep {
+        let mut len = 0;
+        let mut v = v;
+        while v >= 0x80 {
+            if let Some(o) = out.get_mut(len) {
+                *o = (v as u8) | 0x80;
+            }
+            v >>= 7;
+            len += 1;
+        }
+        if let Some(o) = out.get_mut(len) {
+            *o = v as u8;
+        }
+        len + 1
+    } else {
+        0
     }
 }
 
@@ -770,36 +898,7 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
             let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
             let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
             let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
-            let (mut pos, mut next) = (0usize, 0u64);
-            for _ in 0..e.nnz {
-                let g = get_varint(gaps, &mut pos).ok_or("truncated index stream")?;
-                let rel = next
-                    .checked_add(g)
-                    .filter(|&r| r < span as u64)
-                    .ok_or("index outside the entry's range")?;
-                next = rel + 1;
-            }
-            if pos != gaps.len() {
-                return Err("index stream holds more data than the entry describes".into());
-            }
-            let escaped = (0..e.nnz)
-                .filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0)
-                .count();
-            let padding = if e.nnz.is_multiple_of(4) {
-                0
-            } else {
-                codes.last().map_or(0, |b| b >> ((e.nnz % 4) * 2))
-            };
-            if padding != 0 {
-                return Err("code stream padding is not zero".into());
-            }
-            let mut epos = 0usize;
-            for _ in 0..escaped {
-                get_varint(escapes, &mut epos).ok_or("truncated escape stream")?;
-            }
-            if epos != escapes.len() {
-                return Err("escape stream holds more data than the entry describes".into());
-            }
+            check_delta(gaps, codes, escapes, e.nnz, span)?;
         }
         IndexCoding::Coo => {
             let w = body.index_width;
@@ -826,6 +925,127 @@ fn check_entry(body: &PatchBody, e: &EntryPlan) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Check a delta entry's streams: `nnz` gaps whose indices stay below `span`, `nnz` codes (zero padding), one
+/// escape varint per zero code, each stream consumed exactly. The common case in a few streaming passes;
+/// anything they cannot vouch for (a gap of 3+ bytes, a fault) goes through the exact walk, which also words
+/// the error.
+fn check_delta(
+    gaps: &[u8],
+    codes: &[u8],
+    escapes: &[u8],
+    nnz: usize,
+    span: usize,
+) -> Result<(), String> {
+    if gaps_fit(gaps, nnz, span)
+        && let Some(escaped) = escape_codes(codes, nnz)
+        && varints_exact(escapes, escaped)
+    {
+        return Ok(());
+    }
+    check_delta_walk(gaps, codes, escapes, nnz, span)
+}
+
+/// [`check_delta`] varint by varint.
+fn check_delta_walk(
+    gaps: &[u8],
+    codes: &[u8],
+    escapes: &[u8],
+    nnz: usize,
+    span: usize,
+) -> Result<(), String> {
+    let (mut pos, mut next) = (0usize, 0u64);
+    for _ in 0..nnz {
+        let g = get_varint(gaps, &mut pos).ok_or("truncated index stream")?;
+        let rel = next
+            .checked_add(g)
+            .filter(|&r| r < span as u64)
+            .ok_or("index outside the entry's range")?;
+        next = rel + 1;
+    }
+    if pos != gaps.len() {
+        return Err("index stream holds more data than the entry describes".into());
+    }
+    let escaped = (0..nnz)
+        .filter(|k| (codes[k / 4] >> ((k % 4) * 2)) & 3 == 0)
+        .count();
+    let padding = if nnz.is_multiple_of(4) {
+        0
+    } else {
+        codes.last().map_or(0, |b| b >> ((nnz % 4) * 2))
+    };
+    if padding != 0 {
+        return Err("code stream padding is not zero".into());
+    }
+    let mut epos = 0usize;
+    for _ in 0..escaped {
+        get_varint(escapes, &mut epos).ok_or("truncated escape stream")?;
+    }
+    if epos != escapes.len() {
+        return Err("escape stream holds more data than the entry describes".into());
+    }
+    Ok(())
+}
+
+/// Bytes per pass of [`gaps_fit`]'s inner loop: its 32-bit sums cannot overflow (127 << 7 per byte).
+const GAP_CHUNK: usize = 1 << 16;
+
+/// Whether `gaps` is exactly `nnz` gap varints of one or two bytes each whose indices all fall below `span`
+/// (false also when a gap is longer: the caller then walks the stream varint by varint). Gaps are never
+/// negative, so the last index, the sum of the gaps plus `nnz - 1`, bounds them all; a byte is the second of
+/// its varint exactly when the one before it has its continuation bit set.
+fn gaps_fit(gaps: &[u8], nnz: usize, span: usize) -> bool {
+    let Some((&first, _)) = gaps.split_first() else {
+        return nnz == 0;
+    };
+    if gaps.last().is_some_and(|&b| b >= 0x80) {
+        return false;
+    }
+    let (mut ends, mut both, mut sum) = (usize::from(first < 0x80), 0u8, u64::from(first & 0x7f));
+    for (p, b) in gaps.chunks(GAP_CHUNK).zip(gaps[1..].chunks(GAP_CHUNK)) {
+        let (mut e, mut s) = (0u32, 0u32);
+        for (&p, &b) in p.iter().zip(b) {
+            e += u32::from(b < 0x80);
+            both |= p & b;
+            s += u32::from(b & 0x7f) << (7 * u32::from(p >> 7));
+        }
+        ends += e as usize;
+        sum += u64::from(s);
+    }
+    // `both` has its top bit set when two continuation bytes follow each other (a varint of 3+ bytes).
+    both < 0x80 && ends == nnz && sum + (nnz as u64 - 1) < span as u64
+}
+
+/// Escapes (zero codes) among the first `nnz` 2-bit codes, or `None` when the padding after them is not zero.
+fn escape_codes(codes: &[u8], nnz: usize) -> Option<usize> {
+    let full = nnz / 4;
+    if !nnz.is_multiple_of(4) && codes.get(full).is_some_and(|b| b >> ((nnz % 4) * 2) != 0) {
+        return None;
+    }
+    // Each code pair that is not zero sets the low bit of `x | x >> 1` in its pair.
+    let pairs = |x: u64| (x | x >> 1) & 0x5555_5555_5555_5555;
+    let words = codes.chunks_exact(8);
+    let rest = words.remainder();
+    let mut nonzero: usize = words
+        .map(|c| pairs(u64::from_le_bytes(c.try_into().unwrap_or_default())).count_ones() as usize)
+        .sum();
+    let mut tail = [0u8; 8];
+    tail[..rest.len()].copy_from_slice(rest);
+    nonzero += pairs(u64::from_le_bytes(tail)).count_ones() as usize;
+    Some(nnz - nonzero)
+}
+
+/// Whether `buf` is exactly `count` varints as [`get_varint`] reads them (each ends within 10 bytes).
+fn varints_exact(buf: &[u8], count: usize) -> bool {
+    let (mut ends, mut run, mut longest) = (0usize, 0u32, 0u32);
+    for &b in buf {
+        let more = u32::from(b >> 7);
+        ends += 1 - more as usize;
+        run = (run + 1) * more;
+        longest = longest.max(run);
+    }
+    ends == count && longest < 10 && buf.last().is_none_or(|&b| b < 0x80)
 }
 
 /// Write a validated patch into the state (entries in parallel when `threads > 1`: each owns a disjoint
@@ -1204,7 +1424,270 @@ mod tests {
                 proptest::prop_assert_eq!(r.get("w").unwrap().bytes(), snap[0].storage.bytes(), "{:?}", pick);
             }
             proptest::prop_assert!(sizes[0] <= sizes[1].min(sizes[2]), "smaller {} sparse {} dense {}", sizes[0], sizes[1], sizes[2]);
+            // The sender's message, serialized from the coded entries without a PatchBody in between, is the
+            // message of the encoded body.
+            use super::super::wire::{self, Kind};
+            let body = encode(&b, &snap, delta, threads);
+            for codec in [Codec::Plain, Codec::Lz4] {
+                let mut h = Header::new(Kind::Patch, 2, 0);
+                h.aux = 1;
+                let (m, entries, dense) = encode_message(&b, &snap, delta, threads, h, codec);
+                proptest::prop_assert_eq!(&m.msg, &wire::message(h, &wire::encode_patch_body(&body, codec).body));
+                proptest::prop_assert_eq!(entries, body.entries.len());
+                proptest::prop_assert_eq!(dense, body.entries.iter().filter(|e| e.dense).count() as u64);
+            }
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 128, ..Default::default() })]
+
+        /// The diff of every element width (the AVX2 kernel for 2 bytes) finds exactly the elements the
+        /// portable block walk finds and leaves the same snapshot: densities from none to all, lengths that
+        /// end mid-block and span several of the kernel's passes.
+        #[test]
+        fn diff_kernels_agree_with_the_portable_walk(
+            width in proptest::sample::select(vec![1usize, 2, 4, 8]),
+            n in 0usize..80_000,
+            density in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::strategy::Just(100u64), 0u64..=100],
+            base in 0usize..1000,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let mut x = seed | 1;
+            let mut rnd = move || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            };
+            let snap: Vec<u8> = (0..n * width).map(|_| rnd() as u8).collect();
+            let mut cur = snap.clone();
+            for e in cur.chunks_exact_mut(width) {
+                if rnd() % 100 < density {
+                    // One bit anywhere in the element.
+                    let bit = rnd() as usize % (8 * width);
+                    e[bit / 8] ^= 1 << (bit % 8);
+                }
+            }
+            let (mut s1, mut s2) = (Storage::zeroed(n * width), Storage::zeroed(n * width));
+            s1.bytes_mut().copy_from_slice(&snap);
+            s2.bytes_mut().copy_from_slice(&snap);
+            let mut c = Storage::zeroed(n * width);
+            c.bytes_mut().copy_from_slice(&cur);
+            let (mut got, mut want) = (Changes::default(), Changes::default());
+            diff_same(c.bytes(), s1.bytes_mut(), width, base, &mut got);
+            match width {
+                1 => diff_words::<u8>(c.bytes(), s2.bytes_mut(), base, &mut want),
+                2 => diff_words::<u16>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
+                4 => diff_words::<u32>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
+                _ => diff_words::<u64>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
+            }
+            proptest::prop_assert_eq!(&got.idx, &want.idx);
+            proptest::prop_assert_eq!(&got.vals, &want.vals);
+            proptest::prop_assert_eq!(s1.bytes(), c.bytes(), "the snapshot takes the state");
+            proptest::prop_assert_eq!(s2.bytes(), c.bytes());
+        }
+    }
+
+    fn sign_extend(v: u64, bits: u32) -> i64 {
+        let shift = 64 - bits;
+        ((v << shift) as i64) >> shift
+    }
+
+    /// The delta coder as first written (a `put_varint` per gap and escape): the reference for [`code_delta`].
+    fn code_delta_reference(st: &SnapTensor, c: &Changes) -> [Vec<u8>; 3] {
+        use crate::bytes::put_varint;
+        let w = st.dtype.size_bytes();
+        let bits = (w * 8) as u32;
+        let mask = if bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << bits) - 1
+        };
+        let n = c.len();
+        let (mut gaps, mut codes, mut escapes) = (Vec::new(), vec![0u8; n.div_ceil(4)], Vec::new());
+        let mut next = 0u64;
+        for (k, &rel) in c.idx.iter().enumerate() {
+            let rel = u64::from(rel);
+            put_varint(&mut gaps, rel - next);
+            next = rel + 1;
+            let (old, new) = c.old_new(k, w);
+            let z = zigzag(sign_extend(new.wrapping_sub(old) & mask, bits));
+            if (1..=3).contains(&z) {
+                codes[k / 4] |= (z as u8) << ((k % 4) * 2);
+            } else {
+                put_varint(&mut escapes, z);
+            }
+        }
+        [gaps, codes, escapes]
+    }
+
+    /// Random changes of one segment: every element changes with `density` %, by a small step (a code) or a
+    /// random pattern (an escape of any length); `far` spreads them over a span where gaps pass 2^14.
+    fn random_changes(
+        dtype: DType,
+        n: usize,
+        density: u64,
+        big: u64,
+        far: bool,
+        seed: u64,
+    ) -> Changes {
+        let mut c = Changes::default();
+        let span = if far { n << 16 } else { n };
+        c.reset(0, 0, span);
+        let mut x = seed | 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let w = dtype.size_bytes();
+        let mask = if w == 8 { u64::MAX } else { (1 << (8 * w)) - 1 };
+        for i in 0..n {
+            if rnd() % 100 >= density {
+                continue;
+            }
+            let old = rnd() & mask;
+            let step = if rnd() % 100 < big {
+                rnd()
+            } else {
+                [1, 2, u64::MAX][(rnd() % 3) as usize]
+            };
+            let new = old.wrapping_add(step) & mask;
+            let new = if new == old { old ^ 1 } else { new };
+            let idx = if far {
+                (i << 16) + (rnd() % (1 << 16)) as usize
+            } else {
+                i
+            };
+            match w {
+                1 => c.push::<u8>(idx, old as u8, new as u8),
+                2 => c.push::<u16>(idx, old as u16, new as u16),
+                4 => c.push::<u32>(idx, old as u32, new as u32),
+                _ => c.push::<u64>(idx, old, new),
+            }
+        }
+        c
+    }
+
+    fn snap_tensor(dtype: DType, span: usize) -> SnapTensor {
+        SnapTensor {
+            key: "w".into(),
+            ordinal: 0,
+            dtype,
+            cols: span.max(1),
+            storage: Storage::zeroed(0),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// The chunked, branch-free delta coder writes exactly the reference's bytes, for every element width,
+        /// densities from none to all, counts that do not fill a chunk or a code byte, and gaps and escapes of
+        /// every varint length.
+        #[test]
+        fn code_delta_matches_the_reference(
+            dtype in proptest::sample::select(vec![DType::U8, DType::Bf16, DType::F32, DType::I64]),
+            n in 0usize..2000,
+            density in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::strategy::Just(100u64), 0u64..=100],
+            big in 0u64..=100,
+            far in proptest::prelude::any::<bool>(),
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let c = random_changes(dtype, n, density, big, far, seed);
+            let st = snap_tensor(dtype, c.span);
+            let coded = code_delta(&st, &c);
+            let [gaps, codes, escapes] = code_delta_reference(&st, &c);
+            proptest::prop_assert_eq!(&coded.streams[0], &gaps);
+            proptest::prop_assert_eq!(&coded.streams[1], &codes);
+            proptest::prop_assert_eq!(&coded.streams[2], &escapes);
+            proptest::prop_assert!(coded.streams[3].is_empty());
+            proptest::prop_assert_eq!(coded.entry.index_bytes, gaps.len() as u64);
+            proptest::prop_assert_eq!(coded.entry.escape_bytes, escapes.len() as u64);
+            proptest::prop_assert_eq!(check_delta(&gaps, &codes, &escapes, c.len(), c.span), Ok(()));
+            if !far {
+                // Gaps below 2^14: the streaming check vouches for the entry without the walk.
+                proptest::prop_assert!(gaps_fit(&gaps, c.len(), c.span));
+                proptest::prop_assert!(escape_codes(&codes, c.len()).is_some_and(|e| varints_exact(&escapes, e)));
+            }
+        }
+
+        /// The streaming delta check accepts exactly what the varint-by-varint walk accepts, on coded entries
+        /// and on every kind of damage to them (a byte changed, cut or added; a wrong count or range).
+        #[test]
+        fn check_delta_agrees_with_the_walk(
+            dtype in proptest::sample::select(vec![DType::U8, DType::Bf16, DType::F32, DType::I64]),
+            n in 0usize..600,
+            density in 0u64..=100,
+            big in 0u64..=100,
+            far in proptest::prelude::any::<bool>(),
+            seed in proptest::prelude::any::<u64>(),
+            damage in 0usize..8,
+            at in proptest::prelude::any::<usize>(),
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            let c = random_changes(dtype, n, density, big, far, seed);
+            let coded = code_delta(&snap_tensor(dtype, c.span), &c);
+            let [mut gaps, mut codes, mut escapes, _] = coded.streams;
+            let (mut nnz, mut span) = (c.len(), c.span);
+            let last = c.idx.last().map_or(0, |&i| i as usize + 1);
+            match damage {
+                0 => {}
+                1..=3 => {
+                    let s = [&mut gaps, &mut codes, &mut escapes].into_iter().nth(damage - 1).unwrap_or_else(|| unreachable!());
+                    if !s.is_empty() {
+                        let i = at % s.len();
+                        s[i] = byte;
+                    }
+                }
+                4 => {
+                    let s = [&mut gaps, &mut codes, &mut escapes].into_iter().nth(at % 3).unwrap_or_else(|| unreachable!());
+                    s.truncate(s.len().saturating_sub(1 + byte as usize % 3));
+                }
+                5 => {
+                    if let Some(s) = [&mut gaps, &mut codes, &mut escapes].into_iter().nth(at % 3) {
+                        s.push(byte);
+                    }
+                }
+                6 => nnz = if at % 2 == 0 { nnz + 1 } else { nnz.saturating_sub(1) },
+                _ => span = last.saturating_sub(at % 2),
+            }
+            let codes = &codes[..codes.len().min(nnz.div_ceil(4))];
+            if codes.len() == nnz.div_ceil(4) {
+                proptest::prop_assert_eq!(
+                    check_delta(&gaps, codes, &escapes, nnz, span).is_ok(),
+                    check_delta_walk(&gaps, codes, &escapes, nnz, span).is_ok()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn check_delta_edges() {
+        // No changes: every stream empty.
+        assert_eq!(check_delta(&[], &[], &[], 0, 0), Ok(()));
+        assert!(check_delta(&[0], &[], &[], 0, 10).is_err());
+        // One change at the last element of the span, and one past it.
+        assert_eq!(check_delta(&[9], &[2], &[], 1, 10), Ok(()));
+        assert!(check_delta(&[10], &[2], &[], 1, 10).is_err());
+        // A 2-byte gap (200) and a 3-byte one (2^14): the second only through the walk.
+        assert_eq!(check_delta(&[0xc8, 0x01], &[2], &[], 1, 201), Ok(()));
+        assert!(check_delta(&[0xc8, 0x01], &[2], &[], 1, 200).is_err());
+        assert_eq!(
+            check_delta(&[0x80, 0x80, 0x01], &[2], &[], 1, 1 << 14 | 1),
+            Ok(())
+        );
+        assert!(check_delta(&[0x80, 0x80, 0x01], &[2], &[], 1, 1 << 14).is_err());
+        // An unterminated gap; an escape of 10 bytes (accepted) and of 11 (not).
+        assert!(check_delta(&[0x80], &[2], &[], 1, 1000).is_err());
+        let ten = [0xff; 9].into_iter().chain([0x01]).collect::<Vec<u8>>();
+        assert_eq!(check_delta(&[0], &[0], &ten, 1, 1), Ok(()));
+        let eleven = [0xff; 10].into_iter().chain([0x01]).collect::<Vec<u8>>();
+        assert!(check_delta(&[0], &[0], &eleven, 1, 1).is_err());
+        // Nonzero padding after the last code.
+        assert!(check_delta(&[0], &[0b0100_0010], &[], 1, 1).is_err());
     }
 
     #[test]

@@ -28,6 +28,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
@@ -199,8 +200,8 @@ pub(super) struct RejoinInfo {
     /// The checksum of the snapshot at a version, when computed for that version (patch syncer).
     pub checksum: std::sync::Mutex<Option<(u64, u64)>>,
     /// The snapshot's checksum at a version being computed on a background thread (patch syncer with a
-    /// replay log): started once a version is sent, waited for before the snapshot is next used.
-    pub hashing: std::sync::Mutex<Option<(u64, std::thread::JoinHandle<u64>)>>,
+    /// replay log): started once a version is sent, finished before the snapshot is next used.
+    pub hashing: std::sync::Mutex<Option<(u64, HashJob)>>,
 }
 
 impl RejoinInfo {
@@ -210,7 +211,9 @@ impl RejoinInfo {
         c.filter(|(v, _)| *v == version).map(|(_, c)| c)
     }
 
-    /// Wait for the background checksum, if one runs, and cache it. Afterwards no thread holds the snapshot.
+    /// Finish the background checksum, if one runs, and cache it: the thread is stopped where it got to and the
+    /// caller hashes the rest at its own priority (a nice-19 thread on a busy host may barely have started).
+    /// Afterwards no thread holds the snapshot.
     pub fn settle(&self) {
         let job = self
             .hashing
@@ -218,10 +221,14 @@ impl RejoinInfo {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         // A hashing thread that panicked leaves nothing cached: the checksum is computed again when needed.
-        if let Some((version, job)) = job
-            && let Ok(c) = job.join()
-        {
-            self.cache_checksum(version, c);
+        if let Some((version, job)) = job {
+            job.stop.store(true, Ordering::Relaxed);
+            if let Ok((mut hash, done, snap)) = job.thread.join() {
+                let c = done.or_else(|| hash.run(&snap, &self.meta, &AtomicBool::new(false)));
+                if let Some(c) = c {
+                    self.cache_checksum(version, c);
+                }
+            }
         }
     }
 
@@ -231,15 +238,20 @@ impl RejoinInfo {
     pub fn checksum_in_background(&self, version: u64, snap: &Arc<Vec<SnapTensor>>) {
         self.settle();
         let (shared, meta) = (Arc::clone(snap), self.meta.clone());
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
         let spawned = std::thread::Builder::new()
             .name("rlsync-snapsum".into())
             .spawn(move || {
                 crate::tensor::parallel::lowest_priority();
-                snapshot_checksum(&shared, &meta)
+                let mut hash = SnapshotHash::default();
+                let done = hash.run(&shared, &meta, &stopped);
+                (hash, done, shared)
             });
         match spawned {
-            Ok(job) => {
-                *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, job));
+            Ok(thread) => {
+                *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((version, HashJob { stop, thread }));
             }
             Err(_) => self.cache_checksum(version, snapshot_checksum(snap, &self.meta)),
         }
@@ -592,16 +604,63 @@ async fn send_state_buckets(
 
 /// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys).
 pub(super) fn snapshot_checksum(snap: &[super::patch::SnapTensor], meta: &[KeyMeta]) -> u64 {
-    let mut h = StateHasher::new();
-    for st in snap {
-        let shape = meta
-            .get(st.ordinal as usize)
-            .map(|m| m.shape.as_slice())
-            .unwrap_or_default();
-        h.begin_tensor(&st.key, st.dtype, shape);
-        h.bytes(st.storage.bytes());
+    // Never stopped, so it runs to the end.
+    SnapshotHash::default()
+        .run(snap, meta, &AtomicBool::new(false))
+        .unwrap_or_default()
+}
+
+/// What a background checksum's thread hands back: how far it got, the checksum if it got to the end, and the
+/// snapshot it held.
+type Hashed = (SnapshotHash, Option<u64>, Arc<Vec<SnapTensor>>);
+
+/// A background snapshot checksum: the flag that stops it, and its thread, which hands back how far it got
+/// and the snapshot it held.
+pub(super) struct HashJob {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Hashed>,
+}
+
+/// Bytes hashed between two looks at the stop flag (one after each piece).
+const HASH_PIECE: usize = 1 << 20;
+
+/// [`snapshot_checksum`] in pieces, so that it can stop and go on elsewhere (the same value either way: the
+/// hash is streamed).
+#[derive(Default)]
+pub(super) struct SnapshotHash {
+    hasher: StateHasher,
+    /// The next tensor, whether its name and layout are hashed, and how many of its bytes.
+    tensor: usize,
+    begun: bool,
+    offset: usize,
+}
+
+impl SnapshotHash {
+    /// Hash on from where it stopped: the checksum, or `None` when `stop` was raised before the end (it is
+    /// looked at after each piece, so a call with `stop` raised hashes one piece).
+    fn run(&mut self, snap: &[SnapTensor], meta: &[KeyMeta], stop: &AtomicBool) -> Option<u64> {
+        while let Some(st) = snap.get(self.tensor) {
+            if !self.begun {
+                let shape = meta
+                    .get(st.ordinal as usize)
+                    .map(|m| m.shape.as_slice())
+                    .unwrap_or_default();
+                self.hasher.begin_tensor(&st.key, st.dtype, shape);
+                self.begun = true;
+            }
+            let bytes = st.storage.bytes();
+            while let Some(rest) = bytes.get(self.offset..).filter(|r| !r.is_empty()) {
+                let piece = &rest[..rest.len().min(HASH_PIECE)];
+                self.hasher.bytes(piece);
+                self.offset += piece.len();
+                if stop.load(Ordering::Relaxed) {
+                    return None;
+                }
+            }
+            (self.tensor, self.begun, self.offset) = (self.tensor + 1, false, 0);
+        }
+        Some(self.hasher.finish())
     }
-    h.finish()
 }
 
 /// The receiver's checksums of its synced and bootstrap-only keys.
@@ -621,6 +680,71 @@ pub(super) fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::Storage;
+
+    #[test]
+    fn a_snapshot_checksum_stopped_anywhere_goes_on_to_the_same_value() {
+        // Tensors of several pieces (one ending mid-piece), none, and a few bytes.
+        let sizes = [2 * HASH_PIECE + 5, 0, 3, HASH_PIECE];
+        let snap: Vec<SnapTensor> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let mut storage = Storage::zeroed(n);
+                for (j, b) in storage.bytes_mut().iter_mut().enumerate() {
+                    *b = (j * 31 + i) as u8;
+                }
+                SnapTensor {
+                    key: format!("t{i}"),
+                    ordinal: i as u32,
+                    dtype: DType::U8,
+                    cols: n.max(1),
+                    storage,
+                }
+            })
+            .collect();
+        let meta: Vec<KeyMeta> = snap
+            .iter()
+            .map(|st| KeyMeta {
+                name: st.key.clone(),
+                dtype: DType::U8,
+                shape: vec![st.storage.len()],
+            })
+            .collect();
+        let whole = snapshot_checksum(&snap, &meta);
+        // Stopped after every piece: one call per piece, then the end.
+        let (mut hash, stop, mut calls) = (SnapshotHash::default(), AtomicBool::new(true), 0);
+        let got = loop {
+            calls += 1;
+            if let Some(c) = hash.run(&snap, &meta, &stop) {
+                break c;
+            }
+        };
+        assert_eq!(got, whole);
+        assert_eq!(
+            calls,
+            3 + 1 + 1 + 1,
+            "one call per piece, the last one finishing"
+        );
+        // The background job stopped by settle, wherever it got to, caches the same value.
+        let info = RejoinInfo {
+            meta,
+            synced_ordinals: vec![],
+            boot_only: vec![],
+            init_bucket_size: 0,
+            boot_checksum: 0,
+            log: ReplayLog::new(0, 0),
+            checksum: std::sync::Mutex::new(None),
+            hashing: std::sync::Mutex::new(None),
+        };
+        let snap = Arc::new(snap);
+        for version in 1..4 {
+            info.checksum_in_background(version, &snap);
+            info.settle();
+            assert_eq!(info.cached_checksum(version), Some(whole));
+            assert_eq!(Arc::strong_count(&snap), 1, "no thread holds the snapshot");
+        }
+    }
 
     fn msg(n: usize) -> Vec<u8> {
         vec![7; n]

@@ -309,18 +309,22 @@ impl WeightSyncer {
                 let build = t0.elapsed();
                 let t1 = Instant::now();
                 let (msg, ratio, tensors, dense) = blocking(|| {
-                    let body = patch::encode(built, snap, settings.delta, settings.threads);
-                    let tensors = body.entries.len();
-                    let dense = body.entries.iter().filter(|e| e.dense).count() as u64;
-                    let enc = wire::encode_patch_body(&body, settings.codec);
-                    let mut h = Header::new(Kind::Patch, version, enc.body.len());
+                    let mut h = Header::new(Kind::Patch, version, 0);
                     h.aux = s.last_version;
+                    let (enc, tensors, dense) = patch::encode_message(
+                        built,
+                        snap,
+                        settings.delta,
+                        settings.threads,
+                        h,
+                        settings.codec,
+                    );
                     let ratio = if enc.stored_stream_bytes == 0 {
                         1.0
                     } else {
                         enc.raw_stream_bytes as f64 / enc.stored_stream_bytes as f64
                     };
-                    (wire::message(h, &enc.body), ratio, tensors, dense)
+                    (enc.msg, ratio, tensors, dense)
                 });
                 let encode = t1.elapsed();
                 let state_bytes = snap.iter().map(|t| t.storage.len() as u64).sum();

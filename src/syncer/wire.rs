@@ -766,6 +766,29 @@ pub struct PatchBody {
     pub streams: Vec<Vec<u8>>,
 }
 
+impl PatchBody {
+    /// The body with each stream as one part.
+    pub fn view(&self) -> PatchView<'_> {
+        PatchView {
+            index: self.index,
+            value: self.value,
+            index_width: self.index_width,
+            entries: &self.entries,
+            streams: self.streams.iter().map(|s| vec![s.as_slice()]).collect(),
+        }
+    }
+}
+
+/// A patch body whose streams are held in parts (each stream is its parts one after another, e.g. one part
+/// per entry as coded), so it can be serialized without joining them first.
+pub struct PatchView<'a> {
+    pub index: IndexCoding,
+    pub value: ValueCoding,
+    pub index_width: u8,
+    pub entries: &'a [PatchEntry],
+    pub streams: Vec<Vec<&'a [u8]>>,
+}
+
 /// Encoded patch body plus size accounting.
 pub struct EncodedPatch {
     pub body: Vec<u8>,
@@ -777,10 +800,54 @@ pub struct EncodedPatch {
 
 /// Serialize a patch body; with `Codec::Lz4` each stream is compressed when that makes it smaller.
 pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
-    let mut b = Vec::with_capacity(
-        16 + p.entries.len() * PATCH_ENTRY_LEN
-            + p.streams.iter().map(|s| s.len() + 17).sum::<usize>(),
-    );
+    let p = p.view();
+    let mut b = Vec::with_capacity(patch_body_capacity(&p));
+    let (raw_stream_bytes, stored_stream_bytes) = write_patch_body(&mut b, &p, codec);
+    EncodedPatch {
+        body: b,
+        raw_stream_bytes,
+        stored_stream_bytes,
+    }
+}
+
+/// A whole patch message (header + body) plus size accounting.
+pub struct PatchMessage {
+    pub msg: Vec<u8>,
+    /// Sum of the streams before compression.
+    pub raw_stream_bytes: usize,
+    /// Sum of the streams as stored.
+    pub stored_stream_bytes: usize,
+}
+
+/// [`message`] of [`encode_patch_body`], serialized straight into the message's buffer (the body is not copied
+/// a second time).
+pub fn patch_message(mut header: Header, p: &PatchView<'_>, codec: Codec) -> PatchMessage {
+    let mut out = Vec::with_capacity(HEADER_LEN + patch_body_capacity(p));
+    out.resize(HEADER_LEN, 0);
+    let (raw_stream_bytes, stored_stream_bytes) = write_patch_body(&mut out, p, codec);
+    let body = &out[HEADER_LEN..];
+    header.body_len = body.len() as u64;
+    header.checksum = xxh3_64_with_seed(body, header.checksum_seed());
+    // The buffer holds HEADER_LEN bytes ahead of the body, so the write cannot fail.
+    let _ = header.write(&mut out[..HEADER_LEN]);
+    PatchMessage {
+        msg: out,
+        raw_stream_bytes,
+        stored_stream_bytes,
+    }
+}
+
+/// Bytes of a patch body with its streams stored plain (enough for any codec's choice).
+fn patch_body_capacity(p: &PatchView<'_>) -> usize {
+    16 + p.entries.len() * PATCH_ENTRY_LEN
+        + p.streams
+            .iter()
+            .map(|s| s.iter().map(|part| part.len()).sum::<usize>() + 17)
+            .sum::<usize>()
+}
+
+/// Append the body of `p` to `b`; returns the streams' bytes before and after compression.
+fn write_patch_body(b: &mut Vec<u8>, p: &PatchView<'_>, codec: Codec) -> (usize, usize) {
     b.push(match p.index {
         IndexCoding::Coo => 0,
         IndexCoding::Gaps => 1,
@@ -792,7 +859,7 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
     b.push(p.index_width);
     b.push(0);
     b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
-    for e in &p.entries {
+    for e in p.entries {
         b.extend_from_slice(&e.ordinal.to_le_bytes());
         b.extend_from_slice(&[u8::from(e.dense), 0, 0, 0]);
         for v in [e.base, e.nnz, e.index_bytes, e.escape_bytes] {
@@ -801,29 +868,34 @@ pub fn encode_patch_body(p: &PatchBody, codec: Codec) -> EncodedPatch {
     }
     b.extend_from_slice(&(p.streams.len() as u32).to_le_bytes());
     let (mut raw, mut stored) = (0, 0);
-    for s in &p.streams {
+    for parts in &p.streams {
+        let len: usize = parts.iter().map(|part| part.len()).sum();
         let packed = match codec {
-            Codec::Lz4 if !s.is_empty() => {
-                Some(lz4_flex::block::compress(s)).filter(|c| c.len() < s.len())
+            Codec::Lz4 if len > 0 => {
+                Some(lz4_flex::block::compress(&parts.concat())).filter(|c| c.len() < len)
             }
             _ => None,
         };
-        let (code, bytes) = match &packed {
-            Some(c) => (1u8, c.as_slice()),
-            None => (0u8, s.as_slice()),
-        };
-        b.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        b.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        b.push(code);
-        b.extend_from_slice(bytes);
-        raw += s.len();
-        stored += bytes.len();
+        b.extend_from_slice(&(len as u64).to_le_bytes());
+        match &packed {
+            Some(c) => {
+                b.extend_from_slice(&(c.len() as u64).to_le_bytes());
+                b.push(1);
+                b.extend_from_slice(c);
+                stored += c.len();
+            }
+            None => {
+                b.extend_from_slice(&(len as u64).to_le_bytes());
+                b.push(0);
+                for part in parts {
+                    b.extend_from_slice(part);
+                }
+                stored += len;
+            }
+        }
+        raw += len;
     }
-    EncodedPatch {
-        body: b,
-        raw_stream_bytes: raw,
-        stored_stream_bytes: stored,
-    }
+    (raw, stored)
 }
 
 /// Parse a patch body; decompressed streams are limited to `max_stream` bytes each.
@@ -1078,6 +1150,28 @@ mod tests {
         };
         for codec in [Codec::Plain, Codec::Lz4] {
             let e = encode_patch_body(&p, codec);
+            let mut h = Header::new(Kind::Patch, 7, 0);
+            h.aux = 6;
+            let m = patch_message(h, &p.view(), codec);
+            // The same streams in parts (split anywhere) serialize to the same bytes.
+            fn split(s: &[u8]) -> Vec<&[u8]> {
+                let (a, b) = s.split_at(s.len() / 3);
+                vec![a, &[], b]
+            }
+            let parts = PatchView {
+                streams: p.streams.iter().map(|s| split(s)).collect(),
+                ..p.view()
+            };
+            assert_eq!(patch_message(h, &parts, codec).msg, m.msg);
+            assert_eq!(
+                m.msg,
+                message(h, &e.body),
+                "serialized in place, the same message"
+            );
+            assert_eq!(
+                (m.raw_stream_bytes, m.stored_stream_bytes),
+                (e.raw_stream_bytes, e.stored_stream_bytes)
+            );
             let d = decode_patch_body(&e.body, 1 << 20).unwrap();
             assert_eq!(d.entries, p.entries);
             assert_eq!(d.streams, p.streams);
