@@ -8,7 +8,7 @@
 //! ranks out of chain order are refused with restarts.
 
 use std::io::Read as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -582,32 +582,8 @@ fn a_rollout_on_another_node_past_its_budget_fails_the_run() {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("rejoined the weight channel"))
     });
     kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
-    let mut outs = children.into_iter().map(finish);
-    let (code, err) = outs.next().unwrap();
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains(
-            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
-        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
-        "{err}"
-    );
-    // The last lines of its log on node 1, sent up by its agent, as a local rollout's are quoted.
-    let quoted = err
-        .split(&format!("--- last lines of {} ---\n", log.display()))
-        .nth(1)
-        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
-    assert!(
-        quoted.contains("rejoined the weight channel"),
-        "the quoted lines are its successor's last ones:\n{err}"
-    );
-    for (code, err) in outs {
-        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
-        // Told why before its link closed.
-        assert!(
-            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
-            "{err}"
-        );
-    }
+    // The quoted lines are its successor's last ones.
+    past_budget(children, second, &log, "rejoined the weight channel");
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
 }
@@ -742,28 +718,8 @@ fn a_remote_rollout_killed_before_its_agent_is_ready_past_its_budget_fails_the_r
         &PathBuf::from(format!("{}.2", held.display())),
     );
     kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
-    let mut outs = children.into_iter().map(finish);
-    let (code, err) = outs.next().unwrap();
-    assert_eq!(code, Some(1), "{err}");
-    assert!(
-        err.contains(
-            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
-        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
-        "{err}"
-    );
     let log = run.run_dir.join("node-1/logs/rollout-1.log");
-    let quoted = err
-        .split(&format!("--- last lines of {} ---\n", log.display()))
-        .nth(1)
-        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
-    assert!(quoted.contains("RLSYNC_TEST_HOLD: held at"), "{err}");
-    for (code, err) in outs {
-        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
-        assert!(
-            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
-            "{err}"
-        );
-    }
+    past_budget(children, second, &log, "RLSYNC_TEST_HOLD: held at");
     assert!(run.metrics().iter().all(|r| !r.contains_key("train/loss")));
     let left = run.leftovers();
     assert!(left.is_empty(), "leftovers: {left:?}");
@@ -841,4 +797,32 @@ fn a_remote_rollout_killed_in_its_catch_up_is_restarted_patch() {
 #[test]
 fn a_remote_rollout_killed_in_its_catch_up_is_restarted_bucket() {
     a_remote_rollout_killed_in_its_catch_up_is_restarted("bucket_syncer");
+}
+
+/// Node 0 of a two-node run failed because rollout-1 on node 1 (last pid `second`) died past its one restart:
+/// its error names the rollout, its node and the budget and quotes the last lines of its log on node 1 (sent up
+/// by the agent, as a local rollout's are quoted), which hold `last_words`; node 1 exits with the run's failure,
+/// told why before its link closed.
+fn past_budget(children: Vec<Child>, second: i32, log: &Path, last_words: &str) {
+    let mut outs = children.into_iter().map(finish);
+    let (code, err) = outs.next().unwrap();
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(
+            "rollout-1 on node 1 died after all its 1 restarts were used (runner.rollout_restarts=1)"
+        ) && err.contains(&format!("worker rollout-1 (pid {second}) ")),
+        "{err}"
+    );
+    let quoted = err
+        .split(&format!("--- last lines of {} ---\n", log.display()))
+        .nth(1)
+        .unwrap_or_else(|| panic!("the error quotes node 1's log of it:\n{err}"));
+    assert!(quoted.contains(last_words), "{err}");
+    for (code, err) in outs {
+        assert_eq!(code, Some(1), "node 1 exits with the run's failure:\n{err}");
+        assert!(
+            err.contains("the run failed on node 0 (rollout-1 on node 1 died"),
+            "{err}"
+        );
+    }
 }
