@@ -734,7 +734,9 @@ fn a_remote_rollout_killed_in_the_bootstrap_is_restarted(syncer: &str, stage: &s
     let mut run = Run::new(3);
     run.extra = restarts(2);
     let held = run.hold(&format!("rollout-1@{stage}"));
-    let steps = 12;
+    // Long enough for the successor to start and join before the last step on a loaded machine (the run does
+    // not wait for a restarting rollout), ~4 s when idle.
+    let steps = 300;
     let mut children = run.start(syncer, steps);
     let pid = run.held_pid(&mut children, &held);
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
@@ -770,7 +772,8 @@ fn a_remote_rollout_killed_in_its_catch_up_is_restarted(syncer: &str) {
     let mut run = Run::new(3);
     run.extra = restarts(3);
     let held = run.hold("rollout-1@catchup");
-    let steps = 40;
+    // Long enough for two successors to start and the last to be caught up before the last step under load.
+    let steps = 300;
     let mut children = run.start(syncer, steps);
     run.wait_until(&mut children, "a few steps", || run.metrics().len() >= 3);
     let first = run.rollout_pid(1).expect("rollout-1 runs");
