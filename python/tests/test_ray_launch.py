@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from test_workers import BIN, ROOT, leftovers, shm_leftovers
+from python_runs import BIN, ROOT
+from test_workers import leftovers, shm_leftovers
 
 # A dev cluster on loopback: Ray's nodes take 127.0.0.1, not this host's address; no usage reports.
 RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
