@@ -512,26 +512,9 @@ fn rollouts_on_every_node_survive_kills(entry: &'static str, syncer: &str) {
         .into_iter()
         .filter(|r| r.contains_key("train/loss"))
         .collect();
-    let restarts = rows
-        .last()
-        .and_then(|r| r.get("rollout/restarts"))
-        .and_then(serde_json::Value::as_u64);
-    assert_eq!(restarts, Some(3), "{node0}");
+    assert_eq!(restarts_counted(&run), Some(3), "{node0}");
     for (rank, pid) in kills {
-        // Its supervisor saw the connection close or the exit first; node 0 names the worker, its pid and (on
-        // another node) the node: rollout r runs on node r.
-        let lost = match rank {
-            0 => format!("rollout-0 (pid {pid}) "),
-            _ => format!("rollout-{rank} (pid {pid} on node {rank}) "),
-        };
-        assert!(
-            node0
-                .lines()
-                .any(|l| l.contains(&lost) && l.contains("restarting it in")),
-            "node 0 logs the loss ({lost}):\n{node0}"
-        );
-        let back = format!("rollout-{rank}: restarted as pid ");
-        assert!(node0.contains(&back), "node 0 logs the restart:\n{node0}");
+        logs_the_restart(node0, rank, pid);
         let rejoined = format!("rollout-{rank} rejoined: caught up by");
         assert!(
             node0.contains(&rejoined),
@@ -658,10 +641,14 @@ fn restarts_counted(run: &Run) -> Option<u64> {
         })
 }
 
-/// Node 0 logs the loss of `rollout-<rank>` (process `pid` on node `rank`) and its restart.
+/// Node 0 logs the loss of `rollout-<rank>` (process `pid`; rollout r runs on node r, named when it is not
+/// node 0) and its restart.
 fn logs_the_restart(node0: &str, rank: u32, pid: i32) {
-    // Its agent saw the connection close or the exit first.
-    let lost = format!("rollout-{rank} (pid {pid} on node {rank}) ");
+    // Its supervisor (node 0's, or its agent) saw the connection close or the exit first.
+    let lost = match rank {
+        0 => format!("rollout-0 (pid {pid}) "),
+        _ => format!("rollout-{rank} (pid {pid} on node {rank}) "),
+    };
     assert!(
         node0
             .lines()
