@@ -1,6 +1,6 @@
 # rlsync: `make run` runs the default job, `make test` runs every test. Each does all of its own set-up:
 # Rust crates (cargo), and a cached Python venv (outside the checkout) with torch==2.13.0 (libtorch for the
-# `torch` feature, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
+# learner crate, as tch 0.26 needs) and hydra-core (the conformance oracle and harness); maturin + pytest for the
 # Python package; torchrl/tensordict (python/bench), gymnasium[mujoco]/mujoco/tensorboard (examples/gym_ppo);
 # safetensors (the test that runs README's checkpoint loader); ray (rlsync.ray_launch's tests, on a local
 # three-raylet cluster).
@@ -15,10 +15,11 @@ CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
 VENV_STAMP  := $(VENV)/.rlsync-venv-v5
-# tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); build.rs rpaths its lib dir into the binary.
+# tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); the learner's build.rs rpaths its lib dir
+# into its binary and tests.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test lint test-plain test-torch conformance bench venv python test-python clean
+.PHONY: all build run run-gym test lint test-rust conformance bench venv python test-python clean
 
 all: build
 
@@ -32,14 +33,12 @@ $(VENV_STAMP):
 		ray==2.60.0
 	touch $@
 
-# The shipped product: `rlsync` without libtorch (every command that does not train starts in milliseconds)
-# and, next to it, `rlsync-learner`: the learner workers built with libtorch, the only processes that load it.
-# The torch build has its own target dir, so plain and torch builds never overwrite each other.
-TORCH_TARGET := target/torch
+# The shipped product: `rlsync` (the app, no libtorch: every command that does not train starts in
+# milliseconds) and, next to it, `rlsync-learner` (the `rlsync-learner` crate, the only one linked with libtorch),
+# from which the supervisor starts learner workers. One workspace, one target dir: the crates below the learner
+# are compiled once and shared by both binaries, the tests and the Python binding.
 build: venv
-	$(CARGO) build --release --locked --bin rlsync
-	$(TORCH_ENV) $(CARGO) build --release --locked --features torch --target-dir $(TORCH_TARGET) --bin rlsync-learner
-	cp -p $(TORCH_TARGET)/release/rlsync-learner target/release/rlsync-learner
+	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync -p rlsync-learner
 
 run: build python
 	$(BIN) train_embodied
@@ -53,38 +52,37 @@ run-gym: build python
 python: venv
 	VIRTUAL_ENV=$(VENV) PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --locked -q -m python/Cargo.toml
 
-# Formatting and clippy first (they fail in a minute, the tests take many), then the tests of the plain build
-# (no libtorch) and of the torch build, the Hydra conformance kit, then the Python package's tests (last, so
-# CI's last line is pytest's summary).
-test: lint test-plain test-torch conformance test-python
+# Formatting and clippy first (they fail in a minute, the tests take many), then the Rust tests of every crate,
+# the Hydra conformance kit, then the Python package's tests (last, so CI's last line is pytest's summary).
+test: lint test-rust conformance test-python
 
-# rustfmt.toml's style, and clippy with warnings as errors on every target of both feature sets (the plain one
-# for the whole workspace, so the Python binding crate too).
+# rustfmt.toml's style, and clippy with warnings as errors on every target of every crate of the workspace.
 lint: venv
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
-	$(TORCH_ENV) $(CARGO) clippy --all-targets --release --locked --features torch -- -D warnings
+	$(TORCH_ENV) $(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
 
-test-plain:
-	$(CARGO) test --release --locked
+# Every crate's unit tests and integration tests in one cargo invocation (the learner's runs need both
+# binaries, which `build` makes). cargo-nextest, where installed, runs them with per-test timings and the slow
+# ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
+test-rust: build
+	if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(TORCH_ENV) $(CARGO) nextest run --release --locked --workspace --exclude rlsync-python --profile ci; \
+		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python --doc; \
+	else \
+		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python; \
+	fi
 
-# `build` first: `cargo test` unifies dev-dependency features, so it alone would leave `make run` a rebuild.
-test-torch: build
-	$(TORCH_ENV) $(CARGO) test --release --locked --features torch --target-dir $(TORCH_TARGET)
-
-# The conformance kit (2720 process starts) runs against the shipped `rlsync`, which has no libtorch.
-conformance: venv
-	$(CARGO) build --release --locked --bin rlsync
+# The conformance kit (2720 process starts) runs against the shipped `rlsync`.
+conformance: build
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(BIN))" -j 2
 	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(BIN))" --kit $(CONFORMANCE) -j 2
 
 # The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
-test-python: python
-	$(CARGO) build --release --locked --bin rlsync
+test-python: build python
 	$(PYTHON) -m pytest -q python/tests
 
 bench: venv
-	$(TORCH_ENV) $(CARGO) bench --locked --features torch --target-dir $(TORCH_TARGET)
+	$(TORCH_ENV) $(CARGO) bench --locked -p rlsync
 
 clean:
 	$(CARGO) clean

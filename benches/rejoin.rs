@@ -10,10 +10,10 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use rlsync::config::schema::{SyncerKind, WeightSyncerConfig};
-use rlsync::syncer::{CatchUpKind, SyncOptions, WeightSyncer};
-use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
-use rlsync::tensor::{DType, StateDict};
-use rlsync::transport::inproc_channel_elastic;
+use rlsync_core::syncer::{CatchUpKind, SyncOptions, WeightSyncer};
+use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+use rlsync_core::tensor::{DType, StateDict};
+use rlsync_core::transport::inproc_channel_elastic;
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)

@@ -10,10 +10,10 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use rlsync::syncer::patch::{self, SnapTensor};
-use rlsync::syncer::wire::{self, Codec, KeyMeta};
-use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
-use rlsync::tensor::{DType, StateDict, Storage};
+use rlsync_core::syncer::patch::{self, SnapTensor};
+use rlsync_core::syncer::wire::{self, Codec, KeyMeta};
+use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+use rlsync_core::tensor::{DType, StateDict, Storage};
 
 const PARAMS: u64 = 1 << 24;
 

@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use rlsync::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
-use rlsync::transport::{Receiver, Sender, TransportError, inproc_channel};
+use rlsync_core::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
+use rlsync_core::transport::{Receiver, Sender, TransportError, inproc_channel};
 
 const PAYLOAD: usize = 256 << 20;
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -198,7 +198,7 @@ fn copy_kernels(c: &mut Criterion) {
                 .zip(buf[off..off + PAYLOAD].chunks_mut(CHUNK))
             {
                 h.update(s);
-                rlsync::tensor::copy_streaming(d, s).expect("equal lengths");
+                rlsync_core::tensor::copy_streaming(d, s).expect("equal lengths");
             }
             black_box(h.digest())
         })

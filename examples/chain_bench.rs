@@ -15,10 +15,10 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use rlsync::config::schema::{SyncerKind, WeightSyncerConfig};
-use rlsync::syncer::{SyncOptions, WeightSyncer};
-use rlsync::tensor::DType;
-use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
-use rlsync::transport::{ChainConfig, ChainRelay, ChainSender, inproc_channel_with_timeout};
+use rlsync_core::syncer::{SyncOptions, WeightSyncer};
+use rlsync_core::tensor::DType;
+use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+use rlsync_core::transport::{ChainConfig, ChainRelay, ChainSender, inproc_channel_with_timeout};
 use tokio::net::TcpListener;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

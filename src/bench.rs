@@ -12,11 +12,11 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use crate::config::schema::{ReceiverMemory, RunConfig, TransportKind, UpdateKind};
-use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
-use crate::tensor::parallel::{map_items, resolve_threads};
-use crate::tensor::synthetic::{ModelSpec, SyntheticError, SyntheticModel, UpdateMode};
-use crate::tensor::{DType, StateDict, Storage, Tensor};
-use crate::transport;
+use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use rlsync_core::tensor::parallel::{map_items, resolve_threads};
+use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticError, SyntheticModel, UpdateMode};
+use rlsync_core::tensor::{DType, StateDict, Storage, Tensor};
+use rlsync_core::transport;
 
 pub use report::{BenchSummary, StepRecord};
 
@@ -89,7 +89,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
                         // The borrowed state is dropped inside receiver_loop, before its owner here.
                         Ok(state) => receiver_loop(syncer, state, ch, steps, rank, out),
                         Err(e) => {
-                            let _ = out.send((rank, Err(crate::stdio::error_chain(&e))));
+                            let _ = out.send((rank, Err(rlsync_core::error_chain(&e))));
                         }
                     },
                 })?,
@@ -218,7 +218,7 @@ fn links(kind: TransportKind, receivers: usize) -> (TxLink, Vec<RxLink>) {
 
 /// A state dict over `owner`'s memory, which the receiver then does not own (`bench.receiver_memory=borrowed`):
 /// what a Python or tch rollout's tensors are to the syncer, so a bucket is copied in rather than swapped.
-fn borrow_all(owner: &mut StateDict) -> Result<StateDict, crate::tensor::TensorError> {
+fn borrow_all(owner: &mut StateDict) -> Result<StateDict, rlsync_core::tensor::TensorError> {
     let mut state = StateDict::new();
     for (name, t) in owner.iter_mut() {
         let (layout, role) = (t.layout().clone(), t.role());
@@ -245,7 +245,7 @@ fn receiver_loop(
     {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = out.send((rank, Err(crate::stdio::error_chain(&e))));
+            let _ = out.send((rank, Err(rlsync_core::error_chain(&e))));
             return;
         }
     };
@@ -258,7 +258,7 @@ fn receiver_loop(
                 {
                     Ok(ch) => ch,
                     Err(e) => {
-                        let _ = out.send((rank, Err(crate::stdio::error_chain(&e))));
+                        let _ = out.send((rank, Err(rlsync_core::error_chain(&e))));
                         return;
                     }
                 }
@@ -276,7 +276,7 @@ fn receiver_loop(
                 ));
             }
             Err(e) => {
-                let _ = out.send((rank, Err(crate::stdio::error_chain(&e))));
+                let _ = out.send((rank, Err(rlsync_core::error_chain(&e))));
                 return;
             }
         }
@@ -284,11 +284,11 @@ fn receiver_loop(
             let r = syncer.apply(&mut state).await;
             let done = Instant::now();
             let msg = r
-                .map_err(|e| crate::stdio::error_chain(&e))
+                .map_err(|e| rlsync_core::error_chain(&e))
                 .and_then(|report| {
                     let checksum = syncer
                         .checksum(&state)
-                        .map_err(|e| crate::stdio::error_chain(&e))?;
+                        .map_err(|e| rlsync_core::error_chain(&e))?;
                     Ok(RxStep {
                         report,
                         done,

@@ -5,8 +5,8 @@
 
 use std::process::ExitCode;
 
-use crate::config::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
 use crate::orchestrator::Entry;
+use hydra_compose::hydra::app::{self, AppRequest, Command, InfoKind, Outcome, ShowCfg};
 
 /// The process exit statuses rlsync uses (documented in README.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,7 +225,7 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
 }
 
 fn print_usage() {
-    crate::stdio::out(format_args!(
+    hydra_compose::stdio::out(format_args!(
         "{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nrlsync --cleanup removes the sockets and shared memory of runs whose orchestrator was killed.\n\nFlags:\n{FLAGS_HELP}\n"
     ));
 }
@@ -236,7 +236,7 @@ pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
         Err(err) => match err.downcast::<UsageError>() {
             // argparse's way: usage and message on stderr, exit status 2.
             Ok(usage) => {
-                crate::stdio::err(format_args!("{usage}\n"));
+                hydra_compose::stdio::err(format_args!("{usage}\n"));
                 Ok(ExitStatus::Usage)
             }
             Err(other) => Err(other),
@@ -259,10 +259,10 @@ fn run_args(args: &[String]) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     if first == "--version" {
-        crate::stdio::out(format_args!(
+        hydra_compose::stdio::out(format_args!(
             "rlsync {} (Hydra {})\n",
             env!("CARGO_PKG_VERSION"),
-            crate::config::hydra::HYDRA_VERSION
+            hydra_compose::hydra::HYDRA_VERSION
         ));
         return Ok(ExitStatus::Success);
     }
@@ -270,9 +270,9 @@ fn run_args(args: &[String]) -> anyhow::Result<ExitStatus> {
         // Leftovers of runs whose orchestrator was killed (SIGKILL leaves no chance to clean up).
         let swept = crate::orchestrator::run_files::sweep_leftovers(&std::env::temp_dir());
         for dir in &swept.dirs {
-            crate::stdio::out(format_args!("removed {}\n", dir.display()));
+            hydra_compose::stdio::out(format_args!("removed {}\n", dir.display()));
         }
-        crate::stdio::out(format_args!(
+        hydra_compose::stdio::out(format_args!(
             "removed {} run director{} and {} shared-memory segment{} of runs that are gone\n",
             swept.dirs.len(),
             if swept.dirs.len() == 1 { "y" } else { "ies" },
@@ -284,7 +284,7 @@ fn run_args(args: &[String]) -> anyhow::Result<ExitStatus> {
     if first == "plot" {
         let args = crate::plot::parse_args(args.get(1..).unwrap_or_default())?;
         let written = crate::plot::run(&args)?;
-        crate::stdio::out(format_args!("{}\n", written.display()));
+        hydra_compose::stdio::out(format_args!("{}\n", written.display()));
         return Ok(ExitStatus::Success);
     }
     if first == "worker" {
@@ -301,9 +301,9 @@ fn run_args(args: &[String]) -> anyhow::Result<ExitStatus> {
     })?;
     let rest = args.get(1..).unwrap_or_default();
     if rest.iter().any(|a| a == "--version") {
-        crate::stdio::out(format_args!(
+        hydra_compose::stdio::out(format_args!(
             "Hydra {}\n",
-            crate::config::hydra::HYDRA_VERSION
+            hydra_compose::hydra::HYDRA_VERSION
         ));
         return Ok(ExitStatus::Success);
     }
@@ -365,6 +365,7 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
         }
     };
     let request = AppRequest {
+        primary: &crate::config::EMBEDDED,
         entry: args.entry.name(),
         config_path: args.config_path.as_deref(),
         config_name: args.config_name.as_deref().unwrap_or(args.entry.name()),
@@ -396,7 +397,7 @@ fn run_entry(args: &HydraArgs) -> anyhow::Result<ExitStatus> {
 
 /// `-sc install=SHELL`, `uninstall=SHELL`, `query=SHELL` (the shell's `COMP_LINE` is the line to complete).
 fn shell_completion(value: &str) -> anyhow::Result<ExitStatus> {
-    use crate::config::hydra::completion::{self, Action, Shell};
+    use hydra_compose::hydra::completion::{self, Action, Shell};
     let Some((action, shell)) = value
         .split_once('=')
         .and_then(|(a, s)| Some((Action::parse(a)?, s)))
@@ -415,11 +416,11 @@ fn shell_completion(value: &str) -> anyhow::Result<ExitStatus> {
         .unwrap_or_else(|| "rlsync".into());
     match action {
         Action::Install => {
-            crate::stdio::out(format_args!("{}", completion::install_script(shell, &exe)))
+            hydra_compose::stdio::out(format_args!("{}", completion::install_script(shell, &exe)))
         }
         Action::Uninstall => {
             let old = std::env::var("_HYDRA_OLD_COMP").unwrap_or_default();
-            crate::stdio::out(format_args!(
+            hydra_compose::stdio::out(format_args!(
                 "{}",
                 completion::uninstall_script(shell, &exe, &old)
             ));
@@ -427,7 +428,7 @@ fn shell_completion(value: &str) -> anyhow::Result<ExitStatus> {
         Action::Query => {
             let line = std::env::var("COMP_LINE").unwrap_or_default();
             let found = completion_candidates(&line);
-            crate::stdio::out(format_args!(
+            hydra_compose::stdio::out(format_args!(
                 "{}\n",
                 completion::format_candidates(shell, &found)
             ));
@@ -439,7 +440,7 @@ fn shell_completion(value: &str) -> anyhow::Result<ExitStatus> {
 /// Candidates for the last word of `line` (`rlsync ENTRY [FLAGS] [OVERRIDES] WORD`): entry points first,
 /// then what Hydra completes for the entry's config (`-cp`/`-cn`/`-cd`/`-m` on the line are honoured).
 pub fn completion_candidates(line: &str) -> Vec<String> {
-    use crate::config::hydra::completion;
+    use hydra_compose::hydra::completion;
     let rest = completion::strip_program(line);
     let new_word = line.is_empty() || line.ends_with(' ');
     let mut words: Vec<String> = rest.split_whitespace().map(str::to_owned).collect();
@@ -461,9 +462,11 @@ pub fn completion_candidates(line: &str) -> Vec<String> {
     let Ok(args) = parse_hydra_args(entry, typed) else {
         return Vec::new();
     };
-    let Ok(mut repo) =
-        app::build_repository(args.config_path.as_deref(), args.config_dir.as_deref())
-    else {
+    let Ok(mut repo) = app::build_repository(
+        &crate::config::EMBEDDED,
+        args.config_path.as_deref(),
+        args.config_dir.as_deref(),
+    ) else {
         return Vec::new();
     };
     completion::candidates(
@@ -484,13 +487,13 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     let extracted = match crate::config::typed::extract(&job.config) {
         Ok(extracted) => extracted,
         Err(errors) => {
-            crate::stdio::err(format_args!("{errors}"));
+            hydra_compose::stdio::err(format_args!("{errors}"));
             return Ok(ExitStatus::Failure);
         }
     };
     if job.dry_run {
         let report = crate::dry_run::dry_run(entry, &extracted, &job.output_dir);
-        crate::stdio::out(format_args!("{report}"));
+        hydra_compose::stdio::out(format_args!("{report}"));
         return Ok(if report.problems.is_empty() {
             ExitStatus::Success
         } else {
@@ -503,7 +506,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     }
     crate::logging::init_console(extracted.config.runner.logger.level);
     let job_name = match job.full.get_path("hydra.job.name").map(|n| &n.value) {
-        Some(crate::config::node::Value::Str(name)) => name.clone(),
+        Some(hydra_compose::node::Value::Str(name)) => name.clone(),
         _ => entry.name().to_owned(),
     };
     let opts = crate::orchestrator::RunOptions {

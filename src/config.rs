@@ -1,20 +1,23 @@
-//! The Hydra 1.3 compatible configuration engine (`version_base="1.1"`), and the typed run configuration.
+//! rlsync's typed run configuration: stage two after the Hydra engine (`hydra_compose`) composed and resolved
+//! the tree.
 //!
-//! Data flow: search path → defaults tree → merged [`node::Node`] tree → CLI overrides → interpolation
-//! → typed [`schema::RunConfig`]. This module knows nothing of processes, tensors or tch.
+//! Data flow: `hydra_compose` (search path → defaults tree → merged tree → CLI overrides → interpolation) →
+//! [`typed`] reads the resolved tree into [`schema::RunConfig`] with full key paths, origins and "did you
+//! mean", checks cross-field rules, and [`placement`] maps `cluster.component_placement` onto nodes;
+//! [`EMBEDDED`] is the `config/` tree compiled into the binary. This
+//! module knows nothing of processes, tensors or tch; workers receive the typed config and never re-compose.
 
-mod antlr_text;
-pub mod bigint;
-pub mod compose;
-pub mod defaults;
-pub mod emit;
-pub mod hydra;
-pub mod interpolate;
-#[cfg(test)]
-mod kit;
-pub mod node;
-pub mod overrides;
+pub mod placement;
 pub mod schema;
-pub mod search_path;
 pub mod typed;
-pub mod yaml;
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/embedded_configs.rs"));
+}
+
+/// rlsync's `config/` tree compiled into the binary: the primary config source without `--config-path`.
+pub static EMBEDDED: hydra_compose::search_path::EmbeddedTree =
+    hydra_compose::search_path::EmbeddedTree {
+        module: "rlsync.config",
+        files: embedded::MAIN,
+    };

@@ -42,7 +42,7 @@ pub struct DryRun {
     pub config: RunConfig,
     pub ignored: Vec<String>,
     /// The workers over nodes (None when the placement is invalid, which config extraction reports).
-    pub nodes: Option<crate::cluster::NodePlacement>,
+    pub nodes: Option<crate::config::placement::NodePlacement>,
     /// Who this process would be in a multi-node run (from `cluster.*` and the scheduler's environment).
     pub identity: Option<crate::cluster::NodeIdentity>,
     /// Pre-flight problems (the dry run fails if any).
@@ -66,7 +66,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     let workers = loop_plan.as_ref().map(planned_workers).unwrap_or_default();
     let nodes = match entry {
         Entry::BenchSync => None,
-        _ => crate::cluster::resolve(&cfg.cluster).ok(),
+        _ => crate::config::placement::resolve(&cfg.cluster).ok(),
     };
     let identity = match entry {
         Entry::BenchSync => None,
@@ -88,7 +88,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         // What would make the run fail at once: sockets that do not fit, a learner this build lacks, a
         // checkpoint to resume that is not there.
         if let Err(e) = orchestrator::run_files::check_socket_dir(&std::env::temp_dir()) {
-            problems.push(crate::stdio::error_chain(&e));
+            problems.push(rlsync_core::error_chain(&e));
         }
         // Python workers bring their own model: `actor.model` is theirs to read.
         // Built-in workers of a learner model need libtorch: in this build, or the learner executable beside it.
@@ -103,7 +103,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         {
             problems.push(problem);
         }
-        if let Some(problem) = resume_problem(cfg) {
+        if let Some(problem) = crate::orchestrator::plan::resume_problem(cfg) {
             problems.push(problem);
         } else if let Some(p) = &loop_plan
             && let Err(e) = plan::resume_point(cfg, p.steps)
@@ -140,22 +140,12 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     }
 }
 
-/// A `runner.resume_dir` that is set but holds nothing to resume from (checked by the dry run and at the
-/// start of a real run).
-pub(crate) fn resume_problem(cfg: &RunConfig) -> Option<String> {
-    let dir = cfg.runner.resume_dir.as_ref()?;
-    (!dir.is_dir()).then(|| {
-        format!(
-            "runner.resume_dir: {} is not a directory (nothing to resume from)",
-            dir.display()
-        )
-    })
-}
-
-/// `rl::preflight` for this executable and the learner executable it would start (`rl::learner_exe`).
-fn preflight_here(model: crate::config::schema::ModelType) -> Result<PathBuf, crate::rl::RlError> {
+/// `learner_exe::preflight` for this executable and the learner executable it would start.
+fn preflight_here(
+    model: crate::config::schema::ModelType,
+) -> Result<PathBuf, crate::learner_exe::NoLearner> {
     let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rlsync"));
-    crate::rl::preflight(model, &this, &crate::rl::learner_exe(&this))
+    crate::learner_exe::preflight(model, &this, &crate::learner_exe::learner_exe(&this))
 }
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with
@@ -511,8 +501,8 @@ impl fmt::Display for DryRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::node::Node;
     use crate::config::typed::extract;
+    use hydra_compose::node::Node;
 
     #[test]
     fn default_plan_has_trainer_and_two_rollouts() {

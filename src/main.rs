@@ -8,7 +8,9 @@ fn main() -> ExitCode {
         match arg.into_string() {
             Ok(arg) => args.push(arg),
             Err(raw) => {
-                rlsync::stdio::err(format_args!("Error: argument {raw:?} is not valid UTF-8\n"));
+                hydra_compose::stdio::err(format_args!(
+                    "Error: argument {raw:?} is not valid UTF-8\n"
+                ));
                 return rlsync::cli::ExitStatus::Failure.into();
             }
         }
@@ -16,7 +18,7 @@ fn main() -> ExitCode {
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {
-            rlsync::stdio::err(format_args!("{}\n", rlsync::cli::error_text(&err)));
+            hydra_compose::stdio::err(format_args!("{}\n", rlsync::cli::error_text(&err)));
             rlsync::cli::ExitStatus::Failure.into()
         }
     }

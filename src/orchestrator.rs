@@ -25,12 +25,12 @@ pub mod weights;
 use std::path::{Path, PathBuf};
 
 use crate::config::schema::{RunConfig, WorkerKind};
-use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec, LoopKind};
-use crate::protocol::messages::PROTOCOL_VERSION;
 use checkpoint::Checkpoints;
 use metrics::progress::Progress;
 use metrics::{MetricsError, MetricsSink};
+use rlsync_core::protocol::ProtocolError;
+use rlsync_core::protocol::messages::PROTOCOL_VERSION;
 use supervisor::{Program, Supervisor, SupervisorConfig};
 
 pub use metrics::summary::RunSummary;
@@ -159,7 +159,7 @@ pub struct RunOptions {
     /// The `rlsync` binary to start workers from (`None`: this executable).
     pub worker_exe: Option<PathBuf>,
     /// The learner executable that runs learner workers when `worker_exe` has no libtorch (`None`:
-    /// [`crate::rl::learner_exe`] of `worker_exe`).
+    /// [`crate::learner_exe::learner_exe`] of `worker_exe`).
     pub learner_exe: Option<PathBuf>,
     pub shutdown: ShutdownSource,
     /// Print the final summary table to stdout.
@@ -232,17 +232,15 @@ pub fn run(
         };
         let learner = match opts.learner_exe.take() {
             Some(exe) => exe,
-            None => crate::rl::learner_exe(&this),
+            None => crate::learner_exe::learner_exe(&this),
         };
-        let exe =
-            crate::rl::preflight(cfg.actor.model.model_type, &this, &learner).map_err(|e| {
-                OrchestratorError::Config {
-                    reason: e.to_string(),
-                }
+        let exe = crate::learner_exe::preflight(cfg.actor.model.model_type, &this, &learner)
+            .map_err(|e| OrchestratorError::Config {
+                reason: e.to_string(),
             })?;
         opts.worker_exe = Some(exe);
     }
-    if let Some(reason) = crate::dry_run::resume_problem(cfg) {
+    if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
     let mut plan = plan::plan(entry, cfg)?;
@@ -281,7 +279,7 @@ async fn run_plan(
     // The failure goes to the job log only: main prints it on stderr (once, after everything else, so the
     // worker log lines it quotes never come before its own `Error:` line).
     if let Err(err) = &result {
-        let text = format!("Error: {}", crate::stdio::error_chain(err));
+        let text = format!("Error: {}", rlsync_core::error_chain(err));
         for line in text.lines() {
             crate::logging::to_job_log(line);
         }
@@ -328,10 +326,10 @@ async fn run_logged(
     let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files, multi).await;
     files.remove();
     run_files::remove_rollout_copies(&run_dir);
-    if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
+    if let Err(err) = rlsync_core::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",
-            crate::stdio::error_chain(&err)
+            rlsync_core::error_chain(&err)
         );
     }
     result
@@ -367,7 +365,9 @@ async fn run_in_private_dir(
         // Several nodes share the run's token (RLSYNC_RUN_TOKEN): the trainer proves it to the weight chain.
         token: multi
             .as_ref()
-            .map_or_else(crate::protocol::messages::new_token, |m| m.token.clone()),
+            .map_or_else(rlsync_core::protocol::messages::new_token, |m| {
+                m.token.clone()
+            }),
         start: plan.start,
         config: cfg.clone(),
         job: opts.job,
@@ -485,7 +485,7 @@ async fn run_in_private_dir(
     summary.tensorboard_dir = sink.tensorboard_dir.clone();
     let table = summary.table();
     if opts.print_summary {
-        crate::stdio::out(format_args!("{table}\n"));
+        hydra_compose::stdio::out(format_args!("{table}\n"));
     }
     for line in table.lines() {
         crate::logging::to_job_log(line);
@@ -521,8 +521,10 @@ async fn save_on_interrupt(sup: &mut Supervisor, checkpoints: &mut Checkpoints, 
             else {
                 continue;
             };
-            if let (crate::protocol::messages::Report::Checkpointed { step, version, dir }, true) =
-                (frame.header, id == supervisor::WorkerId::TRAINER)
+            if let (
+                rlsync_core::protocol::messages::Report::Checkpointed { step, version, dir },
+                true,
+            ) = (frame.header, id == supervisor::WorkerId::TRAINER)
             {
                 checkpoints.saved(step, version, dir);
             }

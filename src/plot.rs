@@ -206,7 +206,7 @@ fn read_overrides(dir: &Path) -> Vec<String> {
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Vec::new();
     };
-    let Ok(node) = crate::config::yaml::load_str(&text, &path.display().to_string()) else {
+    let Ok(node) = hydra_compose::yaml::load_str(&text, &path.display().to_string()) else {
         return Vec::new();
     };
     node.as_list()

@@ -6,7 +6,6 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
-pub mod learner;
 pub mod local_copy;
 pub mod rollout;
 pub mod synthetic;
@@ -21,10 +20,12 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::config::schema::RunConfig;
-use crate::protocol::ProtocolError;
 use crate::protocol::launch::{self, LaunchSpec};
-use crate::protocol::messages::{self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role};
 use crate::worker::workload::{Workload, WorkloadError};
+use rlsync_core::protocol::ProtocolError;
+use rlsync_core::protocol::messages::{
+    self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -55,9 +56,9 @@ pub enum WorkerError {
     #[error("the orchestrator went away")]
     OrchestratorGone,
     #[error("weight sync")]
-    Sync(#[from] crate::syncer::SyncError),
+    Sync(#[from] rlsync_core::syncer::SyncError),
     #[error("weight transport")]
-    Transport(#[from] crate::transport::TransportError),
+    Transport(#[from] rlsync_core::transport::TransportError),
     #[error("workload")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
@@ -70,10 +71,10 @@ impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
     pub(crate) fn blames(&self) -> Vec<messages::Blame> {
-        use crate::transport::{Peer, TransportError};
+        use rlsync_core::transport::{Peer, TransportError};
         let transport = match self {
             WorkerError::Transport(e)
-            | WorkerError::Sync(crate::syncer::SyncError::Transport(e)) => e,
+            | WorkerError::Sync(rlsync_core::syncer::SyncError::Transport(e)) => e,
             _ => return Vec::new(),
         };
         let peer = match transport {
@@ -283,11 +284,13 @@ impl TestHold {
     }
 
     /// The syncer's hold for this stage, when it is one of the weight channel's.
-    pub(crate) fn for_syncer(&self) -> Option<(crate::syncer::HoldPoint, crate::syncer::Hold)> {
+    pub(crate) fn for_syncer(
+        &self,
+    ) -> Option<(rlsync_core::syncer::HoldPoint, rlsync_core::syncer::Hold)> {
         let point = match self.stage {
             HoldStage::Hello | HoldStage::Handshake => return None,
-            HoldStage::Bootstrap => crate::syncer::HoldPoint::Bootstrap,
-            HoldStage::CatchUp => crate::syncer::HoldPoint::CatchUp,
+            HoldStage::Bootstrap => rlsync_core::syncer::HoldPoint::Bootstrap,
+            HoldStage::CatchUp => rlsync_core::syncer::HoldPoint::CatchUp,
         };
         let (me, stage) = (self.clone(), self.stage);
         Some((point, Box::pin(async move { me.reach(stage).await })))
@@ -419,7 +422,7 @@ async fn serve(
             .control
             .report(
                 &Report::Failed {
-                    message: crate::stdio::error_chain(err),
+                    message: rlsync_core::error_chain(err),
                     blames: err.blames(),
                 },
                 &[],
@@ -509,18 +512,18 @@ mod tests {
 
     #[test]
     fn a_learner_error_names_each_cause_once() {
-        let rl = crate::rl::RlError::Checkpoint {
+        let rl = crate::checkpoint::CheckpointError::Invalid {
             path: "/ckpt".into(),
             reason: "metadata `version` is missing".into(),
         };
         let err = WorkerError::from(workload::WorkloadError::from(rl));
         // What the worker's `Failed` report says: every layer once, outermost first.
-        let report = |e: WorkerError| crate::stdio::error_chain(&e);
+        let report = |e: WorkerError| rlsync_core::error_chain(&e);
         assert_eq!(
             report(err),
-            "workload: learner: checkpoint /ckpt: metadata `version` is missing"
+            "workload: checkpoint /ckpt: metadata `version` is missing"
         );
-        let sync = WorkerError::from(crate::syncer::SyncError::VersionNotNewer {
+        let sync = WorkerError::from(rlsync_core::syncer::SyncError::VersionNotNewer {
             version: 2,
             last: 3,
         });
@@ -532,7 +535,7 @@ mod tests {
 
     #[test]
     fn a_peer_failure_blames_the_peer() {
-        use crate::transport::{Peer, TransportError};
+        use rlsync_core::transport::{Peer, TransportError};
         let gone = WorkerError::Transport(TransportError::PeerGone {
             op: "receiving",
             peer: Peer::Sender,
@@ -544,7 +547,7 @@ mod tests {
                 rank: 0
             }]
         );
-        let late = WorkerError::Sync(crate::syncer::SyncError::Transport(
+        let late = WorkerError::Sync(rlsync_core::syncer::SyncError::Transport(
             TransportError::Timeout {
                 op: "waiting for releases",
                 peer: Peer::Receivers(vec![1, 3]),

@@ -1,7 +1,7 @@
 //! End-to-end tests of the Hydra front end: `--cfg`, `--info`, errors, run and multirun directories.
 
-use rlsync::config::node::{Node, Value};
-use rlsync::config::yaml::load_str;
+use hydra_compose::node::{Node, Value};
+use hydra_compose::yaml::load_str;
 
 use crate::util::Dir;
 

@@ -517,7 +517,7 @@ fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
         }
         Tamper::Foreign => {
             let (mut state, meta) =
-                rlsync::tensor::StateDict::load_safetensors_with_metadata(&copy).unwrap();
+                rlsync_core::tensor::StateDict::load_safetensors_with_metadata(&copy).unwrap();
             let (version, _) = rlsync::protocol::launch::parse_copy_metadata(&meta).unwrap();
             let key = state.synced_keys()[0].clone();
             let t = state.get_mut(&key).unwrap();

@@ -315,9 +315,9 @@ fn shutdown_request_stops_the_run_cleanly() {
     let rows = metrics(dir.path()).len() as u64;
     assert!(rows > 0, "metrics of finished steps are kept");
     // The interrupt leaves a checkpoint of what the trainer held (the step in progress may have finished).
-    let saved =
-        rlsync::rl::latest_checkpoint(dir.path()).expect("a checkpoint after the interrupt");
-    let info = rlsync::rl::read_info(&saved).unwrap();
+    let saved = rlsync::checkpoint::latest_checkpoint(dir.path())
+        .expect("a checkpoint after the interrupt");
+    let info = rlsync::checkpoint::read_info(&saved).unwrap();
     assert!(
         info.global_step == rows || info.global_step == rows + 1,
         "checkpoint at step {} after {rows} recorded steps",
@@ -347,7 +347,7 @@ fn a_resumed_run_continues_steps_versions_metrics_and_tensorboard() {
     cfg.runner.max_steps = 4;
     cfg.runner.save_interval = 2;
     let first = run_in(Entry::Embodied, &cfg, dir.path()).unwrap();
-    let ckpt = |step: u64| rlsync::rl::checkpoint_dir(dir.path(), step);
+    let ckpt = |step: u64| rlsync::checkpoint::checkpoint_dir(dir.path(), step);
     let saved: Vec<bool> = (1..=4).map(|s| ckpt(s).is_dir()).collect();
     assert_eq!(saved, [false, true, false, true]);
     assert_eq!(
@@ -387,7 +387,7 @@ fn a_resumed_run_continues_steps_versions_metrics_and_tensorboard() {
         Some(std::fs::canonicalize(ckpt(6)).unwrap())
     );
     // The resumed weights are the checkpoint's: its step-6 checkpoint holds version 6.
-    assert_eq!(rlsync::rl::read_info(&ckpt(6)).unwrap().version, 6);
+    assert_eq!(rlsync::checkpoint::read_info(&ckpt(6)).unwrap().version, 6);
 
     // TensorBoard: a second event file whose first events are the file version and a session start at step
     // 2, so TensorBoard drops the first run's points from step 2 on (no out-of-order steps).
@@ -425,7 +425,7 @@ fn a_resumed_async_run_continues_steps_and_versions() {
     cfg.runner.max_steps = 3;
     cfg.actor.sync_weight_no_wait = true;
     let first = run_in(Entry::Async, &cfg, dir.path()).unwrap();
-    let ckpt = rlsync::rl::checkpoint_dir(dir.path(), 3);
+    let ckpt = rlsync::checkpoint::checkpoint_dir(dir.path(), 3);
     assert_eq!(
         first.checkpoint,
         Some(std::fs::canonicalize(&ckpt).unwrap())
@@ -445,7 +445,7 @@ fn a_resumed_async_run_continues_steps_and_versions() {
         let avg = r["actor/average_version"].as_f64().unwrap();
         assert!(avg >= 3.0, "resumed chunks come from version 3 on: {r:?}");
     }
-    assert!(rlsync::rl::checkpoint_dir(dir.path(), 5).is_dir());
+    assert!(rlsync::checkpoint::checkpoint_dir(dir.path(), 5).is_dir());
 }
 
 #[test]
@@ -536,7 +536,6 @@ fn failing_workload_is_reported_with_its_reason() {
     assert_clean(dir.path());
 }
 
-#[cfg(not(feature = "torch"))]
 #[test]
 fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
     let dir = tempfile::tempdir().unwrap();
@@ -597,7 +596,6 @@ fn a_learner_model_without_libtorch_fails_before_any_worker_starts() {
 /// A build without libtorch starts learner workers from the learner executable (here a script that records
 /// its arguments and runs this plain binary, whose workers then fail for want of libtorch), and synthetic
 /// workers from itself.
-#[cfg(not(feature = "torch"))]
 #[test]
 fn learner_workers_start_from_the_learner_executable() {
     let dir = tempfile::tempdir().unwrap();

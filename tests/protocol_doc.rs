@@ -1,7 +1,7 @@
 //! `docs/protocol.md` is exact: every `hex …` and `json …` example in it parses and re-encodes to itself.
 
-use rlsync::protocol::messages::{self, Command, Frame, Report};
-use rlsync::protocol::trajectory::{ChunkOrigin, decode_trajectories, encode_trajectory};
+use rlsync_core::protocol::arrays::{ChunkOrigin, decode_arrays, encode_arrays};
+use rlsync_core::protocol::messages::{self, Command, Frame, Report};
 
 const DOC: &str = include_str!("../docs/protocol.md");
 
@@ -90,20 +90,32 @@ fn trajectory_example_decodes_and_reencodes() {
     let blocks = examples("hex", "trajectory");
     assert_eq!(blocks.len(), 1);
     let bytes = hex(&blocks[0]);
-    let got = decode_trajectories(&bytes).unwrap();
+    let got = decode_arrays(&bytes).unwrap();
     assert_eq!(got.len(), 1);
-    let (origin, traj) = &got[0];
+    let (origin, arrays) = &got[0];
     assert_eq!(*origin, ChunkOrigin { rank: 0, chunk: 5 });
-    assert_eq!((traj.envs, traj.obs_dim, traj.len()), (1, 1, 1));
+    let names: Vec<&str> = arrays.iter().map(|a| a.name).collect();
     assert_eq!(
-        (traj.obs.as_slice(), traj.last_obs.as_slice()),
-        (&[0.5f32][..], &[0.75f32][..])
+        names,
+        [
+            "obs",
+            "actions",
+            "action_n",
+            "logprobs",
+            "rewards",
+            "terminated",
+            "truncated",
+            "truncated_obs",
+            "last_obs",
+            "versions",
+            "episodes",
+            "episodes_count"
+        ]
     );
-    assert_eq!(
-        (traj.logprobs[0], traj.rewards[0], traj.versions[0]),
-        (-0.25, 1.0, 3)
-    );
-    assert_eq!(encode_trajectory(*origin, traj), bytes);
+    let obs = &arrays[0];
+    assert_eq!((obs.dtype, obs.shape.as_slice()), ("<f4", &[1u64, 1][..]));
+    assert_eq!(obs.data, 0.5f32.to_le_bytes());
+    assert_eq!(encode_arrays(*origin, arrays).unwrap(), bytes);
 }
 
 #[test]

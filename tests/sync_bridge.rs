@@ -5,9 +5,9 @@
 use std::collections::VecDeque;
 
 use rlsync::config::schema::{SyncerKind, WeightSyncerConfig};
-use rlsync::syncer::{SyncError, SyncOptions, WeightSyncer};
-use rlsync::tensor::{BorrowedState, RawTensor};
-use rlsync::transport::bridge::{BridgeIo, Pump, Step, bridge_receiver, bridge_sender};
+use rlsync_core::syncer::{SyncError, SyncOptions, WeightSyncer};
+use rlsync_core::tensor::{BorrowedState, RawTensor};
+use rlsync_core::transport::bridge::{BridgeIo, Pump, Step, bridge_receiver, bridge_sender};
 
 fn raw(name: &str, data: &mut [f32], shape: &[usize]) -> RawTensor {
     let mut strides = vec![1i64; shape.len()];

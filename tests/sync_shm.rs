@@ -10,10 +10,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use rlsync::config::schema::{Compression, SyncerKind, WeightSyncerConfig};
-use rlsync::syncer::{SyncOptions, WeightSyncer};
-use rlsync::tensor::DType;
-use rlsync::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
-use rlsync::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
+use rlsync_core::syncer::{SyncOptions, WeightSyncer};
+use rlsync_core::tensor::DType;
+use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+use rlsync_core::transport::shm::{ShmConfig, ShmReceiver, ShmSender};
 
 const CHILD_ENV: &str = "RLSYNC_SYNC_TEST_CHILD";
 const TIMEOUT: Duration = Duration::from_secs(30);

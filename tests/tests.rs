@@ -3,8 +3,6 @@
 mod cli;
 mod elastic;
 mod faults;
-#[cfg(feature = "torch")]
-mod learner;
 mod multinode;
 mod orchestrator;
 mod protocol_doc;

@@ -7,18 +7,29 @@
 //! product does skip it, the ones about what the crate may contain at all (processes, tch) do not.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The repository root.
+fn root() -> std::path::PathBuf {
+    crate::util::repo_root()
+}
 
-/// Process spawning in `src/` and `python/src/` outside the supervisor, with the reason it is allowed.
+/// Where each crate's sources live: (section heading directory in ARCHITECTURE.md, source directory).
+const CRATES: &[(&str, &str)] = &[
+    ("./", "src"),
+    ("crates/hydra-compose/", "crates/hydra-compose/src"),
+    ("crates/rlsync-core/", "crates/rlsync-core/src"),
+    ("crates/rlsync-learner/", "crates/rlsync-learner/src"),
+    ("python/", "python/src"),
+];
+
+/// Process spawning outside the supervisor, with the reason it is allowed.
 const SPAWN_EXCEPTIONS: &[(&str, &str)] = &[
     (
-        "src/transport/shm/segment.rs",
+        "crates/rlsync-core/src/transport/shm/segment.rs",
         "a unit test starts `true` to get a zombie child (the liveness check must call it dead)",
     ),
     (
-        "src/rl/libtorch/tests.rs",
+        "crates/rlsync-learner/src/rl/libtorch/tests.rs",
         "a learning test runs the TorchScript export example with the venv's Python",
     ),
 ];
@@ -29,32 +40,10 @@ const SUPERVISOR: &[&str] = &[
     "src/orchestrator/supervisor/",
 ];
 
-/// Files that may hold serialized formats (invariant 4), by the calls that write or read one.
-const FORMAT_HOMES: &[&str] = &[
-    "src/bytes.rs",
-    "src/protocol.rs",
-    "src/protocol/",
-    "src/syncer/wire.rs",
-    "src/syncer/patch.rs",
-    "src/transport/frame.rs",
-    "src/transport/tcp.rs",
-    "src/orchestrator/metrics/tensorboard.rs",
-    "src/rl/libtorch/checkpoint.rs",
-    // Checkpoints of workloads without libtorch (synthetic, Python workers) and their metadata, read from the
-    // safetensors header alone (resume, --dry-run): the same file format as the learner's.
-    "src/tensor/safetensors_io.rs",
-    "src/rl/checkpoint_layout.rs",
-    // metrics.csv (the csv logger backend) and the metrics.jsonl reader of `rlsync plot`.
-    "src/orchestrator/metrics/csv.rs",
-    "src/plot.rs",
-    "python/src/syncer.rs",
-    "python/src/worker.rs",
-];
-
-/// Byte-order or JSON calls that are not a serialized format, with the reason.
+/// Byte-order or JSON calls outside the format homes that are not a serialized format, with the reason.
 const FORMAT_EXCEPTIONS: &[(&str, &str)] = &[
     (
-        "src/tensor/checksum.rs",
+        "crates/rlsync-core/src/tensor/checksum.rs",
         "feeds lengths and dims to the hash in a fixed byte order (hash input, never stored or parsed)",
     ),
     (
@@ -75,33 +64,44 @@ const FORMAT_SIGNS: &[&str] = &[
     "SafeTensors",
 ];
 
-/// Module layering: (module, modules it must not import) — invariants 1–3 and "neither imports the other".
-const LAYERS: &[(&str, &[&str])] = &[
+/// Module layering inside a crate (invariant 7): (crate source dir, module, modules it must not import).
+const LAYERS: &[(&str, &str, &[&str])] = &[
     (
+        "src",
         "config",
-        &[
-            "tensor",
-            "syncer",
-            "transport",
-            "protocol",
-            "orchestrator",
-            "worker",
-            "rl",
-            "env",
-            "bench",
-            "dry_run",
-        ],
+        &["orchestrator", "worker", "dry_run", "bench", "cluster"],
     ),
-    ("syncer", &["protocol", "orchestrator", "worker", "rl"]),
-    ("transport", &["syncer", "orchestrator", "worker", "rl"]),
+    ("src", "orchestrator", &["worker", "dry_run"]),
+    ("src", "worker", &["orchestrator", "dry_run"]),
     (
+        "crates/rlsync-core/src",
         "tensor",
-        &["syncer", "transport", "orchestrator", "worker", "rl"],
+        &["syncer", "transport", "protocol"],
     ),
-    ("protocol", &["orchestrator", "worker", "syncer"]),
-    ("orchestrator", &["worker"]),
-    ("worker", &["orchestrator"]),
+    ("crates/rlsync-core/src", "transport", &["syncer"]),
+    ("crates/rlsync-core/src", "syncer", &["protocol"]),
 ];
+
+/// Invariant 4's list of format homes, read from ARCHITECTURE.md (the backticked paths between the
+/// `format-homes` markers), so the document and the check cannot disagree.
+fn format_homes() -> Vec<String> {
+    let doc = read("ARCHITECTURE.md");
+    let (_, rest) = doc
+        .split_once("<!-- format-homes -->")
+        .expect("ARCHITECTURE.md marks invariant 4's list with <!-- format-homes -->");
+    let (list, _) = rest
+        .split_once("<!-- /format-homes -->")
+        .expect("ARCHITECTURE.md closes invariant 4's list with <!-- /format-homes -->");
+    list.lines()
+        .flat_map(|line| {
+            let paths = line.split_once(':').map_or(line, |(paths, _)| paths);
+            backticked(paths)
+                .into_iter()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
 
 struct Source {
     /// Repository-relative, `/`-separated.
@@ -132,15 +132,17 @@ impl Source {
         &self.text
     }
 
-    fn under(&self, prefixes: &[&str]) -> bool {
+    fn under<S: AsRef<str>>(&self, prefixes: &[S]) -> bool {
         prefixes
             .iter()
-            .any(|p| self.path == *p || (p.ends_with('/') && self.path.starts_with(p)))
+            .map(AsRef::as_ref)
+            .any(|p| self.path == p || (p.ends_with('/') && self.path.starts_with(p)))
     }
 
-    /// The module this file belongs to, below `src/` (`src/config/yaml.rs` → `config`).
-    fn top_module(&self) -> Option<&str> {
-        let rest = self.path.strip_prefix("src/")?;
+    /// The module this file belongs to in the crate whose sources are in `src_dir`
+    /// (`src/config/typed.rs` → `config` for `src`).
+    fn top_module(&self, src_dir: &str) -> Option<&str> {
+        let rest = self.path.strip_prefix(src_dir)?.strip_prefix('/')?;
         let first = rest.split('/').next()?;
         Some(first.strip_suffix(".rs").unwrap_or(first))
     }
@@ -156,7 +158,7 @@ fn is_mod_decl(line: &str) -> bool {
 }
 
 fn files_under(rel: &str, ext: &str, out: &mut Vec<String>) {
-    let dir = Path::new(ROOT).join(rel);
+    let dir = root().join(rel);
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return;
     };
@@ -167,7 +169,7 @@ fn files_under(rel: &str, ext: &str, out: &mut Vec<String>) {
     names.sort();
     for name in names {
         let child = format!("{rel}/{name}");
-        let p = Path::new(ROOT).join(&child);
+        let p = root().join(&child);
         if p.is_dir() {
             if !name.starts_with('.') && name != "__pycache__" && name != "target" {
                 files_under(&child, ext, out);
@@ -179,15 +181,15 @@ fn files_under(rel: &str, ext: &str, out: &mut Vec<String>) {
 }
 
 fn read(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(ROOT).join(rel))
-        .unwrap_or_else(|e| panic!("reading {rel}: {e}"))
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("reading {rel}: {e}"))
 }
 
-/// Every `.rs` file of the crate and the Python binding, with its test-only flag.
+/// Every `.rs` file under the crates' `src/` directories, with its test-only flag.
 fn sources() -> Vec<Source> {
     let mut paths = Vec::new();
-    files_under("src", ".rs", &mut paths);
-    files_under("python/src", ".rs", &mut paths);
+    for (_, src) in CRATES {
+        files_under(src, ".rs", &mut paths);
+    }
     let texts: Vec<(String, String)> = paths
         .into_iter()
         .map(|p| {
@@ -289,7 +291,11 @@ fn code_map(doc: &str) -> Vec<Row> {
             let (names, _) = heading.split_once(" — ").unwrap_or((heading, ""));
             let dirs = backticked(names);
             base = match dirs.as_slice() {
-                [one] if one.ends_with('/') => (*one).to_owned(),
+                [one] => CRATES
+                    .iter()
+                    .find(|(dir, _)| dir == one)
+                    .map(|(_, src)| format!("{src}/"))
+                    .unwrap_or_else(|| panic!("ARCHITECTURE.md:{}: `{one}` is not a crate", i + 1)),
                 _ => String::new(),
             };
             continue;
@@ -308,14 +314,14 @@ fn code_map(doc: &str) -> Vec<Row> {
         for token in backticked(&cell) {
             let mut dir_of_this = None;
             for name in expand_braces(token) {
-                let path = if name.starts_with("src/") || name.starts_with("python/") {
+                let path = if base.is_empty() || name.starts_with("python/") {
                     name.clone()
                 } else if !name.contains('/')
                     && let Some(d) = &prev_dir
                 {
                     format!("{d}{name}")
                 } else {
-                    format!("src/{base}{name}")
+                    format!("{base}{name}")
                 };
                 if name.contains('/') {
                     dir_of_this = path.rsplit_once('/').map(|(d, _)| format!("{d}/"));
@@ -345,6 +351,7 @@ fn the_code_map_names_every_source_file_and_only_files_that_exist() {
     );
     let mut existing = Vec::new();
     files_under("src", "", &mut existing);
+    files_under("crates", "", &mut existing);
     files_under("python", "", &mut existing);
     let mut problems = Vec::new();
     for row in &rows {
@@ -352,7 +359,7 @@ fn the_code_map_names_every_source_file_and_only_files_that_exist() {
             let found = if p.contains('*') {
                 existing.iter().any(|f| glob(p, f))
             } else {
-                Path::new(ROOT).join(p.trim_end_matches('/')).exists()
+                root().join(p.trim_end_matches('/')).exists()
             };
             if !found {
                 problems.push(format!(
@@ -382,9 +389,44 @@ fn the_code_map_names_every_source_file_and_only_files_that_exist() {
 }
 
 #[test]
+fn every_code_map_row_says_its_job_in_one_short_sentence() {
+    let doc = read("ARCHITECTURE.md");
+    let map = doc
+        .split_once("## Code map")
+        .and_then(|(_, rest)| rest.split_once("\n## "))
+        .map(|(map, _)| map)
+        .expect("ARCHITECTURE.md has a code map section");
+    let long: Vec<&str> = map
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
+        .filter(|l| {
+            let job = l
+                .trim_end_matches('|')
+                .rsplit('|')
+                .next()
+                .unwrap_or("")
+                .trim();
+            job.chars().count() > 120 || job.trim_end_matches('.').contains(". ")
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "code map rows whose job is more than one sentence of at most 120 characters:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
 fn every_rust_file_starts_by_stating_its_job() {
     let mut paths = Vec::new();
-    for dir in ["src", "python/src", "tests", "benches", "examples"] {
+    for dir in [
+        "src",
+        "crates",
+        "python/src",
+        "tests",
+        "benches",
+        "examples",
+    ] {
         files_under(dir, ".rs", &mut paths);
     }
     paths.push("build.rs".into());
@@ -467,25 +509,12 @@ fn only_the_supervisor_spawns_processes() {
 }
 
 #[test]
-fn tch_only_under_rl() {
+fn no_module_selects_on_cargo_features() {
     let srcs = sources();
-    let found = hits(&srcs, false, &["tch::", "use tch"], |s| {
-        s.path.starts_with("src/rl/")
-    });
+    let found = hits(&srcs, false, &["feature = \""], |_| false);
     assert!(
         found.is_empty(),
-        "tch outside src/rl/:\n{}",
-        found.join("\n")
-    );
-}
-
-#[test]
-fn only_rl_selects_on_cargo_features() {
-    let srcs = sources();
-    let found = hits(&srcs, false, &["feature = \""], |s| s.path == "src/rl.rs");
-    assert!(
-        found.is_empty(),
-        "cfg(feature) outside src/rl.rs (invariant 6):\n{}",
+        "cfg(feature) in a module (invariant 6: the workspace has no features):\n{}",
         found.join("\n")
     );
 }
@@ -493,8 +522,10 @@ fn only_rl_selects_on_cargo_features() {
 #[test]
 fn serialized_formats_only_in_the_modules_invariant_4_names() {
     let srcs = sources();
+    let homes = format_homes();
+    assert!(homes.len() > 10, "invariant 4 lists {homes:?}");
     let found = hits(&srcs, true, FORMAT_SIGNS, |s| {
-        s.under(FORMAT_HOMES) || FORMAT_EXCEPTIONS.iter().any(|(p, _)| s.path == *p)
+        s.under(&homes) || FORMAT_EXCEPTIONS.iter().any(|(p, _)| s.path == *p)
     });
     assert!(
         found.is_empty(),
@@ -507,7 +538,7 @@ fn serialized_formats_only_in_the_modules_invariant_4_names() {
 fn modules_import_only_what_their_layer_may() {
     let srcs = sources();
     let mut found = Vec::new();
-    for (module, forbidden) in LAYERS {
+    for (src_dir, module, forbidden) in LAYERS {
         // `crate::m::…`, `crate::m;`, `crate::m,` and `crate::m}` (the last two inside a `use {…}` group).
         let signs: Vec<String> = forbidden
             .iter()
@@ -515,12 +546,12 @@ fn modules_import_only_what_their_layer_may() {
             .collect();
         let signs: Vec<&str> = signs.iter().map(String::as_str).collect();
         found.extend(hits(&srcs, true, &signs, |s| {
-            s.top_module() != Some(module)
+            s.top_module(src_dir) != Some(*module)
         }));
     }
     assert!(
         found.is_empty(),
-        "imports across layers (ARCHITECTURE.md invariants 1-3):\n{}",
+        "imports across layers (ARCHITECTURE.md invariant 7):\n{}",
         found.join("\n")
     );
 }
@@ -529,13 +560,17 @@ fn modules_import_only_what_their_layer_may() {
 fn the_exception_lists_name_files_that_exist() {
     for (path, why) in SPAWN_EXCEPTIONS.iter().chain(FORMAT_EXCEPTIONS) {
         assert!(
-            Path::new(ROOT).join(path).is_file(),
+            root().join(path).is_file(),
             "{path} ({why}) is gone: drop its exception"
         );
     }
-    for path in FORMAT_HOMES.iter().chain(SUPERVISOR) {
+    for path in format_homes()
+        .iter()
+        .map(String::as_str)
+        .chain(SUPERVISOR.iter().copied())
+    {
         assert!(
-            Path::new(ROOT).join(path).exists(),
+            root().join(path).exists(),
             "{path} is gone: update the list"
         );
     }
@@ -560,4 +595,13 @@ fn the_tidy_helpers_do_what_they_say() {
         test_only: false,
     };
     assert_eq!(s.product(), "a\n#[cfg(test)]\nmod tests;\nb\n");
+    assert_eq!(s.top_module("src"), Some("x"));
+    assert_eq!(s.top_module("crates/rlsync-core/src"), None);
+    let homes = format_homes();
+    assert!(
+        homes
+            .iter()
+            .any(|h| h == "crates/rlsync-core/src/syncer/wire.rs")
+    );
+    assert!(homes.iter().all(|h| !h.contains(' ')), "{homes:?}");
 }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rlsync::transport::shm::{ShmConfig, ShmReceiver, ShmSender, remove_leftovers};
-use rlsync::transport::{
+use rlsync_core::transport::shm::{ShmConfig, ShmReceiver, ShmSender, remove_leftovers};
+use rlsync_core::transport::{
     Peer, Receiver, Sender, TransportError, inproc_channel, inproc_channel_with_timeout,
 };
 
@@ -285,7 +285,7 @@ async fn inproc_broadcasts_every_payload_to_every_receiver() {
 async fn inproc_names_the_receiver_that_stalls_or_leaves() {
     let (mut tx, mut rxs) = inproc_channel_with_timeout(2, Duration::from_millis(100));
     tx.send(b"one").await.expect("first payload");
-    for _ in 1..rlsync::transport::DEFAULT_SLOTS {
+    for _ in 1..rlsync_core::transport::DEFAULT_SLOTS {
         tx.send(b"more").await.expect("payload filling a slot");
     }
     let Some(rx0) = rxs.get_mut(0) else {
@@ -468,7 +468,7 @@ async fn shm_sender_sigkill_leftovers_are_swept() {
         matches!(
             err,
             TransportError::PeerGone {
-                peer: rlsync::transport::Peer::Sender,
+                peer: rlsync_core::transport::Peer::Sender,
                 ..
             }
         ),
@@ -790,7 +790,7 @@ async fn shm_elastic_channel_detaches_the_dead_and_admits_a_successor() {
 #[tokio::test]
 async fn inproc_elastic_channel_admits_a_successor_once_the_rank_is_gone() {
     let (mut tx, mut rxs, joiner) =
-        rlsync::transport::inproc_channel_elastic(2, Duration::from_secs(5));
+        rlsync_core::transport::inproc_channel_elastic(2, Duration::from_secs(5));
     let r1 = rxs.pop().expect("rank 1");
     let mut r0 = rxs.pop().expect("rank 0");
     // A joiner for a live rank waits (parked) until the old receiver is gone.

@@ -1,7 +1,38 @@
 //! Fixture helper for integration tests: a temporary config tree and a way to run the `rlsync` binary in it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The `rlsync` binary under test: Cargo names it to the app's own tests; the tests of the other crates of
+/// the workspace find it next to their test executable's directory (`target/<profile>/rlsync`).
+pub fn bin() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_rlsync") {
+        return PathBuf::from(bin);
+    }
+    let exe =
+        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find this test executable: {e}"));
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|profile| profile.join("rlsync"))
+        .unwrap_or_else(|| panic!("{} has no target directory", exe.display()));
+    assert!(
+        bin.is_file(),
+        "{} is not built: build it first (`cargo build --release -p rlsync`; `make test` does)",
+        bin.display()
+    );
+    bin
+}
+
+/// The repository's root directory (README.md, examples/, config/).
+pub fn repo_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or(manifest)
+        .to_owned()
+}
 
 /// A temporary directory holding config files; `rlsync` runs with it as the working directory.
 pub struct Dir {
@@ -71,7 +102,7 @@ impl Dir {
 
     /// Run `rlsync <args>` in this directory.
     pub fn run(&self, args: &[&str]) -> Output {
-        let out = Command::new(env!("CARGO_BIN_EXE_rlsync"))
+        let out = Command::new(bin())
             .args(args)
             .current_dir(self.tmp.path())
             .output()

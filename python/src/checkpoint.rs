@@ -7,8 +7,10 @@ use std::path::Path;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use rlsync::rl::{FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, RlError, read_metadata};
-use rlsync::tensor::StateDict;
+use rlsync::checkpoint::{
+    CheckpointError, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE, read_metadata,
+};
+use rlsync_core::tensor::StateDict;
 
 use crate::errors::RlsyncError;
 use crate::syncer::{Desc, borrow};
@@ -22,9 +24,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// The checkpoint error (the core's typed `RlError::Checkpoint`) for `path`.
-fn file_error(path: &Path, reason: impl ToString) -> RlError {
-    RlError::Checkpoint {
+/// The checkpoint error (the app's typed `CheckpointError::Invalid`) for `path`.
+fn file_error(path: &Path, reason: impl ToString) -> CheckpointError {
+    CheckpointError::Invalid {
         path: path.to_owned(),
         reason: reason.to_string(),
     }
@@ -39,7 +41,7 @@ pub fn save(
     structure: String,
     step: u64,
     version: u64,
-) -> Result<(), RlError> {
+) -> Result<(), CheckpointError> {
     let path = dir.join(OPTIMIZER_FILE);
     let (borrowed, keep) = borrow(descs).map_err(|e| {
         file_error(
@@ -59,7 +61,7 @@ pub fn save(
     let target = path.clone();
     let written = py.detach(move || state.save_safetensors_with(&target, &meta));
     drop(keep);
-    written.map_err(|e| file_error(&path, e))
+    written.map_err(|source| CheckpointError::Tensors { path, source })
 }
 
 /// One saved tensor as Python rebuilds it: `(name, torch dtype name, shape, bytes)`.
@@ -67,7 +69,7 @@ pub type Item = (String, &'static str, Vec<usize>, Vec<u8>);
 
 /// Read `<dir>/optimizer.safetensors`: its tensors and the JSON tree. `Ok(None)` when the directory has no
 /// such file; an error when the file is not a Python trainer's state (a built-in learner's Adam moments).
-pub fn load(dir: &Path) -> Result<Option<(Vec<Item>, String)>, RlError> {
+pub fn load(dir: &Path) -> Result<Option<(Vec<Item>, String)>, CheckpointError> {
     let path = dir.join(OPTIMIZER_FILE);
     if !path.is_file() {
         return Ok(None);
@@ -79,7 +81,10 @@ pub fn load(dir: &Path) -> Result<Option<(Vec<Item>, String)>, RlError> {
             format!("has no `{STRUCTURE_KEY}` metadata: not a Python trainer's state (a built-in learner's optimizer?)"),
         )
     })?;
-    let state = StateDict::load_safetensors(&path).map_err(|e| file_error(&path, e))?;
+    let state = StateDict::load_safetensors(&path).map_err(|source| CheckpointError::Tensors {
+        path: path.clone(),
+        source,
+    })?;
     let items = state
         .iter()
         .map(|(name, t)| {
@@ -103,7 +108,7 @@ fn read_trainer_state<'py>(
 ) -> PyResult<(Bound<'py, PyList>, String)> {
     let loaded = py
         .detach(|| load(&dir))
-        .map_err(|e| RlsyncError::new_err(rlsync::stdio::error_chain(&e)))?;
+        .map_err(|e| RlsyncError::new_err(rlsync_core::error_chain(&e)))?;
     let (items, structure) = loaded.ok_or_else(|| {
         RlsyncError::new_err(format!(
             "{}: no trainer state (the trainer defined no state_dict())",
@@ -128,7 +133,7 @@ fn write_trainer_state(
     std::fs::create_dir_all(&dir)
         .map_err(|e| RlsyncError::new_err(format!("{}: {e}", dir.display())))?;
     save(py, &dir, tensors, structure, step, version)
-        .map_err(|e| RlsyncError::new_err(rlsync::stdio::error_chain(&e)))
+        .map_err(|e| RlsyncError::new_err(rlsync_core::error_chain(&e)))
 }
 
 /// The items as a Python list of `(name, dtype, shape, bytes)`.

@@ -5,9 +5,9 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-use rlsync::syncer::SyncError;
-use rlsync::tensor::BorrowError;
-use rlsync::transport::TransportError as CoreTransportError;
+use rlsync_core::syncer::SyncError;
+use rlsync_core::tensor::BorrowError;
+use rlsync_core::transport::TransportError as CoreTransportError;
 
 create_exception!(
     rlsync,
@@ -45,7 +45,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// `err` and its sources on one line, outermost first (each error's message says only its own layer).
 pub fn chain(err: &dyn std::error::Error) -> String {
-    rlsync::stdio::error_chain(err)
+    rlsync_core::error_chain(err)
 }
 
 pub fn sync_error(err: &SyncError) -> PyErr {

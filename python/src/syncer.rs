@@ -18,10 +18,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use rlsync::config::schema::WeightSyncerConfig;
-use rlsync::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
-use rlsync::tensor::{BorrowedState, RawTensor};
-use rlsync::transport::bridge::{self, BridgeIo, Payload, Pump, Step};
-use rlsync::transport::{
+use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use rlsync_core::tensor::{BorrowedState, RawTensor};
+use rlsync_core::transport::bridge::{self, BridgeIo, Payload, Pump, Step};
+use rlsync_core::transport::{
     self, ShmConfig, ShmReceiver as CoreShmReceiver, ShmSender as CoreShmSender,
 };
 

@@ -13,12 +13,12 @@ use pyo3::call::PyCallArgs;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use rlsync::env::EpisodeMetrics;
-use rlsync::protocol::arrays::{self, NamedArray};
-use rlsync::protocol::trajectory::ChunkOrigin;
-use rlsync::tensor::{Role, StateDict};
+use rlsync::worker::workload::EpisodeMetrics;
 use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
+use rlsync_core::protocol::arrays::ChunkOrigin;
+use rlsync_core::protocol::arrays::{self, NamedArray};
+use rlsync_core::tensor::{Role, StateDict};
 
 use crate::checkpoint;
 use crate::errors::{RlsyncError, chain};
@@ -51,11 +51,10 @@ fn foreign(py: Python<'_>, what: &str, err: PyErr) -> WorkloadError {
     }
 }
 
-/// A core error met by the Python trainer's checkpoint save / restore, named as the Python trainer's (the
-/// core's `From<RlError>` would call it the built-in learner's).
-fn trainer_error(err: rlsync::rl::RlError) -> WorkloadError {
+/// A checkpoint error met by the Python trainer's save / restore, named as the Python trainer's.
+fn trainer_error(err: rlsync::checkpoint::CheckpointError) -> WorkloadError {
     WorkloadError::Foreign {
-        message: format!("Python trainer: {}", rlsync::stdio::error_chain(&err)),
+        message: format!("Python trainer: {}", rlsync_core::error_chain(&err)),
     }
 }
 
@@ -194,7 +193,8 @@ impl Workload for PyWorkload {
         step: u64,
         version: u64,
     ) -> Result<PathBuf, WorkloadError> {
-        let dir = rlsync::rl::save_weights(state, run_dir, step, version).map_err(trainer_error)?;
+        let dir = rlsync::checkpoint::save_weights(state, run_dir, step, version)
+            .map_err(trainer_error)?;
         Python::attach(|py| {
             let out = self
                 .adapter
@@ -216,7 +216,7 @@ impl Workload for PyWorkload {
     /// The checkpoint's weights into `model()` (in place), then its trainer state into the trainer's
     /// `load_state_dict()`, before the bootstrap sync and the first step.
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
-        rlsync::rl::load_weights_into(state, dir).map_err(trainer_error)?;
+        rlsync::checkpoint::load_weights_into(state, dir).map_err(trainer_error)?;
         let saved = checkpoint::load(dir).map_err(trainer_error)?;
         Python::attach(|py| {
             let (items, structure) = match saved {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::config::schema::{OutputFormat, SyncerKind, TransportKind, UpdateKind};
-use crate::tensor::DType;
+use rlsync_core::tensor::DType;
 
 /// One measured step.
 #[derive(Debug, Clone)]
@@ -189,7 +189,7 @@ pub(crate) struct Printer {
 impl Printer {
     pub fn new(format: OutputFormat) -> Printer {
         if format == OutputFormat::Table {
-            crate::stdio::out(format_args!(
+            hydra_compose::stdio::out(format_args!(
                 "{:>5} {:>12} {:>14} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}\n",
                 "step",
                 "changed",
@@ -209,8 +209,8 @@ impl Printer {
 
     pub fn step(&self, s: &StepRecord) {
         match self.format {
-            OutputFormat::Json => crate::stdio::out(format_args!("{}\n", step_json(s))),
-            OutputFormat::Table => crate::stdio::out(format_args!(
+            OutputFormat::Json => hydra_compose::stdio::out(format_args!("{}\n", step_json(s))),
+            OutputFormat::Table => hydra_compose::stdio::out(format_args!(
                 "{:>5} {:>12} {:>14} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}\n",
                 s.step,
                 s.changed,
@@ -229,9 +229,9 @@ impl Printer {
 
     pub fn summary(&self, s: &BenchSummary) {
         match self.format {
-            OutputFormat::Json => crate::stdio::out(format_args!("{}\n", s.to_json())),
+            OutputFormat::Json => hydra_compose::stdio::out(format_args!("{}\n", s.to_json())),
             OutputFormat::Table => {
-                crate::stdio::out(format_args!(
+                hydra_compose::stdio::out(format_args!(
                     "median {:>12.0} {:>14.0} {:>9.3} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8}\n",
                     s.changed,
                     s.payload_bytes,
@@ -244,7 +244,7 @@ impl Printer {
                     s.total_ms,
                     s.verified
                 ));
-                crate::stdio::out(format_args!(
+                hydra_compose::stdio::out(format_args!(
                     "syncer={} params={} dtype={} state_bytes={} density={:.4} memcpy_ms={:.2} scan_ms={:.2} threads={} receivers={} transport={} update={} (times in ms; receivers are threads of this process)\n",
                     s.syncer,
                     s.params,

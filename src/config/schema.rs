@@ -14,6 +14,11 @@ use std::time::Duration;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
+pub use rlsync_core::syncer::settings::{
+    BucketConfig, Compression, Device, FloatDtype, InitSyncConfig, MAX_REPLAY_VERSIONS,
+    PatchConfig, SyncerKind, WeightSyncerConfig,
+};
+
 /// The whole typed configuration handed to workers (they never re-compose).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -27,144 +32,6 @@ pub struct RunConfig {
     pub env: EnvConfig,
     /// Only read by `rlsync bench_sync`.
     pub bench: BenchConfig,
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// weight_syncer
-
-/// `weight_syncer.type`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum SyncerKind {
-    #[default]
-    Patch,
-    Bucket,
-}
-
-/// A device where a buffer lives (`cpu` | `cuda`); the syncer refuses `cuda` (rlsync has no GPU backend).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    #[default]
-    Cpu,
-    Cuda,
-}
-
-/// `weight_syncer.patch.compression`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Compression {
-    #[default]
-    None,
-    /// CPU LZ4 (lz4_flex).
-    Lz4,
-    /// GPU LZ4 via nvCOMP (RLinf's); accepted in configs, refused by the syncer: rlsync has no GPU backend.
-    NvcompLz4,
-}
-
-/// `weight_syncer.bucket.bucket_dtype` (floating tensors only are cast).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum FloatDtype {
-    #[serde(alias = "bf16")]
-    Bfloat16,
-    #[serde(alias = "fp16", alias = "f16", alias = "half")]
-    Float16,
-    #[serde(alias = "fp32", alias = "f32", alias = "float")]
-    Float32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct WeightSyncerConfig {
-    #[serde(rename = "type")]
-    pub kind: SyncerKind,
-    pub patch: PatchConfig,
-    pub bucket: BucketConfig,
-}
-
-impl Default for WeightSyncerConfig {
-    fn default() -> Self {
-        WeightSyncerConfig {
-            kind: SyncerKind::Patch,
-            patch: PatchConfig::default(),
-            bucket: BucketConfig::default(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct PatchConfig {
-    pub snapshot_device: Device,
-    pub transport_device: Device,
-    pub delta_encoding: bool,
-    pub compression: Compression,
-    pub init_sync: InitSyncConfig,
-    /// Patches the trainer keeps so a rollout that rejoins can catch up by replay (0: always a full transfer).
-    pub replay_versions: u32,
-    /// Memory cap of that log in bytes (oldest patches are evicted first).
-    pub replay_max_bytes: u64,
-}
-
-/// Largest `weight_syncer.patch.replay_versions`.
-pub(crate) const MAX_REPLAY_VERSIONS: u32 = 4096;
-
-impl Default for PatchConfig {
-    fn default() -> Self {
-        PatchConfig {
-            snapshot_device: Device::Cpu,
-            transport_device: Device::Cpu,
-            delta_encoding: true,
-            compression: Compression::None,
-            init_sync: InitSyncConfig::default(),
-            replay_versions: 8,
-            replay_max_bytes: 512 << 20,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct InitSyncConfig {
-    pub enabled: bool,
-    /// `None`: the whole state dict; otherwise keys equal to a prefix or starting with `prefix.`.
-    pub prefixes: Option<Vec<String>>,
-    pub bucket_size: NonZeroU64,
-}
-
-impl Default for InitSyncConfig {
-    fn default() -> Self {
-        InitSyncConfig {
-            enabled: true,
-            prefixes: None,
-            bucket_size: NonZeroU64::new(128 << 20).unwrap(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default)]
-pub struct BucketConfig {
-    pub bucket_size: NonZeroU64,
-    pub bucket_dtype: Option<FloatDtype>,
-    pub bucket_device: Device,
-    /// RLinf compatibility switch for agent-side key naming; accepted, no effect on embodied runs.
-    pub is_agent: bool,
-    /// `true`: install each bucket on arrival; `false`: stage all buckets, install at the end.
-    pub load_instant: bool,
-}
-
-impl Default for BucketConfig {
-    fn default() -> Self {
-        BucketConfig {
-            bucket_size: NonZeroU64::new(512 << 20).unwrap(),
-            bucket_dtype: None,
-            bucket_device: Device::Cpu,
-            is_agent: false,
-            load_instant: true,
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -412,7 +279,7 @@ impl Default for RunnerConfig {
 /// or `all`, optionally with process ranks (`0-1:0-3` puts processes 0-3 on slots 0-1, two per slot), either
 /// directly or under `placement:` next to a `node_group`. rlsync spawns one worker per process, so
 /// `rollout: 0-3` means four rollout workers. Slots are global: slot `s` lives on node
-/// `s / cluster.slots_per_node` (see `crate::cluster::placement`).
+/// `s / cluster.slots_per_node` (see `crate::config::placement`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]
 pub enum Placement {
@@ -455,7 +322,7 @@ impl Placement {
 
     /// The slots this placement lists (`0-3,6` → 0,1,2,3,6), in order, without duplicates. Linear in the
     /// number of slots, and refuses more than [`MAX_PLACEMENT_SLOTS`] before expanding any range. Process
-    /// ranks (`0-1:0-3`) and `all` need the cluster's size: see `crate::cluster::placement::resolve`.
+    /// ranks (`0-1:0-3`) and `all` need the cluster's size: see `crate::config::placement::resolve`.
     pub fn slots(&self) -> Result<Vec<u32>, String> {
         let text = match self {
             Placement::Single(n) => return Ok(vec![*n]),
@@ -585,6 +452,18 @@ pub enum ModelType {
     Torchscript,
 }
 
+impl ModelType {
+    /// The name configs use (`actor.model.model_type`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelType::Synthetic => "synthetic",
+            ModelType::MlpPolicy => "mlp_policy",
+            ModelType::VlaTiny => "vla_tiny",
+            ModelType::Torchscript => "torchscript",
+        }
+    }
+}
+
 /// Element type of weights (`precision`, `bench.dtype`, synthetic `dtype`).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -596,6 +475,17 @@ pub enum WeightDtype {
     F16,
     #[serde(alias = "float32", alias = "fp32")]
     F32,
+}
+
+impl From<WeightDtype> for rlsync_core::tensor::DType {
+    fn from(d: WeightDtype) -> rlsync_core::tensor::DType {
+        use rlsync_core::tensor::DType;
+        match d {
+            WeightDtype::Bf16 => DType::Bf16,
+            WeightDtype::F16 => DType::F16,
+            WeightDtype::F32 => DType::F32,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -15,8 +15,8 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
-use super::node::{Key, Node, Origin, Value};
 use super::schema::{Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerKind};
+use hydra_compose::node::{Key, Node, Origin, Value};
 
 /// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
 const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
@@ -207,7 +207,7 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             );
         }
     }
-    match crate::cluster::resolve(&cfg.cluster) {
+    match crate::config::placement::resolve(&cfg.cluster) {
         Err(e) => {
             let path = e.key_path();
             let text = e.to_string();
@@ -588,7 +588,7 @@ fn describe(v: &Value) -> String {
         Value::Bool(b) => format!("boolean {b}"),
         Value::Int(i) => format!("integer {i}"),
         Value::BigInt(digits) => format!("integer {digits}"),
-        Value::Float(x) => format!("float {}", super::node::python_float_repr(*x)),
+        Value::Float(x) => format!("float {}", hydra_compose::node::python_float_repr(*x)),
         Value::Str(s) => format!("string '{s}'"),
         Value::Bytes(_) => "binary data".into(),
         Value::Missing => "??? (missing mandatory value)".into(),
@@ -938,8 +938,8 @@ impl<'de> MapAccess<'de> for EmptyMap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::node::Dict;
     use crate::config::schema::{FloatDtype, SyncerKind};
+    use hydra_compose::node::Dict;
     use std::sync::Arc;
 
     /// Build a tree from `(dotted.path, value)` pairs.

@@ -16,7 +16,7 @@ use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
 use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
-use crate::protocol::messages::{Command, Report, SyncStats};
+use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 
 /// Settings of the loop taken from the config.
 #[derive(Debug, Clone, Copy)]

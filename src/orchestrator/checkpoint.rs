@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
 use crate::orchestrator::weights::{Fleet, Handled, Verifier};
-use crate::protocol::messages::{Command, Report};
+use rlsync_core::protocol::messages::{Command, Report};
 
 /// A checkpoint the trainer wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]

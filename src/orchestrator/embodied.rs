@@ -14,7 +14,7 @@ use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
 use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
-use crate::protocol::messages::{Command, Report, SyncStats};
+use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 
 /// What the rollout phase of one step produced.
 #[derive(Default)]

@@ -9,11 +9,12 @@ use tokio::net::TcpListener;
 use super::OrchestratorError;
 use super::supervisor::nodes::{self, Cluster, Joined};
 use super::supervisor::{EventTx, WorkerId};
-use crate::cluster::{NodeIdentity, NodePlacement};
+use crate::cluster::NodeIdentity;
+use crate::config::placement::NodePlacement;
 use crate::config::schema::RunConfig;
 use crate::protocol::launch::LaunchSpec;
-use crate::protocol::messages::Role;
 use crate::protocol::node::{NodeCommand, NodeWorker};
+use rlsync_core::protocol::messages::Role;
 
 /// The environment variable holding the secret every node of a run shares.
 pub const TOKEN_VAR: &str = "RLSYNC_RUN_TOKEN";
@@ -81,7 +82,8 @@ pub fn prepare(cfg: &RunConfig) -> Result<Option<MultiNode>, OrchestratorError> 
     let host = crate::cluster::host_name();
     let identity = crate::cluster::detect(&cfg.cluster, &host, |k| std::env::var(k).ok())
         .map_err(|e| config(e.to_string()))?;
-    let placement = crate::cluster::resolve(&cfg.cluster).map_err(|e| config(e.to_string()))?;
+    let placement =
+        crate::config::placement::resolve(&cfg.cluster).map_err(|e| config(e.to_string()))?;
     if let Some(reason) = refusal(cfg, &placement) {
         return Err(config(reason));
     }

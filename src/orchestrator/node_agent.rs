@@ -27,12 +27,12 @@ use super::supervisor::{
 };
 use super::{OrchestratorError, RunOptions, RunSummary, run_files};
 use crate::config::schema::RunConfig;
-use crate::protocol::auth;
-use crate::protocol::frame::FrameReader;
 use crate::protocol::launch::{self, LaunchSpec};
-use crate::protocol::messages::{self, Frame, PROTOCOL_VERSION};
 use crate::protocol::node::{NODE_MAGIC, NodeCommand, NodeReport, NodeWorker};
-use crate::transport::{ChainConfig, ChainRelay, ShmConfig, ShmSender};
+use rlsync_core::protocol::auth;
+use rlsync_core::protocol::frame::FrameReader;
+use rlsync_core::protocol::messages::{self, Frame, PROTOCOL_VERSION};
+use rlsync_core::transport::{ChainConfig, ChainRelay, ShmConfig, ShmSender};
 
 /// An agent gives its orchestrator this many node timeouts of silence (a cut link, a frozen host) before it
 /// stops its workers; more than the orchestrator gives a node, so a briefly suspended orchestrator does not
@@ -74,7 +74,7 @@ pub async fn run(
     }
     let result = run_in(cfg, &node_dir, &multi, opts).await;
     if let Err(err) = &result {
-        crate::logging::to_job_log(&format!("Error: {}", crate::stdio::error_chain(err)));
+        crate::logging::to_job_log(&format!("Error: {}", rlsync_core::error_chain(err)));
     }
     let _ = crate::logging::set_job_log(None);
     result.map(|()| RunSummary {
@@ -145,10 +145,10 @@ async fn run_in(
     .await;
     files.remove();
     run_files::remove_rollout_copies(node_dir);
-    if let Err(err) = crate::transport::shm::remove_leftovers(&tag) {
+    if let Err(err) = rlsync_core::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",
-            crate::stdio::error_chain(&err)
+            rlsync_core::error_chain(&err)
         );
     }
     result
@@ -298,7 +298,7 @@ async fn join(
             &addr,
         )
         .await
-        .map_err(|e| crate::stdio::error_chain(&e))?;
+        .map_err(|e| rlsync_core::error_chain(&e))?;
         let join = NodeReport::Join {
             protocol: PROTOCOL_VERSION,
             node_rank: id.node_rank,
@@ -308,7 +308,7 @@ async fn join(
         };
         messages::write_frame(&mut stream, &join, &[])
             .await
-            .map_err(|e| crate::stdio::error_chain(&e))?;
+            .map_err(|e| rlsync_core::error_chain(&e))?;
         Ok::<String, String>(peer)
     };
     match tokio::time::timeout(timeout, setup).await {
@@ -342,7 +342,7 @@ async fn await_assignment(
         loop {
             let frame = messages::read_frame::<NodeCommand, _>(&mut link.reader)
                 .await
-                .map_err(|e| crate::stdio::error_chain(&e))?;
+                .map_err(|e| rlsync_core::error_chain(&e))?;
             match frame.header {
                 NodeCommand::Assign {
                     workers,
@@ -352,7 +352,7 @@ async fn await_assignment(
                 NodeCommand::Ping { seq } => {
                     messages::write_frame(&mut link.writer, &NodeReport::Pong { seq }, &[])
                         .await
-                        .map_err(|e| crate::stdio::error_chain(&e))?;
+                        .map_err(|e| rlsync_core::error_chain(&e))?;
                 }
                 NodeCommand::Shutdown { .. } => {
                     return Err("the orchestrator ended the run".to_owned());
@@ -420,7 +420,7 @@ fn spawn_relay(
         let result = relay
             .await
             .map(|_| ())
-            .map_err(|e| crate::stdio::error_chain(&e));
+            .map_err(|e| rlsync_core::error_chain(&e));
         let _ = events.send(super::supervisor::Event::Upstream(Upstream::Relay(result)));
     });
     task.abort_handle()
@@ -456,8 +456,10 @@ fn spawn_upstream(
                 }
                 Err(e) => {
                     let reason = match e {
-                        crate::protocol::ProtocolError::Closed => "it closed the link".to_owned(),
-                        e => crate::stdio::error_chain(&e),
+                        rlsync_core::protocol::ProtocolError::Closed => {
+                            "it closed the link".to_owned()
+                        }
+                        e => rlsync_core::error_chain(&e),
                     };
                     let _ = gone.send(super::supervisor::Event::Upstream(Upstream::Gone {
                         reason,
@@ -572,7 +574,7 @@ async fn serve(
         Err(OrchestratorError::OrchestratorGone { .. }) => {}
         Err(err) => up.send(
             &NodeReport::Failed {
-                message: crate::stdio::error_chain(err),
+                message: rlsync_core::error_chain(err),
             },
             &[],
         ),

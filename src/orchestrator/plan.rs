@@ -58,7 +58,8 @@ fn invalid(reason: impl Into<String>) -> OrchestratorError {
 /// The rollout worker count: one per process of `cluster.component_placement.rollout` (one per slot unless
 /// the placement gives process ranks).
 pub fn rollout_workers(cfg: &RunConfig) -> Result<u32, OrchestratorError> {
-    let placement = crate::cluster::resolve(&cfg.cluster).map_err(|e| invalid(e.to_string()))?;
+    let placement =
+        crate::config::placement::resolve(&cfg.cluster).map_err(|e| invalid(e.to_string()))?;
     match u32::try_from(placement.rollouts.len()) {
         Ok(0) | Err(_) => Err(invalid(
             "cluster.component_placement.rollout must list 1 or more slots",
@@ -128,7 +129,7 @@ pub fn resume_point(cfg: &RunConfig, total: u64) -> Result<StartPoint, Orchestra
     let Some(dir) = &cfg.runner.resume_dir else {
         return Ok(StartPoint::default());
     };
-    let info = crate::rl::read_info(dir)
+    let info = crate::checkpoint::read_info(dir)
         .map_err(|e| invalid(format!("runner.resume_dir={}: {e}", dir.display())))?;
     if info.global_step >= total && !cfg.runner.only_eval {
         return Err(invalid(format!(
@@ -141,6 +142,18 @@ pub fn resume_point(cfg: &RunConfig, total: u64) -> Result<StartPoint, Orchestra
     Ok(StartPoint {
         step: info.global_step,
         version: info.version,
+    })
+}
+
+/// A `runner.resume_dir` that is set but holds nothing to resume from (checked by the dry run and at the
+/// start of a real run).
+pub(crate) fn resume_problem(cfg: &RunConfig) -> Option<String> {
+    let dir = cfg.runner.resume_dir.as_ref()?;
+    (!dir.is_dir()).then(|| {
+        format!(
+            "runner.resume_dir: {} is not a directory (nothing to resume from)",
+            dir.display()
+        )
     })
 }
 

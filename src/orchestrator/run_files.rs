@@ -215,7 +215,7 @@ fn owner_pid(name: &str) -> Option<i32> {
 }
 
 fn pid_alive(pid: i32) -> bool {
-    crate::transport::shm::pid_alive(pid)
+    rlsync_core::transport::shm::pid_alive(pid)
 }
 
 /// Remove what runs whose orchestrator is gone left behind: their private directories (and sockets of the
@@ -266,7 +266,7 @@ pub fn sweep_leftovers(tmp: &Path) -> Swept {
         }
     }
     for prefix in prefixes {
-        swept.segments += crate::transport::shm::remove_leftovers(&prefix).unwrap_or(0);
+        swept.segments += rlsync_core::transport::shm::remove_leftovers(&prefix).unwrap_or(0);
     }
     swept
 }

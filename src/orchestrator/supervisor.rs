@@ -38,10 +38,10 @@ use tokio::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::progress::Console;
-use crate::protocol::ProtocolError;
-use crate::protocol::frame::FrameReader;
-use crate::protocol::messages::{self, Command, Frame, Hello, Report, Role};
 use crate::protocol::node::{NodeCommand, NodeReport};
+use rlsync_core::protocol::ProtocolError;
+use rlsync_core::protocol::frame::FrameReader;
+use rlsync_core::protocol::messages::{self, Command, Frame, Hello, Report, Role};
 use spawn::LogTail;
 pub use spawn::Program;
 pub use unix::{ShutdownHandle, ShutdownSource};
@@ -1221,7 +1221,7 @@ impl Supervisor {
     /// Record that the run failed (before [`Supervisor::stop`]): node agents are told why.
     pub fn run_failed(&mut self, err: &OrchestratorError) {
         self.failed
-            .get_or_insert_with(|| crate::stdio::error_chain(err));
+            .get_or_insert_with(|| rlsync_core::error_chain(err));
     }
 
     /// The pid of worker `id`'s current process (on its own host).
@@ -1552,7 +1552,7 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                     Ok(Err(e)) => Event::BadHandshake {
                         reason: format!(
                             "reading the hello failed: {}",
-                            crate::stdio::error_chain(&e)
+                            rlsync_core::error_chain(&e)
                         ),
                         peer_pid,
                     },
@@ -1586,7 +1586,7 @@ fn read_loop(
                     let _ = events.send(Event::Disconnected {
                         id,
                         pid,
-                        reason: crate::stdio::error_chain(&e),
+                        reason: rlsync_core::error_chain(&e),
                     });
                     break;
                 }

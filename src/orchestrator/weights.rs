@@ -15,7 +15,7 @@ use std::time::Instant;
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::StepRecord;
 use crate::orchestrator::supervisor::{Incoming, Supervisor, WorkerId};
-use crate::protocol::messages::{Command, Frame, Report, Role, SyncStats};
+use rlsync_core::protocol::messages::{Command, Frame, Report, Role, SyncStats};
 
 /// Matches trainer and rollout checksums per version, whichever report arrives first.
 #[derive(Debug, Default)]

@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::ProtocolError;
-use super::messages::PROTOCOL_VERSION;
 use crate::config::schema::RunConfig;
+use rlsync_core::protocol::ProtocolError;
+use rlsync_core::protocol::messages::PROTOCOL_VERSION;
 
 /// Which entry point the run executes (the workers behave slightly differently in each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::launch::LaunchSpec;
-use super::messages::{Command, Report, Role};
+use rlsync_core::protocol::messages::{Command, Report, Role};
 
 /// The protocol name in the node connection's set-up.
 pub const NODE_MAGIC: &[u8; 8] = b"RLSYNCN1";
@@ -114,7 +114,7 @@ pub enum NodeCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::messages::PROTOCOL_VERSION;
+    use rlsync_core::protocol::messages::PROTOCOL_VERSION;
 
     #[test]
     fn node_messages_roundtrip() {

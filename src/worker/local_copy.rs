@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use crate::protocol::launch::{copy_metadata, parse_copy_metadata};
-use crate::tensor::{StateDict, TensorError, state_checksum};
+use rlsync_core::tensor::{StateDict, TensorError, state_checksum};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalCopyError {
@@ -161,7 +161,7 @@ impl LocalCopy {
             ),
             Ok(Err(e)) => tracing::warn!(
                 "the local weights copy was not written: {}",
-                crate::stdio::error_chain(&e)
+                rlsync_core::error_chain(&e)
             ),
             Err(_) => tracing::warn!("the local weights copy's writer panicked"),
         }
@@ -196,7 +196,7 @@ pub fn write(state: &StateDict, version: u64, path: &Path) -> Result<u64, LocalC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{DType, Role, Tensor};
+    use rlsync_core::tensor::{DType, Role, Tensor};
 
     fn state(seed: f32) -> StateDict {
         let mut s = StateDict::new();

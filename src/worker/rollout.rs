@@ -7,13 +7,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
-use crate::protocol::messages::{Command, Report};
-use crate::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
-use crate::tensor::{StateDict, state_checksum};
-use crate::transport::ShmReceiver;
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
+use rlsync_core::protocol::messages::{Command, Report};
+use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
+use rlsync_core::tensor::{StateDict, state_checksum};
+use rlsync_core::transport::ShmReceiver;
 
 /// An update received in the background, and the signal that lets the receiver fetch the next one.
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
@@ -90,7 +90,7 @@ impl Rollout {
             ),
             Err(e) => tracing::warn!(
                 "{}; rejoining from the initial weights (version {})",
-                crate::stdio::error_chain(&e),
+                rlsync_core::error_chain(&e),
                 self.version
             ),
         }

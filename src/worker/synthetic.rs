@@ -9,8 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::schema::{ModelConfig, WeightDtype};
-use crate::tensor::{DType, Role, StateDict, Tensor};
 use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
+use rlsync_core::tensor::{DType, Role, StateDict, Tensor};
 
 /// Name, shape and role of one tensor of the synthetic model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,7 +327,7 @@ impl Workload for SyntheticWorkload {
 
     /// The checkpoint's weights (the emulated Adam moments restart) and its step.
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
-        let info = crate::rl::load_weights_into(state, dir)?;
+        let info = crate::checkpoint::load_weights_into(state, dir)?;
         self.step = info.global_step;
         self.masters.clear();
         Ok(())
@@ -400,7 +400,7 @@ mod tests {
         let mut a = trainer.init_state().unwrap();
         let b = rollout.init_state().unwrap();
         let keys: Vec<String> = a.keys().map(str::to_owned).collect();
-        let sum = crate::tensor::state_checksum;
+        let sum = rlsync_core::tensor::state_checksum;
         assert_eq!(sum(&a, &keys), sum(&b, &keys));
         let before: Vec<u8> = a.get("head.layers.0.weight").unwrap().bytes().to_vec();
         let frozen_before: Vec<u8> = a.get("backbone.layers.0.weight").unwrap().bytes().to_vec();
@@ -459,7 +459,7 @@ mod tests {
         w.train_step(&mut state, &batch).unwrap();
         let dir = w.save_checkpoint(&state, tmp.path(), 1, 1).unwrap();
         assert!(dir.ends_with("checkpoints/global_step_1"));
-        let info = crate::rl::read_info(&dir).unwrap();
+        let info = crate::checkpoint::read_info(&dir).unwrap();
         assert_eq!((info.global_step, info.version), (1, 1));
         let mut back = SyntheticWorkload::new(&cfg, 2, 1, 0).unwrap();
         let mut resumed = back.init_state().unwrap();
@@ -483,7 +483,7 @@ mod tests {
         // Another model's checkpoint is refused with a reason.
         let mut other = SyntheticWorkload::new(&model(8192, 4, 0.25), 2, 1, 0).unwrap();
         let mut state = other.init_state().unwrap();
-        let err = crate::stdio::error_chain(&other.restore(&mut state, &dir).unwrap_err());
+        let err = rlsync_core::error_chain(&other.restore(&mut state, &dir).unwrap_err());
         assert!(err.contains("the model's is"), "{err}");
     }
 }

@@ -2,14 +2,14 @@
 
 use std::time::Instant;
 
-use crate::protocol::messages::{Command, Report, SyncStats};
-use crate::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
-use crate::tensor::StateDict;
-use crate::transport::{
-    ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
-};
 use crate::worker::workload::Batch;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
+use rlsync_core::protocol::messages::{Command, Report, SyncStats};
+use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use rlsync_core::tensor::StateDict;
+use rlsync_core::transport::{
+    ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
+};
 
 /// Run the trainer's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), WorkerError> {

@@ -1,15 +1,13 @@
 //! The `Workload` trait: what a trainer or rollout worker computes, independent of processes and transport.
 
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
+use rlsync_core::protocol::ProtocolError;
+use rlsync_core::protocol::messages::Role;
+use rlsync_core::tensor::StateDict;
+
+use crate::checkpoint::CheckpointError;
 use crate::config::schema::{ModelType, RunConfig};
-use crate::env::EpisodeMetrics;
-use crate::protocol::ProtocolError;
-use crate::protocol::messages::Role;
-use crate::rl::RlError;
-use crate::tensor::StateDict;
-use crate::worker::learner::{LearnerRollout, LearnerTrainer};
 use crate::worker::synthetic::SyntheticWorkload;
 
 #[derive(Debug, thiserror::Error)]
@@ -19,17 +17,65 @@ pub enum WorkloadError {
     #[error("state dict has no tensor '{name}' that the workload expects")]
     MissingTensor { name: String },
     #[error("model tensor")]
-    Tensor(#[from] crate::tensor::TensorError),
+    Tensor(#[from] rlsync_core::tensor::TensorError),
     #[error("invalid synthetic model: {reason}")]
     InvalidModel { reason: String },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The libtorch learner failed (its error type lives in the `rlsync-learner` crate).
     #[error("learner")]
-    Learner(#[from] RlError),
+    Learner(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A learner model asked of an executable without the learner (the supervisor starts those workers from
+    /// `rlsync-learner`; see `learner_exe`).
+    #[error(
+        "model `{model}` runs in the learner executable `rlsync-learner`, not in this one (built without libtorch)"
+    )]
+    NoLearner { model: &'static str },
     #[error("trajectory batch")]
     Trajectories(#[from] ProtocolError),
     /// A workload implemented outside Rust failed (a Python worker raised; `message` ends with the
     /// traceback's last lines).
     #[error("{message}")]
     Foreign { message: String },
+}
+
+/// Episode statistics of a rollout's chunk or evaluation, pooled over workers by episode counts.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct EpisodeMetrics {
+    /// `env/return`: mean undiscounted episode return.
+    pub ret: f64,
+    /// `env/success_rate`: share of finished episodes that succeeded.
+    pub success_rate: f64,
+    /// `env/episode_len`: mean episode length in env steps.
+    pub episode_len: f64,
+    /// How many episodes these means cover.
+    pub episodes: u64,
+}
+
+impl EpisodeMetrics {
+    /// Metric names and values as the run logs them.
+    pub fn named(&self) -> [(&'static str, f64); 3] {
+        [
+            ("env/return", self.ret),
+            ("env/success_rate", self.success_rate),
+            ("env/episode_len", self.episode_len),
+        ]
+    }
+
+    /// Pools two reports, weighting by episode counts (for combining rollout workers).
+    pub fn merge(&self, other: &EpisodeMetrics) -> EpisodeMetrics {
+        let n = self.episodes + other.episodes;
+        if n == 0 {
+            return EpisodeMetrics::default();
+        }
+        let w = |a: f64, b: f64| (a * self.episodes as f64 + b * other.episodes as f64) / n as f64;
+        EpisodeMetrics {
+            ret: w(self.ret, other.ret),
+            success_rate: w(self.success_rate, other.success_rate),
+            episode_len: w(self.episode_len, other.episode_len),
+            episodes: n,
+        }
+    }
 }
 
 /// One batch of trajectories handed to a train step: concatenated chunk payloads.
@@ -87,7 +133,7 @@ pub trait Workload: Send {
     }
     /// Trainer: save a checkpoint of `state` (and whatever resuming needs) after `step` trainer steps, holding
     /// weight `version`, to `<run_dir>/checkpoints/global_step_<step>/`; returns that directory. By default the
-    /// weights alone (`model.safetensors` with the checkpoint metadata, see `rl::save_weights`).
+    /// weights alone (`model.safetensors` with the checkpoint metadata, see `checkpoint::save_weights`).
     fn save_checkpoint(
         &mut self,
         state: &StateDict,
@@ -95,12 +141,14 @@ pub trait Workload: Send {
         step: u64,
         version: u64,
     ) -> Result<PathBuf, WorkloadError> {
-        Ok(crate::rl::save_weights(state, run_dir, step, version)?)
+        Ok(crate::checkpoint::save_weights(
+            state, run_dir, step, version,
+        )?)
     }
     /// Trainer of a resumed run (`runner.resume_dir`), right after `init_state`: load the checkpoint in `dir`
-    /// into `state`. By default its weights, in place (see `rl::load_weights_into`).
+    /// into `state`. By default its weights, in place (see `checkpoint::load_weights_into`).
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
-        crate::rl::load_weights_into(state, dir)?;
+        crate::checkpoint::load_weights_into(state, dir)?;
         Ok(())
     }
 }
@@ -118,8 +166,9 @@ pub struct Placement {
     pub run_dir: PathBuf,
 }
 
-/// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one, or
-/// the libtorch learner (`mlp_policy`, `vla_tiny`, `torchscript`; a clear error in builds without `torch`).
+/// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one. The
+/// learner models (`mlp_policy`, `vla_tiny`, `torchscript`) are built by the `rlsync-learner` executable, whose
+/// builder hands the synthetic model back to this one.
 pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, WorkloadError> {
     match cfg.actor.model.model_type {
         ModelType::Synthetic => {
@@ -131,15 +180,8 @@ pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, Wo
                 seed,
             )?))
         }
-        _ => match place.role {
-            Role::Trainer => Ok(Box::new(LearnerTrainer::new(cfg, &place.run_dir)?)),
-            Role::Rollout => {
-                let workers =
-                    NonZeroU32::new(place.rollouts).ok_or_else(|| WorkloadError::Placement {
-                        reason: "a run needs at least one rollout worker".into(),
-                    })?;
-                Ok(Box::new(LearnerRollout::new(cfg, place.rank, workers)?))
-            }
-        },
+        model => Err(WorkloadError::NoLearner {
+            model: model.name(),
+        }),
     }
 }

@@ -17,8 +17,8 @@ pub struct Console {
 impl Console {
     pub fn println(&self, line: &str) {
         match &self.bar {
-            Some(bar) => bar.suspend(|| crate::stdio::err(format_args!("{line}\n"))),
-            None => crate::stdio::err(format_args!("{line}\n")),
+            Some(bar) => bar.suspend(|| hydra_compose::stdio::err(format_args!("{line}\n"))),
+            None => hydra_compose::stdio::err(format_args!("{line}\n")),
         }
     }
 }

@@ -6,8 +6,8 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::bytes::put_varint;
 use crate::orchestrator::metrics::{MetricsError, StepRecord};
+use rlsync_core::bytes::put_varint;
 
 /// CRC-32C (Castagnoli), reflected, table-driven.
 pub fn crc32c(data: &[u8]) -> u32 {

@@ -17,10 +17,10 @@ use tokio::task::AbortHandle;
 
 use super::{Event, Incoming, Supervisor, UnitState, WorkerDeadline, WorkerId};
 use crate::orchestrator::OrchestratorError;
-use crate::protocol::auth;
-use crate::protocol::frame::FrameReader;
-use crate::protocol::messages::{self, Frame, PROTOCOL_VERSION};
 use crate::protocol::node::{NODE_MAGIC, NodeCommand, NodeReport, NodeWorker};
+use rlsync_core::protocol::auth;
+use rlsync_core::protocol::frame::FrameReader;
+use rlsync_core::protocol::messages::{self, Frame, PROTOCOL_VERSION};
 
 /// What a node link tells the orchestrator's supervisor about the node itself.
 #[derive(Debug)]
@@ -267,12 +267,12 @@ async fn handshake(
     let _ = stream.set_nodelay(true);
     let peer = auth::server(&mut stream, NODE_MAGIC, token, name, addr)
         .await
-        .map_err(|e| crate::stdio::error_chain(&e))?;
+        .map_err(|e| rlsync_core::error_chain(&e))?;
     let (r, writer) = stream.into_split();
     let mut reader = messages::control_reader(r);
     let frame = messages::read_frame::<NodeReport, _>(&mut reader)
         .await
-        .map_err(|e| format!("{peer}: {}", crate::stdio::error_chain(&e)))?;
+        .map_err(|e| format!("{peer}: {}", rlsync_core::error_chain(&e)))?;
     match frame.header {
         NodeReport::Join {
             protocol,
@@ -356,10 +356,10 @@ async fn read_node(
             Ok(frame) => frame,
             Err(e) => {
                 let reason = match e {
-                    crate::protocol::ProtocolError::Closed => {
+                    rlsync_core::protocol::ProtocolError::Closed => {
                         "closed its control connection (its agent exited or was killed)".to_owned()
                     }
-                    crate::protocol::ProtocolError::Io(e)
+                    rlsync_core::protocol::ProtocolError::Io(e)
                         if matches!(
                             e.kind(),
                             std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
@@ -369,7 +369,7 @@ async fn read_node(
                     }
                     e => format!(
                         "broke its control connection: {}",
-                        crate::stdio::error_chain(&e)
+                        rlsync_core::error_chain(&e)
                     ),
                 };
                 let _ = events.send(Event::Node(NodeEvent::Lost { node, reason }));

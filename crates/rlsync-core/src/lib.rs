@@ -1,0 +1,22 @@
+//! rlsync-core: weight synchronisation from one trainer to N rollouts, and the control protocol they speak.
+//!
+//! No tch, no config engine, no processes: the app hands in typed settings ([`syncer::settings`]) and state
+//! dicts; the learner and the Python binding build on the same types.
+//! - [`tensor`]: named tensors with dtype, shape and role (trainable | buffer | frozen); storage that is owned
+//!   or borrowed from the caller; casts, checksums, safetensors files, synthetic model-shaped states.
+//! - [`syncer`]: the two ends of a weight sync (patch | bucket) over a [`transport`] channel: init bootstrap,
+//!   versions, verify-then-install, rejoin by replay.
+//! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory, TCP chain).
+//! - [`protocol`]: the control protocol between orchestrator and workers (framing, messages, named arrays,
+//!   the run-token handshake between hosts).
+//! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
+//! - [`error_chain`]: an error and its causes on one line.
+
+pub mod bytes;
+mod error_chain;
+pub mod protocol;
+pub mod syncer;
+pub mod tensor;
+pub mod transport;
+
+pub use error_chain::error_chain;

@@ -1,0 +1,467 @@
+//! The weight syncer: `init_sender`/`init_receiver`/`sync`/`apply` over a transport (patch | bucket).
+//!
+//! One [`WeightSyncer`] is built from the typed `weight_syncer` config and becomes a sender (trainer) or a
+//! receiver (rollout) at init. The handshake: each receiver sends its metadata (ordered keys, shapes, dtypes);
+//! the sender checks it against its state dict and `keys_to_sync`, answers with a plan (or an abort naming the
+//! mismatching keys), then — patch with `init_sync.enabled` — sends the bucketized init bootstrap. From then on
+//! `sync(state, version)` sends a patch (changed elements vs the sender's snapshot, held in the receiver's
+//! dtypes) or all synced tensors in buckets, and `apply(state)` receives, verifies and installs it.
+//!
+//! Integrity: every payload carries kind, version and an xxh3 checksum ([`wire`]); a receiver rejects a
+//! corrupt or truncated payload, a version not newer than its own, or a patch built on another base version,
+//! and keeps its weights and version ([`SyncError::Rejected`]). Installs need `&mut StateDict` and are
+//! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
+//! `load_instant: true`), so no reader ever sees a partially applied version.
+//!
+//! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
+//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with [`SyncError::NoGpuBackend`]
+//! (rlsync has no GPU backend yet). With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
+//!
+//! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
+//! on a tokio runtime should give the syncer a task that may block (it uses `block_in_place` when it can).
+
+mod bootstrap;
+mod bucket;
+/// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
+pub mod patch;
+mod receiver;
+mod rejoin;
+mod sender;
+pub mod settings;
+pub mod wire;
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::syncer::settings::{Compression, Device, SyncerKind, WeightSyncerConfig};
+use crate::tensor::parallel::resolve_threads;
+use crate::tensor::{DType, StateDict, StateHasher, Storage, cast_bytes, state_checksum};
+use crate::transport::{self, TransportError};
+
+use bucket::{Assembly, Planned, Pool, Staged};
+use patch::{SnapTensor, ValidPatch};
+use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
+
+pub use receiver::PendingUpdate;
+pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
+
+/// Runtime options that are not part of the weight_syncer config.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SyncOptions {
+    /// Threads for the diff / coding / install kernels (`0`: all cores).
+    pub threads: usize,
+}
+
+/// What a report describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncKind {
+    /// The handshake and the init bootstrap.
+    #[default]
+    Init,
+    Patch,
+    Bucket,
+}
+
+impl SyncKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            SyncKind::Init => "init",
+            SyncKind::Patch => "patch",
+            SyncKind::Bucket => "bucket",
+        }
+    }
+}
+
+/// Sizes and timings of one init, sync or apply.
+#[derive(Debug, Clone, Default)]
+pub struct SyncReport {
+    /// The version sent (sender) or now applied (receiver).
+    pub version: u64,
+    pub kind: SyncKind,
+    /// Bytes on the wire (headers included), per receiver.
+    pub payload_bytes: u64,
+    /// Elements changed (patch) or sent (bucket, init).
+    pub changed: u64,
+    /// Bytes of the synced state in the receiver's dtypes.
+    pub state_bytes: u64,
+    /// Tensors carried (patch: tensors with changes).
+    pub tensors: usize,
+    /// Messages that made up the payload (buckets; 1 for a patch).
+    pub messages: u32,
+    /// Sender: diff + gather + snapshot update.
+    pub build: Duration,
+    /// Sender: coding, compression, framing, casting/copying into transport buffers.
+    pub encode: Duration,
+    /// Sender: waiting on the transport. Receiver: waiting for the payload.
+    pub transfer: Duration,
+    /// Receiver: checksum, decompression, validation, staging copies.
+    pub decode: Duration,
+    /// Receiver: writing into the state dict.
+    pub apply: Duration,
+    /// Patch streams' raw bytes / stored bytes (1.0 without compression).
+    pub compression_ratio: f64,
+    /// Patch segments sent dense (their new bytes) because a sparse coding would have been larger.
+    pub dense_segments: u64,
+    /// Receiver: leftover messages of an earlier rejected version that were skipped.
+    pub skipped: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("weight_syncer config: {reason}")]
+    Config { reason: String },
+    #[error("{setting}: {value} needs a GPU backend, which rlsync does not have; use {instead}")]
+    NoGpuBackend {
+        setting: &'static str,
+        value: &'static str,
+        instead: &'static str,
+    },
+    #[error("handshake failed: {reason}")]
+    Handshake { reason: String },
+    #[error("the syncer is not initialised as a {expected} (call init_{expected} first)")]
+    NotInitialized { expected: &'static str },
+    #[error("the syncer is already initialised")]
+    AlreadyInitialized,
+    #[error("version {version} is not newer than the last sent version {last}")]
+    VersionNotNewer { version: u64, last: u64 },
+    #[error("rejected payload{}: {reason} (kept version {current})", version.map(|v| format!(" for version {v}")).unwrap_or_default())]
+    Rejected {
+        version: Option<u64>,
+        current: u64,
+        reason: String,
+    },
+    #[error("state dict key '{key}': {reason}")]
+    StateMismatch { key: String, reason: String },
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    kind: SyncerKind,
+    delta: bool,
+    codec: Codec,
+    init_sync: bool,
+    init_prefixes: Option<Vec<String>>,
+    init_bucket_size: u64,
+    bucket_size: u64,
+    bucket_dtype: Option<DType>,
+    load_instant: bool,
+    threads: NonZeroUsize,
+    /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
+    part_bytes: usize,
+    /// Refuse a receiver whose state dict differs from the sender's at all ([`WeightSyncer::require_same_keys`]).
+    same_keys: bool,
+    /// Patches the sender keeps for rejoining receivers, and their byte cap.
+    replay_versions: usize,
+    replay_max_bytes: u64,
+    /// Bucket sender: keep a copy of the last version sent, so a rejoining receiver gets it at once
+    /// ([`WeightSyncer::keep_last_version`]).
+    keep_last: bool,
+}
+
+enum SenderStrategy {
+    Patch {
+        /// Shared only with a background checksum of it (see [`rejoin::RejoinInfo::checksum_in_background`]).
+        snap: Arc<Vec<SnapTensor>>,
+        built: patch::Built,
+    },
+    Bucket {
+        buckets: Vec<Vec<Planned>>,
+        /// With `keep_last`: the bytes of every planned tensor (sender dtype) as the last `sync` sent them,
+        /// bucket by bucket; empty before the first sync or without `keep_last`.
+        last: Vec<Vec<Vec<u8>>>,
+    },
+}
+
+struct SenderSide {
+    ch: transport::Sender,
+    synced_keys: Vec<String>,
+    /// Receiver dtype per synced key (same order).
+    recv_dtypes: Vec<DType>,
+    last_version: u64,
+    strategy: SenderStrategy,
+    rejoin: rejoin::RejoinInfo,
+}
+
+/// Receiver-side facts shared with [`PendingUpdate`]s.
+struct ReceiverShared {
+    meta: Vec<KeyMeta>,
+    synced: Vec<bool>,
+    applied: AtomicU64,
+    pool: Mutex<Pool>,
+    threads: NonZeroUsize,
+}
+
+impl ReceiverShared {
+    /// The staging pool (a panic elsewhere cannot leave it inconsistent: it only holds free storages).
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes of the synced tensors in the receiver's dtypes.
+    fn synced_bytes(&self) -> u64 {
+        self.synced
+            .iter()
+            .zip(&self.meta)
+            .filter(|(s, _)| **s)
+            .map(|(_, m)| {
+                m.shape
+                    .iter()
+                    .product::<usize>()
+                    .saturating_mul(m.dtype.size_bytes()) as u64
+            })
+            .sum()
+    }
+}
+
+struct ReceiverSide {
+    ch: transport::Receiver,
+    strategy: Strategy,
+    synced_keys: Vec<String>,
+    /// Highest version received and validated (≥ applied).
+    received: u64,
+    /// A bucket version this receiver gave up on midway: its remaining parts are skipped.
+    interrupted: Option<u64>,
+    shared: Arc<ReceiverShared>,
+}
+
+// One per syncer, never moved on a hot path: boxing the large sender side would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Side {
+    Uninit,
+    Sender(SenderSide),
+    Receiver(ReceiverSide),
+}
+
+/// Syncs a trainer's weights to rollout workers (see the module docs).
+pub struct WeightSyncer {
+    settings: Settings,
+    side: Side,
+    /// Tests only: where a receiver awaits a future first ([`WeightSyncer::hold_at`]).
+    hold: Option<(HoldPoint, Hold)>,
+}
+
+/// A point of a receiver's set-up where a test may hold it ([`WeightSyncer::hold_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldPoint {
+    /// `init_receiver`: the plan received, before the init bootstrap's payloads.
+    Bootstrap,
+    /// `rejoin_receiver`: the catch-up announced, before its payloads (replay or full transfer).
+    CatchUp,
+}
+
+/// What a held receiver awaits.
+pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Run CPU-heavy work without stalling other tasks of a multi-threaded runtime.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+fn rejected(version: Option<u64>, current: u64, reason: impl Into<String>) -> SyncError {
+    SyncError::Rejected {
+        version,
+        current,
+        reason: reason.into(),
+    }
+}
+
+impl WeightSyncer {
+    /// Build from the typed config. Settings that need a GPU (devices, nvCOMP) are [`SyncError::NoGpuBackend`].
+    pub fn from_config(
+        cfg: &WeightSyncerConfig,
+        opts: SyncOptions,
+    ) -> Result<WeightSyncer, SyncError> {
+        let p = &cfg.patch;
+        let b = &cfg.bucket;
+        let cuda = |setting: &'static str| SyncError::NoGpuBackend {
+            setting,
+            value: "cuda",
+            instead: "cpu",
+        };
+        let codec = match cfg.kind {
+            SyncerKind::Patch => {
+                if p.snapshot_device == Device::Cuda {
+                    return Err(cuda("weight_syncer.patch.snapshot_device"));
+                }
+                if p.transport_device == Device::Cuda {
+                    return Err(cuda("weight_syncer.patch.transport_device"));
+                }
+                match p.compression {
+                    Compression::None => Codec::Plain,
+                    Compression::Lz4 => Codec::Lz4,
+                    Compression::NvcompLz4 => {
+                        return Err(SyncError::NoGpuBackend {
+                            setting: "weight_syncer.patch.compression",
+                            value: "nvcomp_lz4",
+                            instead: "lz4 or none",
+                        });
+                    }
+                }
+            }
+            SyncerKind::Bucket => {
+                if b.bucket_device == Device::Cuda {
+                    return Err(cuda("weight_syncer.bucket.bucket_device"));
+                }
+                Codec::Plain
+            }
+        };
+        if let (SyncerKind::Patch, true, Some(pre)) =
+            (cfg.kind, p.init_sync.enabled, &p.init_sync.prefixes)
+            && pre.is_empty()
+        {
+            return Err(SyncError::Config { reason: "weight_syncer.patch.init_sync.prefixes is an empty list (use null for the whole state dict)".into() });
+        }
+        Ok(WeightSyncer {
+            settings: Settings {
+                kind: cfg.kind,
+                delta: p.delta_encoding,
+                codec,
+                init_sync: p.init_sync.enabled,
+                init_prefixes: p.init_sync.prefixes.clone(),
+                init_bucket_size: p.init_sync.bucket_size.get(),
+                bucket_size: b.bucket_size.get(),
+                bucket_dtype: b.bucket_dtype.map(DType::from),
+                load_instant: b.load_instant,
+                threads: resolve_threads(opts.threads),
+                part_bytes: bucket::PART_BYTES,
+                same_keys: false,
+                replay_versions: p.replay_versions as usize,
+                replay_max_bytes: p.replay_max_bytes,
+                keep_last: false,
+            },
+            side: Side::Uninit,
+            hold: None,
+        })
+    }
+
+    /// Tests only: await `hold` once this receiver reaches `point` (the worker's `RLSYNC_TEST_HOLD` knob
+    /// holds a rollout there until a test kills it, a death at a known moment of the weight channel).
+    pub fn hold_at(&mut self, point: HoldPoint, hold: Hold) {
+        self.hold = Some((point, hold));
+    }
+
+    /// Await the hold set for `point`, if any.
+    async fn reach(&mut self, point: HoldPoint) {
+        if self.hold.as_ref().is_some_and(|(p, _)| *p == point)
+            && let Some((_, hold)) = self.hold.take()
+        {
+            hold.await;
+        }
+    }
+
+    pub fn kind(&self) -> SyncerKind {
+        self.settings.kind
+    }
+
+    /// Make `init_sender` refuse a receiver whose state dict differs from the sender's — a key on one side
+    /// only, another shape, or non-convertible dtypes — naming the first difference (RLinf's rule; by default
+    /// only the synced and bootstrapped keys must match).
+    pub fn require_same_keys(&mut self, on: bool) {
+        self.settings.same_keys = on;
+    }
+
+    /// Bucket sender: keep a copy of the synced tensors as last sent (one more copy of the synced state, in
+    /// the sender's dtypes, refreshed by every `sync`), so a receiver that rejoins after the state moved on is
+    /// sent that version at once instead of waiting for the next one (a deferred catch-up). The patch syncer
+    /// keeps its snapshot anyway; for it this changes nothing.
+    pub fn keep_last_version(&mut self, on: bool) {
+        self.settings.keep_last = on;
+    }
+
+    /// Sender: the last version sent. Receiver: the version applied. 0 before the first sync.
+    pub fn version(&self) -> u64 {
+        match &self.side {
+            Side::Uninit => 0,
+            Side::Sender(s) => s.last_version,
+            Side::Receiver(r) => r.shared.applied.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The synced keys (known after init on both sides), in sync order.
+    pub fn synced_keys(&self) -> &[String] {
+        match &self.side {
+            Side::Uninit => &[],
+            Side::Sender(s) => &s.synced_keys,
+            Side::Receiver(r) => &r.synced_keys,
+        }
+    }
+
+    /// Receiver: [`state_checksum`] of its synced keys. Sender: the checksum each receiver should report, i.e.
+    /// of the synced keys as the receivers hold them (patch: the snapshot; bucket: `state` cast to the
+    /// receivers' dtypes through the wire dtype).
+    pub fn checksum(&self, state: &StateDict) -> Result<u64, SyncError> {
+        match &self.side {
+            Side::Uninit => Err(SyncError::NotInitialized {
+                expected: "sender or receiver",
+            }),
+            Side::Receiver(r) => Ok(state_checksum(state, &r.synced_keys)),
+            Side::Sender(s) => {
+                let mut h = StateHasher::new();
+                match &s.strategy {
+                    SenderStrategy::Patch { snap, .. } => {
+                        if let Some(c) = s.rejoin.cached_checksum(s.last_version) {
+                            return Ok(c);
+                        }
+                        for st in snap.iter() {
+                            let shape = state
+                                .get(&st.key)
+                                .map(|t| t.shape().to_vec())
+                                .unwrap_or_default();
+                            h.begin_tensor(&st.key, st.dtype, &shape);
+                            h.bytes(st.storage.bytes());
+                        }
+                        let c = h.finish();
+                        s.rejoin.cache_checksum(s.last_version, c);
+                        return Ok(c);
+                    }
+                    SenderStrategy::Bucket { .. } => {
+                        for (key, &rd) in s.synced_keys.iter().zip(&s.recv_dtypes) {
+                            let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
+                                key: key.clone(),
+                                reason: "missing from the state dict".into(),
+                            })?;
+                            let wire = self.wire_dtype(t.dtype(), rd);
+                            h.begin_tensor(key, rd, t.shape());
+                            hash_cast(&mut h, t.bytes(), t.dtype(), wire, rd);
+                        }
+                    }
+                }
+                Ok(h.finish())
+            }
+        }
+    }
+
+    fn wire_dtype(&self, src: DType, _receiver: DType) -> DType {
+        match self.settings.bucket_dtype {
+            Some(d) if src.is_floating() => d,
+            _ => src,
+        }
+    }
+}
+
+fn hash_cast(h: &mut StateHasher, src: &[u8], from: DType, wire: DType, to: DType) {
+    const ELEMS: usize = 1 << 15;
+    let mut a = Storage::zeroed(ELEMS * wire.size_bytes());
+    let mut b = Storage::zeroed(ELEMS * to.size_bytes());
+    for chunk in src.chunks(ELEMS * from.size_bytes()) {
+        let n = chunk.len() / from.size_bytes();
+        let wa = &mut a.bytes_mut()[..n * wire.size_bytes()];
+        let _ = cast_bytes(chunk, from, wa, wire);
+        let wb = &mut b.bytes_mut()[..n * to.size_bytes()];
+        let _ = cast_bytes(wa, wire, wb, to);
+        h.bytes(wb);
+    }
+}
+
+#[cfg(test)]
+mod tests;

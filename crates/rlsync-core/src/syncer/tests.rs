@@ -1,0 +1,1426 @@
+//! Property and end-to-end tests of the weight syncer over the in-process transport.
+
+use std::num::NonZeroU64;
+
+use proptest::prelude::*;
+use proptest::strategy::Strategy;
+
+use super::*;
+use crate::syncer::settings::{FloatDtype, WeightSyncerConfig};
+use crate::tensor::{Role, Tensor};
+use crate::transport::inproc_channel_with_timeout;
+use crate::transport::tap::{Tap, tapped};
+
+fn inproc_channel(n: usize) -> (transport::Sender, Vec<transport::Receiver>) {
+    inproc_channel_with_timeout(n, std::time::Duration::from_secs(5))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn cast_copy(t: &Tensor, to: DType) -> Vec<u8> {
+    let mut out = Storage::zeroed(t.numel() * to.size_bytes());
+    cast_bytes(t.bytes(), t.dtype(), out.bytes_mut(), to).unwrap();
+    out.bytes().to_vec()
+}
+
+/// One key of a generated model: sender dtype, receiver dtype, shape, role.
+#[derive(Debug, Clone)]
+struct KeySpec {
+    name: String,
+    tx: DType,
+    rx: DType,
+    shape: Vec<usize>,
+    role: Role,
+}
+
+fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
+    (
+        0..DType::ALL.len(),
+        0..4usize,
+        prop::collection::vec(0..5usize, 0..=4),
+        0..3u8,
+        any::<bool>(),
+    )
+        .prop_map(move |(d, rxd, shape, role, nested)| {
+            let tx = DType::ALL[d];
+            let floats = [DType::Bf16, DType::F16, DType::F32, DType::F64];
+            let rx = if tx.is_floating() { floats[rxd] } else { tx };
+            let role = match role {
+                0 => Role::Frozen,
+                1 => Role::Buffer,
+                _ => Role::Trainable,
+            };
+            let name = if nested {
+                format!("block{}.sub.t{i}", i % 2)
+            } else {
+                format!("t{i}")
+            };
+            KeySpec {
+                name,
+                tx,
+                rx,
+                shape,
+                role,
+            }
+        })
+}
+
+fn model() -> impl Strategy<Value = Vec<KeySpec>> {
+    (1..7usize).prop_flat_map(|n| (0..n).map(key_spec).collect::<Vec<_>>())
+}
+
+/// Fill a tensor with random bytes from a seed (NaNs, -0.0 and odd bools included).
+fn random_bytes(t: &mut Tensor, seed: u64) {
+    let mut x = seed | 1;
+    for b in t.bytes_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+}
+
+fn build_state(keys: &[KeySpec], receiver: bool, seed: u64) -> StateDict {
+    let mut sd = StateDict::new();
+    for (i, k) in keys.iter().enumerate() {
+        let mut t = Tensor::zeros(if receiver { k.rx } else { k.tx }, &k.shape, k.role).unwrap();
+        random_bytes(&mut t, seed.wrapping_mul(31).wrapping_add(i as u64 + 1));
+        sd.insert(k.name.clone(), t);
+    }
+    sd
+}
+
+/// Change a random subset of elements of every non-frozen (and, to prove they are ignored, frozen) tensor.
+fn mutate(state: &mut StateDict, seed: u64, density_pct: u64) {
+    let mut x = seed | 1;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for (_, t) in state.iter_mut() {
+        let w = t.dtype().size_bytes();
+        let n = t.numel();
+        let bytes = t.bytes_mut();
+        for i in 0..n {
+            if next() % 100 < density_pct {
+                let r = next();
+                // Small bit-pattern moves (the common training case) and arbitrary new values.
+                if r % 3 == 0 {
+                    bytes[i * w] = bytes[i * w].wrapping_add(1);
+                } else {
+                    for b in &mut bytes[i * w..(i + 1) * w] {
+                        *b = next() as u8;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
+    bucket: bool,
+    delta: bool,
+    lz4: bool,
+    init_sync: bool,
+    prefixes: bool,
+    bucket_size: u64,
+    bucket_dtype: Option<FloatDtype>,
+    load_instant: bool,
+    threads: usize,
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![1..64u64, Just(1u64 << 20)],
+        0..4u8,
+        any::<bool>(),
+        1..3usize,
+    )
+        .prop_map(
+            |(bucket, delta, lz4, init_sync, prefixes, bucket_size, bd, load_instant, threads)| {
+                Settings {
+                    bucket,
+                    delta,
+                    lz4,
+                    init_sync,
+                    prefixes,
+                    bucket_size,
+                    bucket_dtype: match bd {
+                        0 => Some(FloatDtype::Bfloat16),
+                        1 => Some(FloatDtype::Float16),
+                        2 => Some(FloatDtype::Float32),
+                        _ => None,
+                    },
+                    load_instant,
+                    threads,
+                }
+            },
+        )
+}
+
+fn config(s: &Settings, keys: &[KeySpec]) -> WeightSyncerConfig {
+    let mut c = WeightSyncerConfig {
+        kind: if s.bucket {
+            SyncerKind::Bucket
+        } else {
+            SyncerKind::Patch
+        },
+        ..WeightSyncerConfig::default()
+    };
+    c.patch.delta_encoding = s.delta;
+    c.patch.compression = if s.lz4 {
+        Compression::Lz4
+    } else {
+        Compression::None
+    };
+    c.patch.init_sync.enabled = s.init_sync;
+    c.patch.init_sync.bucket_size = NonZeroU64::new(s.bucket_size).unwrap();
+    if s.prefixes {
+        let first = keys[0].name.split('.').next().unwrap().to_string();
+        c.patch.init_sync.prefixes = Some(vec![first]);
+    }
+    c.bucket.bucket_size = NonZeroU64::new(s.bucket_size).unwrap();
+    c.bucket.bucket_dtype = s.bucket_dtype;
+    c.bucket.load_instant = s.load_instant;
+    c
+}
+
+/// The keys the init bootstrap covers under these settings.
+fn bootstrapped(s: &Settings, keys: &[KeySpec]) -> Vec<bool> {
+    let first = keys[0].name.split('.').next().unwrap().to_string();
+    keys.iter()
+        .map(|k| {
+            !s.bucket
+                && s.init_sync
+                && (!s.prefixes || k.name == first || k.name.starts_with(&format!("{first}.")))
+        })
+        .collect()
+}
+
+/// What the receiver must hold for `key` after a sync of `sender`.
+fn expected(s: &Settings, k: &KeySpec, t: &Tensor) -> Vec<u8> {
+    match (s.bucket, s.bucket_dtype) {
+        (true, Some(d)) if k.tx.is_floating() => {
+            let wire = DType::from(d);
+            let mid = Tensor::from_bytes(wire, &k.shape, k.role, &cast_copy(t, wire)).unwrap();
+            cast_copy(&mid, k.rx)
+        }
+        _ => cast_copy(t, k.rx),
+    }
+}
+
+struct Pair {
+    tx: WeightSyncer,
+    rx: WeightSyncer,
+    sender: StateDict,
+    receiver: StateDict,
+    /// Every payload the sender broadcast on its channel (the plan included).
+    tap: Tap,
+}
+
+fn init_pair(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+) -> Result<Pair, SyncError> {
+    let sender = build_state(keys, false, seed);
+    let mut receiver = build_state(keys, true, seed ^ 0xABCD);
+    // Without a bootstrap of a key, patch assumes the receiver already equals the sender (RLinf's contract).
+    let boot = bootstrapped(s, keys);
+    if !s.bucket {
+        for (k, b) in keys.iter().zip(&boot) {
+            if !b {
+                let bytes = cast_copy(sender.get(&k.name).unwrap(), k.rx);
+                receiver
+                    .get_mut(&k.name)
+                    .unwrap()
+                    .bytes_mut()
+                    .copy_from_slice(&bytes);
+            }
+        }
+    }
+    let cfg = config(s, keys);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    // Tiny bucket parts, so that tensors and tables straddle several transport messages.
+    tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    let (ch, mut rxs) = inproc_channel(1);
+    let (ch, tap) = tapped(ch);
+    let rch = rxs.pop().unwrap();
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rch)
+        )
+    });
+    a?;
+    b?;
+    Ok(Pair {
+        tx,
+        rx,
+        sender,
+        receiver,
+        tap,
+    })
+}
+
+fn sync_once(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> (SyncReport, SyncReport) {
+    let (a, b) = rt.block_on(async {
+        tokio::join!(p.tx.sync(&p.sender, version), p.rx.apply(&mut p.receiver))
+    });
+    (a.unwrap(), b.unwrap())
+}
+
+fn assert_synced(p: &Pair, keys: &[KeySpec], s: &Settings, frozen_expect: &[(String, Vec<u8>)]) {
+    for k in keys {
+        let got = p.receiver.get(&k.name).unwrap();
+        if k.role.is_synced() {
+            assert_eq!(
+                got.bytes(),
+                expected(s, k, p.sender.get(&k.name).unwrap()).as_slice(),
+                "synced key {} ({:?})",
+                k.name,
+                k
+            );
+        }
+    }
+    for (name, bytes) in frozen_expect {
+        assert_eq!(
+            p.receiver.get(name).unwrap().bytes(),
+            bytes.as_slice(),
+            "frozen key {name}"
+        );
+    }
+    assert_eq!(
+        p.tx.checksum(&p.sender).unwrap(),
+        p.rx.checksum(&p.receiver).unwrap(),
+        "checksums"
+    );
+}
+
+/// Frozen keys' expected receiver bytes right after init (bootstrapped → sender's cast, else untouched).
+fn frozen_after_init(p: &Pair, keys: &[KeySpec], s: &Settings) -> Vec<(String, Vec<u8>)> {
+    let boot = bootstrapped(s, keys);
+    keys.iter()
+        .zip(boot)
+        .filter(|(k, _)| !k.role.is_synced())
+        .map(|(k, b)| {
+            let bytes = if b {
+                cast_copy(p.sender.get(&k.name).unwrap(), k.rx)
+            } else {
+                p.receiver.get(&k.name).unwrap().bytes().to_vec()
+            };
+            (k.name.clone(), bytes)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn receiver_is_bit_identical_after_every_sync(keys in model(), s in settings(), seed in any::<u64>(), steps in 1..4usize, density in 0..60u64) {
+        let rt = rt();
+        let mut p = init_pair(&rt, &keys, &s, seed).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        if !s.bucket {
+            // After init (before any sync), the patch receiver already holds the snapshot.
+            assert_synced(&p, &keys, &s, &frozen);
+        }
+        for v in 1..=steps as u64 {
+            mutate(&mut p.sender, seed.wrapping_add(v), density);
+            let (sent, applied) = sync_once(&rt, &mut p, v * 2);
+            prop_assert_eq!(applied.version, v * 2);
+            prop_assert_eq!(p.rx.version(), v * 2);
+            prop_assert_eq!(sent.payload_bytes, applied.payload_bytes);
+            if !s.bucket && sent.dense_segments == 0 {
+                prop_assert_eq!(sent.changed, applied.changed);
+            } else if !s.bucket {
+                // A dense segment writes every element of it, changed or not.
+                prop_assert!(applied.changed >= sent.changed);
+            }
+            assert_synced(&p, &keys, &s, &frozen);
+        }
+    }
+
+    #[test]
+    fn corrupt_truncated_and_replayed_payloads_are_rejected(keys in model(), s in settings(), seed in any::<u64>(), flip in any::<u64>(), mode in 0..3u8) {
+        let rt = rt();
+        let mut p = init_pair(&rt, &keys, &s, seed).unwrap();
+        sync_once(&rt, &mut p, 1);
+        let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        mutate(&mut p.sender, seed ^ 77, 30);
+        let good = capture(&rt, &mut p, 2);
+        let bad: Vec<Vec<u8>> = match mode {
+            0 => {
+                // flip one bit of one message (only messages up to it are sent)
+                let k = (flip as usize) % good.len();
+                let mut m = good[..=k].to_vec();
+                let last = m.last_mut().unwrap();
+                let pos = (flip as usize / 7) % last.len();
+                last[pos] ^= 1 << (flip % 8);
+                m
+            }
+            1 => {
+                let k = (flip as usize) % good.len();
+                let mut m = good[..=k].to_vec();
+                let last = m.last_mut().unwrap();
+                let cut = (flip as usize / 7) % last.len();
+                last.truncate(cut);
+                m
+            }
+            _ => vec![first_payload(&p.tap)], // the first payload ever sent (init or v1)
+        };
+        let r = inject_and_apply(&rt, &mut p, &bad);
+        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted: {:?}", r.map(|r| r.version));
+        prop_assert_eq!(p.rx.version(), 1);
+        let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        prop_assert!(before == after, "state changed by a rejected payload");
+        // The genuine payload still applies afterwards (leftovers of the bad version are skipped).
+        let r = inject_and_apply(&rt, &mut p, &good).unwrap();
+        prop_assert_eq!(r.version, 2);
+        let frozen: Vec<(String, Vec<u8>)> = Vec::new();
+        assert_synced(&p, &keys, &s, &frozen);
+    }
+}
+
+/// Produce the payloads of `version` without delivering them (the sender's channel is swapped for a drained one).
+fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<u8>> {
+    let (dummy, mut drx) = inproc_channel(1);
+    let (dummy, tap) = tapped(dummy);
+    let Side::Sender(s) = &mut p.tx.side else {
+        panic!("not a sender")
+    };
+    let real = std::mem::replace(&mut s.ch, dummy);
+    let mut d = drx.pop().unwrap();
+    rt.block_on(async {
+        let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
+        let send = async {
+            let r = p.tx.sync(&p.sender, version).await;
+            let Side::Sender(s) = &mut p.tx.side else {
+                unreachable!()
+            };
+            // Dropping the dummy sender ends the drain loop.
+            let _ = std::mem::replace(&mut s.ch, real);
+            r
+        };
+        let (r, _) = tokio::join!(send, drain);
+        r.unwrap();
+    });
+    tap.payloads()
+}
+
+/// The first payload a tapped sender broadcast after the handshake's plan (an init bucket part, or version 1).
+fn first_payload(tap: &Tap) -> Vec<u8> {
+    tap.payloads()
+        .into_iter()
+        .find(|m| !matches!(Header::parse_unverified(m), Ok((h, _)) if h.kind == Kind::Plan))
+        .expect("a payload after the plan")
+}
+
+fn inject_and_apply(
+    rt: &tokio::runtime::Runtime,
+    p: &mut Pair,
+    msgs: &[Vec<u8>],
+) -> Result<SyncReport, SyncError> {
+    let Side::Sender(s) = &mut p.tx.side else {
+        panic!("not a sender")
+    };
+    let ch = &mut s.ch;
+    let rx = &mut p.rx;
+    let receiver = &mut p.receiver;
+    rt.block_on(async {
+        // The receiver may reject an early message and return: then nobody reads the rest, so stop sending
+        // as soon as `apply` is done instead of waiting out the channel's timeout.
+        let send = async {
+            for m in msgs {
+                if ch.send(m).await.is_err() {
+                    break;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            r = rx.apply(receiver) => r,
+            () = send => unreachable!("the send future never completes"),
+        }
+    })
+}
+
+fn simple_keys() -> Vec<KeySpec> {
+    vec![
+        KeySpec {
+            name: "w".into(),
+            tx: DType::F32,
+            rx: DType::Bf16,
+            shape: vec![4, 8],
+            role: Role::Trainable,
+        },
+        KeySpec {
+            name: "frozen".into(),
+            tx: DType::F32,
+            rx: DType::F32,
+            shape: vec![3],
+            role: Role::Frozen,
+        },
+        KeySpec {
+            name: "count".into(),
+            tx: DType::I64,
+            rx: DType::I64,
+            shape: vec![],
+            role: Role::Buffer,
+        },
+    ]
+}
+
+fn default_settings(bucket: bool) -> Settings {
+    Settings {
+        bucket,
+        delta: true,
+        lz4: false,
+        init_sync: true,
+        prefixes: false,
+        bucket_size: 1 << 20,
+        bucket_dtype: None,
+        load_instant: true,
+        threads: 1,
+    }
+}
+
+#[test]
+fn empty_patch_still_carries_the_version() {
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(false);
+    let mut p = init_pair(&rt, &keys, &s, 1).unwrap();
+    let (sent, applied) = sync_once(&rt, &mut p, 5);
+    assert_eq!((sent.changed, applied.changed), (0, 0));
+    assert_eq!(applied.version, 5);
+    assert_eq!(p.rx.version(), 5);
+    assert!(sent.payload_bytes > 0);
+}
+
+#[test]
+fn two_receivers_get_the_same_weights() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 3);
+        let mut r1 = build_state(&keys, true, 4);
+        let mut r2 = build_state(&keys, true, 5);
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut a = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut b = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(2);
+        let (c2, c1) = (rxs.pop().unwrap(), rxs.pop().unwrap());
+        let synced = sender.synced_keys();
+        rt.block_on(async {
+            let (x, y, z) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                a.init_receiver(&mut r1, c1),
+                b.init_receiver(&mut r2, c2)
+            );
+            x.unwrap();
+            y.unwrap();
+            z.unwrap();
+            for v in 1..4 {
+                mutate(&mut sender, v, 40);
+                let (x, y, z) =
+                    tokio::join!(tx.sync(&sender, v), a.apply(&mut r1), b.apply(&mut r2));
+                x.unwrap();
+                assert_eq!(y.unwrap().version, v);
+                assert_eq!(z.unwrap().version, v);
+                let want = tx.checksum(&sender).unwrap();
+                assert_eq!(a.checksum(&r1).unwrap(), want, "bucket={bucket} v={v}");
+                assert_eq!(b.checksum(&r2).unwrap(), want, "bucket={bucket} v={v}");
+            }
+        });
+    }
+}
+
+/// A caller may list the keys to sync in any order (the sender lays patches and buckets out in the state
+/// dict's order, as the receiver validates them).
+#[test]
+fn keys_to_sync_in_any_order_sync_the_same() {
+    let rt = rt();
+    let keys = dense_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 7);
+        let mut receiver = build_state(&keys, true, 7);
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(1);
+        let rch = rxs.pop().unwrap();
+        let mut synced = sender.synced_keys();
+        synced.reverse();
+        assert!(synced.len() > 1, "the test needs several keys");
+        rt.block_on(async {
+            let (x, y) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                rx.init_receiver(&mut receiver, rch)
+            );
+            x.unwrap();
+            y.unwrap();
+            for v in 1..4 {
+                mutate_synced(&mut sender, v, 100);
+                let (x, y) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
+                assert!(x.unwrap().changed > 0, "bucket={bucket} v={v}");
+                assert_eq!(y.unwrap().version, v, "bucket={bucket}");
+                assert_eq!(
+                    rx.checksum(&receiver).unwrap(),
+                    tx.checksum(&sender).unwrap(),
+                    "bucket={bucket} v={v}"
+                );
+            }
+        });
+    }
+}
+
+#[test]
+fn pending_update_installs_later_and_stale_pending_is_rejected() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 9).unwrap();
+        mutate(&mut p.sender, 1, 50);
+        let pending = rt.block_on(async {
+            let (x, y) = tokio::join!(p.tx.sync(&p.sender, 1), p.rx.receive());
+            x.unwrap();
+            y.unwrap()
+        });
+        assert_eq!(pending.version(), 1);
+        assert_eq!(
+            p.rx.version(),
+            0,
+            "receive does not touch the applied version"
+        );
+        let r = pending.install(&mut p.receiver).unwrap();
+        assert_eq!(r.version, 1);
+        assert_synced(&p, &keys, &s, &[]);
+    }
+}
+
+#[test]
+fn sender_rejects_non_increasing_versions() {
+    let rt = rt();
+    let keys = simple_keys();
+    let mut p = init_pair(&rt, &keys, &default_settings(false), 2).unwrap();
+    sync_once(&rt, &mut p, 3);
+    let r = rt.block_on(p.tx.sync(&p.sender, 3));
+    assert!(
+        matches!(
+            r,
+            Err(SyncError::VersionNotNewer {
+                version: 3,
+                last: 3
+            })
+        ),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn unsupported_devices_and_nvcomp_are_clear_errors() {
+    let fail = |f: &dyn Fn(&mut WeightSyncerConfig)| {
+        let mut c = WeightSyncerConfig::default();
+        f(&mut c);
+        WeightSyncer::from_config(&c, SyncOptions::default())
+            .err()
+            .expect("must fail")
+    };
+    let no_gpu = |f: &dyn Fn(&mut WeightSyncerConfig), want: &str| {
+        let e = fail(f);
+        assert!(
+            matches!(&e, SyncError::NoGpuBackend { setting, .. } if *setting == want),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(text.contains("needs a GPU backend"), "{text}");
+        assert!(
+            !text.contains("--features") && !text.contains("CUDA build"),
+            "{text}"
+        );
+    };
+    no_gpu(
+        &|c| c.patch.compression = Compression::NvcompLz4,
+        "weight_syncer.patch.compression",
+    );
+    no_gpu(
+        &|c| c.patch.snapshot_device = Device::Cuda,
+        "weight_syncer.patch.snapshot_device",
+    );
+    no_gpu(
+        &|c| c.patch.transport_device = Device::Cuda,
+        "weight_syncer.patch.transport_device",
+    );
+    no_gpu(
+        &|c| {
+            c.kind = SyncerKind::Bucket;
+            c.bucket.bucket_device = Device::Cuda
+        },
+        "weight_syncer.bucket.bucket_device",
+    );
+    let e = fail(&|c| c.patch.init_sync.prefixes = Some(vec![]));
+    assert!(
+        matches!(e, SyncError::Config { .. }) && e.to_string().contains("empty list"),
+        "{e}"
+    );
+}
+
+#[test]
+fn handshake_mismatch_fails_both_sides_naming_the_key() {
+    let rt = rt();
+    let keys = simple_keys();
+    let cfg = config(&default_settings(false), &keys);
+    let sender = build_state(&keys, false, 1);
+    let mut bad = keys.clone();
+    bad[0].shape = vec![8, 4];
+    let mut receiver = build_state(&bad, true, 2);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (ch, mut rxs) = inproc_channel(1);
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+        )
+    });
+    let a = a.unwrap_err().to_string();
+    let b = b.unwrap_err().to_string();
+    assert!(a.contains("shape mismatch") && a.contains("'w'"), "{a}");
+    assert!(b.contains("refused") && b.contains("'w'"), "{b}");
+}
+
+#[test]
+fn prefix_matching_nothing_is_an_error() {
+    let rt = rt();
+    let keys = simple_keys();
+    let mut cfg = config(&default_settings(false), &keys);
+    cfg.patch.init_sync.prefixes = Some(vec!["nope".into()]);
+    let sender = build_state(&keys, false, 1);
+    let mut receiver = build_state(&keys, true, 2);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (ch, mut rxs) = inproc_channel(1);
+    let synced = sender.synced_keys();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            tx.init_sender(&sender, &synced, ch),
+            rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+        )
+    });
+    assert!(a.unwrap_err().to_string().contains("'nope' matches no key"));
+    assert!(b.is_err());
+}
+
+#[test]
+fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
+    use crate::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
+    let rt = rt();
+    let mut model = SyntheticModel::new(ModelSpec {
+        params: 1 << 20,
+        tensors: 32,
+        dtype: DType::Bf16,
+        frozen_fraction: 0.0,
+        seed: 7,
+    })
+    .unwrap();
+    let mut sender = model.state_dict().unwrap();
+    let mut receiver = model.state_dict().unwrap();
+    for compression in [Compression::None, Compression::Lz4] {
+        let mut cfg = WeightSyncerConfig::default();
+        cfg.patch.compression = compression;
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(1);
+        let synced = sender.synced_keys();
+        rt.block_on(async {
+            let (a, b) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch),
+                rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+            );
+            a.unwrap();
+            b.unwrap();
+            for v in 1..=3 {
+                let changed = model
+                    .step(
+                        UpdateMode::Adam { lr: 1e-6 },
+                        &mut sender,
+                        NonZeroUsize::MIN,
+                    )
+                    .unwrap();
+                let (a, b) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
+                let (a, b) = (a.unwrap(), b.unwrap());
+                assert_eq!(a.changed, changed);
+                let per = a.payload_bytes as f64 / changed as f64;
+                assert!(
+                    per <= 2.0,
+                    "{compression:?}: {per:.3} bytes per changed element"
+                );
+                assert_eq!(b.version, v);
+            }
+        });
+        assert_eq!(
+            tx.checksum(&sender).unwrap(),
+            rx.checksum(&receiver).unwrap()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
+
+    /// A payload with a valid header and checksum but an arbitrary body (a buggy or hostile sender) is
+    /// rejected without panicking and without touching the weights.
+    #[test]
+    fn well_framed_garbage_is_rejected(keys in model(), bucket in any::<bool>(), body in prop::collection::vec(any::<u8>(), 0..256), aux in 0..3u64, seq_count in (0..1u32, 1..3u32)) {
+        let rt = rt();
+        let mut s = default_settings(bucket);
+        s.init_sync = false;
+        let mut p = init_pair(&rt, &keys, &s, 5).unwrap();
+        let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        let mut h = Header::new(if bucket { Kind::Bucket } else { Kind::Patch }, 1, body.len());
+        h.aux = aux;
+        h.seq = 0;
+        h.count = seq_count.1;
+        let msg = wire::message(h, &body);
+        let r = inject_and_apply(&rt, &mut p, &[msg]);
+        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted garbage: {:?}", r.map(|r| r.version));
+        let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        prop_assert!(before == after);
+        prop_assert_eq!(p.rx.version(), 0);
+    }
+}
+
+#[test]
+fn a_corrupted_header_is_rejected_not_skipped_as_a_leftover() {
+    // Flipping the bucket number of a version's first part must not make the receiver take it for a leftover
+    // of an earlier version and wait for more: the part's checksum fails and the version is rejected.
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(true);
+    let mut p = init_pair(&rt, &keys, &s, 3).unwrap();
+    sync_once(&rt, &mut p, 1);
+    mutate(&mut p.sender, 11, 30);
+    let good = capture(&rt, &mut p, 2);
+    let mut first = good[0].clone();
+    first[16] ^= 1; // header `seq`: bucket 0 → bucket 1
+    let r = inject_and_apply(&rt, &mut p, &[first]);
+    assert!(
+        matches!(r, Err(SyncError::Rejected { .. })),
+        "{:?}",
+        r.map(|r| r.version)
+    );
+    assert_eq!(p.rx.version(), 1);
+    let r = inject_and_apply(&rt, &mut p, &good).unwrap();
+    assert_eq!(r.version, 2);
+}
+
+fn chain_cfg(name: &str) -> crate::transport::ChainConfig {
+    crate::transport::ChainConfig {
+        token: b"run-token".to_vec(),
+        name: name.to_owned(),
+        part_bytes: 48,
+        timeout: std::time::Duration::from_secs(20),
+    }
+}
+
+/// Three nodes on loopback: node 0 (the trainer, one local rollout in process), node 1 (one rollout in
+/// process) and node 2 (one rollout over shared memory), joined by the TCP chain. Patch and bucket syncs
+/// reach every rollout bit for bit, and node 2's rollout sees versions exactly as on one host.
+#[test]
+fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
+    use crate::transport::{ChainRelay, ChainSender, ShmConfig, ShmReceiver, ShmSender};
+    use tokio::net::TcpListener;
+    let timeout = std::time::Duration::from_secs(20);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 3);
+        let mut states: Vec<StateDict> = (0..3).map(|i| build_state(&keys, true, 10 + i)).collect();
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        // Tiny bucket parts: many payloads in flight along the chain.
+        tx.settings.part_bytes = 40;
+        let mut rxs: Vec<WeightSyncer> = (0..3)
+            .map(|_| WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap())
+            .collect();
+        rt.block_on(async {
+            let l1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let l2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let a1 = l1.local_addr().unwrap().to_string();
+            let a2 = l2.local_addr().unwrap().to_string();
+            let sock = dir.path().join(format!("node2-{bucket}.sock"));
+            let shm = ShmConfig {
+                socket_path: sock.clone(),
+                segment_prefix: "rlsync-chain-test".into(),
+                receivers: 1,
+                timeout,
+                ..ShmConfig::default()
+            };
+            let (shm_tx, shm_rx) = tokio::join!(
+                ShmSender::bind(shm),
+                ShmReceiver::connect(&sock, 0, timeout)
+            );
+            let (shm_tx, shm_rx) = (shm_tx.unwrap(), shm_rx.unwrap());
+            let (tx1, mut rx1) = inproc_channel(1);
+            let relay2 = tokio::spawn(async move {
+                let relay = ChainRelay::establish(&l2, None, shm_tx, chain_cfg("node 2")).await?;
+                relay.serve().await
+            });
+            let relay1 = tokio::spawn(async move {
+                let relay = ChainRelay::establish(&l1, Some(&a2), tx1, chain_cfg("node 1")).await?;
+                relay.serve().await
+            });
+            let (head_local, mut rx0) = inproc_channel(1);
+            let head = ChainSender::connect(Some(head_local), Some(&a1), chain_cfg("node 0"))
+                .await
+                .unwrap();
+            assert_eq!(head.receivers(), 3);
+            let (c0, c1, c2) = (rx0.pop().unwrap(), rx1.pop().unwrap(), shm_rx);
+            let synced = sender.synced_keys();
+            let [s0, s1, s2] = &mut states[..] else {
+                unreachable!()
+            };
+            let [w0, w1, w2] = &mut rxs[..] else {
+                unreachable!()
+            };
+            let (x, a, b, c) = tokio::join!(
+                tx.init_sender(&sender, &synced, head),
+                w0.init_receiver(s0, c0),
+                w1.init_receiver(s1, c1),
+                w2.init_receiver(s2, c2)
+            );
+            x.unwrap();
+            a.unwrap();
+            b.unwrap();
+            c.unwrap();
+            for v in 1..4 {
+                mutate(&mut sender, v, 40);
+                let (x, a, b, c) = tokio::join!(
+                    tx.sync(&sender, v),
+                    w0.apply(s0),
+                    w1.apply(s1),
+                    w2.apply(s2)
+                );
+                x.unwrap();
+                for r in [a, b, c] {
+                    assert_eq!(r.unwrap().version, v, "bucket={bucket}");
+                }
+                let want = tx.checksum(&sender).unwrap();
+                for (w, st) in [(&*w0, &*s0), (&*w1, &*s1), (&*w2, &*s2)] {
+                    assert_eq!(w.checksum(st).unwrap(), want, "bucket={bucket} v={v}");
+                }
+            }
+            drop(tx);
+            for relay in [relay1, relay2] {
+                relay.await.unwrap().unwrap();
+            }
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// rejoin: a receiver that left catches up (replay or full) and ends bitwise equal to those that stayed
+
+/// As [`mutate`], for synced tensors only: a trainer never changes frozen weights.
+fn mutate_synced(state: &mut StateDict, seed: u64, density_pct: u64) {
+    let frozen: Vec<(String, Vec<u8>)> = state
+        .iter()
+        .filter(|(_, t)| !t.role().is_synced())
+        .map(|(k, t)| (k.to_string(), t.bytes().to_vec()))
+        .collect();
+    mutate(state, seed, density_pct);
+    for (k, bytes) in frozen {
+        if let Some(t) = state.get_mut(&k) {
+            t.bytes_mut().copy_from_slice(&bytes);
+        }
+    }
+}
+
+struct Elastic {
+    tx: WeightSyncer,
+    sender: StateDict,
+    rxs: Vec<Option<(WeightSyncer, StateDict)>>,
+    joiner: transport::InProcJoiner,
+}
+
+fn init_elastic(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+    replay_versions: u32,
+) -> Elastic {
+    let sender = build_state(keys, false, seed);
+    let mut cfg = config(s, keys);
+    cfg.patch.replay_versions = replay_versions;
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
+    tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
+    let (ch, rchs, joiner) =
+        transport::inproc_channel_elastic(2, std::time::Duration::from_secs(5));
+    let boot = bootstrapped(s, keys);
+    let mut rxs = Vec::new();
+    let mut pending = Vec::new();
+    for rch in rchs {
+        let mut receiver = build_state(keys, true, seed ^ 0xABCD);
+        if !s.bucket {
+            for (k, b) in keys.iter().zip(&boot) {
+                if !b {
+                    let bytes = cast_copy(sender.get(&k.name).unwrap(), k.rx);
+                    receiver
+                        .get_mut(&k.name)
+                        .unwrap()
+                        .bytes_mut()
+                        .copy_from_slice(&bytes);
+                }
+            }
+        }
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
+        pending.push((rx, receiver, rch));
+    }
+    let synced = sender.synced_keys();
+    rt.block_on(async {
+        let mut futs = Vec::new();
+        for (rx, st, rch) in pending {
+            futs.push(tokio::spawn(async move {
+                let mut rx = rx;
+                let mut st = st;
+                rx.init_receiver(&mut st, rch).await.unwrap();
+                (rx, st)
+            }));
+        }
+        tx.init_sender(&sender, &synced, ch).await.unwrap();
+        for f in futs {
+            rxs.push(Some(f.await.unwrap()));
+        }
+    });
+    Elastic {
+        tx,
+        sender,
+        rxs,
+        joiner,
+    }
+}
+
+/// Sync `version` to every live receiver.
+fn sync_live(rt: &tokio::runtime::Runtime, e: &mut Elastic, version: u64) -> SyncReport {
+    rt.block_on(async {
+        let mut futs = Vec::new();
+        for (rank, slot) in e.rxs.iter_mut().enumerate() {
+            if let Some((rx, st)) = slot.take() {
+                futs.push((
+                    rank,
+                    tokio::spawn(async move {
+                        let (mut rx, mut st) = (rx, st);
+                        rx.apply(&mut st).await.unwrap();
+                        (rx, st)
+                    }),
+                ));
+            }
+        }
+        let report = e.tx.sync(&e.sender, version).await.unwrap();
+        for (rank, f) in futs {
+            e.rxs[rank] = Some(f.await.unwrap());
+        }
+        report
+    })
+}
+
+/// Rank `rank` leaves; returns its state (what a late worker holds).
+fn leave(e: &mut Elastic, rank: usize) -> StateDict {
+    let (rx, st) = e.rxs[rank].take().unwrap();
+    drop(rx);
+    st
+}
+
+fn rejoin(
+    rt: &tokio::runtime::Runtime,
+    e: &mut Elastic,
+    rank: usize,
+    mut st: StateDict,
+    held: u64,
+    cfg: &WeightSyncerConfig,
+) -> (
+    Result<CatchUpReport, SyncError>,
+    Result<CatchUpReport, SyncError>,
+) {
+    let rch = e.joiner.join(rank).unwrap();
+    let mut rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin(&e.sender, rank),
+            rx.rejoin_receiver(&mut st, rch, held)
+        )
+    });
+    if b.is_ok() {
+        e.rxs[rank] = Some((rx, st));
+    }
+    (a, b)
+}
+
+fn assert_same(e: &Elastic, keys: &[KeySpec], s: &Settings) {
+    let boot = bootstrapped(s, keys);
+    let (Some((rx0, st0)), Some((rx1, st1))) = (&e.rxs[0], &e.rxs[1]) else {
+        panic!("both receivers live")
+    };
+    for (k, b) in keys.iter().zip(boot) {
+        if k.role.is_synced() || b {
+            assert_eq!(
+                st0.get(&k.name).unwrap().bytes(),
+                st1.get(&k.name).unwrap().bytes(),
+                "key {} ({k:?})",
+                k.name
+            );
+        }
+    }
+    let expect = e.tx.checksum(&e.sender).unwrap();
+    assert_eq!(rx0.checksum(st0).unwrap(), expect);
+    assert_eq!(rx1.checksum(st1).unwrap(), expect);
+    assert_eq!(rx0.version(), rx1.version());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, .. ProptestConfig::default() })]
+
+    /// Whatever the settings, the version held and the log size: after the catch-up and the next sync the
+    /// rejoined receiver holds bitwise what the one that stayed holds (synced and bootstrapped keys).
+    #[test]
+    fn rejoin_equals_staying(
+        keys in model(),
+        s in settings(),
+        seed in any::<u64>(),
+        before in 0..3u64,
+        missed in 0..4u64,
+        fresh in any::<bool>(),
+        log in 0..5u32,
+    ) {
+        let rt = rt();
+        let mut cfg = config(&s, &keys);
+        cfg.patch.replay_versions = log;
+        let mut e = init_elastic(&rt, &keys, &s, seed, log);
+        let mut v = 0;
+        for _ in 0..before {
+            v += 1;
+            mutate_synced(&mut e.sender, seed ^ v, 20);
+            sync_live(&rt, &mut e, v);
+        }
+        let late = leave(&mut e, 1);
+        let (st, held) = if fresh {
+            (build_state(&keys, true, seed ^ 0x5EED), 0)
+        } else {
+            (late, v)
+        };
+        for _ in 0..missed {
+            v += 1;
+            mutate_synced(&mut e.sender, seed ^ v, 20);
+            sync_live(&rt, &mut e, v);
+        }
+        let (tx_report, rx_report) = rejoin(&rt, &mut e, 1, st, held, &cfg);
+        let (tx_report, rx_report) = (tx_report.unwrap(), rx_report.unwrap());
+        prop_assert_eq!(tx_report.kind, rx_report.kind);
+        prop_assert_eq!(tx_report.payload_bytes, rx_report.payload_bytes);
+        if s.bucket {
+            prop_assert_eq!(rx_report.to, 0, "bucket: the next version makes it current");
+        } else {
+            prop_assert_eq!(rx_report.to, v);
+            if tx_report.kind == CatchUpKind::Replay {
+                prop_assert_eq!(u64::from(rx_report.patches), v - held);
+            } else {
+                prop_assert!(!tx_report.reason.is_empty());
+            }
+            if !fresh && log as u64 >= missed && missed == 0 {
+                prop_assert_eq!(tx_report.kind, CatchUpKind::Replay, "{}", tx_report.reason);
+            }
+            if log == 0 && v > held {
+                prop_assert_eq!(tx_report.kind, CatchUpKind::Full);
+            }
+        }
+        v += 1;
+        mutate_synced(&mut e.sender, seed ^ v, 20);
+        sync_live(&rt, &mut e, v);
+        assert_same(&e, &keys, &s);
+    }
+}
+
+fn dense_keys() -> Vec<KeySpec> {
+    let k = |name: &str, tx, rx, shape: &[usize], role| KeySpec {
+        name: name.into(),
+        tx,
+        rx,
+        shape: shape.to_vec(),
+        role,
+    };
+    vec![
+        k("enc.w", DType::F32, DType::Bf16, &[64, 64], Role::Frozen),
+        k("l1.w", DType::F32, DType::Bf16, &[128, 64], Role::Trainable),
+        k("l1.b", DType::F32, DType::F32, &[128], Role::Trainable),
+        k("bn.n", DType::I64, DType::I64, &[1], Role::Buffer),
+    ]
+}
+
+fn patch_settings() -> Settings {
+    Settings {
+        bucket: false,
+        delta: true,
+        lz4: false,
+        init_sync: true,
+        prefixes: false,
+        bucket_size: 1 << 20,
+        bucket_dtype: None,
+        load_instant: true,
+        threads: 1,
+    }
+}
+
+#[test]
+fn replay_costs_the_missed_patches_only() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 7, 8);
+    mutate_synced(&mut e.sender, 1, 1);
+    sync_live(&rt, &mut e, 1);
+    let late = leave(&mut e, 1);
+    let mut missed_bytes = 0;
+    for v in 2..=4 {
+        mutate_synced(&mut e.sender, v, 1);
+        missed_bytes += sync_live(&rt, &mut e, v).payload_bytes;
+    }
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 1, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!(
+        (tx.kind, tx.patches, tx.from, tx.to),
+        (CatchUpKind::Replay, 3, 1, 4)
+    );
+    assert_eq!(rx.payload_bytes, tx.payload_bytes);
+    assert_eq!(tx.boot_bytes, 0, "the frozen key is unchanged: not re-sent");
+    // The handshake (metadata, plan, checksums, catch-up header) is the only overhead.
+    let handshake = tx.payload_bytes - missed_bytes;
+    assert!(handshake < 1024, "{handshake} bytes of handshake");
+    mutate_synced(&mut e.sender, 5, 1);
+    sync_live(&rt, &mut e, 5);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_fresh_worker_gets_the_full_state_and_the_frozen_keys() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 9, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    leave(&mut e, 1);
+    let fresh = build_state(&keys, true, 12345);
+    let (tx, rx) = rejoin(&rt, &mut e, 1, fresh, 0, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!((tx.kind, rx.to), (CatchUpKind::Full, 1));
+    assert!(
+        tx.reason.contains("not those of version 0"),
+        "{}",
+        tx.reason
+    );
+    assert!(tx.boot_bytes > 0, "the frozen key differs: re-sent");
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn rejoin_before_the_first_version_sends_version_zero() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 3, 0);
+    leave(&mut e, 1);
+    let fresh = build_state(&keys, true, 999);
+    let (tx, rx) = rejoin(&rt, &mut e, 1, fresh, 0, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!((tx.kind, rx.to), (CatchUpKind::Full, 0));
+    assert_same(&e, &keys, &s);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_corrupt_replayed_patch_is_rejected() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 5, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    let late = leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 2, 5);
+    sync_live(&rt, &mut e, 2);
+    if let Side::Sender(side) = &mut e.tx.side {
+        side.rejoin.log.corrupt_last_for_tests();
+    }
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 1, &cfg);
+    assert_eq!(tx.unwrap().kind, CatchUpKind::Replay);
+    let err = rx.unwrap_err();
+    assert!(
+        matches!(&err, SyncError::Rejected { current: 1, .. })
+            && err.to_string().contains("checksum"),
+        "{err}"
+    );
+    // The sender and the receiver that stayed go on.
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    let (rx0, st0) = e.rxs[0].as_ref().unwrap();
+    assert_eq!(
+        rx0.checksum(st0).unwrap(),
+        e.tx.checksum(&e.sender).unwrap()
+    );
+}
+
+#[test]
+fn a_receiver_with_other_keys_is_refused() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 5, 8);
+    leave(&mut e, 1);
+    let mut other = build_state(&keys, true, 1);
+    other.insert(
+        "extra",
+        Tensor::zeros(DType::F32, &[2], Role::Frozen).unwrap(),
+    );
+    let (tx, rx) = rejoin(&rt, &mut e, 1, other, 0, &cfg);
+    assert!(tx.unwrap_err().to_string().contains("differ"));
+    assert!(rx.unwrap_err().to_string().contains("refused"));
+}
+
+#[test]
+fn a_bucket_syncer_sends_the_last_version_while_the_state_is_still_it() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 11, 8);
+    for v in 1..=2 {
+        mutate_synced(&mut e.sender, v, 5);
+        sync_live(&rt, &mut e, v);
+    }
+    leave(&mut e, 1);
+    let mut st = build_state(&keys, true, 4242);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, true),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
+    assert_eq!(a.payload_bytes, b.payload_bytes);
+    e.rxs[1] = Some((rx, st));
+    // Current at once, before any further version.
+    assert_same(&e, &keys, &s);
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_bucket_syncer_keeping_the_last_version_sends_it_after_the_state_moved_on() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 13, 8);
+    e.tx.keep_last_version(true);
+    for v in 1..=2 {
+        mutate_synced(&mut e.sender, v, 5);
+        sync_live(&rt, &mut e, v);
+    }
+    leave(&mut e, 1);
+    // Trained on since version 2 (runner.weight_sync_interval > 1): the state is no longer the last version.
+    mutate_synced(&mut e.sender, 99, 50);
+    let mut st = build_state(&keys, true, 4343);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, false),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
+    assert!(a.reason.contains("sender's copy"), "{}", a.reason);
+    assert_eq!(a.payload_bytes, b.payload_bytes);
+    // Version 2, bit for bit what the receiver that stayed holds, and not the moved-on state.
+    let (rx0, st0) = e.rxs[0].as_ref().unwrap();
+    assert_eq!(rx.checksum(&st).unwrap(), rx0.checksum(st0).unwrap());
+    assert_ne!(rx.checksum(&st).unwrap(), e.tx.checksum(&e.sender).unwrap());
+    e.rxs[1] = Some((rx, st));
+    mutate_synced(&mut e.sender, 3, 5);
+    sync_live(&rt, &mut e, 3);
+    assert_same(&e, &keys, &s);
+}
+
+#[test]
+fn a_bucket_syncer_without_the_copy_defers_a_rejoin_after_the_state_moved_on() {
+    let rt = rt();
+    let keys = dense_keys();
+    let s = Settings {
+        bucket: true,
+        ..patch_settings()
+    };
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 17, 8);
+    mutate_synced(&mut e.sender, 1, 5);
+    sync_live(&rt, &mut e, 1);
+    leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 98, 50);
+    let st = build_state(&keys, true, 4444);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let mut st = st;
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin_at(&e.sender, 1, false),
+            rx.rejoin_receiver(&mut st, rch, 0)
+        )
+    });
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 0, true));
+    e.rxs[1] = Some((rx, st));
+    sync_live(&rt, &mut e, 2);
+    assert_same(&e, &keys, &s);
+}

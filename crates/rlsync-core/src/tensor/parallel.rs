@@ -1,0 +1,88 @@
+//! Run independent work items on scoped OS threads (kernels never run on tokio worker threads' behalf alone),
+//! and lower a background thread's priority.
+
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
+
+/// Resolve a `threads` setting: `0` means every available core.
+pub fn resolve_threads(threads: usize) -> NonZeroUsize {
+    NonZeroUsize::new(threads)
+        .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+}
+
+/// Apply `f` to every item, on up to `threads` scoped threads (items are taken from a shared queue, so uneven
+/// items balance). Results come back in item order. With one thread (or one item) everything runs inline.
+pub fn map_items<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: NonZeroUsize,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let n = items.len();
+    let workers = threads.get().min(n);
+    if workers <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let queue = Mutex::new(items.into_iter().enumerate());
+    let mut results: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        // A poisoned lock means another worker panicked; the scope re-raises that panic.
+                        let next = match queue.lock() {
+                            Ok(mut q) => q.next(),
+                            Err(_) => None,
+                        };
+                        match next {
+                            Some((i, item)) => out.push((i, f(item))),
+                            None => break out,
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    results.sort_unstable_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Make the calling thread the host's lowest-priority work (nice 19): background work (a snapshot's checksum)
+/// then takes only CPU time nothing else wants (receivers installing on the same host, the trainer's next
+/// step), and runs at full speed once something waits for it.
+pub fn lowest_priority() {
+    // SAFETY: two syscalls about the calling thread, no memory handed over; a failure leaves its priority as
+    // it was.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        let _ = libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_keep_item_order_for_any_thread_count() {
+        for threads in [1, 2, 5] {
+            let items: Vec<u64> = (0..100).collect();
+            let out = map_items(items, NonZeroUsize::new(threads).unwrap(), |x| x * x);
+            assert_eq!(
+                out,
+                (0..100u64).map(|x| x * x).collect::<Vec<_>>(),
+                "threads {threads}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_means_all_cores() {
+        assert!(resolve_threads(0).get() >= 1);
+        assert_eq!(resolve_threads(3).get(), 3);
+    }
+}

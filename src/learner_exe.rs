@@ -1,0 +1,79 @@
+//! Which executable runs a run's built-in workers: `rlsync` itself for the synthetic workload, the learner
+//! executable `rlsync-learner` (the `rlsync-learner` crate, the only one linked with libtorch) for learner models.
+//!
+//! `make build` puts `rlsync-learner` next to `rlsync`, so only learner workers load libtorch and every other
+//! command starts in milliseconds. The orchestrator and `--dry-run` call [`preflight`] before anything starts,
+//! so a missing learner fails once, with what to do, rather than in every worker.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::schema::ModelType;
+
+/// File name of the learner executable, next to `rlsync`.
+pub const LEARNER_EXE: &str = "rlsync-learner";
+
+/// Environment variable that names the learner executable instead of the one next to `rlsync`.
+pub const LEARNER_ENV: &str = "RLSYNC_LEARNER";
+
+/// A learner model without a learner executable to run it.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "model `{model}` needs the libtorch learner: there is no learner executable at {path} (set RLSYNC_LEARNER \
+     to name another): build both with `make build`, or run the synthetic workload instead by adding the \
+     overrides `model@actor.model=synthetic_small env@env.train=synthetic env@env.eval=synthetic`",
+    path = path.display()
+)]
+pub struct NoLearner {
+    pub model: &'static str,
+    pub path: PathBuf,
+}
+
+/// Where this executable (`exe`) looks for the learner executable: `$RLSYNC_LEARNER`, else `rlsync-learner`
+/// in the same directory.
+pub fn learner_exe(exe: &Path) -> PathBuf {
+    match std::env::var_os(LEARNER_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => exe.with_file_name(LEARNER_EXE),
+    }
+}
+
+/// The executable the built-in workers of `model` (`actor.model.model_type`) start from: `exe` for the
+/// synthetic workload, else `learner`, which must exist.
+pub fn preflight(model: ModelType, exe: &Path, learner: &Path) -> Result<PathBuf, NoLearner> {
+    match model {
+        ModelType::Synthetic => Ok(exe.to_owned()),
+        _ if learner.is_file() => Ok(learner.to_owned()),
+        model => Err(NoLearner {
+            model: model.name(),
+            path: learner.to_owned(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_runs_here_and_learner_models_need_the_learner() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("rlsync");
+        let learner = dir.path().join(LEARNER_EXE);
+        assert_eq!(
+            preflight(ModelType::Synthetic, &exe, &learner).unwrap(),
+            exe
+        );
+        let err = preflight(ModelType::MlpPolicy, &exe, &learner).unwrap_err();
+        assert_eq!(err.path, learner);
+        assert!(
+            err.to_string()
+                .contains("model `mlp_policy` needs the libtorch learner"),
+            "{err}"
+        );
+        std::fs::write(&learner, b"").unwrap();
+        assert_eq!(
+            preflight(ModelType::VlaTiny, &exe, &learner).unwrap(),
+            learner
+        );
+    }
+}
