@@ -87,6 +87,7 @@ fn patch_over_a_bridge_installs_in_place_and_rejects_a_corrupt_payload() {
     let rw_ptr = rw.as_ptr();
     // SAFETY: the vectors outlive every state built over them and are only touched between operations.
     let tx_state = unsafe { BorrowedState::new(&describe(&mut tw, &mut tb)) }.unwrap();
+    // SAFETY: as above, for the receiver's vectors.
     let rx_state = unsafe { BorrowedState::new(&describe(&mut rw, &mut rb)) }.unwrap();
     let keys = tx_state
         .fold_keys(&["head.weight".into(), "b".into(), "emb.weight".into()])
@@ -130,6 +131,7 @@ fn patch_over_a_bridge_installs_in_place_and_rejects_a_corrupt_payload() {
     let before = (rw.clone(), rb.clone());
     // SAFETY: as above.
     let ts = unsafe { BorrowedState::new(&describe(&mut tw, &mut tb)) }.unwrap();
+    // SAFETY: as above, for the receiver's vectors.
     let mut rs = unsafe { BorrowedState::new(&describe(&mut rw, &mut rb)) }.unwrap();
     let a = Pump::new(
         async move {

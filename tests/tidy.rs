@@ -605,3 +605,79 @@ fn the_tidy_helpers_do_what_they_say() {
     );
     assert!(homes.iter().all(|h| !h.contains(' ')), "{homes:?}");
 }
+
+/// Each package of the dependency graph with the feature sets it is compiled with (a package built for the
+/// host too — a build script's or proc-macro's dependency — can have two), as `cargo tree` resolves them for
+/// the packages in `args`.
+fn feature_sets(args: &[&str]) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "--locked", "--prefix", "none", "-f", "{p} [{f}]"])
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut sets = std::collections::BTreeMap::<String, BTreeSet<String>>::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim_end_matches(" (*)");
+        if let Some((package, rest)) = line.split_once(" [")
+            && let Some(features) = rest.strip_suffix(']')
+        {
+            sets.entry(package.to_owned())
+                .or_default()
+                .insert(features.to_owned());
+        }
+    }
+    sets
+}
+
+/// `make build`, the tests and the wheel compile each shared crate once: the features Cargo unifies for the
+/// shipped binaries, for the tests (dev-dependencies included) and for the Python binding agree (the feature
+/// pins in Cargo.toml keep them so). A new dependency that turns on other features in a shared crate fails
+/// here, naming it, instead of silently compiling the graph twice in `make test`.
+#[test]
+fn the_binaries_the_tests_and_the_wheel_share_one_build_of_each_crate() {
+    let tests = feature_sets(&[
+        "--workspace",
+        "--exclude",
+        "rlsync-python",
+        "-e",
+        "normal,build,dev",
+    ]);
+    let build = feature_sets(&["-p", "rlsync", "-p", "rlsync-learner", "-e", "normal,build"]);
+    let wheel = feature_sets(&["-p", "rlsync-python", "-e", "normal,build"]);
+    assert!(
+        build.len() > 50 && wheel.len() > 50,
+        "{} / {}",
+        build.len(),
+        wheel.len()
+    );
+    let mut problems = Vec::new();
+    for (package, sets) in &build {
+        if tests.get(package) != Some(sets) {
+            problems.push(format!(
+                "{package}: make build {sets:?}, the tests {:?}",
+                tests.get(package)
+            ));
+        }
+    }
+    for (package, sets) in &wheel {
+        if let Some(in_tests) = tests.get(package)
+            && !sets.is_subset(in_tests)
+        {
+            problems.push(format!(
+                "{package}: the wheel {sets:?}, the tests {in_tests:?}"
+            ));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "feature sets that differ (pin the features in Cargo.toml):\n{}",
+        problems.join("\n")
+    );
+}

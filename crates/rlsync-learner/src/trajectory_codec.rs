@@ -347,13 +347,33 @@ mod tests {
         }];
         let only_obs = encode_arrays(ChunkOrigin { rank: 0, chunk: 0 }, &arrays).unwrap();
         check_bad_trajectory(&only_obs, "no array 'last_obs'");
-        // Sizes that disagree are caught by validation.
+        // A trajectory whose buffers disagree is refused by the encoder, naming the buffer...
         let mut t = sample_trajectory(true);
         t.versions.pop();
-        check_bad_trajectory(
-            &encode_trajectory(ChunkOrigin { rank: 0, chunk: 0 }, &t).unwrap(),
-            "versions",
-        );
+        let err = encode_trajectory(ChunkOrigin { rank: 0, chunk: 0 }, &t).unwrap_err();
+        assert!(err.to_string().contains("versions"), "{err}");
+        // ...and arrays that are well formed but disagree with each other by the decoder.
+        let good =
+            encode_trajectory(ChunkOrigin { rank: 0, chunk: 0 }, &sample_trajectory(true)).unwrap();
+        let chunks = decode_arrays(&good).unwrap();
+        let (origin, arrays) = &chunks[0];
+        let short = [7u64; 5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>();
+        let arrays: Vec<NamedArray<'_>> = arrays
+            .iter()
+            .map(|a| match a.name {
+                "versions" => NamedArray {
+                    name: "versions",
+                    dtype: "<u8",
+                    shape: vec![5],
+                    data: &short,
+                },
+                _ => a.clone(),
+            })
+            .collect();
+        check_bad_trajectory(&encode_arrays(*origin, &arrays).unwrap(), "versions");
     }
 
     /// `docs/protocol.md` section 6's example is this codec's bytes for the chunk it describes.
