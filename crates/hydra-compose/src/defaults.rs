@@ -10,7 +10,8 @@ use std::collections::{BTreeSet, HashMap};
 use indexmap::IndexMap;
 
 use crate::interpolate::{self, ResolveContext};
-use crate::node::{Dict, Key, Node, PyScalar, Value};
+use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::{ObjectType, Repository, SearchPathError};
 
 /// A defaults-list composition error, worded as Hydra words it.
@@ -816,7 +817,7 @@ pub(crate) fn parse_defaults(
 
 fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsError> {
     match &item.value {
-        Value::Str(text) => {
+        Value::Scalar(Scalar::Str(text)) => {
             let (path, package) = split_group(text);
             InputDefault::config(path, package, false)
         }
@@ -829,7 +830,10 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                     .iter()
                     .position(|(k, _)| k.as_str() == Some("optional"))
             {
-                legacy_optional = Some(matches!(entries[pos].1.value, Value::Bool(true)));
+                legacy_optional = Some(matches!(
+                    entries[pos].1.value,
+                    Value::Scalar(Scalar::Bool(true))
+                ));
                 entries.remove(pos);
             }
             let (key, node) = match entries.as_slice() {
@@ -863,14 +867,14 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                 optional = legacy_optional.unwrap_or(false);
             }
             let value = match &node.value {
-                Value::Null => GroupValue::Name(None),
-                Value::Str(s) => GroupValue::Name(Some(s.clone())),
+                Value::Scalar(Scalar::None) => GroupValue::Name(None),
+                Value::Scalar(Scalar::Str(s)) => GroupValue::Name(Some(s.clone())),
                 Value::Missing => GroupValue::Name(Some("???".into())),
                 Value::List(items) => {
                     let mut names = Vec::with_capacity(items.len());
                     for v in items {
                         match &v.value {
-                            Value::Str(s) => names.push(s.clone()),
+                            Value::Scalar(Scalar::Str(s)) => names.push(s.clone()),
                             other => {
                                 return Err(DefaultsError::UnsupportedNestedValue {
                                     type_name: python_type(other).into(),
@@ -916,7 +920,8 @@ fn python_type(value: &Value) -> &'static str {
     match value {
         Value::List(_) => "ListConfig",
         Value::Dict(_) => "DictConfig",
-        leaf => leaf.as_py().map_or("object", PyScalar::type_name),
+        Value::Missing => "str",
+        Value::Scalar(s) => s.type_name(),
     }
 }
 
@@ -1244,7 +1249,7 @@ impl Builder<'_> {
         for (key, value) in &self.overrides.known_choices {
             map.insert(
                 Key::from(key.as_str()),
-                Node::new(value.clone().map_or(Value::Null, Value::Str)),
+                Node::new(value.clone().map_or(Value::NULL, Value::str)),
             );
         }
         let mut list = Vec::new();
@@ -1256,7 +1261,7 @@ impl Builder<'_> {
                 DefaultKind::Config { .. } => list.push(Node::str(d.config_path())),
                 DefaultKind::Group { value, .. } => {
                     let value = match value {
-                        GroupValue::Name(n) => n.clone().map_or(Value::Null, Value::Str),
+                        GroupValue::Name(n) => n.clone().map_or(Value::NULL, Value::str),
                         GroupValue::Options(o) => {
                             Value::List(o.iter().map(|x| Node::str(x.clone())).collect())
                         }
@@ -1332,7 +1337,7 @@ fn resolve_element_interpolation(
             }
         })?;
     let resolved = match resolved.value {
-        Value::Str(s) => s,
+        Value::Scalar(Scalar::Str(s)) => s,
         other => other.python_str(),
     };
     match &mut d.kind {
@@ -1543,7 +1548,7 @@ mod tests {
             Err(DefaultsError::SelfWithPackage)
         ));
         assert!(matches!(
-            parse_item("cfg", &Node::new(Value::Int(1))),
+            parse_item("cfg", &Node::new(Value::int(1))),
             Err(DefaultsError::UnsupportedItemType { .. })
         ));
     }

@@ -291,13 +291,13 @@ pub fn resolve_str(
     ctx: &ResolveContext,
 ) -> Result<Node, InterpolationError> {
     if !is_interpolation(template) {
-        return Ok(Node::new(Value::Str(template.to_owned())));
+        return Ok(Node::new(Value::str(template.to_owned())));
     }
     let (mut engine, id) = Engine::new(root, ctx);
     let leaf = engine.tree.add(
         Some(id),
         None,
-        tree::Body::Leaf(Value::Str(template.to_owned())),
+        tree::Body::Leaf(Value::str(template.to_owned())),
         None,
     );
     let res = engine
@@ -676,7 +676,7 @@ mod tests {
         let mut inner = Dict::new();
         inner.insert(
             Key::from("b"),
-            Node::with_origin(Value::Str("${nope}".into()), Some(origin.clone())),
+            Node::with_origin(Value::str("${nope}"), Some(origin.clone())),
         );
         let mut root = Dict::new();
         root.insert(
@@ -742,7 +742,7 @@ mod tests {
         );
         assert_eq!(
             resolve_str("${n}", &cfg, &ctx),
-            Ok(Node::new(Value::Int(3)))
+            Ok(Node::new(Value::int(3)))
         );
         assert_eq!(
             resolve_str("${.db}", &cfg, &ctx),
@@ -837,11 +837,11 @@ mod tests {
                     Node::str(format!("${{a{}}}", i + 1)),
                 );
             }
-            root.insert(Key::from(format!("a{n}")), Node::new(Value::Int(7)));
+            root.insert(Key::from(format!("a{n}")), Node::new(Value::int(7)));
             Node::new(Value::Dict(root))
         };
         let ok = resolve_tree(&chain(20), &test_ctx()).expect("a short chain resolves");
-        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::Int(7)));
+        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::int(7)));
         // Far deeper than Python's recursion limit allows: an error, not a stack overflow.
         let err = resolve_at(&chain(5000), "a0", &test_ctx()).expect_err("too deep");
         assert!(
@@ -860,7 +860,7 @@ mod tests {
                 Node::new(kit::decode(&serde_json::json!([next, next]))),
             );
         }
-        root.insert(Key::from("l40"), Node::new(Value::Int(1)));
+        root.insert(Key::from("l40"), Node::new(Value::int(1)));
         let err =
             resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");
         assert_eq!(

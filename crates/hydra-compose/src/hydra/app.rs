@@ -9,6 +9,7 @@ use crate::emit::to_yaml;
 use crate::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
 use crate::interpolate::{self, InterpolationError, ResolveContext};
 use crate::node::{Key, Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::{
     EmbeddedTree, ObjectType, PythonEnv, Repository, SearchPathError, Source,
 };
@@ -393,7 +394,7 @@ fn show_cfg(
     // Hydra selects first (`OmegaConf.select`, which resolves a leaf) and resolves only a container.
     let selected = cfg
         .get_path(package)
-        .filter(|n| !matches!(n.value, Value::Null | Value::Missing))
+        .filter(|n| !matches!(n.value, Value::NULL | Value::Missing))
         .ok_or_else(not_found)?;
     if selected.value.is_container() {
         let full = resolved(&cfg)?;
@@ -403,7 +404,7 @@ fn show_cfg(
         return Ok(Outcome::Printed { success: true });
     }
     let value = interpolate::resolve_at(&cfg, package, &ctx)?;
-    if matches!(value.value, Value::Null) {
+    if matches!(value.value, Value::NULL) {
         return Err(not_found());
     }
     // `print(value)`: Hydra's `hydra.mode` is a `RunMode` enum, whose str() names its class.
@@ -413,7 +414,9 @@ fn show_cfg(
         .and_then(|path| hy::conf::type_at(&path, composed.config.get("hydra")))
         .is_some_and(|(ty, _)| matches!(ty, hy::conf::Ty::Mode));
     match &value.value {
-        Value::Str(name) if is_run_mode => crate::stdio::out(format_args!("RunMode.{name}\n")),
+        Value::Scalar(Scalar::Str(name)) if is_run_mode => {
+            crate::stdio::out(format_args!("RunMode.{name}\n"))
+        }
         other => crate::stdio::out(format_args!("{}\n", other.python_str())),
     }
     Ok(Outcome::Printed { success: true })
@@ -611,7 +614,7 @@ fn write_hydra_files(full: &Node, output_dir: &Path) -> Result<(), AppError> {
     let subdir = match full.get_path("hydra.output_subdir") {
         None
         | Some(Node {
-            value: Value::Null, ..
+            value: Value::NULL, ..
         }) => return Ok(()),
         Some(node) => node.value.python_str(),
     };
@@ -649,7 +652,7 @@ fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<Prep
     set_hydra(
         &mut full,
         &["runtime", "output_dir"],
-        Value::Str(abs.display().to_string()),
+        Value::str(abs.display().to_string()),
     );
     if !dry_run {
         std::fs::create_dir_all(&abs).map_err(|e| AppError::Io {
@@ -683,11 +686,11 @@ fn prepare_run(
 fn mark_mode(full: &mut Node, mode: &str) {
     if full
         .get_path("hydra.mode")
-        .is_some_and(|n| !matches!(n.value, Value::Null))
+        .is_some_and(|n| !matches!(n.value, Value::NULL))
     {
         return;
     }
-    set_hydra(full, &["mode"], Value::Str(mode.into()));
+    set_hydra(full, &["mode"], Value::Scalar(Scalar::Str(mode.into())));
     if let Some(Value::List(list)) = full
         .get_path("hydra.overrides.hydra")
         .map(|n| n.value.clone())
@@ -765,8 +768,8 @@ fn prepare_sweep_job(
     let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
     mark_mode(&mut composed.config, "MULTIRUN");
     let num = i64::try_from(num).unwrap_or(i64::MAX);
-    set_hydra(&mut composed.config, &["job", "id"], Value::Int(num));
-    set_hydra(&mut composed.config, &["job", "num"], Value::Int(num));
+    set_hydra(&mut composed.config, &["job", "id"], Value::int(num));
+    set_hydra(&mut composed.config, &["job", "num"], Value::int(num));
     let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
     finish_job(composed.config, sweep_dir.join(subdir), dry_run)
 }
