@@ -21,18 +21,20 @@ pub enum DefaultsError {
     SearchPath(#[from] SearchPathError),
     #[error(
         "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}{}",
-        needs_python_hint(config_path, None, &[])
+        needs_python_hint(program, config_path, None, &[])
     )]
     MissingPrimary {
         config_path: String,
         search_path: String,
+        /// The program composing, named by the needs-Python line.
+        program: &'static str,
     },
     #[error(
         "{}{}{}{}",
         in_parent(parent),
         not_found_body(config_path, group.as_deref(), options),
         search_path,
-        needs_python_hint(config_path, group.as_deref(), options)
+        needs_python_hint(program, config_path, group.as_deref(), options)
     )]
     NotFound {
         parent: Option<String>,
@@ -40,6 +42,8 @@ pub enum DefaultsError {
         group: Option<String>,
         options: Vec<String>,
         search_path: String,
+        /// The program composing, named by the needs-Python line.
+        program: &'static str,
     },
     #[error(
         "You must specify '{key}', e.g, {key}=<OPTION>\nAvailable options:\n{}",
@@ -142,22 +146,27 @@ fn not_found_body(config_path: &str, group: Option<&str>, options: &[String]) ->
 /// (`hydra/launcher/joblib`), or a config or group option an app registers with `ConfigStore` (a structured
 /// config schema). Empty for a group option whose group has YAML options (most likely a typo; Hydra's list of
 /// options says it).
-fn needs_python_hint(config_path: &str, group: Option<&str>, options: &[String]) -> String {
+fn needs_python_hint(
+    program: &str,
+    config_path: &str,
+    group: Option<&str>,
+    options: &[String],
+) -> String {
     match group {
         Some(g) if g == "hydra" || g.starts_with("hydra/") => format!(
             "\nneeds Python: '{config_path}' would come from a Hydra plugin (a `hydra_plugins` package: Python \
-             code); rlsync has only Hydra's built-in options of '{g}'"
+             code); {program} has only Hydra's built-in options of '{g}'"
         ),
         Some(_) if !options.is_empty() => String::new(),
         Some(g) => format!(
             "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
-             (`cs.store(group=\"{g}\", name=...)`), that is Python code rlsync does not run; write it as \
+             (`cs.store(group=\"{g}\", name=...)`), that is Python code {program} does not run; write it as \
              {config_path}.yaml in a config directory"
         ),
         None => format!(
             "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
-             (`cs.store(name=\"{config_path}\", node=...)`, a structured config schema), that is Python code rlsync \
-             does not run; write it as {config_path}.yaml in a config directory"
+             (`cs.store(name=\"{config_path}\", node=...)`, a structured config schema), that is Python code \
+             {program} does not run; write it as {config_path}.yaml in a config directory"
         ),
     }
 }
@@ -949,6 +958,7 @@ impl Builder<'_> {
             return DefaultsError::MissingPrimary {
                 config_path: node.config_path(),
                 search_path: self.search_path_dump(),
+                program: self.repo.program(),
             };
         }
         let (group, options) = if node.is_group() {
@@ -964,6 +974,7 @@ impl Builder<'_> {
             group,
             options,
             search_path: self.search_path_dump(),
+            program: self.repo.program(),
         }
     }
 
@@ -1447,6 +1458,27 @@ fn push_result(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The needs-Python line names the program that composes, not a fixed one.
+    #[test]
+    fn needs_python_hints_name_the_program() {
+        let hint = |group: Option<&str>, options: &[String]| {
+            needs_python_hint("myapp", "db/x", group, options)
+        };
+        assert!(
+            hint(Some("hydra/launcher"), &[])
+                .ends_with("myapp has only Hydra's built-in options of 'hydra/launcher'")
+        );
+        assert!(
+            hint(Some("db"), &[])
+                .contains("that is Python code myapp does not run; write it as db/x.yaml")
+        );
+        assert!(
+            hint(None, &[])
+                .contains("that is Python code myapp does not run; write it as db/x.yaml")
+        );
+        assert_eq!(hint(Some("db"), &["mysql".to_owned()]), "");
+    }
 
     fn group(group: &str, value: &str, package: Option<&str>) -> InputDefault {
         InputDefault::group(

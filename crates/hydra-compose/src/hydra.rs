@@ -12,9 +12,9 @@ use crate::node::{Dict, Key, Node, Value};
 use crate::scalar::Scalar;
 use crate::search_path::Source;
 
-/// The Hydra version rlsync reports (`hydra.runtime.version`): the semantics it reproduces.
+/// The Hydra version this engine reports (`hydra.runtime.version`): the semantics it reproduces.
 pub const HYDRA_VERSION: &str = "1.3.8";
-/// The version_base rlsync composes with.
+/// The version_base this engine composes with.
 pub(crate) const VERSION_BASE: &str = "1.1";
 
 /// What composition learned that goes into `hydra.runtime`, `hydra.job` and `hydra.overrides`.
