@@ -14,6 +14,19 @@ use crate::node::{Dict, Key, Node, Value};
 use crate::scalar::Scalar;
 use crate::search_path::{ObjectType, Repository, SearchPathError};
 
+/// A config or group option that no source of the search path has ([`DefaultsError::NotFound`]).
+#[derive(Debug)]
+pub struct NotFound {
+    pub parent: Option<String>,
+    pub config_path: String,
+    pub group: Option<String>,
+    /// The group's options, when it is a group.
+    pub options: Vec<String>,
+    pub search_path: String,
+    /// The program composing, named by the needs-Python line.
+    pub program: &'static str,
+}
+
 /// A defaults-list composition error, worded as Hydra words it.
 #[derive(Debug, thiserror::Error)]
 pub enum DefaultsError {
@@ -31,20 +44,12 @@ pub enum DefaultsError {
     },
     #[error(
         "{}{}{}{}",
-        in_parent(parent),
-        not_found_body(config_path, group.as_deref(), options),
-        search_path,
-        needs_python_hint(program, config_path, group.as_deref(), options)
+        in_parent(&.0.parent),
+        not_found_body(&.0.config_path, .0.group.as_deref(), &.0.options),
+        .0.search_path,
+        needs_python_hint(.0.program, &.0.config_path, .0.group.as_deref(), &.0.options)
     )]
-    NotFound {
-        parent: Option<String>,
-        config_path: String,
-        group: Option<String>,
-        options: Vec<String>,
-        search_path: String,
-        /// The program composing, named by the needs-Python line.
-        program: &'static str,
-    },
+    NotFound(Box<NotFound>),
     #[error(
         "You must specify '{key}', e.g, {key}=<OPTION>\nAvailable options:\n{}",
         tab_list(options)
@@ -968,14 +973,14 @@ impl Builder<'_> {
         } else {
             (None, Vec::new())
         };
-        DefaultsError::NotFound {
+        DefaultsError::NotFound(Box::new(NotFound {
             parent: parent.map(str::to_owned),
             config_path: node.config_path(),
             group,
             options,
             search_path: self.search_path_dump(),
             program: self.repo.program(),
-        }
+        }))
     }
 
     fn expand_virtual_root(&mut self, mut root: TreeNode) -> Result<TreeNode, DefaultsError> {

@@ -7,7 +7,7 @@
 //! hold their scalars as one [`scalar::Scalar`], where Python's rules for them live. [`hydra::app`] is Hydra's front end
 //! after argv (`--cfg`, `--info`, help, run and multirun jobs with their output directories).
 //!
-//! The crate knows nothing of the program that uses it: a program hands in its own config tree (an
+//! The crate knows nothing of the program that uses it: a program hands in its own config tree and name (an
 //! [`search_path::EmbeddedTree`] compiled into it) and reads the composed tree into its own types.
 
 mod antlr_text;
