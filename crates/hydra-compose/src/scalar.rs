@@ -6,7 +6,8 @@
 //! sweeps). Python's `repr`/`str`, type names, truthiness, number equality (`1 == 1.0 == True`, exact
 //! across ints and floats) and unbounded ints ([`num_bigint::BigInt`]) are written here once.
 
-use num_bigint::BigInt;
+/// Python's unbounded int, as [`Scalar::BigInt`] holds it (re-exported so users need not name the crate).
+pub use num_bigint::BigInt;
 use num_traits::{FromPrimitive, ToPrimitive};
 
 /// A Python scalar.

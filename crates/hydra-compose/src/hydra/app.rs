@@ -703,7 +703,7 @@ fn mark_mode(full: &mut Node, mode: &str) {
     {
         return;
     }
-    set_hydra(full, &["mode"], Value::Scalar(Scalar::Str(mode.into())));
+    set_hydra(full, &["mode"], Value::str(mode));
     if let Some(Value::List(list)) = full
         .get_path("hydra.overrides.hydra")
         .map(|n| n.value.clone())

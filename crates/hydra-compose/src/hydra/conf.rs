@@ -376,7 +376,7 @@ impl Walk<'_> {
                 };
                 match name {
                     Some(name) => {
-                        node.value = Value::Scalar(Scalar::Str(name.into()));
+                        node.value = Value::str(name);
                         Ok(())
                     }
                     None => Err(self.err(

@@ -284,9 +284,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                 let r = self.visit_text(owner, node, &text, memo)?;
                 match r {
                     // A concatenation always yields a string, even with one interpolation part.
-                    Res::Val(Py::Scalar(Scalar::Str(s))) if parts.len() != 1 => {
-                        Py::Scalar(Scalar::Str(s))
-                    }
+                    Res::Val(Py::Scalar(Scalar::Str(s))) if parts.len() != 1 => Py::string(s),
                     other => Py::string(self.str_of(&other)),
                 }
             }

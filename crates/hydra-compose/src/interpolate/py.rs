@@ -255,9 +255,7 @@ pub fn multiply(a: &Py, b: &Py, tree: &Tree) -> Result<Py, PyErr> {
         }
     };
     Ok(match seq {
-        Py::Scalar(Scalar::Str(s)) => {
-            Py::Scalar(Scalar::Str(s.repeat(repeat_count(&count, s.len())?)))
-        }
+        Py::Scalar(Scalar::Str(s)) => Py::string(s.repeat(repeat_count(&count, s.len())?)),
         Py::Scalar(Scalar::Bytes(v)) => {
             Py::Scalar(Scalar::Bytes(v.repeat(repeat_count(&count, v.len())?)))
         }

@@ -119,7 +119,7 @@ impl Engine<'_, '_> {
                 sig(LAMBDA, &["pattern"], &[]).check(n)?;
                 match arg(0) {
                     Some(Py::Scalar(Scalar::Str(pattern))) => {
-                        Ok(Py::Scalar(Scalar::Str(strftime(&self.ctx.now, &pattern))))
+                        Ok(Py::string(strftime(&self.ctx.now, &pattern)))
                     }
                     other => Err(type_error(format!(
                         "strftime() argument 1 must be str, not {}",

@@ -496,9 +496,7 @@ fn cast_primitive(kind: Cast, v: Val) -> Result<Val, Raise> {
         (Cast::Float, Val::Scalar(Scalar::Str(s))) => {
             Val::Scalar(Scalar::Float(py_float_from_str(&s)?))
         }
-        (Cast::Str, Val::Scalar(Scalar::Bool(b))) => {
-            Val::Scalar(Scalar::Str(if b { "true" } else { "false" }.into()))
-        }
+        (Cast::Str, Val::Scalar(Scalar::Bool(b))) => Val::str(if b { "true" } else { "false" }),
         (Cast::Str, Val::Scalar(Scalar::Int(i))) => Val::str(i.to_string()),
         (Cast::Str, Val::Scalar(Scalar::Float(f))) => Val::str(python_float_repr(f)),
         (Cast::Str, Val::Scalar(Scalar::Str(s))) => Val::Scalar(Scalar::Str(s)),
