@@ -505,9 +505,9 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         return Ok(ExitStatus::Success);
     }
     crate::logging::init_console(extracted.config.runner.logger.level);
-    let job_name = match job.full.get_path("hydra.job.name").map(|n| &n.value) {
-        Some(hydra_compose::node::Value::Str(name)) => name.clone(),
-        _ => entry.name().to_owned(),
+    let job_name = match job.full.get_path("hydra.job.name").and_then(|n| n.as_str()) {
+        Some(name) => name.to_owned(),
+        None => entry.name().to_owned(),
     };
     let opts = crate::orchestrator::RunOptions {
         job: job.config.to_json(),

@@ -18,6 +18,7 @@ mod embedded {
 /// rlsync's `config/` tree compiled into the binary: the primary config source without `--config-path`.
 pub static EMBEDDED: hydra_compose::search_path::EmbeddedTree =
     hydra_compose::search_path::EmbeddedTree {
+        program: "rlsync",
         module: "rlsync.config",
         files: embedded::MAIN,
     };

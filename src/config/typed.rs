@@ -17,6 +17,7 @@ use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, V
 
 use super::schema::{Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerKind};
 use hydra_compose::node::{Key, Node, Origin, Value};
+use hydra_compose::scalar::Scalar;
 
 /// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
 const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
@@ -536,8 +537,9 @@ impl NodeDe<'_, '_, '_> {
     /// panic) far from its key once used.
     fn reject_non_finite(&self) -> Result<(), DeError> {
         let x = match &self.node.value {
-            Value::Float(x) => *x,
-            Value::BigInt(digits) => digits.parse::<f64>().unwrap_or(f64::NAN),
+            Value::Scalar(s @ (Scalar::Float(_) | Scalar::BigInt(_))) => {
+                s.as_f64().unwrap_or(f64::NAN)
+            }
             _ => return Ok(()),
         };
         if x.is_finite() {
@@ -584,13 +586,15 @@ impl NodeDe<'_, '_, '_> {
 
 fn describe(v: &Value) -> String {
     match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("boolean {b}"),
-        Value::Int(i) => format!("integer {i}"),
-        Value::BigInt(digits) => format!("integer {digits}"),
-        Value::Float(x) => format!("float {}", hydra_compose::node::python_float_repr(*x)),
-        Value::Str(s) => format!("string '{s}'"),
-        Value::Bytes(_) => "binary data".into(),
+        Value::Scalar(Scalar::None) => "null".into(),
+        Value::Scalar(Scalar::Bool(b)) => format!("boolean {b}"),
+        Value::Scalar(Scalar::Int(i)) => format!("integer {i}"),
+        Value::Scalar(Scalar::BigInt(digits)) => format!("integer {digits}"),
+        Value::Scalar(Scalar::Float(x)) => {
+            format!("float {}", hydra_compose::scalar::python_float_repr(*x))
+        }
+        Value::Scalar(Scalar::Str(s)) => format!("string '{s}'"),
+        Value::Scalar(Scalar::Bytes(_)) => "binary data".into(),
         Value::Missing => "??? (missing mandatory value)".into(),
         Value::List(_) => "a list".into(),
         Value::Dict(_) => "a mapping".into(),
@@ -639,7 +643,7 @@ fn remove_path(tree: &mut Node, dotted: &str) -> bool {
     if let Some(parent) = parent {
         for part in parent.split('.') {
             cur = match &mut cur.value {
-                Value::Dict(d) => match d.get_mut(&Key::Str(part.to_owned())) {
+                Value::Dict(d) => match d.get_mut(&Key::from(part)) {
                     Some(n) => n,
                     None => return false,
                 },
@@ -652,10 +656,10 @@ fn remove_path(tree: &mut Node, dotted: &str) -> bool {
         }
     }
     match &mut cur.value {
-        Value::Dict(d) => d.shift_remove(&Key::Str(last.to_owned())).is_some(),
+        Value::Dict(d) => d.shift_remove(&Key::from(last)).is_some(),
         // A bad list element: drop the whole list so the default applies.
         Value::List(_) => {
-            *cur = Node::new(Value::Null);
+            *cur = Node::new(Value::NULL);
             true
         }
         _ => false,
@@ -675,13 +679,13 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         let r = match &self.node.value {
-            Value::Null => visitor.visit_unit(),
-            Value::Bool(b) => visitor.visit_bool(*b),
-            Value::Int(i) => visitor.visit_i64(*i),
-            Value::BigInt(digits) => return Err(self.out_of_range(digits)),
-            Value::Float(x) => visitor.visit_f64(*x),
-            Value::Str(s) => visitor.visit_borrowed_str(s.as_str()),
-            Value::Bytes(b) => visitor.visit_borrowed_bytes(b.as_slice()),
+            Value::Scalar(Scalar::None) => visitor.visit_unit(),
+            Value::Scalar(Scalar::Bool(b)) => visitor.visit_bool(*b),
+            Value::Scalar(Scalar::Int(i)) => visitor.visit_i64(*i),
+            Value::Scalar(Scalar::BigInt(i)) => return Err(self.out_of_range(&i.to_string())),
+            Value::Scalar(Scalar::Float(x)) => visitor.visit_f64(*x),
+            Value::Scalar(Scalar::Str(s)) => visitor.visit_borrowed_str(s.as_str()),
+            Value::Scalar(Scalar::Bytes(b)) => visitor.visit_borrowed_bytes(b.as_slice()),
             Value::Missing => return Err(self.type_error("set (mandatory value)")),
             Value::List(items) => visitor.visit_seq(ListAccess {
                 items,
@@ -697,10 +701,10 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         self.reject_non_finite()?;
         // OmegaConf lets an int stand for a float (`lr: 1`).
         let r = match &self.node.value {
-            Value::Int(i) => visitor.visit_f64(*i as f64),
-            // Python's float(int) rounds to nearest, as Rust's decimal parse does.
-            Value::BigInt(digits) => visitor.visit_f64(digits.parse::<f64>().unwrap_or(f64::NAN)),
-            Value::Float(x) => visitor.visit_f64(*x),
+            // Python's float(int) rounds to nearest, as `as_f64` does.
+            Value::Scalar(s @ (Scalar::Int(_) | Scalar::BigInt(_) | Scalar::Float(_))) => {
+                visitor.visit_f64(s.as_f64().unwrap_or(f64::NAN))
+            }
             _ => return Err(self.type_error("a number")),
         };
         r.map_err(|e| self.locate(e))
@@ -712,14 +716,14 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
 
     fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Bool(b) => visitor.visit_bool(*b).map_err(|e| self.locate(e)),
+            Value::Scalar(Scalar::Bool(b)) => visitor.visit_bool(*b).map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a boolean (true/false)")),
         }
     }
 
     fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Str(s) => visitor
+            Value::Scalar(Scalar::Str(s)) => visitor
                 .visit_borrowed_str(s.as_str())
                 .map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a string")),
@@ -732,7 +736,7 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Null => visitor.visit_none().map_err(|e| self.locate(e)),
+            Value::Scalar(Scalar::None) => visitor.visit_none().map_err(|e| self.locate(e)),
             _ => visitor.visit_some(self),
         }
     }
@@ -770,7 +774,7 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
                 .visit_map(DictAccess::new(&self, Some(fields)))
                 .map_err(|e| self.locate(e)),
             // `section: null` means "all defaults", as an absent section would.
-            Value::Null => visitor.visit_map(EmptyMap).map_err(|e| self.locate(e)),
+            Value::Scalar(Scalar::None) => visitor.visit_map(EmptyMap).map_err(|e| self.locate(e)),
             _ => Err(self.type_error("a mapping")),
         }
     }
@@ -782,7 +786,7 @@ impl<'de, 'a: 'de, 'p, 's> de::Deserializer<'de> for NodeDe<'a, 'p, 's> {
         visitor: V,
     ) -> Result<V::Value, DeError> {
         match &self.node.value {
-            Value::Str(s) => visitor
+            Value::Scalar(Scalar::Str(s)) => visitor
                 .visit_enum(s.as_str().into_deserializer())
                 .map_err(|e: DeError| self.locate(e)),
             _ => Err(self.type_error(&format!("one of {}", variants.join(", ")))),
@@ -971,7 +975,7 @@ mod tests {
     }
 
     fn s(v: &str) -> Value {
-        Value::Str(v.into())
+        Value::Scalar(Scalar::Str(v.into()))
     }
 
     #[test]
@@ -986,10 +990,10 @@ mod tests {
         let got = extract(&tree(&[
             ("weight_syncer.type", s("bucket")),
             ("weight_syncer.bucket.bucket_dtype", s("bfloat16")),
-            ("weight_syncer.bucket.bucket_size", Value::Int(1024)),
-            ("actor.optim.lr", Value::Int(1)),
-            ("actor.sync_weight_no_wait", Value::Bool(true)),
-            ("runner.weight_sync_interval", Value::Int(8)),
+            ("weight_syncer.bucket.bucket_size", Value::int(1024)),
+            ("actor.optim.lr", Value::int(1)),
+            ("actor.sync_weight_no_wait", Value::bool(true)),
+            ("runner.weight_sync_interval", Value::int(8)),
         ]))
         .expect("valid");
         let c = got.config;
@@ -1023,7 +1027,7 @@ mod tests {
     fn unrelated_key_in_shared_section_is_ignored_not_an_error() {
         let got = extract(&tree(&[
             ("actor.fsdp_config.strategy", s("fsdp")),
-            ("reward.use_reward_model", Value::Bool(false)),
+            ("reward.use_reward_model", Value::bool(false)),
         ]))
         .expect("RLinf keys rlsync does not use are ignored");
         assert_eq!(
@@ -1036,7 +1040,7 @@ mod tests {
     fn every_problem_is_reported_not_just_the_first() {
         let err = extract(&tree(&[
             ("weight_syncer.patch.compression", s("lz5")),
-            ("weight_syncer.bucket.bucket_size", Value::Int(0)),
+            ("weight_syncer.bucket.bucket_size", Value::int(0)),
             ("runner.weight_sync_interval", s("often")),
             ("actor.optim.lr", s("fast")),
         ]))
@@ -1131,7 +1135,9 @@ mod tests {
     fn big_int_in_an_integer_field_names_the_key() {
         let err = extract(&tree(&[(
             "actor.seed",
-            Value::BigInt("99999999999999999999".into()),
+            Value::Scalar(Scalar::int(
+                "99999999999999999999".parse().unwrap_or_default(),
+            )),
         )]))
         .unwrap_err();
         let p = &err.problems[0];
@@ -1145,7 +1151,9 @@ mod tests {
         // A float field takes it as Python's float(int) would.
         let got = extract(&tree(&[(
             "actor.optim.lr",
-            Value::BigInt("100000000000000000000".into()),
+            Value::Scalar(Scalar::int(
+                "100000000000000000000".parse().unwrap_or_default(),
+            )),
         )]))
         .expect("valid");
         assert_eq!(got.config.actor.optim.lr, 1e20);
@@ -1166,38 +1174,38 @@ mod tests {
         };
         check(
             "runner.handshake_timeout_s",
-            Value::Float(1e300),
+            Value::float(1e300),
             "beyond the limit",
         );
         check(
             "runner.step_timeout_s",
-            Value::Float(1e19),
+            Value::float(1e19),
             "beyond the limit",
         );
         check(
             "runner.shutdown_grace_s",
-            Value::Float(1e300),
+            Value::float(1e300),
             "beyond the limit",
         );
-        check("runner.shutdown_grace_s", Value::Int(-1), "negative");
+        check("runner.shutdown_grace_s", Value::int(-1), "negative");
         check(
             "runner.handshake_timeout_s",
-            Value::Int(0),
+            Value::int(0),
             "not a positive number",
         );
         check(
             "actor.model.train_ms",
-            Value::Float(1e300),
+            Value::float(1e300),
             "outside [0, 3600000]",
         );
         check(
             "actor.model.rollout_ms_per_step",
-            Value::Float(-1.0),
+            Value::float(-1.0),
             "outside",
         );
         let ok = extract(&tree(&[
-            ("runner.step_timeout_s", Value::Int(0)),
-            ("runner.handshake_timeout_s", Value::Float(604800.0)),
+            ("runner.step_timeout_s", Value::int(0)),
+            ("runner.handshake_timeout_s", Value::float(604800.0)),
         ]))
         .expect("0 turns the step deadline off; 7 days is allowed");
         assert_eq!(ok.config.runner.step_timeout_s.get(), None);
@@ -1221,7 +1229,7 @@ mod tests {
                 (f64::INFINITY, "float inf"),
                 (f64::NEG_INFINITY, "float -inf"),
             ] {
-                let err = extract(&tree(&[(key, Value::Float(value))])).unwrap_err();
+                let err = extract(&tree(&[(key, Value::float(value))])).unwrap_err();
                 let p = &err.problems[0];
                 assert_eq!(p.path, key);
                 assert!(
@@ -1235,7 +1243,11 @@ mod tests {
         }
         // An integer too large for a float becomes inf too.
         let big = "9".repeat(400);
-        let err = extract(&tree(&[("algorithm.gamma", Value::BigInt(big))])).unwrap_err();
+        let err = extract(&tree(&[(
+            "algorithm.gamma",
+            Value::Scalar(Scalar::int(big.parse().unwrap_or_default())),
+        )]))
+        .unwrap_err();
         assert!(
             err.problems[0].message.contains("is not a finite number"),
             "{}",
@@ -1256,15 +1268,15 @@ mod tests {
         assert!(p.message.contains("more than 4096 slots"), "{}", p.message);
         let err = extract(&tree(&[
             ("cluster.component_placement.rollout", s("0-9999")),
-            ("env.train.total_num_envs", Value::Int(10000)),
-            ("env.eval.total_num_envs", Value::Int(10000)),
+            ("env.train.total_num_envs", Value::int(10000)),
+            ("env.eval.total_num_envs", Value::int(10000)),
         ]))
         .unwrap_err();
         assert!(err.to_string().contains("more than 4096 slots"), "{err}");
         let err = extract(&tree(&[
             ("cluster.component_placement.rollout", s("0-511")),
-            ("env.train.total_num_envs", Value::Int(512)),
-            ("env.eval.total_num_envs", Value::Int(512)),
+            ("env.train.total_num_envs", Value::int(512)),
+            ("env.eval.total_num_envs", Value::int(512)),
         ]))
         .unwrap_err();
         assert!(

@@ -12,6 +12,7 @@ use crate::node::{Dict, Key, Node, Origin, Value};
 use crate::overrides::{
     self as ovr, Element, GroupChoice, Override, OverrideError, OverrideKind, OverrideValue,
 };
+use crate::scalar::Scalar;
 use crate::search_path::ObjectType;
 use crate::search_path::{Repository, SearchPathError, Source};
 
@@ -179,7 +180,7 @@ fn process_search_path(
         return Ok(());
     };
     let items = match &entries.value {
-        Value::Null => return Ok(()),
+        Value::Scalar(Scalar::None) => return Ok(()),
         Value::List(items) => items,
         _ => {
             return Err(ComposeError::SearchPathNotList {
@@ -191,7 +192,7 @@ fn process_search_path(
     let mut sources = Vec::with_capacity(items.len());
     for idx in 0..items.len() {
         let entry = interpolate::resolve_at(&root, &format!("hydra.searchpath.{idx}"), &ctx)?;
-        let Value::Str(text) = &entry.value else {
+        let Value::Scalar(Scalar::Str(text)) = &entry.value else {
             return Err(ComposeError::SearchPathNotList {
                 got: entries.value.python_str(),
             });
@@ -227,10 +228,10 @@ fn classify(
                 .into());
             }
             OverrideKind::Delete => {
-                let name = match element {
+                let name = match element.map(Element::as_str) {
                     None => None,
-                    Some(Element::Str { value, .. }) => Some(value.clone()),
-                    Some(_) => {
+                    Some(Some(value)) => Some(value.to_owned()),
+                    Some(None) => {
                         return Err(OverrideError::GroupDeletionValueType {
                             input: o.input.clone(),
                         }
@@ -322,7 +323,7 @@ pub fn compose(repo: &mut Repository, req: &ComposeRequest<'_>) -> Result<Compos
             && d.config_path != "hydra/config"
             && embedded
                 .get_path("hydra.searchpath")
-                .is_some_and(|n| !matches!(n.value, Value::Null | Value::Missing))
+                .is_some_and(|n| !matches!(n.value, Value::NULL | Value::Missing))
         {
             return Err(ComposeError::SearchPathOutsidePrimary {
                 config_path: d.config_path.clone(),
@@ -456,7 +457,7 @@ fn select<'n>(root: &'n Node, key: &str) -> Option<&'n Node> {
     let mut cur = root;
     for part in split_key(key) {
         cur = match &cur.value {
-            Value::Dict(d) => d.get(&Key::Str(part))?,
+            Value::Dict(d) => d.get(&Key::from(part))?,
             Value::List(l) => l.get(part.parse::<usize>().ok()?)?,
             _ => return None,
         };
@@ -522,7 +523,7 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
     {
         hydra_conf::conform_override(path, v, cfg.get("hydra")).map_err(schema_error)?;
     }
-    let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::Null | Value::Missing));
+    let existing = select(cfg, key).filter(|n| !matches!(n.value, Value::NULL | Value::Missing));
     match o.kind {
         OverrideKind::Delete => {
             let Some(raw) = existing else {
@@ -551,7 +552,7 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
                         message: e.kind().to_string(),
                     }
                 })?;
-            if matches!(resolved.value, Value::Null) {
+            if matches!(resolved.value, Value::NULL) {
                 return Err(ComposeError::DeleteMissing { key: key.into() });
             }
             if let Some(expected) = &value
@@ -575,7 +576,7 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
             Ok(())
         }
         OverrideKind::Add => {
-            let value = value.unwrap_or_else(|| Node::new(Value::Null));
+            let value = value.unwrap_or_else(|| Node::new(Value::NULL));
             if existing.is_some() && !value.value.is_container() {
                 return Err(ComposeError::AppendExisting {
                     key: key.into(),
@@ -588,14 +589,14 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ComposeError> {
         OverrideKind::ForceAdd => update(
             cfg,
             key,
-            value.unwrap_or_else(|| Node::new(Value::Null)),
+            value.unwrap_or_else(|| Node::new(Value::NULL)),
             true,
         )
         .map_err(|e| e.into_compose(o)),
         OverrideKind::Change => update(
             cfg,
             key,
-            value.unwrap_or_else(|| Node::new(Value::Null)),
+            value.unwrap_or_else(|| Node::new(Value::NULL)),
             false,
         )
         .map_err(|e| match e.into_compose(o) {
@@ -672,7 +673,7 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool) -> Result<(),
     for part in path {
         root = match &mut root.value {
             Value::Dict(d) => {
-                let k = Key::Str(part.clone());
+                let k = Key::from(part.clone());
                 if !d.contains_key(&k) && !force_add {
                     return Err(UpdateError::MissingKey);
                 }
@@ -703,7 +704,7 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool) -> Result<(),
     }
     match &mut root.value {
         Value::Dict(d) => {
-            let k = Key::Str(last.clone());
+            let k = Key::from(last.clone());
             match d.get_mut(&k) {
                 Some(existing) if existing.value.is_container() && value.value.is_container() => {
                     merge_struct(existing, value, force_add)
@@ -767,7 +768,7 @@ fn delete(cfg: &mut Node, key: &str) {
     let mut cur = cfg;
     for part in path {
         let next = match &mut cur.value {
-            Value::Dict(d) => d.get_mut(&Key::Str(part.clone())),
+            Value::Dict(d) => d.get_mut(&Key::from(part.clone())),
             Value::List(l) => part.parse::<usize>().ok().and_then(|i| l.get_mut(i)),
             _ => None,
         };
@@ -776,7 +777,7 @@ fn delete(cfg: &mut Node, key: &str) {
     }
     match &mut cur.value {
         Value::Dict(d) => {
-            d.shift_remove(&Key::Str(last.clone()));
+            d.shift_remove(&Key::from(last.clone()));
         }
         Value::List(l) => {
             if let Some(idx) = last.parse::<usize>().ok().filter(|i| *i < l.len()) {
@@ -790,7 +791,9 @@ fn delete(cfg: &mut Node, key: &str) {
 /// OmegaConf refuses `None` as a dict key anywhere in a value.
 fn has_null_key(node: &Node) -> bool {
     match &node.value {
-        Value::Dict(d) => d.iter().any(|(k, v)| *k == Key::Null || has_null_key(v)),
+        Value::Dict(d) => d
+            .iter()
+            .any(|(k, v)| *k == Key(Scalar::None) || has_null_key(v)),
         Value::List(items) => items.iter().any(has_null_key),
         _ => false,
     }
@@ -807,7 +810,8 @@ fn python_eq(a: &Value, b: &Value) -> bool {
                 && x.iter()
                     .all(|(k, v)| y.get(k).is_some_and(|w| python_eq(&v.value, &w.value)))
         }
-        _ => crate::bigint::numbers_equal(a, b).unwrap_or_else(|| a == b),
+        (Value::Scalar(x), Value::Scalar(y)) => x.num_eq(y).unwrap_or_else(|| x == y),
+        _ => a == b,
     }
 }
 
@@ -899,17 +903,19 @@ mod tests {
     fn node(json: &str) -> Node {
         fn conv(v: serde_json::Value) -> Node {
             Node::new(match v {
-                serde_json::Value::Null => Value::Null,
-                serde_json::Value::Bool(b) => Value::Bool(b),
+                serde_json::Value::Null => Value::NULL,
+                serde_json::Value::Bool(b) => Value::bool(b),
                 serde_json::Value::Number(n) => n
                     .as_i64()
-                    .map_or_else(|| Value::Float(n.as_f64().unwrap_or(0.0)), Value::Int),
+                    .map_or_else(|| Value::float(n.as_f64().unwrap_or(0.0)), Value::int),
                 serde_json::Value::String(s) if s == "???" => Value::Missing,
-                serde_json::Value::String(s) => Value::Str(s),
+                serde_json::Value::String(s) => Value::str(s),
                 serde_json::Value::Array(a) => Value::List(a.into_iter().map(conv).collect()),
-                serde_json::Value::Object(o) => {
-                    Value::Dict(o.into_iter().map(|(k, v)| (Key::Str(k), conv(v))).collect())
-                }
+                serde_json::Value::Object(o) => Value::Dict(
+                    o.into_iter()
+                        .map(|(k, v)| (Key::from(k), conv(v)))
+                        .collect(),
+                ),
             })
         }
         conv(serde_json::from_str(json).unwrap_or(serde_json::Value::Null))

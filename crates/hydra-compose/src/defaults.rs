@@ -10,8 +10,22 @@ use std::collections::{BTreeSet, HashMap};
 use indexmap::IndexMap;
 
 use crate::interpolate::{self, ResolveContext};
-use crate::node::{Dict, Key, Node, PyScalar, Value};
+use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::{ObjectType, Repository, SearchPathError};
+
+/// A config or group option that no source of the search path has ([`DefaultsError::NotFound`]).
+#[derive(Debug)]
+pub struct NotFound {
+    pub parent: Option<String>,
+    pub config_path: String,
+    pub group: Option<String>,
+    /// The group's options, when it is a group.
+    pub options: Vec<String>,
+    pub search_path: String,
+    /// The program composing, named by the needs-Python line.
+    pub program: &'static str,
+}
 
 /// A defaults-list composition error, worded as Hydra words it.
 #[derive(Debug, thiserror::Error)]
@@ -20,26 +34,22 @@ pub enum DefaultsError {
     SearchPath(#[from] SearchPathError),
     #[error(
         "Cannot find primary config '{config_path}'. Check that it's in your config search path.\n{search_path}{}",
-        needs_python_hint(config_path, None, &[])
+        needs_python_hint(program, config_path, None, &[])
     )]
     MissingPrimary {
         config_path: String,
         search_path: String,
+        /// The program composing, named by the needs-Python line.
+        program: &'static str,
     },
     #[error(
         "{}{}{}{}",
-        in_parent(parent),
-        not_found_body(config_path, group.as_deref(), options),
-        search_path,
-        needs_python_hint(config_path, group.as_deref(), options)
+        in_parent(&.0.parent),
+        not_found_body(&.0.config_path, .0.group.as_deref(), &.0.options),
+        .0.search_path,
+        needs_python_hint(.0.program, &.0.config_path, .0.group.as_deref(), &.0.options)
     )]
-    NotFound {
-        parent: Option<String>,
-        config_path: String,
-        group: Option<String>,
-        options: Vec<String>,
-        search_path: String,
-    },
+    NotFound(Box<NotFound>),
     #[error(
         "You must specify '{key}', e.g, {key}=<OPTION>\nAvailable options:\n{}",
         tab_list(options)
@@ -141,22 +151,27 @@ fn not_found_body(config_path: &str, group: Option<&str>, options: &[String]) ->
 /// (`hydra/launcher/joblib`), or a config or group option an app registers with `ConfigStore` (a structured
 /// config schema). Empty for a group option whose group has YAML options (most likely a typo; Hydra's list of
 /// options says it).
-fn needs_python_hint(config_path: &str, group: Option<&str>, options: &[String]) -> String {
+fn needs_python_hint(
+    program: &str,
+    config_path: &str,
+    group: Option<&str>,
+    options: &[String],
+) -> String {
     match group {
         Some(g) if g == "hydra" || g.starts_with("hydra/") => format!(
             "\nneeds Python: '{config_path}' would come from a Hydra plugin (a `hydra_plugins` package: Python \
-             code); rlsync has only Hydra's built-in options of '{g}'"
+             code); {program} has only Hydra's built-in options of '{g}'"
         ),
         Some(_) if !options.is_empty() => String::new(),
         Some(g) => format!(
             "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
-             (`cs.store(group=\"{g}\", name=...)`), that is Python code rlsync does not run; write it as \
+             (`cs.store(group=\"{g}\", name=...)`), that is Python code {program} does not run; write it as \
              {config_path}.yaml in a config directory"
         ),
         None => format!(
             "\nneeds Python: if your app registers '{config_path}' with ConfigStore \
-             (`cs.store(name=\"{config_path}\", node=...)`, a structured config schema), that is Python code rlsync \
-             does not run; write it as {config_path}.yaml in a config directory"
+             (`cs.store(name=\"{config_path}\", node=...)`, a structured config schema), that is Python code \
+             {program} does not run; write it as {config_path}.yaml in a config directory"
         ),
     }
 }
@@ -816,7 +831,7 @@ pub(crate) fn parse_defaults(
 
 fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsError> {
     match &item.value {
-        Value::Str(text) => {
+        Value::Scalar(Scalar::Str(text)) => {
             let (path, package) = split_group(text);
             InputDefault::config(path, package, false)
         }
@@ -829,7 +844,10 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                     .iter()
                     .position(|(k, _)| k.as_str() == Some("optional"))
             {
-                legacy_optional = Some(matches!(entries[pos].1.value, Value::Bool(true)));
+                legacy_optional = Some(matches!(
+                    entries[pos].1.value,
+                    Value::Scalar(Scalar::Bool(true))
+                ));
                 entries.remove(pos);
             }
             let (key, node) = match entries.as_slice() {
@@ -863,14 +881,14 @@ fn parse_item(config_path: &str, item: &Node) -> Result<InputDefault, DefaultsEr
                 optional = legacy_optional.unwrap_or(false);
             }
             let value = match &node.value {
-                Value::Null => GroupValue::Name(None),
-                Value::Str(s) => GroupValue::Name(Some(s.clone())),
+                Value::Scalar(Scalar::None) => GroupValue::Name(None),
+                Value::Scalar(Scalar::Str(s)) => GroupValue::Name(Some(s.clone())),
                 Value::Missing => GroupValue::Name(Some("???".into())),
                 Value::List(items) => {
                     let mut names = Vec::with_capacity(items.len());
                     for v in items {
                         match &v.value {
-                            Value::Str(s) => names.push(s.clone()),
+                            Value::Scalar(Scalar::Str(s)) => names.push(s.clone()),
                             other => {
                                 return Err(DefaultsError::UnsupportedNestedValue {
                                     type_name: python_type(other).into(),
@@ -916,7 +934,8 @@ fn python_type(value: &Value) -> &'static str {
     match value {
         Value::List(_) => "ListConfig",
         Value::Dict(_) => "DictConfig",
-        leaf => leaf.as_py().map_or("object", PyScalar::type_name),
+        Value::Missing => "str",
+        Value::Scalar(s) => s.type_name(),
     }
 }
 
@@ -944,6 +963,7 @@ impl Builder<'_> {
             return DefaultsError::MissingPrimary {
                 config_path: node.config_path(),
                 search_path: self.search_path_dump(),
+                program: self.repo.program(),
             };
         }
         let (group, options) = if node.is_group() {
@@ -953,13 +973,14 @@ impl Builder<'_> {
         } else {
             (None, Vec::new())
         };
-        DefaultsError::NotFound {
+        DefaultsError::NotFound(Box::new(NotFound {
             parent: parent.map(str::to_owned),
             config_path: node.config_path(),
             group,
             options,
             search_path: self.search_path_dump(),
-        }
+            program: self.repo.program(),
+        }))
     }
 
     fn expand_virtual_root(&mut self, mut root: TreeNode) -> Result<TreeNode, DefaultsError> {
@@ -1244,7 +1265,7 @@ impl Builder<'_> {
         for (key, value) in &self.overrides.known_choices {
             map.insert(
                 Key::from(key.as_str()),
-                Node::new(value.clone().map_or(Value::Null, Value::Str)),
+                Node::new(value.clone().map_or(Value::NULL, Value::str)),
             );
         }
         let mut list = Vec::new();
@@ -1256,7 +1277,7 @@ impl Builder<'_> {
                 DefaultKind::Config { .. } => list.push(Node::str(d.config_path())),
                 DefaultKind::Group { value, .. } => {
                     let value = match value {
-                        GroupValue::Name(n) => n.clone().map_or(Value::Null, Value::Str),
+                        GroupValue::Name(n) => n.clone().map_or(Value::NULL, Value::str),
                         GroupValue::Options(o) => {
                             Value::List(o.iter().map(|x| Node::str(x.clone())).collect())
                         }
@@ -1332,7 +1353,7 @@ fn resolve_element_interpolation(
             }
         })?;
     let resolved = match resolved.value {
-        Value::Str(s) => s,
+        Value::Scalar(Scalar::Str(s)) => s,
         other => other.python_str(),
     };
     match &mut d.kind {
@@ -1443,6 +1464,27 @@ fn push_result(
 mod tests {
     use super::*;
 
+    /// The needs-Python line names the program that composes, not a fixed one.
+    #[test]
+    fn needs_python_hints_name_the_program() {
+        let hint = |group: Option<&str>, options: &[String]| {
+            needs_python_hint("myapp", "db/x", group, options)
+        };
+        assert!(
+            hint(Some("hydra/launcher"), &[])
+                .ends_with("myapp has only Hydra's built-in options of 'hydra/launcher'")
+        );
+        assert!(
+            hint(Some("db"), &[])
+                .contains("that is Python code myapp does not run; write it as db/x.yaml")
+        );
+        assert!(
+            hint(None, &[])
+                .contains("that is Python code myapp does not run; write it as db/x.yaml")
+        );
+        assert_eq!(hint(Some("db"), &["mysql".to_owned()]), "");
+    }
+
     fn group(group: &str, value: &str, package: Option<&str>) -> InputDefault {
         InputDefault::group(
             group,
@@ -1543,7 +1585,7 @@ mod tests {
             Err(DefaultsError::SelfWithPackage)
         ));
         assert!(matches!(
-            parse_item("cfg", &Node::new(Value::Int(1))),
+            parse_item("cfg", &Node::new(Value::int(1))),
             Err(DefaultsError::UnsupportedItemType { .. })
         ));
     }

@@ -11,7 +11,8 @@
 
 use base64::Engine;
 
-use crate::node::{Dict, Key, Node, Value, python_float_repr};
+use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::{Scalar, python_float_repr};
 use crate::yaml::scalar::{self, Implicit};
 
 /// PyYAML's default line width.
@@ -26,7 +27,7 @@ pub(crate) fn to_yaml(node: &Node) -> String {
     match &node.value {
         Value::Dict(d) if !d.is_empty() => w.dict(d, 0, false),
         Value::List(l) if !l.is_empty() => w.list(l, 0, false),
-        Value::Bytes(b) if !b.is_empty() => w.binary_block(b, 0),
+        Value::Scalar(Scalar::Bytes(b)) if !b.is_empty() => w.binary_block(b, 0),
         other => {
             // A root scalar continues at PyYAML's indent for flow-level scalars.
             let style = w.scalar(other, 2, false);
@@ -96,17 +97,17 @@ impl Writer {
 
     fn key(&mut self, key: &Key, indent: usize, simple: bool) {
         match key {
-            Key::Str(s) => {
+            Key(Scalar::Str(s)) => {
                 self.string(s, indent, simple);
             }
-            Key::Int(i) => self.put(&i.to_string()),
-            Key::BigInt(digits) => self.put(digits),
-            Key::Float(bits) => self.put(&float_text(f64::from_bits(*bits))),
-            Key::Bool(b) => self.put(if *b { "true" } else { "false" }),
-            Key::Null => self.put("null"),
+            Key(Scalar::Int(i)) => self.put(&i.to_string()),
+            Key(Scalar::BigInt(i)) => self.put(&i.to_string()),
+            Key(Scalar::Float(f)) => self.put(&float_text(*f)),
+            Key(Scalar::Bool(b)) => self.put(if *b { "true" } else { "false" }),
+            Key(Scalar::None) => self.put("null"),
             // Never a simple key: PyYAML writes `? !!binary |` and the base64 lines below it.
-            Key::Bytes(b) if b.is_empty() => self.put("!!binary \"\""),
-            Key::Bytes(b) => {
+            Key(Scalar::Bytes(b)) if b.is_empty() => self.put("!!binary \"\""),
+            Key(Scalar::Bytes(b)) => {
                 self.put("!!binary |");
                 let encoded = base64::engine::general_purpose::STANDARD.encode(b);
                 for line in encoded.as_bytes().chunks(76) {
@@ -149,7 +150,7 @@ impl Writer {
         match &value.value {
             Value::Dict(d) if !d.is_empty() => self.dict(d, indent + 2, true),
             Value::List(l) if !l.is_empty() => self.list(l, indent + 2, true),
-            Value::Bytes(b) if !b.is_empty() => self.binary_block(b, indent + 2),
+            Value::Scalar(Scalar::Bytes(b)) if !b.is_empty() => self.binary_block(b, indent + 2),
             other => {
                 self.scalar(other, indent + 2, false);
                 self.put("\n");
@@ -172,19 +173,19 @@ impl Writer {
     /// A scalar (or empty container); continuation lines of folded strings go to `indent`.
     fn scalar(&mut self, value: &Value, indent: usize, simple_key: bool) -> Style {
         let text = match value {
-            Value::Null => "null".to_owned(),
-            Value::Bool(b) => if *b { "true" } else { "false" }.to_owned(),
-            Value::Int(i) => i.to_string(),
-            Value::BigInt(digits) => digits.clone(),
-            Value::Float(f) => float_text(*f),
+            Value::Scalar(Scalar::None) => "null".to_owned(),
+            Value::Scalar(Scalar::Bool(b)) => if *b { "true" } else { "false" }.to_owned(),
+            Value::Scalar(Scalar::Int(i)) => i.to_string(),
+            Value::Scalar(Scalar::BigInt(i)) => i.to_string(),
+            Value::Scalar(Scalar::Float(f)) => float_text(*f),
             Value::Missing => "???".to_owned(),
             // The string `???` would read back as missing either way; quoting keeps it visibly a string.
-            Value::Str(s) if s == "???" => {
+            Value::Scalar(Scalar::Str(s)) if s == "???" => {
                 self.put("'???'");
                 return Style::Single;
             }
-            Value::Str(s) => return self.string(s, indent, simple_key),
-            Value::Bytes(_) => {
+            Value::Scalar(Scalar::Str(s)) => return self.string(s, indent, simple_key),
+            Value::Scalar(Scalar::Bytes(_)) => {
                 self.put("!!binary \"\"");
                 return Style::Double;
             }
@@ -322,8 +323,8 @@ enum Style {
 /// PyYAML's `check_simple_key` for a key: shorter than 128 characters, not empty, on one line.
 fn is_simple_key(key: &Key) -> bool {
     match key {
-        Key::Str(s) => s.chars().count() < 128 && !s.is_empty() && !s.chars().any(is_break),
-        Key::Bytes(_) => false,
+        Key(Scalar::Str(s)) => s.chars().count() < 128 && !s.is_empty() && !s.chars().any(is_break),
+        Key(Scalar::Bytes(_)) => false,
         _ => true,
     }
 }
@@ -524,11 +525,11 @@ mod tests {
     }
 
     fn s(text: &str) -> Value {
-        Value::Str(text.to_owned())
+        Value::str(text.to_owned())
     }
 
     fn k(text: &str) -> Key {
-        Key::Str(text.to_owned())
+        Key::from(text.to_owned())
     }
 
     fn round_trips(node: &Node) -> Result<(), String> {
@@ -636,45 +637,48 @@ mod tests {
                     (
                         k("b"),
                         list(vec![
-                            Value::Int(1),
+                            Value::int(1),
                             dict(vec![
-                                (k("c"), Value::Int(2)),
+                                (k("c"), Value::int(2)),
                                 (
                                     k("d"),
                                     list(vec![
-                                        Value::Int(3),
-                                        list(vec![Value::Int(4), Value::Int(5)]),
+                                        Value::int(3),
+                                        list(vec![Value::int(4), Value::int(5)]),
                                         list(vec![]),
                                     ]),
                                 ),
                             ]),
-                            list(vec![Value::Int(6), Value::Int(7)]),
+                            list(vec![Value::int(6), Value::int(7)]),
                         ]),
                     ),
                     (k("e"), dict(vec![])),
                 ]),
             ),
-            (k("bin"), Value::Bytes(b"hello".to_vec())),
+            (k("bin"), Value::Scalar(Scalar::Bytes(b"hello".to_vec()))),
             (
                 k("lb"),
-                list(vec![Value::Bytes(b"hi".to_vec()), Value::Bytes(vec![])]),
+                list(vec![
+                    Value::Scalar(Scalar::Bytes(b"hi".to_vec())),
+                    Value::Scalar(Scalar::Bytes(vec![])),
+                ]),
             ),
-            (k("f"), Value::Float(1e-5)),
-            (k("h"), Value::Float(f64::NAN)),
-            (Key::Int(1), s("b")),
+            (k("f"), Value::float(1e-5)),
+            (k("h"), Value::float(f64::NAN)),
+            (Key::int(1), s("b")),
             (Key::float(1.5), s("f")),
             (
                 k(&long),
                 dict(vec![
-                    (k("a"), Value::Int(1)),
-                    (k("b"), list(vec![Value::Int(1), Value::Int(2)])),
+                    (k("a"), Value::int(1)),
+                    (k("b"), list(vec![Value::int(1), Value::int(2)])),
                 ]),
             ),
-            (k(""), Value::Int(1)),
-            (k("x"), list(vec![dict(vec![(k(&long), Value::Int(1))])])),
+            (k(""), Value::int(1)),
+            (k("x"), list(vec![dict(vec![(k(&long), Value::int(1))])])),
             (k("m"), Value::Missing),
-            (k("n"), Value::Null),
-            (k("t"), Value::Bool(true)),
+            (k("n"), Value::NULL),
+            (k("t"), Value::bool(true)),
         ]));
         let want = format!(
             "a:\n  b:\n  - 1\n  - c: 2\n    d:\n    - 3\n    - - 4\n      - 5\n    - []\n  - - 6\n    - 7\n  e: {{}}\n\
@@ -723,15 +727,18 @@ mod tests {
         assert_eq!(to_yaml(&n(dict(vec![]))), "{}\n");
         assert_eq!(to_yaml(&n(list(vec![]))), "[]\n");
         assert_eq!(
-            to_yaml(&n(list(vec![Value::Int(1), s("yes")]))),
+            to_yaml(&n(list(vec![Value::int(1), s("yes")]))),
             "- 1\n- 'yes'\n"
         );
-        assert_eq!(to_yaml(&n(Value::Int(5))), "5\n...\n");
+        assert_eq!(to_yaml(&n(Value::int(5))), "5\n...\n");
     }
 
     #[test]
     fn long_binary_wraps_at_76() {
-        let text = to_yaml(&n(dict(vec![(k("b"), Value::Bytes(b"x".repeat(100)))])));
+        let text = to_yaml(&n(dict(vec![(
+            k("b"),
+            Value::Scalar(Scalar::Bytes(b"x".repeat(100))),
+        )])));
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.first(), Some(&"b: !!binary |"));
         assert_eq!(lines.get(1).map(|l| l.len()), Some(78));
@@ -883,24 +890,25 @@ mod tests {
 
     fn any_key() -> impl Strategy<Value = Key> {
         prop_oneof![
-            4 => any_string().prop_map(Key::Str),
-            1 => any::<i64>().prop_map(Key::Int),
+            4 => any_string().prop_map(Key::from),
+            1 => any::<i64>().prop_map(Key::int),
             // Keys equal in Python (1, 1.0, true; 0.0, -0.0) collapse on load, and NaN keys never
             // compare equal: keep float keys non-integral and not NaN.
             1 => any_float().prop_filter("distinct from ints", |f| !f.is_nan() && f.fract() != 0.0).prop_map(Key::float),
-            1 => any::<bool>().prop_map(Key::Bool),
+            1 => any::<bool>().prop_map(|b| Key(Scalar::Bool(b))),
         ]
     }
 
     fn any_leaf() -> impl Strategy<Value = Value> {
         prop_oneof![
-            Just(Value::Null),
+            Just(Value::NULL),
             Just(Value::Missing),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::Int),
-            any_float().prop_map(Value::Float),
-            any_string().prop_map(Value::Str),
-            prop::collection::vec(any::<u8>(), 0..100).prop_map(Value::Bytes),
+            any::<bool>().prop_map(Value::bool),
+            any::<i64>().prop_map(Value::int),
+            any_float().prop_map(Value::float),
+            any_string().prop_map(Value::str),
+            prop::collection::vec(any::<u8>(), 0..100)
+                .prop_map(|b| Value::Scalar(Scalar::Bytes(b))),
         ]
     }
 
@@ -910,8 +918,8 @@ mod tests {
         let mut seen_numeric = std::collections::HashSet::new();
         for (key, value) in pairs {
             let numeric = match &key {
-                Key::Int(i) => Some(*i),
-                Key::Bool(b) => Some(i64::from(*b)),
+                Key(Scalar::Int(i)) => Some(*i),
+                Key(Scalar::Bool(b)) => Some(i64::from(*b)),
                 _ => None,
             };
             if numeric.is_some_and(|v| !seen_numeric.insert(v)) {
@@ -950,7 +958,7 @@ mod tests {
 
         #[test]
         fn any_single_string_round_trips(text in any_string()) {
-            let tree = Node::new(dict(vec![(k("v"), Value::Str(text.clone())), (Key::Str(text), Value::Int(1))]));
+            let tree = Node::new(dict(vec![(k("v"), Value::str(text.clone())), (Key::from(text), Value::int(1))]));
             if let Err(e) = round_trips(&tree) {
                 return Err(TestCaseError::fail(e));
             }

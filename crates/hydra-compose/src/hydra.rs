@@ -9,11 +9,12 @@ use indexmap::IndexMap;
 
 use crate::defaults::{Child, DefaultsList, TreeNode};
 use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::Source;
 
-/// The Hydra version rlsync reports (`hydra.runtime.version`): the semantics it reproduces.
+/// The Hydra version this engine reports (`hydra.runtime.version`): the semantics it reproduces.
 pub const HYDRA_VERSION: &str = "1.3.8";
-/// The version_base rlsync composes with.
+/// The version_base this engine composes with.
 pub(crate) const VERSION_BASE: &str = "1.1";
 
 /// What composition learned that goes into `hydra.runtime`, `hydra.job` and `hydra.overrides`.
@@ -90,7 +91,7 @@ pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
 
     if let Some(choices) = dict_at(cfg, &["hydra", "runtime", "choices"]) {
         for (key, value) in info.choices {
-            let value = value.clone().map_or(Value::Null, Value::Str);
+            let value = value.clone().map_or(Value::NULL, Value::str);
             choices.insert(Key::from(key.as_str()), Node::new(value));
         }
     }
@@ -106,18 +107,18 @@ pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
         cfg,
         &["hydra", "runtime"],
         "version",
-        Value::Str(HYDRA_VERSION.into()),
+        Value::Scalar(Scalar::Str(HYDRA_VERSION.into())),
     );
     set(
         cfg,
         &["hydra", "runtime"],
         "version_base",
-        Value::Str(VERSION_BASE.into()),
+        Value::Scalar(Scalar::Str(VERSION_BASE.into())),
     );
     let cwd = std::env::current_dir()
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    set(cfg, &["hydra", "runtime"], "cwd", Value::Str(cwd));
+    set(cfg, &["hydra", "runtime"], "cwd", Value::str(cwd));
     let sources = info
         .sources
         .iter()
@@ -144,7 +145,7 @@ pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
             cfg,
             &["hydra", "job"],
             "name",
-            Value::Str(info.job_name.into()),
+            Value::Scalar(Scalar::Str(info.job_name.into())),
         );
     }
     let dirname = override_dirname(cfg, &info.task_overrides);
@@ -152,13 +153,13 @@ pub(crate) fn fill_runtime(cfg: &mut Node, info: &RuntimeInfo<'_>) {
         cfg,
         &["hydra", "job"],
         "override_dirname",
-        Value::Str(dirname),
+        Value::str(dirname),
     );
     set(
         cfg,
         &["hydra", "job"],
         "config_name",
-        Value::Str(info.config_name.into()),
+        Value::Scalar(Scalar::Str(info.config_name.into())),
     );
 }
 

@@ -45,7 +45,12 @@ pub struct ResolveContext<'a> {
     env: EnvLookup<'a>,
     /// Local wall-clock time for `${now:...}`; fixed per context, as Hydra caches `now` per pattern.
     now: chrono::NaiveDateTime,
+    /// The program resolving, as an error names it where only Python code could help.
+    program: &'static str,
 }
+
+/// How messages name the program when it did not give its name ([`ResolveContext::with_program`]).
+pub const UNNAMED_PROGRAM: &str = "this program";
 
 impl Default for ResolveContext<'_> {
     fn default() -> Self {
@@ -61,7 +66,14 @@ impl<'a> ResolveContext<'a> {
             hydra_in_full: None,
             env: Box::new(|key| std::env::var_os(key).map(|v| v.to_string_lossy().into_owned())),
             now: chrono::Local::now().naive_local(),
+            program: UNNAMED_PROGRAM,
         }
+    }
+
+    /// The program's name for its errors (see `search_path::EmbeddedTree::program`).
+    pub fn with_program(mut self, program: &'static str) -> ResolveContext<'a> {
+        self.program = program;
+        self
     }
 
     pub fn with_hydra(mut self, hydra: &'a Node) -> ResolveContext<'a> {
@@ -183,6 +195,8 @@ struct Located {
     kind: ErrorKind,
     full_key: String,
     origin: Option<Origin>,
+    /// The program resolving, named where only Python code could help.
+    program: &'static str,
 }
 
 impl InterpolationError {
@@ -191,7 +205,14 @@ impl InterpolationError {
             kind,
             full_key,
             origin,
+            program: UNNAMED_PROGRAM,
         }))
+    }
+
+    /// The error as `program` reports it (see [`ResolveContext::with_program`]).
+    pub fn with_program(mut self, program: &'static str) -> InterpolationError {
+        self.0.program = program;
+        self
     }
 
     pub fn kind(&self) -> &ErrorKind {
@@ -219,15 +240,16 @@ impl fmt::Display for InterpolationError {
         if let Some(origin) = &self.0.origin {
             write!(f, "\n    at {origin}")?;
         }
-        // OmegaConf's own text comes first (it is what Hydra prints); the last line says why rlsync cannot do
-        // better: a resolver that OmegaConf does not know can only be registered by the app's Python code.
+        // OmegaConf's own text comes first (it is what Hydra prints); the last line says why the program cannot
+        // do better: a resolver that OmegaConf does not know can only be registered by the app's Python code.
         if let ErrorKind::UnsupportedResolver { name } = &self.0.kind
             && !name.starts_with("oc.")
         {
             write!(
                 f,
                 "\n    needs Python: a resolver named '{name}' is registered by Python code \
-                 (OmegaConf.register_new_resolver), which rlsync does not run"
+                 (OmegaConf.register_new_resolver), which {} does not run",
+                self.0.program
             )?;
         }
         Ok(())
@@ -242,6 +264,7 @@ fn locate(engine: &Engine<'_, '_>, kind: ErrorKind, id: Id) -> InterpolationErro
         engine.tree.full_key(id),
         engine.tree.slot(id).origin.clone(),
     )
+    .with_program(engine.ctx.program)
 }
 
 /// A fully resolved copy of `root`: `OmegaConf.resolve` semantics, so values that are (or reach) `???`
@@ -268,6 +291,7 @@ pub fn resolve_at(
             path.to_owned(),
             root.get_path(path).and_then(|n| n.origin.clone()),
         )
+        .with_program(ctx.program)
     };
     let found = engine
         .select_impl(id, path, true, &mut eval::Memo::off())
@@ -291,13 +315,13 @@ pub fn resolve_str(
     ctx: &ResolveContext,
 ) -> Result<Node, InterpolationError> {
     if !is_interpolation(template) {
-        return Ok(Node::new(Value::Str(template.to_owned())));
+        return Ok(Node::new(Value::str(template.to_owned())));
     }
     let (mut engine, id) = Engine::new(root, ctx);
     let leaf = engine.tree.add(
         Some(id),
         None,
-        tree::Body::Leaf(Value::Str(template.to_owned())),
+        tree::Body::Leaf(Value::str(template.to_owned())),
         None,
     );
     let res = engine
@@ -676,7 +700,7 @@ mod tests {
         let mut inner = Dict::new();
         inner.insert(
             Key::from("b"),
-            Node::with_origin(Value::Str("${nope}".into()), Some(origin.clone())),
+            Node::with_origin(Value::str("${nope}"), Some(origin.clone())),
         );
         let mut root = Dict::new();
         root.insert(
@@ -742,7 +766,7 @@ mod tests {
         );
         assert_eq!(
             resolve_str("${n}", &cfg, &ctx),
-            Ok(Node::new(Value::Int(3)))
+            Ok(Node::new(Value::int(3)))
         );
         assert_eq!(
             resolve_str("${.db}", &cfg, &ctx),
@@ -837,11 +861,11 @@ mod tests {
                     Node::str(format!("${{a{}}}", i + 1)),
                 );
             }
-            root.insert(Key::from(format!("a{n}")), Node::new(Value::Int(7)));
+            root.insert(Key::from(format!("a{n}")), Node::new(Value::int(7)));
             Node::new(Value::Dict(root))
         };
         let ok = resolve_tree(&chain(20), &test_ctx()).expect("a short chain resolves");
-        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::Int(7)));
+        assert_eq!(ok.get("a0").map(|n| &n.value), Some(&Value::int(7)));
         // Far deeper than Python's recursion limit allows: an error, not a stack overflow.
         let err = resolve_at(&chain(5000), "a0", &test_ctx()).expect_err("too deep");
         assert!(
@@ -860,7 +884,7 @@ mod tests {
                 Node::new(kit::decode(&serde_json::json!([next, next]))),
             );
         }
-        root.insert(Key::from("l40"), Node::new(Value::Int(1)));
+        root.insert(Key::from("l40"), Node::new(Value::int(1)));
         let err =
             resolve_at(&Node::new(Value::Dict(root)), "l0", &test_ctx()).expect_err("2^40 leaves");
         assert_eq!(
@@ -890,6 +914,19 @@ mod tests {
             )),
             "{text}"
         );
+        assert!(
+            text.ends_with("which this program does not run"),
+            "a program that gave no name: {text}"
+        );
+        let named = test_ctx().with_program("myapp");
+        let Err(e) = resolve_tree(&parse(r#"{"x": "${my_custom_resolver:1}"}"#), &named) else {
+            panic!("an unknown resolver resolved");
+        };
+        assert!(e.to_string().ends_with("which myapp does not run"), "{e}");
+        let Err(e) = resolve_at(&parse(r#"{"x": "${my_custom_resolver:1}"}"#), "x", &named) else {
+            panic!("an unknown resolver resolved");
+        };
+        assert!(e.to_string().ends_with("which myapp does not run"), "{e}");
         let Err(e) = resolve_tree(&parse(r#"{"x": "${oc.nosuch:1}"}"#), &ctx) else {
             panic!("oc.nosuch resolved");
         };

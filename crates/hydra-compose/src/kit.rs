@@ -10,6 +10,7 @@ use base64::Engine;
 use serde_json::Value as Json;
 
 use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::Scalar;
 
 /// The kit's directory: `$RLSYNC_CONFORMANCE`, `$RLSYNC_SHARED/conformance`, or `shared/conformance` in the
 /// nearest directory above this crate that has one (beside the main checkout or a worktree).
@@ -104,33 +105,35 @@ pub(crate) fn wrap_big_ints(line: &str) -> String {
 /// The kit's JSON encoding back to a value.
 pub fn decode(j: &Json) -> Value {
     match j {
-        Json::Null => Value::Null,
-        Json::Bool(b) => Value::Bool(*b),
+        Json::Null => Value::NULL,
+        Json::Bool(b) => Value::bool(*b),
         Json::Number(n) => match n.as_i64() {
-            Some(i) => Value::Int(i),
-            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+            Some(i) => Value::int(i),
+            None => Value::float(n.as_f64().unwrap_or(f64::NAN)),
         },
         Json::String(s) if s == "???" => Value::Missing,
-        Json::String(s) => Value::Str(s.clone()),
+        Json::String(s) => Value::str(s.clone()),
         Json::Array(items) => Value::List(items.iter().map(|i| Node::new(decode(i))).collect()),
         Json::Object(map) => {
             let tagged = |tag: &str| map.get(tag).filter(|_| map.len() == 1);
             if let Some(Json::String(f)) = tagged("$float") {
-                return Value::Float(match f.as_str() {
+                return Value::float(match f.as_str() {
                     "inf" => f64::INFINITY,
                     "-inf" => f64::NEG_INFINITY,
                     _ => f64::NAN,
                 });
             }
             if let Some(Json::String(digits)) = tagged("$bigint") {
-                return Value::BigInt(digits.clone());
+                return Value::Scalar(Scalar::int(digits.parse().unwrap_or_else(|_| {
+                    panic!("the kit encodes a big int that is not one: {digits}")
+                })));
             }
             if let Some(Json::String(b)) = tagged("$bytes") {
-                return Value::Bytes(
+                return Value::Scalar(Scalar::Bytes(
                     base64::engine::general_purpose::STANDARD
                         .decode(b)
                         .unwrap_or_default(),
-                );
+                ));
             }
             if let Some(Json::Array(pairs)) = tagged("$dict") {
                 let mut dict = Dict::new();
@@ -152,13 +155,8 @@ pub fn decode(j: &Json) -> Value {
 
 fn decode_key(j: &Json) -> Key {
     match decode(j) {
-        Value::Str(s) => Key::Str(s),
-        Value::Missing => Key::Str("???".into()),
-        Value::Int(i) => Key::Int(i),
-        Value::BigInt(d) => Key::BigInt(d),
-        Value::Float(f) => Key::float(f),
-        Value::Bool(b) => Key::Bool(b),
-        Value::Null => Key::Null,
+        Value::Missing => Key::from("???"),
+        Value::Scalar(s) => Key(s),
         other => panic!("the kit encodes a key OmegaConf cannot have: {other:?}"),
     }
 }
@@ -167,7 +165,7 @@ fn decode_key(j: &Json) -> Key {
 /// NaN, origins do not.
 pub fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Float(x), Value::Float(y)) => {
+        (Value::Scalar(Scalar::Float(x)), Value::Scalar(Scalar::Float(y))) => {
             x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
         }
         (Value::List(x), Value::List(y)) => {
@@ -222,22 +220,25 @@ fn decodes_the_kit_encoding() {
         let got = decode(&j(text));
         assert!(same(&got, &want), "{text}: got {got:?}, want {want:?}");
     };
-    check("1", Value::Int(1));
-    check("1.0", Value::Float(1.0));
-    check(r#"{"$float": "-inf"}"#, Value::Float(f64::NEG_INFINITY));
-    check(r#"{"$float": "nan"}"#, Value::Float(f64::NAN));
+    check("1", Value::int(1));
+    check("1.0", Value::float(1.0));
+    check(r#"{"$float": "-inf"}"#, Value::float(f64::NEG_INFINITY));
+    check(r#"{"$float": "nan"}"#, Value::float(f64::NAN));
     check(
         "99999999999999999999",
-        Value::BigInt("99999999999999999999".into()),
+        Value::Scalar(crate::scalar::big("99999999999999999999")),
     );
-    check(r#"{"$bytes": "aGk="}"#, Value::Bytes(b"hi".to_vec()));
+    check(
+        r#"{"$bytes": "aGk="}"#,
+        Value::Scalar(Scalar::Bytes(b"hi".to_vec())),
+    );
     check(r#""???""#, Value::Missing);
     let mut dict = Dict::new();
-    dict.insert(Key::Int(1), Node::new(Value::Null));
-    dict.insert(Key::Null, Node::new(Value::Bool(true)));
+    dict.insert(Key::int(1), Node::new(Value::NULL));
+    dict.insert(Key(Scalar::None), Node::new(Value::bool(true)));
     check(r#"{"$dict": [[1, null], [null, true]]}"#, Value::Dict(dict));
-    assert!(!same(&Value::Float(0.0), &Value::Float(-0.0)));
-    assert!(!same(&Value::Int(1), &Value::Float(1.0)));
+    assert!(!same(&Value::float(0.0), &Value::float(-0.0)));
+    assert!(!same(&Value::int(1), &Value::float(1.0)));
 }
 
 #[test]

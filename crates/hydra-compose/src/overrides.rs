@@ -21,6 +21,7 @@ mod parser;
 mod sweep;
 mod value;
 
+use crate::scalar::Scalar;
 use std::fmt;
 
 pub use element::{Element, GroupChoice, Quote};
@@ -284,7 +285,7 @@ impl Override {
         let value = match &self.value {
             Some(OverrideValue::Sweep(_)) => return None,
             Some(OverrideValue::Element(e)) => e.to_override_text(),
-            None => Element::Null.to_override_text(),
+            None => Element::Scalar(Scalar::None).to_override_text(),
         };
         Some(format!("{}={value}", self.key_element()))
     }

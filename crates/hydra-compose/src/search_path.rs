@@ -27,6 +27,9 @@ mod embedded {
 /// `--config-path` (rlsync embeds its `config/` directory).
 #[derive(Debug, Clone, Copy)]
 pub struct EmbeddedTree {
+    /// The program's name, as the engine's own messages name it where a config needs Python code that
+    /// Hydra would run and the program does not (`… which rlsync does not run`).
+    pub program: &'static str,
     /// The Python module Hydra would name this source by (`rlsync.config`), as `hydra.runtime.config_sources`
     /// shows it.
     pub module: &'static str,
@@ -59,8 +62,12 @@ pub enum SearchPathError {
         "Primary config module is empty.\nPython requires resources to be in a module with an __init__.py file"
     )]
     PrimaryModuleEmpty,
-    #[error("cannot read config file '{file}': {reason}")]
-    Read { file: String, reason: String },
+    #[error("cannot read config file '{file}'")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Yaml {
         #[from]
@@ -307,9 +314,9 @@ impl Source {
                 let shown = full.display().to_string();
                 match std::fs::read_to_string(&full) {
                     Ok(text) => Ok(Some((text, shown))),
-                    Err(err) => Err(SearchPathError::Read {
+                    Err(source) => Err(SearchPathError::Read {
                         file: shown,
-                        reason: err.to_string(),
+                        source,
                     }),
                 }
             }
@@ -343,16 +350,24 @@ pub struct ConfigFile {
 /// The search path plus a cache of loaded configs.
 #[derive(Debug)]
 pub struct Repository {
+    /// The program composing (see [`EmbeddedTree::program`]), for the messages that name it.
+    program: &'static str,
     sources: Vec<Source>,
     cache: HashMap<String, Option<Rc<ConfigFile>>>,
 }
 
 impl Repository {
-    pub fn new(sources: Vec<Source>) -> Repository {
+    pub fn new(program: &'static str, sources: Vec<Source>) -> Repository {
         Repository {
+            program,
             sources,
             cache: HashMap::new(),
         }
+    }
+
+    /// The program composing, as messages name it.
+    pub fn program(&self) -> &'static str {
+        self.program
     }
 
     pub fn sources(&self) -> &[Source] {
@@ -488,7 +503,7 @@ mod tests {
 
     #[test]
     fn builtin_hydra_groups_are_listed_like_hydra() {
-        let repo = Repository::new(vec![Source::hydra_builtin(), Source::structured()]);
+        let repo = Repository::new("test", vec![Source::hydra_builtin(), Source::structured()]);
         assert_eq!(
             repo.group_options("hydra/job_logging", ObjectType::Config),
             ["default", "disabled", "none", "stdout"]
@@ -504,6 +519,30 @@ mod tests {
             repo.group_options("hydra", ObjectType::Group)
                 .contains(&"job_logging".to_owned())
         );
+    }
+
+    #[test]
+    fn an_unreadable_config_file_keeps_its_io_error_as_the_cause() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        std::fs::write(dir.path().join("bad.yaml"), b"a: \xff\n")
+            .unwrap_or_else(|e| panic!("write: {e}"));
+        let mut repo = Repository::new("test", vec![Source::dir("main", dir.path().to_path_buf())]);
+        let err = match repo.load("bad") {
+            Err(err) => err,
+            Ok(found) => panic!("a file that is not UTF-8 loaded: {found:?}"),
+        };
+        assert!(
+            matches!(&err, SearchPathError::Read { file, .. } if file.ends_with("bad.yaml")),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().starts_with("cannot read config file '"),
+            "{err}"
+        );
+        let cause = std::error::Error::source(&err)
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .map(std::io::Error::kind);
+        assert_eq!(cause, Some(std::io::ErrorKind::InvalidData));
     }
 
     #[test]

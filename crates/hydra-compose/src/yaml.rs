@@ -25,6 +25,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::node::{Dict, Key, Node, Origin, Value};
+use crate::scalar::Scalar;
 
 /// Deepest nesting accepted (containers in containers, through aliases and merges too).
 const MAX_DEPTH: usize = 512;
@@ -158,10 +159,10 @@ fn load_document(text: &str, file: &Arc<str>) -> Result<Node, (Pos, YamlErrorKin
     let node = ctor.node(&root, 0)?;
     construct::reject_null_keys(&node)?;
     match node.value {
-        Value::Null => Ok(Node::with_origin(Value::Dict(Dict::new()), node.origin)),
+        Value::NULL => Ok(Node::with_origin(Value::Dict(Dict::new()), node.origin)),
         Value::Dict(_) | Value::List(_) => Ok(node),
         // OmegaConf.load passes a top-level string to OmegaConf.create, which parses it as YAML again.
-        Value::Str(inner) => reparse_top_level_string(&inner, &mut ctor, root.pos),
+        Value::Scalar(Scalar::Str(inner)) => reparse_top_level_string(&inner, &mut ctor, root.pos),
         other => Err((
             root.pos,
             YamlErrorKind::TopLevel {
@@ -181,14 +182,14 @@ fn reparse_top_level_string(
     let origin = ctor.origin(pos);
     let at_outer = |(_, kind): (Pos, YamlErrorKind)| (pos, kind);
     let node = match compose::compose(text).map_err(at_outer)? {
-        None => Node::new(Value::Null),
+        None => Node::new(Value::NULL),
         Some(root) => ctor.node(&root, 0).map_err(at_outer)?,
     };
     let mut node = match node.value {
-        Value::Null => Node::new(Value::Dict(Dict::new())),
-        Value::Str(s) => {
+        Value::NULL => Node::new(Value::Dict(Dict::new())),
+        Value::Scalar(Scalar::Str(s)) => {
             let mut dict = Dict::new();
-            dict.insert(Key::Str(s), Node::new(Value::Null));
+            dict.insert(Key::from(s), Node::new(Value::NULL));
             Node::new(Value::Dict(dict))
         }
         Value::Dict(_) | Value::List(_) => node,
@@ -261,11 +262,11 @@ mod tests {
     }
 
     fn s(text: &str) -> Value {
-        Value::Str(text.to_owned())
+        Value::str(text.to_owned())
     }
 
     fn k(text: &str) -> Key {
-        Key::Str(text.to_owned())
+        Key::from(text.to_owned())
     }
 
     /// `v: <text>` loads to `{v: want}`.
@@ -301,7 +302,7 @@ mod tests {
             ("'???'", Value::Missing),
             ("!!str ???", Value::Missing),
         ]);
-        assert_eq!(val("???: 1"), dict(vec![(k("???"), Value::Int(1))]));
+        assert_eq!(val("???: 1"), dict(vec![(k("???"), Value::int(1))]));
         assert_eq!(val("- ???\n- a"), list(vec![Value::Missing, s("a")]));
     }
 
@@ -310,34 +311,37 @@ mod tests {
         check_v(&[
             ("!!str 123", s("123")),
             ("!!str", s("")),
-            ("!!int '42'", Value::Int(42)),
-            ("!!int 0o755", Value::Int(493)),
-            ("!!float 1", Value::Float(1.0)),
-            ("!!float 1:30", Value::Float(90.0)),
-            ("!!bool yes", Value::Bool(true)),
-            ("!!bool 'true'", Value::Bool(true)),
-            ("!!null foo", Value::Null),
-            ("!!binary aGVsbG8=", Value::Bytes(b"hello".to_vec())),
+            ("!!int '42'", Value::int(42)),
+            ("!!int 0o755", Value::int(493)),
+            ("!!float 1", Value::float(1.0)),
+            ("!!float 1:30", Value::float(90.0)),
+            ("!!bool yes", Value::bool(true)),
+            ("!!bool 'true'", Value::bool(true)),
+            ("!!null foo", Value::NULL),
+            (
+                "!!binary aGVsbG8=",
+                Value::Scalar(Scalar::Bytes(b"hello".to_vec())),
+            ),
             (
                 "!!binary |\n  aGVs\n  bG8=\n",
-                Value::Bytes(b"hello".to_vec()),
+                Value::Scalar(Scalar::Bytes(b"hello".to_vec())),
             ),
             ("!<tag:yaml.org,2002:str> 5", s("5")),
-            ("! 12", Value::Int(12)),
-            ("! 'yes'", Value::Bool(true)),
-            ("!", Value::Null),
-            ("!!map {x: 1}", dict(vec![(k("x"), Value::Int(1))])),
-            ("!!seq [1]", list(vec![Value::Int(1)])),
+            ("! 12", Value::int(12)),
+            ("! 'yes'", Value::bool(true)),
+            ("!", Value::NULL),
+            ("!!map {x: 1}", dict(vec![(k("x"), Value::int(1))])),
+            ("!!seq [1]", list(vec![Value::int(1)])),
             (
                 "!!omap [a: 1, b: 2]",
                 list(vec![
-                    list(vec![s("a"), Value::Int(1)]),
-                    list(vec![s("b"), Value::Int(2)]),
+                    list(vec![s("a"), Value::int(1)]),
+                    list(vec![s("b"), Value::int(2)]),
                 ]),
             ),
             (
                 "!!pairs [a: 1]",
-                list(vec![list(vec![s("a"), Value::Int(1)])]),
+                list(vec![list(vec![s("a"), Value::int(1)])]),
             ),
             ("!!omap []", list(vec![])),
         ]);
@@ -395,18 +399,18 @@ mod tests {
             assert!(is_expected(&e), "{text:?} gave {e:?}");
         }
         check_v(&[
-            ("-9223372036854775808", Value::Int(i64::MIN)),
+            ("-9223372036854775808", Value::int(i64::MIN)),
             (
                 "-9223372036854775809",
-                Value::BigInt("-9223372036854775809".into()),
+                Value::Scalar(crate::scalar::big("-9223372036854775809")),
             ),
             (
                 "0x1_0000_0000_0000_0000",
-                Value::BigInt("18446744073709551616".into()),
+                Value::Scalar(crate::scalar::big("18446744073709551616")),
             ),
             (
                 "!!int '99999999999999999999'",
-                Value::BigInt("99999999999999999999".into()),
+                Value::Scalar(crate::scalar::big("99999999999999999999")),
             ),
         ]);
     }
@@ -415,19 +419,22 @@ mod tests {
     fn keys_take_their_yaml_types() {
         assert_eq!(
             val("1: a\n'1': b"),
-            dict(vec![(Key::Int(1), s("a")), (k("1"), s("b"))])
+            dict(vec![(Key::int(1), s("a")), (k("1"), s("b"))])
         );
         assert_eq!(val("1.5: x"), dict(vec![(Key::float(1.5), s("x"))]));
         assert_eq!(
             val("99999999999999999999: x\n0x8000000000000000: y"),
             dict(vec![
-                (Key::BigInt("99999999999999999999".into()), s("x")),
-                (Key::BigInt("9223372036854775808".into()), s("y")),
+                (Key(crate::scalar::big("99999999999999999999")), s("x")),
+                (Key(crate::scalar::big("9223372036854775808")), s("y")),
             ])
         );
         assert_eq!(
             val("yes: x\noff: y"),
-            dict(vec![(Key::Bool(true), s("x")), (Key::Bool(false), s("y"))])
+            dict(vec![
+                (Key(Scalar::Bool(true)), s("x")),
+                (Key(Scalar::Bool(false)), s("y"))
+            ])
         );
         assert_eq!(val("=: x"), dict(vec![(k("="), s("x"))]));
         assert_eq!(val("? k\n: v"), dict(vec![(k("k"), s("v"))]));
@@ -438,14 +445,14 @@ mod tests {
     fn numeric_keys_collide_like_python_dict_keys() {
         assert_eq!(
             val("1: a\n1.0: b\ntrue: c"),
-            dict(vec![(Key::Int(1), s("c"))])
+            dict(vec![(Key::int(1), s("c"))])
         );
         assert_eq!(
             val("0.0: a\n-0.0: b"),
             dict(vec![(Key::float(0.0), s("b"))])
         );
         // Non-string duplicates are not rejected by OmegaConf's loader: the last value wins.
-        assert_eq!(val("1: a\n1: b"), dict(vec![(Key::Int(1), s("b"))]));
+        assert_eq!(val("1: a\n1: b"), dict(vec![(Key::int(1), s("b"))]));
     }
 
     #[test]
@@ -479,9 +486,9 @@ mod tests {
         let dict = node.as_dict().expect("a mapping");
         assert_eq!(
             dict.keys().collect::<Vec<_>>(),
-            [&Key::Bytes(b"hi".to_vec())]
+            [&Key(Scalar::Bytes(b"hi".to_vec()))]
         );
-        assert_eq!(Key::Bytes(b"hi".to_vec()).to_string(), "b'hi'");
+        assert_eq!(Key(Scalar::Bytes(b"hi".to_vec())).to_string(), "b'hi'");
     }
 
     #[test]
@@ -489,7 +496,7 @@ mod tests {
         // A later duplicate int key replaces the dict holding the null key, as in PyYAML + OmegaConf.
         assert_eq!(
             val("1: {~: 1}\n1: 2"),
-            dict(vec![(Key::Int(1), Value::Int(2))])
+            dict(vec![(Key::int(1), Value::int(2))])
         );
         let e = load("a:\n  ~: x\n").err().map(|e| e.to_string());
         assert_eq!(
@@ -513,7 +520,7 @@ mod tests {
         );
         assert_eq!(
             val("a: 1\u{85}b: 2"),
-            dict(vec![(k("a"), Value::Int(1)), (k("b"), Value::Int(2))])
+            dict(vec![(k("a"), Value::int(1)), (k("b"), Value::int(2))])
         );
         assert_eq!(
             val("a: |\u{85}  x\u{85}  y\u{85}"),
@@ -521,7 +528,7 @@ mod tests {
         );
         assert_eq!(
             val("a: x\rb: 2"),
-            dict(vec![(k("a"), s("x")), (k("b"), Value::Int(2))])
+            dict(vec![(k("a"), s("x")), (k("b"), Value::int(2))])
         );
         assert_eq!(
             err_kind("a: x\u{2028}b"),
@@ -538,7 +545,7 @@ mod tests {
             v,
             dict(vec![(
                 k("a"),
-                dict(vec![(k("b"), s("x y")), (k("c"), Value::Int(1))])
+                dict(vec![(k("b"), s("x y")), (k("c"), Value::int(1))])
             )])
         );
         let text = "a: [1,\n2, {q: [3,\n 4]}]\nb: 'it''s\nx' # c\nd: \"e\\\"\nf\"\n";
@@ -546,9 +553,9 @@ mod tests {
             (
                 k("a"),
                 list(vec![
-                    Value::Int(1),
-                    Value::Int(2),
-                    dict(vec![(k("q"), list(vec![Value::Int(3), Value::Int(4)]))]),
+                    Value::int(1),
+                    Value::int(2),
+                    dict(vec![(k("q"), list(vec![Value::int(3), Value::int(4)]))]),
                 ]),
             ),
             (k("b"), s("it's x")),
@@ -565,7 +572,7 @@ mod tests {
         assert_eq!(at("a.2.q.1").as_deref(), Some("t.yaml:3:2"));
         assert_eq!(
             val("- a: [\n  1]\n"),
-            list(vec![dict(vec![(k("a"), list(vec![Value::Int(1)]))])])
+            list(vec![dict(vec![(k("a"), list(vec![Value::int(1)]))])])
         );
         // Still errors: an unterminated quote, and block structure that is really mis-indented.
         assert!(matches!(
@@ -598,32 +605,32 @@ mod tests {
         let want = dict(vec![
             (
                 k("b"),
-                dict(vec![(k("y"), Value::Int(2)), (k("x"), Value::Int(1))]),
+                dict(vec![(k("y"), Value::int(2)), (k("x"), Value::int(1))]),
             ),
             (
                 k("m"),
                 dict(vec![
-                    (k("y"), Value::Int(3)),
-                    (k("x"), Value::Int(1)),
-                    (k("z"), Value::Int(0)),
+                    (k("y"), Value::int(3)),
+                    (k("x"), Value::int(1)),
+                    (k("z"), Value::int(0)),
                 ]),
             ),
         ]);
         assert_eq!(val(text), want);
         let text = "b1: &b1 {x: 1, y: 1}\nb2: &b2 {y: 2, z: 2}\nm:\n  <<: [*b1, *b2]\n  w: 0\n";
         let m = dict(vec![
-            (k("y"), Value::Int(1)),
-            (k("z"), Value::Int(2)),
-            (k("x"), Value::Int(1)),
-            (k("w"), Value::Int(0)),
+            (k("y"), Value::int(1)),
+            (k("z"), Value::int(2)),
+            (k("x"), Value::int(1)),
+            (k("w"), Value::int(0)),
         ]);
         assert_eq!(
             Node::new(val(text)).get("m").map(|n| n.value.clone()),
             Some(m)
         );
         // A merged key does not count as a duplicate; `'<<'` quoted is an ordinary key.
-        assert_eq!(val("a: 1\n<<: {a: 2}"), dict(vec![(k("a"), Value::Int(1))]));
-        assert_eq!(val("'<<': 1"), dict(vec![(k("<<"), Value::Int(1))]));
+        assert_eq!(val("a: 1\n<<: {a: 2}"), dict(vec![(k("a"), Value::int(1))]));
+        assert_eq!(val("'<<': 1"), dict(vec![(k("<<"), Value::int(1))]));
         assert_eq!(err_kind("<<: 1"), YamlErrorKind::BadMerge);
         assert_eq!(err_kind("<<: [1]"), YamlErrorKind::BadMerge);
     }
@@ -636,11 +643,11 @@ mod tests {
             dict(vec![
                 (
                     k("a"),
-                    list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])])
+                    list(vec![Value::int(1), dict(vec![(k("b"), Value::int(2))])])
                 ),
                 (
                     k("c"),
-                    list(vec![Value::Int(1), dict(vec![(k("b"), Value::Int(2))])])
+                    list(vec![Value::int(1), dict(vec![(k("b"), Value::int(2))])])
                 )
             ])
         );
@@ -654,10 +661,10 @@ mod tests {
         for text in ["", "# only a comment\n", "null", "~", "---\n...\n", "''"] {
             assert_eq!(val(text), empty, "{text:?}");
         }
-        assert_eq!(val("- 1\n- 2"), list(vec![Value::Int(1), Value::Int(2)]));
-        assert_eq!(val("hello"), dict(vec![(k("hello"), Value::Null)]));
-        assert_eq!(val("\"a: 1\""), dict(vec![(k("a"), Value::Int(1))]));
-        assert_eq!(val("'[1, ???]'"), list(vec![Value::Int(1), Value::Missing]));
+        assert_eq!(val("- 1\n- 2"), list(vec![Value::int(1), Value::int(2)]));
+        assert_eq!(val("hello"), dict(vec![(k("hello"), Value::NULL)]));
+        assert_eq!(val("\"a: 1\""), dict(vec![(k("a"), Value::int(1))]));
+        assert_eq!(val("'[1, ???]'"), list(vec![Value::int(1), Value::Missing]));
         assert_eq!(err_kind("5"), YamlErrorKind::TopLevel { type_name: "int" });
         assert_eq!(
             err_kind("'5'"),
@@ -667,10 +674,10 @@ mod tests {
             err_kind("a: 1\n---\nb: 2\n"),
             YamlErrorKind::MultipleDocuments
         );
-        assert_eq!(val("\u{feff}a: 1"), dict(vec![(k("a"), Value::Int(1))]));
+        assert_eq!(val("\u{feff}a: 1"), dict(vec![(k("a"), Value::int(1))]));
         assert_eq!(
             val("a: 1\r\nb: two\r\n"),
-            dict(vec![(k("a"), Value::Int(1)), (k("b"), s("two"))])
+            dict(vec![(k("a"), Value::int(1)), (k("b"), s("two"))])
         );
     }
 

@@ -9,6 +9,7 @@ use crate::emit::to_yaml;
 use crate::hydra::{self as hy, format_defaults_table, format_defaults_tree, format_search_path};
 use crate::interpolate::{self, InterpolationError, ResolveContext};
 use crate::node::{Key, Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::{
     EmbeddedTree, ObjectType, PythonEnv, Repository, SearchPathError, Source,
 };
@@ -166,15 +167,19 @@ pub enum AppError {
     PackageNotFound { package: String },
     #[error(transparent)]
     Interpolation(#[from] InterpolationError),
-    #[error("cannot write '{path}': {reason}")]
-    Io { path: String, reason: String },
+    #[error("cannot write '{path}'")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The config asks Hydra to run Python code around the job (a callback, a launcher or sweeper plugin),
-    /// which rlsync cannot do; `--cfg` and `--info` of such a config still work.
+    /// which the program cannot do; `--cfg` and `--info` of such a config still work.
     #[error("needs Python: {what}")]
     NeedsPython { what: String },
 }
 
-/// Hydra's own launcher and sweeper, the only ones rlsync runs jobs as.
+/// Hydra's own launcher and sweeper, the only ones the program runs jobs as.
 const BASIC_PLUGINS: [(&str, &str); 2] = [
     (
         "launcher",
@@ -188,7 +193,7 @@ const BASIC_PLUGINS: [(&str, &str); 2] = [
 
 /// What of a composed config Hydra would run as Python code around a job: `hydra.callbacks` entries, and a
 /// launcher or sweeper `_target_` other than Hydra's basic ones.
-fn needs_python(full: &Node) -> Result<(), AppError> {
+fn needs_python(full: &Node, program: &str) -> Result<(), AppError> {
     let target = |node: &Node| {
         node.get("_target_")
             .and_then(Node::as_str)
@@ -202,7 +207,7 @@ fn needs_python(full: &Node) -> Result<(), AppError> {
     {
         return Err(AppError::NeedsPython {
             what: format!(
-                "hydra.callbacks.{name} ({}) is Python code Hydra calls around the job; rlsync does not run it",
+                "hydra.callbacks.{name} ({}) is Python code Hydra calls around the job; {program} does not run it",
                 target(callback)
             ),
         });
@@ -213,7 +218,7 @@ fn needs_python(full: &Node) -> Result<(), AppError> {
         {
             return Err(AppError::NeedsPython {
                 what: format!(
-                    "hydra.{group} is {}, a Hydra plugin; rlsync runs jobs only as Hydra's basic {group} does",
+                    "hydra.{group} is {}, a Hydra plugin; {program} runs jobs only as Hydra's basic {group} does",
                     target(node)
                 ),
             });
@@ -270,7 +275,7 @@ pub fn build_repository(
         sources.push(Source::dir("command-line", dir));
     }
     sources.push(Source::structured());
-    Ok(Repository::new(sources))
+    Ok(Repository::new(primary.program, sources))
 }
 
 fn absolute(path: &str) -> PathBuf {
@@ -372,8 +377,8 @@ fn show_cfg(
         ShowCfg::All => composed.config.clone(),
     };
     let ctx = match show {
-        ShowCfg::Hydra => context(&composed.config),
-        ShowCfg::Job | ShowCfg::All => show_context(&composed.config),
+        ShowCfg::Hydra => context(&composed.config, repo.program()),
+        ShowCfg::Job | ShowCfg::All => show_context(&composed.config, repo.program()),
     };
     let resolved = |cfg: &Node| -> Result<Node, AppError> {
         if resolve {
@@ -393,7 +398,7 @@ fn show_cfg(
     // Hydra selects first (`OmegaConf.select`, which resolves a leaf) and resolves only a container.
     let selected = cfg
         .get_path(package)
-        .filter(|n| !matches!(n.value, Value::Null | Value::Missing))
+        .filter(|n| !matches!(n.value, Value::NULL | Value::Missing))
         .ok_or_else(not_found)?;
     if selected.value.is_container() {
         let full = resolved(&cfg)?;
@@ -403,7 +408,7 @@ fn show_cfg(
         return Ok(Outcome::Printed { success: true });
     }
     let value = interpolate::resolve_at(&cfg, package, &ctx)?;
-    if matches!(value.value, Value::Null) {
+    if matches!(value.value, Value::NULL) {
         return Err(not_found());
     }
     // `print(value)`: Hydra's `hydra.mode` is a `RunMode` enum, whose str() names its class.
@@ -413,30 +418,35 @@ fn show_cfg(
         .and_then(|path| hy::conf::type_at(&path, composed.config.get("hydra")))
         .is_some_and(|(ty, _)| matches!(ty, hy::conf::Ty::Mode));
     match &value.value {
-        Value::Str(name) if is_run_mode => crate::stdio::out(format_args!("RunMode.{name}\n")),
+        Value::Scalar(Scalar::Str(name)) if is_run_mode => {
+            crate::stdio::out(format_args!("RunMode.{name}\n"))
+        }
         other => crate::stdio::out(format_args!("{}\n", other.python_str())),
     }
     Ok(Outcome::Printed { success: true })
 }
 
-/// One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep).
-fn clock() -> ResolveContext<'static> {
+/// One clock reading per process, as Hydra caches `${now:...}` for the whole run (and its sweep); errors
+/// name `program`.
+fn clock(program: &'static str) -> ResolveContext<'static> {
     static NOW: std::sync::OnceLock<chrono::NaiveDateTime> = std::sync::OnceLock::new();
-    ResolveContext::new().with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()))
+    ResolveContext::new()
+        .with_now(*NOW.get_or_init(|| chrono::Local::now().naive_local()))
+        .with_program(program)
 }
 
 /// The resolution context of a running job: its `hydra` node serves `${hydra:...}`, and absolute keys
 /// inside that node resolve in the full config.
-fn context(full: &Node) -> ResolveContext<'_> {
-    clock().with_full_config(full)
+fn context<'a>(full: &'a Node, program: &'static str) -> ResolveContext<'a> {
+    clock(program).with_full_config(full)
 }
 
 /// The resolution context of `--cfg job|all`: Hydra deletes `hydra` from the config it prints but keeps
 /// it as the `HydraConfig` node, whose parent is the printed config.
-fn show_context(full: &Node) -> ResolveContext<'_> {
+fn show_context<'a>(full: &'a Node, program: &'static str) -> ResolveContext<'a> {
     match full.get("hydra") {
-        Some(hydra) => clock().with_hydra(hydra),
-        None => clock(),
+        Some(hydra) => clock(program).with_hydra(hydra),
+        None => clock(program),
     }
 }
 
@@ -546,8 +556,8 @@ fn format_groups(repo: &Repository, hydra_groups: bool) -> String {
 }
 
 /// A help template, resolved as Hydra reads it (`cfg.hydra.help.template`); unresolvable ones stay raw.
-fn template(full: &Node, key: &str) -> String {
-    match interpolate::resolve_at(full, key, &context(full)) {
+fn template(repo: &Repository, full: &Node, key: &str) -> String {
+    match interpolate::resolve_at(full, key, &context(full, repo.program())) {
         Ok(node) => node.value.python_str(),
         Err(_) => full
             .get_path(key)
@@ -566,7 +576,7 @@ fn fill_template(template: &str, flags_help: &str, repo: &Repository, config: &s
 
 fn app_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
     fill_template(
-        &template(full, "hydra.help.template"),
+        &template(repo, full, "hydra.help.template"),
         flags_help,
         repo,
         &to_yaml(&job_config(full)),
@@ -575,7 +585,7 @@ fn app_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
 
 fn hydra_help(repo: &Repository, full: &Node, flags_help: &str) -> String {
     fill_template(
-        &template(full, "hydra.hydra_help.template"),
+        &template(repo, full, "hydra.hydra_help.template"),
         flags_help,
         repo,
         &to_yaml(&sanitized_hydra(full)),
@@ -601,8 +611,8 @@ fn set_hydra(full: &mut Node, path: &[&str], value: Value) {
 }
 
 /// Resolve a `hydra.*` directory setting (`outputs/${now:...}`) against the full config.
-fn resolve_dir(full: &Node, key: &str) -> Result<PathBuf, AppError> {
-    let node = interpolate::resolve_at(full, key, &context(full))?;
+fn resolve_dir(full: &Node, key: &str, program: &'static str) -> Result<PathBuf, AppError> {
+    let node = interpolate::resolve_at(full, key, &context(full, program))?;
     Ok(PathBuf::from(node.value.python_str()))
 }
 
@@ -611,14 +621,14 @@ fn write_hydra_files(full: &Node, output_dir: &Path) -> Result<(), AppError> {
     let subdir = match full.get_path("hydra.output_subdir") {
         None
         | Some(Node {
-            value: Value::Null, ..
+            value: Value::NULL, ..
         }) => return Ok(()),
         Some(node) => node.value.python_str(),
     };
     let dir = output_dir.join(subdir);
-    let io = |path: &Path, err: std::io::Error| AppError::Io {
+    let io = |path: &Path, source: std::io::Error| AppError::Io {
         path: path.display().to_string(),
-        reason: err.to_string(),
+        source,
     };
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
     let overrides = full
@@ -644,21 +654,26 @@ fn sanitized_hydra_full(full: &Node) -> Node {
     out
 }
 
-fn finish_job(mut full: Node, output_dir: PathBuf, dry_run: bool) -> Result<PreparedJob, AppError> {
+fn finish_job(
+    mut full: Node,
+    output_dir: PathBuf,
+    dry_run: bool,
+    program: &'static str,
+) -> Result<PreparedJob, AppError> {
     let abs = std::path::absolute(&output_dir).unwrap_or(output_dir);
     set_hydra(
         &mut full,
         &["runtime", "output_dir"],
-        Value::Str(abs.display().to_string()),
+        Value::str(abs.display().to_string()),
     );
     if !dry_run {
-        std::fs::create_dir_all(&abs).map_err(|e| AppError::Io {
+        std::fs::create_dir_all(&abs).map_err(|source| AppError::Io {
             path: abs.display().to_string(),
-            reason: e.to_string(),
+            source,
         })?;
         write_hydra_files(&full, &abs)?;
     }
-    let config = resolve_tree(&job_config(&full), &context(&full))?;
+    let config = resolve_tree(&job_config(&full), &context(&full, program))?;
     Ok(PreparedJob {
         config,
         full,
@@ -673,21 +688,22 @@ fn prepare_run(
     dry_run: bool,
 ) -> Result<PreparedJob, AppError> {
     let mut composed = compose_run(repo, req, RunMode::Run)?;
-    needs_python(&composed.config)?;
+    let program = req.primary.program;
+    needs_python(&composed.config, program)?;
     mark_mode(&mut composed.config, "RUN");
-    let output_dir = resolve_dir(&composed.config, "hydra.run.dir")?;
-    finish_job(composed.config, output_dir, dry_run)
+    let output_dir = resolve_dir(&composed.config, "hydra.run.dir", program)?;
+    finish_job(composed.config, output_dir, dry_run, program)
 }
 
 /// `hydra.mode=RUN|MULTIRUN`, added as Hydra's `_run_app` does when the config does not set it.
 fn mark_mode(full: &mut Node, mode: &str) {
     if full
         .get_path("hydra.mode")
-        .is_some_and(|n| !matches!(n.value, Value::Null))
+        .is_some_and(|n| !matches!(n.value, Value::NULL))
     {
         return;
     }
-    set_hydra(full, &["mode"], Value::Str(mode.into()));
+    set_hydra(full, &["mode"], Value::str(mode));
     if let Some(Value::List(list)) = full
         .get_path("hydra.overrides.hydra")
         .map(|n| n.value.clone())
@@ -704,18 +720,18 @@ fn prepare_multirun<'a>(
     dry_run: bool,
 ) -> Result<Jobs<'a>, AppError> {
     let mut master = compose_run(repo, req, RunMode::Multirun)?;
-    needs_python(&master.config)?;
+    needs_python(&master.config, req.primary.program)?;
     mark_mode(&mut master.config, "MULTIRUN");
-    let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir")?;
+    let sweep_dir = resolve_dir(&master.config, "hydra.sweep.dir", req.primary.program)?;
     if !dry_run {
-        std::fs::create_dir_all(&sweep_dir).map_err(|e| AppError::Io {
+        std::fs::create_dir_all(&sweep_dir).map_err(|source| AppError::Io {
             path: sweep_dir.display().to_string(),
-            reason: e.to_string(),
+            source,
         })?;
         let path = sweep_dir.join("multirun.yaml");
-        std::fs::write(&path, to_yaml(&master.config)).map_err(|e| AppError::Io {
+        std::fs::write(&path, to_yaml(&master.config)).map_err(|source| AppError::Io {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         })?;
     }
     let product = compose::sweep_combinations(repo, req.overrides)?;
@@ -724,7 +740,7 @@ fn prepare_multirun<'a>(
         product.total()
     ));
     if !dry_run {
-        // rlsync's addition to Hydra's launcher lines: where the jobs' dirs go.
+        // This engine's addition to Hydra's launcher lines: where the jobs' dirs go.
         let shown = std::path::absolute(&sweep_dir).unwrap_or_else(|_| sweep_dir.clone());
         crate::stdio::out(format_args!(
             "[HYDRA] Sweep output dir : {}\n",
@@ -765,10 +781,11 @@ fn prepare_sweep_job(
     let mut composed = compose_run(&mut repo_job, &job_req, RunMode::Run)?;
     mark_mode(&mut composed.config, "MULTIRUN");
     let num = i64::try_from(num).unwrap_or(i64::MAX);
-    set_hydra(&mut composed.config, &["job", "id"], Value::Int(num));
-    set_hydra(&mut composed.config, &["job", "num"], Value::Int(num));
-    let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir")?;
-    finish_job(composed.config, sweep_dir.join(subdir), dry_run)
+    set_hydra(&mut composed.config, &["job", "id"], Value::int(num));
+    set_hydra(&mut composed.config, &["job", "num"], Value::int(num));
+    let program = req.primary.program;
+    let subdir = resolve_dir(&composed.config, "hydra.sweep.subdir", program)?;
+    finish_job(composed.config, sweep_dir.join(subdir), dry_run, program)
 }
 
 #[cfg(test)]
@@ -779,7 +796,7 @@ mod tests {
     fn check(hydra: &str) -> Result<(), String> {
         let full = load_str(&format!("a: 1\nhydra:\n{hydra}"), "test.yaml")
             .unwrap_or_else(|e| panic!("bad test YAML: {e}"));
-        needs_python(&full).map_err(|e| e.to_string())
+        needs_python(&full, "myapp").map_err(|e| e.to_string())
     }
 
     /// Hydra's basic launcher and sweeper (what the built-in `hydra/config` composes) need no Python;
@@ -791,11 +808,11 @@ mod tests {
         assert_eq!(check("  callbacks: {}\n"), Ok(()));
         assert_eq!(
             check("  callbacks:\n    log:\n      _target_: my.Callback\n"),
-            Err("needs Python: hydra.callbacks.log (my.Callback) is Python code Hydra calls around the job; rlsync does not run it".to_owned())
+            Err("needs Python: hydra.callbacks.log (my.Callback) is Python code Hydra calls around the job; myapp does not run it".to_owned())
         );
         assert_eq!(
             check("  launcher:\n    _target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher\n"),
-            Err("needs Python: hydra.launcher is hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher, a Hydra plugin; rlsync runs jobs only as Hydra's basic launcher does".to_owned())
+            Err("needs Python: hydra.launcher is hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher, a Hydra plugin; myapp runs jobs only as Hydra's basic launcher does".to_owned())
         );
     }
 }

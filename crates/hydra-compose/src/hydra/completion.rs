@@ -9,6 +9,7 @@
 use crate::compose::{self, ComposeRequest, RunMode};
 use crate::interpolate::{self, ResolveContext};
 use crate::node::{Node, Value};
+use crate::scalar::Scalar;
 use crate::search_path::{ObjectType, Repository};
 
 /// The shells Hydra's completion plugins provide.
@@ -298,9 +299,9 @@ fn key_matches(root: &Node, word: &str) -> Vec<String> {
             children(&found, "")
         } else {
             match &found.value {
-                Value::Null => Vec::new(),
+                Value::Scalar(Scalar::None) => Vec::new(),
                 Value::Missing => vec![String::new()],
-                Value::Bool(b) => vec![b.to_string()],
+                Value::Scalar(Scalar::Bool(b)) => vec![b.to_string()],
                 other => vec![other.python_str()],
             }
         };
@@ -332,7 +333,7 @@ fn children(node: &Node, partial: &str) -> Vec<String> {
     match &node.value {
         Value::Dict(d) => d
             .iter()
-            .map(|(k, v)| (k.as_py().str(), v))
+            .map(|(k, v)| (k.to_string(), v))
             .filter(|(k, _)| k.starts_with(partial))
             .map(|(k, v)| rep(k, v))
             .collect(),

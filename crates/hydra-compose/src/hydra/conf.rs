@@ -7,6 +7,7 @@
 //! are stored as they are, whatever the type.
 
 use crate::node::{Key, Node, Value};
+use crate::scalar::Scalar;
 
 /// A declared field type.
 #[derive(Debug, Clone, Copy)]
@@ -203,7 +204,8 @@ const DICT_OWNER: Owner = Owner {
 };
 
 fn is_interpolation(node: &Node) -> bool {
-    matches!(&node.value, Value::Str(s) if s.contains("${")) || matches!(node.value, Value::Missing)
+    matches!(&node.value, Value::Scalar(Scalar::Str(s)) if s.contains("${"))
+        || matches!(node.value, Value::Missing)
 }
 
 /// Python's `int(str)`: surrounding whitespace, a sign, digits with single underscores between them.
@@ -280,9 +282,9 @@ impl Walk<'_> {
         match ty {
             Ty::Any => Ok(()),
             Ty::Str { optional } => match &node.value {
-                Value::Null if optional => Ok(()),
-                Value::Null => Err(self.none_error("str", full_key, owner)),
-                Value::Str(_) => Ok(()),
+                Value::Scalar(Scalar::None) if optional => Ok(()),
+                Value::Scalar(Scalar::None) => Err(self.none_error("str", full_key, owner)),
+                Value::Scalar(Scalar::Str(_)) => Ok(()),
                 Value::List(_) | Value::Dict(_) => Err(self.err(
                     "ValidationError",
                     format!(
@@ -293,7 +295,7 @@ impl Walk<'_> {
                     owner,
                 )),
                 _ => {
-                    node.value = Value::Str(shown);
+                    node.value = Value::str(shown);
                     Ok(())
                 }
             },
@@ -310,12 +312,14 @@ impl Walk<'_> {
                     )
                 };
                 let converted = match &node.value {
-                    Value::Null if optional => return Ok(()),
-                    Value::Null => return Err(self.none_error("bool", full_key, owner)),
-                    Value::Bool(b) => *b,
-                    Value::Int(i) => *i != 0,
-                    Value::BigInt(_) => true,
-                    Value::Str(s) => match python_int(s) {
+                    Value::Scalar(Scalar::None) if optional => return Ok(()),
+                    Value::Scalar(Scalar::None) => {
+                        return Err(self.none_error("bool", full_key, owner));
+                    }
+                    Value::Scalar(Scalar::Bool(b)) => *b,
+                    Value::Scalar(Scalar::Int(i)) => *i != 0,
+                    Value::Scalar(Scalar::BigInt(_)) => true,
+                    Value::Scalar(Scalar::Str(s)) => match python_int(s) {
                         Some(i) => i != 0,
                         None => match s.to_lowercase().as_str() {
                             "yes" | "y" | "on" | "true" => true,
@@ -325,20 +329,24 @@ impl Walk<'_> {
                     },
                     _ => return Err(invalid()),
                 };
-                node.value = Value::Bool(converted);
+                node.value = Value::bool(converted);
                 Ok(())
             }
             Ty::Int { optional } => {
                 let converted = match &node.value {
-                    Value::Null if optional => return Ok(()),
-                    Value::Null => return Err(self.none_error("int", full_key, owner)),
-                    Value::Int(_) | Value::BigInt(_) => return Ok(()),
-                    Value::Str(s) => python_int(s),
+                    Value::Scalar(Scalar::None) if optional => return Ok(()),
+                    Value::Scalar(Scalar::None) => {
+                        return Err(self.none_error("int", full_key, owner));
+                    }
+                    Value::Scalar(Scalar::Int(_)) | Value::Scalar(Scalar::BigInt(_)) => {
+                        return Ok(());
+                    }
+                    Value::Scalar(Scalar::Str(s)) => python_int(s),
                     _ => None,
                 };
                 match converted {
                     Some(i) => {
-                        node.value = Value::Int(i);
+                        node.value = Value::int(i);
                         Ok(())
                     }
                     None => Err(self.err(
@@ -354,19 +362,21 @@ impl Walk<'_> {
             }
             Ty::Mode => {
                 let name = match &node.value {
-                    Value::Null => return Ok(()),
-                    Value::Int(1) => Some("RUN"),
-                    Value::Int(2) => Some("MULTIRUN"),
-                    Value::Str(s) => match s.strip_prefix("RunMode.").unwrap_or(s) {
-                        "RUN" => Some("RUN"),
-                        "MULTIRUN" => Some("MULTIRUN"),
-                        _ => None,
-                    },
+                    Value::Scalar(Scalar::None) => return Ok(()),
+                    Value::Scalar(Scalar::Int(1)) => Some("RUN"),
+                    Value::Scalar(Scalar::Int(2)) => Some("MULTIRUN"),
+                    Value::Scalar(Scalar::Str(s)) => {
+                        match s.strip_prefix("RunMode.").unwrap_or(s) {
+                            "RUN" => Some("RUN"),
+                            "MULTIRUN" => Some("MULTIRUN"),
+                            _ => None,
+                        }
+                    }
                     _ => None,
                 };
                 match name {
                     Some(name) => {
-                        node.value = Value::Str(name.into());
+                        node.value = Value::str(name);
                         Ok(())
                     }
                     None => Err(self.err(
@@ -384,7 +394,7 @@ impl Walk<'_> {
                     _ => "Dict[str, str]",
                 };
                 match &mut node.value {
-                    Value::Null if optional || ty_is_any_dict(ty) => Ok(()),
+                    Value::Scalar(Scalar::None) if optional || ty_is_any_dict(ty) => Ok(()),
                     Value::Dict(d) => {
                         if let Ty::DictStr { .. } = ty {
                             for (key, child) in d.iter_mut() {
@@ -412,7 +422,7 @@ impl Walk<'_> {
             }
             Ty::Struct(schema) => match &mut node.value {
                 Value::Dict(_) => self.fields(schema, node, full_key, Some(schema.name)),
-                Value::Null => Ok(()),
+                Value::Scalar(Scalar::None) => Ok(()),
                 _ => {
                     let message = match self.setting {
                         Setting::Merge => format!(
@@ -438,7 +448,7 @@ impl Walk<'_> {
         if node.value.is_container() && self.setting == Setting::Merge {
             return Ok(());
         }
-        if matches!(node.value, Value::Null) {
+        if matches!(node.value, Value::NULL) {
             return Err(self.err(
                 "ValidationError",
                 format!("field '{full_key}' is not Optional"),
@@ -468,7 +478,7 @@ impl Walk<'_> {
             let key_text = key.to_string();
             let child_key = format!("{full_key}.{key_text}");
             let ty = match key {
-                Key::Str(k) => schema.field(k, self.hydra),
+                Key(Scalar::Str(k)) => schema.field(k, self.hydra),
                 _ => None,
             };
             let Some(ty) = ty else {
@@ -550,7 +560,7 @@ pub(crate) fn conform_override(
         },
         None => DICT_OWNER,
     };
-    if owner.object_type == "dict" && matches!(value.value, Value::Null) {
+    if owner.object_type == "dict" && matches!(value.value, Value::NULL) {
         return Err(walk.err(
             "ValidationError",
             format!("field '{full_key}' is not Optional"),
@@ -586,7 +596,7 @@ pub(crate) fn conform_after_schema(hydra: &mut Node) -> Result<(), SchemaError> 
         return Ok(());
     };
     for (key, child) in dict.iter_mut() {
-        let Key::Str(k) = key else { continue };
+        let Key(Scalar::Str(k)) = key else { continue };
         let Some(ty) = HYDRA_CONF.field(k, Some(&snapshot)) else {
             continue;
         };
@@ -604,7 +614,7 @@ fn lenient(walk: &Walk<'_>, ty: Ty, node: &mut Node, full_key: &str) -> Result<(
     match (ty, &mut node.value) {
         (Ty::Struct(schema), Value::Dict(dict)) => {
             for (key, child) in dict.iter_mut() {
-                let Key::Str(k) = key else { continue };
+                let Key(Scalar::Str(k)) = key else { continue };
                 if let Some(ty) = schema.field(k, walk.hydra) {
                     lenient(walk, ty, child, &format!("{full_key}.{k}"))?;
                 }
@@ -613,7 +623,7 @@ fn lenient(walk: &Walk<'_>, ty: Ty, node: &mut Node, full_key: &str) -> Result<(
         }
         (Ty::DictStr { .. }, Value::Dict(dict)) => {
             for (_, child) in dict.iter() {
-                if is_interpolation(child) || matches!(child.value, Value::Str(_)) {
+                if is_interpolation(child) || matches!(child.value, Value::Scalar(Scalar::Str(_))) {
                     continue;
                 }
                 return Err(SchemaError {
@@ -662,7 +672,7 @@ mod tests {
             err.to_string(),
             "Key 'env' not in 'JobConf'\n    full_key: hydra.job.env\n    reference_type=JobConf\n    object_type=JobConf"
         );
-        let mut src = dict(&[("foo", Node::new(Value::Int(1)))]);
+        let mut src = dict(&[("foo", Node::new(Value::int(1)))]);
         let err = conform_merge(&mut src, None).expect_err("foo");
         assert_eq!(
             err.to_string(),
@@ -678,13 +688,13 @@ mod tests {
                 (
                     "env_set",
                     dict(&[
-                        ("X", Node::new(Value::Int(1))),
-                        ("Y", Node::new(Value::Bool(true))),
+                        ("X", Node::new(Value::int(1))),
+                        ("Y", Node::new(Value::bool(true))),
                     ]),
                 ),
                 ("chdir", Node::str("yes")),
                 ("num", Node::str("3")),
-                ("name", Node::new(Value::Int(5))),
+                ("name", Node::new(Value::int(5))),
             ]),
         )]);
         conform_merge(&mut src, None).expect("valid");
@@ -695,13 +705,13 @@ mod tests {
                     "env_set",
                     dict(&[("X", Node::str("1")), ("Y", Node::str("True"))]),
                 ),
-                ("chdir", Node::new(Value::Bool(true))),
-                ("num", Node::new(Value::Int(3))),
+                ("chdir", Node::new(Value::bool(true))),
+                ("num", Node::new(Value::int(3))),
                 ("name", Node::str("5")),
             ]),
         )]);
         assert_eq!(src, want);
-        let mut src = dict(&[("job", dict(&[("num", Node::new(Value::Float(1.0)))]))]);
+        let mut src = dict(&[("job", dict(&[("num", Node::new(Value::float(1.0)))]))]);
         assert_eq!(
             conform_merge(&mut src, None).map_err(|e| e.message),
             Err("Value '1.0' of type 'float' could not be converted to Integer".into())
@@ -711,12 +721,12 @@ mod tests {
             conform_merge(&mut src, None).map_err(|e| e.message),
             Err("Invalid value 'run', expected one of [RUN, MULTIRUN]".into())
         );
-        let mut src = dict(&[("job", Node::new(Value::Int(5)))]);
+        let mut src = dict(&[("job", Node::new(Value::int(5)))]);
         assert_eq!(
             conform_merge(&mut src, None).map_err(|e| e.message),
             Err("Merge error: int is not a subclass of JobConf. value: 5".into())
         );
-        let mut src = dict(&[("job", dict(&[("name", Node::new(Value::Null))]))]);
+        let mut src = dict(&[("job", dict(&[("name", Node::new(Value::NULL))]))]);
         assert_eq!(
             conform_merge(&mut src, None).map_err(|e| e.message),
             Err("Incompatible value 'None' for field of type 'str'".into())
@@ -725,7 +735,7 @@ mod tests {
 
     #[test]
     fn overrides_convert_or_fail_like_omegaconf_update() {
-        let mut v = Node::new(Value::Int(1));
+        let mut v = Node::new(Value::int(1));
         conform_override(&path("job.env_set.X"), &mut v, None).expect("str");
         assert_eq!(v, Node::str("1"));
         let mut v = Node::str("abc");
@@ -734,19 +744,19 @@ mod tests {
             err.to_string(),
             "Value 'abc' is not a valid bool (type str)\n    full_key: hydra.job.chdir\n    reference_type=JobConf\n    object_type=JobConf"
         );
-        let mut v = Node::new(Value::Null);
+        let mut v = Node::new(Value::NULL);
         let err = conform_override(&path("job.name"), &mut v, None).expect_err("not optional");
         assert_eq!(err.message, "field 'hydra.job.name' is not Optional");
-        let mut v = Node::new(Value::Int(5));
+        let mut v = Node::new(Value::int(5));
         let err = conform_override(&path("run"), &mut v, None).expect_err("struct");
         assert_eq!(
             err.message,
             "Invalid type assigned: int is not a subclass of RunDir. value: 5"
         );
-        let mut v = Node::new(Value::List(vec![Node::new(Value::Int(1))]));
+        let mut v = Node::new(Value::List(vec![Node::new(Value::int(1))]));
         let err = conform_override(&path("run.dir"), &mut v, None).expect_err("list");
         assert_eq!(err.message, "Cannot convert 'list' to string: '[1]'");
-        let mut v = Node::new(Value::Int(1));
+        let mut v = Node::new(Value::int(1));
         conform_override(&path("foo.bar"), &mut v, None).expect("undeclared keys are not typed");
         assert_eq!(
             deletion_refused(&path("job"), None).as_deref(),

@@ -11,8 +11,8 @@ use super::ResolveContext;
 use super::grammar::{self, DictKey, Element, Interp, InterpKind, KeyPiece, Part, Text};
 use super::py::{Py, PyErr};
 use super::tree::{Body, Id, SlotKey, Tree};
-use crate::bigint::BigInt;
 use crate::node::{Dict, Key, Node, Value};
+use crate::scalar::{Scalar, parse_int_digits};
 
 /// How deep interpolations may nest before resolution gives up (Python's recursion limit, in spirit).
 const MAX_DEPTH: usize = 96;
@@ -181,7 +181,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                 }
             }
         }
-        Ok(Res::Val(Py::Str(out)))
+        Ok(Res::Val(Py::string(out)))
     }
 
     fn visit_interp(
@@ -213,7 +213,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                         KeyPiece::Interp(inner) => {
                             let r = self.visit_interp(owner, node, inner, memo)?;
                             match self.value_of(&r) {
-                                Py::Str(s) => key.push_str(&s),
+                                Py::Scalar(Scalar::Str(s)) => key.push_str(&s),
                                 other => {
                                     return Err(ErrorKind::KeyNotString {
                                         value: other.str(&self.tree),
@@ -235,7 +235,7 @@ impl<'c, 'a> Engine<'c, 'a> {
                         KeyPiece::Interp(inner) => {
                             let r = self.visit_interp(owner, node, inner, memo)?;
                             match self.value_of(&r) {
-                                Py::Str(s) => parts.push(s),
+                                Py::Scalar(Scalar::Str(s)) => parts.push(s),
                                 other => {
                                     return Err(ErrorKind::ResolverNameNotString {
                                         text: inner.text.clone(),
@@ -267,12 +267,12 @@ impl<'c, 'a> Engine<'c, 'a> {
         memo: &mut Memo,
     ) -> Result<Py, ErrorKind> {
         Ok(match el {
-            Element::Empty => Py::Str(String::new()),
-            Element::Null => Py::None,
-            Element::Bool(b) => Py::Bool(*b),
+            Element::Empty => Py::string(String::new()),
+            Element::Null => Py::NONE,
+            Element::Bool(b) => Py::Scalar(Scalar::Bool(*b)),
             Element::Int(s) => parse_int_literal(s)?,
-            Element::Float(s) => Py::Float(parse_float_literal(s)),
-            Element::Str(s) => Py::Str(s.clone()),
+            Element::Float(s) => Py::Scalar(Scalar::Float(parse_float_literal(s))),
+            Element::Str(s) => Py::string(s.clone()),
             Element::Interp(i) => {
                 let r = self.visit_interp(owner, node, i, memo)?;
                 self.value_of(&r)
@@ -284,16 +284,16 @@ impl<'c, 'a> Engine<'c, 'a> {
                 let r = self.visit_text(owner, node, &text, memo)?;
                 match r {
                     // A concatenation always yields a string, even with one interpolation part.
-                    Res::Val(Py::Str(s)) if parts.len() != 1 => Py::Str(s),
-                    other => Py::Str(self.str_of(&other)),
+                    Res::Val(Py::Scalar(Scalar::Str(s))) if parts.len() != 1 => Py::string(s),
+                    other => Py::string(self.str_of(&other)),
                 }
             }
             Element::Quoted(text) => {
                 if text.parts.is_empty() {
-                    Py::Str(String::new())
+                    Py::string(String::new())
                 } else {
                     let r = self.visit_text(owner, node, text, memo)?;
-                    Py::Str(self.str_of(&r))
+                    Py::string(self.str_of(&r))
                 }
             }
             Element::List(items) => {
@@ -442,7 +442,7 @@ impl<'c, 'a> Engine<'c, 'a> {
         throw_on_missing: bool,
     ) -> Result<Option<Id>, ErrorKind> {
         let (found, shown_key) = match self.tree.body(c) {
-            Body::Dict(d) => (d.get(&Key::Str(key.to_owned())).copied(), key.to_owned()),
+            Body::Dict(d) => (d.get(&Key::from(key.to_owned())).copied(), key.to_owned()),
             Body::List(items) => {
                 let Some(index) = python_int(key) else {
                     return Err(ErrorKind::Python(PyErr::type_error(format!(
@@ -512,17 +512,12 @@ impl<'c, 'a> Engine<'c, 'a> {
     /// What `AnyNode._set_value` accepts: primitives; `???` becomes missing; interpolations are re-validated.
     fn assignable(&self, v: Py) -> Result<Value, ErrorKind> {
         Ok(match v {
-            Py::None => Value::Null,
-            Py::Bool(b) => Value::Bool(b),
-            Py::Int(i) => Value::Int(i),
-            Py::BigInt(d) => Value::BigInt(d),
-            Py::Float(f) => Value::Float(f),
-            Py::Bytes(b) => Value::Bytes(b),
-            Py::Str(s) if s == "???" => Value::Missing,
-            Py::Str(s) => {
+            Py::Scalar(Scalar::Str(s)) if s == "???" => Value::Missing,
+            Py::Scalar(Scalar::Str(s)) => {
                 grammar::validate_value(&s).map_err(|e| ErrorKind::Grammar { detail: e.detail })?;
-                Value::Str(s)
+                Value::str(s)
             }
+            Py::Scalar(s) => Value::Scalar(s),
             other => {
                 return Err(ErrorKind::UnsupportedValueType {
                     type_name: other.type_name(&self.tree),
@@ -589,13 +584,7 @@ impl<'c, 'a> Engine<'c, 'a> {
         origin: Option<crate::node::Origin>,
     ) -> Result<Node, ErrorKind> {
         let value = match p {
-            Py::None => Value::Null,
-            Py::Bool(b) => Value::Bool(b),
-            Py::Int(i) => Value::Int(i),
-            Py::BigInt(d) => Value::BigInt(d),
-            Py::Float(f) => Value::Float(f),
-            Py::Str(s) => Value::Str(s),
-            Py::Bytes(b) => Value::Bytes(b),
+            Py::Scalar(s) => Value::Scalar(s),
             Py::List(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for item in items {
@@ -679,11 +668,11 @@ pub fn python_class(p: &Py, tree: &Tree) -> String {
 
 fn dict_key_value(k: &DictKey) -> Result<Py, ErrorKind> {
     Ok(match k {
-        DictKey::Null => Py::None,
-        DictKey::Bool(b) => Py::Bool(*b),
+        DictKey::Null => Py::NONE,
+        DictKey::Bool(b) => Py::Scalar(Scalar::Bool(*b)),
         DictKey::Int(s) => parse_int_literal(s)?,
-        DictKey::Float(s) => Py::Float(parse_float_literal(s)),
-        DictKey::Str(s) => Py::Str(s.clone()),
+        DictKey::Float(s) => Py::Scalar(Scalar::Float(parse_float_literal(s))),
+        DictKey::Str(s) => Py::string(s.clone()),
     })
 }
 
@@ -694,17 +683,13 @@ fn parse_int_literal(s: &str) -> Result<Py, ErrorKind> {
         Some(rest) => (true, rest),
         None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
     };
-    let magnitude = BigInt::parse_radix(digits, 10).ok_or_else(|| {
+    let magnitude = parse_int_digits(digits, 10).ok_or_else(|| {
         ErrorKind::Python(PyErr::new(
             "ValueError",
             format!("invalid literal for int() with base 10: '{s}'"),
         ))
     })?;
-    Ok(Py::int(if negative {
-        magnitude.negated()
-    } else {
-        magnitude
-    }))
+    Ok(Py::int(if negative { -magnitude } else { magnitude }))
 }
 
 /// `float(text)` for a FLOAT token (`1_0.5e-3`, `-inf`, `NaN`, `1.`, `.5`).
@@ -841,18 +826,21 @@ mod tests {
             assert_eq!(parse_float_literal(text), want, "{text}");
         }
         assert!(parse_float_literal("NaN").is_nan());
-        assert_eq!(parse_int_literal("-1_000").ok(), Some(Py::Int(-1000)));
+        assert_eq!(
+            parse_int_literal("-1_000").ok(),
+            Some(Py::Scalar(Scalar::Int(-1000)))
+        );
         assert_eq!(
             parse_int_literal("+9_223_372_036_854_775_807").ok(),
-            Some(Py::Int(i64::MAX))
+            Some(Py::Scalar(Scalar::Int(i64::MAX)))
         );
         assert_eq!(
             parse_int_literal("99999999999999999999").ok(),
-            Some(Py::BigInt("99999999999999999999".into()))
+            Some(Py::Scalar(crate::scalar::big("99999999999999999999")))
         );
         assert_eq!(
             parse_int_literal("-9223372036854775809").ok(),
-            Some(Py::BigInt("-9223372036854775809".into()))
+            Some(Py::Scalar(crate::scalar::big("-9223372036854775809")))
         );
     }
 }

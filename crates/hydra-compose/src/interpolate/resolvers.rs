@@ -9,6 +9,7 @@ use super::grammar;
 use super::py::{self, Py, PyErr};
 use super::tree::{Body, Id, SlotKey};
 use crate::node::Value;
+use crate::scalar::{Scalar, python_repr_str};
 
 /// A Python function signature: its name (as Python prints it), required and optional parameters.
 struct Sig {
@@ -88,49 +89,51 @@ impl Engine<'_, '_> {
         match name {
             "oc.env" => {
                 sig("env", &["key"], &["default"]).check(n)?;
-                self.oc_env(arg(0).unwrap_or(Py::None), arg(1))
+                self.oc_env(arg(0).unwrap_or(Py::NONE), arg(1))
             }
             "oc.select" => {
                 sig("select", &["key"], &["default"]).check(n)?;
-                self.oc_select(owner, arg(0).unwrap_or(Py::None), arg(1))
+                self.oc_select(owner, arg(0).unwrap_or(Py::NONE), arg(1))
             }
             "oc.decode" => {
                 sig("decode", &["expr"], &[]).check(n)?;
-                self.oc_decode(owner, node, arg(0).unwrap_or(Py::None))
+                self.oc_decode(owner, node, arg(0).unwrap_or(Py::NONE))
             }
             "oc.create" => {
                 sig("create", &["obj"], &[]).check(n)?;
-                self.oc_create(owner, arg(0).unwrap_or(Py::None))
+                self.oc_create(owner, arg(0).unwrap_or(Py::NONE))
             }
             "oc.deprecated" => {
                 sig("deprecated", &["key"], &["message"]).check(n)?;
-                self.oc_deprecated(owner, node, arg(0).unwrap_or(Py::None), arg(1))
+                self.oc_deprecated(owner, node, arg(0).unwrap_or(Py::NONE), arg(1))
             }
             "oc.dict.keys" => {
                 sig("keys", &["key"], &[]).check(n)?;
-                self.oc_dict_keys(owner, arg(0).unwrap_or(Py::None))
+                self.oc_dict_keys(owner, arg(0).unwrap_or(Py::NONE))
             }
             "oc.dict.values" => {
                 sig("values", &["key"], &[]).check(n)?;
-                self.oc_dict_values(owner, arg(0).unwrap_or(Py::None))
+                self.oc_dict_values(owner, arg(0).unwrap_or(Py::NONE))
             }
             "now" => {
                 sig(LAMBDA, &["pattern"], &[]).check(n)?;
                 match arg(0) {
-                    Some(Py::Str(pattern)) => Ok(Py::Str(strftime(&self.ctx.now, &pattern))),
+                    Some(Py::Scalar(Scalar::Str(pattern))) => {
+                        Ok(Py::string(strftime(&self.ctx.now, &pattern)))
+                    }
                     other => Err(type_error(format!(
                         "strftime() argument 1 must be str, not {}",
-                        other.unwrap_or(Py::None).type_name(&self.tree)
+                        other.unwrap_or(Py::NONE).type_name(&self.tree)
                     ))),
                 }
             }
             "hydra" => {
                 sig(LAMBDA, &["path"], &[]).check(n)?;
-                self.hydra_select(arg(0).unwrap_or(Py::None))
+                self.hydra_select(arg(0).unwrap_or(Py::NONE))
             }
             "multiply" | "int_div" | "subtract" => {
                 sig(LAMBDA, &["x", "y"], &[]).check(n)?;
-                let (x, y) = (arg(0).unwrap_or(Py::None), arg(1).unwrap_or(Py::None));
+                let (x, y) = (arg(0).unwrap_or(Py::NONE), arg(1).unwrap_or(Py::NONE));
                 let out = match name {
                     "multiply" => py::multiply(&x, &y, &self.tree),
                     "int_div" => py::floor_div(&x, &y, &self.tree),
@@ -140,7 +143,9 @@ impl Engine<'_, '_> {
             }
             "not" => {
                 sig(LAMBDA, &["x"], &[]).check(n)?;
-                Ok(Py::Bool(!arg(0).unwrap_or(Py::None).truthy(&self.tree)))
+                Ok(Py::Scalar(Scalar::Bool(
+                    !arg(0).unwrap_or(Py::NONE).truthy(&self.tree),
+                )))
             }
             other => Err(ErrorKind::UnsupportedResolver {
                 name: other.to_owned(),
@@ -149,29 +154,29 @@ impl Engine<'_, '_> {
     }
 
     fn oc_env(&self, key: Py, default: Option<Py>) -> Result<Py, ErrorKind> {
-        let Py::Str(key) = key else {
+        let Py::Scalar(Scalar::Str(key)) = key else {
             return Err(type_error(format!(
                 "str expected, not {}",
                 key.type_name(&self.tree)
             )));
         };
         if let Some(v) = (self.ctx.env)(&key) {
-            return Ok(Py::Str(v));
+            return Ok(Py::string(v));
         }
         match default {
-            Some(Py::None) => Ok(Py::None),
-            Some(d) => Ok(Py::Str(d.str(&self.tree))),
+            Some(Py::NONE) => Ok(Py::NONE),
+            Some(d) => Ok(Py::string(d.str(&self.tree))),
             // `str(KeyError(msg))` is the repr of the message.
             None => Err(py_err(
                 "KeyError",
-                py::repr_str(&format!("Environment variable '{key}' not found")),
+                python_repr_str(&format!("Environment variable '{key}' not found")),
             )),
         }
     }
 
     /// `select_value(_parent_, key, absolute_key=True, default=...)`.
     fn oc_select(&mut self, owner: Id, key: Py, default: Option<Py>) -> Result<Py, ErrorKind> {
-        let Py::Str(key) = key else {
+        let Py::Scalar(Scalar::Str(key)) = key else {
             return Err(py_err(
                 "AttributeError",
                 format!(
@@ -182,10 +187,10 @@ impl Engine<'_, '_> {
         };
         match self.select_node(owner, &key, false)? {
             Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => {
-                Ok(default.unwrap_or(Py::None))
+                Ok(default.unwrap_or(Py::NONE))
             }
             Some(r) => Ok(self.value_of(&r)),
-            None => Ok(default.unwrap_or(Py::None)),
+            None => Ok(default.unwrap_or(Py::NONE)),
         }
     }
 
@@ -221,8 +226,8 @@ impl Engine<'_, '_> {
 
     fn oc_decode(&mut self, owner: Id, node: Id, expr: Py) -> Result<Py, ErrorKind> {
         let s = match expr {
-            Py::None => return Ok(Py::None),
-            Py::Str(s) => s,
+            Py::NONE => return Ok(Py::NONE),
+            Py::Scalar(Scalar::Str(s)) => s,
             other => {
                 return Err(type_error(format!(
                     "`oc.decode` can only take strings or None as input, but `{}` is of type {}",
@@ -249,12 +254,12 @@ impl Engine<'_, '_> {
     /// `OmegaConf.create(obj, parent=_parent_)`.
     fn oc_create(&mut self, owner: Id, obj: Py) -> Result<Py, ErrorKind> {
         match obj {
-            Py::None => Ok(Py::None),
+            Py::NONE => Ok(Py::NONE),
             Py::Dict(_) | Py::List(_) | Py::Config(_) => {
                 Ok(Py::Config(self.build(&obj, Some(owner), None)?))
             }
             // A string is YAML, loaded the way `OmegaConf.create(str)` does (`a` → `{a: null}`).
-            Py::Str(text) => {
+            Py::Scalar(Scalar::Str(text)) => {
                 let node = crate::yaml::load_str(&text, "<oc.create>")
                     .map_err(|e| py_err("YAMLError", e.to_string()))?;
                 let id = self.tree.insert_node(&node, Some(owner), None);
@@ -292,7 +297,7 @@ impl Engine<'_, '_> {
         key: Py,
         message: Option<Py>,
     ) -> Result<Py, ErrorKind> {
-        let Py::Str(key) = key else {
+        let Py::Scalar(Scalar::Str(key)) = key else {
             return Err(type_error(format!(
                 "oc.deprecated: interpolation key type is not a string ({})",
                 key.type_name(&self.tree)
@@ -302,7 +307,7 @@ impl Engine<'_, '_> {
             None => {
                 "'$OLD_KEY' is deprecated. Change your code and config to use '$NEW_KEY'".to_owned()
             }
-            Some(Py::Str(m)) => m,
+            Some(Py::Scalar(Scalar::Str(m))) => m,
             Some(other) => {
                 return Err(type_error(format!(
                     "oc.deprecated: interpolation message type is not a string ({})",
@@ -332,7 +337,7 @@ impl Engine<'_, '_> {
         key: &Py,
         resolver: &str,
     ) -> Result<(String, Id), ErrorKind> {
-        let Py::Str(key) = key else {
+        let Py::Scalar(Scalar::Str(key)) = key else {
             return Err(type_error(format!(
                 "`{resolver}` requires a string as input, but obtained `{}` of type: {}",
                 key.str(&self.tree),
@@ -392,7 +397,7 @@ impl Engine<'_, '_> {
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let leaf = Body::Leaf(Value::Str(format!("${{{base}.{k}}}")));
+                let leaf = Body::Leaf(Value::str(format!("${{{base}.{k}}}")));
                 self.tree
                     .add(Some(list), Some(SlotKey::Index(i)), leaf, None)
             })
@@ -406,7 +411,7 @@ impl Engine<'_, '_> {
         let Some(hydra) = self.hydra else {
             return Err(py_err("ValueError", "HydraConfig was not set"));
         };
-        let Py::Str(path) = path else {
+        let Py::Scalar(Scalar::Str(path)) = path else {
             return Err(py_err(
                 "AttributeError",
                 format!(
@@ -423,10 +428,10 @@ impl Engine<'_, '_> {
         };
         match self.select_node(hydra, &rel, false)? {
             Some(Res::Node(id)) if matches!(self.tree.leaf(id), Some(Value::Missing)) => {
-                Ok(Py::None)
+                Ok(Py::NONE)
             }
             Some(r) => Ok(self.value_of(&r)),
-            None => Ok(Py::None),
+            None => Ok(Py::NONE),
         }
     }
 }

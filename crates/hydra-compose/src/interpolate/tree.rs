@@ -7,6 +7,7 @@
 use indexmap::IndexMap;
 
 use crate::node::{Key, Node, Origin, Value};
+use crate::scalar::Scalar;
 
 pub type Id = usize;
 
@@ -127,7 +128,7 @@ impl Tree {
     pub fn deep_copy(&mut self, src: Id, parent: Option<Id>, key: Option<SlotKey>) -> Id {
         let origin = self.slot(src).origin.clone();
         let body = self.slot(src).body.clone();
-        let id = self.add(parent, key, Body::Leaf(Value::Null), origin);
+        let id = self.add(parent, key, Body::Leaf(Value::NULL), origin);
         let body = match body {
             Body::Leaf(s) => Body::Leaf(s),
             Body::List(items) => Body::List(
@@ -199,7 +200,7 @@ impl Tree {
     /// The interpolation string of a leaf, if it is one.
     pub fn interpolation(&self, id: Id) -> Option<&str> {
         match self.leaf(id) {
-            Some(Value::Str(s)) if s.contains("${") => Some(s),
+            Some(Value::Scalar(Scalar::Str(s))) if s.contains("${") => Some(s),
             _ => None,
         }
     }
@@ -251,14 +252,14 @@ mod tests {
 
     fn sample() -> Node {
         let mut inner = crate::node::Dict::new();
-        inner.insert(Key::from("c"), Node::new(Value::Int(1)));
+        inner.insert(Key::from("c"), Node::new(Value::int(1)));
         let list = Node::new(Value::List(vec![
             Node::new(Value::Dict(inner)),
             Node::str("${x}"),
         ]));
         let mut root = crate::node::Dict::new();
         root.insert(Key::from("l"), list);
-        root.insert(Key::Int(3), Node::new(Value::Missing));
+        root.insert(Key::int(3), Node::new(Value::Missing));
         Node::new(Value::Dict(root))
     }
 
@@ -281,7 +282,7 @@ mod tests {
         assert_eq!(t.full_key(first[&Key::from("c")]), "l[0].c");
         assert_eq!(t.full_key(items[1]), "l[1]");
         assert_eq!(t.interpolation(items[1]), Some("${x}"));
-        assert_eq!(t.full_key(d[&Key::Int(3)]), "3");
+        assert_eq!(t.full_key(d[&Key::int(3)]), "3");
         assert_eq!(t.child_full_key(l, "7"), "l[7]");
         assert_eq!(t.root_of(first[&Key::from("c")]), root);
     }
@@ -294,7 +295,7 @@ mod tests {
         let Body::Dict(d) = t.body(copy).clone() else {
             panic!("dict")
         };
-        t.set_leaf(d[&Key::Int(3)], Value::Int(9));
+        t.set_leaf(d[&Key::int(3)], Value::int(9));
         assert_eq!(t.to_node(root), sample());
         assert_ne!(t.to_node(copy), sample());
     }

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::OverrideError;
-use crate::node::{Dict, Key, Node, Origin, PyScalar, Value, python_float_repr};
+use crate::node::{Dict, Key, Node, Origin, Value};
+use crate::scalar::{Scalar, python_repr_str};
 
 /// The quote a string was written with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,18 +32,10 @@ impl Quote {
 /// A value that is not a sweep: what `key=value` sets.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Element {
-    Null,
-    Bool(bool),
-    Int(i64),
-    /// A Python int outside `i64`, as canonical decimal digits.
-    BigInt(String),
-    Float(f64),
-    /// `quote` is `Some` for `'...'` / `"..."` (already unescaped), `None` for unquoted text and the
-    /// results of functions such as `str()`.
-    Str {
-        value: String,
-        quote: Option<Quote>,
-    },
+    /// A scalar; a string here was written unquoted or made by a function such as `str()`.
+    Scalar(Scalar),
+    /// A string written `'...'` / `"..."` (already unescaped).
+    Quoted(String, Quote),
     List(Vec<Element>),
     /// Keys as Hydra types them (`{1: a, true: b, x: c}`); duplicate keys are already merged the way a
     /// Python dict merges them.
@@ -57,17 +50,18 @@ pub enum GroupChoice {
 }
 
 impl Element {
+    /// An unquoted string.
+    pub fn str(s: impl Into<String>) -> Element {
+        Element::Scalar(Scalar::Str(s.into()))
+    }
+
     /// The config node OmegaConf builds from this value (strings stay raw; `???` is missing); every node
     /// of it gets `origin`.
     pub fn to_node(&self, origin: &Origin) -> Node {
         let value = match self {
-            Element::Null => Value::Null,
-            Element::Bool(b) => Value::Bool(*b),
-            Element::Int(i) => Value::Int(*i),
-            Element::BigInt(d) => Value::BigInt(d.clone()),
-            Element::Float(f) => Value::Float(*f),
-            Element::Str { value, .. } if value == "???" => Value::Missing,
-            Element::Str { value, .. } => Value::Str(value.clone()),
+            Element::Scalar(Scalar::Str(s)) | Element::Quoted(s, _) if s == "???" => Value::Missing,
+            Element::Scalar(s) => Value::Scalar(s.clone()),
+            Element::Quoted(s, _) => Value::str(s.clone()),
             Element::List(items) => Value::List(items.iter().map(|e| e.to_node(origin)).collect()),
             Element::Dict(pairs) => {
                 let mut dict = Dict::with_capacity(pairs.len());
@@ -88,28 +82,17 @@ impl Element {
     /// Python's type name of the value (`str`, `int`, `NoneType`, ...), as Hydra's messages print it.
     pub fn type_name(&self) -> &'static str {
         match self {
+            Element::Scalar(s) => s.type_name(),
+            Element::Quoted(..) => "str",
             Element::List(_) => "list",
             Element::Dict(_) => "dict",
-            leaf => leaf.as_scalar().map_or("object", PyScalar::type_name),
         }
     }
 
-    /// The Python scalar this is (a quoted string is its text); `None` for lists and dicts.
-    fn as_scalar(&self) -> Option<PyScalar<'_>> {
-        Some(match self {
-            Element::Null => PyScalar::None,
-            Element::Bool(b) => PyScalar::Bool(*b),
-            Element::Int(i) => PyScalar::Int(*i),
-            Element::BigInt(digits) => PyScalar::BigInt(digits),
-            Element::Float(f) => PyScalar::Float(*f),
-            Element::Str { value, .. } => PyScalar::Str(value),
-            Element::List(_) | Element::Dict(_) => return None,
-        })
-    }
-
+    /// The text of a string, quoted or not.
     pub fn as_str(&self) -> Option<&str> {
         match self {
-            Element::Str { value, .. } => Some(value),
+            Element::Scalar(Scalar::Str(s)) | Element::Quoted(s, _) => Some(s),
             _ => None,
         }
     }
@@ -117,13 +100,15 @@ impl Element {
     /// The option(s) a config group override selects (`db=mysql`), or Hydra's error for other values.
     pub fn group_choice(&self) -> Result<GroupChoice, OverrideError> {
         match self {
-            Element::Str { value, .. } => Ok(GroupChoice::One(value.clone())),
             Element::List(items) => Ok(GroupChoice::Many(
                 items.iter().map(Element::python_str).collect(),
             )),
-            other => Err(OverrideError::GroupValueType {
-                type_name: other.type_name(),
-            }),
+            other => match other.as_str() {
+                Some(s) => Ok(GroupChoice::One(s.to_owned())),
+                None => Err(OverrideError::GroupValueType {
+                    type_name: other.type_name(),
+                }),
+            },
         }
     }
 
@@ -131,17 +116,10 @@ impl Element {
     /// builds each job's override as `key=<this>`, and Hydra records overrides in this form.
     pub fn to_override_text(&self) -> String {
         match self {
-            Element::Null => "null".into(),
-            Element::Bool(true) => "True".into(),
-            Element::Bool(false) => "False".into(),
-            Element::Int(i) => i.to_string(),
-            Element::BigInt(d) => d.clone(),
-            Element::Float(f) => python_float_repr(*f),
-            Element::Str {
-                value,
-                quote: Some(q),
-            } => with_quotes(value, *q),
-            Element::Str { value, quote: None } => escape_special_characters(value),
+            Element::Scalar(Scalar::None) => "null".into(),
+            Element::Scalar(Scalar::Str(s)) => escape_special_characters(s),
+            Element::Scalar(s) => s.repr(),
+            Element::Quoted(s, q) => with_quotes(s, *q),
             Element::List(items) => {
                 format!(
                     "[{}]",
@@ -165,15 +143,17 @@ impl Element {
     /// Python's `str()` of the value Hydra hands to OmegaConf (used in messages such as
     /// `The value of 'a' is 1 and not <this>`).
     pub fn python_str(&self) -> String {
-        match self {
-            Element::Str { value, .. } => value.clone(),
-            other => other.python_repr(),
+        match self.as_str() {
+            Some(s) => s.to_owned(),
+            None => self.python_repr(),
         }
     }
 
     /// Python's `repr()` of the value (quotes dropped from quoted strings, as `Override.value()` does).
     pub fn python_repr(&self) -> String {
         match self {
+            Element::Scalar(s) => s.repr(),
+            Element::Quoted(s, _) => python_repr_str(s),
             Element::List(items) => {
                 format!(
                     "[{}]",
@@ -187,19 +167,18 @@ impl Element {
             Element::Dict(pairs) => {
                 let inner: Vec<String> = pairs
                     .iter()
-                    .map(|(k, v)| format!("{}: {}", k.as_py().repr(), v.python_repr()))
+                    .map(|(k, v)| format!("{}: {}", k.0.repr(), v.python_repr()))
                     .collect();
                 format!("{{{}}}", inner.join(", "))
             }
-            leaf => leaf.as_scalar().map(PyScalar::repr).unwrap_or_default(),
         }
     }
 }
 
 fn key_override_text(k: &Key) -> String {
     match k {
-        Key::Str(s) => escape_special_characters(s),
-        Key::Null => "null".into(),
+        Key(Scalar::Str(s)) => escape_special_characters(s),
+        Key(Scalar::None) => "null".into(),
         other => other.to_string(),
     }
 }
@@ -249,31 +228,34 @@ mod tests {
     use super::*;
 
     fn s(value: &str, quote: Option<Quote>) -> Element {
-        Element::Str {
-            value: value.into(),
-            quote,
+        match quote {
+            Some(q) => Element::Quoted(value.into(), q),
+            None => Element::str(value),
         }
     }
 
     #[test]
     fn override_text_matches_hydra() {
         let cases = [
-            (Element::Null, "null"),
-            (Element::Bool(true), "True"),
-            (Element::Float(1e-5), "1e-05"),
+            (Element::Scalar(Scalar::None), "null"),
+            (Element::Scalar(Scalar::Bool(true)), "True"),
+            (Element::Scalar(Scalar::Float(1e-5)), "1e-05"),
             (s("a b,c", None), "a\\ b\\,c"),
             (s("a'b", Some(Quote::Single)), "'a\\'b'"),
             (s("a\\", Some(Quote::Single)), "'a\\\\'"),
             (s("a\\'b", Some(Quote::Single)), "'a\\\\\\'b'"),
             (s("a\\b", Some(Quote::Double)), "\"a\\b\""),
             (
-                Element::List(vec![Element::Int(1), s("x", Some(Quote::Double))]),
+                Element::List(vec![
+                    Element::Scalar(Scalar::Int(1)),
+                    s("x", Some(Quote::Double)),
+                ]),
                 "[1,\"x\"]",
             ),
             (
                 Element::Dict(vec![
-                    (Key::from("a"), Element::Int(1)),
-                    (Key::Int(2), Element::Null),
+                    (Key::from("a"), Element::Scalar(Scalar::Int(1))),
+                    (Key::int(2), Element::Scalar(Scalar::None)),
                 ]),
                 "{a:1,2:null}",
             ),
@@ -286,13 +268,13 @@ mod tests {
     #[test]
     fn python_rendering() {
         let list = Element::List(vec![
-            Element::Int(1),
+            Element::Scalar(Scalar::Int(1)),
             s("a", Some(Quote::Double)),
-            Element::Bool(false),
+            Element::Scalar(Scalar::Bool(false)),
         ]);
         assert_eq!(list.python_str(), "[1, 'a', False]");
         assert_eq!(s("abc", None).python_str(), "abc");
-        assert_eq!(Element::Null.python_str(), "None");
+        assert_eq!(Element::Scalar(Scalar::None).python_str(), "None");
     }
 
     #[test]
@@ -301,7 +283,9 @@ mod tests {
             s("mysql", None).group_choice(),
             Ok(GroupChoice::One("mysql".into()))
         );
-        let err = Element::Int(1).group_choice().map_err(|e| e.to_string());
+        let err = Element::Scalar(Scalar::Int(1))
+            .group_choice()
+            .map_err(|e| e.to_string());
         assert_eq!(
             err,
             Err("Config group override must be a string or a list. Got int".to_owned())
@@ -312,10 +296,10 @@ mod tests {
     fn triple_question_mark_is_missing() {
         let node = s("???", None).to_node_from("a=???");
         assert_eq!(node.value, Value::Missing);
-        let node = Element::List(vec![Element::Float(1.5)]).to_node_from("a=[1.5]");
+        let node = Element::List(vec![Element::Scalar(Scalar::Float(1.5))]).to_node_from("a=[1.5]");
         assert_eq!(
             node.as_list().map(|l| l[0].value.clone()),
-            Some(Value::Float(1.5))
+            Some(Value::float(1.5))
         );
     }
 }

@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use num_bigint::BigInt;
 use rand::seq::SliceRandom;
 
 use super::GrammarError;
 use super::sweep::{GlobSweep, IntervalSweep, Number, RangeSweep};
 use super::value::{Choice, Val, py_repr, py_sorted};
-use crate::bigint::BigInt;
-use crate::node::python_float_repr;
+use crate::scalar::{Scalar, float_to_exact_int, int_to_f64, parse_int_digits, python_float_repr};
 
 /// A call as the visitor collected it: positional args, then keyword args (a later duplicate wins).
 pub(super) struct Call<'a> {
@@ -68,7 +68,7 @@ fn eval_inner(call: Call<'_>) -> Result<Val, Raise> {
     };
     // Hydra strips the quotes of top-level string arguments before binding.
     let unquote = |v: Val| match v {
-        Val::Quoted(s, _) => Val::Str(s),
+        Val::Quoted(s, _) => Val::str(s),
         other => other,
     };
     let args: Vec<Val> = call.args.into_iter().map(unquote).collect();
@@ -123,28 +123,24 @@ enum Accept {
 impl Accept {
     fn accepts(self, v: &Val) -> bool {
         use Val as V;
-        let number = matches!(v, V::Bool(_) | V::Int(_) | V::BigInt(_) | V::Float(_));
+        let number = v.is_number();
+        let null = matches!(v, V::Scalar(Scalar::None));
+        let str = matches!(v, V::Scalar(Scalar::Str(_)));
         match self {
             Accept::Castable => !matches!(v, V::Glob(_)),
             Accept::ChoiceArg => {
-                number || matches!(v, V::Str(_) | V::Dict(_) | V::List(_) | V::Choice(_))
+                number || str || matches!(v, V::Dict(_) | V::List(_) | V::Choice(_))
             }
-            Accept::Number { optional } => number || (optional && matches!(v, V::Null)),
-            Accept::TagArg => matches!(v, V::Str(_)) || v.is_sweep(),
-            Accept::OptSweep => matches!(v, V::Null) || v.is_sweep(),
+            Accept::Number { optional } => number || (optional && null),
+            Accept::TagArg => str || v.is_sweep(),
+            Accept::OptSweep => null || v.is_sweep(),
             Accept::SortArg => {
-                number
-                    || matches!(
-                        v,
-                        V::Str(_) | V::List(_) | V::Dict(_) | V::Choice(_) | V::Range(_)
-                    )
+                number || str || matches!(v, V::List(_) | V::Dict(_) | V::Choice(_) | V::Range(_))
             }
-            Accept::OptChoiceOrRange => matches!(v, V::Null | V::Choice(_) | V::Range(_)),
-            Accept::OptList => matches!(v, V::Null | V::List(_)),
-            Accept::ExactBool => matches!(v, V::Bool(_)),
-            Accept::StrOrList { optional } => {
-                matches!(v, V::Str(_) | V::List(_)) || (optional && matches!(v, V::Null))
-            }
+            Accept::OptChoiceOrRange => null || matches!(v, V::Choice(_) | V::Range(_)),
+            Accept::OptList => null || matches!(v, V::List(_)),
+            Accept::ExactBool => matches!(v, V::Scalar(Scalar::Bool(_))),
+            Accept::StrOrList { optional } => str || matches!(v, V::List(_)) || (optional && null),
         }
     }
 
@@ -211,7 +207,7 @@ impl Bound {
     fn take(&mut self, name: &str) -> Option<Val> {
         let i = self.named.iter().position(|(n, _)| *n == name)?;
         match self.named.remove(i).1 {
-            Val::Null => None,
+            Val::NONE => None,
             v => Some(v),
         }
     }
@@ -407,7 +403,7 @@ fn cast_call(kind: Cast, mut b: Bound) -> Result<Val, Raise> {
 
 fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
     match v {
-        Val::Quoted(s, _) => cast(kind, Val::Str(s)),
+        Val::Quoted(s, _) => cast(kind, Val::str(s)),
         Val::Dict(pairs) => Ok(Val::Dict(
             pairs
                 .into_iter()
@@ -452,29 +448,27 @@ fn cast(kind: Cast, v: Val) -> Result<Val, Raise> {
             })),
         },
         // `cast_bool` ends in Python's `bool(value)`, which accepts None; the others assert a primitive.
-        Val::Null if kind == Cast::Bool => Ok(Val::Bool(false)),
-        Val::Null | Val::Glob(_) => Err(assertion_error()),
-        Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_) => {
-            cast_primitive(kind, v)
-        }
+        Val::NONE if kind == Cast::Bool => Ok(Val::Scalar(Scalar::Bool(false))),
+        Val::Scalar(Scalar::None | Scalar::Bytes(_)) | Val::Glob(_) => Err(assertion_error()),
+        Val::Scalar(_) => cast_primitive(kind, v),
     }
 }
 
 fn cast_number(kind: Cast, n: Number) -> Result<Number, Raise> {
     let v = match n {
-        Number::Int(i) => Val::Int(i),
-        Number::Float(f) => Val::Float(f),
+        Number::Int(i) => Val::Scalar(Scalar::Int(i)),
+        Number::Float(f) => Val::Scalar(Scalar::Float(f)),
     };
     match cast_primitive(kind, v)? {
-        Val::Int(i) => Ok(Number::Int(i)),
-        Val::Float(f) => Ok(Number::Float(f)),
-        Val::BigInt(d) => Err(sweep_bound_too_big(&d)),
+        Val::Scalar(Scalar::Int(i)) => Ok(Number::Int(i)),
+        Val::Scalar(Scalar::Float(f)) => Ok(Number::Float(f)),
+        Val::Scalar(Scalar::BigInt(i)) => Err(sweep_bound_too_big(&i)),
         _ => Err(assertion_error()),
     }
 }
 
 /// Sweep bounds are `i64` here; Python's would be unbounded.
-fn sweep_bound_too_big(digits: &str) -> Raise {
+fn sweep_bound_too_big(digits: &BigInt) -> Raise {
     Raise {
         exception: "OverflowError",
         message: format!("sweep bound {digits} does not fit in 64 bits"),
@@ -483,44 +477,47 @@ fn sweep_bound_too_big(digits: &str) -> Raise {
 
 fn cast_primitive(kind: Cast, v: Val) -> Result<Val, Raise> {
     Ok(match (kind, v) {
-        (Cast::Int, Val::Bool(b)) => Val::Int(i64::from(b)),
-        (Cast::Int, Val::Int(i)) => Val::Int(i),
-        (Cast::Int, Val::Float(f)) => Val::int(float_to_int(f)?),
-        (Cast::Int, Val::Str(s)) => Val::int(py_int_from_str(&s)?),
-        (Cast::Int, Val::BigInt(d)) => Val::BigInt(d),
-        (Cast::Float, Val::BigInt(d)) => Val::Float(big_to_float(&d)?),
-        (Cast::Str, Val::BigInt(d)) => Val::Str(d),
+        (Cast::Int, Val::Scalar(Scalar::Bool(b))) => Val::Scalar(Scalar::Int(i64::from(b))),
+        (Cast::Int, Val::Scalar(Scalar::Int(i))) => Val::Scalar(Scalar::Int(i)),
+        (Cast::Int, Val::Scalar(Scalar::Float(f))) => Val::int(float_to_int(f)?),
+        (Cast::Int, Val::Scalar(Scalar::Str(s))) => Val::int(py_int_from_str(&s)?),
+        (Cast::Int, Val::Scalar(Scalar::BigInt(i))) => Val::Scalar(Scalar::BigInt(i)),
+        (Cast::Float, Val::Scalar(Scalar::BigInt(i))) => {
+            Val::Scalar(Scalar::Float(big_to_float(&i)?))
+        }
+        (Cast::Str, Val::Scalar(Scalar::BigInt(i))) => Val::str(i.to_string()),
         // Never zero: zero fits in i64.
-        (Cast::Bool, Val::BigInt(_)) => Val::Bool(true),
-        (Cast::Float, Val::Bool(b)) => Val::Float(f64::from(u8::from(b))),
-        (Cast::Float, Val::Int(i)) => Val::Float(i as f64),
-        (Cast::Float, Val::Float(f)) => Val::Float(f),
-        (Cast::Float, Val::Str(s)) => Val::Float(py_float_from_str(&s)?),
-        (Cast::Str, Val::Bool(b)) => Val::Str(if b { "true" } else { "false" }.into()),
-        (Cast::Str, Val::Int(i)) => Val::Str(i.to_string()),
-        (Cast::Str, Val::Float(f)) => Val::Str(python_float_repr(f)),
-        (Cast::Str, Val::Str(s)) => Val::Str(s),
-        (Cast::Bool, Val::Str(s)) => match s.to_lowercase().as_str() {
-            "false" => Val::Bool(false),
-            "true" => Val::Bool(true),
+        (Cast::Bool, Val::Scalar(Scalar::BigInt(_))) => Val::Scalar(Scalar::Bool(true)),
+        (Cast::Float, Val::Scalar(Scalar::Bool(b))) => {
+            Val::Scalar(Scalar::Float(f64::from(u8::from(b))))
+        }
+        (Cast::Float, Val::Scalar(Scalar::Int(i))) => Val::Scalar(Scalar::Float(i as f64)),
+        (Cast::Float, Val::Scalar(Scalar::Float(f))) => Val::Scalar(Scalar::Float(f)),
+        (Cast::Float, Val::Scalar(Scalar::Str(s))) => {
+            Val::Scalar(Scalar::Float(py_float_from_str(&s)?))
+        }
+        (Cast::Str, Val::Scalar(Scalar::Bool(b))) => Val::str(if b { "true" } else { "false" }),
+        (Cast::Str, Val::Scalar(Scalar::Int(i))) => Val::str(i.to_string()),
+        (Cast::Str, Val::Scalar(Scalar::Float(f))) => Val::str(python_float_repr(f)),
+        (Cast::Str, Val::Scalar(Scalar::Str(s))) => Val::Scalar(Scalar::Str(s)),
+        (Cast::Bool, Val::Scalar(Scalar::Str(s))) => match s.to_lowercase().as_str() {
+            "false" => Val::Scalar(Scalar::Bool(false)),
+            "true" => Val::Scalar(Scalar::Bool(true)),
             _ => return Err(value_error(format!("Cannot cast '{s}' to bool"))),
         },
-        (Cast::Bool, Val::Bool(b)) => Val::Bool(b),
-        (Cast::Bool, Val::Int(i)) => Val::Bool(i != 0),
-        (Cast::Bool, Val::Float(f)) => Val::Bool(f != 0.0),
+        (Cast::Bool, Val::Scalar(Scalar::Bool(b))) => Val::Scalar(Scalar::Bool(b)),
+        (Cast::Bool, Val::Scalar(Scalar::Int(i))) => Val::Scalar(Scalar::Bool(i != 0)),
+        (Cast::Bool, Val::Scalar(Scalar::Float(f))) => Val::Scalar(Scalar::Bool(f != 0.0)),
         _ => return Err(assertion_error()),
     })
 }
 
 /// Python's `float(int)`, which refuses ints beyond the float range.
-fn big_to_float(digits: &str) -> Result<f64, Raise> {
-    match digits.parse::<f64>() {
-        Ok(f) if f.is_finite() => Ok(f),
-        _ => Err(Raise {
-            exception: "OverflowError",
-            message: "int too large to convert to float".into(),
-        }),
-    }
+fn big_to_float(i: &BigInt) -> Result<f64, Raise> {
+    int_to_f64(i).ok_or_else(|| Raise {
+        exception: "OverflowError",
+        message: "int too large to convert to float".into(),
+    })
 }
 
 /// Python's `int(float)`: truncation, with Python's errors for inf and nan.
@@ -534,10 +531,9 @@ fn float_to_int(f: f64) -> Result<BigInt, Raise> {
             message: "cannot convert float infinity to integer".into(),
         });
     }
-    // `{:.0}` prints an integral f64's exact decimal value, as Python's int(float) gives it.
-    let exact = format!("{:.0}", f.trunc());
-    BigInt::parse_decimal(&exact)
-        .ok_or_else(|| value_error(format!("cannot convert float {exact} to integer")))
+    // A finite float truncated is integral, so this always converts.
+    float_to_exact_int(f.trunc())
+        .ok_or_else(|| value_error(format!("cannot convert float {f} to integer")))
 }
 
 /// `DIGIT (('_')? DIGIT)*` over the whole of `s`.
@@ -573,12 +569,8 @@ fn py_int_from_str(s: &str) -> Result<BigInt, Raise> {
         return Err(invalid());
     }
     let clean: String = digits.chars().filter(|c| *c != '_').collect();
-    let magnitude = BigInt::parse_radix(&clean, 10).ok_or_else(invalid)?;
-    Ok(if negative {
-        magnitude.negated()
-    } else {
-        magnitude
-    })
+    let magnitude = parse_int_digits(&clean, 10).ok_or_else(invalid)?;
+    Ok(if negative { -magnitude } else { magnitude })
 }
 
 /// Python's `float(str)`: whitespace, sign, `inf`/`infinity`/`nan`, digits with single underscores.
@@ -641,10 +633,10 @@ fn choice(b: Bound) -> Result<Val, Raise> {
 
 fn number(v: Val) -> Result<Number, Raise> {
     match v {
-        Val::Bool(b) => Ok(Number::Int(i64::from(b))),
-        Val::Int(i) => Ok(Number::Int(i)),
-        Val::BigInt(d) => Err(sweep_bound_too_big(&d)),
-        Val::Float(f) => Ok(Number::Float(f)),
+        Val::Scalar(Scalar::Bool(b)) => Ok(Number::Int(i64::from(b))),
+        Val::Scalar(Scalar::Int(i)) => Ok(Number::Int(i)),
+        Val::Scalar(Scalar::BigInt(i)) => Err(sweep_bound_too_big(&i)),
+        Val::Scalar(Scalar::Float(f)) => Ok(Number::Float(f)),
         _ => Err(assertion_error()),
     }
 }
@@ -687,7 +679,7 @@ fn tag(mut b: Bound) -> Result<Val, Raise> {
         .named
         .pop()
         .map(|(_, v)| v)
-        .filter(|v| !matches!(v, Val::Null))
+        .filter(|v| !matches!(v, Val::Scalar(Scalar::None)))
     {
         args.push(sweep);
     }
@@ -699,7 +691,7 @@ fn tag(mut b: Bound) -> Result<Val, Raise> {
     let mut tags = BTreeSet::new();
     for t in args {
         match t {
-            Val::Str(s) => {
+            Val::Scalar(Scalar::Str(s)) => {
                 tags.insert(s);
             }
             other => {
@@ -753,7 +745,7 @@ fn shuffle_one(v: Val) -> Val {
 }
 
 fn sort(mut b: Bound) -> Result<Val, Raise> {
-    let reverse = matches!(b.take("reverse"), Some(Val::Bool(true)));
+    let reverse = matches!(b.take("reverse"), Some(Val::Scalar(Scalar::Bool(true))));
     if let Some(list) = b.take("list") {
         return sort_one(list, reverse);
     }
@@ -763,12 +755,11 @@ fn sort(mut b: Bound) -> Result<Val, Raise> {
     if b.var.len() == 1 {
         return sort_one(b.var.remove(0), reverse);
     }
-    if !b.var.iter().all(|v| {
-        matches!(
-            v,
-            Val::Bool(_) | Val::Int(_) | Val::BigInt(_) | Val::Float(_) | Val::Str(_)
-        )
-    }) {
+    if !b
+        .var
+        .iter()
+        .all(|v| v.is_number() || matches!(v, Val::Scalar(Scalar::Str(_))))
+    {
         let reprs: Vec<String> = b.var.iter().map(py_repr).collect();
         return Err(type_error(format!(
             "Invalid arguments: ({})",
@@ -823,12 +814,12 @@ fn glob(mut b: Bound) -> Result<Val, Raise> {
     let patterns = |v: Option<Val>| -> Result<Vec<String>, Raise> {
         match v {
             None => Ok(Vec::new()),
-            Some(Val::Str(s)) => Ok(vec![s]),
+            Some(Val::Scalar(Scalar::Str(s))) => Ok(vec![s]),
             // Hydra does not check the items; a non-string pattern is kept as its Python str().
             Some(Val::List(items)) => Ok(items
                 .into_iter()
                 .map(|item| match item {
-                    Val::Str(s) | Val::Quoted(s, _) => s,
+                    Val::Scalar(Scalar::Str(s)) | Val::Quoted(s, _) => s,
                     other => py_repr(&other),
                 })
                 .collect()),
@@ -898,7 +889,7 @@ mod tests {
                 ..
             })
         ));
-        assert_eq!(float_to_int(-2.7).ok(), Some(BigInt::from_i64(-2)));
+        assert_eq!(float_to_int(-2.7).ok(), Some(BigInt::from(-2)));
         // Python: int(1e20) == 100000000000000000000, int(-1.5e19) == -15000000000000000000.
         assert_eq!(
             float_to_int(1e20).map(|b| b.to_string()).ok().as_deref(),

@@ -5,9 +5,9 @@
 //! `{k=>v,..}`, or a sweep; `ERR` where Hydra rejects the override. Inputs whose result is random
 //! (`shuffle`) or that nest sweeps (which this crate reports differently, see the report) are left out.
 
-use crate::node::{Key, python_float_repr, python_repr_bytes};
-
 use super::*;
+use crate::node::Key;
+use crate::scalar::{Scalar, python_float_repr, python_repr_bytes};
 
 fn number(n: &Number) -> String {
     match n {
@@ -26,32 +26,27 @@ fn py_bool(b: bool) -> &'static str {
 
 fn key(k: &Key) -> String {
     match k {
-        Key::Str(s) => format!("s:{}", text(s)),
-        Key::Int(i) => format!("i:{i}"),
-        Key::BigInt(d) => format!("i:{d}"),
-        Key::Float(_) => format!("f:{}", python_float_repr(k.as_f64().unwrap_or(f64::NAN))),
-        Key::Bool(b) => format!("b:{}", py_bool(*b)),
-        Key::Null => "null".into(),
-        Key::Bytes(b) => format!("y:{}", python_repr_bytes(b)),
+        Key(Scalar::Str(s)) => format!("s:{}", text(s)),
+        Key(Scalar::Int(i)) => format!("i:{i}"),
+        Key(Scalar::BigInt(d)) => format!("i:{d}"),
+        Key(Scalar::Float(f)) => format!("f:{}", python_float_repr(*f)),
+        Key(Scalar::Bool(b)) => format!("b:{}", py_bool(*b)),
+        Key(Scalar::None) => "null".into(),
+        Key(Scalar::Bytes(b)) => format!("y:{}", python_repr_bytes(b)),
     }
 }
 
 fn element(e: &Element) -> String {
     match e {
-        Element::Null => "null".into(),
-        Element::Bool(b) => format!("b:{}", py_bool(*b)),
-        Element::Int(i) => format!("i:{i}"),
-        Element::BigInt(d) => format!("i:{d}"),
-        Element::Float(f) => format!("f:{}", python_float_repr(*f)),
-        Element::Str { value, quote: None } => format!("s:{}", text(value)),
-        Element::Str {
-            value,
-            quote: Some(Quote::Single),
-        } => format!("q0:{}", text(value)),
-        Element::Str {
-            value,
-            quote: Some(Quote::Double),
-        } => format!("q1:{}", text(value)),
+        Element::Scalar(Scalar::None) => "null".into(),
+        Element::Scalar(Scalar::Bool(b)) => format!("b:{}", py_bool(*b)),
+        Element::Scalar(Scalar::Int(i)) => format!("i:{i}"),
+        Element::Scalar(Scalar::BigInt(d)) => format!("i:{d}"),
+        Element::Scalar(Scalar::Float(f)) => format!("f:{}", python_float_repr(*f)),
+        Element::Scalar(Scalar::Str(value)) => format!("s:{}", text(value)),
+        Element::Scalar(Scalar::Bytes(b)) => format!("y:{}", python_repr_bytes(b)),
+        Element::Quoted(value, Quote::Single) => format!("q0:{}", text(value)),
+        Element::Quoted(value, Quote::Double) => format!("q1:{}", text(value)),
         Element::List(items) => format!(
             "[{}]",
             items.iter().map(element).collect::<Vec<_>>().join(",")

@@ -8,8 +8,8 @@ use super::functions::{self, Call};
 use super::lexer::{Tok, Token, tokenize_prefix};
 use super::value::{Choice, Val};
 use super::{GrammarError, OverrideKind};
-use crate::bigint::BigInt;
 use crate::node::Key;
+use crate::scalar::{Scalar, parse_int_digits};
 
 /// An override before its value is split into element or sweep.
 pub(super) struct Parsed {
@@ -138,7 +138,7 @@ impl<'a> Parser<'a> {
         } else {
             self.expect(Tok::Equal, "EQUAL")?;
             if self.peek() == Tok::Eof {
-                Some(Val::Str(String::new()))
+                Some(Val::str(String::new()))
             } else {
                 Some(self.parse_value()?)
             }
@@ -253,7 +253,8 @@ impl<'a> Parser<'a> {
     fn parse_dict(&mut self) -> Result<Val, GrammarError> {
         self.bump();
         let mut pairs: Vec<(Key, Val)> = Vec::new();
-        let mut index: HashMap<PyKey, usize> = HashMap::new();
+        // Python's dict: keys equal under `==` (`1 == 1.0 == True`) are one key.
+        let mut index: HashMap<Key, usize> = HashMap::new();
         if self.peek() != Tok::BraceClose {
             loop {
                 let key_tokens = self.take_while(is_dict_key_token);
@@ -266,14 +267,15 @@ impl<'a> Parser<'a> {
                 self.expect(Tok::Colon, "':'")?;
                 let value = self.parse_element()?;
                 // A Python dict: a repeated key keeps its first position and takes the last value.
-                match PyKey::of(&key).and_then(|k| index.get(&k).copied()) {
+                let canonical = key.python_canonical();
+                match canonical.as_ref().and_then(|k| index.get(k).copied()) {
                     Some(i) => {
                         if let Some(slot) = pairs.get_mut(i) {
                             slot.1 = value;
                         }
                     }
                     None => {
-                        if let Some(k) = PyKey::of(&key) {
+                        if let Some(k) = canonical {
                             index.insert(k, pairs.len());
                         }
                         pairs.push((key, value));
@@ -355,7 +357,7 @@ impl<'a> Parser<'a> {
                         out.extend(text.iter());
                     }
                 }
-                Ok(Val::Str(out))
+                Ok(Val::str(out))
             }
         }
     }
@@ -370,61 +372,15 @@ impl<'a> Parser<'a> {
                     None => (false, clean.strip_prefix('+').unwrap_or(&clean)),
                 };
                 // The lexer only makes INT tokens of digits, so this fails only on a lexer bug.
-                let magnitude = BigInt::parse_radix(digits, 10)
+                let magnitude = parse_int_digits(digits, 10)
                     .ok_or_else(|| GrammarError::BadInt { text: text.clone() })?;
-                Val::int(if negative {
-                    magnitude.negated()
-                } else {
-                    magnitude
-                })
+                Val::int(if negative { -magnitude } else { magnitude })
             }
-            Tok::Float => Val::Float(functions::parse_float_token(&text)),
-            Tok::Null => Val::Null,
-            Tok::Bool => Val::Bool(text.eq_ignore_ascii_case("true")),
-            Tok::Esc => Val::Str(text.chars().skip(1).step_by(2).collect()),
-            _ => Val::Str(text),
-        })
-    }
-}
-
-/// A dict key under Python's equality (`1 == 1.0 == True`), for hashing; `None` for NaN, which equals
-/// nothing (each `nan` literal is a new key).
-#[derive(Debug, PartialEq, Eq, Hash)]
-enum PyKey {
-    Str(String),
-    Int(i64),
-    BigInt(String),
-    /// The bits of a float that is not an integer.
-    Float(u64),
-    Null,
-    Bytes(Vec<u8>),
-}
-
-impl PyKey {
-    fn of(key: &Key) -> Option<PyKey> {
-        Some(match key {
-            Key::Str(s) => PyKey::Str(s.clone()),
-            Key::Int(i) => PyKey::Int(*i),
-            Key::BigInt(d) => PyKey::BigInt(d.clone()),
-            Key::Bool(b) => PyKey::Int(i64::from(*b)),
-            Key::Null => PyKey::Null,
-            Key::Bytes(b) => PyKey::Bytes(b.clone()),
-            Key::Float(_) => {
-                let f = key.as_f64()?;
-                if f.is_nan() {
-                    return None;
-                }
-                let limit = -(i64::MIN as f64);
-                let integral = f.fract() == 0.0 && (-limit..limit).contains(&f);
-                if integral {
-                    PyKey::Int(f as i64)
-                } else if f.is_finite() && f.fract() == 0.0 {
-                    // `{:.0}` prints an integral f64's exact value: `1e20` is the key 10**20.
-                    PyKey::BigInt(format!("{f:.0}"))
-                } else {
-                    PyKey::Float((f + 0.0).to_bits())
-                }
-            }
+            Tok::Float => Val::Scalar(Scalar::Float(functions::parse_float_token(&text))),
+            Tok::Null => Val::NONE,
+            Tok::Bool => Val::Scalar(Scalar::Bool(text.eq_ignore_ascii_case("true"))),
+            Tok::Esc => Val::Scalar(Scalar::Str(text.chars().skip(1).step_by(2).collect())),
+            _ => Val::str(text),
         })
     }
 }
@@ -432,13 +388,9 @@ impl PyKey {
 /// A dict key from its primitive value (dict keys are never quoted, never containers).
 fn dict_key(v: Val) -> Key {
     match v {
-        Val::Null => Key::Null,
-        Val::Bool(b) => Key::Bool(b),
-        Val::Int(i) => Key::Int(i),
-        Val::BigInt(d) => Key::BigInt(d),
-        Val::Float(f) => Key::float(f),
-        Val::Str(s) | Val::Quoted(s, _) => Key::Str(s),
-        _ => Key::Null,
+        Val::Scalar(s) => Key(s),
+        Val::Quoted(s, _) => Key::from(s),
+        _ => Key(Scalar::None),
     }
 }
 

@@ -8,6 +8,7 @@ use super::OverrideError;
 use super::decimal;
 use super::element::Element;
 use crate::node::python_float_repr;
+use crate::scalar::Scalar;
 
 /// Most values a `range()` may enumerate; Python would happily try more, and never finish.
 pub const MAX_RANGE_LEN: usize = 1_000_000;
@@ -170,13 +171,7 @@ impl Sweep {
             Sweep::Interval(_) => Err(OverrideError::IntervalNotEnumerable),
             Sweep::Glob(g) => {
                 let options = group_options.unwrap_or_default();
-                Ok(g.filter(options)
-                    .into_iter()
-                    .map(|name| Element::Str {
-                        value: name,
-                        quote: None,
-                    })
-                    .collect())
+                Ok(g.filter(options).into_iter().map(Element::str).collect())
             }
         }
     }
@@ -217,7 +212,11 @@ fn expand_range(r: &RangeSweep) -> Result<Vec<Element>, OverrideError> {
                 });
             }
             Ok((0..len)
-                .map(|k| Element::Int((i128::from(start) + k * i128::from(step)) as i64))
+                .map(|k| {
+                    Element::Scalar(Scalar::Int(
+                        (i128::from(start) + k * i128::from(step)) as i64,
+                    ))
+                })
                 .collect())
         }
         (start, stop, step) => {
@@ -225,7 +224,10 @@ fn expand_range(r: &RangeSweep) -> Result<Vec<Element>, OverrideError> {
             let values =
                 decimal::float_range(start.as_f64(), stop.as_f64(), step.as_f64(), MAX_RANGE_LEN);
             match values {
-                Ok(v) => Ok(v.into_iter().map(Element::Float).collect()),
+                Ok(v) => Ok(v
+                    .into_iter()
+                    .map(|f| Element::Scalar(Scalar::Float(f)))
+                    .collect()),
                 Err(decimal::RangeError::ZeroStep) => {
                     let (start, stop, step) = names();
                     Err(OverrideError::ZeroFloatRangeStep { start, stop, step })
@@ -340,7 +342,12 @@ mod tests {
     #[test]
     fn int_ranges_follow_python() {
         use Number::Int;
-        let ints = |v: &[i64]| -> Vec<Element> { v.iter().copied().map(Element::Int).collect() };
+        let ints = |v: &[i64]| -> Vec<Element> {
+            v.iter()
+                .copied()
+                .map(|i| Element::Scalar(Scalar::Int(i)))
+                .collect()
+        };
         assert_eq!(expand(&range(Int(1), Int(10), Int(3))), ints(&[1, 4, 7]));
         assert_eq!(expand(&range(Int(9), Int(0), Int(-4))), ints(&[9, 5, 1]));
         assert_eq!(expand(&range(Int(5), Int(0), Int(1))), ints(&[]));
@@ -361,7 +368,10 @@ mod tests {
         // int bounds (a float loop would give 0.30000000000000004, Hydra's decimal steps give 0.3).
         let want = decimal::float_range(0.0, 1.0, 0.1, MAX_RANGE_LEN).unwrap_or_default();
         assert_eq!((want.len(), want.get(3)), (10, Some(&0.3)));
-        let want: Vec<Element> = want.into_iter().map(Element::Float).collect();
+        let want: Vec<Element> = want
+            .into_iter()
+            .map(|f| Element::Scalar(Scalar::Float(f)))
+            .collect();
         assert_eq!(expand(&range(Int(0), Int(1), Float(0.1))), want);
         assert!(matches!(
             range(Float(0.0), Float(1.0), Float(0.0)).expand(None),

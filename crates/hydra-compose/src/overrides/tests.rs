@@ -6,6 +6,7 @@ use serde_json::Value as Json;
 use super::*;
 use crate::kit::{self, decode, regex_literal, same};
 use crate::node::{Key, Node};
+use crate::scalar::Scalar;
 
 /// A compact rendering that shows types: Python's repr for elements, a tag for sweeps.
 fn render(o: &Override) -> String {
@@ -223,13 +224,7 @@ fn keys_and_kinds() {
         assert_eq!(o.input, input);
     }
     let del = parse_override("~x=").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        del.element(),
-        Some(&Element::Str {
-            value: String::new(),
-            quote: None
-        })
-    );
+    assert_eq!(del.element(), Some(&Element::str("")));
     assert_eq!(parse_override("~x").map(|o| o.value), Ok(None));
     let o = parse_override("++db@pkg=a").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(o.key_element(), "++db@pkg");
@@ -275,12 +270,16 @@ fn functions_evaluate_at_parse_time() {
         panic!("shuffle of a list is a list: {shuffled:?}")
     };
     items.sort_by_key(|e| match e {
-        Element::Int(i) => *i,
+        Element::Scalar(Scalar::Int(i)) => *i,
         _ => i64::MAX,
     });
     assert_eq!(
         items,
-        vec![Element::Int(1), Element::Int(2), Element::Int(3)]
+        vec![
+            Element::Scalar(Scalar::Int(1)),
+            Element::Scalar(Scalar::Int(2)),
+            Element::Scalar(Scalar::Int(3))
+        ]
     );
 }
 
@@ -943,7 +942,10 @@ fn long_pathological_input_is_handled() {
         panic!("a dict")
     };
     assert_eq!(pairs.len(), 3);
-    assert_eq!(pairs[0], (Key::from("k0"), Element::Int(19_998)));
+    assert_eq!(
+        pairs[0],
+        (Key::from("k0"), Element::Scalar(Scalar::Int(19_998)))
+    );
     let kwargs: Vec<&str> = std::iter::repeat_n("reverse=true", 20_000).collect();
     assert!(parse_override(&format!("a=sort([1,2],{})", kwargs.join(","))).is_ok());
     let wide = format!("a=[{}]", vec!["1"; 100_000].join(","));

@@ -6,23 +6,19 @@
 
 use std::collections::BTreeSet;
 
+use num_bigint::BigInt;
+
 use super::OverrideValue;
 use super::element::{Element, Quote};
 use super::sweep::{ChoiceSweep, GlobSweep, IntervalSweep, RangeSweep, Sweep};
-use crate::bigint::BigInt;
-use crate::node::{Key, PyScalar};
+use crate::node::Key;
+use crate::scalar::Scalar;
 
 /// Not an [`Element`] (nor a config `Value`): it may hold sweeps and quoted strings inside containers
-/// (see the module comment); its scalars are [`PyScalar`]s for Python's `repr` and type names.
+/// (see the module comment); its scalars are [`Scalar`]s, with Python's `repr` and type names.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Val {
-    Null,
-    Bool(bool),
-    Int(i64),
-    /// An int outside `i64`, as canonical decimal digits.
-    BigInt(String),
-    Float(f64),
-    Str(String),
+    Scalar(Scalar),
     Quoted(String, Quote),
     List(Vec<Val>),
     Dict(Vec<(Key, Val)>),
@@ -53,9 +49,21 @@ impl Choice {
 }
 
 impl Val {
+    pub const NONE: Val = Val::Scalar(Scalar::None);
+
+    pub fn str(s: impl Into<String>) -> Val {
+        Val::Scalar(Scalar::Str(s.into()))
+    }
+
+    /// An exact int: an `i64` when it fits, else a big int.
+    pub fn int(v: BigInt) -> Val {
+        Val::Scalar(Scalar::int(v))
+    }
+
     /// Python's `type(v).__name__`.
     pub fn type_name(&self) -> &'static str {
         match self {
+            Val::Scalar(s) => s.type_name(),
             Val::Quoted(..) => "QuotedString",
             Val::List(_) => "list",
             Val::Dict(_) => "dict",
@@ -63,68 +71,31 @@ impl Val {
             Val::Range(_) => "RangeSweep",
             Val::Interval(_) => "IntervalSweep",
             Val::Glob(_) => "Glob",
-            leaf => leaf.as_scalar().map_or("object", PyScalar::type_name),
         }
     }
 
     /// The Python scalar this is; `None` for quoted strings, containers and sweeps.
-    fn as_scalar(&self) -> Option<PyScalar<'_>> {
-        Some(match self {
-            Val::Null => PyScalar::None,
-            Val::Bool(b) => PyScalar::Bool(*b),
-            Val::Int(i) => PyScalar::Int(*i),
-            Val::BigInt(digits) => PyScalar::BigInt(digits),
-            Val::Float(f) => PyScalar::Float(*f),
-            Val::Str(s) => PyScalar::Str(s),
-            _ => return None,
-        })
+    pub fn as_scalar(&self) -> Option<&Scalar> {
+        match self {
+            Val::Scalar(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// True for bool, int and float.
+    pub fn is_number(&self) -> bool {
+        self.as_scalar().is_some_and(Scalar::is_number)
     }
 
     pub fn is_sweep(&self) -> bool {
         matches!(self, Val::Choice(_) | Val::Range(_) | Val::Interval(_))
     }
-
-    /// Python's numeric view of bool, int and float.
-    fn as_number(&self) -> Option<f64> {
-        match self {
-            Val::Bool(b) => Some(f64::from(u8::from(*b))),
-            Val::Int(i) => Some(*i as f64),
-            Val::BigInt(d) => d.parse::<f64>().ok(),
-            Val::Float(f) => Some(*f),
-            _ => None,
-        }
-    }
-
-    fn as_int_like(&self) -> Option<BigInt> {
-        match self {
-            Val::Bool(b) => Some(BigInt::from_i64(i64::from(*b))),
-            Val::Int(i) => Some(BigInt::from_i64(*i)),
-            Val::BigInt(d) => BigInt::parse_decimal(d),
-            _ => None,
-        }
-    }
-
-    /// An exact int: `Val::Int` when it fits in `i64`, else `Val::BigInt`.
-    pub fn int(v: BigInt) -> Val {
-        match v.to_i64() {
-            Some(i) => Val::Int(i),
-            None => Val::BigInt(v.to_string()),
-        }
-    }
 }
 
 /// Python `a == b` (`1 == 1.0 == True`, `QuotedString` equal only to an equal `QuotedString`).
 pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
-    if let Some(eq) = a
-        .as_scalar()
-        .zip(b.as_scalar())
-        .and_then(|(x, y)| x.num_eq(y))
-    {
-        return eq;
-    }
     match (a, b) {
-        (Val::Null, Val::Null) => true,
-        (Val::Str(x), Val::Str(y)) => x == y,
+        (Val::Scalar(x), Val::Scalar(y)) => x.num_eq(y).unwrap_or(x == y),
         (Val::Quoted(x, qx), Val::Quoted(y, qy)) => x == y && qx == qy,
         (Val::List(x), Val::List(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(p, q)| py_eq(p, q))
@@ -140,19 +111,23 @@ pub(super) fn py_eq(a: &Val, b: &Val) -> bool {
 
 /// Python dict-key equality (`{1: a, 1.0: b, true: c}` has one key).
 pub(super) fn key_eq(a: &Key, b: &Key) -> bool {
-    a.as_py().num_eq(b.as_py()).unwrap_or_else(|| a == b)
+    a.0.num_eq(&b.0).unwrap_or_else(|| a == b)
 }
 
 /// Python `a < b`; `Err` is Python's TypeError message for unorderable types.
 pub(super) fn py_lt(a: &Val, b: &Val) -> Result<bool, String> {
-    if let (Some(x), Some(y)) = (a.as_int_like(), b.as_int_like()) {
+    let (sa, sb) = (a.as_scalar(), b.as_scalar());
+    if let (Some(x), Some(y)) = (
+        sa.and_then(Scalar::exact_int),
+        sb.and_then(Scalar::exact_int),
+    ) {
         return Ok(x < y);
     }
-    if let (Some(x), Some(y)) = (a.as_number(), b.as_number()) {
+    if let (Some(x), Some(y)) = (sa.and_then(Scalar::as_f64), sb.and_then(Scalar::as_f64)) {
         return Ok(x < y);
     }
     match (a, b) {
-        (Val::Str(x), Val::Str(y)) => Ok(x < y),
+        (Val::Scalar(Scalar::Str(x)), Val::Scalar(Scalar::Str(y))) => Ok(x < y),
         (Val::List(x), Val::List(y)) => {
             for (p, q) in x.iter().zip(y) {
                 if !py_eq(p, q) {
@@ -198,14 +173,12 @@ pub(super) fn py_sorted(items: &[Val], reverse: bool) -> Result<Vec<Val>, String
     Ok(out)
 }
 
-pub(super) use crate::node::python_repr_str as py_repr_str;
+pub(super) use crate::scalar::python_repr_str as py_repr_str;
 
 /// Python's `repr()` of a value, for error messages.
 pub(super) fn py_repr(v: &Val) -> String {
-    if let Some(scalar) = v.as_scalar() {
-        return scalar.repr();
-    }
     match v {
+        Val::Scalar(s) => s.repr(),
         Val::Quoted(s, q) => format!(
             "QuotedString(text={}, quote=<Quote.{}>)",
             py_repr_str(s),
@@ -218,7 +191,7 @@ pub(super) fn py_repr(v: &Val) -> String {
         Val::Dict(pairs) => {
             let inner: Vec<String> = pairs
                 .iter()
-                .map(|(k, v)| format!("{}: {}", k.as_py().repr(), py_repr(v)))
+                .map(|(k, v)| format!("{}: {}", k.0.repr(), py_repr(v)))
                 .collect();
             format!("{{{}}}", inner.join(", "))
         }
@@ -270,19 +243,8 @@ fn nested_sweep_type(v: &Val) -> Option<&'static str> {
 
 pub(super) fn into_element(v: Val) -> Result<Element, Nested> {
     Ok(match v {
-        Val::Null => Element::Null,
-        Val::Bool(b) => Element::Bool(b),
-        Val::Int(i) => Element::Int(i),
-        Val::BigInt(d) => Element::BigInt(d),
-        Val::Float(f) => Element::Float(f),
-        Val::Str(s) => Element::Str {
-            value: s,
-            quote: None,
-        },
-        Val::Quoted(s, q) => Element::Str {
-            value: s,
-            quote: Some(q),
-        },
+        Val::Scalar(s) => Element::Scalar(s),
+        Val::Quoted(s, q) => Element::Quoted(s, q),
         Val::List(items) => Element::List(
             items
                 .into_iter()
@@ -306,40 +268,67 @@ mod tests {
     use super::*;
 
     fn s(x: &str) -> Val {
-        Val::Str(x.into())
+        Val::Scalar(Scalar::Str(x.into()))
     }
 
     #[test]
     fn equality_follows_python() {
-        assert!(py_eq(&Val::Int(1), &Val::Float(1.0)));
-        assert!(py_eq(&Val::Bool(true), &Val::Int(1)));
-        assert!(!py_eq(&Val::Str("1".into()), &Val::Int(1)));
-        assert!(!py_eq(&Val::Float(f64::NAN), &Val::Float(f64::NAN)));
-        assert!(key_eq(&Key::Int(1), &Key::float(1.0)));
-        assert!(!key_eq(&Key::Str("1".into()), &Key::Int(1)));
+        assert!(py_eq(
+            &Val::Scalar(Scalar::Int(1)),
+            &Val::Scalar(Scalar::Float(1.0))
+        ));
+        assert!(py_eq(
+            &Val::Scalar(Scalar::Bool(true)),
+            &Val::Scalar(Scalar::Int(1))
+        ));
+        assert!(!py_eq(
+            &Val::Scalar(Scalar::Str("1".into())),
+            &Val::Scalar(Scalar::Int(1))
+        ));
+        assert!(!py_eq(
+            &Val::Scalar(Scalar::Float(f64::NAN)),
+            &Val::Scalar(Scalar::Float(f64::NAN))
+        ));
+        assert!(key_eq(&Key::int(1), &Key::float(1.0)));
+        assert!(!key_eq(&Key(Scalar::Str("1".into())), &Key(Scalar::Int(1))));
     }
 
     #[test]
     fn sorting_is_stable_and_fails_on_mixed_types() {
-        let items = [Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)];
+        let items = [
+            Val::Scalar(Scalar::Int(2)),
+            Val::Scalar(Scalar::Float(1.0)),
+            Val::Scalar(Scalar::Bool(true)),
+            Val::Scalar(Scalar::Int(0)),
+        ];
         let sorted = py_sorted(&items, false).unwrap_or_default();
         assert_eq!(
             sorted,
-            vec![Val::Int(0), Val::Float(1.0), Val::Bool(true), Val::Int(2)]
+            vec![
+                Val::Scalar(Scalar::Int(0)),
+                Val::Scalar(Scalar::Float(1.0)),
+                Val::Scalar(Scalar::Bool(true)),
+                Val::Scalar(Scalar::Int(2))
+            ]
         );
         let sorted = py_sorted(&items, true).unwrap_or_default();
         assert_eq!(
             sorted,
-            vec![Val::Int(2), Val::Float(1.0), Val::Bool(true), Val::Int(0)]
+            vec![
+                Val::Scalar(Scalar::Int(2)),
+                Val::Scalar(Scalar::Float(1.0)),
+                Val::Scalar(Scalar::Bool(true)),
+                Val::Scalar(Scalar::Int(0))
+            ]
         );
-        let err = py_sorted(&[Val::Int(1), s("a")], false);
+        let err = py_sorted(&[Val::Scalar(Scalar::Int(1)), s("a")], false);
         assert_eq!(
             err,
             Err("'<' not supported between instances of 'str' and 'int'".to_owned())
         );
         let lists = [
-            Val::List(vec![Val::Int(1), s("b")]),
-            Val::List(vec![Val::Int(1), s("a")]),
+            Val::List(vec![Val::Scalar(Scalar::Int(1)), s("b")]),
+            Val::List(vec![Val::Scalar(Scalar::Int(1)), s("a")]),
         ];
         assert_eq!(
             py_sorted(&lists, false).map(|v| v[0].clone()),
@@ -352,7 +341,11 @@ mod tests {
         assert_eq!(py_repr_str("a'b"), "\"a'b\"");
         assert_eq!(py_repr_str("a\\b"), "'a\\\\b'");
         assert_eq!(
-            py_repr(&Val::List(vec![Val::Int(1), s("x"), Val::Null])),
+            py_repr(&Val::List(vec![
+                Val::Scalar(Scalar::Int(1)),
+                s("x"),
+                Val::NONE
+            ])),
             "[1, 'x', None]"
         );
     }

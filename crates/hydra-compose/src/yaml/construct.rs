@@ -11,6 +11,7 @@ use super::compose::{Raw, RawKind};
 use super::scalar::{self, Implicit, ScalarError};
 use super::{MAX_DEPTH, MAX_NODES, Pos, YamlErrorKind};
 use crate::node::{Dict, Key, Node, Origin, Value};
+use crate::scalar::Scalar;
 
 /// The prefix of YAML's core tags (`!!int` is `tag:yaml.org,2002:int`).
 const CORE: &str = "tag:yaml.org,2002:";
@@ -69,7 +70,7 @@ impl Constructor {
     /// (OmegaConf treats it so however it was quoted).
     fn value(&mut self, raw: &Raw, depth: usize) -> Result<Node, Fail> {
         let mut node = self.node(raw, depth)?;
-        if matches!(&node.value, Value::Str(s) if s == "???") {
+        if matches!(&node.value, Value::Scalar(Scalar::Str(s)) if s == "???") {
             node.value = Value::Missing;
         }
         Ok(node)
@@ -169,12 +170,12 @@ impl Constructor {
         let flat = self.flatten(pairs, depth)?;
         let mut dict = Dict::with_capacity(flat.len());
         // Python dict semantics: `1`, `1.0` and `true` are one key; the first spelling is kept.
-        let mut numeric: HashMap<Key, Key> = HashMap::new();
+        let mut first_spelling: HashMap<Key, Key> = HashMap::new();
         for (k, v) in &flat {
             let key = self.key(k, depth + 1)?;
             let value = self.value(v, depth + 1)?;
-            let key = match python_hash_key(&key) {
-                Some(canon) => numeric.entry(canon).or_insert(key).clone(),
+            let key = match key.python_canonical() {
+                Some(canon) => first_spelling.entry(canon).or_insert(key).clone(),
                 None => key,
             };
             dict.insert(key, value);
@@ -221,23 +222,18 @@ impl Constructor {
         if let RawKind::Scalar { text, style } = &raw.kind {
             // PyYAML turns a `=` key ("value" tag) into a plain string key.
             if scalar_is(raw.tag.as_deref(), text, *style, "value", Implicit::Value) {
-                return Ok(Key::Str(text.clone()));
+                return Ok(Key::from(text.clone()));
             }
         }
         let node = self.node(raw, depth)?;
         let fail = |kind| Err((raw.pos, kind));
         match node.value {
-            Value::Str(s) => Ok(Key::Str(s)),
-            Value::Int(i) => Ok(Key::Int(i)),
-            Value::BigInt(digits) => Ok(Key::BigInt(digits)),
-            Value::Float(f) => Ok(Key::float(f)),
-            Value::Bool(b) => Ok(Key::Bool(b)),
-            // PyYAML accepts it; OmegaConf refuses it once the whole document is built (see reject_null_keys).
-            Value::Null => Ok(Key::Null),
-            Value::Bytes(b) => Ok(Key::Bytes(b)),
+            // A null key: PyYAML accepts it; OmegaConf refuses it once the whole document is built (see
+            // reject_null_keys).
+            Value::Scalar(s) => Ok(Key(s)),
             Value::List(_) => fail(YamlErrorKind::UnhashableKey { type_name: "list" }),
             Value::Dict(_) => fail(YamlErrorKind::UnhashableKey { type_name: "dict" }),
-            Value::Missing => Ok(Key::Str("???".to_owned())),
+            Value::Missing => Ok(Key::from("???".to_owned())),
         }
     }
 }
@@ -272,13 +268,13 @@ fn scalar_value(raw: &Raw, text: &str, style: ScalarStyle) -> Result<Value, Yaml
         },
     };
     match name {
-        "str" => Ok(Value::Str(text.to_owned())),
-        "null" => Ok(Value::Null),
-        "bool" => scalar::construct_bool(text).map(Value::Bool).map_err(bad),
+        "str" => Ok(Value::str(text.to_owned())),
+        "null" => Ok(Value::NULL),
+        "bool" => scalar::construct_bool(text).map(Value::bool).map_err(bad),
         "int" => scalar::construct_int(text).map_err(bad),
-        "float" => scalar::construct_float(text).map(Value::Float).map_err(bad),
+        "float" => scalar::construct_float(text).map(Value::float).map_err(bad),
         "binary" => scalar::construct_binary(text)
-            .map(Value::Bytes)
+            .map(|b| Value::Scalar(Scalar::Bytes(b)))
             .map_err(bad),
         // PyYAML builds a date, which OmegaConf then refuses.
         "timestamp" => Err(YamlErrorKind::UnsupportedValue { type_name: "date" }),
@@ -350,37 +346,13 @@ fn check_duplicates(pairs: &[(Rc<Raw>, Rc<Raw>)]) -> Result<(), Fail> {
     Ok(())
 }
 
-/// The key Python would hash a numeric key as, so `true`, `1` and `1.0` (and `0.0`/`-0.0`) collide.
-/// `None` for string keys, which only equal themselves.
-fn python_hash_key(key: &Key) -> Option<Key> {
-    match key {
-        Key::Str(_) | Key::Bytes(_) => None,
-        Key::Bool(b) => Some(Key::Int(i64::from(*b))),
-        Key::Int(_) | Key::BigInt(_) | Key::Null => Some(key.clone()),
-        Key::Float(bits) => {
-            let f = f64::from_bits(*bits);
-            // Exactly integral and inside i64: equal to that int in Python.
-            if f.fract() == 0.0
-                && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f)
-            {
-                Some(Key::Int(f as i64))
-            } else if f.is_finite() && f.fract() == 0.0 {
-                // `{:.0}` prints an integral f64's exact decimal value, so `1e20` collides with 10**20.
-                Some(Key::BigInt(format!("{f:.0}")))
-            } else {
-                Some(key.clone())
-            }
-        }
-    }
-}
-
 /// OmegaConf refuses `None` keys when it creates the config from PyYAML's finished document, so a
 /// null key that a later duplicate replaced away is no error. Reported at the key's value.
 pub(super) fn reject_null_keys(node: &Node) -> Result<(), Fail> {
     match &node.value {
         Value::List(items) => items.iter().try_for_each(reject_null_keys),
         Value::Dict(dict) => dict.iter().try_for_each(|(key, value)| {
-            if *key == Key::Null {
+            if *key == Key(Scalar::None) {
                 let pos = match &value.origin {
                     Some(Origin::File { line, col, .. }) => Pos {
                         line: *line,

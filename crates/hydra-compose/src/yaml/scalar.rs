@@ -5,8 +5,10 @@
 //! The resolvers are hand-written matchers for PyYAML's regular expressions; each alternative is written
 //! the way the regex reads, so the two can be compared line by line.
 
-use crate::bigint::BigInt;
+use num_bigint::BigInt;
+
 use crate::node::Value;
+use crate::scalar::{Scalar, parse_int_digits};
 
 /// What a plain (unquoted, untagged) scalar resolves to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,7 +375,7 @@ pub(crate) fn yaml11_timestamp(text: &str) -> bool {
 
 /// PyYAML's `construct_yaml_int`: strips `_`, takes the sign, then `0b`/`0x`/leading-`0` octal/`a:b`
 /// sexagesimal/decimal, each through Python's `int(text, base)`. Python ints are unbounded, so a
-/// value outside `i64` becomes [`Value::BigInt`].
+/// value outside `i64` becomes [`Scalar::BigInt`].
 pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
     let value: String = text.chars().filter(|&c| c != '_').collect();
     let (negative, body) = split_sign(&value);
@@ -381,7 +383,7 @@ pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
         return Err(ScalarError::Invalid);
     }
     let magnitude = if body == "0" {
-        BigInt::zero()
+        BigInt::ZERO
     } else if let Some(bin) = body.strip_prefix("0b") {
         python_int(bin, 2)?
     } else if let Some(hex) = body.strip_prefix("0x") {
@@ -389,21 +391,19 @@ pub(crate) fn construct_int(text: &str) -> Result<Value, ScalarError> {
     } else if body.starts_with('0') {
         python_int(body, 8)?
     } else if body.contains(':') {
-        let sixty = BigInt::from_i64(60);
-        let mut total = BigInt::zero();
+        let mut total = BigInt::ZERO;
         for part in body.split(':') {
-            total = total.mul(&sixty).add(&python_int(part, 10)?);
+            total = total * 60 + python_int(part, 10)?;
         }
         total
     } else {
         python_int(body, 10)?
     };
-    Ok(if negative {
-        magnitude.negated()
+    Ok(Value::Scalar(Scalar::int(if negative {
+        -magnitude
     } else {
         magnitude
-    }
-    .into_value())
+    })))
 }
 
 /// Split a leading `-`/`+` the way PyYAML does (`value[0] in '+-'`).
@@ -431,12 +431,8 @@ fn python_int(text: &str, base: u32) -> Result<BigInt, ScalarError> {
     let digits = prefix
         .and_then(|ps| ps.iter().find_map(|p| t.strip_prefix(p)))
         .unwrap_or(t);
-    let magnitude = BigInt::parse_radix(digits, base).ok_or(ScalarError::Invalid)?;
-    Ok(if negative {
-        magnitude.negated()
-    } else {
-        magnitude
-    })
+    let magnitude = parse_int_digits(digits, base).ok_or(ScalarError::Invalid)?;
+    Ok(if negative { -magnitude } else { magnitude })
 }
 
 /// PyYAML's `construct_yaml_float`: strips `_`, lowercases, takes the sign, then `.inf`/`.nan`/`a:b.c`
@@ -750,25 +746,31 @@ mod tests {
 
     #[test]
     fn ints_construct_like_pyyaml() {
-        let big = |digits: &str| Ok(Value::BigInt(digits.to_owned()));
+        let big = |digits: &str| Ok(Value::Scalar(crate::scalar::big(digits)));
         let cases: &[(&str, Result<Value, ScalarError>)] = &[
-            ("7", Ok(Value::Int(7))),
-            ("-7", Ok(Value::Int(-7))),
-            ("+0", Ok(Value::Int(0))),
-            ("0755", Ok(Value::Int(493))),
-            ("+0755", Ok(Value::Int(493))),
-            ("0o755", Ok(Value::Int(493))),
-            ("0x1F", Ok(Value::Int(31))),
-            ("-0x1F", Ok(Value::Int(-31))),
-            ("0x_1F", Ok(Value::Int(31))),
-            ("0b101", Ok(Value::Int(5))),
-            ("-0b11", Ok(Value::Int(-3))),
-            ("1_000", Ok(Value::Int(1000))),
-            ("1:30", Ok(Value::Int(90))),
-            ("-1:30:00", Ok(Value::Int(-5400))),
-            ("42", Ok(Value::Int(42))),
-            ("9223372036854775807", Ok(Value::Int(i64::MAX))),
-            ("-9223372036854775808", Ok(Value::Int(i64::MIN))),
+            ("7", Ok(Value::Scalar(Scalar::Int(7)))),
+            ("-7", Ok(Value::Scalar(Scalar::Int(-7)))),
+            ("+0", Ok(Value::Scalar(Scalar::Int(0)))),
+            ("0755", Ok(Value::Scalar(Scalar::Int(493)))),
+            ("+0755", Ok(Value::Scalar(Scalar::Int(493)))),
+            ("0o755", Ok(Value::Scalar(Scalar::Int(493)))),
+            ("0x1F", Ok(Value::Scalar(Scalar::Int(31)))),
+            ("-0x1F", Ok(Value::Scalar(Scalar::Int(-31)))),
+            ("0x_1F", Ok(Value::Scalar(Scalar::Int(31)))),
+            ("0b101", Ok(Value::Scalar(Scalar::Int(5)))),
+            ("-0b11", Ok(Value::Scalar(Scalar::Int(-3)))),
+            ("1_000", Ok(Value::Scalar(Scalar::Int(1000)))),
+            ("1:30", Ok(Value::Scalar(Scalar::Int(90)))),
+            ("-1:30:00", Ok(Value::Scalar(Scalar::Int(-5400)))),
+            ("42", Ok(Value::Scalar(Scalar::Int(42)))),
+            (
+                "9223372036854775807",
+                Ok(Value::Scalar(Scalar::Int(i64::MAX))),
+            ),
+            (
+                "-9223372036854775808",
+                Ok(Value::Scalar(Scalar::Int(i64::MIN))),
+            ),
             // Beyond i64, with Python's values (checked against PyYAML).
             ("9223372036854775808", big("9223372036854775808")),
             ("-9223372036854775809", big("-9223372036854775809")),
