@@ -4,8 +4,101 @@ use std::collections::HashMap;
 
 use crate::tensor::{DType, StateDict, can_cast};
 
+use super::Settings;
 use super::bucket::Planned;
+use super::settings::SyncerKind;
 use super::wire::{BucketEntry, KeyMeta};
+
+/// Why the sender refuses the receivers at init (it tells them the reason, then fails with it).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The state dicts or the keys do not agree.
+    Handshake(String),
+    /// A setting does not fit the state dict (an `init_sync` prefix matching nothing).
+    Config(String),
+}
+
+impl Refusal {
+    pub fn reason(&self) -> &str {
+        match self {
+            Refusal::Handshake(reason) | Refusal::Config(reason) => reason,
+        }
+    }
+}
+
+/// What the handshake settles: the synced keys in the state dict's order (whatever order the caller listed
+/// them in: patch entries and buckets are laid out in that order, and receivers validate it), the keys the
+/// init bootstrap sends, and the receiver's ordinal and dtype of each.
+#[derive(Debug)]
+pub(crate) struct Selection {
+    pub synced_keys: Vec<String>,
+    pub synced_ordinals: Vec<u32>,
+    /// Receiver dtype per synced key (same order).
+    pub recv_dtypes: Vec<DType>,
+    /// The init bootstrap's keys (patch with `init_sync`; else none).
+    pub boot_keys: Vec<String>,
+    /// Key → receiver ordinal, for the synced and bootstrap keys.
+    pub ordinals: HashMap<String, u32>,
+}
+
+impl Selection {
+    /// Handshake step 2: check the receivers' metadata against `state` and the settings, and select the
+    /// keys; the first problem is the refusal.
+    pub fn choose(
+        settings: &Settings,
+        meta: &[KeyMeta],
+        state: &StateDict,
+        keys_to_sync: &[String],
+    ) -> Result<Selection, Refusal> {
+        if settings.same_keys
+            && let Some(diff) = first_difference(meta, state)
+        {
+            return Err(Refusal::Handshake(format!(
+                "trainer and rollout state dicts differ: {diff}"
+            )));
+        }
+        let patch_init = settings.kind == SyncerKind::Patch && settings.init_sync;
+        let boot_keys: Vec<String> = match (patch_init, &settings.init_prefixes) {
+            (false, _) => Vec::new(),
+            (true, None) => state.keys().map(str::to_string).collect(),
+            (true, Some(p)) => select_prefixed(state, p).map_err(Refusal::Config)?,
+        };
+        let mut all: Vec<&str> = keys_to_sync.iter().map(String::as_str).collect();
+        for k in &boot_keys {
+            if !keys_to_sync.contains(k) {
+                all.push(k);
+            }
+        }
+        let full_state = patch_init && settings.init_prefixes.is_none();
+        let ordinals = check_metadata(meta, state, &all, full_state).map_err(Refusal::Handshake)?;
+        if let Some((_, dup)) = keys_to_sync
+            .iter()
+            .enumerate()
+            .find(|(i, k)| keys_to_sync[..*i].contains(k))
+        {
+            return Err(Refusal::Handshake(format!(
+                "keys_to_sync lists '{dup}' twice"
+            )));
+        }
+        let mut synced_keys = keys_to_sync.to_vec();
+        synced_keys.sort_by_key(|k| ordinals.get(k).copied().unwrap_or(u32::MAX));
+        let synced_ordinals: Vec<u32> = synced_keys
+            .iter()
+            .filter_map(|k| ordinals.get(k).copied())
+            .collect();
+        let recv_dtypes = synced_ordinals
+            .iter()
+            .map(|&o| meta[o as usize].dtype)
+            .collect();
+        Ok(Selection {
+            synced_keys,
+            synced_ordinals,
+            recv_dtypes,
+            boot_keys,
+            ordinals,
+        })
+    }
+}
 
 /// Keys of `state` equal to a prefix or starting with `prefix.`; an empty list, or a prefix matching nothing,
 /// is an error naming it.
