@@ -3,15 +3,15 @@
 //! A [`WeightSyncer`] is built from the typed `weight_syncer` config and becomes one of two typed ends at
 //! init: [`WeightSyncer::init_sender`] makes a [`SyncSender`] (trainer), [`WeightSyncer::init_receiver`] (or
 //! [`WeightSyncer::rejoin_receiver`]) a [`SyncReceiver`] (rollout); a call on the wrong end does not compile.
-//! The handshake: each receiver sends its metadata (ordered keys, shapes, dtypes);
-//! the sender checks it against its state dict and `keys_to_sync`, answers with a plan (or an abort naming the
+//! The handshake: each receiver sends its metadata (ordered keys, shapes, dtypes); the sender checks it against its state dict and `keys_to_sync`, answers with a plan (or an abort naming the
 //! mismatching keys), then — patch with `init_sync.enabled` — sends the bucketized init bootstrap. From then on
 //! [`SyncSender::sync`] sends a patch (changed elements vs the sender's snapshot, held in the receiver's
 //! dtypes) or all synced tensors in buckets, and [`SyncReceiver::apply`] receives, verifies and installs it.
 //!
 //! Integrity: every payload carries kind, version and an xxh3 checksum ([`wire`]); a receiver rejects a
 //! corrupt or truncated payload, a version not newer than its own, or a patch built on another base version,
-//! and keeps its weights and version ([`SyncError::Rejected`]). Installs need `&mut StateDict` and are
+//! and keeps its weights and version ([`SyncError::Rejected`], or [`SyncError::Unreadable`] with the wire error
+//! as its cause; [`SyncError::is_rejection`] says either). Installs need `&mut StateDict` and are
 //! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
