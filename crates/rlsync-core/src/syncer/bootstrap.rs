@@ -384,4 +384,70 @@ mod tests {
             "{e}"
         );
     }
+
+    /// The handshake's key selection: synced keys in the state dict's order with the receiver's ordinals and
+    /// dtypes, the bootstrap's keys, and each refusal of the kind the receivers are told.
+    #[test]
+    fn the_selection_orders_the_keys_and_refuses_with_the_first_problem() {
+        use crate::syncer::settings::WeightSyncerConfig;
+        use crate::syncer::{SyncOptions, WeightSyncer};
+        let state = sd(&["a", "b", "c"]);
+        let meta: Vec<KeyMeta> = ["a", "b", "c"]
+            .iter()
+            .map(|n| KeyMeta {
+                name: n.to_string(),
+                dtype: if *n == "b" { DType::Bf16 } else { DType::F32 },
+                shape: vec![2],
+            })
+            .collect();
+        let settings = |f: &dyn Fn(&mut WeightSyncerConfig)| {
+            let mut cfg = WeightSyncerConfig::default();
+            f(&mut cfg);
+            WeightSyncer::from_config(&cfg, SyncOptions::default())
+                .unwrap()
+                .settings
+        };
+        let keys = |k: &[&str]| k.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let plain = settings(&|c| c.patch.init_sync.enabled = false);
+        let sel = Selection::choose(&plain, &meta, &state, &keys(&["c", "b"])).unwrap();
+        assert_eq!(sel.synced_keys, keys(&["b", "c"]), "the state dict's order");
+        assert_eq!(sel.synced_ordinals, vec![1, 2]);
+        assert_eq!(sel.recv_dtypes, vec![DType::Bf16, DType::F32]);
+        assert!(sel.boot_keys.is_empty(), "no init bootstrap");
+        let boot = settings(&|c| {
+            c.patch.init_sync.enabled = true;
+            c.patch.init_sync.prefixes = Some(vec!["a".into()]);
+        });
+        let sel = Selection::choose(&boot, &meta, &state, &keys(&["b"])).unwrap();
+        assert_eq!(sel.boot_keys, keys(&["a"]));
+        assert_eq!(sel.ordinals.get("a"), Some(&0));
+        let refusal = |settings: &Settings, meta: &[KeyMeta], k: &[&str]| {
+            Selection::choose(settings, meta, &state, &keys(k)).unwrap_err()
+        };
+        let r = refusal(&plain, &meta, &["a", "a"]);
+        assert!(
+            matches!(&r, Refusal::Handshake(m) if m.contains("lists 'a' twice")),
+            "{r:?}"
+        );
+        let missing = settings(&|c| {
+            c.patch.init_sync.enabled = true;
+            c.patch.init_sync.prefixes = Some(vec!["z".into()]);
+        });
+        let r = refusal(&missing, &meta, &["a"]);
+        assert!(
+            matches!(&r, Refusal::Config(m) if m.contains("'z' matches no key")),
+            "{r:?}"
+        );
+        let mut same = plain.clone();
+        same.same_keys = true;
+        let r = refusal(&same, &meta[..2], &["a"]);
+        assert!(
+            matches!(&r, Refusal::Handshake(m) if m.contains("key 'c' is in the sender's state dict but not the receiver's")),
+            "{r:?}"
+        );
+        assert!(
+            r.reason()
+                .starts_with("trainer and rollout state dicts differ")
+        );
+    }
 }

@@ -917,6 +917,37 @@ mod tests {
         }
     }
 
+    /// A bucket syncer's rejoin: nothing at version 0, the last version in full from the state or the copy,
+    /// else deferred to the next version.
+    #[test]
+    fn a_bucket_catch_up_sends_the_last_version_when_something_holds_it() {
+        let buckets: Vec<Vec<Planned>> = vec![Vec::new(), Vec::new()];
+        let copy: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
+        let summary = |c: Choice<'_>| {
+            let payload = match c.payloads {
+                Payloads::None => "none",
+                Payloads::Buckets(BucketSource::State(_)) => "state",
+                Payloads::Buckets(BucketSource::Copy(..)) => "copy",
+                Payloads::Replay(_) | Payloads::Snapshot { .. } => "patch",
+            };
+            (c.mode, c.version, payload, c.reason)
+        };
+        let (mode, version, payload, reason) =
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), 0));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 0, "none"));
+        assert!(reason.contains("version 0"), "{reason}");
+        let (mode, version, payload, _) =
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "state"));
+        let (mode, version, payload, reason) =
+            summary(choose_buckets(Some(BucketSource::Copy(&buckets, &copy)), 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "copy"));
+        assert!(reason.contains("sender's copy"), "{reason}");
+        let (mode, version, payload, reason) = summary(choose_buckets(None, 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Deferred, 0, "none"));
+        assert!(reason.contains("moved on"), "{reason}");
+    }
+
     #[test]
     fn catch_up_kinds_have_metric_names() {
         assert_eq!(CatchUpKind::Replay.name(), "replay");

@@ -1411,3 +1411,47 @@ fn a_bucket_syncer_without_the_copy_defers_a_rejoin_after_the_state_moved_on() {
     sync_live(&rt, &mut e, 2);
     assert_same(&e, &keys, &s);
 }
+
+/// A handshake message that does not read fails the handshake naming the message, its wire error the cause.
+#[test]
+fn an_unreadable_plan_fails_the_handshake_with_its_wire_error_as_the_cause() {
+    let rt = rt();
+    let keys = simple_keys();
+    let cfg = config(&default_settings(false), &keys);
+    let mut receiver = build_state(&keys, true, 2);
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (mut ch, mut rxs) = inproc_channel(1);
+    let rch = rxs.pop().unwrap();
+    let r = rt.block_on(async {
+        let sender = async {
+            ch.recv_from(0).await.expect("the receiver's metadata");
+            let mut plan = wire::encode_plan(&Plan {
+                strategy: wire::Strategy::Patch,
+                synced: vec![0],
+                init_buckets: 0,
+            });
+            let last = plan.len() - 1;
+            plan[last] ^= 1;
+            ch.send(&plan).await.expect("send the plan");
+        };
+        let (_, r) = tokio::join!(sender, rx.init_receiver(&mut receiver, rch));
+        r
+    });
+    let err = r.err().expect("an unreadable plan fails the init");
+    assert!(
+        matches!(
+            &err,
+            SyncError::HandshakeMessage {
+                source: MessageError::Wire(WireError::Checksum { .. }),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "handshake failed: plan from the sender");
+    let chain = crate::error_chain(&err);
+    assert!(
+        chain.starts_with("handshake failed: plan from the sender: checksum mismatch"),
+        "{chain}"
+    );
+}
