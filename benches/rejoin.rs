@@ -69,17 +69,17 @@ async fn run(params: u64, ks: &[u64], threads: usize) {
     cfg.patch.replay_versions = ks.iter().copied().max().unwrap_or(1) as u32;
     cfg.patch.replay_max_bytes = u64::MAX;
     let opts = SyncOptions { threads };
-    let mut tx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
+    let tx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
     let (ch, mut rxs, joiner) = inproc_channel_elastic(1, Duration::from_secs(600));
     let keys = sender.synced_keys();
-    let mut rx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
+    let rx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
     let rch = rxs.pop().expect("receiver");
     let (a, b) = tokio::join!(
         tx.init_sender(&sender, &keys, ch),
         rx.init_receiver(&mut receiver, rch)
     );
-    let init = a.expect("init sender");
-    b.expect("init receiver");
+    let (mut tx, init) = a.expect("init sender");
+    let (mut rx, _) = b.expect("init receiver");
     let full_bytes = init.state_bytes;
     // Warm the optimizer up so the changed fraction is the steady-state one.
     for _ in 0..3 {
@@ -107,19 +107,21 @@ async fn run(params: u64, ks: &[u64], threads: usize) {
             version += 1;
             missed += tx.sync(&sender, version).await.expect("sync").payload_bytes;
         }
-        rx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
+        let syncer = WeightSyncer::from_config(&cfg, opts).expect("syncer");
         let rch = joiner.join(0).expect("join");
         let t0 = Instant::now();
         let (a, b) = tokio::join!(
             tx.rejoin(&sender, 0),
-            rx.rejoin_receiver(&mut receiver, rch, held)
+            syncer.rejoin_receiver(&mut receiver, rch, held)
         );
         let ms = t0.elapsed().as_secs_f64() * 1e3;
-        let (a, b) = (a.expect("rejoin sender"), b.expect("rejoin receiver"));
+        let a = a.expect("rejoin sender");
+        let (caught_up, b) = b.expect("rejoin receiver");
+        rx = caught_up;
         assert_eq!(a.kind, CatchUpKind::Replay, "{}", a.reason);
         assert_eq!(b.to, version);
         assert_eq!(
-            rx.checksum(&receiver).expect("checksum"),
+            rx.checksum(&receiver),
             tx.checksum(&sender).expect("checksum"),
             "caught up bitwise"
         );
@@ -143,7 +145,7 @@ async fn run(params: u64, ks: &[u64], threads: usize) {
     .expect("model")
     .state_dict()
     .expect("state");
-    let mut rx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
+    let rx = WeightSyncer::from_config(&cfg, opts).expect("syncer");
     let rch = joiner.join(0).expect("join");
     let t0 = Instant::now();
     let (a, b) = tokio::join!(
@@ -151,12 +153,9 @@ async fn run(params: u64, ks: &[u64], threads: usize) {
         rx.rejoin_receiver(&mut fresh, rch, 0)
     );
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    let (a, b) = (a.expect("rejoin sender"), b.expect("rejoin receiver"));
+    let (a, (rx, b)) = (a.expect("rejoin sender"), b.expect("rejoin receiver"));
     assert_eq!(a.kind, CatchUpKind::Full);
-    assert_eq!(
-        rx.checksum(&fresh).expect("checksum"),
-        tx.checksum(&sender).expect("checksum")
-    );
+    assert_eq!(rx.checksum(&fresh), tx.checksum(&sender).expect("checksum"));
     println!(
         "fresh {:>26} {:>9} {:>9.2}% {:>8} {ms:>12.1}   ({})",
         b.payload_bytes,

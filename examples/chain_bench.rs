@@ -62,11 +62,11 @@ fn chain_cfg(o: &Opts, name: String) -> ChainConfig {
 async fn head(o: Opts, next: String) -> Res<()> {
     let mut model = SyntheticModel::new(spec(&o))?;
     let mut state = model.state_dict()?;
-    let mut tx = WeightSyncer::from_config(&syncer_cfg(&o), SyncOptions::default())?;
+    let tx = WeightSyncer::from_config(&syncer_cfg(&o), SyncOptions::default())?;
     let ch = ChainSender::connect(None, Some(&next), chain_cfg(&o, "node 0".into())).await?;
     let receivers = ch.receivers();
     let t = Instant::now();
-    tx.init_sender(&state, &state.synced_keys(), ch).await?;
+    let (mut tx, _) = tx.init_sender(&state, &state.synced_keys(), ch).await?;
     println!(
         "{{\"node\":0,\"event\":\"init\",\"receivers\":{receivers},\"ms\":{:.1}}}",
         t.elapsed().as_secs_f64() * 1e3
@@ -101,15 +101,15 @@ async fn relay(o: Opts, rank: u32, listener: TcpListener, next: Option<String>) 
     )
     .await?;
     let serving = tokio::spawn(relay.serve());
-    let mut rx = WeightSyncer::from_config(&syncer_cfg(&o), SyncOptions::default())?;
+    let rx = WeightSyncer::from_config(&syncer_cfg(&o), SyncOptions::default())?;
     let ch = rxs.pop().ok_or("no local receiver")?;
-    rx.init_receiver(&mut state, ch).await?;
+    let (mut rx, _) = rx.init_receiver(&mut state, ch).await?;
     for _ in 1..=o.steps {
         let r = rx.apply(&mut state).await?;
         println!(
             "{{\"node\":{rank},\"event\":\"applied\",\"version\":{},\"checksum\":\"{:016x}\"}}",
             r.version,
-            rx.checksum(&state)?
+            rx.checksum(&state)
         );
     }
     drop(rx);

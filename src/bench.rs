@@ -69,7 +69,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let opts = SyncOptions {
         threads: threads.get(),
     };
-    let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
+    let sender = WeightSyncer::from_config(&cfg.weight_syncer, opts)?;
     let steps = b.steps.get() as u64;
 
     let (tx_link, rx_links) = links(b.transport, receivers);
@@ -110,7 +110,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
                 .await
                 .map_err(SyncError::from)?,
         };
-        sender.init_sender(&sender_state, &synced, tx_ch).await?;
+        let (mut sender, _) = sender.init_sender(&sender_state, &synced, tx_ch).await?;
         // Receivers report their init (bootstrap) as step 0.
         collect(&res_rx, receivers)?;
         for step in 1..=steps {
@@ -144,7 +144,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
         }
         Ok(())
     });
-    drop(sender);
+    // The sending end went with the block, so every receiver thread ends.
     for h in handles {
         let _ = h.join();
     }
@@ -232,7 +232,7 @@ fn borrow_all(owner: &mut StateDict) -> Result<StateDict, rlsync_core::tensor::T
 }
 
 fn receiver_loop(
-    mut syncer: WeightSyncer,
+    syncer: WeightSyncer,
     mut state: StateDict,
     link: RxLink,
     steps: u64,
@@ -264,8 +264,8 @@ fn receiver_loop(
                 }
             }
         };
-        match syncer.init_receiver(&mut state, ch).await {
-            Ok(report) => {
+        let mut syncer = match syncer.init_receiver(&mut state, ch).await {
+            Ok((syncer, report)) => {
                 let _ = out.send((
                     rank,
                     Ok(RxStep {
@@ -274,26 +274,22 @@ fn receiver_loop(
                         checksum: 0,
                     }),
                 ));
+                syncer
             }
             Err(e) => {
                 let _ = out.send((rank, Err(rlsync_core::error_chain(&e))));
                 return;
             }
-        }
+        };
         for _ in 0..steps {
             let r = syncer.apply(&mut state).await;
             let done = Instant::now();
             let msg = r
                 .map_err(|e| rlsync_core::error_chain(&e))
-                .and_then(|report| {
-                    let checksum = syncer
-                        .checksum(&state)
-                        .map_err(|e| rlsync_core::error_chain(&e))?;
-                    Ok(RxStep {
-                        report,
-                        done,
-                        checksum,
-                    })
+                .map(|report| RxStep {
+                    report,
+                    done,
+                    checksum: syncer.checksum(&state),
                 });
             let failed = msg.is_err();
             let _ = out.send((rank, msg));

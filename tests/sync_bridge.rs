@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use rlsync::config::schema::{SyncerKind, WeightSyncerConfig};
-use rlsync_core::syncer::{SyncError, SyncOptions, WeightSyncer};
+use rlsync_core::syncer::{SyncOptions, WeightSyncer};
 use rlsync_core::tensor::{BorrowedState, RawTensor};
 use rlsync_core::transport::bridge::{BridgeIo, Pump, Step, bridge_receiver, bridge_sender};
 
@@ -94,30 +94,29 @@ fn patch_over_a_bridge_installs_in_place_and_rejects_a_corrupt_payload() {
         .unwrap();
     assert_eq!(keys, vec!["emb.weight", "b"]);
 
-    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (tch, tio) = bridge_sender();
     let (rch, rio) = bridge_receiver();
-    let mut tx_state = tx_state;
     let mut rx_state = rx_state;
     let a = Pump::new(
         async move {
             let r = tx.init_sender(&tx_state.state, &keys, tch).await;
-            (tx, tx_state, r)
+            (tx_state, r)
         },
         tio.clone(),
     );
     let b = Pump::new(
         async move {
             let r = rx.init_receiver(&mut rx_state.state, rch).await;
-            (rx, rx_state, r)
+            (rx_state, r)
         },
         rio.clone(),
     );
-    let ((t, ts, r1), (r, rs, r2)) = run_pair((a, tio.clone()), (b, rio.clone()), &mut |_| {});
-    r1.unwrap();
-    r2.unwrap();
-    (tx, tx_state, rx, rx_state) = (t, ts, r, rs);
+    let ((tx_state, r1), (rx_state, r2)) =
+        run_pair((a, tio.clone()), (b, rio.clone()), &mut |_| {});
+    let (mut tx, _) = r1.unwrap();
+    let (mut rx, _) = r2.unwrap();
     drop((tx_state, rx_state));
     assert_eq!(
         rw, tw,
@@ -155,7 +154,7 @@ fn patch_over_a_bridge_installs_in_place_and_rejects_a_corrupt_payload() {
     };
     let ((tx, r1), (rx, rs, r2)) = run_pair((a, tio.clone()), (b, rio.clone()), &mut tamper);
     r1.unwrap();
-    assert!(matches!(r2, Err(SyncError::Rejected { .. })), "{r2:?}");
+    assert!(matches!(&r2, Err(e) if e.is_rejection()), "{r2:?}");
     assert_eq!(rx.version(), 0);
     drop(rs);
     assert_eq!(

@@ -88,17 +88,18 @@ fn child_receiver() {
             .expect("model")
             .state_dict()
             .expect("state");
-        let mut rx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
+        let rx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
             .expect("syncer");
         let ch = ShmReceiver::connect(&socket, rank, TIMEOUT)
             .await
             .expect("connect");
-        rx.init_receiver(&mut state, ch)
+        let (mut rx, _) = rx
+            .init_receiver(&mut state, ch)
             .await
             .expect("init_receiver");
         for _ in 0..VERSIONS {
             let report = rx.apply(&mut state).await.expect("apply");
-            let sum = rx.checksum(&state).expect("checksum");
+            let sum = rx.checksum(&state);
             // The syncer owns the channel, so the child reports through a file next to the socket.
             let line = format!("{}:{sum}\n", report.version);
             let path = socket.with_extension(format!("rank{rank}"));
@@ -131,10 +132,11 @@ fn run(kind: &str) {
             ..Default::default()
         };
         let ch = ShmSender::bind(cfg).await.expect("bind");
-        let mut tx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
+        let tx = WeightSyncer::from_config(&syncer_config(kind), SyncOptions::default())
             .expect("syncer");
         let keys = state.synced_keys();
-        tx.init_sender(&state, &keys, ch)
+        let (mut tx, _) = tx
+            .init_sender(&state, &keys, ch)
             .await
             .expect("init_sender");
         for v in 1..=VERSIONS {

@@ -153,7 +153,8 @@ class WeightSyncer:
     """A weight syncer (patch or bucket) for torch state dicts, with RLinf's async interface.
 
     Create it through :class:`PatchWeightSyncer`, :class:`BucketWeightSyncer` or :meth:`create`. One object
-    is either a sender (after :meth:`init_sender`) or a receiver (after :meth:`init_receiver`).
+    is either a sender (after :meth:`init_sender`) or a receiver (after :meth:`init_receiver`); an init that
+    fails leaves it uninitialised, ready for another.
     """
 
     def __init__(self, config: Mapping[str, Any], *, threads: int = 0) -> None:

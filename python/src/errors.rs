@@ -51,10 +51,11 @@ pub fn chain(err: &dyn std::error::Error) -> String {
 pub fn sync_error(err: &SyncError) -> PyErr {
     let msg = chain(err);
     match err {
-        SyncError::Rejected { .. } => PayloadRejected::new_err(msg),
-        SyncError::Handshake { .. } | SyncError::StateMismatch { .. } => {
-            HandshakeError::new_err(msg)
-        }
+        SyncError::Rejected { .. } | SyncError::Unreadable { .. } => PayloadRejected::new_err(msg),
+        SyncError::Handshake { .. }
+        | SyncError::HandshakeMessage { .. }
+        | SyncError::StateMismatch { .. }
+        | SyncError::StateCast { .. } => HandshakeError::new_err(msg),
         SyncError::Transport(_) => TransportError::new_err(msg),
         SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
         _ => RlsyncError::new_err(msg),

@@ -1,12 +1,13 @@
-//! Weight syncers over torch tensors' memory: `NativeSyncer` (one crate `WeightSyncer`), `Op` (one running
-//! init / sync / apply, pumped by Python's async `send`/`recv` or run on the shm channel), and the shm
-//! channel ends (`ShmSender`, `ShmReceiver`).
+//! Weight syncers over torch tensors' memory: `NativeSyncer` (the crate end it became: an unready
+//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply, pumped by
+//! Python's async `send`/`recv` or run on the shm channel), and the shm channel ends (`ShmSender`,
+//! `ShmReceiver`).
 //!
 //! Tensors arrive as descriptions `(name, tensor, data_ptr, dtype, shape, strides, device)`; the crate checks
 //! them and borrows their memory ([`BorrowedState`]), so the sender reads them in place and the receiver
 //! installs in place (parameters keep their identity). An `Op` keeps the tensor objects alive while it runs.
-//! The crate syncer moves into the op and comes back when it finishes (with its error, if any), so a rejected
-//! payload leaves the syncer usable.
+//! The crate end moves into the op and comes back when it finishes (with its error, if any), so a rejected
+//! payload leaves the syncer usable; a failed init leaves a fresh unready syncer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,7 +19,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use rlsync::config::schema::WeightSyncerConfig;
-use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use rlsync_core::syncer::{
+    SyncError, SyncOptions, SyncReceiver, SyncReport, SyncSender, WeightSyncer,
+};
 use rlsync_core::tensor::{BorrowedState, RawTensor};
 use rlsync_core::transport::bridge::{self, BridgeIo, Payload, Pump, Step};
 use rlsync_core::transport::{
@@ -85,6 +88,17 @@ enum Channel {
     Shm,
 }
 
+/// The Rust end a `NativeSyncer` is: Python's one `WeightSyncer` object becomes either end at init.
+// One per Python syncer, moved only in and out of an op: boxing the large sender would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum End {
+    /// Configured, not initialised yet.
+    Unready(WeightSyncer),
+    Sender(SyncSender),
+    Receiver(SyncReceiver),
+}
+
+/// Which end (for the messages and the `role` getter).
 #[derive(PartialEq, Eq, Clone, Copy)]
 enum Role {
     Uninit,
@@ -92,26 +106,72 @@ enum Role {
     Receiver,
 }
 
+impl Role {
+    fn name(self) -> &'static str {
+        match self {
+            Role::Uninit => "uninitialised",
+            Role::Sender => "sender",
+            Role::Receiver => "receiver",
+        }
+    }
+}
+
+impl End {
+    fn role(&self) -> Role {
+        match self {
+            End::Unready(_) => Role::Uninit,
+            End::Sender(_) => Role::Sender,
+            End::Receiver(_) => Role::Receiver,
+        }
+    }
+
+    fn version(&self) -> u64 {
+        match self {
+            End::Unready(_) => 0,
+            End::Sender(s) => s.version(),
+            End::Receiver(r) => r.version(),
+        }
+    }
+}
+
+/// Where the end is: here (boxed: it is large, and moves into and out of every op), held by a running op, or
+/// lost with an op abandoned midway (`role`: its kind).
+enum Slot {
+    Ready(Box<End>),
+    Busy { op: &'static str, role: Role },
+    Lost { role: Role },
+}
+
+impl Slot {
+    fn role(&self) -> Role {
+        match self {
+            Slot::Ready(end) => end.role(),
+            Slot::Busy { role, .. } | Slot::Lost { role } => *role,
+        }
+    }
+}
+
 struct Inner {
-    /// The crate syncer; `None` while an op runs (it owns it then) or after an op was abandoned.
-    syncer: Option<WeightSyncer>,
+    end: Slot,
     channel: Channel,
-    role: Role,
     /// Canonical keys of the state dict at init, in order: later calls must pass the same state dict layout.
     keys: Vec<String>,
     report: Option<SyncReport>,
-    busy: &'static str,
 }
 
-/// A crate `WeightSyncer` (patch | bucket) for torch tensors; see `rlsync.WeightSyncer` for the Python API.
+/// A crate syncer (patch | bucket) for torch tensors; see `rlsync.WeightSyncer` for the Python API.
 #[pyclass(module = "rlsync._native", frozen)]
 pub struct NativeSyncer {
     inner: Mutex<Inner>,
+    /// The settings, for a fresh unready syncer after a failed init (the init consumed the last one).
+    config: WeightSyncerConfig,
+    options: SyncOptions,
 }
 
 /// What an op hands back when it finishes.
 struct OpOut {
-    syncer: WeightSyncer,
+    /// `None` when a failed init consumed the unready syncer.
+    end: Option<End>,
     /// `None` for an op that moves no version (`flush`).
     result: Result<Option<SyncReport>, SyncError>,
 }
@@ -124,28 +184,56 @@ enum Driver {
 }
 
 impl NativeSyncer {
-    /// Take the crate syncer out for an op (error if another op runs or one was abandoned).
-    fn take(&self, what: &'static str) -> PyResult<WeightSyncer> {
+    /// Take the end out for op `what`, which needs an end of kind `role` (`pick` takes that kind apart); an
+    /// error if it is another kind, another op runs or one was abandoned.
+    fn take<T>(
+        &self,
+        what: &'static str,
+        role: Role,
+        pick: fn(Box<End>) -> Result<T, Box<End>>,
+    ) -> PyResult<T> {
         let mut g = lock(&self.inner);
-        match g.syncer.take() {
-            Some(s) => {
-                g.busy = what;
-                Ok(s)
+        if g.end.role() != role {
+            return Err(wrong_end(what, role));
+        }
+        match std::mem::replace(&mut g.end, Slot::Busy { op: what, role }) {
+            Slot::Ready(end) => pick(end).map_err(|end| {
+                g.end = Slot::Ready(end);
+                wrong_end(what, role)
+            }),
+            other => {
+                let err = match &other {
+                    Slot::Busy { op, .. } => RlsyncError::new_err(format!(
+                        "another operation ({op}) is running on this syncer; await it first"
+                    )),
+                    _ => RlsyncError::new_err(
+                        "this syncer was lost: an earlier operation on it was abandoned midway",
+                    ),
+                };
+                g.end = other;
+                Err(err)
             }
-            None if g.busy.is_empty() => Err(RlsyncError::new_err(
-                "this syncer was lost: an earlier operation on it was abandoned midway",
-            )),
-            None => Err(RlsyncError::new_err(format!(
-                "another operation ({}) is running on this syncer; await it first",
-                g.busy
-            ))),
         }
     }
 
-    fn give_back(&self, syncer: WeightSyncer) {
+    /// An op's end comes back (a fresh unready syncer after a failed init).
+    fn give_back(&self, end: Option<End>) -> PyResult<()> {
+        let end = match end {
+            Some(end) => end,
+            None => End::Unready(
+                WeightSyncer::from_config(&self.config, self.options)
+                    .map_err(|e| sync_error(&e))?,
+            ),
+        };
+        lock(&self.inner).end = Slot::Ready(Box::new(end));
+        Ok(())
+    }
+
+    /// An op was abandoned without handing its end back.
+    fn lose(&self) {
         let mut g = lock(&self.inner);
-        g.syncer = Some(syncer);
-        g.busy = "";
+        let role = g.end.role();
+        g.end = Slot::Lost { role };
     }
 
     /// The keys of `st` must be those seen at init.
@@ -166,6 +254,56 @@ impl NativeSyncer {
             "the state dict differs from the one given at init: key #{first} is '{got}', expected '{want}'"
         )))
     }
+
+    /// Record what an init is starting with: the state dict's keys and the channel.
+    fn start_init(&self, st: &BorrowedState, io: &Option<BridgeIo>) {
+        let mut g = lock(&self.inner);
+        g.keys = st.state.keys().map(str::to_string).collect();
+        g.channel = match io {
+            Some(io) => Channel::Bridge(io.clone()),
+            None => Channel::Shm,
+        };
+    }
+
+    /// The bridge handle for a call on an initialised end (None on the shm channel).
+    fn io(&self) -> Option<BridgeIo> {
+        match &lock(&self.inner).channel {
+            Channel::Bridge(io) => Some(io.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// The error of op `what` on an end that is not of kind `role`.
+fn wrong_end(what: &str, role: Role) -> PyErr {
+    RlsyncError::new_err(match role {
+        Role::Uninit => "the syncer is already initialised".to_owned(),
+        Role::Sender | Role::Receiver => format!(
+            "{what}: the syncer is not initialised as a {0} (call init_{0} first)",
+            role.name()
+        ),
+    })
+}
+
+fn unready(end: Box<End>) -> Result<WeightSyncer, Box<End>> {
+    match *end {
+        End::Unready(syncer) => Ok(syncer),
+        end => Err(Box::new(end)),
+    }
+}
+
+fn sender(end: Box<End>) -> Result<SyncSender, Box<End>> {
+    match *end {
+        End::Sender(sender) => Ok(sender),
+        end => Err(Box::new(end)),
+    }
+}
+
+fn receiver(end: Box<End>) -> Result<SyncReceiver, Box<End>> {
+    match *end {
+        End::Receiver(receiver) => Ok(receiver),
+        end => Err(Box::new(end)),
+    }
 }
 
 fn make_op(
@@ -182,25 +320,33 @@ fn make_op(
     }
 }
 
+/// An op's output on an end it keeps.
+fn out(end: End, result: Result<Option<SyncReport>, SyncError>) -> OpOut {
+    OpOut {
+        end: Some(end),
+        result,
+    }
+}
+
 #[pymethods]
 impl NativeSyncer {
     /// `config`: the JSON of an RLinf-shaped `weight_syncer` section (`{"type": "patch", "patch": {...}}`).
     #[new]
     #[pyo3(signature = (config, threads = 0))]
     fn new(config: &str, threads: usize) -> PyResult<Self> {
-        let cfg: WeightSyncerConfig = serde_json::from_str(config)
+        let config: WeightSyncerConfig = serde_json::from_str(config)
             .map_err(|e| PyValueError::new_err(format!("weight_syncer config: {e}")))?;
-        let syncer =
-            WeightSyncer::from_config(&cfg, SyncOptions { threads }).map_err(|e| sync_error(&e))?;
+        let options = SyncOptions { threads };
+        let syncer = WeightSyncer::from_config(&config, options).map_err(|e| sync_error(&e))?;
         Ok(NativeSyncer {
             inner: Mutex::new(Inner {
-                syncer: Some(syncer),
+                end: Slot::Ready(Box::new(End::Unready(syncer))),
                 channel: Channel::None,
-                role: Role::Uninit,
                 keys: Vec::new(),
                 report: None,
-                busy: "",
             }),
+            config,
+            options,
         })
     }
 
@@ -215,9 +361,7 @@ impl NativeSyncer {
         same_keys: bool,
     ) -> PyResult<Op> {
         let this = slf.get();
-        if lock(&this.inner).role != Role::Uninit {
-            return Err(RlsyncError::new_err("the syncer is already initialised"));
-        }
+        this.expect(Role::Uninit, "init")?;
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
         let (ch, io) = match channel {
@@ -227,22 +371,16 @@ impl NativeSyncer {
                 (tx, Some(io))
             }
         };
-        let mut syncer = this.take("init_sender")?;
+        let mut syncer = this.take("init_sender", Role::Uninit, unready)?;
         syncer.require_same_keys(same_keys);
-        {
-            let mut g = lock(&this.inner);
-            g.role = Role::Sender;
-            g.keys = st.state.keys().map(str::to_string).collect();
-            g.channel = match &io {
-                Some(io) => Channel::Bridge(io.clone()),
-                None => Channel::Shm,
-            };
-        }
+        this.start_init(&st, &io);
         let fut = async move {
-            let result = syncer.init_sender(&st.state, &keys, ch).await;
-            OpOut {
-                syncer,
-                result: result.map(Some),
+            match syncer.init_sender(&st.state, &keys, ch).await {
+                Ok((end, report)) => out(End::Sender(end), Ok(Some(report))),
+                Err(e) => OpOut {
+                    end: None,
+                    result: Err(e),
+                },
             }
         };
         Ok(op_for(slf, fut, io, keep))
@@ -256,9 +394,7 @@ impl NativeSyncer {
         channel: Option<&Bound<'_, ShmReceiver>>,
     ) -> PyResult<Op> {
         let this = slf.get();
-        if lock(&this.inner).role != Role::Uninit {
-            return Err(RlsyncError::new_err("the syncer is already initialised"));
-        }
+        this.expect(Role::Uninit, "init")?;
         let (mut st, keep) = borrow(tensors)?;
         let (ch, io) = match channel {
             Some(c) => (c.get().take()?, None),
@@ -267,21 +403,15 @@ impl NativeSyncer {
                 (rx, Some(io))
             }
         };
-        let mut syncer = this.take("init_receiver")?;
-        {
-            let mut g = lock(&this.inner);
-            g.role = Role::Receiver;
-            g.keys = st.state.keys().map(str::to_string).collect();
-            g.channel = match &io {
-                Some(io) => Channel::Bridge(io.clone()),
-                None => Channel::Shm,
-            };
-        }
+        let syncer = this.take("init_receiver", Role::Uninit, unready)?;
+        this.start_init(&st, &io);
         let fut = async move {
-            let result = syncer.init_receiver(&mut st.state, ch).await;
-            OpOut {
-                syncer,
-                result: result.map(Some),
+            match syncer.init_receiver(&mut st.state, ch).await {
+                Ok((end, report)) => out(End::Receiver(end), Ok(Some(report))),
+                Err(e) => OpOut {
+                    end: None,
+                    result: Err(e),
+                },
             }
         };
         Ok(op_for(slf, fut, io, keep))
@@ -290,67 +420,56 @@ impl NativeSyncer {
     /// Start one sync of `version` (sender).
     fn begin_sync(slf: &Bound<'_, Self>, tensors: Vec<Desc>, version: u64) -> PyResult<Op> {
         let this = slf.get();
-        let io = this.io_for(Role::Sender, "sync")?;
+        this.expect(Role::Sender, "sync")?;
         let (st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
-        let mut syncer = this.take("sync")?;
+        let mut sender = this.take("sync", Role::Sender, sender)?;
         let fut = async move {
-            let result = syncer.sync(&st.state, version).await;
-            OpOut {
-                syncer,
-                result: result.map(Some),
-            }
+            let result = sender.sync(&st.state, version).await;
+            out(End::Sender(sender), result.map(Some))
         };
-        Ok(op_for(slf, fut, io, keep))
+        Ok(op_for(slf, fut, this.io(), keep))
     }
 
     /// Start one receive + install (receiver); the op's result is the applied version.
     fn begin_apply(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
         let this = slf.get();
-        let io = this.io_for(Role::Receiver, "apply")?;
+        this.expect(Role::Receiver, "apply")?;
         let (mut st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
-        let mut syncer = this.take("apply")?;
+        let mut receiver = this.take("apply", Role::Receiver, receiver)?;
         let fut = async move {
-            let result = syncer.apply(&mut st.state).await;
-            OpOut {
-                syncer,
-                result: result.map(Some),
-            }
+            let result = receiver.apply(&mut st.state).await;
+            out(End::Receiver(receiver), result.map(Some))
         };
-        Ok(op_for(slf, fut, io, keep))
+        Ok(op_for(slf, fut, this.io(), keep))
     }
 
     /// Start waiting until every receiver has released every payload published so far (sender on rlsync's
     /// shm channel; on the caller's transport there is nothing in flight that rlsync holds).
     fn begin_flush(slf: &Bound<'_, Self>) -> PyResult<Op> {
         let this = slf.get();
-        let io = this.io_for(Role::Sender, "flush")?;
-        let mut syncer = this.take("flush")?;
+        let mut sender = this.take("flush", Role::Sender, sender)?;
         let fut = async move {
-            let result = syncer.flush().await.map(|()| None);
-            OpOut { syncer, result }
+            let result = sender.flush().await.map(|()| None);
+            out(End::Sender(sender), result)
         };
-        Ok(op_for(slf, fut, io, Vec::new()))
+        Ok(op_for(slf, fut, this.io(), Vec::new()))
     }
 
     /// Sender: the last version sent. Receiver: the applied version. 0 before the first sync.
     #[getter]
     fn version(&self) -> u64 {
-        lock(&self.inner)
-            .syncer
-            .as_ref()
-            .map_or(0, WeightSyncer::version)
+        match &lock(&self.inner).end {
+            Slot::Ready(end) => end.version(),
+            _ => 0,
+        }
     }
 
     /// `"sender"`, `"receiver"` or `"uninitialised"`.
     #[getter]
     fn role(&self) -> &'static str {
-        match lock(&self.inner).role {
-            Role::Uninit => "uninitialised",
-            Role::Sender => "sender",
-            Role::Receiver => "receiver",
-        }
+        lock(&self.inner).end.role().name()
     }
 
     /// Whether the syncer was initialised on rlsync's shm channel (else on the caller's send/recv).
@@ -362,21 +481,32 @@ impl NativeSyncer {
     /// The synced keys (canonical names of tied groups), known after init.
     #[getter]
     fn synced_keys(&self) -> Vec<String> {
-        lock(&self.inner)
-            .syncer
-            .as_ref()
-            .map_or_else(Vec::new, |s| s.synced_keys().to_vec())
+        match &lock(&self.inner).end {
+            Slot::Ready(end) => match end.as_ref() {
+                End::Sender(s) => s.synced_keys().to_vec(),
+                End::Receiver(r) => r.synced_keys().to_vec(),
+                End::Unready(_) => Vec::new(),
+            },
+            Slot::Busy { .. } | Slot::Lost { .. } => Vec::new(),
+        }
     }
 
     /// xxh3 checksum of the synced keys as the receivers hold them (sender) or hold them (receiver).
     fn checksum(&self, tensors: Vec<Desc>) -> PyResult<u64> {
         let (st, _keep) = borrow(tensors)?;
         let g = lock(&self.inner);
-        let s = g
-            .syncer
-            .as_ref()
-            .ok_or_else(|| RlsyncError::new_err("an operation is running on this syncer"))?;
-        s.checksum(&st.state).map_err(|e| sync_error(&e))
+        let Slot::Ready(end) = &g.end else {
+            return Err(RlsyncError::new_err(
+                "an operation is running on this syncer",
+            ));
+        };
+        match end.as_ref() {
+            End::Sender(s) => s.checksum(&st.state).map_err(|e| sync_error(&e)),
+            End::Receiver(r) => Ok(r.checksum(&st.state)),
+            End::Unready(_) => Err(RlsyncError::new_err(
+                "the syncer is not initialised (call init_sender or init_receiver first)",
+            )),
+        }
     }
 
     /// Sizes and timings of the last finished operation, as a dict (empty before the first).
@@ -402,23 +532,12 @@ impl NativeSyncer {
 }
 
 impl NativeSyncer {
-    /// The bridge handle for a call on `role` (None on the shm channel).
-    fn io_for(&self, role: Role, what: &str) -> PyResult<Option<BridgeIo>> {
-        let g = lock(&self.inner);
-        if g.role != role {
-            let expected = if role == Role::Sender {
-                "sender"
-            } else {
-                "receiver"
-            };
-            return Err(RlsyncError::new_err(format!(
-                "{what}: the syncer is not initialised as a {expected} (call init_{expected} first)"
-            )));
+    /// A call for `role`'s end (sync, apply): refused before its tensors are looked at when this is another end.
+    fn expect(&self, role: Role, what: &str) -> PyResult<()> {
+        if lock(&self.inner).end.role() == role {
+            return Ok(());
         }
-        Ok(match &g.channel {
-            Channel::Bridge(io) => Some(io.clone()),
-            _ => None,
-        })
+        Err(wrong_end(what, role))
     }
 }
 
@@ -464,11 +583,11 @@ impl Op {
         })
     }
 
-    /// Return the syncer to its owner and turn the result into the applied / sent version.
+    /// Return the end to its owner and turn the result into the applied / sent version.
     fn finish(&self, out: OpOut) -> PyResult<u64> {
         let owner = self.owner.get();
-        let OpOut { syncer, result } = out;
-        owner.give_back(syncer);
+        let OpOut { end, result } = out;
+        owner.give_back(end)?;
         match result {
             Ok(Some(report)) => {
                 let v = report.version;
@@ -482,14 +601,25 @@ impl Op {
 }
 
 impl Drop for Op {
-    /// An op dropped midway (its driver gave up) is ended cleanly, so the syncer comes back to its owner.
+    /// An op dropped midway (its driver gave up) is ended cleanly, so the end comes back to its owner; one
+    /// that cannot be ended loses it.
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let (Some(Driver::Bridge(pump)), Some(io)) = (state.as_mut(), &self.io) {
-            io.fail("the operation was abandoned");
-            if let Ok(Step::Done(out)) = pump.step() {
-                self.owner.get().give_back(out.syncer);
+        let owner = self.owner.get();
+        match (state.take(), &self.io) {
+            (None, _) => {}
+            (Some(Driver::Bridge(mut pump)), Some(io)) => {
+                io.fail("the operation was abandoned");
+                match pump.step() {
+                    Ok(Step::Done(out)) => {
+                        if owner.give_back(out.end).is_err() {
+                            owner.lose();
+                        }
+                    }
+                    _ => owner.lose(),
+                }
             }
+            (Some(_), _) => owner.lose(),
         }
     }
 }
@@ -536,7 +666,9 @@ impl Op {
                 Ok(("done", v.into_pyobject(py)?.into_any().unbind()))
             }
             Err(e) => {
+                // The op's future is gone, and the end with it.
                 *g = None;
+                self.owner.get().lose();
                 Err(transport_error(&e))
             }
         }

@@ -224,6 +224,37 @@ def test_differing_state_dicts_name_the_first_mismatch_at_init(change: Any, matc
     asyncio.run(main())
 
 
+def test_a_failed_init_leaves_the_syncer_uninitialised_and_ready_for_another() -> None:
+    tx_sd, rx_sd = state(10), state(10)
+    other = {k: v for k, v in state(10).items() if k != "b"}
+
+    async def main() -> None:
+        tx, rx, link = rlsync.PatchWeightSyncer(), rlsync.PatchWeightSyncer(), Link()
+        results = await asyncio.gather(
+            tx.init_sender(tx_sd, list(tx_sd), link.send, link.up_recv),
+            rx.init_receiver(other, link.recv, link.up_send),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, rlsync.HandshakeError) for r in results), results
+        assert not tx.sender_initialized() and not rx.receiver_initialized()
+        assert "uninitialised" in repr(tx)
+        with pytest.raises(rlsync.RlsyncError, match="not initialised as a sender"):
+            await tx.sync(tx_sd, link.send, 1)
+        # A handshake of matching state dicts then makes them the two ends.
+        link = Link()
+        await asyncio.gather(
+            tx.init_sender(tx_sd, list(tx_sd), link.send, link.up_recv),
+            rx.init_receiver(rx_sd, link.recv, link.up_send),
+        )
+        assert tx.sender_initialized() and rx.receiver_initialized()
+        bump(tx_sd, 1)
+        await tx.sync(tx_sd, link.send, 1)
+        assert await rx.apply(rx_sd, link.recv) == 1
+        assert rx.checksum(rx_sd) == tx.checksum(tx_sd)
+
+    asyncio.run(main())
+
+
 def bad_tensor_cases() -> list[tuple[str, Any, str]]:
     base = torch.zeros(4, 6)
     return [

@@ -11,7 +11,7 @@ use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report};
-use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, WeightSyncer};
+use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, SyncReceiver, WeightSyncer};
 use rlsync_core::tensor::{StateDict, state_checksum};
 use rlsync_core::transport::ShmReceiver;
 
@@ -25,7 +25,7 @@ enum Weights {
     /// Not bootstrapped yet.
     None,
     /// Blocking mode: the syncer is used in place on `Apply`.
-    Blocking(WeightSyncer),
+    Blocking(SyncReceiver),
     /// Background mode: a task owns the syncer and hands over one validated update at a time.
     Background(mpsc::Receiver<Received>),
 }
@@ -182,7 +182,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
                     ctx.control.report(&Report::Joined, &[]).await?;
                     let held = me.load_copy();
-                    let caught = syncer.rejoin_receiver(&mut me.state, rx, held).await?;
+                    let (syncer, caught) = syncer.rejoin_receiver(&mut me.state, rx, held).await?;
                     me.version = caught.to;
                     me.keys = syncer.synced_keys().to_vec();
                     me.deferred = caught.deferred;
@@ -219,7 +219,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 if let Some(hold) = &ctx.hold {
                     hold.reach(crate::worker::HoldStage::Handshake).await;
                 }
-                syncer.init_receiver(&mut me.state, rx).await?;
+                let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
                 me.version = ctx.launch.start.version;
                 me.keys = syncer.synced_keys().to_vec();
@@ -330,7 +330,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
 }
 
 /// Receive updates in the background: one at a time, the next only after the previous one is installed.
-fn spawn_receiver(mut syncer: WeightSyncer) -> mpsc::Receiver<Received> {
+fn spawn_receiver(mut syncer: SyncReceiver) -> mpsc::Receiver<Received> {
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
         loop {

@@ -5,7 +5,7 @@ use std::time::Instant;
 use crate::worker::workload::Batch;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
-use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, WeightSyncer};
+use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::{
     ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
@@ -28,6 +28,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
     // for the next sync.
     syncer.keep_last_version(cfg.runner.rollout_restarts > 0);
+    // The syncer until `InitWeights` makes it the sending end.
+    let mut unready = Some(syncer);
+    let mut sender: Option<SyncSender> = None;
     let mut version = start.version;
     let mut steps_done = start.step;
     // The trained version the rollouts were last sent (the state is exactly that version while equal).
@@ -45,20 +48,28 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         match frame.header {
             Command::InitWeights => {
                 let started = Instant::now();
-                let sender = open_sender(ctx).await?;
-                let mut report = syncer.init_sender(&state, &keys, sender).await?;
+                let Some(syncer) = unready.take() else {
+                    return Err(unexpected(
+                        "InitWeights (the weights were initialised already)",
+                    ));
+                };
+                let channel = open_sender(ctx).await?;
+                let (end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
                 // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
                 report.version = start.version;
-                let synced =
-                    synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                let synced = synced_report(&end, &state, &report, started, cfg.runner.verify_sync)?;
+                sender = Some(end);
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Sync { version: wanted } => {
+                let Some(syncer) = sender.as_mut() else {
+                    return Err(unexpected("Sync (before InitWeights)"));
+                };
                 let started = Instant::now();
                 let report = syncer.sync(&state, wanted).await?;
                 synced_at = version;
                 let synced =
-                    synced_report(&syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                    synced_report(syncer, &state, &report, started, cfg.runner.verify_sync)?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Train {
@@ -91,7 +102,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     .await?;
             }
             Command::Rejoin { rank } => {
-                let report = catch_up(&mut syncer, &state, rank, version == synced_at).await?;
+                let Some(syncer) = sender.as_mut() else {
+                    return Err(unexpected("Rejoin (before InitWeights)"));
+                };
+                let report = catch_up(syncer, &state, rank, version == synced_at).await?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Checkpoint => {
@@ -108,12 +122,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             }
             Command::Stop => return Ok(()),
             other @ (Command::Apply | Command::Rollout { .. } | Command::Eval) => {
-                return Err(WorkerError::UnexpectedCommand {
-                    role: "trainer",
-                    command: format!("{other:?}"),
-                });
+                return Err(unexpected(&format!("{other:?}")));
             }
         }
+    }
+}
+
+/// A command the trainer cannot take (now).
+fn unexpected(command: &str) -> WorkerError {
+    WorkerError::UnexpectedCommand {
+        role: "trainer",
+        command: command.to_owned(),
     }
 }
 
@@ -157,7 +176,7 @@ async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
 /// Serve the rejoin of restarted rollout `rank`. The rollout going away meanwhile (gone, or silent past the
 /// channel's timeout) is not this worker's failure: the report says so and the orchestrator restarts it again.
 async fn catch_up(
-    syncer: &mut WeightSyncer,
+    syncer: &mut SyncSender,
     state: &StateDict,
     rank: u32,
     state_is_last: bool,
@@ -230,7 +249,7 @@ fn finite_or_none(metrics: Vec<(String, f64)>) -> Vec<(String, Option<f64>)> {
 
 /// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
 fn synced_report(
-    syncer: &WeightSyncer,
+    syncer: &SyncSender,
     state: &StateDict,
     report: &SyncReport,
     started: Instant,

@@ -1,15 +1,17 @@
 //! The weight syncer: `init_sender`/`init_receiver`/`sync`/`apply` over a transport (patch | bucket).
 //!
-//! One [`WeightSyncer`] is built from the typed `weight_syncer` config and becomes a sender (trainer) or a
-//! receiver (rollout) at init. The handshake: each receiver sends its metadata (ordered keys, shapes, dtypes);
-//! the sender checks it against its state dict and `keys_to_sync`, answers with a plan (or an abort naming the
+//! A [`WeightSyncer`] is built from the typed `weight_syncer` config and becomes one of two typed ends at
+//! init: [`WeightSyncer::init_sender`] makes a [`SyncSender`] (trainer), [`WeightSyncer::init_receiver`] (or
+//! [`WeightSyncer::rejoin_receiver`]) a [`SyncReceiver`] (rollout); a call on the wrong end does not compile.
+//! The handshake: each receiver sends its metadata (ordered keys, shapes, dtypes); the sender checks it against its state dict and `keys_to_sync`, answers with a plan (or an abort naming the
 //! mismatching keys), then — patch with `init_sync.enabled` — sends the bucketized init bootstrap. From then on
-//! `sync(state, version)` sends a patch (changed elements vs the sender's snapshot, held in the receiver's
-//! dtypes) or all synced tensors in buckets, and `apply(state)` receives, verifies and installs it.
+//! [`SyncSender::sync`] sends a patch (changed elements vs the sender's snapshot, held in the receiver's
+//! dtypes) or all synced tensors in buckets, and [`SyncReceiver::apply`] receives, verifies and installs it.
 //!
 //! Integrity: every payload carries kind, version and an xxh3 checksum ([`wire`]); a receiver rejects a
 //! corrupt or truncated payload, a version not newer than its own, or a patch built on another base version,
-//! and keeps its weights and version ([`SyncError::Rejected`]). Installs need `&mut StateDict` and are
+//! and keeps its weights and version ([`SyncError::Rejected`], or [`SyncError::Unreadable`] with the wire error
+//! as its cause; [`SyncError::is_rejection`] says either). Installs need `&mut StateDict` and are
 //! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
@@ -38,15 +40,18 @@ use std::time::{Duration, Instant};
 
 use crate::syncer::settings::{Compression, Device, SyncerKind, WeightSyncerConfig};
 use crate::tensor::parallel::resolve_threads;
-use crate::tensor::{DType, StateDict, StateHasher, Storage, cast_bytes, state_checksum};
+use crate::tensor::{
+    CastError, DType, StateDict, StateHasher, Storage, cast_bytes, state_checksum,
+};
 use crate::transport::{self, TransportError};
 
 use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
 
-pub use receiver::PendingUpdate;
+pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
+pub use sender::SyncSender;
 
 /// Runtime options that are not part of the weight_syncer config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -121,22 +126,69 @@ pub enum SyncError {
     },
     #[error("handshake failed: {reason}")]
     Handshake { reason: String },
-    #[error("the syncer is not initialised as a {expected} (call init_{expected} first)")]
-    NotInitialized { expected: &'static str },
-    #[error("the syncer is already initialised")]
-    AlreadyInitialized,
+    /// A handshake message (`message` names it) that does not read.
+    #[error("handshake failed: {message}")]
+    HandshakeMessage {
+        message: String,
+        #[source]
+        source: MessageError,
+    },
     #[error("version {version} is not newer than the last sent version {last}")]
     VersionNotNewer { version: u64, last: u64 },
-    #[error("rejected payload{}: {reason} (kept version {current})", version.map(|v| format!(" for version {v}")).unwrap_or_default())]
+    #[error("rejected payload{}: {reason} (kept version {current})", for_version(*version))]
     Rejected {
         version: Option<u64>,
         current: u64,
         reason: String,
     },
+    /// A payload that does not read (corrupt, truncated, of another kind): rejected like [`SyncError::Rejected`].
+    #[error("rejected payload{} (kept version {current})", for_version(*version))]
+    Unreadable {
+        version: Option<u64>,
+        current: u64,
+        #[source]
+        source: MessageError,
+    },
     #[error("state dict key '{key}': {reason}")]
     StateMismatch { key: String, reason: String },
+    #[error("state dict key '{key}': cannot convert it to the receivers' dtype")]
+    StateCast {
+        key: String,
+        #[source]
+        source: CastError,
+    },
     #[error(transparent)]
     Transport(#[from] TransportError),
+}
+
+impl SyncError {
+    /// Whether a received payload was refused (the receiver kept its weights and version).
+    pub fn is_rejection(&self) -> bool {
+        matches!(
+            self,
+            SyncError::Rejected { .. } | SyncError::Unreadable { .. }
+        )
+    }
+}
+
+fn for_version(version: Option<u64>) -> String {
+    version
+        .map(|v| format!(" for version {v}"))
+        .unwrap_or_default()
+}
+
+/// What is wrong with a received message that does not read: its wire format, or bytes that do not convert
+/// to the receiver's dtype.
+#[derive(Debug, thiserror::Error)]
+pub enum MessageError {
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("ordinal {ordinal}")]
+    Cast {
+        ordinal: u32,
+        #[source]
+        source: CastError,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -163,84 +215,20 @@ struct Settings {
     keep_last: bool,
 }
 
-enum SenderStrategy {
-    Patch {
-        /// Shared only with a background checksum of it (see [`rejoin::RejoinInfo::checksum_in_background`]).
-        snap: Arc<Vec<SnapTensor>>,
-        built: patch::Built,
-    },
-    Bucket {
-        buckets: Vec<Vec<Planned>>,
-        /// With `keep_last`: the bytes of every planned tensor (sender dtype) as the last `sync` sent them,
-        /// bucket by bucket; empty before the first sync or without `keep_last`.
-        last: Vec<Vec<Vec<u8>>>,
-    },
-}
-
-struct SenderSide {
-    ch: transport::Sender,
-    synced_keys: Vec<String>,
-    /// Receiver dtype per synced key (same order).
-    recv_dtypes: Vec<DType>,
-    last_version: u64,
-    strategy: SenderStrategy,
-    rejoin: rejoin::RejoinInfo,
-}
-
-/// Receiver-side facts shared with [`PendingUpdate`]s.
-struct ReceiverShared {
-    meta: Vec<KeyMeta>,
-    synced: Vec<bool>,
-    applied: AtomicU64,
-    pool: Mutex<Pool>,
-    threads: NonZeroUsize,
-}
-
-impl ReceiverShared {
-    /// The staging pool (a panic elsewhere cannot leave it inconsistent: it only holds free storages).
-    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Bytes of the synced tensors in the receiver's dtypes.
-    fn synced_bytes(&self) -> u64 {
-        self.synced
-            .iter()
-            .zip(&self.meta)
-            .filter(|(s, _)| **s)
-            .map(|(_, m)| {
-                m.shape
-                    .iter()
-                    .product::<usize>()
-                    .saturating_mul(m.dtype.size_bytes()) as u64
-            })
-            .sum()
+impl Settings {
+    /// The payload strategy this syncer speaks.
+    fn strategy(&self) -> Strategy {
+        match self.kind {
+            SyncerKind::Patch => Strategy::Patch,
+            SyncerKind::Bucket => Strategy::Bucket,
+        }
     }
 }
 
-struct ReceiverSide {
-    ch: transport::Receiver,
-    strategy: Strategy,
-    synced_keys: Vec<String>,
-    /// Highest version received and validated (≥ applied).
-    received: u64,
-    /// A bucket version this receiver gave up on midway: its remaining parts are skipped.
-    interrupted: Option<u64>,
-    shared: Arc<ReceiverShared>,
-}
-
-// One per syncer, never moved on a hot path: boxing the large sender side would buy nothing.
-#[allow(clippy::large_enum_variant)]
-enum Side {
-    Uninit,
-    Sender(SenderSide),
-    Receiver(ReceiverSide),
-}
-
-/// Syncs a trainer's weights to rollout workers (see the module docs).
+/// A syncer configured but not yet an end: [`WeightSyncer::init_sender`] turns it into a [`SyncSender`],
+/// [`WeightSyncer::init_receiver`] or [`WeightSyncer::rejoin_receiver`] into a [`SyncReceiver`].
 pub struct WeightSyncer {
     settings: Settings,
-    side: Side,
     /// Tests only: where a receiver awaits a future first ([`WeightSyncer::hold_at`]).
     hold: Option<(HoldPoint, Hold)>,
 }
@@ -273,6 +261,43 @@ fn rejected(version: Option<u64>, current: u64, reason: impl Into<String>) -> Sy
         current,
         reason: reason.into(),
     }
+}
+
+/// A payload that does not read, rejected.
+fn unreadable(version: Option<u64>, current: u64, source: impl Into<MessageError>) -> SyncError {
+    SyncError::Unreadable {
+        version,
+        current,
+        source: source.into(),
+    }
+}
+
+/// A bucket part that cannot be staged, rejected.
+fn rejection(version: Option<u64>, current: u64, e: bucket::PartError) -> SyncError {
+    match e {
+        bucket::PartError::Invalid(reason) => rejected(version, current, reason),
+        bucket::PartError::Message(source) => unreadable(version, current, source),
+    }
+}
+
+/// The error of a key `state` lacks.
+fn missing_key(key: &str) -> SyncError {
+    SyncError::StateMismatch {
+        key: key.to_owned(),
+        reason: "missing from the state dict".into(),
+    }
+}
+
+/// Ordered keys, dtypes and shapes of `state`: what a receiver reports in the handshake.
+fn metadata(state: &StateDict) -> Vec<KeyMeta> {
+    state
+        .iter()
+        .map(|(k, t)| KeyMeta {
+            name: k.to_string(),
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+        })
+        .collect()
 }
 
 impl WeightSyncer {
@@ -339,7 +364,6 @@ impl WeightSyncer {
                 replay_max_bytes: p.replay_max_bytes,
                 keep_last: false,
             },
-            side: Side::Uninit,
             hold: None,
         })
     }
@@ -376,76 +400,6 @@ impl WeightSyncer {
     /// keeps its snapshot anyway; for it this changes nothing.
     pub fn keep_last_version(&mut self, on: bool) {
         self.settings.keep_last = on;
-    }
-
-    /// Sender: the last version sent. Receiver: the version applied. 0 before the first sync.
-    pub fn version(&self) -> u64 {
-        match &self.side {
-            Side::Uninit => 0,
-            Side::Sender(s) => s.last_version,
-            Side::Receiver(r) => r.shared.applied.load(Ordering::SeqCst),
-        }
-    }
-
-    /// The synced keys (known after init on both sides), in sync order.
-    pub fn synced_keys(&self) -> &[String] {
-        match &self.side {
-            Side::Uninit => &[],
-            Side::Sender(s) => &s.synced_keys,
-            Side::Receiver(r) => &r.synced_keys,
-        }
-    }
-
-    /// Receiver: [`state_checksum`] of its synced keys. Sender: the checksum each receiver should report, i.e.
-    /// of the synced keys as the receivers hold them (patch: the snapshot; bucket: `state` cast to the
-    /// receivers' dtypes through the wire dtype).
-    pub fn checksum(&self, state: &StateDict) -> Result<u64, SyncError> {
-        match &self.side {
-            Side::Uninit => Err(SyncError::NotInitialized {
-                expected: "sender or receiver",
-            }),
-            Side::Receiver(r) => Ok(state_checksum(state, &r.synced_keys)),
-            Side::Sender(s) => {
-                let mut h = StateHasher::new();
-                match &s.strategy {
-                    SenderStrategy::Patch { snap, .. } => {
-                        if let Some(c) = s.rejoin.cached_checksum(s.last_version) {
-                            return Ok(c);
-                        }
-                        for st in snap.iter() {
-                            let shape = state
-                                .get(&st.key)
-                                .map(|t| t.shape().to_vec())
-                                .unwrap_or_default();
-                            h.begin_tensor(&st.key, st.dtype, &shape);
-                            h.bytes(st.storage.bytes());
-                        }
-                        let c = h.finish();
-                        s.rejoin.cache_checksum(s.last_version, c);
-                        return Ok(c);
-                    }
-                    SenderStrategy::Bucket { .. } => {
-                        for (key, &rd) in s.synced_keys.iter().zip(&s.recv_dtypes) {
-                            let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
-                                key: key.clone(),
-                                reason: "missing from the state dict".into(),
-                            })?;
-                            let wire = self.wire_dtype(t.dtype(), rd);
-                            h.begin_tensor(key, rd, t.shape());
-                            hash_cast(&mut h, t.bytes(), t.dtype(), wire, rd);
-                        }
-                    }
-                }
-                Ok(h.finish())
-            }
-        }
-    }
-
-    fn wire_dtype(&self, src: DType, _receiver: DType) -> DType {
-        match self.settings.bucket_dtype {
-            Some(d) if src.is_floating() => d,
-            _ => src,
-        }
     }
 }
 

@@ -4,8 +4,101 @@ use std::collections::HashMap;
 
 use crate::tensor::{DType, StateDict, can_cast};
 
+use super::Settings;
 use super::bucket::Planned;
+use super::settings::SyncerKind;
 use super::wire::{BucketEntry, KeyMeta};
+
+/// Why the sender refuses the receivers at init (it tells them the reason, then fails with it).
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// The state dicts or the keys do not agree.
+    Handshake(String),
+    /// A setting does not fit the state dict (an `init_sync` prefix matching nothing).
+    Config(String),
+}
+
+impl Refusal {
+    pub fn reason(&self) -> &str {
+        match self {
+            Refusal::Handshake(reason) | Refusal::Config(reason) => reason,
+        }
+    }
+}
+
+/// What the handshake settles: the synced keys in the state dict's order (whatever order the caller listed
+/// them in: patch entries and buckets are laid out in that order, and receivers validate it), the keys the
+/// init bootstrap sends, and the receiver's ordinal and dtype of each.
+#[derive(Debug)]
+pub(crate) struct Selection {
+    pub synced_keys: Vec<String>,
+    pub synced_ordinals: Vec<u32>,
+    /// Receiver dtype per synced key (same order).
+    pub recv_dtypes: Vec<DType>,
+    /// The init bootstrap's keys (patch with `init_sync`; else none).
+    pub boot_keys: Vec<String>,
+    /// Key → receiver ordinal, for the synced and bootstrap keys.
+    pub ordinals: HashMap<String, u32>,
+}
+
+impl Selection {
+    /// Handshake step 2: check the receivers' metadata against `state` and the settings, and select the
+    /// keys; the first problem is the refusal.
+    pub fn choose(
+        settings: &Settings,
+        meta: &[KeyMeta],
+        state: &StateDict,
+        keys_to_sync: &[String],
+    ) -> Result<Selection, Refusal> {
+        if settings.same_keys
+            && let Some(diff) = first_difference(meta, state)
+        {
+            return Err(Refusal::Handshake(format!(
+                "trainer and rollout state dicts differ: {diff}"
+            )));
+        }
+        let patch_init = settings.kind == SyncerKind::Patch && settings.init_sync;
+        let boot_keys: Vec<String> = match (patch_init, &settings.init_prefixes) {
+            (false, _) => Vec::new(),
+            (true, None) => state.keys().map(str::to_string).collect(),
+            (true, Some(p)) => select_prefixed(state, p).map_err(Refusal::Config)?,
+        };
+        let mut all: Vec<&str> = keys_to_sync.iter().map(String::as_str).collect();
+        for k in &boot_keys {
+            if !keys_to_sync.contains(k) {
+                all.push(k);
+            }
+        }
+        let full_state = patch_init && settings.init_prefixes.is_none();
+        let ordinals = check_metadata(meta, state, &all, full_state).map_err(Refusal::Handshake)?;
+        if let Some((_, dup)) = keys_to_sync
+            .iter()
+            .enumerate()
+            .find(|(i, k)| keys_to_sync[..*i].contains(k))
+        {
+            return Err(Refusal::Handshake(format!(
+                "keys_to_sync lists '{dup}' twice"
+            )));
+        }
+        let mut synced_keys = keys_to_sync.to_vec();
+        synced_keys.sort_by_key(|k| ordinals.get(k).copied().unwrap_or(u32::MAX));
+        let synced_ordinals: Vec<u32> = synced_keys
+            .iter()
+            .filter_map(|k| ordinals.get(k).copied())
+            .collect();
+        let recv_dtypes = synced_ordinals
+            .iter()
+            .map(|&o| meta[o as usize].dtype)
+            .collect();
+        Ok(Selection {
+            synced_keys,
+            synced_ordinals,
+            recv_dtypes,
+            boot_keys,
+            ordinals,
+        })
+    }
+}
 
 /// Keys of `state` equal to a prefix or starting with `prefix.`; an empty list, or a prefix matching nothing,
 /// is an error naming it.
@@ -289,6 +382,72 @@ mod tests {
         assert!(
             e.contains("only on the receiver") && e.contains("'c'"),
             "{e}"
+        );
+    }
+
+    /// The handshake's key selection: synced keys in the state dict's order with the receiver's ordinals and
+    /// dtypes, the bootstrap's keys, and each refusal of the kind the receivers are told.
+    #[test]
+    fn the_selection_orders_the_keys_and_refuses_with_the_first_problem() {
+        use crate::syncer::settings::WeightSyncerConfig;
+        use crate::syncer::{SyncOptions, WeightSyncer};
+        let state = sd(&["a", "b", "c"]);
+        let meta: Vec<KeyMeta> = ["a", "b", "c"]
+            .iter()
+            .map(|n| KeyMeta {
+                name: n.to_string(),
+                dtype: if *n == "b" { DType::Bf16 } else { DType::F32 },
+                shape: vec![2],
+            })
+            .collect();
+        let settings = |f: &dyn Fn(&mut WeightSyncerConfig)| {
+            let mut cfg = WeightSyncerConfig::default();
+            f(&mut cfg);
+            WeightSyncer::from_config(&cfg, SyncOptions::default())
+                .unwrap()
+                .settings
+        };
+        let keys = |k: &[&str]| k.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        let plain = settings(&|c| c.patch.init_sync.enabled = false);
+        let sel = Selection::choose(&plain, &meta, &state, &keys(&["c", "b"])).unwrap();
+        assert_eq!(sel.synced_keys, keys(&["b", "c"]), "the state dict's order");
+        assert_eq!(sel.synced_ordinals, vec![1, 2]);
+        assert_eq!(sel.recv_dtypes, vec![DType::Bf16, DType::F32]);
+        assert!(sel.boot_keys.is_empty(), "no init bootstrap");
+        let boot = settings(&|c| {
+            c.patch.init_sync.enabled = true;
+            c.patch.init_sync.prefixes = Some(vec!["a".into()]);
+        });
+        let sel = Selection::choose(&boot, &meta, &state, &keys(&["b"])).unwrap();
+        assert_eq!(sel.boot_keys, keys(&["a"]));
+        assert_eq!(sel.ordinals.get("a"), Some(&0));
+        let refusal = |settings: &Settings, meta: &[KeyMeta], k: &[&str]| {
+            Selection::choose(settings, meta, &state, &keys(k)).unwrap_err()
+        };
+        let r = refusal(&plain, &meta, &["a", "a"]);
+        assert!(
+            matches!(&r, Refusal::Handshake(m) if m.contains("lists 'a' twice")),
+            "{r:?}"
+        );
+        let missing = settings(&|c| {
+            c.patch.init_sync.enabled = true;
+            c.patch.init_sync.prefixes = Some(vec!["z".into()]);
+        });
+        let r = refusal(&missing, &meta, &["a"]);
+        assert!(
+            matches!(&r, Refusal::Config(m) if m.contains("'z' matches no key")),
+            "{r:?}"
+        );
+        let mut same = plain.clone();
+        same.same_keys = true;
+        let r = refusal(&same, &meta[..2], &["a"]);
+        assert!(
+            matches!(&r, Refusal::Handshake(m) if m.contains("key 'c' is in the sender's state dict but not the receiver's")),
+            "{r:?}"
+        );
+        assert!(
+            r.reason()
+                .starts_with("trainer and rollout state dicts differ")
         );
     }
 }

@@ -26,10 +26,28 @@ use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, StateDict, Storage, cast_bytes, copy_streaming};
 use crate::transport;
 
+use super::MessageError;
 use super::wire::{
-    BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, bucket_layout, bucket_parts, read_bucket_table,
-    write_bucket_table,
+    BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, WireError, bucket_layout, bucket_parts,
+    read_bucket_table, write_bucket_table,
 };
+
+/// Why a bucket part cannot be staged.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PartError {
+    /// rlsync's own finding: out of sequence, or not fitting the receiver's keys.
+    #[error("{0}")]
+    Invalid(String),
+    /// The part does not read: its wire format, or bytes that do not convert.
+    #[error(transparent)]
+    Message(#[from] MessageError),
+}
+
+impl From<WireError> for PartError {
+    fn from(e: WireError) -> PartError {
+        PartError::Message(e.into())
+    }
+}
 
 /// Bytes hashed then copied at a time: small enough that the copy re-reads the chunk from L1/L2, a
 /// multiple of every element size.
@@ -341,12 +359,12 @@ impl Assembly {
         meta: &[KeyMeta],
         allowed: &[bool],
         pool: &mut Pool,
-    ) -> Result<Assembly, String> {
+    ) -> Result<Assembly, PartError> {
         if header.aux != 0 {
-            return Err(format!(
+            return Err(PartError::Invalid(format!(
                 "bucket {}/{} of version {} starts at byte {}, not at its first part",
                 header.seq, header.count, header.version, header.aux
-            ));
+            )));
         }
         let max_entry = meta
             .iter()
@@ -360,20 +378,21 @@ impl Assembly {
             .unwrap_or(0);
         // Parse the table from a private copy (the one hashed below), so the table that is used is the one
         // that is verified.
-        let (first, _) = read_bucket_table(body, max_entry).map_err(|e| e.to_string())?;
+        let (first, _) = read_bucket_table(body, max_entry)?;
         let table_end = first
             .first()
             .map_or(body.len(), |(_, range)| range.start)
             .min(body.len());
         let table = body[..table_end].to_vec();
-        let (entries, body_len) =
-            read_bucket_table(&table, max_entry).map_err(|e| e.to_string())?;
+        let (entries, body_len) = read_bucket_table(&table, max_entry)?;
         if entries.len() != first.len()
             || entries.iter().zip(&first).any(|((a, ra), (b, rb))| {
                 ra != rb || a.ordinal != b.ordinal || a.byte_len != b.byte_len
             })
         {
-            return Err("the bucket table changed while it was being read".to_owned());
+            return Err(PartError::Invalid(
+                "the bucket table changed while it was being read".to_owned(),
+            ));
         }
         let mut asm = Assembly {
             table,
@@ -394,23 +413,29 @@ impl Assembly {
                 Some(m) if allowed.get(e.ordinal as usize).copied().unwrap_or(false) => m,
                 Some(m) => {
                     return asm.fail(
-                        format!(
+                        PartError::Invalid(format!(
                             "key '{}' is not expected in this {}",
                             m.name,
                             header.kind.name()
-                        ),
+                        )),
                         pool,
                     );
                 }
                 None => {
                     return asm.fail(
-                        format!("ordinal {} is not a key of the receiver", e.ordinal),
+                        PartError::Invalid(format!(
+                            "ordinal {} is not a key of the receiver",
+                            e.ordinal
+                        )),
                         pool,
                     );
                 }
             };
             if asm.staged.iter().any(|(o, _)| *o == e.ordinal) {
-                return asm.fail(format!("key '{}' appears twice", m.name), pool);
+                return asm.fail(
+                    PartError::Invalid(format!("key '{}' appears twice", m.name)),
+                    pool,
+                );
             }
             let numel = m.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
             let ok_len =
@@ -418,10 +443,10 @@ impl Assembly {
             let castable = e.dtype == m.dtype || (e.dtype.is_floating() && m.dtype.is_floating());
             if !ok_len || !castable {
                 return asm.fail(
-                    format!(
+                    PartError::Invalid(format!(
                         "key '{}': {} bytes of {} do not fit a {} tensor of shape {:?}",
                         m.name, e.byte_len, e.dtype, m.dtype, m.shape
-                    ),
+                    )),
                     pool,
                 );
             }
@@ -438,9 +463,9 @@ impl Assembly {
         }
     }
 
-    fn fail<T>(self, reason: String, pool: &mut Pool) -> Result<T, String> {
+    fn fail<T>(self, e: PartError, pool: &mut Pool) -> Result<T, PartError> {
         self.abandon(pool);
-        Err(reason)
+        Err(e)
     }
 
     /// Give the staging storages back to the pool (the bucket will not be installed).
@@ -458,9 +483,9 @@ impl Assembly {
     }
 
     /// Stage the next part (after [`Assembly::start`]); the caller gives up on the bucket on error.
-    pub(crate) fn add_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+    pub(crate) fn add_part(&mut self, header: &Header, body: &[u8]) -> Result<(), PartError> {
         if !self.is_next_part(header) {
-            return Err(format!(
+            return Err(PartError::Invalid(format!(
                 "part at byte {} of bucket {}/{} (version {}) arrived while expecting byte {} of bucket {}/{} (version {})",
                 header.aux,
                 header.seq,
@@ -470,28 +495,28 @@ impl Assembly {
                 self.seq,
                 self.count,
                 self.version
-            ));
+            )));
         }
         self.stage_part(header, body)
     }
 
     /// Copy (casting to receiver dtypes) one part into the staging storages, hashing it, then verify it.
-    fn stage_part(&mut self, header: &Header, body: &[u8]) -> Result<(), String> {
+    fn stage_part(&mut self, header: &Header, body: &[u8]) -> Result<(), PartError> {
         let part = self.next..self.next + body.len();
         if part.end > self.body_len || (body.is_empty() && self.body_len > 0) {
-            return Err(format!(
+            return Err(PartError::Invalid(format!(
                 "part of {} bytes at byte {} does not fit a bucket body of {} bytes",
                 body.len(),
                 self.next,
                 self.body_len
-            ));
+            )));
         }
         // Parts end 8-byte aligned (`bucket_parts`), so no element is split between two parts.
         if part.end != self.body_len && part.end % 8 != 0 {
-            return Err(format!(
+            return Err(PartError::Invalid(format!(
                 "part at byte {} ends at byte {}, which is not 8-byte aligned",
                 part.start, part.end
-            ));
+            )));
         }
         let mut h = Xxh3::with_seed(header.checksum_seed());
         let mut pos = part.start;
@@ -526,10 +551,12 @@ impl Assembly {
             while a < stop {
                 let b = stop.min(a + CHUNK);
                 let (e0, e1) = ((a - range.start) / sw, (b - range.start) / sw);
-                let d = dst
-                    .bytes_mut()
-                    .get_mut(e0 * dw..e1 * dw)
-                    .ok_or_else(|| format!("ordinal {}: staging range out of bounds", e.ordinal))?;
+                let d = dst.bytes_mut().get_mut(e0 * dw..e1 * dw).ok_or_else(|| {
+                    PartError::Invalid(format!(
+                        "ordinal {}: staging range out of bounds",
+                        e.ordinal
+                    ))
+                })?;
                 // Read the slot once, into a cache-sized private chunk; hash and install that chunk, so the
                 // bytes installed are exactly the bytes verified.
                 let chunk = slot.copy(scratch, a, b);
@@ -539,15 +566,16 @@ impl Assembly {
                 } else {
                     cast_bytes(chunk, e.dtype, d, *to)
                 }
-                .map_err(|err| format!("ordinal {}: {err}", e.ordinal))?;
+                .map_err(|source| MessageError::Cast {
+                    ordinal: e.ordinal,
+                    source,
+                })?;
                 a = b;
             }
             pos = stop;
         }
         slot.hash_gap(&mut h, table, scratch, pos, part.end);
-        header
-            .verify_digest(h.digest())
-            .map_err(|e| e.to_string())?;
+        header.verify_digest(h.digest())?;
         self.next = part.end;
         self.bytes += HEADER_LEN + body.len();
         Ok(())
@@ -776,13 +804,17 @@ mod tests {
         for m in msgs {
             let (h, body) = Header::parse_unverified(m).map_err(|e| e.to_string())?;
             match asm.as_mut() {
-                None => asm = Some(Assembly::start(&h, body, meta, &[true; 3], pool)?),
+                None => {
+                    let a = Assembly::start(&h, body, meta, &[true; 3], pool)
+                        .map_err(|e| crate::error_chain(&e))?;
+                    asm = Some(a);
+                }
                 Some(a) => {
                     if let Err(e) = a.add_part(&h, body) {
                         if let Some(a) = asm.take() {
                             a.abandon(pool);
                         }
-                        return Err(e);
+                        return Err(crate::error_chain(&e));
                     }
                 }
             }
@@ -869,13 +901,15 @@ mod tests {
         let (h, body) = Header::parse_unverified(&msgs[1]).unwrap();
         let err = Assembly::start(&h, body, &meta, &[true; 3], &mut Pool::default())
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(err.contains("not at its first part"), "{err}");
         // A receiver that does not expect a key refuses the bucket before staging anything.
         let (h, body) = Header::parse_unverified(&msgs[0]).unwrap();
         let err = Assembly::start(&h, body, &meta, &[true, false, true], &mut Pool::default())
             .err()
-            .unwrap();
+            .unwrap()
+            .to_string();
         assert!(err.contains("key 'b' is not expected"), "{err}");
     }
 
@@ -884,7 +918,7 @@ mod tests {
     #[test]
     fn partial_send_leaves_weights_intact() {
         use crate::syncer::settings::{SyncerKind, WeightSyncerConfig};
-        use crate::syncer::{Side, SyncOptions, WeightSyncer};
+        use crate::syncer::{SyncOptions, WeightSyncer};
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -909,39 +943,34 @@ mod tests {
             cfg.bucket.load_instant = load_instant;
             let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
             tx.settings.part_bytes = 64;
-            let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+            let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
             let (mut sender, mut receiver) = (make(1.0), make(-1.0));
             let (ch, mut rxs) = transport::inproc_channel(1);
             let synced = sender.synced_keys();
-            rt.block_on(async {
+            let (mut tx, mut rx) = rt.block_on(async {
                 let (a, b) = tokio::join!(
                     tx.init_sender(&sender, &synced, ch),
                     rx.init_receiver(&mut receiver, rxs.pop().unwrap())
                 );
-                a.unwrap();
-                b.unwrap();
+                let ((mut tx, _), (mut rx, _)) = (a.unwrap(), b.unwrap());
                 let (a, b) = tokio::join!(tx.sync(&sender, 1), rx.apply(&mut receiver));
                 a.unwrap();
                 assert_eq!(b.unwrap().version, 1);
+                (tx, rx)
             });
             let before: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
             sender = make(100.0);
             // Produce version 2's messages into a drained channel, then deliver only a prefix of them.
-            let Side::Sender(s) = &mut tx.side else {
-                panic!("not a sender")
-            };
             let (dummy, mut drx) = transport::inproc_channel(1);
             let (dummy, tap) = transport::tap::tapped(dummy);
-            let mut real = std::mem::replace(&mut s.ch, dummy);
+            let mut real = std::mem::replace(&mut tx.ch, dummy);
             let mut d = drx.pop().unwrap();
             rt.block_on(async {
                 let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
                 let send = async {
                     let r = tx.sync(&sender, 2).await;
-                    if let Side::Sender(s) = &mut tx.side {
-                        let (gone, _) = transport::inproc_channel(1);
-                        drop(std::mem::replace(&mut s.ch, gone));
-                    }
+                    let (gone, _) = transport::inproc_channel(1);
+                    drop(std::mem::replace(&mut tx.ch, gone));
                     r
                 };
                 let (r, ()) = tokio::join!(send, drain);

@@ -1,94 +1,89 @@
-//! The receiving half of [`WeightSyncer`] (a rollout's end): the handshake and init bootstrap
-//! (`init_receiver`, `rejoin_receiver`), `apply` (receive, verify, install) and `receive` →
-//! [`PendingUpdate::install`] for background no-wait installs.
+//! The receiving end [`SyncReceiver`] (a rollout's): the handshake and init bootstrap that make it
+//! ([`WeightSyncer::init_receiver`], [`WeightSyncer::rejoin_receiver`]), `apply` (receive, verify, install)
+//! and `receive` → [`PendingUpdate::install`] for background no-wait installs.
 
+use super::bucket::PartError;
 use super::*;
 
+/// The receiving end of a weight channel (a rollout's), made by [`WeightSyncer::init_receiver`] or
+/// [`WeightSyncer::rejoin_receiver`].
+pub struct SyncReceiver {
+    ch: transport::Receiver,
+    strategy: Strategy,
+    /// Bucket: install each verified bucket as it arrives (`load_instant`).
+    load_instant: bool,
+    synced_keys: Vec<String>,
+    /// Highest version received and validated (≥ applied).
+    received: u64,
+    /// A bucket version this receiver gave up on midway: its remaining parts are skipped.
+    interrupted: Option<u64>,
+    shared: Arc<ReceiverShared>,
+}
+
+/// Receiver-side facts shared with [`PendingUpdate`]s.
+struct ReceiverShared {
+    meta: Vec<KeyMeta>,
+    synced: Vec<bool>,
+    applied: AtomicU64,
+    pool: Mutex<Pool>,
+    threads: NonZeroUsize,
+}
+
+impl ReceiverShared {
+    fn new(meta: Vec<KeyMeta>, synced: Vec<bool>, applied: u64, threads: NonZeroUsize) -> Self {
+        ReceiverShared {
+            meta,
+            synced,
+            applied: AtomicU64::new(applied),
+            pool: Mutex::new(Pool::default()),
+            threads,
+        }
+    }
+
+    /// The staging pool (a panic elsewhere cannot leave it inconsistent: it only holds free storages).
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Bytes of the synced tensors in the receiver's dtypes.
+    fn synced_bytes(&self) -> u64 {
+        self.synced
+            .iter()
+            .zip(&self.meta)
+            .filter(|(s, _)| **s)
+            .map(|(_, m)| {
+                m.shape
+                    .iter()
+                    .product::<usize>()
+                    .saturating_mul(m.dtype.size_bytes()) as u64
+            })
+            .sum()
+    }
+}
+
 impl WeightSyncer {
-    /// Receiver side of the handshake: send metadata of `state`, receive the plan and (patch) install the
-    /// init bootstrap into `state`.
+    /// Receiver side of the handshake, which makes this syncer the receiving end: send metadata of `state`,
+    /// receive the plan and (patch) install the init bootstrap into `state`.
     pub async fn init_receiver(
-        &mut self,
+        mut self,
         state: &mut StateDict,
         mut ch: transport::Receiver,
-    ) -> Result<SyncReport, SyncError> {
-        if !matches!(self.side, Side::Uninit) {
-            return Err(SyncError::AlreadyInitialized);
-        }
-        let meta: Vec<KeyMeta> = state
-            .iter()
-            .map(|(k, t)| KeyMeta {
-                name: k.to_string(),
-                dtype: t.dtype(),
-                shape: t.shape().to_vec(),
-            })
-            .collect();
+    ) -> Result<(SyncReceiver, SyncReport), SyncError> {
+        let meta = metadata(state);
         ch.send(&wire::encode_metadata(&meta)).await?;
         let t_wait = Instant::now();
-        let plan = ch
-            .recv_with(|msg| -> Result<Plan, SyncError> {
-                // Verify what is used: the checksum and the decoding read one private copy, never the slot twice.
-                let msg = msg.to_vec();
-                let (h, body) = Header::parse(&msg).map_err(|e| SyncError::Handshake {
-                    reason: format!("plan from the sender: {e}"),
-                })?;
-                match h.kind {
-                    Kind::Abort => Err(SyncError::Handshake {
-                        reason: format!("the sender refused: {}", wire::decode_abort(body)),
-                    }),
-                    Kind::Plan => wire::decode_plan(&h, body).map_err(|e| SyncError::Handshake {
-                        reason: e.to_string(),
-                    }),
-                    k => Err(SyncError::Handshake {
-                        reason: format!("expected the sender's plan, got a {} message", k.name()),
-                    }),
-                }
-            })
-            .await??;
+        let plan = read_plan(&mut ch).await?;
         let mut report = SyncReport {
             kind: SyncKind::Init,
             transfer: t_wait.elapsed(),
             compression_ratio: 1.0,
             ..Default::default()
         };
-        let mut synced = vec![false; meta.len()];
-        for &o in &plan.synced {
-            match synced.get_mut(o as usize) {
-                Some(s) => *s = true,
-                None => {
-                    return Err(SyncError::Handshake {
-                        reason: format!(
-                            "plan names ordinal {o}, the receiver has {} keys",
-                            meta.len()
-                        ),
-                    });
-                }
-            }
-        }
-        let synced_keys: Vec<String> = plan
-            .synced
-            .iter()
-            .map(|&o| meta[o as usize].name.clone())
-            .collect();
-        let expected_strategy = match self.settings.kind {
-            SyncerKind::Patch => Strategy::Patch,
-            SyncerKind::Bucket => Strategy::Bucket,
-        };
-        if plan.strategy != expected_strategy {
-            return Err(SyncError::Handshake {
-                reason: format!(
-                    "sender uses {:?}, this receiver is configured for {:?}",
-                    plan.strategy, expected_strategy
-                ),
-            });
-        }
-        let shared = Arc::new(ReceiverShared {
-            meta,
-            synced,
-            applied: AtomicU64::new(0),
-            pool: Mutex::new(Pool::default()),
-            threads: self.settings.threads,
-        });
+        let handshake = |reason: String| SyncError::Handshake { reason };
+        let synced_keys = synced_keys(&plan, &meta).map_err(handshake)?;
+        check_strategy(&self.settings, plan.strategy).map_err(handshake)?;
+        let synced = synced(&plan, meta.len());
+        let shared = Arc::new(ReceiverShared::new(meta, synced, 0, self.settings.threads));
         self.reach(HoldPoint::Bootstrap).await;
         if plan.init_buckets > 0 {
             let got = receive_init_buckets(&mut ch, plan.init_buckets, &shared.meta, state).await?;
@@ -108,147 +103,246 @@ impl WeightSyncer {
                     .map_or(0, |(_, t)| t.bytes().len()) as u64
             })
             .sum();
-        self.side = Side::Receiver(ReceiverSide {
+        let receiver = SyncReceiver {
             ch,
             strategy: plan.strategy,
+            load_instant: self.settings.load_instant,
             synced_keys,
             received: 0,
             interrupted: None,
             shared,
-        });
-        Ok(report)
+        };
+        Ok((receiver, report))
     }
 
-    /// Receiver side of a rejoin (a restarted rollout on an elastic channel): report the metadata of `state`
-    /// and the version `held` it holds (0 after a fresh start: its own init weights), then install the
-    /// catch-up the sender chose (see `syncer/rejoin.rs`). Afterwards this is a receiver like any other, at
-    /// `report.to` (0 for a deferred catch-up: the next version, a full transfer, makes it current).
+    /// Receiver side of a rejoin (a restarted rollout on an elastic channel), which makes this syncer the
+    /// receiving end: report the metadata of `state` and the version `held` it holds (0 after a fresh start: its
+    /// own init weights), then install the catch-up the sender chose (see `syncer/rejoin.rs`). Afterwards this
+    /// is a receiver like any other, at `report.to` (0 for a deferred catch-up: the next version, a full
+    /// transfer, makes it current).
     pub async fn rejoin_receiver(
-        &mut self,
+        mut self,
         state: &mut StateDict,
         mut ch: transport::Receiver,
         held: u64,
-    ) -> Result<CatchUpReport, SyncError> {
-        if !matches!(self.side, Side::Uninit) {
-            return Err(SyncError::AlreadyInitialized);
-        }
+    ) -> Result<(SyncReceiver, CatchUpReport), SyncError> {
         let started = Instant::now();
-        let rank = ch.rank();
-        let meta: Vec<KeyMeta> = state
-            .iter()
-            .map(|(k, t)| KeyMeta {
-                name: k.to_string(),
-                dtype: t.dtype(),
-                shape: t.shape().to_vec(),
-            })
-            .collect();
-        let handshake = |reason: String| SyncError::Handshake {
-            reason: format!("rejoin: {reason}"),
-        };
+        let meta = metadata(state);
         let msg = wire::encode_rejoin(&meta, held);
         let mut report = CatchUpReport {
-            rank,
+            rank: ch.rank(),
             from: held,
             payload_bytes: msg.len() as u64,
             ..CatchUpReport::default()
         };
+        // 1. the request, and the plan it gets
         ch.send(&msg).await?;
-        let (plan, boot_only, len) = ch
-            .recv_with(|msg| -> Result<(Plan, Vec<u32>, usize), SyncError> {
-                let (h, body) = Header::parse(msg).map_err(|e| handshake(e.to_string()))?;
-                match h.kind {
-                    Kind::Abort => Err(handshake(format!(
-                        "the sender refused: {}",
-                        wire::decode_abort(body)
-                    ))),
-                    Kind::RejoinPlan => wire::decode_rejoin_plan(body)
-                        .map(|(p, b)| (p, b, msg.len()))
-                        .map_err(|e| handshake(e.to_string())),
-                    k => Err(handshake(format!(
-                        "expected the sender's rejoin plan, got a {} message",
-                        k.name()
-                    ))),
-                }
-            })
-            .await??;
+        let (plan, boot_only, len) = read_rejoin_plan(&mut ch).await?;
         report.payload_bytes += len as u64;
-        let expected_strategy = match self.settings.kind {
-            SyncerKind::Patch => Strategy::Patch,
-            SyncerKind::Bucket => Strategy::Bucket,
+        let handshake = |reason: String| SyncError::Handshake {
+            reason: format!("rejoin: {reason}"),
         };
-        if plan.strategy != expected_strategy {
-            return Err(handshake(format!(
-                "sender uses {:?}, this receiver is configured for {:?}",
-                plan.strategy, expected_strategy
-            )));
-        }
-        let name = |o: &u32| {
-            meta.get(*o as usize)
-                .map(|m| m.name.clone())
-                .ok_or_else(|| {
-                    handshake(format!(
-                        "plan names ordinal {o}, the receiver has {} keys",
-                        meta.len()
-                    ))
-                })
-        };
-        let synced_keys = plan
-            .synced
-            .iter()
-            .map(name)
-            .collect::<Result<Vec<_>, _>>()?;
-        let boot_keys = boot_only.iter().map(name).collect::<Result<Vec<_>, _>>()?;
-        let mut synced = vec![false; meta.len()];
-        for &o in &plan.synced {
-            if let Some(s) = synced.get_mut(o as usize) {
-                *s = true;
-            }
-        }
+        check_strategy(&self.settings, plan.strategy).map_err(handshake)?;
+        let synced_keys = synced_keys(&plan, &meta).map_err(handshake)?;
+        let boot_keys = names(&boot_only, &meta).map_err(handshake)?;
+        // 2. the checksums of what it holds, and the catch-up the sender chose
         let held_now = blocking(|| rejoin::held(state, held, &synced_keys, &boot_keys));
         let msg = wire::encode_held(&held_now);
         report.payload_bytes += msg.len() as u64;
         ch.send(&msg).await?;
-        let (catch_up, len) = ch
-            .recv_with(|msg| -> Result<(wire::CatchUpPlan, usize), SyncError> {
-                let (h, body) = Header::parse(msg).map_err(|e| handshake(e.to_string()))?;
-                h.expect(Kind::CatchUp)
-                    .and_then(|_| wire::decode_catch_up(&h, body))
-                    .map(|c| (c, msg.len()))
-                    .map_err(|e| handshake(e.to_string()))
-            })
-            .await??;
+        let (catch_up, len) = read_catch_up(&mut ch).await?;
         report.payload_bytes += len as u64;
         self.reach(HoldPoint::CatchUp).await;
+        // 3. bootstrap-only keys, if its copy differed
         if catch_up.boot_buckets > 0 {
             let got = receive_init_buckets(&mut ch, catch_up.boot_buckets, &meta, state).await?;
             report.boot_bytes = got.payload_bytes;
             report.payload_bytes += got.payload_bytes;
         }
-        // Replay starts from the held version; a full or deferred catch-up replaces everything.
+        // 4. the catch-up: replay starts from the held version; a full or deferred catch-up replaces everything
         let start = match catch_up.mode {
             wire::CatchUpMode::Replay => held,
             wire::CatchUpMode::Full | wire::CatchUpMode::Deferred => 0,
         };
-        let shared = Arc::new(ReceiverShared {
-            meta,
-            synced,
-            applied: AtomicU64::new(start),
-            pool: Mutex::new(Pool::default()),
-            threads: self.settings.threads,
-        });
-        let mut r = ReceiverSide {
+        let synced = synced(&plan, meta.len());
+        let mut receiver = SyncReceiver {
             ch,
             strategy: plan.strategy,
+            load_instant: self.settings.load_instant,
             synced_keys,
             received: start,
             interrupted: None,
-            shared,
+            shared: Arc::new(ReceiverShared::new(
+                meta,
+                synced,
+                start,
+                self.settings.threads,
+            )),
         };
-        match catch_up.mode {
+        receiver.catch_up(&catch_up, state, &mut report).await?;
+        report.to = receiver.version();
+        report.elapsed = started.elapsed();
+        Ok((receiver, report))
+    }
+}
+
+/// The sender's plan (or its refusal) at init.
+async fn read_plan(ch: &mut transport::Receiver) -> Result<Plan, SyncError> {
+    let unreadable = |e: WireError| SyncError::HandshakeMessage {
+        message: "plan from the sender".into(),
+        source: e.into(),
+    };
+    ch.recv_with(|msg| -> Result<Plan, SyncError> {
+        // Verify what is used: the checksum and the decoding read one private copy, never the slot twice.
+        let msg = msg.to_vec();
+        let (h, body) = Header::parse(&msg).map_err(unreadable)?;
+        match h.kind {
+            Kind::Abort => Err(SyncError::Handshake {
+                reason: format!("the sender refused: {}", wire::decode_abort(body)),
+            }),
+            Kind::Plan => wire::decode_plan(&h, body).map_err(unreadable),
+            k => Err(SyncError::Handshake {
+                reason: format!("expected the sender's plan, got a {} message", k.name()),
+            }),
+        }
+    })
+    .await?
+}
+
+/// The sender's rejoin plan (or its refusal): the plan, the bootstrap-only ordinals, the message's length.
+async fn read_rejoin_plan(
+    ch: &mut transport::Receiver,
+) -> Result<(Plan, Vec<u32>, usize), SyncError> {
+    let unreadable = |e: WireError| SyncError::HandshakeMessage {
+        message: "rejoin: the sender's rejoin plan".into(),
+        source: e.into(),
+    };
+    ch.recv_with(|msg| -> Result<(Plan, Vec<u32>, usize), SyncError> {
+        let (h, body) = Header::parse(msg).map_err(unreadable)?;
+        match h.kind {
+            Kind::Abort => Err(SyncError::Handshake {
+                reason: format!("rejoin: the sender refused: {}", wire::decode_abort(body)),
+            }),
+            Kind::RejoinPlan => wire::decode_rejoin_plan(body)
+                .map(|(p, b)| (p, b, msg.len()))
+                .map_err(unreadable),
+            k => Err(SyncError::Handshake {
+                reason: format!(
+                    "rejoin: expected the sender's rejoin plan, got a {} message",
+                    k.name()
+                ),
+            }),
+        }
+    })
+    .await?
+}
+
+/// The catch-up the sender chose for a rejoin, and the message's length.
+async fn read_catch_up(
+    ch: &mut transport::Receiver,
+) -> Result<(wire::CatchUpPlan, usize), SyncError> {
+    ch.recv_with(|msg| -> Result<(wire::CatchUpPlan, usize), WireError> {
+        let (h, body) = Header::parse(msg)?;
+        h.expect(Kind::CatchUp)?;
+        Ok((wire::decode_catch_up(&h, body)?, msg.len()))
+    })
+    .await?
+    .map_err(|e| SyncError::HandshakeMessage {
+        message: "rejoin: the sender's catch-up".into(),
+        source: e.into(),
+    })
+}
+
+/// The plan's strategy must be the one this receiver is configured for.
+fn check_strategy(settings: &Settings, strategy: Strategy) -> Result<(), String> {
+    let expected = settings.strategy();
+    if strategy == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "sender uses {strategy:?}, this receiver is configured for {expected:?}"
+        ))
+    }
+}
+
+/// The receiver's names of `ordinals` (an ordinal it does not have is an error naming it).
+fn names(ordinals: &[u32], meta: &[KeyMeta]) -> Result<Vec<String>, String> {
+    ordinals
+        .iter()
+        .map(|&o| {
+            meta.get(o as usize).map(|m| m.name.clone()).ok_or_else(|| {
+                format!(
+                    "plan names ordinal {o}, the receiver has {} keys",
+                    meta.len()
+                )
+            })
+        })
+        .collect()
+}
+
+/// The synced keys the plan names, in its order.
+fn synced_keys(plan: &Plan, meta: &[KeyMeta]) -> Result<Vec<String>, String> {
+    names(&plan.synced, meta)
+}
+
+/// Which of the receiver's `keys` (by ordinal) the plan syncs.
+fn synced(plan: &Plan, keys: usize) -> Vec<bool> {
+    let mut synced = vec![false; keys];
+    for &o in &plan.synced {
+        if let Some(s) = synced.get_mut(o as usize) {
+            *s = true;
+        }
+    }
+    synced
+}
+
+impl SyncReceiver {
+    /// Receive the next version and install it into `state`; `report.version` is the applied version.
+    pub async fn apply(&mut self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
+        if self.strategy == Strategy::Bucket && self.load_instant {
+            return receive_buckets(self, Some(state))
+                .await
+                .map(|(_, report)| report);
+        }
+        let pending = receive(self).await?;
+        pending.install(state)
+    }
+
+    /// Background (no-wait) receive: read and validate the next update without touching the weights; install
+    /// it later with [`PendingUpdate::install`] (between rollout chunks, never mid-forward).
+    pub async fn receive(&mut self) -> Result<PendingUpdate, SyncError> {
+        receive(self).await
+    }
+
+    /// The version applied (0 before the first sync).
+    pub fn version(&self) -> u64 {
+        self.shared.applied.load(Ordering::SeqCst)
+    }
+
+    /// The synced keys, in sync order.
+    pub fn synced_keys(&self) -> &[String] {
+        &self.synced_keys
+    }
+
+    /// [`state_checksum`] of the synced keys of `state`: equal to the sender's [`SyncSender::checksum`] after
+    /// every applied version.
+    pub fn checksum(&self, state: &StateDict) -> u64 {
+        state_checksum(state, &self.synced_keys)
+    }
+
+    /// A rejoin's catch-up: the replayed patches, the full transfer, or nothing (deferred); it must reach the
+    /// version the sender announced.
+    async fn catch_up(
+        &mut self,
+        plan: &wire::CatchUpPlan,
+        state: &mut StateDict,
+        report: &mut CatchUpReport,
+    ) -> Result<(), SyncError> {
+        match plan.mode {
             wire::CatchUpMode::Replay => {
                 report.kind = CatchUpKind::Replay;
-                for _ in 0..catch_up.patches {
-                    let pending = receive_patch(&mut r).await?;
+                for _ in 0..plan.patches {
+                    let pending = receive_patch(self).await?;
                     let got = pending.install(state)?;
                     report.payload_bytes += got.payload_bytes;
                     report.patches += 1;
@@ -256,18 +350,18 @@ impl WeightSyncer {
             }
             wire::CatchUpMode::Full => {
                 report.kind = CatchUpKind::Full;
-                if catch_up.version == 0 {
+                if plan.version == 0 {
                     // Version 0 (no sync yet): the snapshot travels as init buckets, like the bootstrap.
                     let got = receive_init_buckets(
-                        &mut r.ch,
-                        catch_up.full_buckets,
-                        &r.shared.meta,
+                        &mut self.ch,
+                        plan.full_buckets,
+                        &self.shared.meta,
                         state,
                     )
                     .await?;
                     report.payload_bytes += got.payload_bytes;
-                } else if catch_up.full_buckets > 0 {
-                    let (_, got) = receive_buckets(&mut r, Some(state)).await?;
+                } else if plan.full_buckets > 0 {
+                    let (_, got) = receive_buckets(self, Some(state)).await?;
                     report.payload_bytes += got.payload_bytes;
                 }
             }
@@ -276,52 +370,18 @@ impl WeightSyncer {
                 report.deferred = true;
             }
         }
-        let now = r.shared.applied.load(Ordering::SeqCst);
-        if now != catch_up.version {
+        let now = self.version();
+        if now != plan.version {
             return Err(rejected(
-                Some(catch_up.version),
+                Some(plan.version),
                 now,
                 format!(
                     "the catch-up was announced to reach version {}, it reached {now}",
-                    catch_up.version
+                    plan.version
                 ),
             ));
         }
-        report.to = now;
-        report.elapsed = started.elapsed();
-        self.side = Side::Receiver(r);
-        Ok(report)
-    }
-
-    // -----------------------------------------------------------------------------------------------------
-    // receiver
-
-    /// Receive the next version and install it into `state`; `report.version` is the applied version.
-    pub async fn apply(&mut self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
-        let instant = self.settings.load_instant;
-        let Side::Receiver(r) = &mut self.side else {
-            return Err(SyncError::NotInitialized {
-                expected: "receiver",
-            });
-        };
-        if r.strategy == Strategy::Bucket && instant {
-            return receive_buckets(r, Some(state))
-                .await
-                .map(|(_, report)| report);
-        }
-        let pending = receive(r).await?;
-        pending.install(state)
-    }
-
-    /// Background (no-wait) receive: read and validate the next update without touching the weights; install
-    /// it later with [`PendingUpdate::install`] (between rollout chunks, never mid-forward).
-    pub async fn receive(&mut self) -> Result<PendingUpdate, SyncError> {
-        let Side::Receiver(r) = &mut self.side else {
-            return Err(SyncError::NotInitialized {
-                expected: "receiver",
-            });
-        };
-        receive(r).await
+        Ok(())
     }
 }
 
@@ -341,14 +401,14 @@ async fn receive_init_buckets(
         loop {
             let t0 = Instant::now();
             let done = ch
-                .recv_with(|msg| -> Result<bool, String> {
-                    let (h, body) = Header::parse_unverified(msg).map_err(|e| e.to_string())?;
-                    h.expect(Kind::InitBucket).map_err(|e| e.to_string())?;
+                .recv_with(|msg| -> Result<bool, PartError> {
+                    let (h, body) = Header::parse_unverified(msg)?;
+                    h.expect(Kind::InitBucket)?;
                     if h.seq != seq || h.count != count || h.version != 0 {
-                        return Err(format!(
+                        return Err(PartError::Invalid(format!(
                             "init bucket {}/{} (version {}) out of sequence, expected {seq}/{count}",
                             h.seq, h.count, h.version
-                        ));
+                        )));
                     }
                     match asm.as_mut() {
                         None => {
@@ -361,8 +421,14 @@ async fn receive_init_buckets(
                     Ok(asm.as_ref().is_some_and(Assembly::is_complete))
                 })
                 .await?
-                .map_err(|reason| SyncError::Handshake {
-                    reason: format!("init bootstrap: {reason}"),
+                .map_err(|e| match e {
+                    PartError::Invalid(reason) => SyncError::Handshake {
+                        reason: format!("init bootstrap: {reason}"),
+                    },
+                    PartError::Message(source) => SyncError::HandshakeMessage {
+                        message: "init bootstrap".into(),
+                        source,
+                    },
                 })?;
             report.decode += t0.elapsed();
             if done {
@@ -470,7 +536,7 @@ fn give_back(shared: &ReceiverShared, staged: Staged) {
 }
 
 /// Read the next update (patch: one message; bucket: all buckets of a version, staged).
-async fn receive(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError> {
+async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
     match r.strategy {
         Strategy::Patch => receive_patch(r).await,
         Strategy::Bucket => match receive_buckets(r, None).await? {
@@ -484,7 +550,7 @@ async fn receive(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError> {
     }
 }
 
-async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError> {
+async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
     let current = r.shared.applied.load(Ordering::SeqCst);
     let received = r.received;
     let t_wait = Instant::now();
@@ -503,10 +569,9 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
                 // Verify what is installed: the slot may be shared memory another process can write, so the
                 // checksum and the decoding both read one private copy, never the slot twice.
                 let msg = blocking(|| msg.to_vec());
-                let (h, body) =
-                    Header::parse(&msg).map_err(|e| rejected(None, current, e.to_string()))?;
+                let (h, body) = Header::parse(&msg).map_err(|e| unreadable(None, current, e))?;
                 h.expect(Kind::Patch)
-                    .map_err(|e| rejected(Some(h.version), current, e.to_string()))?;
+                    .map_err(|e| unreadable(Some(h.version), current, e))?;
                 if h.version <= received {
                     return Err(rejected(
                         Some(h.version),
@@ -518,7 +583,7 @@ async fn receive_patch(r: &mut ReceiverSide) -> Result<PendingUpdate, SyncError>
                     ));
                 }
                 let pb = blocking(|| wire::decode_patch_body(body, max_stream))
-                    .map_err(|e: WireError| rejected(Some(h.version), current, e.to_string()))?;
+                    .map_err(|e| unreadable(Some(h.version), current, e))?;
                 Ok((h.version, h.aux, pb, msg.len(), t0.elapsed()))
             },
         )
@@ -556,7 +621,7 @@ enum BucketStep {
 /// verified bucket is swapped into the state at once and undone if a later bucket fails (or the channel
 /// fails mid-version); otherwise everything is staged and returned as a pending update.
 async fn receive_buckets(
-    r: &mut ReceiverSide,
+    r: &mut SyncReceiver,
     mut install: Option<&mut StateDict>,
 ) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
@@ -596,10 +661,10 @@ async fn receive_buckets(
         let v_now = version;
         let step = r
             .ch
-            .recv_with(|msg| -> Result<BucketStep, (Option<u64>, String)> {
+            .recv_with(|msg| -> Result<BucketStep, (Option<u64>, PartError)> {
                 let t0 = Instant::now();
-                let (h, body) = Header::parse_unverified(msg).map_err(|e| (None, e.to_string()))?;
-                h.expect(Kind::Bucket).map_err(|e| (Some(h.version), e.to_string()))?;
+                let (h, body) = Header::parse_unverified(msg).map_err(|e| (None, e.into()))?;
+                h.expect(Kind::Bucket).map_err(|e| (Some(h.version), e.into()))?;
                 if let Some(a) = asm.as_mut() {
                     blocking(|| a.add_part(&h, body)).map_err(|e| (Some(h.version), e))?;
                     return Ok(BucketStep::Staged { complete: a.is_complete(), decode: t0.elapsed() });
@@ -609,18 +674,18 @@ async fn receive_buckets(
                     // Later buckets, or later parts of a bucket this receiver gave up on, of an earlier version.
                     None if h.seq != 0 || (!starts_version && interrupted == Some(h.version)) => {
                         // Skip only a genuine leftover: a corrupted header must not make a part look like one.
-                        Header::parse(msg).map_err(|e| (Some(h.version), e.to_string()))?;
+                        Header::parse(msg).map_err(|e| (Some(h.version), e.into()))?;
                         return Ok(BucketStep::Skip);
                     }
                     None if !starts_version => {
-                        return Err((Some(h.version), format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count)));
+                        return Err((Some(h.version), PartError::Invalid(format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count))));
                     }
                     None if h.version <= received => {
-                        return Err((Some(h.version), format!("version {} is not newer than {received} (replayed or stale)", h.version)));
+                        return Err((Some(h.version), PartError::Invalid(format!("version {} is not newer than {received} (replayed or stale)", h.version))));
                     }
                     None => {}
                     Some(v) if h.version != v || h.seq != seq || h.count != count => {
-                        return Err((Some(h.version), format!("bucket {}/{} of version {} arrived while expecting {seq}/{count} of version {v}", h.seq, h.count, h.version)));
+                        return Err((Some(h.version), PartError::Invalid(format!("bucket {}/{} of version {} arrived while expecting {seq}/{count} of version {v}", h.seq, h.count, h.version))));
                     }
                     Some(_) => {}
                 }
@@ -694,10 +759,10 @@ async fn receive_buckets(
                     break;
                 }
             }
-            Err((v, reason)) => {
+            Err((v, e)) => {
                 r.interrupted = v.or(version);
                 return Err(fail(
-                    rejected(v.or(version), current, reason),
+                    rejection(v.or(version), current, e),
                     asm,
                     staged_all,
                     undo,

@@ -34,10 +34,11 @@ use std::time::{Duration, Instant};
 use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
 use crate::transport;
 
+use super::bootstrap::Selection;
 use super::bucket::{self, Planned};
 use super::patch::SnapTensor;
 use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind};
-use super::{SyncError, blocking, hash_cast};
+use super::{Settings, SyncError, blocking, hash_cast, missing_key};
 
 /// One logged patch: the message as sent, its base and version, and the checksum of its base snapshot.
 #[derive(Debug)]
@@ -205,6 +206,37 @@ pub(super) struct RejoinInfo {
 }
 
 impl RejoinInfo {
+    /// What the sender keeps for rejoins, set at init: the receivers' metadata, the synced ordinals, and the
+    /// bootstrap-only keys with the checksum of what the init bootstrap sent of them.
+    pub fn at_init(
+        settings: &Settings,
+        state: &StateDict,
+        meta: Vec<KeyMeta>,
+        selection: &Selection,
+    ) -> Result<RejoinInfo, SyncError> {
+        let boot_only: Vec<(String, u32)> = selection
+            .boot_keys
+            .iter()
+            .filter(|k| !selection.synced_keys.contains(k))
+            .filter_map(|k| selection.ordinals.get(k).map(|&o| (k.clone(), o)))
+            .collect();
+        let boot_typed: Vec<(String, DType)> = boot_only
+            .iter()
+            .map(|(k, o)| (k.clone(), meta[*o as usize].dtype))
+            .collect();
+        let boot_checksum = blocking(|| cast_checksum(state, &boot_typed))?;
+        Ok(RejoinInfo {
+            meta,
+            synced_ordinals: selection.synced_ordinals.clone(),
+            boot_only,
+            init_bucket_size: settings.init_bucket_size,
+            boot_checksum,
+            log: ReplayLog::new(settings.replay_versions, settings.replay_max_bytes),
+            checksum: std::sync::Mutex::new(None),
+            hashing: std::sync::Mutex::new(None),
+        })
+    }
+
     pub fn cached_checksum(&self, version: u64) -> Option<u64> {
         self.settle();
         let c = self.checksum.lock().unwrap_or_else(|p| p.into_inner());
@@ -266,340 +298,436 @@ impl RejoinInfo {
 pub(super) fn cast_checksum(state: &StateDict, keys: &[(String, DType)]) -> Result<u64, SyncError> {
     let mut h = StateHasher::new();
     for (key, rd) in keys {
-        let t = state.get(key).ok_or_else(|| SyncError::StateMismatch {
-            key: key.clone(),
-            reason: "missing from the state dict".into(),
-        })?;
+        let t = state.get(key).ok_or_else(|| missing_key(key))?;
         h.begin_tensor(key, *rd, t.shape());
         hash_cast(&mut h, t.bytes(), t.dtype(), *rd, *rd);
     }
     Ok(h.finish())
 }
 
+/// Where a full catch-up's tensors come from.
+pub(super) enum FullSource<'a> {
+    /// Patch syncer: its snapshot (the last version sent, in the receivers' dtypes).
+    Snapshot(&'a [SnapTensor]),
+    /// Bucket syncer: the last version, from the state or the sender's copy; `None` when neither holds it.
+    Buckets(Option<BucketSource<'a>>),
+}
+
+/// The catch-up chosen for a rejoining receiver, and the payloads that carry it.
+struct Choice<'a> {
+    mode: CatchUpMode,
+    /// The version the receiver holds afterwards (0 for a deferred catch-up).
+    version: u64,
+    payloads: Payloads<'a>,
+    /// Why not a replay (empty for a replay).
+    reason: String,
+}
+
+enum Payloads<'a> {
+    /// Nothing: version 0 of a bucket syncer (every receiver's own initial state), or a deferred catch-up.
+    None,
+    /// The logged patches from the held version on, byte for byte as first sent.
+    Replay(Vec<&'a [u8]>),
+    /// The patch syncer's snapshot, in buckets.
+    Snapshot {
+        snap: &'a [SnapTensor],
+        buckets: Vec<Vec<Planned>>,
+    },
+    /// The bucket syncer's last version.
+    Buckets(BucketSource<'a>),
+}
+
 /// The sender's side of one rejoin: everything goes to `rank` only.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn serve(
-    ch: &mut transport::Sender,
-    rank: usize,
-    info: &RejoinInfo,
-    state: &StateDict,
-    snap: Option<&[super::patch::SnapTensor]>,
-    bucket_full: Option<BucketSource<'_>>,
-    last_version: u64,
-    strategy: wire::Strategy,
-    part_bytes: usize,
-) -> Result<CatchUpReport, SyncError> {
-    let started = Instant::now();
-    let handshake = |reason: String| SyncError::Handshake {
-        reason: format!("rejoin of receiver rank {rank}: {reason}"),
-    };
-    ch.wait_joined(rank).await?;
-    let mut report = CatchUpReport {
-        rank,
-        ..CatchUpReport::default()
-    };
-    // 1. its metadata and version
-    let msg = ch.recv_from(rank).await?;
-    report.payload_bytes += msg.len() as u64;
-    let (held_version, meta) = Header::parse(&msg)
-        .and_then(|(h, body)| {
-            h.expect(Kind::Rejoin)?;
-            Ok((h.version, wire::decode_metadata(body)?))
-        })
-        .map_err(|e| handshake(e.to_string()))?;
-    if meta != info.meta {
-        let reason =
-            "its keys, shapes or dtypes differ from those of the receivers at init".to_string();
-        let _ = ch.send_to(rank, &wire::encode_abort(&reason)).await;
-        return Err(handshake(reason));
+pub(super) struct Serving<'a> {
+    pub ch: &'a mut transport::Sender,
+    pub rank: usize,
+    pub info: &'a RejoinInfo,
+    pub state: &'a StateDict,
+    pub last_version: u64,
+    pub part_bytes: usize,
+}
+
+impl<'a> Serving<'a> {
+    /// Serve the rejoin: the request, the plan, the receiver's checksums, then the catch-up it needs.
+    pub async fn serve(mut self, source: FullSource<'a>) -> Result<CatchUpReport, SyncError> {
+        let started = Instant::now();
+        let mut report = CatchUpReport {
+            rank: self.rank,
+            ..CatchUpReport::default()
+        };
+        self.ch.wait_joined(self.rank).await?;
+        report.from = self.request(&mut report).await?;
+        let strategy = match source {
+            FullSource::Snapshot(_) => wire::Strategy::Patch,
+            FullSource::Buckets(_) => wire::Strategy::Bucket,
+        };
+        self.send_plan(strategy, &mut report).await?;
+        let held = self.held(report.from, &mut report).await?;
+        let boot_buckets = self.boot_buckets(&held)?;
+        let choice = match source {
+            FullSource::Snapshot(snap) => choose_patch(self.info, snap, self.last_version, &held),
+            FullSource::Buckets(source) => choose_buckets(source, self.last_version),
+        };
+        let plan = CatchUpPlan {
+            mode: choice.mode,
+            version: choice.version,
+            boot_buckets: boot_buckets.len() as u32,
+            patches: match &choice.payloads {
+                Payloads::Replay(msgs) => msgs.len() as u32,
+                _ => 0,
+            },
+            full_buckets: match &choice.payloads {
+                Payloads::Snapshot { buckets, .. } => buckets.len() as u32,
+                Payloads::Buckets(BucketSource::State(b) | BucketSource::Copy(b, _)) => {
+                    b.len() as u32
+                }
+                Payloads::None | Payloads::Replay(_) => 0,
+            },
+        };
+        let msg = wire::encode_catch_up(&plan);
+        report.payload_bytes += msg.len() as u64;
+        self.ch.send_to(self.rank, &msg).await?;
+        if !boot_buckets.is_empty() {
+            let stats = self
+                .send_state_buckets(&boot_buckets, Kind::InitBucket, 0)
+                .await?;
+            report.boot_bytes = stats.payload_bytes;
+            report.payload_bytes += stats.payload_bytes;
+        }
+        report.payload_bytes += self.send_payloads(choice.payloads).await?;
+        report.kind = match plan.mode {
+            CatchUpMode::Replay => CatchUpKind::Replay,
+            CatchUpMode::Full | CatchUpMode::Deferred => CatchUpKind::Full,
+        };
+        report.to = plan.version;
+        report.deferred = plan.mode == CatchUpMode::Deferred;
+        report.patches = plan.patches;
+        report.reason = choice.reason;
+        report.elapsed = started.elapsed();
+        Ok(report)
     }
-    report.from = held_version;
-    // 2. the plan
-    let plan = wire::Plan {
-        strategy,
-        synced: info.synced_ordinals.clone(),
-        init_buckets: 0,
-    };
-    let boot_ordinals: Vec<u32> = info.boot_only.iter().map(|(_, o)| *o).collect();
-    let msg = wire::encode_rejoin_plan(&plan, &boot_ordinals);
-    report.payload_bytes += msg.len() as u64;
-    ch.send_to(rank, &msg).await?;
-    // 3. what it holds
-    let msg = ch.recv_from(rank).await?;
-    report.payload_bytes += msg.len() as u64;
-    let held: Held = Header::parse(&msg)
-        .and_then(|(h, body)| {
-            h.expect(Kind::Held)?;
-            wire::decode_held(&h, body)
-        })
-        .map_err(|e| handshake(e.to_string()))?;
-    if held.version != held_version {
-        return Err(handshake(format!(
-            "reported version {held_version}, then {}",
-            held.version
-        )));
+
+    fn handshake(&self, reason: String) -> SyncError {
+        SyncError::Handshake {
+            reason: format!("rejoin of receiver rank {}: {reason}", self.rank),
+        }
     }
-    // 4. bootstrap-only keys, if its copy differs
-    let boot_keys: Vec<(String, DType)> = info
-        .boot_only
-        .iter()
-        .map(|(k, o)| (k.clone(), info.meta[*o as usize].dtype))
-        .collect();
-    let boot_now = if boot_keys.is_empty() {
-        held.boot_only
-    } else {
-        blocking(|| cast_checksum(state, &boot_keys))?
-    };
-    if boot_now != info.boot_checksum {
-        // Frozen keys are not synced, so the receivers that stayed still hold what the bootstrap sent; the
-        // sender no longer has those values. The rejoining receiver gets the current ones: say so.
-        tracing::warn!(
-            rank,
-            "frozen (bootstrap-only) keys changed on the sender since the init bootstrap: the rejoining receiver gets their current values, the others keep the bootstrap's"
-        );
+
+    fn unreadable(&self, message: &str, source: wire::WireError) -> SyncError {
+        SyncError::HandshakeMessage {
+            message: format!("rejoin of receiver rank {}: {message}", self.rank),
+            source: source.into(),
+        }
     }
-    let boot_buckets = if boot_now == held.boot_only {
-        Vec::new()
-    } else {
+
+    /// Step 1: the receiver's metadata (which must be that of the receivers at init) and the version it holds.
+    async fn request(&mut self, report: &mut CatchUpReport) -> Result<u64, SyncError> {
+        let msg = self.ch.recv_from(self.rank).await?;
+        report.payload_bytes += msg.len() as u64;
+        let (held_version, meta) = Header::parse(&msg)
+            .and_then(|(h, body)| {
+                h.expect(Kind::Rejoin)?;
+                Ok((h.version, wire::decode_metadata(body)?))
+            })
+            .map_err(|e| self.unreadable("its request", e))?;
+        if meta != self.info.meta {
+            let reason =
+                "its keys, shapes or dtypes differ from those of the receivers at init".to_string();
+            let _ = self
+                .ch
+                .send_to(self.rank, &wire::encode_abort(&reason))
+                .await;
+            return Err(self.handshake(reason));
+        }
+        Ok(held_version)
+    }
+
+    /// Step 2: the plan (synced keys and bootstrap-only keys).
+    async fn send_plan(
+        &mut self,
+        strategy: wire::Strategy,
+        report: &mut CatchUpReport,
+    ) -> Result<(), SyncError> {
+        let plan = wire::Plan {
+            strategy,
+            synced: self.info.synced_ordinals.clone(),
+            init_buckets: 0,
+        };
+        let boot_ordinals: Vec<u32> = self.info.boot_only.iter().map(|(_, o)| *o).collect();
+        let msg = wire::encode_rejoin_plan(&plan, &boot_ordinals);
+        report.payload_bytes += msg.len() as u64;
+        self.ch.send_to(self.rank, &msg).await?;
+        Ok(())
+    }
+
+    /// Step 3: the receiver's checksums of what it holds (of the version it reported first).
+    async fn held(
+        &mut self,
+        held_version: u64,
+        report: &mut CatchUpReport,
+    ) -> Result<Held, SyncError> {
+        let msg = self.ch.recv_from(self.rank).await?;
+        report.payload_bytes += msg.len() as u64;
+        let held: Held = Header::parse(&msg)
+            .and_then(|(h, body)| {
+                h.expect(Kind::Held)?;
+                wire::decode_held(&h, body)
+            })
+            .map_err(|e| self.unreadable("its checksums", e))?;
+        if held.version != held_version {
+            return Err(self.handshake(format!(
+                "reported version {held_version}, then {}",
+                held.version
+            )));
+        }
+        Ok(held)
+    }
+
+    /// Step 4: the buckets of the bootstrap-only (frozen) keys, when the receiver's copy of them differs from
+    /// the sender's.
+    fn boot_buckets(&self, held: &Held) -> Result<Vec<Vec<Planned>>, SyncError> {
+        let info = self.info;
+        let boot_keys: Vec<(String, DType)> = info
+            .boot_only
+            .iter()
+            .map(|(k, o)| (k.clone(), info.meta[*o as usize].dtype))
+            .collect();
+        let boot_now = if boot_keys.is_empty() {
+            held.boot_only
+        } else {
+            blocking(|| cast_checksum(self.state, &boot_keys))?
+        };
+        if boot_now != info.boot_checksum {
+            // Frozen keys are not synced, so the receivers that stayed still hold what the bootstrap sent; the
+            // sender no longer has those values. The rejoining receiver gets the current ones: say so.
+            tracing::warn!(
+                rank = self.rank,
+                "frozen (bootstrap-only) keys changed on the sender since the init bootstrap: the rejoining receiver gets their current values, the others keep the bootstrap's"
+            );
+        }
+        if boot_now == held.boot_only {
+            return Ok(Vec::new());
+        }
         let refs: Vec<&str> = boot_keys.iter().map(|(k, _)| k.as_str()).collect();
         let ordinals = info
             .boot_only
             .iter()
             .map(|(k, o)| (k.clone(), *o))
             .collect();
-        let items = super::bootstrap::plan_items(state, &refs, &info.meta, &ordinals, |_, r| r);
-        bucket::plan(items, info.init_bucket_size)
-    };
-    // 5. replay, full or deferred
-    let mut plan = CatchUpPlan {
-        mode: CatchUpMode::Full,
-        version: last_version,
-        boot_buckets: boot_buckets.len() as u32,
-        patches: 0,
-        full_buckets: 0,
-    };
-    let mut replay: Vec<&[u8]> = Vec::new();
-    let mut full: Vec<Vec<Planned>> = Vec::new();
-    // Bucket syncer: the last version, from the state or the sender's copy of it, to this rank.
-    let mut current: Option<BucketSource<'_>> = None;
-    match snap {
-        None if last_version == 0 => {
-            // Nothing was ever sent: it holds version 0 (its own initial weights) like the others.
-            report.reason = "bucket syncer: version 0 is every receiver's own initial state".into();
-        }
-        None => match bucket_full {
-            Some(source) => {
-                let (buckets, from) = match &source {
-                    BucketSource::State(b) => (b.len(), ""),
-                    BucketSource::Copy(b, _) => {
-                        (b.len(), " (the last version, from the sender's copy)")
-                    }
-                };
-                plan.full_buckets = buckets as u32;
-                current = Some(source);
-                report.reason = format!("bucket syncer: every version is a full transfer{from}");
+        let items =
+            super::bootstrap::plan_items(self.state, &refs, &info.meta, &ordinals, |_, r| r);
+        Ok(bucket::plan(items, info.init_bucket_size))
+    }
+
+    /// Step 6: the replayed patches or the full transfer, after the catch-up plan; returns the bytes sent.
+    async fn send_payloads(&mut self, payloads: Payloads<'_>) -> Result<u64, SyncError> {
+        let (rank, version, part_bytes) = (self.rank, self.last_version, self.part_bytes);
+        let stats = match payloads {
+            Payloads::None => return Ok(0),
+            Payloads::Replay(msgs) => {
+                let mut bytes = 0;
+                for msg in msgs {
+                    self.ch.send_to(rank, msg).await?;
+                    bytes += msg.len() as u64;
+                }
+                return Ok(bytes);
             }
-            None => {
-                plan.mode = CatchUpMode::Deferred;
-                plan.version = 0;
-                report.reason = "bucket syncer: the state moved on since the last version; the next version is a full transfer".into();
+            Payloads::Buckets(BucketSource::State(buckets)) => {
+                self.send_state_buckets(buckets, Kind::Bucket, version)
+                    .await?
             }
-        },
-        Some(snap) => {
-            let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
-            let current = match info.cached_checksum(last_version) {
-                Some(c) => c,
-                None => {
-                    let c = blocking(|| snapshot_checksum(snap, &info.meta));
-                    info.cache_checksum(last_version, c);
-                    c
-                }
-            };
-            let chain = if held.version == last_version {
-                Some((current, Vec::new()))
-            } else {
-                info.log.chain(held.version)
-            };
-            match chain {
-                None if !info.log.is_enabled() => {
-                    report.reason =
-                        "the replay log is off (weight_syncer.patch.replay_versions: 0)".into();
-                }
-                None => {
-                    let bases = info.log.bases();
-                    report.reason = match (bases.first(), bases.last()) {
-                        (Some(a), Some(b)) => format!(
-                            "version {} is not in the replay log (it can replay from versions {a}..={b})",
-                            held.version
-                        ),
-                        _ => format!("version {} is not in the (empty) replay log", held.version),
-                    };
-                }
-                Some((expected, _)) if expected != held.synced => {
-                    report.reason = format!(
-                        "its weights are not those of version {} (checksum {:#018x}, expected {expected:#018x})",
-                        held.version, held.synced
-                    );
-                }
-                Some((_, msgs)) => {
-                    let bytes: u64 = msgs.iter().map(|m| m.len() as u64).sum();
-                    if bytes > full_bytes {
-                        report.reason = format!(
-                            "replaying {} patches ({bytes} bytes) costs more than the full state ({full_bytes} bytes)",
-                            msgs.len()
-                        );
-                    } else {
-                        plan.mode = CatchUpMode::Replay;
-                        plan.patches = msgs.len() as u32;
-                        replay = msgs;
-                    }
-                }
-            }
-            if plan.mode == CatchUpMode::Full {
-                let items = snap
+            Payloads::Buckets(BucketSource::Copy(buckets, copy)) => {
+                let sources: Vec<Vec<&[u8]>> = copy
                     .iter()
-                    .map(|t| Planned {
-                        key: t.key.clone(),
-                        src: t.dtype,
-                        entry: wire::BucketEntry {
-                            ordinal: t.ordinal,
-                            dtype: t.dtype,
-                            byte_len: t.storage.len(),
-                        },
+                    .map(|b| b.iter().map(Vec::as_slice).collect())
+                    .collect();
+                bucket::send_sources(
+                    self.ch,
+                    Some(rank),
+                    buckets,
+                    &sources,
+                    Kind::Bucket,
+                    version,
+                    part_bytes,
+                )
+                .await?
+            }
+            Payloads::Snapshot { snap, buckets } => {
+                let by_key: std::collections::HashMap<&str, &[u8]> = snap
+                    .iter()
+                    .map(|t| (t.key.as_str(), t.storage.bytes()))
+                    .collect();
+                let sources: Vec<Vec<&[u8]>> = buckets
+                    .iter()
+                    .map(|b| {
+                        b.iter()
+                            .map(|p| by_key.get(p.key.as_str()).copied().unwrap_or_default())
+                            .collect()
                     })
                     .collect();
-                full = bucket::plan(items, info.init_bucket_size);
-                if full.is_empty() {
-                    full.push(Vec::new());
-                }
-                plan.full_buckets = full.len() as u32;
+                // Before the first version a receiver takes version 0 as init buckets (a bucket must be newer).
+                let kind = if version == 0 {
+                    Kind::InitBucket
+                } else {
+                    Kind::Bucket
+                };
+                bucket::send_sources(
+                    self.ch,
+                    Some(rank),
+                    &buckets,
+                    &sources,
+                    kind,
+                    version,
+                    part_bytes,
+                )
+                .await?
             }
+        };
+        Ok(stats.payload_bytes)
+    }
+
+    /// Buckets of the state (cast as planned) of `kind` and `version` to the rejoining rank.
+    async fn send_state_buckets(
+        &mut self,
+        buckets: &[Vec<Planned>],
+        kind: Kind,
+        version: u64,
+    ) -> Result<bucket::SendStats, SyncError> {
+        let mut sources = Vec::with_capacity(buckets.len());
+        for b in buckets {
+            let mut srcs = Vec::with_capacity(b.len());
+            for p in b {
+                let t = self.state.get(&p.key).ok_or_else(|| missing_key(&p.key))?;
+                if t.dtype() != p.src {
+                    return Err(SyncError::StateMismatch {
+                        key: p.key.clone(),
+                        reason: format!("now {}, {} at init", t.dtype(), p.src),
+                    });
+                }
+                srcs.push(t.bytes());
+            }
+            sources.push(srcs);
         }
-    }
-    let msg = wire::encode_catch_up(&plan);
-    report.payload_bytes += msg.len() as u64;
-    ch.send_to(rank, &msg).await?;
-    if !boot_buckets.is_empty() {
-        let stats = send_state_buckets(
-            ch,
-            rank,
-            state,
-            &boot_buckets,
-            Kind::InitBucket,
-            0,
-            part_bytes,
-        )
-        .await?;
-        report.boot_bytes = stats.payload_bytes;
-        report.payload_bytes += stats.payload_bytes;
-    }
-    for msg in &replay {
-        ch.send_to(rank, msg).await?;
-        report.payload_bytes += msg.len() as u64;
-    }
-    match current {
-        Some(BucketSource::State(buckets)) => {
-            let stats = send_state_buckets(
-                ch,
-                rank,
-                state,
-                buckets,
-                Kind::Bucket,
-                last_version,
-                part_bytes,
-            )
-            .await?;
-            report.payload_bytes += stats.payload_bytes;
-        }
-        Some(BucketSource::Copy(buckets, copy)) => {
-            let sources: Vec<Vec<&[u8]>> = copy
-                .iter()
-                .map(|b| b.iter().map(Vec::as_slice).collect())
-                .collect();
-            let stats = bucket::send_sources(
-                ch,
-                Some(rank),
-                buckets,
-                &sources,
-                Kind::Bucket,
-                last_version,
-                part_bytes,
-            )
-            .await?;
-            report.payload_bytes += stats.payload_bytes;
-        }
-        None => {}
-    }
-    if let (false, Some(snap)) = (full.is_empty(), snap) {
-        let by_key: std::collections::HashMap<&str, &[u8]> = snap
-            .iter()
-            .map(|t| (t.key.as_str(), t.storage.bytes()))
-            .collect();
-        let sources: Vec<Vec<&[u8]>> = full
-            .iter()
-            .map(|b| {
-                b.iter()
-                    .map(|p| by_key.get(p.key.as_str()).copied().unwrap_or_default())
-                    .collect()
-            })
-            .collect();
-        let stats = bucket::send_sources(
-            ch,
-            Some(rank),
-            &full,
+        bucket::send_sources(
+            self.ch,
+            Some(self.rank),
+            buckets,
             &sources,
-            // Before the first version a receiver takes version 0 as init buckets (a bucket must be newer).
-            if last_version == 0 {
-                Kind::InitBucket
-            } else {
-                Kind::Bucket
-            },
-            last_version,
-            part_bytes,
+            kind,
+            version,
+            self.part_bytes,
         )
-        .await?;
-        report.payload_bytes += stats.payload_bytes;
+        .await
     }
-    report.kind = match plan.mode {
-        CatchUpMode::Replay => CatchUpKind::Replay,
-        CatchUpMode::Full | CatchUpMode::Deferred => CatchUpKind::Full,
-    };
-    report.to = plan.version;
-    report.deferred = plan.mode == CatchUpMode::Deferred;
-    report.patches = plan.patches;
-    report.elapsed = started.elapsed();
-    Ok(report)
 }
 
-/// Buckets of `state` (cast as planned) of `kind` and `version` to one rank.
-async fn send_state_buckets(
-    ch: &mut transport::Sender,
-    rank: usize,
-    state: &StateDict,
-    buckets: &[Vec<Planned>],
-    kind: Kind,
-    version: u64,
-    part_bytes: usize,
-) -> Result<bucket::SendStats, SyncError> {
-    let mut sources = Vec::with_capacity(buckets.len());
-    for b in buckets {
-        let mut srcs = Vec::with_capacity(b.len());
-        for p in b {
-            let t = state.get(&p.key).ok_or_else(|| SyncError::StateMismatch {
-                key: p.key.clone(),
-                reason: "missing from the state dict".into(),
-            })?;
-            if t.dtype() != p.src {
-                return Err(SyncError::StateMismatch {
-                    key: p.key.clone(),
-                    reason: format!("now {}, {} at init", t.dtype(), p.src),
-                });
-            }
-            srcs.push(t.bytes());
+/// Step 5, patch syncer: replay the logged patches from the held version when the receiver holds exactly that
+/// version (its checksum says so) and the chain costs no more than the snapshot; else the snapshot in full.
+fn choose_patch<'a>(
+    info: &'a RejoinInfo,
+    snap: &'a [SnapTensor],
+    last_version: u64,
+    held: &Held,
+) -> Choice<'a> {
+    let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
+    let current = info.cached_checksum(last_version).unwrap_or_else(|| {
+        let c = blocking(|| snapshot_checksum(snap, &info.meta));
+        info.cache_checksum(last_version, c);
+        c
+    });
+    let chain = if held.version == last_version {
+        Some((current, Vec::new()))
+    } else {
+        info.log.chain(held.version)
+    };
+    let reason = match chain {
+        None if !info.log.is_enabled() => {
+            "the replay log is off (weight_syncer.patch.replay_versions: 0)".to_owned()
         }
-        sources.push(srcs);
+        None => {
+            let bases = info.log.bases();
+            match (bases.first(), bases.last()) {
+                (Some(a), Some(b)) => format!(
+                    "version {} is not in the replay log (it can replay from versions {a}..={b})",
+                    held.version
+                ),
+                _ => format!("version {} is not in the (empty) replay log", held.version),
+            }
+        }
+        Some((expected, _)) if expected != held.synced => format!(
+            "its weights are not those of version {} (checksum {:#018x}, expected {expected:#018x})",
+            held.version, held.synced
+        ),
+        Some((_, msgs)) => {
+            let bytes: u64 = msgs.iter().map(|m| m.len() as u64).sum();
+            if bytes <= full_bytes {
+                return Choice {
+                    mode: CatchUpMode::Replay,
+                    version: last_version,
+                    payloads: Payloads::Replay(msgs),
+                    reason: String::new(),
+                };
+            }
+            format!(
+                "replaying {} patches ({bytes} bytes) costs more than the full state ({full_bytes} bytes)",
+                msgs.len()
+            )
+        }
+    };
+    let items = snap
+        .iter()
+        .map(|t| Planned {
+            key: t.key.clone(),
+            src: t.dtype,
+            entry: wire::BucketEntry {
+                ordinal: t.ordinal,
+                dtype: t.dtype,
+                byte_len: t.storage.len(),
+            },
+        })
+        .collect();
+    let mut buckets = bucket::plan(items, info.init_bucket_size);
+    if buckets.is_empty() {
+        buckets.push(Vec::new());
     }
-    bucket::send_sources(ch, Some(rank), buckets, &sources, kind, version, part_bytes).await
+    Choice {
+        mode: CatchUpMode::Full,
+        version: last_version,
+        payloads: Payloads::Snapshot { snap, buckets },
+        reason,
+    }
+}
+
+/// Step 5, bucket syncer: every version is a full transfer, so the last version in full when the state or the
+/// sender's copy holds it, nothing at version 0, else deferred to the next version.
+fn choose_buckets(source: Option<BucketSource<'_>>, last_version: u64) -> Choice<'_> {
+    match source {
+        _ if last_version == 0 => Choice {
+            // Nothing was ever sent: it holds version 0 (its own initial weights) like the others.
+            mode: CatchUpMode::Full,
+            version: 0,
+            payloads: Payloads::None,
+            reason: "bucket syncer: version 0 is every receiver's own initial state".into(),
+        },
+        Some(source) => {
+            let from = match &source {
+                BucketSource::State(_) => "",
+                BucketSource::Copy(..) => " (the last version, from the sender's copy)",
+            };
+            Choice {
+                mode: CatchUpMode::Full,
+                version: last_version,
+                reason: format!("bucket syncer: every version is a full transfer{from}"),
+                payloads: Payloads::Buckets(source),
+            }
+        }
+        None => Choice {
+            mode: CatchUpMode::Deferred,
+            version: 0,
+            payloads: Payloads::None,
+            reason: "bucket syncer: the state moved on since the last version; the next version is a full transfer".into(),
+        },
+    }
 }
 
 /// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys).
@@ -787,6 +915,37 @@ mod tests {
             assert!(!log.is_enabled());
             assert!(log.bases().is_empty());
         }
+    }
+
+    /// A bucket syncer's rejoin: nothing at version 0, the last version in full from the state or the copy,
+    /// else deferred to the next version.
+    #[test]
+    fn a_bucket_catch_up_sends_the_last_version_when_something_holds_it() {
+        let buckets: Vec<Vec<Planned>> = vec![Vec::new(), Vec::new()];
+        let copy: Vec<Vec<Vec<u8>>> = vec![Vec::new(), Vec::new()];
+        let summary = |c: Choice<'_>| {
+            let payload = match c.payloads {
+                Payloads::None => "none",
+                Payloads::Buckets(BucketSource::State(_)) => "state",
+                Payloads::Buckets(BucketSource::Copy(..)) => "copy",
+                Payloads::Replay(_) | Payloads::Snapshot { .. } => "patch",
+            };
+            (c.mode, c.version, payload, c.reason)
+        };
+        let (mode, version, payload, reason) =
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), 0));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 0, "none"));
+        assert!(reason.contains("version 0"), "{reason}");
+        let (mode, version, payload, _) =
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "state"));
+        let (mode, version, payload, reason) =
+            summary(choose_buckets(Some(BucketSource::Copy(&buckets, &copy)), 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "copy"));
+        assert!(reason.contains("sender's copy"), "{reason}");
+        let (mode, version, payload, reason) = summary(choose_buckets(None, 3));
+        assert_eq!((mode, version, payload), (CatchUpMode::Deferred, 0, "none"));
+        assert!(reason.contains("moved on"), "{reason}");
     }
 
     #[test]

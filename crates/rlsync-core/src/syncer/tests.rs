@@ -223,8 +223,8 @@ fn expected(s: &Settings, k: &KeySpec, t: &Tensor) -> Vec<u8> {
 }
 
 struct Pair {
-    tx: WeightSyncer,
-    rx: WeightSyncer,
+    tx: SyncSender,
+    rx: SyncReceiver,
     sender: StateDict,
     receiver: StateDict,
     /// Every payload the sender broadcast on its channel (the plan included).
@@ -257,7 +257,7 @@ fn init_pair(
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     // Tiny bucket parts, so that tensors and tables straddle several transport messages.
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     let (ch, mut rxs) = inproc_channel(1);
     let (ch, tap) = tapped(ch);
     let rch = rxs.pop().unwrap();
@@ -268,8 +268,8 @@ fn init_pair(
             rx.init_receiver(&mut receiver, rch)
         )
     });
-    a?;
-    b?;
+    let (tx, _) = a?;
+    let (rx, _) = b?;
     Ok(Pair {
         tx,
         rx,
@@ -308,7 +308,7 @@ fn assert_synced(p: &Pair, keys: &[KeySpec], s: &Settings, frozen_expect: &[(Str
     }
     assert_eq!(
         p.tx.checksum(&p.sender).unwrap(),
-        p.rx.checksum(&p.receiver).unwrap(),
+        p.rx.checksum(&p.receiver),
         "checksums"
     );
 }
@@ -387,7 +387,7 @@ proptest! {
             _ => vec![first_payload(&p.tap)], // the first payload ever sent (init or v1)
         };
         let r = inject_and_apply(&rt, &mut p, &bad);
-        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted: {:?}", r.map(|r| r.version));
+        prop_assert!(matches!(&r, Err(e) if e.is_rejection()), "accepted: {:?}", r.map(|r| r.version));
         prop_assert_eq!(p.rx.version(), 1);
         let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
         prop_assert!(before == after, "state changed by a rejected payload");
@@ -403,20 +403,14 @@ proptest! {
 fn capture(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> Vec<Vec<u8>> {
     let (dummy, mut drx) = inproc_channel(1);
     let (dummy, tap) = tapped(dummy);
-    let Side::Sender(s) = &mut p.tx.side else {
-        panic!("not a sender")
-    };
-    let real = std::mem::replace(&mut s.ch, dummy);
+    let real = std::mem::replace(&mut p.tx.ch, dummy);
     let mut d = drx.pop().unwrap();
     rt.block_on(async {
         let drain = async { while d.recv_with(|_| ()).await.is_ok() {} };
         let send = async {
             let r = p.tx.sync(&p.sender, version).await;
-            let Side::Sender(s) = &mut p.tx.side else {
-                unreachable!()
-            };
             // Dropping the dummy sender ends the drain loop.
-            let _ = std::mem::replace(&mut s.ch, real);
+            let _ = std::mem::replace(&mut p.tx.ch, real);
             r
         };
         let (r, _) = tokio::join!(send, drain);
@@ -438,10 +432,7 @@ fn inject_and_apply(
     p: &mut Pair,
     msgs: &[Vec<u8>],
 ) -> Result<SyncReport, SyncError> {
-    let Side::Sender(s) = &mut p.tx.side else {
-        panic!("not a sender")
-    };
-    let ch = &mut s.ch;
+    let ch = &mut p.tx.ch;
     let rx = &mut p.rx;
     let receiver = &mut p.receiver;
     rt.block_on(async {
@@ -525,9 +516,9 @@ fn two_receivers_get_the_same_weights() {
         let mut sender = build_state(&keys, false, 3);
         let mut r1 = build_state(&keys, true, 4);
         let mut r2 = build_state(&keys, true, 5);
-        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-        let mut a = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-        let mut b = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let a = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let b = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
         let (ch, mut rxs) = inproc_channel(2);
         let (c2, c1) = (rxs.pop().unwrap(), rxs.pop().unwrap());
         let synced = sender.synced_keys();
@@ -537,9 +528,7 @@ fn two_receivers_get_the_same_weights() {
                 a.init_receiver(&mut r1, c1),
                 b.init_receiver(&mut r2, c2)
             );
-            x.unwrap();
-            y.unwrap();
-            z.unwrap();
+            let ((mut tx, _), (mut a, _), (mut b, _)) = (x.unwrap(), y.unwrap(), z.unwrap());
             for v in 1..4 {
                 mutate(&mut sender, v, 40);
                 let (x, y, z) =
@@ -548,8 +537,8 @@ fn two_receivers_get_the_same_weights() {
                 assert_eq!(y.unwrap().version, v);
                 assert_eq!(z.unwrap().version, v);
                 let want = tx.checksum(&sender).unwrap();
-                assert_eq!(a.checksum(&r1).unwrap(), want, "bucket={bucket} v={v}");
-                assert_eq!(b.checksum(&r2).unwrap(), want, "bucket={bucket} v={v}");
+                assert_eq!(a.checksum(&r1), want, "bucket={bucket} v={v}");
+                assert_eq!(b.checksum(&r2), want, "bucket={bucket} v={v}");
             }
         });
     }
@@ -566,8 +555,8 @@ fn keys_to_sync_in_any_order_sync_the_same() {
         let cfg = config(&s, &keys);
         let mut sender = build_state(&keys, false, 7);
         let mut receiver = build_state(&keys, true, 7);
-        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
         let (ch, mut rxs) = inproc_channel(1);
         let rch = rxs.pop().unwrap();
         let mut synced = sender.synced_keys();
@@ -578,15 +567,14 @@ fn keys_to_sync_in_any_order_sync_the_same() {
                 tx.init_sender(&sender, &synced, ch),
                 rx.init_receiver(&mut receiver, rch)
             );
-            x.unwrap();
-            y.unwrap();
+            let ((mut tx, _), (mut rx, _)) = (x.unwrap(), y.unwrap());
             for v in 1..4 {
                 mutate_synced(&mut sender, v, 100);
                 let (x, y) = tokio::join!(tx.sync(&sender, v), rx.apply(&mut receiver));
                 assert!(x.unwrap().changed > 0, "bucket={bucket} v={v}");
                 assert_eq!(y.unwrap().version, v, "bucket={bucket}");
                 assert_eq!(
-                    rx.checksum(&receiver).unwrap(),
+                    rx.checksum(&receiver),
                     tx.checksum(&sender).unwrap(),
                     "bucket={bucket} v={v}"
                 );
@@ -696,8 +684,8 @@ fn handshake_mismatch_fails_both_sides_naming_the_key() {
     let mut bad = keys.clone();
     bad[0].shape = vec![8, 4];
     let mut receiver = build_state(&bad, true, 2);
-    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (ch, mut rxs) = inproc_channel(1);
     let synced = sender.synced_keys();
     let (a, b) = rt.block_on(async {
@@ -706,8 +694,8 @@ fn handshake_mismatch_fails_both_sides_naming_the_key() {
             rx.init_receiver(&mut receiver, rxs.pop().unwrap())
         )
     });
-    let a = a.unwrap_err().to_string();
-    let b = b.unwrap_err().to_string();
+    let a = a.err().expect("the sender fails").to_string();
+    let b = b.err().expect("the receiver fails").to_string();
     assert!(a.contains("shape mismatch") && a.contains("'w'"), "{a}");
     assert!(b.contains("refused") && b.contains("'w'"), "{b}");
 }
@@ -720,8 +708,8 @@ fn prefix_matching_nothing_is_an_error() {
     cfg.patch.init_sync.prefixes = Some(vec!["nope".into()]);
     let sender = build_state(&keys, false, 1);
     let mut receiver = build_state(&keys, true, 2);
-    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (ch, mut rxs) = inproc_channel(1);
     let synced = sender.synced_keys();
     let (a, b) = rt.block_on(async {
@@ -730,7 +718,8 @@ fn prefix_matching_nothing_is_an_error() {
             rx.init_receiver(&mut receiver, rxs.pop().unwrap())
         )
     });
-    assert!(a.unwrap_err().to_string().contains("'nope' matches no key"));
+    let a = a.err().expect("the sender fails").to_string();
+    assert!(a.contains("'nope' matches no key"), "{a}");
     assert!(b.is_err());
 }
 
@@ -751,17 +740,16 @@ fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
     for compression in [Compression::None, Compression::Lz4] {
         let mut cfg = WeightSyncerConfig::default();
         cfg.patch.compression = compression;
-        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
         let (ch, mut rxs) = inproc_channel(1);
         let synced = sender.synced_keys();
-        rt.block_on(async {
+        let (tx, rx) = rt.block_on(async {
             let (a, b) = tokio::join!(
                 tx.init_sender(&sender, &synced, ch),
                 rx.init_receiver(&mut receiver, rxs.pop().unwrap())
             );
-            a.unwrap();
-            b.unwrap();
+            let ((mut tx, _), (mut rx, _)) = (a.unwrap(), b.unwrap());
             for v in 1..=3 {
                 let changed = model
                     .step(
@@ -780,11 +768,9 @@ fn adam_bf16_payload_is_under_two_bytes_per_changed_element() {
                 );
                 assert_eq!(b.version, v);
             }
+            (tx, rx)
         });
-        assert_eq!(
-            tx.checksum(&sender).unwrap(),
-            rx.checksum(&receiver).unwrap()
-        );
+        assert_eq!(tx.checksum(&sender).unwrap(), rx.checksum(&receiver));
     }
 }
 
@@ -806,7 +792,7 @@ proptest! {
         h.count = seq_count.1;
         let msg = wire::message(h, &body);
         let r = inject_and_apply(&rt, &mut p, &[msg]);
-        prop_assert!(matches!(r, Err(SyncError::Rejected { .. })), "accepted garbage: {:?}", r.map(|r| r.version));
+        prop_assert!(matches!(&r, Err(e) if e.is_rejection()), "accepted garbage: {:?}", r.map(|r| r.version));
         let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
         prop_assert!(before == after);
         prop_assert_eq!(p.rx.version(), 0);
@@ -828,7 +814,7 @@ fn a_corrupted_header_is_rejected_not_skipped_as_a_leftover() {
     first[16] ^= 1; // header `seq`: bucket 0 → bucket 1
     let r = inject_and_apply(&rt, &mut p, &[first]);
     assert!(
-        matches!(r, Err(SyncError::Rejected { .. })),
+        matches!(&r, Err(e) if e.is_rejection()),
         "{:?}",
         r.map(|r| r.version)
     );
@@ -869,9 +855,7 @@ fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
         let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
         // Tiny bucket parts: many payloads in flight along the chain.
         tx.settings.part_bytes = 40;
-        let mut rxs: Vec<WeightSyncer> = (0..3)
-            .map(|_| WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap())
-            .collect();
+        let rx = || WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
         rt.block_on(async {
             let l1 = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let l2 = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -909,19 +893,14 @@ fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
             let [s0, s1, s2] = &mut states[..] else {
                 unreachable!()
             };
-            let [w0, w1, w2] = &mut rxs[..] else {
-                unreachable!()
-            };
             let (x, a, b, c) = tokio::join!(
                 tx.init_sender(&sender, &synced, head),
-                w0.init_receiver(s0, c0),
-                w1.init_receiver(s1, c1),
-                w2.init_receiver(s2, c2)
+                rx().init_receiver(s0, c0),
+                rx().init_receiver(s1, c1),
+                rx().init_receiver(s2, c2)
             );
-            x.unwrap();
-            a.unwrap();
-            b.unwrap();
-            c.unwrap();
+            let (mut tx, _) = x.unwrap();
+            let (mut w0, mut w1, mut w2) = (a.unwrap().0, b.unwrap().0, c.unwrap().0);
             for v in 1..4 {
                 mutate(&mut sender, v, 40);
                 let (x, a, b, c) = tokio::join!(
@@ -935,8 +914,8 @@ fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
                     assert_eq!(r.unwrap().version, v, "bucket={bucket}");
                 }
                 let want = tx.checksum(&sender).unwrap();
-                for (w, st) in [(&*w0, &*s0), (&*w1, &*s1), (&*w2, &*s2)] {
-                    assert_eq!(w.checksum(st).unwrap(), want, "bucket={bucket} v={v}");
+                for (w, st) in [(&w0, &*s0), (&w1, &*s1), (&w2, &*s2)] {
+                    assert_eq!(w.checksum(st), want, "bucket={bucket} v={v}");
                 }
             }
             drop(tx);
@@ -966,9 +945,9 @@ fn mutate_synced(state: &mut StateDict, seed: u64, density_pct: u64) {
 }
 
 struct Elastic {
-    tx: WeightSyncer,
+    tx: SyncSender,
     sender: StateDict,
-    rxs: Vec<Option<(WeightSyncer, StateDict)>>,
+    rxs: Vec<Option<(SyncReceiver, StateDict)>>,
     joiner: transport::InProcJoiner,
 }
 
@@ -979,10 +958,23 @@ fn init_elastic(
     seed: u64,
     replay_versions: u32,
 ) -> Elastic {
+    init_elastic_with(rt, keys, s, seed, replay_versions, |_| {})
+}
+
+/// [`init_elastic`] with the sender's syncer set up by `setup` before its init.
+fn init_elastic_with(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+    replay_versions: u32,
+    setup: impl FnOnce(&mut WeightSyncer),
+) -> Elastic {
     let sender = build_state(keys, false, seed);
     let mut cfg = config(s, keys);
     cfg.patch.replay_versions = replay_versions;
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
+    setup(&mut tx);
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
     let (ch, rchs, joiner) =
         transport::inproc_channel_elastic(2, std::time::Duration::from_secs(5));
@@ -1007,20 +999,20 @@ fn init_elastic(
         pending.push((rx, receiver, rch));
     }
     let synced = sender.synced_keys();
-    rt.block_on(async {
+    let (tx, _) = rt.block_on(async {
         let mut futs = Vec::new();
         for (rx, st, rch) in pending {
             futs.push(tokio::spawn(async move {
-                let mut rx = rx;
                 let mut st = st;
-                rx.init_receiver(&mut st, rch).await.unwrap();
+                let (rx, _) = rx.init_receiver(&mut st, rch).await.unwrap();
                 (rx, st)
             }));
         }
-        tx.init_sender(&sender, &synced, ch).await.unwrap();
+        let tx = tx.init_sender(&sender, &synced, ch).await.unwrap();
         for f in futs {
             rxs.push(Some(f.await.unwrap()));
         }
+        tx
     });
     Elastic {
         tx,
@@ -1073,16 +1065,17 @@ fn rejoin(
     Result<CatchUpReport, SyncError>,
 ) {
     let rch = e.joiner.join(rank).unwrap();
-    let mut rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
     let (a, b) = rt.block_on(async {
         tokio::join!(
             e.tx.rejoin(&e.sender, rank),
             rx.rejoin_receiver(&mut st, rch, held)
         )
     });
-    if b.is_ok() {
+    let b = b.map(|(rx, report)| {
         e.rxs[rank] = Some((rx, st));
-    }
+        report
+    });
     (a, b)
 }
 
@@ -1102,8 +1095,8 @@ fn assert_same(e: &Elastic, keys: &[KeySpec], s: &Settings) {
         }
     }
     let expect = e.tx.checksum(&e.sender).unwrap();
-    assert_eq!(rx0.checksum(st0).unwrap(), expect);
-    assert_eq!(rx1.checksum(st1).unwrap(), expect);
+    assert_eq!(rx0.checksum(st0), expect);
+    assert_eq!(rx1.checksum(st1), expect);
     assert_eq!(rx0.version(), rx1.version());
 }
 
@@ -1280,25 +1273,20 @@ fn a_corrupt_replayed_patch_is_rejected() {
     let late = leave(&mut e, 1);
     mutate_synced(&mut e.sender, 2, 5);
     sync_live(&rt, &mut e, 2);
-    if let Side::Sender(side) = &mut e.tx.side {
-        side.rejoin.log.corrupt_last_for_tests();
-    }
+    e.tx.rejoin.log.corrupt_last_for_tests();
     let (tx, rx) = rejoin(&rt, &mut e, 1, late, 1, &cfg);
     assert_eq!(tx.unwrap().kind, CatchUpKind::Replay);
     let err = rx.unwrap_err();
     assert!(
-        matches!(&err, SyncError::Rejected { current: 1, .. })
-            && err.to_string().contains("checksum"),
+        matches!(&err, SyncError::Unreadable { current: 1, .. })
+            && crate::error_chain(&err).contains("checksum"),
         "{err}"
     );
     // The sender and the receiver that stayed go on.
     mutate_synced(&mut e.sender, 3, 5);
     sync_live(&rt, &mut e, 3);
     let (rx0, st0) = e.rxs[0].as_ref().unwrap();
-    assert_eq!(
-        rx0.checksum(st0).unwrap(),
-        e.tx.checksum(&e.sender).unwrap()
-    );
+    assert_eq!(rx0.checksum(st0), e.tx.checksum(&e.sender).unwrap());
 }
 
 #[test]
@@ -1335,14 +1323,14 @@ fn a_bucket_syncer_sends_the_last_version_while_the_state_is_still_it() {
     leave(&mut e, 1);
     let mut st = build_state(&keys, true, 4242);
     let rch = e.joiner.join(1).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (a, b) = rt.block_on(async {
         tokio::join!(
             e.tx.rejoin_at(&e.sender, 1, true),
             rx.rejoin_receiver(&mut st, rch, 0)
         )
     });
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, (rx, b)) = (a.unwrap(), b.unwrap());
     assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
     assert_eq!(a.payload_bytes, b.payload_bytes);
     e.rxs[1] = Some((rx, st));
@@ -1362,8 +1350,7 @@ fn a_bucket_syncer_keeping_the_last_version_sends_it_after_the_state_moved_on() 
         ..patch_settings()
     };
     let cfg = config(&s, &keys);
-    let mut e = init_elastic(&rt, &keys, &s, 13, 8);
-    e.tx.keep_last_version(true);
+    let mut e = init_elastic_with(&rt, &keys, &s, 13, 8, |tx| tx.keep_last_version(true));
     for v in 1..=2 {
         mutate_synced(&mut e.sender, v, 5);
         sync_live(&rt, &mut e, v);
@@ -1373,21 +1360,21 @@ fn a_bucket_syncer_keeping_the_last_version_sends_it_after_the_state_moved_on() 
     mutate_synced(&mut e.sender, 99, 50);
     let mut st = build_state(&keys, true, 4343);
     let rch = e.joiner.join(1).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let (a, b) = rt.block_on(async {
         tokio::join!(
             e.tx.rejoin_at(&e.sender, 1, false),
             rx.rejoin_receiver(&mut st, rch, 0)
         )
     });
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, (rx, b)) = (a.unwrap(), b.unwrap());
     assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 2, false));
     assert!(a.reason.contains("sender's copy"), "{}", a.reason);
     assert_eq!(a.payload_bytes, b.payload_bytes);
     // Version 2, bit for bit what the receiver that stayed holds, and not the moved-on state.
     let (rx0, st0) = e.rxs[0].as_ref().unwrap();
-    assert_eq!(rx.checksum(&st).unwrap(), rx0.checksum(st0).unwrap());
-    assert_ne!(rx.checksum(&st).unwrap(), e.tx.checksum(&e.sender).unwrap());
+    assert_eq!(rx.checksum(&st), rx0.checksum(st0));
+    assert_ne!(rx.checksum(&st), e.tx.checksum(&e.sender).unwrap());
     e.rxs[1] = Some((rx, st));
     mutate_synced(&mut e.sender, 3, 5);
     sync_live(&rt, &mut e, 3);
@@ -1410,7 +1397,7 @@ fn a_bucket_syncer_without_the_copy_defers_a_rejoin_after_the_state_moved_on() {
     mutate_synced(&mut e.sender, 98, 50);
     let st = build_state(&keys, true, 4444);
     let rch = e.joiner.join(1).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
     let mut st = st;
     let (a, b) = rt.block_on(async {
         tokio::join!(
@@ -1418,9 +1405,53 @@ fn a_bucket_syncer_without_the_copy_defers_a_rejoin_after_the_state_moved_on() {
             rx.rejoin_receiver(&mut st, rch, 0)
         )
     });
-    let (a, b) = (a.unwrap(), b.unwrap());
+    let (a, (rx, b)) = (a.unwrap(), b.unwrap());
     assert_eq!((a.kind, b.to, b.deferred), (CatchUpKind::Full, 0, true));
     e.rxs[1] = Some((rx, st));
     sync_live(&rt, &mut e, 2);
     assert_same(&e, &keys, &s);
+}
+
+/// A handshake message that does not read fails the handshake naming the message, its wire error the cause.
+#[test]
+fn an_unreadable_plan_fails_the_handshake_with_its_wire_error_as_the_cause() {
+    let rt = rt();
+    let keys = simple_keys();
+    let cfg = config(&default_settings(false), &keys);
+    let mut receiver = build_state(&keys, true, 2);
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (mut ch, mut rxs) = inproc_channel(1);
+    let rch = rxs.pop().unwrap();
+    let r = rt.block_on(async {
+        let sender = async {
+            ch.recv_from(0).await.expect("the receiver's metadata");
+            let mut plan = wire::encode_plan(&Plan {
+                strategy: wire::Strategy::Patch,
+                synced: vec![0],
+                init_buckets: 0,
+            });
+            let last = plan.len() - 1;
+            plan[last] ^= 1;
+            ch.send(&plan).await.expect("send the plan");
+        };
+        let (_, r) = tokio::join!(sender, rx.init_receiver(&mut receiver, rch));
+        r
+    });
+    let err = r.err().expect("an unreadable plan fails the init");
+    assert!(
+        matches!(
+            &err,
+            SyncError::HandshakeMessage {
+                source: MessageError::Wire(WireError::Checksum { .. }),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "handshake failed: plan from the sender");
+    let chain = crate::error_chain(&err);
+    assert!(
+        chain.starts_with("handshake failed: plan from the sender: checksum mismatch"),
+        "{chain}"
+    );
 }

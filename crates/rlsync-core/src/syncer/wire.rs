@@ -46,7 +46,7 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 pub(crate) const FORMAT_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 48;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("truncated: need {need} bytes, got {got}")]
     Truncated { need: usize, got: usize },
@@ -67,6 +67,23 @@ pub enum WireError {
     Checksum { expected: u64, actual: u64 },
     #[error("malformed {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
+    /// A structure that does not read (`what` names it).
+    #[error("malformed {what}")]
+    Bytes {
+        what: &'static str,
+        #[source]
+        source: BytesError,
+    },
+    #[error("malformed metadata: key name")]
+    KeyName {
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    #[error("malformed patch: lz4")]
+    Lz4 {
+        #[source]
+        source: lz4_flex::block::DecompressError,
+    },
 }
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> WireError {
@@ -297,8 +314,11 @@ pub fn message(mut header: Header, body: &[u8]) -> Vec<u8> {
 }
 
 impl From<BytesError> for WireError {
-    fn from(e: BytesError) -> WireError {
-        malformed(e.what(), e.to_string())
+    fn from(source: BytesError) -> WireError {
+        WireError::Bytes {
+            what: source.what(),
+            source,
+        }
     }
 }
 
@@ -335,7 +355,7 @@ pub(crate) fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
     for _ in 0..n {
         let len = r.u32()? as usize;
         let name = std::str::from_utf8(r.take(len)?)
-            .map_err(|e| malformed("metadata", format!("key name: {e}")))?
+            .map_err(|source| WireError::KeyName { source })?
             .to_string();
         let code = r.u8()?;
         let dtype = DType::from_code(code)
@@ -969,7 +989,7 @@ pub fn decode_patch_body(body: &[u8], max_stream: usize) -> Result<PatchBody, Wi
             1 => {
                 let mut out = vec![0u8; raw_len];
                 let got = lz4_flex::block::decompress_into(bytes, &mut out)
-                    .map_err(|e| malformed("patch", format!("lz4: {e}")))?;
+                    .map_err(|source| WireError::Lz4 { source })?;
                 if got != raw_len {
                     return Err(malformed(
                         "patch",

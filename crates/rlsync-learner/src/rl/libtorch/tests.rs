@@ -545,17 +545,15 @@ fn run_with_sync(
     let mut received = actor.state_dict().unwrap();
     let (tx, mut rxs) = rlsync_core::transport::inproc_channel(1);
     let rx = rxs.pop().unwrap();
-    let mut sender = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
-    let mut receiver =
-        WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
+    let sender = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
+    let receiver = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default()).unwrap();
     let keys = sent.synced_keys();
-    rt.block_on(async {
+    let ((mut sender, _), (mut receiver, _)) = rt.block_on(async {
         let (a, b) = tokio::join!(
             sender.init_sender(&sent, &keys, tx),
             receiver.init_receiver(&mut received, rx)
         );
-        a.unwrap();
-        b.unwrap();
+        (a.unwrap(), b.unwrap())
     });
     actor.import_state(&received, learner.version()).unwrap();
     let same = |a: &rlsync_core::tensor::StateDict, b: &rlsync_core::tensor::StateDict| {
