@@ -107,28 +107,45 @@ pub struct WorkerArgs {
 }
 
 pub(crate) fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+    use lexopt::Arg;
     let usage = |reason: String| WorkerError::Usage { reason };
+    // lexopt's own errors in this parser's words (the usage line names every flag).
+    let word = |e: lexopt::Error| match e {
+        lexopt::Error::MissingValue { option: Some(flag) } => {
+            usage(format!("{flag} needs a value"))
+        }
+        lexopt::Error::NonUnicodeValue(value) => {
+            usage(format!("{} is not UTF-8", value.to_string_lossy()))
+        }
+        other => usage(other.to_string()),
+    };
     let (mut role, mut rank, mut run_dir) = (None, None, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| usage(format!("{flag} needs a value")))?;
-        match flag.as_str() {
-            "--role" => {
+    let mut parser = lexopt::Parser::from_args(args);
+    while let Some(arg) = parser.next().map_err(word)? {
+        match arg {
+            Arg::Long("role") => {
+                let value = parser.value().map_err(word)?.string().map_err(word)?;
                 role = Some(
-                    Role::parse(value).ok_or_else(|| usage(format!("unknown role '{value}'")))?,
+                    Role::parse(&value).ok_or_else(|| usage(format!("unknown role '{value}'")))?,
                 )
             }
-            "--rank" => {
+            Arg::Long("rank") => {
+                let value = parser.value().map_err(word)?.string().map_err(word)?;
                 rank = Some(
                     value
                         .parse::<u32>()
                         .map_err(|_| usage(format!("rank '{value}' is not a number")))?,
                 )
             }
-            "--run-dir" => run_dir = Some(PathBuf::from(value)),
-            other => return Err(usage(format!("unknown flag '{other}'"))),
+            Arg::Long("run-dir") => run_dir = Some(PathBuf::from(parser.value().map_err(word)?)),
+            other => {
+                let flag = match other {
+                    Arg::Long(name) => format!("--{name}"),
+                    Arg::Short(c) => format!("-{c}"),
+                    Arg::Value(v) => v.to_string_lossy().into_owned(),
+                };
+                return Err(usage(format!("unknown flag '{flag}'")));
+            }
         }
     }
     Ok(WorkerArgs {
@@ -575,5 +592,12 @@ mod tests {
         check_usage_error("--role trainer --rank 0", "missing --run-dir");
         check_usage_error("--role", "--role needs a value");
         check_usage_error("--colour red", "unknown flag '--colour'");
+        check_usage_error("-r trainer", "unknown flag '-r'");
+        check_usage_error("stray", "unknown flag 'stray'");
+        check_usage_error("--role=trainer --rank=-1 --run-dir d", "rank '-1'");
+        // A value that looks like a flag is still the value.
+        let parsed = parse_args(&args("--run-dir --x --rank 0 --role=trainer")).unwrap();
+        assert_eq!(parsed.run_dir, PathBuf::from("--x"));
+        assert_eq!((parsed.role, parsed.rank), (Role::Trainer, 0));
     }
 }

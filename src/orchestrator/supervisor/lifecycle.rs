@@ -338,6 +338,7 @@ mod tests {
     #[test]
     fn restarts_count_up_to_the_budget_with_a_doubling_backoff() {
         let mut life = budget(2);
+        life.applied(0, 0);
         assert_eq!(
             life.lost(1),
             Loss::Restart {
