@@ -497,9 +497,8 @@ async fn serve(
     workers: &[NodeWorker],
     chain: Option<(TcpListener, Option<String>)>,
 ) -> Result<(), OrchestratorError> {
-    let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
-        reason: e.to_string(),
-    })?;
+    let bytes = launch::encode_launch(&launch)
+        .map_err(|source| OrchestratorError::LaunchFile { source })?;
     run_files::write_private(&launch::launch_file(node_dir), &bytes)?;
     let exe = match opts.worker_exe {
         Some(exe) => exe,

@@ -849,9 +849,10 @@ impl Supervisor {
                     );
                     return Ok(None);
                 }
-                messages::authenticate(&hello, &self.cfg.token).map_err(|e| {
-                    OrchestratorError::Handshake {
-                        reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
+                messages::authenticate(&hello, &self.cfg.token).map_err(|source| {
+                    OrchestratorError::Authentication {
+                        worker: format!("{}-{}", hello.role.name(), hello.rank),
+                        source,
                     }
                 })?;
                 let id = WorkerId {
