@@ -1,8 +1,8 @@
 //! The test-only knob `RLSYNC_TEST_HOLD`: hold a worker at a stage until a test kills it.
 //!
-//! Kept as a plain environment variable read once at the worker's start (not the `fail` crate's failpoints,
-//! compiled out of the shipped build): a Cargo feature for the tests would compile the app and the learner a
-//! second time in `make test` (see the report of issue 22 item 7 in the commit log).
+//! A plain environment variable read once at the worker's start, not the `fail` crate's failpoints compiled
+//! out of the shipped build: a Cargo feature that only the tests turn on would compile the app and the learner
+//! a second time in `make test` (measured on a shared 2-core machine: 179 s wall, 100 s CPU).
 
 use std::path::PathBuf;
 
