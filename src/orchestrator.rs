@@ -85,6 +85,11 @@ pub enum OrchestratorError {
     HandshakeTimeout { workers: String, timeout_s: f64 },
     #[error("handshake failed: {reason}")]
     Handshake { reason: String },
+    #[error("handshake failed")]
+    BadHello {
+        #[source]
+        source: supervisor::BadHello,
+    },
     #[error("handshake failed: {worker}")]
     Authentication {
         worker: String,
@@ -146,6 +151,26 @@ pub enum OrchestratorError {
         node: u32,
         host: String,
         reason: String,
+    },
+    #[error("node {node} ({host}): {during}")]
+    AgentLink {
+        node: u32,
+        host: String,
+        during: &'static str,
+        #[source]
+        source: node_agent::LinkError,
+    },
+    #[error("node {node} ({host}): its weight relay failed")]
+    AgentRelay {
+        node: u32,
+        host: String,
+        #[source]
+        source: rlsync_core::transport::TransportError,
+    },
+    #[error("handshake failed: the weight relay failed")]
+    Relay {
+        #[source]
+        source: rlsync_core::transport::TransportError,
     },
     #[error(
         "node {node} ({host}): the run failed on node 0 ({reason}); this node's workers are stopped"

@@ -91,7 +91,7 @@ pub enum Event {
     },
     /// A connection that did not produce a valid hello.
     BadHandshake {
-        reason: String,
+        fault: BadHello,
         peer_pid: Option<i32>,
     },
     Report {
@@ -127,6 +127,16 @@ pub enum Event {
     Node(nodes::NodeEvent),
     /// Multi-node, on an agent: its orchestrator's link.
     Upstream(nodes::Upstream),
+}
+
+/// Why a control connection's first frame was no valid hello.
+#[derive(Debug, thiserror::Error)]
+pub enum BadHello {
+    /// Another report (its debug form).
+    #[error("first frame was {0}, not a hello")]
+    NotHello(String),
+    #[error("reading the hello failed")]
+    Read(#[source] ProtocolError),
 }
 
 /// The sending half of a supervisor's event stream (node links and tests feed it).
@@ -763,10 +773,8 @@ impl Supervisor {
                         },
                     });
                 }
-                Some(Incoming::Upstream(nodes::Upstream::Relay(Err(why)))) => {
-                    return Err(OrchestratorError::Handshake {
-                        reason: format!("the weight relay failed: {why}"),
-                    });
+                Some(Incoming::Upstream(nodes::Upstream::Relay(Err(source)))) => {
+                    return Err(OrchestratorError::Relay { source });
                 }
                 // On an agent: node 0 restarts a rollout lost during the start-up (it kept the budget and
                 // waited the backoff); `ready` names the successor, so its `restarted` is not sent.
@@ -886,21 +894,23 @@ impl Supervisor {
                 let restarted = self.connected_successor(id);
                 Ok(restarted.then_some(Incoming::Restarted(id)))
             }
-            Event::BadHandshake { reason, peer_pid } => {
+            Event::BadHandshake { fault, peer_pid } => {
                 if let Some(id) = self.spawned_unconnected(peer_pid) {
                     if self.restartable(id, &[]) {
                         // A restartable rollout whose hello broke (typically killed while saying it) is lost
                         // like one that died before connecting: restarted, or the run fails once its restarts
                         // are used up.
+                        let cause = rlsync_core::error_chain(&fault);
                         return self
-                            .lose(id, format!("broke its handshake ({reason})"))
+                            .lose(id, format!("broke its handshake ({cause})"))
                             .await;
                     }
-                    Err(OrchestratorError::Handshake { reason })
+                    Err(OrchestratorError::BadHello { source: fault })
                 } else {
                     tracing::warn!(
-                        "dropped a control connection from pid {}: {reason}",
-                        peer_pid.map_or("?".to_owned(), |p| p.to_string())
+                        "dropped a control connection from pid {}: {}",
+                        peer_pid.map_or("?".to_owned(), |p| p.to_string()),
+                        rlsync_core::error_chain(&fault)
                     );
                     Ok(None)
                 }
@@ -1398,14 +1408,11 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                         writer,
                     },
                     Ok(Ok(frame)) => Event::BadHandshake {
-                        reason: format!("first frame was {:?}, not a hello", frame.header),
+                        fault: BadHello::NotHello(format!("{:?}", frame.header)),
                         peer_pid,
                     },
                     Ok(Err(e)) => Event::BadHandshake {
-                        reason: format!(
-                            "reading the hello failed: {}",
-                            rlsync_core::error_chain(&e)
-                        ),
+                        fault: BadHello::Read(e),
                         peer_pid,
                     },
                     Err(_) => return,

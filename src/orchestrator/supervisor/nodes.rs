@@ -54,7 +54,7 @@ pub enum Upstream {
         reason: String,
     },
     /// The node's weight relay ended (`Err`: how it failed).
-    Relay(Result<(), String>),
+    Relay(Result<(), rlsync_core::transport::TransportError>),
 }
 
 /// Encoded frames to one peer, written in order by the link's writer task.
