@@ -18,6 +18,11 @@
 //! `lost` with the last lines of its log) and starts the successor when node 0 asks (`restart`), reporting it
 //! once connected (`restarted`; during the agent's start-up its `ready` names it instead); node 0 treats the
 //! remote worker exactly like a local one, a death during the start-up included.
+//!
+//! The rollouts' phases, restart budget, backoff and hold are one pure state machine, [`lifecycle::Lifecycle`],
+//! which the weights loop reads and moves through the weight phases; whom a failure or a missed deadline names
+//! is [`attribution`]'s decision, and the deadlines that do not count the orchestrator's own stalls are
+//! [`deadline`]'s.
 
 pub mod attribution;
 pub mod deadline;
