@@ -58,7 +58,7 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         _ => match plan::plan(entry, cfg) {
             Ok(p) => Some(p),
             Err(e) => {
-                problems.push(e.to_string());
+                problems.push(rlsync_core::error_chain(&e));
                 None
             }
         },

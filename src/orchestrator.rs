@@ -41,6 +41,26 @@ pub use supervisor::{ShutdownHandle, ShutdownSource};
 pub enum OrchestratorError {
     #[error("invalid run configuration: {reason}")]
     Config { reason: String },
+    #[error("invalid run configuration")]
+    NoLearner {
+        #[source]
+        source: crate::learner_exe::NoLearner,
+    },
+    #[error("invalid run configuration")]
+    Cluster {
+        #[source]
+        source: crate::cluster::ClusterError,
+    },
+    #[error("invalid run configuration")]
+    Placement {
+        #[source]
+        source: crate::config::placement::PlacementError,
+    },
+    #[error("cannot encode the launch file")]
+    LaunchFile {
+        #[source]
+        source: ProtocolError,
+    },
     #[error("cannot prepare {path}")]
     RunDir {
         path: PathBuf,
@@ -65,6 +85,17 @@ pub enum OrchestratorError {
     HandshakeTimeout { workers: String, timeout_s: f64 },
     #[error("handshake failed: {reason}")]
     Handshake { reason: String },
+    #[error("handshake failed")]
+    BadHello {
+        #[source]
+        source: supervisor::BadHello,
+    },
+    #[error("handshake failed: {worker}")]
+    Authentication {
+        worker: String,
+        #[source]
+        source: ProtocolError,
+    },
     #[error("worker {worker} (pid {pid}) {status}{message}\n--- last lines of {} ---\n{tail}", log.display())]
     WorkerFailed {
         worker: String,
@@ -120,6 +151,26 @@ pub enum OrchestratorError {
         node: u32,
         host: String,
         reason: String,
+    },
+    #[error("node {node} ({host}): {during}")]
+    AgentLink {
+        node: u32,
+        host: String,
+        during: &'static str,
+        #[source]
+        source: node_agent::LinkError,
+    },
+    #[error("node {node} ({host}): its weight relay failed")]
+    AgentRelay {
+        node: u32,
+        host: String,
+        #[source]
+        source: rlsync_core::transport::TransportError,
+    },
+    #[error("handshake failed: the weight relay failed")]
+    Relay {
+        #[source]
+        source: rlsync_core::transport::TransportError,
     },
     #[error(
         "node {node} ({host}): the run failed on node 0 ({reason}); this node's workers are stopped"
@@ -235,9 +286,7 @@ pub fn run(
             None => crate::learner_exe::learner_exe(&this),
         };
         let exe = crate::learner_exe::preflight(cfg.actor.model.model_type, &this, &learner)
-            .map_err(|e| OrchestratorError::Config {
-                reason: e.to_string(),
-            })?;
+            .map_err(|source| OrchestratorError::NoLearner { source })?;
         opts.worker_exe = Some(exe);
     }
     if let Some(reason) = plan::resume_problem(cfg) {
@@ -378,9 +427,8 @@ async fn run_in_private_dir(
         multinode::node0_launch(m, joined, &mut launch);
     }
     let launch_path = launch::launch_file(&run_dir);
-    let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
-        reason: e.to_string(),
-    })?;
+    let bytes = launch::encode_launch(&launch)
+        .map_err(|source| OrchestratorError::LaunchFile { source })?;
     run_files::write_private(&launch_path, &bytes)?;
 
     let exe = match opts.worker_exe {

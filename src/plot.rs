@@ -63,6 +63,7 @@ pub struct PlotArgs {
 
 /// Split the arguments after `plot`: existing directories are runs, other words metric names.
 pub fn parse_args(args: &[String]) -> Result<PlotArgs, PlotError> {
+    use lexopt::Arg;
     let usage = |reason: &str| PlotError::Usage {
         reason: reason.into(),
     };
@@ -71,21 +72,21 @@ pub fn parse_args(args: &[String]) -> Result<PlotArgs, PlotError> {
         keys: Vec::new(),
         output: None,
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "-o" | "--output" => {
-                let file = it.next().ok_or_else(|| usage("-o needs a file name"))?;
-                out.output = Some(PathBuf::from(file));
+    let mut parser = lexopt::Parser::from_args(args);
+    // lexopt's own errors in this parser's words.
+    let word = |e: lexopt::Error| match e {
+        lexopt::Error::MissingValue { .. } => usage("-o needs a file name"),
+        other => usage(&other.to_string()),
+    };
+    while let Some(arg) = parser.next().map_err(word)? {
+        match arg {
+            Arg::Short('o') | Arg::Long("output") => {
+                out.output = Some(PathBuf::from(parser.value().map_err(word)?));
             }
-            flag if flag.starts_with("--output=") => {
-                out.output = Some(PathBuf::from(&flag["--output=".len()..]));
-            }
-            flag if flag.starts_with('-') => {
-                return Err(usage(&format!("unknown flag {flag}")));
-            }
-            word if Path::new(word).is_dir() => out.runs.push(PathBuf::from(word)),
-            word => out.keys.push(word.to_owned()),
+            Arg::Short(c) => return Err(usage(&format!("unknown flag -{c}"))),
+            Arg::Long(name) => return Err(usage(&format!("unknown flag --{name}"))),
+            Arg::Value(value) if Path::new(&value).is_dir() => out.runs.push(PathBuf::from(value)),
+            Arg::Value(value) => out.keys.push(value.to_string_lossy().into_owned()),
         }
     }
     if out.runs.is_empty() {
@@ -503,6 +504,19 @@ mod tests {
             args(&[dir.as_str(), "-o"]),
             Err(PlotError::Usage { .. })
         ));
+        let long = args(&[dir.as_str(), "--output=y.png", "sync/"]).unwrap();
+        assert_eq!(long.output, Some(PathBuf::from("y.png")));
+        assert_eq!(long.keys, ["sync/"]);
+        assert_eq!(
+            args(&[dir.as_str(), "--colour"]).unwrap_err().to_string(),
+            "plot usage: unknown flag --colour (expected: rlsync plot RUN_DIR... [KEYS...] [-o FILE.png])"
+        );
+        assert!(
+            args(&[dir.as_str(), "-o"])
+                .unwrap_err()
+                .to_string()
+                .contains("-o needs a file name")
+        );
     }
 
     #[test]

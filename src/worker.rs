@@ -9,6 +9,7 @@
 pub mod local_copy;
 pub mod rollout;
 pub mod synthetic;
+pub mod test_hold;
 pub mod trainer;
 pub mod workload;
 
@@ -26,6 +27,8 @@ use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::{
     self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role,
 };
+pub use test_hold::TEST_HOLD_VAR;
+use test_hold::{HoldStage, TestHold};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -107,28 +110,45 @@ pub struct WorkerArgs {
 }
 
 pub(crate) fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+    use lexopt::{Arg, ValueExt as _};
     let usage = |reason: String| WorkerError::Usage { reason };
+    // lexopt's own errors in this parser's words (the usage line names every flag).
+    let word = |e: lexopt::Error| match e {
+        lexopt::Error::MissingValue { option: Some(flag) } => {
+            usage(format!("{flag} needs a value"))
+        }
+        lexopt::Error::NonUnicodeValue(value) => {
+            usage(format!("{} is not UTF-8", value.to_string_lossy()))
+        }
+        other => usage(other.to_string()),
+    };
     let (mut role, mut rank, mut run_dir) = (None, None, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it
-            .next()
-            .ok_or_else(|| usage(format!("{flag} needs a value")))?;
-        match flag.as_str() {
-            "--role" => {
+    let mut parser = lexopt::Parser::from_args(args);
+    while let Some(arg) = parser.next().map_err(word)? {
+        match arg {
+            Arg::Long("role") => {
+                let value = parser.value().map_err(word)?.string().map_err(word)?;
                 role = Some(
-                    Role::parse(value).ok_or_else(|| usage(format!("unknown role '{value}'")))?,
+                    Role::parse(&value).ok_or_else(|| usage(format!("unknown role '{value}'")))?,
                 )
             }
-            "--rank" => {
+            Arg::Long("rank") => {
+                let value = parser.value().map_err(word)?.string().map_err(word)?;
                 rank = Some(
                     value
                         .parse::<u32>()
                         .map_err(|_| usage(format!("rank '{value}' is not a number")))?,
                 )
             }
-            "--run-dir" => run_dir = Some(PathBuf::from(value)),
-            other => return Err(usage(format!("unknown flag '{other}'"))),
+            Arg::Long("run-dir") => run_dir = Some(PathBuf::from(parser.value().map_err(word)?)),
+            other => {
+                let flag = match other {
+                    Arg::Long(name) => format!("--{name}"),
+                    Arg::Short(c) => format!("-{c}"),
+                    Arg::Value(v) => v.to_string_lossy().into_owned(),
+                };
+                return Err(usage(format!("unknown flag '{flag}'")));
+            }
         }
     }
     Ok(WorkerArgs {
@@ -178,123 +198,6 @@ pub struct WorkerContext {
     pub control: Control,
     /// Tests only: where [`TEST_HOLD_VAR`] holds this worker.
     pub(crate) hold: Option<TestHold>,
-}
-
-/// A test-only knob, for integration tests that kill a rollout at an exact moment (never set it in a real
-/// run): `RLSYNC_TEST_HOLD=<role>-<rank>@<stage>[*<n>]:<file>` makes the first `n` (default 1) processes of
-/// that worker to reach `stage` each create the first of `<file>`, `<file>.2`, … `<file>.<n>` that does not
-/// exist, write its pid and a newline there, and wait until it is killed; later processes (once all `n` files
-/// exist) go on. Stages: `hello` (before its hello: its supervisor, a node
-/// agent's too, is still waiting for it), `handshake` (connected to its weight channel, before it sent its
-/// metadata: the trainer's init bootstrap waits on it), `bootstrap` (the weight channel's plan received,
-/// before the init bootstrap's payloads), `catchup` (a rejoin's catch-up announced, before its replay or full transfer). A
-/// malformed value is a usage error of the worker.
-pub const TEST_HOLD_VAR: &str = "RLSYNC_TEST_HOLD";
-
-/// Where [`TEST_HOLD_VAR`] holds a worker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TestHold {
-    stage: HoldStage,
-    /// Processes held, one file each.
-    times: u32,
-    file: PathBuf,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HoldStage {
-    Hello,
-    Handshake,
-    Bootstrap,
-    CatchUp,
-}
-
-impl TestHold {
-    /// This worker's hold from the knob's value `spec` (`None`: unset, or another worker's).
-    fn parse(spec: Option<&str>, role: Role, rank: u32) -> Result<Option<TestHold>, WorkerError> {
-        let Some(spec) = spec else {
-            return Ok(None);
-        };
-        let usage = || WorkerError::Usage {
-            reason: format!(
-                "{TEST_HOLD_VAR}={spec}: expected <role>-<rank>@<hello|handshake|bootstrap|catchup>[*<n>]:<file> (a test knob)"
-            ),
-        };
-        let (who, rest) = spec.split_once('@').ok_or_else(usage)?;
-        let (stage, file) = rest.split_once(':').ok_or_else(usage)?;
-        let (stage, times) = match stage.split_once('*') {
-            Some((stage, n)) => (
-                stage,
-                n.parse::<u32>().ok().filter(|n| *n > 0).ok_or_else(usage)?,
-            ),
-            None => (stage, 1),
-        };
-        let stage = match stage {
-            "hello" => HoldStage::Hello,
-            "handshake" => HoldStage::Handshake,
-            "bootstrap" => HoldStage::Bootstrap,
-            "catchup" => HoldStage::CatchUp,
-            _ => return Err(usage()),
-        };
-        if file.is_empty() {
-            return Err(usage());
-        }
-        if who != format!("{}-{rank}", role.name()) {
-            return Ok(None);
-        }
-        Ok(Some(TestHold {
-            stage,
-            times,
-            file: PathBuf::from(file),
-        }))
-    }
-
-    /// Hold here if this is the stage and no earlier process of this worker held (it never returns then).
-    pub(crate) async fn reach(&self, stage: HoldStage) {
-        if self.stage != stage {
-            return;
-        }
-        // The first file no predecessor made; none left (or none can be made): go on.
-        let mut created = None;
-        for n in 1..=self.times {
-            let path = match n {
-                1 => self.file.clone(),
-                n => PathBuf::from(format!("{}.{n}", self.file.display())),
-            };
-            let made = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path);
-            match made {
-                Ok(file) => {
-                    created = Some(file);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(_) => return,
-            }
-        }
-        let Some(mut file) = created else {
-            return;
-        };
-        use std::io::Write as _;
-        let _ = writeln!(file, "{}", std::process::id());
-        drop(file);
-        tracing::warn!("{TEST_HOLD_VAR}: held at {stage:?} until killed (a test knob)");
-        std::future::pending::<()>().await;
-    }
-
-    /// The syncer's hold for this stage, when it is one of the weight channel's.
-    pub(crate) fn for_syncer(
-        &self,
-    ) -> Option<(rlsync_core::syncer::HoldPoint, rlsync_core::syncer::Hold)> {
-        let point = match self.stage {
-            HoldStage::Hello | HoldStage::Handshake => return None,
-            HoldStage::Bootstrap => rlsync_core::syncer::HoldPoint::Bootstrap,
-            HoldStage::CatchUp => rlsync_core::syncer::HoldPoint::CatchUp,
-        };
-        let (me, stage) = (self.clone(), self.stage);
-        Some((point, Box::pin(async move { me.reach(stage).await })))
-    }
 }
 
 impl WorkerContext {
@@ -457,37 +360,6 @@ pub(crate) fn worker_seed(role: Role, rank: u32) -> u64 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_test_hold_knob_names_one_worker_and_refuses_malformed_values() {
-        let parse = |spec: &str, rank| TestHold::parse(Some(spec), Role::Rollout, rank);
-        assert_eq!(parse("rollout-1@catchup:/tmp/h", 2).unwrap(), None);
-        assert_eq!(TestHold::parse(None, Role::Rollout, 1).unwrap(), None);
-        assert_eq!(
-            parse("rollout-1@bootstrap:/tmp/h", 1).unwrap(),
-            Some(TestHold {
-                stage: HoldStage::Bootstrap,
-                times: 1,
-                file: PathBuf::from("/tmp/h"),
-            })
-        );
-        assert_eq!(
-            parse("rollout-1@hello*2:/tmp/h", 1)
-                .unwrap()
-                .map(|h| h.times),
-            Some(2)
-        );
-        for bad in [
-            "rollout-1",
-            "rollout-1@later:/tmp/h",
-            "rollout-1@hello:",
-            "x@hello",
-            "rollout-1@hello*0:/tmp/h",
-        ] {
-            let err = parse(bad, 1).unwrap_err().to_string();
-            assert!(err.contains(TEST_HOLD_VAR) && err.contains(bad), "{err}");
-        }
-    }
-
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
     }
@@ -575,5 +447,12 @@ mod tests {
         check_usage_error("--role trainer --rank 0", "missing --run-dir");
         check_usage_error("--role", "--role needs a value");
         check_usage_error("--colour red", "unknown flag '--colour'");
+        check_usage_error("-r trainer", "unknown flag '-r'");
+        check_usage_error("stray", "unknown flag 'stray'");
+        check_usage_error("--role=trainer --rank=-1 --run-dir d", "rank '-1'");
+        // A value that looks like a flag is still the value.
+        let parsed = parse_args(&args("--run-dir --x --rank 0 --role=trainer")).unwrap();
+        assert_eq!(parsed.run_dir, PathBuf::from("--x"));
+        assert_eq!((parsed.role, parsed.rank), (Role::Trainer, 0));
     }
 }

@@ -6,186 +6,46 @@
 //! `make test` runs one trial of each; the full campaign (20 trials, as issue 13 asks):
 //! `RLSYNC_FAULT_TRIALS=20 cargo test --release --locked --test tests elastic:: -- --test-threads=1 --nocapture`
 
-use std::io::Read as _;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng as _;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
-/// Generous bound of one run (the machine may be shared and loaded); only a hang hits it.
-const PATIENCE: Duration = Duration::from_secs(180);
+use crate::util::{Scratch, finish, trials, wait_until, worker_pid, workers_of};
+
 /// Steps of a run; kills land in its first half.
 const STEPS: usize = 60;
 
-/// Trials per case (`RLSYNC_FAULT_TRIALS`, default 1).
-fn trials() -> usize {
-    std::env::var("RLSYNC_FAULT_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1)
-}
-
-/// One run's scratch space: the run dir and a private TMPDIR (so leftovers are exactly what is in it).
-struct Scratch {
-    _dir: tempfile::TempDir,
-    run_dir: PathBuf,
-    tmp: PathBuf,
-}
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = tempfile::Builder::new()
-            .prefix("re")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let run_dir = dir.path().join("run");
-        let tmp = dir.path().join("t");
-        std::fs::create_dir(&tmp).unwrap();
-        Scratch {
-            run_dir,
-            tmp,
-            _dir: dir,
-        }
-    }
-
-    /// `rlsync <entry>` on the small synthetic workload, two rollouts, with `extra` overrides.
-    fn command(&self, entry: &str, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg(entry)
-            .args([
-                "model@actor.model=synthetic_small",
-                "env@env.train=synthetic",
-                "env@env.eval=synthetic",
-                "actor.model.params=65536",
-                "actor.model.tensors=8",
-                "actor.model.train_ms=10",
-                "actor.model.rollout_ms_per_step=2",
-                "env.train.total_num_envs=4",
-                "env.train.max_steps_per_rollout_epoch=8",
-                "rollout.chunk_steps=4",
-                "runner.shutdown_grace_s=1",
-                "runner.handshake_timeout_s=60",
-                "runner.step_timeout_s=60",
-                "runner.rollout_restart_backoff_s=0.05",
-            ])
-            .arg(format!("runner.max_steps={STEPS}"))
-            .arg(format!("hydra.run.dir={}", self.run_dir.display()))
-            .args(extra)
-            .env("TMPDIR", &self.tmp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd
-    }
-
-    fn metrics(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
-        std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    fn segment_prefix(&self) -> Option<String> {
-        let bytes = std::fs::read(self.run_dir.join(".rlsync/launch.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        v["segment_prefix"].as_str().map(str::to_owned)
-    }
-
-    /// Nothing of the run is left: no process, no socket or directory in its TMPDIR, no shm segment.
-    fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !processes_of(&self.run_dir).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for (pid, cmd) in processes_of(&self.run_dir) {
-            left.push(format!("process {pid}: {cmd}"));
-        }
-        if let Ok(rd) = std::fs::read_dir(&self.tmp) {
-            left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
-        }
-        // The rollouts' local weights copies are removed at the run's end.
-        if let Ok(rd) = std::fs::read_dir(self.run_dir.join(".rlsync")) {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("rollout-"))
-                    .map(|e| format!("{}", e.path().display())),
-            );
-        }
-        if let Some(prefix) = self.segment_prefix()
-            && let Ok(rd) = std::fs::read_dir("/dev/shm")
-        {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                    .map(|e| format!("{}", e.path().display())),
-            );
-        }
-        left
-    }
-}
-
-/// The run's worker processes (their command lines name `dir` via --run-dir).
-fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    crate::util::processes_naming(dir)
-        .into_iter()
-        .filter(|(_, cmdline)| cmdline.contains(" worker "))
-        .collect()
+/// `rlsync <entry>` in `s` on the small synthetic workload, two rollouts, with `extra` overrides.
+fn command(s: &Scratch, entry: &str, extra: &[&str]) -> Command {
+    let steps = format!("runner.max_steps={STEPS}");
+    let mut args = vec![
+        entry,
+        "model@actor.model=synthetic_small",
+        "env@env.train=synthetic",
+        "env@env.eval=synthetic",
+        "actor.model.params=65536",
+        "actor.model.tensors=8",
+        "actor.model.train_ms=10",
+        "actor.model.rollout_ms_per_step=2",
+        "env.train.total_num_envs=4",
+        "env.train.max_steps_per_rollout_epoch=8",
+        "rollout.chunk_steps=4",
+        "runner.shutdown_grace_s=1",
+        "runner.handshake_timeout_s=60",
+        "runner.step_timeout_s=60",
+        "runner.rollout_restart_backoff_s=0.05",
+        &steps,
+    ];
+    args.extend_from_slice(extra);
+    s.command(args)
 }
 
 /// The pid of the run's rollout `rank` now, if it runs.
-fn rollout_pid(run_dir: &Path, rank: u32) -> Option<i32> {
-    let needle = format!("--role rollout --rank {rank} ");
-    processes_of(run_dir)
-        .into_iter()
-        .find(|(_, cmd)| cmd.contains(&needle))
-        .map(|(pid, _)| pid as i32)
-}
-
-/// Wait for `child` (killing it after [`PATIENCE`]); its exit code (None: killed by a signal) and stderr.
-fn finish(mut child: Child) -> Result<(Option<i32>, String), String> {
-    let deadline = Instant::now() + PATIENCE;
-    let mut err = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(err) = err.as_mut() {
-            let _ = err.read_to_string(&mut text);
-        }
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("still running after {PATIENCE:?}: killed"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Ok((status.code(), reader.join().unwrap_or_default()))
-}
-
-/// Wait until `cond` holds (polling), the run ended, or [`PATIENCE`] passed.
-fn wait_until(child: &mut Child, what: &str, cond: impl Fn() -> bool) -> Result<(), String> {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("the run ended ({status}) before {what}"));
-        }
-        if Instant::now() > deadline {
-            return Err(format!("no {what} within {PATIENCE:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(())
+fn rollout_pid(s: &Scratch, rank: u32) -> Option<i32> {
+    worker_pid(&s.run_dir, "rollout", rank)
 }
 
 /// When a kill lands.
@@ -208,7 +68,7 @@ fn kill_rollout(
     match moment {
         Moment::Bootstrap => {
             wait_until(child, "the rollout's start", || {
-                rollout_pid(&s.run_dir, rank).is_some()
+                rollout_pid(s, rank).is_some()
             })?;
             std::thread::sleep(Duration::from_millis(rng.gen_range(0..250)));
         }
@@ -221,24 +81,23 @@ fn kill_rollout(
     if s.metrics().len() >= STEPS / 2 {
         return Ok(None);
     }
-    Ok(rollout_pid(&s.run_dir, rank)
-        .filter(|pid| kill(Pid::from_raw(*pid), Signal::SIGKILL).is_ok()))
+    Ok(rollout_pid(s, rank).filter(|pid| kill(Pid::from_raw(*pid), Signal::SIGKILL).is_ok()))
 }
 
 /// One run of `entry` with `syncer`, its rollouts killed at `moments`: it finishes every step, every sync it
 /// reports is verified, its metrics count the restarts and nothing of it is left.
 fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s
-        .command(
-            entry,
-            &[
-                &format!("weight_syncer={syncer}"),
-                "runner.rollout_restarts=10",
-            ],
-        )
-        .spawn()
-        .map_err(|e| e.to_string())?;
+    let s = Scratch::new("re");
+    let mut child = command(
+        &s,
+        entry,
+        &[
+            &format!("weight_syncer={syncer}"),
+            "runner.rollout_restarts=10",
+        ],
+    )
+    .spawn()
+    .map_err(|e| e.to_string())?;
     let mut kills = 0u64;
     let mut rng = rand::thread_rng();
     let mut kill_all = || -> Result<(), String> {
@@ -248,7 +107,7 @@ fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String>
                 kills += 1;
                 // Its successor is up before the next kill (which would otherwise find no process to kill).
                 wait_until(&mut child, "the restart", || {
-                    rollout_pid(&s.run_dir, rank).is_some_and(|p| p != pid)
+                    rollout_pid(&s, rank).is_some_and(|p| p != pid)
                 })?;
             }
         }
@@ -338,9 +197,8 @@ fn async_bucket_survives_killed_rollouts() {
 /// it cost is in the metrics and the log.
 #[test]
 fn a_catch_up_is_measured() {
-    let s = Scratch::new();
-    let mut child = s
-        .command("train_embodied", &["runner.rollout_restarts=1"])
+    let s = Scratch::new("re");
+    let mut child = command(&s, "train_embodied", &["runner.rollout_restarts=1"])
         .spawn()
         .unwrap();
     assert!(
@@ -369,11 +227,11 @@ fn a_catch_up_is_measured() {
 /// `runner.rollout_restarts=0` (the default): a killed rollout still fails the run at once, named.
 #[test]
 fn without_restarts_a_killed_rollout_fails_the_run() {
-    let s = Scratch::new();
-    let mut child = s.command("train_embodied", &[]).spawn().unwrap();
+    let s = Scratch::new("re");
+    let mut child = command(&s, "train_embodied", &[]).spawn().unwrap();
     let rank = rand::thread_rng().gen_range(0..2);
     wait_until(&mut child, "a step", || !s.metrics().is_empty()).unwrap();
-    let pid = rollout_pid(&s.run_dir, rank).unwrap();
+    let pid = rollout_pid(&s, rank).unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     let (code, stderr) = finish(child).unwrap();
     let want = format!("worker rollout-{rank} (pid {pid}) was killed by SIGKILL");
@@ -387,20 +245,19 @@ fn without_restarts_a_killed_rollout_fails_the_run() {
 /// A rollout that dies once more than `runner.rollout_restarts` allows fails the run naming it and the count.
 #[test]
 fn exceeding_the_restart_budget_names_the_rollout_and_the_count() {
-    let s = Scratch::new();
-    let mut child = s
-        .command("train_embodied", &["runner.rollout_restarts=1"])
+    let s = Scratch::new("re");
+    let mut child = command(&s, "train_embodied", &["runner.rollout_restarts=1"])
         .arg("runner.max_steps=100000")
         .spawn()
         .unwrap();
     wait_until(&mut child, "a step", || !s.metrics().is_empty()).unwrap();
-    let first = rollout_pid(&s.run_dir, 1).unwrap();
+    let first = rollout_pid(&s, 1).unwrap();
     kill(Pid::from_raw(first), Signal::SIGKILL).unwrap();
     wait_until(&mut child, "the restart", || {
-        rollout_pid(&s.run_dir, 1).is_some_and(|p| p != first)
+        rollout_pid(&s, 1).is_some_and(|p| p != first)
     })
     .unwrap();
-    let second = rollout_pid(&s.run_dir, 1).unwrap();
+    let second = rollout_pid(&s, 1).unwrap();
     kill(Pid::from_raw(second), Signal::SIGKILL).unwrap();
     let (code, stderr) = finish(child).unwrap();
     assert_eq!(code, Some(1), "{stderr}");
@@ -416,15 +273,14 @@ fn exceeding_the_restart_budget_names_the_rollout_and_the_count() {
 /// The trainer dying still fails the run, naming it, restarts or not (resume from a checkpoint instead).
 #[test]
 fn a_killed_trainer_fails_the_run_even_with_restarts() {
-    let s = Scratch::new();
-    let mut child = s
-        .command("train_async", &["runner.rollout_restarts=5"])
+    let s = Scratch::new("re");
+    let mut child = command(&s, "train_async", &["runner.rollout_restarts=5"])
         .arg("runner.max_steps=100000")
         .spawn()
         .unwrap();
     wait_until(&mut child, "a step", || !s.metrics().is_empty()).unwrap();
     let needle = "--role trainer --rank 0 ";
-    let pid = processes_of(&s.run_dir)
+    let pid = workers_of(&s.run_dir)
         .into_iter()
         .find(|(_, c)| c.contains(needle))
         .map(|(p, _)| p)
@@ -442,16 +298,16 @@ fn a_killed_trainer_fails_the_run_even_with_restarts() {
 /// A stopped rollout misses the step deadline: it is killed and restarted, and the run goes on.
 #[test]
 fn a_rollout_past_the_step_deadline_is_killed_and_restarted() {
-    let s = Scratch::new();
-    let mut child = s
-        .command(
-            "train_embodied",
-            &["runner.rollout_restarts=2", "runner.step_timeout_s=2"],
-        )
-        .spawn()
-        .unwrap();
+    let s = Scratch::new("re");
+    let mut child = command(
+        &s,
+        "train_embodied",
+        &["runner.rollout_restarts=2", "runner.step_timeout_s=2"],
+    )
+    .spawn()
+    .unwrap();
     wait_until(&mut child, "a step", || s.metrics().len() >= 2).unwrap();
-    let pid = rollout_pid(&s.run_dir, 0).unwrap();
+    let pid = rollout_pid(&s, 0).unwrap();
     kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
     let (code, stderr) = finish(child).unwrap();
     assert_eq!(code, Some(0), "{stderr}");
@@ -483,21 +339,21 @@ enum Tamper {
 /// rollout-0 goes on, and the trainer catches the successor up. Returns the orchestrator's line about the
 /// rejoin, rollout-1's log and the version its successor rejoined from.
 fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
-    let s = Scratch::new();
-    let mut child = s
-        .command(
-            "train_embodied",
-            &[
-                "runner.rollout_restarts=1",
-                "runner.rollout_weights_copy_interval=2",
-                "weight_syncer.patch.replay_versions=16",
-            ],
-        )
-        .spawn()
-        .unwrap();
+    let s = Scratch::new("re");
+    let mut child = command(
+        &s,
+        "train_embodied",
+        &[
+            "runner.rollout_restarts=1",
+            "runner.rollout_weights_copy_interval=2",
+            "weight_syncer.patch.replay_versions=16",
+        ],
+    )
+    .spawn()
+    .unwrap();
     // Past version 16, version 0 (a fresh worker's) is out of the log: only a copy can make the rejoin a replay.
     wait_until(&mut child, "step 20", || s.metrics().len() >= 20).unwrap();
-    let other = Pid::from_raw(rollout_pid(&s.run_dir, 0).unwrap());
+    let other = Pid::from_raw(rollout_pid(&s, 0).unwrap());
     kill(other, Signal::SIGSTOP).unwrap();
     // A copy being written finishes (the step waits for the stopped rollout).
     std::thread::sleep(Duration::from_millis(500));
@@ -525,7 +381,7 @@ fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
             rlsync::worker::local_copy::write(&state, version, &copy).unwrap();
         }
     }
-    let pid = rollout_pid(&s.run_dir, 1).unwrap();
+    let pid = rollout_pid(&s, 1).unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     let log = s.run_dir.join("logs/rollout-1.log");
     let joined = wait_until(&mut child, "the successor's join", || {
@@ -614,20 +470,20 @@ fn a_mismatching_local_copy_falls_back_to_a_full_transfer() {
 /// version at once (the trainer keeps a copy of it), not at the next sync (a deferred catch-up).
 #[test]
 fn a_bucket_rollout_restarted_between_syncs_is_caught_up_at_once() {
-    let s = Scratch::new();
-    let mut child = s
-        .command(
-            "train_embodied",
-            &[
-                "weight_syncer=bucket_syncer",
-                "runner.rollout_restarts=1",
-                "runner.weight_sync_interval=4",
-            ],
-        )
-        .spawn()
-        .unwrap();
+    let s = Scratch::new("re");
+    let mut child = command(
+        &s,
+        "train_embodied",
+        &[
+            "weight_syncer=bucket_syncer",
+            "runner.rollout_restarts=1",
+            "runner.weight_sync_interval=4",
+        ],
+    )
+    .spawn()
+    .unwrap();
     wait_until(&mut child, "step 10", || s.metrics().len() >= 10).unwrap();
-    let pid = rollout_pid(&s.run_dir, 1).unwrap();
+    let pid = rollout_pid(&s, 1).unwrap();
     kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
     let (code, stderr) = finish(child).unwrap();
     assert_eq!(code, Some(0), "{stderr}");

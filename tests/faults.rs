@@ -13,18 +13,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rand::Rng as _;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
-/// Generous bound of any one process of a trial (the machine may be shared and loaded); only a hang hits it.
-const PATIENCE: Duration = Duration::from_secs(120);
-
-/// Trials per process fault (`RLSYNC_FAULT_TRIALS`, default 1).
-fn trials() -> usize {
-    std::env::var("RLSYNC_FAULT_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(1)
-}
+use crate::util::{PATIENCE, Scratch, bin, finish, trials, wait_until, worker_pid, workers_of};
 
 /// Held/broke counts of one break, with the reason of every break.
 struct Tally {
@@ -67,166 +56,44 @@ impl Tally {
     }
 }
 
-/// One trial's scratch space: the run dir and a private TMPDIR (so leftovers are exactly what is in it).
-struct Scratch {
-    _dir: tempfile::TempDir,
-    run_dir: PathBuf,
-    tmp: PathBuf,
+/// `rlsync train_embodied` in `s` on the small synthetic workload with `extra` overrides.
+fn command(s: &Scratch, steps: u32, extra: &[&str]) -> Command {
+    let steps = format!("runner.max_steps={steps}");
+    let mut args = vec![
+        "train_embodied",
+        "model@actor.model=synthetic_small",
+        "env@env.train=synthetic",
+        "env@env.eval=synthetic",
+        "actor.model.params=65536",
+        "actor.model.tensors=8",
+        "actor.model.train_ms=20",
+        "actor.model.rollout_ms_per_step=2",
+        "env.train.total_num_envs=4",
+        "env.train.max_steps_per_rollout_epoch=8",
+        "rollout.chunk_steps=4",
+        "runner.shutdown_grace_s=1",
+        "runner.handshake_timeout_s=60",
+        "runner.step_timeout_s=60",
+        &steps,
+    ];
+    args.extend_from_slice(extra);
+    s.command(args)
 }
 
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = tempfile::Builder::new()
-            .prefix("rf")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let run_dir = dir.path().join("run");
-        let tmp = dir.path().join("t");
-        std::fs::create_dir(&tmp).unwrap();
-        Scratch {
-            run_dir,
-            tmp,
-            _dir: dir,
-        }
+/// Every metrics line of the run in `s` is a JSON object: how many there are.
+fn metrics_valid(s: &Scratch) -> Result<usize, String> {
+    let text = std::fs::read_to_string(s.run_dir.join("metrics.jsonl"))
+        .map_err(|e| format!("metrics.jsonl: {e}"))?;
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line)
+            .map_err(|e| format!("invalid metrics line {line:?}: {e}"))?;
     }
-
-    /// `rlsync train_embodied` on the small synthetic workload with `extra` overrides.
-    fn command(&self, steps: u32, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg("train_embodied")
-            .args([
-                "model@actor.model=synthetic_small",
-                "env@env.train=synthetic",
-                "env@env.eval=synthetic",
-                "actor.model.params=65536",
-                "actor.model.tensors=8",
-                "actor.model.train_ms=20",
-                "actor.model.rollout_ms_per_step=2",
-                "env.train.total_num_envs=4",
-                "env.train.max_steps_per_rollout_epoch=8",
-                "rollout.chunk_steps=4",
-                "runner.shutdown_grace_s=1",
-                "runner.handshake_timeout_s=60",
-                "runner.step_timeout_s=60",
-            ])
-            .arg(format!("runner.max_steps={steps}"))
-            .arg(format!("hydra.run.dir={}", self.run_dir.display()))
-            .args(extra)
-            .env("TMPDIR", &self.tmp)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        cmd
-    }
-
-    fn metrics_lines(&self) -> usize {
-        std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
-            .map(|t| t.lines().count())
-            .unwrap_or(0)
-    }
-
-    /// Every metrics line is a JSON object.
-    fn metrics_valid(&self) -> Result<usize, String> {
-        let text = std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
-            .map_err(|e| format!("metrics.jsonl: {e}"))?;
-        for line in text.lines() {
-            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(line)
-                .map_err(|e| format!("invalid metrics line {line:?}: {e}"))?;
-        }
-        Ok(text.lines().count())
-    }
-
-    fn segment_prefix(&self) -> Option<String> {
-        let bytes = std::fs::read(self.run_dir.join(".rlsync/launch.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        v["segment_prefix"].as_str().map(str::to_owned)
-    }
-
-    /// Nothing of the run is left: no process, no socket or directory in its TMPDIR, no shm segment.
-    fn leftovers(&self) -> Vec<String> {
-        let mut left = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !processes_of(&self.run_dir).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        for (pid, cmd) in processes_of(&self.run_dir) {
-            left.push(format!("process {pid}: {cmd}"));
-        }
-        if let Ok(rd) = std::fs::read_dir(&self.tmp) {
-            left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
-        }
-        if let Some(prefix) = self.segment_prefix()
-            && let Ok(rd) = std::fs::read_dir("/dev/shm")
-        {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                    .map(|e| format!("{}", e.path().display())),
-            );
-        }
-        left
-    }
-
-    /// Wait until the run wrote `n` metrics lines (it is running), or it ended.
-    fn wait_for_steps(&self, child: &mut Child, n: usize) -> Result<(), String> {
-        let deadline = Instant::now() + PATIENCE;
-        while self.metrics_lines() < n {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "the run ended ({status}) before step {n}: {}",
-                    stderr_of(child)
-                ));
-            }
-            if Instant::now() > deadline {
-                return Err(format!("no step {n} within {PATIENCE:?}"));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Ok(())
-    }
+    Ok(text.lines().count())
 }
 
-/// The run's worker processes (their command lines name `dir` via --run-dir).
-fn processes_of(dir: &Path) -> Vec<(u32, String)> {
-    crate::util::processes_naming(dir)
-        .into_iter()
-        .filter(|(_, cmdline)| cmdline.contains(" worker "))
-        .collect()
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut text = String::new();
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut text);
-    }
-    text
-}
-
-/// Wait for `child` (killing it after [`PATIENCE`]); its exit code (None: killed by a signal) and stderr.
-fn finish(mut child: Child) -> Result<(Option<i32>, String), String> {
-    let deadline = Instant::now() + PATIENCE;
-    // Drain stderr meanwhile so a chatty child never blocks on a full pipe.
-    let mut err = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(err) = err.as_mut() {
-            let _ = err.read_to_string(&mut text);
-        }
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("still running after {PATIENCE:?}: killed"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let text = reader.join().unwrap_or_default();
-    Ok((status.code(), text))
+/// Wait until the run in `s` wrote `n` metrics lines (it is running), or it ended.
+fn wait_for_steps(s: &Scratch, child: &mut Child, n: usize) -> Result<(), String> {
+    wait_until(child, &format!("step {n}"), || s.metrics_lines() >= n)
 }
 
 fn signal(child: &Child, sig: Signal) {
@@ -253,11 +120,11 @@ fn break_1_a_run_dir_in_use_is_refused() {
 }
 
 fn two_runs_one_dir() -> Result<(), String> {
-    let s = Scratch::new();
+    let s = Scratch::new("rf");
     let steps = 15;
-    let first = s.command(steps, &[]).spawn().map_err(|e| e.to_string())?;
+    let first = command(&s, steps, &[]).spawn().map_err(|e| e.to_string())?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..300)));
-    let second = s.command(steps, &[]).spawn().map_err(|e| e.to_string())?;
+    let second = command(&s, steps, &[]).spawn().map_err(|e| e.to_string())?;
     let a = finish(first)?;
     let b = finish(second)?;
     no_panic(a.0, &a.1)?;
@@ -279,7 +146,7 @@ fn two_runs_one_dir() -> Result<(), String> {
             refused.1
         ));
     }
-    let lines = s.metrics_valid()?;
+    let lines = metrics_valid(&s)?;
     if lines != steps as usize {
         return Err(format!("{lines} metrics lines, want {steps}"));
     }
@@ -303,13 +170,12 @@ fn break_2_a_suspended_orchestrator_does_not_fail_the_run() {
 }
 
 fn suspended_orchestrator() -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s
-        .command(12, &["runner.step_timeout_s=2"])
+    let s = Scratch::new("rf");
+    let mut child = command(&s, 12, &["runner.step_timeout_s=2"])
         .spawn()
         .map_err(|e| e.to_string())?;
     let at = rand::thread_rng().gen_range(1..6);
-    s.wait_for_steps(&mut child, at)?;
+    wait_for_steps(&s, &mut child, at)?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..100)));
     signal(&child, Signal::SIGSTOP);
     std::thread::sleep(Duration::from_millis(3500));
@@ -350,10 +216,12 @@ fn break_4_every_stop_signal_cleans_up() {
 }
 
 fn stopped_by(sig: Signal) -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
+    let s = Scratch::new("rf");
+    let mut child = command(&s, 100_000, &[])
+        .spawn()
+        .map_err(|e| e.to_string())?;
     let at = rand::thread_rng().gen_range(1..4);
-    s.wait_for_steps(&mut child, at)?;
+    wait_for_steps(&s, &mut child, at)?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..50)));
     signal(&child, sig);
     let (code, stderr) = finish(child)?;
@@ -379,29 +247,31 @@ fn break_4_leftovers_of_a_killed_orchestrator_are_swept() {
 }
 
 fn killed_then_swept(by_next_run: bool) -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
+    let s = Scratch::new("rf");
+    let mut child = command(&s, 100_000, &[])
+        .spawn()
+        .map_err(|e| e.to_string())?;
     let at = rand::thread_rng().gen_range(1..4);
-    s.wait_for_steps(&mut child, at)?;
+    wait_for_steps(&s, &mut child, at)?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..50)));
     signal(&child, Signal::SIGKILL);
     let _ = finish(child)?;
     // The workers die with the orchestrator (PR_SET_PDEATHSIG).
     let deadline = Instant::now() + PATIENCE;
-    while !processes_of(&s.run_dir).is_empty() {
+    while !workers_of(&s.run_dir).is_empty() {
         if Instant::now() > deadline {
             return Err("workers outlived the killed orchestrator".into());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
     if by_next_run {
-        let next = s.command(2, &[]).spawn().map_err(|e| e.to_string())?;
+        let next = command(&s, 2, &[]).spawn().map_err(|e| e.to_string())?;
         let (code, stderr) = finish(next)?;
         if code != Some(0) {
             return Err(format!("the next run failed in the same dir:\n{stderr}"));
         }
     } else {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .arg("--cleanup")
             .env("TMPDIR", &s.tmp)
             .output()
@@ -423,7 +293,7 @@ fn killed_then_swept(by_next_run: bool) -> Result<(), String> {
 /// `rlsync <args>` with `env`; exit code and stderr (and stdout).
 fn rlsync(args: &[&str], env: &[(&str, &str)]) -> Result<(Option<i32>, String, String), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(args)
         .current_dir(dir.path())
         .stdin(Stdio::null())
@@ -508,7 +378,7 @@ fn break_9_a_huge_sweep_starts_at_once_in_bounded_memory() {
 
 fn huge_sweep() -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(["train_embodied", "-m", "--dry-run"])
         .args(S)
         .args([
@@ -622,7 +492,7 @@ fn with_closed(
     let (read, write) = nix::unistd::pipe().map_err(|e| e.to_string())?;
     drop(read);
     let closed = Stdio::from(write);
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.args(args).env("TMPDIR", tmp).stdin(Stdio::null());
     if close_stderr {
         cmd.stdout(Stdio::null()).stderr(closed);
@@ -636,9 +506,9 @@ fn with_closed(
 #[test]
 fn break_7_a_closed_stdout_or_stderr_never_panics() {
     let mut tally = Tally::new("break 7 (EPIPE on stdout/stderr)");
-    let s = Scratch::new();
+    let s = Scratch::new("rf");
     let run: Vec<String> = {
-        let cmd = s.command(2, &[]);
+        let cmd = command(&s, 2, &[]);
         std::iter::once(cmd.get_program())
             .chain(cmd.get_args())
             .skip(1)
@@ -720,21 +590,21 @@ fn corrupting_shared_memory_mid_sync_is_never_installed() {
 fn corrupt_mid_sync(syncer: &str) -> Result<(), String> {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let s = Scratch::new();
+    let s = Scratch::new("rf");
     let syncer_arg = format!("weight_syncer={syncer}");
-    let child = s
-        .command(
-            40,
-            &[
-                syncer_arg.as_str(),
-                "runner.verify_sync=true",
-                "actor.model.params=1048576",
-                "actor.model.adam_lr=1e-3",
-                "actor.model.train_ms=5",
-            ],
-        )
-        .spawn()
-        .map_err(|e| e.to_string())?;
+    let child = command(
+        &s,
+        40,
+        &[
+            syncer_arg.as_str(),
+            "runner.verify_sync=true",
+            "actor.model.params=1048576",
+            "actor.model.adam_lr=1e-3",
+            "actor.model.train_ms=5",
+        ],
+    )
+    .spawn()
+    .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicUsize::new(0));
     let corrupter = {
@@ -853,11 +723,11 @@ fn break_3_strangers_on_the_control_socket_never_disturb_a_run() {
 fn stranger(attack: u32) -> Result<(), String> {
     use std::io::Write as _;
     use std::os::unix::fs::PermissionsExt as _;
-    let s = Scratch::new();
-    let mut child = with_umask_000(&s.command(10, &[]))
+    let s = Scratch::new("rf");
+    let mut child = with_umask_000(&command(&s, 10, &[]))
         .spawn()
         .map_err(|e| e.to_string())?;
-    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    wait_for_steps(&s, &mut child, rand::thread_rng().gen_range(1..4))?;
     let launch_path = s.run_dir.join(".rlsync/launch.json");
     let launch: serde_json::Value = serde_json::from_slice(
         &std::fs::read(&launch_path).map_err(|e| format!("launch file: {e}"))?,
@@ -920,7 +790,7 @@ fn stranger(attack: u32) -> Result<(), String> {
             "the stranger disturbed the run (exit {code:?}):\n{stderr}"
         ));
     }
-    if s.metrics_valid()? != 10 {
+    if metrics_valid(&s)? != 10 {
         return Err("the run did not finish its 10 steps".into());
     }
     let left = s.leftovers();
@@ -933,15 +803,6 @@ fn stranger(attack: u32) -> Result<(), String> {
 // ---------------------------------------------------------------------------------------------------------
 // break 10: the first cause is the one named
 
-/// The pid of the run's worker whose command line has `--role <role> --rank <rank> `.
-fn worker_pid(run_dir: &Path, role: &str, rank: u32) -> Option<i32> {
-    let needle = format!("--role {role} --rank {rank} ");
-    processes_of(run_dir)
-        .into_iter()
-        .find(|(_, cmd)| cmd.contains(&needle))
-        .map(|(pid, _)| pid as i32)
-}
-
 #[test]
 fn break_10_a_killed_trainer_is_named_not_a_rollout() {
     let mut tally = Tally::new("break 10 (SIGKILL of the trainer names the trainer)");
@@ -952,9 +813,11 @@ fn break_10_a_killed_trainer_is_named_not_a_rollout() {
 }
 
 fn killed_worker(role: &str, rank: u32) -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s.command(100_000, &[]).spawn().map_err(|e| e.to_string())?;
-    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    let s = Scratch::new("rf");
+    let mut child = command(&s, 100_000, &[])
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    wait_for_steps(&s, &mut child, rand::thread_rng().gen_range(1..4))?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..60)));
     let pid = worker_pid(&s.run_dir, role, rank).ok_or("worker not found")?;
     let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -983,15 +846,15 @@ fn break_10_a_stopped_rollout_is_named() {
 }
 
 fn stopped_rollout() -> Result<(), String> {
-    let s = Scratch::new();
-    let mut child = s
-        .command(
-            100_000,
-            &["runner.step_timeout_s=3", "runner.handshake_timeout_s=3"],
-        )
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    s.wait_for_steps(&mut child, rand::thread_rng().gen_range(1..4))?;
+    let s = Scratch::new("rf");
+    let mut child = command(
+        &s,
+        100_000,
+        &["runner.step_timeout_s=3", "runner.handshake_timeout_s=3"],
+    )
+    .spawn()
+    .map_err(|e| e.to_string())?;
+    wait_for_steps(&s, &mut child, rand::thread_rng().gen_range(1..4))?;
     std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..60)));
     let rank = rand::thread_rng().gen_range(0..2);
     let pid = worker_pid(&s.run_dir, "rollout", rank).ok_or("rollout not found")?;
@@ -1078,7 +941,7 @@ fn break_10_a_full_dev_shm_names_the_trainer() {
 /// fails naming the trainer (the one that reserves segments) and the full device, never a rollout, and leaves
 /// nothing behind in that /dev/shm.
 fn full_dev_shm() -> Result<(), String> {
-    let s = Scratch::new();
+    let s = Scratch::new("rf");
     let mut rng = rand::thread_rng();
     // One full payload of this model is 4 MB (1 Mi f32 elements); a few in-flight slots need several.
     let shm_bytes = rng.gen_range(64 << 10..24 << 20);
@@ -1086,7 +949,8 @@ fn full_dev_shm() -> Result<(), String> {
     let steps = 12;
     let syncer = ["weight_syncer=patch_syncer", "weight_syncer=bucket_syncer"][rng.gen_range(0..2)];
     // A large learning rate makes patches change size from step to step, so segments are regrown mid-run.
-    let run = s.command(
+    let run = command(
+        &s,
         steps,
         &[
             "actor.model.params=1048576",
@@ -1113,7 +977,7 @@ fn full_dev_shm() -> Result<(), String> {
     println!("  {trial}: exit {code:?} after {done} steps");
     match code {
         Some(0) => {
-            let lines = s.metrics_valid()?;
+            let lines = metrics_valid(&s)?;
             if lines != steps as usize {
                 return Err(format!("{trial}: exit 0 with {lines} of {steps} steps"));
             }

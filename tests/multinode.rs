@@ -7,7 +7,6 @@
 //! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node; rollout
 //! ranks out of chain order are refused with restarts.
 
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,11 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::util::processes_naming as processes_of;
-
-const BIN: &str = env!("CARGO_BIN_EXE_rlsync");
-/// Generous bound of one process (the machine may be shared and loaded); only a hang hits it.
-const PATIENCE: Duration = Duration::from_secs(120);
+use crate::util::{PATIENCE, Scratch, bin, processes_naming as processes_of, worker_pid};
 /// `cluster.node_timeout_s` of the fault runs (short: the test waits that long), and of the others (long: a
 /// node starved of CPU by a loaded machine must not look dead).
 const FAULT_NODE_TIMEOUT_S: f64 = 3.0;
@@ -33,11 +28,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One run over `nodes` nodes: its run dir, a private TMPDIR, the rendezvous port and the token.
+/// One run over `nodes` nodes: its run dir and private TMPDIR, the rendezvous port and the token.
 struct Run {
-    _dir: tempfile::TempDir,
+    scratch: Scratch,
     run_dir: PathBuf,
-    tmp: PathBuf,
     nodes: u32,
     port: u16,
     chain_ports: u16,
@@ -53,16 +47,9 @@ struct Run {
 
 impl Run {
     fn new(nodes: u32) -> Run {
-        let dir = tempfile::Builder::new()
-            .prefix("mn")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let run_dir = dir.path().join("run");
-        let tmp = dir.path().join("t");
-        std::fs::create_dir(&tmp).unwrap();
+        let scratch = Scratch::new("mn");
         Run {
-            run_dir,
-            tmp,
+            run_dir: scratch.run_dir.clone(),
             nodes,
             port: free_port(),
             chain_ports: free_port(),
@@ -71,7 +58,7 @@ impl Run {
             extra: Vec::new(),
             entry: "train_embodied",
             env: Vec::new(),
-            _dir: dir,
+            scratch,
         }
     }
 
@@ -108,47 +95,41 @@ impl Run {
 
     /// The command line every node shares, with no scheduler variables in its environment.
     fn node_base(&self, syncer: &str, steps: u32, token: &str) -> Command {
-        let mut cmd = Command::new(BIN);
-        cmd.arg(self.entry)
-            .args([
-                "model@actor.model=synthetic_small",
-                "env@env.train=synthetic",
-                "env@env.eval=synthetic",
-                "actor.model.params=65536",
-                "actor.model.tensors=8",
-                "actor.model.train_ms=5",
-                "actor.model.rollout_ms_per_step=1",
-                "env.train.max_steps_per_rollout_epoch=8",
-                "rollout.chunk_steps=4",
-                "runner.shutdown_grace_s=1",
-                "runner.handshake_timeout_s=60",
-                "runner.step_timeout_s=60",
-                "cluster.slots_per_node=1",
-                "cluster.component_placement.actor=0",
-            ])
-            .arg(format!("weight_syncer={syncer}"))
-            .arg(format!("runner.max_steps={steps}"))
-            .arg(format!("env.train.total_num_envs={}", 2 * self.nodes))
-            .arg(format!("env.eval.total_num_envs={}", self.nodes))
-            .arg(format!("cluster.num_nodes={}", self.nodes))
-            .arg(format!(
-                "cluster.component_placement.rollout='0-{}'",
-                self.nodes - 1
-            ))
-            .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
-            .arg(format!("cluster.network.port_min={}", self.chain_ports))
-            .arg(format!(
-                "cluster.network.port_max={}",
-                self.chain_ports.saturating_add(20)
-            ))
-            .arg(format!("hydra.run.dir={}", self.run_dir.display()))
-            .args(&self.extra)
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("TMPDIR", &self.tmp)
-            .env("RLSYNC_RUN_TOKEN", token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        let mut cmd = self.scratch.command([self.entry]);
+        cmd.args([
+            "model@actor.model=synthetic_small",
+            "env@env.train=synthetic",
+            "env@env.eval=synthetic",
+            "actor.model.params=65536",
+            "actor.model.tensors=8",
+            "actor.model.train_ms=5",
+            "actor.model.rollout_ms_per_step=1",
+            "env.train.max_steps_per_rollout_epoch=8",
+            "rollout.chunk_steps=4",
+            "runner.shutdown_grace_s=1",
+            "runner.handshake_timeout_s=60",
+            "runner.step_timeout_s=60",
+            "cluster.slots_per_node=1",
+            "cluster.component_placement.actor=0",
+        ])
+        .arg(format!("weight_syncer={syncer}"))
+        .arg(format!("runner.max_steps={steps}"))
+        .arg(format!("env.train.total_num_envs={}", 2 * self.nodes))
+        .arg(format!("env.eval.total_num_envs={}", self.nodes))
+        .arg(format!("cluster.num_nodes={}", self.nodes))
+        .arg(format!(
+            "cluster.component_placement.rollout='0-{}'",
+            self.nodes - 1
+        ))
+        .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
+        .arg(format!("cluster.network.port_min={}", self.chain_ports))
+        .arg(format!(
+            "cluster.network.port_max={}",
+            self.chain_ports.saturating_add(20)
+        ))
+        .args(&self.extra)
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
+        .env("RLSYNC_RUN_TOKEN", token);
         for var in [
             "MASTER_ADDR",
             "MASTER_PORT",
@@ -183,11 +164,7 @@ impl Run {
     }
 
     fn metrics(&self) -> Vec<serde_json::Map<String, serde_json::Value>> {
-        std::fs::read_to_string(self.run_dir.join("metrics.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
+        self.scratch.metrics()
     }
 
     /// Node 0's run dir, then every agent's.
@@ -199,18 +176,14 @@ impl Run {
 
     /// The pid of the run's rollout `rank` now (on whichever node), if it runs.
     fn rollout_pid(&self, rank: u32) -> Option<i32> {
-        let needle = format!("--role rollout --rank {rank} ");
-        processes_of(&self.run_dir)
-            .into_iter()
-            .find(|(_, cmd)| cmd.contains(" worker ") && cmd.contains(&needle))
-            .map(|(pid, _)| pid as i32)
+        worker_pid(&self.run_dir, "rollout", rank)
     }
 
     /// Hold `what` (`rollout-1@catchup`: a worker and a stage) with the workers' test knob
     /// (`RLSYNC_TEST_HOLD`): the first process of that worker to reach the stage writes its pid to the file
     /// returned and waits to be killed; its successors go on.
     fn hold(&mut self, what: &str) -> PathBuf {
-        let file = self._dir.path().join("held");
+        let file = self.scratch.path().join("held");
         self.env.push((
             "RLSYNC_TEST_HOLD".into(),
             format!("{what}:{}", file.display()),
@@ -219,7 +192,7 @@ impl Run {
     }
 
     /// The pid of the process held by [`Run::hold`], once it is held there.
-    fn held_pid(&self, children: &mut Vec<Child>, file: &std::path::Path) -> i32 {
+    fn held_pid(&self, children: &mut [Child], file: &std::path::Path) -> i32 {
         let read = || {
             std::fs::read_to_string(file)
                 .ok()
@@ -231,70 +204,22 @@ impl Run {
     }
 
     /// Wait until `cond` holds; node 0 ending first (or [`PATIENCE`] passing) fails the test with its stderr.
-    fn wait_until(&self, children: &mut Vec<Child>, what: &str, cond: impl Fn() -> bool) {
-        let deadline = Instant::now() + PATIENCE;
-        while !cond() {
-            if children[0].try_wait().unwrap().is_some() {
-                let (code, err) = finish(children.remove(0));
-                panic!("node 0 ended ({code:?}) before {what}:\n{err}");
-            }
-            assert!(Instant::now() < deadline, "no {what} within {PATIENCE:?}");
-            std::thread::sleep(Duration::from_millis(10));
+    fn wait_until(&self, children: &mut [Child], what: &str, cond: impl Fn() -> bool) {
+        if let Err(why) = crate::util::wait_until(&mut children[0], what, cond) {
+            panic!("node 0: {why}");
         }
-    }
-
-    /// The shared-memory prefixes of every node (from their launch files).
-    fn segment_prefixes(&self) -> Vec<String> {
-        let dirs = self.node_dirs();
-        dirs.iter()
-            .filter_map(|d| std::fs::read(d.join(".rlsync/launch.json")).ok())
-            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .filter_map(|v| v["segment_prefix"].as_str().map(str::to_owned))
-            .collect()
     }
 
     /// What is left of the run: processes naming its dir, files in its TMPDIR, shm segments of its nodes.
     fn leftovers(&self) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !processes_of(&self.run_dir).is_empty() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let mut left: Vec<String> = processes_of(&self.run_dir)
-            .into_iter()
-            .map(|(pid, cmd)| format!("process {pid}: {cmd}"))
-            .collect();
-        if let Ok(rd) = std::fs::read_dir(&self.tmp) {
-            left.extend(rd.flatten().map(|e| format!("{}", e.path().display())));
-        }
-        // The rollouts' local weights copies (kept for a restart) are removed at the run's end.
-        for dir in self.node_dirs() {
-            if let Ok(rd) = std::fs::read_dir(dir.join(".rlsync")) {
-                left.extend(
-                    rd.flatten()
-                        .filter(|e| e.file_name().to_string_lossy().starts_with("rollout-"))
-                        .map(|e| format!("{}", e.path().display())),
-                );
-            }
-        }
-        let prefixes = self.segment_prefixes();
-        if let Ok(rd) = std::fs::read_dir("/dev/shm") {
-            left.extend(
-                rd.flatten()
-                    .filter(|e| {
-                        let name = e.file_name().to_string_lossy().into_owned();
-                        prefixes.iter().any(|p| name.starts_with(p.as_str()))
-                    })
-                    .map(|e| format!("{}", e.path().display())),
-            );
-        }
-        left
+        self.scratch.leftovers_of(&self.node_dirs())
     }
 
     /// `rlsync --cleanup` with this run's TMPDIR (what the next run's start does anyway).
     fn cleanup(&self) {
-        let status = Command::new(BIN)
+        let status = Command::new(bin())
             .arg("--cleanup")
-            .env("TMPDIR", &self.tmp)
+            .env("TMPDIR", &self.scratch.tmp)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -304,28 +229,8 @@ impl Run {
 }
 
 /// Wait for `child` (killing it after [`PATIENCE`]): its exit code (None: killed by a signal) and stderr.
-fn finish(mut child: Child) -> (Option<i32>, String) {
-    let deadline = Instant::now() + PATIENCE;
-    let mut err = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        if let Some(err) = err.as_mut() {
-            let _ = err.read_to_string(&mut text);
-        }
-        text
-    });
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still running after {PATIENCE:?}: killed");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (status.code(), reader.join().unwrap_or_default())
+fn finish(child: Child) -> (Option<i32>, String) {
+    crate::util::finish(child).unwrap_or_else(|why| panic!("{why}"))
 }
 
 /// Every node exits 0, every train step has a verified sync, and nothing is left.
@@ -583,7 +488,7 @@ fn killed_rollouts_on_every_node_are_restarted_async_bucket() {
 fn restarts_need_rollout_ranks_in_chain_order() {
     let dir = tempfile::tempdir().unwrap();
     let dry_run = |rollout: &str| {
-        Command::new(BIN)
+        Command::new(bin())
             .args([
                 "train_embodied",
                 "--dry-run",

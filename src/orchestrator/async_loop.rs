@@ -116,7 +116,7 @@ impl Loop<'_> {
             return false;
         };
         // Lost, rejoining, or holding no version of the trainer's yet.
-        if !self.fleet.is_ready(rank as u32) {
+        if !self.sup.lifecycle().is_ready(rank as u32) {
             return false;
         }
         let queued = self.buffer.len() + self.in_flight();
@@ -391,7 +391,7 @@ impl Loop<'_> {
                     && self.eval_running.is_none()
                 {
                     let ready: Vec<u32> = (0..self.plan.rollouts)
-                        .filter(|&r| self.fleet.is_ready(r))
+                        .filter(|&r| self.sup.lifecycle().is_ready(r))
                         .collect();
                     self.eval_pending = vec![false; self.plan.rollouts as usize];
                     for rank in ready {
@@ -411,9 +411,9 @@ impl Loop<'_> {
                     // No-wait: rollouts install in the background while they generate, except those that
                     // wait for a version before any work (they apply it at once).
                     let apply = if self.set.no_wait {
-                        self.fleet.deferred()
+                        self.sup.lifecycle().deferred()
                     } else {
-                        self.fleet.attached()
+                        self.sup.lifecycle().attached()
                     };
                     for rank in apply {
                         self.sup
@@ -523,7 +523,7 @@ pub async fn run(
     checkpoints: &mut Checkpoints,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
-    let mut fleet = Fleet::new(plan.rollouts);
+    let mut fleet = Fleet::default();
     weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let slots = vec![

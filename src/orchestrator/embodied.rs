@@ -198,7 +198,7 @@ pub async fn evaluate(
         *published = version;
         sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
             .await?;
-        for rank in fleet.attached() {
+        for rank in sup.lifecycle().attached() {
             sup.send(WorkerId::rollout(rank), &Command::Apply, &[])
                 .await?;
             applies[rank as usize] = true;
@@ -207,7 +207,9 @@ pub async fn evaluate(
     // A worker runs its commands in order: those applying the sync evaluate what they installed.
     let mut evaluating = vec![false; rollouts];
     for rank in 0..rollouts as u32 {
-        if applies[rank as usize] || (fleet.is_ready(rank) && fleet.version(rank) == *published) {
+        if applies[rank as usize]
+            || (sup.lifecycle().is_ready(rank) && sup.lifecycle().version(rank) == *published)
+        {
             sup.send(WorkerId::rollout(rank), &Command::Eval, &[])
                 .await?;
             evaluating[rank as usize] = true;
@@ -282,7 +284,7 @@ pub async fn eval_only(
     sink: &mut MetricsSink,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
-    let mut fleet = Fleet::new(plan.rollouts);
+    let mut fleet = Fleet::default();
     let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     sup.begin_step();
@@ -318,7 +320,7 @@ pub async fn run(
     checkpoints: &mut Checkpoints,
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
-    let mut fleet = Fleet::new(plan.rollouts);
+    let mut fleet = Fleet::default();
     let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let mut totals = LoopTotals::default();
@@ -340,7 +342,7 @@ pub async fn run(
             published = version;
             sup.send(WorkerId::TRAINER, &Command::Sync { version }, &[])
                 .await?;
-            for rank in fleet.attached() {
+            for rank in sup.lifecycle().attached() {
                 sup.send(WorkerId::rollout(rank), &Command::Apply, &[])
                     .await?;
                 applies[rank as usize] = true;
@@ -348,7 +350,10 @@ pub async fn run(
         }
         // Who generates the step: rollouts holding its weights, or about to (their apply runs first).
         let eligible: Vec<bool> = (0..plan.rollouts)
-            .map(|r| applies[r as usize] || (fleet.is_ready(r) && fleet.version(r) == published))
+            .map(|r| {
+                applies[r as usize]
+                    || (sup.lifecycle().is_ready(r) && sup.lifecycle().version(r) == published)
+            })
             .collect();
         let work = Work {
             pool: chunks,

@@ -81,9 +81,9 @@ pub fn prepare(cfg: &RunConfig) -> Result<Option<MultiNode>, OrchestratorError> 
     let config = |reason: String| OrchestratorError::Config { reason };
     let host = crate::cluster::host_name();
     let identity = crate::cluster::detect(&cfg.cluster, &host, |k| std::env::var(k).ok())
-        .map_err(|e| config(e.to_string()))?;
-    let placement =
-        crate::config::placement::resolve(&cfg.cluster).map_err(|e| config(e.to_string()))?;
+        .map_err(|source| OrchestratorError::Cluster { source })?;
+    let placement = crate::config::placement::resolve(&cfg.cluster)
+        .map_err(|source| OrchestratorError::Placement { source })?;
     if let Some(reason) = refusal(cfg, &placement) {
         return Err(config(reason));
     }

@@ -32,12 +32,21 @@ use crate::protocol::node::{NODE_MAGIC, NodeCommand, NodeReport, NodeWorker};
 use rlsync_core::protocol::auth;
 use rlsync_core::protocol::frame::FrameReader;
 use rlsync_core::protocol::messages::{self, Frame, PROTOCOL_VERSION};
-use rlsync_core::transport::{ChainConfig, ChainRelay, ShmConfig, ShmSender};
+use rlsync_core::transport::{ChainConfig, ChainRelay, ShmConfig, ShmSender, TransportError};
 
 /// An agent gives its orchestrator this many node timeouts of silence (a cut link, a frozen host) before it
 /// stops its workers; more than the orchestrator gives a node, so a briefly suspended orchestrator does not
 /// lose its nodes.
 pub const ORCHESTRATOR_SILENCE: u32 = 4;
+
+/// How the agent's link to the orchestrator failed while it was set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error(transparent)]
+    Auth(#[from] auth::AuthError),
+    #[error(transparent)]
+    Protocol(#[from] rlsync_core::protocol::ProtocolError),
+}
 
 fn agent_err(multi: &MultiNode, reason: String) -> OrchestratorError {
     OrchestratorError::Agent {
@@ -297,8 +306,7 @@ async fn join(
             &multi.name(),
             &addr,
         )
-        .await
-        .map_err(|e| rlsync_core::error_chain(&e))?;
+        .await?;
         let join = NodeReport::Join {
             protocol: PROTOCOL_VERSION,
             node_rank: id.node_rank,
@@ -306,10 +314,8 @@ async fn join(
             pid: std::process::id(),
             chain_addr: chain_addr.to_owned(),
         };
-        messages::write_frame(&mut stream, &join, &[])
-            .await
-            .map_err(|e| rlsync_core::error_chain(&e))?;
-        Ok::<String, String>(peer)
+        messages::write_frame(&mut stream, &join, &[]).await?;
+        Ok::<String, LinkError>(peer)
     };
     match tokio::time::timeout(timeout, setup).await {
         Ok(Ok(peer)) => {
@@ -317,7 +323,12 @@ async fn join(
             let reader = messages::control_reader(r);
             Ok((Link { reader, writer }, peer))
         }
-        Ok(Err(why)) => Err(agent_err(multi, format!("joining the orchestrator: {why}"))),
+        Ok(Err(source)) => Err(OrchestratorError::AgentLink {
+            node: multi.identity.node_rank,
+            host: multi.identity.host.clone(),
+            during: "joining the orchestrator",
+            source,
+        }),
         Err(_) => Err(agent_err(
             multi,
             format!("the orchestrator at {addr} did not complete the node handshake"),
@@ -340,22 +351,18 @@ async fn await_assignment(
         cfg.runner.handshake_timeout_s.get() + MultiNode::node_timeout(cfg) * ORCHESTRATOR_SILENCE;
     let wait = async {
         loop {
-            let frame = messages::read_frame::<NodeCommand, _>(&mut link.reader)
-                .await
-                .map_err(|e| rlsync_core::error_chain(&e))?;
+            let frame = messages::read_frame::<NodeCommand, _>(&mut link.reader).await?;
             match frame.header {
                 NodeCommand::Assign {
                     workers,
                     chain_next,
                     launch,
-                } => return Ok((Assigned { workers, launch }, chain_next)),
+                } => return Ok(Some((Assigned { workers, launch }, chain_next))),
                 NodeCommand::Ping { seq } => {
-                    messages::write_frame(&mut link.writer, &NodeReport::Pong { seq }, &[])
-                        .await
-                        .map_err(|e| rlsync_core::error_chain(&e))?;
+                    messages::write_frame(&mut link.writer, &NodeReport::Pong { seq }, &[]).await?;
                 }
                 NodeCommand::Shutdown { .. } => {
-                    return Err("the orchestrator ended the run".to_owned());
+                    return Ok::<_, rlsync_core::protocol::ProtocolError>(None);
                 }
                 NodeCommand::Worker { .. }
                 | NodeCommand::Restart { .. }
@@ -364,11 +371,17 @@ async fn await_assignment(
         }
     };
     match tokio::time::timeout(timeout, wait).await {
-        Ok(Ok((assigned, next))) => Ok((link, assigned, next)),
-        Ok(Err(why)) => Err(agent_err(
+        Ok(Ok(Some((assigned, next)))) => Ok((link, assigned, next)),
+        Ok(Ok(None)) => Err(agent_err(
             multi,
-            format!("waiting for this node's workers: {why}"),
+            "waiting for this node's workers: the orchestrator ended the run".to_owned(),
         )),
+        Ok(Err(source)) => Err(OrchestratorError::AgentLink {
+            node: multi.identity.node_rank,
+            host: multi.identity.host.clone(),
+            during: "waiting for this node's workers",
+            source: LinkError::Protocol(source),
+        }),
         Err(_) => Err(agent_err(
             multi,
             "the orchestrator sent no assignment in time".to_owned(),
@@ -417,10 +430,7 @@ fn spawn_relay(
             let relay = ChainRelay::establish(&listener, next.as_deref(), local, chain).await?;
             relay.serve().await
         };
-        let result = relay
-            .await
-            .map(|_| ())
-            .map_err(|e| rlsync_core::error_chain(&e));
+        let result = relay.await.map(|_| ());
         let _ = events.send(super::supervisor::Event::Upstream(Upstream::Relay(result)));
     });
     task.abort_handle()
@@ -497,9 +507,8 @@ async fn serve(
     workers: &[NodeWorker],
     chain: Option<(TcpListener, Option<String>)>,
 ) -> Result<(), OrchestratorError> {
-    let bytes = launch::encode_launch(&launch).map_err(|e| OrchestratorError::Config {
-        reason: e.to_string(),
-    })?;
+    let bytes = launch::encode_launch(&launch)
+        .map_err(|source| OrchestratorError::LaunchFile { source })?;
     run_files::write_private(&launch::launch_file(node_dir), &bytes)?;
     let exe = match opts.worker_exe {
         Some(exe) => exe,
@@ -598,7 +607,7 @@ const RELAY_SETTLE: Duration = Duration::from_secs(2);
 async fn settle_relay_failure(
     sup: &mut Supervisor,
     multi: &MultiNode,
-    why: String,
+    why: TransportError,
 ) -> Result<(), OrchestratorError> {
     let deadline = tokio::time::Instant::now() + RELAY_SETTLE;
     loop {
@@ -626,7 +635,11 @@ async fn settle_relay_failure(
             // Whatever else happens meanwhile follows from the broken relay.
             Ok(Ok(_)) => {}
             Ok(Err(_)) | Err(_) => {
-                return Err(agent_err(multi, format!("its weight relay failed: {why}")));
+                return Err(OrchestratorError::AgentRelay {
+                    node: multi.identity.node_rank,
+                    host: multi.identity.host.clone(),
+                    source: why,
+                });
             }
         }
     }

@@ -58,8 +58,8 @@ fn invalid(reason: impl Into<String>) -> OrchestratorError {
 /// The rollout worker count: one per process of `cluster.component_placement.rollout` (one per slot unless
 /// the placement gives process ranks).
 pub fn rollout_workers(cfg: &RunConfig) -> Result<u32, OrchestratorError> {
-    let placement =
-        crate::config::placement::resolve(&cfg.cluster).map_err(|e| invalid(e.to_string()))?;
+    let placement = crate::config::placement::resolve(&cfg.cluster)
+        .map_err(|source| OrchestratorError::Placement { source })?;
     match u32::try_from(placement.rollouts.len()) {
         Ok(0) | Err(_) => Err(invalid(
             "cluster.component_placement.rollout must list 1 or more slots",
@@ -175,7 +175,7 @@ mod tests {
     fn check_error(edit: impl FnOnce(&mut RunConfig), entry: Entry, expect: &str) {
         let mut cfg = RunConfig::default();
         edit(&mut cfg);
-        let err = plan(entry, &cfg).unwrap_err().to_string();
+        let err = rlsync_core::error_chain(&plan(entry, &cfg).unwrap_err());
         assert!(err.contains(expect), "'{err}' should contain '{expect}'");
     }
 

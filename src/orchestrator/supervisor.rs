@@ -18,7 +18,15 @@
 //! `lost` with the last lines of its log) and starts the successor when node 0 asks (`restart`), reporting it
 //! once connected (`restarted`; during the agent's start-up its `ready` names it instead); node 0 treats the
 //! remote worker exactly like a local one, a death during the start-up included.
+//!
+//! The rollouts' phases, restart budget, backoff and hold are one pure state machine, [`lifecycle::Lifecycle`],
+//! which the weights loop reads and moves through the weight phases; whom a failure or a missed deadline names
+//! is [`attribution`]'s decision, and the deadlines that do not count the orchestrator's own stalls are
+//! [`deadline`]'s.
 
+pub mod attribution;
+pub mod deadline;
+pub mod lifecycle;
 pub mod nodes;
 pub mod spawn;
 pub mod unix;
@@ -39,6 +47,9 @@ use tokio::time::Instant;
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::progress::Console;
 use crate::protocol::node::{NodeCommand, NodeReport};
+use attribution::{Record, Waited, describe};
+pub use deadline::WorkerDeadline;
+use lifecycle::{Lifecycle, Loss, RestartPolicy};
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::frame::FrameReader;
 use rlsync_core::protocol::messages::{self, Command, Frame, Hello, Report, Role};
@@ -85,7 +96,7 @@ pub enum Event {
     },
     /// A connection that did not produce a valid hello.
     BadHandshake {
-        reason: String,
+        fault: BadHello,
         peer_pid: Option<i32>,
     },
     Report {
@@ -123,6 +134,16 @@ pub enum Event {
     Upstream(nodes::Upstream),
 }
 
+/// Why a control connection's first frame was no valid hello.
+#[derive(Debug, thiserror::Error)]
+pub enum BadHello {
+    /// Another report (its debug form).
+    #[error("first frame was {0}, not a hello")]
+    NotHello(String),
+    #[error("reading the hello failed")]
+    Read(#[source] ProtocolError),
+}
+
 /// The sending half of a supervisor's event stream (node links and tests feed it).
 pub type EventTx = mpsc::UnboundedSender<Event>;
 
@@ -145,7 +166,8 @@ enum UnitState {
     Connected,
     Stopping,
     Exited(ExitStatus),
-    /// A restartable rollout that died (its process killed); its successor is due after the backoff.
+    /// Its process was killed as lost (a restartable rollout; the [`Lifecycle`] has the rank's successor, or
+    /// the run stops): its events and its exit are no longer awaited.
     Down,
 }
 
@@ -177,21 +199,8 @@ struct Unit {
     node: Option<u32>,
     tail: LogTail,
     log_path: PathBuf,
-    /// The reason a worker gave in a `Failed` report.
-    failure: Option<String>,
-    /// The peers that report blamed.
-    blames: Vec<WorkerId>,
-    /// When the supervisor first saw this worker fail (report, broken connection or exit).
-    failed_at: Option<Instant>,
-    /// When it was last sent a command, and last heard from (for naming who did not answer).
-    last_sent: Option<Instant>,
-    last_heard: Option<Instant>,
-    /// Times this worker was restarted.
-    restarts: u32,
-    /// The loop holds the successor back (the trainer is still catching up the previous incarnation).
-    held: bool,
-    /// The backoff ended while held: respawn on release.
-    respawn_due: bool,
+    /// Its failure and its last exchange, for naming the first cause.
+    record: Record,
 }
 
 impl Unit {
@@ -216,14 +225,7 @@ impl Unit {
             node,
             tail,
             log_path,
-            failure: None,
-            blames: Vec::new(),
-            failed_at: None,
-            last_sent: None,
-            last_heard: None,
-            restarts: 0,
-            held: false,
-            respawn_due: false,
+            record: Record::default(),
         }
     }
 
@@ -265,13 +267,6 @@ pub struct SupervisorConfig {
     pub upstream: Option<nodes::FrameTx>,
 }
 
-/// The wait before the `n`-th restart (from 1) of one worker: `base · 2^(n-1)`, at most the schema's cap.
-pub fn restart_delay(base: Duration, n: u32) -> Duration {
-    let cap = Duration::from_secs(crate::config::schema::MAX_RESTART_BACKOFF_S);
-    base.saturating_mul(1u32 << n.saturating_sub(1).min(20))
-        .min(cap)
-}
-
 pub struct Supervisor {
     units: Vec<Unit>,
     events: mpsc::UnboundedReceiver<Event>,
@@ -291,82 +286,8 @@ pub struct Supervisor {
     started: bool,
     /// Nodes whose agent said it stopped, or that were lost: nothing of theirs runs any more.
     nodes_ended: Vec<u32>,
-}
-
-/// How often a wait against a worker deadline wakes to look for a stall of this process.
-const STALL_TICK: Duration = Duration::from_millis(250);
-/// A wake this much later than planned means this process did not run (SIGSTOP, a frozen VM, an overloaded
-/// host); the time it lost is not counted against the workers.
-const STALL_SLACK: Duration = Duration::from_secs(1);
-
-/// A deadline the workers must meet, which does not count time the orchestrator itself did not run: waits wake
-/// at least every [`STALL_TICK`], and a wake (or a return to waiting) later than planned by more than
-/// [`STALL_SLACK`] moves the deadline by that lateness.
-#[derive(Debug, Clone, Copy)]
-pub struct WorkerDeadline {
-    at: Instant,
-    /// When this process is next expected to look at the deadline again.
-    planned: Instant,
-    /// Time credited back because this process stalled.
-    credited: Duration,
-}
-
-impl WorkerDeadline {
-    pub fn after(limit: Duration) -> WorkerDeadline {
-        let now = Instant::now();
-        WorkerDeadline {
-            at: now + limit,
-            planned: now,
-            credited: Duration::ZERO,
-        }
-    }
-
-    /// Time given back to the workers so far because this process stalled.
-    pub fn credited(&self) -> Duration {
-        self.credited
-    }
-
-    fn credit_lateness(&mut self, now: Instant) {
-        let late = now.saturating_duration_since(self.planned);
-        if late > STALL_SLACK {
-            self.at += late;
-            self.credited += late;
-        }
-        self.planned = now;
-    }
-
-    /// The next event, or `None` once the deadline passed.
-    pub async fn next<T>(&mut self, events: &mut mpsc::UnboundedReceiver<T>) -> Option<Option<T>> {
-        // Time since the last return was spent by this process (or it was stopped): never the workers'.
-        self.credit_lateness(Instant::now());
-        loop {
-            let now = Instant::now();
-            if now >= self.at {
-                return None;
-            }
-            let wake = self.at.min(now + STALL_TICK);
-            self.planned = wake;
-            let got = tokio::time::timeout_at(wake, events.recv()).await;
-            // Woken long after `wake`, whichever branch fired: this process did not run meanwhile.
-            self.credit_lateness(Instant::now().max(wake));
-            if let Ok(event) = got {
-                return Some(event);
-            }
-        }
-    }
-}
-
-fn describe(status: ExitStatus) -> String {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exited with status {code}"),
-        (None, Some(sig)) => {
-            let name = Signal::try_from(sig)
-                .map(|s| s.as_str().to_owned())
-                .unwrap_or_else(|_| format!("signal {sig}"));
-            format!("was killed by {name}")
-        }
-        _ => "ended".to_owned(),
-    }
+    /// The rollouts' phases, restart budgets and holds.
+    lifecycle: Lifecycle,
 }
 
 impl Supervisor {
@@ -420,6 +341,18 @@ impl Supervisor {
                 .collect(),
         };
         let remote = cfg.remote.clone();
+        let policy = match cfg.upstream {
+            Some(_) => RestartPolicy::Upstream,
+            None => RestartPolicy::Budget {
+                restarts: cfg.rollout_restarts,
+                backoff: cfg.restart_backoff,
+            },
+        };
+        let ranks = (ids.iter().copied())
+            .chain(remote.iter().map(|(id, _)| *id))
+            .filter(|id| id.role == Role::Rollout)
+            .map(|id| id.rank);
+        let lifecycle = Lifecycle::new(policy, ranks);
         let mut sup = Supervisor {
             units: Vec::new(),
             events,
@@ -434,6 +367,7 @@ impl Supervisor {
             failed: None,
             started: false,
             nodes_ended: Vec::new(),
+            lifecycle,
         };
         for (id, node) in remote {
             // On that node's disk: the agent's run dir is `<run_dir>/node-<k>`.
@@ -529,14 +463,11 @@ impl Supervisor {
         {
             // On another node: its agent starts it (and bounds its handshake), then reports it `restarted`.
             let tx = self.cfg.cluster.link(node).map(|l| l.tx.clone());
+            let restarts = self.lifecycle.restarts_of(id.rank);
             let Some(unit) = self.unit_mut(id) else {
                 return Ok(());
             };
-            let restarts = unit.restarts;
-            *unit = Unit {
-                restarts,
-                ..Unit::remote(id, node, log_path)
-            };
+            *unit = Unit::remote(id, node, log_path);
             tracing::info!("{id}: restarting it on node {node} (restart {restarts})");
             if let Some(tx) = tx {
                 tx.send(
@@ -551,11 +482,11 @@ impl Supervisor {
         }
         let fresh = self.spawn_process(id, true)?;
         let pid = fresh.pid;
+        let restarts = self.lifecycle.restarts_of(id.rank);
         let Some(unit) = self.unit_mut(id) else {
             return Ok(());
         };
-        let restarts = unit.restarts;
-        *unit = Unit { restarts, ..fresh };
+        *unit = fresh;
         tracing::info!("{id}: restarted as pid {pid} (restart {restarts})");
         let due = self.tx.clone();
         let limit = self.cfg.handshake_timeout;
@@ -577,7 +508,9 @@ impl Supervisor {
                 .units
                 .iter()
                 .find(|u| u.id == WorkerId::TRAINER)
-                .is_none_or(|t| t.failed_at.is_none() && !matches!(t.state, UnitState::Exited(_)))
+                .is_none_or(|t| {
+                    t.record.failed_at.is_none() && !matches!(t.state, UnitState::Exited(_))
+                })
     }
 
     /// Rollout `id` died (`cause` says how): kill what is left of it and schedule its successor, or fail the
@@ -587,8 +520,11 @@ impl Supervisor {
         id: WorkerId,
         cause: String,
     ) -> Result<Option<Incoming>, OrchestratorError> {
-        let budget = self.cfg.rollout_restarts;
         let upstream = self.cfg.upstream.clone();
+        if self.unit_mut(id).is_none() {
+            return Ok(None);
+        }
+        let loss = self.lifecycle.lost(id.rank);
         let Some(unit) = self.unit_mut(id) else {
             return Ok(None);
         };
@@ -602,20 +538,34 @@ impl Supervisor {
             UnitState::Exited(status) => Some(status.into_raw()),
             _ => None,
         };
+        // A worker of another node is named with its node.
+        let on = unit.node.map_or(String::new(), |n| format!(" on node {n}"));
+        let (n, budget, delay) = match loss {
+            Loss::Exhausted { restarts } => {
+                unit.record.failed_at.get_or_insert(Instant::now());
+                let err = self.worker_failed(id).await;
+                return Err(OrchestratorError::RestartsExhausted {
+                    worker: format!("{id}{on}"),
+                    restarts,
+                    cause: Box::new(err),
+                });
+            }
+            Loss::ReportUp => (0, 0, Duration::ZERO),
+            Loss::Restart { n, budget, delay } => (n, budget, delay),
+        };
+        unit.state = UnitState::Down;
+        unit.link = None;
+        let (pid, tail) = (unit.pid, unit.tail.lines());
+        let last_lines = if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; its last lines:\n{}", tail.join("\n"))
+        };
         if let Some(up) = upstream {
             // A node agent: node 0 counts the restart, waits the backoff and asks for the successor; it quotes
             // the last lines of the log should this death be one too many.
-            unit.restarts += 1;
-            unit.state = UnitState::Down;
-            unit.link = None;
-            let (pid, tail) = (unit.pid, unit.tail.lines());
             tracing::warn!(
-                "{id} (pid {pid}) {cause}; node 0 decides on its restart (runner.rollout_restarts){}",
-                if tail.is_empty() {
-                    String::new()
-                } else {
-                    format!("; its last lines:\n{}", tail.join("\n"))
-                }
+                "{id} (pid {pid}) {cause}; node 0 decides on its restart (runner.rollout_restarts){last_lines}"
             );
             up.send(
                 &NodeReport::Lost {
@@ -628,45 +578,17 @@ impl Supervisor {
                 },
                 &[],
             );
-            return Ok(Some(Incoming::Lost {
-                id,
-                reason: cause,
-                status,
-            }));
-        }
-        // A worker of another node is named with its node.
-        let on = unit.node.map_or(String::new(), |n| format!(" on node {n}"));
-        if unit.restarts >= budget {
-            let restarts = unit.restarts;
-            unit.failed_at.get_or_insert(Instant::now());
-            let err = self.worker_failed(id).await;
-            return Err(OrchestratorError::RestartsExhausted {
-                worker: format!("{id}{on}"),
-                restarts,
-                cause: Box::new(err),
+        } else {
+            tracing::warn!(
+                "{id} (pid {pid}{on}) {cause}; restarting it in {:.1} s (restart {n} of {budget}, runner.rollout_restarts){last_lines}",
+                delay.as_secs_f64(),
+            );
+            let due = self.tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = due.send(Event::Respawn { id });
             });
         }
-        unit.restarts += 1;
-        unit.state = UnitState::Down;
-        unit.link = None;
-        unit.respawn_due = false;
-        let (n, pid) = (unit.restarts, unit.pid);
-        let tail = unit.tail.lines();
-        let delay = restart_delay(self.cfg.restart_backoff, n);
-        tracing::warn!(
-            "{id} (pid {pid}{on}) {cause}; restarting it in {:.1} s (restart {n} of {budget}, runner.rollout_restarts){}",
-            delay.as_secs_f64(),
-            if tail.is_empty() {
-                String::new()
-            } else {
-                format!("; its last lines:\n{}", tail.join("\n"))
-            }
-        );
-        let due = self.tx.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            let _ = due.send(Event::Respawn { id });
-        });
         Ok(Some(Incoming::Lost {
             id,
             reason: cause,
@@ -674,17 +596,23 @@ impl Supervisor {
         }))
     }
 
-    /// Hold back (or release) the successor of rollout `id`: the loop holds it while the trainer still serves
-    /// a rejoin of that rank, so one incarnation at a time is ever caught up. A successor due meanwhile
-    /// starts on release.
-    pub fn hold_restart(&mut self, id: WorkerId, hold: bool) -> Result<(), OrchestratorError> {
-        let Some(unit) = self.unit_mut(id) else {
-            return Ok(());
-        };
-        unit.held = hold;
-        if !hold && unit.respawn_due && unit.state == UnitState::Down {
-            unit.respawn_due = false;
-            self.respawn(id)?;
+    /// The rollouts' lifecycle: phases, versions, restarts (the weights loop reads it, and moves a rollout
+    /// through its weight phases with [`Supervisor::lifecycle_mut`]).
+    pub fn lifecycle(&self) -> &Lifecycle {
+        &self.lifecycle
+    }
+
+    /// The rollouts' lifecycle, for the weight phases; the process side (losses, backoffs, successors) is the
+    /// supervisor's own.
+    pub fn lifecycle_mut(&mut self) -> &mut Lifecycle {
+        &mut self.lifecycle
+    }
+
+    /// The trainer is done serving rollout `rank` (its catch-up ended): a successor of that rank held back
+    /// meanwhile, so that one incarnation at a time is ever caught up, starts now.
+    pub fn served(&mut self, rank: u32) -> Result<(), OrchestratorError> {
+        if self.lifecycle.served(rank) {
+            self.respawn(WorkerId::rollout(rank))?;
         }
         Ok(())
     }
@@ -692,13 +620,14 @@ impl Supervisor {
     /// On a node agent: start the successor of lost rollout `id` now (node 0 asked; it keeps the budget and
     /// the backoff). A worker that is not lost is left alone.
     pub fn restart(&mut self, id: WorkerId) -> Result<(), OrchestratorError> {
-        match self.unit_mut(id) {
-            Some(unit) if unit.state == UnitState::Down => self.respawn(id),
-            _ => {
-                tracing::debug!("{id} is not lost: no restart");
-                Ok(())
-            }
+        if id.role == Role::Rollout
+            && self.unit_mut(id).is_some()
+            && self.lifecycle.restart_asked(id.rank)
+        {
+            return self.respawn(id);
         }
+        tracing::debug!("{id} is not lost: no restart");
+        Ok(())
     }
 
     /// Kill worker `id` of this host (`reason` is what its death reports): a restartable rollout that missed
@@ -708,7 +637,7 @@ impl Supervisor {
             return;
         };
         tracing::warn!("{id} (pid {}): killing it: {reason}", unit.pid);
-        unit.failure = Some(reason);
+        unit.record.failure = Some(reason);
         let pid = nix::unistd::Pid::from_raw(unit.pid as i32);
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
         // SIGKILL stops nothing that is stopped from dying, but wake it anyway.
@@ -717,7 +646,12 @@ impl Supervisor {
 
     /// Restarts of all rollouts so far.
     pub fn restarts(&self) -> u64 {
-        self.units.iter().map(|u| u64::from(u.restarts)).sum()
+        self.lifecycle.restarts()
+    }
+
+    /// Rollout `id`'s process connected: whether it succeeds a lost one (it rejoins the weight channel).
+    fn connected_successor(&mut self, id: WorkerId) -> bool {
+        id.role == Role::Rollout && self.lifecycle.connected(id.rank)
     }
 
     /// Whether worker `id` is connected (and not lost).
@@ -767,14 +701,10 @@ impl Supervisor {
                     },
                 ..
             } => format!("failed: {message}"),
-            Event::Exited { status, .. } => match &unit.failure {
-                Some(why) => format!("{} ({why})", describe(*status)),
-                None => describe(*status),
-            },
-            _ => match &unit.failure {
-                Some(why) => format!("closed its control connection ({why})"),
-                None => "closed its control connection".to_owned(),
-            },
+            Event::Exited { status, .. } => {
+                attribution::death(Some(*status), unit.record.failure.as_deref())
+            }
+            _ => attribution::death(None, unit.record.failure.as_deref()),
         };
         Some((id, cause))
     }
@@ -848,10 +778,8 @@ impl Supervisor {
                         },
                     });
                 }
-                Some(Incoming::Upstream(nodes::Upstream::Relay(Err(why)))) => {
-                    return Err(OrchestratorError::Handshake {
-                        reason: format!("the weight relay failed: {why}"),
-                    });
+                Some(Incoming::Upstream(nodes::Upstream::Relay(Err(source)))) => {
+                    return Err(OrchestratorError::Relay { source });
                 }
                 // On an agent: node 0 restarts a rollout lost during the start-up (it kept the budget and
                 // waited the backoff); `ready` names the successor, so its `restarted` is not sent.
@@ -912,7 +840,7 @@ impl Supervisor {
             } = &event
                 && let Some(unit) = self.unit_mut(id)
             {
-                unit.failure = Some(message.clone());
+                unit.record.failure = Some(message.clone());
             }
             return self.lose(id, cause).await;
         }
@@ -934,9 +862,10 @@ impl Supervisor {
                     );
                     return Ok(None);
                 }
-                messages::authenticate(&hello, &self.cfg.token).map_err(|e| {
-                    OrchestratorError::Handshake {
-                        reason: format!("{}-{}: {e}", hello.role.name(), hello.rank),
+                messages::authenticate(&hello, &self.cfg.token).map_err(|source| {
+                    OrchestratorError::Authentication {
+                        worker: format!("{}-{}", hello.role.name(), hello.rank),
+                        source,
                     }
                 })?;
                 let id = WorkerId {
@@ -965,32 +894,35 @@ impl Supervisor {
                 }
                 unit.state = UnitState::Connected;
                 unit.link = Some(Link::Local(writer));
-                let (pid, restarted) = (unit.pid, unit.restarts > 0);
+                let pid = unit.pid;
                 read_loop(id, pid, reader, events);
+                let restarted = self.connected_successor(id);
                 Ok(restarted.then_some(Incoming::Restarted(id)))
             }
-            Event::BadHandshake { reason, peer_pid } => {
+            Event::BadHandshake { fault, peer_pid } => {
                 if let Some(id) = self.spawned_unconnected(peer_pid) {
                     if self.restartable(id, &[]) {
                         // A restartable rollout whose hello broke (typically killed while saying it) is lost
                         // like one that died before connecting: restarted, or the run fails once its restarts
                         // are used up.
+                        let cause = rlsync_core::error_chain(&fault);
                         return self
-                            .lose(id, format!("broke its handshake ({reason})"))
+                            .lose(id, format!("broke its handshake ({cause})"))
                             .await;
                     }
-                    Err(OrchestratorError::Handshake { reason })
+                    Err(OrchestratorError::BadHello { source: fault })
                 } else {
                     tracing::warn!(
-                        "dropped a control connection from pid {}: {reason}",
-                        peer_pid.map_or("?".to_owned(), |p| p.to_string())
+                        "dropped a control connection from pid {}: {}",
+                        peer_pid.map_or("?".to_owned(), |p| p.to_string()),
+                        rlsync_core::error_chain(&fault)
                     );
                     Ok(None)
                 }
             }
             Event::Report { id, pid, frame } => {
                 if let Some(unit) = self.unit_mut(id) {
-                    unit.last_heard = Some(Instant::now());
+                    unit.record.last_heard = Some(Instant::now());
                 }
                 match frame.header {
                     Report::Failed { .. } => {
@@ -1010,24 +942,20 @@ impl Supervisor {
                 Err(self.worker_failed(id).await)
             }
             Event::Respawn { id } => {
-                let Some(unit) = self.unit_mut(id) else {
-                    return Ok(None);
-                };
-                if unit.state != UnitState::Down {
-                    return Ok(None);
+                // Held while the trainer still serves the rank: it starts on `served`.
+                if id.role == Role::Rollout
+                    && self.unit_mut(id).is_some()
+                    && self.lifecycle.backoff_over(id.rank)
+                {
+                    self.respawn(id)?;
                 }
-                if unit.held {
-                    unit.respawn_due = true;
-                    return Ok(None);
-                }
-                self.respawn(id)?;
                 Ok(None)
             }
             Event::HandshakeDue { id, pid } => {
                 let timeout_s = self.cfg.handshake_timeout.as_secs_f64();
                 match self.unit_mut(id) {
                     Some(unit) if unit.pid == pid && unit.state == UnitState::Spawned => {
-                        unit.failure = Some(format!(
+                        unit.record.failure = Some(format!(
                             "did not complete the handshake within {timeout_s} s (runner.handshake_timeout_s)"
                         ));
                         let cause = format!(
@@ -1081,13 +1009,13 @@ impl Supervisor {
         let Some(unit) = self.unit_mut(id) else {
             return;
         };
-        unit.failed_at.get_or_insert(now);
+        unit.record.failed_at.get_or_insert(now);
         if let Some(status) = status {
             unit.state = UnitState::Exited(status);
         }
         if let Some((message, blames)) = report {
-            unit.failure = Some(message);
-            unit.blames = blames
+            unit.record.failure = Some(message);
+            unit.record.blames = blames
                 .into_iter()
                 .map(|b| WorkerId {
                     role: b.role,
@@ -1121,40 +1049,31 @@ impl Supervisor {
         if let Some(err) = self.node_lost.take() {
             return err;
         }
-        let culprit = self.first_cause(id);
+        let records: Vec<(WorkerId, &Record)> =
+            self.units.iter().map(|u| (u.id, &u.record)).collect();
+        let culprit = attribution::first_cause(&records, id);
         let Some(unit) = self.units.iter().find(|u| u.id == culprit) else {
             return OrchestratorError::Handshake {
                 reason: format!("unknown worker {culprit}"),
             };
         };
-        // A worker of another node that died without an exit status (its connection broke first): its
-        // agent's words say how.
-        let remote_words = (unit.node.is_some() && !matches!(unit.state, UnitState::Exited(_)))
-            .then(|| unit.failure.clone())
-            .flatten();
-        let status = match unit.state {
-            UnitState::Exited(status) => describe(status),
-            _ if remote_words.is_some() => remote_words.clone().unwrap_or_default(),
-            _ if unit.failed_at.is_some() => "closed its control connection".to_owned(),
-            _ if unit.node.is_none() && process_stopped(unit.pid) => {
-                "did not answer (the process is stopped)".to_owned()
-            }
-            _ => "did not answer".to_owned(),
+        let exited = match unit.state {
+            UnitState::Exited(status) => Some(status),
+            _ => None,
         };
-        let mut message = unit
-            .failure
-            .clone()
-            .filter(|_| remote_words.is_none())
-            .map(|m| format!(": {m}"))
-            .unwrap_or_default();
-        if culprit != id
-            && let Some(first) = self.units.iter().find(|u| u.id == id)
-        {
-            message.push_str(&format!(
-                "; {id} failed because of it: {}",
-                first.failure.as_deref().unwrap_or("its connection broke")
-            ));
-        }
+        let first = (culprit != id)
+            .then(|| self.units.iter().find(|u| u.id == id))
+            .flatten()
+            .map(|u| (u.id, &u.record));
+        let (status, message) = attribution::culprit_words(
+            attribution::Culprit {
+                record: &unit.record,
+                exited,
+                remote: unit.node.is_some(),
+                stopped: unit.node.is_none() && exited.is_none() && process_stopped(unit.pid),
+            },
+            first,
+        );
         OrchestratorError::WorkerFailed {
             worker: culprit.to_string(),
             pid: unit.pid,
@@ -1165,57 +1084,25 @@ impl Supervisor {
         }
     }
 
-    /// The worker to name for a failure first seen on `first`: the earliest to fail on its own (blaming no
-    /// peer); when every failure blames a peer, the peer the earliest one blames.
-    fn first_cause(&self, first: WorkerId) -> WorkerId {
-        let failed = |own: bool| {
-            self.units
-                .iter()
-                .filter(|u| u.failed_at.is_some() && u.blames.is_empty() == own)
-                .min_by_key(|u| u.failed_at)
-        };
-        if let Some(unit) = failed(true) {
-            return unit.id;
+    /// A worker as a missed deadline sees it.
+    fn waited(u: &Unit) -> Waited {
+        Waited {
+            id: u.id,
+            pid: u.pid,
+            stopped: u.node.is_none() && process_stopped(u.pid),
+            pending: u.record.pending(),
         }
-        failed(false)
-            .and_then(|u| {
-                u.blames
-                    .iter()
-                    .find(|b| self.units.iter().any(|x| x.id == **b))
-            })
-            .copied()
-            .unwrap_or(first)
     }
 
-    /// The workers that did not answer: stopped processes first; else those with a command outstanding;
-    /// else every worker still running.
+    /// The workers that did not answer ([`attribution::silent`]).
     fn silent_workers(&self) -> String {
-        let alive: Vec<&Unit> = self
+        let alive: Vec<Waited> = self
             .units
             .iter()
             .filter(|u| !matches!(u.state, UnitState::Exited(_) | UnitState::Down))
+            .map(Self::waited)
             .collect();
-        let name = |u: &&Unit| format!("{} (pid {})", u.id, u.pid);
-        let stopped: Vec<String> = alive
-            .iter()
-            .filter(|u| u.node.is_none() && process_stopped(u.pid))
-            .map(|u| format!("{} (pid {}, stopped)", u.id, u.pid))
-            .collect();
-        if !stopped.is_empty() {
-            return stopped.join(", ");
-        }
-        let pending: Vec<String> = alive
-            .iter()
-            .filter(|u| {
-                u.last_sent
-                    .is_some_and(|s| u.last_heard.is_none_or(|h| h < s))
-            })
-            .map(name)
-            .collect();
-        if !pending.is_empty() {
-            return pending.join(", ");
-        }
-        alive.iter().map(name).collect::<Vec<_>>().join(", ")
+        attribution::silent(&alive)
     }
 
     /// Record that the run failed (before [`Supervisor::stop`]): node agents are told why.
@@ -1263,7 +1150,7 @@ impl Supervisor {
             .ok_or_else(|| OrchestratorError::Handshake {
                 reason: format!("{id} is not connected"),
             })?;
-        unit.last_sent = Some(Instant::now());
+        unit.record.last_sent = Some(Instant::now());
         let writer = match link {
             Link::Local(writer) => writer,
             Link::Remote(tx) => {
@@ -1297,40 +1184,20 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Restartable rollouts that missed the step deadline: stopped processes; else, when the trainer owes
-    /// no answer, those with a command outstanding.
+    /// Restartable rollouts that missed the step deadline ([`attribution::late`]).
     fn late_rollouts(&self) -> Vec<WorkerId> {
-        let pending = |u: &Unit| {
-            u.last_sent
-                .is_some_and(|s| u.last_heard.is_none_or(|h| h < s))
-        };
-        let rollouts: Vec<&Unit> = self
+        let rollouts: Vec<Waited> = self
             .units
             .iter()
             .filter(|u| u.id.role == Role::Rollout && self.restartable(u.id, &[]))
             .filter(|u| matches!(u.state, UnitState::Connected | UnitState::Spawned))
+            .map(Self::waited)
             .collect();
-        let stopped: Vec<WorkerId> = rollouts
-            .iter()
-            .filter(|u| u.node.is_none() && process_stopped(u.pid))
-            .map(|u| u.id)
-            .collect();
-        if !stopped.is_empty() {
-            return stopped;
-        }
         let trainer_owes = self
             .units
             .iter()
-            .filter(|u| u.id == WorkerId::TRAINER)
-            .any(pending);
-        if trainer_owes {
-            return Vec::new();
-        }
-        rollouts
-            .iter()
-            .filter(|u| pending(u))
-            .map(|u| u.id)
-            .collect()
+            .any(|u| u.id == WorkerId::TRAINER && u.record.pending());
+        attribution::late(&rollouts, trainer_owes)
     }
 
     /// The next report of any worker. `waiting_for` names whom the caller waits on, for the step-deadline
@@ -1376,7 +1243,7 @@ impl Supervisor {
                                         "{id} (pid {}) missed the step deadline of {timeout_s} s while the run waited for {waiting_for}: killing it",
                                         unit.pid
                                     );
-                                    unit.failure = Some(format!(
+                                    unit.record.failure = Some(format!(
                                         "missed the step deadline of {timeout_s} s (runner.step_timeout_s)"
                                     ));
                                     let _ = nix::sys::signal::kill(
@@ -1546,14 +1413,11 @@ fn accept_loop(listener: UnixListener, events: mpsc::UnboundedSender<Event>, tim
                         writer,
                     },
                     Ok(Ok(frame)) => Event::BadHandshake {
-                        reason: format!("first frame was {:?}, not a hello", frame.header),
+                        fault: BadHello::NotHello(format!("{:?}", frame.header)),
                         peer_pid,
                     },
                     Ok(Err(e)) => Event::BadHandshake {
-                        reason: format!(
-                            "reading the hello failed: {}",
-                            rlsync_core::error_chain(&e)
-                        ),
+                        fault: BadHello::Read(e),
                         peer_pid,
                     },
                     Err(_) => return,
@@ -1593,58 +1457,4 @@ fn read_loop(
             }
         }
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 9, break 2: time this process did not run (here: its only thread blocked, as under SIGSTOP) is
-    /// not counted against the workers, so their events after the stall still arrive within the deadline.
-    #[test]
-    fn a_stall_of_this_process_does_not_expire_a_worker_deadline() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (tx, mut rx) = mpsc::unbounded_channel();
-            let mut deadline = WorkerDeadline::after(Duration::from_millis(1500));
-            tokio::spawn(async move {
-                // Blocks the runtime's only thread: the deadline's timer cannot run meanwhile.
-                std::thread::sleep(Duration::from_secs(4));
-                for name in ["first", "second"] {
-                    let _ = tx.send(Event::Signal { name });
-                }
-            });
-            for want in ["first", "second"] {
-                match deadline.next(&mut rx).await {
-                    Some(Some(Event::Signal { name })) => assert_eq!(name, want),
-                    Some(_) => panic!("unexpected event"),
-                    None => panic!(
-                        "the deadline expired although only this process stalled (credited {:?})",
-                        deadline.credited()
-                    ),
-                }
-            }
-            assert!(
-                deadline.credited() >= Duration::from_secs(2),
-                "{:?}",
-                deadline.credited()
-            );
-        });
-    }
-
-    #[test]
-    fn a_deadline_still_expires_when_workers_are_silent() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (_tx, mut rx) = mpsc::unbounded_channel::<Event>();
-            let mut deadline = WorkerDeadline::after(Duration::from_millis(300));
-            assert!(deadline.next(&mut rx).await.is_none());
-        });
-    }
 }

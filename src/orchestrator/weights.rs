@@ -2,18 +2,18 @@
 //! rollouts report against the trainer's (`runner.verify_sync`), and the rejoin of restarted rollouts
 //! ([`Fleet`]).
 //!
-//! A restarted rollout (`runner.rollout_restarts`) goes Down → Joining (it got `init_weights`) → it reports
-//! `joined` (it joined the weight channel late) → CatchingUp (the trainer got `rejoin`) → `rejoined`: Ready at
-//! the version it caught up to, verified like any sync, or Deferred (bucket syncer: it takes the next version
-//! before any work). A successor that joined while the trainer was still bootstrapping is bootstrapped like
-//! the others (`applied`, version 0). While the trainer serves a rank, that rank's next successor is held back,
-//! so one incarnation at a time is caught up.
+//! A restarted rollout (`runner.rollout_restarts`) is told `init_weights` once connected; its `joined` (it
+//! joined the weight channel late) has the trainer catch it up (`rejoin`), and its `rejoined` makes it Ready at
+//! the version it caught up to, verified like any sync, or Deferred (bucket syncer). Its phases, and the hold
+//! of the rank's next successor while the trainer serves it, are the supervisor's
+//! [`Lifecycle`](crate::orchestrator::supervisor::lifecycle::Lifecycle); this module moves it through them.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::StepRecord;
+use crate::orchestrator::supervisor::lifecycle::Phase;
 use crate::orchestrator::supervisor::{Incoming, Supervisor, WorkerId};
 use rlsync_core::protocol::messages::{Command, Frame, Report, Role, SyncStats};
 
@@ -121,21 +121,6 @@ impl SyncOutcome {
     }
 }
 
-/// Where one rollout stands with the weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Holds a verified version: takes work and every sync.
-    Ready,
-    /// Dead; its successor is due.
-    Down,
-    /// Restarted and told `init_weights`; not joined yet.
-    Joining,
-    /// Joined late; the trainer was told to catch it up (it takes every later sync).
-    CatchingUp,
-    /// Caught up without a version of the trainer's (bucket syncer): takes the next sync before any work.
-    Deferred,
-}
-
 /// What [`Fleet::handle`] made of an incoming event.
 #[derive(Debug)]
 pub enum Handled {
@@ -161,84 +146,17 @@ struct Since {
     lost_trajs: u64,
 }
 
-/// The rollouts as the weights see them: who holds what, who is being caught up, what rejoins cost.
-#[derive(Debug)]
+/// The restart and rejoin traffic of the rollouts and what the rejoins cost (their phases are the
+/// supervisor's [`Lifecycle`](crate::orchestrator::supervisor::lifecycle::Lifecycle)).
+#[derive(Debug, Default)]
 pub struct Fleet {
-    phases: Vec<Phase>,
-    versions: Vec<u64>,
-    /// The trainer owes a `caught_up` for this rank.
-    serving: Vec<bool>,
-    /// The rank's worker now is a restarted one (for the log).
-    restarted: Vec<bool>,
     since: Since,
 }
 
 impl Fleet {
-    /// `rollouts` rollouts, each about to be bootstrapped.
-    pub fn new(rollouts: u32) -> Fleet {
-        let n = rollouts as usize;
-        Fleet {
-            phases: vec![Phase::Joining; n],
-            versions: vec![0; n],
-            serving: vec![false; n],
-            restarted: vec![false; n],
-            since: Since::default(),
-        }
-    }
-
-    pub fn phase(&self, rank: u32) -> Phase {
-        self.phases
-            .get(rank as usize)
-            .copied()
-            .unwrap_or(Phase::Down)
-    }
-
-    pub fn is_ready(&self, rank: u32) -> bool {
-        self.phase(rank) == Phase::Ready
-    }
-
-    /// The version rollout `rank` holds (meaningful when Ready).
-    pub fn version(&self, rank: u32) -> u64 {
-        self.versions.get(rank as usize).copied().unwrap_or(0)
-    }
-
-    /// Ranks the next sync reaches (so they must apply it): Ready, Deferred, and those the trainer catches up
-    /// first (its commands run in order).
-    pub fn attached(&self) -> Vec<u32> {
-        (0..self.phases.len() as u32)
-            .filter(|&r| {
-                matches!(
-                    self.phase(r),
-                    Phase::Ready | Phase::Deferred | Phase::CatchingUp
-                )
-            })
-            .collect()
-    }
-
-    /// Ranks waiting for a version before they may work.
-    pub fn deferred(&self) -> Vec<u32> {
-        (0..self.phases.len() as u32)
-            .filter(|&r| self.phase(r) == Phase::Deferred)
-            .collect()
-    }
-
-    /// Whether no rollout is between a restart and its first verified version (bootstrap waits for them).
-    pub fn settled(&self) -> bool {
-        !self
-            .phases
-            .iter()
-            .any(|p| matches!(p, Phase::Joining | Phase::CatchingUp))
-    }
-
     /// Count chunks a lost rollout did not finish (`rollout/lost_trajs`).
     pub fn lost_trajs(&mut self, chunks: u64) {
         self.since.lost_trajs += chunks;
-    }
-
-    fn set(&mut self, rank: u32, phase: Phase) {
-        if let Some(p) = self.phases.get_mut(rank as usize) {
-            *p = phase;
-        }
     }
 
     /// Take an incoming event: the restart and rejoin traffic is handled here, the rest handed back.
@@ -251,14 +169,9 @@ impl Fleet {
         let (id, frame) = match incoming {
             Incoming::Lost { id, reason, .. } => {
                 tracing::debug!("{id} lost: {reason}");
-                self.set(id.rank, Phase::Down);
                 return Ok(Handled::Lost(id.rank));
             }
             Incoming::Restarted(id) => {
-                self.set(id.rank, Phase::Joining);
-                if let Some(r) = self.restarted.get_mut(id.rank as usize) {
-                    *r = true;
-                }
                 sup.send(id, &Command::InitWeights, &[]).await?;
                 return Ok(Handled::Nothing);
             }
@@ -269,11 +182,8 @@ impl Fleet {
         let rank = id.rank;
         match (&frame.header, id.role) {
             (Report::Joined, Role::Rollout) => {
-                self.set(rank, Phase::CatchingUp);
-                if let Some(s) = self.serving.get_mut(rank as usize) {
-                    *s = true;
-                }
-                sup.hold_restart(id, true)?;
+                // The trainer serves the rank until its `caught_up`: the rank's next successor waits.
+                sup.lifecycle_mut().joined(rank);
                 sup.send(WorkerId::TRAINER, &Command::Rejoin { rank }, &[])
                     .await?;
                 Ok(Handled::Nothing)
@@ -293,10 +203,7 @@ impl Fleet {
                 Role::Trainer,
             ) => {
                 let rank = *rank;
-                if let Some(s) = self.serving.get_mut(rank as usize) {
-                    *s = false;
-                }
-                sup.hold_restart(WorkerId::rollout(rank), false)?;
+                sup.served(rank)?;
                 if *ok {
                     tracing::info!(
                         "rollout-{rank} rejoined: caught up by {kind} from version {from} to {to} ({patches} patches, {payload_bytes} bytes, {:.1} ms){}",
@@ -326,14 +233,11 @@ impl Fleet {
                 Role::Rollout,
             ) => {
                 if *deferred {
-                    self.set(rank, Phase::Deferred);
+                    sup.lifecycle_mut().defer(rank);
                     return Ok(Handled::Nothing);
                 }
                 verifier.rollout(id, *version, *checksum)?;
-                self.set(rank, Phase::Ready);
-                if let Some(v) = self.versions.get_mut(rank as usize) {
-                    *v = *version;
-                }
+                sup.lifecycle_mut().rejoined(rank, *version);
                 Ok(Handled::Ready {
                     rank,
                     version: *version,
@@ -346,14 +250,8 @@ impl Fleet {
                 Role::Rollout,
             ) => {
                 verifier.rollout(id, *version, *checksum)?;
-                let was = self.phase(rank);
-                if matches!(was, Phase::Joining | Phase::Deferred | Phase::CatchingUp) {
-                    self.set(rank, Phase::Ready);
-                }
-                if let Some(v) = self.versions.get_mut(rank as usize) {
-                    *v = (*v).max(*version);
-                }
-                let restarted = self.restarted.get(rank as usize).copied().unwrap_or(false);
+                let was = sup.lifecycle_mut().applied(rank, *version);
+                let restarted = sup.lifecycle().restarts_of(rank) > 0;
                 if was == Phase::Joining && version == &0 && restarted {
                     tracing::info!("{id}: bootstrapped with the others after its restart");
                 }
@@ -396,7 +294,7 @@ async fn collect(
     started: Instant,
 ) -> Result<SyncOutcome, OrchestratorError> {
     let mut stats = None;
-    while stats.is_none() || !fleet.settled() {
+    while stats.is_none() || !sup.lifecycle().settled() {
         let waiting = if stats.is_none() {
             "the trainer's sync"
         } else {
@@ -439,11 +337,10 @@ pub async fn bootstrap(
         .await?;
     for rank in 0..sup.rollouts() {
         let id = WorkerId::rollout(rank);
+        // One lost before the bootstrap is down or restarting: its successor gets `init_weights` when it
+        // connects.
         if sup.is_connected(id) {
             sup.send(id, &Command::InitWeights, &[]).await?;
-        } else {
-            // Lost before the bootstrap: its successor gets `init_weights` when it connects.
-            fleet.set(rank, Phase::Down);
         }
     }
     collect(sup, verifier, fleet, started).await

@@ -217,7 +217,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     continue;
                 }
                 if let Some(hold) = &ctx.hold {
-                    hold.reach(crate::worker::HoldStage::Handshake).await;
+                    hold.reach(crate::worker::test_hold::HoldStage::Handshake)
+                        .await;
                 }
                 let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).

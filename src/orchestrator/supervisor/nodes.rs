@@ -54,7 +54,7 @@ pub enum Upstream {
         reason: String,
     },
     /// The node's weight relay ended (`Err`: how it failed).
-    Relay(Result<(), String>),
+    Relay(Result<(), rlsync_core::transport::TransportError>),
 }
 
 /// Encoded frames to one peer, written in order by the link's writer task.
@@ -458,11 +458,11 @@ impl Supervisor {
                     unit.state = UnitState::Connected;
                     unit.link = Some(super::Link::Remote(tx.clone()));
                     // A successor of one lost during the agent's start-up: `ready` names it.
-                    if unit.restarts > 0 {
+                    if self.connected_successor(id) {
                         tracing::info!(
                             "{id}: restarted as pid {} on node {node} (restart {})",
                             w.pid,
-                            unit.restarts
+                            self.lifecycle.restarts_of(id.rank)
                         );
                     }
                 }
@@ -504,7 +504,7 @@ impl Supervisor {
                 match status {
                     Some(raw) => unit.state = UnitState::Exited(ExitStatus::from_raw(raw)),
                     // Its death has no exit status (a broken connection, a missed handshake): say so.
-                    None => unit.failure = Some(cause.clone()),
+                    None => unit.record.failure = Some(cause.clone()),
                 }
                 if !restartable {
                     // The run is stopping or already failing: nothing to restart.
@@ -530,9 +530,10 @@ impl Supervisor {
                 unit.pid = pid;
                 unit.state = UnitState::Connected;
                 unit.link = Some(super::Link::Remote(tx));
+                self.connected_successor(id);
                 tracing::info!(
                     "{id}: restarted as pid {pid} on node {node} (restart {})",
-                    unit.restarts
+                    self.lifecycle.restarts_of(id.rank)
                 );
                 Ok(Some(Incoming::Restarted(id)))
             }
