@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::ProtocolError;
+use crate::bytes::Writer;
 use super::frame::{self, FrameReader, ReadError};
 
 /// Version of the control protocol and of the launch file; bump on any incompatible change.
@@ -216,8 +217,15 @@ pub fn encode<T: Serialize>(header: &T, blob: &[u8]) -> Result<Vec<u8>, Protocol
     let json = serde_json::to_vec(header).map_err(|e| ProtocolError::Malformed {
         reason: e.to_string(),
     })?;
-    let header_len = (json.len() as u32).to_le_bytes();
-    frame::encode(&[&header_len, &json, blob], MAX_FRAME_BYTES).map_err(|e| {
+    let mut header_len = Writer::with_capacity(4);
+    // A header beyond u32 is beyond the frame limit too.
+    header_len
+        .len_u32(json.len())
+        .map_err(|_| ProtocolError::TooLarge {
+            len: json.len(),
+            max: MAX_FRAME_BYTES,
+        })?;
+    frame::encode(&[header_len.as_slice(), &json, blob], MAX_FRAME_BYTES).map_err(|e| {
         ProtocolError::TooLarge {
             len: e.len,
             max: e.max,

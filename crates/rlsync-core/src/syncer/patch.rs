@@ -9,13 +9,13 @@
 
 use std::num::NonZeroUsize;
 
-use crate::bytes::{get_varint, read_uint};
+use crate::bytes::{get_varint, put_uint, read_uint};
 use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 use super::wire::{
     Codec, Header, IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, PatchMessage,
-    PatchView, ValueCoding, get_uint, narrowest_width, patch_message, put_uint, unzigzag, zigzag,
+    PatchView, ValueCoding, get_uint, narrowest_width, patch_message, unzigzag, zigzag,
 };
 
 /// Elements per diff work item and per patch entry (indices inside a segment fit in u32).
