@@ -401,7 +401,10 @@ mod tests {
             .bytes(b"raw");
         w.bytes_u32(b"abc").unwrap().len_u32(9).unwrap();
         w.bytes_u16(b"de").unwrap().bytes_u8(b"f").unwrap();
-        assert_eq!(w.len(), 1 + 1 + 2 + 4 + 8 + 4 + 8 + 2 + 2 + 3 + 7 + 4 + 4 + 2);
+        assert_eq!(
+            w.len(),
+            1 + 1 + 2 + 4 + 8 + 4 + 8 + 2 + 2 + 3 + 7 + 4 + 4 + 2
+        );
         let buf = w.into_vec();
         let mut r = Reader::new(&buf, "test");
         assert_eq!(r.u8(), Ok(0xEE), "from_vec keeps what the vector held");
@@ -436,7 +439,10 @@ mod tests {
                 max: 255
             }
         );
-        assert_eq!(err.to_string(), "256 bytes do not fit a length prefix of at most 255");
+        assert_eq!(
+            err.to_string(),
+            "256 bytes do not fit a length prefix of at most 255"
+        );
         assert!(w.bytes_u8(&long[..255]).is_ok());
         assert_eq!(w.len(), 256);
         let mut w = Writer::new();

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::ProtocolError;
-use crate::bytes::Writer;
 use super::frame::{self, FrameReader, ReadError};
+use crate::bytes::Writer;
 
 /// Version of the control protocol and of the launch file; bump on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 3;
