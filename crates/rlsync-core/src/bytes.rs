@@ -8,7 +8,7 @@
 /// Why a [`Reader`] could not read a field; `what` names the structure being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BytesError {
-    #[error("needs {need} bytes at offset {offset}, {left} left")]
+    #[error("truncated: needs {need} bytes at offset {offset}, {left} left")]
     Short {
         what: &'static str,
         need: usize,
@@ -200,6 +200,7 @@ impl Writer {
         u16: u16;
         u32: u32;
         u64: u64;
+        i64: i64;
         f32: f32;
         f64: f64;
     }
@@ -368,7 +369,10 @@ mod tests {
                 left: 1
             }
         );
-        assert_eq!(err.to_string(), "needs 4 bytes at offset 2, 1 left");
+        assert_eq!(
+            err.to_string(),
+            "truncated: needs 4 bytes at offset 2, 1 left"
+        );
         // A failed read consumes nothing.
         assert_eq!(r.remaining(), 1);
         assert_eq!(
@@ -394,6 +398,7 @@ mod tests {
             .u16(0x0102)
             .u32(0x0304_0506)
             .u64(u64::MAX)
+            .i64(-3)
             .f32(1.5)
             .f64(-0.25)
             .varint(300)
@@ -403,7 +408,7 @@ mod tests {
         w.bytes_u16(b"de").unwrap().bytes_u8(b"f").unwrap();
         assert_eq!(
             w.len(),
-            1 + 1 + 2 + 4 + 8 + 4 + 8 + 2 + 2 + 3 + 7 + 4 + 4 + 2
+            1 + 1 + 2 + 4 + 8 + 8 + 4 + 8 + 2 + 2 + 3 + 7 + 4 + 4 + 2
         );
         let buf = w.into_vec();
         let mut r = Reader::new(&buf, "test");
@@ -412,6 +417,7 @@ mod tests {
         assert_eq!(r.u16(), Ok(0x0102));
         assert_eq!(r.u32(), Ok(0x0304_0506));
         assert_eq!(r.u64(), Ok(u64::MAX));
+        assert_eq!(r.u64(), Ok(-3i64 as u64));
         assert_eq!(r.f32(), Ok(1.5));
         assert_eq!(r.f64(), Ok(-0.25));
         assert_eq!(r.take(2), Ok(&[0xAC, 0x02][..]));

@@ -214,8 +214,9 @@ pub struct Frame<T> {
 
 /// Encode a header and blob into one frame (length prefix included).
 pub fn encode<T: Serialize>(header: &T, blob: &[u8]) -> Result<Vec<u8>, ProtocolError> {
-    let json = serde_json::to_vec(header).map_err(|e| ProtocolError::Malformed {
-        reason: e.to_string(),
+    let json = serde_json::to_vec(header).map_err(|source| ProtocolError::Json {
+        what: "frame header",
+        source,
     })?;
     let mut header_len = Writer::with_capacity(4);
     // A header beyond u32 is beyond the frame limit too.
@@ -253,8 +254,9 @@ pub fn decode_body<T: for<'de> Deserialize<'de>>(
             ),
         })?;
     let header =
-        serde_json::from_slice(&body[4..header_end]).map_err(|e| ProtocolError::Malformed {
-            reason: format!("bad header: {e}"),
+        serde_json::from_slice(&body[4..header_end]).map_err(|source| ProtocolError::Json {
+            what: "frame header",
+            source,
         })?;
     let blob = body.split_off(header_end);
     Ok(Frame { header, blob })
@@ -436,8 +438,14 @@ mod tests {
         check_malformed(vec![1, 0], "no header length");
         check_malformed(vec![200, 0, 0, 0, b'{'], "exceeds body");
         check_malformed(vec![255, 255, 255, 255], "exceeds body");
-        check_malformed([&[2u8, 0, 0, 0][..], b"{}"].concat(), "bad header");
-        check_malformed([&[4u8, 0, 0, 0][..], b"null"].concat(), "bad header");
+        check_malformed(
+            [&[2u8, 0, 0, 0][..], b"{}"].concat(),
+            "malformed frame header",
+        );
+        check_malformed(
+            [&[4u8, 0, 0, 0][..], b"null"].concat(),
+            "malformed frame header",
+        );
     }
 
     #[tokio::test]

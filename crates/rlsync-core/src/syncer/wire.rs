@@ -67,6 +67,18 @@ pub enum WireError {
     Checksum { expected: u64, actual: u64 },
     #[error("malformed {what}: {reason}")]
     Malformed { what: &'static str, reason: String },
+    #[error("malformed {what}: a key name is not UTF-8")]
+    KeyName {
+        what: &'static str,
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// A field that could not be read (cut short, a count beyond its bound, bytes left over).
+    #[error("malformed {}", .source.what())]
+    Bytes {
+        #[from]
+        source: BytesError,
+    },
 }
 
 fn malformed(what: &'static str, reason: impl Into<String>) -> WireError {
@@ -287,12 +299,6 @@ pub fn message(mut header: Header, body: &[u8]) -> Vec<u8> {
     out
 }
 
-impl From<BytesError> for WireError {
-    fn from(e: BytesError) -> WireError {
-        malformed(e.what(), e.to_string())
-    }
-}
-
 // ---------------------------------------------------------------------------------------------------------
 // handshake
 
@@ -328,7 +334,10 @@ pub(crate) fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
     for _ in 0..n {
         let len = r.u32()? as usize;
         let name = std::str::from_utf8(r.take(len)?)
-            .map_err(|e| malformed("metadata", format!("key name: {e}")))?
+            .map_err(|source| WireError::KeyName {
+                what: "metadata",
+                source,
+            })?
             .to_string();
         let code = r.u8()?;
         let dtype = DType::from_code(code)
