@@ -55,7 +55,7 @@ pub enum CheckpointError {
     Mismatch {
         path: PathBuf,
         #[source]
-        source: LayoutMismatch,
+        source: Box<LayoutMismatch>,
     },
 }
 

@@ -40,7 +40,7 @@ pub enum LocalCopyError {
     Mismatch {
         path: PathBuf,
         #[source]
-        source: LayoutMismatch,
+        source: Box<LayoutMismatch>,
     },
 }
 
@@ -109,7 +109,7 @@ impl LocalCopy {
             .copy_values_from(&copy)
             .map_err(|source| LocalCopyError::Mismatch {
                 path: path.clone(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(Some(version))
     }

@@ -54,7 +54,7 @@ pub enum TensorError {
     Format {
         path: std::path::PathBuf,
         #[source]
-        source: safetensors::SafeTensorError,
+        source: safetensors_io::SafeTensorError,
     },
     /// One of rlsync's metadata entries (key order, roles) is not the JSON list it writes.
     #[error("safetensors file {path}: bad {key} metadata")]
@@ -64,12 +64,13 @@ pub enum TensorError {
         #[source]
         source: serde_json::Error,
     },
-    /// The file holds other tensors than the state it was loaded for.
+    /// The file holds other tensors than the state it was loaded for (boxed: it names a tensor and two
+    /// layouts, which would make every `TensorError` that large).
     #[error("safetensors file {path} does not hold the model's tensors")]
     Mismatch {
         path: std::path::PathBuf,
         #[source]
-        source: LayoutMismatch,
+        source: Box<LayoutMismatch>,
     },
 }
 
@@ -455,7 +456,7 @@ impl StateDict {
         self.check_layout_of(&loaded)
             .map_err(|source| TensorError::Mismatch {
                 path: path.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         Ok((loaded, meta))
     }
@@ -470,7 +471,7 @@ impl StateDict {
         self.copy_values_from(&loaded)
             .map_err(|source| TensorError::Mismatch {
                 path: path.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         Ok(meta)
     }

@@ -684,7 +684,7 @@ fn code_coo(st: &SnapTensor, c: &Changes, width: u8) -> Coded {
         let idx = c.base + rel as usize;
         put_uint(&mut rows, (idx / cols) as u64, width);
         put_uint(&mut cols_s, (idx % cols) as u64, width);
-        values.extend_from_slice(&c.old_new(k, w).1.to_le_bytes()[..w]);
+        put_uint(&mut values, c.old_new(k, w).1, w as u8);
     }
     let entry = PatchEntry {
         ordinal: st.ordinal,

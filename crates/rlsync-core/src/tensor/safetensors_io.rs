@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+pub use safetensors::SafeTensorError;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
 use super::{DType, Role, StateDict, Tensor, TensorError};
@@ -248,7 +249,7 @@ mod tests {
         reordered.load_safetensors_into(&path).unwrap();
 
         let mismatch = |m: &mut StateDict| match m.load_safetensors_into(&path) {
-            Err(TensorError::Mismatch { source, .. }) => source,
+            Err(TensorError::Mismatch { source, .. }) => *source,
             other => panic!("{other:?}"),
         };
         let mut more = model(&[0.0, 0.0]);
