@@ -242,10 +242,10 @@ impl Writer {
         self
     }
 
-    /// The low `width` bytes of `v` (1, 2, 4 or 8: what [`read_uint`] reads back).
+    /// The low `width` bytes of `v` (1, 2, 4 or 8: what [`read_uint`] reads back; at most 8 are written).
     #[inline(always)]
     pub fn uint(&mut self, v: u64, width: u8) -> &mut Self {
-        put_uint(&mut self.buf, v, width);
+        put_uint(&mut self.buf, v, width.min(8));
         self
     }
 
@@ -280,10 +280,10 @@ fn too_long(len: usize, max: u64) -> BytesError {
     }
 }
 
-/// Append the low `width` bytes of `v` (little-endian), for kernels that write into their own vectors.
-#[inline(always)]
-pub fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
-    out.extend_from_slice(&v.to_le_bytes()[..usize::from(width).min(8)]);
+/// Append the low `width` (1 to 8) bytes of `v` (little-endian), for the patch coder's loops that write into
+/// their own vectors ([`Writer::uint`] for everyone else).
+pub(crate) fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
+    out.extend_from_slice(&v.to_le_bytes()[..usize::from(width)]);
 }
 
 /// Append `v` as a LEB128 varint (7 bits per byte, low first, high bit = more).
