@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use rlsync_core::tensor::{StateDict, TensorError};
+use rlsync_core::tensor::{LayoutMismatch, StateDict, TensorError};
 
 /// File names inside a checkpoint directory.
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -36,6 +36,26 @@ pub enum CheckpointError {
         path: PathBuf,
         #[source]
         source: TensorError,
+    },
+    /// The file ends before its safetensors header does.
+    #[error("checkpoint {path}: no complete safetensors header")]
+    Truncated {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {path}: bad safetensors header")]
+    Header {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The checkpoint holds other tensors than the model it is loaded into.
+    #[error("checkpoint {path} does not fit the model")]
+    Mismatch {
+        path: PathBuf,
+        #[source]
+        source: Box<LayoutMismatch>,
     },
 }
 
@@ -88,9 +108,12 @@ pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointE
         path: path.to_owned(),
         source,
     })?;
+    let truncated = |source| CheckpointError::Truncated {
+        path: path.to_owned(),
+        source,
+    };
     let mut len = [0u8; 8];
-    file.read_exact(&mut len)
-        .map_err(|e| err(format!("no safetensors header: {e}")))?;
+    file.read_exact(&mut len).map_err(truncated)?;
     let len = u64::from_le_bytes(len);
     if len > MAX_HEADER {
         return Err(err(format!(
@@ -98,10 +121,12 @@ pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointE
         )));
     }
     let mut header = vec![0u8; len as usize];
-    file.read_exact(&mut header)
-        .map_err(|e| err(format!("truncated safetensors header: {e}")))?;
+    file.read_exact(&mut header).map_err(truncated)?;
     let json: serde_json::Value =
-        serde_json::from_slice(&header).map_err(|e| err(format!("bad safetensors header: {e}")))?;
+        serde_json::from_slice(&header).map_err(|source| CheckpointError::Header {
+            path: path.to_owned(),
+            source,
+        })?;
     Ok(json
         .get("__metadata__")
         .and_then(|m| m.as_object())
@@ -174,43 +199,18 @@ pub fn save_weights(
 }
 
 /// Copy the weights of the checkpoint in `dir` into `state`, in place (every tensor of `state` must be in the
-/// file with the same dtype and shape, and the file must hold no other); returns what the checkpoint records.
+/// file with the same dtype and shape, and the file must hold no other; else `state` is untouched); returns
+/// what the checkpoint records.
 pub fn load_weights_into(
     state: &mut StateDict,
     dir: &Path,
 ) -> Result<CheckpointInfo, CheckpointError> {
     let info = read_info(dir)?;
     let path = dir.join(WEIGHTS_FILE);
-    let err = |reason: String| CheckpointError::Invalid {
-        path: path.clone(),
-        reason,
-    };
-    let loaded = StateDict::load_safetensors(&path).map_err(|source| CheckpointError::Tensors {
-        path: path.clone(),
-        source,
+    state.load_safetensors_into(&path).map_err(|e| match e {
+        TensorError::Mismatch { source, .. } => CheckpointError::Mismatch { path, source },
+        source => CheckpointError::Tensors { path, source },
     })?;
-    if loaded.len() != state.len() {
-        return Err(err(format!(
-            "holds {} tensors, the model has {}",
-            loaded.len(),
-            state.len()
-        )));
-    }
-    for (name, tensor) in state.iter_mut() {
-        let from = loaded
-            .get(name)
-            .ok_or_else(|| err(format!("has no tensor `{name}`")))?;
-        if from.dtype() != tensor.dtype() || from.shape() != tensor.shape() {
-            return Err(err(format!(
-                "`{name}` is {:?} {:?}, the model's is {:?} {:?}",
-                from.dtype(),
-                from.shape(),
-                tensor.dtype(),
-                tensor.shape()
-            )));
-        }
-        tensor.bytes_mut().copy_from_slice(from.bytes());
-    }
     Ok(info)
 }
 

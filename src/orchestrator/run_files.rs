@@ -15,6 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use rlsync_core::atomic_file::{Access, AtomicFile};
 
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -110,7 +111,8 @@ pub fn remove_rollout_copies(run_dir: &Path) -> usize {
         for entry in entries.flatten() {
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
-            let copy = name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp");
+            // A copy, or the temporary file of a write that did not finish (`rlsync_core::atomic_file`).
+            let copy = name.ends_with(".safetensors") || name.ends_with(".tmp");
             if name.starts_with(prefix) && copy && std::fs::remove_file(entry.path()).is_ok() {
                 removed += 1;
             }
@@ -119,18 +121,12 @@ pub fn remove_rollout_copies(run_dir: &Path) -> usize {
     removed
 }
 
-/// Write `bytes` to `path` readable and writable by the owner only, whatever the umask.
+/// Write `bytes` to `path` readable and writable by the owner only, whatever the umask; a reader sees the
+/// previous file or the whole new one (`rlsync_core::atomic_file`).
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), RunFilesError> {
-    let _ = std::fs::remove_file(path);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(io(path))?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(io(path))?;
-    file.write_all(bytes).map_err(io(path))
+    let mut file = AtomicFile::create(path, Access::Private).map_err(io(path))?;
+    file.file().write_all(bytes).map_err(io(path))?;
+    file.commit().map_err(io(path))
 }
 
 /// A new run tag: `rlsync-<pid>-<nonce>` (unique per run, sweepable once the pid is gone).

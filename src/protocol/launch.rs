@@ -129,8 +129,9 @@ pub fn parse_copy_metadata(
 
 /// Serialize the launch file.
 pub(crate) fn encode_launch(spec: &LaunchSpec) -> Result<Vec<u8>, ProtocolError> {
-    serde_json::to_vec_pretty(spec).map_err(|e| ProtocolError::Malformed {
-        reason: e.to_string(),
+    serde_json::to_vec_pretty(spec).map_err(|source| ProtocolError::Json {
+        what: "launch file",
+        source,
     })
 }
 
@@ -140,19 +141,18 @@ pub(crate) fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
     struct VersionOnly {
         format_version: u32,
     }
-    let probe: VersionOnly =
-        serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
-            reason: format!("launch file: {e}"),
-        })?;
+    let malformed = |source| ProtocolError::Json {
+        what: "launch file",
+        source,
+    };
+    let probe: VersionOnly = serde_json::from_slice(bytes).map_err(malformed)?;
     if probe.format_version != PROTOCOL_VERSION {
         return Err(ProtocolError::Version {
             peer: probe.format_version,
             ours: PROTOCOL_VERSION,
         });
     }
-    serde_json::from_slice(bytes).map_err(|e| ProtocolError::Malformed {
-        reason: format!("launch file: {e}"),
-    })
+    serde_json::from_slice(bytes).map_err(malformed)
 }
 
 #[cfg(test)]

@@ -5,10 +5,11 @@
 //! The copy is `<run_dir>/.rlsync/rollout-<rank>.safetensors`: every tensor of the rollout's state dict (synced
 //! and frozen) with, in the file's metadata, the version and the checksum of its contents (the entries are
 //! `protocol::launch`'s: the copy passes from a dead worker to its successor). It is written to a
-//! temporary file, synced to disk and renamed over the previous copy, so a worker killed mid-write leaves the
-//! previous copy whole. Loading checks the format, that keys, dtypes and shapes are exactly the model's and that
-//! the contents hash to the recorded checksum, and only then copies the values into the state (in place: a
-//! Python model's tensors get them); anything else leaves the state untouched (its initial weights, version 0).
+//! temporary file, synced to disk and renamed over the previous copy (`rlsync_core::atomic_file`), so a worker
+//! killed mid-write leaves the previous copy whole. Loading checks the format, that keys, dtypes and shapes are
+//! exactly the model's (`StateDict::read_safetensors_like`) and that the contents hash to the recorded
+//! checksum, and only then copies the values into the state (in place: a Python model's tensors get them);
+//! anything else leaves the state untouched (its initial weights, version 0).
 //! Whether the copy really is the trainer's version is then decided by the trainer, which replays only onto
 //! a receiver whose checksum equals the logged one of that version (else it sends the full state).
 
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
 use crate::protocol::launch::{copy_metadata, parse_copy_metadata};
-use rlsync_core::tensor::{StateDict, TensorError, state_checksum};
+use rlsync_core::tensor::{LayoutMismatch, StateDict, TensorError, state_checksum};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalCopyError {
@@ -34,6 +35,13 @@ pub enum LocalCopyError {
     },
     #[error("weights copy {path} is not used: {reason}")]
     Refused { path: PathBuf, reason: String },
+    /// The copy holds other tensors than the model (another model's copy).
+    #[error("weights copy {path} is not used")]
+    Mismatch {
+        path: PathBuf,
+        #[source]
+        source: Box<LayoutMismatch>,
+    },
 }
 
 /// The copy of one rollout: where it lives, how often it is written, the write in flight.
@@ -75,11 +83,15 @@ impl LocalCopy {
                 });
             }
         }
-        let (copy, meta) = StateDict::load_safetensors_with_metadata(path).map_err(|source| {
-            LocalCopyError::Tensor {
+        let (copy, meta) = state.read_safetensors_like(path).map_err(|e| match e {
+            TensorError::Mismatch { source, .. } => LocalCopyError::Mismatch {
                 path: path.clone(),
                 source,
-            }
+            },
+            source => LocalCopyError::Tensor {
+                path: path.clone(),
+                source,
+            },
         })?;
         let refused = |reason: String| LocalCopyError::Refused {
             path: path.clone(),
@@ -87,38 +99,18 @@ impl LocalCopy {
         };
         let (version, recorded) = parse_copy_metadata(&meta).map_err(refused)?;
         let keys: Vec<String> = copy.keys().map(str::to_string).collect();
-        if !keys.iter().map(String::as_str).eq(state.keys()) {
-            return Err(refused(format!(
-                "its {} keys are not the model's {} keys (in order)",
-                keys.len(),
-                state.len()
-            )));
-        }
-        for (key, t) in copy.iter() {
-            let own = state
-                .get(key)
-                .ok_or_else(|| refused(format!("'{key}' is not a key of the model")))?;
-            if own.dtype() != t.dtype() || own.shape() != t.shape() {
-                return Err(refused(format!(
-                    "'{key}' is {} {:?}, the model's is {} {:?}",
-                    t.dtype(),
-                    t.shape(),
-                    own.dtype(),
-                    own.shape()
-                )));
-            }
-        }
         let got = state_checksum(&copy, &keys);
         if got != recorded {
             return Err(refused(format!(
                 "its contents hash to {got:#018x}, its metadata records {recorded:#018x} (corrupt)"
             )));
         }
-        for (key, t) in copy.iter() {
-            if let Some(own) = state.get_mut(key) {
-                own.bytes_mut().copy_from_slice(t.bytes());
-            }
-        }
+        state
+            .copy_values_from(&copy)
+            .map_err(|source| LocalCopyError::Mismatch {
+                path: path.clone(),
+                source: Box::new(source),
+            })?;
         Ok(Some(version))
     }
 
@@ -168,28 +160,18 @@ impl LocalCopy {
     }
 }
 
-/// Write `state` as the copy of `version` at `path`: a temporary file beside it, synced, renamed over it.
+/// Write `state` as the copy of `version` at `path`: a temporary file beside it, synced, renamed over it
+/// (what `StateDict::save_safetensors_with` does).
 pub fn write(state: &StateDict, version: u64, path: &Path) -> Result<u64, LocalCopyError> {
     let keys: Vec<String> = state.keys().map(str::to_string).collect();
     let checksum = state_checksum(state, &keys);
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
     let meta = copy_metadata(version, checksum);
     state
-        .save_safetensors_with(&tmp, &meta)
+        .save_safetensors_with(path, &meta)
         .map_err(|source| LocalCopyError::Tensor {
-            path: tmp.clone(),
+            path: path.to_owned(),
             source,
         })?;
-    let io = |p: &Path| {
-        let path = p.to_path_buf();
-        move |source: std::io::Error| LocalCopyError::Io { path, source }
-    };
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))?;
     Ok(version)
 }
 
@@ -253,11 +235,10 @@ mod tests {
             Tensor::zeros(DType::F32, &[1], Role::Frozen).unwrap(),
         );
         write(&other, 3, &path).unwrap();
+        let err = rlsync_core::error_chain(&copy.load_into(&mut s).unwrap_err());
         assert!(
-            copy.load_into(&mut s)
-                .unwrap_err()
-                .to_string()
-                .contains("keys")
+            err.contains("is not used: it has 3 keys, the model has 2"),
+            "{err}"
         );
         state(9.0).save_safetensors_with(&path, &[]).unwrap();
         assert!(
@@ -288,8 +269,9 @@ mod tests {
             }
         }
         assert_eq!(written, vec![1, 4, 7, 10]);
-        assert!(
-            !dir.path().join("rollout-0.safetensors.tmp").exists(),
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
             "no temporary file left"
         );
     }

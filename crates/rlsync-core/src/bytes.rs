@@ -1,13 +1,14 @@
-//! Little-endian byte reading and LEB128 varints: the one bounds-checked reader and the one varint of the crate.
+//! Little-endian bytes and LEB128 varints: the one bounds-checked reader, the one writer and the one varint.
 //!
-//! Every binary format (the weight-sync wire, the control frames, the trajectory codec, the shm transport's
-//! control messages, TensorBoard records) reads its fields through [`Reader`], so a truncated or overlong input
-//! is an error naming what was being read, never a panic.
+//! Every binary format (the weight-sync wire, the control frames, the named-array codec, the shm transport's
+//! control messages, the TCP chain's link messages, TensorBoard records) reads its fields through [`Reader`],
+//! so a truncated or overlong input is an error naming what was being read, never a panic, and writes them
+//! through [`Writer`], so a length prefix that cannot hold its length is an error, never a wrong prefix.
 
 /// Why a [`Reader`] could not read a field; `what` names the structure being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BytesError {
-    #[error("needs {need} bytes at offset {offset}, {left} left")]
+    #[error("truncated: needs {need} bytes at offset {offset}, {left} left")]
     Short {
         what: &'static str,
         need: usize,
@@ -22,6 +23,12 @@ pub enum BytesError {
         count: u64,
         max: usize,
     },
+    #[error("{len} bytes do not fit a length prefix of at most {max}")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        max: u64,
+    },
 }
 
 impl BytesError {
@@ -30,7 +37,8 @@ impl BytesError {
         match self {
             BytesError::Short { what, .. }
             | BytesError::Trailing { what, .. }
-            | BytesError::Count { what, .. } => what,
+            | BytesError::Count { what, .. }
+            | BytesError::TooLong { what, .. } => what,
         }
     }
 }
@@ -142,6 +150,142 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A little-endian writer that appends to a byte vector: the counterpart of [`Reader`].
+///
+/// Fixed-width fields cannot fail; a length prefix ([`Writer::bytes_u8`], [`Writer::bytes_u16`],
+/// [`Writer::bytes_u32`], [`Writer::len_u32`]) is an error when the length does not fit its width (nothing is
+/// written then).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Writer {
+    buf: Vec<u8>,
+}
+
+macro_rules! put_le {
+    ($($(#[$doc:meta])* $name:ident: $t:ty;)*) => {
+        $(
+            $(#[$doc])*
+            #[inline(always)]
+            pub fn $name(&mut self, v: $t) -> &mut Self {
+                self.buf.extend_from_slice(&v.to_le_bytes());
+                self
+            }
+        )*
+    };
+}
+
+impl Writer {
+    pub fn new() -> Writer {
+        Writer::default()
+    }
+
+    /// An empty writer with room for `n` bytes.
+    pub fn with_capacity(n: usize) -> Writer {
+        Writer {
+            buf: Vec::with_capacity(n),
+        }
+    }
+
+    /// A writer appending to `buf` (what it holds stays in front).
+    pub fn from_vec(buf: Vec<u8>) -> Writer {
+        Writer { buf }
+    }
+
+    #[inline(always)]
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.buf.push(v);
+        self
+    }
+
+    put_le! {
+        u16: u16;
+        u32: u32;
+        u64: u64;
+        i64: i64;
+        f32: f32;
+        f64: f64;
+    }
+
+    /// The raw bytes, without a length.
+    #[inline(always)]
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(b);
+        self
+    }
+
+    /// `u8 length` then the bytes.
+    pub fn bytes_u8(&mut self, b: &[u8]) -> Result<&mut Self, BytesError> {
+        let len = u8::try_from(b.len()).map_err(|_| too_long(b.len(), u8::MAX.into()))?;
+        Ok(self.u8(len).bytes(b))
+    }
+
+    /// `u16 length` then the bytes.
+    pub fn bytes_u16(&mut self, b: &[u8]) -> Result<&mut Self, BytesError> {
+        let len = u16::try_from(b.len()).map_err(|_| too_long(b.len(), u16::MAX.into()))?;
+        Ok(self.u16(len).bytes(b))
+    }
+
+    /// `u32 length` then the bytes (what [`Reader::bytes_u32`] reads).
+    pub fn bytes_u32(&mut self, b: &[u8]) -> Result<&mut Self, BytesError> {
+        self.len_u32(b.len()).map(|w| w.bytes(b))
+    }
+
+    /// A length or count as a `u32`.
+    pub fn len_u32(&mut self, n: usize) -> Result<&mut Self, BytesError> {
+        let v = u32::try_from(n).map_err(|_| too_long(n, u32::MAX.into()))?;
+        Ok(self.u32(v))
+    }
+
+    /// `v` as a LEB128 varint ([`put_varint`]).
+    #[inline(always)]
+    pub fn varint(&mut self, v: u64) -> &mut Self {
+        put_varint(&mut self.buf, v);
+        self
+    }
+
+    /// The low `width` bytes of `v` (1, 2, 4 or 8: what [`read_uint`] reads back; at most 8 are written).
+    #[inline(always)]
+    pub fn uint(&mut self, v: u64, width: u8) -> &mut Self {
+        put_uint(&mut self.buf, v, width.min(8));
+        self
+    }
+
+    /// Bytes written so far (with what [`Writer::from_vec`] started from).
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The bytes written, for fields filled in afterwards (a length or checksum ahead of what it covers).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+
+    pub fn into_vec(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+fn too_long(len: usize, max: u64) -> BytesError {
+    BytesError::TooLong {
+        what: "length prefix",
+        len,
+        max,
+    }
+}
+
+/// Append the low `width` (1 to 8) bytes of `v` (little-endian), for the patch coder's loops that write into
+/// their own vectors ([`Writer::uint`] for everyone else).
+pub(crate) fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
+    out.extend_from_slice(&v.to_le_bytes()[..usize::from(width)]);
+}
+
 /// Append `v` as a LEB128 varint (7 bits per byte, low first, high bit = more).
 #[inline(always)]
 pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -225,7 +369,10 @@ mod tests {
                 left: 1
             }
         );
-        assert_eq!(err.to_string(), "needs 4 bytes at offset 2, 1 left");
+        assert_eq!(
+            err.to_string(),
+            "truncated: needs 4 bytes at offset 2, 1 left"
+        );
         // A failed read consumes nothing.
         assert_eq!(r.remaining(), 1);
         assert_eq!(
@@ -242,6 +389,78 @@ mod tests {
         let big = u64::MAX.to_le_bytes();
         let err = Reader::new(&big, "table").count(10).unwrap_err();
         assert_eq!(err.to_string(), format!("count {} exceeds 10", u64::MAX));
+    }
+
+    #[test]
+    fn the_writer_writes_what_the_reader_reads() {
+        let mut w = Writer::from_vec(vec![0xEE]);
+        w.u8(7)
+            .u16(0x0102)
+            .u32(0x0304_0506)
+            .u64(u64::MAX)
+            .i64(-3)
+            .f32(1.5)
+            .f64(-0.25)
+            .varint(300)
+            .uint(0x0A0B, 2)
+            .bytes(b"raw");
+        w.bytes_u32(b"abc").unwrap().len_u32(9).unwrap();
+        w.bytes_u16(b"de").unwrap().bytes_u8(b"f").unwrap();
+        assert_eq!(
+            w.len(),
+            1 + 1 + 2 + 4 + 8 + 8 + 4 + 8 + 2 + 2 + 3 + 7 + 4 + 4 + 2
+        );
+        let buf = w.into_vec();
+        let mut r = Reader::new(&buf, "test");
+        assert_eq!(r.u8(), Ok(0xEE), "from_vec keeps what the vector held");
+        assert_eq!(r.u8(), Ok(7));
+        assert_eq!(r.u16(), Ok(0x0102));
+        assert_eq!(r.u32(), Ok(0x0304_0506));
+        assert_eq!(r.u64(), Ok(u64::MAX));
+        assert_eq!(r.u64(), Ok(-3i64 as u64));
+        assert_eq!(r.f32(), Ok(1.5));
+        assert_eq!(r.f64(), Ok(-0.25));
+        assert_eq!(r.take(2), Ok(&[0xAC, 0x02][..]));
+        assert_eq!(r.take(2).map(read_uint), Ok(0x0A0B));
+        assert_eq!(r.take(3), Ok(&b"raw"[..]));
+        assert_eq!(r.bytes_u32(), Ok(&b"abc"[..]));
+        assert_eq!(r.u32(), Ok(9));
+        assert_eq!(r.u16(), Ok(2));
+        assert_eq!(r.take(2), Ok(&b"de"[..]));
+        assert_eq!(r.u8(), Ok(1));
+        assert_eq!(r.take(1), Ok(&b"f"[..]));
+        assert_eq!(r.finish(), Ok(()));
+    }
+
+    #[test]
+    fn a_length_prefix_too_narrow_for_its_length_is_an_error_and_writes_nothing() {
+        let mut w = Writer::new();
+        let long = vec![0u8; 256];
+        let err = w.bytes_u8(&long).unwrap_err();
+        assert_eq!(
+            err,
+            BytesError::TooLong {
+                what: "length prefix",
+                len: 256,
+                max: 255
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "256 bytes do not fit a length prefix of at most 255"
+        );
+        assert!(w.bytes_u8(&long[..255]).is_ok());
+        assert_eq!(w.len(), 256);
+        let mut w = Writer::new();
+        let longer = vec![0u8; 1 << 16];
+        assert!(w.bytes_u16(&longer).is_err());
+        assert!(w.is_empty());
+        assert!(w.len_u32(1 << 32).is_err());
+        assert!(w.is_empty());
+        assert!(w.len_u32(u32::MAX as usize).is_ok());
+        assert_eq!(w.as_slice(), &[0xFF; 4]);
+        w.as_mut_slice()[0] = 0;
+        assert_eq!(w.as_slice(), &[0, 0xFF, 0xFF, 0xFF]);
     }
 
     #[test]

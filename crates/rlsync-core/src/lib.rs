@@ -10,8 +10,10 @@
 //! - [`protocol`]: the control protocol between orchestrator and workers (framing, messages, named arrays,
 //!   the run-token handshake between hosts).
 //! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
+//! - [`atomic_file`]: a file replaced whole or not at all (checkpoints, local copies, the launch file).
 //! - [`error_chain`]: an error and its causes on one line.
 
+pub mod atomic_file;
 pub mod bytes;
 mod error_chain;
 pub mod protocol;

@@ -25,18 +25,21 @@ pub enum ProtocolError {
     TooLarge { len: usize, max: usize },
     #[error("malformed frame: {reason}")]
     Malformed { reason: String },
+    /// A binary field (named arrays, trajectories) that could not be read.
+    #[error("malformed {}", .source.what())]
+    Bytes {
+        #[from]
+        source: BytesError,
+    },
+    /// A JSON document of the protocol (a frame's header, the launch file) that is not what it must be.
+    #[error("malformed {what}")]
+    Json {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("protocol version mismatch: peer speaks {peer}, this binary speaks {ours}")]
     Version { peer: u32, ours: u32 },
     #[error("the hello does not carry this run's token")]
     BadToken,
-}
-
-impl From<BytesError> for ProtocolError {
-    fn from(e: BytesError) -> ProtocolError {
-        let reason = match e {
-            BytesError::Short { what, .. } => format!("{what} truncated: {e}"),
-            _ => format!("{}: {e}", e.what()),
-        };
-        ProtocolError::Malformed { reason }
-    }
 }

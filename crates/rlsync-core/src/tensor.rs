@@ -49,6 +49,46 @@ pub enum TensorError {
         path: std::path::PathBuf,
         reason: String,
     },
+    /// The file is not safetensors (as the `safetensors` crate reads it), or cannot be written as such.
+    #[error("safetensors file {path}")]
+    Format {
+        path: std::path::PathBuf,
+        #[source]
+        source: safetensors_io::SafeTensorError,
+    },
+    /// One of rlsync's metadata entries (key order, roles) is not the JSON list it writes.
+    #[error("safetensors file {path}: bad {key} metadata")]
+    Metadata {
+        path: std::path::PathBuf,
+        key: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file holds other tensors than the state it was loaded for (boxed: it names a tensor and two
+    /// layouts, which would make every `TensorError` that large).
+    #[error("safetensors file {path} does not hold the model's tensors")]
+    Mismatch {
+        path: std::path::PathBuf,
+        #[source]
+        source: Box<LayoutMismatch>,
+    },
+}
+
+/// The first way a state dict differs from a model's in names, dtypes or shapes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutMismatch {
+    #[error("it has {found} keys, the model has {expected}")]
+    Count { found: usize, expected: usize },
+    #[error("it has no tensor `{name}`")]
+    Missing { name: String },
+    #[error("`{name}` is {found_dtype} {found_shape:?}, the model's is {dtype} {shape:?}")]
+    Layout {
+        name: String,
+        found_dtype: DType,
+        found_shape: Vec<usize>,
+        dtype: DType,
+        shape: Vec<usize>,
+    },
 }
 
 /// How a tensor takes part in training and weight sync.
@@ -356,13 +396,84 @@ impl StateDict {
     }
 
     /// Save to a safetensors file with further string metadata entries; roles and the key order are kept in
-    /// the file's metadata. (Checkpoints of workloads without libtorch: synthetic, Python workers.)
+    /// the file's metadata. (Checkpoints of workloads without libtorch: synthetic, Python workers.) The file is
+    /// replaced whole or not at all ([`crate::atomic_file`]), readable as `File::create` makes it.
     pub fn save_safetensors_with(
         &self,
         path: &std::path::Path,
         metadata: &[(String, String)],
     ) -> Result<(), TensorError> {
         safetensors_io::save(self, path, metadata)
+    }
+
+    /// Check that `other` holds exactly this state's tensors: the same names (in any order), dtypes and shapes.
+    /// The error is the first difference, in this state's key order.
+    pub fn check_layout_of(&self, other: &StateDict) -> Result<(), LayoutMismatch> {
+        if other.len() != self.len() {
+            return Err(LayoutMismatch::Count {
+                found: other.len(),
+                expected: self.len(),
+            });
+        }
+        for (name, own) in self.iter() {
+            let found = other.get(name).ok_or_else(|| LayoutMismatch::Missing {
+                name: name.to_owned(),
+            })?;
+            if found.layout() != own.layout() {
+                return Err(LayoutMismatch::Layout {
+                    name: name.to_owned(),
+                    found_dtype: found.dtype(),
+                    found_shape: found.shape().to_vec(),
+                    dtype: own.dtype(),
+                    shape: own.shape().to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Copy every tensor's values from `from`, in place (a borrowed state's memory gets them). `from` must hold
+    /// exactly this state's tensors ([`StateDict::check_layout_of`]); otherwise nothing is copied.
+    pub fn copy_values_from(&mut self, from: &StateDict) -> Result<(), LayoutMismatch> {
+        self.check_layout_of(from)?;
+        for (name, own) in self.iter_mut() {
+            if let Some(t) = from.get(name) {
+                own.bytes_mut().copy_from_slice(t.bytes());
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the safetensors file at `path` as a state of this state's layout: an error
+    /// ([`TensorError::Mismatch`]) unless it holds exactly this state's tensors. Nothing is installed (see
+    /// [`StateDict::copy_values_from`]), so a caller can check the file's contents first; also returns the
+    /// file's string metadata.
+    pub fn read_safetensors_like(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(StateDict, std::collections::HashMap<String, String>), TensorError> {
+        let (loaded, meta) = safetensors_io::load_with_metadata(path)?;
+        self.check_layout_of(&loaded)
+            .map_err(|source| TensorError::Mismatch {
+                path: path.to_owned(),
+                source: Box::new(source),
+            })?;
+        Ok((loaded, meta))
+    }
+
+    /// Load the safetensors file at `path` into this state, in place, when it holds exactly this state's
+    /// tensors (names, dtypes, shapes; else nothing changes); returns the file's string metadata.
+    pub fn load_safetensors_into(
+        &mut self,
+        path: &std::path::Path,
+    ) -> Result<std::collections::HashMap<String, String>, TensorError> {
+        let (loaded, meta) = self.read_safetensors_like(path)?;
+        self.copy_values_from(&loaded)
+            .map_err(|source| TensorError::Mismatch {
+                path: path.to_owned(),
+                source: Box::new(source),
+            })?;
+        Ok(meta)
     }
 
     /// Load a safetensors file (roles default to trainable when the file has no rlsync metadata).

@@ -25,6 +25,7 @@ pub mod shm;
 #[cfg(test)]
 pub(crate) mod tap;
 pub mod tcp;
+mod tcp_link;
 
 use std::fmt;
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub use inproc::{
 };
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
+pub use tcp_link::LinkError;
 
 /// How long any single wait may take unless the channel was built with another timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -100,6 +102,13 @@ pub enum TransportError {
     },
     #[error("protocol violation by {peer}: {reason}")]
     Protocol { peer: Peer, reason: String },
+    /// Bytes on a TCP chain link that are not a link message.
+    #[error("protocol violation by {peer}")]
+    Link {
+        peer: Peer,
+        #[source]
+        source: LinkError,
+    },
     #[error("{peer} was refused: {reason}")]
     Auth { peer: String, reason: String },
     #[error("the handshake was rejected by the sender: {reason}")]

@@ -17,6 +17,7 @@
 //! | `episodes` | `<f8` | `[3]`: return, success rate, episode length of the episodes finished in the chunk |
 //! | `episodes_count` | `<u8` | `[]` |
 
+use rlsync_core::bytes::Writer;
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::arrays::{ChunkOrigin, NamedArray, decode_arrays, encode_arrays};
 
@@ -27,8 +28,17 @@ use crate::rl::{ActionBuf, Trajectory};
 pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Result<Vec<u8>, ProtocolError> {
     let n = traj.len() as u64;
     let d = traj.obs_dim as u64;
-    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let u64s = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    // Each array's elements, little-endian.
+    let f32s = |v: &[f32]| {
+        each(v, 4, |w, &x| {
+            w.f32(x);
+        })
+    };
+    let u64s = |v: &[u64]| {
+        each(v, 8, |w, &x| {
+            w.u64(x);
+        })
+    };
     let flags = |v: &[bool]| v.iter().map(|b| u8::from(*b)).collect::<Vec<u8>>();
     let ep = &traj.episodes;
     let (actions, action_shape, space_name, space_dtype, space) = match (&traj.actions, traj.action)
@@ -38,14 +48,16 @@ pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Result<Vec<u
             vec![n, dim as u64],
             "action_bound",
             "<f4",
-            bound.to_le_bytes().to_vec(),
+            f32s(&[bound]),
         ),
         (ActionBuf::Discrete(a), ActionSpace::Discrete { n: choices }) => (
-            a.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            each(a, 8, |w, &x| {
+                w.i64(x);
+            }),
             vec![n],
             "action_n",
             "<u8",
-            (choices as u64).to_le_bytes().to_vec(),
+            u64s(&[choices as u64]),
         ),
         _ => {
             return Err(malformed(
@@ -79,17 +91,11 @@ pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Result<Vec<u
             "episodes",
             "<f8",
             vec![3],
-            [ep.ret, ep.success_rate, ep.episode_len]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect(),
+            each(&[ep.ret, ep.success_rate, ep.episode_len], 8, |w, &x| {
+                w.f64(x);
+            }),
         ),
-        (
-            "episodes_count",
-            "<u8",
-            vec![],
-            ep.episodes.to_le_bytes().to_vec(),
-        ),
+        ("episodes_count", "<u8", vec![], u64s(&[ep.episodes])),
     ];
     let arrays: Vec<NamedArray<'_>> = buffers
         .iter()
@@ -101,6 +107,15 @@ pub fn encode_trajectory(origin: ChunkOrigin, traj: &Trajectory) -> Result<Vec<u
         })
         .collect();
     encode_arrays(origin, &arrays)
+}
+
+/// The bytes of `values`, `size` each, as `put` writes one.
+fn each<T>(values: &[T], size: usize, put: impl Fn(&mut Writer, &T)) -> Vec<u8> {
+    let mut w = Writer::with_capacity(size * values.len());
+    for v in values {
+        put(&mut w, v);
+    }
+    w.into_vec()
 }
 
 fn action_dtype(space: ActionSpace) -> &'static str {
@@ -307,7 +322,7 @@ mod tests {
     }
 
     fn check_bad_trajectory(bytes: &[u8], expect: &str) {
-        let err = decode_trajectories(bytes).unwrap_err().to_string();
+        let err = rlsync_core::error_chain(&decode_trajectories(bytes).unwrap_err());
         assert!(err.contains(expect), "'{err}' should mention '{expect}'");
     }
 

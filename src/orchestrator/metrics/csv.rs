@@ -13,6 +13,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use crate::orchestrator::metrics::{MetricValue, MetricsError, StepRecord};
+use rlsync_core::atomic_file::{Access, AtomicFile};
 
 pub struct CsvWriter {
     path: PathBuf,
@@ -106,9 +107,11 @@ impl CsvWriter {
             Err(e) => return Err((self.io())(e)),
         };
         let rows = old.split_once('\n').map(|(_, rest)| rest).unwrap_or("");
-        let tmp = self.path.with_extension("csv.tmp");
-        std::fs::write(&tmp, format!("{header}\n{rows}")).map_err(self.io())?;
-        std::fs::rename(&tmp, &self.path).map_err(self.io())
+        let mut file = AtomicFile::create(&self.path, Access::Shared).map_err(self.io())?;
+        file.file()
+            .write_all(format!("{header}\n{rows}").as_bytes())
+            .map_err(self.io())?;
+        file.commit().map_err(self.io())
     }
 
     /// Append the row of `rec` (extending the header first when it has new metrics).

@@ -1,5 +1,5 @@
 //! TensorBoard event files written by hand: TFRecord framing (length, masked CRC-32C) around `Event`
-//! protobufs with scalar `Summary` values. Small enough not to need a protobuf crate.
+//! protobufs with scalar `Summary` values. Small enough not to need a protobuf crate (the CRC is `crc32c`'s).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -7,64 +7,44 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::orchestrator::metrics::{MetricsError, StepRecord};
-use rlsync_core::bytes::put_varint;
+use rlsync_core::bytes::Writer;
 
-/// CRC-32C (Castagnoli), reflected, table-driven.
-pub fn crc32c(data: &[u8]) -> u32 {
-    const fn table() -> [u32; 256] {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut crc = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                crc = if crc & 1 != 0 {
-                    (crc >> 1) ^ 0x82F6_3B78
-                } else {
-                    crc >> 1
-                };
-                k += 1;
-            }
-            table[i] = crc;
-            i += 1;
-        }
-        table
-    }
-    const TABLE: [u32; 256] = table();
-    let mut crc = !0u32;
-    for b in data {
-        crc = TABLE[((crc ^ u32::from(*b)) & 0xFF) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
-
-/// TFRecord's masked CRC.
+/// TFRecord's masked CRC-32C (Castagnoli).
 pub fn masked_crc(data: &[u8]) -> u32 {
-    let crc = crc32c(data);
+    let crc = crc32c::crc32c(data);
     (crc.rotate_right(15)).wrapping_add(0xA282_EAD8)
 }
 
-fn key(out: &mut Vec<u8>, field: u32, wire: u8) {
-    put_varint(out, (u64::from(field) << 3) | u64::from(wire));
+/// Protobuf wire types.
+const VARINT: u8 = 0;
+const FIXED64: u8 = 1;
+const LEN: u8 = 2;
+const FIXED32: u8 = 5;
+
+fn key(out: &mut Writer, field: u32, wire: u8) -> &mut Writer {
+    out.varint((u64::from(field) << 3) | u64::from(wire))
 }
 
-fn bytes_field(out: &mut Vec<u8>, field: u32, data: &[u8]) {
-    key(out, field, 2);
-    put_varint(out, data.len() as u64);
-    out.extend_from_slice(data);
+fn bytes_field(out: &mut Writer, field: u32, data: &[u8]) {
+    key(out, field, LEN).varint(data.len() as u64).bytes(data);
+}
+
+/// `Event { wall_time, step, …`: the fields every event starts with.
+fn event_start(wall_time: f64, step: i64) -> Writer {
+    let mut out = Writer::new();
+    key(&mut out, 1, FIXED64).f64(wall_time);
+    // An int64 is the varint of its two's complement.
+    key(&mut out, 2, VARINT).varint(step as u64);
+    out
 }
 
 /// `Event { wall_time, step, session_log: SessionLog { status: START } }`: TensorBoard drops every point at
 /// `step` or later written before it (what PyTorch's `SummaryWriter(purge_step=…)` writes on a resume).
 pub fn encode_session_start(wall_time: f64, step: i64) -> Vec<u8> {
-    let mut out = Vec::new();
-    key(&mut out, 1, 1);
-    out.extend_from_slice(&wall_time.to_le_bytes());
-    key(&mut out, 2, 0);
-    put_varint(&mut out, step as u64);
+    let mut out = event_start(wall_time, step);
     // SessionLog.status (field 1, enum) = START (1).
     bytes_field(&mut out, 7, &[0x08, 0x01]);
-    out
+    out.into_vec()
 }
 
 /// `Event { wall_time, step, file_version | summary }` as protobuf bytes.
@@ -74,37 +54,30 @@ pub fn encode_event(
     file_version: Option<&str>,
     scalars: &[(&str, f32)],
 ) -> Vec<u8> {
-    let mut out = Vec::new();
-    key(&mut out, 1, 1);
-    out.extend_from_slice(&wall_time.to_le_bytes());
-    key(&mut out, 2, 0);
-    put_varint(&mut out, step as u64);
+    let mut out = event_start(wall_time, step);
     if let Some(version) = file_version {
         bytes_field(&mut out, 3, version.as_bytes());
     }
     if !scalars.is_empty() {
-        let mut summary = Vec::new();
+        let mut summary = Writer::new();
         for (tag, value) in scalars {
-            let mut v = Vec::new();
+            let mut v = Writer::new();
             bytes_field(&mut v, 1, tag.as_bytes());
-            key(&mut v, 2, 5);
-            v.extend_from_slice(&value.to_le_bytes());
-            bytes_field(&mut summary, 1, &v);
+            key(&mut v, 2, FIXED32).f32(*value);
+            bytes_field(&mut summary, 1, v.as_slice());
         }
-        bytes_field(&mut out, 5, &summary);
+        bytes_field(&mut out, 5, summary.as_slice());
     }
-    out
+    out.into_vec()
 }
 
-/// One TFRecord around `data`.
+/// One TFRecord around `data`: `u64 length`, its masked CRC, the data, the data's masked CRC.
 pub fn frame_record(data: &[u8]) -> Vec<u8> {
-    let len = (data.len() as u64).to_le_bytes();
-    let mut out = Vec::with_capacity(data.len() + 16);
-    out.extend_from_slice(&len);
-    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(&masked_crc(data).to_le_bytes());
-    out
+    let mut out = Writer::with_capacity(data.len() + 16);
+    out.u64(data.len() as u64);
+    let len_crc = masked_crc(out.as_slice());
+    out.u32(len_crc).bytes(data).u32(masked_crc(data));
+    out.into_vec()
 }
 
 fn now() -> f64 {
@@ -192,10 +165,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn crc32c_known_vectors() {
-        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-        assert_eq!(crc32c(b""), 0);
-        assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+    fn masked_crc32c_known_vectors() {
+        // CRC-32C's check value and RFC 3720's 32 zero bytes, masked as TFRecord masks them.
+        let mask = |crc: u32| crc.rotate_right(15).wrapping_add(0xA282_EAD8);
+        assert_eq!(masked_crc(b"123456789"), mask(0xE306_9283));
+        assert_eq!(masked_crc(b""), mask(0));
+        assert_eq!(masked_crc(&[0u8; 32]), mask(0x8A91_36AA));
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //!         u8 ndim  u64 dim*ndim  u64 byte_len  bytes (C order; byte_len = product(dims) * itemsize)
 //! ```
 
-use crate::bytes::Reader;
+use crate::bytes::{Reader, Writer};
 use crate::protocol::ProtocolError;
 
 /// Where a trajectory chunk came from: the rollout rank and the chunk index (time order within a step).
@@ -111,37 +111,33 @@ pub fn encode_arrays(
             arrays.len()
         )));
     }
-    let mut body = Vec::with_capacity(
+    let mut w = Writer::with_capacity(
         16 + arrays
             .iter()
             .map(|a| 32 + a.name.len() + a.data.len() + 8 * a.shape.len())
             .sum::<usize>(),
     );
-    body.extend_from_slice(&origin.rank.to_le_bytes());
-    body.extend_from_slice(&origin.chunk.to_le_bytes());
-    body.extend_from_slice(&(arrays.len() as u32).to_le_bytes());
+    w.u32(origin.rank).u64(origin.chunk).len_u32(arrays.len())?;
     for (i, a) in arrays.iter().enumerate() {
         check(a)?;
         if arrays[..i].iter().any(|b| b.name == a.name) {
             return Err(malformed(format!("array '{}' appears twice", a.name)));
         }
-        body.extend_from_slice(&(a.name.len() as u16).to_le_bytes());
-        body.extend_from_slice(a.name.as_bytes());
-        body.push(a.dtype.len() as u8);
-        body.extend_from_slice(a.dtype.as_bytes());
-        body.push(a.shape.len() as u8);
-        for d in &a.shape {
-            body.extend_from_slice(&d.to_le_bytes());
+        // `check` bounded the name (u16), the dtype (a few bytes) and the rank (MAX_NDIM).
+        w.bytes_u16(a.name.as_bytes())?
+            .bytes_u8(a.dtype.as_bytes())?
+            .u8(a.shape.len() as u8);
+        for &d in &a.shape {
+            w.u64(d);
         }
-        body.extend_from_slice(&(a.data.len() as u64).to_le_bytes());
-        body.extend_from_slice(a.data);
+        w.u64(a.data.len() as u64).bytes(a.data);
     }
-    let mut out = Vec::with_capacity(16 + body.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&ARRAYS_FORMAT.to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&body);
-    Ok(out)
+    let mut out = Writer::with_capacity(16 + w.len());
+    out.bytes(MAGIC)
+        .u32(ARRAYS_FORMAT)
+        .u64(w.len() as u64)
+        .bytes(w.as_slice());
+    Ok(out.into_vec())
 }
 
 /// Decode every chunk of a blob of back-to-back [`encode_arrays`] payloads; each array is validated and

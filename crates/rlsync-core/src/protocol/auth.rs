@@ -13,6 +13,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::bytes::Writer;
+
 const NONCE: usize = 32;
 const MAC: usize = 32;
 const MAX_NAME: usize = 256;
@@ -89,10 +91,10 @@ async fn write_name<S: AsyncWrite + Unpin>(
         end -= 1;
     }
     let bytes = &name.as_bytes()[..end];
-    let mut out = Vec::with_capacity(2 + bytes.len());
-    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-    out.extend_from_slice(bytes);
-    s.write_all(&out).await.map_err(io(OP, peer))
+    let mut out = Writer::with_capacity(2 + bytes.len());
+    // Cut to MAX_NAME above, which a u16 holds.
+    let _ = out.bytes_u16(bytes);
+    s.write_all(out.as_slice()).await.map_err(io(OP, peer))
 }
 
 async fn read_name<S: AsyncRead + Unpin>(s: &mut S, peer: &str) -> Result<String, AuthError> {

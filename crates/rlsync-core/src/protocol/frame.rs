@@ -6,6 +6,8 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::bytes::Writer;
+
 /// Bytes of the length prefix.
 pub(crate) const PREFIX_LEN: usize = 4;
 
@@ -28,26 +30,24 @@ pub enum ReadError {
     TooLong(#[from] TooLong),
 }
 
-/// Check a body length against `max`.
-pub(crate) fn check_len(len: usize, max: usize) -> Result<(), TooLong> {
-    if len > max {
-        Err(TooLong { len, max })
-    } else {
-        Ok(())
-    }
+/// Check a body length against `max`, and that the prefix can hold it; returns the prefix.
+pub(crate) fn check_len(len: usize, max: usize) -> Result<u32, TooLong> {
+    u32::try_from(len)
+        .ok()
+        .filter(|_| len <= max)
+        .ok_or(TooLong { len, max })
 }
 
 /// One frame: the length prefix followed by the concatenation of `parts`.
 pub fn encode(parts: &[&[u8]], max: usize) -> Result<Vec<u8>, TooLong> {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    check_len(len, max)?;
-    let mut out = Vec::with_capacity(PREFIX_LEN + len);
-    // `max` is at most u32::MAX in every caller (the limits are constants below 4 GiB).
-    out.extend_from_slice(&(len as u32).to_le_bytes());
+    let prefix = check_len(len, max)?;
+    let mut out = Writer::with_capacity(PREFIX_LEN + len);
+    out.u32(prefix);
     for part in parts {
-        out.extend_from_slice(part);
+        out.bytes(part);
     }
-    Ok(out)
+    Ok(out.into_vec())
 }
 
 /// Reserve the prefix of a frame whose body is appended to the returned buffer; [`seal`] writes the length.
@@ -59,10 +59,9 @@ pub fn start() -> Vec<u8> {
 
 /// Write the length of a frame begun with [`start`] into its prefix.
 pub(crate) fn seal(mut frame: Vec<u8>, max: usize) -> Result<Vec<u8>, TooLong> {
-    let len = frame.len().saturating_sub(PREFIX_LEN);
-    check_len(len, max)?;
-    if let Some(prefix) = frame.get_mut(..PREFIX_LEN) {
-        prefix.copy_from_slice(&(len as u32).to_le_bytes());
+    let prefix = check_len(frame.len().saturating_sub(PREFIX_LEN), max)?;
+    if let Some(dst) = frame.get_mut(..PREFIX_LEN) {
+        dst.copy_from_slice(Writer::with_capacity(PREFIX_LEN).u32(prefix).as_slice());
     }
     Ok(frame)
 }

@@ -12,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::ProtocolError;
 use super::frame::{self, FrameReader, ReadError};
+use crate::bytes::Writer;
 
 /// Version of the control protocol and of the launch file; bump on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 3;
@@ -213,11 +214,19 @@ pub struct Frame<T> {
 
 /// Encode a header and blob into one frame (length prefix included).
 pub fn encode<T: Serialize>(header: &T, blob: &[u8]) -> Result<Vec<u8>, ProtocolError> {
-    let json = serde_json::to_vec(header).map_err(|e| ProtocolError::Malformed {
-        reason: e.to_string(),
+    let json = serde_json::to_vec(header).map_err(|source| ProtocolError::Json {
+        what: "frame header",
+        source,
     })?;
-    let header_len = (json.len() as u32).to_le_bytes();
-    frame::encode(&[&header_len, &json, blob], MAX_FRAME_BYTES).map_err(|e| {
+    let mut header_len = Writer::with_capacity(4);
+    // A header beyond u32 is beyond the frame limit too.
+    header_len
+        .len_u32(json.len())
+        .map_err(|_| ProtocolError::TooLarge {
+            len: json.len(),
+            max: MAX_FRAME_BYTES,
+        })?;
+    frame::encode(&[header_len.as_slice(), &json, blob], MAX_FRAME_BYTES).map_err(|e| {
         ProtocolError::TooLarge {
             len: e.len,
             max: e.max,
@@ -245,8 +254,9 @@ pub fn decode_body<T: for<'de> Deserialize<'de>>(
             ),
         })?;
     let header =
-        serde_json::from_slice(&body[4..header_end]).map_err(|e| ProtocolError::Malformed {
-            reason: format!("bad header: {e}"),
+        serde_json::from_slice(&body[4..header_end]).map_err(|source| ProtocolError::Json {
+            what: "frame header",
+            source,
         })?;
     let blob = body.split_off(header_end);
     Ok(Frame { header, blob })
@@ -428,8 +438,14 @@ mod tests {
         check_malformed(vec![1, 0], "no header length");
         check_malformed(vec![200, 0, 0, 0, b'{'], "exceeds body");
         check_malformed(vec![255, 255, 255, 255], "exceeds body");
-        check_malformed([&[2u8, 0, 0, 0][..], b"{}"].concat(), "bad header");
-        check_malformed([&[4u8, 0, 0, 0][..], b"null"].concat(), "bad header");
+        check_malformed(
+            [&[2u8, 0, 0, 0][..], b"{}"].concat(),
+            "malformed frame header",
+        );
+        check_malformed(
+            [&[4u8, 0, 0, 0][..], b"null"].concat(),
+            "malformed frame header",
+        );
     }
 
     #[tokio::test]

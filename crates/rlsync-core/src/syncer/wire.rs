@@ -36,7 +36,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::bytes::{BytesError, Reader, read_uint};
+use crate::bytes::{BytesError, Reader, Writer, read_uint};
 use crate::tensor::DType;
 
 pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
@@ -183,23 +183,24 @@ impl Header {
         }
     }
 
-    fn prefix(&self) -> [u8; 40] {
-        let mut b = [0u8; 40];
-        b[0..4].copy_from_slice(&MAGIC);
-        b[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-        b[6] = self.kind.code();
-        b[7] = self.flags;
-        b[8..16].copy_from_slice(&self.version.to_le_bytes());
-        b[16..20].copy_from_slice(&self.seq.to_le_bytes());
-        b[20..24].copy_from_slice(&self.count.to_le_bytes());
-        b[24..32].copy_from_slice(&self.body_len.to_le_bytes());
-        b[32..40].copy_from_slice(&self.aux.to_le_bytes());
-        b
+    /// The header's first 40 bytes (everything but the checksum).
+    fn prefix(&self) -> Writer {
+        let mut w = Writer::with_capacity(HEADER_LEN);
+        w.bytes(&MAGIC)
+            .u16(FORMAT_VERSION)
+            .u8(self.kind.code())
+            .u8(self.flags)
+            .u64(self.version)
+            .u32(self.seq)
+            .u32(self.count)
+            .u64(self.body_len)
+            .u64(self.aux);
+        w
     }
 
     /// Seed of the body checksum (binds the header fields to the body).
     pub(crate) fn checksum_seed(&self) -> u64 {
-        xxh3_64(&self.prefix())
+        xxh3_64(self.prefix().as_slice())
     }
 
     /// Write the header with `checksum` into `out[..48]`.
@@ -209,8 +210,9 @@ impl Header {
             need: HEADER_LEN,
             got,
         })?;
-        dst[..40].copy_from_slice(&self.prefix());
-        dst[40..48].copy_from_slice(&self.checksum.to_le_bytes());
+        let mut w = self.prefix();
+        w.u64(self.checksum);
+        dst.copy_from_slice(w.as_slice());
         Ok(())
     }
 
@@ -221,37 +223,26 @@ impl Header {
             need: HEADER_LEN,
             got: msg.len(),
         })?;
-        let magic = [h[0], h[1], h[2], h[3]];
+        let mut r = Reader::new(h, "header");
+        let magic = r.array()?;
         if magic != MAGIC {
             return Err(WireError::BadMagic { found: magic });
         }
-        let format = u16::from_le_bytes([h[4], h[5]]);
+        let format = r.u16()?;
         if format != FORMAT_VERSION {
             return Err(WireError::FormatVersion { found: format });
         }
-        let kind = Kind::from_code(h[6]).ok_or(WireError::UnknownKind { code: h[6] })?;
-        let u64_at = |o: usize| {
-            u64::from_le_bytes([
-                h[o],
-                h[o + 1],
-                h[o + 2],
-                h[o + 3],
-                h[o + 4],
-                h[o + 5],
-                h[o + 6],
-                h[o + 7],
-            ])
-        };
-        let u32_at = |o: usize| u32::from_le_bytes([h[o], h[o + 1], h[o + 2], h[o + 3]]);
+        let code = r.u8()?;
+        let kind = Kind::from_code(code).ok_or(WireError::UnknownKind { code })?;
         let header = Header {
             kind,
-            flags: h[7],
-            version: u64_at(8),
-            seq: u32_at(16),
-            count: u32_at(20),
-            body_len: u64_at(24),
-            aux: u64_at(32),
-            checksum: u64_at(40),
+            flags: r.u8()?,
+            version: r.u64()?,
+            seq: r.u32()?,
+            count: r.u32()?,
+            body_len: r.u64()?,
+            aux: r.u64()?,
+            checksum: r.u64()?,
         };
         let body = &msg[HEADER_LEN..];
         if header.body_len != body.len() as u64 {
@@ -334,18 +325,20 @@ pub struct KeyMeta {
 }
 
 pub(crate) fn encode_metadata(keys: &[KeyMeta]) -> Vec<u8> {
-    let mut b = Vec::new();
-    b.extend_from_slice(&(keys.len() as u32).to_le_bytes());
+    let mut w = Writer::new();
+    // Counts and lengths are `as` casts, as the format has always written them: ordinals are u32 throughout
+    // the syncer, and a key name or rank beyond the field's range is not a model any framework builds.
+    w.u32(keys.len() as u32);
     for k in keys {
-        b.extend_from_slice(&(k.name.len() as u32).to_le_bytes());
-        b.extend_from_slice(k.name.as_bytes());
-        b.push(k.dtype.code());
-        b.push(k.shape.len() as u8);
+        w.u32(k.name.len() as u32)
+            .bytes(k.name.as_bytes())
+            .u8(k.dtype.code())
+            .u8(k.shape.len() as u8);
         for &d in &k.shape {
-            b.extend_from_slice(&(d as u64).to_le_bytes());
+            w.u64(d as u64);
         }
     }
-    message(Header::new(Kind::Metadata, 0, b.len()), &b)
+    message(Header::new(Kind::Metadata, 0, w.len()), w.as_slice())
 }
 
 pub(crate) fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
@@ -390,18 +383,23 @@ pub(crate) struct Plan {
 }
 
 pub(crate) fn encode_plan(plan: &Plan) -> Vec<u8> {
-    let mut b = Vec::with_capacity(5 + 4 * plan.synced.len());
-    b.push(match plan.strategy {
+    let mut w = Writer::with_capacity(5 + 4 * plan.synced.len());
+    w.u8(match plan.strategy {
         Strategy::Patch => 0,
         Strategy::Bucket => 1,
     });
-    b.extend_from_slice(&(plan.synced.len() as u32).to_le_bytes());
-    for o in &plan.synced {
-        b.extend_from_slice(&o.to_le_bytes());
-    }
-    let mut h = Header::new(Kind::Plan, 0, b.len());
+    put_ordinals(&mut w, &plan.synced);
+    let mut h = Header::new(Kind::Plan, 0, w.len());
     h.aux = u64::from(plan.init_buckets);
-    message(h, &b)
+    message(h, w.as_slice())
+}
+
+/// `u32 n, n × u32 ordinals` (ordinals are u32, so a list of them never outgrows its count).
+fn put_ordinals(w: &mut Writer, ordinals: &[u32]) {
+    w.u32(ordinals.len() as u32);
+    for &o in ordinals {
+        w.u32(o);
+    }
 }
 
 pub(crate) fn decode_plan(header: &Header, body: &[u8]) -> Result<Plan, WireError> {
@@ -439,12 +437,9 @@ pub(crate) fn encode_rejoin(keys: &[KeyMeta], held: u64) -> Vec<u8> {
 /// The sender's plan for a rejoining receiver: the init plan (no init buckets) and the bootstrap-only keys.
 pub(crate) fn encode_rejoin_plan(plan: &Plan, boot_only: &[u32]) -> Vec<u8> {
     let init = encode_plan(plan);
-    let mut b = init.get(HEADER_LEN..).unwrap_or_default().to_vec();
-    b.extend_from_slice(&(boot_only.len() as u32).to_le_bytes());
-    for o in boot_only {
-        b.extend_from_slice(&o.to_le_bytes());
-    }
-    message(Header::new(Kind::RejoinPlan, 0, b.len()), &b)
+    let mut w = Writer::from_vec(init.get(HEADER_LEN..).unwrap_or_default().to_vec());
+    put_ordinals(&mut w, boot_only);
+    message(Header::new(Kind::RejoinPlan, 0, w.len()), w.as_slice())
 }
 
 pub(crate) fn decode_rejoin_plan(body: &[u8]) -> Result<(Plan, Vec<u32>), WireError> {
@@ -486,10 +481,9 @@ pub struct Held {
 }
 
 pub(crate) fn encode_held(held: &Held) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16);
-    b.extend_from_slice(&held.synced.to_le_bytes());
-    b.extend_from_slice(&held.boot_only.to_le_bytes());
-    message(Header::new(Kind::Held, held.version, b.len()), &b)
+    let mut w = Writer::with_capacity(16);
+    w.u64(held.synced).u64(held.boot_only);
+    message(Header::new(Kind::Held, held.version, w.len()), w.as_slice())
 }
 
 pub(crate) fn decode_held(header: &Header, body: &[u8]) -> Result<Held, WireError> {
@@ -525,16 +519,16 @@ pub(crate) struct CatchUpPlan {
 }
 
 pub(crate) fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
-    let mut b = Vec::with_capacity(13);
-    b.push(match c.mode {
+    let mut w = Writer::with_capacity(13);
+    w.u8(match c.mode {
         CatchUpMode::Replay => 0,
         CatchUpMode::Full => 1,
         CatchUpMode::Deferred => 2,
-    });
-    for n in [c.boot_buckets, c.patches, c.full_buckets] {
-        b.extend_from_slice(&n.to_le_bytes());
-    }
-    message(Header::new(Kind::CatchUp, c.version, b.len()), &b)
+    })
+    .u32(c.boot_buckets)
+    .u32(c.patches)
+    .u32(c.full_buckets);
+    message(Header::new(Kind::CatchUp, c.version, w.len()), w.as_slice())
 }
 
 pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, WireError> {
@@ -607,19 +601,20 @@ pub(crate) fn write_bucket_table(
     body: &mut [u8],
 ) -> Result<(), WireError> {
     let need = 4 + entries.len() * BUCKET_ENTRY_LEN;
+    let got = body.len();
     let dst = body
         .get_mut(..need)
-        .ok_or(WireError::Truncated { need, got: 0 })?;
-    dst[..4].copy_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (e, slot) in entries
-        .iter()
-        .zip(dst[4..].chunks_exact_mut(BUCKET_ENTRY_LEN))
-    {
-        slot[..4].copy_from_slice(&e.ordinal.to_le_bytes());
-        slot[4] = e.dtype.code();
-        slot[5..8].fill(0);
-        slot[8..16].copy_from_slice(&(e.byte_len as u64).to_le_bytes());
+        .ok_or(WireError::Truncated { need, got })?;
+    let mut w = Writer::with_capacity(need);
+    // A bucket holds at most one entry per synced tensor, and ordinals are u32.
+    w.u32(entries.len() as u32);
+    for e in entries {
+        w.u32(e.ordinal)
+            .u8(e.dtype.code())
+            .bytes(&[0; 3])
+            .u64(e.byte_len as u64);
     }
+    dst.copy_from_slice(w.as_slice());
     Ok(())
 }
 
@@ -868,25 +863,28 @@ fn patch_body_capacity(p: &PatchView<'_>) -> usize {
 
 /// Append the body of `p` to `b`; returns the streams' bytes before and after compression.
 fn write_patch_body(b: &mut Vec<u8>, p: &PatchView<'_>, codec: Codec) -> (usize, usize) {
-    b.push(match p.index {
+    let mut w = Writer::from_vec(std::mem::take(b));
+    w.u8(match p.index {
         IndexCoding::Coo => 0,
         IndexCoding::Gaps => 1,
-    });
-    b.push(match p.value {
+    })
+    .u8(match p.value {
         ValueCoding::Raw => 0,
         ValueCoding::Delta => 1,
-    });
-    b.push(p.index_width);
-    b.push(0);
-    b.extend_from_slice(&(p.entries.len() as u32).to_le_bytes());
+    })
+    .u8(p.index_width)
+    .u8(0);
+    // Entries are element ranges of u32-numbered tensors, a handful per tensor; streams are 4.
+    w.u32(p.entries.len() as u32);
     for e in p.entries {
-        b.extend_from_slice(&e.ordinal.to_le_bytes());
-        b.extend_from_slice(&[u8::from(e.dense), 0, 0, 0]);
-        for v in [e.base, e.nnz, e.index_bytes, e.escape_bytes] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
+        w.u32(e.ordinal)
+            .bytes(&[u8::from(e.dense), 0, 0, 0])
+            .u64(e.base)
+            .u64(e.nnz)
+            .u64(e.index_bytes)
+            .u64(e.escape_bytes);
     }
-    b.extend_from_slice(&(p.streams.len() as u32).to_le_bytes());
+    w.u32(p.streams.len() as u32);
     let (mut raw, mut stored) = (0, 0);
     for parts in &p.streams {
         let len: usize = parts.iter().map(|part| part.len()).sum();
@@ -896,25 +894,23 @@ fn write_patch_body(b: &mut Vec<u8>, p: &PatchView<'_>, codec: Codec) -> (usize,
             }
             _ => None,
         };
-        b.extend_from_slice(&(len as u64).to_le_bytes());
+        w.u64(len as u64);
         match &packed {
             Some(c) => {
-                b.extend_from_slice(&(c.len() as u64).to_le_bytes());
-                b.push(1);
-                b.extend_from_slice(c);
+                w.u64(c.len() as u64).u8(1).bytes(c);
                 stored += c.len();
             }
             None => {
-                b.extend_from_slice(&(len as u64).to_le_bytes());
-                b.push(0);
+                w.u64(len as u64).u8(0);
                 for part in parts {
-                    b.extend_from_slice(part);
+                    w.bytes(part);
                 }
                 stored += len;
             }
         }
         raw += len;
     }
+    *b = w.into_vec();
     (raw, stored)
 }
 
@@ -1033,10 +1029,6 @@ pub(crate) fn narrowest_width(max: u64) -> u8 {
         0x1_0000..=0xFFFF_FFFF => 4,
         _ => 8,
     }
-}
-
-pub(crate) fn put_uint(out: &mut Vec<u8>, v: u64, width: u8) {
-    out.extend_from_slice(&v.to_le_bytes()[..usize::from(width)]);
 }
 
 pub(crate) fn get_uint(buf: &[u8], i: usize, width: u8) -> Option<u64> {

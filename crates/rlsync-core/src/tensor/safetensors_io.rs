@@ -6,9 +6,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+pub use safetensors::SafeTensorError;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
 use super::{DType, Role, StateDict, Tensor, TensorError};
+use crate::atomic_file::{Access, AtomicFile};
 
 const ORDER_KEY: &str = "rlsync.order";
 const ROLES_KEY: &str = "rlsync.roles";
@@ -53,26 +55,37 @@ pub(super) fn save(
         path: path.to_path_buf(),
         reason,
     };
+    let format = |source| TensorError::Format {
+        path: path.to_path_buf(),
+        source,
+    };
+    let io = |source| TensorError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut views = Vec::with_capacity(state.len());
     for (name, t) in state.iter() {
+        // A tensor's byte length always matches its layout, so only a broken invariant fails here.
         let view = TensorView::new(to_st(t.dtype()), t.shape().to_vec(), t.bytes())
-            .map_err(|e| err(format!("tensor '{name}': {e:?}")))?;
+            .map_err(|e| err(format!("tensor '{name}': {e}")))?;
         views.push((name.to_string(), view));
     }
     let order: Vec<&str> = state.keys().collect();
     let roles: Vec<&str> = state.iter().map(|(_, t)| t.role().name()).collect();
     let mut meta = HashMap::new();
+    // Lists of strings always serialize.
     meta.insert(
         ORDER_KEY.to_string(),
-        serde_json::to_string(&order).map_err(|e| err(e.to_string()))?,
+        serde_json::to_string(&order).unwrap_or_default(),
     );
     meta.insert(
         ROLES_KEY.to_string(),
-        serde_json::to_string(&roles).map_err(|e| err(e.to_string()))?,
+        serde_json::to_string(&roles).unwrap_or_default(),
     );
     meta.extend(extra.iter().cloned());
-    safetensors::tensor::serialize_to_file(views, &Some(meta), path)
-        .map_err(|e| err(format!("{e:?}")))
+    let file = AtomicFile::create(path, Access::Shared).map_err(io)?;
+    safetensors::tensor::serialize_to_file(views, &Some(meta), file.path()).map_err(format)?;
+    file.commit().map_err(io)
 }
 
 pub(super) fn load(path: &Path) -> Result<StateDict, TensorError> {
@@ -97,21 +110,25 @@ pub(super) fn load_with_metadata(
         path: path.to_path_buf(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| err(format!("{e:?}")))?;
-    let (_, meta) = SafeTensors::read_metadata(&map).map_err(|e| err(format!("{e:?}")))?;
+    let format = |source| TensorError::Format {
+        path: path.to_path_buf(),
+        source,
+    };
+    let st = SafeTensors::deserialize(&map).map_err(format)?;
+    let (_, meta) = SafeTensors::read_metadata(&map).map_err(format)?;
     let meta = meta.metadata().clone().unwrap_or_default();
-    let order: Option<Vec<String>> = match meta.get(ORDER_KEY) {
-        Some(s) => Some(
-            serde_json::from_str(s).map_err(|e| err(format!("bad {ORDER_KEY} metadata: {e}")))?,
-        ),
-        None => None,
+    let list = |key: &'static str| -> Result<Option<Vec<String>>, TensorError> {
+        meta.get(key)
+            .map(|s| serde_json::from_str(s))
+            .transpose()
+            .map_err(|source| TensorError::Metadata {
+                path: path.to_path_buf(),
+                key,
+                source,
+            })
     };
-    let roles: Option<Vec<String>> = match meta.get(ROLES_KEY) {
-        Some(s) => Some(
-            serde_json::from_str(s).map_err(|e| err(format!("bad {ROLES_KEY} metadata: {e}")))?,
-        ),
-        None => None,
-    };
+    let order = list(ORDER_KEY)?;
+    let roles = list(ROLES_KEY)?;
     let names: Vec<String> = match &order {
         Some(o) if o.len() == st.len() => o.clone(),
         Some(o) => {
@@ -129,9 +146,7 @@ pub(super) fn load_with_metadata(
     };
     let mut state = StateDict::new();
     for (i, name) in names.iter().enumerate() {
-        let view = st
-            .tensor(name)
-            .map_err(|e| err(format!("tensor '{name}': {e:?}")))?;
+        let view = st.tensor(name).map_err(format)?;
         let dtype = from_st(view.dtype()).ok_or_else(|| {
             err(format!(
                 "tensor '{name}': unsupported dtype {:?}",
@@ -154,6 +169,7 @@ pub(super) fn load_with_metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::LayoutMismatch;
 
     #[test]
     fn roundtrip_keeps_order_roles_dtypes_and_bytes() {
@@ -195,6 +211,116 @@ mod tests {
         }
     }
 
+    fn model(w: &[f32]) -> StateDict {
+        let mut s = StateDict::new();
+        s.insert(
+            "w",
+            Tensor::from_slice(DType::F32, &[2], Role::Trainable, w).unwrap(),
+        );
+        s.insert(
+            "n",
+            Tensor::from_slice(DType::I64, &[1], Role::Buffer, &[3i64]).unwrap(),
+        );
+        s
+    }
+
+    #[test]
+    fn a_file_loads_into_a_model_of_its_layout_and_names_the_first_difference_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let extra = [("k".to_string(), "v".to_string())];
+        model(&[1.0, 2.0])
+            .save_safetensors_with(&path, &extra)
+            .unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary file left"
+        );
+        let mut m = model(&[0.0, 0.0]);
+        let meta = m.load_safetensors_into(&path).unwrap();
+        assert_eq!(meta.get("k").map(String::as_str), Some("v"));
+        assert_eq!(m.get("w").unwrap().as_slice::<f32>().unwrap(), &[1.0, 2.0]);
+        // Key order does not matter; names, count, dtypes and shapes do.
+        let mut reordered = StateDict::new();
+        for name in ["n", "w"] {
+            reordered.insert(name, m.get(name).unwrap().duplicate());
+        }
+        reordered.load_safetensors_into(&path).unwrap();
+
+        let mismatch = |m: &mut StateDict| match m.load_safetensors_into(&path) {
+            Err(TensorError::Mismatch { source, .. }) => *source,
+            other => panic!("{other:?}"),
+        };
+        let mut more = model(&[0.0, 0.0]);
+        more.insert("x", Tensor::zeros(DType::F32, &[1], Role::Frozen).unwrap());
+        assert_eq!(
+            mismatch(&mut more),
+            LayoutMismatch::Count {
+                found: 2,
+                expected: 3
+            }
+        );
+        let mut renamed = StateDict::new();
+        renamed.insert(
+            "w",
+            Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+        );
+        renamed.insert("m", Tensor::zeros(DType::I64, &[1], Role::Buffer).unwrap());
+        assert_eq!(
+            mismatch(&mut renamed),
+            LayoutMismatch::Missing { name: "m".into() }
+        );
+        let mut reshaped = StateDict::new();
+        reshaped.insert(
+            "w",
+            Tensor::zeros(DType::F32, &[1, 2], Role::Trainable).unwrap(),
+        );
+        reshaped.insert("n", Tensor::zeros(DType::I32, &[1], Role::Buffer).unwrap());
+        let err = mismatch(&mut reshaped);
+        assert_eq!(
+            err.to_string(),
+            "`w` is float32 [2], the model's is float32 [1, 2]"
+        );
+        assert_eq!(
+            reshaped.get("w").unwrap().bytes(),
+            &[0; 8],
+            "nothing is copied on a mismatch"
+        );
+        // Read without installing: the caller can look at the values first.
+        let (read, _) = m.read_safetensors_like(&path).unwrap();
+        assert_eq!(
+            read.get("w").unwrap().as_slice::<f32>().unwrap(),
+            &[1.0, 2.0]
+        );
+        let mut other = model(&[5.0, 6.0]);
+        assert_eq!(
+            other.copy_values_from(&renamed),
+            Err(LayoutMismatch::Missing { name: "n".into() })
+        );
+        other.copy_values_from(&read).unwrap();
+        assert_eq!(
+            other.get("w").unwrap().as_slice::<f32>().unwrap(),
+            &[1.0, 2.0]
+        );
+    }
+
+    #[test]
+    fn bad_rlsync_metadata_is_an_error_with_its_cause() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        let bad = [(ORDER_KEY.to_string(), "not json".to_string())];
+        model(&[1.0, 2.0])
+            .save_safetensors_with(&path, &bad)
+            .unwrap();
+        let err = StateDict::load_safetensors(&path).unwrap_err();
+        assert!(
+            matches!(&err, TensorError::Metadata { key, .. } if *key == ORDER_KEY),
+            "{err:?}"
+        );
+        assert!(std::error::Error::source(&err).is_some());
+    }
+
     #[test]
     fn garbage_file_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
@@ -202,7 +328,7 @@ mod tests {
         std::fs::write(&path, b"not a safetensors file").unwrap();
         assert!(matches!(
             StateDict::load_safetensors(&path),
-            Err(TensorError::Safetensors { .. })
+            Err(TensorError::Format { .. })
         ));
         assert!(matches!(
             StateDict::load_safetensors(&dir.path().join("nope")),

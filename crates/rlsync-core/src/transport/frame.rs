@@ -4,7 +4,7 @@
 //! Integers are little-endian, strings and byte strings carry a `u32` length. The receiver's `Hello` opens with
 //! [`VERSION`] so that mismatched builds refuse each other in the handshake instead of misreading frames.
 
-use crate::bytes::{BytesError, Reader};
+use crate::bytes::{BytesError, Reader, Writer};
 use crate::protocol::frame::{self, TooLong};
 
 /// Version of this control protocol, sent first in `Hello` and `Welcome`. 2: a receiver sees an increasing
@@ -80,7 +80,13 @@ const TAG_MESSAGE: u8 = 19;
 
 impl From<BytesError> for FrameError {
     fn from(e: BytesError) -> FrameError {
-        FrameError::Truncated { what: e.what() }
+        match e {
+            BytesError::TooLong { len, max, .. } => FrameError::TooLong {
+                len,
+                max: usize::try_from(max).unwrap_or(usize::MAX),
+            },
+            e => FrameError::Truncated { what: e.what() },
+        }
     }
 }
 
@@ -90,38 +96,15 @@ impl From<TooLong> for FrameError {
     }
 }
 
-/// Appends a frame's fields after its tag; `finish` seals the length prefix.
-struct FrameWriter {
-    out: Vec<u8>,
-}
-
-impl FrameWriter {
-    fn new(tag: u8) -> Self {
-        let mut out = frame::start();
-        out.push(tag);
-        FrameWriter { out }
-    }
-    fn u8(mut self, v: u8) -> Self {
-        self.out.push(v);
-        self
-    }
-    fn u32(mut self, v: u32) -> Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn u64(mut self, v: u64) -> Self {
-        self.out.extend_from_slice(&v.to_le_bytes());
-        self
-    }
-    fn bytes(mut self, v: &[u8]) -> Self {
-        // Frames are bounded by MAX_FRAME, checked by `finish`, so a length that does not fit in u32 never ships.
-        self = self.u32(u32::try_from(v.len()).unwrap_or(u32::MAX));
-        self.out.extend_from_slice(v);
-        self
-    }
-    fn finish(self) -> Result<Vec<u8>, FrameError> {
-        Ok(frame::seal(self.out, MAX_FRAME)?)
-    }
+/// One frame: `tag`, then the fields `fields` writes; the length prefix sealed (at most [`MAX_FRAME`]).
+fn frame_of(
+    tag: u8,
+    fields: impl FnOnce(&mut Writer) -> Result<(), BytesError>,
+) -> Result<Vec<u8>, FrameError> {
+    let mut w = Writer::from_vec(frame::start());
+    w.u8(tag);
+    fields(&mut w)?;
+    Ok(frame::seal(w.into_vec(), MAX_FRAME)?)
 }
 
 /// A frame's fields after its tag: each read names its field in errors.
@@ -171,32 +154,37 @@ impl Down {
                 receivers,
                 slots,
                 late,
-            } => FrameWriter::new(TAG_WELCOME)
-                .u8(*version)
-                .u32(*receivers)
-                .u32(*slots)
-                .u8(u8::from(*late))
-                .finish(),
-            Down::Reject { reason } => FrameWriter::new(TAG_REJECT)
-                .bytes(reason.as_bytes())
-                .finish(),
+            } => frame_of(TAG_WELCOME, |w| {
+                w.u8(*version)
+                    .u32(*receivers)
+                    .u32(*slots)
+                    .u8(u8::from(*late));
+                Ok(())
+            }),
+            Down::Reject { reason } => frame_of(TAG_REJECT, |w| {
+                w.bytes_u32(reason.as_bytes())?;
+                Ok(())
+            }),
             Down::Publish {
                 seq,
                 slot,
                 len,
                 segment,
-            } => {
-                let w = FrameWriter::new(TAG_PUBLISH).u64(*seq).u32(*slot).u64(*len);
+            } => frame_of(TAG_PUBLISH, |w| {
+                w.u64(*seq).u32(*slot).u64(*len);
                 match segment {
-                    None => w.u8(0),
-                    Some(s) => w
-                        .u8(1)
-                        .u64(s.generation)
-                        .u64(s.capacity)
-                        .bytes(s.name.as_bytes()),
+                    None => {
+                        w.u8(0);
+                    }
+                    Some(s) => {
+                        w.u8(1)
+                            .u64(s.generation)
+                            .u64(s.capacity)
+                            .bytes_u32(s.name.as_bytes())?;
+                    }
                 }
-                .finish()
-            }
+                Ok(())
+            }),
         }
     }
 
@@ -240,20 +228,23 @@ impl Down {
 impl Up {
     pub(crate) fn encode(&self) -> Result<Vec<u8>, FrameError> {
         match self {
-            Up::Hello { version, rank } => {
-                FrameWriter::new(TAG_HELLO).u8(*version).u32(*rank).finish()
-            }
-            Up::Mapped { slot, generation } => FrameWriter::new(TAG_MAPPED)
-                .u32(*slot)
-                .u64(*generation)
-                .finish(),
-            Up::Released { seq } => FrameWriter::new(TAG_RELEASED).u64(*seq).finish(),
-            Up::Message(msg) => {
-                // A message fills the rest of the frame: no inner length needed.
-                let mut w = FrameWriter::new(TAG_MESSAGE);
-                w.out.extend_from_slice(msg);
-                w.finish()
-            }
+            Up::Hello { version, rank } => frame_of(TAG_HELLO, |w| {
+                w.u8(*version).u32(*rank);
+                Ok(())
+            }),
+            Up::Mapped { slot, generation } => frame_of(TAG_MAPPED, |w| {
+                w.u32(*slot).u64(*generation);
+                Ok(())
+            }),
+            Up::Released { seq } => frame_of(TAG_RELEASED, |w| {
+                w.u64(*seq);
+                Ok(())
+            }),
+            // A message fills the rest of the frame: no inner length needed.
+            Up::Message(msg) => frame_of(TAG_MESSAGE, |w| {
+                w.bytes(msg);
+                Ok(())
+            }),
         }
     }
 

@@ -10,11 +10,10 @@
 //! beyond it and whether all of those nodes' local fan-outs are elastic (`receivers:u32 elastic:u8`), so the
 //! head sees one channel of `local + remote` receivers with global ranks in chain order.
 //!
-//! Frames after set-up (little-endian). Downstream: `PAYLOAD len:u64 bytes`, `PAYLOAD_TO rank:u32 len:u64
-//! bytes`, `FLUSH`, `PULL rank:u32`, `JOIN rank:u32`, `CLOSE`. Upstream (answers, in order): `FLUSHED n:u32
-//! rank:u32 × n` (the global ranks at and beyond the answering node whose receiver is detached now), `MSG
-//! rank:u32 len:u32 bytes`, `DONE`, `MISSING rank:u32 why:u8` (0: the receiver is gone, 1: it did not answer
-//! in time), `ERROR len:u32 utf8`.
+//! Frames after set-up (their bytes are `tcp_link`'s). Downstream: `PAYLOAD len` and the payload's bytes,
+//! `PAYLOAD_TO rank len` and the bytes, `FLUSH`, `PULL rank`, `JOIN rank`, `CLOSE`. Upstream (answers, in order):
+//! `FLUSHED ranks` (the global ranks at and beyond the answering node whose receiver is detached now), `MSG rank
+//! bytes`, `DONE`, `MISSING rank why` (the receiver is gone, or did not answer in time), `ERROR text`.
 //!
 //! Elastic chains (every node's local fan-out elastic, e.g. shm with `ShmConfig::elastic`) address one receiver
 //! and admit successors like an elastic shm channel: `PAYLOAD_TO` is forwarded (pipelined, like `PAYLOAD`) until
@@ -37,32 +36,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::inproc::AlignedBuf;
+use super::tcp_link::{
+    Answer, Extent, LinkError, MAGIC, Request, Why, decode_first_rank, encode_first_rank,
+};
 use super::{
     InProcSender, Peer, SendBackend, Sender, ShmSender, Target, TransportError, not_elastic,
 };
 use crate::protocol::auth::{self, AuthError};
-
-/// The chain's protocol name in the set-up (`protocol::auth`); 2: the token proof moved there; 3: elastic
-/// chains (targeted payloads, joins, detached ranks in `FLUSHED`).
-const MAGIC: &[u8; 8] = b"RLSYNCC3";
-/// Upper bound on one upstream message (metadata, reports).
-const MAX_MSG: usize = 64 << 20;
-
-const TAG_PAYLOAD: u8 = 1;
-const TAG_FLUSH: u8 = 2;
-const TAG_PULL: u8 = 3;
-const TAG_CLOSE: u8 = 4;
-const TAG_PAYLOAD_TO: u8 = 5;
-const TAG_JOIN: u8 = 6;
-const TAG_FLUSHED: u8 = 0x81;
-const TAG_MSG: u8 = 0x82;
-const TAG_ERROR: u8 = 0x83;
-const TAG_DONE: u8 = 0x84;
-const TAG_MISSING: u8 = 0x85;
-
-/// `MISSING` reasons.
-const WHY_GONE: u8 = 0;
-const WHY_SILENT: u8 = 1;
 /// The op a `MISSING` about a remote receiver is reported under.
 const OP_REMOTE: &str = "waiting on a receiver on another node";
 
@@ -152,6 +132,39 @@ fn auth_err(e: AuthError) -> TransportError {
     }
 }
 
+fn link_err(peer: &str) -> impl FnOnce(LinkError) -> TransportError + '_ {
+    move |source| TransportError::Link {
+        peer: node(peer),
+        source,
+    }
+}
+
+/// Read one link message with `decode` from `s`, after the bytes of it already in `buf`: as many bytes as the
+/// decoder says the message needs, and never more (a payload's bytes may follow it on the stream).
+async fn read_message<M>(
+    s: &mut TcpStream,
+    mut buf: Vec<u8>,
+    decode: fn(&[u8]) -> Result<M, LinkError>,
+    op: &'static str,
+    peer: &str,
+) -> Result<M, TransportError> {
+    let mut have = buf.len();
+    if have == 0 {
+        buf.resize(1, 0);
+    }
+    loop {
+        s.read_exact(&mut buf[have..])
+            .await
+            .map_err(read_err(op, peer))?;
+        have = buf.len();
+        match decode(&buf) {
+            Ok(m) => return Ok(m),
+            Err(LinkError::Incomplete { need, .. }) => buf.resize(need.max(have + 1), 0),
+            Err(e) => return Err(link_err(peer)(e)),
+        }
+    }
+}
+
 /// Upstream side of set-up: the mutual token proof (`protocol::auth`), then our first rank out and the
 /// receiver count at and beyond the next node (and whether they are all elastic) back.
 async fn client_handshake(
@@ -164,20 +177,14 @@ async fn client_handshake(
     let peer = auth::client(s, MAGIC, &cfg.token, &cfg.name, addr)
         .await
         .map_err(auth_err)?;
-    s.write_u32_le(first_rank)
+    s.write_all(&encode_first_rank(first_rank))
         .await
         .map_err(read_err(OP, &peer))?;
-    let receivers = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
-    let elastic = match s.read_u8().await.map_err(read_err(OP, &peer))? {
-        0 => false,
-        1 => true,
-        other => {
-            return Err(TransportError::Protocol {
-                peer: node(&peer),
-                reason: format!("sent elastic flag {other} (0 or 1 expected)"),
-            });
-        }
-    };
+    let mut answer = [0; Extent::LEN];
+    s.read_exact(&mut answer)
+        .await
+        .map_err(read_err(OP, &peer))?;
+    let Extent { receivers, elastic } = Extent::decode(&answer).map_err(link_err(&peer))?;
     Ok((peer, receivers, elastic))
 }
 
@@ -192,7 +199,11 @@ async fn server_handshake(
     let peer = auth::server(s, MAGIC, &cfg.token, &cfg.name, addr)
         .await
         .map_err(auth_err)?;
-    let first_rank = s.read_u32_le().await.map_err(read_err(OP, &peer))?;
+    let mut first = [0; 4];
+    s.read_exact(&mut first)
+        .await
+        .map_err(read_err(OP, &peer))?;
+    let first_rank = decode_first_rank(&first).map_err(link_err(&peer))?;
     Ok((peer, first_rank))
 }
 
@@ -203,8 +214,7 @@ async fn finish_server_handshake(
     elastic: bool,
 ) -> Result<(), TransportError> {
     const OP: &str = "completing set-up with the previous node";
-    let mut answer = receivers.to_le_bytes().to_vec();
-    answer.push(u8::from(elastic));
+    let answer = Extent { receivers, elastic }.encode();
     s.write_all(&answer).await.map_err(read_err(OP, peer))
 }
 
@@ -288,58 +298,6 @@ async fn connect_downstream(
     .await
 }
 
-/// One upstream answer.
-#[derive(Debug)]
-enum Answer {
-    /// `FLUSHED`: the global ranks at and beyond the answering node whose receiver is detached.
-    Flushed(Vec<u32>),
-    Msg(u32, Vec<u8>),
-    Done,
-    Missing {
-        rank: u32,
-        why: u8,
-    },
-}
-
-impl Answer {
-    fn name(&self) -> &'static str {
-        match self {
-            Answer::Flushed(_) => "FLUSHED",
-            Answer::Msg(..) => "MSG",
-            Answer::Done => "DONE",
-            Answer::Missing { .. } => "MISSING",
-        }
-    }
-
-    /// The frame that passes this answer on upstream.
-    fn encode(&self) -> Vec<u8> {
-        let mut frame = Vec::new();
-        match self {
-            Answer::Flushed(ranks) => {
-                frame.push(TAG_FLUSHED);
-                frame.extend_from_slice(&(ranks.len() as u32).to_le_bytes());
-                for r in ranks {
-                    frame.extend_from_slice(&r.to_le_bytes());
-                }
-            }
-            Answer::Msg(rank, msg) => {
-                frame.reserve(9 + msg.len());
-                frame.push(TAG_MSG);
-                frame.extend_from_slice(&rank.to_le_bytes());
-                frame.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-                frame.extend_from_slice(msg);
-            }
-            Answer::Done => frame.push(TAG_DONE),
-            Answer::Missing { rank, why } => {
-                frame.push(TAG_MISSING);
-                frame.extend_from_slice(&rank.to_le_bytes());
-                frame.push(*why);
-            }
-        }
-        frame
-    }
-}
-
 /// Read one upstream answer from `s`; `ERROR` becomes an error naming `peer`.
 async fn read_answer(
     s: &mut TcpStream,
@@ -347,61 +305,20 @@ async fn read_answer(
     timeout: Duration,
 ) -> Result<Answer, TransportError> {
     const OP: &str = "waiting for the next node's answer";
-    bounded(timeout, OP, peer, async {
-        let tag = s.read_u8().await.map_err(read_err(OP, peer))?;
-        match tag {
-            TAG_FLUSHED => {
-                let n = s.read_u32_le().await.map_err(read_err(OP, peer))? as usize;
-                if n > MAX_MSG / 4 {
-                    return Err(TransportError::TooLarge {
-                        what: "list of detached ranks",
-                        len: n,
-                        max: MAX_MSG / 4,
-                    });
-                }
-                let mut ranks = Vec::with_capacity(n);
-                for _ in 0..n {
-                    ranks.push(s.read_u32_le().await.map_err(read_err(OP, peer))?);
-                }
-                Ok(Answer::Flushed(ranks))
-            }
-            TAG_MSG => {
-                let rank = s.read_u32_le().await.map_err(read_err(OP, peer))?;
-                let len = s.read_u32_le().await.map_err(read_err(OP, peer))? as usize;
-                if len > MAX_MSG {
-                    return Err(TransportError::TooLarge {
-                        what: "upstream message",
-                        len,
-                        max: MAX_MSG,
-                    });
-                }
-                let mut msg = vec![0; len];
-                s.read_exact(&mut msg).await.map_err(read_err(OP, peer))?;
-                Ok(Answer::Msg(rank, msg))
-            }
-            TAG_DONE => Ok(Answer::Done),
-            TAG_MISSING => {
-                let rank = s.read_u32_le().await.map_err(read_err(OP, peer))?;
-                let why = s.read_u8().await.map_err(read_err(OP, peer))?;
-                Ok(Answer::Missing { rank, why })
-            }
-            TAG_ERROR => {
-                let len =
-                    (s.read_u32_le().await.map_err(read_err(OP, peer))? as usize).min(MAX_MSG);
-                let mut text = vec![0; len];
-                s.read_exact(&mut text).await.map_err(read_err(OP, peer))?;
-                Err(TransportError::Protocol {
-                    peer: node(peer),
-                    reason: format!("failed: {}", String::from_utf8_lossy(&text)),
-                })
-            }
-            other => Err(TransportError::Protocol {
-                peer: node(peer),
-                reason: format!("answered with unknown frame tag {other:#04x}"),
-            }),
-        }
-    })
-    .await
+    let answer = bounded(
+        timeout,
+        OP,
+        peer,
+        read_message(s, Vec::new(), Answer::decode, OP, peer),
+    )
+    .await?;
+    match answer {
+        Answer::Error(text) => Err(TransportError::Protocol {
+            peer: node(peer),
+            reason: format!("failed: {text}"),
+        }),
+        answer => Ok(answer),
+    }
 }
 
 fn unexpected(peer: &str, got: &Answer, due: &str) -> TransportError {
@@ -442,34 +359,33 @@ fn answer_about(
 }
 
 /// The error a `MISSING` answer stands for, naming the receiver by its global rank.
-fn missing(rank: u32, why: u8, timeout: Duration) -> TransportError {
+fn missing(rank: u32, why: Why, timeout: Duration) -> TransportError {
     let peer = Peer::Receiver(rank as usize);
-    if why == WHY_SILENT {
-        TransportError::Timeout {
+    match why {
+        Why::Silent => TransportError::Timeout {
             op: OP_REMOTE,
             peer,
             timeout,
-        }
-    } else {
-        TransportError::PeerGone {
+        },
+        Why::Gone => TransportError::PeerGone {
             op: OP_REMOTE,
             peer,
-        }
+        },
     }
 }
 
 /// The `MISSING` reason for an error of a node's local fan-out about its receivers (gone, or silent past the
 /// timeout); `None`: the error is the node's own (it breaks the chain).
-fn why_missing(err: &TransportError) -> Option<u8> {
+fn why_missing(err: &TransportError) -> Option<Why> {
     match err {
         TransportError::PeerGone {
             peer: Peer::Receiver(_) | Peer::Receivers(_),
             ..
-        } => Some(WHY_GONE),
+        } => Some(Why::Gone),
         TransportError::Timeout {
             peer: Peer::Receiver(_) | Peer::Receivers(_),
             ..
-        } => Some(WHY_SILENT),
+        } => Some(Why::Silent),
         _ => None,
     }
 }
@@ -571,17 +487,10 @@ struct Downstream {
 }
 
 impl Downstream {
-    /// Send a small request frame (`JOIN`, `PULL`).
-    async fn request(
-        &mut self,
-        tag: u8,
-        rank: u32,
-        op: &'static str,
-    ) -> Result<(), TransportError> {
-        let mut frame = vec![tag];
-        frame.extend_from_slice(&rank.to_le_bytes());
+    /// Send a request without payload bytes (`FLUSH`, `JOIN`, `PULL`).
+    async fn request(&mut self, req: &Request, op: &'static str) -> Result<(), TransportError> {
         self.stream
-            .write_all(&frame)
+            .write_all(&req.encode())
             .await
             .map_err(read_err(op, &self.peer))
     }
@@ -662,15 +571,7 @@ impl ChainSender {
         let bytes = staging.bytes(len);
         let peer = down.peer.clone();
         let s = &mut down.stream;
-        let mut header = Vec::with_capacity(13);
-        match target {
-            None => header.push(TAG_PAYLOAD),
-            Some(rank) => {
-                header.push(TAG_PAYLOAD_TO);
-                header.extend_from_slice(&rank.to_le_bytes());
-            }
-        }
-        header.extend_from_slice(&(len as u64).to_le_bytes());
+        let header = payload_request(target, len).encode();
         bounded(self.cfg.timeout, OP, &peer, async {
             s.write_all(&header).await.map_err(read_err(OP, &peer))
         })
@@ -765,7 +666,7 @@ impl SendBackend for ChainSender {
         let Some(down) = self.down.as_mut() else {
             unreachable!("checked by remote_rank")
         };
-        down.request(TAG_JOIN, rank, OP).await?;
+        down.request(&Request::Join { rank }, OP).await?;
         let got = read_answer(
             &mut down.stream,
             &down.peer,
@@ -833,10 +734,7 @@ impl SendBackend for ChainSender {
 
     async fn flush(&mut self) -> Result<(), TransportError> {
         if let Some(down) = self.down.as_mut() {
-            down.stream
-                .write_u8(TAG_FLUSH)
-                .await
-                .map_err(read_err("flushing the chain", &down.peer))?;
+            down.request(&Request::Flush, "flushing the chain").await?;
         }
         if let Some(local) = self.local.as_mut() {
             local.flush().await?;
@@ -871,10 +769,19 @@ impl SendBackend for ChainSender {
     }
 }
 
+/// The request announcing a payload of `len` bytes for every receiver (`target` None) or global rank `target`.
+fn payload_request(target: Option<u32>, len: usize) -> Request {
+    let len = len as u64;
+    match target {
+        None => Request::Payload { len },
+        Some(rank) => Request::PayloadTo { rank, len },
+    }
+}
+
 /// Ask the next node for receiver `rank`'s next upstream message: `MSG` or `MISSING` about it.
 async fn pull(down: &mut Downstream, rank: u32) -> Result<Answer, TransportError> {
     const OP: &str = "asking the next node for a message";
-    down.request(TAG_PULL, rank, OP).await?;
+    down.request(&Request::Pull { rank }, OP).await?;
     // Upstream messages may come long after (a receiver answers once it has work to report).
     let got = read_answer(&mut down.stream, &down.peer, Duration::MAX / 4).await?;
     answer_about(&down.peer, rank, got, true)
@@ -884,7 +791,7 @@ impl Drop for ChainSender {
     fn drop(&mut self) {
         // Best effort: tell the chain it ended (a closed socket tells it too).
         if let Some(down) = self.down.as_mut() {
-            let _ = down.stream.try_write(&[TAG_CLOSE]);
+            let _ = down.stream.try_write(&Request::Close.encode());
         }
     }
 }
@@ -967,9 +874,8 @@ impl ChainRelay {
         let result = self.serve_frames().await;
         if let Err(e) = &result {
             let text = format!("{}: {}", self.cfg.name, crate::error_chain(e));
-            let mut frame = vec![TAG_ERROR];
-            frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
-            frame.extend_from_slice(text.as_bytes());
+            // An error's text is cut to the limit, so its encoding cannot fail.
+            let frame = Answer::Error(text).encode().unwrap_or_default();
             let up = &mut self.up;
             let _ = tokio::time::timeout(Duration::from_secs(1), async {
                 up.write_all(&frame).await?;
@@ -989,28 +895,32 @@ impl ChainRelay {
 
     async fn serve_frames(&mut self) -> Result<RelayEnd, TransportError> {
         const OP: &str = "waiting for the next frame";
+        const READ: &str = "reading a frame";
         loop {
+            // The wait for the next frame is unbounded; the rest of a frame that began is not.
             let tag = match self.up.read_u8().await {
                 Ok(t) => t,
                 Err(e) => return Err(read_err(OP, &self.up_peer)(e)),
             };
-            match tag {
-                TAG_PAYLOAD => self.relay_payload(false).await?,
-                TAG_PAYLOAD_TO => self.relay_payload(true).await?,
-                TAG_FLUSH => self.flush().await?,
-                TAG_PULL => self.pull().await?,
-                TAG_JOIN => self.join().await?,
-                TAG_CLOSE => {
+            let peer = self.up_peer.clone();
+            let req = bounded(
+                self.cfg.timeout,
+                READ,
+                &peer,
+                read_message(&mut self.up, vec![tag], Request::decode, READ, &peer),
+            )
+            .await?;
+            match req {
+                Request::Payload { len } => self.relay_payload(None, len).await?,
+                Request::PayloadTo { rank, len } => self.relay_payload(Some(rank), len).await?,
+                Request::Flush => self.flush().await?,
+                Request::Pull { rank } => self.pull(rank).await?,
+                Request::Join { rank } => self.join(rank).await?,
+                Request::Close => {
                     if let Some(d) = self.down.as_mut() {
-                        let _ = d.stream.write_u8(TAG_CLOSE).await;
+                        let _ = d.stream.write_all(&Request::Close.encode()).await;
                     }
                     return Ok(RelayEnd::Closed);
-                }
-                other => {
-                    return Err(TransportError::Protocol {
-                        peer: node(&self.up_peer),
-                        reason: format!("sent unknown frame tag {other:#04x}"),
-                    });
                 }
             }
         }
@@ -1031,8 +941,16 @@ impl ChainRelay {
     }
 
     async fn answer_up(&mut self, answer: &Answer) -> Result<(), TransportError> {
+        // Only a list or message beyond the link's limits cannot be encoded.
+        let frame = answer.encode().map_err(|e| match e {
+            LinkError::TooLarge { what, len, max } => TransportError::TooLarge { what, len, max },
+            source => TransportError::Link {
+                peer: node(&self.up_peer),
+                source,
+            },
+        })?;
         self.up
-            .write_all(&answer.encode())
+            .write_all(&frame)
             .await
             .map_err(read_err("answering the previous node", &self.up_peer))
     }
@@ -1059,25 +977,17 @@ impl ChainRelay {
         }
     }
 
-    /// `PAYLOAD` (every receiver) or `PAYLOAD_TO rank` (`targeted`: one receiver, here or further down).
-    async fn relay_payload(&mut self, targeted: bool) -> Result<(), TransportError> {
+    /// The `len` bytes after `PAYLOAD` (`target` None: every receiver) or `PAYLOAD_TO rank` (one receiver, here
+    /// or further down).
+    async fn relay_payload(&mut self, target: Option<u32>, len: u64) -> Result<(), TransportError> {
         const OP: &str = "receiving a payload";
         const FWD: &str = "forwarding a payload";
         let timeout = self.cfg.timeout;
         let up_peer = self.up_peer.clone();
-        let target = if targeted {
-            let rank = bounded(timeout, OP, &up_peer, async {
-                self.up.read_u32_le().await.map_err(read_err(OP, &up_peer))
-            })
-            .await?;
-            Some((rank, self.owner(rank)?))
-        } else {
-            None
+        let target = match target {
+            Some(rank) => Some((rank, self.owner(rank)?)),
+            None => None,
         };
-        let len = bounded(timeout, OP, &up_peer, async {
-            self.up.read_u64_le().await.map_err(read_err(OP, &up_peer))
-        })
-        .await?;
         let len = usize::try_from(len).map_err(|_| TransportError::TooLarge {
             what: "payload",
             len: usize::MAX,
@@ -1089,15 +999,7 @@ impl ChainRelay {
         let Some(buf) = self.buf.as_mut() else {
             unreachable!("allocated above")
         };
-        let mut header = Vec::with_capacity(13);
-        match target {
-            None => header.push(TAG_PAYLOAD),
-            Some((rank, _)) => {
-                header.push(TAG_PAYLOAD_TO);
-                header.extend_from_slice(&rank.to_le_bytes());
-            }
-        }
-        header.extend_from_slice(&(len as u64).to_le_bytes());
+        let header = payload_request(target.as_ref().map(|(rank, _)| *rank), len).encode();
         let forward = !matches!(target, Some((_, Owner::Here(_))));
         let bytes = buf.bytes_mut(len);
         let part = self.cfg.part_bytes.max(1);
@@ -1200,10 +1102,7 @@ impl ChainRelay {
     async fn flush(&mut self) -> Result<(), TransportError> {
         const OP: &str = "flushing";
         if let Some(d) = self.down.as_mut() {
-            d.stream
-                .write_u8(TAG_FLUSH)
-                .await
-                .map_err(read_err(OP, &d.peer))?;
+            d.request(&Request::Flush, OP).await?;
         }
         if self.local.receivers() > 0 {
             self.local.flush().await?;
@@ -1222,13 +1121,8 @@ impl ChainRelay {
         self.answer_up(&Answer::Flushed(detached)).await
     }
 
-    async fn pull(&mut self) -> Result<(), TransportError> {
+    async fn pull(&mut self, rank: u32) -> Result<(), TransportError> {
         const OP: &str = "answering a pull";
-        let rank = self
-            .up
-            .read_u32_le()
-            .await
-            .map_err(read_err(OP, &self.up_peer))?;
         match self.owner(rank)? {
             Owner::Here(r) => {
                 let answer = match self.local.recv_from(r).await {
@@ -1241,20 +1135,15 @@ impl ChainRelay {
                 let Some(d) = self.down.as_mut() else {
                     unreachable!("Beyond needs a next node")
                 };
-                d.request(TAG_PULL, rank, OP).await?;
+                d.request(&Request::Pull { rank }, OP).await?;
                 self.pass_answer(rank, true).await
             }
         }
     }
 
     /// `JOIN rank`: wait for a successor of that receiver to join (here), or ask the node that owns it.
-    async fn join(&mut self) -> Result<(), TransportError> {
+    async fn join(&mut self, rank: u32) -> Result<(), TransportError> {
         const OP: &str = "answering a join";
-        let rank = self
-            .up
-            .read_u32_le()
-            .await
-            .map_err(read_err(OP, &self.up_peer))?;
         match self.owner(rank)? {
             Owner::Here(r) => {
                 let result = self.local.wait_joined(r).await;
@@ -1265,7 +1154,7 @@ impl ChainRelay {
                 let Some(d) = self.down.as_mut() else {
                     unreachable!("Beyond needs a next node")
                 };
-                d.request(TAG_JOIN, rank, OP).await?;
+                d.request(&Request::Join { rank }, OP).await?;
                 self.pass_answer(rank, false).await
             }
         }
@@ -1592,6 +1481,50 @@ mod tests {
             "{err}"
         );
         fake.abort();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_frame_that_is_no_link_message_ends_the_relay_naming_the_sender_and_why() {
+        let (listener, addr) = listen().await;
+        let (tx, _rxs) = inproc_channel_with_timeout(1, T);
+        let relay = tokio::spawn(async move {
+            let relay =
+                ChainRelay::establish(&listener, None, tx, cfg("node 1", b"secret", 64)).await?;
+            relay.serve().await
+        });
+        // A head that proves the token and completes set-up, then sends an unknown tag.
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        auth::client(&mut s, MAGIC, b"secret", "odd head", &addr)
+            .await
+            .unwrap();
+        s.write_all(&encode_first_rank(0)).await.unwrap();
+        let mut extent = [0; Extent::LEN];
+        s.read_exact(&mut extent).await.unwrap();
+        assert_eq!(
+            Extent::decode(&extent),
+            Ok(Extent {
+                receivers: 1,
+                elastic: false
+            })
+        );
+        s.write_all(&[0x07]).await.unwrap();
+        let err = relay.await.unwrap().unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                TransportError::Link { peer: Peer::Node(p), source: LinkError::UnknownTag { tag: 7 } }
+                    if p.contains("odd head")
+            ),
+            "{err:?}"
+        );
+        // The relay told its previous node why it stopped.
+        let mut rest = Vec::new();
+        s.read_to_end(&mut rest).await.unwrap();
+        let answer = Answer::decode(&rest).unwrap();
+        assert!(
+            matches!(&answer, Answer::Error(text) if text.starts_with("node 1: ") && text.contains("unknown frame tag 0x07")),
+            "{answer:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! Checkpoint files: named libtorch tensors to and from safetensors (written straight from the tensors'
-//! CPU memory, no staging copy), with string metadata (roles, step, version, optimizer steps).
+//! CPU memory, no staging copy, replacing the file whole or not at all), with string metadata (roles, step,
+//! version, optimizer steps).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -9,6 +10,8 @@ use safetensors::tensor::{Dtype, SafeTensors, View};
 use tch::{Kind, Tensor};
 
 use rlsync::checkpoint::CheckpointError;
+use rlsync_core::atomic_file::{Access, AtomicFile};
+use rlsync_core::tensor::TensorError;
 
 use crate::rl::RlError;
 
@@ -77,7 +80,18 @@ fn kind_of(dtype: Dtype) -> Option<Kind> {
     })
 }
 
-/// Writes `tensors` and `metadata` to `path`.
+/// The checkpoint error for a file the `safetensors` crate cannot read or write.
+fn format_error(path: &Path) -> impl FnOnce(safetensors::SafeTensorError) -> CheckpointError + '_ {
+    move |source| CheckpointError::Tensors {
+        path: path.to_owned(),
+        source: TensorError::Format {
+            path: path.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Writes `tensors` and `metadata` to `path` (a temporary file beside it, synced, renamed over it).
 pub(crate) fn save(
     path: &Path,
     tensors: &[(String, Tensor)],
@@ -108,12 +122,19 @@ pub(crate) fn save(
             ))
         })
         .collect::<Result<Vec<_>, RlError>>()?;
+    let io = |source| CheckpointError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = AtomicFile::create(path, Access::Shared).map_err(io)?;
     safetensors::serialize_to_file(
         views.iter().map(|(n, v)| (n.as_str(), v)),
         &Some(metadata),
-        path,
+        file.path(),
     )
-    .map_err(|e| err(e.to_string()).into())
+    .map_err(format_error(path))?;
+    file.commit().map_err(io)?;
+    Ok(())
 }
 
 /// A checkpoint file's tensors (in file order) and its metadata.
@@ -129,9 +150,9 @@ pub(crate) fn load(path: &Path) -> Result<Loaded, RlError> {
         path: path.to_owned(),
         source,
     })?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| err(e.to_string()))?;
+    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(format_error(path))?;
     let metadata = meta.metadata().clone().unwrap_or_default();
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| err(e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(format_error(path))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
         let kind = kind_of(view.dtype())
