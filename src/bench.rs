@@ -221,12 +221,12 @@ fn links(kind: TransportKind, receivers: usize) -> (TxLink, Vec<RxLink>) {
 fn borrow_all(owner: &mut StateDict) -> Result<StateDict, rlsync_core::tensor::TensorError> {
     let mut state = StateDict::new();
     for (name, t) in owner.iter_mut() {
-        let (layout, role) = (t.layout().clone(), t.role());
+        let (layout, class) = (t.layout().clone(), t.class());
         let bytes = t.bytes_mut();
         // SAFETY: the owner outlives the borrowed state (both live in the receiver's thread, the borrowed one
         // dropped first) and is not touched while it lives; its storages never move or resize.
         let storage = unsafe { Storage::borrowed(bytes.as_mut_ptr(), bytes.len()) };
-        state.insert(name, Tensor::from_storage(layout, storage, role)?);
+        state.insert(name, Tensor::from_storage(layout, storage, class)?);
     }
     Ok(state)
 }

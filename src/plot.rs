@@ -32,10 +32,18 @@ pub enum PlotError {
     Usage { reason: String },
     #[error("{path}: no metrics.jsonl here or in a job directory below")]
     NoMetrics { path: PathBuf },
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
+    },
+    #[error("{path}:{line}: not a metrics record")]
+    Json {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
     },
     #[error("{path}:{line}: not a metrics record: {reason}")]
     Record {
@@ -49,8 +57,12 @@ pub enum PlotError {
     NothingToPlot,
     #[error("drawing the plot: {reason}")]
     Draw { reason: String },
-    #[error("cannot write {path}: {reason}")]
-    Write { path: PathBuf, reason: String },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The parsed command line of `rlsync plot`.
@@ -155,8 +167,12 @@ pub fn load_run(dir: &Path) -> Result<Run, PlotError> {
             line: i + 1,
             reason,
         };
-        let record: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        let record: serde_json::Map<String, serde_json::Value> = serde_json::from_str(line)
+            .map_err(|source| PlotError::Json {
+                path: path.clone(),
+                line: i + 1,
+                source,
+            })?;
         let step = record
             .get("step")
             .and_then(serde_json::Value::as_f64)
@@ -276,9 +292,9 @@ pub fn run(args: &PlotArgs) -> Result<PathBuf, PlotError> {
         .clone()
         .unwrap_or_else(|| args.runs[0].join("curves.png"));
     let png = render(&runs, &keys)?;
-    std::fs::write(&output, png).map_err(|e| PlotError::Write {
+    std::fs::write(&output, png).map_err(|source| PlotError::Write {
         path: output.clone(),
-        reason: e.to_string(),
+        source,
     })?;
     Ok(output)
 }
@@ -488,6 +504,11 @@ mod tests {
         std::fs::write(tmp.path().join("metrics.jsonl"), "{\"step\":0}\nnot json\n").unwrap();
         let err = load_run(tmp.path()).unwrap_err();
         assert!(err.to_string().contains("metrics.jsonl:2"), "{err}");
+        assert!(
+            matches!(&err, PlotError::Json { line: 2, .. })
+                && std::error::Error::source(&err).is_some(),
+            "the JSON error is the cause: {err:?}"
+        );
         std::fs::write(tmp.path().join("metrics.jsonl"), "{\"x\":1}\n").unwrap();
         assert!(load_run(tmp.path()).is_err());
         let args = |a: &[&str]| parse_args(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>());

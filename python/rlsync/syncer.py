@@ -301,17 +301,17 @@ class WeightSyncer:
         return None
 
     def sender_initialized(self) -> bool:
-        return self._native.role == "sender" or not self._active
+        return self._native.end == "sender" or not self._active
 
     def receiver_initialized(self) -> bool:
-        return self._native.role == "receiver"
+        return self._native.end == "receiver"
 
     def _check_channel(self, end: Any) -> None:
         if end is not self._channel:
             raise ValueError("this syncer runs on the shm channel it was initialised with: pass that channel end")
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(role={self._native.role!r}, version={self.version})"
+        return f"{type(self).__name__}(end={self._native.end!r}, version={self.version})"
 
 
 def _device(value: Any, what: str) -> str:

@@ -98,30 +98,30 @@ enum End {
     Receiver(SyncReceiver),
 }
 
-/// Which end (for the messages and the `role` getter).
+/// Which end the syncer is (for the messages and the `end` getter).
 #[derive(PartialEq, Eq, Clone, Copy)]
-enum Role {
+enum EndKind {
     Uninit,
     Sender,
     Receiver,
 }
 
-impl Role {
+impl EndKind {
     fn name(self) -> &'static str {
         match self {
-            Role::Uninit => "uninitialised",
-            Role::Sender => "sender",
-            Role::Receiver => "receiver",
+            EndKind::Uninit => "uninitialised",
+            EndKind::Sender => "sender",
+            EndKind::Receiver => "receiver",
         }
     }
 }
 
 impl End {
-    fn role(&self) -> Role {
+    fn kind(&self) -> EndKind {
         match self {
-            End::Unready(_) => Role::Uninit,
-            End::Sender(_) => Role::Sender,
-            End::Receiver(_) => Role::Receiver,
+            End::Unready(_) => EndKind::Uninit,
+            End::Sender(_) => EndKind::Sender,
+            End::Receiver(_) => EndKind::Receiver,
         }
     }
 
@@ -135,18 +135,18 @@ impl End {
 }
 
 /// Where the end is: here (boxed: it is large, and moves into and out of every op), held by a running op, or
-/// lost with an op abandoned midway (`role`: its kind).
+/// lost with an op abandoned midway (`kind`: its kind).
 enum Slot {
     Ready(Box<End>),
-    Busy { op: &'static str, role: Role },
-    Lost { role: Role },
+    Busy { op: &'static str, kind: EndKind },
+    Lost { kind: EndKind },
 }
 
 impl Slot {
-    fn role(&self) -> Role {
+    fn kind(&self) -> EndKind {
         match self {
-            Slot::Ready(end) => end.role(),
-            Slot::Busy { role, .. } | Slot::Lost { role } => *role,
+            Slot::Ready(end) => end.kind(),
+            Slot::Busy { kind, .. } | Slot::Lost { kind } => *kind,
         }
     }
 }
@@ -184,22 +184,22 @@ enum Driver {
 }
 
 impl NativeSyncer {
-    /// Take the end out for op `what`, which needs an end of kind `role` (`pick` takes that kind apart); an
+    /// Take the end out for op `what`, which needs an end of kind `kind` (`pick` takes that kind apart); an
     /// error if it is another kind, another op runs or one was abandoned.
     fn take<T>(
         &self,
         what: &'static str,
-        role: Role,
+        kind: EndKind,
         pick: fn(Box<End>) -> Result<T, Box<End>>,
     ) -> PyResult<T> {
         let mut g = lock(&self.inner);
-        if g.end.role() != role {
-            return Err(wrong_end(what, role));
+        if g.end.kind() != kind {
+            return Err(wrong_end(what, kind));
         }
-        match std::mem::replace(&mut g.end, Slot::Busy { op: what, role }) {
+        match std::mem::replace(&mut g.end, Slot::Busy { op: what, kind }) {
             Slot::Ready(end) => pick(end).map_err(|end| {
                 g.end = Slot::Ready(end);
-                wrong_end(what, role)
+                wrong_end(what, kind)
             }),
             other => {
                 let err = match &other {
@@ -232,8 +232,8 @@ impl NativeSyncer {
     /// An op was abandoned without handing its end back.
     fn lose(&self) {
         let mut g = lock(&self.inner);
-        let role = g.end.role();
-        g.end = Slot::Lost { role };
+        let kind = g.end.kind();
+        g.end = Slot::Lost { kind };
     }
 
     /// The keys of `st` must be those seen at init.
@@ -274,13 +274,13 @@ impl NativeSyncer {
     }
 }
 
-/// The error of op `what` on an end that is not of kind `role`.
-fn wrong_end(what: &str, role: Role) -> PyErr {
-    RlsyncError::new_err(match role {
-        Role::Uninit => "the syncer is already initialised".to_owned(),
-        Role::Sender | Role::Receiver => format!(
+/// The error of op `what` on an end that is not of kind `kind`.
+fn wrong_end(what: &str, kind: EndKind) -> PyErr {
+    RlsyncError::new_err(match kind {
+        EndKind::Uninit => "the syncer is already initialised".to_owned(),
+        EndKind::Sender | EndKind::Receiver => format!(
             "{what}: the syncer is not initialised as a {0} (call init_{0} first)",
-            role.name()
+            kind.name()
         ),
     })
 }
@@ -361,7 +361,7 @@ impl NativeSyncer {
         same_keys: bool,
     ) -> PyResult<Op> {
         let this = slf.get();
-        this.expect(Role::Uninit, "init")?;
+        this.expect(EndKind::Uninit, "init")?;
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
         let (ch, io) = match channel {
@@ -371,7 +371,7 @@ impl NativeSyncer {
                 (tx, Some(io))
             }
         };
-        let mut syncer = this.take("init_sender", Role::Uninit, unready)?;
+        let mut syncer = this.take("init_sender", EndKind::Uninit, unready)?;
         syncer.require_same_keys(same_keys);
         this.start_init(&st, &io);
         let fut = async move {
@@ -394,7 +394,7 @@ impl NativeSyncer {
         channel: Option<&Bound<'_, ShmReceiver>>,
     ) -> PyResult<Op> {
         let this = slf.get();
-        this.expect(Role::Uninit, "init")?;
+        this.expect(EndKind::Uninit, "init")?;
         let (mut st, keep) = borrow(tensors)?;
         let (ch, io) = match channel {
             Some(c) => (c.get().take()?, None),
@@ -403,7 +403,7 @@ impl NativeSyncer {
                 (rx, Some(io))
             }
         };
-        let syncer = this.take("init_receiver", Role::Uninit, unready)?;
+        let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
         this.start_init(&st, &io);
         let fut = async move {
             match syncer.init_receiver(&mut st.state, ch).await {
@@ -420,10 +420,10 @@ impl NativeSyncer {
     /// Start one sync of `version` (sender).
     fn begin_sync(slf: &Bound<'_, Self>, tensors: Vec<Desc>, version: u64) -> PyResult<Op> {
         let this = slf.get();
-        this.expect(Role::Sender, "sync")?;
+        this.expect(EndKind::Sender, "sync")?;
         let (st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
-        let mut sender = this.take("sync", Role::Sender, sender)?;
+        let mut sender = this.take("sync", EndKind::Sender, sender)?;
         let fut = async move {
             let result = sender.sync(&st.state, version).await;
             out(End::Sender(sender), result.map(Some))
@@ -434,10 +434,10 @@ impl NativeSyncer {
     /// Start one receive + install (receiver); the op's result is the applied version.
     fn begin_apply(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
         let this = slf.get();
-        this.expect(Role::Receiver, "apply")?;
+        this.expect(EndKind::Receiver, "apply")?;
         let (mut st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
-        let mut receiver = this.take("apply", Role::Receiver, receiver)?;
+        let mut receiver = this.take("apply", EndKind::Receiver, receiver)?;
         let fut = async move {
             let result = receiver.apply(&mut st.state).await;
             out(End::Receiver(receiver), result.map(Some))
@@ -449,7 +449,7 @@ impl NativeSyncer {
     /// shm channel; on the caller's transport there is nothing in flight that rlsync holds).
     fn begin_flush(slf: &Bound<'_, Self>) -> PyResult<Op> {
         let this = slf.get();
-        let mut sender = this.take("flush", Role::Sender, sender)?;
+        let mut sender = this.take("flush", EndKind::Sender, sender)?;
         let fut = async move {
             let result = sender.flush().await.map(|()| None);
             out(End::Sender(sender), result)
@@ -468,8 +468,8 @@ impl NativeSyncer {
 
     /// `"sender"`, `"receiver"` or `"uninitialised"`.
     #[getter]
-    fn role(&self) -> &'static str {
-        lock(&self.inner).end.role().name()
+    fn end(&self) -> &'static str {
+        lock(&self.inner).end.kind().name()
     }
 
     /// Whether the syncer was initialised on rlsync's shm channel (else on the caller's send/recv).
@@ -532,12 +532,12 @@ impl NativeSyncer {
 }
 
 impl NativeSyncer {
-    /// A call for `role`'s end (sync, apply): refused before its tensors are looked at when this is another end.
-    fn expect(&self, role: Role, what: &str) -> PyResult<()> {
-        if lock(&self.inner).end.role() == role {
+    /// A call for `kind`'s end (sync, apply): refused before its tensors are looked at when this is another end.
+    fn expect(&self, kind: EndKind, what: &str) -> PyResult<()> {
+        if lock(&self.inner).end.kind() == kind {
             return Ok(());
         }
-        Err(wrong_end(what, role))
+        Err(wrong_end(what, kind))
     }
 }
 

@@ -18,7 +18,7 @@ use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, Wor
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
 use rlsync_core::protocol::arrays::ChunkOrigin;
 use rlsync_core::protocol::arrays::{self, NamedArray};
-use rlsync_core::tensor::{Role, StateDict};
+use rlsync_core::tensor::{Class, StateDict};
 
 use crate::checkpoint;
 use crate::errors::{RlsyncError, chain};
@@ -106,7 +106,7 @@ impl Workload for PyWorkload {
             let mut state = borrowed.state;
             for (name, tensor) in state.iter_mut() {
                 if !synced.iter().any(|s| s == name) {
-                    tensor.set_role(Role::Frozen);
+                    tensor.set_class(Class::Frozen);
                 }
             }
             Ok(state)

@@ -178,18 +178,23 @@ pub fn write(state: &StateDict, version: u64, path: &Path) -> Result<u64, LocalC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlsync_core::tensor::{DType, Role, Tensor};
+    use rlsync_core::tensor::{Class, DType, Tensor};
 
     fn state(seed: f32) -> StateDict {
         let mut s = StateDict::new();
         s.insert(
             "w",
-            Tensor::from_slice(DType::F32, &[2, 2], Role::Trainable, &[seed, 2.0, 3.0, 4.0])
-                .unwrap(),
+            Tensor::from_slice(
+                DType::F32,
+                &[2, 2],
+                Class::Trainable,
+                &[seed, 2.0, 3.0, 4.0],
+            )
+            .unwrap(),
         );
         s.insert(
             "frozen",
-            Tensor::from_slice(DType::I64, &[1], Role::Frozen, &[7i64]).unwrap(),
+            Tensor::from_slice(DType::I64, &[1], Class::Frozen, &[7i64]).unwrap(),
         );
         s
     }
@@ -232,7 +237,7 @@ mod tests {
         let mut other = state(9.0);
         other.insert(
             "extra",
-            Tensor::zeros(DType::F32, &[1], Role::Frozen).unwrap(),
+            Tensor::zeros(DType::F32, &[1], Class::Frozen).unwrap(),
         );
         write(&other, 3, &path).unwrap();
         let err = rlsync_core::error_chain(&copy.load_into(&mut s).unwrap_err());

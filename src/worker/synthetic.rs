@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use crate::config::schema::{ModelConfig, WeightDtype};
 use crate::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
-use rlsync_core::tensor::{DType, Role, StateDict, Tensor};
+use rlsync_core::tensor::{Class, DType, StateDict, Tensor};
 
-/// Name, shape and role of one tensor of the synthetic model.
+/// Name, shape and class of one tensor of the synthetic model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TensorSpec {
     pub name: String,
     pub shape: Vec<usize>,
-    pub role: Role,
+    pub class: Class,
 }
 
 impl TensorSpec {
@@ -75,7 +75,7 @@ pub fn layout(model: &ModelConfig) -> Result<Vec<TensorSpec>, WorkloadError> {
         specs.push(TensorSpec {
             name: format!("backbone.layers.{i}.weight"),
             shape: shape_for(n),
-            role: Role::Frozen,
+            class: Class::Frozen,
         });
     }
     let head_params = model.params - frozen_params;
@@ -95,14 +95,14 @@ pub fn layout(model: &ModelConfig) -> Result<Vec<TensorSpec>, WorkloadError> {
         specs.push(TensorSpec {
             name: format!("head.layers.{i}.weight"),
             shape: shape_for(n),
-            role: Role::Trainable,
+            class: Class::Trainable,
         });
     }
     if buffer_len > 0 {
         specs.push(TensorSpec {
             name: "head.norm.running_mean".into(),
             shape: vec![buffer_len as usize],
-            role: Role::Buffer,
+            class: Class::Buffer,
         });
     }
     Ok(specs)
@@ -158,7 +158,7 @@ struct Master {
     params: Vec<f32>,
     m: Vec<f32>,
     v: Vec<f32>,
-    role: Role,
+    class: Class,
 }
 
 pub(crate) struct SyntheticWorkload {
@@ -195,7 +195,7 @@ impl SyntheticWorkload {
             return Ok(());
         }
         for spec in layout(&self.model)? {
-            if spec.role == Role::Frozen {
+            if spec.class == Class::Frozen {
                 continue;
             }
             let tensor = state
@@ -215,7 +215,7 @@ impl SyntheticWorkload {
                 params,
                 m: vec![0.0; n],
                 v: vec![0.0; n],
-                role: spec.role,
+                class: spec.class,
             });
         }
         Ok(())
@@ -233,9 +233,13 @@ impl Workload for SyntheticWorkload {
         let mut state = StateDict::default();
         let size = self.dtype.size_bytes();
         for spec in layout(&self.model)? {
-            let mut tensor = Tensor::zeros(self.dtype, &spec.shape, spec.role)?;
+            let mut tensor = Tensor::zeros(self.dtype, &spec.shape, spec.class)?;
             let mut rng = Rng::new(name_seed(self.seed, &spec.name));
-            let scale = if spec.role == Role::Buffer { 1.0 } else { 0.05 };
+            let scale = if spec.class == Class::Buffer {
+                1.0
+            } else {
+                0.05
+            };
             for elem in tensor.bytes_mut().chunks_exact_mut(size) {
                 write_elem(self.dtype, elem, rng.next_sym() * scale);
             }
@@ -275,7 +279,7 @@ impl Workload for SyntheticWorkload {
                 ) else {
                     break;
                 };
-                if master.role == Role::Buffer {
+                if master.class == Class::Buffer {
                     // Running statistics drift towards fresh batch statistics.
                     *p = 0.99 * *p + 0.01 * self.rng.next_sym();
                 } else {
@@ -310,7 +314,7 @@ impl Workload for SyntheticWorkload {
         // A fake return that depends on the weights, so different versions act differently.
         let probe = state
             .iter()
-            .find(|(_, t)| t.role() == Role::Trainable)
+            .find(|(_, t)| t.class() == Class::Trainable)
             .and_then(|(_, t)| {
                 t.bytes()
                     .get(..self.dtype.size_bytes())
@@ -349,17 +353,17 @@ mod tests {
         }
     }
 
-    fn check_layout(params: u64, tensors: u32, frozen: f64, expect_roles: (usize, usize, usize)) {
+    fn check_layout(params: u64, tensors: u32, frozen: f64, expect_classes: (usize, usize, usize)) {
         let specs = layout(&model(params, tensors, frozen)).unwrap();
         assert_eq!(specs.len(), tensors as usize);
-        let count = |r: Role| specs.iter().filter(|s| s.role == r).count();
+        let count = |r: Class| specs.iter().filter(|s| s.class == r).count();
         assert_eq!(
             (
-                count(Role::Frozen),
-                count(Role::Trainable),
-                count(Role::Buffer)
+                count(Class::Frozen),
+                count(Class::Trainable),
+                count(Class::Buffer)
             ),
-            expect_roles
+            expect_classes
         );
         let total: u64 = specs.iter().map(TensorSpec::numel).sum();
         assert!(
@@ -368,14 +372,14 @@ mod tests {
         );
         let frozen_total: u64 = specs
             .iter()
-            .filter(|s| s.role == Role::Frozen)
+            .filter(|s| s.class == Class::Frozen)
             .map(TensorSpec::numel)
             .sum();
         assert!((frozen_total as f64 - params as f64 * frozen).abs() <= params as f64 * 0.05);
     }
 
     #[test]
-    fn layouts_have_requested_roles_and_sizes() {
+    fn layouts_have_requested_classes_and_sizes() {
         check_layout(1 << 20, 16, 0.0, (0, 15, 1));
         check_layout(1 << 20, 16, 0.5, (8, 7, 1));
         check_layout(1 << 20, 10, 0.97, (9, 1, 0));

@@ -106,7 +106,7 @@ pub struct TrajectoryChunk {
 /// `init_state` then `rollout` per chunk. Both sides build the same layout from the same config, so frozen
 /// tensors agree without being synced. Implementations may block (they run on dedicated threads).
 pub trait Workload: Send {
-    /// Build the model state dict with roles (trainable | buffer | frozen) and initial values.
+    /// Build the model state dict with tensor classes (trainable | buffer | frozen) and initial values.
     fn init_state(&mut self) -> Result<StateDict, WorkloadError>;
     /// One optimisation step on `batch`, updating `state` in place.
     fn train_step(

@@ -1,7 +1,7 @@
-//! Named CPU tensors with dtype, shape and role (trainable | buffer | frozen); safetensors I/O; checksums.
+//! Named CPU tensors with dtype, shape and class (trainable | buffer | frozen); safetensors I/O; checksums.
 //!
 //! A [`Tensor`] is a [`Layout`] (dtype + shape) over a [`Storage`] (aligned host bytes) plus its
-//! [`Role`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
+//! [`Class`]. A [`StateDict`] is an ordered map from names to tensors. "Synced keys" are the trainable
 //! parameters and persistent buffers; frozen tensors are only aligned by the one-time init bootstrap.
 
 pub mod borrowed;
@@ -56,7 +56,7 @@ pub enum TensorError {
         #[source]
         source: safetensors_io::SafeTensorError,
     },
-    /// One of rlsync's metadata entries (key order, roles) is not the JSON list it writes.
+    /// One of rlsync's metadata entries (key order, classes) is not the JSON list it writes.
     #[error("safetensors file {path}: bad {key} metadata")]
     Metadata {
         path: std::path::PathBuf,
@@ -93,7 +93,7 @@ pub enum LayoutMismatch {
 
 /// How a tensor takes part in training and weight sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
+pub enum Class {
     /// A parameter the optimizer updates (synced every version).
     Trainable,
     /// A persistent buffer (running stats, counters; synced every version).
@@ -102,41 +102,41 @@ pub enum Role {
     Frozen,
 }
 
-impl Role {
+impl Class {
     pub fn name(self) -> &'static str {
         match self {
-            Role::Trainable => "trainable",
-            Role::Buffer => "buffer",
-            Role::Frozen => "frozen",
+            Class::Trainable => "trainable",
+            Class::Buffer => "buffer",
+            Class::Frozen => "frozen",
         }
     }
 
-    pub(crate) fn from_name(name: &str) -> Option<Role> {
+    pub(crate) fn from_name(name: &str) -> Option<Class> {
         match name {
-            "trainable" => Some(Role::Trainable),
-            "buffer" => Some(Role::Buffer),
-            "frozen" => Some(Role::Frozen),
+            "trainable" => Some(Class::Trainable),
+            "buffer" => Some(Class::Buffer),
+            "frozen" => Some(Class::Frozen),
             _ => None,
         }
     }
 
-    /// Whether incremental sync covers tensors of this role.
+    /// Whether incremental sync covers tensors of this class.
     pub(crate) fn is_synced(self) -> bool {
-        !matches!(self, Role::Frozen)
+        !matches!(self, Class::Frozen)
     }
 }
 
-/// A contiguous tensor: layout + storage + role. Not `Clone` (use [`Tensor::duplicate`]).
+/// A contiguous tensor: layout + storage + class. Not `Clone` (use [`Tensor::duplicate`]).
 #[derive(Debug)]
 pub struct Tensor {
     layout: Layout,
     storage: Storage,
-    role: Role,
+    class: Class,
 }
 
 impl Tensor {
     /// A zero-filled tensor.
-    pub fn zeros(dtype: DType, shape: &[usize], role: Role) -> Result<Tensor, TensorError> {
+    pub fn zeros(dtype: DType, shape: &[usize], class: Class) -> Result<Tensor, TensorError> {
         let layout = Layout::new(dtype, shape);
         let len = layout
             .checked_byte_len()
@@ -147,7 +147,7 @@ impl Tensor {
         Ok(Tensor {
             layout,
             storage: Storage::zeroed(len),
-            role,
+            class,
         })
     }
 
@@ -155,10 +155,10 @@ impl Tensor {
     pub fn from_bytes(
         dtype: DType,
         shape: &[usize],
-        role: Role,
+        class: Class,
         bytes: &[u8],
     ) -> Result<Tensor, TensorError> {
-        let mut t = Tensor::zeros(dtype, shape, role)?;
+        let mut t = Tensor::zeros(dtype, shape, class)?;
         if t.storage.len() != bytes.len() {
             return Err(TensorError::ByteLength {
                 dtype,
@@ -175,7 +175,7 @@ impl Tensor {
     pub fn from_slice<T: Element>(
         dtype: DType,
         shape: &[usize],
-        role: Role,
+        class: Class,
         values: &[T],
     ) -> Result<Tensor, TensorError> {
         if !T::matches(dtype) {
@@ -184,14 +184,14 @@ impl Tensor {
                 requested: std::any::type_name::<T>(),
             });
         }
-        Tensor::from_bytes(dtype, shape, role, bytemuck::cast_slice(values))
+        Tensor::from_bytes(dtype, shape, class, bytemuck::cast_slice(values))
     }
 
     /// A tensor over an existing storage; its length must match the layout.
     pub fn from_storage(
         layout: Layout,
         storage: Storage,
-        role: Role,
+        class: Class,
     ) -> Result<Tensor, TensorError> {
         let expected = layout
             .checked_byte_len()
@@ -210,7 +210,7 @@ impl Tensor {
         Ok(Tensor {
             layout,
             storage,
-            role,
+            class,
         })
     }
 
@@ -219,7 +219,7 @@ impl Tensor {
         Tensor {
             layout: self.layout.clone(),
             storage: self.storage.duplicate(),
-            role: self.role,
+            class: self.class,
         }
     }
 
@@ -239,12 +239,12 @@ impl Tensor {
         self.storage.len() / self.dtype().size_bytes()
     }
 
-    pub fn role(&self) -> Role {
-        self.role
+    pub fn class(&self) -> Class {
+        self.class
     }
 
-    pub fn set_role(&mut self, role: Role) {
-        self.role = role;
+    pub fn set_class(&mut self, class: Class) {
+        self.class = class;
     }
 
     pub fn storage(&self) -> &Storage {
@@ -374,7 +374,7 @@ impl StateDict {
     pub fn synced_keys(&self) -> Vec<String> {
         self.tensors
             .iter()
-            .filter(|(_, t)| t.role.is_synced())
+            .filter(|(_, t)| t.class.is_synced())
             .map(|(k, _)| k.clone())
             .collect()
     }
@@ -395,7 +395,7 @@ impl StateDict {
         }
     }
 
-    /// Save to a safetensors file with further string metadata entries; roles and the key order are kept in
+    /// Save to a safetensors file with further string metadata entries; classes and the key order are kept in
     /// the file's metadata. (Checkpoints of workloads without libtorch: synthetic, Python workers.) The file is
     /// replaced whole or not at all ([`crate::atomic_file`]), readable as `File::create` makes it.
     pub fn save_safetensors_with(
@@ -476,7 +476,7 @@ impl StateDict {
         Ok(meta)
     }
 
-    /// Load a safetensors file (roles default to trainable when the file has no rlsync metadata).
+    /// Load a safetensors file (classes default to trainable when the file has no rlsync metadata).
     pub fn load_safetensors(path: &std::path::Path) -> Result<StateDict, TensorError> {
         safetensors_io::load(path)
     }
@@ -496,7 +496,7 @@ mod tests {
 
     #[test]
     fn typed_views_check_dtype() {
-        let mut t = Tensor::from_slice(DType::F32, &[2], Role::Trainable, &[1.0f32, 2.0]).unwrap();
+        let mut t = Tensor::from_slice(DType::F32, &[2], Class::Trainable, &[1.0f32, 2.0]).unwrap();
         assert_eq!(t.as_slice::<f32>().unwrap(), &[1.0, 2.0]);
         assert!(matches!(
             t.as_slice::<bf16>(),
@@ -504,13 +504,13 @@ mod tests {
         ));
         t.as_mut_slice::<f32>().unwrap()[1] = 5.0;
         assert_eq!(t.as_slice::<f32>().unwrap()[1], 5.0);
-        let b = Tensor::from_slice(DType::Bool, &[3], Role::Buffer, &[1u8, 0, 1]).unwrap();
+        let b = Tensor::from_slice(DType::Bool, &[3], Class::Buffer, &[1u8, 0, 1]).unwrap();
         assert_eq!(b.as_slice::<u8>().unwrap(), &[1, 0, 1]);
     }
 
     #[test]
     fn from_bytes_rejects_wrong_length() {
-        let err = Tensor::from_bytes(DType::I16, &[3], Role::Trainable, &[0u8; 5]).unwrap_err();
+        let err = Tensor::from_bytes(DType::I16, &[3], Class::Trainable, &[0u8; 5]).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -527,19 +527,19 @@ mod tests {
     #[test]
     fn synced_keys_skip_frozen_in_order() {
         let mut sd = StateDict::new();
-        sd.insert("a", Tensor::zeros(DType::F32, &[2], Role::Frozen).unwrap());
+        sd.insert("a", Tensor::zeros(DType::F32, &[2], Class::Frozen).unwrap());
         sd.insert(
             "b",
-            Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+            Tensor::zeros(DType::F32, &[2], Class::Trainable).unwrap(),
         );
-        sd.insert("c", Tensor::zeros(DType::I64, &[], Role::Buffer).unwrap());
+        sd.insert("c", Tensor::zeros(DType::I64, &[], Class::Buffer).unwrap());
         assert_eq!(sd.synced_keys(), vec!["b".to_string(), "c".to_string()]);
         assert_eq!(sd.total_bytes(), 8 + 8 + 8);
     }
 
     #[test]
     fn replace_storage_checks_length() {
-        let mut t = Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap();
+        let mut t = Tensor::zeros(DType::F32, &[2], Class::Trainable).unwrap();
         assert!(t.replace_storage(Storage::zeroed(4)).is_err());
         let old = t.replace_storage(Storage::from_bytes(&[1u8; 8])).unwrap();
         assert_eq!(old.bytes(), &[0u8; 8]);

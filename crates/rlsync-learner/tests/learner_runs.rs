@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rlsync_core::tensor::{DType, Role, StateDict, Tensor, state_checksum};
+use rlsync_core::tensor::{Class, DType, StateDict, Tensor, state_checksum};
 use serde_json::{Map, Value};
 
 use crate::util::{self, Dir};
@@ -238,7 +238,7 @@ fn load_file(path: &Path) -> StateDict {
             Dtype::I64 => DType::I64,
             other => panic!("{}: `{name}` has dtype {other:?}", path.display()),
         };
-        let t = Tensor::from_bytes(dtype, view.shape(), Role::Trainable, view.data())
+        let t = Tensor::from_bytes(dtype, view.shape(), Class::Trainable, view.data())
             .unwrap_or_else(|e| panic!("{}: `{name}`: {e}", path.display()));
         state.insert(name, t);
     }

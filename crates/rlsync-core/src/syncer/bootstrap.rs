@@ -296,14 +296,14 @@ pub(crate) fn plan_items(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Role, Tensor};
+    use crate::tensor::{Class, Tensor};
 
     fn sd(keys: &[&str]) -> StateDict {
         let mut s = StateDict::new();
         for k in keys {
             s.insert(
                 *k,
-                Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+                Tensor::zeros(DType::F32, &[2], Class::Trainable).unwrap(),
             );
         }
         s

@@ -680,7 +680,7 @@ pub(crate) fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Role, Tensor};
+    use crate::tensor::{Class, Tensor};
 
     fn p(n: usize) -> Planned {
         Planned {
@@ -714,16 +714,16 @@ mod tests {
         let w: Vec<f32> = (0..37).map(|i| i as f32 * 0.37 - 3.0).collect();
         sd.insert(
             "w".to_owned(),
-            Tensor::from_slice(DType::F32, &[37], Role::Trainable, &w).unwrap(),
+            Tensor::from_slice(DType::F32, &[37], Class::Trainable, &w).unwrap(),
         );
         let b: Vec<u8> = (0..13).map(|i| i * 17).collect();
         sd.insert(
             "b".to_owned(),
-            Tensor::from_slice(DType::U8, &[13], Role::Buffer, &b).unwrap(),
+            Tensor::from_slice(DType::U8, &[13], Class::Buffer, &b).unwrap(),
         );
         sd.insert(
             "e".to_owned(),
-            Tensor::zeros(DType::I64, &[0, 3], Role::Trainable).unwrap(),
+            Tensor::zeros(DType::I64, &[0, 3], Class::Trainable).unwrap(),
         );
         let planned = vec![
             Planned {
@@ -930,7 +930,7 @@ mod tests {
                     let v: Vec<f32> = (0..64).map(|i| seed + (k * 64 + i) as f32).collect();
                     sd.insert(
                         format!("t{k}"),
-                        Tensor::from_slice(DType::F32, &[64], Role::Trainable, &v).unwrap(),
+                        Tensor::from_slice(DType::F32, &[64], Class::Trainable, &v).unwrap(),
                     );
                 }
                 sd

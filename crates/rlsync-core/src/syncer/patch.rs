@@ -1170,7 +1170,7 @@ const INSTALL_BATCH: usize = 256;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Role, Tensor};
+    use crate::tensor::{Class, Tensor};
 
     fn snap_of(state: &StateDict, dtype: DType) -> Vec<SnapTensor> {
         state
@@ -1196,7 +1196,7 @@ mod tests {
         let mut sd = StateDict::new();
         sd.insert(
             "w",
-            Tensor::from_slice(DType::F32, &[10, 100], Role::Trainable, &vals).unwrap(),
+            Tensor::from_slice(DType::F32, &[10, 100], Class::Trainable, &vals).unwrap(),
         );
         let mut snap = snap_of(&sd, DType::F32);
         let s = sd.get_mut("w").unwrap().as_mut_slice::<f32>().unwrap();
@@ -1231,7 +1231,7 @@ mod tests {
             let t = like.get(&st.key).unwrap();
             receiver.insert(
                 st.key.clone(),
-                Tensor::from_bytes(st.dtype, t.shape(), Role::Trainable, st.storage.bytes())
+                Tensor::from_bytes(st.dtype, t.shape(), Class::Trainable, st.storage.bytes())
                     .unwrap(),
             );
         }
@@ -1257,7 +1257,7 @@ mod tests {
         let mut sender = StateDict::new();
         sender.insert(
             "w",
-            Tensor::from_slice(DType::I16, &[n], Role::Trainable, &vals).unwrap(),
+            Tensor::from_slice(DType::I16, &[n], Class::Trainable, &vals).unwrap(),
         );
         let mut snap = snap_of(&sender, DType::I16);
         let mut receiver = receiver_of(&snap, &sender);
@@ -1392,7 +1392,7 @@ mod tests {
             const SEGMENT: usize = 256;
             let vals: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
             let mut sender = StateDict::new();
-            sender.insert("w", Tensor::from_slice(DType::F32, &[n], Role::Trainable, &vals).unwrap());
+            sender.insert("w", Tensor::from_slice(DType::F32, &[n], Class::Trainable, &vals).unwrap());
             let dtype = if bf16 { DType::Bf16 } else { DType::F32 };
             let mut snap = snap_of(&sender, dtype);
             let receiver = receiver_of(&snap, &sender);
@@ -1699,11 +1699,11 @@ mod tests {
             let mut sender = StateDict::new();
             sender.insert(
                 "w",
-                Tensor::from_slice(DType::F32, &[50, 100], Role::Trainable, &vals).unwrap(),
+                Tensor::from_slice(DType::F32, &[50, 100], Class::Trainable, &vals).unwrap(),
             );
             sender.insert(
                 "b",
-                Tensor::from_slice(DType::F32, &[7], Role::Trainable, &[1.0f32; 7]).unwrap(),
+                Tensor::from_slice(DType::F32, &[7], Class::Trainable, &[1.0f32; 7]).unwrap(),
             );
             let mut snap = snap_of(&sender, DType::Bf16);
             let mut receiver = StateDict::new();
@@ -1711,8 +1711,13 @@ mod tests {
                 let t = sender.get(&st.key).unwrap();
                 receiver.insert(
                     st.key.clone(),
-                    Tensor::from_bytes(DType::Bf16, t.shape(), Role::Trainable, st.storage.bytes())
-                        .unwrap(),
+                    Tensor::from_bytes(
+                        DType::Bf16,
+                        t.shape(),
+                        Class::Trainable,
+                        st.storage.bytes(),
+                    )
+                    .unwrap(),
                 );
             }
             let s = sender.get_mut("w").unwrap().as_mut_slice::<f32>().unwrap();

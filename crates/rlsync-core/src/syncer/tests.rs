@@ -7,7 +7,7 @@ use proptest::strategy::Strategy;
 
 use super::*;
 use crate::syncer::settings::{FloatDtype, WeightSyncerConfig};
-use crate::tensor::{Role, Tensor};
+use crate::tensor::{Class, Tensor};
 use crate::transport::inproc_channel_with_timeout;
 use crate::transport::tap::{Tap, tapped};
 
@@ -28,14 +28,14 @@ fn cast_copy(t: &Tensor, to: DType) -> Vec<u8> {
     out.bytes().to_vec()
 }
 
-/// One key of a generated model: sender dtype, receiver dtype, shape, role.
+/// One key of a generated model: sender dtype, receiver dtype, shape, class.
 #[derive(Debug, Clone)]
 struct KeySpec {
     name: String,
     tx: DType,
     rx: DType,
     shape: Vec<usize>,
-    role: Role,
+    class: Class,
 }
 
 fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
@@ -46,14 +46,14 @@ fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
         0..3u8,
         any::<bool>(),
     )
-        .prop_map(move |(d, rxd, shape, role, nested)| {
+        .prop_map(move |(d, rxd, shape, class, nested)| {
             let tx = DType::ALL[d];
             let floats = [DType::Bf16, DType::F16, DType::F32, DType::F64];
             let rx = if tx.is_floating() { floats[rxd] } else { tx };
-            let role = match role {
-                0 => Role::Frozen,
-                1 => Role::Buffer,
-                _ => Role::Trainable,
+            let class = match class {
+                0 => Class::Frozen,
+                1 => Class::Buffer,
+                _ => Class::Trainable,
             };
             let name = if nested {
                 format!("block{}.sub.t{i}", i % 2)
@@ -65,7 +65,7 @@ fn key_spec(i: usize) -> impl Strategy<Value = KeySpec> {
                 tx,
                 rx,
                 shape,
-                role,
+                class,
             }
         })
 }
@@ -88,7 +88,7 @@ fn random_bytes(t: &mut Tensor, seed: u64) {
 fn build_state(keys: &[KeySpec], receiver: bool, seed: u64) -> StateDict {
     let mut sd = StateDict::new();
     for (i, k) in keys.iter().enumerate() {
-        let mut t = Tensor::zeros(if receiver { k.rx } else { k.tx }, &k.shape, k.role).unwrap();
+        let mut t = Tensor::zeros(if receiver { k.rx } else { k.tx }, &k.shape, k.class).unwrap();
         random_bytes(&mut t, seed.wrapping_mul(31).wrapping_add(i as u64 + 1));
         sd.insert(k.name.clone(), t);
     }
@@ -215,7 +215,7 @@ fn expected(s: &Settings, k: &KeySpec, t: &Tensor) -> Vec<u8> {
     match (s.bucket, s.bucket_dtype) {
         (true, Some(d)) if k.tx.is_floating() => {
             let wire = DType::from(d);
-            let mid = Tensor::from_bytes(wire, &k.shape, k.role, &cast_copy(t, wire)).unwrap();
+            let mid = Tensor::from_bytes(wire, &k.shape, k.class, &cast_copy(t, wire)).unwrap();
             cast_copy(&mid, k.rx)
         }
         _ => cast_copy(t, k.rx),
@@ -289,7 +289,7 @@ fn sync_once(rt: &tokio::runtime::Runtime, p: &mut Pair, version: u64) -> (SyncR
 fn assert_synced(p: &Pair, keys: &[KeySpec], s: &Settings, frozen_expect: &[(String, Vec<u8>)]) {
     for k in keys {
         let got = p.receiver.get(&k.name).unwrap();
-        if k.role.is_synced() {
+        if k.class.is_synced() {
             assert_eq!(
                 got.bytes(),
                 expected(s, k, p.sender.get(&k.name).unwrap()).as_slice(),
@@ -318,7 +318,7 @@ fn frozen_after_init(p: &Pair, keys: &[KeySpec], s: &Settings) -> Vec<(String, V
     let boot = bootstrapped(s, keys);
     keys.iter()
         .zip(boot)
-        .filter(|(k, _)| !k.role.is_synced())
+        .filter(|(k, _)| !k.class.is_synced())
         .map(|(k, b)| {
             let bytes = if b {
                 cast_copy(p.sender.get(&k.name).unwrap(), k.rx)
@@ -460,21 +460,21 @@ fn simple_keys() -> Vec<KeySpec> {
             tx: DType::F32,
             rx: DType::Bf16,
             shape: vec![4, 8],
-            role: Role::Trainable,
+            class: Class::Trainable,
         },
         KeySpec {
             name: "frozen".into(),
             tx: DType::F32,
             rx: DType::F32,
             shape: vec![3],
-            role: Role::Frozen,
+            class: Class::Frozen,
         },
         KeySpec {
             name: "count".into(),
             tx: DType::I64,
             rx: DType::I64,
             shape: vec![],
-            role: Role::Buffer,
+            class: Class::Buffer,
         },
     ]
 }
@@ -933,7 +933,7 @@ fn weights_cross_a_tcp_chain_of_nodes_bitwise() {
 fn mutate_synced(state: &mut StateDict, seed: u64, density_pct: u64) {
     let frozen: Vec<(String, Vec<u8>)> = state
         .iter()
-        .filter(|(_, t)| !t.role().is_synced())
+        .filter(|(_, t)| !t.class().is_synced())
         .map(|(k, t)| (k.to_string(), t.bytes().to_vec()))
         .collect();
     mutate(state, seed, density_pct);
@@ -1085,7 +1085,7 @@ fn assert_same(e: &Elastic, keys: &[KeySpec], s: &Settings) {
         panic!("both receivers live")
     };
     for (k, b) in keys.iter().zip(boot) {
-        if k.role.is_synced() || b {
+        if k.class.is_synced() || b {
             assert_eq!(
                 st0.get(&k.name).unwrap().bytes(),
                 st1.get(&k.name).unwrap().bytes(),
@@ -1164,18 +1164,24 @@ proptest! {
 }
 
 fn dense_keys() -> Vec<KeySpec> {
-    let k = |name: &str, tx, rx, shape: &[usize], role| KeySpec {
+    let k = |name: &str, tx, rx, shape: &[usize], class| KeySpec {
         name: name.into(),
         tx,
         rx,
         shape: shape.to_vec(),
-        role,
+        class,
     };
     vec![
-        k("enc.w", DType::F32, DType::Bf16, &[64, 64], Role::Frozen),
-        k("l1.w", DType::F32, DType::Bf16, &[128, 64], Role::Trainable),
-        k("l1.b", DType::F32, DType::F32, &[128], Role::Trainable),
-        k("bn.n", DType::I64, DType::I64, &[1], Role::Buffer),
+        k("enc.w", DType::F32, DType::Bf16, &[64, 64], Class::Frozen),
+        k(
+            "l1.w",
+            DType::F32,
+            DType::Bf16,
+            &[128, 64],
+            Class::Trainable,
+        ),
+        k("l1.b", DType::F32, DType::F32, &[128], Class::Trainable),
+        k("bn.n", DType::I64, DType::I64, &[1], Class::Buffer),
     ]
 }
 
@@ -1299,7 +1305,7 @@ fn a_receiver_with_other_keys_is_refused() {
     let mut other = build_state(&keys, true, 1);
     other.insert(
         "extra",
-        Tensor::zeros(DType::F32, &[2], Role::Frozen).unwrap(),
+        Tensor::zeros(DType::F32, &[2], Class::Frozen).unwrap(),
     );
     let (tx, rx) = rejoin(&rt, &mut e, 1, other, 0, &cfg);
     assert!(tx.unwrap_err().to_string().contains("differ"));

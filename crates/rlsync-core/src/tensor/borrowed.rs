@@ -7,7 +7,7 @@
 //! parameters) become one tensor under the first name, the others recorded as aliases; any other overlap
 //! (views of one storage) is refused, since an install through one view would silently change another.
 
-use super::{DType, Layout, Role, StateDict, Storage, Tensor};
+use super::{Class, DType, Layout, StateDict, Storage, Tensor};
 
 /// One tensor as its owner describes it. `strides` are in elements, as `torch.Tensor.stride()` gives them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,7 +146,7 @@ fn check(t: &RawTensor) -> Result<Checked, BorrowError> {
 }
 
 impl BorrowedState {
-    /// Check every tensor and borrow its memory (see the module docs). All tensors get [`Role::Trainable`]:
+    /// Check every tensor and borrow its memory (see the module docs). All tensors get [`Class::Trainable`]:
     /// which keys are synced is the syncer's `keys_to_sync`.
     ///
     /// # Safety
@@ -211,7 +211,7 @@ impl BorrowedState {
             // SAFETY: the caller's contract above; `check` verified the range is non-null, aligned and fits.
             let storage = unsafe { Storage::borrowed(t.addr as *mut u8, c.len) };
             let tensor =
-                Tensor::from_storage(Layout::new(c.dtype, &t.shape), storage, Role::Trainable)
+                Tensor::from_storage(Layout::new(c.dtype, &t.shape), storage, Class::Trainable)
                     .map_err(|_| BorrowError::Overflow {
                         key: t.name.clone(),
                         shape: t.shape.clone(),

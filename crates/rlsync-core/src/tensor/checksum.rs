@@ -67,13 +67,13 @@ pub fn state_checksum(state: &StateDict, keys: &[String]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::{Role, Tensor};
+    use crate::tensor::{Class, Tensor};
 
     fn sd(values: &[f32], shape: &[usize]) -> StateDict {
         let mut s = StateDict::new();
         s.insert(
             "w",
-            Tensor::from_slice(DType::F32, shape, Role::Trainable, values).unwrap(),
+            Tensor::from_slice(DType::F32, shape, Class::Trainable, values).unwrap(),
         );
         s
     }

@@ -1,4 +1,4 @@
-//! Safetensors load/save of a state dict; roles and key order travel in the file's string metadata.
+//! Safetensors load/save of a state dict; classes and key order travel in the file's string metadata.
 //!
 //! Safetensors stores little-endian bytes and rlsync keeps native-endian storage, so this module (like the
 //! rest of rlsync) assumes a little-endian host.
@@ -9,11 +9,11 @@ use std::path::Path;
 pub use safetensors::SafeTensorError;
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
-use super::{DType, Role, StateDict, Tensor, TensorError};
+use super::{Class, DType, StateDict, Tensor, TensorError};
 use crate::atomic_file::{Access, AtomicFile};
 
 const ORDER_KEY: &str = "rlsync.order";
-const ROLES_KEY: &str = "rlsync.roles";
+const CLASSES_KEY: &str = "rlsync.roles";
 
 fn to_st(d: DType) -> StDtype {
     match d {
@@ -71,7 +71,7 @@ pub(super) fn save(
         views.push((name.to_string(), view));
     }
     let order: Vec<&str> = state.keys().collect();
-    let roles: Vec<&str> = state.iter().map(|(_, t)| t.role().name()).collect();
+    let classes: Vec<&str> = state.iter().map(|(_, t)| t.class().name()).collect();
     let mut meta = HashMap::new();
     // Lists of strings always serialize.
     meta.insert(
@@ -79,8 +79,8 @@ pub(super) fn save(
         serde_json::to_string(&order).unwrap_or_default(),
     );
     meta.insert(
-        ROLES_KEY.to_string(),
-        serde_json::to_string(&roles).unwrap_or_default(),
+        CLASSES_KEY.to_string(),
+        serde_json::to_string(&classes).unwrap_or_default(),
     );
     meta.extend(extra.iter().cloned());
     let file = AtomicFile::create(path, Access::Shared).map_err(io)?;
@@ -128,7 +128,7 @@ pub(super) fn load_with_metadata(
             })
     };
     let order = list(ORDER_KEY)?;
-    let roles = list(ROLES_KEY)?;
+    let classes = list(CLASSES_KEY)?;
     let names: Vec<String> = match &order {
         Some(o) if o.len() == st.len() => o.clone(),
         Some(o) => {
@@ -153,12 +153,12 @@ pub(super) fn load_with_metadata(
                 view.dtype()
             ))
         })?;
-        let role = match roles.as_ref().and_then(|r| r.get(i)) {
-            Some(r) => Role::from_name(r)
-                .ok_or_else(|| err(format!("tensor '{name}': unknown role '{r}'")))?,
-            None => Role::Trainable,
+        let class = match classes.as_ref().and_then(|r| r.get(i)) {
+            Some(r) => Class::from_name(r)
+                .ok_or_else(|| err(format!("tensor '{name}': unknown class '{r}'")))?,
+            None => Class::Trainable,
         };
-        let tensor = Tensor::from_bytes(dtype, view.shape(), role, view.data())?;
+        let tensor = Tensor::from_bytes(dtype, view.shape(), class, view.data())?;
         if state.insert(name.clone(), tensor).is_some() {
             return Err(err(format!("{ORDER_KEY} lists '{name}' twice")));
         }
@@ -172,7 +172,7 @@ mod tests {
     use crate::tensor::LayoutMismatch;
 
     #[test]
-    fn roundtrip_keeps_order_roles_dtypes_and_bytes() {
+    fn roundtrip_keeps_order_classes_dtypes_and_bytes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.safetensors");
         let mut s = StateDict::new();
@@ -181,22 +181,22 @@ mod tests {
             Tensor::from_slice(
                 DType::F32,
                 &[2, 2],
-                Role::Trainable,
+                Class::Trainable,
                 &[1.0f32, -0.0, f32::NAN, 4.0],
             )
             .unwrap(),
         );
         s.insert(
             "a.count",
-            Tensor::from_slice(DType::I64, &[], Role::Buffer, &[7i64]).unwrap(),
+            Tensor::from_slice(DType::I64, &[], Class::Buffer, &[7i64]).unwrap(),
         );
         s.insert(
             "m.mask",
-            Tensor::from_slice(DType::Bool, &[3], Role::Frozen, &[1u8, 0, 1]).unwrap(),
+            Tensor::from_slice(DType::Bool, &[3], Class::Frozen, &[1u8, 0, 1]).unwrap(),
         );
         s.insert(
             "e.empty",
-            Tensor::zeros(DType::Bf16, &[0, 4], Role::Trainable).unwrap(),
+            Tensor::zeros(DType::Bf16, &[0, 4], Class::Trainable).unwrap(),
         );
         s.save_safetensors_with(&path, &[]).unwrap();
         let l = StateDict::load_safetensors(&path).unwrap();
@@ -206,7 +206,7 @@ mod tests {
         );
         for ((n1, t1), (_, t2)) in s.iter().zip(l.iter()) {
             assert_eq!(t1.layout(), t2.layout(), "{n1}");
-            assert_eq!(t1.role(), t2.role(), "{n1}");
+            assert_eq!(t1.class(), t2.class(), "{n1}");
             assert_eq!(t1.bytes(), t2.bytes(), "{n1}");
         }
     }
@@ -215,11 +215,11 @@ mod tests {
         let mut s = StateDict::new();
         s.insert(
             "w",
-            Tensor::from_slice(DType::F32, &[2], Role::Trainable, w).unwrap(),
+            Tensor::from_slice(DType::F32, &[2], Class::Trainable, w).unwrap(),
         );
         s.insert(
             "n",
-            Tensor::from_slice(DType::I64, &[1], Role::Buffer, &[3i64]).unwrap(),
+            Tensor::from_slice(DType::I64, &[1], Class::Buffer, &[3i64]).unwrap(),
         );
         s
     }
@@ -253,7 +253,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let mut more = model(&[0.0, 0.0]);
-        more.insert("x", Tensor::zeros(DType::F32, &[1], Role::Frozen).unwrap());
+        more.insert("x", Tensor::zeros(DType::F32, &[1], Class::Frozen).unwrap());
         assert_eq!(
             mismatch(&mut more),
             LayoutMismatch::Count {
@@ -264,9 +264,9 @@ mod tests {
         let mut renamed = StateDict::new();
         renamed.insert(
             "w",
-            Tensor::zeros(DType::F32, &[2], Role::Trainable).unwrap(),
+            Tensor::zeros(DType::F32, &[2], Class::Trainable).unwrap(),
         );
-        renamed.insert("m", Tensor::zeros(DType::I64, &[1], Role::Buffer).unwrap());
+        renamed.insert("m", Tensor::zeros(DType::I64, &[1], Class::Buffer).unwrap());
         assert_eq!(
             mismatch(&mut renamed),
             LayoutMismatch::Missing { name: "m".into() }
@@ -274,9 +274,9 @@ mod tests {
         let mut reshaped = StateDict::new();
         reshaped.insert(
             "w",
-            Tensor::zeros(DType::F32, &[1, 2], Role::Trainable).unwrap(),
+            Tensor::zeros(DType::F32, &[1, 2], Class::Trainable).unwrap(),
         );
-        reshaped.insert("n", Tensor::zeros(DType::I32, &[1], Role::Buffer).unwrap());
+        reshaped.insert("n", Tensor::zeros(DType::I32, &[1], Class::Buffer).unwrap());
         let err = mismatch(&mut reshaped);
         assert_eq!(
             err.to_string(),

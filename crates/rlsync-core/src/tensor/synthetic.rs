@@ -12,7 +12,7 @@ use std::num::NonZeroUsize;
 use super::cast::cast_f32_to_bf16;
 use super::parallel::map_items;
 use super::storage::{Pod, pod_slice_mut};
-use super::{DType, Role, StateDict, Tensor, TensorError};
+use super::{Class, DType, StateDict, Tensor, TensorError};
 
 /// What to build.
 #[derive(Debug, Clone)]
@@ -54,12 +54,12 @@ enum Init {
     Counter,
 }
 
-/// One tensor of a synthetic model: name, shape, role and how it is initialised.
+/// One tensor of a synthetic model: name, shape, class and how it is initialised.
 #[derive(Debug, Clone)]
 struct ParamSpec {
     name: String,
     shape: Vec<usize>,
-    role: Role,
+    class: Class,
     init: Init,
 }
 
@@ -124,14 +124,14 @@ fn shapes(spec: &ModelSpec) -> Vec<ParamSpec> {
         let mut v = vec![ParamSpec {
             name: "weight".into(),
             shape: vec![n],
-            role: Role::Trainable,
+            class: Class::Trainable,
             init: Init::Uniform(0.05),
         }];
         if t == 2 {
             v.push(ParamSpec {
                 name: "step".into(),
                 shape: vec![],
-                role: Role::Buffer,
+                class: Class::Buffer,
                 init: Init::Counter,
             });
         }
@@ -181,19 +181,19 @@ fn shapes(spec: &ModelSpec) -> Vec<ParamSpec> {
                     K::Mat(a, b) => ParamSpec {
                         name,
                         shape: vec![a * h, b * h],
-                        role: Role::Trainable,
+                        class: Class::Trainable,
                         init: Init::Uniform(1.0 / ((b * h) as f32).sqrt()),
                     },
                     K::Vec(a, init) => ParamSpec {
                         name,
                         shape: vec![a * h],
-                        role: Role::Trainable,
+                        class: Class::Trainable,
                         init,
                     },
                     K::Conv => ParamSpec {
                         name,
                         shape: conv_shape(h),
-                        role: Role::Trainable,
+                        class: Class::Trainable,
                         init: Init::Uniform(0.05),
                     },
                 }
@@ -213,20 +213,20 @@ fn shapes(spec: &ModelSpec) -> Vec<ParamSpec> {
     v.push(ParamSpec {
         name: "embed.weight".into(),
         shape: vec![vocab, h.max(1)],
-        role: Role::Trainable,
+        class: Class::Trainable,
         init: Init::Uniform(0.035),
     });
     v.extend(body_entries);
     v.push(ParamSpec {
         name: "head.bias".into(),
         shape: vec![head],
-        role: Role::Trainable,
+        class: Class::Trainable,
         init: Init::Const(0.0),
     });
     v.push(ParamSpec {
         name: "step".into(),
         shape: vec![],
-        role: Role::Buffer,
+        class: Class::Buffer,
         init: Init::Counter,
     });
     v
@@ -236,10 +236,10 @@ fn mark_frozen(entries: &mut [ParamSpec], fraction: f64, params: u64) {
     let target = (fraction * params as f64) as usize;
     let mut frozen = 0usize;
     for e in entries.iter_mut() {
-        if frozen >= target || !matches!(e.role, Role::Trainable) {
+        if frozen >= target || !matches!(e.class, Class::Trainable) {
             break;
         }
-        e.role = Role::Frozen;
+        e.class = Class::Frozen;
         frozen += e.numel();
     }
 }
@@ -305,7 +305,7 @@ impl SyntheticModel {
         let momentum = entries
             .iter()
             .map(|e| {
-                if matches!(e.role, Role::Trainable) {
+                if matches!(e.class, Class::Trainable) {
                     vec![0f32; e.numel()]
                 } else {
                     Vec::new()
@@ -336,10 +336,10 @@ impl SyntheticModel {
         for (e, m) in self.entries.iter().zip(&self.master) {
             let t = match e.init {
                 Init::Counter => {
-                    Tensor::from_slice(DType::I64, &e.shape, e.role, &[self.step as i64])?
+                    Tensor::from_slice(DType::I64, &e.shape, e.class, &[self.step as i64])?
                 }
                 _ => {
-                    let mut t = Tensor::zeros(self.spec.dtype, &e.shape, e.role)?;
+                    let mut t = Tensor::zeros(self.spec.dtype, &e.shape, e.class)?;
                     write_f32s(t.bytes_mut(), self.spec.dtype, m);
                     t
                 }
@@ -387,7 +387,7 @@ impl SyntheticModel {
                 }
                 continue;
             }
-            if !matches!(e.role, Role::Trainable) {
+            if !matches!(e.class, Class::Trainable) {
                 continue;
             }
             let es = dtype.size_bytes();
@@ -623,7 +623,7 @@ mod tests {
         let mut sd = m.state_dict().unwrap();
         let frozen: usize = sd
             .iter()
-            .filter(|(_, t)| t.role() == Role::Frozen)
+            .filter(|(_, t)| t.class() == Class::Frozen)
             .map(|(_, t)| t.numel())
             .sum();
         assert!(frozen as f64 >= 0.3 * 65536.0, "frozen {frozen}");
@@ -631,7 +631,7 @@ mod tests {
         m.step(UpdateMode::Adam { lr: 1e-3 }, &mut sd, NonZeroUsize::MIN)
             .unwrap();
         for ((n, a), (_, b)) in sd.iter().zip(before.iter()) {
-            if a.role() == Role::Frozen {
+            if a.class() == Class::Frozen {
                 assert_eq!(a.bytes(), b.bytes(), "{n}");
             }
         }

@@ -27,7 +27,7 @@ use rlsync::checkpoint::{
     CHECKSUM_KEY, CheckpointError, CheckpointInfo, FORMAT_VERSION, META_FORMAT, OPTIMIZER_FILE,
     SCRIPT_FILE, WEIGHTS_FILE, checkpoint_dir,
 };
-use rlsync_core::tensor::Role;
+use rlsync_core::tensor::Class;
 
 /// Turns a libtorch error into [`RlError::Torch`] with what was being done.
 fn torch_err(context: &'static str) -> impl Fn(tch::TchError) -> RlError {
@@ -84,9 +84,9 @@ impl Learner {
         self.version
     }
 
-    /// Every named weight and its role (trainable | buffer | frozen), sorted by name.
-    pub fn param_roles(&self) -> Vec<(String, Role)> {
-        self.policy.roles().to_vec()
+    /// Every named weight and its class (trainable | buffer | frozen), sorted by name.
+    pub fn param_classes(&self) -> Vec<(String, Class)> {
+        self.policy.classes().to_vec()
     }
 
     /// One PPO/GRPO update on `traj`; bumps the step and the weight version.
@@ -125,7 +125,7 @@ impl Learner {
         Ok(actor)
     }
 
-    /// The model as a state dict: every weight with its role (names sorted); floating weights cast to
+    /// The model as a state dict: every weight with its class (names sorted); floating weights cast to
     /// `float` when given (e.g. bf16 for rollouts), fp32 master values otherwise.
     pub fn state_dict(
         &self,
@@ -156,8 +156,8 @@ impl Learner {
             ("version".to_owned(), self.version.to_string()),
             (CHECKSUM_KEY.to_owned(), format!("{weights_checksum:#018x}")),
         ]);
-        for (name, role) in self.policy.roles() {
-            meta.insert(format!("role.{name}"), role.name().to_owned());
+        for (name, class) in self.policy.classes() {
+            meta.insert(format!("role.{name}"), class.name().to_owned());
         }
         checkpoint::save(&dir.join(WEIGHTS_FILE), &self.policy.named_tensors()?, meta)?;
         let opt_meta = HashMap::from([

@@ -66,7 +66,7 @@ impl TrainerWork {
         self.resumed.as_ref()
     }
 
-    /// The state dict the syncer sends from: every weight with its role, floating ones in the rollouts'
+    /// The state dict the syncer sends from: every weight with its class, floating ones in the rollouts'
     /// dtype (the trainer keeps fp32 masters; `export_into` casts into this buffer after every step).
     pub fn init_state(&self) -> Result<StateDict, RlError> {
         self.learner.state_dict(Some(rollout_dtype(&self.cfg)))
@@ -119,7 +119,7 @@ impl RolloutWork {
         })
     }
 
-    /// The receiver-side state dict (same names, shapes, roles and dtypes as the trainer's sync buffer).
+    /// The receiver-side state dict (same names, shapes, classes and dtypes as the trainer's sync buffer).
     pub fn init_state(&self) -> Result<StateDict, RlError> {
         self.actor.state_dict()
     }

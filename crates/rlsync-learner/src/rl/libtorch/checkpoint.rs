@@ -1,5 +1,5 @@
 //! Checkpoint files: named libtorch tensors to and from safetensors (written straight from the tensors'
-//! CPU memory, no staging copy, replacing the file whole or not at all), with string metadata (roles, step,
+//! CPU memory, no staging copy, replacing the file whole or not at all), with string metadata (tensor classes, step,
 //! version, optimizer steps).
 
 use std::borrow::Cow;

@@ -1,5 +1,5 @@
 //! Policies on libtorch: `mlp_policy`, `vla_tiny` and a user's TorchScript module, behind one `Policy` type
-//! that knows every named weight's role.
+//! that knows every named weight's class.
 
 use std::path::Path;
 
@@ -9,7 +9,7 @@ use tch::{CModule, Device, IValue, Kind, Tensor};
 use crate::env::EnvSpec;
 use crate::rl::RlError;
 use rlsync::config::schema::{ModelConfig, ModelType};
-use rlsync_core::tensor::Role;
+use rlsync_core::tensor::Class;
 
 use super::torch_err;
 
@@ -193,8 +193,8 @@ pub(crate) enum Use {
 pub(crate) struct Policy {
     pub vs: VarStore,
     net: Net,
-    /// Every named weight and its role, sorted by name.
-    roles: Vec<(String, Role)>,
+    /// Every named weight and its class, sorted by name.
+    classes: Vec<(String, Class)>,
     pub spec: EnvSpec,
 }
 
@@ -343,20 +343,20 @@ impl Policy {
         let mut policy = Policy {
             vs,
             net,
-            roles: Vec::new(),
+            classes: Vec::new(),
             spec,
         };
-        policy.roles = policy.compute_roles()?;
+        policy.classes = policy.compute_classes()?;
         Ok(policy)
     }
 
-    fn compute_roles(&self) -> Result<Vec<(String, Role)>, RlError> {
-        let mut roles: Vec<(String, Role)> = self
+    fn compute_classes(&self) -> Result<Vec<(String, Class)>, RlError> {
+        let mut classes: Vec<(String, Class)> = self
             .named_tensors()?
             .into_iter()
             .map(|(name, t)| {
-                let role = if name.starts_with("obs_norm.") {
-                    Role::Buffer
+                let class = if name.starts_with("obs_norm.") {
+                    Class::Buffer
                 } else if t.requires_grad()
                     || matches!(
                         self.net,
@@ -366,20 +366,20 @@ impl Policy {
                         }
                     )
                 {
-                    Role::Trainable
+                    Class::Trainable
                 } else {
-                    Role::Frozen
+                    Class::Frozen
                 };
-                (name, role)
+                (name, class)
             })
             .collect();
-        roles.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(roles)
+        classes.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(classes)
     }
 
-    /// Every named weight with its role, sorted by name.
-    pub fn roles(&self) -> &[(String, Role)] {
-        &self.roles
+    /// Every named weight with its class, sorted by name.
+    pub fn classes(&self) -> &[(String, Class)] {
+        &self.classes
     }
 
     /// Every named weight (shallow handles sharing storage with the model), sorted by name. A TorchScript
@@ -425,15 +425,15 @@ impl Policy {
 
     /// Trainable weights, sorted by name.
     pub fn trainable(&self) -> Result<Vec<(String, Tensor)>, RlError> {
-        let roles = &self.roles;
+        let classes = &self.classes;
         Ok(self
             .named_tensors()?
             .into_iter()
             .filter(|(n, t)| {
                 t.requires_grad()
-                    && roles
+                    && classes
                         .iter()
-                        .any(|(r, role)| r == n && *role == Role::Trainable)
+                        .any(|(r, class)| r == n && *class == Class::Trainable)
             })
             .collect())
     }

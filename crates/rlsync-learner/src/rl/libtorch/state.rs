@@ -1,6 +1,6 @@
 //! Bridges between libtorch weights and `tensor::StateDict`: one copy each way, written straight into (or
 //! read straight from) the state dict's CPU bytes through `from_blob` views, converting dtypes on the way
-//! (fp32 master weights to a bf16 rollout copy and back). Names, shapes and roles come from the policy.
+//! (fp32 master weights to a bf16 rollout copy and back). Names, shapes and classes come from the policy.
 
 use tch::{Device, Kind, Tensor};
 
@@ -45,11 +45,11 @@ fn shape_i64(shape: &[usize]) -> Vec<i64> {
     shape.iter().map(|&d| d as i64).collect()
 }
 
-/// A state dict with the policy's names (sorted), shapes and roles; floating entries in `float` (or in the
+/// A state dict with the policy's names (sorted), shapes and classes; floating entries in `float` (or in the
 /// policy's own dtype), others in theirs. Values are copied in.
 pub(crate) fn state_dict(policy: &Policy, float: Option<DType>) -> Result<StateDict, RlError> {
     let mut state = StateDict::new();
-    for ((name, t), (_, role)) in policy.named_tensors()?.into_iter().zip(policy.roles()) {
+    for ((name, t), (_, class)) in policy.named_tensors()?.into_iter().zip(policy.classes()) {
         let own = dtype_of(t.kind()).ok_or_else(|| RlError::WeightsMismatch {
             reason: format!("`{name}` has unsupported kind {:?}", t.kind()),
         })?;
@@ -59,7 +59,7 @@ pub(crate) fn state_dict(policy: &Policy, float: Option<DType>) -> Result<StateD
         };
         let shape: Vec<usize> = t.size().iter().map(|&d| d.max(0) as usize).collect();
         let tensor =
-            tensor::Tensor::zeros(dtype, &shape, *role).map_err(|e| RlError::WeightsMismatch {
+            tensor::Tensor::zeros(dtype, &shape, *class).map_err(|e| RlError::WeightsMismatch {
                 reason: format!("`{name}`: {e}"),
             })?;
         state.insert(name, tensor);

@@ -5,7 +5,7 @@ use std::num::NonZeroU32;
 use crate::env::{EnvOptions, VecEnv};
 use crate::rl::{ActMode, Actor, Learner, collect, evaluate};
 use rlsync::config::schema::{AdvantageType, EnvType, ModelType, RunConfig, WeightDtype};
-use rlsync_core::tensor::Role;
+use rlsync_core::tensor::Class;
 
 fn nz(n: u32) -> NonZeroU32 {
     NonZeroU32::new(n).unwrap()
@@ -229,19 +229,19 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     cfg.actor.model.lora_rank = nz(4);
     let mut train_env = env(&cfg, false);
     let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
-    let roles = learner.param_roles();
-    let numel = |role: Role| -> usize {
+    let classes = learner.param_classes();
+    let numel = |class: Class| -> usize {
         let tensors = learner.policy.named_tensors().unwrap();
-        roles
+        classes
             .iter()
-            .filter(|(_, r)| *r == role)
+            .filter(|(_, r)| *r == class)
             .map(|(n, _)| tensors.iter().find(|(m, _)| m == n).unwrap().1.numel())
             .sum()
     };
     let (frozen, trainable, buffers) = (
-        numel(Role::Frozen),
-        numel(Role::Trainable),
-        numel(Role::Buffer),
+        numel(Class::Frozen),
+        numel(Class::Trainable),
+        numel(Class::Buffer),
     );
     assert!(
         frozen > 4 * trainable,
@@ -249,21 +249,21 @@ fn vla_tiny_trains_adapters_and_never_touches_the_frozen_backbone() {
     );
     assert!(buffers > 0);
     assert!(
-        roles
+        classes
             .iter()
-            .all(|(n, r)| (*r == Role::Frozen) == n.starts_with("backbone.")),
-        "{roles:?}"
+            .all(|(n, r)| (*r == Class::Frozen) == n.starts_with("backbone.")),
+        "{classes:?}"
     );
     let mut actor = learner.actor(&cfg, 5).unwrap();
     let before = weights(&learner);
     short_run(&mut learner, &mut actor, &mut train_env, 2);
     let after = weights(&learner);
     for ((name, a), (_, b)) in before.iter().zip(&after) {
-        let role = roles.iter().find(|(n, _)| n == name).unwrap().1;
-        match role {
-            Role::Frozen => assert_eq!(a, b, "{name} changed"),
+        let class = classes.iter().find(|(n, _)| n == name).unwrap().1;
+        match class {
+            Class::Frozen => assert_eq!(a, b, "{name} changed"),
             // lora_b starts at zero, so lora_a only moves once lora_b did; the head and lora_b move at once.
-            Role::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => {
+            Class::Trainable if name.ends_with("lora_b") || name.starts_with("action_head") => {
                 assert_ne!(a, b, "{name}")
             }
             _ => {}
@@ -357,11 +357,11 @@ fn torchscript_export_train_checkpoint_resume() {
     let mut learner = Learner::new(&cfg, train_env.spec()).unwrap();
     assert!(
         learner
-            .param_roles()
+            .param_classes()
             .iter()
-            .any(|(n, r)| n == "mu.weight" && *r == Role::Trainable),
+            .any(|(n, r)| n == "mu.weight" && *r == Class::Trainable),
         "{:?}",
-        learner.param_roles()
+        learner.param_classes()
     );
     let mut actor = learner.actor(&cfg, 4).unwrap();
     let before = weights(&learner);
@@ -415,7 +415,7 @@ fn entry_bytes(
 }
 
 #[test]
-fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
+fn state_dict_round_trips_keep_bits_dtypes_and_classes() {
     use rlsync_core::tensor::DType;
     let mut cfg = reach_cfg();
     cfg.actor.model.model_type = ModelType::VlaTiny;
@@ -425,20 +425,20 @@ fn state_dict_round_trips_keep_bits_dtypes_and_roles() {
     let mut actor = learner.actor(&cfg, 0).unwrap();
     short_run(&mut learner, &mut actor, &mut train_env, 1);
 
-    // fp32 export is the master weights bit for bit, with roles from the model.
+    // fp32 export is the master weights bit for bit, with classes from the model.
     let master = learner.state_dict(None).unwrap();
     let direct = weights(&learner);
     assert_eq!(master.len(), direct.len());
     for ((name, bytes), (sname, t)) in direct.iter().zip(master.iter()) {
         assert_eq!((name.as_str(), bytes.as_slice()), (sname, t.bytes()));
         assert_eq!(t.dtype(), DType::F32);
-        let role = learner
-            .param_roles()
+        let class = learner
+            .param_classes()
             .into_iter()
             .find(|(n, _)| n == name)
             .unwrap()
             .1;
-        assert_eq!(t.role(), role, "{name}");
+        assert_eq!(t.class(), class, "{name}");
     }
     assert!(
         master
