@@ -1,60 +1,15 @@
 //! Build script: embed rlsync's config tree (`config/`) into the binary.
 //!
-//! Generates `$OUT_DIR/embedded_configs.rs` with one `&[(&str, &str)]` table, `MAIN` (path relative to
-//! `config/`, file text), which the app hands to the Hydra engine as its primary config source. Every
-//! `.yaml`/`.yml` file is embedded; a missing tree gives an empty table.
+//! Generates `$OUT_DIR/embedded_configs.rs` with one table, `MAIN` (see hydra-compose's
+//! `build/embed_tree.rs`, which this includes), that the app hands to the Hydra engine as its primary config
+//! source.
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+#[path = "crates/hydra-compose/build/embed_tree.rs"]
+mod embed_tree;
 
 fn main() {
-    embed_configs();
-}
-
-fn embed_configs() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default());
-    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
-    let trees = [("MAIN", manifest.join("config"))];
-    let mut code = String::new();
-    for (name, root) in &trees {
-        println!("cargo:rerun-if-changed={}", root.display());
-        let mut files = Vec::new();
-        collect(root, root, &mut files);
-        files.sort();
-        let _ = writeln!(code, "pub static {name}: &[(&str, &str)] = &[");
-        for (rel, abs) in files {
-            let _ = writeln!(
-                code,
-                "    ({rel:?}, include_str!({:?})),",
-                abs.display().to_string()
-            );
-        }
-        let _ = writeln!(code, "];");
-    }
-    if let Err(err) = std::fs::write(out_dir.join("embedded_configs.rs"), code) {
-        panic!("cannot write embedded_configs.rs: {err}");
-    }
-}
-
-/// Collect `(path relative to root with '/' separators, absolute path)` of every YAML file under `dir`.
-fn collect(root: &Path, dir: &Path, out: &mut Vec<(String, PathBuf)>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            collect(root, &path, out);
-        } else if matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml")
-        ) && let Ok(rel) = path.strip_prefix(root)
-        {
-            let rel: Vec<String> = rel
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                .collect();
-            out.push((rel.join("/"), path));
-        }
-    }
+    embed_tree::write_tables("embedded_configs.rs", &[("MAIN", manifest.join("config"))]);
 }

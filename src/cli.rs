@@ -519,6 +519,15 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
     Ok(ExitStatus::Success)
 }
 
+/// The process's arguments after the program name, or the first that is not valid UTF-8 (rlsync's command
+/// lines are UTF-8; both executables refuse anything else before parsing).
+pub fn utf8_args() -> Result<Vec<String>, std::ffi::OsString> {
+    std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.into_string())
+        .collect()
+}
+
 /// What a failed command prints on stderr: `Error: ` and the [`error_report`]. A caret line right under the
 /// first line (Hydra's `LexerNoViableAltException: <override>` and its `^` under the bad character) is shifted by
 /// the prefix too, so it still points at the character.

@@ -3,18 +3,13 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let mut args = Vec::new();
-    for arg in std::env::args_os().skip(1) {
-        match arg.into_string() {
-            Ok(arg) => args.push(arg),
-            Err(raw) => {
-                hydra_compose::stdio::err(format_args!(
-                    "Error: argument {raw:?} is not valid UTF-8\n"
-                ));
-                return rlsync::cli::ExitStatus::Failure.into();
-            }
+    let args = match rlsync::cli::utf8_args() {
+        Ok(args) => args,
+        Err(raw) => {
+            hydra_compose::stdio::err(format_args!("Error: argument {raw:?} is not valid UTF-8\n"));
+            return rlsync::cli::ExitStatus::Failure.into();
         }
-    }
+    };
     match rlsync::cli::run(&args) {
         Ok(code) => code.into(),
         Err(err) => {

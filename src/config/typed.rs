@@ -560,7 +560,7 @@ impl NodeDe<'_, '_, '_> {
             .top()
             .is_some_and(|t| STRICT_SECTIONS.contains(&t.as_str()));
         let fields = self.fields.unwrap_or(&[]);
-        let suggestion = closest(&key, fields);
+        let suggestion = hydra_compose::did_you_mean::closest(&key, fields);
         let parent = path.strip_suffix(&key).unwrap_or("").to_owned();
         let (kind, message) = match (&suggestion, strict) {
             (Some(s), _) => (
@@ -599,31 +599,6 @@ fn describe(v: &Value) -> String {
         Value::List(_) => "a list".into(),
         Value::Dict(_) => "a mapping".into(),
     }
-}
-
-/// The closest known name to `key`, if it is close enough to be a typo.
-pub(crate) fn closest(key: &str, known: &[&str]) -> Option<String> {
-    let budget = (key.len() / 3).clamp(1, 3);
-    known
-        .iter()
-        .map(|k| (levenshtein(key, k), *k))
-        .filter(|(d, _)| *d <= budget)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k.to_owned())
-}
-
-fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 /// Remove the node at a dotted path (so its default applies on the next attempt).
@@ -1284,18 +1259,5 @@ mod tests {
                 .contains("512 rollout workers is more than the 256 rlsync starts on one host"),
             "{err}"
         );
-    }
-
-    #[test]
-    fn closest_only_suggests_near_misses() {
-        assert_eq!(
-            closest("compresion", &["compression", "delta_encoding"]).as_deref(),
-            Some("compression")
-        );
-        assert_eq!(
-            closest("video_cfg", &["compression", "delta_encoding"]),
-            None
-        );
-        assert_eq!(levenshtein("kitten", "sitting"), 3);
     }
 }

@@ -7,16 +7,13 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let mut args = Vec::new();
-    for arg in std::env::args_os().skip(1) {
-        match arg.into_string() {
-            Ok(arg) => args.push(arg),
-            Err(raw) => {
-                eprintln!("Error: argument {raw:?} is not valid UTF-8");
-                return ExitCode::FAILURE;
-            }
+    let args = match rlsync::cli::utf8_args() {
+        Ok(args) => args,
+        Err(raw) => {
+            eprintln!("Error: argument {raw:?} is not valid UTF-8");
+            return ExitCode::FAILURE;
         }
-    }
+    };
     let Some(("worker", rest)) = args
         .split_first()
         .map(|(first, rest)| (first.as_str(), rest))
