@@ -65,6 +65,7 @@ lint: venv
 # binaries, which `build` makes). cargo-nextest, where installed, runs them with per-test timings and the slow
 # ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
 test-rust: build
+	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync --example held_worker
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
 		$(TORCH_ENV) $(CARGO) nextest run --release --locked --workspace --exclude rlsync-python --profile ci; \
 		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python --doc; \

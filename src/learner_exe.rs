@@ -1,5 +1,6 @@
-//! Which executable runs a run's built-in workers: `rlsync` itself for the synthetic workload, the learner
-//! executable `rlsync-learner` (the `rlsync-learner` crate, the only one linked with libtorch) for learner models.
+//! Which executable runs a run's built-in workers: `rlsync` itself (or `$RLSYNC_WORKER`) for the synthetic
+//! workload, the learner executable `rlsync-learner` (the `rlsync-learner` crate, the only one linked with
+//! libtorch) for learner models.
 //!
 //! `make build` puts `rlsync-learner` next to `rlsync`, so only learner workers load libtorch and every other
 //! command starts in milliseconds. The orchestrator and `--dry-run` call [`preflight`] before anything starts,
@@ -14,6 +15,19 @@ pub const LEARNER_EXE: &str = "rlsync-learner";
 
 /// Environment variable that names the learner executable instead of the one next to `rlsync`.
 pub const LEARNER_ENV: &str = "RLSYNC_LEARNER";
+
+/// Environment variable naming the executable that runs the synthetic workload's built-in workers instead of
+/// this one, as `<exe> worker --role … --rank … --run-dir …`: a wrapper script, a profiler, a test's worker
+/// (the integration tests' `held_worker` example, which can hold a worker at a stage of its start-up).
+pub const WORKER_ENV: &str = "RLSYNC_WORKER";
+
+/// The executable of the synthetic workload's workers: `$RLSYNC_WORKER`, else `this` (the running rlsync).
+pub fn worker_exe(this: &Path) -> PathBuf {
+    match std::env::var_os(WORKER_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => this.to_owned(),
+    }
+}
 
 /// A learner model without a learner executable to run it.
 #[derive(Debug, thiserror::Error)]

@@ -272,20 +272,23 @@ pub fn run(
     mut opts: RunOptions,
 ) -> Result<RunSummary, OrchestratorError> {
     // Python workers bring their own model: `actor.model` is theirs to read. Built-in workers of a learner model
-    // start from the learner executable when this build has no libtorch (see `rl::preflight`).
+    // start from the learner executable (see `learner_exe::preflight`).
     if cfg.actor.worker.kind == WorkerKind::Builtin {
-        let this = match opts.worker_exe.take() {
-            Some(exe) => exe,
+        // `this`: the rlsync whose neighbour the learner is (the caller's, else the running one).
+        let given = opts.worker_exe.take();
+        let this = match &given {
+            Some(exe) => exe.clone(),
             None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir {
                 path: "<current exe>".into(),
                 source,
             })?,
         };
+        let worker = given.unwrap_or_else(|| crate::learner_exe::worker_exe(&this));
         let learner = match opts.learner_exe.take() {
             Some(exe) => exe,
             None => crate::learner_exe::learner_exe(&this),
         };
-        let exe = crate::learner_exe::preflight(cfg.actor.model.model_type, &this, &learner)
+        let exe = crate::learner_exe::preflight(cfg.actor.model.model_type, &worker, &learner)
             .map_err(|source| OrchestratorError::NoLearner { source })?;
         opts.worker_exe = Some(exe);
     }

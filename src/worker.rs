@@ -7,9 +7,9 @@
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
 pub mod local_copy;
+pub mod probe;
 pub mod rollout;
 pub mod synthetic;
-pub mod test_hold;
 pub mod trainer;
 pub mod workload;
 
@@ -23,12 +23,11 @@ use tokio::sync::mpsc;
 use crate::config::schema::RunConfig;
 use crate::protocol::launch::{self, LaunchSpec};
 use crate::worker::workload::{Workload, WorkloadError};
+pub use probe::{Stage, StageProbe};
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::{
     self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role,
 };
-pub use test_hold::TEST_HOLD_VAR;
-use test_hold::{HoldStage, TestHold};
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -109,7 +108,8 @@ pub struct WorkerArgs {
     pub run_dir: PathBuf,
 }
 
-pub(crate) fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
+/// The `worker` subcommand's flags (`--role R --rank N --run-dir D`).
+pub fn parse_args(args: &[String]) -> Result<WorkerArgs, WorkerError> {
     use lexopt::{Arg, ValueExt as _};
     let usage = |reason: String| WorkerError::Usage { reason };
     // lexopt's own errors in this parser's words (the usage line names every flag).
@@ -174,6 +174,16 @@ pub fn run_worker(args: &[String]) -> Result<(), WorkerError> {
 /// A worker whose workload `build` makes: the same handshake, weight channel, command loop, verification and
 /// failure reports for every implementation (this is what `python -m rlsync.worker` runs).
 pub fn run_worker_with(args: &[String], build: WorkloadBuilder) -> Result<(), WorkerError> {
+    run_worker_probed(args, build, None)
+}
+
+/// [`run_worker_with`], awaiting what `probe` gives at each [`Stage`] of the start-up (tests hold a worker
+/// there; see `worker::probe`).
+pub fn run_worker_probed(
+    args: &[String],
+    build: WorkloadBuilder,
+    probe: Option<Box<dyn StageProbe>>,
+) -> Result<(), WorkerError> {
     let args = parse_args(args)?;
     let path = launch::launch_file(&args.run_dir);
     let bytes = std::fs::read(&path).map_err(|error| WorkerError::LaunchFile {
@@ -188,7 +198,7 @@ pub fn run_worker_with(args: &[String], build: WorkloadBuilder) -> Result<(), Wo
         .enable_all()
         .build()
         .map_err(WorkerError::Runtime)?;
-    runtime.block_on(serve(args, launch, build))
+    runtime.block_on(serve(args, launch, build, probe))
 }
 
 /// What every worker role gets: its identity, the launch spec and the control connection.
@@ -196,8 +206,8 @@ pub struct WorkerContext {
     pub args: WorkerArgs,
     pub launch: LaunchSpec,
     pub control: Control,
-    /// Tests only: where [`TEST_HOLD_VAR`] holds this worker.
-    pub(crate) hold: Option<TestHold>,
+    /// What this worker awaits at each stage of its start-up (none in the shipped executables).
+    pub(crate) probe: Option<Box<dyn StageProbe>>,
 }
 
 impl WorkerContext {
@@ -291,14 +301,10 @@ async fn serve(
     args: WorkerArgs,
     launch: LaunchSpec,
     build: WorkloadBuilder,
+    probe: Option<Box<dyn StageProbe>>,
 ) -> Result<(), WorkerError> {
-    let hold = TestHold::parse(
-        std::env::var(TEST_HOLD_VAR).ok().as_deref(),
-        args.role,
-        args.rank,
-    )?;
-    if let Some(hold) = &hold {
-        hold.reach(HoldStage::Hello).await;
+    if let Some(hold) = probe.as_ref().and_then(|p| p.at(Stage::Hello)) {
+        hold.await;
     }
     let hello = Hello {
         protocol: PROTOCOL_VERSION,
@@ -312,7 +318,7 @@ async fn serve(
         args,
         launch,
         control,
-        hold,
+        probe,
     };
     tracing::debug!("connected to the orchestrator");
     let result = match ctx.args.role {

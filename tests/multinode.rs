@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::util::{PATIENCE, Scratch, bin, processes_naming as processes_of, worker_pid};
+use crate::util::{self, PATIENCE, Scratch, bin, processes_naming as processes_of, worker_pid};
 /// `cluster.node_timeout_s` of the fault runs (short: the test waits that long), and of the others (long: a
 /// node starved of CPU by a loaded machine must not look dead).
 const FAULT_NODE_TIMEOUT_S: f64 = 3.0;
@@ -179,11 +179,15 @@ impl Run {
         worker_pid(&self.run_dir, "rollout", rank)
     }
 
-    /// Hold `what` (`rollout-1@catchup`: a worker and a stage) with the workers' test knob
-    /// (`RLSYNC_TEST_HOLD`): the first process of that worker to reach the stage writes its pid to the file
-    /// returned and waits to be killed; its successors go on.
+    /// Hold `what` (`rollout-1@catchup`: a worker and a stage): the run's built-in workers start from the
+    /// `held_worker` example (`RLSYNC_WORKER`), whose first process of that worker to reach the stage writes
+    /// its pid to the file returned and waits to be killed (`RLSYNC_TEST_HOLD`); its successors go on.
     fn hold(&mut self, what: &str) -> PathBuf {
         let file = self.scratch.path().join("held");
+        self.env.push((
+            "RLSYNC_WORKER".into(),
+            util::example("held_worker").display().to_string(),
+        ));
         self.env.push((
             "RLSYNC_TEST_HOLD".into(),
             format!("{what}:{}", file.display()),

@@ -29,6 +29,20 @@ pub fn bin() -> PathBuf {
     bin
 }
 
+/// The example executable `name`, next to the `rlsync` under test (`cargo test` builds the examples).
+pub fn example(name: &str) -> PathBuf {
+    let exe = bin()
+        .parent()
+        .map(|dir| dir.join("examples").join(name))
+        .unwrap_or_else(|| panic!("the rlsync under test has no directory"));
+    assert!(
+        exe.is_file(),
+        "{} is not built (make test-rust builds it: cargo build --release -p rlsync --example held_worker)",
+        exe.display()
+    );
+    exe
+}
+
 /// The repository's root directory (README.md, examples/, config/).
 pub fn repo_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -512,10 +512,12 @@ async fn serve(
     run_files::write_private(&launch::launch_file(node_dir), &bytes)?;
     let exe = match opts.worker_exe {
         Some(exe) => exe,
-        None => std::env::current_exe().map_err(|source| OrchestratorError::RunDir {
-            path: "<current exe>".into(),
-            source,
-        })?,
+        None => std::env::current_exe()
+            .map(|this| crate::learner_exe::worker_exe(&this))
+            .map_err(|source| OrchestratorError::RunDir {
+                path: "<current exe>".into(),
+                source,
+            })?,
     };
     let (events_tx, events_rx) = event_channel();
     let silence = MultiNode::node_timeout(cfg) * ORCHESTRATOR_SILENCE;

@@ -7,10 +7,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
+use crate::worker::Stage;
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report};
+use rlsync_core::syncer::HoldPoint;
 use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, SyncReceiver, WeightSyncer};
 use rlsync_core::tensor::{StateDict, state_checksum};
 use rlsync_core::transport::ShmReceiver;
@@ -175,8 +177,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
                 let mut syncer =
                     WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
-                if let Some((point, hold)) = ctx.hold.as_ref().and_then(|h| h.for_syncer()) {
-                    syncer.hold_at(point, hold);
+                if let Some(probe) = &ctx.probe {
+                    let holds = [
+                        (HoldPoint::Bootstrap, Stage::Bootstrap),
+                        (HoldPoint::CatchUp, Stage::CatchUp),
+                    ];
+                    if let Some((point, hold)) = holds
+                        .into_iter()
+                        .find_map(|(point, stage)| Some((point, probe.at(stage)?)))
+                    {
+                        syncer.hold_at(point, hold);
+                    }
                 }
                 if rx.joined_late() {
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
@@ -216,9 +227,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.keep_copy();
                     continue;
                 }
-                if let Some(hold) = &ctx.hold {
-                    hold.reach(crate::worker::test_hold::HoldStage::Handshake)
-                        .await;
+                if let Some(hold) = ctx.probe.as_ref().and_then(|p| p.at(Stage::Handshake)) {
+                    hold.await;
                 }
                 let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
