@@ -16,8 +16,10 @@
 //! `load_instant: true`), so no reader ever sees a partially applied version.
 //!
 //! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
-//! effect on embodied runs; `cuda` devices and `nvcomp_lz4` are rejected with [`SyncError::NoGpuBackend`]
-//! (rlsync has no GPU backend yet). With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! effect on embodied runs. CUDA tensors are synced through [`crate::gpu`] (the binding attaches its
+//! [`PatchBuilder`] / [`PatchInstaller`] hooks); `patch.snapshot_device: cuda` needs a build with the `cuda`
+//! feature ([`SyncError::Gpu`]), and `transport_device: cuda`, `bucket_device: cuda` and `nvcomp_lz4` are
+//! rejected with [`SyncError::NoGpuBackend`]. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
 //! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
 //!
 //! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
@@ -25,6 +27,7 @@
 
 mod bootstrap;
 mod bucket;
+pub mod offload;
 /// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
 pub mod patch;
 mod receiver;
@@ -49,6 +52,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
 
+pub use offload::{PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::SyncSender;
@@ -118,7 +122,11 @@ pub struct SyncReport {
 pub enum SyncError {
     #[error("weight_syncer config: {reason}")]
     Config { reason: String },
-    #[error("{setting}: {value} needs a GPU backend, which rlsync does not have; use {instead}")]
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+    #[error(
+        "{setting}: {value} needs a GPU path that rlsync's CUDA backend does not have yet (it syncs CUDA tensors with snapshot_device cpu or cuda); use {instead}"
+    )]
     NoGpuBackend {
         setting: &'static str,
         value: &'static str,
@@ -202,6 +210,8 @@ struct Settings {
     bucket_size: u64,
     bucket_dtype: Option<DType>,
     load_instant: bool,
+    /// Patch: where the caller's device backend keeps the snapshot (`weight_syncer.patch.snapshot_device`).
+    snapshot_device: Device,
     threads: NonZeroUsize,
     /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
     part_bytes: usize,
@@ -315,8 +325,8 @@ impl WeightSyncer {
         };
         let codec = match cfg.kind {
             SyncerKind::Patch => {
-                if p.snapshot_device == Device::Cuda {
-                    return Err(cuda("weight_syncer.patch.snapshot_device"));
+                if p.snapshot_device == Device::Cuda && !crate::gpu::BUILT_WITH_CUDA {
+                    return Err(SyncError::Gpu(crate::gpu::GpuError::NotBuilt));
                 }
                 if p.transport_device == Device::Cuda {
                     return Err(cuda("weight_syncer.patch.transport_device"));
@@ -357,6 +367,7 @@ impl WeightSyncer {
                 bucket_size: b.bucket_size.get(),
                 bucket_dtype: b.bucket_dtype.map(DType::from),
                 load_instant: b.load_instant,
+                snapshot_device: p.snapshot_device,
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
                 same_keys: false,

@@ -27,6 +27,8 @@ struct ReceiverShared {
     applied: AtomicU64,
     pool: Mutex<Pool>,
     threads: NonZeroUsize,
+    /// A device backend's install (CUDA tensors), in place of `patch::install`.
+    installer: Mutex<Option<Arc<dyn PatchInstaller>>>,
 }
 
 impl ReceiverShared {
@@ -37,6 +39,7 @@ impl ReceiverShared {
             applied: AtomicU64::new(applied),
             pool: Mutex::new(Pool::default()),
             threads,
+            installer: Mutex::new(None),
         }
     }
 
@@ -314,6 +317,16 @@ impl SyncReceiver {
         receive(self).await
     }
 
+    /// Install patches with `installer` (a device backend's) instead of the host install; also for updates
+    /// already received and pending.
+    pub fn set_patch_installer(&self, installer: Arc<dyn PatchInstaller>) {
+        *self
+            .shared
+            .installer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(installer);
+    }
+
     /// The version applied (0 before the first sync).
     pub fn version(&self) -> u64 {
         self.shared.applied.load(Ordering::SeqCst)
@@ -510,7 +523,15 @@ impl PendingUpdate {
                 .map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
                 let t1 = Instant::now();
-                blocking(|| patch::install(&valid, state, shared.threads));
+                let installer = shared
+                    .installer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                match installer {
+                    Some(i) => blocking(|| i.install(&valid, state, shared.threads))?,
+                    None => blocking(|| patch::install(&valid, state, shared.threads)),
+                }
                 report.apply = t1.elapsed();
                 report.changed = valid.changed;
             }

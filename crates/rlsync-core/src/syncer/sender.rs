@@ -28,6 +28,8 @@ struct PatchSender {
     /// Shared only with a background checksum of it (see [`rejoin::RejoinInfo::checksum_in_background`]).
     snap: Arc<Vec<SnapTensor>>,
     built: patch::Built,
+    /// A device backend's build (CUDA tensors), in place of `patch::build`.
+    builder: Option<Box<dyn PatchBuilder>>,
 }
 
 struct BucketSender {
@@ -228,6 +230,7 @@ impl SenderStrategy {
                 Ok(SenderStrategy::Patch(PatchSender {
                     snap: Arc::new(snap),
                     built: patch::Built::default(),
+                    builder: None,
                 }))
             }
             SyncerKind::Bucket => {
@@ -337,6 +340,23 @@ impl SyncSender {
         .await
     }
 
+    /// Build patches with `builder` (a device backend's) instead of the host diff; `false` (and nothing set)
+    /// on a bucket sender.
+    pub fn set_patch_builder(&mut self, builder: Box<dyn PatchBuilder>) -> bool {
+        match &mut self.strategy {
+            SenderStrategy::Patch(p) => {
+                p.builder = Some(builder);
+                true
+            }
+            SenderStrategy::Bucket(_) => false,
+        }
+    }
+
+    /// `weight_syncer.patch.snapshot_device`: where a device backend should keep the snapshot.
+    pub fn snapshot_device(&self) -> settings::Device {
+        self.settings.snapshot_device
+    }
+
     /// The last version sent (0 before the first sync).
     pub fn version(&self) -> u64 {
         self.last_version
@@ -418,6 +438,7 @@ impl PatchSender {
         let PatchSender {
             snap: shared,
             built,
+            builder,
         } = self;
         // The log needs the checksum of the base (the snapshot before this build): normally computed in the
         // background since the last sync (waited for here), else now.
@@ -435,12 +456,15 @@ impl PatchSender {
             reason: "the snapshot is still being read by a checksum thread".into(),
         })?;
         let t0 = Instant::now();
-        blocking(|| patch::build(snap, state, settings.threads, built)).map_err(|reason| {
-            SyncError::StateMismatch {
-                key: "(synced keys)".into(),
-                reason,
-            }
-        })?;
+        match builder {
+            Some(b) => blocking(|| b.build(snap, state, settings.threads, built))?,
+            None => blocking(|| patch::build(snap, state, settings.threads, built)).map_err(
+                |reason| SyncError::StateMismatch {
+                    key: "(synced keys)".into(),
+                    reason,
+                },
+            )?,
+        }
         let build = t0.elapsed();
         let t1 = Instant::now();
         let (msg, ratio, tensors, dense) = blocking(|| {

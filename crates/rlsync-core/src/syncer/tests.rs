@@ -643,7 +643,7 @@ fn unsupported_devices_and_nvcomp_are_clear_errors() {
             "{e}"
         );
         let text = e.to_string();
-        assert!(text.contains("needs a GPU backend"), "{text}");
+        assert!(text.contains("needs a GPU path"), "{text}");
         assert!(
             !text.contains("--features") && !text.contains("CUDA build"),
             "{text}"
@@ -653,10 +653,18 @@ fn unsupported_devices_and_nvcomp_are_clear_errors() {
         &|c| c.patch.compression = Compression::NvcompLz4,
         "weight_syncer.patch.compression",
     );
-    no_gpu(
-        &|c| c.patch.snapshot_device = Device::Cuda,
-        "weight_syncer.patch.snapshot_device",
-    );
+    // A snapshot on the GPU needs the CUDA backend in the build (and CUDA tensors, checked by the binding).
+    let mut c = WeightSyncerConfig::default();
+    c.patch.snapshot_device = Device::Cuda;
+    let made = WeightSyncer::from_config(&c, SyncOptions::default());
+    assert_eq!(made.is_ok(), crate::gpu::BUILT_WITH_CUDA);
+    if let Err(e) = made {
+        assert!(
+            matches!(e, SyncError::Gpu(crate::gpu::GpuError::NotBuilt)),
+            "{e}"
+        );
+        assert!(e.to_string().contains("built without CUDA"), "{e}");
+    }
     no_gpu(
         &|c| c.patch.transport_device = Device::Cuda,
         "weight_syncer.patch.transport_device",

@@ -1,0 +1,272 @@
+//! The GPU backend's one face: CUDA through cudarc (feature `cuda`) or a dummy that answers "built without
+//! CUDA"; the only module that names the feature.
+//!
+//! Everything above this module is backend-free: [`Gpu`] opens a device (the primary context PyTorch uses),
+//! owns rlsync's device and pinned host buffers and launches the kernels of `kernels/rlsync.cu`
+//! ([`kernels`]); [`mirror`] stages CUDA tensors through pinned host memory for the host paths (bootstrap,
+//! bucket, rejoin, checksums); [`differ`] builds patches on the device (the fused diff kernel, its output
+//! collected by [`compact`] into the encoder's input); [`installer`] writes verified patches into CUDA tensors.
+//! Loading is dynamic: without `libcuda.so.1` every entry point returns [`GpuError::NoDriver`] (cudarc panics
+//! on a missing library, so [`probe`] checks first and every driver call runs behind `catch_unwind`).
+
+pub mod kernels;
+pub mod mirror;
+
+#[cfg(feature = "cuda")]
+#[path = "gpu/cuda.rs"]
+mod backend;
+#[cfg(not(feature = "cuda"))]
+#[path = "gpu/dummy.rs"]
+mod backend;
+
+use std::sync::Arc;
+
+pub use backend::{DeviceBuf, PinnedBuf, Registered};
+
+/// Whether this build has the CUDA backend.
+pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
+
+/// Why a GPU operation could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "this rlsync was built without CUDA (rlsync-core's `cuda` feature): CUDA tensors need a build with it (the released wheel and `make build` have it)"
+    )]
+    NotBuilt,
+    #[error(
+        "no usable CUDA driver: {reason} (CUDA tensors need the NVIDIA driver's libcuda.so.1 on the loader path)"
+    )]
+    NoDriver { reason: String },
+    #[error("CUDA device {ordinal} does not exist: this machine has {count} CUDA device(s)")]
+    NoDevice { ordinal: usize, count: usize },
+    #[error("CUDA {op} failed: {name} (error {code})")]
+    Driver {
+        op: &'static str,
+        code: u32,
+        name: String,
+    },
+    #[error("the CUDA driver library panicked in {op} (a symbol this driver lacks?)")]
+    Panicked { op: &'static str },
+    #[error("reading the kernels from RLSYNC_PTX_DIR: {path}")]
+    PtxFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the kernels' PTX ({origin}) has a NUL byte")]
+    PtxNul { origin: String },
+}
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverInfo {
+    /// `cuDriverGetVersion`'s number (e.g. 12040 for CUDA 12.4).
+    pub driver_version: i32,
+    pub devices: usize,
+}
+
+/// Whether CUDA tensors can be synced here: the build has the backend, the driver loads and initialises.
+pub fn probe() -> Result<DriverInfo, GpuError> {
+    backend::probe()
+}
+
+/// A CUDA stream: the raw `CUstream` handle (`torch.cuda.current_stream().cuda_stream`); 0 is the legacy
+/// default stream. rlsync never destroys a stream it did not create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stream(pub u64);
+
+/// One of rlsync's kernel families, per element width (see `kernels/rlsync.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    DiffCompact,
+    Scatter,
+    ApplyCompact,
+}
+
+/// One kernel parameter, of the C type the kernel declares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arg {
+    U32(u32),
+    U64(u64),
+}
+
+/// An open device: its primary context (shared with PyTorch) and rlsync's kernels loaded in it.
+#[derive(Clone)]
+pub struct Gpu {
+    inner: Arc<backend::Context>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu(cuda:{})", self.ordinal())
+    }
+}
+
+impl Gpu {
+    /// Open device `ordinal` (retains its primary context) and load the kernels ([`kernels::ptx`]).
+    pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
+        let ptx = kernels::ptx()?;
+        Ok(Gpu {
+            inner: Arc::new(backend::Context::open(ordinal, &ptx)?),
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal()
+    }
+
+    /// The device's name (`NVIDIA H100 80GB HBM3`).
+    pub fn name(&self) -> Result<String, GpuError> {
+        self.inner.name()
+    }
+
+    /// Streaming multiprocessors (sizes persistent grids).
+    pub fn sm_count(&self) -> usize {
+        self.inner.sm_count()
+    }
+
+    /// `bytes` of device memory owned by rlsync (freed on drop).
+    pub fn alloc(&self, bytes: usize) -> Result<DeviceBuf, GpuError> {
+        self.inner.alloc(bytes)
+    }
+
+    /// `bytes` of pinned host memory (not write-combined: the host reads it), zeroed.
+    pub fn pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
+        self.inner.pinned(bytes)
+    }
+
+    /// Pin `len` bytes at `ptr` (host memory rlsync owns) and map them for the device; unregistered on drop.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay allocated, and not move, while the returned registration lives.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registered, GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.register(ptr, len) }
+    }
+
+    /// Copy `dst.len()` bytes from device address `src` into `dst`, ordered on `stream` and waited for.
+    ///
+    /// # Safety
+    /// `src..src + dst.len()` must be readable device memory of this device.
+    pub unsafe fn read(&self, dst: &mut [u8], src: u64, stream: Stream) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.dtoh(dst.as_mut_ptr(), src, dst.len(), stream) }?;
+        self.inner.sync(stream)
+    }
+
+    /// Copy `src` to device address `dst`, ordered on `stream` and waited for.
+    ///
+    /// # Safety
+    /// `dst..dst + src.len()` must be writable device memory of this device, used by nothing else meanwhile.
+    pub unsafe fn write(&self, dst: u64, src: &[u8], stream: Stream) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.htod(dst, src.as_ptr(), src.len(), stream) }?;
+        self.inner.sync(stream)
+    }
+
+    /// Queue a device-to-host copy on `stream` (not waited for).
+    ///
+    /// # Safety
+    /// As [`Gpu::read`], and `dst..dst + len` must be pinned host memory that stays untouched until `stream`
+    /// has been synchronised.
+    pub unsafe fn read_async(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.dtoh(dst, src, len, stream) }
+    }
+
+    /// Queue a host-to-device copy on `stream` (not waited for).
+    ///
+    /// # Safety
+    /// As [`Gpu::write`], and `src..src + len` must be pinned host memory that stays unchanged until `stream`
+    /// has been synchronised.
+    pub unsafe fn write_async(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.htod(dst, src, len, stream) }
+    }
+
+    /// Queue a device-to-device copy on `stream`.
+    ///
+    /// # Safety
+    /// Both ranges must be device memory of this device, `dst` writable and unused by anything else meanwhile.
+    pub unsafe fn copy_async(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.dtod(dst, src, len, stream) }
+    }
+
+    /// Queue zeroing `len` bytes at device address `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst..dst + len` must be writable device memory of this device.
+    pub unsafe fn zero_async(&self, dst: u64, len: usize, stream: Stream) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.zero(dst, len, stream) }
+    }
+
+    /// Wait until everything queued on `stream` has run.
+    pub fn sync(&self, stream: Stream) -> Result<(), GpuError> {
+        self.inner.sync(stream)
+    }
+
+    /// Launch `kernel` for elements of `width` bytes with `grid` × `block` threads on `stream`; `args` are
+    /// the kernel's parameters in order (device addresses, counts; see `kernels/rlsync.cu`).
+    ///
+    /// # Safety
+    /// `args` must match the kernel's signature, and every address in them must be valid for what the
+    /// kernel does with it until the launch has run.
+    pub unsafe fn launch(
+        &self,
+        kernel: Kernel,
+        width: usize,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.launch(kernel, width, grid, block, args, stream) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_driver_or_the_backend_a_device_is_a_clear_error_not_a_panic() {
+        match probe() {
+            // A machine with a driver: the device count is what opening checks against.
+            Ok(info) => {
+                let err = Gpu::open(info.devices).err().map(|e| e.to_string());
+                assert!(err.is_some_and(|e| e.contains("does not exist")));
+            }
+            Err(e) => {
+                if BUILT_WITH_CUDA {
+                    assert!(matches!(e, GpuError::NoDriver { .. }), "{e}");
+                    assert!(e.to_string().contains("libcuda"), "{e}");
+                } else {
+                    assert!(matches!(e, GpuError::NotBuilt), "{e}");
+                }
+                let again = Gpu::open(0).err().map(|e| e.to_string());
+                assert_eq!(again, Some(e.to_string()));
+            }
+        }
+    }
+}

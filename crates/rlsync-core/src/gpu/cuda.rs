@@ -1,0 +1,508 @@
+//! The CUDA backend: the driver API through cudarc's `sys`/`result` layers, loaded at run time — the device's
+//! primary context, the kernels' module, rlsync's device and pinned buffers, copies and launches.
+//!
+//! Every driver call runs inside [`call`]: cudarc panics when `libcuda` or one of its symbols is missing, and
+//! [`probe`] loads the library without panicking first, so a missing driver is an error, never a crash. The
+//! context is the device's primary context (the one PyTorch uses), retained for as long as a [`Context`]
+//! lives and made current on the calling thread before each operation (the syncer's work runs on any of its
+//! threads). Nothing here frees or owns memory that PyTorch allocated: tensors are raw addresses.
+
+use std::ffi::{CString, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::OnceLock;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys;
+
+use super::kernels::{self, Ptx, WIDTHS};
+use super::{Arg, DriverInfo, GpuError, Kernel, Stream};
+
+/// Run driver call(s) `f` for operation `op`: a driver error or a panic in cudarc becomes a [`GpuError`].
+fn call<T>(op: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, GpuError> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(driver_error(op, e)),
+        Err(_) => Err(GpuError::Panicked { op }),
+    }
+}
+
+fn driver_error(op: &'static str, e: DriverError) -> GpuError {
+    let name = e
+        .error_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown error".to_owned());
+    GpuError::Driver {
+        op,
+        code: e.0 as u32,
+        name,
+    }
+}
+
+/// Load and initialise the driver once per process (the answer is kept: a driver does not appear later).
+fn driver() -> Result<DriverInfo, GpuError> {
+    static INIT: OnceLock<Result<DriverInfo, String>> = OnceLock::new();
+    INIT.get_or_init(|| {
+        // SAFETY: loads the library by name without resolving symbols; it never panics.
+        let present = catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err("libcuda.so (libcuda.so.1) was not found by the dynamic loader".to_owned());
+        }
+        call("cuInit", result::init).map_err(|e| e.to_string())?;
+        let mut version = 0;
+        // SAFETY: writes one int.
+        call("cuDriverGetVersion", || unsafe {
+            sys::cuDriverGetVersion(&mut version).result()
+        })
+        .map_err(|e| e.to_string())?;
+        let devices =
+            call("cuDeviceGetCount", result::device::get_count).map_err(|e| e.to_string())?;
+        Ok(DriverInfo {
+            driver_version: version,
+            devices: devices.max(0) as usize,
+        })
+    })
+    .clone()
+    .map_err(|reason| GpuError::NoDriver { reason })
+}
+
+pub(super) fn probe() -> Result<DriverInfo, GpuError> {
+    driver()
+}
+
+/// An open device: its retained primary context and rlsync's module in it.
+pub(super) struct Context {
+    ordinal: usize,
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+    module: sys::CUmodule,
+    /// `[family][width slot]`, families in [`Kernel`] order.
+    functions: [[sys::CUfunction; 4]; 3],
+    sms: usize,
+}
+
+// SAFETY: driver handles (device, context, module, functions) may be used from any thread; operations make
+// the context current on the calling thread first.
+unsafe impl Send for Context {}
+// SAFETY: as for Send; the handles are never mutated after `open`.
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub(super) fn open(ordinal: usize, ptx: &Ptx) -> Result<Context, GpuError> {
+        let info = driver()?;
+        if ordinal >= info.devices {
+            return Err(GpuError::NoDevice {
+                ordinal,
+                count: info.devices,
+            });
+        }
+        let dev = call("cuDeviceGet", || result::device::get(ordinal as i32))?;
+        // SAFETY: `dev` is a valid device; released in Drop (or below on failure).
+        let ctx = call("cuDevicePrimaryCtxRetain", || unsafe {
+            result::primary_ctx::retain(dev)
+        })?;
+        let release = || {
+            // SAFETY: balances the retain above.
+            let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
+                result::primary_ctx::release(dev)
+            });
+        };
+        let loaded = (|| {
+            // SAFETY: `ctx` was just retained.
+            call("cuCtxSetCurrent", || unsafe {
+                result::ctx::set_current(ctx)
+            })?;
+            let image = CString::new(ptx.text.as_bytes()).map_err(|_| GpuError::PtxNul {
+                origin: ptx.origin.clone(),
+            })?;
+            // SAFETY: a NUL-terminated PTX image; the driver copies what it needs.
+            let module = call("cuModuleLoadData", || unsafe {
+                result::module::load_data(image.as_ptr().cast())
+            })?;
+            let mut functions = [[std::ptr::null_mut(); 4]; 3];
+            for (f, kernel) in [Kernel::DiffCompact, Kernel::Scatter, Kernel::ApplyCompact]
+                .into_iter()
+                .enumerate()
+            {
+                for (slot, w) in WIDTHS.into_iter().enumerate() {
+                    let name = CString::new(kernels::name(kernel, w)).unwrap_or_default();
+                    // SAFETY: `module` was just loaded.
+                    functions[f][slot] = match call("cuModuleGetFunction", || unsafe {
+                        result::module::get_function(module, name)
+                    }) {
+                        Ok(func) => func,
+                        Err(e) => {
+                            // SAFETY: unloads the module loaded above, used by nothing yet.
+                            let _ = call("cuModuleUnload", || unsafe {
+                                result::module::unload(module)
+                            });
+                            return Err(e);
+                        }
+                    };
+                }
+            }
+            // SAFETY: reads one attribute of a valid device.
+            let sms = call("cuDeviceGetAttribute", || unsafe {
+                result::device::get_attribute(
+                    dev,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                )
+            })?;
+            Ok((module, functions, sms.max(1) as usize))
+        })();
+        match loaded {
+            Ok((module, functions, sms)) => Ok(Context {
+                ordinal,
+                dev,
+                ctx,
+                module,
+                functions,
+                sms,
+            }),
+            Err(e) => {
+                release();
+                Err(e)
+            }
+        }
+    }
+
+    /// Make the context current on this thread.
+    fn enter(&self) -> Result<(), GpuError> {
+        // SAFETY: the context is retained while `self` lives.
+        call("cuCtxSetCurrent", || unsafe {
+            result::ctx::set_current(self.ctx)
+        })
+    }
+
+    pub(super) fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub(super) fn name(&self) -> Result<String, GpuError> {
+        call("cuDeviceGetName", || result::device::get_name(self.dev))
+    }
+
+    pub(super) fn sm_count(&self) -> usize {
+        self.sms
+    }
+
+    pub(super) fn alloc(&self, bytes: usize) -> Result<DeviceBuf, GpuError> {
+        self.enter()?;
+        // SAFETY: a fresh allocation of at least one byte in the current context.
+        let ptr = call("cuMemAlloc", || unsafe {
+            result::malloc_sync(bytes.max(1))
+        })?;
+        Ok(DeviceBuf {
+            ptr,
+            len: bytes,
+            ctx: self.ctx,
+        })
+    }
+
+    pub(super) fn pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
+        self.enter()?;
+        // Flags 0: page-locked, cached (not write-combined: the host reads these buffers), this context.
+        // SAFETY: a fresh allocation of at least one byte; zeroed below before anyone reads it.
+        let ptr = call("cuMemHostAlloc", || unsafe {
+            result::malloc_host(bytes.max(1), 0)
+        })?;
+        // SAFETY: `ptr` is a fresh allocation of `bytes.max(1)` bytes.
+        unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        Ok(PinnedBuf {
+            ptr: ptr.cast(),
+            len: bytes,
+            ctx: self.ctx,
+        })
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::register`].
+    pub(super) unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registered, GpuError> {
+        self.enter()?;
+        if len == 0 {
+            return Ok(Registered {
+                host: std::ptr::null_mut(),
+                device: 0,
+                ctx: self.ctx,
+            });
+        }
+        let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+        // SAFETY: the caller keeps the range allocated and in place while the registration lives.
+        call("cuMemHostRegister", || unsafe {
+            sys::cuMemHostRegister_v2(ptr.cast(), len, flags).result()
+        })?;
+        let mut device = 0;
+        // SAFETY: `ptr` was just registered with DEVICEMAP.
+        let mapped = call("cuMemHostGetDevicePointer", || unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, ptr.cast(), 0).result()
+        });
+        match mapped {
+            Ok(()) => Ok(Registered {
+                host: ptr,
+                device,
+                ctx: self.ctx,
+            }),
+            Err(e) => {
+                // SAFETY: balances the registration above.
+                let _ = call("cuMemHostUnregister", || unsafe {
+                    sys::cuMemHostUnregister(ptr.cast()).result()
+                });
+                Err(e)
+            }
+        }
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::read_async`].
+    pub(super) unsafe fn dtoh(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.enter()?;
+        // SAFETY: the caller guarantees both ranges.
+        call("cuMemcpyDtoHAsync", || unsafe {
+            sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw()).result()
+        })
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::write_async`].
+    pub(super) unsafe fn htod(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.enter()?;
+        // SAFETY: the caller guarantees both ranges.
+        call("cuMemcpyHtoDAsync", || unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw()).result()
+        })
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::copy_async`].
+    pub(super) unsafe fn dtod(
+        &self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.enter()?;
+        // SAFETY: the caller guarantees both ranges.
+        call("cuMemcpyDtoDAsync", || unsafe {
+            result::memcpy_dtod_async(dst, src, len, stream.raw())
+        })
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::zero_async`].
+    pub(super) unsafe fn zero(&self, dst: u64, len: usize, stream: Stream) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.enter()?;
+        // SAFETY: the caller guarantees the range.
+        call("cuMemsetD8Async", || unsafe {
+            sys::cuMemsetD8Async(dst, 0, len, stream.raw()).result()
+        })
+    }
+
+    pub(super) fn sync(&self, stream: Stream) -> Result<(), GpuError> {
+        self.enter()?;
+        // SAFETY: a stream of this context (the caller's or the legacy default stream).
+        call("cuStreamSynchronize", || unsafe {
+            result::stream::synchronize(stream.raw())
+        })
+    }
+
+    /// # Safety
+    /// See [`super::Gpu::launch`].
+    pub(super) unsafe fn launch(
+        &self,
+        kernel: Kernel,
+        width: usize,
+        grid: u32,
+        block: u32,
+        args: &[Arg],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        let Some(slot) = kernels::width_slot(width) else {
+            return Err(GpuError::Driver {
+                op: "cuLaunchKernel",
+                code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE as u32,
+                name: format!("no kernel for {width}-byte elements"),
+            });
+        };
+        if grid == 0 {
+            return Ok(());
+        }
+        let family = match kernel {
+            Kernel::DiffCompact => 0,
+            Kernel::Scatter => 1,
+            Kernel::ApplyCompact => 2,
+        };
+        self.enter()?;
+        // The driver reads each parameter through a pointer to its value.
+        let mut values: Vec<Arg> = args.to_vec();
+        let mut params: Vec<*mut c_void> = values
+            .iter_mut()
+            .map(|a| match a {
+                Arg::U32(v) => (v as *mut u32).cast(),
+                Arg::U64(v) => (v as *mut u64).cast(),
+            })
+            .collect();
+        let f = self.functions[family][slot];
+        // SAFETY: `f` belongs to the loaded module; the caller guarantees the parameters; `values` outlives the
+        // call, which copies them.
+        call("cuLaunchKernel", || unsafe {
+            result::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, stream.raw(), &mut params)
+        })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let _ = self.enter();
+        // SAFETY: the module was loaded in `open` and no launch can follow (the context is going away).
+        let _ = call("cuModuleUnload", || unsafe {
+            result::module::unload(self.module)
+        });
+        // SAFETY: balances the retain in `open`.
+        let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
+            result::primary_ctx::release(self.dev)
+        });
+    }
+}
+
+impl Stream {
+    fn raw(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+}
+
+/// Device memory allocated by rlsync (never a tensor's), freed on drop.
+pub struct DeviceBuf {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: a device address and its context handle; usable from any thread.
+unsafe impl Send for DeviceBuf {}
+// SAFETY: as for Send; `&DeviceBuf` only exposes the address.
+unsafe impl Sync for DeviceBuf {}
+
+impl DeviceBuf {
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        self.ptr
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceBuf {
+    fn drop(&mut self) {
+        // SAFETY: the context outlives its buffers (a `Gpu` is held by everything that holds buffers).
+        let _ = call("cuCtxSetCurrent", || unsafe {
+            result::ctx::set_current(self.ctx)
+        });
+        // SAFETY: allocated by `alloc`, freed once; the device work using it was waited for by its owner.
+        let _ = call("cuMemFree", || unsafe { result::free_sync(self.ptr) });
+    }
+}
+
+/// Page-locked host memory allocated by rlsync, zeroed at allocation, freed on drop.
+pub struct PinnedBuf {
+    ptr: *mut u8,
+    len: usize,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: plain host memory owned by this value.
+unsafe impl Send for PinnedBuf {}
+// SAFETY: shared access is read-only through `Deref`.
+unsafe impl Sync for PinnedBuf {}
+
+impl std::ops::Deref for PinnedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for PinnedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `len` initialised bytes owned by `self`, borrowed uniquely.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: the context outlives its buffers (see DeviceBuf).
+        let _ = call("cuCtxSetCurrent", || unsafe {
+            result::ctx::set_current(self.ctx)
+        });
+        // SAFETY: allocated by `pinned`, freed once; copies into or out of it were waited for by its owner.
+        let _ = call("cuMemFreeHost", || unsafe {
+            result::free_host(self.ptr.cast())
+        });
+    }
+}
+
+/// Host memory of rlsync's registered (pinned and mapped) for the device; unregistered on drop.
+pub struct Registered {
+    host: *mut u8,
+    device: u64,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: the registration's handles; the memory is owned elsewhere.
+unsafe impl Send for Registered {}
+// SAFETY: as for Send.
+unsafe impl Sync for Registered {}
+
+impl Registered {
+    /// The device address of the host memory.
+    pub fn device_addr(&self) -> u64 {
+        self.device
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if self.host.is_null() {
+            return;
+        }
+        // SAFETY: the context outlives its registrations (see DeviceBuf).
+        let _ = call("cuCtxSetCurrent", || unsafe {
+            result::ctx::set_current(self.ctx)
+        });
+        // SAFETY: registered by `register`, unregistered once.
+        let _ = call("cuMemHostUnregister", || unsafe {
+            sys::cuMemHostUnregister(self.host.cast()).result()
+        });
+    }
+}

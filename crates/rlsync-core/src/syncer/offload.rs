@@ -1,0 +1,37 @@
+//! The hooks through which a device backend takes over a patch's build (sender) and install (receiver) when
+//! the synced tensors live in memory the host does not hold (CUDA); the host kernels stay the default.
+//!
+//! A hook sees the same snapshot, [`Built`] and [`ValidPatch`] as the host kernels, so everything around it
+//! (encoding, versions, checksums, the replay log, rejoins) is unchanged and the wire bytes are the same.
+
+use std::num::NonZeroUsize;
+
+use super::SyncError;
+use super::patch::{Built, SnapTensor, ValidPatch};
+use crate::tensor::StateDict;
+
+/// Builds a patch in place of `patch::build`.
+pub trait PatchBuilder: Send {
+    /// Diff the synced tensors against `snap` (the snapshot, in the receivers' dtypes, in sync order) and
+    /// update it, leaving one `Changes` per segment in `built` exactly as `patch::build` would. `state` is
+    /// the host view of the state dict the caller passed (its device tensors' host copies may be stale).
+    fn build(
+        &mut self,
+        snap: &mut [SnapTensor],
+        state: &StateDict,
+        threads: NonZeroUsize,
+        built: &mut Built,
+    ) -> Result<(), SyncError>;
+}
+
+/// Installs a validated patch in place of `patch::install`.
+pub trait PatchInstaller: Send + Sync {
+    /// Write `patch` into the tensors it targets; `state` is the host view the patch was validated against.
+    /// On an error the patch may be partly written (a device failure); the receiver's version stays.
+    fn install(
+        &self,
+        patch: &ValidPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<(), SyncError>;
+}
