@@ -8,19 +8,24 @@
 - :mod:`rlsync.worker`: run your PyTorch trainer and Python simulator as rlsync's workers
   (``worker@actor.worker=python``); :mod:`rlsync.checkpoint` / :func:`load_trainer_state`: a trainer's own
   ``state_dict()`` (optimizer, critic, schedules) in rlsync checkpoints.
+- CUDA tensors: either end's state dict may hold CUDA tensors (one device per state dict);
+  :func:`cuda_available` says whether this build and machine can sync them, and why not.
 - Errors: :class:`RlsyncError` and its subclasses :class:`PayloadRejected` (weights and version untouched),
-  :class:`HandshakeError`, :class:`TransportError`; bad tensors (non-CPU, non-contiguous, overlapping views,
-  unsupported dtypes) raise ``ValueError`` naming the key.
+  :class:`HandshakeError`, :class:`TransportError`, :class:`CudaError` (no CUDA backend, driver or device);
+  bad tensors (other devices, non-contiguous, overlapping views, unsupported dtypes) raise ``ValueError``
+  naming the key.
 
 See ``help(rlsync.WeightSyncer)`` for the full interface.
 """
 
 from ._native import (
+    CudaError,
     HandshakeError,
     PayloadRejected,
     RlsyncError,
     TransportError,
     __version__,
+    cuda_available,
 )
 from . import checkpoint
 from .checkpoint import load_trainer_state
@@ -55,4 +60,6 @@ __all__ = [
     "PayloadRejected",
     "HandshakeError",
     "TransportError",
+    "CudaError",
+    "cuda_available",
 ]

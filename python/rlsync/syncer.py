@@ -83,7 +83,8 @@ def _state_dict(obj: StateDictLike) -> Mapping[str, Any]:
 
 
 def _describe(obj: StateDictLike) -> list[tuple]:
-    """``(name, tensor, data_ptr, dtype, shape, strides, device)`` of every tensor, for the native module."""
+    """``(name, tensor, data_ptr, dtype, shape, strides, device)`` of every tensor, for the native module
+    (``device`` as torch prints it: ``cpu``, ``cuda:0``)."""
     import torch
 
     out = []
@@ -102,7 +103,7 @@ def _describe(obj: StateDictLike) -> list[tuple]:
                 str(t.dtype).removeprefix("torch."),
                 tuple(t.shape),
                 tuple(t.stride()),
-                t.device.type,
+                str(t.device),
             )
         )
     return out
@@ -209,7 +210,7 @@ class WeightSyncer:
             self._active = False
             return
         names = list(param_names_need_sync)
-        descs = _describe(state_dict)
+        descs = self._stage(state_dict)
         if isinstance(send, ShmSender):
             self._channel = send
             op = self._native.begin_init_sender(descs, names, send)
@@ -230,7 +231,7 @@ class WeightSyncer:
         ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed)."""
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
-        descs = _describe(state_dict)
+        descs = self._stage(state_dict)
         if isinstance(recv, ShmReceiver):
             self._channel = recv
             op = self._native.begin_init_receiver(descs, recv)
@@ -248,7 +249,7 @@ class WeightSyncer:
         version = int(version)
         if version < 0:
             raise ValueError(f"version must be a non-negative integer, got {version}")
-        descs = _describe(state_dict)
+        descs = self._stage(state_dict)
         if self._native.on_shm:
             self._check_channel(send)
             await asyncio.to_thread(self._native.begin_sync(descs, version).run)
@@ -268,11 +269,23 @@ class WeightSyncer:
     async def apply(self, model_or_state_dict: StateDictLike, recv: RecvFn | ShmReceiver) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
         A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing."""
-        descs = _describe(model_or_state_dict)
+        descs = self._stage(model_or_state_dict)
         if self._native.on_shm:
             self._check_channel(recv)
             return await asyncio.to_thread(self._native.begin_apply(descs).run)
         return await _drive(self._native.begin_apply(descs), None, recv)
+
+    def _stage(self, state_dict: StateDictLike) -> list[tuple]:
+        """Describe ``state_dict`` for the native module; with CUDA tensors, the native side also takes the
+        caller's current stream of their device, so its copies and kernels follow the work queued on it."""
+        descs = _describe(state_dict)
+        for d in descs:
+            if d[6].startswith("cuda"):
+                import torch
+
+                self._native.use_stream(torch.cuda.current_stream(d[1].device).cuda_stream)
+                break
+        return descs
 
     # -- rlsync's extras --------------------------------------------------------------------------------
 
@@ -288,7 +301,7 @@ class WeightSyncer:
 
     def checksum(self, state_dict: StateDictLike) -> int:
         """xxh3 checksum of the synced keys. A receiver's equals its sender's after every applied version."""
-        return self._native.checksum(_describe(state_dict))
+        return self._native.checksum(self._stage(state_dict))
 
     def last_report(self) -> dict[str, Any]:
         """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds)."""
@@ -318,7 +331,7 @@ def _device(value: Any, what: str) -> str:
     name = "cpu" if value is None else str(value)
     kind = name.split(":")[0]
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"{what}: unsupported device {name!r} (rlsync syncs CPU tensors)")
+        raise ValueError(f"{what}: unsupported device {name!r} (rlsync syncs CPU and CUDA tensors)")
     return kind
 
 
@@ -338,8 +351,10 @@ class PatchWeightSyncer(WeightSyncer):
     that changed since the last version, delta-coded (``delta_encoding``) and optionally LZ4-compressed
     (``compression_algorithm="lz4"``). An unchanged state still sends an empty patch carrying its version.
 
-    The arguments are RLinf's. ``snapshot_device`` / ``transport_device`` must be ``"cpu"`` (the default;
-    ``None`` means CPU); ``init_sync_enabled`` bootstraps the receiver with the sender's values of the whole
+    The arguments are RLinf's. Either end's tensors may be CPU or CUDA tensors (CUDA ones of one device per
+    state dict, contiguous; see :func:`rlsync.cuda_available`). ``snapshot_device`` (``"cpu"``, the default,
+    or ``"cuda"``) is where a sender of CUDA tensors keeps its snapshot; ``transport_device`` must be
+    ``"cpu"`` (``None`` means CPU); ``init_sync_enabled`` bootstraps the receiver with the sender's values of the whole
     state dict (or the keys under ``init_sync_prefixes``) during init, frozen parameters included.
     """
 

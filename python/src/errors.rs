@@ -5,6 +5,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use rlsync_core::gpu::GpuError;
 use rlsync_core::syncer::SyncError;
 use rlsync_core::tensor::BorrowError;
 use rlsync_core::transport::TransportError as CoreTransportError;
@@ -34,8 +35,16 @@ create_exception!(
     "Moving bytes failed: the caller's send/recv raised, a peer went away or a wait timed out."
 );
 
+create_exception!(
+    rlsync,
+    CudaError,
+    RlsyncError,
+    "CUDA tensors could not be synced: a build without CUDA, no driver, no such device, or a driver call failed."
+);
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add("CudaError", py.get_type::<CudaError>())?;
     m.add("RlsyncError", py.get_type::<RlsyncError>())?;
     m.add("PayloadRejected", py.get_type::<PayloadRejected>())?;
     m.add("HandshakeError", py.get_type::<HandshakeError>())?;
@@ -58,6 +67,7 @@ pub fn sync_error(err: &SyncError) -> PyErr {
         | SyncError::StateCast { .. } => HandshakeError::new_err(msg),
         SyncError::Transport(_) => TransportError::new_err(msg),
         SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
+        SyncError::Gpu(_) => CudaError::new_err(msg),
         _ => RlsyncError::new_err(msg),
     }
 }
@@ -68,4 +78,9 @@ pub fn transport_error(err: &CoreTransportError) -> PyErr {
 
 pub fn borrow_error(err: &BorrowError) -> PyErr {
     PyValueError::new_err(err.to_string())
+}
+
+/// A GPU error as `rlsync.CudaError`.
+pub fn gpu_error(err: &GpuError) -> PyErr {
+    CudaError::new_err(chain(err))
 }

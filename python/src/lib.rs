@@ -7,9 +7,11 @@
 //! - [`runtime`]: the one tokio runtime that owns every socket the module opens.
 //! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
 //! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
+//! - [`device`]: CUDA tensors: a syncer's device side (pinned mirror, stream) and `cuda_available()`.
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
 
 mod checkpoint;
+mod device;
 mod errors;
 mod runtime;
 mod syncer;
@@ -24,5 +26,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checkpoint::register(m)?;
     syncer::register(m)?;
     worker::register(m)?;
+    m.add_function(wrap_pyfunction!(device::cuda_available, m)?)?;
     Ok(())
 }

@@ -28,7 +28,8 @@ use rlsync_core::transport::{
     self, ShmConfig, ShmReceiver as CoreShmReceiver, ShmSender as CoreShmSender,
 };
 
-use crate::errors::{RlsyncError, borrow_error, sync_error, transport_error};
+use crate::device::{self, SharedSide};
+use crate::errors::{RlsyncError, borrow_error, gpu_error, sync_error, transport_error};
 use crate::runtime;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -157,6 +158,10 @@ struct Inner {
     /// Canonical keys of the state dict at init, in order: later calls must pass the same state dict layout.
     keys: Vec<String>,
     report: Option<SyncReport>,
+    /// The device side, once the state dict had CUDA tensors.
+    device: Option<SharedSide>,
+    /// The caller's current CUDA stream for the next operation (`use_stream`; 0: the legacy default stream).
+    stream: u64,
 }
 
 /// A crate syncer (patch | bucket) for torch tensors; see `rlsync.WeightSyncer` for the Python API.
@@ -227,6 +232,13 @@ impl NativeSyncer {
         };
         lock(&self.inner).end = Slot::Ready(Box::new(end));
         Ok(())
+    }
+
+    /// Stage an operation's tensors: CUDA ones are replaced by their host copies (see `device.rs`).
+    fn stage(&self, tensors: Vec<Desc>) -> PyResult<(Vec<Desc>, Option<SharedSide>)> {
+        let mut g = lock(&self.inner);
+        let stream = g.stream;
+        device::stage(tensors, &mut g.device, stream)
     }
 
     /// An op was abandoned without handing its end back.
@@ -344,6 +356,8 @@ impl NativeSyncer {
                 channel: Channel::None,
                 keys: Vec::new(),
                 report: None,
+                device: None,
+                stream: 0,
             }),
             config,
             options,
@@ -362,6 +376,7 @@ impl NativeSyncer {
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
+        let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
         let (ch, io) = match channel {
@@ -375,8 +390,14 @@ impl NativeSyncer {
         syncer.require_same_keys(same_keys);
         this.start_init(&st, &io);
         let fut = async move {
+            if let Err(e) = device::pull(&dev) {
+                return out(End::Unready(syncer), Err(e.into()));
+            }
             match syncer.init_sender(&st.state, &keys, ch).await {
-                Ok((end, report)) => out(End::Sender(end), Ok(Some(report))),
+                Ok((mut end, report)) => {
+                    device::attach_builder(&dev, &mut end, &st.state);
+                    out(End::Sender(end), Ok(Some(report)))
+                }
                 Err(e) => OpOut {
                     end: None,
                     result: Err(e),
@@ -395,6 +416,7 @@ impl NativeSyncer {
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
+        let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
         let (ch, io) = match channel {
             Some(c) => (c.get().take()?, None),
@@ -406,8 +428,17 @@ impl NativeSyncer {
         let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
         this.start_init(&st, &io);
         let fut = async move {
+            if let Err(e) = device::pull(&dev) {
+                return out(End::Unready(syncer), Err(e.into()));
+            }
             match syncer.init_receiver(&mut st.state, ch).await {
-                Ok((end, report)) => out(End::Receiver(end), Ok(Some(report))),
+                Ok((end, report)) => match device::push(&dev) {
+                    Ok(()) => {
+                        device::attach_installer(&dev, &end);
+                        out(End::Receiver(end), Ok(Some(report)))
+                    }
+                    Err(e) => out(End::Receiver(end), Err(e.into())),
+                },
                 Err(e) => OpOut {
                     end: None,
                     result: Err(e),
@@ -421,10 +452,17 @@ impl NativeSyncer {
     fn begin_sync(slf: &Bound<'_, Self>, tensors: Vec<Desc>, version: u64) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Sender, "sync")?;
+        let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
         let mut sender = this.take("sync", EndKind::Sender, sender)?;
         let fut = async move {
+            // A device build reads the CUDA tensors themselves; the host path reads their copies.
+            if !device::on_device(&dev)
+                && let Err(e) = device::pull(&dev)
+            {
+                return out(End::Sender(sender), Err(e.into()));
+            }
             let result = sender.sync(&st.state, version).await;
             out(End::Sender(sender), result.map(Some))
         };
@@ -435,11 +473,25 @@ impl NativeSyncer {
     fn begin_apply(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Receiver, "apply")?;
+        let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
         this.check_keys(&st)?;
         let mut receiver = this.take("apply", EndKind::Receiver, receiver)?;
         let fut = async move {
+            // A device install writes the CUDA tensors themselves; the host path writes their copies, which
+            // are pulled first (tensors the version does not cover keep their values) and pushed after. Only
+            // a version that was installed is pushed (a rejected one left the host copies untouched).
+            let host = !device::on_device(&dev);
+            if host && let Err(e) = device::pull(&dev) {
+                return out(End::Receiver(receiver), Err(e.into()));
+            }
             let result = receiver.apply(&mut st.state).await;
+            let result = result.and_then(|report| match host {
+                true => device::push(&dev)
+                    .map(|()| report)
+                    .map_err(SyncError::Gpu),
+                false => Ok(report),
+            });
             out(End::Receiver(receiver), result.map(Some))
         };
         Ok(op_for(slf, fut, this.io(), keep))
@@ -455,6 +507,12 @@ impl NativeSyncer {
             out(End::Sender(sender), result)
         };
         Ok(op_for(slf, fut, this.io(), Vec::new()))
+    }
+
+    /// The caller's current CUDA stream (`torch.cuda.current_stream(device).cuda_stream`) for the next
+    /// operations on CUDA tensors: their copies and kernels are ordered after the work queued on it.
+    fn use_stream(&self, stream: u64) {
+        lock(&self.inner).stream = stream;
     }
 
     /// Sender: the last version sent. Receiver: the applied version. 0 before the first sync.
@@ -493,6 +551,8 @@ impl NativeSyncer {
 
     /// xxh3 checksum of the synced keys as the receivers hold them (sender) or hold them (receiver).
     fn checksum(&self, tensors: Vec<Desc>) -> PyResult<u64> {
+        let (tensors, dev) = self.stage(tensors)?;
+        device::pull(&dev).map_err(|e| gpu_error(&e))?;
         let (st, _keep) = borrow(tensors)?;
         let g = lock(&self.inner);
         let Slot::Ready(end) = &g.end else {

@@ -75,6 +75,15 @@ pub fn probe() -> Result<DriverInfo, GpuError> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Stream(pub u64);
 
+/// The device addresses of a state dict's CUDA tensors by key (every name of a tied group), and the caller's
+/// stream, for the operation about to run: the binding refreshes it before each one, the device build and
+/// install read it.
+#[derive(Debug, Default)]
+pub struct DeviceState {
+    pub addrs: std::collections::HashMap<String, u64>,
+    pub stream: Stream,
+}
+
 /// One of rlsync's kernel families, per element width (see `kernels/rlsync.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {

@@ -317,6 +317,14 @@ impl SyncReceiver {
         receive(self).await
     }
 
+    /// The payload strategy this receiver takes (patch | bucket).
+    pub fn kind(&self) -> SyncerKind {
+        match self.strategy {
+            Strategy::Patch => SyncerKind::Patch,
+            Strategy::Bucket => SyncerKind::Bucket,
+        }
+    }
+
     /// Install patches with `installer` (a device backend's) instead of the host install; also for updates
     /// already received and pending.
     pub fn set_patch_installer(&self, installer: Arc<dyn PatchInstaller>) {

@@ -352,6 +352,11 @@ impl SyncSender {
         }
     }
 
+    /// The receivers' dtype of each synced key (the snapshot's), in [`SyncSender::synced_keys`] order.
+    pub fn synced_dtypes(&self) -> &[DType] {
+        &self.recv_dtypes
+    }
+
     /// `weight_syncer.patch.snapshot_device`: where a device backend should keep the snapshot.
     pub fn snapshot_device(&self) -> settings::Device {
         self.settings.snapshot_device

@@ -27,7 +27,7 @@ pub struct RawTensor {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BorrowError {
     #[error(
-        "tensor '{key}' is on device '{device}': rlsync reads and writes CPU tensors in place (move the model to the CPU first)"
+        "tensor '{key}' is on device '{device}': rlsync reads and writes CPU and CUDA tensors in place (move the model to one of those)"
     )]
     NotCpu { key: String, device: String },
     #[error(
@@ -84,13 +84,23 @@ struct Checked {
 }
 
 fn check(t: &RawTensor) -> Result<Checked, BorrowError> {
-    let key = || t.name.clone();
     if t.device != "cpu" {
         return Err(BorrowError::NotCpu {
-            key: key(),
+            key: t.name.clone(),
             device: t.device.clone(),
         });
     }
+    check_memory(t)
+}
+
+/// Dtype and byte length of `t` after every check but the device's (supported dtype, row-major contiguous,
+/// aligned, non-null, in the address space): what a device backend needs to mirror a tensor it cannot borrow.
+pub fn check_device_memory(t: &RawTensor) -> Result<(DType, usize), BorrowError> {
+    check_memory(t).map(|c| (c.dtype, c.len))
+}
+
+fn check_memory(t: &RawTensor) -> Result<Checked, BorrowError> {
+    let key = || t.name.clone();
     let dtype = DType::from_name(&t.dtype).ok_or_else(|| BorrowError::UnsupportedDtype {
         key: key(),
         dtype: t.dtype.clone(),

@@ -1,0 +1,330 @@
+//! The patch build on the GPU: `diff_compact` over a state dict's CUDA tensors against a snapshot on the
+//! device (`weight_syncer.patch.snapshot_device: cuda`) or in the host snapshot mapped for the device
+//! (`cpu`), its output copied to pinned staging and collected into the encoder's input — the bytes the host
+//! build would give.
+//!
+//! The host snapshot stays the syncer's reference (rejoins, the replay log's checksums and dense segments
+//! read it): with `cpu` the kernel reads and updates it in place through the mapping (no upload of the
+//! snapshot per sync: only the state is read on the device and the snapshot over the bus); with `cuda` the
+//! kernel updates a device copy and the host applies the collected changes to its own (and copies back the
+//! segments whose changes did not fit the output pool). One launch per element width; each width has its own
+//! output pool, sized for [`POOL_DENSITY`] of its elements (tiles beyond it go dense, still exact).
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use super::compact::{self, CollectReport, Layout, TileDir};
+use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Registered, Stream};
+use crate::syncer::SyncError;
+use crate::syncer::offload::PatchBuilder;
+use crate::syncer::patch::{Built, SEGMENT, SnapTensor};
+use crate::syncer::settings::Device;
+use crate::tensor::StateDict;
+use crate::tensor::parallel::map_items;
+
+/// Fraction of a width's elements its output pool holds (changed elements beyond it make dense segments).
+pub const POOL_DENSITY: u64 = 16; // 1/16 = 6.25 %
+/// Smallest pool, in entries.
+const MIN_POOL: u64 = 1 << 16;
+/// Blocks per multiprocessor of a grid-stride launch.
+const BLOCKS_PER_SM: usize = 8;
+
+/// Builds patches from CUDA tensors (see the module docs).
+pub struct GpuDiffer {
+    gpu: Gpu,
+    place: Device,
+    current: Arc<std::sync::Mutex<DeviceState>>,
+    ready: Option<Ready>,
+    /// Timings of the last build (kernel + copies, collect, host snapshot update), seconds.
+    pub last: BuildTimes,
+}
+
+/// Where the time of one device build went.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BuildTimes {
+    /// Launches to the output's arrival in pinned memory.
+    pub device: f64,
+    /// Collecting the output into segments.
+    pub collect: f64,
+    /// Bringing the host snapshot up to date (`snapshot_device: cuda`).
+    pub host_snapshot: f64,
+    pub changes: u64,
+    /// Segments sent dense because their changes did not fit the pool.
+    pub overflowed: usize,
+}
+
+/// Buffers sized at the first build (the snapshot's layout never changes after init).
+struct Ready {
+    layout: Layout,
+    /// Device address of each snapshot tensor (a device copy, or the mapped host snapshot).
+    snap_addrs: Vec<u64>,
+    _device_snapshot: Vec<DeviceBuf>,
+    _registered: Vec<Registered>,
+    widths: Vec<WidthBufs>,
+}
+
+/// One width's launch: its job table, output pool, cursor and directory, on the device and staged.
+struct WidthBufs {
+    width: usize,
+    ntiles: u64,
+    capacity: u64,
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+    cursor: DeviceBuf,
+    cursor_host: PinnedBuf,
+    dir: DeviceBuf,
+    dir_host: PinnedBuf,
+    idx: DeviceBuf,
+    idx_host: PinnedBuf,
+    vals: DeviceBuf,
+    vals_host: PinnedBuf,
+}
+
+/// 64-bit values per change of a width (old and new as two words for 8-byte elements).
+fn words(width: usize) -> usize {
+    if width == 8 { 2 } else { 1 }
+}
+
+impl GpuDiffer {
+    /// A builder on `gpu` with its snapshot at `place`; `current` holds the device addresses of the state
+    /// dict's CUDA tensors and the stream for each sync (refreshed by the caller before every call).
+    pub fn new(gpu: Gpu, place: Device, current: Arc<std::sync::Mutex<DeviceState>>) -> GpuDiffer {
+        GpuDiffer {
+            gpu,
+            place,
+            current,
+            ready: None,
+            last: BuildTimes::default(),
+        }
+    }
+
+    fn prepare(&mut self, snap: &mut [SnapTensor], stream: Stream) -> Result<Ready, SyncError> {
+        let layout = Layout::from_snapshot(snap).map_err(|e| mismatch(e.to_string()))?;
+        let gpu = &self.gpu;
+        let mut device_snapshot = Vec::new();
+        let mut registered = Vec::new();
+        let mut snap_addrs = Vec::with_capacity(snap.len());
+        for st in snap.iter_mut() {
+            let bytes = st.storage.bytes_mut();
+            match self.place {
+                Device::Cuda => {
+                    let buf = gpu.alloc(bytes.len())?;
+                    // SAFETY: a fresh buffer of exactly this size, written by nothing else.
+                    unsafe { gpu.write(buf.addr(), bytes, stream) }?;
+                    snap_addrs.push(buf.addr());
+                    device_snapshot.push(buf);
+                }
+                Device::Cpu => {
+                    // SAFETY: the snapshot's storage lives (in place) as long as the sender that owns this
+                    // builder, and so longer than the registration, which the builder owns.
+                    let reg = unsafe { gpu.register(bytes.as_mut_ptr(), bytes.len()) }?;
+                    snap_addrs.push(reg.device_addr());
+                    registered.push(reg);
+                }
+            }
+        }
+        let mut widths = Vec::new();
+        for width in layout.widths().collect::<Vec<_>>() {
+            let ntiles = layout.ntiles(width);
+            let numel: u64 = layout.tensors_of(width).map(|t| t.numel).sum();
+            let capacity = (numel / POOL_DENSITY).max(MIN_POOL).min(numel.max(1));
+            let jobs_bytes = layout.tensors_of(width).count() * size_of::<compact::DiffJob>();
+            let dir_bytes = ntiles as usize * size_of::<TileDir>();
+            let idx_bytes = capacity as usize * 4;
+            let vals_bytes = capacity as usize * 8 * words(width);
+            widths.push(WidthBufs {
+                width,
+                ntiles,
+                capacity,
+                jobs: gpu.alloc(jobs_bytes)?,
+                jobs_host: gpu.pinned(jobs_bytes)?,
+                cursor: gpu.alloc(8)?,
+                cursor_host: gpu.pinned(8)?,
+                dir: gpu.alloc(dir_bytes)?,
+                dir_host: gpu.pinned(dir_bytes)?,
+                idx: gpu.alloc(idx_bytes)?,
+                idx_host: gpu.pinned(idx_bytes)?,
+                vals: gpu.alloc(vals_bytes)?,
+                vals_host: gpu.pinned(vals_bytes)?,
+            });
+        }
+        Ok(Ready {
+            layout,
+            snap_addrs,
+            _device_snapshot: device_snapshot,
+            _registered: registered,
+            widths,
+        })
+    }
+}
+
+fn mismatch(reason: String) -> SyncError {
+    SyncError::StateMismatch {
+        key: "(synced keys)".into(),
+        reason,
+    }
+}
+
+impl PatchBuilder for GpuDiffer {
+    fn build(
+        &mut self,
+        snap: &mut [SnapTensor],
+        _state: &StateDict,
+        threads: NonZeroUsize,
+        built: &mut Built,
+    ) -> Result<(), SyncError> {
+        let (state_addrs, stream) = {
+            let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            let addrs = snap
+                .iter()
+                .map(|st| {
+                    cur.addrs.get(&st.key).copied().ok_or_else(|| {
+                        mismatch(format!("key '{}' is not a CUDA tensor of this state dict", st.key))
+                    })
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            (addrs, cur.stream)
+        };
+        if self.ready.is_none() {
+            self.ready = Some(self.prepare(snap, stream)?);
+        }
+        let Some(ready) = self.ready.as_mut() else {
+            return Err(mismatch("the device buffers were not prepared".into()));
+        };
+        let gpu = &self.gpu;
+        let t0 = std::time::Instant::now();
+        let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
+        for wb in &mut ready.widths {
+            let jobs = ready
+                .layout
+                .diff_jobs(wb.width, |pos| (state_addrs[pos], ready.snap_addrs[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
+            // SAFETY: rlsync's own buffers of the sizes prepared; the pinned source is not touched again
+            // before the stream is synchronised below.
+            unsafe {
+                gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
+                gpu.zero_async(wb.cursor.addr(), 8, stream)?;
+            }
+            let grid = (wb.ntiles as usize).min(grid_cap).max(1) as u32;
+            let args = [
+                Arg::U64(wb.jobs.addr()),
+                Arg::U32(jobs.len() as u32),
+                Arg::U64(wb.ntiles),
+                Arg::U64(wb.idx.addr()),
+                Arg::U64(wb.vals.addr()),
+                Arg::U64(wb.capacity),
+                Arg::U64(wb.cursor.addr()),
+                Arg::U64(wb.dir.addr()),
+            ];
+            // SAFETY: the arguments follow diff_compact's signature; the job table names live CUDA tensors
+            // (the caller keeps them alive during the sync) and snapshot memory this builder owns, and the
+            // pool, cursor and directory were sized for this layout.
+            unsafe {
+                gpu.launch(
+                    Kernel::DiffCompact,
+                    wb.width,
+                    grid,
+                    compact::BLOCK,
+                    &args,
+                    stream,
+                )?;
+                gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+            }
+        }
+        gpu.sync(stream)?;
+        let mut listed = Vec::with_capacity(ready.widths.len());
+        for wb in &mut ready.widths {
+            let cursor = u64::from_le_bytes(wb.cursor_host[..8].try_into().unwrap_or_default());
+            let n = cursor.min(wb.capacity) as usize;
+            let (dir_len, idx_len, vals_len) = (
+                wb.ntiles as usize * size_of::<TileDir>(),
+                n * 4,
+                n * 8 * words(wb.width),
+            );
+            // SAFETY: device buffers of at least these sizes (n ≤ capacity) copied into pinned buffers of the
+            // same sizes, untouched until the sync below.
+            unsafe {
+                gpu.read_async(wb.dir_host.as_mut_ptr(), wb.dir.addr(), dir_len, stream)?;
+                gpu.read_async(wb.idx_host.as_mut_ptr(), wb.idx.addr(), idx_len, stream)?;
+                gpu.read_async(wb.vals_host.as_mut_ptr(), wb.vals.addr(), vals_len, stream)?;
+            }
+            listed.push((dir_len, idx_len, vals_len));
+        }
+        gpu.sync(stream)?;
+        let t1 = std::time::Instant::now();
+        ready.layout.prepare(built);
+        let mut report = CollectReport::default();
+        for (wb, &(dir_len, idx_len, vals_len)) in ready.widths.iter().zip(&listed) {
+            let dir = compact::view::<TileDir>(&wb.dir_host[..dir_len])
+                .map_err(|e| mismatch(e.to_string()))?;
+            let idx =
+                compact::view::<u32>(&wb.idx_host[..idx_len]).map_err(|e| mismatch(e.to_string()))?;
+            let vals = compact::view::<u64>(&wb.vals_host[..vals_len])
+                .map_err(|e| mismatch(e.to_string()))?;
+            let r = compact::collect(&ready.layout, wb.width, dir, idx, vals, built, threads)
+                .map_err(|e| mismatch(e.to_string()))?;
+            report.changes += r.changes;
+            report.listed += r.listed;
+            report.forced.extend(r.forced);
+        }
+        let t2 = std::time::Instant::now();
+        if self.place == Device::Cuda {
+            update_host_snapshot(gpu, snap, &ready.snap_addrs, built, &report.forced, threads, stream)?;
+        }
+        self.last = BuildTimes {
+            device: (t1 - t0).as_secs_f64(),
+            collect: (t2 - t1).as_secs_f64(),
+            host_snapshot: t2.elapsed().as_secs_f64(),
+            changes: report.changes,
+            overflowed: report.forced.len(),
+        };
+        Ok(())
+    }
+}
+
+/// `snapshot_device: cuda`: write the build's new values into the host snapshot, and copy the segments that
+/// were forced dense (their changes were not listed) back from the device snapshot.
+fn update_host_snapshot(
+    gpu: &Gpu,
+    snap: &mut [SnapTensor],
+    snap_addrs: &[u64],
+    built: &Built,
+    forced: &[usize],
+    threads: NonZeroUsize,
+    stream: Stream,
+) -> Result<(), SyncError> {
+    let segments = built.segments();
+    let mut chunks: Vec<(usize, u64, &mut [u8])> = Vec::with_capacity(segments.len());
+    for (st, &addr) in snap.iter_mut().zip(snap_addrs) {
+        let w = st.dtype.size_bytes();
+        for (k, c) in st.storage.bytes_mut().chunks_mut(SEGMENT * w).enumerate() {
+            chunks.push((w, addr + (k * SEGMENT * w) as u64, c));
+        }
+    }
+    if chunks.len() != segments.len() {
+        return Err(mismatch(format!(
+            "the build has {} segments, the snapshot {}",
+            segments.len(),
+            chunks.len()
+        )));
+    }
+    let mut items: Vec<_> = segments.iter().zip(chunks).enumerate().collect();
+    for &s in forced {
+        if let Some((_, (_, (_, src, bytes)))) = items.get_mut(s) {
+            // SAFETY: the device snapshot's segment, of this chunk's size, into host memory this builder owns.
+            unsafe { gpu.read(bytes, *src, stream) }?;
+        }
+    }
+    items.retain(|(s, (c, _))| !c.idx.is_empty() && !forced.contains(s));
+    map_items(items, threads, |(_, (c, (w, _, bytes)))| {
+        for (i, &at) in c.idx.iter().enumerate() {
+            let (_, new) = c.old_new(i, w);
+            let at = at as usize * w;
+            if let Some(dst) = bytes.get_mut(at..at + w) {
+                dst.copy_from_slice(&new.to_le_bytes()[..w]);
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! CUDA tensors in the binding: a syncer's device side (the device, the pinned mirror of its CUDA tensors that
+//! the host paths read and write, the caller's stream) and the staging of each operation's tensors through it.
+//!
+//! A state dict may mix CPU and CUDA tensors (all CUDA ones on one device). CUDA tensors are checked like CPU
+//! ones (dtype, contiguity, alignment) and replaced, for the crate, by their pinned host copies: pulled before
+//! an operation reads them, pushed after one wrote them — on the caller's stream
+//! (`torch.cuda.current_stream()`), so the copies follow the work queued before the call. Tied CUDA tensors
+//! (same memory) share one copy, so the crate folds them as it does CPU ones; other overlaps are refused.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+
+use rlsync_core::gpu::differ::GpuDiffer;
+use rlsync_core::gpu::installer::GpuInstaller;
+use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
+use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
+use rlsync_core::syncer::settings::SyncerKind;
+use rlsync_core::syncer::{SyncReceiver, SyncSender};
+use rlsync_core::tensor::StateDict;
+use rlsync_core::tensor::borrowed::check_device_memory;
+use rlsync_core::tensor::{BorrowError, RawTensor};
+
+use crate::errors::{borrow_error, gpu_error};
+use crate::syncer::Desc;
+
+/// The device side of a syncer whose state dict has CUDA tensors.
+pub(crate) struct DeviceSide {
+    gpu: Gpu,
+    mirror: Mirror,
+    stream: Stream,
+    /// The CUDA tensors' device addresses by key and the stream, for the device build / install.
+    current: Arc<Mutex<DeviceState>>,
+    /// Patches are built (sender) or installed (receiver) on the device: the operation neither pulls nor
+    /// pushes the host copies (they go stale until an operation that reads them pulls).
+    on_device: bool,
+}
+
+/// Shared between a syncer and its running op (one op at a time).
+pub(crate) type SharedSide = Arc<Mutex<DeviceSide>>;
+
+pub(crate) fn lock(side: &SharedSide) -> MutexGuard<'_, DeviceSide> {
+    side.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl DeviceSide {
+
+    /// Host copies := device tensors.
+    pub(crate) fn pull(&mut self) -> Result<(), GpuError> {
+        self.mirror.pull(self.stream)
+    }
+
+    /// Device tensors := host copies.
+    pub(crate) fn push(&mut self) -> Result<(), GpuError> {
+        self.mirror.push(self.stream)
+    }
+}
+
+/// The CUDA device ordinal of a torch device string (`cuda`, `cuda:1`); `None` for other devices.
+fn cuda_ordinal(device: &str) -> Option<Result<usize, ()>> {
+    let rest = device.strip_prefix("cuda")?;
+    Some(match rest.strip_prefix(':') {
+        None if rest.is_empty() => Ok(0),
+        Some(n) => n.parse().map_err(|_| ()),
+        None => Err(()),
+    })
+}
+
+/// Host copies := device tensors, where the state has CUDA tensors.
+pub(crate) fn pull(side: &Option<SharedSide>) -> Result<(), GpuError> {
+    side.as_ref().map_or(Ok(()), |s| lock(s).pull())
+}
+
+/// Device tensors := host copies, where the state has CUDA tensors.
+pub(crate) fn push(side: &Option<SharedSide>) -> Result<(), GpuError> {
+    side.as_ref().map_or(Ok(()), |s| lock(s).push())
+}
+
+/// Whether patches are built or installed on the device (the host copies stay out of the operation).
+pub(crate) fn on_device(side: &Option<SharedSide>) -> bool {
+    side.as_ref().is_some_and(|s| lock(s).on_device)
+}
+
+/// The CUDA tensors' addresses cover every synced key.
+fn covers(current: &Mutex<DeviceState>, keys: &[String]) -> bool {
+    let cur = current.lock().unwrap_or_else(|p| p.into_inner());
+    keys.iter().all(|k| cur.addrs.contains_key(k))
+}
+
+/// After `init_sender`: a patch sender whose synced keys are all CUDA tensors, each already in the receivers'
+/// dtype, builds its patches on the device (`snapshot_device` says where the snapshot lives). Otherwise it
+/// stays on the host path through the pinned copies (casts, CPU tensors). Returns whether it moved.
+pub(crate) fn attach_builder(side: &Option<SharedSide>, sender: &mut SyncSender, state: &StateDict) -> bool {
+    let Some(s) = side else {
+        return false;
+    };
+    let mut g = lock(s);
+    let same_dtypes = sender
+        .synced_keys()
+        .iter()
+        .zip(sender.synced_dtypes())
+        .all(|(k, d)| state.get(k).is_some_and(|t| t.dtype() == *d));
+    if sender.kind() != SyncerKind::Patch || !same_dtypes || !covers(&g.current, sender.synced_keys()) {
+        return false;
+    }
+    let differ = GpuDiffer::new(g.gpu.clone(), sender.snapshot_device(), g.current.clone());
+    g.on_device = sender.set_patch_builder(Box::new(differ));
+    g.on_device
+}
+
+/// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device.
+pub(crate) fn attach_installer(side: &Option<SharedSide>, receiver: &SyncReceiver) -> bool {
+    let Some(s) = side else {
+        return false;
+    };
+    let mut g = lock(s);
+    if receiver.kind() != SyncerKind::Patch || !covers(&g.current, receiver.synced_keys()) {
+        return false;
+    }
+    receiver.set_patch_installer(Arc::new(GpuInstaller::new(g.gpu.clone(), g.current.clone())));
+    g.on_device = true;
+    true
+}
+
+/// Stage `descs` for an operation: CUDA tensors are checked and replaced by their host copies in `side`
+/// (created, or re-created when the tensors moved, on first use). Returns the descriptions for the crate
+/// and the device side when the state has CUDA tensors. `stream`: the caller's current CUDA stream.
+pub(crate) fn stage(
+    descs: Vec<Desc>,
+    side: &mut Option<SharedSide>,
+    stream: u64,
+) -> PyResult<(Vec<Desc>, Option<SharedSide>)> {
+    let mut ordinal = None;
+    let mut cuda = Vec::new(); // (position in descs, tensor)
+    for (i, d) in descs.iter().enumerate() {
+        let Some(o) = cuda_ordinal(&d.6) else {
+            continue;
+        };
+        let o = o.map_err(|()| {
+            pyo3::exceptions::PyValueError::new_err(format!(
+                "tensor '{}': cannot read its device '{}'",
+                d.0, d.6
+            ))
+        })?;
+        match ordinal {
+            None => ordinal = Some(o),
+            Some(first) if first != o => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "tensor '{}' is on cuda:{o} and earlier ones on cuda:{first}: rlsync syncs the CUDA tensors of one device per state dict",
+                    d.0
+                )));
+            }
+            Some(_) => {}
+        }
+        let raw = RawTensor {
+            name: d.0.clone(),
+            addr: d.2,
+            dtype: d.3.clone(),
+            shape: d.4.clone(),
+            strides: d.5.clone(),
+            device: d.6.clone(),
+        };
+        let (_, bytes) = check_device_memory(&raw).map_err(|e| borrow_error(&e))?;
+        cuda.push((
+            i,
+            DeviceTensor {
+                addr: d.2 as u64,
+                bytes,
+            },
+        ));
+    }
+    let Some(ordinal) = ordinal else {
+        return Ok((descs, None));
+    };
+    // One host copy per distinct device range; identical ranges (tied tensors) share it, overlaps are refused.
+    let mut order: Vec<usize> = (0..cuda.len()).collect();
+    order.sort_by_key(|&k| (cuda[k].1.addr, cuda[k].1.bytes));
+    let mut unique: Vec<DeviceTensor> = Vec::new();
+    let mut slot_of = vec![0usize; cuda.len()];
+    let mut last: Option<usize> = None; // index into `cuda` of the previous distinct range
+    for &k in &order {
+        let t = cuda[k].1;
+        if let Some(p) = last {
+            let prev = cuda[p].1;
+            if prev == t && t.bytes > 0 {
+                slot_of[k] = slot_of[p];
+                continue;
+            }
+            if t.bytes > 0 && prev.addr + prev.bytes as u64 > t.addr {
+                let (a, b) = (&descs[cuda[p].0].0, &descs[cuda[k].0].0);
+                return Err(borrow_error(&BorrowError::Overlap {
+                    first: a.clone(),
+                    second: b.clone(),
+                }));
+            }
+        }
+        slot_of[k] = unique.len();
+        unique.push(t);
+        if t.bytes > 0 {
+            last = Some(k);
+        }
+    }
+    let stream = Stream(stream);
+    let addrs = cuda
+        .iter()
+        .map(|(i, t)| (descs[*i].0.clone(), t.addr))
+        .collect();
+    if let Some(s) = side.as_ref() {
+        let g = lock(s);
+        if g.on_device && g.gpu.ordinal() != ordinal {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "the state dict's CUDA tensors moved from cuda:{} (at init) to cuda:{ordinal}: a syncer stays on the device it was initialised on",
+                g.gpu.ordinal()
+            )));
+        }
+    }
+    let reuse = side.as_ref().is_some_and(|s| {
+        let g = lock(s);
+        g.gpu.ordinal() == ordinal && g.mirror.matches(&unique)
+    });
+    if reuse {
+        if let Some(s) = side.as_ref() {
+            let mut g = lock(s);
+            g.stream = stream;
+            let mut cur = g.current.lock().unwrap_or_else(|p| p.into_inner());
+            cur.addrs = addrs;
+            cur.stream = stream;
+        }
+    } else {
+        let gpu = match side.as_ref() {
+            Some(s) if lock(s).gpu.ordinal() == ordinal => lock(s).gpu.clone(),
+            _ => Gpu::open(ordinal).map_err(|e| gpu_error(&e))?,
+        };
+        let mirror = Mirror::new(&gpu, unique).map_err(|e| gpu_error(&e))?;
+        // A side that existed keeps its address table (a device build or install holds it).
+        let (current, on_device) = match side.as_ref() {
+            Some(s) => {
+                let g = lock(s);
+                (g.current.clone(), g.on_device)
+            }
+            None => (Arc::new(Mutex::new(DeviceState::default())), false),
+        };
+        {
+            let mut cur = current.lock().unwrap_or_else(|p| p.into_inner());
+            cur.addrs = addrs;
+            cur.stream = stream;
+        }
+        *side = Some(Arc::new(Mutex::new(DeviceSide {
+            gpu,
+            mirror,
+            stream,
+            current,
+            on_device,
+        })));
+    }
+    let Some(s) = side.as_ref() else {
+        return Ok((descs, None));
+    };
+    let g = lock(s);
+    let mut descs = descs;
+    for (k, (i, _)) in cuda.iter().enumerate() {
+        let host = g.mirror.host_addr(slot_of[k]).unwrap_or(0);
+        descs[*i].2 = host;
+        descs[*i].6 = "cpu".to_owned();
+    }
+    drop(g);
+    Ok((descs, Some(s.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_device_strings_name_their_ordinal() {
+        assert_eq!(cuda_ordinal("cpu"), None);
+        assert_eq!(cuda_ordinal("meta"), None);
+        assert_eq!(cuda_ordinal("cuda"), Some(Ok(0)));
+        assert_eq!(cuda_ordinal("cuda:3"), Some(Ok(3)));
+        assert_eq!(cuda_ordinal("cuda:x"), Some(Err(())));
+        assert_eq!(cuda_ordinal("cudax"), Some(Err(())));
+    }
+}
+
+/// `rlsync.cuda_available()`: `(True, "<device count> device(s), driver <version>")` where CUDA tensors can
+/// be synced, else `(False, why)` (a build without CUDA, or no driver).
+#[pyfunction]
+pub(crate) fn cuda_available() -> (bool, String) {
+    match rlsync_core::gpu::probe() {
+        Ok(info) => (
+            info.devices > 0,
+            format!(
+                "{} CUDA device(s), driver API {}.{}",
+                info.devices,
+                info.driver_version / 1000,
+                info.driver_version % 1000 / 10
+            ),
+        ),
+        Err(e) => (false, rlsync_core::error_chain(&e)),
+    }
+}
