@@ -9,6 +9,7 @@
 //! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory, TCP chain).
 //! - [`protocol`]: the control protocol between orchestrator and workers (framing, messages, named arrays,
 //!   the run-token handshake between hosts).
+//! - [`gpu`]: the GPU patch kernels' compacted-changes format and their CPU reference.
 //! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
 //! - [`atomic_file`]: a file replaced whole or not at all (checkpoints, local copies, the launch file).
 //! - [`error_chain`]: an error and its causes on one line.
@@ -16,6 +17,7 @@
 pub mod atomic_file;
 pub mod bytes;
 mod error_chain;
+pub mod gpu;
 pub mod protocol;
 pub mod syncer;
 pub mod tensor;

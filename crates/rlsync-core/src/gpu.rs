@@ -1,0 +1,3 @@
+//! rlsync on the GPU: the compacted-changes format of the patch kernels and their CPU reference.
+
+pub mod compact;
