@@ -10,7 +10,7 @@
 
 use std::num::NonZeroUsize;
 
-use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
+use crate::syncer::patch::{Built, Changes, SEGMENT, ScatterMode, SnapTensor, WidthLists};
 use crate::tensor::parallel::map_items;
 
 /// Elements per tile (one block of [`BLOCK`] threads, [`PER_THREAD`] elements each).
@@ -302,6 +302,36 @@ impl Layout {
             c.reset(pos, base, span);
         }
     }
+}
+
+/// The `scatter` job table of one width's decoded changes (`patch::scatter_plan`), given each tensor's device
+/// address by key ordinal; the launch's `total` is `lists.idx.len()`. A run of more than `u32::MAX` changes
+/// becomes several jobs.
+pub fn scatter_jobs(lists: &WidthLists, mut dst: impl FnMut(usize) -> u64) -> Vec<ScatterJob> {
+    let mut jobs = Vec::with_capacity(lists.entries.len());
+    for e in &lists.entries {
+        let at = dst(e.ordinal).wrapping_add((e.base as u64).wrapping_mul(e.width as u64));
+        let mode = match e.mode {
+            ScatterMode::Set => SCATTER_SET,
+            ScatterMode::Add => SCATTER_ADD,
+        };
+        let (mut first, mut left) = (e.first as u64, e.count as u64);
+        loop {
+            let count = left.min(u64::from(u32::MAX));
+            jobs.push(ScatterJob {
+                dst: at,
+                first,
+                count: count as u32,
+                mode,
+            });
+            first += count;
+            left -= count;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    jobs
 }
 
 /// What [`collect`] found in one width's output.

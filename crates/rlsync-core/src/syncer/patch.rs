@@ -13,6 +13,9 @@ use crate::bytes::{get_varint, put_uint, read_uint};
 use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
+mod scatter;
+pub use scatter::{DenseCopy, ScatterEntry, ScatterMode, ScatterPlan, WidthLists, scatter_plan};
+
 use super::wire::{
     Codec, Header, IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, PatchMessage,
     PatchView, ValueCoding, get_uint, narrowest_width, patch_message, unzigzag, zigzag,
