@@ -15,11 +15,15 @@ CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
 VENV_STAMP  := $(VENV)/.rlsync-venv-v5
+# The pinned NVRTC (pip wheel) that compiles the CUDA kernels to the committed PTX (scripts/gen_ptx.py).
+NVRTC_REL   := 12.4.127
+NVRTC_DIR   := $(CACHE)/nvrtc-$(NVRTC_REL)
+NVRTC_STAMP := $(NVRTC_DIR)/.rlsync-nvrtc
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); the learner's build.rs rpaths its lib dir
 # into its binary and tests.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test lint test-rust conformance bench venv python test-python clean
+.PHONY: all build run run-gym test lint test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx
 
 all: build
 
@@ -54,7 +58,7 @@ python: venv
 
 # Formatting and clippy first (they fail in a minute, the tests take many), then the Rust tests of every crate,
 # the Hydra conformance kit, then the Python package's tests (last, so CI's last line is pytest's summary).
-test: lint test-rust conformance test-python
+test: lint test-ptx test-rust conformance test-python
 
 # rustfmt.toml's style, and clippy with warnings as errors on every target of every crate of the workspace.
 lint: venv
@@ -81,6 +85,21 @@ conformance: build
 # The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
 test-python: build python
 	$(PYTHON) -m pytest -q python/tests
+
+# NVRTC from PyPI's wheel, installed once outside the checkout (no CUDA toolkit, no GPU needed).
+nvrtc: $(NVRTC_STAMP)
+$(NVRTC_STAMP):
+	mkdir -p $(CACHE)
+	python3 -m pip install -q --disable-pip-version-check --target $(NVRTC_DIR) nvidia-cuda-nvrtc-cu12==$(NVRTC_REL)
+	touch $@
+
+# Regenerate the committed PTX of crates/rlsync-core/kernels/rlsync.cu (after editing the kernels).
+ptx: nvrtc
+	python3 scripts/gen_ptx.py --nvrtc-dir $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib
+
+# The committed PTX is exactly what the pinned NVRTC makes of the kernel source.
+test-ptx: nvrtc
+	python3 scripts/gen_ptx.py --check --nvrtc-dir $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib
 
 bench: venv
 	$(TORCH_ENV) $(CARGO) bench --locked -p rlsync

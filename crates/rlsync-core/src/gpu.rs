@@ -9,8 +9,12 @@
 //! Loading is dynamic: without `libcuda.so.1` every entry point returns [`GpuError::NoDriver`] (cudarc panics
 //! on a missing library, so [`probe`] checks first and every driver call runs behind `catch_unwind`).
 
+pub mod compact;
+pub mod differ;
+pub mod installer;
 pub mod kernels;
 pub mod mirror;
+pub mod reference;
 
 #[cfg(feature = "cuda")]
 #[path = "gpu/cuda.rs"]

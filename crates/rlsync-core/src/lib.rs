@@ -9,7 +9,8 @@
 //! - [`transport`]: byte channels from one sender to N receivers (in-process, shared memory, TCP chain).
 //! - [`protocol`]: the control protocol between orchestrator and workers (framing, messages, named arrays,
 //!   the run-token handshake between hosts).
-//! - [`gpu`]: CUDA tensors (feature `cuda`, loaded at run time): staging, the patch kernels, installs.
+//! - [`gpu`]: CUDA tensors (feature `cuda`, loaded at run time): pinned staging, the patch kernels
+//!   (`kernels/rlsync.cu`), their compacted-changes format and CPU reference, device builds and installs.
 //! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
 //! - [`atomic_file`]: a file replaced whole or not at all (checkpoints, local copies, the launch file).
 //! - [`error_chain`]: an error and its causes on one line.

@@ -13,6 +13,9 @@ use crate::bytes::{get_varint, put_uint, read_uint};
 use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
+mod scatter;
+pub use scatter::{DenseCopy, ScatterEntry, ScatterMode, ScatterPlan, WidthLists, scatter_plan};
+
 use super::wire::{
     Codec, Header, IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, PatchMessage,
     PatchView, ValueCoding, get_uint, narrowest_width, patch_message, unzigzag, zigzag,
@@ -77,24 +80,45 @@ pub struct Changes {
     /// Old and new bit patterns: `old | new << 32` for elements of up to 4 bytes, or two words (old, new) per
     /// change for 8-byte elements.
     vals: Vec<u64>,
+    /// Set when the changes could not all be listed (the GPU's output pool overflowed): the count of changed
+    /// elements; `idx` and `vals` are then empty and the encoder sends the segment dense, from the snapshot.
+    forced: Option<usize>,
 }
 
 impl Changes {
-    fn reset(&mut self, tensor: usize, base: usize, span: usize) {
+    pub(crate) fn reset(&mut self, tensor: usize, base: usize, span: usize) {
         self.tensor = tensor;
         self.base = base;
         self.span = span;
         self.idx.clear();
         self.vals.clear();
+        self.forced = None;
     }
 
     /// Number of changed elements.
     pub fn len(&self) -> usize {
-        self.idx.len()
+        self.forced.unwrap_or(self.idx.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.idx.is_empty()
+        self.len() == 0
+    }
+
+    /// Whether the segment must be sent dense (its changes were counted, not listed).
+    pub fn forced_dense(&self) -> bool {
+        self.forced.is_some()
+    }
+
+    /// Mark the segment forced-dense with `count` changed elements (dropping any listed changes).
+    pub(crate) fn force_dense(&mut self, count: usize) {
+        self.idx.clear();
+        self.vals.clear();
+        self.forced = Some(count);
+    }
+
+    /// The change list to fill: segment-relative indices and values as [`Changes::vals`] lays them out.
+    pub(crate) fn lists_mut(&mut self) -> (&mut Vec<u32>, &mut Vec<u64>) {
+        (&mut self.idx, &mut self.vals)
     }
 
     /// Old and new bit patterns of change `i` (zero-extended).
@@ -133,6 +157,22 @@ impl Built {
     /// The segments of the last build (tensor order, then element order).
     pub fn segments(&self) -> &[Changes] {
         &self.segs[..self.used]
+    }
+
+    /// Start a build of `count` segments (buffers of earlier builds are kept) and return them, to be reset
+    /// and filled by the caller; `changed` is zeroed.
+    pub(crate) fn start(&mut self, count: usize) -> &mut [Changes] {
+        if self.segs.len() < count {
+            self.segs.resize_with(count, Changes::default);
+        }
+        self.used = count;
+        self.changed = 0;
+        &mut self.segs[..count]
+    }
+
+    /// The segments of the current build, to fill.
+    pub(crate) fn segments_mut(&mut self) -> &mut [Changes] {
+        &mut self.segs[..self.used]
     }
 }
 
@@ -397,11 +437,8 @@ fn build_segmented(
             work.push((pos, seg * segment, c, t.dtype(), s, st.dtype, span));
         }
     }
-    if built.segs.len() < work.len() {
-        built.segs.resize_with(work.len(), Changes::default);
-    }
-    built.used = work.len();
-    let items: Vec<_> = work.into_iter().zip(built.segs.iter_mut()).collect();
+    let segs = built.start(work.len());
+    let items: Vec<_> = work.into_iter().zip(segs.iter_mut()).collect();
     map_items(
         items,
         threads,
@@ -517,8 +554,12 @@ fn code_segments(
     let coded = map_items(segs, threads, |(st, c)| {
         let dense_bytes = c.span * st.dtype.size_bytes();
         // A sparse coding takes at least a byte per change (a gap varint, or COO coordinates and value), so a
-        // segment whose changes alone outweigh it goes dense without being coded twice.
-        if pick == Pick::Dense || pick == Pick::Smaller && c.len() >= dense_bytes {
+        // segment whose changes alone outweigh it goes dense without being coded twice. A forced-dense
+        // segment has no change list to code.
+        if pick == Pick::Dense
+            || c.forced_dense()
+            || pick == Pick::Smaller && c.len() >= dense_bytes
+        {
             return code_dense(st, c);
         }
         let sparse = if delta {
@@ -537,7 +578,22 @@ fn code_segments(
     (index, value, width, coded)
 }
 
-/// Largest row or column of a segment's changes in the tensor's COO view.
+/// The most bytes a sparse coding spends on one change: a COO change (two coordinates of up to 8 bytes and a
+/// value of up to 8) or a delta change (a gap varint of up to 4 bytes, a quarter code byte, an escape of up
+/// to 10).
+const SPARSE_MAX_PER_CHANGE: usize = 24;
+
+impl Changes {
+    /// Whether [`encode`] may code this segment dense, reading its new values from the snapshot: it is forced
+    /// dense, or its changes could make a sparse coding as large as the segment's `width`-byte elements.
+    pub fn may_code_dense(&self, width: usize) -> bool {
+        self.forced_dense()
+            || self.len().saturating_mul(SPARSE_MAX_PER_CHANGE) >= self.span.saturating_mul(width)
+    }
+}
+
+/// Largest row or column of a segment's changes in the tensor's COO view (0 for a forced-dense segment,
+/// which lists none).
 fn coo_max(st: &SnapTensor, c: &Changes) -> u64 {
     let cols = st.cols.max(1);
     let (first, last) = match (c.idx.first(), c.idx.last()) {

@@ -1,0 +1,352 @@
+// rlsync's CUDA kernels: the fused patch build (diff_compact), the install of host-decoded patch entries
+// (scatter) and the device-to-device install of diff_compact's output (apply_compact), one per element width.
+//
+// The binding spec is notes/gpu-spec.md (layouts, semantics); the CPU reference with the same semantics is
+// crates/rlsync-core/src/gpu/reference.rs and the host side of the compacted format gpu/compact.rs.
+//
+// Design:
+// - Compiled standalone by NVRTC (scripts/gen_ptx.py, compute_80): no includes, own integer typedefs. The
+//   generated PTX (rlsync.ptx) is committed and embedded; the driver JITs it for the device's arch.
+// - diff_compact: a block of 256 threads owns a tile of 4096 elements (16 per thread, consecutive), tiles
+//   never straddle tensors, a grid-stride loop walks the tiles (tile = blockIdx.x + k * gridDim.x, so the
+//   blocks in flight read neighbouring memory). Each thread loads its 16 state and snapshot elements with
+//   16-byte vector loads when the tensor's two base addresses are 16-byte aligned and the run is whole
+//   (scalar loads otherwise: unaligned tensors, the tail tile), compares bit patterns (NaN payloads and -0.0
+//   are changes like any other bits), builds a 16-bit mask, and writes the changed elements back to the
+//   snapshot (unchanged elements are never written). A warp-shuffle scan of the popcounts plus an 8-entry
+//   shared-memory scan of the warp totals give each thread its rank and the tile its count; thread 0 takes
+//   the tile's place in the output pool with one 64-bit atomicAdd (none when nothing changed) and writes the
+//   tile's directory entry; a tile that does not fit the pool is flagged OVERFLOW and writes no entries (the
+//   host sends its segment dense). The pool is in reservation order, the directory restores tile order.
+// - scatter: one thread per change (grid-stride), its job found by binary search over the jobs' prefix sums.
+// - apply_compact: diff_compact's tiles again: a block walks one tile's directory entry and writes its
+//   entries (or copies an OVERFLOW tile densely from the sender's snapshot).
+// - No dynamic allocation, no device-side printf, no recursion. Pointers must be aligned to the element
+//   width (16-byte alignment is only a fast path). Launch with 256 threads per block, no dynamic shared memory.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define RLSYNC_TILE 4096u
+#define RLSYNC_BLOCK 256u
+#define RLSYNC_PER_THREAD 16u
+#define RLSYNC_SEGMENT_TILES 1024u
+#define RLSYNC_SEGMENT (1ull << 22)
+#define RLSYNC_OVERFLOW 1u
+
+struct DiffJob {
+    u64 state;
+    u64 snap;
+    u64 numel;
+    u64 first_tile;
+};
+
+struct TileDir {
+    u64 offset;
+    u32 count;
+    u32 flags;
+};
+
+struct ScatterJob {
+    u64 dst;
+    u64 first;
+    u32 count;
+    u32 mode;
+};
+
+struct ApplyJob {
+    u64 dst;
+    u64 dense_src;
+    u64 numel;
+    u64 first_tile;
+};
+
+struct alignas(16) Vec16 {
+    u32 a, b, c, d;
+};
+
+template <int W> struct WordOf;
+template <> struct WordOf<1> { typedef u8 T; };
+template <> struct WordOf<2> { typedef u16 T; };
+template <> struct WordOf<4> { typedef u32 T; };
+template <> struct WordOf<8> { typedef u64 T; };
+
+// The last job whose `first_tile` is <= tile, searching jobs[lo..n) (lo is a job known to start at or
+// before the tile). Jobs of empty tensors share their first tile with the next job; the last one wins.
+__device__ __forceinline__ u32 find_job(const u64* first_of, u32 stride_words, u32 lo, u32 n, u64 tile) {
+    u32 hi = n;  // invariant: first(lo) <= tile (or lo == 0), first(hi) > tile (or hi == n)
+    while (hi - lo > 1) {
+        u32 mid = lo + (hi - lo) / 2;
+        if (first_of[(u64)mid * stride_words] <= tile) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Global-memory accesses through pointers that arrive as integers (the job tables): the compiler cannot
+// infer their address space, so these name it (`ld.global`, not a generic `ld`). State is read-only during
+// diff_compact (the non-coherent path, `.nc`); the snapshot is read then written by the same thread.
+__device__ __forceinline__ Vec16 ld_v4(const void* p, bool readonly) {
+    Vec16 v;
+    if (readonly) {
+        asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p));
+    } else {
+        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
+    }
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ T ld_scalar(const T* p);
+template <> __device__ __forceinline__ u8 ld_scalar<u8>(const u8* p) {
+    u16 v;
+    asm volatile("ld.global.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return (u8)v;
+}
+template <> __device__ __forceinline__ u16 ld_scalar<u16>(const u16* p) {
+    u16 v;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+    return v;
+}
+template <> __device__ __forceinline__ u32 ld_scalar<u32>(const u32* p) {
+    u32 v;
+    asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+template <> __device__ __forceinline__ u64 ld_scalar<u64>(const u64* p) {
+    u64 v;
+    asm volatile("ld.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <typename T> __device__ __forceinline__ void st_scalar(T* p, T v);
+template <> __device__ __forceinline__ void st_scalar<u8>(u8* p, u8 v) {
+    asm volatile("st.global.u8 [%0], %1;" : : "l"(p), "h"((u16)v) : "memory");
+}
+template <> __device__ __forceinline__ void st_scalar<u16>(u16* p, u16 v) {
+    asm volatile("st.global.u16 [%0], %1;" : : "l"(p), "h"(v) : "memory");
+}
+template <> __device__ __forceinline__ void st_scalar<u32>(u32* p, u32 v) {
+    asm volatile("st.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+template <> __device__ __forceinline__ void st_scalar<u64>(u64* p, u64 v) {
+    asm volatile("st.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+// Load 16 consecutive elements at `p` (element index `i0` of a tensor of `numel`): vectors when `vec`
+// (aligned and whole), scalars otherwise; elements past `numel` read as 0 on both sides, so never differ.
+template <int W>
+__device__ __forceinline__ void load16(const u8* p, bool vec, bool readonly, u64 i0, u64 numel,
+                                       typename WordOf<W>::T (&out)[RLSYNC_PER_THREAD]) {
+    typedef typename WordOf<W>::T T;
+    if (vec) {
+        u32 w[4 * W];
+#pragma unroll
+        for (int v = 0; v < W; ++v) {
+            const Vec16 x = ld_v4(p + 16 * v, readonly);
+            w[4 * v + 0] = x.a;
+            w[4 * v + 1] = x.b;
+            w[4 * v + 2] = x.c;
+            w[4 * v + 3] = x.d;
+        }
+#pragma unroll
+        for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+            if (W == 8) {
+                out[k] = (T)((u64)w[2 * k] | ((u64)w[2 * k + 1] << 32));
+            } else {
+                out[k] = (T)(w[(k * W) / 4] >> ((k * W * 8) % 32));
+            }
+        }
+    } else {
+        const T* e = reinterpret_cast<const T*>(p);
+#pragma unroll
+        for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+            out[k] = (i0 + k < numel) ? ld_scalar<T>(e + k) : (T)0;
+        }
+    }
+}
+
+// Inclusive scan of `x` over the warp.
+__device__ __forceinline__ u32 warp_inclusive(u32 x, u32 lane) {
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        u32 y = __shfl_up_sync(0xffffffffu, x, d);
+        if (lane >= d) x += y;
+    }
+    return x;
+}
+
+template <int W>
+__device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u32 njobs, u64 ntiles,
+                                             u32* __restrict__ idx, u64* __restrict__ vals, u64 capacity,
+                                             unsigned long long* cursor, TileDir* __restrict__ dir) {
+    typedef typename WordOf<W>::T T;
+    if (njobs == 0) return;
+    __shared__ u32 warp_total[RLSYNC_BLOCK / 32];
+    __shared__ u64 tile_offset;  // the tile's place in the pool, or ~0 when it overflowed
+    const u32 tid = threadIdx.x;
+    const u32 lane = tid & 31u;
+    const u32 warp = tid >> 5;
+    u32 j = 0;
+    for (u64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        j = find_job(&jobs[0].first_tile, sizeof(DiffJob) / 8, j, njobs, tile);
+        const DiffJob job = jobs[j];
+        const u64 t = tile - job.first_tile;                    // tile within its tensor
+        const u64 start = t * RLSYNC_TILE;                      // its first element
+        const u64 i0 = start + (u64)tid * RLSYNC_PER_THREAD;    // this thread's first element
+        // A malformed table (a tile past its tensor's end) changes nothing and lists nothing.
+        const bool in_table = tile >= job.first_tile && start < job.numel;
+        T cur[RLSYNC_PER_THREAD], old[RLSYNC_PER_THREAD];
+        u32 mask = 0;
+        if (in_table && i0 < job.numel) {
+            const bool whole = i0 + RLSYNC_PER_THREAD <= job.numel;
+            const bool aligned = ((job.state | job.snap) & 15u) == 0;
+            const u8* sp = reinterpret_cast<const u8*>(job.state) + i0 * W;
+            u8* np = reinterpret_cast<u8*>(job.snap) + i0 * W;
+            load16<W>(sp, whole && aligned, true, i0, job.numel, cur);
+            load16<W>(np, whole && aligned, false, i0, job.numel, old);
+#pragma unroll
+            for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+                mask |= (u32)(cur[k] != old[k]) << k;  // elements past numel read 0 on both sides
+            }
+            // Changed elements into the snapshot (also in tiles that overflow the pool).
+            T* snap = reinterpret_cast<T*>(np);
+#pragma unroll
+            for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+                if (mask & (1u << k)) st_scalar<T>(snap + k, cur[k]);
+            }
+        }
+        const u32 n = __popc(mask);
+        const u32 incl = warp_inclusive(n, lane);
+        if (lane == 31) warp_total[warp] = incl;
+        __syncthreads();
+        u32 before = 0, total = 0;
+#pragma unroll
+        for (u32 w = 0; w < RLSYNC_BLOCK / 32; ++w) {
+            const u32 v = warp_total[w];
+            before += (w < warp) ? v : 0u;
+            total += v;
+        }
+        const u32 rank = before + incl - n;  // this thread's first entry within the tile
+        if (tid == 0) {
+            TileDir d;
+            d.offset = 0;
+            d.count = total;
+            d.flags = 0;
+            u64 off = ~0ull;
+            if (total != 0) {
+                off = atomicAdd(cursor, (unsigned long long)total);
+                if (off + total > capacity) {
+                    d.flags = RLSYNC_OVERFLOW;
+                    off = ~0ull;
+                } else {
+                    d.offset = off;
+                }
+            }
+            dir[tile] = d;
+            tile_offset = off;
+        }
+        __syncthreads();
+        const u64 off = tile_offset;
+        if (mask != 0 && off != ~0ull) {
+            // Segment-relative index of this thread's first element.
+            const u32 rel = (u32)((t % RLSYNC_SEGMENT_TILES) * RLSYNC_TILE + tid * RLSYNC_PER_THREAD);
+            u64 e = off + rank;
+#pragma unroll
+            for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+                if (mask & (1u << k)) {
+                    idx[e] = rel + (u32)k;
+                    if (W == 8) {
+                        vals[2 * e] = (u64)old[k];
+                        vals[2 * e + 1] = (u64)cur[k];
+                    } else {
+                        vals[e] = (u64)old[k] | ((u64)cur[k] << 32);
+                    }
+                    ++e;
+                }
+            }
+        }
+        // The next tile's writes to warp_total and tile_offset come after its first barrier, which every
+        // thread reaches only after reading this tile's values.
+    }
+}
+
+template <int W>
+__device__ __forceinline__ void scatter(const ScatterJob* __restrict__ jobs, u32 njobs, u64 total,
+                                        const u32* __restrict__ idx, const u64* __restrict__ vals) {
+    typedef typename WordOf<W>::T T;
+    if (njobs == 0) return;
+    const u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        const u32 j = find_job(&jobs[0].first, sizeof(ScatterJob) / 8, 0, njobs, i);
+        const ScatterJob job = jobs[j];
+        if (i < job.first || i - job.first >= job.count) continue;  // a malformed table writes nothing
+        T* p = reinterpret_cast<T*>(job.dst) + idx[i];
+        const T v = (T)vals[i];
+        // mode 1 adds, wrapping, truncated to W bytes; anything else sets.
+        st_scalar<T>(p, job.mode == 1 ? (T)(ld_scalar<T>(p) + v) : v);
+    }
+}
+
+template <int W>
+__device__ __forceinline__ void apply_compact(const ApplyJob* __restrict__ jobs, u32 njobs, u64 ntiles,
+                                              const TileDir* __restrict__ dir, const u32* __restrict__ idx,
+                                              const u64* __restrict__ vals) {
+    typedef typename WordOf<W>::T T;
+    if (njobs == 0) return;
+    u32 j = 0;
+    for (u64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        j = find_job(&jobs[0].first_tile, sizeof(ApplyJob) / 8, j, njobs, tile);
+        const ApplyJob job = jobs[j];
+        if (tile < job.first_tile) continue;
+        const u64 t = tile - job.first_tile;
+        const u64 start = t * RLSYNC_TILE;
+        if (start >= job.numel) continue;
+        const u64 end = (job.numel - start < RLSYNC_TILE) ? job.numel : start + RLSYNC_TILE;
+        const TileDir d = dir[tile];
+        T* dst = reinterpret_cast<T*>(job.dst);
+        if (d.flags & RLSYNC_OVERFLOW) {
+            if (job.dense_src == 0) continue;  // left to the host
+            const T* src = reinterpret_cast<const T*>(job.dense_src);
+            for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+                st_scalar<T>(dst + i, ld_scalar<T>(src + i));
+            }
+            continue;
+        }
+        const u64 seg_base = (t / RLSYNC_SEGMENT_TILES) * RLSYNC_SEGMENT;
+        const u32 count = d.count < RLSYNC_TILE ? d.count : RLSYNC_TILE;
+        for (u32 k = threadIdx.x; k < count; k += blockDim.x) {
+            const u64 e = d.offset + k;
+            const u64 i = seg_base + idx[e];
+            if (i < start || i >= end) continue;  // never outside the tile, whatever the pool holds
+            st_scalar<T>(dst + i, (T)(W == 8 ? vals[2 * e + 1] : (vals[e] >> 32)));
+        }
+    }
+}
+
+#define RLSYNC_WIDTH(W)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) diff_compact_w##W(                                   \
+        const DiffJob* jobs, u32 njobs, u64 ntiles, u32* idx, u64* vals, u64 capacity,                     \
+        unsigned long long* cursor, TileDir* dir) {                                                        \
+        diff_compact<W>(jobs, njobs, ntiles, idx, vals, capacity, cursor, dir);                            \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) scatter_w##W(const ScatterJob* jobs, u32 njobs,      \
+                                                                   u64 total, const u32* idx,              \
+                                                                   const u64* vals) {                      \
+        scatter<W>(jobs, njobs, total, idx, vals);                                                         \
+    }                                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) apply_compact_w##W(                                  \
+        const ApplyJob* jobs, u32 njobs, u64 ntiles, const TileDir* dir, const u32* idx, const u64* vals) { \
+        apply_compact<W>(jobs, njobs, ntiles, dir, idx, vals);                                             \
+    }
+
+RLSYNC_WIDTH(1)
+RLSYNC_WIDTH(2)
+RLSYNC_WIDTH(4)
+RLSYNC_WIDTH(8)
