@@ -44,7 +44,6 @@ pub(crate) fn lock(side: &SharedSide) -> MutexGuard<'_, DeviceSide> {
 }
 
 impl DeviceSide {
-
     /// Host copies := device tensors.
     pub(crate) fn pull(&mut self) -> Result<(), GpuError> {
         self.mirror.pull(self.stream)
@@ -90,7 +89,11 @@ fn covers(current: &Mutex<DeviceState>, keys: &[String]) -> bool {
 /// After `init_sender`: a patch sender whose synced keys are all CUDA tensors, each already in the receivers'
 /// dtype, builds its patches on the device (`snapshot_device` says where the snapshot lives). Otherwise it
 /// stays on the host path through the pinned copies (casts, CPU tensors). Returns whether it moved.
-pub(crate) fn attach_builder(side: &Option<SharedSide>, sender: &mut SyncSender, state: &StateDict) -> bool {
+pub(crate) fn attach_builder(
+    side: &Option<SharedSide>,
+    sender: &mut SyncSender,
+    state: &StateDict,
+) -> bool {
     let Some(s) = side else {
         return false;
     };
@@ -100,7 +103,10 @@ pub(crate) fn attach_builder(side: &Option<SharedSide>, sender: &mut SyncSender,
         .iter()
         .zip(sender.synced_dtypes())
         .all(|(k, d)| state.get(k).is_some_and(|t| t.dtype() == *d));
-    if sender.kind() != SyncerKind::Patch || !same_dtypes || !covers(&g.current, sender.synced_keys()) {
+    if sender.kind() != SyncerKind::Patch
+        || !same_dtypes
+        || !covers(&g.current, sender.synced_keys())
+    {
         return false;
     }
     let differ = GpuDiffer::new(g.gpu.clone(), sender.snapshot_device(), g.current.clone());
@@ -117,7 +123,10 @@ pub(crate) fn attach_installer(side: &Option<SharedSide>, receiver: &SyncReceive
     if receiver.kind() != SyncerKind::Patch || !covers(&g.current, receiver.synced_keys()) {
         return false;
     }
-    receiver.set_patch_installer(Arc::new(GpuInstaller::new(g.gpu.clone(), g.current.clone())));
+    receiver.set_patch_installer(Arc::new(GpuInstaller::new(
+        g.gpu.clone(),
+        g.current.clone(),
+    )));
     g.on_device = true;
     true
 }

@@ -487,9 +487,7 @@ impl NativeSyncer {
             }
             let result = receiver.apply(&mut st.state).await;
             let result = result.and_then(|report| match host {
-                true => device::push(&dev)
-                    .map(|()| report)
-                    .map_err(SyncError::Gpu),
+                true => device::push(&dev).map(|()| report).map_err(SyncError::Gpu),
                 false => Ok(report),
             });
             out(End::Receiver(receiver), result.map(Some))

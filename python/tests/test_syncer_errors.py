@@ -331,3 +331,22 @@ def test_an_operation_dropped_midway_gives_the_syncer_back() -> None:
         assert await task == 1
 
     asyncio.run(main())
+
+
+def test_cuda_tensors_without_a_driver_or_backend_are_a_clear_cuda_error():
+    """A CUDA tensor where no CUDA can be used raises rlsync.CudaError saying why (never a crash); where CUDA
+    works, cuda_available says so. The description below is what the binding receives for a CUDA tensor."""
+    ok, why = rlsync.cuda_available()
+    assert isinstance(ok, bool) and why
+    s = rlsync.PatchWeightSyncer()
+    keep = torch.zeros(4)
+    desc = [("w", keep, 4096, "float32", (4,), (1,), "cuda:0")]
+    if ok:
+        return  # a machine with a GPU: the GPU check script covers it (scripts/gpu_check.sh)
+    with pytest.raises(rlsync.CudaError) as e:
+        s._native.checksum(desc)
+    assert why in str(e.value)
+    assert "libcuda" in why or "built without CUDA" in why
+    # The other device strings keep their own errors.
+    with pytest.raises(ValueError, match="cannot read its device"):
+        s._native.checksum([("w", keep, 4096, "float32", (4,), (1,), "cuda:x")])

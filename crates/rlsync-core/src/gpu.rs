@@ -143,7 +143,8 @@ impl Gpu {
         self.inner.alloc(bytes)
     }
 
-    /// `bytes` of pinned host memory (not write-combined: the host reads it), zeroed.
+    /// `bytes` of pinned host memory (not write-combined: the host reads it), zeroed, mapped for the device
+    /// ([`PinnedBuf::device_addr`]).
     pub fn pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
         self.inner.pinned(bytes)
     }

@@ -200,10 +200,12 @@ impl Context {
 
     pub(super) fn pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
         self.enter()?;
-        // Flags 0: page-locked, cached (not write-combined: the host reads these buffers), this context.
+        // Page-locked and cached (never write-combined: the host reads these buffers too), mapped into the
+        // device's address space (the kernels may read and write it over the bus).
+        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a fresh allocation of at least one byte; zeroed below before anyone reads it.
         let ptr = call("cuMemHostAlloc", || unsafe {
-            result::malloc_host(bytes.max(1), 0)
+            result::malloc_host(bytes.max(1), flags)
         })?;
         // SAFETY: `ptr` is a fresh allocation of `bytes.max(1)` bytes.
         unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
@@ -456,6 +458,18 @@ impl std::ops::DerefMut for PinnedBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: `len` initialised bytes owned by `self`, borrowed uniquely.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl PinnedBuf {
+    /// The buffer's address for the device (kernels read and write it over the bus).
+    pub fn device_addr(&self) -> Result<u64, GpuError> {
+        let mut device = 0;
+        // SAFETY: the buffer was allocated with CU_MEMHOSTALLOC_DEVICEMAP and lives while `self` does.
+        call("cuMemHostGetDevicePointer", || unsafe {
+            sys::cuMemHostGetDevicePointer_v2(&mut device, self.ptr.cast(), 0).result()
+        })?;
+        Ok(device)
     }
 }
 

@@ -4,17 +4,19 @@
 //! build would give.
 //!
 //! The host snapshot stays the syncer's reference (rejoins, the replay log's checksums and dense segments
-//! read it): with `cpu` the kernel reads and updates it in place through the mapping (no upload of the
-//! snapshot per sync: only the state is read on the device and the snapshot over the bus); with `cuda` the
-//! kernel updates a device copy and the host applies the collected changes to its own (and copies back the
-//! segments whose changes did not fit the output pool). One launch per element width; each width has its own
+//! read it); the kernel compares against and updates a copy of it: in device memory (`cuda`: fastest, the
+//! model's size again on the GPU) or in pinned host memory mapped for the device (`cpu`: the kernel reads it
+//! over the bus, no upload of the snapshot per sync and no GPU memory for it). The host then applies the
+//! collected changes to its own snapshot and copies back the segments whose changes did not fit the output
+//! pool. (The host snapshot itself is not registered in place: glibc's heap pages are shared between
+//! allocations, and pinning them from under it is not safe.) One launch per element width; each width has its own
 //! output pool, sized for [`POOL_DENSITY`] of its elements (tiles beyond it go dense, still exact).
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use super::compact::{self, CollectReport, Layout, TileDir};
-use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Registered, Stream};
+use super::{Arg, DeviceBuf, DeviceState, Gpu, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, SEGMENT, SnapTensor};
@@ -56,11 +58,16 @@ pub struct BuildTimes {
 /// Buffers sized at the first build (the snapshot's layout never changes after init).
 struct Ready {
     layout: Layout,
-    /// Device address of each snapshot tensor (a device copy, or the mapped host snapshot).
+    /// Device address of each snapshot tensor's copy.
     snap_addrs: Vec<u64>,
-    _device_snapshot: Vec<DeviceBuf>,
-    _registered: Vec<Registered>,
+    copies: Vec<SnapCopy>,
     widths: Vec<WidthBufs>,
+}
+
+/// The kernel's copy of one snapshot tensor.
+enum SnapCopy {
+    Device(DeviceBuf),
+    Host(PinnedBuf),
 }
 
 /// One width's launch: its job table, output pool, cursor and directory, on the device and staged.
@@ -101,25 +108,23 @@ impl GpuDiffer {
     fn prepare(&mut self, snap: &mut [SnapTensor], stream: Stream) -> Result<Ready, SyncError> {
         let layout = Layout::from_snapshot(snap).map_err(|e| mismatch(e.to_string()))?;
         let gpu = &self.gpu;
-        let mut device_snapshot = Vec::new();
-        let mut registered = Vec::new();
+        let mut copies = Vec::with_capacity(snap.len());
         let mut snap_addrs = Vec::with_capacity(snap.len());
-        for st in snap.iter_mut() {
-            let bytes = st.storage.bytes_mut();
+        for st in snap.iter() {
+            let bytes = st.storage.bytes();
             match self.place {
                 Device::Cuda => {
                     let buf = gpu.alloc(bytes.len())?;
                     // SAFETY: a fresh buffer of exactly this size, written by nothing else.
                     unsafe { gpu.write(buf.addr(), bytes, stream) }?;
                     snap_addrs.push(buf.addr());
-                    device_snapshot.push(buf);
+                    copies.push(SnapCopy::Device(buf));
                 }
                 Device::Cpu => {
-                    // SAFETY: the snapshot's storage lives (in place) as long as the sender that owns this
-                    // builder, and so longer than the registration, which the builder owns.
-                    let reg = unsafe { gpu.register(bytes.as_mut_ptr(), bytes.len()) }?;
-                    snap_addrs.push(reg.device_addr());
-                    registered.push(reg);
+                    let mut buf = gpu.pinned(bytes.len())?;
+                    buf.copy_from_slice(bytes);
+                    snap_addrs.push(buf.device_addr()?);
+                    copies.push(SnapCopy::Host(buf));
                 }
             }
         }
@@ -151,8 +156,7 @@ impl GpuDiffer {
         Ok(Ready {
             layout,
             snap_addrs,
-            _device_snapshot: device_snapshot,
-            _registered: registered,
+            copies,
             widths,
         })
     }
@@ -179,7 +183,10 @@ impl PatchBuilder for GpuDiffer {
                 .iter()
                 .map(|st| {
                     cur.addrs.get(&st.key).copied().ok_or_else(|| {
-                        mismatch(format!("key '{}' is not a CUDA tensor of this state dict", st.key))
+                        mismatch(format!(
+                            "key '{}' is not a CUDA tensor of this state dict",
+                            st.key
+                        ))
                     })
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
@@ -258,8 +265,8 @@ impl PatchBuilder for GpuDiffer {
         for (wb, &(dir_len, idx_len, vals_len)) in ready.widths.iter().zip(&listed) {
             let dir = compact::view::<TileDir>(&wb.dir_host[..dir_len])
                 .map_err(|e| mismatch(e.to_string()))?;
-            let idx =
-                compact::view::<u32>(&wb.idx_host[..idx_len]).map_err(|e| mismatch(e.to_string()))?;
+            let idx = compact::view::<u32>(&wb.idx_host[..idx_len])
+                .map_err(|e| mismatch(e.to_string()))?;
             let vals = compact::view::<u64>(&wb.vals_host[..vals_len])
                 .map_err(|e| mismatch(e.to_string()))?;
             let r = compact::collect(&ready.layout, wb.width, dir, idx, vals, built, threads)
@@ -269,9 +276,7 @@ impl PatchBuilder for GpuDiffer {
             report.forced.extend(r.forced);
         }
         let t2 = std::time::Instant::now();
-        if self.place == Device::Cuda {
-            update_host_snapshot(gpu, snap, &ready.snap_addrs, built, &report.forced, threads, stream)?;
-        }
+        update_host_snapshot(gpu, snap, &ready.copies, built, &report.forced, threads, stream)?;
         self.last = BuildTimes {
             device: (t1 - t0).as_secs_f64(),
             collect: (t2 - t1).as_secs_f64(),
@@ -283,23 +288,24 @@ impl PatchBuilder for GpuDiffer {
     }
 }
 
-/// `snapshot_device: cuda`: write the build's new values into the host snapshot, and copy the segments that
-/// were forced dense (their changes were not listed) back from the device snapshot.
+/// Write the build's new values into the host snapshot, and copy the segments that were forced dense (their
+/// changes were not listed) back from the kernel's copy.
 fn update_host_snapshot(
     gpu: &Gpu,
     snap: &mut [SnapTensor],
-    snap_addrs: &[u64],
+    copies: &[SnapCopy],
     built: &Built,
     forced: &[usize],
     threads: NonZeroUsize,
     stream: Stream,
 ) -> Result<(), SyncError> {
     let segments = built.segments();
-    let mut chunks: Vec<(usize, u64, &mut [u8])> = Vec::with_capacity(segments.len());
-    for (st, &addr) in snap.iter_mut().zip(snap_addrs) {
+    // (width, the copy and the segment's byte offset in it, the host snapshot's bytes of the segment)
+    let mut chunks: Vec<(usize, (&SnapCopy, usize), &mut [u8])> = Vec::with_capacity(segments.len());
+    for (st, copy) in snap.iter_mut().zip(copies) {
         let w = st.dtype.size_bytes();
         for (k, c) in st.storage.bytes_mut().chunks_mut(SEGMENT * w).enumerate() {
-            chunks.push((w, addr + (k * SEGMENT * w) as u64, c));
+            chunks.push((w, (copy, k * SEGMENT * w), c));
         }
     }
     if chunks.len() != segments.len() {
@@ -311,9 +317,13 @@ fn update_host_snapshot(
     }
     let mut items: Vec<_> = segments.iter().zip(chunks).enumerate().collect();
     for &s in forced {
-        if let Some((_, (_, (_, src, bytes)))) = items.get_mut(s) {
-            // SAFETY: the device snapshot's segment, of this chunk's size, into host memory this builder owns.
-            unsafe { gpu.read(bytes, *src, stream) }?;
+        let Some((_, (_, (_, (copy, at), bytes)))) = items.get_mut(s) else {
+            continue;
+        };
+        match copy {
+            // SAFETY: the device copy's segment, of this chunk's size, into host memory this builder owns.
+            SnapCopy::Device(d) => unsafe { gpu.read(bytes, d.addr() + *at as u64, stream) }?,
+            SnapCopy::Host(h) => bytes.copy_from_slice(&h[*at..*at + bytes.len()]),
         }
     }
     items.retain(|(s, (c, _))| !c.idx.is_empty() && !forced.contains(s));

@@ -123,6 +123,12 @@ impl DeviceBuf {
 /// Pinned host memory (none exists without the backend).
 pub struct PinnedBuf(Never);
 
+impl PinnedBuf {
+    pub fn device_addr(&self) -> Result<u64, GpuError> {
+        match self.0 {}
+    }
+}
+
 impl std::ops::Deref for PinnedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

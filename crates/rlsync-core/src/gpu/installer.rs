@@ -94,7 +94,8 @@ impl PatchInstaller for GpuInstaller {
                 let key = state.keys().nth(ordinal).unwrap_or("?").to_owned();
                 SyncError::StateMismatch {
                     key,
-                    reason: "the patch targets it but it is not a CUDA tensor of this state dict".into(),
+                    reason: "the patch targets it but it is not a CUDA tensor of this state dict"
+                        .into(),
                 }
             })
         };
@@ -124,7 +125,8 @@ impl PatchInstaller for GpuInstaller {
                 .collect::<Result<Vec<_>, SyncError>>()?;
             let jobs_dev = staging.jobs[slot].upload(gpu, compact::as_bytes(&jobs), stream)?;
             let idx_dev = staging.idx[slot].upload(gpu, compact::as_bytes(&lists.idx), stream)?;
-            let vals_dev = staging.vals[slot].upload(gpu, compact::as_bytes(&lists.vals), stream)?;
+            let vals_dev =
+                staging.vals[slot].upload(gpu, compact::as_bytes(&lists.vals), stream)?;
             let total = lists.idx.len();
             let grid = total.div_ceil(compact::BLOCK as usize).clamp(1, grid_cap) as u32;
             let args = [
@@ -137,16 +139,7 @@ impl PatchInstaller for GpuInstaller {
             // SAFETY: the arguments follow scatter's signature; every job's destination is a live CUDA tensor
             // of the receiver (kept alive by the caller during the install) and, the patch having been
             // validated against its layout, every index lies inside it.
-            unsafe {
-                gpu.launch(
-                    Kernel::Scatter,
-                    width,
-                    grid,
-                    compact::BLOCK,
-                    &args,
-                    stream,
-                )
-            }?;
+            unsafe { gpu.launch(Kernel::Scatter, width, grid, compact::BLOCK, &args, stream) }?;
         }
         if !plan.dense.is_empty() {
             let stream_bytes = patch.dense_stream();
@@ -154,14 +147,7 @@ impl PatchInstaller for GpuInstaller {
             for d in &plan.dense {
                 let dst = addr_of(d.ordinal)? + (d.base * d.width) as u64;
                 // SAFETY: device to device, from the staged dense stream into the validated element range.
-                unsafe {
-                    gpu.copy_async(
-                        dst,
-                        base + d.bytes.start as u64,
-                        d.bytes.len(),
-                        stream,
-                    )
-                }?;
+                unsafe { gpu.copy_async(dst, base + d.bytes.start as u64, d.bytes.len(), stream) }?;
             }
         }
         gpu.sync(stream)?;
