@@ -1,0 +1,403 @@
+// Device check of the committed PTX (crates/rlsync-core/kernels/rlsync.ptx) on a GPU machine: loads it
+// through the driver API, runs diff_compact / apply_compact / scatter for widths 1, 2, 4, 8 on tensors with
+// tails, 16-byte-misaligned bases, empty and multi-segment tensors, NaN-like bit changes and an overflowing
+// pool, checks every output against a host model of notes/gpu-spec.md, then (without --small) times
+// diff_compact against a device-to-device copy of the same bytes.
+//
+// Build: g++ -O2 -std=c++17 -I$CUDA_HOME/include scripts/kernel_check.cpp -o kernel_check -lcuda
+// Run:   ./kernel_check crates/rlsync-core/kernels/rlsync.ptx [--small]
+//        (compute-sanitizer --tool memcheck|racecheck ./kernel_check ... --small)
+// Prints one JSON object per line; exit status 1 when a check failed.
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                                   \
+    do {                                                                                        \
+        CUresult r_ = (x);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                               \
+            const char* s_ = "?";                                                               \
+            cuGetErrorString(r_, &s_);                                                          \
+            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_);                \
+            std::exit(2);                                                                       \
+        }                                                                                       \
+    } while (0)
+
+struct DiffJob { uint64_t state, snap, numel, first_tile; };
+struct TileDir { uint64_t offset; uint32_t count, flags; };
+struct ScatterJob { uint64_t dst, first; uint32_t count, mode; };
+struct ApplyJob { uint64_t dst, dense_src, numel, first_tile; };
+
+static const uint64_t TILE = 4096, SEGMENT_TILES = 1024;
+static int g_failures = 0;
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd() {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+static void fail(const char* what, int w, long long a, long long b) {
+    if (g_failures++ < 20) std::printf("{\"fail\": \"%s\", \"width\": %d, \"a\": %lld, \"b\": %lld}\n", what, w, a, b);
+}
+
+static uint64_t get(const std::vector<uint8_t>& v, uint64_t i, int w) {
+    uint64_t x = 0;
+    std::memcpy(&x, v.data() + i * w, w);
+    return x;
+}
+
+struct Mod {
+    CUmodule m;
+    int sms;
+    CUfunction f(const char* name, int w) {
+        CUfunction fn;
+        std::string n = std::string(name) + "_w" + std::to_string(w);
+        CK(cuModuleGetFunction(&fn, m, n.c_str()));
+        return fn;
+    }
+    unsigned grid(CUfunction fn, uint64_t work) {
+        int per = 0;
+        CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, fn, 256, 0));
+        uint64_t g = (uint64_t)sms * (per > 0 ? per : 1);
+        return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>(g, work));
+    }
+};
+
+static CUdeviceptr upload(const void* p, size_t n) {
+    CUdeviceptr d;
+    CK(cuMemAlloc(&d, n ? n : 16));
+    if (n) CK(cuMemcpyHtoD(d, p, n));
+    return d;
+}
+
+struct Tensor {
+    uint64_t numel;
+    unsigned misalign;  // bytes added to the state's base (breaks 16-byte alignment)
+    std::vector<uint8_t> old_, new_;
+    CUdeviceptr sbuf, nbuf;
+    uint64_t first_tile;
+};
+
+// One width: diff (pool ample or a third of the changes), apply_compact, scatter (set and add).
+static void check_width(Mod& md, int w, bool small, bool short_pool) {
+    std::vector<uint64_t> numels = {0, 1, 15, 4096, 4097, 70001, 4097, 33};
+    if (!small) numels.push_back((1ull << 22) * 2 + 5000);
+    std::vector<Tensor> ts(numels.size());
+    uint64_t tiles = 0;
+    for (size_t k = 0; k < ts.size(); ++k) {
+        Tensor& t = ts[k];
+        t.numel = numels[k];
+        t.misalign = (k == 5 && w < 16) ? (unsigned)w : 0;
+        t.old_.resize(t.numel * w);
+        for (auto& b : t.old_) b = (uint8_t)rnd();
+        t.new_ = t.old_;
+        uint64_t per_mille = k == 6 ? 1000 : (k == 7 ? 0 : 20);
+        for (uint64_t i = 0; i < t.numel; ++i) {
+            if (rnd() % 1000 < per_mille) {
+                uint64_t bit = rnd() % (8 * w);
+                t.new_[i * w + bit / 8] ^= (uint8_t)(1u << (bit % 8));
+            }
+        }
+        t.first_tile = tiles;
+        tiles += (t.numel + TILE - 1) / TILE;
+        CK(cuMemAlloc(&t.sbuf, t.numel * w + 64));
+        CK(cuMemAlloc(&t.nbuf, t.numel * w + 64));
+        if (t.numel) {
+            CK(cuMemcpyHtoD(t.sbuf + t.misalign, t.new_.data(), t.numel * w));
+            CK(cuMemcpyHtoD(t.nbuf, t.old_.data(), t.numel * w));
+        }
+    }
+    // Expected entries per tile: (segment-relative index, old, new).
+    struct E { uint32_t idx; uint64_t o, n; };
+    std::vector<std::vector<E>> want(tiles);
+    uint64_t total = 0;
+    for (auto& t : ts) {
+        for (uint64_t i = 0; i < t.numel; ++i) {
+            uint64_t o = get(t.old_, i, w), n = get(t.new_, i, w);
+            if (o != n) {
+                uint64_t tt = i / TILE;
+                want[t.first_tile + tt].push_back({(uint32_t)((tt % SEGMENT_TILES) * TILE + i % TILE), o, n});
+                ++total;
+            }
+        }
+    }
+    uint64_t cap = short_pool ? total / 3 : total + 7;
+    int per = w == 8 ? 2 : 1;
+    std::vector<DiffJob> jobs;
+    for (auto& t : ts) jobs.push_back({t.sbuf + t.misalign, t.nbuf, t.numel, t.first_tile});
+    CUdeviceptr djobs = upload(jobs.data(), jobs.size() * sizeof(DiffJob));
+    CUdeviceptr didx, dvals, dcur, ddir;
+    CK(cuMemAlloc(&didx, cap * 4 + 16));
+    CK(cuMemAlloc(&dvals, cap * 8 * per + 16));
+    CK(cuMemAlloc(&dcur, 8));
+    CK(cuMemAlloc(&ddir, tiles * sizeof(TileDir) + 16));
+    CK(cuMemsetD8(dcur, 0, 8));
+    CK(cuMemsetD8(ddir, 0xAB, tiles * sizeof(TileDir)));
+    CUfunction diff = md.f("diff_compact", w);
+    uint32_t nj = (uint32_t)jobs.size();
+    void* args[] = {&djobs, &nj, &tiles, &didx, &dvals, &cap, &dcur, &ddir};
+    CK(cuLaunchKernel(diff, md.grid(diff, tiles), 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+    CK(cuCtxSynchronize());
+    std::vector<TileDir> dir(tiles);
+    std::vector<uint32_t> idx(cap + 1);
+    std::vector<uint64_t> vals((cap + 1) * per);
+    uint64_t cursor = 0;
+    CK(cuMemcpyDtoH(&cursor, dcur, 8));
+    if (tiles) CK(cuMemcpyDtoH(dir.data(), ddir, tiles * sizeof(TileDir)));
+    if (cap) CK(cuMemcpyDtoH(idx.data(), didx, cap * 4));
+    if (cap) CK(cuMemcpyDtoH(vals.data(), dvals, cap * 8 * per));
+    if (cursor != total) fail("cursor", w, (long long)cursor, (long long)total);
+    uint64_t overflowed = 0, listed = 0;
+    std::vector<uint8_t> used(cap, 0);
+    for (uint64_t tile = 0; tile < tiles; ++tile) {
+        const TileDir& d = dir[tile];
+        const auto& e = want[tile];
+        if (d.count != e.size()) { fail("count", w, (long long)tile, d.count); continue; }
+        if (d.flags == 1) {
+            ++overflowed;
+            if (!short_pool || d.offset != 0) fail("overflow", w, (long long)tile, (long long)d.offset);
+            continue;
+        }
+        if (d.flags != 0) { fail("flags", w, (long long)tile, d.flags); continue; }
+        if (e.empty()) { if (d.offset != 0) fail("empty offset", w, (long long)tile, (long long)d.offset); continue; }
+        if (d.offset + d.count > cap) { fail("offset", w, (long long)tile, (long long)d.offset); continue; }
+        for (uint32_t k = 0; k < d.count; ++k) {
+            uint64_t s = d.offset + k;
+            if (used[s]++) fail("pool slot twice", w, (long long)tile, (long long)s);
+            uint64_t o = w == 8 ? vals[2 * s] : (vals[s] & 0xffffffffull);
+            uint64_t n = w == 8 ? vals[2 * s + 1] : (vals[s] >> 32);
+            if (idx[s] != e[k].idx || o != e[k].o || n != e[k].n) {
+                fail("entry", w, (long long)tile, (long long)k);
+                break;
+            }
+        }
+        listed += d.count;
+    }
+    if (short_pool && total > 3 && overflowed == 0) fail("no overflow with a short pool", w, 0, 0);
+    for (auto& t : ts) {
+        std::vector<uint8_t> snap(t.numel * w);
+        if (t.numel) CK(cuMemcpyDtoH(snap.data(), t.nbuf, t.numel * w));
+        if (snap != t.new_) fail("snapshot", w, (long long)t.numel, 0);
+    }
+    // apply_compact into a copy of the old state; overflowing tiles from the updated snapshot.
+    std::vector<ApplyJob> aj;
+    std::vector<CUdeviceptr> recv;
+    for (auto& t : ts) {
+        CUdeviceptr r = upload(t.old_.data(), t.numel * w);
+        recv.push_back(r);
+        aj.push_back({r, t.nbuf, t.numel, t.first_tile});
+    }
+    CUdeviceptr dajobs = upload(aj.data(), aj.size() * sizeof(ApplyJob));
+    CUfunction apply = md.f("apply_compact", w);
+    void* aargs[] = {&dajobs, &nj, &tiles, &ddir, &didx, &dvals};
+    CK(cuLaunchKernel(apply, md.grid(apply, tiles), 1, 1, 256, 1, 1, 0, 0, aargs, nullptr));
+    CK(cuCtxSynchronize());
+    for (size_t k = 0; k < ts.size(); ++k) {
+        std::vector<uint8_t> got(ts[k].numel * w);
+        if (ts[k].numel) CK(cuMemcpyDtoH(got.data(), recv[k], got.size()));
+        if (got != ts[k].new_) fail("apply_compact", w, (long long)k, 0);
+    }
+    // scatter, set and add, every change of every tensor (jobs of empty tensors have count 0).
+    for (uint32_t mode = 0; mode < 2; ++mode) {
+        std::vector<ScatterJob> sj;
+        std::vector<uint32_t> sidx;
+        std::vector<uint64_t> svals;
+        std::vector<CUdeviceptr> dst;
+        for (auto& t : ts) {
+            CUdeviceptr r = upload(t.old_.data(), t.numel * w);
+            dst.push_back(r);
+            uint64_t first = sidx.size();
+            // The first half of the tensor as one job, the rest as another (base offset in dst).
+            uint64_t half = t.numel / 2;
+            for (int part = 0; part < 2; ++part) {
+                uint64_t lo = part ? half : 0, hi = part ? t.numel : half;
+                first = sidx.size();
+                for (uint64_t i = lo; i < hi; ++i) {
+                    uint64_t o = get(t.old_, i, w), n = get(t.new_, i, w);
+                    if (o == n) continue;
+                    sidx.push_back((uint32_t)(i - lo));
+                    svals.push_back(mode ? n - o : n);
+                }
+                sj.push_back({r + lo * w, first, (uint32_t)(sidx.size() - first), mode});
+            }
+        }
+        uint64_t stotal = sidx.size();
+        CUdeviceptr dsj = upload(sj.data(), sj.size() * sizeof(ScatterJob));
+        CUdeviceptr dsi = upload(sidx.data(), sidx.size() * 4);
+        CUdeviceptr dsv = upload(svals.data(), svals.size() * 8);
+        CUfunction sc = md.f("scatter", w);
+        uint32_t nsj = (uint32_t)sj.size();
+        void* sargs[] = {&dsj, &nsj, &stotal, &dsi, &dsv};
+        CK(cuLaunchKernel(sc, md.grid(sc, (stotal + 255) / 256), 1, 1, 256, 1, 1, 0, 0, sargs, nullptr));
+        CK(cuCtxSynchronize());
+        for (size_t k = 0; k < ts.size(); ++k) {
+            std::vector<uint8_t> got(ts[k].numel * w);
+            if (ts[k].numel) CK(cuMemcpyDtoH(got.data(), dst[k], got.size()));
+            if (got != ts[k].new_) fail(mode ? "scatter add" : "scatter set", w, (long long)k, 0);
+            CK(cuMemFree(dst[k]));
+        }
+        CK(cuMemFree(dsj));
+        CK(cuMemFree(dsi));
+        CK(cuMemFree(dsv));
+    }
+    std::printf("{\"check\": \"width\", \"width\": %d, \"short_pool\": %s, \"tiles\": %llu, \"changes\": %llu, "
+                "\"listed\": %llu, \"overflowed_tiles\": %llu, \"failures_so_far\": %d}\n",
+                w, short_pool ? "true" : "false", (unsigned long long)tiles, (unsigned long long)total,
+                (unsigned long long)listed, (unsigned long long)overflowed, g_failures);
+    for (size_t k = 0; k < ts.size(); ++k) {
+        CK(cuMemFree(ts[k].sbuf));
+        CK(cuMemFree(ts[k].nbuf));
+        CK(cuMemFree(recv[k]));
+    }
+    CK(cuMemFree(djobs));
+    CK(cuMemFree(dajobs));
+    CK(cuMemFree(didx));
+    CK(cuMemFree(dvals));
+    CK(cuMemFree(dcur));
+    CK(cuMemFree(ddir));
+}
+
+// diff_compact on `bytes` of width-w elements at `per_mille` density vs a D2D copy of the same bytes; and
+// apply_compact of its output.
+static void bench(Mod& md, int w, uint64_t bytes, uint64_t per_mille) {
+    uint64_t n = bytes / w, tiles = (n + TILE - 1) / TILE;
+    CUdeviceptr state, base, snap, recv;
+    CK(cuMemAlloc(&state, bytes));
+    CK(cuMemAlloc(&base, bytes));
+    CK(cuMemAlloc(&snap, bytes));
+    CK(cuMemAlloc(&recv, bytes));
+    std::vector<uint8_t> h(bytes);
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = rnd();
+        std::memcpy(&h[i], &r, std::min<size_t>(8, bytes - i));
+    }
+    CK(cuMemcpyHtoD(base, h.data(), bytes));
+    uint64_t changes = 0;
+    for (uint64_t i = 0; i < n; ++i) {
+        if (rnd() % 1000 < per_mille) {
+            h[i * w] ^= 1;
+            ++changes;
+        }
+    }
+    CK(cuMemcpyHtoD(state, h.data(), bytes));
+    uint64_t cap = changes + 1024;
+    int per = w == 8 ? 2 : 1;
+    CUdeviceptr didx, dvals, dcur, ddir;
+    CK(cuMemAlloc(&didx, cap * 4));
+    CK(cuMemAlloc(&dvals, cap * 8 * per));
+    CK(cuMemAlloc(&dcur, 8));
+    CK(cuMemAlloc(&ddir, tiles * sizeof(TileDir)));
+    DiffJob job = {state, snap, n, 0};
+    CUdeviceptr djob = upload(&job, sizeof job);
+    CUfunction diff = md.f("diff_compact", w);
+    ApplyJob aj = {recv, snap, n, 0};
+    CUdeviceptr dajob = upload(&aj, sizeof aj);
+    CUfunction apply = md.f("apply_compact", w);
+    unsigned grid = md.grid(diff, tiles), agrid = md.grid(apply, tiles);
+    uint32_t one = 1;
+    CUevent a, b;
+    CK(cuEventCreate(&a, 0));
+    CK(cuEventCreate(&b, 0));
+    std::vector<float> tk, tc, ta;
+    auto timed = [&](auto&& launch, std::vector<float>& into, bool keep) {
+        float ms = 0;
+        CK(cuEventRecord(a, 0));
+        launch();
+        CK(cuEventRecord(b, 0));
+        CK(cuEventSynchronize(b));
+        CK(cuEventElapsedTime(&ms, a, b));
+        if (keep) into.push_back(ms);
+    };
+    for (int it = 0; it < 6; ++it) {
+        CK(cuMemcpyDtoD(snap, base, bytes));
+        CK(cuMemsetD8(dcur, 0, 8));
+        CK(cuCtxSynchronize());
+        void* args[] = {&djob, &one, &tiles, &didx, &dvals, &cap, &dcur, &ddir};
+        timed([&] { CK(cuLaunchKernel(diff, grid, 1, 1, 256, 1, 1, 0, 0, args, nullptr)); }, tk, it > 0);
+        timed([&] { CK(cuMemcpyDtoDAsync(recv, state, bytes, 0)); }, tc, it > 0);
+        CK(cuMemcpyDtoD(recv, base, bytes));
+        CK(cuCtxSynchronize());
+        void* aargs[] = {&dajob, &one, &tiles, &ddir, &didx, &dvals};
+        timed([&] { CK(cuLaunchKernel(apply, agrid, 1, 1, 256, 1, 1, 0, 0, aargs, nullptr)); }, ta, it > 0);
+    }
+    uint64_t cursor = 0;
+    CK(cuMemcpyDtoH(&cursor, dcur, 8));
+    if (cursor != changes) fail("bench cursor", w, (long long)cursor, (long long)changes);
+    std::vector<uint8_t> got(bytes);
+    CK(cuMemcpyDtoH(got.data(), recv, bytes));
+    if (got != h) fail("bench apply", w, 0, 0);
+    std::sort(tk.begin(), tk.end());
+    std::sort(tc.begin(), tc.end());
+    std::sort(ta.begin(), ta.end());
+    int regs = 0;
+    CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, diff));
+    float k = tk[tk.size() / 2], c = tc[tc.size() / 2];
+    std::printf("{\"bench\": \"diff_compact\", \"width\": %d, \"bytes\": %llu, \"density\": %.4f, "
+                "\"changes\": %llu, \"grid\": %u, \"regs\": %d, \"diff_ms\": %.3f, \"d2d_copy_ms\": %.3f, "
+                "\"ratio\": %.3f, \"apply_ms\": %.3f, \"diff_read_gbps\": %.1f}\n",
+                w, (unsigned long long)bytes, per_mille / 1000.0, (unsigned long long)changes, grid, regs, k,
+                c, k / c, ta[ta.size() / 2], 2.0 * bytes / (k * 1e6));
+    for (CUdeviceptr p : {state, base, snap, recv, didx, dvals, dcur, ddir, djob, dajob}) CK(cuMemFree(p));
+    CK(cuEventDestroy(a));
+    CK(cuEventDestroy(b));
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2) { std::fprintf(stderr, "usage: kernel_check PTX [--small]\n"); return 2; }
+    bool small = argc > 2 && std::string(argv[2]) == "--small";
+    std::ifstream f(argv[1]);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string ptx = ss.str();
+    CK(cuInit(0));
+    CUdevice dev;
+    CK(cuDeviceGet(&dev, 0));
+    CUcontext ctx;
+    CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(cuCtxSetCurrent(ctx));
+    int driver = 0;
+    CK(cuDriverGetVersion(&driver));
+    char name[128];
+    CK(cuDeviceGetName(name, sizeof name, dev));
+    Mod md;
+    CK(cuDeviceGetAttribute(&md.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    auto t0 = std::chrono::steady_clock::now();
+    CK(cuModuleLoadData(&md.m, ptx.c_str()));
+    double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("{\"device\": \"%s\", \"driver\": %d, \"sms\": %d, \"ptx_load_ms\": %.1f}\n", name, driver, md.sms, load_ms);
+    for (int w : {1, 2, 4, 8}) {
+        for (const char* fn : {"diff_compact", "scatter", "apply_compact"}) {
+            CUfunction f_ = md.f(fn, w);
+            int regs = 0, spill = 0, per = 0;
+            CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f_));
+            CK(cuFuncGetAttribute(&spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f_));
+            CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, f_, 256, 0));
+            std::printf("{\"kernel\": \"%s_w%d\", \"regs\": %d, \"local_bytes\": %d, \"blocks_per_sm\": %d}\n", fn, w, regs, spill, per);
+        }
+        check_width(md, w, small, false);
+        check_width(md, w, small, true);
+    }
+    if (!small) {
+        const uint64_t GiB = 1ull << 30;
+        bench(md, 2, 2 * GiB, 0);
+        bench(md, 2, 2 * GiB, 10);
+        bench(md, 2, 2 * GiB, 30);
+        bench(md, 4, 2 * GiB, 10);
+        bench(md, 1, 1 * GiB, 10);
+        bench(md, 8, 2 * GiB, 10);
+    }
+    std::printf("{\"result\": \"%s\", \"failures\": %d}\n", g_failures ? "FAIL" : "ok", g_failures);
+    return g_failures ? 1 : 0;
+}
