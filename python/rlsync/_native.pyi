@@ -27,6 +27,11 @@ class HandshakeError(RlsyncError):
 class TransportError(RlsyncError):
     """Moving bytes failed: the caller's send/recv raised, a peer went away or a wait timed out."""
 
+class CudaError(RlsyncError):
+    """CUDA tensors could not be synced: a build without CUDA, no driver, no such device, or a driver call failed."""
+
+def cuda_available() -> tuple[bool, str]: ...
+
 class Op:
     """A running init / sync / apply: pump it with ``step`` (caller's send/recv) or ``run`` (shm channel)."""
 
@@ -70,6 +75,7 @@ class NativeSyncer:
     @property
     def synced_keys(self) -> list[str]: ...
     def checksum(self, tensors: list[Desc]) -> int: ...
+    def use_stream(self, stream: int) -> None: ...
     def last_report(self) -> dict[str, Any]: ...
 
 def shm_bind(

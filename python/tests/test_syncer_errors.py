@@ -293,8 +293,9 @@ def test_misuse_is_reported() -> None:
             await s.init_sender(sd, list(sd), link.send)
         with pytest.raises(ValueError, match="'nope' is not a key"):
             await s.init_sender(sd, ["nope"], link.send, link.up_recv)
-        with pytest.raises(ValueError, match="cuda"):
-            rlsync.PatchWeightSyncer(snapshot_device="cuda")
+        with pytest.raises(ValueError, match="transport_device: cuda needs a GPU path"):
+            rlsync.PatchWeightSyncer(transport_device="cuda")
+        rlsync.PatchWeightSyncer(snapshot_device="cuda")  # where a sender of CUDA tensors keeps its snapshot
         with pytest.raises(ValueError, match="compression_algorithm"):
             rlsync.PatchWeightSyncer(compression_algorithm="zstd")
         with pytest.raises(ValueError, match="bucket_dtype"):
