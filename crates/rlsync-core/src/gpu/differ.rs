@@ -19,7 +19,7 @@ use super::compact::{self, CollectReport, Layout, TileDir};
 use super::{Arg, DeviceBuf, DeviceState, Gpu, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
-use crate::syncer::patch::{Built, SEGMENT, SnapTensor};
+use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
 use crate::syncer::settings::Device;
 use crate::tensor::StateDict;
 use crate::tensor::parallel::map_items;
@@ -242,7 +242,10 @@ impl PatchBuilder for GpuDiffer {
         gpu.sync(stream)?;
         let mut listed = Vec::with_capacity(ready.widths.len());
         for wb in &mut ready.widths {
-            let cursor = u64::from_le_bytes(wb.cursor_host[..8].try_into().unwrap_or_default());
+            let cursor = compact::view::<u64>(&wb.cursor_host[..8])
+                .ok()
+                .and_then(|c| c.first().copied())
+                .unwrap_or(0);
             let n = cursor.min(wb.capacity) as usize;
             let (dir_len, idx_len, vals_len) = (
                 wb.ntiles as usize * size_of::<TileDir>(),
@@ -276,7 +279,15 @@ impl PatchBuilder for GpuDiffer {
             report.forced.extend(r.forced);
         }
         let t2 = std::time::Instant::now();
-        update_host_snapshot(gpu, snap, &ready.copies, built, &report.forced, threads, stream)?;
+        update_host_snapshot(
+            gpu,
+            snap,
+            &ready.copies,
+            built,
+            &report.forced,
+            threads,
+            stream,
+        )?;
         self.last = BuildTimes {
             device: (t1 - t0).as_secs_f64(),
             collect: (t2 - t1).as_secs_f64(),
@@ -301,7 +312,8 @@ fn update_host_snapshot(
 ) -> Result<(), SyncError> {
     let segments = built.segments();
     // (width, the copy and the segment's byte offset in it, the host snapshot's bytes of the segment)
-    let mut chunks: Vec<(usize, (&SnapCopy, usize), &mut [u8])> = Vec::with_capacity(segments.len());
+    let mut chunks: Vec<(usize, (&SnapCopy, usize), &mut [u8])> =
+        Vec::with_capacity(segments.len());
     for (st, copy) in snap.iter_mut().zip(copies) {
         let w = st.dtype.size_bytes();
         for (k, c) in st.storage.bytes_mut().chunks_mut(SEGMENT * w).enumerate() {
@@ -327,14 +339,26 @@ fn update_host_snapshot(
         }
     }
     items.retain(|(s, (c, _))| !c.idx.is_empty() && !forced.contains(s));
-    map_items(items, threads, |(_, (c, (w, _, bytes)))| {
-        for (i, &at) in c.idx.iter().enumerate() {
-            let (_, new) = c.old_new(i, w);
-            let at = at as usize * w;
-            if let Some(dst) = bytes.get_mut(at..at + w) {
-                dst.copy_from_slice(&new.to_le_bytes()[..w]);
-            }
-        }
+    map_items(items, threads, |(_, (c, (w, _, bytes)))| match w {
+        1 => put_new::<u8>(c, bytes),
+        2 => put_new::<u16>(c, bytes),
+        4 => put_new::<u32>(c, bytes),
+        _ => put_new::<u64>(c, bytes),
     });
     Ok(())
+}
+
+/// Write segment `c`'s new values into its bytes of the host snapshot (element-aligned: storages are
+/// cache-line aligned and segments start at multiples of their width).
+fn put_new<W: bytemuck::Pod + TryFrom<u64>>(c: &Changes, bytes: &mut [u8]) {
+    let Ok(dst) = bytemuck::try_cast_slice_mut::<u8, W>(bytes) else {
+        return;
+    };
+    let w = size_of::<W>();
+    for (i, &at) in c.idx.iter().enumerate() {
+        let (_, new) = c.old_new(i, w);
+        if let (Some(x), Ok(v)) = (dst.get_mut(at as usize), W::try_from(new)) {
+            *x = v;
+        }
+    }
 }
