@@ -12,6 +12,7 @@
 
 pub mod async_loop;
 pub mod checkpoint;
+pub mod device_probe;
 pub mod embodied;
 pub mod eval;
 pub mod metrics;
@@ -45,6 +46,11 @@ pub enum OrchestratorError {
     NoLearner {
         #[source]
         source: crate::learner_exe::NoLearner,
+    },
+    #[error("invalid run configuration")]
+    WorkerDevice {
+        #[source]
+        source: device_probe::DeviceProbeError,
     },
     #[error("invalid run configuration")]
     Cluster {
@@ -292,6 +298,8 @@ pub fn run(
             .map_err(|source| OrchestratorError::NoLearner { source })?;
         opts.worker_exe = Some(exe);
     }
+    // Python workers on a GPU: their torch must see it, or the run stops here rather than inside a worker.
+    device_probe::check(cfg).map_err(|source| OrchestratorError::WorkerDevice { source })?;
     if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
