@@ -12,7 +12,6 @@
 
 pub mod async_loop;
 pub mod checkpoint;
-pub mod device_probe;
 pub mod embodied;
 pub mod eval;
 pub mod metrics;
@@ -50,7 +49,7 @@ pub enum OrchestratorError {
     #[error("invalid run configuration")]
     WorkerDevice {
         #[source]
-        source: device_probe::DeviceProbeError,
+        source: supervisor::device_probe::DeviceProbeError,
     },
     #[error("invalid run configuration")]
     Cluster {
@@ -299,7 +298,8 @@ pub fn run(
         opts.worker_exe = Some(exe);
     }
     // Python workers on a GPU: their torch must see it, or the run stops here rather than inside a worker.
-    device_probe::check(cfg).map_err(|source| OrchestratorError::WorkerDevice { source })?;
+    supervisor::device_probe::check(cfg)
+        .map_err(|source| OrchestratorError::WorkerDevice { source })?;
     if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::spawn::{default_python, python_path};
 use crate::config::schema::{RunConfig, WorkerConfig, WorkerDevice, WorkerKind};
-use crate::orchestrator::supervisor::spawn::{default_python, python_path};
 
 /// How long the interpreter may take to import torch and answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
