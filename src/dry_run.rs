@@ -97,6 +97,10 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         {
             problems.push(format!("actor.model.model_type: {e}"));
         }
+        // Python workers on a GPU: asks their interpreter's torch (runs it only when a device is cuda).
+        if let Err(e) = orchestrator::supervisor::device_probe::check(cfg) {
+            problems.push(rlsync_core::error_chain(&e));
+        }
         if let Some(problem) = nodes
             .as_ref()
             .and_then(|n| orchestrator::multinode::refusal(cfg, n))
@@ -336,7 +340,7 @@ impl fmt::Display for DryRun {
                 };
                 let program = match (&worker.kind, &worker.entry) {
                     (WorkerKind::Python, Some(entry)) => {
-                        format!("python -m rlsync.worker ({entry})")
+                        format!("python -m rlsync.worker ({entry}, on {})", worker.device)
                     }
                     _ => "rlsync worker".to_owned(),
                 };
@@ -537,7 +541,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = dry_run(Entry::Embodied, &ex, &dir.path().join("run")).to_string();
         assert!(
-            text.contains("python -m rlsync.worker (gym_ppo) --role trainer --rank 0"),
+            text.contains("python -m rlsync.worker (gym_ppo, on cpu) --role trainer --rank 0"),
             "{text}"
         );
         assert!(text.contains("the Python workers' own"), "{text}");

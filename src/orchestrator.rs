@@ -47,6 +47,11 @@ pub enum OrchestratorError {
         source: crate::learner_exe::NoLearner,
     },
     #[error("invalid run configuration")]
+    WorkerDevice {
+        #[source]
+        source: supervisor::device_probe::DeviceProbeError,
+    },
+    #[error("invalid run configuration")]
     Cluster {
         #[source]
         source: crate::cluster::ClusterError,
@@ -292,6 +297,9 @@ pub fn run(
             .map_err(|source| OrchestratorError::NoLearner { source })?;
         opts.worker_exe = Some(exe);
     }
+    // Python workers on a GPU: their torch must see it, or the run stops here rather than inside a worker.
+    supervisor::device_probe::check(cfg)
+        .map_err(|source| OrchestratorError::WorkerDevice { source })?;
     if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }

@@ -11,7 +11,8 @@ normalises exactly as the trainer does.
 
 Run it from the repository root: ``rlsync train_embodied --config-name gym_reacher`` (README, "Python workers");
 other tasks by override: ``env.train.task=InvertedPendulum-v5`` (also Pusher-v5; ``CartPole-v1`` for a
-discrete action space).
+discrete action space). On a GPU: ``actor.worker.device=cuda rollout.worker.device=cuda`` (the trainer's actor
+and critic, and each rollout's actor, live there; observations go to it and actions come back to the host).
 The same file runs without rlsync for a quick check: ``python examples/gym_ppo/gym_ppo.py --steps 200000``.
 """
 
@@ -71,7 +72,7 @@ class Actor(nn.Module):
     @torch.no_grad()
     def update_normalizer(self, obs: np.ndarray) -> None:
         """Welford-style merge of a batch into the running mean/var (done by the trainer only)."""
-        batch = torch.as_tensor(obs.reshape(-1, obs.shape[-1]), dtype=torch.float64)
+        batch = torch.as_tensor(obs.reshape(-1, obs.shape[-1]), dtype=torch.float64, device=self.obs_mean.device)
         b_mean, b_var, b_n = batch.mean(0), batch.var(0, unbiased=False), batch.shape[0]
         delta, total = b_mean - self.obs_mean, self.obs_count + b_n
         m2 = self.obs_var * self.obs_count + b_var * b_n + delta.pow(2) * self.obs_count * b_n / total
@@ -121,10 +122,11 @@ class Trainer:
         seed = int(_get(cfg, "actor.seed", 1))
         torch.manual_seed(seed)
         torch.set_num_threads(1)
+        self.device = torch.device(_get(cfg, "actor.worker.device", "cpu"))
         obs_dim, act_dim, discrete = _task_dims(self.task)
         hidden = int(_get(cfg, "actor.model.hidden_dim", 64))
-        self.actor = Actor(obs_dim, act_dim, hidden, discrete)
-        self.critic = critic(obs_dim, hidden)
+        self.actor = Actor(obs_dim, act_dim, hidden, discrete).to(self.device)
+        self.critic = critic(obs_dim, hidden).to(self.device)
         lr = float(_get(cfg, "actor.optim.lr", 3e-4))
         self.optim = torch.optim.Adam(
             list(self.actor.parameters()) + list(self.critic.parameters()), lr=lr, eps=1e-5
@@ -184,20 +186,25 @@ class Trainer:
     def train(self, batches: list[dict[str, np.ndarray]]) -> dict[str, float]:
         """One PPO update on the trajectories of every rollout (each time-major [T, N, ...])."""
         b = {k: np.concatenate([x[k] for x in batches], axis=0 if k == "last_obs" else 1) for k in batches[0]}
-        obs = torch.as_tensor(b["obs"], dtype=torch.float32)
+        dev = self.device
+
+        def on_dev(a: np.ndarray, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+            return torch.as_tensor(a, dtype=dtype, device=dev)
+
+        obs = on_dev(b["obs"])
         T, N = b["rewards"].shape
         done = np.logical_or(b["terminated"], b["truncated"])
         scale = self._reward_scale(b["rewards"], done)
-        rewards = torch.as_tensor(b["rewards"] * scale, dtype=torch.float32).clamp(-10, 10)
+        rewards = on_dev(b["rewards"] * scale).clamp(-10, 10)
         with torch.no_grad():
             norm = self.actor.normalize
             values = self.critic(norm(obs)).squeeze(-1)
-            last_v = self.critic(norm(torch.as_tensor(b["last_obs"], dtype=torch.float32))).squeeze(-1)
-            final_v = self.critic(norm(torch.as_tensor(b["final_obs"], dtype=torch.float32))).squeeze(-1)
-            term = torch.as_tensor(b["terminated"], dtype=torch.float32)
-            trunc = torch.as_tensor(b["truncated"], dtype=torch.float32)
-            adv = torch.zeros(T, N)
-            gae = torch.zeros(N)
+            last_v = self.critic(norm(on_dev(b["last_obs"]))).squeeze(-1)
+            final_v = self.critic(norm(on_dev(b["final_obs"]))).squeeze(-1)
+            term = on_dev(b["terminated"])
+            trunc = on_dev(b["truncated"])
+            adv = torch.zeros(T, N, device=dev)
+            gae = torch.zeros(N, device=dev)
             for t in reversed(range(T)):
                 next_v = last_v if t == T - 1 else values[t + 1]
                 ended = torch.maximum(term[t], trunc[t])
@@ -207,9 +214,9 @@ class Trainer:
                 gae = delta + self.gamma * self.lam * (1.0 - ended) * gae
                 adv[t] = gae
             returns = adv + values
-        act = torch.as_tensor(b["actions"])
+        act = on_dev(b["actions"], None)
         act = act.reshape(T * N) if self.actor.discrete else act.float().reshape(T * N, -1)
-        old_logp = torch.as_tensor(b["logp"], dtype=torch.float32).reshape(-1)
+        old_logp = on_dev(b["logp"]).reshape(-1)
         flat_obs, adv, returns = obs.reshape(T * N, -1), adv.reshape(-1), returns.reshape(-1)
         # The behaviour policy's log-probs against the trainer's weights before the update: ~0 when the rollouts
         # acted with exactly these weights (train_embodied), > 0 when they were stale (train_async).
@@ -218,7 +225,7 @@ class Trainer:
         stats = {"pg_loss": 0.0, "value_loss": 0.0, "approx_kl": 0.0, "clip_frac": 0.0}
         n_mb = 0
         for _ in range(self.epochs):
-            perm = torch.randperm(T * N)
+            perm = torch.randperm(T * N).to(dev)
             for start in range(0, T * N, self.minibatch):
                 idx = perm[start : start + self.minibatch]
                 a = adv[idx]
@@ -262,8 +269,10 @@ class Rollout:
         seed = int(_get(cfg, "actor.seed", 1)) * 1000 + rank * 100
         torch.manual_seed(seed)
         torch.set_num_threads(1)
+        self.device = torch.device(_get(cfg, "rollout.worker.device", "cpu"))
         obs_dim, act_dim, discrete = _task_dims(self.task)
-        self.actor = Actor(obs_dim, act_dim, int(_get(cfg, "actor.model.hidden_dim", 64)), discrete)
+        hidden = int(_get(cfg, "actor.model.hidden_dim", 64))
+        self.actor = Actor(obs_dim, act_dim, hidden, discrete).to(self.device)
         self.envs = gym.make_vec(
             self.task, num_envs=self.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
@@ -298,13 +307,14 @@ class Rollout:
         }
         returns: list[float] = []
         for t in range(T):
-            obs_t = torch.as_tensor(self.obs, dtype=torch.float32)
+            obs_t = torch.as_tensor(self.obs, dtype=torch.float32, device=self.device)
             dist = self.actor.dist(obs_t)
             action = dist.sample()
+            act_np = action.cpu().numpy()
             out["obs"][t] = self.obs
-            out["actions"][t] = action.numpy()
-            out["logp"][t] = self.actor.log_prob(dist, action).numpy()
-            self.obs, reward, term, trunc, info = self.envs.step(self.clip(action.numpy()))
+            out["actions"][t] = act_np
+            out["logp"][t] = self.actor.log_prob(dist, action).cpu().numpy()
+            self.obs, reward, term, trunc, info = self.envs.step(self.clip(act_np))
             out["rewards"][t], out["terminated"][t], out["truncated"][t] = reward, term, trunc
             self.ep_ret += reward
             for i in np.flatnonzero(np.logical_or(term, trunc)):
@@ -327,8 +337,9 @@ class Rollout:
             total = np.zeros(self.eval_envs)
             length = np.zeros(self.eval_envs)
             while not done.all():
-                action = self.actor.act_deterministic(torch.as_tensor(obs, dtype=torch.float32))
-                obs, reward, term, trunc, _ = envs.step(self.clip(action.numpy()))
+                obs_t = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+                action = self.actor.act_deterministic(obs_t).cpu().numpy()
+                obs, reward, term, trunc, _ = envs.step(self.clip(action))
                 total += np.where(done, 0.0, reward)
                 length += ~done
                 done |= np.logical_or(term, trunc)
@@ -337,9 +348,13 @@ class Rollout:
             envs.close()
 
 
-def _standalone(steps: int, task: str, rollouts: int, chunk: int) -> None:
+def _standalone(steps: int, task: str, rollouts: int, chunk: int, device: str = "cpu") -> None:
     """Trainer and rollouts in one process, weights copied by load_state_dict (a check without rlsync)."""
-    cfg = {"env": {"train": {"task": task, "total_num_envs": 16}, "eval": {"task": task}}}
+    cfg = {
+        "env": {"train": {"task": task, "total_num_envs": 16}, "eval": {"task": task}},
+        "actor": {"worker": {"device": device}},
+        "rollout": {"worker": {"device": device}},
+    }
     trainer = Trainer(cfg)
     workers = [Rollout(cfg, r, rollouts) for r in range(rollouts)]
     done_steps, start, it = 0, time.time(), 0
@@ -368,5 +383,6 @@ if __name__ == "__main__":
     p.add_argument("--task", default="Reacher-v5")
     p.add_argument("--rollouts", type=int, default=2)
     p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (trainer and rollouts)")
     a = p.parse_args()
-    _standalone(a.steps, a.task, a.rollouts, a.chunk)
+    _standalone(a.steps, a.task, a.rollouts, a.chunk, a.device)

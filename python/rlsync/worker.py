@@ -33,7 +33,15 @@ Your classes::
 
 Which tensors are synced: :func:`rlsync.param_names_need_sync` of ``model()`` (trainable parameters, tied
 aliases included, and persistent buffers); the rest of the state dict is aligned once at start-up. The model's
-tensors must stay CPU, contiguous and in place (optimizers update in place; do not rebind parameters).
+tensors must stay contiguous and in place (optimizers update in place; do not rebind parameters).
+
+Device: ``actor.worker.device`` / ``rollout.worker.device`` (``cpu`` by default, ``cuda`` or ``cuda:N``) is
+where the role's model lives. Before your class is built the worker checks that torch sees that GPU (a clear
+error otherwise; ``cuda:N`` becomes torch's current device), and after it is built it moves ``model()`` there
+(parameters keep their identity, so an optimizer made before still updates them; ``cpu`` moves nothing, it
+leaves ``model()`` where your code put it). Everything else is yours:
+read the same key from ``cfg`` (or call :func:`worker_device`) and put your other modules and your inputs on
+it; arrays a rollout returns may be CUDA tensors (they are copied to the host to travel).
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from . import _native
 from .checkpoint import TRAINER_STATE_FILE, _tensor, flatten_state, unflatten_state
 from .syncer import _describe, param_names_need_sync
 
-__all__ = ["main", "load_entry"]
+__all__ = ["main", "load_entry", "worker_device"]
 
 
 def load_entry(entry: str, role: str) -> Any:
@@ -74,12 +82,52 @@ def load_entry(entry: str, role: str) -> Any:
     return obj
 
 
+def worker_device(cfg: dict, role: str) -> Any:
+    """The ``torch.device`` of ``role``'s model (``"trainer"`` reads ``actor.worker.device``, ``"rollout"``
+    ``rollout.worker.device``; ``cpu`` when unset), checked: ``cuda`` needs a GPU that torch sees, ``cuda:N``
+    one of its GPUs (then made torch's current device). Raises ``ValueError`` / ``RuntimeError`` naming the key
+    and what is missing."""
+    import torch
+
+    section = "actor" if role == "trainer" else "rollout"
+    key = f"{section}.worker.device"
+    name = str(((cfg.get(section) or {}).get("worker") or {}).get("device") or "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{key}={name!r} is not a device: expected cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise RuntimeError(
+                f"{key}={name}: CUDA is not available to this worker (torch {torch.__version__}, {build}, "
+                f"reports torch.cuda.is_available() = False: no NVIDIA GPU or driver here); set {key}=cpu"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise RuntimeError(f"{key}={name}: torch sees {count} CUDA device(s) here (cuda:0 .. cuda:{count - 1})")
+        if device.index is not None:
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _host(value: Any) -> Any:
+    """An array a rollout returned, on the host: torch tensors (CUDA ones too) as numpy arrays."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        return value.detach().cpu().numpy()
+    return value.numpy() if hasattr(value, "numpy") else value
+
+
 def _arrays_out(arrays: dict) -> list[tuple[str, str, tuple[int, ...], bytes]]:
     if not isinstance(arrays, dict):
         raise TypeError(f"rollout() must return (dict of arrays, dict of stats), got {type(arrays).__name__}")
     out = []
     for name, value in arrays.items():
-        a = np.ascontiguousarray(value.numpy() if hasattr(value, "numpy") else value)
+        a = np.ascontiguousarray(_host(value))
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
             a = a.astype(a.dtype.newbyteorder("<"))
         dtype = a.dtype.str.replace("=", "<")
@@ -94,12 +142,22 @@ def _arrays_in(items: list) -> dict[str, np.ndarray]:
 class _Adapter:
     """What the native worker calls: uniform methods over the user's object."""
 
-    def __init__(self, user: Any, role: str) -> None:
+    def __init__(self, user: Any, role: str, device: Any = None) -> None:
         self.user = user
         self.role = role
         for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
             if not callable(getattr(user, method, None)):
                 raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
+        if device is not None and device.type != "cpu":
+            self._place(device)
+
+    def _place(self, device: Any) -> None:
+        """Move ``model()`` to ``device`` unless all of it is there (``Module.to`` keeps the parameters' identity:
+        it swaps their data)."""
+        model = self.user.model()
+        tensors = list(model.parameters()) + list(model.buffers())
+        if any(t.device != device for t in tensors):
+            model.to(device)
 
     def describe(self) -> tuple[list[tuple], list[str]]:
         model = self.user.model()
@@ -131,7 +189,7 @@ class _Adapter:
         if mean_return is None or not math.isfinite(float(mean_return)):
             # No episode finished in this chunk: the reward collected per env, as rlsync's own rollouts log.
             rewards = arrays.get("rewards")
-            rewards = np.asarray(rewards.numpy() if hasattr(rewards, "numpy") else rewards) if rewards is not None else None
+            rewards = np.asarray(_host(rewards)) if rewards is not None else None
             envs = rewards.shape[1] if rewards is not None and rewards.ndim >= 2 else 1
             mean_return = float(rewards.sum()) / envs if rewards is not None else 0.0
         return items, env_steps, float(mean_return)
@@ -186,12 +244,14 @@ def _factory(job_json: str, placement: dict) -> _Adapter:
     entry = (section.get("worker") or {}).get("entry")
     if not entry:
         raise ValueError(f"no {'actor' if role == 'trainer' else 'rollout'}.worker.entry in the job config")
+    # The device first: a GPU that is not there is named before the user's class runs.
+    device = worker_device(cfg, role)
     cls = load_entry(entry, role)
     if role == "trainer":
         user = cls(cfg)
     else:
         user = cls(cfg, placement["rank"], placement["rollouts"])
-    return _Adapter(user, role)
+    return _Adapter(user, role, device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -575,6 +575,84 @@ pub enum WorkerKind {
     Python,
 }
 
+/// `actor.worker.device` / `rollout.worker.device`: where a Python worker's model lives (`cpu` | `cuda` |
+/// `cuda:N`). Written as torch names it; `cuda` is torch's current device, `cuda:N` device N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkerDevice {
+    #[default]
+    Cpu,
+    /// `cuda` (`None`: torch's current device) or `cuda:N`.
+    Cuda(Option<u32>),
+}
+
+impl WorkerDevice {
+    /// The largest `N` of `cuda:N` accepted (more GPUs than any host has).
+    pub const MAX_INDEX: u32 = 1023;
+
+    pub fn is_cuda(self) -> bool {
+        matches!(self, WorkerDevice::Cuda(_))
+    }
+}
+
+impl fmt::Display for WorkerDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkerDevice::Cpu => f.write_str("cpu"),
+            WorkerDevice::Cuda(None) => f.write_str("cuda"),
+            WorkerDevice::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for WorkerDevice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<WorkerDevice, String> {
+        let bad = || format!("'{s}' is not a device: expected cpu, cuda or cuda:N (N a GPU index)");
+        match s {
+            "cpu" => Ok(WorkerDevice::Cpu),
+            "cuda" => Ok(WorkerDevice::Cuda(None)),
+            _ => {
+                let index = s.strip_prefix("cuda:").ok_or_else(bad)?;
+                if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                match index.parse::<u32>() {
+                    Ok(n) if n <= WorkerDevice::MAX_INDEX => Ok(WorkerDevice::Cuda(Some(n))),
+                    _ => Err(format!(
+                        "'{s}': GPU index out of range (at most {})",
+                        WorkerDevice::MAX_INDEX
+                    )),
+                }
+            }
+        }
+    }
+}
+
+impl Serialize for WorkerDevice {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for WorkerDevice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WorkerDevice, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = WorkerDevice;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a device: cpu, cuda or cuda:N")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<WorkerDevice, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+        d.deserialize_str(Visitor)
+    }
+}
+
 /// `actor.worker` / `rollout.worker` (config group `worker`: `builtin` | `python`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(default)]
@@ -582,6 +660,8 @@ pub struct WorkerConfig {
     pub kind: WorkerKind,
     /// python: `package.module:Attr` (or `package.module`, whose `Trainer`/`Rollout` is used).
     pub entry: Option<String>,
+    /// python: where the worker's model lives; the worker moves `model()` there before the first sync.
+    pub device: WorkerDevice,
     /// python: the interpreter (`None`: `$VIRTUAL_ENV/bin/python` when a venv is active, else `python3`).
     pub python: Option<PathBuf>,
     /// python: directories put in front of the worker's `sys.path`.
@@ -894,6 +974,17 @@ mod tests {
             Seconds::from_secs_f64(1.5).map(Seconds::get),
             Some(Duration::from_millis(1500))
         );
+    }
+
+    #[test]
+    fn a_worker_device_round_trips_through_json_as_torch_writes_it() {
+        for text in ["cpu", "cuda", "cuda:3"] {
+            let d: WorkerDevice = serde_json::from_str(&format!("\"{text}\"")).unwrap();
+            assert_eq!(serde_json::to_string(&d).unwrap(), format!("\"{text}\""));
+        }
+        assert!(serde_json::from_str::<WorkerDevice>("\"cuda:01x\"").is_err());
+        assert!(serde_json::from_str::<WorkerDevice>("1").is_err());
+        assert_eq!(WorkerConfig::default().device, WorkerDevice::Cpu);
     }
 
     #[test]

@@ -15,7 +15,9 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
-use super::schema::{Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerKind};
+use super::schema::{
+    Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerDevice, WorkerKind,
+};
 use hydra_compose::node::{Key, Node, Origin, Value};
 use hydra_compose::scalar::Scalar;
 
@@ -322,6 +324,16 @@ fn worker_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
         ("rollout", &cfg.rollout.worker),
     ] {
         if worker.kind != WorkerKind::Python {
+            if worker.device != WorkerDevice::Cpu {
+                problem(
+                    &format!("{role}.worker.device"),
+                    format!(
+                        "{}: only python workers (worker@{role}.worker=python) take a device; the builtin \
+                         worker runs on the CPU",
+                        worker.device
+                    ),
+                );
+            }
             continue;
         }
         match worker.entry.as_deref() {
@@ -1257,6 +1269,65 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("512 rollout workers is more than the 256 rlsync starts on one host"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_python_workers_device_is_typed_and_a_bad_one_is_named() {
+        let python = |device: &str| {
+            tree(&[
+                ("actor.worker.kind", s("python")),
+                ("actor.worker.entry", s("m")),
+                ("actor.worker.device", s(device)),
+                ("rollout.worker.kind", s("python")),
+                ("rollout.worker.entry", s("m")),
+            ])
+        };
+        for (text, want) in [
+            ("cpu", WorkerDevice::Cpu),
+            ("cuda", WorkerDevice::Cuda(None)),
+            ("cuda:0", WorkerDevice::Cuda(Some(0))),
+            ("cuda:7", WorkerDevice::Cuda(Some(7))),
+        ] {
+            let got = extract(&python(text)).expect(text).config;
+            assert_eq!(got.actor.worker.device, want, "{text}");
+            assert_eq!(got.rollout.worker.device, WorkerDevice::Cpu, "the default");
+            assert_eq!(want.to_string(), text, "displayed as written");
+        }
+        for bad in [
+            "gpu",
+            "cuda:",
+            "cuda:x",
+            "cuda:-1",
+            "cuda:+1",
+            "CUDA",
+            "cuda:99999",
+        ] {
+            let err = extract(&python(bad)).unwrap_err();
+            assert_eq!(err.problems.len(), 1, "{bad}: {err}");
+            let p = &err.problems[0];
+            assert_eq!(p.path, "actor.worker.device", "{bad}");
+            assert!(
+                p.message.contains(&format!("'{bad}'")),
+                "{bad}: {}",
+                p.message
+            );
+        }
+        let err = extract(&python("gpu")).unwrap_err();
+        assert!(
+            err.problems[0]
+                .message
+                .contains("expected cpu, cuda or cuda:N"),
+            "{err}"
+        );
+        let err = extract(&tree(&[("actor.worker.device", Value::int(0))])).unwrap_err();
+        assert_eq!(err.problems[0].path, "actor.worker.device");
+        // The builtin worker runs on the CPU: a device for it is refused, not ignored.
+        let err = extract(&tree(&[("rollout.worker.device", s("cuda"))])).unwrap_err();
+        assert_eq!(err.problems[0].path, "rollout.worker.device");
+        assert!(
+            err.problems[0].message.contains("only python workers"),
             "{err}"
         );
     }

@@ -124,7 +124,7 @@ impl Program {
 }
 
 /// `path` in front of the inherited `PYTHONPATH` (`None`: nothing to set, or an entry holds the separator).
-fn python_path(
+pub(crate) fn python_path(
     path: &[PathBuf],
     inherited: Option<std::ffi::OsString>,
 ) -> Option<std::ffi::OsString> {
@@ -143,7 +143,7 @@ fn python_path(
 }
 
 /// The active venv's interpreter (`$VIRTUAL_ENV/bin/python`), else `python3` from `PATH`.
-fn default_python() -> PathBuf {
+pub(crate) fn default_python() -> PathBuf {
     match std::env::var_os("VIRTUAL_ENV") {
         Some(venv) if !venv.is_empty() => PathBuf::from(venv).join("bin").join("python"),
         _ => PathBuf::from("python3"),
