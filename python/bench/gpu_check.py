@@ -294,8 +294,9 @@ def rlsync_pair(rlsync: Any, kind: str, device: str, **kw: Any) -> tuple[Any, An
     if kind == "patch":
         return (rlsync.PatchWeightSyncer(snapshot_device=device, **kw),
                 rlsync.PatchWeightSyncer(snapshot_device=device, **kw))
-    return (rlsync.BucketWeightSyncer(bucket_device=device, **kw),
-            rlsync.BucketWeightSyncer(bucket_device=device, **kw))
+    # Buckets of CUDA tensors are staged on the host (bucket_device='cuda', staging on the GPU, is not built yet).
+    return (rlsync.BucketWeightSyncer(bucket_device="cpu", **kw),
+            rlsync.BucketWeightSyncer(bucket_device="cpu", **kw))
 
 
 async def rlsync_init(tx: Any, rx: Any, tx_state: dict, rx_state: dict, link: Link) -> None:
@@ -1005,7 +1006,8 @@ async def main():
         dkey = "snapshot_device" if kind == "patch" else "bucket_device"
         make = rlsync.PatchWeightSyncer if kind == "patch" else rlsync.BucketWeightSyncer
         extra = {"init_sync_enabled": True} if kind == "patch" else {}
-        tx, rx = make(**{dkey: dev}, **extra), make(**{dkey: dev}, **extra)
+        where = dev if kind == "patch" else "cpu"  # bucket: host staging of CUDA tensors
+        tx, rx = make(**{dkey: where}, **extra), make(**{dkey: where}, **extra)
         await asyncio.gather(tx.init_sender(tx_sd, list(tx_sd), q_rx.put, q_tx.get), rx.init_receiver(rx_sd, q_rx.get, q_tx.put))
         for v in range(1, 4):
             with torch.no_grad():
