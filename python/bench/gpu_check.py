@@ -69,6 +69,7 @@ SCHEMA_VERSION = 1
 # Stage: (name, share of the budget in seconds at most, seconds it needs at least to start).
 STAGES: list[tuple[str, float, float]] = [
     ("env", 10, 1),
+    ("kernels", 30, 8),
     ("rooflines", 20, 5),
     ("density", 12, 3),
     ("timing_7b", 90, 20),
@@ -1099,8 +1100,62 @@ def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
+def stage_kernels(ctx: Ctx) -> dict[str, Any]:
+    """The committed PTX on the device, without the binding: scripts/kernel_check.cpp (driver API) checks every
+    kernel and width against its host model, then times diff_compact against a D2D copy; memcheck and
+    racecheck run its small mode when compute-sanitizer is there."""
+    if ctx.cpu:
+        raise Skip("--cpu: the kernels need a GPU (their CPU reference runs in cargo test)")
+    need_gpu(ctx)
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise Skip("no C++ compiler on PATH")
+    cuda_home = os.environ.get("CUDA_HOME") or ("/usr/local/cuda" if Path("/usr/local/cuda").exists() else None)
+    if cuda_home is None and shutil.which("nvcc"):
+        cuda_home = str(Path(shutil.which("nvcc")).resolve().parent.parent)
+    if cuda_home is None:
+        raise Skip("no CUDA toolkit (CUDA_HOME, /usr/local/cuda, nvcc)")
+    ptx = ROOT / "crates/rlsync-core/kernels/rlsync.ptx"
+    out: dict[str, Any] = {"ptx": str(ptx)}
+    with tempfile.TemporaryDirectory() as d:
+        exe = Path(d) / "kernel_check"
+        build = subprocess.run([cxx, "-O2", "-std=c++17", f"-I{cuda_home}/include", str(ROOT / "scripts/kernel_check.cpp"),
+                                "-o", str(exe), f"-L{cuda_home}/lib64/stubs", "-lcuda"],
+                               capture_output=True, text=True, timeout=60)
+        if build.returncode != 0:
+            return {"status": "failed", "note": "kernel_check did not build", "output_tail": build.stderr[-2000:]}
+        runs = [("check", [str(exe), str(ptx)])]
+        tool = shutil.which("compute-sanitizer")
+        if tool:
+            runs += [(f"sanitizer_{t}", [tool, "--tool", t, "--error-exitcode", "3", str(exe), str(ptx), "--small"])
+                     for t in ("memcheck", "racecheck")]
+        failed = False
+        for name, cmd in runs:
+            limit = max(3.0, ctx.left() - 1)
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            except subprocess.TimeoutExpired:
+                out[name] = {"status": "timeout", "limit_s": limit}
+                failed = True
+                break
+            lines = []
+            for line in p.stdout.splitlines():
+                try:
+                    lines.append(json.loads(line))
+                except ValueError:
+                    pass
+            summary = [x for x in (p.stdout + p.stderr).splitlines() if "ERROR SUMMARY" in x or "RACECHECK SUMMARY" in x]
+            out[name] = {"returncode": p.returncode, "results": lines, "summary": summary[-1:] or None,
+                         "stderr_tail": p.stderr[-1500:]}
+            failed |= p.returncode != 0
+    if failed:
+        out["status"] = "failed"
+    return out
+
+
 STAGE_FNS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "env": stage_env,
+    "kernels": stage_kernels,
     "rooflines": stage_rooflines,
     "density": stage_density,
     "timing_7b": stage_timing_7b,

@@ -570,7 +570,15 @@ impl NativeSyncer {
     /// Sizes and timings of the last finished operation, as a dict (empty before the first).
     fn last_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        if let Some(r) = &lock(&self.inner).report {
+        let g = lock(&self.inner);
+        if let Some(r) = &g.report {
+            // Where the tensors were: "cpu", "cuda (host staging)" or "cuda (device build/install)".
+            let device = match &g.device {
+                None => "cpu",
+                Some(_) if device::on_device(&g.device) => "cuda (device build/install)",
+                Some(_) => "cuda (host staging)",
+            };
+            d.set_item("device", device)?;
             d.set_item("version", r.version)?;
             d.set_item("kind", r.kind.name())?;
             d.set_item("payload_bytes", r.payload_bytes)?;

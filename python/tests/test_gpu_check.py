@@ -10,7 +10,7 @@ import sys
 
 from python_runs import BIN, ROOT, environment
 
-STAGES = ["env", "rooflines", "density", "timing_7b", "correctness", "gym_ppo", "sanitizer"]
+STAGES = ["env", "kernels", "rooflines", "density", "timing_7b", "correctness", "gym_ppo", "sanitizer"]
 
 
 def run_check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
@@ -57,6 +57,7 @@ def test_the_cpu_dry_run_writes_every_stage_and_its_checks_pass(tmp_path):
         assert run["corrupt_rejected"] and run["corrupt_receiver_untouched"], run
         assert run["intact_after_corrupt_applied"], run
     assert runs[("patch", "cpu")]["empty_patch_checks"] == 3
+    assert r["stages"]["kernels"]["status"] == "skipped" and "GPU" in r["stages"]["kernels"]["note"]
     assert r["stages"]["sanitizer"]["status"] == "skipped"
     assert "GPU" in r["stages"]["sanitizer"]["note"]
     gym = r["stages"]["gym_ppo"]
