@@ -16,7 +16,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use super::compact::{self, CollectReport, Layout, TileDir};
-use super::{Arg, DeviceBuf, DeviceState, Gpu, Kernel, PinnedBuf, Stream};
+use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
@@ -82,9 +82,25 @@ struct WidthBufs {
     dir: DeviceBuf,
     dir_host: PinnedBuf,
     idx: DeviceBuf,
-    idx_host: PinnedBuf,
     vals: DeviceBuf,
-    vals_host: PinnedBuf,
+    /// Pinned staging of the listed changes, grown to what builds list (pinning is slow: never the pool's
+    /// whole capacity up front).
+    idx_host: Option<PinnedBuf>,
+    vals_host: Option<PinnedBuf>,
+}
+
+/// The first `len` bytes of a staging buffer (none before the first build lists a change).
+fn staged(buf: &Option<PinnedBuf>, len: usize) -> &[u8] {
+    buf.as_ref().map_or(&[][..], |b| &b[..len.min(b.len())])
+}
+
+/// `buf` holds at least `len` bytes (reallocated with a quarter of headroom when it does not).
+fn ensure(gpu: &Gpu, buf: &mut Option<PinnedBuf>, len: usize) -> Result<(), GpuError> {
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        *buf = None; // free the smaller one first
+        *buf = Some(gpu.pinned(len + len / 4)?);
+    }
+    Ok(())
 }
 
 /// 64-bit values per change of a width (old and new as two words for 8-byte elements).
@@ -148,9 +164,9 @@ impl GpuDiffer {
                 dir: gpu.alloc(dir_bytes)?,
                 dir_host: gpu.pinned(dir_bytes)?,
                 idx: gpu.alloc(idx_bytes)?,
-                idx_host: gpu.pinned(idx_bytes)?,
                 vals: gpu.alloc(vals_bytes)?,
-                vals_host: gpu.pinned(vals_bytes)?,
+                idx_host: None,
+                vals_host: None,
             });
         }
         Ok(Ready {
@@ -252,12 +268,18 @@ impl PatchBuilder for GpuDiffer {
                 n * 4,
                 n * 8 * words(wb.width),
             );
-            // SAFETY: device buffers of at least these sizes (n ≤ capacity) copied into pinned buffers of the
-            // same sizes, untouched until the sync below.
+            ensure(gpu, &mut wb.idx_host, idx_len)?;
+            ensure(gpu, &mut wb.vals_host, vals_len)?;
+            let (Some(idx_host), Some(vals_host)) = (wb.idx_host.as_mut(), wb.vals_host.as_mut())
+            else {
+                return Err(mismatch("the staging buffers were not allocated".into()));
+            };
+            // SAFETY: device buffers of at least these sizes (n ≤ capacity) copied into pinned buffers at
+            // least as large, untouched until the sync below.
             unsafe {
                 gpu.read_async(wb.dir_host.as_mut_ptr(), wb.dir.addr(), dir_len, stream)?;
-                gpu.read_async(wb.idx_host.as_mut_ptr(), wb.idx.addr(), idx_len, stream)?;
-                gpu.read_async(wb.vals_host.as_mut_ptr(), wb.vals.addr(), vals_len, stream)?;
+                gpu.read_async(idx_host.as_mut_ptr(), wb.idx.addr(), idx_len, stream)?;
+                gpu.read_async(vals_host.as_mut_ptr(), wb.vals.addr(), vals_len, stream)?;
             }
             listed.push((dir_len, idx_len, vals_len));
         }
@@ -268,9 +290,9 @@ impl PatchBuilder for GpuDiffer {
         for (wb, &(dir_len, idx_len, vals_len)) in ready.widths.iter().zip(&listed) {
             let dir = compact::view::<TileDir>(&wb.dir_host[..dir_len])
                 .map_err(|e| mismatch(e.to_string()))?;
-            let idx = compact::view::<u32>(&wb.idx_host[..idx_len])
+            let idx = compact::view::<u32>(staged(&wb.idx_host, idx_len))
                 .map_err(|e| mismatch(e.to_string()))?;
-            let vals = compact::view::<u64>(&wb.vals_host[..vals_len])
+            let vals = compact::view::<u64>(staged(&wb.vals_host, vals_len))
                 .map_err(|e| mismatch(e.to_string()))?;
             let r = compact::collect(&ready.layout, wb.width, dir, idx, vals, built, threads)
                 .map_err(|e| mismatch(e.to_string()))?;
