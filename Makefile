@@ -60,13 +60,15 @@ python: venv
 # the Hydra conformance kit, then the Python package's tests (last, so CI's last line is pytest's summary).
 test: lint test-ptx test-rust conformance test-python
 
-# rustfmt.toml's style, and clippy with warnings as errors on every target of every crate of the workspace.
+# rustfmt.toml's style, and clippy with warnings as errors on every target of every crate of the workspace
+# (the shipped feature set: rlsync-core with `cuda`), then rlsync-core alone without it (the GPU dummy).
 lint: venv
 	$(CARGO) fmt --all --check
 	$(TORCH_ENV) $(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
+	$(CARGO) clippy -p rlsync-core --all-targets --release --locked -- -D warnings
 
 # Every crate's unit tests and integration tests in one cargo invocation (the learner's runs need both
-# binaries, which `build` makes). cargo-nextest, where installed, runs them with per-test timings and the slow
+# binaries, which `build` makes), then rlsync-core's GPU tests in a build without `cuda` (the dummy's errors). cargo-nextest, where installed, runs them with per-test timings and the slow
 # ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
 test-rust: build
 	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync --example held_worker
@@ -76,6 +78,7 @@ test-rust: build
 	else \
 		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python; \
 	fi
+	$(CARGO) test --release --locked -p rlsync-core --lib gpu::
 
 # The conformance kit (2720 process starts) runs against the shipped `rlsync`.
 conformance: build
