@@ -877,10 +877,21 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             for p, name in zip(master, params):
                 params[name].copy_(p)
 
+    # Patch on the GPU: a CPU twin sender syncs host copies of the same states; its payloads must be the GPU
+    # sender's bytes exactly (the device build feeds the same encoder).
+    twin_syncs = 5 if (kind == "patch" and not ctx.cpu) else 0
+    twin_state = {k: v.detach().cpu().clone() for k, v in params.items()} if twin_syncs else {}
+
     async def main() -> None:
         await rlsync_init(tx, rx, params, rx_state, link)
         if kind == "patch" and not states_equal(params, rx_state):
             failures.append("after init (init_sync bootstrap) the receiver differs from the sender")
+        twin, twin_link = None, Link()
+        if twin_syncs:
+            twin, twin_rx = rlsync.PatchWeightSyncer(**kw), rlsync.PatchWeightSyncer(**kw)
+            await rlsync_init(twin, twin_rx, twin_state, {k: v.clone() for k, v in twin_state.items()}, twin_link)
+            twin_link.drain()
+        res["bytes_equal_cpu_twin"] = []
         version, done, empty_checks, t_sync = 0, 0, 0, []
         for i in range(syncs):
             if time.monotonic() > until and done > 0:
@@ -889,6 +900,17 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             version += 1
             t0 = time.perf_counter()
             await tx.sync(params, link.send, version)
+            if twin is not None and i < twin_syncs:
+                sent = link.drain()
+                for p in sent:
+                    await link.to_rx.put(p)
+                for k, v in params.items():
+                    twin_state[k].copy_(v)
+                await twin.sync(twin_state, twin_link.send, version)
+                same = [bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(sent, twin_link.drain())]
+                res["bytes_equal_cpu_twin"].append(bool(same) and all(same))
+                if not (same and all(same)):
+                    failures.append(f"sync {version}: the GPU sender's payload differs from the CPU sender's")
             got = await rx.apply(rx_state, link.recv)
             ctx.sync()
             t_sync.append(time.perf_counter() - t0)
