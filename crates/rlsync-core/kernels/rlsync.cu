@@ -36,7 +36,8 @@
 //     element by element into a shift register of words (a rolled loop; the fully unrolled one kept 32
 //     loads in flight and set the register high-water mark of the whole kernel). `__launch_bounds__` asks
 //     for 5 / 4 / 4 / 2 blocks of 256 threads per SM for W = 1 / 2 / 4 / 8 (<= 48 / 64 / 64 / 128
-//     registers); ptxas (nvJitLink 13.5, sm_90) fits 48 / 64 / 64 / 110 with no spills. With pipelining,
+//     registers); ptxas for sm_90 fits 48 / 64 / 62 / 96 with no spills (the same from NVRTC 12.4 and 13.0 from
+//     source, and nvJitLink 13.5 from the committed PTX: 48 / 64 / 61 / 94). With pipelining,
 //     bytes in flight per SM: W = 1: 5 * 256 * 32 = 40 KiB, W = 2: 4 * 256 * 64 = 64 KiB, all the time.
 //   * The state is read with `ld.global.cs.nc` (evict-first in L1 and L2: read once), so it does not push
 //     the snapshot's lines out of L2 before their changed elements are written back into them.
@@ -302,20 +303,22 @@ __device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u
                                              u32* __restrict__ idx, u64* __restrict__ vals, u64 capacity,
                                              unsigned long long* cursor, TileDir* __restrict__ dir) {
     typedef typename WordOf<W>::T T;
-    if (njobs == 0 || blockIdx.x >= ntiles) return;
+    if (njobs == 0 || blockIdx.x >= ntiles) return;  // (uniform per block)
     __shared__ u32 warp_total[RLSYNC_BLOCK / 32];
     __shared__ u64 tile_offset;  // the tile's place in the pool, or ~0 when it overflowed
     const u32 tid = threadIdx.x;
     const u32 lane = tid & 31u;
     const u32 warp = tid >> 5;
     u32 j = 0;
-    u64 tile = blockIdx.x;
     Fetched<W> f;
-    fetch<W>(jobs, njobs, ntiles, tile, j, f);
-    for (;;) {
-        const u64 next = tile + gridDim.x;
+    if constexpr (PIPELINE) fetch<W>(jobs, njobs, ntiles, blockIdx.x, j, f);
+    for (u64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         Fetched<W> nf;
-        if constexpr (PIPELINE) fetch<W>(jobs, njobs, ntiles, next, j, nf);
+        if constexpr (PIPELINE) {
+            fetch<W>(jobs, njobs, ntiles, tile + gridDim.x, j, nf);  // in flight during this tile's work
+        } else {
+            fetch<W>(jobs, njobs, ntiles, tile, j, f);
+        }
         const u32 mask = change_mask<W>(f.cur, f.old);
         if (mask != 0) {
             // Changed elements into the snapshot (also in tiles that overflow the pool).
@@ -375,13 +378,7 @@ __device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u
         }
         // The next tile's writes to warp_total and tile_offset come after its first barrier, which every
         // thread reaches only after reading this tile's values.
-        if (next >= ntiles) break;
-        tile = next;
-        if constexpr (PIPELINE) {
-            f = nf;
-        } else {
-            fetch<W>(jobs, njobs, ntiles, tile, j, f);
-        }
+        if constexpr (PIPELINE) f = nf;
     }
 }
 
