@@ -29,16 +29,18 @@
 //     before the current tile's compare, scan, reservation and writes (`fetch` into a second set of
 //     registers), so each thread always has a tile's loads in flight. The loads are `volatile` asm so the
 //     compiler keeps that order (checked in the sm_90 SASS: the next tile's LDG.128s precede the current
-//     tile's compare, BAR.SYNC and ATOMG). W = 4 and 8 hold 64 and 128 bytes per thread per tile, enough
-//     in flight without it, and would lose occupancy to the second register set: they load after the writes.
+//     tile's compare, BAR.SYNC and ATOMG). W = 4 and 8 load 64 and 128 bytes per side per thread per tile,
+//     enough in flight without it, and would lose occupancy to a second register set (W = 8 spills at 3
+//     blocks per SM already): they load after the writes, as before.
 //   * Fewer registers: a thread's elements stay packed in 32-bit words (`Run`, 4 * W words per side)
 //     instead of one register per element, and the scalar path (unaligned tensors, tensor ends) loads
-//     element by element into a shift register of words (a rolled loop; the fully unrolled one kept 32
-//     loads in flight and set the register high-water mark of the whole kernel). `__launch_bounds__` asks
-//     for 5 / 4 / 4 / 2 blocks of 256 threads per SM for W = 1 / 2 / 4 / 8 (<= 48 / 64 / 64 / 128
-//     registers); ptxas for sm_90 fits 48 / 64 / 62 / 96 with no spills (the same from NVRTC 12.4 and 13.0 from
-//     source, and nvJitLink 13.5 from the committed PTX: 48 / 64 / 61 / 94). With pipelining,
-//     bytes in flight per SM: W = 1: 5 * 256 * 32 = 40 KiB, W = 2: 4 * 256 * 64 = 64 KiB, all the time.
+//     element by element into a shift register of words (a rolled loop, 4 loads in flight: slower per
+//     element, but the fully unrolled one kept 32 loads in flight and set the register high-water mark of
+//     the whole kernel). `__launch_bounds__` asks for 5 / 4 / 4 / 2 blocks of 256 threads per SM for
+//     W = 1 / 2 / 4 / 8 (<= 48 / 64 / 64 / 128 registers); ptxas for sm_90 fits 48 / 64 / 62 / 96 with no
+//     spills (NVRTC 12.4 and 13.0 from the source; nvJitLink 13.5 from the committed PTX: 48 / 64 / 61 /
+//     94). Bytes in flight per SM with pipelining: W = 1: 5 * 256 * 32 = 40 KiB, W = 2: 4 * 256 * 64 =
+//     64 KiB, nearly all the time.
 //   * The state is read with `ld.global.cs.nc` (evict-first in L1 and L2: read once), so it does not push
 //     the snapshot's lines out of L2 before their changed elements are written back into them.
 //   * find_job checks the previous job first (one load, not a binary search of dependent loads per tile).
@@ -228,7 +230,9 @@ __device__ __forceinline__ void load16(const u8* p, bool vec, bool readonly, u64
                 out.w[4 * W - 1] = (u32)x;
             } else {
 #pragma unroll
-                for (int i = 0; i + 1 < 4 * W; ++i) out.w[i] = (out.w[i] >> (8 * W)) | (out.w[i + 1] << (32 - 8 * W));
+                for (int i = 0; i + 1 < 4 * W; ++i) {
+                    out.w[i] = (out.w[i] >> (8 * W)) | (out.w[i + 1] << (32 - 8 * W));
+                }
                 out.w[4 * W - 1] = (out.w[4 * W - 1] >> (8 * W)) | ((u32)x << (32 - 8 * W));
             }
         }
@@ -267,8 +271,8 @@ template <int W> struct Fetched {
 // Find `tile`'s job (updating `j`) and load this thread's 16 elements of it. A tile at or past `ntiles`
 // or past its tensor's end (a malformed table) loads nothing: it changes nothing and lists nothing.
 template <int W>
-__device__ __forceinline__ void fetch(const DiffJob* __restrict__ jobs, u32 njobs, u64 ntiles, u64 tile, u32& j,
-                                      Fetched<W>& f) {
+__device__ __forceinline__ void fetch(const DiffJob* __restrict__ jobs, u32 njobs, u64 ntiles, u64 tile,
+                                      u32& j, Fetched<W>& f) {
     j = find_job(&jobs[0].first_tile, sizeof(DiffJob) / 8, j, njobs, tile);
     const DiffJob job = jobs[j];
     const u64 t = tile - job.first_tile;                                 // tile within its tensor
