@@ -18,6 +18,32 @@
 //   the tile's place in the output pool with one 64-bit atomicAdd (none when nothing changed) and writes the
 //   tile's directory entry; a tile that does not fit the pool is flagged OVERFLOW and writes no entries (the
 //   host sends its segment dense). The pool is in reservation order, the directory restores tile order.
+// - diff_compact's speed (issue 24, s10/gpu-tune; the first version measured 1.61x / 1.80x a D2D copy for
+//   bf16 at 1 % / 3 % on an H100, 2.68x for 1-byte elements, docs/measurements.md). The first version did
+//   one tile at a time per block: loads, then compare, scan, barrier, the tile's atomic, barrier, writes,
+//   and only then the next tile's loads, so the memory pipe idled while a block waited on its barriers and
+//   atomic, with few blocks per SM (80 registers: 3 blocks) and only 32 (W = 1) or 64 (W = 2) bytes per
+//   thread to hide it. What changed, output unchanged (same directory, same entries per tile in the same
+//   order, one reservation per tile, same snapshot writes):
+//   * W = 1 and 2 are software-pipelined: the next tile's (tile + gridDim.x) job lookup and loads are issued
+//     before the current tile's compare, scan, reservation and writes (`fetch` into a second set of
+//     registers), so each thread always has a tile's loads in flight. The loads are `volatile` asm so the
+//     compiler keeps that order (checked in the sm_90 SASS: the next tile's LDG.128s precede the current
+//     tile's compare, BAR.SYNC and ATOMG). W = 4 and 8 load 64 and 128 bytes per side per thread per tile,
+//     enough in flight without it, and would lose occupancy to a second register set (W = 8 spills at 3
+//     blocks per SM already): they load after the writes, as before.
+//   * Fewer registers: a thread's elements stay packed in 32-bit words (`Run`, 4 * W words per side)
+//     instead of one register per element, and the scalar path (unaligned tensors, tensor ends) loads
+//     element by element into a shift register of words (a rolled loop, 4 loads in flight: slower per
+//     element, but the fully unrolled one kept 32 loads in flight and set the register high-water mark of
+//     the whole kernel). `__launch_bounds__` asks for 5 / 4 / 4 / 2 blocks of 256 threads per SM for
+//     W = 1 / 2 / 4 / 8 (<= 48 / 64 / 64 / 128 registers); ptxas for sm_90 fits 48 / 64 / 62 / 96 with no
+//     spills (NVRTC 12.4 and 13.0 from the source; nvJitLink 13.5 from the committed PTX: 48 / 64 / 61 /
+//     94). Bytes in flight per SM with pipelining: W = 1: 5 * 256 * 32 = 40 KiB, W = 2: 4 * 256 * 64 =
+//     64 KiB, nearly all the time.
+//   * The state is read with `ld.global.cs.nc` (evict-first in L1 and L2: read once), so it does not push
+//     the snapshot's lines out of L2 before their changed elements are written back into them.
+//   * find_job checks the previous job first (one load, not a binary search of dependent loads per tile).
 // - scatter: one thread per change (grid-stride), its job found by binary search over the jobs' prefix sums.
 // - apply_compact: diff_compact's tiles again: a block walks one tile's directory entry and writes its
 //   entries (or copies an OVERFLOW tile densely from the sender's snapshot).
@@ -75,7 +101,11 @@ template <> struct WordOf<8> { typedef u64 T; };
 
 // The last job whose `first_tile` is <= tile, searching jobs[lo..n) (lo is a job known to start at or
 // before the tile). Jobs of empty tensors share their first tile with the next job; the last one wins.
+// Fast path first: a grid-stride walk mostly stays in the job it was in (jobs[lo + 1] starts past the
+// tile), one load instead of a binary search of dependent loads; the answer is the same (the table is
+// sorted, so no later job can start at or before the tile either).
 __device__ __forceinline__ u32 find_job(const u64* first_of, u32 stride_words, u32 lo, u32 n, u64 tile) {
+    if (lo + 1 >= n || first_of[(u64)(lo + 1) * stride_words] > tile) return lo;
     u32 hi = n;  // invariant: first(lo) <= tile (or lo == 0), first(hi) > tile (or hi == n)
     while (hi - lo > 1) {
         u32 mid = lo + (hi - lo) / 2;
@@ -88,14 +118,20 @@ __device__ __forceinline__ u32 find_job(const u64* first_of, u32 stride_words, u
     return lo;
 }
 
+// -- global-memory access helpers (begin) --
 // Global-memory accesses through pointers that arrive as integers (the job tables): the compiler cannot
-// infer their address space, so these name it (`ld.global`, not a generic `ld`). State is read-only during
-// diff_compact (the non-coherent path, `.nc`); the snapshot is read then written by the same thread.
+// infer their address space, so these name it (`ld.global`, not a generic `ld`). All are `volatile`, so
+// the compiler keeps them in program order: diff_compact issues the next tile's loads before the current
+// tile's scan, reservation and writes, and that order must survive compilation.
+// - State: read-only during diff_compact and read once: the non-coherent path with the streaming cache
+//   operator (`ld.global.cs.nc`: evict-first in L1 and L2, so the state does not push the snapshot's lines
+//   out of L2 before their changed elements are written back into them).
+// - Snapshot: read, then its changed elements written, by the same thread: a plain `ld.global`.
 __device__ __forceinline__ Vec16 ld_v4(const void* p, bool readonly) {
     Vec16 v;
     if (readonly) {
-        asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
-            : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p));
+        asm volatile("ld.global.cs.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p));
     } else {
         asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                      : "=r"(v.a), "=r"(v.b), "=r"(v.c), "=r"(v.d) : "l"(p) : "memory");
@@ -139,37 +175,78 @@ template <> __device__ __forceinline__ void st_scalar<u64>(u64* p, u64 v) {
     asm volatile("st.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
+// -- global-memory access helpers (end) --
+
+// One thread's 16 consecutive elements of a tile as raw little-endian 32-bit words (16 * W bytes = 4 * W
+// words): element k of width W < 8 is bits [8 * W * k % 32, ...) of word W * k / 4, of width 8 words 2k and
+// 2k + 1. Kept packed, so a tile in flight costs 4 * W registers per side.
+template <int W> struct Run {
+    u32 w[4 * W];
+};
+
+// Element k of a run, zero-extended.
+template <int W> __device__ __forceinline__ u64 element(const Run<W>& r, int k) {
+    if constexpr (W == 8) {
+        return (u64)r.w[2 * k] | ((u64)r.w[2 * k + 1] << 32);
+    } else if constexpr (W == 4) {
+        return (u64)r.w[k];
+    } else {
+        return (u64)((r.w[(k * W) / 4] >> ((k * W * 8) % 32)) & ((1u << (8 * W)) - 1u));
+    }
+}
+
 // Load 16 consecutive elements at `p` (element index `i0` of a tensor of `numel`): vectors when `vec`
 // (aligned and whole), scalars otherwise; elements past `numel` read as 0 on both sides, so never differ.
 template <int W>
-__device__ __forceinline__ void load16(const u8* p, bool vec, bool readonly, u64 i0, u64 numel,
-                                       typename WordOf<W>::T (&out)[RLSYNC_PER_THREAD]) {
+__device__ __forceinline__ void load16(const u8* p, bool vec, bool readonly, u64 i0, u64 numel, Run<W>& out) {
     typedef typename WordOf<W>::T T;
     if (vec) {
-        u32 w[4 * W];
 #pragma unroll
         for (int v = 0; v < W; ++v) {
             const Vec16 x = ld_v4(p + 16 * v, readonly);
-            w[4 * v + 0] = x.a;
-            w[4 * v + 1] = x.b;
-            w[4 * v + 2] = x.c;
-            w[4 * v + 3] = x.d;
-        }
-#pragma unroll
-        for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
-            if (W == 8) {
-                out[k] = (T)((u64)w[2 * k] | ((u64)w[2 * k + 1] << 32));
-            } else {
-                out[k] = (T)(w[(k * W) / 4] >> ((k * W * 8) % 32));
-            }
+            out.w[4 * v + 0] = x.a;
+            out.w[4 * v + 1] = x.b;
+            out.w[4 * v + 2] = x.c;
+            out.w[4 * v + 3] = x.d;
         }
     } else {
+        // Rare (an unaligned tensor, the thread at a tensor's end): element by element into a shift
+        // register of words (each element enters at the top, the earlier ones move down by W bytes), a
+        // loop of constant register indices that needs no register per element in flight.
         const T* e = reinterpret_cast<const T*>(p);
 #pragma unroll
+        for (int k = 0; k < 4 * W; ++k) out.w[k] = 0;
+#pragma unroll 4
         for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
-            out[k] = (i0 + k < numel) ? ld_scalar<T>(e + k) : (T)0;
+            const u64 x = (i0 + k < numel) ? (u64)ld_scalar<T>(e + k) : 0ull;
+            if constexpr (W == 8) {
+#pragma unroll
+                for (int i = 0; i + 2 < 4 * W; ++i) out.w[i] = out.w[i + 2];
+                out.w[4 * W - 2] = (u32)x;
+                out.w[4 * W - 1] = (u32)(x >> 32);
+            } else if constexpr (W == 4) {
+#pragma unroll
+                for (int i = 0; i + 1 < 4 * W; ++i) out.w[i] = out.w[i + 1];
+                out.w[4 * W - 1] = (u32)x;
+            } else {
+#pragma unroll
+                for (int i = 0; i + 1 < 4 * W; ++i) {
+                    out.w[i] = (out.w[i] >> (8 * W)) | (out.w[i + 1] << (32 - 8 * W));
+                }
+                out.w[4 * W - 1] = (out.w[4 * W - 1] >> (8 * W)) | ((u32)x << (32 - 8 * W));
+            }
         }
     }
+}
+
+// The 16-bit change mask of a thread's run: bit k = element k's bit patterns differ.
+template <int W> __device__ __forceinline__ u32 change_mask(const Run<W>& cur, const Run<W>& old) {
+    u32 mask = 0;
+#pragma unroll
+    for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
+        mask |= (u32)(element<W>(cur, k) != element<W>(old, k)) << k;
+    }
+    return mask;
 }
 
 // Inclusive scan of `x` over the warp.
@@ -182,44 +259,77 @@ __device__ __forceinline__ u32 warp_inclusive(u32 x, u32 lane) {
     return x;
 }
 
+// One thread's share of a tile, loaded and waiting to be compared: its state and snapshot words, where
+// its snapshot run lives (0: the thread owns no element of the tile, the words are 0 on both sides) and
+// the segment-relative index of its first element.
+template <int W> struct Fetched {
+    Run<W> cur, old;
+    u64 snap;
+    u32 rel;
+};
+
+// Find `tile`'s job (updating `j`) and load this thread's 16 elements of it. A tile at or past `ntiles`
+// or past its tensor's end (a malformed table) loads nothing: it changes nothing and lists nothing.
 template <int W>
+__device__ __forceinline__ void fetch(const DiffJob* __restrict__ jobs, u32 njobs, u64 ntiles, u64 tile,
+                                      u32& j, Fetched<W>& f) {
+    j = find_job(&jobs[0].first_tile, sizeof(DiffJob) / 8, j, njobs, tile);
+    const DiffJob job = jobs[j];
+    const u64 t = tile - job.first_tile;                                 // tile within its tensor
+    const u64 start = t * RLSYNC_TILE;                                   // its first element
+    const u64 i0 = start + (u64)threadIdx.x * RLSYNC_PER_THREAD;         // this thread's first element
+    const bool in_table = tile < ntiles && tile >= job.first_tile && start < job.numel;
+    f.rel = (u32)((t % RLSYNC_SEGMENT_TILES) * RLSYNC_TILE + threadIdx.x * RLSYNC_PER_THREAD);
+    if (in_table && i0 < job.numel) {
+        const bool whole = i0 + RLSYNC_PER_THREAD <= job.numel;
+        const bool aligned = ((job.state | job.snap) & 15u) == 0;
+        const u8* sp = reinterpret_cast<const u8*>(job.state) + i0 * W;
+        const u8* np = reinterpret_cast<const u8*>(job.snap) + i0 * W;
+        load16<W>(sp, whole && aligned, true, i0, job.numel, f.cur);
+        load16<W>(np, whole && aligned, false, i0, job.numel, f.old);
+        f.snap = reinterpret_cast<u64>(np);
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4 * W; ++k) {
+            f.cur.w[k] = 0;
+            f.old.w[k] = 0;
+        }
+        f.snap = 0;
+    }
+}
+
+// `PIPELINE`: the next tile's loads are issued before this tile's compare, scan, reservation and writes,
+// so every thread keeps a tile of loads in flight while its block waits on barriers and the tile's
+// atomic (twice the registers for the loaded words: used for W <= 2, whose 16 elements are 32 bytes or
+// less per side; W = 4 and 8 keep their occupancy instead and load after the writes).
+template <int W, bool PIPELINE>
 __device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u32 njobs, u64 ntiles,
                                              u32* __restrict__ idx, u64* __restrict__ vals, u64 capacity,
                                              unsigned long long* cursor, TileDir* __restrict__ dir) {
     typedef typename WordOf<W>::T T;
-    if (njobs == 0) return;
+    if (njobs == 0 || blockIdx.x >= ntiles) return;  // (uniform per block)
     __shared__ u32 warp_total[RLSYNC_BLOCK / 32];
     __shared__ u64 tile_offset;  // the tile's place in the pool, or ~0 when it overflowed
     const u32 tid = threadIdx.x;
     const u32 lane = tid & 31u;
     const u32 warp = tid >> 5;
     u32 j = 0;
+    Fetched<W> f;
+    if constexpr (PIPELINE) fetch<W>(jobs, njobs, ntiles, blockIdx.x, j, f);
     for (u64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-        j = find_job(&jobs[0].first_tile, sizeof(DiffJob) / 8, j, njobs, tile);
-        const DiffJob job = jobs[j];
-        const u64 t = tile - job.first_tile;                    // tile within its tensor
-        const u64 start = t * RLSYNC_TILE;                      // its first element
-        const u64 i0 = start + (u64)tid * RLSYNC_PER_THREAD;    // this thread's first element
-        // A malformed table (a tile past its tensor's end) changes nothing and lists nothing.
-        const bool in_table = tile >= job.first_tile && start < job.numel;
-        T cur[RLSYNC_PER_THREAD], old[RLSYNC_PER_THREAD];
-        u32 mask = 0;
-        if (in_table && i0 < job.numel) {
-            const bool whole = i0 + RLSYNC_PER_THREAD <= job.numel;
-            const bool aligned = ((job.state | job.snap) & 15u) == 0;
-            const u8* sp = reinterpret_cast<const u8*>(job.state) + i0 * W;
-            u8* np = reinterpret_cast<u8*>(job.snap) + i0 * W;
-            load16<W>(sp, whole && aligned, true, i0, job.numel, cur);
-            load16<W>(np, whole && aligned, false, i0, job.numel, old);
-#pragma unroll
-            for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
-                mask |= (u32)(cur[k] != old[k]) << k;  // elements past numel read 0 on both sides
-            }
+        Fetched<W> nf;
+        if constexpr (PIPELINE) {
+            fetch<W>(jobs, njobs, ntiles, tile + gridDim.x, j, nf);  // in flight during this tile's work
+        } else {
+            fetch<W>(jobs, njobs, ntiles, tile, j, f);
+        }
+        const u32 mask = change_mask<W>(f.cur, f.old);
+        if (mask != 0) {
             // Changed elements into the snapshot (also in tiles that overflow the pool).
-            T* snap = reinterpret_cast<T*>(np);
+            T* snap = reinterpret_cast<T*>(f.snap);
 #pragma unroll
             for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
-                if (mask & (1u << k)) st_scalar<T>(snap + k, cur[k]);
+                if (mask & (1u << k)) st_scalar<T>(snap + k, (T)element<W>(f.cur, k));
             }
         }
         const u32 n = __popc(mask);
@@ -255,18 +365,16 @@ __device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u
         __syncthreads();
         const u64 off = tile_offset;
         if (mask != 0 && off != ~0ull) {
-            // Segment-relative index of this thread's first element.
-            const u32 rel = (u32)((t % RLSYNC_SEGMENT_TILES) * RLSYNC_TILE + tid * RLSYNC_PER_THREAD);
             u64 e = off + rank;
 #pragma unroll
             for (int k = 0; k < (int)RLSYNC_PER_THREAD; ++k) {
                 if (mask & (1u << k)) {
-                    idx[e] = rel + (u32)k;
+                    st_scalar<u32>(idx + e, f.rel + (u32)k);
                     if (W == 8) {
-                        vals[2 * e] = (u64)old[k];
-                        vals[2 * e + 1] = (u64)cur[k];
+                        st_scalar<u64>(vals + 2 * e, element<W>(f.old, k));
+                        st_scalar<u64>(vals + 2 * e + 1, element<W>(f.cur, k));
                     } else {
-                        vals[e] = (u64)old[k] | ((u64)cur[k] << 32);
+                        st_scalar<u64>(vals + e, element<W>(f.old, k) | (element<W>(f.cur, k) << 32));
                     }
                     ++e;
                 }
@@ -274,6 +382,7 @@ __device__ __forceinline__ void diff_compact(const DiffJob* __restrict__ jobs, u
         }
         // The next tile's writes to warp_total and tile_offset come after its first barrier, which every
         // thread reaches only after reading this tile's values.
+        if constexpr (PIPELINE) f = nf;
     }
 }
 
@@ -330,11 +439,11 @@ __device__ __forceinline__ void apply_compact(const ApplyJob* __restrict__ jobs,
     }
 }
 
-#define RLSYNC_WIDTH(W)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(256) diff_compact_w##W(                                   \
+#define RLSYNC_WIDTH(W, DIFF_BLOCKS_PER_SM)                                                                \
+    extern "C" __global__ void __launch_bounds__(256, DIFF_BLOCKS_PER_SM) diff_compact_w##W(              \
         const DiffJob* jobs, u32 njobs, u64 ntiles, u32* idx, u64* vals, u64 capacity,                     \
         unsigned long long* cursor, TileDir* dir) {                                                        \
-        diff_compact<W>(jobs, njobs, ntiles, idx, vals, capacity, cursor, dir);                            \
+        diff_compact<W, (W <= 2)>(jobs, njobs, ntiles, idx, vals, capacity, cursor, dir);                  \
     }                                                                                                      \
     extern "C" __global__ void __launch_bounds__(256) scatter_w##W(const ScatterJob* jobs, u32 njobs,      \
                                                                    u64 total, const u32* idx,              \
@@ -346,7 +455,7 @@ __device__ __forceinline__ void apply_compact(const ApplyJob* __restrict__ jobs,
         apply_compact<W>(jobs, njobs, ntiles, dir, idx, vals);                                             \
     }
 
-RLSYNC_WIDTH(1)
-RLSYNC_WIDTH(2)
-RLSYNC_WIDTH(4)
-RLSYNC_WIDTH(8)
+RLSYNC_WIDTH(1, 5)
+RLSYNC_WIDTH(2, 4)
+RLSYNC_WIDTH(4, 4)
+RLSYNC_WIDTH(8, 2)
