@@ -138,6 +138,12 @@ impl Gpu {
         self.inner.sm_count()
     }
 
+    /// How many blocks of `block` threads of `kernel` (for `width`-byte elements) fit on one multiprocessor
+    /// at once (the driver's occupancy calculator; 1 when it cannot say): sizes grid-stride launches.
+    pub fn blocks_per_sm(&self, kernel: Kernel, width: usize, block: u32) -> usize {
+        self.inner.blocks_per_sm(kernel, width, block)
+    }
+
     /// `bytes` of device memory owned by rlsync (freed on drop).
     pub fn alloc(&self, bytes: usize) -> Result<DeviceBuf, GpuError> {
         self.inner.alloc(bytes)

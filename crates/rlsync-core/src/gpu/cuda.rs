@@ -185,6 +185,21 @@ impl Context {
         self.sms
     }
 
+    pub(super) fn blocks_per_sm(&self, kernel: Kernel, width: usize, block: u32) -> usize {
+        let (Some(slot), family) = (kernels::width_slot(width), family(kernel)) else {
+            return 1;
+        };
+        let f = self.functions[family][slot];
+        if self.enter().is_err() {
+            return 1;
+        }
+        // SAFETY: `f` belongs to the loaded module.
+        call("cuOccupancyMaxActiveBlocksPerMultiprocessor", || unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(f, block as i32, 0)
+        })
+        .map_or(1, |n| n.max(1) as usize)
+    }
+
     pub(super) fn alloc(&self, bytes: usize) -> Result<DeviceBuf, GpuError> {
         self.enter()?;
         // SAFETY: a fresh allocation of at least one byte in the current context.
@@ -352,11 +367,7 @@ impl Context {
         if grid == 0 {
             return Ok(());
         }
-        let family = match kernel {
-            Kernel::DiffCompact => 0,
-            Kernel::Scatter => 1,
-            Kernel::ApplyCompact => 2,
-        };
+        let family = family(kernel);
         self.enter()?;
         // The driver reads each parameter through a pointer to its value.
         let mut values: Vec<Arg> = args.to_vec();
@@ -373,6 +384,15 @@ impl Context {
         call("cuLaunchKernel", || unsafe {
             result::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, stream.raw(), &mut params)
         })
+    }
+}
+
+/// A kernel family's row in [`Context::functions`].
+fn family(kernel: Kernel) -> usize {
+    match kernel {
+        Kernel::DiffCompact => 0,
+        Kernel::Scatter => 1,
+        Kernel::ApplyCompact => 2,
     }
 }
 

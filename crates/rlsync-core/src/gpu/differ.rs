@@ -28,8 +28,6 @@ use crate::tensor::parallel::map_items;
 pub const POOL_DENSITY: u64 = 16; // 1/16 = 6.25 %
 /// Smallest pool, in entries.
 const MIN_POOL: u64 = 1 << 16;
-/// Blocks per multiprocessor of a grid-stride launch.
-const BLOCKS_PER_SM: usize = 8;
 
 /// Builds patches from CUDA tensors (see the module docs).
 pub struct GpuDiffer {
@@ -216,7 +214,6 @@ impl PatchBuilder for GpuDiffer {
         };
         let gpu = &self.gpu;
         let t0 = std::time::Instant::now();
-        let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
         for wb in &mut ready.widths {
             let jobs = ready
                 .layout
@@ -229,7 +226,10 @@ impl PatchBuilder for GpuDiffer {
                 gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
                 gpu.zero_async(wb.cursor.addr(), 8, stream)?;
             }
-            let grid = (wb.ntiles as usize).min(grid_cap).max(1) as u32;
+            // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
+            let resident =
+                gpu.sm_count() * gpu.blocks_per_sm(Kernel::DiffCompact, wb.width, compact::BLOCK);
+            let grid = (wb.ntiles as usize).min(resident).max(1) as u32;
             let args = [
                 Arg::U64(wb.jobs.addr()),
                 Arg::U32(jobs.len() as u32),

@@ -30,6 +30,10 @@ impl Context {
         match self.0 {}
     }
 
+    pub(super) fn blocks_per_sm(&self, _: Kernel, _: usize, _: u32) -> usize {
+        match self.0 {}
+    }
+
     pub(super) fn alloc(&self, _bytes: usize) -> Result<DeviceBuf, GpuError> {
         match self.0 {}
     }
