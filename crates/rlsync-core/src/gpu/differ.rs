@@ -276,7 +276,15 @@ impl PatchBuilder for GpuDiffer {
             report.forced.extend(r.forced);
         }
         let t2 = std::time::Instant::now();
-        update_host_snapshot(gpu, snap, &ready.copies, built, &report.forced, threads, stream)?;
+        update_host_snapshot(
+            gpu,
+            snap,
+            &ready.copies,
+            built,
+            &report.forced,
+            threads,
+            stream,
+        )?;
         self.last = BuildTimes {
             device: (t1 - t0).as_secs_f64(),
             collect: (t2 - t1).as_secs_f64(),
@@ -301,7 +309,8 @@ fn update_host_snapshot(
 ) -> Result<(), SyncError> {
     let segments = built.segments();
     // (width, the copy and the segment's byte offset in it, the host snapshot's bytes of the segment)
-    let mut chunks: Vec<(usize, (&SnapCopy, usize), &mut [u8])> = Vec::with_capacity(segments.len());
+    let mut chunks: Vec<(usize, (&SnapCopy, usize), &mut [u8])> =
+        Vec::with_capacity(segments.len());
     for (st, copy) in snap.iter_mut().zip(copies) {
         let w = st.dtype.size_bytes();
         for (k, c) in st.storage.bytes_mut().chunks_mut(SEGMENT * w).enumerate() {
