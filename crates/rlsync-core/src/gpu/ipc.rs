@@ -829,6 +829,11 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
         self.rank
     }
 
+    /// The layout of the receiver's tensors (fixed at connect).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     pub fn device_mut(&mut self) -> &mut D {
         &mut self.dev
     }
