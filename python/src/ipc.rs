@@ -7,7 +7,7 @@
 //! CUDA (or a build without it) every entry point raises `rlsync.CudaError`.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
@@ -119,6 +119,18 @@ fn addresses(descs: &[Desc], gpu: &Gpu, layout: &Layout) -> PyResult<Vec<u64>> {
     Ok(ts.into_iter().map(|(a, _, _)| a).collect())
 }
 
+/// The end's state for one call. An end runs one call at a time: a second one from another thread gets an
+/// error rather than waiting for the lock while it holds the GIL (the running call needs the GIL to finish).
+fn take<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Ok(g),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(RlsyncError::new_err(
+            "another call on this GPU channel end is running (one call at a time)",
+        )),
+    }
+}
+
 fn closed() -> PyErr {
     RlsyncError::new_err("the GPU channel end is closed")
 }
@@ -206,14 +218,15 @@ impl CudaIpcSender {
 
     /// The ranks connected now.
     fn ranks(&self) -> PyResult<Vec<u32>> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = take(&self.inner)?;
         g.as_ref().map(|(_, tx)| tx.ranks()).ok_or_else(closed)
     }
 
     /// Free the device buffers and remove the socket (receivers see the channel close).
-    fn close(&self) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+    fn close(&self) -> PyResult<()> {
+        let taken = take(&self.inner)?.take();
         drop(taken);
+        Ok(())
     }
 }
 
@@ -225,7 +238,7 @@ impl CudaIpcSender {
         stream: u64,
         op: impl FnOnce(&mut IpcSender<CudaSender>) -> Result<SyncReport, IpcError> + Send,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = take(&self.inner)?;
         let Some((gpu, tx)) = g.as_mut() else {
             return Err(closed());
         };
@@ -271,7 +284,7 @@ impl CudaIpcReceiver {
     /// its version.
     fn apply(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64, timeout: f64) -> PyResult<u64> {
         let timeout = secs(timeout)?;
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = take(&self.inner)?;
         let Some((gpu, rx)) = g.as_mut() else {
             return Err(closed());
         };
@@ -283,13 +296,14 @@ impl CudaIpcReceiver {
     /// The version installed last (`None` before the first sync).
     #[getter]
     fn version(&self) -> PyResult<Option<u64>> {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let g = take(&self.inner)?;
         g.as_ref().map(|(_, rx)| rx.version()).ok_or_else(closed)
     }
 
     /// Close the sender's buffers in this process.
-    fn close(&self) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+    fn close(&self) -> PyResult<()> {
+        let taken = take(&self.inner)?.take();
         drop(taken);
+        Ok(())
     }
 }

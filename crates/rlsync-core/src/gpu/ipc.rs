@@ -1086,7 +1086,7 @@ impl SenderDevice for CudaSender {
         Ok(self
             .widths
             .iter()
-            .map(|wb| u64::from_le_bytes(wb.cursor_host[..8].try_into().unwrap_or_default()))
+            .map(|wb| bytemuck::pod_read_unaligned::<u64>(&wb.cursor_host[..8]))
             .collect())
     }
 
