@@ -12,6 +12,11 @@ their tensors held. A receiver that connects later (a rank below ``receivers``) 
 the next sync. A receiver that dies makes that sync raise :class:`rlsync.TransportError` naming its rank at
 once; the others go on.
 
+Integrity: every control message carries an xxh3 checksum and a strictly increasing sequence number, and a
+receiver checks each one (newer, version not older, change counts within the setup's capacities) before it
+writes anything; a rejected one leaves its tensors untouched. The changes themselves never leave GPU memory
+and are not checksummed (the install kernel writes only inside each entry's tile of the right tensor).
+
 Both ends need the same tensors (shapes and dtypes, in the same order), contiguous CUDA tensors of one device
 each (the sender's and a receiver's device may differ: peer access is enabled). Without CUDA (no driver, or a
 build without it) every call raises :class:`rlsync.CudaError`.

@@ -729,3 +729,56 @@ fn a_receiver_whose_sender_went_away_gets_an_error_not_a_hang() {
     assert!(t0.elapsed() < Duration::from_secs(5));
     assert_eq!(lock(&host).open, 0);
 }
+
+#[test]
+fn a_receiver_that_never_acks_fails_its_sync_at_the_deadline_by_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    tx.timeout = Duration::from_millis(300);
+    // A hand-driven receiver: hello, ready, then silence (its socket stays open).
+    let p = path.clone();
+    let silent = thread::spawn(move || {
+        let mut s = UnixStream::connect(&p).unwrap();
+        let hello = Message::Hello {
+            rank: 0,
+            pid: 0,
+            device: 0,
+            tensors: facts(&layout()),
+        };
+        send(&mut s, &hello).unwrap();
+        let deadline = Instant::now() + T;
+        assert!(matches!(
+            recv(&mut s, deadline, 30.0).unwrap(),
+            Message::Setup(_)
+        ));
+        send(&mut s, &Message::Ready { rank: 0 }).unwrap();
+        assert!(matches!(
+            recv(&mut s, deadline, 30.0).unwrap(),
+            Message::Sync {
+                mode: Mode::Full,
+                ..
+            }
+        ));
+        // Hold the socket until the sender gave up on us (it closes its end).
+        let mut b = [0u8; 1];
+        let _ = s.set_read_timeout(Some(T));
+        let _ = s.read(&mut b);
+    });
+    let t0 = Instant::now();
+    let err = tx.sync(1).err().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(250));
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 0,
+                source: PeerError::Timeout { .. }
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(tx.ranks().is_empty(), "the silent receiver was dropped");
+    silent.join().unwrap();
+}
