@@ -74,23 +74,31 @@ def _median(xs: list[float]) -> float | None:
     return s[len(s) // 2] if s else None
 
 
-def _receiver(path: str, rank: int, shapes: list, conn: Any) -> None:
-    """A receiver process: zeroed tensors on cuda:0, shared with the parent, then apply until the sender closes."""
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda:0", module: str = "rlsync") -> None:
+    """A receiver process: zeroed tensors on ``device``, shared with the parent, then apply until the sender
+    closes. ``module``: the package with ``cuda_ipc_receiver`` (a fake in the CPU test of this stage)."""
     try:
+        import importlib
+
         import torch.multiprocessing as _tmp  # noqa: F401 - registers the CUDA tensor reductions for the pipe
 
-        import rlsync
-
-        dev = torch.device("cuda:0")
-        torch.cuda.set_device(dev)
+        rl = importlib.import_module(module)
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
         state = {n: torch.zeros(s, device=dev, dtype=torch.bfloat16) for n, s in shapes}
-        torch.cuda.synchronize(dev)
+        _sync(dev)
         conn.send(("state", state))
-        rx = rlsync.cuda_ipc_receiver(path, rank, state, timeout=TIMEOUT_S)
+        rx = rl.cuda_ipc_receiver(path, rank, state, timeout=TIMEOUT_S)
         while True:
             try:
                 v = rx.apply(timeout=TIMEOUT_S * 3)
-            except rlsync.TransportError as e:  # the sender closed the channel: the phase is over
+            except rl.TransportError as e:  # the sender closed the channel: the phase is over
                 conn.send(("closed", str(e)))
                 break
             conn.send(("applied", v))
@@ -105,8 +113,10 @@ def _receiver(path: str, rank: int, shapes: list, conn: Any) -> None:
 
 
 def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], density: float, syncs: int,
-           deadline: float, sock_dir: str) -> dict[str, Any]:
+           deadline: float, sock_dir: str, module: str = "rlsync") -> dict[str, Any]:
+    """One phase with ``n`` receiver processes on the device of ``state``; its record."""
     ctx = mp.get_context("spawn")
+    dev = next(iter(state.values())).device
     path = os.path.join(sock_dir, f"gpu{n}.sock")
     out: dict[str, Any] = {"receivers": n}
     tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=TIMEOUT_S)
@@ -115,7 +125,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
     try:
         for rank in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b), daemon=True)
+            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module), daemon=True)
             p.start()
             procs.append(p)
             conns.append(a)
@@ -137,19 +147,19 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
                 raise RuntimeError(f"receiver {rank}: {msg}")
             return all(bit_equal(views[rank][k], t) for k, t in state.items())
 
-        torch.cuda.synchronize()
+        _sync(dev)
         t0 = time.perf_counter()
         rep = tx.bootstrap(0)
         out["bootstrap_s"] = round(time.perf_counter() - t0, 6)
         out["bootstrap_equal"] = [check(r, 0) for r in range(n)]
-        gen = torch.Generator(device=state[next(iter(state))].device).manual_seed(1234 + n)
+        gen = torch.Generator(device=dev).manual_seed(1234 + n)
         times, builds, acks, changes, equal = [], [], [], [], []
         for v in range(1, syncs + 1):
             if time.monotonic() > deadline:
                 out["note"] = f"budget: stopped after {v - 1} syncs"
                 break
             perturb(state, density, gen)
-            torch.cuda.synchronize()
+            _sync(dev)
             t0 = time.perf_counter()
             rep = tx.sync(v)
             times.append(time.perf_counter() - t0)
@@ -158,7 +168,8 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             changes.append(sum(c for _, c, _ in rep["widths"]))
             if any(o for _, _, o in rep["widths"]):
                 out.setdefault("overflowed_syncs", []).append(v)
-            equal.append(all(check(r, v) for r in range(n)))
+            per_rank = [check(r, v) for r in range(n)]  # every receiver's report drained
+            equal.append(all(per_rank))
         out.update({
             "syncs": len(times),
             "sync_s": [round(x, 6) for x in times],
@@ -179,8 +190,9 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             except (EOFError, OSError):
                 pass
         gc.collect()
-        torch.cuda.synchronize()
-        torch.cuda.ipc_collect()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.ipc_collect()
         for c in conns:
             try:
                 c.send("bye")
