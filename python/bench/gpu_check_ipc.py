@@ -79,7 +79,8 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda:0", module: str = "rlsync") -> None:
+def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda:0", module: str = "rlsync",
+              wait: float = TIMEOUT_S) -> None:
     """A receiver process: zeroed tensors on ``device``, shared with the parent, then apply until the sender
     closes. ``module``: the package with ``cuda_ipc_receiver`` (a fake in the CPU test of this stage)."""
     try:
@@ -94,10 +95,10 @@ def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda
         state = {n: torch.zeros(s, device=dev, dtype=torch.bfloat16) for n, s in shapes}
         _sync(dev)
         conn.send(("state", state))
-        rx = rl.cuda_ipc_receiver(path, rank, state, timeout=TIMEOUT_S)
+        rx = rl.cuda_ipc_receiver(path, rank, state, timeout=wait)
         while True:
             try:
-                v = rx.apply(timeout=TIMEOUT_S * 3)
+                v = rx.apply(timeout=wait * 3)
             except rl.TransportError as e:  # the sender closed the channel: the phase is over
                 conn.send(("closed", str(e)))
                 break
@@ -117,21 +118,23 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
     """One phase with ``n`` receiver processes on the device of ``state``; its record."""
     ctx = mp.get_context("spawn")
     dev = next(iter(state.values())).device
+    # Every wait ends by the stage's deadline (at least 15 s, at most TIMEOUT_S): a hang costs no more device time.
+    wait = max(15.0, min(TIMEOUT_S, deadline - time.monotonic()))
     path = os.path.join(sock_dir, f"gpu{n}.sock")
     out: dict[str, Any] = {"receivers": n}
-    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=TIMEOUT_S)
+    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait)
     out["socket_mode"] = oct(os.stat(path).st_mode & 0o777)
     procs, conns, views = [], [], []
     try:
         for rank in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module), daemon=True)
+            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module, wait), daemon=True)
             p.start()
             procs.append(p)
             conns.append(a)
         for rank, c in enumerate(conns):
-            if not c.poll(TIMEOUT_S):
-                raise RuntimeError(f"receiver {rank} did not start within {TIMEOUT_S} s")
+            if not c.poll(wait):
+                raise RuntimeError(f"receiver {rank} did not start within {wait:.0f} s")
             msg = c.recv()
             if msg[0] != "state":
                 raise RuntimeError(f"receiver {rank}: {msg}")
@@ -140,7 +143,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
 
         def check(rank: int, version: int) -> bool:
             c = conns[rank]
-            if not c.poll(TIMEOUT_S):
+            if not c.poll(wait):
                 raise RuntimeError(f"receiver {rank} reported nothing after the ack")
             msg = c.recv()
             if msg[0] != "applied" or msg[1] != version:
@@ -185,7 +188,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
         tx.close()
         for c in conns:
             try:
-                if c.poll(TIMEOUT_S):
+                if c.poll(wait):
                     c.recv()  # "closed" (or an error)
             except (EOFError, OSError):
                 pass
