@@ -10,6 +10,8 @@
   ``state_dict()`` (optimizer, critic, schedules) in rlsync checkpoints.
 - CUDA tensors: either end's state dict may hold CUDA tensors (one device per state dict);
   :func:`cuda_available` says whether this build and machine can sync them, and why not.
+- Same-host GPU channel (:mod:`rlsync.ipc`): :func:`cuda_ipc_sender` / :func:`cuda_ipc_receiver` share the
+  patches device to device with receiver processes of the host (CUDA IPC, acks over a 0600 Unix socket).
 - Errors: :class:`RlsyncError` and its subclasses :class:`PayloadRejected` (weights and version untouched),
   :class:`HandshakeError`, :class:`TransportError`, :class:`CudaError` (no CUDA backend, driver or device);
   bad tensors (other devices, non-contiguous, overlapping views, unsupported dtypes) raise ``ValueError``
@@ -27,8 +29,9 @@ from ._native import (
     __version__,
     cuda_available,
 )
-from . import checkpoint
+from . import checkpoint, ipc
 from .checkpoint import load_trainer_state
+from .ipc import CudaIpcReceiver, CudaIpcSender, cuda_ipc_receiver, cuda_ipc_sender
 from .syncer import (
     BucketWeightSyncer,
     PatchWeightSyncer,
@@ -62,4 +65,9 @@ __all__ = [
     "TransportError",
     "CudaError",
     "cuda_available",
+    "ipc",
+    "CudaIpcSender",
+    "CudaIpcReceiver",
+    "cuda_ipc_sender",
+    "cuda_ipc_receiver",
 ]

@@ -56,7 +56,7 @@ impl DeviceSide {
 }
 
 /// The CUDA device ordinal of a torch device string (`cuda`, `cuda:1`); `None` for other devices.
-fn cuda_ordinal(device: &str) -> Option<Result<usize, ()>> {
+pub(crate) fn cuda_ordinal(device: &str) -> Option<Result<usize, ()>> {
     let rest = device.strip_prefix("cuda")?;
     Some(match rest.strip_prefix(':') {
         None if rest.is_empty() => Ok(0),

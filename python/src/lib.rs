@@ -8,11 +8,13 @@
 //! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
 //! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
 //! - [`device`]: CUDA tensors: a syncer's device side (pinned mirror, stream) and `cuda_available()`.
+//! - [`ipc`]: the same-host GPU channel (`CudaIpcSender` / `CudaIpcReceiver`, CUDA IPC of the diff output).
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
 
 mod checkpoint;
 mod device;
 mod errors;
+mod ipc;
 mod runtime;
 mod syncer;
 mod worker;
@@ -26,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     checkpoint::register(m)?;
     syncer::register(m)?;
     worker::register(m)?;
+    ipc::register(m)?;
     m.add_function(wrap_pyfunction!(device::cuda_available, m)?)?;
     Ok(())
 }

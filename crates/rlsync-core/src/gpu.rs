@@ -12,6 +12,7 @@
 pub mod compact;
 pub mod differ;
 pub mod installer;
+pub mod ipc;
 pub mod kernels;
 pub mod mirror;
 pub mod reference;
@@ -87,6 +88,14 @@ pub struct DeviceState {
     pub addrs: std::collections::HashMap<String, u64>,
     pub stream: Stream,
 }
+
+/// Bytes of a CUDA IPC memory handle (`CUipcMemHandle`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// A CUDA IPC memory handle: names one of rlsync's device allocations to other processes of the host
+/// ([`ipc`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpcHandle(pub [u8; IPC_HANDLE_BYTES]);
 
 /// One of rlsync's kernel families, per element width (see `kernels/rlsync.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +252,30 @@ impl Gpu {
     /// Wait until everything queued on `stream` has run.
     pub fn sync(&self, stream: Stream) -> Result<(), GpuError> {
         self.inner.sync(stream)
+    }
+
+    /// The CUDA IPC handle of `buf` (another process of this host opens it with [`Gpu::ipc_open`]).
+    pub fn ipc_handle(&self, buf: &DeviceBuf) -> Result<IpcHandle, GpuError> {
+        self.inner.ipc_handle(buf.addr())
+    }
+
+    /// Map another process's allocation named by `handle` into this device's context (peer access enabled
+    /// when it lives on another GPU of the host); its device address here.
+    ///
+    /// # Safety
+    /// The mapping must be closed once with [`Gpu::ipc_close`], after the last work using it has run.
+    pub unsafe fn ipc_open(&self, handle: &IpcHandle) -> Result<u64, GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.ipc_open(handle) }
+    }
+
+    /// Unmap an allocation mapped by [`Gpu::ipc_open`].
+    ///
+    /// # Safety
+    /// `addr` came from `ipc_open` on this `Gpu`, is closed once, and no queued work still uses it.
+    pub unsafe fn ipc_close(&self, addr: u64) -> Result<(), GpuError> {
+        // SAFETY: forwarded to the caller.
+        unsafe { self.inner.ipc_close(addr) }
     }
 
     /// Launch `kernel` for elements of `width` bytes with `grid` × `block` threads on `stream`; `args` are

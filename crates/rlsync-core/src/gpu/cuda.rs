@@ -15,7 +15,7 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use super::kernels::{self, Ptx, WIDTHS};
-use super::{Arg, DriverInfo, GpuError, Kernel, Stream};
+use super::{Arg, DriverInfo, GpuError, IPC_HANDLE_BYTES, IpcHandle, Kernel, Stream};
 
 /// Run driver call(s) `f` for operation `op`: a driver error or a panic in cudarc becomes a [`GpuError`].
 fn call<T>(op: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, GpuError> {
@@ -393,6 +393,53 @@ fn family(kernel: Kernel) -> usize {
         Kernel::DiffCompact => 0,
         Kernel::Scatter => 1,
         Kernel::ApplyCompact => 2,
+    }
+}
+
+impl Context {
+    /// The CUDA IPC handle of device memory rlsync allocated (`cuIpcGetMemHandle`; `addr` is an allocation's
+    /// start).
+    pub(super) fn ipc_handle(&self, addr: u64) -> Result<IpcHandle, GpuError> {
+        self.enter()?;
+        let mut handle = sys::CUipcMemHandle {
+            reserved: [0; IPC_HANDLE_BYTES],
+        };
+        // SAFETY: writes one handle; `addr` is a device allocation of this context (the driver checks it).
+        call("cuIpcGetMemHandle", || unsafe {
+            sys::cuIpcGetMemHandle(&mut handle, addr).result()
+        })?;
+        Ok(IpcHandle(handle.reserved.map(|b| b as u8)))
+    }
+
+    /// Map another process's allocation into this context (`cuIpcOpenMemHandle_v2`, peer access enabled
+    /// lazily when it lives on another GPU); its address here.
+    ///
+    /// # Safety
+    /// The mapping must be closed once ([`Context::ipc_close`]) and not used after.
+    pub(super) unsafe fn ipc_open(&self, handle: &IpcHandle) -> Result<u64, GpuError> {
+        self.enter()?;
+        let raw = sys::CUipcMemHandle {
+            reserved: handle.0.map(|b| b as std::ffi::c_char),
+        };
+        let mut addr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: writes one address; the driver validates the handle.
+        call("cuIpcOpenMemHandle", || unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut addr, raw, flags).result()
+        })?;
+        Ok(addr)
+    }
+
+    /// Unmap an allocation mapped by [`Context::ipc_open`].
+    ///
+    /// # Safety
+    /// `addr` came from `ipc_open` on this context, is closed once, and no queued work still uses it.
+    pub(super) unsafe fn ipc_close(&self, addr: u64) -> Result<(), GpuError> {
+        self.enter()?;
+        // SAFETY: forwarded to the caller.
+        call("cuIpcCloseMemHandle", || unsafe {
+            sys::cuIpcCloseMemHandle(addr).result()
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! every entry point answers [`GpuError::NotBuilt`].
 
 use super::kernels::Ptx;
-use super::{Arg, DriverInfo, GpuError, Kernel, Stream};
+use super::{Arg, DriverInfo, GpuError, IpcHandle, Kernel, Stream};
 
 /// No value of this type exists: nothing can be opened without the backend.
 enum Never {}
@@ -89,6 +89,22 @@ impl Context {
     }
 
     pub(super) fn sync(&self, _stream: Stream) -> Result<(), GpuError> {
+        match self.0 {}
+    }
+
+    pub(super) fn ipc_handle(&self, _addr: u64) -> Result<IpcHandle, GpuError> {
+        match self.0 {}
+    }
+
+    /// # Safety
+    /// Never callable (no `Context` exists).
+    pub(super) unsafe fn ipc_open(&self, _handle: &IpcHandle) -> Result<u64, GpuError> {
+        match self.0 {}
+    }
+
+    /// # Safety
+    /// Never callable (no `Context` exists).
+    pub(super) unsafe fn ipc_close(&self, _addr: u64) -> Result<(), GpuError> {
         match self.0 {}
     }
 

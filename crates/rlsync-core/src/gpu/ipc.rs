@@ -1,0 +1,1230 @@
+//! The same-host GPU channel: one sender's diff output shared with N receiver processes of the host through
+//! CUDA IPC handles, and a small control protocol over a 0600 Unix socket ([`wire`]).
+//!
+//! The sender owns (rlsync's `cuMemAlloc`, never PyTorch's memory) the device snapshot copy, one allocation
+//! for every tensor, and per element width one allocation holding `diff_compact`'s directory, index and
+//! value pool. Each receiver opens their handles once at connect (on its own device: the sender's GPU or
+//! another one of the host, peer access enabled lazily). Per sync the sender builds on the device (the
+//! kernel on the caller's stream, then a stream sync; only the per-width cursors come back to the host),
+//! sends a [`wire::Message::Sync`] (sequence number, version, per-width change count and overflow flag,
+//! checksummed) to every receiver and waits for every ack; the buffers are not rewritten before all acks (one
+//! version in flight). A receiver validates the message before writing anything (sequence newer than the
+//! last, version not older, widths and counts within the setup's capacities), runs `apply_compact` per width
+//! into its tensors (overflowing tiles copied from the sender's snapshot copy) on its stream, syncs and acks.
+//! A rejected message leaves its tensors untouched.
+//!
+//! Bootstrap: the first sync (or [`IpcSender::bootstrap`]) sets the snapshot copy to the state and sends a
+//! full copy ([`wire::Mode::Full`]): each receiver copies every tensor from the imported snapshot, so the
+//! receivers start equal to the sender. A receiver that connects later (up to the announced count) is
+//! admitted at the start of the next sync with a full copy of the current snapshot.
+//!
+//! Failures: a receiver that dies is noticed at once (EOF on its socket) and its sync ends with an error
+//! naming the rank ([`IpcError::Receiver`]); so does a rejection or a missed ack deadline. A failed receiver
+//! is dropped from the set (it may reconnect and gets a full copy). The sender's buffers are freed when it
+//! drops; mappings of a dead receiver are released by the driver with its process; a receiver closes its
+//! mappings on drop. The socket file is removed when the sender drops.
+//!
+//! The device work hides behind [`SenderDevice`] and [`ReceiverDevice`], so the protocol and lifecycle are
+//! tested on the CPU with the reference kernels ([`super::reference`]); [`CudaSender`] and [`CudaReceiver`] are
+//! the CUDA implementations.
+
+pub mod wire;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::compact::{self, Layout, TileDir};
+use super::{Arg, DeviceBuf, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use wire::{Export, Message, Mode, Reason, Setup, Status, TensorFact, WidthCount, WidthExport};
+
+/// Fraction of a width's elements its pool holds (as the host-path builder).
+const POOL_DENSITY: u64 = super::differ::POOL_DENSITY;
+/// Smallest pool, in entries.
+const MIN_POOL: u64 = 1 << 16;
+/// Alignment of every sub-buffer in an exported allocation.
+const ALIGN: u64 = 256;
+/// Blocks per multiprocessor of a grid-stride launch.
+const BLOCKS_PER_SM: usize = 8;
+
+/// Why the channel failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error("the socket {path}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the socket's directory {dir} does not exist")]
+    NoDir { dir: PathBuf },
+    #[error("another sender listens on {path}")]
+    InUse { path: PathBuf },
+    #[error("{missing} of {expected} receiver(s) did not connect within {secs:.1} s")]
+    Connect {
+        missing: usize,
+        expected: usize,
+        secs: f64,
+    },
+    #[error("receiver rank {rank}")]
+    Receiver {
+        rank: u32,
+        #[source]
+        source: PeerError,
+    },
+    #[error("the sender")]
+    Sender {
+        #[source]
+        source: PeerError,
+    },
+    #[error("the receiver rejected a sync: {reason}")]
+    Rejected { reason: Reason },
+    #[error(
+        "the state has {found} tensors (or other shapes) than the channel's layout ({expected})"
+    )]
+    State { found: usize, expected: usize },
+    #[error("the channel's tensor layout")]
+    Layout(#[from] compact::CompactError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// What went wrong with one peer.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("closed its end of the socket")]
+    Closed,
+    #[error("sent no message within {secs:.1} s")]
+    Timeout { secs: f64 },
+    #[error("socket i/o")]
+    Io(#[source] std::io::Error),
+    #[error("sent a bad message")]
+    Wire(#[source] wire::WireError),
+    #[error("sent a {found} message where a {expected} was due")]
+    Unexpected {
+        found: &'static str,
+        expected: &'static str,
+    },
+    #[error("acknowledged sequence number {found}, {expected} was due")]
+    WrongAck { found: u64, expected: u64 },
+    #[error("rejected it: {0}")]
+    Rejected(Reason),
+    #[error("refused the connection: {0}")]
+    Refused(Reason),
+}
+
+/// Write one message.
+fn send(s: &mut UnixStream, msg: &Message) -> Result<(), PeerError> {
+    s.write_all(&wire::encode(msg)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => PeerError::Closed,
+        _ => PeerError::Io(e),
+    })
+}
+
+/// Read one message before `deadline` (a timeout names `secs`, the wait's length).
+fn recv(s: &mut UnixStream, deadline: Instant, secs: f64) -> Result<Message, PeerError> {
+    let mut prefix = [0u8; 4];
+    let timed = |e| match e {
+        PeerError::Timeout { .. } => PeerError::Timeout { secs },
+        e => e,
+    };
+    read_full(s, &mut prefix, deadline).map_err(timed)?;
+    let len = wire::body_len(prefix).map_err(PeerError::Wire)?;
+    let mut body = vec![0u8; len];
+    read_full(s, &mut body, deadline).map_err(timed)?;
+    wire::decode(&body).map_err(PeerError::Wire)
+}
+
+fn read_full(s: &mut UnixStream, buf: &mut [u8], deadline: Instant) -> Result<(), PeerError> {
+    let mut at = 0;
+    while at < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(PeerError::Timeout { secs: 0.0 });
+        }
+        s.set_read_timeout(Some(left)).map_err(PeerError::Io)?;
+        match s.read(&mut buf[at..]) {
+            Ok(0) => return Err(PeerError::Closed),
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return Err(PeerError::Closed);
+            }
+            Err(e) => return Err(PeerError::Io(e)),
+        }
+    }
+    Ok(())
+}
+
+/// The layout facts of `layout` for the wire.
+fn facts(layout: &Layout) -> Vec<TensorFact> {
+    layout
+        .tensors()
+        .iter()
+        .map(|t| TensorFact {
+            numel: t.numel,
+            width: t.width as u8,
+        })
+        .collect()
+}
+
+/// Where each tensor's copy lies in one snapshot allocation, and its size.
+fn snapshot_offsets(layout: &Layout) -> (Vec<u64>, u64) {
+    let mut at = 0u64;
+    let offs = layout
+        .tensors()
+        .iter()
+        .map(|t| {
+            let off = at;
+            at = (at + t.numel * t.width as u64).next_multiple_of(ALIGN);
+            off
+        })
+        .collect();
+    (offs, at)
+}
+
+/// The sizes of one width's export: (bytes, dir, idx, vals offsets, capacity).
+fn width_plan(layout: &Layout, width: usize) -> (u64, u64, u64, u64, u64) {
+    let ntiles = layout.ntiles(width);
+    let numel: u64 = layout.tensors_of(width).map(|t| t.numel).sum();
+    let capacity = (numel / POOL_DENSITY).max(MIN_POOL).min(numel.max(1));
+    let words = if width == 8 { 2 } else { 1 };
+    let dir_off = 0;
+    let idx_off = (ntiles * size_of::<TileDir>() as u64).next_multiple_of(ALIGN);
+    let vals_off = (idx_off + capacity * 4).next_multiple_of(ALIGN);
+    let bytes = vals_off + capacity * 8 * words;
+    (bytes, dir_off, idx_off, vals_off, capacity)
+}
+
+/// Check a setup against the receiver's own layout before opening anything: same tensors, every sub-buffer
+/// inside its allocation, sized for its width's tiles and pool.
+fn check_setup(setup: &Setup, layout: &Layout) -> Result<(), Reason> {
+    let mine = facts(layout);
+    if setup.tensors.len() != mine.len() || setup.offsets.len() != mine.len() {
+        return Err(Reason::Tensors {
+            tensor: u64::MAX,
+            detail: setup.tensors.len() as u64,
+        });
+    }
+    for (k, ((a, b), &off)) in setup
+        .tensors
+        .iter()
+        .zip(&mine)
+        .zip(&setup.offsets)
+        .enumerate()
+    {
+        if a != b {
+            return Err(Reason::Tensors {
+                tensor: k as u64,
+                detail: a.numel,
+            });
+        }
+        let end = a
+            .numel
+            .checked_mul(u64::from(a.width))
+            .and_then(|n| n.checked_add(off));
+        if end.is_none_or(|e| e > setup.snapshot.bytes) || !off.is_multiple_of(u64::from(a.width)) {
+            return Err(Reason::Exports { item: k as u64 });
+        }
+    }
+    let widths: Vec<usize> = layout.widths().collect();
+    if setup.widths.len() != widths.len() {
+        return Err(Reason::Widths {
+            found: setup.widths.len() as u64,
+            expected: widths.len() as u64,
+        });
+    }
+    for (k, (w, &mine)) in setup.widths.iter().zip(&widths).enumerate() {
+        let item = (setup.tensors.len() + k) as u64;
+        let words = if mine == 8 { 2 } else { 1 };
+        let fits = |off: u64, len: Option<u64>| {
+            len.and_then(|l| l.checked_add(off))
+                .is_some_and(|e| e <= w.buf.bytes)
+                && off.is_multiple_of(8)
+        };
+        if usize::from(w.width) != mine
+            || w.ntiles != layout.ntiles(mine)
+            || w.capacity == 0
+            || !fits(w.dir_off, w.ntiles.checked_mul(size_of::<TileDir>() as u64))
+            || !fits(w.idx_off, w.capacity.checked_mul(4))
+            || !fits(w.vals_off, w.capacity.checked_mul(8 * words))
+        {
+            return Err(Reason::Exports { item });
+        }
+    }
+    Ok(())
+}
+
+/// Check a sync against the setup and the receiver's history; nothing is written before it passes.
+fn check_sync(
+    setup: &Setup,
+    seq: u64,
+    version: u64,
+    mode: Mode,
+    widths: &[WidthCount],
+    last_seq: u64,
+    installed: Option<u64>,
+) -> Result<(), Reason> {
+    if seq <= last_seq {
+        return Err(Reason::Stale {
+            seq,
+            last: last_seq,
+        });
+    }
+    match (installed, mode) {
+        (None, Mode::Patch) => return Err(Reason::NotBootstrapped),
+        (Some(v), _) if version < v => {
+            return Err(Reason::OldVersion {
+                version,
+                installed: v,
+            });
+        }
+        _ => {}
+    }
+    if mode == Mode::Full {
+        return Ok(());
+    }
+    if widths.len() != setup.widths.len() {
+        return Err(Reason::Widths {
+            found: widths.len() as u64,
+            expected: setup.widths.len() as u64,
+        });
+    }
+    for (c, w) in widths.iter().zip(&setup.widths) {
+        if c.width != w.width || c.overflow != (c.changes > w.capacity) {
+            return Err(Reason::Capacity {
+                width: u64::from(c.width),
+                changes: c.changes,
+                overflow: u64::from(c.overflow),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The sender's device work.
+pub trait SenderDevice {
+    /// Allocate the snapshot copy (one allocation, tensor `k` at `offsets[k]`) and each width's output
+    /// buffer (per [`width_plan`]) for `layout`; their exports.
+    fn prepare(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError>;
+    /// Snapshot copy := state, waited for.
+    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError>;
+    /// `diff_compact` per width (state against the snapshot copy, which it updates), waited for; each
+    /// width's cursor in the order of the exports.
+    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError>;
+    /// The device ordinal (informational, in the setup).
+    fn device(&self) -> u32;
+}
+
+/// The receiver's device work.
+pub trait ReceiverDevice {
+    /// Open the setup's allocations (closed on drop).
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError>;
+    /// Every tensor := its copy in the sender's snapshot, waited for.
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError>;
+    /// `apply_compact` per width of the setup, waited for.
+    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError>;
+    /// The device ordinal (informational, in the hello).
+    fn device(&self) -> u32;
+}
+
+/// A connected receiver.
+struct Peer {
+    rank: u32,
+    stream: UnixStream,
+    /// Admitted, its tensors not yet a copy of the snapshot: the next sync starts with a full copy for it.
+    fresh: bool,
+}
+
+/// What one sync did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SyncReport {
+    pub seq: u64,
+    pub version: u64,
+    pub full: bool,
+    /// Per width: (width, changes, overflowed).
+    pub widths: Vec<WidthCount>,
+    /// Seconds: the device build (or snapshot copy), then sending and waiting for every ack.
+    pub build_s: f64,
+    pub acks_s: f64,
+    pub receivers: usize,
+}
+
+/// The sending end (see the module docs).
+pub struct IpcSender<D: SenderDevice> {
+    dev: D,
+    listener: UnixListener,
+    path: PathBuf,
+    layout: Layout,
+    offsets: Vec<u64>,
+    setup: Setup,
+    expected: usize,
+    peers: Vec<Peer>,
+    seq: u64,
+    /// The version of the snapshot copy (None before the bootstrap).
+    version: Option<u64>,
+    timeout: Duration,
+}
+
+impl<D: SenderDevice> IpcSender<D> {
+    /// Bind the socket `path` (its directory must exist; the file is created 0600 and removed on drop),
+    /// allocate the device buffers for `layout` and wait for nobody yet: receivers connect until
+    /// [`IpcSender::bootstrap`] (or the first sync) admits `receivers` of them. `timeout` bounds every wait.
+    pub fn bind(
+        path: &Path,
+        mut dev: D,
+        layout: Layout,
+        receivers: usize,
+        timeout: Duration,
+    ) -> Result<IpcSender<D>, IpcError> {
+        let listener = bind_private(path)?;
+        let (offsets, snap_bytes) = snapshot_offsets(&layout);
+        let made = dev.prepare(&layout, &offsets, snap_bytes);
+        let (snapshot, widths) = match made {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = std::fs::remove_file(path);
+                return Err(e.into());
+            }
+        };
+        let setup = Setup {
+            pid: std::process::id(),
+            device: dev.device(),
+            snapshot,
+            tensors: facts(&layout),
+            offsets: offsets.clone(),
+            widths,
+        };
+        Ok(IpcSender {
+            dev,
+            listener,
+            path: path.to_owned(),
+            layout,
+            offsets,
+            setup,
+            expected: receivers,
+            peers: Vec::new(),
+            seq: 0,
+            version: None,
+            timeout,
+        })
+    }
+
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Ranks connected now.
+    pub fn ranks(&self) -> Vec<u32> {
+        self.peers.iter().map(|p| p.rank).collect()
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Snapshot copy := state, admit every announced receiver (waiting up to the timeout) and give each a
+    /// full copy at `version`.
+    pub fn bootstrap(&mut self, version: u64) -> Result<SyncReport, IpcError> {
+        let t0 = Instant::now();
+        self.dev.bootstrap(&self.layout, &self.offsets)?;
+        self.version = Some(version);
+        let build_s = t0.elapsed().as_secs_f64();
+        self.admit(true)?;
+        let t1 = Instant::now();
+        let ranks: Vec<u32> = self.ranks();
+        for p in &mut self.peers {
+            p.fresh = false;
+        }
+        let msg = self.next_sync(version, Mode::Full, Vec::new());
+        self.broadcast(&msg, &ranks)?;
+        Ok(SyncReport {
+            seq: self.seq,
+            version,
+            full: true,
+            widths: Vec::new(),
+            build_s,
+            acks_s: t1.elapsed().as_secs_f64(),
+            receivers: ranks.len(),
+        })
+    }
+
+    /// One sync at `version`: the first one bootstraps; later receivers are admitted with a full copy; then
+    /// build on the device, send the control message and wait for every ack.
+    pub fn sync(&mut self, version: u64) -> Result<SyncReport, IpcError> {
+        let Some(current) = self.version else {
+            return self.bootstrap(version);
+        };
+        // Late receivers: a full copy of the current snapshot (equal to every other receiver's tensors).
+        self.admit(false)?;
+        let late: Vec<u32> = self
+            .peers
+            .iter_mut()
+            .filter(|p| p.fresh)
+            .map(|p| {
+                p.fresh = false;
+                p.rank
+            })
+            .collect();
+        if !late.is_empty() {
+            let msg = self.next_sync(current, Mode::Full, Vec::new());
+            self.broadcast(&msg, &late)?;
+        }
+        let t0 = Instant::now();
+        let cursors = self.dev.build(&self.layout, &self.offsets)?;
+        self.version = Some(version);
+        let widths: Vec<WidthCount> = self
+            .setup
+            .widths
+            .iter()
+            .zip(cursors)
+            .map(|(w, c)| WidthCount {
+                width: w.width,
+                changes: c,
+                overflow: c > w.capacity,
+            })
+            .collect();
+        let build_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let ranks = self.ranks();
+        let msg = self.next_sync(version, Mode::Patch, widths.clone());
+        self.broadcast(&msg, &ranks)?;
+        Ok(SyncReport {
+            seq: self.seq,
+            version,
+            full: false,
+            widths,
+            build_s,
+            acks_s: t1.elapsed().as_secs_f64(),
+            receivers: ranks.len(),
+        })
+    }
+
+    fn next_sync(&mut self, version: u64, mode: Mode, widths: Vec<WidthCount>) -> Message {
+        self.seq += 1;
+        Message::Sync {
+            seq: self.seq,
+            version,
+            mode,
+            widths,
+        }
+    }
+
+    /// Send `msg` to the receivers of `ranks`, then wait for each one's ack. Every receiver that failed is
+    /// dropped; the first failure (lowest rank) is the error.
+    fn broadcast(&mut self, msg: &Message, ranks: &[u32]) -> Result<(), IpcError> {
+        let Message::Sync { seq, .. } = *msg else {
+            return Ok(());
+        };
+        let frame = wire::encode(msg);
+        let mut failed: Vec<(u32, PeerError)> = Vec::new();
+        for p in self.peers.iter_mut().filter(|p| ranks.contains(&p.rank)) {
+            if let Err(e) = p.stream.write_all(&frame) {
+                failed.push((p.rank, io_peer(e)));
+            }
+        }
+        let deadline = Instant::now() + self.timeout;
+        for p in self.peers.iter_mut().filter(|p| ranks.contains(&p.rank)) {
+            if failed.iter().any(|(r, _)| *r == p.rank) {
+                continue;
+            }
+            let got = match recv(&mut p.stream, deadline, self.timeout.as_secs_f64()) {
+                Ok(Message::Ack { seq: s, status }) if s == seq => match status {
+                    Status::Applied => Ok(()),
+                    Status::Rejected(r) => Err(PeerError::Rejected(r)),
+                },
+                Ok(Message::Ack { seq: s, .. }) => Err(PeerError::WrongAck {
+                    found: s,
+                    expected: seq,
+                }),
+                Ok(other) => Err(PeerError::Unexpected {
+                    found: other.kind(),
+                    expected: "ack",
+                }),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = got {
+                failed.push((p.rank, e));
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        failed.sort_by_key(|(r, _)| *r);
+        self.peers
+            .retain(|p| !failed.iter().any(|(r, _)| *r == p.rank));
+        for (rank, e) in &failed[1..] {
+            tracing::warn!(rank, error = %crate::error_chain(e), "GPU channel receiver dropped");
+        }
+        let (rank, source) = failed.swap_remove(0);
+        Err(IpcError::Receiver { rank, source })
+    }
+
+    /// Accept and set up receivers: all announced ones (waiting up to the timeout) when `wait`, else only
+    /// those already knocking. A receiver that fails its handshake is dropped (and named in the error when
+    /// waiting ends short).
+    fn admit(&mut self, wait: bool) -> Result<(), IpcError> {
+        let deadline = Instant::now() + self.timeout;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|source| self.socket_error(source))?;
+        let mut last: Option<(u32, PeerError)> = None;
+        while self.peers.len() < self.expected {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if let Err((rank, e)) = self.handshake(stream, deadline) {
+                        tracing::warn!(rank, error = %crate::error_chain(&e), "GPU channel receiver refused");
+                        last = Some((rank, e));
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if !wait {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        if let Some((rank, source)) = last {
+                            return Err(IpcError::Receiver { rank, source });
+                        }
+                        return Err(IpcError::Connect {
+                            missing: self.expected - self.peers.len(),
+                            expected: self.expected,
+                            secs: self.timeout.as_secs_f64(),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => return Err(self.socket_error(source)),
+            }
+        }
+        Ok(())
+    }
+
+    fn socket_error(&self, source: std::io::Error) -> IpcError {
+        IpcError::Socket {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Hello → setup → ready with one connecting receiver.
+    fn handshake(
+        &mut self,
+        mut stream: UnixStream,
+        deadline: Instant,
+    ) -> Result<(), (u32, PeerError)> {
+        let _ = stream.set_nonblocking(false);
+        let hello =
+            recv(&mut stream, deadline, self.timeout.as_secs_f64()).map_err(|e| (u32::MAX, e))?;
+        let Message::Hello { rank, tensors, .. } = hello else {
+            return Err((
+                u32::MAX,
+                PeerError::Unexpected {
+                    found: hello.kind(),
+                    expected: "hello",
+                },
+            ));
+        };
+        let refuse = |stream: &mut UnixStream, r: Reason| {
+            let _ = send(stream, &Message::Refuse(r));
+            Err((rank, PeerError::Refused(r)))
+        };
+        if rank as usize >= self.expected || self.peers.iter().any(|p| p.rank == rank) {
+            return refuse(
+                &mut stream,
+                Reason::Rank {
+                    rank: u64::from(rank),
+                },
+            );
+        }
+        if tensors != self.setup.tensors {
+            let k = tensors
+                .iter()
+                .zip(&self.setup.tensors)
+                .position(|(a, b)| a != b)
+                .unwrap_or(tensors.len().min(self.setup.tensors.len()));
+            return refuse(
+                &mut stream,
+                Reason::Tensors {
+                    tensor: k as u64,
+                    detail: tensors.len() as u64,
+                },
+            );
+        }
+        send(&mut stream, &Message::Setup(self.setup.clone())).map_err(|e| (rank, e))?;
+        match recv(&mut stream, deadline, self.timeout.as_secs_f64()).map_err(|e| (rank, e))? {
+            Message::Ready { rank: r } if r == rank => {}
+            Message::Refuse(r) => return Err((rank, PeerError::Refused(r))),
+            other => {
+                return Err((
+                    rank,
+                    PeerError::Unexpected {
+                        found: other.kind(),
+                        expected: "ready",
+                    },
+                ));
+            }
+        }
+        self.peers.push(Peer {
+            rank,
+            stream,
+            fresh: true,
+        });
+        self.peers.sort_by_key(|p| p.rank);
+        Ok(())
+    }
+}
+
+fn io_peer(e: std::io::Error) -> PeerError {
+    match e.kind() {
+        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => PeerError::Closed,
+        _ => PeerError::Io(e),
+    }
+}
+
+impl<D: SenderDevice> Drop for IpcSender<D> {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Bind a listening socket at `path`, 0600 from the moment it is reachable under that name: bound under a
+/// private temporary name, restricted, then renamed into place. A stale socket (nobody listening) is replaced.
+fn bind_private(path: &Path) -> Result<UnixListener, IpcError> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = dir.unwrap_or(Path::new("."));
+    if !dir.is_dir() {
+        return Err(IpcError::NoDir {
+            dir: dir.to_owned(),
+        });
+    }
+    let socket_err = |source| IpcError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(IpcError::InUse {
+                path: path.to_owned(),
+            });
+        }
+        std::fs::remove_file(path).map_err(socket_err)?;
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.unwrap_or_else(|| "rlsync-gpu".into()),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = UnixListener::bind(&tmp).map_err(socket_err)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(socket_err(e));
+    }
+    Ok(listener)
+}
+
+/// The receiving end (see the module docs).
+pub struct IpcReceiver<D: ReceiverDevice> {
+    dev: D,
+    stream: UnixStream,
+    rank: u32,
+    layout: Layout,
+    setup: Setup,
+    last_seq: u64,
+    installed: Option<u64>,
+}
+
+impl<D: ReceiverDevice> IpcReceiver<D> {
+    /// Connect to the sender at `path` as `rank` (retrying until the socket exists, up to `timeout`), check
+    /// the setup against `layout` (the receiver's tensors, in the sender's order) and open the sender's
+    /// buffers on `dev`.
+    pub fn connect(
+        path: &Path,
+        rank: u32,
+        layout: Layout,
+        mut dev: D,
+        timeout: Duration,
+    ) -> Result<IpcReceiver<D>, IpcError> {
+        let deadline = Instant::now() + timeout;
+        let mut stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e)
+                    if Instant::now() < deadline
+                        && matches!(
+                            e.kind(),
+                            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                        ) =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(source) => {
+                    return Err(IpcError::Socket {
+                        path: path.to_owned(),
+                        source,
+                    });
+                }
+            }
+        };
+        let sender_err = |source| IpcError::Sender { source };
+        let hello = Message::Hello {
+            rank,
+            pid: std::process::id(),
+            device: dev.device(),
+            tensors: facts(&layout),
+        };
+        send(&mut stream, &hello).map_err(sender_err)?;
+        let setup = match recv(&mut stream, deadline, timeout.as_secs_f64()).map_err(sender_err)? {
+            Message::Setup(s) => s,
+            Message::Refuse(r) => return Err(sender_err(PeerError::Refused(r))),
+            other => {
+                return Err(sender_err(PeerError::Unexpected {
+                    found: other.kind(),
+                    expected: "setup",
+                }));
+            }
+        };
+        if let Err(r) = check_setup(&setup, &layout) {
+            let _ = send(&mut stream, &Message::Refuse(r));
+            return Err(IpcError::Rejected { reason: r });
+        }
+        if let Err(e) = dev.open(&setup) {
+            let _ = send(&mut stream, &Message::Refuse(Reason::Open));
+            return Err(e.into());
+        }
+        send(&mut stream, &Message::Ready { rank }).map_err(sender_err)?;
+        Ok(IpcReceiver {
+            dev,
+            stream,
+            rank,
+            layout,
+            setup,
+            last_seq: 0,
+            installed: None,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The layout of the receiver's tensors (fixed at connect).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.dev
+    }
+
+    /// The version installed last (None before the first full copy).
+    pub fn version(&self) -> Option<u64> {
+        self.installed
+    }
+
+    /// Wait up to `timeout` for the next sync, validate it, install it and ack; its version. A message that
+    /// fails validation is acked as rejected and returned as [`IpcError::Rejected`], the tensors untouched.
+    pub fn apply(&mut self, timeout: Duration) -> Result<u64, IpcError> {
+        let deadline = Instant::now() + timeout;
+        let sender_err = |source| IpcError::Sender { source };
+        let msg = match recv(&mut self.stream, deadline, timeout.as_secs_f64()) {
+            Ok(m) => m,
+            Err(PeerError::Wire(e)) => {
+                // The frame was read whole (its length was sane): answer it, so the sender is not left waiting.
+                let _ = send(
+                    &mut self.stream,
+                    &Message::Ack {
+                        seq: 0,
+                        status: Status::Rejected(Reason::Corrupt),
+                    },
+                );
+                return Err(sender_err(PeerError::Wire(e)));
+            }
+            Err(e) => return Err(sender_err(e)),
+        };
+        let Message::Sync {
+            seq,
+            version,
+            mode,
+            widths,
+        } = msg
+        else {
+            return Err(sender_err(PeerError::Unexpected {
+                found: msg.kind(),
+                expected: "sync",
+            }));
+        };
+        let checked = check_sync(
+            &self.setup,
+            seq,
+            version,
+            mode,
+            &widths,
+            self.last_seq,
+            self.installed,
+        );
+        if let Err(reason) = checked {
+            let ack = Message::Ack {
+                seq,
+                status: Status::Rejected(reason),
+            };
+            send(&mut self.stream, &ack).map_err(sender_err)?;
+            return Err(IpcError::Rejected { reason });
+        }
+        self.last_seq = seq;
+        let done = match mode {
+            Mode::Full => self.dev.full(&self.setup),
+            Mode::Patch => self.dev.apply(&self.setup, &self.layout),
+        };
+        if let Err(e) = done {
+            let ack = Message::Ack {
+                seq,
+                status: Status::Rejected(Reason::Device),
+            };
+            let _ = send(&mut self.stream, &ack);
+            return Err(e.into());
+        }
+        self.installed = Some(version);
+        send(
+            &mut self.stream,
+            &Message::Ack {
+                seq,
+                status: Status::Applied,
+            },
+        )
+        .map_err(sender_err)?;
+        Ok(version)
+    }
+}
+
+/// One width's launch state on the sender's device.
+struct SenderWidth {
+    width: usize,
+    ntiles: u64,
+    capacity: u64,
+    /// dir | idx | vals (exported).
+    out: DeviceBuf,
+    offs: (u64, u64, u64),
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+    cursor: DeviceBuf,
+    cursor_host: PinnedBuf,
+}
+
+/// [`SenderDevice`] on CUDA: the state is the caller's CUDA tensors ([`CudaSender::set_state`] before each
+/// sync), the snapshot copy and the outputs are rlsync's allocations.
+pub struct CudaSender {
+    gpu: Gpu,
+    state: Vec<u64>,
+    stream: Stream,
+    snapshot: Option<DeviceBuf>,
+    widths: Vec<SenderWidth>,
+}
+
+impl CudaSender {
+    pub fn new(gpu: Gpu) -> CudaSender {
+        CudaSender {
+            gpu,
+            state: Vec::new(),
+            stream: Stream::default(),
+            snapshot: None,
+            widths: Vec::new(),
+        }
+    }
+
+    /// The state tensors' device addresses (layout order) and the stream of the next operation. The caller
+    /// keeps the tensors alive and unchanged until that operation returns.
+    pub fn set_state(&mut self, addrs: Vec<u64>, stream: Stream) {
+        self.state = addrs;
+        self.stream = stream;
+    }
+
+    fn state_of(&self, layout: &Layout) -> Result<&[u64], GpuError> {
+        if self.state.len() != layout.tensors().len() {
+            return Err(GpuError::Driver {
+                op: "ipc state",
+                code: 1,
+                name: format!(
+                    "{} tensor addresses for a layout of {}",
+                    self.state.len(),
+                    layout.tensors().len()
+                ),
+            });
+        }
+        Ok(&self.state)
+    }
+}
+
+impl SenderDevice for CudaSender {
+    fn prepare(
+        &mut self,
+        layout: &Layout,
+        _offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
+        let gpu = &self.gpu;
+        let snap = gpu.alloc(snapshot_bytes as usize)?;
+        let snapshot = Export {
+            handle: gpu.ipc_handle(&snap)?,
+            bytes: snapshot_bytes,
+        };
+        let mut exports = Vec::new();
+        let mut widths = Vec::new();
+        for width in layout.widths().collect::<Vec<_>>() {
+            let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
+            let out = gpu.alloc(bytes as usize)?;
+            let jobs_bytes = layout.tensors_of(width).count() * size_of::<compact::DiffJob>();
+            exports.push(WidthExport {
+                width: width as u8,
+                ntiles: layout.ntiles(width),
+                capacity,
+                buf: Export {
+                    handle: gpu.ipc_handle(&out)?,
+                    bytes,
+                },
+                dir_off,
+                idx_off,
+                vals_off,
+            });
+            widths.push(SenderWidth {
+                width,
+                ntiles: layout.ntiles(width),
+                capacity,
+                out,
+                offs: (dir_off, idx_off, vals_off),
+                jobs: gpu.alloc(jobs_bytes)?,
+                jobs_host: gpu.pinned(jobs_bytes)?,
+                cursor: gpu.alloc(8)?,
+                cursor_host: gpu.pinned(8)?,
+            });
+        }
+        self.snapshot = Some(snap);
+        self.widths = widths;
+        Ok((snapshot, exports))
+    }
+
+    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
+        let state = self.state_of(layout)?;
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(());
+        };
+        for (t, (&src, &off)) in layout.tensors().iter().zip(state.iter().zip(offsets)) {
+            let bytes = t.numel as usize * t.width;
+            // SAFETY: the caller's live tensor of `bytes` bytes into this sender's snapshot allocation, sized
+            // for every tensor at its offset; nothing else writes it (one version in flight).
+            unsafe {
+                self.gpu
+                    .copy_async(snap.addr() + off, src, bytes, self.stream)?
+            };
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError> {
+        let state = self.state_of(layout)?.to_vec();
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let (gpu, stream) = (&self.gpu, self.stream);
+        let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
+        for wb in &mut self.widths {
+            let jobs = layout.diff_jobs(wb.width, |pos| (state[pos], snap.addr() + offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
+            let (dir_off, idx_off, vals_off) = wb.offs;
+            let base = wb.out.addr();
+            let args = [
+                Arg::U64(wb.jobs.addr()),
+                Arg::U32(jobs.len() as u32),
+                Arg::U64(wb.ntiles),
+                Arg::U64(base + idx_off),
+                Arg::U64(base + vals_off),
+                Arg::U64(wb.capacity),
+                Arg::U64(wb.cursor.addr()),
+                Arg::U64(base + dir_off),
+            ];
+            let grid = (wb.ntiles as usize).min(grid_cap).max(1) as u32;
+            // SAFETY: rlsync's buffers sized for this layout (width_plan); the job table names the caller's
+            // live tensors and this sender's snapshot copy; the pinned job table is not touched again before
+            // the stream sync below; no receiver reads the outputs now (all acked the previous version).
+            unsafe {
+                gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
+                gpu.zero_async(wb.cursor.addr(), 8, stream)?;
+                gpu.launch(
+                    Kernel::DiffCompact,
+                    wb.width,
+                    grid,
+                    compact::BLOCK,
+                    &args,
+                    stream,
+                )?;
+                gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+            }
+        }
+        gpu.sync(stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|wb| bytemuck::pod_read_unaligned::<u64>(&wb.cursor_host[..8]))
+            .collect())
+    }
+
+    fn device(&self) -> u32 {
+        self.gpu.ordinal() as u32
+    }
+}
+
+/// [`ReceiverDevice`] on CUDA: the receiver's CUDA tensors ([`CudaReceiver::set_tensors`] before each apply)
+/// and the sender's allocations opened in its context.
+pub struct CudaReceiver {
+    gpu: Gpu,
+    tensors: Vec<u64>,
+    stream: Stream,
+    /// Opened allocations: the snapshot first, then one per width (closed on drop).
+    opened: Vec<u64>,
+    jobs: Vec<(DeviceBuf, PinnedBuf)>,
+}
+
+impl CudaReceiver {
+    pub fn new(gpu: Gpu) -> CudaReceiver {
+        CudaReceiver {
+            gpu,
+            tensors: Vec::new(),
+            stream: Stream::default(),
+            opened: Vec::new(),
+            jobs: Vec::new(),
+        }
+    }
+
+    /// The receiver's tensors' device addresses (layout order) and the stream of the next apply.
+    pub fn set_tensors(&mut self, addrs: Vec<u64>, stream: Stream) {
+        self.tensors = addrs;
+        self.stream = stream;
+    }
+
+    fn tensors_for(&self, setup: &Setup) -> Result<&[u64], GpuError> {
+        if self.tensors.len() != setup.tensors.len() || self.opened.len() != 1 + setup.widths.len()
+        {
+            return Err(GpuError::Driver {
+                op: "ipc apply",
+                code: 1,
+                name: format!(
+                    "{} tensor addresses and {} open buffers for a setup of {} tensors",
+                    self.tensors.len(),
+                    self.opened.len(),
+                    setup.tensors.len()
+                ),
+            });
+        }
+        Ok(&self.tensors)
+    }
+}
+
+impl ReceiverDevice for CudaReceiver {
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        for h in std::iter::once(&setup.snapshot.handle)
+            .chain(setup.widths.iter().map(|w| &w.buf.handle))
+        {
+            // SAFETY: closed once in Drop, after the last apply (each apply waits for its stream).
+            let addr = unsafe { self.gpu.ipc_open(h) }?;
+            self.opened.push(addr);
+        }
+        for w in &setup.widths {
+            let n = setup.tensors.iter().filter(|t| t.width == w.width).count();
+            let bytes = n * size_of::<compact::ApplyJob>();
+            self.jobs
+                .push((self.gpu.alloc(bytes)?, self.gpu.pinned(bytes)?));
+        }
+        Ok(())
+    }
+
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        let tensors = self.tensors_for(setup)?;
+        let snap = self.opened[0];
+        for ((t, &dst), &off) in setup.tensors.iter().zip(tensors).zip(&setup.offsets) {
+            let bytes = t.numel as usize * usize::from(t.width);
+            // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
+            // receiver's live tensor of the same size; the sender does not write it before this ack.
+            unsafe { self.gpu.copy_async(dst, snap + off, bytes, self.stream)? };
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
+        let tensors = self.tensors_for(setup)?.to_vec();
+        let snap = self.opened[0];
+        let grid_cap = self.gpu.sm_count() * BLOCKS_PER_SM;
+        for (k, w) in setup.widths.iter().enumerate() {
+            let width = usize::from(w.width);
+            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            let (dev, host) = &mut self.jobs[k];
+            host[..bytes.len()].copy_from_slice(bytes);
+            let base = self.opened[1 + k];
+            let args = [
+                Arg::U64(dev.addr()),
+                Arg::U32(jobs.len() as u32),
+                Arg::U64(w.ntiles),
+                Arg::U64(base + w.dir_off),
+                Arg::U64(base + w.idx_off),
+                Arg::U64(base + w.vals_off),
+            ];
+            let grid = (w.ntiles as usize).min(grid_cap).max(1) as u32;
+            // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
+            // against the layout at setup); the directory and pool were checked to lie inside the opened
+            // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched
+            // until the stream sync below.
+            unsafe {
+                self.gpu
+                    .write_async(dev.addr(), host.as_ptr(), bytes.len(), self.stream)?;
+                self.gpu.launch(
+                    Kernel::ApplyCompact,
+                    width,
+                    grid,
+                    compact::BLOCK,
+                    &args,
+                    self.stream,
+                )?;
+            }
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn device(&self) -> u32 {
+        self.gpu.ordinal() as u32
+    }
+}
+
+impl Drop for CudaReceiver {
+    fn drop(&mut self) {
+        let _ = self.gpu.sync(self.stream);
+        for addr in self.opened.drain(..) {
+            // SAFETY: opened once in `open`; every apply waited for its stream, and so did the line above.
+            let _ = unsafe { self.gpu.ipc_close(addr) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

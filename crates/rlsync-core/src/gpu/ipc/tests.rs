@@ -1,0 +1,784 @@
+//! The GPU channel's protocol and lifecycle on the CPU: the device work done by the reference kernels over a
+//! simulated device memory that the sender and receiver threads share (as processes share a GPU).
+
+use std::sync::{Arc, Mutex};
+use std::thread;
+
+use super::*;
+use crate::gpu::reference::{self, Memory, Pool};
+use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
+
+/// The simulated device of one host, and how many imports are open.
+#[derive(Default)]
+struct Host {
+    mem: Memory,
+    open: usize,
+}
+
+type Shared = Arc<Mutex<Host>>;
+
+fn lock(h: &Shared) -> std::sync::MutexGuard<'_, Host> {
+    h.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn fake_error(name: String) -> GpuError {
+    GpuError::Driver {
+        op: "fake",
+        code: 1,
+        name,
+    }
+}
+
+fn handle_of(addr: u64) -> IpcHandle {
+    let mut h = [0u8; IPC_HANDLE_BYTES];
+    h[..8].copy_from_slice(&addr.to_le_bytes());
+    h[8..16].copy_from_slice(b"fakeipc!");
+    IpcHandle(h)
+}
+
+fn addr_of(h: &IpcHandle) -> Result<u64, GpuError> {
+    if &h.0[8..16] != b"fakeipc!" {
+        return Err(fake_error("not a fake handle".into()));
+    }
+    Ok(u64::from_le_bytes(h.0[..8].try_into().unwrap_or_default()))
+}
+
+fn copy(mem: &mut Memory, dst: u64, src: u64, len: u64) -> Result<(), GpuError> {
+    let bytes = mem
+        .read(src, len)
+        .map_err(|e| fake_error(e.to_string()))?
+        .to_vec();
+    mem.write(dst, len)
+        .map_err(|e| fake_error(e.to_string()))?
+        .copy_from_slice(&bytes);
+    Ok(())
+}
+
+fn read_vec<T: bytemuck::Pod>(mem: &Memory, addr: u64, n: u64) -> Result<Vec<T>, GpuError> {
+    let bytes = mem
+        .read(addr, n * size_of::<T>() as u64)
+        .map_err(|e| fake_error(e.to_string()))?;
+    Ok(bytes
+        .chunks_exact(size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect())
+}
+
+struct FakeSender {
+    host: Shared,
+    state: Vec<u64>,
+    snap: u64,
+    outs: Vec<WidthExport>,
+    seed: u64,
+}
+
+impl SenderDevice for FakeSender {
+    fn prepare(
+        &mut self,
+        layout: &Layout,
+        _offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
+        let mut h = lock(&self.host);
+        self.snap = h.mem.alloc(&vec![0; snapshot_bytes as usize]);
+        let snapshot = Export {
+            handle: handle_of(self.snap),
+            bytes: snapshot_bytes,
+        };
+        self.outs.clear();
+        for width in layout.widths().collect::<Vec<_>>() {
+            let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
+            let base = h.mem.alloc(&vec![0; bytes as usize]);
+            self.outs.push(WidthExport {
+                width: width as u8,
+                ntiles: layout.ntiles(width),
+                capacity,
+                buf: Export {
+                    handle: handle_of(base),
+                    bytes,
+                },
+                dir_off,
+                idx_off,
+                vals_off,
+            });
+        }
+        Ok((snapshot, self.outs.clone()))
+    }
+
+    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
+        let mut h = lock(&self.host);
+        for (t, (&src, &off)) in layout.tensors().iter().zip(self.state.iter().zip(offsets)) {
+            copy(&mut h.mem, self.snap + off, src, t.numel * t.width as u64)?;
+        }
+        Ok(())
+    }
+
+    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError> {
+        let mut h = lock(&self.host);
+        self.seed += 1;
+        let mut cursors = Vec::new();
+        for w in &self.outs {
+            let width = usize::from(w.width);
+            let base = addr_of(&w.buf.handle)?;
+            let jobs = layout.diff_jobs(width, |pos| (self.state[pos], self.snap + offsets[pos]));
+            let words = if width == 8 { 2 } else { 1 };
+            let mut dir: Vec<TileDir> = read_vec(&h.mem, base + w.dir_off, w.ntiles)?;
+            let mut idx: Vec<u32> = read_vec(&h.mem, base + w.idx_off, w.capacity)?;
+            let mut vals: Vec<u64> = read_vec(&h.mem, base + w.vals_off, w.capacity * words)?;
+            let mut cursor = 0u64;
+            reference::diff_compact(
+                &mut h.mem,
+                width,
+                &jobs,
+                w.ntiles,
+                Pool {
+                    idx: &mut idx,
+                    vals: &mut vals,
+                    capacity: w.capacity,
+                    cursor: &mut cursor,
+                },
+                &mut dir,
+                self.seed,
+            )
+            .map_err(|e| fake_error(e.to_string()))?;
+            for (at, bytes) in [
+                (w.dir_off, compact::as_bytes(&dir)),
+                (w.idx_off, compact::as_bytes(&idx)),
+                (w.vals_off, compact::as_bytes(&vals)),
+            ] {
+                h.mem
+                    .write(base + at, bytes.len() as u64)
+                    .map_err(|e| fake_error(e.to_string()))?
+                    .copy_from_slice(bytes);
+            }
+            cursors.push(cursor);
+        }
+        Ok(cursors)
+    }
+
+    fn device(&self) -> u32 {
+        0
+    }
+}
+
+struct FakeReceiver {
+    host: Shared,
+    tensors: Vec<u64>,
+    opened: Vec<u64>,
+}
+
+impl ReceiverDevice for FakeReceiver {
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        let mut h = lock(&self.host);
+        for e in std::iter::once(&setup.snapshot).chain(setup.widths.iter().map(|w| &w.buf)) {
+            let addr = addr_of(&e.handle)?;
+            h.mem
+                .read(addr, e.bytes)
+                .map_err(|e| fake_error(e.to_string()))?;
+            self.opened.push(addr);
+            h.open += 1;
+        }
+        Ok(())
+    }
+
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        let mut h = lock(&self.host);
+        for ((t, &dst), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
+            copy(
+                &mut h.mem,
+                dst,
+                self.opened[0] + off,
+                t.numel * u64::from(t.width),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
+        let mut h = lock(&self.host);
+        for (k, w) in setup.widths.iter().enumerate() {
+            let width = usize::from(w.width);
+            let base = self.opened[1 + k];
+            let words = if width == 8 { 2 } else { 1 };
+            let dir: Vec<TileDir> = read_vec(&h.mem, base + w.dir_off, w.ntiles)?;
+            let idx: Vec<u32> = read_vec(&h.mem, base + w.idx_off, w.capacity)?;
+            let vals: Vec<u64> = read_vec(&h.mem, base + w.vals_off, w.capacity * words)?;
+            let jobs = layout.apply_jobs(width, |pos| {
+                (self.tensors[pos], self.opened[0] + setup.offsets[pos])
+            });
+            reference::apply_compact(&mut h.mem, width, &jobs, w.ntiles, &dir, &idx, &vals)
+                .map_err(|e| fake_error(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn device(&self) -> u32 {
+        0
+    }
+}
+
+impl Drop for FakeReceiver {
+    fn drop(&mut self) {
+        lock(&self.host).open -= self.opened.len();
+    }
+}
+
+/// (elements, width) of the test state: partial tiles, an empty tensor, every width, and one u8 tensor
+/// large enough for its pool (1/16) to overflow.
+const SHAPES: [(u64, usize); 6] = [
+    (4096 * 3 + 5, 2),
+    (0, 4),
+    (1000, 4),
+    (333, 8),
+    (9000, 2),
+    (1_200_000, 1),
+];
+
+fn layout() -> Layout {
+    Layout::new(&SHAPES).unwrap()
+}
+
+/// Tensors of SHAPES in `host` filled from `seed`; their addresses.
+fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
+    let mut h = lock(host);
+    let mut x = seed | 1;
+    SHAPES
+        .iter()
+        .map(|&(n, w)| {
+            let bytes: Vec<u8> = (0..n as usize * w)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            h.mem.alloc(&bytes)
+        })
+        .collect()
+}
+
+fn contents(host: &Shared, addrs: &[u64]) -> Vec<Vec<u8>> {
+    let h = lock(host);
+    addrs
+        .iter()
+        .zip(SHAPES)
+        .map(|(&a, (n, w))| h.mem.read(a, n * w as u64).unwrap().to_vec())
+        .collect()
+}
+
+/// Change `count` elements of every tensor (every `stride`-th byte of tensor 5 when `stride` > 0).
+fn mutate(host: &Shared, addrs: &[u64], round: u64, stride: usize) {
+    let mut h = lock(host);
+    for (k, (&a, (n, w))) in addrs.iter().zip(SHAPES).enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let bytes = h.mem.write(a, n * w as u64).unwrap();
+        let step = if k == 5 && stride > 0 { stride } else { 97 };
+        for i in (round as usize % step..bytes.len()).step_by(step) {
+            bytes[i] = bytes[i].wrapping_add(1 + round as u8);
+        }
+    }
+}
+
+fn sock(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("gpu.sock")
+}
+
+const T: Duration = Duration::from_secs(30);
+
+fn sender(host: &Shared, path: &Path, n: usize) -> (IpcSender<FakeSender>, Vec<u64>) {
+    let state = tensors(host, 1);
+    let dev = FakeSender {
+        host: host.clone(),
+        state: state.clone(),
+        snap: 0,
+        outs: Vec::new(),
+        seed: 0,
+    };
+    (IpcSender::bind(path, dev, layout(), n, T).unwrap(), state)
+}
+
+/// A receiver thread: connects as `rank`, applies `syncs` messages, reports each result.
+fn receiver(
+    host: &Shared,
+    path: &Path,
+    rank: u32,
+    syncs: usize,
+) -> (Vec<u64>, thread::JoinHandle<Vec<Result<u64, String>>>) {
+    let mine = tensors(host, 100 + u64::from(rank));
+    let (host, path, addrs) = (host.clone(), path.to_owned(), mine.clone());
+    let h = thread::spawn(move || {
+        let dev = FakeReceiver {
+            host,
+            tensors: addrs,
+            opened: Vec::new(),
+        };
+        let mut r = match IpcReceiver::connect(&path, rank, layout(), dev, T) {
+            Ok(r) => r,
+            Err(e) => return vec![Err(crate::error_chain(&e))],
+        };
+        (0..syncs)
+            .map(|_| r.apply(T).map_err(|e| crate::error_chain(&e)))
+            .collect()
+    });
+    (mine, h)
+}
+
+#[test]
+fn two_receivers_follow_the_sender_bitwise_through_bootstrap_patches_and_overflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the socket is private");
+    let syncs = 6;
+    let (r0, h0) = receiver(&host, &path, 0, syncs);
+    let (r1, h1) = receiver(&host, &path, 1, syncs);
+    assert_ne!(contents(&host, &r0), contents(&host, &state));
+    let rep = tx.sync(7).unwrap();
+    assert!(rep.full && rep.receivers == 2 && rep.version == 7);
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(contents(&host, &r1), contents(&host, &state));
+    let mut overflowed = false;
+    for round in 1..syncs as u64 {
+        // Round 3 changes every 8th byte of the large tensor: 150k changes for a pool of 75k.
+        let stride = if round == 3 { 8 } else { 0 };
+        mutate(&host, &state, round, stride);
+        let rep = tx.sync(7 + round).unwrap();
+        assert!(!rep.full);
+        assert_eq!(rep.seq, round + 1);
+        assert!(rep.widths.iter().all(|w| w.changes > 0));
+        overflowed |= rep.widths.iter().any(|w| w.overflow);
+        assert_eq!(rep.widths.iter().any(|w| w.overflow), round == 3);
+        assert_eq!(
+            contents(&host, &r0),
+            contents(&host, &state),
+            "round {round}"
+        );
+        assert_eq!(
+            contents(&host, &r1),
+            contents(&host, &state),
+            "round {round}"
+        );
+    }
+    assert!(overflowed);
+    let want: Vec<Result<u64, String>> = (0..syncs as u64).map(|k| Ok(7 + k)).collect();
+    assert_eq!(h0.join().unwrap(), want);
+    assert_eq!(h1.join().unwrap(), want);
+    assert_eq!(lock(&host).open, 0, "every receiver closed its imports");
+    drop(tx);
+    assert!(!path.exists(), "the socket file is removed on drop");
+}
+
+#[test]
+fn a_dead_receiver_ends_the_wait_at_once_naming_its_rank_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    let (r0, h0) = receiver(&host, &path, 0, 3);
+    let (_r1, h1) = receiver(&host, &path, 1, 1); // applies the bootstrap, then its process "dies"
+    tx.sync(1).unwrap();
+    assert_eq!(h1.join().unwrap(), vec![Ok(1)]);
+    mutate(&host, &state, 1, 0);
+    let t0 = Instant::now();
+    let err = tx.sync(2).err().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "no wait for the timeout"
+    );
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 1,
+                source: PeerError::Closed | PeerError::Io(_)
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(crate::error_chain(&err).contains("rank 1"));
+    assert_eq!(
+        contents(&host, &r0),
+        contents(&host, &state),
+        "rank 0 applied"
+    );
+    assert_eq!(tx.ranks(), vec![0]);
+    mutate(&host, &state, 2, 0);
+    tx.sync(3).unwrap();
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(h0.join().unwrap(), vec![Ok(1), Ok(2), Ok(3)]);
+}
+
+#[test]
+fn a_late_receiver_gets_a_full_copy_of_the_current_version_then_patches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    let (r0, h0) = receiver(&host, &path, 0, 3);
+    // Only rank 0 at bootstrap: the wait for two ends with an error naming the count.
+    tx.timeout = Duration::from_millis(200);
+    let err = tx.bootstrap(1).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            IpcError::Connect {
+                missing: 1,
+                expected: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    // Bootstrap anyway with one (as the first sync would with whoever came): expected drops to who is here.
+    tx.expected = 1;
+    tx.timeout = T;
+    tx.bootstrap(1).unwrap();
+    tx.expected = 2;
+    mutate(&host, &state, 1, 0);
+    tx.sync(2).unwrap();
+    let (r1, h1) = receiver(&host, &path, 1, 2);
+    // Admitted (handles opened) between syncs, it gets its full copy at the start of the next one.
+    while lock(&host).open < 2 * (1 + 4) {
+        thread::sleep(Duration::from_millis(5));
+        tx.admit(false).unwrap();
+    }
+    mutate(&host, &state, 2, 0);
+    tx.sync(3).unwrap();
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(contents(&host, &r1), contents(&host, &state));
+    assert_eq!(h0.join().unwrap(), vec![Ok(1), Ok(2), Ok(3)]);
+    // Rank 1: the full copy of version 2 (sent at admission in `sync(3)`), then version 3's patch.
+    assert_eq!(h1.join().unwrap(), vec![Ok(2), Ok(3)]);
+}
+
+#[test]
+fn a_receiver_with_other_tensors_or_a_taken_rank_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    let p = path.clone();
+    let other = thread::spawn(move || {
+        let dev = FakeReceiver {
+            host: Shared::default(),
+            tensors: Vec::new(),
+            opened: Vec::new(),
+        };
+        let shapes = Layout::new(&[(10, 2)]).unwrap();
+        IpcReceiver::connect(&p, 0, shapes, dev, T)
+            .err()
+            .map(|e| crate::error_chain(&e))
+    });
+    tx.timeout = Duration::from_millis(500);
+    let err = tx.bootstrap(1).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 0,
+                source: PeerError::Refused(Reason::Tensors { .. })
+            }
+        ),
+        "{err:?}"
+    );
+    let theirs = other.join().unwrap().unwrap();
+    assert!(
+        theirs.contains("refused") && theirs.contains("differs"),
+        "{theirs}"
+    );
+    // Rank out of range.
+    let p = path.clone();
+    let h = host.clone();
+    let bad_rank = thread::spawn(move || {
+        let dev = FakeReceiver {
+            host: h,
+            tensors: Vec::new(),
+            opened: Vec::new(),
+        };
+        IpcReceiver::connect(&p, 5, layout(), dev, T)
+            .err()
+            .map(|e| crate::error_chain(&e))
+    });
+    assert!(tx.bootstrap(1).is_err());
+    assert!(bad_rank.join().unwrap().unwrap().contains("rank 5"));
+    assert_eq!(lock(&host).open, 0);
+}
+
+/// A hand-driven sender end: accepts one receiver, answers its hello with `setup`.
+fn raw_sender(path: &Path, setup: Setup) -> UnixStream {
+    let l = bind_private(path).unwrap();
+    let (mut s, _) = l.accept().unwrap();
+    let deadline = Instant::now() + T;
+    assert!(matches!(
+        recv(&mut s, deadline, 30.0).unwrap(),
+        Message::Hello { rank: 0, .. }
+    ));
+    send(&mut s, &Message::Setup(setup)).unwrap();
+    assert!(matches!(
+        recv(&mut s, deadline, 30.0).unwrap(),
+        Message::Ready { rank: 0 }
+    ));
+    s
+}
+
+#[test]
+fn a_receiver_rejects_bad_syncs_before_writing_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    // A real sender's exports, driven by hand.
+    let state = tensors(&host, 1);
+    let mut dev = FakeSender {
+        host: host.clone(),
+        state: state.clone(),
+        snap: 0,
+        outs: Vec::new(),
+        seed: 0,
+    };
+    let l = layout();
+    let (offsets, bytes) = snapshot_offsets(&l);
+    let (snapshot, widths) = dev.prepare(&l, &offsets, bytes).unwrap();
+    dev.bootstrap(&l, &offsets).unwrap();
+    let setup = Setup {
+        pid: 1,
+        device: 0,
+        snapshot,
+        tensors: facts(&l),
+        offsets: offsets.clone(),
+        widths,
+    };
+    let (mine, h) = receiver(&host, &path, 0, 6);
+    let mut s = raw_sender(&path, setup.clone());
+    let before = contents(&host, &mine);
+    let deadline = Instant::now() + T;
+    let ask = |s: &mut UnixStream, frame: Vec<u8>| {
+        s.write_all(&frame).unwrap();
+        match recv(s, deadline, 30.0).unwrap() {
+            Message::Ack { status, .. } => status,
+            other => panic!("{other:?}"),
+        }
+    };
+    let counts = |c: u64, o: bool| -> Vec<WidthCount> {
+        setup
+            .widths
+            .iter()
+            .map(|w| WidthCount {
+                width: w.width,
+                changes: c,
+                overflow: o,
+            })
+            .collect()
+    };
+    let sync = |seq, version, mode, widths| {
+        wire::encode(&Message::Sync {
+            seq,
+            version,
+            mode,
+            widths,
+        })
+    };
+    // 1. a patch before the bootstrap;
+    let st = ask(&mut s, sync(1, 1, Mode::Patch, counts(1, false)));
+    assert_eq!(st, Status::Rejected(Reason::NotBootstrapped));
+    // 2. a corrupt frame (a flipped bit in the version);
+    let mut bad = sync(2, 1, Mode::Full, Vec::new());
+    bad[4 + 8 + 9] ^= 1;
+    assert_eq!(ask(&mut s, bad), Status::Rejected(Reason::Corrupt));
+    assert_eq!(contents(&host, &mine), before, "nothing written");
+    // 3. the bootstrap;
+    assert_eq!(
+        ask(&mut s, sync(3, 5, Mode::Full, Vec::new())),
+        Status::Applied
+    );
+    assert_eq!(contents(&host, &mine), contents(&host, &state));
+    let installed = contents(&host, &mine);
+    // 4. a replayed sequence number, 5. an older version, 6. an overflow flag that contradicts the counts.
+    let st = ask(&mut s, sync(3, 6, Mode::Patch, counts(0, false)));
+    assert_eq!(st, Status::Rejected(Reason::Stale { seq: 3, last: 3 }));
+    let st = ask(&mut s, sync(4, 4, Mode::Patch, counts(0, false)));
+    assert_eq!(
+        st,
+        Status::Rejected(Reason::OldVersion {
+            version: 4,
+            installed: 5
+        })
+    );
+    let st = ask(&mut s, sync(5, 6, Mode::Patch, counts(1 << 40, false)));
+    assert!(
+        matches!(st, Status::Rejected(Reason::Capacity { .. })),
+        "{st:?}"
+    );
+    assert_eq!(
+        contents(&host, &mine),
+        installed,
+        "rejections wrote nothing"
+    );
+    drop(s);
+    let results = h.join().unwrap();
+    assert_eq!(results.len(), 6);
+    assert!(
+        results[0]
+            .as_ref()
+            .is_err_and(|e| e.contains("before the first full copy"))
+    );
+    assert!(results[1].as_ref().is_err_and(|e| e.contains("checksum")));
+    assert_eq!(results[2], Ok(5));
+    assert!(results[5].as_ref().is_err_and(|e| e.contains("changes")));
+}
+
+#[test]
+fn a_setup_whose_buffers_do_not_fit_the_layout_is_refused_before_opening() {
+    let l = layout();
+    let (offsets, bytes) = snapshot_offsets(&l);
+    let export = |bytes| Export {
+        handle: handle_of(1 << 40),
+        bytes,
+    };
+    let widths: Vec<WidthExport> = l
+        .widths()
+        .map(|w| {
+            let (b, dir_off, idx_off, vals_off, capacity) = width_plan(&l, w);
+            WidthExport {
+                width: w as u8,
+                ntiles: l.ntiles(w),
+                capacity,
+                buf: export(b),
+                dir_off,
+                idx_off,
+                vals_off,
+            }
+        })
+        .collect();
+    let good = Setup {
+        pid: 1,
+        device: 0,
+        snapshot: export(bytes),
+        tensors: facts(&l),
+        offsets,
+        widths,
+    };
+    assert_eq!(check_setup(&good, &l), Ok(()));
+    let mut s = good.clone();
+    s.snapshot.bytes = s.offsets[5] + 1_200_000 - 1; // the last tensor's copy ends one byte out
+    assert!(matches!(check_setup(&s, &l), Err(Reason::Exports { .. })));
+    let mut s = good.clone();
+    s.widths[0].capacity *= 2;
+    assert!(matches!(check_setup(&s, &l), Err(Reason::Exports { .. })));
+    let mut s = good.clone();
+    s.widths[1].ntiles += 1;
+    assert!(matches!(check_setup(&s, &l), Err(Reason::Exports { .. })));
+    let mut s = good.clone();
+    s.widths[2].vals_off = u64::MAX - 3;
+    assert!(matches!(check_setup(&s, &l), Err(Reason::Exports { .. })));
+    let mut s = good.clone();
+    s.offsets[3] += 1; // misaligned for 8-byte elements
+    assert!(matches!(
+        check_setup(&s, &l),
+        Err(Reason::Exports { item: 3 })
+    ));
+    let mut s = good;
+    s.widths.pop();
+    assert!(matches!(check_setup(&s, &l), Err(Reason::Widths { .. })));
+}
+
+#[test]
+fn the_socket_is_private_a_live_one_is_not_taken_over_and_a_stale_one_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let live = bind_private(&path).unwrap();
+    assert!(matches!(bind_private(&path), Err(IpcError::InUse { .. })));
+    drop(live); // the file stays: stale
+    assert!(path.exists());
+    let again = bind_private(&path).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    drop(again);
+    assert!(matches!(
+        bind_private(&dir.path().join("missing/gpu.sock")),
+        Err(IpcError::NoDir { .. })
+    ));
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
+
+#[test]
+fn a_receiver_whose_sender_went_away_gets_an_error_not_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    let (_mine, h) = receiver(&host, &path, 0, 2);
+    tx.sync(1).unwrap();
+    let t0 = Instant::now();
+    drop(tx);
+    let got = h.join().unwrap();
+    assert_eq!(got[0], Ok(1));
+    assert!(
+        got[1].as_ref().is_err_and(|e| e.contains("closed")),
+        "{got:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(lock(&host).open, 0);
+}
+
+#[test]
+fn a_receiver_that_never_acks_fails_its_sync_at_the_deadline_by_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    tx.timeout = Duration::from_millis(300);
+    // A hand-driven receiver: hello, ready, then silence (its socket stays open).
+    let p = path.clone();
+    let silent = thread::spawn(move || {
+        let mut s = UnixStream::connect(&p).unwrap();
+        let hello = Message::Hello {
+            rank: 0,
+            pid: 0,
+            device: 0,
+            tensors: facts(&layout()),
+        };
+        send(&mut s, &hello).unwrap();
+        let deadline = Instant::now() + T;
+        assert!(matches!(
+            recv(&mut s, deadline, 30.0).unwrap(),
+            Message::Setup(_)
+        ));
+        send(&mut s, &Message::Ready { rank: 0 }).unwrap();
+        assert!(matches!(
+            recv(&mut s, deadline, 30.0).unwrap(),
+            Message::Sync {
+                mode: Mode::Full,
+                ..
+            }
+        ));
+        // Hold the socket until the sender gave up on us (it closes its end).
+        let mut b = [0u8; 1];
+        let _ = s.set_read_timeout(Some(T));
+        let _ = s.read(&mut b);
+    });
+    let t0 = Instant::now();
+    let err = tx.sync(1).err().unwrap();
+    assert!(t0.elapsed() >= Duration::from_millis(250));
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 0,
+                source: PeerError::Timeout { .. }
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(tx.ranks().is_empty(), "the silent receiver was dropped");
+    silent.join().unwrap();
+}

@@ -1,0 +1,300 @@
+"""gpu_check's ``ipc`` stage: the same-host GPU channel (``rlsync.cuda_ipc_sender`` / ``cuda_ipc_receiver``) on
+Llama-2-7B's tensors in bf16, to 1 and then 2 receiver processes on cuda:0.
+
+Per phase (1 receiver, then 2): the sender (this process) binds a socket, the receivers (``multiprocessing``
+spawn) allocate zeroed tensors, share them with this process (torch's CUDA IPC, for the check only) and connect;
+the bootstrap (full copy) makes them equal to the sender; then ``syncs`` times: flip ``density`` of the sender's
+bits, ``sync(version)`` timed end to end (build on the GPU, control message, every receiver's install and ack),
+then every receiver compared bitwise (``torch.equal`` on integer views) with the sender. At the end the sender's
+buffers are freed and the children exit; the device's free memory must come back.
+
+Call it from gpu_check.py (a ``Ctx``-free function, so the file stands alone)::
+
+    from gpu_check_ipc import stage_ipc
+    # lazily, so the two modules never import each other half-initialised:
+    STAGE_FNS["ipc"] = lambda ctx: __import__("gpu_check_ipc").stage_ipc(
+        ctx.results, cpu=ctx.cpu, deadline=ctx.deadline)
+    # and ("ipc", 60, 30) in STAGES, after timing_7b (it reads the density stage's result when there is one)
+
+or run it alone: ``python python/bench/gpu_check_ipc.py [--cpu] [--density 0.01] [--syncs 10]`` (prints JSON).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+try:  # gpu_check's helpers when it is beside this file
+    from gpu_check import bit_equal, llama2_7b_shapes, perturb  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - standalone: the same helpers below
+
+    def llama2_7b_shapes(cpu: bool) -> list[tuple[str, tuple[int, ...]]]:
+        """Llama-2-7B's 291 tensors (hidden 4096, MLP 11008, vocab 32000, 32 layers); ``cpu``: a small twin."""
+        h, f, v, layers = (128, 344, 1000, 2) if cpu else (4096, 11008, 32000, 32)
+        out = [("model.embed_tokens.weight", (v, h))]
+        for i in range(layers):
+            p = f"model.layers.{i}"
+            out += [(f"{p}.self_attn.{n}_proj.weight", (h, h)) for n in "qkvo"]
+            out += [(f"{p}.mlp.gate_proj.weight", (f, h)), (f"{p}.mlp.up_proj.weight", (f, h))]
+            out += [(f"{p}.mlp.down_proj.weight", (h, f))]
+            out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.post_attention_layernorm.weight", (h,))]
+        out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
+        return out
+
+    def perturb(state: dict[str, torch.Tensor], density: float, gen: torch.Generator) -> None:
+        """Flip the lowest bit of ``density`` of the elements of every tensor."""
+        for t in state.values():
+            mask = torch.rand(t.shape, device=t.device, generator=gen) < density
+            bits = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+            bits.bitwise_xor_(mask.to(bits.dtype))
+
+    def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return False
+        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.view(view), b.view(view))
+
+
+FALLBACK_DENSITY = 0.01
+TIMEOUT_S = 120.0
+
+
+def _median(xs: list[float]) -> float | None:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else None
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda:0", module: str = "rlsync",
+              wait: float = TIMEOUT_S) -> None:
+    """A receiver process: zeroed tensors on ``device``, shared with the parent, then apply until the sender
+    closes. ``module``: the package with ``cuda_ipc_receiver`` (a fake in the CPU test of this stage)."""
+    try:
+        import importlib
+
+        import torch.multiprocessing as _tmp  # noqa: F401 - registers the CUDA tensor reductions for the pipe
+
+        rl = importlib.import_module(module)
+        dev = torch.device(device)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        state = {n: torch.zeros(s, device=dev, dtype=torch.bfloat16) for n, s in shapes}
+        _sync(dev)
+        conn.send(("state", state))
+        rx = rl.cuda_ipc_receiver(path, rank, state, timeout=wait)
+        while True:
+            try:
+                v = rx.apply(timeout=wait * 3)
+            except rl.TransportError as e:  # the sender closed the channel: the phase is over
+                conn.send(("closed", str(e)))
+                break
+            conn.send(("applied", v))
+        rx.close()
+        conn.recv()  # the parent released its views of our tensors
+        del state
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        try:
+            conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()[-2000:]))
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], density: float, syncs: int,
+           deadline: float, sock_dir: str, module: str = "rlsync") -> dict[str, Any]:
+    """One phase with ``n`` receiver processes on the device of ``state``; its record."""
+    ctx = mp.get_context("spawn")
+    dev = next(iter(state.values())).device
+    # Every wait ends by the stage's deadline (at least 15 s, at most TIMEOUT_S): a hang costs no more device time.
+    wait = max(15.0, min(TIMEOUT_S, deadline - time.monotonic()))
+    path = os.path.join(sock_dir, f"gpu{n}.sock")
+    out: dict[str, Any] = {"receivers": n}
+    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait)
+    out["socket_mode"] = oct(os.stat(path).st_mode & 0o777)
+    procs, conns, views = [], [], []
+    try:
+        for rank in range(n):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module, wait), daemon=True)
+            p.start()
+            procs.append(p)
+            conns.append(a)
+        for rank, c in enumerate(conns):
+            if not c.poll(wait):
+                raise RuntimeError(f"receiver {rank} did not start within {wait:.0f} s")
+            msg = c.recv()
+            if msg[0] != "state":
+                raise RuntimeError(f"receiver {rank}: {msg}")
+            views.append(msg[1])
+        msg = None  # holds no receiver's tensors past the phase
+
+        def check(rank: int, version: int) -> bool:
+            c = conns[rank]
+            if not c.poll(wait):
+                raise RuntimeError(f"receiver {rank} reported nothing after the ack")
+            msg = c.recv()
+            if msg[0] != "applied" or msg[1] != version:
+                raise RuntimeError(f"receiver {rank}: {msg}")
+            return all(bit_equal(views[rank][k], t) for k, t in state.items())
+
+        _sync(dev)
+        t0 = time.perf_counter()
+        rep = tx.bootstrap(0)
+        out["bootstrap_s"] = round(time.perf_counter() - t0, 6)
+        out["bootstrap_equal"] = [check(r, 0) for r in range(n)]
+        gen = torch.Generator(device=dev).manual_seed(1234 + n)
+        times, builds, acks, changes, equal = [], [], [], [], []
+        for v in range(1, syncs + 1):
+            if time.monotonic() > deadline:
+                out["note"] = f"budget: stopped after {v - 1} syncs"
+                break
+            perturb(state, density, gen)
+            _sync(dev)
+            t0 = time.perf_counter()
+            rep = tx.sync(v)
+            times.append(time.perf_counter() - t0)
+            builds.append(rep["build_s"])
+            acks.append(rep["acks_s"])
+            changes.append(sum(c for _, c, _ in rep["widths"]))
+            if any(o for _, _, o in rep["widths"]):
+                out.setdefault("overflowed_syncs", []).append(v)
+            per_rank = [check(r, v) for r in range(n)]  # every receiver's report drained
+            equal.append(all(per_rank))
+        out.update({
+            "syncs": len(times),
+            "sync_s": [round(x, 6) for x in times],
+            "sync_median_s": _median(times),
+            "build_median_s": _median(builds),
+            "acks_median_s": _median(acks),
+            "changes": changes,
+            "equal_after_each": equal,
+            "all_equal": all(equal) and all(out["bootstrap_equal"]),
+        })
+    finally:
+        views.clear()
+        tx.close()
+        for c in conns:
+            try:
+                if c.poll(wait):
+                    c.recv()  # "closed" (or an error)
+            except (EOFError, OSError):
+                pass
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.ipc_collect()
+        for c in conns:
+            try:
+                c.send("bye")
+            except (BrokenPipeError, OSError):
+                pass
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        out["exitcodes"] = [p.exitcode for p in procs]
+    out["socket_removed"] = not os.path.exists(path)
+    return out
+
+
+def stage_ipc(results: dict[str, Any] | None = None, *, cpu: bool = False, density: float | None = None,
+              syncs: int = 10, deadline: float | None = None) -> dict[str, Any]:
+    """The stage's record (``status`` ok | failed | skipped, timings in seconds). ``density``: share of elements
+    changed per sync (default: the density stage's result in ``results``, else 1 %). ``deadline``:
+    ``time.monotonic()`` after which no further sync starts."""
+    if cpu:
+        return {"status": "skipped", "note": "--cpu: the GPU channel needs CUDA (its protocol is tested by "
+                "`cargo test -p rlsync-core gpu::ipc` and python/tests/test_ipc.py)"}
+    if not torch.cuda.is_available():
+        return {"status": "skipped", "note": "no CUDA device: torch.cuda.is_available() is False"}
+    try:
+        import rlsync
+    except Exception as e:  # noqa: BLE001
+        return {"status": "skipped", "note": f"rlsync is not importable: {type(e).__name__}: {e}"}
+    ok, why = rlsync.cuda_available()
+    if not ok:
+        return {"status": "skipped", "note": f"rlsync cannot use CUDA here: {why}"}
+    import torch.multiprocessing as _tmp  # noqa: F401 - CUDA tensors through the pipes
+
+    rec: dict[str, Any] = {}
+    if density is None:
+        d = (results or {}).get("stages", {}).get("density", {})
+        density = d.get("density") if d.get("status") == "ok" else None
+        rec["density_source"] = "density stage" if density else f"fallback {FALLBACK_DENSITY}"
+        density = float(density or FALLBACK_DENSITY)
+    rec["density"] = density
+    deadline = deadline if deadline is not None else time.monotonic() + 600
+    dev = torch.device("cuda:0")
+    torch.cuda.synchronize(dev)
+    gc.collect()
+    torch.cuda.empty_cache()
+    free0, total = torch.cuda.mem_get_info(dev)
+    shapes = llama2_7b_shapes(False)
+    g = torch.Generator(device=dev).manual_seed(7)
+    state = {}
+    for name, shape in shapes:
+        t = torch.empty(shape, device=dev, dtype=torch.float32)
+        t.normal_(0.0, 0.02, generator=g)
+        state[name] = t.to(torch.bfloat16)
+        del t
+    rec["elements"] = sum(t.numel() for t in state.values())
+    rec["tensors"] = len(state)
+    sock_dir = tempfile.mkdtemp(prefix="rlsync-ipc-")
+    phases = []
+    try:
+        for n in (1, 2):
+            try:
+                phases.append(_phase(rlsync, n, shapes, state, density, syncs, deadline, sock_dir))
+            except Exception as e:  # noqa: BLE001 - recorded; the next phase still runs
+                phases.append({"receivers": n, "error": f"{type(e).__name__}: {e}",
+                               "traceback": traceback.format_exc()[-3000:]})
+            gc.collect()
+            torch.cuda.empty_cache()
+    finally:
+        del state
+        gc.collect()
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        try:
+            os.rmdir(sock_dir)
+        except OSError:
+            pass
+    free1, _ = torch.cuda.mem_get_info(dev)
+    rec["phases"] = phases
+    rec["free_gpu_bytes_before"] = free0
+    rec["free_gpu_bytes_after"] = free1
+    rec["memory_freed"] = free1 >= free0 - (256 << 20)
+    good = all("error" not in p and p.get("all_equal") and p.get("socket_removed") for p in phases)
+    rec["status"] = "ok" if good and rec["memory_freed"] else "failed"
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--density", type=float, default=None)
+    ap.add_argument("--syncs", type=int, default=10)
+    args = ap.parse_args(argv)
+    rec = stage_ipc({}, cpu=args.cpu, density=args.density, syncs=args.syncs)
+    print(json.dumps(rec, indent=2, default=str))
+    return 0 if rec["status"] in ("ok", "skipped") else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main())

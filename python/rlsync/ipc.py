@@ -1,0 +1,139 @@
+"""The same-host GPU channel: one sender's patches shared device to device with N receiver processes of the
+host (CUDA IPC handles of rlsync's own buffers, control messages over a 0600 Unix socket).
+
+The sender keeps a copy of its state dict on the GPU (rlsync's allocation, never PyTorch's memory) and, per
+sync, runs the fused diff kernel against it; the changes stay on the device, where each receiver's install
+kernel reads them. Only a small checksummed control message (sequence number, version, change counts) and an
+ack per receiver travel over the socket. One version is in flight: ``sync`` returns after every receiver acked.
+
+Bootstrap: the first ``sync`` (or an explicit :meth:`CudaIpcSender.bootstrap`) copies the state into the
+snapshot and sends every receiver a full copy of it, so the receivers start equal to the sender whatever
+their tensors held. A receiver that connects later (a rank below ``receivers``) gets a full copy at the start of
+the next sync. A receiver that dies makes that sync raise :class:`rlsync.TransportError` naming its rank at
+once; the others go on.
+
+Integrity: every control message carries an xxh3 checksum and a strictly increasing sequence number, and a
+receiver checks each one (newer, version not older, change counts within the setup's capacities) before it
+writes anything; a rejected one leaves its tensors untouched. The changes themselves never leave GPU memory
+and are not checksummed (the install kernel writes only inside each entry's tile of the right tensor).
+
+Both ends need the same tensors (shapes and dtypes, in the same order), contiguous CUDA tensors of one device
+each (the sender's and a receiver's device may differ: peer access is enabled). Without CUDA (no driver, or a
+build without it) every call raises :class:`rlsync.CudaError`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _native
+from .syncer import StateDictLike, _describe
+
+__all__ = ["CudaIpcSender", "CudaIpcReceiver", "cuda_ipc_sender", "cuda_ipc_receiver"]
+
+
+def _stream(descs: list[tuple]) -> int:
+    """The caller's current stream on the tensors' device (0, the legacy default stream, without CUDA)."""
+    for d in descs:
+        if d[6].startswith("cuda"):
+            import torch
+
+            return torch.cuda.current_stream(d[1].device).cuda_stream
+    return 0
+
+
+class CudaIpcSender:
+    """The sending end; see :func:`cuda_ipc_sender`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        state_dict: StateDictLike,
+        receivers: int,
+        snapshot_device: str = "cuda",
+        timeout: float = 60.0,
+    ) -> None:
+        self._state = state_dict
+        self._native = _native.CudaIpcSender(os.fspath(path), _describe(state_dict), receivers, snapshot_device, timeout)
+
+    def bootstrap(self, version: int = 0) -> dict[str, Any]:
+        """Snapshot := the state dict; wait for every receiver and send each a full copy at ``version``."""
+        descs = _describe(self._state)
+        return self._native.bootstrap(descs, _stream(descs), version)
+
+    def sync(self, version: int) -> dict[str, Any]:
+        """Build the patch of the state dict against the snapshot on the GPU, have every receiver install it,
+        return after all acks: ``{"seq", "version", "full", "build_s", "acks_s", "receivers", "widths"}``
+        (``widths``: ``(element bytes, changes, overflowed)``). The first call bootstraps."""
+        descs = _describe(self._state)
+        return self._native.sync(descs, _stream(descs), version)
+
+    def ranks(self) -> list[int]:
+        """The receivers connected now."""
+        return self._native.ranks()
+
+    def close(self) -> None:
+        """Free the GPU buffers and remove the socket."""
+        self._native.close()
+
+    def __enter__(self) -> "CudaIpcSender":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CudaIpcReceiver:
+    """The receiving end; see :func:`cuda_ipc_receiver`."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], rank: int, state_dict: StateDictLike, timeout: float = 60.0
+    ) -> None:
+        self._state = state_dict
+        self._native = _native.CudaIpcReceiver(os.fspath(path), rank, _describe(state_dict), timeout)
+
+    def apply(self, timeout: float = 60.0) -> int:
+        """Wait up to ``timeout`` seconds for the next sync and install it into the state dict's tensors in
+        place (on the current stream, waited for); its version. A message that fails validation raises
+        :class:`rlsync.PayloadRejected` with the tensors untouched."""
+        descs = _describe(self._state)
+        return self._native.apply(descs, _stream(descs), timeout)
+
+    @property
+    def version(self) -> int | None:
+        """The version installed last (``None`` before the first sync)."""
+        return self._native.version
+
+    def close(self) -> None:
+        """Unmap the sender's buffers."""
+        self._native.close()
+
+    def __enter__(self) -> "CudaIpcReceiver":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def cuda_ipc_sender(
+    path: str | os.PathLike[str],
+    state_dict: StateDictLike,
+    receivers: int,
+    snapshot_device: str = "cuda",
+    timeout: float = 60.0,
+) -> CudaIpcSender:
+    """Bind the socket ``path`` (created 0600; its directory must exist) for ``receivers`` receivers (ranks
+    ``0 .. receivers-1``) and allocate the GPU snapshot copy and patch buffers for ``state_dict``'s CUDA
+    tensors. ``snapshot_device`` must be ``"cuda"`` (the snapshot is shared by CUDA IPC). ``timeout`` bounds
+    the wait for receivers and for each sync's acks."""
+    return CudaIpcSender(path, state_dict, receivers, snapshot_device, timeout)
+
+
+def cuda_ipc_receiver(
+    path: str | os.PathLike[str], rank: int, state_dict: StateDictLike, timeout: float = 60.0
+) -> CudaIpcReceiver:
+    """Connect to the sender at ``path`` as ``rank`` (waiting up to ``timeout`` seconds for it to admit this
+    receiver: it does so in its ``bootstrap`` or first ``sync``) and map its buffers on the device of
+    ``state_dict``'s CUDA tensors."""
+    return CudaIpcReceiver(path, rank, state_dict, timeout)

@@ -1,0 +1,309 @@
+//! The same-host GPU channel in Python: `CudaIpcSender` / `CudaIpcReceiver` over a state dict's CUDA tensors
+//! (the crate's `gpu::ipc` with its CUDA devices; `rlsync/ipc.py` wraps them).
+//!
+//! Each call takes the tensors' descriptions (as `syncer._describe` makes them) and the caller's current
+//! stream, checks them against the layout fixed at construction and hands the addresses to the device side;
+//! the blocking work runs without the GIL. The GPU is opened before anything else, so on a machine without
+//! CUDA (or a build without it) every entry point raises `rlsync.CudaError`.
+
+use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use rlsync_core::gpu::compact::Layout;
+use rlsync_core::gpu::ipc::{
+    CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, SyncReport,
+};
+use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::tensor::RawTensor;
+use rlsync_core::tensor::borrowed::check_device_memory;
+
+use crate::device::cuda_ordinal;
+use crate::errors::{
+    CudaError, HandshakeError, PayloadRejected, RlsyncError, TransportError, borrow_error, chain,
+    gpu_error,
+};
+use crate::syncer::Desc;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CudaIpcSender>()?;
+    m.add_class::<CudaIpcReceiver>()?;
+    Ok(())
+}
+
+fn ipc_error(err: &IpcError) -> PyErr {
+    let msg = chain(err);
+    match err {
+        IpcError::Gpu(_) => CudaError::new_err(msg),
+        IpcError::Rejected { .. } => PayloadRejected::new_err(msg),
+        IpcError::State { .. } | IpcError::Layout(_) => PyValueError::new_err(msg),
+        IpcError::Receiver { .. }
+        | IpcError::Sender { .. }
+        | IpcError::Connect { .. }
+        | IpcError::Socket { .. }
+        | IpcError::InUse { .. }
+        | IpcError::NoDir { .. } => TransportError::new_err(msg),
+    }
+}
+
+/// The device ordinal the descriptions' tensors live on (0 when none is a CUDA tensor: opening it then
+/// reports a missing driver or build as it should, and the tensors are refused after).
+fn ordinal_of(descs: &[Desc]) -> PyResult<usize> {
+    for d in descs {
+        if let Some(o) = cuda_ordinal(&d.6) {
+            return o.map_err(|()| {
+                PyValueError::new_err(format!(
+                    "tensor '{}': cannot read its device '{}'",
+                    d.0, d.6
+                ))
+            });
+        }
+    }
+    Ok(0)
+}
+
+/// Open the GPU of the tensors (first, so no CUDA is a `CudaError` whatever the tensors are).
+fn open(descs: &[Desc]) -> PyResult<Gpu> {
+    let ordinal = ordinal_of(descs)?;
+    Gpu::open(ordinal).map_err(|e| gpu_error(&e))
+}
+
+/// Every tensor a contiguous CUDA tensor of `gpu`'s device: (address, elements, element width) in order.
+fn tensors(descs: &[Desc], gpu: &Gpu) -> PyResult<Vec<(u64, u64, usize)>> {
+    descs
+        .iter()
+        .map(|d| {
+            let on = cuda_ordinal(&d.6).and_then(Result::ok);
+            if on != Some(gpu.ordinal()) {
+                return Err(PyValueError::new_err(format!(
+                    "tensor '{}' is on {}: the GPU channel takes the CUDA tensors of cuda:{} only",
+                    d.0,
+                    d.6,
+                    gpu.ordinal()
+                )));
+            }
+            let raw = RawTensor {
+                name: d.0.clone(),
+                addr: d.2,
+                dtype: d.3.clone(),
+                shape: d.4.clone(),
+                strides: d.5.clone(),
+                device: d.6.clone(),
+            };
+            let (dtype, bytes) = check_device_memory(&raw).map_err(|e| borrow_error(&e))?;
+            let w = dtype.size_bytes();
+            Ok((d.2 as u64, (bytes / w) as u64, w))
+        })
+        .collect()
+}
+
+fn layout_of(ts: &[(u64, u64, usize)]) -> PyResult<Layout> {
+    let shapes: Vec<(u64, usize)> = ts.iter().map(|&(_, n, w)| (n, w)).collect();
+    Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))
+}
+
+/// The addresses of `descs` for the next operation, which must have the construction's layout.
+fn addresses(descs: &[Desc], gpu: &Gpu, layout: &Layout) -> PyResult<Vec<u64>> {
+    let ts = tensors(descs, gpu)?;
+    if layout_of(&ts)? != *layout {
+        return Err(HandshakeError::new_err(format!(
+            "the state dict's tensors ({}) are not those the channel was made for ({}, same shapes and dtypes in the same order)",
+            ts.len(),
+            layout.tensors().len()
+        )));
+    }
+    Ok(ts.into_iter().map(|(a, _, _)| a).collect())
+}
+
+/// The end's state for one call. An end runs one call at a time: a second one from another thread gets an
+/// error rather than waiting for the lock while it holds the GIL (the running call needs the GIL to finish).
+fn take<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Ok(g),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(RlsyncError::new_err(
+            "another call on this GPU channel end is running (one call at a time)",
+        )),
+    }
+}
+
+fn closed() -> PyErr {
+    RlsyncError::new_err("the GPU channel end is closed")
+}
+
+fn secs(timeout: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(timeout)
+        .map_err(|_| PyValueError::new_err(format!("timeout must be >= 0 seconds, got {timeout}")))
+}
+
+fn report<'py>(py: Python<'py>, r: &SyncReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("seq", r.seq)?;
+    d.set_item("version", r.version)?;
+    d.set_item("full", r.full)?;
+    d.set_item("build_s", r.build_s)?;
+    d.set_item("acks_s", r.acks_s)?;
+    d.set_item("receivers", r.receivers)?;
+    let widths: Vec<(u8, u64, bool)> = r
+        .widths
+        .iter()
+        .map(|w| (w.width, w.changes, w.overflow))
+        .collect();
+    d.set_item("widths", widths)?;
+    Ok(d)
+}
+
+/// The sending end (`rlsync.cuda_ipc_sender`).
+#[pyclass(module = "rlsync._native", frozen)]
+pub struct CudaIpcSender {
+    inner: Mutex<Option<(Gpu, IpcSender<CudaSender>)>>,
+}
+
+#[pymethods]
+impl CudaIpcSender {
+    /// Bind `path` (0600; its directory must exist) and allocate the snapshot copy and outputs for the
+    /// tensors of `descs` on their device; `receivers` ranks 0..receivers may connect.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        descs: Vec<Desc>,
+        receivers: usize,
+        snapshot_device: &str,
+        timeout: f64,
+    ) -> PyResult<CudaIpcSender> {
+        let gpu = open(&descs)?;
+        if snapshot_device != "cuda" {
+            return Err(PyValueError::new_err(format!(
+                "snapshot_device '{snapshot_device}': the GPU channel shares its snapshot copy with the receivers by CUDA IPC, so it lives on the GPU ('cuda')"
+            )));
+        }
+        let timeout = secs(timeout)?;
+        let ts = tensors(&descs, &gpu)?;
+        let layout = layout_of(&ts)?;
+        let dev = CudaSender::new(gpu.clone());
+        let tx = py
+            .detach(|| IpcSender::bind(&path, dev, layout, receivers, timeout))
+            .map_err(|e| ipc_error(&e))?;
+        Ok(CudaIpcSender {
+            inner: Mutex::new(Some((gpu, tx))),
+        })
+    }
+
+    /// Snapshot copy := the tensors, wait for every receiver and give each a full copy at `version`.
+    fn bootstrap<'py>(
+        &self,
+        py: Python<'py>,
+        descs: Vec<Desc>,
+        stream: u64,
+        version: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        self.run(py, descs, stream, |tx| tx.bootstrap(version))
+    }
+
+    /// One sync at `version` (the first one bootstraps).
+    fn sync<'py>(
+        &self,
+        py: Python<'py>,
+        descs: Vec<Desc>,
+        stream: u64,
+        version: u64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        self.run(py, descs, stream, |tx| tx.sync(version))
+    }
+
+    /// The ranks connected now.
+    fn ranks(&self) -> PyResult<Vec<u32>> {
+        let g = take(&self.inner)?;
+        g.as_ref().map(|(_, tx)| tx.ranks()).ok_or_else(closed)
+    }
+
+    /// Free the device buffers and remove the socket (receivers see the channel close).
+    fn close(&self) -> PyResult<()> {
+        let taken = take(&self.inner)?.take();
+        drop(taken);
+        Ok(())
+    }
+}
+
+impl CudaIpcSender {
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        descs: Vec<Desc>,
+        stream: u64,
+        op: impl FnOnce(&mut IpcSender<CudaSender>) -> Result<SyncReport, IpcError> + Send,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let mut g = take(&self.inner)?;
+        let Some((gpu, tx)) = g.as_mut() else {
+            return Err(closed());
+        };
+        let addrs = addresses(&descs, gpu, tx.layout())?;
+        tx.device_mut().set_state(addrs, Stream(stream));
+        let r = py.detach(|| op(tx)).map_err(|e| ipc_error(&e))?;
+        report(py, &r)
+    }
+}
+
+/// The receiving end (`rlsync.cuda_ipc_receiver`).
+#[pyclass(module = "rlsync._native", frozen)]
+pub struct CudaIpcReceiver {
+    inner: Mutex<Option<(Gpu, IpcReceiver<CudaReceiver>)>>,
+}
+
+#[pymethods]
+impl CudaIpcReceiver {
+    /// Connect to the sender at `path` as `rank` (waiting up to `timeout` for it) and open its buffers on
+    /// the device of the tensors of `descs`.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        rank: u32,
+        descs: Vec<Desc>,
+        timeout: f64,
+    ) -> PyResult<CudaIpcReceiver> {
+        let gpu = open(&descs)?;
+        let timeout = secs(timeout)?;
+        let ts = tensors(&descs, &gpu)?;
+        let layout = layout_of(&ts)?;
+        let dev = CudaReceiver::new(gpu.clone());
+        let rx = py
+            .detach(|| IpcReceiver::connect(&path, rank, layout, dev, timeout))
+            .map_err(|e| ipc_error(&e))?;
+        Ok(CudaIpcReceiver {
+            inner: Mutex::new(Some((gpu, rx))),
+        })
+    }
+
+    /// Wait up to `timeout` seconds for the next sync, install it into the tensors of `descs` on `stream`;
+    /// its version.
+    fn apply(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64, timeout: f64) -> PyResult<u64> {
+        let timeout = secs(timeout)?;
+        let mut g = take(&self.inner)?;
+        let Some((gpu, rx)) = g.as_mut() else {
+            return Err(closed());
+        };
+        let addrs = addresses(&descs, gpu, rx.layout())?;
+        rx.device_mut().set_tensors(addrs, Stream(stream));
+        py.detach(|| rx.apply(timeout)).map_err(|e| ipc_error(&e))
+    }
+
+    /// The version installed last (`None` before the first sync).
+    #[getter]
+    fn version(&self) -> PyResult<Option<u64>> {
+        let g = take(&self.inner)?;
+        g.as_ref().map(|(_, rx)| rx.version()).ok_or_else(closed)
+    }
+
+    /// Close the sender's buffers in this process.
+    fn close(&self) -> PyResult<()> {
+        let taken = take(&self.inner)?.take();
+        drop(taken);
+        Ok(())
+    }
+}

@@ -1,0 +1,82 @@
+"""A stand-in for rlsync's GPU channel in the CPU test of gpu_check's ``ipc`` stage: the same calls and the same
+lifecycle (bind, admit at bootstrap, ack per sync, the receivers see the close), the tensors' bytes pickled over a
+Unix socket. ``FAKE_IPC_SKIP=<version>`` makes the receivers ack that version without installing it."""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Client, Listener
+from typing import Any
+
+import torch
+
+
+class TransportError(Exception):
+    pass
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16).reshape(-1)
+
+
+class _Sender:
+    def __init__(self, path: str, state: dict, receivers: int, timeout: float = 60.0) -> None:
+        self._listener = Listener(path, family="AF_UNIX")
+        self._state, self._n, self._conns, self._seq = state, receivers, [], 0
+
+    def _send(self, version: int, full: bool) -> dict[str, Any]:
+        payload = {k: _bits(t).numpy().tobytes() for k, t in self._state.items()}
+        self._seq += 1
+        for c in self._conns:
+            c.send(("sync", version, payload))
+        for c in self._conns:
+            ack = c.recv()
+            if ack != ("ack", version):
+                raise TransportError(f"ack {ack}")
+        return {"seq": self._seq, "version": version, "full": full, "build_s": 0.0, "acks_s": 0.0,
+                "receivers": len(self._conns), "widths": [(2, 1, False)]}
+
+    def bootstrap(self, version: int = 0) -> dict[str, Any]:
+        while len(self._conns) < self._n:
+            c = self._listener.accept()
+            c.recv()  # hello
+            self._conns.append(c)
+        return self._send(version, True)
+
+    def sync(self, version: int) -> dict[str, Any]:
+        return self._send(version, False)
+
+    def close(self) -> None:
+        for c in self._conns:
+            c.close()
+        self._listener.close()
+
+
+class _Receiver:
+    def __init__(self, path: str, rank: int, state: dict, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._conn = Client(path, family="AF_UNIX")
+        self._conn.send(("hello", rank))
+        self._state = state
+        self._skip = int(os.environ.get("FAKE_IPC_SKIP", "-1"))
+
+    def apply(self, timeout: float = 60.0) -> int:
+        try:
+            _, version, payload = self._conn.recv()
+        except (EOFError, OSError) as e:
+            raise TransportError(f"the sender closed the channel ({type(e).__name__})") from None
+        if version != self._skip:
+            for k, b in payload.items():
+                _bits(self._state[k]).copy_(torch.frombuffer(bytearray(b), dtype=torch.int16))
+        self._conn.send(("ack", version))
+        return version
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+cuda_ipc_sender = _Sender
+cuda_ipc_receiver = _Receiver
