@@ -68,12 +68,13 @@ SCHEMA_VERSION = 1
 
 # Stage: (name, share of the budget in seconds at most, seconds it needs at least to start).
 STAGES: list[tuple[str, float, float]] = [
-    ("env", 10, 1),
-    ("kernels", 45, 8),
-    ("rooflines", 20, 5),
-    ("density", 12, 3),
-    ("timing_7b", 130, 20),
-    ("correctness", 65, 10),
+    ("env", 5, 1),
+    ("kernels", 40, 8),
+    ("rooflines", 15, 5),
+    ("density", 10, 3),
+    ("timing_7b", 110, 20),
+    ("correctness", 50, 10),
+    ("ipc", 50, 25),
     ("gym_ppo", 40, 15),
     ("sanitizer", 45, 15),
 ]
@@ -1179,8 +1180,18 @@ def stage_kernels(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
+def stage_ipc(ctx: Ctx) -> dict[str, Any]:
+    """The same-host GPU channel (python/bench/gpu_check_ipc.py): 7B bf16 to 1 and 2 receiver processes."""
+    # Imported here, so the two modules never import each other half-loaded.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import gpu_check_ipc
+
+    return gpu_check_ipc.stage_ipc(ctx.results, cpu=ctx.cpu, deadline=ctx.deadline)
+
+
 STAGE_FNS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "env": stage_env,
+    "ipc": stage_ipc,
     "kernels": stage_kernels,
     "rooflines": stage_rooflines,
     "density": stage_density,

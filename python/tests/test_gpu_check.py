@@ -10,7 +10,7 @@ import sys
 
 from python_runs import BIN, ROOT, environment
 
-STAGES = ["env", "kernels", "rooflines", "density", "timing_7b", "correctness", "gym_ppo", "sanitizer"]
+STAGES = ["env", "kernels", "rooflines", "density", "timing_7b", "correctness", "ipc", "gym_ppo", "sanitizer"]
 
 
 def run_check(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
