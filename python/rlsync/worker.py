@@ -201,7 +201,10 @@ class _Adapter:
         if not callable(hook):
             return None
         tensors, structure = flatten_state(hook())
-        return _describe(tensors), structure  # the descriptions hold the tensors while the file is written
+        # The file is written from host memory: CUDA state (optimizer moments of a model on the GPU) is
+        # copied to the CPU first (the descriptions hold the copies while the file is written).
+        tensors = {k: (v.detach().cpu() if getattr(v, "is_cuda", False) else v) for k, v in tensors.items()}
+        return _describe(tensors), structure
 
     def load_trainer_state(self, items: list | None, structure: str | None) -> None:
         """On ``runner.resume_dir``, after the weights: hand the saved trainer state to the trainer's

@@ -21,6 +21,7 @@ use rlsync_core::protocol::arrays::{self, NamedArray};
 use rlsync_core::tensor::{Class, StateDict};
 
 use crate::checkpoint;
+use crate::device::{self, SharedSide};
 use crate::errors::{RlsyncError, chain};
 use crate::syncer::{Desc, borrow};
 
@@ -65,6 +66,16 @@ struct PyWorkload {
     keep: Vec<Py<PyAny>>,
     rank: u32,
     next_chunk: u64,
+    /// The model's CUDA tensors' host copies (a model on `worker.device=cuda`): the runtime syncs the copies,
+    /// pulled after each training step and pushed before each rollout / evaluation.
+    device: Option<SharedSide>,
+}
+
+/// A device copy failed: the worker stops with the cause.
+fn device_failed(what: &str, e: &rlsync_core::gpu::GpuError) -> WorkloadError {
+    WorkloadError::Foreign {
+        message: format!("{what}: {}", rlsync_core::error_chain(e)),
+    }
 }
 
 impl PyWorkload {
@@ -94,6 +105,14 @@ impl Workload for PyWorkload {
             let (descs, synced) = out
                 .extract::<(Vec<Desc>, Vec<String>)>()
                 .map_err(|e| bad_return("describe()", e))?;
+            // CUDA tensors are synced through host copies (the legacy default stream orders the copies after
+            // the model's own work on torch's default stream).
+            let (descs, dev) =
+                device::stage(descs, &mut self.device, 0).map_err(|e| WorkloadError::Foreign {
+                    message: format!("the model's tensors cannot be synced: {}", e.value(py)),
+                })?;
+            device::pull(&dev)
+                .map_err(|e| device_failed("copying the model's CUDA tensors to the host", &e))?;
             let (borrowed, keep) = borrow(descs).map_err(|e| WorkloadError::Foreign {
                 message: format!("the model's tensors cannot be synced: {}", e.value(py)),
             })?;
@@ -133,6 +152,8 @@ impl Workload for PyWorkload {
             let (loss, metrics) = out
                 .extract::<(f64, Vec<(String, f64)>)>()
                 .map_err(|e| bad_return("train()", e))?;
+            device::pull(&self.device)
+                .map_err(|e| device_failed("copying the trained CUDA tensors to the host", &e))?;
             Ok(TrainStats { loss, metrics })
         })
     }
@@ -148,6 +169,8 @@ impl Workload for PyWorkload {
             chunk: self.next_chunk,
         };
         self.next_chunk += 1;
+        device::push(&self.device)
+            .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e))?;
         Python::attach(|py| {
             let out = self.call(py, "rollout", (steps, version))?;
             let (items, env_steps, mean_return) = out
@@ -167,6 +190,8 @@ impl Workload for PyWorkload {
         _state: &StateDict,
         _version: u64,
     ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        device::push(&self.device)
+            .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e))?;
         Python::attach(|py| {
             let out = self.call(py, "evaluate", ())?;
             if out.is_none() {
@@ -217,6 +242,9 @@ impl Workload for PyWorkload {
     /// `load_state_dict()`, before the bootstrap sync and the first step.
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
         rlsync::checkpoint::load_weights_into(state, dir).map_err(trainer_error)?;
+        device::push(&self.device).map_err(|e| {
+            device_failed("copying the checkpoint's weights to the CUDA tensors", &e)
+        })?;
         let saved = checkpoint::load(dir).map_err(trainer_error)?;
         Python::attach(|py| {
             let (items, structure) = match saved {
@@ -265,6 +293,7 @@ fn run_worker(py: Python<'_>, argv: Vec<String>, factory: Py<PyAny>) -> PyResult
                 keep: Vec::new(),
                 rank: place.rank,
                 next_chunk: 0,
+                device: None,
             }) as Box<dyn Workload>)
         })
     });
