@@ -34,35 +34,8 @@ from typing import Any
 
 import torch
 
-try:  # gpu_check's helpers when it is beside this file
-    from gpu_check import bit_equal, llama2_7b_shapes, perturb  # type: ignore[import-not-found]
-except Exception:  # noqa: BLE001 - standalone: the same helpers below
-
-    def llama2_7b_shapes(cpu: bool) -> list[tuple[str, tuple[int, ...]]]:
-        """Llama-2-7B's 291 tensors (hidden 4096, MLP 11008, vocab 32000, 32 layers); ``cpu``: a small twin."""
-        h, f, v, layers = (128, 344, 1000, 2) if cpu else (4096, 11008, 32000, 32)
-        out = [("model.embed_tokens.weight", (v, h))]
-        for i in range(layers):
-            p = f"model.layers.{i}"
-            out += [(f"{p}.self_attn.{n}_proj.weight", (h, h)) for n in "qkvo"]
-            out += [(f"{p}.mlp.gate_proj.weight", (f, h)), (f"{p}.mlp.up_proj.weight", (f, h))]
-            out += [(f"{p}.mlp.down_proj.weight", (h, f))]
-            out += [(f"{p}.input_layernorm.weight", (h,)), (f"{p}.post_attention_layernorm.weight", (h,))]
-        out += [("model.norm.weight", (h,)), ("lm_head.weight", (v, h))]
-        return out
-
-    def perturb(state: dict[str, torch.Tensor], density: float, gen: torch.Generator) -> None:
-        """Flip the lowest bit of ``density`` of the elements of every tensor."""
-        for t in state.values():
-            mask = torch.rand(t.shape, device=t.device, generator=gen) < density
-            bits = t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-            bits.bitwise_xor_(mask.to(bits.dtype))
-
-    def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-        if a.dtype != b.dtype or a.shape != b.shape:
-            return False
-        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.view(view), b.view(view))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import bit_equal, llama2_7b_shapes, perturb  # noqa: E402 - gpu_check's helpers, beside this file
 
 
 FALLBACK_DENSITY = 0.01

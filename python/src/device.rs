@@ -65,6 +65,18 @@ pub(crate) fn cuda_ordinal(device: &str) -> Option<Result<usize, ()>> {
     })
 }
 
+/// A description as the crate's [`RawTensor`] (for the checks of a tensor the crate cannot borrow).
+pub(crate) fn raw_tensor(d: &Desc) -> RawTensor {
+    RawTensor {
+        name: d.0.clone(),
+        addr: d.2,
+        dtype: d.3.clone(),
+        shape: d.4.clone(),
+        strides: d.5.clone(),
+        device: d.6.clone(),
+    }
+}
+
 /// Host copies := device tensors, where the state has CUDA tensors.
 pub(crate) fn pull(side: &Option<SharedSide>) -> Result<(), GpuError> {
     side.as_ref().map_or(Ok(()), |s| lock(s).pull())
@@ -161,15 +173,7 @@ pub(crate) fn stage(
             }
             Some(_) => {}
         }
-        let raw = RawTensor {
-            name: d.0.clone(),
-            addr: d.2,
-            dtype: d.3.clone(),
-            shape: d.4.clone(),
-            strides: d.5.clone(),
-            device: d.6.clone(),
-        };
-        let (_, bytes) = check_device_memory(&raw).map_err(|e| borrow_error(&e))?;
+        let (_, bytes) = check_device_memory(&raw_tensor(d)).map_err(|e| borrow_error(&e))?;
         cuda.push((
             i,
             DeviceTensor {

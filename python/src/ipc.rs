@@ -19,10 +19,9 @@ use rlsync_core::gpu::ipc::{
     CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, SyncReport,
 };
 use rlsync_core::gpu::{Gpu, Stream};
-use rlsync_core::tensor::RawTensor;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
-use crate::device::cuda_ordinal;
+use crate::device::{self, cuda_ordinal};
 use crate::errors::{
     CudaError, HandshakeError, PayloadRejected, RlsyncError, TransportError, borrow_error, chain,
     gpu_error,
@@ -86,15 +85,8 @@ fn tensors(descs: &[Desc], gpu: &Gpu) -> PyResult<Vec<(u64, u64, usize)>> {
                     gpu.ordinal()
                 )));
             }
-            let raw = RawTensor {
-                name: d.0.clone(),
-                addr: d.2,
-                dtype: d.3.clone(),
-                shape: d.4.clone(),
-                strides: d.5.clone(),
-                device: d.6.clone(),
-            };
-            let (dtype, bytes) = check_device_memory(&raw).map_err(|e| borrow_error(&e))?;
+            let (dtype, bytes) =
+                check_device_memory(&device::raw_tensor(d)).map_err(|e| borrow_error(&e))?;
             let w = dtype.size_bytes();
             Ok((d.2 as u64, (bytes / w) as u64, w))
         })

@@ -112,6 +112,24 @@ pub enum Arg {
     U64(u64),
 }
 
+/// Where one `diff_compact` launch reads its job table and writes its output (device addresses; see
+/// `gpu/compact.rs` for the layouts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiffLaunch {
+    pub width: usize,
+    /// The job table (`DiffJob`s) and how many jobs it holds.
+    pub jobs: u64,
+    pub njobs: u32,
+    pub ntiles: u64,
+    /// The output pool (indices, values) and its capacity in changes.
+    pub idx: u64,
+    pub vals: u64,
+    pub capacity: u64,
+    /// The reservation cursor (one u64, zeroed here before the launch) and the tile directory.
+    pub cursor: u64,
+    pub dir: u64,
+}
+
 /// An open device: its primary context (shared with PyTorch) and rlsync's kernels loaded in it.
 #[derive(Clone)]
 pub struct Gpu {
@@ -276,6 +294,37 @@ impl Gpu {
     pub unsafe fn ipc_close(&self, addr: u64) -> Result<(), GpuError> {
         // SAFETY: forwarded to the caller.
         unsafe { self.inner.ipc_close(addr) }
+    }
+
+    /// Queue one `diff_compact` launch on `stream`: zero its cursor, then one wave of resident blocks (the
+    /// driver's occupancy for the width's kernel) grid-striding over the tiles.
+    ///
+    /// # Safety
+    /// Every address in `l` must be rlsync's device memory sized for the launch's layout, and the job table must
+    /// name live state and snapshot tensors, until the launch has run.
+    pub unsafe fn queue_diff_compact(
+        &self,
+        l: &DiffLaunch,
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        const BLOCK: u32 = compact::BLOCK;
+        let resident = self.sm_count() * self.blocks_per_sm(Kernel::DiffCompact, l.width, BLOCK);
+        let grid = (l.ntiles as usize).min(resident).max(1) as u32;
+        let args = [
+            Arg::U64(l.jobs),
+            Arg::U32(l.njobs),
+            Arg::U64(l.ntiles),
+            Arg::U64(l.idx),
+            Arg::U64(l.vals),
+            Arg::U64(l.capacity),
+            Arg::U64(l.cursor),
+            Arg::U64(l.dir),
+        ];
+        // SAFETY: forwarded to the caller; the arguments follow diff_compact's signature.
+        unsafe {
+            self.zero_async(l.cursor, 8, stream)?;
+            self.launch(Kernel::DiffCompact, l.width, grid, BLOCK, &args, stream)
+        }
     }
 
     /// Launch `kernel` for elements of `width` bytes with `grid` × `block` threads on `stream`; `args` are

@@ -16,7 +16,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use super::compact::{self, CollectReport, Layout, TileDir};
-use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use super::{DeviceBuf, DeviceState, DiffLaunch, Gpu, GpuError, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
@@ -220,38 +220,23 @@ impl PatchBuilder for GpuDiffer {
                 .diff_jobs(wb.width, |pos| (state_addrs[pos], ready.snap_addrs[pos]));
             let bytes = compact::as_bytes(&jobs);
             wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
-            // SAFETY: rlsync's own buffers of the sizes prepared; the pinned source is not touched again
-            // before the stream is synchronised below.
+            let launch = DiffLaunch {
+                width: wb.width,
+                jobs: wb.jobs.addr(),
+                njobs: jobs.len() as u32,
+                ntiles: wb.ntiles,
+                idx: wb.idx.addr(),
+                vals: wb.vals.addr(),
+                capacity: wb.capacity,
+                cursor: wb.cursor.addr(),
+                dir: wb.dir.addr(),
+            };
+            // SAFETY: rlsync's own buffers of the sizes prepared for this layout; the job table names live CUDA
+            // tensors (the caller keeps them alive during the sync) and snapshot memory this builder owns; the
+            // pinned sources and destinations are not touched again before the stream is synchronised below.
             unsafe {
                 gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
-                gpu.zero_async(wb.cursor.addr(), 8, stream)?;
-            }
-            // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
-            let resident =
-                gpu.sm_count() * gpu.blocks_per_sm(Kernel::DiffCompact, wb.width, compact::BLOCK);
-            let grid = (wb.ntiles as usize).min(resident).max(1) as u32;
-            let args = [
-                Arg::U64(wb.jobs.addr()),
-                Arg::U32(jobs.len() as u32),
-                Arg::U64(wb.ntiles),
-                Arg::U64(wb.idx.addr()),
-                Arg::U64(wb.vals.addr()),
-                Arg::U64(wb.capacity),
-                Arg::U64(wb.cursor.addr()),
-                Arg::U64(wb.dir.addr()),
-            ];
-            // SAFETY: the arguments follow diff_compact's signature; the job table names live CUDA tensors
-            // (the caller keeps them alive during the sync) and snapshot memory this builder owns, and the
-            // pool, cursor and directory were sized for this layout.
-            unsafe {
-                gpu.launch(
-                    Kernel::DiffCompact,
-                    wb.width,
-                    grid,
-                    compact::BLOCK,
-                    &args,
-                    stream,
-                )?;
+                gpu.queue_diff_compact(&launch, stream)?;
                 gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
             }
         }

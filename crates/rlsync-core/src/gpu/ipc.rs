@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::compact::{self, Layout, TileDir};
-use super::{Arg, DeviceBuf, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use super::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use wire::{Export, Message, Mode, Reason, Setup, Status, TensorFact, WidthCount, WidthExport};
 
 /// Fraction of a width's elements its pool holds (as the host-path builder).
@@ -46,8 +46,6 @@ const POOL_DENSITY: u64 = super::differ::POOL_DENSITY;
 const MIN_POOL: u64 = 1 << 16;
 /// Alignment of every sub-buffer in an exported allocation.
 const ALIGN: u64 = 256;
-/// Blocks per multiprocessor of a grid-stride launch.
-const BLOCKS_PER_SM: usize = 8;
 
 /// Why the channel failed.
 #[derive(Debug, thiserror::Error)]
@@ -1047,38 +1045,29 @@ impl SenderDevice for CudaSender {
             return Ok(Vec::new());
         };
         let (gpu, stream) = (&self.gpu, self.stream);
-        let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
         for wb in &mut self.widths {
             let jobs = layout.diff_jobs(wb.width, |pos| (state[pos], snap.addr() + offsets[pos]));
             let bytes = compact::as_bytes(&jobs);
             wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
             let (dir_off, idx_off, vals_off) = wb.offs;
             let base = wb.out.addr();
-            let args = [
-                Arg::U64(wb.jobs.addr()),
-                Arg::U32(jobs.len() as u32),
-                Arg::U64(wb.ntiles),
-                Arg::U64(base + idx_off),
-                Arg::U64(base + vals_off),
-                Arg::U64(wb.capacity),
-                Arg::U64(wb.cursor.addr()),
-                Arg::U64(base + dir_off),
-            ];
-            let grid = (wb.ntiles as usize).min(grid_cap).max(1) as u32;
+            let launch = DiffLaunch {
+                width: wb.width,
+                jobs: wb.jobs.addr(),
+                njobs: jobs.len() as u32,
+                ntiles: wb.ntiles,
+                idx: base + idx_off,
+                vals: base + vals_off,
+                capacity: wb.capacity,
+                cursor: wb.cursor.addr(),
+                dir: base + dir_off,
+            };
             // SAFETY: rlsync's buffers sized for this layout (width_plan); the job table names the caller's
             // live tensors and this sender's snapshot copy; the pinned job table is not touched again before
             // the stream sync below; no receiver reads the outputs now (all acked the previous version).
             unsafe {
                 gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
-                gpu.zero_async(wb.cursor.addr(), 8, stream)?;
-                gpu.launch(
-                    Kernel::DiffCompact,
-                    wb.width,
-                    grid,
-                    compact::BLOCK,
-                    &args,
-                    stream,
-                )?;
+                gpu.queue_diff_compact(&launch, stream)?;
                 gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
             }
         }
@@ -1174,7 +1163,6 @@ impl ReceiverDevice for CudaReceiver {
     fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
         let tensors = self.tensors_for(setup)?.to_vec();
         let snap = self.opened[0];
-        let grid_cap = self.gpu.sm_count() * BLOCKS_PER_SM;
         for (k, w) in setup.widths.iter().enumerate() {
             let width = usize::from(w.width);
             let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
@@ -1190,7 +1178,12 @@ impl ReceiverDevice for CudaReceiver {
                 Arg::U64(base + w.idx_off),
                 Arg::U64(base + w.vals_off),
             ];
-            let grid = (w.ntiles as usize).min(grid_cap).max(1) as u32;
+            // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
+            let resident = self.gpu.sm_count()
+                * self
+                    .gpu
+                    .blocks_per_sm(Kernel::ApplyCompact, width, compact::BLOCK);
+            let grid = (w.ntiles as usize).min(resident).max(1) as u32;
             // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
             // against the layout at setup); the directory and pool were checked to lie inside the opened
             // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched
