@@ -34,6 +34,7 @@ from .checkpoint import load_trainer_state
 from .ipc import CudaIpcReceiver, CudaIpcSender, cuda_ipc_receiver, cuda_ipc_sender
 from .syncer import (
     BucketWeightSyncer,
+    CollectiveGroupOptions,
     PatchWeightSyncer,
     RecvFn,
     SendFn,
@@ -50,6 +51,7 @@ __all__ = [
     "WeightSyncer",
     "PatchWeightSyncer",
     "BucketWeightSyncer",
+    "CollectiveGroupOptions",
     "SendFn",
     "RecvFn",
     "ShmSender",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
@@ -37,6 +38,7 @@ __all__ = [
     "SendFn",
     "RecvFn",
     "WeightSyncer",
+    "CollectiveGroupOptions",
     "PatchWeightSyncer",
     "BucketWeightSyncer",
     "ShmSender",
@@ -150,6 +152,40 @@ async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> in
         raise
 
 
+@dataclass
+class CollectiveGroupOptions:
+    """RLinf's collective options, as :attr:`WeightSyncer.comm_options` holds them (the fields of RLinf's
+    ``rlinf.scheduler.CollectiveGroupOptions``). rlsync's own transports ignore them; they are for the caller's
+    broadcast / send / recv, as RLinf passes ``syncer.comm_options`` to its collectives."""
+
+    accel_cluster_size: int | None = None
+    accel_max_ctas: int | None = None
+    accel_min_ctas: int | None = None
+    is_high_priority_stream: bool = False
+    use_ring_broadcast: bool = False
+
+    def is_empty_options(self) -> bool:
+        """Whether every option is at its default."""
+        return self == CollectiveGroupOptions()
+
+
+def _comm_options(config: Mapping[str, Any]) -> CollectiveGroupOptions | None:
+    """RLinf's ``_build_comm_options``: the top-level ``use_ring_sync``, ``nccl_max_ctas`` and ``nccl_min_ctas``
+    keys, ``None`` when all are at their defaults."""
+    use_ring = config.get("use_ring_sync") or False
+    max_ctas = config.get("nccl_max_ctas")
+    min_ctas = config.get("nccl_min_ctas")
+    if not use_ring and max_ctas is None and min_ctas is None:
+        return None
+    return CollectiveGroupOptions(use_ring_broadcast=bool(use_ring), accel_max_ctas=max_ctas, accel_min_ctas=min_ctas)
+
+
+def _rlinf_attribute(name: str, doc: str) -> property:
+    """A read-only attribute with RLinf's name, set once by the constructor (setting it later would not reach
+    the native syncer, so it is refused)."""
+    return property(lambda self: self._attrs[name], doc=doc)
+
+
 class WeightSyncer:
     """A weight syncer (patch or bucket) for torch state dicts, with RLinf's async interface.
 
@@ -163,11 +199,16 @@ class WeightSyncer:
         self._native = _native.NativeSyncer(json.dumps(self._config), threads)
         self._active = True
         self._channel: Any = None
+        self._comm_options: CollectiveGroupOptions | None = None
+        self._attrs: dict[str, Any] = {}
 
     @classmethod
     def create(cls, config: Any, *, threads: int = 0) -> "WeightSyncer":
         """Build from an RLinf-shaped ``weight_syncer`` config (dict or OmegaConf ``DictConfig``):
-        ``{"type": "patch" | "bucket", "patch": {...}, "bucket": {...}}``."""
+        ``{"type": "patch" | "bucket", "patch": {...}, "bucket": {...}}`` with RLinf's key aliases
+        (``patch.compression_algorithm`` before ``patch.compression``, ``init_sync.bucket_size`` before
+        ``init_sync.buckets_size``) and its top-level ``use_ring_sync`` / ``nccl_max_ctas`` / ``nccl_min_ctas``
+        (see :attr:`comm_options`)."""
         try:
             from omegaconf import OmegaConf
 
@@ -175,17 +216,23 @@ class WeightSyncer:
                 config = OmegaConf.to_container(config, resolve=True)
         except ImportError:  # pragma: no cover - omegaconf is optional
             pass
+        if not isinstance(config, Mapping):
+            raise TypeError(f"expected a weight_syncer config (a dict or DictConfig), got {type(config).__name__}")
         config = dict(config)
         kind = config.get("type")
+        syncer: WeightSyncer
         if kind == "patch":
             p = dict(config.get("patch") or {})
             if "compression_algorithm" in p:
                 p["compression"] = p.pop("compression_algorithm")
             config["patch"] = p
-            return PatchWeightSyncer._from_config(config, threads)
-        if kind == "bucket":
-            return BucketWeightSyncer._from_config(config, threads)
-        raise ValueError(f"Unsupported weight syncer type: {kind!r} (expected 'patch' or 'bucket')")
+            syncer = PatchWeightSyncer._from_config(config, threads)
+        elif kind == "bucket":
+            syncer = BucketWeightSyncer._from_config(config, threads)
+        else:
+            raise ValueError(f"Unsupported weight syncer type: {kind!r} (expected 'patch' or 'bucket')")
+        syncer._comm_options = _comm_options(config)
+        return syncer
 
     # -- RLinf's interface ------------------------------------------------------------------------------
 
@@ -266,10 +313,27 @@ class WeightSyncer:
         if self._native.on_shm:
             await asyncio.to_thread(self._native.begin_flush().run)
 
-    async def apply(self, model_or_state_dict: StateDictLike, recv: RecvFn | ShmReceiver) -> int:
+    async def apply(
+        self,
+        model: StateDictLike | None = None,
+        recv: RecvFn | ShmReceiver | None = None,
+        *,
+        model_or_state_dict: StateDictLike | None = None,
+    ) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
-        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing."""
-        descs = self._stage(model_or_state_dict)
+        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing.
+
+        ``model`` is a ``torch.nn.Module`` or its state dict (RLinf's parameter name; the older keyword
+        ``model_or_state_dict`` is still accepted)."""
+        if model_or_state_dict is not None:
+            if model is not None:
+                raise TypeError("apply() got both 'model' and 'model_or_state_dict': pass one")
+            model = model_or_state_dict
+        if model is None:
+            raise TypeError("apply() missing required argument: 'model'")
+        if recv is None:
+            raise TypeError("apply() missing required argument: 'recv'")
+        descs = self._stage(model)
         if self._native.on_shm:
             self._check_channel(recv)
             return await asyncio.to_thread(self._native.begin_apply(descs).run)
@@ -308,10 +372,12 @@ class WeightSyncer:
         return self._native.last_report()
 
     @property
-    def comm_options(self) -> None:
-        """RLinf's NCCL collective options (``use_ring_sync``, ``nccl_*_ctas``): always ``None`` here, since
-        rlsync moves payloads through the caller's ``send``/``recv`` or its own shm channel."""
-        return None
+    def comm_options(self) -> CollectiveGroupOptions | None:
+        """RLinf's collective options, built by :meth:`create` from the config's top-level ``use_ring_sync``,
+        ``nccl_max_ctas`` and ``nccl_min_ctas`` (:class:`CollectiveGroupOptions`); ``None`` when all are at
+        their defaults or the syncer was constructed directly. rlsync's own transports (its shm channel) ignore
+        them: they are for the caller's ``send`` / ``recv``."""
+        return self._comm_options
 
     def sender_initialized(self) -> bool:
         return self._native.end == "sender" or not self._active
@@ -335,10 +401,24 @@ def _device(value: Any, what: str) -> str:
     return kind
 
 
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _torch_device(value: Any) -> Any:
+    """RLinf's ``normalize_device``, with rlsync's default: ``None`` is the CPU."""
+    torch = _torch()
+    if isinstance(value, torch.device):
+        return value
+    return torch.device("cpu" if value is None else str(value))
+
+
 def _dtype_name(dtype: Any) -> str | None:
     if dtype is None:
         return None
-    name = str(dtype).removeprefix("torch.")
+    name = str(dtype).removeprefix("torch.").lower()
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     name = aliases.get(name, name)
     if name not in ("bfloat16", "float16", "float32"):
@@ -374,6 +454,8 @@ class PatchWeightSyncer(WeightSyncer):
             raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")
         if int(init_sync_bucket_size) <= 0:
             raise ValueError(f"init_sync_bucket_size must be a positive number of bytes, got {init_sync_bucket_size}")
+        if init_sync_enabled and init_sync_prefixes is not None and len(init_sync_prefixes) == 0:
+            raise ValueError("Patch init sync prefixes must not be empty (None syncs the whole state dict)")
         config = {
             "type": "patch",
             "patch": {
@@ -389,6 +471,27 @@ class PatchWeightSyncer(WeightSyncer):
             },
         }
         super().__init__(config, threads=threads)
+        self._attrs = {
+            "snapshot_device": _torch_device(snapshot_device),
+            "transport_device": _torch_device(transport_device),
+            "delta_encoding": delta_encoding,
+            "compression_algorithm": compression_algorithm,
+            "init_sync_enabled": init_sync_enabled,
+            "init_sync_prefixes": None if init_sync_prefixes is None else [str(p) for p in init_sync_prefixes],
+            "init_sync_bucket_size": init_sync_bucket_size,
+        }
+
+    snapshot_device = _rlinf_attribute("snapshot_device", "Where the sender keeps its snapshot (a ``torch.device``).")
+    transport_device = _rlinf_attribute(
+        "transport_device", "Where payloads are staged (a ``torch.device``; ``None`` at construction means CPU)."
+    )
+    delta_encoding = _rlinf_attribute("delta_encoding", "Whether patch indices are delta-coded.")
+    compression_algorithm = _rlinf_attribute("compression_algorithm", "``none``, ``lz4`` or ``nvcomp_lz4``.")
+    init_sync_enabled = _rlinf_attribute("init_sync_enabled", "Whether init bootstraps the receiver's values.")
+    init_sync_prefixes = _rlinf_attribute(
+        "init_sync_prefixes", "Key prefixes the init bootstrap covers (``None``: the whole state dict)."
+    )
+    init_sync_bucket_size = _rlinf_attribute("init_sync_bucket_size", "Bytes per init bootstrap bucket.")
 
     @classmethod
     def _from_config(cls, config: dict, threads: int) -> "PatchWeightSyncer":
@@ -439,6 +542,22 @@ class BucketWeightSyncer(WeightSyncer):
             },
         }
         super().__init__(config, threads=threads)
+        dtype_name = config["bucket"]["bucket_dtype"]
+        self._attrs = {
+            "bucket_size": bucket_size,
+            "bucket_dtype": None if dtype_name is None else getattr(_torch(), dtype_name),
+            "bucket_device": _torch_device(bucket_device),
+            "is_agent": is_agent,
+            "load_instant": load_instant,
+        }
+
+    bucket_size = _rlinf_attribute("bucket_size", "Most bytes per bucket (a tensor is never split).")
+    bucket_dtype = _rlinf_attribute(
+        "bucket_dtype", "The wire dtype of floating tensors (a ``torch.dtype``), ``None``: their own."
+    )
+    bucket_device = _rlinf_attribute("bucket_device", "Where buckets are staged (a ``torch.device``).")
+    is_agent = _rlinf_attribute("is_agent", "RLinf's agent key rewriting flag (accepted, ignored).")
+    load_instant = _rlinf_attribute("load_instant", "Whether each verified bucket is installed as it arrives.")
 
     @classmethod
     def _from_config(cls, config: dict, threads: int) -> "BucketWeightSyncer":

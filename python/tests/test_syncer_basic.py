@@ -56,7 +56,7 @@ def test_help_renders_the_whole_interface() -> None:
                  "load_trainer_state", "PayloadRejected", "HandshakeError"):
         assert name in text, name
     patch = pydoc.render_doc(rlsync.PatchWeightSyncer, renderer=pydoc.plaintext)
-    assert "async init_sender(self, state_dict" in patch and "async apply(self, model_or_state_dict" in patch
+    assert "async init_sender(self, state_dict" in patch and "async apply(self, model" in patch
     assert "compression_algorithm: 'str' = 'none'" in patch, "signatures keep their type hints and defaults"
     assert "Rust cause" in pydoc.render_doc(rlsync.RlsyncError, renderer=pydoc.plaintext)
 
