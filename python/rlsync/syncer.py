@@ -9,8 +9,8 @@ A trainer (sender) and its rollout workers (receivers) each create the same kind
     await s.sync(model.state_dict(), send, version=1)   v = await r.apply(model, recv)   # -> 1
 
 ``send`` / ``recv`` are the caller's async callables (``await send(payload)``, ``payload = await recv()``),
-exactly as in RLinf; payloads are ``bytes`` (``recv`` may return any bytes-like object), so any transport
-carries them. Callers without a transport pass rlsync's shared-memory channel ends instead (see
+exactly as in RLinf; payloads are ``bytes``, or 1-D uint8 ``torch.Tensor`` s with ``payload_type="tensor"``
+(``recv`` may return any bytes-like object or uint8 tensor), so any transport carries them. Callers without a transport pass rlsync's shared-memory channel ends instead (see
 :func:`rlsync.shm_sender` / :func:`rlsync.shm_receiver`).
 
 Semantics are the Rust core's: the sender keeps a snapshot in the receivers' dtypes and sends only changes
@@ -24,7 +24,9 @@ Don't modify the tensors while an operation on them is being awaited.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import sys
 from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
@@ -49,9 +51,9 @@ __all__ = [
 ]
 
 SendFn = Callable[[Any], Awaitable[None]]
-"""``await send(payload)``: carry one payload (``bytes``) to the peer(s)."""
+"""``await send(payload)``: carry one payload (``bytes``, or a uint8 tensor with ``payload_type="tensor"``)."""
 RecvFn = Callable[[], Awaitable[Any]]
-"""``payload = await recv()``: the next payload from the peer (any bytes-like object)."""
+"""``payload = await recv()``: the next payload from the peer (any bytes-like object or uint8 tensor)."""
 
 ShmSender = _native.ShmSender
 ShmReceiver = _native.ShmReceiver
@@ -112,16 +114,41 @@ def _describe(obj: StateDictLike) -> list[tuple]:
 
 
 def _as_bytes(payload: Any) -> bytes:
+    """A received payload as ``bytes``: any bytes-like object, or a uint8 ``torch.Tensor`` (any device, shape or
+    strides; read through torch itself, so numpy is not needed)."""
     if isinstance(payload, bytes):
         return payload
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(payload, torch.Tensor):
+        if payload.dtype != torch.uint8:
+            raise TypeError(f"recv() returned a torch.Tensor of dtype {payload.dtype}; rlsync payloads are uint8 tensors")
+        flat = payload.detach().to("cpu").contiguous().reshape(-1)
+        if flat.numel() == 0:
+            return b""
+        return ctypes.string_at(flat.data_ptr(), flat.numel())
     try:
         return bytes(memoryview(payload))
     except TypeError:
         pass
-    numpy = getattr(payload, "numpy", None)  # a uint8 torch tensor
-    if callable(numpy):
-        return payload.contiguous().cpu().numpy().tobytes()
-    raise TypeError(f"recv() returned a {type(payload).__name__}; rlsync payloads are bytes-like objects")
+    raise TypeError(
+        f"recv() returned a {type(payload).__name__}; rlsync payloads are bytes-like objects or uint8 torch tensors"
+    )
+
+
+def _as_tensor(payload: bytes) -> "torch.Tensor":
+    """A payload as a 1-D CPU uint8 ``torch.Tensor`` that owns a copy of its bytes (``payload_type="tensor"``)."""
+    import torch
+
+    if not payload:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+
+
+def _tensor_send(send: SendFn) -> SendFn:
+    async def send_tensor(payload: Any) -> None:
+        await send(_as_tensor(payload))
+
+    return send_tensor
 
 
 async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> int:
@@ -194,7 +221,10 @@ class WeightSyncer:
     fails leaves it uninitialised, ready for another.
     """
 
-    def __init__(self, config: Mapping[str, Any], *, threads: int = 0) -> None:
+    def __init__(self, config: Mapping[str, Any], *, threads: int = 0, payload_type: str = "bytes") -> None:
+        if payload_type not in ("bytes", "tensor"):
+            raise ValueError(f"payload_type must be 'bytes' or 'tensor', got {payload_type!r}")
+        self._payload_type = payload_type
         self._config = dict(config)
         self._native = _native.NativeSyncer(json.dumps(self._config), threads)
         self._active = True
@@ -207,8 +237,8 @@ class WeightSyncer:
         """Build from an RLinf-shaped ``weight_syncer`` config (dict or OmegaConf ``DictConfig``):
         ``{"type": "patch" | "bucket", "patch": {...}, "bucket": {...}}`` with RLinf's key aliases
         (``patch.compression_algorithm`` before ``patch.compression``, ``init_sync.bucket_size`` before
-        ``init_sync.buckets_size``) and its top-level ``use_ring_sync`` / ``nccl_max_ctas`` / ``nccl_min_ctas``
-        (see :attr:`comm_options`)."""
+        ``init_sync.buckets_size``), its top-level ``use_ring_sync`` / ``nccl_max_ctas`` / ``nccl_min_ctas``
+        (see :attr:`comm_options`) and rlsync's top-level ``payload_type`` (see :attr:`payload_type`)."""
         try:
             from omegaconf import OmegaConf
 
@@ -265,7 +295,7 @@ class WeightSyncer:
             return
         if recv is None:
             raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
-        await _drive(self._native.begin_init_sender(descs, names, None), send, recv)
+        await _drive(self._native.begin_init_sender(descs, names, None), self._send(send), recv)
 
     async def init_receiver(
         self,
@@ -286,7 +316,7 @@ class WeightSyncer:
             return
         if send is None:
             raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
-        await _drive(self._native.begin_init_receiver(descs, None), send, recv)
+        await _drive(self._native.begin_init_receiver(descs, None), self._send(send), recv)
 
     async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
@@ -301,7 +331,7 @@ class WeightSyncer:
             self._check_channel(send)
             await asyncio.to_thread(self._native.begin_sync(descs, version).run)
         else:
-            await _drive(self._native.begin_sync(descs, version), send, None)
+            await _drive(self._native.begin_sync(descs, version), self._send(send), None)
 
     async def flush(self) -> None:
         """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
@@ -339,6 +369,10 @@ class WeightSyncer:
             return await asyncio.to_thread(self._native.begin_apply(descs).run)
         return await _drive(self._native.begin_apply(descs), None, recv)
 
+    def _send(self, send: SendFn) -> SendFn:
+        """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors."""
+        return _tensor_send(send) if self._payload_type == "tensor" else send
+
     def _stage(self, state_dict: StateDictLike) -> list[tuple]:
         """Describe ``state_dict`` for the native module; with CUDA tensors, the native side also takes the
         caller's current stream of their device, so its copies and kernels follow the work queued on it."""
@@ -370,6 +404,13 @@ class WeightSyncer:
     def last_report(self) -> dict[str, Any]:
         """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds)."""
         return self._native.last_report()
+
+    @property
+    def payload_type(self) -> str:
+        """What ``send`` is handed: ``"bytes"`` (the default) or ``"tensor"``, a 1-D CPU uint8 ``torch.Tensor``
+        (for transports with a tensor path, such as RLinf's collectives). ``recv`` may return either, whatever
+        this is; a uint8 tensor on any device is read through torch (numpy is not needed)."""
+        return self._payload_type
 
     @property
     def comm_options(self) -> CollectiveGroupOptions | None:
@@ -449,6 +490,7 @@ class PatchWeightSyncer(WeightSyncer):
         init_sync_bucket_size: int = 128 * 1024 * 1024,
         *,
         threads: int = 0,
+        payload_type: str = "bytes",
     ) -> None:
         if compression_algorithm not in ("none", "lz4", "nvcomp_lz4"):
             raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")
@@ -470,7 +512,7 @@ class PatchWeightSyncer(WeightSyncer):
                 },
             },
         }
-        super().__init__(config, threads=threads)
+        super().__init__(config, threads=threads, payload_type=payload_type)
         self._attrs = {
             "snapshot_device": _torch_device(snapshot_device),
             "transport_device": _torch_device(transport_device),
@@ -506,6 +548,7 @@ class PatchWeightSyncer(WeightSyncer):
             init_sync_prefixes=init.get("prefixes"),
             init_sync_bucket_size=init.get("bucket_size", init.get("buckets_size", 128 * 1024 * 1024)),
             threads=threads,
+            payload_type=config.get("payload_type", "bytes"),
         )
 
 
@@ -528,6 +571,7 @@ class BucketWeightSyncer(WeightSyncer):
         load_instant: bool = True,
         *,
         threads: int = 0,
+        payload_type: str = "bytes",
     ) -> None:
         if int(bucket_size) <= 0:
             raise ValueError(f"bucket_size must be a positive number of bytes, got {bucket_size}")
@@ -541,7 +585,7 @@ class BucketWeightSyncer(WeightSyncer):
                 "load_instant": bool(load_instant),
             },
         }
-        super().__init__(config, threads=threads)
+        super().__init__(config, threads=threads, payload_type=payload_type)
         dtype_name = config["bucket"]["bucket_dtype"]
         self._attrs = {
             "bucket_size": bucket_size,
@@ -569,6 +613,7 @@ class BucketWeightSyncer(WeightSyncer):
             is_agent=b.get("is_agent", False),
             load_instant=b.get("load_instant", True),
             threads=threads,
+            payload_type=config.get("payload_type", "bytes"),
         )
 
 
