@@ -86,6 +86,33 @@ def _state_dict(obj: StateDictLike) -> Mapping[str, Any]:
     raise TypeError(f"expected a state dict (a mapping of names to tensors) or a torch.nn.Module, got {type(obj).__name__}")
 
 
+def _dtensor_class() -> Any:
+    """``torch.distributed.tensor.DTensor`` if it was imported (a DTensor cannot exist before), else ``None``."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def _materialize(obj: StateDictLike) -> StateDictLike:
+    """The state dict with every DTensor (FSDP2 shards) replaced by its full tensor, in the state dict's order.
+
+    ``full_tensor()`` is a collective: every rank of the DTensors' mesh must call this with the same state dict
+    keys, in the same order, at the same point; the syncer does so at every ``init_sender`` and ``sync``, also on
+    ranks that send nothing (``is_sender=False``), so no rank waits on an all-gather another skipped. Without
+    DTensors ``obj`` is returned as it is."""
+    dtensor = _dtensor_class()
+    if dtensor is None:
+        return obj
+    state = _state_dict(obj)
+    if not any(isinstance(t, dtensor) for t in state.values()):
+        return obj
+    import torch
+
+    with torch.no_grad():
+        return {
+            name: t.full_tensor().detach().contiguous() if isinstance(t, dtensor) else t for name, t in state.items()
+        }
+
+
 def _describe(obj: StateDictLike) -> list[tuple]:
     """``(name, tensor, data_ptr, dtype, shape, strides, device)`` of every tensor, for the native module
     (``device`` as torch prints it: ``cpu``, ``cuda:0``)."""
@@ -97,6 +124,12 @@ def _describe(obj: StateDictLike) -> list[tuple]:
             if "_extra_state" in name:
                 continue  # modules' extra state is not a tensor; RLinf skips it too
             raise TypeError(f"state_dict['{name}'] is a {type(t).__name__}, not a torch.Tensor")
+        dtensor = _dtensor_class()
+        if dtensor is not None and isinstance(t, dtensor):
+            raise ValueError(
+                f"tensor '{name}' is a DTensor: senders' DTensors are gathered with full_tensor() at init_sender and "
+                "sync; a receiver (and checksum) needs plain tensors"
+            )
         if t.layout != torch.strided:
             raise ValueError(f"tensor '{name}' has layout {t.layout}: rlsync syncs dense (strided) tensors only")
         out.append(
@@ -282,7 +315,13 @@ class WeightSyncer:
         :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
         instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
         participant (as RLinf's non-source ranks): nothing is sent or received, :meth:`sync` does nothing.
+
+        ``state_dict`` may hold DTensors (FSDP2 shards, e.g. ``get_model_state_dict(model)``): then every rank
+        of their mesh calls ``init_sender`` and each :meth:`sync` (those with ``is_sender=False`` too), and each
+        call gathers the full tensors there (``full_tensor()``, one all-gather per DTensor in the state dict's
+        order) before only the sender sends them. Receivers take plain tensors.
         """
+        state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not is_sender:
             self._active = False
             return
@@ -321,6 +360,7 @@ class WeightSyncer:
     async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
         ``version`` must be newer than the last one sent."""
+        state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not self._active:
             return
         version = int(version)
