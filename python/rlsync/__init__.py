@@ -3,7 +3,8 @@
 - :class:`PatchWeightSyncer` / :class:`BucketWeightSyncer` (and :meth:`WeightSyncer.create` from an
   RLinf ``weight_syncer`` config): ``init_sender`` / ``init_receiver`` / ``sync`` / ``apply``, async, over the
   caller's ``send`` / ``recv`` callables or rlsync's shared-memory channel (:func:`shm_sender`,
-  :func:`shm_receiver`).
+  :func:`shm_receiver`); RLinf's config keys, attributes and ``comm_options`` (:class:`CollectiveGroupOptions`),
+  FSDP2 / DTensor state dicts on every actor rank, payloads as ``bytes`` or uint8 tensors.
 - :func:`param_names_need_sync`: trainable parameters (tied aliases included) and persistent buffers.
 - :mod:`rlsync.worker`: run your PyTorch trainer and Python simulator as rlsync's workers
   (``worker@actor.worker=python``); :mod:`rlsync.checkpoint` / :func:`load_trainer_state`: a trainer's own

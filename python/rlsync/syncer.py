@@ -10,8 +10,9 @@ A trainer (sender) and its rollout workers (receivers) each create the same kind
 
 ``send`` / ``recv`` are the caller's async callables (``await send(payload)``, ``payload = await recv()``),
 exactly as in RLinf; payloads are ``bytes``, or 1-D uint8 ``torch.Tensor`` s with ``payload_type="tensor"``
-(``recv`` may return any bytes-like object or uint8 tensor), so any transport carries them. Callers without a transport pass rlsync's shared-memory channel ends instead (see
-:func:`rlsync.shm_sender` / :func:`rlsync.shm_receiver`).
+(``recv`` may return any bytes-like object or uint8 tensor), so any transport carries them. Callers without a
+transport pass rlsync's shared-memory channel ends instead (see :func:`rlsync.shm_sender` /
+:func:`rlsync.shm_receiver`).
 
 Semantics are the Rust core's: the sender keeps a snapshot in the receivers' dtypes and sends only changes
 (patch) or every synced tensor (bucket); every payload carries its version and a checksum, and a corrupt,
@@ -27,8 +28,8 @@ import asyncio
 import ctypes
 import json
 import sys
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from . import _native
@@ -118,13 +119,13 @@ def _describe(obj: StateDictLike) -> list[tuple]:
     (``device`` as torch prints it: ``cpu``, ``cuda:0``)."""
     import torch
 
+    dtensor = _dtensor_class()
     out = []
     for name, t in _state_dict(obj).items():
         if not isinstance(t, torch.Tensor):
             if "_extra_state" in name:
                 continue  # modules' extra state is not a tensor; RLinf skips it too
             raise TypeError(f"state_dict['{name}'] is a {type(t).__name__}, not a torch.Tensor")
-        dtensor = _dtensor_class()
         if dtensor is not None and isinstance(t, dtensor):
             raise ValueError(
                 f"tensor '{name}' is a DTensor: senders' DTensors are gathered with full_tensor() at init_sender and "
