@@ -243,7 +243,9 @@ class WeightSyncer:
 
     async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
-        ``version`` must be newer than the last one sent."""
+        ``version`` is any integer >= 0 (or a 0-d integer tensor), as RLinf uses it: 0 first, the same version
+        again, jumps. Payloads are ordered by an internal sequence number (one more per ``sync``), so a replayed
+        or older payload is still rejected by the receiver."""
         if not self._active:
             return
         version = int(version)
