@@ -211,14 +211,17 @@ class WeightSyncer:
             return
         names = list(param_names_need_sync)
         descs = self._stage(state_dict)
+        # RLinf's patch syncer checks that both state dicts have the same keys; its bucket syncer loads with
+        # strict=False: only the synced keys must match, other keys of either side are left alone.
+        same_keys = self._config.get("type") != "bucket"
         if isinstance(send, ShmSender):
             self._channel = send
-            op = self._native.begin_init_sender(descs, names, send)
+            op = self._native.begin_init_sender(descs, names, send, same_keys)
             await asyncio.to_thread(op.run)
             return
         if recv is None:
             raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
-        await _drive(self._native.begin_init_sender(descs, names, None), send, recv)
+        await _drive(self._native.begin_init_sender(descs, names, None, same_keys), send, recv)
 
     async def init_receiver(
         self,
