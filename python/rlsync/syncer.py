@@ -204,10 +204,15 @@ class WeightSyncer:
         ``param_names_need_sync`` are the keys every later :meth:`sync` covers (see
         :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
         instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
-        participant (as RLinf's non-source ranks): nothing is sent or received, :meth:`sync` does nothing.
+        participant (as RLinf's non-source actor ranks): it consumes what the receivers send it during init
+        (RLinf's rollout rank 0 sends its metadata to every actor rank in turn, and waits for each to take it),
+        sends nothing, keeps no snapshot, and its :meth:`sync` sends nothing and returns.
         """
         if not is_sender:
             self._active = False
+            if recv is not None and not isinstance(send, ShmSender):
+                # The receivers' metadata, addressed to every actor rank: taken so their sends complete.
+                await recv()
             return
         names = list(param_names_need_sync)
         descs = self._stage(state_dict)
