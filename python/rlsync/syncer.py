@@ -315,7 +315,9 @@ class WeightSyncer:
         ``param_names_need_sync`` are the keys every later :meth:`sync` covers (see
         :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
         instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
-        participant (as RLinf's non-source ranks): nothing is sent or received, :meth:`sync` does nothing.
+        participant (as RLinf's non-source actor ranks): it consumes what the receivers send it during init
+        (RLinf's rollout rank 0 sends its metadata to every actor rank in turn, and waits for each to take it),
+        sends nothing, keeps no snapshot, and its :meth:`sync` sends nothing and returns.
 
         ``state_dict`` may hold DTensors (FSDP2 shards, e.g. ``get_model_state_dict(model)``): then every rank
         of their mesh calls ``init_sender`` and each :meth:`sync` (those with ``is_sender=False`` too), and each
@@ -325,17 +327,23 @@ class WeightSyncer:
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not is_sender:
             self._active = False
+            if recv is not None and not isinstance(send, ShmSender):
+                # The receivers' metadata, addressed to every actor rank: taken so their sends complete.
+                await recv()
             return
         names = list(param_names_need_sync)
         descs = self._stage(state_dict)
+        # RLinf's patch syncer checks that both state dicts have the same keys; its bucket syncer loads with
+        # strict=False: only the synced keys must match, other keys of either side are left alone.
+        same_keys = self._config.get("type") != "bucket"
         if isinstance(send, ShmSender):
             self._channel = send
-            op = self._native.begin_init_sender(descs, names, send)
+            op = self._native.begin_init_sender(descs, names, send, same_keys)
             await asyncio.to_thread(op.run)
             return
         if recv is None:
             raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
-        await _drive(self._native.begin_init_sender(descs, names, None), self._send(send), recv)
+        await _drive(self._native.begin_init_sender(descs, names, None, same_keys), self._send(send), recv)
 
     async def init_receiver(
         self,
@@ -360,7 +368,9 @@ class WeightSyncer:
 
     async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
-        ``version`` must be newer than the last one sent."""
+        ``version`` is any integer >= 0 (or a 0-d integer tensor), as RLinf uses it: 0 first, the same version
+        again, jumps. Payloads are ordered by an internal sequence number (one more per ``sync``), so a replayed
+        or older payload is still rejected by the receiver."""
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not self._active:
             return

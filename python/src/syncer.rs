@@ -248,29 +248,18 @@ impl NativeSyncer {
         g.end = Slot::Lost { kind };
     }
 
-    /// The keys of `st` must be those seen at init.
-    fn check_keys(&self, st: &BorrowedState) -> PyResult<()> {
+    /// The tensors of a call matched by name to the keys seen at init, in init order (a state dict may list
+    /// them in any order at every call); a key missing now, one not there at init, or one given twice is an
+    /// error naming it.
+    fn in_init_order(&self, tensors: Vec<Desc>) -> PyResult<Vec<Desc>> {
         let g = lock(&self.inner);
-        let keys: Vec<&str> = st.state.keys().collect();
-        if keys.len() == g.keys.len() && keys.iter().zip(&g.keys).all(|(a, b)| a == b) {
-            return Ok(());
-        }
-        let first = keys
-            .iter()
-            .zip(&g.keys)
-            .position(|(a, b)| a != b)
-            .unwrap_or_else(|| keys.len().min(g.keys.len()));
-        let got = keys.get(first).map_or("<end>", |k| k);
-        let want = g.keys.get(first).map_or("<end>", String::as_str);
-        Err(PyValueError::new_err(format!(
-            "the state dict differs from the one given at init: key #{first} is '{got}', expected '{want}'"
-        )))
+        in_order(tensors, &g.keys)
     }
 
-    /// Record what an init is starting with: the state dict's keys and the channel.
-    fn start_init(&self, st: &BorrowedState, io: &Option<BridgeIo>) {
+    /// Record what an init is starting with: the state dict's keys (tied aliases included) and the channel.
+    fn start_init(&self, names: Vec<String>, io: &Option<BridgeIo>) {
         let mut g = lock(&self.inner);
-        g.keys = st.state.keys().map(str::to_string).collect();
+        g.keys = names;
         g.channel = match io {
             Some(io) => Channel::Bridge(io.clone()),
             None => Channel::Shm,
@@ -284,6 +273,38 @@ impl NativeSyncer {
             _ => None,
         }
     }
+}
+
+/// `tensors` in the order of `keys` (matched by name); a missing, unknown or repeated name is an error naming it.
+fn in_order(tensors: Vec<Desc>, keys: &[String]) -> PyResult<Vec<Desc>> {
+    let differs = |what: String| {
+        PyValueError::new_err(format!(
+            "the state dict differs from the one given at init: {what}"
+        ))
+    };
+    if tensors.len() == keys.len() && tensors.iter().zip(keys).all(|(d, k)| d.0 == *k) {
+        return Ok(tensors);
+    }
+    let position: std::collections::HashMap<&str, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i))
+        .collect();
+    let mut slots: Vec<Option<Desc>> = (0..keys.len()).map(|_| None).collect();
+    for d in tensors {
+        let Some(&i) = position.get(d.0.as_str()) else {
+            return Err(differs(format!("key '{}' was not there at init", d.0)));
+        };
+        if slots[i].is_some() {
+            return Err(differs(format!("key '{}' is given twice", d.0)));
+        }
+        slots[i] = Some(d);
+    }
+    slots
+        .into_iter()
+        .zip(keys)
+        .map(|(d, k)| d.ok_or_else(|| differs(format!("key '{k}' is missing"))))
+        .collect()
 }
 
 /// The error of op `what` on an end that is not of kind `kind`.
@@ -376,6 +397,7 @@ impl NativeSyncer {
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
+        let names = tensors.iter().map(|d| d.0.clone()).collect();
         let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
@@ -388,7 +410,7 @@ impl NativeSyncer {
         };
         let mut syncer = this.take("init_sender", EndKind::Uninit, unready)?;
         syncer.require_same_keys(same_keys);
-        this.start_init(&st, &io);
+        this.start_init(names, &io);
         let fut = async move {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
@@ -416,6 +438,7 @@ impl NativeSyncer {
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
+        let names = tensors.iter().map(|d| d.0.clone()).collect();
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
         let (ch, io) = match channel {
@@ -426,7 +449,7 @@ impl NativeSyncer {
             }
         };
         let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
-        this.start_init(&st, &io);
+        this.start_init(names, &io);
         let fut = async move {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
@@ -452,9 +475,9 @@ impl NativeSyncer {
     fn begin_sync(slf: &Bound<'_, Self>, tensors: Vec<Desc>, version: u64) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Sender, "sync")?;
+        let tensors = this.in_init_order(tensors)?;
         let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
-        this.check_keys(&st)?;
         let mut sender = this.take("sync", EndKind::Sender, sender)?;
         let fut = async move {
             // A device build reads the CUDA tensors themselves; the host path reads their copies.
@@ -473,9 +496,9 @@ impl NativeSyncer {
     fn begin_apply(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Receiver, "apply")?;
+        let tensors = this.in_init_order(tensors)?;
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
-        this.check_keys(&st)?;
         let mut receiver = this.take("apply", EndKind::Receiver, receiver)?;
         let fut = async move {
             // A device install writes the CUDA tensors themselves; the host path writes their copies, which

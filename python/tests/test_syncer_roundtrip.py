@@ -209,13 +209,20 @@ def test_non_source_rank_is_silent() -> None:
 
     async def main() -> None:
         tx = rlsync.PatchWeightSyncer()
+        taken: list[bytes] = []
 
         async def never(*_: Any) -> Any:
-            raise AssertionError("a non-source rank must not communicate")
+            raise AssertionError("a non-source rank sends nothing")
 
-        await tx.init_sender(sd, ["w"], never, never, is_sender=False)
+        async def metadata() -> bytes:
+            # RLinf's rollout rank 0 sends its metadata to every actor rank: a non-source rank takes it once.
+            taken.append(b"metadata")
+            return b"metadata"
+
+        await tx.init_sender(sd, ["w"], never, metadata, is_sender=False)
         await tx.sync(sd, never, 1)
         assert tx.sender_initialized()
+        assert taken == [b"metadata"]
 
     asyncio.run(main())
 

@@ -28,6 +28,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
     // for the next sync.
     syncer.keep_last_version(cfg.runner.rollout_restarts > 0);
+    // The run's versions only increase: its replay log and rejoins name states by version.
+    syncer.require_increasing_versions(true);
     // The syncer until `InitWeights` makes it the sending end.
     let mut unready = Some(syncer);
     let mut sender: Option<SyncSender> = None;

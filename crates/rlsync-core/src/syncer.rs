@@ -8,9 +8,18 @@
 //! [`SyncSender::sync`] sends a patch (changed elements vs the sender's snapshot, held in the receiver's
 //! dtypes) or all synced tensors in buckets, and [`SyncReceiver::apply`] receives, verifies and installs it.
 //!
-//! Integrity: every payload carries kind, version and an xxh3 checksum ([`wire`]); a receiver rejects a
-//! corrupt or truncated payload, a version not newer than its own, or a patch built on another base version,
-//! and keeps its weights and version ([`SyncError::Rejected`], or [`SyncError::Unreadable`] with the wire error
+//! Versions and sequences: `sync` takes the caller's version, any number (RLinf sends 0 first, the same version
+//! again for an evaluation, jumps under no-wait), and `apply` returns it. What orders payloads is the sender's
+//! own sequence number, one more per `sync` (0: the handshake and init bootstrap), carried beside the version in
+//! every header ([`wire::Stamp`]): receivers take only a newer sequence, patches only on the sequence they were
+//! built on. The caller's version ends at labelling weights; the sequence decides every accept / reject. The
+//! Rust runtime keeps strictly increasing versions where it names states by version (its replay log, a
+//! rejoining receiver's held version): its trainer sets [`WeightSyncer::require_increasing_versions`], and the
+//! replay log only chains patches whose versions increase (see `syncer/rejoin.rs`).
+//!
+//! Integrity: every payload carries kind, version, sequence and an xxh3 checksum ([`wire`]); a receiver rejects
+//! a corrupt or truncated payload, a sequence not newer than its own (replayed or stale), or a patch built on
+//! another base sequence, and keeps its weights and version ([`SyncError::Rejected`], or [`SyncError::Unreadable`] with the wire error
 //! as its cause; [`SyncError::is_rejection`] says either). Installs need `&mut StateDict` and are
 //! validate-then-write (patch) or staged-then-swapped (bucket, undone on a later bucket's failure with
 //! `load_instant: true`), so no reader ever sees a partially applied version.
@@ -37,7 +46,6 @@ pub mod settings;
 pub mod wire;
 
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +58,7 @@ use crate::transport::{self, TransportError};
 
 use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
-use wire::{Codec, Header, KeyMeta, Kind, Plan, Strategy, WireError};
+use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
 pub use offload::{PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
@@ -217,6 +225,8 @@ struct Settings {
     part_bytes: usize,
     /// Refuse a receiver whose state dict differs from the sender's at all ([`WeightSyncer::require_same_keys`]).
     same_keys: bool,
+    /// Refuse a sync whose version is not newer than the last ([`WeightSyncer::require_increasing_versions`]).
+    increasing_versions: bool,
     /// Patches the sender keeps for rejoining receivers, and their byte cap.
     replay_versions: usize,
     replay_max_bytes: u64,
@@ -371,6 +381,7 @@ impl WeightSyncer {
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
                 same_keys: false,
+                increasing_versions: false,
                 replay_versions: p.replay_versions as usize,
                 replay_max_bytes: p.replay_max_bytes,
                 keep_last: false,
@@ -403,6 +414,13 @@ impl WeightSyncer {
     /// only the synced and bootstrapped keys must match).
     pub fn require_same_keys(&mut self, on: bool) {
         self.settings.same_keys = on;
+    }
+
+    /// Sender: refuse a `sync` whose version is not newer than the last one sent ([`SyncError::VersionNotNewer`]);
+    /// the Rust runtime's rule (its replay log and rejoins name states by version). Off by default: a caller
+    /// may send any version (RLinf sends 0 first, the same version again, jumps), ordered by the sequence.
+    pub fn require_increasing_versions(&mut self, on: bool) {
+        self.settings.increasing_versions = on;
     }
 
     /// Bucket sender: keep a copy of the synced tensors as last sent (one more copy of the synced state, in

@@ -28,7 +28,7 @@ use crate::transport;
 
 use super::MessageError;
 use super::wire::{
-    BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, WireError, bucket_layout, bucket_parts,
+    BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, Stamp, WireError, bucket_layout, bucket_parts,
     read_bucket_table, write_bucket_table,
 };
 
@@ -103,7 +103,7 @@ pub async fn send(
     state: &StateDict,
     buckets: &[Vec<Planned>],
     kind: Kind,
-    version: u64,
+    stamp: Stamp,
     part_bytes: usize,
 ) -> Result<SendStats, super::SyncError> {
     let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
@@ -126,7 +126,7 @@ pub async fn send(
         }
         sources.push(srcs);
     }
-    send_sources(ch, None, buckets, &sources, kind, version, part_bytes).await
+    send_sources(ch, None, buckets, &sources, kind, stamp, part_bytes).await
 }
 
 /// Send the buckets of one version with each tensor's bytes given (`sources[bucket][item]`, in the planned
@@ -137,7 +137,7 @@ pub(crate) async fn send_sources(
     buckets: &[Vec<Planned>],
     sources: &[Vec<&[u8]>],
     kind: Kind,
-    version: u64,
+    stamp: Stamp,
     part_bytes: usize,
 ) -> Result<SendStats, super::SyncError> {
     let mut stats = SendStats::default();
@@ -148,7 +148,7 @@ pub(crate) async fn send_sources(
         let entries: Vec<BucketEntry> = bucket.iter().map(|p| p.entry).collect();
         let layout = Layout::new(&entries, srcs, bucket.iter().map(|p| p.src).collect());
         for part in bucket_parts(layout.body_len, layout.table_end(), part_bytes) {
-            let mut header = Header::new(kind, version, part.len());
+            let mut header = Header::stamped(kind, stamp, part.len());
             header.seq = seq as u32;
             header.count = count;
             header.aux = part.start as u64;
@@ -302,6 +302,7 @@ pub(crate) type Staged = Vec<(u32, Storage)>;
 pub(crate) struct Assembly {
     kind: Kind,
     version: u64,
+    sequence: u64,
     seq: u32,
     count: u32,
     entries: Vec<(BucketEntry, Range<usize>)>,
@@ -399,6 +400,7 @@ impl Assembly {
             scratch: Vec::with_capacity(CHUNK),
             kind: header.kind,
             version: header.version,
+            sequence: header.sequence,
             seq: header.seq,
             count: header.count,
             dst_dtypes: Vec::with_capacity(entries.len()),
@@ -477,6 +479,7 @@ impl Assembly {
     pub(crate) fn is_next_part(&self, header: &Header) -> bool {
         header.kind == self.kind
             && header.version == self.version
+            && header.sequence == self.sequence
             && header.seq == self.seq
             && header.count == self.count
             && header.aux == self.next as u64

@@ -13,9 +13,9 @@ pub struct SyncReceiver {
     /// Bucket: install each verified bucket as it arrives (`load_instant`).
     load_instant: bool,
     synced_keys: Vec<String>,
-    /// Highest version received and validated (≥ applied).
+    /// Highest sequence received and validated (≥ applied).
     received: u64,
-    /// A bucket version this receiver gave up on midway: its remaining parts are skipped.
+    /// The sequence of a bucket version this receiver gave up on midway: its remaining parts are skipped.
     interrupted: Option<u64>,
     shared: Arc<ReceiverShared>,
 }
@@ -24,7 +24,8 @@ pub struct SyncReceiver {
 struct ReceiverShared {
     meta: Vec<KeyMeta>,
     synced: Vec<bool>,
-    applied: AtomicU64,
+    /// The caller's version and the sender's sequence of the last installed payload.
+    applied: Mutex<Stamp>,
     pool: Mutex<Pool>,
     threads: NonZeroUsize,
     /// A device backend's install (CUDA tensors), in place of `patch::install`.
@@ -32,15 +33,24 @@ struct ReceiverShared {
 }
 
 impl ReceiverShared {
-    fn new(meta: Vec<KeyMeta>, synced: Vec<bool>, applied: u64, threads: NonZeroUsize) -> Self {
+    fn new(meta: Vec<KeyMeta>, synced: Vec<bool>, applied: Stamp, threads: NonZeroUsize) -> Self {
         ReceiverShared {
             meta,
             synced,
-            applied: AtomicU64::new(applied),
+            applied: Mutex::new(applied),
             pool: Mutex::new(Pool::default()),
             threads,
             installer: Mutex::new(None),
         }
+    }
+
+    /// The version and sequence installed last.
+    fn applied(&self) -> Stamp {
+        *self.applied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_applied(&self, stamp: Stamp) {
+        *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = stamp;
     }
 
     /// The staging pool (a panic elsewhere cannot leave it inconsistent: it only holds free storages).
@@ -86,7 +96,12 @@ impl WeightSyncer {
         let synced_keys = synced_keys(&plan, &meta).map_err(handshake)?;
         check_strategy(&self.settings, plan.strategy).map_err(handshake)?;
         let synced = synced(&plan, meta.len());
-        let shared = Arc::new(ReceiverShared::new(meta, synced, 0, self.settings.threads));
+        let shared = Arc::new(ReceiverShared::new(
+            meta,
+            synced,
+            Stamp::default(),
+            self.settings.threads,
+        ));
         self.reach(HoldPoint::Bootstrap).await;
         if plan.init_buckets > 0 {
             let got = receive_init_buckets(&mut ch, plan.init_buckets, &shared.meta, state).await?;
@@ -164,8 +179,13 @@ impl WeightSyncer {
         }
         // 4. the catch-up: replay starts from the held version; a full or deferred catch-up replaces everything
         let start = match catch_up.mode {
-            wire::CatchUpMode::Replay => held,
-            wire::CatchUpMode::Full | wire::CatchUpMode::Deferred => 0,
+            wire::CatchUpMode::Replay => Stamp {
+                version: held,
+                sequence: catch_up.base_sequence,
+            },
+            wire::CatchUpMode::Full => Stamp::default(),
+            // It holds none of the sender's versions and takes the next sync with the others.
+            wire::CatchUpMode::Deferred => catch_up.to,
         };
         let synced = synced(&plan, meta.len());
         let mut receiver = SyncReceiver {
@@ -173,7 +193,7 @@ impl WeightSyncer {
             strategy: plan.strategy,
             load_instant: self.settings.load_instant,
             synced_keys,
-            received: start,
+            received: start.sequence,
             interrupted: None,
             shared: Arc::new(ReceiverShared::new(
                 meta,
@@ -335,9 +355,14 @@ impl SyncReceiver {
             .unwrap_or_else(|p| p.into_inner()) = Some(installer);
     }
 
-    /// The version applied (0 before the first sync).
+    /// The caller's version applied last (0 before the first sync).
     pub fn version(&self) -> u64 {
-        self.shared.applied.load(Ordering::SeqCst)
+        self.shared.applied().version
+    }
+
+    /// The sender's sequence number of the payload applied last (0 before the first sync).
+    pub fn sequence(&self) -> u64 {
+        self.shared.applied().sequence
     }
 
     /// The synced keys, in sync order.
@@ -371,7 +396,7 @@ impl SyncReceiver {
             }
             wire::CatchUpMode::Full => {
                 report.kind = CatchUpKind::Full;
-                if plan.version == 0 {
+                if plan.to.sequence == 0 {
                     // Version 0 (no sync yet): the snapshot travels as init buckets, like the bootstrap.
                     let got = receive_init_buckets(
                         &mut self.ch,
@@ -391,14 +416,14 @@ impl SyncReceiver {
                 report.deferred = true;
             }
         }
-        let now = self.version();
-        if now != plan.version {
+        let now = self.shared.applied();
+        if now != plan.to {
             return Err(rejected(
-                Some(plan.version),
-                now,
+                Some(plan.to.version),
+                now.version,
                 format!(
-                    "the catch-up was announced to reach version {}, it reached {now}",
-                    plan.version
+                    "the catch-up was announced to reach version {} (sync #{}), it reached {} (sync #{})",
+                    plan.to.version, plan.to.sequence, now.version, now.sequence
                 ),
             ));
         }
@@ -425,7 +450,7 @@ async fn receive_init_buckets(
                 .recv_with(|msg| -> Result<bool, PartError> {
                     let (h, body) = Header::parse_unverified(msg)?;
                     h.expect(Kind::InitBucket)?;
-                    if h.seq != seq || h.count != count || h.version != 0 {
+                    if h.seq != seq || h.count != count || h.version != 0 || h.sequence != 0 {
                         return Err(PartError::Invalid(format!(
                             "init bucket {}/{} (version {}) out of sequence, expected {seq}/{count}",
                             h.seq, h.count, h.version
@@ -476,7 +501,7 @@ async fn receive_init_buckets(
 
 /// A received, verified update waiting to be installed.
 pub struct PendingUpdate {
-    version: u64,
+    stamp: Stamp,
     body: PendingBody,
     shared: Arc<ReceiverShared>,
     report: SyncReport,
@@ -488,8 +513,9 @@ enum PendingBody {
 }
 
 impl PendingUpdate {
+    /// The caller's version this update carries.
     pub fn version(&self) -> u64 {
-        self.version
+        self.stamp.version
     }
 
     /// Install into `state` (the receiver's state dict from init). Rejected — state and version untouched —
@@ -497,30 +523,36 @@ impl PendingUpdate {
     /// or the payload does not fit the state dict.
     pub fn install(self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
         let PendingUpdate {
-            version,
+            stamp,
             body,
             shared,
             mut report,
         } = self;
-        let current = shared.applied.load(Ordering::SeqCst);
-        if version <= current {
+        let version = stamp.version;
+        let applied = shared.applied();
+        let current = applied.version;
+        if stamp.sequence <= applied.sequence {
             if let PendingBody::Bucket(staged) = body {
                 give_back(&shared, staged);
             }
             return Err(rejected(
                 Some(version),
                 current,
-                format!("version {version} is not newer than the applied version {current}"),
+                format!(
+                    "sync #{} is not newer than the applied sync #{} (a stale update)",
+                    stamp.sequence, applied.sequence
+                ),
             ));
         }
         match body {
             PendingBody::Patch { base, body } => {
-                if base != current {
+                if base != applied.sequence {
                     return Err(rejected(
                         Some(version),
                         current,
                         format!(
-                            "patch is based on version {base}, this receiver holds {current} (a full resync is needed)"
+                            "patch is based on sync #{base}, this receiver holds sync #{} (a full resync is needed)",
+                            applied.sequence
                         ),
                     ));
                 }
@@ -554,7 +586,7 @@ impl PendingUpdate {
                 give_back(&shared, old);
             }
         }
-        shared.applied.store(version, Ordering::SeqCst);
+        shared.set_applied(stamp);
         report.version = version;
         Ok(report)
     }
@@ -572,7 +604,7 @@ async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
             (Some(p), _) => Ok(p),
             (None, _) => Err(rejected(
                 None,
-                r.shared.applied.load(Ordering::SeqCst),
+                r.shared.applied().version,
                 "bucket version produced no staged update",
             )),
         },
@@ -580,7 +612,7 @@ async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
 }
 
 async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
-    let current = r.shared.applied.load(Ordering::SeqCst);
+    let current = r.shared.applied().version;
     let received = r.received;
     let t_wait = Instant::now();
     let max_stream = r
@@ -593,7 +625,7 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
     let mut decode = Duration::ZERO;
     let out =
         r.ch.recv_with(
-            |msg| -> Result<(u64, u64, wire::PatchBody, usize, Duration), SyncError> {
+            |msg| -> Result<(Stamp, u64, wire::PatchBody, usize, Duration), SyncError> {
                 let t0 = Instant::now();
                 // Verify what is installed: the slot may be shared memory another process can write, so the
                 // checksum and the decoding both read one private copy, never the slot twice.
@@ -601,25 +633,25 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
                 let (h, body) = Header::parse(&msg).map_err(|e| unreadable(None, current, e))?;
                 h.expect(Kind::Patch)
                     .map_err(|e| unreadable(Some(h.version), current, e))?;
-                if h.version <= received {
+                if h.sequence <= received {
                     return Err(rejected(
                         Some(h.version),
                         current,
                         format!(
-                            "version {} is not newer than {received} (replayed or stale)",
-                            h.version
+                            "sync #{} (version {}) is not newer than sync #{received} (replayed or stale)",
+                            h.sequence, h.version
                         ),
                     ));
                 }
                 let pb = blocking(|| wire::decode_patch_body(body, max_stream))
                     .map_err(|e| unreadable(Some(h.version), current, e))?;
-                Ok((h.version, h.aux, pb, msg.len(), t0.elapsed()))
+                Ok((h.stamp(), h.aux, pb, msg.len(), t0.elapsed()))
             },
         )
         .await?;
-    let (version, base, body, len, d) = out?;
+    let (stamp, base, body, len, d) = out?;
     decode += d;
-    r.received = version;
+    r.received = stamp.sequence;
     let report = SyncReport {
         kind: SyncKind::Patch,
         payload_bytes: len as u64,
@@ -632,7 +664,7 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
         ..Default::default()
     };
     Ok(PendingUpdate {
-        version,
+        stamp,
         body: PendingBody::Patch { base, body },
         shared: r.shared.clone(),
         report,
@@ -654,7 +686,7 @@ async fn receive_buckets(
     mut install: Option<&mut StateDict>,
 ) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
-    let current = shared.applied.load(Ordering::SeqCst);
+    let current = shared.applied().version;
     let mut report = SyncReport {
         kind: SyncKind::Bucket,
         compression_ratio: 1.0,
@@ -663,7 +695,7 @@ async fn receive_buckets(
     let mut staged_all: Staged = Vec::new();
     let mut undo: Staged = Vec::new();
     let mut asm: Option<Assembly> = None;
-    let mut version: Option<u64> = None;
+    let mut version: Option<Stamp> = None;
     let mut count = 0u32;
     let mut seq = 0u32;
     let t_start = Instant::now();
@@ -690,39 +722,39 @@ async fn receive_buckets(
         let v_now = version;
         let step = r
             .ch
-            .recv_with(|msg| -> Result<BucketStep, (Option<u64>, PartError)> {
+            .recv_with(|msg| -> Result<BucketStep, (Option<Stamp>, PartError)> {
                 let t0 = Instant::now();
                 let (h, body) = Header::parse_unverified(msg).map_err(|e| (None, e.into()))?;
-                h.expect(Kind::Bucket).map_err(|e| (Some(h.version), e.into()))?;
+                h.expect(Kind::Bucket).map_err(|e| (Some(h.stamp()), e.into()))?;
                 if let Some(a) = asm.as_mut() {
-                    blocking(|| a.add_part(&h, body)).map_err(|e| (Some(h.version), e))?;
+                    blocking(|| a.add_part(&h, body)).map_err(|e| (Some(h.stamp()), e))?;
                     return Ok(BucketStep::Staged { complete: a.is_complete(), decode: t0.elapsed() });
                 }
                 let starts_version = h.seq == 0 && h.aux == 0;
                 match v_now {
                     // Later buckets, or later parts of a bucket this receiver gave up on, of an earlier version.
-                    None if h.seq != 0 || (!starts_version && interrupted == Some(h.version)) => {
+                    None if h.seq != 0 || (!starts_version && interrupted == Some(h.sequence)) => {
                         // Skip only a genuine leftover: a corrupted header must not make a part look like one.
-                        Header::parse(msg).map_err(|e| (Some(h.version), e.into()))?;
+                        Header::parse(msg).map_err(|e| (Some(h.stamp()), e.into()))?;
                         return Ok(BucketStep::Skip);
                     }
                     None if !starts_version => {
-                        return Err((Some(h.version), PartError::Invalid(format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count))));
+                        return Err((Some(h.stamp()), PartError::Invalid(format!("version {} starts at byte {} of bucket {}/{}, not at its beginning", h.version, h.aux, h.seq, h.count))));
                     }
-                    None if h.version <= received => {
-                        return Err((Some(h.version), PartError::Invalid(format!("version {} is not newer than {received} (replayed or stale)", h.version))));
+                    None if h.sequence <= received => {
+                        return Err((Some(h.stamp()), PartError::Invalid(format!("sync #{} (version {}) is not newer than sync #{received} (replayed or stale)", h.sequence, h.version))));
                     }
                     None => {}
-                    Some(v) if h.version != v || h.seq != seq || h.count != count => {
-                        return Err((Some(h.version), PartError::Invalid(format!("bucket {}/{} of version {} arrived while expecting {seq}/{count} of version {v}", h.seq, h.count, h.version))));
+                    Some(v) if h.stamp() != v || h.seq != seq || h.count != count => {
+                        return Err((Some(h.stamp()), PartError::Invalid(format!("bucket {}/{} of version {} (sync #{}) arrived while expecting {seq}/{count} of version {} (sync #{})", h.seq, h.count, h.version, h.sequence, v.version, v.sequence))));
                     }
                     Some(_) => {}
                 }
                 let mut pool = shared.pool();
-                let a = blocking(|| Assembly::start(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.version), e))?;
+                let a = blocking(|| Assembly::start(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.stamp()), e))?;
                 let complete = a.is_complete();
                 if v_now.is_none() {
-                    version = Some(h.version);
+                    version = Some(h.stamp());
                     count = h.count;
                 }
                 asm = Some(a);
@@ -732,7 +764,7 @@ async fn receive_buckets(
         let step = match step {
             Ok(step) => step,
             Err(e) => {
-                r.interrupted = version;
+                r.interrupted = version.map(|s| s.sequence);
                 return Err(fail(e.into(), asm, staged_all, undo, install));
             }
         };
@@ -762,9 +794,9 @@ async fn receive_buckets(
                     Some(state) => {
                         if let Err(reason) = bucket::check_fits(&staged, &shared.meta, state) {
                             give_back(&shared, staged);
-                            r.interrupted = version;
+                            r.interrupted = version.map(|s| s.sequence);
                             return Err(fail(
-                                rejected(version, current, reason),
+                                rejected(version.map(|s| s.version), current, reason),
                                 None,
                                 staged_all,
                                 undo,
@@ -789,9 +821,10 @@ async fn receive_buckets(
                 }
             }
             Err((v, e)) => {
-                r.interrupted = v.or(version);
+                let v = v.or(version);
+                r.interrupted = v.map(|s| s.sequence);
                 return Err(fail(
-                    rejection(v.or(version), current, e),
+                    rejection(v.map(|s| s.version), current, e),
                     asm,
                     staged_all,
                     undo,
@@ -800,8 +833,9 @@ async fn receive_buckets(
             }
         }
     }
-    let version = version.unwrap_or(0);
-    r.received = version;
+    let stamp = version.unwrap_or_default();
+    let version = stamp.version;
+    r.received = stamp.sequence;
     report.transfer = t_start
         .elapsed()
         .saturating_sub(report.decode + report.apply);
@@ -810,12 +844,12 @@ async fn receive_buckets(
     match install {
         Some(_) => {
             give_back(&shared, undo);
-            shared.applied.store(version, Ordering::SeqCst);
+            shared.set_applied(stamp);
             Ok((None, report))
         }
         None => Ok((
             Some(PendingUpdate {
-                version,
+                stamp,
                 body: PendingBody::Bucket(staged_all),
                 shared: shared.clone(),
                 report: report.clone(),

@@ -22,6 +22,13 @@
 //! - **deferred** (bucket syncer, the state moved on and no copy kept): every version is a full transfer
 //!   anyway, so the receiver only completes the handshake and takes the next version with the others.
 //!
+//! Versions and sequences: a rejoin names states by the caller's version (the receiver reports the version it
+//! holds), payloads are ordered by the sender's sequence. The log keeps only a chain whose versions strictly
+//! increase (a sync whose version is not newer than its base ends the chain and is not logged), so a held version
+//! names at most one base in it; the catch-up tells the receiver the sequence it continues from. The Rust
+//! runtime syncs strictly increasing versions ([`super::WeightSyncer::require_increasing_versions`]); a caller
+//! that repeats versions (RLinf) still gets full catch-ups, and replays from the increasing stretch of its log.
+//!
 //! Keys the init bootstrap covers but no version updates (frozen weights) are sent again, as init buckets,
 //! only when the receiver's checksum of them differs from the sender's. All catch-up messages target the one
 //! receiver; the others never see them.
@@ -37,14 +44,14 @@ use crate::transport;
 use super::bootstrap::Selection;
 use super::bucket::{self, Planned};
 use super::patch::SnapTensor;
-use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind};
+use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind, Stamp};
 use super::{Settings, SyncError, blocking, hash_cast, missing_key};
 
 /// One logged patch: the message as sent, its base and version, and the checksum of its base snapshot.
 #[derive(Debug)]
 struct Logged {
-    base: u64,
-    version: u64,
+    base: Stamp,
+    to: Stamp,
     base_checksum: u64,
     msg: Vec<u8>,
 }
@@ -72,25 +79,25 @@ impl ReplayLog {
         self.max_versions > 0 && self.max_bytes > 0
     }
 
-    /// Record the patch `msg` from `base` to `version`. A message larger than the byte cap empties the log
-    /// (no chain could cross it), and a base that does not continue the log starts it anew.
-    pub fn push(&mut self, base: u64, version: u64, base_checksum: u64, msg: Vec<u8>) {
+    /// Record the patch `msg` from `base` to `to`. A message larger than the byte cap, or one whose version is
+    /// not newer than its base's, empties the log (no chain could cross it), and a base that does not continue
+    /// the log starts it anew.
+    pub fn push(&mut self, base: Stamp, to: Stamp, base_checksum: u64, msg: Vec<u8>) {
         if !self.is_enabled() {
             return;
         }
-        if self.entries.back().is_some_and(|e| e.version != base)
-            || msg.len() as u64 > self.max_bytes
-        {
+        let unlogged = msg.len() as u64 > self.max_bytes || to.version <= base.version;
+        if self.entries.back().is_some_and(|e| e.to != base) || unlogged {
             self.entries.clear();
             self.bytes = 0;
         }
-        if msg.len() as u64 > self.max_bytes {
+        if unlogged {
             return;
         }
         self.bytes += msg.len() as u64;
         self.entries.push_back(Logged {
             base,
-            version,
+            to,
             base_checksum,
             msg,
         });
@@ -119,16 +126,18 @@ impl ReplayLog {
 
     /// Versions the log can replay from (the bases it holds), oldest first.
     pub fn bases(&self) -> Vec<u64> {
-        self.entries.iter().map(|e| e.base).collect()
+        self.entries.iter().map(|e| e.base.version).collect()
     }
 
-    /// The logged patches from `from` up to the newest, if `from` is a base in the log (the log is one
-    /// contiguous chain, so the rest follows), with the checksum of the snapshot at `from`.
-    fn chain(&self, from: u64) -> Option<(u64, Vec<&[u8]>)> {
-        let i = self.entries.iter().position(|e| e.base == from)?;
+    /// The logged patches from version `from` up to the newest, if `from` is a base in the log (the log is one
+    /// contiguous chain of increasing versions, so the rest follows), with the checksum and stamp of the
+    /// snapshot at `from`.
+    fn chain(&self, from: u64) -> Option<(u64, Stamp, Vec<&[u8]>)> {
+        let i = self.entries.iter().position(|e| e.base.version == from)?;
         let first = self.entries.get(i)?;
         Some((
             first.base_checksum,
+            first.base,
             self.entries
                 .iter()
                 .skip(i)
@@ -198,7 +207,7 @@ pub(super) struct RejoinInfo {
     /// Checksum of the bootstrap-only keys as the init bootstrap sent them.
     pub boot_checksum: u64,
     pub log: ReplayLog,
-    /// The checksum of the snapshot at a version, when computed for that version (patch syncer).
+    /// The checksum of the snapshot at a sequence, when computed for that sequence (patch syncer).
     pub checksum: std::sync::Mutex<Option<(u64, u64)>>,
     /// The snapshot's checksum at a version being computed on a background thread (patch syncer with a
     /// replay log): started once a version is sent, finished before the snapshot is next used.
@@ -237,10 +246,11 @@ impl RejoinInfo {
         })
     }
 
-    pub fn cached_checksum(&self, version: u64) -> Option<u64> {
+    /// The cached checksum of the snapshot at sequence `sequence`, if that is the one cached.
+    pub fn cached_checksum(&self, sequence: u64) -> Option<u64> {
         self.settle();
         let c = self.checksum.lock().unwrap_or_else(|p| p.into_inner());
-        c.filter(|(v, _)| *v == version).map(|(_, c)| c)
+        c.filter(|(s, _)| *s == sequence).map(|(_, c)| c)
     }
 
     /// Finish the background checksum, if one runs, and cache it: the thread is stopped where it got to and the
@@ -264,7 +274,7 @@ impl RejoinInfo {
         }
     }
 
-    /// Start computing the checksum of `snap`, the snapshot at `version`, on a background thread, so the
+    /// Start computing the checksum of `snap`, the snapshot at sequence `version`, on a background thread, so the
     /// next `sync` finds the base checksum its log entry needs without hashing the whole snapshot on its
     /// critical path (the trainer's next step overlaps it instead). Inline if no thread can be started.
     pub fn checksum_in_background(&self, version: u64, snap: &Arc<Vec<SnapTensor>>) {
@@ -316,8 +326,10 @@ pub(super) enum FullSource<'a> {
 /// The catch-up chosen for a rejoining receiver, and the payloads that carry it.
 struct Choice<'a> {
     mode: CatchUpMode,
-    /// The version the receiver holds afterwards (0 for a deferred catch-up).
-    version: u64,
+    /// The version the receiver holds afterwards (0 for a deferred catch-up) and the sequence it continues from.
+    to: Stamp,
+    /// Replay: the stamp of the held version the first replayed patch is based on.
+    base_sequence: u64,
     payloads: Payloads<'a>,
     /// Why not a replay (empty for a replay).
     reason: String,
@@ -343,7 +355,7 @@ pub(super) struct Serving<'a> {
     pub rank: usize,
     pub info: &'a RejoinInfo,
     pub state: &'a StateDict,
-    pub last_version: u64,
+    pub last: Stamp,
     pub part_bytes: usize,
 }
 
@@ -365,12 +377,13 @@ impl<'a> Serving<'a> {
         let held = self.held(report.from, &mut report).await?;
         let boot_buckets = self.boot_buckets(&held)?;
         let choice = match source {
-            FullSource::Snapshot(snap) => choose_patch(self.info, snap, self.last_version, &held),
-            FullSource::Buckets(source) => choose_buckets(source, self.last_version),
+            FullSource::Snapshot(snap) => choose_patch(self.info, snap, self.last, &held),
+            FullSource::Buckets(source) => choose_buckets(source, self.last),
         };
         let plan = CatchUpPlan {
             mode: choice.mode,
-            version: choice.version,
+            to: choice.to,
+            base_sequence: choice.base_sequence,
             boot_buckets: boot_buckets.len() as u32,
             patches: match &choice.payloads {
                 Payloads::Replay(msgs) => msgs.len() as u32,
@@ -389,7 +402,7 @@ impl<'a> Serving<'a> {
         self.ch.send_to(self.rank, &msg).await?;
         if !boot_buckets.is_empty() {
             let stats = self
-                .send_state_buckets(&boot_buckets, Kind::InitBucket, 0)
+                .send_state_buckets(&boot_buckets, Kind::InitBucket, Stamp::default())
                 .await?;
             report.boot_bytes = stats.payload_bytes;
             report.payload_bytes += stats.payload_bytes;
@@ -399,7 +412,7 @@ impl<'a> Serving<'a> {
             CatchUpMode::Replay => CatchUpKind::Replay,
             CatchUpMode::Full | CatchUpMode::Deferred => CatchUpKind::Full,
         };
-        report.to = plan.version;
+        report.to = plan.to.version;
         report.deferred = plan.mode == CatchUpMode::Deferred;
         report.patches = plan.patches;
         report.reason = choice.reason;
@@ -521,7 +534,7 @@ impl<'a> Serving<'a> {
 
     /// Step 6: the replayed patches or the full transfer, after the catch-up plan; returns the bytes sent.
     async fn send_payloads(&mut self, payloads: Payloads<'_>) -> Result<u64, SyncError> {
-        let (rank, version, part_bytes) = (self.rank, self.last_version, self.part_bytes);
+        let (rank, last, part_bytes) = (self.rank, self.last, self.part_bytes);
         let stats = match payloads {
             Payloads::None => return Ok(0),
             Payloads::Replay(msgs) => {
@@ -533,8 +546,7 @@ impl<'a> Serving<'a> {
                 return Ok(bytes);
             }
             Payloads::Buckets(BucketSource::State(buckets)) => {
-                self.send_state_buckets(buckets, Kind::Bucket, version)
-                    .await?
+                self.send_state_buckets(buckets, Kind::Bucket, last).await?
             }
             Payloads::Buckets(BucketSource::Copy(buckets, copy)) => {
                 let sources: Vec<Vec<&[u8]>> = copy
@@ -547,7 +559,7 @@ impl<'a> Serving<'a> {
                     buckets,
                     &sources,
                     Kind::Bucket,
-                    version,
+                    last,
                     part_bytes,
                 )
                 .await?
@@ -566,7 +578,7 @@ impl<'a> Serving<'a> {
                     })
                     .collect();
                 // Before the first version a receiver takes version 0 as init buckets (a bucket must be newer).
-                let kind = if version == 0 {
+                let kind = if last.sequence == 0 {
                     Kind::InitBucket
                 } else {
                     Kind::Bucket
@@ -577,7 +589,7 @@ impl<'a> Serving<'a> {
                     &buckets,
                     &sources,
                     kind,
-                    version,
+                    last,
                     part_bytes,
                 )
                 .await?
@@ -586,12 +598,12 @@ impl<'a> Serving<'a> {
         Ok(stats.payload_bytes)
     }
 
-    /// Buckets of the state (cast as planned) of `kind` and `version` to the rejoining rank.
+    /// Buckets of the state (cast as planned) of `kind` and `stamp` to the rejoining rank.
     async fn send_state_buckets(
         &mut self,
         buckets: &[Vec<Planned>],
         kind: Kind,
-        version: u64,
+        stamp: Stamp,
     ) -> Result<bucket::SendStats, SyncError> {
         let mut sources = Vec::with_capacity(buckets.len());
         for b in buckets {
@@ -614,7 +626,7 @@ impl<'a> Serving<'a> {
             buckets,
             &sources,
             kind,
-            version,
+            stamp,
             self.part_bytes,
         )
         .await
@@ -626,17 +638,17 @@ impl<'a> Serving<'a> {
 fn choose_patch<'a>(
     info: &'a RejoinInfo,
     snap: &'a [SnapTensor],
-    last_version: u64,
+    last: Stamp,
     held: &Held,
 ) -> Choice<'a> {
     let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
-    let current = info.cached_checksum(last_version).unwrap_or_else(|| {
+    let current = info.cached_checksum(last.sequence).unwrap_or_else(|| {
         let c = blocking(|| snapshot_checksum(snap, &info.meta));
-        info.cache_checksum(last_version, c);
+        info.cache_checksum(last.sequence, c);
         c
     });
-    let chain = if held.version == last_version {
-        Some((current, Vec::new()))
+    let chain = if held.version == last.version {
+        Some((current, last, Vec::new()))
     } else {
         info.log.chain(held.version)
     };
@@ -654,16 +666,17 @@ fn choose_patch<'a>(
                 _ => format!("version {} is not in the (empty) replay log", held.version),
             }
         }
-        Some((expected, _)) if expected != held.synced => format!(
+        Some((expected, _, _)) if expected != held.synced => format!(
             "its weights are not those of version {} (checksum {:#018x}, expected {expected:#018x})",
             held.version, held.synced
         ),
-        Some((_, msgs)) => {
+        Some((_, base, msgs)) => {
             let bytes: u64 = msgs.iter().map(|m| m.len() as u64).sum();
             if bytes <= full_bytes {
                 return Choice {
                     mode: CatchUpMode::Replay,
-                    version: last_version,
+                    to: last,
+                    base_sequence: base.sequence,
                     payloads: Payloads::Replay(msgs),
                     reason: String::new(),
                 };
@@ -692,7 +705,8 @@ fn choose_patch<'a>(
     }
     Choice {
         mode: CatchUpMode::Full,
-        version: last_version,
+        to: last,
+        base_sequence: 0,
         payloads: Payloads::Snapshot { snap, buckets },
         reason,
     }
@@ -700,12 +714,13 @@ fn choose_patch<'a>(
 
 /// Step 5, bucket syncer: every version is a full transfer, so the last version in full when the state or the
 /// sender's copy holds it, nothing at version 0, else deferred to the next version.
-fn choose_buckets(source: Option<BucketSource<'_>>, last_version: u64) -> Choice<'_> {
+fn choose_buckets(source: Option<BucketSource<'_>>, last: Stamp) -> Choice<'_> {
     match source {
-        _ if last_version == 0 => Choice {
+        _ if last.sequence == 0 => Choice {
             // Nothing was ever sent: it holds version 0 (its own initial weights) like the others.
             mode: CatchUpMode::Full,
-            version: 0,
+            to: Stamp::default(),
+            base_sequence: 0,
             payloads: Payloads::None,
             reason: "bucket syncer: version 0 is every receiver's own initial state".into(),
         },
@@ -716,14 +731,20 @@ fn choose_buckets(source: Option<BucketSource<'_>>, last_version: u64) -> Choice
             };
             Choice {
                 mode: CatchUpMode::Full,
-                version: last_version,
+                to: last,
+                base_sequence: 0,
                 reason: format!("bucket syncer: every version is a full transfer{from}"),
                 payloads: Payloads::Buckets(source),
             }
         }
         None => Choice {
             mode: CatchUpMode::Deferred,
-            version: 0,
+            // It holds none of the sender's versions, and takes the sync after the last one.
+            to: Stamp {
+                version: 0,
+                sequence: last.sequence,
+            },
+            base_sequence: 0,
             payloads: Payloads::None,
             reason: "bucket syncer: the state moved on since the last version; the next version is a full transfer".into(),
         },
@@ -878,40 +899,75 @@ mod tests {
         vec![7; n]
     }
 
+    /// Version `v` sent as the `v`th sync.
+    fn st(v: u64) -> Stamp {
+        Stamp {
+            version: v,
+            sequence: v,
+        }
+    }
+
     #[test]
     fn the_log_keeps_the_newest_versions_within_its_caps() {
         let mut log = ReplayLog::new(3, 1000);
         for v in 1..=5u64 {
-            log.push(v - 1, v, v * 10, msg(100));
+            log.push(st(v - 1), st(v), v * 10, msg(100));
         }
         assert_eq!(log.bases(), vec![2, 3, 4]);
         assert_eq!(log.bytes(), 300);
         assert!(log.chain(1).is_none(), "evicted");
-        let (checksum, msgs) = log.chain(3).unwrap();
+        let (checksum, base, msgs) = log.chain(3).unwrap();
         // Each entry carries the checksum of its base (the test pushes version × 10 for base version - 1).
-        assert_eq!((checksum, msgs.len()), (40, 2));
+        assert_eq!((checksum, base, msgs.len()), (40, st(3), 2));
         // The byte cap evicts too.
-        log.push(5, 6, 60, msg(800));
+        log.push(st(5), st(6), 60, msg(800));
         assert_eq!(log.bases(), vec![3, 4, 5]);
         assert_eq!(log.bytes(), 1000);
-        log.push(6, 7, 70, msg(150));
+        log.push(st(6), st(7), 70, msg(150));
         assert_eq!(log.bases(), vec![5, 6]);
         assert_eq!(log.bytes(), 950);
         // A patch larger than the cap empties the log: no chain can cross it.
-        log.push(7, 8, 80, msg(1001));
+        log.push(st(7), st(8), 80, msg(1001));
         assert!(log.bases().is_empty());
         assert_eq!(log.bytes(), 0);
         // A base that does not continue the newest version starts the log anew.
-        log.push(7, 8, 80, msg(10));
-        log.push(9, 10, 90, msg(10));
+        log.push(st(7), st(8), 80, msg(10));
+        log.push(st(9), st(10), 90, msg(10));
         assert_eq!(log.bases(), vec![9]);
+    }
+
+    /// A caller that repeats or lowers versions (RLinf: the same version again for an evaluation) ends the chain:
+    /// a held version names at most one base in the log, and the sequence it continues from comes with it.
+    #[test]
+    fn a_version_not_newer_than_its_base_ends_the_chain() {
+        let stamp = |version, sequence| Stamp { version, sequence };
+        let mut log = ReplayLog::new(8, 1000);
+        log.push(stamp(0, 0), stamp(1, 1), 1, msg(10));
+        log.push(stamp(1, 1), stamp(2, 2), 2, msg(10));
+        assert_eq!(log.bases(), vec![0, 1]);
+        // Version 2 again (sequence 3): not logged, and the chain before it is gone.
+        log.push(stamp(2, 2), stamp(2, 3), 3, msg(10));
+        assert!(log.bases().is_empty());
+        assert!(log.chain(1).is_none());
+        // An older version (1 at sequence 4) neither.
+        log.push(stamp(2, 3), stamp(1, 4), 4, msg(10));
+        assert!(log.bases().is_empty());
+        // From there on versions increase again and the log chains by sequence.
+        log.push(stamp(1, 4), stamp(5, 5), 5, msg(10));
+        log.push(stamp(5, 5), stamp(6, 6), 6, msg(10));
+        assert_eq!(log.bases(), vec![1, 5]);
+        let (checksum, base, msgs) = log.chain(1).unwrap();
+        assert_eq!((checksum, base, msgs.len()), (5, stamp(1, 4), 2));
+        // A base that is the right version at another sequence does not continue the chain.
+        log.push(stamp(6, 9), stamp(7, 10), 7, msg(10));
+        assert_eq!(log.bases(), vec![6]);
     }
 
     #[test]
     fn a_disabled_log_holds_nothing() {
         for (versions, bytes) in [(0, 1000), (4, 0)] {
             let mut log = ReplayLog::new(versions, bytes);
-            log.push(0, 1, 1, msg(10));
+            log.push(st(0), st(1), 1, msg(10));
             assert!(!log.is_enabled());
             assert!(log.bases().is_empty());
         }
@@ -930,20 +986,22 @@ mod tests {
                 Payloads::Buckets(BucketSource::Copy(..)) => "copy",
                 Payloads::Replay(_) | Payloads::Snapshot { .. } => "patch",
             };
-            (c.mode, c.version, payload, c.reason)
+            (c.mode, c.to.version, payload, c.reason)
         };
         let (mode, version, payload, reason) =
-            summary(choose_buckets(Some(BucketSource::State(&buckets)), 0));
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), st(0)));
         assert_eq!((mode, version, payload), (CatchUpMode::Full, 0, "none"));
         assert!(reason.contains("version 0"), "{reason}");
         let (mode, version, payload, _) =
-            summary(choose_buckets(Some(BucketSource::State(&buckets)), 3));
+            summary(choose_buckets(Some(BucketSource::State(&buckets)), st(3)));
         assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "state"));
-        let (mode, version, payload, reason) =
-            summary(choose_buckets(Some(BucketSource::Copy(&buckets, &copy)), 3));
+        let (mode, version, payload, reason) = summary(choose_buckets(
+            Some(BucketSource::Copy(&buckets, &copy)),
+            st(3),
+        ));
         assert_eq!((mode, version, payload), (CatchUpMode::Full, 3, "copy"));
         assert!(reason.contains("sender's copy"), "{reason}");
-        let (mode, version, payload, reason) = summary(choose_buckets(None, 3));
+        let (mode, version, payload, reason) = summary(choose_buckets(None, st(3)));
         assert_eq!((mode, version, payload), (CatchUpMode::Deferred, 0, "none"));
         assert!(reason.contains("moved on"), "{reason}");
     }

@@ -13,7 +13,8 @@ pub struct SyncSender {
     synced_keys: Vec<String>,
     /// Receiver dtype per synced key (same order).
     recv_dtypes: Vec<DType>,
-    last_version: u64,
+    /// The caller's version and the sequence number of the last sync (both 0 before the first).
+    last: Stamp,
     strategy: SenderStrategy,
     pub(super) rejoin: rejoin::RejoinInfo,
 }
@@ -83,7 +84,7 @@ impl WeightSyncer {
             ch,
             synced_keys: selection.synced_keys,
             recv_dtypes: selection.recv_dtypes,
-            last_version: 0,
+            last: Stamp::default(),
             strategy,
             rejoin,
         };
@@ -172,7 +173,7 @@ async fn send_plan_and_bootstrap(
             state,
             &boot_buckets,
             Kind::InitBucket,
-            0,
+            Stamp::default(),
             settings.part_bytes,
         )
         .await?;
@@ -258,23 +259,29 @@ impl SenderStrategy {
 }
 
 impl SyncSender {
-    /// Send version `version` (must be greater than the last one sent) of the synced keys of `state`.
+    /// Send the synced keys of `state` as the caller's version `version`: any number (the same again, a jump),
+    /// unless [`WeightSyncer::require_increasing_versions`] asked for strictly increasing ones. The payload
+    /// carries the next sequence number, which is what orders it at the receivers.
     pub async fn sync(&mut self, state: &StateDict, version: u64) -> Result<SyncReport, SyncError> {
-        if version <= self.last_version {
+        if self.settings.increasing_versions && version <= self.last.version {
             return Err(SyncError::VersionNotNewer {
                 version,
-                last: self.last_version,
+                last: self.last.version,
             });
         }
-        let base = self.last_version;
+        let base = self.last;
+        let next = Stamp {
+            version,
+            sequence: base.sequence + 1,
+        };
         let (ch, settings) = (&mut self.ch, &self.settings);
         let mut report = match &mut self.strategy {
             SenderStrategy::Patch(p) => {
-                p.sync(ch, settings, &mut self.rejoin, base, state, version)
+                p.sync(ch, settings, &mut self.rejoin, base, state, next)
                     .await?
             }
             SenderStrategy::Bucket(b) => {
-                let mut report = b.sync(ch, settings, state, version).await?;
+                let mut report = b.sync(ch, settings, state, next).await?;
                 report.state_bytes = self
                     .synced_keys
                     .iter()
@@ -284,7 +291,7 @@ impl SyncSender {
                 report
             }
         };
-        self.last_version = version;
+        self.last = next;
         report.version = version;
         Ok(report)
     }
@@ -333,7 +340,7 @@ impl SyncSender {
             rank,
             info: &self.rejoin,
             state,
-            last_version: self.last_version,
+            last: self.last,
             part_bytes: self.settings.part_bytes,
         }
         .serve(source)
@@ -362,9 +369,14 @@ impl SyncSender {
         self.settings.snapshot_device
     }
 
-    /// The last version sent (0 before the first sync).
+    /// The caller's version of the last sync (0 before the first).
     pub fn version(&self) -> u64 {
-        self.last_version
+        self.last.version
+    }
+
+    /// The sequence number of the last sync (0 before the first; one more per `sync`).
+    pub fn sequence(&self) -> u64 {
+        self.last.sequence
     }
 
     /// The synced keys, in sync order.
@@ -398,7 +410,7 @@ impl SyncSender {
         let mut h = StateHasher::new();
         match &self.strategy {
             SenderStrategy::Patch(p) => {
-                if let Some(c) = self.rejoin.cached_checksum(self.last_version) {
+                if let Some(c) = self.rejoin.cached_checksum(self.last.sequence) {
                     return Ok(c);
                 }
                 for st in p.snap.iter() {
@@ -410,7 +422,7 @@ impl SyncSender {
                     h.bytes(st.storage.bytes());
                 }
                 let c = h.finish();
-                self.rejoin.cache_checksum(self.last_version, c);
+                self.rejoin.cache_checksum(self.last.sequence, c);
                 Ok(c)
             }
             SenderStrategy::Bucket(_) => {
@@ -430,15 +442,15 @@ impl SyncSender {
 }
 
 impl PatchSender {
-    /// One patch from `base` to `version`: diff against the snapshot, encode, send, and log it for rejoins.
+    /// One patch from `base` to `next`: diff against the snapshot, encode, send, and log it for rejoins.
     async fn sync(
         &mut self,
         ch: &mut transport::Sender,
         settings: &Settings,
         rejoin: &mut rejoin::RejoinInfo,
-        base: u64,
+        base: Stamp,
         state: &StateDict,
-        version: u64,
+        next: Stamp,
     ) -> Result<SyncReport, SyncError> {
         let PatchSender {
             snap: shared,
@@ -449,9 +461,9 @@ impl PatchSender {
         // background since the last sync (waited for here), else now.
         rejoin.settle();
         let base_checksum = rejoin.log.is_enabled().then(|| {
-            rejoin.cached_checksum(base).unwrap_or_else(|| {
+            rejoin.cached_checksum(base.sequence).unwrap_or_else(|| {
                 let c = blocking(|| rejoin::snapshot_checksum(shared, &rejoin.meta));
-                rejoin.cache_checksum(base, c);
+                rejoin.cache_checksum(base.sequence, c);
                 c
             })
         });
@@ -473,8 +485,8 @@ impl PatchSender {
         let build = t0.elapsed();
         let t1 = Instant::now();
         let (msg, ratio, tensors, dense) = blocking(|| {
-            let mut h = Header::new(Kind::Patch, version, 0);
-            h.aux = base;
+            let mut h = Header::stamped(Kind::Patch, next, 0);
+            h.aux = base.sequence;
             let (enc, tensors, dense) = patch::encode_message(
                 built,
                 snap,
@@ -496,9 +508,9 @@ impl PatchSender {
         ch.send(&msg).await?;
         let payload_bytes = msg.len() as u64;
         if let Some(c) = base_checksum {
-            rejoin.log.push(base, version, c, msg);
+            rejoin.log.push(base, next, c, msg);
             // The next sync's base: hashed while the caller goes on (its next training step).
-            rejoin.checksum_in_background(version, shared);
+            rejoin.checksum_in_background(next.sequence, shared);
         }
         Ok(SyncReport {
             kind: SyncKind::Patch,
@@ -524,18 +536,11 @@ impl BucketSender {
         ch: &mut transport::Sender,
         settings: &Settings,
         state: &StateDict,
-        version: u64,
+        next: Stamp,
     ) -> Result<SyncReport, SyncError> {
         let BucketSender { buckets, last } = self;
-        let stats = bucket::send(
-            ch,
-            state,
-            buckets,
-            Kind::Bucket,
-            version,
-            settings.part_bytes,
-        )
-        .await?;
+        let stats =
+            bucket::send(ch, state, buckets, Kind::Bucket, next, settings.part_bytes).await?;
         if settings.keep_last {
             blocking(|| keep_copy(last, buckets, state))?;
         }

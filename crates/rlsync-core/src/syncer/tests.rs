@@ -609,10 +609,11 @@ fn pending_update_installs_later_and_stale_pending_is_rejected() {
 }
 
 #[test]
-fn sender_rejects_non_increasing_versions() {
+fn sender_rejects_non_increasing_versions_when_asked() {
     let rt = rt();
     let keys = simple_keys();
     let mut p = init_pair(&rt, &keys, &default_settings(false), 2).unwrap();
+    p.tx.settings.increasing_versions = true;
     sync_once(&rt, &mut p, 3);
     let r = rt.block_on(p.tx.sync(&p.sender, 3));
     assert!(
@@ -625,6 +626,106 @@ fn sender_rejects_non_increasing_versions() {
         ),
         "{r:?}"
     );
+}
+
+/// RLinf's versions: 0 first, the same again (an evaluation), jumps and even a lower number; every one applies
+/// and `apply` reports the caller's version, while the sequence counts the syncs.
+#[test]
+fn any_caller_version_applies_in_sync_order() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 5).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        for (i, v) in [0u64, 1, 1, 2, 7, 7, 3].into_iter().enumerate() {
+            mutate(&mut p.sender, 40 + i as u64, 50);
+            let (sent, applied) = sync_once(&rt, &mut p, v);
+            assert_eq!((sent.version, applied.version), (v, v), "bucket {bucket}");
+            assert_eq!((p.tx.version(), p.rx.version()), (v, v));
+            assert_eq!(
+                (p.tx.sequence(), p.rx.sequence()),
+                (i as u64 + 1, i as u64 + 1)
+            );
+            assert_synced(&p, &keys, &s, &frozen);
+        }
+    }
+}
+
+/// With versions that repeat, a replayed or older payload is still refused by its sequence: weights and version
+/// stay as they are, and the genuine next payload applies afterwards.
+#[test]
+fn a_replayed_payload_of_a_repeated_version_is_rejected() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 6).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        mutate(&mut p.sender, 1, 50);
+        // Version 1 as sync #1, delivered, and kept to be replayed.
+        let first = capture(&rt, &mut p, 1);
+        inject_and_apply(&rt, &mut p, &first).unwrap();
+        // Version 1 again (sync #2) and version 0 (sync #3): both apply.
+        for v in [1, 0] {
+            mutate(&mut p.sender, 2 + v, 50);
+            sync_once(&rt, &mut p, v);
+        }
+        assert_eq!((p.rx.version(), p.rx.sequence()), (0, 3));
+        let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        let r = inject_and_apply(&rt, &mut p, &first);
+        assert!(
+            matches!(&r, Err(e) if e.is_rejection() && e.to_string().contains("replayed or stale")),
+            "bucket {bucket}: {r:?}"
+        );
+        assert_eq!(
+            (p.rx.version(), p.rx.sequence()),
+            (0, 3),
+            "version untouched"
+        );
+        let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+        assert!(before == after, "state changed by a rejected payload");
+        mutate(&mut p.sender, 9, 50);
+        let (_, applied) = sync_once(&rt, &mut p, 0);
+        assert_eq!((applied.version, p.rx.sequence()), (0, 4));
+        assert_synced(&p, &keys, &s, &frozen);
+    }
+}
+
+/// A pending (no-wait) update overtaken by a newer sync is stale even when it carries the same version.
+#[test]
+fn a_pending_update_of_the_same_version_overtaken_is_stale() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 8).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        mutate(&mut p.sender, 1, 50);
+        let stale = rt.block_on(async {
+            let (x, y) = tokio::join!(p.tx.sync(&p.sender, 4), p.rx.receive());
+            x.unwrap();
+            y.unwrap()
+        });
+        mutate(&mut p.sender, 2, 50);
+        let fresh = rt.block_on(async {
+            let (x, y) = tokio::join!(p.tx.sync(&p.sender, 4), p.rx.receive());
+            x.unwrap();
+            y.unwrap()
+        });
+        if bucket {
+            // Buckets carry every tensor: the newer one installs, the older is then stale.
+            fresh.install(&mut p.receiver).unwrap();
+            let r = stale.install(&mut p.receiver);
+            assert!(matches!(&r, Err(e) if e.is_rejection()), "{r:?}");
+        } else {
+            // The second patch is based on the first: it needs the first installed.
+            stale.install(&mut p.receiver).unwrap();
+            fresh.install(&mut p.receiver).unwrap();
+        }
+        assert_eq!((p.rx.version(), p.rx.sequence()), (4, 2));
+        assert_synced(&p, &keys, &s, &frozen);
+    }
 }
 
 #[test]
@@ -1468,4 +1569,91 @@ fn an_unreadable_plan_fails_the_handshake_with_its_wire_error_as_the_cause() {
         chain.starts_with("handshake failed: plan from the sender: checksum mismatch"),
         "{chain}"
     );
+}
+
+/// Repeated versions (RLinf's evaluation syncs) end the replay chain: a receiver that left before the repeat
+/// gets the full state, one that left after it replays from the sequence it holds; both end bitwise equal.
+#[test]
+fn a_repeated_version_ends_the_replay_chain() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 7, 8);
+    for v in [1, 2, 2] {
+        mutate_synced(&mut e.sender, 10 + v, 1);
+        sync_live(&rt, &mut e, v);
+    }
+    // Left at version 2 (the second, sync #3): its version is the base of the log's chain.
+    let late = leave(&mut e, 1);
+    for v in [3, 4] {
+        mutate_synced(&mut e.sender, 20 + v, 1);
+        sync_live(&rt, &mut e, v);
+    }
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 2, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!(
+        (tx.kind, tx.patches, tx.from, tx.to, rx.to),
+        (CatchUpKind::Replay, 2, 2, 4, 4)
+    );
+    assert_same(&e, &keys, &s);
+    // Version 4 again: the chain ends; a receiver left at 4 (sync #5) no longer replays: full.
+    let late = leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 30, 1);
+    sync_live(&rt, &mut e, 4);
+    let (tx, rx) = rejoin(&rt, &mut e, 1, late, 4, &cfg);
+    let (tx, rx) = (tx.unwrap(), rx.unwrap());
+    assert_eq!(
+        (tx.kind, tx.to, rx.to),
+        (CatchUpKind::Full, 4, 4),
+        "{}",
+        tx.reason
+    );
+    assert_same(&e, &keys, &s);
+    // Both go on with the next sync.
+    mutate_synced(&mut e.sender, 31, 1);
+    sync_live(&rt, &mut e, 0);
+    assert_same(&e, &keys, &s);
+    let seqs: Vec<u64> = e
+        .rxs
+        .iter()
+        .flatten()
+        .map(|(rx, _)| rx.sequence())
+        .collect();
+    assert_eq!(seqs, vec![7, 7]);
+}
+
+/// The sender matches tensors by name at every call: a state dict in another order syncs the same, one lacking a
+/// synced key is an error naming it (nothing sent, the sync after it still applies).
+#[test]
+fn the_sender_matches_tensors_by_name_at_every_sync() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 11).unwrap();
+        let frozen = frozen_after_init(&p, &keys, &s);
+        let names: Vec<String> = p.sender.iter().map(|(k, _)| k.to_string()).collect();
+        let copy = |st: &StateDict, keep: &dyn Fn(&str) -> bool| {
+            let mut out = StateDict::new();
+            for k in names.iter().rev().filter(|k| keep(k)) {
+                out.insert(k.clone(), st.get(k).unwrap().duplicate());
+            }
+            out
+        };
+        mutate(&mut p.sender, 3, 50);
+        let reversed = copy(&p.sender, &|_| true);
+        let (a, b) = rt
+            .block_on(async { tokio::join!(p.tx.sync(&reversed, 1), p.rx.apply(&mut p.receiver)) });
+        assert_eq!((a.unwrap().version, b.unwrap().version), (1, 1));
+        assert_synced(&p, &keys, &s, &frozen);
+        let missing = copy(&p.sender, &|k| k != "w");
+        let r = rt.block_on(p.tx.sync(&missing, 2));
+        let e = r.expect_err("a synced key is missing");
+        assert!(e.to_string().contains("'w'"), "bucket {bucket}: {e}");
+        assert_eq!(p.tx.sequence(), 1, "nothing was sent");
+        mutate(&mut p.sender, 4, 50);
+        sync_once(&rt, &mut p, 2);
+        assert_eq!(p.rx.sequence(), 2);
+        assert_synced(&p, &keys, &s, &frozen);
+    }
 }

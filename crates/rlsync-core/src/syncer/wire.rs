@@ -1,11 +1,14 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 3.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 4.
 //!
-//! Every message is a 48-byte little-endian [`Header`] followed by a body:
+//! Every message is a 56-byte little-endian [`Header`] followed by a body:
 //! ```text
-//!  0 magic "RLSW" | 4 format u16 | 6 kind u8 | 7 flags u8 | 8 version u64 | 16 seq u32 | 20 count u32
-//! 24 body_len u64 | 32 aux u64 | 40 checksum u64 = xxh3_64_with_seed(body, seed = xxh3_64(header[0..40]))
+//!  0 magic "RLSW" | 4 format u16 | 6 kind u8 | 7 flags u8 | 8 version u64 | 16 sequence u64 | 24 seq u32
+//! 28 count u32 | 32 body_len u64 | 40 aux u64 | 48 checksum u64 = xxh3_64_with_seed(body, seed = xxh3_64(header[0..48]))
 //! ```
-//! so a flipped bit anywhere (header or body) is detected. Bodies by kind:
+//! so a flipped bit anywhere (header or body) is detected. `version` is the caller's version of the weights (any
+//! number, repeated or skipped as the caller likes); `sequence` is the sender's own count of its syncs (0 for the
+//! handshake and the init bootstrap, then 1, 2, … per `sync`), which orders payloads: a receiver takes only a
+//! sequence newer than its own, and a patch only on the sequence it was built on (`aux`). Bodies by kind:
 //! - `Metadata` (receiver → sender): `u32 n`, then per key `u32 name_len, name, u8 dtype, u8 rank, rank × u64`.
 //! - `Plan` (sender → receivers): `u8 strategy, u32 n, n × u32 synced ordinals` (ordinals index the receiver's
 //!   metadata order); `count` = number of init bootstrap buckets that follow.
@@ -17,7 +20,7 @@
 //!   of the bucket body, with its own checksum. Parts come in order without gaps; the first (`aux` 0) holds
 //!   at least the whole entry table, which fixes the bucket body's length, so the receiver knows when the
 //!   bucket is complete (see [`bucket_parts`], [`read_bucket_table`]).
-//! - `Patch` (aux = base version): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
+//! - `Patch` (aux = the sequence it is based on): see [`PatchBody`]: `u8 index_coding, u8 value_coding, u8 index_width, u8 pad,
 //!   u32 n_entries`, per entry `u32 ordinal, u8 dense, u8 pad[3], u64 base, u64 nnz, u64 index_bytes,
 //!   u64 escape_bytes` (an entry is one element range of one tensor, so entries decode independently and in
 //!   parallel), then `u32 n_streams` (4) and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
@@ -30,9 +33,11 @@
 //!   bootstrap covers beyond the synced ones (frozen weights).
 //! - `Held` (receiver → sender, version = the version it holds): `u64 checksum of the synced keys, u64 checksum
 //!   of those bootstrap-only keys`, both as [`crate::tensor::state_checksum`] computes them.
-//! - `CatchUp` (sender → that receiver, version = the version it will hold): `u8 mode (0 replay, 1 full,
-//!   2 deferred to the next version), u32 bootstrap buckets, u32 patches, u32 full buckets`; the messages follow
-//!   in that order: `InitBucket`s, then logged `Patch`es exactly as first sent, or `Bucket`s of that version.
+//! - `CatchUp` (sender → that receiver, version and sequence = those it will hold): `u8 mode (0 replay, 1 full,
+//!   2 deferred to the next version), u32 bootstrap buckets, u32 patches, u32 full buckets, u64 base sequence`
+//!   (replay: the sequence of the version it holds, which the first replayed patch is based on; else 0); the
+//!   messages follow in that order: `InitBucket`s, then logged `Patch`es exactly as first sent, or `Bucket`s of
+//!   that version.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -40,11 +45,20 @@ use crate::bytes::{BytesError, Reader, Writer, read_uint};
 use crate::tensor::DType;
 
 pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
-/// 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
+/// 4: every header carries the sender's sequence number beside the caller's version, and patches are based on
+/// a sequence (3: versions ordered payloads and had to increase). 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
-pub(crate) const FORMAT_VERSION: u16 = 3;
-pub const HEADER_LEN: usize = 48;
+pub(crate) const FORMAT_VERSION: u16 = 4;
+pub const HEADER_LEN: usize = 56;
+
+/// What orders a payload: the caller's version of the weights it carries and the sender's sequence number of
+/// the sync it belongs to (0: the handshake and the init bootstrap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub version: u64,
+    pub sequence: u64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -161,7 +175,11 @@ impl Kind {
 pub struct Header {
     pub kind: Kind,
     pub flags: u8,
+    /// The caller's version of the weights the message carries.
     pub version: u64,
+    /// The sender's sequence number of the sync the message belongs to (0: handshake and init bootstrap).
+    pub sequence: u64,
+    /// Position of the message's bucket in its transfer (0 otherwise).
     pub seq: u32,
     pub count: u32,
     pub body_len: u64,
@@ -175,6 +193,7 @@ impl Header {
             kind,
             flags: 0,
             version,
+            sequence: 0,
             seq: 0,
             count: 1,
             body_len: body_len as u64,
@@ -183,7 +202,23 @@ impl Header {
         }
     }
 
-    /// The header's first 40 bytes (everything but the checksum).
+    /// The header of a message of sync `stamp` (its version and sequence).
+    pub fn stamped(kind: Kind, stamp: Stamp, body_len: usize) -> Header {
+        Header {
+            sequence: stamp.sequence,
+            ..Header::new(kind, stamp.version, body_len)
+        }
+    }
+
+    /// The version and sequence the message carries.
+    pub fn stamp(&self) -> Stamp {
+        Stamp {
+            version: self.version,
+            sequence: self.sequence,
+        }
+    }
+
+    /// The header's first 48 bytes (everything but the checksum).
     fn prefix(&self) -> Writer {
         let mut w = Writer::with_capacity(HEADER_LEN);
         w.bytes(&MAGIC)
@@ -191,6 +226,7 @@ impl Header {
             .u8(self.kind.code())
             .u8(self.flags)
             .u64(self.version)
+            .u64(self.sequence)
             .u32(self.seq)
             .u32(self.count)
             .u64(self.body_len)
@@ -203,7 +239,7 @@ impl Header {
         xxh3_64(self.prefix().as_slice())
     }
 
-    /// Write the header with `checksum` into `out[..48]`.
+    /// Write the header with `checksum` into `out[..HEADER_LEN]`.
     pub fn write(&self, out: &mut [u8]) -> Result<(), WireError> {
         let got = out.len();
         let dst = out.get_mut(..HEADER_LEN).ok_or(WireError::Truncated {
@@ -238,6 +274,7 @@ impl Header {
             kind,
             flags: r.u8()?,
             version: r.u64()?,
+            sequence: r.u64()?,
             seq: r.u32()?,
             count: r.u32()?,
             body_len: r.u64()?,
@@ -508,18 +545,20 @@ pub(crate) enum CatchUpMode {
     Deferred,
 }
 
-/// The announcement of a catch-up: mode, target version and the message counts that follow.
+/// The announcement of a catch-up: mode, target version and sequence, the message counts that follow, and
+/// (replay) the sequence the first replayed patch is based on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CatchUpPlan {
     pub mode: CatchUpMode,
-    pub version: u64,
+    pub to: Stamp,
     pub boot_buckets: u32,
     pub patches: u32,
     pub full_buckets: u32,
+    pub base_sequence: u64,
 }
 
 pub(crate) fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
-    let mut w = Writer::with_capacity(13);
+    let mut w = Writer::with_capacity(21);
     w.u8(match c.mode {
         CatchUpMode::Replay => 0,
         CatchUpMode::Full => 1,
@@ -527,8 +566,9 @@ pub(crate) fn encode_catch_up(c: &CatchUpPlan) -> Vec<u8> {
     })
     .u32(c.boot_buckets)
     .u32(c.patches)
-    .u32(c.full_buckets);
-    message(Header::new(Kind::CatchUp, c.version, w.len()), w.as_slice())
+    .u32(c.full_buckets)
+    .u64(c.base_sequence);
+    message(Header::stamped(Kind::CatchUp, c.to, w.len()), w.as_slice())
 }
 
 pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPlan, WireError> {
@@ -541,12 +581,25 @@ pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPla
     };
     let c = CatchUpPlan {
         mode,
-        version: header.version,
+        to: header.stamp(),
         boot_buckets: r.u32()?,
         patches: r.u32()?,
         full_buckets: r.u32()?,
+        base_sequence: r.u64()?,
     };
     r.finish()?;
+    if c.mode != CatchUpMode::Replay && c.base_sequence != 0 {
+        return Err(malformed("catch-up", "a base sequence outside a replay"));
+    }
+    if c.base_sequence > c.to.sequence {
+        return Err(malformed(
+            "catch-up",
+            format!(
+                "base sequence {} beyond the target's {}",
+                c.base_sequence, c.to.sequence
+            ),
+        ));
+    }
     if c.mode != CatchUpMode::Replay && c.patches != 0 {
         return Err(malformed("catch-up", "patches announced outside a replay"));
     }
