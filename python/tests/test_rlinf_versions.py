@@ -12,7 +12,7 @@ import torch
 import rlsync
 from conftest import Link
 
-KINDS = ["patch", "bucket"]
+KINDS = ["patch", "bucket", "bucket-staged"]
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
@@ -27,7 +27,8 @@ def state(seed: int) -> dict[str, torch.Tensor]:
 def make(kind: str) -> rlsync.WeightSyncer:
     if kind == "patch":
         return rlsync.PatchWeightSyncer(init_sync_enabled=True)
-    return rlsync.BucketWeightSyncer(bucket_size=1 << 20)
+    # bucket-staged: the whole version is staged and installed at the end (load_instant=False).
+    return rlsync.BucketWeightSyncer(bucket_size=1 << 20, load_instant=kind == "bucket")
 
 
 async def pair(kind: str, tx_sd: Any, rx_sd: Any) -> tuple[rlsync.WeightSyncer, rlsync.WeightSyncer, Link]:

@@ -1350,4 +1350,41 @@ mod tests {
             let _ = decode_patch_body(&buf, 1 << 16);
         }
     }
+
+    /// A catch-up carries the version and sequence the receiver will hold and, for a replay, the sequence the
+    /// replay starts from; a base sequence outside a replay or beyond the target is malformed.
+    #[test]
+    fn catch_up_carries_the_target_stamp_and_the_replay_base_sequence() {
+        let plan = CatchUpPlan {
+            mode: CatchUpMode::Replay,
+            to: Stamp {
+                version: 7,
+                sequence: 12,
+            },
+            boot_buckets: 1,
+            patches: 3,
+            full_buckets: 0,
+            base_sequence: 9,
+        };
+        let msg = encode_catch_up(&plan);
+        let (h, body) = Header::parse(&msg).unwrap();
+        assert_eq!((h.version, h.sequence), (7, 12));
+        assert_eq!(decode_catch_up(&h, body).unwrap(), plan);
+        let bad = |p: CatchUpPlan| {
+            let msg = encode_catch_up(&p);
+            let (h, body) = Header::parse(&msg).unwrap();
+            decode_catch_up(&h, body).unwrap_err().to_string()
+        };
+        let e = bad(CatchUpPlan {
+            base_sequence: 13,
+            ..plan
+        });
+        assert!(e.contains("base sequence 13 beyond the target's 12"), "{e}");
+        let e = bad(CatchUpPlan {
+            mode: CatchUpMode::Full,
+            patches: 0,
+            ..plan
+        });
+        assert!(e.contains("base sequence outside a replay"), "{e}");
+    }
 }
