@@ -94,9 +94,12 @@ impl TestHold {
             return;
         };
         use std::io::Write as _;
+        // The log line first and in one write: the test kills this process as soon as the pid arrives, and a
+        // kill between `eprintln!`'s pieces left half a line in the log (seen once under load).
+        let line = format!("{TEST_HOLD_VAR}: held at {:?} until killed\n", self.stage);
+        let _ = std::io::stderr().write_all(line.as_bytes());
         let _ = writeln!(file, "{}", std::process::id());
         drop(file);
-        eprintln!("{TEST_HOLD_VAR}: held at {:?} until killed", self.stage);
         std::future::pending::<()>().await;
     }
 }
