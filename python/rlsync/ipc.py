@@ -13,7 +13,7 @@ the next sync. A receiver that dies makes that sync raise :class:`rlsync.Transpo
 once; the others go on.
 
 Integrity: every control message carries an xxh3 checksum and a strictly increasing sequence number, and a
-receiver checks each one (newer, version not older, change counts within the setup's capacities) before it
+receiver checks each one (newer sequence, a full copy first, change counts within the setup's capacities) before it
 writes anything; a rejected one leaves its tensors untouched. The changes themselves never leave GPU memory
 and are not checksummed (the install kernel writes only inside each entry's tile of the right tensor).
 

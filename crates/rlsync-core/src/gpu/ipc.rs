@@ -9,7 +9,7 @@
 //! sends a [`wire::Message::Sync`] (sequence number, version, per-width change count and overflow flag,
 //! checksummed) to every receiver and waits for every ack; the buffers are not rewritten before all acks (one
 //! version in flight). A receiver validates the message before writing anything (sequence newer than the
-//! last, version not older, widths and counts within the setup's capacities), runs `apply_compact` per width
+//! last, a full copy first, widths and counts within the setup's capacities), runs `apply_compact` per width
 //! into its tensors (overflowing tiles copied from the sender's snapshot copy) on its stream, syncs and acks.
 //! A rejected message leaves its tensors untouched.
 //!
@@ -264,7 +264,7 @@ fn check_setup(setup: &Setup, layout: &Layout) -> Result<(), Reason> {
 fn check_sync(
     setup: &Setup,
     seq: u64,
-    version: u64,
+    _version: u64,
     mode: Mode,
     widths: &[WidthCount],
     last_seq: u64,
@@ -276,15 +276,11 @@ fn check_sync(
             last: last_seq,
         });
     }
-    match (installed, mode) {
-        (None, Mode::Patch) => return Err(Reason::NotBootstrapped),
-        (Some(v), _) if version < v => {
-            return Err(Reason::OldVersion {
-                version,
-                installed: v,
-            });
-        }
-        _ => {}
+    // The caller's version only labels the weights (any value, as RLinf's runners use it: repeats, jumps,
+    // even lower); the sequence number above orders the messages. `installed` only says whether a full copy
+    // came first.
+    if installed.is_none() && mode == Mode::Patch {
+        return Err(Reason::NotBootstrapped);
     }
     if mode == Mode::Full {
         return Ok(());

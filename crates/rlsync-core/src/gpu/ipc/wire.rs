@@ -122,8 +122,6 @@ pub enum Mode {
 pub enum Reason {
     #[error("sequence number {seq} is not newer than the last one seen, {last}")]
     Stale { seq: u64, last: u64 },
-    #[error("version {version} is older than the installed version {installed}")]
-    OldVersion { version: u64, installed: u64 },
     #[error("the sync lists {found} widths, the setup {expected}")]
     Widths { found: u64, expected: u64 },
     #[error(
@@ -154,7 +152,7 @@ impl Reason {
     fn encode(&self) -> (u16, u64, u64) {
         match *self {
             Reason::Stale { seq, last } => (1, seq, last),
-            Reason::OldVersion { version, installed } => (2, version, installed),
+            // Code 2 (an older caller version) was retired: versions only label the weights.
             Reason::Widths { found, expected } => (3, found, expected),
             Reason::Capacity {
                 width,
@@ -174,10 +172,6 @@ impl Reason {
     fn decode(code: u16, a: u64, b: u64) -> Result<Reason, WireError> {
         Ok(match code {
             1 => Reason::Stale { seq: a, last: b },
-            2 => Reason::OldVersion {
-                version: a,
-                installed: b,
-            },
             3 => Reason::Widths {
                 found: a,
                 expected: b,
