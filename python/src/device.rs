@@ -1,8 +1,8 @@
-//! CUDA tensors in the binding: a syncer's device side (the device, the pinned mirror of its CUDA tensors that
+//! CUDA tensors in the binding: a syncer's device side (the device, the host copies of its CUDA tensors that
 //! the host paths read and write, the caller's stream) and the staging of each operation's tensors through it.
 //!
 //! A state dict may mix CPU and CUDA tensors (all CUDA ones on one device). CUDA tensors are checked like CPU
-//! ones (dtype, contiguity, alignment) and replaced, for the crate, by their pinned host copies: pulled before
+//! ones (dtype, contiguity, alignment) and replaced, for the crate, by their host copies: pulled before
 //! an operation reads them, pushed after one wrote them — on the caller's stream
 //! (`torch.cuda.current_stream()`), so the copies follow the work queued before the call. Tied CUDA tensors
 //! (same memory) share one copy, so the crate folds them as it does CPU ones; other overlaps are refused.
@@ -28,8 +28,8 @@ use crate::syncer::Desc;
 pub(crate) struct DeviceSide {
     gpu: Gpu,
     mirror: Mirror,
-    stream: Stream,
-    /// The CUDA tensors' device addresses by key and the stream, for the device build / install.
+    /// The CUDA tensors' device addresses by key and the caller's stream for the operation about to run (the
+    /// host copies, the device build and the install all use it).
     current: Arc<Mutex<DeviceState>>,
     /// Patches are built (sender) or installed (receiver) on the device: the operation neither pulls nor
     /// pushes the host copies (they go stale until an operation that reads them pulls).
@@ -44,14 +44,23 @@ pub(crate) fn lock(side: &SharedSide) -> MutexGuard<'_, DeviceSide> {
 }
 
 impl DeviceSide {
+    fn stream(&self) -> Stream {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stream
+    }
+
     /// Host copies := device tensors.
     pub(crate) fn pull(&mut self) -> Result<(), GpuError> {
-        self.mirror.pull(self.stream)
+        let stream = self.stream();
+        self.mirror.pull(stream)
     }
 
     /// Device tensors := host copies.
     pub(crate) fn push(&mut self) -> Result<(), GpuError> {
-        self.mirror.push(self.stream)
+        let stream = self.stream();
+        self.mirror.push(stream)
     }
 }
 
@@ -100,7 +109,7 @@ fn covers(current: &Mutex<DeviceState>, keys: &[String]) -> bool {
 
 /// After `init_sender`: a patch sender whose synced keys are all CUDA tensors, each already in the receivers'
 /// dtype, builds its patches on the device (`snapshot_device` says where the snapshot lives). Otherwise it
-/// stays on the host path through the pinned copies (casts, CPU tensors). Returns whether it moved.
+/// stays on the host path through the host copies (casts, CPU tensors). Returns whether it moved.
 pub(crate) fn attach_builder(
     side: &Option<SharedSide>,
     sender: &mut SyncSender,
@@ -233,8 +242,7 @@ pub(crate) fn stage(
     });
     if reuse {
         if let Some(s) = side.as_ref() {
-            let mut g = lock(s);
-            g.stream = stream;
+            let g = lock(s);
             let mut cur = g.current.lock().unwrap_or_else(|p| p.into_inner());
             cur.addrs = addrs;
             cur.stream = stream;
@@ -261,7 +269,6 @@ pub(crate) fn stage(
         *side = Some(Arc::new(Mutex::new(DeviceSide {
             gpu,
             mirror,
-            stream,
             current,
             on_device,
         })));

@@ -7,7 +7,7 @@
 //! - [`runtime`]: the one tokio runtime that owns every socket the module opens.
 //! - [`syncer`]: weight syncers over torch tensors' memory (`NativeSyncer`, `Op`, shm channel ends).
 //! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
-//! - [`device`]: CUDA tensors: a syncer's device side (pinned mirror, stream) and `cuda_available()`.
+//! - [`device`]: CUDA tensors: a syncer's device side (host copies, stream) and `cuda_available()`.
 //! - [`ipc`]: the same-host GPU channel (`CudaIpcSender` / `CudaIpcReceiver`, CUDA IPC of the diff output).
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
 

@@ -3,7 +3,7 @@
 //!
 //! Everything above this module is backend-free: [`Gpu`] opens a device (the primary context PyTorch uses),
 //! owns rlsync's device and pinned host buffers and launches the kernels of `kernels/rlsync.cu`
-//! ([`kernels`]); [`mirror`] stages CUDA tensors through pinned host memory for the host paths (bootstrap,
+//! ([`kernels`]); [`mirror`] stages CUDA tensors through host copies for the host paths (bootstrap,
 //! bucket, rejoin, checksums); [`differ`] builds patches on the device (the fused diff kernel, its output
 //! collected by [`compact`] into the encoder's input); [`installer`] writes verified patches into CUDA tensors.
 //! Loading is dynamic: without `libcuda.so.1` every entry point returns [`GpuError::NoDriver`] (cudarc panics
