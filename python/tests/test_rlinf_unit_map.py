@@ -13,7 +13,7 @@ by test -> its rlsync counterpart (``file::test``; this file's tests by bare nam
 - test_downscale_nonnegative_indices_selects_expected_dtype -> test_patch_indices_of_every_width_round_trip
   (RLinf's helper picks the index dtype; rlsync's Rust encoder picks the index width: changes at indices that
   need 1, 2 and 4 bytes round trip exactly; the 8-byte case needs a tensor of 2^31 elements, left out for size;
-  the width choice itself is tested in crates/rlsync-core/src/syncer/patch.rs)
+  the width choice itself: wire.rs::narrowest_width_picks_smallest in rlsync-core)
 - test_patch_weight_syncer_roundtrip_delta_enabled / _delta_disabled -> test_patch_round_trip_on_the_cpu
   (RLinf runs them on the accelerator; the same steps on the CPU here)
 - test_patch_weight_syncer_inactive_sender_returns_empty_patch -> test_rlinf_ranks::
