@@ -55,8 +55,8 @@ by test -> its rlsync counterpart (``file::test``; this file's tests by bare nam
   test_create_reads_rlinfs_config_from_omegaconf and test_rlinf_interface::test_create_takes_rlinfs_key_aliases
 - test_weight_syncer_factory_builds_shared_comm_options
   -> test_rlinf_interface::test_comm_options_come_from_the_top_level_keys
-- test_weight_syncer_factory_rejects_unknown_type -> test_rlinf_interface::test_create_reads_rlinfs_config_from_omegaconf
-  (its last case) and test_unknown_type_is_refused here
+- test_weight_syncer_factory_rejects_unknown_type -> test_unknown_type_is_refused (and the last case of
+  test_rlinf_interface::test_create_reads_rlinfs_config_from_omegaconf)
 
 Beyond RLinf's tests, the bucket syncer without a handshake is held to rlsync's rules here: corrupt, truncated,
 replayed and stale versions are rejected whole, a key the receiver lacks or another shape is an error naming it
@@ -388,7 +388,10 @@ def test_unknown_type_is_refused() -> None:
 async def patch_pair(tx_sd: Any, rx_sd: Any, names: list[str], **kw: Any) -> tuple[Any, Any, Link]:
     link = Link()
     tx, rx = rlsync.PatchWeightSyncer(**kw), rlsync.PatchWeightSyncer(**kw)
-    await asyncio.gather(tx.init_sender(tx_sd, names, link.send, link.up_recv), rx.init_receiver(rx_sd, link.recv, link.up_send))
+    await asyncio.gather(
+        tx.init_sender(tx_sd, names, link.send, link.up_recv),
+        rx.init_receiver(rx_sd, link.recv, link.up_send),
+    )
     return tx, rx, link
 
 
@@ -399,7 +402,8 @@ def test_patch_round_trip_on_the_cpu(delta: bool) -> None:
     receiver = copy.deepcopy(sender)
 
     async def main() -> int:
-        tx, rx, link = await patch_pair(sender.state_dict(), receiver.state_dict(), rlsync.param_names_need_sync(sender), delta_encoding=delta)
+        names = rlsync.param_names_need_sync(sender)
+        tx, rx, link = await patch_pair(sender.state_dict(), receiver.state_dict(), names, delta_encoding=delta)
         with torch.no_grad():
             sender.tiny.linear.weight[0, 0] += 3.0
             sender.tiny.tensor3d[1, 2, 3] = -99.0
