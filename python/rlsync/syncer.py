@@ -252,7 +252,8 @@ class WeightSyncer:
 
     Create it through :class:`PatchWeightSyncer`, :class:`BucketWeightSyncer` or :meth:`create`. One object
     is either a sender (after :meth:`init_sender`) or a receiver (after :meth:`init_receiver`); an init that
-    fails leaves it uninitialised, ready for another.
+    fails leaves it uninitialised, ready for another. A bucket syncer without a handshake may be both (RLinf's
+    tests sync and apply through one object): see :class:`BucketWeightSyncer`.
     """
 
     def __init__(self, config: Mapping[str, Any], *, threads: int = 0, payload_type: str = "bytes") -> None:
@@ -261,6 +262,11 @@ class WeightSyncer:
         self._payload_type = payload_type
         self._config = dict(config)
         self._native = _native.NativeSyncer(json.dumps(self._config), threads)
+        self._threads = threads
+        # Bucket without a handshake: whether ``_native`` is such a sender, and the receiving end of an object
+        # that also sends (RLinf's tests sync and apply through one bucket syncer).
+        self._described_sender = False
+        self._rx_native: Any = None
         self._active = True
         self._channel: Any = None
         self._comm_options: CollectiveGroupOptions | None = None
@@ -342,8 +348,35 @@ class WeightSyncer:
             await asyncio.to_thread(op.run)
             return
         if recv is None:
-            raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
+            if self._config.get("type") != "bucket":
+                raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
+            await self._init_described_sender(descs, names, send)
+            return
         await _drive(self._native.begin_init_sender(descs, names, None, same_keys), self._send(send), recv)
+
+    async def _init_described_sender(self, descs: list[tuple], names: list[str], send: SendFn) -> None:
+        """Bucket sender without a handshake (RLinf's ``init_sender`` without ``recv``): nothing is exchanged;
+        every :meth:`sync` sends a manifest first. Made again (RLinf may call ``init_sender`` twice), it
+        continues the sequence of the one it replaces, so its receivers take its versions."""
+        after = 0
+        if self._described_sender and self._native.end == "sender":
+            after = self._native.sequence
+            self._native = _native.NativeSyncer(json.dumps(self._config), self._threads)
+        op = self._native.begin_init_sender(descs, names, None, False, True, after)
+        await _drive(op, self._send(send), None)
+        self._described_sender = True
+
+    async def _init_described_receiver(self, state_dict: StateDictLike, recv: RecvFn) -> None:
+        """Bucket receiver without a handshake (RLinf's ``init_receiver`` without ``send``): nothing is
+        exchanged; each version's manifest names its keys. On an object that already sends, the receiving end
+        is a second one beside it."""
+        native = self._native
+        if native.end != "uninitialised":
+            native = _native.NativeSyncer(json.dumps(self._config), self._threads)
+        descs = self._stage(state_dict, native)
+        await _drive(native.begin_init_receiver(descs, None, True), None, recv)
+        if native is not self._native:
+            self._rx_native = native
 
     async def init_receiver(
         self,
@@ -363,7 +396,10 @@ class WeightSyncer:
             await asyncio.to_thread(op.run)
             return
         if send is None:
-            raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
+            if self._config.get("type") != "bucket":
+                raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
+            await self._init_described_receiver(state_dict, recv)
+            return
         await _drive(self._native.begin_init_receiver(descs, None), self._send(send), recv)
 
     async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
@@ -414,25 +450,44 @@ class WeightSyncer:
             raise TypeError("apply() missing required argument: 'model'")
         if recv is None:
             raise TypeError("apply() missing required argument: 'recv'")
-        descs = self._stage(model)
-        if self._native.on_shm:
+        native = self._receiving(recv)
+        if native is None:
+            # A bucket syncer that has not received before (RLinf's tests apply on the object that sent):
+            # its receiving end is made now, without a handshake, over ``model``.
+            await self._init_described_receiver(model, recv)
+            native = self._rx_native or self._native
+        descs = self._stage(model, native)
+        if native.on_shm:
             self._check_channel(recv)
-            return await asyncio.to_thread(self._native.begin_apply(descs).run)
-        return await _drive(self._native.begin_apply(descs), None, recv)
+            return await asyncio.to_thread(native.begin_apply(descs).run)
+        return await _drive(native.begin_apply(descs), None, recv)
+
+    def _receiving(self, recv: Any) -> Any:
+        """The native end that applies: the receiver, the receiving end beside a sender, or ``None`` where a
+        bucket syncer's receiving end is still to be made (not initialised as a receiver, no shm channel)."""
+        if self._rx_native is not None:
+            return self._rx_native
+        if self._native.end == "receiver":
+            return self._native
+        bucket = self._config.get("type") == "bucket"
+        if bucket and not isinstance(recv, ShmReceiver) and self._native.end in ("uninitialised", "sender"):
+            return None
+        return self._native
 
     def _send(self, send: SendFn) -> SendFn:
         """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors."""
         return _tensor_send(send) if self._payload_type == "tensor" else send
 
-    def _stage(self, state_dict: StateDictLike) -> list[tuple]:
-        """Describe ``state_dict`` for the native module; with CUDA tensors, the native side also takes the
-        caller's current stream of their device, so its copies and kernels follow the work queued on it."""
+    def _stage(self, state_dict: StateDictLike, native: Any = None) -> list[tuple]:
+        """Describe ``state_dict`` for the native module (``native``: the end that takes it, by default this
+        syncer's); with CUDA tensors, the native side also takes the caller's current stream of their device, so
+        its copies and kernels follow the work queued on it."""
         descs = _describe(state_dict)
         for d in descs:
             if d[6].startswith("cuda"):
                 import torch
 
-                self._native.use_stream(torch.cuda.current_stream(d[1].device).cuda_stream)
+                (native or self._native).use_stream(torch.cuda.current_stream(d[1].device).cuda_stream)
                 break
         return descs
 
@@ -475,7 +530,7 @@ class WeightSyncer:
         return self._native.end == "sender" or not self._active
 
     def receiver_initialized(self) -> bool:
-        return self._native.end == "receiver"
+        return self._native.end == "receiver" or self._rx_native is not None
 
     def _check_channel(self, end: Any) -> None:
         if end is not self._channel:
@@ -611,6 +666,16 @@ class BucketWeightSyncer(WeightSyncer):
     same version fails), otherwise the whole version is staged and installed at the end.
 
     The arguments are RLinf's; ``bucket_device`` must be ``"cpu"``; ``is_agent`` is accepted and ignored.
+
+    As RLinf's, it needs no handshake: :meth:`init_sender` without ``recv`` and :meth:`init_receiver` without
+    ``send`` exchange nothing, and each version then starts with a manifest (names, shapes, wire and target
+    dtypes; checksummed like every payload), so corrupt, truncated, replayed and stale versions are still
+    rejected whole. Receiver keys the sender does not send keep their values (RLinf's ``strict=False``); a sent
+    key the receiver lacks, another shape or a dtype that does not convert is a :class:`rlsync.PayloadRejected`
+    naming the key, before anything is written. Both ends of a pair choose alike: with ``recv`` / ``send``
+    (RLinf's workers pass both) they hold the handshake, which checks the synced keys up front. Without a
+    handshake one object can also apply: :meth:`apply` on a syncer not initialised as a receiver makes its
+    receiving end then, over the model it is given.
     """
 
     def __init__(

@@ -387,13 +387,17 @@ impl NativeSyncer {
 
     /// Start the sender's init: handshake (+ patch init bootstrap). `channel`: an `ShmSender`, or `None` for
     /// the caller's `send`/`recv` (pump the returned op with `step`).
-    #[pyo3(signature = (tensors, keys_to_sync, channel = None, same_keys = true))]
+    /// `described` (bucket, the caller's `send` only): no handshake, every version carries its manifest
+    /// (RLinf's bucket `init_sender` without `recv`); its first sync follows sequence `after`.
+    #[pyo3(signature = (tensors, keys_to_sync, channel = None, same_keys = true, described = false, after = 0))]
     fn begin_init_sender(
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
         keys_to_sync: Vec<String>,
         channel: Option<&Bound<'_, ShmSender>>,
         same_keys: bool,
+        described: bool,
+        after: u64,
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
@@ -415,7 +419,15 @@ impl NativeSyncer {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
             }
-            match syncer.init_sender(&st.state, &keys, ch).await {
+            let made = match described {
+                true => {
+                    syncer
+                        .init_sender_described(&st.state, &keys, ch, after)
+                        .await
+                }
+                false => syncer.init_sender(&st.state, &keys, ch).await,
+            };
+            match made {
                 Ok((mut end, report)) => {
                     device::attach_builder(&dev, &mut end, &st.state);
                     out(End::Sender(end), Ok(Some(report)))
@@ -430,11 +442,14 @@ impl NativeSyncer {
     }
 
     /// Start the receiver's init: send metadata, receive the plan and (patch) the init bootstrap.
-    #[pyo3(signature = (tensors, channel = None))]
+    /// `described` (bucket, the caller's `recv` only): no handshake, each version's manifest says what comes
+    /// (RLinf's bucket `init_receiver` without `send`).
+    #[pyo3(signature = (tensors, channel = None, described = false))]
     fn begin_init_receiver(
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
         channel: Option<&Bound<'_, ShmReceiver>>,
+        described: bool,
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
@@ -454,7 +469,11 @@ impl NativeSyncer {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
             }
-            match syncer.init_receiver(&mut st.state, ch).await {
+            let made = match described {
+                true => syncer.init_receiver_described(&st.state, ch).await,
+                false => syncer.init_receiver(&mut st.state, ch).await,
+            };
+            match made {
                 Ok((end, report)) => match device::push(&dev) {
                     Ok(()) => {
                         device::attach_installer(&dev, &end);
@@ -542,6 +561,19 @@ impl NativeSyncer {
         match &lock(&self.inner).end {
             Slot::Ready(end) => end.version(),
             _ => 0,
+        }
+    }
+
+    /// Sender: the sequence number of the last sync. Receiver: that of the applied one. 0 before the first.
+    #[getter]
+    fn sequence(&self) -> u64 {
+        match &lock(&self.inner).end {
+            Slot::Ready(end) => match end.as_ref() {
+                End::Sender(s) => s.sequence(),
+                End::Receiver(r) => r.sequence(),
+                End::Unready(_) => 0,
+            },
+            Slot::Busy { .. } | Slot::Lost { .. } => 0,
         }
     }
 

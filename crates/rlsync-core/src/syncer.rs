@@ -8,6 +8,12 @@
 //! [`SyncSender::sync`] sends a patch (changed elements vs the sender's snapshot, held in the receiver's
 //! dtypes) or all synced tensors in buckets, and [`SyncReceiver::apply`] receives, verifies and installs it.
 //!
+//! Self-describing buckets: the bucket syncer may also run without the handshake, as RLinf's does
+//! ([`WeightSyncer::init_sender_described`] / [`WeightSyncer::init_receiver_described`]: a mode of the same typed
+//! ends, not a type of its own). Nothing is exchanged at init; every version starts with a checksummed manifest
+//! (names, shapes, wire and target dtypes) by which the receiver maps the buckets onto its keys, checking them all
+//! before anything is written, so the same integrity rules hold. The app's runtime keeps the handshake.
+//!
 //! Versions and sequences: `sync` takes the caller's version, any number (RLinf sends 0 first, the same version
 //! again for an evaluation, jumps under no-wait), and `apply` returns it. What orders payloads is the sender's
 //! own sequence number, one more per `sync` (0: the handshake and init bootstrap), carried beside the version in

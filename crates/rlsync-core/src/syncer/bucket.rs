@@ -106,6 +106,16 @@ pub async fn send(
     stamp: Stamp,
     part_bytes: usize,
 ) -> Result<SendStats, super::SyncError> {
+    let sources = check_sources(state, buckets)?;
+    send_sources(ch, None, buckets, &sources, kind, stamp, part_bytes).await
+}
+
+/// The bytes of every planned tensor of `state`, bucket by bucket; an error naming the first key that is
+/// missing or no longer has its planned dtype and size.
+pub(crate) fn check_sources<'s>(
+    state: &'s StateDict,
+    buckets: &[Vec<Planned>],
+) -> Result<Vec<Vec<&'s [u8]>>, super::SyncError> {
     let mut sources: Vec<Vec<&[u8]>> = Vec::with_capacity(buckets.len());
     for bucket in buckets {
         let mut srcs = Vec::with_capacity(bucket.len());
@@ -126,7 +136,7 @@ pub async fn send(
         }
         sources.push(srcs);
     }
-    send_sources(ch, None, buckets, &sources, kind, stamp, part_bytes).await
+    Ok(sources)
 }
 
 /// Send the buckets of one version with each tensor's bytes given (`sources[bucket][item]`, in the planned

@@ -1,6 +1,8 @@
 //! The receiving end [`SyncReceiver`] (a rollout's): the handshake and init bootstrap that make it
 //! ([`WeightSyncer::init_receiver`], [`WeightSyncer::rejoin_receiver`]), `apply` (receive, verify, install)
-//! and `receive` → [`PendingUpdate::install`] for background no-wait installs.
+//! and `receive` → [`PendingUpdate::install`] for background no-wait installs. A bucket receiver may also skip
+//! the handshake ([`WeightSyncer::init_receiver_described`], RLinf's bucket syncer): then it reads each version's
+//! manifest first and maps the buckets onto its keys by name, checking every key before anything is written.
 
 use super::bucket::PartError;
 use super::*;
@@ -17,6 +19,8 @@ pub struct SyncReceiver {
     received: u64,
     /// The sequence of a bucket version this receiver gave up on midway: its remaining parts are skipped.
     interrupted: Option<u64>,
+    /// Made without a handshake: every version starts with its manifest (see `syncer/wire.rs`).
+    described: bool,
     shared: Arc<ReceiverShared>,
 }
 
@@ -128,7 +132,49 @@ impl WeightSyncer {
             synced_keys,
             received: 0,
             interrupted: None,
+            described: false,
             shared,
+        };
+        Ok((receiver, report))
+    }
+
+    /// A bucket receiver without a handshake, for a sender made by [`WeightSyncer::init_sender_described`]
+    /// (RLinf's bucket syncer: its `init_receiver` needs no `send`): nothing is exchanged now. Each version's
+    /// manifest names its keys; a key `state` lacks, another shape or a dtype that does not convert is a
+    /// rejection naming the key, before anything is written; keys of `state` the sender does not send keep
+    /// their values (RLinf's `strict=False`). Patch syncers need the handshake ([`SyncError::Config`]).
+    pub async fn init_receiver_described(
+        self,
+        state: &StateDict,
+        ch: transport::Receiver,
+    ) -> Result<(SyncReceiver, SyncReport), SyncError> {
+        if self.settings.kind != SyncerKind::Bucket {
+            return Err(SyncError::Config {
+                reason: "only the bucket syncer can run without a handshake (the patch syncer's receiver needs the sender's plan)".into(),
+            });
+        }
+        let meta = metadata(state);
+        let synced = vec![true; meta.len()];
+        let receiver = SyncReceiver {
+            ch,
+            strategy: Strategy::Bucket,
+            load_instant: self.settings.load_instant,
+            // Known once a version arrived: the keys its manifest named.
+            synced_keys: Vec::new(),
+            received: 0,
+            interrupted: None,
+            described: true,
+            shared: Arc::new(ReceiverShared::new(
+                meta,
+                synced,
+                Stamp::default(),
+                self.settings.threads,
+            )),
+        };
+        let report = SyncReport {
+            kind: SyncKind::Init,
+            compression_ratio: 1.0,
+            ..Default::default()
         };
         Ok((receiver, report))
     }
@@ -195,6 +241,7 @@ impl WeightSyncer {
             synced_keys,
             received: start.sequence,
             interrupted: None,
+            described: false,
             shared: Arc::new(ReceiverShared::new(
                 meta,
                 synced,
@@ -224,6 +271,9 @@ async fn read_plan(ch: &mut transport::Receiver) -> Result<Plan, SyncError> {
                 reason: format!("the sender refused: {}", wire::decode_abort(body)),
             }),
             Kind::Plan => wire::decode_plan(&h, body).map_err(unreadable),
+            Kind::Manifest => Err(SyncError::Handshake {
+                reason: "the sender runs without a handshake (its init had no receivers' metadata): make this receiver without one too".into(),
+            }),
             k => Err(SyncError::Handshake {
                 reason: format!("expected the sender's plan, got a {} message", k.name()),
             }),
@@ -699,6 +749,25 @@ async fn receive_buckets(
     let mut count = 0u32;
     let mut seq = 0u32;
     let t_start = Instant::now();
+    // Self-describing: the version's manifest first; its keys are checked against the state dict's before any
+    // bucket is read, and the buckets' ordinals index it.
+    let mapped = match r.described {
+        true => {
+            let (m, skipped) = read_manifest(r).await?;
+            report.skipped += skipped;
+            report.payload_bytes += m.bytes;
+            report.messages += 1;
+            version = Some(m.stamp);
+            count = m.count;
+            Some(m)
+        }
+        false => None,
+    };
+    let all = vec![true; mapped.as_ref().map_or(0, |m| m.meta.len())];
+    let (asm_meta, asm_allowed): (&[KeyMeta], &[bool]) = match &mapped {
+        Some(m) => (&m.meta, &all),
+        None => (&shared.meta, &shared.synced),
+    };
     // Undo what was installed, return every staging storage, and report why.
     let fail = |err: SyncError,
                 asm: Option<Assembly>,
@@ -751,7 +820,7 @@ async fn receive_buckets(
                     Some(_) => {}
                 }
                 let mut pool = shared.pool();
-                let a = blocking(|| Assembly::start(&h, body, &shared.meta, &shared.synced, &mut pool)).map_err(|e| (Some(h.stamp()), e))?;
+                let a = blocking(|| Assembly::start(&h, body, asm_meta, asm_allowed, &mut pool)).map_err(|e| (Some(h.stamp()), e))?;
                 let complete = a.is_complete();
                 if v_now.is_none() {
                     version = Some(h.stamp());
@@ -778,7 +847,15 @@ async fn receive_buckets(
                 let Some(done) = asm.take() else { continue };
                 report.payload_bytes += done.bytes() as u64;
                 report.messages += 1;
-                let staged = done.finish();
+                let mut staged = done.finish();
+                if let Some(m) = &mapped {
+                    // Manifest indices → the receiver's ordinals (`Assembly::start` checked each index).
+                    for (o, _) in staged.iter_mut() {
+                        if let Some(&ordinal) = m.ordinals.get(*o as usize) {
+                            *o = ordinal;
+                        }
+                    }
+                }
                 report.tensors += staged.len();
                 report.changed += staged
                     .iter()
@@ -836,6 +913,9 @@ async fn receive_buckets(
     let stamp = version.unwrap_or_default();
     let version = stamp.version;
     r.received = stamp.sequence;
+    if let Some(m) = mapped {
+        r.synced_keys = m.meta.into_iter().map(|k| k.name).collect();
+    }
     report.transfer = t_start
         .elapsed()
         .saturating_sub(report.decode + report.apply);
@@ -857,4 +937,123 @@ async fn receive_buckets(
             report,
         )),
     }
+}
+
+/// A self-describing version's manifest, mapped onto the receiver's keys.
+struct Mapped {
+    stamp: Stamp,
+    /// The buckets that follow.
+    count: u32,
+    /// Per manifest index: the receiver's key as a bucket is checked against it (name, receiver dtype, shape).
+    meta: Vec<KeyMeta>,
+    /// Per manifest index: the receiver's ordinal.
+    ordinals: Vec<u32>,
+    /// The manifest message's length.
+    bytes: u64,
+}
+
+/// Read the next version's manifest (self-describing receiver), skipping leftover parts of a version given up
+/// on; also returns how many were skipped. A bucket without its manifest, a manifest whose sequence is not
+/// newer, or one that does not fit the state dict is rejected (the rest of that version is skipped next time).
+async fn read_manifest(r: &mut SyncReceiver) -> Result<(Mapped, u32), SyncError> {
+    let current = r.shared.applied().version;
+    let mut skipped = 0;
+    loop {
+        let (received, interrupted) = (r.received, r.interrupted);
+        let meta = &r.shared.meta;
+        let step = r
+            .ch
+            .recv_with(|msg| -> Result<Option<Mapped>, (Option<Stamp>, SyncError)> {
+                let (h, _) = Header::parse_unverified(msg).map_err(|e| (None, unreadable(None, current, e)))?;
+                let at = |e: SyncError| (Some(h.stamp()), e);
+                if h.kind == Kind::Bucket {
+                    // Skip only a genuine leftover: a corrupted header must not make a part look like one.
+                    Header::parse(msg).map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+                    if interrupted == Some(h.sequence) {
+                        return Ok(None);
+                    }
+                    return Err(at(rejected(Some(h.version), current, format!(
+                        "bucket {}/{} of sync #{} (version {}) arrived without its version's manifest (replayed or out of order)",
+                        h.seq, h.count, h.sequence, h.version
+                    ))));
+                }
+                // Verify what is used: the checksum and the decoding read one private copy.
+                let msg = msg.to_vec();
+                let (h, body) = Header::parse(&msg).map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+                h.expect(Kind::Manifest).map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+                if h.sequence <= received {
+                    return Err(at(rejected(Some(h.version), current, format!(
+                        "sync #{} (version {}) is not newer than sync #{received} (replayed or stale)",
+                        h.sequence, h.version
+                    ))));
+                }
+                if h.count == 0 {
+                    return Err(at(rejected(Some(h.version), current, "the manifest announces no buckets")));
+                }
+                let keys = wire::decode_manifest(body).map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+                let (meta, ordinals) = map_manifest(&keys, meta).map_err(|reason| at(rejected(Some(h.version), current, reason)))?;
+                Ok(Some(Mapped {
+                    stamp: h.stamp(),
+                    count: h.count,
+                    meta,
+                    ordinals,
+                    bytes: msg.len() as u64,
+                }))
+            })
+            .await?;
+        match step {
+            Ok(Some(mapped)) => return Ok((mapped, skipped)),
+            Ok(None) => skipped += 1,
+            Err((stamp, e)) => {
+                if let Some(stamp) = stamp {
+                    r.interrupted = Some(stamp.sequence);
+                }
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// The manifest's keys as the receiver holds them (`meta`: its metadata) and their ordinals there; a key it
+/// lacks, one listed twice, another shape or a wire dtype that does not convert to its dtype is an error naming
+/// the key.
+fn map_manifest(
+    keys: &[wire::ManifestKey],
+    meta: &[KeyMeta],
+) -> Result<(Vec<KeyMeta>, Vec<u32>), String> {
+    let index: std::collections::HashMap<&str, usize> = meta
+        .iter()
+        .enumerate()
+        .map(|(i, m)| (m.name.as_str(), i))
+        .collect();
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    let mut mapped = Vec::with_capacity(keys.len());
+    let mut ordinals = Vec::with_capacity(keys.len());
+    for k in keys {
+        let Some(&o) = index.get(k.name.as_str()) else {
+            return Err(format!(
+                "key '{}' sent by the sender is not in this receiver's state dict",
+                k.name
+            ));
+        };
+        if !seen.insert(o) {
+            return Err(format!("key '{}' appears twice in the manifest", k.name));
+        }
+        let m = &meta[o];
+        if m.shape != k.shape {
+            return Err(format!(
+                "key '{}': the sender's shape {:?} differs from this receiver's {:?}",
+                k.name, k.shape, m.shape
+            ));
+        }
+        if k.wire != m.dtype && !(k.wire.is_floating() && m.dtype.is_floating()) {
+            return Err(format!(
+                "key '{}': {} on the wire does not convert to this receiver's {}",
+                k.name, k.wire, m.dtype
+            ));
+        }
+        mapped.push(m.clone());
+        ordinals.push(o as u32);
+    }
+    Ok((mapped, ordinals))
 }

@@ -1,6 +1,9 @@
 //! The sending end [`SyncSender`] (the trainer's): the handshake and init bootstrap that make it
 //! ([`WeightSyncer::init_sender`]), one version per `sync` (patch or buckets), a rejoining receiver's catch-up
-//! (`rejoin`), and `flush`.
+//! (`rejoin`), and `flush`. A bucket sender may also skip the handshake ([`WeightSyncer::init_sender_described`],
+//! RLinf's bucket syncer): then every version starts with a manifest that describes it (see `syncer/wire.rs`).
+
+use std::collections::HashMap;
 
 use super::bootstrap::{Refusal, Selection};
 use super::*;
@@ -35,6 +38,8 @@ struct PatchSender {
 
 struct BucketSender {
     buckets: Vec<Vec<Planned>>,
+    /// Self-describing (no handshake): the keys every version's manifest lists, in bucket ordinal order.
+    manifest: Option<Vec<wire::ManifestKey>>,
     /// With `keep_last`: the bytes of every planned tensor (sender dtype) as the last `sync` sent them, bucket
     /// by bucket; empty before the first sync or without `keep_last`.
     last: Vec<Vec<Vec<u8>>>,
@@ -93,6 +98,92 @@ impl WeightSyncer {
         {
             sender.rejoin.checksum_in_background(0, &p.snap);
         }
+        Ok((sender, report))
+    }
+}
+
+impl WeightSyncer {
+    /// A bucket sender without a handshake (RLinf's bucket syncer: its `init_sender` needs no `recv`): nothing
+    /// is exchanged now; every `sync` sends a manifest first (names, shapes, wire and target dtypes of the synced
+    /// keys, checksummed like every message), so receivers made by [`WeightSyncer::init_receiver_described`] map
+    /// the buckets by name. `keys_to_sync` must all be in `state` (a missing or repeated key is an error naming
+    /// it). The first `sync` carries sequence `after + 1`: a sender made again for receivers that took sequences
+    /// up to `after` continues where its predecessor stopped. Patch syncers need the handshake
+    /// ([`SyncError::Config`]).
+    pub async fn init_sender_described(
+        self,
+        state: &StateDict,
+        keys_to_sync: &[String],
+        ch: transport::Sender,
+        after: u64,
+    ) -> Result<(SyncSender, SyncReport), SyncError> {
+        let mut settings = self.settings;
+        if settings.kind != SyncerKind::Bucket {
+            return Err(SyncError::Config {
+                reason: "only the bucket syncer can run without a handshake (the patch syncer needs the receivers' metadata)".into(),
+            });
+        }
+        // The sender describes itself: its own keys stand in for a receiver's metadata, so the manifest's
+        // order is the bucket ordinals' order.
+        let mut meta = Vec::with_capacity(keys_to_sync.len());
+        for (i, key) in keys_to_sync.iter().enumerate() {
+            if keys_to_sync[..i].contains(key) {
+                return Err(SyncError::StateMismatch {
+                    key: key.clone(),
+                    reason: "listed twice in the keys to sync".into(),
+                });
+            }
+            let t = state.get(key).ok_or_else(|| missing_key(key))?;
+            meta.push(KeyMeta {
+                name: key.clone(),
+                dtype: t.dtype(),
+                shape: t.shape().to_vec(),
+            });
+        }
+        settings.same_keys = false;
+        let selection = Selection::choose(&settings, &meta, state, keys_to_sync)?;
+        let t_build = Instant::now();
+        let mut strategy = SenderStrategy::new(&settings, state, &meta, &selection)?;
+        if let SenderStrategy::Bucket(b) = &mut strategy {
+            let mut wire_dtypes: HashMap<u32, DType> = HashMap::new();
+            for p in b.buckets.iter().flatten() {
+                wire_dtypes.insert(p.entry.ordinal, p.entry.dtype);
+            }
+            b.manifest = Some(
+                meta.iter()
+                    .enumerate()
+                    .map(|(o, m)| wire::ManifestKey {
+                        name: m.name.clone(),
+                        wire: wire_dtypes.get(&(o as u32)).copied().unwrap_or(m.dtype),
+                        target: m.dtype,
+                        shape: m.shape.clone(),
+                    })
+                    .collect(),
+            );
+        }
+        let report = SyncReport {
+            kind: SyncKind::Init,
+            build: t_build.elapsed(),
+            compression_ratio: 1.0,
+            state_bytes: meta
+                .iter()
+                .map(|m| (m.shape.iter().product::<usize>() * m.dtype.size_bytes()) as u64)
+                .sum(),
+            ..Default::default()
+        };
+        let rejoin = rejoin::RejoinInfo::at_init(&settings, state, meta, &selection)?;
+        let sender = SyncSender {
+            settings,
+            ch,
+            synced_keys: selection.synced_keys,
+            recv_dtypes: selection.recv_dtypes,
+            last: Stamp {
+                version: 0,
+                sequence: after,
+            },
+            strategy,
+            rejoin,
+        };
         Ok((sender, report))
     }
 }
@@ -251,6 +342,7 @@ impl SenderStrategy {
                 }
                 Ok(SenderStrategy::Bucket(BucketSender {
                     buckets,
+                    manifest: None,
                     last: Vec::new(),
                 }))
             }
@@ -322,7 +414,7 @@ impl SyncSender {
                 self.rejoin.settle();
                 rejoin::FullSource::Snapshot(p.snap.as_slice())
             }
-            SenderStrategy::Bucket(BucketSender { buckets, last }) => {
+            SenderStrategy::Bucket(BucketSender { buckets, last, .. }) => {
                 rejoin::FullSource::Buckets(if state_is_last {
                     Some(rejoin::BucketSource::State(buckets.as_slice()))
                 } else if !last.is_empty() {
@@ -538,9 +630,25 @@ impl BucketSender {
         state: &StateDict,
         next: Stamp,
     ) -> Result<SyncReport, SyncError> {
-        let BucketSender { buckets, last } = self;
-        let stats =
+        let BucketSender {
+            buckets,
+            manifest,
+            last,
+        } = self;
+        let mut manifest_bytes = 0;
+        if let Some(keys) = manifest {
+            // Checked before the manifest goes out: a version is not announced that cannot be sent.
+            bucket::check_sources(state, buckets)?;
+            let msg = wire::encode_manifest(keys, next, buckets.len() as u32);
+            manifest_bytes = msg.len() as u64;
+            ch.send(&msg).await?;
+        }
+        let mut stats =
             bucket::send(ch, state, buckets, Kind::Bucket, next, settings.part_bytes).await?;
+        if manifest_bytes > 0 {
+            stats.payload_bytes += manifest_bytes;
+            stats.messages += 1;
+        }
         if settings.keep_last {
             blocking(|| keep_copy(last, buckets, state))?;
         }

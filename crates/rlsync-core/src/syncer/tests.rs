@@ -1657,3 +1657,432 @@ fn the_sender_matches_tensors_by_name_at_every_sync() {
         assert_synced(&p, &keys, &s, &frozen);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// self-describing buckets (no handshake)
+
+/// A sender state: f32 weights, a bf16 bias, an i64 and a u8 buffer (`seed` moves the values).
+fn described_state(seed: f32) -> StateDict {
+    let mut sd = StateDict::new();
+    let w: Vec<f32> = (0..96).map(|i| seed + i as f32 * 0.37).collect();
+    sd.insert(
+        "w".to_string(),
+        Tensor::from_slice(DType::F32, &[8, 12], Class::Trainable, &w).unwrap(),
+    );
+    let b: Vec<half::bf16> = (0..5)
+        .map(|i| half::bf16::from_f32(seed * 2.0 + i as f32))
+        .collect();
+    sd.insert(
+        "b".to_string(),
+        Tensor::from_slice(DType::Bf16, &[5], Class::Trainable, &b).unwrap(),
+    );
+    let n: Vec<i64> = vec![(1 << 40) + seed as i64, -(1 << 39)];
+    sd.insert(
+        "count".to_string(),
+        Tensor::from_slice(DType::I64, &[2], Class::Buffer, &n).unwrap(),
+    );
+    let m: Vec<u8> = (0..3).map(|i| (seed as u8).wrapping_add(i)).collect();
+    sd.insert(
+        "mask".to_string(),
+        Tensor::from_slice(DType::U8, &[3], Class::Buffer, &m).unwrap(),
+    );
+    sd
+}
+
+struct Described {
+    tx: SyncSender,
+    rx: SyncReceiver,
+    sender: StateDict,
+    receiver: StateDict,
+}
+
+fn described_cfg(load_instant: bool, bucket_dtype: Option<FloatDtype>) -> WeightSyncerConfig {
+    let mut cfg = WeightSyncerConfig {
+        kind: SyncerKind::Bucket,
+        ..WeightSyncerConfig::default()
+    };
+    cfg.bucket.bucket_size = NonZeroU64::new(200).unwrap();
+    cfg.bucket.load_instant = load_instant;
+    cfg.bucket.bucket_dtype = bucket_dtype;
+    cfg
+}
+
+/// A described pair: the receiver has one key the sender does not send (`extra`), and the sender syncs
+/// every key but `mask` (which the receiver keeps as it is).
+fn described_pair(rt: &tokio::runtime::Runtime, cfg: &WeightSyncerConfig) -> Described {
+    let sender = described_state(1.0);
+    let mut receiver = described_state(-50.0);
+    receiver.insert(
+        "extra".to_string(),
+        Tensor::from_slice(DType::F32, &[2], Class::Trainable, &[7.0f32, 8.0]).unwrap(),
+    );
+    let mut tx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    tx.settings.part_bytes = 64;
+    let rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    let (ch, mut rxs) = inproc_channel(1);
+    let keys: Vec<String> = ["w", "b", "count"].iter().map(|k| k.to_string()).collect();
+    let (tx, rx) = rt.block_on(async {
+        let (tx, _) = tx
+            .init_sender_described(&sender, &keys, ch, 0)
+            .await
+            .unwrap();
+        let (rx, _) = rx
+            .init_receiver_described(&receiver, rxs.pop().unwrap())
+            .await
+            .unwrap();
+        (tx, rx)
+    });
+    Described {
+        tx,
+        rx,
+        sender,
+        receiver,
+    }
+}
+
+fn described_sync(rt: &tokio::runtime::Runtime, d: &mut Described, version: u64) -> SyncReport {
+    let Described {
+        tx,
+        rx,
+        sender,
+        receiver,
+    } = d;
+    rt.block_on(async {
+        let (a, b) = tokio::join!(tx.sync(sender, version), rx.apply(receiver));
+        a.unwrap();
+        b.unwrap()
+    })
+}
+
+fn bytes_of(sd: &StateDict, key: &str) -> Vec<u8> {
+    sd.get(key).unwrap().bytes().to_vec()
+}
+
+#[test]
+fn described_buckets_round_trip_by_name_with_versions_as_given() {
+    let rt = rt();
+    for load_instant in [true, false] {
+        for bucket_dtype in [None, Some(FloatDtype::Bfloat16)] {
+            let cfg = described_cfg(load_instant, bucket_dtype);
+            let mut d = described_pair(&rt, &cfg);
+            let mask_before = bytes_of(&d.receiver, "mask");
+            for (step, version) in [0u64, 1, 1, 7].into_iter().enumerate() {
+                d.sender = described_state(step as f32 + 3.0);
+                let r = described_sync(&rt, &mut d, version);
+                assert_eq!(r.version, version);
+                assert_eq!(d.rx.version(), version);
+                let w = d.sender.get("w").unwrap();
+                let want = match bucket_dtype {
+                    None => w.bytes().to_vec(),
+                    Some(_) => cast_copy(&cast_copy_tensor(w, DType::Bf16), DType::F32),
+                };
+                assert_eq!(
+                    bytes_of(&d.receiver, "w"),
+                    want,
+                    "{load_instant} {bucket_dtype:?}"
+                );
+                // bf16 stays bf16, integers keep every bit whatever the bucket dtype.
+                assert_eq!(bytes_of(&d.receiver, "b"), bytes_of(&d.sender, "b"));
+                assert_eq!(bytes_of(&d.receiver, "count"), bytes_of(&d.sender, "count"));
+                // Keys the sender does not send stay as they are (strict=False).
+                assert_eq!(bytes_of(&d.receiver, "mask"), mask_before);
+                assert_eq!(
+                    bytes_of(&d.receiver, "extra"),
+                    [7.0f32, 8.0]
+                        .iter()
+                        .flat_map(|v| v.to_ne_bytes())
+                        .collect::<Vec<_>>()
+                );
+                assert_eq!(d.rx.synced_keys(), ["w", "b", "count"]);
+                if bucket_dtype.is_none() {
+                    assert_eq!(
+                        d.tx.checksum(&d.sender).unwrap(),
+                        d.rx.checksum(&d.receiver)
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `t` cast to `to`, as a tensor (for the expected value of a cast through the wire dtype).
+fn cast_copy_tensor(t: &Tensor, to: DType) -> Tensor {
+    let bytes = cast_copy(t, to);
+    let mut out = Tensor::zeros(to, t.shape(), Class::Trainable).unwrap();
+    out.bytes_mut().copy_from_slice(&bytes);
+    out
+}
+
+/// Deliver `msgs` to the described receiver and apply (stops sending once `apply` returned).
+fn described_inject(
+    rt: &tokio::runtime::Runtime,
+    d: &mut Described,
+    msgs: &[Vec<u8>],
+) -> Result<SyncReport, SyncError> {
+    let (ch, rx, receiver) = (&mut d.tx.ch, &mut d.rx, &mut d.receiver);
+    rt.block_on(async {
+        let send = async {
+            for m in msgs {
+                if ch.send(m).await.is_err() {
+                    break;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            r = rx.apply(receiver) => r,
+            () = send => unreachable!("the send future never completes"),
+        }
+    })
+}
+
+/// The messages of `version` from the described sender, not delivered.
+fn described_capture(
+    rt: &tokio::runtime::Runtime,
+    d: &mut Described,
+    version: u64,
+) -> Vec<Vec<u8>> {
+    let (dummy, mut drx) = inproc_channel(1);
+    let (dummy, tap) = tapped(dummy);
+    let real = std::mem::replace(&mut d.tx.ch, dummy);
+    let mut rx = drx.pop().unwrap();
+    rt.block_on(async {
+        let drain = async { while rx.recv_with(|_| ()).await.is_ok() {} };
+        let send = async {
+            let r = d.tx.sync(&d.sender, version).await;
+            let _ = std::mem::replace(&mut d.tx.ch, real);
+            r
+        };
+        let (r, _) = tokio::join!(send, drain);
+        r.unwrap();
+    });
+    tap.payloads()
+}
+
+#[test]
+fn described_corrupt_truncated_replayed_and_stale_versions_are_rejected_whole() {
+    let rt = rt();
+    for load_instant in [true, false] {
+        let mut d = described_pair(&rt, &described_cfg(load_instant, None));
+        described_sync(&rt, &mut d, 1);
+        d.sender = described_state(20.0);
+        let old = described_capture(&rt, &mut d, 2);
+        assert_eq!(Header::parse(&old[0]).unwrap().0.kind, Kind::Manifest);
+        assert!(old.len() > 3, "several buckets and parts: {}", old.len());
+        d.sender = described_state(30.0);
+        let good = described_capture(&rt, &mut d, 3);
+        let snapshot = |d: &Described| -> Vec<Vec<u8>> {
+            d.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect()
+        };
+        let before = snapshot(&d);
+        let mut cases: Vec<(&str, Vec<Vec<u8>>)> = Vec::new();
+        let mut bad = good.clone();
+        bad[0][wire::HEADER_LEN + 6] ^= 1; // a byte of the manifest's first name
+        cases.push(("corrupt manifest", bad));
+        let mut bad = good.clone();
+        let last = bad.len() - 1;
+        bad[last][wire::HEADER_LEN + 1] ^= 0x40; // a byte of the last bucket part
+        cases.push(("corrupt bucket", bad));
+        // (Not `good`'s buckets: after the cases above they are leftovers of a version given up on, skipped.)
+        cases.push(("bucket without manifest", old[1..].to_vec()));
+        let mut cut = good[..good.len() - 1].to_vec();
+        cut.push(good[0].clone()); // the next thing after a cut-short version: another manifest
+        cases.push(("truncated", cut));
+        for (what, msgs) in cases {
+            let r = described_inject(&rt, &mut d, &msgs);
+            assert!(
+                matches!(&r, Err(e) if e.is_rejection()),
+                "{what}: {:?}",
+                r.map(|r| r.version)
+            );
+            assert_eq!(d.rx.version(), 1, "{what}");
+            assert!(
+                snapshot(&d) == before,
+                "{what}: weights changed (load_instant {load_instant})"
+            );
+        }
+        // The good version (its leftovers from the cases above skipped), then the older one replayed.
+        let r = described_inject(&rt, &mut d, &good).unwrap();
+        assert_eq!(r.version, 3);
+        let applied = snapshot(&d);
+        let r = described_inject(&rt, &mut d, &old);
+        assert!(
+            matches!(&r, Err(e) if e.is_rejection()),
+            "{:?}",
+            r.map(|r| r.version)
+        );
+        let err = crate::error_chain(&r.unwrap_err());
+        assert!(err.contains("replayed or stale"), "{err}");
+        assert_eq!(d.rx.version(), 3);
+        assert!(snapshot(&d) == applied);
+        let r = described_inject(&rt, &mut d, &good);
+        assert!(
+            matches!(&r, Err(e) if e.is_rejection()),
+            "a replay of the applied version"
+        );
+        assert!(snapshot(&d) == applied);
+    }
+}
+
+#[test]
+fn described_receiver_refuses_unknown_keys_and_other_shapes_before_writing() {
+    let rt = rt();
+    for load_instant in [true, false] {
+        let cfg = described_cfg(load_instant, None);
+        for (what, change) in [
+            (
+                "lacks",
+                Box::new(|sd: &mut StateDict| {
+                    // The same keys but `count`, rebuilt.
+                    let mut kept = StateDict::new();
+                    for (k, t) in sd.iter() {
+                        if k != "count" {
+                            let mut copy =
+                                Tensor::zeros(t.dtype(), t.shape(), Class::Trainable).unwrap();
+                            copy.bytes_mut().copy_from_slice(t.bytes());
+                            kept.insert(k.to_string(), copy);
+                        }
+                    }
+                    *sd = kept;
+                }) as Box<dyn Fn(&mut StateDict)>,
+            ),
+            (
+                "shape",
+                Box::new(|sd: &mut StateDict| {
+                    sd.insert(
+                        "count".to_string(),
+                        Tensor::zeros(DType::I64, &[3], Class::Buffer).unwrap(),
+                    );
+                }),
+            ),
+            (
+                "dtype",
+                Box::new(|sd: &mut StateDict| {
+                    sd.insert(
+                        "count".to_string(),
+                        Tensor::zeros(DType::F32, &[2], Class::Buffer).unwrap(),
+                    );
+                }),
+            ),
+        ] {
+            let sender = described_state(1.0);
+            let mut receiver = described_state(-5.0);
+            change(&mut receiver);
+            let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+            let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+            let (ch, mut rxs) = inproc_channel(1);
+            let keys: Vec<String> = ["w", "b", "count"].iter().map(|k| k.to_string()).collect();
+            let before: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+            let err = rt.block_on(async {
+                let (mut tx, _) = tx
+                    .init_sender_described(&sender, &keys, ch, 0)
+                    .await
+                    .unwrap();
+                let (mut rx, _) = rx
+                    .init_receiver_described(&receiver, rxs.pop().unwrap())
+                    .await
+                    .unwrap();
+                let (a, b) = tokio::join!(tx.sync(&sender, 1), rx.apply(&mut receiver));
+                a.unwrap();
+                assert_eq!(rx.version(), 0);
+                b.unwrap_err()
+            });
+            let msg = crate::error_chain(&err);
+            assert!(
+                err.is_rejection() && msg.contains("'count'"),
+                "{what}: {msg}"
+            );
+            let after: Vec<Vec<u8>> = receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+            assert!(before == after, "{what}: weights changed");
+        }
+    }
+}
+
+#[test]
+fn described_needs_the_bucket_syncer_and_existing_keys() {
+    let rt = rt();
+    let patch = WeightSyncerConfig::default();
+    let state = described_state(1.0);
+    let keys = vec!["w".to_string()];
+    let (ch, mut rxs) = inproc_channel(1);
+    let tx = WeightSyncer::from_config(&patch, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&patch, SyncOptions::default()).unwrap();
+    rt.block_on(async {
+        let e = tx
+            .init_sender_described(&state, &keys, ch, 0)
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(e, SyncError::Config { .. }), "{e}");
+        let e = rx
+            .init_receiver_described(&state, rxs.pop().unwrap())
+            .await
+            .err()
+            .unwrap();
+        assert!(matches!(e, SyncError::Config { .. }), "{e}");
+    });
+    let cfg = described_cfg(true, None);
+    for (keys, key) in [(vec!["w", "nope"], "nope"), (vec!["w", "b", "w"], "w")] {
+        let keys: Vec<String> = keys.into_iter().map(String::from).collect();
+        let (ch, _rxs) = inproc_channel(1);
+        let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let e = rt
+            .block_on(tx.init_sender_described(&state, &keys, ch, 0))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&e, SyncError::StateMismatch { key: k, .. } if k == key),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn a_described_sender_made_again_continues_the_sequence() {
+    let rt = rt();
+    let cfg = described_cfg(true, None);
+    let mut d = described_pair(&rt, &cfg);
+    described_sync(&rt, &mut d, 4);
+    let seq = d.tx.sequence();
+    assert_eq!(seq, 1);
+    let keys: Vec<String> = ["w", "b", "count"].iter().map(|k| k.to_string()).collect();
+    let ch = std::mem::replace(&mut d.tx.ch, inproc_channel(1).0);
+    let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    d.tx = rt
+        .block_on(tx.init_sender_described(&d.sender, &keys, ch, seq))
+        .unwrap()
+        .0;
+    d.sender = described_state(9.0);
+    assert_eq!(described_sync(&rt, &mut d, 4).version, 4);
+    assert_eq!(d.rx.sequence(), 2);
+    assert_eq!(bytes_of(&d.receiver, "w"), bytes_of(&d.sender, "w"));
+}
+
+#[test]
+fn a_handshake_receiver_is_told_that_the_sender_runs_without_one() {
+    let rt = rt();
+    let cfg = described_cfg(true, None);
+    let sender = described_state(1.0);
+    let mut receiver = described_state(2.0);
+    let keys = vec!["w".to_string()];
+    let (ch, mut rxs) = inproc_channel(1);
+    let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let err = rt.block_on(async {
+        let (mut tx, _) = tx
+            .init_sender_described(&sender, &keys, ch, 0)
+            .await
+            .unwrap();
+        // The handshake receiver's metadata goes nowhere (the sender does not read it); its first message is a manifest.
+        let (a, b) = tokio::join!(
+            tx.sync(&sender, 0),
+            rx.init_receiver(&mut receiver, rxs.pop().unwrap())
+        );
+        a.unwrap();
+        b.err().unwrap()
+    });
+    assert!(
+        crate::error_chain(&err).contains("without a handshake"),
+        "{err}"
+    );
+}

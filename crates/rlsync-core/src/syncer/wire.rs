@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 4.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 5.
 //!
 //! Every message is a 56-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -38,6 +38,13 @@
 //!   (replay: the sequence of the version it holds, which the first replayed patch is based on; else 0); the
 //!   messages follow in that order: `InitBucket`s, then logged `Patch`es exactly as first sent, or `Bucket`s of
 //!   that version.
+//!
+//! Self-describing buckets (no handshake: a bucket sender made by `WeightSyncer::init_sender_described`, as
+//! RLinf's bucket syncer works), added in format 5:
+//! - `Manifest` (sender → receivers, the first message of every version, stamped like its buckets; `count` =
+//!   the number of `Bucket`s that follow): `u32 n`, per key `u32 name_len, name, u8 wire dtype, u8 target dtype,
+//!   u8 rank, rank × u64` (the target dtype is the sender's own: the one its checksum assumes). The buckets'
+//!   ordinals then index the manifest, not a receiver's metadata; the receiver maps them by name.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -49,7 +56,8 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// a sequence (3: versions ordered payloads and had to increase). 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
-pub(crate) const FORMAT_VERSION: u16 = 4;
+/// 5: `Manifest` messages (self-describing buckets, no handshake).
+pub(crate) const FORMAT_VERSION: u16 = 5;
 pub const HEADER_LEN: usize = 56;
 
 /// What orders a payload: the caller's version of the weights it carries and the sender's sequence number of
@@ -120,6 +128,7 @@ pub enum Kind {
     RejoinPlan,
     Held,
     CatchUp,
+    Manifest,
 }
 
 impl Kind {
@@ -135,6 +144,7 @@ impl Kind {
             Kind::RejoinPlan => 8,
             Kind::Held => 9,
             Kind::CatchUp => 10,
+            Kind::Manifest => 11,
         }
     }
 
@@ -150,6 +160,7 @@ impl Kind {
             8 => Kind::RejoinPlan,
             9 => Kind::Held,
             10 => Kind::CatchUp,
+            11 => Kind::Manifest,
             _ => return None,
         })
     }
@@ -166,6 +177,7 @@ impl Kind {
             Kind::RejoinPlan => "rejoin plan",
             Kind::Held => "held",
             Kind::CatchUp => "catch-up",
+            Kind::Manifest => "manifest",
         }
     }
 }
@@ -399,6 +411,75 @@ pub(crate) fn decode_metadata(body: &[u8]) -> Result<Vec<KeyMeta>, WireError> {
             );
         }
         keys.push(KeyMeta { name, dtype, shape });
+    }
+    r.finish()?;
+    Ok(keys)
+}
+
+/// One key of a self-describing version's [`Kind::Manifest`]: name, shape, the dtype on the wire and the
+/// sender's own dtype.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ManifestKey {
+    pub name: String,
+    pub wire: DType,
+    pub target: DType,
+    pub shape: Vec<usize>,
+}
+
+/// The manifest of the version `stamp`, followed by `buckets` buckets.
+pub(crate) fn encode_manifest(keys: &[ManifestKey], stamp: Stamp, buckets: u32) -> Vec<u8> {
+    let mut w = Writer::new();
+    // As in `encode_metadata`: counts, name lengths and ranks fit their fields in every model.
+    w.u32(keys.len() as u32);
+    for k in keys {
+        w.u32(k.name.len() as u32)
+            .bytes(k.name.as_bytes())
+            .u8(k.wire.code())
+            .u8(k.target.code())
+            .u8(k.shape.len() as u8);
+        for &d in &k.shape {
+            w.u64(d as u64);
+        }
+    }
+    let mut h = Header::stamped(Kind::Manifest, stamp, w.len());
+    h.count = buckets;
+    message(h, w.as_slice())
+}
+
+pub(crate) fn decode_manifest(body: &[u8]) -> Result<Vec<ManifestKey>, WireError> {
+    let mut r = Reader::new(body, "manifest");
+    let n = r.u32()? as usize;
+    let mut keys = Vec::with_capacity(n.min(body.len() / 7));
+    for _ in 0..n {
+        let len = r.u32()? as usize;
+        let name = std::str::from_utf8(r.take(len)?)
+            .map_err(|source| WireError::KeyName { source })?
+            .to_string();
+        let mut dtype = |what: &str| -> Result<DType, WireError> {
+            let code = r.u8()?;
+            DType::from_code(code).ok_or_else(|| {
+                malformed(
+                    "manifest",
+                    format!("key '{name}': {what} dtype code {code}"),
+                )
+            })
+        };
+        let wire = dtype("wire")?;
+        let target = dtype("target")?;
+        let rank = usize::from(r.u8()?);
+        let mut shape = Vec::with_capacity(rank);
+        for _ in 0..rank {
+            shape.push(
+                usize::try_from(r.u64()?)
+                    .map_err(|_| malformed("manifest", format!("key '{name}': dim overflow")))?,
+            );
+        }
+        keys.push(ManifestKey {
+            name,
+            wire,
+            target,
+            shape,
+        });
     }
     r.finish()?;
     Ok(keys)
