@@ -355,7 +355,7 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                     # Receive and verify without touching the model, then install into the model the worker runs
                     # now: the collector may have swapped it while this waited.
                     runner.run(syncer.stage(channel, timeout=_POLL_S))
-                    version = syncer.commit(self._current_state())
+                    version = runner.run(syncer.commit(self._current_state()))
                 except _native.Timeout:
                     continue  # nothing arrived: the channel is still usable; look at the stop flag
                 except _native.PayloadRejected as exc:

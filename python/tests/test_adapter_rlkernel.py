@@ -152,9 +152,9 @@ def test_corrupt_truncated_and_replayed_updates_are_rejected_whole():
         meta = v2.metadata["weight_bridge"]
         # Truncated: the manifest lists fewer payloads than the version has.
         short = replace(v2, metadata={**v2.metadata, "weight_bridge": {**meta, "payloads": meta["payloads"][:-1]}})
-        if len(meta["payloads"]) > 1:
-            with pytest.raises(WeightManifestValidationError, match="truncated|rejected"):
-                consumer.import_update(short)
+        assert len(meta["payloads"]) > 1  # rlsync's manifest payload, then the bucket(s)
+        with pytest.raises(WeightManifestValidationError, match="truncated"):
+            consumer.import_update(short)
         # Corrupt: one byte of the segment flipped.
         with open(meta["segment"], "r+b") as f:
             offset, length = meta["payloads"][0]
@@ -171,7 +171,7 @@ def test_corrupt_truncated_and_replayed_updates_are_rejected_whole():
         consumer.import_update(v2)
         consumer.acknowledge(v2.update_id)
         # Replayed / older: version 1 after version 2 from the same publisher.
-        with pytest.raises(WeightManifestValidationError, match="replay|stale|older|rejected"):
+        with pytest.raises(WeightManifestValidationError, match="replayed or stale"):
             consumer.import_update(v1)
         assert consumer.active_weight_version == 2
     finally:
@@ -212,7 +212,8 @@ def _import_in_fresh_process(manifest, queue) -> None:
     try:
         tensors = consumer.import_update(manifest)
         consumer.acknowledge(manifest.update_id)
-        queue.put({k: v.clone() for k, v in tensors.items()} | {"__version__": consumer.active_weight_version})
+        # Plain lists: torch would share tensors through file descriptors that die with this process.
+        queue.put({k: v.flatten().tolist() for k, v in tensors.items()} | {"__version__": consumer.active_weight_version})
         consumer.release(manifest.update_id)
     except Exception as exc:
         queue.put({"__error__": f"{type(exc).__name__}: {exc}"})
@@ -232,7 +233,7 @@ def test_fresh_process_imports_from_the_manifest_alone(bridge):
     assert "__error__" not in got, got.get("__error__")
     assert got.pop("__version__") == 4
     for name, tensor in model.state_dict().items():
-        assert torch.equal(got[name], tensor)
+        assert got[name] == tensor.flatten().tolist()
     assert os.path.exists(manifest.metadata["weight_bridge"]["segment"])  # the consumer does not unlink it
 
 
