@@ -1,5 +1,5 @@
 //! The console: a progress bar with an ETA when stderr is a terminal, else a progress line every few seconds
-//! (step, return, sync time, env steps/s, ETA), and worker log lines printed around either.
+//! (step, return, sync time, env steps/s, ETA, a warning once), and worker log lines printed around either.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -34,6 +34,8 @@ pub struct Lines {
     started: Instant,
     last: Option<Instant>,
     env_steps: f64,
+    /// A warning the next line carries (and is printed for, due or not), then drops.
+    warning: Option<String>,
 }
 
 impl Lines {
@@ -44,7 +46,13 @@ impl Lines {
             started,
             last: None,
             env_steps: 0.0,
+            warning: None,
         }
+    }
+
+    /// Put `warning` on the next line (printed with the next record, due or not).
+    pub fn warn(&mut self, warning: String) {
+        self.warning = Some(warning);
     }
 
     /// The line to print for `rec` at `now`, if one is due.
@@ -53,7 +61,11 @@ impl Lines {
         let done = rec.step + 1;
         let due = match self.last {
             None => true,
-            Some(last) => now.duration_since(last) >= LINE_EVERY || done >= self.total,
+            Some(last) => {
+                now.duration_since(last) >= LINE_EVERY
+                    || done >= self.total
+                    || self.warning.is_some()
+            }
         };
         if !due {
             return None;
@@ -70,8 +82,13 @@ impl Lines {
         };
         let ret = rec.get_f64("rollout/return").unwrap_or(f64::NAN);
         let sync_ms = rec.get_f64("time/sync_weights").unwrap_or(0.0) * 1e3;
+        let warning = self
+            .warning
+            .take()
+            .map(|w| format!(" | {w}"))
+            .unwrap_or_default();
         Some(format!(
-            "step {done}/{} | return {ret:.3} | sync {sync_ms:.1} ms | {rate:.0} env steps/s | ETA {eta}",
+            "step {done}/{} | return {ret:.3} | sync {sync_ms:.1} ms | {rate:.0} env steps/s | ETA {eta}{warning}",
             self.total
         ))
     }
@@ -94,6 +111,8 @@ pub fn format_duration(secs: f64) -> String {
 pub struct Progress {
     bar: Option<ProgressBar>,
     lines: Option<Lines>,
+    /// The bar's warning, shown after its message from the step it came on.
+    warning: Option<String>,
 }
 
 impl Progress {
@@ -104,6 +123,7 @@ impl Progress {
             let progress = Progress {
                 bar: None,
                 lines: Some(lines),
+                warning: None,
             };
             return (progress, Console::default());
         }
@@ -119,14 +139,27 @@ impl Progress {
             Progress {
                 bar: Some(bar.clone()),
                 lines: None,
+                warning: None,
             },
             Console { bar: Some(bar) },
         )
     }
 
+    /// Show `warning` once: on the next progress line, or on the bar from now on.
+    pub fn warn(&mut self, warning: String) {
+        if let Some(lines) = &mut self.lines {
+            lines.warn(warning.clone());
+        }
+        self.warning = Some(warning);
+    }
+
     pub fn update(&mut self, rec: &StepRecord) {
         if let Some(bar) = &self.bar {
-            bar.set_message(message(rec));
+            let msg = match &self.warning {
+                Some(w) => format!("{} | {w}", message(rec)),
+                None => message(rec),
+            };
+            bar.set_message(msg);
             bar.set_position(rec.step + 1);
         }
         if let Some(line) = self
@@ -192,6 +225,29 @@ mod tests {
             "the last step prints"
         );
         assert_eq!(format_duration(3725.0), "1:02:05");
+    }
+
+    #[test]
+    fn a_warning_rides_on_the_next_line_once_even_when_no_line_is_due() {
+        let t0 = Instant::now();
+        let mut lines = Lines::new(100, 0, t0);
+        let rec = |step: u64| StepRecord::new(step);
+        assert!(lines.update_at(&rec(0), t0).is_some());
+        assert_eq!(lines.update_at(&rec(1), t0), None);
+        lines.warn("STALE SYNC? clip 0.40 > 0.30 for 10 steps (see log)".into());
+        let warned = lines
+            .update_at(&rec(2), t0)
+            .expect("the warning's line is due");
+        assert!(
+            warned.ends_with("| STALE SYNC? clip 0.40 > 0.30 for 10 steps (see log)"),
+            "{warned}"
+        );
+        // Once: the next line is back to its schedule and its form.
+        assert_eq!(lines.update_at(&rec(3), t0), None);
+        let later = lines
+            .update_at(&rec(4), t0 + LINE_EVERY)
+            .expect("due again");
+        assert!(!later.contains("STALE"), "{later}");
     }
 
     #[test]
