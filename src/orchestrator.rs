@@ -516,10 +516,12 @@ async fn run_in_private_dir(
     };
     let startup = std::time::Instant::now();
     let mut startup_s = None;
+    let mut loop_done = None;
     let result = match Supervisor::start_on(sup_cfg, opts.shutdown, console, events).await {
         Ok(mut sup) => {
             startup_s = Some(startup.elapsed().as_secs_f64());
             let result = drive(&mut sup, &plan, cfg, &mut sink, &mut checkpoints).await;
+            loop_done = Some(std::time::Instant::now());
             if let (Err(OrchestratorError::Interrupted { .. }), false) =
                 (&result, cfg.runner.only_eval)
             {
@@ -558,7 +560,9 @@ async fn run_in_private_dir(
     };
     let times = metrics::summary::RunTimes {
         wall_s: job_started.elapsed().as_secs_f64(),
+        before_s: startup.saturating_duration_since(job_started).as_secs_f64(),
         startup_s: startup_s.unwrap_or(0.0),
+        shutdown_s: loop_done.map_or(0.0, |done| done.elapsed().as_secs_f64()),
         bootstrap_s: totals.bootstrap_s,
         loop_s: totals.loop_s,
     };

@@ -143,7 +143,8 @@ fn check_embodied(kind: SyncerKind) {
         t.startup_s > 0.0 && t.bootstrap_s > 0.0 && t.loop_s > 0.0,
         "{t:?}"
     );
-    assert!(t.wall_s >= t.startup_s + t.bootstrap_s + t.loop_s, "{t:?}");
+    let parts = t.before_s + t.startup_s + t.bootstrap_s + t.loop_s + t.shutdown_s;
+    assert!(t.wall_s >= parts && t.shutdown_s > 0.0, "{t:?}");
     assert_eq!(
         Some(summary.bootstrap_bytes),
         rows[0]["sync/bytes"].as_u64()

@@ -31,7 +31,10 @@ pub const LINE_EVERY: Duration = Duration::from_secs(5);
 pub struct Lines {
     total: u64,
     first: u64,
+    /// When the loop started: set back from the first record by its `time/step`, so that start-up and the init
+    /// bootstrap count in neither the rate nor the ETA.
     started: Instant,
+    timed: bool,
     last: Option<Instant>,
     env_steps: f64,
     /// A warning the next line carries (and is printed for, due or not), then drops.
@@ -44,6 +47,7 @@ impl Lines {
             total,
             first,
             started,
+            timed: false,
             last: None,
             env_steps: 0.0,
             warning: None,
@@ -57,6 +61,14 @@ impl Lines {
 
     /// The line to print for `rec` at `now`, if one is due.
     pub fn update_at(&mut self, rec: &StepRecord, now: Instant) -> Option<String> {
+        if !self.timed {
+            self.timed = true;
+            let step = rec
+                .get_f64("time/step")
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map_or(Duration::ZERO, Duration::from_secs_f64);
+            self.started = now.checked_sub(step).unwrap_or(now);
+        }
         self.env_steps += rec.get_f64("rollout/env_steps").unwrap_or(0.0);
         let done = rec.step + 1;
         let due = match self.last {
@@ -197,11 +209,13 @@ mod tests {
     #[test]
     fn lines_come_at_the_first_step_every_few_seconds_and_at_the_end() {
         let t0 = Instant::now();
-        let mut lines = Lines::new(10, 2, t0);
+        // Made 30 s before the loop: start-up and the bootstrap count in neither the rate nor the ETA.
+        let mut lines = Lines::new(10, 2, t0.checked_sub(Duration::from_secs(30)).unwrap_or(t0));
         let rec = |step: u64| {
             let mut r = StepRecord::new(step);
             r.float("rollout/return", -1.5);
             r.float("time/sync_weights", 0.004);
+            r.float("time/step", 2.0);
             r.int("rollout/env_steps", 100);
             r
         };

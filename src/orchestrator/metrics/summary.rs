@@ -9,12 +9,17 @@ use crate::orchestrator::metrics::StepRecord;
 pub struct RunTimes {
     /// The job from start to end: the process's start (a multirun's later jobs: their own start) to the summary.
     pub wall_s: f64,
+    /// Before the workers: composing and checking the config (the Python workers' interpreter probe included),
+    /// the run's files.
+    pub before_s: f64,
     /// The workers' start: spawned until every one completed its handshake.
     pub startup_s: f64,
-    /// The init bootstrap: every rollout given the trainer's full weights before the first step.
+    /// The init bootstrap: the workers build their models and every rollout gets the trainer's full weights.
     pub bootstrap_s: f64,
     /// The training loop alone, from after the bootstrap to its last step.
     pub loop_s: f64,
+    /// After the loop: the workers stopped, the metrics flushed.
+    pub shutdown_s: f64,
 }
 
 /// Totals of a finished (or stopped) run.
@@ -166,6 +171,10 @@ impl RunSummary {
                 format!("{:.2} s", self.times.wall_s),
             ),
             (
+                "config and checks".to_owned(),
+                format!("{:.2} s", self.times.before_s),
+            ),
+            (
                 "workers' start-up".to_owned(),
                 format!("{:.2} s", self.times.startup_s),
             ),
@@ -182,6 +191,10 @@ impl RunSummary {
                 format!("{:.2} s", self.times.loop_s),
             ),
             (
+                "shutdown".to_owned(),
+                format!("{:.2} s", self.times.shutdown_s),
+            ),
+            (
                 "loop throughput".to_owned(),
                 format!("{:.1} env steps/s", self.loop_env_steps_per_s),
             ),
@@ -190,11 +203,11 @@ impl RunSummary {
                 format!("{:.2} ms", self.mean_step_ms),
             ),
             (
-                "syncs per step (verified)".to_owned(),
+                "syncs after the bootstrap (verified)".to_owned(),
                 format!("{} ({})", self.syncs, self.verified_syncs),
             ),
             (
-                "bytes synced per step".to_owned(),
+                "bytes synced after the bootstrap".to_owned(),
                 format!("{:.3} MB", self.sync_bytes as f64 / 1e6),
             ),
             (
@@ -253,9 +266,11 @@ mod tests {
     fn times(wall_s: f64, loop_s: f64) -> RunTimes {
         RunTimes {
             wall_s,
+            before_s: 0.25,
             startup_s: 1.0,
             bootstrap_s: 0.5,
             loop_s,
+            shutdown_s: 0.125,
         }
     }
 
@@ -300,7 +315,9 @@ mod tests {
         assert!(table.contains("discarded trajectories"));
         for (row, value) in [
             ("wall time (start to end)", "5.00 s"),
+            ("config and checks", "0.25 s"),
             ("workers' start-up", "1.00 s"),
+            ("shutdown", "0.12 s"),
             ("init bootstrap", "0.50 s, 0.000 MB"),
             ("loop time", "2.00 s"),
             ("loop throughput", "50.0 env steps/s"),

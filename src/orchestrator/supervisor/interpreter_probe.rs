@@ -63,18 +63,20 @@ sys.stdout.flush()
 print(json.dumps(out), flush=True)
 "#;
 
-/// The fix for an interpreter that cannot run rlsync's workers.
-const FIX: &str = "run inside the venv that has rlsync, or set the key to /path/to/python; install rlsync there \
-                   with `make python`";
-
 /// Why Python workers cannot start with their interpreter.
 #[derive(Debug, thiserror::Error)]
 pub enum InterpreterProbeError {
-    #[error("cannot run the Python workers' interpreter {} ({chosen_by}): {FIX}", interpreter.display())]
+    #[error(
+        "cannot run the Python workers' interpreter {} ({chosen_by}): run inside the venv that has rlsync, or set \
+         {set}; install rlsync there with `make python`",
+        interpreter.display()
+    )]
     Spawn {
         interpreter: PathBuf,
         /// The key that chose it, or how the default was found.
         chosen_by: String,
+        /// The overrides that choose another (`actor.worker.python=/path/to/python …`).
+        set: String,
         #[source]
         source: std::io::Error,
     },
@@ -100,12 +102,14 @@ pub enum InterpreterProbeError {
     },
     #[error(
         "the Python workers' interpreter {} ({chosen_by}, Python {version}) cannot import rlsync ({python_error}): \
-         {FIX}",
+         run inside the venv that has rlsync, or set {set}; install rlsync there with `make python`",
         interpreter.display()
     )]
     NoRlsync {
         interpreter: PathBuf,
         chosen_by: String,
+        /// The overrides that choose another (`actor.worker.python=/path/to/python …`).
+        set: String,
         version: String,
         /// Python's exception, as the interpreter printed it.
         python_error: String,
@@ -208,6 +212,16 @@ struct Group<'a> {
 }
 
 impl Group<'_> {
+    /// The overrides that choose another interpreter for the group's roles.
+    fn set(&self) -> String {
+        let keys: Vec<String> = self
+            .roles
+            .iter()
+            .map(|(_, section, _)| format!("{section}.worker.python=/path/to/python"))
+            .collect();
+        keys.join(" ")
+    }
+
     /// The key that chose the interpreter, or where the default came from.
     fn chosen_by(&self) -> String {
         let keys: Vec<String> = self
@@ -290,6 +304,7 @@ fn probe(group: &Group<'_>) -> Result<Report, InterpreterProbeError> {
     let spawn_err = |source| InterpreterProbeError::Spawn {
         interpreter: interpreter.clone(),
         chosen_by: group.chosen_by(),
+        set: group.set(),
         source,
     };
     let mut child = cmd.spawn().map_err(spawn_err)?;
@@ -351,6 +366,7 @@ fn judge_group(group: &Group<'_>, report: &Report) -> Result<(), InterpreterProb
         return Err(InterpreterProbeError::NoRlsync {
             interpreter: group.interpreter.clone(),
             chosen_by: group.chosen_by(),
+            set: group.set(),
             version: report.version.clone(),
             python_error: python_error.clone(),
         });
@@ -559,7 +575,7 @@ mod tests {
             "python3",
             "cannot import rlsync",
             "No module named 'rlsync'",
-            "set the key to /path/to/python",
+            "set actor.worker.python=/path/to/python rollout.worker.python=/path/to/python",
             "make python",
         ] {
             assert!(text.contains(want), "{want}: {text}");
