@@ -49,7 +49,7 @@ pub enum OrchestratorError {
     #[error("the Python workers cannot start")]
     PythonWorkers {
         #[source]
-        source: supervisor::interpreter_probe::InterpreterProbeError,
+        source: Box<supervisor::interpreter_probe::InterpreterProbeError>,
     },
     #[error("invalid run configuration")]
     Cluster {
@@ -307,8 +307,11 @@ pub fn run(
     }
     // Python workers: their interpreter must import rlsync and their entries (and on a GPU, its torch must see
     // it), or the run stops here, once, rather than inside every worker.
-    supervisor::interpreter_probe::check(cfg)
-        .map_err(|source| OrchestratorError::PythonWorkers { source })?;
+    supervisor::interpreter_probe::check(cfg).map_err(|source| {
+        OrchestratorError::PythonWorkers {
+            source: Box::new(source),
+        }
+    })?;
     if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
