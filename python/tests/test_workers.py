@@ -129,11 +129,11 @@ def test_a_python_trainers_clip_fraction_feeds_the_stale_sync_canary(tmp_path, c
     assert p.returncode == 0, p.stderr
     assert all(r["actor/clip_fraction"] == clip for r in metrics(tmp_path) if "train/loss" in r)
     if warned:
-        assert p.stderr.count("stale weights? actor/clip_fraction stayed above 0.30 for 3 steps") == 1, p.stderr
+        assert p.stderr.count("stale weights? actor/clip_fraction averaged 0.500 over the last 3 steps, above 0.30") == 1, p.stderr
         for knob in ["runner.weight_sync_interval", "algorithm.staleness_threshold"]:
             assert knob in p.stderr, p.stderr
         # And once on the progress line.
-        assert p.stderr.count("| STALE SYNC? clip 0.50 > 0.30 for 3 steps") == 1, p.stderr
+        assert p.stderr.count("| STALE SYNC? clip 0.50 > 0.30 over 3 steps") == 1, p.stderr
     else:
         assert "stale weights?" not in p.stderr and "STALE SYNC" not in p.stderr, p.stderr
 

@@ -763,10 +763,10 @@ pub struct AlgorithmConfig {
     pub value_coef: f64,
     pub update_epoch: NonZeroU32,
     /// The stale-sync canary: when `actor/clip_fraction` (the trainer's share of samples whose ratio left the
-    /// clip range, built-in or Python trainer) stays above this for `stale_clip_window` steps in a row, the run
-    /// warns once that the rollouts act with weights too old. In (0, 1]; 1 never warns.
+    /// clip range, built-in or Python trainer) averages above this over the last `stale_clip_window` steps, the
+    /// run warns once that the rollouts act with weights too old. In (0, 1]; 1 never warns.
     pub stale_clip_fraction: f64,
-    /// Steps in a row the clip fraction must stay above `stale_clip_fraction` before the warning.
+    /// The steps the canary averages the clip fraction over.
     pub stale_clip_window: NonZeroU32,
 }
 

@@ -1,10 +1,14 @@
-//! The stale-sync canary: `actor/clip_fraction` above a threshold for a window of steps warns once, naming the knobs.
+//! The stale-sync canary: `actor/clip_fraction` above a threshold over a window of steps warns once, naming the knobs.
 //!
 //! PPO's clip fraction is healthy at 10–26 %; sustained at 30 % or more it says the rollouts act with weights
-//! too old for the trainer's updates (the lesson rlsync was designed from). Built-in trainers report the key,
-//! a Python trainer does by returning `clip_fraction` from `train()` (logged as `actor/clip_fraction`); the
-//! canary reads the step records either way. Records without the key (an evaluation's own row) neither count
-//! nor break the run of steps.
+//! too old for the trainer's updates (the lesson rlsync was designed from). "Sustained" is the mean over the
+//! last `window` steps: with `runner.weight_sync_interval` k > 1 the fraction saws (low right after a sync, high
+//! before the next), so a stale run's steps are not all above the line, while its mean is. Built-in trainers
+//! report the key, a Python trainer does by returning `clip_fraction` from `train()` (logged as
+//! `actor/clip_fraction`); the canary reads the step records either way. Records without the key (an
+//! evaluation's own row) or with a non-finite value are skipped.
+
+use std::collections::VecDeque;
 
 use crate::orchestrator::metrics::StepRecord;
 
@@ -16,9 +20,8 @@ pub const KEY: &str = "actor/clip_fraction";
 pub struct StaleSyncCanary {
     threshold: f64,
     window: u32,
-    /// Steps in a row above the threshold so far, and their clip fractions' sum.
-    above: u32,
-    sum: f64,
+    /// The last `window` clip fractions.
+    recent: VecDeque<f64>,
     warned: bool,
 }
 
@@ -38,49 +41,50 @@ impl StaleSyncWarning {
     /// `algorithm.staleness_threshold`.
     pub fn log_line(&self) -> String {
         format!(
-            "stale weights? {KEY} stayed above {:.2} for {} steps (mean {:.3}, up to step {}; healthy PPO clips \
-             10-26 %): the rollouts act with weights too old for the trainer's updates; sync more often \
+            "stale weights? {KEY} averaged {:.3} over the last {} steps, above {:.2} (up to step {}; healthy PPO \
+             clips 10-26 %): the rollouts act with weights too old for the trainer's updates; sync more often \
              (lower runner.weight_sync_interval) or accept less stale data (lower algorithm.staleness_threshold, \
              train_async); algorithm.stale_clip_fraction / algorithm.stale_clip_window set this warning",
-            self.threshold, self.window, self.mean, self.step
+            self.mean, self.window, self.threshold, self.step
         )
     }
 
     /// The progress line's short form.
     pub fn short(&self) -> String {
         format!(
-            "STALE SYNC? clip {:.2} > {:.2} for {} steps (see log)",
+            "STALE SYNC? clip {:.2} > {:.2} over {} steps (see log)",
             self.mean, self.threshold, self.window
         )
     }
 }
 
 impl StaleSyncCanary {
-    /// A canary that warns once `KEY` stayed above `threshold` for `window` steps in a row.
+    /// A canary that warns once the mean of `KEY` over the last `window` steps is above `threshold`.
     pub fn new(threshold: f64, window: std::num::NonZeroU32) -> StaleSyncCanary {
         StaleSyncCanary {
             threshold,
             window: window.get(),
-            above: 0,
-            sum: 0.0,
+            recent: VecDeque::new(),
             warned: false,
         }
     }
 
-    /// Look at one step's record; `Some` exactly once, on the step that completes the first window.
+    /// Look at one step's record; `Some` exactly once, on the first step whose window's mean is above the
+    /// threshold.
     pub fn observe(&mut self, rec: &StepRecord) -> Option<StaleSyncWarning> {
         if self.warned {
             return None;
         }
-        let clip = rec.get_f64(KEY)?;
-        if clip.is_nan() || clip <= self.threshold {
-            self.above = 0;
-            self.sum = 0.0;
+        let clip = rec.get_f64(KEY).filter(|c| c.is_finite())?;
+        if self.recent.len() == self.window as usize {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(clip);
+        if self.recent.len() < self.window as usize {
             return None;
         }
-        self.above += 1;
-        self.sum += clip;
-        if self.above < self.window {
+        let mean = self.recent.iter().sum::<f64>() / f64::from(self.window);
+        if mean <= self.threshold {
             return None;
         }
         self.warned = true;
@@ -88,7 +92,7 @@ impl StaleSyncCanary {
             step: rec.step,
             threshold: self.threshold,
             window: self.window,
-            mean: self.sum / f64::from(self.above),
+            mean,
         })
     }
 }
@@ -124,34 +128,48 @@ mod tests {
         assert!((got[0].mean - 0.4).abs() < 1e-12);
         let line = got[0].log_line();
         for want in [
-            "actor/clip_fraction",
-            "above 0.30 for 10 steps",
+            "actor/clip_fraction averaged 0.400 over the last 10 steps, above 0.30",
             "runner.weight_sync_interval",
             "algorithm.staleness_threshold",
         ] {
             assert!(line.contains(want), "{want}: {line}");
         }
         assert!(
-            got[0].short().contains("clip 0.40 > 0.30"),
+            got[0].short().contains("clip 0.40 > 0.30 over 10 steps"),
             "{}",
             got[0].short()
         );
     }
 
+    /// One sync every 8 steps: low right after a sync, rising until the next.
+    fn sawtooth(low: f64, rise: f64, steps: usize) -> Vec<Option<f64>> {
+        (0..steps)
+            .map(|i| Some(low + rise * (i % 8) as f64))
+            .collect()
+    }
+
     #[test]
-    fn a_healthy_or_interrupted_clip_fraction_does_not_warn() {
+    fn a_stale_sawtooth_warns_though_no_ten_steps_in_a_row_are_above() {
+        // 0.2 .. 0.55, mean 0.375: at most 5 steps in a row above 0.3, the mean well above it.
+        let clips = sawtooth(0.2, 0.05, 40);
+        let got = warnings(&clips, 0.3, 10);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert!(got[0].mean > 0.3 && got[0].step >= 9, "{got:?}");
+    }
+
+    #[test]
+    fn a_healthy_clip_fraction_does_not_warn() {
         // Healthy: 10-26 %.
         let healthy: Vec<Option<f64>> =
             (0..50).map(|i| Some(0.1 + 0.16 * (i % 2) as f64)).collect();
         assert!(warnings(&healthy, 0.3, 10).is_empty());
-        // Nine high steps, one at the threshold (not above it), nine high again: no window completes.
-        let mut broken = vec![Some(0.5); 9];
-        broken.push(Some(0.3));
-        broken.extend(vec![Some(0.5); 9]);
-        assert!(warnings(&broken, 0.3, 10).is_empty());
+        // A sawtooth whose peaks pass 0.3 but whose mean (0.225) does not.
+        assert!(warnings(&sawtooth(0.05, 0.05, 80), 0.3, 10).is_empty());
+        // Nine steps are not a window.
+        assert!(warnings(&[Some(0.9); 9], 0.3, 10).is_empty());
         // A run without the key (the synthetic workload) never warns.
         assert!(warnings(&[None; 30], 0.3, 10).is_empty());
-        // A non-finite clip fraction is not "above".
+        // A non-finite clip fraction is skipped, not counted.
         assert!(warnings(&[Some(f64::NAN); 30], 0.3, 10).is_empty());
     }
 

@@ -248,12 +248,12 @@ mod tests {
         let rec = |step: u64| StepRecord::new(step);
         assert!(lines.update_at(&rec(0), t0).is_some());
         assert_eq!(lines.update_at(&rec(1), t0), None);
-        lines.warn("STALE SYNC? clip 0.40 > 0.30 for 10 steps (see log)".into());
+        lines.warn("STALE SYNC? clip 0.40 > 0.30 over 10 steps (see log)".into());
         let warned = lines
             .update_at(&rec(2), t0)
             .expect("the warning's line is due");
         assert!(
-            warned.ends_with("| STALE SYNC? clip 0.40 > 0.30 for 10 steps (see log)"),
+            warned.ends_with("| STALE SYNC? clip 0.40 > 0.30 over 10 steps (see log)"),
             "{warned}"
         );
         // Once: the next line is back to its schedule and its form.
