@@ -165,8 +165,9 @@ fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
     .iter()
     .map(|name| row(name)[0])
     .collect();
+    // Printed rounded to 10 ms: it may round up past the process's exit by 5 ms.
     assert!(
-        wall <= elapsed,
+        wall <= elapsed + 0.01,
         "wall {wall} s, the process took {elapsed} s"
     );
     // The parts add up to the whole (each rounded to 10 ms; between them only bookkeeping).
