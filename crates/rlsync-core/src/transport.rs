@@ -52,6 +52,19 @@ pub const DEFAULT_SLOTS: usize = 4;
 /// 64), so payloads at offset 0 (plus a small header) would hit exactly that; half a page keeps them apart.
 pub(crate) const PAYLOAD_PAGE_OFFSET: usize = 2048;
 
+/// The deadline and the reported timeout of a wait starting now: the channel's `timeout`, or the caller's
+/// bound (`set_bound`: its deadline and the duration it was given) when that ends first.
+pub(crate) fn wait_deadline(
+    timeout: Duration,
+    bound: Option<(tokio::time::Instant, Duration)>,
+) -> (tokio::time::Instant, Duration) {
+    let own = tokio::time::Instant::now() + timeout;
+    match bound {
+        Some((end, d)) if end < own => (end, d),
+        _ => (own, timeout),
+    }
+}
+
 /// Who an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Peer {
@@ -179,6 +192,30 @@ pub(crate) trait SendBackend {
     }
     async fn flush(&mut self) -> Result<(), TransportError>;
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError>;
+    /// An upstream message from `rank` already delivered that `accept` takes, without waiting.
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        let _ = (rank, accept);
+        Err(no_reports())
+    }
+    /// Wait (bounded) until any of `ranks` has an upstream message queued.
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        let _ = ranks;
+        Err(no_reports())
+    }
+    /// Bound the waits of the calls that follow by `now + bound` too (`None`: the channel's timeout only).
+    /// Backends without timeouts of their own (the bridge: its caller bounds them) ignore it.
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        let _ = bound;
+    }
+    /// Wait (bounded) until the next payload could be published without waiting for receivers, so a caller
+    /// can time out before it changes anything of its own (the patch sender's snapshot).
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// The error of a backend that cannot admit new receivers or address one of them.
@@ -190,11 +227,26 @@ pub(crate) fn not_elastic(what: &str) -> TransportError {
     }
 }
 
+/// The error of a backend whose sender does not read receivers' reports between payloads.
+fn no_reports() -> TransportError {
+    TransportError::Config {
+        reason:
+            "this channel does not carry receivers' reports between payloads (rlsync's shm and \
+                 in-process channels do)"
+                .to_owned(),
+    }
+}
+
 /// What every receiving backend provides; [`Receiver`] dispatches to it.
 pub(crate) trait RecvBackend {
     fn rank(&self) -> usize;
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError>;
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError>;
+    /// Bound the waits of the calls that follow by `now + bound` too (`None`: the channel's timeout only).
+    /// Backends without timeouts of their own (the bridge: its caller bounds them) ignore it.
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        let _ = bound;
+    }
 }
 
 impl Sender {
@@ -300,6 +352,65 @@ impl Sender {
             .await
     }
 
+    /// The next upstream message from receiver `rank` if one was already delivered and `accept` takes it,
+    /// without waiting (a message `accept` refuses stays queued for [`Sender::recv_from`]). Shm and in-process
+    /// channels; others answer `Config`.
+    pub fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        match self {
+            Sender::InProc(s) => s.try_recv_from(rank, accept),
+            Sender::Shm(s) => s.try_recv_from(rank, accept),
+            Sender::Bridge(s) => s.try_recv_from(rank, accept),
+            Sender::Chain(s) => s.try_recv_from(rank, accept),
+            #[cfg(test)]
+            Sender::Tap(s) => s.try_recv_from(rank, accept),
+        }
+    }
+
+    /// Wait (bounded by the timeout and [`Sender::set_bound`]) until any of `ranks` has an upstream message
+    /// queued: `PeerGone` naming those of them that are gone, `Timeout` naming them all. Shm and in-process
+    /// channels; others answer `Config`.
+    pub async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        match self {
+            Sender::InProc(s) => s.wait_any_from(ranks).await,
+            Sender::Shm(s) => s.wait_any_from(ranks).await,
+            Sender::Bridge(s) => s.wait_any_from(ranks).await,
+            Sender::Chain(s) => s.wait_any_from(ranks).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.wait_any_from(ranks).await,
+        }
+    }
+
+    /// Bound every wait of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only); a wait cut short reports `Timeout` with `bound` as its timeout
+    /// and leaves the channel as the channel's own timeout would. Shm and in-process channels; the bridge's
+    /// caller bounds its own waits, and a TCP chain keeps its own timeouts.
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        match self {
+            Sender::InProc(s) => s.set_bound(bound),
+            Sender::Shm(s) => s.set_bound(bound),
+            Sender::Bridge(s) => s.set_bound(bound),
+            Sender::Chain(s) => s.set_bound(bound),
+            #[cfg(test)]
+            Sender::Tap(s) => s.set_bound(bound),
+        }
+    }
+
+    /// Wait (bounded) until the next payload can be published without waiting on receivers' releases.
+    pub async fn ready(&mut self) -> Result<(), TransportError> {
+        match self {
+            Sender::InProc(s) => s.ready().await,
+            Sender::Shm(s) => s.ready().await,
+            Sender::Bridge(s) => s.ready().await,
+            Sender::Chain(s) => s.ready().await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.ready().await,
+        }
+    }
+
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), TransportError> {
         match self {
@@ -354,6 +465,16 @@ impl Receiver {
             Receiver::InProc(r) => r.recv_with(read).await,
             Receiver::Shm(r) => r.recv_with(read).await,
             Receiver::Bridge(r) => r.recv_with(read).await,
+        }
+    }
+
+    /// Bound the waits of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only). A payload wait cut short consumes nothing: waiting again is fine.
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        match self {
+            Receiver::InProc(r) => r.set_bound(bound),
+            Receiver::Shm(r) => r.set_bound(bound),
+            Receiver::Bridge(r) => r.set_bound(bound),
         }
     }
 

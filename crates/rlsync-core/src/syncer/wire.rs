@@ -38,6 +38,11 @@
 //!   (replay: the sequence of the version it holds, which the first replayed patch is based on; else 0); the
 //!   messages follow in that order: `InitBucket`s, then logged `Patch`es exactly as first sent, or `Bucket`s of
 //!   that version.
+//!
+//! Reports (receiver → sender, between payloads, on rlsync's own channels when the receiver reports; see
+//! [`crate::syncer::SyncReceiver::set_reports`]), added as new kinds:
+//! - `Applied` (version and sequence = those the receiver installed): empty body.
+//! - `Declined` (version and sequence = those of the staged update the receiver aborted): UTF-8 reason.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -120,6 +125,8 @@ pub enum Kind {
     RejoinPlan,
     Held,
     CatchUp,
+    Applied,
+    Declined,
 }
 
 impl Kind {
@@ -135,6 +142,8 @@ impl Kind {
             Kind::RejoinPlan => 8,
             Kind::Held => 9,
             Kind::CatchUp => 10,
+            Kind::Applied => 11,
+            Kind::Declined => 12,
         }
     }
 
@@ -150,6 +159,8 @@ impl Kind {
             8 => Kind::RejoinPlan,
             9 => Kind::Held,
             10 => Kind::CatchUp,
+            11 => Kind::Applied,
+            12 => Kind::Declined,
             _ => return None,
         })
     }
@@ -166,6 +177,8 @@ impl Kind {
             Kind::RejoinPlan => "rejoin plan",
             Kind::Held => "held",
             Kind::CatchUp => "catch-up",
+            Kind::Applied => "applied",
+            Kind::Declined => "declined",
         }
     }
 }
@@ -610,6 +623,19 @@ pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPla
         ));
     }
     Ok(c)
+}
+
+/// A receiver's report that it installed `stamp`.
+pub(crate) fn encode_applied(stamp: Stamp) -> Vec<u8> {
+    message(Header::stamped(Kind::Applied, stamp, 0), &[])
+}
+
+/// A receiver's report that it dropped the update `stamp` without installing it, and why.
+pub(crate) fn encode_declined(stamp: Stamp, reason: &str) -> Vec<u8> {
+    message(
+        Header::stamped(Kind::Declined, stamp, reason.len()),
+        reason.as_bytes(),
+    )
 }
 
 pub(crate) fn encode_abort(reason: &str) -> Vec<u8> {

@@ -43,6 +43,7 @@ const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
 const OP_JOIN: &str = "waiting for a receiver to rejoin";
+const OP_REPORTS: &str = "waiting for receivers' reports";
 
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
 /// half-written), or a caller mistake (bad rank, impossible size; nothing was published). On an elastic
@@ -50,7 +51,7 @@ const OP_JOIN: &str = "waiting for a receiver to rejoin";
 fn recoverable(err: &TransportError, elastic: bool) -> bool {
     match err {
         TransportError::Timeout { op, .. } => {
-            [OP_SEND, OP_FLUSH, OP_RECV_FROM, OP_JOIN].contains(op)
+            [OP_SEND, OP_FLUSH, OP_RECV_FROM, OP_JOIN, OP_REPORTS].contains(op)
         }
         TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
         TransportError::PeerGone { peer, .. } => elastic && *peer != Peer::Sender,
@@ -577,7 +578,7 @@ impl ShmSender {
                 receivers: self.fanout.receivers(),
             });
         }
-        let deadline = Instant::now() + self.fanout.timeout();
+        let deadline = self.fanout.deadline();
         loop {
             self.housekeep()?;
             if let Some(late) = self.late.as_mut()
@@ -822,6 +823,43 @@ impl SendBackend for ShmSender {
         self.check_usable()?;
         let result = match self.housekeep() {
             Ok(()) => self.fanout.wait_message(rank, OP_RECV_FROM).await,
+            Err(e) => Err(e),
+        };
+        self.settle(result)
+    }
+
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        self.check_usable()?;
+        let result = self
+            .housekeep()
+            .and_then(|()| self.fanout.try_message(rank, accept));
+        self.settle(result)
+    }
+
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = match self.housekeep() {
+            Ok(()) => self.fanout.wait_any_message(ranks, OP_REPORTS).await,
+            Err(e) => Err(e),
+        };
+        self.settle(result)
+    }
+
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        self.fanout.set_bound(bound);
+    }
+
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = match self.housekeep() {
+            Ok(()) => {
+                let (_, slot) = self.fanout.next();
+                self.fanout.wait_slot_free(slot, OP_SEND).await
+            }
             Err(e) => Err(e),
         };
         self.settle(result)
