@@ -185,8 +185,35 @@ def _tensor_send(send: SendFn) -> SendFn:
     return send_tensor
 
 
-async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> int:
-    """Pump a bridge op: run it until it needs ``send`` / ``recv``, await those, repeat until done."""
+def _check_timeout(timeout: float | None) -> float | None:
+    """A per-call bound: ``None`` (the channel's own) or a positive number of seconds."""
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+    return t
+
+
+class _TimedOut(Exception):
+    """The caller's ``send`` / ``recv`` did not complete within the call's ``timeout``."""
+
+
+async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None, timeout: float | None = None) -> int:
+    """Pump a bridge op: run it until it needs ``send`` / ``recv``, await those, repeat until done. With
+    ``timeout``, the awaits of the caller's ``send`` / ``recv`` together are bounded by it: when it runs out the
+    op ends with :class:`rlsync.Timeout` (the syncer stays usable, weights and version untouched)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+
+    async def bounded(awaitable: Awaitable[Any]) -> Any:
+        if deadline is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            raise _TimedOut() from None
+
     try:
         while True:
             kind, payload = op.step()
@@ -195,12 +222,19 @@ async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> in
             if kind == "send":
                 if send is None:
                     raise ValueError("this operation needs a send function")
-                await send(payload)
+                await bounded(send(payload))
                 op.sent()
             else:
                 if recv is None:
                     raise ValueError("this operation needs a recv function")
-                op.deliver(_as_bytes(await recv()))
+                op.deliver(_as_bytes(await bounded(recv())))
+    except _TimedOut:
+        # The op's pending wait ends with a timeout naming the far end; step() raises rlsync.Timeout.
+        op.time_out(timeout)
+        while True:
+            kind, payload = op.step()
+            if kind == "done":  # pragma: no cover - a timed-out op cannot finish successfully
+                return payload
     except BaseException as exc:
         if not op.finished:
             # End the op cleanly so the syncer comes back (weights and version untouched), then re-raise.
@@ -307,6 +341,7 @@ class WeightSyncer:
         send: SendFn | ShmSender,
         recv: RecvFn | None = None,
         is_sender: bool = True,
+        timeout: float | None = None,
     ) -> None:
         """Sender side of the handshake: read the receiver's metadata (``recv``), check that both state
         dicts match (first differing key, shape or dtype named in :class:`rlsync.HandshakeError`), send the
@@ -323,7 +358,11 @@ class WeightSyncer:
         of their mesh calls ``init_sender`` and each :meth:`sync` (those with ``is_sender=False`` too), and each
         call gathers the full tensors there (``full_tensor()``, one all-gather per DTensor in the state dict's
         order) before only the sender sends them. Receivers take plain tensors.
+
+        ``timeout`` bounds the whole init in seconds (``None``: the channel's own bound; with your own
+        ``send``/``recv``, the awaits of them), raising :class:`rlsync.Timeout` when it runs out.
         """
+        timeout = _check_timeout(timeout)
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not is_sender:
             self._active = False
@@ -338,39 +377,64 @@ class WeightSyncer:
         same_keys = self._config.get("type") != "bucket"
         if isinstance(send, ShmSender):
             self._channel = send
-            op = self._native.begin_init_sender(descs, names, send, same_keys)
+            op = self._native.begin_init_sender(descs, names, send, same_keys, timeout)
             await asyncio.to_thread(op.run)
             return
         if recv is None:
             raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
-        await _drive(self._native.begin_init_sender(descs, names, None, same_keys), self._send(send), recv)
+        op = self._native.begin_init_sender(descs, names, None, same_keys)
+        await _drive(op, self._send(send), recv, timeout)
 
     async def init_receiver(
         self,
         state_dict: StateDictLike | None,
         recv: RecvFn | ShmReceiver,
         send: SendFn | None = None,
+        timeout: float | None = None,
     ) -> None:
         """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
         ``send``, receive the plan and, for patch with ``init_sync_enabled``, install the init bootstrap.
-        ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed)."""
+        ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed); on
+        rlsync's channel the receiver then reports every version it installs to the sender
+        (:meth:`acked_versions`). ``timeout`` bounds the whole init (see :meth:`apply`). ``state_dict`` is
+        what :meth:`commit` installs into by default."""
+        timeout = _check_timeout(timeout)
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
         descs = self._stage(state_dict)
+        self._receiver_state = state_dict
         if isinstance(recv, ShmReceiver):
             self._channel = recv
-            op = self._native.begin_init_receiver(descs, recv)
+            op = self._native.begin_init_receiver(descs, recv, timeout)
             await asyncio.to_thread(op.run)
             return
         if send is None:
             raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
-        await _drive(self._native.begin_init_receiver(descs, None), self._send(send), recv)
+        await _drive(self._native.begin_init_receiver(descs, None), self._send(send), recv, timeout)
 
-    async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
+    async def sync(
+        self,
+        state_dict: StateDictLike,
+        send: SendFn | ShmSender,
+        version: "int | torch.Tensor",
+        *,
+        timeout: float | None = None,
+        wait: str | None = None,
+    ) -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
         ``version`` is any integer >= 0 (or a 0-d integer tensor), as RLinf uses it: 0 first, the same version
         again, jumps. Payloads are ordered by an internal sequence number (one more per ``sync``), so a replayed
-        or older payload is still rejected by the receiver."""
+        or older payload is still rejected by the receiver.
+
+        ``wait="applied"`` (rlsync's channel only) returns once every live receiver reported installing this
+        version (a receiver that aborted it raises :class:`rlsync.RlsyncError` naming it). ``timeout`` bounds
+        the whole call in seconds (``None``: the channel's own bound per wait); when it runs out,
+        :class:`rlsync.Timeout` names what was awaited (a payload slot's release, or the ack of ``version``
+        from the ranks still missing). A sync that times out before its payload went out changes nothing; one
+        that times out later counts as sent: a receiver that missed a patch rejects the patches after it."""
+        timeout = _check_timeout(timeout)
+        if wait not in (None, "applied"):
+            raise ValueError(f"wait must be None or 'applied', got {wait!r}")
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not self._active:
             return
@@ -380,19 +444,23 @@ class WeightSyncer:
         descs = self._stage(state_dict)
         if self._native.on_shm:
             self._check_channel(send)
-            await asyncio.to_thread(self._native.begin_sync(descs, version).run)
+            op = self._native.begin_sync(descs, version, timeout, wait == "applied")
+            await asyncio.to_thread(op.run)
         else:
-            await _drive(self._native.begin_sync(descs, version), self._send(send), None)
+            op = self._native.begin_sync(descs, version, None, wait == "applied")
+            await _drive(op, self._send(send), None, timeout)
 
-    async def flush(self) -> None:
+    async def flush(self, *, timeout: float | None = None) -> None:
         """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
         Await it before the sender goes away (a trainer's last sync, then exit): the channel's shared memory is
         removed with the sender, and a receiver that had not mapped it yet would fail with "the sender is
-        gone". With your own ``send``/``recv`` delivery is your transport's, and this returns at once."""
+        gone". With your own ``send``/``recv`` delivery is your transport's, and this returns at once.
+        ``timeout`` bounds it (:class:`rlsync.Timeout` naming the receivers that did not release)."""
+        timeout = _check_timeout(timeout)
         if not self._active:
             return
         if self._native.on_shm:
-            await asyncio.to_thread(self._native.begin_flush().run)
+            await asyncio.to_thread(self._native.begin_flush(timeout).run)
 
     async def apply(
         self,
@@ -400,12 +468,23 @@ class WeightSyncer:
         recv: RecvFn | ShmReceiver | None = None,
         *,
         model_or_state_dict: StateDictLike | None = None,
+        timeout: float | None = None,
     ) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
-        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing.
+        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing. ``apply`` is
+        :meth:`stage` then :meth:`commit` in one call.
 
         ``model`` is a ``torch.nn.Module`` or its state dict (RLinf's parameter name; the older keyword
-        ``model_or_state_dict`` is still accepted)."""
+        ``model_or_state_dict`` is still accepted).
+
+        ``timeout`` bounds the whole call in seconds (``None``: the channel's own bound; with your own
+        ``recv``, the awaits of it). When it runs out :class:`rlsync.Timeout` is raised
+        (``awaited="payload of version after N from the sender"``) and weights and version are untouched. A
+        receiver whose apply timed out before any byte of the next payload arrived is still usable: call
+        ``apply`` again later (poll with a short timeout). On rlsync's channel that holds after any timeout: a
+        bucket version cut short midway is dropped whole and its remaining parts are skipped by the next call.
+        With your own ``recv``, the awaited ``recv()`` was cancelled: what it would have returned is your
+        transport's to keep or drop."""
         if model_or_state_dict is not None:
             if model is not None:
                 raise TypeError("apply() got both 'model' and 'model_or_state_dict': pass one")
@@ -414,11 +493,77 @@ class WeightSyncer:
             raise TypeError("apply() missing required argument: 'model'")
         if recv is None:
             raise TypeError("apply() missing required argument: 'recv'")
+        timeout = _check_timeout(timeout)
         descs = self._stage(model)
         if self._native.on_shm:
             self._check_channel(recv)
-            return await asyncio.to_thread(self._native.begin_apply(descs).run)
-        return await _drive(self._native.begin_apply(descs), None, recv)
+            return await asyncio.to_thread(self._native.begin_apply(descs, timeout).run)
+        return await _drive(self._native.begin_apply(descs), None, recv, timeout)
+
+    async def stage(self, recv: RecvFn | ShmReceiver, *, timeout: float | None = None) -> int:
+        """Receive the next version and verify it completely without touching the model; it is kept staged in
+        rlsync's own memory (a patch's decoded values, or a bucket version's copy) until :meth:`commit` installs
+        it or :meth:`abort` drops it. Returns its version. ``timeout`` as in :meth:`apply`. Staging again, or
+        :meth:`apply`, while a version is staged raises :class:`rlsync.RlsyncError`."""
+        timeout = _check_timeout(timeout)
+        if recv is None:
+            raise TypeError("stage() missing required argument: 'recv'")
+        if self._native.on_shm:
+            self._check_channel(recv)
+            return await asyncio.to_thread(self._native.begin_stage(timeout).run)
+        return await _drive(self._native.begin_stage(), None, recv, timeout)
+
+    async def commit(self, model: StateDictLike | None = None) -> int:
+        """Install the staged version in place (into ``model``, by default the state dict given to
+        :meth:`init_receiver`) and return it; on rlsync's channel the sender learns of it
+        (:meth:`acked_versions`). Without a staged version: :class:`rlsync.RlsyncError`. A staged version that
+        no longer fits (a newer one was installed meanwhile) raises :class:`rlsync.PayloadRejected`."""
+        if model is None:
+            model = getattr(self, "_receiver_state", None)
+            if model is None:
+                raise TypeError("commit() needs the model: this syncer was not initialised as a receiver")
+        descs = self._stage(model)
+        op = self._native.begin_commit(descs)
+        if self._native.on_shm:
+            return await asyncio.to_thread(op.run)
+        return await _drive(op, None, None)
+
+    async def abort(self, reason: str) -> None:
+        """Drop the staged version (weights and version untouched). On rlsync's channel the sender is told
+        ``reason`` and counts it (:meth:`rejections`); its acknowledged version for this receiver does not
+        advance. A patch syncer's next patch builds on the dropped version, so the receiver rejects it
+        (:class:`rlsync.PayloadRejected`, "a full resync is needed"); a bucket syncer's next version installs
+        as usual. Without a staged version: :class:`rlsync.RlsyncError`."""
+        op = self._native.begin_abort(str(reason))
+        if self._native.on_shm:
+            await asyncio.to_thread(op.run)
+        else:
+            await _drive(op, None, None)
+
+    @property
+    def staged_version(self) -> int | None:
+        """The version :meth:`stage` holds, not yet committed or aborted (``None``: nothing is staged)."""
+        return self._native.staged_version
+
+    def acked_versions(self) -> dict[int, int]:
+        """Sender on rlsync's channel: the version each live receiver reported installing last, by rank (a
+        receiver that went away is left out; one that has not installed any version yet is absent). Over your
+        own ``send``/``recv`` this raises :class:`rlsync.RlsyncError`: acknowledgements need an rlsync channel."""
+        if not self._active:
+            return {}
+        return dict(self._native.acked_versions())
+
+    def rejections(self) -> dict[int, int]:
+        """Sender on rlsync's channel: how many staged versions each receiver aborted (:meth:`abort`), by rank."""
+        if not self._active:
+            return {}
+        return dict(self._native.rejections())
+
+    def last_rejection(self) -> tuple[int, int, str] | None:
+        """Sender on rlsync's channel: the last aborted version as ``(rank, version, reason)``, if any."""
+        if not self._active:
+            return None
+        return self._native.last_rejection()
 
     def _send(self, send: SendFn) -> SendFn:
         """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors."""

@@ -580,6 +580,11 @@ impl PendingUpdate {
         self.stamp.version
     }
 
+    /// Sizes and timings of receiving it (the install adds its own when it runs).
+    pub fn report(&self) -> &SyncReport {
+        &self.report
+    }
+
     /// Install into `state` (the receiver's state dict from init). Rejected — state and version untouched —
     /// when the version is no longer newer than the applied one, a patch's base is not the applied version,
     /// or the payload does not fit the state dict.
