@@ -665,7 +665,10 @@ impl NativeSyncer {
             receiver.set_bound(None);
             match result {
                 Ok(pending) => OpOut {
-                    result: Ok(Some(pending.report().clone())),
+                    result: Ok(Some(SyncReport {
+                        version: pending.version(),
+                        ..pending.report().clone()
+                    })),
                     end: Some(End::Receiver(receiver)),
                     staged: Some(pending),
                 },
