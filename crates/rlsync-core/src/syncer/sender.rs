@@ -306,9 +306,12 @@ impl SyncSender {
                 {
                     Ok(report) => report,
                     Err(e) => {
-                        // The snapshot may hold `next` now: later patches build on it, so receivers that
-                        // missed this one reject them instead of silently missing its changes.
-                        self.last.sequence = next.sequence;
+                        // Sending failed after the snapshot took `next`: later patches build on it, so
+                        // receivers that missed this one reject them instead of silently missing its changes.
+                        // (A state dict that does not fit fails before anything changes.)
+                        if matches!(e, SyncError::Transport(_)) {
+                            self.last.sequence = next.sequence;
+                        }
                         return Err(e);
                     }
                 }
@@ -317,8 +320,11 @@ impl SyncSender {
                 let mut report = match b.sync(ch, settings, state, next).await {
                     Ok(report) => report,
                     Err(e) => {
-                        // Some receivers may hold part of (or all of) it: its sequence is spent.
-                        self.last.sequence = next.sequence;
+                        // Sending failed midway: some receivers may hold part (or all) of it, so its
+                        // sequence is spent. (A state dict that does not fit fails before anything is sent.)
+                        if matches!(e, SyncError::Transport(_)) {
+                            self.last.sequence = next.sequence;
+                        }
                         return Err(e);
                     }
                 };
