@@ -25,6 +25,7 @@ pub mod shm;
 #[cfg(test)]
 pub(crate) mod tap;
 pub mod tcp;
+pub mod tcp_fan;
 mod tcp_link;
 
 use std::fmt;
@@ -36,6 +37,7 @@ pub use inproc::{
 };
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
+pub use tcp_fan::{TcpFanConfig, TcpFanListener, TcpFanReceiver, TcpFanSender};
 pub use tcp_link::LinkError;
 
 /// How long any single wait may take unless the channel was built with another timeout.
@@ -153,6 +155,8 @@ pub enum Sender {
     Bridge(bridge::BridgeSender),
     /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
     Chain(ChainSender),
+    /// One TCP connection per receiver, across hosts (receivers connect to the sender).
+    TcpFan(TcpFanSender),
     /// Tests only: an in-process sender that records what it sends ([`tap::tapped`]).
     #[cfg(test)]
     Tap(tap::TapSender),
@@ -164,6 +168,7 @@ pub enum Receiver {
     InProc(InProcReceiver),
     Shm(ShmReceiver),
     Bridge(bridge::BridgeReceiver),
+    TcpFan(TcpFanReceiver),
 }
 
 /// Who a payload is for.
@@ -257,6 +262,7 @@ impl Sender {
             Sender::Shm(s) => s.receivers(),
             Sender::Bridge(s) => s.receivers(),
             Sender::Chain(s) => s.receivers(),
+            Sender::TcpFan(s) => s.receivers(),
             #[cfg(test)]
             Sender::Tap(s) => s.receivers(),
         }
@@ -280,6 +286,7 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::All, len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::All, len, fill).await,
             Sender::Chain(s) => s.send_with(Target::All, len, fill).await,
+            Sender::TcpFan(s) => s.send_with(Target::All, len, fill).await,
             #[cfg(test)]
             Sender::Tap(s) => s.send_with(Target::All, len, fill).await,
         }
@@ -297,6 +304,7 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Chain(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            Sender::TcpFan(s) => s.send_with(Target::Rank(rank), len, fill).await,
             #[cfg(test)]
             Sender::Tap(s) => s.send_with(Target::Rank(rank), len, fill).await,
         }
@@ -316,6 +324,7 @@ impl Sender {
             Sender::Shm(s) => s.wait_joined(rank).await,
             Sender::Bridge(s) => s.wait_joined(rank).await,
             Sender::Chain(s) => s.wait_joined(rank).await,
+            Sender::TcpFan(s) => s.wait_joined(rank).await,
             #[cfg(test)]
             Sender::Tap(s) => s.wait_joined(rank).await,
         }
@@ -328,6 +337,7 @@ impl Sender {
             Sender::Shm(s) => s.live(),
             Sender::Bridge(s) => s.live(),
             Sender::Chain(s) => s.live(),
+            Sender::TcpFan(s) => s.live(),
             #[cfg(test)]
             Sender::Tap(s) => s.live(),
         }
@@ -341,6 +351,7 @@ impl Sender {
             Sender::Shm(s) => s.is_elastic(),
             Sender::Bridge(s) => s.is_elastic(),
             Sender::Chain(s) => s.is_elastic(),
+            Sender::TcpFan(s) => s.is_elastic(),
             #[cfg(test)]
             Sender::Tap(s) => s.is_elastic(),
         }
@@ -365,6 +376,7 @@ impl Sender {
             Sender::Shm(s) => s.try_recv_from(rank, accept),
             Sender::Bridge(s) => s.try_recv_from(rank, accept),
             Sender::Chain(s) => s.try_recv_from(rank, accept),
+            Sender::TcpFan(s) => s.try_recv_from(rank, accept),
             #[cfg(test)]
             Sender::Tap(s) => s.try_recv_from(rank, accept),
         }
@@ -379,6 +391,7 @@ impl Sender {
             Sender::Shm(s) => s.wait_any_from(ranks).await,
             Sender::Bridge(s) => s.wait_any_from(ranks).await,
             Sender::Chain(s) => s.wait_any_from(ranks).await,
+            Sender::TcpFan(s) => s.wait_any_from(ranks).await,
             #[cfg(test)]
             Sender::Tap(s) => s.wait_any_from(ranks).await,
         }
@@ -394,6 +407,7 @@ impl Sender {
             Sender::Shm(s) => s.set_bound(bound),
             Sender::Bridge(s) => s.set_bound(bound),
             Sender::Chain(s) => s.set_bound(bound),
+            Sender::TcpFan(s) => s.set_bound(bound),
             #[cfg(test)]
             Sender::Tap(s) => s.set_bound(bound),
         }
@@ -406,6 +420,7 @@ impl Sender {
             Sender::Shm(s) => s.ready().await,
             Sender::Bridge(s) => s.ready().await,
             Sender::Chain(s) => s.ready().await,
+            Sender::TcpFan(s) => s.ready().await,
             #[cfg(test)]
             Sender::Tap(s) => s.ready().await,
         }
@@ -418,6 +433,7 @@ impl Sender {
             Sender::Shm(s) => s.flush().await,
             Sender::Bridge(s) => s.flush().await,
             Sender::Chain(s) => s.flush().await,
+            Sender::TcpFan(s) => s.flush().await,
             #[cfg(test)]
             Sender::Tap(s) => s.flush().await,
         }
@@ -430,6 +446,7 @@ impl Sender {
             Sender::Shm(s) => s.recv_from(rank).await,
             Sender::Bridge(s) => s.recv_from(rank).await,
             Sender::Chain(s) => s.recv_from(rank).await,
+            Sender::TcpFan(s) => s.recv_from(rank).await,
             #[cfg(test)]
             Sender::Tap(s) => s.recv_from(rank).await,
         }
@@ -442,7 +459,7 @@ impl Receiver {
     pub fn joined_late(&self) -> bool {
         match self {
             Receiver::Shm(r) => r.joined_late(),
-            Receiver::InProc(_) | Receiver::Bridge(_) => false,
+            Receiver::InProc(_) | Receiver::Bridge(_) | Receiver::TcpFan(_) => false,
         }
     }
 
@@ -452,6 +469,7 @@ impl Receiver {
             Receiver::InProc(r) => r.rank(),
             Receiver::Shm(r) => r.rank(),
             Receiver::Bridge(r) => r.rank(),
+            Receiver::TcpFan(r) => r.rank(),
         }
     }
 
@@ -465,6 +483,7 @@ impl Receiver {
             Receiver::InProc(r) => r.recv_with(read).await,
             Receiver::Shm(r) => r.recv_with(read).await,
             Receiver::Bridge(r) => r.recv_with(read).await,
+            Receiver::TcpFan(r) => r.recv_with(read).await,
         }
     }
 
@@ -475,6 +494,7 @@ impl Receiver {
             Receiver::InProc(r) => r.set_bound(bound),
             Receiver::Shm(r) => r.set_bound(bound),
             Receiver::Bridge(r) => r.set_bound(bound),
+            Receiver::TcpFan(r) => r.set_bound(bound),
         }
     }
 
@@ -484,6 +504,7 @@ impl Receiver {
             Receiver::InProc(r) => r.send(msg).await,
             Receiver::Shm(r) => r.send(msg).await,
             Receiver::Bridge(r) => r.send(msg).await,
+            Receiver::TcpFan(r) => r.send(msg).await,
         }
     }
 }

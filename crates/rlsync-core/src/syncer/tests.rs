@@ -1825,3 +1825,78 @@ fn reports_need_a_channel_that_carries_them() {
         Err(TransportError::Config { .. })
     ));
 }
+
+/// A TCP fan-out on loopback (the Python API's `tcp_sender` / `tcp_receiver`): patch and bucket versions reach
+/// two receivers bit for bit, each reports what it installed, and the sender waits for both.
+#[test]
+fn weights_and_acks_cross_a_tcp_fan_out() {
+    use crate::transport::{TcpFanConfig, TcpFanReceiver, TcpFanSender};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let keys = simple_keys();
+    let timeout = Duration::from_secs(20);
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 5);
+        let mut states: Vec<StateDict> = (0..2).map(|i| build_state(&keys, true, 30 + i)).collect();
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        tx.settings.part_bytes = 40;
+        let rx = || WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        rt.block_on(async {
+            let listener = TcpFanSender::listen(TcpFanConfig {
+                receivers: 2,
+                token: b"run-token".to_vec(),
+                timeout,
+                ..TcpFanConfig::default()
+            })
+            .await
+            .unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let (ch, c0, c1) = tokio::join!(
+                listener.accept(),
+                TcpFanReceiver::connect(&addr, 0, b"run-token", "r0", timeout),
+                TcpFanReceiver::connect(&addr, 1, b"run-token", "r1", timeout),
+            );
+            let synced = sender.synced_keys();
+            let [s0, s1] = &mut states[..] else {
+                unreachable!()
+            };
+            let (a, b0, b1) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch.unwrap()),
+                rx().init_receiver(s0, c0.unwrap()),
+                rx().init_receiver(s1, c1.unwrap()),
+            );
+            let (mut tx, _) = a.unwrap();
+            let (mut r0, _) = b0.unwrap();
+            let (mut r1, _) = b1.unwrap();
+            r0.set_reports(true);
+            r1.set_reports(true);
+            for v in 1..=3u64 {
+                mutate_synced(&mut sender, v, 40);
+                let (a, b0, b1) = tokio::join!(
+                    async {
+                        tx.sync(&sender, v).await?;
+                        tx.wait_applied().await
+                    },
+                    r0.apply(s0),
+                    r1.apply(s1),
+                );
+                a.unwrap();
+                assert_eq!((b0.unwrap().version, b1.unwrap().version), (v, v));
+                let acked: Vec<(usize, u64)> = tx
+                    .acked()
+                    .into_iter()
+                    .map(|(r, st)| (r, st.version))
+                    .collect();
+                assert_eq!(acked, vec![(0, v), (1, v)]);
+            }
+            let want = tx.checksum(&sender).unwrap();
+            assert_eq!((r0.checksum(s0), r1.checksum(s1)), (want, want));
+            tx.flush().await.unwrap();
+        });
+    }
+}
