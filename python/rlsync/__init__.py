@@ -2,8 +2,8 @@
 
 - :class:`PatchWeightSyncer` / :class:`BucketWeightSyncer` (and :meth:`WeightSyncer.create` from an
   RLinf ``weight_syncer`` config): ``init_sender`` / ``init_receiver`` / ``sync`` / ``apply``, async, over the
-  caller's ``send`` / ``recv`` callables or rlsync's shared-memory channel (:func:`shm_sender`,
-  :func:`shm_receiver`); RLinf's config keys, attributes and ``comm_options`` (:class:`CollectiveGroupOptions`),
+  caller's ``send`` / ``recv`` callables, rlsync's shared-memory channel (:func:`shm_sender`,
+  :func:`shm_receiver`) or its authenticated TCP channel across hosts (:func:`tcp_sender`, :func:`tcp_receiver`); RLinf's config keys, attributes and ``comm_options`` (:class:`CollectiveGroupOptions`),
   FSDP2 / DTensor state dicts on every actor rank, payloads as ``bytes`` or uint8 tensors; per-call
   ``timeout=``, ``stage`` / ``commit`` / ``abort`` on receivers, and on rlsync's channel the receivers'
   acknowledgements (``acked_versions``, ``sync(..., wait="applied")``, ``rejections``).
@@ -45,10 +45,14 @@ from .syncer import (
     SendFn,
     ShmReceiver,
     ShmSender,
+    TcpReceiver,
+    TcpSender,
     WeightSyncer,
     param_names_need_sync,
     shm_receiver,
     shm_sender,
+    tcp_receiver,
+    tcp_sender,
 )
 
 __all__ = [
@@ -63,6 +67,10 @@ __all__ = [
     "ShmReceiver",
     "shm_sender",
     "shm_receiver",
+    "TcpSender",
+    "TcpReceiver",
+    "tcp_sender",
+    "tcp_receiver",
     "param_names_need_sync",
     "checkpoint",
     "load_trainer_state",

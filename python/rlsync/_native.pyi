@@ -70,6 +70,23 @@ class ShmReceiver:
     @property
     def rank(self) -> int: ...
 
+class TcpSender:
+    """The sending end of rlsync's TCP channel (1 -> N across hosts), before a syncer takes it over."""
+
+    @property
+    def receivers(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+
+class TcpReceiver:
+    """A receiving end of rlsync's TCP channel, before a syncer takes it over."""
+
+    @property
+    def rank(self) -> int: ...
+
+def tcp_bind(bind: str, receivers: int, token: bytes, timeout_s: float = 60.0, slots: int = 4) -> TcpSender: ...
+def tcp_connect(addr: str, rank: int, token: bytes, timeout_s: float = 60.0) -> TcpReceiver: ...
+
 class NativeSyncer:
     """A crate ``WeightSyncer`` (patch | bucket) over torch tensors' memory."""
 
@@ -78,12 +95,12 @@ class NativeSyncer:
         self,
         tensors: list[Desc],
         keys_to_sync: list[str],
-        channel: ShmSender | None = None,
+        channel: ShmSender | TcpSender | None = None,
         same_keys: bool = True,
         timeout: float | None = None,
     ) -> Op: ...
     def begin_init_receiver(
-        self, tensors: list[Desc], channel: ShmReceiver | None = None, timeout: float | None = None
+        self, tensors: list[Desc], channel: ShmReceiver | TcpReceiver | None = None, timeout: float | None = None
     ) -> Op: ...
     def begin_sync(
         self, tensors: list[Desc], version: int, timeout: float | None = None, wait_applied: bool = False

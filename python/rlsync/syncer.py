@@ -46,8 +46,12 @@ __all__ = [
     "BucketWeightSyncer",
     "ShmSender",
     "ShmReceiver",
+    "TcpSender",
+    "TcpReceiver",
     "shm_sender",
     "shm_receiver",
+    "tcp_sender",
+    "tcp_receiver",
     "param_names_need_sync",
 ]
 
@@ -58,6 +62,10 @@ RecvFn = Callable[[], Awaitable[Any]]
 
 ShmSender = _native.ShmSender
 ShmReceiver = _native.ShmReceiver
+TcpSender = _native.TcpSender
+TcpReceiver = _native.TcpReceiver
+_CHANNEL_SENDERS = (ShmSender, TcpSender)
+_CHANNEL_RECEIVERS = (ShmReceiver, TcpReceiver)
 
 StateDictLike = Union[Mapping[str, "torch.Tensor"], "torch.nn.Module"]
 
@@ -338,7 +346,7 @@ class WeightSyncer:
         self,
         state_dict: StateDictLike,
         param_names_need_sync: Iterable[str],
-        send: SendFn | ShmSender,
+        send: SendFn | ShmSender | TcpSender,
         recv: RecvFn | None = None,
         is_sender: bool = True,
         timeout: float | None = None,
@@ -348,7 +356,8 @@ class WeightSyncer:
         plan and, for patch with ``init_sync_enabled``, the init bootstrap; then snapshot the synced keys.
 
         ``param_names_need_sync`` are the keys every later :meth:`sync` covers (see
-        :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
+        :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an rlsync channel end
+        (:class:`ShmSender`, :class:`TcpSender`)
         instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
         participant (as RLinf's non-source actor ranks): it consumes what the receivers send it during init
         (RLinf's rollout rank 0 sends its metadata to every actor rank in turn, and waits for each to take it),
@@ -366,7 +375,7 @@ class WeightSyncer:
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not is_sender:
             self._active = False
-            if recv is not None and not isinstance(send, ShmSender):
+            if recv is not None and not isinstance(send, _CHANNEL_SENDERS):
                 # The receivers' metadata, addressed to every actor rank: taken so their sends complete.
                 await recv()
             return
@@ -375,7 +384,7 @@ class WeightSyncer:
         # RLinf's patch syncer checks that both state dicts have the same keys; its bucket syncer loads with
         # strict=False: only the synced keys must match, other keys of either side are left alone.
         same_keys = self._config.get("type") != "bucket"
-        if isinstance(send, ShmSender):
+        if isinstance(send, _CHANNEL_SENDERS):
             self._channel = send
             op = self._native.begin_init_sender(descs, names, send, same_keys, timeout)
             await asyncio.to_thread(op.run)
@@ -388,7 +397,7 @@ class WeightSyncer:
     async def init_receiver(
         self,
         state_dict: StateDictLike | None,
-        recv: RecvFn | ShmReceiver,
+        recv: RecvFn | ShmReceiver | TcpReceiver,
         send: SendFn | None = None,
         timeout: float | None = None,
     ) -> None:
@@ -403,7 +412,7 @@ class WeightSyncer:
             raise ValueError("init_receiver needs the receiver's state_dict")
         descs = self._stage(state_dict)
         self._receiver_state = state_dict
-        if isinstance(recv, ShmReceiver):
+        if isinstance(recv, _CHANNEL_RECEIVERS):
             self._channel = recv
             op = self._native.begin_init_receiver(descs, recv, timeout)
             await asyncio.to_thread(op.run)
@@ -415,7 +424,7 @@ class WeightSyncer:
     async def sync(
         self,
         state_dict: StateDictLike,
-        send: SendFn | ShmSender,
+        send: SendFn | ShmSender | TcpSender,
         version: "int | torch.Tensor",
         *,
         timeout: float | None = None,
@@ -465,7 +474,7 @@ class WeightSyncer:
     async def apply(
         self,
         model: StateDictLike | None = None,
-        recv: RecvFn | ShmReceiver | None = None,
+        recv: RecvFn | ShmReceiver | TcpReceiver | None = None,
         *,
         model_or_state_dict: StateDictLike | None = None,
         timeout: float | None = None,
@@ -500,7 +509,7 @@ class WeightSyncer:
             return await asyncio.to_thread(self._native.begin_apply(descs, timeout).run)
         return await _drive(self._native.begin_apply(descs), None, recv, timeout)
 
-    async def stage(self, recv: RecvFn | ShmReceiver, *, timeout: float | None = None) -> int:
+    async def stage(self, recv: RecvFn | ShmReceiver | TcpReceiver, *, timeout: float | None = None) -> int:
         """Receive the next version and verify it completely without touching the model; it is kept staged in
         rlsync's own memory (a patch's decoded values, or a bucket version's copy) until :meth:`commit` installs
         it or :meth:`abort` drops it. Returns its version. ``timeout`` as in :meth:`apply`. Staging again, or
@@ -826,3 +835,30 @@ async def shm_receiver(socket_path: str, rank: int, *, timeout: float = 60.0) ->
     """Join rlsync's shared-memory channel at ``socket_path`` as receiver ``rank`` (``0..receivers``).
     Pass the result as ``recv`` to :meth:`WeightSyncer.init_receiver` and :meth:`WeightSyncer.apply`."""
     return await asyncio.to_thread(_native.shm_connect, socket_path, rank, timeout)
+
+
+async def tcp_sender(
+    bind: str, receivers: int, *, token: str | bytes, timeout: float = 60.0, slots: int = 4
+) -> TcpSender:
+    """Open rlsync's TCP channel across hosts (1 -> ``receivers``) for a sender: listen on ``bind``
+    (``"host:port"``) and wait until every receiver connected and proved ``token`` (the run's shared secret; it
+    never crosses the wire), each wait bounded by ``timeout`` seconds. A peer without the token is refused and
+    the sender keeps waiting for the right one. Same semantics as :func:`shm_sender`: pass the result as
+    ``send`` to :meth:`WeightSyncer.init_sender` / :meth:`WeightSyncer.sync`; acknowledgements, per-call
+    timeouts, and a receiver whose connection ends named at once (:class:`rlsync.TransportError`)."""
+    return await asyncio.to_thread(_native.tcp_bind, bind, receivers, _token(token), timeout, slots)
+
+
+async def tcp_receiver(addr: str, rank: int, *, token: str | bytes, timeout: float = 60.0) -> TcpReceiver:
+    """Join rlsync's TCP channel at the sender's ``addr`` (``"host:port"``) as receiver ``rank``
+    (``0..receivers``), retrying until the sender listens (bounded by ``timeout``). Pass the result as ``recv``
+    to :meth:`WeightSyncer.init_receiver` and :meth:`WeightSyncer.apply` / :meth:`WeightSyncer.stage`."""
+    return await asyncio.to_thread(_native.tcp_connect, addr, rank, _token(token), timeout)
+
+
+def _token(token: str | bytes) -> bytes:
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, (bytes, bytearray)) or not token:
+        raise ValueError("token must be a non-empty str or bytes (the run's shared secret)")
+    return bytes(token)

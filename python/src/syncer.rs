@@ -89,7 +89,7 @@ enum Channel {
     None,
     /// Bytes carried by the caller's `send`/`recv`.
     Bridge(BridgeIo),
-    /// rlsync's shared-memory channel (ops run to completion on the runtime).
+    /// rlsync's own channel, shared memory or TCP (ops run to completion on the runtime).
     Shm,
 }
 
@@ -354,6 +354,32 @@ impl NativeSyncer {
     }
 }
 
+/// The crate end of an rlsync channel's sending end (`ShmSender` or `TcpSender`).
+fn take_sender(c: &Bound<'_, PyAny>) -> PyResult<transport::Sender> {
+    if let Ok(s) = c.cast::<ShmSender>() {
+        return s.get().take();
+    }
+    if let Ok(s) = c.cast::<crate::tcp::TcpSender>() {
+        return s.get().take();
+    }
+    Err(PyValueError::new_err(
+        "channel must be an rlsync channel's sending end (ShmSender or TcpSender)",
+    ))
+}
+
+/// The crate end of an rlsync channel's receiving end (`ShmReceiver` or `TcpReceiver`).
+fn take_receiver(c: &Bound<'_, PyAny>) -> PyResult<transport::Receiver> {
+    if let Ok(r) = c.cast::<ShmReceiver>() {
+        return r.get().take();
+    }
+    if let Ok(r) = c.cast::<crate::tcp::TcpReceiver>() {
+        return r.get().take();
+    }
+    Err(PyValueError::new_err(
+        "channel must be an rlsync channel's receiving end (ShmReceiver or TcpReceiver)",
+    ))
+}
+
 /// `tensors` in the order of `keys` (matched by name); a missing, unknown or repeated name is an error naming it.
 fn in_order(tensors: Vec<Desc>, keys: &[String]) -> PyResult<Vec<Desc>> {
     let differs = |what: String| {
@@ -483,7 +509,7 @@ impl NativeSyncer {
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
         keys_to_sync: Vec<String>,
-        channel: Option<&Bound<'_, ShmSender>>,
+        channel: Option<&Bound<'_, PyAny>>,
         same_keys: bool,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
@@ -495,7 +521,7 @@ impl NativeSyncer {
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
         let (mut ch, io) = match channel {
-            Some(c) => (c.get().take()?, None),
+            Some(c) => (take_sender(c)?, None),
             None => {
                 let (tx, io) = bridge::bridge_sender();
                 (tx, Some(io))
@@ -531,7 +557,7 @@ impl NativeSyncer {
     fn begin_init_receiver(
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
-        channel: Option<&Bound<'_, ShmReceiver>>,
+        channel: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
         let this = slf.get();
@@ -541,7 +567,7 @@ impl NativeSyncer {
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
         let (mut ch, io) = match channel {
-            Some(c) => (c.get().take()?, None),
+            Some(c) => (take_receiver(c)?, None),
             None => {
                 let (rx, io) = bridge::bridge_receiver();
                 (rx, Some(io))
@@ -1194,7 +1220,7 @@ impl ShmReceiver {
     }
 }
 
-fn timeout(seconds: f64) -> PyResult<Duration> {
+pub(crate) fn timeout(seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds)
         .ok()
         .filter(|d| !d.is_zero())
