@@ -349,6 +349,7 @@ class WeightSyncer:
         send: SendFn | ShmSender | TcpSender,
         recv: RecvFn | None = None,
         is_sender: bool = True,
+        *,
         timeout: float | None = None,
     ) -> None:
         """Sender side of the handshake: read the receiver's metadata (``recv``), check that both state
@@ -399,6 +400,7 @@ class WeightSyncer:
         state_dict: StateDictLike | None,
         recv: RecvFn | ShmReceiver | TcpReceiver,
         send: SendFn | None = None,
+        *,
         timeout: float | None = None,
     ) -> None:
         """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
