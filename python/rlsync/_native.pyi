@@ -128,7 +128,13 @@ class NativeSyncer:
     def last_report(self) -> dict[str, Any]: ...
 
 def shm_bind(
-    socket_path: str | PathLike[str], receivers: int, timeout_s: float = 60.0, slots: int = 4, segment_prefix: str = "rlsync"
+    socket_path: str | PathLike[str],
+    receivers: int,
+    timeout_s: float = 60.0,
+    slots: int = 4,
+    segment_prefix: str = "rlsync",
+    elastic: bool = False,
+    wait_for: int | None = None,
 ) -> ShmSender: ...
 def shm_connect(socket_path: str | PathLike[str], rank: int, timeout_s: float = 60.0) -> ShmReceiver: ...
 def run_worker(argv: list[str], factory: Callable[[str, dict[str, Any]], Any]) -> None: ...

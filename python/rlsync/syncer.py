@@ -825,12 +825,27 @@ class BucketWeightSyncer(WeightSyncer):
 
 
 async def shm_sender(
-    socket_path: str, receivers: int, *, timeout: float = 60.0, slots: int = 4, segment_prefix: str = "rlsync"
+    socket_path: str,
+    receivers: int,
+    *,
+    timeout: float = 60.0,
+    slots: int = 4,
+    segment_prefix: str = "rlsync",
+    elastic: bool = False,
+    wait_for: int | None = None,
 ) -> ShmSender:
     """Open rlsync's shared-memory channel (1 -> ``receivers`` on this host) for a sender: bind the Unix
     socket ``socket_path`` and wait until every receiver joined (each wait bounded by ``timeout`` seconds).
-    Pass the result as ``send`` to :meth:`WeightSyncer.init_sender` and :meth:`WeightSyncer.sync`."""
-    return await asyncio.to_thread(_native.shm_bind, socket_path, receivers, timeout, slots, segment_prefix)
+    Pass the result as ``send`` to :meth:`WeightSyncer.init_sender` and :meth:`WeightSyncer.sync`.
+
+    ``elastic=True``: the channel outlives its receivers. One that dies is dropped (syncs go on to the others;
+    :meth:`WeightSyncer.acked_versions` leaves it out), and a receiver that connects later for a rank (a
+    restart, or a rank that was not there yet: ``wait_for`` receivers suffice to start) is caught up at the
+    sender's next :meth:`WeightSyncer.sync`, by replaying the sender's logged patches when they cover what it
+    holds, else by a full transfer; its :meth:`WeightSyncer.init_receiver` returns once caught up."""
+    return await asyncio.to_thread(
+        _native.shm_bind, socket_path, receivers, timeout, slots, segment_prefix, elastic, wait_for
+    )
 
 
 async def shm_receiver(socket_path: str, rank: int, *, timeout: float = 60.0) -> ShmReceiver:

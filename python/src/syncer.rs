@@ -581,7 +581,24 @@ impl NativeSyncer {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
             }
-            match syncer.init_receiver(&mut st.state, ch).await {
+            // A receiver that joined an elastic channel late (a restart, or after the sender started) is
+            // caught up from the sender's replay log or by a full transfer at its next sync.
+            let made = if ch.joined_late() {
+                syncer
+                    .rejoin_receiver(&mut st.state, ch, 0)
+                    .await
+                    .map(|(end, r)| {
+                        let report = SyncReport {
+                            version: end.version(),
+                            payload_bytes: r.payload_bytes,
+                            ..SyncReport::default()
+                        };
+                        (end, report)
+                    })
+            } else {
+                syncer.init_receiver(&mut st.state, ch).await
+            };
+            match made {
                 Ok((mut end, report)) => match device::push(&dev) {
                     Ok(()) => {
                         end.set_bound(None);
@@ -629,7 +646,11 @@ impl NativeSyncer {
                 return out(End::Sender(sender), Err(e.into()));
             }
             sender.set_bound(bound);
-            let mut result = sender.sync(&st.state, version).await;
+            // Receivers that joined an elastic channel since the last sync are caught up first.
+            let mut result = match sender.rejoin_joined(&st.state).await {
+                Ok(_) => sender.sync(&st.state, version).await,
+                Err(e) => Err(e),
+            };
             if wait_applied && let Ok(report) = result {
                 result = sender.wait_applied().await.map(|()| report);
             }
@@ -1232,8 +1253,11 @@ pub(crate) fn timeout(seconds: f64) -> PyResult<Duration> {
 }
 
 /// Bind the shm channel's socket at `socket_path` and wait (GIL released) until all `receivers` joined.
+/// With `elastic`, receivers may go and (re)join later (caught up at the next sync), and the bind returns once
+/// `wait_for` of them joined (default: all).
 #[pyfunction]
-#[pyo3(signature = (socket_path, receivers, timeout_s = 60.0, slots = 4, segment_prefix = "rlsync".to_string()))]
+#[pyo3(signature = (socket_path, receivers, timeout_s = 60.0, slots = 4, segment_prefix = "rlsync".to_string(), elastic = false, wait_for = None))]
+#[allow(clippy::too_many_arguments)]
 fn shm_bind(
     py: Python<'_>,
     socket_path: std::path::PathBuf,
@@ -1241,6 +1265,8 @@ fn shm_bind(
     timeout_s: f64,
     slots: usize,
     segment_prefix: String,
+    elastic: bool,
+    wait_for: Option<usize>,
 ) -> PyResult<ShmSender> {
     if receivers == 0 {
         return Err(PyValueError::new_err("receivers must be at least 1"));
@@ -1251,11 +1277,13 @@ fn shm_bind(
         receivers,
         timeout: timeout(timeout_s)?,
         slots,
+        elastic,
         ..ShmConfig::default()
     };
+    let wait_for = wait_for.unwrap_or(receivers);
     let rt = runtime::get()?;
     let end = py
-        .detach(|| rt.block_on(CoreShmSender::bind(cfg)))
+        .detach(|| rt.block_on(CoreShmSender::bind_waiting_for(cfg, wait_for)))
         .map_err(|e| transport_error(&e))?;
     Ok(ShmSender {
         end: Mutex::new(Some(end)),

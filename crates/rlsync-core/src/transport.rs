@@ -206,6 +206,10 @@ pub(crate) trait SendBackend {
         let _ = (rank, accept);
         Err(no_reports())
     }
+    /// Ranks whose new receiver joined and was not taken in yet (elastic channels; others: none).
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        Ok(Vec::new())
+    }
     /// Wait (bounded) until any of `ranks` has an upstream message queued.
     async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
         let _ = ranks;
@@ -379,6 +383,21 @@ impl Sender {
             Sender::TcpFan(s) => s.try_recv_from(rank, accept),
             #[cfg(test)]
             Sender::Tap(s) => s.try_recv_from(rank, accept),
+        }
+    }
+
+    /// Ranks whose (new) receiver joined an elastic channel and was not taken in yet by
+    /// [`Sender::wait_joined`], without waiting: each must be caught up (`SyncSender::rejoin`) before it follows
+    /// the others. Empty on channels that are not elastic.
+    pub fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        match self {
+            Sender::InProc(s) => s.joined_ranks(),
+            Sender::Shm(s) => s.joined_ranks(),
+            Sender::Bridge(s) => s.joined_ranks(),
+            Sender::Chain(s) => s.joined_ranks(),
+            Sender::TcpFan(s) => s.joined_ranks(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.joined_ranks(),
         }
     }
 

@@ -458,6 +458,26 @@ impl SyncSender {
         self.ch.set_bound(bound);
     }
 
+    /// Catch up every receiver that joined the (elastic) channel since the last call and asked to rejoin
+    /// ([`WeightSyncer::rejoin_receiver`]), as [`SyncSender::rejoin`] does for one; call it before a `sync`
+    /// (the Python API does at every `sync` on rlsync's channel). A catch-up that fails (the joiner went away
+    /// again) is logged and skipped: the joiner sees its own error. Returns what each one got.
+    pub async fn rejoin_joined(
+        &mut self,
+        state: &StateDict,
+    ) -> Result<Vec<CatchUpReport>, SyncError> {
+        let mut done = Vec::new();
+        for rank in self.ch.joined_ranks()? {
+            match self.rejoin(state, rank).await {
+                Ok(report) => done.push(report),
+                Err(e) => {
+                    tracing::warn!(rank, error = %crate::error_chain(&e), "a late receiver's catch-up failed");
+                }
+            }
+        }
+        Ok(done)
+    }
+
     /// Read the reports receivers sent so far ([`SyncReceiver::set_reports`]) without waiting. Only the
     /// reports are taken: a rejoining receiver's messages stay queued for [`SyncSender::rejoin`].
     pub fn poll_reports(&mut self) -> Result<(), SyncError> {

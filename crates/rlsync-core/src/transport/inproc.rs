@@ -368,6 +368,11 @@ impl SendBackend for InProcSender {
             .await
     }
 
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        self.housekeep()?;
+        Ok(self.fresh.clone())
+    }
+
     fn try_recv_from(
         &mut self,
         rank: usize,

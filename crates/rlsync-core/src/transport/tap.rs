@@ -90,6 +90,10 @@ impl SendBackend for TapSender {
         self.inner.wait_any_from(ranks).await
     }
 
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        self.inner.joined_ranks()
+    }
+
     fn set_bound(&mut self, bound: Option<std::time::Duration>) {
         self.inner.set_bound(bound);
     }
