@@ -1900,3 +1900,47 @@ fn weights_and_acks_cross_a_tcp_fan_out() {
         });
     }
 }
+
+/// `rejoin_joined` before a sync catches up whoever joined since (the Python API's late joiners): nothing
+/// when nobody joined, then the restarted rank, which then follows the next version like the other one.
+#[test]
+fn rejoin_joined_catches_up_whoever_joined_before_the_next_sync() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut cfg = config(&s, &keys);
+        cfg.patch.replay_versions = 4;
+        let mut e = init_elastic(&rt, &keys, &s, 31, 4);
+        for v in 1..=2 {
+            mutate_synced(&mut e.sender, v, 30);
+            sync_live(&rt, &mut e, v);
+        }
+        assert!(
+            rt.block_on(e.tx.rejoin_joined(&e.sender))
+                .unwrap()
+                .is_empty()
+        );
+        let _gone = leave(&mut e, 1);
+        mutate_synced(&mut e.sender, 3, 30);
+        sync_live(&rt, &mut e, 3);
+        let rch = e.joiner.join(1).unwrap();
+        let mut st = build_state(&keys, true, 0x5EED);
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (served, joined) = rt.block_on(async {
+            // The join reaches the sender before it looks.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::join!(
+                e.tx.rejoin_joined(&e.sender),
+                rx.rejoin_receiver(&mut st, rch, 0)
+            )
+        });
+        let served = served.unwrap();
+        assert_eq!(served.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![1]);
+        let (rx, _) = joined.unwrap();
+        e.rxs[1] = Some((rx, st));
+        mutate_synced(&mut e.sender, 4, 30);
+        sync_live(&rt, &mut e, 4);
+        assert_same(&e, &keys, &s);
+    }
+}
