@@ -29,6 +29,7 @@ use super::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, Receiver, RecvBackend, SendBackend, Sender, Target,
     TransportError,
 };
+use crate::bytes::Writer;
 use crate::protocol::auth::{self, AuthError};
 use crate::protocol::frame::{FrameReader, PREFIX_LEN, ReadError, check_len};
 
@@ -411,12 +412,13 @@ impl TcpFanSender {
             )
             .await?;
             for chunk in bytes.chunks(CHUNK) {
-                let prefix = check_len(chunk.len(), CHUNK)
-                    .map_err(|e| protocol(Peer::Sender, e))?
-                    .to_le_bytes();
+                // The chunk is a frame of the crate's one framing, its prefix written apart (no copy of it).
+                let len = check_len(chunk.len(), CHUNK).map_err(|e| protocol(Peer::Sender, e))?;
+                let mut prefix = Writer::with_capacity(PREFIX_LEN);
+                prefix.u32(len);
                 write_parts(
                     writer,
-                    &[&prefix, chunk],
+                    &[prefix.as_slice(), chunk],
                     deadline,
                     timeout,
                     OP_SEND,
