@@ -559,7 +559,8 @@ class WeightSyncer:
     def acked_versions(self) -> dict[int, int]:
         """Sender on rlsync's channel: the version each live receiver reported installing last, by rank (a
         receiver that went away is left out; one that has not installed any version yet is absent). Over your
-        own ``send``/``recv`` this raises :class:`rlsync.RlsyncError`: acknowledgements need an rlsync channel."""
+        own ``send``/``recv`` this raises :class:`rlsync.RlsyncError`: acknowledgements need an rlsync channel;
+        so does calling it while another operation (a ``sync``) runs on this syncer."""
         if not self._active:
             return {}
         return dict(self._native.acked_versions())

@@ -1,7 +1,12 @@
 //! Weight syncers over torch tensors' memory: `NativeSyncer` (the crate end it became: an unready
-//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply, pumped by
-//! Python's async `send`/`recv` or run on the shm channel), and the shm channel ends (`ShmSender`,
-//! `ShmReceiver`).
+//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply / stage / commit /
+//! abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and the shm channel ends
+//! (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
+//!
+//! Per-call timeouts bound the crate end's channel waits (`set_bound`), or, over the caller's `send`/`recv`,
+//! Python's awaits of them (`Op::time_out`); a timeout becomes `rlsync.Timeout` naming what the op awaited
+//! (`Call`). A staged update (`stage`) waits in the syncer for `commit` / `abort`. On rlsync's channel receivers
+//! report what they install, and the sender reads the reports (`acked_versions`, `sync(wait_applied)`).
 //!
 //! Tensors arrive as descriptions `(name, tensor, data_ptr, dtype, shape, strides, device)`; the crate checks
 //! them and borrows their memory ([`BorrowedState`]), so the sender reads them in place and the receiver

@@ -13,6 +13,12 @@
 //! channel, a new receiver may take its rank ([`Sender::wait_joined`]), and a payload may go to one rank only
 //! ([`Sender::send_to_with`]).
 //!
+//! A caller may bound the waits of its next calls further ([`Sender::set_bound`], [`Receiver::set_bound`]: the
+//! Python API's per-call `timeout=`); a wait cut short reports `Timeout` with that bound, and a payload wait
+//! that runs out consumes nothing. Shm, in-process and TCP fan-out senders also hand receivers' upstream
+//! reports out between payloads without waiting ([`Sender::try_recv_from`], [`Sender::wait_any_from`]). The
+//! TCP fan-out ([`TcpFanSender`]) is the 1 → N channel across hosts whose receivers connect to the sender.
+//!
 //! Backends sit behind one internal trait per side ([`SendBackend`], [`RecvBackend`]) and are dispatched through
 //! the [`Sender`]/[`Receiver`] enums, so callers never name a backend after construction.
 //! The transport moves bytes only; it knows nothing about what the payloads mean.

@@ -1,6 +1,7 @@
 //! The receiving end [`SyncReceiver`] (a rollout's): the handshake and init bootstrap that make it
 //! ([`WeightSyncer::init_receiver`], [`WeightSyncer::rejoin_receiver`]), `apply` (receive, verify, install)
-//! and `receive` → [`PendingUpdate::install`] for background no-wait installs.
+//! and `receive` → [`PendingUpdate::install`] for background no-wait installs (or [`SyncReceiver::commit`] /
+//! [`SyncReceiver::decline`], which also report to the sender when [`SyncReceiver::set_reports`] is on).
 
 use super::bucket::PartError;
 use super::*;

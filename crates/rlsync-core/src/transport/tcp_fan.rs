@@ -395,13 +395,15 @@ impl TcpFanSender {
         }
         .encode()
         .map_err(|e| protocol(Peer::Sender, e))?;
-        let deadline = self.fanout.deadline();
-        let timeout = self.fanout.timeout_at(deadline);
         let bytes = buf.bytes(len);
         for &rank in &targets {
             let Some(writer) = self.writers.get_mut(rank).and_then(Option::as_mut) else {
                 continue;
             };
+            // Each write is bounded on its own (a large payload on a slow link takes many), and by the
+            // caller's bound.
+            let deadline = self.fanout.deadline();
+            let timeout = self.fanout.timeout_at(deadline);
             write_parts(
                 writer,
                 &[&publish],
@@ -416,6 +418,8 @@ impl TcpFanSender {
                 let len = check_len(chunk.len(), CHUNK).map_err(|e| protocol(Peer::Sender, e))?;
                 let mut prefix = Writer::with_capacity(PREFIX_LEN);
                 prefix.u32(len);
+                let deadline = self.fanout.deadline();
+                let timeout = self.fanout.timeout_at(deadline);
                 write_parts(
                     writer,
                     &[prefix.as_slice(), chunk],
