@@ -636,7 +636,8 @@ impl NativeSyncer {
         let this = slf.get();
         this.expect(EndKind::Sender, "sync")?;
         let bound = bound(timeout)?;
-        if wait_applied && this.io().is_some() {
+        let on_channel = this.io().is_none();
+        if wait_applied && !on_channel {
             return Err(no_acks("sync(wait=\"applied\")"));
         }
         let tensors = this.in_init_order(tensors)?;
@@ -651,9 +652,18 @@ impl NativeSyncer {
                 return out(End::Sender(sender), Err(e.into()));
             }
             sender.set_bound(bound);
+            // Take the receivers' reports so far (on rlsync's channel), so they never pile up unread.
+            let polled = match on_channel {
+                true => sender.poll_reports(),
+                false => Ok(()),
+            };
             // Receivers that joined an elastic channel since the last sync are caught up first.
-            let mut result = match sender.rejoin_joined(&st.state).await {
-                Ok(_) => sender.sync(&st.state, version).await,
+            let caught_up = match polled {
+                Ok(()) => sender.rejoin_joined(&st.state).await.map(drop),
+                Err(e) => Err(e),
+            };
+            let mut result = match caught_up {
+                Ok(()) => sender.sync(&st.state, version).await,
                 Err(e) => Err(e),
             };
             if wait_applied && let Ok(report) = result {
