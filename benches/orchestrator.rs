@@ -51,7 +51,7 @@ fn run_steps(entry: Entry, cfg: &RunConfig, steps: u64) -> Duration {
         ..RunOptions::default()
     };
     match orchestrator::run(entry, &cfg, dir.path(), opts) {
-        Ok(summary) => Duration::from_secs_f64(summary.wall_s),
+        Ok(summary) => Duration::from_secs_f64(summary.times.loop_s),
         Err(e) => panic!("bench run failed: {e}"),
     }
 }

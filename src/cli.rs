@@ -74,16 +74,16 @@ pub enum UsageError {
         choices: &'static str,
     },
     #[error(
-        "{USAGE}\nrlsync: error: argument entry: invalid choice: '{0}' (choose from 'train_embodied', 'train_async', 'bench_sync')"
+        "{USAGE}\nrlsync: error: argument entry: invalid choice: '{0}' (choose from 'train_embodied', 'train_async', 'bench_sync', 'plot')"
     )]
     UnknownEntry(String),
     #[error(
-        "{USAGE}\nrlsync: error: the following arguments are required: entry (train_embodied, train_async or bench_sync)"
+        "{USAGE}\nrlsync: error: the following arguments are required: entry (train_embodied, train_async, bench_sync or plot)"
     )]
     NoEntry,
 }
 
-const USAGE: &str = "usage: rlsync {train_embodied,train_async,bench_sync} [--help] [--hydra-help] [--version] [--cfg {job,hydra,all}]
+const USAGE: &str = "usage: rlsync {train_embodied,train_async,bench_sync,plot} [--help] [--hydra-help] [--version] [--cfg {job,hydra,all}]
               [--resolve] [--package PACKAGE] [--run] [--multirun] [--shell-completion] [--config-path CONFIG_PATH]
               [--config-name CONFIG_NAME] [--config-dir CONFIG_DIR]
               [--info [{all,config,defaults,defaults-tree,plugins,searchpath}]] [--dry-run]
@@ -224,14 +224,42 @@ pub fn parse_hydra_args(entry: Entry, args: &[String]) -> Result<HydraArgs, Usag
     Ok(out)
 }
 
+/// `rlsync --help`: the usage, every entry point (`plot` among them), `--cleanup` and Hydra's flags.
+fn usage_text() -> String {
+    format!(
+        "{USAGE}\n\nEntry points:\n{ENTRY_POINTS_HELP}\nrlsync --cleanup removes the sockets and shared memory of runs whose orchestrator was killed.\n\nFlags:\n{FLAGS_HELP}\n"
+    )
+}
+
+/// The entry points `rlsync --help` lists, one a line.
+const ENTRY_POINTS_HELP: &str = "  train_embodied  synchronous embodied RL training
+  train_async     asynchronous (overlapped) training
+  bench_sync      weight-sync benchmark
+  plot            learning curves from metrics.jsonl as a PNG: rlsync plot RUN_DIR... [KEYS...] [-o FILE]
+";
+
 fn print_usage() {
-    hydra_compose::stdio::out(format_args!(
-        "{USAGE}\n\nEntry points:\n  train_embodied  synchronous embodied RL training\n  train_async     asynchronous (overlapped) training\n  bench_sync      weight-sync benchmark\n\nrlsync --cleanup removes the sockets and shared memory of runs whose orchestrator was killed.\n\nFlags:\n{FLAGS_HELP}\n"
-    ));
+    hydra_compose::stdio::out(format_args!("{}", usage_text()));
+}
+
+/// When `run` began (the process's start, as far as rlsync can tell): the first job's wall time counts from it.
+static STARTED: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// Where a job's wall time starts: the process's start for the first job, the moment it starts for the later
+/// jobs of a multirun.
+fn job_start() -> std::time::Instant {
+    STARTED
+        .lock()
+        .ok()
+        .and_then(|mut started| started.take())
+        .unwrap_or_else(std::time::Instant::now)
 }
 
 /// Run rlsync with the arguments after the program name.
 pub fn run(args: &[String]) -> anyhow::Result<ExitStatus> {
+    if let Ok(mut started) = STARTED.lock() {
+        started.get_or_insert_with(std::time::Instant::now);
+    }
     match run_args(args) {
         Err(err) => match err.downcast::<UsageError>() {
             // argparse's way: usage and message on stderr, exit status 2.
@@ -513,6 +541,7 @@ fn run_job(entry: Entry, job: &app::PreparedJob) -> anyhow::Result<ExitStatus> {
         job: job.config.to_json(),
         job_log: Some(job.output_dir.join(format!("{job_name}.log"))),
         unused_keys: extracted.ignored.clone(),
+        started: job_start(),
         ..Default::default()
     };
     crate::orchestrator::run(entry, &extracted.config, &job.output_dir, opts)?;
@@ -656,6 +685,26 @@ mod tests {
             parse(&["--info", "nope"]),
             Err(UsageError::InvalidChoice { .. })
         ));
+    }
+
+    #[test]
+    fn help_lists_every_entry_point_plot_included() {
+        let help = usage_text();
+        let section = help
+            .split("Entry points:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .unwrap_or_default();
+        let names: Vec<&str> = section
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .collect();
+        assert_eq!(
+            names,
+            ["train_embodied", "train_async", "bench_sync", "plot"],
+            "{help}"
+        );
+        assert!(help.starts_with("usage: rlsync {train_embodied,train_async,bench_sync,plot}"));
     }
 
     #[test]

@@ -97,8 +97,8 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         {
             problems.push(format!("actor.model.model_type: {e}"));
         }
-        // Python workers on a GPU: asks their interpreter's torch (runs it only when a device is cuda).
-        if let Err(e) = orchestrator::supervisor::device_probe::check(cfg) {
+        // Python workers: their interpreter, asked once, imports rlsync and the entries (and torch on cuda).
+        if let Err(e) = orchestrator::supervisor::interpreter_probe::check(cfg) {
             problems.push(rlsync_core::error_chain(&e));
         }
         if let Some(problem) = nodes

@@ -46,10 +46,10 @@ pub enum OrchestratorError {
         #[source]
         source: crate::learner_exe::NoLearner,
     },
-    #[error("invalid run configuration")]
-    WorkerDevice {
+    #[error("the Python workers cannot start")]
+    PythonWorkers {
         #[source]
-        source: supervisor::device_probe::DeviceProbeError,
+        source: Box<supervisor::interpreter_probe::InterpreterProbeError>,
     },
     #[error("invalid run configuration")]
     Cluster {
@@ -226,6 +226,9 @@ pub struct RunOptions {
     pub job_log: Option<PathBuf>,
     /// Keys of the composed config that rlsync does not read (`config::typed`), listed when the run starts.
     pub unused_keys: Vec<String>,
+    /// When the job started (the summary's wall time counts from it): the process's start for the CLI's first
+    /// job; by default, when these options were made.
+    pub started: std::time::Instant,
 }
 
 impl Default for RunOptions {
@@ -238,6 +241,7 @@ impl Default for RunOptions {
             print_summary: true,
             job_log: None,
             unused_keys: Vec::new(),
+            started: std::time::Instant::now(),
         }
     }
 }
@@ -264,7 +268,11 @@ pub fn unused_keys_line(keys: &[String], cfg: &RunConfig) -> String {
 pub struct LoopTotals {
     pub steps: u64,
     pub env_steps: u64,
-    pub wall_s: f64,
+    /// The loop alone: from after the init bootstrap to its end.
+    pub loop_s: f64,
+    /// The init bootstrap before the loop: its time and payload bytes.
+    pub bootstrap_s: f64,
+    pub bootstrap_bytes: u64,
     /// train_async: chunks generated or in flight when the run ended, never trained on.
     pub unused_at_end: u64,
 }
@@ -297,9 +305,13 @@ pub fn run(
             .map_err(|source| OrchestratorError::NoLearner { source })?;
         opts.worker_exe = Some(exe);
     }
-    // Python workers on a GPU: their torch must see it, or the run stops here rather than inside a worker.
-    supervisor::device_probe::check(cfg)
-        .map_err(|source| OrchestratorError::WorkerDevice { source })?;
+    // Python workers: their interpreter must import rlsync and their entries (and on a GPU, its torch must see
+    // it), or the run stops here, once, rather than inside every worker.
+    supervisor::interpreter_probe::check(cfg).map_err(|source| {
+        OrchestratorError::PythonWorkers {
+            source: Box::new(source),
+        }
+    })?;
     if let Some(reason) = plan::resume_problem(cfg) {
         return Err(OrchestratorError::Config { reason });
     }
@@ -464,6 +476,10 @@ async fn run_in_private_dir(
         plan.start.step,
         progress,
     )?;
+    sink.watch(metrics::canary::StaleSyncCanary::new(
+        cfg.algorithm.stale_clip_fraction,
+        cfg.algorithm.stale_clip_window,
+    ));
     if plan.start.step > 0 {
         tracing::info!(
             "resuming at step {} of {} (weight version {})",
@@ -472,6 +488,7 @@ async fn run_in_private_dir(
             plan.start.version
         );
     }
+    let job_started = opts.started;
     let started = std::time::Instant::now();
     let mut checkpoints = Checkpoints::new(cfg.runner.save_interval, plan.steps);
     let events = supervisor::event_channel();
@@ -500,9 +517,14 @@ async fn run_in_private_dir(
         cluster,
         upstream: None,
     };
+    let startup = std::time::Instant::now();
+    let mut startup_s = None;
+    let mut loop_done = None;
     let result = match Supervisor::start_on(sup_cfg, opts.shutdown, console, events).await {
         Ok(mut sup) => {
+            startup_s = Some(startup.elapsed().as_secs_f64());
             let result = drive(&mut sup, &plan, cfg, &mut sink, &mut checkpoints).await;
+            loop_done = Some(std::time::Instant::now());
             if let (Err(OrchestratorError::Interrupted { .. }), false) =
                 (&result, cfg.runner.only_eval)
             {
@@ -527,17 +549,30 @@ async fn run_in_private_dir(
                 .iter()
                 .filter_map(|r| r.get_f64("rollout/env_steps"))
                 .sum::<f64>() as u64;
+            // The loop's time is unknown here: from the start-up's end, bootstrap included.
+            let after_startup = started.elapsed().as_secs_f64() - startup_s.unwrap_or(0.0);
             let totals = LoopTotals {
                 steps: sink.history.len() as u64,
                 env_steps,
-                wall_s: started.elapsed().as_secs_f64(),
-                unused_at_end: 0,
+                loop_s: after_startup.max(0.0),
+                ..LoopTotals::default()
             };
             (totals, Some(err))
         }
         Err(err) => return Err(err),
     };
-    let mut summary = RunSummary::from_records(&sink.history, totals.wall_s, totals.env_steps);
+    let times = metrics::summary::RunTimes {
+        wall_s: job_started.elapsed().as_secs_f64(),
+        before_s: startup.saturating_duration_since(job_started).as_secs_f64(),
+        startup_s: startup_s.unwrap_or(0.0),
+        shutdown_s: loop_done.map_or(0.0, |done| done.elapsed().as_secs_f64()),
+        bootstrap_s: totals.bootstrap_s,
+        loop_s: totals.loop_s,
+    };
+    let mut summary = RunSummary::from_records(&sink.history, times, totals.env_steps);
+    if totals.bootstrap_bytes > 0 {
+        summary.bootstrap_bytes = totals.bootstrap_bytes;
+    }
     summary.checkpoint = checkpoints.last.map(|saved| saved.dir);
     summary.run_dir = Some(run_dir.clone());
     summary.metrics_file = Some(sink.metrics_file.clone());

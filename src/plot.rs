@@ -367,6 +367,7 @@ fn panel(area: &Area<'_>, runs: &[Run], key: &str) -> Result<(), Box<dyn std::er
     } else {
         y0.abs().max(1.0) * 0.1
     };
+    let y_step = ((y1 + pad) - (y0 - pad)) / Y_LABELS as f64;
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 20))
         .margin(12)
@@ -379,7 +380,8 @@ fn panel(area: &Area<'_>, runs: &[Run], key: &str) -> Result<(), Box<dyn std::er
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
         .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| short_number(*v))
+        .y_labels(Y_LABELS)
+        .y_label_formatter(&|v| tick_label(*v, y_step))
         .draw()?;
     for (i, (run, points)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
@@ -405,8 +407,12 @@ fn panel(area: &Area<'_>, runs: &[Run], key: &str) -> Result<(), Box<dyn std::er
     Ok(())
 }
 
-/// A tick label short enough for the axis: `1.5M`, `20k`, `0.25`, `-4.2`.
-fn short_number(v: f64) -> String {
+/// Labels plotters draws on the y axis at most (its default): ticks are at least the range / this apart.
+const Y_LABELS: usize = 10;
+
+/// A tick label short enough for the axis (`1.5M`, `20k`, `0.25`, `-4.2`) with the digits that tell it from its
+/// neighbours `step` away (ticks of `sync/bytes` 10 apart near 40 500 read `40.51k`, `40.52k`, not all `40.5k`).
+fn tick_label(v: f64, step: f64) -> String {
     let a = v.abs();
     let trim = |s: String| {
         if s.contains('.') {
@@ -415,18 +421,30 @@ fn short_number(v: f64) -> String {
             s
         }
     };
-    if a >= 1e9 {
-        format!("{}G", trim(format!("{:.2}", v / 1e9)))
+    // (unit, suffix, decimals the unit shows at least)
+    let (unit, suffix, least) = if a >= 1e9 {
+        (1e9, "G", 2)
     } else if a >= 1e6 {
-        format!("{}M", trim(format!("{:.2}", v / 1e6)))
+        (1e6, "M", 2)
     } else if a >= 1e4 {
-        format!("{}k", trim(format!("{:.1}", v / 1e3)))
+        (1e3, "k", 1)
     } else if a >= 100.0 || a == 0.0 {
-        format!("{v:.0}")
+        (1.0, "", 0)
     } else {
-        // A tick a rounding error below zero reads as 0, not -0.
-        let s = trim(format!("{v:.3}"));
-        if s == "-0" { "0".to_owned() } else { s }
+        (1.0, "", 3)
+    };
+    // Enough decimals that `step` (in the unit) changes the last one shown, plus one for steps like 0.25.
+    let needed = if step.is_finite() && step > 0.0 {
+        ((-(step / unit).log10()).ceil() + 1.0).clamp(0.0, 12.0) as usize
+    } else {
+        0
+    };
+    let s = trim(format!("{:.*}", least.max(needed), v / unit));
+    // A tick a rounding error below zero reads as 0, not -0.
+    if s == "-0" {
+        "0".to_owned()
+    } else {
+        format!("{s}{suffix}")
     }
 }
 
@@ -542,12 +560,46 @@ mod tests {
 
     #[test]
     fn tick_labels_stay_short() {
-        assert_eq!(short_number(1_500_000.0), "1.5M");
-        assert_eq!(short_number(20_000.0), "20k");
-        assert_eq!(short_number(0.25), "0.25");
-        assert_eq!(short_number(-4.2), "-4.2");
-        assert_eq!(short_number(150.0), "150");
-        assert_eq!(short_number(0.0), "0");
-        assert_eq!(short_number(-1e-17), "0");
+        // Ticks far apart: the short forms.
+        let coarse = f64::INFINITY;
+        assert_eq!(tick_label(1_500_000.0, coarse), "1.5M");
+        assert_eq!(tick_label(20_000.0, coarse), "20k");
+        assert_eq!(tick_label(0.25, coarse), "0.25");
+        assert_eq!(tick_label(-4.2, coarse), "-4.2");
+        assert_eq!(tick_label(150.0, coarse), "150");
+        assert_eq!(tick_label(0.0, coarse), "0");
+        assert_eq!(tick_label(-1e-17, 0.1), "0");
+        assert_eq!(tick_label(2_000_000.0, 500_000.0), "2M");
+    }
+
+    #[test]
+    fn close_ticks_get_the_digits_that_tell_them_apart() {
+        // `sync/bytes` of a run whose syncs all send about 40.5 kB: before, every tick read "40.5k".
+        for (ticks, step) in [
+            (&[40_500.0, 40_510.0, 40_520.0, 40_530.0][..], 10.0),
+            (&[40_500.0, 40_502.0, 40_504.0][..], 2.0),
+            (&[1_230_000.0, 1_230_500.0, 1_231_000.0][..], 500.0),
+            (&[150.1, 150.2, 150.3][..], 0.1),
+            (&[0.2501, 0.2502, 0.2503][..], 0.0001),
+            (&[7.5e9, 7.5025e9, 7.505e9][..], 2.5e6),
+        ] {
+            let labels: Vec<String> = ticks.iter().map(|&v| tick_label(v, step)).collect();
+            let mut distinct = labels.clone();
+            distinct.dedup();
+            assert_eq!(distinct.len(), labels.len(), "{labels:?}");
+            // Each label reads back as its tick, to within a tenth of the step.
+            for (label, &v) in labels.iter().zip(ticks) {
+                let (digits, unit) = match label.chars().last() {
+                    Some('k') => (&label[..label.len() - 1], 1e3),
+                    Some('M') => (&label[..label.len() - 1], 1e6),
+                    Some('G') => (&label[..label.len() - 1], 1e9),
+                    _ => (label.as_str(), 1.0),
+                };
+                let back: f64 = digits.parse::<f64>().unwrap() * unit;
+                assert!((back - v).abs() <= step / 10.0, "{label} for {v}");
+            }
+        }
+        assert_eq!(tick_label(40_510.0, 10.0), "40.51k");
+        assert_eq!(tick_label(40_500.0, 10.0), "40.5k");
     }
 }

@@ -593,6 +593,28 @@ fn usage_errors_exit_2_with_argparses_wording() {
     }
 }
 
+/// `rlsync --help` lists `plot` with the other entry points.
+#[test]
+fn top_level_help_lists_plot_among_the_entry_points() {
+    let dir = Dir::new();
+    let out = dir.run(&["--help"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let entries = out
+        .stdout
+        .split("Entry points:\n")
+        .nth(1)
+        .unwrap_or_default();
+    for name in ["train_embodied", "train_async", "bench_sync", "plot"] {
+        assert!(
+            entries
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{name} "))),
+            "{name} missing from:\n{}",
+            out.stdout
+        );
+    }
+}
+
 #[test]
 fn an_override_typo_keeps_hydras_message_and_suggests_the_key() {
     let dir = Dir::new();

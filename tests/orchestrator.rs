@@ -133,6 +133,31 @@ fn check_embodied(kind: SyncerKind) {
         );
     }
     assert_eq!(rows[0]["sync/kind"], "init");
+    // The bootstrap's time is its own key, not the first step's sync time.
+    assert!(rows[0]["time/init_weights"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[0]["time/sync_weights"].as_f64(), Some(0.0));
+    // The summary: per-step syncs without the bootstrap, and each part of the run's time apart.
+    assert_eq!((summary.syncs, summary.verified_syncs), (9, 9));
+    let t = summary.times;
+    assert!(
+        t.startup_s > 0.0 && t.bootstrap_s > 0.0 && t.loop_s > 0.0,
+        "{t:?}"
+    );
+    let parts = t.before_s + t.startup_s + t.bootstrap_s + t.loop_s + t.shutdown_s;
+    assert!(t.wall_s >= parts && t.shutdown_s > 0.0, "{t:?}");
+    assert_eq!(
+        Some(summary.bootstrap_bytes),
+        rows[0]["sync/bytes"].as_u64()
+    );
+    let per_step: Vec<f64> = rows[1..]
+        .iter()
+        .map(|r| r["time/sync_weights"].as_f64().unwrap() * 1e3)
+        .collect();
+    let max = per_step.iter().copied().fold(0.0, f64::max);
+    assert!((summary.sync_ms_max - max).abs() < 1e-9, "{summary:?}");
+    assert!(summary.sync_ms_p50 <= max && summary.sync_ms_mean <= max);
+    let loop_rate = summary.env_steps as f64 / t.loop_s;
+    assert!((summary.loop_env_steps_per_s - loop_rate).abs() < 1e-6 * loop_rate);
     let later = if kind == SyncerKind::Patch {
         "patch"
     } else {

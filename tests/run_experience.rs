@@ -135,6 +135,67 @@ fn dry_run_and_the_run_report_the_keys_rlsync_does_not_use() {
     );
 }
 
+/// Issue 26: the summary's figures mean what they say: the job's wall time from start to end, the workers'
+/// start-up, the init bootstrap and the loop apart, throughput over the loop, per-step syncs without the bootstrap.
+#[test]
+fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
+    let dir = Dir::new();
+    let started = std::time::Instant::now();
+    let out = run(&dir, &["hydra.run.dir=run", "runner.max_steps=4"]);
+    let elapsed = started.elapsed().as_secs_f64();
+    let stdout = out.ok();
+    let row = |name: &str| -> Vec<f64> {
+        let line = stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{stdout}"));
+        line[line.find(name).unwrap() + name.len()..]
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let wall = row("wall time (start to end)")[0];
+    let parts: Vec<f64> = [
+        "config and checks",
+        "workers' start-up",
+        "init bootstrap",
+        "loop time",
+        "shutdown",
+    ]
+    .iter()
+    .map(|name| row(name)[0])
+    .collect();
+    // Printed rounded to 10 ms: it may round up past the process's exit by 5 ms.
+    assert!(
+        wall <= elapsed + 0.01,
+        "wall {wall} s, the process took {elapsed} s"
+    );
+    // The parts add up to the whole (each rounded to 10 ms; between them only bookkeeping).
+    let sum: f64 = parts.iter().sum();
+    assert!(
+        (wall - sum).abs() <= 0.03 + 0.05 * wall && parts[1] > 0.0,
+        "{stdout}"
+    );
+    assert!(row("loop throughput")[0] > 0.0, "{stdout}");
+    // 4 steps, a sync before each but the first (whose weights are the bootstrap's).
+    assert_eq!(
+        row("syncs after the bootstrap (verified)"),
+        [3.0, 3.0],
+        "{stdout}"
+    );
+    let sync = row("sync time mean / p50 / max");
+    assert_eq!(sync.len(), 3, "{stdout}");
+    assert!(sync[0] <= sync[2] && sync[1] <= sync[2], "{stdout}");
+    let first = &rows(&dir.join("run/metrics.jsonl"))[0];
+    assert!(
+        first["time/init_weights"].as_f64().unwrap() > 0.0,
+        "{first:?}"
+    );
+    assert_eq!(first["time/sync_weights"].as_f64(), Some(0.0), "{first:?}");
+    // No trainer of the synthetic workload reports a clip fraction: the canary stays quiet.
+    assert!(!out.stderr.contains("stale weights?"), "{}", out.stderr);
+}
+
 #[test]
 fn without_a_terminal_the_run_logs_progress_worker_output_and_a_summary_naming_its_files() {
     let dir = Dir::new();

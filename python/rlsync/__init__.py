@@ -2,9 +2,11 @@
 
 - :class:`PatchWeightSyncer` / :class:`BucketWeightSyncer` (and :meth:`WeightSyncer.create` from an
   RLinf ``weight_syncer`` config): ``init_sender`` / ``init_receiver`` / ``sync`` / ``apply``, async, over the
-  caller's ``send`` / ``recv`` callables or rlsync's shared-memory channel (:func:`shm_sender`,
-  :func:`shm_receiver`); RLinf's config keys, attributes and ``comm_options`` (:class:`CollectiveGroupOptions`),
-  FSDP2 / DTensor state dicts on every actor rank, payloads as ``bytes`` or uint8 tensors.
+  caller's ``send`` / ``recv`` callables, rlsync's shared-memory channel (:func:`shm_sender`,
+  :func:`shm_receiver`) or its authenticated TCP channel across hosts (:func:`tcp_sender`, :func:`tcp_receiver`); RLinf's config keys, attributes and ``comm_options`` (:class:`CollectiveGroupOptions`),
+  FSDP2 / DTensor state dicts on every actor rank, payloads as ``bytes`` or uint8 tensors; per-call
+  ``timeout=``, ``stage`` / ``commit`` / ``abort`` on receivers, and on rlsync's channel the receivers'
+  acknowledgements (``acked_versions``, ``sync(..., wait="applied")``, ``rejections``).
 - :func:`param_names_need_sync`: trainable parameters (tied aliases included) and persistent buffers.
 - :mod:`rlsync.worker`: run your PyTorch trainer and Python simulator as rlsync's workers
   (``worker@actor.worker=python``); :mod:`rlsync.checkpoint` / :func:`load_trainer_state`: a trainer's own
@@ -14,7 +16,8 @@
 - Same-host GPU channel (:mod:`rlsync.ipc`): :func:`cuda_ipc_sender` / :func:`cuda_ipc_receiver` share the
   patches device to device with receiver processes of the host (CUDA IPC, acks over a 0600 Unix socket).
 - Errors: :class:`RlsyncError` and its subclasses :class:`PayloadRejected` (weights and version untouched),
-  :class:`HandshakeError`, :class:`TransportError`, :class:`CudaError` (no CUDA backend, driver or device);
+  :class:`HandshakeError`, :class:`TransportError` (and its :class:`Timeout`: a per-call ``timeout=`` or the
+  channel's bound ran out, naming what was awaited), :class:`CudaError` (no CUDA backend, driver or device);
   bad tensors (other devices, non-contiguous, overlapping views, unsupported dtypes) raise ``ValueError``
   naming the key.
 
@@ -26,6 +29,7 @@ from ._native import (
     HandshakeError,
     PayloadRejected,
     RlsyncError,
+    Timeout,
     TransportError,
     __version__,
     cuda_available,
@@ -41,10 +45,14 @@ from .syncer import (
     SendFn,
     ShmReceiver,
     ShmSender,
+    TcpReceiver,
+    TcpSender,
     WeightSyncer,
     param_names_need_sync,
     shm_receiver,
     shm_sender,
+    tcp_receiver,
+    tcp_sender,
 )
 
 __all__ = [
@@ -59,6 +67,10 @@ __all__ = [
     "ShmReceiver",
     "shm_sender",
     "shm_receiver",
+    "TcpSender",
+    "TcpReceiver",
+    "tcp_sender",
+    "tcp_receiver",
     "param_names_need_sync",
     "checkpoint",
     "load_trainer_state",
@@ -66,6 +78,7 @@ __all__ = [
     "PayloadRejected",
     "HandshakeError",
     "TransportError",
+    "Timeout",
     "CudaError",
     "cuda_available",
     "ipc",

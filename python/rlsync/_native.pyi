@@ -27,6 +27,20 @@ class HandshakeError(RlsyncError):
 class TransportError(RlsyncError):
     """Moving bytes failed: the caller's send/recv raised, a peer went away or a wait timed out."""
 
+class Timeout(TransportError):
+    """A per-call or channel bound ran out; weights and version are untouched."""
+
+    awaited: str
+    """What was awaited, e.g. "payload of version after 3 from the sender", "ack of version 4 from receiver rank 2"."""
+    rank: int | None
+    """The one receiver rank waited on (``None``: the sender, or several ranks)."""
+    ranks: list[int]
+    """Every receiver rank waited on (empty: the sender)."""
+    version: int | None
+    """The version the wait was about, when known (``None`` for the next version a receiver awaits)."""
+    seconds: float
+    """The bound that ran out."""
+
 class CudaError(RlsyncError):
     """CUDA tensors could not be synced: a build without CUDA, no driver, no such device, or a driver call failed."""
 
@@ -41,6 +55,7 @@ class Op:
     def sent(self) -> None: ...
     def deliver(self, payload: bytes) -> None: ...
     def fail(self, reason: str) -> None: ...
+    def time_out(self, seconds: float) -> None: ...
     def run(self) -> int: ...
 
 class ShmSender:
@@ -55,6 +70,23 @@ class ShmReceiver:
     @property
     def rank(self) -> int: ...
 
+class TcpSender:
+    """The sending end of rlsync's TCP channel (1 -> N across hosts), before a syncer takes it over."""
+
+    @property
+    def receivers(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+
+class TcpReceiver:
+    """A receiving end of rlsync's TCP channel, before a syncer takes it over."""
+
+    @property
+    def rank(self) -> int: ...
+
+def tcp_bind(bind: str, receivers: int, token: bytes, timeout_s: float = 60.0, slots: int = 4) -> TcpSender: ...
+def tcp_connect(addr: str, rank: int, token: bytes, timeout_s: float = 60.0) -> TcpReceiver: ...
+
 class NativeSyncer:
     """A crate ``WeightSyncer`` (patch | bucket) over torch tensors' memory."""
 
@@ -63,17 +95,31 @@ class NativeSyncer:
         self,
         tensors: list[Desc],
         keys_to_sync: list[str],
-        channel: ShmSender | None = None,
+        channel: ShmSender | TcpSender | None = None,
         same_keys: bool = True,
-        described: bool = False,
-        after: int = 0,
+        described_after: int | None = None,
+        timeout: float | None = None,
     ) -> Op: ...
     def begin_init_receiver(
-        self, tensors: list[Desc], channel: ShmReceiver | None = None, described: bool = False
+        self,
+        tensors: list[Desc],
+        channel: ShmReceiver | TcpReceiver | None = None,
+        described: bool = False,
+        timeout: float | None = None,
     ) -> Op: ...
-    def begin_sync(self, tensors: list[Desc], version: int) -> Op: ...
-    def begin_apply(self, tensors: list[Desc]) -> Op: ...
-    def begin_flush(self) -> Op: ...
+    def begin_sync(
+        self, tensors: list[Desc], version: int, timeout: float | None = None, wait_applied: bool = False
+    ) -> Op: ...
+    def begin_apply(self, tensors: list[Desc], timeout: float | None = None) -> Op: ...
+    def begin_stage(self, timeout: float | None = None) -> Op: ...
+    def begin_commit(self, tensors: list[Desc]) -> Op: ...
+    def begin_abort(self, reason: str) -> Op: ...
+    def begin_flush(self, timeout: float | None = None) -> Op: ...
+    @property
+    def staged_version(self) -> int | None: ...
+    def acked_versions(self) -> dict[int, int]: ...
+    def rejections(self) -> dict[int, int]: ...
+    def last_rejection(self) -> tuple[int, int, str] | None: ...
     @property
     def version(self) -> int: ...
     @property
@@ -89,7 +135,13 @@ class NativeSyncer:
     def last_report(self) -> dict[str, Any]: ...
 
 def shm_bind(
-    socket_path: str | PathLike[str], receivers: int, timeout_s: float = 60.0, slots: int = 4, segment_prefix: str = "rlsync"
+    socket_path: str | PathLike[str],
+    receivers: int,
+    timeout_s: float = 60.0,
+    slots: int = 4,
+    segment_prefix: str = "rlsync",
+    elastic: bool = False,
+    wait_for: int | None = None,
 ) -> ShmSender: ...
 def shm_connect(socket_path: str | PathLike[str], rank: int, timeout_s: float = 60.0) -> ShmReceiver: ...
 def run_worker(argv: list[str], factory: Callable[[str, dict[str, Any]], Any]) -> None: ...

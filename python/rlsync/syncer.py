@@ -46,8 +46,12 @@ __all__ = [
     "BucketWeightSyncer",
     "ShmSender",
     "ShmReceiver",
+    "TcpSender",
+    "TcpReceiver",
     "shm_sender",
     "shm_receiver",
+    "tcp_sender",
+    "tcp_receiver",
     "param_names_need_sync",
 ]
 
@@ -58,6 +62,10 @@ RecvFn = Callable[[], Awaitable[Any]]
 
 ShmSender = _native.ShmSender
 ShmReceiver = _native.ShmReceiver
+TcpSender = _native.TcpSender
+TcpReceiver = _native.TcpReceiver
+_CHANNEL_SENDERS = (ShmSender, TcpSender)
+_CHANNEL_RECEIVERS = (ShmReceiver, TcpReceiver)
 
 StateDictLike = Union[Mapping[str, "torch.Tensor"], "torch.nn.Module"]
 
@@ -185,8 +193,35 @@ def _tensor_send(send: SendFn) -> SendFn:
     return send_tensor
 
 
-async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> int:
-    """Pump a bridge op: run it until it needs ``send`` / ``recv``, await those, repeat until done."""
+def _check_timeout(timeout: float | None) -> float | None:
+    """A per-call bound: ``None`` (the channel's own) or a positive number of seconds."""
+    if timeout is None:
+        return None
+    t = float(timeout)
+    if not t > 0 or t == float("inf"):
+        raise ValueError(f"timeout must be None or a positive number of seconds, got {timeout!r}")
+    return t
+
+
+class _TimedOut(Exception):
+    """The caller's ``send`` / ``recv`` did not complete within the call's ``timeout``."""
+
+
+async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None, timeout: float | None = None) -> int:
+    """Pump a bridge op: run it until it needs ``send`` / ``recv``, await those, repeat until done. With
+    ``timeout``, the awaits of the caller's ``send`` / ``recv`` together are bounded by it: when it runs out the
+    op ends with :class:`rlsync.Timeout` (the syncer stays usable, weights and version untouched)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+
+    async def bounded(awaitable: Awaitable[Any]) -> Any:
+        if deadline is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            raise _TimedOut() from None
+
     try:
         while True:
             kind, payload = op.step()
@@ -195,12 +230,19 @@ async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None) -> in
             if kind == "send":
                 if send is None:
                     raise ValueError("this operation needs a send function")
-                await send(payload)
+                await bounded(send(payload))
                 op.sent()
             else:
                 if recv is None:
                     raise ValueError("this operation needs a recv function")
-                op.deliver(_as_bytes(await recv()))
+                op.deliver(_as_bytes(await bounded(recv())))
+    except _TimedOut:
+        # The op's pending wait ends with a timeout naming the far end; step() raises rlsync.Timeout.
+        op.time_out(timeout)
+        while True:
+            kind, payload = op.step()
+            if kind == "done":  # pragma: no cover - a timed-out op cannot finish successfully
+                return payload
     except BaseException as exc:
         if not op.finished:
             # End the op cleanly so the syncer comes back (weights and version untouched), then re-raise.
@@ -310,16 +352,19 @@ class WeightSyncer:
         self,
         state_dict: StateDictLike,
         param_names_need_sync: Iterable[str],
-        send: SendFn | ShmSender,
+        send: SendFn | ShmSender | TcpSender,
         recv: RecvFn | None = None,
         is_sender: bool = True,
+        *,
+        timeout: float | None = None,
     ) -> None:
         """Sender side of the handshake: read the receiver's metadata (``recv``), check that both state
         dicts match (first differing key, shape or dtype named in :class:`rlsync.HandshakeError`), send the
         plan and, for patch with ``init_sync_enabled``, the init bootstrap; then snapshot the synced keys.
 
         ``param_names_need_sync`` are the keys every later :meth:`sync` covers (see
-        :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an :class:`ShmSender`
+        :func:`param_names_need_sync`; tied aliases fold into one). ``send`` may be an rlsync channel end
+        (:class:`ShmSender`, :class:`TcpSender`)
         instead of a function (then ``recv`` is not needed). ``is_sender=False`` makes this rank a silent
         participant (as RLinf's non-source actor ranks): it consumes what the receivers send it during init
         (RLinf's rollout rank 0 sends its metadata to every actor rank in turn, and waits for each to take it),
@@ -329,11 +374,15 @@ class WeightSyncer:
         of their mesh calls ``init_sender`` and each :meth:`sync` (those with ``is_sender=False`` too), and each
         call gathers the full tensors there (``full_tensor()``, one all-gather per DTensor in the state dict's
         order) before only the sender sends them. Receivers take plain tensors.
+
+        ``timeout`` bounds the whole init in seconds (``None``: the channel's own bound; with your own
+        ``send``/``recv``, the awaits of them), raising :class:`rlsync.Timeout` when it runs out.
         """
+        timeout = _check_timeout(timeout)
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not is_sender:
             self._active = False
-            if recv is not None and not isinstance(send, ShmSender):
+            if recv is not None and not isinstance(send, _CHANNEL_SENDERS):
                 # The receivers' metadata, addressed to every actor rank: taken so their sends complete.
                 await recv()
             return
@@ -342,19 +391,22 @@ class WeightSyncer:
         # RLinf's patch syncer checks that both state dicts have the same keys; its bucket syncer loads with
         # strict=False: only the synced keys must match, other keys of either side are left alone.
         same_keys = self._config.get("type") != "bucket"
-        if isinstance(send, ShmSender):
+        if isinstance(send, _CHANNEL_SENDERS):
             self._channel = send
-            op = self._native.begin_init_sender(descs, names, send, same_keys)
+            op = self._native.begin_init_sender(descs, names, send, same_keys, timeout=timeout)
             await asyncio.to_thread(op.run)
             return
         if recv is None:
             if self._config.get("type") != "bucket":
                 raise ValueError("init_sender needs a recv function: the receiver's metadata comes through it")
-            await self._init_described_sender(descs, names, send)
+            await self._init_described_sender(descs, names, send, timeout)
             return
-        await _drive(self._native.begin_init_sender(descs, names, None, same_keys), self._send(send), recv)
+        op = self._native.begin_init_sender(descs, names, None, same_keys, timeout=timeout)
+        await _drive(op, self._send(send), recv, timeout)
 
-    async def _init_described_sender(self, descs: list[tuple], names: list[str], send: SendFn) -> None:
+    async def _init_described_sender(
+        self, descs: list[tuple], names: list[str], send: SendFn, timeout: float | None = None
+    ) -> None:
         """Bucket sender without a handshake (RLinf's ``init_sender`` without ``recv``): nothing is exchanged;
         every :meth:`sync` sends a manifest first. Made again (RLinf may call ``init_sender`` twice), it
         continues the sequence of the one it replaces, so its receivers take its versions."""
@@ -362,11 +414,13 @@ class WeightSyncer:
         if self._described_sender and self._native.end == "sender":
             after = self._native.sequence
             self._native = _native.NativeSyncer(json.dumps(self._config), self._threads)
-        op = self._native.begin_init_sender(descs, names, None, False, True, after)
-        await _drive(op, self._send(send), None)
+        op = self._native.begin_init_sender(descs, names, None, False, described_after=after)
+        await _drive(op, self._send(send), None, timeout)
         self._described_sender = True
 
-    async def _init_described_receiver(self, state_dict: StateDictLike, recv: RecvFn) -> None:
+    async def _init_described_receiver(
+        self, state_dict: StateDictLike, recv: RecvFn, timeout: float | None = None
+    ) -> None:
         """Bucket receiver without a handshake (RLinf's ``init_receiver`` without ``send``): nothing is
         exchanged; each version's manifest names its keys. On an object that already sends, the receiving end
         is a second one beside it."""
@@ -374,39 +428,64 @@ class WeightSyncer:
         if native.end != "uninitialised":
             native = _native.NativeSyncer(json.dumps(self._config), self._threads)
         descs = self._stage(state_dict, native)
-        await _drive(native.begin_init_receiver(descs, None, True), None, recv)
+        await _drive(native.begin_init_receiver(descs, None, described=True), None, recv, timeout)
         if native is not self._native:
             self._rx_native = native
 
     async def init_receiver(
         self,
         state_dict: StateDictLike | None,
-        recv: RecvFn | ShmReceiver,
+        recv: RecvFn | ShmReceiver | TcpReceiver,
         send: SendFn | None = None,
+        *,
+        timeout: float | None = None,
     ) -> None:
         """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
         ``send``, receive the plan and, for patch with ``init_sync_enabled``, install the init bootstrap.
-        ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed)."""
+        ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed); on
+        rlsync's channel the receiver then reports every version it installs to the sender
+        (:meth:`acked_versions`). ``timeout`` bounds the whole init (see :meth:`apply`). ``state_dict`` is
+        what :meth:`commit` installs into by default."""
+        timeout = _check_timeout(timeout)
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
         descs = self._stage(state_dict)
-        if isinstance(recv, ShmReceiver):
+        self._receiver_state = state_dict
+        if isinstance(recv, _CHANNEL_RECEIVERS):
             self._channel = recv
-            op = self._native.begin_init_receiver(descs, recv)
+            op = self._native.begin_init_receiver(descs, recv, timeout=timeout)
             await asyncio.to_thread(op.run)
             return
         if send is None:
             if self._config.get("type") != "bucket":
                 raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
-            await self._init_described_receiver(state_dict, recv)
+            await self._init_described_receiver(state_dict, recv, timeout)
             return
-        await _drive(self._native.begin_init_receiver(descs, None), self._send(send), recv)
+        await _drive(self._native.begin_init_receiver(descs, None, timeout=timeout), self._send(send), recv, timeout)
 
-    async def sync(self, state_dict: StateDictLike, send: SendFn | ShmSender, version: "int | torch.Tensor") -> None:
+    async def sync(
+        self,
+        state_dict: StateDictLike,
+        send: SendFn | ShmSender | TcpSender,
+        version: "int | torch.Tensor",
+        *,
+        timeout: float | None = None,
+        wait: str | None = None,
+    ) -> None:
         """Send ``version`` of the synced keys (patch: the changes since the last sync; bucket: all of them).
         ``version`` is any integer >= 0 (or a 0-d integer tensor), as RLinf uses it: 0 first, the same version
         again, jumps. Payloads are ordered by an internal sequence number (one more per ``sync``), so a replayed
-        or older payload is still rejected by the receiver."""
+        or older payload is still rejected by the receiver.
+
+        ``wait="applied"`` (rlsync's channel only) returns once every live receiver reported installing this
+        version (a receiver that aborted it raises :class:`rlsync.RlsyncError` naming it). ``timeout`` bounds
+        the whole call in seconds (``None``: the channel's own bound per wait); when it runs out,
+        :class:`rlsync.Timeout` names what was awaited (a payload slot's release, or the ack of ``version``
+        from the ranks still missing). A sync that times out before its payload went out changes nothing; one
+        that times out later counts as sent: a receiver that missed a patch rejects the patches after it."""
+        timeout = _check_timeout(timeout)
+        if wait not in (None, "applied"):
+            raise ValueError(f"wait must be None or 'applied', got {wait!r}")
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not self._active:
             return
@@ -416,32 +495,47 @@ class WeightSyncer:
         descs = self._stage(state_dict)
         if self._native.on_shm:
             self._check_channel(send)
-            await asyncio.to_thread(self._native.begin_sync(descs, version).run)
+            op = self._native.begin_sync(descs, version, timeout, wait == "applied")
+            await asyncio.to_thread(op.run)
         else:
-            await _drive(self._native.begin_sync(descs, version), self._send(send), None)
+            op = self._native.begin_sync(descs, version, None, wait == "applied")
+            await _drive(op, self._send(send), None, timeout)
 
-    async def flush(self) -> None:
+    async def flush(self, *, timeout: float | None = None) -> None:
         """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
         Await it before the sender goes away (a trainer's last sync, then exit): the channel's shared memory is
         removed with the sender, and a receiver that had not mapped it yet would fail with "the sender is
-        gone". With your own ``send``/``recv`` delivery is your transport's, and this returns at once."""
+        gone". With your own ``send``/``recv`` delivery is your transport's, and this returns at once.
+        ``timeout`` bounds it (:class:`rlsync.Timeout` naming the receivers that did not release)."""
+        timeout = _check_timeout(timeout)
         if not self._active:
             return
         if self._native.on_shm:
-            await asyncio.to_thread(self._native.begin_flush().run)
+            await asyncio.to_thread(self._native.begin_flush(timeout).run)
 
     async def apply(
         self,
         model: StateDictLike | None = None,
-        recv: RecvFn | ShmReceiver | None = None,
+        recv: RecvFn | ShmReceiver | TcpReceiver | None = None,
         *,
         model_or_state_dict: StateDictLike | None = None,
+        timeout: float | None = None,
     ) -> int:
         """Receive the next version, verify it completely, install it in place and return its number.
-        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing.
+        A rejected payload raises :class:`rlsync.PayloadRejected` and changes nothing. ``apply`` is
+        :meth:`stage` then :meth:`commit` in one call.
 
         ``model`` is a ``torch.nn.Module`` or its state dict (RLinf's parameter name; the older keyword
-        ``model_or_state_dict`` is still accepted)."""
+        ``model_or_state_dict`` is still accepted).
+
+        ``timeout`` bounds the whole call in seconds (``None``: the channel's own bound; with your own
+        ``recv``, the awaits of it). When it runs out :class:`rlsync.Timeout` is raised
+        (``awaited="payload of version after N from the sender"``) and weights and version are untouched. A
+        receiver whose apply timed out before any byte of the next payload arrived is still usable: call
+        ``apply`` again later (poll with a short timeout). On rlsync's channel that holds after any timeout: a
+        bucket version cut short midway is dropped whole and its remaining parts are skipped by the next call.
+        With your own ``recv``, the awaited ``recv()`` was cancelled: what it would have returned is your
+        transport's to keep or drop."""
         if model_or_state_dict is not None:
             if model is not None:
                 raise TypeError("apply() got both 'model' and 'model_or_state_dict': pass one")
@@ -450,29 +544,99 @@ class WeightSyncer:
             raise TypeError("apply() missing required argument: 'model'")
         if recv is None:
             raise TypeError("apply() missing required argument: 'recv'")
+        timeout = _check_timeout(timeout)
         native = self._receiving(recv)
         if native is None:
             # A bucket syncer that has not received before (RLinf's tests apply on the object that sent):
             # its receiving end is made now, without a handshake, over ``model``.
-            await self._init_described_receiver(model, recv)
+            await self._init_described_receiver(model, recv, timeout)
             native = self._rx_native or self._native
         descs = self._stage(model, native)
         if native.on_shm:
             self._check_channel(recv)
-            return await asyncio.to_thread(native.begin_apply(descs).run)
-        return await _drive(native.begin_apply(descs), None, recv)
+            return await asyncio.to_thread(native.begin_apply(descs, timeout).run)
+        return await _drive(native.begin_apply(descs), None, recv, timeout)
 
     def _receiving(self, recv: Any) -> Any:
         """The native end that applies: the receiver, the receiving end beside a sender, or ``None`` where a
-        bucket syncer's receiving end is still to be made (not initialised as a receiver, no shm channel)."""
+        bucket syncer's receiving end is still to be made (not initialised as a receiver, no rlsync channel)."""
         if self._rx_native is not None:
             return self._rx_native
         if self._native.end == "receiver":
             return self._native
         bucket = self._config.get("type") == "bucket"
-        if bucket and not isinstance(recv, ShmReceiver) and self._native.end in ("uninitialised", "sender"):
+        if bucket and not isinstance(recv, _CHANNEL_RECEIVERS) and self._native.end in ("uninitialised", "sender"):
             return None
         return self._native
+
+    async def stage(self, recv: RecvFn | ShmReceiver | TcpReceiver, *, timeout: float | None = None) -> int:
+        """Receive the next version and verify it completely without touching the model; it is kept staged in
+        rlsync's own memory (a patch's decoded values, or a bucket version's copy) until :meth:`commit` installs
+        it or :meth:`abort` drops it. Returns its version. ``timeout`` as in :meth:`apply`. Staging again, or
+        :meth:`apply`, while a version is staged raises :class:`rlsync.RlsyncError`."""
+        timeout = _check_timeout(timeout)
+        if recv is None:
+            raise TypeError("stage() missing required argument: 'recv'")
+        native = self._rx_native or self._native
+        if native.on_shm:
+            self._check_channel(recv)
+            return await asyncio.to_thread(native.begin_stage(timeout).run)
+        return await _drive(native.begin_stage(), None, recv, timeout)
+
+    async def commit(self, model: StateDictLike | None = None) -> int:
+        """Install the staged version in place (into ``model``, by default the state dict given to
+        :meth:`init_receiver`) and return it; on rlsync's channel the sender learns of it
+        (:meth:`acked_versions`). Without a staged version: :class:`rlsync.RlsyncError`. A staged version that
+        no longer fits (a newer one was installed meanwhile) raises :class:`rlsync.PayloadRejected`."""
+        if model is None:
+            model = getattr(self, "_receiver_state", None)
+            if model is None:
+                raise TypeError("commit() needs the model: this syncer was not initialised as a receiver")
+        native = self._rx_native or self._native
+        descs = self._stage(model, native)
+        op = native.begin_commit(descs)
+        if native.on_shm:
+            return await asyncio.to_thread(op.run)
+        return await _drive(op, None, None)
+
+    async def abort(self, reason: str) -> None:
+        """Drop the staged version (weights and version untouched). On rlsync's channel the sender is told
+        ``reason`` and counts it (:meth:`rejections`); its acknowledged version for this receiver does not
+        advance. A patch syncer's next patch builds on the dropped version, so the receiver rejects it
+        (:class:`rlsync.PayloadRejected`, "a full resync is needed"); a bucket syncer's next version installs
+        as usual. Without a staged version: :class:`rlsync.RlsyncError`."""
+        native = self._rx_native or self._native
+        op = native.begin_abort(str(reason))
+        if native.on_shm:
+            await asyncio.to_thread(op.run)
+        else:
+            await _drive(op, None, None)
+
+    @property
+    def staged_version(self) -> int | None:
+        """The version :meth:`stage` holds, not yet committed or aborted (``None``: nothing is staged)."""
+        return (self._rx_native or self._native).staged_version
+
+    def acked_versions(self) -> dict[int, int]:
+        """Sender on rlsync's channel: the version each live receiver reported installing last, by rank (a
+        receiver that went away is left out; one that has not installed any version yet is absent). Over your
+        own ``send``/``recv`` this raises :class:`rlsync.RlsyncError`: acknowledgements need an rlsync channel;
+        so does calling it while another operation (a ``sync``) runs on this syncer."""
+        if not self._active:
+            return {}
+        return dict(self._native.acked_versions())
+
+    def rejections(self) -> dict[int, int]:
+        """Sender on rlsync's channel: how many staged versions each receiver aborted (:meth:`abort`), by rank."""
+        if not self._active:
+            return {}
+        return dict(self._native.rejections())
+
+    def last_rejection(self) -> tuple[int, int, str] | None:
+        """Sender on rlsync's channel: the last aborted version as ``(rank, version, reason)``, if any."""
+        if not self._active:
+            return None
+        return self._native.last_rejection()
 
     def _send(self, send: SendFn) -> SendFn:
         """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors."""
@@ -734,15 +898,57 @@ class BucketWeightSyncer(WeightSyncer):
 
 
 async def shm_sender(
-    socket_path: str, receivers: int, *, timeout: float = 60.0, slots: int = 4, segment_prefix: str = "rlsync"
+    socket_path: str,
+    receivers: int,
+    *,
+    timeout: float = 60.0,
+    slots: int = 4,
+    segment_prefix: str = "rlsync",
+    elastic: bool = False,
+    wait_for: int | None = None,
 ) -> ShmSender:
     """Open rlsync's shared-memory channel (1 -> ``receivers`` on this host) for a sender: bind the Unix
     socket ``socket_path`` and wait until every receiver joined (each wait bounded by ``timeout`` seconds).
-    Pass the result as ``send`` to :meth:`WeightSyncer.init_sender` and :meth:`WeightSyncer.sync`."""
-    return await asyncio.to_thread(_native.shm_bind, socket_path, receivers, timeout, slots, segment_prefix)
+    Pass the result as ``send`` to :meth:`WeightSyncer.init_sender` and :meth:`WeightSyncer.sync`.
+
+    ``elastic=True``: the channel outlives its receivers. One that dies is dropped (syncs go on to the others;
+    :meth:`WeightSyncer.acked_versions` leaves it out), and a receiver that connects later for a rank (a
+    restart, or a rank that was not there yet: ``wait_for`` receivers suffice to start) is caught up at the
+    sender's next :meth:`WeightSyncer.sync`, by replaying the sender's logged patches when they cover what it
+    holds, else by a full transfer; its :meth:`WeightSyncer.init_receiver` returns once caught up."""
+    return await asyncio.to_thread(
+        _native.shm_bind, socket_path, receivers, timeout, slots, segment_prefix, elastic, wait_for
+    )
 
 
 async def shm_receiver(socket_path: str, rank: int, *, timeout: float = 60.0) -> ShmReceiver:
     """Join rlsync's shared-memory channel at ``socket_path`` as receiver ``rank`` (``0..receivers``).
     Pass the result as ``recv`` to :meth:`WeightSyncer.init_receiver` and :meth:`WeightSyncer.apply`."""
     return await asyncio.to_thread(_native.shm_connect, socket_path, rank, timeout)
+
+
+async def tcp_sender(
+    bind: str, receivers: int, *, token: str | bytes, timeout: float = 60.0, slots: int = 4
+) -> TcpSender:
+    """Open rlsync's TCP channel across hosts (1 -> ``receivers``) for a sender: listen on ``bind``
+    (``"host:port"``) and wait until every receiver connected and proved ``token`` (the run's shared secret; it
+    never crosses the wire), each wait bounded by ``timeout`` seconds. A peer without the token is refused and
+    the sender keeps waiting for the right one. Same semantics as :func:`shm_sender`: pass the result as
+    ``send`` to :meth:`WeightSyncer.init_sender` / :meth:`WeightSyncer.sync`; acknowledgements, per-call
+    timeouts, and a receiver whose connection ends named at once (:class:`rlsync.TransportError`)."""
+    return await asyncio.to_thread(_native.tcp_bind, bind, receivers, _token(token), timeout, slots)
+
+
+async def tcp_receiver(addr: str, rank: int, *, token: str | bytes, timeout: float = 60.0) -> TcpReceiver:
+    """Join rlsync's TCP channel at the sender's ``addr`` (``"host:port"``) as receiver ``rank``
+    (``0..receivers``), retrying until the sender listens (bounded by ``timeout``). Pass the result as ``recv``
+    to :meth:`WeightSyncer.init_receiver` and :meth:`WeightSyncer.apply` / :meth:`WeightSyncer.stage`."""
+    return await asyncio.to_thread(_native.tcp_connect, addr, rank, _token(token), timeout)
+
+
+def _token(token: str | bytes) -> bytes:
+    if isinstance(token, str):
+        token = token.encode()
+    if not isinstance(token, (bytes, bytearray)) or not token:
+        raise ValueError("token must be a non-empty str or bytes (the run's shared secret)")
+    return bytes(token)

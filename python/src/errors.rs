@@ -37,6 +37,14 @@ create_exception!(
 
 create_exception!(
     rlsync,
+    Timeout,
+    TransportError,
+    "A per-call or channel bound ran out: `awaited` (what was awaited), `rank` (int | None), `ranks` (every \
+     receiver rank waited on), `version` (int | None) and `seconds` (the bound). Weights and version are untouched."
+);
+
+create_exception!(
+    rlsync,
     CudaError,
     RlsyncError,
     "CUDA tensors could not be synced: a build without CUDA, no driver, no such device, or a driver call failed."
@@ -49,6 +57,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PayloadRejected", py.get_type::<PayloadRejected>())?;
     m.add("HandshakeError", py.get_type::<HandshakeError>())?;
     m.add("TransportError", py.get_type::<TransportError>())?;
+    m.add("Timeout", py.get_type::<Timeout>())?;
     Ok(())
 }
 
@@ -69,6 +78,59 @@ pub fn sync_error(err: &SyncError) -> PyErr {
         SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
         SyncError::Gpu(_) => CudaError::new_err(msg),
         _ => RlsyncError::new_err(msg),
+    }
+}
+
+/// The timeout inside `err` (itself or one of its causes), if it is one.
+pub fn find_timeout<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a CoreTransportError> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(t @ CoreTransportError::Timeout { .. }) = e.downcast_ref::<CoreTransportError>()
+        {
+            return Some(t);
+        }
+        // `SyncError::Transport` is transparent: its `source()` skips the transport error itself.
+        if let Some(SyncError::Transport(t @ CoreTransportError::Timeout { .. })) =
+            e.downcast_ref::<SyncError>()
+        {
+            return Some(t);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// What a timed-out wait was about, for `rlsync.Timeout`'s attributes.
+pub struct Awaited {
+    /// What was awaited, in words ("payload of version after 3 from the sender").
+    pub what: String,
+    /// Every receiver rank waited on (empty: the sender).
+    pub ranks: Vec<usize>,
+    pub version: Option<u64>,
+    pub seconds: f64,
+}
+
+/// `rlsync.Timeout` with its attributes (the message: `msg`).
+pub fn timeout_error(py: Python<'_>, msg: String, awaited: Awaited) -> PyErr {
+    let err = Timeout::new_err(msg);
+    let value = err.value(py);
+    let rank = match awaited.ranks.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    };
+    let set = || -> PyResult<()> {
+        value.setattr("awaited", awaited.what)?;
+        value.setattr("rank", rank)?;
+        value.setattr("ranks", awaited.ranks)?;
+        value.setattr("version", awaited.version)?;
+        value.setattr("seconds", awaited.seconds)?;
+        Ok(())
+    };
+    match set() {
+        Ok(()) => err,
+        Err(e) => e,
     }
 }
 

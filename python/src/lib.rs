@@ -10,6 +10,7 @@
 //! - [`device`]: CUDA tensors: a syncer's device side (host copies, stream) and `cuda_available()`.
 //! - [`ipc`]: the same-host GPU channel (`CudaIpcSender` / `CudaIpcReceiver`, CUDA IPC of the diff output).
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
+//! - [`tcp`]: rlsync's TCP channel ends across hosts (`TcpSender` / `TcpReceiver`).
 
 mod checkpoint;
 mod device;
@@ -17,6 +18,7 @@ mod errors;
 mod ipc;
 mod runtime;
 mod syncer;
+mod tcp;
 mod worker;
 
 use pyo3::prelude::*;
@@ -27,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     checkpoint::register(m)?;
     syncer::register(m)?;
+    tcp::register(m)?;
     worker::register(m)?;
     ipc::register(m)?;
     m.add_function(wrap_pyfunction!(device::cuda_available, m)?)?;

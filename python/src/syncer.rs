@@ -1,7 +1,12 @@
 //! Weight syncers over torch tensors' memory: `NativeSyncer` (the crate end it became: an unready
-//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply, pumped by
-//! Python's async `send`/`recv` or run on the shm channel), and the shm channel ends (`ShmSender`,
-//! `ShmReceiver`).
+//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply / stage / commit /
+//! abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and the shm channel ends
+//! (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
+//!
+//! Per-call timeouts bound the crate end's channel waits (`set_bound`), or, over the caller's `send`/`recv`,
+//! Python's awaits of them (`Op::time_out`); a timeout becomes `rlsync.Timeout` naming what the op awaited
+//! (`Call`). A staged update (`stage`) waits in the syncer for `commit` / `abort`. On rlsync's channel receivers
+//! report what they install, and the sender reads the reports (`acked_versions`, `sync(wait_applied)`).
 //!
 //! Tensors arrive as descriptions `(name, tensor, data_ptr, dtype, shape, strides, device)`; the crate checks
 //! them and borrows their memory ([`BorrowedState`]), so the sender reads them in place and the receiver
@@ -20,16 +25,20 @@ use pyo3::types::{PyBytes, PyDict};
 
 use rlsync::config::schema::WeightSyncerConfig;
 use rlsync_core::syncer::{
-    SyncError, SyncOptions, SyncReceiver, SyncReport, SyncSender, WeightSyncer,
+    PendingUpdate, SyncError, SyncOptions, SyncReceiver, SyncReport, SyncSender, WeightSyncer,
 };
 use rlsync_core::tensor::{BorrowedState, RawTensor};
 use rlsync_core::transport::bridge::{self, BridgeIo, Payload, Pump, Step};
 use rlsync_core::transport::{
-    self, ShmConfig, ShmReceiver as CoreShmReceiver, ShmSender as CoreShmSender,
+    self, Peer, ShmConfig, ShmReceiver as CoreShmReceiver, ShmSender as CoreShmSender,
+    TransportError as CoreTransportError,
 };
 
 use crate::device::{self, SharedSide};
-use crate::errors::{RlsyncError, borrow_error, gpu_error, sync_error, transport_error};
+use crate::errors::{
+    Awaited, RlsyncError, borrow_error, find_timeout, gpu_error, sync_error, timeout_error,
+    transport_error,
+};
 use crate::runtime;
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -85,7 +94,7 @@ enum Channel {
     None,
     /// Bytes carried by the caller's `send`/`recv`.
     Bridge(BridgeIo),
-    /// rlsync's shared-memory channel (ops run to completion on the runtime).
+    /// rlsync's own channel, shared memory or TCP (ops run to completion on the runtime).
     Shm,
 }
 
@@ -162,6 +171,8 @@ struct Inner {
     device: Option<SharedSide>,
     /// The caller's current CUDA stream for the next operation (`use_stream`; 0: the legacy default stream).
     stream: u64,
+    /// Receiver: the update `stage` received and verified, waiting for `commit` or `abort`.
+    staged: Option<PendingUpdate>,
 }
 
 /// A crate syncer (patch | bucket) for torch tensors; see `rlsync.WeightSyncer` for the Python API.
@@ -179,6 +190,79 @@ struct OpOut {
     end: Option<End>,
     /// `None` for an op that moves no version (`flush`).
     result: Result<Option<SyncReport>, SyncError>,
+    /// What `stage` received, kept for `commit` / `abort`.
+    staged: Option<PendingUpdate>,
+}
+
+/// Which call an op runs, and what it is about (for `rlsync.Timeout`'s attributes).
+#[derive(Clone, Copy)]
+enum Call {
+    InitSender,
+    InitReceiver,
+    /// `apply` / `stage`: the next version after `after`.
+    Receive {
+        after: u64,
+    },
+    Sync {
+        version: u64,
+    },
+    Flush {
+        version: u64,
+    },
+    /// `commit` / `abort`.
+    Staged,
+}
+
+impl Call {
+    /// The far end of the caller's own transport (the bridge), named when its `send`/`recv` times out.
+    fn far(self) -> Peer {
+        match self {
+            Call::InitReceiver | Call::Receive { .. } | Call::Staged => Peer::Sender,
+            Call::InitSender | Call::Sync { .. } | Call::Flush { .. } => Peer::Receiver(0),
+        }
+    }
+
+    /// What a wait of this call that timed out (`op`, on `peer`, after `timeout`) was awaiting.
+    fn awaited(self, op: &str, peer: &Peer, timeout: Duration) -> Awaited {
+        let ranks = match peer {
+            Peer::Receiver(r) => vec![*r],
+            Peer::Receivers(rs) => rs.clone(),
+            Peer::Sender | Peer::Node(_) => Vec::new(),
+        };
+        let (what, version) = match self {
+            Call::InitSender | Call::InitReceiver => {
+                (format!("{op} during init, from {peer}"), None)
+            }
+            Call::Receive { after } => (
+                format!("payload of version after {after} from {peer}"),
+                None,
+            ),
+            Call::Sync { version } if op.contains("reports") => (
+                format!("ack of version {version} from {peer}"),
+                Some(version),
+            ),
+            Call::Sync { version } => (
+                format!("{op} of version {version}, waiting on {peer}"),
+                Some(version),
+            ),
+            Call::Flush { version } => (
+                format!("release of every payload up to version {version} by {peer}"),
+                Some(version),
+            ),
+            Call::Staged => (format!("{op}, waiting on {peer}"), None),
+        };
+        Awaited {
+            what,
+            ranks,
+            version,
+            seconds: timeout.as_secs_f64(),
+        }
+    }
+}
+
+/// A per-call bound from Python (`None`: the channel's own).
+fn bound(timeout: Option<f64>) -> PyResult<Option<Duration>> {
+    timeout.map(self::timeout).transpose()
 }
 
 type BoxedOp = Pin<Box<dyn Future<Output = OpOut> + Send>>;
@@ -275,6 +359,32 @@ impl NativeSyncer {
     }
 }
 
+/// The crate end of an rlsync channel's sending end (`ShmSender` or `TcpSender`).
+fn take_sender(c: &Bound<'_, PyAny>) -> PyResult<transport::Sender> {
+    if let Ok(s) = c.cast::<ShmSender>() {
+        return s.get().take();
+    }
+    if let Ok(s) = c.cast::<crate::tcp::TcpSender>() {
+        return s.get().take();
+    }
+    Err(PyValueError::new_err(
+        "channel must be an rlsync channel's sending end (ShmSender or TcpSender)",
+    ))
+}
+
+/// The crate end of an rlsync channel's receiving end (`ShmReceiver` or `TcpReceiver`).
+fn take_receiver(c: &Bound<'_, PyAny>) -> PyResult<transport::Receiver> {
+    if let Ok(r) = c.cast::<ShmReceiver>() {
+        return r.get().take();
+    }
+    if let Ok(r) = c.cast::<crate::tcp::TcpReceiver>() {
+        return r.get().take();
+    }
+    Err(PyValueError::new_err(
+        "channel must be an rlsync channel's receiving end (ShmReceiver or TcpReceiver)",
+    ))
+}
+
 /// `tensors` in the order of `keys` (matched by name); a missing, unknown or repeated name is an error naming it.
 fn in_order(tensors: Vec<Desc>, keys: &[String]) -> PyResult<Vec<Desc>> {
     let differs = |what: String| {
@@ -305,6 +415,14 @@ fn in_order(tensors: Vec<Desc>, keys: &[String]) -> PyResult<Vec<Desc>> {
         .zip(keys)
         .map(|(d, k)| d.ok_or_else(|| differs(format!("key '{k}' is missing"))))
         .collect()
+}
+
+/// The error of an acknowledgement call on the caller's own transport.
+fn no_acks(what: &str) -> PyErr {
+    RlsyncError::new_err(format!(
+        "{what}: acknowledgements need an rlsync channel (shm_sender / shm_receiver); over your own \
+         send/recv, have the receivers report their versions through your transport"
+    ))
 }
 
 /// The error of op `what` on an end that is not of kind `kind`.
@@ -344,12 +462,14 @@ fn make_op(
     driver: Driver,
     io: Option<BridgeIo>,
     keep: Vec<Py<PyAny>>,
+    call: Call,
 ) -> Op {
     Op {
         state: Mutex::new(Some(driver)),
         owner,
         io,
         _keep: keep,
+        call,
     }
 }
 
@@ -358,6 +478,7 @@ fn out(end: End, result: Result<Option<SyncReport>, SyncError>) -> OpOut {
     OpOut {
         end: Some(end),
         result,
+        staged: None,
     }
 }
 
@@ -379,6 +500,7 @@ impl NativeSyncer {
                 report: None,
                 device: None,
                 stream: 0,
+                staged: None,
             }),
             config,
             options,
@@ -387,31 +509,33 @@ impl NativeSyncer {
 
     /// Start the sender's init: handshake (+ patch init bootstrap). `channel`: an `ShmSender`, or `None` for
     /// the caller's `send`/`recv` (pump the returned op with `step`).
-    /// `described` (bucket, the caller's `send` only): no handshake, every version carries its manifest
-    /// (RLinf's bucket `init_sender` without `recv`); its first sync follows sequence `after`.
-    #[pyo3(signature = (tensors, keys_to_sync, channel = None, same_keys = true, described = false, after = 0))]
+    /// `described_after` (bucket, the caller's `send` only): no handshake, every version carries its manifest
+    /// (RLinf's bucket `init_sender` without `recv`); its first sync follows that sequence.
+    #[pyo3(signature = (tensors, keys_to_sync, channel = None, same_keys = true, described_after = None, timeout = None))]
     fn begin_init_sender(
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
         keys_to_sync: Vec<String>,
-        channel: Option<&Bound<'_, ShmSender>>,
+        channel: Option<&Bound<'_, PyAny>>,
         same_keys: bool,
-        described: bool,
-        after: u64,
+        described_after: Option<u64>,
+        timeout: Option<f64>,
     ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Uninit, "init")?;
+        let bound = bound(timeout)?;
         let names = tensors.iter().map(|d| d.0.clone()).collect();
         let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
         let keys = st.fold_keys(&keys_to_sync).map_err(|e| borrow_error(&e))?;
-        let (ch, io) = match channel {
-            Some(c) => (c.get().take()?, None),
+        let (mut ch, io) = match channel {
+            Some(c) => (take_sender(c)?, None),
             None => {
                 let (tx, io) = bridge::bridge_sender();
                 (tx, Some(io))
             }
         };
+        ch.set_bound(bound);
         let mut syncer = this.take("init_sender", EndKind::Uninit, unready)?;
         syncer.require_same_keys(same_keys);
         this.start_init(names, &io);
@@ -419,63 +543,87 @@ impl NativeSyncer {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
             }
-            let made = match described {
-                true => {
+            let made = match described_after {
+                Some(after) => {
                     syncer
                         .init_sender_described(&st.state, &keys, ch, after)
                         .await
                 }
-                false => syncer.init_sender(&st.state, &keys, ch).await,
+                None => syncer.init_sender(&st.state, &keys, ch).await,
             };
             match made {
                 Ok((mut end, report)) => {
+                    end.set_bound(None);
                     device::attach_builder(&dev, &mut end, &st.state);
                     out(End::Sender(end), Ok(Some(report)))
                 }
                 Err(e) => OpOut {
                     end: None,
                     result: Err(e),
+                    staged: None,
                 },
             }
         };
-        Ok(op_for(slf, fut, io, keep))
+        Ok(op_for(slf, fut, io, keep, Call::InitSender))
     }
 
     /// Start the receiver's init: send metadata, receive the plan and (patch) the init bootstrap.
     /// `described` (bucket, the caller's `recv` only): no handshake, each version's manifest says what comes
     /// (RLinf's bucket `init_receiver` without `send`).
-    #[pyo3(signature = (tensors, channel = None, described = false))]
+    /// On rlsync's channel the receiver reports each installed version upstream (`acked_versions`).
+    #[pyo3(signature = (tensors, channel = None, described = false, timeout = None))]
     fn begin_init_receiver(
         slf: &Bound<'_, Self>,
         tensors: Vec<Desc>,
-        channel: Option<&Bound<'_, ShmReceiver>>,
+        channel: Option<&Bound<'_, PyAny>>,
         described: bool,
+        timeout: Option<f64>,
     ) -> PyResult<Op> {
         let this = slf.get();
+        let bound = bound(timeout)?;
         this.expect(EndKind::Uninit, "init")?;
         let names = tensors.iter().map(|d| d.0.clone()).collect();
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
-        let (ch, io) = match channel {
-            Some(c) => (c.get().take()?, None),
+        let (mut ch, io) = match channel {
+            Some(c) => (take_receiver(c)?, None),
             None => {
                 let (rx, io) = bridge::bridge_receiver();
                 (rx, Some(io))
             }
         };
+        ch.set_bound(bound);
+        let reports = io.is_none();
         let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
         this.start_init(names, &io);
         let fut = async move {
             if let Err(e) = device::pull(&dev) {
                 return out(End::Unready(syncer), Err(e.into()));
             }
-            let made = match described {
-                true => syncer.init_receiver_described(&st.state, ch).await,
-                false => syncer.init_receiver(&mut st.state, ch).await,
+            // A receiver that joined an elastic channel late (a restart, or after the sender started) is
+            // caught up from the sender's replay log or by a full transfer at its next sync.
+            let made = if described {
+                syncer.init_receiver_described(&st.state, ch).await
+            } else if ch.joined_late() {
+                syncer
+                    .rejoin_receiver(&mut st.state, ch, 0)
+                    .await
+                    .map(|(end, r)| {
+                        let report = SyncReport {
+                            version: end.version(),
+                            payload_bytes: r.payload_bytes,
+                            ..SyncReport::default()
+                        };
+                        (end, report)
+                    })
+            } else {
+                syncer.init_receiver(&mut st.state, ch).await
             };
             match made {
-                Ok((end, report)) => match device::push(&dev) {
+                Ok((mut end, report)) => match device::push(&dev) {
                     Ok(()) => {
+                        end.set_bound(None);
+                        end.set_reports(reports);
                         device::attach_installer(&dev, &end);
                         out(End::Receiver(end), Ok(Some(report)))
                     }
@@ -484,16 +632,30 @@ impl NativeSyncer {
                 Err(e) => OpOut {
                     end: None,
                     result: Err(e),
+                    staged: None,
                 },
             }
         };
-        Ok(op_for(slf, fut, io, keep))
+        Ok(op_for(slf, fut, io, keep, Call::InitReceiver))
     }
 
-    /// Start one sync of `version` (sender).
-    fn begin_sync(slf: &Bound<'_, Self>, tensors: Vec<Desc>, version: u64) -> PyResult<Op> {
+    /// Start one sync of `version` (sender); with `wait_applied` it ends once every live receiver reported
+    /// installing it (rlsync's channel only). `timeout` bounds the whole call (`None`: the channel's bound).
+    #[pyo3(signature = (tensors, version, timeout = None, wait_applied = false))]
+    fn begin_sync(
+        slf: &Bound<'_, Self>,
+        tensors: Vec<Desc>,
+        version: u64,
+        timeout: Option<f64>,
+        wait_applied: bool,
+    ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Sender, "sync")?;
+        let bound = bound(timeout)?;
+        let on_channel = this.io().is_none();
+        if wait_applied && !on_channel {
+            return Err(no_acks("sync(wait=\"applied\")"));
+        }
         let tensors = this.in_init_order(tensors)?;
         let (tensors, dev) = this.stage(tensors)?;
         let (st, keep) = borrow(tensors)?;
@@ -505,16 +667,42 @@ impl NativeSyncer {
             {
                 return out(End::Sender(sender), Err(e.into()));
             }
-            let result = sender.sync(&st.state, version).await;
+            sender.set_bound(bound);
+            // Take the receivers' reports so far (on rlsync's channel), so they never pile up unread.
+            let polled = match on_channel {
+                true => sender.poll_reports(),
+                false => Ok(()),
+            };
+            // Receivers that joined an elastic channel since the last sync are caught up first.
+            let caught_up = match polled {
+                Ok(()) => sender.rejoin_joined(&st.state).await.map(drop),
+                Err(e) => Err(e),
+            };
+            let mut result = match caught_up {
+                Ok(()) => sender.sync(&st.state, version).await,
+                Err(e) => Err(e),
+            };
+            if wait_applied && let Ok(report) = result {
+                result = sender.wait_applied().await.map(|()| report);
+            }
+            sender.set_bound(None);
             out(End::Sender(sender), result.map(Some))
         };
-        Ok(op_for(slf, fut, this.io(), keep))
+        Ok(op_for(slf, fut, this.io(), keep, Call::Sync { version }))
     }
 
-    /// Start one receive + install (receiver); the op's result is the applied version.
-    fn begin_apply(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
+    /// Start one receive + install (receiver); the op's result is the applied version. `timeout` bounds the
+    /// whole call (`None`: the channel's bound).
+    #[pyo3(signature = (tensors, timeout = None))]
+    fn begin_apply(
+        slf: &Bound<'_, Self>,
+        tensors: Vec<Desc>,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
         let this = slf.get();
         this.expect(EndKind::Receiver, "apply")?;
+        let bound = bound(timeout)?;
+        this.refuse_staged("apply")?;
         let tensors = this.in_init_order(tensors)?;
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
@@ -527,26 +715,161 @@ impl NativeSyncer {
             if host && let Err(e) = device::pull(&dev) {
                 return out(End::Receiver(receiver), Err(e.into()));
             }
+            receiver.set_bound(bound);
             let result = receiver.apply(&mut st.state).await;
+            receiver.set_bound(None);
             let result = result.and_then(|report| match host {
                 true => device::push(&dev).map(|()| report).map_err(SyncError::Gpu),
                 false => Ok(report),
             });
             out(End::Receiver(receiver), result.map(Some))
         };
-        Ok(op_for(slf, fut, this.io(), keep))
+        let after = this.version();
+        Ok(op_for(slf, fut, this.io(), keep, Call::Receive { after }))
+    }
+
+    /// Start receiving and verifying the next version without touching the model (receiver); it is kept
+    /// staged for `begin_commit` / `begin_abort`. The op's result is the staged version.
+    #[pyo3(signature = (timeout = None))]
+    fn begin_stage(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Op> {
+        let this = slf.get();
+        this.expect(EndKind::Receiver, "stage")?;
+        let bound = bound(timeout)?;
+        this.refuse_staged("stage")?;
+        let mut receiver = this.take("stage", EndKind::Receiver, receiver)?;
+        let fut = async move {
+            receiver.set_bound(bound);
+            let result = receiver.receive().await;
+            receiver.set_bound(None);
+            match result {
+                Ok(pending) => OpOut {
+                    result: Ok(Some(SyncReport {
+                        version: pending.version(),
+                        ..pending.report().clone()
+                    })),
+                    end: Some(End::Receiver(receiver)),
+                    staged: Some(pending),
+                },
+                Err(e) => out(End::Receiver(receiver), Err(e)),
+            }
+        };
+        let after = this.version();
+        Ok(op_for(
+            slf,
+            fut,
+            this.io(),
+            Vec::new(),
+            Call::Receive { after },
+        ))
+    }
+
+    /// Start installing the staged version into `tensors` in place (receiver); the op's result is its version.
+    fn begin_commit(slf: &Bound<'_, Self>, tensors: Vec<Desc>) -> PyResult<Op> {
+        let this = slf.get();
+        this.expect(EndKind::Receiver, "commit")?;
+        let tensors = this.in_init_order(tensors)?;
+        let (tensors, dev) = this.stage(tensors)?;
+        let (mut st, keep) = borrow(tensors)?;
+        let pending = this.take_staged("commit")?;
+        let mut receiver = match this.take("commit", EndKind::Receiver, receiver) {
+            Ok(r) => r,
+            Err(e) => {
+                lock(&this.inner).staged = Some(pending);
+                return Err(e);
+            }
+        };
+        let fut = async move {
+            let host = !device::on_device(&dev);
+            if host && let Err(e) = device::pull(&dev) {
+                return OpOut {
+                    end: Some(End::Receiver(receiver)),
+                    result: Err(e.into()),
+                    staged: Some(pending),
+                };
+            }
+            let result = receiver.commit(pending, &mut st.state).await;
+            let result = result.and_then(|report| match host {
+                true => device::push(&dev).map(|()| report).map_err(SyncError::Gpu),
+                false => Ok(report),
+            });
+            out(End::Receiver(receiver), result.map(Some))
+        };
+        Ok(op_for(slf, fut, this.io(), keep, Call::Staged))
+    }
+
+    /// Start dropping the staged version (receiver) and, on rlsync's channel, telling the sender `reason`.
+    fn begin_abort(slf: &Bound<'_, Self>, reason: String) -> PyResult<Op> {
+        let this = slf.get();
+        this.expect(EndKind::Receiver, "abort")?;
+        let pending = this.take_staged("abort")?;
+        let mut receiver = match this.take("abort", EndKind::Receiver, receiver) {
+            Ok(r) => r,
+            Err(e) => {
+                lock(&this.inner).staged = Some(pending);
+                return Err(e);
+            }
+        };
+        let fut = async move {
+            receiver.decline(pending, &reason).await;
+            out(End::Receiver(receiver), Ok(None))
+        };
+        Ok(op_for(slf, fut, this.io(), Vec::new(), Call::Staged))
+    }
+
+    /// The version staged by `stage` and not yet committed or aborted (`None`: nothing is staged).
+    #[getter]
+    fn staged_version(&self) -> Option<u64> {
+        lock(&self.inner)
+            .staged
+            .as_ref()
+            .map(PendingUpdate::version)
+    }
+
+    /// Sender on rlsync's channel: the version each live receiver reported installing last, by rank.
+    fn acked_versions(&self) -> PyResult<std::collections::BTreeMap<usize, u64>> {
+        self.with_reports("acked_versions", |s| {
+            s.acked()
+                .into_iter()
+                .map(|(r, st)| (r, st.version))
+                .collect()
+        })
+    }
+
+    /// Sender on rlsync's channel: how many staged updates each receiver aborted, by rank.
+    fn rejections(&self) -> PyResult<std::collections::BTreeMap<usize, u64>> {
+        self.with_reports("rejections", |s| s.declined().0.into_iter().collect())
+    }
+
+    /// Sender on rlsync's channel: the last aborted update as `(rank, version, reason)`, if any.
+    fn last_rejection(&self) -> PyResult<Option<(usize, u64, String)>> {
+        self.with_reports("last_rejection", |s| {
+            s.declined()
+                .1
+                .map(|d| (d.rank, d.version, d.reason.clone()))
+        })
     }
 
     /// Start waiting until every receiver has released every payload published so far (sender on rlsync's
     /// shm channel; on the caller's transport there is nothing in flight that rlsync holds).
-    fn begin_flush(slf: &Bound<'_, Self>) -> PyResult<Op> {
+    #[pyo3(signature = (timeout = None))]
+    fn begin_flush(slf: &Bound<'_, Self>, timeout: Option<f64>) -> PyResult<Op> {
         let this = slf.get();
+        let bound = bound(timeout)?;
         let mut sender = this.take("flush", EndKind::Sender, sender)?;
+        let version = sender.version();
         let fut = async move {
+            sender.set_bound(bound);
             let result = sender.flush().await.map(|()| None);
+            sender.set_bound(None);
             out(End::Sender(sender), result)
         };
-        Ok(op_for(slf, fut, this.io(), Vec::new()))
+        Ok(op_for(
+            slf,
+            fut,
+            this.io(),
+            Vec::new(),
+            Call::Flush { version },
+        ))
     }
 
     /// The caller's current CUDA stream (`torch.cuda.current_stream(device).cuda_stream`) for the next
@@ -653,6 +976,45 @@ impl NativeSyncer {
 }
 
 impl NativeSyncer {
+    /// `apply` / `stage` while a version is staged: refused (commit or abort it first).
+    fn refuse_staged(&self, what: &str) -> PyResult<()> {
+        match &lock(&self.inner).staged {
+            Some(p) => Err(RlsyncError::new_err(format!(
+                "{what}: version {} is staged; commit() or abort() it first",
+                p.version()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The staged update, for `commit` / `abort`; an error when nothing is staged.
+    fn take_staged(&self, what: &str) -> PyResult<PendingUpdate> {
+        lock(&self.inner).staged.take().ok_or_else(|| {
+            RlsyncError::new_err(format!("{what}: no version is staged (call stage() first)"))
+        })
+    }
+
+    /// Read the receivers' reports on the sender's end (rlsync's channel only), then `read` them.
+    fn with_reports<T>(&self, what: &str, read: impl FnOnce(&SyncSender) -> T) -> PyResult<T> {
+        if self.io().is_some() {
+            return Err(no_acks(what));
+        }
+        let mut g = lock(&self.inner);
+        if g.end.kind() != EndKind::Sender {
+            return Err(wrong_end(what, EndKind::Sender));
+        }
+        let Slot::Ready(end) = &mut g.end else {
+            return Err(RlsyncError::new_err(format!(
+                "{what}: an operation is running on this syncer; await it first"
+            )));
+        };
+        let End::Sender(s) = end.as_mut() else {
+            return Err(wrong_end(what, EndKind::Sender));
+        };
+        s.poll_reports().map_err(|e| sync_error(&e))?;
+        Ok(read(s))
+    }
+
     /// A call for `kind`'s end (sync, apply): refused before its tensors are looked at when this is another end.
     fn expect(&self, kind: EndKind, what: &str) -> PyResult<()> {
         if lock(&self.inner).end.kind() == kind {
@@ -667,6 +1029,7 @@ fn op_for(
     fut: impl Future<Output = OpOut> + Send + 'static,
     io: Option<BridgeIo>,
     keep: Vec<Py<PyAny>>,
+    call: Call,
 ) -> Op {
     let driver = match &io {
         Some(io) => {
@@ -675,7 +1038,7 @@ fn op_for(
         }
         None => Driver::Blocking(Box::pin(fut)),
     };
-    make_op(slf.clone().unbind(), driver, io, keep)
+    make_op(slf.clone().unbind(), driver, io, keep, call)
 }
 
 /// A running init / sync / apply. Bridge ops: call `step()` until it returns `("done", version)`; on
@@ -689,6 +1052,7 @@ pub struct Op {
     io: Option<BridgeIo>,
     /// The tensors whose memory the op reads or writes.
     _keep: Vec<Py<PyAny>>,
+    call: Call,
 }
 
 impl Op {
@@ -704,11 +1068,19 @@ impl Op {
         })
     }
 
-    /// Return the end to its owner and turn the result into the applied / sent version.
-    fn finish(&self, out: OpOut) -> PyResult<u64> {
+    /// Return the end to its owner and turn the result into the applied / sent version; a timeout becomes
+    /// `rlsync.Timeout` naming what was awaited.
+    fn finish(&self, py: Python<'_>, out: OpOut) -> PyResult<u64> {
         let owner = self.owner.get();
-        let OpOut { end, result } = out;
+        let OpOut {
+            end,
+            result,
+            staged,
+        } = out;
         owner.give_back(end)?;
+        if staged.is_some() {
+            lock(&owner.inner).staged = staged;
+        }
         match result {
             Ok(Some(report)) => {
                 let v = report.version;
@@ -716,7 +1088,18 @@ impl Op {
                 Ok(v)
             }
             Ok(None) => Ok(owner.version()),
-            Err(e) => Err(sync_error(&e)),
+            Err(e) => Err(self.error(py, &e)),
+        }
+    }
+
+    fn error(&self, py: Python<'_>, err: &SyncError) -> PyErr {
+        match find_timeout(err) {
+            Some(CoreTransportError::Timeout { op, peer, timeout }) => timeout_error(
+                py,
+                crate::errors::chain(err),
+                self.call.awaited(op, peer, *timeout),
+            ),
+            _ => sync_error(err),
         }
     }
 }
@@ -783,7 +1166,7 @@ impl Op {
             Ok(Step::Done(out)) => {
                 *g = None;
                 drop(g);
-                let v = self.finish(out)?;
+                let v = self.finish(py, out)?;
                 Ok(("done", v.into_pyobject(py)?.into_any().unbind()))
             }
             Err(e) => {
@@ -839,7 +1222,15 @@ impl Op {
         drop(g);
         let rt = runtime::get()?;
         let out = py.detach(|| rt.block_on(fut));
-        self.finish(out)
+        self.finish(py, out)
+    }
+
+    /// The caller gave up awaiting its `send`/`recv` after `seconds`: the op ends (at its next `step`) with
+    /// `rlsync.Timeout` naming the far end; the syncer stays usable.
+    fn time_out(&self, seconds: f64) -> PyResult<()> {
+        let t = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::ZERO);
+        self.io()?.time_out(self.call.far(), t);
+        Ok(())
     }
 }
 
@@ -894,7 +1285,7 @@ impl ShmReceiver {
     }
 }
 
-fn timeout(seconds: f64) -> PyResult<Duration> {
+pub(crate) fn timeout(seconds: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(seconds)
         .ok()
         .filter(|d| !d.is_zero())
@@ -906,8 +1297,11 @@ fn timeout(seconds: f64) -> PyResult<Duration> {
 }
 
 /// Bind the shm channel's socket at `socket_path` and wait (GIL released) until all `receivers` joined.
+/// With `elastic`, receivers may go and (re)join later (caught up at the next sync), and the bind returns once
+/// `wait_for` of them joined (default: all).
 #[pyfunction]
-#[pyo3(signature = (socket_path, receivers, timeout_s = 60.0, slots = 4, segment_prefix = "rlsync".to_string()))]
+#[pyo3(signature = (socket_path, receivers, timeout_s = 60.0, slots = 4, segment_prefix = "rlsync".to_string(), elastic = false, wait_for = None))]
+#[allow(clippy::too_many_arguments)]
 fn shm_bind(
     py: Python<'_>,
     socket_path: std::path::PathBuf,
@@ -915,6 +1309,8 @@ fn shm_bind(
     timeout_s: f64,
     slots: usize,
     segment_prefix: String,
+    elastic: bool,
+    wait_for: Option<usize>,
 ) -> PyResult<ShmSender> {
     if receivers == 0 {
         return Err(PyValueError::new_err("receivers must be at least 1"));
@@ -925,11 +1321,13 @@ fn shm_bind(
         receivers,
         timeout: timeout(timeout_s)?,
         slots,
+        elastic,
         ..ShmConfig::default()
     };
+    let wait_for = wait_for.unwrap_or(receivers);
     let rt = runtime::get()?;
     let end = py
-        .detach(|| rt.block_on(CoreShmSender::bind(cfg)))
+        .detach(|| rt.block_on(CoreShmSender::bind_waiting_for(cfg, wait_for)))
         .map_err(|e| transport_error(&e))?;
     Ok(ShmSender {
         end: Mutex::new(Some(end)),

@@ -90,6 +90,54 @@ def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_
     assert not leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_entry_without_its_attribute_is_refused_before_anything_starts(tmp_path, dry_run):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=2", *(["--dry-run"] if dry_run else []), entry="tiny_rl:Trainr")
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert "actor.worker.entry=tiny_rl:Trainr" in out, out
+    assert "has no attribute 'Trainr'" in out, out
+    assert "sys.path searched" in out and str(WORKERS) in out, out
+    assert "OK: configuration is valid" not in out
+    # Checked once, before any worker started.
+    assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_an_interpreter_without_rlsync_is_named_with_the_fix_before_anything_starts(tmp_path, dry_run):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    bare = "/usr/bin/python3"
+    probe = subprocess.run([bare, "-c", "import rlsync"], capture_output=True, env=env)
+    if probe.returncode == 0:
+        pytest.skip(f"{bare} imports rlsync: no interpreter without it here")
+    args = command("train_embodied", tmp_path / "run", "runner.max_steps=2", f"actor.worker.python={bare}",
+                   f"rollout.worker.python={bare}", *(["--dry-run"] if dry_run else []))
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out
+    assert out.count("cannot import rlsync") == 1, out
+    for want in [bare, "actor.worker.python", "No module named 'rlsync'", "run inside the venv", "make python"]:
+        assert want in out, (want, out)
+    assert not (tmp_path / "run" / "logs").exists() or not any((tmp_path / "run" / "logs").iterdir())
+
+
+@pytest.mark.parametrize("clip, warned", [(0.5, True), (0.1, False)])
+def test_a_python_trainers_clip_fraction_feeds_the_stale_sync_canary(tmp_path, clip, warned):
+    p = run(tmp_path, "train_embodied", "runner.max_steps=6", "algorithm.stale_clip_window=3",
+            f"+fixture.clip_fraction={clip}")
+    assert p.returncode == 0, p.stderr
+    assert all(r["actor/clip_fraction"] == clip for r in metrics(tmp_path) if "train/loss" in r)
+    if warned:
+        assert p.stderr.count("stale weights? actor/clip_fraction averaged 0.500 over the last 3 steps, above 0.30") == 1, p.stderr
+        for knob in ["runner.weight_sync_interval", "algorithm.staleness_threshold"]:
+            assert knob in p.stderr, p.stderr
+        # And once on the progress line.
+        assert p.stderr.count("| STALE SYNC? clip 0.50 > 0.30 over 3 steps") == 1, p.stderr
+    else:
+        assert "stale weights?" not in p.stderr and "STALE SYNC" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize(
     "fixture, named",
     [

@@ -762,6 +762,12 @@ pub struct AlgorithmConfig {
     pub entropy_bonus: f64,
     pub value_coef: f64,
     pub update_epoch: NonZeroU32,
+    /// The stale-sync canary: when `actor/clip_fraction` (the trainer's share of samples whose ratio left the
+    /// clip range, built-in or Python trainer) averages above this over the last `stale_clip_window` steps, the
+    /// run warns once that the rollouts act with weights too old. In (0, 1]; 1 never warns.
+    pub stale_clip_fraction: f64,
+    /// The steps the canary averages the clip fraction over.
+    pub stale_clip_window: NonZeroU32,
 }
 
 impl Default for AlgorithmConfig {
@@ -779,6 +785,8 @@ impl Default for AlgorithmConfig {
             entropy_bonus: 0.0,
             value_coef: 0.5,
             update_epoch: NonZeroU32::new(4).unwrap(),
+            stale_clip_fraction: 0.3,
+            stale_clip_window: NonZeroU32::new(10).unwrap(),
         }
     }
 }

@@ -304,6 +304,15 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
             problem(path, format!("{v} is outside {range}"));
         }
     }
+    let clip = cfg.algorithm.stale_clip_fraction;
+    if clip.is_nan() || clip <= 0.0 || clip > 1.0 {
+        problem(
+            "algorithm.stale_clip_fraction",
+            format!(
+                "{clip} is outside (0, 1] (a share of samples; 1 turns the stale-sync warning off)"
+            ),
+        );
+    }
     for (path, v) in [
         ("actor.model.adam_lr", cfg.actor.model.adam_lr),
         ("bench.adam_lr", cfg.bench.adam_lr),
@@ -1083,6 +1092,36 @@ mod tests {
     }
 
     #[test]
+    fn the_stale_sync_canary_keys_are_typed_and_bounded() {
+        let c = extract(&tree(&[])).unwrap().config;
+        assert_eq!(
+            (
+                c.algorithm.stale_clip_fraction,
+                c.algorithm.stale_clip_window.get()
+            ),
+            (0.3, 10)
+        );
+        let c = extract(&tree(&[
+            ("algorithm.stale_clip_fraction", Value::float(0.5)),
+            ("algorithm.stale_clip_window", Value::int(3)),
+        ]))
+        .unwrap()
+        .config;
+        assert_eq!(c.algorithm.stale_clip_window.get(), 3);
+        for bad in [0.0, -0.1, 1.5] {
+            let err = extract(&tree(&[(
+                "algorithm.stale_clip_fraction",
+                Value::float(bad),
+            )]))
+            .unwrap_err();
+            assert_eq!(err.problems[0].path, "algorithm.stale_clip_fraction");
+            assert!(err.problems[0].message.contains("outside (0, 1]"), "{err}");
+        }
+        let err = extract(&tree(&[("algorithm.stale_clip_window", Value::int(0))])).unwrap_err();
+        assert_eq!(err.problems[0].path, "algorithm.stale_clip_window");
+    }
+
+    #[test]
     fn cross_field_rules() {
         let err = extract(&tree(&[
             ("weight_syncer.patch.compression", s("nvcomp_lz4")),
@@ -1210,6 +1249,7 @@ mod tests {
             "actor.optim.lr",
             "runner.step_timeout_s",
             "algorithm.clip_ratio_low",
+            "algorithm.stale_clip_fraction",
         ] {
             for (value, shown) in [
                 (f64::NAN, "float nan"),

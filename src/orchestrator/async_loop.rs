@@ -524,7 +524,7 @@ pub async fn run(
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
     let mut fleet = Fleet::default();
-    weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
+    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let slots = vec![
         Slot {
@@ -570,7 +570,9 @@ pub async fn run(
         sink.record(rec)?;
     }
     let mut totals = lp.totals;
-    totals.wall_s = started.elapsed().as_secs_f64();
+    totals.loop_s = started.elapsed().as_secs_f64();
+    totals.bootstrap_s = init.seconds;
+    totals.bootstrap_bytes = init.stats.payload_bytes;
     totals.unused_at_end =
         (lp.buffer.len() + lp.slots.iter().filter(|s| s.in_flight).count()) as u64;
     Ok(totals)

@@ -299,12 +299,15 @@ pub async fn eval_only(
     .await?;
     let mut rec = StepRecord::new(plan.start.step);
     rec.float("time/eval", started.elapsed().as_secs_f64());
+    rec.float("time/init_weights", init.seconds);
     init.record(&mut rec);
     rec.int("actor/current_version", plan.start.version as i64);
     tally.record(&mut rec);
     sink.record(rec)?;
     Ok(LoopTotals {
-        wall_s: started.elapsed().as_secs_f64(),
+        loop_s: started.elapsed().as_secs_f64(),
+        bootstrap_s: init.seconds,
+        bootstrap_bytes: init.stats.payload_bytes,
         ..LoopTotals::default()
     })
 }
@@ -323,7 +326,11 @@ pub async fn run(
     let mut fleet = Fleet::default();
     let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
-    let mut totals = LoopTotals::default();
+    let mut totals = LoopTotals {
+        bootstrap_s: init.seconds,
+        bootstrap_bytes: init.stats.payload_bytes,
+        ..LoopTotals::default()
+    };
     let first = plan.start.step;
     let mut version = plan.start.version;
     // The version the rollouts hold (the last one synced, by a step or by an evaluation), and a sync an
@@ -429,10 +436,19 @@ pub async fn run(
         };
 
         let step_s = step_start.elapsed().as_secs_f64();
-        let sync_s = sync.as_ref().map(|s| s.seconds).unwrap_or(0.0);
+        // The first step's weights came with the init bootstrap, before the step: its time is no step's sync
+        // time (`time/init_weights` holds it).
+        let bootstrapped = step == first;
+        let sync_s = match &sync {
+            Some(s) if !bootstrapped => s.seconds,
+            _ => 0.0,
+        };
         let mut rec = StepRecord::new(step);
         rec.float("time/step", step_s);
         rec.float("time/sync_weights", sync_s);
+        if bootstrapped {
+            rec.float("time/init_weights", init.seconds);
+        }
         rec.float("time/rollout", rollout_s);
         rec.float("time/train", train_s);
         if let Some(sync) = &sync {
@@ -472,6 +488,6 @@ pub async fn run(
             checkpoints.save_now(sup, &mut fleet, &mut verifier).await?;
         }
     }
-    totals.wall_s = started.elapsed().as_secs_f64();
+    totals.loop_s = started.elapsed().as_secs_f64();
     Ok(totals)
 }

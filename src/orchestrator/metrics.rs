@@ -1,6 +1,7 @@
 //! Per-step metrics: the record the loops fill, staleness statistics, and the sink that fans a record out to
-//! `metrics.jsonl`, TensorBoard event files and the progress bar.
+//! `metrics.jsonl`, TensorBoard event files, the progress bar and the stale-sync canary.
 
+pub mod canary;
 pub mod csv;
 pub mod jsonl;
 pub mod progress;
@@ -145,6 +146,7 @@ pub struct MetricsSink {
     csv: Option<csv::CsvWriter>,
     tensorboard: Option<tensorboard::EventWriter>,
     progress: Progress,
+    canary: Option<canary::StaleSyncCanary>,
     pub history: Vec<StepRecord>,
     pub metrics_file: PathBuf,
     pub tensorboard_dir: Option<PathBuf>,
@@ -182,13 +184,23 @@ impl MetricsSink {
             csv,
             tensorboard,
             progress,
+            canary: None,
             history: Vec::new(),
             metrics_file,
             tensorboard_dir,
         })
     }
 
+    /// Watch the records with `canary` from now on: its one warning goes to the log and the progress line.
+    pub fn watch(&mut self, canary: canary::StaleSyncCanary) {
+        self.canary = Some(canary);
+    }
+
     pub fn record(&mut self, rec: StepRecord) -> Result<(), MetricsError> {
+        if let Some(warning) = self.canary.as_mut().and_then(|c| c.observe(&rec)) {
+            tracing::warn!("{}", warning.log_line());
+            self.progress.warn(warning.short());
+        }
         self.jsonl.write(&rec)?;
         if let Some(csv) = &mut self.csv {
             csv.write(&rec)?;

@@ -26,7 +26,7 @@
 
 pub mod attribution;
 pub mod deadline;
-pub mod device_probe;
+pub mod interpreter_probe;
 pub mod lifecycle;
 pub mod nodes;
 pub mod spawn;

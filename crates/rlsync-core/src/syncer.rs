@@ -69,7 +69,7 @@ use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 pub use offload::{PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
-pub use sender::SyncSender;
+pub use sender::{Declined, SyncSender};
 
 /// Runtime options that are not part of the weight_syncer config.
 #[derive(Debug, Clone, Copy, Default)]
@@ -181,6 +181,13 @@ pub enum SyncError {
     },
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// Receiver `rank` dropped the update the sender waited for it to install ([`SyncReceiver::decline`]).
+    #[error("receiver rank {rank} declined version {version}: {reason}")]
+    Declined {
+        rank: usize,
+        version: u64,
+        reason: String,
+    },
 }
 
 impl SyncError {

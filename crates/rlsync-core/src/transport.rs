@@ -13,6 +13,12 @@
 //! channel, a new receiver may take its rank ([`Sender::wait_joined`]), and a payload may go to one rank only
 //! ([`Sender::send_to_with`]).
 //!
+//! A caller may bound the waits of its next calls further ([`Sender::set_bound`], [`Receiver::set_bound`]: the
+//! Python API's per-call `timeout=`); a wait cut short reports `Timeout` with that bound, and a payload wait
+//! that runs out consumes nothing. Shm, in-process and TCP fan-out senders also hand receivers' upstream
+//! reports out between payloads without waiting ([`Sender::try_recv_from`], [`Sender::wait_any_from`]). The
+//! TCP fan-out ([`TcpFanSender`]) is the 1 → N channel across hosts whose receivers connect to the sender.
+//!
 //! Backends sit behind one internal trait per side ([`SendBackend`], [`RecvBackend`]) and are dispatched through
 //! the [`Sender`]/[`Receiver`] enums, so callers never name a backend after construction.
 //! The transport moves bytes only; it knows nothing about what the payloads mean.
@@ -25,6 +31,7 @@ pub mod shm;
 #[cfg(test)]
 pub(crate) mod tap;
 pub mod tcp;
+pub mod tcp_fan;
 mod tcp_link;
 
 use std::fmt;
@@ -36,6 +43,7 @@ pub use inproc::{
 };
 pub use shm::{ShmConfig, ShmReceiver, ShmSender};
 pub use tcp::{ChainConfig, ChainRelay, ChainSender, RelayEnd};
+pub use tcp_fan::{TcpFanConfig, TcpFanListener, TcpFanReceiver, TcpFanSender};
 pub use tcp_link::LinkError;
 
 /// How long any single wait may take unless the channel was built with another timeout.
@@ -51,6 +59,19 @@ pub const DEFAULT_SLOTS: usize = 4;
 /// offset: "4K aliasing"). Receivers copy into allocator buffers, which start at small page offsets (16,
 /// 64), so payloads at offset 0 (plus a small header) would hit exactly that; half a page keeps them apart.
 pub(crate) const PAYLOAD_PAGE_OFFSET: usize = 2048;
+
+/// The deadline and the reported timeout of a wait starting now: the channel's `timeout`, or the caller's
+/// bound (`set_bound`: its deadline and the duration it was given) when that ends first.
+pub(crate) fn wait_deadline(
+    timeout: Duration,
+    bound: Option<(tokio::time::Instant, Duration)>,
+) -> (tokio::time::Instant, Duration) {
+    let own = tokio::time::Instant::now() + timeout;
+    match bound {
+        Some((end, d)) if end < own => (end, d),
+        _ => (own, timeout),
+    }
+}
 
 /// Who an error is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,6 +161,8 @@ pub enum Sender {
     Bridge(bridge::BridgeSender),
     /// The head of a TCP chain to other nodes (with this node's own receivers behind a local sender).
     Chain(ChainSender),
+    /// One TCP connection per receiver, across hosts (receivers connect to the sender).
+    TcpFan(TcpFanSender),
     /// Tests only: an in-process sender that records what it sends ([`tap::tapped`]).
     #[cfg(test)]
     Tap(tap::TapSender),
@@ -151,6 +174,7 @@ pub enum Receiver {
     InProc(InProcReceiver),
     Shm(ShmReceiver),
     Bridge(bridge::BridgeReceiver),
+    TcpFan(TcpFanReceiver),
 }
 
 /// Who a payload is for.
@@ -179,6 +203,34 @@ pub(crate) trait SendBackend {
     }
     async fn flush(&mut self) -> Result<(), TransportError>;
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError>;
+    /// An upstream message from `rank` already delivered that `accept` takes, without waiting.
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        let _ = (rank, accept);
+        Err(no_reports())
+    }
+    /// Ranks whose new receiver joined and was not taken in yet (elastic channels; others: none).
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        Ok(Vec::new())
+    }
+    /// Wait (bounded) until any of `ranks` has an upstream message queued.
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        let _ = ranks;
+        Err(no_reports())
+    }
+    /// Bound the waits of the calls that follow by `now + bound` too (`None`: the channel's timeout only).
+    /// Backends without timeouts of their own (the bridge: its caller bounds them) ignore it.
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        let _ = bound;
+    }
+    /// Wait (bounded) until the next payload could be published without waiting for receivers, so a caller
+    /// can time out before it changes anything of its own (the patch sender's snapshot).
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// The error of a backend that cannot admit new receivers or address one of them.
@@ -190,11 +242,26 @@ pub(crate) fn not_elastic(what: &str) -> TransportError {
     }
 }
 
+/// The error of a backend whose sender does not read receivers' reports between payloads.
+fn no_reports() -> TransportError {
+    TransportError::Config {
+        reason:
+            "this channel does not carry receivers' reports between payloads (rlsync's shm and \
+                 in-process channels do)"
+                .to_owned(),
+    }
+}
+
 /// What every receiving backend provides; [`Receiver`] dispatches to it.
 pub(crate) trait RecvBackend {
     fn rank(&self) -> usize;
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError>;
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError>;
+    /// Bound the waits of the calls that follow by `now + bound` too (`None`: the channel's timeout only).
+    /// Backends without timeouts of their own (the bridge: its caller bounds them) ignore it.
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        let _ = bound;
+    }
 }
 
 impl Sender {
@@ -205,6 +272,7 @@ impl Sender {
             Sender::Shm(s) => s.receivers(),
             Sender::Bridge(s) => s.receivers(),
             Sender::Chain(s) => s.receivers(),
+            Sender::TcpFan(s) => s.receivers(),
             #[cfg(test)]
             Sender::Tap(s) => s.receivers(),
         }
@@ -228,6 +296,7 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::All, len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::All, len, fill).await,
             Sender::Chain(s) => s.send_with(Target::All, len, fill).await,
+            Sender::TcpFan(s) => s.send_with(Target::All, len, fill).await,
             #[cfg(test)]
             Sender::Tap(s) => s.send_with(Target::All, len, fill).await,
         }
@@ -245,6 +314,7 @@ impl Sender {
             Sender::Shm(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Bridge(s) => s.send_with(Target::Rank(rank), len, fill).await,
             Sender::Chain(s) => s.send_with(Target::Rank(rank), len, fill).await,
+            Sender::TcpFan(s) => s.send_with(Target::Rank(rank), len, fill).await,
             #[cfg(test)]
             Sender::Tap(s) => s.send_with(Target::Rank(rank), len, fill).await,
         }
@@ -264,6 +334,7 @@ impl Sender {
             Sender::Shm(s) => s.wait_joined(rank).await,
             Sender::Bridge(s) => s.wait_joined(rank).await,
             Sender::Chain(s) => s.wait_joined(rank).await,
+            Sender::TcpFan(s) => s.wait_joined(rank).await,
             #[cfg(test)]
             Sender::Tap(s) => s.wait_joined(rank).await,
         }
@@ -276,6 +347,7 @@ impl Sender {
             Sender::Shm(s) => s.live(),
             Sender::Bridge(s) => s.live(),
             Sender::Chain(s) => s.live(),
+            Sender::TcpFan(s) => s.live(),
             #[cfg(test)]
             Sender::Tap(s) => s.live(),
         }
@@ -289,6 +361,7 @@ impl Sender {
             Sender::Shm(s) => s.is_elastic(),
             Sender::Bridge(s) => s.is_elastic(),
             Sender::Chain(s) => s.is_elastic(),
+            Sender::TcpFan(s) => s.is_elastic(),
             #[cfg(test)]
             Sender::Tap(s) => s.is_elastic(),
         }
@@ -300,6 +373,84 @@ impl Sender {
             .await
     }
 
+    /// The next upstream message from receiver `rank` if one was already delivered and `accept` takes it,
+    /// without waiting (a message `accept` refuses stays queued for [`Sender::recv_from`]). Shm and in-process
+    /// channels; others answer `Config`.
+    pub fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        match self {
+            Sender::InProc(s) => s.try_recv_from(rank, accept),
+            Sender::Shm(s) => s.try_recv_from(rank, accept),
+            Sender::Bridge(s) => s.try_recv_from(rank, accept),
+            Sender::Chain(s) => s.try_recv_from(rank, accept),
+            Sender::TcpFan(s) => s.try_recv_from(rank, accept),
+            #[cfg(test)]
+            Sender::Tap(s) => s.try_recv_from(rank, accept),
+        }
+    }
+
+    /// Ranks whose (new) receiver joined an elastic channel and was not taken in yet by
+    /// [`Sender::wait_joined`], without waiting: each must be caught up (`SyncSender::rejoin`) before it follows
+    /// the others. Empty on channels that are not elastic.
+    pub fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        match self {
+            Sender::InProc(s) => s.joined_ranks(),
+            Sender::Shm(s) => s.joined_ranks(),
+            Sender::Bridge(s) => s.joined_ranks(),
+            Sender::Chain(s) => s.joined_ranks(),
+            Sender::TcpFan(s) => s.joined_ranks(),
+            #[cfg(test)]
+            Sender::Tap(s) => s.joined_ranks(),
+        }
+    }
+
+    /// Wait (bounded by the timeout and [`Sender::set_bound`]) until any of `ranks` has an upstream message
+    /// queued: `PeerGone` naming those of them that are gone, `Timeout` naming them all. Shm and in-process
+    /// channels; others answer `Config`.
+    pub async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        match self {
+            Sender::InProc(s) => s.wait_any_from(ranks).await,
+            Sender::Shm(s) => s.wait_any_from(ranks).await,
+            Sender::Bridge(s) => s.wait_any_from(ranks).await,
+            Sender::Chain(s) => s.wait_any_from(ranks).await,
+            Sender::TcpFan(s) => s.wait_any_from(ranks).await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.wait_any_from(ranks).await,
+        }
+    }
+
+    /// Bound every wait of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only); a wait cut short reports `Timeout` with `bound` as its timeout
+    /// and leaves the channel as the channel's own timeout would. Shm and in-process channels; the bridge's
+    /// caller bounds its own waits, and a TCP chain keeps its own timeouts.
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        match self {
+            Sender::InProc(s) => s.set_bound(bound),
+            Sender::Shm(s) => s.set_bound(bound),
+            Sender::Bridge(s) => s.set_bound(bound),
+            Sender::Chain(s) => s.set_bound(bound),
+            Sender::TcpFan(s) => s.set_bound(bound),
+            #[cfg(test)]
+            Sender::Tap(s) => s.set_bound(bound),
+        }
+    }
+
+    /// Wait (bounded) until the next payload can be published without waiting on receivers' releases.
+    pub async fn ready(&mut self) -> Result<(), TransportError> {
+        match self {
+            Sender::InProc(s) => s.ready().await,
+            Sender::Shm(s) => s.ready().await,
+            Sender::Bridge(s) => s.ready().await,
+            Sender::Chain(s) => s.ready().await,
+            Sender::TcpFan(s) => s.ready().await,
+            #[cfg(test)]
+            Sender::Tap(s) => s.ready().await,
+        }
+    }
+
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), TransportError> {
         match self {
@@ -307,6 +458,7 @@ impl Sender {
             Sender::Shm(s) => s.flush().await,
             Sender::Bridge(s) => s.flush().await,
             Sender::Chain(s) => s.flush().await,
+            Sender::TcpFan(s) => s.flush().await,
             #[cfg(test)]
             Sender::Tap(s) => s.flush().await,
         }
@@ -319,6 +471,7 @@ impl Sender {
             Sender::Shm(s) => s.recv_from(rank).await,
             Sender::Bridge(s) => s.recv_from(rank).await,
             Sender::Chain(s) => s.recv_from(rank).await,
+            Sender::TcpFan(s) => s.recv_from(rank).await,
             #[cfg(test)]
             Sender::Tap(s) => s.recv_from(rank).await,
         }
@@ -331,7 +484,7 @@ impl Receiver {
     pub fn joined_late(&self) -> bool {
         match self {
             Receiver::Shm(r) => r.joined_late(),
-            Receiver::InProc(_) | Receiver::Bridge(_) => false,
+            Receiver::InProc(_) | Receiver::Bridge(_) | Receiver::TcpFan(_) => false,
         }
     }
 
@@ -341,6 +494,7 @@ impl Receiver {
             Receiver::InProc(r) => r.rank(),
             Receiver::Shm(r) => r.rank(),
             Receiver::Bridge(r) => r.rank(),
+            Receiver::TcpFan(r) => r.rank(),
         }
     }
 
@@ -354,6 +508,18 @@ impl Receiver {
             Receiver::InProc(r) => r.recv_with(read).await,
             Receiver::Shm(r) => r.recv_with(read).await,
             Receiver::Bridge(r) => r.recv_with(read).await,
+            Receiver::TcpFan(r) => r.recv_with(read).await,
+        }
+    }
+
+    /// Bound the waits of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only). A payload wait cut short consumes nothing: waiting again is fine.
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        match self {
+            Receiver::InProc(r) => r.set_bound(bound),
+            Receiver::Shm(r) => r.set_bound(bound),
+            Receiver::Bridge(r) => r.set_bound(bound),
+            Receiver::TcpFan(r) => r.set_bound(bound),
         }
     }
 
@@ -363,6 +529,7 @@ impl Receiver {
             Receiver::InProc(r) => r.send(msg).await,
             Receiver::Shm(r) => r.send(msg).await,
             Receiver::Bridge(r) => r.send(msg).await,
+            Receiver::TcpFan(r) => r.send(msg).await,
         }
     }
 }

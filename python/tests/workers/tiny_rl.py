@@ -85,7 +85,11 @@ class Trainer:
         self.policy.steps += 1
         self.history[int(self.policy.steps)] = self._flat()
         updates, self.updates = self.updates, self.updates + 1
+        # +fixture.clip_fraction=x: report it as PPO trainers do (logged as actor/clip_fraction).
+        clip = (self.cfg.get("fixture") or {}).get("clip_fraction")
+        extra = {} if clip is None else {"clip_fraction": float(clip)}
         return {
+            **extra,
             "loss": float(loss),
             "weights_match": float(match),
             "chunks": float(len(batches)),

@@ -1,5 +1,5 @@
 //! The console: a progress bar with an ETA when stderr is a terminal, else a progress line every few seconds
-//! (step, return, sync time, env steps/s, ETA), and worker log lines printed around either.
+//! (step, return, sync time, env steps/s, ETA, a warning once), and worker log lines printed around either.
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -31,9 +31,14 @@ pub const LINE_EVERY: Duration = Duration::from_secs(5);
 pub struct Lines {
     total: u64,
     first: u64,
+    /// When the loop started: set back from the first record by its `time/step`, so that start-up and the init
+    /// bootstrap count in neither the rate nor the ETA.
     started: Instant,
+    timed: bool,
     last: Option<Instant>,
     env_steps: f64,
+    /// A warning the next line carries (and is printed for, due or not), then drops.
+    warning: Option<String>,
 }
 
 impl Lines {
@@ -42,18 +47,37 @@ impl Lines {
             total,
             first,
             started,
+            timed: false,
             last: None,
             env_steps: 0.0,
+            warning: None,
         }
+    }
+
+    /// Put `warning` on the next line (printed with the next record, due or not).
+    pub fn warn(&mut self, warning: String) {
+        self.warning = Some(warning);
     }
 
     /// The line to print for `rec` at `now`, if one is due.
     pub fn update_at(&mut self, rec: &StepRecord, now: Instant) -> Option<String> {
+        if !self.timed {
+            self.timed = true;
+            let step = rec
+                .get_f64("time/step")
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map_or(Duration::ZERO, Duration::from_secs_f64);
+            self.started = now.checked_sub(step).unwrap_or(now);
+        }
         self.env_steps += rec.get_f64("rollout/env_steps").unwrap_or(0.0);
         let done = rec.step + 1;
         let due = match self.last {
             None => true,
-            Some(last) => now.duration_since(last) >= LINE_EVERY || done >= self.total,
+            Some(last) => {
+                now.duration_since(last) >= LINE_EVERY
+                    || done >= self.total
+                    || self.warning.is_some()
+            }
         };
         if !due {
             return None;
@@ -70,8 +94,13 @@ impl Lines {
         };
         let ret = rec.get_f64("rollout/return").unwrap_or(f64::NAN);
         let sync_ms = rec.get_f64("time/sync_weights").unwrap_or(0.0) * 1e3;
+        let warning = self
+            .warning
+            .take()
+            .map(|w| format!(" | {w}"))
+            .unwrap_or_default();
         Some(format!(
-            "step {done}/{} | return {ret:.3} | sync {sync_ms:.1} ms | {rate:.0} env steps/s | ETA {eta}",
+            "step {done}/{} | return {ret:.3} | sync {sync_ms:.1} ms | {rate:.0} env steps/s | ETA {eta}{warning}",
             self.total
         ))
     }
@@ -94,6 +123,8 @@ pub fn format_duration(secs: f64) -> String {
 pub struct Progress {
     bar: Option<ProgressBar>,
     lines: Option<Lines>,
+    /// The bar's warning, shown after its message from the step it came on.
+    warning: Option<String>,
 }
 
 impl Progress {
@@ -104,6 +135,7 @@ impl Progress {
             let progress = Progress {
                 bar: None,
                 lines: Some(lines),
+                warning: None,
             };
             return (progress, Console::default());
         }
@@ -119,14 +151,27 @@ impl Progress {
             Progress {
                 bar: Some(bar.clone()),
                 lines: None,
+                warning: None,
             },
             Console { bar: Some(bar) },
         )
     }
 
+    /// Show `warning` once: on the next progress line, or on the bar from now on.
+    pub fn warn(&mut self, warning: String) {
+        if let Some(lines) = &mut self.lines {
+            lines.warn(warning.clone());
+        }
+        self.warning = Some(warning);
+    }
+
     pub fn update(&mut self, rec: &StepRecord) {
         if let Some(bar) = &self.bar {
-            bar.set_message(message(rec));
+            let msg = match &self.warning {
+                Some(w) => format!("{} | {w}", message(rec)),
+                None => message(rec),
+            };
+            bar.set_message(msg);
             bar.set_position(rec.step + 1);
         }
         if let Some(line) = self
@@ -164,11 +209,13 @@ mod tests {
     #[test]
     fn lines_come_at_the_first_step_every_few_seconds_and_at_the_end() {
         let t0 = Instant::now();
-        let mut lines = Lines::new(10, 2, t0);
+        // Made 30 s before the loop: start-up and the bootstrap count in neither the rate nor the ETA.
+        let mut lines = Lines::new(10, 2, t0.checked_sub(Duration::from_secs(30)).unwrap_or(t0));
         let rec = |step: u64| {
             let mut r = StepRecord::new(step);
             r.float("rollout/return", -1.5);
             r.float("time/sync_weights", 0.004);
+            r.float("time/step", 2.0);
             r.int("rollout/env_steps", 100);
             r
         };
@@ -192,6 +239,29 @@ mod tests {
             "the last step prints"
         );
         assert_eq!(format_duration(3725.0), "1:02:05");
+    }
+
+    #[test]
+    fn a_warning_rides_on_the_next_line_once_even_when_no_line_is_due() {
+        let t0 = Instant::now();
+        let mut lines = Lines::new(100, 0, t0);
+        let rec = |step: u64| StepRecord::new(step);
+        assert!(lines.update_at(&rec(0), t0).is_some());
+        assert_eq!(lines.update_at(&rec(1), t0), None);
+        lines.warn("STALE SYNC? clip 0.40 > 0.30 over 10 steps (see log)".into());
+        let warned = lines
+            .update_at(&rec(2), t0)
+            .expect("the warning's line is due");
+        assert!(
+            warned.ends_with("| STALE SYNC? clip 0.40 > 0.30 over 10 steps (see log)"),
+            "{warned}"
+        );
+        // Once: the next line is back to its schedule and its form.
+        assert_eq!(lines.update_at(&rec(3), t0), None);
+        let later = lines
+            .update_at(&rec(4), t0 + LINE_EVERY)
+            .expect("due again");
+        assert!(!later.contains("STALE"), "{later}");
     }
 
     #[test]

@@ -4,22 +4,47 @@ use std::path::PathBuf;
 
 use crate::orchestrator::metrics::StepRecord;
 
+/// Where a run's time went, each figure measured apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RunTimes {
+    /// The job from start to end: the process's start (a multirun's later jobs: their own start) to the summary.
+    pub wall_s: f64,
+    /// Before the workers: composing and checking the config (the Python workers' interpreter probe included),
+    /// the run's files.
+    pub before_s: f64,
+    /// The workers' start: spawned until every one completed its handshake.
+    pub startup_s: f64,
+    /// The init bootstrap: the workers build their models and every rollout gets the trainer's full weights.
+    pub bootstrap_s: f64,
+    /// The training loop alone, from after the bootstrap to its last step.
+    pub loop_s: f64,
+    /// After the loop: the workers stopped, the metrics flushed.
+    pub shutdown_s: f64,
+}
+
 /// Totals of a finished (or stopped) run.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RunSummary {
     pub steps: u64,
     pub final_version: u64,
     pub env_steps: u64,
-    pub wall_s: f64,
-    pub env_steps_per_s: f64,
+    pub times: RunTimes,
+    /// The bootstrap's payload bytes (0 when the loop's records do not carry it).
+    pub bootstrap_bytes: u64,
+    /// Env steps trained per second of the loop ([`RunTimes::loop_s`]): start-up and bootstrap excluded.
+    pub loop_env_steps_per_s: f64,
+    /// Per-step syncs (the init bootstrap is not one of them), their bytes and how many were verified.
     pub syncs: u64,
     pub sync_bytes: u64,
-    pub mean_sync_ms: f64,
+    pub verified_syncs: u64,
+    /// Per-step sync times (`time/sync_weights` of the steps that synced; the bootstrap excluded), in ms.
+    pub sync_ms_mean: f64,
+    pub sync_ms_p50: f64,
+    pub sync_ms_max: f64,
     pub mean_step_ms: f64,
     pub mean_staleness: f64,
     pub max_staleness: u64,
     pub discarded: u64,
-    pub verified_syncs: u64,
     pub trainer_idle: f64,
     pub rollout_idle: f64,
     /// Learning curves' ends, for the metrics of [`LEARNING_KEYS`] the run reported (none for the synthetic
@@ -48,14 +73,31 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
     if n == 0 { 0.0 } else { sum / n as f64 }
 }
 
+/// The median of `values` (the mean of the middle two for an even count; 0 for none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
 impl RunSummary {
-    /// Summarise `records`; `wall_s` is the loop's wall time and `env_steps` the env steps trained on.
-    pub fn from_records(records: &[StepRecord], wall_s: f64, env_steps: u64) -> RunSummary {
+    /// Summarise `records`; `times` says where the run's time went and `env_steps` counts the env steps trained
+    /// on. A record whose `sync/kind` is `init` carries the bootstrap: it is no per-step sync.
+    pub fn from_records(records: &[StepRecord], times: RunTimes, env_steps: u64) -> RunSummary {
+        let is_init = |r: &StepRecord| matches!(r.get("sync/kind"), Some(super::MetricValue::Text(k)) if k == "init");
         let synced: Vec<&StepRecord> = records
             .iter()
-            .filter(|r| r.get("sync/kind").is_some())
+            .filter(|r| r.get("sync/kind").is_some() && !is_init(r))
             .collect();
         let get = |r: &StepRecord, k: &str| r.get_f64(k).unwrap_or(0.0);
+        let sync_ms: Vec<f64> = synced
+            .iter()
+            .map(|r| get(r, "time/sync_weights") * 1e3)
+            .collect();
         RunSummary {
             steps: records.len() as u64,
             final_version: records
@@ -63,16 +105,26 @@ impl RunSummary {
                 .map(|r| get(r, "actor/current_version") as u64)
                 .unwrap_or(0),
             env_steps,
-            wall_s,
-            env_steps_per_s: if wall_s > 0.0 {
-                env_steps as f64 / wall_s
+            times,
+            bootstrap_bytes: records
+                .iter()
+                .find(|r| is_init(r))
+                .map_or(0, |r| get(r, "sync/bytes") as u64),
+            loop_env_steps_per_s: if times.loop_s > 0.0 {
+                env_steps as f64 / times.loop_s
             } else {
                 0.0
             },
             syncs: synced.len() as u64,
             sync_bytes: synced.iter().map(|r| get(r, "sync/bytes") as u64).sum(),
-            mean_sync_ms: mean(synced.iter().map(|r| get(r, "time/sync_weights") * 1e3)),
+            sync_ms_mean: mean(sync_ms.iter().copied()),
+            sync_ms_max: sync_ms.iter().copied().fold(0.0, f64::max),
+            sync_ms_p50: median(sync_ms),
             mean_step_ms: mean(records.iter().map(|r| get(r, "time/step") * 1e3)),
+            verified_syncs: synced
+                .iter()
+                .filter(|r| r.get_f64("sync/verified") == Some(1.0))
+                .count() as u64,
             mean_staleness: mean(records.iter().map(|r| get(r, "staleness/mean"))),
             max_staleness: records
                 .iter()
@@ -83,10 +135,6 @@ impl RunSummary {
                 .iter()
                 .map(|r| get(r, "rollout/discarded_unused_trajs") as u64)
                 .sum(),
-            verified_syncs: synced
-                .iter()
-                .filter(|r| r.get_f64("sync/verified") == Some(1.0))
-                .count() as u64,
             trainer_idle: mean(records.iter().map(|r| get(r, "trainer/idle_ratio"))),
             rollout_idle: mean(records.iter().map(|r| get(r, "rollout/idle_ratio"))),
             learning: LEARNING_KEYS
@@ -118,26 +166,56 @@ impl RunSummary {
                 self.final_version.to_string(),
             ),
             ("env steps trained".to_owned(), self.env_steps.to_string()),
-            ("wall time".to_owned(), format!("{:.2} s", self.wall_s)),
             (
-                "throughput".to_owned(),
-                format!("{:.1} env steps/s", self.env_steps_per_s),
+                "wall time (start to end)".to_owned(),
+                format!("{:.2} s", self.times.wall_s),
+            ),
+            (
+                "config and checks".to_owned(),
+                format!("{:.2} s", self.times.before_s),
+            ),
+            (
+                "workers' start-up".to_owned(),
+                format!("{:.2} s", self.times.startup_s),
+            ),
+            (
+                "init bootstrap".to_owned(),
+                format!(
+                    "{:.2} s, {:.3} MB",
+                    self.times.bootstrap_s,
+                    self.bootstrap_bytes as f64 / 1e6
+                ),
+            ),
+            (
+                "loop time".to_owned(),
+                format!("{:.2} s", self.times.loop_s),
+            ),
+            (
+                "shutdown".to_owned(),
+                format!("{:.2} s", self.times.shutdown_s),
+            ),
+            (
+                "loop throughput".to_owned(),
+                format!("{:.1} env steps/s", self.loop_env_steps_per_s),
             ),
             (
                 "mean step time".to_owned(),
                 format!("{:.2} ms", self.mean_step_ms),
             ),
             (
-                "syncs (verified)".to_owned(),
+                "syncs after the bootstrap (verified)".to_owned(),
                 format!("{} ({})", self.syncs, self.verified_syncs),
             ),
             (
-                "bytes synced".to_owned(),
+                "bytes synced after the bootstrap".to_owned(),
                 format!("{:.3} MB", self.sync_bytes as f64 / 1e6),
             ),
             (
-                "mean sync time".to_owned(),
-                format!("{:.2} ms", self.mean_sync_ms),
+                "sync time mean / p50 / max".to_owned(),
+                format!(
+                    "{:.2} / {:.2} / {:.2} ms",
+                    self.sync_ms_mean, self.sync_ms_p50, self.sync_ms_max
+                ),
             ),
             (
                 "staleness mean / max".to_owned(),
@@ -185,13 +263,25 @@ impl RunSummary {
 mod tests {
     use super::*;
 
+    fn times(wall_s: f64, loop_s: f64) -> RunTimes {
+        RunTimes {
+            wall_s,
+            before_s: 0.25,
+            startup_s: 1.0,
+            bootstrap_s: 0.5,
+            loop_s,
+            shutdown_s: 0.125,
+        }
+    }
+
     #[test]
     fn summary_totals_over_records() {
         let mut a = StepRecord::new(0);
         a.text("sync/kind", "init");
         a.int("sync/bytes", 100);
         a.flag("sync/verified", true);
-        a.float("time/sync_weights", 0.002);
+        a.float("time/init_weights", 0.5);
+        a.float("time/sync_weights", 0.0);
         a.float("time/step", 0.01);
         a.int("actor/current_version", 1);
         let mut b = StepRecord::new(1);
@@ -199,23 +289,49 @@ mod tests {
         b.int("rollout/discarded_unused_trajs", 2);
         b.int("actor/current_version", 2);
         b.int("staleness/max", 1);
-        let s = RunSummary::from_records(&[a, b], 2.0, 100);
+        b.text("sync/kind", "patch");
+        b.int("sync/bytes", 7);
+        b.flag("sync/verified", true);
+        b.float("time/sync_weights", 0.004);
+        let s = RunSummary::from_records(&[a, b], times(5.0, 2.0), 100);
+        // The init bootstrap is no per-step sync: one sync of 7 bytes, the bootstrap's 100 apart.
         assert_eq!(
             (
                 s.steps,
                 s.syncs,
                 s.sync_bytes,
                 s.verified_syncs,
-                s.discarded
+                s.discarded,
+                s.bootstrap_bytes
             ),
-            (2, 1, 100, 1, 2)
+            (2, 1, 7, 1, 2, 100)
         );
         assert_eq!((s.final_version, s.max_staleness), (2, 1));
         assert!((s.mean_step_ms - 20.0).abs() < 1e-9);
-        assert!((s.env_steps_per_s - 50.0).abs() < 1e-9);
-        assert!(s.table().contains("discarded trajectories"));
-        assert!(s.learning.is_empty() && !s.table().contains("success"));
-        assert!(!s.table().contains("last checkpoint"));
+        // Throughput over the loop's 2 s, not the job's 5 s.
+        assert!((s.loop_env_steps_per_s - 50.0).abs() < 1e-9);
+        assert!((s.sync_ms_mean - 4.0).abs() < 1e-9 && (s.sync_ms_max - 4.0).abs() < 1e-9);
+        let table = s.table();
+        assert!(table.contains("discarded trajectories"));
+        for (row, value) in [
+            ("wall time (start to end)", "5.00 s"),
+            ("config and checks", "0.25 s"),
+            ("workers' start-up", "1.00 s"),
+            ("shutdown", "0.12 s"),
+            ("init bootstrap", "0.50 s, 0.000 MB"),
+            ("loop time", "2.00 s"),
+            ("loop throughput", "50.0 env steps/s"),
+            ("sync time mean / p50 / max", "4.00 / 4.00 / 4.00 ms"),
+        ] {
+            assert!(
+                table
+                    .lines()
+                    .any(|l| l.trim_start().starts_with(row) && l.ends_with(value)),
+                "{row}: {value} in\n{table}"
+            );
+        }
+        assert!(s.learning.is_empty() && !table.contains("success"));
+        assert!(!table.contains("last checkpoint"));
         let with_paths = RunSummary {
             run_dir: Some("/runs/a".into()),
             checkpoint: Some("/runs/a/checkpoints/global_step_2".into()),
@@ -235,6 +351,32 @@ mod tests {
     }
 
     #[test]
+    fn sync_statistics_are_per_step_and_leave_the_bootstrap_out() {
+        // A 3.9 s bootstrap must not be averaged into the per-step syncs (the 131.69 ms "mean").
+        let mut records = Vec::new();
+        let mut init = StepRecord::new(0);
+        init.text("sync/kind", "init");
+        init.float("time/init_weights", 3.9);
+        init.float("time/sync_weights", 0.0);
+        records.push(init);
+        for (i, ms) in [(1, 2.0), (2, 9.0), (3, 3.0), (4, 4.0)] {
+            let mut r = StepRecord::new(i);
+            r.text("sync/kind", "patch");
+            r.float("time/sync_weights", ms / 1e3);
+            records.push(r);
+        }
+        // A step without a sync is no sync of 0 ms.
+        records.push(StepRecord::new(5));
+        let s = RunSummary::from_records(&records, times(5.7, 0.05), 0);
+        assert_eq!(s.syncs, 4);
+        assert!((s.sync_ms_mean - 4.5).abs() < 1e-9, "{s:?}");
+        assert!((s.sync_ms_p50 - 3.5).abs() < 1e-9, "{s:?}");
+        assert!((s.sync_ms_max - 9.0).abs() < 1e-9, "{s:?}");
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+
+    #[test]
     fn summary_shows_the_end_of_the_learning_curves() {
         let records: Vec<StepRecord> = (0..15)
             .map(|i| {
@@ -247,7 +389,7 @@ mod tests {
                 r
             })
             .collect();
-        let s = RunSummary::from_records(&records, 1.0, 10);
+        let s = RunSummary::from_records(&records, times(2.0, 1.0), 10);
         // Steps 5..=14: mean 0.95.
         let keys: Vec<&str> = s.learning.iter().map(|(k, _)| *k).collect();
         assert_eq!(keys, ["env/success_rate", "eval/return"]);

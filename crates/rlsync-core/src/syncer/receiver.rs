@@ -1,8 +1,10 @@
 //! The receiving end [`SyncReceiver`] (a rollout's): the handshake and init bootstrap that make it
 //! ([`WeightSyncer::init_receiver`], [`WeightSyncer::rejoin_receiver`]), `apply` (receive, verify, install)
-//! and `receive` → [`PendingUpdate::install`] for background no-wait installs. A bucket receiver may also skip
-//! the handshake ([`WeightSyncer::init_receiver_described`], RLinf's bucket syncer): then it reads each version's
-//! manifest first and maps the buckets onto its keys by name, checking every key before anything is written.
+//! and `receive` → [`PendingUpdate::install`] for background no-wait installs (or [`SyncReceiver::commit`] /
+//! [`SyncReceiver::decline`], which also report to the sender when [`SyncReceiver::set_reports`] is on). A
+//! bucket receiver may also skip the handshake ([`WeightSyncer::init_receiver_described`], RLinf's bucket
+//! syncer): then it reads each version's manifest first and maps the buckets onto its keys by name, checking
+//! every key before anything is written.
 
 use super::bucket::PartError;
 use super::*;
@@ -21,6 +23,8 @@ pub struct SyncReceiver {
     interrupted: Option<u64>,
     /// Made without a handshake: every version starts with its manifest (see `syncer/wire.rs`).
     described: bool,
+    /// Tell the sender of every installed version and every declined update ([`SyncReceiver::set_reports`]).
+    reports: bool,
     shared: Arc<ReceiverShared>,
 }
 
@@ -133,6 +137,7 @@ impl WeightSyncer {
             received: 0,
             interrupted: None,
             described: false,
+            reports: false,
             shared,
         };
         Ok((receiver, report))
@@ -164,6 +169,7 @@ impl WeightSyncer {
             received: 0,
             interrupted: None,
             described: true,
+            reports: false,
             shared: Arc::new(ReceiverShared::new(
                 meta,
                 synced,
@@ -242,6 +248,7 @@ impl WeightSyncer {
             received: start.sequence,
             interrupted: None,
             described: false,
+            reports: false,
             shared: Arc::new(ReceiverShared::new(
                 meta,
                 synced,
@@ -372,13 +379,71 @@ fn synced(plan: &Plan, keys: usize) -> Vec<bool> {
 impl SyncReceiver {
     /// Receive the next version and install it into `state`; `report.version` is the applied version.
     pub async fn apply(&mut self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
-        if self.strategy == Strategy::Bucket && self.load_instant {
-            return receive_buckets(self, Some(state))
-                .await
-                .map(|(_, report)| report);
+        let report = if self.strategy == Strategy::Bucket && self.load_instant {
+            receive_buckets(self, Some(state)).await?.1
+        } else {
+            let pending = receive(self).await?;
+            pending.install(state)?
+        };
+        self.report_applied().await;
+        Ok(report)
+    }
+
+    /// Report to the sender (upstream, between payloads) every version this receiver installs and every
+    /// update it declines ([`SyncReceiver::decline`]), so the sender knows each receiver's version
+    /// ([`SyncSender::acked`]). Only for channels whose sender reads them: rlsync's shm and in-process
+    /// channels ([`SyncSender::poll_reports`]); off by default (the runtime's channels carry no reports).
+    pub fn set_reports(&mut self, on: bool) {
+        self.reports = on;
+    }
+
+    /// Install an update this receiver received ([`SyncReceiver::receive`]) into `state`, and report it.
+    pub async fn commit(
+        &mut self,
+        pending: PendingUpdate,
+        state: &mut StateDict,
+    ) -> Result<SyncReport, SyncError> {
+        let report = pending.install(state)?;
+        self.report_applied().await;
+        Ok(report)
+    }
+
+    /// Drop an update this receiver received without installing it (weights and version untouched), and
+    /// tell the sender why (with reports on). A patch syncer's next patch builds on the dropped version, so
+    /// it is rejected ("a full resync is needed"); a bucket syncer installs the next version as usual.
+    pub async fn decline(&mut self, pending: PendingUpdate, reason: &str) {
+        let stamp = pending.stamp;
+        if let PendingBody::Bucket(staged) = pending.body {
+            give_back(&self.shared, staged);
         }
-        let pending = receive(self).await?;
-        pending.install(state)
+        if self.reports {
+            self.report(&wire::encode_declined(stamp, reason)).await;
+        }
+    }
+
+    /// Tell the sender (reports on) which version this receiver holds now.
+    async fn report_applied(&mut self) {
+        if self.reports {
+            let msg = wire::encode_applied(self.shared.applied());
+            self.report(&msg).await;
+        }
+    }
+
+    /// Best effort: the update is installed (or declined) whatever happens to its report; a sender that is
+    /// gone, or a channel that broke, is reported by the next wait on it.
+    async fn report(&mut self, msg: &[u8]) {
+        if let Err(e) = self.ch.send(msg).await {
+            tracing::warn!(error = %crate::error_chain(&e), "could not report to the sender");
+        }
+    }
+
+    /// Bound every wait of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only): an `apply` / `receive` that runs out returns
+    /// `SyncError::Transport(Timeout)`. A wait for a payload that runs out consumes nothing, so the receiver
+    /// stays usable; a bucket version cut short is dropped whole (weights untouched; its remaining parts are
+    /// skipped by the next call). The caller's own bridge ignores it (its caller bounds `recv`).
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        self.ch.set_bound(bound);
     }
 
     /// Background (no-wait) receive: read and validate the next update without touching the weights; install
@@ -566,6 +631,11 @@ impl PendingUpdate {
     /// The caller's version this update carries.
     pub fn version(&self) -> u64 {
         self.stamp.version
+    }
+
+    /// Sizes and timings of receiving it (the install adds its own when it runs).
+    pub fn report(&self) -> &SyncReport {
+        &self.report
     }
 
     /// Install into `state` (the receiver's state dict from init). Rejected — state and version untouched —

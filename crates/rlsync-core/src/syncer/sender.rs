@@ -20,6 +20,26 @@ pub struct SyncSender {
     last: Stamp,
     strategy: SenderStrategy,
     pub(super) rejoin: rejoin::RejoinInfo,
+    /// What receivers reported ([`SyncReceiver::set_reports`]), read by [`SyncSender::poll_reports`].
+    reports: Reports,
+}
+
+/// Receivers' reports as the sender read them: per rank the version it installed last, and how many
+/// updates it declined (the last one's stamp and reason).
+#[derive(Debug, Default)]
+struct Reports {
+    applied: std::collections::BTreeMap<usize, Stamp>,
+    declined: std::collections::BTreeMap<usize, u64>,
+    last_declined: Option<Declined>,
+}
+
+/// The last update a receiver declined ([`SyncReceiver::decline`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Declined {
+    pub rank: usize,
+    pub version: u64,
+    pub sequence: u64,
+    pub reason: String,
 }
 
 /// What the sender keeps between versions: the patch syncer's snapshot, or the bucket syncer's plan.
@@ -92,6 +112,7 @@ impl WeightSyncer {
             last: Stamp::default(),
             strategy,
             rejoin,
+            reports: Reports::default(),
         };
         if let SenderStrategy::Patch(p) = &sender.strategy
             && sender.rejoin.log.is_enabled()
@@ -183,6 +204,7 @@ impl WeightSyncer {
             },
             strategy,
             rejoin,
+            reports: Reports::default(),
         };
         Ok((sender, report))
     }
@@ -369,11 +391,36 @@ impl SyncSender {
         let (ch, settings) = (&mut self.ch, &self.settings);
         let mut report = match &mut self.strategy {
             SenderStrategy::Patch(p) => {
-                p.sync(ch, settings, &mut self.rejoin, base, state, next)
-                    .await?
+                // Wait for a free slot before the snapshot changes: a timeout here leaves everything as it was.
+                ch.ready().await?;
+                match p
+                    .sync(ch, settings, &mut self.rejoin, base, state, next)
+                    .await
+                {
+                    Ok(report) => report,
+                    Err(e) => {
+                        // Sending failed after the snapshot took `next`: later patches build on it, so
+                        // receivers that missed this one reject them instead of silently missing its changes.
+                        // (A state dict that does not fit fails before anything changes.)
+                        if matches!(e, SyncError::Transport(_)) {
+                            self.last.sequence = next.sequence;
+                        }
+                        return Err(e);
+                    }
+                }
             }
             SenderStrategy::Bucket(b) => {
-                let mut report = b.sync(ch, settings, state, next).await?;
+                let mut report = match b.sync(ch, settings, state, next).await {
+                    Ok(report) => report,
+                    Err(e) => {
+                        // Sending failed midway: some receivers may hold part (or all) of it, so its
+                        // sequence is spent. (A state dict that does not fit fails before anything is sent.)
+                        if matches!(e, SyncError::Transport(_)) {
+                            self.last.sequence = next.sequence;
+                        }
+                        return Err(e);
+                    }
+                };
                 report.state_bytes = self
                     .synced_keys
                     .iter()
@@ -493,6 +540,132 @@ impl SyncSender {
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), SyncError> {
         Ok(self.ch.flush().await?)
+    }
+
+    /// Bound every wait of the calls that follow by `now + bound` as well as by the channel's own timeout
+    /// (`None`: the channel's timeout only); a call that runs out returns `SyncError::Transport(Timeout)`
+    /// naming the receivers it waited on. A `sync` that runs out before its payload went out changes nothing
+    /// (the patch sender waits for a free slot before it touches its snapshot); one that runs out later
+    /// counts as sent (receivers that missed a patch reject the patches after it, as after any lost payload).
+    pub fn set_bound(&mut self, bound: Option<Duration>) {
+        self.ch.set_bound(bound);
+    }
+
+    /// Catch up every receiver that joined the (elastic) channel since the last call and asked to rejoin
+    /// ([`WeightSyncer::rejoin_receiver`]), as [`SyncSender::rejoin`] does for one; call it before a `sync`
+    /// (the Python API does at every `sync` on rlsync's channel). A catch-up that fails (the joiner went away
+    /// again) is logged and skipped: the joiner sees its own error. Returns what each one got.
+    pub async fn rejoin_joined(
+        &mut self,
+        state: &StateDict,
+    ) -> Result<Vec<CatchUpReport>, SyncError> {
+        let mut done = Vec::new();
+        for rank in self.ch.joined_ranks()? {
+            match self.rejoin(state, rank).await {
+                Ok(report) => done.push(report),
+                Err(e) => {
+                    tracing::warn!(rank, error = %crate::error_chain(&e), "a late receiver's catch-up failed");
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Read the reports receivers sent so far ([`SyncReceiver::set_reports`]) without waiting. Only the
+    /// reports are taken: a rejoining receiver's messages stay queued for [`SyncSender::rejoin`].
+    pub fn poll_reports(&mut self) -> Result<(), SyncError> {
+        for rank in self.ch.live() {
+            while let Some(msg) = self.ch.try_recv_from(rank, &is_report)? {
+                self.take_report(rank, &msg)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The version (and sequence) each live receiver reported installed last, by rank (read so far: call
+    /// [`SyncSender::poll_reports`] first); a receiver that went away is left out.
+    pub fn acked(&self) -> Vec<(usize, Stamp)> {
+        let live = self.ch.live();
+        self.reports
+            .applied
+            .iter()
+            .filter(|(rank, _)| live.contains(rank))
+            .map(|(&rank, &stamp)| (rank, stamp))
+            .collect()
+    }
+
+    /// How many updates each receiver declined ([`SyncReceiver::decline`]), by rank, and the last one.
+    pub fn declined(&self) -> (Vec<(usize, u64)>, Option<&Declined>) {
+        (
+            self.reports
+                .declined
+                .iter()
+                .map(|(&r, &n)| (r, n))
+                .collect(),
+            self.reports.last_declined.as_ref(),
+        )
+    }
+
+    /// Wait until every live receiver reported installing the last sync (bounded by the channel's timeout
+    /// and [`SyncSender::set_bound`]: `Timeout` naming the ranks still missing). A receiver that declined it
+    /// is an error naming it; on an elastic channel a receiver that goes away is no longer waited for, on
+    /// another one it is an error naming it at once (`PeerGone`).
+    pub async fn wait_applied(&mut self) -> Result<(), SyncError> {
+        let target = self.last;
+        loop {
+            self.poll_reports()?;
+            if let Some(d) = &self.reports.last_declined
+                && d.sequence == target.sequence
+            {
+                return Err(SyncError::Declined {
+                    rank: d.rank,
+                    version: d.version,
+                    reason: d.reason.clone(),
+                });
+            }
+            let missing: Vec<usize> = self
+                .ch
+                .live()
+                .into_iter()
+                .filter(|r| {
+                    self.reports
+                        .applied
+                        .get(r)
+                        .is_none_or(|s| s.sequence < target.sequence)
+                })
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            match self.ch.wait_any_from(&missing).await {
+                Ok(()) => {}
+                Err(TransportError::PeerGone { .. }) if self.ch.is_elastic() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn take_report(&mut self, rank: usize, msg: &[u8]) -> Result<(), SyncError> {
+        let (h, body) = Header::parse(msg).map_err(|e| SyncError::HandshakeMessage {
+            message: format!("report from receiver rank {rank}"),
+            source: e.into(),
+        })?;
+        match h.kind {
+            Kind::Applied => {
+                self.reports.applied.insert(rank, h.stamp());
+            }
+            Kind::Declined => {
+                *self.reports.declined.entry(rank).or_insert(0) += 1;
+                self.reports.last_declined = Some(Declined {
+                    rank,
+                    version: h.version,
+                    sequence: h.sequence,
+                    reason: wire::decode_abort(body),
+                });
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The checksum each receiver should report ([`SyncReceiver::checksum`]), i.e. of the synced keys as the
@@ -664,6 +837,12 @@ impl BucketSender {
             ..Default::default()
         })
     }
+}
+
+/// Whether an upstream message is a receiver's report (not a rejoin's request).
+fn is_report(msg: &[u8]) -> bool {
+    Header::parse_unverified(msg)
+        .is_ok_and(|(h, _)| matches!(h.kind, Kind::Applied | Kind::Declined))
 }
 
 impl From<Refusal> for SyncError {

@@ -2086,3 +2086,289 @@ fn a_handshake_receiver_is_told_that_the_sender_runs_without_one() {
         "{err}"
     );
 }
+// -------------------------------------------------------------------------------------------------------
+// Per-call bounds and receivers' reports (the Python API's timeouts, acks, stage/commit/abort)
+
+fn timed_out(err: &SyncError) -> Option<(&'static str, transport::Peer, Duration)> {
+    match err {
+        SyncError::Transport(TransportError::Timeout { op, peer, timeout }) => {
+            Some((op, peer.clone(), *timeout))
+        }
+        _ => None,
+    }
+}
+
+#[test]
+fn a_bounded_apply_times_out_and_the_receiver_stays_usable() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 21).unwrap();
+        let before: Vec<Vec<u8>> = keys
+            .iter()
+            .map(|k| p.receiver.get(&k.name).unwrap().bytes().to_vec())
+            .collect();
+        p.rx.set_bound(Some(Duration::from_millis(50)));
+        let t0 = Instant::now();
+        let err = rt.block_on(p.rx.apply(&mut p.receiver)).unwrap_err();
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "the bound, not the 5 s channel timeout"
+        );
+        let (_, peer, timeout) = timed_out(&err).expect("a timeout");
+        assert_eq!(
+            (peer, timeout),
+            (transport::Peer::Sender, Duration::from_millis(50))
+        );
+        for (k, b) in keys.iter().zip(&before) {
+            assert_eq!(p.receiver.get(&k.name).unwrap().bytes(), b.as_slice());
+        }
+        p.rx.set_bound(None);
+        mutate(&mut p.sender, 3, 50);
+        let (_, applied) = sync_once(&rt, &mut p, 7);
+        assert_eq!(applied.version, 7);
+        assert_synced(&p, &keys, &s, &[]);
+    }
+}
+
+#[test]
+fn a_sync_that_times_out_waiting_for_a_slot_changes_nothing() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 22).unwrap();
+        // One message per version (a bucket version in one part), so each sync takes one slot.
+        p.tx.settings.part_bytes = 1 << 20;
+        // Fill every slot: the receiver reads nothing yet.
+        for v in 1..=transport::DEFAULT_SLOTS as u64 {
+            mutate(&mut p.sender, v, 30);
+            rt.block_on(p.tx.sync(&p.sender, v)).unwrap();
+        }
+        mutate(&mut p.sender, 99, 30);
+        p.tx.set_bound(Some(Duration::from_millis(50)));
+        let err = rt.block_on(p.tx.sync(&p.sender, 50)).unwrap_err();
+        let (_, peer, timeout) = timed_out(&err).expect("a timeout");
+        assert_eq!(
+            (peer, timeout),
+            (transport::Peer::Receiver(0), Duration::from_millis(50))
+        );
+        p.tx.set_bound(None);
+        assert_eq!(p.tx.version(), transport::DEFAULT_SLOTS as u64);
+        for v in 1..=transport::DEFAULT_SLOTS as u64 {
+            assert_eq!(rt.block_on(p.rx.apply(&mut p.receiver)).unwrap().version, v);
+        }
+        // The change made before the timed-out sync travels with the next one.
+        let (_, applied) = sync_once(&rt, &mut p, 60);
+        assert_eq!(applied.version, 60);
+        assert_synced(&p, &keys, &s, &[]);
+    }
+}
+
+#[test]
+fn reports_tell_the_sender_what_each_receiver_installed_or_declined() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut p = init_pair(&rt, &keys, &s, 23).unwrap();
+        p.rx.set_reports(true);
+        p.tx.poll_reports().unwrap();
+        assert!(p.tx.acked().is_empty());
+        mutate(&mut p.sender, 1, 50);
+        sync_once(&rt, &mut p, 4);
+        rt.block_on(p.tx.wait_applied()).unwrap();
+        assert_eq!(
+            p.tx.acked(),
+            vec![(
+                0,
+                wire::Stamp {
+                    version: 4,
+                    sequence: 1
+                }
+            )]
+        );
+        // Staged, then committed: reported too.
+        mutate(&mut p.sender, 2, 50);
+        let pending = rt.block_on(async {
+            let (a, b) = tokio::join!(p.tx.sync(&p.sender, 5), p.rx.receive());
+            a.unwrap();
+            b.unwrap()
+        });
+        rt.block_on(p.rx.commit(pending, &mut p.receiver)).unwrap();
+        rt.block_on(p.tx.wait_applied()).unwrap();
+        assert_eq!(p.tx.acked()[0].1.version, 5);
+        assert_synced(&p, &keys, &s, &[]);
+        // Staged, then declined: counted, the acked version stays, waiting for it says who declined.
+        mutate(&mut p.sender, 3, 50);
+        let pending = rt.block_on(async {
+            let (a, b) = tokio::join!(p.tx.sync(&p.sender, 6), p.rx.receive());
+            a.unwrap();
+            b.unwrap()
+        });
+        rt.block_on(p.rx.decline(pending, "checks failed"));
+        assert_eq!(p.rx.version(), 5);
+        let err = rt.block_on(p.tx.wait_applied()).unwrap_err();
+        assert!(
+            matches!(&err, SyncError::Declined { rank: 0, version: 6, reason } if reason == "checks failed"),
+            "{err}"
+        );
+        let (counts, last) = p.tx.declined();
+        assert_eq!(counts, vec![(0, 1)]);
+        assert_eq!(last.map(|d| (d.rank, d.version)), Some((0, 6)));
+        assert_eq!(p.tx.acked()[0].1.version, 5);
+    }
+}
+
+#[test]
+fn waiting_for_acks_times_out_naming_the_missing_receivers() {
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(false);
+    let mut p = init_pair(&rt, &keys, &s, 24).unwrap();
+    p.rx.set_reports(true);
+    rt.block_on(p.tx.sync(&p.sender, 1)).unwrap();
+    p.tx.set_bound(Some(Duration::from_millis(50)));
+    let err = rt.block_on(p.tx.wait_applied()).unwrap_err();
+    let (op, peer, _) = timed_out(&err).expect("a timeout");
+    assert_eq!(peer, transport::Peer::Receiver(0));
+    assert!(op.contains("reports"), "{op}");
+    p.tx.set_bound(None);
+    rt.block_on(p.rx.apply(&mut p.receiver)).unwrap();
+    rt.block_on(p.tx.wait_applied()).unwrap();
+}
+
+#[test]
+fn reports_need_a_channel_that_carries_them() {
+    let rt = rt();
+    let (ch, _io) = crate::transport::bridge::bridge_sender();
+    let mut ch = ch;
+    assert!(matches!(
+        ch.try_recv_from(0, &|_| true),
+        Err(TransportError::Config { .. })
+    ));
+    assert!(matches!(
+        rt.block_on(ch.wait_any_from(&[0])),
+        Err(TransportError::Config { .. })
+    ));
+}
+
+/// A TCP fan-out on loopback (the Python API's `tcp_sender` / `tcp_receiver`): patch and bucket versions reach
+/// two receivers bit for bit, each reports what it installed, and the sender waits for both.
+#[test]
+fn weights_and_acks_cross_a_tcp_fan_out() {
+    use crate::transport::{TcpFanConfig, TcpFanReceiver, TcpFanSender};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let keys = simple_keys();
+    let timeout = Duration::from_secs(20);
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let cfg = config(&s, &keys);
+        let mut sender = build_state(&keys, false, 5);
+        let mut states: Vec<StateDict> = (0..2).map(|i| build_state(&keys, true, 30 + i)).collect();
+        let mut tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        tx.settings.part_bytes = 40;
+        let rx = || WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        rt.block_on(async {
+            let listener = TcpFanSender::listen(TcpFanConfig {
+                receivers: 2,
+                token: b"run-token".to_vec(),
+                timeout,
+                ..TcpFanConfig::default()
+            })
+            .await
+            .unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let (ch, c0, c1) = tokio::join!(
+                listener.accept(),
+                TcpFanReceiver::connect(&addr, 0, b"run-token", "r0", timeout),
+                TcpFanReceiver::connect(&addr, 1, b"run-token", "r1", timeout),
+            );
+            let synced = sender.synced_keys();
+            let [s0, s1] = &mut states[..] else {
+                unreachable!()
+            };
+            let (a, b0, b1) = tokio::join!(
+                tx.init_sender(&sender, &synced, ch.unwrap()),
+                rx().init_receiver(s0, c0.unwrap()),
+                rx().init_receiver(s1, c1.unwrap()),
+            );
+            let (mut tx, _) = a.unwrap();
+            let (mut r0, _) = b0.unwrap();
+            let (mut r1, _) = b1.unwrap();
+            r0.set_reports(true);
+            r1.set_reports(true);
+            for v in 1..=3u64 {
+                mutate_synced(&mut sender, v, 40);
+                let (a, b0, b1) = tokio::join!(
+                    async {
+                        tx.sync(&sender, v).await?;
+                        tx.wait_applied().await
+                    },
+                    r0.apply(s0),
+                    r1.apply(s1),
+                );
+                a.unwrap();
+                assert_eq!((b0.unwrap().version, b1.unwrap().version), (v, v));
+                let acked: Vec<(usize, u64)> = tx
+                    .acked()
+                    .into_iter()
+                    .map(|(r, st)| (r, st.version))
+                    .collect();
+                assert_eq!(acked, vec![(0, v), (1, v)]);
+            }
+            let want = tx.checksum(&sender).unwrap();
+            assert_eq!((r0.checksum(s0), r1.checksum(s1)), (want, want));
+            tx.flush().await.unwrap();
+        });
+    }
+}
+
+/// `rejoin_joined` before a sync catches up whoever joined since (the Python API's late joiners): nothing
+/// when nobody joined, then the restarted rank, which then follows the next version like the other one.
+#[test]
+fn rejoin_joined_catches_up_whoever_joined_before_the_next_sync() {
+    let rt = rt();
+    let keys = simple_keys();
+    for bucket in [false, true] {
+        let s = default_settings(bucket);
+        let mut cfg = config(&s, &keys);
+        cfg.patch.replay_versions = 4;
+        let mut e = init_elastic(&rt, &keys, &s, 31, 4);
+        for v in 1..=2 {
+            mutate_synced(&mut e.sender, v, 30);
+            sync_live(&rt, &mut e, v);
+        }
+        assert!(
+            rt.block_on(e.tx.rejoin_joined(&e.sender))
+                .unwrap()
+                .is_empty()
+        );
+        let _gone = leave(&mut e, 1);
+        mutate_synced(&mut e.sender, 3, 30);
+        sync_live(&rt, &mut e, 3);
+        let rch = e.joiner.join(1).unwrap();
+        let mut st = build_state(&keys, true, 0x5EED);
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (served, joined) = rt.block_on(async {
+            // The join reaches the sender before it looks.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::join!(
+                e.tx.rejoin_joined(&e.sender),
+                rx.rejoin_receiver(&mut st, rch, 0)
+            )
+        });
+        let served = served.unwrap();
+        assert_eq!(served.iter().map(|r| r.rank).collect::<Vec<_>>(), vec![1]);
+        let (rx, _) = joined.unwrap();
+        e.rxs[1] = Some((rx, st));
+        mutate_synced(&mut e.sender, 4, 30);
+        sync_live(&rt, &mut e, 4);
+        assert_same(&e, &keys, &s);
+    }
+}

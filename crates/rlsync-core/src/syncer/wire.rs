@@ -45,6 +45,11 @@
 //!   the number of `Bucket`s that follow): `u32 n`, per key `u32 name_len, name, u8 wire dtype, u8 target dtype,
 //!   u8 rank, rank × u64` (the target dtype is the sender's own: the one its checksum assumes). The buckets'
 //!   ordinals then index the manifest, not a receiver's metadata; the receiver maps them by name.
+//!
+//! Reports (receiver → sender, between payloads, on rlsync's own channels when the receiver reports; see
+//! [`crate::syncer::SyncReceiver::set_reports`]), added as new kinds:
+//! - `Applied` (version and sequence = those the receiver installed): empty body.
+//! - `Declined` (version and sequence = those of the staged update the receiver aborted): UTF-8 reason.
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -56,7 +61,7 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// a sequence (3: versions ordered payloads and had to increase). 3: a patch entry is sparse or dense (2: always sparse, 3 streams). 2: bucket bodies travel as parts (1: one
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
-/// 5: `Manifest` messages (self-describing buckets, no handshake).
+/// 5: `Manifest` messages (self-describing buckets, no handshake); receivers' `Applied` / `Declined` reports.
 pub(crate) const FORMAT_VERSION: u16 = 5;
 pub const HEADER_LEN: usize = 56;
 
@@ -129,6 +134,8 @@ pub enum Kind {
     Held,
     CatchUp,
     Manifest,
+    Applied,
+    Declined,
 }
 
 impl Kind {
@@ -145,6 +152,8 @@ impl Kind {
             Kind::Held => 9,
             Kind::CatchUp => 10,
             Kind::Manifest => 11,
+            Kind::Applied => 12,
+            Kind::Declined => 13,
         }
     }
 
@@ -161,6 +170,8 @@ impl Kind {
             9 => Kind::Held,
             10 => Kind::CatchUp,
             11 => Kind::Manifest,
+            12 => Kind::Applied,
+            13 => Kind::Declined,
             _ => return None,
         })
     }
@@ -178,6 +189,8 @@ impl Kind {
             Kind::Held => "held",
             Kind::CatchUp => "catch-up",
             Kind::Manifest => "manifest",
+            Kind::Applied => "applied",
+            Kind::Declined => "declined",
         }
     }
 }
@@ -691,6 +704,19 @@ pub(crate) fn decode_catch_up(header: &Header, body: &[u8]) -> Result<CatchUpPla
         ));
     }
     Ok(c)
+}
+
+/// A receiver's report that it installed `stamp`.
+pub(crate) fn encode_applied(stamp: Stamp) -> Vec<u8> {
+    message(Header::stamped(Kind::Applied, stamp, 0), &[])
+}
+
+/// A receiver's report that it dropped the update `stamp` without installing it, and why.
+pub(crate) fn encode_declined(stamp: Stamp, reason: &str) -> Vec<u8> {
+    message(
+        Header::stamped(Kind::Declined, stamp, reason.len()),
+        reason.as_bytes(),
+    )
 }
 
 pub(crate) fn encode_abort(reason: &str) -> Vec<u8> {

@@ -18,7 +18,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
-use super::{Receiver, RecvBackend, SendBackend, Sender, Target, TransportError};
+use std::time::Duration;
+
+use super::{Peer, Receiver, RecvBackend, SendBackend, Sender, Target, TransportError};
 use crate::tensor::Storage;
 
 /// Bytes handed in by the caller (a `Vec<u8>`, or e.g. a Python `bytes` kept alive by the binding).
@@ -43,7 +45,32 @@ struct IoState {
     wants: bool,
     inbox: Option<Box<dyn Payload>>,
     /// The caller's transport failed: every pending and later wait fails with this.
-    failed: Option<String>,
+    failed: Option<Failure>,
+}
+
+/// Why the caller ended the bridge's waits.
+#[derive(Clone)]
+enum Failure {
+    /// Its `send`/`recv` raised (the reason says how).
+    Failed(String),
+    /// It stopped awaiting its `send`/`recv` after `timeout` (waiting on `peer`).
+    TimedOut { peer: Peer, timeout: Duration },
+}
+
+impl Failure {
+    fn error(&self, op: &'static str) -> TransportError {
+        match self {
+            Failure::Failed(reason) => TransportError::Io {
+                op,
+                source: std::io::Error::other(reason.clone()),
+            },
+            Failure::TimedOut { peer, timeout } => TransportError::Timeout {
+                op,
+                peer: peer.clone(),
+                timeout: *timeout,
+            },
+        }
+    }
 }
 
 /// The caller's handle on a bridge end (cheap to clone; shared with the end).
@@ -79,14 +106,13 @@ impl BridgeIo {
 
     /// The caller's transport failed (its `send`/`recv` raised): pending and later waits fail with `reason`.
     pub fn fail(&self, reason: impl Into<String>) {
-        self.lock().failed = Some(reason.into());
+        self.lock().failed = Some(Failure::Failed(reason.into()));
     }
 
-    fn error(reason: &str, op: &'static str) -> TransportError {
-        TransportError::Io {
-            op,
-            source: std::io::Error::other(reason.to_string()),
-        }
+    /// The caller gave up awaiting its `send`/`recv` after `timeout`: pending and later waits fail with
+    /// [`TransportError::Timeout`] naming `peer` (the far end: `Peer::Sender` on a receiving end).
+    pub fn time_out(&self, peer: Peer, timeout: Duration) {
+        self.lock().failed = Some(Failure::TimedOut { peer, timeout });
     }
 
     /// Queue `msg` and wait until the caller confirms it was sent.
@@ -94,7 +120,7 @@ impl BridgeIo {
         let seq = {
             let mut s = self.lock();
             if let Some(r) = &s.failed {
-                return Err(Self::error(r, op));
+                return Err(r.error(op));
             }
             s.outbox.push_back(msg);
             s.started += 1;
@@ -103,7 +129,7 @@ impl BridgeIo {
         std::future::poll_fn(|_| {
             let s = self.lock();
             match &s.failed {
-                Some(r) => Poll::Ready(Err(Self::error(r, op))),
+                Some(r) => Poll::Ready(Err(r.error(op))),
                 None if s.confirmed >= seq => Poll::Ready(Ok(())),
                 None => Poll::Pending,
             }
@@ -117,7 +143,7 @@ impl BridgeIo {
         std::future::poll_fn(|_| {
             let mut s = self.lock();
             if let Some(r) = &s.failed {
-                return Poll::Ready(Err(Self::error(r, op)));
+                return Poll::Ready(Err(r.error(op)));
             }
             match s.inbox.take() {
                 Some(p) => {
@@ -180,7 +206,7 @@ impl<T> Pump<T> {
             }
             // Neither: it waits on something the bridge does not control. Fail it and poll once more.
             s.failed.get_or_insert_with(|| {
-                "the operation waited on something other than its bridge".into()
+                Failure::Failed("the operation waited on something other than its bridge".into())
             });
         }
         Err(TransportError::Config {

@@ -54,6 +54,8 @@ struct MapWait {
 pub(crate) struct Fanout {
     receivers: usize,
     timeout: Duration,
+    /// The caller's bound on the calls that follow (`set_bound`): its deadline and the duration it was given.
+    bound: Option<(Instant, Duration)>,
     slots: Vec<Option<InFlight>>,
     maps: Vec<Option<MapWait>>,
     /// Slots whose current generation every rank has mapped (drained by the shm backend to unlink).
@@ -94,6 +96,7 @@ impl Fanout {
         Fanout {
             receivers,
             timeout,
+            bound: None,
             slots: (0..slots).map(|_| None).collect(),
             maps: (0..slots).map(|_| None).collect(),
             fully_mapped: Vec::new(),
@@ -164,6 +167,29 @@ impl Fanout {
 
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Bound every wait from now on by `now + bound` as well as by the channel's own timeout (`None`: the
+    /// channel's timeout only). A wait cut short by the bound reports the bound as its timeout.
+    pub(crate) fn set_bound(&mut self, bound: Option<Duration>) {
+        self.bound = bound.map(|d| (Instant::now() + d, d));
+    }
+
+    /// The deadline of a wait starting now: the channel's timeout, or the caller's bound when that ends first.
+    pub(crate) fn deadline(&self) -> Instant {
+        let own = Instant::now() + self.timeout;
+        match self.bound {
+            Some((end, _)) if end < own => end,
+            _ => own,
+        }
+    }
+
+    /// The timeout a wait that ran out at `deadline` reports: the caller's bound when it set the deadline.
+    pub(crate) fn timeout_at(&self, deadline: Instant) -> Duration {
+        match self.bound {
+            Some((end, d)) if deadline >= end => d,
+            _ => self.timeout,
+        }
     }
 
     /// Sequence number and slot of the next payload.
@@ -262,7 +288,7 @@ impl Fanout {
         slot: usize,
         op: &'static str,
     ) -> Result<(), TransportError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = self.deadline();
         loop {
             let pending = match self.slots.get(slot) {
                 Some(Some(inflight)) => ranks_where(&inflight.pending),
@@ -275,7 +301,7 @@ impl Fanout {
 
     /// Wait until every published payload is released by every rank.
     pub(crate) async fn wait_all_free(&mut self, op: &'static str) -> Result<(), TransportError> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = self.deadline();
         loop {
             let mut pending = vec![false; self.receivers];
             for inflight in self.slots.iter().flatten() {
@@ -304,13 +330,57 @@ impl Fanout {
                 receivers: self.receivers,
             });
         }
-        let deadline = Instant::now() + self.timeout;
+        let deadline = self.deadline();
         loop {
             if let Some(msg) = self.queues.get_mut(rank).and_then(VecDeque::pop_front) {
                 return Ok(msg);
             }
             self.check_pending(&[rank], op)?;
             self.next_event(deadline, op, vec![rank]).await?;
+        }
+    }
+
+    /// The next upstream message from `rank` already delivered, if `accept` takes it, without waiting
+    /// (`None`: none yet, or the next one is not for this caller and stays queued).
+    pub(crate) fn try_message(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        if rank >= self.receivers {
+            return Err(TransportError::NoSuchRank {
+                rank,
+                receivers: self.receivers,
+            });
+        }
+        self.poll_events()?;
+        let Some(queue) = self.queues.get_mut(rank) else {
+            return Ok(None);
+        };
+        match queue.front() {
+            Some(msg) if accept(msg) => Ok(queue.pop_front()),
+            _ => Ok(None),
+        }
+    }
+
+    /// Wait until any of `ranks` has an upstream message queued (bounded; `PeerGone` naming those of them
+    /// that are gone, `Timeout` naming them all).
+    pub(crate) async fn wait_any_message(
+        &mut self,
+        ranks: &[usize],
+        op: &'static str,
+    ) -> Result<(), TransportError> {
+        let deadline = self.deadline();
+        loop {
+            self.poll_events()?;
+            if ranks
+                .iter()
+                .any(|&r| self.queues.get(r).is_some_and(|q| !q.is_empty()))
+            {
+                return Ok(());
+            }
+            self.check_pending(ranks, op)?;
+            self.next_event(deadline, op, ranks.to_vec()).await?;
         }
     }
 
@@ -340,7 +410,7 @@ impl Fanout {
             Err(_) => Err(TransportError::Timeout {
                 op,
                 peer: peer_of(waiting_on),
-                timeout: self.timeout,
+                timeout: self.timeout_at(deadline),
             }),
             Ok(Some((rank, event))) => self.apply(rank, event),
             // Every event source is gone at once: all receivers have disconnected.

@@ -126,6 +126,7 @@ impl InProcJoiner {
         Ok(Receiver::InProc(InProcReceiver {
             rank,
             timeout: self.timeout,
+            bound: None,
             inbox,
             events: self.events.clone(),
         }))
@@ -152,10 +153,14 @@ pub fn inproc_channel_elastic(
     (Sender::InProc(sender), rxs, joiner)
 }
 
+const OP_REPORTS: &str = "waiting for receivers' reports";
+
 /// A receiving end of an in-process channel.
 pub struct InProcReceiver {
     rank: usize,
     timeout: Duration,
+    /// The caller's bound on the waits that follow (`set_bound`).
+    bound: Option<(tokio::time::Instant, Duration)>,
     inbox: mpsc::UnboundedReceiver<Published>,
     events: EventTx,
 }
@@ -205,6 +210,7 @@ fn build(
         rxs.push(Receiver::InProc(InProcReceiver {
             rank,
             timeout,
+            bound: None,
             inbox,
             events: event_tx.clone(),
         }));
@@ -331,7 +337,7 @@ impl SendBackend for InProcSender {
                 receivers: self.fanout.receivers(),
             });
         }
-        let deadline = tokio::time::Instant::now() + self.fanout.timeout();
+        let deadline = self.fanout.deadline();
         loop {
             self.housekeep()?;
             if let Some(i) = self.fresh.iter().position(|&r| r == rank) {
@@ -361,6 +367,35 @@ impl SendBackend for InProcSender {
             .wait_message(rank, "receiving an upstream message")
             .await
     }
+
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        self.housekeep()?;
+        Ok(self.fresh.clone())
+    }
+
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        self.housekeep()?;
+        self.fanout.try_message(rank, accept)
+    }
+
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        self.housekeep()?;
+        self.fanout.wait_any_message(ranks, OP_REPORTS).await
+    }
+
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        self.fanout.set_bound(bound);
+    }
+
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        self.housekeep()?;
+        let (_, slot) = self.fanout.next();
+        self.fanout.wait_slot_free(slot, "sending a payload").await
+    }
 }
 
 impl RecvBackend for InProcReceiver {
@@ -370,12 +405,13 @@ impl RecvBackend for InProcReceiver {
 
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
         const OP: &str = "receiving a payload";
-        let published = match tokio::time::timeout(self.timeout, self.inbox.recv()).await {
+        let (deadline, timeout) = super::wait_deadline(self.timeout, self.bound);
+        let published = match tokio::time::timeout_at(deadline, self.inbox.recv()).await {
             Err(_) => {
                 return Err(TransportError::Timeout {
                     op: OP,
                     peer: Peer::Sender,
-                    timeout: self.timeout,
+                    timeout,
                 });
             }
             Ok(None) => {
@@ -393,6 +429,10 @@ impl RecvBackend for InProcReceiver {
         // The read succeeded; a sender that vanished since will be reported by the next call.
         let _ = self.events.send((self.rank, Event::Released { seq }));
         Ok(out)
+    }
+
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        self.bound = bound.map(|d| (tokio::time::Instant::now() + d, d));
     }
 
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {

@@ -43,6 +43,7 @@ const OP_FLUSH: &str = "flushing";
 const OP_RECV_FROM: &str = "receiving an upstream message";
 
 const OP_JOIN: &str = "waiting for a receiver to rejoin";
+const OP_REPORTS: &str = "waiting for receivers' reports";
 
 /// Errors after which the channel is still consistent: a wait for receivers that ran out of time (nothing was
 /// half-written), or a caller mistake (bad rank, impossible size; nothing was published). On an elastic
@@ -50,7 +51,7 @@ const OP_JOIN: &str = "waiting for a receiver to rejoin";
 fn recoverable(err: &TransportError, elastic: bool) -> bool {
     match err {
         TransportError::Timeout { op, .. } => {
-            [OP_SEND, OP_FLUSH, OP_RECV_FROM, OP_JOIN].contains(op)
+            [OP_SEND, OP_FLUSH, OP_RECV_FROM, OP_JOIN, OP_REPORTS].contains(op)
         }
         TransportError::NoSuchRank { .. } | TransportError::TooLarge { .. } => true,
         TransportError::PeerGone { peer, .. } => elastic && *peer != Peer::Sender,
@@ -320,13 +321,14 @@ async fn read_hello(
 async fn accept_all(
     listener: &UnixListener,
     receivers: usize,
+    wait_for: usize,
     deadline: Instant,
     timeout: Duration,
     elastic: bool,
-) -> Result<Vec<Joined>, TransportError> {
+) -> Result<Vec<Option<Joined>>, TransportError> {
     let mut joined: Vec<Option<Joined>> = (0..receivers).map(|_| None).collect();
     let mut hellos = tokio::task::JoinSet::new();
-    while joined.iter().any(Option::is_none) {
+    while joined.iter().flatten().count() < wait_for {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _) = accepted.map_err(|source| TransportError::Io { op: "accepting a receiver", source })?;
@@ -352,7 +354,7 @@ async fn accept_all(
             }
         }
     }
-    Ok(joined.into_iter().flatten().collect())
+    Ok(joined)
 }
 
 /// Forward one receiver's upstream frames as events until its stream ends.
@@ -393,6 +395,25 @@ impl ShmSender {
     /// `cfg.timeout`, then remove the socket file. Hellos with a bad version or rank, or a duplicate rank, are
     /// refused and do not count.
     pub async fn bind(cfg: ShmConfig) -> Result<Sender, TransportError> {
+        let all = cfg.receivers;
+        Self::bind_waiting_for(cfg, all).await
+    }
+
+    /// As [`ShmSender::bind`], returning once `wait_for` of the receivers joined (elastic channels only; `bind`
+    /// waits for all): the ranks still missing start detached and join later like the successor of a dead
+    /// receiver (welcomed as late joiners, taken in by [`Sender::wait_joined`] / [`Sender::joined_ranks`]).
+    pub async fn bind_waiting_for(
+        cfg: ShmConfig,
+        wait_for: usize,
+    ) -> Result<Sender, TransportError> {
+        if wait_for > cfg.receivers || (!cfg.elastic && wait_for != cfg.receivers) {
+            return Err(TransportError::Config {
+                reason: format!(
+                    "waiting for {wait_for} of {} receivers needs an elastic channel and at most that many",
+                    cfg.receivers
+                ),
+            });
+        }
         segment::validate_prefix(&cfg.segment_prefix)?;
         if cfg.socket_path.as_os_str().is_empty() {
             return Err(TransportError::Config {
@@ -427,6 +448,7 @@ impl ShmSender {
         let joined = accept_all(
             &listener,
             cfg.receivers,
+            wait_for,
             Instant::now() + cfg.timeout,
             cfg.timeout,
             cfg.elastic,
@@ -452,6 +474,13 @@ impl ShmSender {
         let mut reader_tasks = Vec::with_capacity(cfg.receivers);
         let mut unwelcome = Vec::new();
         for (rank, j) in joined.into_iter().enumerate() {
+            let Some(j) = j else {
+                // Not joined yet (elastic, `wait_for`): starts detached, joins late.
+                unwelcome.push(rank);
+                writers.push(None);
+                reader_tasks.push(None);
+                continue;
+            };
             let mut writer = j.writer;
             match write_frame(
                 &mut writer,
@@ -577,7 +606,7 @@ impl ShmSender {
                 receivers: self.fanout.receivers(),
             });
         }
-        let deadline = Instant::now() + self.fanout.timeout();
+        let deadline = self.fanout.deadline();
         loop {
             self.housekeep()?;
             if let Some(late) = self.late.as_mut()
@@ -822,6 +851,54 @@ impl SendBackend for ShmSender {
         self.check_usable()?;
         let result = match self.housekeep() {
             Ok(()) => self.fanout.wait_message(rank, OP_RECV_FROM).await,
+            Err(e) => Err(e),
+        };
+        self.settle(result)
+    }
+
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        self.check_usable()?;
+        let result = self.housekeep();
+        self.settle(result)?;
+        Ok(self
+            .late
+            .as_ref()
+            .map(|l| l.fresh.clone())
+            .unwrap_or_default())
+    }
+
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        self.check_usable()?;
+        let result = self
+            .housekeep()
+            .and_then(|()| self.fanout.try_message(rank, accept));
+        self.settle(result)
+    }
+
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = match self.housekeep() {
+            Ok(()) => self.fanout.wait_any_message(ranks, OP_REPORTS).await,
+            Err(e) => Err(e),
+        };
+        self.settle(result)
+    }
+
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        self.fanout.set_bound(bound);
+    }
+
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        self.check_usable()?;
+        let result = match self.housekeep() {
+            Ok(()) => {
+                let (_, slot) = self.fanout.next();
+                self.fanout.wait_slot_free(slot, OP_SEND).await
+            }
             Err(e) => Err(e),
         };
         self.settle(result)

@@ -77,4 +77,28 @@ impl SendBackend for TapSender {
     async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
         self.inner.recv_from(rank).await
     }
+
+    fn try_recv_from(
+        &mut self,
+        rank: usize,
+        accept: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Vec<u8>>, TransportError> {
+        self.inner.try_recv_from(rank, accept)
+    }
+
+    async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+        self.inner.wait_any_from(ranks).await
+    }
+
+    fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+        self.inner.joined_ranks()
+    }
+
+    fn set_bound(&mut self, bound: Option<std::time::Duration>) {
+        self.inner.set_bound(bound);
+    }
+
+    async fn ready(&mut self) -> Result<(), TransportError> {
+        self.inner.ready().await
+    }
 }

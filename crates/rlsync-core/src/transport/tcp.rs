@@ -414,9 +414,12 @@ impl Local {
             Sender::Tap(_) => Err(TransportError::Config {
                 reason: "a tapped test sender cannot feed a chain".into(),
             }),
-            Sender::Chain(_) | Sender::Bridge(_) => Err(TransportError::Config {
-                reason: "a node's local fan-out is an in-process or shared-memory channel".into(),
-            }),
+            Sender::Chain(_) | Sender::Bridge(_) | Sender::TcpFan(_) => {
+                Err(TransportError::Config {
+                    reason: "a node's local fan-out is an in-process or shared-memory channel"
+                        .into(),
+                })
+            }
         }
     }
 

@@ -23,6 +23,8 @@ const RECV_OP: &str = "waiting for a payload";
 pub struct ShmReceiver {
     rank: usize,
     timeout: Duration,
+    /// The caller's bound on the waits that follow (`set_bound`).
+    bound: Option<(Instant, Duration)>,
     reader: FrameReader<OwnedReadHalf>,
     writer: OwnedWriteHalf,
     slots: Vec<Option<MappedSegment>>,
@@ -158,6 +160,7 @@ impl ShmReceiver {
         Ok(Receiver::Shm(ShmReceiver {
             rank,
             timeout,
+            bound: None,
             reader,
             writer,
             slots: (0..slots).map(|_| None).collect(),
@@ -241,12 +244,13 @@ impl ShmReceiver {
         read: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, TransportError> {
         const OP: &str = RECV_OP;
-        let frame = match tokio::time::timeout(self.timeout, self.reader.next()).await {
+        let (deadline, timeout) = crate::transport::wait_deadline(self.timeout, self.bound);
+        let frame = match tokio::time::timeout_at(deadline, self.reader.next()).await {
             Err(_) => {
                 return Err(TransportError::Timeout {
                     op: OP,
                     peer: Peer::Sender,
-                    timeout: self.timeout,
+                    timeout,
                 });
             }
             Ok(Ok(Some(frame))) => frame,
@@ -329,6 +333,10 @@ impl RecvBackend for ShmReceiver {
             Err(err @ TransportError::Timeout { op: RECV_OP, .. }) => Err(err),
             Err(err) => Err(self.fail(err)),
         }
+    }
+
+    fn set_bound(&mut self, bound: Option<Duration>) {
+        self.bound = bound.map(|d| (Instant::now() + d, d));
     }
 
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
