@@ -295,7 +295,7 @@ class RlsyncPolicyWorkerMixin(_WorkerSide):
         if self._rlsync_channel is None:
             return {"sent": False}
         report = syncer.last_report()
-        return {"sent": True, "version": version, "checksum": syncer.checksum(state), "bytes": report.get("bytes", 0)}
+        return {"sent": True, "version": version, "checksum": syncer.checksum(state), "bytes": report.get("payload_bytes", 0)}
 
 
 class RlsyncGenerationWorkerMixin(_WorkerSide):

@@ -74,9 +74,16 @@ def _flat(weights: Any) -> dict[str, torch.Tensor]:
 
 
 def _own_storage(module: nn.Module) -> int:
-    """Give every parameter and buffer of ``module`` held in shared memory its own storage (same values,
-    same ``Parameter`` objects); returns how many were moved."""
+    """Give every parameter and buffer of ``module`` its own, real storage (same ``Parameter`` objects): those
+    TorchRL placed in shared memory get a private copy, and those it sent as ``meta`` skeletons (collectors
+    with a weight-sync scheme do, expecting the scheme to deliver the weights) get memory on the device of the
+    module's other tensors, else the CPU; ``connect`` then fills them. Returns how many were given storage."""
     moved = 0
+    tensors = list(module.parameters()) + list(module.buffers())
+    if any(t.device.type == "meta" for t in tensors):
+        real = next((t.device for t in tensors if t.device.type != "meta"), torch.device("cpu"))
+        moved += sum(1 for t in tensors if t.device.type == "meta")
+        module.to_empty(device=real)
     with torch.no_grad():
         for p in module.parameters():
             if p.device.type == "cpu" and p.is_shared():
@@ -294,13 +301,14 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
     # -- receiver --------------------------------------------------------------------------------------------
 
     def _init_on_receiver_impl(self, *, model_id: str, context: Any = None, **kwargs: Any) -> None:
+        worker_idx = kwargs.get("worker_idx")
+        model = kwargs.get("model")
         if context is not None:
-            worker_idx = getattr(context, "worker_idx", None)
-            model = context.get_model(model_id) if hasattr(context, "get_model") else _resolve_model(context, model_id)
+            if worker_idx is None:
+                worker_idx = getattr(context, "worker_idx", None)
+            if model is None:
+                model = context.get_model(model_id) if hasattr(context, "get_model") else _resolve_model(context, model_id)
             self.context = context
-        else:
-            worker_idx = kwargs.get("worker_idx")
-            model = kwargs.get("model")
         if worker_idx is None:
             raise ValueError("RlsyncWeightSyncScheme.init_on_receiver needs worker_idx (from the context or kwargs)")
         self.model_id = model_id

@@ -161,7 +161,9 @@ def _collector_worker(scheme, queue) -> None:
     """A rollout process: a single-process Collector receiving through the scheme."""
     policy = make_policy(0.0)
     ids = [id(p) for p in policy.parameters()]
-    collector = Collector(make_env, policy, frames_per_batch=10, total_frames=-1, track_policy_version=True)
+    collector = Collector(
+        make_env, policy, frames_per_batch=10, total_frames=-1, track_policy_version=True, worker_idx=0
+    )
     collector.register_scheme_receiver({"policy": scheme})  # init_on_receiver + connect (initial weights)
     it = iter(collector)
     first = next(it)
