@@ -183,9 +183,22 @@ def _collector_worker(scheme, queue) -> None:
     collector.shutdown()
 
 
-def test_single_collector_receiver_in_another_process(tmp_path):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_single_collector_receiver_in_another_process(tmp_path, transport):
     trainer_policy = make_policy(0.25)
-    scheme = RlsyncWeightSyncScheme("patch", socket_dir=str(tmp_path), timeout=60)
+    if transport == "tcp":  # rlsync's authenticated TCP channel, as across hosts (here on loopback)
+        kw = {"transport": "tcp", "address": f"127.0.0.1:{_free_port()}", "token": "s3cret-run-token"}
+    else:
+        kw = {"socket_dir": str(tmp_path)}
+    scheme = RlsyncWeightSyncScheme("patch", timeout=60, **kw)
     scheme.init_on_sender(model_id="policy", model=trainer_policy, num_workers=1)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
