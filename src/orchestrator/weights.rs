@@ -365,12 +365,11 @@ async fn await_built(
                 ..
             },
         ) = &incoming
+            && let Some(at) = waiting.iter().position(|w| w == id)
         {
-            if let Some(at) = waiting.iter().position(|w| w == id) {
-                tracing::debug!("{id}: built its workload in {seconds:.2} s");
-                built.push(waiting.remove(at));
-                continue;
-            }
+            tracing::debug!("{id}: built its workload in {seconds:.2} s");
+            built.push(waiting.remove(at));
+            continue;
         }
         // The successor of one lost meanwhile joins the bootstrap like the others, once built.
         if let Incoming::Restarted(id) = incoming {
