@@ -7,6 +7,8 @@
 //! `<file>.2`, … `<file>.<n>` that does not exist, write their pid and a newline there, and wait until killed;
 //! later processes (once all `n` files exist) go on. The hold is this example's probe passed into the app's
 //! worker runtime (`rlsync::worker::run_worker_probed`); the shipped `rlsync` has none.
+//! `RLSYNC_TEST_BUILD_S=<seconds>` makes every worker's workload take that long to build (a slow model or
+//! Python import), so a test can tell the workers' start-up from the init bootstrap.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +19,8 @@ use rlsync_core::syncer::Hold;
 
 /// The variable naming the worker, the stage and the pid file.
 const TEST_HOLD_VAR: &str = "RLSYNC_TEST_HOLD";
+/// The variable giving the seconds each workload's build sleeps first.
+const TEST_BUILD_VAR: &str = "RLSYNC_TEST_BUILD_S";
 
 /// Where this worker holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,7 +139,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let build = Box::new(|ctx: &rlsync::worker::WorkerContext| {
+    let build_s = match std::env::var(TEST_BUILD_VAR).ok().map(|v| v.parse::<f64>()) {
+        None => 0.0,
+        Some(Ok(s)) if s.is_finite() && s >= 0.0 => s,
+        Some(_) => {
+            eprintln!("Error: {TEST_BUILD_VAR} must be a number of seconds >= 0");
+            return ExitCode::from(2);
+        }
+    };
+    let build = Box::new(move |ctx: &rlsync::worker::WorkerContext| {
+        std::thread::sleep(std::time::Duration::from_secs_f64(build_s));
         rlsync::worker::workload::build(ctx.config(), &ctx.placement())
     });
     match rlsync::worker::run_worker_probed(rest, build, probe) {

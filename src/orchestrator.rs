@@ -270,6 +270,8 @@ pub struct LoopTotals {
     pub env_steps: u64,
     /// The loop alone: from after the init bootstrap to its end.
     pub loop_s: f64,
+    /// Before the init bootstrap: the wait until every worker built its workload (the workers' start-up's end).
+    pub ready_s: f64,
     /// The init bootstrap before the loop: its time and payload bytes.
     pub bootstrap_s: f64,
     pub bootstrap_bytes: u64,
@@ -564,7 +566,8 @@ async fn run_in_private_dir(
     let times = metrics::summary::RunTimes {
         wall_s: job_started.elapsed().as_secs_f64(),
         before_s: startup.saturating_duration_since(job_started).as_secs_f64(),
-        startup_s: startup_s.unwrap_or(0.0),
+        // Spawned until every worker said hello, then until every one built its workload.
+        startup_s: startup_s.unwrap_or(0.0) + totals.ready_s,
         shutdown_s: loop_done.map_or(0.0, |done| done.elapsed().as_secs_f64()),
         bootstrap_s: totals.bootstrap_s,
         loop_s: totals.loop_s,

@@ -2,7 +2,8 @@
 //!
 //! A worker is started by the supervisor as `rlsync worker --role trainer|rollout --rank R --run-dir D`. It
 //! reads the launch file the orchestrator wrote (`<run_dir>/.rlsync/launch.json`: the resolved config, socket
-//! paths), connects to the control socket, says [`Hello`] first, then executes [`Command`]s until `Stop`.
+//! paths), connects to the control socket, says [`Hello`] first, builds its workload and says `Built`, then
+//! executes [`Command`]s until `Stop`.
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
@@ -339,6 +340,17 @@ async fn serve(
             .await;
     }
     result
+}
+
+/// Tell the orchestrator the workload is built (since `building`) and the worker ready to sync: its start-up
+/// ends once every worker said so.
+pub(crate) async fn report_built(
+    ctx: &mut WorkerContext,
+    building: std::time::Instant,
+) -> Result<(), WorkerError> {
+    let seconds = building.elapsed().as_secs_f64();
+    tracing::debug!("workload built in {seconds:.2} s");
+    ctx.control.report(&Report::Built { seconds }, &[]).await
 }
 
 /// Threads for the syncer's kernels in a worker: one for small states (spawning threads would cost more

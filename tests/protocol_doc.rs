@@ -72,7 +72,7 @@ fn json_examples_roundtrip_exactly() {
         assert_eq!(serde_json::to_string(&cmd).unwrap(), text);
     }
     let reports = examples("json", "report");
-    assert_eq!(reports.len(), 10);
+    assert_eq!(reports.len(), 11);
     for text in reports {
         let report: Report = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
         assert_eq!(serde_json::to_string(&report).unwrap(), text);

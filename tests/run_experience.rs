@@ -144,16 +144,7 @@ fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
     let out = run(&dir, &["hydra.run.dir=run", "runner.max_steps=4"]);
     let elapsed = started.elapsed().as_secs_f64();
     let stdout = out.ok();
-    let row = |name: &str| -> Vec<f64> {
-        let line = stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(name))
-            .unwrap_or_else(|| panic!("no {name} row:\n{stdout}"));
-        line[line.find(name).unwrap() + name.len()..]
-            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter_map(|w| w.parse().ok())
-            .collect()
-    };
+    let row = |name: &str| summary_row(stdout, name);
     let wall = row("wall time (start to end)")[0];
     let parts: Vec<f64> = [
         "config and checks",
@@ -194,6 +185,47 @@ fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
     assert_eq!(first["time/sync_weights"].as_f64(), Some(0.0), "{first:?}");
     // No trainer of the synthetic workload reports a clip fraction: the canary stays quiet.
     assert!(!out.stderr.contains("stale weights?"), "{}", out.stderr);
+}
+
+/// The numbers of the summary's row `name`.
+fn summary_row(stdout: &str, name: &str) -> Vec<f64> {
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} row:\n{stdout}"));
+    line[line.find(name).unwrap() + name.len()..]
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// Issue 26: the workers' start-up lasts until every worker built its workload (a model, a Python worker's
+/// imports), not until its hello; the init bootstrap is the weights' transfer alone.
+#[test]
+fn a_slow_workload_build_counts_in_the_start_up_not_in_the_init_bootstrap() {
+    const BUILD_S: f64 = 1.5;
+    let dir = Dir::new();
+    let worker = crate::util::example("held_worker");
+    let build_s = BUILD_S.to_string();
+    let mut args = SMALL.to_vec();
+    args.push("hydra.run.dir=run");
+    let out = dir.run_env(
+        &args,
+        &[
+            ("RLSYNC_WORKER", worker.as_os_str()),
+            ("RLSYNC_TEST_BUILD_S", std::ffi::OsStr::new(&build_s)),
+        ],
+    );
+    let stdout = out.ok();
+    let startup = summary_row(stdout, "workers' start-up")[0];
+    let bootstrap = summary_row(stdout, "init bootstrap")[0];
+    assert!(
+        startup >= BUILD_S && bootstrap < BUILD_S / 2.0,
+        "every workload takes {BUILD_S} s to build:\n{stdout}"
+    );
+    let first = &rows(&dir.join("run/metrics.jsonl"))[0];
+    let init = first["time/init_weights"].as_f64().unwrap();
+    assert!(init > 0.0 && init < BUILD_S / 2.0, "{first:?}");
 }
 
 #[test]

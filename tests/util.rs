@@ -121,8 +121,14 @@ impl Dir {
 
     /// Run `rlsync <args>` in this directory.
     pub fn run(&self, args: &[&str]) -> Output {
+        self.run_env(args, &[])
+    }
+
+    /// Run `rlsync <args>` in this directory with `env` added to its environment.
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Output {
         let out = Command::new(bin())
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(self.tmp.path())
             .output()
             .unwrap_or_else(|e| panic!("cannot run rlsync: {e}"));

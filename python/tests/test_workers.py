@@ -66,6 +66,24 @@ def test_train_async_with_python_workers(tmp_path):
     assert not leftovers(tmp_path)
 
 
+def summary_seconds(stdout: str, name: str) -> float:
+    """The first number of the summary's row `name`."""
+    line = next((l for l in stdout.splitlines() if l.strip().startswith(name)), None)
+    assert line is not None, f"no {name} row:\n{stdout}"
+    return float(re.search(r"\d+(\.\d+)?", line.split(name, 1)[1]).group())
+
+
+def test_a_slow_python_worker_construction_counts_in_the_start_up_not_in_the_init_bootstrap(tmp_path):
+    # Each worker's construction sleeps 1.5 s (as importing a big model would): the start-up lasts until every
+    # worker built its workload, and the init bootstrap is the weights' transfer alone.
+    p = run(tmp_path, "train_embodied", "runner.max_steps=2", "+fixture.build_s=1.5")
+    assert p.returncode == 0, p.stderr
+    startup = summary_seconds(p.stdout, "workers' start-up")
+    bootstrap = summary_seconds(p.stdout, "init bootstrap")
+    assert startup >= 1.5 and bootstrap < 1.5, p.stdout
+    assert metrics(tmp_path)[0]["time/init_weights"] < 1.5
+
+
 @pytest.mark.parametrize(
     "where, role",
     [("train", "trainer"), ("rollout", "rollout"), ("trainer_init", "trainer"), ("state_dict", "trainer")],

@@ -524,7 +524,10 @@ pub async fn run(
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(set.verify);
     let mut fleet = Fleet::default();
-    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
+    let weights::Bootstrap {
+        ready_s,
+        sync: init,
+    } = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let slots = vec![
         Slot {
@@ -571,6 +574,7 @@ pub async fn run(
     }
     let mut totals = lp.totals;
     totals.loop_s = started.elapsed().as_secs_f64();
+    totals.ready_s = ready_s;
     totals.bootstrap_s = init.seconds;
     totals.bootstrap_bytes = init.stats.payload_bytes;
     totals.unused_at_end =

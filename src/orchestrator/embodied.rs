@@ -285,7 +285,10 @@ pub async fn eval_only(
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
     let mut fleet = Fleet::default();
-    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
+    let weights::Bootstrap {
+        ready_s,
+        sync: init,
+    } = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     sup.begin_step();
     let mut held = plan.start.version;
@@ -306,6 +309,7 @@ pub async fn eval_only(
     sink.record(rec)?;
     Ok(LoopTotals {
         loop_s: started.elapsed().as_secs_f64(),
+        ready_s,
         bootstrap_s: init.seconds,
         bootstrap_bytes: init.stats.payload_bytes,
         ..LoopTotals::default()
@@ -324,9 +328,13 @@ pub async fn run(
 ) -> Result<LoopTotals, OrchestratorError> {
     let mut verifier = Verifier::new(verify);
     let mut fleet = Fleet::default();
-    let init = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
+    let weights::Bootstrap {
+        ready_s,
+        sync: init,
+    } = weights::bootstrap(sup, &mut verifier, &mut fleet).await?;
     let started = Instant::now();
     let mut totals = LoopTotals {
+        ready_s,
         bootstrap_s: init.seconds,
         bootstrap_bytes: init.stats.payload_bytes,
         ..LoopTotals::default()

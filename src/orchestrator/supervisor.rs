@@ -32,6 +32,7 @@ pub mod nodes;
 pub mod spawn;
 pub mod unix;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -289,6 +290,9 @@ pub struct Supervisor {
     nodes_ended: Vec<u32>,
     /// The rollouts' phases, restart budgets and holds.
     lifecycle: Lifecycle,
+    /// Reports that arrived during the handshakes (a worker's `built` before the others' hellos), handed out
+    /// first by [`Supervisor::recv`].
+    early: VecDeque<Incoming>,
 }
 
 impl Supervisor {
@@ -368,6 +372,7 @@ impl Supervisor {
             failed: None,
             started: false,
             nodes_ended: Vec::new(),
+            early: VecDeque::new(),
             lifecycle,
         };
         for (id, node) in remote {
@@ -755,6 +760,16 @@ impl Supervisor {
             // A rollout lost (and restarted) before the run began has nothing to catch up: every rollout
             // gets `InitWeights` next.
             match self.dispatch(event).await? {
+                // A worker that built its workload before the others said hello: the bootstrap waits for it.
+                Some(
+                    early @ Incoming::Report(
+                        _,
+                        Frame {
+                            header: Report::Built { .. },
+                            ..
+                        },
+                    ),
+                ) => self.early.push_back(early),
                 Some(Incoming::Report(id, frame)) => {
                     return Err(OrchestratorError::Unexpected {
                         worker: id.to_string(),
@@ -1204,6 +1219,9 @@ impl Supervisor {
     /// The next report of any worker. `waiting_for` names whom the caller waits on, for the step-deadline
     /// error.
     pub async fn recv(&mut self, waiting_for: &str) -> Result<Incoming, OrchestratorError> {
+        if let Some(early) = self.early.pop_front() {
+            return Ok(early);
+        }
         loop {
             let next = match self.step_deadline.as_mut() {
                 Some(deadline) => match deadline.next(&mut self.events).await {

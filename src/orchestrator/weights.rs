@@ -260,6 +260,11 @@ impl Fleet {
                     version: *version,
                 })
             }
+            // A restarted rollout built its workload: its `init_weights` went out when it connected.
+            (Report::Built { seconds }, _) => {
+                tracing::debug!("{id}: built its workload in {seconds:.2} s");
+                Ok(Handled::Nothing)
+            }
             _ => Ok(Handled::Report(id, frame)),
         }
     }
@@ -324,26 +329,93 @@ async fn collect(
     })
 }
 
-/// Initial bootstrap (always blocking): every rollout holds version 0 when this returns (except restarted
-/// ones still on their way: they rejoin through [`Fleet::handle`]).
+/// The init bootstrap and the wait for the workers' workloads before it.
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    /// From the call until the trainer and every connected rollout built its workload (`built`): the end of
+    /// the workers' start-up.
+    pub ready_s: f64,
+    /// The bootstrap proper, from then until every rollout holds the trainer's weights.
+    pub sync: SyncOutcome,
+}
+
+/// Wait until the trainer and every rollout in `rollouts` said `built`; those lost meanwhile leave the wait,
+/// their successors connected meanwhile join it. Returns the rollouts that built their workloads.
+async fn await_built(
+    sup: &mut Supervisor,
+    verifier: &mut Verifier,
+    fleet: &mut Fleet,
+    rollouts: Vec<WorkerId>,
+) -> Result<Vec<WorkerId>, OrchestratorError> {
+    let mut waiting: Vec<WorkerId> = std::iter::once(WorkerId::TRAINER)
+        .chain(rollouts.iter().copied())
+        .collect();
+    let mut built = Vec::new();
+    while !waiting.is_empty() {
+        let names: Vec<String> = waiting.iter().map(WorkerId::to_string).collect();
+        let what = format!(
+            "the workers to build their workloads ({})",
+            names.join(", ")
+        );
+        let incoming = sup.recv(&what).await?;
+        if let Incoming::Report(
+            id,
+            Frame {
+                header: Report::Built { seconds },
+                ..
+            },
+        ) = &incoming
+            && let Some(at) = waiting.iter().position(|w| w == id)
+        {
+            tracing::debug!("{id}: built its workload in {seconds:.2} s");
+            built.push(waiting.remove(at));
+            continue;
+        }
+        // The successor of one lost meanwhile joins the bootstrap like the others, once built.
+        if let Incoming::Restarted(id) = incoming {
+            waiting.push(id);
+            continue;
+        }
+        match fleet.handle(sup, verifier, incoming).await? {
+            Handled::Lost(rank) => {
+                waiting.retain(|w| *w != WorkerId::rollout(rank));
+                built.retain(|w| *w != WorkerId::rollout(rank));
+            }
+            Handled::Report(id, frame) => return Err(unexpected(id, &frame.header)),
+            // A successor's rejoin traffic: the lifecycle has it, the bootstrap's collect waits on it.
+            Handled::Nothing | Handled::Ready { .. } | Handled::Applied { .. } => {}
+        }
+    }
+    built.retain(|id| id.role == Role::Rollout);
+    Ok(built)
+}
+
+/// Initial bootstrap (always blocking): waits for the workers' workloads, then every rollout holds version 0
+/// when this returns (except restarted ones still on their way: they rejoin through [`Fleet::handle`]).
 pub async fn bootstrap(
     sup: &mut Supervisor,
     verifier: &mut Verifier,
     fleet: &mut Fleet,
-) -> Result<SyncOutcome, OrchestratorError> {
+) -> Result<Bootstrap, OrchestratorError> {
+    let waited = Instant::now();
+    // One lost before the bootstrap is down or restarting: its successor gets `init_weights` when it connects.
+    let connected: Vec<WorkerId> = (0..sup.rollouts())
+        .map(WorkerId::rollout)
+        .filter(|id| sup.is_connected(*id))
+        .collect();
+    // The builds run under the step deadline, as the bootstrap that waited on them did.
+    sup.begin_step();
+    let rollouts = await_built(sup, verifier, fleet, connected).await?;
+    let ready_s = waited.elapsed().as_secs_f64();
     let started = Instant::now();
     sup.begin_step();
     sup.send(WorkerId::TRAINER, &Command::InitWeights, &[])
         .await?;
-    for rank in 0..sup.rollouts() {
-        let id = WorkerId::rollout(rank);
-        // One lost before the bootstrap is down or restarting: its successor gets `init_weights` when it
-        // connects.
-        if sup.is_connected(id) {
-            sup.send(id, &Command::InitWeights, &[]).await?;
-        }
+    for id in rollouts {
+        sup.send(id, &Command::InitWeights, &[]).await?;
     }
-    collect(sup, verifier, fleet, started).await
+    let sync = collect(sup, verifier, fleet, started).await?;
+    Ok(Bootstrap { ready_s, sync })
 }
 
 #[cfg(test)]

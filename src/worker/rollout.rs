@@ -117,6 +117,7 @@ impl Rollout {
 /// Run the rollout's command loop until `Stop`.
 pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
+    let building = Instant::now();
     let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let state = tokio::task::block_in_place(|| workload.init_state())?;
     // Replaced by the syncer's own list after init (it decides what is synced).
@@ -145,6 +146,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     // `train_async` with no-wait installs: updates are received in the background, also while idle.
     let no_wait = cfg.actor.sync_weight_no_wait
         && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async;
+    crate::worker::report_built(ctx, building).await?;
     loop {
         let frame = match &mut weights {
             Weights::Background(updates) => tokio::select! {

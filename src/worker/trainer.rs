@@ -16,6 +16,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     let cfg = ctx.config().clone();
     // A resumed run continues the checkpoint's steps and versions; the bootstrap carries its weights.
     let start = ctx.launch.start;
+    let building = Instant::now();
     let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let mut state = tokio::task::block_in_place(|| workload.init_state())?;
     if let Some(dir) = &cfg.runner.resume_dir {
@@ -45,6 +46,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         start.step,
         start.version
     );
+    crate::worker::report_built(ctx, building).await?;
     loop {
         let frame = ctx.control.next().await?;
         match frame.header {

@@ -19,6 +19,11 @@ def _fail(cfg: dict, where: str) -> None:
         raise ValueError(f"boom in {where}")
 
 
+def _slow_build(cfg: dict) -> None:
+    """Sleep ``fixture.build_s`` seconds while constructing, as a model that takes long to build would."""
+    time.sleep(float((cfg.get("fixture") or {}).get("build_s", 0.0)))
+
+
 class Policy(nn.Module):
     def __init__(self, out: int = 2, extra: bool = False) -> None:
         super().__init__()
@@ -31,6 +36,7 @@ class Policy(nn.Module):
 class Trainer:
     def __init__(self, cfg: dict) -> None:
         _fail(cfg, "trainer_init")
+        _slow_build(cfg)
         torch.manual_seed(0)
         self.cfg = cfg
         self.policy = Policy()
@@ -104,6 +110,7 @@ class Trainer:
 class Rollout:
     def __init__(self, cfg: dict, rank: int, num_rollouts: int) -> None:
         _fail(cfg, "rollout_init")
+        _slow_build(cfg)
         self.cfg = cfg
         # The trainer's initial weights (as the bucket syncer assumes: version 0 is each worker's own init),
         # or a rollout model that differs from the trainer's, on demand (the run must refuse it at init).

@@ -12,9 +12,11 @@ pub struct RunTimes {
     /// Before the workers: composing and checking the config (the Python workers' interpreter probe included),
     /// the run's files.
     pub before_s: f64,
-    /// The workers' start: spawned until every one completed its handshake.
+    /// The workers' start: spawned until every one completed its handshake and built its workload (the model, a
+    /// Python worker's imports and entry): ready to sync.
     pub startup_s: f64,
-    /// The init bootstrap: the workers build their models and every rollout gets the trainer's full weights.
+    /// The init bootstrap, from then on: every rollout gets the trainer's full weights (handshake, transfer,
+    /// verification).
     pub bootstrap_s: f64,
     /// The training loop alone, from after the bootstrap to its last step.
     pub loop_s: f64,

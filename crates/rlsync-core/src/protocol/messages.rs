@@ -14,8 +14,8 @@ use super::ProtocolError;
 use super::frame::{self, FrameReader, ReadError};
 use crate::bytes::Writer;
 
-/// Version of the control protocol and of the launch file; bump on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// Version of the control protocol and of the launch file; bump on any incompatible change (4: [`Report::Built`]).
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Frames larger than this are rejected (a corrupt length must not allocate gigabytes).
 pub(crate) const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -116,6 +116,11 @@ pub enum Command {
 #[serde(tag = "report", rename_all = "snake_case")]
 pub enum Report {
     Hello(Hello),
+    /// Every worker (a restarted rollout too), once, after its hello: it built its workload (the model, a
+    /// Python worker's imports and entry, a resumed trainer's checkpoint) in `seconds` and is ready to sync.
+    Built {
+        seconds: f64,
+    },
     /// Trainer: weights published.
     Synced {
         stats: SyncStats,
@@ -415,7 +420,8 @@ mod tests {
             version: 100,
             dir: "/runs/x/checkpoints/global_step_100".into(),
         };
-        for report in [trained, evaluated, checkpointed] {
+        let built = Report::Built { seconds: 1.25 };
+        for report in [trained, evaluated, checkpointed, built] {
             let bytes = encode(&report, b"").unwrap();
             assert_eq!(
                 decode_body::<Report>(bytes[4..].to_vec()).unwrap().header,
