@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import numbers
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -153,6 +154,26 @@ def _describe(obj: StateDictLike) -> list[tuple]:
             )
         )
     return out
+
+
+def _version(value: Any) -> int:
+    """A caller's version as RLinf passes it: an ``int`` >= 0 or a 0-d integer tensor (``global_step``). A float,
+    a bool, or a tensor of another dtype or shape is refused rather than truncated."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        integral = not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool)
+        if value.dim() != 0 or not integral:
+            raise TypeError(
+                f"version must be an int or a 0-d integer tensor, got a tensor of dtype {value.dtype} and shape "
+                f"{tuple(value.shape)}"
+            )
+        value = int(value.item())
+    elif isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"version must be an int or a 0-d integer tensor, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < 0:
+        raise ValueError(f"version must be a non-negative integer, got {value}")
+    return value
 
 
 def _as_bytes(payload: Any) -> bytes:
@@ -489,9 +510,7 @@ class WeightSyncer:
         state_dict = _materialize(state_dict)  # every actor rank joins the all-gathers, also those that send nothing
         if not self._active:
             return
-        version = int(version)
-        if version < 0:
-            raise ValueError(f"version must be a non-negative integer, got {version}")
+        version = _version(version)
         descs = self._stage(state_dict)
         if self._native.on_shm:
             self._check_channel(send)

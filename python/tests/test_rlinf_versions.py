@@ -89,7 +89,11 @@ def test_a_0d_integer_tensor_version_is_its_int(kind: str) -> None:
             assert got == int(v) and isinstance(got, int)
         with pytest.raises(ValueError, match="non-negative"):
             await tx.sync(tx_sd, link.send, -1)
-        # The refused call sent nothing and moved nothing.
+        # Never truncated: floats, float tensors, bools and non-scalar tensors are refused.
+        for bad in [4.7, torch.tensor(5.5), torch.tensor(True), torch.tensor([5]), True, "5"]:
+            with pytest.raises(TypeError, match="int or a 0-d integer tensor"):
+                await tx.sync(tx_sd, link.send, bad)
+        # The refused calls sent nothing and moved nothing.
         assert link.to_rx.empty() and tx.version == 4
 
     asyncio.run(main())
