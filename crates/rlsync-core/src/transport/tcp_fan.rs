@@ -1282,4 +1282,158 @@ mod tests {
         tx.send(b"later").await.unwrap();
         assert_eq!(rx.recv_with(<[u8]>::to_vec).await.unwrap(), b"later");
     }
+
+    fn elastic_cfg(receivers: usize) -> TcpFanConfig {
+        TcpFanConfig {
+            elastic: true,
+            ..cfg(receivers, b"secret")
+        }
+    }
+
+    async fn join(addr: &str, rank: usize, token: &[u8]) -> Result<Receiver, TransportError> {
+        TcpFanReceiver::connect(addr, rank, token, "test", Duration::from_secs(5)).await
+    }
+
+    /// The next payload's bytes.
+    async fn recv(rx: &mut Receiver) -> Vec<u8> {
+        rx.recv_with(<[u8]>::to_vec).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_late_joiner_is_welcomed_late_and_reached_once_taken_in() {
+        let listener = TcpFanSender::listen(elastic_cfg(2)).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx0) = tokio::join!(listener.accept_waiting_for(1), join(&addr, 0, b"secret"));
+        let (mut tx, mut rx0) = (tx.unwrap(), rx0.unwrap());
+        assert!(tx.is_elastic() && !rx0.joined_late());
+        assert_eq!(tx.live(), vec![0]);
+        tx.send(b"one").await.unwrap();
+        let mut rx1 = join(&addr, 1, b"secret").await.unwrap();
+        assert!(rx1.joined_late(), "welcomed after the sender started");
+        tx.wait_joined(1).await.unwrap();
+        assert_eq!(tx.live(), vec![0, 1]);
+        assert!(
+            tx.joined_ranks().unwrap().is_empty(),
+            "taken in by wait_joined"
+        );
+        tx.send_to(1, b"catch-up").await.unwrap();
+        tx.send(b"two").await.unwrap();
+        assert_eq!(recv(&mut rx0).await, b"one");
+        assert_eq!(recv(&mut rx0).await, b"two");
+        assert_eq!(recv(&mut rx1).await, b"catch-up");
+        assert_eq!(recv(&mut rx1).await, b"two");
+        tx.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_gone_receiver_is_detached_and_its_successor_takes_the_rank() {
+        let listener = TcpFanSender::listen(elastic_cfg(2)).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx0, rx1) = tokio::join!(
+            listener.accept(),
+            join(&addr, 0, b"secret"),
+            join(&addr, 1, b"secret")
+        );
+        let (mut tx, mut rx0, rx1) = (tx.unwrap(), rx0.unwrap(), rx1.unwrap());
+        drop(rx1);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Not elastic, this is a `PeerGone` naming rank 1 (see above); here rank 0 goes on alone.
+        tx.send(b"alone").await.unwrap();
+        assert_eq!(tx.live(), vec![0]);
+        assert_eq!(recv(&mut rx0).await, b"alone");
+        tx.flush().await.unwrap();
+        let err = tx.send_to(1, b"x").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::PeerGone {
+                    peer: Peer::Receiver(1),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut again = join(&addr, 1, b"secret").await.unwrap();
+        assert!(again.joined_late());
+        tx.wait_joined(1).await.unwrap();
+        tx.send(b"both").await.unwrap();
+        assert_eq!(recv(&mut rx0).await, b"both");
+        assert_eq!(recv(&mut again).await, b"both");
+        tx.flush().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_late_joiner_without_the_token_or_with_a_bad_rank_is_refused() {
+        let listener = TcpFanSender::listen(elastic_cfg(2)).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx0) = tokio::join!(listener.accept_waiting_for(1), join(&addr, 0, b"secret"));
+        let (mut tx, _rx0) = (tx.unwrap(), rx0.unwrap());
+        let err = TcpFanReceiver::connect(&addr, 1, b"wrong", "bad", Duration::from_secs(2))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::Auth { .. } | TransportError::PeerGone { .. }
+            ),
+            "{err}"
+        );
+        let err = join(&addr, 2, b"secret").await.unwrap_err();
+        assert!(matches!(err, TransportError::Rejected { .. }), "{err}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(tx.joined_ranks().unwrap().is_empty());
+        assert_eq!(tx.live(), vec![0]);
+        // The listener goes on: the right receiver is still admitted.
+        let rx1 = join(&addr, 1, b"secret").await.unwrap();
+        assert!(rx1.joined_late());
+        tx.wait_joined(1).await.unwrap();
+        assert_eq!(tx.live(), vec![0, 1]);
+    }
+
+    #[tokio::test]
+    async fn waits_for_joiners_are_bounded_and_leave_the_channel_usable() {
+        // Too few receivers to start: `Timeout` naming the missing ranks.
+        let listener = TcpFanSender::listen(TcpFanConfig {
+            timeout: Duration::from_millis(200),
+            ..elastic_cfg(3)
+        })
+        .await
+        .unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, _rx0) = tokio::join!(listener.accept_waiting_for(2), join(&addr, 0, b"secret"));
+        let err = tx.unwrap_err();
+        assert!(
+            matches!(&err, TransportError::Timeout { peer: Peer::Receivers(m), .. } if *m == vec![1, 2]),
+            "{err}"
+        );
+        // A rank that never comes back: `wait_joined` gives up after the caller's bound.
+        let listener = TcpFanSender::listen(elastic_cfg(2)).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx0) = tokio::join!(listener.accept_waiting_for(1), join(&addr, 0, b"secret"));
+        let (mut tx, mut rx0) = (tx.unwrap(), rx0.unwrap());
+        tx.set_bound(Some(Duration::from_millis(50)));
+        let err = tx.wait_joined(1).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::Timeout { peer: Peer::Receiver(1), timeout, .. } if timeout == Duration::from_millis(50)
+            ),
+            "{err}"
+        );
+        tx.set_bound(None);
+        tx.send(b"still").await.unwrap();
+        assert_eq!(recv(&mut rx0).await, b"still");
+        // A channel that is not elastic neither starts short nor admits anyone.
+        let listener = TcpFanSender::listen(cfg(2, b"secret")).await.unwrap();
+        assert!(matches!(
+            listener.accept_waiting_for(1).await,
+            Err(TransportError::Config { .. })
+        ));
+        let (mut tx, _rxs) = pair(1).await;
+        assert!(matches!(
+            tx.wait_joined(0).await,
+            Err(TransportError::Config { .. })
+        ));
+        assert!(!tx.is_elastic());
+    }
 }
