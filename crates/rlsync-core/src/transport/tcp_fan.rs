@@ -736,8 +736,9 @@ impl TcpFanSender {
         let bytes = buf.bytes(len);
         let mut reached = Vec::with_capacity(targets.len());
         for &rank in &targets {
-            // Elastic: a target may have gone while this waited for the slot.
-            if self.fanout.is_gone(rank) {
+            // Elastic: a target may have gone while this waited for the slot (not elastic: writing to it
+            // fails, naming it).
+            if self.fanout.is_elastic() && self.fanout.is_gone(rank) {
                 continue;
             }
             let Some(writer) = self.writers.get_mut(rank).and_then(Option::as_mut) else {
