@@ -5,10 +5,12 @@ version 5, one killed with SIGKILL and restarted with the same rank; each is cau
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import queue
 import signal
+import socket
 
 import pytest
 import torch
@@ -109,6 +111,19 @@ class Trainer:
             v = await self.expect_applied(rank, v + 1)
 
 
+async def refused(addr: str, seconds: float = 10.0) -> None:
+    """Wait until nothing listens at ``addr`` any more."""
+    host, port = addr.rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex((host, int(port))) != 0:
+                return
+        assert loop.time() < end, f"{addr} still accepts connections"
+        await asyncio.sleep(0.05)
+
+
 def spawn(ctx, *args) -> mp.Process:
     p = ctx.Process(target=rollout, args=args)
     p.start()
@@ -142,6 +157,10 @@ def test_a_receiver_joining_at_version_5_over_tcp_is_caught_up(kind: str) -> Non
             await t.expect_applied(0, v)
         await t.expect_caught_up(1, 8)
         await t.s.flush(timeout=30)
+        # Released, the channel leaves nothing open: its listening socket is closed.
+        del t
+        gc.collect()
+        await refused(addr)
 
     try:
         asyncio.run(main())

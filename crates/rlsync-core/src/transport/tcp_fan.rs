@@ -1361,6 +1361,22 @@ mod tests {
         assert_eq!(recv(&mut rx0).await, b"both");
         assert_eq!(recv(&mut again).await, b"both");
         tx.flush().await.unwrap();
+        // Nothing stays open once the sender is gone: its receivers are told, and nobody can connect.
+        drop(tx);
+        let err = rx0.recv_with(<[u8]>::to_vec).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                TransportError::PeerGone {
+                    peer: Peer::Sender,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let err = TcpStream::connect(&addr).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 
     #[tokio::test]
