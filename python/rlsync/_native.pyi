@@ -84,7 +84,15 @@ class TcpReceiver:
     @property
     def rank(self) -> int: ...
 
-def tcp_bind(bind: str, receivers: int, token: bytes, timeout_s: float = 60.0, slots: int = 4) -> TcpSender: ...
+def tcp_bind(
+    bind: str,
+    receivers: int,
+    token: bytes,
+    timeout_s: float = 60.0,
+    slots: int = 4,
+    elastic: bool = False,
+    wait_for: int | None = None,
+) -> TcpSender: ...
 def tcp_connect(addr: str, rank: int, token: bytes, timeout_s: float = 60.0) -> TcpReceiver: ...
 
 class NativeSyncer:

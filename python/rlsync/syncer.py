@@ -947,15 +947,30 @@ async def shm_receiver(socket_path: str, rank: int, *, timeout: float = 60.0) ->
 
 
 async def tcp_sender(
-    bind: str, receivers: int, *, token: str | bytes, timeout: float = 60.0, slots: int = 4
+    bind: str,
+    receivers: int,
+    *,
+    token: str | bytes,
+    timeout: float = 60.0,
+    slots: int = 4,
+    elastic: bool = False,
+    wait_for: int | None = None,
 ) -> TcpSender:
     """Open rlsync's TCP channel across hosts (1 -> ``receivers``) for a sender: listen on ``bind``
     (``"host:port"``) and wait until every receiver connected and proved ``token`` (the run's shared secret; it
     never crosses the wire), each wait bounded by ``timeout`` seconds. A peer without the token is refused and
     the sender keeps waiting for the right one. Same semantics as :func:`shm_sender`: pass the result as
     ``send`` to :meth:`WeightSyncer.init_sender` / :meth:`WeightSyncer.sync`; acknowledgements, per-call
-    timeouts, and a receiver whose connection ends named at once (:class:`rlsync.TransportError`)."""
-    return await asyncio.to_thread(_native.tcp_bind, bind, receivers, _token(token), timeout, slots)
+    timeouts, and a receiver whose connection ends named at once (:class:`rlsync.TransportError`).
+
+    ``elastic=True``: as :func:`shm_sender`'s, the channel outlives its receivers and keeps listening. One that
+    goes away is dropped (syncs go on to the others), and a receiver that connects later for a rank (a restart,
+    or a rank that was not there yet: ``wait_for`` receivers suffice to start) proves the token, is admitted,
+    and is caught up at the sender's next :meth:`WeightSyncer.sync` by patch replay or a full transfer; its
+    :meth:`WeightSyncer.init_receiver` returns once caught up. The listening socket closes with the channel."""
+    return await asyncio.to_thread(
+        _native.tcp_bind, bind, receivers, _token(token), timeout, slots, elastic, wait_for
+    )
 
 
 async def tcp_receiver(addr: str, rank: int, *, token: str | bytes, timeout: float = 60.0) -> TcpReceiver:

@@ -81,8 +81,11 @@ impl TcpReceiver {
 }
 
 /// Listen on `bind` (`host:port`) and wait (GIL released) until all `receivers` connected and proved `token`.
+/// With `elastic`, receivers may go and (re)join later (caught up at the next sync), and the bind returns once
+/// `wait_for` of them joined (default: all).
 #[pyfunction]
-#[pyo3(signature = (bind, receivers, token, timeout_s = 60.0, slots = transport::DEFAULT_SLOTS))]
+#[pyo3(signature = (bind, receivers, token, timeout_s = 60.0, slots = transport::DEFAULT_SLOTS, elastic = false, wait_for = None))]
+#[allow(clippy::too_many_arguments)]
 fn tcp_bind(
     py: Python<'_>,
     bind: String,
@@ -90,6 +93,8 @@ fn tcp_bind(
     token: Vec<u8>,
     timeout_s: f64,
     slots: usize,
+    elastic: bool,
+    wait_for: Option<usize>,
 ) -> PyResult<TcpSender> {
     if receivers == 0 {
         return Err(PyValueError::new_err("receivers must be at least 1"));
@@ -104,14 +109,17 @@ fn tcp_bind(
         name: "rlsync sender".into(),
         timeout: crate::syncer::timeout(timeout_s)?,
         slots: slots.max(1),
+        elastic,
     };
+    let wait_for = wait_for.unwrap_or(receivers);
     let rt = runtime::get()?;
     let (end, addr) = py
         .detach(|| {
             rt.block_on(async {
                 let listener = TcpFanSender::listen(cfg).await?;
                 let addr = listener.local_addr()?.to_string();
-                Ok::<_, transport::TransportError>((listener.accept().await?, addr))
+                let end = listener.accept_waiting_for(wait_for).await?;
+                Ok::<_, transport::TransportError>((end, addr))
             })
         })
         .map_err(|e| transport_error(&e))?;

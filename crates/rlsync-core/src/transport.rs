@@ -8,10 +8,10 @@
 //! sender. Every wait is bounded by the channel's timeout: a dead or stuck peer gives
 //! [`TransportError::Timeout`] or [`TransportError::PeerGone`] naming it, never a hang.
 //!
-//! Elastic channels ([`ShmConfig::elastic`], [`inproc_channel_elastic`], and a TCP chain whose every node's
-//! local fan-out is elastic) outlive their receivers: a gone receiver is detached instead of breaking the
-//! channel, a new receiver may take its rank ([`Sender::wait_joined`]), and a payload may go to one rank only
-//! ([`Sender::send_to_with`]).
+//! Elastic channels ([`ShmConfig::elastic`], [`TcpFanConfig::elastic`], [`inproc_channel_elastic`], and a TCP
+//! chain whose every node's local fan-out is elastic) outlive their receivers: a gone receiver is detached
+//! instead of breaking the channel, a new receiver may take its rank ([`Sender::wait_joined`]), and a payload
+//! may go to one rank only ([`Sender::send_to_with`]).
 //!
 //! A caller may bound the waits of its next calls further ([`Sender::set_bound`], [`Receiver::set_bound`]: the
 //! Python API's per-call `timeout=`); a wait cut short reports `Timeout` with that bound, and a payload wait
@@ -484,7 +484,8 @@ impl Receiver {
     pub fn joined_late(&self) -> bool {
         match self {
             Receiver::Shm(r) => r.joined_late(),
-            Receiver::InProc(_) | Receiver::Bridge(_) | Receiver::TcpFan(_) => false,
+            Receiver::TcpFan(r) => r.joined_late(),
+            Receiver::InProc(_) | Receiver::Bridge(_) => false,
         }
     }
 
