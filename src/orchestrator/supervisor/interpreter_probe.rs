@@ -568,11 +568,18 @@ mod tests {
     #[test]
     fn an_interpreter_without_rlsync_is_named_with_the_fix() {
         let dir = fixture(false);
-        let e = check(&python_workers("bandit", "python3", dir.path())).unwrap_err();
+        // An interpreter that cannot see rlsync even where the venv on PATH has it installed (a `make test`
+        // after an earlier one): python3 without its site-packages, as a named program.
+        let python = dir.path().join("python3");
+        std::fs::write(&python, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+        std::fs::set_permissions(&python, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let python = python.to_str().unwrap().to_owned();
+        let e = check(&python_workers("bandit", &python, dir.path())).unwrap_err();
         assert!(matches!(e, InterpreterProbeError::NoRlsync { .. }), "{e:?}");
         let text = e.to_string();
         for want in [
-            "python3",
+            python.as_str(),
             "cannot import rlsync",
             "No module named 'rlsync'",
             "set actor.worker.python=/path/to/python rollout.worker.python=/path/to/python",
