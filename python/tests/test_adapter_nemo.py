@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 
 import rlsync.nemo as nemo  # noqa: E402
 from rlsync.nemo import RlsyncGenerationWorkerMixin, RlsyncPolicyWorkerMixin, RlsyncWeightSynchronizer  # noqa: E402

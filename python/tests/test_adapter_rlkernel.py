@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402
 
 from rlsync.rlkernel import (  # noqa: E402
     RlsyncTensorBridge,
