@@ -98,11 +98,22 @@ def test_multi_sync_collector(strategy, tmp_path):
         set_weights(policy, 0.5)
         collector.update_policy_weights_()  # sync=True: returns once both workers installed it
         assert scheme.acked_versions() == {0: 1, 1: 1}
-        # A batch may have been started before the update: the one after it is entirely new weights.
+        # A batch may have been started before the update: the one after it is entirely new weights. The
+        # version stamp follows the install from the worker's receiving thread (as with TorchRL's own schemes),
+        # so frames collected in between may still carry the old one; it moves by exactly one, never more.
         next(it)
         batch = next(it)
         assert actions_match(batch, 0.5)
-        assert batch["policy_version"].unique().tolist() == [v + 1 for v in versions0]
+        want = [v + 1 for v in versions0]
+        seen = set(batch["policy_version"].unique().tolist())
+        for _ in range(5):
+            if seen == set(want):
+                break
+            assert seen <= set(versions0) | set(want), seen
+            batch = next(it)
+            assert actions_match(batch, 0.5)
+            seen = set(batch["policy_version"].unique().tolist())
+        assert seen == set(want)
 
         # The trainer's later writes do not reach the workers without an update (each holds its own copy).
         set_weights(policy, 2.0)
