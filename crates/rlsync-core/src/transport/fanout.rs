@@ -592,6 +592,113 @@ impl Fanout {
     }
 }
 
+/// The [`SendBackend`](super::SendBackend) of a sender built on [`Fanout`] (the shm channel's and the TCP
+/// fan-out's): both provide `check_usable`, `housekeep` (take pending events), `settle` (turn a failure into
+/// the channel's state), `try_send_with`, `try_wait_joined`, a `fanout` and an optional `late` (joiners);
+/// `$slot_op` names a wait for a free slot in errors. The expansion site must have `SendBackend`, `Target`,
+/// `TransportError`, `Duration` and the `OP_FLUSH`, `OP_RECV_FROM`, `OP_REPORTS` constants in scope.
+macro_rules! fan_send_backend {
+    ($ty:ty, $slot_op:expr) => {
+        impl SendBackend for $ty {
+            fn receivers(&self) -> usize {
+                self.fanout.receivers()
+            }
+
+            async fn send_with<R>(
+                &mut self,
+                target: Target,
+                len: usize,
+                fill: impl FnOnce(&mut [u8]) -> R,
+            ) -> Result<R, TransportError> {
+                self.check_usable()?;
+                let result = self.try_send_with(target, len, fill).await;
+                self.settle(result)
+            }
+
+            async fn wait_joined(&mut self, rank: usize) -> Result<(), TransportError> {
+                self.check_usable()?;
+                let result = self.try_wait_joined(rank).await;
+                self.settle(result)
+            }
+
+            fn live(&self) -> Vec<usize> {
+                self.fanout.live()
+            }
+
+            fn is_elastic(&self) -> bool {
+                self.fanout.is_elastic()
+            }
+
+            async fn flush(&mut self) -> Result<(), TransportError> {
+                self.check_usable()?;
+                let result = match self.housekeep() {
+                    Ok(()) => self.fanout.wait_all_free(OP_FLUSH).await,
+                    Err(e) => Err(e),
+                };
+                self.settle(result)
+            }
+
+            async fn recv_from(&mut self, rank: usize) -> Result<Vec<u8>, TransportError> {
+                self.check_usable()?;
+                let result = match self.housekeep() {
+                    Ok(()) => self.fanout.wait_message(rank, OP_RECV_FROM).await,
+                    Err(e) => Err(e),
+                };
+                self.settle(result)
+            }
+
+            fn joined_ranks(&mut self) -> Result<Vec<usize>, TransportError> {
+                self.check_usable()?;
+                let result = self.housekeep();
+                self.settle(result)?;
+                Ok(self
+                    .late
+                    .as_ref()
+                    .map(|l| l.fresh.clone())
+                    .unwrap_or_default())
+            }
+
+            fn try_recv_from(
+                &mut self,
+                rank: usize,
+                accept: &dyn Fn(&[u8]) -> bool,
+            ) -> Result<Option<Vec<u8>>, TransportError> {
+                self.check_usable()?;
+                let result = self
+                    .housekeep()
+                    .and_then(|()| self.fanout.try_message(rank, accept));
+                self.settle(result)
+            }
+
+            async fn wait_any_from(&mut self, ranks: &[usize]) -> Result<(), TransportError> {
+                self.check_usable()?;
+                let result = match self.housekeep() {
+                    Ok(()) => self.fanout.wait_any_message(ranks, OP_REPORTS).await,
+                    Err(e) => Err(e),
+                };
+                self.settle(result)
+            }
+
+            fn set_bound(&mut self, bound: Option<Duration>) {
+                self.fanout.set_bound(bound);
+            }
+
+            async fn ready(&mut self) -> Result<(), TransportError> {
+                self.check_usable()?;
+                let result = match self.housekeep() {
+                    Ok(()) => {
+                        let (_, slot) = self.fanout.next();
+                        self.fanout.wait_slot_free(slot, $slot_op).await
+                    }
+                    Err(e) => Err(e),
+                };
+                self.settle(result)
+            }
+        }
+    };
+}
+pub(super) use fan_send_backend;
+
 #[cfg(test)]
 mod tests {
     use super::*;
