@@ -291,7 +291,8 @@ class RlsyncPolicyWorkerMixin(_WorkerSide):
         if syncer is None or runner is None:
             raise RuntimeError("rlsync_sync before rlsync_init_sender")
         state = self.rlsync_state_dict()
-        runner.run(syncer.sync(state, self._rlsync_channel, version, timeout=self._rlsync_timeout, wait="applied" if self._rlsync_channel is not None else None))
+        wait = "applied" if self._rlsync_channel is not None else None  # ranks that send nothing wait for nobody
+        runner.run(syncer.sync(state, self._rlsync_channel, version, timeout=self._rlsync_timeout, wait=wait))
         if self._rlsync_channel is None:
             return {"sent": False}
         report = syncer.last_report()
