@@ -208,31 +208,26 @@ fn diff_words<W: Word>(cur: &[W], snap: &mut [W], base: usize, out: &mut Changes
 
 fn diff_same(cur: &[u8], snap: &mut [u8], width: usize, base: usize, out: &mut Changes) {
     match width {
-        1 => diff_words::<u8>(cur, snap, base, out),
-        2 => {
-            if let (Some(c), Some(s)) = (pod_slice::<u16>(cur), pod_slice_mut::<u16>(snap)) {
-                let done = simd::diff_u16(c, s, base, out);
-                let (c, s) = (&c[done..], &mut s[done..]);
-                diff_words(c, s, base + done, out)
-            }
-        }
-        4 => {
-            if let (Some(c), Some(s)) = (pod_slice::<u32>(cur), pod_slice_mut::<u32>(snap)) {
-                diff_words(c, s, base, out)
-            }
-        }
-        _ => {
-            if let (Some(c), Some(s)) = (pod_slice::<u64>(cur), pod_slice_mut::<u64>(snap)) {
-                diff_words(c, s, base, out)
-            }
-        }
+        1 => diff_wide::<u8>(cur, snap, base, out),
+        2 => diff_wide::<u16>(cur, snap, base, out),
+        4 => diff_wide::<u32>(cur, snap, base, out),
+        _ => diff_wide::<u64>(cur, snap, base, out),
     }
 }
 
-/// Explicit SIMD for the hot case (16-bit weights): 64 bytes per step, compare + movemask on AVX2; and a
+/// The SIMD kernel over the whole blocks, the portable walk over the tail (or everything without AVX2).
+#[inline(always)]
+fn diff_wide<W: Word>(cur: &[u8], snap: &mut [u8], base: usize, out: &mut Changes) {
+    if let (Some(c), Some(s)) = (pod_slice::<W>(cur), pod_slice_mut::<W>(snap)) {
+        let done = simd::diff_blocks(c, s, base, out);
+        diff_words(&c[done..], &mut s[done..], base + done, out);
+    }
+}
+
+/// Explicit SIMD for the diff (AVX2: 32-element block masks from wide compares, for every element width) and a
 /// cache prefetch hint for the install.
 mod simd {
-    use super::Changes;
+    use super::{Changes, Word};
 
     /// Ask for the cache line holding `p` ahead of a read-modify-write (a hint: no effect on results).
     #[inline(always)]
@@ -248,12 +243,17 @@ mod simd {
 
     /// Diff the leading whole blocks of 32 elements; returns how many elements were covered (0 when the CPU
     /// lacks AVX2, leaving everything to the portable kernel).
-    pub(crate) fn diff_u16(cur: &[u16], snap: &mut [u16], base: usize, out: &mut Changes) -> usize {
+    pub(crate) fn diff_blocks<W: Word>(
+        cur: &[W],
+        snap: &mut [W],
+        base: usize,
+        out: &mut Changes,
+    ) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: AVX2 is available (checked just above).
-                return unsafe { avx2::diff_u16(cur, snap, base, out) };
+                return unsafe { avx2::diff_blocks(cur, snap, base, out) };
             }
         }
         let _ = (cur, snap, base, out);
@@ -264,55 +264,98 @@ mod simd {
     mod avx2 {
         use std::arch::x86_64::*;
 
-        use super::Changes;
+        use super::{Changes, Word};
 
-        /// Changes written per block without a data-dependent loop (at 1–3 % density a 32-element block
-        /// holds at most a few); the rare rest goes through a loop.
+        /// Changes gathered per differing block without a data-dependent loop (at 1–3 % density a block holds
+        /// one or two); the rare rest goes through a loop.
         const UNROLL: usize = 4;
 
-        /// Blocks compared per pass: a pass's stretch of both slices (2 × 64 KiB) is still in L2 when its
-        /// changed blocks are gathered.
-        const PASS_BLOCKS: usize = 1024;
+        /// Bytes of each side compared per pass: a pass's stretch of both slices is still in L1 when its
+        /// differing blocks are gathered, and the gap in the load stream while they are is short enough for
+        /// the hardware prefetcher to keep streaming.
+        const PASS_BYTES: usize = 8 << 10;
+
+        /// Room for the blocks of one pass (1-byte elements: the most blocks per pass).
+        const PASS_SLOTS: usize = PASS_BYTES / 32;
+
+        /// Which of the 32 elements at `c` and `s` differ (bit j: element j), compared bitwise.
+        ///
+        /// # Safety
+        /// The CPU must support AVX2; 32 elements must be readable at both pointers.
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        unsafe fn block_mask<W: Word>(c: *const W, s: *const W) -> u32 {
+            // SAFETY (all arms): the loads cover the 32 elements the caller vouches for, 32 bytes each.
+            unsafe {
+                // A macro, not a closure: the loads inline with this function's target features.
+                macro_rules! ld {
+                    ($p:expr, $k:expr) => {
+                        _mm256_loadu_si256($p.cast::<__m256i>().add($k))
+                    };
+                }
+                match size_of::<W>() {
+                    1 => !(_mm256_movemask_epi8(_mm256_cmpeq_epi8(ld!(c, 0), ld!(s, 0))) as u32),
+                    2 => {
+                        // packs interleaves 64-bit chunks as (lo 0, lo 1, hi 0, hi 1): restore element order.
+                        let eq = _mm256_packs_epi16(
+                            _mm256_cmpeq_epi16(ld!(c, 0), ld!(s, 0)),
+                            _mm256_cmpeq_epi16(ld!(c, 1), ld!(s, 1)),
+                        );
+                        let eq = _mm256_permute4x64_epi64::<0b11_01_10_00>(eq);
+                        !(_mm256_movemask_epi8(eq) as u32)
+                    }
+                    4 => {
+                        let mut eq = 0u32;
+                        for k in 0..4 {
+                            let e = _mm256_cmpeq_epi32(ld!(c, k), ld!(s, k));
+                            eq |= (_mm256_movemask_ps(_mm256_castsi256_ps(e)) as u32) << (8 * k);
+                        }
+                        !eq
+                    }
+                    _ => {
+                        let mut eq = 0u32;
+                        for k in 0..8 {
+                            let e = _mm256_cmpeq_epi64(ld!(c, k), ld!(s, k));
+                            eq |= (_mm256_movemask_pd(_mm256_castsi256_pd(e)) as u32) << (4 * k);
+                        }
+                        !eq
+                    }
+                }
+            }
+        }
 
         /// # Safety
         /// The CPU must support AVX2.
         ///
-        /// Two passes per stretch of [`PASS_BLOCKS`] blocks, so that no branch depends on the data (at 1–3 %
-        /// density about a third of the blocks differ, at random: a branch per block mispredicts often):
-        /// the first compares every block and lists the ones that differ with their change masks; the
-        /// second gathers those blocks' changes and stores them into the snapshot.
+        /// Two passes per stretch of [`PASS_BYTES`], so that no branch depends on the data (at 1–3 % density
+        /// about a third of the blocks differ, at random: a branch per block mispredicts often): the first
+        /// compares every block and lists the ones that differ with their change masks; the second gathers
+        /// those blocks' changes and writes exactly the changed elements into the snapshot (a line without a
+        /// change is never written, so it is never written back to memory).
         #[target_feature(enable = "avx2")]
-        pub(crate) unsafe fn diff_u16(
-            cur: &[u16],
-            snap: &mut [u16],
+        pub(crate) unsafe fn diff_blocks<W: Word>(
+            cur: &[W],
+            snap: &mut [W],
             base: usize,
             out: &mut Changes,
         ) -> usize {
+            let pass_blocks = PASS_BYTES / (32 * size_of::<W>());
+            // Slots of `Changes::vals` per change.
+            let per = if W::WIDE { 2 } else { 1 };
             let n = cur.len().min(snap.len()) / 32 * 32;
             let cp = cur.as_ptr();
             let sp = snap.as_mut_ptr();
-            let (mut at, mut mask) = ([0u32; PASS_BLOCKS], [0u32; PASS_BLOCKS]);
+            let (mut at, mut mask) = ([0u32; PASS_SLOTS], [0u32; PASS_SLOTS]);
             let mut start = 0;
             while start < n {
-                let blocks = ((n - start) / 32).min(PASS_BLOCKS);
+                let blocks = ((n - start) / 32).min(pass_blocks);
                 let mut hits = 0usize;
                 for k in 0..blocks {
                     let b = start + k * 32;
-                    // SAFETY: b + 32 <= n <= both lengths, so the 32-byte loads are in bounds; `hits` <= k <
-                    // PASS_BLOCKS, so the list writes are in bounds.
+                    // SAFETY: b + 32 <= n <= both lengths, so the block is in bounds; `hits` <= k <
+                    // pass_blocks <= PASS_SLOTS, so the list writes are in bounds.
                     unsafe {
-                        let c0 = _mm256_loadu_si256(cp.add(b).cast());
-                        let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
-                        let s0 = _mm256_loadu_si256(sp.add(b).cast());
-                        let s1 = _mm256_loadu_si256(sp.add(b + 16).cast());
-                        // packs interleaves 64-bit chunks as (c0 lo, c1 lo, c0 hi, c1 hi): restore element
-                        // order.
-                        let eq = _mm256_packs_epi16(
-                            _mm256_cmpeq_epi16(c0, s0),
-                            _mm256_cmpeq_epi16(c1, s1),
-                        );
-                        let eq = _mm256_permute4x64_epi64::<0b11_01_10_00>(eq);
-                        let m = !(_mm256_movemask_epi8(eq) as u32);
+                        let m = block_mask(cp.add(b), sp.add(b));
                         // Always written, kept only when the block differs.
                         *at.get_unchecked_mut(hits) = b as u32;
                         *mask.get_unchecked_mut(hits) = m;
@@ -321,46 +364,50 @@ mod simd {
                 }
                 // Every listed block holds 1 to 32 changes: room for 32 each covers the slots written below.
                 out.idx.reserve(hits * 32);
-                out.vals.reserve(hits * 32);
+                out.vals.reserve(hits * 32 * per);
                 let (mut len, ip, vp) =
                     (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
                 for h in 0..hits {
-                    // SAFETY: h < hits <= PASS_BLOCKS; b + 32 <= n as above, and every element index read is
-                    // b + (0..32). `len` grows by each block's change count (<= 32), so the slots written,
-                    // len + (0..32), stay within the capacity reserved above; the lengths are set to cover
-                    // exactly the entries written.
+                    // SAFETY: h < hits <= PASS_SLOTS; b + 32 <= n as above, and every element index read or
+                    // written is b + (0..32). `len` grows by each block's change count (<= 32), so the slots
+                    // written, len + (0..32), stay within the capacity reserved above; the lengths are set to
+                    // cover exactly the entries written.
                     unsafe {
                         let b = *at.get_unchecked(h) as usize;
                         let mut m = *mask.get_unchecked(h);
                         let count = m.count_ones() as usize;
-                        // Branch-free: write UNROLL slots; slots past `count` hold a harmless in-block element
-                        // and are overwritten by the next block or cut off by the length update.
-                        for k in 0..UNROLL.min(32) {
-                            let i = b + (m.trailing_zeros() & 31) as usize;
-                            *ip.add(len + k) = (base + i) as u32;
-                            *vp.add(len + k) = u64::from(*sp.add(i)) | u64::from(*cp.add(i)) << 32;
+                        // The block's last change: once `m` runs out, the unrolled slots repeat it (its value
+                        // rewritten unchanged, its list entry cut off by the length update), so no unchanged
+                        // element, and no line without a change, is ever stored to.
+                        let top = 1u32 << (31 - m.leading_zeros());
+                        let put = |slot: usize, i: usize| {
+                            let (old, new) = (*sp.add(i), *cp.add(i));
+                            *ip.add(slot) = (base + i) as u32;
+                            if W::WIDE {
+                                *vp.add(2 * slot) = old.to_u64();
+                                *vp.add(2 * slot + 1) = new.to_u64();
+                            } else {
+                                *vp.add(slot) = old.to_u64() | new.to_u64() << 32;
+                            }
+                            *sp.add(i) = new;
+                        };
+                        for k in 0..UNROLL {
+                            put(len + k, b + (m | top).trailing_zeros() as usize);
                             m &= m.wrapping_sub(1);
                         }
                         let mut k = UNROLL;
                         while m != 0 {
-                            let i = b + m.trailing_zeros() as usize;
-                            *ip.add(len + k) = (base + i) as u32;
-                            *vp.add(len + k) = u64::from(*sp.add(i)) | u64::from(*cp.add(i)) << 32;
+                            put(len + k, b + m.trailing_zeros() as usize);
                             m &= m - 1;
                             k += 1;
                         }
                         len += count;
-                        // The snapshot takes the current block (old values were read above).
-                        let c0 = _mm256_loadu_si256(cp.add(b).cast());
-                        let c1 = _mm256_loadu_si256(cp.add(b + 16).cast());
-                        _mm256_storeu_si256(sp.add(b).cast(), c0);
-                        _mm256_storeu_si256(sp.add(b + 16).cast(), c1);
                     }
                 }
                 // SAFETY: the first `len` slots of both buffers were written above (or before this pass).
                 unsafe {
                     out.idx.set_len(len);
-                    out.vals.set_len(len);
+                    out.vals.set_len(len * per);
                 }
                 start += blocks * 32;
             }
