@@ -2,9 +2,9 @@
 //! install on the receiver.
 //!
 //! Build scans each synced tensor against the snapshot (held in the receiver's dtype) in segments of
-//! [`SEGMENT`] elements (the unit of parallelism), comparing 32-element blocks with a branch-free OR of XORs
-//! and only looking at single elements inside blocks that differ; changed elements update the snapshot as
-//! they are found. Install validates the whole payload (every index in range, every stream exactly consumed)
+//! [`SEGMENT`] elements (the unit of parallelism), comparing 32-element blocks (wide SIMD compares where the
+//! CPU has them) and only looking at single elements inside blocks that differ; exactly the changed elements
+//! are written into the snapshot as they are found. Install validates the whole payload (every index in range, every stream exactly consumed)
 //! before it writes a single byte, so a rejected patch leaves the weights untouched.
 
 use std::num::NonZeroUsize;
@@ -260,23 +260,155 @@ mod simd {
         0
     }
 
+    /// A whole-block kernel: diffs the leading whole blocks, returns the elements covered.
+    #[cfg(test)]
+    pub(crate) type Kernel<W> = fn(&[W], &mut [W], usize, &mut Changes) -> usize;
+
+    /// Every whole-block kernel this CPU can run, by name (the tests hold each to the scalar reference,
+    /// whichever [`diff_blocks`] would pick).
+    #[cfg(test)]
+    pub(crate) fn each_kernel<W: Word>() -> Vec<(&'static str, Kernel<W>)> {
+        let mut all: Vec<(&'static str, Kernel<W>)> = vec![("none", |_, _, _, _| 0)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: listed only when the CPU has AVX2 (checked just above).
+                all.push(("avx2", |c, s, b, o| unsafe {
+                    avx2::diff_blocks(c, s, b, o)
+                }));
+            }
+        }
+        all
+    }
+
+    /// Changes gathered per differing block without a data-dependent loop (at 1–3 % density a block holds one
+    /// or two); the rare rest goes through a loop.
+    #[cfg(target_arch = "x86_64")]
+    const UNROLL: usize = 4;
+
+    /// Bytes of each side compared per pass: a pass's stretch of both slices is still in L1 when its differing
+    /// blocks are gathered, and the gap in the load stream while they are is short enough for the hardware
+    /// prefetcher to keep streaming.
+    #[cfg(target_arch = "x86_64")]
+    const PASS_BYTES: usize = 8 << 10;
+
+    /// Room for the blocks of one pass (1-byte elements: the most blocks per pass).
+    #[cfg(target_arch = "x86_64")]
+    const PASS_SLOTS: usize = PASS_BYTES / 32;
+
+    /// Record the changes of the block at `b` (change mask `m`, not zero) as list slots `len..`: indices
+    /// `base + i`, old and new patterns as [`Changes`] lays them out; the snapshot takes the new values.
+    /// Exactly the changed elements are stored to, so a line without a change is never written back.
+    ///
+    /// # Safety
+    /// `b + 32` elements must be in bounds of `cp` and `sp`; slots `len..len + 32` must be within the
+    /// capacity of `ip` (and of `vp`, two slots per change for 8-byte words).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gather_scalar<W: Word>(
+        ip: *mut u32,
+        vp: *mut u64,
+        len: usize,
+        cp: *const W,
+        sp: *mut W,
+        base: usize,
+        b: usize,
+        mut m: u32,
+    ) {
+        // SAFETY: every element index is b + (0..32) and every slot len + (0..32) (a block has at most 32
+        // changes, and UNROLL <= 32), in bounds by the caller's contract.
+        unsafe {
+            let put = |slot: usize, i: usize| {
+                let (old, new) = (*sp.add(i), *cp.add(i));
+                *ip.add(slot) = (base + i) as u32;
+                if W::WIDE {
+                    *vp.add(2 * slot) = old.to_u64();
+                    *vp.add(2 * slot + 1) = new.to_u64();
+                } else {
+                    *vp.add(slot) = old.to_u64() | new.to_u64() << 32;
+                }
+                *sp.add(i) = new;
+            };
+            // The block's last change: once `m` runs out, the unrolled slots repeat it (its value rewritten
+            // unchanged, its list entry cut off by the caller's length update), so no unchanged element is
+            // ever stored to.
+            let top = 1u32 << (31 - m.leading_zeros());
+            for k in 0..UNROLL {
+                put(len + k, b + (m | top).trailing_zeros() as usize);
+                m &= m.wrapping_sub(1);
+            }
+            let mut k = UNROLL;
+            while m != 0 {
+                put(len + k, b + m.trailing_zeros() as usize);
+                m &= m - 1;
+                k += 1;
+            }
+        }
+    }
+
+    /// The two passes per stretch of [`PASS_BYTES`], so that no branch depends on the data (at 1–3 % density
+    /// about a third of the blocks differ, at random: a branch per block mispredicts often): the first compares
+    /// every block with `$mask` and lists the ones that differ with their change masks; the second records
+    /// those blocks' changes with `$gather` (see [`gather_scalar`]). Expands to the body of an ISA's
+    /// `diff_blocks` (a macro, so the kernels inline with that function's target features).
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! two_passes {
+        ($W:ty, $cur:ident, $snap:ident, $base:ident, $out:ident, $mask:path, $gather:path) => {{
+            let pass_blocks = PASS_BYTES / (32 * size_of::<$W>());
+            // Slots of `Changes::vals` per change.
+            let per = if <$W>::WIDE { 2 } else { 1 };
+            let n = $cur.len().min($snap.len()) / 32 * 32;
+            let cp = $cur.as_ptr();
+            let sp = $snap.as_mut_ptr();
+            let (mut at, mut mask) = ([0u32; PASS_SLOTS], [0u32; PASS_SLOTS]);
+            let mut start = 0;
+            while start < n {
+                let blocks = ((n - start) / 32).min(pass_blocks);
+                let mut hits = 0usize;
+                for k in 0..blocks {
+                    let b = start + k * 32;
+                    // SAFETY: b + 32 <= n <= both lengths, so the block is in bounds; `hits` <= k <
+                    // pass_blocks <= PASS_SLOTS, so the list writes are in bounds.
+                    unsafe {
+                        let m = $mask(cp.add(b), sp.add(b));
+                        // Always written, kept only when the block differs.
+                        *at.get_unchecked_mut(hits) = b as u32;
+                        *mask.get_unchecked_mut(hits) = m;
+                        hits += usize::from(m != 0);
+                    }
+                }
+                // Every listed block holds 1 to 32 changes: room for 32 each covers the slots written below.
+                $out.idx.reserve(hits * 32);
+                $out.vals.reserve(hits * 32 * per);
+                let (mut len, ip, vp) = ($out.idx.len(), $out.idx.as_mut_ptr(), $out.vals.as_mut_ptr());
+                for h in 0..hits {
+                    // SAFETY: h < hits <= PASS_SLOTS; b + 32 <= n as above. `len` grows by each block's change
+                    // count (<= 32), so the slots a gather writes, len + (0..32), stay within the capacity
+                    // reserved above; the lengths are set to cover exactly the entries recorded.
+                    unsafe {
+                        let b = *at.get_unchecked(h) as usize;
+                        let m = *mask.get_unchecked(h);
+                        $gather(ip, vp, len, cp, sp, $base, b, m);
+                        len += m.count_ones() as usize;
+                    }
+                }
+                // SAFETY: the first `len` slots of both buffers were written above (or before this pass).
+                unsafe {
+                    $out.idx.set_len(len);
+                    $out.vals.set_len(len * per);
+                }
+                start += blocks * 32;
+            }
+            n
+        }};
+    }
+
     #[cfg(target_arch = "x86_64")]
     mod avx2 {
         use std::arch::x86_64::*;
 
-        use super::{Changes, Word};
-
-        /// Changes gathered per differing block without a data-dependent loop (at 1–3 % density a block holds
-        /// one or two); the rare rest goes through a loop.
-        const UNROLL: usize = 4;
-
-        /// Bytes of each side compared per pass: a pass's stretch of both slices is still in L1 when its
-        /// differing blocks are gathered, and the gap in the load stream while they are is short enough for
-        /// the hardware prefetcher to keep streaming.
-        const PASS_BYTES: usize = 8 << 10;
-
-        /// Room for the blocks of one pass (1-byte elements: the most blocks per pass).
-        const PASS_SLOTS: usize = PASS_BYTES / 32;
+        use super::{Changes, PASS_BYTES, PASS_SLOTS, Word, gather_scalar};
 
         /// Which of the 32 elements at `c` and `s` differ (bit j: element j), compared bitwise.
         ///
@@ -285,7 +417,7 @@ mod simd {
         #[inline]
         #[target_feature(enable = "avx2")]
         unsafe fn block_mask<W: Word>(c: *const W, s: *const W) -> u32 {
-            // SAFETY (all arms): the loads cover the 32 elements the caller vouches for, 32 bytes each.
+            // SAFETY: (all arms) the loads cover the 32 elements the caller vouches for, 32 bytes each.
             unsafe {
                 // A macro, not a closure: the loads inline with this function's target features.
                 macro_rules! ld {
@@ -326,12 +458,6 @@ mod simd {
 
         /// # Safety
         /// The CPU must support AVX2.
-        ///
-        /// Two passes per stretch of [`PASS_BYTES`], so that no branch depends on the data (at 1–3 % density
-        /// about a third of the blocks differ, at random: a branch per block mispredicts often): the first
-        /// compares every block and lists the ones that differ with their change masks; the second gathers
-        /// those blocks' changes and writes exactly the changed elements into the snapshot (a line without a
-        /// change is never written, so it is never written back to memory).
         #[target_feature(enable = "avx2")]
         pub(crate) unsafe fn diff_blocks<W: Word>(
             cur: &[W],
@@ -339,79 +465,7 @@ mod simd {
             base: usize,
             out: &mut Changes,
         ) -> usize {
-            let pass_blocks = PASS_BYTES / (32 * size_of::<W>());
-            // Slots of `Changes::vals` per change.
-            let per = if W::WIDE { 2 } else { 1 };
-            let n = cur.len().min(snap.len()) / 32 * 32;
-            let cp = cur.as_ptr();
-            let sp = snap.as_mut_ptr();
-            let (mut at, mut mask) = ([0u32; PASS_SLOTS], [0u32; PASS_SLOTS]);
-            let mut start = 0;
-            while start < n {
-                let blocks = ((n - start) / 32).min(pass_blocks);
-                let mut hits = 0usize;
-                for k in 0..blocks {
-                    let b = start + k * 32;
-                    // SAFETY: b + 32 <= n <= both lengths, so the block is in bounds; `hits` <= k <
-                    // pass_blocks <= PASS_SLOTS, so the list writes are in bounds.
-                    unsafe {
-                        let m = block_mask(cp.add(b), sp.add(b));
-                        // Always written, kept only when the block differs.
-                        *at.get_unchecked_mut(hits) = b as u32;
-                        *mask.get_unchecked_mut(hits) = m;
-                        hits += usize::from(m != 0);
-                    }
-                }
-                // Every listed block holds 1 to 32 changes: room for 32 each covers the slots written below.
-                out.idx.reserve(hits * 32);
-                out.vals.reserve(hits * 32 * per);
-                let (mut len, ip, vp) =
-                    (out.idx.len(), out.idx.as_mut_ptr(), out.vals.as_mut_ptr());
-                for h in 0..hits {
-                    // SAFETY: h < hits <= PASS_SLOTS; b + 32 <= n as above, and every element index read or
-                    // written is b + (0..32). `len` grows by each block's change count (<= 32), so the slots
-                    // written, len + (0..32), stay within the capacity reserved above; the lengths are set to
-                    // cover exactly the entries written.
-                    unsafe {
-                        let b = *at.get_unchecked(h) as usize;
-                        let mut m = *mask.get_unchecked(h);
-                        let count = m.count_ones() as usize;
-                        // The block's last change: once `m` runs out, the unrolled slots repeat it (its value
-                        // rewritten unchanged, its list entry cut off by the length update), so no unchanged
-                        // element, and no line without a change, is ever stored to.
-                        let top = 1u32 << (31 - m.leading_zeros());
-                        let put = |slot: usize, i: usize| {
-                            let (old, new) = (*sp.add(i), *cp.add(i));
-                            *ip.add(slot) = (base + i) as u32;
-                            if W::WIDE {
-                                *vp.add(2 * slot) = old.to_u64();
-                                *vp.add(2 * slot + 1) = new.to_u64();
-                            } else {
-                                *vp.add(slot) = old.to_u64() | new.to_u64() << 32;
-                            }
-                            *sp.add(i) = new;
-                        };
-                        for k in 0..UNROLL {
-                            put(len + k, b + (m | top).trailing_zeros() as usize);
-                            m &= m.wrapping_sub(1);
-                        }
-                        let mut k = UNROLL;
-                        while m != 0 {
-                            put(len + k, b + m.trailing_zeros() as usize);
-                            m &= m - 1;
-                            k += 1;
-                        }
-                        len += count;
-                    }
-                }
-                // SAFETY: the first `len` slots of both buffers were written above (or before this pass).
-                unsafe {
-                    out.idx.set_len(len);
-                    out.vals.set_len(len * per);
-                }
-                start += blocks * 32;
-            }
-            n
+            two_passes!(W, cur, snap, base, out, block_mask::<W>, gather_scalar::<W>)
         }
     }
 }
@@ -1544,17 +1598,72 @@ mod tests {
         }
     }
 
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig { cases: 128, ..Default::default() })]
+    /// A diff of a state's bytes against a snapshot's, recording into a [`Changes`].
+    type DiffFn<'a> = dyn FnMut(&[u8], &mut [u8], &mut Changes) + 'a;
 
-        /// The diff of every element width (the AVX2 kernel for 2 bytes) finds exactly the elements the
-        /// portable block walk finds and leaves the same snapshot: densities from none to all, lengths that
-        /// end mid-block and span several of the kernel's passes.
+    /// The plain scalar diff: every element's bits compared on their own, in order; changed elements listed as
+    /// [`Changes`] lays them out and copied into the snapshot.
+    fn diff_reference(
+        cur: &[u8],
+        snap: &mut [u8],
+        width: usize,
+        base: usize,
+    ) -> (Vec<u32>, Vec<u64>) {
+        let word = |b: &[u8]| match width {
+            1 => u64::from(b[0]),
+            2 => u64::from(u16::from_ne_bytes([b[0], b[1]])),
+            4 => u64::from(u32::from_ne_bytes(b.try_into().unwrap())),
+            _ => u64::from_ne_bytes(b.try_into().unwrap()),
+        };
+        let (mut idx, mut vals) = (Vec::new(), Vec::new());
+        for (i, (c, s)) in cur
+            .chunks_exact(width)
+            .zip(snap.chunks_exact_mut(width))
+            .enumerate()
+        {
+            if c != s {
+                let (old, new) = (word(s), word(c));
+                idx.push((base + i) as u32);
+                if width == 8 {
+                    vals.extend([old, new]);
+                } else {
+                    vals.push(old | new << 32);
+                }
+                s.copy_from_slice(c);
+            }
+        }
+        (idx, vals)
+    }
+
+    /// A floating-point bit pattern of `width` bytes (1: any byte): +0.0 when `neg` is false, else -0.0.
+    fn zero_bits(width: usize, neg: bool) -> u64 {
+        u64::from(neg) << (8 * width - 1)
+    }
+
+    /// A quiet NaN of `width` bytes (2: bf16's layout; 1: any byte) with `payload` in its low bits.
+    fn nan_bits(width: usize, payload: u64) -> u64 {
+        match width {
+            2 => 0x7fc0 | (payload & 0x3f),
+            4 => 0x7fc0_0000 | (payload & 0x3f_ffff),
+            8 => 0x7ff8_0000_0000_0000 | (payload & 0x7_ffff_ffff_ffff),
+            _ => payload & 0xff,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// Every whole-block kernel this CPU runs (AVX2; none: the portable walk alone), the dispatching diff and the portable block
+        /// walk find exactly what the plain scalar diff finds and leave the same snapshot, bitwise: for every
+        /// width, lengths with tails and spanning several passes, no change, every element changed, random
+        /// and clustered changes (runs as Adam leaves them), NaNs whose payload changes or stays, and zeros
+        /// whose sign flips (equal as floats, different bits).
         #[test]
-        fn diff_kernels_agree_with_the_portable_walk(
+        fn diff_kernels_match_the_scalar_reference(
             width in proptest::sample::select(vec![1usize, 2, 4, 8]),
-            n in 0usize..80_000,
-            density in proptest::prop_oneof![proptest::strategy::Just(0u64), proptest::strategy::Just(100u64), 0u64..=100],
+            n in proptest::prop_oneof![0usize..100, 0usize..40_000],
+            mode in 0u8..5,
+            density in 0u64..=100,
             base in 0usize..1000,
             seed in proptest::prelude::any::<u64>(),
         ) {
@@ -1565,32 +1674,86 @@ mod tests {
                 x ^= x << 17;
                 x
             };
+            let set = |b: &mut [u8], v: u64| b.copy_from_slice(&v.to_le_bytes()[..width]);
             let snap: Vec<u8> = (0..n * width).map(|_| rnd() as u8).collect();
             let mut cur = snap.clone();
-            for e in cur.chunks_exact_mut(width) {
-                if rnd() % 100 < density {
-                    // One bit anywhere in the element.
-                    let bit = rnd() as usize % (8 * width);
-                    e[bit / 8] ^= 1 << (bit % 8);
+            let mut snap = snap;
+            let mut run = 0u64;
+            for (c, s) in cur.chunks_exact_mut(width).zip(snap.chunks_exact_mut(width)) {
+                let r = rnd();
+                match mode {
+                    // none changed
+                    0 => {}
+                    // every element changed (one bit each)
+                    1 => c[(r as usize / 8) % width] ^= 1 << (r % 8),
+                    // random: one bit anywhere, at `density` %
+                    2 => if r % 100 < density {
+                        let bit = (r >> 8) as usize % (8 * width);
+                        c[bit / 8] ^= 1 << (bit % 8);
+                    },
+                    // clustered: runs of up to 40 changed elements start at `density` / 10 %
+                    3 => {
+                        if run == 0 && r % 1000 < density {
+                            run = 1 + (r >> 10) % 40;
+                        }
+                        if run > 0 {
+                            run -= 1;
+                            c[0] ^= 1 + (r >> 20) as u8 % 3;
+                        }
+                    }
+                    // NaNs and signed zeros: a NaN whose payload changes or stays, a zero whose sign
+                    // flips or stays
+                    _ => match r % 8 {
+                        0 => { set(s, nan_bits(width, r >> 8)); set(c, nan_bits(width, r >> 8)); }
+                        1 => { set(s, nan_bits(width, r >> 8)); set(c, nan_bits(width, (r >> 8) ^ 1)); }
+                        2 => { set(s, zero_bits(width, false)); set(c, zero_bits(width, true)); }
+                        3 => { set(s, zero_bits(width, true)); set(c, zero_bits(width, false)); }
+                        4 => { set(s, zero_bits(width, true)); set(c, zero_bits(width, true)); }
+                        _ => {}
+                    },
                 }
             }
-            let (mut s1, mut s2) = (Storage::zeroed(n * width), Storage::zeroed(n * width));
-            s1.bytes_mut().copy_from_slice(&snap);
-            s2.bytes_mut().copy_from_slice(&snap);
-            let mut c = Storage::zeroed(n * width);
-            c.bytes_mut().copy_from_slice(&cur);
-            let (mut got, mut want) = (Changes::default(), Changes::default());
-            diff_same(c.bytes(), s1.bytes_mut(), width, base, &mut got);
-            match width {
-                1 => diff_words::<u8>(c.bytes(), s2.bytes_mut(), base, &mut want),
-                2 => diff_words::<u16>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
-                4 => diff_words::<u32>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
-                _ => diff_words::<u64>(pod_slice(c.bytes()).unwrap(), pod_slice_mut(s2.bytes_mut()).unwrap(), base, &mut want),
+            let mut reference = snap.clone();
+            let (want_idx, want_vals) = diff_reference(&cur, &mut reference, width, base);
+            proptest::prop_assert_eq!(&reference, &cur, "the reference's snapshot takes the state");
+            let c = {
+                let mut c = Storage::zeroed(n * width);
+                c.bytes_mut().copy_from_slice(&cur);
+                c
+            };
+            let fresh = || {
+                let mut s = Storage::zeroed(n * width);
+                s.bytes_mut().copy_from_slice(&snap);
+                s
+            };
+            let check = |name: &str, run: &mut DiffFn| {
+                let mut s = fresh();
+                let mut got = Changes::default();
+                run(c.bytes(), s.bytes_mut(), &mut got);
+                proptest::prop_assert_eq!(&got.idx, &want_idx, "{} positions", name);
+                proptest::prop_assert_eq!(&got.vals, &want_vals, "{} values", name);
+                proptest::prop_assert_eq!(s.bytes(), &cur[..], "{} snapshot", name);
+                Ok(())
+            };
+            check("diff_same", &mut |c, s, o| diff_same(c, s, width, base, o))?;
+            macro_rules! each {
+                ($W:ty) => {
+                    for (name, kernel) in simd::each_kernel::<$W>() {
+                        check(name, &mut |c, s, o| {
+                            let (c, s) = (pod_slice::<$W>(c).unwrap(), pod_slice_mut::<$W>(s).unwrap());
+                            let done = kernel(c, s, base, o);
+                            assert_eq!(done, if name == "none" { 0 } else { c.len() / BLOCK * BLOCK });
+                            diff_words(&c[done..], &mut s[done..], base + done, o);
+                        })?;
+                    }
+                };
             }
-            proptest::prop_assert_eq!(&got.idx, &want.idx);
-            proptest::prop_assert_eq!(&got.vals, &want.vals);
-            proptest::prop_assert_eq!(s1.bytes(), c.bytes(), "the snapshot takes the state");
-            proptest::prop_assert_eq!(s2.bytes(), c.bytes());
+            match width {
+                1 => each!(u8),
+                2 => each!(u16),
+                4 => each!(u32),
+                _ => each!(u64),
+            }
         }
     }
 
