@@ -224,8 +224,8 @@ fn diff_wide<W: Word>(cur: &[u8], snap: &mut [u8], base: usize, out: &mut Change
     }
 }
 
-/// Explicit SIMD for the diff (AVX2: 32-element block masks from wide compares, for every element width) and a
-/// cache prefetch hint for the install.
+/// Explicit SIMD for the diff (32-element block masks from wide compares, for every element width: AVX-512 where
+/// the CPU has it, else AVX2) and a cache prefetch hint for the install.
 mod simd {
     use super::{Changes, Word};
 
@@ -251,6 +251,13 @@ mod simd {
     ) -> usize {
         #[cfg(target_arch = "x86_64")]
         {
+            if std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512vbmi2")
+            {
+                // SAFETY: AVX-512 F/BW/VL/VBMI2 are available (checked just above).
+                return unsafe { avx512::diff_blocks(cur, snap, base, out) };
+            }
             if std::is_x86_feature_detected!("avx2") {
                 // SAFETY: AVX2 is available (checked just above).
                 return unsafe { avx2::diff_blocks(cur, snap, base, out) };
@@ -275,6 +282,15 @@ mod simd {
                 // SAFETY: listed only when the CPU has AVX2 (checked just above).
                 all.push(("avx2", |c, s, b, o| unsafe {
                     avx2::diff_blocks(c, s, b, o)
+                }));
+            }
+            if std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::is_x86_feature_detected!("avx512vbmi2")
+            {
+                // SAFETY: listed only when the CPU has AVX-512 F/BW/VL/VBMI2 (checked just above).
+                all.push(("avx512", |c, s, b, o| unsafe {
+                    avx512::diff_blocks(c, s, b, o)
                 }));
             }
         }
@@ -466,6 +482,135 @@ mod simd {
             out: &mut Changes,
         ) -> usize {
             two_passes!(W, cur, snap, base, out, block_mask::<W>, gather_scalar::<W>)
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod avx512 {
+        use std::arch::x86_64::*;
+
+        use super::{Changes, PASS_BYTES, PASS_SLOTS, Word, gather_scalar};
+
+        /// Which of the 32 elements at `c` and `s` differ (bit j: element j), compared bitwise.
+        ///
+        /// # Safety
+        /// The CPU must support AVX-512 F/BW/VL; 32 elements must be readable at both pointers.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn block_mask<W: Word>(c: *const W, s: *const W) -> u32 {
+            // SAFETY: (all arms) the loads cover the 32 elements the caller vouches for.
+            unsafe {
+                macro_rules! ld {
+                    ($p:expr, $k:expr) => {
+                        _mm512_loadu_si512($p.cast::<__m512i>().add($k))
+                    };
+                }
+                match size_of::<W>() {
+                    1 => _mm256_cmpneq_epi8_mask(
+                        _mm256_loadu_si256(c.cast()),
+                        _mm256_loadu_si256(s.cast()),
+                    ),
+                    2 => _mm512_cmpneq_epi16_mask(ld!(c, 0), ld!(s, 0)),
+                    4 => {
+                        let lo = _mm512_cmpneq_epi32_mask(ld!(c, 0), ld!(s, 0));
+                        let hi = _mm512_cmpneq_epi32_mask(ld!(c, 1), ld!(s, 1));
+                        u32::from(lo) | u32::from(hi) << 16
+                    }
+                    _ => {
+                        let mut m = 0u32;
+                        for k in 0..4 {
+                            m |= u32::from(_mm512_cmpneq_epi64_mask(ld!(c, k), ld!(s, k)))
+                                << (8 * k);
+                        }
+                        m
+                    }
+                }
+            }
+        }
+
+        /// [`gather_scalar`], with 16-bit words gathered by compress: the block's changed positions, old and
+        /// new values packed to the front of a register each, then widened into the lists 8 changes at a time;
+        /// the snapshot takes the new values by a store masked to exactly the changed elements.
+        ///
+        /// # Safety
+        /// The CPU must support AVX-512 F/BW/VL/VBMI2; otherwise as [`gather_scalar`].
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn gather<W: Word>(
+            ip: *mut u32,
+            vp: *mut u64,
+            len: usize,
+            cp: *const W,
+            sp: *mut W,
+            base: usize,
+            b: usize,
+            m: u32,
+        ) {
+            if size_of::<W>() != 2 {
+                // SAFETY: the caller's contract is gather_scalar's.
+                unsafe { gather_scalar(ip, vp, len, cp, sp, base, b, m) };
+                return;
+            }
+            // SAFETY: the loads and the masked store cover elements b + (0..32), in bounds by the contract;
+            // the list stores cover slots len + 8 * (0..ceil(count / 8)), within len + (0..32).
+            unsafe {
+                let (c, s) = (cp.add(b).cast::<u16>(), sp.add(b).cast::<u16>());
+                let cv = _mm512_loadu_si512(c.cast());
+                let sv = _mm512_loadu_si512(s.cast());
+                let iota = _mm512_set_epi16(
+                    31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
+                    11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0,
+                );
+                let new = _mm512_maskz_compress_epi16(m, cv);
+                let old = _mm512_maskz_compress_epi16(m, sv);
+                let pos = _mm512_maskz_compress_epi16(m, iota);
+                let at = _mm256_set1_epi32((base + b) as i32);
+                let count = m.count_ones() as usize;
+                // Eight changes per step: the first step always (a block that differs has one), the rest
+                // only for crowded blocks.
+                macro_rules! eight {
+                    ($k:literal) => {{
+                        let p = _mm512_extracti32x4_epi32::<$k>(pos);
+                        let o = _mm512_extracti32x4_epi32::<$k>(old);
+                        let v = _mm512_extracti32x4_epi32::<$k>(new);
+                        _mm256_storeu_si256(
+                            ip.add(len + 8 * $k).cast(),
+                            _mm256_add_epi32(_mm256_cvtepu16_epi32(p), at),
+                        );
+                        _mm512_storeu_si512(
+                            vp.add(len + 8 * $k).cast(),
+                            _mm512_or_si512(
+                                _mm512_cvtepu16_epi64(o),
+                                _mm512_slli_epi64::<32>(_mm512_cvtepu16_epi64(v)),
+                            ),
+                        );
+                    }};
+                }
+                eight!(0);
+                if count > 8 {
+                    eight!(1);
+                    if count > 16 {
+                        eight!(2);
+                        if count > 24 {
+                            eight!(3);
+                        }
+                    }
+                }
+                _mm512_mask_storeu_epi16(sp.add(b).cast(), m, cv);
+            }
+        }
+
+        /// # Safety
+        /// The CPU must support AVX-512 F/BW/VL/VBMI2.
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2")]
+        pub(crate) unsafe fn diff_blocks<W: Word>(
+            cur: &[W],
+            snap: &mut [W],
+            base: usize,
+            out: &mut Changes,
+        ) -> usize {
+            two_passes!(W, cur, snap, base, out, block_mask::<W>, gather::<W>)
         }
     }
 }
@@ -1653,7 +1798,7 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
 
-        /// Every whole-block kernel this CPU runs (AVX2; none: the portable walk alone), the dispatching diff and the portable block
+        /// Every whole-block kernel this CPU runs (AVX-512, AVX2), the dispatching diff and the portable block
         /// walk find exactly what the plain scalar diff finds and leave the same snapshot, bitwise: for every
         /// width, lengths with tails and spanning several passes, no change, every element changed, random
         /// and clustered changes (runs as Adam leaves them), NaNs whose payload changes or stays, and zeros
