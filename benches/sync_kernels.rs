@@ -1,6 +1,7 @@
 //! Criterion benches of the weight-sync kernels: patch build (diff + gather + snapshot update), patch encode
 //! (coding + optional lz4), patch decode (validate) and install, on a 2^24-element bf16 state after one
-//! Adam step at lr 1e-6 (≈1–3 % of elements changed).
+//! Adam step at lr 1e-6 (≈1–3 % of elements changed); the build also on an fp32 state (Adam at lr 3e-11,
+//! ≈1.5 % changed). `RLSYNC_BENCH_PARAMS` sets the element count (e.g. 268435456: the 512 MiB of issue 26).
 //!
 //! Single-thread figures use the measuring thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so a shared,
 //! overloaded machine does not charge other processes' time to the kernel; all-thread figures use wall time.
@@ -15,7 +16,13 @@ use rlsync_core::syncer::wire::{self, Codec, KeyMeta};
 use rlsync_core::tensor::synthetic::{ModelSpec, SyntheticModel, UpdateMode};
 use rlsync_core::tensor::{DType, StateDict, Storage};
 
-const PARAMS: u64 = 1 << 24;
+/// Elements of the synthetic states: `RLSYNC_BENCH_PARAMS`, else 2^24.
+fn params() -> u64 {
+    std::env::var("RLSYNC_BENCH_PARAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 24)
+}
 
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -46,11 +53,11 @@ struct Fixture {
     changed: u64,
 }
 
-fn fixture() -> Fixture {
+fn fixture(dtype: DType, lr: f64) -> Fixture {
     let mut m = SyntheticModel::new(ModelSpec {
-        params: PARAMS,
+        params: params(),
         tensors: 64,
-        dtype: DType::Bf16,
+        dtype,
         frozen_fraction: 0.0,
         seed: 1,
     })
@@ -59,7 +66,7 @@ fn fixture() -> Fixture {
     // Warm the optimizer up so the changed fraction is the steady-state one, then take one measured step.
     for _ in 0..3 {
         m.step(
-            UpdateMode::Adam { lr: 1e-6 },
+            UpdateMode::Adam { lr },
             &mut after,
             NonZeroUsize::new(2).unwrap(),
         )
@@ -68,7 +75,7 @@ fn fixture() -> Fixture {
     let before = after.duplicate();
     let changed = m
         .step(
-            UpdateMode::Adam { lr: 1e-6 },
+            UpdateMode::Adam { lr },
             &mut after,
             NonZeroUsize::new(2).unwrap(),
         )
@@ -105,13 +112,13 @@ fn all_threads() -> NonZeroUsize {
 }
 
 fn kernels(c: &mut Criterion) {
-    let fx = fixture();
+    let fx = fixture(DType::Bf16, 1e-6);
     let state_bytes = fx.after.total_bytes() as u64;
     eprintln!(
         "fixture: {} elements, {} changed ({:.2} %)",
-        PARAMS,
+        params(),
         fx.changed,
-        fx.changed as f64 * 100.0 / PARAMS as f64
+        fx.changed as f64 * 100.0 / params() as f64
     );
     let mut snap = snapshot(&fx.before);
     let mut built = patch::Built::default();
@@ -132,6 +139,31 @@ fn kernels(c: &mut Criterion) {
                     restore(&mut snap, &fx.before);
                     total += timed(cpu, || {
                         patch::build(&mut snap, &fx.after, threads, &mut built).unwrap();
+                        black_box(&built);
+                    });
+                }
+                total
+            })
+        });
+    }
+    {
+        let f32x = fixture(DType::F32, 3e-11);
+        eprintln!(
+            "fp32 fixture: {} changed ({:.2} %)",
+            f32x.changed,
+            f32x.changed as f64 * 100.0 / params() as f64
+        );
+        let mut snap = snapshot(&f32x.before);
+        let mut built = patch::Built::default();
+        g.throughput(Throughput::Bytes(f32x.after.total_bytes() as u64));
+        g.bench_function("f32_1thread_cpu", |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    restore(&mut snap, &f32x.before);
+                    total += timed(true, || {
+                        patch::build(&mut snap, &f32x.after, NonZeroUsize::MIN, &mut built)
+                            .unwrap();
                         black_box(&built);
                     });
                 }
