@@ -528,7 +528,73 @@ mod simd {
             }
         }
 
-        /// [`gather_scalar`], with 16-bit words gathered by compress: the block's changed positions, old and
+        /// [`gather`] for 32-bit words: each half block of 16 by compress (positions, old and new values packed
+        /// to the front), positions stored 16 at a time and values widened 8 at a time, the half's new values
+        /// stored into the snapshot masked to its changed elements.
+        ///
+        /// # Safety
+        /// As [`gather`].
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn gather_32(
+            ip: *mut u32,
+            vp: *mut u64,
+            mut len: usize,
+            cp: *const u32,
+            sp: *mut u32,
+            base: usize,
+            b: usize,
+            m: u32,
+        ) {
+            // SAFETY: the loads and masked stores cover elements b + (0..32), in bounds by the contract. The
+            // first half writes slots len + (0..16), the second len + c0 + (0..16) with c0 <= 16 the first
+            // half's changes: all within len + (0..32).
+            unsafe {
+                let iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+                // Eight (old, new) pairs as `Changes::vals` lays them out (a macro: inlined with this
+                // function's target features).
+                macro_rules! pair {
+                    ($o:expr, $n:expr $(,)?) => {
+                        _mm512_or_si512(
+                            _mm512_cvtepu32_epi64($o),
+                            _mm512_slli_epi64::<32>(_mm512_cvtepu32_epi64($n)),
+                        )
+                    };
+                }
+                for h in 0..2 {
+                    let mh = (m >> (16 * h)) as u16;
+                    let at = b + 16 * h;
+                    let cv = _mm512_loadu_si512(cp.add(at).cast());
+                    let sv = _mm512_loadu_si512(sp.add(at).cast());
+                    let new = _mm512_maskz_compress_epi32(mh, cv);
+                    let old = _mm512_maskz_compress_epi32(mh, sv);
+                    let pos = _mm512_maskz_compress_epi32(mh, iota);
+                    _mm512_storeu_si512(
+                        ip.add(len).cast(),
+                        _mm512_add_epi32(pos, _mm512_set1_epi32((base + at) as i32)),
+                    );
+                    _mm512_storeu_si512(
+                        vp.add(len).cast(),
+                        pair!(_mm512_castsi512_si256(old), _mm512_castsi512_si256(new)),
+                    );
+                    let count = mh.count_ones() as usize;
+                    if count > 8 {
+                        _mm512_storeu_si512(
+                            vp.add(len + 8).cast(),
+                            pair!(
+                                _mm512_extracti64x4_epi64::<1>(old),
+                                _mm512_extracti64x4_epi64::<1>(new),
+                            ),
+                        );
+                    }
+                    _mm512_mask_storeu_epi32(sp.add(at).cast(), mh, cv);
+                    len += count;
+                }
+            }
+        }
+
+        /// [`gather_scalar`], with 16-bit words (and 32-bit ones, see [`gather_32`]) gathered by compress: the block's changed positions, old and
         /// new values packed to the front of a register each, then widened into the lists 8 changes at a time;
         /// the snapshot takes the new values by a store masked to exactly the changed elements.
         ///
@@ -547,6 +613,11 @@ mod simd {
             b: usize,
             m: u32,
         ) {
+            if size_of::<W>() == 4 {
+                // SAFETY: the caller's contract is gather_32's.
+                unsafe { gather_32(ip, vp, len, cp.cast(), sp.cast(), base, b, m) };
+                return;
+            }
             if size_of::<W>() != 2 {
                 // SAFETY: the caller's contract is gather_scalar's.
                 unsafe { gather_scalar(ip, vp, len, cp, sp, base, b, m) };
