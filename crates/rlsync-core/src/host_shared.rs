@@ -433,11 +433,20 @@ impl Applier {
         }
     }
 
-    /// Receive the next update, wait (up to `wait`) for the back buffer, install it there (replaying the
-    /// previous patch first), publish.
+    /// Wait (up to `wait`) for the back buffer, receive the next update, install it there (replaying the
+    /// previous patch first), publish. A wait that runs out consumes nothing: `apply` may be called again.
     pub async fn apply(&mut self, wait: Duration) -> Result<Published, HostSharedError> {
+        self.wait_back_buffer(wait)?;
         let pending = self.receive().await?;
         self.install(pending, wait)
+    }
+
+    /// Wait (up to `wait`) until no live reader holds the back buffer (clearing dead readers' slots); a
+    /// [`HostSharedError::BackBufferHeld`] names the pids still holding it. Readers only ever take the active
+    /// buffer, so once this returns the back buffer stays free until the next publish: call it before
+    /// [`Applier::install`] to keep a received update when readers are slow.
+    pub fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
+        self.wait_back(1 - self.seg.active(), wait)
     }
 
     /// The first half of [`Applier::apply`], for background receiving: receive and validate the next update
@@ -719,6 +728,25 @@ impl Reader {
             }
             tokio::time::sleep(backoff.next().min(timeout - waited)).await;
         }
+    }
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("name", &self.name)
+            .field("slot", &self.slot)
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("name", &self.name)
+            .field("active", &self.active())
+            .finish()
     }
 }
 
