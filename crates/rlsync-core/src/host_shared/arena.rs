@@ -179,7 +179,7 @@ impl Segment {
         );
         let buffers_at = usize::try_from(buffers_at)
             .ok()
-            .filter(|&b| b >= layout::PAGE && b % layout::PAGE == 0 && (b as u64) < size)
+            .filter(|&b| b >= layout::PAGE && b.is_multiple_of(layout::PAGE) && (b as u64) < size)
             .ok_or(SegmentError::Format(FormatError::Inconsistent {
                 reason: format!("buffers at byte {buffers_at} of {size}"),
             }))?;
@@ -206,7 +206,7 @@ impl Segment {
     /// The header's atomic at byte `off` (a layout constant or a slot's word).
     pub(crate) fn atomic(&self, off: usize) -> &AtomicU64 {
         assert!(
-            off % 8 == 0 && off + 8 <= self.header.len(),
+            off.is_multiple_of(8) && off + 8 <= self.header.len(),
             "header offset {off}"
         );
         // SAFETY: in bounds and 8-aligned (checked above; the mapping is page-aligned); the header's words are

@@ -310,7 +310,7 @@ fn decode_table(table: &[u8], buffer_bytes: usize) -> Result<Vec<Entry>, FormatE
             )));
         };
         if layout.checked_byte_len() != Some(len)
-            || offset % TENSOR_ALIGN != 0
+            || !offset.is_multiple_of(TENSOR_ALIGN)
             || offset < end
             || offset.checked_add(len).is_none_or(|e| e > buffer_bytes)
         {
