@@ -1,7 +1,7 @@
 //! Weight syncers over torch tensors' memory: `NativeSyncer` (the crate end it became: an unready
-//! `WeightSyncer`, a `SyncSender`, a `SyncReceiver` or a host-shared `Applier`), `Op` (one running init / sync / apply / stage / commit /
-//! abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and the shm channel ends
-//! (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
+//! `WeightSyncer`, a `SyncSender`, a `SyncReceiver` or a host-shared `Applier`), `Op` (one running init / sync /
+//! apply / stage / commit / abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and
+//! the shm channel ends (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
 //!
 //! Per-call timeouts bound the crate end's channel waits (`set_bound`), or, over the caller's `send`/`recv`,
 //! Python's awaits of them (`Op::time_out`); a timeout becomes `rlsync.Timeout` naming what the op awaited
