@@ -49,10 +49,15 @@ def shm(name: str) -> str:
     return os.path.join("/dev/shm", name)
 
 
-async def start(name: str, trainer: Policy, rollout: Policy) -> tuple[Link, rlsync.PatchWeightSyncer, rlsync.PatchWeightSyncer]:
+def make(kind: str) -> rlsync.WeightSyncer:
+    return rlsync.PatchWeightSyncer(init_sync_enabled=True) if kind == "patch" else rlsync.BucketWeightSyncer()
+
+
+async def start(
+    name: str, trainer: Policy, rollout: Policy, kind: str = "patch"
+) -> tuple[Link, rlsync.WeightSyncer, rlsync.WeightSyncer]:
     link = Link()
-    tx = rlsync.PatchWeightSyncer(init_sync_enabled=True)
-    rx = rlsync.PatchWeightSyncer(init_sync_enabled=True)
+    tx, rx = make(kind), make(kind)
     await asyncio.gather(
         tx.init_sender(trainer.state_dict(), rlsync.param_names_need_sync(trainer), link.send, link.up_recv),
         rx.init_receiver(rollout, link.recv, link.up_send, host_shared=name, max_readers=8),
@@ -60,14 +65,15 @@ async def start(name: str, trainer: Policy, rollout: Policy) -> tuple[Link, rlsy
     return link, tx, rx
 
 
-def test_the_receivers_model_views_the_arena_and_keeps_its_identity() -> None:
+@pytest.mark.parametrize("kind", ["patch", "bucket"])
+def test_the_receivers_model_views_the_arena_and_keeps_its_identity(kind: str) -> None:
     name = arena_name()
     trainer, rollout, other = Policy(), Policy(), Policy()
     set_version(trainer, 0)
     weight = rollout.w
 
     async def main() -> None:
-        link, tx, rx = await start(name, trainer, rollout)
+        link, tx, rx = await start(name, trainer, rollout, kind)
         assert os.stat(shm(name)).st_mode & 0o777 == 0o600
         assert whole(rollout) == 0 and rx.host_shared.version == 0
         with rlsync.HostSharedReader(name, other, timeout=5) as reader:
