@@ -12,8 +12,10 @@ swap at the version boundary. Every other process of the host attaches a reader 
 A reader's model tensors are views of the shared buffer it holds (``param.data = view``: the parameters keep
 their identity, no copy). The applier never writes a buffer a live reader holds, so a reader only ever sees
 whole versions; a reader killed at any moment leaves nothing behind (the applier clears its slot). The views
-are read-only memory: write to them and the process faults. :meth:`HostSharedReader.close` gives the model a
-private copy of the held version, then frees the slot.
+are read-only memory: write to them and the process faults. The views keep the reader's slot and mapping
+alive (a reader dropped without closing holds its buffer while its model does);
+:meth:`HostSharedReader.close` gives the model a private copy of the held version, then frees the slot and
+unmaps the arena (views kept elsewhere must not be used after it).
 """
 
 from __future__ import annotations
@@ -35,14 +37,16 @@ def unlink(name: str) -> bool:
     return _native.host_shared_unlink(name)
 
 
-def _view(addr: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> "torch.Tensor":
-    """A tensor over ``nbytes`` of shared memory at ``addr`` (no copy)."""
+def _view(addr: int, nbytes: int, dtype: str, shape: tuple[int, ...], owner: Any) -> "torch.Tensor":
+    """A tensor over ``nbytes`` of shared memory at ``addr`` (no copy) that keeps ``owner`` (the native reader:
+    its mapping and its slot) alive as long as the tensor lives."""
     import torch
 
     torch_dtype = getattr(torch, dtype)
     if nbytes == 0:
         return torch.empty(shape, dtype=torch_dtype)
     memory = (ctypes.c_char * nbytes).from_address(addr)
+    memory._owner = owner  # type: ignore[attr-defined]  # torch.frombuffer keeps `memory` alive
     numel = nbytes // torch.empty((), dtype=torch_dtype).element_size()
     return torch.frombuffer(memory, dtype=torch_dtype, count=numel).view(shape)
 
@@ -70,8 +74,8 @@ class HostSharedReader:
 
         views: tuple[dict, dict] = ({}, {})
         for name, dtype, shape, addr_a, addr_b, nbytes in self._native.layout():
-            views[0][name] = _view(addr_a, nbytes, dtype, tuple(shape))
-            views[1][name] = _view(addr_b, nbytes, dtype, tuple(shape))
+            views[0][name] = _view(addr_a, nbytes, dtype, tuple(shape), self._native)
+            views[1][name] = _view(addr_b, nbytes, dtype, tuple(shape), self._native)
         targets: list[tuple[Any, str]] = []
         bound: dict[int, str] = {}
         for key, t in _state_dict(model).items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -210,6 +211,11 @@ def test_a_reader_checks_the_model_and_waits_boundedly() -> None:
             with pytest.raises(rlsync.RlsyncError, match="no version newer than 0"):
                 reader.wait_newer(0, timeout=0.1)
             assert time.monotonic() - t0 < 5
+        dropped = Policy()
+        reader = rlsync.HostSharedReader(name, dropped, timeout=5)
+        del reader
+        gc.collect()
+        assert whole(dropped) == 0, "the model's views keep the mapping (and the slot) alive"
         await rx.close()
 
     asyncio.run(main())
