@@ -633,3 +633,11 @@ fn a_restarted_applier_reopens_and_rejoins_and_readers_keep_a_whole_version() {
     });
     assert!(!shm_file(&name).exists());
 }
+
+#[test]
+fn the_ends_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Reader>();
+    send::<Applier>();
+}
