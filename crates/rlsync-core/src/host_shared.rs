@@ -442,6 +442,8 @@ impl Applier {
 
     /// Wait (up to `wait`) for the back buffer, receive the next update, install it there (replaying the
     /// previous patch first), publish. A wait that runs out consumes nothing: `apply` may be called again.
+    /// The wait for the back buffer polls on the calling thread (readers leave it between their steps, so it
+    /// is short); the receive awaits the channel.
     pub async fn apply(&mut self, wait: Duration) -> Result<Published, HostSharedError> {
         self.wait_back_buffer(wait)?;
         let pending = self.receive().await?;
