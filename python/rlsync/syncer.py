@@ -640,6 +640,12 @@ class WeightSyncer:
         self._host_reader.refresh()
         return version
 
+    def _refuse_host_shared(self, what: str) -> None:
+        if self._host_reader is not None:
+            raise _native.RlsyncError(
+                f"{what}: a host-shared receiver installs in apply() only (it publishes each version to the host's readers)"
+            )
+
     @property
     def host_shared(self) -> "Any":
         """This process's :class:`rlsync.HostSharedReader` of the arena it receives into (``None``: not a
@@ -666,6 +672,7 @@ class WeightSyncer:
         timeout = _check_timeout(timeout)
         if recv is None:
             raise TypeError("stage() missing required argument: 'recv'")
+        self._refuse_host_shared("stage")
         native = self._rx_native or self._native
         if native.on_shm:
             self._check_channel(recv)
@@ -677,6 +684,7 @@ class WeightSyncer:
         :meth:`init_receiver`) and return it; on rlsync's channel the sender learns of it
         (:meth:`acked_versions`). Without a staged version: :class:`rlsync.RlsyncError`. A staged version that
         no longer fits (a newer one was installed meanwhile) raises :class:`rlsync.PayloadRejected`."""
+        self._refuse_host_shared("commit")
         if model is None:
             model = getattr(self, "_receiver_state", None)
             if model is None:
@@ -694,6 +702,7 @@ class WeightSyncer:
         advance. A patch syncer's next patch builds on the dropped version, so the receiver rejects it
         (:class:`rlsync.PayloadRejected`, "a full resync is needed"); a bucket syncer's next version installs
         as usual. Without a staged version: :class:`rlsync.RlsyncError`."""
+        self._refuse_host_shared("abort")
         native = self._rx_native or self._native
         op = native.begin_abort(str(reason))
         if native.on_shm:

@@ -116,6 +116,8 @@ def test_a_corrupt_payload_leaves_the_weights_and_the_version() -> None:
         assert whole(rollout) == 1 and rx.host_shared.version == 1
         await link.to_rx.put(good)
         assert await rx.apply(rollout, link.recv) == 2 and whole(rollout) == 2
+        with pytest.raises(rlsync.RlsyncError, match="host-shared receiver installs in apply"):
+            await rx.stage(link.recv)
         await rx.close()
 
     asyncio.run(main())
