@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 5.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 6.
 //!
 //! Every message is a 56-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -26,6 +26,11 @@
 //!   parallel), then `u32 n_streams` (4) and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
 //!   Since format 3 an entry is either sparse (its changes in the index/value streams) or dense (`dense` 1:
 //!   the new bytes of elements `base..base + nnz` in the fourth stream), whichever codes its segment smaller.
+//!   Since format 6 a version's patch travels as one or more *parts* (`seq`/`count`, all with the version's
+//!   stamp and base): each part is a whole patch body of its own over a run of whole tensors, with its own
+//!   checksum, so a receiver validates and installs part k while the sender still builds the next ones; the
+//!   version is applied only once every part arrived in order and verified (earlier parts are taken back out
+//!   when a later one fails).
 //!
 //! Rejoin (a receiver that joined late catches up; see `syncer/rejoin.rs`), added as new kinds:
 //! - `Rejoin` (receiver → sender, version = the version it holds): a `Metadata` body.
@@ -62,7 +67,8 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
 /// 5: `Manifest` messages (self-describing buckets, no handshake); receivers' `Applied` / `Declined` reports.
-pub(crate) const FORMAT_VERSION: u16 = 5;
+/// 6: a patch travels as parts (`seq`/`count`), each a patch body over whole tensors (5: one message).
+pub(crate) const FORMAT_VERSION: u16 = 6;
 pub const HEADER_LEN: usize = 56;
 
 /// What orders a payload: the caller's version of the weights it carries and the sender's sequence number of
