@@ -47,6 +47,9 @@ use super::patch::SnapTensor;
 use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind, Stamp};
 use super::{Settings, SyncError, blocking, hash_cast, missing_key};
 
+/// One logged patch's messages (its parts), in order.
+type Parts<'a> = &'a [Vec<u8>];
+
 /// One logged patch: its messages (parts) as sent, its base and version, and the checksum of its base snapshot.
 #[derive(Debug)]
 struct Logged {
@@ -139,7 +142,7 @@ impl ReplayLog {
     /// The logged patches from version `from` up to the newest, if `from` is a base in the log (the log is one
     /// contiguous chain of increasing versions, so the rest follows), with the checksum and stamp of the
     /// snapshot at `from`.
-    fn chain(&self, from: u64) -> Option<(u64, Stamp, Vec<&[Vec<u8>]>)> {
+    fn chain(&self, from: u64) -> Option<(u64, Stamp, Vec<Parts<'_>>)> {
         let i = self.entries.iter().position(|e| e.base.version == from)?;
         let first = self.entries.get(i)?;
         Some((
@@ -346,7 +349,7 @@ enum Payloads<'a> {
     /// Nothing: version 0 of a bucket syncer (every receiver's own initial state), or a deferred catch-up.
     None,
     /// The logged patches from the held version on (each as its parts), byte for byte as first sent.
-    Replay(Vec<&'a [Vec<u8>]>),
+    Replay(Vec<Parts<'a>>),
     /// The patch syncer's snapshot, in buckets.
     Snapshot {
         snap: &'a [SnapTensor],

@@ -741,7 +741,7 @@ impl PatchSender {
         // A version travels as parts of whole tensors: each is built, coded and sent in turn, so receivers
         // validate and install part k while this builds part k + 1. A device builder diffs all at once.
         let parts = match builder {
-            Some(_) => vec![0..snap.len()],
+            Some(_) => std::iter::once(0..snap.len()).collect(),
             None => {
                 patch::check_sources(snap, state).map_err(|reason| SyncError::StateMismatch {
                     key: "(synced keys)".into(),
