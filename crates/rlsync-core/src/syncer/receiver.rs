@@ -639,11 +639,7 @@ pub struct PendingUpdate {
 }
 
 enum PendingBody {
-    /// A patch's parts, in order.
-    Patch {
-        base: u64,
-        parts: Vec<wire::PatchBody>,
-    },
+    Patch { base: u64, body: wire::PatchBody },
     Bucket(Staged),
 }
 
@@ -685,7 +681,7 @@ impl PendingUpdate {
             ));
         }
         match body {
-            PendingBody::Patch { base, parts } => {
+            PendingBody::Patch { base, body } => {
                 if base != applied.sequence {
                     return Err(rejected(
                         Some(version),
@@ -696,23 +692,11 @@ impl PendingUpdate {
                         ),
                     ));
                 }
-                // Every part validated before any is written.
                 let t0 = Instant::now();
-                let mut valid: Vec<ValidPatch> = Vec::with_capacity(parts.len());
-                for body in parts {
-                    valid.push(
-                        blocking(|| {
-                            patch::validate(
-                                body,
-                                &shared.meta,
-                                &shared.synced,
-                                state,
-                                shared.threads,
-                            )
-                        })
-                        .map_err(|r| rejected(Some(version), current, r))?,
-                    );
-                }
+                let valid: ValidPatch = blocking(|| {
+                    patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)
+                })
+                .map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
                 let t1 = Instant::now();
                 let installer = shared
@@ -720,14 +704,12 @@ impl PendingUpdate {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
-                for part in &valid {
-                    match &installer {
-                        Some(i) => blocking(|| i.install(part, state, shared.threads))?,
-                        None => blocking(|| patch::install(part, state, shared.threads)),
-                    }
+                match installer {
+                    Some(i) => blocking(|| i.install(&valid, state, shared.threads))?,
+                    None => blocking(|| patch::install(&valid, state, shared.threads)),
                 }
                 report.apply = t1.elapsed();
-                report.changed = valid.iter().map(|p| p.changed).sum();
+                report.changed = valid.changed;
             }
             PendingBody::Bucket(staged) => {
                 if let Err(r) = bucket::check_fits(&staged, &shared.meta, state) {
@@ -941,14 +923,18 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
             "a patch without parts",
         ));
     };
+    // One body, as a single message would have carried it: validated whole before any of it is written.
+    let t0 = Instant::now();
+    let body = blocking(|| wire::PatchBody::join(parts)).map_err(|e| {
+        r.interrupted = Some(v.stamp.sequence);
+        unreadable(Some(v.stamp.version), r.shared.applied().version, e)
+    })?;
+    report.decode += t0.elapsed();
     r.received = v.stamp.sequence;
     report.transfer = t_wait.elapsed().saturating_sub(report.decode);
     Ok(PendingUpdate {
         stamp: v.stamp,
-        body: PendingBody::Patch {
-            base: v.base,
-            parts,
-        },
+        body: PendingBody::Patch { base: v.base, body },
         shared: r.shared.clone(),
         report,
     })

@@ -2565,3 +2565,36 @@ fn a_wait_that_runs_out_between_parts_keeps_the_version_for_the_next_call() {
     assert_eq!(r.version, 2);
     assert_synced(&p, &part_keys(), &default_settings(false), &[]);
 }
+
+/// The background path (`receive`, then `install`) joins a version's parts into one body, validated whole
+/// before any of it is written: delta and COO coding, COO parts of different coordinate widths included.
+#[test]
+fn a_received_patch_joins_its_parts_and_installs_later() {
+    let rt = rt();
+    let mut keys = part_keys();
+    keys.push(KeySpec {
+        name: "wide".into(),
+        tx: DType::U8,
+        rx: DType::U8,
+        shape: vec![2, 300],
+        class: Class::Trainable,
+    });
+    for delta in [true, false] {
+        let s = Settings {
+            delta,
+            ..default_settings(false)
+        };
+        let mut p = init_pair(&rt, &keys, &s, 35).unwrap();
+        p.tx.settings.patch_part_bytes = 1;
+        for v in 1..=2u64 {
+            mutate(&mut p.sender, 11 + v, 20);
+            let (sent, pending) =
+                rt.block_on(async { tokio::join!(p.tx.sync(&p.sender, v), p.rx.receive()) });
+            assert_eq!(sent.unwrap().messages, 5);
+            let pending = pending.unwrap();
+            assert_eq!(pending.report().messages, 5);
+            assert_eq!(pending.install(&mut p.receiver).unwrap().version, v);
+            assert_synced(&p, &keys, &s, &[]);
+        }
+    }
+}
