@@ -1023,8 +1023,11 @@ fn widen_coo(
 ) -> Result<(), WireError> {
     let w = u64::from(from);
     if ![1, 2, 4, 8].contains(&from)
-        || streams.iter().take(2).any(|s| s.len() as u64 % w != 0)
-        || entries.iter().any(|e| e.index_bytes % w != 0)
+        || streams
+            .iter()
+            .take(2)
+            .any(|s| !(s.len() as u64).is_multiple_of(w))
+        || entries.iter().any(|e| !e.index_bytes.is_multiple_of(w))
     {
         return Err(malformed(
             "patch",
