@@ -237,6 +237,8 @@ struct Settings {
     threads: NonZeroUsize,
     /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
     part_bytes: usize,
+    /// Bytes of state per patch part (tests shrink it to cover multi-part patches).
+    patch_part_bytes: usize,
     /// Refuse a receiver whose state dict differs from the sender's at all ([`WeightSyncer::require_same_keys`]).
     same_keys: bool,
     /// Refuse a sync whose version is not newer than the last ([`WeightSyncer::require_increasing_versions`]).
@@ -394,6 +396,7 @@ impl WeightSyncer {
                 snapshot_device: p.snapshot_device,
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
+                patch_part_bytes: patch::PART_STATE_BYTES,
                 same_keys: false,
                 increasing_versions: false,
                 replay_versions: p.replay_versions as usize,

@@ -4,8 +4,11 @@
 //! Build scans each synced tensor against the snapshot (held in the receiver's dtype) in segments of
 //! [`SEGMENT`] elements (the unit of parallelism), comparing 32-element blocks (wide SIMD compares where the
 //! CPU has them) and only looking at single elements inside blocks that differ; exactly the changed elements
-//! are written into the snapshot as they are found. Install validates the whole payload (every index in range, every stream exactly consumed)
-//! before it writes a single byte, so a rejected patch leaves the weights untouched.
+//! are written into the snapshot as they are found. Install validates the whole payload (every index in
+//! range, every stream exactly consumed) before it writes a single byte, so a rejected patch leaves the
+//! weights untouched. A version travels as parts of whole tensors ([`part_ranges`]); a receiver installing
+//! part by part keeps an [`Undo`] of each part until the last one verified, and [`roll_back`] restores the
+//! weights bitwise if a later part fails.
 
 use std::num::NonZeroUsize;
 
@@ -768,6 +771,48 @@ fn build_segmented(
     Ok(())
 }
 
+/// Bytes of snapshot per patch part: a version travels as parts of whole tensors of about this much state
+/// (see [`part_ranges`]), each built, coded and sent while receivers install the parts before it.
+pub(crate) const PART_STATE_BYTES: usize = 64 << 20;
+
+/// The snapshot split into consecutive runs of whole tensors holding about `part_bytes` each (at least one
+/// run, empty for an empty snapshot).
+pub(crate) fn part_ranges(snap: &[SnapTensor], part_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0usize);
+    for (i, st) in snap.iter().enumerate() {
+        bytes += st.storage.len();
+        if bytes >= part_bytes {
+            parts.push(start..i + 1);
+            (start, bytes) = (i + 1, 0);
+        }
+    }
+    if start < snap.len() || parts.is_empty() {
+        parts.push(start..snap.len());
+    }
+    parts
+}
+
+/// What [`build`] checks of each key before it diffs any (present, as many elements as at init), for the whole
+/// snapshot at once: a version built part by part must not fail after its first parts went out.
+pub(crate) fn check_sources(snap: &[SnapTensor], state: &StateDict) -> Result<(), String> {
+    for st in snap {
+        let t = state
+            .get(&st.key)
+            .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
+        let numel = st.storage.len() / st.dtype.size_bytes();
+        if t.numel() != numel {
+            return Err(format!(
+                "key '{}' has {} elements, {} at init",
+                st.key,
+                t.numel(),
+                numel
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One entry's coded streams (gaps/codes/escapes, or rows/cols/values; then dense values).
 struct Coded {
     entry: PatchEntry,
@@ -1426,37 +1471,155 @@ fn varints_exact(buf: &[u8], count: usize) -> bool {
 /// Write a validated patch into the state (entries in parallel when `threads > 1`: each owns a disjoint
 /// element range).
 pub fn install(p: &ValidPatch, state: &mut StateDict, threads: NonZeroUsize) {
+    let body = &p.body;
+    map_items(targets(p, state), threads, |(e, bytes)| {
+        install_width::<false>(body, &e, bytes)
+    });
+}
+
+/// Each entry of a validated patch with the bytes of its element range in `state` (validation ordered the
+/// ranges and kept them inside their tensors, so every split succeeds).
+fn targets<'s>(p: &ValidPatch, state: &'s mut StateDict) -> Vec<(EntryPlan, &'s mut [u8])> {
     let mut targets = Vec::with_capacity(p.plan.len());
     let mut plans = p.plan.iter().peekable();
     for (i, (_, t)) in state.iter_mut().enumerate() {
         let mut rest: &mut [u8] = t.bytes_mut();
         let mut at = 0usize; // element offset of `rest`
         while let Some(e) = plans.next_if(|e| e.ordinal == i) {
-            // Validation ordered the ranges and kept them inside the tensor, so the splits succeed.
             let Some((_, tail)) =
                 std::mem::take(&mut rest).split_at_mut_checked((e.base - at) * e.width)
             else {
-                return;
+                return targets;
             };
             let Some((mine, tail)) = tail.split_at_mut_checked((e.limit - e.base) * e.width) else {
-                return;
+                return targets;
             };
             targets.push((*e, mine));
             rest = tail;
             at = e.limit;
         }
     }
+    targets
+}
+
+/// [`install_entry`] for the entry's element width; `UNDO` takes a delta entry's changes back out.
+fn install_width<const UNDO: bool>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
+    match e.width {
+        1 => install_entry::<u8, UNDO>(body, e, bytes),
+        2 => install_entry::<u16, UNDO>(body, e, bytes),
+        4 => install_entry::<u32, UNDO>(body, e, bytes),
+        _ => install_entry::<u64, UNDO>(body, e, bytes),
+    }
+}
+
+/// What installing one part of a version overwrote, so that a later part that fails can take it back
+/// ([`roll_back`]): a delta entry is its own undo (its changes are wrapping additions, subtracted again), a
+/// dense entry keeps the old bytes of its range, an absolute (COO) entry the old values at its positions.
+pub struct Undo {
+    patch: ValidPatch,
+    saved: Vec<Saved>,
+}
+
+/// One entry's old values.
+enum Saved {
+    Delta,
+    Bytes(Vec<u8>),
+    Values(Vec<u64>),
+}
+
+impl Undo {
+    /// The patch part again (after [`roll_back`]), to install it once more later.
+    pub fn into_body(self) -> PatchBody {
+        self.patch.body
+    }
+}
+
+/// [`install`], keeping what it overwrites in an [`Undo`].
+pub fn install_logged(p: ValidPatch, state: &mut StateDict, threads: NonZeroUsize) -> Undo {
     let body = &p.body;
-    map_items(targets, threads, |(e, bytes)| match e.width {
-        1 => install_entry::<u8>(body, &e, bytes),
-        2 => install_entry::<u16>(body, &e, bytes),
-        4 => install_entry::<u32>(body, &e, bytes),
-        _ => install_entry::<u64>(body, &e, bytes),
+    let saved = map_items(targets(&p, state), threads, |(e, bytes)| {
+        let saved = save_entry(body, &e, bytes);
+        install_width::<false>(body, &e, bytes);
+        saved
+    });
+    Undo { patch: p, saved }
+}
+
+/// Put back what [`install_logged`] overwrote (`state` as it was then, but for that install), so the state is
+/// bitwise what it was before it.
+pub fn roll_back(u: &Undo, state: &mut StateDict, threads: NonZeroUsize) {
+    let body = &u.patch.body;
+    let items: Vec<_> = targets(&u.patch, state).into_iter().zip(&u.saved).collect();
+    map_items(items, threads, |((e, bytes), saved)| match saved {
+        Saved::Delta => install_width::<true>(body, &e, bytes),
+        Saved::Bytes(old) => {
+            if let Some(dst) = bytes.get_mut(..old.len()) {
+                dst.copy_from_slice(old);
+            }
+        }
+        Saved::Values(old) => match e.width {
+            1 => restore_coo::<u8>(body, &e, bytes, old),
+            2 => restore_coo::<u16>(body, &e, bytes, old),
+            4 => restore_coo::<u32>(body, &e, bytes, old),
+            _ => restore_coo::<u64>(body, &e, bytes, old),
+        },
     });
 }
 
+/// The old values an install of entry `e` into `bytes` overwrites (nothing for a delta entry).
+fn save_entry(body: &PatchBody, e: &EntryPlan, bytes: &[u8]) -> Saved {
+    if e.dense {
+        return Saved::Bytes(bytes.get(..e.nnz * e.width).unwrap_or_default().to_vec());
+    }
+    match body.index {
+        IndexCoding::Gaps => Saved::Delta,
+        IndexCoding::Coo => Saved::Values(match e.width {
+            1 => coo_old::<u8>(body, e, bytes),
+            2 => coo_old::<u16>(body, e, bytes),
+            4 => coo_old::<u32>(body, e, bytes),
+            _ => coo_old::<u64>(body, e, bytes),
+        }),
+    }
+}
+
+/// The element positions (relative to the entry's base) a COO entry writes, in stream order.
+fn coo_positions<'b>(body: &'b PatchBody, e: &EntryPlan) -> impl Iterator<Item = usize> + 'b {
+    let iw = usize::from(body.index_width).max(1);
+    let rows = body.streams[0].get(e.index_pos..e.index_pos + e.index_len);
+    let cols = body.streams[1].get(e.index_pos..e.index_pos + e.index_len);
+    let (cols_per_row, base) = (e.cols, e.base);
+    rows.unwrap_or_default()
+        .chunks_exact(iw)
+        .zip(cols.unwrap_or_default().chunks_exact(iw))
+        .map(move |(r, c)| {
+            (read_uint(r) as usize * cols_per_row + read_uint(c) as usize).wrapping_sub(base)
+        })
+}
+
+fn coo_old<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &[u8]) -> Vec<u64> {
+    let Some(dst) = pod_slice::<W>(bytes) else {
+        return Vec::new();
+    };
+    coo_positions(body, e)
+        .map(|idx| dst.get(idx).map_or(0, |x| x.to_u64()))
+        .collect()
+}
+
+/// Write the old values back, last first (a position written twice ends with its first old value).
+fn restore_coo<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8], old: &[u64]) {
+    let Some(dst) = pod_slice_mut::<W>(bytes) else {
+        return;
+    };
+    let positions: Vec<usize> = coo_positions(body, e).collect();
+    for (&idx, &v) in positions.iter().zip(old).rev() {
+        if let Some(x) = dst.get_mut(idx) {
+            *x = W::from_u64(v);
+        }
+    }
+}
+
 /// Install one entry into `bytes`, its element range `base..limit`.
-fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
+fn install_entry<W: Word, const UNDO: bool>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
     if e.dense {
         let n = e.nnz * e.width;
         let src = &body.streams[3][e.dense_pos..e.dense_pos + n];
@@ -1497,7 +1660,12 @@ fn install_entry<W: Word>(body: &PatchBody, e: &EntryPlan, bytes: &mut [u8]) {
                 }
                 for (&idx, &d) in idxs[..n].iter().zip(&deltas[..n]) {
                     if let Some(x) = dst.get_mut(idx) {
-                        *x = W::from_u64(x.to_u64().wrapping_add(d));
+                        let v = if UNDO {
+                            x.to_u64().wrapping_sub(d)
+                        } else {
+                            x.to_u64().wrapping_add(d)
+                        };
+                        *x = W::from_u64(v);
                     }
                 }
                 k += n;

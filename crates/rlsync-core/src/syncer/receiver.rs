@@ -19,8 +19,12 @@ pub struct SyncReceiver {
     synced_keys: Vec<String>,
     /// Highest sequence received and validated (≥ applied).
     received: u64,
-    /// The sequence of a bucket version this receiver gave up on midway: its remaining parts are skipped.
+    /// The sequence of a bucket or patch version this receiver gave up on midway: its remaining parts are
+    /// skipped.
     interrupted: Option<u64>,
+    /// The parts of a patch version received before a wait for the next part timed out (taken back out of
+    /// the weights): the next `apply` / `receive` goes on from there.
+    partial: Option<Partial>,
     /// Made without a handshake: every version starts with its manifest (see `syncer/wire.rs`).
     described: bool,
     /// Tell the sender of every installed version and every declined update ([`SyncReceiver::set_reports`]).
@@ -136,6 +140,7 @@ impl WeightSyncer {
             synced_keys,
             received: 0,
             interrupted: None,
+            partial: None,
             described: false,
             reports: false,
             shared,
@@ -168,6 +173,7 @@ impl WeightSyncer {
             synced_keys: Vec::new(),
             received: 0,
             interrupted: None,
+            partial: None,
             described: true,
             reports: false,
             shared: Arc::new(ReceiverShared::new(
@@ -247,6 +253,7 @@ impl WeightSyncer {
             synced_keys,
             received: start.sequence,
             interrupted: None,
+            partial: None,
             described: false,
             reports: false,
             shared: Arc::new(ReceiverShared::new(
@@ -379,8 +386,16 @@ fn synced(plan: &Plan, keys: usize) -> Vec<bool> {
 impl SyncReceiver {
     /// Receive the next version and install it into `state`; `report.version` is the applied version.
     pub async fn apply(&mut self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
+        let host_install = self
+            .shared
+            .installer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none();
         let report = if self.strategy == Strategy::Bucket && self.load_instant {
             receive_buckets(self, Some(state)).await?.1
+        } else if self.strategy == Strategy::Patch && host_install {
+            apply_patch(self, state).await?
         } else {
             let pending = receive(self).await?;
             pending.install(state)?
@@ -441,7 +456,8 @@ impl SyncReceiver {
     /// (`None`: the channel's timeout only): an `apply` / `receive` that runs out returns
     /// `SyncError::Transport(Timeout)`. A wait for a payload that runs out consumes nothing, so the receiver
     /// stays usable; a bucket version cut short is dropped whole (weights untouched; its remaining parts are
-    /// skipped by the next call). The caller's own bridge ignores it (its caller bounds `recv`).
+    /// skipped by the next call), and so is a patch version cut short (any parts installed are taken back
+    /// out). The caller's own bridge ignores it (its caller bounds `recv`).
     pub fn set_bound(&mut self, bound: Option<Duration>) {
         self.ch.set_bound(bound);
     }
@@ -756,10 +772,48 @@ async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
     }
 }
 
-async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
+/// The header facts every part of one patch version shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PatchVersion {
+    stamp: Stamp,
+    /// The sequence the patch is based on.
+    base: u64,
+    /// Its parts.
+    count: u32,
+}
+
+/// A patch version whose wait for its next part timed out: its parts so far (and their message lengths).
+struct Partial {
+    version: PatchVersion,
+    parts: std::collections::VecDeque<(wire::PatchBody, usize)>,
+}
+
+/// Whether `e` is a wait that ran out (the channel is fine and the version may still come whole).
+fn is_timeout(e: &SyncError) -> bool {
+    matches!(e, SyncError::Transport(TransportError::Timeout { .. }))
+}
+
+/// One read of the patch channel.
+enum PatchRead {
+    /// A leftover part of a version this receiver gave up on.
+    Skip,
+    /// The expected part of `version`, decoded (not yet validated against the state).
+    Part {
+        version: PatchVersion,
+        body: wire::PatchBody,
+        len: usize,
+        decode: Duration,
+    },
+}
+
+/// Read the next patch part: the first part of a newer version (`expect` None), or part `seq` of `version`. A
+/// part of another version, out of order, stale or not reading is an error, with the stamp it carried.
+async fn read_patch_part(
+    r: &mut SyncReceiver,
+    expect: Option<(PatchVersion, u32)>,
+) -> Result<PatchRead, (Option<Stamp>, SyncError)> {
     let current = r.shared.applied().version;
-    let received = r.received;
-    let t_wait = Instant::now();
+    let (received, interrupted) = (r.received, r.interrupted);
     let max_stream = r
         .shared
         .meta
@@ -767,53 +821,278 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
         .map(|m| m.shape.iter().product::<usize>().saturating_mul(10))
         .sum::<usize>()
         .saturating_add(1 << 16);
-    let mut decode = Duration::ZERO;
-    let out =
-        r.ch.recv_with(
-            |msg| -> Result<(Stamp, u64, wire::PatchBody, usize, Duration), SyncError> {
-                let t0 = Instant::now();
-                // Verify what is installed: the slot may be shared memory another process can write, so the
-                // checksum and the decoding both read one private copy, never the slot twice.
-                let msg = blocking(|| msg.to_vec());
-                let (h, body) = Header::parse(&msg).map_err(|e| unreadable(None, current, e))?;
-                h.expect(Kind::Patch)
-                    .map_err(|e| unreadable(Some(h.version), current, e))?;
-                if h.sequence <= received {
-                    return Err(rejected(
-                        Some(h.version),
-                        current,
-                        format!(
-                            "sync #{} (version {}) is not newer than sync #{received} (replayed or stale)",
-                            h.sequence, h.version
-                        ),
-                    ));
-                }
-                let pb = blocking(|| wire::decode_patch_body(body, max_stream))
-                    .map_err(|e| unreadable(Some(h.version), current, e))?;
-                Ok((h.stamp(), h.aux, pb, msg.len(), t0.elapsed()))
-            },
-        )
-        .await?;
-    let (stamp, base, body, len, d) = out?;
-    decode += d;
-    r.received = stamp.sequence;
-    let report = SyncReport {
+    r.ch.recv_with(|msg| -> Result<PatchRead, (Option<Stamp>, SyncError)> {
+        let t0 = Instant::now();
+        // Verify what is installed: the slot may be shared memory another process can write, so the
+        // checksum and the decoding both read one private copy, never the slot twice.
+        let msg = blocking(|| msg.to_vec());
+        let (h, body) = Header::parse(&msg).map_err(|e| {
+            // The stamp as it reads (unverified) only tells which version's leftovers to skip next.
+            let stamp = Header::parse_unverified(&msg).ok().map(|(h, _)| h.stamp());
+            (stamp, unreadable(None, current, e))
+        })?;
+        let at = |e: SyncError| (Some(h.stamp()), e);
+        h.expect(Kind::Patch)
+            .map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+        let version = PatchVersion {
+            stamp: h.stamp(),
+            base: h.aux,
+            count: h.count,
+        };
+        match expect {
+            None if h.seq != 0 && interrupted == Some(h.sequence) => return Ok(PatchRead::Skip),
+            None if h.seq != 0 => {
+                return Err(at(rejected(
+                    Some(h.version),
+                    current,
+                    format!(
+                        "part {}/{} of sync #{} (version {}) arrived without the parts before it (replayed or out of order)",
+                        h.seq, h.count, h.sequence, h.version
+                    ),
+                )));
+            }
+            None if h.sequence <= received => {
+                return Err(at(rejected(
+                    Some(h.version),
+                    current,
+                    format!(
+                        "sync #{} (version {}) is not newer than sync #{received} (replayed or stale)",
+                        h.sequence, h.version
+                    ),
+                )));
+            }
+            None => {}
+            Some((v, seq)) if version != v || h.seq != seq => {
+                return Err(at(rejected(
+                    Some(h.version),
+                    current,
+                    format!(
+                        "part {}/{} of sync #{} (version {}) arrived while expecting part {seq}/{} of sync #{} (version {})",
+                        h.seq, h.count, h.sequence, h.version, v.count, v.stamp.sequence, v.stamp.version
+                    ),
+                )));
+            }
+            Some(_) => {}
+        }
+        let body = blocking(|| wire::decode_patch_body(body, max_stream))
+            .map_err(|e| at(unreadable(Some(h.version), current, e)))?;
+        Ok(PatchRead::Part {
+            version,
+            body,
+            len: msg.len(),
+            decode: t0.elapsed(),
+        })
+    })
+    .await
+    .map_err(|e| (None, e.into()))?
+}
+
+/// Receive every part of the next patch without touching the weights (a background install's receive).
+async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
+    let t_wait = Instant::now();
+    let mut report = SyncReport {
         kind: SyncKind::Patch,
-        payload_bytes: len as u64,
-        messages: 1,
-        tensors: body.entries.len(),
-        transfer: t_wait.elapsed().saturating_sub(decode),
-        decode,
         compression_ratio: 1.0,
         state_bytes: r.shared.synced_bytes(),
         ..Default::default()
     };
+    let mut parts = Vec::new();
+    let mut lens = Vec::new();
+    let mut version: Option<PatchVersion> = None;
+    if let Some(partial) = r.partial.take() {
+        version = Some(partial.version);
+        for (body, len) in partial.parts {
+            parts.push(body);
+            lens.push(len);
+        }
+    }
+    while version.is_none_or(|v| (parts.len() as u32) < v.count) {
+        let expect = version.map(|v| (v, parts.len() as u32));
+        match read_patch_part(r, expect).await {
+            Ok(PatchRead::Skip) => report.skipped += 1,
+            Ok(PatchRead::Part {
+                version: v,
+                body,
+                len,
+                decode,
+                ..
+            }) => {
+                version = Some(v);
+                report.decode += decode;
+                parts.push(body);
+                lens.push(len);
+            }
+            Err((_, e)) if is_timeout(&e) => {
+                if let Some(version) = version {
+                    r.partial = Some(Partial {
+                        version,
+                        parts: parts.into_iter().zip(lens).collect(),
+                    });
+                }
+                return Err(e);
+            }
+            Err((stamp, e)) => {
+                // The version being received (its remaining parts follow), else the part's own.
+                r.interrupted = version.map(|v| v.stamp).or(stamp).map(|s| s.sequence);
+                return Err(e);
+            }
+        }
+    }
+    report.payload_bytes = lens.iter().map(|&l| l as u64).sum();
+    report.messages = parts.len() as u32;
+    report.tensors = parts.iter().map(|b| b.entries.len()).sum();
+    let Some(v) = version else {
+        return Err(rejected(
+            None,
+            r.shared.applied().version,
+            "a patch without parts",
+        ));
+    };
+    // One body, as a single message would have carried it: validated whole before any of it is written.
+    let t0 = Instant::now();
+    let body = blocking(|| wire::PatchBody::join(parts)).map_err(|e| {
+        r.interrupted = Some(v.stamp.sequence);
+        unreadable(Some(v.stamp.version), r.shared.applied().version, e)
+    })?;
+    report.decode += t0.elapsed();
+    r.received = v.stamp.sequence;
+    report.transfer = t_wait.elapsed().saturating_sub(report.decode);
     Ok(PendingUpdate {
-        stamp,
-        body: PendingBody::Patch { base, body },
+        stamp: v.stamp,
+        body: PendingBody::Patch { base: v.base, body },
         shared: r.shared.clone(),
         report,
     })
+}
+
+/// Receive the next patch and install it part by part as the parts arrive (while the sender still builds the
+/// later ones): each part is validated before it is written, and what it overwrote is kept until the version
+/// is whole; a part that fails (corrupt, truncated, out of order, or the channel failing) takes every part of
+/// the version back out, so state and version stay bitwise as they were. The version is applied only once
+/// every part verified and was installed.
+async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<SyncReport, SyncError> {
+    let shared = r.shared.clone();
+    let applied = shared.applied();
+    let current = applied.version;
+    let t_wait = Instant::now();
+    let mut report = SyncReport {
+        kind: SyncKind::Patch,
+        compression_ratio: 1.0,
+        state_bytes: shared.synced_bytes(),
+        ..Default::default()
+    };
+    let mut undo: Vec<(patch::Undo, usize)> = Vec::new();
+    let mut version: Option<PatchVersion> = None;
+    let mut resumed = std::collections::VecDeque::new();
+    if let Some(partial) = r.partial.take() {
+        version = Some(partial.version);
+        resumed = partial.parts;
+    }
+    let mut seq = 0u32;
+    let roll_back = |undo: Vec<(patch::Undo, usize)>, state: &mut StateDict| {
+        for (u, _) in undo.iter().rev() {
+            blocking(|| patch::roll_back(u, state, shared.threads));
+        }
+        undo.into_iter()
+            .map(|(u, len)| (u.into_body(), len))
+            .collect::<std::collections::VecDeque<_>>()
+    };
+    loop {
+        let next = match (resumed.pop_front(), version) {
+            (Some((body, len)), Some(v)) => Ok(PatchRead::Part {
+                version: v,
+                body,
+                len,
+                decode: Duration::ZERO,
+            }),
+            _ => read_patch_part(r, version.map(|v| (v, seq))).await,
+        };
+        let (v, body, len) = match next {
+            Ok(PatchRead::Skip) => {
+                report.skipped += 1;
+                continue;
+            }
+            Ok(PatchRead::Part {
+                version: v,
+                body,
+                len,
+                decode,
+                ..
+            }) => {
+                report.decode += decode;
+                (v, body, len)
+            }
+            Err((_, e)) if is_timeout(&e) => {
+                // Taken back out of the weights, kept for the next call: the version may still come whole.
+                let parts = roll_back(undo, state);
+                if let Some(version) = version.filter(|_| !parts.is_empty()) {
+                    r.partial = Some(Partial { version, parts });
+                }
+                return Err(e);
+            }
+            Err((stamp, e)) => {
+                // The version being received (its remaining parts follow), else the part's own.
+                r.interrupted = version.map(|v| v.stamp).or(stamp).map(|s| s.sequence);
+                roll_back(undo, state);
+                return Err(e);
+            }
+        };
+        report.payload_bytes += len as u64;
+        report.messages += 1;
+        report.tensors += body.entries.len();
+        let fail = |reason: String| rejected(Some(v.stamp.version), current, reason);
+        let refused = if seq == 0 && v.base != applied.sequence {
+            Some(format!(
+                "patch is based on sync #{}, this receiver holds sync #{} (a full resync is needed)",
+                v.base, applied.sequence
+            ))
+        } else {
+            None
+        };
+        let t0 = Instant::now();
+        let valid = match refused {
+            Some(reason) => Err(reason),
+            None => blocking(|| {
+                patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)
+            }),
+        };
+        report.decode += t0.elapsed();
+        let valid = match valid {
+            Ok(valid) => valid,
+            Err(reason) => {
+                r.interrupted = Some(v.stamp.sequence);
+                roll_back(undo, state);
+                return Err(fail(reason));
+            }
+        };
+        report.changed += valid.changed;
+        let t1 = Instant::now();
+        if seq + 1 == v.count {
+            // The last part: nothing after it can fail, so no undo needs its old values.
+            blocking(|| patch::install(&valid, state, shared.threads));
+        } else {
+            undo.push((
+                blocking(|| patch::install_logged(valid, state, shared.threads)),
+                len,
+            ));
+        }
+        report.apply += t1.elapsed();
+        version = Some(v);
+        seq += 1;
+        if seq == v.count {
+            break;
+        }
+    }
+    let Some(v) = version else {
+        return Err(rejected(None, current, "a patch without parts"));
+    };
+    r.received = v.stamp.sequence;
+    shared.set_applied(v.stamp);
+    report.version = v.stamp.version;
+    report.transfer = t_wait
+        .elapsed()
+        .saturating_sub(report.decode + report.apply);
+    Ok(report)
 }
 
 enum BucketStep {

@@ -47,13 +47,22 @@ use super::patch::SnapTensor;
 use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind, Stamp};
 use super::{Settings, SyncError, blocking, hash_cast, missing_key};
 
-/// One logged patch: the message as sent, its base and version, and the checksum of its base snapshot.
+/// One logged patch's messages (its parts), in order.
+type Parts<'a> = &'a [Vec<u8>];
+
+/// One logged patch: its messages (parts) as sent, its base and version, and the checksum of its base snapshot.
 #[derive(Debug)]
 struct Logged {
     base: Stamp,
     to: Stamp,
     base_checksum: u64,
-    msg: Vec<u8>,
+    msgs: Vec<Vec<u8>>,
+}
+
+impl Logged {
+    fn bytes(&self) -> u64 {
+        self.msgs.iter().map(|m| m.len() as u64).sum()
+    }
 }
 
 /// The sender's bounded log of recent patches (oldest evicted first).
@@ -79,14 +88,15 @@ impl ReplayLog {
         self.max_versions > 0 && self.max_bytes > 0
     }
 
-    /// Record the patch `msg` from `base` to `to`. A message larger than the byte cap, or one whose version is
+    /// Record the patch `msgs` (its parts) from `base` to `to`. A patch larger than the byte cap, or one whose version is
     /// not newer than its base's, empties the log (no chain could cross it), and a base that does not continue
     /// the log starts it anew.
-    pub fn push(&mut self, base: Stamp, to: Stamp, base_checksum: u64, msg: Vec<u8>) {
+    pub fn push(&mut self, base: Stamp, to: Stamp, base_checksum: u64, msgs: Vec<Vec<u8>>) {
         if !self.is_enabled() {
             return;
         }
-        let unlogged = msg.len() as u64 > self.max_bytes || to.version <= base.version;
+        let len: u64 = msgs.iter().map(|m| m.len() as u64).sum();
+        let unlogged = len > self.max_bytes || to.version <= base.version;
         if self.entries.back().is_some_and(|e| e.to != base) || unlogged {
             self.entries.clear();
             self.bytes = 0;
@@ -94,16 +104,16 @@ impl ReplayLog {
         if unlogged {
             return;
         }
-        self.bytes += msg.len() as u64;
+        self.bytes += len;
         self.entries.push_back(Logged {
             base,
             to,
             base_checksum,
-            msg,
+            msgs,
         });
         while self.entries.len() > self.max_versions || self.bytes > self.max_bytes {
             match self.entries.pop_front() {
-                Some(e) => self.bytes -= e.msg.len() as u64,
+                Some(e) => self.bytes -= e.bytes(),
                 None => break,
             }
         }
@@ -113,7 +123,7 @@ impl ReplayLog {
     #[cfg(test)]
     pub(super) fn corrupt_last_for_tests(&mut self) {
         if let Some(e) = self.entries.back_mut()
-            && let Some(b) = e.msg.last_mut()
+            && let Some(b) = e.msgs.last_mut().and_then(|m| m.last_mut())
         {
             *b ^= 0x40;
         }
@@ -132,7 +142,7 @@ impl ReplayLog {
     /// The logged patches from version `from` up to the newest, if `from` is a base in the log (the log is one
     /// contiguous chain of increasing versions, so the rest follows), with the checksum and stamp of the
     /// snapshot at `from`.
-    fn chain(&self, from: u64) -> Option<(u64, Stamp, Vec<&[u8]>)> {
+    fn chain(&self, from: u64) -> Option<(u64, Stamp, Vec<Parts<'_>>)> {
         let i = self.entries.iter().position(|e| e.base.version == from)?;
         let first = self.entries.get(i)?;
         Some((
@@ -141,7 +151,7 @@ impl ReplayLog {
             self.entries
                 .iter()
                 .skip(i)
-                .map(|e| e.msg.as_slice())
+                .map(|e| e.msgs.as_slice())
                 .collect(),
         ))
     }
@@ -338,8 +348,8 @@ struct Choice<'a> {
 enum Payloads<'a> {
     /// Nothing: version 0 of a bucket syncer (every receiver's own initial state), or a deferred catch-up.
     None,
-    /// The logged patches from the held version on, byte for byte as first sent.
-    Replay(Vec<&'a [u8]>),
+    /// The logged patches from the held version on (each as its parts), byte for byte as first sent.
+    Replay(Vec<Parts<'a>>),
     /// The patch syncer's snapshot, in buckets.
     Snapshot {
         snap: &'a [SnapTensor],
@@ -539,7 +549,7 @@ impl<'a> Serving<'a> {
             Payloads::None => return Ok(0),
             Payloads::Replay(msgs) => {
                 let mut bytes = 0;
-                for msg in msgs {
+                for msg in msgs.into_iter().flatten() {
                     self.ch.send_to(rank, msg).await?;
                     bytes += msg.len() as u64;
                 }
@@ -671,7 +681,11 @@ fn choose_patch<'a>(
             held.version, held.synced
         ),
         Some((_, base, msgs)) => {
-            let bytes: u64 = msgs.iter().map(|m| m.len() as u64).sum();
+            let bytes: u64 = msgs
+                .iter()
+                .flat_map(|v| v.iter())
+                .map(|m| m.len() as u64)
+                .sum();
             if bytes <= full_bytes {
                 return Choice {
                     mode: CatchUpMode::Replay,
@@ -895,8 +909,8 @@ mod tests {
         }
     }
 
-    fn msg(n: usize) -> Vec<u8> {
-        vec![7; n]
+    fn msg(n: usize) -> Vec<Vec<u8>> {
+        vec![vec![7; n]]
     }
 
     /// Version `v` sent as the `v`th sync.

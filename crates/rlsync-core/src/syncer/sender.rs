@@ -51,7 +51,8 @@ enum SenderStrategy {
 struct PatchSender {
     /// Shared only with a background checksum of it (see [`rejoin::RejoinInfo::checksum_in_background`]).
     snap: Arc<Vec<SnapTensor>>,
-    built: patch::Built,
+    /// One build per part of a version (see [`patch::part_ranges`]), its buffers reused from sync to sync.
+    built: Vec<patch::Built>,
     /// A device backend's build (CUDA tensors), in place of `patch::build`.
     builder: Option<Box<dyn PatchBuilder>>,
 }
@@ -343,7 +344,7 @@ impl SenderStrategy {
                 }
                 Ok(SenderStrategy::Patch(PatchSender {
                     snap: Arc::new(snap),
-                    built: patch::Built::default(),
+                    built: Vec::new(),
                     builder: None,
                 }))
             }
@@ -737,60 +738,81 @@ impl PatchSender {
             key: "(snapshot)".into(),
             reason: "the snapshot is still being read by a checksum thread".into(),
         })?;
-        let t0 = Instant::now();
-        match builder {
-            Some(b) => blocking(|| b.build(snap, state, settings.threads, built))?,
-            None => blocking(|| patch::build(snap, state, settings.threads, built)).map_err(
-                |reason| SyncError::StateMismatch {
+        // A version travels as parts of whole tensors: each is built, coded and sent in turn, so receivers
+        // validate and install part k while this builds part k + 1. A device builder diffs all at once.
+        let parts = match builder {
+            Some(_) => std::iter::once(0..snap.len()).collect(),
+            None => {
+                patch::check_sources(snap, state).map_err(|reason| SyncError::StateMismatch {
                     key: "(synced keys)".into(),
                     reason,
-                },
-            )?,
+                })?;
+                patch::part_ranges(snap, settings.patch_part_bytes)
+            }
+        };
+        let count = u32::try_from(parts.len()).map_err(|_| SyncError::Config {
+            reason: "more than 2^32 patch parts".into(),
+        })?;
+        built.resize_with(parts.len(), patch::Built::default);
+        let mut report = SyncReport {
+            kind: SyncKind::Patch,
+            state_bytes: snap.iter().map(|t| t.storage.len() as u64).sum(),
+            messages: count,
+            ..Default::default()
+        };
+        let (mut raw, mut stored) = (0usize, 0usize);
+        let mut msgs = Vec::with_capacity(parts.len());
+        for (k, range) in parts.iter().enumerate() {
+            let (part, b) = (&mut snap[range.clone()], &mut built[k]);
+            let t0 = Instant::now();
+            match builder {
+                Some(builder) => blocking(|| builder.build(part, state, settings.threads, b))?,
+                None => blocking(|| patch::build(part, state, settings.threads, b)).map_err(
+                    |reason| SyncError::StateMismatch {
+                        key: "(synced keys)".into(),
+                        reason,
+                    },
+                )?,
+            }
+            report.build += t0.elapsed();
+            let t1 = Instant::now();
+            let (enc, tensors, dense) = blocking(|| {
+                let mut h = Header::stamped(Kind::Patch, next, 0);
+                h.aux = base.sequence;
+                h.seq = k as u32;
+                h.count = count;
+                patch::encode_message(b, part, settings.delta, settings.threads, h, settings.codec)
+            });
+            report.encode += t1.elapsed();
+            report.changed += b.changed;
+            report.tensors += tensors;
+            report.dense_segments += dense;
+            raw += enc.raw_stream_bytes;
+            stored += enc.stored_stream_bytes;
+            let t2 = Instant::now();
+            if let Err(e) = ch.send(&enc.msg).await {
+                // The snapshot must hold `next` whole (the caller counts it as sent): build the rest unsent.
+                for (later, b) in parts.iter().zip(built.iter_mut()).skip(k + 1) {
+                    let part = &mut snap[later.clone()];
+                    let _ = blocking(|| patch::build(part, state, settings.threads, b));
+                }
+                return Err(e.into());
+            }
+            report.transfer += t2.elapsed();
+            report.payload_bytes += enc.msg.len() as u64;
+            msgs.push(enc.msg);
         }
-        let build = t0.elapsed();
-        let t1 = Instant::now();
-        let (msg, ratio, tensors, dense) = blocking(|| {
-            let mut h = Header::stamped(Kind::Patch, next, 0);
-            h.aux = base.sequence;
-            let (enc, tensors, dense) = patch::encode_message(
-                built,
-                snap,
-                settings.delta,
-                settings.threads,
-                h,
-                settings.codec,
-            );
-            let ratio = if enc.stored_stream_bytes == 0 {
-                1.0
-            } else {
-                enc.raw_stream_bytes as f64 / enc.stored_stream_bytes as f64
-            };
-            (enc.msg, ratio, tensors, dense)
-        });
-        let encode = t1.elapsed();
-        let state_bytes = snap.iter().map(|t| t.storage.len() as u64).sum();
-        let t2 = Instant::now();
-        ch.send(&msg).await?;
-        let payload_bytes = msg.len() as u64;
+        report.compression_ratio = if stored == 0 {
+            1.0
+        } else {
+            raw as f64 / stored as f64
+        };
         if let Some(c) = base_checksum {
-            rejoin.log.push(base, next, c, msg);
+            rejoin.log.push(base, next, c, msgs);
             // The next sync's base: hashed while the caller goes on (its next training step).
             rejoin.checksum_in_background(next.sequence, shared);
         }
-        Ok(SyncReport {
-            kind: SyncKind::Patch,
-            payload_bytes,
-            changed: built.changed,
-            state_bytes,
-            tensors,
-            messages: 1,
-            build,
-            encode,
-            transfer: t2.elapsed(),
-            compression_ratio: ratio,
-            dense_segments: dense,
-            ..Default::default()
-        })
+        Ok(report)
     }
 }
 

@@ -257,6 +257,8 @@ fn init_pair(
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     // Tiny bucket parts, so that tensors and tables straddle several transport messages.
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
+    // Small patch parts too, so that a version's patch travels as one part per tensor or a few.
+    tx.settings.patch_part_bytes = [1, 256, 4096, 1 << 20][((seed >> 2) % 4) as usize];
     let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
     let (ch, mut rxs) = inproc_channel(1);
     let (ch, tap) = tapped(ch);
@@ -1085,6 +1087,8 @@ fn init_elastic_with(
     let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads }).unwrap();
     setup(&mut tx);
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
+    // Small patch parts too, so that a version's patch travels as one part per tensor or a few.
+    tx.settings.patch_part_bytes = [1, 256, 4096, 1 << 20][((seed >> 2) % 4) as usize];
     let (ch, rchs, joiner) =
         transport::inproc_channel_elastic(2, std::time::Duration::from_secs(5));
     let boot = bootstrapped(s, keys);
@@ -2370,5 +2374,227 @@ fn rejoin_joined_catches_up_whoever_joined_before_the_next_sync() {
         mutate_synced(&mut e.sender, 4, 30);
         sync_live(&rt, &mut e, 4);
         assert_same(&e, &keys, &s);
+    }
+}
+
+/// Four synced tensors of several widths (and a frozen one), so a patch with tiny parts has four parts.
+fn part_keys() -> Vec<KeySpec> {
+    let key = |name: &str, tx, rx, shape: Vec<usize>, class| KeySpec {
+        name: name.into(),
+        tx,
+        rx,
+        shape,
+        class,
+    };
+    vec![
+        key("a", DType::F32, DType::Bf16, vec![16, 8], Class::Trainable),
+        key("b", DType::F32, DType::F32, vec![40], Class::Trainable),
+        key("frozen", DType::F32, DType::F32, vec![3], Class::Frozen),
+        key("c", DType::I64, DType::I64, vec![9], Class::Buffer),
+        key("d", DType::U8, DType::U8, vec![33], Class::Trainable),
+    ]
+}
+
+/// A patch pair whose every version travels as one part per synced tensor (four parts).
+fn part_pair(rt: &tokio::runtime::Runtime, delta: bool, seed: u64) -> Pair {
+    let s = Settings {
+        delta,
+        ..default_settings(false)
+    };
+    let mut p = init_pair(rt, &part_keys(), &s, seed).unwrap();
+    p.tx.settings.patch_part_bytes = 1;
+    p
+}
+
+fn state_bytes(sd: &StateDict) -> Vec<Vec<u8>> {
+    sd.iter().map(|(_, t)| t.bytes().to_vec()).collect()
+}
+
+/// A corrupt or truncated LAST part, after the parts before it were validated and installed, takes those
+/// parts back out: the receiver's weights and version are bitwise as before. Sparse delta entries (undone by
+/// subtracting), dense entries and absolute COO entries (undone from the saved old values) alike.
+#[test]
+fn a_corrupt_last_part_takes_the_installed_parts_back_out() {
+    let rt = rt();
+    for (delta, density) in [(true, 5), (true, 100), (false, 5), (false, 100)] {
+        for truncate in [false, true] {
+            let mut p = part_pair(&rt, delta, 31);
+            sync_once(&rt, &mut p, 1);
+            let before = state_bytes(&p.receiver);
+            mutate(&mut p.sender, 7, density);
+            let good = capture(&rt, &mut p, 2);
+            assert_eq!(good.len(), 4, "one part per synced tensor");
+            for m in &good {
+                let (h, _) = Header::parse(m).unwrap();
+                assert_eq!((h.kind, h.count, h.version), (Kind::Patch, 4, 2));
+            }
+            let mut bad = good.clone();
+            let last = bad.last_mut().unwrap();
+            if truncate {
+                last.truncate(last.len() - 1);
+            } else {
+                let at = last.len() - 1;
+                last[at] ^= 0x20;
+            }
+            let r = inject_and_apply(&rt, &mut p, &bad);
+            assert!(
+                matches!(&r, Err(e) if e.is_rejection()),
+                "delta {delta} density {density}: accepted {:?}",
+                r.map(|r| r.version)
+            );
+            assert_eq!(p.rx.version(), 1);
+            assert!(
+                state_bytes(&p.receiver) == before,
+                "delta {delta} density {density} truncate {truncate}: the weights changed"
+            );
+            // The genuine version still applies whole afterwards.
+            assert_eq!(inject_and_apply(&rt, &mut p, &good).unwrap().version, 2);
+            assert_synced(&p, &part_keys(), &default_settings(false), &[]);
+        }
+    }
+}
+
+/// A part of another version, a repeated part or a later part without the ones before it is rejected, and
+/// the parts already installed are taken back out.
+#[test]
+fn out_of_order_replayed_and_foreign_parts_are_rejected_whole() {
+    let rt = rt();
+    let mut p = part_pair(&rt, true, 32);
+    sync_once(&rt, &mut p, 1);
+    let before = state_bytes(&p.receiver);
+    mutate(&mut p.sender, 8, 20);
+    let v2 = capture(&rt, &mut p, 2);
+    mutate(&mut p.sender, 9, 20);
+    let v3 = capture(&rt, &mut p, 3);
+    let cases: Vec<(Vec<Vec<u8>>, &str)> = vec![
+        (vec![v2[0].clone(), v2[2].clone()], "expecting part 1/4"),
+        (vec![v2[0].clone(), v2[0].clone()], "expecting part 1/4"),
+        (vec![v2[0].clone(), v3[1].clone()], "expecting part 1/4"),
+        (vec![v3[1].clone()], "without the parts before it"),
+    ];
+    for (msgs, expect) in cases {
+        let err = inject_and_apply(&rt, &mut p, &msgs).unwrap_err();
+        assert!(err.is_rejection(), "{err}");
+        assert!(
+            crate::error_chain(&err).contains(expect),
+            "{} should say {expect:?}",
+            crate::error_chain(&err)
+        );
+        assert_eq!(p.rx.version(), 1);
+        assert!(
+            state_bytes(&p.receiver) == before,
+            "{expect}: the weights changed"
+        );
+    }
+    // Version 2 whole still applies; then version 3 on it.
+    assert_eq!(inject_and_apply(&rt, &mut p, &v2).unwrap().version, 2);
+    assert_eq!(inject_and_apply(&rt, &mut p, &v3).unwrap().version, 3);
+    assert_synced(&p, &part_keys(), &default_settings(false), &[]);
+    // Replaying version 3's first part again is stale.
+    let err = inject_and_apply(&rt, &mut p, &v3[..1]).unwrap_err();
+    assert!(crate::error_chain(&err).contains("not newer"), "{err}");
+}
+
+/// Receivers slower than the sender: the sender publishes several versions' parts back to back (waiting
+/// only for free transport slots) while each receiver takes its time between parts and versions; every
+/// receiver ends bitwise on the last version, through each version in turn.
+#[test]
+fn parts_arrive_while_receivers_are_slower_than_the_sender() {
+    let rt = rt();
+    let keys = part_keys();
+    let s = default_settings(false);
+    let cfg = config(&s, &keys);
+    let mut sender = build_state(&keys, false, 33);
+    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: 1 }).unwrap();
+    tx.settings.patch_part_bytes = 1;
+    let (ch, rxs) = inproc_channel(2);
+    let synced = sender.synced_keys();
+    let mut receivers: Vec<StateDict> = (0..2).map(|i| build_state(&keys, true, 40 + i)).collect();
+    let steps = 4u64;
+    rt.block_on(async {
+        let rx_ends = rxs
+            .into_iter()
+            .zip(receivers.iter_mut())
+            .map(|(ch, state)| {
+                let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: 1 }).unwrap();
+                async move {
+                    let (mut rx, _) = rx.init_receiver(state, ch).await.unwrap();
+                    for v in 1..=steps {
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        assert_eq!(rx.apply(state).await.unwrap().version, v);
+                    }
+                    rx.checksum(state)
+                }
+            });
+        let send = async {
+            let (mut tx, _) = tx.init_sender(&sender, &synced, ch).await.unwrap();
+            for v in 1..=steps {
+                mutate(&mut sender, v, 30);
+                let sent = tx.sync(&sender, v).await.unwrap();
+                assert_eq!(sent.messages, 4);
+            }
+            tx.flush().await.unwrap();
+            tx.checksum(&sender).unwrap()
+        };
+        let mut rx_ends = rx_ends.collect::<Vec<_>>().into_iter();
+        let (Some(a), Some(b)) = (rx_ends.next(), rx_ends.next()) else {
+            unreachable!("two receivers")
+        };
+        let (want, a, b) = tokio::join!(send, a, b);
+        assert_eq!((a, b), (want, want));
+    });
+}
+
+/// A bounded wait that runs out between two parts takes the installed parts back out (weights and version
+/// as before, so the caller may go on with them) and keeps them: the next call goes on with the version.
+#[test]
+fn a_wait_that_runs_out_between_parts_keeps_the_version_for_the_next_call() {
+    let rt = rt();
+    let mut p = part_pair(&rt, true, 34);
+    sync_once(&rt, &mut p, 1);
+    let before = state_bytes(&p.receiver);
+    mutate(&mut p.sender, 10, 40);
+    let v2 = capture(&rt, &mut p, 2);
+    p.rx.set_bound(Some(Duration::from_millis(50)));
+    let err = inject_and_apply(&rt, &mut p, &v2[..2]).unwrap_err();
+    assert!(timed_out(&err).is_some(), "{err}");
+    assert_eq!(p.rx.version(), 1);
+    assert!(state_bytes(&p.receiver) == before, "the weights changed");
+    p.rx.set_bound(None);
+    let r = inject_and_apply(&rt, &mut p, &v2[2..]).unwrap();
+    assert_eq!(r.version, 2);
+    assert_synced(&p, &part_keys(), &default_settings(false), &[]);
+}
+
+/// The background path (`receive`, then `install`) joins a version's parts into one body, validated whole
+/// before any of it is written: delta and COO coding, COO parts of different coordinate widths included.
+#[test]
+fn a_received_patch_joins_its_parts_and_installs_later() {
+    let rt = rt();
+    let mut keys = part_keys();
+    keys.push(KeySpec {
+        name: "wide".into(),
+        tx: DType::U8,
+        rx: DType::U8,
+        shape: vec![2, 300],
+        class: Class::Trainable,
+    });
+    for delta in [true, false] {
+        let s = Settings {
+            delta,
+            ..default_settings(false)
+        };
+        let mut p = init_pair(&rt, &keys, &s, 35).unwrap();
+        p.tx.settings.patch_part_bytes = 1;
+        for v in 1..=2u64 {
+            mutate(&mut p.sender, 11 + v, 20);
+            let (sent, pending) =
+                rt.block_on(async { tokio::join!(p.tx.sync(&p.sender, v), p.rx.receive()) });
+            assert_eq!(sent.unwrap().messages, 5);
+            let pending = pending.unwrap();
+            assert_eq!(pending.report().messages, 5);
+            assert_eq!(pending.install(&mut p.receiver).unwrap().version, v);
+            assert_synced(&p, &keys, &s, &[]);
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 5.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 6.
 //!
 //! Every message is a 56-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -26,6 +26,11 @@
 //!   parallel), then `u32 n_streams` (4) and per stream `u64 raw_len, u64 stored_len, u8 codec, stored bytes`.
 //!   Since format 3 an entry is either sparse (its changes in the index/value streams) or dense (`dense` 1:
 //!   the new bytes of elements `base..base + nnz` in the fourth stream), whichever codes its segment smaller.
+//!   Since format 6 a version's patch travels as one or more *parts* (`seq`/`count`, all with the version's
+//!   stamp and base): each part is a whole patch body of its own over a run of whole tensors, with its own
+//!   checksum, so a receiver validates and installs part k while the sender still builds the next ones; the
+//!   version is applied only once every part arrived in order and verified (earlier parts are taken back out
+//!   when a later one fails).
 //!
 //! Rejoin (a receiver that joined late catches up; see `syncer/rejoin.rs`), added as new kinds:
 //! - `Rejoin` (receiver → sender, version = the version it holds): a `Metadata` body.
@@ -53,7 +58,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
-use crate::bytes::{BytesError, Reader, Writer, read_uint};
+use crate::bytes::{BytesError, Reader, Writer, put_uint, read_uint};
 use crate::tensor::DType;
 
 pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
@@ -62,7 +67,8 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// message per bucket); patch entries are element ranges with their own stream extents (1: one entry per
 /// tensor).
 /// 5: `Manifest` messages (self-describing buckets, no handshake); receivers' `Applied` / `Declined` reports.
-pub(crate) const FORMAT_VERSION: u16 = 5;
+/// 6: a patch travels as parts (`seq`/`count`), each a patch body over whole tensors (5: one message).
+pub(crate) const FORMAT_VERSION: u16 = 6;
 pub const HEADER_LEN: usize = 56;
 
 /// What orders a payload: the caller's version of the weights it carries and the sender's sequence number of
@@ -942,6 +948,59 @@ pub struct PatchBody {
 }
 
 impl PatchBody {
+    /// The parts of one version's patch as one body (entries and streams one part after another), as one
+    /// message would have carried them: parts cover consecutive runs of whole tensors. COO coordinates are
+    /// widened to the widest part's width. Parts that code differently, or hold another number of streams, do
+    /// not join. The result is checked like any body (`patch::validate`) before it is installed.
+    pub fn join(parts: Vec<PatchBody>) -> Result<PatchBody, WireError> {
+        let mut it = parts.into_iter();
+        let Some(mut out) = it.next() else {
+            return Err(malformed("patch", "a version without parts"));
+        };
+        let rest: Vec<PatchBody> = it.collect();
+        if rest.is_empty() {
+            return Ok(out);
+        }
+        if out.streams.len() != PATCH_STREAMS
+            || rest.iter().any(|p| {
+                p.index != out.index || p.value != out.value || p.streams.len() != PATCH_STREAMS
+            })
+        {
+            return Err(malformed(
+                "patch",
+                "the parts of one version code their streams differently",
+            ));
+        }
+        let coo = out.index == IndexCoding::Coo;
+        let width = rest
+            .iter()
+            .map(|p| p.index_width)
+            .fold(out.index_width, u8::max);
+        if coo && ![1, 2, 4, 8].contains(&width) {
+            return Err(malformed("patch", format!("index width {width}")));
+        }
+        let mut all = Vec::with_capacity(rest.len() + 1);
+        all.push(std::mem::take(&mut out.entries));
+        let mut streams: Vec<Vec<u8>> = std::mem::take(&mut out.streams);
+        let first_width = out.index_width;
+        if coo && first_width != width {
+            widen_coo(&mut streams, &mut all[0], first_width, width)?;
+        }
+        for mut p in rest {
+            if coo && p.index_width != width {
+                widen_coo(&mut p.streams, &mut p.entries, p.index_width, width)?;
+            }
+            all.push(p.entries);
+            for (dst, src) in streams.iter_mut().zip(&p.streams) {
+                dst.extend_from_slice(src);
+            }
+        }
+        out.entries = all.into_iter().flatten().collect();
+        out.streams = streams;
+        out.index_width = if coo { width } else { out.index_width };
+        Ok(out)
+    }
+
     /// The body with each stream as one part.
     pub fn view(&self) -> PatchView<'_> {
         PatchView {
@@ -952,6 +1011,40 @@ impl PatchBody {
             streams: self.streams.iter().map(|s| vec![s.as_slice()]).collect(),
         }
     }
+}
+
+/// Rewrite a COO part's row and column streams from `from`-byte to `to`-byte coordinates (and its entries'
+/// index extents with them).
+fn widen_coo(
+    streams: &mut [Vec<u8>],
+    entries: &mut [PatchEntry],
+    from: u8,
+    to: u8,
+) -> Result<(), WireError> {
+    let w = u64::from(from);
+    if ![1, 2, 4, 8].contains(&from)
+        || streams
+            .iter()
+            .take(2)
+            .any(|s| !(s.len() as u64).is_multiple_of(w))
+        || entries.iter().any(|e| !e.index_bytes.is_multiple_of(w))
+    {
+        return Err(malformed(
+            "patch",
+            format!("coordinates that are not whole {from}-byte values"),
+        ));
+    }
+    for s in streams.iter_mut().take(2) {
+        let mut wide = Vec::with_capacity(s.len() / usize::from(from) * usize::from(to));
+        for c in s.chunks(usize::from(from)) {
+            put_uint(&mut wide, read_uint(c), to);
+        }
+        *s = wide;
+    }
+    for e in entries {
+        e.index_bytes = e.index_bytes / u64::from(from) * u64::from(to);
+    }
+    Ok(())
 }
 
 /// A patch body whose streams are held in parts (each stream is its parts one after another, e.g. one part
