@@ -220,6 +220,8 @@ pub fn assign(
         spec.token = String::new();
         spec.node_rollouts = Some(multi.rollouts_on(node));
         spec.chain_next = None;
+        // The agent names its own host's arena (under its own run tag).
+        spec.host_shared = None;
         let link = nodes::attach(j, events.clone(), timeout);
         link.tx.send(
             &NodeCommand::Assign {
