@@ -7,6 +7,7 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
+pub mod host_shared;
 pub mod local_copy;
 pub mod probe;
 pub mod rollout;
@@ -62,6 +63,8 @@ pub enum WorkerError {
     Sync(#[from] rlsync_core::syncer::SyncError),
     #[error("weight transport")]
     Transport(#[from] rlsync_core::transport::TransportError),
+    #[error("host-shared weights")]
+    HostShared(#[from] rlsync_core::host_shared::HostSharedError),
     #[error("workload")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]

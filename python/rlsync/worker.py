@@ -145,6 +145,8 @@ class _Adapter:
     def __init__(self, user: Any, role: str, device: Any = None) -> None:
         self.user = user
         self.role = role
+        # Host-shared mode: tensor views of each shared buffer, by buffer (see bind_shared).
+        self._shared_views: dict[int, dict[str, Any]] = {}
         for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
             if not callable(getattr(user, method, None)):
                 raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
@@ -158,6 +160,35 @@ class _Adapter:
         tensors = list(model.parameters()) + list(model.buffers())
         if any(t.device != device for t in tensors):
             model.to(device)
+
+    def bind_shared(self, key: int, items: list) -> None:
+        """Host-shared mode (``weight_syncer.host_shared``): make ``model()``'s tensors views of the host's
+        shared buffer this rollout holds now — ``items`` are ``(name, address, nbytes, dtype, shape)`` of that
+        buffer's tensors, ``key`` names the buffer. The views of each buffer are built once; a flip swaps every
+        tensor's ``.data``, so the Parameter objects (and whatever holds them) keep their identity. The buffer
+        is never written by a rollout (it may be mapped read-only)."""
+        import ctypes
+
+        import torch
+
+        views = self._shared_views.get(key)
+        if views is None:
+            views = {}
+            for name, address, nbytes, dtype, shape in items:
+                kind = getattr(torch, dtype)
+                if nbytes == 0:
+                    view = torch.empty(tuple(shape), dtype=kind)
+                else:
+                    memory = (ctypes.c_char * nbytes).from_address(address)
+                    view = torch.frombuffer(memory, dtype=kind).view(tuple(shape))
+                views[name] = view
+            self._shared_views[key] = views
+        tensors = self.user.model().state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, view in views.items():
+                tensor = tensors.get(name)
+                if tensor is not None:
+                    tensor.data = view
 
     def describe(self) -> tuple[list[tuple], list[str]]:
         model = self.user.model()
