@@ -77,10 +77,16 @@ impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
     pub(crate) fn blames(&self) -> Vec<messages::Blame> {
+        use rlsync_core::host_shared::HostSharedError;
+        use rlsync_core::syncer::SyncError;
         use rlsync_core::transport::{Peer, TransportError};
         let transport = match self {
             WorkerError::Transport(e)
-            | WorkerError::Sync(rlsync_core::syncer::SyncError::Transport(e)) => e,
+            | WorkerError::Sync(SyncError::Transport(e))
+            | WorkerError::HostShared(HostSharedError::Sync {
+                source: SyncError::Transport(e),
+                ..
+            }) => e,
             _ => return Vec::new(),
         };
         let peer = match transport {

@@ -300,3 +300,54 @@ fn dry_run_shows_the_mode_and_refuses_gpu_rollouts() {
         "{text}"
     );
 }
+
+#[test]
+fn over_several_nodes_each_node_has_its_applier_and_restarts_need_chain_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let dry_run = |rollout: &str| {
+        let out = std::process::Command::new(bin())
+            .args([
+                "train_embodied",
+                "--dry-run",
+                "weight_syncer.host_shared=true",
+                "model@actor.model=synthetic_small",
+                "env@env.train=synthetic",
+                "env@env.eval=synthetic",
+                "cluster.num_nodes=2",
+                "cluster.slots_per_node=2",
+                "cluster.component_placement.actor=0",
+                "runner.rollout_restarts=1",
+                "env.train.total_num_envs=12",
+                "env.eval.total_num_envs=12",
+            ])
+            .arg(format!("cluster.component_placement.rollout='{rollout}'"))
+            .arg(format!(
+                "hydra.run.dir={}",
+                dir.path().join("run").display()
+            ))
+            .env("RLSYNC_RUN_TOKEN", "t")
+            .env("TMPDIR", dir.path())
+            .env_remove("NODE_RANK")
+            .env_remove("SLURM_PROCID")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    // Node 0 holds rollout 0, node 1 rollouts 1 and 2: the appliers 0 and 1 are the chain's ranks.
+    let (ok, text) = dry_run("1-3");
+    assert!(ok, "{text}");
+    assert!(
+        text.contains("node 0: rollout-0 receives and applies\n")
+            && text.contains("node 1: rollout-1 receives and applies; rollout-2 reads it"),
+        "{text}"
+    );
+    // Node 0 holds rollouts 0 and 1: node 1's applier (rank 2) would be the chain's rank 1.
+    let (ok, text) = dry_run("0-3");
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("weight_syncer.host_shared=true") && text.contains("[0, 2]"),
+        "{text}"
+    );
+}

@@ -31,6 +31,8 @@ const IDLE_REFRESH: Duration = Duration::from_millis(5);
 const SPARE_SLOTS: usize = 4;
 
 /// The applier's half: blocking (`Apply` installs) or background (a task receives and installs).
+// One per rollout worker: boxing the applier would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Installer {
     /// Not the applier, or not bootstrapped yet.
     None,
