@@ -351,3 +351,38 @@ fn over_several_nodes_each_node_has_its_applier_and_restarts_need_chain_ranks() 
         "{text}"
     );
 }
+
+#[test]
+fn an_interrupted_run_leaves_no_arena() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(SyncerKind::Patch, 2, 100_000);
+    cfg.actor.model.rollout_ms_per_step = 2.0;
+    let handle = ShutdownHandle::new();
+    let (tx, rx) = mpsc::channel();
+    let (run_dir, stop) = (dir.path().to_owned(), handle.clone());
+    std::thread::spawn(move || {
+        let _ = tx.send(orchestrator::run(
+            Entry::Embodied,
+            &cfg,
+            &run_dir,
+            opts(stop),
+        ));
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metrics_of(dir.path()).len() < 3 {
+        assert!(Instant::now() < deadline, "the run did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (arena, _) = launch_host_shared(dir.path()).unwrap();
+    assert!(Path::new("/dev/shm").join(&arena).exists());
+    handle.request();
+    let result = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the run stops");
+    assert!(
+        matches!(result, Err(OrchestratorError::Interrupted { .. })),
+        "{result:?}"
+    );
+    assert!(!Path::new("/dev/shm").join(arena).exists());
+    assert_clean(dir.path());
+}

@@ -34,6 +34,9 @@ Your classes::
 Which tensors are synced: :func:`rlsync.param_names_need_sync` of ``model()`` (trainable parameters, tied
 aliases included, and persistent buffers); the rest of the state dict is aligned once at start-up. The model's
 tensors must stay contiguous and in place (optimizers update in place; do not rebind parameters).
+With ``weight_syncer.host_shared=true`` the rollouts of a host share one copy of the weights: a rollout's
+``model()`` tensors become views of the shared buffer it holds (``param.data`` swapped between chunks, the
+Parameter objects kept); a rollout must not write them.
 
 Device: ``actor.worker.device`` / ``rollout.worker.device`` (``cpu`` by default, ``cuda`` or ``cuda:N``) is
 where the role's model lives. Before your class is built the worker checks that torch sees that GPU (a clear
