@@ -61,6 +61,13 @@ pub enum HostSharedError {
     /// The arena holds other tensors than the state it is opened for.
     #[error("arena {name} does not hold the model's tensors: {reason}")]
     Layout { name: String, reason: String },
+    /// The template's values do not fit the arena laid out from it (cannot happen for a `StateDict`'s own).
+    #[error("arena {name}: the template does not fill it")]
+    Template {
+        name: String,
+        #[source]
+        source: crate::tensor::LayoutMismatch,
+    },
     #[error("arena {name}: all {max_readers} reader slots are taken")]
     NoSlot { name: String, max_readers: usize },
     /// The back buffer stayed held by live readers (pids named) for the whole wait.
@@ -216,9 +223,9 @@ impl Applier {
         let mut applier = Applier::over(seg, name);
         for view in &mut applier.views {
             view.copy_values_from(template)
-                .map_err(|e| HostSharedError::Layout {
+                .map_err(|source| HostSharedError::Template {
                     name: name.to_owned(),
-                    reason: e.to_string(),
+                    source,
                 })?;
         }
         Ok(applier)
@@ -435,6 +442,8 @@ impl Applier {
 
     /// Wait (up to `wait`) for the back buffer, receive the next update, install it there (replaying the
     /// previous patch first), publish. A wait that runs out consumes nothing: `apply` may be called again.
+    /// The wait for the back buffer polls on the calling thread (readers leave it between their steps, so it
+    /// is short); the receive awaits the channel.
     pub async fn apply(&mut self, wait: Duration) -> Result<Published, HostSharedError> {
         self.wait_back_buffer(wait)?;
         let pending = self.receive().await?;

@@ -172,11 +172,7 @@ impl Segment {
         // SAFETY: the fixed fields lie inside the first page; `ready` says the creator wrote them.
         let fixed =
             unsafe { std::slice::from_raw_parts(first.as_ptr(), layout::FIXED_LEN) }.to_vec();
-        let buffers_at = u64::from_le_bytes(
-            fixed[layout::OFF_BUFFERS..layout::OFF_BUFFERS + 8]
-                .try_into()
-                .unwrap_or_default(),
-        );
+        let buffers_at = layout::buffers_offset(&fixed);
         let buffers_at = usize::try_from(buffers_at)
             .ok()
             .filter(|&b| b >= layout::PAGE && b.is_multiple_of(layout::PAGE) && (b as u64) < size)

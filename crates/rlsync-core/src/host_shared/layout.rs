@@ -334,6 +334,13 @@ fn decode_table(table: &[u8], buffer_bytes: usize) -> Result<Vec<Entry>, FormatE
     Ok(entries)
 }
 
+/// Where the fixed fields `fixed` say buffer A starts (0 when they are too short), to map the header before
+/// [`Plan::read`] checks it whole.
+pub(crate) fn buffers_offset(fixed: &[u8]) -> u64 {
+    let mut r = Reader::new(fixed.get(OFF_BUFFERS..).unwrap_or_default(), "arena header");
+    r.u64().unwrap_or(0)
+}
+
 /// The fixed fields' length (what [`Plan::read`] takes first).
 pub(crate) const FIXED_LEN: usize = FIXED_END;
 

@@ -316,10 +316,21 @@ fn whole(reader: &Reader, keys: &[String]) -> bool {
 }
 
 #[test]
-fn readers_in_threads_see_only_whole_versions_while_many_are_applied() {
-    let name = arena_name("threads");
+fn readers_in_threads_see_only_whole_versions_while_many_patches_are_applied() {
+    readers_in_threads(SyncerKind::Patch);
+}
+
+#[test]
+fn readers_in_threads_see_only_whole_versions_while_many_buckets_are_applied() {
+    readers_in_threads(SyncerKind::Bucket);
+}
+
+/// Three reader threads check every version they hold (checksum == the published one) and flip whenever they
+/// can, while the applier applies 40 sparse versions and a dense one.
+fn readers_in_threads(kind: SyncerKind) {
+    let name = arena_name(&format!("threads-{kind:?}"));
     let rt = rt();
-    let mut rig = rt.block_on(Rig::new(&name, SyncerKind::Patch, false));
+    let mut rig = rt.block_on(Rig::new(&name, kind, false));
     let keys = rig.applier.synced_keys().to_vec();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let readers: Vec<_> = (0..3)
@@ -621,4 +632,12 @@ fn a_restarted_applier_reopens_and_rejoins_and_readers_keep_a_whole_version() {
         }
     });
     assert!(!shm_file(&name).exists());
+}
+
+#[test]
+fn the_ends_move_between_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Reader>();
+    send::<Applier>();
 }

@@ -648,7 +648,7 @@ impl PendingUpdate {
 
     /// [`PendingUpdate::install`], with `prepare` run on `state` once the update is checked (nothing is
     /// written before it; a rejected update never runs it); also returns a patch's validated body, so the
-    /// host-shared applier can replay it into its other buffer (`crate::host_shared`).
+    /// host-shared applier can replay it into its other buffer.
     pub(crate) fn install_prepared(
         self,
         state: &mut StateDict,
