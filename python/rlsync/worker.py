@@ -59,6 +59,7 @@ import numpy as np
 
 from . import _native
 from .checkpoint import TRAINER_STATE_FILE, _tensor, flatten_state, unflatten_state
+from .host_shared import _view
 from .syncer import _describe, param_names_need_sync
 
 __all__ = ["main", "load_entry", "worker_device"]
@@ -170,21 +171,12 @@ class _Adapter:
         buffer's tensors, ``key`` names the buffer. The views of each buffer are built once; a flip swaps every
         tensor's ``.data``, so the Parameter objects (and whatever holds them) keep their identity. The buffer
         is never written by a rollout (it may be mapped read-only)."""
-        import ctypes
-
         import torch
 
         views = self._shared_views.get(key)
         if views is None:
-            views = {}
-            for name, address, nbytes, dtype, shape in items:
-                kind = getattr(torch, dtype)
-                if nbytes == 0:
-                    view = torch.empty(tuple(shape), dtype=kind)
-                else:
-                    memory = (ctypes.c_char * nbytes).from_address(address)
-                    view = torch.frombuffer(memory, dtype=kind).view(tuple(shape))
-                views[name] = view
+            # The native worker's reader maps the arena for the whole life of this process.
+            views = {name: _view(addr, nbytes, dtype, tuple(shape), None) for name, addr, nbytes, dtype, shape in items}
             self._shared_views[key] = views
         tensors = self.user.model().state_dict(keep_vars=True)
         with torch.no_grad():
