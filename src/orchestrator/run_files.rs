@@ -3,9 +3,9 @@
 //! sweep of what runs whose orchestrator died left.
 //!
 //! Naming: a run's tag is `rlsync-<orchestrator pid>-<nonce>`; its private directory is `$TMPDIR/<tag>/`
-//! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…`. So after a SIGKILL of the
-//! orchestrator, anything named `rlsync-<pid>-…` whose pid is gone can be swept: by the next run's start and by
-//! `rlsync --cleanup`.
+//! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…` and its host-shared arenas
+//! `/dev/shm/<tag>.arena.<node>`. So after a SIGKILL of the orchestrator, anything named `rlsync-<pid>-…` whose
+//! pid is gone can be swept: by the next run's start and by `rlsync --cleanup`.
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, Write as _};
