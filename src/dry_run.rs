@@ -119,12 +119,27 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     if entry != Entry::BenchSync
         && let Some(fp) = footprint
     {
-        let need = largest_payload(cfg, fp);
+        let payload = largest_payload(cfg, fp);
+        // The host-shared arena lives in /dev/shm beside the channel's slots.
+        let arena = if cfg.weight_syncer.host_shared {
+            arena_bytes(fp)
+        } else {
+            0
+        };
+        let need = payload.saturating_add(arena);
         match shm_free_bytes() {
             Ok(free) if free < need => problems.push(format!(
-                "/dev/shm has {} free but the largest sync payload needs about {}",
+                "/dev/shm has {} free but the largest sync payload needs about {}{}",
                 human_bytes(free),
-                human_bytes(need)
+                human_bytes(payload),
+                if arena > 0 {
+                    format!(
+                        " and the host-shared arena (weight_syncer.host_shared) {}",
+                        human_bytes(arena)
+                    )
+                } else {
+                    String::new()
+                }
             )),
             Ok(_) => {}
             Err(e) => problems.push(format!("cannot check /dev/shm: {e}")),
@@ -192,6 +207,49 @@ pub(crate) fn process_memory(fp: Footprint) -> (u64, u64) {
     let trainer = elements.saturating_mul(4 + 2 * fp.dtype_bytes);
     let rollout = elements.saturating_mul(2 * fp.dtype_bytes);
     (trainer, rollout)
+}
+
+/// The host-shared arena of one host (`weight_syncer.host_shared`): two whole-state buffers, frozen tensors
+/// included, in the rollouts' dtype.
+pub(crate) fn arena_bytes(fp: Footprint) -> u64 {
+    fp.synced_elements
+        .saturating_add(fp.frozen_elements)
+        .saturating_mul(fp.dtype_bytes)
+        .saturating_mul(2)
+}
+
+/// The hosts that hold rollouts and their rollout ranks, lowest first (node 0 alone on one host).
+fn rollout_hosts(self_: &DryRun) -> Vec<(u32, Vec<u32>)> {
+    let ranks = || {
+        self_
+            .workers
+            .iter()
+            .filter(|w| w.role == "rollout")
+            .map(|w| w.rank)
+    };
+    match self_.nodes.as_ref().filter(|n| n.num_nodes > 1) {
+        Some(nodes) => (0..nodes.num_nodes)
+            .map(|node| {
+                let mut on: Vec<u32> = nodes
+                    .rollouts
+                    .iter()
+                    .filter(|w| w.node == node)
+                    .map(|w| w.rank)
+                    .collect();
+                on.sort_unstable();
+                (node, on)
+            })
+            .filter(|(_, on)| !on.is_empty())
+            .collect(),
+        None => {
+            let on: Vec<u32> = ranks().collect();
+            if on.is_empty() {
+                Vec::new()
+            } else {
+                vec![(0, on)]
+            }
+        }
+    }
 }
 
 fn dtype_bytes(d: WeightDtype) -> u64 {
@@ -317,15 +375,63 @@ impl fmt::Display for DryRun {
                 "  processes      {} in all: 1 orchestrator (this process), 1 trainer, {rollouts} rollout workers",
                 rollouts + 2
             )?;
-            if let Some(fp) = self.footprint {
-                let (trainer, rollout) = process_memory(fp);
+            let hosts = rollout_hosts(self);
+            match self.footprint {
+                Some(fp) if c.weight_syncer.host_shared => {
+                    let (trainer, rollout) = process_memory(fp);
+                    let arena = arena_bytes(fp);
+                    writeln!(
+                        f,
+                        "  memory         ~{} for weights in all (estimate): trainer ~{}, each host's rollouts ~{} \
+                         (two shared buffers in /dev/shm, instead of ~{} per rollout)",
+                        human_bytes(
+                            trainer.saturating_add(arena.saturating_mul(hosts.len() as u64))
+                        ),
+                        human_bytes(trainer),
+                        human_bytes(arena),
+                        human_bytes(rollout)
+                    )?;
+                }
+                Some(fp) => {
+                    let (trainer, rollout) = process_memory(fp);
+                    writeln!(
+                        f,
+                        "  memory         ~{} for weights in all (estimate): trainer ~{}, each rollout ~{}",
+                        human_bytes(
+                            trainer.saturating_add(rollout.saturating_mul(rollouts as u64))
+                        ),
+                        human_bytes(trainer),
+                        human_bytes(rollout)
+                    )?;
+                }
+                None => {}
+            }
+            if c.weight_syncer.host_shared {
                 writeln!(
                     f,
-                    "  memory         ~{} for weights in all (estimate): trainer ~{}, each rollout ~{}",
-                    human_bytes(trainer.saturating_add(rollout.saturating_mul(rollouts as u64))),
-                    human_bytes(trainer),
-                    human_bytes(rollout)
+                    "  host_shared    on: the rollouts of a host act on one double-buffered copy of the weights in shared memory{}",
+                    match self.footprint {
+                        Some(fp) => format!(" (~{} per host)", human_bytes(arena_bytes(fp))),
+                        None =>
+                            " (two buffers of the rollout's state per host, sized at run start)"
+                                .into(),
+                    }
                 )?;
+                for (node, ranks) in &hosts {
+                    let readers: Vec<String> =
+                        ranks[1..].iter().map(|r| format!("rollout-{r}")).collect();
+                    writeln!(
+                        f,
+                        "                 node {node}: rollout-{} receives and applies{}",
+                        ranks[0],
+                        if readers.is_empty() {
+                            String::new()
+                        } else {
+                            let verb = if readers.len() == 1 { "reads" } else { "read" };
+                            format!("; {} {verb} it", readers.join(", "))
+                        }
+                    )?;
+                }
             }
             for w in &self.workers {
                 let envs = if w.role == "rollout" {
@@ -589,6 +695,27 @@ mod tests {
             text.contains(
                 "~16.0 MiB for weights in all (estimate): trainer ~8.0 MiB, each rollout ~4.0 MiB"
             ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn dry_run_shows_the_host_shared_mode_and_its_memory() {
+        let mut ex = extract(&Node::empty_dict()).expect("defaults are valid");
+        ex.config.weight_syncer.host_shared = true;
+        let dir = tempfile::tempdir().unwrap();
+        let text = dry_run(Entry::Embodied, &ex, &dir.path().join("run")).to_string();
+        // 1 Mi bf16 elements: trainer 8 MiB, the host's two buffers 4 MiB (one copy each) for all rollouts.
+        assert!(
+            text.contains(
+                "~12.0 MiB for weights in all (estimate): trainer ~8.0 MiB, each host's rollouts ~4.0 MiB \
+                 (two shared buffers in /dev/shm, instead of ~4.0 MiB per rollout)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("host_shared    on: "), "{text}");
+        assert!(
+            text.contains("node 0: rollout-0 receives and applies; rollout-1 reads it"),
             "{text}"
         );
     }

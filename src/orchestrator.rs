@@ -400,6 +400,11 @@ async fn run_logged(
     let result = run_in_private_dir(plan, cfg, &run_dir, opts, &tag, &files, multi).await;
     files.remove();
     run_files::remove_rollout_copies(&run_dir);
+    // The host-shared arena outlives its rollouts (a restarted one reopens it): the run removes it, however it
+    // ended; `sweep_leftovers` removes it after a SIGKILL of this process.
+    if cfg.weight_syncer.host_shared {
+        run_files::remove_arena(Some(&launch::arena_name(&tag, 0)));
+    }
     if let Err(err) = rlsync_core::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",
@@ -447,10 +452,13 @@ async fn run_in_private_dir(
         job: opts.job,
         node_rollouts: None,
         chain_next: None,
+        host_shared: None,
     };
     if let (Some(m), Some((joined, _))) = (&multi, &gathered) {
         multinode::node0_launch(m, joined, &mut launch);
     }
+    // This host's arena (`weight_syncer.host_shared`): its name is `run_logged`'s to unlink.
+    launch.host_shared = launch.host_shared_for(tag, 0);
     let launch_path = launch::launch_file(&run_dir);
     let bytes = launch::encode_launch(&launch)
         .map_err(|source| OrchestratorError::LaunchFile { source })?;

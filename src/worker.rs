@@ -7,6 +7,7 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
+pub mod host_shared;
 pub mod local_copy;
 pub mod probe;
 pub mod rollout;
@@ -62,6 +63,8 @@ pub enum WorkerError {
     Sync(#[from] rlsync_core::syncer::SyncError),
     #[error("weight transport")]
     Transport(#[from] rlsync_core::transport::TransportError),
+    #[error("host-shared weights")]
+    HostShared(#[from] rlsync_core::host_shared::HostSharedError),
     #[error("workload")]
     Workload(#[from] workload::WorkloadError),
     #[error("command {command} is not valid for a {role} worker")]
@@ -74,10 +77,16 @@ impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
     pub(crate) fn blames(&self) -> Vec<messages::Blame> {
+        use rlsync_core::host_shared::HostSharedError;
+        use rlsync_core::syncer::SyncError;
         use rlsync_core::transport::{Peer, TransportError};
         let transport = match self {
             WorkerError::Transport(e)
-            | WorkerError::Sync(rlsync_core::syncer::SyncError::Transport(e)) => e,
+            | WorkerError::Sync(SyncError::Transport(e))
+            | WorkerError::HostShared(HostSharedError::Sync {
+                source: SyncError::Transport(e),
+                ..
+            }) => e,
             _ => return Vec::new(),
         };
         let peer = match transport {

@@ -725,3 +725,20 @@ fn past_budget(children: Vec<Child>, second: i32, log: &Path, last_words: &str) 
         );
     }
 }
+
+/// `weight_syncer.host_shared` over nodes: each node's rollout applies into its own node's arena (named by its
+/// supervisor's run tag and node), every sync is verified and no arena is left on any node.
+#[test]
+fn host_shared_over_two_nodes_gives_each_node_its_arena() {
+    let mut run = Run::new(2);
+    run.extra.push("weight_syncer.host_shared=true".into());
+    let children = run.start("patch_syncer", 6);
+    completes(&run, children, 6);
+    for (node, dir) in run.node_dirs().iter().enumerate() {
+        let log = std::fs::read_to_string(dir.join(format!("logs/rollout-{node}.log"))).unwrap();
+        assert!(
+            log.contains("into the host's arena") && log.contains(&format!(".arena.{node}:")),
+            "{log}"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 mod cli;
 mod elastic;
 mod faults;
+mod host_shared;
 mod multinode;
 mod orchestrator;
 mod protocol_doc;

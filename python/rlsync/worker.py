@@ -34,6 +34,9 @@ Your classes::
 Which tensors are synced: :func:`rlsync.param_names_need_sync` of ``model()`` (trainable parameters, tied
 aliases included, and persistent buffers); the rest of the state dict is aligned once at start-up. The model's
 tensors must stay contiguous and in place (optimizers update in place; do not rebind parameters).
+With ``weight_syncer.host_shared=true`` the rollouts of a host share one copy of the weights: a rollout's
+``model()`` tensors become views of the shared buffer it holds (``param.data`` swapped between chunks, the
+Parameter objects kept); a rollout must not write them.
 
 Device: ``actor.worker.device`` / ``rollout.worker.device`` (``cpu`` by default, ``cuda`` or ``cuda:N``) is
 where the role's model lives. Before your class is built the worker checks that torch sees that GPU (a clear
@@ -56,6 +59,7 @@ import numpy as np
 
 from . import _native
 from .checkpoint import TRAINER_STATE_FILE, _tensor, flatten_state, unflatten_state
+from .host_shared import _view
 from .syncer import _describe, param_names_need_sync
 
 __all__ = ["main", "load_entry", "worker_device"]
@@ -145,6 +149,8 @@ class _Adapter:
     def __init__(self, user: Any, role: str, device: Any = None) -> None:
         self.user = user
         self.role = role
+        # Host-shared mode: tensor views of each shared buffer, by buffer (see bind_shared).
+        self._shared_views: dict[int, dict[str, Any]] = {}
         for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
             if not callable(getattr(user, method, None)):
                 raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
@@ -158,6 +164,26 @@ class _Adapter:
         tensors = list(model.parameters()) + list(model.buffers())
         if any(t.device != device for t in tensors):
             model.to(device)
+
+    def bind_shared(self, key: int, items: list) -> None:
+        """Host-shared mode (``weight_syncer.host_shared``): make ``model()``'s tensors views of the host's
+        shared buffer this rollout holds now — ``items`` are ``(name, address, nbytes, dtype, shape)`` of that
+        buffer's tensors, ``key`` names the buffer. The views of each buffer are built once; a flip swaps every
+        tensor's ``.data``, so the Parameter objects (and whatever holds them) keep their identity. The buffer
+        is never written by a rollout (it may be mapped read-only)."""
+        import torch
+
+        views = self._shared_views.get(key)
+        if views is None:
+            # The native worker's reader maps the arena for the whole life of this process.
+            views = {name: _view(addr, nbytes, dtype, tuple(shape), None) for name, addr, nbytes, dtype, shape in items}
+            self._shared_views[key] = views
+        tensors = self.user.model().state_dict(keep_vars=True)
+        with torch.no_grad():
+            for name, view in views.items():
+                tensor = tensors.get(name)
+                if tensor is not None:
+                    tensor.data = view
 
     def describe(self) -> tuple[list[tuple], list[str]]:
         model = self.user.model()

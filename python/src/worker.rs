@@ -4,7 +4,9 @@
 //! The Python side (`rlsync.worker`) passes `factory(job_json, placement) -> adapter`; the adapter exposes
 //! `describe() -> (tensor descriptions, synced names)`, `train(chunks) -> dict`, `rollout(steps, version) ->
 //! (arrays, stats)`. Tensors are borrowed in place (see `syncer::borrow`), so the syncer installs straight
-//! into the module's parameters; trajectories travel in the crate's named-array codec. The GIL is released
+//! into the module's parameters; trajectories travel in the crate's named-array codec. In the host-shared mode
+//! (`weight_syncer.host_shared`) a rollout's parameters are views of the host's shared buffer it holds instead,
+//! rebound (`bind_shared`) when it flips to the other buffer between chunks. The GIL is released
 //! while the crate runs and taken only for each call into the adapter.
 
 use std::path::{Path, PathBuf};
@@ -69,6 +71,9 @@ struct PyWorkload {
     /// The model's CUDA tensors' host copies (a model on `worker.device=cuda`): the runtime syncs the copies,
     /// pulled after each training step and pushed before each rollout / evaluation.
     device: Option<SharedSide>,
+    /// `weight_syncer.host_shared`: the address of the arena buffer `model()`'s tensors are views of now (the
+    /// rollout runtime hands the held buffer's state to `rollout`/`evaluate`; a flip rebinds the views).
+    shared: Option<Option<usize>>,
 }
 
 /// A device copy failed: the worker stops with the cause.
@@ -79,6 +84,40 @@ fn device_failed(what: &str, e: &rlsync_core::gpu::GpuError) -> WorkloadError {
 }
 
 impl PyWorkload {
+    /// Host-shared mode: make `model()`'s tensors views of `state` (the arena buffer this rollout holds) when
+    /// it is not the buffer they view already; the Parameter objects keep their identity (`.data` is swapped).
+    fn bind_shared(&mut self, state: &StateDict) -> Result<(), WorkloadError> {
+        let Some(bound) = self.shared else {
+            return Ok(());
+        };
+        let at = state
+            .iter()
+            .next()
+            .map(|(_, t)| t.bytes().as_ptr() as usize);
+        if at.is_none() || at == bound {
+            return Ok(());
+        }
+        let items: Vec<(String, usize, usize, &'static str, Vec<usize>)> = state
+            .iter()
+            .map(|(name, t)| {
+                let bytes = t.bytes();
+                (
+                    name.to_owned(),
+                    bytes.as_ptr() as usize,
+                    bytes.len(),
+                    t.dtype().name(),
+                    t.shape().to_vec(),
+                )
+            })
+            .collect();
+        Python::attach(|py| {
+            self.call(py, "bind_shared", (at.unwrap_or(0), items))?;
+            Ok::<(), WorkloadError>(())
+        })?;
+        self.shared = Some(at);
+        Ok(())
+    }
+
     fn call<'py>(
         &self,
         py: Python<'py>,
@@ -160,10 +199,11 @@ impl Workload for PyWorkload {
 
     fn rollout(
         &mut self,
-        _state: &StateDict,
+        state: &StateDict,
         version: u64,
         steps: u32,
     ) -> Result<TrajectoryChunk, WorkloadError> {
+        self.bind_shared(state)?;
         let origin = ChunkOrigin {
             rank: self.rank,
             chunk: self.next_chunk,
@@ -187,9 +227,10 @@ impl Workload for PyWorkload {
 
     fn evaluate(
         &mut self,
-        _state: &StateDict,
+        state: &StateDict,
         _version: u64,
     ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        self.bind_shared(state)?;
         device::push(&self.device)
             .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e))?;
         Python::attach(|py| {
@@ -294,6 +335,7 @@ fn run_worker(py: Python<'_>, argv: Vec<String>, factory: Py<PyAny>) -> PyResult
                 rank: place.rank,
                 next_chunk: 0,
                 device: None,
+                shared: ctx.launch.host_shared.as_ref().map(|_| None),
             }) as Box<dyn Workload>)
         })
     });

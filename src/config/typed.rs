@@ -16,7 +16,8 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 
 use super::schema::{
-    Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, WorkerDevice, WorkerKind,
+    Compression, Device, EnvType, MAX_ROLLOUTS_PER_HOST, RunConfig, SyncerKind, WorkerDevice,
+    WorkerKind,
 };
 use hydra_compose::node::{Key, Node, Origin, Value};
 use hydra_compose::scalar::Scalar;
@@ -322,7 +323,38 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
         }
     }
     worker_problems(cfg, &mut problem);
+    host_shared_problems(cfg, &mut problem);
     out
+}
+
+/// `weight_syncer.host_shared`: the rollouts of a host act on one copy of the weights in the host's memory, so
+/// every rollout holds its weights there (no GPU rollouts, no GPU install path).
+fn host_shared_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
+    if !cfg.weight_syncer.host_shared {
+        return;
+    }
+    let rollout = &cfg.rollout.worker;
+    if rollout.kind == WorkerKind::Python && rollout.device.is_cuda() {
+        problem(
+            "weight_syncer.host_shared",
+            format!(
+                "the rollouts' weights are shared in host memory, but rollout.worker.device={} keeps them on \
+                 the GPU: set rollout.worker.device=cpu or weight_syncer.host_shared=false",
+                rollout.device
+            ),
+        );
+    }
+    if cfg.weight_syncer.kind == SyncerKind::Patch
+        && cfg.weight_syncer.patch.transport_device == Device::Cuda
+    {
+        problem(
+            "weight_syncer.host_shared",
+            "the rollouts' weights are shared in host memory, but weight_syncer.patch.transport_device=cuda \
+             installs patches on the GPU: set weight_syncer.patch.transport_device=cpu or \
+             weight_syncer.host_shared=false"
+                .into(),
+        );
+    }
 }
 
 /// `actor.worker` / `rollout.worker`: a Python worker names an importable entry; both roles run the same kind
@@ -1370,5 +1402,50 @@ mod tests {
             err.problems[0].message.contains("only python workers"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn host_shared_refuses_what_keeps_rollout_weights_off_the_host() {
+        let ok = extract(&tree(&[("weight_syncer.host_shared", Value::bool(true))])).unwrap();
+        assert!(ok.config.weight_syncer.host_shared);
+        assert!(
+            !extract(&Node::empty_dict())
+                .unwrap()
+                .config
+                .weight_syncer
+                .host_shared
+        );
+        let python_cuda = tree(&[
+            ("weight_syncer.host_shared", Value::bool(true)),
+            ("actor.worker.kind", s("python")),
+            ("actor.worker.entry", s("pkg.mod:Trainer")),
+            ("rollout.worker.kind", s("python")),
+            ("rollout.worker.entry", s("pkg.mod:Rollout")),
+            ("rollout.worker.device", s("cuda:1")),
+        ]);
+        let err = extract(&python_cuda).unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        let p = &err.problems[0];
+        assert_eq!(p.path, "weight_syncer.host_shared");
+        assert!(
+            p.message.contains("rollout.worker.device=cuda:1")
+                && p.message.contains("weight_syncer.host_shared=false"),
+            "{err}"
+        );
+        let gpu_install = tree(&[
+            ("weight_syncer.host_shared", Value::bool(true)),
+            ("weight_syncer.patch.transport_device", s("cuda")),
+        ]);
+        let err = extract(&gpu_install).unwrap_err();
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.path == "weight_syncer.host_shared"
+                    && p.message
+                        .contains("weight_syncer.patch.transport_device=cuda")),
+            "{err}"
+        );
+        let err = extract(&tree(&[("weight_syncer.host_shared", s("yes please"))])).unwrap_err();
+        assert_eq!(err.problems[0].path, "weight_syncer.host_shared");
     }
 }

@@ -107,6 +107,30 @@ pub fn refusal(cfg: &RunConfig, placement: &NodePlacement) -> Option<String> {
             placement.trainer.node
         ));
     }
+    if cfg.runner.rollout_restarts > 0 && cfg.weight_syncer.host_shared {
+        // Host-shared: one receiver per node on the chain (its applier), caught up by its chain rank, which is
+        // its rollout rank only when every node before it holds one rollout.
+        let appliers: Vec<u32> = placement
+            .chain()
+            .into_iter()
+            .filter_map(|node| {
+                placement
+                    .rollouts
+                    .iter()
+                    .filter(|w| w.node == node)
+                    .map(|w| w.rank)
+                    .min()
+            })
+            .collect();
+        if appliers.iter().copied().ne(0..appliers.len() as u32) {
+            return Some(format!(
+                "runner.rollout_restarts={} with weight_syncer.host_shared=true: over several nodes a restarted \
+                 applier (each node's lowest rollout rank: {appliers:?}) would rejoin the weight chain by a rank \
+                 the chain does not give it; set runner.rollout_restarts=0 or weight_syncer.host_shared=false",
+                cfg.runner.rollout_restarts
+            ));
+        }
+    }
     if cfg.runner.rollout_restarts > 0 {
         // A restarted rollout is caught up by its rank on the weight chain, which numbers receivers in chain
         // order (each node's rollouts in turn); the trainer addresses it by its rollout rank.
@@ -220,6 +244,8 @@ pub fn assign(
         spec.token = String::new();
         spec.node_rollouts = Some(multi.rollouts_on(node));
         spec.chain_next = None;
+        // The agent names its own host's arena (under its own run tag).
+        spec.host_shared = None;
         let link = nodes::attach(j, events.clone(), timeout);
         link.tx.send(
             &NodeCommand::Assign {

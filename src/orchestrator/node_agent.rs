@@ -141,6 +141,9 @@ async fn run_in(
     launch.segment_prefix = tag.clone();
     launch.node_rollouts = Some(rollouts);
     launch.chain_next = None;
+    // This host's arena (`weight_syncer.host_shared`): this agent owns its name.
+    launch.host_shared = launch.host_shared_for(&tag, node);
+    let launch_arena = launch.host_shared.as_ref().map(|h| h.arena.clone());
     let result = serve(
         cfg,
         node_dir,
@@ -154,6 +157,7 @@ async fn run_in(
     .await;
     files.remove();
     run_files::remove_rollout_copies(node_dir);
+    run_files::remove_arena(launch_arena.as_deref());
     if let Err(err) = rlsync_core::transport::shm::remove_leftovers(&tag) {
         tracing::warn!(
             "removing shared-memory leftovers of {tag}: {}",
@@ -412,7 +416,7 @@ fn spawn_relay(
     let shm = ShmConfig {
         socket_path: launch.weight_socket.clone(),
         segment_prefix: launch.segment_prefix.clone(),
-        receivers: launch.local_rollouts(),
+        receivers: launch.weight_receivers(),
         timeout: transport_timeout(cfg),
         // Restartable rollouts: a dead one is detached and its successor rejoins through the chain.
         elastic: cfg.runner.rollout_restarts > 0,

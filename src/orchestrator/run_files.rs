@@ -3,9 +3,9 @@
 //! sweep of what runs whose orchestrator died left.
 //!
 //! Naming: a run's tag is `rlsync-<orchestrator pid>-<nonce>`; its private directory is `$TMPDIR/<tag>/`
-//! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…`. So after a SIGKILL of the
-//! orchestrator, anything named `rlsync-<pid>-…` whose pid is gone can be swept: by the next run's start and by
-//! `rlsync --cleanup`.
+//! (sockets inside), its shared-memory segments are `/dev/shm/<tag>.<creator pid>.…` and its host-shared arenas
+//! `/dev/shm/<tag>.arena.<node>`. So after a SIGKILL of the orchestrator, anything named `rlsync-<pid>-…` whose
+//! pid is gone can be swept: by the next run's start and by `rlsync --cleanup`.
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, Write as _};
@@ -263,8 +263,41 @@ pub fn sweep_leftovers(tmp: &Path) -> Swept {
     }
     for prefix in prefixes {
         swept.segments += rlsync_core::transport::shm::remove_leftovers(&prefix).unwrap_or(0);
+        swept.segments += remove_arenas(&prefix);
     }
     swept
+}
+
+/// Unlink a host-shared arena (`weight_syncer.host_shared`) by name; `None` or an arena already gone is no
+/// error. Returns whether one was removed.
+pub fn remove_arena(name: Option<&str>) -> bool {
+    let Some(name) = name else { return false };
+    match nix::sys::mman::shm_unlink(format!("/{name}").as_str()) {
+        Ok(()) => true,
+        Err(Errno::ENOENT) => false,
+        Err(errno) => {
+            tracing::warn!("removing the host-shared arena {name}: {errno}");
+            false
+        }
+    }
+}
+
+/// The arenas (`<tag>.arena.<node>`) of run `tag`, whose orchestrator is gone: their names carry no creator
+/// pid, so the segment sweep of the transport leaves them. Returns how many were removed.
+fn remove_arenas(tag: &str) -> usize {
+    let lead = format!("{tag}.{}.", crate::protocol::launch::ARENA_INFIX);
+    let Ok(entries) = std::fs::read_dir("/dev/shm") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|name| {
+            name.strip_prefix(&lead)
+                .is_some_and(|node| !node.is_empty() && node.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|name| remove_arena(Some(name)))
+        .count()
 }
 
 #[cfg(test)]
@@ -342,6 +375,43 @@ mod tests {
         assert!(!dead.exists() && !flat.exists());
         assert!(live.exists() && other.exists());
         assert_eq!(owner_pid("rlsync-12-ab"), Some(12));
+    }
+
+    #[test]
+    fn sweep_removes_the_arenas_of_dead_runs_only() {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let nonce = std::process::id();
+        let dead =
+            crate::protocol::launch::arena_name(&format!("rlsync-2147483001-{nonce:08x}"), 0);
+        let live = crate::protocol::launch::arena_name(
+            &format!("rlsync-{}-{nonce:08x}", std::process::id()),
+            3,
+        );
+        for name in [&dead, &live] {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(Path::new("/dev/shm").join(name))
+                .unwrap();
+        }
+        let empty = tempfile::tempdir().unwrap();
+        let swept = sweep_leftovers(empty.path());
+        assert!(swept.segments >= 1, "{swept:?}");
+        assert!(
+            !Path::new("/dev/shm").join(&dead).exists(),
+            "a dead run's arena is swept"
+        );
+        assert!(
+            Path::new("/dev/shm").join(&live).exists(),
+            "a live run's arena is kept"
+        );
+        assert!(remove_arena(Some(&live)));
+        assert!(
+            !remove_arena(Some(&live)),
+            "already gone: no error, nothing removed"
+        );
+        assert!(!remove_arena(None));
         assert_eq!(owner_pid("rlsync-bench.1.2"), None);
     }
 }

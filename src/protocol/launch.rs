@@ -48,7 +48,30 @@ pub struct LaunchSpec {
     /// Multi-node runs, the trainer's node: `ip:port` of the next node of the TCP weight chain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chain_next: Option<String>,
+    /// `weight_syncer.host_shared`: this host's arena and the rollout that applies into it (absent: off, or
+    /// no rollout on this host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_shared: Option<HostShared>,
 }
+
+/// A host's share of the host-shared mode: one arena (two whole-state buffers in shared memory) that one local
+/// rollout, the applier, receives into from the weight channel while every local rollout reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostShared {
+    /// The arena's shared-memory name ([`arena_name`]); the host's supervisor owns (unlinks) it.
+    pub arena: String,
+    /// Global rank of the applier: the lowest rank of the host's rollouts, the only one on the weight channel.
+    pub applier: u32,
+}
+
+/// The arena of node `node` in the run tagged `tag`: `<tag>.arena.<node>`, so the run's leftover sweep knows
+/// its owner (`run_files::sweep_leftovers`).
+pub fn arena_name(tag: &str, node: u32) -> String {
+    format!("{tag}.{ARENA_INFIX}.{node}")
+}
+
+/// What sets an arena's name apart from the run's other segments (`<tag>.<creator pid>.…`).
+pub const ARENA_INFIX: &str = "arena";
 
 impl LaunchSpec {
     /// The rollouts this node's weight channel serves.
@@ -58,8 +81,42 @@ impl LaunchSpec {
             .map_or(self.rollouts as usize, Vec::len)
     }
 
-    /// Rollout `rank`'s receiver rank on this node's weight channel (`None`: it is not on this node).
+    /// The ranks of the rollouts on this node.
+    pub fn local_ranks(&self) -> Vec<u32> {
+        match &self.node_rollouts {
+            None => (0..self.rollouts).collect(),
+            Some(ranks) => ranks.clone(),
+        }
+    }
+
+    /// The receivers on this node's weight channel: every local rollout, or in the host-shared mode the
+    /// applier alone.
+    pub fn weight_receivers(&self) -> usize {
+        match &self.host_shared {
+            Some(_) => self.local_rollouts().min(1),
+            None => self.local_rollouts(),
+        }
+    }
+
+    /// The host-shared mode's arena and applier, given the run's `tag` and this `node` (`None`: off, or no
+    /// rollout here).
+    pub fn host_shared_for(&self, tag: &str, node: u32) -> Option<HostShared> {
+        if !self.config.weight_syncer.host_shared {
+            return None;
+        }
+        let applier = self.local_ranks().into_iter().min()?;
+        Some(HostShared {
+            arena: arena_name(tag, node),
+            applier,
+        })
+    }
+
+    /// Rollout `rank`'s receiver rank on this node's weight channel (`None`: it is not on this node, or it
+    /// is a host-shared reader, which is on no channel).
     pub fn weight_rank(&self, rank: u32) -> Option<usize> {
+        if let Some(shared) = &self.host_shared {
+            return (shared.applier == rank).then_some(0);
+        }
         match &self.node_rollouts {
             None => (rank < self.rollouts).then_some(rank as usize),
             Some(ranks) => ranks.iter().position(|&r| r == rank),
@@ -173,6 +230,49 @@ mod tests {
     }
 
     #[test]
+    fn host_shared_puts_only_the_lowest_local_rank_on_the_weight_channel() {
+        let mut spec = LaunchSpec {
+            format_version: PROTOCOL_VERSION,
+            loop_kind: LoopKind::Embodied,
+            rollouts: 5,
+            envs_per_rollout: 1,
+            control_socket: "/tmp/c.sock".into(),
+            weight_socket: "/tmp/w.sock".into(),
+            segment_prefix: "rlsync-1-x".into(),
+            token: String::new(),
+            start: StartPoint::default(),
+            config: RunConfig::default(),
+            job: serde_json::Value::Null,
+            node_rollouts: Some(vec![4, 2, 3]),
+            chain_next: None,
+            host_shared: None,
+        };
+        assert_eq!(
+            spec.host_shared_for("rlsync-1-x", 1),
+            None,
+            "off by default"
+        );
+        assert_eq!(spec.weight_receivers(), 3);
+        assert_eq!(spec.weight_rank(4), Some(0));
+        spec.config.weight_syncer.host_shared = true;
+        let shared = spec.host_shared_for("rlsync-1-x", 1).unwrap();
+        assert_eq!(shared.arena, "rlsync-1-x.arena.1");
+        assert_eq!(shared.applier, 2);
+        spec.host_shared = Some(shared);
+        assert_eq!(spec.weight_receivers(), 1);
+        assert_eq!(spec.weight_rank(2), Some(0));
+        assert_eq!(spec.weight_rank(4), None, "a reader is on no channel");
+        assert_eq!(spec.weight_rank(3), None);
+        spec.node_rollouts = Some(Vec::new());
+        assert_eq!(
+            spec.host_shared_for("rlsync-1-x", 1),
+            None,
+            "no rollout here"
+        );
+        assert_eq!(spec.weight_receivers(), 0);
+    }
+
+    #[test]
     fn launch_file_roundtrips_and_checks_version() {
         let spec = LaunchSpec {
             format_version: PROTOCOL_VERSION,
@@ -191,6 +291,10 @@ mod tests {
             job: serde_json::json!({"env": {"train": {"task": "Reacher-v5"}}}),
             node_rollouts: Some(vec![2, 3]),
             chain_next: Some("10.0.0.2:29510".into()),
+            host_shared: Some(HostShared {
+                arena: arena_name("rlsync-1-x", 1),
+                applier: 2,
+            }),
         };
         let bytes = encode_launch(&spec).unwrap();
         assert_eq!(decode_launch(&bytes).unwrap(), spec);

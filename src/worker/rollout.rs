@@ -120,6 +120,11 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     let building = Instant::now();
     let mut workload = tokio::task::block_in_place(|| build(ctx))?;
     let state = tokio::task::block_in_place(|| workload.init_state())?;
+    if let Some(spec) = ctx.launch.host_shared.clone() {
+        // One copy of the weights per host (`weight_syncer.host_shared`): no local copies, no own state.
+        crate::worker::report_built(ctx, building).await?;
+        return crate::worker::host_shared::run(ctx, workload, state, spec).await;
+    }
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
     // A copy only helps a restarted worker catch up by replay: restartable runs with the patch syncer's log.
@@ -295,32 +300,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             ctx.control.report(&report, &[]).await?;
                         }
                     }
-                    let started = Instant::now();
-                    let out = tokio::task::block_in_place(|| {
-                        me.workload.rollout(&me.state, me.version, steps)
-                    })?;
-                    let report = Report::Chunk {
-                        chunk,
-                        version: me.version,
-                        env_steps: out.env_steps,
-                        mean_return: out.mean_return,
-                        busy_s: started.elapsed().as_secs_f64(),
-                    };
-                    ctx.control.report(&report, &out.data).await?;
+                    let (report, data) =
+                        generate(me.workload.as_mut(), &me.state, me.version, chunk, steps)?;
+                    ctx.control.report(&report, &data).await?;
                 }
             }
             Command::Eval => {
-                let version = me.version;
-                let eval =
-                    tokio::task::block_in_place(|| me.workload.evaluate(&me.state, version))?
-                        .unwrap_or_default();
-                let report = Report::Evaluated {
-                    version,
-                    episodes: eval.episodes,
-                    mean_return: eval.ret,
-                    success_rate: eval.success_rate,
-                    episode_len: eval.episode_len,
-                };
+                let report = evaluate(me.workload.as_mut(), &me.state, me.version)?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Stop => {
@@ -340,6 +326,43 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             }
         }
     }
+}
+
+/// One chunk of `steps` env steps from `state` (weights of `version`): its report and its trajectory data.
+pub(crate) fn generate(
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    version: u64,
+    chunk: u64,
+    steps: u32,
+) -> Result<(Report, Vec<u8>), WorkerError> {
+    let started = Instant::now();
+    let out = tokio::task::block_in_place(|| workload.rollout(state, version, steps))?;
+    let report = Report::Chunk {
+        chunk,
+        version,
+        env_steps: out.env_steps,
+        mean_return: out.mean_return,
+        busy_s: started.elapsed().as_secs_f64(),
+    };
+    Ok((report, out.data))
+}
+
+/// An evaluation of `state` (weights of `version`) and its report.
+pub(crate) fn evaluate(
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    version: u64,
+) -> Result<Report, WorkerError> {
+    let eval =
+        tokio::task::block_in_place(|| workload.evaluate(state, version))?.unwrap_or_default();
+    Ok(Report::Evaluated {
+        version,
+        episodes: eval.episodes,
+        mean_return: eval.ret,
+        success_rate: eval.success_rate,
+        episode_len: eval.episode_len,
+    })
 }
 
 /// Receive updates in the background: one at a time, the next only after the previous one is installed.

@@ -144,7 +144,7 @@ fn unexpected(command: &str) -> WorkerError {
 /// chain to the other nodes (`chain_next` in the launch file).
 async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
     let cfg = ctx.config();
-    let local = ctx.launch.local_rollouts();
+    let local = ctx.launch.weight_receivers();
     let shm = if local > 0 {
         Some(
             ShmSender::bind(ShmConfig {

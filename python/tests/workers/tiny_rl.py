@@ -123,6 +123,9 @@ class Rollout:
         self.version = 0
         # Seconds each rollout() takes at least (+fixture.rollout_sleep_s): runs long enough to kill workers in.
         self.sleep = float((cfg.get("fixture") or {}).get("rollout_sleep_s", 0.0))
+        # weight_syncer.host_shared: the parameters become views of the host's shared buffer, the objects stay.
+        self.params = [(p, p.data_ptr()) for p in self.policy.parameters()]
+        self.shared = bool(((cfg.get("weight_syncer") or {}).get("host_shared")))
 
     def model(self) -> nn.Module:
         return self.policy
@@ -133,6 +136,11 @@ class Rollout:
 
     def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         _fail(self.cfg, "rollout")
+        if self.shared:
+            now = list(self.policy.parameters())
+            assert [id(p) for p in now] == [id(p) for p, _ in self.params], "the Parameter objects were replaced"
+            moved = [p.data_ptr() != ptr for p, ptr in self.params]
+            assert all(moved), f"host-shared: parameters still on their own memory: {moved}"
         if self.sleep > 0:
             time.sleep(self.sleep)
         obs = self.rng.standard_normal((steps, self.envs, 3)).astype(np.float32)

@@ -164,7 +164,9 @@ impl Segment {
             // Check the magic first: a foreign segment is never going to become ready.
             // SAFETY: inside the first page.
             let magic = unsafe { std::slice::from_raw_parts(first.as_ptr(), 8) };
-            if magic != layout::MAGIC {
+            // All zeros: sized by its creator, whose header is not written yet (a reader attaching at the
+            // creation's moment retries, as for a segment not yet sized).
+            if magic != layout::MAGIC && magic.iter().any(|&b| b != 0) {
                 return Err(SegmentError::Format(FormatError::Magic));
             }
             return Err(SegmentError::Incomplete);

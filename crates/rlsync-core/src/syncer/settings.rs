@@ -59,6 +59,9 @@ pub struct WeightSyncerConfig {
     pub kind: SyncerKind,
     pub patch: PatchConfig,
     pub bucket: BucketConfig,
+    /// `weight_syncer.host_shared`: the rollouts of a host act on one double-buffered copy of the weights in
+    /// shared memory (`host_shared`), one of them receiving for all; read by the app, not by the syncer.
+    pub host_shared: bool,
 }
 
 impl Default for WeightSyncerConfig {
@@ -67,6 +70,7 @@ impl Default for WeightSyncerConfig {
             kind: SyncerKind::Patch,
             patch: PatchConfig::default(),
             bucket: BucketConfig::default(),
+            host_shared: false,
         }
     }
 }
