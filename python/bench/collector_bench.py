@@ -225,11 +225,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="timed versions (after one warm-up)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
-    ap.add_argument("--smoke", action="store_true", help="a small state (1 M elements), 1 and 2 workers, 2 versions")
+    ap.add_argument("--smoke", action="store_true", help="a small state (1 M elements), 2 workers, 2 versions")
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
     args = ap.parse_args()
     if args.smoke:
-        args.params, args.tensors, args.workers, args.steps = 1 << 20, 8, [1, 2], 2
+        args.params, args.tensors, args.workers, args.steps = 1 << 20, 8, [2], 2
     print(f"# {args.params} bf16 params ({args.params * 2 / 2**20:.0f} MiB) in {args.tensors} tensors, Adam-like lr "
           f"{args.lr}, {args.steps} timed versions, MultiSyncCollector; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)
