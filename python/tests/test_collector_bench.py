@@ -23,7 +23,7 @@ def test_collector_bench_smoke_verifies_every_method():
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     rows = [r for r in lines if "method" in r]
     floors = [r["floors"] for r in lines if "floors" in r]
-    assert len(floors) == 1 and floors[0]["memcpy_ms"] > 0 and floors[0]["read_state_and_snapshot_ms"] > 0
+    assert len(floors) == 1 and floors[0]["memcpy_ms"] > 0
     assert {r["method"] for r in rows} == METHODS, out.stdout + out.stderr[-2000:]
     for r in rows:
         assert "error" not in r, r
