@@ -30,6 +30,7 @@ peak RSS and the most /dev/shm in use (sampled after each version).
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import multiprocessing as mp
 import os
@@ -46,6 +47,11 @@ from sync_bench import AdamLike, ShmWatch, peak_rss_mib, reset_peak_rss, state_h
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+if hasattr(faulthandler, "register"):  # `kill -USR1 <pid>` prints every thread's stack (trainer and workers)
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 SHAPE_COLS = 4096
 ACT = 7  # ContinuousActionVecMockEnv's observation and action size

@@ -357,12 +357,17 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
     def _background_receive_loop(self) -> None:
         runner = Runner()
         syncer, channel = self._syncer, self._channel
+        # A bucket version arrives in parts, and a bound that runs out between two of them drops the whole version
+        # (its remaining parts are skipped), so its sender would wait for an ack that never comes (seen at 512 MiB
+        # on a loaded host): a bucket worker waits with the scheme's timeout, and stops when the channel closes.
+        # A patch is one payload: the short poll cannot cut one in half.
+        poll = _POLL_S if self.sync_strategy == "patch" else self.timeout
         try:
             while not self._stop_event.is_set():
                 try:
                     # Receive and verify without touching the model, then install into the model the worker runs
                     # now: the collector may have swapped it while this waited.
-                    runner.run(syncer.stage(channel, timeout=_POLL_S))
+                    runner.run(syncer.stage(channel, timeout=poll))
                     version = runner.run(syncer.commit(self._current_state()))
                 except _native.Timeout:
                     continue  # nothing arrived: the channel is still usable; look at the stop flag
