@@ -15,6 +15,9 @@
   :func:`cuda_available` says whether this build and machine can sync them, and why not.
 - Same-host GPU channel (:mod:`rlsync.ipc`): :func:`cuda_ipc_sender` / :func:`cuda_ipc_receiver` share the
   patches device to device with receiver processes of the host (CUDA IPC, acks over a 0600 Unix socket).
+- Host-shared receivers (:mod:`rlsync.host_shared`): ``init_receiver(..., host_shared="name")`` receives into one
+  double-buffered copy of the weights in shared memory; the host's other processes attach a
+  :class:`HostSharedReader` to their model (its tensors view the shared buffer, swapped between steps).
 - Errors: :class:`RlsyncError` and its subclasses :class:`PayloadRejected` (weights and version untouched),
   :class:`HandshakeError`, :class:`TransportError` (and its :class:`Timeout`: a per-call ``timeout=`` or the
   channel's bound ran out, naming what was awaited), :class:`CudaError` (no CUDA backend, driver or device);
@@ -34,8 +37,9 @@ from ._native import (
     __version__,
     cuda_available,
 )
-from . import checkpoint, ipc
+from . import checkpoint, host_shared, ipc
 from .checkpoint import load_trainer_state
+from .host_shared import HostSharedReader
 from .ipc import CudaIpcReceiver, CudaIpcSender, cuda_ipc_receiver, cuda_ipc_sender
 from .syncer import (
     BucketWeightSyncer,
@@ -86,4 +90,6 @@ __all__ = [
     "CudaIpcReceiver",
     "cuda_ipc_sender",
     "cuda_ipc_receiver",
+    "host_shared",
+    "HostSharedReader",
 ]

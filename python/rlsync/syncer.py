@@ -334,6 +334,8 @@ class WeightSyncer:
         self._channel: Any = None
         self._comm_options: CollectiveGroupOptions | None = None
         self._attrs: dict[str, Any] = {}
+        # Host-shared receiver: this process's reader of the arena, which its model's tensors view.
+        self._host_reader: Any = None
 
     @classmethod
     def create(cls, config: Any, *, threads: int = 0) -> "WeightSyncer":
@@ -460,16 +462,29 @@ class WeightSyncer:
         send: SendFn | None = None,
         *,
         timeout: float | None = None,
+        host_shared: str | None = None,
+        max_readers: int = 64,
     ) -> None:
         """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
         ``send``, receive the plan and, for patch with ``init_sync_enabled``, install the init bootstrap.
         ``recv`` may be an :class:`ShmReceiver` instead of a function (then ``send`` is not needed); on
         rlsync's channel the receiver then reports every version it installs to the sender
         (:meth:`acked_versions`). ``timeout`` bounds the whole init (see :meth:`apply`). ``state_dict`` is
-        what :meth:`commit` installs into by default."""
+        what :meth:`commit` installs into by default.
+
+        ``host_shared="name"`` makes this the host's one receiver of a host-shared arena (see
+        :mod:`rlsync.host_shared`): the arena is created (``/dev/shm/name``, 0600; an existing one is an error)
+        laid out like ``state_dict`` (a CPU module, or ``state_dict(keep_vars=True)``: a plain ``state_dict()``
+        holds detached tensors, and rebinding those would not reach the module), the init bootstrap goes into it, and
+        ``state_dict``'s tensors become views of its active buffer, swapped in place by every :meth:`apply`.
+        Other processes of the host attach :class:`rlsync.HostSharedReader` s (at most ``max_readers``, this
+        process's own included). :meth:`close` removes the arena (so does dropping the syncer)."""
         timeout = _check_timeout(timeout)
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
+        if host_shared is not None:
+            await self._init_host_shared(state_dict, recv, send, host_shared, max_readers, timeout)
+            return
         descs = self._stage(state_dict)
         self._receiver_state = state_dict
         if isinstance(recv, _CHANNEL_RECEIVERS):
@@ -483,6 +498,40 @@ class WeightSyncer:
             await self._init_described_receiver(state_dict, recv, timeout)
             return
         await _drive(self._native.begin_init_receiver(descs, None, timeout=timeout), self._send(send), recv, timeout)
+
+    async def _init_host_shared(
+        self,
+        state_dict: StateDictLike,
+        recv: RecvFn | ShmReceiver | TcpReceiver,
+        send: SendFn | None,
+        name: str,
+        max_readers: int,
+        timeout: float | None,
+    ) -> None:
+        """``init_receiver(..., host_shared=name)``: the applier's init, then this process's reader bound to
+        ``state_dict``."""
+        from .host_shared import HostSharedReader
+
+        descs = self._stage(state_dict)
+        if isinstance(recv, _CHANNEL_RECEIVERS):
+            self._channel = recv
+            op = self._native.begin_init_host_shared(descs, name, recv, max_readers, True, timeout)
+            await asyncio.to_thread(op.run)
+        else:
+            if send is None:
+                raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
+            op = self._native.begin_init_host_shared(descs, name, None, max_readers, True, timeout)
+            await _drive(op, self._send(send), recv, timeout)
+        self._receiver_state = state_dict
+        self._host_reader = HostSharedReader(name, state_dict, timeout=60.0 if timeout is None else timeout)
+
+    async def close(self) -> None:
+        """Host-shared receiver: give this process's model a private copy of the held version and remove the
+        arena from ``/dev/shm`` (readers attached to it keep their mapping). Otherwise nothing to do."""
+        reader, self._host_reader = self._host_reader, None
+        if reader is not None:
+            reader.close()
+            _native.host_shared_unlink(reader.name)
 
     async def sync(
         self,
@@ -564,6 +613,8 @@ class WeightSyncer:
         if recv is None:
             raise TypeError("apply() missing required argument: 'recv'")
         timeout = _check_timeout(timeout)
+        if self._host_reader is not None:
+            return await self._apply_host_shared(recv, timeout)
         native = self._receiving(recv)
         if native is None:
             # A bucket syncer that has not received before (RLinf's tests apply on the object that sent):
@@ -575,6 +626,25 @@ class WeightSyncer:
             self._check_channel(recv)
             return await asyncio.to_thread(native.begin_apply(descs, timeout).run)
         return await _drive(native.begin_apply(descs), None, recv, timeout)
+
+    async def _apply_host_shared(self, recv: Any, timeout: float | None) -> int:
+        """A host-shared receiver's apply: wait for the back buffer (readers leave it between their steps),
+        install the next version there, publish it, and swap this process's model to it."""
+        wait = 60.0 if timeout is None else timeout
+        op = self._native.begin_apply_host_shared(wait, timeout)
+        if self._native.on_shm:
+            self._check_channel(recv)
+            version = await asyncio.to_thread(op.run)
+        else:
+            version = await _drive(op, None, recv, timeout)
+        self._host_reader.refresh()
+        return version
+
+    @property
+    def host_shared(self) -> "Any":
+        """This process's :class:`rlsync.HostSharedReader` of the arena it receives into (``None``: not a
+        host-shared receiver)."""
+        return self._host_reader
 
     def _receiving(self, recv: Any) -> Any:
         """The native end that applies: the receiver, the receiving end beside a sender, or ``None`` where a
@@ -713,7 +783,7 @@ class WeightSyncer:
         return self._native.end == "sender" or not self._active
 
     def receiver_initialized(self) -> bool:
-        return self._native.end == "receiver" or self._rx_native is not None
+        return self._native.end == "receiver" or self._rx_native is not None or self._host_reader is not None
 
     def _check_channel(self, end: Any) -> None:
         if end is not self._channel:

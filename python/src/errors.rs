@@ -6,6 +6,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use rlsync_core::gpu::GpuError;
+use rlsync_core::host_shared::HostSharedError;
 use rlsync_core::syncer::SyncError;
 use rlsync_core::tensor::BorrowError;
 use rlsync_core::transport::TransportError as CoreTransportError;
@@ -77,6 +78,23 @@ pub fn sync_error(err: &SyncError) -> PyErr {
         SyncError::Transport(_) => TransportError::new_err(msg),
         SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
         SyncError::Gpu(_) => CudaError::new_err(msg),
+        _ => RlsyncError::new_err(msg),
+    }
+}
+
+/// A host-shared arena's error: a refused update is `PayloadRejected`, the weight channel's other failures as
+/// `sync_error` says, waits that ran out `RlsyncError`s naming what they awaited (the pids holding a buffer), bad names and
+/// layouts `ValueError`.
+pub fn host_shared_error(err: &HostSharedError) -> PyErr {
+    let msg = chain(err);
+    match err {
+        HostSharedError::Sync { source, .. } if source.is_rejection() => {
+            PayloadRejected::new_err(msg)
+        }
+        HostSharedError::Sync { source, .. } => sync_error(source),
+        HostSharedError::Name { .. }
+        | HostSharedError::Readers { .. }
+        | HostSharedError::Layout { .. } => PyValueError::new_err(msg),
         _ => RlsyncError::new_err(msg),
     }
 }

@@ -10,11 +10,13 @@
 //! - [`device`]: CUDA tensors: a syncer's device side (host copies, stream) and `cuda_available()`.
 //! - [`ipc`]: the same-host GPU channel (`CudaIpcSender` / `CudaIpcReceiver`, CUDA IPC of the diff output).
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
+//! - [`host_shared`]: a reader of a host-shared arena (`HostSharedReader`) and the arena's unlink.
 //! - [`tcp`]: rlsync's TCP channel ends across hosts (`TcpSender` / `TcpReceiver`).
 
 mod checkpoint;
 mod device;
 mod errors;
+mod host_shared;
 mod ipc;
 mod runtime;
 mod syncer;
@@ -32,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tcp::register(m)?;
     worker::register(m)?;
     ipc::register(m)?;
+    host_shared::register(m)?;
     m.add_function(wrap_pyfunction!(device::cuda_available, m)?)?;
     Ok(())
 }

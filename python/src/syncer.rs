@@ -1,7 +1,7 @@
 //! Weight syncers over torch tensors' memory: `NativeSyncer` (the crate end it became: an unready
-//! `WeightSyncer`, a `SyncSender` or a `SyncReceiver`), `Op` (one running init / sync / apply / stage / commit /
-//! abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and the shm channel ends
-//! (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
+//! `WeightSyncer`, a `SyncSender`, a `SyncReceiver` or a host-shared `Applier`), `Op` (one running init / sync /
+//! apply / stage / commit / abort / flush, pumped by Python's async `send`/`recv` or run on rlsync's channel), and
+//! the shm channel ends (`ShmSender`, `ShmReceiver`; the TCP ones are in `tcp.rs`).
 //!
 //! Per-call timeouts bound the crate end's channel waits (`set_bound`), or, over the caller's `send`/`recv`,
 //! Python's awaits of them (`Op::time_out`); a timeout becomes `rlsync.Timeout` naming what the op awaited
@@ -24,10 +24,11 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use rlsync::config::schema::WeightSyncerConfig;
+use rlsync_core::host_shared::{Applier, HostSharedError};
 use rlsync_core::syncer::{
     PendingUpdate, SyncError, SyncOptions, SyncReceiver, SyncReport, SyncSender, WeightSyncer,
 };
-use rlsync_core::tensor::{BorrowedState, RawTensor};
+use rlsync_core::tensor::{BorrowedState, RawTensor, state_checksum};
 use rlsync_core::transport::bridge::{self, BridgeIo, Payload, Pump, Step};
 use rlsync_core::transport::{
     self, Peer, ShmConfig, ShmReceiver as CoreShmReceiver, ShmSender as CoreShmSender,
@@ -36,8 +37,8 @@ use rlsync_core::transport::{
 
 use crate::device::{self, SharedSide};
 use crate::errors::{
-    Awaited, RlsyncError, borrow_error, find_timeout, gpu_error, sync_error, timeout_error,
-    transport_error,
+    Awaited, RlsyncError, borrow_error, find_timeout, gpu_error, host_shared_error, sync_error,
+    timeout_error, transport_error,
 };
 use crate::runtime;
 
@@ -106,6 +107,8 @@ enum End {
     Unready(WeightSyncer),
     Sender(SyncSender),
     Receiver(SyncReceiver),
+    /// A host-shared receiver: installs into an arena the host's readers share (`rlsync.host_shared`).
+    Applier(Box<Applier>),
 }
 
 /// Which end the syncer is (for the messages and the `end` getter).
@@ -114,6 +117,7 @@ enum EndKind {
     Uninit,
     Sender,
     Receiver,
+    Applier,
 }
 
 impl EndKind {
@@ -122,6 +126,7 @@ impl EndKind {
             EndKind::Uninit => "uninitialised",
             EndKind::Sender => "sender",
             EndKind::Receiver => "receiver",
+            EndKind::Applier => "host-shared receiver",
         }
     }
 }
@@ -132,6 +137,7 @@ impl End {
             End::Unready(_) => EndKind::Uninit,
             End::Sender(_) => EndKind::Sender,
             End::Receiver(_) => EndKind::Receiver,
+            End::Applier(_) => EndKind::Applier,
         }
     }
 
@@ -140,6 +146,7 @@ impl End {
             End::Unready(_) => 0,
             End::Sender(s) => s.version(),
             End::Receiver(r) => r.version(),
+            End::Applier(a) => a.active().map_or(0, |h| h.version),
         }
     }
 }
@@ -192,6 +199,8 @@ struct OpOut {
     result: Result<Option<SyncReport>, SyncError>,
     /// What `stage` received, kept for `commit` / `abort`.
     staged: Option<PendingUpdate>,
+    /// A host-shared end's own failure (not the weight channel's), raised instead of `result`'s.
+    host: Option<HostSharedError>,
 }
 
 /// Which call an op runs, and what it is about (for `rlsync.Timeout`'s attributes).
@@ -429,11 +438,18 @@ fn no_acks(what: &str) -> PyErr {
 fn wrong_end(what: &str, kind: EndKind) -> PyErr {
     RlsyncError::new_err(match kind {
         EndKind::Uninit => "the syncer is already initialised".to_owned(),
-        EndKind::Sender | EndKind::Receiver => format!(
+        EndKind::Sender | EndKind::Receiver | EndKind::Applier => format!(
             "{what}: the syncer is not initialised as a {0} (call init_{0} first)",
             kind.name()
         ),
     })
+}
+
+fn applier(end: Box<End>) -> Result<Box<Applier>, Box<End>> {
+    match *end {
+        End::Applier(a) => Ok(a),
+        end => Err(Box::new(end)),
+    }
 }
 
 fn unready(end: Box<End>) -> Result<WeightSyncer, Box<End>> {
@@ -479,6 +495,7 @@ fn out(end: End, result: Result<Option<SyncReport>, SyncError>) -> OpOut {
         end: Some(end),
         result,
         staged: None,
+        host: None,
     }
 }
 
@@ -561,6 +578,7 @@ impl NativeSyncer {
                     end: None,
                     result: Err(e),
                     staged: None,
+                    host: None,
                 },
             }
         };
@@ -633,10 +651,125 @@ impl NativeSyncer {
                     end: None,
                     result: Err(e),
                     staged: None,
+                    host: None,
                 },
             }
         };
         Ok(op_for(slf, fut, io, keep, Call::InitReceiver))
+    }
+
+    /// Start the init of a host-shared receiver: create arena `name` laid out like `tensors` (their values
+    /// fill both buffers), then the handshake and init bootstrap into it, published as version 0 (`verify`:
+    /// with the state checksum). The tensors are only the template: the caller binds its model to a
+    /// `HostSharedReader`'s views afterwards.
+    #[pyo3(signature = (tensors, name, channel = None, max_readers = 64, verify = true, timeout = None))]
+    fn begin_init_host_shared(
+        slf: &Bound<'_, Self>,
+        tensors: Vec<Desc>,
+        name: String,
+        channel: Option<&Bound<'_, PyAny>>,
+        max_readers: usize,
+        verify: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
+        let this = slf.get();
+        let bound = bound(timeout)?;
+        this.expect(EndKind::Uninit, "init")?;
+        let names = tensors.iter().map(|d| d.0.clone()).collect();
+        let (tensors, dev) = this.stage(tensors)?;
+        if dev.is_some() {
+            return Err(PyValueError::new_err(
+                "host_shared: the arena holds CPU weights; pass a CPU model to init_receiver",
+            ));
+        }
+        let (st, keep) = borrow(tensors)?;
+        let mut applier =
+            Applier::create(&name, &st.state, max_readers).map_err(|e| host_shared_error(&e))?;
+        let (mut ch, io) = match channel {
+            Some(c) => (take_receiver(c)?, None),
+            None => {
+                let (rx, io) = bridge::bridge_receiver();
+                (rx, Some(io))
+            }
+        };
+        ch.set_bound(bound);
+        let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
+        this.start_init(names, &io);
+        let fut = async move {
+            match applier.init(syncer, ch, 0, verify).await {
+                Ok(published) => {
+                    if let Some(r) = applier.receiver_mut() {
+                        r.set_bound(None);
+                    }
+                    out(End::Applier(Box::new(applier)), Ok(Some(published.report)))
+                }
+                // The arena goes with the applier; the syncer may init again (a fresh unready end).
+                Err(e) => OpOut {
+                    end: None,
+                    result: Ok(None),
+                    staged: None,
+                    host: Some(e),
+                },
+            }
+        };
+        Ok(op_for(slf, fut, io, keep, Call::InitReceiver))
+    }
+
+    /// Start one host-shared apply: wait (up to `wait` seconds) for the back buffer, receive the next version
+    /// (bounded by `timeout`, `None`: the channel's bound), install it into the arena and publish it. A
+    /// rejected payload or a wait that runs out leaves the arena as it was.
+    #[pyo3(signature = (wait, timeout = None))]
+    fn begin_apply_host_shared(
+        slf: &Bound<'_, Self>,
+        wait: f64,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
+        let this = slf.get();
+        this.expect(EndKind::Applier, "apply")?;
+        let bound = bound(timeout)?;
+        let wait = self::timeout(wait)?;
+        let mut applier = this.take("apply", EndKind::Applier, applier)?;
+        let fut = async move {
+            if let Some(r) = applier.receiver_mut() {
+                r.set_bound(bound);
+            }
+            let result = applier.apply(wait).await;
+            if let Some(r) = applier.receiver_mut() {
+                r.set_bound(None);
+            }
+            match result {
+                Ok(published) => out(End::Applier(applier), Ok(Some(published.report))),
+                Err(HostSharedError::Sync { source, .. }) => {
+                    out(End::Applier(applier), Err(source))
+                }
+                Err(e) => OpOut {
+                    end: Some(End::Applier(applier)),
+                    result: Ok(None),
+                    staged: None,
+                    host: Some(e),
+                },
+            }
+        };
+        let after = this.version();
+        Ok(op_for(
+            slf,
+            fut,
+            this.io(),
+            Vec::new(),
+            Call::Receive { after },
+        ))
+    }
+
+    /// The host-shared arena's name (`None`: not a host-shared receiver).
+    #[getter]
+    fn host_shared(&self) -> Option<String> {
+        match &lock(&self.inner).end {
+            Slot::Ready(end) => match end.as_ref() {
+                End::Applier(a) => Some(a.name().to_owned()),
+                _ => None,
+            },
+            _ => None,
+        }
     }
 
     /// Start one sync of `version` (sender); with `wait_applied` it ends once every live receiver reported
@@ -749,6 +882,7 @@ impl NativeSyncer {
                     })),
                     end: Some(End::Receiver(receiver)),
                     staged: Some(pending),
+                    host: None,
                 },
                 Err(e) => out(End::Receiver(receiver), Err(e)),
             }
@@ -785,6 +919,7 @@ impl NativeSyncer {
                     end: Some(End::Receiver(receiver)),
                     result: Err(e.into()),
                     staged: Some(pending),
+                    host: None,
                 };
             }
             let result = receiver.commit(pending, &mut st.state).await;
@@ -894,6 +1029,7 @@ impl NativeSyncer {
             Slot::Ready(end) => match end.as_ref() {
                 End::Sender(s) => s.sequence(),
                 End::Receiver(r) => r.sequence(),
+                End::Applier(a) => a.active().map_or(0, |h| h.sequence),
                 End::Unready(_) => 0,
             },
             Slot::Busy { .. } | Slot::Lost { .. } => 0,
@@ -919,6 +1055,7 @@ impl NativeSyncer {
             Slot::Ready(end) => match end.as_ref() {
                 End::Sender(s) => s.synced_keys().to_vec(),
                 End::Receiver(r) => r.synced_keys().to_vec(),
+                End::Applier(a) => a.synced_keys().to_vec(),
                 End::Unready(_) => Vec::new(),
             },
             Slot::Busy { .. } | Slot::Lost { .. } => Vec::new(),
@@ -939,6 +1076,7 @@ impl NativeSyncer {
         match end.as_ref() {
             End::Sender(s) => s.checksum(&st.state).map_err(|e| sync_error(&e)),
             End::Receiver(r) => Ok(r.checksum(&st.state)),
+            End::Applier(a) => Ok(state_checksum(&st.state, a.synced_keys())),
             End::Unready(_) => Err(RlsyncError::new_err(
                 "the syncer is not initialised (call init_sender or init_receiver first)",
             )),
@@ -1076,8 +1214,12 @@ impl Op {
             end,
             result,
             staged,
+            host,
         } = out;
         owner.give_back(end)?;
+        if let Some(e) = host {
+            return Err(host_shared_error(&e));
+        }
         if staged.is_some() {
             lock(&owner.inner).staged = staged;
         }

@@ -11,6 +11,8 @@
 //!   the run-token handshake between hosts).
 //! - [`gpu`]: CUDA tensors (feature `cuda`, loaded at run time): pinned staging, the patch kernels
 //!   (`kernels/rlsync.cu`), their compacted-changes format and CPU reference, device builds and installs.
+//! - [`host_shared`]: one double-buffered copy of the weights in shared memory for all rollouts of a host
+//!   (an applier installs into the back buffer and flips; readers hold a buffer between their steps).
 //! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
 //! - [`atomic_file`]: a file replaced whole or not at all (checkpoints, local copies, the launch file).
 //! - [`error_chain`]: an error and its causes on one line.
@@ -19,6 +21,7 @@ pub mod atomic_file;
 pub mod bytes;
 mod error_chain;
 pub mod gpu;
+pub mod host_shared;
 pub mod protocol;
 pub mod syncer;
 pub mod tensor;

@@ -67,6 +67,7 @@ use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
 pub use offload::{PatchBuilder, PatchInstaller};
+pub(crate) use receiver::UpdateKind;
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};

@@ -642,6 +642,18 @@ impl PendingUpdate {
     /// when the version is no longer newer than the applied one, a patch's base is not the applied version,
     /// or the payload does not fit the state dict.
     pub fn install(self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
+        self.install_prepared(state, |_, _, _| {})
+            .map(|(report, _)| report)
+    }
+
+    /// [`PendingUpdate::install`], with `prepare` run on `state` once the update is checked (nothing is
+    /// written before it; a rejected update never runs it); also returns a patch's validated body, so the
+    /// host-shared applier can replay it into its other buffer.
+    pub(crate) fn install_prepared(
+        self,
+        state: &mut StateDict,
+        prepare: impl FnOnce(UpdateKind, &mut StateDict, NonZeroUsize),
+    ) -> Result<(SyncReport, Option<ValidPatch>), SyncError> {
         let PendingUpdate {
             stamp,
             body,
@@ -664,6 +676,7 @@ impl PendingUpdate {
                 ),
             ));
         }
+        let mut kept = None;
         match body {
             PendingBody::Patch { base, body } => {
                 if base != applied.sequence {
@@ -682,6 +695,7 @@ impl PendingUpdate {
                 })
                 .map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
+                prepare(UpdateKind::Patch, state, shared.threads);
                 let t1 = Instant::now();
                 let installer = shared
                     .installer
@@ -694,12 +708,14 @@ impl PendingUpdate {
                 }
                 report.apply = t1.elapsed();
                 report.changed = valid.changed;
+                kept = Some(valid);
             }
             PendingBody::Bucket(staged) => {
                 if let Err(r) = bucket::check_fits(&staged, &shared.meta, state) {
                     give_back(&shared, staged);
                     return Err(rejected(Some(version), current, r));
                 }
+                prepare(UpdateKind::Bucket, state, shared.threads);
                 let t1 = Instant::now();
                 let old = blocking(|| bucket::install(staged, state, shared.threads));
                 report.apply = t1.elapsed();
@@ -708,8 +724,17 @@ impl PendingUpdate {
         }
         shared.set_applied(stamp);
         report.version = version;
-        Ok(report)
+        Ok((report, kept))
     }
+}
+
+/// What a [`PendingUpdate`] installs (the host-shared applier prepares its back buffer by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpdateKind {
+    /// A sparse patch on the applied version: the state must hold exactly that version first.
+    Patch,
+    /// Every synced tensor, dense.
+    Bucket,
 }
 
 fn give_back(shared: &ReceiverShared, staged: Staged) {

@@ -33,6 +33,7 @@ use super::frame::{Down, MAX_FRAME, SegmentInfo, Up, VERSION};
 use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, Target, TransportError};
 use crate::protocol::frame::FrameReader;
 pub use receiver::ShmReceiver;
+pub(crate) use segment::validate_name;
 use segment::{Namer, OwnedSegment};
 
 /// Segments grow in steps of this many bytes (and at least by half their size) to avoid remapping often.

@@ -1,0 +1,769 @@
+//! Host-shared receivers: one double-buffered copy of the weights in shared memory for every rollout of a host.
+//!
+//! An arena (one POSIX shm segment, 0600, created with O_EXCL, named by the caller) holds a header, reader
+//! slots, a layout table and two whole-state buffers A/B (every tensor, frozen ones included, 64-byte aligned).
+//! The [`Applier`] (one per host) is the host's only receiver on the weight channel and the only writer: it
+//! installs each version into the back buffer — a patch after replaying the previous, already validated patch
+//! (the back buffer is two versions old), a bucket version dense — then publishes the buffer's version,
+//! sequence and checksum and flips the active index. [`Reader`]s (every rollout, the applier's process
+//! included) hold a buffer through a slot (pid + buffer) and flip only between their steps; the applier waits
+//! (bounded) until no live reader names the back buffer before writing it, clearing the slots of dead pids.
+//! So no reader ever sees a half-applied version, and a rejected update leaves both buffers and the header as
+//! they were. This layer sits above [`crate::syncer`] and [`crate::transport`]; the arena's format is
+//! `host_shared/layout.rs`, its shared memory and slot protocol `host_shared/arena.rs`.
+
+mod arena;
+pub mod layout;
+
+use std::time::{Duration, Instant};
+
+use arena::{BufferMeta, Segment, SegmentError};
+use layout::{FormatError, Plan};
+
+use crate::syncer::patch::{self, ValidPatch};
+use crate::syncer::{
+    CatchUpReport, PendingUpdate, SyncError, SyncReceiver, SyncReport, UpdateKind, WeightSyncer,
+};
+use crate::tensor::{StateDict, state_checksum};
+use crate::transport;
+
+/// Errors of the host-shared arena.
+#[derive(Debug, thiserror::Error)]
+pub enum HostSharedError {
+    #[error("arena name {name:?}: use 1..=255 characters of [A-Za-z0-9_.-], not starting with '.'")]
+    Name { name: String },
+    #[error("arena {name}: {max_readers} reader slots (1..={max})", max = layout::MAX_READERS)]
+    Readers { name: String, max_readers: usize },
+    #[error("arena {name}: the state's tensors are too large to lay out")]
+    TooLarge { name: String },
+    #[error(
+        "arena {name} already exists (another run or applier owns it, or a crash left it: unlink it)"
+    )]
+    Exists { name: String },
+    #[error("arena {name}: shared memory {op}")]
+    Segment {
+        name: String,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("arena {name} did not appear within {waited:?}")]
+    NotCreated { name: String, waited: Duration },
+    #[error("arena {name}: no version was published within {waited:?}")]
+    NotPublished { name: String, waited: Duration },
+    /// The segment is not an arena this build reads (another program's, another format version, damaged).
+    #[error("shared memory segment {name} is not a usable rlsync arena")]
+    Foreign {
+        name: String,
+        #[source]
+        source: FormatError,
+    },
+    /// The arena holds other tensors than the state it is opened for.
+    #[error("arena {name} does not hold the model's tensors: {reason}")]
+    Layout { name: String, reason: String },
+    /// The template's values do not fit the arena laid out from it (cannot happen for a `StateDict`'s own).
+    #[error("arena {name}: the template does not fill it")]
+    Template {
+        name: String,
+        #[source]
+        source: crate::tensor::LayoutMismatch,
+    },
+    #[error("arena {name}: all {max_readers} reader slots are taken")]
+    NoSlot { name: String, max_readers: usize },
+    /// The back buffer stayed held by live readers (pids named) for the whole wait.
+    #[error(
+        "arena {name}: buffer {buffer} is still held by reader pid(s) {pids:?} after {waited:?}"
+    )]
+    BackBufferHeld {
+        name: String,
+        buffer: u8,
+        pids: Vec<u32>,
+        waited: Duration,
+    },
+    #[error(
+        "arena {name}: no version newer than {than} was published within {waited:?} (holding {held})"
+    )]
+    NotNewer {
+        name: String,
+        than: u64,
+        held: u64,
+        waited: Duration,
+    },
+    /// A call that needs another state of the applier (`apply` before `init`, `init` on a published arena).
+    #[error("arena {name}: {reason}")]
+    State { name: String, reason: String },
+    /// The weight channel's receiver failed or rejected the update (then nothing was written).
+    #[error("arena {name}: weight sync")]
+    Sync {
+        name: String,
+        #[source]
+        source: SyncError,
+    },
+}
+
+impl HostSharedError {
+    /// Whether the weight channel refused an update (both buffers and the header are as they were).
+    pub fn is_rejection(&self) -> bool {
+        matches!(self, HostSharedError::Sync { source, .. } if source.is_rejection())
+    }
+}
+
+fn segment_error(name: &str, e: SegmentError) -> HostSharedError {
+    let name = name.to_owned();
+    match e {
+        SegmentError::NotFound => HostSharedError::NotCreated {
+            name,
+            waited: Duration::ZERO,
+        },
+        SegmentError::Exists => HostSharedError::Exists { name },
+        SegmentError::Incomplete => HostSharedError::Foreign {
+            name,
+            source: FormatError::Incomplete,
+        },
+        SegmentError::Io { op, source } => HostSharedError::Segment { name, op, source },
+        SegmentError::Format(source) => HostSharedError::Foreign { name, source },
+    }
+}
+
+fn check_name(name: &str) -> Result<(), HostSharedError> {
+    if crate::transport::shm::validate_name(name) {
+        Ok(())
+    } else {
+        Err(HostSharedError::Name {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// A version the applier published.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The caller's version (the sender's label).
+    pub version: u64,
+    /// The sender's sequence number of the installed payload (0: the init bootstrap).
+    pub sequence: u64,
+    /// The state checksum of the synced keys in this buffer, when the applier verifies.
+    pub checksum: Option<u64>,
+    /// The buffer now active (0 = A, 1 = B).
+    pub buffer: u8,
+    /// Sizes and timings of the install.
+    pub report: SyncReport,
+}
+
+/// The version a reader holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub version: u64,
+    pub sequence: u64,
+    /// The checksum the applier published for this buffer (`None` when it does not verify).
+    pub checksum: Option<u64>,
+    /// 0 = A, 1 = B.
+    pub buffer: u8,
+    /// The arena's publish counter when this buffer was published (strictly increasing).
+    pub generation: u64,
+}
+
+/// The previous version's validated patch, which turns the back buffer (its base) into the active version.
+struct Kept {
+    base: u64,
+    patch: ValidPatch,
+}
+
+/// The host's only writer of an arena: a receiver on the weight channel installing into the back buffer.
+pub struct Applier {
+    /// Views of buffers A and B (declared before `seg`, so they go first).
+    views: [StateDict; 2],
+    seg: Segment,
+    name: String,
+    receiver: Option<SyncReceiver>,
+    kept: Option<Kept>,
+    /// The back buffer may differ from the active one outside the synced keys (after a rejoin): copy it whole
+    /// before the next install.
+    copy_next: bool,
+    verify: bool,
+    unlink_on_drop: bool,
+    synced_keys: Vec<String>,
+}
+
+/// Between polls of a bounded wait: from 100 µs, doubling, at most 5 ms.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_micros(100))
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_millis(5));
+        d
+    }
+}
+
+impl Applier {
+    /// Create arena `name` laid out like `template` (names, dtypes, shapes, classes, in its order), both buffers
+    /// filled with the template's values; nothing published yet (readers wait for [`Applier::init`]). The
+    /// arena is unlinked when the applier is dropped unless [`Applier::set_unlink_on_drop`] says otherwise.
+    pub fn create(
+        name: &str,
+        template: &StateDict,
+        max_readers: usize,
+    ) -> Result<Applier, HostSharedError> {
+        check_name(name)?;
+        if max_readers == 0 || max_readers > layout::MAX_READERS {
+            return Err(HostSharedError::Readers {
+                name: name.to_owned(),
+                max_readers,
+            });
+        }
+        let plan = Plan::of(template, max_readers).ok_or_else(|| HostSharedError::TooLarge {
+            name: name.to_owned(),
+        })?;
+        let seg = Segment::create(name, plan).map_err(|e| segment_error(name, e))?;
+        let mut applier = Applier::over(seg, name);
+        for view in &mut applier.views {
+            view.copy_values_from(template)
+                .map_err(|source| HostSharedError::Template {
+                    name: name.to_owned(),
+                    source,
+                })?;
+        }
+        Ok(applier)
+    }
+
+    /// A restarted applier: reopen the existing arena `name` (its layout must equal `template`'s); then
+    /// [`Applier::rejoin`]. The arena stays when this applier is dropped (set [`Applier::set_unlink_on_drop`]).
+    pub fn reopen(name: &str, template: &StateDict) -> Result<Applier, HostSharedError> {
+        check_name(name)?;
+        let seg = Segment::open(name, true).map_err(|e| segment_error(name, e))?;
+        let want = Plan::of(template, seg.plan().max_readers).ok_or_else(|| {
+            HostSharedError::TooLarge {
+                name: name.to_owned(),
+            }
+        })?;
+        if let Some(reason) = layout_difference(&want, seg.plan()) {
+            return Err(HostSharedError::Layout {
+                name: name.to_owned(),
+                reason,
+            });
+        }
+        let mut applier = Applier::over(seg, name);
+        applier.unlink_on_drop = false;
+        applier.copy_next = true;
+        Ok(applier)
+    }
+
+    fn over(seg: Segment, name: &str) -> Applier {
+        // SAFETY: the views live in the applier beside the segment and are dropped before it; the applier
+        // writes only the back buffer, after the slot protocol says no reader holds it.
+        let views = unsafe { [seg.buffer_state(0), seg.buffer_state(1)] };
+        Applier {
+            views,
+            seg,
+            name: name.to_owned(),
+            receiver: None,
+            kept: None,
+            copy_next: false,
+            verify: false,
+            unlink_on_drop: true,
+            synced_keys: Vec::new(),
+        }
+    }
+
+    fn err_state(&self, reason: &str) -> HostSharedError {
+        HostSharedError::State {
+            name: self.name.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    fn sync_err(&self, source: SyncError) -> HostSharedError {
+        HostSharedError::Sync {
+            name: self.name.clone(),
+            source,
+        }
+    }
+
+    /// Whether dropping this applier unlinks the arena's name (default: yes after `create`, no after `reopen`).
+    /// An app whose supervisor owns the name (and unlinks it on every exit path) turns it off.
+    pub fn set_unlink_on_drop(&mut self, on: bool) {
+        self.unlink_on_drop = on;
+    }
+
+    /// The init bootstrap into the arena: `init_receiver` into buffer A, copied to B, published as `version`.
+    /// `verify`: compute and publish the state checksum of the synced keys, now and after every install.
+    pub async fn init(
+        &mut self,
+        syncer: WeightSyncer,
+        rx: transport::Receiver,
+        version: u64,
+        verify: bool,
+    ) -> Result<Published, HostSharedError> {
+        if self.receiver.is_some() || self.seg.published() {
+            return Err(self.err_state(
+                "init needs a new arena (a reopened one rejoins, an initialised one applies)",
+            ));
+        }
+        let [a, b] = &mut self.views;
+        let (receiver, report) =
+            syncer
+                .init_receiver(a, rx)
+                .await
+                .map_err(|e| HostSharedError::Sync {
+                    name: self.name.clone(),
+                    source: e,
+                })?;
+        // Nothing is published, so no reader holds either buffer.
+        let _ = b.copy_values_from(a);
+        self.verify = verify;
+        self.synced_keys = receiver.synced_keys().to_vec();
+        let checksum = verify.then(|| state_checksum(&self.views[0], &self.synced_keys));
+        let generation = self.seg.generation() + 1;
+        let meta = BufferMeta {
+            version,
+            sequence: receiver.sequence(),
+            checksum,
+            generation,
+        };
+        self.seg.set_meta(1, meta);
+        self.seg.set_meta(0, meta);
+        self.seg.flip(0, generation);
+        self.receiver = Some(receiver);
+        self.copy_next = false;
+        Ok(Published {
+            version,
+            sequence: meta.sequence,
+            checksum,
+            buffer: 0,
+            report,
+        })
+    }
+
+    /// Rejoin after a restart ([`Applier::reopen`]): copy the active version into the back buffer (waiting up
+    /// to `wait` for readers to leave it), `rejoin_receiver` there holding the active version, publish.
+    pub async fn rejoin(
+        &mut self,
+        syncer: WeightSyncer,
+        rx: transport::Receiver,
+        verify: bool,
+        wait: Duration,
+    ) -> Result<(Published, CatchUpReport), HostSharedError> {
+        if self.receiver.is_some() || !self.seg.published() {
+            return Err(self.err_state(
+                "rejoin needs a reopened arena holding a published version (a new one inits)",
+            ));
+        }
+        let active = self.seg.active();
+        let back = 1 - active;
+        self.wait_back(back, wait)?;
+        let held = self.seg.meta(active);
+        self.copy_next = true;
+        let (front, back_view) = self.split(active);
+        let _ = back_view.copy_values_from(front);
+        let (receiver, catch_up) = syncer
+            .rejoin_receiver(back_view, rx, held.version)
+            .await
+            .map_err(|e| HostSharedError::Sync {
+                name: self.name.clone(),
+                source: e,
+            })?;
+        self.verify = verify;
+        self.synced_keys = receiver.synced_keys().to_vec();
+        let version = receiver.version();
+        let sequence = receiver.sequence();
+        self.receiver = Some(receiver);
+        let report = SyncReport {
+            version,
+            payload_bytes: catch_up.payload_bytes,
+            ..SyncReport::default()
+        };
+        let published = self.publish(back, version, sequence, report);
+        Ok((published, catch_up))
+    }
+
+    /// The active buffer's view and the back buffer's (mutable).
+    fn split(&mut self, active: u8) -> (&StateDict, &mut StateDict) {
+        let [a, b] = &mut self.views;
+        if active == 0 { (a, b) } else { (b, a) }
+    }
+
+    /// Wait (bounded) until no live reader names `back`; dead readers' slots are cleared on the way.
+    fn wait_back(&self, back: u8, wait: Duration) -> Result<(), HostSharedError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new();
+        loop {
+            let pids = self.seg.holders(back);
+            if pids.is_empty() {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= wait {
+                return Err(HostSharedError::BackBufferHeld {
+                    name: self.name.clone(),
+                    buffer: back,
+                    pids,
+                    waited,
+                });
+            }
+            std::thread::sleep(backoff.next().min(wait - waited));
+        }
+    }
+
+    /// Publish `buffer` (its contents complete): its facts, then the flip.
+    fn publish(
+        &mut self,
+        buffer: u8,
+        version: u64,
+        sequence: u64,
+        report: SyncReport,
+    ) -> Published {
+        let checksum = self
+            .verify
+            .then(|| state_checksum(&self.views[usize::from(buffer)], &self.synced_keys));
+        let generation = self.seg.generation() + 1;
+        self.seg.set_meta(
+            buffer,
+            BufferMeta {
+                version,
+                sequence,
+                checksum,
+                generation,
+            },
+        );
+        self.seg.flip(buffer, generation);
+        Published {
+            version,
+            sequence,
+            checksum,
+            buffer,
+            report,
+        }
+    }
+
+    /// Wait (up to `wait`) for the back buffer, receive the next update, install it there (replaying the
+    /// previous patch first), publish. A wait that runs out consumes nothing: `apply` may be called again.
+    /// The wait for the back buffer polls on the calling thread (readers leave it between their steps, so it
+    /// is short); the receive awaits the channel.
+    pub async fn apply(&mut self, wait: Duration) -> Result<Published, HostSharedError> {
+        self.wait_back_buffer(wait)?;
+        let pending = self.receive().await?;
+        self.install(pending, wait)
+    }
+
+    /// Wait (up to `wait`) until no live reader holds the back buffer (clearing dead readers' slots); a
+    /// [`HostSharedError::BackBufferHeld`] names the pids still holding it. Readers only ever take the active
+    /// buffer, so once this returns the back buffer stays free until the next publish: call it before
+    /// [`Applier::install`] to keep a received update when readers are slow.
+    pub fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
+        self.wait_back(1 - self.seg.active(), wait)
+    }
+
+    /// The first half of [`Applier::apply`], for background receiving: receive and validate the next update
+    /// without writing anything.
+    pub async fn receive(&mut self) -> Result<PendingUpdate, HostSharedError> {
+        let Some(receiver) = self.receiver.as_mut() else {
+            return Err(self.err_state("receive before init or rejoin"));
+        };
+        match receiver.receive().await {
+            Ok(p) => Ok(p),
+            Err(e) => Err(self.sync_err(e)),
+        }
+    }
+
+    /// The second half: wait (up to `wait`) for the back buffer, install `pending` there and publish. A
+    /// rejected update (stale, another base, does not fit) or a wait that runs out leaves both buffers and the
+    /// header as they were.
+    pub fn install(
+        &mut self,
+        pending: PendingUpdate,
+        wait: Duration,
+    ) -> Result<Published, HostSharedError> {
+        if self.receiver.is_none() {
+            return Err(self.err_state("install before init or rejoin"));
+        }
+        let active = self.seg.active();
+        let back = 1 - active;
+        self.wait_back(back, wait)?;
+        let front_meta = self.seg.meta(active);
+        let back_meta = self.seg.meta(back);
+        let copy_next = self.copy_next;
+        let kept = self.kept.take();
+        let (front, back_view) = self.split(active);
+        // Make the back buffer hold the active version where the update does not overwrite it: a patch needs
+        // exactly its base; a bucket version rewrites every synced tensor, the others agree unless `copy_next`.
+        let prepare = |kind: UpdateKind, state: &mut StateDict, threads| match (kind, &kept) {
+            _ if copy_next => {
+                let _ = state.copy_values_from(front);
+            }
+            (UpdateKind::Bucket, _) => {}
+            (UpdateKind::Patch, _) if back_meta.sequence == front_meta.sequence => {}
+            (UpdateKind::Patch, Some(k)) if k.base == back_meta.sequence => {
+                patch::install(&k.patch, state, threads);
+            }
+            (UpdateKind::Patch, _) => {
+                let _ = state.copy_values_from(front);
+            }
+        };
+        let result = pending.install_prepared(back_view, prepare);
+        let (report, valid) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                self.kept = kept;
+                return Err(self.sync_err(e));
+            }
+        };
+        self.copy_next = false;
+        self.kept = valid.map(|patch| Kept {
+            base: front_meta.sequence,
+            patch,
+        });
+        let (version, sequence) = match &self.receiver {
+            Some(r) => (r.version(), r.sequence()),
+            None => (report.version, 0),
+        };
+        Ok(self.publish(back, version, sequence, report))
+    }
+
+    /// The weight channel's receiver (after init or rejoin): its version, bounds, reports.
+    pub fn receiver_mut(&mut self) -> Option<&mut SyncReceiver> {
+        self.receiver.as_mut()
+    }
+
+    /// The synced keys, in sync order (known after init or rejoin).
+    pub fn synced_keys(&self) -> &[String] {
+        &self.synced_keys
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The version active now, if one was published.
+    pub fn active(&self) -> Option<Held> {
+        self.seg.published().then(|| {
+            let buffer = self.seg.active();
+            held(buffer, self.seg.meta(buffer))
+        })
+    }
+
+    /// Unlink arena `name` (the owner — the app's supervisor — does on every exit path; mappings live on).
+    /// `false` when there was none.
+    pub fn unlink(name: &str) -> Result<bool, HostSharedError> {
+        check_name(name)?;
+        arena::unlink(name).map_err(|e| segment_error(name, e))
+    }
+}
+
+impl Drop for Applier {
+    fn drop(&mut self) {
+        if self.unlink_on_drop
+            && let Err(e) = arena::unlink(&self.name)
+        {
+            tracing::warn!(arena = %self.name, error = ?e, "could not unlink the host-shared arena");
+        }
+    }
+}
+
+fn held(buffer: u8, m: BufferMeta) -> Held {
+    Held {
+        version: m.version,
+        sequence: m.sequence,
+        checksum: m.checksum,
+        buffer,
+        generation: m.generation,
+    }
+}
+
+/// The first way `found` lays out other tensors than `want` (names, dtypes, shapes, classes, order).
+fn layout_difference(want: &Plan, found: &Plan) -> Option<String> {
+    if want.entries.len() != found.entries.len() {
+        return Some(format!(
+            "it has {} tensors, the model has {}",
+            found.entries.len(),
+            want.entries.len()
+        ));
+    }
+    want.entries.iter().zip(&found.entries).find_map(|(w, f)| {
+        (w != f).then(|| {
+            format!(
+                "it has `{}` {} {:?} ({}) where the model has `{}` {} {:?} ({})",
+                f.name,
+                f.layout.dtype(),
+                f.layout.shape(),
+                f.class.name(),
+                w.name,
+                w.layout.dtype(),
+                w.layout.shape(),
+                w.class.name()
+            )
+        })
+    })
+}
+
+/// A process's hold on an arena: one slot, one buffer at a time, flipped only between its steps. Dropping it
+/// clears the slot.
+pub struct Reader {
+    views: [StateDict; 2],
+    seg: Segment,
+    name: String,
+    slot: usize,
+    pid: u32,
+    held: Held,
+}
+
+impl Reader {
+    /// Open arena `name` — waiting up to `wait` for it to be created and a first version published — take a
+    /// slot and hold the active buffer.
+    pub async fn attach(name: &str, wait: Duration) -> Result<Reader, HostSharedError> {
+        check_name(name)?;
+        let started = Instant::now();
+        let mut backoff = Backoff::new();
+        let seg = loop {
+            match Segment::open(name, false) {
+                Ok(seg) => break seg,
+                Err(SegmentError::NotFound | SegmentError::Incomplete)
+                    if started.elapsed() < wait =>
+                {
+                    tokio::time::sleep(backoff.next()).await;
+                }
+                Err(SegmentError::NotFound) => {
+                    return Err(HostSharedError::NotCreated {
+                        name: name.to_owned(),
+                        waited: started.elapsed(),
+                    });
+                }
+                Err(e) => return Err(segment_error(name, e)),
+            }
+        };
+        while !seg.published() {
+            if started.elapsed() >= wait {
+                return Err(HostSharedError::NotPublished {
+                    name: name.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(backoff.next()).await;
+        }
+        let pid = std::process::id();
+        let slot = seg.claim_slot(pid).ok_or_else(|| HostSharedError::NoSlot {
+            name: name.to_owned(),
+            max_readers: seg.plan().max_readers,
+        })?;
+        // SAFETY: the views live in the reader beside the segment and are dropped before it; the buffers are
+        // mapped read-only and handed out only as shared references.
+        let views = unsafe { [seg.buffer_state(0), seg.buffer_state(1)] };
+        let mut reader = Reader {
+            views,
+            seg,
+            name: name.to_owned(),
+            slot,
+            pid,
+            held: Held {
+                version: 0,
+                sequence: 0,
+                checksum: None,
+                buffer: 0,
+                generation: 0,
+            },
+        };
+        reader.take_active();
+        Ok(reader)
+    }
+
+    /// Hold the active buffer: name it in the slot, then re-read the active index until both agree.
+    fn take_active(&mut self) -> Held {
+        let mut buffer = self.seg.active();
+        loop {
+            self.seg.hold(self.slot, self.pid, buffer);
+            let now = self.seg.active();
+            if now == buffer {
+                break;
+            }
+            buffer = now;
+        }
+        self.held = held(buffer, self.seg.meta(buffer));
+        self.held
+    }
+
+    /// The held buffer's weights as a state dict over the shared memory (never written while held).
+    pub fn state(&self) -> &StateDict {
+        &self.views[usize::from(self.held.buffer)]
+    }
+
+    /// A buffer's view (0 = A, 1 = B; anything else is B), for bindings that build their tensor views once.
+    /// Only the held buffer's is stable: the applier may write the other one.
+    pub fn buffer_state(&self, buffer: u8) -> &StateDict {
+        &self.views[usize::from(buffer.min(1))]
+    }
+
+    pub fn held(&self) -> Held {
+        self.held
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Between steps: flip to the newest published version when it is not the held one (never blocks).
+    pub fn refresh(&mut self) -> Option<Held> {
+        let active = self.seg.active();
+        if self.seg.meta(active).generation == self.held.generation {
+            return None;
+        }
+        Some(self.take_active())
+    }
+
+    /// Wait (up to `timeout`) until a version newer than `than` is published, then hold it.
+    pub async fn wait_newer(
+        &mut self,
+        than: u64,
+        timeout: Duration,
+    ) -> Result<Held, HostSharedError> {
+        let started = Instant::now();
+        let mut backoff = Backoff::new();
+        loop {
+            self.refresh();
+            if self.held.version > than {
+                return Ok(self.held);
+            }
+            let waited = started.elapsed();
+            if waited >= timeout {
+                return Err(HostSharedError::NotNewer {
+                    name: self.name.clone(),
+                    than,
+                    held: self.held.version,
+                    waited,
+                });
+            }
+            tokio::time::sleep(backoff.next().min(timeout - waited)).await;
+        }
+    }
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader")
+            .field("name", &self.name)
+            .field("slot", &self.slot)
+            .field("held", &self.held)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Applier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Applier")
+            .field("name", &self.name)
+            .field("active", &self.active())
+            .finish()
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.seg.release_slot(self.slot);
+    }
+}
+
+#[cfg(test)]
+mod tests;
