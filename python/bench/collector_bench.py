@@ -12,6 +12,9 @@ weights; the collector hands them to the scheme under test:
 
 - ``rlsync-patch`` / ``rlsync-bucket``: ``rlsync.torchrl.RlsyncWeightSyncScheme("patch" | "bucket")`` over
   rlsync's shared-memory channel; each worker holds its own copy and installs in place;
+- ``rlsync-host-shared``: ``RlsyncWeightSyncScheme("patch", host_shared=True)``: the workers act on one
+  double-buffered copy in shared memory; worker 0 applies each patch to the back buffer, then every worker swaps
+  its parameters to the published buffer (its ack to the trainer follows the swap);
 - ``torchrl-shared``: TorchRL's ``SharedMemWeightSyncScheme()``: the collector's policy becomes one shared
   buffer that every worker's module is a view of; a send copies the weights into it (one memcpy) and notifies;
 - ``torchrl-mp``: TorchRL's ``MultiProcessWeightSyncScheme()``: the weights go through a queue (torch's
@@ -104,6 +107,8 @@ def make_scheme(method: str, socket_dir: str) -> Any:
     if method.startswith("rlsync-"):
         from rlsync.torchrl import RlsyncWeightSyncScheme
 
+        if method == "rlsync-host-shared":
+            return RlsyncWeightSyncScheme("patch", socket_dir=socket_dir, timeout=600, host_shared=True)
         return RlsyncWeightSyncScheme(method.split("-", 1)[1], socket_dir=socket_dir, timeout=600)
     from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme
 
@@ -208,6 +213,7 @@ def floors(args: argparse.Namespace) -> dict[str, float]:
 LABELS = {
     "rlsync-patch": "rlsync patch (`RlsyncWeightSyncScheme(\"patch\")`, shm)",
     "rlsync-bucket": "rlsync bucket (`RlsyncWeightSyncScheme(\"bucket\")`, shm)",
+    "rlsync-host-shared": "rlsync host-shared patch (`RlsyncWeightSyncScheme(\"patch\", host_shared=True)`)",
     "torchrl-shared": "TorchRL `SharedMemWeightSyncScheme`",
     "torchrl-mp": "TorchRL `MultiProcessWeightSyncScheme`",
 }
@@ -233,7 +239,7 @@ def print_table(results: list[dict[str, Any]], workers: list[int]) -> None:
         print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     ok = lambda k: k in by and "error" not in by[k]  # noqa: E731
     for n in workers:
-        for m in ("rlsync-patch", "rlsync-bucket"):
+        for m in ("rlsync-patch", "rlsync-bucket", "rlsync-host-shared"):
             if ok((m, n)) and ok(("torchrl-shared", n)):
                 print(f"- {n} worker(s): {m} / TorchRL shared-memory: "
                       f"{by[(m, n)]['e2e_ms'] / by[('torchrl-shared', n)]['e2e_ms']:.2f}x")
