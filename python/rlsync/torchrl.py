@@ -20,10 +20,11 @@ rlsync's syncers over rlsync's shared-memory channel (one host) or its authentic
   in shared memory (:mod:`rlsync.host_shared`) instead of one copy each. Worker 0 is the host's only receiver on
   rlsync's channel and applies each version to the back buffer; every worker's parameters are views of the
   active buffer, swapped to the new one (``param.data = view``, identity kept) by its background thread as soon
-  as it is published. ``send`` returns once the applier installed the version and every other worker swapped to
-  it. The views are read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes
-  install from a thread too): a forward pass running at that moment may read some tensors of the old version
-  and some of the new one, each tensor whole.
+  as it is published. ``send`` returns once every worker reported acting on the version (the applier after
+  installing and publishing it, the others after swapping to it; a dead one is named after ``timeout``). The
+  views are read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes install
+  from a thread too): a forward pass running at that moment may read some tensors of the old version and some
+  of the new one, each tensor whole.
 
 Lifecycle (as TorchRL's): ``init_on_sender`` / ``init_on_receiver`` do no communication and the scheme can be
 pickled into the workers between init and ``connect``; ``connect`` is the rendezvous that delivers the initial
@@ -293,7 +294,8 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         self._syncer, self._channel = syncer, channel
         if self.sync_strategy == "bucket":
             # Bucket receivers get their first weights as version 0 (patch's init bootstrap does this itself).
-            self._runner.run(syncer.sync(state, channel, 0, timeout=self.timeout, wait="applied"))
+            wait0 = None if self.host_shared else "applied"  # host-shared: every worker reports on the queue
+            self._runner.run(syncer.sync(state, channel, 0, timeout=self.timeout, wait=wait0))
         self._wait_readers(0)
 
     def send(self, weights: Any = None, worker_ids: int | list[int] | None = None) -> None:
@@ -313,16 +315,18 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                 )
         state = self._sender_state(weights)
         self._version += 1
-        wait = "applied" if self.sync else None
+        # Host-shared: the applier does not report installs on rlsync's channel; every worker, the applier
+        # included, reports the version it acts on through the scheme's queue instead (_wait_readers).
+        wait = "applied" if self.sync and not self.host_shared else None
         self._runner.run(self._syncer.sync(state, self._channel, self._version, timeout=self.timeout, wait=wait))
         if self.sync:
             self._wait_readers(self._version)
 
     def _wait_readers(self, version: int) -> None:
-        """Host-shared: wait until every worker but the applier swapped to ``version`` (bounded by ``timeout``)."""
+        """Host-shared: wait until every worker (the applier too) acts on ``version`` (bounded by ``timeout``)."""
         if not self.host_shared:
             return
-        readers = range(1, self._num_workers)
+        readers = range(self._num_workers)
         deadline = time.monotonic() + self.timeout
         while any(self._reader_versions.get(w, -1) < version for w in readers):
             left = deadline - time.monotonic()
@@ -340,11 +344,9 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         """Sender: ``{worker index: version it installed}`` for every live worker."""
         if self._syncer is None:
             return {}
-        acked = self._syncer.acked_versions()
         if self.host_shared:
-            acked.update((w, self._reader_versions.get(w, -1)) for w in range(1, self._num_workers))
-            acked = {w: v for w, v in acked.items() if v >= 0}
-        return acked
+            return {w: v for w, v in self._reader_versions.items() if v >= 0}
+        return self._syncer.acked_versions()
 
     @property
     def version(self) -> int:
@@ -408,6 +410,8 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         runner.close()
         self._syncer, self._channel = syncer, channel
         self._applied_version = self._returned_version = syncer.version
+        if self.host_shared:
+            self._reader_acks.put((self.worker_idx, syncer.version))
         self._start_background_receiver()
 
     def _current_state(self) -> dict[str, torch.Tensor]:
@@ -452,6 +456,8 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                         self._fail(exc)
                     return
                 self._installed(version)
+                if self.host_shared:
+                    self._reader_acks.put((self.worker_idx, version))
         except BaseException as exc:  # an unexpected error must not die silently in a daemon thread
             self._fail(exc)
         finally:
