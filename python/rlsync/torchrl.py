@@ -16,7 +16,7 @@ rlsync's syncers over rlsync's shared-memory channel (one host) or its authentic
 - Workers install in place (parameters keep their identity) and bump the collector's ``PolicyVersion`` once per
   update. CPU policies that TorchRL placed in shared memory are first given their own storage in the worker
   (otherwise the trainer's writes would reach the rollouts mid-update and the sync would do nothing).
-- ``host_shared=True`` (one host, ``transport="shm"``): the workers act on ONE double-buffered copy of the weights
+- ``host_shared=True`` (one host, ``transport="shm"``, ``strategy="patch"``): the workers act on ONE double-buffered copy of the weights
   in shared memory (:mod:`rlsync.host_shared`) instead of one copy each. Worker 0 is the host's only receiver on
   rlsync's channel and applies each version to the back buffer; every worker's parameters are views of the
   active buffer, swapped to the new one (``param.data = view``, identity kept) by its background thread as soon
@@ -151,6 +151,9 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
             raise ValueError(f"RlsyncWeightSyncScheme: transport must be 'shm' or 'tcp', got {transport!r}")
         if transport == "tcp" and (address is None or token is None):
             raise ValueError("RlsyncWeightSyncScheme: transport='tcp' needs address='host:port' and token=")
+        if host_shared and strategy != "patch":
+            # Not yet: with a bucket version the collector test hung (s12 session, left for the next one).
+            raise NotImplementedError("RlsyncWeightSyncScheme: host_shared=True supports strategy='patch' only so far")
         if host_shared and transport != "shm":
             raise ValueError(
                 "RlsyncWeightSyncScheme: host_shared=True shares one copy per host; it needs transport='shm'"
