@@ -7,6 +7,10 @@ Methods (each in its own set of processes, same state, same updates):
 - ``rlsync-patch`` / ``rlsync-bucket``: rlsync's Python API (``PatchWeightSyncer`` / ``BucketWeightSyncer``)
   on rlsync's shared-memory channel (``rlsync.shm_sender`` / ``shm_receiver``); every rollout process holds its
   own copy of the weights, installed in place;
+- ``rlsync-patch-host-shared`` / ``rlsync-bucket-host-shared``: the same syncers, host-shared (``rlsync.host_shared``):
+  rollout 0 is the host's one receiver and applies each version into one double-buffered copy in shared memory,
+  the other rollouts' parameters are views of it, swapped to each version it publishes (``HostSharedReader``);
+  a rollout counts as applied when it acts on the version (the applier: published; a reader: swapped);
 - ``rlsync-patch-threads`` / ``rlsync-bucket-threads``: the same, but the rollouts are threads of the trainer's
   process (each with its own model and event loop), which is how ``rlsync bench_sync`` runs its receivers: the
   same topology as the ``rust-*`` rows, so the ratio of the two is the Python API's own overhead;
@@ -168,20 +172,39 @@ def _rlsync_syncer(kind: str) -> Any:
     return rlsync.BucketWeightSyncer(bucket_size=512 << 20)
 
 
-def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, tensors: int, q: Any, cmd: Any) -> None:
-    """One rollout (a process, or a thread of the trainer's process): init, ``versions`` applies, then the hash."""
+def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, tensors: int, q: Any, cmd: Any,
+                   arena: str | None = None) -> None:
+    """One rollout (a process, or a thread of the trainer's process): init, ``versions`` applies, then the hash.
+    With ``arena`` (host-shared): rank 0 is the host's one receiver and applies into the arena; the other ranks are
+    readers whose parameters are views of it, swapped to each version the applier publishes."""
     import rlsync
 
     async def main() -> None:
         model = make_module(params, tensors, seed=None)
+        if arena is not None and rank > 0:
+            reader = rlsync.HostSharedReader(arena, model, timeout=600)
+            v = reader.version  # a reader attaching late may already hold version 1 (or later)
+            for target in range(1, versions + 1):
+                while v < target:
+                    v = reader.wait_newer(v, timeout=600)
+                q.put(("applied", rank, v, None))
+            cmd.wait()
+            q.put(("end", rank, state_hash(model), peak_rss_mib()))
+            reader.close()
+            return
         syncer = _rlsync_syncer(kind)
         rx = await rlsync.shm_receiver(path, rank, timeout=600)
-        await syncer.init_receiver(model.state_dict(), rx)
+        if arena is not None:
+            await syncer.init_receiver(model, rx, host_shared=arena)
+        else:
+            await syncer.init_receiver(model.state_dict(), rx)
         for _ in range(versions):
             v = await syncer.apply(model, rx)
             q.put(("applied", rank, v, syncer.last_report()))
         cmd.wait()  # the trainer made one more update, not sent
         q.put(("end", rank, state_hash(model), peak_rss_mib()))
+        if arena is not None:
+            await syncer.close()  # the arena unlinked
 
     try:
         asyncio.run(main())
@@ -198,9 +221,10 @@ def _get(q: Any, want: str) -> tuple:
     return msg
 
 
-def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: bool = False) -> dict[str, Any]:
+def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: bool = False,
+               host_shared: bool = False) -> dict[str, Any]:
     """rlsync's Python API; the rollouts are processes, or with ``threads`` threads of this (the trainer's)
-    process."""
+    process; with ``host_shared`` they act on one double-buffered copy per host (rank 0 receives and applies)."""
     import rlsync
 
     versions = args.steps + 1
@@ -212,7 +236,8 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
     reset_peak_rss()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.sock")
-        rollout_args = [(kind, path, r, versions, args.params, args.tensors, q, cmd) for r in range(n)]
+        arena = f"rlsync-bench-{os.getpid()}.arena" if host_shared else None
+        rollout_args = [(kind, path, r, versions, args.params, args.tensors, q, cmd, arena) for r in range(n)]
         if threads:
             procs = [threading.Thread(target=rlsync_rollout, args=a, daemon=True) for a in rollout_args]
         else:
@@ -224,7 +249,7 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
 
         async def trainer() -> dict[str, Any]:
             syncer = _rlsync_syncer(kind)
-            tx = await rlsync.shm_sender(path, n, timeout=600, slots=2)
+            tx = await rlsync.shm_sender(path, 1 if host_shared else n, timeout=600, slots=2)
             await syncer.init_sender(model.state_dict(), list(model.state_dict()), tx)
             e2e, send_s, reports = [], [], []
             for v in range(1, versions + 1):
@@ -240,7 +265,7 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
                 if v > 1:
                     e2e.append(t_done - t0)
                     send_s.append(t_sent - t0)
-                    reports.append(done[0][3])
+                    reports.append(next(m[3] for m in done if m[3] is not None))
             await syncer.flush()
             sent = state_hash(model)
             opt.step()  # not sent: private copies must not see it
@@ -264,6 +289,8 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
                 p.join(timeout=60)
                 if p.is_alive() and not threads:
                     p.kill()
+            if arena is not None:
+                rlsync.host_shared.unlink(arena)  # gone even when the applier died
     out.update(trainer_rss_mib=peak_rss_mib(), shm_mib=watch.peak / 2**20)
     if threads:
         out.pop("rollout_rss_mib", None)  # one process: its peak is the trainer's
@@ -398,7 +425,9 @@ LABELS = {
     "rlsync-patch-threads": "rlsync patch, Python API (shm), rollouts are threads of the trainer's process",
     "rust-patch": "rlsync patch, `rlsync bench_sync` (shm), receivers are threads of the sender's process",
     "rust-patch-borrowed": "rlsync patch, `rlsync bench_sync` (shm), receiver threads over memory they do not own",
+    "rlsync-patch-host-shared": "rlsync patch, Python API (shm), host-shared: rollout 0 applies, the others read",
     "rlsync-bucket": "rlsync bucket, Python API (shm), rollouts are processes",
+    "rlsync-bucket-host-shared": "rlsync bucket, Python API (shm), host-shared: rollout 0 applies, the others read",
     "rlsync-bucket-threads": "rlsync bucket, Python API (shm), rollouts are threads of the trainer's process",
     "rust-bucket": "rlsync bucket, `rlsync bench_sync` (shm), receivers are threads of the sender's process",
     "rust-bucket-borrowed": "rlsync bucket, `rlsync bench_sync` (shm), receiver threads over memory they do not own",
@@ -475,7 +504,8 @@ def main() -> None:
         for method in args.methods:
             try:
                 if method.startswith("rlsync-"):
-                    r = run_rlsync(method.split("-")[1], n, args, ctx, threads=method.endswith("-threads"))
+                    r = run_rlsync(method.split("-")[1], n, args, ctx, threads=method.endswith("-threads"),
+                                   host_shared=method.endswith("-host-shared"))
                 elif method.startswith("rust-"):
                     r = run_rust(method.split("-")[1], n, args, borrowed=method.endswith("-borrowed"))
                 elif method.startswith("torchrl-"):

@@ -435,7 +435,7 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         # A bucket version arrives in parts, and a bound that runs out between two of them drops the whole version
         # (its remaining parts are skipped), so its sender would wait for an ack that never comes (seen at 512 MiB
         # on a loaded host): a bucket worker waits with the scheme's timeout, and stops when the channel closes.
-        # A patch is one payload: the short poll cannot cut one in half.
+        # A patch's parts survive a poll that runs out between them (the receiver keeps them for the next call).
         poll = _POLL_S if self.sync_strategy == "patch" else self.timeout
         try:
             while not self._stop_event.is_set():
