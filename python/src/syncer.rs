@@ -394,6 +394,20 @@ fn take_receiver(c: &Bound<'_, PyAny>) -> PyResult<transport::Receiver> {
     ))
 }
 
+/// A receiver's channel: rlsync's own when `channel` is given, else a bridge whose bytes the caller's `recv`
+/// carries (its `BridgeIo` is returned for the op to pump).
+fn receiver_end(
+    channel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(transport::Receiver, Option<BridgeIo>)> {
+    Ok(match channel {
+        Some(c) => (take_receiver(c)?, None),
+        None => {
+            let (rx, io) = bridge::bridge_receiver();
+            (rx, Some(io))
+        }
+    })
+}
+
 /// `tensors` in the order of `keys` (matched by name); a missing, unknown or repeated name is an error naming it.
 fn in_order(tensors: Vec<Desc>, keys: &[String]) -> PyResult<Vec<Desc>> {
     let differs = |what: String| {
@@ -603,13 +617,7 @@ impl NativeSyncer {
         let names = tensors.iter().map(|d| d.0.clone()).collect();
         let (tensors, dev) = this.stage(tensors)?;
         let (mut st, keep) = borrow(tensors)?;
-        let (mut ch, io) = match channel {
-            Some(c) => (take_receiver(c)?, None),
-            None => {
-                let (rx, io) = bridge::bridge_receiver();
-                (rx, Some(io))
-            }
-        };
+        let (mut ch, io) = receiver_end(channel)?;
         ch.set_bound(bound);
         let reports = io.is_none();
         let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
@@ -685,13 +693,7 @@ impl NativeSyncer {
         let (st, keep) = borrow(tensors)?;
         let mut applier =
             Applier::create(&name, &st.state, max_readers).map_err(|e| host_shared_error(&e))?;
-        let (mut ch, io) = match channel {
-            Some(c) => (take_receiver(c)?, None),
-            None => {
-                let (rx, io) = bridge::bridge_receiver();
-                (rx, Some(io))
-            }
-        };
+        let (mut ch, io) = receiver_end(channel)?;
         ch.set_bound(bound);
         let syncer = this.take("init_receiver", EndKind::Uninit, unready)?;
         this.start_init(names, &io);
