@@ -83,6 +83,9 @@ pub enum UsageError {
     NoEntry,
 }
 
+/// The entry points `rlsync` takes, as shell completion offers them (the usage line names the same).
+const ENTRY_POINTS: [&str; 4] = ["bench_sync", "plot", "train_async", "train_embodied"];
+
 const USAGE: &str = "usage: rlsync {train_embodied,train_async,bench_sync,plot} [--help] [--hydra-help] [--version] [--cfg {job,hydra,all}]
               [--resolve] [--package PACKAGE] [--run] [--multirun] [--shell-completion] [--config-path CONFIG_PATH]
               [--config-name CONFIG_NAME] [--config-dir CONFIG_DIR]
@@ -478,12 +481,15 @@ pub fn completion_candidates(line: &str) -> Vec<String> {
         words.pop().unwrap_or_default()
     };
     let Some((first, typed)) = words.split_first() else {
-        return ["bench_sync", "train_async", "train_embodied"]
+        return ENTRY_POINTS
             .into_iter()
             .filter(|e| e.starts_with(&word))
             .map(str::to_owned)
             .collect();
     };
+    if first == "plot" {
+        return crate::plot::complete(typed, &word);
+    }
     let Some(entry) = Entry::parse(first) else {
         return Vec::new();
     };
@@ -705,6 +711,20 @@ mod tests {
             "{help}"
         );
         assert!(help.starts_with("usage: rlsync {train_embodied,train_async,bench_sync,plot}"));
+    }
+
+    #[test]
+    fn completion_offers_every_entry_point_of_the_usage_line_and_plots_own_words() {
+        let listed = USAGE
+            .split_once('{')
+            .and_then(|(_, rest)| rest.split_once('}'))
+            .map(|(names, _)| names)
+            .unwrap();
+        let mut listed: Vec<&str> = listed.split(',').collect();
+        listed.sort();
+        assert_eq!(completion_candidates("rlsync "), listed);
+        assert_eq!(completion_candidates("rlsync p"), ["plot"]);
+        assert_eq!(completion_candidates("rlsync plot --o"), ["--output"]);
     }
 
     #[test]

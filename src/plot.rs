@@ -277,6 +277,75 @@ pub fn select_keys(runs: &[Run], asked: &[String]) -> Result<Vec<String>, PlotEr
     Ok(keys)
 }
 
+/// Shell completion after `rlsync plot` (`typed`: the words already on the line after `plot`; `word`: the one
+/// being completed): flags, directories (run or sweep directories, or the way to them), and the metric names
+/// and prefixes of the runs already named; after `-o` any path. Unreadable runs complete nothing of theirs.
+pub fn complete(typed: &[String], word: &str) -> Vec<String> {
+    if matches!(typed.last().map(String::as_str), Some("-o" | "--output")) {
+        return complete_path(word, false);
+    }
+    if word.starts_with('-') {
+        return ["--output", "-o"]
+            .into_iter()
+            .filter(|f| f.starts_with(word))
+            .map(str::to_owned)
+            .collect();
+    }
+    let mut found = complete_path(word, true);
+    let mut keys: Vec<String> = Vec::new();
+    for dir in typed.iter().map(Path::new).filter(|p| p.is_dir()) {
+        for job in expand(dir).unwrap_or_default() {
+            let Ok(run) = load_run(&job) else { continue };
+            for key in run.series.keys() {
+                // The key, and each prefix of it ending in `/` (a group of panels).
+                let prefixes = key.match_indices('/').map(|(i, _)| &key[..=i]);
+                for k in prefixes.chain(std::iter::once(key.as_str())) {
+                    if k.starts_with(word) && !keys.iter().any(|have| have == k) {
+                        keys.push(k.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    keys.sort();
+    found.extend(keys);
+    found
+}
+
+/// Paths starting with `word` (directories end in `/`); `dirs_only` leaves files out. Hidden entries only
+/// when the typed name starts with `.`.
+fn complete_path(word: &str, dirs_only: bool) -> Vec<String> {
+    let (parent, prefix) = match word.rfind('/') {
+        Some(i) => (&word[..=i], &word[i + 1..]),
+        None => ("", word),
+    };
+    let dir = if parent.is_empty() {
+        Path::new(".")
+    } else {
+        Path::new(parent)
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            if !name.starts_with(prefix) || (name.starts_with('.') && !prefix.starts_with('.')) {
+                return None;
+            }
+            let is_dir = e.path().is_dir();
+            match (is_dir, dirs_only) {
+                (true, _) => Some(format!("{parent}{name}/")),
+                (false, false) => Some(format!("{parent}{name}")),
+                (false, true) => None,
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 /// `rlsync plot`: load the runs, draw one panel per metric, write the PNG; returns its path.
 pub fn run(args: &PlotArgs) -> Result<PathBuf, PlotError> {
     let mut runs = Vec::new();
@@ -457,6 +526,41 @@ mod tests {
         let yaml: String = overrides.iter().map(|o| format!("- {o}\n")).collect();
         std::fs::write(dir.join(".hydra/overrides.yaml"), yaml).unwrap();
         std::fs::write(dir.join("metrics.jsonl"), records.join("\n")).unwrap();
+    }
+
+    #[test]
+    fn completion_offers_flags_run_directories_and_the_named_runs_metrics() {
+        let tmp = tempfile::tempdir().unwrap();
+        let run = tmp.path().join("run_a");
+        write_run(
+            &run,
+            &[],
+            &[r#"{"step":0,"env/return":-40.5,"sync/bytes":10,"sync/time_ms":2.0}"#],
+        );
+        std::fs::create_dir_all(tmp.path().join("run_b")).unwrap();
+        std::fs::write(tmp.path().join("notes.txt"), "x").unwrap();
+        let base = format!("{}/", tmp.path().display());
+        assert_eq!(complete(&[], "-"), ["--output", "-o"]);
+        assert_eq!(
+            complete(&[], &format!("{base}run")),
+            [format!("{base}run_a/"), format!("{base}run_b/")]
+        );
+        // Files only after -o; hidden entries only when asked for.
+        assert_eq!(
+            complete(&["-o".into()], &format!("{base}no")),
+            [format!("{base}notes.txt")]
+        );
+        assert!(complete(&[], &format!("{base}no")).is_empty());
+        let typed = [run.display().to_string()];
+        assert_eq!(
+            complete(&typed, "sync/"),
+            ["sync/", "sync/bytes", "sync/time_ms"]
+        );
+        assert_eq!(complete(&typed, "env/r"), ["env/return"]);
+        // A run that cannot be read completes nothing of its own (no panic).
+        std::fs::write(tmp.path().join("run_b/metrics.jsonl"), "not json").unwrap();
+        let typed = [tmp.path().join("run_b").display().to_string()];
+        assert!(complete(&typed, "env/").is_empty());
     }
 
     #[test]
