@@ -23,7 +23,7 @@ NVRTC_STAMP := $(NVRTC_DIR)/.rlsync-nvrtc
 # into its binary and tests.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test lint test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx
+.PHONY: all build run run-gym test lint doc test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx
 
 all: build
 
@@ -61,11 +61,16 @@ python: venv
 test: lint test-ptx test-rust conformance test-python
 
 # rustfmt.toml's style, and clippy with warnings as errors on every target of every crate of the workspace
-# (the shipped feature set: rlsync-core with `cuda`), then rlsync-core alone without it (the GPU dummy).
+# (the shipped feature set: rlsync-core with `cuda`), then rlsync-core alone without it (the GPU dummy), then
+# the contributors' docs with every intra-doc link resolving (`make doc` opens nothing, it writes target/doc).
 lint: venv
 	$(CARGO) fmt --all --check
 	$(TORCH_ENV) $(CARGO) clippy --workspace --all-targets --release --locked -- -D warnings
 	$(CARGO) clippy -p rlsync-core --all-targets --release --locked -- -D warnings
+	$(MAKE) doc
+
+doc: venv
+	RUSTDOCFLAGS="-D warnings" $(TORCH_ENV) $(CARGO) doc --no-deps --workspace --document-private-items --locked
 
 # Every crate's unit tests and integration tests in one cargo invocation (the learner's runs need both
 # binaries, which `build` makes), then rlsync-core's GPU tests in a build without `cuda` (the dummy's errors). cargo-nextest, where installed, runs them with per-test timings and the slow

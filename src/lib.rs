@@ -17,7 +17,7 @@
 //! - [`logging`]: console logging set-up (tracing) for the orchestrator and the workers.
 //! - [`dry_run`]: the `--dry-run` report (process plan, sync volume, pre-flight checks).
 //! - [`plot`]: `rlsync plot`, learning curves from runs' `metrics.jsonl` as PNG.
-//! - [`bench`]: `rlsync bench_sync`, the weight-sync benchmark entry point.
+//! - [`bench`](mod@bench): `rlsync bench_sync`, the weight-sync benchmark entry point.
 
 pub mod bench;
 pub mod checkpoint;

@@ -15,7 +15,7 @@
 //!   (an applier installs into the back buffer and flips; readers hold a buffer between their steps).
 //! - [`bytes`]: the one little-endian byte reader and writer, and the LEB128 varint.
 //! - [`atomic_file`]: a file replaced whole or not at all (checkpoints, local copies, the launch file).
-//! - [`error_chain`]: an error and its causes on one line.
+//! - [`error_chain`](mod@error_chain): an error and its causes on one line.
 
 pub mod atomic_file;
 pub mod bytes;

@@ -2,7 +2,7 @@
 //!
 //! - [`rl`]: policies (MLP, VLA-style frozen backbone + adapters, TorchScript), PPO and GRPO, checkpoints with
 //!   the optimizer's state.
-//! - [`env`]: built-in vectorised embodied tasks (reach, cartpole), deterministic under a seed.
+//! - [`env`](mod@env): built-in vectorised embodied tasks (reach, cartpole), deterministic under a seed.
 //! - [`workload`]: the learner as the app's `Workload` on the trainer and the rollouts, and the builder the
 //!   `rlsync-learner` executable hands to the app's worker runtime.
 //! - `trajectory_codec`: rollout chunks as they cross processes.

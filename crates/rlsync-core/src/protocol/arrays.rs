@@ -3,7 +3,7 @@
 //! A Python rollout returns its trajectories as a dict of arrays of any names, dtypes and shapes; the binding
 //! encodes them here, the orchestrator routes the payload unopened, and the Python trainer gets them back as
 //! arrays. Each chunk is self-delimiting, so a `Train` blob holds several back to back (as with
-//! [`trajectory`](super::trajectory)). Layout (little-endian):
+//! `trajectory`). Layout (little-endian):
 //!
 //! ```text
 //! "RLNA" u32 format u64 body_len | body

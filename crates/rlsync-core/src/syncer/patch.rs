@@ -2,13 +2,14 @@
 //! install on the receiver.
 //!
 //! Build scans each synced tensor against the snapshot (held in the receiver's dtype) in segments of
-//! [`SEGMENT`] elements (the unit of parallelism), comparing 32-element blocks (wide SIMD compares where the
-//! CPU has them) and only looking at single elements inside blocks that differ; exactly the changed elements
-//! are written into the snapshot as they are found. Install validates the whole payload (every index in
-//! range, every stream exactly consumed) before it writes a single byte, so a rejected patch leaves the
-//! weights untouched. A version travels as parts of whole tensors ([`part_ranges`]); a receiver installing
-//! part by part keeps an [`Undo`] of each part until the last one verified, and [`roll_back`] restores the
-//! weights bitwise if a later part fails.
+//! [`SEGMENT`](crate::syncer::patch::SEGMENT) elements (the unit of parallelism), comparing 32-element
+//! blocks (wide SIMD compares where the CPU has them) and only looking at single elements inside blocks that
+//! differ; exactly the changed elements are written into the snapshot as they are found. Install validates
+//! the whole payload (every index in range, every stream exactly consumed) before it writes a single byte,
+//! so a rejected patch leaves the weights untouched. A version travels as parts of whole tensors
+//! ([`part_ranges`](crate::syncer::patch::part_ranges)); a receiver installing part by part keeps an
+//! [`Undo`](crate::syncer::patch::Undo) of each part until the last one verified, and
+//! [`roll_back`](crate::syncer::patch::roll_back) restores the weights bitwise if a later part fails.
 
 use std::num::NonZeroUsize;
 

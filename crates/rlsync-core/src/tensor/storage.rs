@@ -41,7 +41,7 @@ impl Layout {
         self.checked_numel()?.checked_mul(self.dtype.size_bytes())
     }
 
-    /// The 2-D COO view used to address patches: scalar (1,1), 1-D (1,N), 2-D as is, ≥3-D (shape[0], rest).
+    /// The 2-D COO view used to address patches: scalar `(1, 1)`, 1-D `(1, N)`, 2-D as is, ≥3-D `(shape[0], rest)`.
     /// `None` on overflow.
     pub fn coo_view(&self) -> Option<(usize, usize)> {
         match self.shape.as_slice() {
