@@ -273,7 +273,7 @@ fn log_shared(shared: &SharedWeights, arena: &str) {
         }
         SharedWeights::Views => tracing::info!(
             "acts on the host's shared weights {arena} in place: the policy's weights are views of the held \
-             buffer, re-pointed at every chunk (no copy per version)"
+             buffer, re-pointed for every chunk and evaluation (no copy per version)"
         ),
         SharedWeights::Imports { why } => tracing::warn!(
             "copies each version of the host's shared weights {arena} into its own: {}",

@@ -1,6 +1,7 @@
 //! The libtorch learner through real worker processes: `rlsync train_embodied` on reach learns, rollouts act
-//! with exactly the trainer's weights (patch and bucket), vla_tiny's frozen keys stay out of patches, and
-//! checkpoints (mlp_policy and the TorchScript example) resume where they were saved.
+//! with exactly the trainer's weights (patch and bucket, and host-shared: acting on the arena through views,
+//! no copy), vla_tiny's frozen keys stay out of patches, and checkpoints (mlp_policy and the TorchScript
+//! example) resume where they were saved.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -115,6 +116,55 @@ fn rollouts_act_with_exactly_the_trainers_weights_with_patch_and_bucket() {
             "{syncer}: behaviour KL per step {kls:?}"
         );
     }
+}
+
+#[test]
+fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own_copies() {
+    let dir = Dir::new();
+    let three = [
+        "cluster.component_placement.rollout=0-2",
+        "env.train.total_num_envs=12",
+        "env.eval.total_num_envs=6",
+        "runner.max_steps=4",
+        "runner.val_check_interval=2",
+        "runner.verify_sync=true",
+    ];
+    let shared = [&three[..], &["weight_syncer.host_shared=true"]].concat();
+    let rows = train(&dir, "shared", &shared);
+    assert_eq!(rows.len(), 4);
+    for row in &rows {
+        assert_eq!(
+            row.get("sync/verified").and_then(Value::as_bool),
+            Some(true),
+            "{row:?}"
+        );
+    }
+    let kls = behav_kls(&rows);
+    assert!(
+        kls.iter().all(|kl| kl.abs() < 1e-6),
+        "the rollouts act with the trainer's weights: behaviour KL per step {kls:?}"
+    );
+    for rank in 0..3 {
+        let log = std::fs::read_to_string(dir.join(&format!("shared/logs/rollout-{rank}.log")))
+            .unwrap_or_default();
+        assert!(
+            log.contains("the policy's weights are views of the held buffer"),
+            "rollout-{rank}: {log}"
+        );
+        assert!(
+            log.contains("copied 0 bytes of weights out of the host's shared buffers"),
+            "rollout-{rank}: {log}"
+        );
+    }
+    // The same run with a copy of the weights per rollout: the same actions, so the same losses, bit for bit.
+    let own = train(&dir, "own", &three);
+    let losses = |rows: &[Row]| -> Vec<Option<f64>> {
+        rows.iter()
+            .map(|r| r.get("actor/loss").and_then(Value::as_f64))
+            .collect()
+    };
+    assert_eq!(losses(&rows), losses(&own));
+    assert!(losses(&own).iter().all(Option::is_some));
 }
 
 #[test]
