@@ -155,8 +155,8 @@ pub trait Workload: Send {
     fn act_on_shared(&mut self, _state: &StateDict) -> Result<SharedWeights, WorkloadError> {
         Ok(SharedWeights::InPlace)
     }
-    /// Rollout: bytes of weights this workload copied out of the states it was handed so far, when it counts
-    /// them (`None`).
+    /// Rollout: bytes of weights this workload copied out of the states it was handed so far; `None` when it
+    /// does not count them.
     fn imported_weight_bytes(&self) -> Option<u64> {
         None
     }

@@ -144,6 +144,12 @@ fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own
         kls.iter().all(|kl| kl.abs() < 1e-6),
         "the rollouts act with the trainer's weights: behaviour KL per step {kls:?}"
     );
+    // Evaluations act on the views too: every eval env finished its one episode.
+    let evals: Vec<i64> = rows
+        .iter()
+        .filter_map(|r| r.get("eval/episodes").and_then(Value::as_i64))
+        .collect();
+    assert_eq!(evals, [6, 6], "{rows:?}");
     for rank in 0..3 {
         let log = std::fs::read_to_string(dir.join(&format!("shared/logs/rollout-{rank}.log")))
             .unwrap_or_default();
@@ -158,13 +164,15 @@ fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own
     }
     // The same run with a copy of the weights per rollout: the same actions, so the same losses, bit for bit.
     let own = train(&dir, "own", &three);
-    let losses = |rows: &[Row]| -> Vec<Option<f64>> {
+    let column = |rows: &[Row], key: &str| -> Vec<Option<f64>> {
         rows.iter()
-            .map(|r| r.get("actor/loss").and_then(Value::as_f64))
+            .map(|r| r.get(key).and_then(Value::as_f64))
             .collect()
     };
-    assert_eq!(losses(&rows), losses(&own));
-    assert!(losses(&own).iter().all(Option::is_some));
+    for key in ["actor/loss", "eval/return"] {
+        assert_eq!(column(&rows, key), column(&own, key), "{key}");
+    }
+    assert!(column(&own, "actor/loss").iter().all(Option::is_some));
 }
 
 #[test]
