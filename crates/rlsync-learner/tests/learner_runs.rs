@@ -118,6 +118,23 @@ fn rollouts_act_with_exactly_the_trainers_weights_with_patch_and_bucket() {
     }
 }
 
+/// Every rollout of the run in `<dir>/<name>` said it acts on the host's shared weights through views, and
+/// copied no weights out of them.
+fn assert_rollouts_viewed(dir: &Dir, name: &str, rollouts: u32) {
+    for rank in 0..rollouts {
+        let log = std::fs::read_to_string(dir.join(&format!("{name}/logs/rollout-{rank}.log")))
+            .unwrap_or_default();
+        assert!(
+            log.contains("the policy's weights are views of the held buffer"),
+            "rollout-{rank}: {log}"
+        );
+        assert!(
+            log.contains("copied 0 bytes of weights out of the host's shared buffers"),
+            "rollout-{rank}: {log}"
+        );
+    }
+}
+
 #[test]
 fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own_copies() {
     let dir = Dir::new();
@@ -150,18 +167,7 @@ fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own
         .filter_map(|r| r.get("eval/episodes").and_then(Value::as_i64))
         .collect();
     assert_eq!(evals, [6, 6], "{rows:?}");
-    for rank in 0..3 {
-        let log = std::fs::read_to_string(dir.join(&format!("shared/logs/rollout-{rank}.log")))
-            .unwrap_or_default();
-        assert!(
-            log.contains("the policy's weights are views of the held buffer"),
-            "rollout-{rank}: {log}"
-        );
-        assert!(
-            log.contains("copied 0 bytes of weights out of the host's shared buffers"),
-            "rollout-{rank}: {log}"
-        );
-    }
+    assert_rollouts_viewed(&dir, "shared", 3);
     // The same run with a copy of the weights per rollout: the same actions, so the same losses, bit for bit.
     let own = train(&dir, "own", &three);
     let column = |rows: &[Row], key: &str| -> Vec<Option<f64>> {
@@ -173,6 +179,40 @@ fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own
         assert_eq!(column(&rows, key), column(&own, key), "{key}");
     }
     assert!(column(&own, "actor/loss").iter().all(Option::is_some));
+}
+
+#[test]
+fn host_shared_rollouts_on_views_run_beside_background_installs() {
+    // train_async with no-wait installs: the applier writes the back buffer while the rollouts act on views of
+    // the buffer each holds, flipping between chunks.
+    let dir = Dir::new();
+    let run_dir = "hydra.run.dir=async";
+    let out = dir.run(&[
+        "train_async",
+        "model@actor.model=mlp_policy",
+        "env@env.train=reach",
+        "env@env.eval=reach",
+        "cluster.component_placement.rollout=0-2",
+        "env.train.total_num_envs=12",
+        "env.eval.total_num_envs=6",
+        "runner.max_steps=6",
+        "runner.val_check_interval=3",
+        "weight_syncer.host_shared=true",
+        "actor.sync_weight_no_wait=true",
+        "runner.logger.logger_backends=[]",
+        run_dir,
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let rows = rows_of(&dir, "async");
+    assert_eq!(rows.len(), 6);
+    assert!(
+        rows.iter().all(|r| r
+            .get("actor/loss")
+            .and_then(Value::as_f64)
+            .is_some_and(f64::is_finite)),
+        "{rows:?}"
+    );
+    assert_rollouts_viewed(&dir, "async", 3);
 }
 
 #[test]
