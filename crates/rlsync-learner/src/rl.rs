@@ -61,6 +61,9 @@ pub enum RlError {
     Checkpoint(#[from] CheckpointError),
     #[error("weights do not match the model: {reason}")]
     WeightsMismatch { reason: String },
+    /// A state dict the actor's weights were to be views of does not hold them as they are.
+    #[error("the actor's weights cannot be views of this state dict")]
+    NoViews(#[source] NoViews),
     /// The actor's weights were views of a shared state dict, released when the call that bound them ended.
     #[error("the actor holds no weights outside a call that points it at a state dict")]
     NoWeights,

@@ -218,11 +218,7 @@ pub(crate) unsafe fn point_at(
             reason: "the policy's weights are not the ones its layout names".into(),
         });
     }
-    layout
-        .viewable(state)
-        .map_err(|refused| RlError::WeightsMismatch {
-            reason: refused.to_string(),
-        })?;
+    layout.viewable(state).map_err(RlError::NoViews)?;
     for (name, mut dst) in weights {
         let Some(src) = state.get(&name) else {
             continue;

@@ -796,7 +796,12 @@ fn views_act_like_an_imported_copy(cfg: &RunConfig) {
         viewer.viewable(&partial),
         Err(crate::rl::NoViews::Missing { .. })
     ));
-    assert!(viewer.with_views(&partial, 3, |_| Ok(())).is_err());
+    assert!(matches!(
+        viewer.with_views(&partial, 3, |_| Ok(())),
+        Err(crate::rl::RlError::NoViews(
+            crate::rl::NoViews::Missing { .. }
+        ))
+    ));
     assert!(viewer.with_views(&second, 2, |_| Ok(())).is_ok());
 }
 
