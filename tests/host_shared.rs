@@ -119,6 +119,15 @@ fn check_run(entry: Entry, kind: SyncerKind, rollouts: u32, no_wait: bool) {
         std::fs::read_to_string(dir.path().join(format!("logs/rollout-{rank}.log"))).unwrap()
     };
     assert!(log(0).contains("into the host's arena"), "{}", log(0));
+    // Each says how its workload acts on the held buffer: the synthetic one reads it in place.
+    for rank in 0..rollouts {
+        assert!(
+            log(rank).contains("acts on the host's shared weights")
+                && log(rank).contains("in place (no copy)"),
+            "{}",
+            log(rank)
+        );
+    }
     for rank in 1..rollouts {
         assert!(
             log(rank).contains("attached to the host's weights"),

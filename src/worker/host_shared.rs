@@ -6,6 +6,11 @@
 //! receiver. The others are readers: they attach to the arena, never touch the weight channel, and a restarted
 //! one just attaches again. Every rollout, the applier included, holds one buffer through its own reader slot;
 //! `Applied { version, checksum }` carries the checksum the applier published for that buffer.
+//!
+//! The workload is handed the held buffer's state for each chunk or evaluation, and told once, after the
+//! first hold, that it acts on shared memory (`Workload::act_on_shared`): a libtorch policy then points its
+//! weights at the handed buffer for the length of each call instead of importing each version. The buffer is
+//! flipped (`refresh`) only between those calls, while nothing of the workload reads it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,7 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::protocol::launch::{HostShared, LoopKind};
 use crate::worker::rollout::{evaluate, generate};
-use crate::worker::workload::Workload;
+use crate::worker::workload::{SharedWeights, Workload};
 use crate::worker::{WorkerContext, WorkerError, kernel_threads};
 use rlsync_core::host_shared::{Applier, Held, HostSharedError, Published, Reader};
 use rlsync_core::protocol::messages::{Command, Report};
@@ -163,6 +168,8 @@ pub(crate) async fn run(
                     );
                     ctx.control.report(&me.applied(started), &[]).await?;
                 }
+                let shared = workload.act_on_shared(me.reader()?.state())?;
+                log_shared(&shared, &me.spec.arena);
             }
             Command::Apply => {
                 let started = Instant::now();
@@ -237,7 +244,14 @@ pub(crate) async fn run(
                 let report = evaluate(workload.as_mut(), reader.state(), reader.held().version)?;
                 ctx.control.report(&report, &[]).await?;
             }
-            Command::Stop => return Ok(()),
+            Command::Stop => {
+                if let Some(bytes) = workload.imported_weight_bytes() {
+                    tracing::info!(
+                        "copied {bytes} bytes of weights out of the host's shared buffers in this run"
+                    );
+                }
+                return Ok(());
+            }
             other @ (Command::Sync { .. }
             | Command::Train { .. }
             | Command::Rejoin { .. }
@@ -248,6 +262,23 @@ pub(crate) async fn run(
                 });
             }
         }
+    }
+}
+
+/// Says once how this rollout acts on the host's weights.
+fn log_shared(shared: &SharedWeights, arena: &str) {
+    match shared {
+        SharedWeights::InPlace => {
+            tracing::info!("acts on the host's shared weights {arena} in place (no copy)");
+        }
+        SharedWeights::Views => tracing::info!(
+            "acts on the host's shared weights {arena} in place: the policy's weights are views of the held \
+             buffer, re-pointed for every chunk and evaluation (no copy per version)"
+        ),
+        SharedWeights::Imports { why } => tracing::warn!(
+            "copies each version of the host's shared weights {arena} into its own: {}",
+            rlsync_core::error_chain(why.as_ref())
+        ),
     }
 }
 

@@ -102,6 +102,22 @@ pub struct TrajectoryChunk {
     pub data: Vec<u8>,
 }
 
+/// How a rollout's workload uses the host's shared weights (`weight_syncer.host_shared`), as it answered
+/// [`Workload::act_on_shared`].
+#[derive(Debug)]
+pub enum SharedWeights {
+    /// It acts on the state it is handed itself, copying nothing (the default: the synthetic workload reads
+    /// it, a Python rollout's parameters are views of it).
+    InPlace,
+    /// Its model's weights are views of the state it is handed, pointed at it for the length of each call
+    /// (a libtorch policy): no copy per version, and the model's own weights are released.
+    Views,
+    /// It copies each new version into its own weights: `why` it cannot act on the shared ones in place.
+    Imports {
+        why: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
 /// The compute of a run. The trainer calls `init_state` then `train_step` per batch; each rollout calls
 /// `init_state` then `rollout` per chunk. Both sides build the same layout from the same config, so frozen
 /// tensors agree without being synced. Implementations may block (they run on dedicated threads).
@@ -130,6 +146,19 @@ pub trait Workload: Send {
         _version: u64,
     ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
         Ok(None)
+    }
+    /// Rollout in the host-shared mode, once, after it first holds a buffer of the host's arena and before
+    /// any `rollout` or `evaluate`: every state those are handed from now on is a buffer of the host's shared
+    /// memory laid out like `state` — a read-only mapping, never to be written, whose bytes may be read only
+    /// during the call it is handed to (between calls the buffer may flip, and the applier writes the one
+    /// nobody holds). The workload says how it acts on them. Not called outside the host-shared mode.
+    fn act_on_shared(&mut self, _state: &StateDict) -> Result<SharedWeights, WorkloadError> {
+        Ok(SharedWeights::InPlace)
+    }
+    /// Rollout: bytes of weights this workload copied out of the states it was handed so far; `None` when it
+    /// does not count them.
+    fn imported_weight_bytes(&self) -> Option<u64> {
+        None
     }
     /// Trainer: save a checkpoint of `state` (and whatever resuming needs) after `step` trainer steps, holding
     /// weight `version`, to `<run_dir>/checkpoints/global_step_<step>/`; returns that directory. By default the

@@ -24,7 +24,7 @@ mod workload;
 use std::path::PathBuf;
 
 pub use advantage::{gae, group_relative};
-pub use libtorch::{Actor, Learner};
+pub use libtorch::{Actor, Learner, NoViews};
 pub use metrics::TrainMetrics;
 pub use trajectory::{ActMode, ActionBuf, Decision, Trajectory, collect, evaluate};
 pub use workload::{RolloutWork, TrainerWork, rollout_dtype};
@@ -61,6 +61,17 @@ pub enum RlError {
     Checkpoint(#[from] CheckpointError),
     #[error("weights do not match the model: {reason}")]
     WeightsMismatch { reason: String },
+    /// A state dict the actor's weights were to be views of does not hold them as they are.
+    #[error("the actor's weights cannot be views of this state dict")]
+    NoViews(#[source] NoViews),
+    /// The actor's weights were views of a shared state dict, released when the call that bound them ended.
+    #[error("the actor holds no weights outside a call that points it at a state dict")]
+    NoWeights,
+    /// Weights cannot be copied into an actor while its weights are views of a shared state dict.
+    #[error(
+        "the actor's weights are read-only views of a state dict now: nothing may be copied into them"
+    )]
+    ReadOnlyViews,
     #[error(transparent)]
     Env(#[from] EnvError),
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 use rlsync::config::schema::{ModelType, RunConfig};
 use rlsync::worker::workload::{
-    Batch, EpisodeMetrics, Placement, TrainStats, TrajectoryChunk, Workload, WorkloadError,
+    Batch, EpisodeMetrics, Placement, SharedWeights, TrainStats, TrajectoryChunk, Workload,
+    WorkloadError,
 };
 use rlsync_core::protocol::arrays::ChunkOrigin;
 use rlsync_core::protocol::messages::Role;
@@ -153,8 +154,23 @@ impl Workload for LearnerRollout {
         state: &StateDict,
         version: u64,
     ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
-        self.work.install(state, version)?;
-        Ok(Some(self.work.evaluate()?))
+        Ok(Some(self.work.evaluate_state(state, version)?))
+    }
+
+    /// The policy's weights become views of each shared buffer handed to `rollout`/`evaluate` (for the call)
+    /// when the buffers hold them in the policy's dtypes — they do: the arena is laid out from a rollout's
+    /// own `init_state` — else each version is imported as outside the host-shared mode, naming why.
+    fn act_on_shared(&mut self, state: &StateDict) -> Result<SharedWeights, WorkloadError> {
+        Ok(match self.work.act_on_views(state) {
+            Ok(()) => SharedWeights::Views,
+            Err(refused) => SharedWeights::Imports {
+                why: Box::new(refused),
+            },
+        })
+    }
+
+    fn imported_weight_bytes(&self) -> Option<u64> {
+        Some(self.work.imported_bytes())
     }
 
     fn rollout(

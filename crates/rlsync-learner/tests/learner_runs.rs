@@ -1,6 +1,7 @@
 //! The libtorch learner through real worker processes: `rlsync train_embodied` on reach learns, rollouts act
-//! with exactly the trainer's weights (patch and bucket), vla_tiny's frozen keys stay out of patches, and
-//! checkpoints (mlp_policy and the TorchScript example) resume where they were saved.
+//! with exactly the trainer's weights (patch and bucket, and host-shared: acting on the arena through views,
+//! no copy), vla_tiny's frozen keys stay out of patches, and checkpoints (mlp_policy and the TorchScript
+//! example) resume where they were saved.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -115,6 +116,103 @@ fn rollouts_act_with_exactly_the_trainers_weights_with_patch_and_bucket() {
             "{syncer}: behaviour KL per step {kls:?}"
         );
     }
+}
+
+/// Every rollout of the run in `<dir>/<name>` said it acts on the host's shared weights through views, and
+/// copied no weights out of them.
+fn assert_rollouts_viewed(dir: &Dir, name: &str, rollouts: u32) {
+    for rank in 0..rollouts {
+        let log = std::fs::read_to_string(dir.join(&format!("{name}/logs/rollout-{rank}.log")))
+            .unwrap_or_default();
+        assert!(
+            log.contains("the policy's weights are views of the held buffer"),
+            "rollout-{rank}: {log}"
+        );
+        assert!(
+            log.contains("copied 0 bytes of weights out of the host's shared buffers"),
+            "rollout-{rank}: {log}"
+        );
+    }
+}
+
+#[test]
+fn host_shared_rollouts_act_on_the_arena_through_views_exactly_as_with_their_own_copies() {
+    let dir = Dir::new();
+    let three = [
+        "cluster.component_placement.rollout=0-2",
+        "env.train.total_num_envs=12",
+        "env.eval.total_num_envs=6",
+        "runner.max_steps=4",
+        "runner.val_check_interval=2",
+        "runner.verify_sync=true",
+    ];
+    let shared = [&three[..], &["weight_syncer.host_shared=true"]].concat();
+    let rows = train(&dir, "shared", &shared);
+    assert_eq!(rows.len(), 4);
+    for row in &rows {
+        assert_eq!(
+            row.get("sync/verified").and_then(Value::as_bool),
+            Some(true),
+            "{row:?}"
+        );
+    }
+    let kls = behav_kls(&rows);
+    assert!(
+        kls.iter().all(|kl| kl.abs() < 1e-6),
+        "the rollouts act with the trainer's weights: behaviour KL per step {kls:?}"
+    );
+    // Evaluations act on the views too: every eval env finished its one episode.
+    let evals: Vec<i64> = rows
+        .iter()
+        .filter_map(|r| r.get("eval/episodes").and_then(Value::as_i64))
+        .collect();
+    assert_eq!(evals, [6, 6], "{rows:?}");
+    assert_rollouts_viewed(&dir, "shared", 3);
+    // The same run with a copy of the weights per rollout: the same actions, so the same losses, bit for bit.
+    let own = train(&dir, "own", &three);
+    let column = |rows: &[Row], key: &str| -> Vec<Option<f64>> {
+        rows.iter()
+            .map(|r| r.get(key).and_then(Value::as_f64))
+            .collect()
+    };
+    for key in ["actor/loss", "eval/return"] {
+        assert_eq!(column(&rows, key), column(&own, key), "{key}");
+    }
+    assert!(column(&own, "actor/loss").iter().all(Option::is_some));
+}
+
+#[test]
+fn host_shared_rollouts_on_views_run_beside_background_installs() {
+    // train_async with no-wait installs: the applier writes the back buffer while the rollouts act on views of
+    // the buffer each holds, flipping between chunks.
+    let dir = Dir::new();
+    let run_dir = "hydra.run.dir=async";
+    let out = dir.run(&[
+        "train_async",
+        "model@actor.model=mlp_policy",
+        "env@env.train=reach",
+        "env@env.eval=reach",
+        "cluster.component_placement.rollout=0-2",
+        "env.train.total_num_envs=12",
+        "env.eval.total_num_envs=6",
+        "runner.max_steps=6",
+        "runner.val_check_interval=3",
+        "weight_syncer.host_shared=true",
+        "actor.sync_weight_no_wait=true",
+        "runner.logger.logger_backends=[]",
+        run_dir,
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let rows = rows_of(&dir, "async");
+    assert_eq!(rows.len(), 6);
+    assert!(
+        rows.iter().all(|r| r
+            .get("actor/loss")
+            .and_then(Value::as_f64)
+            .is_some_and(f64::is_finite)),
+        "{rows:?}"
+    );
+    assert_rollouts_viewed(&dir, "async", 3);
 }
 
 #[test]

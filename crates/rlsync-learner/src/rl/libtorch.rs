@@ -1,5 +1,6 @@
 //! The libtorch learner backend: the trainer's [`Learner`] (fp32 master weights, Adam, PPO/GRPO,
-//! checkpoints) and the rollouts' [`Actor`] (a copy of the policy, optionally in bf16).
+//! checkpoints) and the rollouts' [`Actor`] (a copy of the policy, optionally in bf16, or views of a shared
+//! state dict for the length of a call).
 
 mod adam;
 mod checkpoint;
@@ -28,6 +29,7 @@ use rlsync::checkpoint::{
     SCRIPT_FILE, WEIGHTS_FILE, checkpoint_dir,
 };
 use rlsync_core::tensor::Class;
+pub use state::NoViews;
 
 /// Turns a libtorch error into [`RlError::Torch`] with what was being done.
 fn torch_err(context: &'static str) -> impl Fn(tch::TchError) -> RlError {
@@ -257,11 +259,29 @@ fn install(policy: &Policy, weights: &[(String, Tensor)]) -> Result<(), RlError>
     })
 }
 
-/// A rollout's copy of the policy.
+/// What an actor's weights are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Weights {
+    /// Its own tensors (built, imported or loaded).
+    Own,
+    /// Read-only views of the state dict of the [`Actor::with_views`] call running now.
+    Views,
+    /// Empty: the views of the last call were released (the policy's own storage went at the first).
+    Released,
+}
+
+/// A rollout's copy of the policy — or, in the host-shared mode, views of a shared state dict: see
+/// [`Actor::with_views`].
 pub struct Actor {
     policy: Policy,
     rng: StdRng,
     version: u64,
+    /// The policy's names, kinds and shapes (what a state dict must hold to be viewed in place).
+    layout: state::Layout,
+    /// What the policy's weights are: its own, views (inside [`Actor::with_views`]) or released after it.
+    weights: Weights,
+    /// Bytes of weights copied into the policy out of state dicts ([`Actor::import_state`]).
+    imported_bytes: u64,
 }
 
 impl Actor {
@@ -275,10 +295,14 @@ impl Actor {
             WeightDtype::F16 => Kind::Half,
             WeightDtype::F32 => Kind::Float,
         });
+        let layout = state::Layout::of(&policy)?;
         Ok(Actor {
             policy,
             rng: StdRng::seed_from_u64(seed),
             version: 0,
+            layout,
+            weights: Weights::Own,
+            imported_bytes: 0,
         })
     }
 
@@ -289,6 +313,7 @@ impl Actor {
 
     /// Decides actions for `obs` (`num_envs * obs_dim` values).
     pub fn act(&mut self, obs: &[f32], mode: ActMode) -> Result<Decision, RlError> {
+        self.readable()?;
         let d = self.policy.spec.obs_dim;
         if d == 0 || !obs.len().is_multiple_of(d) {
             return Err(RlError::Shape {
@@ -307,6 +332,7 @@ impl Actor {
 
     /// The actor's weights as a state dict in its own dtypes (the receiver side of a sync starts from it).
     pub fn state_dict(&self) -> Result<rlsync_core::tensor::StateDict, RlError> {
+        self.readable()?;
         state::state_dict(&self.policy, None)
     }
 
@@ -316,13 +342,78 @@ impl Actor {
         state: &rlsync_core::tensor::StateDict,
         version: u64,
     ) -> Result<(), RlError> {
-        state::import_from(&self.policy, state)?;
+        self.writable()?;
+        self.imported_bytes += state::import_from(&self.policy, state)?;
         self.version = version;
         Ok(())
     }
 
+    /// The weights may be read: the actor's own, or views inside [`Actor::with_views`].
+    fn readable(&self) -> Result<(), RlError> {
+        match self.weights {
+            Weights::Own | Weights::Views => Ok(()),
+            Weights::Released => Err(RlError::NoWeights),
+        }
+    }
+
+    /// The weights may be written: only the actor's own (views may be of a read-only mapping).
+    fn writable(&self) -> Result<(), RlError> {
+        match self.weights {
+            Weights::Own => Ok(()),
+            Weights::Views => Err(RlError::ReadOnlyViews),
+            Weights::Released => Err(RlError::NoWeights),
+        }
+    }
+
+    /// Bytes of weights [`Actor::import_state`] copied so far (views copy none).
+    pub fn imported_bytes(&self) -> u64 {
+        self.imported_bytes
+    }
+
+    /// Whether `state` can be acted on in place by [`Actor::with_views`]: every weight has an entry of the
+    /// policy's own dtype and shape (else acting on it needs a converting copy: [`Actor::import_state`]).
+    pub fn viewable(&self, state: &rlsync_core::tensor::StateDict) -> Result<(), NoViews> {
+        self.layout.viewable(state)
+    }
+
+    /// Runs `f` with the policy's weights pointing at `state`'s tensors (the weights of `version`): views,
+    /// nothing copied. The views live exactly as long as this call — `state` stays borrowed throughout, and
+    /// before returning (also on an error) every weight is re-pointed at an empty tensor, so the actor keeps
+    /// no pointer into `state`, holds no weights of its own, and refuses to act until the next call. `f` only
+    /// acts (never trains: an actor has no optimizer). The policy's own storage is released at the first call.
+    pub fn with_views<R>(
+        &mut self,
+        state: &rlsync_core::tensor::StateDict,
+        version: u64,
+        f: impl FnOnce(&mut Actor) -> Result<R, RlError>,
+    ) -> Result<R, RlError> {
+        /// Releases the views however the call ends (an error, or a panic unwinding through it).
+        struct Unbind<'a>(&'a mut Actor);
+        impl Drop for Unbind<'_> {
+            fn drop(&mut self) {
+                self.0.weights = Weights::Released;
+                if let Err(e) = state::release(&self.0.policy) {
+                    // Views may stay, but the actor is `Released`: it neither reads nor writes them.
+                    tracing::error!("releasing the policy's views: {e}");
+                }
+            }
+        }
+        let bound = Unbind(self);
+        // From here on the weights are no longer the actor's own (a failed `point_at` may have re-pointed some).
+        bound.0.weights = Weights::Released;
+        // SAFETY: `state` is borrowed for this whole call, and `Unbind`'s drop runs on every way out of it: it
+        // re-points every weight at an empty tensor and marks the actor `Released`, so nothing reads the views
+        // after the call. Inside it the actor is `Views`: `act` reads the weights (under `no_grad`), and every
+        // method that writes weights (`import_state`, `load_from`) refuses; an actor has no training step.
+        unsafe { state::point_at(&bound.0.policy, &bound.0.layout, state) }?;
+        bound.0.weights = Weights::Views;
+        bound.0.version = version;
+        f(bound.0)
+    }
+
     /// Copies the learner's current weights and version (in-process sync, converting to this actor's dtype).
     pub fn load_from(&mut self, learner: &Learner) -> Result<(), RlError> {
+        self.writable()?;
         self.policy.copy_from(&learner.policy)?;
         self.version = learner.version;
         Ok(())

@@ -12,7 +12,7 @@ use rlsync_core::tensor::{DType, StateDict};
 
 use rlsync::checkpoint::CheckpointInfo;
 
-use super::{Actor, Learner, RlError, TrainMetrics, Trajectory, collect, evaluate};
+use super::{Actor, Learner, NoViews, RlError, TrainMetrics, Trajectory, collect, evaluate};
 
 /// The dtype rollouts hold weights in, which is also the dtype of the trainer's sync buffer.
 pub fn rollout_dtype(cfg: &RunConfig) -> DType {
@@ -92,7 +92,8 @@ impl TrainerWork {
     }
 }
 
-/// A rollout worker's half: its share of the envs and a copy of the policy.
+/// A rollout worker's half: its share of the envs and a copy of the policy (or, in the host-shared mode, the
+/// policy's weights as views of each state dict it is handed).
 pub struct RolloutWork {
     actor: Actor,
     env: VecEnv,
@@ -101,6 +102,9 @@ pub struct RolloutWork {
     workers: NonZeroU32,
     /// Version of the weights last imported from a state dict.
     installed: Option<u64>,
+    /// [`RolloutWork::act_on_views`] was called: every rollout and evaluation acts on the state dict it is
+    /// handed in place, for the length of the call; nothing is imported.
+    views: bool,
 }
 
 impl RolloutWork {
@@ -116,6 +120,7 @@ impl RolloutWork {
             rank,
             workers,
             installed: None,
+            views: false,
         })
     }
 
@@ -124,14 +129,37 @@ impl RolloutWork {
         self.actor.state_dict()
     }
 
-    /// Installs `state` (the weights of `version`) unless that version is already installed, then steps
-    /// every env `steps` times; each entry is tagged with `version`.
+    /// From now on act on the state dicts [`RolloutWork::rollout`] and [`RolloutWork::evaluate_state`] are
+    /// handed in place (the policy's weights are views of them for the length of each call: no copy per
+    /// version, and the policy's own weights are released), when `state` — laid out like every state dict to
+    /// come — holds every weight in the policy's own dtype and shape. Refused (and nothing changes: the
+    /// worker keeps importing each version) with the weight that would need a converting copy.
+    pub fn act_on_views(&mut self, state: &StateDict) -> Result<(), NoViews> {
+        self.actor.viewable(state)?;
+        self.views = true;
+        Ok(())
+    }
+
+    /// Bytes of weights copied out of state dicts into the policy so far (0 while it acts on views).
+    pub fn imported_bytes(&self) -> u64 {
+        self.actor.imported_bytes()
+    }
+
+    /// Installs `state` (the weights of `version`) unless that version is already installed — or, acting on
+    /// views, points the policy at `state` for the call — then steps every env `steps` times; each entry is
+    /// tagged with `version`.
     pub fn rollout(
         &mut self,
         state: &StateDict,
         version: u64,
         steps: usize,
     ) -> Result<Trajectory, RlError> {
+        if self.views {
+            let env = &mut self.env;
+            return self
+                .actor
+                .with_views(state, version, |actor| collect(env, actor, steps));
+        }
         self.install(state, version)?;
         collect(&mut self.env, &mut self.actor, steps)
     }
@@ -149,11 +177,32 @@ impl RolloutWork {
     /// [`RolloutWork::rollout`] or [`RolloutWork::install`]) on this worker's share of `env.eval`, on freshly
     /// built envs (the same episodes at every call): exactly one episode per env.
     pub fn evaluate(&mut self) -> Result<EpisodeMetrics, RlError> {
-        let mut env = VecEnv::new(&EnvOptions::for_worker(
+        let mut env = self.eval_env()?;
+        evaluate(&mut env, &mut self.actor)
+    }
+
+    /// [`RolloutWork::evaluate`] of `state`, the weights of `version`: installed first, or (acting on views)
+    /// pointed at for the call.
+    pub fn evaluate_state(
+        &mut self,
+        state: &StateDict,
+        version: u64,
+    ) -> Result<EpisodeMetrics, RlError> {
+        if self.views {
+            let mut env = self.eval_env()?;
+            return self
+                .actor
+                .with_views(state, version, |actor| evaluate(&mut env, actor));
+        }
+        self.install(state, version)?;
+        self.evaluate()
+    }
+
+    fn eval_env(&self) -> Result<VecEnv, RlError> {
+        Ok(VecEnv::new(&EnvOptions::for_worker(
             &self.cfg.env.eval,
             self.rank,
             self.workers,
-        ))?;
-        evaluate(&mut env, &mut self.actor)
+        ))?)
     }
 }

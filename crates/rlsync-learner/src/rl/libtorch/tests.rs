@@ -384,6 +384,9 @@ fn torchscript_export_train_checkpoint_resume() {
     assert!(m[0].loss.is_finite());
     assert_eq!(resumed.global_step(), 4);
 
+    // A scripted module's parameters can be views of a shared state dict too.
+    views_act_like_an_imported_copy(&cfg);
+
     let mut missing = cfg.clone();
     missing.actor.model.torchscript_path = Some(tmp.path().join("nope.pt"));
     assert!(matches!(
@@ -698,4 +701,169 @@ fn trainer_and_two_rollout_workers_train_checkpoint_and_resume() {
         (resumed.learner().global_step(), resumed.learner().version()),
         (2, 2)
     );
+}
+
+/// A forward's outputs (head, log_std, value) as raw float32 bits.
+fn forward_bits(actor: &Actor, obs: &[f32]) -> Vec<u32> {
+    let d = actor.policy.spec.obs_dim as i64;
+    let x = tch::Tensor::from_slice(obs).view([-1, d]);
+    let heads = tch::no_grad(|| actor.policy.forward(&x)).unwrap();
+    let mut bits = Vec::new();
+    for t in [Some(heads.head), heads.log_std, heads.value]
+        .into_iter()
+        .flatten()
+    {
+        let t = t.flatten(0, -1).contiguous();
+        bits.extend(
+            Vec::<f32>::try_from(&t)
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits()),
+        );
+    }
+    bits
+}
+
+/// An actor acting on views of a state dict acts bit for bit like one that imported it; its weights' data lie
+/// in the state dict's bytes during the call, it follows a rebind to another state dict, it copies nothing,
+/// and outside the call it holds no weights (and refuses to act or to be written).
+fn views_act_like_an_imported_copy(cfg: &RunConfig) {
+    let mut train_env = env(cfg, false);
+    let spec = train_env.spec();
+    let dtype = crate::rl::rollout_dtype(cfg);
+    let mut learner = Learner::new(cfg, spec).unwrap();
+    let mut copy = learner.actor(cfg, 0).unwrap();
+    let first = learner.state_dict(Some(dtype)).unwrap();
+    short_run(&mut learner, &mut copy, &mut train_env, 2);
+    let second = learner.state_dict(Some(dtype)).unwrap();
+    assert_ne!(entry_bytes(&first), entry_bytes(&second), "training moved");
+    let obs = train_env.obs().to_vec();
+
+    let mut viewer = Actor::new(cfg, spec, 0).unwrap();
+    viewer.viewable(&first).unwrap();
+    let mut outputs = Vec::new();
+    for (version, state) in [(1, &first), (2, &second), (1, &first)] {
+        let viewed = viewer
+            .with_views(state, version, |actor| {
+                for (name, t) in actor.policy.named_tensors().unwrap() {
+                    let entry = state.get(&name).unwrap();
+                    assert_eq!(
+                        t.data_ptr() as usize,
+                        entry.bytes().as_ptr() as usize,
+                        "{name} is a view of the state dict's bytes"
+                    );
+                    assert_eq!(t.numel(), entry.numel(), "{name}");
+                }
+                assert!(matches!(
+                    actor.import_state(state, version),
+                    Err(crate::rl::RlError::ReadOnlyViews)
+                ));
+                assert_eq!(actor.version(), version);
+                actor.act(&obs, ActMode::Deterministic)?;
+                Ok(forward_bits(actor, &obs))
+            })
+            .unwrap();
+        copy.import_state(state, version).unwrap();
+        assert_eq!(viewed, forward_bits(&copy, &obs), "version {version}");
+        outputs.push(viewed);
+    }
+    assert_ne!(
+        outputs[0], outputs[1],
+        "the rebind to the second state is followed"
+    );
+    assert_eq!(outputs[0], outputs[2], "and back");
+    assert_eq!(viewer.imported_bytes(), 0);
+    assert!(copy.imported_bytes() > 0);
+    // Outside the call: no bytes held, nothing acted on, nothing written.
+    for (name, t) in viewer.policy.named_tensors().unwrap() {
+        assert_eq!(t.numel(), 0, "{name} released");
+    }
+    assert!(matches!(
+        viewer.act(&obs, ActMode::Deterministic),
+        Err(crate::rl::RlError::NoWeights)
+    ));
+    assert!(matches!(
+        viewer.import_state(&first, 1),
+        Err(crate::rl::RlError::NoWeights)
+    ));
+    // A refused state dict (a weight missing) leaves the actor as it was: released, and the call fails.
+    let mut partial = rlsync_core::tensor::StateDict::new();
+    for (name, t) in first.iter().skip(1) {
+        let zeros = rlsync_core::tensor::Tensor::zeros(t.dtype(), t.shape(), t.class()).unwrap();
+        partial.insert(name.to_owned(), zeros);
+    }
+    assert!(matches!(
+        viewer.viewable(&partial),
+        Err(crate::rl::NoViews::Missing { .. })
+    ));
+    assert!(matches!(
+        viewer.with_views(&partial, 3, |_| Ok(())),
+        Err(crate::rl::RlError::NoViews(
+            crate::rl::NoViews::Missing { .. }
+        ))
+    ));
+    assert!(viewer.with_views(&second, 2, |_| Ok(())).is_ok());
+}
+
+#[test]
+fn mlp_policy_on_views_acts_like_an_imported_copy_in_fp32_and_bf16() {
+    for precision in [WeightDtype::F32, WeightDtype::Bf16] {
+        let mut cfg = reach_cfg();
+        cfg.rollout.model.precision = precision;
+        views_act_like_an_imported_copy(&cfg);
+    }
+}
+
+#[test]
+fn vla_tiny_on_views_acts_like_an_imported_copy() {
+    let mut cfg = reach_cfg();
+    cfg.actor.model.model_type = ModelType::VlaTiny;
+    cfg.actor.model.hidden_dim = nz(64);
+    cfg.actor.model.lora_rank = nz(4);
+    cfg.rollout.model.precision = WeightDtype::Bf16;
+    views_act_like_an_imported_copy(&cfg);
+}
+
+#[test]
+fn a_state_in_another_dtype_is_refused_for_views_and_imported_instead() {
+    use rlsync_core::tensor::DType;
+    let mut cfg = reach_cfg();
+    cfg.rollout.model.precision = WeightDtype::Bf16;
+    let spec = env(&cfg, false).spec();
+    let learner = Learner::new(&cfg, spec).unwrap();
+    let fp32 = learner.state_dict(Some(DType::F32)).unwrap();
+    let bf16 = learner.state_dict(Some(DType::Bf16)).unwrap();
+
+    let mut work = crate::rl::RolloutWork::new(&cfg, 0, nz(1)).unwrap();
+    let refused = work.act_on_views(&fp32).unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            crate::rl::NoViews::Dtype {
+                state: DType::F32,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    // The fallback imports (converting), as outside the host-shared mode.
+    work.rollout(&fp32, 1, 4).unwrap();
+    let imported = work.imported_bytes();
+    assert!(imported > 0);
+    work.evaluate_state(&fp32, 1).unwrap();
+    assert_eq!(
+        work.imported_bytes(),
+        imported,
+        "version 1 is installed already"
+    );
+
+    // Acting on views: rollouts and evaluations copy nothing, whatever the version.
+    let mut work = crate::rl::RolloutWork::new(&cfg, 0, nz(1)).unwrap();
+    work.act_on_views(&bf16).unwrap();
+    let a = work.rollout(&bf16, 1, 4).unwrap();
+    let e = work.evaluate_state(&bf16, 1).unwrap();
+    work.rollout(&bf16, 2, 4).unwrap();
+    assert_eq!(work.imported_bytes(), 0);
+    assert_eq!(a.len(), 4 * 16);
+    assert!(e.episodes > 0);
 }
