@@ -11,7 +11,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "python" / "bench" / "collector_bench.py"
-METHODS = {"rlsync-patch", "rlsync-bucket", "torchrl-shared", "torchrl-mp"}  # host-shared: see the bench
+METHODS = {
+    "rlsync-patch",
+    "rlsync-bucket",
+    "rlsync-patch-host-shared",
+    "rlsync-bucket-host-shared",
+    "torchrl-shared",
+    "torchrl-mp",
+}
 
 
 def test_collector_bench_smoke_verifies_every_method():
