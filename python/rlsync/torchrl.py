@@ -20,9 +20,10 @@ rlsync's syncers over rlsync's shared-memory channel (one host) or its authentic
   copy of the weights in shared memory (:mod:`rlsync.host_shared`) instead of one copy each. Worker 0 is the
   host's only receiver on rlsync's channel and applies each version to the back buffer; every worker's
   parameters are views of the active buffer, swapped to the new one (``param.data = view``, identity kept) by
-  its background thread as soon as it is published. ``send`` returns once every worker reported acting on the version (the applier after
-  installing and publishing it, the others after swapping to it; a dead one is named after ``timeout``). The
-  views are read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes install
+  its background thread as soon as it is published. ``send`` returns once every worker reported acting on the
+  version (the applier after installing and publishing it, the others after swapping to it; a dead one is named
+  after ``timeout``); a worker slow to swap off the back buffer only delays the next version. The views are
+  read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes install
   from a thread too): a forward pass running at that moment may read some tensors of the old version and some
   of the new one, each tensor whole.
 
@@ -422,7 +423,10 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
             if worker_idx is None:
                 worker_idx = getattr(context, "worker_idx", None)
             if model is None:
-                model = context.get_model(model_id) if hasattr(context, "get_model") else _resolve_model(context, model_id)
+                if hasattr(context, "get_model"):
+                    model = context.get_model(model_id)
+                else:
+                    model = _resolve_model(context, model_id)
             self.context = context
         if worker_idx is None:
             raise ValueError("RlsyncWeightSyncScheme.init_on_receiver needs worker_idx (from the context or kwargs)")
@@ -531,7 +535,9 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                     continue
                 except _native.TransportError as exc:
                     if not self._stop_event.is_set():
-                        torchrl_logger.warning(f"RlsyncWeightSyncScheme worker {self.worker_idx}: channel closed: {exc}")
+                        torchrl_logger.warning(
+                            f"RlsyncWeightSyncScheme worker {self.worker_idx}: channel closed: {exc}"
+                        )
                         self._fail(exc)
                     return
                 except _native.RlsyncError as exc:
@@ -598,7 +604,9 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                 lambda: self._applied_version > self._returned_version or self._receive_error is not None, wait_s
             )
             if self._receive_error is not None:
-                raise RuntimeError(f"RlsyncWeightSyncScheme worker {self.worker_idx}: receiving stopped") from self._receive_error
+                raise RuntimeError(
+                    f"RlsyncWeightSyncScheme worker {self.worker_idx}: receiving stopped"
+                ) from self._receive_error
             if not got:
                 return None
             self._returned_version = self._applied_version
