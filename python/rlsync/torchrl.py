@@ -382,6 +382,20 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         self._runner.run(self._syncer.sync(state, self._channel, self._version, timeout=self.timeout, wait=wait))
         if self.sync:
             self._wait_readers(self._version)
+        else:
+            self._drain_acks()
+
+    def _drain_acks(self) -> None:
+        """Host-shared: take the workers' reports that arrived so far without waiting (with ``sync=False``
+        nothing else reads them, and a worker whose queue pipe filled up could not exit)."""
+        if not self.host_shared or self._reader_acks is None:
+            return
+        while True:
+            try:
+                worker, got = self._reader_acks.get_nowait()
+            except queue.Empty:
+                return
+            self._reader_versions[worker] = max(got, self._reader_versions.get(worker, -1))
 
     def _wait_readers(self, version: int) -> None:
         """Host-shared: wait until every worker (the applier too) acts on ``version`` (bounded by ``timeout``)."""
@@ -406,6 +420,7 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         if self._syncer is None:
             return {}
         if self.host_shared:
+            self._drain_acks()
             return {w: v for w, v in self._reader_versions.items() if v >= 0}
         return self._syncer.acked_versions()
 
