@@ -317,14 +317,23 @@ def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, tmp_path):
     (s12's hang: the applier's thread gave up, and every later send waited for its timeout); a second collector
     in the same process works as the first; the processes exit cleanly without the schemes being shut down (a
     worker's thread inside rlsync at exit aborted it with "FATAL: exception not rethrown" and left the arena)."""
-    before = shm_segments()
     tests = Path(__file__).resolve().parent
     code = (
         "import test_adapter_torchrl as t; "
         f"t._host_shared_rounds({strategy!r}, {str(tmp_path)!r}, rounds=2, versions=4)"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0 and "rounds done" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
-    assert "FATAL" not in out.stderr, out.stderr[-4000:]
-    assert shm_segments() == before  # no arena, no channel segment left
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0 and "rounds done" in stdout, stdout[-2000:] + stderr[-4000:]
+    assert "FATAL" not in stderr, stderr[-4000:]
+    # No arena and no channel segment of the child's (both are named after the trainer's pid; other processes'
+    # segments on this host are not this test's).
+    assert [n for n in shm_segments() if f"-{child.pid}-" in n] == []
