@@ -638,6 +638,17 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         thread = getattr(self, "_background_thread", None)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_POLL_S * 4 + 1)
+        if thread is not None and thread.is_alive() and getattr(self, "_host_reader", None) is not None:
+            # A host-shared reader's thread waits at most _POLL_S inside the reader; closing the reader while it
+            # is in there deadlocks (the binding holds the reader's lock across the wait, then needs the GIL
+            # this thread holds while it waits for that lock; reported). Wait it out, bounded.
+            thread.join(timeout=self.timeout)
+            if thread.is_alive():
+                torchrl_logger.warning(
+                    f"RlsyncWeightSyncScheme worker {self.worker_idx}: its receiving thread did not stop within "
+                    f"{self.timeout} s; the model is left on the shared arena"
+                )
+                self._host_reader = None
         self._background_thread = None
         syncer = getattr(self, "_syncer", None)
         runner = getattr(self, "_runner", None)

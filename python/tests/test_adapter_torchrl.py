@@ -334,6 +334,6 @@ def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, tmp_path):
             child.communicate()
     assert child.returncode == 0 and "rounds done" in stdout, stdout[-2000:] + stderr[-4000:]
     assert "FATAL" not in stderr, stderr[-4000:]
-    # No arena and no channel segment of the child's (both are named after the trainer's pid; other processes'
-    # segments on this host are not this test's).
-    assert [n for n in shm_segments() if f"-{child.pid}-" in n] == []
+    # No arena and no channel segment of the child's (both are named after the trainer's pid: "rlsync-torchrl-<pid>-"
+    # and "rlsync.<pid>."; other processes' segments on this host are not this test's).
+    assert [n for n in shm_segments() if f"-{child.pid}-" in n or f".{child.pid}." in n] == []
