@@ -34,6 +34,10 @@ channel (nothing is left in ``/dev/shm``). TorchRL's collectors do not shut thei
 trainer's nor the workers'), so each process also does it when it exits: a worker stops its background thread
 before the interpreter finalizes (a thread still inside rlsync then would abort the process with "FATAL:
 exception not rethrown") and the applier removes the arena; the trainer removes the arena it named.
+
+Known limit: with the ``fork`` start method (TorchRL's default is ``spawn``), workers forked from a trainer that
+already used rlsync in that process (a second collector) cannot use it: rlsync's native runtime does not survive
+``fork`` and their connect never completes (the trainer's ``connect`` fails after ``timeout``).
 """
 
 from __future__ import annotations
