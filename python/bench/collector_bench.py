@@ -12,9 +12,10 @@ weights; the collector hands them to the scheme under test:
 
 - ``rlsync-patch`` / ``rlsync-bucket``: ``rlsync.torchrl.RlsyncWeightSyncScheme("patch" | "bucket")`` over
   rlsync's shared-memory channel; each worker holds its own copy and installs in place;
-- ``rlsync-host-shared``: ``RlsyncWeightSyncScheme("patch", host_shared=True)``: the workers act on one
-  double-buffered copy in shared memory; worker 0 applies each patch to the back buffer, then every worker swaps
-  its parameters to the published buffer (its ack to the trainer follows the swap);
+- ``rlsync-patch-host-shared`` / ``rlsync-bucket-host-shared``: ``RlsyncWeightSyncScheme("patch" | "bucket",
+  host_shared=True)``: the workers act on one double-buffered copy in shared memory; worker 0 applies each
+  version to the back buffer, then every worker swaps its parameters to the published buffer (its ack to the
+  trainer follows the swap);
 - ``torchrl-shared``: TorchRL's ``SharedMemWeightSyncScheme()``: the collector's policy becomes one shared
   buffer that every worker's module is a view of; a send copies the weights into it (one memcpy) and notifies;
 - ``torchrl-mp``: TorchRL's ``MultiProcessWeightSyncScheme()``: the weights go through a queue (torch's
@@ -103,13 +104,13 @@ def make_env() -> Any:
     return ContinuousActionVecMockEnv()
 
 
-def make_scheme(method: str, socket_dir: str) -> Any:
+def make_scheme(method: str, socket_dir: str, timeout: float) -> Any:
     if method.startswith("rlsync-"):
         from rlsync.torchrl import RlsyncWeightSyncScheme
 
-        if method == "rlsync-host-shared":
-            return RlsyncWeightSyncScheme("patch", socket_dir=socket_dir, timeout=600, host_shared=True)
-        return RlsyncWeightSyncScheme(method.split("-", 1)[1], socket_dir=socket_dir, timeout=600)
+        strategy = method.split("-")[1]  # rlsync-<patch|bucket>[-host-shared]
+        host_shared = method.endswith("-host-shared")
+        return RlsyncWeightSyncScheme(strategy, socket_dir=socket_dir, timeout=timeout, host_shared=host_shared)
     from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme
 
     return MultiProcessWeightSyncScheme() if method == "torchrl-mp" else SharedMemWeightSyncScheme()
@@ -149,7 +150,9 @@ def run(method: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         )
         opt = AdamLike(trainer, args.lr)
         weights = TensorDict.from_module(trainer)  # the trainer's live weights (views): what every version sends
-        scheme = make_scheme(method, probe_dir)
+        # rlsync's waits are bounded: a worker that stops acknowledging fails the row instead of hanging the run
+        # (10 minutes for the full size on a loaded host; 2 for the smoke).
+        scheme = make_scheme(method, probe_dir, timeout=120 if args.smoke else 600)
         collector = MultiSyncCollector(
             [make_env] * n,
             policy,
@@ -213,7 +216,8 @@ def floors(args: argparse.Namespace) -> dict[str, float]:
 LABELS = {
     "rlsync-patch": "rlsync patch (`RlsyncWeightSyncScheme(\"patch\")`, shm)",
     "rlsync-bucket": "rlsync bucket (`RlsyncWeightSyncScheme(\"bucket\")`, shm)",
-    "rlsync-host-shared": "rlsync host-shared patch (`RlsyncWeightSyncScheme(\"patch\", host_shared=True)`)",
+    "rlsync-patch-host-shared": "rlsync host-shared patch (`RlsyncWeightSyncScheme(\"patch\", host_shared=True)`)",
+    "rlsync-bucket-host-shared": "rlsync host-shared bucket (`RlsyncWeightSyncScheme(\"bucket\", host_shared=True)`)",
     "torchrl-shared": "TorchRL `SharedMemWeightSyncScheme`",
     "torchrl-mp": "TorchRL `MultiProcessWeightSyncScheme`",
 }
@@ -239,7 +243,7 @@ def print_table(results: list[dict[str, Any]], workers: list[int]) -> None:
         print(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     ok = lambda k: k in by and "error" not in by[k]  # noqa: E731
     for n in workers:
-        for m in ("rlsync-patch", "rlsync-bucket", "rlsync-host-shared"):
+        for m in ("rlsync-patch", "rlsync-bucket", "rlsync-patch-host-shared", "rlsync-bucket-host-shared"):
             if ok((m, n)) and ok(("torchrl-shared", n)):
                 print(f"- {n} worker(s): {m} / TorchRL shared-memory: "
                       f"{by[(m, n)]['e2e_ms'] / by[('torchrl-shared', n)]['e2e_ms']:.2f}x")
@@ -258,8 +262,6 @@ def main() -> int:
     args = ap.parse_args()
     if args.smoke:
         args.params, args.tensors, args.workers, args.steps = 1 << 20, 8, [2], 2
-        if args.methods == METHODS:  # rlsync-host-shared hung in the smoke run (s12, not yet debugged): by name only
-            args.methods = [m for m in METHODS if m != "rlsync-host-shared"]
     print(f"# {args.params} bf16 params ({args.params * 2 / 2**20:.0f} MiB) in {args.tensors} tensors, Adam-like lr "
           f"{args.lr}, {args.steps} timed versions, MultiSyncCollector; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}", flush=True)

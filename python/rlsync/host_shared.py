@@ -105,6 +105,7 @@ class HostSharedReader:
         with torch.no_grad():
             for t, key in self._targets:
                 t.data = views[key]
+        self._bound = buffer
 
     @property
     def name(self) -> str:
@@ -132,7 +133,16 @@ class HostSharedReader:
     def wait_newer(self, than: int, *, timeout: float = 60.0) -> int:
         """Block (up to ``timeout`` seconds, other Python threads run) until a version newer than ``than`` is
         published, swap the model to it and return it; :class:`rlsync.RlsyncError` when none came in time."""
-        held = self._native.wait_newer(int(than), float(timeout))
+        try:
+            held = self._native.wait_newer(int(than), float(timeout))
+        except BaseException:
+            # The native wait flips its slot to every version published meanwhile, also when none is newer
+            # than ``than`` (the same version published again, or ``than`` ahead of the held one). The model
+            # must view the buffer the slot names: the applier writes the other one.
+            buffer = self._native.held[3] if not self._native.closed else self._bound
+            if buffer != self._bound:
+                self._bind(buffer)
+            raise
         self._bind(held[3])
         return held[0]
 

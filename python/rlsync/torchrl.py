@@ -16,20 +16,28 @@ rlsync's syncers over rlsync's shared-memory channel (one host) or its authentic
 - Workers install in place (parameters keep their identity) and bump the collector's ``PolicyVersion`` once per
   update. CPU policies that TorchRL placed in shared memory are first given their own storage in the worker
   (otherwise the trainer's writes would reach the rollouts mid-update and the sync would do nothing).
-- ``host_shared=True`` (one host, ``transport="shm"``, ``strategy="patch"``): the workers act on ONE double-buffered copy of the weights
-  in shared memory (:mod:`rlsync.host_shared`) instead of one copy each. Worker 0 is the host's only receiver on
-  rlsync's channel and applies each version to the back buffer; every worker's parameters are views of the
-  active buffer, swapped to the new one (``param.data = view``, identity kept) by its background thread as soon
-  as it is published. ``send`` returns once every worker reported acting on the version (the applier after
-  installing and publishing it, the others after swapping to it; a dead one is named after ``timeout``). The
-  views are read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes install
+- ``host_shared=True`` (one host, ``transport="shm"``, patch or bucket): the workers act on ONE double-buffered
+  copy of the weights in shared memory (:mod:`rlsync.host_shared`) instead of one copy each. Worker 0 is the
+  host's only receiver on rlsync's channel and applies each version to the back buffer; every worker's
+  parameters are views of the active buffer, swapped to the new one (``param.data = view``, identity kept) by
+  its background thread as soon as it is published. ``send`` returns once every worker reported acting on the
+  version (the applier after installing and publishing it, the others after swapping to it; a dead one is named
+  after ``timeout``); a worker slow to swap off the back buffer only delays the next version. The views are
+  read-only memory. The swap runs on the worker's background thread (TorchRL's own schemes install
   from a thread too): a forward pass running at that moment may read some tensors of the old version and some
   of the new one, each tensor whole.
 
 Lifecycle (as TorchRL's): ``init_on_sender`` / ``init_on_receiver`` do no communication and the scheme can be
 pickled into the workers between init and ``connect``; ``connect`` is the rendezvous that delivers the initial
 weights; a background thread in each worker installs later versions as they arrive; ``shutdown`` releases the
-channel (nothing is left in ``/dev/shm``).
+channel (nothing is left in ``/dev/shm``). TorchRL's collectors do not shut their schemes down (neither the
+trainer's nor the workers'), so each process also does it when it exits: a worker stops its background thread
+before the interpreter finalizes (a thread still inside rlsync then would abort the process with "FATAL:
+exception not rethrown") and the applier removes the arena; the trainer removes the arena it named.
+
+Known limit: with the ``fork`` start method (TorchRL's default is ``spawn``), workers forked from a trainer that
+already used rlsync in that process (a second collector) cannot use it: rlsync's native runtime does not survive
+``fork`` and their connect never completes (the trainer's ``connect`` fails after ``timeout``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import tempfile
 import time
 import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,12 +62,38 @@ from torchrl.weight_update.weight_sync_schemes import WeightSyncScheme, register
 
 from . import _native, host_shared
 from ._blocking import Runner
-from .syncer import BucketWeightSyncer, PatchWeightSyncer, WeightSyncer, shm_receiver, shm_sender, tcp_receiver, tcp_sender
+from .syncer import (
+    BucketWeightSyncer,
+    PatchWeightSyncer,
+    WeightSyncer,
+    shm_receiver,
+    shm_sender,
+    tcp_receiver,
+    tcp_sender,
+)
 
 __all__ = ["RlsyncWeightSyncScheme"]
 
 _POLL_S = 0.5
 """How long the worker's background receiver waits for a version before it checks whether to stop."""
+
+
+def _back_buffer_held(exc: BaseException) -> bool:
+    """Whether a host-shared apply ran out of its wait for the back buffer (a reader had not yet left it): nothing
+    was consumed and the apply may be retried. The binding raises it as a plain ``RlsyncError``, told apart by its
+    message (``HostSharedError::BackBufferHeld``); a typed exception for it would be better (reported)."""
+    return type(exc) is _native.RlsyncError and "is still held by reader pid" in str(exc)
+
+
+def _shutdown_at_exit(ref: "weakref.ReferenceType[RlsyncWeightSyncScheme]") -> None:
+    """Run at interpreter exit (see :meth:`RlsyncWeightSyncScheme._shutdown_at_exit`)."""
+    scheme = ref()
+    if scheme is None:
+        return
+    try:
+        scheme.shutdown()
+    except Exception as exc:  # exit goes on; say what was left
+        torchrl_logger.warning(f"RlsyncWeightSyncScheme: shutdown at exit failed: {exc!r}")
 
 
 def _default_timeout() -> float:
@@ -151,15 +186,14 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
             raise ValueError(f"RlsyncWeightSyncScheme: transport must be 'shm' or 'tcp', got {transport!r}")
         if transport == "tcp" and (address is None or token is None):
             raise ValueError("RlsyncWeightSyncScheme: transport='tcp' needs address='host:port' and token=")
-        if host_shared and strategy != "patch":
-            # Not yet: with a bucket version the collector test hung (s12 session, left for the next one).
-            raise NotImplementedError("RlsyncWeightSyncScheme: host_shared=True supports strategy='patch' only so far")
         if host_shared and transport != "shm":
             raise ValueError(
                 "RlsyncWeightSyncScheme: host_shared=True shares one copy per host; it needs transport='shm'"
             )
         if "init_sync_enabled" in syncer_kwargs:
-            raise ValueError("RlsyncWeightSyncScheme: the initial weights always go out on connect (init_sync_enabled)")
+            raise ValueError(
+                "RlsyncWeightSyncScheme: the initial weights always go out on connect (init_sync_enabled)"
+            )
         super().__init__(extract_as)
         self.sync_strategy = strategy
         self.sync = bool(sync)
@@ -193,11 +227,12 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         self._receive_error: BaseException | None = None
         self._host_reader: host_shared.HostSharedReader | None = None
         self._reader_versions: dict[int, int] = {}
+        self._exit_hooked = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         for key in ("_runner", "_syncer", "_channel", "_receiver_weights", "_receiver_model", "_applied",
-                    "_receive_error", "_host_reader", "_reader_versions"):
+                    "_receive_error", "_host_reader", "_reader_versions", "_exit_hooked"):
             state.pop(key, None)
         return state
 
@@ -210,6 +245,28 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         if self.sync_strategy == "patch":
             return PatchWeightSyncer(init_sync_enabled=True, **self._syncer_kwargs)
         return BucketWeightSyncer(**self._syncer_kwargs)
+
+    def _shutdown_at_exit(self) -> None:
+        """Shut this scheme down when its process exits, before the interpreter finalizes (TorchRL's collectors
+        never call a scheme's ``shutdown``): a worker's background thread still blocked in rlsync when the
+        interpreter finalizes is ended by a forced unwind through rlsync's native frames, which aborts the
+        process ("FATAL: exception not rethrown") and leaves the arena behind. ``threading``'s exit hooks run in
+        a ``multiprocessing`` worker's own exit path too (fork and spawn), before non-daemon threads are joined.
+        The hook holds the scheme weakly."""
+        if self._exit_hooked:
+            return
+        register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9; else the plain atexit
+        hook = (_shutdown_at_exit, weakref.ref(self))
+        try:
+            if register is not None:
+                register(*hook)
+            else:
+                import atexit
+
+                atexit.register(*hook)
+        except RuntimeError:  # the interpreter is already shutting down: nothing to hook into
+            return
+        self._exit_hooked = True
 
     def create_transport(self, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -282,16 +339,21 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
             raise RuntimeError("RlsyncWeightSyncScheme: no weights to send (the model is gone)")
         return _flat(prepared)
 
-    def _setup_connection_and_weights_on_sender_impl(self, *, worker_idx: int | None = None, weights: Any = None) -> None:
+    def _setup_connection_and_weights_on_sender_impl(
+        self, *, worker_idx: int | None = None, weights: Any = None
+    ) -> None:
         if worker_idx is not None:
             raise RuntimeError("RlsyncWeightSyncScheme connects every worker at once (worker_idx is for receivers)")
         self._runner = Runner()
+        self._shutdown_at_exit()
         state = self._sender_state(weights)
         if self.transport == "shm":
             receivers = 1 if self.host_shared else self._num_workers  # host-shared: worker 0 receives for the host
             channel = self._runner.run(shm_sender(self._socket_path, receivers, timeout=self.timeout))
         else:
-            channel = self._runner.run(tcp_sender(self.address, self._num_workers, token=self._token, timeout=self.timeout))
+            channel = self._runner.run(
+                tcp_sender(self.address, self._num_workers, token=self._token, timeout=self.timeout)
+            )
         syncer = self._make_syncer()
         self._runner.run(syncer.init_sender(state, list(state), channel, timeout=self.timeout))
         self._syncer, self._channel = syncer, channel
@@ -324,6 +386,20 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         self._runner.run(self._syncer.sync(state, self._channel, self._version, timeout=self.timeout, wait=wait))
         if self.sync:
             self._wait_readers(self._version)
+        else:
+            self._drain_acks()
+
+    def _drain_acks(self) -> None:
+        """Host-shared: take the workers' reports that arrived so far without waiting (with ``sync=False``
+        nothing else reads them, and a worker whose queue pipe filled up could not exit)."""
+        if not self.host_shared or self._reader_acks is None:
+            return
+        while True:
+            try:
+                worker, got = self._reader_acks.get_nowait()
+            except queue.Empty:
+                return
+            self._reader_versions[worker] = max(got, self._reader_versions.get(worker, -1))
 
     def _wait_readers(self, version: int) -> None:
         """Host-shared: wait until every worker (the applier too) acts on ``version`` (bounded by ``timeout``)."""
@@ -348,6 +424,7 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         if self._syncer is None:
             return {}
         if self.host_shared:
+            self._drain_acks()
             return {w: v for w, v in self._reader_versions.items() if v >= 0}
         return self._syncer.acked_versions()
 
@@ -365,7 +442,10 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
             if worker_idx is None:
                 worker_idx = getattr(context, "worker_idx", None)
             if model is None:
-                model = context.get_model(model_id) if hasattr(context, "get_model") else _resolve_model(context, model_id)
+                if hasattr(context, "get_model"):
+                    model = context.get_model(model_id)
+                else:
+                    model = _resolve_model(context, model_id)
             self.context = context
         if worker_idx is None:
             raise ValueError("RlsyncWeightSyncScheme.init_on_receiver needs worker_idx (from the context or kwargs)")
@@ -392,9 +472,12 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         if self.host_shared and self.worker_idx > 0:
             # A reader: its parameters become views of the arena worker 0 applies to (waits for its first version).
             self._host_reader = host_shared.HostSharedReader(self._arena, state, timeout=self.timeout)
+            if self.sync_strategy == "bucket":
+                self._hold_trainer_weights(self._host_reader)
             self._applied_version = self._returned_version = self._host_reader.version
             self._reader_acks.put((self.worker_idx, self._host_reader.version))
             self._start_background_receiver()
+            self._shutdown_at_exit()
             return
         runner = Runner()
         if self.transport == "shm":
@@ -416,6 +499,22 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         if self.host_shared:
             self._reader_acks.put((self.worker_idx, syncer.version))
         self._start_background_receiver()
+        self._shutdown_at_exit()
+
+    def _hold_trainer_weights(self, reader: host_shared.HostSharedReader) -> None:
+        """Bucket, host-shared reader: wait (bounded) until the arena holds the trainer's initial weights. The
+        applier's init publishes the arena as version 0 with worker 0's own weights (a bucket handshake carries
+        no values); the trainer's come next as version 0 again (sequence 1). A reader attached in between would
+        otherwise report version 0 while acting on worker 0's weights."""
+        deadline = time.monotonic() + self.timeout
+        while reader._native.held[1] == 0:  # (version, sequence, ...): sequence 0 is the init's template
+            if reader.refresh() is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"RlsyncWeightSyncScheme worker {self.worker_idx}: the trainer's initial weights did not "
+                        f"reach arena {reader.name!r} within {self.timeout} s"
+                    )
+                time.sleep(0.002)
 
     def _current_state(self) -> dict[str, torch.Tensor]:
         """The worker's weights to install into: rebuilt when the collector replaced the model (TorchRL re-points
@@ -455,9 +554,18 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                     continue
                 except _native.TransportError as exc:
                     if not self._stop_event.is_set():
-                        torchrl_logger.warning(f"RlsyncWeightSyncScheme worker {self.worker_idx}: channel closed: {exc}")
+                        torchrl_logger.warning(
+                            f"RlsyncWeightSyncScheme worker {self.worker_idx}: channel closed: {exc}"
+                        )
                         self._fail(exc)
                     return
+                except _native.RlsyncError as exc:
+                    if not _back_buffer_held(exc):
+                        raise
+                    # Host-shared: a reader has not yet swapped off the back buffer (a slow or busy worker; it
+                    # swaps on its own). Nothing was consumed: wait again. Ending the thread here left the host
+                    # without an applier, and the trainer's next send waited for its timeout (the s12 hang).
+                    continue
                 self._installed(version)
                 if self.host_shared:
                     self._reader_acks.put((self.worker_idx, version))
@@ -515,7 +623,9 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                 lambda: self._applied_version > self._returned_version or self._receive_error is not None, wait_s
             )
             if self._receive_error is not None:
-                raise RuntimeError(f"RlsyncWeightSyncScheme worker {self.worker_idx}: receiving stopped") from self._receive_error
+                raise RuntimeError(
+                    f"RlsyncWeightSyncScheme worker {self.worker_idx}: receiving stopped"
+                ) from self._receive_error
             if not got:
                 return None
             self._returned_version = self._applied_version
@@ -532,6 +642,17 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
         thread = getattr(self, "_background_thread", None)
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=_POLL_S * 4 + 1)
+        if thread is not None and thread.is_alive() and getattr(self, "_host_reader", None) is not None:
+            # A host-shared reader's thread waits at most _POLL_S inside the reader; closing the reader while it
+            # is in there deadlocks (the binding holds the reader's lock across the wait, then needs the GIL
+            # this thread holds while it waits for that lock; reported). Wait it out, bounded.
+            thread.join(timeout=self.timeout)
+            if thread.is_alive():
+                torchrl_logger.warning(
+                    f"RlsyncWeightSyncScheme worker {self.worker_idx}: its receiving thread did not stop within "
+                    f"{self.timeout} s; the model is left on the shared arena"
+                )
+                self._host_reader = None
         self._background_thread = None
         syncer = getattr(self, "_syncer", None)
         runner = getattr(self, "_runner", None)

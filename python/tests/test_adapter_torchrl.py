@@ -9,7 +9,11 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,8 +73,7 @@ def test_bad_arguments_are_clear_errors():
         RlsyncWeightSyncScheme("delta")
     with pytest.raises(ValueError, match="host_shared=True .* needs transport='shm'"):
         RlsyncWeightSyncScheme(transport="tcp", address="127.0.0.1:1", token="t", host_shared=True)
-    with pytest.raises(NotImplementedError, match="strategy='patch' only"):
-        RlsyncWeightSyncScheme("bucket", host_shared=True)
+    assert RlsyncWeightSyncScheme("bucket", host_shared=True).host_shared  # both strategies share a host copy
     with pytest.raises(ValueError, match="address='host:port' and token="):
         RlsyncWeightSyncScheme(transport="tcp")
     scheme = RlsyncWeightSyncScheme()
@@ -78,7 +81,9 @@ def test_bad_arguments_are_clear_errors():
         scheme.init_on_sender(model_id="policy", params_map={0: {}}, num_workers=1)
 
 
-@pytest.mark.parametrize("strategy,host_shared", [("patch", False), ("bucket", False), ("patch", True)])
+@pytest.mark.parametrize(
+    "strategy,host_shared", [("patch", False), ("bucket", False), ("patch", True), ("bucket", True)]
+)
 def test_multi_sync_collector(strategy, host_shared, tmp_path):
     """Two worker processes; the trainer changes its policy; after update_policy_weights_ every worker acts
     with the new weights and its policy version moved by exactly one. ``host_shared``: both act on one arena
@@ -272,3 +277,63 @@ def test_dead_worker_is_named_not_a_hang(tmp_path):
         if worker.is_alive():
             worker.kill()
         scheme.shutdown()
+
+
+def _host_shared_rounds(strategy: str, socket_dir: str, rounds: int, versions: int) -> None:
+    """Run in a child process by ``test_host_shared_survives_a_stalled_reader_and_restarts``: ``rounds``
+    collectors one after another in this process, each 2 workers x ``versions`` updates, worker 1 stopped
+    (SIGSTOP) across the publish of version 2; the collectors are shut down, their schemes never are (as
+    TorchRL does): the processes clean up as they exit."""
+    for _ in range(rounds):
+        policy = make_policy(0.0)
+        scheme = RlsyncWeightSyncScheme(strategy, socket_dir=socket_dir, timeout=20, host_shared=True)
+        collector = MultiSyncCollector(
+            [make_env, make_env], policy, frames_per_batch=20, total_frames=-1, weight_sync_schemes={"policy": scheme}
+        )
+        try:
+            it = iter(collector)
+            assert actions_match(next(it), 0.0)
+            reader = collector.procs[1].pid
+            for v in range(1, versions + 1):
+                set_weights(policy, v / 8)
+                if v == 2:
+                    # Worker 1 keeps holding version 1's buffer while worker 0 publishes version 2 and then waits
+                    # for that buffer (longer than its poll): the applier must wait on, not give up.
+                    os.kill(reader, signal.SIGSTOP)
+                    threading.Timer(1.5, os.kill, (reader, signal.SIGCONT)).start()
+                collector.update_policy_weights_()  # bounded: TimeoutError after 20 s, not a hang
+                assert scheme.acked_versions() == {0: v, 1: v}, (v, scheme.acked_versions())
+                next(it)
+                assert actions_match(next(it), v / 8), v
+        finally:
+            collector.shutdown()
+    print("rounds done", flush=True)
+
+
+@pytest.mark.parametrize("strategy", ["patch", "bucket"])
+def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, tmp_path):
+    """Host-shared inside MultiSyncCollector, in a child process bounded by a timeout (a hang fails the test):
+    a reader that does not swap off the back buffer for longer than the applier's poll only delays that version
+    (s12's hang: the applier's thread gave up, and every later send waited for its timeout); a second collector
+    in the same process works as the first; the processes exit cleanly without the schemes being shut down (a
+    worker's thread inside rlsync at exit aborted it with "FATAL: exception not rethrown" and left the arena)."""
+    tests = Path(__file__).resolve().parent
+    code = (
+        "import test_adapter_torchrl as t; "
+        f"t._host_shared_rounds({strategy!r}, {str(tmp_path)!r}, rounds=2, versions=4)"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=300)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert child.returncode == 0 and "rounds done" in stdout, stdout[-2000:] + stderr[-4000:]
+    assert "FATAL" not in stderr, stderr[-4000:]
+    # No arena and no channel segment of the child's (both are named after the trainer's pid: "rlsync-torchrl-<pid>-"
+    # and "rlsync.<pid>."; other processes' segments on this host are not this test's).
+    assert [n for n in shm_segments() if f"-{child.pid}-" in n or f".{child.pid}." in n] == []

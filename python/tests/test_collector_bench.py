@@ -1,5 +1,6 @@
-"""python/bench/collector_bench.py --smoke: every method runs inside TorchRL's MultiSyncCollector to the end, each
-worker holds exactly the last version sent and none sees a version that was not sent (no timing asserts)."""
+"""python/bench/collector_bench.py --smoke: every method (host-shared ones included) runs inside TorchRL's
+MultiSyncCollector to the end, each worker holds exactly the last version sent and none sees a version that was
+not sent, no process aborts at exit (no timing asserts)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,38 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "python" / "bench" / "collector_bench.py"
-METHODS = {"rlsync-patch", "rlsync-bucket", "torchrl-shared", "torchrl-mp"}  # host-shared: see the bench
+METHODS = {
+    "rlsync-patch",
+    "rlsync-bucket",
+    "rlsync-patch-host-shared",
+    "rlsync-bucket-host-shared",
+    "torchrl-shared",
+    "torchrl-mp",
+}
+
+
+def segments_of(pid: int) -> list[str]:
+    """rlsync's shared memory named after process ``pid``: its channel segments (``rlsync.<pid>.<n>.<n>``) and
+    the scheme's arenas (``rlsync-torchrl-<pid>-<id>.arena``); other processes on the host have their own."""
+    return [n for n in os.listdir("/dev/shm") if n.startswith("rlsync") and (f".{pid}." in n or f"-{pid}-" in n)]
 
 
 def test_collector_bench_smoke_verifies_every_method():
-    before = {n for n in os.listdir("/dev/shm") if n.startswith("rlsync")}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(
-        [sys.executable, str(BENCH), "--smoke", "--json"], capture_output=True, text=True, timeout=900, env=env
+    bench = subprocess.Popen(
+        [sys.executable, str(BENCH), "--smoke", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
+    try:
+        stdout, stderr = bench.communicate(timeout=900)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.communicate()
+    out = subprocess.CompletedProcess(bench.args, bench.returncode, stdout, stderr)
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     rows = [r for r in lines if "method" in r]
     floors = [r["floors"] for r in lines if "floors" in r]
@@ -31,4 +55,6 @@ def test_collector_bench_smoke_verifies_every_method():
         assert r["isolated"] is True, r  # a trainer step that was not sent reached no worker
         assert r["workers"] == 2 and r["e2e_ms"] > 0
     assert out.returncode == 0, out.stderr[-2000:]
-    assert {n for n in os.listdir("/dev/shm") if n.startswith("rlsync")} == before
+    # A worker whose receiving thread was still inside rlsync when its interpreter finalized aborted with this.
+    assert "FATAL" not in out.stderr, out.stderr[-2000:]
+    assert segments_of(bench.pid) == []

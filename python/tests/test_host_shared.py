@@ -221,3 +221,33 @@ def test_a_reader_checks_the_model_and_waits_boundedly() -> None:
         await rx.close()
 
     asyncio.run(main())
+
+
+def test_a_wait_that_runs_out_leaves_the_model_on_the_buffer_its_slot_holds() -> None:
+    """``wait_newer(than)`` flips the reader's slot to every version published meanwhile, also when none is newer
+    than ``than``; when it then runs out, the model must view that buffer too: the applier writes the other one
+    next (the model stayed on it, and showed the next version while the slot said it held this one)."""
+    name = arena_name()
+    trainer, rollout, other = Policy(), Policy(), Policy()
+
+    async def main() -> None:
+        link, tx, rx = await start(name, trainer, rollout)
+        with rlsync.HostSharedReader(name, other, timeout=5) as reader:
+            for v in (1, 2):
+                set_version(trainer, v)
+                await tx.sync(trainer.state_dict(), link.send, v)
+                assert await rx.apply(rollout, link.recv) == v
+                if v == 1:
+                    assert reader.refresh() == 1 and whole(other) == 1
+            with pytest.raises(rlsync.RlsyncError, match="no version newer than 5"):
+                reader.wait_newer(5, timeout=0.1)  # sees version 2 on the way, not newer than 5
+            assert reader.version == 2 and whole(other) == 2
+            set_version(trainer, 3)
+            await tx.sync(trainer.state_dict(), link.send, 3)
+            assert await rx.apply(rollout, link.recv) == 3  # into version 1's buffer, held by no one
+            assert whole(other) == 2, "the model views the buffer its slot holds"
+            assert reader.refresh() == 3 and whole(other) == 3
+        await rx.close()
+
+    asyncio.run(main())
+    assert not os.path.exists(shm(name))
