@@ -132,7 +132,7 @@ class HostSharedReader:
 
     def wait_newer(self, than: int, *, timeout: float = 60.0) -> int:
         """Block (up to ``timeout`` seconds, other Python threads run) until a version newer than ``than`` is
-        published, swap the model to it and return it; :class:`rlsync.RlsyncError` when none came in time."""
+        published, swap the model to it and return it; :class:`rlsync.Timeout` when none came in time."""
         try:
             held = self._native.wait_newer(int(than), float(timeout))
         except BaseException:

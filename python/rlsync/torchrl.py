@@ -78,13 +78,6 @@ _POLL_S = 0.5
 """How long the worker's background receiver waits for a version before it checks whether to stop."""
 
 
-def _back_buffer_held(exc: BaseException) -> bool:
-    """Whether a host-shared apply ran out of its wait for the back buffer (a reader had not yet left it): nothing
-    was consumed and the apply may be retried. The binding raises it as a plain ``RlsyncError``, told apart by its
-    message (``HostSharedError::BackBufferHeld``); a typed exception for it would be better (reported)."""
-    return type(exc) is _native.RlsyncError and "is still held by reader pid" in str(exc)
-
-
 def _shutdown_at_exit(ref: "weakref.ReferenceType[RlsyncWeightSyncScheme]") -> None:
     """Run at interpreter exit (see :meth:`RlsyncWeightSyncScheme._shutdown_at_exit`)."""
     scheme = ref()
@@ -547,7 +540,11 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                         runner.run(syncer.stage(channel, timeout=poll))
                         version = runner.run(syncer.commit(self._current_state()))
                 except _native.Timeout:
-                    continue  # nothing arrived: the channel is still usable; look at the stop flag
+                    # Nothing arrived (the channel is still usable), or, host-shared, a reader had not yet swapped
+                    # off the back buffer (a slow or busy worker; it swaps on its own). Nothing was consumed: look
+                    # at the stop flag and wait again. Ending the thread on the latter left the host without an
+                    # applier, and the trainer's next send waited for its timeout (the s12 hang).
+                    continue
                 except _native.PayloadRejected as exc:
                     # All-or-nothing: the worker keeps its whole previous version; the sender sees no ack.
                     torchrl_logger.warning(f"RlsyncWeightSyncScheme worker {self.worker_idx}: update rejected: {exc}")
@@ -559,13 +556,6 @@ class RlsyncWeightSyncScheme(WeightSyncScheme):
                         )
                         self._fail(exc)
                     return
-                except _native.RlsyncError as exc:
-                    if not _back_buffer_held(exc):
-                        raise
-                    # Host-shared: a reader has not yet swapped off the back buffer (a slow or busy worker; it
-                    # swaps on its own). Nothing was consumed: wait again. Ending the thread here left the host
-                    # without an applier, and the trainer's next send waited for its timeout (the s12 hang).
-                    continue
                 self._installed(version)
                 if self.host_shared:
                     self._reader_acks.put((self.worker_idx, version))

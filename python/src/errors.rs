@@ -83,15 +83,47 @@ pub fn sync_error(err: &SyncError) -> PyErr {
 }
 
 /// A host-shared arena's error: a refused update is `PayloadRejected`, the weight channel's other failures as
-/// `sync_error` says, waits that ran out `RlsyncError`s naming what they awaited (the pids holding a buffer), bad names and
-/// layouts `ValueError`.
+/// `sync_error` says, the arena's own waits that ran out `rlsync.Timeout` (nothing consumed: the call may be
+/// retried; `awaited` names what, e.g. the pids holding the back buffer), bad names and layouts `ValueError`.
 pub fn host_shared_error(err: &HostSharedError) -> PyErr {
     let msg = chain(err);
+    let ran_out = |what: String, version: Option<u64>, waited: &std::time::Duration| {
+        let awaited = Awaited {
+            what,
+            ranks: Vec::new(),
+            version,
+            seconds: waited.as_secs_f64(),
+        };
+        Python::attach(|py| timeout_error(py, msg.clone(), awaited))
+    };
     match err {
         HostSharedError::Sync { source, .. } if source.is_rejection() => {
             PayloadRejected::new_err(msg)
         }
         HostSharedError::Sync { source, .. } => sync_error(source),
+        HostSharedError::BackBufferHeld {
+            name,
+            buffer,
+            pids,
+            waited,
+        } => ran_out(
+            format!("reader pid(s) {pids:?} to leave buffer {buffer} of arena {name}"),
+            None,
+            waited,
+        ),
+        HostSharedError::NotNewer {
+            name, than, waited, ..
+        } => ran_out(
+            format!("a version newer than {than} in arena {name}"),
+            Some(than.saturating_add(1)),
+            waited,
+        ),
+        HostSharedError::NotCreated { name, waited } if !waited.is_zero() => {
+            ran_out(format!("arena {name} to be created"), None, waited)
+        }
+        HostSharedError::NotPublished { name, waited } => {
+            ran_out(format!("a first version in arena {name}"), None, waited)
+        }
         HostSharedError::Name { .. }
         | HostSharedError::Readers { .. }
         | HostSharedError::Layout { .. } => PyValueError::new_err(msg),

@@ -3,7 +3,7 @@
 //! The reader hands Python each tensor's address in both buffers; `rlsync/host_shared.py` builds torch views
 //! over them once and swaps a model's tensors between them (`param.data = view`) when the held buffer flips.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use pyo3::prelude::*;
 
@@ -36,8 +36,22 @@ pub struct HostSharedReader {
 }
 
 impl HostSharedReader {
-    fn get(&self) -> PyResult<MutexGuard<'_, Option<Reader>>> {
-        let g = self.reader.lock().unwrap_or_else(|p| p.into_inner());
+    /// The reader's lock, waited for with the GIL released: `wait_newer` holds it for its whole wait and needs
+    /// the GIL back at the end, so a thread waiting for the lock while holding the GIL would deadlock with it.
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Option<Reader>> {
+        loop {
+            match self.reader.try_lock() {
+                Ok(g) => return g,
+                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(TryLockError::WouldBlock) => py.detach(|| {
+                    drop(self.reader.lock());
+                }),
+            }
+        }
+    }
+
+    fn get(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Option<Reader>>> {
+        let g = self.lock(py);
         if g.is_none() {
             return Err(RlsyncError::new_err("this host-shared reader is closed"));
         }
@@ -62,8 +76,8 @@ impl HostSharedReader {
     }
 
     /// Every tensor in the arena's order: `(name, dtype, shape, address in A, address in B, bytes)`.
-    fn layout(&self) -> PyResult<Vec<Entry>> {
-        let g = self.get()?;
+    fn layout(&self, py: Python<'_>) -> PyResult<Vec<Entry>> {
+        let g = self.get(py)?;
         let Some(r) = g.as_ref() else {
             return Ok(Vec::new());
         };
@@ -85,14 +99,14 @@ impl HostSharedReader {
 
     /// The held version: `(version, sequence, checksum or None, buffer, generation)`.
     #[getter]
-    fn held(&self) -> PyResult<HeldTuple> {
-        let g = self.get()?;
+    fn held(&self, py: Python<'_>) -> PyResult<HeldTuple> {
+        let g = self.get(py)?;
         Ok(g.as_ref().map(|r| tuple(r.held())).unwrap_or_default())
     }
 
     /// Flip to the newest published version if it is not the held one (never blocks); the new hold or `None`.
-    fn refresh(&self) -> PyResult<Option<HeldTuple>> {
-        let mut g = self.get()?;
+    fn refresh(&self, py: Python<'_>) -> PyResult<Option<HeldTuple>> {
+        let mut g = self.get(py)?;
         Ok(g.as_mut().and_then(Reader::refresh).map(tuple))
     }
 
@@ -100,7 +114,7 @@ impl HostSharedReader {
     fn wait_newer(&self, py: Python<'_>, than: u64, timeout: f64) -> PyResult<HeldTuple> {
         let wait = self::timeout(timeout)?;
         let rt = runtime::get()?;
-        let mut g = self.get()?;
+        let mut g = self.get(py)?;
         let Some(r) = g.as_mut() else {
             return Err(RlsyncError::new_err("this host-shared reader is closed"));
         };
@@ -109,18 +123,16 @@ impl HostSharedReader {
             .map_err(|e| host_shared_error(&e))
     }
 
-    /// Free the slot and unmap the arena (views built over it must not be used afterwards).
-    fn close(&self) {
-        let reader = self.reader.lock().unwrap_or_else(|p| p.into_inner()).take();
+    /// Free the slot and unmap the arena (views built over it must not be used afterwards). A `wait_newer` of
+    /// another thread finishes first (the GIL is released meanwhile).
+    fn close(&self, py: Python<'_>) {
+        let reader = self.lock(py).take();
         drop(reader);
     }
 
     #[getter]
-    fn closed(&self) -> bool {
-        self.reader
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+    fn closed(&self, py: Python<'_>) -> bool {
+        self.lock(py).is_none()
     }
 }
 

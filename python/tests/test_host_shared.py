@@ -173,8 +173,9 @@ def test_readers_in_other_processes_see_whole_versions_and_a_killed_one_leaves_n
             assert await rx.apply(rollout, link.recv, timeout=30) == 1
             set_version(trainer, 2)
             await tx.sync(trainer.state_dict(), link.send, 2)
-            with pytest.raises(rlsync.RlsyncError, match=str(holder.pid)):
+            with pytest.raises(rlsync.Timeout, match=str(holder.pid)) as held:
                 await rx.apply(rollout, link.recv, timeout=0.3)
+            assert str(holder.pid) in held.value.awaited and held.value.seconds >= 0.3
             assert whole(rollout) == 1, "the held buffer was not written"
             os.kill(holder.pid, signal.SIGKILL)
             holder.join(timeout=30)
@@ -200,7 +201,7 @@ def test_readers_in_other_processes_see_whole_versions_and_a_killed_one_leaves_n
 
 def test_a_reader_checks_the_model_and_waits_boundedly() -> None:
     name = arena_name()
-    with pytest.raises(rlsync.RlsyncError, match="did not appear"):
+    with pytest.raises(rlsync.Timeout, match="did not appear"):
         rlsync.HostSharedReader(name, Policy(), timeout=0.05)
     trainer, rollout = Policy(), Policy()
 
@@ -210,14 +211,66 @@ def test_a_reader_checks_the_model_and_waits_boundedly() -> None:
             rlsync.HostSharedReader(name, torch.nn.Linear(2, 2), timeout=5)
         with rlsync.HostSharedReader(name, Policy(), timeout=5) as reader:
             t0 = time.monotonic()
-            with pytest.raises(rlsync.RlsyncError, match="no version newer than 0"):
+            with pytest.raises(rlsync.Timeout, match="no version newer than 0") as ran_out:
                 reader.wait_newer(0, timeout=0.1)
+            assert ran_out.value.version == 1 and ran_out.value.seconds >= 0.1
             assert time.monotonic() - t0 < 5
         dropped = Policy()
         reader = rlsync.HostSharedReader(name, dropped, timeout=5)
         del reader
         gc.collect()
         assert whole(dropped) == 0, "the model's views keep the mapping (and the slot) alive"
+        await rx.close()
+
+    asyncio.run(main())
+
+
+def asker_process(name: str, out: "mp.Queue") -> None:
+    """Attach; while a thread waits in ``wait_newer``, ask the reader from this one (it took the GIL back)."""
+    import threading
+
+    try:
+        reader = rlsync.HostSharedReader(name, Policy(), timeout=30)
+        waiting = threading.Event()
+
+        def wait() -> None:
+            waiting.set()
+            try:
+                reader.wait_newer(reader.version + 100, timeout=1.5)
+            except rlsync.Timeout:
+                pass
+
+        t = threading.Thread(target=wait)
+        t.start()
+        waiting.wait()
+        time.sleep(0.3)  # the thread is inside the native wait now
+        asked = (reader.version, reader.closed)
+        t.join()
+        reader.close()
+        out.put(("asked", asked, reader.closed))
+    except BaseException as e:  # report instead of hanging the parent
+        out.put(("failed", repr(e), None))
+
+
+def test_another_thread_may_ask_a_reader_while_one_waits_in_it() -> None:
+    """A thread in ``wait_newer`` holds the reader for its wait and needs the GIL back at its end: another
+    thread asking the reader meanwhile must wait for it without the GIL (holding the GIL, it deadlocked)."""
+    name = arena_name()
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    trainer, rollout = Policy(), Policy()
+
+    async def main() -> None:
+        link, tx, rx = await start(name, trainer, rollout)
+        asker = ctx.Process(target=asker_process, args=(name, out))
+        asker.start()
+        try:
+            got = await asyncio.to_thread(out.get, True, 60)
+        finally:
+            asker.join(timeout=30)
+            if asker.is_alive():
+                asker.kill()
+        assert got == ("asked", (0, False), True), got
         await rx.close()
 
     asyncio.run(main())
@@ -251,3 +304,37 @@ def test_a_wait_that_runs_out_leaves_the_model_on_the_buffer_its_slot_holds() ->
 
     asyncio.run(main())
     assert not os.path.exists(shm(name))
+
+
+def test_a_forked_child_gets_its_own_runtime() -> None:
+    """A child forked after rlsync's runtime started inherits it without its worker thread: its own first call
+    must build a runtime of its own (with the inherited one, a bounded wait never woke up and the child hung)."""
+    import warnings
+
+    name = arena_name()
+    with pytest.raises(rlsync.Timeout):
+        rlsync.HostSharedReader(name, Policy(), timeout=0.05)  # starts this process's runtime
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "fork() of a multi-threaded process"
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            t0 = time.monotonic()
+            rlsync.HostSharedReader(name, Policy(), timeout=0.2)
+        except rlsync.Timeout:
+            code = 0 if time.monotonic() - t0 < 10 else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's bounded wait never returned")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
