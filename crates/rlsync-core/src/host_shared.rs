@@ -620,6 +620,11 @@ impl Applier {
         self.seg.set_meta(back, front_meta);
     }
 
+    /// The pids of the live readers holding the back buffer now (dead readers' slots are cleared).
+    pub fn back_buffer_holders(&self) -> Vec<u32> {
+        self.seg.holders(1 - self.seg.active())
+    }
+
     /// Wait (up to `wait`) until no live reader holds the back buffer (clearing dead readers' slots); a
     /// [`HostSharedError::BackBufferHeld`] names the pids still holding it. Readers only ever take the active
     /// buffer, so once this returns the back buffer stays free until the next publish.

@@ -251,8 +251,16 @@ impl Rig {
             p.version
         );
         let keys = self.applier.synced_keys();
-        assert_eq!(p.checksum, Some(state_checksum(view, keys)), "version {}", p.version);
-        assert_eq!(p.checksum, Some(self.sender.checksum(&self.trainer).unwrap()));
+        assert_eq!(
+            p.checksum,
+            Some(state_checksum(view, keys)),
+            "version {}",
+            p.version
+        );
+        assert_eq!(
+            p.checksum,
+            Some(self.sender.checksum(&self.trainer).unwrap())
+        );
         assert_eq!(self.applier.active().map(|h| h.checksum), Some(p.checksum));
     }
 
@@ -404,7 +412,10 @@ fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_a
         relay.arm(CORRUPT, 0);
         let err = rig.next(4).await.unwrap_err();
         assert!(err.is_rejection(), "{err}");
-        assert!(rig.seen() == seen, "a corrupt payload changed what readers see");
+        assert!(
+            rig.seen() == seen,
+            "a corrupt payload changed what readers see"
+        );
         assert!(rig.back_holds_the_active_version(&back));
         // A patch on a version the applier never got (held whole by the relay): refused at its first part.
         relay.arm(HOLD, 0);
@@ -427,7 +438,10 @@ fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_a
             "{}",
             crate::error_chain(&err)
         );
-        assert!(rig.seen() == seen, "a patch on another base changed what readers see");
+        assert!(
+            rig.seen() == seen,
+            "a patch on another base changed what readers see"
+        );
         assert!(rig.back_holds_the_active_version(&back));
         let reader = Reader::attach(&name, WAIT).await.unwrap();
         assert_eq!(reader.held().version, 3);
@@ -491,7 +505,10 @@ fn a_corrupt_later_part(kind: SyncerKind) {
             rig.check(&p);
             per_version = relay.logged() - from;
         }
-        assert!(per_version > 2, "{kind:?}: {per_version} messages a version");
+        assert!(
+            per_version > 2,
+            "{kind:?}: {per_version} messages a version"
+        );
         let seen = rig.seen();
         let back = rig.back_bytes();
         let from = relay.logged();
@@ -595,7 +612,11 @@ fn the_folded_checksum_equals_the_whole_one() {
             }
             fold.part(part, &state);
         }
-        assert_eq!(fold.finish(&state), state_checksum(&state, &keys), "order {i}");
+        assert_eq!(
+            fold.finish(&state),
+            state_checksum(&state, &keys),
+            "order {i}"
+        );
     }
 }
 

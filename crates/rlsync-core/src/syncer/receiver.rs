@@ -481,7 +481,10 @@ impl SyncReceiver {
     ) -> Result<(SyncReport, Vec<ValidPatch>), SyncError> {
         match self.strategy {
             Strategy::Patch => apply_patch(self, state, on_part).await,
-            Strategy::Bucket => Ok((receive_buckets(self, Some(state), on_part).await?.1, Vec::new())),
+            Strategy::Bucket => Ok((
+                receive_buckets(self, Some(state), on_part).await?.1,
+                Vec::new(),
+            )),
         }
     }
 
@@ -1272,8 +1275,7 @@ async fn receive_buckets(
                                 Some(state),
                             ));
                         }
-                        let touched: Vec<usize> =
-                            staged.iter().map(|(o, _)| *o as usize).collect();
+                        let touched: Vec<usize> = staged.iter().map(|(o, _)| *o as usize).collect();
                         let t1 = Instant::now();
                         if seq + 1 == count {
                             // The last bucket: nothing after it can fail, so no undo needs its old values.
