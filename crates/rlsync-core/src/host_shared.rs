@@ -96,7 +96,8 @@ pub enum HostSharedError {
     /// A call that needs another state of the applier (`apply` before `init`, `init` on a published arena).
     #[error("arena {name}: {reason}")]
     State { name: String, reason: String },
-    /// The weight channel's receiver failed or rejected the update (then nothing was written).
+    /// The weight channel's receiver failed or rejected the update (the parts written into the back buffer
+    /// were taken back out: nothing a reader can observe changed).
     #[error("arena {name}: weight sync")]
     Sync {
         name: String,
@@ -106,7 +107,7 @@ pub enum HostSharedError {
 }
 
 impl HostSharedError {
-    /// Whether the weight channel refused an update (both buffers and the header are as they were).
+    /// Whether the weight channel refused an update (nothing a reader can observe changed).
     pub fn is_rejection(&self) -> bool {
         matches!(self, HostSharedError::Sync { source, .. } if source.is_rejection())
     }
