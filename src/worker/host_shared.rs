@@ -322,7 +322,7 @@ fn start_background(me: &mut Shared) {
     tokio::spawn(async move {
         let mut applier = applier;
         loop {
-            let installed = match back_buffer_free(&applier, wait).await {
+            let installed = match back_buffer_free(&applier, wait) {
                 Ok(()) => applier.apply(wait).await,
                 Err(e) => Err(e),
             };
@@ -339,10 +339,10 @@ fn start_background(me: &mut Shared) {
 /// longer than one `wait`: the wait starts again while they do (fewer hold it after each), and fails
 /// ([`HostSharedError::BackBufferHeld`]) once the same readers held it for a whole `wait`, so at most one
 /// `wait` per holder and one more.
-async fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedError> {
+fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedError> {
     let mut holders = applier.back_buffer_holders().len();
     loop {
-        match applier.wait_back_buffer(wait).await {
+        match tokio::task::block_in_place(|| applier.wait_back_buffer(wait)) {
             Err(HostSharedError::BackBufferHeld { pids, .. }) if pids.len() < holders => {
                 tracing::debug!(
                     "the host's weights: {} reader(s) still hold the back buffer, waiting on",

@@ -451,7 +451,7 @@ impl Applier {
         }
         let active = self.seg.active();
         let back = 1 - active;
-        self.wait_back(back, wait).await?;
+        blocking(|| self.wait_back(back, wait))?;
         let held = self.seg.meta(active);
         self.copy_next = true;
         let (front, back_view) = self.split(active);
@@ -486,8 +486,10 @@ impl Applier {
         if active == 0 { (a, b) } else { (b, a) }
     }
 
-    /// Wait (bounded) until no live reader names `back`; dead readers' slots are cleared on the way.
-    async fn wait_back(&self, back: u8, wait: Duration) -> Result<(), HostSharedError> {
+    /// Wait (bounded) until no live reader names `back`; dead readers' slots are cleared on the way. It polls
+    /// on the calling thread (readers leave between their steps, so it is short; the Python binding drives
+    /// the applier's futures without a tokio timer).
+    fn wait_back(&self, back: u8, wait: Duration) -> Result<(), HostSharedError> {
         let started = Instant::now();
         let mut backoff = Backoff::new();
         loop {
@@ -504,7 +506,7 @@ impl Applier {
                     waited,
                 });
             }
-            tokio::time::sleep(backoff.next().min(wait - waited)).await;
+            std::thread::sleep(backoff.next().min(wait - waited));
         }
     }
 
@@ -551,7 +553,7 @@ impl Applier {
         }
         let active = self.seg.active();
         let back = 1 - active;
-        self.wait_back(back, wait).await?;
+        blocking(|| self.wait_back(back, wait))?;
         blocking(|| self.catch_up(active));
         let base = self.seg.meta(active).sequence;
         let Applier {
@@ -629,8 +631,8 @@ impl Applier {
     /// Wait (up to `wait`) until no live reader holds the back buffer (clearing dead readers' slots); a
     /// [`HostSharedError::BackBufferHeld`] names the pids still holding it. Readers only ever take the active
     /// buffer, so once this returns the back buffer stays free until the next publish.
-    pub async fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
-        self.wait_back(1 - self.seg.active(), wait).await
+    pub fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
+        self.wait_back(1 - self.seg.active(), wait)
     }
 
     /// The weight channel's receiver (after init or rejoin): its version, bounds, reports.

@@ -1,7 +1,7 @@
 //! Tests of the host-shared arena: whole versions only, streaming equals a private receiver, faults, processes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::syncer::settings::{SyncerKind, WeightSyncerConfig};
@@ -96,27 +96,49 @@ const HOLD: u8 = 3;
 /// A task between the trainer and the applier: it logs every payload message and does what `mode` says to the
 /// one after `after` more have passed (CORRUPT and DROP once, then PASS); the test may inject messages too.
 struct Relay {
-    mode: AtomicU8,
-    after: std::sync::atomic::AtomicU32,
-    log: std::sync::Mutex<Vec<Vec<u8>>>,
+    state: std::sync::Mutex<RelayState>,
     down: tokio::sync::Mutex<transport::Sender>,
 }
 
+/// The log and what to do, changed together (a message is logged and judged at once).
+struct RelayState {
+    log: Vec<Vec<u8>>,
+    mode: u8,
+    after: u32,
+}
+
 impl Relay {
-    /// Do `mode` to the message after the next `after`.
-    fn arm(&self, mode: u8, after: u32) {
-        self.after.store(after, Ordering::SeqCst);
-        self.mode.store(mode, Ordering::SeqCst);
+    fn state(&self) -> std::sync::MutexGuard<'_, RelayState> {
+        self.state.lock().unwrap()
+    }
+
+    /// Once `logged` messages were logged (and judged), do `mode` to the message after the next `after`.
+    async fn arm(&self, mode: u8, after: u32, logged: usize) {
+        let started = Instant::now();
+        loop {
+            {
+                let mut st = self.state();
+                if st.log.len() >= logged {
+                    (st.mode, st.after) = (mode, after);
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "the relay never got {logged} messages"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Messages logged so far.
     fn logged(&self) -> usize {
-        self.log.lock().unwrap().len()
+        self.state().log.len()
     }
 
     /// Send the logged messages `from..` to the applier again, as they came from the trainer.
     async fn resend(&self, from: usize) {
-        let msgs: Vec<Vec<u8>> = self.log.lock().unwrap()[from..].to_vec();
+        let msgs: Vec<Vec<u8>> = self.state().log[from..].to_vec();
         let mut down = self.down.lock().await;
         for m in msgs {
             down.send(&m).await.unwrap();
@@ -152,14 +174,17 @@ async fn relay(mut up: transport::Receiver, relay: Arc<Relay>) {
         return;
     }
     while let Ok(mut msg) = up.recv_with(|m| m.to_vec()).await {
-        relay.log.lock().unwrap().push(msg.clone());
-        let mode = if relay.after.load(Ordering::SeqCst) > 0 {
-            relay.after.fetch_sub(1, Ordering::SeqCst);
-            PASS
-        } else if relay.mode.load(Ordering::SeqCst) == HOLD {
-            HOLD
-        } else {
-            relay.mode.swap(PASS, Ordering::SeqCst)
+        let mode = {
+            let mut st = relay.state();
+            st.log.push(msg.clone());
+            if st.after > 0 {
+                st.after -= 1;
+                PASS
+            } else if st.mode == HOLD {
+                HOLD
+            } else {
+                std::mem::replace(&mut st.mode, PASS)
+            }
         };
         match mode {
             CORRUPT => {
@@ -186,9 +211,11 @@ impl Rig {
         let relay = with_relay.then(|| {
             let (down, mut down_rxs) = inproc_channel_with_timeout(1, WAIT);
             let ctl = Arc::new(Relay {
-                mode: AtomicU8::new(PASS),
-                after: std::sync::atomic::AtomicU32::new(0),
-                log: std::sync::Mutex::new(Vec::new()),
+                state: std::sync::Mutex::new(RelayState {
+                    log: Vec::new(),
+                    mode: PASS,
+                    after: 0,
+                }),
                 down: tokio::sync::Mutex::new(down),
             });
             tokio::spawn(relay(
@@ -409,7 +436,7 @@ fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_a
         );
         // A corrupt first part: refused when received.
         let from = relay.logged();
-        relay.arm(CORRUPT, 0);
+        relay.arm(CORRUPT, 0, from).await;
         let err = rig.next(4).await.unwrap_err();
         assert!(err.is_rejection(), "{err}");
         assert!(
@@ -418,7 +445,7 @@ fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_a
         );
         assert!(rig.back_holds_the_active_version(&back));
         // A patch on a version the applier never got (held whole by the relay): refused at its first part.
-        relay.arm(HOLD, 0);
+        relay.arm(HOLD, 0, from + 4).await;
         {
             rig.version += 1;
             step(&mut rig.trainer, rig.version, 4);
@@ -429,7 +456,7 @@ fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_a
             sent.unwrap();
             private.unwrap();
         }
-        relay.arm(PASS, 0);
+        relay.arm(PASS, 0, from + 8).await;
         let err = rig.next(4).await.unwrap_err();
         assert!(err.is_rejection(), "{err}");
         assert!(err.to_string().contains("weight sync"), "{err}");
@@ -513,7 +540,7 @@ fn a_corrupt_later_part(kind: SyncerKind) {
         let back = rig.back_bytes();
         let from = relay.logged();
         // The second to last message: the parts or buckets before it are installed by then.
-        relay.arm(CORRUPT, (per_version - 2) as u32);
+        relay.arm(CORRUPT, (per_version - 2) as u32, from).await;
         let err = rig.next(5).await.unwrap_err();
         assert!(err.is_rejection(), "{kind:?}: {err}");
         assert!(rig.seen() == seen, "{kind:?}: readers see a change");
@@ -546,7 +573,7 @@ fn a_wait_that_runs_out_between_parts_keeps_them_for_the_next_apply() {
         let seen = rig.seen();
         let back = rig.back_bytes();
         let from = relay.logged();
-        relay.arm(HOLD, 2);
+        relay.arm(HOLD, 2, from).await;
         rig.version += 1;
         step(&mut rig.trainer, rig.version, 6);
         if let Some(r) = rig.applier.receiver_mut() {
@@ -575,7 +602,7 @@ fn a_wait_that_runs_out_between_parts_keeps_them_for_the_next_apply() {
         if let Some(r) = rig.applier.receiver_mut() {
             r.set_bound(None);
         }
-        relay.arm(PASS, 0);
+        relay.arm(PASS, 0, from + 4).await;
         let (_, p) = tokio::join!(relay.resend(from + 2), rig.applier.apply(WAIT));
         let p = p.unwrap();
         // The two parts kept, then the two held ones.
@@ -778,7 +805,6 @@ fn a_live_reader_holding_the_back_buffer_times_out_apply_and_a_killed_one_is_cle
         let err = rig
             .applier
             .wait_back_buffer(Duration::from_millis(200))
-            .await
             .unwrap_err();
         match &err {
             HostSharedError::BackBufferHeld { buffer, pids, .. } => {
@@ -790,7 +816,7 @@ fn a_live_reader_holding_the_back_buffer_times_out_apply_and_a_killed_one_is_cle
         assert!(rig.snapshot() == before);
         child.kill().unwrap();
         child.wait().unwrap();
-        rig.applier.wait_back_buffer(WAIT).await.unwrap();
+        rig.applier.wait_back_buffer(WAIT).unwrap();
         assert!(
             rig.applier.seg.holders(0).is_empty(),
             "the dead reader's slot is cleared"
