@@ -393,9 +393,9 @@ impl SyncReceiver {
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
         let report = if self.strategy == Strategy::Bucket && self.load_instant {
-            receive_buckets(self, Some(state), &mut |_, _| {}).await?.1
+            receive_buckets(self, Some(state), None).await?.1
         } else if self.strategy == Strategy::Patch && host_install {
-            apply_patch(self, state, &mut |_, _| {}).await?.0
+            apply_patch(self, state, None).await?.0
         } else {
             let pending = receive(self).await?;
             pending.install(state)?
@@ -480,9 +480,9 @@ impl SyncReceiver {
         on_part: OnPart<'_>,
     ) -> Result<(SyncReport, Vec<ValidPatch>), SyncError> {
         match self.strategy {
-            Strategy::Patch => apply_patch(self, state, on_part).await,
+            Strategy::Patch => apply_patch(self, state, Some(on_part)).await,
             Strategy::Bucket => Ok((
-                receive_buckets(self, Some(state), on_part).await?.1,
+                receive_buckets(self, Some(state), Some(on_part)).await?.1,
                 Vec::new(),
             )),
         }
@@ -563,7 +563,7 @@ impl SyncReceiver {
                     .await?;
                     report.payload_bytes += got.payload_bytes;
                 } else if plan.full_buckets > 0 {
-                    let (_, got) = receive_buckets(self, Some(state), &mut |_, _| {}).await?;
+                    let (_, got) = receive_buckets(self, Some(state), None).await?;
                     report.payload_bytes += got.payload_bytes;
                 }
             }
@@ -765,7 +765,7 @@ fn give_back(shared: &ReceiverShared, staged: Staged) {
 async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
     match r.strategy {
         Strategy::Patch => receive_patch(r).await,
-        Strategy::Bucket => match receive_buckets(r, None, &mut |_, _| {}).await? {
+        Strategy::Bucket => match receive_buckets(r, None, None).await? {
             (Some(p), _) => Ok(p),
             (None, _) => Err(rejected(
                 None,
@@ -973,12 +973,12 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
 /// later ones): each part is validated before it is written, and what it overwrote is kept until the version
 /// is whole; a part that fails (corrupt, truncated, out of order, or the channel failing) takes every part of
 /// the version back out, so state and version stay bitwise as they were. The version is applied only once
-/// every part verified and was installed. `on_part` runs after each part is installed; the validated parts
+/// every part verified and was installed. `on_part`, if any, runs after each part is installed; the validated parts
 /// come back in order (the undo of each already holds its part: keeping them costs nothing more).
 async fn apply_patch(
     r: &mut SyncReceiver,
     state: &mut StateDict,
-    on_part: OnPart<'_>,
+    mut on_part: Option<OnPart<'_>>,
 ) -> Result<(SyncReport, Vec<ValidPatch>), SyncError> {
     let shared = r.shared.clone();
     let applied = shared.applied();
@@ -1076,7 +1076,10 @@ async fn apply_patch(
             }
         };
         report.changed += valid.changed;
-        let touched: Vec<usize> = valid.ordinals().collect();
+        let touched: Vec<usize> = match on_part {
+            Some(_) => valid.ordinals().collect(),
+            None => Vec::new(),
+        };
         let t1 = Instant::now();
         if seq + 1 == v.count {
             // The last part: nothing after it can fail, so no undo needs its old values.
@@ -1089,9 +1092,11 @@ async fn apply_patch(
             ));
         }
         report.apply += t1.elapsed();
-        let t2 = Instant::now();
-        blocking(|| on_part(&touched, state));
-        report.decode += t2.elapsed();
+        if let Some(on_part) = on_part.as_deref_mut() {
+            let t2 = Instant::now();
+            blocking(|| on_part(&touched, state));
+            report.decode += t2.elapsed();
+        }
         version = Some(v);
         seq += 1;
         if seq == v.count {
@@ -1123,12 +1128,13 @@ enum BucketStep {
 }
 
 /// Receive every bucket of one version, part by part. With `install = Some(state)` (load_instant) each
-/// verified bucket is swapped into the state at once (then `on_part` runs) and undone if a later bucket fails
-/// (or the channel fails mid-version); otherwise everything is staged and returned as a pending update.
+/// verified bucket is swapped into the state at once (then `on_part`, if any, runs) and undone if a later
+/// bucket fails (or the channel fails mid-version); otherwise everything is staged and returned as a pending
+/// update.
 async fn receive_buckets(
     r: &mut SyncReceiver,
     mut install: Option<&mut StateDict>,
-    on_part: OnPart<'_>,
+    mut on_part: Option<OnPart<'_>>,
 ) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
     let current = shared.applied().version;
@@ -1275,7 +1281,10 @@ async fn receive_buckets(
                                 Some(state),
                             ));
                         }
-                        let touched: Vec<usize> = staged.iter().map(|(o, _)| *o as usize).collect();
+                        let touched: Vec<usize> = match on_part {
+                            Some(_) => staged.iter().map(|(o, _)| *o as usize).collect(),
+                            None => Vec::new(),
+                        };
                         let t1 = Instant::now();
                         if seq + 1 == count {
                             // The last bucket: nothing after it can fail, so no undo needs its old values.
@@ -1285,9 +1294,11 @@ async fn receive_buckets(
                             undo.extend(bucket::swap_in(staged, state));
                         }
                         report.apply += t1.elapsed();
-                        let t2 = Instant::now();
-                        blocking(|| on_part(&touched, state));
-                        report.decode += t2.elapsed();
+                        if let Some(on_part) = on_part.as_deref_mut() {
+                            let t2 = Instant::now();
+                            blocking(|| on_part(&touched, state));
+                            report.decode += t2.elapsed();
+                        }
                     }
                     None => staged_all.extend(staged),
                 }
