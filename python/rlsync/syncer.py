@@ -464,6 +464,7 @@ class WeightSyncer:
         timeout: float | None = None,
         host_shared: str | None = None,
         max_readers: int = 64,
+        verify: bool = True,
     ) -> None:
         """Receiver side of the handshake: send this state dict's metadata (keys, shapes, dtypes) through
         ``send``, receive the plan and, for patch with ``init_sync_enabled``, install the init bootstrap.
@@ -478,12 +479,15 @@ class WeightSyncer:
         holds detached tensors, and rebinding those would not reach the module), the init bootstrap goes into it, and
         ``state_dict``'s tensors become views of its active buffer, swapped in place by every :meth:`apply`.
         Other processes of the host attach :class:`rlsync.HostSharedReader` s (at most ``max_readers``, this
-        process's own included). :meth:`close` removes the arena (so does dropping the syncer)."""
+        process's own included). :meth:`close` removes the arena (so does dropping the syncer). ``verify``
+        (host-shared only): publish the state checksum of the synced keys with every version, which readers hold
+        as :attr:`rlsync.HostSharedReader.checksum` (``None`` without); it is hashed while the version's parts
+        arrive, so it costs little."""
         timeout = _check_timeout(timeout)
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
         if host_shared is not None:
-            await self._init_host_shared(state_dict, recv, send, host_shared, max_readers, timeout)
+            await self._init_host_shared(state_dict, recv, send, host_shared, max_readers, verify, timeout)
             return
         descs = self._stage(state_dict)
         self._receiver_state = state_dict
@@ -506,6 +510,7 @@ class WeightSyncer:
         send: SendFn | None,
         name: str,
         max_readers: int,
+        verify: bool,
         timeout: float | None,
     ) -> None:
         """``init_receiver(..., host_shared=name)``: the applier's init, then this process's reader bound to
@@ -515,12 +520,12 @@ class WeightSyncer:
         descs = self._stage(state_dict)
         if isinstance(recv, _CHANNEL_RECEIVERS):
             self._channel = recv
-            op = self._native.begin_init_host_shared(descs, name, recv, max_readers, True, timeout)
+            op = self._native.begin_init_host_shared(descs, name, recv, max_readers, bool(verify), timeout)
             await asyncio.to_thread(op.run)
         else:
             if send is None:
                 raise ValueError("init_receiver needs a send function: the metadata goes to the sender through it")
-            op = self._native.begin_init_host_shared(descs, name, None, max_readers, True, timeout)
+            op = self._native.begin_init_host_shared(descs, name, None, max_readers, bool(verify), timeout)
             await _drive(op, self._send(send), recv, timeout)
         self._receiver_state = state_dict
         self._host_reader = HostSharedReader(name, state_dict, timeout=60.0 if timeout is None else timeout)

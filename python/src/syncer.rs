@@ -719,7 +719,7 @@ impl NativeSyncer {
 
     /// Start one host-shared apply: wait (up to `wait` seconds) for the back buffer, receive the next version
     /// (bounded by `timeout`, `None`: the channel's bound), install it into the arena and publish it. A
-    /// rejected payload or a wait that runs out leaves the arena as it was.
+    /// rejected payload or a wait that runs out changes nothing the arena's readers see.
     #[pyo3(signature = (wait, timeout = None))]
     fn begin_apply_host_shared(
         slf: &Bound<'_, Self>,

@@ -55,13 +55,13 @@ def make(kind: str) -> rlsync.WeightSyncer:
 
 
 async def start(
-    name: str, trainer: Policy, rollout: Policy, kind: str = "patch"
+    name: str, trainer: Policy, rollout: Policy, kind: str = "patch", verify: bool = True
 ) -> tuple[Link, rlsync.WeightSyncer, rlsync.WeightSyncer]:
     link = Link()
     tx, rx = make(kind), make(kind)
     await asyncio.gather(
         tx.init_sender(trainer.state_dict(), rlsync.param_names_need_sync(trainer), link.send, link.up_recv),
-        rx.init_receiver(rollout, link.recv, link.up_send, host_shared=name, max_readers=8),
+        rx.init_receiver(rollout, link.recv, link.up_send, host_shared=name, max_readers=8, verify=verify),
     )
     return link, tx, rx
 
@@ -94,6 +94,26 @@ def test_the_receivers_model_views_the_arena_and_keeps_its_identity(kind: str) -
     asyncio.run(main())
     assert not os.path.exists(shm(name)), "close removes the arena"
     assert whole(rollout) == 3
+
+
+@pytest.mark.parametrize("kind", ["patch", "bucket"])
+def test_without_verify_no_checksum_is_published_and_versions_still_install(kind: str) -> None:
+    name = arena_name()
+    trainer, rollout, other = Policy(), Policy(), Policy()
+
+    async def main() -> None:
+        link, tx, rx = await start(name, trainer, rollout, kind, verify=False)
+        with rlsync.HostSharedReader(name, other, timeout=5) as reader:
+            assert reader.checksum is None
+            for v in (1, 2):
+                set_version(trainer, v)
+                await tx.sync(trainer.state_dict(), link.send, v)
+                assert await rx.apply(rollout, link.recv) == v
+                assert reader.refresh() == v and whole(other) == v and reader.checksum is None
+                assert rx.checksum(rollout) == tx.checksum(trainer.state_dict())
+        await rx.close()
+
+    asyncio.run(main())
 
 
 def test_a_corrupt_payload_leaves_the_weights_and_the_version() -> None:

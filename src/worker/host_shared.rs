@@ -341,8 +341,9 @@ async fn init_applier(
     ctx.control.report(&me.applied(started), &[]).await
 }
 
-/// No-wait installs: the applier's task receives and installs every update into the back buffer (it is
-/// nobody's), one at a time; readers only flip. A reader has nothing to start.
+/// No-wait installs: the applier's task streams every update into the back buffer (it is nobody's), one at a
+/// time, as its parts arrive; readers only flip. Before each it waits for the back buffer (see
+/// [`back_buffer_free`]). A reader has nothing to start.
 fn start_background(me: &mut Shared) {
     let Installer::Blocking(applier) = std::mem::replace(&mut me.installer, Installer::None) else {
         return;
@@ -352,8 +353,8 @@ fn start_background(me: &mut Shared) {
     tokio::spawn(async move {
         let mut applier = applier;
         loop {
-            let installed = match applier.receive().await {
-                Ok(pending) => tokio::task::block_in_place(|| applier.install(pending, wait)),
+            let installed = match back_buffer_free(&applier, wait) {
+                Ok(()) => applier.apply(wait).await,
                 Err(e) => Err(e),
             };
             let failed = installed.is_err();
@@ -363,6 +364,26 @@ fn start_background(me: &mut Shared) {
         }
     });
     me.installer = Installer::Background(rx);
+}
+
+/// Wait until no reader holds the back buffer. Readers leave it at their next chunk boundary, which may take
+/// longer than one `wait`: the wait starts again while they do (fewer hold it after each), and fails
+/// ([`HostSharedError::BackBufferHeld`]) once the same readers held it for a whole `wait`, so at most one
+/// `wait` per holder and one more.
+fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedError> {
+    let mut holders = applier.back_buffer_holders().len();
+    loop {
+        match tokio::task::block_in_place(|| applier.wait_back_buffer(wait)) {
+            Err(HostSharedError::BackBufferHeld { pids, .. }) if pids.len() < holders => {
+                tracing::debug!(
+                    "the host's weights: {} reader(s) still hold the back buffer, waiting on",
+                    pids.len()
+                );
+                holders = pids.len();
+            }
+            done => return done,
+        }
+    }
 }
 
 /// The next outcome of the background installer; never ready for a rollout without one.

@@ -2,15 +2,20 @@
 //!
 //! An arena (one POSIX shm segment, 0600, created with O_EXCL, named by the caller) holds a header, reader
 //! slots, a layout table and two whole-state buffers A/B (every tensor, frozen ones included, 64-byte aligned).
-//! The [`Applier`] (one per host) is the host's only receiver on the weight channel and the only writer: it
-//! installs each version into the back buffer — a patch after replaying the previous, already validated patch
-//! (the back buffer is two versions old), a bucket version dense — then publishes the buffer's version,
-//! sequence and checksum and flips the active index. [`Reader`]s (every rollout, the applier's process
-//! included) hold a buffer through a slot (pid + buffer) and flip only between their steps; the applier waits
-//! (bounded) until no live reader names the back buffer before writing it, clearing the slots of dead pids.
-//! So no reader ever sees a half-applied version, and a rejected update leaves both buffers and the header as
-//! they were. This layer sits above [`crate::syncer`] and [`crate::transport`]; the arena's format is
-//! `host_shared/layout.rs`, its shared memory and slot protocol `host_shared/arena.rs`.
+//! The [`Applier`] (one per host) is the host's only receiver on the weight channel and the only writer. For
+//! each version it waits (bounded) until no live reader names the back buffer (clearing the slots of dead
+//! pids), catches the back buffer up to the active version as a step of its own (it is two versions old:
+//! replay the previous, already validated patch, or copy the active buffer whole) and records that in the
+//! back buffer's facts, then streams the version into it as it arrives — patch parts and buckets each
+//! validated before they are written and taken back out when a later one fails — while hashing the synced
+//! tensors that are final in sync order, so the checksum is ready shortly after the last part. Then it
+//! publishes the buffer's version, sequence and checksum and flips the active index. [`Reader`]s (every
+//! rollout, the applier's process included) hold a buffer through a slot (pid + buffer) and flip only between
+//! their steps. So no reader ever sees a half-applied version, and a rejected update changes nothing a reader
+//! can observe (the active index, the generation, the active buffer and its facts); the back buffer, nobody's,
+//! is left holding the active version (a patch receiver's) or as it was (a bucket receiver's). This layer sits
+//! above [`crate::syncer`] and [`crate::transport`]; the arena's format is `host_shared/layout.rs`, its shared
+//! memory and slot protocol `host_shared/arena.rs`.
 
 mod arena;
 pub mod layout;
@@ -21,10 +26,9 @@ use arena::{BufferMeta, Segment, SegmentError};
 use layout::{FormatError, Plan};
 
 use crate::syncer::patch::{self, ValidPatch};
-use crate::syncer::{
-    CatchUpReport, PendingUpdate, SyncError, SyncReceiver, SyncReport, UpdateKind, WeightSyncer,
-};
-use crate::tensor::{StateDict, state_checksum};
+use crate::syncer::settings::SyncerKind;
+use crate::syncer::{CatchUpReport, SyncError, SyncReceiver, SyncReport, WeightSyncer, blocking};
+use crate::tensor::{StateDict, StateHasher, state_checksum};
 use crate::transport;
 
 /// Errors of the host-shared arena.
@@ -92,7 +96,8 @@ pub enum HostSharedError {
     /// A call that needs another state of the applier (`apply` before `init`, `init` on a published arena).
     #[error("arena {name}: {reason}")]
     State { name: String, reason: String },
-    /// The weight channel's receiver failed or rejected the update (then nothing was written).
+    /// The weight channel's receiver failed or rejected the update (the parts written into the back buffer
+    /// were taken back out: nothing a reader can observe changed).
     #[error("arena {name}: weight sync")]
     Sync {
         name: String,
@@ -102,7 +107,7 @@ pub enum HostSharedError {
 }
 
 impl HostSharedError {
-    /// Whether the weight channel refused an update (both buffers and the header are as they were).
+    /// Whether the weight channel refused an update (nothing a reader can observe changed).
     pub fn is_rejection(&self) -> bool {
         matches!(self, HostSharedError::Sync { source, .. } if source.is_rejection())
     }
@@ -163,10 +168,83 @@ pub struct Held {
     pub generation: u64,
 }
 
-/// The previous version's validated patch, which turns the back buffer (its base) into the active version.
+/// The previous version's validated patch parts, which turn the back buffer (their base) into the active
+/// version. Kept as the streaming install validated them (each part's undo owned it already), so replaying
+/// them costs only the install: no copy, no second validation.
 struct Kept {
     base: u64,
-    patch: ValidPatch,
+    parts: Vec<ValidPatch>,
+}
+
+/// The state checksum of the synced keys of the back buffer, hashed in sync order while a version's parts
+/// land: once a part is installed, the synced tensors up to the last one it wrote are final (a version's parts
+/// and buckets hold whole tensors, in sync order), so they are hashed then. A part that writes a tensor already
+/// hashed (a sender out of that order) makes the fold hash everything again at the end: correct first.
+struct Fold<'a> {
+    keys: &'a [String],
+    /// Per ordinal of the state: its position in sync order, if synced.
+    position: &'a [Option<usize>],
+    hasher: StateHasher,
+    /// The sync positions `..next` are hashed.
+    next: usize,
+    stale: bool,
+}
+
+impl<'a> Fold<'a> {
+    fn new(keys: &'a [String], position: &'a [Option<usize>]) -> Fold<'a> {
+        Fold {
+            keys,
+            position,
+            hasher: StateHasher::new(),
+            next: 0,
+            stale: false,
+        }
+    }
+
+    /// Part installed: it wrote the tensors of `ordinals`.
+    fn part(&mut self, ordinals: &[usize], state: &StateDict) {
+        if self.stale {
+            return;
+        }
+        let positions = ordinals
+            .iter()
+            .filter_map(|&o| self.position.get(o).copied().flatten());
+        let (mut first, mut last) = (usize::MAX, None::<usize>);
+        for p in positions {
+            first = first.min(p);
+            last = Some(last.map_or(p, |l| l.max(p)));
+        }
+        if first < self.next {
+            self.stale = true;
+            return;
+        }
+        if let Some(last) = last {
+            self.hash_to(last + 1, state);
+        }
+    }
+
+    fn hash_to(&mut self, end: usize, state: &StateDict) {
+        let end = end.min(self.keys.len());
+        for key in self.keys.get(self.next..end).unwrap_or_default() {
+            match state.get(key) {
+                Some(t) => {
+                    self.hasher.begin_tensor(key, t.dtype(), t.shape());
+                    self.hasher.bytes(t.bytes());
+                }
+                None => self.hasher.missing(key),
+            }
+        }
+        self.next = self.next.max(end);
+    }
+
+    /// The version is whole: hash what is left (everything, when a part went out of sync order).
+    fn finish(mut self, state: &StateDict) -> u64 {
+        if self.stale {
+            return state_checksum(state, self.keys);
+        }
+        self.hash_to(self.keys.len(), state);
+        self.hasher.finish()
+    }
 }
 
 /// The host's only writer of an arena: a receiver on the weight channel installing into the back buffer.
@@ -183,6 +261,8 @@ pub struct Applier {
     verify: bool,
     unlink_on_drop: bool,
     synced_keys: Vec<String>,
+    /// Per ordinal of the arena's state: its position in `synced_keys`.
+    sync_position: Vec<Option<usize>>,
 }
 
 /// Between polls of a bounded wait: from 100 µs, doubling, at most 5 ms.
@@ -267,7 +347,23 @@ impl Applier {
             verify: false,
             unlink_on_drop: true,
             synced_keys: Vec::new(),
+            sync_position: Vec::new(),
         }
+    }
+
+    /// Take the receiver's synced keys (after init or rejoin) and where each lies in the arena's state.
+    fn set_synced_keys(&mut self, keys: Vec<String>) {
+        let state = &self.views[0];
+        let mut position = vec![None; state.len()];
+        for (p, key) in keys.iter().enumerate() {
+            if let Some(o) = state.index_of(key)
+                && let Some(slot) = position.get_mut(o)
+            {
+                *slot = Some(p);
+            }
+        }
+        self.synced_keys = keys;
+        self.sync_position = position;
     }
 
     fn err_state(&self, reason: &str) -> HostSharedError {
@@ -316,7 +412,7 @@ impl Applier {
         // Nothing is published, so no reader holds either buffer.
         let _ = b.copy_values_from(a);
         self.verify = verify;
-        self.synced_keys = receiver.synced_keys().to_vec();
+        self.set_synced_keys(receiver.synced_keys().to_vec());
         let checksum = verify.then(|| state_checksum(&self.views[0], &self.synced_keys));
         let generation = self.seg.generation() + 1;
         let meta = BufferMeta {
@@ -355,7 +451,7 @@ impl Applier {
         }
         let active = self.seg.active();
         let back = 1 - active;
-        self.wait_back(back, wait)?;
+        blocking(|| self.wait_back(back, wait))?;
         let held = self.seg.meta(active);
         self.copy_next = true;
         let (front, back_view) = self.split(active);
@@ -368,7 +464,7 @@ impl Applier {
                 source: e,
             })?;
         self.verify = verify;
-        self.synced_keys = receiver.synced_keys().to_vec();
+        self.set_synced_keys(receiver.synced_keys().to_vec());
         let version = receiver.version();
         let sequence = receiver.sequence();
         self.receiver = Some(receiver);
@@ -377,7 +473,10 @@ impl Applier {
             payload_bytes: catch_up.payload_bytes,
             ..SyncReport::default()
         };
-        let published = self.publish(back, version, sequence, report);
+        let checksum = self
+            .verify
+            .then(|| state_checksum(&self.views[usize::from(back)], &self.synced_keys));
+        let published = self.publish(back, version, sequence, checksum, report);
         Ok((published, catch_up))
     }
 
@@ -387,7 +486,9 @@ impl Applier {
         if active == 0 { (a, b) } else { (b, a) }
     }
 
-    /// Wait (bounded) until no live reader names `back`; dead readers' slots are cleared on the way.
+    /// Wait (bounded) until no live reader names `back`; dead readers' slots are cleared on the way. It polls
+    /// on the calling thread (readers leave between their steps, so it is short; the Python binding drives
+    /// the applier's futures without a tokio timer).
     fn wait_back(&self, back: u8, wait: Duration) -> Result<(), HostSharedError> {
         let started = Instant::now();
         let mut backoff = Backoff::new();
@@ -409,17 +510,16 @@ impl Applier {
         }
     }
 
-    /// Publish `buffer` (its contents complete): its facts, then the flip.
+    /// Publish `buffer` (its contents complete, `checksum` its synced keys' when verifying): its facts, then
+    /// the flip.
     fn publish(
         &mut self,
         buffer: u8,
         version: u64,
         sequence: u64,
+        checksum: Option<u64>,
         report: SyncReport,
     ) -> Published {
-        let checksum = self
-            .verify
-            .then(|| state_checksum(&self.views[usize::from(buffer)], &self.synced_keys));
         let generation = self.seg.generation() + 1;
         self.seg.set_meta(
             buffer,
@@ -440,88 +540,99 @@ impl Applier {
         }
     }
 
-    /// Wait (up to `wait`) for the back buffer, receive the next update, install it there (replaying the
-    /// previous patch first), publish. A wait that runs out consumes nothing: `apply` may be called again.
-    /// The wait for the back buffer polls on the calling thread (readers leave it between their steps, so it
-    /// is short); the receive awaits the channel.
+    /// Wait (up to `wait`) for the back buffer, catch it up to the active version, then receive the next
+    /// version into it as it arrives (each part validated before it is written; the checksum folded in as the
+    /// parts land) and publish it. A wait that runs out consumes nothing: `apply` may be called again. A
+    /// rejected update (stale, another base, corrupt, does not fit) or a channel wait that runs out between
+    /// parts changes nothing a reader can observe: the parts written are taken back out (a patch version's
+    /// are kept for the next call, which goes on from there), so the back buffer holds the active version (a
+    /// patch receiver's, after the catch-up) or what it held before (a bucket receiver's).
     pub async fn apply(&mut self, wait: Duration) -> Result<Published, HostSharedError> {
-        self.wait_back_buffer(wait)?;
-        let pending = self.receive().await?;
-        self.install(pending, wait)
+        if self.receiver.is_none() {
+            return Err(self.err_state("apply before init or rejoin"));
+        }
+        let active = self.seg.active();
+        let back = 1 - active;
+        blocking(|| self.wait_back(back, wait))?;
+        blocking(|| self.catch_up(active));
+        let base = self.seg.meta(active).sequence;
+        let Applier {
+            views,
+            receiver,
+            verify,
+            synced_keys,
+            sync_position,
+            ..
+        } = self;
+        let Some(receiver) = receiver.as_mut() else {
+            return Err(self.err_state("apply before init or rejoin"));
+        };
+        let back_view = &mut views[usize::from(back)];
+        let mut fold = verify.then(|| Fold::new(synced_keys, sync_position));
+        let streamed = receiver
+            .apply_streamed(back_view, &mut |ordinals, state| {
+                if let Some(f) = fold.as_mut() {
+                    f.part(ordinals, state);
+                }
+            })
+            .await;
+        let (mut report, parts) = match streamed {
+            Ok(done) => done,
+            Err(e) => return Err(self.sync_err(e)),
+        };
+        let (version, sequence) = (receiver.version(), receiver.sequence());
+        let t0 = Instant::now();
+        let checksum = fold.map(|f| blocking(|| f.finish(back_view)));
+        report.decode += t0.elapsed();
+        self.kept = (!parts.is_empty()).then_some(Kept { base, parts });
+        Ok(self.publish(back, version, sequence, checksum, report))
+    }
+
+    /// Make the back buffer (free of readers) hold the active version, and record that in its facts: nothing
+    /// when it does already; replay the kept patch when the back buffer is its base; else copy the active
+    /// buffer whole (after a rejoin, or without a kept patch that fits). A bucket receiver's next version
+    /// rewrites every synced tensor, so its back buffer is copied only after a rejoin (the keys it does not
+    /// sync may differ there).
+    fn catch_up(&mut self, active: u8) {
+        let back = 1 - active;
+        let front_meta = self.seg.meta(active);
+        let back_meta = self.seg.meta(back);
+        let kept = self.kept.take();
+        let (bucket, threads) = match &self.receiver {
+            Some(r) => (r.kind() == SyncerKind::Bucket, r.threads()),
+            None => return,
+        };
+        let copy_next = self.copy_next;
+        let (front, back_view) = self.split(active);
+        match &kept {
+            _ if copy_next => {
+                let _ = back_view.copy_values_from(front);
+            }
+            _ if bucket => return,
+            _ if back_meta.sequence == front_meta.sequence => return,
+            Some(k) if k.base == back_meta.sequence => {
+                for part in &k.parts {
+                    patch::install(part, back_view, threads);
+                }
+            }
+            _ => {
+                let _ = back_view.copy_values_from(front);
+            }
+        }
+        self.copy_next = false;
+        self.seg.set_meta(back, front_meta);
+    }
+
+    /// The pids of the live readers holding the back buffer now (dead readers' slots are cleared).
+    pub fn back_buffer_holders(&self) -> Vec<u32> {
+        self.seg.holders(1 - self.seg.active())
     }
 
     /// Wait (up to `wait`) until no live reader holds the back buffer (clearing dead readers' slots); a
     /// [`HostSharedError::BackBufferHeld`] names the pids still holding it. Readers only ever take the active
-    /// buffer, so once this returns the back buffer stays free until the next publish: call it before
-    /// [`Applier::install`] to keep a received update when readers are slow.
+    /// buffer, so once this returns the back buffer stays free until the next publish.
     pub fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
         self.wait_back(1 - self.seg.active(), wait)
-    }
-
-    /// The first half of [`Applier::apply`], for background receiving: receive and validate the next update
-    /// without writing anything.
-    pub async fn receive(&mut self) -> Result<PendingUpdate, HostSharedError> {
-        let Some(receiver) = self.receiver.as_mut() else {
-            return Err(self.err_state("receive before init or rejoin"));
-        };
-        match receiver.receive().await {
-            Ok(p) => Ok(p),
-            Err(e) => Err(self.sync_err(e)),
-        }
-    }
-
-    /// The second half: wait (up to `wait`) for the back buffer, install `pending` there and publish. A
-    /// rejected update (stale, another base, does not fit) or a wait that runs out leaves both buffers and the
-    /// header as they were.
-    pub fn install(
-        &mut self,
-        pending: PendingUpdate,
-        wait: Duration,
-    ) -> Result<Published, HostSharedError> {
-        if self.receiver.is_none() {
-            return Err(self.err_state("install before init or rejoin"));
-        }
-        let active = self.seg.active();
-        let back = 1 - active;
-        self.wait_back(back, wait)?;
-        let front_meta = self.seg.meta(active);
-        let back_meta = self.seg.meta(back);
-        let copy_next = self.copy_next;
-        let kept = self.kept.take();
-        let (front, back_view) = self.split(active);
-        // Make the back buffer hold the active version where the update does not overwrite it: a patch needs
-        // exactly its base; a bucket version rewrites every synced tensor, the others agree unless `copy_next`.
-        let prepare = |kind: UpdateKind, state: &mut StateDict, threads| match (kind, &kept) {
-            _ if copy_next => {
-                let _ = state.copy_values_from(front);
-            }
-            (UpdateKind::Bucket, _) => {}
-            (UpdateKind::Patch, _) if back_meta.sequence == front_meta.sequence => {}
-            (UpdateKind::Patch, Some(k)) if k.base == back_meta.sequence => {
-                patch::install(&k.patch, state, threads);
-            }
-            (UpdateKind::Patch, _) => {
-                let _ = state.copy_values_from(front);
-            }
-        };
-        let result = pending.install_prepared(back_view, prepare);
-        let (report, valid) = match result {
-            Ok(done) => done,
-            Err(e) => {
-                self.kept = kept;
-                return Err(self.sync_err(e));
-            }
-        };
-        self.copy_next = false;
-        self.kept = valid.map(|patch| Kept {
-            base: front_meta.sequence,
-            patch,
-        });
-        let (version, sequence) = match &self.receiver {
-            Some(r) => (r.version(), r.sequence()),
-            None => (report.version, 0),
-        };
-        Ok(self.publish(back, version, sequence, report))
     }
 
     /// The weight channel's receiver (after init or rejoin): its version, bounds, reports.

@@ -67,7 +67,6 @@ use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
 pub use offload::{PatchBuilder, PatchInstaller};
-pub(crate) use receiver::UpdateKind;
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};
@@ -282,7 +281,7 @@ pub enum HoldPoint {
 pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Run CPU-heavy work without stalling other tasks of a multi-threaded runtime.
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)

@@ -1,7 +1,7 @@
-//! Tests of the host-shared arena: whole versions only, replay equals a private receiver, faults, processes.
+//! Tests of the host-shared arena: whole versions only, streaming equals a private receiver, faults, processes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::syncer::settings::{SyncerKind, WeightSyncerConfig};
@@ -71,10 +71,12 @@ fn step(state: &mut StateDict, seed: u64, pct: u64) {
 }
 
 fn syncer(kind: SyncerKind) -> WeightSyncer {
-    let cfg = WeightSyncerConfig {
+    let mut cfg = WeightSyncerConfig {
         kind,
         ..WeightSyncerConfig::default()
     };
+    // Several buckets per version (the sender's setting; receivers read the count).
+    cfg.bucket.bucket_size = std::num::NonZeroU64::new(512).unwrap();
     WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap()
 }
 
@@ -84,13 +86,69 @@ fn same_values(a: &StateDict, b: &StateDict) -> bool {
             .all(|(k, t)| b.get(k).is_some_and(|u| u.bytes() == t.bytes()))
 }
 
-/// What the relay does to the next payload it forwards to the applier.
+/// What the relay does to a payload message it forwards to the applier.
 const PASS: u8 = 0;
 const CORRUPT: u8 = 1;
 const DROP: u8 = 2;
+/// Keep this message and every later one (in the log) until the mode changes.
+const HOLD: u8 = 3;
 
-/// A trainer, an applier over an arena and a private receiver (the reference) on one in-process channel; with
-/// a relay, the applier's payloads pass through a task that can corrupt or drop the next one.
+/// A task between the trainer and the applier: it logs every payload message and does what `mode` says to the
+/// one after `after` more have passed (CORRUPT and DROP once, then PASS); the test may inject messages too.
+struct Relay {
+    state: std::sync::Mutex<RelayState>,
+    down: tokio::sync::Mutex<transport::Sender>,
+}
+
+/// The log and what to do, changed together (a message is logged and judged at once).
+struct RelayState {
+    log: Vec<Vec<u8>>,
+    mode: u8,
+    after: u32,
+}
+
+impl Relay {
+    fn state(&self) -> std::sync::MutexGuard<'_, RelayState> {
+        self.state.lock().unwrap()
+    }
+
+    /// Once `logged` messages were logged (and judged), do `mode` to the message after the next `after`.
+    async fn arm(&self, mode: u8, after: u32, logged: usize) {
+        let started = Instant::now();
+        loop {
+            {
+                let mut st = self.state();
+                if st.log.len() >= logged {
+                    (st.mode, st.after) = (mode, after);
+                    return;
+                }
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "the relay never got {logged} messages"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Messages logged so far.
+    fn logged(&self) -> usize {
+        self.state().log.len()
+    }
+
+    /// Send the logged messages `from..` to the applier again, as they came from the trainer.
+    async fn resend(&self, from: usize) {
+        let msgs: Vec<Vec<u8>> = self.state().log[from..].to_vec();
+        let mut down = self.down.lock().await;
+        for m in msgs {
+            down.send(&m).await.unwrap();
+        }
+    }
+}
+
+/// A trainer, an applier over an arena and a private receiver (the reference: the receive-then-install path)
+/// on one in-process channel; every version travels as several patch parts or buckets. With a relay, the
+/// applier's payloads pass through a task that can corrupt, drop or hold them.
 struct Rig {
     sender: SyncSender,
     trainer: StateDict,
@@ -100,27 +158,43 @@ struct Rig {
     version: u64,
     kind: SyncerKind,
     joiner: crate::transport::inproc::InProcJoiner,
-    relay: Option<Arc<AtomicU8>>,
+    relay: Option<Arc<Relay>>,
 }
 
-/// Forward the applier's metadata upstream, then every payload downstream, doing what `mode` says.
-async fn relay(mut up: transport::Receiver, mut down: transport::Sender, mode: Arc<AtomicU8>) {
-    let Ok(meta) = down.recv_from(0).await else {
-        return;
+/// Forward the applier's metadata upstream, then every payload downstream, doing what the relay's mode says.
+async fn relay(mut up: transport::Receiver, relay: Arc<Relay>) {
+    let meta = {
+        let mut down = relay.down.lock().await;
+        match down.recv_from(0).await {
+            Ok(meta) => meta,
+            Err(_) => return,
+        }
     };
     if up.send(&meta).await.is_err() {
         return;
     }
     while let Ok(mut msg) = up.recv_with(|m| m.to_vec()).await {
-        match mode.swap(PASS, Ordering::SeqCst) {
+        let mode = {
+            let mut st = relay.state();
+            st.log.push(msg.clone());
+            if st.after > 0 {
+                st.after -= 1;
+                PASS
+            } else if st.mode == HOLD {
+                HOLD
+            } else {
+                std::mem::replace(&mut st.mode, PASS)
+            }
+        };
+        match mode {
             CORRUPT => {
                 let at = msg.len() / 2;
                 msg[at] ^= 0x10;
             }
-            DROP => continue,
+            DROP | HOLD => continue,
             _ => {}
         }
-        if down.send(&msg).await.is_err() {
+        if relay.down.lock().await.send(&msg).await.is_err() {
             return;
         }
     }
@@ -136,13 +210,19 @@ impl Rig {
         let (rx_private, mut rx_arena) = (rxs.remove(0), rxs.remove(0));
         let relay = with_relay.then(|| {
             let (down, mut down_rxs) = inproc_channel_with_timeout(1, WAIT);
-            let mode = Arc::new(AtomicU8::new(PASS));
+            let ctl = Arc::new(Relay {
+                state: std::sync::Mutex::new(RelayState {
+                    log: Vec::new(),
+                    mode: PASS,
+                    after: 0,
+                }),
+                down: tokio::sync::Mutex::new(down),
+            });
             tokio::spawn(relay(
                 rx_arena_take(&mut rx_arena, &mut down_rxs),
-                down,
-                mode.clone(),
+                ctl.clone(),
             ));
-            mode
+            ctl
         });
         let synced = trainer.synced_keys();
         let (sender, init, private) = tokio::join!(
@@ -150,7 +230,9 @@ impl Rig {
             applier.init(syncer(kind), rx_arena, 0, true),
             syncer(kind).init_receiver(&mut private_state, rx_private),
         );
-        let (sender, _) = sender.unwrap();
+        let (mut sender, _) = sender.unwrap();
+        // One patch part per synced tensor, buckets in messages of 64 bytes.
+        sender.set_part_sizes(1, 64);
         let published = init.unwrap();
         assert_eq!((published.version, published.buffer), (0, 0));
         let (private, _) = private.unwrap();
@@ -167,21 +249,86 @@ impl Rig {
         }
     }
 
-    /// One training step and its sync, applied by the applier and the private receiver.
+    /// One training step and its sync, applied by the applier and the private receiver (received whole, then
+    /// installed: the path that validates a version whole before writing any of it).
     async fn next(&mut self, pct: u64) -> Result<Published, HostSharedError> {
         self.version += 1;
         step(&mut self.trainer, self.version, pct);
+        let private = async {
+            let pending = self.private.receive().await?;
+            pending.install(&mut self.private_state)
+        };
         let (sent, published, private) = tokio::join!(
             self.sender.sync(&self.trainer, self.version),
             self.applier.apply(WAIT),
-            self.private.apply(&mut self.private_state),
+            private,
         );
         sent.unwrap();
         private.unwrap();
         published
     }
 
-    /// What a rejected update must leave alone: both buffers' bytes and the header's facts.
+    /// A published version: its buffer bitwise the private receiver's state, its checksum that of the
+    /// buffer's synced keys and the trainer's.
+    fn check(&self, p: &Published) {
+        let view = &self.applier.views[usize::from(p.buffer)];
+        assert!(
+            same_values(view, &self.private_state),
+            "version {}",
+            p.version
+        );
+        let keys = self.applier.synced_keys();
+        assert_eq!(
+            p.checksum,
+            Some(state_checksum(view, keys)),
+            "version {}",
+            p.version
+        );
+        assert_eq!(
+            p.checksum,
+            Some(self.sender.checksum(&self.trainer).unwrap())
+        );
+        assert_eq!(self.applier.active().map(|h| h.checksum), Some(p.checksum));
+    }
+
+    /// What a reader can observe: the active index, the generation, the active buffer's facts and bytes.
+    fn seen(&self) -> (u8, u64, arena::BufferMeta, Vec<Vec<u8>>) {
+        let seg = &self.applier.seg;
+        let active = seg.active();
+        let bytes = self.applier.views[usize::from(active)]
+            .iter()
+            .map(|(_, t)| t.bytes().to_vec())
+            .collect();
+        (active, seg.generation(), seg.meta(active), bytes)
+    }
+
+    /// The back buffer's bytes, per tensor.
+    fn back_bytes(&self) -> Vec<Vec<u8>> {
+        let back = 1 - self.applier.seg.active();
+        self.applier.views[usize::from(back)]
+            .iter()
+            .map(|(_, t)| t.bytes().to_vec())
+            .collect()
+    }
+
+    /// The back buffer equals the active one on every synced key, and `before` (its bytes then) on the others.
+    fn back_holds_the_active_version(&self, before: &[Vec<u8>]) -> bool {
+        let active = self.applier.seg.active();
+        let (front, back) = (
+            &self.applier.views[usize::from(active)],
+            &self.applier.views[usize::from(1 - active)],
+        );
+        let keys = self.applier.synced_keys();
+        back.iter().zip(before).all(|((k, t), old)| {
+            if keys.iter().any(|s| s == k) {
+                front.get(k).is_some_and(|f| f.bytes() == t.bytes())
+            } else {
+                t.bytes() == old.as_slice()
+            }
+        })
+    }
+
+    /// What a wait that runs out must leave alone: both buffers' bytes and the header's facts.
     fn snapshot(&self) -> (Vec<Vec<u8>>, u8, u64, [arena::BufferMeta; 2]) {
         let bytes = self
             .applier
@@ -268,46 +415,236 @@ fn bucket_versions_and_patches_after_them_equal_a_private_receiver() {
     });
 }
 
+/// A rejected update changes nothing a reader can observe (active index, generation, the active buffer and
+/// its facts); the back buffer, caught up first, holds the active version (its frozen keys untouched). The
+/// versions refused, sent again whole, then install.
 #[test]
-fn a_rejected_update_leaves_both_buffers_and_the_header_as_they_were() {
+fn a_rejected_update_changes_nothing_readers_see_and_the_back_buffer_holds_the_active_version() {
     let name = arena_name("reject");
     rt().block_on(async {
         let mut rig = Rig::new(&name, SyncerKind::Patch, true).await;
-        let mode = rig.relay.clone().unwrap();
+        let relay = rig.relay.clone().unwrap();
         for _ in 0..3 {
-            rig.next(4).await.unwrap();
+            let p = rig.next(4).await.unwrap();
+            rig.check(&p);
         }
-        // A corrupt payload: refused when received.
-        let before = rig.snapshot();
-        mode.store(CORRUPT, Ordering::SeqCst);
+        let seen = rig.seen();
+        let back = rig.back_bytes();
+        assert!(
+            !rig.back_holds_the_active_version(&back),
+            "the back buffer is two versions old before an apply"
+        );
+        // A corrupt first part: refused when received.
+        let from = relay.logged();
+        relay.arm(CORRUPT, 0, from).await;
         let err = rig.next(4).await.unwrap_err();
         assert!(err.is_rejection(), "{err}");
         assert!(
-            rig.snapshot() == before,
-            "a corrupt payload changed the arena"
+            rig.seen() == seen,
+            "a corrupt payload changed what readers see"
         );
-        // A patch on a version the applier never got: refused at install, after the back buffer was free.
-        mode.store(DROP, Ordering::SeqCst);
-        let (sent, private) = {
+        assert!(rig.back_holds_the_active_version(&back));
+        // A patch on a version the applier never got (held whole by the relay): refused at its first part.
+        relay.arm(HOLD, 0, from + 4).await;
+        {
             rig.version += 1;
             step(&mut rig.trainer, rig.version, 4);
-            tokio::join!(
+            let (sent, private) = tokio::join!(
                 rig.sender.sync(&rig.trainer, rig.version),
                 rig.private.apply(&mut rig.private_state)
-            )
-        };
-        sent.unwrap();
-        private.unwrap();
+            );
+            sent.unwrap();
+            private.unwrap();
+        }
+        relay.arm(PASS, 0, from + 8).await;
         let err = rig.next(4).await.unwrap_err();
         assert!(err.is_rejection(), "{err}");
         assert!(err.to_string().contains("weight sync"), "{err}");
         assert!(
-            rig.snapshot() == before,
-            "a patch on another base changed the arena"
+            crate::error_chain(&err).contains("a full resync is needed"),
+            "{}",
+            crate::error_chain(&err)
         );
+        assert!(
+            rig.seen() == seen,
+            "a patch on another base changed what readers see"
+        );
+        assert!(rig.back_holds_the_active_version(&back));
         let reader = Reader::attach(&name, WAIT).await.unwrap();
         assert_eq!(reader.held().version, 3);
+        drop(reader);
+        // The three versions again, whole: the applier takes them in turn (skipping the refused one's rest).
+        let applier = &mut rig.applier;
+        let applied = async {
+            for v in 4..=6 {
+                let p = applier.apply(WAIT).await.unwrap();
+                assert_eq!(p.version, v);
+            }
+        };
+        tokio::join!(relay.resend(from), applied);
+        let p = rig.next(4).await.unwrap();
+        rig.check(&p);
     });
+}
+
+/// Every version of a patch or bucket syncer streams into the arena part by part (four patch parts, many
+/// bucket messages) and equals, bitwise, a private receiver that receives each version whole and installs it;
+/// the published checksum, folded in while the parts land, is the buffer's.
+#[test]
+fn streaming_equals_receive_then_install_over_many_versions() {
+    for kind in [SyncerKind::Patch, SyncerKind::Bucket] {
+        let name = arena_name(&format!("stream-{kind:?}"));
+        rt().block_on(async {
+            let mut rig = Rig::new(&name, kind, false).await;
+            for v in 1..=45u64 {
+                let pct = [2, 0, 7, 100, 30][v as usize % 5];
+                let p = rig.next(pct).await.unwrap();
+                assert_eq!(p.version, v);
+                assert!(p.report.messages > 1, "{kind:?}: version {v} came whole");
+                rig.check(&p);
+            }
+        });
+    }
+}
+
+#[test]
+fn a_corrupt_later_patch_part_is_taken_back_out_and_the_version_installs_when_sent_again() {
+    a_corrupt_later_part(SyncerKind::Patch);
+}
+
+#[test]
+fn a_corrupt_later_bucket_is_taken_back_out_and_the_version_installs_when_sent_again() {
+    a_corrupt_later_part(SyncerKind::Bucket);
+}
+
+/// A corrupt part after others were installed into the back buffer: rejected, taken back out (a patch
+/// receiver's back buffer holds the active version, a bucket receiver's is as it was), readers see nothing;
+/// the genuine version sent again installs, and so do the versions after it (checksums folded correctly).
+fn a_corrupt_later_part(kind: SyncerKind) {
+    let name = arena_name(&format!("later-{kind:?}"));
+    rt().block_on(async {
+        let mut rig = Rig::new(&name, kind, true).await;
+        let relay = rig.relay.clone().unwrap();
+        let mut per_version = 0;
+        for _ in 0..3 {
+            let from = relay.logged();
+            let p = rig.next(5).await.unwrap();
+            rig.check(&p);
+            per_version = relay.logged() - from;
+        }
+        assert!(
+            per_version > 2,
+            "{kind:?}: {per_version} messages a version"
+        );
+        let seen = rig.seen();
+        let back = rig.back_bytes();
+        let from = relay.logged();
+        // The second to last message: the parts or buckets before it are installed by then.
+        relay.arm(CORRUPT, (per_version - 2) as u32, from).await;
+        let err = rig.next(5).await.unwrap_err();
+        assert!(err.is_rejection(), "{kind:?}: {err}");
+        assert!(rig.seen() == seen, "{kind:?}: readers see a change");
+        match kind {
+            SyncerKind::Patch => assert!(rig.back_holds_the_active_version(&back)),
+            SyncerKind::Bucket => assert!(rig.back_bytes() == back, "the back buffer changed"),
+        }
+        let (_, p) = tokio::join!(relay.resend(from), rig.applier.apply(WAIT));
+        let p = p.unwrap();
+        assert_eq!(p.version, rig.version);
+        rig.check(&p);
+        for _ in 0..3 {
+            let p = rig.next(5).await.unwrap();
+            rig.check(&p);
+        }
+    });
+}
+
+/// A channel wait that runs out between two patch parts takes the installed parts back out (readers see
+/// nothing; the back buffer holds the active version) and keeps them: the next apply goes on with the version.
+#[test]
+fn a_wait_that_runs_out_between_parts_keeps_them_for_the_next_apply() {
+    let name = arena_name("partial");
+    rt().block_on(async {
+        let mut rig = Rig::new(&name, SyncerKind::Patch, true).await;
+        let relay = rig.relay.clone().unwrap();
+        for _ in 0..2 {
+            rig.next(6).await.unwrap();
+        }
+        let seen = rig.seen();
+        let back = rig.back_bytes();
+        let from = relay.logged();
+        relay.arm(HOLD, 2, from).await;
+        rig.version += 1;
+        step(&mut rig.trainer, rig.version, 6);
+        if let Some(r) = rig.applier.receiver_mut() {
+            r.set_bound(Some(Duration::from_millis(150)));
+        }
+        let (sent, applied, private) = tokio::join!(
+            rig.sender.sync(&rig.trainer, rig.version),
+            rig.applier.apply(WAIT),
+            rig.private.apply(&mut rig.private_state)
+        );
+        sent.unwrap();
+        private.unwrap();
+        let err = applied.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                HostSharedError::Sync {
+                    source: SyncError::Transport(crate::transport::TransportError::Timeout { .. }),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(rig.seen() == seen, "readers see a change");
+        assert!(rig.back_holds_the_active_version(&back));
+        if let Some(r) = rig.applier.receiver_mut() {
+            r.set_bound(None);
+        }
+        relay.arm(PASS, 0, from + 4).await;
+        let (_, p) = tokio::join!(relay.resend(from + 2), rig.applier.apply(WAIT));
+        let p = p.unwrap();
+        // The two parts kept, then the two held ones.
+        assert_eq!((p.version, p.report.messages), (rig.version, 4));
+        rig.check(&p);
+        let p = rig.next(6).await.unwrap();
+        rig.check(&p);
+    });
+}
+
+/// The folded checksum equals the whole-state one, in sync order and out of it (a part writing a tensor
+/// already hashed: hashed again from scratch), with parts that write nothing synced.
+#[test]
+fn the_folded_checksum_equals_the_whole_one() {
+    let mut state = model(5);
+    let keys = state.synced_keys();
+    assert_eq!(keys, ["w", "b", "steps", "h"]);
+    let position = [Some(0), Some(1), Some(2), None, Some(3)];
+    let orders: [&[&[usize]]; 5] = [
+        &[&[0], &[1], &[2], &[4]],
+        &[&[0, 1], &[], &[4]],
+        &[],
+        &[&[3], &[2, 4]],
+        &[&[1], &[0], &[4]],
+    ];
+    for (i, parts) in orders.iter().enumerate() {
+        let mut fold = Fold::new(&keys, &position);
+        for (k, part) in parts.iter().enumerate() {
+            // Each part writes its tensors, then reports them.
+            for &o in *part {
+                if let Some((_, t)) = state.get_index_mut(o) {
+                    t.bytes_mut()[0] = t.bytes()[0].wrapping_add((i + k + 1) as u8);
+                }
+            }
+            fold.part(part, &state);
+        }
+        assert_eq!(
+            fold.finish(&state),
+            state_checksum(&state, &keys),
+            "order {i}"
+        );
+    }
 }
 
 /// Every synced tensor of the held buffer hashes to the checksum published for it: a whole version.

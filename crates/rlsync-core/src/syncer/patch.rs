@@ -1150,6 +1150,13 @@ pub struct ValidPatch {
     pub changed: u64,
 }
 
+impl ValidPatch {
+    /// The ordinals of the tensors the patch writes, in entry order (a tensor with several entries repeats).
+    pub(crate) fn ordinals(&self) -> impl Iterator<Item = usize> + '_ {
+        self.plan.iter().map(|e| e.ordinal)
+    }
+}
+
 /// Check every part of `body` against the receiver's metadata and state before anything is written: the entry
 /// table first (ranges, stream extents), then each entry's streams (in parallel when `threads > 1`).
 pub fn validate(
@@ -1532,6 +1539,11 @@ impl Undo {
     /// The patch part again (after [`roll_back`]), to install it once more later.
     pub fn into_body(self) -> PatchBody {
         self.patch.body
+    }
+
+    /// The installed patch part, validated (the version went whole: its old values are not needed).
+    pub fn into_patch(self) -> ValidPatch {
+        self.patch
     }
 }
 

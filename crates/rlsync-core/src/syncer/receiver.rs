@@ -393,9 +393,9 @@ impl SyncReceiver {
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
         let report = if self.strategy == Strategy::Bucket && self.load_instant {
-            receive_buckets(self, Some(state)).await?.1
+            receive_buckets(self, Some(state), None).await?.1
         } else if self.strategy == Strategy::Patch && host_install {
-            apply_patch(self, state).await?
+            apply_patch(self, state, None).await?.0
         } else {
             let pending = receive(self).await?;
             pending.install(state)?
@@ -468,6 +468,31 @@ impl SyncReceiver {
         receive(self).await
     }
 
+    /// Receive the next version and install it into `state` as it arrives, as [`SyncReceiver::apply`] does on
+    /// the host (patch parts and buckets each checked before they are written and taken back out when a later
+    /// one fails, whatever `load_instant` says), calling `on_part` after each part is installed with the
+    /// ordinals it wrote (a later part may still take it back out). Also returns a patch's validated parts, in
+    /// order, so the host-shared applier can replay them into its other buffer. Nothing is reported to the
+    /// sender.
+    pub(crate) async fn apply_streamed(
+        &mut self,
+        state: &mut StateDict,
+        on_part: OnPart<'_>,
+    ) -> Result<(SyncReport, Vec<ValidPatch>), SyncError> {
+        match self.strategy {
+            Strategy::Patch => apply_patch(self, state, Some(on_part)).await,
+            Strategy::Bucket => Ok((
+                receive_buckets(self, Some(state), Some(on_part)).await?.1,
+                Vec::new(),
+            )),
+        }
+    }
+
+    /// Threads of the installs (and of replaying a patch part elsewhere).
+    pub(crate) fn threads(&self) -> NonZeroUsize {
+        self.shared.threads
+    }
+
     /// The payload strategy this receiver takes (patch | bucket).
     pub fn kind(&self) -> SyncerKind {
         match self.strategy {
@@ -538,7 +563,7 @@ impl SyncReceiver {
                     .await?;
                     report.payload_bytes += got.payload_bytes;
                 } else if plan.full_buckets > 0 {
-                    let (_, got) = receive_buckets(self, Some(state)).await?;
+                    let (_, got) = receive_buckets(self, Some(state), None).await?;
                     report.payload_bytes += got.payload_bytes;
                 }
             }
@@ -658,18 +683,6 @@ impl PendingUpdate {
     /// when the version is no longer newer than the applied one, a patch's base is not the applied version,
     /// or the payload does not fit the state dict.
     pub fn install(self, state: &mut StateDict) -> Result<SyncReport, SyncError> {
-        self.install_prepared(state, |_, _, _| {})
-            .map(|(report, _)| report)
-    }
-
-    /// [`PendingUpdate::install`], with `prepare` run on `state` once the update is checked (nothing is
-    /// written before it; a rejected update never runs it); also returns a patch's validated body, so the
-    /// host-shared applier can replay it into its other buffer.
-    pub(crate) fn install_prepared(
-        self,
-        state: &mut StateDict,
-        prepare: impl FnOnce(UpdateKind, &mut StateDict, NonZeroUsize),
-    ) -> Result<(SyncReport, Option<ValidPatch>), SyncError> {
         let PendingUpdate {
             stamp,
             body,
@@ -692,7 +705,6 @@ impl PendingUpdate {
                 ),
             ));
         }
-        let mut kept = None;
         match body {
             PendingBody::Patch { base, body } => {
                 if base != applied.sequence {
@@ -711,7 +723,6 @@ impl PendingUpdate {
                 })
                 .map_err(|r| rejected(Some(version), current, r))?;
                 report.decode += t0.elapsed();
-                prepare(UpdateKind::Patch, state, shared.threads);
                 let t1 = Instant::now();
                 let installer = shared
                     .installer
@@ -724,14 +735,12 @@ impl PendingUpdate {
                 }
                 report.apply = t1.elapsed();
                 report.changed = valid.changed;
-                kept = Some(valid);
             }
             PendingBody::Bucket(staged) => {
                 if let Err(r) = bucket::check_fits(&staged, &shared.meta, state) {
                     give_back(&shared, staged);
                     return Err(rejected(Some(version), current, r));
                 }
-                prepare(UpdateKind::Bucket, state, shared.threads);
                 let t1 = Instant::now();
                 let old = blocking(|| bucket::install(staged, state, shared.threads));
                 report.apply = t1.elapsed();
@@ -740,18 +749,13 @@ impl PendingUpdate {
         }
         shared.set_applied(stamp);
         report.version = version;
-        Ok((report, kept))
+        Ok(report)
     }
 }
 
-/// What a [`PendingUpdate`] installs (the host-shared applier prepares its back buffer by it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum UpdateKind {
-    /// A sparse patch on the applied version: the state must hold exactly that version first.
-    Patch,
-    /// Every synced tensor, dense.
-    Bucket,
-}
+/// Told after each part of a version is installed (patch part or bucket), with the ordinals of the tensors it
+/// wrote and the state it wrote them into; runs on the receiving task (as blocking work).
+pub(crate) type OnPart<'a> = &'a mut (dyn FnMut(&[usize], &StateDict) + Send);
 
 fn give_back(shared: &ReceiverShared, staged: Staged) {
     shared.pool().give_all(staged);
@@ -761,7 +765,7 @@ fn give_back(shared: &ReceiverShared, staged: Staged) {
 async fn receive(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError> {
     match r.strategy {
         Strategy::Patch => receive_patch(r).await,
-        Strategy::Bucket => match receive_buckets(r, None).await? {
+        Strategy::Bucket => match receive_buckets(r, None, None).await? {
             (Some(p), _) => Ok(p),
             (None, _) => Err(rejected(
                 None,
@@ -969,8 +973,13 @@ async fn receive_patch(r: &mut SyncReceiver) -> Result<PendingUpdate, SyncError>
 /// later ones): each part is validated before it is written, and what it overwrote is kept until the version
 /// is whole; a part that fails (corrupt, truncated, out of order, or the channel failing) takes every part of
 /// the version back out, so state and version stay bitwise as they were. The version is applied only once
-/// every part verified and was installed.
-async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<SyncReport, SyncError> {
+/// every part verified and was installed. `on_part`, if any, runs after each part is installed; the validated parts
+/// come back in order (the undo of each already holds its part: keeping them costs nothing more).
+async fn apply_patch(
+    r: &mut SyncReceiver,
+    state: &mut StateDict,
+    mut on_part: Option<OnPart<'_>>,
+) -> Result<(SyncReport, Vec<ValidPatch>), SyncError> {
     let shared = r.shared.clone();
     let applied = shared.applied();
     let current = applied.version;
@@ -982,6 +991,7 @@ async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<Sync
         ..Default::default()
     };
     let mut undo: Vec<(patch::Undo, usize)> = Vec::new();
+    let mut last: Option<ValidPatch> = None;
     let mut version: Option<PatchVersion> = None;
     let mut resumed = std::collections::VecDeque::new();
     if let Some(partial) = r.partial.take() {
@@ -1066,10 +1076,15 @@ async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<Sync
             }
         };
         report.changed += valid.changed;
+        let touched: Vec<usize> = match on_part {
+            Some(_) => valid.ordinals().collect(),
+            None => Vec::new(),
+        };
         let t1 = Instant::now();
         if seq + 1 == v.count {
             // The last part: nothing after it can fail, so no undo needs its old values.
             blocking(|| patch::install(&valid, state, shared.threads));
+            last = Some(valid);
         } else {
             undo.push((
                 blocking(|| patch::install_logged(valid, state, shared.threads)),
@@ -1077,6 +1092,11 @@ async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<Sync
             ));
         }
         report.apply += t1.elapsed();
+        if let Some(on_part) = on_part.as_deref_mut() {
+            let t2 = Instant::now();
+            blocking(|| on_part(&touched, state));
+            report.decode += t2.elapsed();
+        }
         version = Some(v);
         seq += 1;
         if seq == v.count {
@@ -1092,7 +1112,12 @@ async fn apply_patch(r: &mut SyncReceiver, state: &mut StateDict) -> Result<Sync
     report.transfer = t_wait
         .elapsed()
         .saturating_sub(report.decode + report.apply);
-    Ok(report)
+    let parts = undo
+        .into_iter()
+        .map(|(u, _)| u.into_patch())
+        .chain(last)
+        .collect();
+    Ok((report, parts))
 }
 
 enum BucketStep {
@@ -1103,11 +1128,13 @@ enum BucketStep {
 }
 
 /// Receive every bucket of one version, part by part. With `install = Some(state)` (load_instant) each
-/// verified bucket is swapped into the state at once and undone if a later bucket fails (or the channel
-/// fails mid-version); otherwise everything is staged and returned as a pending update.
+/// verified bucket is swapped into the state at once (then `on_part`, if any, runs) and undone if a later
+/// bucket fails (or the channel fails mid-version); otherwise everything is staged and returned as a pending
+/// update.
 async fn receive_buckets(
     r: &mut SyncReceiver,
     mut install: Option<&mut StateDict>,
+    mut on_part: Option<OnPart<'_>>,
 ) -> Result<(Option<PendingUpdate>, SyncReport), SyncError> {
     let shared = r.shared.clone();
     let current = shared.applied().version;
@@ -1254,6 +1281,10 @@ async fn receive_buckets(
                                 Some(state),
                             ));
                         }
+                        let touched: Vec<usize> = match on_part {
+                            Some(_) => staged.iter().map(|(o, _)| *o as usize).collect(),
+                            None => Vec::new(),
+                        };
                         let t1 = Instant::now();
                         if seq + 1 == count {
                             // The last bucket: nothing after it can fail, so no undo needs its old values.
@@ -1263,6 +1294,11 @@ async fn receive_buckets(
                             undo.extend(bucket::swap_in(staged, state));
                         }
                         report.apply += t1.elapsed();
+                        if let Some(on_part) = on_part.as_deref_mut() {
+                            let t2 = Instant::now();
+                            blocking(|| on_part(&touched, state));
+                            report.decode += t2.elapsed();
+                        }
                     }
                     None => staged_all.extend(staged),
                 }

@@ -898,3 +898,13 @@ async fn abort(ch: &mut transport::Sender, reason: &str) {
     // Best effort: receivers that cannot be told will time out on their own.
     let _ = ch.send(&wire::encode_abort(reason)).await;
 }
+
+#[cfg(test)]
+impl SyncSender {
+    /// For tests outside the syncer: send each patch version as parts of about `patch_part_bytes` of state
+    /// and each bucket as messages of `part_bytes`, to cover versions that arrive in many parts.
+    pub(crate) fn set_part_sizes(&mut self, patch_part_bytes: usize, part_bytes: usize) {
+        self.settings.patch_part_bytes = patch_part_bytes;
+        self.settings.part_bytes = part_bytes;
+    }
+}
