@@ -507,7 +507,7 @@ fn shell_completion_queries_complete_as_hydras() {
     // Before the entry point, the entry points; in the embedded tree, a typo's neighbour.
     assert_eq!(
         complete(&dir, "rlsync "),
-        "bench_sync train_async train_embodied"
+        "bench_sync plot train_async train_embodied"
     );
     assert_eq!(complete(&dir, "rlsync train_a"), "train_async");
     assert_eq!(
