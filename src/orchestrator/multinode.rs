@@ -49,7 +49,8 @@ impl MultiNode {
             .collect()
     }
 
-    /// The global ranks of the rollouts on `node`, in order (its weight channel's receivers).
+    /// The global ranks of the rollouts on `node`, in order (its weight channel's receivers, its launch file's
+    /// `node_rollouts`; [`WeightReceivers`](super::weights::WeightReceivers) numbers the run's receivers by it).
     pub fn rollouts_on(&self, node: u32) -> Vec<u32> {
         self.placement
             .rollouts
