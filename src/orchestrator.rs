@@ -526,6 +526,11 @@ async fn run_in_private_dir(
         remote,
         cluster,
         upstream: None,
+        weight_receivers: weights::WeightReceivers::of_run(
+            plan.rollouts,
+            cfg.weight_syncer.host_shared,
+            multi.as_ref(),
+        ),
     };
     let startup = std::time::Instant::now();
     let mut startup_s = None;

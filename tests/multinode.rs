@@ -4,8 +4,9 @@
 //! run with an error naming the node, every other node exits and nothing is left behind; a peer with the
 //! wrong token is refused and the run goes on. With `runner.rollout_restarts`, rollouts on other nodes killed
 //! with SIGKILL are restarted through their agents and rejoin through the chain (patch and bucket,
-//! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node; rollout
-//! ranks out of chain order are refused with restarts.
+//! `train_embodied` and `train_async`); one killed past its budget fails the run naming it and its node; rollouts
+//! placed out of chain order, and a host-shared node's applier that is not its node's place in the chain, are
+//! caught up by their receiver index on the weight channel.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -43,6 +44,12 @@ struct Run {
     entry: &'static str,
     /// More environment for every node (and so its workers).
     env: Vec<(String, String)>,
+    /// `cluster.slots_per_node` (1 unless set).
+    slots_per_node: u32,
+    /// `cluster.component_placement.rollout` (`0-<nodes-1>` unless set: rollout r on node r).
+    rollout_slots: String,
+    /// The rollouts `rollout_slots` places (each gets two train envs and one eval env).
+    rollouts: u32,
 }
 
 impl Run {
@@ -58,6 +65,9 @@ impl Run {
             extra: Vec::new(),
             entry: "train_embodied",
             env: Vec::new(),
+            slots_per_node: 1,
+            rollout_slots: format!("0-{}", nodes - 1),
+            rollouts: nodes,
             scratch,
         }
     }
@@ -109,17 +119,17 @@ impl Run {
             "runner.shutdown_grace_s=1",
             "runner.handshake_timeout_s=60",
             "runner.step_timeout_s=60",
-            "cluster.slots_per_node=1",
             "cluster.component_placement.actor=0",
         ])
+        .arg(format!("cluster.slots_per_node={}", self.slots_per_node))
         .arg(format!("weight_syncer={syncer}"))
         .arg(format!("runner.max_steps={steps}"))
-        .arg(format!("env.train.total_num_envs={}", 2 * self.nodes))
-        .arg(format!("env.eval.total_num_envs={}", self.nodes))
+        .arg(format!("env.train.total_num_envs={}", 2 * self.rollouts))
+        .arg(format!("env.eval.total_num_envs={}", self.rollouts))
         .arg(format!("cluster.num_nodes={}", self.nodes))
         .arg(format!(
-            "cluster.component_placement.rollout='0-{}'",
-            self.nodes - 1
+            "cluster.component_placement.rollout='{}'",
+            self.rollout_slots
         ))
         .arg(format!("cluster.node_timeout_s={}", self.node_timeout_s))
         .arg(format!("cluster.network.port_min={}", self.chain_ports))
@@ -485,11 +495,10 @@ fn killed_rollouts_on_every_node_are_restarted_async_bucket() {
     rollouts_on_every_node_survive_kills("train_async", "bucket_syncer");
 }
 
-/// With restarts, rollout ranks must follow the weight chain (a successor rejoins it by its rank): a placement
-/// that numbers them otherwise is refused with the reason (at `--dry-run` as at the start); in chain order the
-/// same run is accepted.
+/// With restarts, rollout ranks need not follow the weight chain (a successor rejoins it by its receiver index,
+/// not its rank): a placement listing node 1's slots first is accepted at `--dry-run`, as the one in chain order.
 #[test]
-fn restarts_need_rollout_ranks_in_chain_order() {
+fn restarts_accept_rollout_ranks_out_of_chain_order() {
     let dir = tempfile::tempdir().unwrap();
     let dry_run = |rollout: &str| {
         Command::new(bin())
@@ -518,18 +527,94 @@ fn restarts_need_rollout_ranks_in_chain_order() {
             .output()
             .unwrap()
     };
-    let out = dry_run("2-3,1");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{text}");
+    for rollout in ["2-3,1", "1-3"] {
+        let out = dry_run(rollout);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{rollout}: {text}");
+        assert!(text.contains("OK: configuration is valid"), "{text}");
+    }
+}
+
+/// Two nodes with the rollouts out of chain order: rollout 0 on node 1 (the weight channel's receiver 1),
+/// rollout 1 beside the trainer on node 0 (receiver 0). Rollout 0, killed mid-run, is restarted by node 1's
+/// agent and caught up as receiver 1 through the chain; the run completes with every sync verified, the
+/// restart counted and logged, and nothing left.
+#[test]
+fn a_rollout_placed_out_of_chain_order_rejoins_by_its_receiver() {
+    let mut run = Run::new(2);
+    run.rollout_slots = "1,0".into();
+    run.extra = restarts(1);
+    // Long enough for the successor to start and be caught up before the last step on a loaded machine.
+    let steps = 300;
+    let mut children = run.start("patch_syncer", steps);
+    run.wait_until(&mut children, "a few steps", || run.metrics().len() >= 3);
+    let pid = run.rollout_pid(0).expect("rollout-0 runs");
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    run.wait_until(&mut children, "the restart", || {
+        run.rollout_pid(0).is_some_and(|p| p != pid)
+    });
+    let errs = completes(&run, children, steps as usize);
+    let node0 = &errs[0];
+    assert_eq!(restarts_counted(&run), Some(1), "{node0}");
+    logs_the_restart_on(node0, 0, 1, pid);
     assert!(
-        text.contains("rollout ranks must follow the chain") && text.contains("[2, 0, 1]"),
-        "{text}"
+        node0.contains("rollout-0 rejoined: caught up by"),
+        "node 0 logs the catch-up:\n{node0}"
     );
-    let out = dry_run("1-3");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
+    // The trainer served it as the chain's receiver 1, on node 1.
+    let trainer = std::fs::read_to_string(run.run_dir.join("logs/trainer-0.log")).unwrap();
+    assert!(
+        trainer.contains("caught up rollout-0 (weight receiver 1)"),
+        "{trainer}"
+    );
+    let log = std::fs::read_to_string(run.run_dir.join("node-1/logs/rollout-0.log")).unwrap();
+    assert!(log.contains("rejoined the weight channel"), "{log}");
+}
+
+/// `weight_syncer.host_shared` over two nodes with two rollouts each: node 1's applier is rollout 2, the weight
+/// channel's receiver 1 (one receiver per node). Killed mid-run, its successor reopens node 1's arena and is
+/// caught up as receiver 1 while its reader (rollout 3) keeps going; every sync is verified, the restart counted,
+/// no arena or anything else left.
+#[test]
+fn host_shared_a_remote_applier_rejoins_by_its_nodes_place_in_the_chain() {
+    let mut run = Run::new(2);
+    run.slots_per_node = 2;
+    run.rollout_slots = "0-3".into();
+    run.rollouts = 4;
+    run.extra = restarts(1);
+    run.extra.push("weight_syncer.host_shared=true".into());
+    let steps = 300;
+    let mut children = run.start("patch_syncer", steps);
+    run.wait_until(&mut children, "a few steps", || run.metrics().len() >= 3);
+    let reader = run.rollout_pid(3).expect("rollout-3 runs");
+    let pid = run.rollout_pid(2).expect("rollout-2 runs");
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    run.wait_until(&mut children, "the restart", || {
+        run.rollout_pid(2).is_some_and(|p| p != pid)
+    });
+    // Node 1's reader was not disturbed: the same process still runs.
+    assert_eq!(run.rollout_pid(3), Some(reader));
+    let errs = completes(&run, children, steps as usize);
+    let node0 = &errs[0];
+    assert_eq!(restarts_counted(&run), Some(1), "{node0}");
+    logs_the_restart_on(node0, 2, 1, pid);
+    assert!(
+        node0.contains("rollout-2 rejoined: caught up by"),
+        "node 0 logs the catch-up:\n{node0}"
+    );
+    let trainer = std::fs::read_to_string(run.run_dir.join("logs/trainer-0.log")).unwrap();
+    assert!(
+        trainer.contains("caught up rollout-2 (weight receiver 1)"),
+        "{trainer}"
+    );
+    let node1 = run.run_dir.join("node-1/logs");
+    let log = std::fs::read_to_string(node1.join("rollout-2.log")).unwrap();
+    assert!(
+        log.contains("rejoined the weight channel into the host's weights")
+            && log.contains(".arena.1"),
+        "{log}"
+    );
 }
 
 fn restarts(n: u32) -> Vec<String> {
@@ -553,10 +638,15 @@ fn restarts_counted(run: &Run) -> Option<u64> {
 /// Node 0 logs the loss of `rollout-<rank>` (process `pid`; rollout r runs on node r, named when it is not
 /// node 0) and its restart.
 fn logs_the_restart(node0: &str, rank: u32, pid: i32) {
+    logs_the_restart_on(node0, rank, rank, pid);
+}
+
+/// [`logs_the_restart`] of a rollout on `node`.
+fn logs_the_restart_on(node0: &str, rank: u32, node: u32, pid: i32) {
     // Its supervisor (node 0's, or its agent) saw the connection close or the exit first.
-    let lost = match rank {
-        0 => format!("rollout-0 (pid {pid}) "),
-        _ => format!("rollout-{rank} (pid {pid} on node {rank}) "),
+    let lost = match node {
+        0 => format!("rollout-{rank} (pid {pid}) "),
+        _ => format!("rollout-{rank} (pid {pid} on node {node}) "),
     };
     assert!(
         node0

@@ -49,7 +49,8 @@ impl MultiNode {
             .collect()
     }
 
-    /// The global ranks of the rollouts on `node`, in order (its weight channel's receivers).
+    /// The global ranks of the rollouts on `node`, in order (its weight channel's receivers, its launch file's
+    /// `node_rollouts`; [`WeightReceivers`](super::weights::WeightReceivers) numbers the run's receivers by it).
     pub fn rollouts_on(&self, node: u32) -> Vec<u32> {
         self.placement
             .rollouts
@@ -106,58 +107,6 @@ pub fn refusal(cfg: &RunConfig, placement: &NodePlacement) -> Option<String> {
              node 0, with the orchestrator (e.g. actor: 0)",
             placement.trainer.node
         ));
-    }
-    if cfg.runner.rollout_restarts > 0 && cfg.weight_syncer.host_shared {
-        // Host-shared: one receiver per node on the chain (its applier), caught up by its chain rank, which is
-        // its rollout rank only when every node before it holds one rollout.
-        let appliers: Vec<u32> = placement
-            .chain()
-            .into_iter()
-            .filter_map(|node| {
-                placement
-                    .rollouts
-                    .iter()
-                    .filter(|w| w.node == node)
-                    .map(|w| w.rank)
-                    .min()
-            })
-            .collect();
-        if appliers.iter().copied().ne(0..appliers.len() as u32) {
-            return Some(format!(
-                "runner.rollout_restarts={} with weight_syncer.host_shared=true: over several nodes a restarted \
-                 applier (each node's lowest rollout rank: {appliers:?}) would rejoin the weight chain by a rank \
-                 the chain does not give it; set runner.rollout_restarts=0 or weight_syncer.host_shared=false",
-                cfg.runner.rollout_restarts
-            ));
-        }
-    }
-    if cfg.runner.rollout_restarts > 0 {
-        // A restarted rollout is caught up by its rank on the weight chain, which numbers receivers in chain
-        // order (each node's rollouts in turn); the trainer addresses it by its rollout rank.
-        let chain_order: Vec<u32> = placement
-            .chain()
-            .into_iter()
-            .flat_map(|node| {
-                placement
-                    .rollouts
-                    .iter()
-                    .filter(move |w| w.node == node)
-                    .map(|w| w.rank)
-            })
-            .collect();
-        if chain_order
-            .iter()
-            .copied()
-            .ne(0..placement.rollouts.len() as u32)
-        {
-            return Some(format!(
-                "runner.rollout_restarts={}: over several nodes a restarted rollout rejoins the weight chain by \
-                 its rank, so rollout ranks must follow the chain (the trainer's node first, then node by node); \
-                 cluster.component_placement.rollout puts them in the order {chain_order:?}: list its slots in \
-                 node order, or set runner.rollout_restarts=0",
-                cfg.runner.rollout_restarts
-            ));
-        }
     }
     if std::env::var(TOKEN_VAR)
         .unwrap_or_default()

@@ -25,6 +25,7 @@ use super::supervisor::{
     EventTx, Incoming, Program, ShutdownSource, Supervisor, SupervisorConfig, WorkerId,
     event_channel,
 };
+use super::weights::WeightReceivers;
 use super::{OrchestratorError, RunOptions, RunSummary, run_files};
 use crate::config::schema::RunConfig;
 use crate::protocol::launch::{self, LaunchSpec};
@@ -554,6 +555,7 @@ async fn serve(
         remote: Vec::new(),
         cluster: nodes::Cluster::default(),
         upstream: Some(up.clone()),
+        weight_receivers: WeightReceivers::default(),
     };
     let console = super::metrics::progress::Console::default();
     let outcome = match Supervisor::start_on(

@@ -48,6 +48,7 @@ use tokio::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::progress::Console;
+use crate::orchestrator::weights::WeightReceivers;
 use crate::protocol::node::{NodeCommand, NodeReport};
 use attribution::{Record, Waited, describe};
 pub use deadline::WorkerDeadline;
@@ -267,6 +268,9 @@ pub struct SupervisorConfig {
     /// `ready`); node 0 keeps its budget and backoff and asks for its successor ([`Supervisor::restart`], also
     /// honoured during the start-up). `None` on node 0 and on one host.
     pub upstream: Option<nodes::FrameTx>,
+    /// Each rollout's receiver index on the trainer's weight channel (a restarted one is caught up by it);
+    /// empty on a node agent, whose workers' rejoins node 0 serves.
+    pub weight_receivers: WeightReceivers,
 }
 
 pub struct Supervisor {
@@ -1135,6 +1139,11 @@ impl Supervisor {
     /// Number of rollout workers.
     pub fn rollouts(&self) -> u32 {
         self.cfg.rollouts
+    }
+
+    /// Each rollout's receiver index on the trainer's weight channel.
+    pub fn weight_receivers(&self) -> &WeightReceivers {
+        &self.cfg.weight_receivers
     }
 
     /// Start the deadline of a new step (if `runner.step_timeout_s` sets one).

@@ -3,7 +3,8 @@
 //! ([`Fleet`]).
 //!
 //! A restarted rollout (`runner.rollout_restarts`) is told `init_weights` once connected; its `joined` (it
-//! joined the weight channel late) has the trainer catch it up (`rejoin`), and its `rejoined` makes it Ready at
+//! joined the weight channel late) has the trainer catch it up (`rejoin`, addressed by its receiver index on the
+//! weight channel: [`WeightReceivers`]), and its `rejoined` makes it Ready at
 //! the version it caught up to, verified like any sync, or Deferred (bucket syncer). Its phases, and the hold
 //! of the rank's next successor while the trainer serves it, are the supervisor's
 //! [`Lifecycle`](crate::orchestrator::supervisor::lifecycle::Lifecycle); this module moves it through them.
@@ -13,9 +14,68 @@ use std::time::Instant;
 
 use crate::orchestrator::OrchestratorError;
 use crate::orchestrator::metrics::StepRecord;
+use crate::orchestrator::multinode::MultiNode;
 use crate::orchestrator::supervisor::lifecycle::Phase;
 use crate::orchestrator::supervisor::{Incoming, Supervisor, WorkerId};
 use rlsync_core::protocol::messages::{Command, Frame, Report, Role, SyncStats};
+
+/// Each rollout rank's receiver index on the trainer's weight channel: the channel numbers its receivers node by
+/// node in chain order (the trainer's node first), each node's in its channel order; in the host-shared mode a
+/// node's one receiver is its applier (its lowest rollout rank) and its readers are on no channel. The trainer
+/// catches a restarted rollout up by this index (`Command::Rejoin`), the supervisor keeps its books by rank.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightReceivers {
+    /// Indexed by rollout rank; `None`: a host-shared reader (or a rank no node holds).
+    by_rank: Vec<Option<u32>>,
+}
+
+impl WeightReceivers {
+    /// From each node's rollout ranks in channel order, the nodes in chain order (`rollouts`: the run's count).
+    pub fn from_chain<I>(rollouts: u32, chain: I, host_shared: bool) -> WeightReceivers
+    where
+        I: IntoIterator<Item = Vec<u32>>,
+    {
+        let mut by_rank = vec![None; rollouts as usize];
+        let mut next = 0u32;
+        let mut place = |rank: u32, next: &mut u32| {
+            if let Some(slot) = by_rank.get_mut(rank as usize) {
+                *slot = Some(*next);
+            }
+            *next += 1;
+        };
+        for ranks in chain {
+            if host_shared {
+                // One receiver per node with rollouts: its applier, as `LaunchSpec::host_shared_for` picks it.
+                if let Some(applier) = ranks.iter().copied().min() {
+                    place(applier, &mut next);
+                }
+            } else {
+                for rank in ranks {
+                    place(rank, &mut next);
+                }
+            }
+        }
+        WeightReceivers { by_rank }
+    }
+
+    /// The run's mapping: one host (every rollout on the trainer's channel, rank for rank), or the placement
+    /// over several nodes (each node's rollouts as its launch file lists them, `LaunchSpec::node_rollouts`).
+    pub fn of_run(rollouts: u32, host_shared: bool, multi: Option<&MultiNode>) -> WeightReceivers {
+        match multi {
+            None => WeightReceivers::from_chain(rollouts, [(0..rollouts).collect()], host_shared),
+            Some(m) => WeightReceivers::from_chain(
+                rollouts,
+                m.placement.chain().into_iter().map(|n| m.rollouts_on(n)),
+                host_shared,
+            ),
+        }
+    }
+
+    /// Rollout `rank`'s receiver index (`None`: it is on no weight channel).
+    pub fn of(&self, rank: u32) -> Option<u32> {
+        self.by_rank.get(rank as usize).copied().flatten()
+    }
+}
 
 /// Matches trainer and rollout checksums per version, whichever report arrives first.
 #[derive(Debug, Default)]
@@ -182,9 +242,13 @@ impl Fleet {
         let rank = id.rank;
         match (&frame.header, id.role) {
             (Report::Joined, Role::Rollout) => {
+                // A host-shared reader never joins the channel: only a receiver can be caught up.
+                let Some(receiver) = sup.weight_receivers().of(rank) else {
+                    return Err(unexpected(id, &frame.header));
+                };
                 // The trainer serves the rank until its `caught_up`: the rank's next successor waits.
                 sup.lifecycle_mut().joined(rank);
-                sup.send(WorkerId::TRAINER, &Command::Rejoin { rank }, &[])
+                sup.send(WorkerId::TRAINER, &Command::Rejoin { rank, receiver }, &[])
                     .await?;
                 Ok(Handled::Nothing)
             }
@@ -453,6 +517,93 @@ mod tests {
                 .to_string()
                 .contains("rollout-1")
         );
+    }
+
+    /// The run over `nodes` nodes of `slots` slots each, the trainer on slot 0 and the rollouts on `rollout`.
+    fn placed(nodes: u32, slots: u32, rollout: &str) -> MultiNode {
+        use crate::config::schema::{ClusterConfig, Placement};
+        use std::num::NonZeroU32;
+        let mut component_placement = indexmap::IndexMap::new();
+        component_placement.insert("actor".to_owned(), Placement::Ranges("0".to_owned()));
+        component_placement.insert("rollout".to_owned(), Placement::Ranges(rollout.to_owned()));
+        let cluster = ClusterConfig {
+            num_nodes: NonZeroU32::new(nodes).unwrap(),
+            slots_per_node: NonZeroU32::new(slots),
+            component_placement,
+            ..ClusterConfig::default()
+        };
+        MultiNode {
+            identity: crate::cluster::NodeIdentity {
+                host: "h".into(),
+                node_rank: 0,
+                num_nodes: nodes,
+                master_addr: "127.0.0.1".into(),
+                master_port: 1,
+                scheduler: crate::cluster::Scheduler::Config,
+            },
+            placement: crate::config::placement::resolve(&cluster).unwrap(),
+            token: String::new(),
+        }
+    }
+
+    fn receivers(map: &WeightReceivers, rollouts: u32) -> Vec<Option<u32>> {
+        (0..rollouts).map(|r| map.of(r)).collect()
+    }
+
+    #[test]
+    fn one_host_receivers_are_the_ranks_or_the_applier() {
+        let map = WeightReceivers::of_run(3, false, None);
+        assert_eq!(receivers(&map, 3), [Some(0), Some(1), Some(2)]);
+        // Host-shared: rollout 0 applies and is the channel's one receiver; the readers are on no channel.
+        let map = WeightReceivers::of_run(3, true, None);
+        assert_eq!(receivers(&map, 3), [Some(0), None, None]);
+        assert_eq!(map.of(3), None, "a rank beyond the run's");
+    }
+
+    #[test]
+    fn receivers_follow_the_chain_node_by_node() {
+        // Ranks in chain order: node 0 holds rollout 0, node 1 rollouts 1 and 2.
+        let multi = placed(2, 2, "1-3");
+        let map = WeightReceivers::of_run(3, false, Some(&multi));
+        assert_eq!(receivers(&map, 3), [Some(0), Some(1), Some(2)]);
+        // Host-shared: one receiver per node, its applier.
+        let map = WeightReceivers::of_run(3, true, Some(&multi));
+        assert_eq!(receivers(&map, 3), [Some(0), Some(1), None]);
+    }
+
+    #[test]
+    fn out_of_order_placements_map_ranks_to_their_chain_receivers() {
+        // Rollout 0 on node 1, rollout 1 on node 0: the trainer's node is the chain's head.
+        let multi = placed(2, 1, "1,0");
+        assert_eq!(multi.rollouts_on(0), [1]);
+        let map = WeightReceivers::of_run(2, false, Some(&multi));
+        assert_eq!(receivers(&map, 2), [Some(1), Some(0)]);
+        // Node 1's slots listed first: rollouts 0 and 1 on node 1, rollout 2 on node 0.
+        let multi = placed(2, 2, "2-3,1");
+        let map = WeightReceivers::of_run(3, false, Some(&multi));
+        assert_eq!(receivers(&map, 3), [Some(1), Some(2), Some(0)]);
+        let map = WeightReceivers::of_run(3, true, Some(&multi));
+        assert_eq!(receivers(&map, 3), [Some(1), None, Some(0)]);
+        // Three nodes, node 2's slots before node 1's.
+        let multi = placed(3, 1, "0,2,1");
+        let map = WeightReceivers::of_run(3, false, Some(&multi));
+        assert_eq!(receivers(&map, 3), [Some(0), Some(2), Some(1)]);
+    }
+
+    #[test]
+    fn host_shared_appliers_are_each_nodes_chain_index() {
+        // Two rollouts per node: node 1's applier is rollout 2, the channel's receiver 1.
+        let multi = placed(2, 2, "0-3");
+        let map = WeightReceivers::of_run(4, true, Some(&multi));
+        assert_eq!(receivers(&map, 4), [Some(0), None, Some(1), None]);
+        let map = WeightReceivers::of_run(4, false, Some(&multi));
+        assert_eq!(receivers(&map, 4), [Some(0), Some(1), Some(2), Some(3)]);
+        // A node's lowest rank applies, wherever the placement lists it.
+        let map = WeightReceivers::from_chain(5, [vec![4, 1], vec![3, 0, 2]], true);
+        assert_eq!(receivers(&map, 5), [Some(1), Some(0), None, None, None]);
+        // A node without rollouts (the trainer's) has no receiver.
+        let map = WeightReceivers::from_chain(2, [vec![], vec![1, 0]], true);
+        assert_eq!(receivers(&map, 2), [Some(0), None]);
     }
 
     #[test]

@@ -105,11 +105,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     )
                     .await?;
             }
-            Command::Rejoin { rank } => {
+            Command::Rejoin { rank, receiver } => {
                 let Some(syncer) = sender.as_mut() else {
                     return Err(unexpected("Rejoin (before InitWeights)"));
                 };
-                let report = catch_up(syncer, &state, rank, version == synced_at).await?;
+                let last = version == synced_at;
+                let report = catch_up(syncer, &state, rank, receiver, last).await?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Checkpoint => {
@@ -177,22 +178,26 @@ async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
     Ok(ChainSender::connect(shm, Some(next.as_str()), chain).await?)
 }
 
-/// Serve the rejoin of restarted rollout `rank`. The rollout going away meanwhile (gone, or silent past the
-/// channel's timeout) is not this worker's failure: the report says so and the orchestrator restarts it again.
+/// Serve the rejoin of restarted rollout `rank`, the weight channel's receiver `receiver` (the channel numbers
+/// receivers node by node in chain order; the reports name the rollout by its rank). The rollout going away
+/// meanwhile (gone, or silent past the channel's timeout) is not this worker's failure: the report says so and
+/// the orchestrator restarts it again.
 async fn catch_up(
     syncer: &mut SyncSender,
     state: &StateDict,
     rank: u32,
+    receiver: u32,
     state_is_last: bool,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
-    let outcome = syncer.rejoin_at(state, rank as usize, state_is_last).await;
+    let receiver = receiver as usize;
+    let outcome = syncer.rejoin_at(state, receiver, state_is_last).await;
     let seconds = started.elapsed().as_secs_f64();
-    let about_rank = |peer: &Peer| *peer == Peer::Receiver(rank as usize);
+    let about_it = |peer: &Peer| *peer == Peer::Receiver(receiver);
     match outcome {
         Ok(r) => {
             tracing::info!(
-                "caught up rollout-{rank}: {} from version {} to {}{}, {} patches, {} bytes in {:.1} ms{}",
+                "caught up rollout-{rank} (weight receiver {receiver}): {} from version {} to {}{}, {} patches, {} bytes in {:.1} ms{}",
                 r.kind.name(),
                 r.from,
                 r.to,
@@ -224,7 +229,7 @@ async fn catch_up(
         }
         Err(SyncError::Transport(
             e @ (TransportError::PeerGone { .. } | TransportError::Timeout { .. }),
-        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } if about_rank(peer)) =>
+        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } if about_it(peer)) =>
         {
             tracing::warn!("rejoin of rollout-{rank} failed: {e}");
             Ok(Report::CaughtUp {

@@ -14,8 +14,9 @@ use super::ProtocolError;
 use super::frame::{self, FrameReader, ReadError};
 use crate::bytes::Writer;
 
-/// Version of the control protocol and of the launch file; bump on any incompatible change (4: [`Report::Built`]).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// Version of the control protocol and of the launch file; bump on any incompatible change (4: [`Report::Built`];
+/// 5: [`Command::Rejoin`]'s `receiver`).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Frames larger than this are rejected (a corrupt length must not allocate gigabytes).
 pub(crate) const MAX_FRAME_BYTES: usize = 1 << 30;
@@ -99,8 +100,11 @@ pub enum Command {
         env_steps: u64,
     },
     /// Trainer: catch up rollout `rank`, a restarted worker that joined the weight channel late (it reported
-    /// [`Report::Joined`]): replay of logged patches when sound, else a full transfer, to that rank only.
-    Rejoin { rank: u32 },
+    /// [`Report::Joined`]): replay of logged patches when sound, else a full transfer, to that rollout only.
+    /// `receiver` is its index on the weight channel, which numbers receivers node by node in chain order (the
+    /// rollout rank on one host; in the host-shared mode each node's applier is its node's place in the chain);
+    /// the trainer's [`Report::CaughtUp`] names `rank`.
+    Rejoin { rank: u32, receiver: u32 },
     /// Rollout: evaluate the weights it holds now, deterministically, one episode per env of its share of
     /// `env.eval`; answered by [`Report::Evaluated`].
     Eval,
@@ -381,6 +385,13 @@ mod tests {
         roundtrip(Command::Sync { version: 7 }, b"");
         roundtrip(Command::Checkpoint, b"");
         roundtrip(Command::Eval, b"");
+        roundtrip(
+            Command::Rejoin {
+                rank: 2,
+                receiver: 1,
+            },
+            b"",
+        );
         roundtrip(
             Command::Train {
                 step: 3,
