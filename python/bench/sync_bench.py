@@ -173,10 +173,11 @@ def _rlsync_syncer(kind: str) -> Any:
 
 
 def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, tensors: int, q: Any, cmd: Any,
-                   arena: str | None = None) -> None:
+                   arena: str | None = None, verify: bool = True) -> None:
     """One rollout (a process, or a thread of the trainer's process): init, ``versions`` applies, then the hash.
     With ``arena`` (host-shared): rank 0 is the host's one receiver and applies into the arena; the other ranks are
-    readers whose parameters are views of it, swapped to each version the applier publishes."""
+    readers whose parameters are views of it, swapped to each version the applier publishes; ``verify``: the
+    applier checksums each version it publishes (the bench hashes every rollout's weights at the end either way)."""
     import rlsync
 
     async def main() -> None:
@@ -195,7 +196,7 @@ def rlsync_rollout(kind: str, path: str, rank: int, versions: int, params: int, 
         syncer = _rlsync_syncer(kind)
         rx = await rlsync.shm_receiver(path, rank, timeout=600)
         if arena is not None:
-            await syncer.init_receiver(model, rx, host_shared=arena)
+            await syncer.init_receiver(model, rx, host_shared=arena, verify=verify)
         else:
             await syncer.init_receiver(model.state_dict(), rx)
         for _ in range(versions):
@@ -237,7 +238,8 @@ def run_rlsync(kind: str, n: int, args: argparse.Namespace, ctx: Any, threads: b
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "w.sock")
         arena = f"rlsync-bench-{os.getpid()}.arena" if host_shared else None
-        rollout_args = [(kind, path, r, versions, args.params, args.tensors, q, cmd, arena) for r in range(n)]
+        rollout_args = [(kind, path, r, versions, args.params, args.tensors, q, cmd, arena, args.host_shared_verify)
+                        for r in range(n)]
         if threads:
             procs = [threading.Thread(target=rlsync_rollout, args=a, daemon=True) for a in rollout_args]
         else:
@@ -492,6 +494,9 @@ def main() -> None:
     ap.add_argument("--rlsync-bin", default=str(ROOT / "target" / "release" / "rlsync"),
                     help="the rlsync executable for the rust-* methods")
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of tables")
+    ap.add_argument("--host-shared-verify", action=argparse.BooleanOptionalAction, default=True,
+                    help="host-shared methods: the applier checksums every version it publishes (default: on; "
+                         "off shows what that pass over the state costs)")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     print(f"# {args.params} bf16 params ({args.params * 2 / 2**20:.0f} MiB) in {args.tensors} tensors, "
