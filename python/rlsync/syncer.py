@@ -482,7 +482,8 @@ class WeightSyncer:
         process's own included). :meth:`close` removes the arena (so does dropping the syncer). ``verify``
         (host-shared only): publish the state checksum of the synced keys with every version, which readers hold
         as :attr:`rlsync.HostSharedReader.checksum` (``None`` without); it is hashed while the version's parts
-        arrive, so it costs little."""
+        arrive, but it is one more read of the state per version (20–55 ms at 512 MiB on a 2-core machine:
+        README, "Using rlsync from TorchRL")."""
         timeout = _check_timeout(timeout)
         if state_dict is None:
             raise ValueError("init_receiver needs the receiver's state_dict")
