@@ -45,8 +45,8 @@ impl WeightReceivers {
         };
         for ranks in chain {
             if host_shared {
-                // One receiver per node with rollouts: its applier, as `LaunchSpec::host_shared_for` picks it.
-                if let Some(applier) = ranks.iter().copied().min() {
+                // One receiver per node with rollouts: its applier.
+                if let Some(applier) = crate::protocol::launch::host_applier(ranks) {
                     place(applier, &mut next);
                 }
             } else {

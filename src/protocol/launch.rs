@@ -104,7 +104,7 @@ impl LaunchSpec {
         if !self.config.weight_syncer.host_shared {
             return None;
         }
-        let applier = self.local_ranks().into_iter().min()?;
+        let applier = host_applier(self.local_ranks())?;
         Some(HostShared {
             arena: arena_name(tag, node),
             applier,
@@ -210,6 +210,12 @@ pub(crate) fn decode_launch(bytes: &[u8]) -> Result<LaunchSpec, ProtocolError> {
         });
     }
     serde_json::from_slice(bytes).map_err(malformed)
+}
+
+/// The host-shared applier among a host's rollout `ranks`: its lowest rank (`None`: no rollout there). The one
+/// rule both the launch file (`LaunchSpec::host_shared_for`) and the orchestrator's receiver map follow.
+pub fn host_applier(ranks: impl IntoIterator<Item = u32>) -> Option<u32> {
+    ranks.into_iter().min()
 }
 
 #[cfg(test)]
