@@ -1,5 +1,5 @@
 //! Criterion benches of the weight-sync kernels: patch build (diff + gather + snapshot update), patch encode
-//! (coding + optional lz4), patch decode (validate) and install, on a 2^24-element bf16 state after one
+//! (coding + optional lz4), patch decode (validate), install and the CUDA installer's host decode, on a 2^24-element bf16 state after one
 //! Adam step at lr 1e-6 (≈1–3 % of elements changed); the build also on an fp32 state (Adam at lr 3e-11,
 //! ≈1.5 % changed). `RLSYNC_BENCH_PARAMS` sets the element count (e.g. 268435456: the 512 MiB of issue 26).
 //!
@@ -250,6 +250,54 @@ fn kernels(c: &mut Criterion) {
         });
         let valid =
             patch::validate(body.clone(), &meta, &synced, &receiver, NonZeroUsize::MIN).unwrap();
+        // A CUDA receiver's host work (gpu/installer.rs): decode into per-width lists that are then staged
+        // for the device. `plan_then_stage`: into new vectors, then copied to (reused) staging buffers;
+        // `decode_into_staging`: straight into the reused staging buffers (what the installer does).
+        let shape = patch::ScatterShape::of(&valid).unwrap();
+        let mut staging: Vec<(Vec<u32>, Vec<u64>)> = (0..4)
+            .map(|s| (vec![0; shape.changes(s)], vec![0; shape.changes(s)]))
+            .collect();
+        g.bench_function(format!("{name}_scatter_plan_then_stage_1thread_cpu"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += timed(true, || {
+                        let plan = patch::scatter_plan(&valid, NonZeroUsize::MIN);
+                        for (l, (i, v)) in plan.widths.iter().zip(staging.iter_mut()) {
+                            i.copy_from_slice(&l.idx);
+                            v.copy_from_slice(&l.vals);
+                        }
+                    });
+                }
+                total
+            })
+        });
+        g.bench_function(
+            format!("{name}_scatter_decode_into_staging_1thread_cpu"),
+            |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += timed(true, || {
+                            let [a, b, c, d] = &mut staging[..] else {
+                                return;
+                            };
+                            shape.decode_into(
+                                &valid,
+                                [
+                                    (&mut a.0, &mut a.1),
+                                    (&mut b.0, &mut b.1),
+                                    (&mut c.0, &mut c.1),
+                                    (&mut d.0, &mut d.1),
+                                ],
+                                NonZeroUsize::MIN,
+                            );
+                        });
+                    }
+                    total
+                })
+            },
+        );
         for (tname, threads, cpu) in [
             ("1thread_cpu", NonZeroUsize::MIN, true),
             ("all_threads_wall", all_threads(), false),

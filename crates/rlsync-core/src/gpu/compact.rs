@@ -10,7 +10,7 @@
 
 use std::num::NonZeroUsize;
 
-use crate::syncer::patch::{Built, Changes, SEGMENT, ScatterMode, SnapTensor, WidthLists};
+use crate::syncer::patch::{Built, Changes, SEGMENT, ScatterEntry, ScatterMode, SnapTensor};
 use crate::tensor::parallel::map_items;
 
 /// Elements per tile (one block of [`BLOCK`] threads, [`PER_THREAD`] elements each).
@@ -304,12 +304,15 @@ impl Layout {
     }
 }
 
-/// The `scatter` job table of one width's decoded changes (`patch::scatter_plan`), given each tensor's device
-/// address by key ordinal; the launch's `total` is `lists.idx.len()`. A run of more than `u32::MAX` changes
-/// becomes several jobs.
-pub fn scatter_jobs(lists: &WidthLists, mut dst: impl FnMut(usize) -> u64) -> Vec<ScatterJob> {
-    let mut jobs = Vec::with_capacity(lists.entries.len());
-    for e in &lists.entries {
+/// The `scatter` job table of one width's decoded entries (`patch::scatter_plan` / `patch::ScatterShape`),
+/// given each tensor's device address by key ordinal; the launch's `total` is the width's change count. A run
+/// of more than `u32::MAX` changes becomes several jobs.
+pub fn scatter_jobs(
+    entries: &[ScatterEntry],
+    mut dst: impl FnMut(usize) -> u64,
+) -> Vec<ScatterJob> {
+    let mut jobs = Vec::with_capacity(entries.len());
+    for e in entries {
         let at = dst(e.ordinal).wrapping_add((e.base as u64).wrapping_mul(e.width as u64));
         let mode = match e.mode {
             ScatterMode::Set => SCATTER_SET,

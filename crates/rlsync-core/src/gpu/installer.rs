@@ -1,19 +1,21 @@
-//! The patch install into CUDA tensors: a verified patch is decoded on the host (`scatter_plan`, as the host
-//! install would apply it), its changes staged in pinned memory, copied to the device and written by the
-//! `scatter` kernels on the caller's stream; dense entries are copied straight into the tensors.
+//! The patch install into CUDA tensors: a verified patch is decoded on the host straight into pinned staging
+//! (`ScatterShape::decode_into`, entries in parallel, as the host install would apply them), copied to the
+//! device and written by the `scatter` kernels on the caller's stream; dense entries are copied straight into
+//! the tensors.
 //!
 //! Verification stays on the host and before any write (a rejected payload never reaches this module), and
 //! the tensors are written in place, so parameters keep their identity (optimizers and captured CUDA graphs
-//! stay valid). Kernels run on the caller's stream and the install waits for them before it returns.
+//! stay valid). Kernels run on the caller's stream and the install waits for them before it returns. The
+//! staging buffers are kept between installs (grown to a power of two), so a steady run allocates nothing.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 
-use super::compact::{self, SCATTER_ADD, SCATTER_SET, ScatterJob};
+use super::compact;
 use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchInstaller;
-use crate::syncer::patch::{ScatterMode, ValidPatch, scatter_plan};
+use crate::syncer::patch::{DenseCopy, ScatterEntry, ScatterShape, ValidPatch, scatter_plan};
 use crate::tensor::StateDict;
 
 /// Blocks per multiprocessor of a grid-stride launch.
@@ -33,26 +35,70 @@ struct Pair {
 }
 
 impl Pair {
-    /// Stage `bytes` and queue their copy to the device; returns the device address.
-    fn upload(&mut self, gpu: &Gpu, bytes: &[u8], stream: Stream) -> Result<u64, GpuError> {
-        let fits = self
-            .bufs
-            .as_ref()
-            .is_some_and(|(d, _)| d.len() >= bytes.len());
+    /// A pinned staging area of at least `len` bytes (its device twin as large), grown on demand.
+    fn reserve(&mut self, gpu: &Gpu, len: usize) -> Result<&mut PinnedBuf, GpuError> {
+        let fits = self.bufs.as_ref().is_some_and(|(d, _)| d.len() >= len);
         if !fits {
             self.bufs = None; // free the smaller pair first
-            let cap = bytes.len().next_power_of_two().max(4096);
+            let cap = len.next_power_of_two().max(4096);
             self.bufs = Some((gpu.alloc(cap)?, gpu.pinned(cap)?));
         }
-        let Some((dev, host)) = self.bufs.as_mut() else {
+        match self.bufs.as_mut() {
+            Some((_, host)) => Ok(host),
+            None => Err(GpuError::Driver {
+                op: "staging",
+                code: 1,
+                name: "no staging buffer".into(),
+            }),
+        }
+    }
+
+    /// Queue the copy of the first `len` staged bytes to the device; the device address (0 for nothing).
+    fn queue(&self, gpu: &Gpu, len: usize, stream: Stream) -> Result<u64, GpuError> {
+        let Some((dev, host)) = self.bufs.as_ref().filter(|_| len > 0) else {
             return Ok(0);
         };
-        host[..bytes.len()].copy_from_slice(bytes);
-        // SAFETY: rlsync's buffers, `bytes.len()` fits both; the pinned source is not touched until the
+        // SAFETY: rlsync's buffers, `len` fits both (reserved); the pinned source is not touched until the
         // install synchronises the stream.
-        unsafe { gpu.write_async(dev.addr(), host.as_ptr(), bytes.len(), stream) }?;
+        unsafe { gpu.write_async(dev.addr(), host.as_ptr(), len.min(host.len()), stream) }?;
         Ok(dev.addr())
     }
+
+    /// The device buffer's address (0 before the first reserve).
+    fn addr(&self) -> u64 {
+        self.bufs.as_ref().map_or(0, |(d, _)| d.addr())
+    }
+
+    /// Stage `bytes` and queue their copy to the device; returns the device address.
+    fn upload(&mut self, gpu: &Gpu, bytes: &[u8], stream: Stream) -> Result<u64, GpuError> {
+        self.reserve(gpu, bytes.len())?[..bytes.len()].copy_from_slice(bytes);
+        self.queue(gpu, bytes.len(), stream)
+    }
+}
+
+/// The first `n` elements of a staging buffer as `T`s (pinned buffers are page-aligned and reserved for `n`).
+fn typed<T: bytemuck::Pod>(buf: &mut [u8], n: usize) -> Result<&mut [T], GpuError> {
+    let have = buf.len();
+    buf.get_mut(..n * size_of::<T>())
+        .and_then(|b| bytemuck::try_cast_slice_mut(b).ok())
+        .ok_or_else(|| GpuError::Driver {
+            op: "staging",
+            code: 1,
+            name: format!("a staging buffer of {have} bytes for {n} elements"),
+        })
+}
+
+/// One width's index and value lists of `n` changes, in its pinned staging.
+fn stage_lists<'a>(
+    gpu: &Gpu,
+    idx: &'a mut Pair,
+    vals: &'a mut Pair,
+    n: usize,
+) -> Result<(&'a mut [u32], &'a mut [u64]), GpuError> {
+    Ok((
+        typed(idx.reserve(gpu, n * 4)?, n)?,
+        typed(vals.reserve(gpu, n * 8)?, n)?,
+    ))
 }
 
 /// Per width: jobs, indices, values; and the dense bytes.
@@ -83,69 +129,93 @@ impl PatchInstaller for GpuInstaller {
         state: &mut StateDict,
         threads: NonZeroUsize,
     ) -> Result<(), SyncError> {
-        let plan = scatter_plan(patch, threads);
         let (addrs, stream) = {
             let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
             let addrs: Vec<Option<u64>> = state.keys().map(|k| cur.addrs.get(k).copied()).collect();
             (addrs, cur.stream)
         };
-        let addr_of = |ordinal: usize| -> Result<u64, SyncError> {
-            addrs.get(ordinal).copied().flatten().ok_or_else(|| {
-                let key = state.keys().nth(ordinal).unwrap_or("?").to_owned();
-                SyncError::StateMismatch {
-                    key,
-                    reason: "the patch targets it but it is not a CUDA tensor of this state dict"
-                        .into(),
-                }
-            })
-        };
+        // Every tensor the patch writes must be a CUDA tensor of this state dict (checked before any write).
+        if let Some(missing) = patch
+            .ordinals()
+            .find(|&o| addrs.get(o).copied().flatten().is_none())
+        {
+            let key = state.keys().nth(missing).unwrap_or("?").to_owned();
+            return Err(SyncError::StateMismatch {
+                key,
+                reason: "the patch targets it but it is not a CUDA tensor of this state dict"
+                    .into(),
+            });
+        }
+        let addr_of = |ordinal: usize| addrs.get(ordinal).copied().flatten().unwrap_or(0);
         let gpu = &self.gpu;
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let staging = &mut *staging;
         let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
-        for (slot, lists) in plan.widths.iter().enumerate() {
-            if lists.idx.is_empty() {
+        // Decoded straight into the pinned staging; owned lists only for patches whose entries exceed u32
+        // indices (never rlsync's own).
+        let (shape, lists);
+        let (entries, dense): ([&[ScatterEntry]; 4], &[DenseCopy]) = match ScatterShape::of(patch) {
+            Some(s) => {
+                shape = s;
+                let Staging { idx, vals, .. } = &mut *staging;
+                let [i0, i1, i2, i3] = idx;
+                let [v0, v1, v2, v3] = vals;
+                let lists = [
+                    stage_lists(gpu, i0, v0, shape.changes(0))?,
+                    stage_lists(gpu, i1, v1, shape.changes(1))?,
+                    stage_lists(gpu, i2, v2, shape.changes(2))?,
+                    stage_lists(gpu, i3, v3, shape.changes(3))?,
+                ];
+                shape.decode_into(patch, lists, threads);
+                for slot in 0..4 {
+                    let n = shape.changes(slot);
+                    staging.idx[slot].queue(gpu, n * 4, stream)?;
+                    staging.vals[slot].queue(gpu, n * 8, stream)?;
+                }
+                (
+                    std::array::from_fn(|slot| shape.entries(slot)),
+                    shape.dense(),
+                )
+            }
+            None => {
+                lists = scatter_plan(patch, threads);
+                for (slot, l) in lists.widths.iter().enumerate() {
+                    staging.idx[slot].upload(gpu, compact::as_bytes(&l.idx), stream)?;
+                    staging.vals[slot].upload(gpu, compact::as_bytes(&l.vals), stream)?;
+                }
+                (
+                    std::array::from_fn(|slot| lists.widths[slot].entries.as_slice()),
+                    lists.dense.as_slice(),
+                )
+            }
+        };
+        for (slot, entries) in entries.iter().enumerate() {
+            let total: usize = entries.iter().map(|e| e.count).sum();
+            if total == 0 {
                 continue;
             }
             let width = compact::WIDTHS[slot];
-            let jobs = lists
-                .entries
-                .iter()
-                .map(|e| {
-                    Ok(ScatterJob {
-                        dst: addr_of(e.ordinal)? + (e.base * e.width) as u64,
-                        first: e.first as u64,
-                        count: e.count as u32,
-                        mode: match e.mode {
-                            ScatterMode::Set => SCATTER_SET,
-                            ScatterMode::Add => SCATTER_ADD,
-                        },
-                    })
-                })
-                .collect::<Result<Vec<_>, SyncError>>()?;
+            let jobs = compact::scatter_jobs(entries, addr_of);
             let jobs_dev = staging.jobs[slot].upload(gpu, compact::as_bytes(&jobs), stream)?;
-            let idx_dev = staging.idx[slot].upload(gpu, compact::as_bytes(&lists.idx), stream)?;
-            let vals_dev =
-                staging.vals[slot].upload(gpu, compact::as_bytes(&lists.vals), stream)?;
-            let total = lists.idx.len();
             let grid = total.div_ceil(compact::BLOCK as usize).clamp(1, grid_cap) as u32;
             let args = [
                 Arg::U64(jobs_dev),
                 Arg::U32(jobs.len() as u32),
                 Arg::U64(total as u64),
-                Arg::U64(idx_dev),
-                Arg::U64(vals_dev),
+                Arg::U64(staging.idx[slot].addr()),
+                Arg::U64(staging.vals[slot].addr()),
             ];
             // SAFETY: the arguments follow scatter's signature; every job's destination is a live CUDA tensor
             // of the receiver (kept alive by the caller during the install) and, the patch having been
-            // validated against its layout, every index lies inside it.
+            // validated against its layout, every index lies inside it; the index and value lists were
+            // queued to the device on this stream above.
             unsafe { gpu.launch(Kernel::Scatter, width, grid, compact::BLOCK, &args, stream) }?;
         }
-        if !plan.dense.is_empty() {
+        if !dense.is_empty() {
             let stream_bytes = patch.dense_stream();
             let base = staging.dense.upload(gpu, stream_bytes, stream)?;
-            for d in &plan.dense {
-                let dst = addr_of(d.ordinal)? + (d.base * d.width) as u64;
+            for d in dense {
+                let dst = addr_of(d.ordinal) + (d.base * d.width) as u64;
                 // SAFETY: device to device, from the staged dense stream into the validated element range.
                 unsafe { gpu.copy_async(dst, base + d.bytes.start as u64, d.bytes.len(), stream) }?;
             }

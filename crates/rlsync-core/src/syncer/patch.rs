@@ -18,7 +18,9 @@ use crate::tensor::parallel::map_items;
 use crate::tensor::{DType, Pod, StateDict, Storage, cast_bytes, pod_slice, pod_slice_mut};
 
 mod scatter;
-pub use scatter::{DenseCopy, ScatterEntry, ScatterMode, ScatterPlan, WidthLists, scatter_plan};
+pub use scatter::{
+    DenseCopy, ScatterEntry, ScatterMode, ScatterPlan, ScatterShape, WidthLists, scatter_plan,
+};
 
 use super::wire::{
     Codec, Header, IndexCoding, KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, PatchMessage,

@@ -298,7 +298,7 @@ fn check_scatter(pairs: &[Pair], body: PatchBody) {
     let mut mem = Memory::default();
     let dst: Vec<u64> = pairs.iter().map(|p| mem.alloc(&p.old)).collect();
     for (width, lists) in WIDTHS.iter().zip(&plan.widths) {
-        let jobs = compact::scatter_jobs(lists, |o| dst[o]);
+        let jobs = compact::scatter_jobs(&lists.entries, |o| dst[o]);
         scatter(
             &mut mem,
             *width,

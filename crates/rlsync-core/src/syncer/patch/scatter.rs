@@ -3,8 +3,14 @@
 //!
 //! Decoding follows `install_entry` exactly: gap + delta entries add the unzigzagged delta (wrapping, in the
 //! element's width), COO entries set the raw value, dense entries are copied whole. Applying the plan in any
-//! order gives what `install` gives: within an entry no element appears twice (a COO entry that repeats a
-//! coordinate keeps only its last value, which a sequential install would leave).
+//! order gives what `install` gives: within an entry an element is written once, or again with the same value
+//! (a COO entry that repeats a coordinate keeps only its last value, which a sequential install would leave,
+//! and fills the slots its duplicates held by repeating that last change: a set of the same value twice).
+//!
+//! The shape of the lists (which entry's changes go where, how many per width) follows from the validated
+//! plan alone ([`ScatterShape`]), so a device install decodes straight into its own (pinned) staging buffers,
+//! entries in parallel, with no intermediate lists ([`ScatterShape::decode_into`]); [`scatter_plan`] decodes
+//! into vectors the same way.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
@@ -92,6 +98,212 @@ struct Decoded {
 
 /// Decode a validated patch for a scatter install (sparse entries in parallel on `threads`).
 pub fn scatter_plan(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
+    let Some(shape) = ScatterShape::of(p) else {
+        return scatter_plan_in_runs(p, threads);
+    };
+    let mut lists: [(Vec<u32>, Vec<u64>); 4] = Default::default();
+    for (slot, (idx, vals)) in lists.iter_mut().enumerate() {
+        *idx = vec![0; shape.changes(slot)];
+        *vals = vec![0; shape.changes(slot)];
+    }
+    let [a, b, c, d] = &mut lists;
+    shape.decode_into(
+        p,
+        [
+            (&mut a.0, &mut a.1),
+            (&mut b.0, &mut b.1),
+            (&mut c.0, &mut c.1),
+            (&mut d.0, &mut d.1),
+        ],
+        threads,
+    );
+    let mut plan = ScatterPlan {
+        dense: shape.dense,
+        ..ScatterPlan::default()
+    };
+    for ((out, entries), (idx, vals)) in plan.widths.iter_mut().zip(shape.entries).zip(lists) {
+        *out = WidthLists { entries, idx, vals };
+    }
+    plan
+}
+
+/// Where a validated patch's changes go in per-width scatter lists: every sparse entry one [`ScatterEntry`]
+/// whose `first` is its changes' offset in its width's lists, and the dense copies. `None` from
+/// [`ScatterShape::of`] when an entry spans more elements than u32 indices reach (never for rlsync's own
+/// patches, whose entries are segments of 2^22 elements); [`scatter_plan`] then splits such entries in runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScatterShape {
+    /// Widths 1, 2, 4, 8 bytes, in that order.
+    entries: [Vec<ScatterEntry>; 4],
+    /// Per sparse entry of the plan, in plan order: its width slot.
+    slots: Vec<usize>,
+    dense: Vec<DenseCopy>,
+}
+
+impl ScatterShape {
+    /// The shape of `p`'s scatter lists (see the type).
+    pub fn of(p: &ValidPatch) -> Option<ScatterShape> {
+        let mode = match p.body.index {
+            IndexCoding::Gaps => ScatterMode::Add,
+            IndexCoding::Coo => ScatterMode::Set,
+        };
+        let mut shape = ScatterShape {
+            entries: Default::default(),
+            slots: Vec::new(),
+            dense: Vec::new(),
+        };
+        let mut next = [0usize; 4];
+        for e in &p.plan {
+            if e.dense {
+                shape.dense.push(DenseCopy {
+                    ordinal: e.ordinal,
+                    base: e.base,
+                    width: e.width,
+                    bytes: e.dense_pos..e.dense_pos + e.nnz * e.width,
+                });
+                continue;
+            }
+            let slot = [1, 2, 4, 8].iter().position(|&w| w == e.width)?;
+            if e.limit.saturating_sub(e.base) > 1 << 32 {
+                return None;
+            }
+            shape.entries[slot].push(ScatterEntry {
+                ordinal: e.ordinal,
+                base: e.base,
+                width: e.width,
+                mode,
+                first: next[slot],
+                count: e.nnz,
+            });
+            next[slot] += e.nnz;
+            shape.slots.push(slot);
+        }
+        Some(shape)
+    }
+
+    /// Changes in the lists of width slot `slot` (0..4 for 1, 2, 4, 8 bytes).
+    pub fn changes(&self, slot: usize) -> usize {
+        self.entries
+            .get(slot)
+            .and_then(|e| e.last())
+            .map_or(0, |e| e.first + e.count)
+    }
+
+    /// The entries of width slot `slot`, in patch order.
+    pub fn entries(&self, slot: usize) -> &[ScatterEntry] {
+        self.entries.get(slot).map_or(&[], Vec::as_slice)
+    }
+
+    /// The dense entries' copies.
+    pub fn dense(&self) -> &[DenseCopy] {
+        &self.dense
+    }
+
+    /// Decode `p`'s sparse entries (in parallel on `threads`) into `lists`: per width slot the indices
+    /// (relative to their entry's base) and values, each list exactly [`ScatterShape::changes`] long — a
+    /// list of another length is left untouched with its width's entries (a caller's bug, never the patch's).
+    pub fn decode_into(
+        &self,
+        p: &ValidPatch,
+        lists: [(&mut [u32], &mut [u64]); 4],
+        threads: NonZeroUsize,
+    ) {
+        let mut rest: [Option<(&mut [u32], &mut [u64])>; 4] = lists.map(Some);
+        for (slot, r) in rest.iter_mut().enumerate() {
+            let n = self.changes(slot);
+            if r.as_ref()
+                .is_some_and(|(i, v)| i.len() != n || v.len() != n)
+            {
+                *r = None;
+            }
+        }
+        let mut work = Vec::with_capacity(self.slots.len());
+        for (e, &slot) in p.plan.iter().filter(|e| !e.dense).zip(&self.slots) {
+            let Some((idx, vals)) = rest[slot].take() else {
+                continue;
+            };
+            let (mine_i, more_i) = idx.split_at_mut(e.nnz);
+            let (mine_v, more_v) = vals.split_at_mut(e.nnz);
+            rest[slot] = Some((more_i, more_v));
+            work.push((e, mine_i, mine_v));
+        }
+        map_items(work, threads, |(e, idx, vals)| {
+            decode_entry_into(p, e, idx, vals)
+        });
+    }
+}
+
+/// Decode one sparse entry (span within u32 indices) into its `nnz` slots, as `install_entry` applies it.
+fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut [u64]) {
+    let body = &p.body;
+    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
+    match body.index {
+        IndexCoding::Gaps => {
+            let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
+            let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
+            let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
+            let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0usize);
+            let mut written = 0;
+            for (k, (i, v)) in idx.iter_mut().zip(vals.iter_mut()).enumerate() {
+                let Some(g) = gap_varint(gaps, &mut ipos) else {
+                    break;
+                };
+                let at = next + g as usize;
+                next = at + 1;
+                let code = (codes[k / 4] >> ((k % 4) * 2)) & 3;
+                let z = if code != 0 {
+                    u64::from(code)
+                } else {
+                    get_varint(escapes, &mut epos).unwrap_or(0)
+                };
+                (*i, *v) = (at as u32, unzigzag(z) as u64);
+                written += 1;
+            }
+            // Validation consumed exactly `nnz` gaps; were it otherwise, adding 0 changes nothing.
+            idx[written..].fill(0);
+            vals[written..].fill(0);
+        }
+        IndexCoding::Coo => {
+            let (w, iw) = (e.width, usize::from(body.index_width));
+            let rows = &s0[e.index_pos..e.index_pos + e.index_len];
+            let cols = &s1[e.index_pos..e.index_pos + e.index_len];
+            let values = &s2[e.value_pos..e.value_pos + e.nnz * w];
+            let mut ascending = true;
+            let mut last: Option<u32> = None;
+            let pairs = rows
+                .chunks_exact(iw)
+                .zip(cols.chunks_exact(iw))
+                .zip(values.chunks_exact(w));
+            for (((r, c), v), (i, o)) in pairs.zip(idx.iter_mut().zip(vals.iter_mut())) {
+                let at = (read_uint(r) as usize * e.cols + read_uint(c) as usize)
+                    .wrapping_sub(e.base) as u32;
+                ascending &= last.is_none_or(|l| l < at);
+                last = Some(at);
+                (*i, *o) = (at, read_uint(v));
+            }
+            if !ascending {
+                // A sequential install lets the last write of an element win: keep exactly that one, and
+                // fill the freed slots with repeats of the last change (setting a value twice is setting it).
+                let mut pairs: Vec<(u32, u64)> = idx
+                    .iter()
+                    .copied()
+                    .zip(vals.iter().copied())
+                    .rev()
+                    .collect();
+                pairs.sort_by_key(|&(i, _)| i); // stable: the last write first among equals
+                pairs.dedup_by_key(|&mut (i, _)| i);
+                let fill = pairs.last().copied().unwrap_or((0, 0));
+                let unique = pairs.into_iter().chain(std::iter::repeat(fill));
+                for ((i, v), (ui, uv)) in idx.iter_mut().zip(vals.iter_mut()).zip(unique) {
+                    (*i, *v) = (ui, uv);
+                }
+            }
+        }
+    }
+}
+
+/// [`scatter_plan`] for patches with an entry wider than u32 indices: entries split in runs.
+fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
     let body = &p.body;
     let sparse: Vec<&EntryPlan> = p.plan.iter().filter(|e| !e.dense).collect();
     let decoded = map_items(sparse, threads, |e| decode_entry(p, e));
@@ -207,4 +419,148 @@ fn decode_entry(p: &ValidPatch, e: &EntryPlan) -> Decoded {
         d.runs.push((run_base, run_len));
     }
     d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::syncer::patch::{Built, SnapTensor, build, encode, install, validate};
+    use crate::syncer::wire::{KeyMeta, PATCH_STREAMS, PatchBody, PatchEntry, ValueCoding};
+    use crate::tensor::{Class, DType, StateDict, Storage, Tensor};
+
+    const ONE: NonZeroUsize = NonZeroUsize::MIN;
+
+    /// Apply `plan` to `state` as the scatter kernels and dense copies would (entries in any order).
+    fn apply(plan: &ScatterPlan, patch: &ValidPatch, state: &mut StateDict) {
+        let keys: Vec<String> = state.keys().map(str::to_owned).collect();
+        for lists in &plan.widths {
+            for e in lists.entries.iter().rev() {
+                let t = state.get_mut(&keys[e.ordinal]).unwrap().bytes_mut();
+                for k in e.first..e.first + e.count {
+                    let at = (e.base + lists.idx[k] as usize) * e.width;
+                    let el = &mut t[at..at + e.width];
+                    let old = read_uint(el);
+                    let new = match e.mode {
+                        ScatterMode::Set => lists.vals[k],
+                        ScatterMode::Add => old.wrapping_add(lists.vals[k]),
+                    };
+                    el.copy_from_slice(&new.to_le_bytes()[..e.width]);
+                }
+            }
+        }
+        for d in &plan.dense {
+            let t = state.get_mut(&keys[d.ordinal]).unwrap().bytes_mut();
+            let at = d.base * d.width;
+            t[at..at + d.bytes.len()].copy_from_slice(&patch.dense_stream()[d.bytes.clone()]);
+        }
+    }
+
+    /// A foreign COO patch that repeats a coordinate out of order: both decoders (straight into the
+    /// lists, and in runs) install what the sequential install leaves (the last write of an element wins),
+    /// and the shape's lists are exactly as long as the entries' change counts.
+    #[test]
+    fn unsorted_coo_with_repeats_scatters_as_install_does() {
+        let vals: Vec<f32> = (0..32).map(|i| i as f32).collect();
+        let mut state = StateDict::new();
+        state.insert(
+            "w",
+            Tensor::from_slice(DType::F32, &[4, 8], Class::Trainable, &vals).unwrap(),
+        );
+        let meta = vec![KeyMeta {
+            name: "w".into(),
+            dtype: DType::F32,
+            shape: vec![4, 8],
+        }];
+        let coords = [
+            (1u8, 2u8, 10.5f32),
+            (0, 3, -1.0),
+            (1, 2, 99.0),
+            (3, 7, 7.25),
+            (0, 3, 2.0),
+        ];
+        let body = PatchBody {
+            index: IndexCoding::Coo,
+            value: ValueCoding::Raw,
+            index_width: 1,
+            entries: vec![PatchEntry {
+                ordinal: 0,
+                dense: false,
+                base: 0,
+                nnz: coords.len() as u64,
+                index_bytes: coords.len() as u64,
+                escape_bytes: 0,
+            }],
+            streams: {
+                let mut s = vec![Vec::new(); PATCH_STREAMS];
+                for (r, c, v) in coords {
+                    s[0].push(r);
+                    s[1].push(c);
+                    s[2].extend_from_slice(&v.to_le_bytes());
+                }
+                s
+            },
+        };
+        let v = validate(body, &meta, &[true], &state, ONE).unwrap();
+        let mut want = state.duplicate();
+        install(&v, &mut want, ONE);
+        assert_eq!(want.get("w").unwrap().as_slice::<f32>().unwrap()[10], 99.0);
+        assert_eq!(want.get("w").unwrap().as_slice::<f32>().unwrap()[3], 2.0);
+        let shape = ScatterShape::of(&v).unwrap();
+        assert_eq!(shape.changes(2), coords.len());
+        for plan in [scatter_plan(&v, ONE), scatter_plan_in_runs(&v, ONE)] {
+            let mut got = state.duplicate();
+            apply(&plan, &v, &mut got);
+            assert_eq!(
+                got.get("w").unwrap().bytes(),
+                want.get("w").unwrap().bytes()
+            );
+        }
+    }
+
+    /// The two decoders give the same lists for a gap-coded patch (rlsync's own coding).
+    #[test]
+    fn straight_and_run_decoders_agree_on_gap_patches() {
+        let n = 5000;
+        let old: Vec<f32> = (0..n).map(|i| (i as f32 * 0.1).cos()).collect();
+        let mut new = old.clone();
+        for i in (0..n).step_by(7) {
+            new[i] += 1.0;
+        }
+        let mut state = StateDict::new();
+        state.insert(
+            "w",
+            Tensor::from_slice(DType::F32, &[n], Class::Trainable, &old).unwrap(),
+        );
+        let mut sender = StateDict::new();
+        sender.insert(
+            "w",
+            Tensor::from_slice(DType::F32, &[n], Class::Trainable, &new).unwrap(),
+        );
+        let meta = vec![KeyMeta {
+            name: "w".into(),
+            dtype: DType::F32,
+            shape: vec![n],
+        }];
+        let t = state.get("w").unwrap();
+        let mut storage = Storage::zeroed(t.bytes().len());
+        storage.bytes_mut().copy_from_slice(t.bytes());
+        let mut snap = vec![SnapTensor {
+            key: "w".into(),
+            ordinal: 0,
+            dtype: DType::F32,
+            cols: t.layout().coo_view().unwrap().1,
+            storage,
+        }];
+        let mut built = Built::default();
+        build(&mut snap, &sender, ONE, &mut built).unwrap();
+        let body = encode(&built, &snap, true, ONE);
+        let v = validate(body, &meta, &[true], &state, ONE).unwrap();
+        assert_eq!(scatter_plan(&v, ONE), scatter_plan_in_runs(&v, ONE));
+        let mut got = state.duplicate();
+        apply(&scatter_plan(&v, ONE), &v, &mut got);
+        assert_eq!(
+            got.get("w").unwrap().as_slice::<f32>().unwrap(),
+            new.as_slice()
+        );
+    }
 }
