@@ -233,18 +233,19 @@ impl ScatterShape {
     }
 }
 
-/// Decode one sparse entry (span within u32 indices) into its `nnz` slots, as `install_entry` applies it.
-fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut [u64]) {
+/// Walk one sparse entry's changes as `install_entry` reads them: `f(entry-relative index, value)` in stream
+/// order (gap-coded indices ascend strictly; COO ones may repeat or go back). Returns how many it read.
+fn for_each_change(p: &ValidPatch, e: &EntryPlan, mut f: impl FnMut(usize, u64)) -> usize {
     let body = &p.body;
     let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
+    let mut read = 0;
     match body.index {
         IndexCoding::Gaps => {
             let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
             let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
             let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
             let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0usize);
-            let mut written = 0;
-            for (k, (i, v)) in idx.iter_mut().zip(vals.iter_mut()).enumerate() {
+            for k in 0..e.nnz {
                 let Some(g) = gap_varint(gaps, &mut ipos) else {
                     break;
                 };
@@ -256,48 +257,68 @@ fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut 
                 } else {
                     get_varint(escapes, &mut epos).unwrap_or(0)
                 };
-                (*i, *v) = (at as u32, unzigzag(z) as u64);
-                written += 1;
+                f(at, unzigzag(z) as u64);
+                read += 1;
             }
-            // Validation consumed exactly `nnz` gaps; were it otherwise, adding 0 changes nothing.
-            idx[written..].fill(0);
-            vals[written..].fill(0);
         }
         IndexCoding::Coo => {
             let (w, iw) = (e.width, usize::from(body.index_width));
             let rows = &s0[e.index_pos..e.index_pos + e.index_len];
             let cols = &s1[e.index_pos..e.index_pos + e.index_len];
             let values = &s2[e.value_pos..e.value_pos + e.nnz * w];
-            let mut ascending = true;
-            let mut last: Option<u32> = None;
-            let pairs = rows
+            for ((r, c), v) in rows
                 .chunks_exact(iw)
                 .zip(cols.chunks_exact(iw))
-                .zip(values.chunks_exact(w));
-            for (((r, c), v), (i, o)) in pairs.zip(idx.iter_mut().zip(vals.iter_mut())) {
-                let at = (read_uint(r) as usize * e.cols + read_uint(c) as usize)
-                    .wrapping_sub(e.base) as u32;
-                ascending &= last.is_none_or(|l| l < at);
-                last = Some(at);
-                (*i, *o) = (at, read_uint(v));
+                .zip(values.chunks_exact(w))
+            {
+                let at =
+                    (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
+                f(at, read_uint(v));
+                read += 1;
             }
-            if !ascending {
-                // A sequential install lets the last write of an element win: keep exactly that one, and
-                // fill the freed slots with repeats of the last change (setting a value twice is setting it).
-                let mut pairs: Vec<(u32, u64)> = idx
-                    .iter()
-                    .copied()
-                    .zip(vals.iter().copied())
-                    .rev()
-                    .collect();
-                pairs.sort_by_key(|&(i, _)| i); // stable: the last write first among equals
-                pairs.dedup_by_key(|&mut (i, _)| i);
-                let fill = pairs.last().copied().unwrap_or((0, 0));
-                let unique = pairs.into_iter().chain(std::iter::repeat(fill));
-                for ((i, v), (ui, uv)) in idx.iter_mut().zip(vals.iter_mut()).zip(unique) {
-                    (*i, *v) = (ui, uv);
-                }
+        }
+    }
+    read
+}
+
+/// Keep the last write of each index (a sequential install lets it win), ascending: `pairs` in stream order.
+fn last_writes<I: Ord + Copy>(pairs: &mut Vec<(I, u64)>) {
+    pairs.reverse();
+    pairs.sort_by_key(|&(i, _)| i); // stable: the last write first among equals
+    pairs.dedup_by_key(|&mut (i, _)| i);
+}
+
+/// Decode one sparse entry (span within u32 indices) into its `nnz` slots, as `install_entry` applies it.
+fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut [u64]) {
+    let (mut ascending, mut last) = (true, None::<u32>);
+    let read = {
+        let mut slots = idx.iter_mut().zip(vals.iter_mut());
+        for_each_change(p, e, |at, v| {
+            let at = at as u32; // the entry's span fits u32 (`ScatterShape::of`)
+            if let Some((i, o)) = slots.next() {
+                (*i, *o) = (at, v);
             }
+            ascending &= last.is_none_or(|l| l < at);
+            last = Some(at);
+        })
+    };
+    let read = read.min(idx.len());
+    // Validation consumed exactly `nnz` changes; were it otherwise, setting or adding 0 at index 0 of a
+    // gap entry changes nothing, and a COO entry repeats its last change below.
+    idx[read..].fill(0);
+    vals[read..].fill(0);
+    if !ascending {
+        // Fill the slots of dropped repeats with the last change again (setting a value twice is setting it).
+        let mut pairs: Vec<(u32, u64)> = idx[..read]
+            .iter()
+            .copied()
+            .zip(vals[..read].iter().copied())
+            .collect();
+        last_writes(&mut pairs);
+        let fill = pairs.last().copied().unwrap_or((0, 0));
+        let unique = pairs.into_iter().chain(std::iter::repeat(fill));
+        for ((i, v), (ui, uv)) in idx.iter_mut().zip(vals.iter_mut()).zip(unique) {
+            (*i, *v) = (ui, uv);
         }
     }
 }
@@ -351,51 +372,10 @@ fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
 /// Decode one sparse entry as `install_entry` reads it: (entry-relative index, value) in stream order, then
 /// ordered and split into runs whose indices fit u32.
 fn decode_entry(p: &ValidPatch, e: &EntryPlan) -> Decoded {
-    let body = &p.body;
-    let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
     let mut pairs: Vec<(usize, u64)> = Vec::with_capacity(e.nnz);
-    match body.index {
-        IndexCoding::Gaps => {
-            let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
-            let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
-            let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
-            let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0usize);
-            for k in 0..e.nnz {
-                let Some(g) = gap_varint(gaps, &mut ipos) else {
-                    break;
-                };
-                let idx = next + g as usize;
-                next = idx + 1;
-                let code = (codes[k / 4] >> ((k % 4) * 2)) & 3;
-                let z = if code != 0 {
-                    u64::from(code)
-                } else {
-                    get_varint(escapes, &mut epos).unwrap_or(0)
-                };
-                pairs.push((idx, unzigzag(z) as u64));
-            }
-        }
-        IndexCoding::Coo => {
-            let (w, iw) = (e.width, usize::from(body.index_width));
-            let rows = &s0[e.index_pos..e.index_pos + e.index_len];
-            let cols = &s1[e.index_pos..e.index_pos + e.index_len];
-            let values = &s2[e.value_pos..e.value_pos + e.nnz * w];
-            for ((r, c), v) in rows
-                .chunks_exact(iw)
-                .zip(cols.chunks_exact(iw))
-                .zip(values.chunks_exact(w))
-            {
-                let idx =
-                    (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
-                pairs.push((idx, read_uint(v)));
-            }
-            if !pairs.is_sorted_by(|a, b| a.0 < b.0) {
-                // A sequential install lets the last write of an element win: keep exactly that one.
-                pairs.reverse();
-                pairs.sort_by_key(|&(i, _)| i); // stable: the last write first among equals
-                pairs.dedup_by_key(|&mut (i, _)| i);
-            }
-        }
+    for_each_change(p, e, |at, v| pairs.push((at, v)));
+    if !pairs.is_sorted_by(|a, b| a.0 < b.0) {
+        last_writes(&mut pairs);
     }
     // Gap-coded indices ascend strictly (validated); an entry longer than 2^32 elements is split into runs.
     let mut d = Decoded {
