@@ -207,11 +207,33 @@ def _as_tensor(payload: bytes) -> "torch.Tensor":
     return torch.frombuffer(bytearray(payload), dtype=torch.uint8)
 
 
-def _tensor_send(send: SendFn) -> SendFn:
+def _tensor_send(send: SendFn, device: Any = None) -> SendFn:
+    """``send`` handed each payload as a 1-D uint8 tensor, on ``device`` when one is given (RLinf's
+    ``transport_device``: a CUDA payload goes straight onto a collective's GPU path)."""
+
     async def send_tensor(payload: Any) -> None:
-        await send(_as_tensor(payload))
+        t = _as_tensor(payload)
+        await send(t if device is None else t.to(device))
 
     return send_tensor
+
+
+def _transport(value: Any) -> Any:
+    """``transport_device`` as a ``torch.device`` for the payloads handed to ``send`` (``None``: the CPU). A CUDA
+    device must be one torch can use here: a clear error otherwise, at construction rather than at a send."""
+    dev = _torch_device(value)
+    if dev.type != "cuda":
+        return dev
+    torch = _torch()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = 0 if dev.index is None else dev.index
+    if index >= count:
+        raise ValueError(
+            f"transport_device={dev}: payloads are handed to send as CUDA tensors there, but torch sees "
+            f"{count} CUDA device(s) here (torch.cuda.is_available() is {torch.cuda.is_available()}); use "
+            "transport_device='cpu'"
+        )
+    return dev
 
 
 def _check_timeout(timeout: float | None) -> float | None:
@@ -743,7 +765,11 @@ class WeightSyncer:
         return self._native.last_rejection()
 
     def _send(self, send: SendFn) -> SendFn:
-        """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors."""
+        """``send`` as this syncer's ``payload_type`` wants it: payloads as ``bytes`` or as uint8 tensors (on
+        the ``transport_device`` of a patch syncer that names a CUDA device)."""
+        device = self._attrs.get("transport_device")
+        if device is not None and device.type == "cuda":
+            return _tensor_send(send, device)
         return _tensor_send(send) if self._payload_type == "tensor" else send
 
     def _stage(self, state_dict: StateDictLike, native: Any = None) -> list[tuple]:
@@ -781,9 +807,13 @@ class WeightSyncer:
 
     @property
     def payload_type(self) -> str:
-        """What ``send`` is handed: ``"bytes"`` (the default) or ``"tensor"``, a 1-D CPU uint8 ``torch.Tensor``
-        (for transports with a tensor path, such as RLinf's collectives). ``recv`` may return either, whatever
+        """What ``send`` is handed: ``"bytes"`` (the default) or ``"tensor"``, a 1-D uint8 ``torch.Tensor`` on
+        the CPU, or on the ``transport_device`` of a patch syncer that names a CUDA device (always tensors then),
+        for transports with a tensor path, such as RLinf's collectives. ``recv`` may return either, whatever
         this is; a uint8 tensor on any device is read through torch (numpy is not needed)."""
+        device = self._attrs.get("transport_device")
+        if device is not None and device.type == "cuda":
+            return "tensor"
         return self._payload_type
 
     @property
@@ -848,8 +878,10 @@ class PatchWeightSyncer(WeightSyncer):
 
     The arguments are RLinf's. Either end's tensors may be CPU or CUDA tensors (CUDA ones of one device per
     state dict, contiguous; see :func:`rlsync.cuda_available`). ``snapshot_device`` (``"cpu"``, the default,
-    or ``"cuda"``) is where a sender of CUDA tensors keeps its snapshot; ``transport_device`` must be
-    ``"cpu"`` (``None`` means CPU); ``init_sync_enabled`` bootstraps the receiver with the sender's values of the whole
+    or ``"cuda"``) is where a sender of CUDA tensors keeps its snapshot; ``transport_device`` is where the
+    payloads handed to ``send`` live (``None`` or ``"cpu"``: on the host; ``"cuda"`` / ``"cuda:N"``: as 1-D uint8
+    CUDA tensors, ready for a collective's GPU path, whatever ``payload_type`` says — the payload is still coded
+    and verified on the host, the same bytes); ``init_sync_enabled`` bootstraps the receiver with the sender's values of the whole
     state dict (or the keys under ``init_sync_prefixes``) during init, frozen parameters included.
     """
 
@@ -866,6 +898,8 @@ class PatchWeightSyncer(WeightSyncer):
         threads: int = 0,
         payload_type: str = "bytes",
     ) -> None:
+        _device(transport_device, "transport_device")
+        transport = _transport(transport_device)
         if compression_algorithm not in ("none", "lz4", "nvcomp_lz4"):
             raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")
         if int(init_sync_bucket_size) <= 0:
@@ -876,7 +910,9 @@ class PatchWeightSyncer(WeightSyncer):
             "type": "patch",
             "patch": {
                 "snapshot_device": _device(snapshot_device, "snapshot_device"),
-                "transport_device": _device(transport_device, "transport_device"),
+                # Where payloads are handed over is this binding's business (see `_send`): the core codes them
+                # on the host either way.
+                "transport_device": "cpu",
                 "delta_encoding": bool(delta_encoding),
                 "compression": compression_algorithm,
                 "init_sync": {
@@ -889,7 +925,7 @@ class PatchWeightSyncer(WeightSyncer):
         super().__init__(config, threads=threads, payload_type=payload_type)
         self._attrs = {
             "snapshot_device": _torch_device(snapshot_device),
-            "transport_device": _torch_device(transport_device),
+            "transport_device": transport,
             "delta_encoding": delta_encoding,
             "compression_algorithm": compression_algorithm,
             "init_sync_enabled": init_sync_enabled,

@@ -293,8 +293,12 @@ def test_misuse_is_reported() -> None:
             await s.init_sender(sd, list(sd), link.send)
         with pytest.raises(ValueError, match="'nope' is not a key"):
             await s.init_sender(sd, ["nope"], link.send, link.up_recv)
-        with pytest.raises(ValueError, match="transport_device: cuda needs a GPU path"):
-            rlsync.PatchWeightSyncer(transport_device="cuda")
+        if not torch.cuda.is_available():
+            with pytest.raises(ValueError, match=r"transport_device=cuda: payloads are handed to send as CUDA "
+                               r"tensors there, but torch sees 0 CUDA device\(s\) here"):
+                rlsync.PatchWeightSyncer(transport_device="cuda")
+        with pytest.raises(ValueError, match="transport_device: unsupported device 'xla'"):
+            rlsync.PatchWeightSyncer(transport_device="xla")
         rlsync.PatchWeightSyncer(snapshot_device="cuda")  # where a sender of CUDA tensors keeps its snapshot
         with pytest.raises(ValueError, match="compression_algorithm"):
             rlsync.PatchWeightSyncer(compression_algorithm="zstd")
@@ -351,3 +355,26 @@ def test_cuda_tensors_without_a_driver_or_backend_are_a_clear_cuda_error():
     # The other device strings keep their own errors.
     with pytest.raises(ValueError, match="cannot read its device"):
         s._native.checksum([("w", keep, 4096, "float32", (4,), (1,), "cuda:x")])
+
+
+def test_a_cuda_transport_device_hands_send_cuda_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLinf's ``transport_device``: with a CUDA device the payloads reach ``send`` as uint8 tensors moved there
+    (tensors whatever ``payload_type`` says); the core still codes them on the host. Without a GPU the move is
+    exercised with the CPU as the target, and the CUDA device is accepted where torch reports one."""
+    from rlsync import syncer as rs
+
+    got: list = []
+
+    async def send(p: object) -> None:
+        got.append(p)
+
+    asyncio.run(rs._tensor_send(send, torch.device("cpu"))(b"\x01\x02\x03"))
+    assert isinstance(got[0], torch.Tensor) and got[0].dtype == torch.uint8 and got[0].tolist() == [1, 2, 3]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    s = rlsync.PatchWeightSyncer(transport_device="cuda:1")
+    assert s.transport_device == torch.device("cuda:1")
+    assert s.payload_type == "tensor", "payloads on a CUDA transport device are tensors"
+    with pytest.raises(ValueError, match=r"transport_device=cuda:2: .* torch sees 2 CUDA device\(s\)"):
+        rlsync.PatchWeightSyncer(transport_device="cuda:2")
+    assert rlsync.PatchWeightSyncer(transport_device="cpu").payload_type == "bytes"
