@@ -21,6 +21,7 @@ use super::schema::{
 };
 use hydra_compose::node::{Key, Node, Origin, Value};
 use hydra_compose::scalar::Scalar;
+use rlsync_core::syncer::{SyncError, SyncOptions, WeightSyncer};
 
 /// Top-level sections whose every key rlsync defines: an unknown key there is always an error.
 const STRICT_SECTIONS: &[&str] = &["weight_syncer", "bench"];
@@ -324,6 +325,24 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
     }
     worker_problems(cfg, &mut problem);
     host_shared_problems(cfg, &mut problem);
+    // What the weight syncer itself refuses (a setting no backend of this build serves) is a problem of the
+    // config too, so `--dry-run` reports it before any process starts, not the trainer after the spawn.
+    if let Err(e) = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())
+        && !out.iter().any(|p| p.path.starts_with("weight_syncer"))
+    {
+        let path = match &e {
+            SyncError::NoGpuBackend { setting, .. } => setting,
+            SyncError::Gpu(_) => "weight_syncer.patch.snapshot_device",
+            _ => "weight_syncer",
+        };
+        let text = e.to_string();
+        let message = text.strip_prefix(&format!("{path}: ")).unwrap_or(&text);
+        out.push(Problem {
+            path: path.to_owned(),
+            message: message.to_owned(),
+            origin: tree.get_path(path).and_then(|n| n.origin.clone()),
+        });
+    }
     out
 }
 
@@ -1177,6 +1196,32 @@ mod tests {
             text.contains("cannot be split evenly across 3 rollout workers"),
             "{text}"
         );
+    }
+
+    /// A setting the weight syncer refuses is a config problem at its own key (so `--dry-run` names it),
+    /// once, and not on top of a cross-field problem of the same syncer config.
+    #[test]
+    fn what_the_syncer_refuses_is_a_config_problem() {
+        let err = extract(&tree(&[(
+            "weight_syncer.patch.transport_device",
+            s("cuda"),
+        )]))
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(err.problems[0].path, "weight_syncer.patch.transport_device");
+        assert!(
+            err.problems[0].message.starts_with("cuda needs a GPU path"),
+            "{}",
+            err.problems[0].message
+        );
+        let err = extract(&tree(&[
+            ("weight_syncer.patch.transport_device", s("cuda")),
+            ("weight_syncer.patch.compression", s("nvcomp_lz4")),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(err.problems[0].path, "weight_syncer.patch.transport_device");
+        assert!(extract(&tree(&[("weight_syncer.patch.snapshot_device", s("cuda"))])).is_ok());
     }
 
     #[test]
