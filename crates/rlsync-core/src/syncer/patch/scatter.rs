@@ -290,6 +290,8 @@ fn last_writes<I: Ord + Copy>(pairs: &mut Vec<(I, u64)>) {
 
 /// Decode one sparse entry (span within u32 indices) into its `nnz` slots, as `install_entry` applies it.
 fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut [u64]) {
+    // Gap-coded indices ascend strictly (validated): only COO entries are watched for repeats.
+    let coo = p.body.index == IndexCoding::Coo;
     let (mut ascending, mut last) = (true, None::<u32>);
     let read = {
         let mut slots = idx.iter_mut().zip(vals.iter_mut());
@@ -298,8 +300,10 @@ fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut 
             if let Some((i, o)) = slots.next() {
                 (*i, *o) = (at, v);
             }
-            ascending &= last.is_none_or(|l| l < at);
-            last = Some(at);
+            if coo {
+                ascending &= last.is_none_or(|l| l < at);
+                last = Some(at);
+            }
         })
     };
     let read = read.min(idx.len());
