@@ -956,10 +956,7 @@ fn a_corrupted_pool_is_rejected_by_its_checksum_the_tensors_untouched_and_the_ne
         mutate(&host, &state, version, stride);
         tx.device_mut().corrupt = Some(corrupt);
         let before = contents(&host, &r0);
-        let err = tx
-            .sync(version)
-            .err()
-            .expect("a corrupted pool is rejected");
+        let err = tx.sync(version).expect_err("a corrupted pool is rejected");
         assert!(
             matches!(
                 err,
