@@ -167,6 +167,11 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
                 {"rank": r, **{k: _median(v) for k, v in sorted(ph.items())}} for r, ph in sorted(phases.items())
             ],
             "checksums_last": rep.get("checksums"),
+            # The receivers' device phases (checksum + install) summed over ranks, against the acks' median: near
+            # equal with 2 receivers on one GPU means their kernels ran one after the other (time-slicing
+            # between processes), near one receiver's means they overlapped.
+            "device_phases_sum_s": sum(_median(ph.get(k, [])) or 0.0 for ph in phases.values()
+                                       for k in ("check_s", "apply_s")),
             "changes": changes,
             "equal_after_each": equal,
             "all_equal": all(equal) and all(out["bootstrap_equal"]),

@@ -555,4 +555,49 @@ fn the_checksum_mix_is_splitmix64s_finalizer() {
     assert_eq!(none, Err(ReferenceError::Width { width: 3 }));
 }
 
+/// A fixed case whose sums scripts/kernel_check.cpp's host model gives too (checked once by compiling its
+/// `host_checksum` on the host): the reference, the host model and so the kernel agree on the bits.
+#[test]
+fn the_checksum_of_a_fixed_case_is_the_host_models() {
+    let mut mem = Memory::default();
+    let bytes: Vec<u8> = (0..5000u64)
+        .flat_map(|i| ((i * 7) as u16).to_le_bytes())
+        .collect();
+    let snap = mem.alloc(&bytes);
+    let jobs = [ApplyJob {
+        dst: 0,
+        dense_src: snap,
+        numel: 5000,
+        first_tile: 0,
+    }];
+    let dir = [
+        TileDir {
+            offset: 0,
+            count: 2,
+            flags: 0,
+        },
+        TileDir {
+            offset: 0,
+            count: 3,
+            flags: OVERFLOW,
+        },
+    ];
+    let (idx, vals) = ([5u32, 9], [1u64 | 2 << 32, 3 | 4 << 32]);
+    let sum = |full| checksum_compact(&mem, 2, &jobs, 2, &dir, &idx, &vals, 2, 9, full).unwrap();
+    assert_eq!(
+        sum(false),
+        PoolSum {
+            sum: 16_238_565_130_935_273_433,
+            count: 5
+        }
+    );
+    assert_eq!(
+        sum(true),
+        PoolSum {
+            sum: 690_631_777_124_157_587,
+            count: 5000
+        }
+    );
+}
+
 // -- checksum_compact (end) --
