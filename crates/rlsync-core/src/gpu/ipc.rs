@@ -947,7 +947,6 @@ pub struct IpcReceiver<D: ReceiverDevice> {
     setup: Setup,
     last_seq: u64,
     installed: Option<u64>,
-    timing: Timing,
 }
 
 impl<D: ReceiverDevice> IpcReceiver<D> {
@@ -1017,7 +1016,6 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
             setup,
             last_seq: 0,
             installed: None,
-            timing: Timing::default(),
         })
     }
 
@@ -1136,14 +1134,8 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
             return Err(e.into());
         }
         self.installed = Some(version);
-        self.timing = timing;
         send(&mut self.stream, &ack(seq, Status::Applied, timing)).map_err(sender_err)?;
         Ok(version)
-    }
-
-    /// The phases of the last sync this receiver installed.
-    pub fn last_timing(&self) -> Timing {
-        self.timing
     }
 }
 
