@@ -1,5 +1,5 @@
 // Device check of the committed PTX (crates/rlsync-core/kernels/rlsync.ptx) on a GPU machine: loads it
-// through the driver API, runs diff_compact / apply_compact / scatter for widths 1, 2, 4, 8 on tensors with
+// through the driver API, runs diff_compact / apply_compact / scatter / checksum_compact for widths 1, 2, 4, 8 on tensors with
 // tails, 16-byte-misaligned bases, empty and multi-segment tensors, NaN-like bit changes and an overflowing
 // pool, checks every output against a host model of notes/gpu-spec.md, then (without --small) times
 // diff_compact against a device-to-device copy of the same bytes.
@@ -89,6 +89,71 @@ struct Tensor {
     CUdeviceptr sbuf, nbuf;
     uint64_t first_tile;
 };
+
+// -- checksum_compact (s14/ipcsum): host model of gpu/reference.rs `checksum_compact` --
+static uint64_t mix64(uint64_t z) {
+    z ^= z >> 30;
+    z *= 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 27;
+    z *= 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+struct PoolSum { uint64_t sum, count; };
+
+// `dense`: per job, the updated snapshot's bytes (host copies).
+static PoolSum host_checksum(int w, const std::vector<ApplyJob>& jobs, const std::vector<const std::vector<uint8_t>*>& dense,
+                             uint64_t tiles, const std::vector<TileDir>& dir, const std::vector<uint32_t>& idx,
+                             const std::vector<uint64_t>& vals, uint64_t cap, uint64_t seed, bool full) {
+    PoolSum out = {0, 0};
+    const uint64_t key = mix64(seed ^ ((uint64_t)w << 48));
+    for (uint64_t tile = 0; tile < tiles; ++tile) {
+        size_t j = 0;
+        for (size_t k = 0; k < jobs.size(); ++k) if (jobs[k].first_tile <= tile) j = k;
+        const ApplyJob& job = jobs[j];
+        if (tile < job.first_tile) continue;
+        uint64_t t = tile - job.first_tile, start = t * TILE;
+        if (start >= job.numel) continue;
+        uint64_t end = std::min(job.numel, start + TILE), base = job.first_tile * TILE;
+        bool dense_tile = full;
+        if (full) {
+            out.count += end - start;
+        } else {
+            const TileDir& d = dir[tile];
+            out.count += d.count;
+            dense_tile = d.flags & 1;
+            if (!dense_tile) {
+                uint64_t tkey = mix64(key ^ tile), seg_base = (t / SEGMENT_TILES) * (SEGMENT_TILES * TILE);
+                for (uint64_t k = 0; k < std::min<uint64_t>(d.count, TILE); ++k) {
+                    uint64_t e = d.offset + k;
+                    if (e >= cap) continue;
+                    uint64_t v0 = w == 8 ? vals[2 * e] : vals[e], v1 = w == 8 ? vals[2 * e + 1] : 0;
+                    out.sum += mix64(mix64(mix64(tkey ^ (base + seg_base + idx[e])) ^ v0) ^ v1);
+                }
+            }
+        }
+        if (!dense_tile) continue;
+        uint64_t tkey = mix64(key ^ tile ^ (1ull << 63));
+        for (uint64_t i = start; i < end; ++i) out.sum += mix64(mix64(tkey ^ (base + i)) ^ get(*dense[j], i, w));
+    }
+    return out;
+}
+
+// Run checksum_compact_w{w} over (dir, idx, vals) with the jobs' dense sources; (sum, count).
+static PoolSum device_checksum(Mod& md, int w, CUdeviceptr jobs, uint32_t nj, uint64_t tiles, CUdeviceptr dir,
+                               CUdeviceptr idx, CUdeviceptr vals, uint64_t cap, uint64_t seed, bool full,
+                               CUdeviceptr out) {
+    CUfunction fn = md.f("checksum_compact", w);
+    uint32_t f = full ? 1 : 0;
+    CK(cuMemsetD8(out, 0, 16));
+    void* args[] = {&jobs, &nj, &tiles, &dir, &idx, &vals, &cap, &seed, &f, &out};
+    CK(cuLaunchKernel(fn, md.grid(fn, tiles), 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+    CK(cuCtxSynchronize());
+    PoolSum r;
+    CK(cuMemcpyDtoH(&r, out, 16));
+    return r;
+}
+// -- checksum_compact (end) --
 
 // One width: diff (pool ample or a third of the changes), apply_compact, scatter (set and add).
 static void check_width(Mod& md, int w, bool small, bool short_pool) {
@@ -209,6 +274,35 @@ static void check_width(Mod& md, int w, bool small, bool short_pool) {
         if (ts[k].numel) CK(cuMemcpyDtoH(got.data(), recv[k], got.size()));
         if (got != ts[k].new_) fail("apply_compact", w, (long long)k, 0);
     }
+    // checksum_compact (s14/ipcsum): patch and full mode against the host model; a flipped index bit of a
+    // used entry and another seed change the sum.
+    {
+        std::vector<const std::vector<uint8_t>*> dense;
+        for (auto& t : ts) dense.push_back(&t.new_);
+        CUdeviceptr dout;
+        CK(cuMemAlloc(&dout, 16));
+        for (bool full : {false, true}) {
+            PoolSum want_s = host_checksum(w, aj, dense, tiles, dir, idx, vals, cap, 42, full);
+            PoolSum got_s = device_checksum(md, w, dajobs, nj, tiles, ddir, didx, dvals, cap, 42, full, dout);
+            if (got_s.sum != want_s.sum) fail(full ? "checksum full sum" : "checksum sum", w, (long long)got_s.sum, (long long)want_s.sum);
+            if (got_s.count != want_s.count) fail(full ? "checksum full count" : "checksum count", w, (long long)got_s.count, (long long)want_s.count);
+            if (!full && got_s.count != total) fail("checksum count vs cursor", w, (long long)got_s.count, (long long)total);
+            PoolSum stale = device_checksum(md, w, dajobs, nj, tiles, ddir, didx, dvals, cap, 41, full, dout);
+            if (want_s.count && stale.sum == got_s.sum) fail("checksum stale seed", w, 0, 0);
+        }
+        uint64_t e = ~0ull;
+        for (uint64_t tile = 0; tile < tiles && e == ~0ull; ++tile)
+            if (dir[tile].flags == 0 && dir[tile].count) e = dir[tile].offset;
+        if (e != ~0ull) {
+            PoolSum good = device_checksum(md, w, dajobs, nj, tiles, ddir, didx, dvals, cap, 42, false, dout);
+            uint32_t flipped = idx[e] ^ 8u;
+            CK(cuMemcpyHtoD(didx + e * 4, &flipped, 4));
+            PoolSum bad = device_checksum(md, w, dajobs, nj, tiles, ddir, didx, dvals, cap, 42, false, dout);
+            if (bad.sum == good.sum) fail("checksum flipped idx", w, (long long)e, 0);
+            CK(cuMemcpyHtoD(didx + e * 4, &idx[e], 4));
+        }
+        CK(cuMemFree(dout));
+    }
     // scatter, set and add, every change of every tensor (jobs of empty tensors have count 0).
     for (uint32_t mode = 0; mode < 2; ++mode) {
         std::vector<ScatterJob> sj;
@@ -306,11 +400,15 @@ static void bench(Mod& md, int w, uint64_t bytes, uint64_t per_mille) {
     CUdeviceptr dajob = upload(&aj, sizeof aj);
     CUfunction apply = md.f("apply_compact", w);
     unsigned grid = md.grid(diff, tiles), agrid = md.grid(apply, tiles);
+    CUfunction csum = md.f("checksum_compact", w);
+    unsigned cgrid = md.grid(csum, tiles);
+    CUdeviceptr dsum;
+    CK(cuMemAlloc(&dsum, 16));
     uint32_t one = 1;
     CUevent a, b;
     CK(cuEventCreate(&a, 0));
     CK(cuEventCreate(&b, 0));
-    std::vector<float> tk, tc, ta;
+    std::vector<float> tk, tc, ta, ts_, tf;
     auto timed = [&](auto&& launch, std::vector<float>& into, bool keep) {
         float ms = 0;
         CK(cuEventRecord(a, 0));
@@ -331,7 +429,17 @@ static void bench(Mod& md, int w, uint64_t bytes, uint64_t per_mille) {
         CK(cuCtxSynchronize());
         void* aargs[] = {&dajob, &one, &tiles, &ddir, &didx, &dvals};
         timed([&] { CK(cuLaunchKernel(apply, agrid, 1, 1, 256, 1, 1, 0, 0, aargs, nullptr)); }, ta, it > 0);
+        // The GPU channel's pool checksum (per sync, both ends) and its full mode (full copies).
+        for (uint32_t full : {0u, 1u}) {
+            uint64_t seed = 7;
+            void* cargs[] = {&dajob, &one, &tiles, &ddir, &didx, &dvals, &cap, &seed, &full, &dsum};
+            CK(cuMemsetD8(dsum, 0, 16));
+            timed([&] { CK(cuLaunchKernel(csum, cgrid, 1, 1, 256, 1, 1, 0, 0, cargs, nullptr)); }, full ? tf : ts_, it > 0);
+        }
     }
+    uint64_t sums[2] = {0, 0};
+    CK(cuMemcpyDtoH(sums, dsum, 16));
+    if (sums[1] != n) fail("bench checksum full count", w, (long long)sums[1], (long long)n);
     uint64_t cursor = 0;
     CK(cuMemcpyDtoH(&cursor, dcur, 8));
     if (cursor != changes) fail("bench cursor", w, (long long)cursor, (long long)changes);
@@ -341,15 +449,18 @@ static void bench(Mod& md, int w, uint64_t bytes, uint64_t per_mille) {
     std::sort(tk.begin(), tk.end());
     std::sort(tc.begin(), tc.end());
     std::sort(ta.begin(), ta.end());
+    std::sort(ts_.begin(), ts_.end());
+    std::sort(tf.begin(), tf.end());
     int regs = 0;
     CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, diff));
     float k = tk[tk.size() / 2], c = tc[tc.size() / 2];
     std::printf("{\"bench\": \"diff_compact\", \"width\": %d, \"bytes\": %llu, \"density\": %.4f, "
                 "\"changes\": %llu, \"grid\": %u, \"regs\": %d, \"diff_ms\": %.3f, \"d2d_copy_ms\": %.3f, "
-                "\"ratio\": %.3f, \"apply_ms\": %.3f, \"diff_read_gbps\": %.1f}\n",
+                "\"ratio\": %.3f, \"apply_ms\": %.3f, \"diff_read_gbps\": %.1f, \"checksum_ms\": %.3f, "
+                "\"checksum_full_ms\": %.3f}\n",
                 w, (unsigned long long)bytes, per_mille / 1000.0, (unsigned long long)changes, grid, regs, k,
-                c, k / c, ta[ta.size() / 2], 2.0 * bytes / (k * 1e6));
-    for (CUdeviceptr p : {state, base, snap, recv, didx, dvals, dcur, ddir, djob, dajob}) CK(cuMemFree(p));
+                c, k / c, ta[ta.size() / 2], 2.0 * bytes / (k * 1e6), ts_[ts_.size() / 2], tf[tf.size() / 2]);
+    for (CUdeviceptr p : {state, base, snap, recv, didx, dvals, dcur, ddir, djob, dajob, dsum}) CK(cuMemFree(p));
     CK(cuEventDestroy(a));
     CK(cuEventDestroy(b));
 }
@@ -378,7 +489,7 @@ int main(int argc, char** argv) {
     double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("{\"device\": \"%s\", \"driver\": %d, \"sms\": %d, \"ptx_load_ms\": %.1f}\n", name, driver, md.sms, load_ms);
     for (int w : {1, 2, 4, 8}) {
-        for (const char* fn : {"diff_compact", "scatter", "apply_compact"}) {
+        for (const char* fn : {"diff_compact", "scatter", "apply_compact", "checksum_compact"}) {
             CUfunction f_ = md.f(fn, w);
             int regs = 0, spill = 0, per = 0;
             CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f_));

@@ -5,8 +5,11 @@ Per phase (1 receiver, then 2): the sender (this process) binds a socket, the re
 spawn) allocate zeroed tensors, share them with this process (torch's CUDA IPC, for the check only) and connect;
 the bootstrap (full copy) makes them equal to the sender; then ``syncs`` times: flip ``density`` of the sender's
 bits, ``sync(version)`` timed end to end (build on the GPU, control message, every receiver's install and ack),
-then every receiver compared bitwise (``torch.equal`` on integer views) with the sender. At the end the sender's
-buffers are freed and the children exit; the device's free memory must come back.
+then every receiver compared bitwise (``torch.equal`` on integer views) with the sender. Each ack carries the
+receiver's phases (``per_receiver`` of the report: sync sent → read by the receiver, the caller's queued work
+on its stream, the pool checksum, the install, the ack's way back): their medians per rank are recorded, so a
+run says where the receiver's time goes and whether two receivers' kernels overlap on one GPU. At the end the
+sender's buffers are freed and the children exit; the device's free memory must come back.
 
 Call it from gpu_check.py (a ``Ctx``-free function, so the file stands alone)::
 
@@ -39,6 +42,8 @@ from gpu_check import bit_equal, llama2_7b_shapes, perturb  # noqa: E402 - gpu_c
 
 
 FALLBACK_DENSITY = 0.01
+# The receiver phases an ack reports (the report's ``per_receiver`` entries).
+PHASES = ("total_s", "wake_s", "drain_s", "check_s", "apply_s", "reply_s")
 TIMEOUT_S = 120.0
 
 
@@ -130,6 +135,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
         out["bootstrap_equal"] = [check(r, 0) for r in range(n)]
         gen = torch.Generator(device=dev).manual_seed(1234 + n)
         times, builds, acks, changes, equal = [], [], [], [], []
+        phases: dict[int, dict[str, list[float]]] = {}
         for v in range(1, syncs + 1):
             if time.monotonic() > deadline:
                 out["note"] = f"budget: stopped after {v - 1} syncs"
@@ -141,6 +147,10 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             times.append(time.perf_counter() - t0)
             builds.append(rep["build_s"])
             acks.append(rep["acks_s"])
+            for p in rep.get("per_receiver", []):
+                ph = phases.setdefault(p["rank"], {})
+                for k in PHASES:
+                    ph.setdefault(k, []).append(p[k])
             changes.append(sum(c for _, c, _ in rep["widths"]))
             if any(o for _, _, o in rep["widths"]):
                 out.setdefault("overflowed_syncs", []).append(v)
@@ -152,6 +162,16 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             "sync_median_s": _median(times),
             "build_median_s": _median(builds),
             "acks_median_s": _median(acks),
+            # Per rank: the median of each phase of its part of a sync (seconds; see the module docs).
+            "receiver_phases_median_s": [
+                {"rank": r, **{k: _median(v) for k, v in sorted(ph.items())}} for r, ph in sorted(phases.items())
+            ],
+            "checksums_last": rep.get("checksums"),
+            # The receivers' device phases (checksum + install) summed over ranks, against the acks' median: near
+            # equal with 2 receivers on one GPU means their kernels ran one after the other (time-slicing
+            # between processes), near one receiver's means they overlapped.
+            "device_phases_sum_s": sum(_median(ph.get(k, [])) or 0.0 for ph in phases.values()
+                                       for k in ("check_s", "apply_s")),
             "changes": changes,
             "equal_after_each": equal,
             "all_equal": all(equal) and all(out["bootstrap_equal"]),

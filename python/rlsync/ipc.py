@@ -14,8 +14,12 @@ once; the others go on.
 
 Integrity: every control message carries an xxh3 checksum and a strictly increasing sequence number, and a
 receiver checks each one (newer sequence, a full copy first, change counts within the setup's capacities) before it
-writes anything; a rejected one leaves its tensors untouched. The changes themselves never leave GPU memory
-and are not checksummed (the install kernel writes only inside each entry's tile of the right tensor).
+writes anything. The changes never leave GPU memory; they are checksummed there: the sender hashes what its diff
+kernel wrote (every change's position and values, every overflowing tile's elements in the snapshot copy; for
+a full copy the whole snapshot copy), seeded with the sync's sequence number, and each receiver hashes the same
+device buffers before it writes anything; another sum or change count rejects the sync
+(:class:`rlsync.PayloadRejected` on the receiver, :class:`rlsync.TransportError` naming the rank on the sender)
+with the receiver's tensors untouched, and that receiver gets a full copy at the start of the next sync.
 
 Both ends need the same tensors (shapes and dtypes, in the same order), contiguous CUDA tensors of one device
 each (the sender's and a receiver's device may differ: peer access is enabled). Without CUDA (no driver, or a
@@ -63,9 +67,14 @@ class CudaIpcSender:
         return self._native.bootstrap(descs, _stream(descs), version)
 
     def sync(self, version: int) -> dict[str, Any]:
-        """Build the patch of the state dict against the snapshot on the GPU, have every receiver install it,
-        return after all acks: ``{"seq", "version", "full", "build_s", "acks_s", "receivers", "widths"}``
-        (``widths``: ``(element bytes, changes, overflowed)``). The first call bootstraps."""
+        """Build the patch of the state dict against the snapshot on the GPU, have every receiver verify and
+        install it, return after all acks: ``{"seq", "version", "full", "build_s", "acks_s", "receivers",
+        "widths", "checksums", "per_receiver"}`` (``widths``: ``(element bytes, changes, overflowed)``;
+        ``checksums``: the device buffers' checksum per width; ``per_receiver``: per rank that acked, where its
+        part went in seconds: ``total_s`` (sync sent → ack sent), ``wake_s`` (sync sent → read by the
+        receiver), ``drain_s`` (work already queued on the receiver's stream), ``check_s`` (the checksum
+        kernel), ``apply_s`` (the install kernel), ``reply_s`` (ack sent → read here; acks are read in rank
+        order)). The first call bootstraps."""
         descs = _describe(self._state)
         return self._native.sync(descs, _stream(descs), version)
 
@@ -95,8 +104,9 @@ class CudaIpcReceiver:
 
     def apply(self, timeout: float = 60.0) -> int:
         """Wait up to ``timeout`` seconds for the next sync and install it into the state dict's tensors in
-        place (on the current stream, waited for); its version. A message that fails validation raises
-        :class:`rlsync.PayloadRejected` with the tensors untouched."""
+        place (on the current stream, waited for); its version. A message that fails validation, or whose
+        device buffers do not match the sender's checksum, raises :class:`rlsync.PayloadRejected` with the
+        tensors untouched."""
         descs = _describe(self._state)
         return self._native.apply(descs, _stream(descs), timeout)
 

@@ -146,6 +146,21 @@ fn report<'py>(py: Python<'py>, r: &SyncReport) -> PyResult<Bound<'py, PyDict>> 
         .map(|w| (w.width, w.changes, w.overflow))
         .collect();
     d.set_item("widths", widths)?;
+    let sums: Vec<u64> = r.widths.iter().map(|w| w.checksum).collect();
+    d.set_item("checksums", sums)?;
+    let per = pyo3::types::PyList::empty(py);
+    for t in &r.per_receiver {
+        let p = PyDict::new(py);
+        p.set_item("rank", t.rank)?;
+        p.set_item("total_s", t.total_s)?;
+        p.set_item("wake_s", t.wake_s)?;
+        p.set_item("drain_s", t.drain_s)?;
+        p.set_item("check_s", t.check_s)?;
+        p.set_item("apply_s", t.apply_s)?;
+        p.set_item("reply_s", t.reply_s)?;
+        per.append(p)?;
+    }
+    d.set_item("per_receiver", per)?;
     Ok(d)
 }
 

@@ -1,6 +1,7 @@
 """A stand-in for rlsync's GPU channel in the CPU test of gpu_check's ``ipc`` stage: the same calls and the same
-lifecycle (bind, admit at bootstrap, ack per sync, the receivers see the close), the tensors' bytes pickled over a
-Unix socket. ``FAKE_IPC_SKIP=<version>`` makes the receivers ack that version without installing it."""
+lifecycle (bind, admit at bootstrap, ack per sync with the receiver's phase times, the receivers see the close),
+the tensors' bytes pickled over a Unix socket; the report has the real one's keys. ``FAKE_IPC_SKIP=<version>``
+makes the receivers ack that version without installing it."""
 
 from __future__ import annotations
 
@@ -28,14 +29,21 @@ class _Sender:
     def _send(self, version: int, full: bool) -> dict[str, Any]:
         payload = {k: _bits(t).numpy().tobytes() for k, t in self._state.items()}
         self._seq += 1
+        sent = time.monotonic_ns()
         for c in self._conns:
-            c.send(("sync", version, payload))
-        for c in self._conns:
+            c.send(("sync", version, sent, payload))
+        per = []
+        for rank, c in enumerate(self._conns):
             ack = c.recv()
-            if ack != ("ack", version):
+            read = time.monotonic_ns()
+            if ack[:2] != ("ack", version):
                 raise TransportError(f"ack {ack}")
+            phases, ack_sent = ack[2], ack[3]
+            per.append({"rank": rank, "total_s": (ack_sent - sent) * 1e-9, **phases,
+                        "reply_s": (read - ack_sent) * 1e-9})
         return {"seq": self._seq, "version": version, "full": full, "build_s": 0.0, "acks_s": 0.0,
-                "receivers": len(self._conns), "widths": [(2, 1, False)]}
+                "receivers": len(self._conns), "widths": [(2, 1, False)], "checksums": [self._seq],
+                "per_receiver": per}
 
     def bootstrap(self, version: int = 0) -> dict[str, Any]:
         while len(self._conns) < self._n:
@@ -65,13 +73,16 @@ class _Receiver:
 
     def apply(self, timeout: float = 60.0) -> int:
         try:
-            _, version, payload = self._conn.recv()
+            _, version, sent, payload = self._conn.recv()
         except (EOFError, OSError) as e:
             raise TransportError(f"the sender closed the channel ({type(e).__name__})") from None
+        t0 = time.monotonic_ns()
         if version != self._skip:
             for k, b in payload.items():
                 _bits(self._state[k]).copy_(torch.frombuffer(bytearray(b), dtype=torch.int16))
-        self._conn.send(("ack", version))
+        t1 = time.monotonic_ns()
+        phases = {"wake_s": (t0 - sent) * 1e-9, "drain_s": 0.0, "check_s": 0.0, "apply_s": (t1 - t0) * 1e-9}
+        self._conn.send(("ack", version, phases, time.monotonic_ns()))
         return version
 
     def close(self) -> None:

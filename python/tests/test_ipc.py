@@ -71,6 +71,12 @@ def test_the_ipc_stage_drives_its_receiver_processes_and_catches_a_difference(
                            module="fake_ipc_channel")
         assert rec["syncs"] == 3 and rec["bootstrap_equal"] == [True] * n, rec
         assert rec["exitcodes"] == [0] * n and rec["socket_removed"], rec
+        phases = rec["receiver_phases_median_s"]
+        assert [p["rank"] for p in phases] == list(range(n)), rec
+        for p in phases:
+            assert set(p) == {"rank", *stage.PHASES}, p
+            assert all(p[k] >= 0 for k in stage.PHASES), p
+            assert p["total_s"] >= p["apply_s"], p
         if skip is None:
             assert rec["all_equal"] and rec["equal_after_each"] == [True] * 3, rec
         else:

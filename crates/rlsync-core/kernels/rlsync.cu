@@ -459,3 +459,104 @@ RLSYNC_WIDTH(1, 5)
 RLSYNC_WIDTH(2, 4)
 RLSYNC_WIDTH(4, 4)
 RLSYNC_WIDTH(8, 2)
+
+// -- checksum_compact (the GPU channel's pool checksum, s14/ipcsum; CPU reference: gpu/reference.rs
+// `checksum_compact`) --
+// Both ends of the same-host GPU channel hash diff_compact's output: the sender right after diff_compact on
+// its stream, each receiver on the opened buffers before apply_compact. Grid-stride over the tiles (jobs as
+// apply_compact's, `dst` unused); per tile:
+// - `full` != 0: every element of the tile hashed from `dense_src` (the snapshot copy) and counted;
+// - else its directory entry's count is counted (also for an OVERFLOW tile); an OVERFLOW tile's elements are
+//   hashed from `dense_src` (the sender's updated snapshot: what a receiver copies); a listed tile's entries
+//   offset .. offset + min(count, TILE) below `capacity` are hashed (never read past the pool).
+// A listed entry's hash mixes (splitmix64's finalizer, a bijection, chained) the tile's key, the element's
+// position in the width's tile space (first_tile * TILE + element) and its value word(s) (old | new << 32,
+// or both words of an 8-byte element); a dense element's hash the dense tile key, the position and its bits.
+// The key is mix64(seed ^ W << 48) ^ tile (| 1 << 63 when dense), mixed: an entry listed under another tile,
+// or hashed with another sequence number (a stale pool), hashes differently. The hashes are summed
+// (wrapping; the pool's order, set by atomics, does not matter), reduced per block and added with one 64-bit
+// atomicAdd per block into out[0]; the counts into out[1]. The host zeroes `out` before the launch.
+__device__ __forceinline__ u64 rlsync_mix64(u64 z) {
+    z ^= z >> 30;
+    z *= 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 27;
+    z *= 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+template <int W>
+__device__ __forceinline__ void checksum_compact(const ApplyJob* __restrict__ jobs, u32 njobs, u64 ntiles,
+                                                 const TileDir* __restrict__ dir, const u32* __restrict__ idx,
+                                                 const u64* __restrict__ vals, u64 capacity, u64 seed, u32 full,
+                                                 unsigned long long* out) {
+    typedef typename WordOf<W>::T T;
+    if (njobs == 0) return;  // (uniform)
+    __shared__ u64 warp_sum[RLSYNC_BLOCK / 32];
+    const u64 key = rlsync_mix64(seed ^ ((u64)W << 48));
+    u64 sum = 0;
+    u64 count = 0;  // thread 0's tally
+    u32 j = 0;
+    for (u64 tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        j = find_job(&jobs[0].first_tile, sizeof(ApplyJob) / 8, j, njobs, tile);
+        const ApplyJob job = jobs[j];
+        if (tile < job.first_tile) continue;
+        const u64 t = tile - job.first_tile;
+        const u64 start = t * RLSYNC_TILE;
+        if (start >= job.numel) continue;
+        const u64 end = (job.numel - start < RLSYNC_TILE) ? job.numel : start + RLSYNC_TILE;
+        const u64 base = job.first_tile * RLSYNC_TILE;
+        if (full == 0) {
+            const TileDir d = dir[tile];
+            if (threadIdx.x == 0) count += d.count;
+            if (!(d.flags & RLSYNC_OVERFLOW)) {
+                const u64 tkey = rlsync_mix64(key ^ tile);
+                const u64 seg_base = (t / RLSYNC_SEGMENT_TILES) * RLSYNC_SEGMENT;
+                const u32 n = d.count < RLSYNC_TILE ? d.count : RLSYNC_TILE;
+                for (u32 k = threadIdx.x; k < n; k += blockDim.x) {
+                    const u64 e = d.offset + k;
+                    if (e >= capacity) continue;
+                    const u64 v0 = W == 8 ? vals[2 * e] : vals[e];
+                    const u64 v1 = W == 8 ? vals[2 * e + 1] : 0ull;
+                    const u64 pos = base + seg_base + idx[e];
+                    sum += rlsync_mix64(rlsync_mix64(rlsync_mix64(tkey ^ pos) ^ v0) ^ v1);
+                }
+                continue;
+            }
+        } else if (threadIdx.x == 0) {
+            count += end - start;
+        }
+        if (job.dense_src == 0) continue;
+        const u64 tkey = rlsync_mix64(key ^ tile ^ (1ull << 63));
+        const T* src = reinterpret_cast<const T*>(job.dense_src);
+        for (u64 i = start + threadIdx.x; i < end; i += blockDim.x) {
+            const u64 v = (u64)ld_scalar<T>(src + i);
+            sum += rlsync_mix64(rlsync_mix64(tkey ^ (base + i)) ^ v);
+        }
+    }
+    // Block reduction: warps by shuffles, then the 8 warp sums; one atomic per block and word.
+#pragma unroll
+    for (u32 d = 16; d > 0; d >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, d);
+    if ((threadIdx.x & 31u) == 0) warp_sum[threadIdx.x >> 5] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u64 total = 0;
+#pragma unroll
+        for (u32 w = 0; w < RLSYNC_BLOCK / 32; ++w) total += warp_sum[w];
+        atomicAdd(out, (unsigned long long)total);
+        atomicAdd(out + 1, (unsigned long long)count);
+    }
+}
+
+#define RLSYNC_CHECKSUM_WIDTH(W)                                                                           \
+    extern "C" __global__ void __launch_bounds__(256) checksum_compact_w##W(                               \
+        const ApplyJob* jobs, u32 njobs, u64 ntiles, const TileDir* dir, const u32* idx, const u64* vals,  \
+        u64 capacity, u64 seed, u32 full, unsigned long long* out) {                                       \
+        checksum_compact<W>(jobs, njobs, ntiles, dir, idx, vals, capacity, seed, full, out);               \
+    }
+
+RLSYNC_CHECKSUM_WIDTH(1)
+RLSYNC_CHECKSUM_WIDTH(2)
+RLSYNC_CHECKSUM_WIDTH(4)
+RLSYNC_CHECKSUM_WIDTH(8)
+
+// -- checksum_compact (end) --

@@ -104,7 +104,17 @@ pub enum Kernel {
     DiffCompact,
     Scatter,
     ApplyCompact,
+    /// The GPU channel's pool checksum (`checksum_compact`, [`ipc`]).
+    ChecksumCompact,
 }
+
+/// Every kernel family, in the order the backend loads them.
+pub const KERNELS: [Kernel; 4] = [
+    Kernel::DiffCompact,
+    Kernel::Scatter,
+    Kernel::ApplyCompact,
+    Kernel::ChecksumCompact,
+];
 
 /// One kernel parameter, of the C type the kernel declares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use super::kernels::{self, Ptx, WIDTHS};
-use super::{Arg, DriverInfo, GpuError, IPC_HANDLE_BYTES, IpcHandle, Kernel, Stream};
+use super::{Arg, DriverInfo, GpuError, IPC_HANDLE_BYTES, IpcHandle, KERNELS, Kernel, Stream};
 
 /// Run driver call(s) `f` for operation `op`: a driver error or a panic in cudarc becomes a [`GpuError`].
 fn call<T>(op: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, GpuError> {
@@ -75,8 +75,8 @@ pub(super) struct Context {
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
     module: sys::CUmodule,
-    /// `[family][width slot]`, families in [`Kernel`] order.
-    functions: [[sys::CUfunction; 4]; 3],
+    /// `[family][width slot]`, families in [`KERNELS`] order.
+    functions: [[sys::CUfunction; 4]; KERNELS.len()],
     sms: usize,
 }
 
@@ -118,11 +118,8 @@ impl Context {
             let module = call("cuModuleLoadData", || unsafe {
                 result::module::load_data(image.as_ptr().cast())
             })?;
-            let mut functions = [[std::ptr::null_mut(); 4]; 3];
-            for (f, kernel) in [Kernel::DiffCompact, Kernel::Scatter, Kernel::ApplyCompact]
-                .into_iter()
-                .enumerate()
-            {
+            let mut functions = [[std::ptr::null_mut(); 4]; KERNELS.len()];
+            for (f, kernel) in KERNELS.into_iter().enumerate() {
                 for (slot, w) in WIDTHS.into_iter().enumerate() {
                     let name = CString::new(kernels::name(kernel, w)).unwrap_or_default();
                     // SAFETY: `module` was just loaded.
@@ -393,6 +390,7 @@ fn family(kernel: Kernel) -> usize {
         Kernel::DiffCompact => 0,
         Kernel::Scatter => 1,
         Kernel::ApplyCompact => 2,
+        Kernel::ChecksumCompact => 3,
     }
 }
 

@@ -4,19 +4,28 @@
 //! The sender owns (rlsync's `cuMemAlloc`, never PyTorch's memory) the device snapshot copy, one allocation
 //! for every tensor, and per element width one allocation holding `diff_compact`'s directory, index and
 //! value pool. Each receiver opens their handles once at connect (on its own device: the sender's GPU or
-//! another one of the host, peer access enabled lazily). Per sync the sender builds on the device (the
-//! kernel on the caller's stream, then a stream sync; only the per-width cursors come back to the host),
-//! sends a [`wire::Message::Sync`] (sequence number, version, per-width change count and overflow flag,
-//! checksummed) to every receiver and waits for every ack; the buffers are not rewritten before all acks (one
-//! version in flight). A receiver validates the message before writing anything (sequence newer than the
-//! last, a full copy first, widths and counts within the setup's capacities), runs `apply_compact` per width
-//! into its tensors (overflowing tiles copied from the sender's snapshot copy) on its stream, syncs and acks.
-//! A rejected message leaves its tensors untouched.
+//! another one of the host, peer access enabled lazily). Per sync the sender builds on the device
+//! (`diff_compact`, then `checksum_compact` over its output seeded with the sync's sequence number, on the
+//! caller's stream, then one stream sync; only the per-width cursors and checksums come back to the host),
+//! sends a [`wire::Message::Sync`] (sequence number, version, per-width change count, overflow flag and pool
+//! checksum; the message itself checksummed) to every receiver and waits for every ack; the buffers are not
+//! rewritten before all acks (one version in flight). A receiver validates the message before writing
+//! anything (sequence newer than the last, a full copy first, widths and counts within the setup's
+//! capacities), waits for the work already on its stream, runs `checksum_compact` over the opened buffers and
+//! compares sum and count with the message's ([`wire::Reason::Checksum`], [`wire::Reason::Count`]), then runs
+//! `apply_compact` per width into its tensors (overflowing tiles copied from the sender's snapshot copy) on
+//! its stream, syncs and acks with its phases' times ([`wire::Timing`], per receiver in
+//! [`SyncReport::per_receiver`]). A rejected message leaves its tensors untouched.
 //!
 //! Bootstrap: the first sync (or [`IpcSender::bootstrap`]) sets the snapshot copy to the state and sends a
 //! full copy ([`wire::Mode::Full`]): each receiver copies every tensor from the imported snapshot, so the
 //! receivers start equal to the sender. A receiver that connects later (up to the announced count) is
-//! admitted at the start of the next sync with a full copy of the current snapshot.
+//! admitted at the start of the next sync with a full copy of the current snapshot. What a full copy
+//! verifies: the sender hashes its whole snapshot copy (`checksum_compact` in full mode, seeded with the
+//! message's sequence number) and each receiver hashes the opened snapshot copy the same way before it
+//! copies anything; the copy itself (`cuMemcpyDtoD` from the verified source) is not hashed again, so the
+//! previous weights stay when the source does not match. A receiver that rejected a patch for its checksum is
+//! kept and gets a full copy at the start of the next sync (its tensors are still the previous version).
 //!
 //! Failures: a receiver that dies is noticed at once (EOF on its socket) and its sync ends with an error
 //! naming the rank ([`IpcError::Receiver`]); so does a rejection or a missed ack deadline. A failed receiver
@@ -37,8 +46,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::compact::{self, Layout, TileDir};
+use super::reference::PoolSum;
 use super::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
-use wire::{Export, Message, Mode, Reason, Setup, Status, TensorFact, WidthCount, WidthExport};
+use wire::{
+    Export, Message, Mode, Reason, Setup, Status, TensorFact, Timing, WidthCount, WidthExport,
+    monotonic_ns,
+};
 
 /// Fraction of a width's elements its pool holds (as the host-path builder).
 const POOL_DENSITY: u64 = super::differ::POOL_DENSITY;
@@ -282,14 +295,25 @@ fn check_sync(
     if installed.is_none() && mode == Mode::Patch {
         return Err(Reason::NotBootstrapped);
     }
-    if mode == Mode::Full {
-        return Ok(());
-    }
     if widths.len() != setup.widths.len() {
         return Err(Reason::Widths {
             found: widths.len() as u64,
             expected: setup.widths.len() as u64,
         });
+    }
+    if mode == Mode::Full {
+        // A full copy announces every width's element count (what its checksum counts).
+        for (c, w) in widths.iter().zip(&setup.widths) {
+            let elements = elements_of(&setup.tensors, w.width);
+            if c.width != w.width || c.overflow || c.changes != elements {
+                return Err(Reason::Capacity {
+                    width: u64::from(c.width),
+                    changes: c.changes,
+                    overflow: u64::from(c.overflow),
+                });
+            }
+        }
+        return Ok(());
     }
     for (c, w) in widths.iter().zip(&setup.widths) {
         if c.width != w.width || c.overflow != (c.changes > w.capacity) {
@@ -301,6 +325,51 @@ fn check_sync(
         }
     }
     Ok(())
+}
+
+/// Elements of the tensors of `width` bytes.
+fn elements_of(tensors: &[TensorFact], width: u8) -> u64 {
+    tensors
+        .iter()
+        .filter(|t| t.width == width)
+        .map(|t| t.numel)
+        .sum()
+}
+
+/// The first mismatch between what a receiver's checksum found and what the sync announced.
+fn check_sums(widths: &[WidthCount], found: &[PoolSum]) -> Result<(), Reason> {
+    if found.len() != widths.len() {
+        return Err(Reason::Widths {
+            found: found.len() as u64,
+            expected: widths.len() as u64,
+        });
+    }
+    for (w, f) in widths.iter().zip(found) {
+        if f.count != w.changes {
+            return Err(Reason::Count {
+                width: u64::from(w.width),
+                expected: w.changes,
+                found: f.count,
+            });
+        }
+        if f.sum != w.checksum {
+            return Err(Reason::Checksum {
+                width: u64::from(w.width),
+                expected: w.checksum,
+                found: f.sum,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One width's result of a sender's build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WidthBuilt {
+    /// `diff_compact`'s cursor (every change, also those of overflowing tiles).
+    pub cursor: u64,
+    /// `checksum_compact` over the output just built.
+    pub sum: PoolSum,
 }
 
 /// The sender's device work.
@@ -315,9 +384,22 @@ pub trait SenderDevice {
     ) -> Result<(Export, Vec<WidthExport>), GpuError>;
     /// Snapshot copy := state, waited for.
     fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError>;
-    /// `diff_compact` per width (state against the snapshot copy, which it updates), waited for; each
-    /// width's cursor in the order of the exports.
-    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError>;
+    /// `diff_compact` per width (state against the snapshot copy, which it updates), then `checksum_compact`
+    /// over its output seeded with `seed`, waited for; each width's cursor and checksum in the order of the
+    /// exports.
+    fn build(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError>;
+    /// `checksum_compact` in full mode over the snapshot copy, seeded with `seed`, per width, waited for.
+    fn snapshot_sum(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError>;
     /// The device ordinal (informational, in the setup).
     fn device(&self) -> u32;
 }
@@ -330,6 +412,18 @@ pub trait ReceiverDevice {
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError>;
     /// `apply_compact` per width of the setup, waited for.
     fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError>;
+    /// Wait for the work already queued on the receiver's stream (the caller's), so the phases after it time
+    /// rlsync's work only.
+    fn drain(&mut self) -> Result<(), GpuError>;
+    /// `checksum_compact` per width of the setup over the opened buffers (with `full`, over the opened
+    /// snapshot copy), seeded with `seed`, waited for.
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &Layout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError>;
     /// The device ordinal (informational, in the hello).
     fn device(&self) -> u32;
 }
@@ -342,18 +436,61 @@ struct Peer {
     fresh: bool,
 }
 
+/// Where one receiver's part of a sync went, in seconds (from its ack; the host's monotonic clock is shared by
+/// its processes).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ReceiverTiming {
+    pub rank: u32,
+    /// The sender sent the sync → the receiver sent its ack.
+    pub total_s: f64,
+    /// The receiver's phases ([`wire::Timing`]): sync sent → read by the receiver; the caller's work queued
+    /// on its stream; the pool checksum; the install.
+    pub wake_s: f64,
+    pub drain_s: f64,
+    pub check_s: f64,
+    pub apply_s: f64,
+    /// The ack sent → read by the sender (the sender reads the acks in rank order, so a later rank's can wait
+    /// for an earlier one's).
+    pub reply_s: f64,
+}
+
+impl ReceiverTiming {
+    fn new(rank: u32, sync_sent: u64, t: &Timing, ack_sent: u64, ack_read: u64) -> ReceiverTiming {
+        let s = |ns: u64| ns as f64 * 1e-9;
+        // A clock that could not be read is 0: its differences are reported as 0, not as nonsense.
+        let between = |a: u64, b: u64| {
+            if a == 0 || b == 0 {
+                0
+            } else {
+                b.saturating_sub(a)
+            }
+        };
+        ReceiverTiming {
+            rank,
+            total_s: s(between(sync_sent, ack_sent)),
+            wake_s: s(t.wake_ns),
+            drain_s: s(t.drain_ns),
+            check_s: s(t.check_ns),
+            apply_s: s(t.apply_ns),
+            reply_s: s(between(ack_sent, ack_read)),
+        }
+    }
+}
+
 /// What one sync did.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SyncReport {
     pub seq: u64,
     pub version: u64,
     pub full: bool,
-    /// Per width: (width, changes, overflowed).
+    /// Per width: (width, changes, overflowed, pool checksum).
     pub widths: Vec<WidthCount>,
-    /// Seconds: the device build (or snapshot copy), then sending and waiting for every ack.
+    /// Seconds: the device build (or snapshot copy) with its checksum, then sending and waiting for every ack.
     pub build_s: f64,
     pub acks_s: f64,
     pub receivers: usize,
+    /// Per receiver that acked (rank order): where its part of the sync went.
+    pub per_receiver: Vec<ReceiverTiming>,
 }
 
 /// The sending end (see the module docs).
@@ -440,6 +577,7 @@ impl<D: SenderDevice> IpcSender<D> {
         let t0 = Instant::now();
         self.dev.bootstrap(&self.layout, &self.offsets)?;
         self.version = Some(version);
+        let widths = self.full_widths()?;
         let build_s = t0.elapsed().as_secs_f64();
         self.admit(true)?;
         let t1 = Instant::now();
@@ -447,16 +585,17 @@ impl<D: SenderDevice> IpcSender<D> {
         for p in &mut self.peers {
             p.fresh = false;
         }
-        let msg = self.next_sync(version, Mode::Full, Vec::new());
-        self.broadcast(&msg, &ranks)?;
+        let msg = self.next_sync(version, Mode::Full, widths.clone());
+        let per_receiver = self.broadcast(msg, &ranks)?;
         Ok(SyncReport {
             seq: self.seq,
             version,
             full: true,
-            widths: Vec::new(),
+            widths,
             build_s,
             acks_s: t1.elapsed().as_secs_f64(),
             receivers: ranks.len(),
+            per_receiver,
         })
     }
 
@@ -478,28 +617,31 @@ impl<D: SenderDevice> IpcSender<D> {
             })
             .collect();
         if !late.is_empty() {
-            let msg = self.next_sync(current, Mode::Full, Vec::new());
-            self.broadcast(&msg, &late)?;
+            let widths = self.full_widths()?;
+            let msg = self.next_sync(current, Mode::Full, widths);
+            self.broadcast(msg, &late)?;
         }
         let t0 = Instant::now();
-        let cursors = self.dev.build(&self.layout, &self.offsets)?;
+        // Seeded with the sequence number the message will carry (next_sync takes it below).
+        let built = self.dev.build(&self.layout, &self.offsets, self.seq + 1)?;
         self.version = Some(version);
         let widths: Vec<WidthCount> = self
             .setup
             .widths
             .iter()
-            .zip(cursors)
-            .map(|(w, c)| WidthCount {
+            .zip(built)
+            .map(|(w, b)| WidthCount {
                 width: w.width,
-                changes: c,
-                overflow: c > w.capacity,
+                changes: b.cursor,
+                overflow: b.cursor > w.capacity,
+                checksum: b.sum.sum,
             })
             .collect();
         let build_s = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let ranks = self.ranks();
         let msg = self.next_sync(version, Mode::Patch, widths.clone());
-        self.broadcast(&msg, &ranks)?;
+        let per_receiver = self.broadcast(msg, &ranks)?;
         Ok(SyncReport {
             seq: self.seq,
             version,
@@ -508,7 +650,28 @@ impl<D: SenderDevice> IpcSender<D> {
             build_s,
             acks_s: t1.elapsed().as_secs_f64(),
             receivers: ranks.len(),
+            per_receiver,
         })
+    }
+
+    /// The widths of a full copy of the snapshot copy under the next sequence number: each width's elements
+    /// and the snapshot copy's checksum.
+    fn full_widths(&mut self) -> Result<Vec<WidthCount>, IpcError> {
+        let sums = self
+            .dev
+            .snapshot_sum(&self.layout, &self.offsets, self.seq + 1)?;
+        Ok(self
+            .setup
+            .widths
+            .iter()
+            .zip(sums)
+            .map(|(w, s)| WidthCount {
+                width: w.width,
+                changes: s.count,
+                overflow: false,
+                checksum: s.sum,
+            })
+            .collect())
     }
 
     fn next_sync(&mut self, version: u64, mode: Mode, widths: Vec<WidthCount>) -> Message {
@@ -517,17 +680,32 @@ impl<D: SenderDevice> IpcSender<D> {
             seq: self.seq,
             version,
             mode,
+            sent_ns: 0,
             widths,
         }
     }
 
-    /// Send `msg` to the receivers of `ranks`, then wait for each one's ack. Every receiver that failed is
-    /// dropped; the first failure (lowest rank) is the error.
-    fn broadcast(&mut self, msg: &Message, ranks: &[u32]) -> Result<(), IpcError> {
-        let Message::Sync { seq, .. } = *msg else {
-            return Ok(());
+    /// Send `msg` (stamped with the clock now) to the receivers of `ranks`, then wait for each one's ack; the
+    /// acks' timings. Every receiver that failed is dropped, except one that rejected a sync for its pool
+    /// checksum or count: its tensors are the previous version, so it stays and gets a full copy at the
+    /// start of the next sync. The first failure (lowest rank) is the error.
+    fn broadcast(
+        &mut self,
+        mut msg: Message,
+        ranks: &[u32],
+    ) -> Result<Vec<ReceiverTiming>, IpcError> {
+        let Message::Sync {
+            seq,
+            ref mut sent_ns,
+            ..
+        } = msg
+        else {
+            return Ok(Vec::new());
         };
-        let frame = wire::encode(msg);
+        let sync_sent = monotonic_ns();
+        *sent_ns = sync_sent;
+        let frame = wire::encode(&msg);
+        let mut timings = Vec::new();
         let mut failed: Vec<(u32, PeerError)> = Vec::new();
         for p in self.peers.iter_mut().filter(|p| ranks.contains(&p.rank)) {
             if let Err(e) = p.stream.write_all(&frame) {
@@ -540,10 +718,21 @@ impl<D: SenderDevice> IpcSender<D> {
                 continue;
             }
             let got = match recv(&mut p.stream, deadline, self.timeout.as_secs_f64()) {
-                Ok(Message::Ack { seq: s, status }) if s == seq => match status {
-                    Status::Applied => Ok(()),
-                    Status::Rejected(r) => Err(PeerError::Rejected(r)),
-                },
+                Ok(Message::Ack {
+                    seq: s,
+                    status,
+                    timing,
+                    sent_ns,
+                }) if s == seq => {
+                    let read = monotonic_ns();
+                    timings.push(ReceiverTiming::new(
+                        p.rank, sync_sent, &timing, sent_ns, read,
+                    ));
+                    match status {
+                        Status::Applied => Ok(()),
+                        Status::Rejected(r) => Err(PeerError::Rejected(r)),
+                    }
+                }
                 Ok(Message::Ack { seq: s, .. }) => Err(PeerError::WrongAck {
                     found: s,
                     expected: seq,
@@ -559,11 +748,22 @@ impl<D: SenderDevice> IpcSender<D> {
             }
         }
         if failed.is_empty() {
-            return Ok(());
+            return Ok(timings);
         }
         failed.sort_by_key(|(r, _)| *r);
+        let kept = |e: &PeerError| {
+            matches!(
+                e,
+                PeerError::Rejected(Reason::Checksum { .. } | Reason::Count { .. })
+            )
+        };
+        for p in &mut self.peers {
+            if failed.iter().any(|(r, e)| *r == p.rank && kept(e)) {
+                p.fresh = true;
+            }
+        }
         self.peers
-            .retain(|p| !failed.iter().any(|(r, _)| *r == p.rank));
+            .retain(|p| !failed.iter().any(|(r, e)| *r == p.rank && !kept(e)));
         for (rank, e) in &failed[1..] {
             tracing::warn!(rank, error = %crate::error_chain(e), "GPU channel receiver dropped");
         }
@@ -837,8 +1037,9 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
         self.installed
     }
 
-    /// Wait up to `timeout` for the next sync, validate it, install it and ack; its version. A message that
-    /// fails validation is acked as rejected and returned as [`IpcError::Rejected`], the tensors untouched.
+    /// Wait up to `timeout` for the next sync, validate it, verify the device buffers (pool checksum and
+    /// count), install it and ack with the phases' times; its version. A message that fails validation or
+    /// verification is acked as rejected and returned as [`IpcError::Rejected`], the tensors untouched.
     pub fn apply(&mut self, timeout: Duration) -> Result<u64, IpcError> {
         let deadline = Instant::now() + timeout;
         let sender_err = |source| IpcError::Sender { source };
@@ -848,19 +1049,18 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
                 // The frame was read whole (its length was sane): answer it, so the sender is not left waiting.
                 let _ = send(
                     &mut self.stream,
-                    &Message::Ack {
-                        seq: 0,
-                        status: Status::Rejected(Reason::Corrupt),
-                    },
+                    &ack(0, Status::Rejected(Reason::Corrupt), Timing::default()),
                 );
                 return Err(sender_err(PeerError::Wire(e)));
             }
             Err(e) => return Err(sender_err(e)),
         };
+        let read = monotonic_ns();
         let Message::Sync {
             seq,
             version,
             mode,
+            sent_ns,
             widths,
         } = msg
         else {
@@ -868,6 +1068,14 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
                 found: msg.kind(),
                 expected: "sync",
             }));
+        };
+        let mut timing = Timing {
+            wake_ns: if sent_ns == 0 || read == 0 {
+                0
+            } else {
+                read.saturating_sub(sent_ns)
+            },
+            ..Timing::default()
         };
         let checked = check_sync(
             &self.setup,
@@ -879,36 +1087,131 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
             self.installed,
         );
         if let Err(reason) = checked {
-            let ack = Message::Ack {
-                seq,
-                status: Status::Rejected(reason),
-            };
-            send(&mut self.stream, &ack).map_err(sender_err)?;
+            send(
+                &mut self.stream,
+                &ack(seq, Status::Rejected(reason), timing),
+            )
+            .map_err(sender_err)?;
             return Err(IpcError::Rejected { reason });
         }
         self.last_seq = seq;
+        let full = mode == Mode::Full;
+        let t = Instant::now();
+        let drained = self.dev.drain();
+        timing.drain_ns = t.elapsed().as_nanos() as u64;
+        let t = Instant::now();
+        let sums = drained.and_then(|()| self.dev.checksum(&self.setup, &self.layout, seq, full));
+        timing.check_ns = t.elapsed().as_nanos() as u64;
+        let sums = match sums {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = send(
+                    &mut self.stream,
+                    &ack(seq, Status::Rejected(Reason::Device), timing),
+                );
+                return Err(e.into());
+            }
+        };
+        if let Err(reason) = check_sums(&widths, &sums) {
+            send(
+                &mut self.stream,
+                &ack(seq, Status::Rejected(reason), timing),
+            )
+            .map_err(sender_err)?;
+            return Err(IpcError::Rejected { reason });
+        }
+        let t = Instant::now();
         let done = match mode {
             Mode::Full => self.dev.full(&self.setup),
             Mode::Patch => self.dev.apply(&self.setup, &self.layout),
         };
+        timing.apply_ns = t.elapsed().as_nanos() as u64;
         if let Err(e) = done {
-            let ack = Message::Ack {
-                seq,
-                status: Status::Rejected(Reason::Device),
-            };
-            let _ = send(&mut self.stream, &ack);
+            let _ = send(
+                &mut self.stream,
+                &ack(seq, Status::Rejected(Reason::Device), timing),
+            );
             return Err(e.into());
         }
         self.installed = Some(version);
-        send(
-            &mut self.stream,
-            &Message::Ack {
-                seq,
-                status: Status::Applied,
-            },
-        )
-        .map_err(sender_err)?;
+        send(&mut self.stream, &ack(seq, Status::Applied, timing)).map_err(sender_err)?;
         Ok(version)
+    }
+}
+
+/// An ack of `seq`, stamped with the clock now.
+fn ack(seq: u64, status: Status, timing: Timing) -> Message {
+    Message::Ack {
+        seq,
+        status,
+        timing,
+        sent_ns: monotonic_ns(),
+    }
+}
+
+/// One wave of resident blocks of `kernel` for `width` (the driver's occupancy), at most one per tile: the
+/// grid of a grid-striding launch over `ntiles` tiles. Asked once per end and width, not per sync.
+fn wave(gpu: &Gpu, kernel: Kernel, width: usize, ntiles: u64) -> u32 {
+    let resident = gpu.sm_count() * gpu.blocks_per_sm(kernel, width, compact::BLOCK);
+    (ntiles as usize).min(resident).clamp(1, u32::MAX as usize) as u32
+}
+
+/// Where one `checksum_compact` launch reads (device addresses) and what it hashes.
+struct SumLaunch {
+    width: usize,
+    grid: u32,
+    /// `ApplyJob`s (`dst` unused, `dense_src` the snapshot copy) and how many.
+    jobs: u64,
+    njobs: u32,
+    ntiles: u64,
+    dir: u64,
+    idx: u64,
+    vals: u64,
+    capacity: u64,
+    seed: u64,
+    full: bool,
+    /// Two u64 words (sum, count), zeroed here before the launch.
+    out: u64,
+}
+
+/// Queue `l` on `stream`: zero its output words, launch.
+///
+/// # Safety
+/// Every address in `l` must be valid for the launch (the job table's snapshot addresses, the directory,
+/// index and value pool sized for `ntiles` tiles and `capacity` entries, 16 writable bytes at `out`) until it
+/// has run.
+unsafe fn queue_checksum(gpu: &Gpu, l: &SumLaunch, stream: Stream) -> Result<(), GpuError> {
+    let args = [
+        Arg::U64(l.jobs),
+        Arg::U32(l.njobs),
+        Arg::U64(l.ntiles),
+        Arg::U64(l.dir),
+        Arg::U64(l.idx),
+        Arg::U64(l.vals),
+        Arg::U64(l.capacity),
+        Arg::U64(l.seed),
+        Arg::U32(u32::from(l.full)),
+        Arg::U64(l.out),
+    ];
+    // SAFETY: forwarded to the caller; the arguments follow checksum_compact's signature.
+    unsafe {
+        gpu.zero_async(l.out, 16, stream)?;
+        gpu.launch(
+            Kernel::ChecksumCompact,
+            l.width,
+            l.grid,
+            compact::BLOCK,
+            &args,
+            stream,
+        )
+    }
+}
+
+/// The (sum, count) a `checksum_compact` launch left in 16 pinned bytes.
+fn read_sum(host: &PinnedBuf) -> PoolSum {
+    PoolSum {
+        sum: bytemuck::pod_read_unaligned::<u64>(&host[..8]),
+        count: bytemuck::pod_read_unaligned::<u64>(&host[8..16]),
     }
 }
 
@@ -924,6 +1227,12 @@ struct SenderWidth {
     jobs_host: PinnedBuf,
     cursor: DeviceBuf,
     cursor_host: PinnedBuf,
+    /// checksum_compact's job table (the snapshot copy as `dense_src`), output words and grid.
+    sum_jobs: DeviceBuf,
+    sum_jobs_host: PinnedBuf,
+    sum: DeviceBuf,
+    sum_host: PinnedBuf,
+    sum_grid: u32,
 }
 
 /// [`SenderDevice`] on CUDA: the state is the caller's CUDA tensors ([`CudaSender::set_state`] before each
@@ -1011,6 +1320,11 @@ impl SenderDevice for CudaSender {
                 jobs_host: gpu.pinned(jobs_bytes)?,
                 cursor: gpu.alloc(8)?,
                 cursor_host: gpu.pinned(8)?,
+                sum_jobs: gpu.alloc(jobs_bytes)?,
+                sum_jobs_host: gpu.pinned(jobs_bytes)?,
+                sum: gpu.alloc(16)?,
+                sum_host: gpu.pinned(16)?,
+                sum_grid: wave(gpu, Kernel::ChecksumCompact, width, layout.ntiles(width)),
             });
         }
         self.snapshot = Some(snap);
@@ -1035,7 +1349,12 @@ impl SenderDevice for CudaSender {
         self.gpu.sync(self.stream)
     }
 
-    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError> {
+    fn build(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError> {
         let state = self.state_of(layout)?.to_vec();
         let Some(snap) = self.snapshot.as_ref() else {
             return Ok(Vec::new());
@@ -1066,18 +1385,107 @@ impl SenderDevice for CudaSender {
                 gpu.queue_diff_compact(&launch, stream)?;
                 gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
             }
+            // The checksum of what was just built, on the same stream (after diff_compact), seeded with the
+            // sync's sequence number.
+            queue_sum(
+                gpu,
+                wb,
+                layout,
+                |pos| snap.addr() + offsets[pos],
+                seed,
+                false,
+                stream,
+            )?;
         }
         gpu.sync(stream)?;
         Ok(self
             .widths
             .iter()
-            .map(|wb| bytemuck::pod_read_unaligned::<u64>(&wb.cursor_host[..8]))
+            .map(|wb| WidthBuilt {
+                cursor: bytemuck::pod_read_unaligned::<u64>(&wb.cursor_host[..8]),
+                sum: read_sum(&wb.sum_host),
+            })
+            .collect())
+    }
+
+    fn snapshot_sum(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let (gpu, stream) = (&self.gpu, self.stream);
+        for wb in &mut self.widths {
+            queue_sum(
+                gpu,
+                wb,
+                layout,
+                |pos| snap.addr() + offsets[pos],
+                seed,
+                true,
+                stream,
+            )?;
+        }
+        gpu.sync(stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|wb| read_sum(&wb.sum_host))
             .collect())
     }
 
     fn device(&self) -> u32 {
         self.gpu.ordinal() as u32
     }
+}
+
+/// Queue the sender's `checksum_compact` of one width (its output, or with `full` the snapshot copy at
+/// `snap(pos)`) and the read back of its words; the launch.
+fn queue_sum(
+    gpu: &Gpu,
+    wb: &mut SenderWidth,
+    layout: &Layout,
+    snap: impl Fn(usize) -> u64,
+    seed: u64,
+    full: bool,
+    stream: Stream,
+) -> Result<(), GpuError> {
+    let jobs = layout.apply_jobs(wb.width, |pos| (0, snap(pos)));
+    let bytes = compact::as_bytes(&jobs);
+    wb.sum_jobs_host[..bytes.len()].copy_from_slice(bytes);
+    let (dir_off, idx_off, vals_off) = wb.offs;
+    let base = wb.out.addr();
+    let l = SumLaunch {
+        width: wb.width,
+        grid: wb.sum_grid,
+        jobs: wb.sum_jobs.addr(),
+        njobs: jobs.len() as u32,
+        ntiles: wb.ntiles,
+        dir: base + dir_off,
+        idx: base + idx_off,
+        vals: base + vals_off,
+        capacity: wb.capacity,
+        seed,
+        full,
+        out: wb.sum.addr(),
+    };
+    // SAFETY: rlsync's buffers sized for this layout (width_plan; 16 bytes of output words); the job table
+    // names this sender's snapshot copy; the pinned table and words are not touched again before the
+    // caller's stream sync.
+    unsafe {
+        gpu.write_async(
+            wb.sum_jobs.addr(),
+            wb.sum_jobs_host.as_ptr(),
+            bytes.len(),
+            stream,
+        )?;
+        queue_checksum(gpu, &l, stream)?;
+        gpu.read_async(wb.sum_host.as_mut_ptr(), wb.sum.addr(), 16, stream)?;
+    }
+    Ok(())
 }
 
 /// [`ReceiverDevice`] on CUDA: the receiver's CUDA tensors ([`CudaReceiver::set_tensors`] before each apply)
@@ -1088,7 +1496,20 @@ pub struct CudaReceiver {
     stream: Stream,
     /// Opened allocations: the snapshot first, then one per width (closed on drop).
     opened: Vec<u64>,
-    jobs: Vec<(DeviceBuf, PinnedBuf)>,
+    widths: Vec<ReceiverWidth>,
+}
+
+/// One width's launch state on a receiver's device.
+struct ReceiverWidth {
+    /// The `ApplyJob` table (also checksum_compact's: it ignores `dst`).
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+    /// checksum_compact's output words.
+    sum: DeviceBuf,
+    sum_host: PinnedBuf,
+    /// One wave of resident blocks of each kernel (asked once, at open).
+    apply_grid: u32,
+    sum_grid: u32,
 }
 
 impl CudaReceiver {
@@ -1098,7 +1519,7 @@ impl CudaReceiver {
             tensors: Vec::new(),
             stream: Stream::default(),
             opened: Vec::new(),
-            jobs: Vec::new(),
+            widths: Vec::new(),
         }
     }
 
@@ -1138,10 +1559,75 @@ impl ReceiverDevice for CudaReceiver {
         for w in &setup.widths {
             let n = setup.tensors.iter().filter(|t| t.width == w.width).count();
             let bytes = n * size_of::<compact::ApplyJob>();
-            self.jobs
-                .push((self.gpu.alloc(bytes)?, self.gpu.pinned(bytes)?));
+            let width = usize::from(w.width);
+            self.widths.push(ReceiverWidth {
+                jobs: self.gpu.alloc(bytes)?,
+                jobs_host: self.gpu.pinned(bytes)?,
+                sum: self.gpu.alloc(16)?,
+                sum_host: self.gpu.pinned(16)?,
+                apply_grid: wave(&self.gpu, Kernel::ApplyCompact, width, w.ntiles),
+                sum_grid: wave(&self.gpu, Kernel::ChecksumCompact, width, w.ntiles),
+            });
         }
         Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), GpuError> {
+        self.gpu.sync(self.stream)
+    }
+
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &Layout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let tensors = self.tensors_for(setup)?.to_vec();
+        let snap = self.opened[0];
+        for (k, w) in setup.widths.iter().enumerate() {
+            let width = usize::from(w.width);
+            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            let rw = &mut self.widths[k];
+            rw.jobs_host[..bytes.len()].copy_from_slice(bytes);
+            let base = self.opened[1 + k];
+            let l = SumLaunch {
+                width,
+                grid: rw.sum_grid,
+                jobs: rw.jobs.addr(),
+                njobs: jobs.len() as u32,
+                ntiles: w.ntiles,
+                dir: base + w.dir_off,
+                idx: base + w.idx_off,
+                vals: base + w.vals_off,
+                capacity: w.capacity,
+                seed,
+                full,
+                out: rw.sum.addr(),
+            };
+            // SAFETY: the job table names the sender's snapshot copy (checked against the layout at setup);
+            // the directory and pool (capacity entries) were checked to lie inside the opened allocation; the
+            // sender rewrites none of them before this ack; the pinned table and words stay untouched until
+            // the stream sync below.
+            unsafe {
+                self.gpu.write_async(
+                    rw.jobs.addr(),
+                    rw.jobs_host.as_ptr(),
+                    bytes.len(),
+                    self.stream,
+                )?;
+                queue_checksum(&self.gpu, &l, self.stream)?;
+                self.gpu
+                    .read_async(rw.sum_host.as_mut_ptr(), rw.sum.addr(), 16, self.stream)?;
+            }
+        }
+        self.gpu.sync(self.stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|rw| read_sum(&rw.sum_host))
+            .collect())
     }
 
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
@@ -1163,7 +1649,8 @@ impl ReceiverDevice for CudaReceiver {
             let width = usize::from(w.width);
             let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
             let bytes = compact::as_bytes(&jobs);
-            let (dev, host) = &mut self.jobs[k];
+            let rw = &mut self.widths[k];
+            let (dev, host) = (&rw.jobs, &mut rw.jobs_host);
             host[..bytes.len()].copy_from_slice(bytes);
             let base = self.opened[1 + k];
             let args = [
@@ -1175,11 +1662,7 @@ impl ReceiverDevice for CudaReceiver {
                 Arg::U64(base + w.vals_off),
             ];
             // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
-            let resident = self.gpu.sm_count()
-                * self
-                    .gpu
-                    .blocks_per_sm(Kernel::ApplyCompact, width, compact::BLOCK);
-            let grid = (w.ntiles as usize).min(resident).max(1) as u32;
+            let grid = rw.apply_grid;
             // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
             // against the layout at setup); the directory and pool were checked to lie inside the opened
             // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched

@@ -56,6 +56,7 @@ pub fn name(kernel: Kernel, width: usize) -> String {
         Kernel::DiffCompact => "diff_compact",
         Kernel::Scatter => "scatter",
         Kernel::ApplyCompact => "apply_compact",
+        Kernel::ChecksumCompact => "checksum_compact",
     };
     format!("{family}_w{width}")
 }
@@ -71,7 +72,7 @@ mod tests {
 
     #[test]
     fn the_embedded_ptx_defines_every_kernel_the_backend_loads() {
-        for k in [Kernel::DiffCompact, Kernel::Scatter, Kernel::ApplyCompact] {
+        for k in crate::gpu::KERNELS {
             for w in WIDTHS {
                 let entry = format!(".entry {}(", name(k, w));
                 assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");

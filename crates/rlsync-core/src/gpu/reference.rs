@@ -353,5 +353,135 @@ pub fn apply_compact(
     Ok(())
 }
 
+// -- checksum_compact (the GPU channel's pool checksum; s14/ipcsum) --
+
+/// `checksum_compact`'s output: the wrapping sum of the per-entry hashes and the count it saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolSum {
+    pub sum: u64,
+    pub count: u64,
+}
+
+/// The kernels' 64-bit mix (splitmix64's finalizer): a bijection of `u64`, so changing any bit of its input
+/// changes its output.
+pub fn mix64(mut z: u64) -> u64 {
+    z ^= z >> 30;
+    z = z.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^= z >> 27;
+    z = z.wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Marks the key of a tile hashed densely (an overflowing tile, or every tile of a full hash).
+pub const DENSE_KEY: u64 = 1 << 63;
+
+/// The per-launch key: the seed (the sync's sequence number) and the element width.
+fn launch_key(seed: u64, width: usize) -> u64 {
+    mix64(seed ^ ((width as u64) << 48))
+}
+
+/// One listed entry's hash: keyed by the tile it is listed under, its element's position in the width's tile
+/// space (`first_tile * TILE + element`, wrapping) and its value word(s) (both halves: old | new << 32, or
+/// the two words of an 8-byte element). Each step is a bijection, so any one changed input bit changes it.
+pub fn entry_hash(tile_key: u64, pos: u64, v0: u64, v1: u64) -> u64 {
+    mix64(mix64(mix64(tile_key ^ pos) ^ v0) ^ v1)
+}
+
+/// One densely hashed element's hash: its position and its value bits (zero-extended).
+pub fn dense_hash(tile_key: u64, pos: u64, v: u64) -> u64 {
+    mix64(mix64(tile_key ^ pos) ^ v)
+}
+
+/// `checksum_compact_w{width}`: per tile of `0..ntiles` (jobs as [`apply_compact`]'s; `dst` unused): with
+/// `full`, every element of the tile hashed from `dense_src` and counted; else the tile's directory entry
+/// counted (`count`, also for an overflowing tile), an overflowing tile's elements hashed from `dense_src`
+/// (none when it is 0), a listed tile's entries `offset .. offset + min(count, TILE)` below `capacity`
+/// hashed. The per-entry hashes are summed (wrapping): the sum does not depend on the pool's order.
+#[allow(clippy::too_many_arguments)]
+pub fn checksum_compact(
+    mem: &Memory,
+    width: usize,
+    jobs: &[ApplyJob],
+    ntiles: u64,
+    dir: &[TileDir],
+    idx: &[u32],
+    vals: &[u64],
+    capacity: u64,
+    seed: u64,
+    full: bool,
+) -> Result<PoolSum, ReferenceError> {
+    check_width(width)?;
+    let mut out = PoolSum::default();
+    if jobs.is_empty() {
+        return Ok(out);
+    }
+    if !full && (dir.len() as u64) < ntiles {
+        return Err(ReferenceError::Directory {
+            found: dir.len(),
+            expected: ntiles,
+        });
+    }
+    let key = launch_key(seed, width);
+    for tile in 0..ntiles {
+        let job = jobs[find_job(|j| jobs[j].first_tile, jobs.len(), tile)];
+        if tile < job.first_tile {
+            continue;
+        }
+        let t = tile - job.first_tile;
+        let start = t * TILE as u64;
+        if start >= job.numel {
+            continue;
+        }
+        let end = job.numel.min(start + TILE as u64);
+        let base = job.first_tile.wrapping_mul(TILE as u64);
+        let dense = |out: &mut PoolSum| -> Result<(), ReferenceError> {
+            if job.dense_src == 0 {
+                return Ok(());
+            }
+            let tkey = mix64(key ^ tile ^ DENSE_KEY);
+            for i in start..end {
+                let v = mem.load(job.dense_src, i, width)?;
+                out.sum = out
+                    .sum
+                    .wrapping_add(dense_hash(tkey, base.wrapping_add(i), v));
+            }
+            Ok(())
+        };
+        if full {
+            out.count += end - start;
+            dense(&mut out)?;
+            continue;
+        }
+        let d = dir[tile as usize];
+        out.count = out.count.wrapping_add(u64::from(d.count));
+        if d.flags & OVERFLOW != 0 {
+            dense(&mut out)?;
+            continue;
+        }
+        let tkey = mix64(key ^ tile);
+        let seg_base = (t / SEGMENT_TILES as u64) * SEGMENT as u64;
+        for k in 0..u64::from(d.count.min(TILE as u32)) {
+            let e = d.offset.wrapping_add(k);
+            if e >= capacity {
+                continue;
+            }
+            let at = usize::try_from(e).map_err(|_| ReferenceError::Pool { entry: e })?;
+            let words = if width == 8 {
+                vals.get(2 * at).zip(vals.get(2 * at + 1))
+            } else {
+                vals.get(at).map(|v| (v, &0))
+            };
+            let (Some(&rel), Some((&v0, &v1))) = (idx.get(at), words) else {
+                return Err(ReferenceError::Pool { entry: e });
+            };
+            let pos = base.wrapping_add(seg_base).wrapping_add(u64::from(rel));
+            out.sum = out.sum.wrapping_add(entry_hash(tkey, pos, v0, v1));
+        }
+    }
+    Ok(out)
+}
+
+// -- checksum_compact (end) --
+
 #[cfg(test)]
 mod tests;

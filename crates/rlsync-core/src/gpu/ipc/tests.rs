@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::*;
-use crate::gpu::reference::{self, Memory, Pool};
+use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 
 /// The simulated device of one host, and how many imports are open.
@@ -70,6 +70,31 @@ struct FakeSender {
     snap: u64,
     outs: Vec<WidthExport>,
     seed: u64,
+    /// Applied once to the simulated device after the next build's checksum (a corrupted pool).
+    corrupt: Option<Corruption>,
+}
+
+/// What a test corrupts in the device buffers between the sender's checksum and the receivers' reading.
+type Corruption = Box<dyn FnOnce(&mut Memory, &FakeSender) + Send>;
+
+/// The pool checksum (reference kernel) of one width's export: its output, or with `full` the snapshot copy.
+fn pool_sum(
+    mem: &Memory,
+    w: &WidthExport,
+    jobs: &[compact::ApplyJob],
+    seed: u64,
+    full: bool,
+) -> Result<PoolSum, GpuError> {
+    let width = usize::from(w.width);
+    let base = addr_of(&w.buf.handle)?;
+    let words = if width == 8 { 2 } else { 1 };
+    let dir: Vec<TileDir> = read_vec(mem, base + w.dir_off, w.ntiles)?;
+    let idx: Vec<u32> = read_vec(mem, base + w.idx_off, w.capacity)?;
+    let vals: Vec<u64> = read_vec(mem, base + w.vals_off, w.capacity * words)?;
+    reference::checksum_compact(
+        mem, width, jobs, w.ntiles, &dir, &idx, &vals, w.capacity, seed, full,
+    )
+    .map_err(|e| fake_error(e.to_string()))
 }
 
 impl SenderDevice for FakeSender {
@@ -113,8 +138,14 @@ impl SenderDevice for FakeSender {
         Ok(())
     }
 
-    fn build(&mut self, layout: &Layout, offsets: &[u64]) -> Result<Vec<u64>, GpuError> {
-        let mut h = lock(&self.host);
+    fn build(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError> {
+        let host = self.host.clone();
+        let mut h = lock(&host);
         self.seed += 1;
         let mut cursors = Vec::new();
         for w in &self.outs {
@@ -151,9 +182,31 @@ impl SenderDevice for FakeSender {
                     .map_err(|e| fake_error(e.to_string()))?
                     .copy_from_slice(bytes);
             }
-            cursors.push(cursor);
+            let sum_jobs = layout.apply_jobs(width, |pos| (0, self.snap + offsets[pos]));
+            let sum = pool_sum(&h.mem, w, &sum_jobs, seed, false)?;
+            cursors.push(WidthBuilt { cursor, sum });
+        }
+        if let Some(corrupt) = self.corrupt.take() {
+            corrupt(&mut h.mem, self);
         }
         Ok(cursors)
+    }
+
+    fn snapshot_sum(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let h = lock(&self.host);
+        self.outs
+            .iter()
+            .map(|w| {
+                let jobs =
+                    layout.apply_jobs(usize::from(w.width), |pos| (0, self.snap + offsets[pos]));
+                pool_sum(&h.mem, w, &jobs, seed, true)
+            })
+            .collect()
     }
 
     fn device(&self) -> u32 {
@@ -210,6 +263,30 @@ impl ReceiverDevice for FakeReceiver {
                 .map_err(|e| fake_error(e.to_string()))?;
         }
         Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), GpuError> {
+        Ok(())
+    }
+
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &Layout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let h = lock(&self.host);
+        setup
+            .widths
+            .iter()
+            .map(|w| {
+                let jobs = layout.apply_jobs(usize::from(w.width), |pos| {
+                    (self.tensors[pos], self.opened[0] + setup.offsets[pos])
+                });
+                pool_sum(&h.mem, w, &jobs, seed, full)
+            })
+            .collect()
     }
 
     fn device(&self) -> u32 {
@@ -296,6 +373,7 @@ fn sender(host: &Shared, path: &Path, n: usize) -> (IpcSender<FakeSender>, Vec<u
         snap: 0,
         outs: Vec::new(),
         seed: 0,
+        corrupt: None,
     };
     (IpcSender::bind(path, dev, layout(), n, T).unwrap(), state)
 }
@@ -539,6 +617,7 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
         snap: 0,
         outs: Vec::new(),
         seed: 0,
+        corrupt: None,
     };
     let l = layout();
     let (offsets, bytes) = snapshot_offsets(&l);
@@ -552,7 +631,7 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
         offsets: offsets.clone(),
         widths,
     };
-    let (mine, h) = receiver(&host, &path, 0, 6);
+    let (mine, h) = receiver(&host, &path, 0, 7);
     let mut s = raw_sender(&path, setup.clone());
     let before = contents(&host, &mine);
     let deadline = Instant::now() + T;
@@ -571,6 +650,7 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
                 width: w.width,
                 changes: c,
                 overflow: o,
+                checksum: 0, // the pool was never built: every directory entry and sum is 0
             })
             .collect()
     };
@@ -579,8 +659,24 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
             seq,
             version,
             mode,
+            sent_ns: 0,
             widths,
         })
+    };
+    // A full copy's widths: the snapshot copy's checksum under `seq`.
+    let full = |dev: &mut FakeSender, seq| -> Vec<WidthCount> {
+        let sums = dev.snapshot_sum(&l, &offsets, seq).unwrap();
+        setup
+            .widths
+            .iter()
+            .zip(sums)
+            .map(|(w, s)| WidthCount {
+                width: w.width,
+                changes: s.count,
+                overflow: false,
+                checksum: s.sum,
+            })
+            .collect()
     };
     // 1. a patch before the bootstrap;
     let st = ask(&mut s, sync(1, 1, Mode::Patch, counts(1, false)));
@@ -590,20 +686,26 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
     bad[4 + 8 + 9] ^= 1;
     assert_eq!(ask(&mut s, bad), Status::Rejected(Reason::Corrupt));
     assert_eq!(contents(&host, &mine), before, "nothing written");
-    // 3. the bootstrap;
-    assert_eq!(
-        ask(&mut s, sync(3, 5, Mode::Full, Vec::new())),
-        Status::Applied
+    // 2b. a full copy whose checksum was made under another sequence number (a stale snapshot's);
+    let stale = full(&mut dev, 2);
+    let st = ask(&mut s, sync(3, 5, Mode::Full, stale));
+    assert!(
+        matches!(st, Status::Rejected(Reason::Checksum { .. })),
+        "{st:?}"
     );
+    assert_eq!(contents(&host, &mine), before, "nothing written");
+    // 3. the bootstrap;
+    let widths = full(&mut dev, 4);
+    assert_eq!(ask(&mut s, sync(4, 5, Mode::Full, widths)), Status::Applied);
     assert_eq!(contents(&host, &mine), contents(&host, &state));
     let installed = contents(&host, &mine);
     // 4. a replayed sequence number; 5. a lower caller version under a newer sequence is applied (versions
     // only label the weights, as RLinf's runners use them); 6. an overflow flag that contradicts the counts.
-    let st = ask(&mut s, sync(3, 6, Mode::Patch, counts(0, false)));
-    assert_eq!(st, Status::Rejected(Reason::Stale { seq: 3, last: 3 }));
-    let st = ask(&mut s, sync(4, 4, Mode::Patch, counts(0, false)));
+    let st = ask(&mut s, sync(4, 6, Mode::Patch, counts(0, false)));
+    assert_eq!(st, Status::Rejected(Reason::Stale { seq: 4, last: 4 }));
+    let st = ask(&mut s, sync(5, 4, Mode::Patch, counts(0, false)));
     assert_eq!(st, Status::Applied);
-    let st = ask(&mut s, sync(5, 6, Mode::Patch, counts(1 << 40, false)));
+    let st = ask(&mut s, sync(6, 6, Mode::Patch, counts(1 << 40, false)));
     assert!(
         matches!(st, Status::Rejected(Reason::Capacity { .. })),
         "{st:?}"
@@ -615,16 +717,23 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
     );
     drop(s);
     let results = h.join().unwrap();
-    assert_eq!(results.len(), 6);
+    assert_eq!(results.len(), 7);
     assert!(
         results[0]
             .as_ref()
             .is_err_and(|e| e.contains("before the first full copy"))
     );
     assert!(results[1].as_ref().is_err_and(|e| e.contains("checksum")));
-    assert_eq!(results[2], Ok(5));
-    assert_eq!(results[4], Ok(4));
-    assert!(results[5].as_ref().is_err_and(|e| e.contains("changes")));
+    assert!(
+        results[2]
+            .as_ref()
+            .is_err_and(|e| e.contains("pool checksum") && e.contains("width")),
+        "{:?}",
+        results[2]
+    );
+    assert_eq!(results[3], Ok(5));
+    assert_eq!(results[5], Ok(4));
+    assert!(results[6].as_ref().is_err_and(|e| e.contains("changes")));
 }
 
 #[test]
@@ -777,4 +886,109 @@ fn a_receiver_that_never_acks_fails_its_sync_at_the_deadline_by_rank() {
     );
     assert!(tx.ranks().is_empty(), "the silent receiver was dropped");
     silent.join().unwrap();
+}
+
+/// Flip the bits `mask` of the byte at `at` of the simulated device.
+fn flip(mem: &mut Memory, at: u64, mask: u8) {
+    mem.write(at, 1).unwrap()[0] ^= mask;
+}
+
+fn export_of(dev: &FakeSender, width: u8) -> (WidthExport, u64) {
+    let w = *dev.outs.iter().find(|w| w.width == width).unwrap();
+    (w, addr_of(&w.buf.handle).unwrap())
+}
+
+#[test]
+fn a_corrupted_pool_is_rejected_by_its_checksum_the_tensors_untouched_and_the_next_sync_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 1);
+    let (r0, h0) = receiver(&host, &path, 0, 13);
+    tx.sync(1).unwrap();
+    // (stride of the large tensor's changes, the corruption, what the error names)
+    let cases: Vec<(usize, Corruption, &str)> = vec![
+        (
+            0,
+            // A bit of the first index entry of the 2-byte width (a used one: every tensor changed).
+            Box::new(|mem, dev| {
+                let (w, base) = export_of(dev, 2);
+                flip(mem, base + w.idx_off, 1 << 3);
+            }),
+            "pool checksum",
+        ),
+        (
+            0,
+            // A bit of the new half of the first value of the 4-byte width.
+            Box::new(|mem, dev| {
+                let (w, base) = export_of(dev, 4);
+                flip(mem, base + w.vals_off + 6, 0x10);
+            }),
+            "pool checksum",
+        ),
+        (
+            0,
+            // The count of the 8-byte width's only tile.
+            Box::new(|mem, dev| {
+                let (w, base) = export_of(dev, 8);
+                flip(mem, base + w.dir_off + 8, 1);
+            }),
+            "counted",
+        ),
+        (
+            8,
+            // A byte of the snapshot copy inside a tile that overflowed the pool (copied densely).
+            Box::new(|mem, dev| {
+                let (w, base) = export_of(dev, 1);
+                let dir: Vec<TileDir> = read_vec(mem, base + w.dir_off, w.ntiles).unwrap();
+                let tile = dir.iter().position(|d| d.flags & compact::OVERFLOW != 0);
+                let tile = tile.expect("the large tensor overflowed its pool") as u64;
+                let (offsets, _) = snapshot_offsets(&layout());
+                flip(mem, dev.snap + offsets[5] + tile * 4096 + 17, 0x40);
+            }),
+            "pool checksum",
+        ),
+    ];
+    let mut want = vec![Ok(1)];
+    let mut version = 1;
+    for (k, (stride, corrupt, named)) in cases.into_iter().enumerate() {
+        version += 1;
+        mutate(&host, &state, version, stride);
+        tx.device_mut().corrupt = Some(corrupt);
+        let before = contents(&host, &r0);
+        let err = tx.sync(version).expect_err("a corrupted pool is rejected");
+        assert!(
+            matches!(
+                err,
+                IpcError::Receiver {
+                    rank: 0,
+                    source: PeerError::Rejected(Reason::Checksum { .. } | Reason::Count { .. })
+                }
+            ),
+            "case {k}: {err:?}"
+        );
+        let chain = crate::error_chain(&err);
+        assert!(chain.contains(named), "case {k}: {chain}");
+        assert_eq!(contents(&host, &r0), before, "case {k}: tensors untouched");
+        assert_eq!(tx.ranks(), vec![0], "case {k}: the receiver stays");
+        want.push(Err(named));
+        // The next sync: a full copy of the current snapshot (the receiver holds the previous version), then
+        // the patch.
+        version += 1;
+        mutate(&host, &state, version, 0);
+        let rep = tx.sync(version).unwrap();
+        assert_eq!(rep.per_receiver.len(), 1);
+        assert_eq!(contents(&host, &r0), contents(&host, &state), "case {k}");
+        want.push(Ok(version - 1));
+        want.push(Ok(version));
+    }
+    let got = h0.join().unwrap();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        match (g, w) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b),
+            (Err(e), Err(named)) => assert!(e.contains(named), "{e}"),
+            _ => panic!("{got:?} vs {want:?}"),
+        }
+    }
 }

@@ -12,17 +12,25 @@
 //! - `Setup` (sender → receiver, once): pid u32, device u32, the snapshot export (handle 64 B, bytes u64),
 //!   ntensors u32, per tensor (numel u64, width u8, offset in the snapshot u64), nwidths u8, per width
 //!   (width u8, ntiles u64, capacity u64, handle 64 B, bytes u64, dir/idx/vals offsets u64 ×3).
-//! - `Refuse` (either way, at connect): reason code u16, detail u64.
+//! - `Refuse` (either way, at connect): reason code u16, details u64 ×3.
 //! - `Ready` (receiver → sender): rank u32 — the handles are open.
-//! - `Sync` (sender → receiver, per sync): seq u64, version u64, mode u8 (0 patch, 1 full copy), nwidths u8,
-//!   per width (width u8, changes u64, overflow u8).
+//! - `Sync` (sender → receiver, per sync): seq u64, version u64, mode u8 (0 patch, 1 full copy), sent_ns
+//!   u64 (the sender's CLOCK_MONOTONIC when it sent the message), nwidths u8, per width (width u8, changes
+//!   u64, overflow u8, pool checksum u64). A full copy lists every width too: changes = the width's elements.
 //! - `Ack` (receiver → sender, per sync): seq u64, status u8 (0 applied, 1 rejected), reason code u16,
-//!   detail u64, detail2 u64.
+//!   details u64 ×3, then the receiver's phases in ns ([`Timing`]: wake, drain, check, apply, each u64) and
+//!   sent_ns u64 (the receiver's CLOCK_MONOTONIC when it sent the ack; the host's clock is shared by its
+//!   processes, so the sender reads the ack's time in flight from it).
 //!
-//! What the checksum covers: each control message. The device buffers the messages describe (the directory,
-//! the pool, the snapshot copy) never leave the device and are not checksummed; the receiver checks that a
-//! sync's counts fit the capacities of the setup before any write, and the apply kernel never writes outside
-//! an entry's tile.
+//! What the checksums cover: the trailing xxh3 each control message. The device buffers a `Sync` describes
+//! never leave the device; they are covered by its per-width pool checksum: `checksum_compact`
+//! (`kernels/rlsync.cu`, reference `gpu/reference.rs`), seeded with the sync's sequence number, over the
+//! directory's counts, every listed entry (its position and value words, keyed by its tile) and every
+//! overflowing tile's elements in the sender's snapshot copy; for a full copy over every element of the
+//! snapshot copy. The sender runs it right after its build, each receiver on the opened buffers before it
+//! writes anything, and rejects the sync when the sum or the count differs ([`Reason::Checksum`],
+//! [`Reason::Count`]): a stale pool (an earlier sequence number), a flipped bit or an entry listed under
+//! another tile is caught before any write. Version 2 added the pool checksums and the timings.
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -31,7 +39,7 @@ use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 /// The first bytes of every body.
 pub const MAGIC: [u8; 4] = *b"RLCI";
 /// This layout's version; a peer speaking another one is refused.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 /// Largest body accepted (a setup of 100k tensors fits).
 pub const MAX_BODY: usize = 4 << 20;
 /// Header (magic, version, kind, zero) and checksum bytes of a body.
@@ -106,6 +114,21 @@ pub struct WidthCount {
     pub changes: u64,
     /// Some tile did not fit the pool (its elements are copied from the snapshot).
     pub overflow: bool,
+    /// The sender's `checksum_compact` of the width's output (or of its snapshot copy, for a full copy).
+    pub checksum: u64,
+}
+
+/// A receiver's phases of one sync, in nanoseconds (0 where a phase did not run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timing {
+    /// The sync's `sent_ns` (the sender's clock) → the receiver had read the whole message.
+    pub wake_ns: u64,
+    /// Waiting for the work already queued on the receiver's stream (the caller's) before rlsync's.
+    pub drain_ns: u64,
+    /// The pool checksum: launch, kernel, stream sync, read back.
+    pub check_ns: u64,
+    /// The install (apply_compact, or the full copy): launches, kernels, stream sync.
+    pub apply_ns: u64,
 }
 
 /// How a receiver installs a sync.
@@ -146,30 +169,56 @@ pub enum Reason {
     Exports { item: u64 },
     #[error("the receiver could not open the sender's buffers")]
     Open,
+    #[error(
+        "width {width}: the pool checksum is {found:#018x} on the receiver, the sender's is {expected:#018x} (the device buffers changed or are stale)"
+    )]
+    Checksum {
+        width: u64,
+        expected: u64,
+        found: u64,
+    },
+    #[error(
+        "width {width}: the receiver counted {found} changes in the pool, the sender announced {expected}"
+    )]
+    Count {
+        width: u64,
+        expected: u64,
+        found: u64,
+    },
 }
 
 impl Reason {
-    fn encode(&self) -> (u16, u64, u64) {
+    fn encode(&self) -> (u16, u64, u64, u64) {
         match *self {
-            Reason::Stale { seq, last } => (1, seq, last),
+            Reason::Stale { seq, last } => (1, seq, last, 0),
             // Code 2 (an older caller version) was retired: versions only label the weights.
-            Reason::Widths { found, expected } => (3, found, expected),
+            Reason::Widths { found, expected } => (3, found, expected, 0),
             Reason::Capacity {
                 width,
                 changes,
                 overflow,
-            } => (4, width, changes << 1 | (overflow & 1)),
-            Reason::NotBootstrapped => (5, 0, 0),
-            Reason::Corrupt => (6, 0, 0),
-            Reason::Device => (7, 0, 0),
-            Reason::Tensors { tensor, detail } => (8, tensor, detail),
-            Reason::Rank { rank } => (9, rank, 0),
-            Reason::Exports { item } => (10, item, 0),
-            Reason::Open => (11, 0, 0),
+            } => (4, width, changes, overflow),
+            Reason::NotBootstrapped => (5, 0, 0, 0),
+            Reason::Corrupt => (6, 0, 0, 0),
+            Reason::Device => (7, 0, 0, 0),
+            Reason::Tensors { tensor, detail } => (8, tensor, detail, 0),
+            Reason::Rank { rank } => (9, rank, 0, 0),
+            Reason::Exports { item } => (10, item, 0, 0),
+            Reason::Open => (11, 0, 0, 0),
+            Reason::Checksum {
+                width,
+                expected,
+                found,
+            } => (12, width, expected, found),
+            Reason::Count {
+                width,
+                expected,
+                found,
+            } => (13, width, expected, found),
         }
     }
 
-    fn decode(code: u16, a: u64, b: u64) -> Result<Reason, WireError> {
+    fn decode(code: u16, a: u64, b: u64, c: u64) -> Result<Reason, WireError> {
         Ok(match code {
             1 => Reason::Stale { seq: a, last: b },
             3 => Reason::Widths {
@@ -178,8 +227,8 @@ impl Reason {
             },
             4 => Reason::Capacity {
                 width: a,
-                changes: b >> 1,
-                overflow: b & 1,
+                changes: b,
+                overflow: c,
             },
             5 => Reason::NotBootstrapped,
             6 => Reason::Corrupt,
@@ -191,6 +240,16 @@ impl Reason {
             9 => Reason::Rank { rank: a },
             10 => Reason::Exports { item: a },
             11 => Reason::Open,
+            12 => Reason::Checksum {
+                width: a,
+                expected: b,
+                found: c,
+            },
+            13 => Reason::Count {
+                width: a,
+                expected: b,
+                found: c,
+            },
             other => {
                 return Err(WireError::Field {
                     field: "reason",
@@ -226,12 +285,33 @@ pub enum Message {
         seq: u64,
         version: u64,
         mode: Mode,
+        /// The sender's CLOCK_MONOTONIC at sending, in ns ([`monotonic_ns`]).
+        sent_ns: u64,
         widths: Vec<WidthCount>,
     },
     Ack {
         seq: u64,
         status: Status,
+        timing: Timing,
+        /// The receiver's CLOCK_MONOTONIC at sending, in ns.
+        sent_ns: u64,
     },
+}
+
+/// This host's CLOCK_MONOTONIC in ns (one clock for all its processes; 0 if it cannot be read).
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec owned by this frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    if rc != 0 {
+        return 0;
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 const K_HELLO: u8 = 1;
@@ -333,16 +413,18 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             }
         }
         Message::Refuse(r) => {
-            let (code, a, b) = r.encode();
+            let (code, a, b, c) = r.encode();
             o.u16(code);
             o.u64(a);
             o.u64(b);
+            o.u64(c);
         }
         Message::Ready { rank } => o.u32(*rank),
         Message::Sync {
             seq,
             version,
             mode,
+            sent_ns,
             widths,
         } => {
             o.u64(*seq);
@@ -351,23 +433,40 @@ pub fn encode(msg: &Message) -> Vec<u8> {
                 Mode::Patch => 0,
                 Mode::Full => 1,
             });
+            o.u64(*sent_ns);
             o.u8(u8::try_from(widths.len()).unwrap_or(u8::MAX));
             for w in widths {
                 o.u8(w.width);
                 o.u64(w.changes);
                 o.u8(u8::from(w.overflow));
+                o.u64(w.checksum);
             }
         }
-        Message::Ack { seq, status } => {
+        Message::Ack {
+            seq,
+            status,
+            timing,
+            sent_ns,
+        } => {
             o.u64(*seq);
-            let (st, (code, a, b)) = match status {
-                Status::Applied => (0, (0, 0, 0)),
+            let (st, (code, a, b, c)) = match status {
+                Status::Applied => (0, (0, 0, 0, 0)),
                 Status::Rejected(r) => (1, r.encode()),
             };
             o.u8(st);
             o.u16(code);
             o.u64(a);
             o.u64(b);
+            o.u64(c);
+            for v in [
+                timing.wake_ns,
+                timing.drain_ns,
+                timing.check_ns,
+                timing.apply_ns,
+            ] {
+                o.u64(v);
+            }
+            o.u64(*sent_ns);
         }
     }
     let sum = xxh3_64(&o.0[4..]);
@@ -559,8 +658,8 @@ pub fn decode(body: &[u8]) -> Result<Message, WireError> {
         }
         K_REFUSE => {
             let code = i.u16()?;
-            let (a, b) = (i.u64()?, i.u64()?);
-            Message::Refuse(Reason::decode(code, a, b)?)
+            let (a, b, c) = (i.u64()?, i.u64()?, i.u64()?);
+            Message::Refuse(Reason::decode(code, a, b, c)?)
         }
         K_READY => Message::Ready { rank: i.u32()? },
         K_SYNC => {
@@ -575,6 +674,7 @@ pub fn decode(body: &[u8]) -> Result<Message, WireError> {
                     });
                 }
             };
+            let sent_ns = i.u64()?;
             let nw = i.u8()?;
             if nw > 4 {
                 return Err(WireError::Field {
@@ -600,12 +700,14 @@ pub fn decode(body: &[u8]) -> Result<Message, WireError> {
                     width,
                     changes,
                     overflow,
+                    checksum: i.u64()?,
                 });
             }
             Message::Sync {
                 seq,
                 version,
                 mode,
+                sent_ns,
                 widths,
             }
         }
@@ -613,10 +715,10 @@ pub fn decode(body: &[u8]) -> Result<Message, WireError> {
             let seq = i.u64()?;
             let st = i.u8()?;
             let code = i.u16()?;
-            let (a, b) = (i.u64()?, i.u64()?);
+            let (a, b, c) = (i.u64()?, i.u64()?, i.u64()?);
             let status = match st {
                 0 => Status::Applied,
-                1 => Status::Rejected(Reason::decode(code, a, b)?),
+                1 => Status::Rejected(Reason::decode(code, a, b, c)?),
                 s => {
                     return Err(WireError::Field {
                         field: "status",
@@ -624,7 +726,18 @@ pub fn decode(body: &[u8]) -> Result<Message, WireError> {
                     });
                 }
             };
-            Message::Ack { seq, status }
+            let timing = Timing {
+                wake_ns: i.u64()?,
+                drain_ns: i.u64()?,
+                check_ns: i.u64()?,
+                apply_ns: i.u64()?,
+            };
+            Message::Ack {
+                seq,
+                status,
+                timing,
+                sent_ns: i.u64()?,
+            }
         }
         other => return Err(WireError::Kind { found: other }),
     };
@@ -690,16 +803,19 @@ mod tests {
                 seq: 12,
                 version: u64::MAX,
                 mode: Mode::Patch,
+                sent_ns: 123_456_789,
                 widths: vec![
                     WidthCount {
                         width: 2,
                         changes: 77,
                         overflow: false,
+                        checksum: 0xdead_beef_0123_4567,
                     },
                     WidthCount {
                         width: 8,
                         changes: 1 << 40,
                         overflow: true,
+                        checksum: u64::MAX,
                     },
                 ],
             },
@@ -707,11 +823,24 @@ mod tests {
                 seq: 1,
                 version: 0,
                 mode: Mode::Full,
-                widths: vec![],
+                sent_ns: 0,
+                widths: vec![WidthCount {
+                    width: 4,
+                    changes: 1000,
+                    overflow: false,
+                    checksum: 5,
+                }],
             },
             Message::Ack {
                 seq: 12,
                 status: Status::Applied,
+                timing: Timing {
+                    wake_ns: 1,
+                    drain_ns: 2,
+                    check_ns: 3,
+                    apply_ns: u64::MAX,
+                },
+                sent_ns: 99,
             },
             Message::Ack {
                 seq: 13,
@@ -720,10 +849,34 @@ mod tests {
                     changes: 5,
                     overflow: 1,
                 }),
+                timing: Timing::default(),
+                sent_ns: 0,
             },
             Message::Ack {
                 seq: 13,
                 status: Status::Rejected(Reason::Stale { seq: 4, last: 9 }),
+                timing: Timing::default(),
+                sent_ns: 7,
+            },
+            Message::Ack {
+                seq: 14,
+                status: Status::Rejected(Reason::Checksum {
+                    width: 2,
+                    expected: 0x0123_4567_89ab_cdef,
+                    found: 17,
+                }),
+                timing: Timing::default(),
+                sent_ns: 7,
+            },
+            Message::Ack {
+                seq: 15,
+                status: Status::Rejected(Reason::Count {
+                    width: 8,
+                    expected: 10,
+                    found: 11,
+                }),
+                timing: Timing::default(),
+                sent_ns: 7,
             },
         ]
     }
@@ -778,9 +931,9 @@ mod tests {
     #[test]
     fn well_sealed_but_wrong_bodies_name_what_is_wrong() {
         let mut c = MAGIC.to_vec();
-        c.extend_from_slice(&2u16.to_le_bytes());
+        c.extend_from_slice(&1u16.to_le_bytes()); // the previous version (no pool checksums)
         c.extend_from_slice(&[K_READY, 0, 1, 0, 0, 0]);
-        assert_eq!(decode(&sealed(&c)), Err(WireError::Version { found: 2 }));
+        assert_eq!(decode(&sealed(&c)), Err(WireError::Version { found: 1 }));
         c[4..6].copy_from_slice(&WIRE_VERSION.to_le_bytes());
         c[6] = 42;
         assert_eq!(decode(&sealed(&c)), Err(WireError::Kind { found: 42 }));
@@ -797,15 +950,17 @@ mod tests {
             seq: 1,
             version: 1,
             mode: Mode::Patch,
+            sent_ns: 0,
             widths: vec![WidthCount {
                 width: 2,
                 changes: 0,
                 overflow: false,
+                checksum: 0,
             }],
         })[4..]
             .to_vec();
         s.truncate(s.len() - CHECKSUM);
-        s[8 + 18] = 3;
+        s[8 + 26] = 3;
         assert_eq!(
             decode(&sealed(&s)),
             Err(WireError::Field {

@@ -435,3 +435,169 @@ fn reference_refuses_bad_tables_without_panicking() {
     );
     assert!(mem.buffer(a + 1).is_none());
 }
+
+// -- checksum_compact (s14/ipcsum) --
+
+/// checksum_compact over one width's output of a build (`full`: over the snapshot copies), in `mem`.
+fn pool_sum(b: &GpuBuild, mem: &Memory, o: &Output, seed: u64, full: bool) -> PoolSum {
+    let (width, dir, idx, vals) = o;
+    let jobs = b.layout.apply_jobs(*width, |p| (0, b.snap[p]));
+    let ntiles = b.layout.ntiles(*width);
+    let cap = idx.len() as u64;
+    checksum_compact(mem, *width, &jobs, ntiles, dir, idx, vals, cap, seed, full).unwrap()
+}
+
+/// Where element `i` of the tile `tile` of one width lives: (snapshot address, element index), if the tile
+/// holds an element at offset `k`.
+fn tile_element(b: &GpuBuild, width: usize, tile: u64, k: u64) -> Option<(u64, u64)> {
+    let t = b
+        .layout
+        .tensors_of(width)
+        .filter(|t| t.first_tile <= tile)
+        .last()?;
+    let i = (tile - t.first_tile) * TILE as u64 + k;
+    (i < t.numel).then_some((b.snap[t.pos], i))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 32, ..Default::default() })]
+
+    /// The sum does not depend on the order the tiles took their places in the pool; it counts every
+    /// change; any flipped bit of a used index or value entry, of an overflowing tile's snapshot bytes (or
+    /// of any snapshot byte in full mode) changes it; another seed (a stale pool) changes it.
+    #[test]
+    fn the_pool_checksum_ignores_the_pool_order_and_catches_flips_and_stale_pools(
+        tensors in proptest::collection::vec(
+            (
+                proptest::sample::select(DTYPES.to_vec()),
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![1usize, 17, 4096, 4097, 8192 + 64]),
+                    1usize..12_000,
+                ],
+                proptest::prop_oneof![proptest::strategy::Just(1000u64), 1u64..400],
+            ),
+            1..4,
+        ),
+        overflow in proptest::prelude::any::<bool>(),
+        seed in proptest::prelude::any::<u64>(),
+        pick in proptest::prelude::any::<u64>(),
+    ) {
+        let mut r = Rng(seed | 1);
+        let pairs: Vec<Pair> = tensors.iter().map(|&(d, n, dens)| pair(d, n, dens, &mut r)).collect();
+        let cap = |changes: usize| if overflow { changes / 2 } else { changes };
+        let a = gpu_build(&pairs, cap, seed);
+        let other = (!overflow).then(|| gpu_build(&pairs, cap, seed ^ 0x9e37_79b9_7f4a_7c15));
+        let sseq = pick | 1;
+        for (k, o) in a.out.iter().enumerate() {
+            let (width, dir, ..) = o;
+            let s = pool_sum(&a, &a.mem, o, sseq, false);
+            let changes: u64 = dir.iter().map(|d| u64::from(d.count)).sum();
+            proptest::prop_assert_eq!(s.count, changes);
+            if let Some(b) = &other {
+                // Another reservation order, the same changes: the same sum.
+                proptest::prop_assert_eq!(pool_sum(b, &b.mem, &b.out[k], sseq, false), s);
+            }
+            if changes > 0 {
+                proptest::prop_assert_ne!(pool_sum(&a, &a.mem, o, sseq + 1, false).sum, s.sum, "stale seed");
+            }
+            // A used entry (listed by a tile that did not overflow).
+            let used: Vec<u64> = dir
+                .iter()
+                .filter(|d| d.flags & OVERFLOW == 0)
+                .flat_map(|d| d.offset..d.offset + u64::from(d.count))
+                .collect();
+            if !used.is_empty() {
+                let e = used[(pick % used.len() as u64) as usize] as usize;
+                let mut bad = o.clone();
+                bad.2[e] ^= 1 << ((pick >> 8) % 32);
+                proptest::prop_assert_ne!(pool_sum(&a, &a.mem, &bad, sseq, false).sum, s.sum, "idx flip");
+                let per = if *width == 8 { 2 } else { 1 };
+                let mut bad = o.clone();
+                bad.3[e * per + (pick >> 16) as usize % per] ^= 1 << ((pick >> 24) % 64);
+                proptest::prop_assert_ne!(pool_sum(&a, &a.mem, &bad, sseq, false).sum, s.sum, "vals flip");
+            }
+            // A byte of the snapshot inside an overflowing tile.
+            let over: Vec<u64> = (0..dir.len() as u64)
+                .filter(|&t| dir[t as usize].flags & OVERFLOW != 0)
+                .collect();
+            if !over.is_empty() {
+                let tile = over[(pick % over.len() as u64) as usize];
+                let k = (pick >> 12) % TILE as u64;
+                let at = tile_element(&a, *width, tile, k).or_else(|| tile_element(&a, *width, tile, 0));
+                let (addr, i) = at.unwrap();
+                let mut mem = a.mem.clone();
+                let byte = (pick >> 40) % *width as u64;
+                mem.write(addr + i * *width as u64 + byte, 1).unwrap()[0] ^= 1 << ((pick >> 48) % 8);
+                proptest::prop_assert_ne!(pool_sum(&a, &mem, o, sseq, false).sum, s.sum, "snapshot flip");
+            }
+            // Full mode: every element counted; any snapshot byte flipped changes the sum.
+            let f = pool_sum(&a, &a.mem, o, sseq, true);
+            let elements: u64 = a.layout.tensors_of(*width).map(|t| t.numel).sum();
+            proptest::prop_assert_eq!(f.count, elements);
+            let tile = pick % a.layout.ntiles(*width);
+            if let Some((addr, i)) = tile_element(&a, *width, tile, 0) {
+                let mut mem = a.mem.clone();
+                mem.write(addr + i * *width as u64, 1).unwrap()[0] ^= 1 << ((pick >> 56) % 8);
+                proptest::prop_assert_ne!(pool_sum(&a, &mem, o, sseq, true).sum, f.sum, "full flip");
+            }
+        }
+    }
+}
+
+/// The kernel's mix is splitmix64's finalizer (the constants the CUDA source names).
+#[test]
+fn the_checksum_mix_is_splitmix64s_finalizer() {
+    assert_eq!(mix64(0), 0);
+    // splitmix64's first output for state 0 is mix64(0x9e3779b97f4a7c15).
+    assert_eq!(mix64(0x9e37_79b9_7f4a_7c15), 0xe220_a839_7b1d_cdaf);
+    let jobs: [ApplyJob; 0] = [];
+    let none = checksum_compact(&Memory::default(), 3, &jobs, 0, &[], &[], &[], 0, 1, false);
+    assert_eq!(none, Err(ReferenceError::Width { width: 3 }));
+}
+
+/// A fixed case whose sums scripts/kernel_check.cpp's host model gives too (checked once by compiling its
+/// `host_checksum` on the host): the reference, the host model and so the kernel agree on the bits.
+#[test]
+fn the_checksum_of_a_fixed_case_is_the_host_models() {
+    let mut mem = Memory::default();
+    let bytes: Vec<u8> = (0..5000u64)
+        .flat_map(|i| ((i * 7) as u16).to_le_bytes())
+        .collect();
+    let snap = mem.alloc(&bytes);
+    let jobs = [ApplyJob {
+        dst: 0,
+        dense_src: snap,
+        numel: 5000,
+        first_tile: 0,
+    }];
+    let dir = [
+        TileDir {
+            offset: 0,
+            count: 2,
+            flags: 0,
+        },
+        TileDir {
+            offset: 0,
+            count: 3,
+            flags: OVERFLOW,
+        },
+    ];
+    let (idx, vals) = ([5u32, 9], [1u64 | 2 << 32, 3 | 4 << 32]);
+    let sum = |full| checksum_compact(&mem, 2, &jobs, 2, &dir, &idx, &vals, 2, 9, full).unwrap();
+    assert_eq!(
+        sum(false),
+        PoolSum {
+            sum: 16_238_565_130_935_273_433,
+            count: 5
+        }
+    );
+    assert_eq!(
+        sum(true),
+        PoolSum {
+            sum: 690_631_777_124_157_587,
+            count: 5000
+        }
+    );
+}
+
+// -- checksum_compact (end) --
