@@ -353,5 +353,7 @@ pub fn apply_compact(
     Ok(())
 }
 
+pub mod cast;
+
 #[cfg(test)]
 mod tests;
