@@ -66,7 +66,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
-pub use offload::{PatchBuilder, PatchInstaller};
+pub use offload::{BucketStager, PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};
@@ -138,6 +138,9 @@ pub enum SyncError {
     Config { reason: String },
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+    /// A bucket could not be packed or unpacked on the device (`bucket_device: cuda`).
+    #[error(transparent)]
+    BucketDevice(crate::gpu::bucket::BucketDeviceError),
     #[error(
         "{setting}: {value} needs a GPU path that rlsync's CUDA backend does not have yet (it syncs CUDA tensors with snapshot_device cpu or cuda); use {instead}"
     )]

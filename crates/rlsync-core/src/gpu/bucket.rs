@@ -175,18 +175,43 @@ pub trait BucketDevice: Send {
         body_len: usize,
     ) -> Result<(), BucketDeviceError>;
     /// Wait for slot `slot`'s pack; the bucket body's bytes (tensors at their offsets; the table and the
-    /// padding are not the device's to write, the host fill writes them).
-    fn finish_pack(&mut self, slot: usize) -> Result<&[u8], BucketDeviceError>;
+    /// padding are not the device's to write, the host fill writes them). Hand the body back with
+    /// [`BucketDevice::recycle`] once sent, so the slot's pinned buffer is reused.
+    fn finish_pack(&mut self, slot: usize) -> Result<HostBody, BucketDeviceError>;
+    /// Give a body [`BucketDevice::finish_pack`] returned back to slot `slot`.
+    fn recycle(&mut self, slot: usize, body: HostBody);
     /// Upload `body` (a verified bucket body) and unpack `jobs` from it into their tensors, cast to the
     /// tensors' dtypes, on the caller's stream (waited for: `body` may be reused when this returns).
     fn unpack(&mut self, body: &[u8], jobs: &[BucketJob]) -> Result<(), BucketDeviceError>;
+}
+
+/// A packed bucket body in host memory: a pinned buffer (CUDA) or a vector (reference), `len` bytes used.
+pub struct HostBody {
+    buf: HostBuf,
+    len: usize,
+}
+
+enum HostBuf {
+    Pinned(super::PinnedBuf),
+    Vec(Vec<u8>),
+}
+
+impl std::ops::Deref for HostBody {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        let all: &[u8] = match &self.buf {
+            HostBuf::Pinned(p) => p,
+            HostBuf::Vec(v) => v,
+        };
+        all.get(..self.len).unwrap_or(all)
+    }
 }
 
 /// A staging slot on the reference memory.
 #[derive(Default)]
 struct RefSlot {
     buffer: Option<(u64, usize)>,
-    host: Vec<u8>,
+    host: Option<Vec<u8>>,
     packed: bool,
 }
 
@@ -228,20 +253,30 @@ impl BucketDevice for ReferenceBucketDevice {
         let (cast, total) = table(jobs, addr, body_len, Direction::Pack)?;
         super::reference::cast::cast_gather(&mut self.mem, &cast, total)?;
         self.launches += 1;
-        s.host.clear();
-        s.host
-            .extend_from_slice(self.mem.read(addr, body_len as u64)?);
+        let host = s.host.get_or_insert_default();
+        host.clear();
+        host.extend_from_slice(self.mem.read(addr, body_len as u64)?);
         s.packed = true;
         Ok(())
     }
 
-    fn finish_pack(&mut self, slot: usize) -> Result<&[u8], BucketDeviceError> {
+    fn finish_pack(&mut self, slot: usize) -> Result<HostBody, BucketDeviceError> {
         match self.slots.get_mut(slot) {
             Some(s) if s.packed => {
                 s.packed = false;
-                Ok(&s.host)
+                let v = s.host.take().unwrap_or_default();
+                Ok(HostBody {
+                    len: v.len(),
+                    buf: HostBuf::Vec(v),
+                })
             }
             _ => Err(BucketDeviceError::Slot { slot }),
+        }
+    }
+
+    fn recycle(&mut self, slot: usize, body: HostBody) {
+        if let (Some(s), HostBuf::Vec(v)) = (self.slots.get_mut(slot), body.buf) {
+            s.host = Some(v);
         }
     }
 
@@ -375,21 +410,28 @@ impl BucketDevice for CudaBucketDevice {
         queued
     }
 
-    fn finish_pack(&mut self, slot: usize) -> Result<&[u8], BucketDeviceError> {
-        let len = self
-            .slots
-            .get(slot)
-            .and_then(|s| s.packed)
-            .ok_or(BucketDeviceError::Slot { slot })?;
-        self.gpu.sync(self.stream)?;
+    fn finish_pack(&mut self, slot: usize) -> Result<HostBody, BucketDeviceError> {
         let s = self
             .slots
             .get_mut(slot)
             .ok_or(BucketDeviceError::Slot { slot })?;
+        let len = s.packed.ok_or(BucketDeviceError::Slot { slot })?;
+        // Waits for this slot's pack and copy (and nothing queued after them: the next bucket's pack is
+        // queued only after this returns, so it runs while this body is hashed and sent).
+        self.gpu.sync(self.stream)?;
         s.packed = None;
-        match &s.host {
-            Some(h) => Ok(&h[..len]),
+        match s.host.take() {
+            Some(h) => Ok(HostBody {
+                buf: HostBuf::Pinned(h),
+                len,
+            }),
             None => Err(BucketDeviceError::Slot { slot }),
+        }
+    }
+
+    fn recycle(&mut self, slot: usize, body: HostBody) {
+        if let (Some(s), HostBuf::Pinned(p)) = (self.slots.get_mut(slot), body.buf) {
+            s.host = Some(p);
         }
     }
 

@@ -21,10 +21,9 @@ fn two_slots_hold_two_buckets_and_a_slot_is_read_once() {
     let b = job(&mut dev.mem, &[3.0], 16);
     dev.begin_pack(0, &[a], 12).unwrap();
     dev.begin_pack(1, &[b], 18).unwrap();
-    assert_eq!(
-        dev.finish_pack(0).unwrap(),
-        &[0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x3F, 0x00, 0x40]
-    );
+    let body = dev.finish_pack(0).unwrap();
+    assert_eq!(&*body, &[0, 0, 0, 0, 0, 0, 0, 0, 0x80, 0x3F, 0x00, 0x40]);
+    dev.recycle(0, body);
     let body = dev.finish_pack(1).unwrap();
     assert_eq!((body.len(), &body[16..]), (18, &[0x40u8, 0x40][..]));
     assert!(matches!(
