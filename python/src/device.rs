@@ -11,11 +11,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 
+use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
 use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
-use rlsync_core::syncer::settings::SyncerKind;
+use rlsync_core::syncer::BucketStager;
+use rlsync_core::syncer::settings::{Device, SyncerKind};
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::tensor::borrowed::check_device_memory;
@@ -133,6 +135,48 @@ pub(crate) fn attach_builder(
     let differ = GpuDiffer::new(g.gpu.clone(), sender.snapshot_device(), g.current.clone());
     g.on_device = sender.set_patch_builder(Box::new(differ));
     g.on_device
+}
+
+/// A bucket sender's device staging: packs on the state's GPU, at the addresses and on the stream of the
+/// operation about to run.
+struct CudaStager {
+    dev: CudaBucketDevice,
+    current: Arc<Mutex<DeviceState>>,
+}
+
+impl BucketStager for CudaStager {
+    fn addr(&self, key: &str) -> Option<u64> {
+        let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        cur.addrs.get(key).copied()
+    }
+
+    fn device(&mut self) -> &mut dyn BucketDevice {
+        self.dev.stream = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stream;
+        &mut self.dev
+    }
+}
+
+/// After `init_sender`: a bucket sender with `bucket_device: cuda` whose state has CUDA tensors packs their
+/// buckets on the GPU (cast to the wire dtype there) into pinned buffers; its CPU tensors are read on the
+/// host. Without CUDA tensors (no device side) buckets are staged on the host. Returns whether it attached.
+pub(crate) fn attach_stager(side: &Option<SharedSide>, sender: &mut SyncSender) -> bool {
+    let Some(s) = side else {
+        return false;
+    };
+    if sender.kind() != SyncerKind::Bucket || sender.bucket_device() != Device::Cuda {
+        return false;
+    }
+    let g = lock(s);
+    let stager = CudaStager {
+        dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
+        current: g.current.clone(),
+    };
+    drop(g);
+    sender.set_bucket_stager(Box::new(stager))
 }
 
 /// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device.

@@ -586,6 +586,7 @@ impl NativeSyncer {
                 Ok((mut end, report)) => {
                     end.set_bound(None);
                     device::attach_builder(&dev, &mut end, &st.state);
+                    device::attach_stager(&dev, &mut end);
                     out(End::Sender(end), Ok(Some(report)))
                 }
                 Err(e) => OpOut {
@@ -796,8 +797,10 @@ impl NativeSyncer {
         let (st, keep) = borrow(tensors)?;
         let mut sender = this.take("sync", EndKind::Sender, sender)?;
         let fut = async move {
-            // A device build reads the CUDA tensors themselves; the host path reads their copies.
+            // A device build reads the CUDA tensors themselves, and so does a device bucket pack (unless a
+            // rejoin or the kept copy of the last version needs the host view); the host path reads copies.
             if !device::on_device(&dev)
+                && sender.needs_host_view()
                 && let Err(e) = device::pull(&dev)
             {
                 return out(End::Sender(sender), Err(e.into()));

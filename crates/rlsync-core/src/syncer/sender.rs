@@ -519,6 +519,19 @@ impl SyncSender {
         &self.recv_dtypes
     }
 
+    /// Whether the next sync may read the state dict's host view beyond dtypes and sizes (a binding keeps its
+    /// host copies of CUDA tensors fresh when it does): `false` only for a bucket sender whose stager packs
+    /// the buckets from the device, that keeps no copy of the last version and whose channel nobody joins
+    /// late (a rejoin sends the state from the host view).
+    pub fn needs_host_view(&self) -> bool {
+        match &self.strategy {
+            SenderStrategy::Bucket(b) => {
+                b.stager.is_none() || self.settings.keep_last || self.ch.is_elastic()
+            }
+            SenderStrategy::Patch(_) => true,
+        }
+    }
+
     /// `weight_syncer.bucket.bucket_device`: where a device backend should stage buckets.
     pub fn bucket_device(&self) -> settings::Device {
         self.settings.bucket_device

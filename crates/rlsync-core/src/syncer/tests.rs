@@ -773,8 +773,10 @@ fn unsupported_devices_and_nvcomp_are_clear_errors() {
         "weight_syncer.patch.transport_device",
     );
     // Buckets on the GPU are accepted (host tensors are staged on the host, CUDA ones through the binding).
-    let mut c = WeightSyncerConfig::default();
-    c.kind = SyncerKind::Bucket;
+    let mut c = WeightSyncerConfig {
+        kind: SyncerKind::Bucket,
+        ..Default::default()
+    };
     c.bucket.bucket_device = Device::Cuda;
     let made = WeightSyncer::from_config(&c, SyncOptions::default()).unwrap();
     assert_eq!(made.settings.bucket_device, Device::Cuda);

@@ -37,7 +37,7 @@ const SPECS: [(&str, DType, usize, DType, bool); 7] = [
 ];
 
 fn values(d: DType, n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed * 0x9E37_79B9 | 1;
+    let mut x = (seed * 0x9E37_79B9) | 1;
     let mut out = Vec::with_capacity(n * d.size_bytes());
     for i in 0..n {
         x ^= x << 13;
