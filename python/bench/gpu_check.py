@@ -1000,6 +1000,11 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
                 empty_checks += 1
         res["syncs_done"] = done
         res["empty_patch_checks"] = empty_checks
+        if kind == "bucket" and device == "cuda" and not ctx.cpu:
+            # The GPU pack ran (not the host staging of CUDA tensors).
+            res["sender_device_path"] = tx.last_report().get("device")
+            if res["sender_device_path"] != "cuda (device bucket pack)":
+                failures.append(f"bucket_device='cuda' sender ran {res['sender_device_path']!r}, not the GPU pack")
         res["sync_median_s"] = median(t_sync)
         res["last_sender_report"] = tx.last_report()
         # A payload corrupted in flight: rejected, the receiver's weights and version untouched.

@@ -36,6 +36,8 @@ pub(crate) struct DeviceSide {
     /// Patches are built (sender) or installed (receiver) on the device: the operation neither pulls nor
     /// pushes the host copies (they go stale until an operation that reads them pulls).
     on_device: bool,
+    /// A bucket sender packs its CUDA tensors' buckets on the GPU (`bucket_device: cuda`, [`attach_stager`]).
+    bucket_pack: bool,
 }
 
 /// Shared between a syncer and its running op (one op at a time).
@@ -101,6 +103,11 @@ pub(crate) fn push(side: &Option<SharedSide>) -> Result<(), GpuError> {
 /// Whether patches are built or installed on the device (the host copies stay out of the operation).
 pub(crate) fn on_device(side: &Option<SharedSide>) -> bool {
     side.as_ref().is_some_and(|s| lock(s).on_device)
+}
+
+/// Whether a bucket sender packs its buckets on the GPU.
+pub(crate) fn bucket_pack(side: &Option<SharedSide>) -> bool {
+    side.as_ref().is_some_and(|s| lock(s).bucket_pack)
 }
 
 /// The CUDA tensors' addresses cover every synced key.
@@ -170,13 +177,13 @@ pub(crate) fn attach_stager(side: &Option<SharedSide>, sender: &mut SyncSender) 
     if sender.kind() != SyncerKind::Bucket || sender.bucket_device() != Device::Cuda {
         return false;
     }
-    let g = lock(s);
+    let mut g = lock(s);
     let stager = CudaStager {
         dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
         current: g.current.clone(),
     };
-    drop(g);
-    sender.set_bucket_stager(Box::new(stager))
+    g.bucket_pack = sender.set_bucket_stager(Box::new(stager));
+    g.bucket_pack
 }
 
 /// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device.
@@ -298,12 +305,12 @@ pub(crate) fn stage(
         };
         let mirror = Mirror::new(&gpu, unique).map_err(|e| gpu_error(&e))?;
         // A side that existed keeps its address table (a device build or install holds it).
-        let (current, on_device) = match side.as_ref() {
+        let (current, on_device, bucket_pack) = match side.as_ref() {
             Some(s) => {
                 let g = lock(s);
-                (g.current.clone(), g.on_device)
+                (g.current.clone(), g.on_device, g.bucket_pack)
             }
-            None => (Arc::new(Mutex::new(DeviceState::default())), false),
+            None => (Arc::new(Mutex::new(DeviceState::default())), false, false),
         };
         {
             let mut cur = current.lock().unwrap_or_else(|p| p.into_inner());
@@ -315,6 +322,7 @@ pub(crate) fn stage(
             mirror,
             current,
             on_device,
+            bucket_pack,
         })));
     }
     let Some(s) = side.as_ref() else {

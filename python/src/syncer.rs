@@ -1093,10 +1093,12 @@ impl NativeSyncer {
         let d = PyDict::new(py);
         let g = lock(&self.inner);
         if let Some(r) = &g.report {
-            // Where the tensors were: "cpu", "cuda (host staging)" or "cuda (device build/install)".
+            // Where the tensors were: "cpu", "cuda (host staging)", "cuda (device build/install)" or
+            // "cuda (device bucket pack)".
             let device = match &g.device {
                 None => "cpu",
                 Some(_) if device::on_device(&g.device) => "cuda (device build/install)",
+                Some(_) if device::bucket_pack(&g.device) => "cuda (device bucket pack)",
                 Some(_) => "cuda (host staging)",
             };
             d.set_item("device", device)?;
