@@ -168,14 +168,13 @@ pub fn cast_gather(mem: &mut Memory, jobs: &[CastJob], total: u64) -> Result<(),
         let i = g - job.first;
         let (from, to) = (job.codes & 0xFF, (job.codes >> 8) & 0xFF);
         let (sw, dw) = (code_width(from), code_width(to));
-        let v = crate::bytes::read_uint(mem.read(job.src.wrapping_add(i * sw as u64), sw as u64)?);
+        let v = mem.load(job.src, i, sw)?;
         let out = if from == to || from > DT_BF16 || to > DT_BF16 {
             v
         } else {
             convert(from, to, v)
         };
-        let dst = mem.write(job.dst.wrapping_add(i * dw as u64), dw as u64)?;
-        dst.copy_from_slice(&out.to_le_bytes()[..dw]);
+        mem.store(job.dst, i, dw, out)?;
     }
     Ok(())
 }
