@@ -2,7 +2,8 @@
 // through the driver API, runs diff_compact / apply_compact / scatter / checksum_compact for widths 1, 2, 4, 8 on tensors with
 // tails, 16-byte-misaligned bases, empty and multi-segment tensors, NaN-like bit changes and an overflowing
 // pool, checks every output against a host model of notes/gpu-spec.md, then (without --small) times
-// diff_compact against a device-to-device copy of the same bytes.
+// diff_compact against a device-to-device copy of the same bytes; and cast_gather (bucket casts) against a host
+// model of its conversions (check_cast).
 //
 // Build: g++ -O2 -std=c++17 -I$CUDA_HOME/include scripts/kernel_check.cpp -o kernel_check -lcuda
 // Run:   ./kernel_check crates/rlsync-core/kernels/rlsync.ptx [--small]
@@ -465,6 +466,159 @@ static void bench(Mod& md, int w, uint64_t bytes, uint64_t per_mille) {
     CK(cuEventDestroy(b));
 }
 
+// ---- cast_gather (bucket casts): a host model of the conversions (the same bit operations as
+// gpu/reference/cast.rs, which is tested bit for bit against the host's cast_bytes), checked on every
+// f16 / bf16 pattern and on random f32 / f64 bits, in one launch of many jobs with raw copies among them;
+// then (without --small) a 1 GiB f32 -> bf16 pack timed against a D2D copy of the same source bytes.
+struct CastJob { uint64_t src, dst, first, numel; uint32_t codes, pad; };
+enum { DT_F64 = 0, DT_F32 = 1, DT_F16 = 2, DT_BF16 = 3, DT_RAW1 = 4, DT_RAW2 = 5, DT_RAW4 = 6, DT_RAW8 = 7 };
+static int cwidth(uint32_t c) { return (c == DT_F64 || c == DT_RAW8) ? 8 : (c == DT_F32 || c == DT_RAW4) ? 4 : (c == DT_RAW1) ? 1 : 2; }
+static uint32_t h_f32_bf16(uint32_t b) {
+    uint32_t r = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    return (b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : (r & 0xFFFFu);
+}
+static uint32_t h_f16_f32(uint32_t h) {
+    uint32_t sign = (h & 0x8000u) << 16, exp = h & 0x7C00u, man = h & 0x03FFu;
+    if ((h & 0x7FFFu) == 0) return sign;
+    if (exp == 0x7C00u) return man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (man << 13));
+    if (exp == 0) { uint32_t p = 31u - (uint32_t)__builtin_clz(man); return sign | ((p + 103u) << 23) | ((man << (23u - p)) & 0x7FFFFFu); }
+    return sign | (((exp >> 10) + 112u) << 23) | (man << 13);
+}
+static uint32_t h_f32_f16(uint32_t x) {
+    uint32_t sign = (x & 0x80000000u) >> 16, exp = x & 0x7F800000u, man = x & 0x007FFFFFu;
+    if (exp == 0x7F800000u) return sign | 0x7C00u | (man != 0 ? 0x0200u : 0u) | (man >> 13);
+    int he = (int)(exp >> 23) - 127 + 15;
+    if (he >= 0x1F) return sign | 0x7C00u;
+    if (he <= 0) {
+        if (14 - he > 24) return sign;
+        uint32_t m = man | 0x00800000u, hm = m >> (14 - he), rb = 1u << (13 - he);
+        if ((m & rb) != 0 && (m & (3u * rb - 1u)) != 0) hm += 1;
+        return sign | hm;
+    }
+    uint32_t v = sign | ((uint32_t)he << 10) | (man >> 13), rb = 0x1000u;
+    return ((man & rb) != 0 && (man & (3u * rb - 1u)) != 0) ? v + 1 : v;
+}
+static uint64_t h_rne(uint64_t m, uint32_t s) {
+    uint64_t r = m >> s, rem = m & ((1ull << s) - 1), half = 1ull << (s - 1);
+    return (rem > half || (rem == half && (r & 1))) ? r + 1 : r;
+}
+static uint32_t h_f64_f32(uint64_t x) {
+    uint32_t sign = (uint32_t)(x >> 32) & 0x80000000u, exp = (uint32_t)(x >> 52) & 0x7FFu;
+    uint64_t man = x & 0x000FFFFFFFFFFFFFull;
+    if (exp == 0x7FFu) return man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (uint32_t)(man >> 29));
+    if (exp == 0) return sign;
+    int e = (int)exp - 1023 + 127;
+    uint64_t m = man | (1ull << 52);
+    if (e >= 0xFF) return sign | 0x7F800000u;
+    if (e >= 1) return sign + (((uint32_t)(e - 1)) << 23) + (uint32_t)h_rne(m, 29);
+    uint32_t s = 29u + (uint32_t)(1 - e);
+    return s >= 54 ? sign : (sign | (uint32_t)h_rne(m, s));
+}
+static uint64_t h_f32_f64(uint32_t x) {
+    uint64_t sign = (uint64_t)(x & 0x80000000u) << 32;
+    uint32_t exp = (x >> 23) & 0xFFu, man = x & 0x7FFFFFu;
+    if (exp == 0xFFu) return man == 0 ? (sign | 0x7FF0000000000000ull) : (sign | 0x7FF8000000000000ull | ((uint64_t)man << 29));
+    if (exp == 0) {
+        if (man == 0) return sign;
+        uint32_t p = 31u - (uint32_t)__builtin_clz(man);
+        return sign | ((uint64_t)(p + 874u) << 52) | (((uint64_t)man << (52u - p)) & 0x000FFFFFFFFFFFFFull);
+    }
+    return sign | ((uint64_t)(exp + 896u) << 52) | ((uint64_t)man << 29);
+}
+static uint64_t h_convert(uint32_t from, uint32_t to, uint64_t bits) {
+    if (from == to || from > DT_BF16 || to > DT_BF16) return bits;
+    if (from == DT_F16 && to == DT_BF16 && (bits & 0x7C00u) == 0x7C00u && (bits & 0x03FFu) != 0) return 0x7FC0u;
+    uint32_t f = from == DT_F64 ? h_f64_f32(bits) : from == DT_F16 ? h_f16_f32((uint32_t)bits)
+               : from == DT_BF16 ? (uint32_t)bits << 16 : (uint32_t)bits;
+    return to == DT_F64 ? h_f32_f64(f) : to == DT_F16 ? h_f32_f16(f) : to == DT_BF16 ? h_f32_bf16(f) : f;
+}
+
+static void check_cast(Mod& md, bool small) {
+    CUfunction fn;
+    CK(cuModuleGetFunction(&fn, md.m, "cast_gather"));
+    struct Spec { uint32_t from, to; uint64_t n; bool all16; };
+    std::vector<Spec> specs;
+    for (uint32_t from : {DT_F16, DT_BF16})
+        for (uint32_t to : {DT_F64, DT_F32, DT_F16, DT_BF16}) specs.push_back({from, to, 65536, true});
+    uint64_t rn = small ? 4096 : 1 << 20;
+    for (uint32_t from : {DT_F32, DT_F64})
+        for (uint32_t to : {DT_F64, DT_F32, DT_F16, DT_BF16}) specs.push_back({from, to, rn, false});
+    specs.push_back({DT_RAW1, DT_RAW1, 1001, false});
+    specs.push_back({DT_RAW8, DT_RAW8, 77, false});
+    specs.push_back({DT_F32, DT_BF16, 0, false});
+    std::vector<CastJob> jobs;
+    std::vector<std::vector<uint8_t>> srcs;
+    std::vector<CUdeviceptr> dsts;
+    uint64_t first = 0;
+    for (const Spec& sp : specs) {
+        int sw = cwidth(sp.from), dw = cwidth(sp.to);
+        std::vector<uint8_t> src(sp.n * sw);
+        for (uint64_t i = 0; i < sp.n; i++) {
+            uint64_t v = sp.all16 ? i : rnd();
+            if (!sp.all16 && i % 7 == 0) v &= 0xFFF0000000000000ull | 0x7FF0000000000000ull;  // specials: zeros, infs, NaN exps
+            std::memcpy(src.data() + i * sw, &v, sw);
+        }
+        CUdeviceptr s = upload(src.data(), src.size()), d;
+        CK(cuMemAlloc(&d, sp.n * dw ? sp.n * dw : 16));
+        if (sp.n) jobs.push_back({s, d, first, sp.n, sp.from | sp.to << 8, 0});
+        first += sp.n;
+        srcs.push_back(src);
+        dsts.push_back(d);
+    }
+    CUdeviceptr jd = upload(jobs.data(), jobs.size() * sizeof(CastJob));
+    uint32_t nj = (uint32_t)jobs.size();
+    uint64_t total = first;
+    void* args[] = {&jd, &nj, &total};
+    CK(cuLaunchKernel(fn, md.grid(fn, (total + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+    CK(cuCtxSynchronize());
+    int bad = 0;
+    for (size_t k = 0; k < specs.size(); k++) {
+        const Spec& sp = specs[k];
+        int sw = cwidth(sp.from), dw = cwidth(sp.to);
+        std::vector<uint8_t> got(sp.n * dw);
+        if (sp.n) CK(cuMemcpyDtoH(got.data(), dsts[k], got.size()));
+        for (uint64_t i = 0; i < sp.n; i++) {
+            uint64_t v = get(srcs[k], i, sw), want = h_convert(sp.from, sp.to, v), g = get(got, i, dw);
+            uint64_t mask = dw == 8 ? ~0ull : ((1ull << (8 * dw)) - 1);
+            if ((want & mask) != g) {
+                if (bad++ < 5) fail("cast_gather", (int)(sp.from * 10 + sp.to), (long long)v, (long long)g);
+            }
+        }
+        CK(cuMemFree(dsts[k]));
+    }
+    std::printf("{\"check\": \"cast_gather\", \"jobs\": %u, \"elements\": %llu, \"mismatches\": %d}\n", nj,
+                (unsigned long long)total, bad);
+    CK(cuMemFree(jd));
+    if (small) return;
+    // 1 GiB of f32 packed to bf16 vs a D2D copy of the same source bytes.
+    uint64_t n = (1ull << 30) / 4;
+    CUdeviceptr s, d, c;
+    CK(cuMemAlloc(&s, n * 4));
+    CK(cuMemAlloc(&d, n * 2));
+    CK(cuMemAlloc(&c, n * 4));
+    CK(cuMemsetD8(s, 0x3F, n * 4));
+    CastJob j = {s, d, 0, n, DT_F32 | DT_BF16 << 8, 0};
+    jd = upload(&j, sizeof j);
+    nj = 1;
+    total = n;
+    auto time_it = [&](auto&& f) {
+        f();
+        CK(cuCtxSynchronize());
+        auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < 5; i++) f();
+        CK(cuCtxSynchronize());
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / 5;
+    };
+    double cast_ms = time_it([&] { CK(cuLaunchKernel(fn, md.grid(fn, (total + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
+    double copy_ms = time_it([&] { CK(cuMemcpyDtoD(c, s, n * 4)); });
+    std::printf("{\"bench\": \"cast_gather_f32_bf16\", \"src_bytes\": %llu, \"cast_ms\": %.3f, \"d2d_copy_ms\": %.3f, \"ratio\": %.2f}\n",
+                (unsigned long long)(n * 4), cast_ms, copy_ms, cast_ms / copy_ms);
+    CK(cuMemFree(s));
+    CK(cuMemFree(d));
+    CK(cuMemFree(c));
+    CK(cuMemFree(jd));
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) { std::fprintf(stderr, "usage: kernel_check PTX [--small]\n"); return 2; }
     bool small = argc > 2 && std::string(argv[2]) == "--small";
@@ -500,6 +654,7 @@ int main(int argc, char** argv) {
         check_width(md, w, small, false);
         check_width(md, w, small, true);
     }
+    check_cast(md, small);
     if (!small) {
         const uint64_t GiB = 1ull << 30;
         bench(md, 2, 2 * GiB, 0);

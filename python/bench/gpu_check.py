@@ -296,9 +296,10 @@ def rlsync_pair(rlsync: Any, kind: str, device: str, **kw: Any) -> tuple[Any, An
     if kind == "patch":
         return (rlsync.PatchWeightSyncer(snapshot_device=device, **kw),
                 rlsync.PatchWeightSyncer(snapshot_device=device, **kw))
-    # Buckets of CUDA tensors are staged on the host (bucket_device='cuda', staging on the GPU, is not built yet).
-    return (rlsync.BucketWeightSyncer(bucket_device="cpu", **kw),
-            rlsync.BucketWeightSyncer(bucket_device="cpu", **kw))
+    # bucket_device='cuda': the sender packs (and casts) its CUDA tensors' buckets on the GPU; 'cpu' stages
+    # them through host copies of the whole state.
+    return (rlsync.BucketWeightSyncer(bucket_device=device, **kw),
+            rlsync.BucketWeightSyncer(bucket_device=device, **kw))
 
 
 async def rlsync_init(tx: Any, rx: Any, tx_state: dict, rx_state: dict, link: Link) -> None:
@@ -826,6 +827,11 @@ def stage_timing_7b(ctx: Ctx) -> dict[str, Any]:
                                                              version, until)))
         variants.append((f"rlinf_snapshot_{sd}",
                          lambda until, sd=sd: _rlinf_7b(ctx, tx_state, rx_state, sd, density, gen, version, until)))
+    # Dense buckets of the whole 7B state: packed on the GPU (bucket_device='cuda') against host-staged ('cpu').
+    if rlsync is not None and ctx.dev.type == "cuda":
+        for bd in ("cuda", "cpu"):
+            variants.append((f"rlsync_bucket_device_{bd}",
+                             lambda until, bd=bd: _rlsync_bucket_7b(ctx, rlsync, tx_state, rx_state, bd, until)))
     # RLSYNC_CHECK_7B_VARIANTS=name,name keeps only those variants (a short rerun of one of them).
     keep = [v for v in os.environ.get("RLSYNC_CHECK_7B_VARIANTS", "").split(",") if v]
     if keep:
@@ -864,8 +870,55 @@ def stage_timing_7b(ctx: Ctx) -> dict[str, Any]:
         if build and copy.get("d2d_foreach_copy", {}).get("median_s"):
             summary["rlsync_build_over_state_copy"] = build / copy["d2d_foreach_copy"]["median_s"]
         summary["rlsync_install_s"] = ours.get("install_median_s")
+    gpu_b, host_b = out.get("rlsync_bucket_device_cuda", {}), out.get("rlsync_bucket_device_cpu", {})
+    if gpu_b.get("sender_sync_median_s") and host_b.get("sender_sync_median_s"):
+        summary["bucket_host_over_gpu_staged_sender"] = host_b["sender_sync_median_s"] / gpu_b["sender_sync_median_s"]
+        summary["bucket_host_over_gpu_staged_e2e"] = host_b["e2e_median_s"] / gpu_b["e2e_median_s"]
     out["summary"] = summary
     return out
+
+
+def _rlsync_bucket_7b(ctx: Ctx, rlsync: Any, tx_state: dict, rx_state: dict, bucket_device: str,
+                      until: float) -> dict[str, Any]:
+    """Dense bucket syncs of the 7B state (1 GiB buckets, bf16 on the wire): the sender's sync (pack, hash,
+    publish into the in-process link), the receiver's apply, and the end-to-end time; bitwise equal after."""
+    tx, rx = rlsync_pair(rlsync, "bucket", bucket_device, bucket_size=1 << 30)
+    link = Link()
+    res: dict[str, Any] = {"bucket_device": bucket_device}
+    t_send, t_apply, t_e2e = [], [], []
+
+    async def main() -> None:
+        await rlsync_init(tx, rx, tx_state, rx_state, link)
+        first = next(iter(tx_state))
+        for v in range(1, 6):
+            if v > 2 and time.monotonic() > until:
+                break
+            with torch.no_grad():
+                tx_state[first].view(-1)[v] += 1
+            ctx.sync()
+            t0 = time.perf_counter()
+            await tx.sync(tx_state, link.send, v)
+            t1 = time.perf_counter()
+            got = await rx.apply(rx_state, link.recv)
+            ctx.sync()
+            t2 = time.perf_counter()
+            if got != v:
+                raise RuntimeError(f"apply returned {got}, not {v}")
+            t_send.append(t1 - t0)
+            t_apply.append(t2 - t1)
+            t_e2e.append(t2 - t0)
+        res["last_sender_report"] = tx.last_report()
+
+    asyncio.run(main())
+    res["syncs"] = len(t_e2e)
+    res["sender_sync_median_s"] = median(t_send)
+    res["apply_median_s"] = median(t_apply)
+    res["e2e_median_s"] = median(t_e2e)
+    res["sender_sync_all_s"] = t_send
+    res["bitwise_equal"] = states_equal(tx_state, rx_state)
+    if not res["bitwise_equal"]:
+        raise RuntimeError("the receiver differs from the sender after the bucket syncs")
+    return res
 
 
 def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, master: list, params: dict,
@@ -873,6 +926,9 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
     res: dict[str, Any] = {"kind": kind, "device": device, "syncs_planned": syncs}
     rx_state = {k: torch.zeros_like(v) for k, v in params.items()}
     kw: dict[str, Any] = {"init_sync_enabled": True} if kind == "patch" else {"bucket_size": 256 << 20}
+    if kind == "bucket" and device == "cuda":
+        # bf16 state, f32 on the wire: the GPU pack casts every floating tensor (exact both ways).
+        kw["bucket_dtype"] = torch.float32
     tx, rx = rlsync_pair(rlsync, kind, device, **kw)
     link = Link()
     failures: list[str] = []
@@ -885,9 +941,10 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             for p, name in zip(master, params):
                 params[name].copy_(p)
 
-    # Patch on the GPU: a CPU twin sender syncs host copies of the same states; its payloads must be the GPU
-    # sender's bytes exactly (the device build feeds the same encoder).
-    twin_syncs = 5 if (kind == "patch" and not ctx.cpu) else 0
+    # On the GPU (patch, and bucket with bucket_device='cuda'): a CPU twin sender syncs host copies of the same
+    # states; its payloads must be the GPU sender's bytes exactly (the device build feeds the same encoder, the
+    # GPU bucket pack casts bit for bit as the host does).
+    twin_syncs = 5 if (device == "cuda" and not ctx.cpu) else 0
     twin_state = {k: v.detach().cpu().clone() for k, v in params.items()} if twin_syncs else {}
 
     async def main() -> None:
@@ -896,7 +953,8 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             failures.append("after init (init_sync bootstrap) the receiver differs from the sender")
         twin, twin_link = None, Link()
         if twin_syncs:
-            twin, twin_rx = rlsync.PatchWeightSyncer(**kw), rlsync.PatchWeightSyncer(**kw)
+            make = rlsync.PatchWeightSyncer if kind == "patch" else rlsync.BucketWeightSyncer
+            twin, twin_rx = make(**kw), make(**kw)
             await rlsync_init(twin, twin_rx, twin_state, {k: v.clone() for k, v in twin_state.items()}, twin_link)
             twin_link.drain()
         res["bytes_equal_cpu_twin"] = []
@@ -942,6 +1000,11 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
                 empty_checks += 1
         res["syncs_done"] = done
         res["empty_patch_checks"] = empty_checks
+        if kind == "bucket" and device == "cuda" and not ctx.cpu:
+            # The GPU pack ran (not the host staging of CUDA tensors).
+            res["sender_device_path"] = tx.last_report().get("device")
+            if res["sender_device_path"] != "cuda (device bucket pack)":
+                failures.append(f"bucket_device='cuda' sender ran {res['sender_device_path']!r}, not the GPU pack")
         res["sync_median_s"] = median(t_sync)
         res["last_sender_report"] = tx.last_report()
         # A payload corrupted in flight: rejected, the receiver's weights and version untouched.
@@ -1003,7 +1066,8 @@ def stage_correctness(ctx: Ctx) -> dict[str, Any]:
     opt = torch.optim.AdamW(master, lr=1e-6, weight_decay=0.01, fused=ctx.dev.type == "cuda")
     params = {name: p.detach().to(torch.bfloat16) for name, p in zip(master_state, master)}
     del master_state
-    runs = [("patch", "cuda"), ("bucket", "cuda"), ("patch", "cpu")] if ctx.dev.type == "cuda" else \
+    # ("bucket", "cuda"): bucket_device='cuda', packed and cast on the GPU; ("bucket", "cpu"): host-staged.
+    runs = [("patch", "cuda"), ("bucket", "cuda"), ("patch", "cpu"), ("bucket", "cpu")] if ctx.dev.type == "cuda" else \
         [("patch", "cpu"), ("bucket", "cpu")]
     results = []
     # The first run (the GPU path on a GPU) gets half the stage, the others share the rest.
@@ -1039,7 +1103,7 @@ async def main():
         dkey = "snapshot_device" if kind == "patch" else "bucket_device"
         make = rlsync.PatchWeightSyncer if kind == "patch" else rlsync.BucketWeightSyncer
         extra = {"init_sync_enabled": True} if kind == "patch" else {}
-        where = dev if kind == "patch" else "cpu"  # bucket: host staging of CUDA tensors
+        where = dev  # bucket: packed (cast_gather) on the GPU
         tx, rx = make(**{dkey: where}, **extra), make(**{dkey: where}, **extra)
         await asyncio.gather(tx.init_sender(tx_sd, list(tx_sd), q_rx.put, q_tx.get), rx.init_receiver(rx_sd, q_rx.get, q_tx.put))
         for v in range(1, 4):

@@ -969,7 +969,11 @@ class BucketWeightSyncer(WeightSyncer):
     With ``load_instant`` each verified bucket is installed as it arrives (undone if a later bucket of the
     same version fails), otherwise the whole version is staged and installed at the end.
 
-    The arguments are RLinf's; ``bucket_device`` must be ``"cpu"``; ``is_agent`` is accepted and ignored.
+    The arguments are RLinf's; ``is_agent`` is accepted and ignored. ``bucket_device="cuda"`` packs the
+    buckets of a sender's CUDA tensors on the GPU (cast to ``bucket_dtype`` there, floating tensors only) into
+    pinned host buffers, bucket k + 1 while bucket k is sent, with the same wire bytes as ``"cpu"`` and no host
+    copy of the whole state; CPU tensors (a mixed or a CPU state dict) are staged on the host as with
+    ``"cpu"``. A receiver verifies on the host and writes CUDA tensors through their host copies either way.
 
     As RLinf's, it needs no handshake: :meth:`init_sender` without ``recv`` and :meth:`init_receiver` without
     ``send`` exchange nothing, and each version then starts with a manifest (names, shapes, wire and target

@@ -11,11 +11,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 
+use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
 use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
-use rlsync_core::syncer::settings::SyncerKind;
+use rlsync_core::syncer::BucketStager;
+use rlsync_core::syncer::settings::{Device, SyncerKind};
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::tensor::borrowed::check_device_memory;
@@ -34,6 +36,8 @@ pub(crate) struct DeviceSide {
     /// Patches are built (sender) or installed (receiver) on the device: the operation neither pulls nor
     /// pushes the host copies (they go stale until an operation that reads them pulls).
     on_device: bool,
+    /// A bucket sender packs its CUDA tensors' buckets on the GPU (`bucket_device: cuda`, [`attach_stager`]).
+    bucket_pack: bool,
 }
 
 /// Shared between a syncer and its running op (one op at a time).
@@ -101,6 +105,11 @@ pub(crate) fn on_device(side: &Option<SharedSide>) -> bool {
     side.as_ref().is_some_and(|s| lock(s).on_device)
 }
 
+/// Whether a bucket sender packs its buckets on the GPU.
+pub(crate) fn bucket_pack(side: &Option<SharedSide>) -> bool {
+    side.as_ref().is_some_and(|s| lock(s).bucket_pack)
+}
+
 /// The CUDA tensors' addresses cover every synced key.
 fn covers(current: &Mutex<DeviceState>, keys: &[String]) -> bool {
     let cur = current.lock().unwrap_or_else(|p| p.into_inner());
@@ -133,6 +142,48 @@ pub(crate) fn attach_builder(
     let differ = GpuDiffer::new(g.gpu.clone(), sender.snapshot_device(), g.current.clone());
     g.on_device = sender.set_patch_builder(Box::new(differ));
     g.on_device
+}
+
+/// A bucket sender's device staging: packs on the state's GPU, at the addresses and on the stream of the
+/// operation about to run.
+struct CudaStager {
+    dev: CudaBucketDevice,
+    current: Arc<Mutex<DeviceState>>,
+}
+
+impl BucketStager for CudaStager {
+    fn addr(&self, key: &str) -> Option<u64> {
+        let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        cur.addrs.get(key).copied()
+    }
+
+    fn device(&mut self) -> &mut dyn BucketDevice {
+        self.dev.stream = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stream;
+        &mut self.dev
+    }
+}
+
+/// After `init_sender`: a bucket sender with `bucket_device: cuda` whose state has CUDA tensors packs their
+/// buckets on the GPU (cast to the wire dtype there) into pinned buffers; its CPU tensors are read on the
+/// host. Without CUDA tensors (no device side) buckets are staged on the host. Returns whether it attached.
+pub(crate) fn attach_stager(side: &Option<SharedSide>, sender: &mut SyncSender) -> bool {
+    let Some(s) = side else {
+        return false;
+    };
+    if sender.kind() != SyncerKind::Bucket || sender.bucket_device() != Device::Cuda {
+        return false;
+    }
+    let mut g = lock(s);
+    let stager = CudaStager {
+        dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
+        current: g.current.clone(),
+    };
+    g.bucket_pack = sender.set_bucket_stager(Box::new(stager));
+    g.bucket_pack
 }
 
 /// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device.
@@ -254,12 +305,12 @@ pub(crate) fn stage(
         };
         let mirror = Mirror::new(&gpu, unique).map_err(|e| gpu_error(&e))?;
         // A side that existed keeps its address table (a device build or install holds it).
-        let (current, on_device) = match side.as_ref() {
+        let (current, on_device, bucket_pack) = match side.as_ref() {
             Some(s) => {
                 let g = lock(s);
-                (g.current.clone(), g.on_device)
+                (g.current.clone(), g.on_device, g.bucket_pack)
             }
-            None => (Arc::new(Mutex::new(DeviceState::default())), false),
+            None => (Arc::new(Mutex::new(DeviceState::default())), false, false),
         };
         {
             let mut cur = current.lock().unwrap_or_else(|p| p.into_inner());
@@ -271,6 +322,7 @@ pub(crate) fn stage(
             mirror,
             current,
             on_device,
+            bucket_pack,
         })));
     }
     let Some(s) = side.as_ref() else {

@@ -586,6 +586,7 @@ impl NativeSyncer {
                 Ok((mut end, report)) => {
                     end.set_bound(None);
                     device::attach_builder(&dev, &mut end, &st.state);
+                    device::attach_stager(&dev, &mut end);
                     out(End::Sender(end), Ok(Some(report)))
                 }
                 Err(e) => OpOut {
@@ -796,8 +797,10 @@ impl NativeSyncer {
         let (st, keep) = borrow(tensors)?;
         let mut sender = this.take("sync", EndKind::Sender, sender)?;
         let fut = async move {
-            // A device build reads the CUDA tensors themselves; the host path reads their copies.
+            // A device build reads the CUDA tensors themselves, and so does a device bucket pack (unless a
+            // rejoin or the kept copy of the last version needs the host view); the host path reads copies.
             if !device::on_device(&dev)
+                && sender.needs_host_view()
                 && let Err(e) = device::pull(&dev)
             {
                 return out(End::Sender(sender), Err(e.into()));
@@ -1090,10 +1093,12 @@ impl NativeSyncer {
         let d = PyDict::new(py);
         let g = lock(&self.inner);
         if let Some(r) = &g.report {
-            // Where the tensors were: "cpu", "cuda (host staging)" or "cuda (device build/install)".
+            // Where the tensors were: "cpu", "cuda (host staging)", "cuda (device build/install)" or
+            // "cuda (device bucket pack)".
             let device = match &g.device {
                 None => "cpu",
                 Some(_) if device::on_device(&g.device) => "cuda (device build/install)",
+                Some(_) if device::bucket_pack(&g.device) => "cuda (device bucket pack)",
                 Some(_) => "cuda (host staging)",
             };
             d.set_item("device", device)?;

@@ -168,6 +168,35 @@ def test_bucket_attributes_are_rlinfs() -> None:
         rlsync.BucketWeightSyncer(bucket_dtype=torch.int8)
 
 
+def test_bucket_device_cuda_is_accepted_and_cpu_tensors_stage_on_the_host() -> None:
+    """bucket_device="cuda" (RLinf's default) packs CUDA tensors' buckets on the GPU; a CPU model's buckets
+    are staged on the host, so the key works here without a GPU, with the same payloads as "cpu"."""
+    trainer, rollout = _pair()
+    b = rlsync.BucketWeightSyncer(bucket_size=64, bucket_dtype=torch.bfloat16, bucket_device="cuda")
+    assert b.bucket_device == torch.device("cuda")
+
+    async def main() -> None:
+        payloads = {}
+        for device in ("cuda", "cpu"):
+            link = Link()
+            tx = rlsync.BucketWeightSyncer(bucket_size=64, bucket_dtype=torch.bfloat16, bucket_device=device)
+            rx = rlsync.BucketWeightSyncer(bucket_size=64, bucket_dtype=torch.bfloat16, bucket_device=device)
+            target = torch.nn.Linear(6, 3)
+            await _init(tx, rx, trainer, target, link)
+            await tx.sync(trainer.state_dict(), link.send, 1)
+            sent = []
+            while not link.to_rx.empty():
+                sent.append(bytes(memoryview(link.to_rx.get_nowait())))
+            for p in sent:
+                await link.to_rx.put(p)
+            assert await rx.apply(target, link.recv) == 1
+            assert torch.equal(target.weight, trainer.weight.to(torch.bfloat16).float())
+            payloads[device] = sent
+        assert payloads["cuda"] == payloads["cpu"] and payloads["cpu"]
+
+    asyncio.run(main())
+
+
 def test_create_reads_rlinfs_config_from_omegaconf() -> None:
     patch_cfg = OmegaConf.create(
         {

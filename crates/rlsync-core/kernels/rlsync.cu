@@ -560,3 +560,188 @@ RLSYNC_CHECKSUM_WIDTH(4)
 RLSYNC_CHECKSUM_WIDTH(8)
 
 // -- checksum_compact (end) --
+
+// ---- Bucket casts (s14/bucketgpu): cast_gather packs many tensors into a bucket buffer, casting floating
+// elements to the wire dtype (sender), or unpacks a bucket buffer into many tensors (receiver); the same
+// kernel, the job table says which. CPU reference: gpu/reference/cast.rs (follows this block line by line);
+// host side: gpu/bucket.rs.
+//
+// - A job copies `numel` elements from `src` (dtype code `codes & 0xff`) to `dst` (code `codes >> 8`);
+//   `first` is the job's first element in the launch's element space (the prefix sum of the jobs' numel).
+//   One thread per element, grid-stride; a thread finds its job with find_job (the previous job first).
+// - The conversions are bit operations written to match the host's `tensor/cast.rs::cast_bytes` bit for bit
+//   (torch's CPU semantics, x86 conversion instructions), not CUDA's cvt intrinsics, whose NaN results are
+//   canonical (0x7fffffff) where the host keeps payloads: every floating pair goes through an f32 value
+//   (f64 narrows to f32 first, as the host does: double rounding for f64 -> bf16 / f16), round to nearest
+//   even, subnormals kept, overflow to inf; NaN: -> bf16 from f32/f64 is 0xFFFF, from f16 0x7FC0; -> f16 is
+//   sign | 0x7E00 | top payload; widening keeps the payload and sets the quiet bit (bf16 -> f32 keeps bits).
+// - Same-dtype jobs (integers, bool, floating tensors already in the wire dtype) are copies by this kernel
+//   too (raw codes): one launch per bucket instead of one cuMemcpyAsync per tensor. Reasoning, not yet
+//   measured: a 7B bucket of 1 GB holds ~60-300 tensors (biases and norms are small), and each memcpy call
+//   costs a few microseconds of host submission while the whole bucket's D2D copy takes ~0.5 ms on an H100;
+//   the GPU check (gpu_check.py, bucket_device=cuda) times the pack against the host-staged path.
+// - Element-wise 1/2/4/8-byte loads: simple and correct first; vectorising the copies is the next step if
+//   the timing shows the pack is not bandwidth-bound.
+
+#define RLSYNC_DT_F64 0u
+#define RLSYNC_DT_F32 1u
+#define RLSYNC_DT_F16 2u
+#define RLSYNC_DT_BF16 3u
+#define RLSYNC_DT_RAW1 4u
+#define RLSYNC_DT_RAW2 5u
+#define RLSYNC_DT_RAW4 6u
+#define RLSYNC_DT_RAW8 7u
+
+struct CastJob {
+    u64 src;
+    u64 dst;
+    u64 first;
+    u64 numel;
+    u32 codes;  // source code | destination code << 8
+    u32 pad;
+};
+
+__device__ __forceinline__ u32 cast_width(u32 code) {
+    switch (code) {
+        case RLSYNC_DT_F64: case RLSYNC_DT_RAW8: return 8;
+        case RLSYNC_DT_F32: case RLSYNC_DT_RAW4: return 4;
+        case RLSYNC_DT_F16: case RLSYNC_DT_BF16: case RLSYNC_DT_RAW2: return 2;
+        default: return 1;
+    }
+}
+
+__device__ __forceinline__ u64 cast_load(u64 addr, u32 width) {
+    switch (width) {
+        case 8: return *reinterpret_cast<const u64*>(addr);
+        case 4: return *reinterpret_cast<const u32*>(addr);
+        case 2: return *reinterpret_cast<const u16*>(addr);
+        default: return *reinterpret_cast<const u8*>(addr);
+    }
+}
+
+__device__ __forceinline__ void cast_store(u64 addr, u32 width, u64 v) {
+    switch (width) {
+        case 8: *reinterpret_cast<u64*>(addr) = v; break;
+        case 4: *reinterpret_cast<u32*>(addr) = (u32)v; break;
+        case 2: *reinterpret_cast<u16*>(addr) = (u16)v; break;
+        default: *reinterpret_cast<u8*>(addr) = (u8)v; break;
+    }
+}
+
+// f32 -> bf16: round to nearest even, every NaN 0xFFFF (cast.rs cast_f32_to_bf16).
+__device__ __forceinline__ u32 cast_f32_bf16(u32 b) {
+    const u32 rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;
+    return (b & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFFFu : (rounded & 0xFFFFu);
+}
+
+// f16 -> f32: exact; NaN keeps its payload with the quiet bit set.
+__device__ __forceinline__ u32 cast_f16_f32(u32 h) {
+    const u32 sign = (h & 0x8000u) << 16;
+    const u32 exp = h & 0x7C00u;
+    const u32 man = h & 0x03FFu;
+    if ((h & 0x7FFFu) == 0) return sign;
+    if (exp == 0x7C00u) return man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (man << 13));
+    if (exp == 0) {
+        const u32 p = 31u - (u32)__clz(man);  // the top set bit, 0..9
+        return sign | ((p + 103u) << 23) | ((man << (23u - p)) & 0x7FFFFFu);
+    }
+    return sign | (((exp >> 10) + 112u) << 23) | (man << 13);
+}
+
+// f32 -> f16: round to nearest even, overflow to inf, subnormals; NaN: sign | 0x7E00 | top payload.
+__device__ __forceinline__ u32 cast_f32_f16(u32 x) {
+    const u32 sign = (x & 0x80000000u) >> 16;
+    const u32 exp = x & 0x7F800000u;
+    const u32 man = x & 0x007FFFFFu;
+    if (exp == 0x7F800000u) return sign | 0x7C00u | (man != 0 ? 0x0200u : 0u) | (man >> 13);
+    const int half_exp = (int)(exp >> 23) - 127 + 15;
+    if (half_exp >= 0x1F) return sign | 0x7C00u;
+    if (half_exp <= 0) {
+        if (14 - half_exp > 24) return sign;
+        const u32 m = man | 0x00800000u;
+        u32 half_man = m >> (14 - half_exp);
+        const u32 round_bit = 1u << (13 - half_exp);
+        if ((m & round_bit) != 0 && (m & (3u * round_bit - 1u)) != 0) half_man += 1;
+        return sign | half_man;
+    }
+    const u32 v = sign | ((u32)half_exp << 10) | (man >> 13);
+    const u32 round_bit = 0x00001000u;
+    return ((man & round_bit) != 0 && (man & (3u * round_bit - 1u)) != 0) ? v + 1 : v;
+}
+
+// Round-to-nearest-even right shift of `m` by `s` (1..63).
+__device__ __forceinline__ u64 cast_rne_shift(u64 m, u32 s) {
+    const u64 r = m >> s;
+    const u64 rem = m & ((1ull << s) - 1);
+    const u64 half = 1ull << (s - 1);
+    return (rem > half || (rem == half && (r & 1))) ? r + 1 : r;
+}
+
+// f64 -> f32: round to nearest even, overflow to inf, subnormals; NaN: sign | quiet | top payload (x86).
+__device__ __forceinline__ u32 cast_f64_f32(u64 x) {
+    const u32 sign = (u32)(x >> 32) & 0x80000000u;
+    const u32 exp = (u32)(x >> 52) & 0x7FFu;
+    const u64 man = x & 0x000FFFFFFFFFFFFFull;
+    if (exp == 0x7FFu) return man == 0 ? (sign | 0x7F800000u) : (sign | 0x7FC00000u | (u32)(man >> 29));
+    if (exp == 0) return sign;  // f64 subnormals are far below f32's smallest subnormal
+    const int e = (int)exp - 1023 + 127;
+    const u64 m = man | (1ull << 52);
+    if (e >= 0xFF) return sign | 0x7F800000u;
+    if (e >= 1) return sign + (((u32)(e - 1)) << 23) + (u32)cast_rne_shift(m, 29);  // a carry moves the exponent
+    const u32 s = 29u + (u32)(1 - e);
+    if (s >= 54) return sign;
+    return sign | (u32)cast_rne_shift(m, s);
+}
+
+// f32 -> f64: exact; NaN keeps its payload with the quiet bit set.
+__device__ __forceinline__ u64 cast_f32_f64(u32 x) {
+    const u64 sign = (u64)(x & 0x80000000u) << 32;
+    const u32 exp = (x >> 23) & 0xFFu;
+    const u32 man = x & 0x7FFFFFu;
+    if (exp == 0xFFu) {
+        return man == 0 ? (sign | 0x7FF0000000000000ull)
+                        : (sign | 0x7FF8000000000000ull | ((u64)man << 29));
+    }
+    if (exp == 0) {
+        if (man == 0) return sign;
+        const u32 p = 31u - (u32)__clz(man);  // 0..22
+        return sign | ((u64)(p + 874u) << 52) | (((u64)man << (52u - p)) & 0x000FFFFFFFFFFFFFull);
+    }
+    return sign | ((u64)(exp + 896u) << 52) | ((u64)man << 29);
+}
+
+// One element's bits from dtype code `from` to code `to` (both floating, different), as cast_bytes does.
+__device__ __forceinline__ u64 cast_convert(u32 from, u32 to, u64 bits) {
+    if (from == RLSYNC_DT_F16 && to == RLSYNC_DT_BF16 && (bits & 0x7C00u) == 0x7C00u && (bits & 0x03FFu) != 0) {
+        return 0x7FC0u;
+    }
+    u32 f;
+    switch (from) {
+        case RLSYNC_DT_F64: f = cast_f64_f32(bits); break;
+        case RLSYNC_DT_F16: f = cast_f16_f32((u32)bits); break;
+        case RLSYNC_DT_BF16: f = (u32)bits << 16; break;
+        default: f = (u32)bits; break;
+    }
+    switch (to) {
+        case RLSYNC_DT_F64: return cast_f32_f64(f);
+        case RLSYNC_DT_F16: return cast_f32_f16(f);
+        case RLSYNC_DT_BF16: return cast_f32_bf16(f);
+        default: return f;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) cast_gather(const CastJob* jobs, u32 njobs, u64 total) {
+    if (njobs == 0) return;
+    u32 j = 0;
+    for (u64 g = (u64)blockIdx.x * blockDim.x + threadIdx.x; g < total; g += (u64)gridDim.x * blockDim.x) {
+        j = find_job(&jobs[0].first, sizeof(CastJob) / 8, j, njobs, g);
+        const CastJob job = jobs[j];
+        if (g < job.first || g - job.first >= job.numel) continue;  // a gap in the element space
+        const u64 i = g - job.first;
+        const u32 from = job.codes & 0xFFu, to = (job.codes >> 8) & 0xFFu;
+        const u32 sw = cast_width(from), dw = cast_width(to);
+        const u64 v = cast_load(job.src + i * sw, sw);
+        const u64 out = (from == to || from > RLSYNC_DT_BF16 || to > RLSYNC_DT_BF16) ? v : cast_convert(from, to, v);
+        cast_store(job.dst + i * dw, dw, out);
+    }
+}

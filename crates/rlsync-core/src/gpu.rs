@@ -5,11 +5,13 @@
 //! owns rlsync's device and pinned host buffers and launches the kernels of `kernels/rlsync.cu`
 //! ([`kernels`]); [`mirror`] stages CUDA tensors through host copies for the host paths (bootstrap,
 //! bucket, rejoin, checksums); [`differ`] builds patches on the device (the fused diff kernel, its output
-//! collected by [`compact`] into the encoder's input); [`installer`] writes verified patches into CUDA tensors;
+//! collected by [`compact`] into the encoder's input); [`bucket`] packs and unpacks bucket bodies with casts
+//! (`bucket_device: cuda`); [`installer`] writes verified patches into CUDA tensors;
 //! [`ipc`] is the same-host GPU channel (the diff output shared with rollout processes by CUDA IPC).
 //! Loading is dynamic: without `libcuda.so.1` every entry point returns [`GpuError::NoDriver`] (cudarc panics
 //! on a missing library, so [`probe`] checks first and every driver call runs behind `catch_unwind`).
 
+pub mod bucket;
 pub mod compact;
 pub mod differ;
 pub mod installer;
@@ -106,6 +108,8 @@ pub enum Kernel {
     ApplyCompact,
     /// The GPU channel's pool checksum (`checksum_compact`, [`ipc`]).
     ChecksumCompact,
+    /// `cast_gather`: one kernel for every width (the bucket device path, [`bucket`]).
+    CastGather,
 }
 
 /// Every kernel family, in the order the backend loads them.

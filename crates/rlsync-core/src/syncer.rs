@@ -32,9 +32,12 @@
 //!
 //! Config notes: `bucket.is_agent` is accepted for RLinf compatibility (agent-side key naming) and has no
 //! effect on embodied runs. CUDA tensors are synced through [`crate::gpu`] (the binding attaches its
-//! [`PatchBuilder`] / [`PatchInstaller`] hooks); `patch.snapshot_device: cuda` needs a build with the `cuda`
-//! feature ([`SyncError::Gpu`]), and `transport_device: cuda`, `bucket_device: cuda` and `nvcomp_lz4` are
-//! rejected with [`SyncError::NoGpuBackend`]. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
+//! [`PatchBuilder`] / [`PatchInstaller`] / [`BucketStager`] hooks); `patch.snapshot_device: cuda` needs a
+//! build with the `cuda` feature ([`SyncError::Gpu`]); `bucket.bucket_device: cuda` packs the buckets of CUDA
+//! tensors on the GPU (cast to `bucket_dtype` there, floating tensors only) when the binding attaches a
+//! [`BucketStager`], and stages host tensors on the host as `cpu` does (the Rust runtime's rollouts are
+//! CPU tensors: logged once); `transport_device: cuda` and `nvcomp_lz4` are rejected with
+//! [`SyncError::NoGpuBackend`]. With `load_instant: true` each verified bucket is swapped into the state dict as it arrives
 //! (no staging of the whole version), `false` stages all buckets and swaps at the end; both undo on failure.
 //!
 //! CPU work (diff, coding, copies) runs on the calling thread plus scoped worker threads (`threads`); callers
@@ -66,7 +69,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
-pub use offload::{PatchBuilder, PatchInstaller};
+pub use offload::{BucketStager, PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};
@@ -138,6 +141,9 @@ pub enum SyncError {
     Config { reason: String },
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+    /// A bucket could not be packed or unpacked on the device (`bucket_device: cuda`).
+    #[error(transparent)]
+    BucketDevice(crate::gpu::bucket::BucketDeviceError),
     #[error(
         "{setting}: {value} needs a GPU path that rlsync's CUDA backend does not have yet (it syncs CUDA tensors with snapshot_device cpu or cuda); use {instead}"
     )]
@@ -233,6 +239,8 @@ struct Settings {
     load_instant: bool,
     /// Patch: where the caller's device backend keeps the snapshot (`weight_syncer.patch.snapshot_device`).
     snapshot_device: Device,
+    /// Bucket: where the caller's device backend stages buckets (`weight_syncer.bucket.bucket_device`).
+    bucket_device: Device,
     threads: NonZeroUsize,
     /// Bytes per transport message of a bucket (tests shrink it to cover multi-part buckets).
     part_bytes: usize,
@@ -336,7 +344,10 @@ fn metadata(state: &StateDict) -> Vec<KeyMeta> {
 }
 
 impl WeightSyncer {
-    /// Build from the typed config. Settings that need a GPU (devices, nvCOMP) are [`SyncError::NoGpuBackend`].
+    /// Build from the typed config. `patch.transport_device: cuda` and nvCOMP are [`SyncError::NoGpuBackend`];
+    /// `bucket.bucket_device: cuda` is accepted: CUDA tensors are packed and unpacked on the GPU through the
+    /// binding's [`BucketStager`] (a build without CUDA says so when CUDA tensors arrive), host tensors are
+    /// staged on the host (one `tracing::info` says so), like RLinf moving buckets to `bucket_device`.
     pub fn from_config(
         cfg: &WeightSyncerConfig,
         opts: SyncOptions,
@@ -370,7 +381,9 @@ impl WeightSyncer {
             }
             SyncerKind::Bucket => {
                 if b.bucket_device == Device::Cuda {
-                    return Err(cuda("weight_syncer.bucket.bucket_device"));
+                    tracing::info!(
+                        "weight_syncer.bucket.bucket_device: cuda: buckets of CUDA tensors are packed on the GPU; host tensors are staged on the host"
+                    );
                 }
                 Codec::Plain
             }
@@ -393,6 +406,7 @@ impl WeightSyncer {
                 bucket_dtype: b.bucket_dtype.map(DType::from),
                 load_instant: b.load_instant,
                 snapshot_device: p.snapshot_device,
+                bucket_device: b.bucket_device,
                 threads: resolve_threads(opts.threads),
                 part_bytes: bucket::PART_BYTES,
                 patch_part_bytes: patch::PART_STATE_BYTES,

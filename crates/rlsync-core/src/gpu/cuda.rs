@@ -77,6 +77,8 @@ pub(super) struct Context {
     module: sys::CUmodule,
     /// `[family][width slot]`, families in [`KERNELS`] order.
     functions: [[sys::CUfunction; 4]; KERNELS.len()],
+    /// `cast_gather` (one kernel for every width).
+    cast: sys::CUfunction,
     sms: usize,
 }
 
@@ -137,6 +139,20 @@ impl Context {
                     };
                 }
             }
+            let cast_name = CString::new(kernels::CAST_GATHER).unwrap_or_default();
+            // SAFETY: `module` was just loaded.
+            let cast = match call("cuModuleGetFunction", || unsafe {
+                result::module::get_function(module, cast_name)
+            }) {
+                Ok(func) => func,
+                Err(e) => {
+                    // SAFETY: unloads the module loaded above, used by nothing yet.
+                    let _ = call("cuModuleUnload", || unsafe {
+                        result::module::unload(module)
+                    });
+                    return Err(e);
+                }
+            };
             // SAFETY: reads one attribute of a valid device.
             let sms = call("cuDeviceGetAttribute", || unsafe {
                 result::device::get_attribute(
@@ -144,15 +160,16 @@ impl Context {
                     sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                 )
             })?;
-            Ok((module, functions, sms.max(1) as usize))
+            Ok((module, functions, cast, sms.max(1) as usize))
         })();
         match loaded {
-            Ok((module, functions, sms)) => Ok(Context {
+            Ok((module, functions, cast, sms)) => Ok(Context {
                 ordinal,
                 dev,
                 ctx,
                 module,
                 functions,
+                cast,
                 sms,
             }),
             Err(e) => {
@@ -183,10 +200,11 @@ impl Context {
     }
 
     pub(super) fn blocks_per_sm(&self, kernel: Kernel, width: usize, block: u32) -> usize {
-        let (Some(slot), family) = (kernels::width_slot(width), family(kernel)) else {
-            return 1;
+        let f = match (kernel, kernels::width_slot(width), family(kernel)) {
+            (Kernel::CastGather, _, _) => self.cast,
+            (_, Some(slot), Some(family)) => self.functions[family][slot],
+            _ => return 1,
         };
-        let f = self.functions[family][slot];
         if self.enter().is_err() {
             return 1;
         }
@@ -354,7 +372,13 @@ impl Context {
         args: &[Arg],
         stream: Stream,
     ) -> Result<(), GpuError> {
-        let Some(slot) = kernels::width_slot(width) else {
+        let slot = kernels::width_slot(width);
+        let f = match (kernel, slot, family(kernel)) {
+            (Kernel::CastGather, _, _) => Some(self.cast),
+            (_, Some(slot), Some(family)) => Some(self.functions[family][slot]),
+            _ => None,
+        };
+        let Some(f) = f else {
             return Err(GpuError::Driver {
                 op: "cuLaunchKernel",
                 code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE as u32,
@@ -364,7 +388,6 @@ impl Context {
         if grid == 0 {
             return Ok(());
         }
-        let family = family(kernel);
         self.enter()?;
         // The driver reads each parameter through a pointer to its value.
         let mut values: Vec<Arg> = args.to_vec();
@@ -375,7 +398,6 @@ impl Context {
                 Arg::U64(v) => (v as *mut u64).cast(),
             })
             .collect();
-        let f = self.functions[family][slot];
         // SAFETY: `f` belongs to the loaded module; the caller guarantees the parameters; `values` outlives the
         // call, which copies them.
         call("cuLaunchKernel", || unsafe {
@@ -385,12 +407,13 @@ impl Context {
 }
 
 /// A kernel family's row in [`Context::functions`].
-fn family(kernel: Kernel) -> usize {
+fn family(kernel: Kernel) -> Option<usize> {
     match kernel {
-        Kernel::DiffCompact => 0,
-        Kernel::Scatter => 1,
-        Kernel::ApplyCompact => 2,
-        Kernel::ChecksumCompact => 3,
+        Kernel::DiffCompact => Some(0),
+        Kernel::Scatter => Some(1),
+        Kernel::ApplyCompact => Some(2),
+        Kernel::ChecksumCompact => Some(3),
+        Kernel::CastGather => None,
     }
 }
 

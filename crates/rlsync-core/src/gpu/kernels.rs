@@ -57,9 +57,14 @@ pub fn name(kernel: Kernel, width: usize) -> String {
         Kernel::Scatter => "scatter",
         Kernel::ApplyCompact => "apply_compact",
         Kernel::ChecksumCompact => "checksum_compact",
+        // One kernel for every width.
+        Kernel::CastGather => return CAST_GATHER.to_owned(),
     };
     format!("{family}_w{width}")
 }
+
+/// The `extern "C"` name of the bucket cast kernel ([`Kernel::CastGather`]).
+pub const CAST_GATHER: &str = "cast_gather";
 
 /// Position of `width` in [`WIDTHS`].
 pub fn width_slot(width: usize) -> Option<usize> {
@@ -78,6 +83,8 @@ mod tests {
                 assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");
             }
         }
+        let entry = format!(".entry {}(", name(Kernel::CastGather, 2));
+        assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");
     }
 
     #[test]

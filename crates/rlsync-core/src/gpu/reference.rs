@@ -483,5 +483,7 @@ pub fn checksum_compact(
 
 // -- checksum_compact (end) --
 
+pub mod cast;
+
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,8 @@ use crate::tensor::{DType, StateDict, Storage, cast_bytes, copy_streaming};
 use crate::transport;
 
 use super::MessageError;
+
+pub(crate) mod device;
 use super::wire::{
     BucketEntry, HEADER_LEN, Header, KeyMeta, Kind, Stamp, WireError, bucket_layout, bucket_parts,
     read_bucket_table, write_bucket_table,
@@ -151,35 +153,71 @@ pub(crate) async fn send_sources(
     part_bytes: usize,
 ) -> Result<SendStats, super::SyncError> {
     let mut stats = SendStats::default();
-    let count = u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
-        reason: "more than 2^32 buckets".into(),
-    })?;
+    let count = bucket_count(buckets)?;
     for (seq, (bucket, srcs)) in buckets.iter().zip(sources).enumerate() {
-        let entries: Vec<BucketEntry> = bucket.iter().map(|p| p.entry).collect();
-        let layout = Layout::new(&entries, srcs, bucket.iter().map(|p| p.src).collect());
-        for part in bucket_parts(layout.body_len, layout.table_end(), part_bytes) {
-            let mut header = Header::stamped(kind, stamp, part.len());
-            header.seq = seq as u32;
-            header.count = count;
-            header.aux = part.start as u64;
-            let start = Instant::now();
-            let fill = |buf: &mut [u8]| {
-                let t0 = Instant::now();
-                layout.fill(buf, header, part.clone());
-                t0.elapsed()
-            };
-            let len = HEADER_LEN + part.len();
-            let fill_time = match to {
-                None => ch.send_with(len, fill).await?,
-                Some(rank) => ch.send_to_with(rank, len, fill).await?,
-            };
-            stats.fill += fill_time;
-            stats.wait += start.elapsed().saturating_sub(fill_time);
-            stats.payload_bytes += (HEADER_LEN + part.len()) as u64;
-            stats.messages += 1;
-        }
+        let src_dtypes = bucket.iter().map(|p| p.src).collect();
+        let one = Outgoing {
+            seq: seq as u32,
+            count,
+            bucket,
+            srcs,
+            src_dtypes,
+        };
+        send_bucket(ch, to, &one, kind, stamp, part_bytes, &mut stats).await?;
     }
     Ok(stats)
+}
+
+/// The number of buckets as the wire counts them.
+pub(crate) fn bucket_count(buckets: &[Vec<Planned>]) -> Result<u32, super::SyncError> {
+    u32::try_from(buckets.len()).map_err(|_| super::SyncError::Config {
+        reason: "more than 2^32 buckets".into(),
+    })
+}
+
+/// One bucket about to be sent: bucket `seq` of `count`, each tensor's bytes in `src_dtypes`.
+pub(crate) struct Outgoing<'a> {
+    pub seq: u32,
+    pub count: u32,
+    pub bucket: &'a [Planned],
+    pub srcs: &'a [&'a [u8]],
+    pub src_dtypes: Vec<DType>,
+}
+
+/// Send one bucket part by part (to every receiver, or to receiver `to` only), adding to `stats`.
+pub(crate) async fn send_bucket(
+    ch: &mut transport::Sender,
+    to: Option<usize>,
+    one: &Outgoing<'_>,
+    kind: Kind,
+    stamp: Stamp,
+    part_bytes: usize,
+    stats: &mut SendStats,
+) -> Result<(), super::SyncError> {
+    let entries: Vec<BucketEntry> = one.bucket.iter().map(|p| p.entry).collect();
+    let layout = Layout::new(&entries, one.srcs, one.src_dtypes.clone());
+    for part in bucket_parts(layout.body_len, layout.table_end(), part_bytes) {
+        let mut header = Header::stamped(kind, stamp, part.len());
+        header.seq = one.seq;
+        header.count = one.count;
+        header.aux = part.start as u64;
+        let start = Instant::now();
+        let fill = |buf: &mut [u8]| {
+            let t0 = Instant::now();
+            layout.fill(buf, header, part.clone());
+            t0.elapsed()
+        };
+        let len = HEADER_LEN + part.len();
+        let fill_time = match to {
+            None => ch.send_with(len, fill).await?,
+            Some(rank) => ch.send_to_with(rank, len, fill).await?,
+        };
+        stats.fill += fill_time;
+        stats.wait += start.elapsed().saturating_sub(fill_time);
+        stats.payload_bytes += (HEADER_LEN + part.len()) as u64;
+        stats.messages += 1;
+    }
+    Ok(())
 }
 
 /// Where each tensor of one bucket lies in the bucket body, and where its bytes come from.

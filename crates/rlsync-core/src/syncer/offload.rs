@@ -35,3 +35,13 @@ pub trait PatchInstaller: Send + Sync {
         threads: NonZeroUsize,
     ) -> Result<(), SyncError>;
 }
+
+/// Stages bucket syncs on a device (`bucket_device: cuda`) in place of the host fill's reads of the
+/// tensors (sender) and writes of them (receiver); see `syncer/bucket/device.rs`.
+pub trait BucketStager: Send {
+    /// The device address of `key`'s tensor, or `None` when it lives on the host (it is then read from
+    /// and written to the state dict as on the host path).
+    fn addr(&self, key: &str) -> Option<u64>;
+    /// The device that packs and unpacks the buckets.
+    fn device(&mut self) -> &mut dyn crate::gpu::bucket::BucketDevice;
+}

@@ -64,6 +64,8 @@ struct BucketSender {
     /// With `keep_last`: the bytes of every planned tensor (sender dtype) as the last `sync` sent them, bucket
     /// by bucket; empty before the first sync or without `keep_last`.
     last: Vec<Vec<Vec<u8>>>,
+    /// A device backend's staging (`bucket_device: cuda`, CUDA tensors), in place of the host fill's reads.
+    stager: Option<Box<dyn BucketStager>>,
 }
 
 impl WeightSyncer {
@@ -367,6 +369,7 @@ impl SenderStrategy {
                     buckets,
                     manifest: None,
                     last: Vec::new(),
+                    stager: None,
                 }))
             }
         }
@@ -499,9 +502,39 @@ impl SyncSender {
         }
     }
 
+    /// Pack buckets with `stager` (a device backend's, `bucket_device: cuda`) instead of reading the tensors
+    /// on the host; `false` (and nothing set) on a patch sender.
+    pub fn set_bucket_stager(&mut self, stager: Box<dyn BucketStager>) -> bool {
+        match &mut self.strategy {
+            SenderStrategy::Bucket(b) => {
+                b.stager = Some(stager);
+                true
+            }
+            SenderStrategy::Patch(_) => false,
+        }
+    }
+
     /// The receivers' dtype of each synced key (the snapshot's), in [`SyncSender::synced_keys`] order.
     pub fn synced_dtypes(&self) -> &[DType] {
         &self.recv_dtypes
+    }
+
+    /// Whether the next sync may read the state dict's host view beyond dtypes and sizes (a binding keeps its
+    /// host copies of CUDA tensors fresh when it does): `false` only for a bucket sender whose stager packs
+    /// the buckets from the device, that keeps no copy of the last version and whose channel nobody joins
+    /// late (a rejoin sends the state from the host view).
+    pub fn needs_host_view(&self) -> bool {
+        match &self.strategy {
+            SenderStrategy::Bucket(b) => {
+                b.stager.is_none() || self.settings.keep_last || self.ch.is_elastic()
+            }
+            SenderStrategy::Patch(_) => true,
+        }
+    }
+
+    /// `weight_syncer.bucket.bucket_device`: where a device backend should stage buckets.
+    pub fn bucket_device(&self) -> settings::Device {
+        self.settings.bucket_device
     }
 
     /// `weight_syncer.patch.snapshot_device`: where a device backend should keep the snapshot.
@@ -829,6 +862,7 @@ impl BucketSender {
             buckets,
             manifest,
             last,
+            stager,
         } = self;
         let mut manifest_bytes = 0;
         if let Some(keys) = manifest {
@@ -838,8 +872,16 @@ impl BucketSender {
             manifest_bytes = msg.len() as u64;
             ch.send(&msg).await?;
         }
-        let mut stats =
-            bucket::send(ch, state, buckets, Kind::Bucket, next, settings.part_bytes).await?;
+        // With `keep_last` the copy kept for rejoins is read from the host view, so the binding stages that
+        // sync on the host as before.
+        let mut stats = match stager {
+            Some(stager) if !settings.keep_last => {
+                let (kind, part) = (Kind::Bucket, settings.part_bytes);
+                bucket::device::send_device(ch, stager.as_mut(), state, buckets, kind, next, part)
+                    .await?
+            }
+            _ => bucket::send(ch, state, buckets, Kind::Bucket, next, settings.part_bytes).await?,
+        };
         if manifest_bytes > 0 {
             stats.payload_bytes += manifest_bytes;
             stats.messages += 1;
