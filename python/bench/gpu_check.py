@@ -1053,6 +1053,49 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
     return res
 
 
+def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, syncs: int = 3) -> dict[str, Any]:
+    """``PatchWeightSyncer(transport_device=<the GPU>)``: every payload handed to ``send`` is a 1-D uint8 tensor
+    on that GPU (RLinf's ``transport_device``), the receiver takes it as it comes and ends equal to the sender."""
+    res: dict[str, Any] = {"kind": "patch", "transport_device": str(ctx.dev)}
+    failures: list[str] = []
+    tx_state = {k: v.clone() for k, v in params.items()}
+    rx_state = {k: torch.zeros_like(v) for k, v in params.items()}
+    tx = rlsync.PatchWeightSyncer(snapshot_device="cuda", transport_device=ctx.dev, init_sync_enabled=True)
+    rx = rlsync.PatchWeightSyncer(snapshot_device="cuda", init_sync_enabled=True)
+    link = Link()
+    kinds: set[str] = set()
+
+    async def send(p: Any) -> None:
+        kinds.add(f"{type(p).__name__}:{getattr(p, 'device', '-')}:{getattr(p, 'dtype', '-')}")
+        await link.send(p)
+
+    async def main() -> None:
+        await asyncio.gather(tx.init_sender(tx_state, list(tx_state), send, link.up_recv),
+                             rx.init_receiver(rx_state, link.recv, link.up_send))
+        gen = torch.Generator(device=ctx.dev).manual_seed(7)
+        for v in range(1, syncs + 1):
+            perturb(tx_state, 0.01, gen)
+            await tx.sync(tx_state, send, v)
+            if await rx.apply(rx_state, link.recv) != v:
+                failures.append(f"sync {v}: another version applied")
+            if not states_equal(tx_state, rx_state):
+                failures.append(f"sync {v}: the receiver differs from the sender")
+
+    try:
+        asyncio.run(main())
+    except Exception as e:  # noqa: BLE001 - recorded as a failure of this run
+        failures.append(f"raised {error_text(e)}")
+    # torch names a device with its index ("cuda:0"); the one asked for may omit it ("cuda").
+    index = ctx.dev.index if ctx.dev.index is not None else torch.cuda.current_device()
+    want = f"Tensor:{torch.device(ctx.dev.type, index)}:torch.uint8"
+    res["payload_kinds"] = sorted(kinds)
+    if kinds != {want}:
+        failures.append(f"send was handed {sorted(kinds)}, not only {want}")
+    res["failures"] = failures[:10]
+    res["passed"] = not failures
+    return res
+
+
 def stage_correctness(ctx: Ctx) -> dict[str, Any]:
     need_gpu(ctx)
     rlsync = rlsync_module()
@@ -1080,6 +1123,9 @@ def stage_correctness(ctx: Ctx) -> dict[str, Any]:
             continue
         until = time.monotonic() + left * weights[i] / sum(weights[i:])
         results.append(_correctness_run(ctx, rlsync, kind, device, shapes, master, params, opt, 30, until))
+        free_memory()
+    if ctx.dev.type == "cuda" and ctx.left() > 3:
+        results.append(_transport_cuda_run(ctx, rlsync, params))
         free_memory()
     out["runs"] = results
     ran = [r for r in results if "passed" in r]
