@@ -155,12 +155,7 @@ impl ScatterShape {
         let mut next = [0usize; 4];
         for e in &p.plan {
             if e.dense {
-                shape.dense.push(DenseCopy {
-                    ordinal: e.ordinal,
-                    base: e.base,
-                    width: e.width,
-                    bytes: e.dense_pos..e.dense_pos + e.nnz * e.width,
-                });
+                shape.dense.push(dense_copy(e));
                 continue;
             }
             let slot = [1, 2, 4, 8].iter().position(|&w| w == e.width)?;
@@ -230,6 +225,16 @@ impl ScatterShape {
         map_items(work, threads, |(e, idx, vals)| {
             decode_entry_into(p, e, idx, vals)
         });
+    }
+}
+
+/// A dense entry's copy: its element bytes in the dense stream and where they go.
+fn dense_copy(e: &EntryPlan) -> DenseCopy {
+    DenseCopy {
+        ordinal: e.ordinal,
+        base: e.base,
+        width: e.width,
+        bytes: e.dense_pos..e.dense_pos + e.nnz * e.width,
     }
 }
 
@@ -340,12 +345,7 @@ fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
     let mut decoded = decoded.into_iter();
     for e in &p.plan {
         if e.dense {
-            plan.dense.push(DenseCopy {
-                ordinal: e.ordinal,
-                base: e.base,
-                width: e.width,
-                bytes: e.dense_pos..e.dense_pos + e.nnz * e.width,
-            });
+            plan.dense.push(dense_copy(e));
             continue;
         }
         let (Some(d), Some(slot)) = (

@@ -1,0 +1,558 @@
+//! The GPU channel's device sides on CUDA: [`CudaSender`] (diff_compact and checksum_compact into rlsync's
+//! exported allocations) and [`CudaReceiver`] (the sender's allocations opened by IPC, checksum_compact and
+//! apply_compact into the receiver's tensors).
+
+use super::compact::{self, Layout};
+use super::wire::{Export, Setup, WidthExport};
+use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_plan};
+use crate::gpu::reference::PoolSum;
+use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+
+/// One wave of resident blocks of `kernel` for `width` (the driver's occupancy), at most one per tile: the
+/// grid of a grid-striding launch over `ntiles` tiles. Asked once per end and width, not per sync.
+fn wave(gpu: &Gpu, kernel: Kernel, width: usize, ntiles: u64) -> u32 {
+    let resident = gpu.sm_count() * gpu.blocks_per_sm(kernel, width, compact::BLOCK);
+    (ntiles as usize).min(resident).clamp(1, u32::MAX as usize) as u32
+}
+
+/// Where one `checksum_compact` launch reads (device addresses) and what it hashes.
+struct SumLaunch {
+    width: usize,
+    grid: u32,
+    /// `ApplyJob`s (`dst` unused, `dense_src` the snapshot copy) and how many.
+    jobs: u64,
+    njobs: u32,
+    ntiles: u64,
+    dir: u64,
+    idx: u64,
+    vals: u64,
+    capacity: u64,
+    seed: u64,
+    full: bool,
+    /// Two u64 words (sum, count), zeroed here before the launch.
+    out: u64,
+}
+
+/// Queue `l` on `stream`: zero its output words, launch.
+///
+/// # Safety
+/// Every address in `l` must be valid for the launch (the job table's snapshot addresses, the directory,
+/// index and value pool sized for `ntiles` tiles and `capacity` entries, 16 writable bytes at `out`) until it
+/// has run.
+unsafe fn queue_checksum(gpu: &Gpu, l: &SumLaunch, stream: Stream) -> Result<(), GpuError> {
+    let args = [
+        Arg::U64(l.jobs),
+        Arg::U32(l.njobs),
+        Arg::U64(l.ntiles),
+        Arg::U64(l.dir),
+        Arg::U64(l.idx),
+        Arg::U64(l.vals),
+        Arg::U64(l.capacity),
+        Arg::U64(l.seed),
+        Arg::U32(u32::from(l.full)),
+        Arg::U64(l.out),
+    ];
+    // SAFETY: forwarded to the caller; the arguments follow checksum_compact's signature.
+    unsafe {
+        gpu.zero_async(l.out, 16, stream)?;
+        gpu.launch(
+            Kernel::ChecksumCompact,
+            l.width,
+            l.grid,
+            compact::BLOCK,
+            &args,
+            stream,
+        )
+    }
+}
+
+/// The (sum, count) a `checksum_compact` launch left in 16 pinned bytes.
+fn read_sum(host: &PinnedBuf) -> PoolSum {
+    PoolSum {
+        sum: bytemuck::pod_read_unaligned::<u64>(&host[..8]),
+        count: bytemuck::pod_read_unaligned::<u64>(&host[8..16]),
+    }
+}
+
+/// One width's launch state on the sender's device.
+struct SenderWidth {
+    width: usize,
+    ntiles: u64,
+    capacity: u64,
+    /// dir | idx | vals (exported).
+    out: DeviceBuf,
+    offs: (u64, u64, u64),
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+    cursor: DeviceBuf,
+    cursor_host: PinnedBuf,
+    /// checksum_compact's job table (the snapshot copy as `dense_src`), output words and grid.
+    sum_jobs: DeviceBuf,
+    sum_jobs_host: PinnedBuf,
+    sum: DeviceBuf,
+    sum_host: PinnedBuf,
+    sum_grid: u32,
+}
+
+/// [`SenderDevice`] on CUDA: the state is the caller's CUDA tensors ([`CudaSender::set_state`] before each
+/// sync), the snapshot copy and the outputs are rlsync's allocations.
+pub struct CudaSender {
+    gpu: Gpu,
+    state: Vec<u64>,
+    stream: Stream,
+    snapshot: Option<DeviceBuf>,
+    widths: Vec<SenderWidth>,
+}
+
+impl CudaSender {
+    pub fn new(gpu: Gpu) -> CudaSender {
+        CudaSender {
+            gpu,
+            state: Vec::new(),
+            stream: Stream::default(),
+            snapshot: None,
+            widths: Vec::new(),
+        }
+    }
+
+    /// The state tensors' device addresses (layout order) and the stream of the next operation. The caller
+    /// keeps the tensors alive and unchanged until that operation returns.
+    pub fn set_state(&mut self, addrs: Vec<u64>, stream: Stream) {
+        self.state = addrs;
+        self.stream = stream;
+    }
+
+    fn state_of(&self, layout: &Layout) -> Result<&[u64], GpuError> {
+        if self.state.len() != layout.tensors().len() {
+            return Err(GpuError::Driver {
+                op: "ipc state",
+                code: 1,
+                name: format!(
+                    "{} tensor addresses for a layout of {}",
+                    self.state.len(),
+                    layout.tensors().len()
+                ),
+            });
+        }
+        Ok(&self.state)
+    }
+}
+
+impl SenderDevice for CudaSender {
+    fn prepare(
+        &mut self,
+        layout: &Layout,
+        _offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
+        let gpu = &self.gpu;
+        let snap = gpu.alloc(snapshot_bytes as usize)?;
+        let snapshot = Export {
+            handle: gpu.ipc_handle(&snap)?,
+            bytes: snapshot_bytes,
+        };
+        let mut exports = Vec::new();
+        let mut widths = Vec::new();
+        for width in layout.widths().collect::<Vec<_>>() {
+            let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
+            let out = gpu.alloc(bytes as usize)?;
+            let jobs_bytes = layout.tensors_of(width).count() * size_of::<compact::DiffJob>();
+            exports.push(WidthExport {
+                width: width as u8,
+                ntiles: layout.ntiles(width),
+                capacity,
+                buf: Export {
+                    handle: gpu.ipc_handle(&out)?,
+                    bytes,
+                },
+                dir_off,
+                idx_off,
+                vals_off,
+            });
+            widths.push(SenderWidth {
+                width,
+                ntiles: layout.ntiles(width),
+                capacity,
+                out,
+                offs: (dir_off, idx_off, vals_off),
+                jobs: gpu.alloc(jobs_bytes)?,
+                jobs_host: gpu.pinned(jobs_bytes)?,
+                cursor: gpu.alloc(8)?,
+                cursor_host: gpu.pinned(8)?,
+                sum_jobs: gpu.alloc(jobs_bytes)?,
+                sum_jobs_host: gpu.pinned(jobs_bytes)?,
+                sum: gpu.alloc(16)?,
+                sum_host: gpu.pinned(16)?,
+                sum_grid: wave(gpu, Kernel::ChecksumCompact, width, layout.ntiles(width)),
+            });
+        }
+        self.snapshot = Some(snap);
+        self.widths = widths;
+        Ok((snapshot, exports))
+    }
+
+    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
+        let state = self.state_of(layout)?;
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(());
+        };
+        for (t, (&src, &off)) in layout.tensors().iter().zip(state.iter().zip(offsets)) {
+            let bytes = t.numel as usize * t.width;
+            // SAFETY: the caller's live tensor of `bytes` bytes into this sender's snapshot allocation, sized
+            // for every tensor at its offset; nothing else writes it (one version in flight).
+            unsafe {
+                self.gpu
+                    .copy_async(snap.addr() + off, src, bytes, self.stream)?
+            };
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn build(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError> {
+        let state = self.state_of(layout)?.to_vec();
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let (gpu, stream) = (&self.gpu, self.stream);
+        for wb in &mut self.widths {
+            let jobs = layout.diff_jobs(wb.width, |pos| (state[pos], snap.addr() + offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
+            let (dir_off, idx_off, vals_off) = wb.offs;
+            let base = wb.out.addr();
+            let launch = DiffLaunch {
+                width: wb.width,
+                jobs: wb.jobs.addr(),
+                njobs: jobs.len() as u32,
+                ntiles: wb.ntiles,
+                idx: base + idx_off,
+                vals: base + vals_off,
+                capacity: wb.capacity,
+                cursor: wb.cursor.addr(),
+                dir: base + dir_off,
+            };
+            // SAFETY: rlsync's buffers sized for this layout (width_plan); the job table names the caller's
+            // live tensors and this sender's snapshot copy; the pinned job table is not touched again before
+            // the stream sync below; no receiver reads the outputs now (all acked the previous version).
+            unsafe {
+                gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
+                gpu.queue_diff_compact(&launch, stream)?;
+                gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+            }
+            // The checksum of what was just built, on the same stream (after diff_compact), seeded with the
+            // sync's sequence number.
+            queue_sum(
+                gpu,
+                wb,
+                layout,
+                |pos| snap.addr() + offsets[pos],
+                seed,
+                false,
+                stream,
+            )?;
+        }
+        gpu.sync(stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|wb| WidthBuilt {
+                cursor: bytemuck::pod_read_unaligned::<u64>(&wb.cursor_host[..8]),
+                sum: read_sum(&wb.sum_host),
+            })
+            .collect())
+    }
+
+    fn snapshot_sum(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let (gpu, stream) = (&self.gpu, self.stream);
+        for wb in &mut self.widths {
+            queue_sum(
+                gpu,
+                wb,
+                layout,
+                |pos| snap.addr() + offsets[pos],
+                seed,
+                true,
+                stream,
+            )?;
+        }
+        gpu.sync(stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|wb| read_sum(&wb.sum_host))
+            .collect())
+    }
+
+    fn device(&self) -> u32 {
+        self.gpu.ordinal() as u32
+    }
+}
+
+/// Queue the sender's `checksum_compact` of one width (its output, or with `full` the snapshot copy at
+/// `snap(pos)`) and the read back of its words; the launch.
+fn queue_sum(
+    gpu: &Gpu,
+    wb: &mut SenderWidth,
+    layout: &Layout,
+    snap: impl Fn(usize) -> u64,
+    seed: u64,
+    full: bool,
+    stream: Stream,
+) -> Result<(), GpuError> {
+    let jobs = layout.apply_jobs(wb.width, |pos| (0, snap(pos)));
+    let bytes = compact::as_bytes(&jobs);
+    wb.sum_jobs_host[..bytes.len()].copy_from_slice(bytes);
+    let (dir_off, idx_off, vals_off) = wb.offs;
+    let base = wb.out.addr();
+    let l = SumLaunch {
+        width: wb.width,
+        grid: wb.sum_grid,
+        jobs: wb.sum_jobs.addr(),
+        njobs: jobs.len() as u32,
+        ntiles: wb.ntiles,
+        dir: base + dir_off,
+        idx: base + idx_off,
+        vals: base + vals_off,
+        capacity: wb.capacity,
+        seed,
+        full,
+        out: wb.sum.addr(),
+    };
+    // SAFETY: rlsync's buffers sized for this layout (width_plan; 16 bytes of output words); the job table
+    // names this sender's snapshot copy; the pinned table and words are not touched again before the
+    // caller's stream sync.
+    unsafe {
+        gpu.write_async(
+            wb.sum_jobs.addr(),
+            wb.sum_jobs_host.as_ptr(),
+            bytes.len(),
+            stream,
+        )?;
+        queue_checksum(gpu, &l, stream)?;
+        gpu.read_async(wb.sum_host.as_mut_ptr(), wb.sum.addr(), 16, stream)?;
+    }
+    Ok(())
+}
+
+/// [`ReceiverDevice`] on CUDA: the receiver's CUDA tensors ([`CudaReceiver::set_tensors`] before each apply)
+/// and the sender's allocations opened in its context.
+pub struct CudaReceiver {
+    gpu: Gpu,
+    tensors: Vec<u64>,
+    stream: Stream,
+    /// Opened allocations: the snapshot first, then one per width (closed on drop).
+    opened: Vec<u64>,
+    widths: Vec<ReceiverWidth>,
+}
+
+/// One width's launch state on a receiver's device.
+struct ReceiverWidth {
+    /// The `ApplyJob` table (also checksum_compact's: it ignores `dst`).
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+    /// checksum_compact's output words.
+    sum: DeviceBuf,
+    sum_host: PinnedBuf,
+    /// One wave of resident blocks of each kernel (asked once, at open).
+    apply_grid: u32,
+    sum_grid: u32,
+}
+
+impl CudaReceiver {
+    pub fn new(gpu: Gpu) -> CudaReceiver {
+        CudaReceiver {
+            gpu,
+            tensors: Vec::new(),
+            stream: Stream::default(),
+            opened: Vec::new(),
+            widths: Vec::new(),
+        }
+    }
+
+    /// The receiver's tensors' device addresses (layout order) and the stream of the next apply.
+    pub fn set_tensors(&mut self, addrs: Vec<u64>, stream: Stream) {
+        self.tensors = addrs;
+        self.stream = stream;
+    }
+
+    fn tensors_for(&self, setup: &Setup) -> Result<&[u64], GpuError> {
+        if self.tensors.len() != setup.tensors.len() || self.opened.len() != 1 + setup.widths.len()
+        {
+            return Err(GpuError::Driver {
+                op: "ipc apply",
+                code: 1,
+                name: format!(
+                    "{} tensor addresses and {} open buffers for a setup of {} tensors",
+                    self.tensors.len(),
+                    self.opened.len(),
+                    setup.tensors.len()
+                ),
+            });
+        }
+        Ok(&self.tensors)
+    }
+}
+
+impl ReceiverDevice for CudaReceiver {
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        for h in std::iter::once(&setup.snapshot.handle)
+            .chain(setup.widths.iter().map(|w| &w.buf.handle))
+        {
+            // SAFETY: closed once in Drop, after the last apply (each apply waits for its stream).
+            let addr = unsafe { self.gpu.ipc_open(h) }?;
+            self.opened.push(addr);
+        }
+        for w in &setup.widths {
+            let n = setup.tensors.iter().filter(|t| t.width == w.width).count();
+            let bytes = n * size_of::<compact::ApplyJob>();
+            let width = usize::from(w.width);
+            self.widths.push(ReceiverWidth {
+                jobs: self.gpu.alloc(bytes)?,
+                jobs_host: self.gpu.pinned(bytes)?,
+                sum: self.gpu.alloc(16)?,
+                sum_host: self.gpu.pinned(16)?,
+                apply_grid: wave(&self.gpu, Kernel::ApplyCompact, width, w.ntiles),
+                sum_grid: wave(&self.gpu, Kernel::ChecksumCompact, width, w.ntiles),
+            });
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self) -> Result<(), GpuError> {
+        self.gpu.sync(self.stream)
+    }
+
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &Layout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        let tensors = self.tensors_for(setup)?.to_vec();
+        let snap = self.opened[0];
+        for (k, w) in setup.widths.iter().enumerate() {
+            let width = usize::from(w.width);
+            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            let rw = &mut self.widths[k];
+            rw.jobs_host[..bytes.len()].copy_from_slice(bytes);
+            let base = self.opened[1 + k];
+            let l = SumLaunch {
+                width,
+                grid: rw.sum_grid,
+                jobs: rw.jobs.addr(),
+                njobs: jobs.len() as u32,
+                ntiles: w.ntiles,
+                dir: base + w.dir_off,
+                idx: base + w.idx_off,
+                vals: base + w.vals_off,
+                capacity: w.capacity,
+                seed,
+                full,
+                out: rw.sum.addr(),
+            };
+            // SAFETY: the job table names the sender's snapshot copy (checked against the layout at setup);
+            // the directory and pool (capacity entries) were checked to lie inside the opened allocation; the
+            // sender rewrites none of them before this ack; the pinned table and words stay untouched until
+            // the stream sync below.
+            unsafe {
+                self.gpu.write_async(
+                    rw.jobs.addr(),
+                    rw.jobs_host.as_ptr(),
+                    bytes.len(),
+                    self.stream,
+                )?;
+                queue_checksum(&self.gpu, &l, self.stream)?;
+                self.gpu
+                    .read_async(rw.sum_host.as_mut_ptr(), rw.sum.addr(), 16, self.stream)?;
+            }
+        }
+        self.gpu.sync(self.stream)?;
+        Ok(self
+            .widths
+            .iter()
+            .map(|rw| read_sum(&rw.sum_host))
+            .collect())
+    }
+
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        let tensors = self.tensors_for(setup)?;
+        let snap = self.opened[0];
+        for ((t, &dst), &off) in setup.tensors.iter().zip(tensors).zip(&setup.offsets) {
+            let bytes = t.numel as usize * usize::from(t.width);
+            // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
+            // receiver's live tensor of the same size; the sender does not write it before this ack.
+            unsafe { self.gpu.copy_async(dst, snap + off, bytes, self.stream)? };
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
+        let tensors = self.tensors_for(setup)?.to_vec();
+        let snap = self.opened[0];
+        for (k, w) in setup.widths.iter().enumerate() {
+            let width = usize::from(w.width);
+            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            let bytes = compact::as_bytes(&jobs);
+            let rw = &mut self.widths[k];
+            let (dev, host) = (&rw.jobs, &mut rw.jobs_host);
+            host[..bytes.len()].copy_from_slice(bytes);
+            let base = self.opened[1 + k];
+            let args = [
+                Arg::U64(dev.addr()),
+                Arg::U32(jobs.len() as u32),
+                Arg::U64(w.ntiles),
+                Arg::U64(base + w.dir_off),
+                Arg::U64(base + w.idx_off),
+                Arg::U64(base + w.vals_off),
+            ];
+            // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
+            let grid = rw.apply_grid;
+            // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
+            // against the layout at setup); the directory and pool were checked to lie inside the opened
+            // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched
+            // until the stream sync below.
+            unsafe {
+                self.gpu
+                    .write_async(dev.addr(), host.as_ptr(), bytes.len(), self.stream)?;
+                self.gpu.launch(
+                    Kernel::ApplyCompact,
+                    width,
+                    grid,
+                    compact::BLOCK,
+                    &args,
+                    self.stream,
+                )?;
+            }
+        }
+        self.gpu.sync(self.stream)
+    }
+
+    fn device(&self) -> u32 {
+        self.gpu.ordinal() as u32
+    }
+}
+
+impl Drop for CudaReceiver {
+    fn drop(&mut self) {
+        let _ = self.gpu.sync(self.stream);
+        for addr in self.opened.drain(..) {
+            // SAFETY: opened once in `open`; every apply waited for its stream, and so did the line above.
+            let _ = unsafe { self.gpu.ipc_close(addr) };
+        }
+    }
+}
