@@ -221,6 +221,7 @@ def _tensor_send(send: SendFn, device: Any = None) -> SendFn:
 def _transport(value: Any) -> Any:
     """``transport_device`` as a ``torch.device`` for the payloads handed to ``send`` (``None``: the CPU). A CUDA
     device must be one torch can use here: a clear error otherwise, at construction rather than at a send."""
+    _device(value, "transport_device")  # cpu or cuda, else the error every device argument gets
     dev = _torch_device(value)
     if dev.type != "cuda":
         return dev
@@ -898,7 +899,6 @@ class PatchWeightSyncer(WeightSyncer):
         threads: int = 0,
         payload_type: str = "bytes",
     ) -> None:
-        _device(transport_device, "transport_device")
         transport = _transport(transport_device)
         if compression_algorithm not in ("none", "lz4", "nvcomp_lz4"):
             raise ValueError(f"compression_algorithm must be 'none' or 'lz4', got {compression_algorithm!r}")

@@ -37,20 +37,15 @@ struct Pair {
 impl Pair {
     /// A pinned staging area of at least `len` bytes (its device twin as large), grown on demand.
     fn reserve(&mut self, gpu: &Gpu, len: usize) -> Result<&mut PinnedBuf, GpuError> {
-        let fits = self.bufs.as_ref().is_some_and(|(d, _)| d.len() >= len);
-        if !fits {
-            self.bufs = None; // free the smaller pair first
-            let cap = len.next_power_of_two().max(4096);
-            self.bufs = Some((gpu.alloc(cap)?, gpu.pinned(cap)?));
-        }
-        match self.bufs.as_mut() {
-            Some((_, host)) => Ok(host),
-            None => Err(GpuError::Driver {
-                op: "staging",
-                code: 1,
-                name: "no staging buffer".into(),
-            }),
-        }
+        // A pair too small is freed before the larger one is allocated.
+        let pair = match self.bufs.take().filter(|(d, _)| d.len() >= len) {
+            Some(pair) => pair,
+            None => {
+                let cap = len.next_power_of_two().max(4096);
+                (gpu.alloc(cap)?, gpu.pinned(cap)?)
+            }
+        };
+        Ok(&mut self.bufs.insert(pair).1)
     }
 
     /// Queue the copy of the first `len` staged bytes to the device; the device address (0 for nothing).

@@ -72,7 +72,7 @@ pub struct ScatterPlan {
 impl ScatterPlan {
     /// The lists of elements of `width` bytes (`None` for a width that has no kernel).
     pub fn of_width(&self, width: usize) -> Option<&WidthLists> {
-        let slot = [1, 2, 4, 8].iter().position(|&w| w == width)?;
+        let slot = width_slot(width)?;
         self.widths.get(slot)
     }
 
@@ -135,8 +135,6 @@ pub fn scatter_plan(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
 pub struct ScatterShape {
     /// Widths 1, 2, 4, 8 bytes, in that order.
     entries: [Vec<ScatterEntry>; 4],
-    /// Per sparse entry of the plan, in plan order: its width slot.
-    slots: Vec<usize>,
     dense: Vec<DenseCopy>,
 }
 
@@ -149,7 +147,6 @@ impl ScatterShape {
         };
         let mut shape = ScatterShape {
             entries: Default::default(),
-            slots: Vec::new(),
             dense: Vec::new(),
         };
         let mut next = [0usize; 4];
@@ -158,7 +155,7 @@ impl ScatterShape {
                 shape.dense.push(dense_copy(e));
                 continue;
             }
-            let slot = [1, 2, 4, 8].iter().position(|&w| w == e.width)?;
+            let slot = width_slot(e.width)?;
             if e.limit.saturating_sub(e.base) > 1 << 32 {
                 return None;
             }
@@ -171,7 +168,6 @@ impl ScatterShape {
                 count: e.nnz,
             });
             next[slot] += e.nnz;
-            shape.slots.push(slot);
         }
         Some(shape)
     }
@@ -212,8 +208,11 @@ impl ScatterShape {
                 *r = None;
             }
         }
-        let mut work = Vec::with_capacity(self.slots.len());
-        for (e, &slot) in p.plan.iter().filter(|e| !e.dense).zip(&self.slots) {
+        let mut work = Vec::with_capacity(self.entries.iter().map(Vec::len).sum());
+        for e in p.plan.iter().filter(|e| !e.dense) {
+            let Some(slot) = width_slot(e.width) else {
+                continue;
+            };
             let Some((idx, vals)) = rest[slot].take() else {
                 continue;
             };
@@ -226,6 +225,11 @@ impl ScatterShape {
             decode_entry_into(p, e, idx, vals)
         });
     }
+}
+
+/// The width slot (0..4) of an element width of 1, 2, 4 or 8 bytes.
+fn width_slot(width: usize) -> Option<usize> {
+    [1, 2, 4, 8].iter().position(|&w| w == width)
 }
 
 /// A dense entry's copy: its element bytes in the dense stream and where they go.
@@ -348,10 +352,7 @@ fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
             plan.dense.push(dense_copy(e));
             continue;
         }
-        let (Some(d), Some(slot)) = (
-            decoded.next(),
-            [1, 2, 4, 8].iter().position(|&w| w == e.width),
-        ) else {
+        let (Some(d), Some(slot)) = (decoded.next(), width_slot(e.width)) else {
             continue;
         };
         let lists = &mut plan.widths[slot];
