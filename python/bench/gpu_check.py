@@ -874,6 +874,7 @@ def stage_timing_7b(ctx: Ctx) -> dict[str, Any]:
     if gpu_b.get("sender_sync_median_s") and host_b.get("sender_sync_median_s"):
         summary["bucket_host_over_gpu_staged_sender"] = host_b["sender_sync_median_s"] / gpu_b["sender_sync_median_s"]
         summary["bucket_host_over_gpu_staged_e2e"] = host_b["e2e_median_s"] / gpu_b["e2e_median_s"]
+        summary["bucket_host_over_gpu_staged_apply"] = host_b["apply_median_s"] / gpu_b["apply_median_s"]
     out["summary"] = summary
     return out
 
@@ -908,6 +909,7 @@ def _rlsync_bucket_7b(ctx: Ctx, rlsync: Any, tx_state: dict, rx_state: dict, buc
             t_apply.append(t2 - t1)
             t_e2e.append(t2 - t0)
         res["last_sender_report"] = tx.last_report()
+        res["last_receiver_report"] = rx.last_report()
 
     asyncio.run(main())
     res["syncs"] = len(t_e2e)
@@ -1005,6 +1007,9 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             res["sender_device_path"] = tx.last_report().get("device")
             if res["sender_device_path"] != "cuda (device bucket pack)":
                 failures.append(f"bucket_device='cuda' sender ran {res['sender_device_path']!r}, not the GPU pack")
+            res["receiver_device_path"] = rx.last_report().get("device")
+            if res["receiver_device_path"] != "cuda (device bucket install)":
+                failures.append(f"bucket_device='cuda' receiver ran {res['receiver_device_path']!r}, not the GPU install")
         res["sync_median_s"] = median(t_sync)
         res["last_sender_report"] = tx.last_report()
         # A payload corrupted in flight: rejected, the receiver's weights and version untouched.

@@ -973,7 +973,9 @@ class BucketWeightSyncer(WeightSyncer):
     buckets of a sender's CUDA tensors on the GPU (cast to ``bucket_dtype`` there, floating tensors only) into
     pinned host buffers, bucket k + 1 while bucket k is sent, with the same wire bytes as ``"cpu"`` and no host
     copy of the whole state; CPU tensors (a mixed or a CPU state dict) are staged on the host as with
-    ``"cpu"``. A receiver verifies on the host and writes CUDA tensors through their host copies either way.
+    ``"cpu"``. A receiver with ``bucket_device="cuda"`` verifies each whole version on the host, then writes
+    its CUDA tensors on the GPU (cast there where the wire dtype differs); with ``"cpu"`` it writes them
+    through host copies.
 
     As RLinf's, it needs no handshake: :meth:`init_sender` without ``recv`` and :meth:`init_receiver` without
     ``send`` exchange nothing, and each version then starts with a manifest (names, shapes, wire and target

@@ -33,11 +33,42 @@ pub(crate) struct DeviceSide {
     /// The CUDA tensors' device addresses by key and the caller's stream for the operation about to run (the
     /// host copies, the device build and the install all use it).
     current: Arc<Mutex<DeviceState>>,
+    /// What runs on the device (set once, after init).
+    mode: Mode,
+}
+
+/// Which of a syncer's operations work on the CUDA tensors themselves rather than their host copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Mode {
+    /// Every operation reads and writes the host copies (pulled before, pushed after).
+    #[default]
+    HostStaging,
     /// Patches are built (sender) or installed (receiver) on the device: the operation neither pulls nor
     /// pushes the host copies (they go stale until an operation that reads them pulls).
-    on_device: bool,
-    /// A bucket sender packs its CUDA tensors' buckets on the GPU (`bucket_device: cuda`, [`attach_stager`]).
-    bucket_pack: bool,
+    Patch,
+    /// A bucket sender packs its CUDA tensors' buckets on the GPU (`bucket_device: cuda`, [`attach_stager`]);
+    /// it pulls only when a rejoin or the kept copy of the last version needs the host view.
+    BucketPack,
+    /// A bucket receiver installs verified versions into its CUDA tensors on the GPU (`bucket_device: cuda`,
+    /// [`attach_installer`]): no pull or push, as [`Mode::Patch`].
+    BucketInstall,
+}
+
+impl Mode {
+    /// Whether an operation skips the host copies (neither pulls nor pushes).
+    fn skips_host_copies(self) -> bool {
+        matches!(self, Mode::Patch | Mode::BucketInstall)
+    }
+
+    /// Where the tensors were, as `last_report()["device"]` says it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Mode::HostStaging => "cuda (host staging)",
+            Mode::Patch => "cuda (device build/install)",
+            Mode::BucketPack => "cuda (device bucket pack)",
+            Mode::BucketInstall => "cuda (device bucket install)",
+        }
+    }
 }
 
 /// Shared between a syncer and its running op (one op at a time).
@@ -100,14 +131,15 @@ pub(crate) fn push(side: &Option<SharedSide>) -> Result<(), GpuError> {
     side.as_ref().map_or(Ok(()), |s| lock(s).push())
 }
 
-/// Whether patches are built or installed on the device (the host copies stay out of the operation).
+/// Whether operations work on the CUDA tensors themselves (a device patch build or install, a device bucket
+/// install): the host copies stay out of them.
 pub(crate) fn on_device(side: &Option<SharedSide>) -> bool {
-    side.as_ref().is_some_and(|s| lock(s).on_device)
+    mode(side).skips_host_copies()
 }
 
-/// Whether a bucket sender packs its buckets on the GPU.
-pub(crate) fn bucket_pack(side: &Option<SharedSide>) -> bool {
-    side.as_ref().is_some_and(|s| lock(s).bucket_pack)
+/// What runs on the device (`HostStaging` without CUDA tensors too).
+pub(crate) fn mode(side: &Option<SharedSide>) -> Mode {
+    side.as_ref().map_or(Mode::HostStaging, |s| lock(s).mode)
 }
 
 /// The CUDA tensors' addresses cover every synced key.
@@ -140,12 +172,15 @@ pub(crate) fn attach_builder(
         return false;
     }
     let differ = GpuDiffer::new(g.gpu.clone(), sender.snapshot_device(), g.current.clone());
-    g.on_device = sender.set_patch_builder(Box::new(differ));
-    g.on_device
+    let moved = sender.set_patch_builder(Box::new(differ));
+    if moved {
+        g.mode = Mode::Patch;
+    }
+    moved
 }
 
-/// A bucket sender's device staging: packs on the state's GPU, at the addresses and on the stream of the
-/// operation about to run.
+/// A bucket syncer's device staging: packs (sender) or installs (receiver) on the state's GPU, at the
+/// addresses and on the stream of the operation about to run.
 struct CudaStager {
     dev: CudaBucketDevice,
     current: Arc<Mutex<DeviceState>>,
@@ -182,25 +217,43 @@ pub(crate) fn attach_stager(side: &Option<SharedSide>, sender: &mut SyncSender) 
         dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
         current: g.current.clone(),
     };
-    g.bucket_pack = sender.set_bucket_stager(Box::new(stager));
-    g.bucket_pack
+    let attached = sender.set_bucket_stager(Box::new(stager));
+    if attached {
+        g.mode = Mode::BucketPack;
+    }
+    attached
 }
 
-/// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device.
+/// After `init_receiver`: a patch receiver whose synced keys are all CUDA tensors installs on the device; a
+/// bucket receiver with `bucket_device: cuda` installs its CUDA tensors on the device (its CPU tensors on the
+/// host) once each version verified whole. Returns whether it attached.
 pub(crate) fn attach_installer(side: &Option<SharedSide>, receiver: &SyncReceiver) -> bool {
     let Some(s) = side else {
         return false;
     };
     let mut g = lock(s);
-    if receiver.kind() != SyncerKind::Patch || !covers(&g.current, receiver.synced_keys()) {
-        return false;
+    match receiver.kind() {
+        SyncerKind::Patch if covers(&g.current, receiver.synced_keys()) => {
+            receiver.set_patch_installer(Arc::new(GpuInstaller::new(
+                g.gpu.clone(),
+                g.current.clone(),
+            )));
+            g.mode = Mode::Patch;
+            true
+        }
+        SyncerKind::Bucket if receiver.bucket_device() == Device::Cuda => {
+            let stager = CudaStager {
+                dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
+                current: g.current.clone(),
+            };
+            let attached = receiver.set_bucket_stager(Box::new(stager));
+            if attached {
+                g.mode = Mode::BucketInstall;
+            }
+            attached
+        }
+        _ => false,
     }
-    receiver.set_patch_installer(Arc::new(GpuInstaller::new(
-        g.gpu.clone(),
-        g.current.clone(),
-    )));
-    g.on_device = true;
-    true
 }
 
 /// Stage `descs` for an operation: CUDA tensors are checked and replaced by their host copies in `side`
@@ -280,7 +333,7 @@ pub(crate) fn stage(
         .collect();
     if let Some(s) = side.as_ref() {
         let g = lock(s);
-        if g.on_device && g.gpu.ordinal() != ordinal {
+        if g.mode != Mode::HostStaging && g.gpu.ordinal() != ordinal {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "the state dict's CUDA tensors moved from cuda:{} (at init) to cuda:{ordinal}: a syncer stays on the device it was initialised on",
                 g.gpu.ordinal()
@@ -305,12 +358,15 @@ pub(crate) fn stage(
         };
         let mirror = Mirror::new(&gpu, unique).map_err(|e| gpu_error(&e))?;
         // A side that existed keeps its address table (a device build or install holds it).
-        let (current, on_device, bucket_pack) = match side.as_ref() {
+        let (current, mode) = match side.as_ref() {
             Some(s) => {
                 let g = lock(s);
-                (g.current.clone(), g.on_device, g.bucket_pack)
+                (g.current.clone(), g.mode)
             }
-            None => (Arc::new(Mutex::new(DeviceState::default())), false, false),
+            None => (
+                Arc::new(Mutex::new(DeviceState::default())),
+                Mode::HostStaging,
+            ),
         };
         {
             let mut cur = current.lock().unwrap_or_else(|p| p.into_inner());
@@ -321,8 +377,7 @@ pub(crate) fn stage(
             gpu,
             mirror,
             current,
-            on_device,
-            bucket_pack,
+            mode,
         })));
     }
     let Some(s) = side.as_ref() else {

@@ -1093,13 +1093,10 @@ impl NativeSyncer {
         let d = PyDict::new(py);
         let g = lock(&self.inner);
         if let Some(r) = &g.report {
-            // Where the tensors were: "cpu", "cuda (host staging)", "cuda (device build/install)" or
-            // "cuda (device bucket pack)".
+            // Where the tensors were: "cpu", or "cuda (…)" saying what ran on the device (`device::Mode`).
             let device = match &g.device {
                 None => "cpu",
-                Some(_) if device::on_device(&g.device) => "cuda (device build/install)",
-                Some(_) if device::bucket_pack(&g.device) => "cuda (device bucket pack)",
-                Some(_) => "cuda (host staging)",
+                Some(_) => device::mode(&g.device).label(),
             };
             d.set_item("device", device)?;
             d.set_item("version", r.version)?;

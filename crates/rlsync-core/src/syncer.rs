@@ -382,7 +382,7 @@ impl WeightSyncer {
             SyncerKind::Bucket => {
                 if b.bucket_device == Device::Cuda {
                     tracing::info!(
-                        "weight_syncer.bucket.bucket_device: cuda: buckets of CUDA tensors are packed on the GPU; host tensors are staged on the host"
+                        "weight_syncer.bucket.bucket_device: cuda: buckets of CUDA tensors are packed (sender) and installed (receiver) on the GPU; host tensors are staged on the host"
                     );
                 }
                 Codec::Plain

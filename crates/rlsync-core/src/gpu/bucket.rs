@@ -9,7 +9,10 @@
 //! bucket k is hashed and on the wire. The host then sends exactly what the host path sends for the same
 //! state (the table and padding are written by the host fill, the tensor bytes are the device's), so the
 //! wire bytes are the same. The receiver verifies a whole version on the host first (checksums, manifest),
-//! then uploads each bucket body and unpacks it, casting to each tensor's dtype, on the caller's stream.
+//! staging each device tensor in the wire dtype, then [`BucketDevice::unpack`] uploads them on the caller's
+//! stream: a tensor staged in its own dtype is copied straight into it; the others are gathered into an
+//! upload buffer (batches of [`UNPACK_BATCH`] bytes) and cast into their tensors by one `cast_gather`
+//! launch per batch.
 
 use super::reference::{Memory, ReferenceError};
 use super::{Arg, Gpu, GpuError, Kernel, Stream};
@@ -70,6 +73,10 @@ pub fn code_width(code: u32) -> usize {
     }
 }
 
+/// Bytes of staged tensors that need a cast gathered into one upload and one `cast_gather` launch (a larger
+/// tensor gets a batch of its own): bounds the device upload buffer, amortises the launch.
+pub const UNPACK_BATCH: usize = 64 << 20;
+
 /// Why a bucket could not be packed or unpacked on the device.
 #[derive(Debug, thiserror::Error)]
 pub enum BucketDeviceError {
@@ -87,6 +94,8 @@ pub enum BucketDeviceError {
         numel: u64,
         body_len: usize,
     },
+    #[error("a staged tensor of {bytes} bytes is not a whole number of {dtype} elements")]
+    Ragged { bytes: usize, dtype: DType },
     #[error(transparent)]
     Gpu(#[from] GpuError),
     #[error(transparent)]
@@ -103,6 +112,83 @@ pub struct BucketJob {
     pub offset: u64,
     pub wire_dtype: DType,
     pub numel: u64,
+}
+
+/// One verified tensor to write into a device tensor: its staged bytes in `dtype` (the tensor's own, or a
+/// floating dtype it is cast from on the device).
+#[derive(Debug, Clone, Copy)]
+pub struct Upload<'a> {
+    pub bytes: &'a [u8],
+    pub dtype: DType,
+    /// Device address of the tensor's first element (`bytes.len() / dtype size` elements of `tensor_dtype`).
+    pub tensor: u64,
+    pub tensor_dtype: DType,
+}
+
+/// How an unpack moves its uploads: straight copies, and batches gathered into the upload buffer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct UnpackPlan {
+    /// Uploads (indices) copied as they are: staged in their tensor's dtype.
+    pub direct: Vec<usize>,
+    pub batches: Vec<UnpackBatch>,
+}
+
+/// Uploads gathered into the upload buffer (each at an 8-byte aligned offset) and cast by one launch.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct UnpackBatch {
+    /// (upload index, offset in the buffer).
+    pub pieces: Vec<(usize, u64)>,
+    /// The buffer bytes the batch uses.
+    pub len: usize,
+    /// The cast jobs, offsets relative to the buffer.
+    pub jobs: Vec<BucketJob>,
+}
+
+/// Plan `uploads` (checked: whole elements, convertible dtypes) into direct copies and batches of at most
+/// `batch` bytes (a larger upload gets a batch of its own).
+pub fn unpack_plan(uploads: &[Upload<'_>], batch: usize) -> Result<UnpackPlan, BucketDeviceError> {
+    let mut plan = UnpackPlan::default();
+    let mut cur = UnpackBatch::default();
+    for (i, u) in uploads.iter().enumerate() {
+        let width = u.dtype.size_bytes();
+        if width == 0 || u.bytes.len() % width != 0 {
+            return Err(BucketDeviceError::Ragged {
+                bytes: u.bytes.len(),
+                dtype: u.dtype,
+            });
+        }
+        if u.bytes.is_empty() {
+            continue;
+        }
+        if u.dtype == u.tensor_dtype {
+            plan.direct.push(i);
+            continue;
+        }
+        if !crate::tensor::can_cast(u.dtype, u.tensor_dtype) {
+            return Err(BucketDeviceError::NotFloating {
+                from: u.dtype,
+                to: u.tensor_dtype,
+            });
+        }
+        let offset = cur.len.next_multiple_of(8);
+        if !cur.pieces.is_empty() && offset + u.bytes.len() > batch {
+            plan.batches.push(std::mem::take(&mut cur));
+        }
+        let offset = cur.len.next_multiple_of(8);
+        cur.pieces.push((i, offset as u64));
+        cur.jobs.push(BucketJob {
+            tensor: u.tensor,
+            tensor_dtype: u.tensor_dtype,
+            offset: offset as u64,
+            wire_dtype: u.dtype,
+            numel: (u.bytes.len() / width) as u64,
+        });
+        cur.len = offset + u.bytes.len();
+    }
+    if !cur.pieces.is_empty() {
+        plan.batches.push(cur);
+    }
+    Ok(plan)
 }
 
 /// Which way a job table moves the bytes.
@@ -180,9 +266,10 @@ pub trait BucketDevice: Send {
     fn finish_pack(&mut self, slot: usize) -> Result<HostBody, BucketDeviceError>;
     /// Give a body [`BucketDevice::finish_pack`] returned back to slot `slot`.
     fn recycle(&mut self, slot: usize, body: HostBody);
-    /// Upload `body` (a verified bucket body) and unpack `jobs` from it into their tensors, cast to the
-    /// tensors' dtypes, on the caller's stream (waited for: `body` may be reused when this returns).
-    fn unpack(&mut self, body: &[u8], jobs: &[BucketJob]) -> Result<(), BucketDeviceError>;
+    /// Write verified staged tensors into their device tensors ([`unpack_plan`]: straight copies, casts in
+    /// batches) on the caller's stream, waited for: the staged bytes may be reused when this returns. Checked
+    /// before anything is written.
+    fn unpack(&mut self, uploads: &[Upload<'_>]) -> Result<(), BucketDeviceError>;
 }
 
 /// A packed bucket body in host memory: a pinned buffer (CUDA) or a vector (reference), `len` bytes used.
@@ -280,14 +367,26 @@ impl BucketDevice for ReferenceBucketDevice {
         }
     }
 
-    fn unpack(&mut self, body: &[u8], jobs: &[BucketJob]) -> Result<(), BucketDeviceError> {
-        let addr = ref_buffer(&mut self.mem, &mut self.upload, body.len());
-        let (cast, total) = table(jobs, addr, body.len(), Direction::Unpack)?;
-        self.mem
-            .write(addr, body.len() as u64)?
-            .copy_from_slice(body);
-        super::reference::cast::cast_gather(&mut self.mem, &cast, total)?;
-        self.launches += 1;
+    fn unpack(&mut self, uploads: &[Upload<'_>]) -> Result<(), BucketDeviceError> {
+        let plan = unpack_plan(uploads, UNPACK_BATCH)?;
+        for &i in &plan.direct {
+            let u = uploads[i];
+            self.mem
+                .write(u.tensor, u.bytes.len() as u64)?
+                .copy_from_slice(u.bytes);
+        }
+        for b in &plan.batches {
+            let addr = ref_buffer(&mut self.mem, &mut self.upload, b.len);
+            for &(i, off) in &b.pieces {
+                let u = uploads[i];
+                self.mem
+                    .write(addr + off, u.bytes.len() as u64)?
+                    .copy_from_slice(u.bytes);
+            }
+            let (cast, total) = table(&b.jobs, addr, b.len, Direction::Unpack)?;
+            super::reference::cast::cast_gather(&mut self.mem, &cast, total)?;
+            self.launches += 1;
+        }
         Ok(())
     }
 }
@@ -321,17 +420,19 @@ impl CudaBucketDevice {
         }
     }
 
-    /// Grow `slot`'s buffers to `body_len` bytes and `njobs` jobs.
+    /// Grow `slot`'s buffers to `body_len` bytes and `njobs` jobs (its pinned host buffer too, if `pinned`).
+    /// Nothing queued may still use a buffer this replaces.
     fn reserve(
         gpu: &Gpu,
         slot: &mut CudaSlot,
         body_len: usize,
         njobs: usize,
+        pinned: bool,
     ) -> Result<(), GpuError> {
         if slot.buffer.as_ref().is_none_or(|b| b.len() < body_len) {
             slot.buffer = Some(gpu.alloc(body_len.max(1))?);
         }
-        if slot.host.as_ref().is_none_or(|h| h.len() < body_len) {
+        if pinned && slot.host.as_ref().is_none_or(|h| h.len() < body_len) {
             slot.host = Some(gpu.pinned(body_len.max(1))?);
         }
         let job_bytes = njobs * size_of::<CastJob>();
@@ -388,7 +489,7 @@ impl BucketDevice for CudaBucketDevice {
                 .ok_or(BucketDeviceError::Slot { slot })?,
         );
         let queued = (|| {
-            Self::reserve(&self.gpu, &mut s, body_len, jobs.len())?;
+            Self::reserve(&self.gpu, &mut s, body_len, jobs.len(), true)?;
             let (Some(buffer), Some(host), Some(jobs_buf)) = (&s.buffer, &mut s.host, &s.jobs)
             else {
                 return Err(BucketDeviceError::Slot { slot });
@@ -435,23 +536,38 @@ impl BucketDevice for CudaBucketDevice {
         }
     }
 
-    fn unpack(&mut self, body: &[u8], jobs: &[BucketJob]) -> Result<(), BucketDeviceError> {
+    fn unpack(&mut self, uploads: &[Upload<'_>]) -> Result<(), BucketDeviceError> {
+        let plan = unpack_plan(uploads, UNPACK_BATCH)?;
+        for &i in &plan.direct {
+            let u = uploads[i];
+            // SAFETY: `u.tensor` is the caller's live device tensor of `u.bytes.len()` bytes (its dtype, same
+            // element count), written by nothing else during the install (the API's contract).
+            unsafe { self.gpu.write(u.tensor, u.bytes, self.stream) }?;
+        }
         let mut s = std::mem::take(&mut self.upload);
         let done = (|| {
-            Self::reserve(&self.gpu, &mut s, body.len(), jobs.len())?;
-            let (Some(buffer), Some(host), Some(jobs_buf)) = (&s.buffer, &mut s.host, &s.jobs)
-            else {
+            // Sized once for the largest batch, before any launch: no buffer is replaced while a launch may
+            // still read it. The batches reuse it in stream order.
+            if plan.batches.is_empty() {
+                return self.gpu.sync(self.stream).map_err(Into::into);
+            }
+            let len = plan.batches.iter().map(|b| b.len).max().unwrap_or(0);
+            let njobs = plan.batches.iter().map(|b| b.jobs.len()).max().unwrap_or(0);
+            Self::reserve(&self.gpu, &mut s, len, njobs, false)?;
+            let (Some(buffer), Some(jobs_buf)) = (&s.buffer, &s.jobs) else {
                 return Err(BucketDeviceError::Slot { slot: 2 });
             };
-            host[..body.len()].copy_from_slice(body);
-            // SAFETY: `buffer` is rlsync's allocation of at least `body.len()` bytes; `host` is pinned and stays
-            // unchanged until the stream is synchronised below.
-            unsafe {
-                self.gpu
-                    .write_async(buffer.addr(), host.as_ptr(), body.len(), self.stream)
-            }?;
-            let (cast, total) = table(jobs, buffer.addr(), body.len(), Direction::Unpack)?;
-            self.launch(jobs_buf, &cast, total)?;
+            for b in &plan.batches {
+                for &(i, off) in &b.pieces {
+                    let u = uploads[i];
+                    // SAFETY: `buffer` is rlsync's allocation of at least `b.len` bytes (reserve), the piece
+                    // lies within it (`unpack_plan`); the copy is ordered after the previous batch's launch
+                    // on the same stream, so that launch has read the buffer before it is overwritten.
+                    unsafe { self.gpu.write(buffer.addr() + off, u.bytes, self.stream) }?;
+                }
+                let (cast, total) = table(&b.jobs, buffer.addr(), b.len, Direction::Unpack)?;
+                self.launch(jobs_buf, &cast, total)?;
+            }
             self.gpu.sync(self.stream)?;
             Ok(())
         })();

@@ -336,14 +336,22 @@ impl Pool {
 
     /// Return all of `staged` to the pool.
     pub(crate) fn give_all(&mut self, staged: Staged) {
-        for (o, s) in staged {
-            self.give(o, s);
+        for t in staged {
+            self.give(t.ordinal, t.storage);
         }
     }
 }
 
-/// A verified bucket's tensors in the receiver's dtypes.
-pub(crate) type Staged = Vec<(u32, Storage)>;
+/// One verified tensor of a bucket, staged in `dtype`: the receiver's dtype, or the wire dtype when the
+/// tensor is installed on a device that casts it there ([`Assembly::start`]'s `keep_wire`).
+pub(crate) struct StagedTensor {
+    pub ordinal: u32,
+    pub dtype: DType,
+    pub storage: Storage,
+}
+
+/// A verified bucket's tensors.
+pub(crate) type Staged = Vec<StagedTensor>;
 
 /// One bucket being received part by part into staging storages. Nothing outside the pool is touched; a
 /// caller that gives up on it returns the storages with [`Assembly::abandon`].
@@ -401,12 +409,15 @@ impl Slot<'_> {
 
 impl Assembly {
     /// Start a bucket from its first part (offset 0), which carries the entry table, and stage that part.
-    /// `allowed[ordinal]` says which receiver keys this message kind may carry.
+    /// `allowed[ordinal]` says which receiver keys this message kind may carry; `keep_wire[ordinal]` (absent:
+    /// false) stages that key in the wire dtype instead of casting it to the receiver's on the host (its
+    /// install casts it on the device).
     pub fn start(
         header: &Header,
         body: &[u8],
         meta: &[KeyMeta],
         allowed: &[bool],
+        keep_wire: &[bool],
         pool: &mut Pool,
     ) -> Result<Assembly, PartError> {
         if header.aux != 0 {
@@ -481,7 +492,7 @@ impl Assembly {
                     );
                 }
             };
-            if asm.staged.iter().any(|(o, _)| *o == e.ordinal) {
+            if asm.staged.iter().any(|t| t.ordinal == e.ordinal) {
                 return asm.fail(
                     PartError::Invalid(format!("key '{}' appears twice", m.name)),
                     pool,
@@ -500,11 +511,16 @@ impl Assembly {
                     pool,
                 );
             }
-            asm.dst_dtypes.push(m.dtype);
-            asm.staged.push((
-                e.ordinal,
-                pool.take(e.ordinal, numel.unwrap_or(0) * m.dtype.size_bytes()),
-            ));
+            let dtype = match keep_wire.get(e.ordinal as usize) {
+                Some(true) => e.dtype,
+                _ => m.dtype,
+            };
+            asm.dst_dtypes.push(dtype);
+            asm.staged.push(StagedTensor {
+                ordinal: e.ordinal,
+                dtype,
+                storage: pool.take(e.ordinal, numel.unwrap_or(0) * dtype.size_bytes()),
+            });
         }
         asm.entries = entries;
         match asm.stage_part(header, body) {
@@ -583,9 +599,10 @@ impl Assembly {
             body,
             start: part.start,
         };
-        for (((e, range), to), (_, dst)) in
+        for (((e, range), to), staged) in
             entries.iter().zip(dst_dtypes.iter()).zip(staged.iter_mut())
         {
+            let dst = &mut staged.storage;
             if range.end <= pos || range.is_empty() {
                 continue;
             }
@@ -648,27 +665,39 @@ impl Assembly {
     }
 }
 
-/// Check that every staged tensor fits its slot in `state` (before any swap).
+/// Check that every staged tensor fits its slot in `state` (before any swap): the key, dtype and shape the
+/// metadata sent at init names, and the staged bytes of that shape in the staged dtype — the tensor's own,
+/// or with `device_cast` (a device install casts) any floating dtype for a floating tensor.
 pub(crate) fn check_fits(
     staged: &Staged,
     meta: &[KeyMeta],
     state: &StateDict,
+    device_cast: bool,
 ) -> Result<(), String> {
-    for (o, s) in staged {
+    for s in staged {
+        let o = s.ordinal;
         let m = meta
-            .get(*o as usize)
+            .get(o as usize)
             .ok_or_else(|| format!("ordinal {o} unknown"))?;
         let (name, t) = state
-            .get_index(*o as usize)
+            .get_index(o as usize)
             .ok_or_else(|| format!("key '{}' is missing from the state dict", m.name))?;
-        if name != m.name
-            || t.dtype() != m.dtype
-            || t.shape() != m.shape.as_slice()
-            || t.bytes().len() != s.len()
-        {
+        if name != m.name || t.dtype() != m.dtype || t.shape() != m.shape.as_slice() {
             return Err(format!(
                 "state dict entry {o} ('{name}') does not match the metadata sent at init ('{}')",
                 m.name
+            ));
+        }
+        let numel = t.bytes().len() / t.dtype().size_bytes().max(1);
+        let dtype_ok = s.dtype == t.dtype()
+            || (device_cast && s.dtype.is_floating() && t.dtype().is_floating());
+        if !dtype_ok || numel.checked_mul(s.dtype.size_bytes()) != Some(s.storage.len()) {
+            return Err(format!(
+                "staged '{name}' ({} bytes of {}) does not fit its {} tensor of shape {:?}",
+                s.storage.len(),
+                s.dtype,
+                t.dtype(),
+                t.shape()
             ));
         }
     }
@@ -685,44 +714,66 @@ const INSTALL_PIECE: usize = 4 << 20;
 /// the staging pool (their contents are not the old values).
 pub(crate) fn install(staged: Staged, state: &mut StateDict, threads: NonZeroUsize) -> Staged {
     let mut out = Vec::with_capacity(staged.len());
-    let mut copies: Vec<(u32, Storage, &mut [u8])> = Vec::new();
-    let mut by_ordinal: HashMap<u32, Storage> = staged.into_iter().collect();
+    let mut copies: Vec<(StagedTensor, &mut [u8])> = Vec::new();
+    let mut by_ordinal: HashMap<u32, StagedTensor> =
+        staged.into_iter().map(|t| (t.ordinal, t)).collect();
     for (i, (_, t)) in state.iter_mut().enumerate() {
         let Some(s) = by_ordinal.remove(&(i as u32)) else {
             continue;
         };
-        if t.storage().is_borrowed() && t.bytes().len() == s.len() {
-            copies.push((i as u32, s, t.bytes_mut()));
-        } else if let Ok(prev) = t.replace_storage(s) {
-            out.push((i as u32, prev));
+        if s.dtype != t.dtype() {
+            // Staged in the wire dtype for a device install that did not take it (check_fits allowed the
+            // cast): cast on the host, into the tensor.
+            let (to, dst) = (t.dtype(), t.bytes_mut());
+            let _ = cast_bytes(s.storage.bytes(), s.dtype, dst, to);
+            out.push(s);
+        } else if t.storage().is_borrowed() && t.bytes().len() == s.storage.len() {
+            copies.push((s, t.bytes_mut()));
+        } else {
+            let StagedTensor {
+                ordinal,
+                dtype,
+                storage,
+            } = s;
+            if let Ok(prev) = t.replace_storage(storage) {
+                out.push(StagedTensor {
+                    ordinal,
+                    dtype,
+                    storage: prev,
+                });
+            }
         }
     }
     // Whatever did not match a tensor (check_fits rules that out) goes back to the pool untouched.
-    out.extend(by_ordinal);
+    out.extend(by_ordinal.into_values());
     let pieces: Vec<(&mut [u8], &[u8])> = copies
         .iter_mut()
-        .flat_map(|(_, s, dst)| {
+        .flat_map(|(s, dst)| {
             dst.chunks_mut(INSTALL_PIECE)
-                .zip(s.bytes().chunks(INSTALL_PIECE))
+                .zip(s.storage.bytes().chunks(INSTALL_PIECE))
         })
         .collect();
     map_items(pieces, threads, |(d, s)| {
         // Equal lengths by construction (same total, same piece size).
         let _ = copy_streaming(d, s);
     });
-    out.extend(copies.into_iter().map(|(o, s, _)| (o, s)));
+    out.extend(copies.into_iter().map(|(s, _)| s));
     out
 }
 
-/// Swap staged storages into `state` (after [`check_fits`]); returns the displaced storages, which hold the
-/// old values (what an undo swaps back).
+/// Swap staged storages into `state` (after [`check_fits`] without device casts: the staged dtypes are the
+/// tensors'); returns the displaced storages, which hold the old values (what an undo swaps back).
 pub(crate) fn swap_in(staged: Staged, state: &mut StateDict) -> Staged {
     let mut old = Vec::with_capacity(staged.len());
-    for (o, s) in staged {
-        if let Some((_, t)) = state.get_index_mut(o as usize)
-            && let Ok(prev) = t.replace_storage(s)
+    for s in staged {
+        if let Some((_, t)) = state.get_index_mut(s.ordinal as usize)
+            && let Ok(prev) = t.replace_storage(s.storage)
         {
-            old.push((o, prev))
+            old.push(StagedTensor {
+                ordinal: s.ordinal,
+                dtype: s.dtype,
+                storage: prev,
+            })
         }
     }
     old
@@ -856,7 +907,7 @@ mod tests {
             let (h, body) = Header::parse_unverified(m).map_err(|e| e.to_string())?;
             match asm.as_mut() {
                 None => {
-                    let a = Assembly::start(&h, body, meta, &[true; 3], pool)
+                    let a = Assembly::start(&h, body, meta, &[true; 3], &[], pool)
                         .map_err(|e| crate::error_chain(&e))?;
                     asm = Some(a);
                 }
@@ -877,7 +928,7 @@ mod tests {
         }
         Ok(a.finish()
             .into_iter()
-            .map(|(o, s)| (o, s.bytes().to_vec()))
+            .map(|t| (t.ordinal, t.storage.bytes().to_vec()))
             .collect())
     }
 
@@ -971,17 +1022,24 @@ mod tests {
         let (sd, planned, meta) = sample();
         let msgs = messages(&sd, &planned, 16);
         let (h, body) = Header::parse_unverified(&msgs[1]).unwrap();
-        let err = Assembly::start(&h, body, &meta, &[true; 3], &mut Pool::default())
+        let err = Assembly::start(&h, body, &meta, &[true; 3], &[], &mut Pool::default())
             .err()
             .unwrap()
             .to_string();
         assert!(err.contains("not at its first part"), "{err}");
         // A receiver that does not expect a key refuses the bucket before staging anything.
         let (h, body) = Header::parse_unverified(&msgs[0]).unwrap();
-        let err = Assembly::start(&h, body, &meta, &[true, false, true], &mut Pool::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let err = Assembly::start(
+            &h,
+            body,
+            &meta,
+            &[true, false, true],
+            &[],
+            &mut Pool::default(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(err.contains("key 'b' is not expected"), "{err}");
     }
 

@@ -16,6 +16,9 @@ pub struct SyncReceiver {
     strategy: Strategy,
     /// Bucket: install each verified bucket as it arrives (`load_instant`).
     load_instant: bool,
+    /// Bucket: where a version is staged for its install (`bucket_device`; `cuda` takes effect once a device
+    /// backend's stager is set, [`SyncReceiver::set_bucket_stager`]).
+    bucket_device: Device,
     synced_keys: Vec<String>,
     /// Highest sequence received and validated (≥ applied).
     received: u64,
@@ -42,6 +45,9 @@ struct ReceiverShared {
     threads: NonZeroUsize,
     /// A device backend's install (CUDA tensors), in place of `patch::install`.
     installer: Mutex<Option<Arc<dyn PatchInstaller>>>,
+    /// A device backend's bucket install (`bucket_device: cuda`), in place of the host install: each
+    /// version is staged whole, verified, then unpacked on the device (`syncer/bucket/device.rs`).
+    stager: Mutex<Option<Box<dyn BucketStager>>>,
 }
 
 impl ReceiverShared {
@@ -53,6 +59,25 @@ impl ReceiverShared {
             pool: Mutex::new(Pool::default()),
             threads,
             installer: Mutex::new(None),
+            stager: Mutex::new(None),
+        }
+    }
+
+    /// The bucket stager, if a device backend set one.
+    fn stager(&self) -> std::sync::MutexGuard<'_, Option<Box<dyn BucketStager>>> {
+        self.stager.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Which receiver keys (by ordinal) the bucket stager installs on its device: they are staged in the wire
+    /// dtype and cast there. Empty without a stager.
+    fn on_device(&self) -> Vec<bool> {
+        match self.stager().as_ref() {
+            Some(st) => self
+                .meta
+                .iter()
+                .map(|m| st.addr(&m.name).is_some())
+                .collect(),
+            None => Vec::new(),
         }
     }
 
@@ -137,6 +162,7 @@ impl WeightSyncer {
             ch,
             strategy: plan.strategy,
             load_instant: self.settings.load_instant,
+            bucket_device: self.settings.bucket_device,
             synced_keys,
             received: 0,
             interrupted: None,
@@ -169,6 +195,7 @@ impl WeightSyncer {
             ch,
             strategy: Strategy::Bucket,
             load_instant: self.settings.load_instant,
+            bucket_device: self.settings.bucket_device,
             // Known once a version arrived: the keys its manifest named.
             synced_keys: Vec::new(),
             received: 0,
@@ -250,6 +277,7 @@ impl WeightSyncer {
             ch,
             strategy: plan.strategy,
             load_instant: self.settings.load_instant,
+            bucket_device: self.settings.bucket_device,
             synced_keys,
             received: start.sequence,
             interrupted: None,
@@ -392,7 +420,8 @@ impl SyncReceiver {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_none();
-        let report = if self.strategy == Strategy::Bucket && self.load_instant {
+        let device_buckets = self.shared.stager().is_some();
+        let report = if self.strategy == Strategy::Bucket && self.load_instant && !device_buckets {
             receive_buckets(self, Some(state), None).await?.1
         } else if self.strategy == Strategy::Patch && host_install {
             apply_patch(self, state, None).await?.0
@@ -511,6 +540,23 @@ impl SyncReceiver {
             .unwrap_or_else(|p| p.into_inner()) = Some(installer);
     }
 
+    /// Install bucket versions through `stager` (a device backend's, `bucket_device: cuda`): each version is
+    /// received and verified whole on the host (whatever `load_instant` says), then its device tensors are
+    /// unpacked on the device and its host tensors installed on the host; also for updates already received
+    /// and pending. Returns whether it took effect (a bucket receiver with `bucket_device: cuda`).
+    pub fn set_bucket_stager(&self, stager: Box<dyn BucketStager>) -> bool {
+        if self.strategy != Strategy::Bucket || self.bucket_device != Device::Cuda {
+            return false;
+        }
+        *self.shared.stager() = Some(stager);
+        true
+    }
+
+    /// Where bucket versions are staged for their install (`bucket_device`).
+    pub fn bucket_device(&self) -> Device {
+        self.bucket_device
+    }
+
     /// The caller's version applied last (0 before the first sync).
     pub fn version(&self) -> u64 {
         self.shared.applied().version
@@ -615,7 +661,7 @@ async fn receive_init_buckets(
                     match asm.as_mut() {
                         None => {
                             asm = Some(blocking(|| {
-                                Assembly::start(&h, body, meta, &all, &mut pool)
+                                Assembly::start(&h, body, meta, &all, &[], &mut pool)
                             })?)
                         }
                         Some(a) => blocking(|| a.add_part(&h, body))?,
@@ -644,12 +690,10 @@ async fn receive_init_buckets(
         }
     }
     let t0 = Instant::now();
-    bucket::check_fits(&staged, meta, state).map_err(|reason| SyncError::Handshake { reason })?;
+    bucket::check_fits(&staged, meta, state, false)
+        .map_err(|reason| SyncError::Handshake { reason })?;
     report.tensors = staged.len();
-    report.changed = staged
-        .iter()
-        .map(|(o, s)| (s.len() / meta.get(*o as usize).map_or(1, |m| m.dtype.size_bytes())) as u64)
-        .sum();
+    report.changed = staged.iter().map(staged_numel).sum();
     let _ = bucket::swap_in(staged, state);
     report.apply = t0.elapsed();
     Ok(report)
@@ -737,14 +781,28 @@ impl PendingUpdate {
                 report.changed = valid.changed;
             }
             PendingBody::Bucket(staged) => {
-                if let Err(r) = bucket::check_fits(&staged, &shared.meta, state) {
+                let mut stager = shared.stager();
+                if let Err(r) = bucket::check_fits(&staged, &shared.meta, state, stager.is_some()) {
+                    drop(stager);
                     give_back(&shared, staged);
                     return Err(rejected(Some(version), current, r));
                 }
                 let t1 = Instant::now();
-                let old = blocking(|| bucket::install(staged, state, shared.threads));
+                let spare = match stager.as_deref_mut() {
+                    Some(st) => blocking(|| {
+                        bucket::device::install_version(
+                            st,
+                            staged,
+                            &shared.meta,
+                            state,
+                            shared.threads,
+                        )
+                    }),
+                    None => Ok(blocking(|| bucket::install(staged, state, shared.threads))),
+                };
+                drop(stager);
                 report.apply = t1.elapsed();
-                give_back(&shared, old);
+                give_back(&shared, spare?);
             }
         }
         shared.set_applied(stamp);
@@ -759,6 +817,11 @@ pub(crate) type OnPart<'a> = &'a mut (dyn FnMut(&[usize], &StateDict) + Send);
 
 fn give_back(shared: &ReceiverShared, staged: Staged) {
     shared.pool().give_all(staged);
+}
+
+/// Elements of a staged tensor.
+fn staged_numel(t: &bucket::StagedTensor) -> u64 {
+    (t.storage.len() / t.dtype.size_bytes().max(1)) as u64
 }
 
 /// Read the next update (patch: one message; bucket: all buckets of a version, staged).
@@ -1169,6 +1232,19 @@ async fn receive_buckets(
         Some(m) => (&m.meta, &all),
         None => (&shared.meta, &shared.synced),
     };
+    // A version staged for a device install keeps its device tensors in the wire dtype (cast on the device).
+    let on_device = match install {
+        Some(_) => Vec::new(),
+        None => shared.on_device(),
+    };
+    let keep_wire: Vec<bool> = match &mapped {
+        Some(m) if !on_device.is_empty() => m
+            .ordinals
+            .iter()
+            .map(|&o| on_device.get(o as usize).copied().unwrap_or(false))
+            .collect(),
+        _ => on_device,
+    };
     // Undo what was installed, return every staging storage, and report why.
     let fail = |err: SyncError,
                 asm: Option<Assembly>,
@@ -1221,7 +1297,7 @@ async fn receive_buckets(
                     Some(_) => {}
                 }
                 let mut pool = shared.pool();
-                let a = blocking(|| Assembly::start(&h, body, asm_meta, asm_allowed, &mut pool)).map_err(|e| (Some(h.stamp()), e))?;
+                let a = blocking(|| Assembly::start(&h, body, asm_meta, asm_allowed, &keep_wire, &mut pool)).map_err(|e| (Some(h.stamp()), e))?;
                 let complete = a.is_complete();
                 if v_now.is_none() {
                     version = Some(h.stamp());
@@ -1251,26 +1327,18 @@ async fn receive_buckets(
                 let mut staged = done.finish();
                 if let Some(m) = &mapped {
                     // Manifest indices → the receiver's ordinals (`Assembly::start` checked each index).
-                    for (o, _) in staged.iter_mut() {
-                        if let Some(&ordinal) = m.ordinals.get(*o as usize) {
-                            *o = ordinal;
+                    for t in staged.iter_mut() {
+                        if let Some(&ordinal) = m.ordinals.get(t.ordinal as usize) {
+                            t.ordinal = ordinal;
                         }
                     }
                 }
                 report.tensors += staged.len();
-                report.changed += staged
-                    .iter()
-                    .map(|(o, s)| {
-                        (s.len()
-                            / shared
-                                .meta
-                                .get(*o as usize)
-                                .map_or(1, |m| m.dtype.size_bytes())) as u64
-                    })
-                    .sum::<u64>();
+                report.changed += staged.iter().map(staged_numel).sum::<u64>();
                 match install.as_deref_mut() {
                     Some(state) => {
-                        if let Err(reason) = bucket::check_fits(&staged, &shared.meta, state) {
+                        if let Err(reason) = bucket::check_fits(&staged, &shared.meta, state, false)
+                        {
                             give_back(&shared, staged);
                             r.interrupted = version.map(|s| s.sequence);
                             return Err(fail(
@@ -1282,7 +1350,7 @@ async fn receive_buckets(
                             ));
                         }
                         let touched: Vec<usize> = match on_part {
-                            Some(_) => staged.iter().map(|(o, _)| *o as usize).collect(),
+                            Some(_) => staged.iter().map(|t| t.ordinal as usize).collect(),
                             None => Vec::new(),
                         };
                         let t1 = Instant::now();

@@ -237,6 +237,17 @@ fn init_pair(
     s: &Settings,
     seed: u64,
 ) -> Result<Pair, SyncError> {
+    init_pair_with(rt, keys, s, seed, &config(s, keys))
+}
+
+/// [`init_pair`] with a configuration derived from `s` and then adjusted.
+fn init_pair_with(
+    rt: &tokio::runtime::Runtime,
+    keys: &[KeySpec],
+    s: &Settings,
+    seed: u64,
+    cfg: &WeightSyncerConfig,
+) -> Result<Pair, SyncError> {
     let sender = build_state(keys, false, seed);
     let mut receiver = build_state(keys, true, seed ^ 0xABCD);
     // Without a bootstrap of a key, patch assumes the receiver already equals the sender (RLinf's contract).
@@ -253,13 +264,12 @@ fn init_pair(
             }
         }
     }
-    let cfg = config(s, keys);
-    let mut tx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    let mut tx = WeightSyncer::from_config(cfg, SyncOptions { threads: s.threads })?;
     // Tiny bucket parts, so that tensors and tables straddle several transport messages.
     tx.settings.part_bytes = [16, 40, 64, 1 << 20][(seed % 4) as usize];
     // Small patch parts too, so that a version's patch travels as one part per tensor or a few.
     tx.settings.patch_part_bytes = [1, 256, 4096, 1 << 20][((seed >> 2) % 4) as usize];
-    let rx = WeightSyncer::from_config(&cfg, SyncOptions { threads: s.threads })?;
+    let rx = WeightSyncer::from_config(cfg, SyncOptions { threads: s.threads })?;
     let (ch, mut rxs) = inproc_channel(1);
     let (ch, tap) = tapped(ch);
     let rch = rxs.pop().unwrap();
@@ -2599,3 +2609,5 @@ fn a_received_patch_joins_its_parts_and_installs_later() {
         }
     }
 }
+
+mod device_bucket_tests;

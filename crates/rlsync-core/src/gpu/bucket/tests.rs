@@ -37,20 +37,95 @@ fn two_slots_hold_two_buckets_and_a_slot_is_read_once() {
     assert_eq!(dev.launches, 2);
 }
 
+fn f32s(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 #[test]
-fn unpack_casts_the_body_into_the_tensors() {
+fn unpack_copies_same_dtype_tensors_and_casts_the_others_in_batches() {
     let mut dev = ReferenceBucketDevice::default();
-    let a = job(&mut dev.mem, &[0.0, 0.0], 2);
-    // bf16 1.0 and -2.0 at offset 2.
-    dev.unpack(&[9, 9, 0x80, 0x3F, 0x00, 0xC0], &[a]).unwrap();
-    let got = dev.mem.read(a.tensor, 8).unwrap().to_vec();
-    assert_eq!(got, [1.0f32, -2.0].map(f32::to_le_bytes).concat());
-    // A body too short for its jobs writes nothing.
+    let a = dev.mem.alloc(&f32s(&[0.0, 0.0]));
+    let b = dev.mem.alloc(&[0u8; 3]);
+    let c = dev.mem.alloc(&f32s(&[0.0]));
+    // bf16 1.0 and -2.0 → f32; three raw bytes copied; bf16 3.0 → f32.
+    let (wa, wc) = ([0x80u8, 0x3F, 0x00, 0xC0], [0x40u8, 0x40]);
+    let uploads = [
+        Upload {
+            bytes: &wa,
+            dtype: DType::Bf16,
+            tensor: a,
+            tensor_dtype: DType::F32,
+        },
+        Upload {
+            bytes: &[7, 8, 9],
+            dtype: DType::U8,
+            tensor: b,
+            tensor_dtype: DType::U8,
+        },
+        Upload {
+            bytes: &wc,
+            dtype: DType::Bf16,
+            tensor: c,
+            tensor_dtype: DType::F32,
+        },
+    ];
+    dev.unpack(&uploads).unwrap();
+    assert_eq!(dev.mem.read(a, 8).unwrap(), f32s(&[1.0, -2.0]));
+    assert_eq!(dev.mem.read(b, 3).unwrap(), &[7, 8, 9]);
+    assert_eq!(dev.mem.read(c, 4).unwrap(), f32s(&[3.0]));
+    assert_eq!(dev.launches, 1, "both casts in one batch");
+
+    // The plan: the copy goes straight, the casts share a batch at 8-aligned offsets until it is full.
+    let plan = unpack_plan(&uploads, 1 << 20).unwrap();
+    assert_eq!(plan.direct, vec![1]);
+    assert_eq!(plan.batches.len(), 1);
+    assert_eq!(plan.batches[0].pieces, vec![(0, 0), (2, 8)]);
+    assert_eq!(plan.batches[0].len, 10);
+    let plan = unpack_plan(&uploads, 8).unwrap();
+    assert_eq!(plan.batches.len(), 2, "a full batch closes");
+    assert_eq!(plan.batches[1].pieces, vec![(2, 0)]);
+    let plan = unpack_plan(&uploads, 1).unwrap();
+    assert_eq!(
+        plan.batches.len(),
+        2,
+        "a tensor larger than a batch gets its own"
+    );
+}
+
+#[test]
+fn an_unpack_that_cannot_run_writes_nothing() {
+    let mut dev = ReferenceBucketDevice::default();
+    let a = dev.mem.alloc(&f32s(&[5.0]));
+    let b = dev.mem.alloc(&[1, 2]);
+    let good = Upload {
+        bytes: &[9, 9],
+        dtype: DType::U8,
+        tensor: b,
+        tensor_dtype: DType::U8,
+    };
+    let ragged = Upload {
+        bytes: &[0x80, 0x3F, 0x00],
+        dtype: DType::Bf16,
+        tensor: a,
+        tensor_dtype: DType::F32,
+    };
+    let integer = Upload {
+        bytes: &[1, 0, 0, 0],
+        dtype: DType::I32,
+        tensor: a,
+        tensor_dtype: DType::F32,
+    };
     assert!(matches!(
-        dev.unpack(&[0; 4], &[a]),
-        Err(BucketDeviceError::Range { .. })
+        dev.unpack(&[good, ragged]),
+        Err(BucketDeviceError::Ragged { bytes: 3, .. })
     ));
-    assert_eq!(dev.mem.read(a.tensor, 8).unwrap(), got);
+    assert!(matches!(
+        dev.unpack(&[good, integer]),
+        Err(BucketDeviceError::NotFloating { .. })
+    ));
+    assert_eq!(dev.mem.read(a, 4).unwrap(), f32s(&[5.0]));
+    assert_eq!(dev.mem.read(b, 2).unwrap(), &[1, 2]);
+    assert_eq!(dev.launches, 0);
 }
 
 #[test]

@@ -10,19 +10,22 @@
 //! (`cast_gather` is bit-identical to `cast_bytes`).
 //!
 //! Receiver: "no reader sees a half-applied version" is kept by verifying before writing: every bucket of
-//! a version is received and verified on the host (checksums, manifest) first, then the bodies are unpacked
-//! into the tensors. A failure of a later bucket therefore writes nothing on the device, with
-//! `load_instant` true or false: no device undo copy (which would cost the model's size in device memory
-//! and a device copy per bucket) is needed, at the price of host memory for one version in the wire dtype
-//! (what `load_instant: false` holds anyway).
+//! a version is received and verified on the host (checksums, manifest) first, its device tensors staged in
+//! the wire dtype (no host cast), then [`install_version`] uploads them and casts them into the tensors on
+//! the device. A failure of a later bucket therefore writes nothing on the device, with `load_instant` true
+//! or false: no device undo copy (which would cost the model's size in device memory and a device copy per
+//! bucket) is needed, at the price of host memory for one version in the wire dtype (what `load_instant:
+//! false` holds anyway). The device tensors' host copies are neither read nor written (the binding skips
+//! its pull and push): they go stale until an operation that reads them pulls, as for a device patch
+//! install.
 
 use std::num::NonZeroUsize;
 
 use super::super::SyncError;
 use super::super::offload::BucketStager;
-use super::super::wire::{BucketEntry, Kind, Stamp, bucket_layout};
-use super::{Outgoing, Planned, SendStats, bucket_count, check_sources, send_bucket};
-use crate::gpu::bucket::{BucketDeviceError, BucketJob};
+use super::super::wire::{BucketEntry, KeyMeta, Kind, Stamp, bucket_layout};
+use super::{Outgoing, Planned, SendStats, Staged, bucket_count, check_sources, send_bucket};
+use crate::gpu::bucket::{BucketDeviceError, BucketJob, Upload};
 use crate::tensor::{DType, StateDict};
 use crate::transport;
 
@@ -113,46 +116,40 @@ pub(crate) async fn send_device(
     Ok(stats)
 }
 
-/// A verified bucket ready to be written: its entries (the receiver's ordinals), the body, and for each
-/// entry the device address and dtype of the tensor it goes to (`None`: a host tensor, left to the host).
-// The receiver's device install is not wired into `receiver.rs` yet (it stages on the host and the binding
-// pushes its host copies); these are the pieces it will call, tested here.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) struct VerifiedBucket<'a> {
-    pub entries: &'a [BucketEntry],
-    pub body: &'a [u8],
-    pub targets: Vec<Option<(u64, DType)>>,
-}
-
-/// Unpack a whole verified version into its device tensors, bucket by bucket, casting each tensor from
-/// the wire dtype to its own on the device. Called only once every bucket of the version has verified.
-#[cfg_attr(not(test), allow(dead_code))]
-pub(crate) fn unpack_version(
+/// Install a whole verified version (after [`super::check_fits`] with device casts): the tensors `stager`
+/// places on its device are uploaded and cast there (each staged in the wire dtype or the tensor's own),
+/// the others are installed into `state` on the host. Returns the staging storages for the pool. The
+/// version verified whole before this runs, so nothing here can reject it; a device failure may leave it
+/// partly written (the receiver's version stays).
+pub(crate) fn install_version(
     stager: &mut dyn BucketStager,
-    buckets: &[VerifiedBucket<'_>],
-    _threads: NonZeroUsize,
-) -> Result<(), SyncError> {
-    for b in buckets {
-        let (_, offsets) = bucket_layout(b.entries);
-        let jobs: Vec<BucketJob> = b
-            .entries
-            .iter()
-            .zip(offsets)
-            .zip(&b.targets)
-            .filter_map(|((e, off), t)| {
-                let (tensor, tensor_dtype) = (*t)?;
-                Some(BucketJob {
-                    tensor,
-                    tensor_dtype,
-                    offset: off as u64,
-                    wire_dtype: e.dtype,
-                    numel: (e.byte_len / e.dtype.size_bytes()) as u64,
-                })
+    staged: Staged,
+    meta: &[KeyMeta],
+    state: &mut StateDict,
+    threads: NonZeroUsize,
+) -> Result<Staged, SyncError> {
+    let (device, host): (Staged, Staged) = staged.into_iter().partition(|t| {
+        meta.get(t.ordinal as usize)
+            .is_some_and(|m| stager.addr(&m.name).is_some())
+    });
+    let uploads: Vec<Upload<'_>> = device
+        .iter()
+        .filter_map(|t| {
+            let m = meta.get(t.ordinal as usize)?;
+            Some(Upload {
+                bytes: t.storage.bytes(),
+                dtype: t.dtype,
+                tensor: stager.addr(&m.name)?,
+                tensor_dtype: m.dtype,
             })
-            .collect();
-        stager.device().unpack(b.body, &jobs)?;
-    }
-    Ok(())
+        })
+        .collect();
+    let unpacked = stager.device().unpack(&uploads);
+    drop(uploads);
+    let mut spare = super::install(host, state, threads);
+    spare.extend(device);
+    unpacked?;
+    Ok(spare)
 }
 
 #[cfg(test)]
