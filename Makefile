@@ -23,7 +23,7 @@ NVRTC_STAMP := $(NVRTC_DIR)/.rlsync-nvrtc
 # into its binary and tests.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test lint doc test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx
+.PHONY: all build run run-gym test lint doc test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx gpu-dist
 
 all: build
 
@@ -55,6 +55,17 @@ run-gym: build python
 # (editable: the extension module lands in python/rlsync/, which git ignores).
 python: venv
 	VIRTUAL_ENV=$(VENV) PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/maturin develop --release --locked -q -m python/Cargo.toml
+
+# What a session on a GPU machine carries with the tree (scripts/gpu_check.sh; that machine has no Rust and no
+# network, and the carried files must stay under 64 MiB): dist/rlsync (stripped), the stripped abi3 wheel in
+# dist/, and gymnasium/mujoco wheels in .whl/. Then, there: `scripts/gpu_check.sh --out FILE --budget SECONDS`.
+gpu-dist: venv
+	$(CARGO) build --release --locked -p rlsync
+	rm -rf dist && mkdir -p dist
+	strip -o dist/rlsync $(BIN)
+	VIRTUAL_ENV=$(VENV) PATH="$(VENV)/bin:$$PATH" $(VENV)/bin/maturin build --release --locked --strip -q -m python/Cargo.toml -o dist
+	PYTHON=$(PYTHON) scripts/gpu_wheels.sh >/dev/null
+	du -ch dist .whl | tail -1
 
 # Formatting and clippy first (they fail in a minute, the tests take many), then the Rust tests of every crate,
 # the Hydra conformance kit, then the Python package's tests (last, so CI's last line is pytest's summary).
