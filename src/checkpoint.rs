@@ -17,7 +17,9 @@ pub const SCRIPT_FILE: &str = "policy.pt";
 /// Metadata of `model.safetensors`: `format` is [`META_FORMAT`]; `global_step`, `version` are integers;
 /// `weights_checksum` is `0x` and 16 hex digits.
 pub const META_FORMAT: &str = "rlsync_checkpoint";
-pub const FORMAT_VERSION: &str = "1";
+/// 2: `weights_checksum` is the chunked `tensor::state_checksum` (1: one xxh3 stream, `state_checksum_v1`;
+/// still resumed).
+pub const FORMAT_VERSION: &str = "2";
 pub const CHECKSUM_KEY: &str = "weights_checksum";
 
 /// A checkpoint that cannot be read or written.

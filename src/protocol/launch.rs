@@ -150,7 +150,9 @@ pub fn rollout_copy_file(run_dir: &Path, rank: u32) -> PathBuf {
 /// Metadata entries of a rollout's local weights copy (a safetensors file; `worker/local_copy.rs` writes and
 /// loads it): format, the version the weights are, and the checksum of the file's tensors (all keys, in order).
 const COPY_FORMAT_KEY: &str = "rlsync.copy.format";
-const COPY_FORMAT: &str = "1";
+/// 2: the checksum is the chunked `state_checksum` (a copy of format 1 is refused: the rollout starts from its
+/// own weights and gets a full transfer).
+const COPY_FORMAT: &str = "2";
 const COPY_VERSION_KEY: &str = "rlsync.copy.version";
 const COPY_CHECKSUM_KEY: &str = "rlsync.copy.checksum";
 

@@ -17,7 +17,9 @@ use indexmap::IndexMap;
 
 pub use borrowed::{BorrowError, BorrowedState, RawTensor};
 pub use cast::{CastError, can_cast, cast_bytes, cast_f32_to_bf16, copy_streaming};
-pub use checksum::{StateHasher, state_checksum};
+pub use checksum::{
+    CHUNK as CHECKSUM_CHUNK, StateHasher, state_checksum, state_checksum_threads, state_checksum_v1,
+};
 pub use dtype::{DType, Element};
 pub use storage::{Layout, Storage};
 pub(crate) use storage::{Pod, pod_slice, pod_slice_mut};

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use rlsync_core::tensor::{Class, DType, StateDict, Tensor, state_checksum};
+use rlsync_core::tensor::{Class, DType, StateDict, Tensor, state_checksum, state_checksum_v1};
 use serde_json::{Map, Value};
 
 use crate::util::{self, Dir};
@@ -295,6 +295,12 @@ fn python() -> String {
 
 /// Runs reach for `steps` steps with the `model` overrides in `<dir>/<name>`, plus `extra`; asserts success.
 fn run_reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) -> Vec<Row> {
+    reach(dir, name, model, steps, extra).ok();
+    rows_of(dir, name)
+}
+
+/// The run of [`run_reach`], however it ends.
+fn reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) -> util::Output {
     let run_dir = format!("hydra.run.dir={name}");
     let max_steps = format!("runner.max_steps={steps}");
     let mut args = vec![
@@ -316,8 +322,7 @@ fn run_reach(dir: &Dir, name: &str, model: &[&str], steps: u32, extra: &[&str]) 
         run_dir.as_str(),
     ]);
     args.extend_from_slice(extra);
-    dir.run(&args).ok();
-    rows_of(dir, name)
+    dir.run(&args)
 }
 
 /// The string metadata of a safetensors file.
@@ -459,6 +464,53 @@ fn mlp_policy_checkpoints_and_resumes() {
     let dir = Dir::new();
     check_checkpoint_and_resume(&dir, &["model@actor.model=mlp_policy"]);
     check_readme_loader(&dir.join("first/checkpoints/global_step_3"));
+    check_format_1_resumes(&dir, &["model@actor.model=mlp_policy"]);
+}
+
+/// A checkpoint written before checksums were chunked (`format_version` 1, the single-stream checksum) still
+/// resumes, checked with that checksum; one whose recorded checksum is wrong is refused.
+fn check_format_1_resumes(dir: &Dir, model: &[&str]) {
+    let src = dir.join("first/checkpoints/global_step_3");
+    for (name, tamper) in [("legacy", false), ("legacy_bad", true)] {
+        let ckpt = dir.join(&format!("{name}/ckpt"));
+        std::fs::create_dir_all(&ckpt).unwrap();
+        for f in [
+            rlsync::checkpoint::WEIGHTS_FILE,
+            rlsync::checkpoint::OPTIMIZER_FILE,
+        ] {
+            std::fs::copy(src.join(f), ckpt.join(f)).unwrap();
+        }
+        let weights = ckpt.join(rlsync::checkpoint::WEIGHTS_FILE);
+        let state = load_file(&weights);
+        let mut keys: Vec<String> = state.keys().map(str::to_owned).collect();
+        keys.sort();
+        let v1 = state_checksum_v1(&state, &keys) ^ u64::from(tamper);
+        let mut meta = metadata(&weights);
+        meta.insert("format_version".into(), "1".into());
+        meta.insert("weights_checksum".into(), format!("{v1:#018x}"));
+        let bytes = std::fs::read(&weights).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = st.tensors();
+        safetensors::serialize_to_file(views, &Some(meta), &weights).unwrap();
+        let resume = format!("runner.resume_dir={}", ckpt.display());
+        let run = format!("{name}_run");
+        if tamper {
+            let out = reach(dir, &run, model, 4, &[resume.as_str()]);
+            assert_ne!(out.code, Some(0), "a wrong format-1 checksum resumed");
+            assert!(
+                out.stderr.contains("the checkpoint recorded"),
+                "no checksum refusal: {}",
+                out.stderr
+            );
+        } else {
+            let rows = run_reach(dir, &run, model, 4, &[resume.as_str()]);
+            assert_eq!(rows.len(), 1, "the format-1 checkpoint resumed one step");
+            let log = std::fs::read_to_string(dir.join(&format!("{run}/logs/trainer-0.log")))
+                .unwrap_or_default();
+            let want = format!("weights checksum {v1:#018x}");
+            assert!(log.contains(&want), "trainer log lacks '{want}':\n{log}");
+        }
+    }
 }
 
 /// The README's Python snippet (the block after its `checkpoint-loader` marker) loads a checkpoint strictly

@@ -34,11 +34,15 @@
 //! receiver; the others never see them.
 
 use std::collections::VecDeque;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::tensor::parallel::map_items;
+use crate::tensor::{CHECKSUM_CHUNK, DType, StateDict, StateHasher, state_checksum};
 use crate::transport;
 
 use super::bootstrap::Selection;
@@ -222,6 +226,8 @@ pub(super) struct RejoinInfo {
     /// The snapshot's checksum at a version being computed on a background thread (patch syncer with a
     /// replay log): started once a version is sent, finished before the snapshot is next used.
     pub hashing: std::sync::Mutex<Option<(u64, HashJob)>>,
+    /// Threads of a snapshot checksum on the caller's path (the background one runs on one).
+    pub threads: NonZeroUsize,
 }
 
 impl RejoinInfo {
@@ -253,6 +259,7 @@ impl RejoinInfo {
             log: ReplayLog::new(settings.replay_versions, settings.replay_max_bytes),
             checksum: std::sync::Mutex::new(None),
             hashing: std::sync::Mutex::new(None),
+            threads: settings.threads,
         })
     }
 
@@ -264,7 +271,8 @@ impl RejoinInfo {
     }
 
     /// Finish the background checksum, if one runs, and cache it: the thread is stopped where it got to and the
-    /// caller hashes the rest at its own priority (a nice-19 thread on a busy host may barely have started).
+    /// caller hashes the rest at its own priority, on the syncer's threads (a nice-19 thread on a busy host
+    /// may barely have started).
     /// Afterwards no thread holds the snapshot.
     pub fn settle(&self) {
         let job = self
@@ -276,10 +284,8 @@ impl RejoinInfo {
         if let Some((version, job)) = job {
             job.stop.store(true, Ordering::Relaxed);
             if let Ok((mut hash, done, snap)) = job.thread.join() {
-                let c = done.or_else(|| hash.run(&snap, &self.meta, &AtomicBool::new(false)));
-                if let Some(c) = c {
-                    self.cache_checksum(version, c);
-                }
+                let c = done.unwrap_or_else(|| hash.finish_on(&snap, &self.meta, self.threads));
+                self.cache_checksum(version, c);
             }
         }
     }
@@ -305,7 +311,9 @@ impl RejoinInfo {
                 *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) =
                     Some((version, HashJob { stop, thread }));
             }
-            Err(_) => self.cache_checksum(version, snapshot_checksum(snap, &self.meta)),
+            Err(_) => {
+                self.cache_checksum(version, snapshot_checksum(snap, &self.meta, self.threads))
+            }
         }
     }
 
@@ -653,7 +661,7 @@ fn choose_patch<'a>(
 ) -> Choice<'a> {
     let full_bytes: u64 = snap.iter().map(|t| t.storage.len() as u64).sum();
     let current = info.cached_checksum(last.sequence).unwrap_or_else(|| {
-        let c = blocking(|| snapshot_checksum(snap, &info.meta));
+        let c = blocking(|| snapshot_checksum(snap, &info.meta, info.threads));
         info.cache_checksum(last.sequence, c);
         c
     });
@@ -765,12 +773,14 @@ fn choose_buckets(source: Option<BucketSource<'_>>, last: Stamp) -> Choice<'_> {
     }
 }
 
-/// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys).
-pub(super) fn snapshot_checksum(snap: &[super::patch::SnapTensor], meta: &[KeyMeta]) -> u64 {
-    // Never stopped, so it runs to the end.
-    SnapshotHash::default()
-        .run(snap, meta, &AtomicBool::new(false))
-        .unwrap_or_default()
+/// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys), on up to
+/// `threads` threads.
+pub(super) fn snapshot_checksum(
+    snap: &[super::patch::SnapTensor],
+    meta: &[KeyMeta],
+    threads: NonZeroUsize,
+) -> u64 {
+    SnapshotHash::default().finish_on(snap, meta, threads)
 }
 
 /// What a background checksum's thread hands back: how far it got, the checksum if it got to the end, and the
@@ -784,8 +794,9 @@ pub(super) struct HashJob {
     thread: std::thread::JoinHandle<Hashed>,
 }
 
-/// Bytes hashed between two looks at the stop flag (one after each piece).
-const HASH_PIECE: usize = 1 << 20;
+/// Bytes hashed between two looks at the stop flag (one after each piece): one checksum chunk, so a stopped
+/// hash always stops at a chunk boundary (or at a tensor's end).
+const HASH_PIECE: usize = CHECKSUM_CHUNK;
 
 /// [`snapshot_checksum`] in pieces, so that it can stop and go on elsewhere (the same value either way: the
 /// hash is streamed).
@@ -823,6 +834,36 @@ impl SnapshotHash {
             (self.tensor, self.begun, self.offset) = (self.tensor + 1, false, 0);
         }
         Some(self.hasher.finish())
+    }
+
+    /// Hash what is left from where it stopped (at a chunk boundary) on up to `threads` threads: the remaining
+    /// chunks' digests in parallel, then into the stream in order. The same value as running on.
+    fn finish_on(&mut self, snap: &[SnapTensor], meta: &[KeyMeta], threads: NonZeroUsize) -> u64 {
+        let rest = |i: usize, st: &'_ SnapTensor| -> usize {
+            if i == self.tensor { self.offset } else { 0 }.min(st.storage.len())
+        };
+        let chunks: Vec<&[u8]> = snap
+            .iter()
+            .enumerate()
+            .skip(self.tensor)
+            .flat_map(|(i, st)| st.storage.bytes()[rest(i, st)..].chunks(CHECKSUM_CHUNK))
+            .collect();
+        let mut digests = map_items(chunks, threads, xxh3_64).into_iter();
+        for (i, st) in snap.iter().enumerate().skip(self.tensor) {
+            if i != self.tensor || !self.begun {
+                let shape = meta
+                    .get(st.ordinal as usize)
+                    .map(|m| m.shape.as_slice())
+                    .unwrap_or_default();
+                self.hasher.begin_tensor(&st.key, st.dtype, shape);
+            }
+            let left = st.storage.len() - rest(i, st);
+            for _ in 0..left.div_ceil(CHECKSUM_CHUNK) {
+                self.hasher.chunk_digest(digests.next().unwrap_or_default());
+            }
+        }
+        (self.tensor, self.begun, self.offset) = (snap.len(), false, 0);
+        self.hasher.finish()
     }
 }
 
@@ -874,7 +915,40 @@ mod tests {
                 shape: vec![st.storage.len()],
             })
             .collect();
-        let whole = snapshot_checksum(&snap, &meta);
+        let whole = snapshot_checksum(&snap, &meta, NonZeroUsize::MIN);
+        assert_eq!(
+            whole,
+            snapshot_checksum(&snap, &meta, NonZeroUsize::new(3).unwrap())
+        );
+        // As the receivers compute it over the same tensors.
+        let mut sd = StateDict::new();
+        for st in &snap {
+            let t = crate::tensor::Tensor::from_bytes(
+                DType::U8,
+                &[st.storage.len()],
+                crate::tensor::Class::Trainable,
+                st.storage.bytes(),
+            )
+            .unwrap();
+            sd.insert(st.key.clone(), t);
+        }
+        let keys: Vec<String> = snap.iter().map(|st| st.key.clone()).collect();
+        assert_eq!(whole, state_checksum(&sd, &keys));
+        // Stopped after any number of pieces, then finished on several threads: the same value.
+        for pieces in 0..6 {
+            let (mut hash, stop) = (SnapshotHash::default(), AtomicBool::new(true));
+            for _ in 0..pieces {
+                if hash.run(&snap, &meta, &stop).is_some() {
+                    break;
+                }
+            }
+            let threads = NonZeroUsize::new(2).unwrap();
+            assert_eq!(
+                hash.finish_on(&snap, &meta, threads),
+                whole,
+                "{pieces} pieces"
+            );
+        }
         // Stopped after every piece: one call per piece, then the end.
         let (mut hash, stop, mut calls) = (SnapshotHash::default(), AtomicBool::new(true), 0);
         let got = loop {
@@ -899,6 +973,7 @@ mod tests {
             log: ReplayLog::new(0, 0),
             checksum: std::sync::Mutex::new(None),
             hashing: std::sync::Mutex::new(None),
+            threads: NonZeroUsize::new(2).unwrap(),
         };
         let snap = Arc::new(snap);
         for version in 1..4 {

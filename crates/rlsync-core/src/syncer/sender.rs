@@ -761,7 +761,8 @@ impl PatchSender {
         rejoin.settle();
         let base_checksum = rejoin.log.is_enabled().then(|| {
             rejoin.cached_checksum(base.sequence).unwrap_or_else(|| {
-                let c = blocking(|| rejoin::snapshot_checksum(shared, &rejoin.meta));
+                let c =
+                    blocking(|| rejoin::snapshot_checksum(shared, &rejoin.meta, rejoin.threads));
                 rejoin.cache_checksum(base.sequence, c);
                 c
             })

@@ -1,4 +1,4 @@
-//! The weight-sync wire formats (the only serialized types of the syncer), format version 6.
+//! The weight-sync wire formats (the only serialized types of the syncer), format version 7.
 //!
 //! Every message is a 56-byte little-endian [`Header`] followed by a body:
 //! ```text
@@ -68,7 +68,9 @@ pub(crate) const MAGIC: [u8; 4] = *b"RLSW";
 /// tensor).
 /// 5: `Manifest` messages (self-describing buckets, no handshake); receivers' `Applied` / `Declined` reports.
 /// 6: a patch travels as parts (`seq`/`count`), each a patch body over whole tensors (5: one message).
-pub(crate) const FORMAT_VERSION: u16 = 6;
+/// 7: the `Held` checksums are the chunked state checksum (`tensor::state_checksum`: each tensor's 1 MiB
+/// chunks hashed on their own, on all threads; 6: one xxh3 stream), so peers of format 6 never compare them.
+pub(crate) const FORMAT_VERSION: u16 = 7;
 pub const HEADER_LEN: usize = 56;
 
 /// What orders a payload: the caller's version of the weights it carries and the sender's sequence number of

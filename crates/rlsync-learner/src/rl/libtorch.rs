@@ -114,10 +114,19 @@ impl Learner {
     /// xxh3 checksum of the fp32 master weights (every entry, names sorted): what a checkpoint records and a
     /// resume verifies.
     pub fn weights_checksum(&self) -> Result<u64, RlError> {
+        self.weights_checksum_as(FORMAT_VERSION)
+    }
+
+    /// [`Learner::weights_checksum`] as a checkpoint of `format_version` records it (1: before checksums were
+    /// chunked).
+    fn weights_checksum_as(&self, format_version: &str) -> Result<u64, RlError> {
         let state = state::state_dict(&self.policy, None)?;
         let mut keys: Vec<String> = state.keys().map(str::to_owned).collect();
         keys.sort();
-        Ok(rlsync_core::tensor::state_checksum(&state, &keys))
+        Ok(match format_version {
+            "1" => rlsync_core::tensor::state_checksum_v1(&state, &keys),
+            _ => rlsync_core::tensor::state_checksum(&state, &keys),
+        })
     }
 
     /// A rollout actor holding a copy of the current weights in `cfg.rollout.model.precision`.
@@ -196,7 +205,10 @@ impl Learner {
         let steps = checkpoint::meta_u64(&ometa, "adam_steps", &opath)?;
         install(&self.policy, &weights)?;
         self.adam.load_state(&state, steps as i64)?;
-        let weights_checksum = self.weights_checksum()?;
+        // A checkpoint written before checksums were chunked (format 1, or no format_version) records the
+        // format-1 checksum; the loaded weights are checked against it that way.
+        let written_as = meta.get("format_version").map_or("1", String::as_str);
+        let weights_checksum = self.weights_checksum_as(written_as)?;
         if let Some(saved) = meta.get(CHECKSUM_KEY) {
             let loaded = format!("{weights_checksum:#018x}");
             if *saved != loaded {
