@@ -69,7 +69,7 @@ SCHEMA_VERSION = 1
 # Stage: (name, share of the budget in seconds at most, seconds it needs at least to start).
 STAGES: list[tuple[str, float, float]] = [
     ("env", 5, 1),
-    ("kernels", 40, 8),
+    ("kernels", 60, 8),
     ("rooflines", 15, 5),
     ("density", 10, 3),
     ("timing_7b", 110, 20),
