@@ -186,6 +186,16 @@ struct CudaStager {
     current: Arc<Mutex<DeviceState>>,
 }
 
+impl CudaStager {
+    /// A stager on `side`'s GPU, at the addresses and stream its operations set.
+    fn on(side: &DeviceSide) -> Box<CudaStager> {
+        Box::new(CudaStager {
+            dev: CudaBucketDevice::new(&side.gpu, Stream::default()),
+            current: side.current.clone(),
+        })
+    }
+}
+
 impl BucketStager for CudaStager {
     fn addr(&self, key: &str) -> Option<u64> {
         let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -213,11 +223,7 @@ pub(crate) fn attach_stager(side: &Option<SharedSide>, sender: &mut SyncSender) 
         return false;
     }
     let mut g = lock(s);
-    let stager = CudaStager {
-        dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
-        current: g.current.clone(),
-    };
-    let attached = sender.set_bucket_stager(Box::new(stager));
+    let attached = sender.set_bucket_stager(CudaStager::on(&g));
     if attached {
         g.mode = Mode::BucketPack;
     }
@@ -242,11 +248,7 @@ pub(crate) fn attach_installer(side: &Option<SharedSide>, receiver: &SyncReceive
             true
         }
         SyncerKind::Bucket if receiver.bucket_device() == Device::Cuda => {
-            let stager = CudaStager {
-                dev: CudaBucketDevice::new(&g.gpu, Stream::default()),
-                current: g.current.clone(),
-            };
-            let attached = receiver.set_bucket_stager(Box::new(stager));
+            let attached = receiver.set_bucket_stager(CudaStager::on(&g));
             if attached {
                 g.mode = Mode::BucketInstall;
             }
