@@ -1210,7 +1210,9 @@ mod tests {
         assert_eq!(err.problems.len(), 1, "{err}");
         assert_eq!(err.problems[0].path, "weight_syncer.patch.transport_device");
         assert!(
-            err.problems[0].message.starts_with("cuda needs a GPU path"),
+            err.problems[0].message.starts_with(
+                "cuda is not available here: it hands each payload to your own collective"
+            ),
             "{}",
             err.problems[0].message
         );

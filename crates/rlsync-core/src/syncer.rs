@@ -144,12 +144,13 @@ pub enum SyncError {
     /// A bucket could not be packed or unpacked on the device (`bucket_device: cuda`).
     #[error(transparent)]
     BucketDevice(crate::gpu::bucket::BucketDeviceError),
-    #[error(
-        "{setting}: {value} needs a GPU path that rlsync's CUDA backend does not have yet (it syncs CUDA tensors with snapshot_device cpu or cuda); use {instead}"
-    )]
+    /// A setting whose value needs a GPU path this part of rlsync does not offer; `why` says which and where
+    /// it is offered instead.
+    #[error("{setting}: {value} is not available here: {why}; use {instead}")]
     NoGpuBackend {
         setting: &'static str,
         value: &'static str,
+        why: &'static str,
         instead: &'static str,
     },
     #[error("handshake failed: {reason}")]
@@ -354,18 +355,18 @@ impl WeightSyncer {
     ) -> Result<WeightSyncer, SyncError> {
         let p = &cfg.patch;
         let b = &cfg.bucket;
-        let cuda = |setting: &'static str| SyncError::NoGpuBackend {
-            setting,
-            value: "cuda",
-            instead: "cpu",
-        };
         let codec = match cfg.kind {
             SyncerKind::Patch => {
                 if p.snapshot_device == Device::Cuda && !crate::gpu::BUILT_WITH_CUDA {
                     return Err(SyncError::Gpu(crate::gpu::GpuError::NotBuilt));
                 }
                 if p.transport_device == Device::Cuda {
-                    return Err(cuda("weight_syncer.patch.transport_device"));
+                    return Err(SyncError::NoGpuBackend {
+                        setting: "weight_syncer.patch.transport_device",
+                        value: "cuda",
+                        why: "it hands each payload to your own collective as a CUDA tensor, which only the Python PatchWeightSyncer(transport_device=\"cuda\") does; rlsync's channels (shared memory, TCP) carry host bytes, and CUDA tensors are diffed and installed on the GPU with snapshot_device",
+                        instead: "cpu",
+                    });
                 }
                 match p.compression {
                     Compression::None => Codec::Plain,
@@ -374,6 +375,7 @@ impl WeightSyncer {
                         return Err(SyncError::NoGpuBackend {
                             setting: "weight_syncer.patch.compression",
                             value: "nvcomp_lz4",
+                            why: "rlsync does not link nvCOMP (patches are coded and compressed on the host)",
                             instead: "lz4 or none",
                         });
                     }
