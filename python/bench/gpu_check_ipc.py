@@ -167,6 +167,9 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
                 {"rank": r, **{k: _median(v) for k, v in sorted(ph.items())}} for r, ph in sorted(phases.items())
             ],
             "checksums_last": rep.get("checksums"),
+            # Syncs the sender sent as a full copy because its own checksum's count disagreed with its diff
+            # kernel's (a fault on the sender's device): 0 unless something is wrong.
+            "fallbacks": rep.get("fallbacks"),
             # The receivers' device phases (checksum + install) summed over ranks, against the acks' median: near
             # equal with 2 receivers on one GPU means their kernels ran one after the other (time-slicing
             # between processes), near one receiver's means they overlapped.

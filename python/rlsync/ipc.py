@@ -69,7 +69,9 @@ class CudaIpcSender:
     def sync(self, version: int) -> dict[str, Any]:
         """Build the patch of the state dict against the snapshot on the GPU, have every receiver verify and
         install it, return after all acks: ``{"seq", "version", "full", "build_s", "acks_s", "receivers",
-        "widths", "checksums", "per_receiver"}`` (``widths``: ``(element bytes, changes, overflowed)``;
+        "fallbacks", "widths", "checksums", "per_receiver"}`` (``fallbacks``: the syncs this sender sent as a
+        full copy because its own checksum counted other changes than its diff kernel reported, since it was
+        made; ``widths``: ``(element bytes, changes, overflowed)``;
         ``checksums``: the device buffers' checksum per width; ``per_receiver``: per rank that acked, where its
         part went in seconds: ``total_s`` (sync sent → ack sent), ``wake_s`` (sync sent → read by the
         receiver), ``drain_s`` (work already queued on the receiver's stream), ``check_s`` (the checksum
