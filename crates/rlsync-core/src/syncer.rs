@@ -69,7 +69,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
-pub use offload::{BucketStager, PatchBuilder, PatchInstaller};
+pub use offload::{BucketStager, CheckInstallError, PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};
