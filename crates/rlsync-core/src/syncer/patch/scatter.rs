@@ -213,8 +213,8 @@ impl ScatterShape {
         lists: [(&mut [u32], &mut [u64]); 4],
         threads: NonZeroUsize,
     ) {
-        // A validated patch passes the walk's checks.
-        let _ = self.decode(&p.body, &p.plan, lists, threads);
+        // A validated patch: the walk need not check it (and cannot fail).
+        let _ = self.decode::<false>(&p.body, &p.plan, lists, threads);
     }
 
     /// [`ScatterShape::decode_into`] of a patch whose streams are not checked yet (this shape from
@@ -227,11 +227,12 @@ impl ScatterShape {
         lists: [(&mut [u32], &mut [u64]); 4],
         threads: NonZeroUsize,
     ) -> Result<ValidPatch, String> {
-        self.decode(&p.body, &p.plan, lists, threads)?;
+        self.decode::<true>(&p.body, &p.plan, lists, threads)?;
         Ok(p.checked())
     }
 
-    fn decode(
+    /// Decode (and with `CHECK` check) the sparse entries of `plan` into `lists` (see the callers).
+    fn decode<const CHECK: bool>(
         &self,
         body: &PatchBody,
         plan: &[EntryPlan],
@@ -259,7 +260,7 @@ impl ScatterShape {
             work.push((e, out));
         }
         let failures = map_items(work, threads, |(e, out)| {
-            decode_entry_into(body, e, out).err()
+            decode_entry_into::<CHECK>(body, e, out).err()
         });
         match failures.into_iter().flatten().next() {
             Some(reason) => Err(reason),
@@ -284,11 +285,12 @@ fn dense_copy(e: &EntryPlan) -> DenseCopy {
 }
 
 /// Walk one sparse entry's changes as `install_entry` reads them: `f(entry-relative index, value)` in stream
-/// order (gap-coded indices ascend strictly; COO ones may repeat or go back). Returns how many it read, or
-/// the reason the entry's streams fail `validate`'s checks (`check_entry`: every index inside the entry's
-/// range, every stream consumed exactly; the stream extents, a COO entry's `nnz` coordinates and values among
-/// them, were checked with the entry table), found in the same walk. `f` may have seen some changes of an entry that fails.
-fn for_each_change(
+/// order (gap-coded indices ascend strictly; COO ones may repeat or go back). Returns how many it read. With
+/// `CHECK`, also the reason the entry's streams fail `validate`'s checks (`check_entry`: every index inside
+/// the entry's range, every stream consumed exactly; the stream extents, a COO entry's `nnz` coordinates and
+/// values among them, were checked with the entry table), found in the same walk (`f` may have seen some
+/// changes of an entry that fails); without, the entry must be validated (only a truncated stream stops it).
+fn for_each_change<const CHECK: bool>(
     body: &PatchBody,
     e: &EntryPlan,
     mut f: impl FnMut(usize, u64),
@@ -303,10 +305,10 @@ fn for_each_change(
             let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0u64);
             for k in 0..e.nnz {
                 let g = gap_varint(gaps, &mut ipos).ok_or("truncated index stream")?;
-                let at = next
-                    .checked_add(g)
-                    .filter(|&r| r < span)
-                    .ok_or("index outside the entry's range")?;
+                let at = next.wrapping_add(g);
+                if CHECK && next.checked_add(g).is_none_or(|r| r >= span) {
+                    return Err("index outside the entry's range".into());
+                }
                 next = at + 1;
                 let code = (codes[k / 4] >> ((k % 4) * 2)) & 3;
                 let z = if code != 0 {
@@ -315,6 +317,9 @@ fn for_each_change(
                     get_varint(escapes, &mut epos).ok_or("truncated escape stream")?
                 };
                 f(at as usize, unzigzag(z) as u64);
+            }
+            if !CHECK {
+                return Ok(e.nnz);
             }
             if ipos != gaps.len() {
                 return Err("index stream holds more data than the entry describes".into());
@@ -338,6 +343,11 @@ fn for_each_change(
                 .zip(values.chunks_exact(w))
             {
                 let (r, c) = (read_uint(r), read_uint(c));
+                if !CHECK {
+                    let at = (r as usize * e.cols + c as usize).wrapping_sub(e.base);
+                    f(at, read_uint(v));
+                    continue;
+                }
                 if r >= e.rows as u64 || c >= e.cols as u64 {
                     return Err(format!(
                         "coordinate ({r}, {c}) outside the {}x{} view",
@@ -363,21 +373,22 @@ fn last_writes<I: Ord + Copy>(pairs: &mut Vec<(I, u64)>) {
 }
 
 /// Decode one sparse entry (span within u32 indices) into its `nnz` slots of `out`, as `install_entry`
-/// applies it, checking its streams in the same walk ([`for_each_change`]); without `out`, only checked.
-fn decode_entry_into(
+/// applies it, with `CHECK` checking its streams in the same walk ([`for_each_change`]); without `out`, only
+/// checked.
+fn decode_entry_into<const CHECK: bool>(
     body: &PatchBody,
     e: &EntryPlan,
     out: Option<(&mut [u32], &mut [u64])>,
 ) -> Result<(), String> {
     let Some((idx, vals)) = out else {
-        return for_each_change(body, e, |_, _| {}).map(|_| ());
+        return for_each_change::<CHECK>(body, e, |_, _| {}).map(|_| ());
     };
     // Gap-coded indices ascend strictly (checked): only COO entries are watched for repeats.
     let coo = body.index == IndexCoding::Coo;
     let (mut ascending, mut last) = (true, None::<u32>);
     let read = {
         let mut slots = idx.iter_mut().zip(vals.iter_mut());
-        for_each_change(body, e, |at, v| {
+        for_each_change::<CHECK>(body, e, |at, v| {
             let at = at as u32; // the entry's span fits u32 (`ScatterShape::of`)
             if let Some((i, o)) = slots.next() {
                 (*i, *o) = (at, v);
@@ -452,8 +463,8 @@ fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
 /// ordered and split into runs whose indices fit u32.
 fn decode_entry(p: &ValidPatch, e: &EntryPlan) -> Decoded {
     let mut pairs: Vec<(usize, u64)> = Vec::with_capacity(e.nnz);
-    // A validated patch passes the walk's checks.
-    let _ = for_each_change(&p.body, e, |at, v| pairs.push((at, v)));
+    // A validated patch: the walk need not check it (and cannot fail).
+    let _ = for_each_change::<false>(&p.body, e, |at, v| pairs.push((at, v)));
     if !pairs.is_sorted_by(|a, b| a.0 < b.0) {
         last_writes(&mut pairs);
     }
