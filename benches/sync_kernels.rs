@@ -1,5 +1,6 @@
 //! Criterion benches of the weight-sync kernels: patch build (diff + gather + snapshot update), patch encode
-//! (coding + optional lz4), patch decode (validate), install and the CUDA installer's host decode, on a 2^24-element bf16 state after one
+//! (coding + optional lz4), patch decode (validate), install and the CUDA installer's host decode (alone, and
+//! with the stream check: validate then decode, or one checked walk), on a 2^24-element bf16 state after one
 //! Adam step at lr 1e-6 (≈1–3 % of elements changed); the build also on an fp32 state (Adam at lr 3e-11,
 //! ≈1.5 % changed). `RLSYNC_BENCH_PARAMS` sets the element count (e.g. 268435456: the 512 MiB of issue 26).
 //!
@@ -298,6 +299,68 @@ fn kernels(c: &mut Criterion) {
                 })
             },
         );
+        // The whole host check and decode of a CUDA install. `validate_then_decode`: validate (one walk of the
+        // streams), then decode into the staging (a second); `checked_decode`: the entry table (`plan`), then
+        // one walk that checks and decodes into the staging (what the installer's `check_install` does).
+        g.bench_function(
+            format!("{name}_scatter_validate_then_decode_1thread_cpu"),
+            |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let body = body.clone();
+                        total += timed(true, || {
+                            let valid =
+                                patch::validate(body, &meta, &synced, &receiver, NonZeroUsize::MIN)
+                                    .unwrap();
+                            let [a, b, c, d] = &mut staging[..] else {
+                                return;
+                            };
+                            shape.decode_into(
+                                &valid,
+                                [
+                                    (&mut a.0, &mut a.1),
+                                    (&mut b.0, &mut b.1),
+                                    (&mut c.0, &mut c.1),
+                                    (&mut d.0, &mut d.1),
+                                ],
+                                NonZeroUsize::MIN,
+                            );
+                            black_box(valid);
+                        });
+                    }
+                    total
+                })
+            },
+        );
+        g.bench_function(format!("{name}_scatter_checked_decode_1thread_cpu"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let body = body.clone();
+                    total += timed(true, || {
+                        let planned = patch::plan(body, &meta, &synced, &receiver).unwrap();
+                        let [a, b, c, d] = &mut staging[..] else {
+                            return;
+                        };
+                        let valid = shape
+                            .decode_checked_into(
+                                planned,
+                                [
+                                    (&mut a.0, &mut a.1),
+                                    (&mut b.0, &mut b.1),
+                                    (&mut c.0, &mut c.1),
+                                    (&mut d.0, &mut d.1),
+                                ],
+                                NonZeroUsize::MIN,
+                            )
+                            .unwrap();
+                        black_box(valid);
+                    });
+                }
+                total
+            })
+        });
         for (tname, threads, cpu) in [
             ("1thread_cpu", NonZeroUsize::MIN, true),
             ("all_threads_wall", all_threads(), false),

@@ -19,7 +19,10 @@ kernel wrote (every change's position and values, every overflowing tile's eleme
 a full copy the whole snapshot copy), seeded with the sync's sequence number, and each receiver hashes the same
 device buffers before it writes anything; another sum or change count rejects the sync
 (:class:`rlsync.PayloadRejected` on the receiver, :class:`rlsync.TransportError` naming the rank on the sender)
-with the receiver's tensors untouched, and that receiver gets a full copy at the start of the next sync.
+with the receiver's tensors untouched, and that receiver gets a full copy at the start of the next sync. The
+sender checks its own count first: where its checksum kernel counted other changes than its diff kernel
+reported (a fault on its device), it sends no patch but sets its snapshot copy to the state again and sends
+that sync as a full copy (counted in ``sync()["fallbacks"]``, with a warning in the log).
 
 Both ends need the same tensors (shapes and dtypes, in the same order), contiguous CUDA tensors of one device
 each (the sender's and a receiver's device may differ: peer access is enabled). Without CUDA (no driver, or a
@@ -69,7 +72,9 @@ class CudaIpcSender:
     def sync(self, version: int) -> dict[str, Any]:
         """Build the patch of the state dict against the snapshot on the GPU, have every receiver verify and
         install it, return after all acks: ``{"seq", "version", "full", "build_s", "acks_s", "receivers",
-        "widths", "checksums", "per_receiver"}`` (``widths``: ``(element bytes, changes, overflowed)``;
+        "fallbacks", "widths", "checksums", "per_receiver"}`` (``fallbacks``: the syncs this sender sent as a
+        full copy because its own checksum counted other changes than its diff kernel reported, since it was
+        made; ``widths``: ``(element bytes, changes, overflowed)``;
         ``checksums``: the device buffers' checksum per width; ``per_receiver``: per rank that acked, where its
         part went in seconds: ``total_s`` (sync sent → ack sent), ``wake_s`` (sync sent → read by the
         receiver), ``drain_s`` (work already queued on the receiver's stream), ``check_s`` (the checksum

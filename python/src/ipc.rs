@@ -140,6 +140,7 @@ fn report<'py>(py: Python<'py>, r: &SyncReport) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("build_s", r.build_s)?;
     d.set_item("acks_s", r.acks_s)?;
     d.set_item("receivers", r.receivers)?;
+    d.set_item("fallbacks", r.fallbacks)?;
     let widths: Vec<(u8, u64, bool)> = r
         .widths
         .iter()

@@ -42,7 +42,7 @@ class _Sender:
             per.append({"rank": rank, "total_s": (ack_sent - sent) * 1e-9, **phases,
                         "reply_s": (read - ack_sent) * 1e-9})
         return {"seq": self._seq, "version": version, "full": full, "build_s": 0.0, "acks_s": 0.0,
-                "receivers": len(self._conns), "widths": [(2, 1, False)], "checksums": [self._seq],
+                "receivers": len(self._conns), "fallbacks": 0, "widths": [(2, 1, False)], "checksums": [self._seq],
                 "per_receiver": per}
 
     def bootstrap(self, version: int = 0) -> dict[str, Any]:

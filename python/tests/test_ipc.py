@@ -71,6 +71,7 @@ def test_the_ipc_stage_drives_its_receiver_processes_and_catches_a_difference(
                            module="fake_ipc_channel")
         assert rec["syncs"] == 3 and rec["bootstrap_equal"] == [True] * n, rec
         assert rec["exitcodes"] == [0] * n and rec["socket_removed"], rec
+        assert rec["fallbacks"] == 0, rec
         phases = rec["receiver_phases_median_s"]
         assert [p["rank"] for p in phases] == list(range(n)), rec
         for p in phases:

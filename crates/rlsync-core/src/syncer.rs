@@ -69,7 +69,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
-pub use offload::{BucketStager, PatchBuilder, PatchInstaller};
+pub use offload::{BucketStager, CheckInstallError, PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};
 pub use sender::{Declined, SyncSender};
@@ -123,7 +123,8 @@ pub struct SyncReport {
     pub encode: Duration,
     /// Sender: waiting on the transport. Receiver: waiting for the payload.
     pub transfer: Duration,
-    /// Receiver: checksum, decompression, validation, staging copies.
+    /// Receiver: checksum, decompression, validation, staging copies (with a device installer the patch's
+    /// entry table only: its streams are checked as they are decoded for the device, in `apply`).
     pub decode: Duration,
     /// Receiver: writing into the state dict.
     pub apply: Duration,

@@ -1,12 +1,16 @@
-//! The patch install into CUDA tensors: a verified patch is decoded on the host straight into pinned staging
+//! The patch install into CUDA tensors: a patch is decoded on the host straight into pinned staging
 //! (`ScatterShape::decode_into`, entries in parallel, as the host install would apply them), copied to the
 //! device and written by the `scatter` kernels on the caller's stream; dense entries are copied straight into
 //! the tensors.
 //!
-//! Verification stays on the host and before any write (a rejected payload never reaches this module), and
-//! the tensors are written in place, so parameters keep their identity (optimizers and captured CUDA graphs
-//! stay valid). Kernels run on the caller's stream and the install waits for them before it returns. The
-//! staging buffers are kept between installs (grown to a power of two), so a steady run allocates nothing.
+//! Verification stays on the host and before any write: the receiver checks the entry table
+//! (`patch::plan`), and [`PatchInstaller::check_install`] checks each entry's streams in the same walk that
+//! decodes them into the staging (`ScatterShape::decode_checked_into`: one walk of the coded streams, not a
+//! validate walk and then a decode walk); a patch that fails is rejected before anything is copied to the
+//! device. The tensors are written in place, so parameters keep their identity (optimizers and captured CUDA
+//! graphs stay valid). Kernels run on the caller's stream and the install waits for them before it returns.
+//! The staging buffers are kept between installs (grown to a power of two), so a steady run allocates
+//! nothing.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -14,8 +18,10 @@ use std::sync::{Arc, Mutex};
 use super::compact;
 use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
-use crate::syncer::offload::PatchInstaller;
-use crate::syncer::patch::{DenseCopy, ScatterEntry, ScatterShape, ValidPatch, scatter_plan};
+use crate::syncer::offload::{CheckInstallError, PatchInstaller};
+use crate::syncer::patch::{
+    DenseCopy, PlannedPatch, ScatterEntry, ScatterShape, ValidPatch, scatter_plan,
+};
 use crate::tensor::StateDict;
 
 /// Blocks per multiprocessor of a grid-stride launch.
@@ -96,6 +102,26 @@ fn stage_lists<'a>(
     ))
 }
 
+/// Per width slot: a staging area's indices and values.
+type Lists<'a> = [(&'a mut [u32], &'a mut [u64]); 4];
+
+/// Per width slot the pinned staging lists (indices, values) of `shape`'s changes.
+fn staged_lists<'a>(
+    gpu: &Gpu,
+    staging: &'a mut Staging,
+    shape: &ScatterShape,
+) -> Result<Lists<'a>, GpuError> {
+    let Staging { idx, vals, .. } = staging;
+    let [i0, i1, i2, i3] = idx;
+    let [v0, v1, v2, v3] = vals;
+    Ok([
+        stage_lists(gpu, i0, v0, shape.changes(0))?,
+        stage_lists(gpu, i1, v1, shape.changes(1))?,
+        stage_lists(gpu, i2, v2, shape.changes(2))?,
+        stage_lists(gpu, i3, v3, shape.changes(3))?,
+    ])
+}
+
 /// Per width: jobs, indices, values; and the dense bytes.
 #[derive(Default)]
 struct Staging {
@@ -117,23 +143,20 @@ impl GpuInstaller {
     }
 }
 
-impl PatchInstaller for GpuInstaller {
-    fn install(
+impl GpuInstaller {
+    /// The device address of each tensor of `state` (`None` for a host tensor) and the install's stream;
+    /// every tensor a patch writes (`ordinals`) must be a CUDA tensor (checked before any write).
+    fn targets(
         &self,
-        patch: &ValidPatch,
-        state: &mut StateDict,
-        threads: NonZeroUsize,
-    ) -> Result<(), SyncError> {
+        mut ordinals: impl Iterator<Item = usize>,
+        state: &StateDict,
+    ) -> Result<(Vec<Option<u64>>, Stream), SyncError> {
         let (addrs, stream) = {
             let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
             let addrs: Vec<Option<u64>> = state.keys().map(|k| cur.addrs.get(k).copied()).collect();
             (addrs, cur.stream)
         };
-        // Every tensor the patch writes must be a CUDA tensor of this state dict (checked before any write).
-        if let Some(missing) = patch
-            .ordinals()
-            .find(|&o| addrs.get(o).copied().flatten().is_none())
-        {
+        if let Some(missing) = ordinals.find(|&o| addrs.get(o).copied().flatten().is_none()) {
             let key = state.keys().nth(missing).unwrap_or("?").to_owned();
             return Err(SyncError::StateMismatch {
                 key,
@@ -141,49 +164,42 @@ impl PatchInstaller for GpuInstaller {
                     .into(),
             });
         }
+        Ok((addrs, stream))
+    }
+
+    /// Queue the copies of `shape`'s lists (decoded into `staging`) to the device, scatter them and copy the
+    /// dense entries from `dense_stream`, waited for.
+    fn scatter_staged(
+        &self,
+        staging: &mut Staging,
+        shape: &ScatterShape,
+        dense_stream: &[u8],
+        addrs: &[Option<u64>],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        for slot in 0..4 {
+            let n = shape.changes(slot);
+            staging.idx[slot].queue(&self.gpu, n * 4, stream)?;
+            staging.vals[slot].queue(&self.gpu, n * 8, stream)?;
+        }
+        let entries = std::array::from_fn(|slot| shape.entries(slot));
+        self.scatter(staging, entries, shape.dense(), dense_stream, addrs, stream)
+    }
+
+    /// Launch `scatter` per width over the lists already queued in `staging`, copy the dense entries from
+    /// `dense_stream`, wait for the stream.
+    fn scatter(
+        &self,
+        staging: &mut Staging,
+        entries: [&[ScatterEntry]; 4],
+        dense: &[DenseCopy],
+        dense_stream: &[u8],
+        addrs: &[Option<u64>],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
         let addr_of = |ordinal: usize| addrs.get(ordinal).copied().flatten().unwrap_or(0);
         let gpu = &self.gpu;
-        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let staging = &mut *staging;
         let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
-        // Decoded straight into the pinned staging; owned lists only for patches whose entries exceed u32
-        // indices (never rlsync's own).
-        let (shape, lists);
-        let (entries, dense): ([&[ScatterEntry]; 4], &[DenseCopy]) = match ScatterShape::of(patch) {
-            Some(s) => {
-                shape = s;
-                let Staging { idx, vals, .. } = &mut *staging;
-                let [i0, i1, i2, i3] = idx;
-                let [v0, v1, v2, v3] = vals;
-                let lists = [
-                    stage_lists(gpu, i0, v0, shape.changes(0))?,
-                    stage_lists(gpu, i1, v1, shape.changes(1))?,
-                    stage_lists(gpu, i2, v2, shape.changes(2))?,
-                    stage_lists(gpu, i3, v3, shape.changes(3))?,
-                ];
-                shape.decode_into(patch, lists, threads);
-                for slot in 0..4 {
-                    let n = shape.changes(slot);
-                    staging.idx[slot].queue(gpu, n * 4, stream)?;
-                    staging.vals[slot].queue(gpu, n * 8, stream)?;
-                }
-                (
-                    std::array::from_fn(|slot| shape.entries(slot)),
-                    shape.dense(),
-                )
-            }
-            None => {
-                lists = scatter_plan(patch, threads);
-                for (slot, l) in lists.widths.iter().enumerate() {
-                    staging.idx[slot].upload(gpu, compact::as_bytes(&l.idx), stream)?;
-                    staging.vals[slot].upload(gpu, compact::as_bytes(&l.vals), stream)?;
-                }
-                (
-                    std::array::from_fn(|slot| lists.widths[slot].entries.as_slice()),
-                    lists.dense.as_slice(),
-                )
-            }
-        };
         for (slot, entries) in entries.iter().enumerate() {
             let total: usize = entries.iter().map(|e| e.count).sum();
             if total == 0 {
@@ -203,19 +219,81 @@ impl PatchInstaller for GpuInstaller {
             // SAFETY: the arguments follow scatter's signature; every job's destination is a live CUDA tensor
             // of the receiver (kept alive by the caller during the install) and, the patch having been
             // validated against its layout, every index lies inside it; the index and value lists were
-            // queued to the device on this stream above.
+            // queued to the device on this stream before.
             unsafe { gpu.launch(Kernel::Scatter, width, grid, compact::BLOCK, &args, stream) }?;
         }
         if !dense.is_empty() {
-            let stream_bytes = patch.dense_stream();
-            let base = staging.dense.upload(gpu, stream_bytes, stream)?;
+            let base = staging.dense.upload(gpu, dense_stream, stream)?;
             for d in dense {
                 let dst = addr_of(d.ordinal) + (d.base * d.width) as u64;
                 // SAFETY: device to device, from the staged dense stream into the validated element range.
                 unsafe { gpu.copy_async(dst, base + d.bytes.start as u64, d.bytes.len(), stream) }?;
             }
         }
-        gpu.sync(stream)?;
+        gpu.sync(stream)
+    }
+}
+
+impl PatchInstaller for GpuInstaller {
+    fn install(
+        &self,
+        patch: &ValidPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<(), SyncError> {
+        let (addrs, stream) = self.targets(patch.ordinals(), state)?;
+        let gpu = &self.gpu;
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let staging = &mut *staging;
+        if let Some(shape) = ScatterShape::of(patch) {
+            // Decoded straight into the pinned staging.
+            shape.decode_into(patch, staged_lists(gpu, staging, &shape)?, threads);
+            self.scatter_staged(staging, &shape, patch.dense_stream(), &addrs, stream)?;
+            return Ok(());
+        }
+        // Owned lists only for patches whose entries exceed u32 indices (never rlsync's own).
+        let lists = scatter_plan(patch, threads);
+        for (slot, l) in lists.widths.iter().enumerate() {
+            staging.idx[slot].upload(gpu, compact::as_bytes(&l.idx), stream)?;
+            staging.vals[slot].upload(gpu, compact::as_bytes(&l.vals), stream)?;
+        }
+        let entries = std::array::from_fn(|slot| lists.widths[slot].entries.as_slice());
+        self.scatter(
+            staging,
+            entries,
+            &lists.dense,
+            patch.dense_stream(),
+            &addrs,
+            stream,
+        )?;
         Ok(())
+    }
+
+    /// The streams checked in the walk that decodes them into the pinned staging (one walk, not two);
+    /// nothing reaches the device before every entry passed.
+    fn check_install(
+        &self,
+        patch: PlannedPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<ValidPatch, CheckInstallError> {
+        let Some(shape) = ScatterShape::of_planned(&patch) else {
+            let valid = patch
+                .check(threads)
+                .map_err(|reason| CheckInstallError::Rejected { reason })?;
+            self.install(&valid, state, threads)?;
+            return Ok(valid);
+        };
+        let (addrs, stream) = self.targets(patch.ordinals(), state)?;
+        let gpu = &self.gpu;
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let staging = &mut *staging;
+        let lists = staged_lists(gpu, staging, &shape).map_err(SyncError::from)?;
+        let valid = shape
+            .decode_checked_into(patch, lists, threads)
+            .map_err(|reason| CheckInstallError::Rejected { reason })?;
+        self.scatter_staged(staging, &shape, valid.dense_stream(), &addrs, stream)
+            .map_err(SyncError::from)?;
+        Ok(valid)
     }
 }

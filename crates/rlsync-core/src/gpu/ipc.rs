@@ -15,7 +15,10 @@
 //! compares sum and count with the message's ([`wire::Reason::Checksum`], [`wire::Reason::Count`]), then runs
 //! `apply_compact` per width into its tensors (overflowing tiles copied from the sender's snapshot copy) on
 //! its stream, syncs and acks with its phases' times ([`wire::Timing`], per receiver in
-//! [`SyncReport::per_receiver`]). A rejected message leaves its tensors untouched.
+//! [`SyncReport::per_receiver`]). A rejected message leaves its tensors untouched. The sender checks its own
+//! build first: where its checksum counted other entries than `diff_compact`'s cursor in a width, its pool is
+//! not what the message would announce (a kernel fault, a race), so it sends no patch: it sets the snapshot
+//! copy to the state again and sends this sync as a full copy ([`SyncReport::fallbacks`], a warning each).
 //!
 //! Bootstrap: the first sync (or [`IpcSender::bootstrap`]) sets the snapshot copy to the state and sends a
 //! full copy ([`wire::Mode::Full`]): each receiver copies every tensor from the imported snapshot, so the
@@ -491,6 +494,9 @@ pub struct SyncReport {
     pub receivers: usize,
     /// Per receiver that acked (rank order): where its part of the sync went.
     pub per_receiver: Vec<ReceiverTiming>,
+    /// Syncs this sender has sent as a full copy (since it was bound) because its own checksum counted
+    /// other changes than `diff_compact` reported (its pool is not what it would announce).
+    pub fallbacks: u64,
 }
 
 /// The sending end (see the module docs).
@@ -507,6 +513,8 @@ pub struct IpcSender<D: SenderDevice> {
     /// The version of the snapshot copy (None before the bootstrap).
     version: Option<u64>,
     timeout: Duration,
+    /// See [`SyncReport::fallbacks`].
+    fallbacks: u64,
 }
 
 impl<D: SenderDevice> IpcSender<D> {
@@ -550,6 +558,7 @@ impl<D: SenderDevice> IpcSender<D> {
             seq: 0,
             version: None,
             timeout,
+            fallbacks: 0,
         })
     }
 
@@ -580,23 +589,10 @@ impl<D: SenderDevice> IpcSender<D> {
         let widths = self.full_widths()?;
         let build_s = t0.elapsed().as_secs_f64();
         self.admit(true)?;
-        let t1 = Instant::now();
-        let ranks: Vec<u32> = self.ranks();
         for p in &mut self.peers {
             p.fresh = false;
         }
-        let msg = self.next_sync(version, Mode::Full, widths.clone());
-        let per_receiver = self.broadcast(msg, &ranks)?;
-        Ok(SyncReport {
-            seq: self.seq,
-            version,
-            full: true,
-            widths,
-            build_s,
-            acks_s: t1.elapsed().as_secs_f64(),
-            receivers: ranks.len(),
-            per_receiver,
-        })
+        self.send_full(version, widths, build_s)
     }
 
     /// One sync at `version`: the first one bootstraps; later receivers are admitted with a full copy; then
@@ -625,6 +621,26 @@ impl<D: SenderDevice> IpcSender<D> {
         // Seeded with the sequence number the message will carry (next_sync takes it below).
         let built = self.dev.build(&self.layout, &self.offsets, self.seq + 1)?;
         self.version = Some(version);
+        if let Some((w, b)) = self
+            .setup
+            .widths
+            .iter()
+            .zip(&built)
+            .find(|(_, b)| b.sum.count != b.cursor)
+        {
+            // The pool is not what the cursor announces (a kernel fault, a race): every receiver would reject
+            // it. diff_compact has already moved the snapshot copy, so this sync goes out as a full copy.
+            self.fallbacks += 1;
+            tracing::warn!(
+                width = w.width,
+                changes = b.cursor,
+                counted = b.sum.count,
+                fallbacks = self.fallbacks,
+                "GPU channel sender: its pool checksum counted other changes than diff_compact reported; \
+                 this sync is sent as a full copy"
+            );
+            return self.fallback(version, t0);
+        }
         let widths: Vec<WidthCount> = self
             .setup
             .widths
@@ -651,6 +667,40 @@ impl<D: SenderDevice> IpcSender<D> {
             acks_s: t1.elapsed().as_secs_f64(),
             receivers: ranks.len(),
             per_receiver,
+            fallbacks: self.fallbacks,
+        })
+    }
+
+    /// This sync (`version`, begun at `t0`) as a full copy to every receiver: the snapshot copy set to the
+    /// state again (a fault that broke the pool may have broken the copy too), hashed as every full copy.
+    fn fallback(&mut self, version: u64, t0: Instant) -> Result<SyncReport, IpcError> {
+        self.dev.bootstrap(&self.layout, &self.offsets)?;
+        let widths = self.full_widths()?;
+        self.send_full(version, widths, t0.elapsed().as_secs_f64())
+    }
+
+    /// Send every connected receiver a full copy at `version` (`widths` from [`Self::full_widths`], built in
+    /// `build_s`) and wait for the acks.
+    fn send_full(
+        &mut self,
+        version: u64,
+        widths: Vec<WidthCount>,
+        build_s: f64,
+    ) -> Result<SyncReport, IpcError> {
+        let t1 = Instant::now();
+        let ranks = self.ranks();
+        let msg = self.next_sync(version, Mode::Full, widths.clone());
+        let per_receiver = self.broadcast(msg, &ranks)?;
+        Ok(SyncReport {
+            seq: self.seq,
+            version,
+            full: true,
+            widths,
+            build_s,
+            acks_s: t1.elapsed().as_secs_f64(),
+            receivers: ranks.len(),
+            per_receiver,
+            fallbacks: self.fallbacks,
         })
     }
 

@@ -7,7 +7,7 @@
 use std::num::NonZeroUsize;
 
 use super::SyncError;
-use super::patch::{Built, SnapTensor, ValidPatch};
+use super::patch::{Built, PlannedPatch, SnapTensor, ValidPatch};
 use crate::tensor::StateDict;
 
 /// Builds a patch in place of `patch::build`.
@@ -34,6 +34,33 @@ pub trait PatchInstaller: Send + Sync {
         state: &mut StateDict,
         threads: NonZeroUsize,
     ) -> Result<(), SyncError>;
+
+    /// Check the streams of `patch` (its entry table checked by `patch::plan`) and install it: an installer
+    /// that walks the streams to decode them anyway checks them in that walk (one walk, not two); no tensor
+    /// is written before every entry passed. The default checks ([`PlannedPatch::check`]), then installs.
+    fn check_install(
+        &self,
+        patch: PlannedPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<ValidPatch, CheckInstallError> {
+        let valid = patch
+            .check(threads)
+            .map_err(|reason| CheckInstallError::Rejected { reason })?;
+        self.install(&valid, state, threads)?;
+        Ok(valid)
+    }
+}
+
+/// Why [`PatchInstaller::check_install`] did not install a patch.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckInstallError {
+    /// The patch's streams failed validation (rlsync's own description); no tensor was written.
+    #[error("{reason}")]
+    Rejected { reason: String },
+    /// The install failed after the check (as [`PatchInstaller::install`]).
+    #[error(transparent)]
+    Install(#[from] SyncError),
 }
 
 /// Stages bucket syncs on a device (`bucket_device: cuda`) in place of the host fill's reads of the

@@ -1168,6 +1168,25 @@ pub fn validate(
     state: &StateDict,
     threads: NonZeroUsize,
 ) -> Result<ValidPatch, String> {
+    plan(body, meta, synced, state)?.check(threads)
+}
+
+/// A patch whose entry table passed validation against a state dict's layout (ordinals, ranges, stream
+/// extents), its streams not yet: [`PlannedPatch::check`] checks them (the rest of [`validate`]), or a
+/// device install checks them in the walk that decodes them into its staging
+/// ([`ScatterShape::decode_checked_into`]).
+pub struct PlannedPatch {
+    body: PatchBody,
+    plan: Vec<EntryPlan>,
+}
+
+/// The first half of [`validate`]: the stream count and the entry table.
+pub fn plan(
+    body: PatchBody,
+    meta: &[KeyMeta],
+    synced: &[bool],
+    state: &StateDict,
+) -> Result<PlannedPatch, String> {
     if body.streams.len() != PATCH_STREAMS {
         return Err(format!(
             "expected {PATCH_STREAMS} streams, found {}",
@@ -1175,18 +1194,35 @@ pub fn validate(
         ));
     }
     let plan = plan_entries(&body, meta, synced, state)?;
-    let failures = map_items(plan.iter().collect(), threads, |e| {
-        check_entry(&body, e).err()
-    });
-    if let Some(reason) = failures.into_iter().flatten().next() {
-        return Err(reason);
+    Ok(PlannedPatch { body, plan })
+}
+
+impl PlannedPatch {
+    /// The ordinals of the tensors the patch writes, in entry order (a tensor with several entries repeats).
+    pub(crate) fn ordinals(&self) -> impl Iterator<Item = usize> + '_ {
+        self.plan.iter().map(|e| e.ordinal)
     }
-    let changed = plan.iter().map(|e| e.nnz as u64).sum();
-    Ok(ValidPatch {
-        body,
-        plan,
-        changed,
-    })
+
+    /// The second half of [`validate`]: each entry's streams (in parallel when `threads > 1`).
+    pub fn check(self, threads: NonZeroUsize) -> Result<ValidPatch, String> {
+        let failures = map_items(self.plan.iter().collect(), threads, |e| {
+            check_entry(&self.body, e).err()
+        });
+        if let Some(reason) = failures.into_iter().flatten().next() {
+            return Err(reason);
+        }
+        Ok(self.checked())
+    }
+
+    /// The patch, every entry's streams having been checked (by [`PlannedPatch::check`] or the checked walk).
+    fn checked(self) -> ValidPatch {
+        let changed = self.plan.iter().map(|e| e.nnz as u64).sum();
+        ValidPatch {
+            body: self.body,
+            plan: self.plan,
+            changed,
+        }
+    }
 }
 
 fn plan_entries(

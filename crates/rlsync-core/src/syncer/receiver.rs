@@ -761,23 +761,48 @@ impl PendingUpdate {
                         ),
                     ));
                 }
-                let t0 = Instant::now();
-                let valid: ValidPatch = blocking(|| {
-                    patch::validate(body, &shared.meta, &shared.synced, state, shared.threads)
-                })
-                .map_err(|r| rejected(Some(version), current, r))?;
-                report.decode += t0.elapsed();
-                let t1 = Instant::now();
                 let installer = shared
                     .installer
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
-                match installer {
-                    Some(i) => blocking(|| i.install(&valid, state, shared.threads))?,
-                    None => blocking(|| patch::install(&valid, state, shared.threads)),
-                }
-                report.apply = t1.elapsed();
+                let t0 = Instant::now();
+                let valid: ValidPatch = match installer {
+                    // A device installer checks the streams as it decodes them (its install time).
+                    Some(i) => {
+                        let planned =
+                            blocking(|| patch::plan(body, &shared.meta, &shared.synced, state))
+                                .map_err(|r| rejected(Some(version), current, r))?;
+                        report.decode += t0.elapsed();
+                        let t1 = Instant::now();
+                        let valid = blocking(|| i.check_install(planned, state, shared.threads))
+                            .map_err(|e| match e {
+                                CheckInstallError::Rejected { reason } => {
+                                    rejected(Some(version), current, reason)
+                                }
+                                CheckInstallError::Install(e) => e,
+                            })?;
+                        report.apply = t1.elapsed();
+                        valid
+                    }
+                    None => {
+                        let valid = blocking(|| {
+                            patch::validate(
+                                body,
+                                &shared.meta,
+                                &shared.synced,
+                                state,
+                                shared.threads,
+                            )
+                        })
+                        .map_err(|r| rejected(Some(version), current, r))?;
+                        report.decode += t0.elapsed();
+                        let t1 = Instant::now();
+                        blocking(|| patch::install(&valid, state, shared.threads));
+                        report.apply = t1.elapsed();
+                        valid
+                    }
+                };
                 report.changed = valid.changed;
             }
             PendingBody::Bucket(staged) => {

@@ -2610,4 +2610,102 @@ fn a_received_patch_joins_its_parts_and_installs_later() {
     }
 }
 
+/// A device installer's stand-in: counts the check-and-install calls and the ones that wrote, and installs
+/// on the host (the one-walk device path itself is tested in `patch/scatter.rs`).
+#[derive(Default)]
+struct CountingInstaller {
+    checks: std::sync::atomic::AtomicUsize,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+impl PatchInstaller for CountingInstaller {
+    fn install(
+        &self,
+        patch: &patch::ValidPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<(), SyncError> {
+        self.writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        patch::install(patch, state, threads);
+        Ok(())
+    }
+
+    fn check_install(
+        &self,
+        patch: patch::PlannedPatch,
+        state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<patch::ValidPatch, CheckInstallError> {
+        self.checks
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let valid = patch
+            .check(threads)
+            .map_err(|reason| CheckInstallError::Rejected { reason })?;
+        self.install(&valid, state, threads)?;
+        Ok(valid)
+    }
+}
+
+/// With a device installer the receiver checks the entry table, then hands the patch to the installer's
+/// check-and-install: the genuine patch installs through that call, and a patch whose stream fails the check is
+/// a rejection (weights and version untouched, nothing written).
+#[test]
+fn a_device_installer_checks_the_streams_and_a_bad_one_is_rejected_untouched() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(false);
+    // Seed 12: one patch part per version.
+    let mut p = init_pair(&rt, &keys, &s, 12).unwrap();
+    sync_once(&rt, &mut p, 1);
+    let installer = Arc::new(CountingInstaller::default());
+    p.rx.set_patch_installer(installer.clone());
+    mutate_synced(&mut p.sender, 5, 30);
+    let (_, r) = sync_once(&rt, &mut p, 2);
+    assert!(r.changed > 0);
+    assert_eq!(
+        (installer.checks.load(SeqCst), installer.writes.load(SeqCst)),
+        (1, 1)
+    );
+    assert_synced(&p, &keys, &s, &[]);
+    // One change of `w` (32 elements): a sparse entry whose first gap is its index.
+    p.sender
+        .get_mut("w")
+        .unwrap()
+        .as_mut_slice::<f32>()
+        .unwrap()[5] += 1000.0;
+    let good = capture(&rt, &mut p, 3);
+    let bad: Vec<Vec<u8>> = good
+        .iter()
+        .map(|m| {
+            let (h, body) = Header::parse(m).unwrap();
+            if h.kind != Kind::Patch {
+                return m.clone();
+            }
+            let mut pb = wire::decode_patch_body(body, usize::MAX).unwrap();
+            assert!(
+                !pb.entries[0].dense && pb.entries[0].nnz == 1,
+                "{:?}",
+                pb.entries
+            );
+            // An index past the entry's 32 elements (a 1-byte gap of 127).
+            pb.streams[0][0] = 0x7f;
+            wire::message(h, &wire::encode_patch_body(&pb, Codec::Plain).body)
+        })
+        .collect();
+    assert_ne!(bad, good);
+    let before: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+    let r = inject_and_apply(&rt, &mut p, &bad);
+    assert!(matches!(&r, Err(e) if e.is_rejection()), "{r:?}");
+    assert!(crate::error_chain(&r.unwrap_err()).contains("outside the entry's range"));
+    assert_eq!(
+        (installer.checks.load(SeqCst), installer.writes.load(SeqCst)),
+        (2, 1)
+    );
+    let after: Vec<Vec<u8>> = p.receiver.iter().map(|(_, t)| t.bytes().to_vec()).collect();
+    assert_eq!(before, after, "state changed by a rejected patch");
+    assert_eq!(p.rx.version(), 2);
+}
+
 mod device_bucket_tests;

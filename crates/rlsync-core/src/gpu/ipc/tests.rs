@@ -72,6 +72,9 @@ struct FakeSender {
     seed: u64,
     /// Applied once to the simulated device after the next build's checksum (a corrupted pool).
     corrupt: Option<Corruption>,
+    /// Applied once to the simulated device between the next build's diff_compact and its checksum (a fault
+    /// on the sender's own device).
+    fault: Option<Corruption>,
 }
 
 /// What a test corrupts in the device buffers between the sender's checksum and the receivers' reading.
@@ -182,14 +185,22 @@ impl SenderDevice for FakeSender {
                     .map_err(|e| fake_error(e.to_string()))?
                     .copy_from_slice(bytes);
             }
-            let sum_jobs = layout.apply_jobs(width, |pos| (0, self.snap + offsets[pos]));
+            cursors.push(cursor);
+        }
+        if let Some(fault) = self.fault.take() {
+            fault(&mut h.mem, self);
+        }
+        let mut built = Vec::new();
+        for (w, cursor) in self.outs.iter().zip(cursors) {
+            let sum_jobs =
+                layout.apply_jobs(usize::from(w.width), |pos| (0, self.snap + offsets[pos]));
             let sum = pool_sum(&h.mem, w, &sum_jobs, seed, false)?;
-            cursors.push(WidthBuilt { cursor, sum });
+            built.push(WidthBuilt { cursor, sum });
         }
         if let Some(corrupt) = self.corrupt.take() {
             corrupt(&mut h.mem, self);
         }
-        Ok(cursors)
+        Ok(built)
     }
 
     fn snapshot_sum(
@@ -374,6 +385,7 @@ fn sender(host: &Shared, path: &Path, n: usize) -> (IpcSender<FakeSender>, Vec<u
         outs: Vec::new(),
         seed: 0,
         corrupt: None,
+        fault: None,
     };
     (IpcSender::bind(path, dev, layout(), n, T).unwrap(), state)
 }
@@ -618,6 +630,7 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
         outs: Vec::new(),
         seed: 0,
         corrupt: None,
+        fault: None,
     };
     let l = layout();
     let (offsets, bytes) = snapshot_offsets(&l);
@@ -991,4 +1004,59 @@ fn a_corrupted_pool_is_rejected_by_its_checksum_the_tensors_untouched_and_the_ne
             _ => panic!("{got:?} vs {want:?}"),
         }
     }
+}
+
+#[test]
+fn a_sender_whose_own_count_disagrees_with_its_cursor_sends_a_full_copy_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    // The bootstrap, then per fault the fallback and a patch.
+    let syncs = 5;
+    let (r0, h0) = receiver(&host, &path, 0, syncs);
+    let (r1, h1) = receiver(&host, &path, 1, syncs);
+    let rep = tx.sync(1).unwrap();
+    assert_eq!(rep.fallbacks, 0);
+    // Faults between diff_compact and the checksum.
+    let faults: Vec<Corruption> = vec![
+        // The count of the 8-byte width's only tile.
+        Box::new(|mem, dev| {
+            let (w, base) = export_of(dev, 8);
+            flip(mem, base + w.dir_off + 8, 1);
+        }),
+        // The count of the 2-byte width's first tile and a byte of the snapshot copy: the full copy must
+        // come from the state, not from the broken copy.
+        Box::new(|mem, dev| {
+            let (w, base) = export_of(dev, 2);
+            flip(mem, base + w.dir_off + 8, 2);
+            flip(mem, dev.snap + 3, 0x80);
+        }),
+    ];
+    let mut version = 1;
+    for (k, fault) in faults.into_iter().enumerate() {
+        version += 1;
+        mutate(&host, &state, version, 0);
+        tx.device_mut().fault = Some(fault);
+        let rep = tx.sync(version).unwrap();
+        assert!(rep.full, "case {k}: sent as a full copy");
+        assert_eq!(rep.fallbacks, k as u64 + 1, "case {k}");
+        assert_eq!(rep.per_receiver.len(), 2, "case {k}: both acked");
+        assert_eq!(tx.ranks(), vec![0, 1]);
+        for r in [&r0, &r1] {
+            assert_eq!(contents(&host, r), contents(&host, &state), "case {k}");
+        }
+        // The next sync is a patch again, on the refreshed snapshot copy.
+        version += 1;
+        mutate(&host, &state, version, 0);
+        let rep = tx.sync(version).unwrap();
+        assert!(!rep.full, "case {k}");
+        assert_eq!(rep.fallbacks, k as u64 + 1, "case {k}");
+        for r in [&r0, &r1] {
+            assert_eq!(contents(&host, r), contents(&host, &state), "case {k}");
+        }
+    }
+    let want: Vec<Result<u64, String>> = (1..=version).map(Ok).collect();
+    assert_eq!(h0.join().unwrap(), want, "no receiver rejected anything");
+    assert_eq!(h1.join().unwrap(), want, "no receiver rejected anything");
 }

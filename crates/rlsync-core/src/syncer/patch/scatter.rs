@@ -10,16 +10,21 @@
 //! The shape of the lists (which entry's changes go where, how many per width) follows from the validated
 //! plan alone ([`ScatterShape`]), so a device install decodes straight into its own (pinned) staging buffers,
 //! entries in parallel, with no intermediate lists ([`ScatterShape::decode_into`]); [`scatter_plan`] decodes
-//! into vectors the same way.
+//! into vectors the same way. The walk that decodes also checks what `validate` checks of each entry's streams
+//! (every index inside the entry's range, every stream consumed exactly), so a device install of a patch whose
+//! entry table alone was validated ([`PlannedPatch`]) checks and decodes in one walk
+//! ([`ScatterShape::decode_checked_into`]): the staging is not the weights, and nothing is written to them
+//! before every entry passed.
 
 use std::num::NonZeroUsize;
 use std::ops::Range;
 
 use crate::bytes::{get_varint, read_uint};
+use crate::syncer::wire::PatchBody;
 use crate::tensor::parallel::map_items;
 
 use super::super::wire::{IndexCoding, unzigzag};
-use super::{EntryPlan, ValidPatch, gap_varint};
+use super::{EntryPlan, PlannedPatch, ValidPatch, gap_varint};
 
 /// How a change is applied to its element.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,7 +146,16 @@ pub struct ScatterShape {
 impl ScatterShape {
     /// The shape of `p`'s scatter lists (see the type).
     pub fn of(p: &ValidPatch) -> Option<ScatterShape> {
-        let mode = match p.body.index {
+        Self::shaped(&p.body, &p.plan)
+    }
+
+    /// The shape of the scatter lists of `p` (its streams not yet checked).
+    pub fn of_planned(p: &PlannedPatch) -> Option<ScatterShape> {
+        Self::shaped(&p.body, &p.plan)
+    }
+
+    fn shaped(body: &PatchBody, plan: &[EntryPlan]) -> Option<ScatterShape> {
+        let mode = match body.index {
             IndexCoding::Gaps => ScatterMode::Add,
             IndexCoding::Coo => ScatterMode::Set,
         };
@@ -150,7 +164,7 @@ impl ScatterShape {
             dense: Vec::new(),
         };
         let mut next = [0usize; 4];
-        for e in &p.plan {
+        for e in plan {
             if e.dense {
                 shape.dense.push(dense_copy(e));
                 continue;
@@ -199,6 +213,32 @@ impl ScatterShape {
         lists: [(&mut [u32], &mut [u64]); 4],
         threads: NonZeroUsize,
     ) {
+        // A validated patch: the walk need not check it (and cannot fail).
+        let _ = self.decode::<false>(&p.body, &p.plan, lists, threads);
+    }
+
+    /// [`ScatterShape::decode_into`] of a patch whose streams are not checked yet (this shape from
+    /// [`ScatterShape::of_planned`]), checking each entry's streams as `validate` does in the same walk: the
+    /// validated patch, or the first failure's reason (the lists then hold garbage). The entries of a list of
+    /// the wrong length are checked, not decoded.
+    pub fn decode_checked_into(
+        &self,
+        p: PlannedPatch,
+        lists: [(&mut [u32], &mut [u64]); 4],
+        threads: NonZeroUsize,
+    ) -> Result<ValidPatch, String> {
+        self.decode::<true>(&p.body, &p.plan, lists, threads)?;
+        Ok(p.checked())
+    }
+
+    /// Decode (and with `CHECK` check) the sparse entries of `plan` into `lists` (see the callers).
+    fn decode<const CHECK: bool>(
+        &self,
+        body: &PatchBody,
+        plan: &[EntryPlan],
+        lists: [(&mut [u32], &mut [u64]); 4],
+        threads: NonZeroUsize,
+    ) -> Result<(), String> {
         let mut rest: [Option<(&mut [u32], &mut [u64])>; 4] = lists.map(Some);
         for (slot, r) in rest.iter_mut().enumerate() {
             let n = self.changes(slot);
@@ -208,22 +248,24 @@ impl ScatterShape {
                 *r = None;
             }
         }
-        let mut work = Vec::with_capacity(self.entries.iter().map(Vec::len).sum());
-        for e in p.plan.iter().filter(|e| !e.dense) {
-            let Some(slot) = width_slot(e.width) else {
-                continue;
-            };
-            let Some((idx, vals)) = rest[slot].take() else {
-                continue;
-            };
-            let (mine_i, more_i) = idx.split_at_mut(e.nnz);
-            let (mine_v, more_v) = vals.split_at_mut(e.nnz);
-            rest[slot] = Some((more_i, more_v));
-            work.push((e, mine_i, mine_v));
+        let mut work = Vec::with_capacity(plan.len());
+        for e in plan.iter().filter(|e| !e.dense) {
+            let out = width_slot(e.width).and_then(|slot| {
+                let (idx, vals) = rest[slot].take()?;
+                let (mine_i, more_i) = idx.split_at_mut(e.nnz);
+                let (mine_v, more_v) = vals.split_at_mut(e.nnz);
+                rest[slot] = Some((more_i, more_v));
+                Some((mine_i, mine_v))
+            });
+            work.push((e, out));
         }
-        map_items(work, threads, |(e, idx, vals)| {
-            decode_entry_into(p, e, idx, vals)
+        let failures = map_items(work, threads, |(e, out)| {
+            decode_entry_into::<CHECK>(body, e, out).err()
         });
+        match failures.into_iter().flatten().next() {
+            Some(reason) => Err(reason),
+            None => Ok(()),
+        }
     }
 }
 
@@ -243,31 +285,51 @@ fn dense_copy(e: &EntryPlan) -> DenseCopy {
 }
 
 /// Walk one sparse entry's changes as `install_entry` reads them: `f(entry-relative index, value)` in stream
-/// order (gap-coded indices ascend strictly; COO ones may repeat or go back). Returns how many it read.
-fn for_each_change(p: &ValidPatch, e: &EntryPlan, mut f: impl FnMut(usize, u64)) -> usize {
-    let body = &p.body;
+/// order (gap-coded indices ascend strictly; COO ones may repeat or go back). Returns how many it read. With
+/// `CHECK`, also the reason the entry's streams fail `validate`'s checks (`check_entry`: every index inside
+/// the entry's range, every stream consumed exactly; the stream extents, a COO entry's `nnz` coordinates and
+/// values among them, were checked with the entry table), found in the same walk (`f` may have seen some
+/// changes of an entry that fails); without, the entry must be validated (only a truncated stream stops it).
+fn for_each_change<const CHECK: bool>(
+    body: &PatchBody,
+    e: &EntryPlan,
+    mut f: impl FnMut(usize, u64),
+) -> Result<usize, String> {
     let [s0, s1, s2] = [&body.streams[0], &body.streams[1], &body.streams[2]];
-    let mut read = 0;
+    let span = (e.limit - e.base) as u64;
     match body.index {
         IndexCoding::Gaps => {
             let gaps = &s0[e.index_pos..e.index_pos + e.index_len];
             let codes = &s1[e.code_pos..e.code_pos + e.nnz.div_ceil(4)];
             let escapes = &s2[e.escape_pos..e.escape_pos + e.escape_len];
-            let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0usize);
+            let (mut ipos, mut epos, mut next) = (0usize, 0usize, 0u64);
             for k in 0..e.nnz {
-                let Some(g) = gap_varint(gaps, &mut ipos) else {
-                    break;
-                };
-                let at = next + g as usize;
+                let g = gap_varint(gaps, &mut ipos).ok_or("truncated index stream")?;
+                let at = next.wrapping_add(g);
+                if CHECK && next.checked_add(g).is_none_or(|r| r >= span) {
+                    return Err("index outside the entry's range".into());
+                }
                 next = at + 1;
                 let code = (codes[k / 4] >> ((k % 4) * 2)) & 3;
                 let z = if code != 0 {
                     u64::from(code)
                 } else {
-                    get_varint(escapes, &mut epos).unwrap_or(0)
+                    get_varint(escapes, &mut epos).ok_or("truncated escape stream")?
                 };
-                f(at, unzigzag(z) as u64);
-                read += 1;
+                f(at as usize, unzigzag(z) as u64);
+            }
+            if !CHECK {
+                return Ok(e.nnz);
+            }
+            if ipos != gaps.len() {
+                return Err("index stream holds more data than the entry describes".into());
+            }
+            if !e.nnz.is_multiple_of(4) && codes.last().is_some_and(|b| b >> ((e.nnz % 4) * 2) != 0)
+            {
+                return Err("code stream padding is not zero".into());
+            }
+            if epos != escapes.len() {
+                return Err("escape stream holds more data than the entry describes".into());
             }
         }
         IndexCoding::Coo => {
@@ -280,14 +342,27 @@ fn for_each_change(p: &ValidPatch, e: &EntryPlan, mut f: impl FnMut(usize, u64))
                 .zip(cols.chunks_exact(iw))
                 .zip(values.chunks_exact(w))
             {
-                let at =
-                    (read_uint(r) as usize * e.cols + read_uint(c) as usize).wrapping_sub(e.base);
-                f(at, read_uint(v));
-                read += 1;
+                let (r, c) = (read_uint(r), read_uint(c));
+                if !CHECK {
+                    let at = (r as usize * e.cols + c as usize).wrapping_sub(e.base);
+                    f(at, read_uint(v));
+                    continue;
+                }
+                if r >= e.rows as u64 || c >= e.cols as u64 {
+                    return Err(format!(
+                        "coordinate ({r}, {c}) outside the {}x{} view",
+                        e.rows, e.cols
+                    ));
+                }
+                let idx = r * e.cols as u64 + c;
+                if idx < e.base as u64 || idx >= e.limit as u64 {
+                    return Err(format!("coordinate ({r}, {c}) outside the entry's range"));
+                }
+                f(idx as usize - e.base, read_uint(v));
             }
         }
     }
-    read
+    Ok(e.nnz)
 }
 
 /// Keep the last write of each index (a sequential install lets it win), ascending: `pairs` in stream order.
@@ -297,14 +372,23 @@ fn last_writes<I: Ord + Copy>(pairs: &mut Vec<(I, u64)>) {
     pairs.dedup_by_key(|&mut (i, _)| i);
 }
 
-/// Decode one sparse entry (span within u32 indices) into its `nnz` slots, as `install_entry` applies it.
-fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut [u64]) {
-    // Gap-coded indices ascend strictly (validated): only COO entries are watched for repeats.
-    let coo = p.body.index == IndexCoding::Coo;
+/// Decode one sparse entry (span within u32 indices) into its `nnz` slots of `out`, as `install_entry`
+/// applies it, with `CHECK` checking its streams in the same walk ([`for_each_change`]); without `out`, only
+/// checked.
+fn decode_entry_into<const CHECK: bool>(
+    body: &PatchBody,
+    e: &EntryPlan,
+    out: Option<(&mut [u32], &mut [u64])>,
+) -> Result<(), String> {
+    let Some((idx, vals)) = out else {
+        return for_each_change::<CHECK>(body, e, |_, _| {}).map(|_| ());
+    };
+    // Gap-coded indices ascend strictly (checked): only COO entries are watched for repeats.
+    let coo = body.index == IndexCoding::Coo;
     let (mut ascending, mut last) = (true, None::<u32>);
     let read = {
         let mut slots = idx.iter_mut().zip(vals.iter_mut());
-        for_each_change(p, e, |at, v| {
+        for_each_change::<CHECK>(body, e, |at, v| {
             let at = at as u32; // the entry's span fits u32 (`ScatterShape::of`)
             if let Some((i, o)) = slots.next() {
                 (*i, *o) = (at, v);
@@ -313,11 +397,11 @@ fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut 
                 ascending &= last.is_none_or(|l| l < at);
                 last = Some(at);
             }
-        })
+        })?
     };
     let read = read.min(idx.len());
-    // Validation consumed exactly `nnz` changes; were it otherwise, setting or adding 0 at index 0 of a
-    // gap entry changes nothing, and a COO entry repeats its last change below.
+    // The walk read exactly `nnz` changes; were it otherwise, setting or adding 0 at index 0 of a gap entry
+    // changes nothing, and a COO entry repeats its last change below.
     idx[read..].fill(0);
     vals[read..].fill(0);
     if !ascending {
@@ -334,6 +418,7 @@ fn decode_entry_into(p: &ValidPatch, e: &EntryPlan, idx: &mut [u32], vals: &mut 
             (*i, *v) = (ui, uv);
         }
     }
+    Ok(())
 }
 
 /// [`scatter_plan`] for patches with an entry wider than u32 indices: entries split in runs.
@@ -378,7 +463,8 @@ fn scatter_plan_in_runs(p: &ValidPatch, threads: NonZeroUsize) -> ScatterPlan {
 /// ordered and split into runs whose indices fit u32.
 fn decode_entry(p: &ValidPatch, e: &EntryPlan) -> Decoded {
     let mut pairs: Vec<(usize, u64)> = Vec::with_capacity(e.nnz);
-    for_each_change(p, e, |at, v| pairs.push((at, v)));
+    // A validated patch: the walk need not check it (and cannot fail).
+    let _ = for_each_change::<false>(&p.body, e, |at, v| pairs.push((at, v)));
     if !pairs.is_sorted_by(|a, b| a.0 < b.0) {
         last_writes(&mut pairs);
     }
@@ -547,5 +633,234 @@ mod tests {
             got.get("w").unwrap().as_slice::<f32>().unwrap(),
             new.as_slice()
         );
+    }
+
+    /// A CPU stand-in for the CUDA installer: decodes into its (vector) staging as the installer decodes into
+    /// pinned memory, then applies the lists as the scatter kernels would.
+    struct StagedInstaller;
+
+    impl crate::syncer::PatchInstaller for StagedInstaller {
+        fn install(
+            &self,
+            patch: &ValidPatch,
+            state: &mut StateDict,
+            threads: NonZeroUsize,
+        ) -> Result<(), crate::syncer::SyncError> {
+            apply(&scatter_plan(patch, threads), patch, state);
+            Ok(())
+        }
+
+        fn check_install(
+            &self,
+            patch: PlannedPatch,
+            state: &mut StateDict,
+            threads: NonZeroUsize,
+        ) -> Result<ValidPatch, crate::syncer::CheckInstallError> {
+            let shape = ScatterShape::of_planned(&patch).unwrap();
+            let (valid, plan) = checked_decode(&shape, patch, threads);
+            let valid =
+                valid.map_err(|reason| crate::syncer::CheckInstallError::Rejected { reason })?;
+            apply(&plan, &valid, state);
+            Ok(valid)
+        }
+    }
+
+    /// `shape`'s lists decoded (and checked) into fresh staging, as a plan; the checked patch.
+    fn checked_decode(
+        shape: &ScatterShape,
+        patch: PlannedPatch,
+        threads: NonZeroUsize,
+    ) -> (Result<ValidPatch, String>, ScatterPlan) {
+        let mut lists: [(Vec<u32>, Vec<u64>); 4] = Default::default();
+        for (slot, (i, v)) in lists.iter_mut().enumerate() {
+            // Garbage where the decode must write.
+            *i = vec![0xdead; shape.changes(slot)];
+            *v = vec![0xbeef; shape.changes(slot)];
+        }
+        let [a, b, c, d] = &mut lists;
+        let valid = shape.decode_checked_into(
+            patch,
+            [
+                (&mut a.0, &mut a.1),
+                (&mut b.0, &mut b.1),
+                (&mut c.0, &mut c.1),
+                (&mut d.0, &mut d.1),
+            ],
+            threads,
+        );
+        let mut plan = ScatterPlan {
+            dense: shape.dense().to_vec(),
+            ..ScatterPlan::default()
+        };
+        for (slot, (out, (idx, vals))) in plan.widths.iter_mut().zip(lists).enumerate() {
+            *out = WidthLists {
+                entries: shape.entries(slot).to_vec(),
+                idx,
+                vals,
+            };
+        }
+        (valid, plan)
+    }
+
+    /// A receiver state of `dtype` (rows x 40 elements) and a patch to a random change of it (segments of
+    /// 256 elements, each coded sparse or dense, whichever is smaller); the receiver's metadata.
+    fn random_patch(
+        dtype: DType,
+        rows: usize,
+        density: u64,
+        big: u64,
+        seed: u64,
+        delta: bool,
+    ) -> (StateDict, Vec<KeyMeta>, PatchBody) {
+        let (n, w) = (rows * 40, dtype.size_bytes());
+        let mut x = seed | 1;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let old: Vec<u8> = (0..n * w).map(|_| rnd() as u8).collect();
+        let mut new = old.clone();
+        for el in new.chunks_exact_mut(w) {
+            if rnd() % 100 >= density {
+                continue;
+            }
+            let v = read_uint(el);
+            let step = if rnd() % 100 < big {
+                rnd()
+            } else {
+                [1, 2, u64::MAX][(rnd() % 3) as usize]
+            };
+            let mut nv = v.wrapping_add(step);
+            if nv.to_le_bytes()[..w] == v.to_le_bytes()[..w] {
+                nv ^= 1;
+            }
+            el.copy_from_slice(&nv.to_le_bytes()[..w]);
+        }
+        let shape = [rows, 40];
+        let mut state = StateDict::new();
+        state.insert(
+            "w",
+            Tensor::from_bytes(dtype, &shape, Class::Trainable, &old).unwrap(),
+        );
+        let mut sender = StateDict::new();
+        sender.insert(
+            "w",
+            Tensor::from_bytes(dtype, &shape, Class::Trainable, &new).unwrap(),
+        );
+        let mut storage = Storage::zeroed(old.len());
+        storage.bytes_mut().copy_from_slice(&old);
+        let mut snap = vec![SnapTensor {
+            key: "w".into(),
+            ordinal: 0,
+            dtype,
+            cols: 40,
+            storage,
+        }];
+        let mut built = Built::default();
+        let two = NonZeroUsize::new(2).unwrap();
+        super::super::build_segmented(&mut snap, &sender, two, &mut built, 256).unwrap();
+        let body = super::super::encode_as(&built, &snap, delta, two, super::super::Pick::Smaller);
+        let meta = vec![KeyMeta {
+            name: "w".into(),
+            dtype,
+            shape: shape.to_vec(),
+        }];
+        (state, meta, body)
+    }
+
+    /// Damage `body` in one of the ways the validate tests use (0: none): a byte of a stream changed, a
+    /// stream cut or lengthened, an entry's change count, base or index extent off by one, entries swapped,
+    /// an entry read with the other coding.
+    fn damage(body: &mut PatchBody, kind: usize, at: usize, byte: u8) {
+        let n = body.entries.len();
+        match kind {
+            1..=3 => {
+                let s = &mut body.streams[kind - 1];
+                if !s.is_empty() {
+                    let i = at % s.len();
+                    s[i] = byte;
+                }
+            }
+            4 => {
+                let s = &mut body.streams[at % 3];
+                s.truncate(s.len().saturating_sub(1 + byte as usize % 3));
+            }
+            5 => body.streams[at % 3].push(byte),
+            6 if n > 0 => {
+                let e = &mut body.entries[at % n];
+                e.nnz = if byte.is_multiple_of(2) {
+                    e.nnz + 1
+                } else {
+                    e.nnz.saturating_sub(1)
+                };
+            }
+            7 if n > 0 => {
+                let e = &mut body.entries[at % n];
+                e.base = if byte.is_multiple_of(2) {
+                    e.base + 1
+                } else {
+                    e.base.saturating_sub(1)
+                };
+            }
+            8 if n > 0 => body.entries[at % n].index_bytes += 1,
+            9 if n > 1 => body.entries.swap(at % n, (at + 1) % n),
+            10 if n > 0 => body.entries[at % n].dense ^= true,
+            _ => {}
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 256, ..Default::default() })]
+
+        /// The one-walk check and decode (what a CUDA install does) accepts exactly the patches `validate`
+        /// accepts, damaged or not, every coding and width; a patch it accepts decodes into exactly the staging
+        /// of the two-walk path (validate, then decode) and installs as the host install does; a patch it
+        /// rejects leaves the tensors untouched.
+        #[test]
+        fn the_checked_decode_accepts_what_validate_accepts_and_stages_the_same(
+            dtype in proptest::sample::select(vec![DType::U8, DType::Bf16, DType::F32, DType::I64]),
+            rows in 1usize..40,
+            density in 0u64..=60,
+            big in 0u64..=100,
+            seed in proptest::prelude::any::<u64>(),
+            delta in proptest::prelude::any::<bool>(),
+            kind in 0usize..12,
+            at in proptest::prelude::any::<usize>(),
+            byte in proptest::prelude::any::<u8>(),
+        ) {
+            use crate::syncer::{CheckInstallError, PatchInstaller};
+            let (state, meta, mut body) = random_patch(dtype, rows, density, big, seed, delta);
+            damage(&mut body, kind, at, byte);
+            let two = NonZeroUsize::new(2).unwrap();
+            let old = validate(body.clone(), &meta, &[true], &state, two);
+            let planned = crate::syncer::patch::plan(body.clone(), &meta, &[true], &state);
+            let mut got = state.duplicate();
+            let new = match planned {
+                Ok(p) => StagedInstaller.check_install(p, &mut got, two).map_err(|e| match e {
+                    CheckInstallError::Rejected { reason } => reason,
+                    CheckInstallError::Install(e) => e.to_string(),
+                }),
+                Err(r) => Err(r),
+            };
+            proptest::prop_assert_eq!(old.is_ok(), new.is_ok(), "old {:?} new {:?}", old.as_ref().err(), new.as_ref().err());
+            let Ok(old) = old else {
+                proptest::prop_assert_eq!(got.get("w").unwrap().bytes(), state.get("w").unwrap().bytes(), "untouched");
+                return Ok(());
+            };
+            let new = new.unwrap_or_else(|_| unreachable!());
+            proptest::prop_assert_eq!(old.changed, new.changed);
+            let mut want = state.duplicate();
+            install(&old, &mut want, two);
+            proptest::prop_assert_eq!(got.get("w").unwrap().bytes(), want.get("w").unwrap().bytes());
+            // The staging of the one walk equals the two-walk path's.
+            let shape = ScatterShape::of(&old).unwrap();
+            let planned = crate::syncer::patch::plan(body, &meta, &[true], &state).unwrap();
+            proptest::prop_assert_eq!(&ScatterShape::of_planned(&planned).unwrap(), &shape);
+            let (checked, plan) = checked_decode(&shape, planned, two);
+            proptest::prop_assert!(checked.is_ok());
+            proptest::prop_assert_eq!(plan, scatter_plan(&old, two));
+        }
     }
 }
