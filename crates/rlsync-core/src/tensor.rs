@@ -6,7 +6,7 @@
 
 pub mod borrowed;
 mod cast;
-mod checksum;
+pub(crate) mod checksum;
 mod dtype;
 pub mod parallel;
 mod safetensors_io;

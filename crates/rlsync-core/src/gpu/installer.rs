@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use super::compact;
 use super::{Arg, DeviceBuf, DeviceState, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
-use crate::syncer::offload::{CheckInstallError, PatchInstaller};
+use crate::syncer::offload::{CheckInstallError, PatchInstaller, check_then_install};
 use crate::syncer::patch::{
     DenseCopy, PlannedPatch, ScatterEntry, ScatterShape, ValidPatch, scatter_plan,
 };
@@ -278,11 +278,7 @@ impl PatchInstaller for GpuInstaller {
         threads: NonZeroUsize,
     ) -> Result<ValidPatch, CheckInstallError> {
         let Some(shape) = ScatterShape::of_planned(&patch) else {
-            let valid = patch
-                .check(threads)
-                .map_err(|reason| CheckInstallError::Rejected { reason })?;
-            self.install(&valid, state, threads)?;
-            return Ok(valid);
+            return check_then_install(self, patch, state, threads);
         };
         let (addrs, stream) = self.targets(patch.ordinals(), state)?;
         let gpu = &self.gpu;

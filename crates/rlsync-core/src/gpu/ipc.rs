@@ -592,7 +592,7 @@ impl<D: SenderDevice> IpcSender<D> {
         for p in &mut self.peers {
             p.fresh = false;
         }
-        self.send_full(version, widths, build_s)
+        self.send(version, Mode::Full, widths, build_s)
     }
 
     /// One sync at `version`: the first one bootstraps; later receivers are admitted with a full copy; then
@@ -653,22 +653,7 @@ impl<D: SenderDevice> IpcSender<D> {
                 checksum: b.sum.sum,
             })
             .collect();
-        let build_s = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let ranks = self.ranks();
-        let msg = self.next_sync(version, Mode::Patch, widths.clone());
-        let per_receiver = self.broadcast(msg, &ranks)?;
-        Ok(SyncReport {
-            seq: self.seq,
-            version,
-            full: false,
-            widths,
-            build_s,
-            acks_s: t1.elapsed().as_secs_f64(),
-            receivers: ranks.len(),
-            per_receiver,
-            fallbacks: self.fallbacks,
-        })
+        self.send(version, Mode::Patch, widths, t0.elapsed().as_secs_f64())
     }
 
     /// This sync (`version`, begun at `t0`) as a full copy to every receiver: the snapshot copy set to the
@@ -676,25 +661,26 @@ impl<D: SenderDevice> IpcSender<D> {
     fn fallback(&mut self, version: u64, t0: Instant) -> Result<SyncReport, IpcError> {
         self.dev.bootstrap(&self.layout, &self.offsets)?;
         let widths = self.full_widths()?;
-        self.send_full(version, widths, t0.elapsed().as_secs_f64())
+        self.send(version, Mode::Full, widths, t0.elapsed().as_secs_f64())
     }
 
-    /// Send every connected receiver a full copy at `version` (`widths` from [`Self::full_widths`], built in
-    /// `build_s`) and wait for the acks.
-    fn send_full(
+    /// Send every connected receiver the sync at `version` in `mode` (a full copy's `widths` from
+    /// [`Self::full_widths`]; a patch's from the build), built in `build_s`, and wait for the acks.
+    fn send(
         &mut self,
         version: u64,
+        mode: Mode,
         widths: Vec<WidthCount>,
         build_s: f64,
     ) -> Result<SyncReport, IpcError> {
         let t1 = Instant::now();
         let ranks = self.ranks();
-        let msg = self.next_sync(version, Mode::Full, widths.clone());
+        let msg = self.next_sync(version, mode, widths.clone());
         let per_receiver = self.broadcast(msg, &ranks)?;
         Ok(SyncReport {
             seq: self.seq,
             version,
-            full: true,
+            full: mode == Mode::Full,
             widths,
             build_s,
             acks_s: t1.elapsed().as_secs_f64(),

@@ -44,12 +44,24 @@ pub trait PatchInstaller: Send + Sync {
         state: &mut StateDict,
         threads: NonZeroUsize,
     ) -> Result<ValidPatch, CheckInstallError> {
-        let valid = patch
-            .check(threads)
-            .map_err(|reason| CheckInstallError::Rejected { reason })?;
-        self.install(&valid, state, threads)?;
-        Ok(valid)
+        check_then_install(self, patch, state, threads)
     }
+}
+
+/// [`PatchInstaller::check_install`] in two walks: check the streams ([`PlannedPatch::check`]), then
+/// [`PatchInstaller::install`] (the default, and what an installer does with a patch it cannot decode while
+/// checking).
+pub fn check_then_install<I: PatchInstaller + ?Sized>(
+    installer: &I,
+    patch: PlannedPatch,
+    state: &mut StateDict,
+    threads: NonZeroUsize,
+) -> Result<ValidPatch, CheckInstallError> {
+    let valid = patch
+        .check(threads)
+        .map_err(|reason| CheckInstallError::Rejected { reason })?;
+    installer.install(&valid, state, threads)?;
+    Ok(valid)
 }
 
 /// Why [`PatchInstaller::check_install`] did not install a patch.

@@ -39,9 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use xxhash_rust::xxh3::xxh3_64;
-
-use crate::tensor::parallel::map_items;
+use crate::tensor::checksum::Piece;
 use crate::tensor::{CHECKSUM_CHUNK, DType, StateDict, StateHasher, state_checksum};
 use crate::transport;
 
@@ -839,29 +837,24 @@ impl SnapshotHash {
     /// Hash what is left from where it stopped (at a chunk boundary) on up to `threads` threads: the remaining
     /// chunks' digests in parallel, then into the stream in order. The same value as running on.
     fn finish_on(&mut self, snap: &[SnapTensor], meta: &[KeyMeta], threads: NonZeroUsize) -> u64 {
-        let rest = |i: usize, st: &'_ SnapTensor| -> usize {
-            if i == self.tensor { self.offset } else { 0 }.min(st.storage.len())
-        };
-        let chunks: Vec<&[u8]> = snap
+        let pieces: Vec<Piece<'_>> = snap
             .iter()
             .enumerate()
             .skip(self.tensor)
-            .flat_map(|(i, st)| st.storage.bytes()[rest(i, st)..].chunks(CHECKSUM_CHUNK))
-            .collect();
-        let mut digests = map_items(chunks, threads, xxh3_64).into_iter();
-        for (i, st) in snap.iter().enumerate().skip(self.tensor) {
-            if i != self.tensor || !self.begun {
+            .map(|(i, st)| {
+                let begun = i == self.tensor && self.begun;
+                let from = if i == self.tensor { self.offset } else { 0 };
                 let shape = meta
                     .get(st.ordinal as usize)
                     .map(|m| m.shape.as_slice())
                     .unwrap_or_default();
-                self.hasher.begin_tensor(&st.key, st.dtype, shape);
-            }
-            let left = st.storage.len() - rest(i, st);
-            for _ in 0..left.div_ceil(CHECKSUM_CHUNK) {
-                self.hasher.chunk_digest(digests.next().unwrap_or_default());
-            }
-        }
+                Piece::Tensor {
+                    layout: (!begun).then_some((st.key.as_str(), st.dtype, shape)),
+                    bytes: st.storage.bytes().get(from..).unwrap_or_default(),
+                }
+            })
+            .collect();
+        self.hasher.pieces(&pieces, threads);
         (self.tensor, self.begun, self.offset) = (snap.len(), false, 0);
         self.hasher.finish()
     }

@@ -138,25 +138,68 @@ pub fn state_checksum(state: &StateDict, keys: &[String]) -> u64 {
 
 /// [`state_checksum`] on up to `threads` threads (the value does not depend on them).
 pub fn state_checksum_threads(state: &StateDict, keys: &[String], threads: NonZeroUsize) -> u64 {
-    let chunks: Vec<&[u8]> = keys
+    let pieces: Vec<Piece<'_>> = keys
         .iter()
-        .filter_map(|k| state.get(k))
-        .flat_map(|t| t.bytes().chunks(CHUNK))
+        .map(|k| match state.get(k) {
+            Some(t) => Piece::Tensor {
+                layout: Some((k.as_str(), t.dtype(), t.shape())),
+                bytes: t.bytes(),
+            },
+            None => Piece::Missing(k),
+        })
         .collect();
-    let mut digests = map_items(chunks, threads, xxh3_64).into_iter();
     let mut h = StateHasher::new();
-    for key in keys {
-        match state.get(key) {
-            Some(t) => {
-                h.begin_tensor(key, t.dtype(), t.shape());
-                for _ in 0..t.bytes().len().div_ceil(CHUNK) {
-                    h.chunk_digest(digests.next().unwrap_or_default());
+    h.pieces(&pieces, threads);
+    h.finish()
+}
+
+/// Bytes each thread of a parallel checksum hashes at least: a small state is hashed on fewer threads than
+/// asked (starting a thread costs more than hashing a few chunks). One chunk in tests, so that their small
+/// states take the parallel path too (the value never depends on the threads).
+const BYTES_PER_THREAD: usize = if cfg!(test) { CHUNK } else { 8 * CHUNK };
+
+/// What [`StateHasher::pieces`] hashes, in order.
+pub(crate) enum Piece<'a> {
+    /// A tensor: its layout (name, dtype, shape) and all its bytes, or (`layout` `None`) the rest of the
+    /// current tensor's bytes from a chunk boundary.
+    Tensor {
+        layout: Option<(&'a str, DType, &'a [usize])>,
+        bytes: &'a [u8],
+    },
+    /// A key that is absent.
+    Missing(&'a str),
+}
+
+impl StateHasher {
+    /// Hash `pieces` in order, as [`StateHasher::begin_tensor`], [`StateHasher::bytes`] and
+    /// [`StateHasher::missing`] would, with the tensors' chunks hashed on up to `threads` threads.
+    pub(crate) fn pieces(&mut self, pieces: &[Piece<'_>], threads: NonZeroUsize) {
+        let chunks: Vec<&[u8]> = pieces
+            .iter()
+            .filter_map(|p| match *p {
+                Piece::Tensor { bytes, .. } => Some(bytes),
+                Piece::Missing(_) => None,
+            })
+            .flat_map(|b| b.chunks(CHUNK))
+            .collect();
+        let total: usize = chunks.iter().map(|c| c.len()).sum();
+        let threads =
+            threads.min(NonZeroUsize::new(total / BYTES_PER_THREAD).unwrap_or(NonZeroUsize::MIN));
+        let mut digests = map_items(chunks, threads, xxh3_64).into_iter();
+        for p in pieces {
+            match *p {
+                Piece::Tensor { layout, bytes } => {
+                    if let Some((name, dtype, shape)) = layout {
+                        self.begin_tensor(name, dtype, shape);
+                    }
+                    for _ in 0..bytes.len().div_ceil(CHUNK) {
+                        self.chunk_digest(digests.next().unwrap_or_default());
+                    }
                 }
+                Piece::Missing(name) => self.missing(name),
             }
-            None => h.missing(key),
         }
     }
-    h.finish()
 }
 
 #[cfg(test)]

@@ -128,26 +128,30 @@ pub(crate) fn install_version(
     state: &mut StateDict,
     threads: NonZeroUsize,
 ) -> Result<Staged, SyncError> {
-    let (device, host): (Staged, Staged) = staged.into_iter().partition(|t| {
-        meta.get(t.ordinal as usize)
-            .is_some_and(|m| stager.addr(&m.name).is_some())
-    });
+    // Each staged tensor with its device tensor (address, dtype), or none: a host tensor.
+    let (mut device, mut host) = (Vec::new(), Vec::new());
+    for t in staged {
+        let target = meta
+            .get(t.ordinal as usize)
+            .and_then(|m| Some((stager.addr(&m.name)?, m.dtype)));
+        match target {
+            Some(target) => device.push((t, target)),
+            None => host.push(t),
+        }
+    }
     let uploads: Vec<Upload<'_>> = device
         .iter()
-        .filter_map(|t| {
-            let m = meta.get(t.ordinal as usize)?;
-            Some(Upload {
-                bytes: t.storage.bytes(),
-                dtype: t.dtype,
-                tensor: stager.addr(&m.name)?,
-                tensor_dtype: m.dtype,
-            })
+        .map(|(t, (tensor, tensor_dtype))| Upload {
+            bytes: t.storage.bytes(),
+            dtype: t.dtype,
+            tensor: *tensor,
+            tensor_dtype: *tensor_dtype,
         })
         .collect();
     let unpacked = stager.device().unpack(&uploads);
     drop(uploads);
     let mut spare = super::install(host, state, threads);
-    spare.extend(device);
+    spare.extend(device.into_iter().map(|(t, _)| t));
     unpacked?;
     Ok(spare)
 }
