@@ -84,7 +84,8 @@ doc: venv
 	RUSTDOCFLAGS="-D warnings" $(TORCH_ENV) $(CARGO) doc --no-deps --workspace --document-private-items --locked
 
 # Every crate's unit tests and integration tests in one cargo invocation (the learner's runs need both
-# binaries, which `build` makes), then rlsync-core's GPU tests in a build without `cuda` (the dummy's errors). cargo-nextest, where installed, runs them with per-test timings and the slow
+# binaries, which `build` makes), then rlsync-core's GPU tests in a build without `cuda` (the dummy's errors),
+# then the binding's own unit tests (its extension module is tested from Python by test-python). cargo-nextest, where installed, runs them with per-test timings and the slow
 # ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
 test-rust: build
 	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync --example held_worker
@@ -95,6 +96,7 @@ test-rust: build
 		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python; \
 	fi
 	$(CARGO) test --release --locked -p rlsync-core --lib gpu::
+	$(TORCH_ENV) $(CARGO) test --release --locked -p rlsync-python --lib
 
 # The conformance kit (2720 process starts) runs against the shipped `rlsync`.
 conformance: build

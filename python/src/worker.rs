@@ -7,7 +7,10 @@
 //! into the module's parameters; trajectories travel in the crate's named-array codec. In the host-shared mode
 //! (`weight_syncer.host_shared`) a rollout's parameters are views of the host's shared buffer it holds instead,
 //! rebound (`bind_shared`) when it flips to the other buffer between chunks. The GIL is released
-//! while the crate runs and taken only for each call into the adapter.
+//! while the crate runs and taken only for each call into the adapter. A model on a GPU
+//! (`worker.device=cuda`): the state dict holds host copies of its CUDA tensors, refreshed only when the
+//! runtime reads them ([`WorkerCopies`]); the syncs work on the CUDA tensors themselves where the syncer can
+//! (a patch build or install, a bucket pack or install with `bucket_device: cuda`).
 
 use std::path::{Path, PathBuf};
 
@@ -20,10 +23,12 @@ use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, Wor
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
 use rlsync_core::protocol::arrays::ChunkOrigin;
 use rlsync_core::protocol::arrays::{self, NamedArray};
+use rlsync_core::syncer::settings::Device;
+use rlsync_core::syncer::{SyncReceiver, SyncSender};
 use rlsync_core::tensor::{Class, StateDict};
 
 use crate::checkpoint;
-use crate::device::{self, SharedSide};
+use crate::device::{self, SharedSide, WorkerCopies};
 use crate::errors::{RlsyncError, chain};
 use crate::syncer::{Desc, borrow};
 
@@ -68,9 +73,10 @@ struct PyWorkload {
     keep: Vec<Py<PyAny>>,
     rank: u32,
     next_chunk: u64,
-    /// The model's CUDA tensors' host copies (a model on `worker.device=cuda`): the runtime syncs the copies,
-    /// pulled after each training step and pushed before each rollout / evaluation.
-    device: Option<SharedSide>,
+    /// The model's CUDA tensors' host copies (a model on `worker.device=cuda`), which the runtime's state dict
+    /// holds: pulled only when the runtime reads them after the device changed, pushed when it wrote them.
+    /// A patch build or install on the device (and a device bucket pack or install) uses neither.
+    device: Option<WorkerCopies>,
     /// `weight_syncer.host_shared`: the address of the arena buffer `model()`'s tensors are views of now (the
     /// rollout runtime hands the held buffer's state to `rollout`/`evaluate`; a flip rebinds the views).
     shared: Option<Option<usize>>,
@@ -144,14 +150,16 @@ impl Workload for PyWorkload {
             let (descs, synced) = out
                 .extract::<(Vec<Desc>, Vec<String>)>()
                 .map_err(|e| bad_return("describe()", e))?;
-            // CUDA tensors are synced through host copies (the legacy default stream orders the copies after
-            // the model's own work on torch's default stream).
+            // CUDA tensors get host copies, the state dict the runtime reads; its syncs work on the tensors
+            // themselves where they can (`attach_sender` / `attach_receiver`). The legacy default stream
+            // orders every copy, build and install after the model's own work on torch's default stream.
+            let mut side: Option<SharedSide> = None;
             let (descs, dev) =
-                device::stage(descs, &mut self.device, 0).map_err(|e| WorkloadError::Foreign {
+                device::stage(descs, &mut side, 0).map_err(|e| WorkloadError::Foreign {
                     message: format!("the model's tensors cannot be synced: {}", e.value(py)),
                 })?;
-            device::pull(&dev)
-                .map_err(|e| device_failed("copying the model's CUDA tensors to the host", &e))?;
+            self.device = dev.map(WorkerCopies::new);
+            self.host_view()?;
             let (borrowed, keep) = borrow(descs).map_err(|e| WorkloadError::Foreign {
                 message: format!("the model's tensors cannot be synced: {}", e.value(py)),
             })?;
@@ -191,8 +199,9 @@ impl Workload for PyWorkload {
             let (loss, metrics) = out
                 .extract::<(f64, Vec<(String, f64)>)>()
                 .map_err(|e| bad_return("train()", e))?;
-            device::pull(&self.device)
-                .map_err(|e| device_failed("copying the trained CUDA tensors to the host", &e))?;
+            if let Some(copies) = &mut self.device {
+                copies.device_changed();
+            }
             Ok(TrainStats { loss, metrics })
         })
     }
@@ -209,8 +218,6 @@ impl Workload for PyWorkload {
             chunk: self.next_chunk,
         };
         self.next_chunk += 1;
-        device::push(&self.device)
-            .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e))?;
         Python::attach(|py| {
             let out = self.call(py, "rollout", (steps, version))?;
             let (items, env_steps, mean_return) = out
@@ -231,8 +238,6 @@ impl Workload for PyWorkload {
         _version: u64,
     ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
         self.bind_shared(state)?;
-        device::push(&self.device)
-            .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e))?;
         Python::attach(|py| {
             let out = self.call(py, "evaluate", ())?;
             if out.is_none() {
@@ -248,6 +253,52 @@ impl Workload for PyWorkload {
                 episodes,
             }))
         })
+    }
+
+    /// A patch sender on the GPU (all synced tensors CUDA, in the receivers' dtype), or a bucket sender with
+    /// `bucket_device: cuda` packing on the GPU.
+    fn attach_sender(&mut self, sender: &mut SyncSender, state: &StateDict) -> Option<String> {
+        let side = Some(self.device.as_ref()?.copies().clone());
+        if device::attach_builder(&side, sender, state) {
+            return Some(format!(
+                "{}, snapshot copy in {} memory (weight_syncer.patch.snapshot_device)",
+                device::mode(&side).label(),
+                match sender.snapshot_device() {
+                    Device::Cuda => "GPU",
+                    Device::Cpu => "pinned host",
+                }
+            ));
+        }
+        device::attach_stager(&side, sender).then(|| device::mode(&side).label().to_owned())
+    }
+
+    /// A patch receiver whose synced tensors are all CUDA tensors, or a bucket receiver with
+    /// `bucket_device: cuda`, installs into the CUDA tensors on the GPU.
+    fn attach_receiver(&mut self, receiver: &SyncReceiver) -> Option<String> {
+        let side = Some(self.device.as_ref()?.copies().clone());
+        device::attach_installer(&side, receiver).then(|| device::mode(&side).label().to_owned())
+    }
+
+    fn host_view(&mut self) -> Result<(), WorkloadError> {
+        match &mut self.device {
+            Some(copies) => copies
+                .host_view()
+                .map_err(|e| device_failed("copying the model's CUDA tensors to the host", &e)),
+            None => Ok(()),
+        }
+    }
+
+    fn weights_written(&mut self, on_device: bool) -> Result<(), WorkloadError> {
+        match &mut self.device {
+            Some(copies) if on_device => {
+                copies.device_changed();
+                Ok(())
+            }
+            Some(copies) => copies
+                .host_changed()
+                .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e)),
+            None => Ok(()),
+        }
     }
 
     /// The weights (`model.safetensors`, as for every workload), then the trainer's own `state_dict()`, if it
@@ -283,9 +334,7 @@ impl Workload for PyWorkload {
     /// `load_state_dict()`, before the bootstrap sync and the first step.
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
         rlsync::checkpoint::load_weights_into(state, dir).map_err(trainer_error)?;
-        device::push(&self.device).map_err(|e| {
-            device_failed("copying the checkpoint's weights to the CUDA tensors", &e)
-        })?;
+        self.weights_written(false)?;
         let saved = checkpoint::load(dir).map_err(trainer_error)?;
         Python::attach(|py| {
             let (items, structure) = match saved {

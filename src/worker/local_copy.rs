@@ -118,19 +118,24 @@ impl LocalCopy {
     /// last copy (version 0, a worker's initial weights, is never written). The write runs in the background
     /// on a copy of the state; while one runs, later versions wait for the next install.
     pub fn after_install(&mut self, state: &StateDict, version: u64) {
-        self.reap(false);
-        if version == 0
-            || self.writer.is_some()
-            || self
-                .last
-                .is_some_and(|l| version < l.saturating_add(self.interval))
-        {
+        if !self.wants(version) {
             return;
         }
         let copy = tokio::task::block_in_place(|| state.duplicate());
         let path = self.path.clone();
         self.last = Some(version);
         self.writer = Some(std::thread::spawn(move || write(&copy, version, &path)));
+    }
+
+    /// Whether [`LocalCopy::after_install`] of `version` would read the state now (a copy is due and no
+    /// write is in flight); a finished write is reaped first.
+    pub fn wants(&mut self, version: u64) -> bool {
+        self.reap(false);
+        version != 0
+            && self.writer.is_none()
+            && self
+                .last
+                .is_none_or(|l| version >= l.saturating_add(self.interval))
     }
 
     /// Wait for a write in flight (before the worker exits).

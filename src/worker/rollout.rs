@@ -42,33 +42,61 @@ struct Rollout {
     workload: Box<dyn Workload>,
     /// The local weights copy a restarted successor rejoins from (`runner.rollout_weights_copy_interval`).
     local: Option<LocalCopy>,
+    /// Versions are installed into the workload's device tensors, not into `state` ([`Workload::attach_receiver`]).
+    device_install: bool,
 }
 
 impl Rollout {
-    /// The checksum the orchestrator verifies (0 when `runner.verify_sync` is off).
-    fn checksum(&self) -> u64 {
-        if self.verify {
-            tokio::task::block_in_place(|| state_checksum(&self.state, &self.keys))
-        } else {
-            0
+    /// The checksum the orchestrator verifies (0 when `runner.verify_sync` is off): of the weights as the
+    /// workload holds them (a device install's are copied to `state` first).
+    fn checksum(&mut self) -> Result<u64, WorkerError> {
+        if !self.verify {
+            return Ok(0);
         }
+        tokio::task::block_in_place(|| {
+            self.workload.host_view()?;
+            Ok(state_checksum(&self.state, &self.keys))
+        })
     }
 
-    fn applied(&self, started: Instant) -> Report {
-        Report::Applied {
+    fn applied(&mut self, started: Instant) -> Result<Report, WorkerError> {
+        Ok(Report::Applied {
             version: self.version,
-            checksum: self.checksum(),
+            checksum: self.checksum()?,
             seconds: started.elapsed().as_secs_f64(),
-        }
+        })
     }
 
     /// After an install: keep the local copy up to date (its own cadence; never weights of no version).
-    fn keep_copy(&mut self) {
+    fn keep_copy(&mut self) -> Result<(), WorkerError> {
         if !self.deferred
             && let Some(local) = &mut self.local
+            && local.wants(self.version)
         {
+            tokio::task::block_in_place(|| self.workload.host_view())?;
             local.after_install(&self.state, self.version);
         }
+        Ok(())
+    }
+
+    /// The receiver is set up (init or rejoin): it wrote `state`; from now on versions may go to the device.
+    fn received_on_host(&mut self, syncer: &SyncReceiver) -> Result<(), WorkerError> {
+        tokio::task::block_in_place(|| self.workload.weights_written(false))?;
+        self.device_install = match self.workload.attach_receiver(syncer) {
+            Some(what) => {
+                tracing::info!("weights installed on the device from now on: {what}");
+                true
+            }
+            None => false,
+        };
+        Ok(())
+    }
+
+    /// After an install of the receiver's (device or host, as attached).
+    fn installed(&mut self) -> Result<(), WorkerError> {
+        let on_device = self.device_install;
+        tokio::task::block_in_place(|| self.workload.weights_written(on_device))?;
+        Ok(())
     }
 
     /// A restarted worker: load the local copy, if there is a sound one, and return the version it holds
@@ -104,12 +132,13 @@ impl Rollout {
         let started = Instant::now();
         let (update, next) = received;
         let report = update?.install(&mut self.state)?;
+        self.installed()?;
         self.version = report.version;
         self.deferred = false;
         // The receiver task may now fetch the following update.
         let _ = next.send(());
-        let applied = self.applied(started);
-        self.keep_copy();
+        let applied = self.applied(started)?;
+        self.keep_copy()?;
         Ok(applied)
     }
 }
@@ -146,6 +175,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         deferred: false,
         workload,
         local,
+        device_install: false,
     };
     let mut weights = Weights::None;
     // `train_async` with no-wait installs: updates are received in the background, also while idle.
@@ -201,6 +231,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.control.report(&Report::Joined, &[]).await?;
                     let held = me.load_copy();
                     let (syncer, caught) = syncer.rejoin_receiver(&mut me.state, rx, held).await?;
+                    me.received_on_host(&syncer)?;
                     me.version = caught.to;
                     me.keys = syncer.synced_keys().to_vec();
                     me.deferred = caught.deferred;
@@ -226,18 +257,19 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     );
                     let rejoined = Report::Rejoined {
                         version: me.version,
-                        checksum: me.checksum(),
+                        checksum: me.checksum()?,
                         deferred: caught.deferred,
                         seconds: started.elapsed().as_secs_f64(),
                     };
                     ctx.control.report(&rejoined, &[]).await?;
-                    me.keep_copy();
+                    me.keep_copy()?;
                     continue;
                 }
                 if let Some(hold) = ctx.probe.as_ref().and_then(|p| p.at(Stage::Handshake)) {
                     hold.await;
                 }
                 let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
+                me.received_on_host(&syncer)?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
                 me.version = ctx.launch.start.version;
                 me.keys = syncer.synced_keys().to_vec();
@@ -249,8 +281,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.launch.envs_per_rollout
                 );
                 weights = Weights::Blocking(syncer);
-                ctx.control.report(&me.applied(started), &[]).await?;
-                me.keep_copy();
+                let applied = me.applied(started)?;
+                ctx.control.report(&applied, &[]).await?;
+                me.keep_copy()?;
             }
             Command::Apply => {
                 let Weights::Blocking(syncer) = &mut weights else {
@@ -261,10 +294,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 };
                 let started = Instant::now();
                 let report = syncer.apply(&mut me.state).await?;
+                me.installed()?;
                 me.version = report.version;
                 me.deferred = false;
-                ctx.control.report(&me.applied(started), &[]).await?;
-                me.keep_copy();
+                let applied = me.applied(started)?;
+                ctx.control.report(&applied, &[]).await?;
+                me.keep_copy()?;
                 if no_wait
                     && let Weights::Blocking(syncer) =
                         std::mem::replace(&mut weights, Weights::None)

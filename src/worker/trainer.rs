@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use crate::worker::workload::Batch;
+use crate::worker::workload::{Batch, Workload};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer};
@@ -58,10 +58,21 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ));
                 };
                 let channel = open_sender(ctx).await?;
-                let (end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
+                tokio::task::block_in_place(|| workload.host_view())?;
+                let (mut end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
+                if let Some(what) = workload.attach_sender(&mut end, &state) {
+                    tracing::info!("weights synced from the device from now on: {what}");
+                }
                 // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
                 report.version = start.version;
-                let synced = synced_report(&end, &state, &report, started, cfg.runner.verify_sync)?;
+                let synced = synced_report(
+                    &end,
+                    workload.as_mut(),
+                    &state,
+                    &report,
+                    started,
+                    cfg.runner.verify_sync,
+                )?;
                 sender = Some(end);
                 ctx.control.report(&synced, &[]).await?;
             }
@@ -70,10 +81,19 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     return Err(unexpected("Sync (before InitWeights)"));
                 };
                 let started = Instant::now();
+                if syncer.needs_host_view() {
+                    tokio::task::block_in_place(|| workload.host_view())?;
+                }
                 let report = syncer.sync(&state, wanted).await?;
                 synced_at = version;
-                let synced =
-                    synced_report(syncer, &state, &report, started, cfg.runner.verify_sync)?;
+                let synced = synced_report(
+                    syncer,
+                    workload.as_mut(),
+                    &state,
+                    &report,
+                    started,
+                    cfg.runner.verify_sync,
+                )?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Train {
@@ -110,11 +130,15 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     return Err(unexpected("Rejoin (before InitWeights)"));
                 };
                 let last = version == synced_at;
+                if syncer.needs_host_view() {
+                    tokio::task::block_in_place(|| workload.host_view())?;
+                }
                 let report = catch_up(syncer, &state, rank, receiver, last).await?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Checkpoint => {
                 let dir = tokio::task::block_in_place(|| {
+                    workload.host_view()?;
                     workload.save_checkpoint(&state, &ctx.args.run_dir, steps_done, version)
                 })?;
                 tracing::info!("checkpoint at step {steps_done}: {}", dir.display());
@@ -259,13 +283,19 @@ fn finite_or_none(metrics: Vec<(String, f64)>) -> Vec<(String, Option<f64>)> {
 /// The `Synced` report; its checksum is of the weights as every rollout must now hold them.
 fn synced_report(
     syncer: &SyncSender,
+    workload: &mut dyn Workload,
     state: &StateDict,
     report: &SyncReport,
     started: Instant,
     verify: bool,
 ) -> Result<Report, WorkerError> {
     let checksum = if verify {
-        tokio::task::block_in_place(|| syncer.checksum(state))?
+        tokio::task::block_in_place(|| {
+            if syncer.checksum_reads_state() {
+                workload.host_view()?;
+            }
+            Ok::<_, WorkerError>(syncer.checksum(state)?)
+        })?
     } else {
         0
     };

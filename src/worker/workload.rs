@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::Role;
+use rlsync_core::syncer::{SyncReceiver, SyncSender};
 use rlsync_core::tensor::StateDict;
 
 use crate::checkpoint::CheckpointError;
@@ -160,6 +161,37 @@ pub trait Workload: Send {
     fn imported_weight_bytes(&self) -> Option<u64> {
         None
     }
+    /// After the init bootstrap (trainer): a workload whose tensors live on a device may move the sender's
+    /// per-sync work there (a Python model on a GPU: the patch build reads its CUDA tensors in place, buckets
+    /// are packed on the GPU). Returns what now runs on the device, for the log; `None`: nothing moved, every
+    /// sync reads `state`. The runtime still asks for [`Workload::host_view`] before any read of `state` the
+    /// sender says it needs ([`SyncSender::needs_host_view`]).
+    fn attach_sender(&mut self, _sender: &mut SyncSender, _state: &StateDict) -> Option<String> {
+        None
+    }
+
+    /// After the init bootstrap or a rejoin (rollout): a workload whose tensors live on a device may have the
+    /// receiver install versions into them there. Returns what now runs on the device, for the log; `None`:
+    /// versions are installed into `state`.
+    fn attach_receiver(&mut self, _receiver: &SyncReceiver) -> Option<String> {
+        None
+    }
+
+    /// The runtime is about to read `state`'s bytes (a sync on the host path, a checksum, a checkpoint, a
+    /// local copy, a rejoin): a workload that keeps its weights elsewhere too (host copies of CUDA tensors)
+    /// brings `state` up to date first. A no-op when `state` is the weights.
+    fn host_view(&mut self) -> Result<(), WorkloadError> {
+        Ok(())
+    }
+
+    /// The runtime wrote the weights: into `state` (`on_device` false: a bootstrap, a rejoin, a local copy, an
+    /// install on the host path), which a workload that keeps its weights elsewhere too copies there now; or,
+    /// through an attached installer, into the device tensors (`true`), which leaves `state` stale until the
+    /// next [`Workload::host_view`].
+    fn weights_written(&mut self, _on_device: bool) -> Result<(), WorkloadError> {
+        Ok(())
+    }
+
     /// Trainer: save a checkpoint of `state` (and whatever resuming needs) after `step` trainer steps, holding
     /// weight `version`, to `<run_dir>/checkpoints/global_step_<step>/`; returns that directory. By default the
     /// weights alone (`model.safetensors` with the checkpoint metadata, see `checkpoint::save_weights`).

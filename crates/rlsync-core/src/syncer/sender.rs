@@ -519,17 +519,24 @@ impl SyncSender {
         &self.recv_dtypes
     }
 
-    /// Whether the next sync may read the state dict's host view beyond dtypes and sizes (a binding keeps its
-    /// host copies of CUDA tensors fresh when it does): `false` only for a bucket sender whose stager packs
-    /// the buckets from the device, that keeps no copy of the last version and whose channel nobody joins
-    /// late (a rejoin sends the state from the host view).
+    /// Whether the next sync may read the state dict's host view beyond dtypes and sizes (a binding or a
+    /// worker keeps its host copies of CUDA tensors fresh when it does): `false` for a patch sender whose
+    /// builder diffs on the device (rejoins are served from the snapshot), and for a bucket sender whose
+    /// stager packs the buckets from the device, that keeps no copy of the last version and whose channel
+    /// nobody joins late (a bucket rejoin sends the state from the host view).
     pub fn needs_host_view(&self) -> bool {
         match &self.strategy {
             SenderStrategy::Bucket(b) => {
                 b.stager.is_none() || self.settings.keep_last || self.ch.is_elastic()
             }
-            SenderStrategy::Patch(_) => true,
+            SenderStrategy::Patch(p) => p.builder.is_none(),
         }
+    }
+
+    /// Whether [`SyncSender::checksum`] reads the state dict's host view: a bucket sender's does (it keeps no
+    /// snapshot); a patch sender's is of its snapshot.
+    pub fn checksum_reads_state(&self) -> bool {
+        matches!(self.strategy, SenderStrategy::Bucket(_))
     }
 
     /// `weight_syncer.bucket.bucket_device`: where a device backend should stage buckets.

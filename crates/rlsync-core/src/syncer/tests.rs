@@ -2709,3 +2709,60 @@ fn a_device_installer_checks_the_streams_and_a_bad_one_is_rejected_untouched() {
 }
 
 mod device_bucket_tests;
+
+/// A patch builder that diffs another copy of the state (a device's, as the GPU builder reads the CUDA tensors
+/// themselves): the caller's host view may be stale.
+struct OtherCopyBuilder(std::sync::Arc<std::sync::Mutex<StateDict>>);
+
+impl offload::PatchBuilder for OtherCopyBuilder {
+    fn build(
+        &mut self,
+        snap: &mut [patch::SnapTensor],
+        _state: &StateDict,
+        threads: std::num::NonZeroUsize,
+        built: &mut patch::Built,
+    ) -> Result<(), SyncError> {
+        let held = self.0.lock().unwrap();
+        patch::build(snap, &held, threads, built).map_err(|reason| SyncError::StateMismatch {
+            key: "(device copy)".into(),
+            reason,
+        })
+    }
+}
+
+#[test]
+fn a_patch_sender_building_from_another_copy_needs_no_host_view() {
+    let rt = rt();
+    let keys = simple_keys();
+    let s = default_settings(false);
+    let mut p = init_pair(&rt, &keys, &s, 7).unwrap();
+    assert!(p.tx.needs_host_view(), "the host build reads the host view");
+    let device = std::sync::Arc::new(std::sync::Mutex::new(p.sender.duplicate()));
+    assert!(p.tx.set_patch_builder(Box::new(OtherCopyBuilder(device.clone()))));
+    assert!(
+        !p.tx.needs_host_view(),
+        "a builder that reads its own copy needs no host view"
+    );
+    for version in 1..=3 {
+        mutate_synced(&mut device.lock().unwrap(), version, 30);
+        // The host view is stale (what a worker's host copies of CUDA tensors are after its train step).
+        for (_, t) in p.sender.iter_mut() {
+            t.bytes_mut().fill(0x77);
+        }
+        sync_once(&rt, &mut p, version);
+        let held = device.lock().unwrap();
+        for k in keys.iter().filter(|k| k.class.is_synced()) {
+            assert_eq!(
+                p.receiver.get(&k.name).unwrap().bytes(),
+                expected(&s, k, held.get(&k.name).unwrap()).as_slice(),
+                "version {version}, key {}",
+                k.name
+            );
+        }
+        assert_eq!(
+            p.tx.checksum(&held).unwrap(),
+            p.rx.checksum(&p.receiver),
+            "the sender's checksum is of the snapshot, not the stale host view"
+        );
+    }
+}
