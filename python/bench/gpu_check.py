@@ -22,7 +22,8 @@ stopped by a timeout keeps what ran) and freeing its GPU memory before the next:
   state must carry no change (the sender's snapshot equals its state); a payload corrupted in flight is
   rejected with the receiver untouched, and the intact one installs afterwards;
 - ``gym_ppo``: the gym_ppo example through the ``rlsync`` binary with its policies on the device
-  (``actor.worker.device`` / ``rollout.worker.device``) for a few updates: behav KL from the run's metrics;
+  (``actor.worker.device`` / ``rollout.worker.device``) for a few updates: behav KL from the run's metrics,
+  each worker's sync path from its log (on a GPU: the patch built and installed on the device);
 - ``sanitizer``: a tiny sync under ``compute-sanitizer`` (when it is installed), its summary line.
 
 ``--cpu`` runs every stage with small sizes on CPU tensors (the RLinf transcription too), so the script is
@@ -1240,9 +1241,22 @@ def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
     out["behav_kl_max_abs"] = max((abs(k) for k in kl), default=None)
     out["weights_match"] = [r["actor/weights_match"] for r in rows if "actor/weights_match" in r]
     out["sync_verified"] = all(r["sync/verified"] for r in rows if "sync/verified" in r)
+    # Which sync path each worker took (its log says so when its syncs run on the device).
+    paths = {}
+    for log in sorted((run_dir / "run" / "logs").glob("*.log")):
+        said = [line.split("from now on: ", 1)[1].strip() for line in log.read_text(errors="replace").splitlines()
+                if "from now on: " in line]
+        paths[log.stem] = said[-1] if said else "host copies"
+    out["sync_paths"] = paths
     if p.returncode != 0 or not kl:
         out["status"] = "failed"
         out["stderr_tail"] = p.stderr[-3000:]
+    elif device == "cuda" and not (paths and all("device" in v for v in paths.values())):
+        out["status"] = "failed"
+        out["note"] = "a worker synced its CUDA model through host copies, not on the device"
+    elif device == "cpu" and any(v != "host copies" for v in paths.values()):
+        out["status"] = "failed"
+        out["note"] = "a worker with a CPU model claims a device sync path"
     shutil.rmtree(run_dir, ignore_errors=True)
     return out
 

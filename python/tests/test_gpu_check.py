@@ -63,6 +63,7 @@ def test_the_cpu_dry_run_writes_every_stage_and_its_checks_pass(tmp_path):
     gym = r["stages"]["gym_ppo"]
     if gym["status"] == "ok":  # needs gymnasium + mujoco, which the test venv has
         assert gym["updates"] == 3 and gym["sync_verified"]
+        assert gym["sync_paths"] and set(gym["sync_paths"].values()) == {"host copies"}, gym["sync_paths"]
         assert gym["behav_kl_max_abs"] < 1e-5, gym["behav_kl"]
     else:
         assert "not importable" in gym["note"], gym
