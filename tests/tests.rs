@@ -1,6 +1,7 @@
 //! The single integration test binary: one module per area, plus the shared fixture helper.
 
 mod cli;
+mod device_workers;
 mod elastic;
 mod faults;
 mod host_shared;

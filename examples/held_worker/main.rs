@@ -9,10 +9,14 @@
 //! worker runtime (`rlsync::worker::run_worker_probed`); the shipped `rlsync` has none.
 //! `RLSYNC_TEST_BUILD_S=<seconds>` makes every worker's workload take that long to build (a slow model or
 //! Python import), so a test can tell the workers' start-up from the init bootstrap.
+//! `RLSYNC_TEST_DEVICE=1` puts every worker's weights on a simulated device ([`sim_device`]).
+
+mod sim_device;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use rlsync::worker::workload::Workload;
 use rlsync::worker::{Stage, StageProbe};
 use rlsync_core::protocol::messages::Role;
 use rlsync_core::syncer::Hold;
@@ -21,6 +25,8 @@ use rlsync_core::syncer::Hold;
 const TEST_HOLD_VAR: &str = "RLSYNC_TEST_HOLD";
 /// The variable giving the seconds each workload's build sleeps first.
 const TEST_BUILD_VAR: &str = "RLSYNC_TEST_BUILD_S";
+/// The variable that puts the weights on a simulated device (`1`).
+const TEST_DEVICE_VAR: &str = "RLSYNC_TEST_DEVICE";
 
 /// Where this worker holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -147,9 +153,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let on_device = std::env::var(TEST_DEVICE_VAR).is_ok_and(|v| v == "1");
     let build = Box::new(move |ctx: &rlsync::worker::WorkerContext| {
         std::thread::sleep(std::time::Duration::from_secs_f64(build_s));
-        rlsync::worker::workload::build(ctx.config(), &ctx.placement())
+        let workload = rlsync::worker::workload::build(ctx.config(), &ctx.placement())?;
+        Ok(match on_device {
+            true => Box::new(sim_device::SimDevice::new(workload)) as Box<dyn Workload>,
+            false => workload,
+        })
     });
     match rlsync::worker::run_worker_probed(rest, build, probe) {
         Ok(()) => ExitCode::SUCCESS,

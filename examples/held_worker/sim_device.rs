@@ -1,0 +1,205 @@
+//! A simulated device for the test worker (`RLSYNC_TEST_DEVICE=1`): the synthetic workload's weights live in a
+//! second state dict, the "device tensors", and the runtime's state dict borrows host copies of them, as a Python
+//! model on a GPU has; the patch build and install attach to the device copy, so a run checks that the worker
+//! runtime asks for the host view before every read of the copies, pushes what it writes into them, and lets
+//! the syncs run on the device.
+//!
+//! Every pull and push is one line on stderr (the worker's log): `simulated device: pull` / `… push`.
+
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rlsync::worker::workload::{
+    Batch, EpisodeMetrics, TrainStats, TrajectoryChunk, Workload, WorkloadError,
+};
+use rlsync_core::syncer::offload::{PatchBuilder, PatchInstaller};
+use rlsync_core::syncer::patch::{self, Built, SnapTensor, ValidPatch};
+use rlsync_core::syncer::settings::SyncerKind;
+use rlsync_core::syncer::{SyncError, SyncReceiver, SyncSender};
+use rlsync_core::tensor::{Layout, StateDict, Storage, Tensor};
+
+/// The device copy, shared with the attached builder or installer.
+type Device = Arc<Mutex<StateDict>>;
+
+fn lock(device: &Device) -> MutexGuard<'_, StateDict> {
+    device.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `inner` with its weights on the simulated device (see the module docs).
+pub struct SimDevice {
+    inner: Box<dyn Workload>,
+    device: Device,
+    /// The host copies the runtime's state dict borrows, by key.
+    host: Vec<(String, Tensor)>,
+    /// The device copy changed since the host copies were last pulled.
+    stale: bool,
+}
+
+impl SimDevice {
+    pub fn new(inner: Box<dyn Workload>) -> SimDevice {
+        SimDevice {
+            inner,
+            device: Arc::new(Mutex::new(StateDict::new())),
+            host: Vec::new(),
+            stale: false,
+        }
+    }
+
+    fn pull(&mut self) {
+        let device = lock(&self.device);
+        for (key, copy) in &mut self.host {
+            if let Some(t) = device.get(key) {
+                copy.bytes_mut().copy_from_slice(t.bytes());
+            }
+        }
+        eprintln!("simulated device: pull");
+    }
+
+    fn push(&mut self) {
+        let mut device = lock(&self.device);
+        for (key, copy) in &self.host {
+            if let Some(t) = device.get_mut(key) {
+                t.bytes_mut().copy_from_slice(copy.bytes());
+            }
+        }
+        eprintln!("simulated device: push");
+    }
+}
+
+impl Workload for SimDevice {
+    /// The inner workload's weights become the device copy; the returned state borrows host copies of them.
+    fn init_state(&mut self) -> Result<StateDict, WorkloadError> {
+        let device = self.inner.init_state()?;
+        let mut state = StateDict::new();
+        self.host.clear();
+        for (key, t) in device.iter() {
+            let mut copy = t.duplicate();
+            let bytes = copy.bytes_mut();
+            // SAFETY: the copy's heap memory lives in `self.host` as long as the worker runs (moving the tensor
+            // does not move it) and is written only by `pull`, which the runtime calls between its operations.
+            let storage = unsafe { Storage::borrowed(bytes.as_mut_ptr(), bytes.len()) };
+            let layout = Layout::new(t.dtype(), t.shape());
+            state.insert(key, Tensor::from_storage(layout, storage, t.class())?);
+            self.host.push((key.to_owned(), copy));
+        }
+        *lock(&self.device) = device;
+        Ok(state)
+    }
+
+    fn train_step(
+        &mut self,
+        _state: &mut StateDict,
+        batch: &Batch<'_>,
+    ) -> Result<TrainStats, WorkloadError> {
+        let stats = self.inner.train_step(&mut lock(&self.device), batch)?;
+        self.stale = true;
+        Ok(stats)
+    }
+
+    fn rollout(
+        &mut self,
+        _state: &StateDict,
+        version: u64,
+        steps: u32,
+    ) -> Result<TrajectoryChunk, WorkloadError> {
+        self.inner.rollout(&lock(&self.device), version, steps)
+    }
+
+    fn evaluate(
+        &mut self,
+        _state: &StateDict,
+        version: u64,
+    ) -> Result<Option<EpisodeMetrics>, WorkloadError> {
+        self.inner.evaluate(&lock(&self.device), version)
+    }
+
+    fn save_checkpoint(
+        &mut self,
+        state: &StateDict,
+        run_dir: &Path,
+        step: u64,
+        version: u64,
+    ) -> Result<PathBuf, WorkloadError> {
+        if self.stale {
+            return Err(WorkloadError::Foreign {
+                message: "simulated device: a checkpoint of stale host copies (no host_view first)"
+                    .into(),
+            });
+        }
+        self.inner.save_checkpoint(state, run_dir, step, version)
+    }
+
+    fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
+        self.inner.restore(state, dir)?;
+        self.weights_written(false)
+    }
+
+    fn attach_sender(&mut self, sender: &mut SyncSender, _state: &StateDict) -> Option<String> {
+        let builder = DeviceBuild(self.device.clone());
+        sender
+            .set_patch_builder(Box::new(builder))
+            .then(|| "simulated device: patch build".to_owned())
+    }
+
+    fn attach_receiver(&mut self, receiver: &SyncReceiver) -> Option<String> {
+        if receiver.kind() != SyncerKind::Patch {
+            return None;
+        }
+        receiver.set_patch_installer(Arc::new(DeviceInstall(self.device.clone())));
+        Some("simulated device: patch install".to_owned())
+    }
+
+    fn host_view(&mut self) -> Result<(), WorkloadError> {
+        if self.stale {
+            self.pull();
+            self.stale = false;
+        }
+        Ok(())
+    }
+
+    fn weights_written(&mut self, on_device: bool) -> Result<(), WorkloadError> {
+        if on_device {
+            self.stale = true;
+        } else {
+            self.push();
+            self.stale = false;
+        }
+        Ok(())
+    }
+}
+
+/// The patch build over the device copy (the host view the sender is handed is ignored, as the GPU build's).
+struct DeviceBuild(Device);
+
+impl PatchBuilder for DeviceBuild {
+    fn build(
+        &mut self,
+        snap: &mut [SnapTensor],
+        _state: &StateDict,
+        threads: NonZeroUsize,
+        built: &mut Built,
+    ) -> Result<(), SyncError> {
+        patch::build(snap, &lock(&self.0), threads, built).map_err(|reason| {
+            SyncError::StateMismatch {
+                key: "(simulated device)".into(),
+                reason,
+            }
+        })
+    }
+}
+
+/// The patch install into the device copy (the host copies are left as they are, as the GPU install's).
+struct DeviceInstall(Device);
+
+impl PatchInstaller for DeviceInstall {
+    fn install(
+        &self,
+        valid: &ValidPatch,
+        _state: &mut StateDict,
+        threads: NonZeroUsize,
+    ) -> Result<(), SyncError> {
+        patch::install(valid, &mut lock(&self.0), threads);
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! Workers whose weights live on a device (a Python model on a GPU): the runtime lets the syncs run on the
+//! device and copies the weights to the host only to read them there, checked with the test worker's
+//! simulated device (`RLSYNC_TEST_DEVICE=1`, see `examples/held_worker/sim_device.rs`).
+
+use std::ffi::OsStr;
+
+use crate::util::Dir;
+
+/// A small synthetic run of the embedded `train_embodied` config (no libtorch needed).
+const SMALL: &[&str] = &[
+    "model@actor.model=synthetic_small",
+    "env@env.train=synthetic",
+    "env@env.eval=synthetic",
+    "actor.model.params=65536",
+    "actor.model.tensors=8",
+    "env.train.total_num_envs=4",
+    "env.eval.total_num_envs=4",
+    "env.train.max_steps_per_rollout_epoch=8",
+    "rollout.chunk_steps=4",
+    "runner.max_steps=4",
+    // No evaluation: its sync of the last version would be one more than the metrics' rows show.
+    "runner.val_check_interval=-1",
+    "hydra.run.dir=run",
+];
+
+/// Lines of `role`'s log naming a pull / a push of its simulated device, and the line saying where its syncs run.
+struct DeviceLog {
+    pulls: usize,
+    pushes: usize,
+    attached: Option<String>,
+}
+
+fn device_log(dir: &Dir, worker: &str) -> DeviceLog {
+    let path = dir.join(&format!("run/logs/{worker}.log"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    DeviceLog {
+        pulls: text.matches("simulated device: pull").count(),
+        pushes: text.matches("simulated device: push").count(),
+        attached: text.lines().find_map(|l| {
+            l.split_once("from now on: ")
+                .map(|(_, what)| what.to_owned())
+        }),
+    }
+}
+
+fn metrics(dir: &Dir) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("run/metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn run_on_device(dir: &Dir, command: &str, extra: &[&str]) -> String {
+    let worker = crate::util::example("held_worker");
+    let mut args = vec![command];
+    args.extend_from_slice(SMALL);
+    args.extend_from_slice(extra);
+    let out = dir.run_env(
+        &args,
+        &[
+            ("RLSYNC_WORKER", worker.as_os_str()),
+            ("RLSYNC_TEST_DEVICE", OsStr::new("1")),
+        ],
+    );
+    out.ok().to_owned()
+}
+
+/// Every sync verified (the rollouts' checksums of the weights they hold, read back from the device, equal the
+/// trainer's); returns how many syncs after the init bootstrap there were.
+fn verified_syncs(dir: &Dir) -> usize {
+    let rows = metrics(dir);
+    let verified: Vec<bool> = rows
+        .iter()
+        .filter_map(|r| r.get("sync/verified").and_then(serde_json::Value::as_bool))
+        .collect();
+    assert!(
+        !verified.is_empty() && verified.iter().all(|v| *v),
+        "sync/verified: {verified:?}"
+    );
+    rows.iter()
+        .filter(|r| {
+            r.get("sync/kind")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|k| k != "init")
+        })
+        .count()
+}
+
+#[test]
+fn patch_syncs_run_on_the_device_and_the_host_copies_move_only_for_host_reads() {
+    let dir = Dir::new();
+    let stdout = run_on_device(&dir, "train_embodied", &["runner.save_interval=2"]);
+    let syncs = verified_syncs(&dir);
+    assert_eq!(syncs, 3, "versions 1 to 3 synced before steps 2 to 4");
+    let trainer = device_log(&dir, "trainer-0");
+    assert_eq!(
+        trainer.attached.as_deref(),
+        Some("simulated device: patch build"),
+        "{stdout}"
+    );
+    // The build reads the device copy and the checksum is of the snapshot: only the checkpoints (steps 2 and
+    // 4) read the host copies, each after training changed the device.
+    assert_eq!((trainer.pulls, trainer.pushes), (2, 0), "trainer");
+    for rank in 0..2 {
+        let rollout = device_log(&dir, &format!("rollout-{rank}"));
+        assert_eq!(
+            rollout.attached.as_deref(),
+            Some("simulated device: patch install"),
+            "rollout-{rank}"
+        );
+        // The bootstrap was written into the host copies and pushed once; every later version was
+        // installed on the device and pulled once for the rollout's checksum of it.
+        assert_eq!(rollout.pushes, 1, "rollout-{rank}");
+        assert_eq!(
+            rollout.pulls, syncs,
+            "rollout-{rank}: one pull per verified sync"
+        );
+    }
+}
+
+#[test]
+fn background_installs_on_the_device_are_verified_too() {
+    let dir = Dir::new();
+    run_on_device(
+        &dir,
+        "train_async",
+        &["actor.sync_weight_no_wait=true", "runner.verify_sync=true"],
+    );
+    verified_syncs(&dir);
+    for rank in 0..2 {
+        let rollout = device_log(&dir, &format!("rollout-{rank}"));
+        assert_eq!(
+            rollout.attached.as_deref(),
+            Some("simulated device: patch install")
+        );
+        assert_eq!(rollout.pushes, 1, "rollout-{rank}: the bootstrap only");
+    }
+}
+
+#[test]
+fn without_verification_a_device_rollout_never_copies_back() {
+    let dir = Dir::new();
+    run_on_device(&dir, "train_embodied", &["runner.verify_sync=false"]);
+    let rollout = device_log(&dir, "rollout-0");
+    assert_eq!((rollout.pulls, rollout.pushes), (0, 1));
+    let trainer = device_log(&dir, "trainer-0");
+    assert_eq!(trainer.pulls, 1, "the final checkpoint only");
+}
+
+#[test]
+fn a_bucket_syncer_stays_on_the_host_copies_and_pushes_every_version() {
+    let dir = Dir::new();
+    run_on_device(&dir, "train_embodied", &["weight_syncer=bucket_syncer"]);
+    let syncs = verified_syncs(&dir);
+    let trainer = device_log(&dir, "trainer-0");
+    assert_eq!(
+        trainer.attached, None,
+        "the simulated device builds patches only"
+    );
+    for rank in 0..2 {
+        let rollout = device_log(&dir, &format!("rollout-{rank}"));
+        assert_eq!(rollout.attached, None);
+        assert_eq!(
+            rollout.pulls, 0,
+            "rollout-{rank}: the host copies are current"
+        );
+        assert!(
+            rollout.pushes >= syncs,
+            "rollout-{rank}: every installed version is pushed ({} pushes, {syncs} syncs)",
+            rollout.pushes
+        );
+    }
+    // A bucket sender reads the host copies for every sync and checksum: one pull per trained version.
+    assert!(trainer.pulls >= 4, "trainer pulls: {}", trainer.pulls);
+}
