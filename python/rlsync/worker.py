@@ -151,6 +151,8 @@ class _Adapter:
         self.role = role
         # Host-shared mode: tensor views of each shared buffer, by buffer (see bind_shared).
         self._shared_views: dict[int, dict[str, Any]] = {}
+        # Where model()'s tensors were when rlsync described them: (data_ptr, device) by name.
+        self._memory: dict[str, tuple[int, str]] = {}
         for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
             if not callable(getattr(user, method, None)):
                 raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
@@ -187,10 +189,37 @@ class _Adapter:
 
     def describe(self) -> tuple[list[tuple], list[str]]:
         model = self.user.model()
-        return _describe(model), param_names_need_sync(model)
+        descs = _describe(model)
+        self._memory = {name: (ptr, str(tensor.device)) for name, tensor, ptr, *_ in descs}
+        return descs, param_names_need_sync(model)
+
+    def _check_in_place(self, method: str) -> None:
+        """After the user's ``method()``: ``model()``'s tensors still live where rlsync reads and installs them
+        (it holds their memory since ``describe``). A tensor given new memory (``p.data = ...``, ``model.to(...)``,
+        ``load_state_dict(assign=True)``) would leave rlsync writing memory the model no longer uses (or that
+        another tensor got since): a clear error instead. Host-shared rollouts' views are rlsync's own rebinding."""
+        memory = self._memory
+        if not memory or self._shared_views:
+            return
+        now = {name: t for name, t in self.user.model().state_dict(keep_vars=True).items() if name in memory}
+        for name, (ptr, device) in memory.items():
+            t = now.get(name)
+            if t is None:
+                raise RuntimeError(
+                    f"{method}() removed model tensor {name!r} from model(): rlsync syncs the tensors model() had "
+                    "when the worker started, in place"
+                )
+            if t.data_ptr() != ptr or str(t.device) != device:
+                raise RuntimeError(
+                    f"{method}() gave model tensor {name!r} new memory ({device} {ptr:#x} -> {t.device} "
+                    f"{t.data_ptr():#x}): rlsync reads and installs the model's tensors in place, so update them in "
+                    "place (optimizer.step(), tensor.copy_(), load_state_dict()) instead of assigning new tensors "
+                    "(param.data = ..., model.to(...), load_state_dict(assign=True))"
+                )
 
     def train(self, chunks: list) -> tuple[float, list[tuple[str, float]]]:
         stats = self.user.train([_arrays_in(c) for c in chunks])
+        self._check_in_place("train")
         if not isinstance(stats, dict) or "loss" not in stats:
             raise TypeError("train() must return a dict of floats with a 'loss' key")
         loss = float(stats["loss"])
@@ -201,6 +230,7 @@ class _Adapter:
 
     def rollout(self, steps: int, version: int) -> tuple[list, int, float]:
         out = self.user.rollout(steps)
+        self._check_in_place("rollout")
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("rollout() must return (dict of arrays, dict of stats)")
         arrays, stats = out
@@ -258,6 +288,7 @@ class _Adapter:
         if not callable(hook):
             return None
         stats = hook()
+        self._check_in_place("evaluate")
         if not isinstance(stats, dict) or "return" not in stats:
             raise TypeError("evaluate() must return a dict of floats with a 'return' key")
         values = (float(stats["return"]), float(stats.get("success_rate", 0.0)), float(stats.get("episode_len", 0.0)))

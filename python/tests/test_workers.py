@@ -99,6 +99,17 @@ def test_a_python_exception_fails_the_run_naming_the_worker_and_the_traceback(tm
     assert not shm_leftovers(before)
 
 
+@pytest.mark.parametrize("where, role", [("train", "trainer"), ("rollout", "rollout")])
+def test_a_model_tensor_given_new_memory_fails_the_run_naming_it(tmp_path, where, role):
+    # rlsync reads and installs model()'s tensors in place: after `param.data = ...` it would write memory the
+    # model no longer uses, so the worker stops with what happened and how to update in place instead.
+    p = run(tmp_path, "train_embodied", "runner.max_steps=3", f"+fixture.reassign_in={where}")
+    assert p.returncode == 1, p.stderr
+    assert f"{where}() gave model tensor 'w.weight' new memory" in p.stderr, p.stderr
+    assert "update them in place" in p.stderr and role in p.stderr
+    assert not leftovers(tmp_path)
+
+
 def test_an_entry_that_does_not_import_names_the_module_and_the_search_path(tmp_path):
     p = run(tmp_path, "train_embodied", "runner.max_steps=2", entry="no_such_module_xyz")
     assert p.returncode == 1

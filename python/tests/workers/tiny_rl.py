@@ -19,6 +19,12 @@ def _fail(cfg: dict, where: str) -> None:
         raise ValueError(f"boom in {where}")
 
 
+def _reassign(cfg: dict, where: str, model: nn.Module) -> None:
+    """+fixture.reassign_in=<where>: give the model's weight new memory there (what rlsync must refuse)."""
+    if (cfg.get("fixture") or {}).get("reassign_in") == where:
+        model.w.weight.data = model.w.weight.data.clone()
+
+
 def _slow_build(cfg: dict) -> None:
     """Sleep ``fixture.build_s`` seconds while constructing, as a model that takes long to build would."""
     time.sleep(float((cfg.get("fixture") or {}).get("build_s", 0.0)))
@@ -90,6 +96,7 @@ class Trainer:
         self.opt.step()
         self.policy.steps += 1
         self.history[int(self.policy.steps)] = self._flat()
+        _reassign(self.cfg, "train", self.policy)
         updates, self.updates = self.updates, self.updates + 1
         # +fixture.clip_fraction=x: report it as PPO trainers do (logged as actor/clip_fraction).
         clip = (self.cfg.get("fixture") or {}).get("clip_fraction")
@@ -136,6 +143,7 @@ class Rollout:
 
     def rollout(self, steps: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         _fail(self.cfg, "rollout")
+        _reassign(self.cfg, "rollout", self.policy)
         if self.shared:
             now = list(self.policy.parameters())
             assert [id(p) for p in now] == [id(p) for p, _ in self.params], "the Parameter objects were replaced"
