@@ -4,21 +4,11 @@
 
 use std::ffi::OsStr;
 
-use crate::util::Dir;
+use crate::util::{Dir, SMALL_SYNTHETIC};
 
-/// A small synthetic run of the embedded `train_embodied` config (no libtorch needed).
-const SMALL: &[&str] = &[
-    "model@actor.model=synthetic_small",
-    "env@env.train=synthetic",
-    "env@env.eval=synthetic",
-    "actor.model.params=65536",
-    "actor.model.tensors=8",
-    "env.train.total_num_envs=4",
-    "env.eval.total_num_envs=4",
-    "env.train.max_steps_per_rollout_epoch=8",
-    "rollout.chunk_steps=4",
+/// Four steps without evaluation (its sync of the last version would be one more than the metrics' rows show).
+const RUN: &[&str] = &[
     "runner.max_steps=4",
-    // No evaluation: its sync of the last version would be one more than the metrics' rows show.
     "runner.val_check_interval=-1",
     "hydra.run.dir=run",
 ];
@@ -54,7 +44,8 @@ fn metrics(dir: &Dir) -> Vec<serde_json::Value> {
 fn run_on_device(dir: &Dir, command: &str, extra: &[&str]) -> String {
     let worker = crate::util::example("held_worker");
     let mut args = vec![command];
-    args.extend_from_slice(SMALL);
+    args.extend_from_slice(SMALL_SYNTHETIC);
+    args.extend_from_slice(RUN);
     args.extend_from_slice(extra);
     let out = dir.run_env(
         &args,

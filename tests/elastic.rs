@@ -336,21 +336,26 @@ enum Tamper {
 /// `train_embodied` (patch syncer, a copy every 2 versions, a 16-version replay log) runs past version 20;
 /// rollout-0 is stopped (SIGSTOP), so no step completes and no version passes while rollout-1's copy is
 /// tampered with, rollout-1 is killed and its successor loads the copy and joins the weight channel; then
-/// rollout-0 goes on, and the trainer catches the successor up. Returns the orchestrator's line about the
-/// rejoin, rollout-1's log and the version its successor rejoined from.
-fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
+/// rollout-0 goes on, and the trainer catches the successor up. `device`: every worker's weights live on the
+/// test worker's simulated device (`RLSYNC_TEST_DEVICE`), and the rollouts do not verify syncs (so no checksum
+/// pulls the weights to the host before a copy is written: the copy must pull them itself). Returns the
+/// orchestrator's line about the rejoin, rollout-1's log and the version its successor rejoined from.
+fn rejoin_from_a_copy(tamper: Tamper, device: bool) -> (String, String, u64) {
     let s = Scratch::new("re");
-    let mut child = command(
-        &s,
-        "train_embodied",
-        &[
-            "runner.rollout_restarts=1",
-            "runner.rollout_weights_copy_interval=2",
-            "weight_syncer.patch.replay_versions=16",
-        ],
-    )
-    .spawn()
-    .unwrap();
+    let mut extra = vec![
+        "runner.rollout_restarts=1",
+        "runner.rollout_weights_copy_interval=2",
+        "weight_syncer.patch.replay_versions=16",
+    ];
+    if device {
+        extra.push("runner.verify_sync=false");
+    }
+    let mut cmd = command(&s, "train_embodied", &extra);
+    if device {
+        cmd.env("RLSYNC_WORKER", crate::util::example("held_worker"))
+            .env("RLSYNC_TEST_DEVICE", "1");
+    }
+    let mut child = cmd.spawn().unwrap();
     // Past version 16, version 0 (a fresh worker's) is out of the log: only a copy can make the rejoin a replay.
     wait_until(&mut child, "step 20", || s.metrics().len() >= 20).unwrap();
     let other = Pid::from_raw(rollout_pid(&s, 0).unwrap());
@@ -400,9 +405,12 @@ fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
         .filter(|row| row.contains_key("train/loss"))
         .collect();
     assert_eq!(rows.len(), STEPS);
+    // (Without verification the replay itself checks the copy: the log's checksum of its version must match.)
     assert!(
-        rows.iter()
-            .all(|r| r.get("sync/verified").is_none_or(|v| v == true)),
+        device
+            || rows
+                .iter()
+                .all(|r| r.get("sync/verified").is_none_or(|v| v == true)),
         "every sync verified"
     );
     assert_eq!(rows.last().unwrap()["rollout/restarts"], 1);
@@ -432,7 +440,7 @@ fn rejoin_from_a_copy(tamper: Tamper) -> (String, String, u64) {
 /// a full transfer from version 0.
 #[test]
 fn a_restarted_rollout_replays_from_its_local_copy() {
-    let (line, log, from) = rejoin_from_a_copy(Tamper::Keep);
+    let (line, log, from) = rejoin_from_a_copy(Tamper::Keep, false);
     assert!(line.contains("caught up by replay"), "{line}");
     assert!(from >= 4, "rejoined from the copy's version: {line}");
     assert!(
@@ -441,10 +449,30 @@ fn a_restarted_rollout_replays_from_its_local_copy() {
     );
 }
 
+/// A rollout whose weights live on a device writes its local copy from the device's weights (pulled first), and
+/// its successor pushes the copy and the replayed patches to the device before it installs there again.
+#[test]
+fn a_restarted_device_rollout_replays_from_its_local_copy_then_installs_on_the_device() {
+    let (line, log, from) = rejoin_from_a_copy(Tamper::Keep, true);
+    assert!(line.contains("caught up by replay"), "{line}");
+    let successor = log
+        .split(&format!("loaded the local weights copy of version {from}"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("the successor loads the copy of version {from}:\n{log}"));
+    assert!(
+        successor.contains("weights installed on the device from now on: simulated device"),
+        "{successor}"
+    );
+    assert!(
+        successor.contains("simulated device: push"),
+        "the rejoined weights reach the device: {successor}"
+    );
+}
+
 /// A corrupt copy is refused by the successor: it rejoins from its initial weights, by a full transfer.
 #[test]
 fn a_corrupt_local_copy_falls_back_to_a_full_transfer() {
-    let (line, log, from) = rejoin_from_a_copy(Tamper::Corrupt);
+    let (line, log, from) = rejoin_from_a_copy(Tamper::Corrupt, false);
     assert!(line.contains("caught up by full"), "{line}");
     assert_eq!(from, 0, "{line}");
     assert!(
@@ -457,7 +485,7 @@ fn a_corrupt_local_copy_falls_back_to_a_full_transfer() {
 /// replay onto it, the successor gets the full state (never patches applied to unknown weights).
 #[test]
 fn a_mismatching_local_copy_falls_back_to_a_full_transfer() {
-    let (line, _, from) = rejoin_from_a_copy(Tamper::Foreign);
+    let (line, _, from) = rejoin_from_a_copy(Tamper::Foreign, false);
     assert!(line.contains("caught up by full"), "{line}");
     assert!(from >= 4, "it reported the copy's version: {line}");
     assert!(

@@ -3,25 +3,18 @@
 
 use serde_json::Value;
 
-use crate::util::Dir;
+use crate::util::{Dir, SMALL_SYNTHETIC};
 
-/// A small synthetic run of the embedded `train_embodied` config (no libtorch needed).
-const SMALL: &[&str] = &[
-    "train_embodied",
-    "model@actor.model=synthetic_small",
-    "env@env.train=synthetic",
-    "env@env.eval=synthetic",
-    "actor.model.params=65536",
-    "actor.model.tensors=8",
-    "env.train.total_num_envs=4",
-    "env.eval.total_num_envs=4",
-    "env.train.max_steps_per_rollout_epoch=8",
-    "rollout.chunk_steps=4",
-    "runner.max_steps=2",
-];
+/// A small synthetic run of the embedded `train_embodied` config (no libtorch needed), two steps.
+fn small() -> Vec<&'static str> {
+    let mut args = vec!["train_embodied"];
+    args.extend_from_slice(SMALL_SYNTHETIC);
+    args.push("runner.max_steps=2");
+    args
+}
 
 fn run(dir: &Dir, extra: &[&str]) -> crate::util::Output {
-    let mut args = SMALL.to_vec();
+    let mut args = small();
     args.extend_from_slice(extra);
     dir.run(&args)
 }
@@ -207,7 +200,7 @@ fn a_slow_workload_build_counts_in_the_start_up_not_in_the_init_bootstrap() {
     let dir = Dir::new();
     let worker = crate::util::example("held_worker");
     let build_s = BUILD_S.to_string();
-    let mut args = SMALL.to_vec();
+    let mut args = small();
     args.push("hydra.run.dir=run");
     let out = dir.run_env(
         &args,

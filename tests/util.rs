@@ -58,6 +58,20 @@ pub struct Dir {
     tmp: tempfile::TempDir,
 }
 
+/// The small synthetic model and envs of the embedded configs (no libtorch needed): the overrides that follow an
+/// entry point (`train_embodied`, `train_async`) in the tests' short runs.
+pub const SMALL_SYNTHETIC: &[&str] = &[
+    "model@actor.model=synthetic_small",
+    "env@env.train=synthetic",
+    "env@env.eval=synthetic",
+    "actor.model.params=65536",
+    "actor.model.tensors=8",
+    "env.train.total_num_envs=4",
+    "env.eval.total_num_envs=4",
+    "env.train.max_steps_per_rollout_epoch=8",
+    "rollout.chunk_steps=4",
+];
+
 /// What one run of the binary produced.
 #[derive(Debug)]
 pub struct Output {
