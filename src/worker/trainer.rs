@@ -130,9 +130,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     return Err(unexpected("Rejoin (before InitWeights)"));
                 };
                 let last = version == synced_at;
-                if syncer.needs_host_view() {
-                    tokio::task::block_in_place(|| workload.host_view())?;
-                }
+                // A rejoin reads the state (the bootstrap-only keys, a bucket syncer's last version): rare.
+                tokio::task::block_in_place(|| workload.host_view())?;
                 let report = catch_up(syncer, &state, rank, receiver, last).await?;
                 ctx.control.report(&report, &[]).await?;
             }

@@ -521,9 +521,10 @@ impl SyncSender {
 
     /// Whether the next sync may read the state dict's host view beyond dtypes and sizes (a binding or a
     /// worker keeps its host copies of CUDA tensors fresh when it does): `false` for a patch sender whose
-    /// builder diffs on the device (rejoins are served from the snapshot), and for a bucket sender whose
-    /// stager packs the buckets from the device, that keeps no copy of the last version and whose channel
-    /// nobody joins late (a bucket rejoin sends the state from the host view).
+    /// builder diffs on the device (a rejoin replays from the snapshot and reads only the bootstrap-only keys
+    /// of the state, which training leaves as they are), and for a bucket sender whose stager packs the
+    /// buckets from the device, that keeps no copy of the last version and whose channel nobody joins late (a
+    /// bucket rejoin sends the state from the host view).
     pub fn needs_host_view(&self) -> bool {
         match &self.strategy {
             SenderStrategy::Bucket(b) => {
