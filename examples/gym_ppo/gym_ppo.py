@@ -266,13 +266,17 @@ class Rollout:
         self.task = _get(cfg, "env.train.task", "Reacher-v5")
         total = int(_get(cfg, "env.train.total_num_envs", 16))
         self.num_envs = max(1, total // max(num_rollouts, 1))
-        seed = int(_get(cfg, "actor.seed", 1)) * 1000 + rank * 100
-        torch.manual_seed(seed)
         torch.set_num_threads(1)
         self.device = torch.device(_get(cfg, "rollout.worker.device", "cpu"))
         obs_dim, act_dim, discrete = _task_dims(self.task)
         hidden = int(_get(cfg, "actor.model.hidden_dim", 64))
+        # The actor is built as the trainer builds its own (same seed, first), so version 0 is the same weights
+        # on every worker: the bucket syncer sends nothing at start and the run verifies exactly that.
+        torch.manual_seed(int(_get(cfg, "actor.seed", 1)))
         self.actor = Actor(obs_dim, act_dim, hidden, discrete).to(self.device)
+        # Each rollout samples actions and resets its envs from its own stream.
+        seed = int(_get(cfg, "actor.seed", 1)) * 1000 + rank * 100
+        torch.manual_seed(seed)
         self.envs = gym.make_vec(
             self.task, num_envs=self.num_envs, vectorization_mode="sync",
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},

@@ -23,7 +23,8 @@ stopped by a timeout keeps what ran) and freeing its GPU memory before the next:
   rejected with the receiver untouched, and the intact one installs afterwards;
 - ``gym_ppo``: the gym_ppo example through the ``rlsync`` binary with its policies on the device
   (``actor.worker.device`` / ``rollout.worker.device``) for a few updates: behav KL from the run's metrics,
-  each worker's sync path from its log (on a GPU: the patch built and installed on the device);
+  each worker's sync path from its log (on a GPU: the patch built and installed on the device); then the
+  same with the bucket syncer packing and installing on the device (``bucket_device=cuda``);
 - ``sanitizer``: a tiny sync under ``compute-sanitizer`` (when it is installed), its summary line.
 
 ``--cpu`` runs every stage with small sizes on CPU tensors (the RLinf transcription too), so the script is
@@ -76,7 +77,7 @@ STAGES: list[tuple[str, float, float]] = [
     ("timing_7b", 110, 20),
     ("correctness", 50, 10),
     ("ipc", 50, 25),
-    ("gym_ppo", 40, 15),
+    ("gym_ppo", 60, 15),
     ("sanitizer", 45, 15),
 ]
 
@@ -1201,23 +1202,14 @@ def stage_sanitizer(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
-def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
-    need_gpu(ctx)
-    for mod in ("gymnasium", "mujoco"):
-        try:
-            __import__(mod)
-        except Exception as e:  # noqa: BLE001
-            raise Skip(f"{mod} is not importable ({error_text(e)}): bring its wheels (scripts/gpu_wheels.sh)")
-    rlsync_module()
-    if not ctx.bin.exists():
-        raise Skip(f"the rlsync binary is missing: {ctx.bin}")
-    device = "cuda" if ctx.dev.type == "cuda" else "cpu"
-    steps = 3
+def gym_run(ctx: Ctx, device: str, steps: int, extra: list[str]) -> dict[str, Any]:
+    """One run of the gym_ppo example through the binary: its behav KL and sync checks from the metrics, each
+    worker's sync path from its log."""
     run_dir = Path(tempfile.mkdtemp(prefix="rlsync-gpu-check-gym-"))
     cmd = [str(ctx.bin), "train_embodied", "--config-name", "gym_reacher",
            f"actor.worker.device={device}", f"rollout.worker.device={device}",
            f"actor.worker.python={sys.executable}", f"rollout.worker.python={sys.executable}",
-           f"runner.max_steps={steps}", "runner.val_check_interval=-1", f"hydra.run.dir={run_dir / 'run'}"]
+           f"runner.max_steps={steps}", "runner.val_check_interval=-1", f"hydra.run.dir={run_dir / 'run'}", *extra]
     if ctx.cpu:
         cmd += ["env.train.total_num_envs=4", "rollout.chunk_steps=32", "algorithm.update_epoch=2",
                 "actor.global_batch_size=64"]
@@ -1258,6 +1250,31 @@ def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
         out["status"] = "failed"
         out["note"] = "a worker with a CPU model claims a device sync path"
     shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
+    """The example on the device with the patch syncer (3 updates), then with the bucket syncer packing and
+    installing on the device (``bucket_device=cuda``, 2 updates; on the CPU it stages on the host)."""
+    need_gpu(ctx)
+    for mod in ("gymnasium", "mujoco"):
+        try:
+            __import__(mod)
+        except Exception as e:  # noqa: BLE001
+            raise Skip(f"{mod} is not importable ({error_text(e)}): bring its wheels (scripts/gpu_wheels.sh)")
+    rlsync_module()
+    if not ctx.bin.exists():
+        raise Skip(f"the rlsync binary is missing: {ctx.bin}")
+    device = "cuda" if ctx.dev.type == "cuda" else "cpu"
+    out = gym_run(ctx, device, 3, [])
+    if ctx.left() < 10:
+        out["bucket"] = {"status": "skipped", "note": f"{ctx.left():.0f} s left of the stage's share"}
+        return out
+    bucket = gym_run(ctx, device, 2, ["weight_syncer=bucket_syncer", "weight_syncer.bucket.bucket_device=cuda"])
+    out["bucket"] = bucket
+    if bucket.get("status") == "failed" and out.get("status") != "failed":
+        out["status"] = "failed"
+        out["note"] = f"the bucket run failed: {bucket.get('note') or 'see bucket'}"
     return out
 
 

@@ -64,6 +64,9 @@ def test_the_cpu_dry_run_writes_every_stage_and_its_checks_pass(tmp_path):
     if gym["status"] == "ok":  # needs gymnasium + mujoco, which the test venv has
         assert gym["updates"] == 3 and gym["sync_verified"]
         assert gym["sync_paths"] and set(gym["sync_paths"].values()) == {"host copies"}, gym["sync_paths"]
+        bucket = gym["bucket"]
+        assert bucket["updates"] == 2 and bucket["sync_verified"], bucket
+        assert bucket["behav_kl_max_abs"] < 1e-5 and set(bucket["sync_paths"].values()) == {"host copies"}, bucket
         assert gym["behav_kl_max_abs"] < 1e-5, gym["behav_kl"]
     else:
         assert "not importable" in gym["note"], gym
