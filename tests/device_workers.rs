@@ -90,9 +90,10 @@ fn patch_syncs_run_on_the_device_and_the_host_copies_move_only_for_host_reads() 
         Some("simulated device: patch build"),
         "{stdout}"
     );
-    // The build reads the device copy and the checksum is of the snapshot: only the checkpoints (steps 2 and
-    // 4) read the host copies, each after training changed the device.
-    assert_eq!((trainer.pulls, trainer.pushes), (2, 0), "trainer");
+    // The first pull fills the host copies (the init bootstrap reads them). Then the build reads the device
+    // copy and the checksum is of the snapshot: only the checkpoints (steps 2 and 4) read the host copies,
+    // each after training changed the device.
+    assert_eq!((trainer.pulls, trainer.pushes), (1 + 2, 0), "trainer");
     for rank in 0..2 {
         let rollout = device_log(&dir, &format!("rollout-{rank}"));
         assert_eq!(
@@ -100,11 +101,12 @@ fn patch_syncs_run_on_the_device_and_the_host_copies_move_only_for_host_reads() 
             Some("simulated device: patch install"),
             "rollout-{rank}"
         );
-        // The bootstrap was written into the host copies and pushed once; every later version was
-        // installed on the device and pulled once for the rollout's checksum of it.
+        // The first pull fills the host copies. The bootstrap was written into them and pushed once; every
+        // later version was installed on the device and pulled once for the rollout's checksum of it.
         assert_eq!(rollout.pushes, 1, "rollout-{rank}");
         assert_eq!(
-            rollout.pulls, syncs,
+            rollout.pulls,
+            1 + syncs,
             "rollout-{rank}: one pull per verified sync"
         );
     }
@@ -134,9 +136,13 @@ fn without_verification_a_device_rollout_never_copies_back() {
     let dir = Dir::new();
     run_on_device(&dir, "train_embodied", &["runner.verify_sync=false"]);
     let rollout = device_log(&dir, "rollout-0");
-    assert_eq!((rollout.pulls, rollout.pushes), (0, 1));
+    assert_eq!(
+        (rollout.pulls, rollout.pushes),
+        (1, 1),
+        "the first fill only"
+    );
     let trainer = device_log(&dir, "trainer-0");
-    assert_eq!(trainer.pulls, 1, "the final checkpoint only");
+    assert_eq!(trainer.pulls, 2, "the first fill and the final checkpoint");
 }
 
 #[test]
@@ -153,8 +159,8 @@ fn a_bucket_syncer_stays_on_the_host_copies_and_pushes_every_version() {
         let rollout = device_log(&dir, &format!("rollout-{rank}"));
         assert_eq!(rollout.attached, None);
         assert_eq!(
-            rollout.pulls, 0,
-            "rollout-{rank}: the host copies are current"
+            rollout.pulls, 1,
+            "rollout-{rank}: the first fill; then the host copies are current"
         );
         assert!(
             rollout.pushes >= syncs,

@@ -6,10 +6,12 @@
 //!
 //! Every pull and push is one line on stderr (the worker's log): `simulated device: pull` / `… push`.
 
+use std::convert::Infallible;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use rlsync::worker::host_copies::{HostCopies, LazyHostCopies};
 use rlsync::worker::workload::{
     Batch, EpisodeMetrics, TrainStats, TrajectoryChunk, Workload, WorkloadError,
 };
@@ -30,23 +32,20 @@ fn lock(device: &Device) -> MutexGuard<'_, StateDict> {
 pub struct SimDevice {
     inner: Box<dyn Workload>,
     device: Device,
-    /// The host copies the runtime's state dict borrows, by key.
-    host: Vec<(String, Tensor)>,
-    /// The device copy changed since the host copies were last pulled.
-    stale: bool,
+    /// The host copies the runtime's state dict borrows, refreshed as a Python worker's are.
+    copies: LazyHostCopies<SimCopies>,
 }
 
-impl SimDevice {
-    pub fn new(inner: Box<dyn Workload>) -> SimDevice {
-        SimDevice {
-            inner,
-            device: Arc::new(Mutex::new(StateDict::new())),
-            host: Vec::new(),
-            stale: false,
-        }
-    }
+/// The device copy and the host copies the runtime's state dict borrows, by key.
+struct SimCopies {
+    device: Device,
+    host: Vec<(String, Tensor)>,
+}
 
-    fn pull(&mut self) {
+impl HostCopies for SimCopies {
+    type Error = Infallible;
+
+    fn pull(&mut self) -> Result<(), Infallible> {
         let device = lock(&self.device);
         for (key, copy) in &mut self.host {
             if let Some(t) = device.get(key) {
@@ -54,9 +53,10 @@ impl SimDevice {
             }
         }
         eprintln!("simulated device: pull");
+        Ok(())
     }
 
-    fn push(&mut self) {
+    fn push(&mut self) -> Result<(), Infallible> {
         let mut device = lock(&self.device);
         for (key, copy) in &self.host {
             if let Some(t) = device.get_mut(key) {
@@ -64,6 +64,22 @@ impl SimDevice {
             }
         }
         eprintln!("simulated device: push");
+        Ok(())
+    }
+}
+
+impl SimDevice {
+    pub fn new(inner: Box<dyn Workload>) -> SimDevice {
+        let device: Device = Arc::new(Mutex::new(StateDict::new()));
+        let copies = SimCopies {
+            device: device.clone(),
+            host: Vec::new(),
+        };
+        SimDevice {
+            inner,
+            device,
+            copies: LazyHostCopies::new(copies),
+        }
     }
 }
 
@@ -72,18 +88,24 @@ impl Workload for SimDevice {
     fn init_state(&mut self) -> Result<StateDict, WorkloadError> {
         let device = self.inner.init_state()?;
         let mut state = StateDict::new();
-        self.host.clear();
+        let mut host = Vec::new();
         for (key, t) in device.iter() {
-            let mut copy = t.duplicate();
+            // Filled by the first pull, as a Python worker's copies are.
+            let mut copy = Tensor::zeros(t.dtype(), t.shape(), t.class())?;
             let bytes = copy.bytes_mut();
-            // SAFETY: the copy's heap memory lives in `self.host` as long as the worker runs (moving the tensor
+            // SAFETY: the copy's heap memory lives in the copies as long as the worker runs (moving the tensor
             // does not move it) and is written only by `pull`, which the runtime calls between its operations.
             let storage = unsafe { Storage::borrowed(bytes.as_mut_ptr(), bytes.len()) };
             let layout = Layout::new(t.dtype(), t.shape());
             state.insert(key, Tensor::from_storage(layout, storage, t.class())?);
-            self.host.push((key.to_owned(), copy));
+            host.push((key.to_owned(), copy));
         }
         *lock(&self.device) = device;
+        self.copies = LazyHostCopies::new(SimCopies {
+            device: self.device.clone(),
+            host,
+        });
+        self.copies.host_view().unwrap_or_else(|e| match e {});
         Ok(state)
     }
 
@@ -93,7 +115,7 @@ impl Workload for SimDevice {
         batch: &Batch<'_>,
     ) -> Result<TrainStats, WorkloadError> {
         let stats = self.inner.train_step(&mut lock(&self.device), batch)?;
-        self.stale = true;
+        self.copies.device_changed();
         Ok(stats)
     }
 
@@ -121,7 +143,7 @@ impl Workload for SimDevice {
         step: u64,
         version: u64,
     ) -> Result<PathBuf, WorkloadError> {
-        if self.stale {
+        if !self.copies.is_current() {
             return Err(WorkloadError::Foreign {
                 message: "simulated device: a checkpoint of stale host copies (no host_view first)"
                     .into(),
@@ -151,20 +173,14 @@ impl Workload for SimDevice {
     }
 
     fn host_view(&mut self) -> Result<(), WorkloadError> {
-        if self.stale {
-            self.pull();
-            self.stale = false;
-        }
+        self.copies.host_view().unwrap_or_else(|e| match e {});
         Ok(())
     }
 
     fn weights_written(&mut self, on_device: bool) -> Result<(), WorkloadError> {
-        if on_device {
-            self.stale = true;
-        } else {
-            self.push();
-            self.stale = false;
-        }
+        self.copies
+            .written(on_device)
+            .unwrap_or_else(|e| match e {});
         Ok(())
     }
 }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pyo3::prelude::*;
 
+use rlsync::worker::host_copies::HostCopies;
 use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
@@ -99,68 +100,17 @@ impl DeviceSide {
     }
 }
 
-/// Pulls and pushes of host copies of CUDA tensors (a [`SharedSide`]'s; a test's record).
-pub(crate) trait HostCopies {
-    /// Host copies := device tensors.
-    fn pull(&mut self) -> Result<(), GpuError>;
-    /// Device tensors := host copies.
-    fn push(&mut self) -> Result<(), GpuError>;
-}
+/// A worker's host copies of its CUDA tensors as the worker runtime refreshes them
+/// ([`rlsync::worker::host_copies`]).
+pub(crate) struct CudaCopies(pub(crate) SharedSide);
 
-impl HostCopies for SharedSide {
+impl HostCopies for CudaCopies {
+    type Error = GpuError;
     fn pull(&mut self) -> Result<(), GpuError> {
-        lock(self).pull()
+        lock(&self.0).pull()
     }
     fn push(&mut self) -> Result<(), GpuError> {
-        lock(self).push()
-    }
-}
-
-/// A Python worker's host copies of its model's CUDA tensors, which the worker runtime reads and writes as
-/// its state dict. The CUDA tensors always hold the current weights: what the runtime writes into the
-/// copies (a bootstrap, a rejoin, a local copy, a checkpoint, a host-path install) is pushed at once. The
-/// copies are pulled only when the runtime is about to read them and the device changed since (a train
-/// step, a device install), so a worker whose syncs run on the device pulls only for checksums, checkpoints
-/// and local copies. (A host write is always of copies that are current or written whole: the trainer's
-/// only host write is a resume before its first step, a rollout's happen before its installer is attached.)
-pub(crate) struct WorkerCopies<C = SharedSide> {
-    copies: C,
-    /// The CUDA tensors changed since the copies were last pulled.
-    stale: bool,
-}
-
-impl<C: HostCopies> WorkerCopies<C> {
-    /// Copies not read yet: pulled on the first read.
-    pub(crate) fn new(copies: C) -> WorkerCopies<C> {
-        WorkerCopies {
-            copies,
-            stale: true,
-        }
-    }
-
-    pub(crate) fn copies(&self) -> &C {
-        &self.copies
-    }
-
-    /// The CUDA tensors changed (the user's code, a device install).
-    pub(crate) fn device_changed(&mut self) {
-        self.stale = true;
-    }
-
-    /// Before the runtime reads the copies: pull them if the device changed since.
-    pub(crate) fn host_view(&mut self) -> Result<(), GpuError> {
-        if self.stale {
-            self.copies.pull()?;
-            self.stale = false;
-        }
-        Ok(())
-    }
-
-    /// The runtime wrote the copies: push them to the CUDA tensors now.
-    pub(crate) fn host_changed(&mut self) -> Result<(), GpuError> {
-        self.copies.push()?;
-        self.stale = false;
-        Ok(())
+        lock(&self.0).push()
     }
 }
 
@@ -464,91 +414,6 @@ pub(crate) fn stage(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Counts the copies' pulls and pushes; the next one fails when `fail` is set.
-    #[derive(Default)]
-    struct Record {
-        pulls: u32,
-        pushes: u32,
-        fail: bool,
-    }
-
-    impl HostCopies for Record {
-        fn pull(&mut self) -> Result<(), GpuError> {
-            if std::mem::take(&mut self.fail) {
-                return Err(GpuError::NotBuilt);
-            }
-            self.pulls += 1;
-            Ok(())
-        }
-        fn push(&mut self) -> Result<(), GpuError> {
-            if std::mem::take(&mut self.fail) {
-                return Err(GpuError::NotBuilt);
-            }
-            self.pushes += 1;
-            Ok(())
-        }
-    }
-
-    fn counts(c: &WorkerCopies<Record>) -> (u32, u32) {
-        (c.copies().pulls, c.copies().pushes)
-    }
-
-    #[test]
-    fn a_trainer_syncing_on_the_device_pulls_only_for_host_reads() {
-        let mut c = WorkerCopies::new(Record::default());
-        c.host_view().unwrap(); // the init bootstrap reads the copies
-        assert_eq!(counts(&c), (1, 0));
-        for _ in 0..3 {
-            c.device_changed(); // train()
-            // a device build reads nothing on the host; a checksum of the snapshot neither
-            assert_eq!(counts(&c), (1, 0), "no pull without a host read");
-        }
-        c.host_view().unwrap(); // a checkpoint
-        c.host_view().unwrap(); // and a second reader of the same weights
-        assert_eq!(
-            counts(&c),
-            (2, 0),
-            "one pull per change, however many readers"
-        );
-    }
-
-    #[test]
-    fn a_rollout_pushes_what_the_runtime_wrote_and_pulls_after_device_installs() {
-        let mut c = WorkerCopies::new(Record::default());
-        c.host_view().unwrap(); // describe: the initial weights
-        c.host_changed().unwrap(); // the init bootstrap into the copies
-        assert_eq!(counts(&c), (1, 1));
-        c.host_view().unwrap(); // its checksum reads the copies just written: no pull
-        assert_eq!(counts(&c), (1, 1));
-        for n in 1..=3 {
-            c.device_changed(); // a device install
-            c.host_view().unwrap(); // the verified sync's checksum
-            assert_eq!(counts(&c), (1 + n, 1));
-        }
-        // A host-path install (no installer attached): pushed at once, so the next rollout sees it.
-        c.host_changed().unwrap();
-        assert_eq!(counts(&c), (4, 2));
-    }
-
-    #[test]
-    fn a_failed_pull_is_retried_by_the_next_reader() {
-        let mut c = WorkerCopies::new(Record::default());
-        c.copies.fail = true;
-        assert!(c.host_view().is_err());
-        c.host_view().unwrap();
-        assert_eq!(
-            counts(&c),
-            (1, 0),
-            "the copies stay stale until a pull succeeds"
-        );
-        c.copies.fail = true;
-        assert!(
-            c.host_changed().is_err(),
-            "a failed push is the caller's error"
-        );
-        assert_eq!(counts(&c), (1, 0));
-    }
 
     #[test]
     fn cuda_device_strings_name_their_ordinal() {

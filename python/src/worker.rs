@@ -9,7 +9,7 @@
 //! rebound (`bind_shared`) when it flips to the other buffer between chunks. The GIL is released
 //! while the crate runs and taken only for each call into the adapter. A model on a GPU
 //! (`worker.device=cuda`): the state dict holds host copies of its CUDA tensors, refreshed only when the
-//! runtime reads them ([`WorkerCopies`]); the syncs work on the CUDA tensors themselves where the syncer can
+//! runtime reads them ([`LazyHostCopies`]); the syncs work on the CUDA tensors themselves where the syncer can
 //! (a patch build or install, a bucket pack or install with `bucket_device: cuda`).
 
 use std::path::{Path, PathBuf};
@@ -18,6 +18,7 @@ use pyo3::call::PyCallArgs;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use rlsync::worker::host_copies::LazyHostCopies;
 use rlsync::worker::workload::EpisodeMetrics;
 use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
@@ -28,7 +29,7 @@ use rlsync_core::syncer::{SyncReceiver, SyncSender};
 use rlsync_core::tensor::{Class, StateDict};
 
 use crate::checkpoint;
-use crate::device::{self, SharedSide, WorkerCopies};
+use crate::device::{self, CudaCopies, SharedSide};
 use crate::errors::{RlsyncError, chain};
 use crate::syncer::{Desc, borrow};
 
@@ -76,7 +77,7 @@ struct PyWorkload {
     /// The model's CUDA tensors' host copies (a model on `worker.device=cuda`), which the runtime's state dict
     /// holds: pulled only when the runtime reads them after the device changed, pushed when it wrote them.
     /// A patch build or install on the device (and a device bucket pack or install) uses neither.
-    device: Option<WorkerCopies>,
+    device: Option<LazyHostCopies<CudaCopies>>,
     /// `weight_syncer.host_shared`: the address of the arena buffer `model()`'s tensors are views of now (the
     /// rollout runtime hands the held buffer's state to `rollout`/`evaluate`; a flip rebinds the views).
     shared: Option<Option<usize>>,
@@ -158,7 +159,7 @@ impl Workload for PyWorkload {
                 device::stage(descs, &mut side, 0).map_err(|e| WorkloadError::Foreign {
                     message: format!("the model's tensors cannot be synced: {}", e.value(py)),
                 })?;
-            self.device = dev.map(WorkerCopies::new);
+            self.device = dev.map(|side| LazyHostCopies::new(CudaCopies(side)));
             self.host_view()?;
             let (borrowed, keep) = borrow(descs).map_err(|e| WorkloadError::Foreign {
                 message: format!("the model's tensors cannot be synced: {}", e.value(py)),
@@ -258,7 +259,7 @@ impl Workload for PyWorkload {
     /// A patch sender on the GPU (all synced tensors CUDA, in the receivers' dtype), or a bucket sender with
     /// `bucket_device: cuda` packing on the GPU.
     fn attach_sender(&mut self, sender: &mut SyncSender, state: &StateDict) -> Option<String> {
-        let side = Some(self.device.as_ref()?.copies().clone());
+        let side = Some(self.device.as_ref()?.copies().0.clone());
         if device::attach_builder(&side, sender, state) {
             return Some(format!(
                 "{}, snapshot copy in {} memory (weight_syncer.patch.snapshot_device)",
@@ -275,7 +276,7 @@ impl Workload for PyWorkload {
     /// A patch receiver whose synced tensors are all CUDA tensors, or a bucket receiver with
     /// `bucket_device: cuda`, installs into the CUDA tensors on the GPU.
     fn attach_receiver(&mut self, receiver: &SyncReceiver) -> Option<String> {
-        let side = Some(self.device.as_ref()?.copies().clone());
+        let side = Some(self.device.as_ref()?.copies().0.clone());
         device::attach_installer(&side, receiver).then(|| device::mode(&side).label().to_owned())
     }
 
@@ -290,12 +291,8 @@ impl Workload for PyWorkload {
 
     fn weights_written(&mut self, on_device: bool) -> Result<(), WorkloadError> {
         match &mut self.device {
-            Some(copies) if on_device => {
-                copies.device_changed();
-                Ok(())
-            }
             Some(copies) => copies
-                .host_changed()
+                .written(on_device)
                 .map_err(|e| device_failed("copying the synced weights to the CUDA tensors", &e)),
             None => Ok(()),
         }
