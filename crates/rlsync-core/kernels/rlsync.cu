@@ -745,3 +745,126 @@ extern "C" __global__ void __launch_bounds__(256) cast_gather(const CastJob* job
         cast_store(job.dst + i * dw, dw, out);
     }
 }
+
+// ---- State checksum chunks (s17/devsum): xxh3-64 of whole chunks of device tensors, so a rollout whose
+// weights live on the GPU verifies a sync without copying its state to the host. CPU reference:
+// gpu/reference/xxh3.rs (follows this block line by line); host side: gpu/checksum.rs, which hashes each
+// tensor's last partial chunk on the host and feeds the digests to tensor::StateHasher in order.
+//
+// - XXH3-64 (seed 0, default secret) of inputs longer than 240 bytes whose length is a multiple of 8, read
+//   from 8-byte aligned memory: the algorithm of xxhash's XXH3_hashLong_64b (8 accumulators over 64-byte
+//   stripes; a scramble after every 16 stripes; the input's last 64 bytes as a final stripe; the
+//   accumulators merged and avalanched). The host uses it for CHECKSUM_CHUNK (1 MiB) chunks only.
+// - Eight threads per chunk, one per accumulator. Accumulator i adds stripe word i's 32x32->64 product with
+//   its key and stripe word i^1 itself, so each thread loads its own and its neighbour's word (the same
+//   16 bytes in one warp instruction: no extra memory traffic) and never waits on another thread until the
+//   merge: one shuffle round gathers the eight accumulators in the group's first thread.
+// - A warp reads four chunks, 64 contiguous bytes of each per stripe (whole 32-byte sectors); 16 stripes
+//   (a scramble block) of loads are independent and issued together.
+// - The keys are the secret's words precomputed (XXH3_WORDS: its 24 aligned words; XXH3_LAST and XXH3_MERGE:
+//   the unaligned words at byte 121 and 11); gpu/reference/xxh3.rs checks them against the secret.
+// -- xxh3 chunks (begin) --
+// (host-compiled by a test as well, with __device__ / __forceinline__ / __constant__ / __ldg / __umul64hi
+// defined for the host: nothing else CUDA-specific between these markers.)
+
+#define RLSYNC_XXH_PRIME32_1 0x9E3779B1ull
+#define RLSYNC_XXH_PRIME64_1 0x9E3779B185EBCA87ull
+#define RLSYNC_XXH_PRIME_MX1 0x165667919E3779F9ull
+
+__constant__ u64 XXH3_INIT[8] = {
+    0x00000000C2B2AE3Dull, 0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+    0x85EBCA77C2B2AE63ull, 0x0000000085EBCA77ull, 0x27D4EB2F165667C5ull, 0x000000009E3779B1ull,
+};
+__constant__ u64 XXH3_WORDS[24] = {
+    0xBE4BA423396CFEB8ull, 0x1CAD21F72C81017Cull, 0xDB979083E96DD4DEull, 0x1F67B3B7A4A44072ull,
+    0x78E5C0CC4EE679CBull, 0x2172FFCC7DD05A82ull, 0x8E2443F7744608B8ull, 0x4C263A81E69035E0ull,
+    0xCB00C391BB52283Cull, 0xA32E531B8B65D088ull, 0x4EF90DA297486471ull, 0xD8ACDEA946EF1938ull,
+    0x3F349CE33F76FAA8ull, 0x1D4F0BC7C7BBDCF9ull, 0x3159B4CD4BE0518Aull, 0x647378D9C97E9FC8ull,
+    0xC3EBD33483ACC5EAull, 0xEB6313FAFFA081C5ull, 0x49DAF0B751DD0D17ull, 0x9E68D429265516D3ull,
+    0xFCA1477D58BE162Bull, 0xCE31D07AD1B8F88Full, 0x280416958F3ACB45ull, 0x7E404BBBCAFBD7AFull,
+};
+__constant__ u64 XXH3_LAST[8] = {
+    0xEA647378D9C97E9Full, 0xC5C3EBD33483ACC5ull, 0x17EB6313FAFFA081ull, 0xD349DAF0B751DD0Dull,
+    0x2B9E68D429265516ull, 0x8FFCA1477D58BE16ull, 0x45CE31D07AD1B8F8ull, 0xAF280416958F3ACBull,
+};
+__constant__ u64 XXH3_MERGE[8] = {
+    0x6DD4DE1CAD21F72Cull, 0xA44072DB979083E9ull, 0xE679CB1F67B3B7A4ull, 0xD05A8278E5C0CC4Eull,
+    0x4608B82172FFCC7Dull, 0x9035E08E2443F774ull, 0x52283C4C263A81E6ull, 0x65D088CB00C391BBull,
+};
+
+// One stripe word into accumulator `acc`: its own word `v`, its neighbour's `w`, its key `k`.
+__device__ __forceinline__ u64 xxh3_step(u64 acc, u64 v, u64 w, u64 k) {
+    const u64 dk = v ^ k;
+    return acc + w + (dk & 0xFFFFFFFFull) * (dk >> 32);
+}
+
+__device__ __forceinline__ u64 xxh3_scramble(u64 acc, u64 k) {
+    acc ^= acc >> 47;
+    acc ^= k;
+    return acc * RLSYNC_XXH_PRIME32_1;
+}
+
+// Accumulator `lane` (0..7) of the input `p[0 .. len / 8)` after its last stripe.
+__device__ __forceinline__ u64 xxh3_lane(const u64* p, u64 len, u32 lane) {
+    const u32 other = lane ^ 1u;
+    u64 acc = XXH3_INIT[lane];
+    // This lane's keys in registers: indexed by lane, constant-memory loads would serialise across a warp.
+    u64 key[17];
+#pragma unroll
+    for (u32 i = 0; i < 17; ++i) key[i] = XXH3_WORDS[i + lane];
+    const u64 blocks = (len - 1) / 1024;
+    for (u64 b = 0; b < blocks; ++b) {
+        const u64* s = p + b * 128;
+        u64 v[16], w[16];
+#pragma unroll
+        for (u32 i = 0; i < 16; ++i) {
+            v[i] = __ldg(s + i * 8 + lane);
+            w[i] = __ldg(s + i * 8 + other);
+        }
+#pragma unroll
+        for (u32 i = 0; i < 16; ++i) acc = xxh3_step(acc, v[i], w[i], key[i]);
+        acc = xxh3_scramble(acc, key[16]);
+    }
+    // The last block's whole stripes (at most 15: the input's last byte is never in one of them)...
+    const u64* s = p + blocks * 128;
+    const u64 stripes = ((len - 1) - blocks * 1024) / 64;
+    for (u64 i = 0; i < stripes; ++i) {
+        acc = xxh3_step(acc, __ldg(s + i * 8 + lane), __ldg(s + i * 8 + other), XXH3_WORDS[i + lane]);
+    }
+    // ... then the input's last 64 bytes with the secret's words at byte 121.
+    const u64* last = p + (len / 8 - 8);
+    return xxh3_step(acc, __ldg(last + lane), __ldg(last + other), XXH3_LAST[lane]);
+}
+
+// The low and high halves of a 64x64-bit product, xored.
+__device__ __forceinline__ u64 xxh3_fold(u64 a, u64 b) {
+    return (a * b) ^ __umul64hi(a, b);
+}
+
+// The digest from the eight accumulators.
+__device__ __forceinline__ u64 xxh3_merge(const u64* acc, u64 len) {
+    u64 h = len * RLSYNC_XXH_PRIME64_1;
+#pragma unroll
+    for (u32 i = 0; i < 4; ++i) h += xxh3_fold(acc[2 * i] ^ XXH3_MERGE[2 * i], acc[2 * i + 1] ^ XXH3_MERGE[2 * i + 1]);
+    h ^= h >> 37;
+    h *= RLSYNC_XXH_PRIME_MX1;
+    return h ^ (h >> 32);
+}
+
+// -- xxh3 chunks (end) --
+
+// chunks[c] is the device address of chunk c (8-byte aligned), each `len` bytes; out[c] := its xxh3-64.
+// Eight consecutive threads per chunk, grid-stride over chunks; launch with 256 threads per block.
+extern "C" __global__ void __launch_bounds__(256) xxh3_chunks(const u64* chunks, u64 nchunks, u64 len, u64* out) {
+    const u32 lane = threadIdx.x & 7u;
+    // The eight threads of a chunk are in one warp and loop alike; other groups of the warp may stop earlier.
+    const u32 group = 0xFFu << (threadIdx.x & 24u);
+    const u64 step = ((u64)gridDim.x * blockDim.x) >> 3;
+    for (u64 c = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 3; c < nchunks; c += step) {
+        const u64 acc = xxh3_lane(reinterpret_cast<const u64*>(chunks[c]), len, lane);
+        u64 all[8];
+#pragma unroll
+        for (u32 i = 0; i < 8; ++i) all[i] = __shfl_sync(group, acc, i, 8);
+        if (lane == 0) out[c] = xxh3_merge(all, len);
+    }
+}

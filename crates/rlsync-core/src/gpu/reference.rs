@@ -484,6 +484,7 @@ pub fn checksum_compact(
 // -- checksum_compact (end) --
 
 pub mod cast;
+pub mod xxh3;
 
 #[cfg(test)]
 mod tests;
