@@ -12,6 +12,7 @@
 //! on a missing library, so [`probe`] checks first and every driver call runs behind `catch_unwind`).
 
 pub mod bucket;
+pub mod checksum;
 pub mod compact;
 pub mod differ;
 pub mod installer;
@@ -110,9 +111,14 @@ pub enum Kernel {
     ChecksumCompact,
     /// `cast_gather`: one kernel for every width (the bucket device path, [`bucket`]).
     CastGather,
+    /// `xxh3_chunks`: the state checksum's chunk digests ([`checksum`]); one kernel for every width.
+    Xxh3Chunks,
 }
 
-/// Every kernel family, in the order the backend loads them.
+/// The kernels with one entry point for every element width, in the order the backend loads them.
+pub const SINGLE_KERNELS: [Kernel; 2] = [Kernel::CastGather, Kernel::Xxh3Chunks];
+
+/// Every kernel family with an entry point per element width, in the order the backend loads them.
 pub const KERNELS: [Kernel; 4] = [
     Kernel::DiffCompact,
     Kernel::Scatter,

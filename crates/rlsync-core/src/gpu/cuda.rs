@@ -15,7 +15,9 @@ use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use super::kernels::{self, Ptx, WIDTHS};
-use super::{Arg, DriverInfo, GpuError, IPC_HANDLE_BYTES, IpcHandle, KERNELS, Kernel, Stream};
+use super::{
+    Arg, DriverInfo, GpuError, IPC_HANDLE_BYTES, IpcHandle, KERNELS, Kernel, SINGLE_KERNELS, Stream,
+};
 
 /// Run driver call(s) `f` for operation `op`: a driver error or a panic in cudarc becomes a [`GpuError`].
 fn call<T>(op: &'static str, f: impl FnOnce() -> Result<T, DriverError>) -> Result<T, GpuError> {
@@ -77,8 +79,8 @@ pub(super) struct Context {
     module: sys::CUmodule,
     /// `[family][width slot]`, families in [`KERNELS`] order.
     functions: [[sys::CUfunction; 4]; KERNELS.len()],
-    /// `cast_gather` (one kernel for every width).
-    cast: sys::CUfunction,
+    /// The kernels with one entry point for every width, in [`SINGLE_KERNELS`] order.
+    single: [sys::CUfunction; SINGLE_KERNELS.len()],
     sms: usize,
 }
 
@@ -139,20 +141,23 @@ impl Context {
                     };
                 }
             }
-            let cast_name = CString::new(kernels::CAST_GATHER).unwrap_or_default();
-            // SAFETY: `module` was just loaded.
-            let cast = match call("cuModuleGetFunction", || unsafe {
-                result::module::get_function(module, cast_name)
-            }) {
-                Ok(func) => func,
-                Err(e) => {
-                    // SAFETY: unloads the module loaded above, used by nothing yet.
-                    let _ = call("cuModuleUnload", || unsafe {
-                        result::module::unload(module)
-                    });
-                    return Err(e);
-                }
-            };
+            let mut single = [std::ptr::null_mut(); SINGLE_KERNELS.len()];
+            for (f, kernel) in SINGLE_KERNELS.into_iter().enumerate() {
+                let name = CString::new(kernels::name(kernel, 1)).unwrap_or_default();
+                // SAFETY: `module` was just loaded.
+                single[f] = match call("cuModuleGetFunction", || unsafe {
+                    result::module::get_function(module, name)
+                }) {
+                    Ok(func) => func,
+                    Err(e) => {
+                        // SAFETY: unloads the module loaded above, used by nothing yet.
+                        let _ = call("cuModuleUnload", || unsafe {
+                            result::module::unload(module)
+                        });
+                        return Err(e);
+                    }
+                };
+            }
             // SAFETY: reads one attribute of a valid device.
             let sms = call("cuDeviceGetAttribute", || unsafe {
                 result::device::get_attribute(
@@ -160,16 +165,16 @@ impl Context {
                     sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
                 )
             })?;
-            Ok((module, functions, cast, sms.max(1) as usize))
+            Ok((module, functions, single, sms.max(1) as usize))
         })();
         match loaded {
-            Ok((module, functions, cast, sms)) => Ok(Context {
+            Ok((module, functions, single, sms)) => Ok(Context {
                 ordinal,
                 dev,
                 ctx,
                 module,
                 functions,
-                cast,
+                single,
                 sms,
             }),
             Err(e) => {
@@ -200,10 +205,8 @@ impl Context {
     }
 
     pub(super) fn blocks_per_sm(&self, kernel: Kernel, width: usize, block: u32) -> usize {
-        let f = match (kernel, kernels::width_slot(width), family(kernel)) {
-            (Kernel::CastGather, _, _) => self.cast,
-            (_, Some(slot), Some(family)) => self.functions[family][slot],
-            _ => return 1,
+        let Some(f) = self.function(kernel, width) else {
+            return 1;
         };
         if self.enter().is_err() {
             return 1;
@@ -372,13 +375,7 @@ impl Context {
         args: &[Arg],
         stream: Stream,
     ) -> Result<(), GpuError> {
-        let slot = kernels::width_slot(width);
-        let f = match (kernel, slot, family(kernel)) {
-            (Kernel::CastGather, _, _) => Some(self.cast),
-            (_, Some(slot), Some(family)) => Some(self.functions[family][slot]),
-            _ => None,
-        };
-        let Some(f) = f else {
+        let Some(f) = self.function(kernel, width) else {
             return Err(GpuError::Driver {
                 op: "cuLaunchKernel",
                 code: sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE as u32,
@@ -406,14 +403,14 @@ impl Context {
     }
 }
 
-/// A kernel family's row in [`Context::functions`].
-fn family(kernel: Kernel) -> Option<usize> {
-    match kernel {
-        Kernel::DiffCompact => Some(0),
-        Kernel::Scatter => Some(1),
-        Kernel::ApplyCompact => Some(2),
-        Kernel::ChecksumCompact => Some(3),
-        Kernel::CastGather => None,
+impl Context {
+    /// `kernel`'s entry point for `width`-byte elements (any width for the [`SINGLE_KERNELS`]).
+    fn function(&self, kernel: Kernel, width: usize) -> Option<sys::CUfunction> {
+        if let Some(k) = SINGLE_KERNELS.iter().position(|&s| s == kernel) {
+            return Some(self.single[k]);
+        }
+        let family = KERNELS.iter().position(|&f| f == kernel)?;
+        Some(self.functions[family][kernels::width_slot(width)?])
     }
 }
 

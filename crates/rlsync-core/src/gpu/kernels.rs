@@ -59,12 +59,16 @@ pub fn name(kernel: Kernel, width: usize) -> String {
         Kernel::ChecksumCompact => "checksum_compact",
         // One kernel for every width.
         Kernel::CastGather => return CAST_GATHER.to_owned(),
+        Kernel::Xxh3Chunks => return XXH3_CHUNKS.to_owned(),
     };
     format!("{family}_w{width}")
 }
 
 /// The `extern "C"` name of the bucket cast kernel ([`Kernel::CastGather`]).
 pub const CAST_GATHER: &str = "cast_gather";
+
+/// The `extern "C"` name of the state checksum's chunk kernel ([`Kernel::Xxh3Chunks`]).
+pub const XXH3_CHUNKS: &str = "xxh3_chunks";
 
 /// Position of `width` in [`WIDTHS`].
 pub fn width_slot(width: usize) -> Option<usize> {
@@ -83,8 +87,10 @@ mod tests {
                 assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");
             }
         }
-        let entry = format!(".entry {}(", name(Kernel::CastGather, 2));
-        assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");
+        for k in crate::gpu::SINGLE_KERNELS {
+            let entry = format!(".entry {}(", name(k, 2));
+            assert!(EMBEDDED.contains(&entry), "the PTX lacks {entry}");
+        }
     }
 
     #[test]

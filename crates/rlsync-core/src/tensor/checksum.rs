@@ -166,6 +166,13 @@ pub(crate) enum Piece<'a> {
         layout: Option<(&'a str, DType, &'a [usize])>,
         bytes: &'a [u8],
     },
+    /// A tensor's first whole chunks, hashed elsewhere: their digests (`xxh3_64` of each [`CHUNK`] bytes,
+    /// e.g. by the GPU's `xxh3_chunks`), after its layout; the rest of its bytes may follow as a `Tensor`
+    /// piece without a layout.
+    Digests {
+        layout: (&'a str, DType, &'a [usize]),
+        digests: &'a [u64],
+    },
     /// A key that is absent.
     Missing(&'a str),
 }
@@ -178,7 +185,7 @@ impl StateHasher {
             .iter()
             .filter_map(|p| match *p {
                 Piece::Tensor { bytes, .. } => Some(bytes),
-                Piece::Missing(_) => None,
+                Piece::Digests { .. } | Piece::Missing(_) => None,
             })
             .flat_map(|b| b.chunks(CHUNK))
             .collect();
@@ -194,6 +201,15 @@ impl StateHasher {
                     }
                     for _ in 0..bytes.len().div_ceil(CHUNK) {
                         self.chunk_digest(digests.next().unwrap_or_default());
+                    }
+                }
+                Piece::Digests {
+                    layout: (name, dtype, shape),
+                    digests: done,
+                } => {
+                    self.begin_tensor(name, dtype, shape);
+                    for &d in done {
+                        self.chunk_digest(d);
                     }
                 }
                 Piece::Missing(name) => self.missing(name),

@@ -1,0 +1,269 @@
+//! The state checksum of weights that live on a GPU, computed there: `xxh3_chunks` digests every whole
+//! [`CHECKSUM_CHUNK`] of the CUDA tensors in place, only each tensor's last partial chunk is copied to the
+//! host, and the digests go to [`StateHasher`](crate::tensor::StateHasher) in order, so the value is
+//! [`state_checksum`](crate::tensor::state_checksum)'s for the same weights.
+//!
+//! Why: a rollout whose model lives on the GPU verifies each sync by its checksum (`runner.verify_sync`).
+//! Hashing on the host would copy the whole state down per sync (13.5 GB for a 7B model in bf16: about a
+//! second, ten times the device install); the kernel reads it at memory speed and sends 8 bytes per MiB.
+//!
+//! [`Plan`] is the backend-free part (which ranges are digested on the device, which are copied, how the
+//! results combine), checked on the CPU against the host checksum with the kernel's reference
+//! (`reference::xxh3`); [`DeviceChecksum`] runs it on a [`Gpu`].
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::ops::Range;
+
+use super::{Arg, DeviceBuf, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use crate::tensor::checksum::Piece;
+use crate::tensor::parallel::resolve_threads;
+use crate::tensor::{CHECKSUM_CHUNK, DType, StateDict, StateHasher};
+
+/// Threads per block of `xxh3_chunks` (eight per chunk).
+const BLOCK: u32 = 256;
+/// Threads that digest one chunk.
+const LANES: usize = 8;
+
+/// A range of device memory the host hashes itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyRange {
+    pub addr: u64,
+    pub len: usize,
+}
+
+/// One key of the checksum, in order.
+enum Item<'a> {
+    Missing(&'a str),
+    /// A tensor whose bytes are `state`'s (not on the device).
+    Host(&'a str, DType, &'a [usize], &'a [u8]),
+    /// A device tensor: its whole chunks' digests (`chunks` of [`Plan::chunks`]), then the bytes copied into
+    /// `copied` of the copy buffer (its last partial chunk; the whole tensor when the kernel cannot read it).
+    Device {
+        layout: (&'a str, DType, &'a [usize]),
+        chunks: Range<usize>,
+        copied: Range<usize>,
+    },
+}
+
+/// What a device checksum of a state reads where: built from the state's layout alone.
+pub struct Plan<'a> {
+    items: Vec<Item<'a>>,
+    /// Device addresses of the whole chunks `xxh3_chunks` digests, in checksum order.
+    pub chunks: Vec<u64>,
+    /// Device ranges copied to the host, in order; [`Plan::finish`] takes them concatenated.
+    pub copies: Vec<CopyRange>,
+}
+
+impl<'a> Plan<'a> {
+    /// The checksum of `keys` of `state` where the tensors named in `device` live at those device addresses
+    /// (same dtype, shape and size as their entry in `state`, whose bytes are not read); the rest are `state`'s.
+    pub fn new(
+        state: &'a StateDict,
+        keys: &'a [String],
+        device: &HashMap<String, u64>,
+    ) -> Plan<'a> {
+        let mut plan = Plan {
+            items: Vec::with_capacity(keys.len()),
+            chunks: Vec::new(),
+            copies: Vec::new(),
+        };
+        let mut copied = 0;
+        for key in keys {
+            let Some(t) = state.get(key) else {
+                plan.items.push(Item::Missing(key));
+                continue;
+            };
+            let Some(&addr) = device.get(key.as_str()) else {
+                plan.items
+                    .push(Item::Host(key, t.dtype(), t.shape(), t.bytes()));
+                continue;
+            };
+            let len = t.bytes().len();
+            // The kernel's 8-byte loads need an aligned tensor; PyTorch's allocations are, a view with an odd
+            // storage offset may not be: the host hashes such a tensor whole.
+            let whole = if addr.is_multiple_of(8) {
+                len / CHECKSUM_CHUNK
+            } else {
+                0
+            };
+            let first = plan.chunks.len();
+            plan.chunks
+                .extend((0..whole as u64).map(|c| addr + c * CHECKSUM_CHUNK as u64));
+            let rest = len - whole * CHECKSUM_CHUNK;
+            if rest > 0 {
+                plan.copies.push(CopyRange {
+                    addr: addr + (whole * CHECKSUM_CHUNK) as u64,
+                    len: rest,
+                });
+            }
+            plan.items.push(Item::Device {
+                layout: (key, t.dtype(), t.shape()),
+                chunks: first..plan.chunks.len(),
+                copied: copied..copied + rest,
+            });
+            copied += rest;
+        }
+        plan
+    }
+
+    /// Bytes [`Plan::copies`] adds up to.
+    pub fn copied_bytes(&self) -> usize {
+        self.copies.iter().map(|c| c.len).sum()
+    }
+
+    /// The checksum, from `digests` (one per [`Plan::chunks`]) and `copied` (the [`Plan::copies`]
+    /// concatenated); host tensors are hashed on up to `threads` threads.
+    pub fn finish(&self, digests: &[u64], copied: &[u8], threads: NonZeroUsize) -> u64 {
+        let mut pieces = Vec::with_capacity(self.items.len() + self.copies.len());
+        for item in &self.items {
+            match item {
+                Item::Missing(name) => pieces.push(Piece::Missing(name)),
+                &Item::Host(name, dtype, shape, bytes) => pieces.push(Piece::Tensor {
+                    layout: Some((name, dtype, shape)),
+                    bytes,
+                }),
+                Item::Device {
+                    layout,
+                    chunks,
+                    copied: range,
+                } => {
+                    let rest = copied.get(range.clone()).unwrap_or_default();
+                    if chunks.is_empty() {
+                        pieces.push(Piece::Tensor {
+                            layout: Some(*layout),
+                            bytes: rest,
+                        });
+                        continue;
+                    }
+                    pieces.push(Piece::Digests {
+                        layout: *layout,
+                        digests: digests.get(chunks.clone()).unwrap_or_default(),
+                    });
+                    if !rest.is_empty() {
+                        pieces.push(Piece::Tensor {
+                            layout: None,
+                            bytes: rest,
+                        });
+                    }
+                }
+            }
+        }
+        let mut h = StateHasher::new();
+        h.pieces(&pieces, threads);
+        h.finish()
+    }
+}
+
+/// Runs [`Plan`]s on a GPU; keeps its buffers (the chunk table and digests on the device, their pinned
+/// staging and the copied tails) from one checksum to the next.
+pub struct DeviceChecksum {
+    gpu: Gpu,
+    /// The chunk table, then the digests (8 bytes per chunk each).
+    device: Option<DeviceBuf>,
+    /// The same two, then the copied bytes.
+    host: Option<PinnedBuf>,
+}
+
+impl DeviceChecksum {
+    pub fn new(gpu: &Gpu) -> DeviceChecksum {
+        DeviceChecksum {
+            gpu: gpu.clone(),
+            device: None,
+            host: None,
+        }
+    }
+
+    /// [`state_checksum`](crate::tensor::state_checksum) of `keys` of `state`, the tensors named in `device`
+    /// read where they live on this GPU (see [`Plan::new`]), ordered after the work queued on `stream`
+    /// (waited for).
+    ///
+    /// # Safety
+    /// Every address in `device` must be the start of a live device tensor of this GPU holding its entry's
+    /// bytes in `state`, unchanged until this returns.
+    pub unsafe fn state_checksum(
+        &mut self,
+        state: &StateDict,
+        keys: &[String],
+        device: &HashMap<String, u64>,
+        stream: Stream,
+    ) -> Result<u64, GpuError> {
+        let plan = Plan::new(state, keys, device);
+        let n = plan.chunks.len();
+        let table = n * 8;
+        let copied = plan.copied_bytes();
+        grow_device(&self.gpu, &mut self.device, 2 * table)?;
+        grow_pinned(&self.gpu, &mut self.host, 2 * table + copied)?;
+        let (Some(dev), Some(host)) = (&self.device, &mut self.host) else {
+            // Both exist after a successful grow; a zero-sized state makes them empty, not absent.
+            return Ok(plan.finish(&[], &[], resolve_threads(0)));
+        };
+        for (slot, &addr) in host[..table].chunks_exact_mut(8).zip(&plan.chunks) {
+            slot.copy_from_slice(&addr.to_le_bytes());
+        }
+        let host_at = host.as_mut_ptr();
+        // SAFETY: `host` is pinned memory of 2 * table + copied bytes and `dev` device memory of 2 * table
+        // bytes, both rlsync's and untouched until the stream is synchronised below; the chunk table names
+        // whole chunks of live device tensors (the caller's contract), `xxh3_chunks` reads them and writes
+        // `n` digests after the table; the copies read the tensors' tails.
+        unsafe {
+            if n > 0 {
+                self.gpu.write_async(dev.addr(), host_at, table, stream)?;
+                let resident =
+                    self.gpu.sm_count() * self.gpu.blocks_per_sm(Kernel::Xxh3Chunks, 1, BLOCK);
+                let grid = (n * LANES).div_ceil(BLOCK as usize).min(resident).max(1) as u32;
+                let args = [
+                    Arg::U64(dev.addr()),
+                    Arg::U64(n as u64),
+                    Arg::U64(CHECKSUM_CHUNK as u64),
+                    Arg::U64(dev.addr() + table as u64),
+                ];
+                self.gpu
+                    .launch(Kernel::Xxh3Chunks, 1, grid, BLOCK, &args, stream)?;
+                self.gpu.read_async(
+                    host_at.add(table),
+                    dev.addr() + table as u64,
+                    table,
+                    stream,
+                )?;
+            }
+            let mut at = 2 * table;
+            for c in &plan.copies {
+                self.gpu
+                    .read_async(host_at.add(at), c.addr, c.len, stream)?;
+                at += c.len;
+            }
+        }
+        self.gpu.sync(stream)?;
+        let digests: Vec<u64> = host[table..2 * table]
+            .chunks_exact(8)
+            .map(|d| u64::from_le_bytes(d.try_into().unwrap_or_default()))
+            .collect();
+        Ok(plan.finish(
+            &digests,
+            &host[2 * table..2 * table + copied],
+            resolve_threads(0),
+        ))
+    }
+}
+
+/// `buf` holds at least `len` bytes of device memory (reallocated with a quarter of headroom when not).
+fn grow_device(gpu: &Gpu, buf: &mut Option<DeviceBuf>, len: usize) -> Result<(), GpuError> {
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        *buf = None;
+        *buf = Some(gpu.alloc((len + len / 4).max(8))?);
+    }
+    Ok(())
+}
+
+/// As [`grow_device`], pinned host memory.
+fn grow_pinned(gpu: &Gpu, buf: &mut Option<PinnedBuf>, len: usize) -> Result<(), GpuError> {
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        *buf = None;
+        *buf = Some(gpu.pinned((len + len / 4).max(8))?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,147 @@
+//! The device checksum's plan, run with the kernel's CPU reference over a simulated device, gives the host's
+//! `state_checksum` for the same weights: every dtype, chunk boundaries, tails, empty and misaligned tensors,
+//! host tensors and missing keys in any order.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+
+use super::*;
+use crate::gpu::reference::Memory;
+use crate::gpu::reference::xxh3::xxh3_chunks;
+use crate::tensor::{Class, Tensor, state_checksum};
+
+const THREADS: NonZeroUsize = NonZeroUsize::new(2).unwrap();
+
+fn tensor(dtype: DType, numel: usize, seed: u64) -> Tensor {
+    let mut x = seed | 1;
+    let bytes: Vec<u8> = (0..numel * dtype.size_bytes())
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    Tensor::from_bytes(dtype, &[numel], Class::Trainable, &bytes).unwrap()
+}
+
+/// Run `plan` as `DeviceChecksum` does, with `mem` as the device.
+fn run(plan: &Plan<'_>, mem: &Memory) -> u64 {
+    let digests = xxh3_chunks(mem, &plan.chunks, CHECKSUM_CHUNK as u64).unwrap();
+    let mut copied = Vec::new();
+    for c in &plan.copies {
+        copied.extend_from_slice(mem.read(c.addr, c.len as u64).unwrap());
+    }
+    assert_eq!(copied.len(), plan.copied_bytes());
+    plan.finish(&digests, &copied, THREADS)
+}
+
+/// `state`'s tensors named in `on_device` copied into a simulated device (at `offset` bytes into a buffer);
+/// their host bytes then zeroed, so a checksum that read them instead would differ.
+fn to_device(
+    state: &mut StateDict,
+    on_device: &[(&str, u64)],
+    mem: &mut Memory,
+) -> HashMap<String, u64> {
+    let mut addrs = HashMap::new();
+    for &(key, offset) in on_device {
+        let t = state.get_mut(key).unwrap();
+        let mut buf = vec![0u8; offset as usize];
+        buf.extend_from_slice(t.bytes());
+        addrs.insert(key.to_owned(), mem.alloc(&buf) + offset);
+        t.bytes_mut().fill(0);
+    }
+    addrs
+}
+
+#[test]
+fn a_device_checksum_is_the_host_checksum_of_the_same_weights() {
+    let chunk = CHECKSUM_CHUNK / 2; // elements of 2 bytes per chunk
+    let mut state = StateDict::new();
+    state.insert("empty", tensor(DType::Bf16, 0, 1));
+    state.insert("tail_only", tensor(DType::F32, 3, 2));
+    state.insert("one_chunk", tensor(DType::Bf16, chunk, 3));
+    state.insert("chunks_and_tail", tensor(DType::Bf16, 2 * chunk + 77, 4));
+    state.insert("bytes", tensor(DType::U8, 2 * CHECKSUM_CHUNK + 5, 5));
+    state.insert("f64", tensor(DType::F64, CHECKSUM_CHUNK / 8 + 1, 6));
+    state.insert("misaligned", tensor(DType::U8, CHECKSUM_CHUNK + 9, 7));
+    state.insert("on_host", tensor(DType::F32, CHECKSUM_CHUNK / 4 + 3, 8));
+    let keys: Vec<String> = [
+        "one_chunk",
+        "on_host",
+        "gone",
+        "empty",
+        "chunks_and_tail",
+        "tail_only",
+        "bytes",
+        "misaligned",
+        "f64",
+    ]
+    .map(String::from)
+    .to_vec();
+    let want = state_checksum(&state, &keys);
+
+    let mut mem = Memory::default();
+    let device = to_device(
+        &mut state,
+        &[
+            ("empty", 0),
+            ("tail_only", 0),
+            ("one_chunk", 0),
+            ("chunks_and_tail", 8),
+            ("bytes", 0),
+            ("f64", 0),
+            ("misaligned", 3),
+        ],
+        &mut mem,
+    );
+    let plan = Plan::new(&state, &keys, &device);
+    // Whole chunks of the aligned tensors go to the kernel: 1 + 2 + 2 + 1.
+    assert_eq!(plan.chunks.len(), 6);
+    // Tails, and the misaligned tensor whole.
+    assert_eq!(
+        plan.copied_bytes(),
+        12 + 77 * 2 + 5 + 8 + CHECKSUM_CHUNK + 9
+    );
+    assert_eq!(run(&plan, &mem), want);
+}
+
+#[test]
+fn a_device_checksum_sees_a_changed_element_anywhere_and_host_bytes_are_never_read_for_device_tensors()
+ {
+    let mut state = StateDict::new();
+    state.insert("w", tensor(DType::Bf16, CHECKSUM_CHUNK + 100, 11));
+    let keys = vec!["w".to_owned()];
+    let want = state_checksum(&state, &keys);
+    let mut mem = Memory::default();
+    let device = to_device(&mut state, &[("w", 0)], &mut mem);
+    assert_eq!(run(&Plan::new(&state, &keys, &device), &mem), want);
+    // The host copy (zeroed) is not what was hashed: its own checksum differs.
+    assert_ne!(state_checksum(&state, &keys), want);
+
+    let addr = device["w"];
+    for at in [0u64, CHECKSUM_CHUNK as u64 - 1, CHECKSUM_CHUNK as u64 + 150] {
+        mem.write(addr + at, 1).unwrap()[0] ^= 0x40;
+        assert_ne!(
+            run(&Plan::new(&state, &keys, &device), &mem),
+            want,
+            "byte {at}"
+        );
+        mem.write(addr + at, 1).unwrap()[0] ^= 0x40;
+    }
+    assert_eq!(run(&Plan::new(&state, &keys, &device), &mem), want);
+}
+
+#[test]
+fn without_device_tensors_the_plan_is_the_host_checksum() {
+    let mut state = StateDict::new();
+    state.insert("a", tensor(DType::F32, 1000, 21));
+    state.insert("b", tensor(DType::I64, 3 * CHECKSUM_CHUNK / 8, 22));
+    let keys = state.synced_keys();
+    let plan = Plan::new(&state, &keys, &HashMap::new());
+    assert!(plan.chunks.is_empty() && plan.copies.is_empty());
+    assert_eq!(
+        plan.finish(&[], &[], THREADS),
+        state_checksum(&state, &keys)
+    );
+}
