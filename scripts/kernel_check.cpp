@@ -3,7 +3,8 @@
 // tails, 16-byte-misaligned bases, empty and multi-segment tensors, NaN-like bit changes and an overflowing
 // pool, checks every output against a host model of notes/gpu-spec.md, then (without --small) times
 // diff_compact against a device-to-device copy of the same bytes; and cast_gather (bucket casts) against a host
-// model of its conversions (check_cast).
+// model of its conversions (check_cast); and xxh3_chunks (the state checksum's chunk digests) against an
+// independent host XXH3 (check_xxh3).
 //
 // Build: g++ -O2 -std=c++17 -I$CUDA_HOME/include scripts/kernel_check.cpp -o kernel_check -lcuda
 // Run:   ./kernel_check crates/rlsync-core/kernels/rlsync.ptx [--small]
@@ -627,6 +628,157 @@ static void check_cast(Mod& md, bool small) {
     CK(cuMemFree(jd));
 }
 
+// ---- xxh3_chunks (s17/devsum): an independent host model, xxhash's scalar XXH3_hashLong_64b with the default
+// secret (not the kernel's lane structure, which cargo test checks on the host), against the kernel's digests of
+// 1 MiB chunks at many addresses and of other lengths; then (without --small) 4 GiB of chunks timed against a
+// D2D copy of the same bytes.
+static const uint8_t XXH_SECRET[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad,
+    0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67,
+    0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72,
+    0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26,
+    0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e,
+    0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac,
+    0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f,
+    0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73,
+    0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63,
+    0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68,
+    0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31,
+    0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40,
+    0x7e,
+};
+static uint64_t rd64(const uint8_t* p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+}
+static void h_acc512(uint64_t acc[8], const uint8_t* in, const uint8_t* sec) {
+    for (int i = 0; i < 8; i++) {
+        uint64_t v = rd64(in + 8 * i), k = v ^ rd64(sec + 8 * i);
+        acc[i ^ 1] += v;
+        acc[i] += (k & 0xFFFFFFFFull) * (k >> 32);
+    }
+}
+static uint64_t h_xxh3(const uint8_t* in, uint64_t len) {
+    uint64_t acc[8] = {0xC2B2AE3Dull, 0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                       0x85EBCA77C2B2AE63ull, 0x85EBCA77ull, 0x27D4EB2F165667C5ull, 0x9E3779B1ull};
+    const uint64_t per_block = (192 - 64) / 8, block = 64 * per_block, blocks = (len - 1) / block;
+    for (uint64_t b = 0; b < blocks; b++) {
+        for (uint64_t s = 0; s < per_block; s++) h_acc512(acc, in + b * block + s * 64, XXH_SECRET + s * 8);
+        for (int i = 0; i < 8; i++) {
+            acc[i] ^= acc[i] >> 47;
+            acc[i] ^= rd64(XXH_SECRET + 128 + 8 * i);
+            acc[i] *= 0x9E3779B1ull;
+        }
+    }
+    const uint64_t stripes = ((len - 1) - block * blocks) / 64;
+    for (uint64_t s = 0; s < stripes; s++) h_acc512(acc, in + blocks * block + s * 64, XXH_SECRET + s * 8);
+    h_acc512(acc, in + len - 64, XXH_SECRET + 192 - 64 - 7);
+    uint64_t h = len * 0x9E3779B185EBCA87ull;
+    for (int i = 0; i < 4; i++) {
+        unsigned __int128 p = (unsigned __int128)(acc[2 * i] ^ rd64(XXH_SECRET + 11 + 16 * i)) *
+                              (acc[2 * i + 1] ^ rd64(XXH_SECRET + 11 + 16 * i + 8));
+        h += (uint64_t)p ^ (uint64_t)(p >> 64);
+    }
+    h ^= h >> 37;
+    h *= 0x165667919E3779F9ull;
+    return h ^ (h >> 32);
+}
+
+// xxh3_chunks over `addrs` (device addresses) of `len` bytes each, on `grid` blocks (0: as rlsync sizes it);
+// the digests.
+static std::vector<uint64_t> run_xxh3(Mod& md, CUfunction fn, const std::vector<uint64_t>& addrs, uint64_t len,
+                                      unsigned grid) {
+    uint64_t n = addrs.size();
+    CUdeviceptr table = upload(addrs.data(), n * 8), out;
+    CK(cuMemAlloc(&out, n ? n * 8 : 16));
+    void* args[] = {&table, &n, &len, &out};
+    if (grid == 0) grid = md.grid(fn, (n * 8 + 255) / 256);
+    CK(cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, 0, args, nullptr));
+    CK(cuCtxSynchronize());
+    std::vector<uint64_t> got(n);
+    if (n) CK(cuMemcpyDtoH(got.data(), out, n * 8));
+    CK(cuMemFree(table));
+    CK(cuMemFree(out));
+    return got;
+}
+
+static void check_xxh3(Mod& md, bool small) {
+    CUfunction fn;
+    CK(cuModuleGetFunction(&fn, md.m, "xxh3_chunks"));
+    const uint64_t MiB = 1ull << 20;
+    // One buffer of 37 MiB + 8 bytes (300 without --small): 1 MiB chunks at every MiB (on one block: 32 chunks
+    // at a time, so the grid-stride loop is taken) and at 8 bytes past each, and other lengths.
+    uint64_t chunks = small ? 37 : 300;
+    std::vector<uint8_t> host(chunks * MiB + 8);
+    for (size_t i = 0; i < host.size(); i += 8) {
+        uint64_t v = rnd();
+        std::memcpy(host.data() + i, &v, std::min<size_t>(8, host.size() - i));
+    }
+    CUdeviceptr buf = upload(host.data(), host.size());
+    int bad = 0, checked = 0;
+    auto check = [&](const std::vector<uint64_t>& offs, uint64_t len, unsigned grid) {
+        std::vector<uint64_t> addrs;
+        for (uint64_t o : offs) addrs.push_back(buf + o);
+        std::vector<uint64_t> got = run_xxh3(md, fn, addrs, len, grid);
+        for (size_t k = 0; k < offs.size(); k++) {
+            uint64_t want = h_xxh3(host.data() + offs[k], len);
+            checked++;
+            if (got[k] != want && bad++ < 5) fail("xxh3_chunks", (int)len, (long long)want, (long long)got[k]);
+        }
+    };
+    std::vector<uint64_t> whole, shifted;
+    for (uint64_t c = 0; c < chunks; c++) whole.push_back(c * MiB);
+    for (uint64_t c = 0; c < chunks; c++) shifted.push_back(c * MiB + 8);
+    check(whole, MiB, 1);
+    check(shifted, MiB, 0);
+    for (uint64_t len : std::vector<uint64_t>{248, 1024, 1032, 4096 + 8 * 37, 3 * MiB + 64}) check({0, 8, 4096, 8 * MiB}, len, 0);
+    std::printf("{\"check\": \"xxh3_chunks\", \"digests\": %d, \"mismatches\": %d}\n", checked, bad);
+    CK(cuMemFree(buf));
+    if (small) return;
+    // 4 GiB as 4096 chunks of 1 MiB vs a D2D copy of the same bytes (a copy reads and writes them).
+    const uint64_t n = 4096, bytes = n * MiB;
+    CUdeviceptr src, dst;
+    CK(cuMemAlloc(&src, bytes));
+    CK(cuMemAlloc(&dst, bytes));
+    CK(cuMemsetD8(src, 0x5A, bytes));
+    std::vector<uint64_t> addrs;
+    for (uint64_t c = 0; c < n; c++) addrs.push_back(src + c * MiB);
+    CUdeviceptr table = upload(addrs.data(), n * 8), out;
+    CK(cuMemAlloc(&out, n * 8));
+    uint64_t nn = n, len = MiB;
+    void* args[] = {&table, &nn, &len, &out};
+    auto time_it = [&](auto&& f) {
+        f();
+        CK(cuCtxSynchronize());
+        auto a = std::chrono::steady_clock::now();
+        for (int i = 0; i < 5; i++) f();
+        CK(cuCtxSynchronize());
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / 5;
+    };
+    unsigned grid = md.grid(fn, (n * 8 + 255) / 256);
+    double hash_ms = time_it([&] { CK(cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
+    double copy_ms = time_it([&] { CK(cuMemcpyDtoD(dst, src, bytes)); });
+    std::printf("{\"bench\": \"xxh3_chunks\", \"bytes\": %llu, \"grid\": %u, \"hash_ms\": %.3f, \"hash_gb_s\": %.1f, "
+                "\"d2d_copy_ms\": %.3f, \"ratio\": %.2f}\n",
+                (unsigned long long)bytes, grid, hash_ms, bytes / hash_ms / 1e6, copy_ms, hash_ms / copy_ms);
+    CK(cuMemFree(table));
+    CK(cuMemFree(out));
+    CK(cuMemFree(src));
+    CK(cuMemFree(dst));
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) { std::fprintf(stderr, "usage: kernel_check PTX [--small]\n"); return 2; }
     bool small = argc > 2 && std::string(argv[2]) == "--small";
@@ -662,7 +814,17 @@ int main(int argc, char** argv) {
         check_width(md, w, small, false);
         check_width(md, w, small, true);
     }
+    {
+        CUfunction f_;
+        CK(cuModuleGetFunction(&f_, md.m, "xxh3_chunks"));
+        int regs = 0, spill = 0, per = 0;
+        CK(cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS, f_));
+        CK(cuFuncGetAttribute(&spill, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f_));
+        CK(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per, f_, 256, 0));
+        std::printf("{\"kernel\": \"xxh3_chunks\", \"regs\": %d, \"local_bytes\": %d, \"blocks_per_sm\": %d}\n", regs, spill, per);
+    }
     check_cast(md, small);
+    check_xxh3(md, small);
     if (!small) {
         const uint64_t GiB = 1ull << 30;
         bench(md, 2, 2 * GiB, 0);

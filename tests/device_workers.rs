@@ -13,10 +13,12 @@ const RUN: &[&str] = &[
     "hydra.run.dir=run",
 ];
 
-/// Lines of `role`'s log naming a pull / a push of its simulated device, and the line saying where its syncs run.
+/// Lines of `role`'s log naming a pull / a push of its simulated device / a checksum hashed on it, and the line
+/// saying where its syncs run.
 struct DeviceLog {
     pulls: usize,
     pushes: usize,
+    checksums: usize,
     attached: Option<String>,
 }
 
@@ -26,6 +28,7 @@ fn device_log(dir: &Dir, worker: &str) -> DeviceLog {
     DeviceLog {
         pulls: text.matches("simulated device: pull").count(),
         pushes: text.matches("simulated device: push").count(),
+        checksums: text.matches("simulated device: checksum").count(),
         attached: text.lines().find_map(|l| {
             l.split_once("from now on: ")
                 .map(|(_, what)| what.to_owned())
@@ -102,14 +105,23 @@ fn patch_syncs_run_on_the_device_and_the_host_copies_move_only_for_host_reads() 
             "rollout-{rank}"
         );
         // The first pull fills the host copies. The bootstrap was written into them and pushed once; every
-        // later version was installed on the device and pulled once for the rollout's checksum of it.
-        assert_eq!(rollout.pushes, 1, "rollout-{rank}");
+        // later version was installed on the device and hashed there for the rollout's checksum of it (the
+        // bootstrap's too): the host copies never move again.
         assert_eq!(
-            rollout.pulls,
+            (rollout.pulls, rollout.pushes),
+            (1, 1),
+            "rollout-{rank}: the first fill and the bootstrap only"
+        );
+        assert_eq!(
+            rollout.checksums,
             1 + syncs,
-            "rollout-{rank}: one pull per verified sync"
+            "rollout-{rank}: one device checksum per verified version"
         );
     }
+    assert_eq!(
+        trainer.checksums, 0,
+        "a patch sender's checksum is of its snapshot"
+    );
 }
 
 #[test]
@@ -128,6 +140,11 @@ fn background_installs_on_the_device_are_verified_too() {
             Some("simulated device: patch install")
         );
         assert_eq!(rollout.pushes, 1, "rollout-{rank}: the bootstrap only");
+        assert_eq!(rollout.pulls, 1, "rollout-{rank}: the first fill only");
+        assert!(
+            rollout.checksums > 1,
+            "rollout-{rank}: hashed on the device"
+        );
     }
 }
 
@@ -137,8 +154,8 @@ fn without_verification_a_device_rollout_never_copies_back() {
     run_on_device(&dir, "train_embodied", &["runner.verify_sync=false"]);
     let rollout = device_log(&dir, "rollout-0");
     assert_eq!(
-        (rollout.pulls, rollout.pushes),
-        (1, 1),
+        (rollout.pulls, rollout.pushes, rollout.checksums),
+        (1, 1, 0),
         "the first fill only"
     );
     let trainer = device_log(&dir, "trainer-0");
@@ -168,6 +185,12 @@ fn a_bucket_syncer_stays_on_the_host_copies_and_pushes_every_version() {
             rollout.pushes
         );
     }
-    // A bucket sender reads the host copies for every sync and checksum: one pull per trained version.
+    // A bucket sender reads the host copies for every sync: one pull per trained version. Its checksum (no
+    // dtype changes on the way) is the state's, hashed on the device.
     assert!(trainer.pulls >= 4, "trainer pulls: {}", trainer.pulls);
+    assert_eq!(
+        trainer.checksums,
+        1 + syncs,
+        "trainer: one device checksum per version, the bootstrap's too"
+    );
 }

@@ -4,8 +4,10 @@
 //! runtime asks for the host view before every read of the copies, pushes what it writes into them, and lets
 //! the syncs run on the device.
 //!
-//! Every pull and push is one line on stderr (the worker's log): `simulated device: pull` / `… push`.
+//! Every pull and push is one line on stderr (the worker's log): `simulated device: pull` / `… push`; so is
+//! every checksum hashed on the device copy (`simulated device: checksum`).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
@@ -15,6 +17,8 @@ use rlsync::worker::host_copies::{HostCopies, LazyHostCopies};
 use rlsync::worker::workload::{
     Batch, EpisodeMetrics, TrainStats, TrajectoryChunk, Workload, WorkloadError,
 };
+use rlsync_core::gpu::checksum::Plan;
+use rlsync_core::gpu::reference::Memory;
 use rlsync_core::syncer::offload::{PatchBuilder, PatchInstaller};
 use rlsync_core::syncer::patch::{self, Built, SnapTensor, ValidPatch};
 use rlsync_core::syncer::settings::SyncerKind;
@@ -170,6 +174,27 @@ impl Workload for SimDevice {
         }
         receiver.set_patch_installer(Arc::new(DeviceInstall(self.device.clone())));
         Some("simulated device: patch install".to_owned())
+    }
+
+    /// Hashed where the weights are, as the binding's CUDA workers do: the device checksum's plan, run with
+    /// the kernel's CPU reference over a copy of the device tensors.
+    fn weights_checksum(
+        &mut self,
+        state: &StateDict,
+        keys: &[String],
+    ) -> Result<Option<u64>, WorkloadError> {
+        let mut mem = Memory::default();
+        let addrs: HashMap<String, u64> = lock(&self.device)
+            .iter()
+            .map(|(key, t)| (key.to_owned(), mem.alloc(t.bytes())))
+            .collect();
+        let sum = Plan::new(state, keys, &addrs)
+            .finish_on(&mem, NonZeroUsize::MIN)
+            .map_err(|e| WorkloadError::Foreign {
+                message: format!("simulated device: checksum: {e}"),
+            })?;
+        eprintln!("simulated device: checksum");
+        Ok(Some(sum))
     }
 
     fn host_view(&mut self) -> Result<(), WorkloadError> {

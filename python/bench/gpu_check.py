@@ -7,13 +7,16 @@ Stages, one after another, each appending its record to the results JSON (rewrit
 stopped by a timeout keeps what ran) and freeing its GPU memory before the next:
 
 - ``env``: GPU name, driver, torch / CUDA versions, rlsync's version and ``rlsync.cuda_available()``;
+- ``kernels``: ``scripts/kernel_check.cpp`` (driver API, no binding) checks every kernel of the committed PTX
+  against its host model (``xxh3_chunks`` against an independent host XXH3) and times them against a D2D copy;
 - ``rooflines``: device-to-device copy of a ~13.5 GB bf16 state, a read-only pass, a compare pass (what a diff
   must read), pinned host<->device copies of 1 GiB (CUDA events, median of 5);
 - ``density``: a small real AdamW run (2-layer MLP, fp32 master weights, bf16 copies, lr 1e-6, std 0.02 init):
   the share of bf16 elements whose bits change per step, used as the density of the next stage;
 - ``timing_7b``: Llama-2-7B's 291 tensors in bf16 (random weights), updates at that density (the bits of that
   share of the elements flipped): rlsync's patch sync (sender build/encode from ``last_report()``, end to end
-  sender sync + receiver apply into a second set of tensors, install), RLinf's algorithm (its exact torch-op
+  sender sync + receiver apply into a second set of tensors, install, the receiver's state checksum hashed on
+  the GPU and checked against the sender's host-hashed one), RLinf's algorithm (its exact torch-op
   sequence, transcribed below from RLinf's source, GPU-snapshot and CPU-snapshot builders + its apply) and a
   full copy (``load_state_dict`` and a plain device-to-device ``copy_``);
 - ``correctness``: a ~1.5B-shaped state (Qwen2-1.5B's tensors) with fp32 master weights + AdamW on synthetic
@@ -746,7 +749,13 @@ def _rlsync_7b(ctx: Ctx, rlsync: Any, tx_state: dict, rx_state: dict, snapshot_d
         out["payload_bytes"] = median([r["sender_report"].get("payload_bytes", 0) for r in timed_reps])
         out["changed"] = median([r["sender_report"].get("changed", 0) for r in timed_reps])
         out["receiver_equal"] = states_equal(tx_state, rx_state)
-        out["checksums_equal"] = tx.checksum(tx_state) == rx.checksum(rx_module)
+        # The receiver's checksum of CUDA tensors is hashed on the GPU (xxh3_chunks), the sender's is of its
+        # snapshot, hashed on the host: equal only if the kernel is XXH3.
+        ctx.sync()
+        t0 = time.perf_counter()
+        rx_sum = rx.checksum(rx_module)
+        out["receiver_checksum_s"] = time.perf_counter() - t0
+        out["checksums_equal"] = tx.checksum(tx_state) == rx_sum
 
     asyncio.run(main())
     return out

@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 
 use rlsync::worker::host_copies::HostCopies;
 use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
+use rlsync_core::gpu::checksum::DeviceChecksum;
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
@@ -36,6 +37,8 @@ pub(crate) struct DeviceSide {
     current: Arc<Mutex<DeviceState>>,
     /// What runs on the device (set once, after init).
     mode: Mode,
+    /// The state checksum on the GPU (created by the first checksum).
+    checksum: Option<DeviceChecksum>,
 }
 
 /// Which of a syncer's operations work on the CUDA tensors themselves rather than their host copies.
@@ -98,6 +101,24 @@ impl DeviceSide {
         let stream = self.stream();
         self.mirror.push(stream)
     }
+
+    /// `state_checksum(state, keys)` of the weights where they are: the CUDA tensors hashed on the GPU in
+    /// place (their host copies in `state` are not read, stale or not), the CPU tensors from `state`; after
+    /// the work queued on the caller's stream.
+    pub(crate) fn checksum(&mut self, state: &StateDict, keys: &[String]) -> Result<u64, GpuError> {
+        let (addrs, stream) = {
+            let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+            (cur.addrs.clone(), cur.stream)
+        };
+        let gpu = &self.gpu;
+        let sum = self
+            .checksum
+            .get_or_insert_with(|| DeviceChecksum::new(gpu));
+        // SAFETY: `addrs` are the state dict's CUDA tensors as staged for this operation, each of its entry's
+        // size in `state` (its host copy's); their owner keeps them alive and unchanged during the call (the
+        // API's contract: a syncer's tensors are not touched while one of its operations runs).
+        unsafe { sum.state_checksum(state, keys, &addrs, stream) }
+    }
 }
 
 /// A worker's host copies of its CUDA tensors as the worker runtime refreshes them
@@ -134,6 +155,16 @@ pub(crate) fn raw_tensor(d: &Desc) -> RawTensor {
         strides: d.5.clone(),
         device: d.6.clone(),
     }
+}
+
+/// `state_checksum(state, keys)` with the CUDA tensors hashed on the GPU ([`DeviceSide::checksum`]); `None`
+/// without CUDA tensors.
+pub(crate) fn checksum(
+    side: &Option<SharedSide>,
+    state: &StateDict,
+    keys: &[String],
+) -> Option<Result<u64, GpuError>> {
+    side.as_ref().map(|s| lock(s).checksum(state, keys))
 }
 
 /// Host copies := device tensors, where the state has CUDA tensors.
@@ -395,6 +426,7 @@ pub(crate) fn stage(
             mirror,
             current,
             mode,
+            checksum: None,
         })));
     }
     let Some(s) = side.as_ref() else {

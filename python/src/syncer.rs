@@ -1067,10 +1067,11 @@ impl NativeSyncer {
         }
     }
 
-    /// xxh3 checksum of the synced keys as the receivers hold them (sender) or hold them (receiver).
+    /// xxh3 checksum of the synced keys as the receivers hold them (sender) or hold them (receiver). CUDA
+    /// tensors are hashed on the GPU where the checksum is the state's (receivers; a bucket sender without
+    /// casts); a patch sender's is of its snapshot, and a casting bucket sender's reads the host copies.
     fn checksum(&self, tensors: Vec<Desc>) -> PyResult<u64> {
         let (tensors, dev) = self.stage(tensors)?;
-        device::pull(&dev).map_err(|e| gpu_error(&e))?;
         let (st, _keep) = borrow(tensors)?;
         let g = lock(&self.inner);
         let Slot::Ready(end) = &g.end else {
@@ -1078,13 +1079,27 @@ impl NativeSyncer {
                 "an operation is running on this syncer",
             ));
         };
+        let of_state = match end.as_ref() {
+            End::Sender(s) => s.checksum_as_state(&st.state),
+            End::Receiver(r) => Some(r.synced_keys()),
+            End::Applier(a) => Some(a.synced_keys()),
+            End::Unready(_) => return Err(not_initialised()),
+        };
+        if let Some(keys) = of_state
+            && let Some(sum) = device::checksum(&dev, &st.state, keys)
+        {
+            return sum.map_err(|e| gpu_error(&e));
+        }
         match end.as_ref() {
-            End::Sender(s) => s.checksum(&st.state).map_err(|e| sync_error(&e)),
+            End::Sender(s) => {
+                if s.checksum_reads_state() {
+                    device::pull(&dev).map_err(|e| gpu_error(&e))?;
+                }
+                s.checksum(&st.state).map_err(|e| sync_error(&e))
+            }
             End::Receiver(r) => Ok(r.checksum(&st.state)),
             End::Applier(a) => Ok(state_checksum(&st.state, a.synced_keys())),
-            End::Unready(_) => Err(RlsyncError::new_err(
-                "the syncer is not initialised (call init_sender or init_receiver first)",
-            )),
+            End::Unready(_) => Err(not_initialised()),
         }
     }
 
@@ -1499,4 +1514,9 @@ fn shm_connect(
         end: Mutex::new(Some(end)),
         rank,
     })
+}
+
+/// An operation on a syncer that neither `init_sender` nor `init_receiver` has set up.
+fn not_initialised() -> PyErr {
+    RlsyncError::new_err("the syncer is not initialised (call init_sender or init_receiver first)")
 }

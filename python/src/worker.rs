@@ -280,6 +280,21 @@ impl Workload for PyWorkload {
         device::attach_installer(&side, receiver).then(|| device::mode(&side).label().to_owned())
     }
 
+    /// A model on a GPU is hashed there (no copy of the weights to the host per verified sync).
+    fn weights_checksum(
+        &mut self,
+        state: &StateDict,
+        keys: &[String],
+    ) -> Result<Option<u64>, WorkloadError> {
+        let Some(copies) = &self.device else {
+            return Ok(None);
+        };
+        let side = Some(copies.copies().0.clone());
+        device::checksum(&side, state, keys)
+            .transpose()
+            .map_err(|e| device_failed("hashing the model's CUDA tensors on the GPU", &e))
+    }
+
     fn host_view(&mut self) -> Result<(), WorkloadError> {
         match &mut self.device {
             Some(copies) => copies

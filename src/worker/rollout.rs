@@ -48,12 +48,15 @@ struct Rollout {
 
 impl Rollout {
     /// The checksum the orchestrator verifies (0 when `runner.verify_sync` is off): of the weights as the
-    /// workload holds them (a device install's are copied to `state` first).
+    /// workload holds them (on its device where it can hash them there, else `state` after the host view).
     fn checksum(&mut self) -> Result<u64, WorkerError> {
         if !self.verify {
             return Ok(0);
         }
         tokio::task::block_in_place(|| {
+            if let Some(c) = self.workload.weights_checksum(&self.state, &self.keys)? {
+                return Ok(c);
+            }
             self.workload.host_view()?;
             Ok(state_checksum(&self.state, &self.keys))
         })

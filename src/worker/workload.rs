@@ -177,6 +177,18 @@ pub trait Workload: Send {
         None
     }
 
+    /// The checksum of `keys` of the weights, computed where they live: `state_checksum(state, keys)` of the
+    /// workload's current weights (a Python model on a GPU hashes its CUDA tensors there instead of copying
+    /// the state to the host per verified sync). `None`: the runtime hashes `state` after
+    /// [`Workload::host_view`], as it does for a workload whose weights are `state`.
+    fn weights_checksum(
+        &mut self,
+        _state: &StateDict,
+        _keys: &[String],
+    ) -> Result<Option<u64>, WorkloadError> {
+        Ok(None)
+    }
+
     /// The runtime is about to read `state`'s bytes (a sync on the host path, a checksum, a checkpoint, a
     /// local copy, a rejoin): a workload that keeps its weights elsewhere too (host copies of CUDA tensors)
     /// brings `state` up to date first. A no-op when `state` is the weights.

@@ -1,6 +1,6 @@
 //! The state checksum of weights that live on a GPU, computed there: `xxh3_chunks` digests every whole
 //! [`CHECKSUM_CHUNK`] of the CUDA tensors in place, only each tensor's last partial chunk is copied to the
-//! host, and the digests go to [`StateHasher`](crate::tensor::StateHasher) in order, so the value is
+//! host, and the digests go to [`StateHasher`] in order, so the value is
 //! [`state_checksum`](crate::tensor::state_checksum)'s for the same weights.
 //!
 //! Why: a rollout whose model lives on the GPU verifies each sync by its checksum (`runner.verify_sync`).
@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::ops::Range;
 
+use super::reference::{Memory, ReferenceError, xxh3};
 use super::{Arg, DeviceBuf, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::tensor::checksum::Piece;
 use crate::tensor::parallel::resolve_threads;
@@ -152,6 +153,19 @@ impl<'a> Plan<'a> {
         let mut h = StateHasher::new();
         h.pieces(&pieces, threads);
         h.finish()
+    }
+}
+
+impl Plan<'_> {
+    /// The checksum with a simulated device: `mem` holds the device tensors and the kernel's CPU reference
+    /// digests the chunks (the CPU tests, the test worker's simulated device).
+    pub fn finish_on(&self, mem: &Memory, threads: NonZeroUsize) -> Result<u64, ReferenceError> {
+        let digests = xxh3::xxh3_chunks(mem, &self.chunks, CHECKSUM_CHUNK as u64)?;
+        let mut copied = Vec::with_capacity(self.copied_bytes());
+        for c in &self.copies {
+            copied.extend_from_slice(mem.read(c.addr, c.len as u64)?);
+        }
+        Ok(self.finish(&digests, &copied, threads))
     }
 }
 

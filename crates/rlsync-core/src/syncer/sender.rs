@@ -540,6 +540,30 @@ impl SyncSender {
         matches!(self.strategy, SenderStrategy::Bucket(_))
     }
 
+    /// The keys whose [`state_checksum`] of `state` is [`SyncSender::checksum`]:
+    /// a bucket sender's whose values keep their dtype on the way (no `bucket_dtype` cast, receivers in the
+    /// sender's dtypes), so a workload may hash its weights where they live instead. `None` for a patch
+    /// sender (its checksum is of its snapshot, no read of `state`) and for casts.
+    pub fn checksum_as_state(&self, state: &StateDict) -> Option<&[String]> {
+        let SenderStrategy::Bucket(_) = self.strategy else {
+            return None;
+        };
+        let same = self
+            .synced_keys
+            .iter()
+            .zip(&self.recv_dtypes)
+            .all(|(key, &rd)| {
+                state.get(key).is_some_and(|t| {
+                    let wire = match self.settings.bucket_dtype {
+                        Some(d) if t.dtype().is_floating() => d,
+                        _ => t.dtype(),
+                    };
+                    wire == t.dtype() && rd == t.dtype()
+                })
+            });
+        same.then_some(self.synced_keys.as_slice())
+    }
+
     /// `weight_syncer.bucket.bucket_device`: where a device backend should stage buckets.
     pub fn bucket_device(&self) -> settings::Device {
         self.settings.bucket_device

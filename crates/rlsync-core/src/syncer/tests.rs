@@ -2766,3 +2766,46 @@ fn a_patch_sender_building_from_another_copy_needs_no_host_view() {
         );
     }
 }
+
+#[test]
+fn a_bucket_senders_checksum_is_the_state_checksum_exactly_when_no_dtype_changes() {
+    let rt = rt();
+    let same: Vec<KeySpec> = simple_keys()
+        .into_iter()
+        .map(|mut k| {
+            k.rx = k.tx;
+            k
+        })
+        .collect();
+    let mut s = default_settings(true);
+    let mut p = init_pair(&rt, &same, &s, 3).unwrap();
+    for version in 1..=2 {
+        mutate_synced(&mut p.sender, version, 40);
+        sync_once(&rt, &mut p, version);
+        let keys =
+            p.tx.checksum_as_state(&p.sender)
+                .expect("no cast: the state's checksum")
+                .to_vec();
+        assert_eq!(keys, p.tx.synced_keys());
+        assert_eq!(
+            state_checksum(&p.sender, &keys),
+            p.tx.checksum(&p.sender).unwrap()
+        );
+        assert_eq!(
+            state_checksum(&p.receiver, &keys),
+            p.rx.checksum(&p.receiver)
+        );
+    }
+    // Casts on the way: the sender's checksum is of the cast values.
+    s.bucket_dtype = Some(FloatDtype::Bfloat16);
+    let p = init_pair(&rt, &same, &s, 3).unwrap();
+    assert!(p.tx.checksum_as_state(&p.sender).is_none());
+    let p = init_pair(&rt, &simple_keys(), &default_settings(true), 3).unwrap();
+    assert!(
+        p.tx.checksum_as_state(&p.sender).is_none(),
+        "a receiver in another dtype"
+    );
+    // A patch sender's checksum is of its snapshot.
+    let p = init_pair(&rt, &same, &default_settings(false), 3).unwrap();
+    assert!(p.tx.checksum_as_state(&p.sender).is_none());
+}

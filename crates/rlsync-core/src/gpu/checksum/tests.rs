@@ -7,7 +7,6 @@ use std::num::NonZeroUsize;
 
 use super::*;
 use crate::gpu::reference::Memory;
-use crate::gpu::reference::xxh3::xxh3_chunks;
 use crate::tensor::{Class, Tensor, state_checksum};
 
 const THREADS: NonZeroUsize = NonZeroUsize::new(2).unwrap();
@@ -25,15 +24,9 @@ fn tensor(dtype: DType, numel: usize, seed: u64) -> Tensor {
     Tensor::from_bytes(dtype, &[numel], Class::Trainable, &bytes).unwrap()
 }
 
-/// Run `plan` as `DeviceChecksum` does, with `mem` as the device.
+/// Run `plan` with `mem` as the device.
 fn run(plan: &Plan<'_>, mem: &Memory) -> u64 {
-    let digests = xxh3_chunks(mem, &plan.chunks, CHECKSUM_CHUNK as u64).unwrap();
-    let mut copied = Vec::new();
-    for c in &plan.copies {
-        copied.extend_from_slice(mem.read(c.addr, c.len as u64).unwrap());
-    }
-    assert_eq!(copied.len(), plan.copied_bytes());
-    plan.finish(&digests, &copied, THREADS)
+    plan.finish_on(mem, THREADS).unwrap()
 }
 
 /// `state`'s tensors named in `on_device` copied into a simulated device (at `offset` bytes into a buffer);
