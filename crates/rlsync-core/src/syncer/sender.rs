@@ -738,25 +738,18 @@ impl SyncSender {
     /// receivers hold them (patch: the snapshot; bucket: `state` cast to the receivers' dtypes through the wire
     /// dtype).
     pub fn checksum(&self, state: &StateDict) -> Result<u64, SyncError> {
-        let mut h = StateHasher::new();
         match &self.strategy {
             SenderStrategy::Patch(p) => {
                 if let Some(c) = self.rejoin.cached_checksum(self.last.sequence) {
                     return Ok(c);
                 }
-                for st in p.snap.iter() {
-                    let shape = state
-                        .get(&st.key)
-                        .map(|t| t.shape().to_vec())
-                        .unwrap_or_default();
-                    h.begin_tensor(&st.key, st.dtype, &shape);
-                    h.bytes(st.storage.bytes());
-                }
-                let c = h.finish();
+                // Not hashed in the background (no replay log): on the syncer's threads now.
+                let c = rejoin::snapshot_checksum(&p.snap, &self.rejoin.meta, self.rejoin.threads);
                 self.rejoin.cache_checksum(self.last.sequence, c);
                 Ok(c)
             }
             SenderStrategy::Bucket(_) => {
+                let mut h = StateHasher::new();
                 for (key, &rd) in self.synced_keys.iter().zip(&self.recv_dtypes) {
                     let t = state.get(key).ok_or_else(|| missing_key(key))?;
                     let wire = match self.settings.bucket_dtype {
