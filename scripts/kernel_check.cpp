@@ -84,6 +84,17 @@ static CUdeviceptr upload(const void* p, size_t n) {
     return d;
 }
 
+// Milliseconds per call of `f` (queued work, waited for): one warm-up, then the mean of 5.
+template <typename F>
+static double time_ms(F&& f) {
+    f();
+    CK(cuCtxSynchronize());
+    auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < 5; i++) f();
+    CK(cuCtxSynchronize());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / 5;
+}
+
 struct Tensor {
     uint64_t numel;
     unsigned misalign;  // bytes added to the state's base (breaks 16-byte alignment)
@@ -610,16 +621,8 @@ static void check_cast(Mod& md, bool small) {
     jd = upload(&j, sizeof j);
     nj = 1;
     total = n;
-    auto time_it = [&](auto&& f) {
-        f();
-        CK(cuCtxSynchronize());
-        auto a = std::chrono::steady_clock::now();
-        for (int i = 0; i < 5; i++) f();
-        CK(cuCtxSynchronize());
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / 5;
-    };
-    double cast_ms = time_it([&] { CK(cuLaunchKernel(fn, md.grid(fn, (total + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
-    double copy_ms = time_it([&] { CK(cuMemcpyDtoD(c, s, n * 4)); });
+    double cast_ms = time_ms([&] { CK(cuLaunchKernel(fn, md.grid(fn, (total + 255) / 256), 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
+    double copy_ms = time_ms([&] { CK(cuMemcpyDtoD(c, s, n * 4)); });
     std::printf("{\"bench\": \"cast_gather_f32_bf16\", \"src_bytes\": %llu, \"cast_ms\": %.3f, \"d2d_copy_ms\": %.3f, \"ratio\": %.2f}\n",
                 (unsigned long long)(n * 4), cast_ms, copy_ms, cast_ms / copy_ms);
     CK(cuMemFree(s));
@@ -759,17 +762,9 @@ static void check_xxh3(Mod& md, bool small) {
     CK(cuMemAlloc(&out, n * 8));
     uint64_t nn = n, len = MiB;
     void* args[] = {&table, &nn, &len, &out};
-    auto time_it = [&](auto&& f) {
-        f();
-        CK(cuCtxSynchronize());
-        auto a = std::chrono::steady_clock::now();
-        for (int i = 0; i < 5; i++) f();
-        CK(cuCtxSynchronize());
-        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count() / 5;
-    };
     unsigned grid = md.grid(fn, (n * 8 + 255) / 256);
-    double hash_ms = time_it([&] { CK(cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
-    double copy_ms = time_it([&] { CK(cuMemcpyDtoD(dst, src, bytes)); });
+    double hash_ms = time_ms([&] { CK(cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, 0, args, nullptr)); });
+    double copy_ms = time_ms([&] { CK(cuMemcpyDtoD(dst, src, bytes)); });
     std::printf("{\"bench\": \"xxh3_chunks\", \"bytes\": %llu, \"grid\": %u, \"hash_ms\": %.3f, \"hash_gb_s\": %.1f, "
                 "\"d2d_copy_ms\": %.3f, \"ratio\": %.2f}\n",
                 (unsigned long long)bytes, grid, hash_ms, bytes / hash_ms / 1e6, copy_ms, hash_ms / copy_ms);

@@ -122,50 +122,43 @@ impl Context {
             let module = call("cuModuleLoadData", || unsafe {
                 result::module::load_data(image.as_ptr().cast())
             })?;
-            let mut functions = [[std::ptr::null_mut(); 4]; KERNELS.len()];
-            for (f, kernel) in KERNELS.into_iter().enumerate() {
-                for (slot, w) in WIDTHS.into_iter().enumerate() {
-                    let name = CString::new(kernels::name(kernel, w)).unwrap_or_default();
-                    // SAFETY: `module` was just loaded.
-                    functions[f][slot] = match call("cuModuleGetFunction", || unsafe {
-                        result::module::get_function(module, name)
-                    }) {
-                        Ok(func) => func,
-                        Err(e) => {
-                            // SAFETY: unloads the module loaded above, used by nothing yet.
-                            let _ = call("cuModuleUnload", || unsafe {
-                                result::module::unload(module)
-                            });
-                            return Err(e);
-                        }
-                    };
+            let get = |kernel: Kernel, width: usize| {
+                let name = CString::new(kernels::name(kernel, width)).unwrap_or_default();
+                // SAFETY: `module` was just loaded.
+                call("cuModuleGetFunction", || unsafe {
+                    result::module::get_function(module, name)
+                })
+            };
+            let found = (|| {
+                let mut functions = [[std::ptr::null_mut(); 4]; KERNELS.len()];
+                for (f, kernel) in KERNELS.into_iter().enumerate() {
+                    for (slot, w) in WIDTHS.into_iter().enumerate() {
+                        functions[f][slot] = get(kernel, w)?;
+                    }
+                }
+                let mut single = [std::ptr::null_mut(); SINGLE_KERNELS.len()];
+                for (f, kernel) in SINGLE_KERNELS.into_iter().enumerate() {
+                    single[f] = get(kernel, 1)?;
+                }
+                // SAFETY: reads one attribute of a valid device.
+                let sms = call("cuDeviceGetAttribute", || unsafe {
+                    result::device::get_attribute(
+                        dev,
+                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    )
+                })?;
+                Ok((functions, single, sms.max(1) as usize))
+            })();
+            match found {
+                Ok((functions, single, sms)) => Ok((module, functions, single, sms)),
+                Err(e) => {
+                    // SAFETY: unloads the module loaded above, used by nothing yet.
+                    let _ = call("cuModuleUnload", || unsafe {
+                        result::module::unload(module)
+                    });
+                    Err(e)
                 }
             }
-            let mut single = [std::ptr::null_mut(); SINGLE_KERNELS.len()];
-            for (f, kernel) in SINGLE_KERNELS.into_iter().enumerate() {
-                let name = CString::new(kernels::name(kernel, 1)).unwrap_or_default();
-                // SAFETY: `module` was just loaded.
-                single[f] = match call("cuModuleGetFunction", || unsafe {
-                    result::module::get_function(module, name)
-                }) {
-                    Ok(func) => func,
-                    Err(e) => {
-                        // SAFETY: unloads the module loaded above, used by nothing yet.
-                        let _ = call("cuModuleUnload", || unsafe {
-                            result::module::unload(module)
-                        });
-                        return Err(e);
-                    }
-                };
-            }
-            // SAFETY: reads one attribute of a valid device.
-            let sms = call("cuDeviceGetAttribute", || unsafe {
-                result::device::get_attribute(
-                    dev,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                )
-            })?;
-            Ok((module, functions, single, sms.max(1) as usize))
         })();
         match loaded {
             Ok((module, functions, single, sms)) => Ok(Context {
