@@ -33,6 +33,10 @@ const SPAWN_EXCEPTIONS: &[(&str, &str)] = &[
         "unit tests re-run their own test binary as a reader process (whole versions across processes, a killed reader)",
     ),
     (
+        "crates/rlsync-core/src/gpu/reference/xxh3/tests.rs",
+        "a unit test compiles the kernel's own XXH3 source for the host with the system C++ compiler and runs it",
+    ),
+    (
         "crates/rlsync-learner/src/rl/libtorch/tests.rs",
         "a learning test runs the TorchScript export example with the venv's Python",
     ),

@@ -1287,6 +1287,17 @@ def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
     return out
 
 
+def json_lines(text: str) -> list[Any]:
+    """The lines of ``text`` that are JSON values (kernel_check prints one object per line)."""
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
 def stage_kernels(ctx: Ctx) -> dict[str, Any]:
     """The committed PTX on the device, without the binding: scripts/kernel_check.cpp (driver API) checks every
     kernel and width against its host model, then times diff_compact against a D2D copy; memcheck and
@@ -1323,18 +1334,14 @@ def stage_kernels(ctx: Ctx) -> dict[str, Any]:
             limit = max(3.0, ctx.left() - 1)
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
-            except subprocess.TimeoutExpired:
-                out[name] = {"status": "timeout", "limit_s": limit}
+            except subprocess.TimeoutExpired as e:
+                # kernel_check's stdout is line-buffered: what it printed before the limit is kept.
+                partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                out[name] = {"status": "timeout", "limit_s": limit, "results": json_lines(partial)}
                 failed = True
                 break
-            lines = []
-            for line in p.stdout.splitlines():
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    pass
             summary = [x for x in (p.stdout + p.stderr).splitlines() if "ERROR SUMMARY" in x or "RACECHECK SUMMARY" in x]
-            out[name] = {"returncode": p.returncode, "results": lines, "summary": summary[-1:] or None,
+            out[name] = {"returncode": p.returncode, "results": json_lines(p.stdout), "summary": summary[-1:] or None,
                          "stderr_tail": p.stderr[-1500:]}
             failed |= p.returncode != 0
     if failed:

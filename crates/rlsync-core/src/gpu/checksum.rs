@@ -17,6 +17,7 @@ use std::ops::Range;
 
 use super::reference::{Memory, ReferenceError, xxh3};
 use super::{Arg, DeviceBuf, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use crate::bytes::read_uint;
 use crate::tensor::checksum::Piece;
 use crate::tensor::parallel::resolve_threads;
 use crate::tensor::{CHECKSUM_CHUNK, DType, StateDict, StateHasher};
@@ -212,9 +213,9 @@ impl DeviceChecksum {
             // Both exist after a successful grow; a zero-sized state makes them empty, not absent.
             return Ok(plan.finish(&[], &[], resolve_threads(0)));
         };
-        for (slot, &addr) in host[..table].chunks_exact_mut(8).zip(&plan.chunks) {
-            slot.copy_from_slice(&addr.to_le_bytes());
-        }
+        // The kernel's table: u64 addresses in the device's byte order (little-endian, as the host's:
+        // `compact` asserts it).
+        host[..table].copy_from_slice(bytemuck::cast_slice(&plan.chunks));
         let host_at = host.as_mut_ptr();
         // SAFETY: `host` is pinned memory of 2 * table + copied bytes and `dev` device memory of 2 * table
         // bytes, both rlsync's and untouched until the stream is synchronised below; the chunk table names
@@ -251,7 +252,7 @@ impl DeviceChecksum {
         self.gpu.sync(stream)?;
         let digests: Vec<u64> = host[table..2 * table]
             .chunks_exact(8)
-            .map(|d| u64::from_le_bytes(d.try_into().unwrap_or_default()))
+            .map(read_uint)
             .collect();
         Ok(plan.finish(
             &digests,

@@ -3,6 +3,7 @@
 //! `xxhash_rust`'s `xxh3_64` (and the kernel's key tables against the secret) here.
 
 use super::{Memory, ReferenceError};
+use crate::bytes::read_uint;
 
 /// XXH3's default secret (`kSecret`): the kernel's keys are its words.
 pub const SECRET: [u8; 192] = [
@@ -50,9 +51,7 @@ pub const INIT: [u64; 8] = [
 
 /// The secret's little-endian word at byte `at`.
 fn secret_word(at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&SECRET[at..at + 8]);
-    u64::from_le_bytes(w)
+    read_uint(&SECRET[at..at + 8])
 }
 
 /// `XXH3_WORDS`: the secret's 24 aligned words (stripe `s`'s key for accumulator `i` is word `s + i`; the
@@ -150,9 +149,7 @@ fn merge(acc: &[u64; 8], len: u64) -> u64 {
 pub fn digest(bytes: &[u8]) -> u64 {
     let word = |i: u64| {
         let at = i as usize * 8;
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&bytes[at..at + 8]);
-        u64::from_le_bytes(w)
+        read_uint(&bytes[at..at + 8])
     };
     let len = bytes.len() as u64;
     let acc: [u64; 8] = std::array::from_fn(|l| lane(&word, len, l));
