@@ -154,10 +154,11 @@ fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
         wall <= elapsed + 0.01,
         "wall {wall} s, the process took {elapsed} s"
     );
-    // The parts add up to the whole (each rounded to 10 ms; between them only bookkeeping).
+    // The parts add up to the whole (each rounded to 10 ms; between them only bookkeeping). Any part may
+    // print 0.00 s: the test worker's three processes can start within 5 ms.
     let sum: f64 = parts.iter().sum();
     assert!(
-        (wall - sum).abs() <= 0.03 + 0.05 * wall && parts[1] > 0.0,
+        (wall - sum).abs() <= 0.03 + 0.05 * wall && parts.iter().all(|p| *p >= 0.0),
         "{stdout}"
     );
     assert!(row("loop throughput")[0] > 0.0, "{stdout}");
