@@ -23,6 +23,28 @@ notes=()
 shopt -s nullglob
 wheels=("$ROOT"/dist/rlsync-*.whl)
 extra=("$ROOT"/.whl/*.whl)
+# .whl/ holds wheels for the GPU machine's Python (make gpu-dist): keep those this interpreter can install, so a
+# --cpu dry run elsewhere does not fail the whole pip call on, say, a cp312 mujoco under Python 3.11.
+if (( ${#extra[@]} > 0 )); then
+    mapfile -t fitting < <("$PY" - "${extra[@]}" <<'PYEOF'
+import sys
+from pip._vendor.packaging.tags import sys_tags
+from pip._vendor.packaging.utils import parse_wheel_filename
+ours = set(sys_tags())
+for path in sys.argv[1:]:
+    try:
+        tags = parse_wheel_filename(path.rsplit("/", 1)[-1])[3]
+    except Exception:
+        continue
+    if tags & ours:
+        print(path)
+PYEOF
+)
+    if (( ${#fitting[@]} < ${#extra[@]} )); then
+        notes+=("$(( ${#extra[@]} - ${#fitting[@]} )) of ${#extra[@]} wheels in .whl/ are for another Python or platform: not installed")
+    fi
+    extra=("${fitting[@]}")
+fi
 if (( ${#wheels[@]} > 1 )); then
     echo "gpu_check: more than one wheel in dist/: ${wheels[*]}" >&2
     exit 2
