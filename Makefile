@@ -19,11 +19,16 @@ VENV_STAMP  := $(VENV)/.rlsync-venv-v5
 NVRTC_REL   := 12.4.127
 NVRTC_DIR   := $(CACHE)/nvrtc-$(NVRTC_REL)
 NVRTC_STAMP := $(NVRTC_DIR)/.rlsync-nvrtc
+# The pinned ptxas (pip wheel, the same CUDA release) that assembles the committed PTX as a driver would
+# (scripts/ptxas_check.py).
+PTXAS_REL   := 12.4.131
+PTXAS_DIR   := $(CACHE)/ptxas-$(PTXAS_REL)
+PTXAS_STAMP := $(PTXAS_DIR)/.rlsync-ptxas
 # tch builds against the torch of the venv (LIBTORCH_USE_PYTORCH); the learner's build.rs rpaths its lib dir
 # into its binary and tests.
 TORCH_ENV   := LIBTORCH_USE_PYTORCH=1 PYTHON_SYS_EXECUTABLE=$(PYTHON) PATH="$(VENV)/bin:$$PATH"
 
-.PHONY: all build run run-gym test lint doc test-rust conformance bench venv python test-python clean nvrtc ptx test-ptx gpu-dist
+.PHONY: all build run run-gym test lint doc test-rust conformance bench venv python test-python clean nvrtc ptxas ptx test-ptx gpu-dist
 
 all: build
 
@@ -118,9 +123,19 @@ $(NVRTC_STAMP):
 ptx: nvrtc
 	python3 scripts/gen_ptx.py --nvrtc-dir $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib
 
-# The committed PTX is exactly what the pinned NVRTC makes of the kernel source.
-test-ptx: nvrtc
+# The committed PTX is exactly what the pinned NVRTC makes of the kernel source, and it assembles for sm_80
+# and sm_90 (as the driver's JIT would; no spills on sm_90).
+test-ptx: nvrtc ptxas
 	python3 scripts/gen_ptx.py --check --nvrtc-dir $(NVRTC_DIR)/nvidia/cuda_nvrtc/lib
+	python3 scripts/ptxas_check.py --ptxas $(PTXAS_DIR)/nvidia/cuda_nvcc/bin/ptxas
+
+# ptxas from PyPI's nvcc wheel, installed once outside the checkout (no GPU needed).
+ptxas: $(PTXAS_STAMP)
+$(PTXAS_STAMP):
+	mkdir -p $(CACHE)
+	python3 -m pip install -q --disable-pip-version-check --target $(PTXAS_DIR) nvidia-cuda-nvcc-cu12==$(PTXAS_REL)
+	chmod +x $(PTXAS_DIR)/nvidia/cuda_nvcc/bin/ptxas
+	touch $@
 
 bench: venv
 	$(TORCH_ENV) $(CARGO) bench --locked -p rlsync
