@@ -207,49 +207,54 @@ impl DeviceChecksum {
         let n = plan.chunks.len();
         let table = n * 8;
         let copied = plan.copied_bytes();
-        grow_device(&self.gpu, &mut self.device, 2 * table)?;
-        grow_pinned(&self.gpu, &mut self.host, 2 * table + copied)?;
-        let (Some(dev), Some(host)) = (&self.device, &mut self.host) else {
-            // Both exist after a successful grow; a zero-sized state makes them empty, not absent.
-            return Ok(plan.finish(&[], &[], resolve_threads(0)));
+        // Kept from the last call when large enough (nothing is queued on them: that call synchronised); a
+        // smaller one is freed once its replacement exists (a few bytes per MiB of state).
+        let dev = match self.device.take() {
+            Some(b) if b.len() >= 2 * table => b,
+            _ => self.gpu.alloc(headroom(2 * table))?,
         };
+        let dev = self.device.insert(dev);
+        let host = match self.host.take() {
+            Some(b) if b.len() >= 2 * table + copied => b,
+            _ => self.gpu.pinned(headroom(2 * table + copied))?,
+        };
+        let host = self.host.insert(host);
         // The kernel's table: u64 addresses in the device's byte order (little-endian, as the host's:
         // `compact` asserts it).
         host[..table].copy_from_slice(bytemuck::cast_slice(&plan.chunks));
         let host_at = host.as_mut_ptr();
+        let gpu = &self.gpu;
         // SAFETY: `host` is pinned memory of 2 * table + copied bytes and `dev` device memory of 2 * table
-        // bytes, both rlsync's and untouched until the stream is synchronised below; the chunk table names
-        // whole chunks of live device tensors (the caller's contract), `xxh3_chunks` reads them and writes
-        // `n` digests after the table; the copies read the tensors' tails.
-        unsafe {
-            if n > 0 {
-                self.gpu.write_async(dev.addr(), host_at, table, stream)?;
-                let resident =
-                    self.gpu.sm_count() * self.gpu.blocks_per_sm(Kernel::Xxh3Chunks, 1, BLOCK);
-                let grid = (n * LANES).div_ceil(BLOCK as usize).min(resident).max(1) as u32;
-                let args = [
-                    Arg::U64(dev.addr()),
-                    Arg::U64(n as u64),
-                    Arg::U64(CHECKSUM_CHUNK as u64),
-                    Arg::U64(dev.addr() + table as u64),
-                ];
-                self.gpu
-                    .launch(Kernel::Xxh3Chunks, 1, grid, BLOCK, &args, stream)?;
-                self.gpu.read_async(
-                    host_at.add(table),
-                    dev.addr() + table as u64,
-                    table,
-                    stream,
-                )?;
-            }
-            let mut at = 2 * table;
-            for c in &plan.copies {
-                self.gpu
-                    .read_async(host_at.add(at), c.addr, c.len, stream)?;
-                at += c.len;
-            }
-        }
-        self.gpu.sync(stream)?;
+        // bytes, both rlsync's and untouched until the stream is synchronised below (on every path: a failed
+        // call leaves nothing queued on them); the chunk table names whole chunks of live device tensors (the
+        // caller's contract), `xxh3_chunks` reads them and writes `n` digests after the table; the copies read
+        // the tensors' tails.
+        let queued = unsafe {
+            (|| {
+                if n > 0 {
+                    gpu.write_async(dev.addr(), host_at, table, stream)?;
+                    let resident = gpu.sm_count() * gpu.blocks_per_sm(Kernel::Xxh3Chunks, 1, BLOCK);
+                    let grid = (n * LANES).div_ceil(BLOCK as usize).min(resident).max(1) as u32;
+                    let args = [
+                        Arg::U64(dev.addr()),
+                        Arg::U64(n as u64),
+                        Arg::U64(CHECKSUM_CHUNK as u64),
+                        Arg::U64(dev.addr() + table as u64),
+                    ];
+                    gpu.launch(Kernel::Xxh3Chunks, 1, grid, BLOCK, &args, stream)?;
+                    gpu.read_async(host_at.add(table), dev.addr() + table as u64, table, stream)?;
+                }
+                let mut at = 2 * table;
+                for c in &plan.copies {
+                    gpu.read_async(host_at.add(at), c.addr, c.len, stream)?;
+                    at += c.len;
+                }
+                Ok::<(), GpuError>(())
+            })()
+        };
+        let synced = gpu.sync(stream);
+        queued?;
+        synced?;
         let digests: Vec<u64> = host[table..2 * table]
             .chunks_exact(8)
             .map(read_uint)
@@ -262,22 +267,9 @@ impl DeviceChecksum {
     }
 }
 
-/// `buf` holds at least `len` bytes of device memory (reallocated with a quarter of headroom when not).
-fn grow_device(gpu: &Gpu, buf: &mut Option<DeviceBuf>, len: usize) -> Result<(), GpuError> {
-    if buf.as_ref().is_none_or(|b| b.len() < len) {
-        *buf = None;
-        *buf = Some(gpu.alloc((len + len / 4).max(8))?);
-    }
-    Ok(())
-}
-
-/// As [`grow_device`], pinned host memory.
-fn grow_pinned(gpu: &Gpu, buf: &mut Option<PinnedBuf>, len: usize) -> Result<(), GpuError> {
-    if buf.as_ref().is_none_or(|b| b.len() < len) {
-        *buf = None;
-        *buf = Some(gpu.pinned((len + len / 4).max(8))?);
-    }
-    Ok(())
+/// A buffer size for `len` bytes with a quarter of headroom (the next state may be a little larger), never 0.
+fn headroom(len: usize) -> usize {
+    (len + len / 4).max(8)
 }
 
 #[cfg(test)]
