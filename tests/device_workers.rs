@@ -1,6 +1,7 @@
-//! Workers whose weights live on a device (a Python model on a GPU): the runtime lets the syncs run on the
-//! device and copies the weights to the host only to read them there, checked with the test worker's
-//! simulated device (`RLSYNC_TEST_DEVICE=1`, see `examples/held_worker/sim_device.rs`).
+//! Workers whose weights live on a device (a Python model on a GPU): the runtime lets the syncs and the sync
+//! checks' checksums run on the device and copies the weights to the host only to read them there
+//! (checkpoints, local copies, host-path syncs), checked with the test worker's simulated device
+//! (`RLSYNC_TEST_DEVICE=1`, see `examples/held_worker/sim_device.rs`).
 
 use std::ffi::OsStr;
 
