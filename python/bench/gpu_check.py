@@ -20,8 +20,9 @@ stopped by a timeout keeps what ran) and freeing its GPU memory before the next:
   sequence, transcribed below from RLinf's source, GPU-snapshot and CPU-snapshot builders + its apply) and a
   full copy (``load_state_dict`` and a plain device-to-device ``copy_``);
 - ``correctness``: a ~1.5B-shaped state (Qwen2-1.5B's tensors) with fp32 master weights + AdamW on synthetic
-  gradients, 30 syncs per syncer (patch with each ``snapshot_device``, bucket): after every sync the receiver is
-  bitwise equal to the sender and the syncers' checksums agree; every 10th sync a second sync of the unchanged
+  gradients, 30 syncs per syncer (patch with each ``snapshot_device``, bucket, and patch from the fp32 master
+  weights themselves to bf16 receivers, cast on the GPU before the diff): after every sync the receiver is
+  bitwise equal to the sender (its bf16 copy for the casting run) and the syncers' checksums agree; every 10th sync a second sync of the unchanged
   state must carry no change (the sender's snapshot equals its state); a payload corrupted in flight is
   rejected with the receiver untouched, and the intact one installs afterwards;
 - ``gym_ppo``: the gym_ppo example through the ``rlsync`` binary with its policies on the device
@@ -938,6 +939,11 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
                      opt: torch.optim.Optimizer, syncs: int, until: float) -> dict[str, Any]:
     res: dict[str, Any] = {"kind": kind, "device": device, "syncs_planned": syncs}
     rx_state = {k: torch.zeros_like(v) for k, v in params.items()}
+    # "patch-cast": the sender syncs the fp32 master weights themselves to bf16 receivers (the device build
+    # casts them first); the receivers must hold exactly the bf16 copies (`params`, cast by torch, RNE).
+    cast = kind == "patch-cast"
+    kind = "patch" if cast else kind
+    sender = {name: p.detach() for name, p in zip(params, master)} if cast else params
     kw: dict[str, Any] = {"init_sync_enabled": True} if kind == "patch" else {"bucket_size": 256 << 20}
     if kind == "bucket" and device == "cuda":
         # bf16 state, f32 on the wire: the GPU pack casts every floating tensor (exact both ways).
@@ -958,17 +964,17 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
     # states; its payloads must be the GPU sender's bytes exactly (the device build feeds the same encoder, the
     # GPU bucket pack casts bit for bit as the host does).
     twin_syncs = 5 if (device == "cuda" and not ctx.cpu) else 0
-    twin_state = {k: v.detach().cpu().clone() for k, v in params.items()} if twin_syncs else {}
+    twin_state = {k: v.detach().cpu().clone() for k, v in sender.items()} if twin_syncs else {}
 
     async def main() -> None:
-        await rlsync_init(tx, rx, params, rx_state, link)
+        await rlsync_init(tx, rx, sender, rx_state, link)
         if kind == "patch" and not states_equal(params, rx_state):
             failures.append("after init (init_sync bootstrap) the receiver differs from the sender")
         twin, twin_link = None, Link()
         if twin_syncs:
             make = rlsync.PatchWeightSyncer if kind == "patch" else rlsync.BucketWeightSyncer
             twin, twin_rx = make(**kw), make(**kw)
-            await rlsync_init(twin, twin_rx, twin_state, {k: v.clone() for k, v in twin_state.items()}, twin_link)
+            await rlsync_init(twin, twin_rx, twin_state, {k: v.cpu().clone() for k, v in rx_state.items()}, twin_link)
             twin_link.drain()
         res["bytes_equal_cpu_twin"] = []
         version, done, empty_checks, t_sync = 0, 0, 0, []
@@ -978,12 +984,12 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             step()
             version += 1
             t0 = time.perf_counter()
-            await tx.sync(params, link.send, version)
+            await tx.sync(sender, link.send, version)
             if twin is not None and i < twin_syncs:
                 sent = link.drain()
                 for p in sent:
                     await link.to_rx.put(p)
-                for k, v in params.items():
+                for k, v in sender.items():
                     twin_state[k].copy_(v)
                 await twin.sync(twin_state, twin_link.send, version)
                 same = [bytes(memoryview(a)) == bytes(memoryview(b)) for a, b in zip(sent, twin_link.drain())]
@@ -999,12 +1005,12 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             if not states_equal(params, rx_state):
                 bad = [k for k in params if not bit_equal(params[k], rx_state[k])]
                 failures.append(f"sync {version}: receiver differs in {len(bad)} tensors, first {bad[0]}")
-            if tx.checksum(params) != rx.checksum(rx_state):
+            if tx.checksum(sender) != rx.checksum(rx_state):
                 failures.append(f"sync {version}: checksums differ")
             if kind == "patch" and (i + 1) % 10 == 0:
                 # The snapshot equals the state: syncing the unchanged state carries no change.
                 version += 1
-                await tx.sync(params, link.send, version)
+                await tx.sync(sender, link.send, version)
                 report = tx.last_report()
                 if report.get("changed") != 0:
                     failures.append(f"sync {version} of an unchanged state carried {report.get('changed')} changes")
@@ -1021,12 +1027,17 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
             res["receiver_device_path"] = rx.last_report().get("device")
             if res["receiver_device_path"] != "cuda (device bucket install)":
                 failures.append(f"bucket_device='cuda' receiver ran {res['receiver_device_path']!r}, not the GPU install")
+        if kind == "patch" and device == "cuda" and not ctx.cpu:
+            # The device build ran (casting first for patch-cast), not the host staging of CUDA tensors.
+            res["sender_device_path"] = tx.last_report().get("device")
+            if res["sender_device_path"] != "cuda (device build/install)":
+                failures.append(f"patch sender ran {res['sender_device_path']!r}, not the device build")
         res["sync_median_s"] = median(t_sync)
         res["last_sender_report"] = tx.last_report()
         # A payload corrupted in flight: rejected, the receiver's weights and version untouched.
         step()
         version += 1
-        await tx.sync(params, link.send, version)
+        await tx.sync(sender, link.send, version)
         payloads = link.drain()
         res["corrupt_payloads_in_version"] = len(payloads)
         before = {k: v.clone() for k, v in rx_state.items()}
@@ -1126,8 +1137,8 @@ def stage_correctness(ctx: Ctx) -> dict[str, Any]:
     params = {name: p.detach().to(torch.bfloat16) for name, p in zip(master_state, master)}
     del master_state
     # ("bucket", "cuda"): bucket_device='cuda', packed and cast on the GPU; ("bucket", "cpu"): host-staged.
-    runs = [("patch", "cuda"), ("bucket", "cuda"), ("patch", "cpu"), ("bucket", "cpu")] if ctx.dev.type == "cuda" else \
-        [("patch", "cpu"), ("bucket", "cpu")]
+    runs = [("patch", "cuda"), ("bucket", "cuda"), ("patch-cast", "cuda"), ("patch", "cpu"), ("bucket", "cpu")] \
+        if ctx.dev.type == "cuda" else [("patch", "cpu"), ("bucket", "cpu"), ("patch-cast", "cpu")]
     results = []
     # The first run (the GPU path on a GPU) gets half the stage, the others share the rest.
     weights = [2.0] + [1.0] * (len(runs) - 1)

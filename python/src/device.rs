@@ -194,9 +194,11 @@ fn covers(current: &Mutex<DeviceState>, keys: &[String]) -> bool {
     keys.iter().all(|k| cur.addrs.contains_key(k))
 }
 
-/// After `init_sender`: a patch sender whose synced keys are all CUDA tensors, each already in the receivers'
-/// dtype, builds its patches on the device (`snapshot_device` says where the snapshot lives). Otherwise it
-/// stays on the host path through the host copies (casts, CPU tensors). Returns whether it moved.
+/// After `init_sender`: a patch sender whose synced keys are all CUDA tensors builds its patches on the device
+/// (`snapshot_device` says where the snapshot lives); floating tensors in another dtype than the receivers'
+/// are cast there first (`gpu::differ::CastPlan`: a scratch copy in the receivers' dtype). Otherwise (CPU
+/// tensors among the synced ones) it stays on the host path through the host copies. Returns whether it
+/// moved.
 pub(crate) fn attach_builder(
     side: &Option<SharedSide>,
     sender: &mut SyncSender,
@@ -206,14 +208,17 @@ pub(crate) fn attach_builder(
         return false;
     };
     let mut g = lock(s);
-    let same_dtypes = sender
+    // The receivers' dtype, or a floating one the device build casts from (init refused other pairs).
+    let castable = sender
         .synced_keys()
         .iter()
         .zip(sender.synced_dtypes())
-        .all(|(k, d)| state.get(k).is_some_and(|t| t.dtype() == *d));
-    if sender.kind() != SyncerKind::Patch
-        || !same_dtypes
-        || !covers(&g.current, sender.synced_keys())
+        .all(|(k, d)| {
+            state
+                .get(k)
+                .is_some_and(|t| t.dtype() == *d || (t.dtype().is_floating() && d.is_floating()))
+        });
+    if sender.kind() != SyncerKind::Patch || !castable || !covers(&g.current, sender.synced_keys())
     {
         return false;
     }

@@ -256,7 +256,8 @@ impl Workload for PyWorkload {
         })
     }
 
-    /// A patch sender on the GPU (all synced tensors CUDA, in the receivers' dtype), or a bucket sender with
+    /// A patch sender on the GPU (all synced tensors CUDA; floating ones in another dtype than the receivers'
+    /// cast there first), or a bucket sender with
     /// `bucket_device: cuda` packing on the GPU.
     fn attach_sender(&mut self, sender: &mut SyncSender, state: &StateDict) -> Option<String> {
         let side = Some(self.device.as_ref()?.copies().0.clone());

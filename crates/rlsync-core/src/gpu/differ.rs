@@ -11,12 +11,18 @@
 //! pool. (The host snapshot itself is not registered in place: glibc's heap pages are shared between
 //! allocations, and pinning them from under it is not safe.) One launch per element width; each width has its own
 //! output pool, sized for [`POOL_DENSITY`] of its elements (tiles beyond it go dense, still exact).
+//!
+//! A state whose floating tensors are in another dtype than the receivers' (fp32 weights, bf16 rollouts) is
+//! cast first ([`CastPlan`]): one `cast_gather` launch writes those tensors, in the receivers' dtype and bit
+//! for bit as the host path's `cast_bytes`, into one scratch allocation of rlsync's (their size in the
+//! receivers' dtype, kept between syncs), which the diff then reads as the state.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use super::bucket::{self, CAST_BLOCK, CastJob};
 use super::compact::{self, CollectReport, Layout, TileDir};
-use super::{DeviceBuf, DeviceState, DiffLaunch, Gpu, GpuError, PinnedBuf, Stream};
+use super::{Arg, DeviceBuf, DeviceState, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
@@ -60,6 +66,107 @@ struct Ready {
     snap_addrs: Vec<u64>,
     copies: Vec<SnapCopy>,
     widths: Vec<WidthBufs>,
+    /// The casts of a state in other dtypes than the snapshot's (none when every dtype matches).
+    cast: Option<CastBufs>,
+}
+
+/// A casting build's scratch state and its `cast_gather` job table.
+struct CastBufs {
+    plan: CastPlan,
+    scratch: DeviceBuf,
+    jobs: DeviceBuf,
+    jobs_host: PinnedBuf,
+}
+
+/// Which synced tensors a build casts before its diff, and where their cast copies lie in the scratch
+/// buffer: every tensor whose state dtype differs from its snapshot's (the receivers' dtype).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CastPlan {
+    /// Per snapshot tensor: its cast copy's byte offset in the scratch buffer (256-byte aligned), and the
+    /// state dtype it is cast from; `None` when the diff reads the state tensor itself.
+    pub casts: Vec<Option<(u64, crate::tensor::DType)>>,
+    /// Bytes of the scratch buffer.
+    pub scratch_bytes: u64,
+}
+
+/// Alignment of each cast copy in the scratch buffer (the diff's 16-byte vector loads need 16).
+const CAST_ALIGN: u64 = 256;
+
+impl CastPlan {
+    /// The plan for `state` against `snap`; an error names a tensor whose dtype pair has no cast on the
+    /// device (the host path casts floating tensors only, and init refuses the rest).
+    pub fn new(snap: &[SnapTensor], state: &StateDict) -> Result<CastPlan, String> {
+        let mut casts = Vec::with_capacity(snap.len());
+        let mut at = 0u64;
+        for st in snap {
+            let t = state
+                .get(&st.key)
+                .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
+            if t.dtype() == st.dtype {
+                casts.push(None);
+                continue;
+            }
+            if !(t.dtype().is_floating() && st.dtype.is_floating()) {
+                return Err(format!(
+                    "key '{}' is {} in the state and {} for the receivers: only floating tensors are cast",
+                    st.key,
+                    t.dtype().name(),
+                    st.dtype.name()
+                ));
+            }
+            casts.push(Some((at, t.dtype())));
+            at = (at + st.storage.len() as u64).next_multiple_of(CAST_ALIGN);
+        }
+        Ok(CastPlan {
+            casts,
+            scratch_bytes: at,
+        })
+    }
+
+    /// Whether no tensor is cast.
+    pub fn is_empty(&self) -> bool {
+        self.casts.iter().all(Option::is_none)
+    }
+
+    /// The `cast_gather` table: tensor `k` from `state_addrs[k]` into its copy at `scratch`; and the
+    /// launch's element count.
+    pub fn jobs(
+        &self,
+        snap: &[SnapTensor],
+        state_addrs: &[u64],
+        scratch: u64,
+    ) -> (Vec<CastJob>, u64) {
+        let mut jobs = Vec::new();
+        let mut first = 0u64;
+        for ((st, cast), &src) in snap.iter().zip(&self.casts).zip(state_addrs) {
+            let Some((off, from)) = *cast else {
+                continue;
+            };
+            let numel = (st.storage.len() / st.dtype.size_bytes()) as u64;
+            if numel == 0 {
+                continue;
+            }
+            jobs.push(CastJob {
+                src,
+                dst: scratch + off,
+                first,
+                numel,
+                codes: bucket::code(from) | bucket::code(st.dtype) << 8,
+                pad: 0,
+            });
+            first += numel;
+        }
+        (jobs, first)
+    }
+
+    /// The addresses the diff reads as the state: the cast copy of each cast tensor, else the tensor.
+    pub fn diff_state(&self, state_addrs: &[u64], scratch: u64) -> Vec<u64> {
+        state_addrs
+            .iter()
+            .zip(&self.casts)
+            .map(|(&a, cast)| cast.map_or(a, |(off, _)| scratch + off))
+            .collect()
+    }
 }
 
 /// The kernel's copy of one snapshot tensor.
@@ -119,9 +226,27 @@ impl GpuDiffer {
         }
     }
 
-    fn prepare(&mut self, snap: &mut [SnapTensor], stream: Stream) -> Result<Ready, SyncError> {
+    fn prepare(
+        &mut self,
+        snap: &mut [SnapTensor],
+        state: &StateDict,
+        stream: Stream,
+    ) -> Result<Ready, SyncError> {
         let layout = Layout::from_snapshot(snap).map_err(|e| mismatch(e.to_string()))?;
+        let plan = CastPlan::new(snap, state).map_err(mismatch)?;
         let gpu = &self.gpu;
+        let cast = if plan.is_empty() {
+            None
+        } else {
+            let njobs = plan.casts.iter().flatten().count();
+            let job_bytes = njobs * size_of::<CastJob>();
+            Some(CastBufs {
+                scratch: gpu.alloc(plan.scratch_bytes.max(1) as usize)?,
+                jobs: gpu.alloc(job_bytes)?,
+                jobs_host: gpu.pinned(job_bytes)?,
+                plan,
+            })
+        };
         let mut copies = Vec::with_capacity(snap.len());
         let mut snap_addrs = Vec::with_capacity(snap.len());
         for st in snap.iter() {
@@ -172,6 +297,7 @@ impl GpuDiffer {
             snap_addrs,
             copies,
             widths,
+            cast,
         })
     }
 }
@@ -187,7 +313,7 @@ impl PatchBuilder for GpuDiffer {
     fn build(
         &mut self,
         snap: &mut [SnapTensor],
-        _state: &StateDict,
+        state: &StateDict,
         threads: NonZeroUsize,
         built: &mut Built,
     ) -> Result<(), SyncError> {
@@ -207,17 +333,45 @@ impl PatchBuilder for GpuDiffer {
             (addrs, cur.stream)
         };
         if self.ready.is_none() {
-            self.ready = Some(self.prepare(snap, stream)?);
+            self.ready = Some(self.prepare(snap, state, stream)?);
         }
         let Some(ready) = self.ready.as_mut() else {
             return Err(mismatch("the device buffers were not prepared".into()));
         };
         let gpu = &self.gpu;
         let t0 = std::time::Instant::now();
+        let diff_addrs = match &mut ready.cast {
+            Some(c) => {
+                let (jobs, total) = c.plan.jobs(snap, &state_addrs, c.scratch.addr());
+                let bytes: &[u8] = bytemuck::cast_slice(&jobs);
+                c.jobs_host[..bytes.len()].copy_from_slice(bytes);
+                let resident =
+                    gpu.sm_count() * gpu.blocks_per_sm(Kernel::CastGather, 1, CAST_BLOCK);
+                let grid = total
+                    .div_ceil(u64::from(CAST_BLOCK))
+                    .min(resident as u64)
+                    .max(1) as u32;
+                let args = [
+                    Arg::U64(c.jobs.addr()),
+                    Arg::U32(jobs.len() as u32),
+                    Arg::U64(total),
+                ];
+                // SAFETY: the table names the caller's live CUDA tensors (read) and this builder's scratch
+                // buffer (written), sized by the plan for the snapshot's layout; the pinned table is not
+                // touched again before the stream is synchronised below; the diffs queued after it on the
+                // same stream read the scratch once the casts have run.
+                unsafe {
+                    gpu.write_async(c.jobs.addr(), c.jobs_host.as_ptr(), bytes.len(), stream)?;
+                    gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)?;
+                }
+                c.plan.diff_state(&state_addrs, c.scratch.addr())
+            }
+            None => state_addrs,
+        };
         for wb in &mut ready.widths {
             let jobs = ready
                 .layout
-                .diff_jobs(wb.width, |pos| (state_addrs[pos], ready.snap_addrs[pos]));
+                .diff_jobs(wb.width, |pos| (diff_addrs[pos], ready.snap_addrs[pos]));
             let bytes = compact::as_bytes(&jobs);
             wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
             let launch = DiffLaunch {
@@ -369,3 +523,6 @@ fn put_new<W: bytemuck::Pod + TryFrom<u64>>(c: &Changes, bytes: &mut [u8]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
