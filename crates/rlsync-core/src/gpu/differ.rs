@@ -356,13 +356,15 @@ impl PatchBuilder for GpuDiffer {
                     Arg::U32(jobs.len() as u32),
                     Arg::U64(total),
                 ];
-                // SAFETY: the table names the caller's live CUDA tensors (read) and this builder's scratch
-                // buffer (written), sized by the plan for the snapshot's layout; the pinned table is not
-                // touched again before the stream is synchronised below; the diffs queued after it on the
-                // same stream read the scratch once the casts have run.
-                unsafe {
-                    gpu.write_async(c.jobs.addr(), c.jobs_host.as_ptr(), bytes.len(), stream)?;
-                    gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)?;
+                if !jobs.is_empty() {
+                    // SAFETY: the table names the caller's live CUDA tensors (read) and this builder's scratch
+                    // buffer (written), sized by the plan for the snapshot's layout; the pinned table is not
+                    // touched again before the stream is synchronised below; the diffs queued after it on
+                    // the same stream read the scratch once the casts have run.
+                    unsafe {
+                        gpu.write_async(c.jobs.addr(), c.jobs_host.as_ptr(), bytes.len(), stream)?;
+                        gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)?;
+                    }
                 }
                 c.plan.diff_state(&state_addrs, c.scratch.addr())
             }
