@@ -77,7 +77,9 @@ pub fn sync_error(err: &SyncError) -> PyErr {
         | SyncError::StateCast { .. } => HandshakeError::new_err(msg),
         SyncError::Transport(_) => TransportError::new_err(msg),
         SyncError::Config { .. } | SyncError::NoGpuBackend { .. } => PyValueError::new_err(msg),
-        SyncError::Gpu(_) | SyncError::BucketDevice(_) => CudaError::new_err(msg),
+        SyncError::Gpu(_) | SyncError::BucketDevice(_) | SyncError::CastScratch { .. } => {
+            CudaError::new_err(msg)
+        }
         _ => RlsyncError::new_err(msg),
     }
 }

@@ -142,6 +142,15 @@ pub enum SyncError {
     Config { reason: String },
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+    /// The GPU patch build could not allocate the scratch copy of the tensors it casts to the receivers' dtype.
+    #[error(
+        "the GPU patch build needs {bytes} bytes of GPU memory for the synced tensors cast to the receivers' dtype (a state in the rollouts' dtype needs none)"
+    )]
+    CastScratch {
+        bytes: u64,
+        #[source]
+        source: crate::gpu::GpuError,
+    },
     /// A bucket could not be packed or unpacked on the device (`bucket_device: cuda`).
     #[error(transparent)]
     BucketDevice(crate::gpu::bucket::BucketDeviceError),

@@ -240,8 +240,11 @@ impl GpuDiffer {
         } else {
             let njobs = plan.casts.iter().flatten().count();
             let job_bytes = njobs * size_of::<CastJob>();
+            let bytes = plan.scratch_bytes;
             Some(CastBufs {
-                scratch: gpu.alloc(plan.scratch_bytes.max(1) as usize)?,
+                scratch: gpu
+                    .alloc(bytes.max(1) as usize)
+                    .map_err(|source| SyncError::CastScratch { bytes, source })?,
                 jobs: gpu.alloc(job_bytes)?,
                 jobs_host: gpu.pinned(job_bytes)?,
                 plan,
