@@ -51,12 +51,14 @@ def test_the_cpu_dry_run_writes_every_stage_and_its_checks_pass(tmp_path):
     corr = r["stages"]["correctness"]
     assert corr["passed"] is True, corr
     runs = {(x["kind"], x["device"]): x for x in corr["runs"]}
-    assert set(runs) == {("patch", "cpu"), ("bucket", "cpu")}
+    # patch-cast: the fp32 master weights synced to bf16 receivers (the casting build).
+    assert set(runs) == {("patch", "cpu"), ("bucket", "cpu"), ("patch-cast", "cpu")}
     for run in runs.values():
         assert run["syncs_done"] == 30 and run["failure_count"] == 0, run
         assert run["corrupt_rejected"] and run["corrupt_receiver_untouched"], run
         assert run["intact_after_corrupt_applied"], run
     assert runs[("patch", "cpu")]["empty_patch_checks"] == 3
+    assert runs[("patch-cast", "cpu")]["empty_patch_checks"] == 3
     assert r["stages"]["kernels"]["status"] == "skipped" and "GPU" in r["stages"]["kernels"]["note"]
     assert r["stages"]["sanitizer"]["status"] == "skipped"
     assert "GPU" in r["stages"]["sanitizer"]["note"]
