@@ -106,18 +106,15 @@ impl DeviceSide {
     /// place (their host copies in `state` are not read, stale or not), the CPU tensors from `state`; after
     /// the work queued on the caller's stream.
     pub(crate) fn checksum(&mut self, state: &StateDict, keys: &[String]) -> Result<u64, GpuError> {
-        let (addrs, stream) = {
-            let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
-            (cur.addrs.clone(), cur.stream)
-        };
+        let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
         let gpu = &self.gpu;
         let sum = self
             .checksum
             .get_or_insert_with(|| DeviceChecksum::new(gpu));
-        // SAFETY: `addrs` are the state dict's CUDA tensors as staged for this operation, each of its entry's
-        // size in `state` (its host copy's); their owner keeps them alive and unchanged during the call (the
-        // API's contract: a syncer's tensors are not touched while one of its operations runs).
-        unsafe { sum.state_checksum(state, keys, &addrs, stream) }
+        // SAFETY: `cur.addrs` are the state dict's CUDA tensors as staged for this operation, each of its
+        // entry's size in `state` (its host copy's); their owner keeps them alive and unchanged during the call
+        // (the API's contract: a syncer's tensors are not touched while one of its operations runs).
+        unsafe { sum.state_checksum(state, keys, &cur.addrs, cur.stream) }
     }
 }
 

@@ -155,9 +155,7 @@ impl<'a> Plan<'a> {
         h.pieces(&pieces, threads);
         h.finish()
     }
-}
 
-impl Plan<'_> {
     /// The checksum with a simulated device: `mem` holds the device tensors and the kernel's CPU reference
     /// digests the chunks (the CPU tests, the test worker's simulated device).
     pub fn finish_on(&self, mem: &Memory, threads: NonZeroUsize) -> Result<u64, ReferenceError> {

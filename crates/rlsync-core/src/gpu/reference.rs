@@ -484,6 +484,8 @@ pub fn checksum_compact(
 // -- checksum_compact (end) --
 
 pub mod cast;
+#[cfg(test)]
+pub(crate) mod rng;
 pub mod xxh3;
 
 #[cfg(test)]

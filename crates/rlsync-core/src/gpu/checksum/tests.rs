@@ -6,21 +6,13 @@ use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
 use super::*;
-use crate::gpu::reference::Memory;
+use crate::gpu::reference::{Memory, rng};
 use crate::tensor::{Class, Tensor, state_checksum};
 
 const THREADS: NonZeroUsize = NonZeroUsize::new(2).unwrap();
 
 fn tensor(dtype: DType, numel: usize, seed: u64) -> Tensor {
-    let mut x = seed | 1;
-    let bytes: Vec<u8> = (0..numel * dtype.size_bytes())
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let bytes = rng::bytes(numel * dtype.size_bytes(), seed);
     Tensor::from_bytes(dtype, &[numel], Class::Trainable, &bytes).unwrap()
 }
 

@@ -6,23 +6,13 @@ use std::num::NonZeroUsize;
 
 use super::*;
 use crate::gpu::reference::cast::cast_gather;
+use crate::gpu::reference::rng::Rng;
 use crate::gpu::reference::{Memory, Pool, diff_compact};
 use crate::syncer::patch;
 use crate::syncer::wire::{Codec, encode_patch_body};
 use crate::tensor::{Class, DType, Storage, Tensor, cast_bytes};
 
 const THREADS: NonZeroUsize = NonZeroUsize::new(2).unwrap();
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// One synced tensor: the state's dtype, the receivers' dtype, the elements.
 struct Spec {

@@ -329,19 +329,13 @@ fn layout() -> Layout {
 /// Tensors of SHAPES in `host` filled from `seed`; their addresses.
 fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
     let mut h = lock(host);
+    // A distinct odd seed per tensor (`rng::bytes` sets the low bit).
     let mut x = seed | 1;
     SHAPES
         .iter()
         .map(|&(n, w)| {
-            let bytes: Vec<u8> = (0..n as usize * w)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            h.mem.alloc(&bytes)
+            x = x.wrapping_add(2);
+            h.mem.alloc(&reference::rng::bytes(n as usize * w, x))
         })
         .collect()
 }

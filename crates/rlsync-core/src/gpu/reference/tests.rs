@@ -5,6 +5,7 @@ use std::num::NonZeroUsize;
 
 use proptest::strategy::Strategy as _;
 
+use super::rng::Rng;
 use super::*;
 use crate::gpu::compact::{self, Layout};
 use crate::syncer::patch::{self, Built, SnapTensor};
@@ -12,17 +13,6 @@ use crate::syncer::wire::{Codec, KeyMeta, PatchBody, encode_patch_body};
 use crate::tensor::{Class, DType, StateDict, Storage, Tensor};
 
 const THREADS: NonZeroUsize = NonZeroUsize::new(2).unwrap();
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
 
 /// One synced tensor's bytes before and after a training step.
 struct Pair {

@@ -181,15 +181,7 @@ proptest! {
 
 /// Random bytes of `n` elements of `d`.
 fn bytes(d: DType, n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n * d.size_bytes())
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    crate::gpu::reference::rng::bytes(n * d.size_bytes(), seed)
 }
 
 #[test]

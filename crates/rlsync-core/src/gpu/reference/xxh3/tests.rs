@@ -7,20 +7,8 @@ use std::process::Command;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::*;
+use crate::gpu::reference::rng::bytes;
 use crate::tensor::CHECKSUM_CHUNK;
-
-/// Deterministic bytes (xorshift), so a failure names a reproducible input.
-fn bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 const KERNELS: &str = include_str!("../../../../kernels/rlsync.cu");
 
