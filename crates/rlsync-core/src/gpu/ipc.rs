@@ -41,6 +41,7 @@
 //! the CUDA implementations.
 
 pub mod wire;
+pub mod reference;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;

@@ -1,314 +1,19 @@
 //! The GPU channel's protocol and lifecycle on the CPU: the device work done by the reference kernels over a
 //! simulated device memory that the sender and receiver threads share (as processes share a GPU).
 
-use std::sync::{Arc, Mutex};
 use std::thread;
 
 use super::*;
-use crate::gpu::reference::{self, Memory, Pool, PoolSum};
-use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
+use super::reference::{self, RefReceiver, SimMemory as _, RefSender, SharedHost, SharedSim, read_vec};
+use crate::gpu::reference::Memory;
 
-/// The simulated device of one host, and how many imports are open.
-#[derive(Default)]
-struct Host {
-    mem: Memory,
-    open: usize,
-}
+type Shared = SharedSim;
+type FakeSender = RefSender<SharedSim>;
+type FakeReceiver = RefReceiver<SharedSim>;
+type Corruption = reference::Corruption<SharedSim>;
 
-type Shared = Arc<Mutex<Host>>;
-
-fn lock(h: &Shared) -> std::sync::MutexGuard<'_, Host> {
-    h.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn fake_error(name: String) -> GpuError {
-    GpuError::Driver {
-        op: "fake",
-        code: 1,
-        name,
-    }
-}
-
-fn handle_of(addr: u64) -> IpcHandle {
-    let mut h = [0u8; IPC_HANDLE_BYTES];
-    h[..8].copy_from_slice(&addr.to_le_bytes());
-    h[8..16].copy_from_slice(b"fakeipc!");
-    IpcHandle(h)
-}
-
-fn addr_of(h: &IpcHandle) -> Result<u64, GpuError> {
-    if &h.0[8..16] != b"fakeipc!" {
-        return Err(fake_error("not a fake handle".into()));
-    }
-    Ok(u64::from_le_bytes(h.0[..8].try_into().unwrap_or_default()))
-}
-
-fn copy(mem: &mut Memory, dst: u64, src: u64, len: u64) -> Result<(), GpuError> {
-    let bytes = mem
-        .read(src, len)
-        .map_err(|e| fake_error(e.to_string()))?
-        .to_vec();
-    mem.write(dst, len)
-        .map_err(|e| fake_error(e.to_string()))?
-        .copy_from_slice(&bytes);
-    Ok(())
-}
-
-fn read_vec<T: bytemuck::Pod>(mem: &Memory, addr: u64, n: u64) -> Result<Vec<T>, GpuError> {
-    let bytes = mem
-        .read(addr, n * size_of::<T>() as u64)
-        .map_err(|e| fake_error(e.to_string()))?;
-    Ok(bytes
-        .chunks_exact(size_of::<T>())
-        .map(bytemuck::pod_read_unaligned)
-        .collect())
-}
-
-struct FakeSender {
-    host: Shared,
-    state: Vec<u64>,
-    snap: u64,
-    outs: Vec<WidthExport>,
-    seed: u64,
-    /// Applied once to the simulated device after the next build's checksum (a corrupted pool).
-    corrupt: Option<Corruption>,
-    /// Applied once to the simulated device between the next build's diff_compact and its checksum (a fault
-    /// on the sender's own device).
-    fault: Option<Corruption>,
-}
-
-/// What a test corrupts in the device buffers between the sender's checksum and the receivers' reading.
-type Corruption = Box<dyn FnOnce(&mut Memory, &FakeSender) + Send>;
-
-/// The pool checksum (reference kernel) of one width's export: its output, or with `full` the snapshot copy.
-fn pool_sum(
-    mem: &Memory,
-    w: &WidthExport,
-    jobs: &[compact::ApplyJob],
-    seed: u64,
-    full: bool,
-) -> Result<PoolSum, GpuError> {
-    let width = usize::from(w.width);
-    let base = addr_of(&w.buf.handle)?;
-    let words = if width == 8 { 2 } else { 1 };
-    let dir: Vec<TileDir> = read_vec(mem, base + w.dir_off, w.ntiles)?;
-    let idx: Vec<u32> = read_vec(mem, base + w.idx_off, w.capacity)?;
-    let vals: Vec<u64> = read_vec(mem, base + w.vals_off, w.capacity * words)?;
-    reference::checksum_compact(
-        mem, width, jobs, w.ntiles, &dir, &idx, &vals, w.capacity, seed, full,
-    )
-    .map_err(|e| fake_error(e.to_string()))
-}
-
-impl SenderDevice for FakeSender {
-    fn prepare(
-        &mut self,
-        layout: &Layout,
-        _offsets: &[u64],
-        snapshot_bytes: u64,
-    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
-        let mut h = lock(&self.host);
-        self.snap = h.mem.alloc(&vec![0; snapshot_bytes as usize]);
-        let snapshot = Export {
-            handle: handle_of(self.snap),
-            bytes: snapshot_bytes,
-        };
-        self.outs.clear();
-        for width in layout.widths().collect::<Vec<_>>() {
-            let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
-            let base = h.mem.alloc(&vec![0; bytes as usize]);
-            self.outs.push(WidthExport {
-                width: width as u8,
-                ntiles: layout.ntiles(width),
-                capacity,
-                buf: Export {
-                    handle: handle_of(base),
-                    bytes,
-                },
-                dir_off,
-                idx_off,
-                vals_off,
-            });
-        }
-        Ok((snapshot, self.outs.clone()))
-    }
-
-    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
-        let mut h = lock(&self.host);
-        for (t, (&src, &off)) in layout.tensors().iter().zip(self.state.iter().zip(offsets)) {
-            copy(&mut h.mem, self.snap + off, src, t.numel * t.width as u64)?;
-        }
-        Ok(())
-    }
-
-    fn build(
-        &mut self,
-        layout: &Layout,
-        offsets: &[u64],
-        seed: u64,
-    ) -> Result<Vec<WidthBuilt>, GpuError> {
-        let host = self.host.clone();
-        let mut h = lock(&host);
-        self.seed += 1;
-        let mut cursors = Vec::new();
-        for w in &self.outs {
-            let width = usize::from(w.width);
-            let base = addr_of(&w.buf.handle)?;
-            let jobs = layout.diff_jobs(width, |pos| (self.state[pos], self.snap + offsets[pos]));
-            let words = if width == 8 { 2 } else { 1 };
-            let mut dir: Vec<TileDir> = read_vec(&h.mem, base + w.dir_off, w.ntiles)?;
-            let mut idx: Vec<u32> = read_vec(&h.mem, base + w.idx_off, w.capacity)?;
-            let mut vals: Vec<u64> = read_vec(&h.mem, base + w.vals_off, w.capacity * words)?;
-            let mut cursor = 0u64;
-            reference::diff_compact(
-                &mut h.mem,
-                width,
-                &jobs,
-                w.ntiles,
-                Pool {
-                    idx: &mut idx,
-                    vals: &mut vals,
-                    capacity: w.capacity,
-                    cursor: &mut cursor,
-                },
-                &mut dir,
-                self.seed,
-            )
-            .map_err(|e| fake_error(e.to_string()))?;
-            for (at, bytes) in [
-                (w.dir_off, compact::as_bytes(&dir)),
-                (w.idx_off, compact::as_bytes(&idx)),
-                (w.vals_off, compact::as_bytes(&vals)),
-            ] {
-                h.mem
-                    .write(base + at, bytes.len() as u64)
-                    .map_err(|e| fake_error(e.to_string()))?
-                    .copy_from_slice(bytes);
-            }
-            cursors.push(cursor);
-        }
-        if let Some(fault) = self.fault.take() {
-            fault(&mut h.mem, self);
-        }
-        let mut built = Vec::new();
-        for (w, cursor) in self.outs.iter().zip(cursors) {
-            let sum_jobs =
-                layout.apply_jobs(usize::from(w.width), |pos| (0, self.snap + offsets[pos]));
-            let sum = pool_sum(&h.mem, w, &sum_jobs, seed, false)?;
-            built.push(WidthBuilt { cursor, sum });
-        }
-        if let Some(corrupt) = self.corrupt.take() {
-            corrupt(&mut h.mem, self);
-        }
-        Ok(built)
-    }
-
-    fn snapshot_sum(
-        &mut self,
-        layout: &Layout,
-        offsets: &[u64],
-        seed: u64,
-    ) -> Result<Vec<PoolSum>, GpuError> {
-        let h = lock(&self.host);
-        self.outs
-            .iter()
-            .map(|w| {
-                let jobs =
-                    layout.apply_jobs(usize::from(w.width), |pos| (0, self.snap + offsets[pos]));
-                pool_sum(&h.mem, w, &jobs, seed, true)
-            })
-            .collect()
-    }
-
-    fn device(&self) -> u32 {
-        0
-    }
-}
-
-struct FakeReceiver {
-    host: Shared,
-    tensors: Vec<u64>,
-    opened: Vec<u64>,
-}
-
-impl ReceiverDevice for FakeReceiver {
-    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
-        let mut h = lock(&self.host);
-        for e in std::iter::once(&setup.snapshot).chain(setup.widths.iter().map(|w| &w.buf)) {
-            let addr = addr_of(&e.handle)?;
-            h.mem
-                .read(addr, e.bytes)
-                .map_err(|e| fake_error(e.to_string()))?;
-            self.opened.push(addr);
-            h.open += 1;
-        }
-        Ok(())
-    }
-
-    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
-        let mut h = lock(&self.host);
-        for ((t, &dst), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
-            copy(
-                &mut h.mem,
-                dst,
-                self.opened[0] + off,
-                t.numel * u64::from(t.width),
-            )?;
-        }
-        Ok(())
-    }
-
-    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
-        let mut h = lock(&self.host);
-        for (k, w) in setup.widths.iter().enumerate() {
-            let width = usize::from(w.width);
-            let base = self.opened[1 + k];
-            let words = if width == 8 { 2 } else { 1 };
-            let dir: Vec<TileDir> = read_vec(&h.mem, base + w.dir_off, w.ntiles)?;
-            let idx: Vec<u32> = read_vec(&h.mem, base + w.idx_off, w.capacity)?;
-            let vals: Vec<u64> = read_vec(&h.mem, base + w.vals_off, w.capacity * words)?;
-            let jobs = layout.apply_jobs(width, |pos| {
-                (self.tensors[pos], self.opened[0] + setup.offsets[pos])
-            });
-            reference::apply_compact(&mut h.mem, width, &jobs, w.ntiles, &dir, &idx, &vals)
-                .map_err(|e| fake_error(e.to_string()))?;
-        }
-        Ok(())
-    }
-
-    fn drain(&mut self) -> Result<(), GpuError> {
-        Ok(())
-    }
-
-    fn checksum(
-        &mut self,
-        setup: &Setup,
-        layout: &Layout,
-        seed: u64,
-        full: bool,
-    ) -> Result<Vec<PoolSum>, GpuError> {
-        let h = lock(&self.host);
-        setup
-            .widths
-            .iter()
-            .map(|w| {
-                let jobs = layout.apply_jobs(usize::from(w.width), |pos| {
-                    (self.tensors[pos], self.opened[0] + setup.offsets[pos])
-                });
-                pool_sum(&h.mem, w, &jobs, seed, full)
-            })
-            .collect()
-    }
-
-    fn device(&self) -> u32 {
-        0
-    }
-}
-
-impl Drop for FakeReceiver {
-    fn drop(&mut self) {
-        lock(&self.host).open -= self.opened.len();
-    }
+fn lock(h: &Shared) -> std::sync::MutexGuard<'_, SharedHost> {
+    h.lock()
 }
 
 /// (elements, width) of the test state: partial tiles, an empty tensor, every width, and one u8 tensor
@@ -335,7 +40,7 @@ fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
         .iter()
         .map(|&(n, w)| {
             x = x.wrapping_add(2);
-            h.mem.alloc(&reference::rng::bytes(n as usize * w, x))
+            h.mem.alloc(&crate::gpu::reference::rng::bytes(n as usize * w, x))
         })
         .collect()
 }
@@ -372,15 +77,7 @@ const T: Duration = Duration::from_secs(30);
 
 fn sender(host: &Shared, path: &Path, n: usize) -> (IpcSender<FakeSender>, Vec<u64>) {
     let state = tensors(host, 1);
-    let dev = FakeSender {
-        host: host.clone(),
-        state: state.clone(),
-        snap: 0,
-        outs: Vec::new(),
-        seed: 0,
-        corrupt: None,
-        fault: None,
-    };
+    let dev = FakeSender::new(host.clone(), state.clone());
     (IpcSender::bind(path, dev, layout(), n, T).unwrap(), state)
 }
 
@@ -394,11 +91,7 @@ fn receiver(
     let mine = tensors(host, 100 + u64::from(rank));
     let (host, path, addrs) = (host.clone(), path.to_owned(), mine.clone());
     let h = thread::spawn(move || {
-        let dev = FakeReceiver {
-            host,
-            tensors: addrs,
-            opened: Vec::new(),
-        };
+        let dev = FakeReceiver::new(host, addrs);
         let mut r = match IpcReceiver::connect(&path, rank, layout(), dev, T) {
             Ok(r) => r,
             Err(e) => return vec![Err(crate::error_chain(&e))],
@@ -548,11 +241,7 @@ fn a_receiver_with_other_tensors_or_a_taken_rank_is_refused_by_name() {
     let (mut tx, _state) = sender(&host, &path, 1);
     let p = path.clone();
     let other = thread::spawn(move || {
-        let dev = FakeReceiver {
-            host: Shared::default(),
-            tensors: Vec::new(),
-            opened: Vec::new(),
-        };
+        let dev = FakeReceiver::new(Shared::default(), Vec::new());
         let shapes = Layout::new(&[(10, 2)]).unwrap();
         IpcReceiver::connect(&p, 0, shapes, dev, T)
             .err()
@@ -579,11 +268,7 @@ fn a_receiver_with_other_tensors_or_a_taken_rank_is_refused_by_name() {
     let p = path.clone();
     let h = host.clone();
     let bad_rank = thread::spawn(move || {
-        let dev = FakeReceiver {
-            host: h,
-            tensors: Vec::new(),
-            opened: Vec::new(),
-        };
+        let dev = FakeReceiver::new(h, Vec::new());
         IpcReceiver::connect(&p, 5, layout(), dev, T)
             .err()
             .map(|e| crate::error_chain(&e))
@@ -617,15 +302,7 @@ fn a_receiver_rejects_bad_syncs_before_writing_anything() {
     let host = Shared::default();
     // A real sender's exports, driven by hand.
     let state = tensors(&host, 1);
-    let mut dev = FakeSender {
-        host: host.clone(),
-        state: state.clone(),
-        snap: 0,
-        outs: Vec::new(),
-        seed: 0,
-        corrupt: None,
-        fault: None,
-    };
+    let mut dev = FakeSender::new(host.clone(), state.clone());
     let l = layout();
     let (offsets, bytes) = snapshot_offsets(&l);
     let (snapshot, widths) = dev.prepare(&l, &offsets, bytes).unwrap();
@@ -748,7 +425,7 @@ fn a_setup_whose_buffers_do_not_fit_the_layout_is_refused_before_opening() {
     let l = layout();
     let (offsets, bytes) = snapshot_offsets(&l);
     let export = |bytes| Export {
-        handle: handle_of(1 << 40),
+        handle: SharedSim::default().export(1 << 40),
         bytes,
     };
     let widths: Vec<WidthExport> = l
@@ -901,8 +578,8 @@ fn flip(mem: &mut Memory, at: u64, mask: u8) {
 }
 
 fn export_of(dev: &FakeSender, width: u8) -> (WidthExport, u64) {
-    let w = *dev.outs.iter().find(|w| w.width == width).unwrap();
-    (w, addr_of(&w.buf.handle).unwrap())
+    let k = dev.outs.iter().position(|w| w.width == width).unwrap();
+    (dev.outs[k], dev.out_addrs[k])
 }
 
 #[test]
@@ -1053,4 +730,77 @@ fn a_sender_whose_own_count_disagrees_with_its_cursor_sends_a_full_copy_and_coun
     let want: Vec<Result<u64, String>> = (1..=version).map(Ok).collect();
     assert_eq!(h0.join().unwrap(), want, "no receiver rejected anything");
     assert_eq!(h1.join().unwrap(), want, "no receiver rejected anything");
+}
+
+/// Across processes: each end's own memory, the exports seen through files (as the test worker's simulated
+/// GPU uses them); the receiver follows the sender bitwise, and the sender's files go with it.
+#[test]
+fn file_backed_ends_with_separate_memories_follow_the_sender_and_leave_no_file() {
+    use super::reference::FileSim;
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let fill = |sim: &FileSim, seed: u64| -> Vec<u64> {
+        sim.with(|mem| {
+            SHAPES
+                .iter()
+                .enumerate()
+                .map(|(k, &(n, w))| {
+                    mem.alloc(&crate::gpu::reference::rng::bytes(
+                        n as usize * w,
+                        seed + 2 * k as u64,
+                    ))
+                })
+                .collect()
+        })
+    };
+    let read = |sim: &FileSim, addrs: &[u64]| -> Vec<Vec<u8>> {
+        sim.with(|mem| {
+            addrs
+                .iter()
+                .zip(SHAPES)
+                .map(|(&a, (n, w))| mem.read(a, n * w as u64).unwrap().to_vec())
+                .collect()
+        })
+    };
+    let tx_sim = FileSim::new(dir.path());
+    let state = fill(&tx_sim, 1);
+    let mut tx = IpcSender::bind(
+        &path,
+        RefSender::new(tx_sim.clone(), state.clone()),
+        layout(),
+        1,
+        T,
+    )
+    .unwrap();
+    let rx_sim = FileSim::new(dir.path());
+    let mine = fill(&rx_sim, 101);
+    let (p, sim, addrs) = (path.clone(), rx_sim.clone(), mine.clone());
+    let rx = thread::spawn(move || {
+        let mut r =
+            IpcReceiver::connect(&p, 0, layout(), RefReceiver::new(sim, addrs), T).unwrap();
+        (0..4).map(|_| r.apply(T).unwrap()).collect::<Vec<_>>()
+    });
+    for version in 1..=4u64 {
+        if version > 1 {
+            tx_sim.with(|mem| {
+                for (&a, (n, w)) in state.iter().zip(SHAPES) {
+                    let bytes = mem.write(a, n * w as u64).unwrap();
+                    for i in (version as usize..bytes.len()).step_by(89) {
+                        bytes[i] = bytes[i].wrapping_add(3);
+                    }
+                }
+            });
+        }
+        let rep = tx.sync(version).unwrap();
+        assert_eq!(rep.full, version == 1);
+    }
+    assert_eq!(rx.join().unwrap(), vec![1, 2, 3, 4]);
+    assert_eq!(read(&rx_sim, &mine), read(&tx_sim, &state));
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().count() > 1,
+        "the exports are files"
+    );
+    drop(tx);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
 }
