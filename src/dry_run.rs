@@ -92,10 +92,18 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
         }
         // Python workers bring their own model: `actor.model` is theirs to read.
         // Built-in workers of a learner model need libtorch: in this build, or the learner executable beside it.
-        if cfg.actor.worker.kind == WorkerKind::Builtin
-            && let Err(e) = preflight_here(cfg.actor.model.model_type)
-        {
-            problems.push(format!("actor.model.model_type: {e}"));
+        if cfg.actor.worker.kind == WorkerKind::Builtin {
+            match preflight_here(cfg.actor.model.model_type) {
+                Err(e) => problems.push(format!("actor.model.model_type: {e}")),
+                Ok(exe) if cfg.gpu_channel() => {
+                    let this = current_exe();
+                    let learner = crate::learner_exe::learner_exe(&this);
+                    problems.extend(crate::learner_exe::gpu_channel_refusal(
+                        &exe, &this, &learner,
+                    ));
+                }
+                Ok(_) => {}
+            }
         }
         // Python workers: their interpreter, asked once, imports rlsync and the entries (and torch on cuda).
         if let Err(e) = orchestrator::supervisor::interpreter_probe::check(cfg) {
@@ -159,12 +167,18 @@ pub fn dry_run(entry: Entry, extracted: &Extracted, run_dir: &Path) -> DryRun {
     }
 }
 
-/// `learner_exe::preflight` for this executable and the learner executable it would start.
+/// `learner_exe::preflight` for the workers' executable (this one, or `$RLSYNC_WORKER`) and the learner
+/// executable it would start.
 fn preflight_here(
     model: crate::config::schema::ModelType,
 ) -> Result<PathBuf, crate::learner_exe::NoLearner> {
-    let this = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rlsync"));
-    crate::learner_exe::preflight(model, &this, &crate::learner_exe::learner_exe(&this))
+    let this = current_exe();
+    let worker = crate::learner_exe::worker_exe(&this);
+    crate::learner_exe::preflight(model, &worker, &crate::learner_exe::learner_exe(&this))
+}
+
+fn current_exe() -> PathBuf {
+    std::env::current_exe().unwrap_or_else(|_| PathBuf::from("rlsync"))
 }
 
 /// Trainer rank 0 plus the rollouts of the orchestrator's own loop plan (so the report cannot disagree with

@@ -29,6 +29,20 @@ pub fn worker_exe(this: &Path) -> PathBuf {
     }
 }
 
+/// Why the built-in workers started from `exe` cannot use the same-host GPU channel
+/// (`weight_syncer.patch.transport_device: cuda`), if they cannot: the synthetic workload in `this` rlsync and
+/// the learner's in `learner` keep their weights in host memory. A worker executable of one's own
+/// (`$RLSYNC_WORKER`) answers for itself when the channel opens.
+pub fn gpu_channel_refusal(exe: &Path, this: &Path, learner: &Path) -> Option<String> {
+    (exe == this || exe == learner).then(|| {
+        "weight_syncer.patch.transport_device=cuda moves the weights between CUDA tensors, and the built-in \
+         workers (actor.worker.kind=builtin) keep theirs in host memory: run Python workers with their models on \
+         a GPU (worker@actor.worker=python worker@rollout.worker=python, actor.worker.device=cuda, \
+         rollout.worker.device=cuda), or set weight_syncer.patch.transport_device=cpu"
+            .to_owned()
+    })
+}
+
 /// A learner model without a learner executable to run it.
 #[derive(Debug, thiserror::Error)]
 #[error(

@@ -305,6 +305,11 @@ pub fn run(
         };
         let exe = crate::learner_exe::preflight(cfg.actor.model.model_type, &worker, &learner)
             .map_err(|source| OrchestratorError::NoLearner { source })?;
+        if cfg.gpu_channel()
+            && let Some(reason) = crate::learner_exe::gpu_channel_refusal(&exe, &this, &learner)
+        {
+            return Err(OrchestratorError::Config { reason });
+        }
         opts.worker_exe = Some(exe);
     }
     // Python workers: their interpreter must import rlsync and their entries (and on a GPU, its torch must see
@@ -440,6 +445,7 @@ async fn run_in_private_dir(
         envs_per_rollout: plan.envs_per_rollout,
         control_socket: files.control_socket.clone(),
         weight_socket: files.weight_socket.clone(),
+        gpu_socket: cfg.gpu_channel().then(|| files.gpu_socket.clone()),
         segment_prefix: tag.to_owned(),
         // Several nodes share the run's token (RLSYNC_RUN_TOKEN): the trainer proves it to the weight chain.
         token: multi

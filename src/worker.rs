@@ -7,6 +7,7 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
+pub mod gpu_channel;
 pub mod host_copies;
 pub mod host_shared;
 pub mod local_copy;
@@ -68,6 +69,8 @@ pub enum WorkerError {
     HostShared(#[from] rlsync_core::host_shared::HostSharedError),
     #[error("workload")]
     Workload(#[from] workload::WorkloadError),
+    #[error("the GPU weight channel")]
+    GpuChannel(#[from] rlsync_core::gpu::ipc::IpcError),
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
     #[error("cannot start the worker runtime")]
@@ -78,9 +81,31 @@ impl WorkerError {
     /// The weight-channel peers this failure is about (gone, or silent past a deadline): the trainer for a
     /// rollout, rollouts by rank for the trainer. Empty when the failure is this worker's own.
     pub(crate) fn blames(&self) -> Vec<messages::Blame> {
+        use rlsync_core::gpu::ipc::{IpcError, PeerError};
         use rlsync_core::host_shared::HostSharedError;
         use rlsync_core::syncer::SyncError;
         use rlsync_core::transport::{Peer, TransportError};
+        // The GPU channel's ranks are the rollouts' (it serves one host).
+        match self {
+            WorkerError::GpuChannel(IpcError::Receiver {
+                rank,
+                source: PeerError::Closed | PeerError::Timeout { .. },
+            }) => {
+                return vec![messages::Blame {
+                    role: Role::Rollout,
+                    rank: *rank,
+                }];
+            }
+            WorkerError::GpuChannel(IpcError::Sender {
+                source: PeerError::Closed | PeerError::Timeout { .. },
+            }) => {
+                return vec![messages::Blame {
+                    role: Role::Trainer,
+                    rank: 0,
+                }];
+            }
+            _ => {}
+        }
         let transport = match self {
             WorkerError::Transport(e)
             | WorkerError::Sync(SyncError::Transport(e))

@@ -21,6 +21,10 @@ struct DeviceLog {
     pushes: usize,
     checksums: usize,
     attached: Option<String>,
+    /// Builds (trainer) / installs (rollout) of the same-host GPU channel.
+    channel_builds: usize,
+    channel_installs: usize,
+    text: String,
 }
 
 fn device_log(dir: &Dir, worker: &str) -> DeviceLog {
@@ -34,6 +38,11 @@ fn device_log(dir: &Dir, worker: &str) -> DeviceLog {
             l.split_once("from now on: ")
                 .map(|(_, what)| what.to_owned())
         }),
+        channel_builds: text.matches("simulated device: GPU channel build").count(),
+        channel_installs: text
+            .matches("simulated device: GPU channel install")
+            .count(),
+        text,
     }
 }
 
@@ -194,4 +203,104 @@ fn a_bucket_syncer_stays_on_the_host_copies_and_pushes_every_version() {
         1 + syncs,
         "trainer: one device checksum per version, the bootstrap's too"
     );
+}
+
+/// The same-host GPU channel (`weight_syncer.patch.transport_device=cuda`), on the simulated device whose
+/// exports cross the workers' processes as files: the handshake and bootstrap on the host, then every version
+/// built and installed device to device, each rollout's device checksum equal to the trainer's, and no host
+/// copy moving for it.
+const GPU_CHANNEL: &[&str] = &[
+    "weight_syncer.patch.transport_device=cuda",
+    "weight_syncer.patch.snapshot_device=cuda",
+];
+
+#[test]
+fn the_gpu_channel_carries_every_version_device_to_device_verified() {
+    let dir = Dir::new();
+    let stdout = run_on_device(&dir, "train_embodied", GPU_CHANNEL);
+    let syncs = verified_syncs(&dir);
+    assert!(syncs >= 3, "versions synced: {syncs}");
+    let trainer = device_log(&dir, "trainer-0");
+    assert!(
+        trainer
+            .text
+            .contains("weights synced over the same-host GPU channel from now on"),
+        "{stdout}"
+    );
+    assert_eq!(trainer.attached, None, "no host syncer attached: {stdout}");
+    assert_eq!(
+        trainer.channel_builds, syncs,
+        "one device build per version"
+    );
+    // The first fill and the final checkpoint read the host copies; the syncs never do.
+    assert_eq!((trainer.pulls, trainer.pushes), (2, 0), "trainer");
+    assert_eq!(
+        trainer.checksums,
+        1 + syncs,
+        "trainer: the state hashed on the device per version, the bootstrap's too"
+    );
+    for rank in 0..2 {
+        let rollout = device_log(&dir, &format!("rollout-{rank}"));
+        assert!(
+            rollout
+                .text
+                .contains("weights installed from the same-host GPU channel from now on"),
+            "rollout-{rank}"
+        );
+        assert_eq!(rollout.channel_installs, syncs, "rollout-{rank}");
+        // The bootstrap was written into the host copies and pushed once; every version since arrived on the
+        // device and was hashed there.
+        assert_eq!((rollout.pulls, rollout.pushes), (1, 1), "rollout-{rank}");
+        assert_eq!(rollout.checksums, 1 + syncs, "rollout-{rank}");
+    }
+    let rows = metrics(&dir);
+    let kinds: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.get("sync/kind").and_then(serde_json::Value::as_str))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"init"), "{kinds:?}");
+    assert!(kinds[1..].iter().all(|k| *k == "patch"), "{kinds:?}");
+    // The synthetic updates change a share of the weights: the patches read less than the state.
+    let ratios: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.get("sync/kind").and_then(serde_json::Value::as_str) == Some("patch"))
+        .filter_map(|r| {
+            r.get("sync/compression_ratio")
+                .and_then(serde_json::Value::as_f64)
+        })
+        .collect();
+    assert!(
+        !ratios.is_empty() && ratios.iter().all(|r| *r > 1.0),
+        "{ratios:?}"
+    );
+    // The channel's socket and exports lived in the run's private directory, which the run removed.
+    let leftovers: Vec<_> = std::fs::read_dir(dir.join("run"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sim-gpu-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn the_gpu_channel_is_refused_where_it_cannot_serve() {
+    let dir = Dir::new();
+    let mut args = vec!["train_async"];
+    args.extend_from_slice(crate::util::SMALL_SYNTHETIC);
+    args.extend_from_slice(RUN);
+    args.extend_from_slice(GPU_CHANNEL);
+    args.push("actor.sync_weight_no_wait=true");
+    let worker = crate::util::example("held_worker");
+    let out = dir.run_env(&args, &[("RLSYNC_WORKER", worker.as_os_str())]);
+    let err = out.err();
+    assert!(err.contains("actor.sync_weight_no_wait=false"), "{err}");
+    // The built-in workers of rlsync itself keep their weights on the host.
+    let mut args = vec!["train_embodied"];
+    args.extend_from_slice(crate::util::SMALL_SYNTHETIC);
+    args.extend_from_slice(RUN);
+    args.extend_from_slice(GPU_CHANNEL);
+    args.push("--dry-run");
+    let out = dir.run_env(&args, &[]);
+    let text = format!("{}{}", out.stdout, out.err());
+    assert!(text.contains("keep theirs in host memory"), "{text}");
 }

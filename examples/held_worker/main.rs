@@ -158,7 +158,11 @@ fn main() -> ExitCode {
         std::thread::sleep(std::time::Duration::from_secs_f64(build_s));
         let workload = rlsync::worker::workload::build(ctx.config(), &ctx.placement())?;
         Ok(match on_device {
-            true => Box::new(sim_device::SimDevice::new(workload)) as Box<dyn Workload>,
+            true => {
+                // The GPU channel's exports go beside its socket, in the run's private directory.
+                let exports = ctx.launch.gpu_socket.as_ref().and_then(|s| s.parent());
+                Box::new(sim_device::SimDevice::new(workload, exports)) as Box<dyn Workload>
+            }
             false => workload,
         })
     });

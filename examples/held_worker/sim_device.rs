@@ -5,7 +5,9 @@
 //! the syncs run on the device.
 //!
 //! Every pull and push is one line on stderr (the worker's log): `simulated device: pull` / `… push`; so is
-//! every checksum hashed on the device copy (`simulated device: checksum`).
+//! every checksum hashed on the device copy (`simulated device: checksum`), and every build and install of the
+//! same-host GPU channel (`simulated device: GPU channel build` / `… install`), which runs the reference
+//! kernels over the device copy with its exports shared across the workers' processes as files.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -17,8 +19,13 @@ use rlsync::worker::host_copies::{HostCopies, LazyHostCopies};
 use rlsync::worker::workload::{
     Batch, EpisodeMetrics, TrainStats, TrajectoryChunk, Workload, WorkloadError,
 };
+use rlsync_core::gpu::GpuError;
 use rlsync_core::gpu::checksum::Plan;
-use rlsync_core::gpu::reference::Memory;
+use rlsync_core::gpu::compact::Layout as ChannelLayout;
+use rlsync_core::gpu::ipc::reference::{FileSim, RefReceiver, RefSender, SimMemory as _};
+use rlsync_core::gpu::ipc::wire::{Export, Setup, WidthExport};
+use rlsync_core::gpu::ipc::{ReceiverDevice, SenderDevice, WidthBuilt};
+use rlsync_core::gpu::reference::{Memory, PoolSum};
 use rlsync_core::syncer::offload::{PatchBuilder, PatchInstaller};
 use rlsync_core::syncer::patch::{self, Built, SnapTensor, ValidPatch};
 use rlsync_core::syncer::settings::SyncerKind;
@@ -38,6 +45,8 @@ pub struct SimDevice {
     device: Device,
     /// The host copies the runtime's state dict borrows, refreshed as a Python worker's are.
     copies: LazyHostCopies<SimCopies>,
+    /// Where the GPU channel's exports go (the run's private directory), when the run uses the channel.
+    exports: Option<PathBuf>,
 }
 
 /// The device copy and the host copies the runtime's state dict borrows, by key.
@@ -73,7 +82,7 @@ impl HostCopies for SimCopies {
 }
 
 impl SimDevice {
-    pub fn new(inner: Box<dyn Workload>) -> SimDevice {
+    pub fn new(inner: Box<dyn Workload>, exports: Option<&Path>) -> SimDevice {
         let device: Device = Arc::new(Mutex::new(StateDict::new()));
         let copies = SimCopies {
             device: device.clone(),
@@ -83,7 +92,18 @@ impl SimDevice {
             inner,
             device,
             copies: LazyHostCopies::new(copies),
+            exports: exports.map(Path::to_owned),
         }
+    }
+}
+
+impl SimDevice {
+    fn exports_dir(&self) -> Result<&Path, WorkloadError> {
+        self.exports
+            .as_deref()
+            .ok_or_else(|| WorkloadError::GpuChannel {
+                reason: "the launch file names no GPU channel socket".into(),
+            })
     }
 }
 
@@ -197,6 +217,39 @@ impl Workload for SimDevice {
         Ok(Some(sum))
     }
 
+    /// The GPU channel on the simulated device: the reference kernels over memories whose exports are files.
+    fn gpu_sender_device(
+        &mut self,
+        _state: &StateDict,
+        keys: &[String],
+    ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
+        let (sim, tensors) = ChannelDevice::<()>::stage(self.exports_dir()?, &self.device, keys)?;
+        let addrs = tensors.iter().map(|t| t.1).collect();
+        eprintln!("simulated device: GPU channel sender");
+        Ok(Box::new(ChannelDevice {
+            inner: RefSender::new(sim.clone(), addrs),
+            sim,
+            device: self.device.clone(),
+            tensors,
+        }))
+    }
+
+    fn gpu_receiver_device(
+        &mut self,
+        _state: &StateDict,
+        keys: &[String],
+    ) -> Result<Box<dyn ReceiverDevice + Send>, WorkloadError> {
+        let (sim, tensors) = ChannelDevice::<()>::stage(self.exports_dir()?, &self.device, keys)?;
+        let addrs = tensors.iter().map(|t| t.1).collect();
+        eprintln!("simulated device: GPU channel receiver");
+        Ok(Box::new(ChannelDevice {
+            inner: RefReceiver::new(sim.clone(), addrs),
+            sim,
+            device: self.device.clone(),
+            tensors,
+        }))
+    }
+
     fn host_view(&mut self) -> Result<(), WorkloadError> {
         self.copies.host_view().unwrap_or_else(|e| match e {});
         Ok(())
@@ -242,5 +295,152 @@ impl PatchInstaller for DeviceInstall {
     ) -> Result<(), SyncError> {
         patch::install(valid, &mut lock(&self.0), threads);
         Ok(())
+    }
+}
+
+/// The GPU channel's device over the simulated device: the reference kernels run on a [`FileSim`] memory (its
+/// exports files in the run's private directory, as CUDA IPC maps them across processes) that holds a copy of
+/// the synced device tensors, refreshed from the device copy before each build (sender) and written back into it
+/// after each install (receiver).
+struct ChannelDevice<D> {
+    inner: D,
+    sim: FileSim,
+    device: Device,
+    /// (key, address in `sim`) of each synced tensor, in order.
+    tensors: Vec<(String, u64)>,
+}
+
+impl<D> ChannelDevice<D> {
+    /// `sim` holding a copy of the device tensors of `keys`; their addresses in it.
+    fn stage(
+        dir: &Path,
+        device: &Device,
+        keys: &[String],
+    ) -> Result<(FileSim, Vec<(String, u64)>), WorkloadError> {
+        let sim = FileSim::new(dir);
+        let device = lock(device);
+        let tensors = keys
+            .iter()
+            .map(|k| {
+                let t = device
+                    .get(k)
+                    .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
+                Ok((k.clone(), sim.with(|mem| mem.alloc(t.bytes()))))
+            })
+            .collect::<Result<Vec<_>, WorkloadError>>()?;
+        Ok((sim, tensors))
+    }
+
+    /// `sim`'s copies := the device tensors.
+    fn copy_in(&self) -> Result<(), GpuError> {
+        let device = lock(&self.device);
+        self.sim.with(|mem| {
+            for (key, addr) in &self.tensors {
+                if let Some(t) = device.get(key) {
+                    let dst = mem
+                        .write(*addr, t.bytes().len() as u64)
+                        .map_err(sim_error)?;
+                    dst.copy_from_slice(t.bytes());
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// The device tensors := `sim`'s copies.
+    fn copy_out(&self) -> Result<(), GpuError> {
+        let mut device = lock(&self.device);
+        self.sim.with(|mem| {
+            for (key, addr) in &self.tensors {
+                if let Some(t) = device.get_mut(key) {
+                    let src = mem.read(*addr, t.bytes().len() as u64).map_err(sim_error)?;
+                    t.bytes_mut().copy_from_slice(src);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+fn sim_error(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Driver {
+        op: "simulated device",
+        code: 1,
+        name: e.to_string(),
+    }
+}
+
+impl SenderDevice for ChannelDevice<RefSender<FileSim>> {
+    fn prepare(
+        &mut self,
+        layout: &ChannelLayout,
+        offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
+        self.inner.prepare(layout, offsets, snapshot_bytes)
+    }
+
+    fn bootstrap(&mut self, layout: &ChannelLayout, offsets: &[u64]) -> Result<(), GpuError> {
+        self.copy_in()?;
+        self.inner.bootstrap(layout, offsets)
+    }
+
+    fn build(
+        &mut self,
+        layout: &ChannelLayout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError> {
+        self.copy_in()?;
+        eprintln!("simulated device: GPU channel build");
+        self.inner.build(layout, offsets, seed)
+    }
+
+    fn snapshot_sum(
+        &mut self,
+        layout: &ChannelLayout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        self.inner.snapshot_sum(layout, offsets, seed)
+    }
+
+    fn device(&self) -> u32 {
+        0
+    }
+}
+
+impl ReceiverDevice for ChannelDevice<RefReceiver<FileSim>> {
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        self.inner.open(setup)
+    }
+
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        self.inner.full(setup)?;
+        self.copy_out()
+    }
+
+    fn apply(&mut self, setup: &Setup, layout: &ChannelLayout) -> Result<(), GpuError> {
+        self.inner.apply(setup, layout)?;
+        eprintln!("simulated device: GPU channel install");
+        self.copy_out()
+    }
+
+    fn drain(&mut self) -> Result<(), GpuError> {
+        self.inner.drain()
+    }
+
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &ChannelLayout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        self.inner.checksum(setup, layout, seed, full)
+    }
+
+    fn device(&self) -> u32 {
+        0
     }
 }

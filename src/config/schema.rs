@@ -34,6 +34,25 @@ pub struct RunConfig {
     pub bench: BenchConfig,
 }
 
+impl RunConfig {
+    /// The same-host GPU channel carries the versions (`weight_syncer.patch.transport_device: cuda` with the
+    /// patch syncer; see `worker::gpu_channel`).
+    pub fn gpu_channel(&self) -> bool {
+        self.weight_syncer.kind == SyncerKind::Patch
+            && self.weight_syncer.patch.transport_device == Device::Cuda
+    }
+
+    /// The weight syncer's settings for the host channel: with the GPU channel, it runs only the handshake
+    /// and the init bootstrap, on the host (`transport_device: cpu`).
+    pub fn host_syncer(&self) -> WeightSyncerConfig {
+        let mut syncer = self.weight_syncer.clone();
+        if self.gpu_channel() {
+            syncer.patch.transport_device = Device::Cpu;
+        }
+        syncer
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // durations
 

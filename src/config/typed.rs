@@ -325,9 +325,11 @@ fn cross_field_problems(cfg: &RunConfig, tree: &Node) -> Vec<Problem> {
     }
     worker_problems(cfg, &mut problem);
     host_shared_problems(cfg, &mut problem);
+    gpu_channel_problems(cfg, &mut problem);
     // What the weight syncer itself refuses (a setting no backend of this build serves) is a problem of the
-    // config too, so `--dry-run` reports it before any process starts, not the trainer after the spawn.
-    if let Err(e) = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions::default())
+    // config too, so `--dry-run` reports it before any process starts, not the trainer after the spawn. With
+    // the GPU channel, the syncer runs the handshake and bootstrap on the host (`host_syncer`).
+    if let Err(e) = WeightSyncer::from_config(&cfg.host_syncer(), SyncOptions::default())
         && !out.iter().any(|p| p.path.starts_with("weight_syncer"))
     {
         let path = match &e {
@@ -372,6 +374,63 @@ fn host_shared_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
              installs patches on the GPU: set weight_syncer.patch.transport_device=cpu or \
              weight_syncer.host_shared=false"
                 .into(),
+        );
+    }
+}
+
+/// `weight_syncer.patch.transport_device: cuda`: the same-host GPU channel carries every version from the
+/// trainer's CUDA tensors to the rollouts' (`worker::gpu_channel`). It needs both models on a GPU, its snapshot
+/// copy there (the rollouts read it through CUDA IPC), one host, and rollouts that neither restart nor install
+/// in the background (the channel has no rejoin and installs on the orchestrator's apply; the latter is checked
+/// with the entry point, in the plan).
+fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
+    if !cfg.gpu_channel() {
+        return;
+    }
+    const KEY: &str = "weight_syncer.patch.transport_device";
+    for (role, worker) in [
+        ("actor", &cfg.actor.worker),
+        ("rollout", &cfg.rollout.worker),
+    ] {
+        if worker.kind == WorkerKind::Python && !worker.device.is_cuda() {
+            problem(
+                &format!("{role}.worker.device"),
+                format!(
+                    "{KEY}=cuda moves the weights between CUDA tensors, but {role}.worker.device={} keeps this \
+                     model on the host: set {role}.worker.device=cuda (or cuda:N), or {KEY}=cpu",
+                    worker.device
+                ),
+            );
+        }
+    }
+    if cfg.weight_syncer.patch.snapshot_device != Device::Cuda {
+        problem(
+            "weight_syncer.patch.snapshot_device",
+            format!(
+                "{KEY}=cuda shares the snapshot copy with the rollouts through CUDA IPC (they read overflowing \
+                 tiles and full copies from it), so it lives in GPU memory: set \
+                 weight_syncer.patch.snapshot_device=cuda, or {KEY}=cpu"
+            ),
+        );
+    }
+    if cfg.cluster.num_nodes.get() > 1 {
+        problem(
+            KEY,
+            format!(
+                "cuda serves the rollouts on the trainer's host (CUDA IPC), and cluster.num_nodes={} puts \
+                 rollouts on other hosts: set {KEY}=cpu (shared memory on each host, TCP between them)",
+                cfg.cluster.num_nodes
+            ),
+        );
+    }
+    if cfg.runner.rollout_restarts > 0 {
+        problem(
+            KEY,
+            format!(
+                "cuda has no rejoin path for a restarted rollout, and runner.rollout_restarts={} restarts them: \
+                 set runner.rollout_restarts=0, or {KEY}=cpu",
+                cfg.runner.rollout_restarts
+            ),
         );
     }
 }
@@ -1202,28 +1261,86 @@ mod tests {
     /// once, and not on top of a cross-field problem of the same syncer config.
     #[test]
     fn what_the_syncer_refuses_is_a_config_problem() {
+        let err = extract(&tree(&[
+            ("weight_syncer.patch.transport_device", s("cuda")),
+            ("weight_syncer.patch.snapshot_device", s("cuda")),
+            ("weight_syncer.patch.compression", s("nvcomp_lz4")),
+        ]))
+        .unwrap_err();
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert_eq!(err.problems[0].path, "weight_syncer.patch.compression");
+        assert!(
+            err.problems[0].message.contains("does not link nvCOMP"),
+            "{}",
+            err.problems[0].message
+        );
+        assert!(extract(&tree(&[("weight_syncer.patch.snapshot_device", s("cuda"))])).is_ok());
+    }
+
+    /// `transport_device: cuda`, the same-host GPU channel: each thing that keeps it from working is named
+    /// at its key, with what to set instead.
+    #[test]
+    fn the_gpu_channel_names_what_it_needs() {
+        let python = |device: &'static str| {
+            vec![
+                ("weight_syncer.patch.transport_device", s("cuda")),
+                ("weight_syncer.patch.snapshot_device", s("cuda")),
+                ("actor.worker.kind", s("python")),
+                ("actor.worker.entry", s("pkg.mod:Trainer")),
+                ("actor.worker.device", s(device)),
+                ("rollout.worker.kind", s("python")),
+                ("rollout.worker.entry", s("pkg.mod:Rollout")),
+                ("rollout.worker.device", s(device)),
+            ]
+        };
+        let ok = extract(&tree(&python("cuda:0"))).unwrap();
+        assert!(ok.config.gpu_channel());
+        // The host syncer runs the handshake and bootstrap: its transport is the host's.
+        assert_eq!(ok.config.host_syncer().patch.transport_device, Device::Cpu);
+        // The bucket syncer ignores the patch section.
+        let mut bucket = python("cuda");
+        bucket.push(("weight_syncer.type", s("bucket")));
+        assert!(!extract(&tree(&bucket)).unwrap().config.gpu_channel());
+        let err = extract(&tree(&python("cpu"))).unwrap_err();
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            ["actor.worker.device", "rollout.worker.device"],
+            "{err}"
+        );
+        assert!(
+            err.problems[1]
+                .message
+                .contains("rollout.worker.device=cpu keeps this model on the host"),
+            "{err}"
+        );
         let err = extract(&tree(&[(
             "weight_syncer.patch.transport_device",
             s("cuda"),
         )]))
         .unwrap_err();
         assert_eq!(err.problems.len(), 1, "{err}");
-        assert_eq!(err.problems[0].path, "weight_syncer.patch.transport_device");
-        assert!(
-            err.problems[0].message.starts_with(
-                "cuda is not available here: it hands each payload to your own collective"
+        assert_eq!(err.problems[0].path, "weight_syncer.patch.snapshot_device");
+        assert!(err.problems[0].message.contains("CUDA IPC"), "{err}");
+        for (key, value, named) in [
+            (
+                "runner.rollout_restarts",
+                Value::int(2),
+                "runner.rollout_restarts=2",
             ),
-            "{}",
-            err.problems[0].message
-        );
-        let err = extract(&tree(&[
-            ("weight_syncer.patch.transport_device", s("cuda")),
-            ("weight_syncer.patch.compression", s("nvcomp_lz4")),
-        ]))
-        .unwrap_err();
-        assert_eq!(err.problems.len(), 1, "{err}");
-        assert_eq!(err.problems[0].path, "weight_syncer.patch.transport_device");
-        assert!(extract(&tree(&[("weight_syncer.patch.snapshot_device", s("cuda"))])).is_ok());
+            ("cluster.num_nodes", Value::int(2), "cluster.num_nodes=2"),
+        ] {
+            let mut t = python("cuda");
+            t.push((key, value));
+            let err = extract(&tree(&t)).unwrap_err();
+            assert!(
+                err.problems
+                    .iter()
+                    .any(|p| p.path == "weight_syncer.patch.transport_device"
+                        && p.message.contains(named)),
+                "{key}: {err}"
+            );
+        }
     }
 
     #[test]

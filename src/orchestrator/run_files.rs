@@ -22,6 +22,7 @@ pub const MAX_SOCKET_PATH: usize = 107;
 /// File names inside the private directory (short, so deep `TMPDIR`s still fit [`MAX_SOCKET_PATH`]).
 const CONTROL_SOCKET: &str = "control.sock";
 const WEIGHT_SOCKET: &str = "weights.sock";
+const GPU_SOCKET: &str = "gpu.sock";
 /// What a run's tag looks like at most: `rlsync-<pid up to 10 digits>-<8 hex digits>`.
 const LONGEST_TAG: usize = "rlsync-".len() + 10 + 1 + 8;
 
@@ -144,6 +145,8 @@ pub struct PrivateDir {
     pub dir: PathBuf,
     pub control_socket: PathBuf,
     pub weight_socket: PathBuf,
+    /// The same-host GPU channel's (`weight_syncer.patch.transport_device: cuda`).
+    pub gpu_socket: PathBuf,
 }
 
 impl PrivateDir {
@@ -152,6 +155,7 @@ impl PrivateDir {
         PrivateDir {
             control_socket: dir.join(CONTROL_SOCKET),
             weight_socket: dir.join(WEIGHT_SOCKET),
+            gpu_socket: dir.join(GPU_SOCKET),
             dir,
         }
     }
@@ -159,7 +163,11 @@ impl PrivateDir {
     /// Create the directory (0700, whatever the umask) after checking that its socket paths fit.
     pub fn create(tmp: &Path, tag: &str) -> Result<PrivateDir, RunFilesError> {
         let layout = PrivateDir::layout(tmp, tag);
-        for path in [&layout.control_socket, &layout.weight_socket] {
+        for path in [
+            &layout.control_socket,
+            &layout.weight_socket,
+            &layout.gpu_socket,
+        ] {
             check_socket_path(path)?;
         }
         std::fs::DirBuilder::new()
@@ -193,7 +201,8 @@ pub fn check_socket_dir(tmp: &Path) -> Result<(), RunFilesError> {
     let tag = "x".repeat(LONGEST_TAG);
     let layout = PrivateDir::layout(tmp, &tag);
     check_socket_path(&layout.control_socket)?;
-    check_socket_path(&layout.weight_socket)
+    check_socket_path(&layout.weight_socket)?;
+    check_socket_path(&layout.gpu_socket)
 }
 
 /// What a sweep removed.

@@ -27,6 +27,10 @@ pub struct LaunchSpec {
     pub control_socket: PathBuf,
     /// Where the trainer's weight sender listens (rollouts connect to it).
     pub weight_socket: PathBuf,
+    /// The same-host GPU channel's socket (`weight_syncer.patch.transport_device: cuda`): the trainer listens,
+    /// the rollouts connect after the init bootstrap; absent: the channel is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_socket: Option<PathBuf>,
     /// Names of shared-memory segments of this run start with this prefix.
     pub segment_prefix: String,
     /// A per-run secret (random, hex): every worker's hello must carry it. The launch file is 0600, so only
@@ -246,6 +250,7 @@ mod tests {
             envs_per_rollout: 1,
             control_socket: "/tmp/c.sock".into(),
             weight_socket: "/tmp/w.sock".into(),
+            gpu_socket: None,
             segment_prefix: "rlsync-1-x".into(),
             token: String::new(),
             start: StartPoint::default(),
@@ -289,6 +294,7 @@ mod tests {
             envs_per_rollout: 4,
             control_socket: "/tmp/c.sock".into(),
             weight_socket: "/tmp/w.sock".into(),
+            gpu_socket: None,
             segment_prefix: "rlsync-1-x".into(),
             token: "0123".into(),
             start: StartPoint {

@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
 use crate::worker::Stage;
+use crate::worker::gpu_channel::{self, ChannelReceiver};
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
@@ -30,6 +31,9 @@ enum Weights {
     Blocking(SyncReceiver),
     /// Background mode: a task owns the syncer and hands over one validated update at a time.
     Background(mpsc::Receiver<Received>),
+    /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`): installed on `Apply`, into
+    /// the workload's device tensors.
+    Gpu(ChannelReceiver),
 }
 
 struct Rollout {
@@ -216,7 +220,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 .await?;
                 let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
                 let mut syncer =
-                    WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+                    WeightSyncer::from_config(&cfg.host_syncer(), SyncOptions { threads })?;
                 if let Some(probe) = &ctx.probe {
                     let holds = [
                         (HoldPoint::Bootstrap, Stage::Bootstrap),
@@ -228,6 +232,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     {
                         syncer.hold_at(point, hold);
                     }
+                }
+                if rx.joined_late() && ctx.launch.gpu_socket.is_some() {
+                    return Err(WorkerError::UnexpectedCommand {
+                        role: "rollout",
+                        command: "InitWeights as a late joiner (the GPU channel serves no rejoins)"
+                            .into(),
+                    });
                 }
                 if rx.joined_late() {
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
@@ -272,10 +283,49 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     hold.await;
                 }
                 let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
-                me.received_on_host(&syncer)?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
                 me.version = ctx.launch.start.version;
                 me.keys = syncer.synced_keys().to_vec();
+                weights = match &ctx.launch.gpu_socket {
+                    None => {
+                        me.received_on_host(&syncer)?;
+                        Weights::Blocking(syncer)
+                    }
+                    Some(socket) => {
+                        // Checked and bootstrapped on the host; every version from now on arrives device to
+                        // device, starting with a full copy of the trainer's (the host syncer goes).
+                        drop(syncer);
+                        let rank = channel_rank as u32;
+                        let timeout = ctx.transport_timeout();
+                        let channel = tokio::task::block_in_place(|| {
+                            me.workload.weights_written(false)?;
+                            let (channel, version) = gpu_channel::open_receiver(
+                                me.workload.as_mut(),
+                                &me.state,
+                                &me.keys,
+                                socket,
+                                rank,
+                                timeout,
+                            )?;
+                            if version != me.version {
+                                return Err(WorkerError::UnexpectedCommand {
+                                    role: "rollout",
+                                    command: format!(
+                                        "a GPU channel bootstrap of version {version} (the run starts at {})",
+                                        me.version
+                                    ),
+                                });
+                            }
+                            Ok(channel)
+                        })?;
+                        me.device_install = true;
+                        me.installed()?;
+                        tracing::info!(
+                            "weights installed from the same-host GPU channel from now on"
+                        );
+                        Weights::Gpu(channel)
+                    }
+                };
                 tracing::info!(
                     "weights received: version {}, {} tensors ({} synced), {} envs",
                     me.version,
@@ -283,12 +333,21 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.keys.len(),
                     ctx.launch.envs_per_rollout
                 );
-                weights = Weights::Blocking(syncer);
                 let applied = me.applied(started)?;
                 ctx.control.report(&applied, &[]).await?;
                 me.keep_copy()?;
             }
             Command::Apply => {
+                if let Weights::Gpu(channel) = &mut weights {
+                    let started = Instant::now();
+                    let timeout = ctx.transport_timeout();
+                    let version = tokio::task::block_in_place(|| channel.apply(timeout))?;
+                    me.installed()?;
+                    me.version = version;
+                    let applied = me.applied(started)?;
+                    ctx.control.report(&applied, &[]).await?;
+                    continue;
+                }
                 let Weights::Blocking(syncer) = &mut weights else {
                     return Err(WorkerError::UnexpectedCommand {
                         role: "rollout",
@@ -321,6 +380,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     return Err(WorkerError::UnexpectedCommand {
                         role: "rollout",
                         command: "Rollout (before the first version after a rejoin)".into(),
+                    });
+                }
+                if background && matches!(weights, Weights::Gpu(_)) {
+                    return Err(WorkerError::UnexpectedCommand {
+                        role: "rollout",
+                        command: "Rollout with background installs (the GPU channel installs on Apply only)"
+                            .into(),
                     });
                 }
                 if background

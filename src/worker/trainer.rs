@@ -2,11 +2,12 @@
 
 use std::time::Instant;
 
+use crate::worker::gpu_channel::{self, ChannelSender};
 use crate::worker::workload::{Batch, Workload};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer};
-use rlsync_core::tensor::StateDict;
+use rlsync_core::tensor::{StateDict, state_checksum};
 use rlsync_core::transport::{
     ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
 };
@@ -24,7 +25,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     }
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);
-    let mut syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
+    let mut syncer = WeightSyncer::from_config(&cfg.host_syncer(), SyncOptions { threads })?;
     // Restartable rollouts: a bucket syncer keeps the last version sent, so a restarted rollout is caught up to
     // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
     // for the next sync.
@@ -33,7 +34,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     syncer.require_increasing_versions(true);
     // The syncer until `InitWeights` makes it the sending end.
     let mut unready = Some(syncer);
-    let mut sender: Option<SyncSender> = None;
+    let mut sender: Option<Publisher> = None;
     let mut version = start.version;
     let mut steps_done = start.step;
     // The trained version the rollouts were last sent (the state is exactly that version while equal).
@@ -60,11 +61,49 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let channel = open_sender(ctx).await?;
                 tokio::task::block_in_place(|| workload.host_view())?;
                 let (mut end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
+                // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
+                report.version = start.version;
+                if let Some(socket) = &ctx.launch.gpu_socket {
+                    // The handshake and the init bootstrap ran on the host; every version from now on goes
+                    // device to device (the host syncer, and its snapshot, go).
+                    let keys = end.synced_keys().to_vec();
+                    let receivers = ctx.launch.weight_receivers();
+                    let timeout = ctx.transport_timeout();
+                    let channel = tokio::task::block_in_place(|| {
+                        let (channel, boot) = gpu_channel::open_sender(
+                            workload.as_mut(),
+                            &state,
+                            &keys,
+                            socket,
+                            receivers,
+                            timeout,
+                            start.version,
+                        )?;
+                        tracing::info!("{}", gpu_channel::describe(&boot));
+                        Ok::<_, WorkerError>(channel)
+                    })?;
+                    drop(end);
+                    tracing::info!(
+                        "weights synced over the same-host GPU channel from now on ({} tensors to {receivers} rollout(s))",
+                        keys.len()
+                    );
+                    let checksum = if cfg.runner.verify_sync {
+                        state_checksum_of(workload.as_mut(), &state, &keys)?
+                    } else {
+                        0
+                    };
+                    let synced = Report::Synced {
+                        stats: sync_stats(&report),
+                        checksum,
+                        seconds: started.elapsed().as_secs_f64(),
+                    };
+                    sender = Some(Publisher::Gpu { channel, keys });
+                    ctx.control.report(&synced, &[]).await?;
+                    continue;
+                }
                 if let Some(what) = workload.attach_sender(&mut end, &state) {
                     tracing::info!("weights synced from the device from now on: {what}");
                 }
-                // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
-                report.version = start.version;
                 let synced = synced_report(
                     &end,
                     workload.as_mut(),
@@ -73,27 +112,48 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     started,
                     cfg.runner.verify_sync,
                 )?;
-                sender = Some(end);
+                sender = Some(Publisher::Host(end));
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Sync { version: wanted } => {
-                let Some(syncer) = sender.as_mut() else {
-                    return Err(unexpected("Sync (before InitWeights)"));
-                };
                 let started = Instant::now();
-                if syncer.needs_host_view() {
-                    tokio::task::block_in_place(|| workload.host_view())?;
-                }
-                let report = syncer.sync(&state, wanted).await?;
+                let synced = match sender.as_mut() {
+                    None => return Err(unexpected("Sync (before InitWeights)")),
+                    Some(Publisher::Host(syncer)) => {
+                        if syncer.needs_host_view() {
+                            tokio::task::block_in_place(|| workload.host_view())?;
+                        }
+                        let report = syncer.sync(&state, wanted).await?;
+                        synced_report(
+                            syncer,
+                            workload.as_mut(),
+                            &state,
+                            &report,
+                            started,
+                            cfg.runner.verify_sync,
+                        )?
+                    }
+                    Some(Publisher::Gpu { channel, keys }) => {
+                        let report = tokio::task::block_in_place(|| channel.sync(wanted))?;
+                        tracing::debug!("{}", gpu_channel::describe(&report));
+                        let bytes = keys
+                            .iter()
+                            .filter_map(|k| state.get(k))
+                            .map(|t| t.bytes().len() as u64)
+                            .sum();
+                        let checksum = if cfg.runner.verify_sync {
+                            state_checksum_of(workload.as_mut(), &state, keys)?
+                        } else {
+                            0
+                        };
+                        Report::Synced {
+                            stats: gpu_channel::stats(&report, bytes),
+                            checksum,
+                            seconds: started.elapsed().as_secs_f64(),
+                        }
+                    }
+                };
                 synced_at = version;
-                let synced = synced_report(
-                    syncer,
-                    workload.as_mut(),
-                    &state,
-                    &report,
-                    started,
-                    cfg.runner.verify_sync,
-                )?;
                 ctx.control.report(&synced, &[]).await?;
             }
             Command::Train {
@@ -126,8 +186,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     .await?;
             }
             Command::Rejoin { rank, receiver } => {
-                let Some(syncer) = sender.as_mut() else {
-                    return Err(unexpected("Rejoin (before InitWeights)"));
+                let syncer = match sender.as_mut() {
+                    None => return Err(unexpected("Rejoin (before InitWeights)")),
+                    Some(Publisher::Gpu { .. }) => {
+                        return Err(unexpected("Rejoin (the GPU channel serves no rejoins)"));
+                    }
+                    Some(Publisher::Host(syncer)) => syncer,
                 };
                 let last = version == synced_at;
                 // A rejoin reads the state (the bootstrap-only keys, a bucket syncer's last version): rare.
@@ -154,6 +218,34 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             }
         }
     }
+}
+
+/// Where the versions go after the init bootstrap.
+// One per trainer: boxing the large host variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Publisher {
+    /// The weight syncer over the host channels (shared memory, TCP).
+    Host(SyncSender),
+    /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`), over the synced `keys`.
+    Gpu {
+        channel: ChannelSender,
+        keys: Vec<String>,
+    },
+}
+
+/// `state_checksum` of `keys` of the weights, where they live (on the device if the workload can hash there).
+fn state_checksum_of(
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    keys: &[String],
+) -> Result<u64, WorkerError> {
+    tokio::task::block_in_place(|| {
+        if let Some(c) = workload.weights_checksum(state, keys)? {
+            return Ok(c);
+        }
+        workload.host_view()?;
+        Ok(state_checksum(state, keys))
+    })
 }
 
 /// A command the trainer cannot take (now).
@@ -304,17 +396,21 @@ fn synced_report(
         0
     };
     Ok(Report::Synced {
-        stats: SyncStats {
-            version: report.version,
-            kind: report.kind.name().into(),
-            payload_bytes: report.payload_bytes,
-            changed: report.changed,
-            state_bytes: report.state_bytes,
-            compression_ratio: report.compression_ratio,
-            dense_segments: report.dense_segments,
-            seconds: report.transfer.as_secs_f64(),
-        },
+        stats: sync_stats(report),
         checksum,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+fn sync_stats(report: &SyncReport) -> SyncStats {
+    SyncStats {
+        version: report.version,
+        kind: report.kind.name().into(),
+        payload_bytes: report.payload_bytes,
+        changed: report.changed,
+        state_bytes: report.state_bytes,
+        compression_ratio: report.compression_ratio,
+        dense_segments: report.dense_segments,
+        seconds: report.transfer.as_secs_f64(),
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use rlsync_core::gpu::ipc::{ReceiverDevice, SenderDevice};
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::Role;
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
@@ -34,6 +35,9 @@ pub enum WorkloadError {
     NoLearner { model: &'static str },
     #[error("trajectory batch")]
     Trajectories(#[from] ProtocolError),
+    /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`) cannot run on this workload.
+    #[error("the GPU channel (weight_syncer.patch.transport_device=cuda): {reason}")]
+    GpuChannel { reason: String },
     /// A workload implemented outside Rust failed (a Python worker raised; `message` ends with the
     /// traceback's last lines).
     #[error("{message}")]
@@ -189,6 +193,28 @@ pub trait Workload: Send {
         Ok(None)
     }
 
+    /// Trainer, with the same-host GPU channel (`weight_syncer.patch.transport_device: cuda`), after the init
+    /// bootstrap: the channel's sending device over the device tensors of `keys` (the synced keys, in order),
+    /// on the stream the workload's own work runs on ([`crate::worker::gpu_channel`]). By default, and for
+    /// weights that are not all tensors of one GPU, the error says why it cannot.
+    fn gpu_sender_device(
+        &mut self,
+        _state: &StateDict,
+        _keys: &[String],
+    ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
+        Err(no_gpu_channel())
+    }
+
+    /// Rollout, with the same-host GPU channel, after the init bootstrap: the channel's receiving device,
+    /// which installs into the device tensors of `keys`.
+    fn gpu_receiver_device(
+        &mut self,
+        _state: &StateDict,
+        _keys: &[String],
+    ) -> Result<Box<dyn ReceiverDevice + Send>, WorkloadError> {
+        Err(no_gpu_channel())
+    }
+
     /// The runtime is about to read `state`'s bytes (a sync on the host path, a checksum, a checkpoint, a
     /// local copy, a rejoin): a workload that keeps its weights elsewhere too (host copies of CUDA tensors)
     /// brings `state` up to date first. A no-op when `state` is the weights.
@@ -223,6 +249,16 @@ pub trait Workload: Send {
     fn restore(&mut self, state: &mut StateDict, dir: &Path) -> Result<(), WorkloadError> {
         crate::checkpoint::load_weights_into(state, dir)?;
         Ok(())
+    }
+}
+
+/// A workload whose weights are host tensors: the GPU channel needs them on a GPU.
+fn no_gpu_channel() -> WorkloadError {
+    WorkloadError::GpuChannel {
+        reason: "this worker's weights are host tensors; the channel moves versions between CUDA tensors: \
+                 Python workers with their models on a GPU (actor.worker.device=cuda, rollout.worker.device=cuda), \
+                 or set weight_syncer.patch.transport_device=cpu"
+            .into(),
     }
 }
 

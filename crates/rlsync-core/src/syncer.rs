@@ -374,7 +374,7 @@ impl WeightSyncer {
                     return Err(SyncError::NoGpuBackend {
                         setting: "weight_syncer.patch.transport_device",
                         value: "cuda",
-                        why: "it hands each payload to your own collective as a CUDA tensor, which only the Python PatchWeightSyncer(transport_device=\"cuda\") does; rlsync's channels (shared memory, TCP) carry host bytes, and CUDA tensors are diffed and installed on the GPU with snapshot_device",
+                        why: "a syncer over rlsync's host channels (shared memory, TCP) carries host bytes; payloads on the GPU are the Python PatchWeightSyncer(transport_device=\"cuda\")'s (handed to your own collective) and the same-host GPU channel's of `rlsync train_embodied` / `train_async` (Python workers on GPUs); CUDA tensors are diffed and installed on the GPU with snapshot_device",
                         instead: "cpu",
                     });
                 }

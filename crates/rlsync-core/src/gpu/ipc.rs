@@ -40,8 +40,8 @@
 //! tested on the CPU with the reference kernels ([`super::reference`]); [`CudaSender`] and [`CudaReceiver`] are
 //! the CUDA implementations.
 
-pub mod wire;
 pub mod reference;
+pub mod wire;
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -430,6 +430,67 @@ pub trait ReceiverDevice {
     ) -> Result<Vec<PoolSum>, GpuError>;
     /// The device ordinal (informational, in the hello).
     fn device(&self) -> u32;
+}
+
+/// A boxed device is a device (the worker runtime holds the one its workload opened).
+impl<D: SenderDevice + ?Sized> SenderDevice for Box<D> {
+    fn prepare(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        snapshot_bytes: u64,
+    ) -> Result<(Export, Vec<WidthExport>), GpuError> {
+        (**self).prepare(layout, offsets, snapshot_bytes)
+    }
+    fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
+        (**self).bootstrap(layout, offsets)
+    }
+    fn build(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<WidthBuilt>, GpuError> {
+        (**self).build(layout, offsets, seed)
+    }
+    fn snapshot_sum(
+        &mut self,
+        layout: &Layout,
+        offsets: &[u64],
+        seed: u64,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        (**self).snapshot_sum(layout, offsets, seed)
+    }
+    fn device(&self) -> u32 {
+        (**self).device()
+    }
+}
+
+impl<D: ReceiverDevice + ?Sized> ReceiverDevice for Box<D> {
+    fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        (**self).open(setup)
+    }
+    fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        (**self).full(setup)
+    }
+    fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
+        (**self).apply(setup, layout)
+    }
+    fn drain(&mut self) -> Result<(), GpuError> {
+        (**self).drain()
+    }
+    fn checksum(
+        &mut self,
+        setup: &Setup,
+        layout: &Layout,
+        seed: u64,
+        full: bool,
+    ) -> Result<Vec<PoolSum>, GpuError> {
+        (**self).checksum(setup, layout, seed, full)
+    }
+    fn device(&self) -> u32 {
+        (**self).device()
+    }
 }
 
 /// A connected receiver.

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::compact::{self, ApplyJob, Layout, TileDir};
 use super::wire::{Export, Setup, WidthExport};
-use super::{GpuError, SenderDevice, ReceiverDevice, WidthBuilt, width_plan};
+use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_plan};
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 
@@ -182,7 +182,9 @@ impl SimMemory for FileSim {
     }
 
     fn publish(&self, mem: &Memory, addr: u64, bytes: u64) -> Result<(), GpuError> {
-        let data = mem.read(addr, bytes).map_err(|e| sim_error(e.to_string()))?;
+        let data = mem
+            .read(addr, bytes)
+            .map_err(|e| sim_error(e.to_string()))?;
         let path = self.file(addr, std::process::id());
         // Whole or not at all (an importer may read it meanwhile), 0600; no fsync: a simulation.
         let mut tmp = path.clone().into_os_string();
@@ -486,10 +488,7 @@ impl<M: SimMemory> RefReceiver<M> {
     }
 
     /// Bring every opened export up to date, then run `f` on the memory.
-    fn fresh<R>(
-        &self,
-        f: impl FnOnce(&mut Memory) -> Result<R, GpuError>,
-    ) -> Result<R, GpuError> {
+    fn fresh<R>(&self, f: impl FnOnce(&mut Memory) -> Result<R, GpuError>) -> Result<R, GpuError> {
         self.sim.with(|mem| {
             for (h, addr, bytes) in &self.opened {
                 self.sim.refresh(mem, h, *addr, *bytes)?;

@@ -3,8 +3,10 @@
 
 use std::thread;
 
+use super::reference::{
+    self, RefReceiver, RefSender, SharedHost, SharedSim, SimMemory as _, read_vec,
+};
 use super::*;
-use super::reference::{self, RefReceiver, SimMemory as _, RefSender, SharedHost, SharedSim, read_vec};
 use crate::gpu::reference::Memory;
 
 type Shared = SharedSim;
@@ -40,7 +42,8 @@ fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
         .iter()
         .map(|&(n, w)| {
             x = x.wrapping_add(2);
-            h.mem.alloc(&crate::gpu::reference::rng::bytes(n as usize * w, x))
+            h.mem
+                .alloc(&crate::gpu::reference::rng::bytes(n as usize * w, x))
         })
         .collect()
 }
@@ -776,8 +779,7 @@ fn file_backed_ends_with_separate_memories_follow_the_sender_and_leave_no_file()
     let mine = fill(&rx_sim, 101);
     let (p, sim, addrs) = (path.clone(), rx_sim.clone(), mine.clone());
     let rx = thread::spawn(move || {
-        let mut r =
-            IpcReceiver::connect(&p, 0, layout(), RefReceiver::new(sim, addrs), T).unwrap();
+        let mut r = IpcReceiver::connect(&p, 0, layout(), RefReceiver::new(sim, addrs), T).unwrap();
         (0..4).map(|_| r.apply(T).unwrap()).collect::<Vec<_>>()
     });
     for version in 1..=4u64 {

@@ -1,0 +1,135 @@
+//! The same-host GPU channel in the worker runtime (`weight_syncer.patch.transport_device: cuda`): its ends over
+//! the devices a workload opens on its CUDA tensors, and what the runtime reports of each sync.
+//!
+//! The rollouts of one host receive every version from the trainer's GPU, device to device: the trainer's
+//! `diff_compact` output, checksummed, read in place by each rollout's `apply_compact` through CUDA IPC
+//! ([`rlsync_core::gpu::ipc`]); no host copy, no coding. The handshake (names, dtypes, shapes) and the init
+//! bootstrap (frozen tensors included) still run once over the host channel, so the channel starts on states
+//! the syncer has checked; from then on it carries the synced tensors, in the syncer's order.
+//!
+//! A workload whose weights are CUDA tensors opens the devices ([`Workload::gpu_sender_device`],
+//! [`Workload::gpu_receiver_device`]); the runtime binds, connects and drives the ends. Restarted rollouts and background installs are not served by the
+//! channel (the config refuses `runner.rollout_restarts` > 0 and `actor.sync_weight_no_wait` with it).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rlsync_core::gpu::compact::Layout;
+use rlsync_core::gpu::ipc::{IpcReceiver, IpcSender, ReceiverDevice, SenderDevice, SyncReport};
+use rlsync_core::protocol::messages::SyncStats;
+use rlsync_core::tensor::StateDict;
+
+use crate::worker::WorkerError;
+use crate::worker::workload::{Workload, WorkloadError};
+
+/// The trainer's end: the channel over the device its workload opened.
+pub type ChannelSender = IpcSender<Box<dyn SenderDevice + Send>>;
+/// A rollout's end.
+pub type ChannelReceiver = IpcReceiver<Box<dyn ReceiverDevice + Send>>;
+
+/// Trainer: the channel at `socket` for `receivers` rollouts over the device tensors of `keys` (the synced
+/// keys, in the syncer's order) of `workload`, snapshot copy := those tensors, every rollout given a full
+/// copy as `version`.
+pub fn open_sender(
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    keys: &[String],
+    socket: &Path,
+    receivers: usize,
+    timeout: Duration,
+    version: u64,
+) -> Result<(ChannelSender, SyncReport), WorkerError> {
+    let layout = layout(state, keys)?;
+    let device = workload.gpu_sender_device(state, keys)?;
+    let mut channel = IpcSender::bind(socket, device, layout, receivers, timeout)?;
+    let report = channel.bootstrap(version)?;
+    Ok((channel, report))
+}
+
+/// Rollout `rank`: connect to the trainer's channel at `socket` with the device tensors of `keys` of
+/// `workload`, and install its full copy; that copy's version.
+pub fn open_receiver(
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    keys: &[String],
+    socket: &Path,
+    rank: u32,
+    timeout: Duration,
+) -> Result<(ChannelReceiver, u64), WorkerError> {
+    let layout = layout(state, keys)?;
+    let device = workload.gpu_receiver_device(state, keys)?;
+    let mut channel = IpcReceiver::connect(socket, rank, layout, device, timeout)?;
+    let version = channel.apply(timeout)?;
+    Ok((channel, version))
+}
+
+/// The channel's tensor layout of `keys` of `state` (elements and element width of each, in order).
+pub fn layout(state: &StateDict, keys: &[String]) -> Result<Layout, WorkloadError> {
+    let shapes = keys
+        .iter()
+        .map(|k| {
+            let t = state
+                .get(k)
+                .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
+            Ok((t.numel() as u64, t.dtype().size_bytes()))
+        })
+        .collect::<Result<Vec<_>, WorkloadError>>()?;
+    Layout::new(&shapes).map_err(|e| WorkloadError::GpuChannel {
+        reason: rlsync_core::error_chain(&e),
+    })
+}
+
+/// The `Synced` statistics of one sync over the channel: a patch counts the compacted entries the rollouts
+/// read (index and old/new value each; a tile that overflowed its pool is read densely from the snapshot
+/// copy), a full copy the state.
+pub fn stats(report: &SyncReport, state_bytes: u64) -> SyncStats {
+    let changed: u64 = report.widths.iter().map(|w| w.changes).sum();
+    let payload_bytes = if report.full {
+        state_bytes
+    } else {
+        report
+            .widths
+            .iter()
+            .map(|w| w.changes * (4 + 2 * u64::from(w.width)))
+            .sum()
+    };
+    SyncStats {
+        version: report.version,
+        kind: if report.full { "full" } else { "patch" }.into(),
+        payload_bytes,
+        changed,
+        state_bytes,
+        compression_ratio: if payload_bytes == 0 {
+            0.0
+        } else {
+            state_bytes as f64 / payload_bytes as f64
+        },
+        dense_segments: report.widths.iter().filter(|w| w.overflow).count() as u64,
+        seconds: report.build_s + report.acks_s,
+    }
+}
+
+/// One line for the log: where the sync's time went, per rollout.
+pub fn describe(report: &SyncReport) -> String {
+    let per: Vec<String> = report
+        .per_receiver
+        .iter()
+        .map(|t| {
+            format!(
+                "rollout {}: {:.2} ms (check {:.2}, apply {:.2})",
+                t.rank,
+                t.total_s * 1e3,
+                t.check_s * 1e3,
+                t.apply_s * 1e3
+            )
+        })
+        .collect();
+    format!(
+        "GPU channel: version {} ({}), build {:.2} ms, acks {:.2} ms; {}",
+        report.version,
+        if report.full { "full copy" } else { "patch" },
+        report.build_s * 1e3,
+        report.acks_s * 1e3,
+        per.join(", ")
+    )
+}
