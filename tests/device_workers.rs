@@ -223,11 +223,15 @@ fn the_gpu_channel_carries_every_version_device_to_device_verified() {
     let trainer = device_log(&dir, "trainer-0");
     assert!(
         trainer
-            .text
-            .contains("weights synced over the same-host GPU channel from now on"),
+            .attached
+            .as_deref()
+            .is_some_and(|a| a.starts_with("the same-host GPU channel, device to device")),
         "{stdout}"
     );
-    assert_eq!(trainer.attached, None, "no host syncer attached: {stdout}");
+    assert!(
+        !trainer.text.contains("simulated device: patch build"),
+        "no host syncer attached"
+    );
     assert_eq!(
         trainer.channel_builds, syncs,
         "one device build per version"
@@ -241,10 +245,9 @@ fn the_gpu_channel_carries_every_version_device_to_device_verified() {
     );
     for rank in 0..2 {
         let rollout = device_log(&dir, &format!("rollout-{rank}"));
-        assert!(
-            rollout
-                .text
-                .contains("weights installed from the same-host GPU channel from now on"),
+        assert_eq!(
+            rollout.attached.as_deref(),
+            Some("the same-host GPU channel, device to device"),
             "rollout-{rank}"
         );
         assert_eq!(rollout.channel_installs, syncs, "rollout-{rank}");

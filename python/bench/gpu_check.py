@@ -1275,7 +1275,8 @@ def gym_run(ctx: Ctx, device: str, steps: int, extra: list[str]) -> dict[str, An
 
 def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
     """The example on the device with the patch syncer (3 updates), then with the bucket syncer packing and
-    installing on the device (``bucket_device=cuda``, 2 updates; on the CPU it stages on the host)."""
+    installing on the device (``bucket_device=cuda``, 2 updates; on the CPU it stages on the host), then over
+    the same-host GPU channel (``transport_device=cuda``, 3 updates; GPU only)."""
     need_gpu(ctx)
     for mod in ("gymnasium", "mujoco"):
         try:
@@ -1295,6 +1296,23 @@ def stage_gym_ppo(ctx: Ctx) -> dict[str, Any]:
     if bucket.get("status") == "failed" and out.get("status") != "failed":
         out["status"] = "failed"
         out["note"] = f"the bucket run failed: {bucket.get('note') or 'see bucket'}"
+    # The same-host GPU channel (transport_device=cuda) needs the models on the GPU: the runtime's own
+    # device-to-device path, after a host handshake and bootstrap.
+    if device != "cuda":
+        out["gpu_channel"] = {"status": "skipped", "note": "the GPU channel needs the models on a GPU"}
+    elif ctx.left() < 10:
+        out["gpu_channel"] = {"status": "skipped", "note": f"{ctx.left():.0f} s left of the stage's share"}
+    else:
+        channel = gym_run(ctx, device, 3, ["weight_syncer.patch.transport_device=cuda",
+                                           "weight_syncer.patch.snapshot_device=cuda"])
+        if channel.get("status") != "failed" and not all(
+                "GPU channel" in v for v in channel.get("sync_paths", {}).values()):
+            channel["status"] = "failed"
+            channel["note"] = "a worker did not sync over the same-host GPU channel"
+        out["gpu_channel"] = channel
+        if channel.get("status") == "failed" and out.get("status") != "failed":
+            out["status"] = "failed"
+            out["note"] = f"the GPU channel run failed: {channel.get('note') or 'see gpu_channel'}"
     return out
 
 

@@ -16,6 +16,7 @@ use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
 use rlsync_core::gpu::checksum::DeviceChecksum;
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
+use rlsync_core::gpu::ipc::{CudaReceiver, CudaSender};
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
 use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
 use rlsync_core::syncer::BucketStager;
@@ -225,6 +226,42 @@ pub(crate) fn attach_builder(
         g.mode = Mode::Patch;
     }
     moved
+}
+
+/// The same-host GPU channel's devices (`weight_syncer.patch.transport_device: cuda`, the worker runtime's
+/// `gpu_channel`) over the CUDA tensors of `keys`, at their addresses and on the stream staged at init (a
+/// worker's parameters keep their identity); the error names the first key that is not a CUDA tensor.
+pub(crate) fn channel_sender(side: &SharedSide, keys: &[String]) -> Result<CudaSender, String> {
+    let (gpu, addrs, stream) = channel_tensors(side, keys)?;
+    let mut dev = CudaSender::new(gpu);
+    dev.set_state(addrs, stream);
+    Ok(dev)
+}
+
+/// See [`channel_sender`].
+pub(crate) fn channel_receiver(side: &SharedSide, keys: &[String]) -> Result<CudaReceiver, String> {
+    let (gpu, addrs, stream) = channel_tensors(side, keys)?;
+    let mut dev = CudaReceiver::new(gpu);
+    dev.set_tensors(addrs, stream);
+    Ok(dev)
+}
+
+/// The device, the addresses of `keys` in order, and the stream; or why a key cannot go over the channel.
+fn channel_tensors(side: &SharedSide, keys: &[String]) -> Result<(Gpu, Vec<u64>, Stream), String> {
+    let g = lock(side);
+    let cur = g.current.lock().unwrap_or_else(|p| p.into_inner());
+    let addrs = keys
+        .iter()
+        .map(|k| {
+            cur.addrs.get(k).copied().ok_or_else(|| {
+                format!(
+                    "tensor '{k}' is not a CUDA tensor of cuda:{}: the channel moves the synced tensors of one GPU",
+                    g.gpu.ordinal()
+                )
+            })
+        })
+        .collect::<Result<Vec<u64>, String>>()?;
+    Ok((g.gpu.clone(), addrs, cur.stream))
 }
 
 /// A bucket syncer's device staging: packs (sender) or installs (receiver) on the state's GPU, at the

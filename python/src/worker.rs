@@ -22,6 +22,7 @@ use rlsync::worker::host_copies::LazyHostCopies;
 use rlsync::worker::workload::EpisodeMetrics;
 use rlsync::worker::workload::{Batch, TrainStats, TrajectoryChunk, Workload, WorkloadError};
 use rlsync::worker::{WorkerContext, WorkloadBuilder};
+use rlsync_core::gpu::ipc::{ReceiverDevice, SenderDevice};
 use rlsync_core::protocol::arrays::ChunkOrigin;
 use rlsync_core::protocol::arrays::{self, NamedArray};
 use rlsync_core::syncer::settings::Device;
@@ -141,6 +142,20 @@ impl PyWorkload {
 fn bad_return(what: &str, err: PyErr) -> WorkloadError {
     WorkloadError::Foreign {
         message: format!("{what} returned an unexpected value: {err}"),
+    }
+}
+
+impl PyWorkload {
+    /// The device side of a model on a GPU, for the same-host GPU channel.
+    fn channel_side(&self) -> Result<SharedSide, WorkloadError> {
+        match &self.device {
+            Some(copies) => Ok(copies.copies().0.clone()),
+            None => Err(WorkloadError::GpuChannel {
+                reason: "the model has no CUDA tensor (`model()` moved to the worker's device, actor.worker.device / \
+                         rollout.worker.device): the channel moves the synced tensors of one GPU"
+                    .into(),
+            }),
+        }
     }
 }
 
@@ -279,6 +294,30 @@ impl Workload for PyWorkload {
     fn attach_receiver(&mut self, receiver: &SyncReceiver) -> Option<String> {
         let side = Some(self.device.as_ref()?.copies().0.clone());
         device::attach_installer(&side, receiver).then(|| device::mode(&side).label().to_owned())
+    }
+
+    /// The same-host GPU channel's sending device over the model's CUDA tensors.
+    fn gpu_sender_device(
+        &mut self,
+        _state: &StateDict,
+        keys: &[String],
+    ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
+        let side = self.channel_side()?;
+        device::channel_sender(&side, keys)
+            .map(|d| Box::new(d) as Box<dyn SenderDevice + Send>)
+            .map_err(|reason| WorkloadError::GpuChannel { reason })
+    }
+
+    /// The same-host GPU channel's receiving device, installing into the model's CUDA tensors.
+    fn gpu_receiver_device(
+        &mut self,
+        _state: &StateDict,
+        keys: &[String],
+    ) -> Result<Box<dyn ReceiverDevice + Send>, WorkloadError> {
+        let side = self.channel_side()?;
+        device::channel_receiver(&side, keys)
+            .map(|d| Box::new(d) as Box<dyn ReceiverDevice + Send>)
+            .map_err(|reason| WorkloadError::GpuChannel { reason })
     }
 
     /// A model on a GPU is hashed there (no copy of the weights to the host per verified sync).

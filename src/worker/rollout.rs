@@ -321,7 +321,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         me.device_install = true;
                         me.installed()?;
                         tracing::info!(
-                            "weights installed from the same-host GPU channel from now on"
+                            "weights installed on the device from now on: the same-host GPU channel, device to device"
                         );
                         Weights::Gpu(channel)
                     }

@@ -84,7 +84,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     })?;
                     drop(end);
                     tracing::info!(
-                        "weights synced over the same-host GPU channel from now on ({} tensors to {receivers} rollout(s))",
+                        "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s))",
                         keys.len()
                     );
                     let checksum = if cfg.runner.verify_sync {

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::compact::{self, ApplyJob, Layout, TileDir};
 use super::wire::{Export, Setup, WidthExport};
 use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_plan};
+use crate::bytes::{Reader, Writer};
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 
@@ -60,21 +61,22 @@ const SHARED_TAG: &[u8; 8] = b"fakeipc!";
 const FILE_TAG: &[u8; 8] = b"fileipc!";
 
 fn handle(tag: &[u8; 8], addr: u64, pid: u32) -> IpcHandle {
+    let mut w = Writer::with_capacity(IPC_HANDLE_BYTES);
+    w.u64(addr).bytes(tag).u32(pid);
     let mut h = [0u8; IPC_HANDLE_BYTES];
-    h[..8].copy_from_slice(&addr.to_le_bytes());
-    h[8..16].copy_from_slice(tag);
-    h[16..20].copy_from_slice(&pid.to_le_bytes());
+    let b = w.into_vec();
+    h[..b.len()].copy_from_slice(&b);
     IpcHandle(h)
 }
 
 /// (address, pid) of a handle of `tag`'s kind.
 fn parse(tag: &[u8; 8], h: &IpcHandle) -> Result<(u64, u32), GpuError> {
-    if &h.0[8..16] != tag {
-        return Err(sim_error("not a handle of this simulated device".into()));
+    let mut r = Reader::new(&h.0, "simulated IPC handle");
+    let read = (|| Ok::<_, crate::bytes::BytesError>((r.u64()?, r.array::<8>()?, r.u32()?)))();
+    match read {
+        Ok((addr, t, pid)) if &t == tag => Ok((addr, pid)),
+        _ => Err(sim_error("not a handle of this simulated device".into())),
     }
-    let addr = u64::from_le_bytes(h.0[..8].try_into().unwrap_or_default());
-    let pid = u32::from_le_bytes(h.0[16..20].try_into().unwrap_or_default());
-    Ok((addr, pid))
 }
 
 /// The address a [`SharedSim`] handle names (tests corrupt exported buffers through it).
