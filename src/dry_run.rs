@@ -556,6 +556,12 @@ impl fmt::Display for DryRun {
                     "  weight_syncer  patch: snapshot_device={:?} transport_device={:?} delta_encoding={} compression={:?}",
                     p.snapshot_device, p.transport_device, p.delta_encoding, p.compression
                 )?;
+                if c.gpu_channel() {
+                    writeln!(
+                        f,
+                        "                 channel: the same-host GPU channel (CUDA IPC) after the handshake and init bootstrap on the host; patches uncoded, device to device"
+                    )?;
+                }
                 let prefixes = match &p.init_sync.prefixes {
                     None => "whole state dict".to_owned(),
                     Some(list) => list.join(", "),
