@@ -559,6 +559,9 @@ pub struct SyncReport {
     /// Syncs this sender has sent as a full copy (since it was bound) because its own checksum counted
     /// other changes than `diff_compact` reported (its pool is not what it would announce).
     pub fallbacks: u64,
+    /// Detached acks ([`IpcSender::detach_acks`]): the previous sync's acks, collected before this sync
+    /// touched the buffers (this sync's own are then collected by the next one, and `per_receiver` is empty).
+    pub settled: Vec<ReceiverTiming>,
 }
 
 /// The sending end (see the module docs).
@@ -577,6 +580,20 @@ pub struct IpcSender<D: SenderDevice> {
     timeout: Duration,
     /// See [`SyncReport::fallbacks`].
     fallbacks: u64,
+    /// [`IpcSender::detach_acks`]: a sync returns once its message is sent.
+    detached: bool,
+    /// The sync whose acks are still to be collected (detached acks only).
+    pending: Option<Posted>,
+}
+
+/// A sync message written to the receivers, its acks not yet read.
+struct Posted {
+    seq: u64,
+    /// When it was sent (the host's monotonic clock).
+    sent_ns: u64,
+    ranks: Vec<u32>,
+    /// Receivers the message could not be written to.
+    failed: Vec<(u32, PeerError)>,
 }
 
 impl<D: SenderDevice> IpcSender<D> {
@@ -621,7 +638,25 @@ impl<D: SenderDevice> IpcSender<D> {
             version: None,
             timeout,
             fallbacks: 0,
+            detached: false,
+            pending: None,
         })
+    }
+
+    /// Detached acks (a sender whose receivers install between their own work, e.g. in the background of a
+    /// rollout): a sync returns once its message is sent, and its acks are collected at the start of the next
+    /// sync, before the buffers are rewritten (still one version in flight; a receiver's rejection or death is
+    /// then that next sync's error, naming the rank). Off: every sync waits for its acks.
+    pub fn detach_acks(&mut self, on: bool) {
+        self.detached = on;
+    }
+
+    /// Collect the acks of a detached sync still outstanding (waiting up to the timeout for them).
+    pub fn settle(&mut self) -> Result<Vec<ReceiverTiming>, IpcError> {
+        match self.pending.take() {
+            Some(posted) => self.collect(posted),
+            None => Ok(Vec::new()),
+        }
     }
 
     pub fn device_mut(&mut self) -> &mut D {
@@ -645,6 +680,7 @@ impl<D: SenderDevice> IpcSender<D> {
     /// Snapshot copy := state, admit every announced receiver (waiting up to the timeout) and give each a
     /// full copy at `version`.
     pub fn bootstrap(&mut self, version: u64) -> Result<SyncReport, IpcError> {
+        let settled = self.settle()?;
         let t0 = Instant::now();
         self.dev.bootstrap(&self.layout, &self.offsets)?;
         self.version = Some(version);
@@ -654,7 +690,9 @@ impl<D: SenderDevice> IpcSender<D> {
         for p in &mut self.peers {
             p.fresh = false;
         }
-        self.send(version, Mode::Full, widths, build_s)
+        let mut report = self.send(version, Mode::Full, widths, build_s)?;
+        report.settled = settled;
+        Ok(report)
     }
 
     /// One sync at `version`: the first one bootstraps; later receivers are admitted with a full copy; then
@@ -663,6 +701,8 @@ impl<D: SenderDevice> IpcSender<D> {
         let Some(current) = self.version else {
             return self.bootstrap(version);
         };
+        // The previous sync's acks first (detached): its buffers are about to be rewritten.
+        let settled = self.settle()?;
         // Late receivers: a full copy of the current snapshot (equal to every other receiver's tensors).
         self.admit(false)?;
         let late: Vec<u32> = self
@@ -701,7 +741,9 @@ impl<D: SenderDevice> IpcSender<D> {
                 "GPU channel sender: its pool checksum counted other changes than diff_compact reported; \
                  this sync is sent as a full copy"
             );
-            return self.fallback(version, t0);
+            let mut report = self.fallback(version, t0)?;
+            report.settled = settled;
+            return Ok(report);
         }
         let widths: Vec<WidthCount> = self
             .setup
@@ -715,7 +757,9 @@ impl<D: SenderDevice> IpcSender<D> {
                 checksum: b.sum.sum,
             })
             .collect();
-        self.send(version, Mode::Patch, widths, t0.elapsed().as_secs_f64())
+        let mut report = self.send(version, Mode::Patch, widths, t0.elapsed().as_secs_f64())?;
+        report.settled = settled;
+        Ok(report)
     }
 
     /// This sync (`version`, begun at `t0`) as a full copy to every receiver: the snapshot copy set to the
@@ -727,7 +771,8 @@ impl<D: SenderDevice> IpcSender<D> {
     }
 
     /// Send every connected receiver the sync at `version` in `mode` (a full copy's `widths` from
-    /// [`Self::full_widths`]; a patch's from the build), built in `build_s`, and wait for the acks.
+    /// [`Self::full_widths`]; a patch's from the build), built in `build_s`, and wait for the acks (detached:
+    /// leave them for the next sync).
     fn send(
         &mut self,
         version: u64,
@@ -738,7 +783,12 @@ impl<D: SenderDevice> IpcSender<D> {
         let t1 = Instant::now();
         let ranks = self.ranks();
         let msg = self.next_sync(version, mode, widths.clone());
-        let per_receiver = self.broadcast(msg, &ranks)?;
+        let per_receiver = if self.detached {
+            self.pending = self.post(msg, &ranks);
+            Vec::new()
+        } else {
+            self.broadcast(msg, &ranks)?
+        };
         Ok(SyncReport {
             seq: self.seq,
             version,
@@ -749,6 +799,7 @@ impl<D: SenderDevice> IpcSender<D> {
             receivers: ranks.len(),
             per_receiver,
             fallbacks: self.fallbacks,
+            settled: Vec::new(),
         })
     }
 
@@ -787,29 +838,50 @@ impl<D: SenderDevice> IpcSender<D> {
     /// acks' timings. Every receiver that failed is dropped, except one that rejected a sync for its pool
     /// checksum or count: its tensors are the previous version, so it stays and gets a full copy at the
     /// start of the next sync. The first failure (lowest rank) is the error.
-    fn broadcast(
-        &mut self,
-        mut msg: Message,
-        ranks: &[u32],
-    ) -> Result<Vec<ReceiverTiming>, IpcError> {
+    fn broadcast(&mut self, msg: Message, ranks: &[u32]) -> Result<Vec<ReceiverTiming>, IpcError> {
+        match self.post(msg, ranks) {
+            Some(posted) => self.collect(posted),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Write `msg` (a sync, stamped with the clock now) to the receivers of `ranks`; `None` for another
+    /// message.
+    fn post(&mut self, mut msg: Message, ranks: &[u32]) -> Option<Posted> {
         let Message::Sync {
             seq,
             ref mut sent_ns,
             ..
         } = msg
         else {
-            return Ok(Vec::new());
+            return None;
         };
         let sync_sent = monotonic_ns();
         *sent_ns = sync_sent;
         let frame = wire::encode(&msg);
-        let mut timings = Vec::new();
         let mut failed: Vec<(u32, PeerError)> = Vec::new();
         for p in self.peers.iter_mut().filter(|p| ranks.contains(&p.rank)) {
             if let Err(e) = p.stream.write_all(&frame) {
                 failed.push((p.rank, io_peer(e)));
             }
         }
+        Some(Posted {
+            seq,
+            sent_ns: sync_sent,
+            ranks: ranks.to_vec(),
+            failed,
+        })
+    }
+
+    /// Wait (up to the timeout) for the ack of each receiver a sync was posted to (see [`Self::broadcast`]).
+    fn collect(&mut self, posted: Posted) -> Result<Vec<ReceiverTiming>, IpcError> {
+        let Posted {
+            seq,
+            sent_ns: sync_sent,
+            ranks,
+            mut failed,
+        } = posted;
+        let mut timings = Vec::new();
         let deadline = Instant::now() + self.timeout;
         for p in self.peers.iter_mut().filter(|p| ranks.contains(&p.rank)) {
             if failed.iter().any(|(r, _)| *r == p.rank) {
@@ -1139,6 +1211,37 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
     /// count), install it and ack with the phases' times; its version. A message that fails validation or
     /// verification is acked as rejected and returned as [`IpcError::Rejected`], the tensors untouched.
     pub fn apply(&mut self, timeout: Duration) -> Result<u64, IpcError> {
+        let incoming = self.receive(timeout)?;
+        self.install(incoming)
+    }
+
+    /// Block until the next message starts to arrive (however long the sender takes), or the sender closed
+    /// the channel ([`PeerError::Closed`]). For a receiver that waits in the background between installs.
+    pub fn wait(&mut self) -> Result<(), IpcError> {
+        let sender_err = |source| IpcError::Sender { source };
+        self.stream
+            .set_read_timeout(None)
+            .map_err(|e| sender_err(PeerError::Io(e)))?;
+        let mut byte = [0u8; 1];
+        loop {
+            // A peek (the byte stays for `receive`), blocking: no read timeout is set.
+            let peeked = nix::sys::socket::recv(
+                std::os::fd::AsRawFd::as_raw_fd(&self.stream),
+                &mut byte,
+                nix::sys::socket::MsgFlags::MSG_PEEK,
+            );
+            match peeked {
+                Ok(0) => return Err(sender_err(PeerError::Closed)),
+                Ok(_) => return Ok(()),
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(sender_err(io_peer(std::io::Error::from(e)))),
+            }
+        }
+    }
+
+    /// The first half of [`Self::apply`]: wait up to `timeout` for the next sync and validate it (nothing is
+    /// read from the device yet). A message that fails validation is acked as rejected.
+    pub fn receive(&mut self, timeout: Duration) -> Result<Incoming, IpcError> {
         let deadline = Instant::now() + timeout;
         let sender_err = |source| IpcError::Sender { source };
         let msg = match recv(&mut self.stream, deadline, timeout.as_secs_f64()) {
@@ -1167,7 +1270,7 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
                 expected: "sync",
             }));
         };
-        let mut timing = Timing {
+        let timing = Timing {
             wake_ns: if sent_ns == 0 || read == 0 {
                 0
             } else {
@@ -1193,6 +1296,26 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
             return Err(IpcError::Rejected { reason });
         }
         self.last_seq = seq;
+        Ok(Incoming {
+            seq,
+            version,
+            mode,
+            widths,
+            timing,
+        })
+    }
+
+    /// The second half of [`Self::apply`]: verify the received sync's device buffers, install it and ack;
+    /// its version (rejected: the tensors untouched).
+    pub fn install(&mut self, incoming: Incoming) -> Result<u64, IpcError> {
+        let Incoming {
+            seq,
+            version,
+            mode,
+            widths,
+            mut timing,
+        } = incoming;
+        let sender_err = |source| IpcError::Sender { source };
         let full = mode == Mode::Full;
         let t = Instant::now();
         let drained = self.dev.drain();
@@ -1234,6 +1357,23 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
         self.installed = Some(version);
         send(&mut self.stream, &ack(seq, Status::Applied, timing)).map_err(sender_err)?;
         Ok(version)
+    }
+}
+
+/// A sync received and validated, not yet verified on the device nor installed ([`IpcReceiver::receive`]).
+#[derive(Debug)]
+pub struct Incoming {
+    seq: u64,
+    version: u64,
+    mode: Mode,
+    widths: Vec<WidthCount>,
+    timing: Timing,
+}
+
+impl Incoming {
+    /// The version it carries.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 }
 

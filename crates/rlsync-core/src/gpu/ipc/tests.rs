@@ -806,3 +806,99 @@ fn file_backed_ends_with_separate_memories_follow_the_sender_and_leave_no_file()
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Detached acks (receivers installing in the background between their own work): a sync returns once sent,
+/// its acks are collected by the next sync (or `settle`) before the buffers are rewritten, and a receiver's
+/// rejection surfaces there, the receiver untouched and given a full copy next.
+#[test]
+fn detached_acks_are_collected_by_the_next_sync_and_a_rejection_is_its_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 1);
+    let mine = tensors(&host, 100);
+    let (h, p, addrs) = (host.clone(), path.clone(), mine.clone());
+    // Bootstrap (1), patches 2 and 3, the rejected 4, the full copy of 4's snapshot and the patch 5.
+    let rx = thread::spawn(move || {
+        let dev = FakeReceiver::new(h, addrs);
+        let mut r = IpcReceiver::connect(&p, 0, layout(), dev, T).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..6 {
+            r.wait().unwrap();
+            let incoming = r.receive(T).unwrap();
+            // The rollout's chunk in progress: the install waits for its end.
+            thread::sleep(Duration::from_millis(50));
+            got.push(r.install(incoming).map_err(|e| crate::error_chain(&e)));
+        }
+        // The sender closing is seen by the wait.
+        let closed = r.wait().unwrap_err();
+        (got, crate::error_chain(&closed))
+    });
+    let rep = tx.sync(1).unwrap();
+    assert_eq!(
+        rep.per_receiver.len(),
+        1,
+        "the bootstrap waits for its acks"
+    );
+    tx.detach_acks(true);
+    mutate(&host, &state, 2, 0);
+    let rep = tx.sync(2).unwrap();
+    assert!(
+        rep.per_receiver.is_empty() && rep.settled.is_empty(),
+        "{rep:?}"
+    );
+    mutate(&host, &state, 3, 0);
+    let rep = tx.sync(3).unwrap();
+    assert_eq!(rep.settled.len(), 1, "sync 2's ack, collected by sync 3");
+    assert!(
+        rep.settled[0].total_s >= 0.05,
+        "acked after the install's wait"
+    );
+    assert_eq!(tx.settle().unwrap().len(), 1, "sync 3's ack");
+    assert_eq!(contents(&host, &mine), contents(&host, &state));
+    assert!(tx.settle().unwrap().is_empty(), "nothing outstanding");
+    // A corrupted pool: the sync itself returns; its rejection is the settle's error.
+    mutate(&host, &state, 4, 0);
+    tx.device_mut().corrupt = Some(Box::new(|mem, dev| {
+        let (w, base) = export_of(dev, 2);
+        flip(mem, base + w.idx_off, 1 << 3);
+    }));
+    let before = contents(&host, &mine);
+    tx.sync(4).unwrap();
+    let err = tx.settle().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 0,
+                source: PeerError::Rejected(Reason::Checksum { .. })
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        contents(&host, &mine),
+        before,
+        "the rejected sync wrote nothing"
+    );
+    mutate(&host, &state, 5, 0);
+    tx.sync(5).unwrap();
+    tx.settle().unwrap();
+    assert_eq!(contents(&host, &mine), contents(&host, &state));
+    drop(tx);
+    let (got, closed) = rx.join().unwrap();
+    let versions: Vec<Result<u64, bool>> = got
+        .iter()
+        .map(|g| {
+            g.as_ref()
+                .map(|v| *v)
+                .map_err(|e| e.contains("pool checksum"))
+        })
+        .collect();
+    assert_eq!(
+        versions,
+        vec![Ok(1), Ok(2), Ok(3), Err(true), Ok(4), Ok(5)],
+        "{got:?}"
+    );
+    assert!(closed.contains("closed"), "{closed}");
+}
