@@ -285,18 +285,55 @@ fn the_gpu_channel_carries_every_version_device_to_device_verified() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// `train_async` with no-wait installs over the GPU channel: each rollout waits for the next sync on a thread
+/// and installs it between its chunks; the trainer's sync returns once sent. Every version verified.
+#[test]
+fn the_gpu_channel_installs_in_the_background_with_no_wait() {
+    let dir = Dir::new();
+    let mut extra = GPU_CHANNEL.to_vec();
+    extra.extend_from_slice(&["actor.sync_weight_no_wait=true", "runner.verify_sync=true"]);
+    run_on_device(&dir, "train_async", &extra);
+    let syncs = verified_syncs(&dir);
+    assert!(syncs >= 3, "versions synced: {syncs}");
+    let trainer = device_log(&dir, "trainer-0");
+    assert_eq!(
+        trainer.channel_builds, syncs,
+        "one device build per version"
+    );
+    for rank in 0..2 {
+        let rollout = device_log(&dir, &format!("rollout-{rank}"));
+        assert_eq!(
+            rollout.attached.as_deref(),
+            Some("the same-host GPU channel, device to device"),
+            "rollout-{rank}"
+        );
+        // Each version installed once, in the background (the run's last may arrive after the last chunk).
+        assert!(
+            rollout.channel_installs >= syncs - 1 && rollout.channel_installs <= syncs,
+            "rollout-{rank}: {} installs, {syncs} syncs",
+            rollout.channel_installs
+        );
+        assert_eq!((rollout.pulls, rollout.pushes), (1, 1), "rollout-{rank}");
+    }
+}
+
 #[test]
 fn the_gpu_channel_is_refused_where_it_cannot_serve() {
     let dir = Dir::new();
-    let mut args = vec!["train_async"];
+    let worker = crate::util::example("held_worker");
+    // Restarted rollouts would need a rejoin path.
+    let mut args = vec!["train_embodied"];
     args.extend_from_slice(crate::util::SMALL_SYNTHETIC);
     args.extend_from_slice(RUN);
     args.extend_from_slice(GPU_CHANNEL);
-    args.push("actor.sync_weight_no_wait=true");
-    let worker = crate::util::example("held_worker");
+    args.push("runner.rollout_restarts=1");
     let out = dir.run_env(&args, &[("RLSYNC_WORKER", worker.as_os_str())]);
     let err = out.err();
-    assert!(err.contains("actor.sync_weight_no_wait=false"), "{err}");
+    assert!(
+        err.contains("weight_syncer.patch.transport_device")
+            && err.contains("runner.rollout_restarts=0"),
+        "{err}"
+    );
     // The built-in workers of rlsync itself keep their weights on the host.
     let mut args = vec!["train_embodied"];
     args.extend_from_slice(crate::util::SMALL_SYNTHETIC);

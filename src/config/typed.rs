@@ -380,9 +380,8 @@ fn host_shared_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
 
 /// `weight_syncer.patch.transport_device: cuda`: the same-host GPU channel carries every version from the
 /// trainer's CUDA tensors to the rollouts' (`worker::gpu_channel`). It needs both models on a GPU, its snapshot
-/// copy there (the rollouts read it through CUDA IPC), one host, and rollouts that neither restart nor install
-/// in the background (the channel has no rejoin and installs on the orchestrator's apply; the latter is checked
-/// with the entry point, in the plan).
+/// copy there (the rollouts read it through CUDA IPC), one host, and rollouts that do not restart (the channel
+/// has no rejoin path).
 fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
     if !cfg.gpu_channel() {
         return;

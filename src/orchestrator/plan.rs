@@ -105,13 +105,6 @@ pub fn plan(entry: Entry, cfg: &RunConfig) -> Result<RunPlan, OrchestratorError>
             interval - 1
         )));
     }
-    if entry == Entry::Async && cfg.actor.sync_weight_no_wait && cfg.gpu_channel() {
-        return Err(invalid(
-            "actor.sync_weight_no_wait=true installs versions in the background while the rollouts generate, and \
-             weight_syncer.patch.transport_device=cuda (the same-host GPU channel) installs them between rollouts, \
-             when the orchestrator applies a sync: set actor.sync_weight_no_wait=false, or transport_device=cpu",
-        ));
-    }
     let envs_per_rollout = envs / rollouts;
     Ok(RunPlan {
         entry,

@@ -8,8 +8,11 @@
 //! the syncer has checked; from then on it carries the synced tensors, in the syncer's order.
 //!
 //! A workload whose weights are CUDA tensors opens the devices ([`Workload::gpu_sender_device`],
-//! [`Workload::gpu_receiver_device`]); the runtime binds, connects and drives the ends. Restarted rollouts and background installs are not served by the
-//! channel (the config refuses `runner.rollout_restarts` > 0 and `actor.sync_weight_no_wait` with it).
+//! [`Workload::gpu_receiver_device`]); the runtime binds, connects and drives the ends. Blocking installs take
+//! each sync on the orchestrator's apply; no-wait installs (`train_async`, `actor.sync_weight_no_wait`) wait
+//! for it on a thread and install it between chunks, the trainer's sync returning once sent and collecting
+//! its acks at the next one. Restarted rollouts are not served (the config refuses `runner.rollout_restarts`
+//! > 0 with the channel: it has no rejoin path).
 
 use std::path::Path;
 use std::time::Duration;

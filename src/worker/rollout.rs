@@ -9,10 +9,12 @@ use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
 use crate::worker::Stage;
 use crate::worker::gpu_channel::{self, ChannelReceiver};
+use rlsync_core::gpu::ipc::{Incoming, IpcError};
+
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::Workload;
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
-use rlsync_core::protocol::messages::{Command, Report};
+use rlsync_core::protocol::messages::{Command, Frame, Report};
 use rlsync_core::syncer::HoldPoint;
 use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, SyncReceiver, WeightSyncer};
 use rlsync_core::tensor::{StateDict, state_checksum};
@@ -20,6 +22,23 @@ use rlsync_core::transport::ShmReceiver;
 
 /// An update received in the background, and the signal that lets the receiver fetch the next one.
 type Received = (Result<PendingUpdate, SyncError>, oneshot::Sender<()>);
+
+/// A sync the GPU channel received in the background (validated, not yet installed), with the channel's end
+/// to install it and wait for the next one.
+type GpuArrival = Result<(ChannelReceiver, Incoming), IpcError>;
+
+/// What a rollout waits for: the orchestrator's next command, or a version received in the background.
+enum Event {
+    Command(Frame<Command>),
+    Update(Box<Arrival>),
+}
+
+/// A version received in the background, on either path (boxed in [`Event`]; one per version).
+#[allow(clippy::large_enum_variant)]
+enum Arrival {
+    Host(Received),
+    Gpu(GpuArrival),
+}
 
 /// How updates reach this rollout.
 // One per rollout worker: boxing the large blocking variant would buy nothing.
@@ -34,6 +53,9 @@ enum Weights {
     /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`): installed on `Apply`, into
     /// the workload's device tensors.
     Gpu(ChannelReceiver),
+    /// The GPU channel in the background: a thread waits for the next sync and hands it over with the
+    /// channel's end; it is installed between chunks (or at once while idle).
+    GpuBackground(mpsc::Receiver<GpuArrival>),
 }
 
 struct Rollout {
@@ -134,6 +156,30 @@ impl Rollout {
         self.version
     }
 
+    /// Install a version received in the background (only ever called between chunks); a GPU channel's end
+    /// goes back to waiting in `weights`.
+    fn take(
+        &mut self,
+        arrival: Arrival,
+        weights: &mut Weights,
+        ctx: &WorkerContext,
+    ) -> Result<Report, WorkerError> {
+        match arrival {
+            Arrival::Host(received) => self.install(received),
+            Arrival::Gpu(arrival) => {
+                let started = Instant::now();
+                let (mut channel, incoming) = arrival?;
+                let version = tokio::task::block_in_place(|| channel.install(incoming))?;
+                self.installed()?;
+                self.version = version;
+                self.deferred = false;
+                *weights =
+                    Weights::GpuBackground(spawn_gpu_waiter(channel, ctx.transport_timeout())?);
+                self.applied(started)
+            }
+        }
+    }
+
     /// Install a background update (only ever called between chunks).
     fn install(&mut self, received: Received) -> Result<Report, WorkerError> {
         let started = Instant::now();
@@ -190,16 +236,24 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async;
     crate::worker::report_built(ctx, building).await?;
     loop {
-        let frame = match &mut weights {
+        let event = match &mut weights {
             Weights::Background(updates) => tokio::select! {
-                frame = ctx.control.next() => frame?,
-                Some(received) = updates.recv() => {
-                    let report = me.install(received)?;
-                    ctx.control.report(&report, &[]).await?;
-                    continue;
-                }
+                frame = ctx.control.next() => Event::Command(frame?),
+                Some(received) = updates.recv() => Event::Update(Box::new(Arrival::Host(received))),
             },
-            _ => ctx.control.next().await?,
+            Weights::GpuBackground(arrivals) => tokio::select! {
+                frame = ctx.control.next() => Event::Command(frame?),
+                Some(arrival) = arrivals.recv() => Event::Update(Box::new(Arrival::Gpu(arrival))),
+            },
+            _ => Event::Command(ctx.control.next().await?),
+        };
+        let frame = match event {
+            Event::Command(frame) => frame,
+            Event::Update(arrival) => {
+                let report = me.take(*arrival, &mut weights, ctx)?;
+                ctx.control.report(&report, &[]).await?;
+                continue;
+            }
         };
         match frame.header {
             Command::InitWeights => {
@@ -346,6 +400,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.version = version;
                     let applied = me.applied(started)?;
                     ctx.control.report(&applied, &[]).await?;
+                    if no_wait
+                        && let Weights::Gpu(channel) =
+                            std::mem::replace(&mut weights, Weights::None)
+                    {
+                        weights = Weights::GpuBackground(spawn_gpu_waiter(channel, timeout)?);
+                    }
                     continue;
                 }
                 let Weights::Blocking(syncer) = &mut weights else {
@@ -382,12 +442,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         command: "Rollout (before the first version after a rejoin)".into(),
                     });
                 }
-                if background && matches!(weights, Weights::Gpu(_)) {
-                    return Err(WorkerError::UnexpectedCommand {
-                        role: "rollout",
-                        command: "Rollout with background installs (the GPU channel installs on Apply only)"
-                            .into(),
-                    });
+                if background
+                    && matches!(weights, Weights::Gpu(_))
+                    && let Weights::Gpu(channel) = std::mem::replace(&mut weights, Weights::None)
+                {
+                    weights =
+                        Weights::GpuBackground(spawn_gpu_waiter(channel, ctx.transport_timeout())?);
                 }
                 if background
                     && matches!(weights, Weights::Blocking(_))
@@ -398,11 +458,21 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 }
                 for chunk in first_chunk..first_chunk + u64::from(chunks) {
                     // Between chunks: install whatever arrived, never in the middle of one.
-                    if let Weights::Background(updates) = &mut weights {
-                        while let Ok(received) = updates.try_recv() {
-                            let report = me.install(received)?;
-                            ctx.control.report(&report, &[]).await?;
-                        }
+                    loop {
+                        let arrival = match &mut weights {
+                            Weights::Background(updates) => {
+                                updates.try_recv().ok().map(Arrival::Host)
+                            }
+                            Weights::GpuBackground(arrivals) => {
+                                arrivals.try_recv().ok().map(Arrival::Gpu)
+                            }
+                            _ => None,
+                        };
+                        let Some(arrival) = arrival else {
+                            break;
+                        };
+                        let report = me.take(arrival, &mut weights, ctx)?;
+                        ctx.control.report(&report, &[]).await?;
                     }
                     let (report, data) =
                         generate(me.workload.as_mut(), &me.state, me.version, chunk, steps)?;
@@ -483,4 +553,24 @@ fn spawn_receiver(mut syncer: SyncReceiver) -> mpsc::Receiver<Received> {
         }
     });
     rx
+}
+
+/// Wait for the GPU channel's next sync on a thread of its own (the wait blocks until the trainer sends,
+/// however long that takes) and hand it over, validated, with the channel's end.
+fn spawn_gpu_waiter(
+    mut channel: ChannelReceiver,
+    timeout: std::time::Duration,
+) -> Result<mpsc::Receiver<GpuArrival>, WorkerError> {
+    let (tx, rx) = mpsc::channel(1);
+    std::thread::Builder::new()
+        .name("rlsync-gpu-channel".into())
+        .spawn(move || {
+            let arrival = channel
+                .wait()
+                .and_then(|()| channel.receive(timeout))
+                .map(|incoming| (channel, incoming));
+            let _ = tx.blocking_send(arrival);
+        })
+        .map_err(WorkerError::Runtime)?;
+    Ok(rx)
 }

@@ -83,6 +83,14 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         Ok::<_, WorkerError>(channel)
                     })?;
                     drop(end);
+                    // No-wait installs: the rollouts install between their chunks, so a sync returns once sent
+                    // and its acks are collected by the next one (one version in flight).
+                    let mut channel = channel;
+                    if cfg.actor.sync_weight_no_wait
+                        && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async
+                    {
+                        channel.detach_acks(true);
+                    }
                     tracing::info!(
                         "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s))",
                         keys.len()
