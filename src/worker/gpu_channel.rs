@@ -20,7 +20,7 @@ use std::time::Duration;
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::{IpcReceiver, IpcSender, ReceiverDevice, SenderDevice, SyncReport};
 use rlsync_core::protocol::messages::SyncStats;
-use rlsync_core::tensor::StateDict;
+use rlsync_core::tensor::{DType, StateDict};
 
 use crate::worker::WorkerError;
 use crate::worker::workload::{Workload, WorkloadError};
@@ -82,6 +82,33 @@ pub fn layout(state: &StateDict, keys: &[String]) -> Result<Layout, WorkloadErro
     })
 }
 
+/// The channel carries the trainer's tensors bit for bit: each synced tensor of `state` must already be in the
+/// rollouts' dtype (`wanted`, in the order of `keys`, as the handshake settled them). The host patch build
+/// casts floating tensors on the way; the channel does not, so a pair that differs is refused by name.
+pub fn same_dtypes(
+    state: &StateDict,
+    keys: &[String],
+    wanted: &[DType],
+) -> Result<(), WorkloadError> {
+    for (key, &want) in keys.iter().zip(wanted) {
+        let t = state
+            .get(key)
+            .ok_or_else(|| WorkloadError::MissingTensor { name: key.clone() })?;
+        if t.dtype() != want {
+            return Err(WorkloadError::GpuChannel {
+                reason: format!(
+                    "tensor '{key}' is {} in the trainer and {} in the rollouts, and the channel copies the \
+                     trainer's bits as they are: keep the synced tensors in the rollouts' dtype on both sides, or \
+                     set weight_syncer.patch.transport_device=cpu (the patch build casts on the GPU)",
+                    t.dtype().name(),
+                    want.name()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The `Synced` statistics of one sync over the channel: a patch counts the compacted entries the rollouts
 /// read (index and old/new value each; a tile that overflowed its pool is read densely from the snapshot
 /// copy), a full copy the state.
@@ -135,4 +162,63 @@ pub fn describe(report: &SyncReport) -> String {
         report.acks_s * 1e3,
         per.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlsync_core::tensor::{Class, Tensor};
+
+    fn state() -> StateDict {
+        let mut s = StateDict::new();
+        for (k, d) in [("a", DType::F32), ("b", DType::Bf16)] {
+            s.insert(k, Tensor::zeros(d, &[4], Class::Trainable).unwrap());
+        }
+        s
+    }
+
+    #[test]
+    fn a_dtype_the_rollouts_do_not_hold_is_refused_by_name() {
+        let keys = ["a".to_owned(), "b".to_owned()];
+        assert!(same_dtypes(&state(), &keys, &[DType::F32, DType::Bf16]).is_ok());
+        let err = same_dtypes(&state(), &keys, &[DType::Bf16, DType::Bf16]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("tensor 'a' is float32 in the trainer and bfloat16 in the rollouts"),
+            "{text}"
+        );
+        let err = same_dtypes(&state(), &["c".to_owned()], &[DType::F32]).unwrap_err();
+        assert!(matches!(err, WorkloadError::MissingTensor { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_patch_counts_what_the_rollouts_read_and_a_full_copy_the_state() {
+        use rlsync_core::gpu::ipc::wire::WidthCount;
+        let w = |width, changes, overflow| WidthCount {
+            width,
+            changes,
+            overflow,
+            checksum: 0,
+        };
+        let patch = SyncReport {
+            version: 7,
+            widths: vec![w(2, 100, false), w(4, 10, true)],
+            build_s: 0.25,
+            acks_s: 0.5,
+            ..SyncReport::default()
+        };
+        let s = stats(&patch, 10_000);
+        assert_eq!(s.kind, "patch");
+        assert_eq!((s.version, s.changed), (7, 110));
+        assert_eq!(s.payload_bytes, 100 * 8 + 10 * 12);
+        assert_eq!(s.dense_segments, 1);
+        assert!((s.seconds - 0.75).abs() < 1e-12);
+        let full = SyncReport {
+            full: true,
+            ..patch
+        };
+        let s = stats(&full, 10_000);
+        assert_eq!((s.kind.as_str(), s.payload_bytes), ("full", 10_000));
+        assert!((s.compression_ratio - 1.0).abs() < 1e-12);
+    }
 }

@@ -67,6 +67,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     // The handshake and the init bootstrap ran on the host; every version from now on goes
                     // device to device (the host syncer, and its snapshot, go).
                     let keys = end.synced_keys().to_vec();
+                    gpu_channel::same_dtypes(&state, &keys, end.synced_dtypes())?;
                     let receivers = ctx.launch.weight_receivers();
                     let timeout = ctx.transport_timeout();
                     let channel = tokio::task::block_in_place(|| {
