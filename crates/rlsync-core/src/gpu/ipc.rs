@@ -218,6 +218,20 @@ fn width_plan(layout: &Layout, width: usize) -> (u64, u64, u64, u64, u64) {
     (bytes, dir_off, idx_off, vals_off, capacity)
 }
 
+/// One width's export as [`width_plan`] lays it out, its allocation exported as `handle`.
+fn width_export(layout: &Layout, width: usize, handle: crate::gpu::IpcHandle) -> WidthExport {
+    let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
+    WidthExport {
+        width: width as u8,
+        ntiles: layout.ntiles(width),
+        capacity,
+        buf: Export { handle, bytes },
+        dir_off,
+        idx_off,
+        vals_off,
+    }
+}
+
 /// Check a setup against the receiver's own layout before opening anything: same tensors, every sub-buffer
 /// inside its allocation, sized for its width's tiles and pool.
 fn check_setup(setup: &Setup, layout: &Layout) -> Result<(), Reason> {

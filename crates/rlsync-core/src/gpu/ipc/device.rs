@@ -4,7 +4,7 @@
 
 use super::compact::{self, Layout};
 use super::wire::{Export, Setup, WidthExport};
-use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_plan};
+use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
 use crate::gpu::reference::PoolSum;
 use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 
@@ -154,27 +154,15 @@ impl SenderDevice for CudaSender {
         let mut exports = Vec::new();
         let mut widths = Vec::new();
         for width in layout.widths().collect::<Vec<_>>() {
-            let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
-            let out = gpu.alloc(bytes as usize)?;
+            let out = gpu.alloc(width_plan(layout, width).0 as usize)?;
             let jobs_bytes = layout.tensors_of(width).count() * size_of::<compact::DiffJob>();
-            exports.push(WidthExport {
-                width: width as u8,
-                ntiles: layout.ntiles(width),
-                capacity,
-                buf: Export {
-                    handle: gpu.ipc_handle(&out)?,
-                    bytes,
-                },
-                dir_off,
-                idx_off,
-                vals_off,
-            });
+            let export = width_export(layout, width, gpu.ipc_handle(&out)?);
             widths.push(SenderWidth {
                 width,
-                ntiles: layout.ntiles(width),
-                capacity,
+                ntiles: export.ntiles,
+                capacity: export.capacity,
                 out,
-                offs: (dir_off, idx_off, vals_off),
+                offs: (export.dir_off, export.idx_off, export.vals_off),
                 jobs: gpu.alloc(jobs_bytes)?,
                 jobs_host: gpu.pinned(jobs_bytes)?,
                 cursor: gpu.alloc(8)?,
@@ -185,6 +173,7 @@ impl SenderDevice for CudaSender {
                 sum_host: gpu.pinned(16)?,
                 sum_grid: wave(gpu, Kernel::ChecksumCompact, width, layout.ntiles(width)),
             });
+            exports.push(export);
         }
         self.snapshot = Some(snap);
         self.widths = widths;

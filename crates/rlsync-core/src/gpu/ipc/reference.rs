@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::compact::{self, ApplyJob, Layout, TileDir};
 use super::wire::{Export, Setup, WidthExport};
-use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_plan};
+use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
 use crate::bytes::{Reader, Writer};
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
@@ -342,20 +342,8 @@ impl<M: SimMemory> SenderDevice for RefSender<M> {
             let mut outs = Vec::new();
             let mut addrs = Vec::new();
             for width in layout.widths().collect::<Vec<_>>() {
-                let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
-                let base = mem.alloc(&vec![0; bytes as usize]);
-                outs.push(WidthExport {
-                    width: width as u8,
-                    ntiles: layout.ntiles(width),
-                    capacity,
-                    buf: Export {
-                        handle: sim.export(base),
-                        bytes,
-                    },
-                    dir_off,
-                    idx_off,
-                    vals_off,
-                });
+                let base = mem.alloc(&vec![0; width_plan(layout, width).0 as usize]);
+                outs.push(width_export(layout, width, sim.export(base)));
                 addrs.push(base);
             }
             (snap, outs, addrs)
