@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rlsync::config::schema::{Deadline, RunConfig, Seconds, SyncerKind};
+use rlsync::config::schema::{Deadline, FloatDtype, RunConfig, Seconds, SyncerKind, WeightDtype};
 use rlsync::orchestrator::{
     self, Entry, OrchestratorError, RunOptions, RunSummary, ShutdownHandle, ShutdownSource,
 };
@@ -185,6 +185,42 @@ fn embodied_patch_runs_verified_with_every_key() {
 #[test]
 fn embodied_bucket_runs_verified_with_every_key() {
     check_embodied(SyncerKind::Bucket);
+}
+
+/// An fp32 trainer and bf16 rollouts (`rollout.model.precision`), every floating tensor sent as fp16
+/// (`bucket_dtype`) or cast on the way by the patch syncer: each version verified, the bootstrap's too (the
+/// bucket syncer sends nothing at init: its version 0 is the rollouts' own weights, the state as cast to
+/// their dtype).
+#[test]
+fn mixed_precision_runs_verify_every_version() {
+    for (kind, wire) in [
+        (SyncerKind::Bucket, Some(FloatDtype::Float16)),
+        (SyncerKind::Bucket, None),
+        (SyncerKind::Patch, None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = small_config();
+        cfg.runner.max_steps = 4;
+        cfg.actor.model.precision = WeightDtype::F32;
+        cfg.rollout.model.precision = WeightDtype::Bf16;
+        cfg.weight_syncer.kind = kind;
+        cfg.weight_syncer.bucket.bucket_dtype = wire;
+        let summary = run_in(Entry::Embodied, &cfg, dir.path())
+            .unwrap_or_else(|e| panic!("{kind:?} {wire:?}: {}", rlsync_core::error_chain(&e)));
+        assert_eq!(
+            (summary.syncs, summary.verified_syncs),
+            (3, 3),
+            "{kind:?} {wire:?}"
+        );
+        let rows = metrics(dir.path());
+        assert!(
+            rows.iter().all(|r| r["sync/verified"] == Value::Bool(true)),
+            "{kind:?} {wire:?}"
+        );
+        // The rollouts hold bf16: 2 bytes per element on the wire after the bootstrap (fp16 or bf16).
+        let state = rows[1]["sync/state_bytes"].as_u64().unwrap();
+        assert_eq!(state, 2 * (1 << 16), "{kind:?} {wire:?}");
+    }
 }
 
 fn check_async(no_wait: bool) {

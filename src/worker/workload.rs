@@ -275,15 +275,22 @@ pub struct Placement {
     pub run_dir: PathBuf,
 }
 
-/// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one. The
+/// Build the workload that `actor.model.model_type` names for the worker at `place`: the synthetic one (a
+/// rollout's weights in `rollout.model.precision`). The
 /// learner models (`mlp_policy`, `vla_tiny`, `torchscript`) are built by the `rlsync-learner` executable, whose
 /// builder hands the synthetic model back to this one.
 pub fn build(cfg: &RunConfig, place: &Placement) -> Result<Box<dyn Workload>, WorkloadError> {
     match cfg.actor.model.model_type {
         ModelType::Synthetic => {
             let seed = crate::worker::worker_seed(place.role, place.rank);
+            // The trainer holds its weights in `actor.model.precision`, a rollout in
+            // `rollout.model.precision` (RLinf's keys; the syncs cast floating tensors between them).
+            let mut model = cfg.actor.model.clone();
+            if place.role == Role::Rollout {
+                model.precision = cfg.rollout.model.precision;
+            }
             Ok(Box::new(SyntheticWorkload::new(
-                &cfg.actor.model,
+                &model,
                 place.envs,
                 cfg.actor.seed,
                 seed,

@@ -553,15 +553,23 @@ impl SyncSender {
             .iter()
             .zip(&self.recv_dtypes)
             .all(|(key, &rd)| {
-                state.get(key).is_some_and(|t| {
-                    let wire = match self.settings.bucket_dtype {
-                        Some(d) if t.dtype().is_floating() => d,
-                        _ => t.dtype(),
-                    };
-                    wire == t.dtype() && rd == t.dtype()
-                })
+                state
+                    .get(key)
+                    .is_some_and(|t| self.wire_dtype(t.dtype(), rd) == t.dtype() && rd == t.dtype())
             });
         same.then_some(self.synced_keys.as_slice())
+    }
+
+    /// The dtype a bucket sender's tensor of `dtype` reached the receivers in, which hold it as `rd`:
+    /// `bucket_dtype` for a floating tensor once a version was sent; before that (the bucket syncer has no
+    /// init bootstrap: the receivers hold the weights they loaded themselves, expected equal to the state as
+    /// cast to their dtypes) nothing crossed the wire, so `rd`.
+    fn wire_dtype(&self, dtype: DType, rd: DType) -> DType {
+        match self.settings.bucket_dtype {
+            _ if self.last.sequence == 0 => rd,
+            Some(d) if dtype.is_floating() => d,
+            _ => dtype,
+        }
     }
 
     /// `weight_syncer.bucket.bucket_device`: where a device backend should stage buckets.
@@ -752,12 +760,14 @@ impl SyncSender {
                 let mut h = StateHasher::new();
                 for (key, &rd) in self.synced_keys.iter().zip(&self.recv_dtypes) {
                     let t = state.get(key).ok_or_else(|| missing_key(key))?;
-                    let wire = match self.settings.bucket_dtype {
-                        Some(d) if t.dtype().is_floating() => d,
-                        _ => t.dtype(),
-                    };
                     h.begin_tensor(key, rd, t.shape());
-                    hash_cast(&mut h, t.bytes(), t.dtype(), wire, rd);
+                    hash_cast(
+                        &mut h,
+                        t.bytes(),
+                        t.dtype(),
+                        self.wire_dtype(t.dtype(), rd),
+                        rd,
+                    );
                 }
                 Ok(h.finish())
             }

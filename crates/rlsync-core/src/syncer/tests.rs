@@ -1809,12 +1809,11 @@ fn described_buckets_round_trip_by_name_with_versions_as_given() {
                         .collect::<Vec<_>>()
                 );
                 assert_eq!(d.rx.synced_keys(), ["w", "b", "count"]);
-                if bucket_dtype.is_none() {
-                    assert_eq!(
-                        d.tx.checksum(&d.sender).unwrap(),
-                        d.rx.checksum(&d.receiver)
-                    );
-                }
+                assert_eq!(
+                    d.tx.checksum(&d.sender).unwrap(),
+                    d.rx.checksum(&d.receiver),
+                    "{load_instant} {bucket_dtype:?}"
+                );
             }
         }
     }
@@ -2796,9 +2795,13 @@ fn a_bucket_senders_checksum_is_the_state_checksum_exactly_when_no_dtype_changes
             p.rx.checksum(&p.receiver)
         );
     }
-    // Casts on the way: the sender's checksum is of the cast values.
+    // Casts on the way: once a version crossed the wire, the sender's checksum is of the cast values (before,
+    // the receivers hold the weights they loaded).
     s.bucket_dtype = Some(FloatDtype::Bfloat16);
-    let p = init_pair(&rt, &same, &s, 3).unwrap();
+    let mut p = init_pair(&rt, &same, &s, 3).unwrap();
+    assert!(p.tx.checksum_as_state(&p.sender).is_some());
+    mutate_synced(&mut p.sender, 1, 40);
+    sync_once(&rt, &mut p, 1);
     assert!(p.tx.checksum_as_state(&p.sender).is_none());
     let p = init_pair(&rt, &simple_keys(), &default_settings(true), 3).unwrap();
     assert!(
@@ -2808,4 +2811,63 @@ fn a_bucket_senders_checksum_is_the_state_checksum_exactly_when_no_dtype_changes
     // A patch sender's checksum is of its snapshot.
     let p = init_pair(&rt, &same, &default_settings(false), 3).unwrap();
     assert!(p.tx.checksum_as_state(&p.sender).is_none());
+}
+
+/// A bucket sender's checksum is of what the receivers hold: before the first version (no init bootstrap)
+/// the weights they loaded themselves, the state as cast to their dtypes; after it, the round trip through
+/// `bucket_dtype`.
+#[test]
+fn a_bucket_senders_checksum_follows_what_crossed_the_wire() {
+    let rt = rt();
+    for rx_dtype in [DType::F32, DType::Bf16] {
+        let mut cfg = WeightSyncerConfig {
+            kind: SyncerKind::Bucket,
+            ..WeightSyncerConfig::default()
+        };
+        cfg.bucket.bucket_dtype = Some(FloatDtype::Float16);
+        let w: Vec<f32> = (0..96).map(|i| 1.0 + i as f32 * 0.37).collect();
+        let mut sender = StateDict::new();
+        let t = Tensor::from_slice(DType::F32, &[96], Class::Trainable, &w).unwrap();
+        // The receiver loaded the same weights in its own dtype.
+        let mut receiver = StateDict::new();
+        receiver.insert(
+            "w".to_string(),
+            Tensor::from_bytes(rx_dtype, &[96], Class::Trainable, &cast_copy(&t, rx_dtype))
+                .unwrap(),
+        );
+        sender.insert("w".to_string(), t);
+        let tx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (ch, mut rxs) = inproc_channel(1);
+        let keys = vec!["w".to_string()];
+        let (mut tx, mut rx) = rt.block_on(async {
+            let r = rxs.pop().unwrap();
+            let (a, b) = tokio::join!(
+                tx.init_sender(&sender, &keys, ch),
+                rx.init_receiver(&mut receiver, r)
+            );
+            (a.unwrap().0, b.unwrap().0)
+        });
+        assert_eq!(
+            tx.checksum(&sender).unwrap(),
+            rx.checksum(&receiver),
+            "{rx_dtype:?}: before any version"
+        );
+        // fp32 receivers are not the state's dtype once the wire rounded to fp16: no device hash of the state.
+        assert_eq!(
+            tx.checksum_as_state(&sender).is_some(),
+            rx_dtype == DType::F32
+        );
+        rt.block_on(async {
+            let (a, b) = tokio::join!(tx.sync(&sender, 1), rx.apply(&mut receiver));
+            a.unwrap();
+            b.unwrap();
+        });
+        assert_eq!(
+            tx.checksum(&sender).unwrap(),
+            rx.checksum(&receiver),
+            "{rx_dtype:?}: after the first version"
+        );
+        assert!(tx.checksum_as_state(&sender).is_none(), "{rx_dtype:?}");
+    }
 }
