@@ -81,32 +81,60 @@ impl<'a> Plan<'a> {
                     .push(Item::Host(key, t.dtype(), t.shape(), t.bytes()));
                 continue;
             };
-            let len = t.bytes().len();
-            // The kernel's 8-byte loads need an aligned tensor; PyTorch's allocations are, a view with an odd
-            // storage offset may not be: the host hashes such a tensor whole.
-            let whole = if addr.is_multiple_of(8) {
-                len / CHECKSUM_CHUNK
-            } else {
-                0
-            };
-            let first = plan.chunks.len();
-            plan.chunks
-                .extend((0..whole as u64).map(|c| addr + c * CHECKSUM_CHUNK as u64));
-            let rest = len - whole * CHECKSUM_CHUNK;
-            if rest > 0 {
-                plan.copies.push(CopyRange {
-                    addr: addr + (whole * CHECKSUM_CHUNK) as u64,
-                    len: rest,
-                });
-            }
-            plan.items.push(Item::Device {
-                layout: (key, t.dtype(), t.shape()),
-                chunks: first..plan.chunks.len(),
-                copied: copied..copied + rest,
-            });
-            copied += rest;
+            copied = plan.device(key, t.dtype(), t.shape(), addr, copied);
         }
         plan
+    }
+
+    /// The checksum of device tensors alone: each named (key, dtype, shape) as the checksum hashes it, its
+    /// bytes (elements × the dtype's size) at `addrs[k]` (a cast copy in another dtype than the state's).
+    pub fn of_device(names: &'a [(String, DType, Vec<usize>)], addrs: &[u64]) -> Plan<'a> {
+        let mut plan = Plan {
+            items: Vec::with_capacity(names.len()),
+            chunks: Vec::new(),
+            copies: Vec::new(),
+        };
+        let mut copied = 0;
+        for ((key, dtype, shape), &addr) in names.iter().zip(addrs) {
+            copied = plan.device(key, *dtype, shape, addr, copied);
+        }
+        plan
+    }
+
+    /// Add a device tensor at `addr` whose copied bytes start at `copied` in the copy buffer; where the next
+    /// one's start.
+    fn device(
+        &mut self,
+        key: &'a str,
+        dtype: DType,
+        shape: &'a [usize],
+        addr: u64,
+        copied: usize,
+    ) -> usize {
+        let len = shape.iter().product::<usize>() * dtype.size_bytes();
+        // The kernel's 8-byte loads need an aligned tensor; PyTorch's allocations are, a view with an odd
+        // storage offset may not be: the host hashes such a tensor whole.
+        let whole = if addr.is_multiple_of(8) {
+            len / CHECKSUM_CHUNK
+        } else {
+            0
+        };
+        let first = self.chunks.len();
+        self.chunks
+            .extend((0..whole as u64).map(|c| addr + c * CHECKSUM_CHUNK as u64));
+        let rest = len - whole * CHECKSUM_CHUNK;
+        if rest > 0 {
+            self.copies.push(CopyRange {
+                addr: addr + (whole * CHECKSUM_CHUNK) as u64,
+                len: rest,
+            });
+        }
+        self.items.push(Item::Device {
+            layout: (key, dtype, shape),
+            chunks: first..self.chunks.len(),
+            copied: copied..copied + rest,
+        });
+        copied + rest
     }
 
     /// Bytes [`Plan::copies`] adds up to.
@@ -202,6 +230,15 @@ impl DeviceChecksum {
         stream: Stream,
     ) -> Result<u64, GpuError> {
         let plan = Plan::new(state, keys, device);
+        // SAFETY: forwarded to the caller's contract (the plan names `device`'s tensors).
+        unsafe { self.run(&plan, stream) }
+    }
+
+    /// The checksum of `plan` on this GPU, after the work queued on `stream` (waited for).
+    ///
+    /// # Safety
+    /// Every device range `plan` names must be live memory of this GPU, unchanged until this returns.
+    pub unsafe fn run(&mut self, plan: &Plan<'_>, stream: Stream) -> Result<u64, GpuError> {
         let n = plan.chunks.len();
         let table = n * 8;
         let copied = plan.copied_bytes();

@@ -27,8 +27,8 @@ use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
 use crate::syncer::settings::Device;
-use crate::tensor::StateDict;
 use crate::tensor::parallel::map_items;
+use crate::tensor::{DType, StateDict};
 
 /// Fraction of a width's elements its output pool holds (changed elements beyond it make dense segments).
 pub const POOL_DENSITY: u64 = 16; // 1/16 = 6.25 %
@@ -70,23 +70,98 @@ struct Ready {
     cast: Option<CastBufs>,
 }
 
-/// A casting build's scratch state and its `cast_gather` job table.
-struct CastBufs {
+/// A casting build's scratch state and its `cast_gather` job table (also the GPU channel's casts).
+pub(crate) struct CastBufs {
     plan: CastPlan,
     scratch: DeviceBuf,
     jobs: DeviceBuf,
     jobs_host: PinnedBuf,
 }
 
+impl CastBufs {
+    /// The scratch buffer and job table of `plan` on `gpu` ([`SyncError::CastScratch`] when the scratch does
+    /// not fit).
+    pub(crate) fn new(gpu: &Gpu, plan: CastPlan) -> Result<CastBufs, SyncError> {
+        let njobs = plan.casts.iter().flatten().count();
+        let job_bytes = njobs * size_of::<CastJob>();
+        let bytes = plan.scratch_bytes;
+        Ok(CastBufs {
+            scratch: gpu
+                .alloc(bytes.max(1) as usize)
+                .map_err(|source| SyncError::CastScratch { bytes, source })?,
+            jobs: gpu.alloc(job_bytes)?,
+            jobs_host: gpu.pinned(job_bytes)?,
+            plan,
+        })
+    }
+
+    /// The addresses a diff reads as the state whose tensors are at `state_addrs`: the cast copy of each cast
+    /// tensor, else the tensor.
+    pub(crate) fn diff_state(&self, state_addrs: &[u64]) -> Vec<u64> {
+        self.plan.diff_state(state_addrs, self.scratch.addr())
+    }
+
+    /// Queue on `stream` the casts of the tensors at `state_addrs` into the scratch (one `cast_gather`
+    /// launch); work queued after it on the same stream reads the cast copies.
+    ///
+    /// # Safety
+    /// `state_addrs` must be the plan's tensors, live device tensors of `gpu` in their state dtype, unchanged
+    /// until the stream has run the launch; the pinned table is not touched again before the caller
+    /// synchronises the stream.
+    pub(crate) unsafe fn queue(
+        &mut self,
+        gpu: &Gpu,
+        state_addrs: &[u64],
+        stream: Stream,
+    ) -> Result<(), GpuError> {
+        let (jobs, total) = self.plan.jobs(state_addrs, self.scratch.addr());
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(&jobs);
+        self.jobs_host[..bytes.len()].copy_from_slice(bytes);
+        let resident = gpu.sm_count() * gpu.blocks_per_sm(Kernel::CastGather, 1, CAST_BLOCK);
+        let grid = total
+            .div_ceil(u64::from(CAST_BLOCK))
+            .min(resident as u64)
+            .max(1) as u32;
+        let args = [
+            Arg::U64(self.jobs.addr()),
+            Arg::U32(jobs.len() as u32),
+            Arg::U64(total),
+        ];
+        // SAFETY: the table names the caller's live tensors (read) and this scratch buffer (written), sized by
+        // the plan; forwarded to the caller's contract for the rest.
+        unsafe {
+            gpu.write_async(
+                self.jobs.addr(),
+                self.jobs_host.as_ptr(),
+                bytes.len(),
+                stream,
+            )?;
+            gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)
+        }
+    }
+}
+
 /// Which synced tensors a build casts before its diff, and where their cast copies lie in the scratch
 /// buffer: every tensor whose state dtype differs from its snapshot's (the receivers' dtype).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CastPlan {
-    /// Per snapshot tensor: its cast copy's byte offset in the scratch buffer (256-byte aligned), and the
-    /// state dtype it is cast from; `None` when the diff reads the state tensor itself.
-    pub casts: Vec<Option<(u64, crate::tensor::DType)>>,
+    /// Per snapshot tensor: its cast, or `None` when the diff reads the state tensor itself.
+    pub casts: Vec<Option<Cast>>,
     /// Bytes of the scratch buffer.
     pub scratch_bytes: u64,
+}
+
+/// One tensor's cast: `numel` elements from the state's `from` into a copy in `to` at `offset` of the scratch
+/// buffer (256-byte aligned).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cast {
+    pub offset: u64,
+    pub from: DType,
+    pub to: DType,
+    pub numel: u64,
 }
 
 /// Alignment of each cast copy in the scratch buffer (the diff's 16-byte vector loads need 16).
@@ -96,26 +171,44 @@ impl CastPlan {
     /// The plan for `state` against `snap`; an error names a tensor whose dtype pair has no cast on the
     /// device (the host path casts floating tensors only, and init refuses the rest).
     pub fn new(snap: &[SnapTensor], state: &StateDict) -> Result<CastPlan, String> {
-        let mut casts = Vec::with_capacity(snap.len());
+        let tensors = snap
+            .iter()
+            .map(|st| {
+                let t = state
+                    .get(&st.key)
+                    .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
+                let numel = (st.storage.len() / st.dtype.size_bytes()) as u64;
+                Ok((st.key.as_str(), t.dtype(), st.dtype, numel))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        CastPlan::of(tensors)
+    }
+
+    /// The plan for tensors given as (key, state dtype, receivers' dtype, elements), in order.
+    pub fn of<'a>(
+        tensors: impl IntoIterator<Item = (&'a str, DType, DType, u64)>,
+    ) -> Result<CastPlan, String> {
+        let mut casts = Vec::new();
         let mut at = 0u64;
-        for st in snap {
-            let t = state
-                .get(&st.key)
-                .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
-            if t.dtype() == st.dtype {
+        for (key, from, to, numel) in tensors {
+            if from == to {
                 casts.push(None);
                 continue;
             }
-            if !(t.dtype().is_floating() && st.dtype.is_floating()) {
+            if !(from.is_floating() && to.is_floating()) {
                 return Err(format!(
-                    "key '{}' is {} in the state and {} for the receivers: only floating tensors are cast",
-                    st.key,
-                    t.dtype().name(),
-                    st.dtype.name()
+                    "key '{key}' is {} in the state and {} for the receivers: only floating tensors are cast",
+                    from.name(),
+                    to.name()
                 ));
             }
-            casts.push(Some((at, t.dtype())));
-            at = (at + st.storage.len() as u64).next_multiple_of(CAST_ALIGN);
+            casts.push(Some(Cast {
+                offset: at,
+                from,
+                to,
+                numel,
+            }));
+            at = (at + numel * to.size_bytes() as u64).next_multiple_of(CAST_ALIGN);
         }
         Ok(CastPlan {
             casts,
@@ -130,31 +223,25 @@ impl CastPlan {
 
     /// The `cast_gather` table: tensor `k` from `state_addrs[k]` into its copy at `scratch`; and the
     /// launch's element count.
-    pub fn jobs(
-        &self,
-        snap: &[SnapTensor],
-        state_addrs: &[u64],
-        scratch: u64,
-    ) -> (Vec<CastJob>, u64) {
+    pub fn jobs(&self, state_addrs: &[u64], scratch: u64) -> (Vec<CastJob>, u64) {
         let mut jobs = Vec::new();
         let mut first = 0u64;
-        for ((st, cast), &src) in snap.iter().zip(&self.casts).zip(state_addrs) {
-            let Some((off, from)) = *cast else {
+        for (cast, &src) in self.casts.iter().zip(state_addrs) {
+            let Some(c) = *cast else {
                 continue;
             };
-            let numel = (st.storage.len() / st.dtype.size_bytes()) as u64;
-            if numel == 0 {
+            if c.numel == 0 {
                 continue;
             }
             jobs.push(CastJob {
                 src,
-                dst: scratch + off,
+                dst: scratch + c.offset,
                 first,
-                numel,
-                codes: bucket::code(from) | bucket::code(st.dtype) << 8,
+                numel: c.numel,
+                codes: bucket::code(c.from) | bucket::code(c.to) << 8,
                 pad: 0,
             });
-            first += numel;
+            first += c.numel;
         }
         (jobs, first)
     }
@@ -164,7 +251,7 @@ impl CastPlan {
         state_addrs
             .iter()
             .zip(&self.casts)
-            .map(|(&a, cast)| cast.map_or(a, |(off, _)| scratch + off))
+            .map(|(&a, cast)| cast.map_or(a, |c| scratch + c.offset))
             .collect()
     }
 }
@@ -238,17 +325,7 @@ impl GpuDiffer {
         let cast = if plan.is_empty() {
             None
         } else {
-            let njobs = plan.casts.iter().flatten().count();
-            let job_bytes = njobs * size_of::<CastJob>();
-            let bytes = plan.scratch_bytes;
-            Some(CastBufs {
-                scratch: gpu
-                    .alloc(bytes.max(1) as usize)
-                    .map_err(|source| SyncError::CastScratch { bytes, source })?,
-                jobs: gpu.alloc(job_bytes)?,
-                jobs_host: gpu.pinned(job_bytes)?,
-                plan,
-            })
+            Some(CastBufs::new(gpu, plan)?)
         };
         let mut copies = Vec::with_capacity(snap.len());
         let mut snap_addrs = Vec::with_capacity(snap.len());
@@ -345,31 +422,11 @@ impl PatchBuilder for GpuDiffer {
         let t0 = std::time::Instant::now();
         let diff_addrs = match &mut ready.cast {
             Some(c) => {
-                let (jobs, total) = c.plan.jobs(snap, &state_addrs, c.scratch.addr());
-                let bytes: &[u8] = bytemuck::cast_slice(&jobs);
-                c.jobs_host[..bytes.len()].copy_from_slice(bytes);
-                let resident =
-                    gpu.sm_count() * gpu.blocks_per_sm(Kernel::CastGather, 1, CAST_BLOCK);
-                let grid = total
-                    .div_ceil(u64::from(CAST_BLOCK))
-                    .min(resident as u64)
-                    .max(1) as u32;
-                let args = [
-                    Arg::U64(c.jobs.addr()),
-                    Arg::U32(jobs.len() as u32),
-                    Arg::U64(total),
-                ];
-                if !jobs.is_empty() {
-                    // SAFETY: the table names the caller's live CUDA tensors (read) and this builder's scratch
-                    // buffer (written), sized by the plan for the snapshot's layout; the pinned table is not
-                    // touched again before the stream is synchronised below; the diffs queued after it on
-                    // the same stream read the scratch once the casts have run.
-                    unsafe {
-                        gpu.write_async(c.jobs.addr(), c.jobs_host.as_ptr(), bytes.len(), stream)?;
-                        gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)?;
-                    }
-                }
-                c.plan.diff_state(&state_addrs, c.scratch.addr())
+                // SAFETY: `state_addrs` are the state dict's live CUDA tensors as staged for this build (the
+                // plan's, in the snapshot's order); the diff below on the same stream reads the cast copies, and
+                // the stream is synchronised before this build returns.
+                unsafe { c.queue(gpu, &state_addrs, stream)? };
+                c.diff_state(&state_addrs)
             }
             None => state_addrs,
         };

@@ -40,6 +40,7 @@
 //! tested on the CPU with the reference kernels ([`super::reference`]); [`CudaSender`] and [`CudaReceiver`] are
 //! the CUDA implementations.
 
+pub mod cast;
 pub mod reference;
 pub mod wire;
 
@@ -52,6 +53,7 @@ use std::time::{Duration, Instant};
 use super::GpuError;
 use super::compact::{self, Layout, TileDir};
 use super::reference::PoolSum;
+use crate::tensor::DType;
 use wire::{
     Export, Message, Mode, Reason, Setup, Status, TensorFact, Timing, WidthCount, WidthExport,
     monotonic_ns,
@@ -420,6 +422,10 @@ pub trait SenderDevice {
     ) -> Result<Vec<PoolSum>, GpuError>;
     /// The device ordinal (informational, in the setup).
     fn device(&self) -> u32;
+    /// The state checksum ([`crate::tensor::state_checksum`]) of the tensors the last bootstrap or build
+    /// read: what every receiver holds once it acked (a cast copy in the receivers' dtype where the sender
+    /// casts), each named by `names[k]` (key, the receivers' dtype and shape, in layout order).
+    fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError>;
 }
 
 /// The receiver's device work.
@@ -477,6 +483,9 @@ impl<D: SenderDevice + ?Sized> SenderDevice for Box<D> {
     }
     fn device(&self) -> u32 {
         (**self).device()
+    }
+    fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError> {
+        (**self).state_checksum(names)
     }
 }
 

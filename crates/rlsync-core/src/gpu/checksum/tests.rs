@@ -130,3 +130,43 @@ fn without_device_tensors_the_plan_is_the_host_checksum() {
         state_checksum(&state, &keys)
     );
 }
+
+/// A plan of device tensors named apart from any state dict (a cast copy in the receivers' dtype) is the
+/// host checksum of a state dict holding those bytes under those names, dtypes and shapes.
+#[test]
+fn a_plan_of_named_device_tensors_is_the_host_checksum_of_them() {
+    let mut state = StateDict::new();
+    let shapes: [(DType, Vec<usize>); 4] = [
+        (DType::Bf16, vec![3, CHECKSUM_CHUNK / 2 + 7]),
+        (DType::F32, vec![5]),
+        (DType::F16, vec![0]),
+        (DType::I64, vec![CHECKSUM_CHUNK / 8, 2]),
+    ];
+    for (k, (dtype, shape)) in shapes.iter().enumerate() {
+        let numel: usize = shape.iter().product();
+        let t = tensor(*dtype, numel, 11 + k as u64);
+        let t = Tensor::from_bytes(*dtype, shape, Class::Trainable, t.bytes()).unwrap();
+        state.insert(format!("t{k}"), t);
+    }
+    let keys: Vec<String> = (0..shapes.len()).map(|k| format!("t{k}")).collect();
+    let mut mem = Memory::default();
+    let addrs: Vec<u64> = keys
+        .iter()
+        .map(|k| mem.alloc(state.get(k).unwrap().bytes()))
+        .collect();
+    let names: Vec<(String, DType, Vec<usize>)> = keys
+        .iter()
+        .zip(&shapes)
+        .map(|(k, (d, s))| (k.clone(), *d, s.clone()))
+        .collect();
+    let plan = Plan::of_device(&names, &addrs);
+    assert!(!plan.chunks.is_empty(), "whole chunks are digested");
+    assert_eq!(run(&plan, &mem), state_checksum(&state, &keys));
+    // Another dtype under the same bytes is another checksum.
+    let mut other = names.clone();
+    other[1].1 = DType::I32;
+    assert_ne!(
+        run(&Plan::of_device(&other, &addrs), &mem),
+        state_checksum(&state, &keys)
+    );
+}

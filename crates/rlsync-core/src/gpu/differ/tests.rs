@@ -106,7 +106,7 @@ fn a_casting_build_on_the_reference_kernels_codes_the_host_builds_bytes() {
         plan.casts
             .iter()
             .flatten()
-            .all(|(off, _)| off % CAST_ALIGN == 0)
+            .all(|c| c.offset % CAST_ALIGN == 0)
     );
 
     // The host build (casts with cast_bytes).
@@ -125,7 +125,7 @@ fn a_casting_build_on_the_reference_kernels_codes_the_host_builds_bytes() {
         .map(|st| mem.alloc(st.storage.bytes()))
         .collect();
     let scratch = mem.alloc(&vec![0u8; plan.scratch_bytes as usize]);
-    let (jobs, total) = plan.jobs(&snap, &state_addrs, scratch);
+    let (jobs, total) = plan.jobs(&state_addrs, scratch);
     assert_eq!(jobs.len(), 3, "the empty tensor has no job");
     cast_gather(&mut mem, &jobs, total).unwrap();
     let diff_addrs = plan.diff_state(&state_addrs, scratch);

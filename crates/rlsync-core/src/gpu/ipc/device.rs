@@ -5,8 +5,10 @@
 use super::compact::{self, Layout};
 use super::wire::{Export, Setup, WidthExport};
 use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
+use crate::gpu::checksum::{DeviceChecksum, Plan};
 use crate::gpu::reference::PoolSum;
 use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use crate::tensor::DType;
 
 /// One wave of resident blocks of `kernel` for `width` (the driver's occupancy), at most one per tile: the
 /// grid of a grid-striding launch over `ntiles` tiles. Asked once per end and width, not per sync.
@@ -102,6 +104,8 @@ pub struct CudaSender {
     stream: Stream,
     snapshot: Option<DeviceBuf>,
     widths: Vec<SenderWidth>,
+    /// The state checksum on the GPU (created by the first one).
+    checksum: Option<DeviceChecksum>,
 }
 
 impl CudaSender {
@@ -112,6 +116,7 @@ impl CudaSender {
             stream: Stream::default(),
             snapshot: None,
             widths: Vec::new(),
+            checksum: None,
         }
     }
 
@@ -287,6 +292,28 @@ impl SenderDevice for CudaSender {
 
     fn device(&self) -> u32 {
         self.gpu.ordinal() as u32
+    }
+
+    fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError> {
+        if self.state.len() != names.len() {
+            return Err(GpuError::Driver {
+                op: "ipc state checksum",
+                code: 1,
+                name: format!(
+                    "{} tensor addresses for {} names",
+                    self.state.len(),
+                    names.len()
+                ),
+            });
+        }
+        let plan = Plan::of_device(names, &self.state);
+        let gpu = &self.gpu;
+        let sum = self
+            .checksum
+            .get_or_insert_with(|| DeviceChecksum::new(gpu));
+        // SAFETY: the state addresses are the tensors the last build read (the caller's live tensors, or this
+        // sender's cast copies), each of its name's size; the caller keeps them unchanged during the call.
+        unsafe { sum.run(&plan, self.stream) }
     }
 }
 

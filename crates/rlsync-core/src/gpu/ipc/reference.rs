@@ -18,8 +18,10 @@ use super::compact::{self, ApplyJob, Layout, TileDir};
 use super::wire::{Export, Setup, WidthExport};
 use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
 use crate::bytes::{Reader, Writer};
+use crate::gpu::checksum::Plan;
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
+use crate::tensor::DType;
 
 /// A simulated device's memory and how its exports reach importers.
 pub trait SimMemory: Send {
@@ -455,6 +457,13 @@ impl<M: SimMemory> SenderDevice for RefSender<M> {
 
     fn device(&self) -> u32 {
         0
+    }
+
+    fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError> {
+        let plan = Plan::of_device(names, &self.state);
+        self.sim
+            .with(|mem| plan.finish_on(mem, std::num::NonZeroUsize::MIN))
+            .map_err(|e| sim_error(e.to_string()))
     }
 }
 

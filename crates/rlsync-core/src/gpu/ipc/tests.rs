@@ -902,3 +902,104 @@ fn detached_acks_are_collected_by_the_next_sync_and_a_rejection_is_its_error() {
     );
     assert!(closed.contains("closed"), "{closed}");
 }
+
+/// A sender whose state is in other floating dtypes than the receivers' (fp32 and f64 master weights for
+/// bf16 and fp32 receivers, one tensor already in theirs): the receivers hold the state cast bit for bit as
+/// the host casts, after every sync, and the sender's state checksum is the host checksum of that.
+#[test]
+fn a_casting_sender_gives_the_receivers_its_state_in_their_dtypes_and_hashes_what_they_hold() {
+    use super::cast::{Casting, RefCast};
+    use crate::gpu::differ::CastPlan;
+    use crate::tensor::{Class, DType, StateDict, Tensor, cast_bytes, state_checksum};
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let specs = [
+        ("w", DType::F32, DType::Bf16, 9000usize),
+        ("b", DType::Bf16, DType::Bf16, 3000),
+        ("g", DType::F64, DType::F32, 700),
+        ("e", DType::F32, DType::F16, 0),
+    ];
+    let state: Vec<u64> = {
+        let mut h = lock(&host);
+        specs
+            .iter()
+            .enumerate()
+            .map(|(k, &(_, from, _, n))| {
+                h.mem.alloc(&crate::gpu::reference::rng::bytes(
+                    n * from.size_bytes(),
+                    31 + 2 * k as u64,
+                ))
+            })
+            .collect()
+    };
+    let plan = CastPlan::of(specs.iter().map(|&(k, f, t, n)| (k, f, t, n as u64))).unwrap();
+    let (cast, diff) = RefCast::new(host.clone(), &plan, &state);
+    assert_eq!(
+        diff[1], state[1],
+        "a tensor in the receivers' dtype is read in place"
+    );
+    let dev = Casting {
+        inner: FakeSender::new(host.clone(), diff),
+        cast,
+    };
+    let shapes: Vec<(u64, usize)> = specs
+        .iter()
+        .map(|&(_, _, t, n)| (n as u64, t.size_bytes()))
+        .collect();
+    let layout = Layout::new(&shapes).unwrap();
+    let mut tx = IpcSender::bind(&path, dev, layout.clone(), 1, T).unwrap();
+    let mine: Vec<u64> = {
+        let mut h = lock(&host);
+        shapes
+            .iter()
+            .map(|&(n, w)| h.mem.alloc(&vec![0; n as usize * w]))
+            .collect()
+    };
+    let (h, p, addrs, l) = (host.clone(), path.clone(), mine.clone(), layout.clone());
+    let rx = thread::spawn(move || {
+        let mut r = IpcReceiver::connect(&p, 0, l, FakeReceiver::new(h, addrs), T).unwrap();
+        (0..4).map(|_| r.apply(T).unwrap()).collect::<Vec<_>>()
+    });
+    let names: Vec<(String, DType, Vec<usize>)> = specs
+        .iter()
+        .map(|&(k, _, t, n)| (k.to_owned(), t, vec![n]))
+        .collect();
+    for version in 1..=4u64 {
+        if version > 1 {
+            let mut h = lock(&host);
+            for (&a, &(_, from, _, n)) in state.iter().zip(&specs) {
+                let bytes = h.mem.write(a, (n * from.size_bytes()) as u64).unwrap();
+                for i in (version as usize..bytes.len()).step_by(61) {
+                    bytes[i] = bytes[i].wrapping_add(5);
+                }
+            }
+        }
+        tx.sync(version).unwrap();
+        // What the host would hold: each state tensor cast to the receivers' dtype.
+        let mut want = StateDict::new();
+        {
+            let h = lock(&host);
+            for (k, (&a, &(key, from, to, n))) in state.iter().zip(&specs).enumerate() {
+                // Aligned copies for the host cast (the simulated device's bytes are not).
+                let src = h.mem.read(a, (n * from.size_bytes()) as u64).unwrap();
+                let src = Tensor::from_bytes(from, &[n], Class::Trainable, src).unwrap();
+                let mut dst = Tensor::zeros(to, &[n], Class::Trainable).unwrap();
+                cast_bytes(src.bytes(), from, dst.bytes_mut(), to).unwrap();
+                let held = h.mem.read(mine[k], dst.bytes().len() as u64).unwrap();
+                assert!(
+                    held == dst.bytes(),
+                    "version {version}: '{key}' as the host casts it"
+                );
+                want.insert(key, dst);
+            }
+        }
+        let keys: Vec<String> = specs.iter().map(|s| s.0.to_owned()).collect();
+        assert_eq!(
+            tx.device_mut().state_checksum(&names).unwrap(),
+            state_checksum(&want, &keys),
+            "version {version}"
+        );
+    }
+    assert_eq!(rx.join().unwrap(), vec![1, 2, 3, 4]);
+}
