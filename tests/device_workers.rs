@@ -344,3 +344,43 @@ fn the_gpu_channel_is_refused_where_it_cannot_serve() {
     let text = format!("{}{}", out.stdout, out.err());
     assert!(text.contains("keep theirs in host memory"), "{text}");
 }
+
+/// fp32 master weights on the trainer (`actor.model.precision`), bf16 rollouts (`rollout.model.precision`,
+/// which follows the actor's by default): the channel casts on the trainer's device before each build, the rollouts hold the state
+/// cast bit for bit, and the trainer's checksum is of the cast copies (every sync verified).
+#[test]
+fn the_gpu_channel_casts_fp32_master_weights_for_bf16_rollouts() {
+    let dir = Dir::new();
+    let mut extra = GPU_CHANNEL.to_vec();
+    extra.extend_from_slice(&["actor.model.precision=fp32", "rollout.model.precision=bf16"]);
+    let stdout = run_on_device(&dir, "train_embodied", &extra);
+    let syncs = verified_syncs(&dir);
+    assert!(syncs >= 3, "versions synced: {syncs}");
+    let trainer = device_log(&dir, "trainer-0");
+    assert!(
+        trainer
+            .text
+            .contains("simulated device: GPU channel sender, casting")
+            && trainer
+                .attached
+                .as_deref()
+                .is_some_and(|a| a.contains("cast to the rollouts' dtypes on the GPU")),
+        "{stdout}"
+    );
+    assert_eq!(trainer.channel_builds, syncs);
+    // The trainer's checksum per version is hashed on the device: its host copies move only for the first
+    // fill and the final checkpoint.
+    assert_eq!((trainer.pulls, trainer.pushes), (2, 0), "trainer");
+    let rows = metrics(&dir);
+    let state_bytes: Vec<u64> = rows
+        .iter()
+        .filter_map(|r| {
+            r.get("sync/state_bytes")
+                .and_then(serde_json::Value::as_u64)
+        })
+        .collect();
+    assert!(
+        state_bytes.iter().all(|b| *b == 2 * 65536),
+        "the rollouts' bf16 bytes: {state_bytes:?}"
+    );
+}

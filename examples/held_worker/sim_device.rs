@@ -22,6 +22,8 @@ use rlsync::worker::workload::{
 use rlsync_core::gpu::GpuError;
 use rlsync_core::gpu::checksum::Plan;
 use rlsync_core::gpu::compact::Layout as ChannelLayout;
+use rlsync_core::gpu::differ::CastPlan;
+use rlsync_core::gpu::ipc::cast::{Casting, RefCast};
 use rlsync_core::gpu::ipc::reference::{FileSim, RefReceiver, RefSender, SimMemory as _};
 use rlsync_core::gpu::ipc::wire::{Export, Setup, WidthExport};
 use rlsync_core::gpu::ipc::{ReceiverDevice, SenderDevice, WidthBuilt};
@@ -30,7 +32,7 @@ use rlsync_core::syncer::offload::{PatchBuilder, PatchInstaller};
 use rlsync_core::syncer::patch::{self, Built, SnapTensor, ValidPatch};
 use rlsync_core::syncer::settings::SyncerKind;
 use rlsync_core::syncer::{SyncError, SyncReceiver, SyncSender};
-use rlsync_core::tensor::{Layout, StateDict, Storage, Tensor};
+use rlsync_core::tensor::{DType, Layout, StateDict, Storage, Tensor};
 
 /// The device copy, shared with the attached builder or installer.
 type Device = Arc<Mutex<StateDict>>;
@@ -222,14 +224,39 @@ impl Workload for SimDevice {
         &mut self,
         _state: &StateDict,
         keys: &[String],
+        dtypes: &[DType],
     ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
         let (sim, tensors) = ChannelDevice::<()>::stage(self.exports_dir()?, &self.device, keys)?;
-        let addrs = tensors.iter().map(|t| t.1).collect();
-        eprintln!("simulated device: GPU channel sender");
+        let addrs: Vec<u64> = tensors.iter().map(|t| t.1).collect();
+        // Tensors the rollouts hold in another dtype are cast on the simulated device first.
+        let plan = {
+            let device = lock(&self.device);
+            let pairs = keys.iter().zip(dtypes).map(|(k, &to)| {
+                let t = device.get(k);
+                let from = t.map_or(to, |t| t.dtype());
+                (k.as_str(), from, to, t.map_or(0, |t| t.numel() as u64))
+            });
+            CastPlan::of(pairs).map_err(|reason| WorkloadError::GpuChannel { reason })?
+        };
+        let device = self.device.clone();
+        if plan.is_empty() {
+            eprintln!("simulated device: GPU channel sender");
+            return Ok(Box::new(ChannelDevice {
+                inner: RefSender::new(sim.clone(), addrs),
+                sim,
+                device,
+                tensors,
+            }));
+        }
+        eprintln!("simulated device: GPU channel sender, casting");
+        let (cast, diff) = RefCast::new(sim.clone(), &plan, &addrs);
         Ok(Box::new(ChannelDevice {
-            inner: RefSender::new(sim.clone(), addrs),
+            inner: Casting {
+                inner: RefSender::new(sim.clone(), diff),
+                cast,
+            },
             sim,
-            device: self.device.clone(),
+            device,
             tensors,
         }))
     }
@@ -370,7 +397,7 @@ fn sim_error(e: impl std::fmt::Display) -> GpuError {
     }
 }
 
-impl SenderDevice for ChannelDevice<RefSender<FileSim>> {
+impl<D: SenderDevice + Send> SenderDevice for ChannelDevice<D> {
     fn prepare(
         &mut self,
         layout: &ChannelLayout,
@@ -408,9 +435,15 @@ impl SenderDevice for ChannelDevice<RefSender<FileSim>> {
     fn device(&self) -> u32 {
         0
     }
+
+    /// What the rollouts hold, hashed on the simulated device (the cast copies where the sender casts).
+    fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError> {
+        eprintln!("simulated device: checksum");
+        self.inner.state_checksum(names)
+    }
 }
 
-impl ReceiverDevice for ChannelDevice<RefReceiver<FileSim>> {
+impl<D: ReceiverDevice + Send> ReceiverDevice for ChannelDevice<D> {
     fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
         self.inner.open(setup)
     }

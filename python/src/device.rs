@@ -14,17 +14,19 @@ use pyo3::prelude::*;
 use rlsync::worker::host_copies::HostCopies;
 use rlsync_core::gpu::bucket::{BucketDevice, CudaBucketDevice};
 use rlsync_core::gpu::checksum::DeviceChecksum;
+use rlsync_core::gpu::differ::CastPlan;
 use rlsync_core::gpu::differ::GpuDiffer;
 use rlsync_core::gpu::installer::GpuInstaller;
-use rlsync_core::gpu::ipc::{CudaReceiver, CudaSender};
+use rlsync_core::gpu::ipc::cast::{Casting, CudaCast};
+use rlsync_core::gpu::ipc::{CudaReceiver, CudaSender, SenderDevice};
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
 use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
 use rlsync_core::syncer::BucketStager;
 use rlsync_core::syncer::settings::{Device, SyncerKind};
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
-use rlsync_core::tensor::StateDict;
 use rlsync_core::tensor::borrowed::check_device_memory;
 use rlsync_core::tensor::{BorrowError, RawTensor};
+use rlsync_core::tensor::{DType, StateDict};
 
 use crate::errors::{borrow_error, gpu_error};
 use crate::syncer::Desc;
@@ -231,11 +233,32 @@ pub(crate) fn attach_builder(
 /// The same-host GPU channel's devices (`weight_syncer.patch.transport_device: cuda`, the worker runtime's
 /// `gpu_channel`) over the CUDA tensors of `keys`, at their addresses and on the stream staged at init (a
 /// worker's parameters keep their identity); the error names the first key that is not a CUDA tensor.
-pub(crate) fn channel_sender(side: &SharedSide, keys: &[String]) -> Result<CudaSender, String> {
+pub(crate) fn channel_sender(
+    side: &SharedSide,
+    state: &StateDict,
+    keys: &[String],
+    dtypes: &[DType],
+) -> Result<Box<dyn SenderDevice + Send>, String> {
     let (gpu, addrs, stream) = channel_tensors(side, keys)?;
-    let mut dev = CudaSender::new(gpu);
-    dev.set_state(addrs, stream);
-    Ok(dev)
+    // Floating tensors the rollouts hold in another dtype (fp32 master weights, bf16 rollouts) are cast into
+    // a scratch copy on the GPU before each build.
+    let pairs = keys.iter().zip(dtypes).map(|(k, &to)| {
+        let t = state.get(k);
+        let from = t.map_or(to, |t| t.dtype());
+        (k.as_str(), from, to, t.map_or(0, |t| t.numel() as u64))
+    });
+    let plan = CastPlan::of(pairs)?;
+    let mut dev = CudaSender::new(gpu.clone());
+    if plan.is_empty() {
+        dev.set_state(addrs, stream);
+        return Ok(Box::new(dev));
+    }
+    // SAFETY: `addrs` are the model's CUDA tensors staged at init, in their state dtypes (the host copies'
+    // dtypes in `state`); a worker's parameters keep their identity while the channel runs.
+    let (cast, diff) = unsafe { CudaCast::new(gpu, plan, addrs, stream) }
+        .map_err(|e| rlsync_core::error_chain(&e))?;
+    dev.set_state(diff, stream);
+    Ok(Box::new(Casting { inner: dev, cast }))
 }
 
 /// See [`channel_sender`].

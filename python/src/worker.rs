@@ -27,7 +27,7 @@ use rlsync_core::protocol::arrays::ChunkOrigin;
 use rlsync_core::protocol::arrays::{self, NamedArray};
 use rlsync_core::syncer::settings::Device;
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
-use rlsync_core::tensor::{Class, StateDict};
+use rlsync_core::tensor::{Class, DType, StateDict};
 
 use crate::checkpoint;
 use crate::device::{self, CudaCopies, SharedSide};
@@ -299,12 +299,12 @@ impl Workload for PyWorkload {
     /// The same-host GPU channel's sending device over the model's CUDA tensors.
     fn gpu_sender_device(
         &mut self,
-        _state: &StateDict,
+        state: &StateDict,
         keys: &[String],
+        dtypes: &[DType],
     ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
         let side = self.channel_side()?;
-        device::channel_sender(&side, keys)
-            .map(|d| Box::new(d) as Box<dyn SenderDevice + Send>)
+        device::channel_sender(&side, state, keys, dtypes)
             .map_err(|reason| WorkloadError::GpuChannel { reason })
     }
 

@@ -18,7 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use rlsync_core::gpu::compact::Layout;
-use rlsync_core::gpu::ipc::{IpcReceiver, IpcSender, ReceiverDevice, SenderDevice, SyncReport};
+use rlsync_core::gpu::ipc::{
+    IpcError, IpcReceiver, IpcSender, ReceiverDevice, SenderDevice, SyncReport,
+};
 use rlsync_core::protocol::messages::SyncStats;
 use rlsync_core::tensor::{DType, StateDict};
 
@@ -30,20 +32,40 @@ pub type ChannelSender = IpcSender<Box<dyn SenderDevice + Send>>;
 /// A rollout's end.
 pub type ChannelReceiver = IpcReceiver<Box<dyn ReceiverDevice + Send>>;
 
+/// The synced tensors as the rollouts hold them: each key, its dtype there and its shape (what the channel's
+/// state checksum names).
+pub type Names = Vec<(String, DType, Vec<usize>)>;
+
+/// The names of `keys` of `state` in the rollouts' `dtypes` (the handshake's, in the order of `keys`).
+pub fn names(state: &StateDict, keys: &[String], dtypes: &[DType]) -> Result<Names, WorkloadError> {
+    keys.iter()
+        .zip(dtypes)
+        .map(|(k, &d)| {
+            let t = state
+                .get(k)
+                .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
+            Ok((k.clone(), d, t.shape().to_vec()))
+        })
+        .collect()
+}
+
 /// Trainer: the channel at `socket` for `receivers` rollouts over the device tensors of `keys` (the synced
-/// keys, in the syncer's order) of `workload`, snapshot copy := those tensors, every rollout given a full
+/// keys, in the syncer's order) of `workload`, which the rollouts hold in `dtypes` (a floating tensor in
+/// another dtype is cast on the device first); snapshot copy := those tensors, every rollout given a full
 /// copy as `version`.
+#[allow(clippy::too_many_arguments)]
 pub fn open_sender(
     workload: &mut dyn Workload,
     state: &StateDict,
     keys: &[String],
+    dtypes: &[DType],
     socket: &Path,
     receivers: usize,
     timeout: Duration,
     version: u64,
 ) -> Result<(ChannelSender, SyncReport), WorkerError> {
-    let layout = layout(state, keys)?;
-    let device = workload.gpu_sender_device(state, keys)?;
+    let layout = layout(state, keys, dtypes)?;
+    let device = workload.gpu_sender_device(state, keys, dtypes)?;
     let mut channel = IpcSender::bind(socket, device, layout, receivers, timeout)?;
     let report = channel.bootstrap(version)?;
     Ok((channel, report))
@@ -59,22 +81,36 @@ pub fn open_receiver(
     rank: u32,
     timeout: Duration,
 ) -> Result<(ChannelReceiver, u64), WorkerError> {
-    let layout = layout(state, keys)?;
+    let mut dtypes = Vec::with_capacity(keys.len());
+    for k in keys {
+        let t = state
+            .get(k)
+            .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
+        dtypes.push(t.dtype());
+    }
+    let layout = layout(state, keys, &dtypes)?;
     let device = workload.gpu_receiver_device(state, keys)?;
+
     let mut channel = IpcReceiver::connect(socket, rank, layout, device, timeout)?;
     let version = channel.apply(timeout)?;
     Ok((channel, version))
 }
 
-/// The channel's tensor layout of `keys` of `state` (elements and element width of each, in order).
-pub fn layout(state: &StateDict, keys: &[String]) -> Result<Layout, WorkloadError> {
+/// The channel's tensor layout of `keys` of `state` held in `dtypes` (elements and element width of each, in
+/// order).
+pub fn layout(
+    state: &StateDict,
+    keys: &[String],
+    dtypes: &[DType],
+) -> Result<Layout, WorkloadError> {
     let shapes = keys
         .iter()
-        .map(|k| {
+        .zip(dtypes)
+        .map(|(k, d)| {
             let t = state
                 .get(k)
                 .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
-            Ok((t.numel() as u64, t.dtype().size_bytes()))
+            Ok((t.numel() as u64, d.size_bytes()))
         })
         .collect::<Result<Vec<_>, WorkloadError>>()?;
     Layout::new(&shapes).map_err(|e| WorkloadError::GpuChannel {
@@ -82,31 +118,11 @@ pub fn layout(state: &StateDict, keys: &[String]) -> Result<Layout, WorkloadErro
     })
 }
 
-/// The channel carries the trainer's tensors bit for bit: each synced tensor of `state` must already be in the
-/// rollouts' dtype (`wanted`, in the order of `keys`, as the handshake settled them). The host patch build
-/// casts floating tensors on the way; the channel does not, so a pair that differs is refused by name.
-pub fn same_dtypes(
-    state: &StateDict,
-    keys: &[String],
-    wanted: &[DType],
-) -> Result<(), WorkloadError> {
-    for (key, &want) in keys.iter().zip(wanted) {
-        let t = state
-            .get(key)
-            .ok_or_else(|| WorkloadError::MissingTensor { name: key.clone() })?;
-        if t.dtype() != want {
-            return Err(WorkloadError::GpuChannel {
-                reason: format!(
-                    "tensor '{key}' is {} in the trainer and {} in the rollouts, and the channel copies the \
-                     trainer's bits as they are: keep the synced tensors in the rollouts' dtype on both sides, or \
-                     set weight_syncer.patch.transport_device=cpu (the patch build casts on the GPU)",
-                    t.dtype().name(),
-                    want.name()
-                ),
-            });
-        }
-    }
-    Ok(())
+/// The state checksum of the synced tensors as the rollouts hold them after the last sync (hashed on the
+/// device where the channel's sender works, the cast copies where it casts).
+pub fn checksum(channel: &mut ChannelSender, names: &Names) -> Result<u64, WorkerError> {
+    tokio::task::block_in_place(|| channel.device_mut().state_checksum(names))
+        .map_err(|e| WorkerError::GpuChannel(IpcError::Gpu(e)))
 }
 
 /// The `Synced` statistics of one sync over the channel: a patch counts the compacted entries the rollouts
@@ -167,29 +183,6 @@ pub fn describe(report: &SyncReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlsync_core::tensor::{Class, Tensor};
-
-    fn state() -> StateDict {
-        let mut s = StateDict::new();
-        for (k, d) in [("a", DType::F32), ("b", DType::Bf16)] {
-            s.insert(k, Tensor::zeros(d, &[4], Class::Trainable).unwrap());
-        }
-        s
-    }
-
-    #[test]
-    fn a_dtype_the_rollouts_do_not_hold_is_refused_by_name() {
-        let keys = ["a".to_owned(), "b".to_owned()];
-        assert!(same_dtypes(&state(), &keys, &[DType::F32, DType::Bf16]).is_ok());
-        let err = same_dtypes(&state(), &keys, &[DType::Bf16, DType::Bf16]).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            text.contains("tensor 'a' is float32 in the trainer and bfloat16 in the rollouts"),
-            "{text}"
-        );
-        let err = same_dtypes(&state(), &["c".to_owned()], &[DType::F32]).unwrap_err();
-        assert!(matches!(err, WorkloadError::MissingTensor { .. }), "{err}");
-    }
 
     #[test]
     fn a_patch_counts_what_the_rollouts_read_and_a_full_copy_the_state() {

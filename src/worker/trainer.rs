@@ -7,7 +7,7 @@ use crate::worker::workload::{Batch, Workload};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer};
-use rlsync_core::tensor::{StateDict, state_checksum};
+use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::{
     ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
 };
@@ -67,7 +67,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     // The handshake and the init bootstrap ran on the host; every version from now on goes
                     // device to device (the host syncer, and its snapshot, go).
                     let keys = end.synced_keys().to_vec();
-                    gpu_channel::same_dtypes(&state, &keys, end.synced_dtypes())?;
+                    let dtypes = end.synced_dtypes().to_vec();
+                    let names = gpu_channel::names(&state, &keys, &dtypes)?;
                     let receivers = ctx.launch.weight_receivers();
                     let timeout = ctx.transport_timeout();
                     let channel = tokio::task::block_in_place(|| {
@@ -75,6 +76,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             workload.as_mut(),
                             &state,
                             &keys,
+                            &dtypes,
                             socket,
                             receivers,
                             timeout,
@@ -92,12 +94,21 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     {
                         channel.detach_acks(true);
                     }
+                    let casts = names
+                        .iter()
+                        .filter(|(k, d, _)| state.get(k).is_some_and(|t| t.dtype() != *d))
+                        .count();
                     tracing::info!(
-                        "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s))",
-                        keys.len()
+                        "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s){})",
+                        keys.len(),
+                        if casts > 0 {
+                            format!(", {casts} cast to the rollouts' dtypes on the GPU")
+                        } else {
+                            String::new()
+                        }
                     );
                     let checksum = if cfg.runner.verify_sync {
-                        state_checksum_of(workload.as_mut(), &state, &keys)?
+                        gpu_channel::checksum(&mut channel, &names)?
                     } else {
                         0
                     };
@@ -106,7 +117,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         checksum,
                         seconds: started.elapsed().as_secs_f64(),
                     };
-                    sender = Some(Publisher::Gpu { channel, keys });
+                    sender = Some(Publisher::Gpu { channel, names });
                     ctx.control.report(&synced, &[]).await?;
                     continue;
                 }
@@ -142,16 +153,18 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             cfg.runner.verify_sync,
                         )?
                     }
-                    Some(Publisher::Gpu { channel, keys }) => {
+                    Some(Publisher::Gpu { channel, names }) => {
                         let report = tokio::task::block_in_place(|| channel.sync(wanted))?;
                         tracing::debug!("{}", gpu_channel::describe(&report));
-                        let bytes = keys
+                        // The synced tensors' bytes as the rollouts hold them.
+                        let bytes = names
                             .iter()
-                            .filter_map(|k| state.get(k))
-                            .map(|t| t.bytes().len() as u64)
+                            .map(|(_, d, shape)| {
+                                (shape.iter().product::<usize>() * d.size_bytes()) as u64
+                            })
                             .sum();
                         let checksum = if cfg.runner.verify_sync {
-                            state_checksum_of(workload.as_mut(), &state, keys)?
+                            gpu_channel::checksum(channel, names)?
                         } else {
                             0
                         };
@@ -235,26 +248,13 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
 enum Publisher {
     /// The weight syncer over the host channels (shared memory, TCP).
     Host(SyncSender),
-    /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`), over the synced `keys`.
+    /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`), over the synced tensors as
+    /// the rollouts hold them (`names`: their checksum is hashed on the device, the cast copies where the
+    /// channel casts).
     Gpu {
         channel: ChannelSender,
-        keys: Vec<String>,
+        names: gpu_channel::Names,
     },
-}
-
-/// `state_checksum` of `keys` of the weights, where they live (on the device if the workload can hash there).
-fn state_checksum_of(
-    workload: &mut dyn Workload,
-    state: &StateDict,
-    keys: &[String],
-) -> Result<u64, WorkerError> {
-    tokio::task::block_in_place(|| {
-        if let Some(c) = workload.weights_checksum(state, keys)? {
-            return Ok(c);
-        }
-        workload.host_view()?;
-        Ok(state_checksum(state, keys))
-    })
 }
 
 /// A command the trainer cannot take (now).

@@ -6,7 +6,7 @@ use rlsync_core::gpu::ipc::{ReceiverDevice, SenderDevice};
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::Role;
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
-use rlsync_core::tensor::StateDict;
+use rlsync_core::tensor::{DType, StateDict};
 
 use crate::checkpoint::CheckpointError;
 use crate::config::schema::{ModelType, RunConfig};
@@ -195,12 +195,15 @@ pub trait Workload: Send {
 
     /// Trainer, with the same-host GPU channel (`weight_syncer.patch.transport_device: cuda`), after the init
     /// bootstrap: the channel's sending device over the device tensors of `keys` (the synced keys, in order),
-    /// on the stream the workload's own work runs on ([`crate::worker::gpu_channel`]). By default, and for
-    /// weights that are not all tensors of one GPU, the error says why it cannot.
+    /// which the rollouts hold in `dtypes` (floating tensors in another dtype are cast on the device:
+    /// [`rlsync_core::gpu::ipc::cast`]), on the stream the workload's own work runs on
+    /// ([`crate::worker::gpu_channel`]). By default, and for weights that are not all tensors of one GPU, the
+    /// error says why it cannot.
     fn gpu_sender_device(
         &mut self,
         _state: &StateDict,
         _keys: &[String],
+        _dtypes: &[DType],
     ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
         Err(no_gpu_channel())
     }
