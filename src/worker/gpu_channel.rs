@@ -90,7 +90,6 @@ pub fn open_receiver(
     }
     let layout = layout(state, keys, &dtypes)?;
     let device = workload.gpu_receiver_device(state, keys)?;
-
     let mut channel = IpcReceiver::connect(socket, rank, layout, device, timeout)?;
     let version = channel.apply(timeout)?;
     Ok((channel, version))
