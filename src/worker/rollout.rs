@@ -9,11 +9,10 @@ use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
 use crate::worker::Stage;
 use crate::worker::gpu_channel::{self, ChannelReceiver};
-use rlsync_core::gpu::ipc::{Incoming, IpcError};
-
 use crate::worker::local_copy::LocalCopy;
-use crate::worker::workload::Workload;
+use crate::worker::workload::{Workload, WorkloadError};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
+use rlsync_core::gpu::ipc::{Incoming, IpcError};
 use rlsync_core::protocol::messages::{Command, Frame, Report};
 use rlsync_core::syncer::HoldPoint;
 use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, SyncReceiver, WeightSyncer};
@@ -362,13 +361,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                                 timeout,
                             )?;
                             if version != me.version {
-                                return Err(WorkerError::UnexpectedCommand {
-                                    role: "rollout",
-                                    command: format!(
-                                        "a GPU channel bootstrap of version {version} (the run starts at {})",
+                                return Err(WorkerError::Workload(WorkloadError::GpuChannel {
+                                    reason: format!(
+                                        "the trainer's first copy over the channel is version {version}, the run starts at {}",
                                         me.version
                                     ),
-                                });
+                                }));
                             }
                             Ok(channel)
                         })?;
