@@ -63,61 +63,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let (mut end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
                 // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
                 report.version = start.version;
-                if let Some(socket) = &ctx.launch.gpu_socket {
+                if let Some(socket) = ctx.launch.gpu_socket.clone() {
                     // The handshake and the init bootstrap ran on the host; every version from now on goes
                     // device to device (the host syncer, and its snapshot, go).
-                    let keys = end.synced_keys().to_vec();
-                    let dtypes = end.synced_dtypes().to_vec();
-                    let names = gpu_channel::names(&state, &keys, &dtypes)?;
-                    let receivers = ctx.launch.weight_receivers();
-                    let timeout = ctx.transport_timeout();
-                    let channel = tokio::task::block_in_place(|| {
-                        let (channel, boot) = gpu_channel::open_sender(
-                            workload.as_mut(),
-                            &state,
-                            &keys,
-                            &dtypes,
-                            socket,
-                            receivers,
-                            timeout,
-                            start.version,
-                        )?;
-                        tracing::info!("{}", gpu_channel::describe(&boot));
-                        Ok::<_, WorkerError>(channel)
-                    })?;
-                    drop(end);
-                    // No-wait installs: the rollouts install between their chunks, so a sync returns once sent
-                    // and its acks are collected by the next one (one version in flight).
-                    let mut channel = channel;
-                    if cfg.actor.sync_weight_no_wait
-                        && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async
-                    {
-                        channel.detach_acks(true);
-                    }
-                    let casts = names
-                        .iter()
-                        .filter(|(k, d, _)| state.get(k).is_some_and(|t| t.dtype() != *d))
-                        .count();
-                    tracing::info!(
-                        "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s){})",
-                        keys.len(),
-                        if casts > 0 {
-                            format!(", {casts} cast to the rollouts' dtypes on the GPU")
-                        } else {
-                            String::new()
-                        }
-                    );
-                    let checksum = if cfg.runner.verify_sync {
-                        gpu_channel::checksum(&mut channel, &names)?
-                    } else {
-                        0
-                    };
+                    let (publisher, checksum) =
+                        gpu_publisher(ctx, workload.as_mut(), &state, end, &socket)?;
                     let synced = Report::Synced {
                         stats: sync_stats(&report),
                         checksum,
                         seconds: started.elapsed().as_secs_f64(),
                     };
-                    sender = Some(Publisher::Gpu { channel, names });
+                    sender = Some(publisher);
                     ctx.control.report(&synced, &[]).await?;
                     continue;
                 }
@@ -255,6 +211,63 @@ enum Publisher {
         channel: ChannelSender,
         names: gpu_channel::Names,
     },
+}
+
+/// After the host handshake and bootstrap by `end`: the same-host GPU channel at `socket` over the
+/// workload's device tensors, every rollout given a full copy at the run's start version; and the checksum
+/// of what they now hold (0 when `runner.verify_sync` is off).
+fn gpu_publisher(
+    ctx: &WorkerContext,
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    end: SyncSender,
+    socket: &std::path::Path,
+) -> Result<(Publisher, u64), WorkerError> {
+    let cfg = ctx.config();
+    let keys = end.synced_keys().to_vec();
+    let dtypes = end.synced_dtypes().to_vec();
+    let names = gpu_channel::names(state, &keys, &dtypes)?;
+    let receivers = ctx.launch.weight_receivers();
+    let (mut channel, boot) = tokio::task::block_in_place(|| {
+        gpu_channel::open_sender(
+            workload,
+            state,
+            &keys,
+            &dtypes,
+            socket,
+            receivers,
+            ctx.transport_timeout(),
+            ctx.launch.start.version,
+        )
+    })?;
+    tracing::info!("{}", gpu_channel::describe(&boot));
+    drop(end);
+    // No-wait installs: the rollouts install between their chunks, so a sync returns once sent and its acks
+    // are collected by the next one (one version in flight).
+    if cfg.actor.sync_weight_no_wait
+        && ctx.launch.loop_kind == crate::protocol::launch::LoopKind::Async
+    {
+        channel.detach_acks(true);
+    }
+    let casts = names
+        .iter()
+        .filter(|(k, d, _)| state.get(k).is_some_and(|t| t.dtype() != *d))
+        .count();
+    tracing::info!(
+        "weights synced from the device from now on: the same-host GPU channel, device to device ({} tensors to {receivers} rollout(s){})",
+        keys.len(),
+        if casts > 0 {
+            format!(", {casts} cast to the rollouts' dtypes on the GPU")
+        } else {
+            String::new()
+        }
+    );
+    let checksum = if cfg.runner.verify_sync {
+        gpu_channel::checksum(&mut channel, &names)?
+    } else {
+        0
+    };
+    Ok((Publisher::Gpu { channel, names }, checksum))
 }
 
 /// A command the trainer cannot take (now).
