@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::{
-    IpcError, IpcReceiver, IpcSender, ReceiverDevice, SenderDevice, SyncReport,
+    IpcError, IpcReceiver, IpcSender, ReceiverDevice, ReceiverTiming, SenderDevice, SyncReport,
 };
 use rlsync_core::protocol::messages::SyncStats;
 use rlsync_core::tensor::{DType, StateDict};
@@ -154,34 +154,73 @@ pub fn stats(report: &SyncReport, state_bytes: u64) -> SyncStats {
     }
 }
 
-/// One line for the log: where the sync's time went, per rollout.
+/// One line for the log: where the sync's time went, per rollout (with detached acks, the previous sync's:
+/// this one's are collected by the next).
 pub fn describe(report: &SyncReport) -> String {
-    let per: Vec<String> = report
-        .per_receiver
-        .iter()
-        .map(|t| {
-            format!(
-                "rollout {}: {:.2} ms (check {:.2}, apply {:.2})",
-                t.rank,
-                t.total_s * 1e3,
-                t.check_s * 1e3,
-                t.apply_s * 1e3
-            )
-        })
-        .collect();
+    let per = |timings: &[ReceiverTiming]| -> String {
+        timings
+            .iter()
+            .map(|t| {
+                format!(
+                    "rollout {}: {:.2} ms (check {:.2}, apply {:.2})",
+                    t.rank,
+                    t.total_s * 1e3,
+                    t.check_s * 1e3,
+                    t.apply_s * 1e3
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let acks = if report.settled.is_empty() {
+        per(&report.per_receiver)
+    } else {
+        format!("the previous sync's acks: {}", per(&report.settled))
+    };
     format!(
-        "GPU channel: version {} ({}), build {:.2} ms, acks {:.2} ms; {}",
+        "GPU channel: version {} ({}), build {:.2} ms, acks {:.2} ms; {acks}",
         report.version,
         if report.full { "full copy" } else { "patch" },
         report.build_s * 1e3,
         report.acks_s * 1e3,
-        per.join(", ")
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_line_names_each_rollouts_phases_or_the_previous_syncs_when_detached() {
+        let t = ReceiverTiming {
+            rank: 1,
+            total_s: 0.004,
+            check_s: 0.001,
+            apply_s: 0.002,
+            ..ReceiverTiming::default()
+        };
+        let blocking = SyncReport {
+            version: 3,
+            per_receiver: vec![t],
+            ..SyncReport::default()
+        };
+        let line = describe(&blocking);
+        assert!(
+            line.contains("version 3 (patch)")
+                && line.ends_with("rollout 1: 4.00 ms (check 1.00, apply 2.00)"),
+            "{line}"
+        );
+        let detached = SyncReport {
+            version: 4,
+            settled: vec![t],
+            ..SyncReport::default()
+        };
+        assert!(
+            describe(&detached).contains("the previous sync's acks: rollout 1: 4.00 ms"),
+            "{}",
+            describe(&detached)
+        );
+    }
 
     #[test]
     fn a_patch_counts_what_the_rollouts_read_and_a_full_copy_the_state() {
