@@ -226,18 +226,11 @@ impl Workload for SimDevice {
         keys: &[String],
         dtypes: &[DType],
     ) -> Result<Box<dyn SenderDevice + Send>, WorkloadError> {
-        let (sim, tensors) = ChannelDevice::<()>::stage(self.exports_dir()?, &self.device, keys)?;
+        let (sim, tensors) = stage_channel(self.exports_dir()?, &self.device, keys)?;
         let addrs: Vec<u64> = tensors.iter().map(|t| t.1).collect();
         // Tensors the rollouts hold in another dtype are cast on the simulated device first.
-        let plan = {
-            let device = lock(&self.device);
-            let pairs = keys.iter().zip(dtypes).map(|(k, &to)| {
-                let t = device.get(k);
-                let from = t.map_or(to, |t| t.dtype());
-                (k.as_str(), from, to, t.map_or(0, |t| t.numel() as u64))
-            });
-            CastPlan::of(pairs).map_err(|reason| WorkloadError::GpuChannel { reason })?
-        };
+        let plan = CastPlan::to_dtypes(&lock(&self.device), keys, dtypes)
+            .map_err(|reason| WorkloadError::GpuChannel { reason })?;
         let device = self.device.clone();
         if plan.is_empty() {
             eprintln!("simulated device: GPU channel sender");
@@ -266,7 +259,7 @@ impl Workload for SimDevice {
         _state: &StateDict,
         keys: &[String],
     ) -> Result<Box<dyn ReceiverDevice + Send>, WorkloadError> {
-        let (sim, tensors) = ChannelDevice::<()>::stage(self.exports_dir()?, &self.device, keys)?;
+        let (sim, tensors) = stage_channel(self.exports_dir()?, &self.device, keys)?;
         let addrs = tensors.iter().map(|t| t.1).collect();
         eprintln!("simulated device: GPU channel receiver");
         Ok(Box::new(ChannelDevice {
@@ -337,27 +330,28 @@ struct ChannelDevice<D> {
     tensors: Vec<(String, u64)>,
 }
 
-impl<D> ChannelDevice<D> {
-    /// `sim` holding a copy of the device tensors of `keys`; their addresses in it.
-    fn stage(
-        dir: &Path,
-        device: &Device,
-        keys: &[String],
-    ) -> Result<(FileSim, Vec<(String, u64)>), WorkloadError> {
-        let sim = FileSim::new(dir);
-        let device = lock(device);
-        let tensors = keys
-            .iter()
-            .map(|k| {
-                let t = device
-                    .get(k)
-                    .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
-                Ok((k.clone(), sim.with(|mem| mem.alloc(t.bytes()))))
-            })
-            .collect::<Result<Vec<_>, WorkloadError>>()?;
-        Ok((sim, tensors))
-    }
+/// A simulated device (its exports in `dir`) holding a copy of the device tensors of `keys`; their addresses in
+/// it.
+fn stage_channel(
+    dir: &Path,
+    device: &Device,
+    keys: &[String],
+) -> Result<(FileSim, Vec<(String, u64)>), WorkloadError> {
+    let sim = FileSim::new(dir);
+    let device = lock(device);
+    let tensors = keys
+        .iter()
+        .map(|k| {
+            let t = device
+                .get(k)
+                .ok_or_else(|| WorkloadError::MissingTensor { name: k.clone() })?;
+            Ok((k.clone(), sim.with(|mem| mem.alloc(t.bytes()))))
+        })
+        .collect::<Result<Vec<_>, WorkloadError>>()?;
+    Ok((sim, tensors))
+}
 
+impl<D> ChannelDevice<D> {
     /// `sim`'s copies := the device tensors.
     fn copy_in(&self) -> Result<(), GpuError> {
         let device = lock(&self.device);

@@ -242,12 +242,7 @@ pub(crate) fn channel_sender(
     let (gpu, addrs, stream) = channel_tensors(side, keys)?;
     // Floating tensors the rollouts hold in another dtype (fp32 master weights, bf16 rollouts) are cast into
     // a scratch copy on the GPU before each build.
-    let pairs = keys.iter().zip(dtypes).map(|(k, &to)| {
-        let t = state.get(k);
-        let from = t.map_or(to, |t| t.dtype());
-        (k.as_str(), from, to, t.map_or(0, |t| t.numel() as u64))
-    });
-    let plan = CastPlan::of(pairs)?;
+    let plan = CastPlan::to_dtypes(state, keys, dtypes)?;
     let mut dev = CudaSender::new(gpu.clone());
     if plan.is_empty() {
         dev.set_state(addrs, stream);

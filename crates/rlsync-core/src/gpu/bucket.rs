@@ -31,6 +31,29 @@ pub const DT_RAW8: u32 = 7;
 /// Threads per block of a `cast_gather` launch.
 pub const CAST_BLOCK: u32 = 256;
 
+/// Queue one `cast_gather` launch on `stream` over the table of `njobs` jobs at `jobs` (device memory, already
+/// written or queued before on the stream), `total` elements in all: a grid of at most one wave of resident
+/// blocks, striding.
+///
+/// # Safety
+/// The table and every address in it must stay valid until the stream has run the launch.
+pub(crate) unsafe fn queue_cast_gather(
+    gpu: &super::Gpu,
+    jobs: u64,
+    njobs: usize,
+    total: u64,
+    stream: super::Stream,
+) -> Result<(), GpuError> {
+    let resident = gpu.sm_count() * gpu.blocks_per_sm(Kernel::CastGather, 1, CAST_BLOCK);
+    let grid = total
+        .div_ceil(u64::from(CAST_BLOCK))
+        .min(resident as u64)
+        .max(1) as u32;
+    let args = [Arg::U64(jobs), Arg::U32(njobs as u32), Arg::U64(total)];
+    // SAFETY: the arguments follow cast_gather's signature; the caller keeps the table and its addresses valid.
+    unsafe { gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream) }
+}
+
 /// One `cast_gather` job (`CastJob` in the kernel source): `numel` elements from `src` to `dst`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, bytemuck::Zeroable, bytemuck::Pod)]
@@ -457,22 +480,9 @@ impl CudaBucketDevice {
         // SAFETY: `jobs_buf` is rlsync's allocation of at least `bytes.len()` bytes (reserve), used by nothing
         // else until the launch below has run (each slot has its own table).
         unsafe { self.gpu.write(jobs_buf.addr(), bytes, self.stream) }?;
-        let resident = self.gpu.sm_count() * 8;
-        let grid = total
-            .div_ceil(u64::from(CAST_BLOCK))
-            .min(resident as u64)
-            .max(1) as u32;
-        let args = [
-            Arg::U64(jobs_buf.addr()),
-            Arg::U32(cast.len() as u32),
-            Arg::U64(total),
-        ];
-        // SAFETY: the arguments follow cast_gather's signature; the table names the caller's live tensors and
-        // rlsync's buffers, sized by `table` (checked against the body length) and `reserve`.
-        unsafe {
-            self.gpu
-                .launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, self.stream)
-        }
+        // SAFETY: the table names the caller's live tensors and rlsync's buffers, sized by `table` (checked
+        // against the body length) and `reserve`.
+        unsafe { queue_cast_gather(&self.gpu, jobs_buf.addr(), cast.len(), total, self.stream) }
     }
 }
 

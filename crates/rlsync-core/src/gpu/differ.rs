@@ -20,9 +20,9 @@
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use super::bucket::{self, CAST_BLOCK, CastJob};
+use super::bucket::{self, CastJob};
 use super::compact::{self, CollectReport, Layout, TileDir};
-use super::{Arg, DeviceBuf, DeviceState, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use super::{DeviceBuf, DeviceState, DiffLaunch, Gpu, GpuError, PinnedBuf, Stream};
 use crate::syncer::SyncError;
 use crate::syncer::offload::PatchBuilder;
 use crate::syncer::patch::{Built, Changes, SEGMENT, SnapTensor};
@@ -120,16 +120,6 @@ impl CastBufs {
         }
         let bytes: &[u8] = bytemuck::cast_slice(&jobs);
         self.jobs_host[..bytes.len()].copy_from_slice(bytes);
-        let resident = gpu.sm_count() * gpu.blocks_per_sm(Kernel::CastGather, 1, CAST_BLOCK);
-        let grid = total
-            .div_ceil(u64::from(CAST_BLOCK))
-            .min(resident as u64)
-            .max(1) as u32;
-        let args = [
-            Arg::U64(self.jobs.addr()),
-            Arg::U32(jobs.len() as u32),
-            Arg::U64(total),
-        ];
         // SAFETY: the table names the caller's live tensors (read) and this scratch buffer (written), sized by
         // the plan; forwarded to the caller's contract for the rest.
         unsafe {
@@ -139,7 +129,7 @@ impl CastBufs {
                 bytes.len(),
                 stream,
             )?;
-            gpu.launch(Kernel::CastGather, 1, grid, CAST_BLOCK, &args, stream)
+            bucket::queue_cast_gather(gpu, self.jobs.addr(), jobs.len(), total, stream)
         }
     }
 }
@@ -179,6 +169,26 @@ impl CastPlan {
                     .ok_or_else(|| format!("key '{}' is missing from the state dict", st.key))?;
                 let numel = (st.storage.len() / st.dtype.size_bytes()) as u64;
                 Ok((st.key.as_str(), t.dtype(), st.dtype, numel))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        CastPlan::of(tensors)
+    }
+
+    /// The plan for `keys` of `state` to be held in `dtypes` (in the order of `keys`: the GPU channel's
+    /// casts); a missing key is an error naming it.
+    pub fn to_dtypes(
+        state: &StateDict,
+        keys: &[String],
+        dtypes: &[DType],
+    ) -> Result<CastPlan, String> {
+        let tensors = keys
+            .iter()
+            .zip(dtypes)
+            .map(|(k, &to)| {
+                let t = state
+                    .get(k)
+                    .ok_or_else(|| format!("key '{k}' is missing from the state dict"))?;
+                Ok((k.as_str(), t.dtype(), to, t.numel() as u64))
             })
             .collect::<Result<Vec<_>, String>>()?;
         CastPlan::of(tensors)

@@ -713,9 +713,7 @@ impl<D: SenderDevice> IpcSender<D> {
         for p in &mut self.peers {
             p.fresh = false;
         }
-        let mut report = self.send(version, Mode::Full, widths, build_s)?;
-        report.settled = settled;
-        Ok(report)
+        self.send(version, Mode::Full, widths, build_s, settled)
     }
 
     /// One sync at `version`: the first one bootstraps; later receivers are admitted with a full copy; then
@@ -764,9 +762,7 @@ impl<D: SenderDevice> IpcSender<D> {
                 "GPU channel sender: its pool checksum counted other changes than diff_compact reported; \
                  this sync is sent as a full copy"
             );
-            let mut report = self.fallback(version, t0)?;
-            report.settled = settled;
-            return Ok(report);
+            return self.fallback(version, t0, settled);
         }
         let widths: Vec<WidthCount> = self
             .setup
@@ -780,28 +776,44 @@ impl<D: SenderDevice> IpcSender<D> {
                 checksum: b.sum.sum,
             })
             .collect();
-        let mut report = self.send(version, Mode::Patch, widths, t0.elapsed().as_secs_f64())?;
-        report.settled = settled;
-        Ok(report)
+        self.send(
+            version,
+            Mode::Patch,
+            widths,
+            t0.elapsed().as_secs_f64(),
+            settled,
+        )
     }
 
     /// This sync (`version`, begun at `t0`) as a full copy to every receiver: the snapshot copy set to the
     /// state again (a fault that broke the pool may have broken the copy too), hashed as every full copy.
-    fn fallback(&mut self, version: u64, t0: Instant) -> Result<SyncReport, IpcError> {
+    fn fallback(
+        &mut self,
+        version: u64,
+        t0: Instant,
+        settled: Vec<ReceiverTiming>,
+    ) -> Result<SyncReport, IpcError> {
         self.dev.bootstrap(&self.layout, &self.offsets)?;
         let widths = self.full_widths()?;
-        self.send(version, Mode::Full, widths, t0.elapsed().as_secs_f64())
+        self.send(
+            version,
+            Mode::Full,
+            widths,
+            t0.elapsed().as_secs_f64(),
+            settled,
+        )
     }
 
     /// Send every connected receiver the sync at `version` in `mode` (a full copy's `widths` from
     /// [`Self::full_widths`]; a patch's from the build), built in `build_s`, and wait for the acks (detached:
-    /// leave them for the next sync).
+    /// leave them for the next sync, and report the previous sync's, `settled`).
     fn send(
         &mut self,
         version: u64,
         mode: Mode,
         widths: Vec<WidthCount>,
         build_s: f64,
+        settled: Vec<ReceiverTiming>,
     ) -> Result<SyncReport, IpcError> {
         let t1 = Instant::now();
         let ranks = self.ranks();
@@ -822,7 +834,7 @@ impl<D: SenderDevice> IpcSender<D> {
             receivers: ranks.len(),
             per_receiver,
             fallbacks: self.fallbacks,
-            settled: Vec::new(),
+            settled,
         })
     }
 
@@ -1391,13 +1403,6 @@ pub struct Incoming {
     mode: Mode,
     widths: Vec<WidthCount>,
     timing: Timing,
-}
-
-impl Incoming {
-    /// The version it carries.
-    pub fn version(&self) -> u64 {
-        self.version
-    }
 }
 
 /// An ack of `seq`, stamped with the clock now.

@@ -27,7 +27,7 @@ use crate::tensor::DType;
 pub trait SimMemory: Send {
     /// Run `f` on this process's simulated device memory.
     fn with<R>(&self, f: impl FnOnce(&mut Memory) -> R) -> R;
-    /// The handle of the buffer at `addr` (`bytes` long) of this memory, exported.
+    /// The handle of the buffer at `addr` of this memory, exported.
     fn export(&self, addr: u64) -> IpcHandle;
     /// The exporter wrote the exported buffer at `addr`: make it visible to importers.
     fn publish(&self, mem: &Memory, addr: u64, bytes: u64) -> Result<(), GpuError>;
@@ -81,8 +81,8 @@ fn parse(tag: &[u8; 8], h: &IpcHandle) -> Result<(u64, u32), GpuError> {
     }
 }
 
-/// The address a [`SharedSim`] handle names (tests corrupt exported buffers through it).
-pub fn shared_addr(h: &IpcHandle) -> Result<u64, GpuError> {
+/// The address a [`SharedSim`] handle names.
+fn shared_addr(h: &IpcHandle) -> Result<u64, GpuError> {
     parse(SHARED_TAG, h).map(|(addr, _)| addr)
 }
 
