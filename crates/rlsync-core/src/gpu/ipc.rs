@@ -36,6 +36,13 @@
 //! drops; mappings of a dead receiver are released by the driver with its process; a receiver closes its
 //! mappings on drop. The socket file is removed when the sender drops.
 //!
+//! Elastic receivers ([`IpcSender::set_elastic`], restartable rollouts): a receiver whose socket closed (its
+//! process died) is dropped with a warning instead, and the sync succeeds for the others
+//! ([`SyncReport::dropped`]); its successor comes back by [`IpcSender::rejoin`], which forgets the
+//! predecessor (also its ack of a detached sync), waits for the newcomer's connection and gives it a full copy
+//! of the snapshot copy at the current version at once, its ack waited for; the others see nothing of it. A
+//! rejection or a missed ack deadline is still the sync's error.
+//!
 //! The device work hides behind [`SenderDevice`] and [`ReceiverDevice`], so the protocol and lifecycle are
 //! tested on the CPU with the reference kernels ([`super::reference`]); [`CudaSender`] and [`CudaReceiver`] are
 //! the CUDA implementations.
@@ -98,6 +105,8 @@ pub enum IpcError {
     },
     #[error("the receiver rejected a sync: {reason}")]
     Rejected { reason: Reason },
+    #[error("receiver rank {rank} rejoins before the first full copy (the bootstrap admits it)")]
+    NotBootstrapped { rank: u32 },
     #[error(
         "the state has {found} tensors (or other shapes) than the channel's layout ({expected})"
     )]
@@ -115,6 +124,8 @@ pub enum PeerError {
     Closed,
     #[error("sent no message within {secs:.1} s")]
     Timeout { secs: f64 },
+    #[error("did not connect within {secs:.1} s")]
+    NotConnected { secs: f64 },
     #[error("socket i/o")]
     Io(#[source] std::io::Error),
     #[error("sent a bad message")]
@@ -585,6 +596,9 @@ pub struct SyncReport {
     /// Detached acks ([`IpcSender::detach_acks`]): the previous sync's acks, collected before this sync
     /// touched the buffers (this sync's own are then collected by the next one, and `per_receiver` is empty).
     pub settled: Vec<ReceiverTiming>,
+    /// Elastic receivers ([`IpcSender::set_elastic`]): ranks whose socket closed since the last report (their
+    /// process died), dropped from the set rather than failing the sync.
+    pub dropped: Vec<u32>,
 }
 
 /// The sending end (see the module docs).
@@ -607,6 +621,10 @@ pub struct IpcSender<D: SenderDevice> {
     detached: bool,
     /// The sync whose acks are still to be collected (detached acks only).
     pending: Option<Posted>,
+    /// [`IpcSender::set_elastic`]: a receiver whose socket closed is dropped, not the sync's error.
+    elastic: bool,
+    /// Ranks dropped that way since the last report.
+    dropped: Vec<u32>,
 }
 
 /// A sync message written to the receivers, its acks not yet read.
@@ -663,7 +681,85 @@ impl<D: SenderDevice> IpcSender<D> {
             fallbacks: 0,
             detached: false,
             pending: None,
+            elastic: false,
+            dropped: Vec::new(),
         })
+    }
+
+    /// Elastic receivers (restartable rollouts): a receiver whose socket closed (its process died) is dropped
+    /// with a warning and named in the next report's [`SyncReport::dropped`] instead of failing the sync; its
+    /// successor comes back by [`IpcSender::rejoin`] (or connects and is admitted at the next sync). Off: it
+    /// is the sync's error.
+    pub fn set_elastic(&mut self, on: bool) {
+        self.elastic = on;
+    }
+
+    /// A restarted receiver `rank` comes back (elastic receivers): its predecessor is forgotten (its process is
+    /// gone; a detached sync no longer waits for its ack), the newcomer's connection is awaited (up to the
+    /// timeout) and it gets a full copy of the snapshot copy at the current version at once, its ack waited
+    /// for. The other receivers see nothing of it (with detached acks their outstanding sync stays theirs: the
+    /// snapshot copy a full copy reads is not rewritten before it is settled). The report's `version` is what
+    /// the newcomer holds.
+    pub fn rejoin(&mut self, rank: u32) -> Result<SyncReport, IpcError> {
+        let Some(version) = self.version else {
+            return Err(IpcError::NotBootstrapped { rank });
+        };
+        if rank as usize >= self.expected {
+            return Err(IpcError::Receiver {
+                rank,
+                source: PeerError::Refused(Reason::Rank {
+                    rank: u64::from(rank),
+                }),
+            });
+        }
+        self.forget(rank);
+        let deadline = Instant::now() + self.timeout;
+        self.accept(deadline, true, |peers| peers.iter().any(|p| p.rank == rank))
+            .map_err(|e| match e {
+                IpcError::Connect { secs, .. } => IpcError::Receiver {
+                    rank,
+                    source: PeerError::NotConnected { secs },
+                },
+                e => e,
+            })?;
+        let t0 = Instant::now();
+        let widths = self.full_widths()?;
+        let build_s = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for p in self.peers.iter_mut().filter(|p| p.rank == rank) {
+            p.fresh = false;
+        }
+        let msg = self.next_sync(version, Mode::Full, widths.clone());
+        let (per_receiver, failed) = match self.post(msg, &[rank]) {
+            Some(posted) => self.gather(posted),
+            None => (Vec::new(), Vec::new()),
+        };
+        if let Some((rank, source)) = failed.into_iter().next() {
+            self.forget(rank);
+            return Err(IpcError::Receiver { rank, source });
+        }
+        Ok(SyncReport {
+            seq: self.seq,
+            version,
+            full: true,
+            widths,
+            build_s,
+            acks_s: t1.elapsed().as_secs_f64(),
+            receivers: 1,
+            per_receiver,
+            fallbacks: self.fallbacks,
+            settled: Vec::new(),
+            dropped: Vec::new(),
+        })
+    }
+
+    /// Drop receiver `rank`, if connected, and stop waiting for its ack of a detached sync.
+    fn forget(&mut self, rank: u32) {
+        self.peers.retain(|p| p.rank != rank);
+        if let Some(posted) = &mut self.pending {
+            posted.ranks.retain(|r| *r != rank);
+            posted.failed.retain(|(r, _)| *r != rank);
+        }
     }
 
     /// Detached acks (a sender whose receivers install between their own work, e.g. in the background of a
@@ -835,6 +931,7 @@ impl<D: SenderDevice> IpcSender<D> {
             per_receiver,
             fallbacks: self.fallbacks,
             settled,
+            dropped: std::mem::take(&mut self.dropped),
         })
     }
 
@@ -910,6 +1007,14 @@ impl<D: SenderDevice> IpcSender<D> {
 
     /// Wait (up to the timeout) for the ack of each receiver a sync was posted to (see [`Self::broadcast`]).
     fn collect(&mut self, posted: Posted) -> Result<Vec<ReceiverTiming>, IpcError> {
+        let (timings, failed) = self.gather(posted);
+        self.fail(failed)?;
+        Ok(timings)
+    }
+
+    /// Wait (up to the timeout) for the ack of each receiver a sync was posted to: the acks' timings, and the
+    /// receivers that failed (the message could not be written, no ack, a rejection).
+    fn gather(&mut self, posted: Posted) -> (Vec<ReceiverTiming>, Vec<(u32, PeerError)>) {
         let Posted {
             seq,
             sent_ns: sync_sent,
@@ -952,8 +1057,16 @@ impl<D: SenderDevice> IpcSender<D> {
                 failed.push((p.rank, e));
             }
         }
+        (timings, failed)
+    }
+
+    /// Settle the receivers that failed a sync: every one is dropped, except one that rejected it for its pool
+    /// checksum or count (its tensors are the previous version: it stays and gets a full copy at the start of
+    /// the next sync); elastic, one whose socket closed is dropped and is no error. The first failure (lowest
+    /// rank) left is the error.
+    fn fail(&mut self, mut failed: Vec<(u32, PeerError)>) -> Result<(), IpcError> {
         if failed.is_empty() {
-            return Ok(timings);
+            return Ok(());
         }
         failed.sort_by_key(|(r, _)| *r);
         let kept = |e: &PeerError| {
@@ -969,6 +1082,22 @@ impl<D: SenderDevice> IpcSender<D> {
         }
         self.peers
             .retain(|p| !failed.iter().any(|(r, e)| *r == p.rank && !kept(e)));
+        if self.elastic {
+            failed.retain(|(rank, e)| {
+                if !matches!(e, PeerError::Closed) {
+                    return true;
+                }
+                tracing::warn!(
+                    rank,
+                    "GPU channel receiver closed its socket (its process is gone): dropped; a restarted one rejoins"
+                );
+                self.dropped.push(*rank);
+                false
+            });
+            if failed.is_empty() {
+                return Ok(());
+            }
+        }
         for (rank, e) in &failed[1..] {
             tracing::warn!(rank, error = %crate::error_chain(e), "GPU channel receiver dropped");
         }
@@ -981,11 +1110,23 @@ impl<D: SenderDevice> IpcSender<D> {
     /// waiting ends short).
     fn admit(&mut self, wait: bool) -> Result<(), IpcError> {
         let deadline = Instant::now() + self.timeout;
+        let expected = self.expected;
+        self.accept(deadline, wait, |peers| peers.len() >= expected)
+    }
+
+    /// Accept and set up receivers until `done` holds of the connected ones (waiting until `deadline` when
+    /// `wait`, else taking only those already knocking).
+    fn accept(
+        &mut self,
+        deadline: Instant,
+        wait: bool,
+        done: impl Fn(&[Peer]) -> bool,
+    ) -> Result<(), IpcError> {
         self.listener
             .set_nonblocking(true)
             .map_err(|source| self.socket_error(source))?;
         let mut last: Option<(u32, PeerError)> = None;
-        while self.peers.len() < self.expected {
+        while !done(&self.peers) {
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     if let Err((rank, e)) = self.handshake(stream, deadline) {
@@ -1045,6 +1186,14 @@ impl<D: SenderDevice> IpcSender<D> {
             let _ = send(stream, &Message::Refuse(r));
             Err((rank, PeerError::Refused(r)))
         };
+        // A predecessor whose socket closed (its process died before a sync noticed) gives way.
+        if self
+            .peers
+            .iter()
+            .any(|p| p.rank == rank && socket_closed(&p.stream))
+        {
+            self.forget(rank);
+        }
         if rank as usize >= self.expected || self.peers.iter().any(|p| p.rank == rank) {
             return refuse(
                 &mut stream,
@@ -1088,6 +1237,25 @@ impl<D: SenderDevice> IpcSender<D> {
         });
         self.peers.sort_by_key(|p| p.rank);
         Ok(())
+    }
+}
+
+/// Whether the peer closed its end of `s` (EOF pending, or a reset), without consuming anything.
+fn socket_closed(s: &UnixStream) -> bool {
+    use nix::sys::socket::MsgFlags;
+    let mut byte = [0u8; 1];
+    loop {
+        let peeked = nix::sys::socket::recv(
+            std::os::fd::AsRawFd::as_raw_fd(s),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+        );
+        return match peeked {
+            Ok(0) => true,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => e == nix::errno::Errno::ECONNRESET,
+            Ok(_) => false,
+        };
     }
 }
 

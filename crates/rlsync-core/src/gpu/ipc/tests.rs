@@ -236,6 +236,156 @@ fn a_late_receiver_gets_a_full_copy_of_the_current_version_then_patches() {
     assert_eq!(h1.join().unwrap(), vec![Ok(2), Ok(3)]);
 }
 
+/// Elastic receivers (restartable rollouts): a receiver that died is dropped and the sync goes on for the
+/// others; its successor rejoins with a full copy of the current version at once, then follows the patches.
+/// A successor whose predecessor died unnoticed (no sync in between) takes its place too.
+#[test]
+fn an_elastic_sender_drops_a_dead_receiver_and_its_successor_rejoins_with_a_full_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    tx.set_elastic(true);
+    let (r0, h0) = receiver(&host, &path, 0, 5);
+    let (_r1, h1) = receiver(&host, &path, 1, 1); // the bootstrap, then its process "dies"
+    tx.sync(1).unwrap();
+    assert_eq!(h1.join().unwrap(), vec![Ok(1)]);
+    mutate(&host, &state, 1, 0);
+    let rep = tx.sync(2).unwrap();
+    assert_eq!(rep.dropped, vec![1], "{rep:?}");
+    assert_eq!(rep.receivers, 2, "sent to both, one gone");
+    assert_eq!(tx.ranks(), vec![0]);
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    // The successor: its own initial tensors, a full copy of version 2 at once.
+    let (s1, hs1) = receiver(&host, &path, 1, 2);
+    assert_ne!(contents(&host, &s1), contents(&host, &state));
+    let rep = tx.rejoin(1).unwrap();
+    assert!(
+        rep.full && rep.version == 2 && rep.receivers == 1,
+        "{rep:?}"
+    );
+    assert_eq!(rep.per_receiver.len(), 1);
+    assert_eq!(rep.per_receiver[0].rank, 1);
+    assert_eq!(contents(&host, &s1), contents(&host, &state));
+    mutate(&host, &state, 2, 0);
+    let rep = tx.sync(3).unwrap();
+    assert!(!rep.full && rep.dropped.is_empty(), "{rep:?}");
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(contents(&host, &s1), contents(&host, &state));
+    // It dies too, unnoticed: its successor's rejoin replaces it without a sync in between.
+    assert_eq!(hs1.join().unwrap(), vec![Ok(2), Ok(3)]);
+    let (s2, hs2) = receiver(&host, &path, 1, 2);
+    assert_eq!(tx.rejoin(1).unwrap().version, 3);
+    assert_eq!(contents(&host, &s2), contents(&host, &state));
+    mutate(&host, &state, 3, 0);
+    assert!(tx.sync(4).unwrap().dropped.is_empty());
+    assert_eq!(contents(&host, &s2), contents(&host, &state));
+    mutate(&host, &state, 4, 0);
+    tx.sync(5).unwrap();
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(h0.join().unwrap(), (1..=5).map(Ok).collect::<Vec<_>>());
+    assert_eq!(hs2.join().unwrap(), vec![Ok(3), Ok(4)]);
+    // A rejoin nobody answers fails by rank after the timeout; the channel goes on.
+    tx.timeout = Duration::from_millis(200);
+    let err = tx.rejoin(1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 1,
+                source: PeerError::NotConnected { .. }
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(crate::error_chain(&err).contains("did not connect"));
+    let err = tx.rejoin(2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            IpcError::Receiver {
+                rank: 2,
+                source: PeerError::Refused(Reason::Rank { rank: 2 })
+            }
+        ),
+        "{err:?}"
+    );
+    drop(tx);
+    assert_eq!(lock(&host).open, 0, "every receiver closed its imports");
+}
+
+/// Not elastic (the default), the same death fails the sync (see above), and a rejoin before the bootstrap is
+/// refused by name.
+#[test]
+fn a_rejoin_before_the_bootstrap_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    tx.set_elastic(true);
+    let err = tx.rejoin(0).unwrap_err();
+    assert!(
+        matches!(err, IpcError::NotBootstrapped { rank: 0 }),
+        "{err:?}"
+    );
+}
+
+/// Detached acks: a receiver that dies mid-import (it read the sync, never acked) is forgotten by its
+/// successor's rejoin, which gets the posted version in full; the outstanding sync settles with the other
+/// receiver's ack, not waiting for the dead one's.
+#[test]
+fn a_rejoin_while_a_detached_sync_is_outstanding_settles_without_the_dead_receivers_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    tx.set_elastic(true);
+    let (r0, h0) = receiver(&host, &path, 0, 3);
+    let mine = tensors(&host, 101);
+    let (h, p, addrs) = (host.clone(), path.clone(), mine.clone());
+    let (read_tx, read_rx) = std::sync::mpsc::channel();
+    let dying = thread::spawn(move || {
+        let dev = FakeReceiver::new(h, addrs);
+        let mut r = IpcReceiver::connect(&p, 1, layout(), dev, T).unwrap();
+        r.apply(T).unwrap();
+        r.wait().unwrap();
+        let _incoming = r.receive(T).unwrap();
+        read_tx.send(()).unwrap();
+        // Dies here: read, never installed nor acked.
+    });
+    tx.sync(1).unwrap();
+    tx.detach_acks(true);
+    let before = contents(&host, &mine);
+    mutate(&host, &state, 1, 0);
+    tx.sync(2).unwrap();
+    read_rx.recv().unwrap();
+    dying.join().unwrap();
+    assert_eq!(contents(&host, &mine), before, "nothing installed");
+    let (s1, hs1) = receiver(&host, &path, 1, 2);
+    let rep = tx.rejoin(1).unwrap();
+    assert_eq!(rep.version, 2);
+    assert_eq!(contents(&host, &s1), contents(&host, &state));
+    tx.timeout = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let settled = tx.settle().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "no wait for the dead one"
+    );
+    assert_eq!(
+        settled.iter().map(|t| t.rank).collect::<Vec<_>>(),
+        vec![0],
+        "rank 0's ack of sync 2"
+    );
+    mutate(&host, &state, 2, 0);
+    tx.sync(3).unwrap();
+    tx.settle().unwrap();
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    assert_eq!(contents(&host, &s1), contents(&host, &state));
+    assert_eq!(h0.join().unwrap(), vec![Ok(1), Ok(2), Ok(3)]);
+    assert_eq!(hs1.join().unwrap(), vec![Ok(2), Ok(3)]);
+}
+
 #[test]
 fn a_receiver_with_other_tensors_or_a_taken_rank_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
