@@ -45,6 +45,7 @@
 
 mod bootstrap;
 mod bucket;
+mod host_rejoin;
 pub mod offload;
 /// Patch kernels (build / encode / validate / install); public so `benches/` can time them alone.
 pub mod patch;
@@ -69,6 +70,7 @@ use bucket::{Assembly, Planned, Pool, Staged};
 use patch::{SnapTensor, ValidPatch};
 use wire::{Codec, Header, KeyMeta, Kind, Plan, Stamp, Strategy, WireError};
 
+pub use host_rejoin::HostRejoin;
 pub use offload::{BucketStager, CheckInstallError, PatchBuilder, PatchInstaller};
 pub use receiver::{PendingUpdate, SyncReceiver};
 pub use rejoin::{CatchUpKind, CatchUpReport, ReplayLog};

@@ -337,6 +337,9 @@ pub(super) enum FullSource<'a> {
     Snapshot(&'a [SnapTensor]),
     /// Bucket syncer: the last version, from the state or the sender's copy; `None` when neither holds it.
     Buckets(Option<BucketSource<'a>>),
+    /// Not over this channel ([`super::HostRejoin`]): the synced tensors reach the receiver another way (the
+    /// same-host GPU channel), so the catch-up is deferred; the syncer's strategy, for the plan.
+    Elsewhere(wire::Strategy),
 }
 
 /// The catch-up chosen for a rejoining receiver, and the payloads that carry it.
@@ -388,6 +391,7 @@ impl<'a> Serving<'a> {
         let strategy = match source {
             FullSource::Snapshot(_) => wire::Strategy::Patch,
             FullSource::Buckets(_) => wire::Strategy::Bucket,
+            FullSource::Elsewhere(strategy) => strategy,
         };
         self.send_plan(strategy, &mut report).await?;
         let held = self.held(report.from, &mut report).await?;
@@ -395,6 +399,16 @@ impl<'a> Serving<'a> {
         let choice = match source {
             FullSource::Snapshot(snap) => choose_patch(self.info, snap, self.last, &held),
             FullSource::Buckets(source) => choose_buckets(source, self.last),
+            FullSource::Elsewhere(_) => Choice {
+                mode: CatchUpMode::Deferred,
+                to: Stamp {
+                    version: 0,
+                    sequence: self.last.sequence,
+                },
+                base_sequence: 0,
+                payloads: Payloads::None,
+                reason: "the synced tensors reach it another way (the same-host GPU channel)".into(),
+            },
         };
         let plan = CatchUpPlan {
             mode: choice.mode,

@@ -490,6 +490,26 @@ impl SyncSender {
         .await
     }
 
+    /// Keep only what the rejoins of a run need when every version after the init bootstrap travels another
+    /// way (the same-host GPU channel): the host channel, for the handshakes and frozen keys of restarted
+    /// receivers ([`HostRejoin::serve`]). The snapshot, the replay log and any plan are freed.
+    pub fn into_host_rejoin(self) -> HostRejoin {
+        self.rejoin.settle();
+        let strategy = match self.strategy {
+            SenderStrategy::Patch(_) => Strategy::Patch,
+            SenderStrategy::Bucket(_) => Strategy::Bucket,
+        };
+        let mut rejoin = self.rejoin;
+        rejoin.log = ReplayLog::new(0, 0);
+        HostRejoin {
+            settings: self.settings,
+            ch: self.ch,
+            rejoin,
+            last: self.last,
+            strategy,
+        }
+    }
+
     /// Build patches with `builder` (a device backend's) instead of the host diff; `false` (and nothing set)
     /// on a bucket sender.
     pub fn set_patch_builder(&mut self, builder: Box<dyn PatchBuilder>) -> bool {

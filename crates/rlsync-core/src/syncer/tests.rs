@@ -1375,6 +1375,57 @@ fn a_fresh_worker_gets_the_full_state_and_the_frozen_keys() {
     assert_same(&e, &keys, &s);
 }
 
+/// A run whose versions travel another way after the init bootstrap (the same-host GPU channel) keeps only
+/// the host channel's rejoin half: a restarted receiver completes the handshake and gets the frozen keys when
+/// its copy of them differs (not when it matches); the synced tensors are deferred, nothing of them sent.
+#[test]
+fn a_host_rejoin_serves_the_handshake_and_the_frozen_keys_only() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let Elastic {
+        tx,
+        mut sender,
+        mut rxs,
+        joiner,
+    } = init_elastic(&rt, &keys, &s, 11, 8);
+    let mut host = tx.into_host_rejoin();
+    drop(rxs[1].take());
+    // Training goes on; its versions go the other way.
+    mutate_synced(&mut sender, 1, 5);
+    let fresh = build_state(&keys, true, 4242);
+    let synced_before = fresh.get("l1.w").unwrap().bytes().to_vec();
+    let frozen_want = cast_copy(sender.get("enc.w").unwrap(), DType::Bf16);
+    assert_ne!(fresh.get("enc.w").unwrap().bytes(), &frozen_want[..]);
+    let serve = |host: &mut HostRejoin, mut st: StateDict| {
+        let rch = joiner.join(1).unwrap();
+        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let (a, b) = rt.block_on(async {
+            tokio::join!(host.serve(&sender, 1), rx.rejoin_receiver(&mut st, rch, 0))
+        });
+        let (rx, b) = b.unwrap();
+        (a.unwrap(), b, rx, st)
+    };
+    let (tx_report, rx_report, rx, st) = serve(&mut host, fresh);
+    assert!(tx_report.deferred && rx_report.deferred);
+    assert_eq!((tx_report.to, rx_report.to, tx_report.patches), (0, 0, 0));
+    assert!(tx_report.reason.contains("GPU channel"), "{}", tx_report.reason);
+    assert_eq!(tx_report.payload_bytes, rx_report.payload_bytes);
+    assert!(tx_report.boot_bytes > 0 && tx_report.boot_bytes == rx_report.boot_bytes);
+    assert!(
+        tx_report.payload_bytes < tx_report.boot_bytes + 1024,
+        "the handshake and the frozen key only: {tx_report:?}"
+    );
+    assert_eq!(st.get("enc.w").unwrap().bytes(), &frozen_want[..]);
+    assert_eq!(st.get("l1.w").unwrap().bytes(), &synced_before[..], "synced keys untouched");
+    // It restarts again, its frozen copy now the trainer's: nothing of it is re-sent.
+    drop(rx);
+    let (tx_report, _, _rx, _) = serve(&mut host, st);
+    assert_eq!(tx_report.boot_bytes, 0);
+    assert!(tx_report.deferred);
+    assert_eq!(host.live_receivers(), vec![0, 1]);
+}
+
 #[test]
 fn rejoin_before_the_first_version_sends_version_zero() {
     let rt = rt();
