@@ -84,20 +84,37 @@ fn kill_rollout(
     Ok(rollout_pid(s, rank).filter(|pid| kill(Pid::from_raw(*pid), Signal::SIGKILL).is_ok()))
 }
 
-/// One run of `entry` with `syncer`, its rollouts killed at `moments`: it finishes every step, every sync it
-/// reports is verified, its metrics count the restarts and nothing of it is left.
-fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String> {
+/// The weight sync of a campaign: its overrides, and whether the workers hold their weights on the test
+/// worker's simulated device (`RLSYNC_TEST_DEVICE`, `examples/held_worker/sim_device.rs`).
+struct Sync<'a> {
+    overrides: &'a [&'a str],
+    device: bool,
+}
+
+/// The same-host GPU channel between the test worker's simulated devices, every sync verified.
+const GPU_CHANNEL: Sync<'static> = Sync {
+    overrides: &[
+        "weight_syncer=patch_syncer",
+        "weight_syncer.patch.transport_device=cuda",
+        "weight_syncer.patch.snapshot_device=cuda",
+        "runner.verify_sync=true",
+    ],
+    device: true,
+};
+
+/// One run of `entry` with `sync`, its rollouts killed at `moments`: it finishes every step, every sync it
+/// reports is verified, its metrics count the restarts and nothing of it is left. Over the GPU channel, every
+/// catch-up was a full copy over it.
+fn survives(entry: &str, sync: &Sync<'_>, moments: &[Moment]) -> Result<(), String> {
     let s = Scratch::new("re");
-    let mut child = command(
-        &s,
-        entry,
-        &[
-            &format!("weight_syncer={syncer}"),
-            "runner.rollout_restarts=10",
-        ],
-    )
-    .spawn()
-    .map_err(|e| e.to_string())?;
+    let mut extra = sync.overrides.to_vec();
+    extra.push("runner.rollout_restarts=10");
+    let mut cmd = command(&s, entry, &extra);
+    if sync.device {
+        cmd.env("RLSYNC_WORKER", crate::util::example("held_worker"))
+            .env("RLSYNC_TEST_DEVICE", "1");
+    }
+    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
     let mut kills = 0u64;
     let mut rng = rand::thread_rng();
     let mut kill_all = || -> Result<(), String> {
@@ -115,7 +132,7 @@ fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String>
     };
     let killed = kill_all();
     let (code, stderr) = finish(child)?;
-    let what = format!("{entry} {syncer} {moments:?} ({kills} kills)");
+    let what = format!("{entry} {:?} {moments:?} ({kills} kills)", sync.overrides);
     if let Err(why) = killed {
         return Err(format!("{what}: {why}; exit {code:?}:\n{stderr}"));
     }
@@ -149,10 +166,34 @@ fn survives(entry: &str, syncer: &str, moments: &[Moment]) -> Result<(), String>
     if !left.is_empty() {
         return Err(format!("{what}: leftovers: {left:?}"));
     }
+    if sync.device {
+        let trainer = std::fs::read_to_string(s.run_dir.join("logs/trainer-0.log"))
+            .map_err(|e| format!("{what}: the trainer's log: {e}"))?;
+        let caught: Vec<&str> = trainer
+            .lines()
+            .filter(|l| l.contains("caught up rollout-"))
+            .collect();
+        if !trainer.contains("from now on: the same-host GPU channel")
+            || caught
+                .iter()
+                .any(|l| !l.contains("over the same-host GPU channel"))
+        {
+            return Err(format!(
+                "{what}: not every catch-up was over the GPU channel:\n{trainer}"
+            ));
+        }
+        let restarted = stderr.matches("rejoined: caught up by full").count();
+        if caught.len() != restarted {
+            return Err(format!(
+                "{what}: {} catch-ups in the trainer's log, {restarted} in the run's:\n{stderr}",
+                caught.len()
+            ));
+        }
+    }
     Ok(())
 }
 
-fn campaign(entry: &str, syncer: &str) {
+fn campaign(entry: &str, sync: &Sync<'_>) {
     let mut broke = Vec::new();
     let n = trials();
     for trial in 0..n {
@@ -161,12 +202,13 @@ fn campaign(entry: &str, syncer: &str) {
         if trial % 2 == 1 {
             moments.push(Moment::Running);
         }
-        if let Err(why) = survives(entry, syncer, &moments) {
+        if let Err(why) = survives(entry, sync, &moments) {
             broke.push(why);
         }
     }
     println!(
-        "elastic {entry} {syncer}: held {} / broke {}",
+        "elastic {entry} {:?}: held {} / broke {}",
+        sync.overrides,
         n - broke.len(),
         broke.len()
     );
@@ -175,22 +217,69 @@ fn campaign(entry: &str, syncer: &str) {
 
 #[test]
 fn embodied_patch_survives_killed_rollouts() {
-    campaign("train_embodied", "patch_syncer");
+    campaign(
+        "train_embodied",
+        &Sync {
+            overrides: &["weight_syncer=patch_syncer"],
+            device: false,
+        },
+    );
 }
 
 #[test]
 fn embodied_bucket_survives_killed_rollouts() {
-    campaign("train_embodied", "bucket_syncer");
+    campaign(
+        "train_embodied",
+        &Sync {
+            overrides: &["weight_syncer=bucket_syncer"],
+            device: false,
+        },
+    );
 }
 
 #[test]
 fn async_patch_survives_killed_rollouts() {
-    campaign("train_async", "patch_syncer");
+    campaign(
+        "train_async",
+        &Sync {
+            overrides: &["weight_syncer=patch_syncer"],
+            device: false,
+        },
+    );
+}
+
+/// Restartable rollouts over the same-host GPU channel (on the test worker's simulated devices): a killed
+/// rollout is dropped from the channel, its successor checked and given the frozen keys on the host channel,
+/// then a full copy of the current version over the channel.
+#[test]
+fn embodied_gpu_channel_survives_killed_rollouts() {
+    campaign("train_embodied", &GPU_CHANNEL);
+}
+
+/// As above, with no-wait installs in the background (`train_async`): the successor waits for the next
+/// version on its thread at once, and a detached sync does not wait for its predecessor's ack.
+#[test]
+fn async_gpu_channel_survives_killed_rollouts() {
+    let mut overrides = GPU_CHANNEL.overrides.to_vec();
+    overrides.push("actor.sync_weight_no_wait=true");
+    campaign(
+        "train_async",
+        &Sync {
+            overrides: &overrides,
+            device: true,
+        },
+    );
 }
 
 #[test]
 fn async_bucket_survives_killed_rollouts() {
-    campaign("train_async", "bucket_syncer");
+    campaign(
+        "train_async",
+        &Sync {
+            overrides: &["weight_syncer=bucket_syncer"],
+            device: false,
+        },
+    );
 }
 
 /// A restarted rollout catches up (replay when its weights are a logged base, else a full transfer), and what

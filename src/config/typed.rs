@@ -380,8 +380,8 @@ fn host_shared_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
 
 /// `weight_syncer.patch.transport_device: cuda`: the same-host GPU channel carries every version from the
 /// trainer's CUDA tensors to the rollouts' (`worker::gpu_channel`). It needs both models on a GPU, its snapshot
-/// copy there (the rollouts read it through CUDA IPC), one host, and rollouts that do not restart (the channel
-/// has no rejoin path).
+/// copy there (the rollouts read it through CUDA IPC) and one host (a restarted rollout rejoins by a full copy
+/// over the channel).
 fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
     if !cfg.gpu_channel() {
         return;
@@ -419,16 +419,6 @@ fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
                 "cuda serves the rollouts on the trainer's host (CUDA IPC), and cluster.num_nodes={} puts \
                  rollouts on other hosts: set {KEY}=cpu (shared memory on each host, TCP between them)",
                 cfg.cluster.num_nodes
-            ),
-        );
-    }
-    if cfg.runner.rollout_restarts > 0 {
-        problem(
-            KEY,
-            format!(
-                "cuda has no rejoin path for a restarted rollout, and runner.rollout_restarts={} restarts them: \
-                 set runner.rollout_restarts=0, or {KEY}=cpu",
-                cfg.runner.rollout_restarts
             ),
         );
     }
@@ -1321,25 +1311,21 @@ mod tests {
         assert_eq!(err.problems.len(), 1, "{err}");
         assert_eq!(err.problems[0].path, "weight_syncer.patch.snapshot_device");
         assert!(err.problems[0].message.contains("CUDA IPC"), "{err}");
-        for (key, value, named) in [
-            (
-                "runner.rollout_restarts",
-                Value::int(2),
-                "runner.rollout_restarts=2",
-            ),
-            ("cluster.num_nodes", Value::int(2), "cluster.num_nodes=2"),
-        ] {
-            let mut t = python("cuda");
-            t.push((key, value));
-            let err = extract(&tree(&t)).unwrap_err();
-            assert!(
-                err.problems
-                    .iter()
-                    .any(|p| p.path == "weight_syncer.patch.transport_device"
-                        && p.message.contains(named)),
-                "{key}: {err}"
-            );
-        }
+        let mut t = python("cuda");
+        t.push(("cluster.num_nodes", Value::int(2)));
+        let err = extract(&tree(&t)).unwrap_err();
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.path == "weight_syncer.patch.transport_device"
+                    && p.message.contains("cluster.num_nodes=2")),
+            "{err}"
+        );
+        // Restartable rollouts rejoin over the channel.
+        let mut t = python("cuda");
+        t.push(("runner.rollout_restarts", Value::int(2)));
+        let cfg = extract(&tree(&t)).unwrap().config;
+        assert!(cfg.gpu_channel() && cfg.runner.rollout_restarts == 2);
     }
 
     #[test]

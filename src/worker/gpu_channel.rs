@@ -11,18 +11,27 @@
 //! [`Workload::gpu_receiver_device`]); the runtime binds, connects and drives the ends. Blocking installs take
 //! each sync on the orchestrator's apply; no-wait installs (`train_async`, `actor.sync_weight_no_wait`) wait
 //! for it on a thread and install it between chunks, the trainer's sync returning once sent and collecting
-//! its acks at the next one. Restarted rollouts are not served (the config refuses `runner.rollout_restarts`
-//! > 0 with the channel: it has no rejoin path).
+//! its acks at the next one.
+//!
+//! Restartable rollouts (`runner.rollout_restarts` > 0): a rollout that dies is dropped from the channel (the
+//! sync goes on for the others) and its successor rejoins in two halves ([`catch_up`]): on the host channel
+//! the trainer's [`HostRejoin`] checks its tensors and sends the frozen keys its copy lacks; then the channel
+//! gives it a full copy of the current version from the trainer's device snapshot
+//! ([`IpcSender::rejoin`]). There is no replay: a device-to-device copy of the synced state costs less than
+//! the host hashing a replay would need, and the rollouts keep no local copy.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::{
-    IpcError, IpcReceiver, IpcSender, ReceiverDevice, ReceiverTiming, SenderDevice, SyncReport,
+    IpcError, IpcReceiver, IpcSender, PeerError, ReceiverDevice, ReceiverTiming, SenderDevice,
+    SyncReport,
 };
-use rlsync_core::protocol::messages::SyncStats;
+use rlsync_core::protocol::messages::{Report, SyncStats};
+use rlsync_core::syncer::{HostRejoin, SyncError};
 use rlsync_core::tensor::{DType, StateDict};
+use rlsync_core::transport::{Peer, TransportError};
 
 use crate::worker::WorkerError;
 use crate::worker::workload::{Workload, WorkloadError};
@@ -49,25 +58,48 @@ pub fn names(state: &StateDict, keys: &[String], dtypes: &[DType]) -> Result<Nam
         .collect()
 }
 
-/// Trainer: the channel at `socket` for `receivers` rollouts over the device tensors of `keys` (the synced
-/// keys, in the syncer's order) of `workload`, which the rollouts hold in `dtypes` (a floating tensor in
-/// another dtype is cast on the device first); snapshot copy := those tensors, every rollout given a full
-/// copy as `version`.
-#[allow(clippy::too_many_arguments)]
+/// The trainer's end of the channel: where, for how many rollouts, and how patient.
+pub struct SenderSpec<'a> {
+    pub socket: &'a Path,
+    pub receivers: usize,
+    /// Bounds every wait.
+    pub timeout: Duration,
+    /// Restartable rollouts: a dead one is dropped, not the sync's error.
+    pub elastic: Option<Elastic<'a>>,
+}
+
+/// Restartable rollouts at the channel's bootstrap.
+pub struct Elastic<'a> {
+    /// The weight receivers gone on the host channel now (asked while the bootstrap waits for the rollouts
+    /// to connect: it stops waiting for those, they rejoin).
+    pub away: &'a mut dyn FnMut() -> Vec<u32>,
+    /// How long it waits for the others, leaving those that did not connect (their process died since) to
+    /// rejoin.
+    pub wait: Duration,
+}
+
+/// Trainer: the channel of `spec` over the device tensors of `keys` (the synced keys, in the syncer's order)
+/// of `workload`, which the rollouts hold in `dtypes` (a floating tensor in another dtype is cast on the
+/// device first); snapshot copy := those tensors, every rollout given a full copy as `version`.
 pub fn open_sender(
     workload: &mut dyn Workload,
     state: &StateDict,
     keys: &[String],
     dtypes: &[DType],
-    socket: &Path,
-    receivers: usize,
-    timeout: Duration,
+    spec: SenderSpec<'_>,
     version: u64,
 ) -> Result<(ChannelSender, SyncReport), WorkerError> {
     let layout = layout(state, keys, dtypes)?;
     let device = workload.gpu_sender_device(state, keys, dtypes)?;
-    let mut channel = IpcSender::bind(socket, device, layout, receivers, timeout)?;
-    let report = channel.bootstrap(version)?;
+    let mut channel = IpcSender::bind(spec.socket, device, layout, spec.receivers, spec.timeout)?;
+    let report = match spec.elastic {
+        Some(elastic) => {
+            channel.set_elastic(true);
+            channel.set_connect_wait(elastic.wait);
+            channel.bootstrap_elastic(version, elastic.away)?
+        }
+        None => channel.bootstrap(version)?,
+    };
     Ok((channel, report))
 }
 
@@ -124,6 +156,93 @@ pub fn checksum(channel: &mut ChannelSender, names: &Names) -> Result<u64, Worke
         .map_err(|e| WorkerError::GpuChannel(IpcError::Gpu(e)))
 }
 
+/// The bytes of the synced tensors as the rollouts hold them.
+pub fn state_bytes(names: &Names) -> u64 {
+    names
+        .iter()
+        .map(|(_, d, shape)| (shape.iter().product::<usize>() * d.size_bytes()) as u64)
+        .sum()
+}
+
+/// Trainer: serve the rejoin of restarted rollout `rank`, weight receiver `receiver` of both channels: the
+/// host channel's handshake and frozen keys ([`HostRejoin::serve`]), then the channel's full copy of the
+/// current version ([`IpcSender::rejoin`]; `state_bytes` of the synced tensors). The rollout going away
+/// meanwhile (gone, silent past the timeout, never connecting) is not the trainer's failure: the report says
+/// so and the orchestrator restarts it again.
+pub async fn catch_up(
+    host: &mut HostRejoin,
+    channel: &mut ChannelSender,
+    state_bytes: u64,
+    state: &StateDict,
+    rank: u32,
+    receiver: u32,
+) -> Result<Report, WorkerError> {
+    let started = Instant::now();
+    let failed = |reason: String| {
+        tracing::warn!("rejoin of rollout-{rank} failed: {reason}");
+        Report::CaughtUp {
+            rank,
+            ok: false,
+            kind: String::new(),
+            from: 0,
+            to: 0,
+            patches: 0,
+            payload_bytes: 0,
+            seconds: started.elapsed().as_secs_f64(),
+            reason,
+        }
+    };
+    let on_host = match host.serve(state, receiver as usize).await {
+        Ok(r) => r,
+        Err(SyncError::Transport(
+            e @ (TransportError::PeerGone { .. } | TransportError::Timeout { .. }),
+        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. }
+            if *peer == Peer::Receiver(receiver as usize)) =>
+        {
+            return Ok(failed(e.to_string()));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let full = match tokio::task::block_in_place(|| channel.rejoin(receiver)) {
+        Ok(r) => r,
+        Err(
+            e @ IpcError::Receiver {
+                rank: r,
+                source:
+                    PeerError::Closed
+                    | PeerError::Timeout { .. }
+                    | PeerError::NotConnected { .. }
+                    | PeerError::Io(_),
+            },
+        ) if r == receiver => return Ok(failed(rlsync_core::error_chain(&e))),
+        Err(e) => return Err(WorkerError::GpuChannel(e)),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(
+        "caught up rollout-{rank} (weight receiver {receiver}): handshake{} on the host ({} bytes), then a full copy of version {} over the same-host GPU channel ({:.1} ms in all; {})",
+        if on_host.boot_bytes > 0 {
+            " and frozen keys"
+        } else {
+            ""
+        },
+        on_host.payload_bytes,
+        full.version,
+        seconds * 1e3,
+        describe(&full)
+    );
+    Ok(Report::CaughtUp {
+        rank,
+        ok: true,
+        kind: "full".into(),
+        from: on_host.from,
+        to: full.version,
+        patches: 0,
+        payload_bytes: on_host.payload_bytes + state_bytes,
+        seconds,
+        reason: "the same-host GPU channel: a full copy of the trainer's device snapshot".into(),
+    })
+}
+
 /// The `Synced` statistics of one sync over the channel: a patch counts the compacted entries the rollouts
 /// read (index and old/new value each; a tile that overflowed its pool is read densely from the snapshot
 /// copy), a full copy the state.
@@ -177,8 +296,17 @@ pub fn describe(report: &SyncReport) -> String {
     } else {
         format!("the previous sync's acks: {}", per(&report.settled))
     };
+    let dropped = if report.dropped.is_empty() {
+        String::new()
+    } else {
+        let ranks: Vec<String> = report.dropped.iter().map(u32::to_string).collect();
+        format!(
+            "; dropped (gone, a restarted one rejoins): rollout {}",
+            ranks.join(", ")
+        )
+    };
     format!(
-        "GPU channel: version {} ({}), build {:.2} ms, acks {:.2} ms; {acks}",
+        "GPU channel: version {} ({}), build {:.2} ms, acks {:.2} ms; {acks}{dropped}",
         report.version,
         if report.full { "full copy" } else { "patch" },
         report.build_s * 1e3,

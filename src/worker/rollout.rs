@@ -69,6 +69,9 @@ struct Rollout {
     local: Option<LocalCopy>,
     /// Versions are installed into the workload's device tensors, not into `state` ([`Workload::attach_receiver`]).
     device_install: bool,
+    /// Over the GPU channel with restartable rollouts: the host channel's end, idle, kept open so the trainer's
+    /// end sees this rollout live until it dies (its bootstrap stops waiting for a rollout gone there).
+    host_link: Option<SyncReceiver>,
 }
 
 impl Rollout {
@@ -118,6 +121,40 @@ impl Rollout {
             None => false,
         };
         Ok(())
+    }
+
+    /// Open the same-host GPU channel at `socket` as weight receiver `rank` once the host channel wrote
+    /// `state` (pushed to the device first) and install its first copy; the channel's end and that copy's
+    /// version. Every version from now on is installed on the device.
+    fn open_gpu(
+        &mut self,
+        socket: &std::path::Path,
+        rank: u32,
+        timeout: std::time::Duration,
+    ) -> Result<(ChannelReceiver, u64), WorkerError> {
+        let opened = tokio::task::block_in_place(|| {
+            self.workload.weights_written(false)?;
+            gpu_channel::open_receiver(
+                self.workload.as_mut(),
+                &self.state,
+                &self.keys,
+                socket,
+                rank,
+                timeout,
+            )
+        })?;
+        self.device_install = true;
+        self.installed()?;
+        tracing::info!(
+            "weights installed on the device from now on: the same-host GPU channel, device to device"
+        );
+        Ok(opened)
+    }
+
+    /// The host channel's end once the GPU channel takes over: kept open (idle) when rollouts restart, so the
+    /// trainer sees this one's death there; else closed.
+    fn keep_host_link(&mut self, syncer: SyncReceiver, restartable: bool) {
+        self.host_link = restartable.then_some(syncer);
     }
 
     /// After an install of the receiver's (device or host, as attached).
@@ -209,7 +246,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     // Replaced by the syncer's own list after init (it decides what is synced).
     let keys = state.synced_keys();
     // A copy only helps a restarted worker catch up by replay: restartable runs with the patch syncer's log.
-    let copies = cfg.runner.rollout_restarts > 0
+    // (Not over the GPU channel: it rejoins by a full copy from the trainer's device.)
+    let restartable = cfg.runner.rollout_restarts > 0;
+    let copies = restartable
+        && !cfg.gpu_channel()
         && cfg.runner.rollout_weights_copy_interval > 0
         && cfg.weight_syncer.kind == SyncerKind::Patch
         && cfg.weight_syncer.patch.replay_versions > 0;
@@ -228,6 +268,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         workload,
         local,
         device_install: false,
+        host_link: None,
     };
     let mut weights = Weights::None;
     // `train_async` with no-wait installs: updates are received in the background, also while idle.
@@ -286,12 +327,43 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         syncer.hold_at(point, hold);
                     }
                 }
-                if rx.joined_late() && ctx.launch.gpu_socket.is_some() {
-                    return Err(WorkerError::UnexpectedCommand {
-                        role: "rollout",
-                        command: "InitWeights as a late joiner (the GPU channel serves no rejoins)"
-                            .into(),
-                    });
+                if rx.joined_late()
+                    && let Some(socket) = ctx.launch.gpu_socket.clone()
+                {
+                    // A restarted worker over the GPU channel: the host channel checks its tensors and sends
+                    // the frozen keys it lacks, then the channel gives it a full copy of the current version.
+                    ctx.control.report(&Report::Joined, &[]).await?;
+                    let (syncer, on_host) = syncer.rejoin_receiver(&mut me.state, rx, 0).await?;
+                    me.keys = syncer.synced_keys().to_vec();
+                    me.keep_host_link(syncer, restartable);
+                    let timeout = ctx.transport_timeout();
+                    let (channel, version) = me.open_gpu(&socket, channel_rank as u32, timeout)?;
+                    me.version = version;
+                    me.deferred = false;
+                    // No-wait: wait for the next version in the background at once, as after a host rejoin.
+                    weights = if no_wait {
+                        Weights::GpuBackground(spawn_gpu_waiter(channel, timeout)?)
+                    } else {
+                        Weights::Gpu(channel)
+                    };
+                    tracing::info!(
+                        "rejoined: the handshake{} on the host ({} bytes), then a full copy of version {version} over the same-host GPU channel, in {:.1} ms",
+                        if on_host.boot_bytes > 0 {
+                            " and frozen keys"
+                        } else {
+                            ""
+                        },
+                        on_host.payload_bytes,
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    let rejoined = Report::Rejoined {
+                        version,
+                        checksum: me.checksum()?,
+                        deferred: false,
+                        seconds: started.elapsed().as_secs_f64(),
+                    };
+                    ctx.control.report(&rejoined, &[]).await?;
+                    continue;
                 }
                 if rx.joined_late() {
                     // A restarted worker: the trainer catches it up once the orchestrator asks it to.
@@ -347,34 +419,17 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     Some(socket) => {
                         // Checked and bootstrapped on the host; every version from now on arrives device to
                         // device, starting with a full copy of the trainer's (the host syncer goes).
-                        drop(syncer);
-                        let rank = channel_rank as u32;
-                        let timeout = ctx.transport_timeout();
-                        let channel = tokio::task::block_in_place(|| {
-                            me.workload.weights_written(false)?;
-                            let (channel, version) = gpu_channel::open_receiver(
-                                me.workload.as_mut(),
-                                &me.state,
-                                &me.keys,
-                                socket,
-                                rank,
-                                timeout,
-                            )?;
-                            if version != me.version {
-                                return Err(WorkerError::Workload(WorkloadError::GpuChannel {
-                                    reason: format!(
-                                        "the trainer's first copy over the channel is version {version}, the run starts at {}",
-                                        me.version
-                                    ),
-                                }));
-                            }
-                            Ok(channel)
-                        })?;
-                        me.device_install = true;
-                        me.installed()?;
-                        tracing::info!(
-                            "weights installed on the device from now on: the same-host GPU channel, device to device"
-                        );
+                        me.keep_host_link(syncer, restartable);
+                        let (channel, version) =
+                            me.open_gpu(socket, channel_rank as u32, ctx.transport_timeout())?;
+                        if version != me.version {
+                            return Err(WorkerError::Workload(WorkloadError::GpuChannel {
+                                reason: format!(
+                                    "the trainer's first copy over the channel is version {version}, the run starts at {}",
+                                    me.version
+                                ),
+                            }));
+                        }
                         Weights::Gpu(channel)
                     }
                 };

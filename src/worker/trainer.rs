@@ -6,7 +6,9 @@ use crate::worker::gpu_channel::{self, ChannelSender};
 use crate::worker::workload::{Batch, Workload};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
-use rlsync_core::syncer::{SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer};
+use rlsync_core::syncer::{
+    HostRejoin, SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer,
+};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::{
     ChainConfig, ChainSender, Peer, Sender, ShmConfig, ShmSender, TransportError,
@@ -65,7 +67,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 report.version = start.version;
                 if let Some(socket) = ctx.launch.gpu_socket.clone() {
                     // The handshake and the init bootstrap ran on the host; every version from now on goes
-                    // device to device (the host syncer, and its snapshot, go).
+                    // device to device (the host syncer's snapshot goes; its channel stays for rejoins).
                     let (publisher, checksum) =
                         gpu_publisher(ctx, workload.as_mut(), &state, end, &socket)?;
                     let synced = Report::Synced {
@@ -109,16 +111,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             cfg.runner.verify_sync,
                         )?
                     }
-                    Some(Publisher::Gpu { channel, names }) => {
+                    Some(Publisher::Gpu { channel, names, .. }) => {
                         let report = tokio::task::block_in_place(|| channel.sync(wanted))?;
                         tracing::debug!("{}", gpu_channel::describe(&report));
-                        // The synced tensors' bytes as the rollouts hold them.
-                        let bytes = names
-                            .iter()
-                            .map(|(_, d, shape)| {
-                                (shape.iter().product::<usize>() * d.size_bytes()) as u64
-                            })
-                            .sum();
+                        let bytes = gpu_channel::state_bytes(names);
                         let checksum = if cfg.runner.verify_sync {
                             gpu_channel::checksum(channel, names)?
                         } else {
@@ -166,8 +162,27 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
             Command::Rejoin { rank, receiver } => {
                 let syncer = match sender.as_mut() {
                     None => return Err(unexpected("Rejoin (before InitWeights)")),
-                    Some(Publisher::Gpu { .. }) => {
-                        return Err(unexpected("Rejoin (the GPU channel serves no rejoins)"));
+                    Some(Publisher::Gpu {
+                        channel,
+                        names,
+                        rejoins,
+                    }) => {
+                        let Some(host) = rejoins.as_mut() else {
+                            return Err(unexpected(
+                                "Rejoin (runner.rollout_restarts=0: no rollout is restarted)",
+                            ));
+                        };
+                        let report = gpu_channel::catch_up(
+                            host,
+                            channel,
+                            gpu_channel::state_bytes(names),
+                            &state,
+                            rank,
+                            receiver,
+                        )
+                        .await?;
+                        ctx.control.report(&report, &[]).await?;
+                        continue;
                     }
                     Some(Publisher::Host(syncer)) => syncer,
                 };
@@ -210,6 +225,9 @@ enum Publisher {
     Gpu {
         channel: ChannelSender,
         names: gpu_channel::Names,
+        /// Restartable rollouts (`runner.rollout_restarts` > 0): the host channel's half of their rejoins
+        /// (handshake, frozen keys); the channel gives them the full copy.
+        rejoins: Option<HostRejoin>,
     },
 }
 
@@ -228,20 +246,50 @@ fn gpu_publisher(
     let dtypes = end.synced_dtypes().to_vec();
     let names = gpu_channel::names(state, &keys, &dtypes)?;
     let receivers = ctx.launch.weight_receivers();
+    // Restartable rollouts: a dead one is dropped from the channel, not the sync's failure, and its successor
+    // rejoins (the host channel checks it and sends the frozen keys; the channel, a full copy). The bootstrap
+    // stops waiting for a rollout the host channel says is gone, and waits as long as a handshake at most
+    // (a successor already admitted there connects only once it rejoined). Otherwise the host syncer, and its snapshot, go.
+    let restarts = cfg.runner.rollout_restarts > 0;
+    let mut end = end;
+    let mut away = || match end.ranks_gone() {
+        Ok(ranks) => ranks
+            .into_iter()
+            .filter_map(|r| u32::try_from(r).ok())
+            .collect(),
+        Err(e) => {
+            tracing::warn!("the host channel: {}", rlsync_core::error_chain(&e));
+            Vec::new()
+        }
+    };
+    let spec = gpu_channel::SenderSpec {
+        socket,
+        receivers,
+        timeout: ctx.transport_timeout(),
+        elastic: restarts.then(|| gpu_channel::Elastic {
+            away: &mut away,
+            // Well inside the step deadline, which the rollouts already connected wait under.
+            wait: cfg
+                .runner
+                .step_timeout_s
+                .get()
+                .map_or(cfg.runner.handshake_timeout_s.get(), |step| {
+                    cfg.runner.handshake_timeout_s.get().min(step / 2)
+                }),
+        }),
+    };
     let (mut channel, boot) = tokio::task::block_in_place(|| {
         gpu_channel::open_sender(
             workload,
             state,
             &keys,
             &dtypes,
-            socket,
-            receivers,
-            ctx.transport_timeout(),
+            spec,
             ctx.launch.start.version,
         )
     })?;
     tracing::info!("{}", gpu_channel::describe(&boot));
-    drop(end);
+    let rejoins = restarts.then(|| end.into_host_rejoin());
     // No-wait installs: the rollouts install between their chunks, so a sync returns once sent and its acks
     // are collected by the next one (one version in flight).
     if cfg.actor.sync_weight_no_wait
@@ -267,7 +315,14 @@ fn gpu_publisher(
     } else {
         0
     };
-    Ok((Publisher::Gpu { channel, names }, checksum))
+    Ok((
+        Publisher::Gpu {
+            channel,
+            names,
+            rejoins,
+        },
+        checksum,
+    ))
 }
 
 /// A command the trainer cannot take (now).

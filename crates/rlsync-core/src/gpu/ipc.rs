@@ -38,7 +38,8 @@
 //!
 //! Elastic receivers ([`IpcSender::set_elastic`], restartable rollouts): a receiver whose socket closed (its
 //! process died) is dropped with a warning instead, and the sync succeeds for the others
-//! ([`SyncReport::dropped`]); its successor comes back by [`IpcSender::rejoin`], which forgets the
+//! ([`SyncReport::dropped`]), and the bootstrap goes on without a receiver that did not connect in time
+//! ([`IpcSender::set_connect_wait`]); a successor comes back by [`IpcSender::rejoin`], which forgets the
 //! predecessor (also its ack of a detached sync), waits for the newcomer's connection and gives it a full copy
 //! of the snapshot copy at the current version at once, its ack waited for; the others see nothing of it. A
 //! rejection or a missed ack deadline is still the sync's error.
@@ -527,6 +528,15 @@ impl<D: ReceiverDevice + ?Sized> ReceiverDevice for Box<D> {
     }
 }
 
+/// Which receivers an accept waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// Every announced one (elastic, during the bootstrap: those it still waits for).
+    Announced,
+    /// This rank.
+    Rank(u32),
+}
+
 /// A connected receiver.
 struct Peer {
     rank: u32,
@@ -625,6 +635,10 @@ pub struct IpcSender<D: SenderDevice> {
     elastic: bool,
     /// Ranks dropped that way since the last report.
     dropped: Vec<u32>,
+    /// How long the bootstrap waits for the announced receivers to connect (`None`: the timeout).
+    connect_wait: Option<Duration>,
+    /// Elastic, during the bootstrap: the ranks it still waits for (`None`: as many as announced).
+    awaited: Option<Vec<u32>>,
 }
 
 /// A sync message written to the receivers, its acks not yet read.
@@ -683,20 +697,31 @@ impl<D: SenderDevice> IpcSender<D> {
             pending: None,
             elastic: false,
             dropped: Vec::new(),
+            connect_wait: None,
+            awaited: None,
         })
     }
 
+    /// How long the bootstrap waits for the announced receivers to connect (default: the timeout, which
+    /// bounds every other wait). Elastic, those still missing then are left to rejoin (their process died
+    /// before it connected); otherwise the bootstrap fails naming how many.
+    pub fn set_connect_wait(&mut self, wait: Duration) {
+        self.connect_wait = Some(wait);
+    }
+
     /// Elastic receivers (restartable rollouts): a receiver whose socket closed (its process died) is dropped
-    /// with a warning and named in the next report's [`SyncReport::dropped`] instead of failing the sync; its
-    /// successor comes back by [`IpcSender::rejoin`] (or connects and is admitted at the next sync). Off: it
-    /// is the sync's error.
+    /// with a warning and named in the next report's [`SyncReport::dropped`] instead of failing the sync, and
+    /// the bootstrap goes on without those that did not connect in time ([`IpcSender::set_connect_wait`]);
+    /// a successor comes back by [`IpcSender::rejoin`] (or connects and is admitted at the next sync). Off:
+    /// each is an error.
     pub fn set_elastic(&mut self, on: bool) {
         self.elastic = on;
     }
 
     /// A restarted receiver `rank` comes back (elastic receivers): its predecessor is forgotten (its process is
     /// gone; a detached sync no longer waits for its ack), the newcomer's connection is awaited (up to the
-    /// timeout) and it gets a full copy of the snapshot copy at the current version at once, its ack waited
+    /// connect wait, [`IpcSender::set_connect_wait`]; a connection that closes during its handshake, such as
+    /// a dead predecessor's still queued, is passed over) and it gets a full copy of the snapshot copy at the current version at once, its ack waited
     /// for. The other receivers see nothing of it (with detached acks their outstanding sync stays theirs: the
     /// snapshot copy a full copy reads is not rewritten before it is settled). The report's `version` is what
     /// the newcomer holds.
@@ -713,12 +738,14 @@ impl<D: SenderDevice> IpcSender<D> {
             });
         }
         self.forget(rank);
-        let deadline = Instant::now() + self.timeout;
-        self.accept(deadline, true, |peers| peers.iter().any(|p| p.rank == rank))
+        let deadline = Instant::now() + self.connect_wait.unwrap_or(self.timeout);
+        self.accept(deadline, true, Until::Rank(rank), None)
             .map_err(|e| match e {
-                IpcError::Connect { secs, .. } => IpcError::Receiver {
+                IpcError::Connect { .. } => IpcError::Receiver {
                     rank,
-                    source: PeerError::NotConnected { secs },
+                    source: PeerError::NotConnected {
+                        secs: self.connect_wait.unwrap_or(self.timeout).as_secs_f64(),
+                    },
                 },
                 e => e,
             })?;
@@ -799,13 +826,61 @@ impl<D: SenderDevice> IpcSender<D> {
     /// Snapshot copy := state, admit every announced receiver (waiting up to the timeout) and give each a
     /// full copy at `version`.
     pub fn bootstrap(&mut self, version: u64) -> Result<SyncReport, IpcError> {
+        self.bootstrap_with(version, None)
+    }
+
+    /// [`IpcSender::bootstrap`] of elastic receivers: while it waits for them to connect, `away` (asked every
+    /// few tens of milliseconds) names the ranks the caller knows are gone or being replaced (e.g. from its host
+    /// channel); the bootstrap stops waiting for those that have not connected (they rejoin). A receiver whose
+    /// connection closes during its handshake is not waited for either; the connect wait bounds the rest.
+    pub fn bootstrap_elastic(
+        &mut self,
+        version: u64,
+        away: &mut dyn FnMut() -> Vec<u32>,
+    ) -> Result<SyncReport, IpcError> {
+        self.bootstrap_with(version, Some(away))
+    }
+
+    fn bootstrap_with(
+        &mut self,
+        version: u64,
+        away: Option<&mut dyn FnMut() -> Vec<u32>>,
+    ) -> Result<SyncReport, IpcError> {
         let settled = self.settle()?;
         let t0 = Instant::now();
         self.dev.bootstrap(&self.layout, &self.offsets)?;
         self.version = Some(version);
         let widths = self.full_widths()?;
         let build_s = t0.elapsed().as_secs_f64();
-        self.admit(true)?;
+        if self.elastic {
+            self.awaited = Some((0..self.expected as u32).collect());
+        }
+        let deadline = Instant::now() + self.connect_wait.unwrap_or(self.timeout);
+        let admitted = self
+            .accept(deadline, true, Until::Announced, away)
+            .map_err(|e| match e {
+                IpcError::Connect {
+                    missing, expected, ..
+                } => IpcError::Connect {
+                    missing,
+                    expected,
+                    secs: self.connect_wait.unwrap_or(self.timeout).as_secs_f64(),
+                },
+                e => e,
+            });
+        self.awaited = None;
+        match admitted {
+            // Elastic: a receiver that died before it connected is left to rejoin.
+            Err(IpcError::Connect {
+                missing,
+                expected,
+                secs,
+            }) if self.elastic => tracing::warn!(
+                "GPU channel bootstrap: {missing} of {expected} receiver(s) did not connect within {secs:.1} s; \
+                 bootstrapping the others (a restarted one rejoins)"
+            ),
+            admitted => admitted?,
+        }
         for p in &mut self.peers {
             p.fresh = false;
         }
@@ -1110,8 +1185,7 @@ impl<D: SenderDevice> IpcSender<D> {
     /// waiting ends short).
     fn admit(&mut self, wait: bool) -> Result<(), IpcError> {
         let deadline = Instant::now() + self.timeout;
-        let expected = self.expected;
-        self.accept(deadline, wait, |peers| peers.len() >= expected)
+        self.accept(deadline, wait, Until::Announced, None)
     }
 
     /// Accept and set up receivers until `done` holds of the connected ones (waiting until `deadline` when
@@ -1120,17 +1194,39 @@ impl<D: SenderDevice> IpcSender<D> {
         &mut self,
         deadline: Instant,
         wait: bool,
-        done: impl Fn(&[Peer]) -> bool,
+        until: Until,
+        mut away: Option<&mut dyn FnMut() -> Vec<u32>>,
     ) -> Result<(), IpcError> {
         self.listener
             .set_nonblocking(true)
             .map_err(|source| self.socket_error(source))?;
         let mut last: Option<(u32, PeerError)> = None;
-        while !done(&self.peers) {
+        let mut asked: Option<Instant> = None;
+        while !self.admitted(until) {
+            if let (Some(away), Some(awaited)) = (away.as_mut(), self.awaited.as_mut())
+                && asked.is_none_or(|at| at.elapsed() >= Duration::from_millis(20))
+            {
+                asked = Some(Instant::now());
+                let gone = away();
+                let peers = &self.peers;
+                awaited.retain(|r| !gone.contains(r) || peers.iter().any(|p| p.rank == *r));
+                continue;
+            }
             match self.listener.accept() {
                 Ok((stream, _)) => {
                     if let Err((rank, e)) = self.handshake(stream, deadline) {
                         tracing::warn!(rank, error = %crate::error_chain(&e), "GPU channel receiver refused");
+                        if self.elastic && matches!(e, PeerError::Closed) {
+                            // It died during its handshake (or before: its connection was still queued, a
+                            // successor's may follow): the bootstrap does not wait for it, it rejoins.
+                            if let Some(awaited) = &mut self.awaited {
+                                awaited.retain(|r| *r != rank);
+                            }
+                            continue;
+                        }
+                        if until == Until::Rank(rank) {
+                            return Err(IpcError::Receiver { rank, source: e });
+                        }
                         last = Some((rank, e));
                     }
                 }
@@ -1155,6 +1251,16 @@ impl<D: SenderDevice> IpcSender<D> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the receivers `until` names are connected.
+    fn admitted(&self, until: Until) -> bool {
+        let has = |rank: u32| self.peers.iter().any(|p| p.rank == rank);
+        match (until, &self.awaited) {
+            (Until::Rank(rank), _) => has(rank),
+            (Until::Announced, Some(ranks)) => ranks.iter().all(|r| has(*r)),
+            (Until::Announced, None) => self.peers.len() >= self.expected,
+        }
     }
 
     fn socket_error(&self, source: std::io::Error) -> IpcError {

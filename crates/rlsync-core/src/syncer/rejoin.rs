@@ -407,7 +407,8 @@ impl<'a> Serving<'a> {
                 },
                 base_sequence: 0,
                 payloads: Payloads::None,
-                reason: "the synced tensors reach it another way (the same-host GPU channel)".into(),
+                reason: "the synced tensors reach it another way (the same-host GPU channel)"
+                    .into(),
             },
         };
         let plan = CatchUpPlan {

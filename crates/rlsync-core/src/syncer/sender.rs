@@ -631,6 +631,17 @@ impl SyncSender {
         self.ch.live()
     }
 
+    /// Receiver ranks whose receiver is gone now, no successor admitted yet (an elastic channel; its events
+    /// read without waiting).
+    pub fn ranks_gone(&mut self) -> Result<Vec<usize>, SyncError> {
+        // Reading the joiners takes the channel's events (deaths included) first.
+        self.ch.joined_ranks()?;
+        let live = self.ch.live();
+        Ok((0..self.ch.receivers())
+            .filter(|r| !live.contains(r))
+            .collect())
+    }
+
     /// Wait until every receiver has released every published payload.
     pub async fn flush(&mut self) -> Result<(), SyncError> {
         Ok(self.ch.flush().await?)

@@ -1409,7 +1409,11 @@ fn a_host_rejoin_serves_the_handshake_and_the_frozen_keys_only() {
     let (tx_report, rx_report, rx, st) = serve(&mut host, fresh);
     assert!(tx_report.deferred && rx_report.deferred);
     assert_eq!((tx_report.to, rx_report.to, tx_report.patches), (0, 0, 0));
-    assert!(tx_report.reason.contains("GPU channel"), "{}", tx_report.reason);
+    assert!(
+        tx_report.reason.contains("GPU channel"),
+        "{}",
+        tx_report.reason
+    );
     assert_eq!(tx_report.payload_bytes, rx_report.payload_bytes);
     assert!(tx_report.boot_bytes > 0 && tx_report.boot_bytes == rx_report.boot_bytes);
     assert!(
@@ -1417,7 +1421,11 @@ fn a_host_rejoin_serves_the_handshake_and_the_frozen_keys_only() {
         "the handshake and the frozen key only: {tx_report:?}"
     );
     assert_eq!(st.get("enc.w").unwrap().bytes(), &frozen_want[..]);
-    assert_eq!(st.get("l1.w").unwrap().bytes(), &synced_before[..], "synced keys untouched");
+    assert_eq!(
+        st.get("l1.w").unwrap().bytes(),
+        &synced_before[..],
+        "synced keys untouched"
+    );
     // It restarts again, its frozen copy now the trainer's: nothing of it is re-sent.
     drop(rx);
     let (tx_report, _, _rx, _) = serve(&mut host, st);

@@ -314,6 +314,59 @@ fn an_elastic_sender_drops_a_dead_receiver_and_its_successor_rejoins_with_a_full
     assert_eq!(lock(&host).open, 0, "every receiver closed its imports");
 }
 
+/// Elastic, the bootstrap waits for the announced receivers only as long as its connect wait: one that died
+/// before it connected is left to rejoin, and the others start.
+#[test]
+fn an_elastic_bootstrap_goes_on_without_a_receiver_that_never_connected() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, state) = sender(&host, &path, 2);
+    tx.set_elastic(true);
+    tx.set_connect_wait(Duration::from_millis(200));
+    let (r0, h0) = receiver(&host, &path, 0, 2);
+    let rep = tx.sync(1).unwrap();
+    assert!(rep.full && rep.receivers == 1, "{rep:?}");
+    assert_eq!(contents(&host, &r0), contents(&host, &state));
+    let (r1, h1) = receiver(&host, &path, 1, 2);
+    assert_eq!(tx.rejoin(1).unwrap().version, 1);
+    mutate(&host, &state, 1, 0);
+    assert_eq!(tx.sync(2).unwrap().receivers, 2);
+    assert_eq!(contents(&host, &r1), contents(&host, &state));
+    assert_eq!(h0.join().unwrap(), vec![Ok(1), Ok(2)]);
+    assert_eq!(h1.join().unwrap(), vec![Ok(1), Ok(2)]);
+    // Told (after a while) that rank 1 is gone, it stops waiting for it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let (mut tx, _) = sender(&host, &path, 2);
+    tx.set_elastic(true);
+    let (_r0, h0) = receiver(&host, &path, 0, 1);
+    let t0 = Instant::now();
+    let mut asked = 0;
+    let mut away = || {
+        asked += 1;
+        if t0.elapsed() > Duration::from_millis(300) {
+            vec![1]
+        } else {
+            Vec::new()
+        }
+    };
+    assert_eq!(tx.bootstrap_elastic(1, &mut away).unwrap().receivers, 1);
+    assert!(t0.elapsed() < Duration::from_secs(5), "the timeout is 30 s");
+    assert!(asked > 1, "asked again while waiting");
+    assert_eq!(h0.join().unwrap(), vec![Ok(1)]);
+    // Not elastic, the same wait fails the bootstrap naming the count and the wait.
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let (mut tx, _) = sender(&host, &path, 1);
+    tx.set_connect_wait(Duration::from_millis(100));
+    let err = tx.sync(1).unwrap_err();
+    assert!(
+        matches!(err, IpcError::Connect { missing: 1, expected: 1, secs } if secs < 1.0),
+        "{err:?}"
+    );
+}
+
 /// Not elastic (the default), the same death fails the sync (see above), and a rejoin before the bootstrap is
 /// refused by name.
 #[test]
