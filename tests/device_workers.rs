@@ -321,17 +321,16 @@ fn the_gpu_channel_installs_in_the_background_with_no_wait() {
 fn the_gpu_channel_is_refused_where_it_cannot_serve() {
     let dir = Dir::new();
     let worker = crate::util::example("held_worker");
-    // Restarted rollouts would need a rejoin path.
+    // Rollouts on other hosts cannot open the trainer's CUDA IPC handles.
     let mut args = vec!["train_embodied"];
     args.extend_from_slice(crate::util::SMALL_SYNTHETIC);
     args.extend_from_slice(RUN);
     args.extend_from_slice(GPU_CHANNEL);
-    args.push("runner.rollout_restarts=1");
+    args.push("cluster.num_nodes=2");
     let out = dir.run_env(&args, &[("RLSYNC_WORKER", worker.as_os_str())]);
     let err = out.err();
     assert!(
-        err.contains("weight_syncer.patch.transport_device")
-            && err.contains("runner.rollout_restarts=0"),
+        err.contains("weight_syncer.patch.transport_device") && err.contains("cluster.num_nodes=2"),
         "{err}"
     );
     // The built-in workers of rlsync itself keep their weights on the host.

@@ -60,9 +60,13 @@ class CudaIpcSender:
         receivers: int,
         snapshot_device: str = "cuda",
         timeout: float = 60.0,
+        elastic: bool = False,
+        detach_acks: bool = False,
     ) -> None:
         self._state = state_dict
         self._native = _native.CudaIpcSender(os.fspath(path), _describe(state_dict), receivers, snapshot_device, timeout)
+        self._native.set_elastic(elastic)
+        self._native.detach_acks(detach_acks)
 
     def bootstrap(self, version: int = 0) -> dict[str, Any]:
         """Snapshot := the state dict; wait for every receiver and send each a full copy at ``version``."""
@@ -79,9 +83,24 @@ class CudaIpcSender:
         part went in seconds: ``total_s`` (sync sent → ack sent), ``wake_s`` (sync sent → read by the
         receiver), ``drain_s`` (work already queued on the receiver's stream), ``check_s`` (the checksum
         kernel), ``apply_s`` (the install kernel), ``reply_s`` (ack sent → read here; acks are read in rank
-        order)). The first call bootstraps."""
+        order)); ``settled``: with ``detach_acks``, the previous sync's acks, collected before this sync touched
+        the buffers (this sync's own come with the next one, and ``per_receiver`` is empty); ``dropped``: with
+        ``elastic``, the ranks whose process went away since the last report (dropped, not an error). The first
+        call bootstraps."""
         descs = _describe(self._state)
         return self._native.sync(descs, _stream(descs), version)
+
+    def rejoin(self, rank: int) -> dict[str, Any]:
+        """A restarted receiver ``rank`` comes back (``elastic``): forget its predecessor (also its ack of a
+        detached sync), wait for its connection and give it a full copy of the current version at once, its ack
+        waited for; the other receivers see nothing of it. The report is :meth:`sync`'s, for that copy."""
+        descs = _describe(self._state)
+        return self._native.rejoin(descs, _stream(descs), rank)
+
+    def settle(self) -> list[dict[str, Any]]:
+        """With ``detach_acks``: collect the acks of the sync still outstanding (waiting up to the timeout);
+        their timings. A receiver's rejection or death surfaces here (or at the next sync)."""
+        return self._native.settle()
 
     def ranks(self) -> list[int]:
         """The receivers connected now."""
@@ -137,12 +156,18 @@ def cuda_ipc_sender(
     receivers: int,
     snapshot_device: str = "cuda",
     timeout: float = 60.0,
+    elastic: bool = False,
+    detach_acks: bool = False,
 ) -> CudaIpcSender:
     """Bind the socket ``path`` (created 0600; its directory must exist) for ``receivers`` receivers (ranks
     ``0 .. receivers-1``) and allocate the GPU snapshot copy and patch buffers for ``state_dict``'s CUDA
     tensors. ``snapshot_device`` must be ``"cuda"`` (the snapshot is shared by CUDA IPC). ``timeout`` bounds
-    the wait for receivers and for each sync's acks."""
-    return CudaIpcSender(path, state_dict, receivers, snapshot_device, timeout)
+    the wait for receivers and for each sync's acks. ``elastic``: a receiver whose process died is dropped
+    (named in the next report's ``dropped``) instead of failing the sync, and its successor comes back by
+    :meth:`CudaIpcSender.rejoin`. ``detach_acks``: a sync returns once sent (receivers that install between
+    their own work) and its acks are collected by the next sync or :meth:`CudaIpcSender.settle`, before the
+    buffers are rewritten."""
+    return CudaIpcSender(path, state_dict, receivers, snapshot_device, timeout, elastic, detach_acks)
 
 
 def cuda_ipc_receiver(

@@ -16,7 +16,7 @@ use pyo3::types::PyDict;
 
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::{
-    CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, SyncReport,
+    CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, ReceiverTiming, SyncReport,
 };
 use rlsync_core::gpu::{Gpu, Stream};
 use rlsync_core::tensor::borrowed::check_device_memory;
@@ -39,7 +39,9 @@ fn ipc_error(err: &IpcError) -> PyErr {
     match err {
         IpcError::Gpu(_) => CudaError::new_err(msg),
         IpcError::Rejected { .. } => PayloadRejected::new_err(msg),
-        IpcError::State { .. } | IpcError::Layout(_) => PyValueError::new_err(msg),
+        IpcError::State { .. } | IpcError::Layout(_) | IpcError::NotBootstrapped { .. } => {
+            PyValueError::new_err(msg)
+        }
         IpcError::Receiver { .. }
         | IpcError::Sender { .. }
         | IpcError::Connect { .. }
@@ -149,8 +151,19 @@ fn report<'py>(py: Python<'py>, r: &SyncReport) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("widths", widths)?;
     let sums: Vec<u64> = r.widths.iter().map(|w| w.checksum).collect();
     d.set_item("checksums", sums)?;
+    d.set_item("per_receiver", timings(py, &r.per_receiver)?)?;
+    d.set_item("settled", timings(py, &r.settled)?)?;
+    d.set_item("dropped", r.dropped.clone())?;
+    Ok(d)
+}
+
+/// Receivers' timings as a list of dicts.
+fn timings<'py>(
+    py: Python<'py>,
+    ts: &[ReceiverTiming],
+) -> PyResult<Bound<'py, pyo3::types::PyList>> {
     let per = pyo3::types::PyList::empty(py);
-    for t in &r.per_receiver {
+    for t in ts {
         let p = PyDict::new(py);
         p.set_item("rank", t.rank)?;
         p.set_item("total_s", t.total_s)?;
@@ -161,8 +174,7 @@ fn report<'py>(py: Python<'py>, r: &SyncReport) -> PyResult<Bound<'py, PyDict>> 
         p.set_item("reply_s", t.reply_s)?;
         per.append(p)?;
     }
-    d.set_item("per_receiver", per)?;
-    Ok(d)
+    Ok(per)
 }
 
 /// The sending end (`rlsync.cuda_ipc_sender`).
@@ -222,6 +234,42 @@ impl CudaIpcSender {
         version: u64,
     ) -> PyResult<Bound<'py, PyDict>> {
         self.run(py, descs, stream, |tx| tx.sync(version))
+    }
+
+    /// A restarted receiver `rank` comes back (elastic): its predecessor is forgotten, its connection awaited
+    /// and it gets a full copy of the current version at once.
+    fn rejoin<'py>(
+        &self,
+        py: Python<'py>,
+        descs: Vec<Desc>,
+        stream: u64,
+        rank: u32,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        self.run(py, descs, stream, |tx| tx.rejoin(rank))
+    }
+
+    /// Elastic receivers: one whose socket closed is dropped (named in a report's `dropped`), not an error.
+    fn set_elastic(&self, on: bool) -> PyResult<()> {
+        let mut g = take(&self.inner)?;
+        let (_, tx) = g.as_mut().ok_or_else(closed)?;
+        tx.set_elastic(on);
+        Ok(())
+    }
+
+    /// Detached acks: a sync returns once sent; its acks are collected by the next sync (or `settle`).
+    fn detach_acks(&self, on: bool) -> PyResult<()> {
+        let mut g = take(&self.inner)?;
+        let (_, tx) = g.as_mut().ok_or_else(closed)?;
+        tx.detach_acks(on);
+        Ok(())
+    }
+
+    /// Collect the acks of a detached sync still outstanding; their timings.
+    fn settle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
+        let mut g = take(&self.inner)?;
+        let (_, tx) = g.as_mut().ok_or_else(closed)?;
+        let settled = py.detach(|| tx.settle()).map_err(|e| ipc_error(&e))?;
+        timings(py, &settled)
     }
 
     /// The ranks connected now.

@@ -15,6 +15,11 @@ def test_the_channel_is_exported() -> None:
     for name in ("cuda_ipc_sender", "cuda_ipc_receiver", "CudaIpcSender", "CudaIpcReceiver"):
         assert name in rlsync.__all__ and hasattr(rlsync, name)
     assert "Bootstrap" in (rlsync.ipc.__doc__ or "")
+    # Restartable receivers and background installs: the sender's rejoin and settle, documented.
+    for method in ("rejoin", "settle"):
+        assert (getattr(rlsync.CudaIpcSender, method).__doc__ or "").strip(), method
+    for word in ("elastic", "detach_acks"):
+        assert word in (rlsync.cuda_ipc_sender.__doc__ or ""), word
 
 
 @pytest.mark.skipif(rlsync.cuda_available()[0], reason="this machine has CUDA: the GPU check covers it")
@@ -25,6 +30,8 @@ def test_without_cuda_every_call_raises_cuda_error(tmp_path: Path) -> None:
         rlsync.cuda_ipc_sender(sock, sd, receivers=1)
     with pytest.raises(rlsync.CudaError):
         rlsync.cuda_ipc_sender(sock, sd, receivers=1, snapshot_device="cpu")
+    with pytest.raises(rlsync.CudaError):
+        rlsync.cuda_ipc_sender(sock, sd, receivers=2, elastic=True, detach_acks=True)
     with pytest.raises(rlsync.CudaError):
         rlsync.cuda_ipc_receiver(sock, 0, sd, timeout=0.1)
     with pytest.raises(rlsync.CudaError):
