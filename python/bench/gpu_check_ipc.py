@@ -100,7 +100,8 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
     wait = max(15.0, min(TIMEOUT_S, deadline - time.monotonic()))
     path = os.path.join(sock_dir, f"gpu{n}.sock")
     out: dict[str, Any] = {"receivers": n}
-    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait)
+    # Two receivers: elastic, so one can be killed and rejoin (below).
+    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait, elastic=n == 2)
     out["socket_mode"] = oct(os.stat(path).st_mode & 0o777)
     procs, conns, views = [], [], []
     try:
@@ -156,6 +157,55 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
                 out.setdefault("overflowed_syncs", []).append(v)
             per_rank = [check(r, v) for r in range(n)]  # every receiver's report drained
             equal.append(all(per_rank))
+
+        def kill_and_rejoin(version: int) -> dict[str, Any]:
+            """Receiver 1 is SIGKILLed (this process's views of its tensors released first), a sync goes on
+            without it (the elastic sender drops it), a new receiver process of rank 1 rejoins by a full copy of
+            that version, and one more sync reaches both, bitwise."""
+            rec: dict[str, Any] = {}
+            views[1] = None
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+                torch.cuda.ipc_collect()
+            procs[1].kill()
+            procs[1].join(30)
+            rec["killed_exitcode"] = procs[1].exitcode
+            conns[1].close()
+            perturb(state, density, gen)
+            _sync(dev)
+            rep = tx.sync(version)
+            rec["dropped"] = rep.get("dropped")
+            rec["survivor_equal"] = check(0, version)
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_receiver, args=(path, 1, shapes, b, str(dev), module, wait), daemon=True)
+            p.start()
+            procs[1], conns[1] = p, a
+            if not a.poll(wait):
+                raise RuntimeError(f"the new receiver 1 did not start within {wait:.0f} s")
+            msg = a.recv()
+            if msg[0] != "state":
+                raise RuntimeError(f"the new receiver 1: {msg}")
+            views[1] = msg[1]
+            t0 = time.perf_counter()
+            rep = tx.rejoin(1)
+            rec["rejoin_s"] = round(time.perf_counter() - t0, 6)
+            rec["rejoin_version"], rec["rejoin_full"] = rep["version"], rep["full"]
+            rec["rejoined_equal"] = check(1, version)
+            perturb(state, density, gen)
+            _sync(dev)
+            rep = tx.sync(version + 1)
+            rec["after_receivers"] = rep["receivers"]
+            rec["after_equal"] = [check(r, version + 1) for r in range(2)]
+            rec["ok"] = (rec["dropped"] == [1] and rec["survivor_equal"] and rec["rejoin_full"]
+                         and rec["rejoin_version"] == version and rec["rejoined_equal"] and all(rec["after_equal"]))
+            return rec
+
+        if n == 2:
+            if time.monotonic() < deadline:
+                out["rejoin"] = kill_and_rejoin(len(times) + 1)
+            else:
+                out["rejoin_note"] = "budget: the kill-and-rejoin step did not run"
         out.update({
             "syncs": len(times),
             "sync_s": [round(x, 6) for x in times],
@@ -275,7 +325,7 @@ def stage_ipc(results: dict[str, Any] | None = None, *, cpu: bool = False, densi
     rec["memory_freed"] = free1 >= free0 - (256 << 20)
     # A sender fallback (its own checksum count disagreed with its diff kernel's) is a fault on the device.
     good = all("error" not in p and p.get("all_equal") and p.get("socket_removed") and not p.get("fallbacks")
-               for p in phases)
+               and p.get("rejoin", {"ok": True}).get("ok") for p in phases)
     rec["status"] = "ok" if good and rec["memory_freed"] else "failed"
     return rec
 

@@ -22,41 +22,69 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Sender:
-    def __init__(self, path: str, state: dict, receivers: int, timeout: float = 60.0) -> None:
+    def __init__(self, path: str, state: dict, receivers: int, timeout: float = 60.0, elastic: bool = False) -> None:
         self._listener = Listener(path, family="AF_UNIX")
-        self._state, self._n, self._conns, self._seq = state, receivers, [], 0
+        self._state, self._n, self._conns, self._seq = state, receivers, {}, 0
+        self._elastic, self._version = elastic, 0
 
-    def _send(self, version: int, full: bool) -> dict[str, Any]:
+    def _send(self, version: int, full: bool, ranks: list[int] | None = None) -> dict[str, Any]:
         payload = {k: _bits(t).numpy().tobytes() for k, t in self._state.items()}
         self._seq += 1
+        self._version = version
         sent = time.monotonic_ns()
-        for c in self._conns:
-            c.send(("sync", version, sent, payload))
-        per = []
-        for rank, c in enumerate(self._conns):
-            ack = c.recv()
+        ranks = sorted(self._conns) if ranks is None else ranks
+        per, dropped = [], []
+        for rank in ranks:
+            try:
+                self._conns[rank].send(("sync", version, sent, payload))
+            except OSError:
+                dropped.append(rank)
+        for rank in ranks:
+            if rank in dropped:
+                continue
+            try:
+                ack = self._conns[rank].recv()
+            except (EOFError, OSError):
+                dropped.append(rank)
+                continue
             read = time.monotonic_ns()
             if ack[:2] != ("ack", version):
                 raise TransportError(f"ack {ack}")
             phases, ack_sent = ack[2], ack[3]
             per.append({"rank": rank, "total_s": (ack_sent - sent) * 1e-9, **phases,
                         "reply_s": (read - ack_sent) * 1e-9})
+        if dropped and not self._elastic:
+            raise TransportError(f"receiver(s) {dropped} closed the channel")
+        for rank in dropped:
+            self._conns.pop(rank).close()
         return {"seq": self._seq, "version": version, "full": full, "build_s": 0.0, "acks_s": 0.0,
-                "receivers": len(self._conns), "fallbacks": 0, "widths": [(2, 1, False)], "checksums": [self._seq],
-                "per_receiver": per}
+                "receivers": len(ranks), "fallbacks": 0, "widths": [(2, 1, False)], "checksums": [self._seq],
+                "per_receiver": per, "settled": [], "dropped": sorted(dropped)}
+
+    def _accept(self) -> int:
+        c = self._listener.accept()
+        _, rank = c.recv()  # hello
+        self._conns[rank] = c
+        return rank
 
     def bootstrap(self, version: int = 0) -> dict[str, Any]:
         while len(self._conns) < self._n:
-            c = self._listener.accept()
-            c.recv()  # hello
-            self._conns.append(c)
+            self._accept()
         return self._send(version, True)
 
     def sync(self, version: int) -> dict[str, Any]:
         return self._send(version, False)
 
+    def rejoin(self, rank: int) -> dict[str, Any]:
+        old = self._conns.pop(rank, None)
+        if old is not None:
+            old.close()
+        while self._accept() != rank:
+            pass
+        return self._send(self._version, True, [rank])
+
     def close(self) -> None:
-        for c in self._conns:
+        for c in self._conns.values():
             c.close()
         self._listener.close()
 

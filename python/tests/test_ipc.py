@@ -85,6 +85,11 @@ def test_the_ipc_stage_drives_its_receiver_processes_and_catches_a_difference(
             assert set(p) == {"rank", *stage.PHASES}, p
             assert all(p[k] >= 0 for k in stage.PHASES), p
             assert p["total_s"] >= p["apply_s"], p
+        if n == 2:
+            # Receiver 1 killed, dropped by the elastic sender, its successor given a full copy, then both synced.
+            r = rec["rejoin"]
+            assert r["ok"] and r["dropped"] == [1] and r["rejoin_version"] == 4, r
+            assert r["killed_exitcode"] not in (None, 0), r
         if skip is None:
             assert rec["all_equal"] and rec["equal_after_each"] == [True] * 3, rec
         else:
