@@ -180,17 +180,7 @@ pub async fn catch_up(
     let started = Instant::now();
     let failed = |reason: String| {
         tracing::warn!("rejoin of rollout-{rank} failed: {reason}");
-        Report::CaughtUp {
-            rank,
-            ok: false,
-            kind: String::new(),
-            from: 0,
-            to: 0,
-            patches: 0,
-            payload_bytes: 0,
-            seconds: started.elapsed().as_secs_f64(),
-            reason,
-        }
+        Report::rejoin_failed(rank, started.elapsed().as_secs_f64(), reason)
     };
     let on_host = match host.serve(state, receiver as usize).await {
         Ok(r) => r,

@@ -424,17 +424,7 @@ async fn catch_up(
         )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } if about_it(peer)) =>
         {
             tracing::warn!("rejoin of rollout-{rank} failed: {e}");
-            Ok(Report::CaughtUp {
-                rank,
-                ok: false,
-                kind: String::new(),
-                from: 0,
-                to: 0,
-                patches: 0,
-                payload_bytes: 0,
-                seconds,
-                reason: e.to_string(),
-            })
+            Ok(Report::rejoin_failed(rank, seconds, e.to_string()))
         }
         Err(e) => Err(e.into()),
     }

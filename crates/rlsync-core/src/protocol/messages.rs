@@ -207,6 +207,24 @@ pub enum Report {
     },
 }
 
+impl Report {
+    /// The trainer's `caught_up` for a rejoin of rollout `rank` that did not complete after `seconds`: the
+    /// rollout went away meanwhile (`reason` says how).
+    pub fn rejoin_failed(rank: u32, seconds: f64, reason: String) -> Report {
+        Report::CaughtUp {
+            rank,
+            ok: false,
+            kind: String::new(),
+            from: 0,
+            to: 0,
+            patches: 0,
+            payload_bytes: 0,
+            seconds,
+            reason,
+        }
+    }
+}
+
 /// A worker another worker's failure points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Blame {
