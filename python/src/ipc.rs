@@ -250,32 +250,25 @@ impl CudaIpcSender {
 
     /// Elastic receivers: one whose socket closed is dropped (named in a report's `dropped`), not an error.
     fn set_elastic(&self, on: bool) -> PyResult<()> {
-        let mut g = take(&self.inner)?;
-        let (_, tx) = g.as_mut().ok_or_else(closed)?;
-        tx.set_elastic(on);
-        Ok(())
+        self.with(|tx| tx.set_elastic(on))
     }
 
     /// Detached acks: a sync returns once sent; its acks are collected by the next sync (or `settle`).
     fn detach_acks(&self, on: bool) -> PyResult<()> {
-        let mut g = take(&self.inner)?;
-        let (_, tx) = g.as_mut().ok_or_else(closed)?;
-        tx.detach_acks(on);
-        Ok(())
+        self.with(|tx| tx.detach_acks(on))
     }
 
     /// Collect the acks of a detached sync still outstanding; their timings.
     fn settle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyList>> {
-        let mut g = take(&self.inner)?;
-        let (_, tx) = g.as_mut().ok_or_else(closed)?;
-        let settled = py.detach(|| tx.settle()).map_err(|e| ipc_error(&e))?;
+        let settled = self
+            .with(|tx| py.detach(|| tx.settle()))?
+            .map_err(|e| ipc_error(&e))?;
         timings(py, &settled)
     }
 
     /// The ranks connected now.
     fn ranks(&self) -> PyResult<Vec<u32>> {
-        let g = take(&self.inner)?;
-        g.as_ref().map(|(_, tx)| tx.ranks()).ok_or_else(closed)
+        self.with(|tx| tx.ranks())
     }
 
     /// Free the device buffers and remove the socket (receivers see the channel close).
@@ -287,6 +280,13 @@ impl CudaIpcSender {
 }
 
 impl CudaIpcSender {
+    /// `op` on the open sender (an error once closed, or while another call runs).
+    fn with<R>(&self, op: impl FnOnce(&mut IpcSender<CudaSender>) -> R) -> PyResult<R> {
+        let mut g = take(&self.inner)?;
+        let (_, tx) = g.as_mut().ok_or_else(closed)?;
+        Ok(op(tx))
+    }
+
     fn run<'py>(
         &self,
         py: Python<'py>,

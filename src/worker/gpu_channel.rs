@@ -29,9 +29,8 @@ use rlsync_core::gpu::ipc::{
     SyncReport,
 };
 use rlsync_core::protocol::messages::{Report, SyncStats};
-use rlsync_core::syncer::{HostRejoin, SyncError};
+use rlsync_core::syncer::HostRejoin;
 use rlsync_core::tensor::{DType, StateDict};
-use rlsync_core::transport::{Peer, TransportError};
 
 use crate::worker::WorkerError;
 use crate::worker::workload::{Workload, WorkloadError};
@@ -184,14 +183,10 @@ pub async fn catch_up(
     };
     let on_host = match host.serve(state, receiver as usize).await {
         Ok(r) => r,
-        Err(SyncError::Transport(
-            e @ (TransportError::PeerGone { .. } | TransportError::Timeout { .. }),
-        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. }
-            if *peer == Peer::Receiver(receiver as usize)) =>
-        {
-            return Ok(failed(e.to_string()));
-        }
-        Err(e) => return Err(e.into()),
+        Err(e) => match crate::worker::trainer::went_away(&e, receiver as usize) {
+            Some(gone) => return Ok(failed(gone.to_string())),
+            None => return Err(e.into()),
+        },
     };
     let full = match tokio::task::block_in_place(|| channel.rejoin(receiver)) {
         Ok(r) => r,

@@ -238,7 +238,7 @@ fn gpu_publisher(
     ctx: &WorkerContext,
     workload: &mut dyn Workload,
     state: &StateDict,
-    end: SyncSender,
+    mut end: SyncSender,
     socket: &std::path::Path,
 ) -> Result<(Publisher, u64), WorkerError> {
     let cfg = ctx.config();
@@ -249,9 +249,9 @@ fn gpu_publisher(
     // Restartable rollouts: a dead one is dropped from the channel, not the sync's failure, and its successor
     // rejoins (the host channel checks it and sends the frozen keys; the channel, a full copy). The bootstrap
     // stops waiting for a rollout the host channel says is gone, and waits as long as a handshake at most
-    // (a successor already admitted there connects only once it rejoined). Otherwise the host syncer, and its snapshot, go.
+    // (a successor already admitted there connects only once it rejoined). Otherwise the host syncer, and its
+    // snapshot, go.
     let restarts = cfg.runner.rollout_restarts > 0;
-    let mut end = end;
     let mut away = || match end.ranks_gone() {
         Ok(ranks) => ranks
             .into_iter()
@@ -385,7 +385,6 @@ async fn catch_up(
     let receiver = receiver as usize;
     let outcome = syncer.rejoin_at(state, receiver, state_is_last).await;
     let seconds = started.elapsed().as_secs_f64();
-    let about_it = |peer: &Peer| *peer == Peer::Receiver(receiver);
     match outcome {
         Ok(r) => {
             tracing::info!(
@@ -419,14 +418,24 @@ async fn catch_up(
                 reason: r.reason,
             })
         }
-        Err(SyncError::Transport(
-            e @ (TransportError::PeerGone { .. } | TransportError::Timeout { .. }),
-        )) if matches!(&e, TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. } if about_it(peer)) =>
-        {
-            tracing::warn!("rejoin of rollout-{rank} failed: {e}");
-            Ok(Report::rejoin_failed(rank, seconds, e.to_string()))
-        }
-        Err(e) => Err(e.into()),
+        Err(e) => match went_away(&e, receiver) {
+            Some(gone) => {
+                tracing::warn!("rejoin of rollout-{rank} failed: {gone}");
+                Ok(Report::rejoin_failed(rank, seconds, gone.to_string()))
+            }
+            None => Err(e.into()),
+        },
+    }
+}
+
+/// Whether a rejoin's error is only that its rollout, weight receiver `receiver`, went away meanwhile (gone,
+/// or silent past the channel's timeout): not the trainer's failure. The transport's words for it.
+pub(crate) fn went_away(e: &SyncError, receiver: usize) -> Option<&TransportError> {
+    match e {
+        SyncError::Transport(
+            t @ (TransportError::PeerGone { peer, .. } | TransportError::Timeout { peer, .. }),
+        ) if *peer == Peer::Receiver(receiver) => Some(t),
+        _ => None,
     }
 }
 

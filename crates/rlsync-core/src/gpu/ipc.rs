@@ -529,11 +529,13 @@ impl<D: ReceiverDevice + ?Sized> ReceiverDevice for Box<D> {
 }
 
 /// Which receivers an accept waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Until {
-    /// Every announced one (elastic, during the bootstrap: those it still waits for).
+    /// As many as announced.
     Announced,
-    /// This rank.
+    /// These ranks (an elastic bootstrap: the list shrinks as ranks are known gone).
+    Ranks(Vec<u32>),
+    /// This rank (a rejoin).
     Rank(u32),
 }
 
@@ -635,10 +637,8 @@ pub struct IpcSender<D: SenderDevice> {
     elastic: bool,
     /// Ranks dropped that way since the last report.
     dropped: Vec<u32>,
-    /// How long the bootstrap waits for the announced receivers to connect (`None`: the timeout).
+    /// How long the bootstrap (and a rejoin) waits for receivers to connect (`None`: the timeout).
     connect_wait: Option<Duration>,
-    /// Elastic, during the bootstrap: the ranks it still waits for (`None`: as many as announced).
-    awaited: Option<Vec<u32>>,
 }
 
 /// A sync message written to the receivers, its acks not yet read.
@@ -698,7 +698,6 @@ impl<D: SenderDevice> IpcSender<D> {
             elastic: false,
             dropped: Vec::new(),
             connect_wait: None,
-            awaited: None,
         })
     }
 
@@ -707,6 +706,11 @@ impl<D: SenderDevice> IpcSender<D> {
     /// before it connected); otherwise the bootstrap fails naming how many.
     pub fn set_connect_wait(&mut self, wait: Duration) {
         self.connect_wait = Some(wait);
+    }
+
+    /// How long the bootstrap and a rejoin wait for receivers to connect.
+    fn connect_patience(&self) -> Duration {
+        self.connect_wait.unwrap_or(self.timeout)
     }
 
     /// Elastic receivers (restartable rollouts): a receiver whose socket closed (its process died) is dropped
@@ -721,8 +725,8 @@ impl<D: SenderDevice> IpcSender<D> {
     /// A restarted receiver `rank` comes back (elastic receivers): its predecessor is forgotten (its process is
     /// gone; a detached sync no longer waits for its ack), the newcomer's connection is awaited (up to the
     /// connect wait, [`IpcSender::set_connect_wait`]; a connection that closes during its handshake, such as
-    /// a dead predecessor's still queued, is passed over) and it gets a full copy of the snapshot copy at the current version at once, its ack waited
-    /// for. The other receivers see nothing of it (with detached acks their outstanding sync stays theirs: the
+    /// a dead predecessor's still queued, is passed over) and it gets a full copy of the snapshot copy at the
+    /// current version at once, its ack waited for. The other receivers see nothing of it (with detached acks their outstanding sync stays theirs: the
     /// snapshot copy a full copy reads is not rewritten before it is settled). The report's `version` is what
     /// the newcomer holds.
     pub fn rejoin(&mut self, rank: u32) -> Result<SyncReport, IpcError> {
@@ -738,14 +742,11 @@ impl<D: SenderDevice> IpcSender<D> {
             });
         }
         self.forget(rank);
-        let deadline = Instant::now() + self.connect_wait.unwrap_or(self.timeout);
-        self.accept(deadline, true, Until::Rank(rank), None)
+        self.accept(self.connect_patience(), true, Until::Rank(rank), None)
             .map_err(|e| match e {
-                IpcError::Connect { .. } => IpcError::Receiver {
+                IpcError::Connect { secs, .. } => IpcError::Receiver {
                     rank,
-                    source: PeerError::NotConnected {
-                        secs: self.connect_wait.unwrap_or(self.timeout).as_secs_f64(),
-                    },
+                    source: PeerError::NotConnected { secs },
                 },
                 e => e,
             })?;
@@ -852,24 +853,12 @@ impl<D: SenderDevice> IpcSender<D> {
         self.version = Some(version);
         let widths = self.full_widths()?;
         let build_s = t0.elapsed().as_secs_f64();
-        if self.elastic {
-            self.awaited = Some((0..self.expected as u32).collect());
-        }
-        let deadline = Instant::now() + self.connect_wait.unwrap_or(self.timeout);
-        let admitted = self
-            .accept(deadline, true, Until::Announced, away)
-            .map_err(|e| match e {
-                IpcError::Connect {
-                    missing, expected, ..
-                } => IpcError::Connect {
-                    missing,
-                    expected,
-                    secs: self.connect_wait.unwrap_or(self.timeout).as_secs_f64(),
-                },
-                e => e,
-            });
-        self.awaited = None;
-        match admitted {
+        let until = if self.elastic {
+            Until::Ranks((0..self.expected as u32).collect())
+        } else {
+            Until::Announced
+        };
+        match self.accept(self.connect_patience(), true, until, away) {
             // Elastic: a receiver that died before it connected is left to rejoin.
             Err(IpcError::Connect {
                 missing,
@@ -1184,32 +1173,33 @@ impl<D: SenderDevice> IpcSender<D> {
     /// those already knocking. A receiver that fails its handshake is dropped (and named in the error when
     /// waiting ends short).
     fn admit(&mut self, wait: bool) -> Result<(), IpcError> {
-        let deadline = Instant::now() + self.timeout;
-        self.accept(deadline, wait, Until::Announced, None)
+        self.accept(self.timeout, wait, Until::Announced, None)
     }
 
-    /// Accept and set up receivers until `done` holds of the connected ones (waiting until `deadline` when
-    /// `wait`, else taking only those already knocking).
+    /// Accept and set up receivers until those `until` names are connected (waiting up to `patience` when
+    /// `wait`, else taking only those already knocking). Elastic, a receiver whose connection closes during
+    /// its handshake is not waited for, nor one `away` names (asked every 20 ms).
     fn accept(
         &mut self,
-        deadline: Instant,
+        patience: Duration,
         wait: bool,
-        until: Until,
+        mut until: Until,
         mut away: Option<&mut dyn FnMut() -> Vec<u32>>,
     ) -> Result<(), IpcError> {
+        let deadline = Instant::now() + patience;
         self.listener
             .set_nonblocking(true)
             .map_err(|source| self.socket_error(source))?;
         let mut last: Option<(u32, PeerError)> = None;
         let mut asked: Option<Instant> = None;
-        while !self.admitted(until) {
-            if let (Some(away), Some(awaited)) = (away.as_mut(), self.awaited.as_mut())
+        while !self.admitted(&until) {
+            if let (Some(away), Until::Ranks(ranks)) = (away.as_mut(), &mut until)
                 && asked.is_none_or(|at| at.elapsed() >= Duration::from_millis(20))
             {
                 asked = Some(Instant::now());
                 let gone = away();
                 let peers = &self.peers;
-                awaited.retain(|r| !gone.contains(r) || peers.iter().any(|p| p.rank == *r));
+                ranks.retain(|r| !gone.contains(r) || peers.iter().any(|p| p.rank == *r));
                 continue;
             }
             match self.listener.accept() {
@@ -1219,8 +1209,8 @@ impl<D: SenderDevice> IpcSender<D> {
                         if self.elastic && matches!(e, PeerError::Closed) {
                             // It died during its handshake (or before: its connection was still queued, a
                             // successor's may follow): the bootstrap does not wait for it, it rejoins.
-                            if let Some(awaited) = &mut self.awaited {
-                                awaited.retain(|r| *r != rank);
+                            if let Until::Ranks(ranks) = &mut until {
+                                ranks.retain(|r| *r != rank);
                             }
                             continue;
                         }
@@ -1241,7 +1231,7 @@ impl<D: SenderDevice> IpcSender<D> {
                         return Err(IpcError::Connect {
                             missing: self.expected - self.peers.len(),
                             expected: self.expected,
-                            secs: self.timeout.as_secs_f64(),
+                            secs: patience.as_secs_f64(),
                         });
                     }
                     std::thread::sleep(Duration::from_millis(2));
@@ -1254,12 +1244,12 @@ impl<D: SenderDevice> IpcSender<D> {
     }
 
     /// Whether the receivers `until` names are connected.
-    fn admitted(&self, until: Until) -> bool {
+    fn admitted(&self, until: &Until) -> bool {
         let has = |rank: u32| self.peers.iter().any(|p| p.rank == rank);
-        match (until, &self.awaited) {
-            (Until::Rank(rank), _) => has(rank),
-            (Until::Announced, Some(ranks)) => ranks.iter().all(|r| has(*r)),
-            (Until::Announced, None) => self.peers.len() >= self.expected,
+        match until {
+            Until::Announced => self.peers.len() >= self.expected,
+            Until::Ranks(ranks) => ranks.iter().all(|r| has(*r)),
+            Until::Rank(rank) => has(*rank),
         }
     }
 
