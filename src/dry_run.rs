@@ -561,6 +561,12 @@ impl fmt::Display for DryRun {
                         f,
                         "                 channel: the same-host GPU channel (CUDA IPC) after the handshake and init bootstrap on the host; patches uncoded, device to device"
                     )?;
+                    if c.cluster.num_nodes.get() > 1 {
+                        writeln!(
+                            f,
+                            "                 other hosts: coded patches over the TCP chain, built from the trainer's GPU against a pinned host snapshot"
+                        )?;
+                    }
                 }
                 let prefixes = match &p.init_sync.prefixes {
                     None => "whole state dict".to_owned(),

@@ -463,6 +463,14 @@ async fn run_in_private_dir(
     if let (Some(m), Some((joined, _))) = (&multi, &gathered) {
         multinode::node0_launch(m, joined, &mut launch);
     }
+    // The GPU channel serves the trainer's host; with no rollout there, every version goes over the chain.
+    if launch.gpu_socket.is_some() && launch.local_rollouts() == 0 {
+        tracing::warn!(
+            "weight_syncer.patch.transport_device=cuda: no rollout on the trainer's host for the same-host GPU \
+             channel; every version goes over the TCP chain"
+        );
+        launch.gpu_socket = None;
+    }
     // This host's arena (`weight_syncer.host_shared`): its name is `run_logged`'s to unlink.
     launch.host_shared = launch.host_shared_for(tag, 0);
     let launch_path = launch::launch_file(&run_dir);

@@ -71,6 +71,11 @@ pub enum WorkerError {
     Workload(#[from] workload::WorkloadError),
     #[error("the GPU weight channel")]
     GpuChannel(#[from] rlsync_core::gpu::ipc::IpcError),
+    #[error(
+        "the rollouts of other hosts chose other synced tensors than the trainer's host's (the GPU channel \
+         carries this host's choice): {what}"
+    )]
+    HostsDiffer { what: String },
     #[error("command {command} is not valid for a {role} worker")]
     UnexpectedCommand { role: &'static str, command: String },
     #[error("cannot start the worker runtime")]

@@ -318,20 +318,27 @@ fn the_gpu_channel_installs_in_the_background_with_no_wait() {
 }
 
 #[test]
-fn the_gpu_channel_is_refused_where_it_cannot_serve() {
+fn the_gpu_channel_serves_the_trainers_host_and_is_refused_where_it_cannot_serve() {
     let dir = Dir::new();
+    // Several hosts: the channel serves the trainer's, the TCP chain the others'.
     let worker = crate::util::example("held_worker");
-    // Rollouts on other hosts cannot open the trainer's CUDA IPC handles.
     let mut args = vec!["train_embodied"];
     args.extend_from_slice(crate::util::SMALL_SYNTHETIC);
     args.extend_from_slice(RUN);
     args.extend_from_slice(GPU_CHANNEL);
-    args.push("cluster.num_nodes=2");
-    let out = dir.run_env(&args, &[("RLSYNC_WORKER", worker.as_os_str())]);
-    let err = out.err();
+    args.extend(["cluster.num_nodes=2", "--dry-run"]);
+    let out = dir.run_env(
+        &args,
+        &[
+            ("RLSYNC_WORKER", worker.as_os_str()),
+            ("RLSYNC_RUN_TOKEN", std::ffi::OsStr::new("t")),
+        ],
+    );
+    let text = out.ok();
     assert!(
-        err.contains("weight_syncer.patch.transport_device") && err.contains("cluster.num_nodes=2"),
-        "{err}"
+        text.contains("OK: configuration is valid")
+            && text.contains("other hosts: coded patches over the TCP chain"),
+        "{text}"
     );
     // The built-in workers of rlsync itself keep their weights on the host.
     let mut args = vec!["train_embodied"];

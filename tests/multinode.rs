@@ -832,3 +832,93 @@ fn host_shared_over_two_nodes_gives_each_node_its_arena() {
         );
     }
 }
+
+/// The same-host GPU channel over two hosts with two rollouts each (the test worker's simulated devices):
+/// node 0's rollouts (0, 1) take every version device to device, node 1's (2, 3) coded patches over the TCP
+/// chain from the trainer's device build. Rollout 1 (a channel receiver) and rollout 3 (the chain's receiver 1,
+/// the run's receiver 3) are killed mid-run: the first rejoins by a full copy over the channel, the second by
+/// the chain's syncer. Every sync is verified (one checksum: every rollout holds what the channel's hold), the
+/// restarts are counted and nothing is left.
+#[test]
+fn the_gpu_channel_serves_the_trainers_host_and_the_chain_the_others() {
+    gpu_channel_over_two_hosts("train_embodied", &[]);
+}
+
+/// As above with no-wait installs in the background (`train_async`): the channel's syncs return once sent,
+/// the chain's rollouts receive on their threads.
+#[test]
+fn the_gpu_channel_and_the_chain_serve_no_wait_installs() {
+    gpu_channel_over_two_hosts("train_async", &["actor.sync_weight_no_wait=true"]);
+}
+
+fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
+    let mut run = Run::new(2);
+    run.slots_per_node = 2;
+    run.rollout_slots = "0-3".into();
+    run.rollouts = 4;
+    run.entry = entry;
+    run.extra = restarts(2);
+    run.extra.extend(extra.iter().map(|x| x.to_string()));
+    run.extra.extend(
+        [
+            "weight_syncer.patch.transport_device=cuda",
+            "weight_syncer.patch.snapshot_device=cuda",
+            "runner.verify_sync=true",
+        ]
+        .map(String::from),
+    );
+    run.env.push((
+        "RLSYNC_WORKER".into(),
+        util::example("held_worker").display().to_string(),
+    ));
+    run.env.push(("RLSYNC_TEST_DEVICE".into(), "1".into()));
+    let steps = 300;
+    let mut children = run.start("patch_syncer", steps);
+    let mut kills = Vec::new();
+    for rank in [1, 3] {
+        let at = run.metrics().len() + 3;
+        run.wait_until(&mut children, "the step to kill at", || {
+            run.metrics().len() >= at
+        });
+        let pid = run.rollout_pid(rank).expect("the rollout runs");
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        run.wait_until(&mut children, "the restart", || {
+            run.rollout_pid(rank).is_some_and(|p| p != pid)
+        });
+        kills.push((rank, pid));
+    }
+    let errs = completes(&run, children, steps as usize);
+    let node0 = &errs[0];
+    assert_eq!(restarts_counted(&run), Some(2), "{node0}");
+    logs_the_restart_on(node0, 1, 0, kills[0].1);
+    logs_the_restart_on(node0, 3, 1, kills[1].1);
+    let trainer = std::fs::read_to_string(run.run_dir.join("logs/trainer-0.log")).unwrap();
+    for want in [
+        "simulated device: GPU channel sender",
+        "weights synced to the other hosts from the device: simulated device: patch build",
+        "the same-host GPU channel, device to device (",
+        "caught up rollout-1 (weight receiver 1): handshake",
+        "caught up rollout-3 (weight receiver 3): ",
+    ] {
+        assert!(
+            trainer.contains(want),
+            "{want:?} in the trainer's log:\n{trainer}"
+        );
+    }
+    // Node 0's rollouts install over the channel, node 1's patches from the chain.
+    let log = |path: &str| std::fs::read_to_string(run.run_dir.join(path)).unwrap();
+    for path in ["logs/rollout-0.log", "logs/rollout-1.log"] {
+        let log = log(path);
+        assert!(
+            log.contains("simulated device: GPU channel install"),
+            "{path}:\n{log}"
+        );
+    }
+    for path in ["node-1/logs/rollout-2.log", "node-1/logs/rollout-3.log"] {
+        let log = log(path);
+        assert!(
+            !log.contains("GPU channel") && log.contains("simulated device: patch install"),
+            "{path}:\n{log}"
+        );
+    }
+}

@@ -51,6 +51,15 @@ impl RunConfig {
         }
         syncer
     }
+
+    /// The weight syncer's settings for the TCP chain to other hosts in a run over the GPU channel (which
+    /// serves only the trainer's host): the host syncer's, its snapshot in pinned host memory (the trainer's
+    /// GPU keeps one snapshot copy, the channel's).
+    pub fn chain_syncer(&self) -> WeightSyncerConfig {
+        let mut syncer = self.host_syncer();
+        syncer.patch.snapshot_device = Device::Cpu;
+        syncer
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------

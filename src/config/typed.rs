@@ -379,9 +379,9 @@ fn host_shared_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
 }
 
 /// `weight_syncer.patch.transport_device: cuda`: the same-host GPU channel carries every version from the
-/// trainer's CUDA tensors to the rollouts' (`worker::gpu_channel`). It needs both models on a GPU, its snapshot
-/// copy there (the rollouts read it through CUDA IPC) and one host (a restarted rollout rejoins by a full copy
-/// over the channel).
+/// trainer's CUDA tensors to the rollouts' of its host (`worker::gpu_channel`; other hosts' rollouts take the
+/// TCP chain). It needs both models on a GPU and its snapshot copy there (the rollouts read it through CUDA
+/// IPC).
 fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String)) {
     if !cfg.gpu_channel() {
         return;
@@ -409,16 +409,6 @@ fn gpu_channel_problems(cfg: &RunConfig, problem: &mut impl FnMut(&str, String))
                 "{KEY}=cuda shares the snapshot copy with the rollouts through CUDA IPC (they read overflowing \
                  tiles and full copies from it), so it lives in GPU memory: set \
                  weight_syncer.patch.snapshot_device=cuda, or {KEY}=cpu"
-            ),
-        );
-    }
-    if cfg.cluster.num_nodes.get() > 1 {
-        problem(
-            KEY,
-            format!(
-                "cuda serves the rollouts on the trainer's host (CUDA IPC), and cluster.num_nodes={} puts \
-                 rollouts on other hosts: set {KEY}=cpu (shared memory on each host, TCP between them)",
-                cfg.cluster.num_nodes
             ),
         );
     }
@@ -1311,15 +1301,16 @@ mod tests {
         assert_eq!(err.problems.len(), 1, "{err}");
         assert_eq!(err.problems[0].path, "weight_syncer.patch.snapshot_device");
         assert!(err.problems[0].message.contains("CUDA IPC"), "{err}");
+        // Several hosts: the channel serves the trainer's; the chain's syncer keeps its snapshot on the host.
         let mut t = python("cuda");
         t.push(("cluster.num_nodes", Value::int(2)));
-        let err = extract(&tree(&t)).unwrap_err();
-        assert!(
-            err.problems
-                .iter()
-                .any(|p| p.path == "weight_syncer.patch.transport_device"
-                    && p.message.contains("cluster.num_nodes=2")),
-            "{err}"
+        let cfg = extract(&tree(&t)).unwrap().config;
+        assert!(cfg.gpu_channel());
+        assert_eq!(cfg.host_syncer().patch.snapshot_device, Device::Cuda);
+        let chain = cfg.chain_syncer().patch;
+        assert_eq!(
+            (chain.snapshot_device, chain.transport_device),
+            (Device::Cpu, Device::Cpu)
         );
         // Restartable rollouts rejoin over the channel.
         let mut t = python("cuda");

@@ -195,6 +195,8 @@ pub fn assign(
         spec.chain_next = None;
         // The agent names its own host's arena (under its own run tag).
         spec.host_shared = None;
+        // The same-host GPU channel serves the trainer's host only: these rollouts take the chain.
+        spec.gpu_socket = None;
         let link = nodes::attach(j, events.clone(), timeout);
         link.tx.send(
             &NodeCommand::Assign {

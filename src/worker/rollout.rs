@@ -249,7 +249,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     // (Not over the GPU channel: it rejoins by a full copy from the trainer's device.)
     let restartable = cfg.runner.rollout_restarts > 0;
     let copies = restartable
-        && !cfg.gpu_channel()
+        && ctx.launch.gpu_socket.is_none()
         && cfg.runner.rollout_weights_copy_interval > 0
         && cfg.weight_syncer.kind == SyncerKind::Patch
         && cfg.weight_syncer.patch.replay_versions > 0;

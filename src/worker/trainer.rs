@@ -1,11 +1,15 @@
 //! The trainer worker: holds the model, trains on trajectory batches, publishes weights to every rollout.
 
+mod remote;
+
 use std::time::Instant;
 
+use crate::config::schema::RunConfig;
 use crate::worker::gpu_channel::{self, ChannelSender};
 use crate::worker::workload::{Batch, Workload};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
+use rlsync_core::syncer::settings::WeightSyncerConfig;
 use rlsync_core::syncer::{
     HostRejoin, SyncError, SyncOptions, SyncReport, SyncSender, WeightSyncer,
 };
@@ -27,15 +31,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     }
     let keys = state.synced_keys();
     let threads = kernel_threads(state.total_bytes(), 1);
-    let mut syncer = WeightSyncer::from_config(&cfg.host_syncer(), SyncOptions { threads })?;
-    // Restartable rollouts: a bucket syncer keeps the last version sent, so a restarted rollout is caught up to
-    // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
-    // for the next sync.
-    syncer.keep_last_version(cfg.runner.rollout_restarts > 0);
-    // The run's versions only increase: its replay log and rejoins name states by version.
-    syncer.require_increasing_versions(true);
     // The syncer until `InitWeights` makes it the sending end.
-    let mut unready = Some(syncer);
+    let mut unready = Some(new_syncer(&cfg, cfg.host_syncer(), threads)?);
     let mut sender: Option<Publisher> = None;
     let mut version = start.version;
     let mut steps_done = start.step;
@@ -60,16 +57,15 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                         "InitWeights (the weights were initialised already)",
                     ));
                 };
-                let channel = open_sender(ctx).await?;
-                tokio::task::block_in_place(|| workload.host_view())?;
-                let (mut end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
-                // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
-                report.version = start.version;
                 if let Some(socket) = ctx.launch.gpu_socket.clone() {
-                    // The handshake and the init bootstrap ran on the host; every version from now on goes
-                    // device to device (the host syncer's snapshot goes; its channel stays for rejoins).
+                    // The handshake and the init bootstrap run on the host; every version from now on goes
+                    // device to device to this host's rollouts (the host syncer's snapshot goes; its channel
+                    // stays for rejoins), and over the TCP chain to other hosts' (`remote`).
+                    let (end, mut report, remote) =
+                        init_split(ctx, syncer, workload.as_mut(), &state, &keys, threads).await?;
+                    report.version = start.version;
                     let (publisher, checksum) =
-                        gpu_publisher(ctx, workload.as_mut(), &state, end, &socket)?;
+                        gpu_publisher(ctx, workload.as_mut(), &state, end, remote, &socket)?;
                     let synced = Report::Synced {
                         stats: sync_stats(&report),
                         checksum,
@@ -79,6 +75,11 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.control.report(&synced, &[]).await?;
                     continue;
                 }
+                let channel = open_sender(ctx).await?;
+                tokio::task::block_in_place(|| workload.host_view())?;
+                let (mut end, mut report) = syncer.init_sender(&state, &keys, channel).await?;
+                // The syncer numbers its bootstrap 0; the run's version of those weights is `start.version`.
+                report.version = start.version;
                 if let Some(what) = workload.attach_sender(&mut end, &state) {
                     tracing::info!("weights synced from the device from now on: {what}");
                 }
@@ -111,17 +112,31 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             cfg.runner.verify_sync,
                         )?
                     }
-                    Some(Publisher::Gpu { channel, names, .. }) => {
+                    Some(Publisher::Gpu {
+                        channel,
+                        names,
+                        remote,
+                        ..
+                    }) => {
                         let report = tokio::task::block_in_place(|| channel.sync(wanted))?;
                         tracing::debug!("{}", gpu_channel::describe(&report));
-                        let bytes = gpu_channel::state_bytes(names);
+                        let mut stats =
+                            gpu_channel::stats(&report, gpu_channel::state_bytes(names));
+                        if let Some(remote) = remote {
+                            if remote.syncer.needs_host_view() {
+                                tokio::task::block_in_place(|| workload.host_view())?;
+                            }
+                            let far = remote.syncer.sync(&state, wanted).await?;
+                            stats = remote::stats(&stats, &sync_stats(&far));
+                        }
+                        // Every rollout, on this host or another, holds what the channel's rollouts hold.
                         let checksum = if cfg.runner.verify_sync {
                             gpu_channel::checksum(channel, names)?
                         } else {
                             0
                         };
                         Report::Synced {
-                            stats: gpu_channel::stats(&report, bytes),
+                            stats,
                             checksum,
                             seconds: started.elapsed().as_secs_f64(),
                         }
@@ -163,9 +178,31 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let syncer = match sender.as_mut() {
                     None => return Err(unexpected("Rejoin (before InitWeights)")),
                     Some(Publisher::Gpu {
+                        remote: Some(remote),
+                        ..
+                    }) if receiver >= remote.first => {
+                        // A rollout of another host: the TCP chain's receiver, caught up by its syncer.
+                        tokio::task::block_in_place(|| workload.host_view())?;
+                        let last = version == synced_at;
+                        let report = catch_up(
+                            &mut remote.syncer,
+                            &state,
+                            Rejoiner {
+                                rank,
+                                receiver,
+                                first: remote.first,
+                            },
+                            last,
+                        )
+                        .await?;
+                        ctx.control.report(&report, &[]).await?;
+                        continue;
+                    }
+                    Some(Publisher::Gpu {
                         channel,
                         names,
                         rejoins,
+                        ..
                     }) => {
                         let Some(host) = rejoins.as_mut() else {
                             return Err(unexpected(
@@ -189,7 +226,12 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 let last = version == synced_at;
                 // A rejoin reads the state (the bootstrap-only keys, a bucket syncer's last version): rare.
                 tokio::task::block_in_place(|| workload.host_view())?;
-                let report = catch_up(syncer, &state, rank, receiver, last).await?;
+                let rejoiner = Rejoiner {
+                    rank,
+                    receiver,
+                    first: 0,
+                };
+                let report = catch_up(syncer, &state, rejoiner, last).await?;
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Checkpoint => {
@@ -228,7 +270,62 @@ enum Publisher {
         /// Restartable rollouts (`runner.rollout_restarts` > 0): the host channel's half of their rejoins
         /// (handshake, frozen keys); the channel gives them the full copy.
         rejoins: Option<HostRejoin>,
+        /// Several hosts: the rollouts of the other hosts, over the TCP chain.
+        remote: Option<remote::Remote>,
     },
+}
+
+/// A new host syncer of `settings` for this run.
+fn new_syncer(
+    cfg: &RunConfig,
+    settings: WeightSyncerConfig,
+    threads: usize,
+) -> Result<WeightSyncer, WorkerError> {
+    let mut syncer = WeightSyncer::from_config(&settings, SyncOptions { threads })?;
+    // Restartable rollouts: a bucket syncer keeps the last version sent, so a restarted rollout is caught up to
+    // it at once, however far training moved on since (`runner.weight_sync_interval` > 1), instead of waiting
+    // for the next sync.
+    syncer.keep_last_version(cfg.runner.rollout_restarts > 0);
+    // The run's versions only increase: its replay log and rejoins name states by version.
+    syncer.require_increasing_versions(true);
+    Ok(syncer)
+}
+
+/// The init over the GPU channel's host channel: the handshake and bootstrap of this host's rollouts by
+/// `syncer` (the end the channel takes over), and on several hosts, at the same time, of the other hosts'
+/// rollouts by a second syncer over the TCP chain, which keeps serving them (its patches built from the device
+/// against a pinned host snapshot, `RunConfig::chain_syncer`).
+async fn init_split(
+    ctx: &WorkerContext,
+    syncer: WeightSyncer,
+    workload: &mut dyn Workload,
+    state: &StateDict,
+    keys: &[String],
+    threads: usize,
+) -> Result<(SyncSender, SyncReport, Option<remote::Remote>), WorkerError> {
+    let cfg = ctx.config();
+    let local = open_local(ctx).await?.ok_or_else(|| {
+        WorkerError::Transport(TransportError::Config {
+            reason: "the same-host GPU channel, but no rollout on the trainer's host".into(),
+        })
+    })?;
+    let Some(next) = &ctx.launch.chain_next else {
+        tokio::task::block_in_place(|| workload.host_view())?;
+        let (end, report) = syncer.init_sender(state, keys, local).await?;
+        return Ok((end, report, None));
+    };
+    let chain = ChainSender::connect(None, Some(next.as_str()), chain_config(ctx)).await?;
+    let far = new_syncer(cfg, cfg.chain_syncer(), threads)?;
+    tokio::task::block_in_place(|| workload.host_view())?;
+    let ((end, report), (mut far, _)) = tokio::try_join!(
+        syncer.init_sender(state, keys, local),
+        far.init_sender(state, keys, chain)
+    )?;
+    if let Some(what) = workload.attach_sender(&mut far, state) {
+        tracing::info!("weights synced to the other hosts from the device: {what}");
+    }
+    let remote = remote::Remote::new(&end, far, ctx.launch.weight_receivers())?;
+    Ok((end, report, Some(remote)))
 }
 
 /// After the host handshake and bootstrap by `end`: the same-host GPU channel at `socket` over the
@@ -239,6 +336,7 @@ fn gpu_publisher(
     workload: &mut dyn Workload,
     state: &StateDict,
     mut end: SyncSender,
+    remote: Option<remote::Remote>,
     socket: &std::path::Path,
 ) -> Result<(Publisher, u64), WorkerError> {
     let cfg = ctx.config();
@@ -320,6 +418,7 @@ fn gpu_publisher(
             channel,
             names,
             rejoins,
+            remote,
         },
         checksum,
     ))
@@ -336,24 +435,7 @@ fn unexpected(command: &str) -> WorkerError {
 /// The weight sender: shared memory to this node's rollouts and, in a multi-node run, the head of the TCP
 /// chain to the other nodes (`chain_next` in the launch file).
 async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
-    let cfg = ctx.config();
-    let local = ctx.launch.weight_receivers();
-    let shm = if local > 0 {
-        Some(
-            ShmSender::bind(ShmConfig {
-                socket_path: ctx.launch.weight_socket.clone(),
-                segment_prefix: ctx.launch.segment_prefix.clone(),
-                receivers: local,
-                timeout: ctx.transport_timeout(),
-                // Restartable rollouts: a dead one is detached and its successor rejoins.
-                elastic: cfg.runner.rollout_restarts > 0,
-                ..ShmConfig::default()
-            })
-            .await?,
-        )
-    } else {
-        None
-    };
+    let shm = open_local(ctx).await?;
     let Some(next) = &ctx.launch.chain_next else {
         return shm.ok_or_else(|| {
             WorkerError::Transport(TransportError::Config {
@@ -361,29 +443,63 @@ async fn open_sender(ctx: &WorkerContext) -> Result<Sender, WorkerError> {
             })
         });
     };
-    let chain = ChainConfig {
+    Ok(ChainSender::connect(shm, Some(next.as_str()), chain_config(ctx)).await?)
+}
+
+/// The shared-memory channel to this host's rollouts (`None`: there is none here).
+async fn open_local(ctx: &WorkerContext) -> Result<Option<Sender>, WorkerError> {
+    let local = ctx.launch.weight_receivers();
+    if local == 0 {
+        return Ok(None);
+    }
+    let shm = ShmSender::bind(ShmConfig {
+        socket_path: ctx.launch.weight_socket.clone(),
+        segment_prefix: ctx.launch.segment_prefix.clone(),
+        receivers: local,
+        timeout: ctx.transport_timeout(),
+        // Restartable rollouts: a dead one is detached and its successor rejoins.
+        elastic: ctx.config().runner.rollout_restarts > 0,
+        ..ShmConfig::default()
+    })
+    .await?;
+    Ok(Some(shm))
+}
+
+/// The head of the TCP weight chain's settings.
+fn chain_config(ctx: &WorkerContext) -> ChainConfig {
+    let cfg = ctx.config();
+    ChainConfig {
         token: ctx.launch.token.as_bytes().to_vec(),
         name: format!("node 0 ({})", crate::cluster::host_name()),
         part_bytes: usize::try_from(cfg.cluster.network.part_bytes.get()).unwrap_or(usize::MAX),
         timeout: ctx.transport_timeout(),
-    };
-    Ok(ChainSender::connect(shm, Some(next.as_str()), chain).await?)
+    }
 }
 
-/// Serve the rejoin of restarted rollout `rank`, the weight channel's receiver `receiver` (the channel numbers
-/// receivers node by node in chain order; the reports name the rollout by its rank). The rollout going away
+/// A restarted rollout to catch up: its rank, and its receiver in the run's numbering (node by node in chain
+/// order), the syncer's receiver `receiver - first` (`first`: the run's receivers the syncer does not serve).
+struct Rejoiner {
+    rank: u32,
+    receiver: u32,
+    first: u32,
+}
+
+/// Serve the rejoin of a restarted rollout (the reports name it by its rank). The rollout going away
 /// meanwhile (gone, or silent past the channel's timeout) is not this worker's failure: the report says so and
 /// the orchestrator restarts it again.
 async fn catch_up(
     syncer: &mut SyncSender,
     state: &StateDict,
-    rank: u32,
-    receiver: u32,
+    Rejoiner {
+        rank,
+        receiver,
+        first,
+    }: Rejoiner,
     state_is_last: bool,
 ) -> Result<Report, WorkerError> {
     let started = Instant::now();
-    let receiver = receiver as usize;
-    let outcome = syncer.rejoin_at(state, receiver, state_is_last).await;
+    let served = receiver.saturating_sub(first) as usize;
+    let outcome = syncer.rejoin_at(state, served, state_is_last).await;
     let seconds = started.elapsed().as_secs_f64();
     match outcome {
         Ok(r) => {
@@ -418,7 +534,7 @@ async fn catch_up(
                 reason: r.reason,
             })
         }
-        Err(e) => match went_away(&e, receiver) {
+        Err(e) => match went_away(&e, served) {
             Some(gone) => {
                 tracing::warn!("rejoin of rollout-{rank} failed: {gone}");
                 Ok(Report::rejoin_failed(rank, seconds, gone.to_string()))

@@ -1,0 +1,91 @@
+//! The trainer's other hosts in a run over the same-host GPU channel: their rollouts' syncer on the TCP chain.
+//!
+//! The channel serves only the rollouts of the trainer's host (CUDA IPC does not cross hosts). With rollouts
+//! on other hosts too, the trainer runs a second host syncer whose channel is the TCP weight chain without a
+//! local fan-out: it bootstraps those rollouts beside this host's init and sends each later version as coded
+//! patches, built from the device against a pinned host snapshot (the GPU keeps one snapshot copy, the
+//! channel's). The chain numbers its receivers from 0; the run numbers them after this host's.
+
+use rlsync_core::protocol::messages::SyncStats;
+use rlsync_core::syncer::SyncSender;
+
+use crate::worker::WorkerError;
+
+/// The other hosts' rollouts.
+pub struct Remote {
+    /// The host syncer over the TCP chain.
+    pub syncer: SyncSender,
+    /// The run's weight receivers before the chain's first: this host's rollouts (the channel's).
+    pub first: u32,
+}
+
+impl Remote {
+    /// `far`, initialised over the chain beside `local` (the end of this host's `local_receivers` rollouts,
+    /// whose choice of tensors the channel carries): both must have chosen the same keys in the same dtypes.
+    pub fn new(
+        local: &SyncSender,
+        far: SyncSender,
+        local_receivers: usize,
+    ) -> Result<Remote, WorkerError> {
+        let differs = |what: String| WorkerError::HostsDiffer { what };
+        if local.synced_keys() != far.synced_keys() {
+            return Err(differs(format!(
+                "{} synced keys on the trainer's host, {} on the others",
+                local.synced_keys().len(),
+                far.synced_keys().len()
+            )));
+        }
+        if let Some(((key, here), there)) = local
+            .synced_keys()
+            .iter()
+            .zip(local.synced_dtypes())
+            .zip(far.synced_dtypes())
+            .find(|((_, a), b)| a != b)
+        {
+            return Err(differs(format!(
+                "{key} is {here:?} on the trainer's host, {there:?} on the others"
+            )));
+        }
+        let first = u32::try_from(local_receivers)
+            .map_err(|_| differs(format!("{local_receivers} rollouts on the trainer's host")))?;
+        Ok(Remote { syncer: far, first })
+    }
+}
+
+/// The `Synced` statistics of a version sent both ways: the chain's (what crossed hosts: its kind, coded
+/// bytes and ratio, the changes it counted), its seconds after the channel's.
+pub fn stats(channel: &SyncStats, chain: &SyncStats) -> SyncStats {
+    SyncStats {
+        seconds: channel.seconds + chain.seconds,
+        ..chain.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_sent_both_ways_counts_the_chains_bytes_and_both_times() {
+        let channel = SyncStats {
+            version: 4,
+            kind: "patch".into(),
+            payload_bytes: 800,
+            changed: 100,
+            state_bytes: 10_000,
+            compression_ratio: 12.5,
+            dense_segments: 0,
+            seconds: 0.25,
+        };
+        let chain = SyncStats {
+            payload_bytes: 300,
+            compression_ratio: 10_000.0 / 300.0,
+            seconds: 0.5,
+            ..channel.clone()
+        };
+        let both = stats(&channel, &chain);
+        assert_eq!((both.version, both.payload_bytes), (4, 300));
+        assert!((both.seconds - 0.75).abs() < 1e-12);
+        assert!((both.compression_ratio - chain.compression_ratio).abs() < 1e-12);
+    }
+}
