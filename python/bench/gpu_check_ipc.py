@@ -1,7 +1,8 @@
 """gpu_check's ``ipc`` stage: the same-host GPU channel (``rlsync.cuda_ipc_sender`` / ``cuda_ipc_receiver``) on
 Llama-2-7B's tensors in bf16, to 1 and then 2 receiver processes on cuda:0.
 
-Per phase (1 receiver, then 2): the sender (this process) binds a socket, the receivers (``multiprocessing``
+Per phase (1 receiver, then 2, then 1 with casts: an fp32 sender of the first layers, its receiver in bf16)
+the sender (this process) binds a socket, the receivers (``multiprocessing``
 spawn) allocate zeroed tensors, share them with this process (torch's CUDA IPC, for the check only) and connect;
 the bootstrap (full copy) makes them equal to the sender; then ``syncs`` times: flip ``density`` of the sender's
 bits, ``sync(version)`` timed end to end (build on the GPU, control message, every receiver's install and ack),
@@ -42,6 +43,8 @@ from gpu_check import bit_equal, llama2_7b_shapes, perturb  # noqa: E402 - gpu_c
 
 
 FALLBACK_DENSITY = 0.01
+# The cast phase's tensors: the first of the 7B list (the embedding and the first two layers, ~0.5 G elements).
+CAST_TENSORS = 19
 # The receiver phases an ack reports (the report's ``per_receiver`` entries).
 PHASES = ("total_s", "wake_s", "drain_s", "check_s", "apply_s", "reply_s")
 TIMEOUT_S = 120.0
@@ -58,9 +61,9 @@ def _sync(dev: torch.device) -> None:
 
 
 def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda:0", module: str = "rlsync",
-              wait: float = TIMEOUT_S) -> None:
-    """A receiver process: zeroed tensors on ``device``, shared with the parent, then apply until the sender
-    closes. ``module``: the package with ``cuda_ipc_receiver`` (a fake in the CPU test of this stage)."""
+              wait: float = TIMEOUT_S, dtype: torch.dtype = torch.bfloat16) -> None:
+    """A receiver process: zeroed ``dtype`` tensors on ``device``, shared with the parent, then apply until the
+    sender closes. ``module``: the package with ``cuda_ipc_receiver`` (a fake in the CPU test of this stage)."""
     try:
         import importlib
 
@@ -70,7 +73,7 @@ def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        state = {n: torch.zeros(s, device=dev, dtype=torch.bfloat16) for n, s in shapes}
+        state = {n: torch.zeros(s, device=dev, dtype=dtype) for n, s in shapes}
         _sync(dev)
         conn.send(("state", state))
         rx = rl.cuda_ipc_receiver(path, rank, state, timeout=wait)
@@ -91,23 +94,39 @@ def _receiver(path: str, rank: int, shapes: list, conn: Any, device: str = "cuda
             pass
 
 
+def perturb_values(state: dict[str, torch.Tensor], density: float, gen: torch.Generator) -> None:
+    """Scale ``density`` of the elements of every tensor by 1.01 (a change a bf16 copy sees: its epsilon is
+    2^-8), as an fp32 master copy's update does."""
+    for t in state.values():
+        mask = torch.rand(t.shape, device=t.device, generator=gen) < density
+        t.mul_(1.0 + 0.01 * mask.to(t.dtype))
+
+
 def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], density: float, syncs: int,
-           deadline: float, sock_dir: str, module: str = "rlsync") -> dict[str, Any]:
-    """One phase with ``n`` receiver processes on the device of ``state``; its record."""
+           deadline: float, sock_dir: str, module: str = "rlsync", dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """One phase with ``n`` receiver processes on the device of ``state``; its record. ``dtype``: the receivers
+    hold the floating tensors in it (the sender casts on its GPU), each compared with ``tensor.to(dtype)``."""
     ctx = mp.get_context("spawn")
     dev = next(iter(state.values())).device
     # Every wait ends by the stage's deadline (at least 15 s, at most TIMEOUT_S): a hang costs no more device time.
     wait = max(15.0, min(TIMEOUT_S, deadline - time.monotonic()))
-    path = os.path.join(sock_dir, f"gpu{n}.sock")
+    tag = "" if dtype is None else f"-{str(dtype).removeprefix('torch.')}"
+    path = os.path.join(sock_dir, f"gpu{n}{tag}.sock")
     out: dict[str, Any] = {"receivers": n}
+    held = next(iter(state.values())).dtype if dtype is None else dtype
+    change = perturb if dtype is None else perturb_values
+    cast = {} if dtype is None else {"dtype": dtype}
+    if dtype is not None:
+        out["cast"] = f"{str(next(iter(state.values())).dtype).removeprefix('torch.')} -> {tag[1:]}"
     # Two receivers: elastic, so one can be killed and rejoin (below).
-    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait, elastic=n == 2)
+    tx = rlsync.cuda_ipc_sender(path, state, receivers=n, timeout=wait, elastic=n == 2, **cast)
     out["socket_mode"] = oct(os.stat(path).st_mode & 0o777)
     procs, conns, views = [], [], []
     try:
         for rank in range(n):
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module, wait), daemon=True)
+            p = ctx.Process(target=_receiver, args=(path, rank, shapes, b, str(dev), module, wait, held),
+                            daemon=True)
             p.start()
             procs.append(p)
             conns.append(a)
@@ -127,7 +146,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             msg = c.recv()
             if msg[0] != "applied" or msg[1] != version:
                 raise RuntimeError(f"receiver {rank}: {msg}")
-            return all(bit_equal(views[rank][k], t) for k, t in state.items())
+            return all(bit_equal(views[rank][k], t if dtype is None else t.to(dtype)) for k, t in state.items())
 
         _sync(dev)
         t0 = time.perf_counter()
@@ -141,7 +160,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             if time.monotonic() > deadline:
                 out["note"] = f"budget: stopped after {v - 1} syncs"
                 break
-            perturb(state, density, gen)
+            change(state, density, gen)
             _sync(dev)
             t0 = time.perf_counter()
             rep = tx.sync(v)
@@ -172,13 +191,13 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             procs[1].join(30)
             rec["killed_exitcode"] = procs[1].exitcode
             conns[1].close()
-            perturb(state, density, gen)
+            change(state, density, gen)
             _sync(dev)
             rep = tx.sync(version)
             rec["dropped"] = rep.get("dropped")
             rec["survivor_equal"] = check(0, version)
             a, b = ctx.Pipe()
-            p = ctx.Process(target=_receiver, args=(path, 1, shapes, b, str(dev), module, wait), daemon=True)
+            p = ctx.Process(target=_receiver, args=(path, 1, shapes, b, str(dev), module, wait, held), daemon=True)
             p.start()
             procs[1], conns[1] = p, a
             if not a.poll(wait):
@@ -192,7 +211,7 @@ def _phase(rlsync: Any, n: int, shapes: list, state: dict[str, torch.Tensor], de
             rec["rejoin_s"] = round(time.perf_counter() - t0, 6)
             rec["rejoin_version"], rec["rejoin_full"] = rep["version"], rep["full"]
             rec["rejoined_equal"] = check(1, version)
-            perturb(state, density, gen)
+            change(state, density, gen)
             _sync(dev)
             rep = tx.sync(version + 1)
             rec["after_receivers"] = rep["receivers"]
@@ -309,6 +328,23 @@ def stage_ipc(results: dict[str, Any] | None = None, *, cpu: bool = False, densi
                                "traceback": traceback.format_exc()[-3000:]})
             gc.collect()
             torch.cuda.empty_cache()
+        # Casts: an fp32 master copy of the first layers to one bf16 receiver, cast on the sender's GPU.
+        if time.monotonic() < deadline:
+            del state
+            gc.collect()
+            torch.cuda.empty_cache()
+            state = {}
+            try:
+                cast_shapes = shapes[:CAST_TENSORS]
+                for name, shape in cast_shapes:
+                    state[name] = torch.empty(shape, device=dev, dtype=torch.float32).normal_(0.0, 0.02, generator=g)
+                phases.append(_phase(rlsync, 1, cast_shapes, state, density, syncs, deadline, sock_dir,
+                                     dtype=torch.bfloat16))
+            except Exception as e:  # noqa: BLE001 - recorded
+                phases.append({"receivers": 1, "cast": "float32 -> bfloat16", "error": f"{type(e).__name__}: {e}",
+                               "traceback": traceback.format_exc()[-3000:]})
+        else:
+            rec["cast_note"] = "budget: the cast phase did not run"
     finally:
         del state
         gc.collect()

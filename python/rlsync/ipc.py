@@ -25,8 +25,11 @@ reported (a fault on its device), it sends no patch but sets its snapshot copy t
 that sync as a full copy (counted in ``sync()["fallbacks"]``, with a warning in the log).
 
 Both ends need the same tensors (shapes and dtypes, in the same order), contiguous CUDA tensors of one device
-each (the sender's and a receiver's device may differ: peer access is enabled). Without CUDA (no driver, or a
-build without it) every call raises :class:`rlsync.CudaError`.
+each (the sender's and a receiver's device may differ: peer access is enabled). A sender made with ``dtype``
+(fp32 master weights, bf16 receivers) casts its floating tensors to it on its GPU before each build, into a
+scratch copy of their size in that dtype kept for the sender's life (bit for bit as ``tensor.to(dtype)``), and
+diffs that: its receivers hold the floating tensors in ``dtype``, the others in their own. Without CUDA (no
+driver, or a build without it) every call raises :class:`rlsync.CudaError`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import os
 from typing import Any
 
 from . import _native
-from .syncer import StateDictLike, _describe
+from .syncer import StateDictLike, _describe, _dtype_name
 
 __all__ = ["CudaIpcSender", "CudaIpcReceiver", "cuda_ipc_sender", "cuda_ipc_receiver"]
 
@@ -62,9 +65,13 @@ class CudaIpcSender:
         timeout: float = 60.0,
         elastic: bool = False,
         detach_acks: bool = False,
+        dtype: Any = None,
     ) -> None:
         self._state = state_dict
-        self._native = _native.CudaIpcSender(os.fspath(path), _describe(state_dict), receivers, snapshot_device, timeout)
+        name = _dtype_name(dtype, "dtype")
+        self._native = _native.CudaIpcSender(
+            os.fspath(path), _describe(state_dict), receivers, snapshot_device, timeout, name
+        )
         self._native.set_elastic(elastic)
         self._native.detach_acks(detach_acks)
 
@@ -158,6 +165,7 @@ def cuda_ipc_sender(
     timeout: float = 60.0,
     elastic: bool = False,
     detach_acks: bool = False,
+    dtype: Any = None,
 ) -> CudaIpcSender:
     """Bind the socket ``path`` (created 0600; its directory must exist) for ``receivers`` receivers (ranks
     ``0 .. receivers-1``) and allocate the GPU snapshot copy and patch buffers for ``state_dict``'s CUDA
@@ -166,8 +174,9 @@ def cuda_ipc_sender(
     (named in the next report's ``dropped``) instead of failing the sync, and its successor comes back by
     :meth:`CudaIpcSender.rejoin`. ``detach_acks``: a sync returns once sent (receivers that install between
     their own work) and its acks are collected by the next sync or :meth:`CudaIpcSender.settle`, before the
-    buffers are rewritten."""
-    return CudaIpcSender(path, state_dict, receivers, snapshot_device, timeout, elastic, detach_acks)
+    buffers are rewritten. ``dtype`` (``None``, ``torch.bfloat16``, ``torch.float16`` or ``torch.float32``): the
+    receivers hold the floating tensors in it, cast on the sender's GPU (see the module docs)."""
+    return CudaIpcSender(path, state_dict, receivers, snapshot_device, timeout, elastic, detach_acks, dtype)
 
 
 def cuda_ipc_receiver(

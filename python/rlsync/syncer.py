@@ -861,14 +861,16 @@ def _torch_device(value: Any) -> Any:
     return torch.device("cpu" if value is None else str(value))
 
 
-def _dtype_name(dtype: Any) -> str | None:
+def _dtype_name(dtype: Any, what: str = "bucket_dtype") -> str | None:
+    """The name of a floating dtype given as a ``torch.dtype`` or a name (``bf16``, ``"bfloat16"``, ...); ``what``
+    names the argument in the error."""
     if dtype is None:
         return None
     name = str(dtype).removeprefix("torch.").lower()
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
     name = aliases.get(name, name)
     if name not in ("bfloat16", "float16", "float32"):
-        raise ValueError(f"bucket_dtype must be None, torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
+        raise ValueError(f"{what} must be None, torch.bfloat16, torch.float16 or torch.float32, got {dtype!r}")
     return name
 
 

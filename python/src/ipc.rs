@@ -15,10 +15,13 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use rlsync_core::gpu::compact::Layout;
+use rlsync_core::gpu::differ::CastPlan;
+use rlsync_core::gpu::ipc::cast::{Casting, CudaCast};
 use rlsync_core::gpu::ipc::{
     CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, ReceiverTiming, SyncReport,
 };
 use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
 use crate::device::{self, cuda_ordinal};
@@ -177,17 +180,57 @@ fn timings<'py>(
     Ok(per)
 }
 
+/// The sender's device: its tensors cast first where the receivers hold floating tensors in another dtype.
+type SenderDevice = Casting<CudaSender, Option<CudaCast>>;
+
+/// An open sending end.
+struct SenderEnd {
+    gpu: Gpu,
+    tx: IpcSender<SenderDevice>,
+    /// The state's own layout (its dtypes), which every call's tensors must have; the channel's is in the
+    /// receivers' dtypes.
+    state: Layout,
+}
+
+/// The receivers' dtype of each tensor of `descs`: `dtype` (a floating dtype's name) for floating tensors,
+/// their own otherwise; `None`: their own.
+fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType, DType)>> {
+    let to = match dtype {
+        None => None,
+        Some(name) => match DType::from_name(name) {
+            Some(d) if d.is_floating() => Some(d),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "dtype '{name}': the receivers' dtype of the floating tensors must be a floating dtype \
+                     (bfloat16, float16, float32, float64)"
+                )));
+            }
+        },
+    };
+    descs
+        .iter()
+        .map(|d| {
+            let from = DType::from_name(&d.3).ok_or_else(|| {
+                PyValueError::new_err(format!("tensor '{}': unsupported dtype {}", d.0, d.3))
+            })?;
+            Ok((from, to.filter(|_| from.is_floating()).unwrap_or(from)))
+        })
+        .collect()
+}
+
 /// The sending end (`rlsync.cuda_ipc_sender`).
 #[pyclass(module = "rlsync._native", frozen)]
 pub struct CudaIpcSender {
-    inner: Mutex<Option<(Gpu, IpcSender<CudaSender>)>>,
+    inner: Mutex<Option<SenderEnd>>,
 }
 
 #[pymethods]
 impl CudaIpcSender {
     /// Bind `path` (0600; its directory must exist) and allocate the snapshot copy and outputs for the
-    /// tensors of `descs` on their device; `receivers` ranks 0..receivers may connect.
+    /// tensors of `descs` on their device; `receivers` ranks 0..receivers may connect. `dtype`: the receivers
+    /// hold the floating tensors in this dtype (cast on the GPU into a scratch copy before each build).
     #[new]
+    #[pyo3(signature = (path, descs, receivers, snapshot_device, timeout, dtype=None))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -195,6 +238,7 @@ impl CudaIpcSender {
         receivers: usize,
         snapshot_device: &str,
         timeout: f64,
+        dtype: Option<&str>,
     ) -> PyResult<CudaIpcSender> {
         let gpu = open(&descs)?;
         if snapshot_device != "cuda" {
@@ -204,13 +248,41 @@ impl CudaIpcSender {
         }
         let timeout = secs(timeout)?;
         let ts = tensors(&descs, &gpu)?;
-        let layout = layout_of(&ts)?;
-        let dev = CudaSender::new(gpu.clone());
+        let state = layout_of(&ts)?;
+        let dtypes = receivers_dtypes(&descs, dtype)?;
+        let held: Vec<(u64, usize)> = ts
+            .iter()
+            .zip(&dtypes)
+            .map(|(&(_, n, _), (_, to))| (n, to.size_bytes()))
+            .collect();
+        let layout = Layout::new(&held).map_err(|e| PyValueError::new_err(chain(&e)))?;
+        let plan = CastPlan::of(
+            descs
+                .iter()
+                .zip(&ts)
+                .zip(&dtypes)
+                .map(|((d, &(_, n, _)), &(from, to))| (d.0.as_str(), from, to, n)),
+        )
+        .map_err(PyValueError::new_err)?;
+        let addrs: Vec<u64> = ts.iter().map(|t| t.0).collect();
+        let cast = if plan.is_empty() {
+            None
+        } else {
+            // SAFETY: `addrs` are the caller's contiguous CUDA tensors of `gpu` in the plan's state dtypes
+            // (checked by `tensors`); every operation points the casts at the tensors of its own call first.
+            let (cast, _) = unsafe { CudaCast::new(gpu.clone(), plan, addrs, Stream(0)) }
+                .map_err(|e| CudaError::new_err(chain(&e)))?;
+            Some(cast)
+        };
+        let dev = Casting {
+            inner: CudaSender::new(gpu.clone()),
+            cast,
+        };
         let tx = py
             .detach(|| IpcSender::bind(&path, dev, layout, receivers, timeout))
             .map_err(|e| ipc_error(&e))?;
         Ok(CudaIpcSender {
-            inner: Mutex::new(Some((gpu, tx))),
+            inner: Mutex::new(Some(SenderEnd { gpu, tx, state })),
         })
     }
 
@@ -281,10 +353,10 @@ impl CudaIpcSender {
 
 impl CudaIpcSender {
     /// `op` on the open sender (an error once closed, or while another call runs).
-    fn with<R>(&self, op: impl FnOnce(&mut IpcSender<CudaSender>) -> R) -> PyResult<R> {
+    fn with<R>(&self, op: impl FnOnce(&mut IpcSender<SenderDevice>) -> R) -> PyResult<R> {
         let mut g = take(&self.inner)?;
-        let (_, tx) = g.as_mut().ok_or_else(closed)?;
-        Ok(op(tx))
+        let end = g.as_mut().ok_or_else(closed)?;
+        Ok(op(&mut end.tx))
     }
 
     fn run<'py>(
@@ -292,14 +364,22 @@ impl CudaIpcSender {
         py: Python<'py>,
         descs: Vec<Desc>,
         stream: u64,
-        op: impl FnOnce(&mut IpcSender<CudaSender>) -> Result<SyncReport, IpcError> + Send,
+        op: impl FnOnce(&mut IpcSender<SenderDevice>) -> Result<SyncReport, IpcError> + Send,
     ) -> PyResult<Bound<'py, PyDict>> {
         let mut g = take(&self.inner)?;
-        let Some((gpu, tx)) = g.as_mut() else {
+        let Some(SenderEnd { gpu, tx, state }) = g.as_mut() else {
             return Err(closed());
         };
-        let addrs = addresses(&descs, gpu, tx.layout())?;
-        tx.device_mut().set_state(addrs, Stream(stream));
+        let addrs = addresses(&descs, gpu, state)?;
+        let stream = Stream(stream);
+        let dev = tx.device_mut();
+        let read = match &mut dev.cast {
+            // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes, the
+            // device); the caller holds them for the call.
+            Some(cast) => unsafe { cast.retarget(addrs, stream) },
+            None => addrs,
+        };
+        dev.inner.set_state(read, stream);
         let r = py.detach(|| op(tx)).map_err(|e| ipc_error(&e))?;
         report(py, &r)
     }

@@ -22,13 +22,17 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Sender:
-    def __init__(self, path: str, state: dict, receivers: int, timeout: float = 60.0, elastic: bool = False) -> None:
+    def __init__(self, path: str, state: dict, receivers: int, timeout: float = 60.0, elastic: bool = False,
+                 dtype: torch.dtype | None = None) -> None:
         self._listener = Listener(path, family="AF_UNIX")
         self._state, self._n, self._conns, self._seq = state, receivers, {}, 0
-        self._elastic, self._version = elastic, 0
+        self._elastic, self._version, self._dtype = elastic, 0, dtype
 
     def _send(self, version: int, full: bool, ranks: list[int] | None = None) -> dict[str, Any]:
-        payload = {k: _bits(t).numpy().tobytes() for k, t in self._state.items()}
+        # The receivers hold floating tensors in ``dtype`` (2-byte dtypes here, as the stage's).
+        held = {k: t if self._dtype is None or not t.is_floating_point() else t.to(self._dtype)
+                for k, t in self._state.items()}
+        payload = {k: _bits(t).numpy().tobytes() for k, t in held.items()}
         self._seq += 1
         self._version = version
         sent = time.monotonic_ns()

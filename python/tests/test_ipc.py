@@ -18,7 +18,7 @@ def test_the_channel_is_exported() -> None:
     # Restartable receivers and background installs: the sender's rejoin and settle, documented.
     for method in ("rejoin", "settle"):
         assert (getattr(rlsync.CudaIpcSender, method).__doc__ or "").strip(), method
-    for word in ("elastic", "detach_acks"):
+    for word in ("elastic", "detach_acks", "dtype"):
         assert word in (rlsync.cuda_ipc_sender.__doc__ or ""), word
 
 
@@ -36,6 +36,11 @@ def test_without_cuda_every_call_raises_cuda_error(tmp_path: Path) -> None:
         rlsync.cuda_ipc_receiver(sock, 0, sd, timeout=0.1)
     with pytest.raises(rlsync.CudaError):
         rlsync.CudaIpcSender(sock, {}, 0)
+    with pytest.raises(rlsync.CudaError):
+        rlsync.cuda_ipc_sender(sock, sd, receivers=1, dtype=torch.bfloat16)
+    # A receivers' dtype that is not floating is refused before anything else.
+    with pytest.raises(ValueError, match="dtype must be None, torch.bfloat16"):
+        rlsync.cuda_ipc_sender(sock, sd, receivers=1, dtype=torch.int8)
     assert not sock.exists(), "nothing was bound"
     assert issubclass(rlsync.CudaError, rlsync.RlsyncError)
 
@@ -94,3 +99,13 @@ def test_the_ipc_stage_drives_its_receiver_processes_and_catches_a_difference(
             assert rec["all_equal"] and rec["equal_after_each"] == [True] * 3, rec
         else:
             assert not rec["all_equal"] and rec["equal_after_each"][1] is False, rec
+    # Casts: an fp32 sender, its receiver in bf16, compared with the sender's tensors cast.
+    cast_shapes = shapes[: stage.CAST_TENSORS]
+    state32 = {n: torch.randn(s, generator=g) for n, s in cast_shapes}
+    rec = stage._phase(fake, 1, cast_shapes, state32, 0.05, 3, time.monotonic() + 120, str(tmp_path),
+                       module="fake_ipc_channel", dtype=torch.bfloat16)
+    assert rec["cast"] == "float32 -> bfloat16" and rec["exitcodes"] == [0], rec
+    if skip is None:
+        assert rec["all_equal"] and rec["equal_after_each"] == [True] * 3, rec
+    else:
+        assert not rec["all_equal"] and rec["equal_after_each"][1] is False, rec

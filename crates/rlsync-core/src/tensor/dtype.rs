@@ -78,7 +78,7 @@ impl DType {
     }
 
     /// The dtype with PyTorch's name [`DType::name`] (`"bfloat16"`, `"float32"`, ...).
-    pub(crate) fn from_name(name: &str) -> Option<DType> {
+    pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.iter().copied().find(|d| d.name() == name)
     }
 

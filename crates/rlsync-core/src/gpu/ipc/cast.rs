@@ -107,6 +107,26 @@ impl CudaCast {
             diff,
         ))
     }
+
+    /// Point the casts at the state tensors now at `state` (layout order) on `stream`, for a caller whose
+    /// tensors may move between operations (the Python API passes them per call); the addresses the inner
+    /// device must now read as the state.
+    ///
+    /// # Safety
+    /// As [`CudaCast::new`]'s, for the new `state`.
+    pub unsafe fn retarget(&mut self, state: Vec<u64>, stream: Stream) -> Vec<u64> {
+        let diff = self.bufs.diff_state(&state);
+        self.state = state;
+        self.stream = stream;
+        diff
+    }
+}
+
+/// A sender whose receivers hold its own dtypes: nothing to cast.
+impl<C: CastStage> CastStage for Option<C> {
+    fn refresh(&mut self) -> Result<(), GpuError> {
+        self.as_mut().map_or(Ok(()), C::refresh)
+    }
 }
 
 impl CastStage for CudaCast {
