@@ -69,8 +69,9 @@ pub struct SenderSpec<'a> {
 
 /// Restartable rollouts at the channel's bootstrap.
 pub struct Elastic<'a> {
-    /// The weight receivers gone on the host channel now (asked while the bootstrap waits for the rollouts
-    /// to connect: it stops waiting for those, they rejoin).
+    /// The weight receivers away on the host channel now: gone, or replaced by a successor whose rejoin is
+    /// pending (asked while the bootstrap waits for the rollouts to connect: it stops waiting for those, they
+    /// rejoin).
     pub away: &'a mut dyn FnMut() -> Vec<u32>,
     /// How long it waits for the others, leaving those that did not connect (their process died since) to
     /// rejoin.

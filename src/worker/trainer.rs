@@ -346,9 +346,9 @@ fn gpu_publisher(
     let receivers = ctx.launch.weight_receivers();
     // Restartable rollouts: a dead one is dropped from the channel, not the sync's failure, and its successor
     // rejoins (the host channel checks it and sends the frozen keys; the channel, a full copy). The bootstrap
-    // stops waiting for a rollout the host channel says is gone, and waits as long as a handshake at most
-    // (a successor already admitted there connects only once it rejoined). Otherwise the host syncer, and its
-    // snapshot, go.
+    // stops waiting for a rollout the host channel says is gone or replaced by a successor not caught up yet
+    // (which connects only once it rejoined), and waits as long as a handshake at most. Otherwise the host
+    // syncer, and its snapshot, go.
     let restarts = cfg.runner.rollout_restarts > 0;
     let mut away = || match end.ranks_gone() {
         Ok(ranks) => ranks

@@ -631,14 +631,15 @@ impl SyncSender {
         self.ch.live()
     }
 
-    /// Receiver ranks whose receiver is gone now, no successor admitted yet (an elastic channel; its events
-    /// read without waiting).
+    /// Receiver ranks that are away now: gone with no successor admitted, or whose successor joined but was
+    /// not caught up yet (its rejoin pending: a receiver that also connects elsewhere after it, the GPU
+    /// channel's, does not before). An elastic channel's events are read without waiting.
     pub fn ranks_gone(&mut self) -> Result<Vec<usize>, SyncError> {
         // Reading the joiners takes the channel's events (deaths included) first.
-        self.ch.joined_ranks()?;
+        let joined = self.ch.joined_ranks()?;
         let live = self.ch.live();
         Ok((0..self.ch.receivers())
-            .filter(|r| !live.contains(r))
+            .filter(|r| !live.contains(r) || joined.contains(r))
             .collect())
     }
 

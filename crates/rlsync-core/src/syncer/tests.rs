@@ -1434,6 +1434,49 @@ fn a_host_rejoin_serves_the_handshake_and_the_frozen_keys_only() {
     assert_eq!(host.live_receivers(), vec![0, 1]);
 }
 
+/// What a bootstrap elsewhere (the GPU channel's) must not wait for: a receiver that died, and one whose
+/// successor joined the host channel but was not caught up yet (it connects elsewhere only after its rejoin).
+#[test]
+fn ranks_gone_names_the_dead_and_the_replaced_not_yet_caught_up() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let Elastic {
+        mut tx,
+        sender,
+        mut rxs,
+        joiner,
+    } = init_elastic(&rt, &keys, &s, 13, 8);
+    assert_eq!(tx.ranks_gone().unwrap(), Vec::<usize>::new());
+    drop(rxs[1].take());
+    let gone = wait_for(|| tx.ranks_gone().unwrap() == [1]);
+    assert!(gone, "the dead receiver is gone");
+    let rch = joiner.join(1).unwrap();
+    // Its successor joined (the channel admits it at once) but is not caught up yet: still away.
+    assert_eq!(tx.ranks_gone().unwrap(), [1]);
+    assert_eq!(tx.live_receivers(), [0, 1], "the channel has it");
+    let mut st = build_state(&keys, true, 77);
+    let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    let (a, b) = rt.block_on(async {
+        tokio::join!(tx.rejoin(&sender, 1), rx.rejoin_receiver(&mut st, rch, 0))
+    });
+    a.unwrap();
+    let _held = b.unwrap();
+    assert_eq!(tx.ranks_gone().unwrap(), Vec::<usize>::new());
+}
+
+/// Polls `cond` every 5 ms for up to 5 s.
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    cond()
+}
+
 #[test]
 fn rejoin_before_the_first_version_sends_version_zero() {
     let rt = rt();
