@@ -333,6 +333,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     // A restarted worker over the GPU channel: the host channel checks its tensors and sends
                     // the frozen keys it lacks, then the channel gives it a full copy of the current version.
                     ctx.control.report(&Report::Joined, &[]).await?;
+                    // Its synced tensors come over the channel: the host rejoin does not hash them.
+                    syncer.synced_elsewhere(true);
                     let (syncer, on_host) = syncer.rejoin_receiver(&mut me.state, rx, 0).await?;
                     me.keys = syncer.synced_keys().to_vec();
                     me.keep_host_link(syncer, restartable);

@@ -269,6 +269,8 @@ struct Settings {
     /// Bucket sender: keep a copy of the last version sent, so a rejoining receiver gets it at once
     /// ([`WeightSyncer::keep_last_version`]).
     keep_last: bool,
+    /// Receiver: its synced tensors reach it another way after a rejoin ([`WeightSyncer::synced_elsewhere`]).
+    synced_elsewhere: bool,
 }
 
 impl Settings {
@@ -429,6 +431,7 @@ impl WeightSyncer {
                 replay_versions: p.replay_versions as usize,
                 replay_max_bytes: p.replay_max_bytes,
                 keep_last: false,
+                synced_elsewhere: false,
             },
             hold: None,
         })
@@ -473,6 +476,14 @@ impl WeightSyncer {
     /// keeps its snapshot anyway; for it this changes nothing.
     pub fn keep_last_version(&mut self, on: bool) {
         self.settings.keep_last = on;
+    }
+
+    /// Receiver: after a rejoin its synced tensors reach it another way (the same-host GPU channel's full
+    /// copy; the sender serves such rejoins with [`HostRejoin`]), so [`WeightSyncer::rejoin_receiver`] does
+    /// not hash them (a second of host hashing for a 7B state) and reports a checksum that matches nothing:
+    /// a sender that would replay or patch against it sends the full state instead.
+    pub fn synced_elsewhere(&mut self, on: bool) {
+        self.settings.synced_elsewhere = on;
     }
 }
 

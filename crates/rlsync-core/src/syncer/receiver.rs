@@ -249,7 +249,12 @@ impl WeightSyncer {
         let synced_keys = synced_keys(&plan, &meta).map_err(handshake)?;
         let boot_keys = names(&boot_only, &meta).map_err(handshake)?;
         // 2. the checksums of what it holds, and the catch-up the sender chose
-        let held_now = blocking(|| rejoin::held(state, held, &synced_keys, &boot_keys));
+        let hashed: &[String] = if self.settings.synced_elsewhere {
+            &[]
+        } else {
+            &synced_keys
+        };
+        let held_now = blocking(|| rejoin::held(state, held, hashed, &boot_keys));
         let msg = wire::encode_held(&held_now);
         report.payload_bytes += msg.len() as u64;
         ch.send(&msg).await?;

@@ -1353,6 +1353,35 @@ fn replay_costs_the_missed_patches_only() {
     assert_same(&e, &keys, &s);
 }
 
+/// A receiver whose synced tensors reach it another way after a rejoin (the GPU channel's rollouts) does not
+/// hash them: its checksum matches no base, so a sender that could replay to it sends the full state instead.
+#[test]
+fn a_receiver_synced_elsewhere_does_not_hash_its_synced_tensors() {
+    let rt = rt();
+    let (keys, s) = (dense_keys(), patch_settings());
+    let cfg = config(&s, &keys);
+    let mut e = init_elastic(&rt, &keys, &s, 7, 8);
+    mutate_synced(&mut e.sender, 1, 1);
+    sync_live(&rt, &mut e, 1);
+    let mut late = leave(&mut e, 1);
+    mutate_synced(&mut e.sender, 2, 1);
+    sync_live(&rt, &mut e, 2);
+    let rch = e.joiner.join(1).unwrap();
+    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+    rx.synced_elsewhere(true);
+    let (a, b) = rt.block_on(async {
+        tokio::join!(
+            e.tx.rejoin(&e.sender, 1),
+            rx.rejoin_receiver(&mut late, rch, 1)
+        )
+    });
+    let tx = a.unwrap();
+    assert_eq!((tx.kind, tx.from, tx.to), (CatchUpKind::Full, 1, 2));
+    assert!(tx.reason.contains("checksum"), "{}", tx.reason);
+    e.rxs[1] = Some((b.unwrap().0, late));
+    assert_same(&e, &keys, &s);
+}
+
 #[test]
 fn a_fresh_worker_gets_the_full_state_and_the_frozen_keys() {
     let rt = rt();
@@ -1399,7 +1428,8 @@ fn a_host_rejoin_serves_the_handshake_and_the_frozen_keys_only() {
     assert_ne!(fresh.get("enc.w").unwrap().bytes(), &frozen_want[..]);
     let serve = |host: &mut HostRejoin, mut st: StateDict| {
         let rch = joiner.join(1).unwrap();
-        let rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
+        rx.synced_elsewhere(true);
         let (a, b) = rt.block_on(async {
             tokio::join!(host.serve(&sender, 1), rx.rejoin_receiver(&mut st, rch, 0))
         });
