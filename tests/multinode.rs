@@ -851,7 +851,9 @@ fn the_gpu_channel_and_the_chain_serve_no_wait_installs() {
     gpu_channel_over_two_hosts("train_async", &["actor.sync_weight_no_wait=true"]);
 }
 
-fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
+/// Two hosts with two rollouts each over the GPU channel (node 0's) and the TCP chain (node 1's), on the test
+/// worker's simulated devices, every sync verified, rollouts restartable.
+fn gpu_channel_run(entry: &'static str, extra: &[&str]) -> Run {
     let mut run = Run::new(2);
     run.slots_per_node = 2;
     run.rollout_slots = "0-3".into();
@@ -872,6 +874,34 @@ fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
         util::example("held_worker").display().to_string(),
     ));
     run.env.push(("RLSYNC_TEST_DEVICE".into(), "1".into()));
+    run
+}
+
+/// A rollout dies in its init bootstrap (held after the plan, before the payloads) on node 0, whose bootstrap
+/// the GPU channel then completes, or on node 1, whose bootstrap the chain's syncer runs at the same time: the
+/// other bootstrap is not disturbed, the successor rejoins its way, every sync is verified, nothing is left.
+#[test]
+fn a_rollout_killed_in_the_bootstrap_of_either_host_rejoins_its_way() {
+    for (rank, node) in [(1, 0), (3, 1)] {
+        let mut run = gpu_channel_run("train_embodied", &[]);
+        let held = run.hold(&format!("rollout-{rank}@bootstrap"));
+        let steps = 300;
+        let mut children = run.start("patch_syncer", steps);
+        let pid = run.held_pid(&mut children, &held);
+        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+        let errs = completes(&run, children, steps as usize);
+        assert_eq!(restarts_counted(&run), Some(1), "{}", errs[0]);
+        logs_the_restart_on(&errs[0], rank, node, pid);
+        assert!(
+            errs[0].contains(&format!("rollout-{rank} rejoined: caught up by")),
+            "{}",
+            errs[0]
+        );
+    }
+}
+
+fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
+    let run = gpu_channel_run(entry, extra);
     let steps = 300;
     let mut children = run.start("patch_syncer", steps);
     let mut kills = Vec::new();
