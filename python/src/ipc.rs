@@ -190,6 +190,9 @@ struct SenderEnd {
     /// The state's own layout (its dtypes), which every call's tensors must have; the channel's is in the
     /// receivers' dtypes.
     state: Layout,
+    /// The state's dtypes by name: a cast reads its tensors as these (a width alone does not tell bf16 from
+    /// fp16).
+    dtypes: Vec<String>,
 }
 
 /// The receivers' dtype of each tensor of `descs`: `dtype` (a floating dtype's name) for floating tensors,
@@ -281,8 +284,14 @@ impl CudaIpcSender {
         let tx = py
             .detach(|| IpcSender::bind(&path, dev, layout, receivers, timeout))
             .map_err(|e| ipc_error(&e))?;
+        let dtypes = descs.iter().map(|d| d.3.clone()).collect();
         Ok(CudaIpcSender {
-            inner: Mutex::new(Some(SenderEnd { gpu, tx, state })),
+            inner: Mutex::new(Some(SenderEnd {
+                gpu,
+                tx,
+                state,
+                dtypes,
+            })),
         })
     }
 
@@ -367,10 +376,26 @@ impl CudaIpcSender {
         op: impl FnOnce(&mut IpcSender<SenderDevice>) -> Result<SyncReport, IpcError> + Send,
     ) -> PyResult<Bound<'py, PyDict>> {
         let mut g = take(&self.inner)?;
-        let Some(SenderEnd { gpu, tx, state }) = g.as_mut() else {
+        let Some(SenderEnd {
+            gpu,
+            tx,
+            state,
+            dtypes,
+        }) = g.as_mut()
+        else {
             return Err(closed());
         };
         let addrs = addresses(&descs, gpu, state)?;
+        if let Some((d, was)) = descs
+            .iter()
+            .zip(dtypes.iter())
+            .find(|(d, was)| d.3 != **was)
+        {
+            return Err(HandshakeError::new_err(format!(
+                "tensor '{}' is {} now, the channel was made for {was}",
+                d.0, d.3
+            )));
+        }
         let stream = Stream(stream);
         let dev = tx.device_mut();
         let read = match &mut dev.cast {

@@ -11,6 +11,7 @@ import os
 import queue
 import signal
 import socket
+from typing import Any
 
 import pytest
 import torch
@@ -43,23 +44,39 @@ def rollout(kind: str, addr: str, rank: int, seed: int, last: int, out: "mp.Queu
 
 
 class Inbox:
-    """The rollouts' reports, taken per rank in order."""
+    """The rollouts' reports, taken per rank in order. Each rollout process reports on a queue of its own: a
+    process killed while its queue's feeder thread held the queue's lock (right after a put) would leave the lock
+    taken, and on a shared queue every other process's reports would then never arrive."""
 
-    def __init__(self, out: "mp.Queue") -> None:
-        self.out = out
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.queues: dict[int, "mp.Queue"] = {}
         self.held: list[tuple] = []
 
+    def queue(self, rank: int) -> "mp.Queue":
+        """The queue of a new process of ``rank`` (its predecessor's is read no more)."""
+        q = self.ctx.Queue()
+        self.queues[rank] = q
+        return q
+
+    async def pull(self, rank: int) -> None:
+        """Wait for ``rank``'s next report and hold it."""
+        try:
+            self.held.append(await asyncio.to_thread(self.queues[rank].get, timeout=60))
+        except queue.Empty:
+            raise AssertionError(f"no report from rank {rank} within 60 s") from None
+
+    async def arrived(self, rank: int) -> None:
+        """Wait until a report of ``rank`` is held."""
+        while not any(m[1] == rank for m in self.held):
+            await self.pull(rank)
+
     async def next(self, rank: int) -> tuple:
-        while True:
-            for i, msg in enumerate(self.held):
-                if msg[1] == rank:
-                    msg = self.held.pop(i)
-                    assert msg[0] != "error", msg
-                    return msg
-            try:
-                self.held.append(await asyncio.to_thread(self.out.get, timeout=60))
-            except queue.Empty:
-                raise AssertionError(f"no report from rank {rank} within 60 s") from None
+        await self.arrived(rank)
+        i = next(i for i, m in enumerate(self.held) if m[1] == rank)
+        msg = self.held.pop(i)
+        assert msg[0] != "error", msg
+        return msg
 
 
 class Trainer:
@@ -124,8 +141,8 @@ async def refused(addr: str, seconds: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
-def spawn(ctx, *args) -> mp.Process:
-    p = ctx.Process(target=rollout, args=args)
+def spawn(ctx, inbox: Inbox, kind: str, addr: str, rank: int, seed: int, last: int) -> mp.Process:
+    p = ctx.Process(target=rollout, args=(kind, addr, rank, seed, last, inbox.queue(rank)))
     p.start()
     return p
 
@@ -133,10 +150,9 @@ def spawn(ctx, *args) -> mp.Process:
 @pytest.mark.parametrize("kind", ["patch", "bucket"])
 def test_a_receiver_joining_at_version_5_over_tcp_is_caught_up(kind: str) -> None:
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    inbox = Inbox(out)
+    inbox = Inbox(ctx)
     addr = f"127.0.0.1:{free_port()}"
-    procs = [spawn(ctx, kind, addr, 0, 50, 8, out)]
+    procs = [spawn(ctx, inbox, kind, addr, 0, 50, 8)]
 
     async def main() -> None:
         t = Trainer(kind, inbox)
@@ -148,9 +164,8 @@ def test_a_receiver_joining_at_version_5_over_tcp_is_caught_up(kind: str) -> Non
             await t.expect_applied(0, v)
         assert t.s.acked_versions() == {0: 5}
         # Rank 1 shows up now, holding other weights.
-        procs.append(spawn(ctx, kind, addr, 1, 77, 8, out))
-        while not any(m[1] == 1 for m in inbox.held):  # its "joined": the sender welcomed it
-            inbox.held.append(await asyncio.to_thread(out.get, timeout=60))
+        procs.append(spawn(ctx, inbox, kind, addr, 1, 77, 8))
+        await inbox.arrived(1)  # its "joined": the sender welcomed it
         await asyncio.sleep(0.3)  # its join reaches the sender's channel
         for v in range(6, 9):
             await t.step(v)
@@ -174,10 +189,9 @@ def test_a_receiver_joining_at_version_5_over_tcp_is_caught_up(kind: str) -> Non
 @pytest.mark.parametrize("kind", ["patch", "bucket"])
 def test_a_receiver_killed_and_restarted_over_tcp_takes_its_rank_back(kind: str) -> None:
     ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    inbox = Inbox(out)
+    inbox = Inbox(ctx)
     addr = f"127.0.0.1:{free_port()}"
-    procs = [spawn(ctx, kind, addr, r, 50 + r, 6, out) for r in range(2)]
+    procs = [spawn(ctx, inbox, kind, addr, r, 50 + r, 6) for r in range(2)]
 
     async def main() -> None:
         t = Trainer(kind, inbox)
@@ -200,9 +214,8 @@ def test_a_receiver_killed_and_restarted_over_tcp_takes_its_rank_back(kind: str)
         await t.step(3)
         await t.expect_applied(0, 3)
         # It restarts with its own initial weights and the same rank.
-        procs.append(spawn(ctx, kind, addr, 1, 51, 6, out))
-        while not any(m[1] == 1 for m in inbox.held):
-            inbox.held.append(await asyncio.to_thread(out.get, timeout=60))
+        procs.append(spawn(ctx, inbox, kind, addr, 1, 51, 6))
+        await inbox.arrived(1)
         await asyncio.sleep(0.3)
         for v in (4, 5):
             await t.step(v)
