@@ -184,6 +184,25 @@ impl Run {
         dirs
     }
 
+    /// SIGKILL each of `ranks` in turn, three steps apart, each once its predecessor's successor is up (started by
+    /// its node's supervisor or agent); the (rank, pid) of each process killed.
+    fn kill_in_turn(&self, children: &mut [Child], ranks: &[u32]) -> Vec<(u32, i32)> {
+        let mut kills = Vec::new();
+        for &rank in ranks {
+            let at = self.metrics().len() + 3;
+            self.wait_until(children, "the step to kill at", || {
+                self.metrics().len() >= at
+            });
+            let pid = self.rollout_pid(rank).expect("the rollout runs");
+            kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+            self.wait_until(children, "the restart", || {
+                self.rollout_pid(rank).is_some_and(|p| p != pid)
+            });
+            kills.push((rank, pid));
+        }
+        kills
+    }
+
     /// The pid of the run's rollout `rank` now (on whichever node), if it runs.
     fn rollout_pid(&self, rank: u32) -> Option<i32> {
         worker_pid(&self.run_dir, "rollout", rank)
@@ -410,20 +429,7 @@ fn rollouts_on_every_node_survive_kills(entry: &'static str, syncer: &str) {
     ];
     let steps = 120;
     let mut children = run.start(syncer, steps as u32);
-    let mut kills = Vec::new();
-    for rank in [1, 2, 0] {
-        let at = run.metrics().len() + 3;
-        run.wait_until(&mut children, "the step to kill at", || {
-            run.metrics().len() >= at
-        });
-        let pid = run.rollout_pid(rank).expect("the rollout runs");
-        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
-        // Its successor is up (started by its node's agent) before the next kill.
-        run.wait_until(&mut children, "the restart", || {
-            run.rollout_pid(rank).is_some_and(|p| p != pid)
-        });
-        kills.push((rank, pid));
-    }
+    let kills = run.kill_in_turn(&mut children, &[1, 2, 0]);
     let errs = completes(&run, children, steps);
     let node0 = &errs[0];
     let rows: Vec<_> = run
@@ -904,19 +910,7 @@ fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
     let run = gpu_channel_run(entry, extra);
     let steps = 300;
     let mut children = run.start("patch_syncer", steps);
-    let mut kills = Vec::new();
-    for rank in [1, 3] {
-        let at = run.metrics().len() + 3;
-        run.wait_until(&mut children, "the step to kill at", || {
-            run.metrics().len() >= at
-        });
-        let pid = run.rollout_pid(rank).expect("the rollout runs");
-        kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
-        run.wait_until(&mut children, "the restart", || {
-            run.rollout_pid(rank).is_some_and(|p| p != pid)
-        });
-        kills.push((rank, pid));
-    }
+    let kills = run.kill_in_turn(&mut children, &[1, 3]);
     let errs = completes(&run, children, steps as usize);
     let node0 = &errs[0];
     assert_eq!(restarts_counted(&run), Some(2), "{node0}");

@@ -1181,15 +1181,32 @@ fn rejoin(
     rt: &tokio::runtime::Runtime,
     e: &mut Elastic,
     rank: usize,
-    mut st: StateDict,
+    st: StateDict,
     held: u64,
     cfg: &WeightSyncerConfig,
 ) -> (
     Result<CatchUpReport, SyncError>,
     Result<CatchUpReport, SyncError>,
 ) {
+    rejoin_with(rt, e, rank, st, held, cfg, |_| {})
+}
+
+/// [`rejoin`] with the receiver's syncer set up by `setup` first.
+fn rejoin_with(
+    rt: &tokio::runtime::Runtime,
+    e: &mut Elastic,
+    rank: usize,
+    mut st: StateDict,
+    held: u64,
+    cfg: &WeightSyncerConfig,
+    setup: impl FnOnce(&mut WeightSyncer),
+) -> (
+    Result<CatchUpReport, SyncError>,
+    Result<CatchUpReport, SyncError>,
+) {
     let rch = e.joiner.join(rank).unwrap();
-    let rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    let mut rx = WeightSyncer::from_config(cfg, SyncOptions::default()).unwrap();
+    setup(&mut rx);
     let (a, b) = rt.block_on(async {
         tokio::join!(
             e.tx.rejoin(&e.sender, rank),
@@ -1363,22 +1380,16 @@ fn a_receiver_synced_elsewhere_does_not_hash_its_synced_tensors() {
     let mut e = init_elastic(&rt, &keys, &s, 7, 8);
     mutate_synced(&mut e.sender, 1, 1);
     sync_live(&rt, &mut e, 1);
-    let mut late = leave(&mut e, 1);
+    let late = leave(&mut e, 1);
     mutate_synced(&mut e.sender, 2, 1);
     sync_live(&rt, &mut e, 2);
-    let rch = e.joiner.join(1).unwrap();
-    let mut rx = WeightSyncer::from_config(&cfg, SyncOptions::default()).unwrap();
-    rx.synced_elsewhere(true);
-    let (a, b) = rt.block_on(async {
-        tokio::join!(
-            e.tx.rejoin(&e.sender, 1),
-            rx.rejoin_receiver(&mut late, rch, 1)
-        )
+    let (tx, rx) = rejoin_with(&rt, &mut e, 1, late, 1, &cfg, |rx| {
+        rx.synced_elsewhere(true)
     });
-    let tx = a.unwrap();
+    let tx = tx.unwrap();
     assert_eq!((tx.kind, tx.from, tx.to), (CatchUpKind::Full, 1, 2));
     assert!(tx.reason.contains("checksum"), "{}", tx.reason);
-    e.rxs[1] = Some((b.unwrap().0, late));
+    rx.unwrap();
     assert_same(&e, &keys, &s);
 }
 
