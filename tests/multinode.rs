@@ -906,6 +906,28 @@ fn a_rollout_killed_in_the_bootstrap_of_either_host_rejoins_its_way() {
     }
 }
 
+/// No rollout on the trainer's host: the GPU channel would serve nobody, so the run says so and every version
+/// goes over the chain (from the trainer's device build); every sync verified.
+#[test]
+fn the_gpu_channel_without_rollouts_on_the_trainers_host_leaves_it_to_the_chain() {
+    let mut run = gpu_channel_run("train_embodied", &[]);
+    run.rollout_slots = "2-3".into();
+    run.rollouts = 2;
+    let steps = 20;
+    let children = run.start("patch_syncer", steps);
+    let errs = completes(&run, children, steps as usize);
+    assert!(
+        errs[0].contains("no rollout on the trainer's host for the same-host GPU channel"),
+        "{}",
+        errs[0]
+    );
+    let trainer = std::fs::read_to_string(run.run_dir.join("logs/trainer-0.log")).unwrap();
+    assert!(
+        !trainer.contains("GPU channel") && trainer.contains("simulated device: patch build"),
+        "{trainer}"
+    );
+}
+
 fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
     let run = gpu_channel_run(entry, extra);
     let steps = 300;
