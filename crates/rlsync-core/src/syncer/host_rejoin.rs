@@ -39,7 +39,8 @@ impl HostRejoin {
         .await
     }
 
-    /// Receiver ranks attached to the host channel now.
+    /// Receiver ranks attached to the host channel as of the last operation that read its events (a
+    /// rejoin): the channel learns of deaths and joiners only when it reads them.
     pub fn live_receivers(&self) -> Vec<usize> {
         self.ch.live()
     }

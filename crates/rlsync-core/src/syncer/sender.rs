@@ -626,7 +626,8 @@ impl SyncSender {
         self.rejoin.log.bytes()
     }
 
-    /// Receiver ranks attached to the channel now.
+    /// Receiver ranks attached to the channel as of the last operation that read its events (a sync, a
+    /// rejoin, [`SyncSender::ranks_gone`]): the channel learns of deaths and joiners only when it reads them.
     pub fn live_receivers(&self) -> Vec<usize> {
         self.ch.live()
     }
