@@ -195,8 +195,8 @@ struct SenderEnd {
     dtypes: Vec<String>,
 }
 
-/// The receivers' dtype of each tensor of `descs`: `dtype` (a floating dtype's name) for floating tensors,
-/// their own otherwise; `None`: their own.
+/// Each tensor of `descs`: its dtype and the receivers' (`dtype`, a floating dtype's name, for floating
+/// tensors, their own otherwise; `None`: their own).
 fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType, DType)>> {
     let to = match dtype {
         None => None,
@@ -252,10 +252,10 @@ impl CudaIpcSender {
         let timeout = secs(timeout)?;
         let ts = tensors(&descs, &gpu)?;
         let state = layout_of(&ts)?;
-        let dtypes = receivers_dtypes(&descs, dtype)?;
+        let casts = receivers_dtypes(&descs, dtype)?;
         let held: Vec<(u64, usize)> = ts
             .iter()
-            .zip(&dtypes)
+            .zip(&casts)
             .map(|(&(_, n, _), (_, to))| (n, to.size_bytes()))
             .collect();
         let layout = Layout::new(&held).map_err(|e| PyValueError::new_err(chain(&e)))?;
@@ -263,7 +263,7 @@ impl CudaIpcSender {
             descs
                 .iter()
                 .zip(&ts)
-                .zip(&dtypes)
+                .zip(&casts)
                 .map(|((d, &(_, n, _)), &(from, to))| (d.0.as_str(), from, to, n)),
         )
         .map_err(PyValueError::new_err)?;
