@@ -941,7 +941,8 @@ fn gpu_channel_over_two_hosts(entry: &'static str, extra: &[&str]) {
     let trainer = std::fs::read_to_string(run.run_dir.join("logs/trainer-0.log")).unwrap();
     for want in [
         "simulated device: GPU channel sender",
-        "weights synced to the other hosts from the device: simulated device: patch build",
+        "weights synced to the other hosts from the device, over the TCP chain",
+        "the GPU keeps the channel's): simulated device: patch build",
         "the same-host GPU channel, device to device (",
         "caught up rollout-1 (weight receiver 1): handshake",
         "caught up rollout-3 (weight receiver 3): ",

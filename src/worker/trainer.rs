@@ -322,7 +322,11 @@ async fn init_split(
         far.init_sender(state, keys, chain)
     )?;
     if let Some(what) = workload.attach_sender(&mut far, state) {
-        tracing::info!("weights synced to the other hosts from the device: {what}");
+        tracing::info!(
+            "weights synced to the other hosts from the device, over the TCP chain (their snapshot copy in \
+             pinned host memory whatever weight_syncer.patch.snapshot_device says: the GPU keeps the channel's): \
+             {what}"
+        );
     }
     let remote = remote::Remote::new(&end, far, ctx.launch.weight_receivers())?;
     Ok((end, report, Some(remote)))
