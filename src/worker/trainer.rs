@@ -309,14 +309,18 @@ async fn init_split(
             reason: "the same-host GPU channel, but no rollout on the trainer's host".into(),
         })
     })?;
-    let Some(next) = &ctx.launch.chain_next else {
-        tokio::task::block_in_place(|| workload.host_view())?;
+    let chain = match &ctx.launch.chain_next {
+        Some(next) => {
+            Some(ChainSender::connect(None, Some(next.as_str()), chain_config(ctx)).await?)
+        }
+        None => None,
+    };
+    tokio::task::block_in_place(|| workload.host_view())?;
+    let Some(chain) = chain else {
         let (end, report) = syncer.init_sender(state, keys, local).await?;
         return Ok((end, report, None));
     };
-    let chain = ChainSender::connect(None, Some(next.as_str()), chain_config(ctx)).await?;
     let far = new_syncer(cfg, cfg.chain_syncer(), threads)?;
-    tokio::task::block_in_place(|| workload.host_view())?;
     let ((end, report), (mut far, _)) = tokio::try_join!(
         syncer.init_sender(state, keys, local),
         far.init_sender(state, keys, chain)
