@@ -19,6 +19,7 @@ pub mod installer;
 pub mod ipc;
 pub mod kernels;
 pub mod mirror;
+pub mod payload;
 pub mod reference;
 
 #[cfg(feature = "cuda")]

@@ -193,7 +193,7 @@ fn read_full(s: &mut UnixStream, buf: &mut [u8], deadline: Instant) -> Result<()
 }
 
 /// The layout facts of `layout` for the wire.
-fn facts(layout: &Layout) -> Vec<TensorFact> {
+pub(crate) fn facts(layout: &Layout) -> Vec<TensorFact> {
     layout
         .tensors()
         .iter()
@@ -205,7 +205,7 @@ fn facts(layout: &Layout) -> Vec<TensorFact> {
 }
 
 /// Where each tensor's copy lies in one snapshot allocation, and its size.
-fn snapshot_offsets(layout: &Layout) -> (Vec<u64>, u64) {
+pub(crate) fn snapshot_offsets(layout: &Layout) -> (Vec<u64>, u64) {
     let mut at = 0u64;
     let offs = layout
         .tensors()
@@ -233,7 +233,7 @@ fn width_plan(layout: &Layout, width: usize) -> (u64, u64, u64, u64, u64) {
 }
 
 /// One width's export as [`width_plan`] lays it out, its allocation exported as `handle`.
-fn width_export(layout: &Layout, width: usize, handle: crate::gpu::IpcHandle) -> WidthExport {
+pub(crate) fn width_export(layout: &Layout, width: usize, handle: crate::gpu::IpcHandle) -> WidthExport {
     let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
     WidthExport {
         width: width as u8,

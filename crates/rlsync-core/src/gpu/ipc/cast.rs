@@ -30,6 +30,20 @@ pub struct Casting<D, C> {
     pub cast: C,
 }
 
+/// A casting sender writes payloads from its inner device's buffers (the cast happened before the build).
+impl<D: crate::gpu::payload::PayloadOut, C: CastStage> crate::gpu::payload::PayloadOut
+    for Casting<D, C>
+{
+    fn copy_out(
+        &mut self,
+        dst: u64,
+        header: &[u8],
+        parts: &[crate::gpu::payload::Part],
+    ) -> Result<(), GpuError> {
+        self.inner.copy_out(dst, header, parts)
+    }
+}
+
 impl<D: SenderDevice, C: CastStage> SenderDevice for Casting<D, C> {
     fn prepare(
         &mut self,

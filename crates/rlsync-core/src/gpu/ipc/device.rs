@@ -5,6 +5,8 @@
 use super::compact::{self, Layout};
 use super::wire::{Export, Setup, WidthExport};
 use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
+use crate::gpu::payload::wire::MAX_HEADER;
+use crate::gpu::payload::{PayloadIn, PayloadOut, Part, Src};
 use crate::gpu::checksum::{DeviceChecksum, Plan};
 use crate::gpu::reference::PoolSum;
 use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
@@ -106,6 +108,8 @@ pub struct CudaSender {
     widths: Vec<SenderWidth>,
     /// The state checksum on the GPU (created by the first one).
     checksum: Option<DeviceChecksum>,
+    /// A device payload's header on its way to the device (created by the first payload).
+    header: Option<PinnedBuf>,
 }
 
 impl CudaSender {
@@ -117,6 +121,7 @@ impl CudaSender {
             snapshot: None,
             widths: Vec::new(),
             checksum: None,
+            header: None,
         }
     }
 
@@ -317,6 +322,42 @@ impl SenderDevice for CudaSender {
     }
 }
 
+impl PayloadOut for CudaSender {
+    fn copy_out(&mut self, dst: u64, header: &[u8], parts: &[Part]) -> Result<(), GpuError> {
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Err(GpuError::Driver {
+                op: "payload copy",
+                code: 1,
+                name: "the sender's buffers are not prepared".into(),
+            });
+        };
+        let (gpu, stream) = (&self.gpu, self.stream);
+        let pinned = match &mut self.header {
+            Some(h) if h.len() >= header.len() => h,
+            slot => slot.insert(gpu.pinned(header.len().max(MAX_HEADER))?),
+        };
+        pinned[..header.len()].copy_from_slice(header);
+        // SAFETY: `dst` is the caller's device allocation of the payload's length (checked by the payload
+        // sender against the plan that made `parts`), unused by anything else until this returns; each part
+        // lies inside this sender's snapshot copy or width output (the plan's offsets are `width_plan`'s); the
+        // pinned header stays untouched until the stream sync below.
+        unsafe {
+            gpu.write_async(dst, pinned.as_ptr(), header.len(), stream)?;
+            for p in parts {
+                let src = match p.src {
+                    Src::Snapshot => snap.addr(),
+                    Src::Width(k) => match self.widths.get(k) {
+                        Some(w) => w.out.addr(),
+                        None => continue,
+                    },
+                };
+                gpu.copy_async(dst + p.dst_off, src + p.src_off, p.len as usize, stream)?;
+            }
+        }
+        gpu.sync(stream)
+    }
+}
+
 /// Queue the sender's `checksum_compact` of one width (its output, or with `full` the snapshot copy at
 /// `snap(pos)`) and the read back of its words; the launch.
 fn queue_sum(
@@ -369,9 +410,13 @@ pub struct CudaReceiver {
     gpu: Gpu,
     tensors: Vec<u64>,
     stream: Stream,
-    /// Opened allocations: the snapshot first, then one per width (closed on drop).
+    /// Opened allocations: the snapshot first, then one per width (closed on drop unless `attached`).
     opened: Vec<u64>,
+    /// `opened` holds a device payload's addresses ([`PayloadIn::attach`]): nothing to close.
+    attached: bool,
     widths: Vec<ReceiverWidth>,
+    /// A device payload's header on its way to the host.
+    header: Option<PinnedBuf>,
 }
 
 /// One width's launch state on a receiver's device.
@@ -394,8 +439,29 @@ impl CudaReceiver {
             tensors: Vec::new(),
             stream: Stream::default(),
             opened: Vec::new(),
+            attached: false,
             widths: Vec::new(),
+            header: None,
         }
+    }
+
+    /// Each width's launch state for `setup` (job tables, checksum words, grids).
+    fn launch_state(&mut self, setup: &Setup) -> Result<(), GpuError> {
+        self.widths.clear();
+        for w in &setup.widths {
+            let n = setup.tensors.iter().filter(|t| t.width == w.width).count();
+            let bytes = n * size_of::<compact::ApplyJob>();
+            let width = usize::from(w.width);
+            self.widths.push(ReceiverWidth {
+                jobs: self.gpu.alloc(bytes)?,
+                jobs_host: self.gpu.pinned(bytes)?,
+                sum: self.gpu.alloc(16)?,
+                sum_host: self.gpu.pinned(16)?,
+                apply_grid: wave(&self.gpu, Kernel::ApplyCompact, width, w.ntiles),
+                sum_grid: wave(&self.gpu, Kernel::ChecksumCompact, width, w.ntiles),
+            });
+        }
+        Ok(())
     }
 
     /// The receiver's tensors' device addresses (layout order) and the stream of the next apply.
@@ -431,20 +497,7 @@ impl ReceiverDevice for CudaReceiver {
             let addr = unsafe { self.gpu.ipc_open(h) }?;
             self.opened.push(addr);
         }
-        for w in &setup.widths {
-            let n = setup.tensors.iter().filter(|t| t.width == w.width).count();
-            let bytes = n * size_of::<compact::ApplyJob>();
-            let width = usize::from(w.width);
-            self.widths.push(ReceiverWidth {
-                jobs: self.gpu.alloc(bytes)?,
-                jobs_host: self.gpu.pinned(bytes)?,
-                sum: self.gpu.alloc(16)?,
-                sum_host: self.gpu.pinned(16)?,
-                apply_grid: wave(&self.gpu, Kernel::ApplyCompact, width, w.ntiles),
-                sum_grid: wave(&self.gpu, Kernel::ChecksumCompact, width, w.ntiles),
-            });
-        }
-        Ok(())
+        self.launch_state(setup)
     }
 
     fn drain(&mut self) -> Result<(), GpuError> {
@@ -563,9 +616,45 @@ impl ReceiverDevice for CudaReceiver {
     }
 }
 
+impl PayloadIn for CudaReceiver {
+    fn read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, GpuError> {
+        let pinned = match &mut self.header {
+            Some(h) if h.len() >= len => h,
+            slot => slot.insert(self.gpu.pinned(len.max(MAX_HEADER))?),
+        };
+        // SAFETY: the caller's payload of at least `len` bytes at `addr` on this device, kept alive by the
+        // caller; the pinned buffer (`len` bytes at least) is untouched until the stream sync below.
+        unsafe {
+            self.gpu
+                .read_async(pinned.as_mut_ptr(), addr, len, self.stream)?
+        };
+        self.gpu.sync(self.stream)?;
+        Ok(pinned[..len].to_vec())
+    }
+
+    fn attach(&mut self, setup: &Setup, addrs: Vec<u64>) -> Result<(), GpuError> {
+        if !self.attached && !self.opened.is_empty() {
+            return Err(GpuError::Driver {
+                op: "payload attach",
+                code: 1,
+                name: "this receiver has a GPU channel's buffers open".into(),
+            });
+        }
+        if self.widths.len() != setup.widths.len() {
+            self.launch_state(setup)?;
+        }
+        self.opened = addrs;
+        self.attached = true;
+        Ok(())
+    }
+}
+
 impl Drop for CudaReceiver {
     fn drop(&mut self) {
         let _ = self.gpu.sync(self.stream);
+        if self.attached {
+            return;
+        }
         for addr in self.opened.drain(..) {
             // SAFETY: opened once in `open`; every apply waited for its stream, and so did the line above.
             let _ = unsafe { self.gpu.ipc_close(addr) };

@@ -19,6 +19,7 @@ use super::wire::{Export, Setup, WidthExport};
 use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
 use crate::bytes::{Reader, Writer};
 use crate::gpu::checksum::Plan;
+use crate::gpu::payload::{PayloadIn, PayloadOut, Part, Src};
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 use crate::tensor::DType;
@@ -262,9 +263,16 @@ fn pool_sum(
 ) -> Result<PoolSum, GpuError> {
     let width = usize::from(w.width);
     let words = if width == 8 { 2 } else { 1 };
-    let dir: Vec<TileDir> = read_vec(mem, base + w.dir_off, w.ntiles)?;
-    let idx: Vec<u32> = read_vec(mem, base + w.idx_off, w.capacity)?;
-    let vals: Vec<u64> = read_vec(mem, base + w.vals_off, w.capacity * words)?;
+    // A full hash reads the snapshot copy only.
+    let (dir, idx, vals): (Vec<TileDir>, Vec<u32>, Vec<u64>) = if full {
+        Default::default()
+    } else {
+        (
+            read_vec(mem, base + w.dir_off, w.ntiles)?,
+            read_vec(mem, base + w.idx_off, w.capacity)?,
+            read_vec(mem, base + w.vals_off, w.capacity * words)?,
+        )
+    };
     reference::checksum_compact(
         mem, width, jobs, w.ntiles, &dir, &idx, &vals, w.capacity, seed, full,
     )
@@ -467,6 +475,28 @@ impl<M: SimMemory> SenderDevice for RefSender<M> {
     }
 }
 
+impl<M: SimMemory> PayloadOut for RefSender<M> {
+    fn copy_out(&mut self, dst: u64, header: &[u8], parts: &[Part]) -> Result<(), GpuError> {
+        self.sim.with(|mem| {
+            mem.write(dst, header.len() as u64)
+                .map_err(|e| sim_error(e.to_string()))?
+                .copy_from_slice(header);
+            for p in parts {
+                let src = match p.src {
+                    Src::Snapshot => self.snap,
+                    Src::Width(k) => self
+                        .out_addrs
+                        .get(k)
+                        .copied()
+                        .ok_or_else(|| sim_error(format!("no width {k}")))?,
+                };
+                copy(mem, dst + p.dst_off, src + p.src_off, p.len)?;
+            }
+            Ok(())
+        })
+    }
+}
+
 /// The channel's receiver on the reference kernels: the receiver's tensors at `tensors` in `sim`'s memory.
 pub struct RefReceiver<M: SimMemory> {
     pub sim: M,
@@ -475,6 +505,9 @@ pub struct RefReceiver<M: SimMemory> {
     /// The opened exports: (handle, address here, bytes); the snapshot copy first, then the widths in the
     /// setup's order.
     opened: Vec<(IpcHandle, u64, u64)>,
+    /// `opened` holds a device payload's addresses in this memory ([`PayloadIn::attach`]): nothing to
+    /// refresh or close.
+    attached: bool,
 }
 
 impl<M: SimMemory> RefReceiver<M> {
@@ -483,13 +516,14 @@ impl<M: SimMemory> RefReceiver<M> {
             sim,
             tensors,
             opened: Vec::new(),
+            attached: false,
         }
     }
 
     /// Bring every opened export up to date, then run `f` on the memory.
     fn fresh<R>(&self, f: impl FnOnce(&mut Memory) -> Result<R, GpuError>) -> Result<R, GpuError> {
         self.sim.with(|mem| {
-            for (h, addr, bytes) in &self.opened {
+            for (h, addr, bytes) in self.opened.iter().filter(|_| !self.attached) {
                 self.sim.refresh(mem, h, *addr, *bytes)?;
             }
             f(mem)
@@ -506,7 +540,30 @@ impl<M: SimMemory> RefReceiver<M> {
 
 impl<M: SimMemory> Drop for RefReceiver<M> {
     fn drop(&mut self) {
-        self.sim.closed(self.opened.len());
+        if !self.attached {
+            self.sim.closed(self.opened.len());
+        }
+    }
+}
+
+impl<M: SimMemory> PayloadIn for RefReceiver<M> {
+    fn read(&mut self, addr: u64, len: usize) -> Result<Vec<u8>, GpuError> {
+        self.sim.with(|mem| {
+            mem.read(addr, len as u64)
+                .map(<[u8]>::to_vec)
+                .map_err(|e| sim_error(e.to_string()))
+        })
+    }
+
+    fn attach(&mut self, setup: &Setup, addrs: Vec<u64>) -> Result<(), GpuError> {
+        if !self.attached && !self.opened.is_empty() {
+            return Err(sim_error("this receiver has a GPU channel's buffers open".into()));
+        }
+        let none = IpcHandle([0; IPC_HANDLE_BYTES]);
+        let sizes = std::iter::once(setup.snapshot.bytes).chain(setup.widths.iter().map(|w| w.buf.bytes));
+        self.opened = addrs.into_iter().zip(sizes).map(|(a, b)| (none, a, b)).collect();
+        self.attached = true;
+        Ok(())
     }
 }
 

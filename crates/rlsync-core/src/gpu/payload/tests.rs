@@ -1,0 +1,307 @@
+//! Device payloads on the CPU: the sender's and receiver's device work done by the reference kernels over one
+//! simulated device memory, the payload a buffer in it (as the caller's CUDA tensor would be).
+
+use super::*;
+use crate::gpu::ipc::reference::{RefReceiver, RefSender, SharedSim};
+use crate::gpu::reference::rng;
+
+type Sender = PayloadSender<RefSender<SharedSim>>;
+type Receiver = PayloadReceiver<RefReceiver<SharedSim>>;
+
+/// (elements, width): partial tiles, an empty tensor, every width, and one u8 tensor large enough for its
+/// pool (1/16) to overflow when every third byte changes.
+const SHAPES: [(u64, usize); 6] = [
+    (4096 * 3 + 5, 2),
+    (0, 4),
+    (1000, 4),
+    (333, 8),
+    (9000, 2),
+    (300_000, 1),
+];
+
+fn layout() -> Layout {
+    Layout::new(&SHAPES).unwrap()
+}
+
+/// Tensors of SHAPES filled from `seed`; their addresses.
+fn tensors(sim: &SharedSim, seed: u64) -> Vec<u64> {
+    let mut h = sim.lock();
+    let mut x = seed | 1;
+    SHAPES
+        .iter()
+        .map(|&(n, w)| {
+            x = x.wrapping_add(2);
+            h.mem.alloc(&rng::bytes(n as usize * w, x))
+        })
+        .collect()
+}
+
+fn contents(sim: &SharedSim, addrs: &[u64]) -> Vec<Vec<u8>> {
+    let h = sim.lock();
+    addrs
+        .iter()
+        .zip(SHAPES)
+        .map(|(&a, (n, w))| h.mem.read(a, n * w as u64).unwrap().to_vec())
+        .collect()
+}
+
+fn copy_into(sim: &SharedSim, from: &[u64], to: &[u64]) {
+    let data = contents(sim, from);
+    let mut h = sim.lock();
+    for ((&a, d), (n, w)) in to.iter().zip(data).zip(SHAPES) {
+        h.mem.write(a, n * w as u64).unwrap().copy_from_slice(&d);
+    }
+}
+
+/// Change every 97th byte of every tensor (every `stride`-th of the u8 tensor when `stride` > 0).
+fn mutate(sim: &SharedSim, addrs: &[u64], round: u64, stride: usize) {
+    let mut h = sim.lock();
+    for (k, (&a, (n, w))) in addrs.iter().zip(SHAPES).enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let bytes = h.mem.write(a, n * w as u64).unwrap();
+        let step = if k == 5 && stride > 0 { stride } else { 97 };
+        for i in (round as usize % step..bytes.len()).step_by(step) {
+            bytes[i] = bytes[i].wrapping_add(1 + round as u8);
+        }
+    }
+}
+
+/// A sender over fresh state tensors and a receiver whose tensors hold the same values (as after init).
+fn pair() -> (SharedSim, Sender, Vec<u64>, Receiver, Vec<u64>) {
+    let sim = SharedSim::default();
+    let state = tensors(&sim, 1);
+    let mine = tensors(&sim, 2);
+    copy_into(&sim, &state, &mine);
+    let tx = Sender::new(RefSender::new(sim.clone(), state.clone()), layout(), 0).unwrap();
+    let rx = Receiver::new(RefReceiver::new(sim.clone(), mine.clone()), layout(), 0);
+    (sim, tx, state, rx, mine)
+}
+
+/// Build and fill the next payload into a new buffer of the simulated memory: its address, length, report.
+fn send(sim: &SharedSim, tx: &mut Sender) -> (u64, u64, PayloadReport) {
+    let len = tx.build().unwrap();
+    let addr = sim.lock().mem.alloc(&vec![0xee; len as usize]);
+    let rep = tx.fill(addr, len).unwrap();
+    (addr, len, rep)
+}
+
+fn bytes_at(sim: &SharedSim, addr: u64, len: u64) -> Vec<u8> {
+    sim.lock().mem.read(addr, len).unwrap().to_vec()
+}
+
+fn put(sim: &SharedSim, addr: u64, bytes: &[u8]) {
+    sim.lock()
+        .mem
+        .write(addr, bytes.len() as u64)
+        .unwrap()
+        .copy_from_slice(bytes);
+}
+
+fn rejected(r: Result<u64, PayloadError>) -> Reject {
+    match r {
+        Err(PayloadError::Rejected { reason, .. }) => reason,
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_receiver_follows_the_sender_bitwise_through_patches_and_an_overflow() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    let snapshot = crate::gpu::ipc::snapshot_offsets(&layout()).1;
+    for round in 1..=6u64 {
+        // Round 4 changes a third of the u8 tensor: more than its pool holds.
+        let stride = if round == 4 { 3 } else { 0 };
+        mutate(&sim, &state, round, stride);
+        let (addr, len, rep) = send(&sim, &mut tx);
+        assert_eq!(rep.version, round);
+        assert_eq!(rep.full, round == 4, "round {round}: {rep:?}");
+        if !rep.full {
+            assert!(len < snapshot / 2, "round {round}: a patch of {len} bytes");
+            let changed: u64 = rep.changes.iter().map(|c| c.1).sum();
+            assert!(changed > 0, "round {round}");
+        }
+        assert_eq!(rx.apply(addr, len).unwrap(), round);
+        assert_eq!(rx.version(), round);
+        assert_eq!(contents(&sim, &mine), contents(&sim, &state), "round {round}");
+        let last = rx.last().unwrap();
+        assert_eq!((last.version, last.full), (round, rep.full));
+    }
+    assert_eq!(tx.fallbacks, 0);
+}
+
+#[test]
+fn an_unchanged_state_sends_an_empty_patch_that_still_advances_the_version() {
+    let (sim, mut tx, _state, mut rx, _mine) = pair();
+    let (addr, len, rep) = send(&sim, &mut tx);
+    assert!(!rep.full);
+    assert!(rep.changes.iter().all(|c| c.1 == 0), "{rep:?}");
+    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+}
+
+#[test]
+fn a_corrupted_byte_anywhere_is_rejected_and_the_tensors_and_version_stay() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    mutate(&sim, &state, 1, 0);
+    let (addr, len, _) = send(&sim, &mut tx);
+    let good = bytes_at(&sim, addr, len);
+    let before = contents(&sim, &mine);
+    let h = Header::decode(&good).unwrap();
+    // The header, then a byte in each width's directory counts, index and values.
+    let mut spots = vec![9usize, 30, h.len() - 1];
+    for p in &h.widths {
+        spots.push(p.dir_off as usize + 8);
+        if p.entries > 0 {
+            spots.push(p.idx_off as usize);
+            spots.push(p.vals_off as usize + 5);
+        }
+    }
+    for at in spots {
+        let mut bad = good.clone();
+        bad[at] ^= 0x10;
+        put(&sim, addr, &bad);
+        let reason = rejected(rx.apply(addr, len));
+        assert_eq!(contents(&sim, &mine), before, "byte {at}: {reason}");
+        assert_eq!(rx.version(), 0, "byte {at}");
+        assert_eq!(rx.staged_version(), None);
+    }
+    put(&sim, addr, &good);
+    assert_eq!(rx.apply(addr, len).unwrap(), 1, "the intact payload applies");
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+}
+
+#[test]
+fn truncated_replayed_misaligned_and_foreign_payloads_are_rejected() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    mutate(&sim, &state, 1, 0);
+    let (addr, len, _) = send(&sim, &mut tx);
+    assert!(matches!(
+        rejected(rx.apply(addr, len - 1)),
+        Reject::Length { .. }
+    ));
+    assert!(matches!(
+        rejected(rx.apply(addr + 4, len - 4)),
+        Reject::Misaligned { .. }
+    ));
+    assert!(matches!(
+        rejected(rx.apply(addr, 40)),
+        Reject::Header(wire::HeaderError::Truncated { .. })
+    ));
+    // Coded host bytes are no device payload.
+    let coded = b"RLSY not a device payload at all: coded bytes";
+    let other = sim.lock().mem.alloc(coded);
+    assert!(matches!(
+        rejected(rx.apply(other, coded.len() as u64)),
+        Reject::Header(wire::HeaderError::Magic { .. })
+    ));
+    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+    // The same payload again: its base is behind the receiver.
+    let before = contents(&sim, &mine);
+    assert!(matches!(
+        rejected(rx.apply(addr, len)),
+        Reject::Base { base: 0, .. }
+    ));
+    assert_eq!(contents(&sim, &mine), before);
+    // A receiver of other tensors.
+    let shapes = [(4096u64, 2usize), (10, 4)];
+    let other_layout = Layout::new(&shapes).unwrap();
+    let theirs: Vec<u64> = {
+        let mut h = sim.lock();
+        shapes
+            .iter()
+            .map(|&(n, w)| h.mem.alloc(&vec![0; n as usize * w]))
+            .collect()
+    };
+    let mut stranger = PayloadReceiver::new(RefReceiver::new(sim.clone(), theirs), other_layout, 0);
+    assert!(matches!(
+        rejected(stranger.apply(addr, len)),
+        Reject::Layout { .. }
+    ));
+}
+
+#[test]
+fn a_lost_payload_or_an_unfilled_build_makes_the_next_one_full_and_a_receiver_catches_up() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    mutate(&sim, &state, 1, 0);
+    let (_addr, _len, rep) = send(&sim, &mut tx);
+    assert!(!rep.full);
+    tx.lost(); // never reached the receiver
+    mutate(&sim, &state, 2, 0);
+    let (addr, len, rep) = send(&sim, &mut tx);
+    assert!(rep.full, "{rep:?}");
+    assert_eq!(rep.version, 2);
+    assert_eq!(rx.apply(addr, len).unwrap(), 2);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+    // A build whose payload was never filled: the next build is full, the version did not skip.
+    mutate(&sim, &state, 3, 0);
+    tx.build().unwrap();
+    mutate(&sim, &state, 4, 0);
+    let (addr, len, rep) = send(&sim, &mut tx);
+    assert!(rep.full);
+    assert_eq!(rep.version, 3);
+    assert_eq!(rx.apply(addr, len).unwrap(), 3);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+    // Back to patches; an older full payload is stale.
+    mutate(&sim, &state, 5, 0);
+    let (a5, l5, rep) = send(&sim, &mut tx);
+    assert!(!rep.full);
+    assert_eq!(rx.apply(a5, l5).unwrap(), 4);
+    assert!(matches!(
+        rejected(rx.apply(addr, len)),
+        Reject::Stale { version: 3, have: 4 }
+    ));
+    // Too small a buffer: an error, and the payload can still be filled.
+    mutate(&sim, &state, 6, 0);
+    let need = tx.build().unwrap();
+    let small = sim.lock().mem.alloc(&vec![0; need as usize - 1]);
+    assert!(matches!(
+        tx.fill(small, need - 1),
+        Err(PayloadError::Buffer { .. })
+    ));
+    let buf = sim.lock().mem.alloc(&vec![0; need as usize]);
+    tx.fill(buf, need).unwrap();
+    assert_eq!(rx.apply(buf, need).unwrap(), 5);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+}
+
+#[test]
+fn a_failed_own_check_sends_the_version_in_full_from_the_state() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    mutate(&sim, &state, 1, 0);
+    // The directory count of the 8-byte width's only tile, and a byte of the snapshot copy: the full payload
+    // must come from the state, not from the broken copy.
+    tx.device_mut().fault = Some(Box::new(|mem, dev| {
+        let k = dev.outs.iter().position(|w| w.width == 8).unwrap();
+        let at = dev.out_addrs[k] + dev.outs[k].dir_off + 8;
+        mem.write(at, 1).unwrap()[0] ^= 1;
+        mem.write(dev.snap + 3, 1).unwrap()[0] ^= 0x80;
+    }));
+    let (addr, len, rep) = send(&sim, &mut tx);
+    assert!(rep.full);
+    assert_eq!(tx.fallbacks, 1);
+    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+    mutate(&sim, &state, 2, 0);
+    let (addr, len, rep) = send(&sim, &mut tx);
+    assert!(!rep.full, "patches again, on the refreshed snapshot copy");
+    assert_eq!(rx.apply(addr, len).unwrap(), 2);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+}
+
+#[test]
+fn stage_holds_a_verified_payload_until_commit_and_abort_drops_it() {
+    let (sim, mut tx, state, mut rx, mine) = pair();
+    let before = contents(&sim, &mine);
+    mutate(&sim, &state, 1, 0);
+    let (addr, len, _) = send(&sim, &mut tx);
+    assert_eq!(rx.stage(addr, len).unwrap(), 1);
+    assert_eq!(rx.staged_version(), Some(1));
+    assert_eq!(contents(&sim, &mine), before, "staging writes nothing");
+    assert_eq!(rx.version(), 0);
+    assert_eq!(rx.abort(), Some(1));
+    assert!(matches!(rx.commit(), Err(PayloadError::NotStaged)));
+    assert_eq!(rx.stage(addr, len).unwrap(), 1);
+    assert_eq!(rx.commit().unwrap(), 1);
+    assert_eq!(contents(&sim, &mine), contents(&sim, &state));
+}
