@@ -233,7 +233,11 @@ fn width_plan(layout: &Layout, width: usize) -> (u64, u64, u64, u64, u64) {
 }
 
 /// One width's export as [`width_plan`] lays it out, its allocation exported as `handle`.
-pub(crate) fn width_export(layout: &Layout, width: usize, handle: crate::gpu::IpcHandle) -> WidthExport {
+pub(crate) fn width_export(
+    layout: &Layout,
+    width: usize,
+    handle: crate::gpu::IpcHandle,
+) -> WidthExport {
     let (bytes, dir_off, idx_off, vals_off, capacity) = width_plan(layout, width);
     WidthExport {
         width: width as u8,

@@ -14,7 +14,8 @@
 //! ([`PayloadSender::lost`], or a build that was not filled).
 //!
 //! A receiver checks before it writes anything: the header (magic, wire version, its own checksum), the layout
-//! (same tensors, same order), the versions (a patch's base is the version it holds; a full payload is newer),
+//! (same tensors, same order), the sequence numbers (a patch's base is the one it holds; a full payload is
+//! newer),
 //! every section inside the buffer and aligned, then `checksum_compact` over the buffer's sections, which must
 //! give each width's sum and count in the header. A payload that fails is rejected ([`PayloadError::Rejected`])
 //! with the tensors and the version untouched. [`PayloadReceiver::stage`] verifies and holds a payload,
@@ -27,11 +28,12 @@ pub mod wire;
 mod tests;
 
 use super::GpuError;
+use super::IpcHandle;
 use super::compact::{Layout, TileDir};
 use super::ipc::wire::{Export, Setup, WidthExport};
 use super::ipc::{ReceiverDevice, SenderDevice, facts, snapshot_offsets, width_export};
 use super::reference::PoolSum;
-use super::IpcHandle;
+use crate::tensor::DType;
 use wire::{ALIGN, Header, MAX_HEADER, Mode, WidthPart};
 
 /// Why a payload could not be made or was not installed.
@@ -39,12 +41,10 @@ use wire::{ALIGN, Header, MAX_HEADER, Mode, WidthPart};
 pub enum PayloadError {
     #[error("the GPU failed")]
     Gpu(#[from] GpuError),
-    #[error("device payload rejected ({len} bytes): {reason} (tensors and version {have} untouched)")]
-    Rejected {
-        len: u64,
-        have: u64,
-        reason: Reject,
-    },
+    #[error(
+        "device payload rejected ({len} bytes): {reason} (tensors and version untouched, sequence {have})"
+    )]
+    Rejected { len: u64, have: u64, reason: Reject },
     #[error("the payload buffer holds {have} bytes, {need} needed")]
     Buffer { need: u64, have: u64 },
     #[error("no payload was built: build() comes before fill()")]
@@ -79,10 +79,12 @@ pub enum Reject {
         item: &'static str,
         detail: u64,
     },
-    #[error("a patch from version {base} to {version}, this receiver holds {have} (a full resync is needed)")]
-    Base { base: u64, version: u64, have: u64 },
-    #[error("version {version} is not newer than the receiver's {have}")]
-    Stale { version: u64, have: u64 },
+    #[error(
+        "a patch from sequence {base} to {sequence}, this receiver holds {have} (a replay, or a payload was missed: a full resync is needed)"
+    )]
+    Base { base: u64, sequence: u64, have: u64 },
+    #[error("sequence {sequence} is not newer than the receiver's {have}")]
+    Stale { sequence: u64, have: u64 },
     #[error(
         "width {width}: the payload's checksum is {found:#018x} on the receiver, the sender's {expected:#018x} (the bytes changed in transit)"
     )]
@@ -123,6 +125,13 @@ pub trait PayloadOut: SenderDevice {
     /// Write `header` at `dst` (device memory of this device, the payload's length at least) and copy `parts`
     /// of this device's buffers after it, on the sender's stream, waited for.
     fn copy_out(&mut self, dst: u64, header: &[u8], parts: &[Part]) -> Result<(), GpuError>;
+    /// The state checksum ([`crate::tensor::state_checksum`]) of the snapshot copy (tensor `k` at
+    /// `offsets[k]`, named by `names[k]`: key, the receivers' dtype and shape): what the receivers hold.
+    fn snapshot_checksum(
+        &mut self,
+        names: &[(String, DType, Vec<usize>)],
+        offsets: &[u64],
+    ) -> Result<u64, GpuError>;
 }
 
 /// A receiver device that can read payloads in place.
@@ -138,6 +147,13 @@ pub trait PayloadIn: ReceiverDevice {
 impl<D: PayloadOut + ?Sized> PayloadOut for Box<D> {
     fn copy_out(&mut self, dst: u64, header: &[u8], parts: &[Part]) -> Result<(), GpuError> {
         (**self).copy_out(dst, header, parts)
+    }
+    fn snapshot_checksum(
+        &mut self,
+        names: &[(String, DType, Vec<usize>)],
+        offsets: &[u64],
+    ) -> Result<u64, GpuError> {
+        (**self).snapshot_checksum(names, offsets)
     }
 }
 
@@ -159,6 +175,8 @@ struct Planned {
 /// What one payload carried.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PayloadReport {
+    pub sequence: u64,
+    /// The caller's version label.
     pub version: u64,
     pub full: bool,
     pub bytes: u64,
@@ -177,6 +195,8 @@ pub struct PayloadSender<D: PayloadOut> {
     snap_bytes: u64,
     widths: Vec<WidthExport>,
     session: u64,
+    /// The sequence number of the last payload filled, and its version label.
+    sequence: u64,
     version: u64,
     /// The next payload is a full one.
     full_next: bool,
@@ -188,8 +208,14 @@ pub struct PayloadSender<D: PayloadOut> {
 
 impl<D: PayloadOut> PayloadSender<D> {
     /// Allocate the device buffers for `layout` and set the snapshot copy to the state (which the receivers
-    /// hold at `version`: the state of the syncer's init). The device's state addresses are set by the caller.
-    pub fn new(mut dev: D, layout: Layout, version: u64) -> Result<PayloadSender<D>, PayloadError> {
+    /// hold at `sequence`, labelled `version`: the state of the syncer's init). The device's state addresses
+    /// are set by the caller.
+    pub fn new(
+        mut dev: D,
+        layout: Layout,
+        sequence: u64,
+        version: u64,
+    ) -> Result<PayloadSender<D>, PayloadError> {
         let (offsets, snap_bytes) = snapshot_offsets(&layout);
         let (_, widths) = dev.prepare(&layout, &offsets, snap_bytes)?;
         dev.bootstrap(&layout, &offsets)?;
@@ -200,6 +226,7 @@ impl<D: PayloadOut> PayloadSender<D> {
             snap_bytes,
             widths,
             session: session_id(),
+            sequence,
             version,
             full_next: false,
             planned: None,
@@ -208,9 +235,14 @@ impl<D: PayloadOut> PayloadSender<D> {
         })
     }
 
-    /// The version of the last payload filled (the one given at construction before any).
+    /// The version label of the last payload filled (the one given at construction before any).
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The sequence number of the last payload filled.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
     }
 
     pub fn layout(&self) -> &Layout {
@@ -221,21 +253,28 @@ impl<D: PayloadOut> PayloadSender<D> {
         &mut self.dev
     }
 
+    /// The state checksum of what the receivers hold after the last payload (the snapshot copy), each tensor
+    /// named by `names[k]` (key, the receivers' dtype and shape, in layout order).
+    pub fn checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, PayloadError> {
+        Ok(self.dev.snapshot_checksum(names, &self.offsets)?)
+    }
+
     /// The last payload filled did not reach the receivers (the caller's send failed): the next one is full.
     pub fn lost(&mut self) {
         self.full_next = true;
     }
 
-    /// Build the next version's payload on the device (the state's addresses set on the device first) and
-    /// return its length in bytes: the caller allocates a buffer of that size and calls [`Self::fill`].
-    pub fn build(&mut self) -> Result<u64, PayloadError> {
+    /// Build the next payload, labelled `version`, on the device (the state's addresses set on the device
+    /// first) and return its length in bytes: the caller allocates a buffer of that size and calls
+    /// [`Self::fill`].
+    pub fn build(&mut self, version: u64) -> Result<u64, PayloadError> {
         let t0 = std::time::Instant::now();
         if self.planned.take().is_some() {
             // A build that was never filled advanced the snapshot past what the receivers hold.
             self.full_next = true;
         }
-        let version = self.version + 1;
-        let seed = wire::seed(self.session, version);
+        let sequence = self.sequence + 1;
+        let seed = wire::seed(self.session, sequence);
         let built = self.dev.build(&self.layout, &self.offsets, seed)?;
         let mut full = std::mem::take(&mut self.full_next);
         let mut parts_patch = Vec::new();
@@ -247,7 +286,7 @@ impl<D: PayloadOut> PayloadSender<D> {
                     width = w.width,
                     cursor = b.cursor,
                     counted = b.sum.count,
-                    "the device payload's own check failed (the checksum counted other changes than the kernel wrote): sending version {version} in full"
+                    "the device payload's own check failed (the checksum counted other changes than the kernel wrote): sending payload {sequence} in full"
                 );
                 self.fallbacks += 1;
                 full = true;
@@ -287,13 +326,13 @@ impl<D: PayloadOut> PayloadSender<D> {
             }
             widths.push(part);
         }
-        let base = self.version;
         let mut header = Header {
             mode: Mode::Patch,
             ntensors: self.layout.tensors().len() as u32,
             session: self.session,
+            sequence,
+            base: self.sequence,
             version,
-            base,
             total: at,
             layout: digest(&self.layout),
             snapshot_off: 0,
@@ -351,9 +390,11 @@ impl<D: PayloadOut> PayloadSender<D> {
             self.full_next = true;
             return Err(e.into());
         }
+        self.sequence = h.sequence;
         self.version = h.version;
         let full = h.mode == Mode::Full;
         Ok(PayloadReport {
+            sequence: h.sequence,
             version: h.version,
             full,
             bytes: h.total,
@@ -375,8 +416,9 @@ impl Header {
             mode: Mode::Patch,
             ntensors: 0,
             session: 0,
-            version: 0,
+            sequence: 0,
             base: 0,
+            version: 0,
             total: 0,
             layout: 0,
             snapshot_off: 0,
@@ -416,6 +458,7 @@ struct Staged {
 /// What one install did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstallReport {
+    pub sequence: u64,
     pub version: u64,
     pub full: bool,
     pub bytes: u64,
@@ -434,6 +477,8 @@ pub struct PayloadReceiver<R: PayloadIn> {
     offsets: Vec<u64>,
     snap_bytes: u64,
     digest: u64,
+    /// The sequence number installed last, and its version label.
+    sequence: u64,
     version: u64,
     staged: Option<Staged>,
     /// Timings of the stage in progress: (read, check).
@@ -442,8 +487,9 @@ pub struct PayloadReceiver<R: PayloadIn> {
 }
 
 impl<R: PayloadIn> PayloadReceiver<R> {
-    /// A receiver of `layout` (the synced tensors, in the sender's order) holding `version`.
-    pub fn new(dev: R, layout: Layout, version: u64) -> PayloadReceiver<R> {
+    /// A receiver of `layout` (the synced tensors, in the sender's order) holding sequence `sequence`,
+    /// labelled `version`.
+    pub fn new(dev: R, layout: Layout, sequence: u64, version: u64) -> PayloadReceiver<R> {
         let (offsets, snap_bytes) = snapshot_offsets(&layout);
         PayloadReceiver {
             dev,
@@ -451,6 +497,7 @@ impl<R: PayloadIn> PayloadReceiver<R> {
             layout,
             offsets,
             snap_bytes,
+            sequence,
             version,
             staged: None,
             stage_s: (0.0, 0.0),
@@ -458,8 +505,14 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         }
     }
 
+    /// The version label installed last.
     pub fn version(&self) -> u64 {
         self.version
+    }
+
+    /// The sequence number installed last.
+    pub fn sequence(&self) -> u64 {
+        self.sequence
     }
 
     pub fn layout(&self) -> &Layout {
@@ -470,7 +523,7 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         &mut self.dev
     }
 
-    /// The version staged, if any.
+    /// The version label staged, if any.
     pub fn staged_version(&self) -> Option<u64> {
         self.staged.as_ref().map(|s| s.header.version)
     }
@@ -492,7 +545,7 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         self.staged = None;
         let reject = |reason: Reject| PayloadError::Rejected {
             len,
-            have: self.version,
+            have: self.sequence,
             reason,
         };
         if !addr.is_multiple_of(8) {
@@ -507,7 +560,7 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         let setup = self.setup_of(&header);
         let addrs = self.addrs_of(&header, addr);
         let full = header.mode == Mode::Full;
-        let seed = wire::seed(header.session, header.version);
+        let seed = wire::seed(header.session, header.sequence);
         self.dev.attach(&setup, addrs)?;
         let sums = self.dev.checksum(&setup, &self.layout, seed, full)?;
         for (p, s) in header.widths.iter().zip(&sums) {
@@ -550,8 +603,10 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         } else {
             self.dev.apply(&setup, &self.layout)?;
         }
+        self.sequence = h.sequence;
         self.version = h.version;
         self.last = Some(InstallReport {
+            sequence: h.sequence,
             version: h.version,
             full,
             bytes: h.total,
@@ -599,17 +654,17 @@ impl<R: PayloadIn> PayloadReceiver<R> {
             });
         }
         match h.mode {
-            Mode::Patch if h.base != self.version || h.version <= h.base => {
+            Mode::Patch if h.base != self.sequence || h.sequence <= h.base => {
                 return Err(Reject::Base {
                     base: h.base,
-                    version: h.version,
-                    have: self.version,
+                    sequence: h.sequence,
+                    have: self.sequence,
                 });
             }
-            Mode::Full if h.version <= self.version => {
+            Mode::Full if h.sequence <= self.sequence => {
                 return Err(Reject::Stale {
-                    version: h.version,
-                    have: self.version,
+                    sequence: h.sequence,
+                    have: self.sequence,
                 });
             }
             _ => {}

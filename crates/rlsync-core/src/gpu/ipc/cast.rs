@@ -42,6 +42,13 @@ impl<D: crate::gpu::payload::PayloadOut, C: CastStage> crate::gpu::payload::Payl
     ) -> Result<(), GpuError> {
         self.inner.copy_out(dst, header, parts)
     }
+    fn snapshot_checksum(
+        &mut self,
+        names: &[(String, DType, Vec<usize>)],
+        offsets: &[u64],
+    ) -> Result<u64, GpuError> {
+        self.inner.snapshot_checksum(names, offsets)
+    }
 }
 
 impl<D: SenderDevice, C: CastStage> SenderDevice for Casting<D, C> {

@@ -5,9 +5,9 @@
 use super::compact::{self, Layout};
 use super::wire::{Export, Setup, WidthExport};
 use super::{ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
-use crate::gpu::payload::wire::MAX_HEADER;
-use crate::gpu::payload::{PayloadIn, PayloadOut, Part, Src};
 use crate::gpu::checksum::{DeviceChecksum, Plan};
+use crate::gpu::payload::wire::MAX_HEADER;
+use crate::gpu::payload::{Part, PayloadIn, PayloadOut, Src};
 use crate::gpu::reference::PoolSum;
 use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
 use crate::tensor::DType;
@@ -355,6 +355,29 @@ impl PayloadOut for CudaSender {
             }
         }
         gpu.sync(stream)
+    }
+
+    fn snapshot_checksum(
+        &mut self,
+        names: &[(String, DType, Vec<usize>)],
+        offsets: &[u64],
+    ) -> Result<u64, GpuError> {
+        let Some(snap) = self.snapshot.as_ref() else {
+            return Err(GpuError::Driver {
+                op: "payload checksum",
+                code: 1,
+                name: "the sender's buffers are not prepared".into(),
+            });
+        };
+        let addrs: Vec<u64> = offsets.iter().map(|&o| snap.addr() + o).collect();
+        let plan = Plan::of_device(names, &addrs);
+        let gpu = &self.gpu;
+        let sum = self
+            .checksum
+            .get_or_insert_with(|| DeviceChecksum::new(gpu));
+        // SAFETY: the snapshot copy holds every tensor at its offset, in the receivers' dtype and size (the
+        // names' sizes: the layout it was allocated for); nothing writes it during the call.
+        unsafe { sum.run(&plan, self.stream) }
     }
 }
 

@@ -19,7 +19,7 @@ use super::wire::{Export, Setup, WidthExport};
 use super::{GpuError, ReceiverDevice, SenderDevice, WidthBuilt, width_export, width_plan};
 use crate::bytes::{Reader, Writer};
 use crate::gpu::checksum::Plan;
-use crate::gpu::payload::{PayloadIn, PayloadOut, Part, Src};
+use crate::gpu::payload::{Part, PayloadIn, PayloadOut, Src};
 use crate::gpu::reference::{self, Memory, Pool, PoolSum};
 use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
 use crate::tensor::DType;
@@ -495,6 +495,18 @@ impl<M: SimMemory> PayloadOut for RefSender<M> {
             Ok(())
         })
     }
+
+    fn snapshot_checksum(
+        &mut self,
+        names: &[(String, DType, Vec<usize>)],
+        offsets: &[u64],
+    ) -> Result<u64, GpuError> {
+        let addrs: Vec<u64> = offsets.iter().map(|&o| self.snap + o).collect();
+        let plan = Plan::of_device(names, &addrs);
+        self.sim
+            .with(|mem| plan.finish_on(mem, std::num::NonZeroUsize::MIN))
+            .map_err(|e| sim_error(e.to_string()))
+    }
 }
 
 /// The channel's receiver on the reference kernels: the receiver's tensors at `tensors` in `sim`'s memory.
@@ -557,11 +569,18 @@ impl<M: SimMemory> PayloadIn for RefReceiver<M> {
 
     fn attach(&mut self, setup: &Setup, addrs: Vec<u64>) -> Result<(), GpuError> {
         if !self.attached && !self.opened.is_empty() {
-            return Err(sim_error("this receiver has a GPU channel's buffers open".into()));
+            return Err(sim_error(
+                "this receiver has a GPU channel's buffers open".into(),
+            ));
         }
         let none = IpcHandle([0; IPC_HANDLE_BYTES]);
-        let sizes = std::iter::once(setup.snapshot.bytes).chain(setup.widths.iter().map(|w| w.buf.bytes));
-        self.opened = addrs.into_iter().zip(sizes).map(|(a, b)| (none, a, b)).collect();
+        let sizes =
+            std::iter::once(setup.snapshot.bytes).chain(setup.widths.iter().map(|w| w.buf.bytes));
+        self.opened = addrs
+            .into_iter()
+            .zip(sizes)
+            .map(|(a, b)| (none, a, b))
+            .collect();
         self.attached = true;
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! simulated device memory, the payload a buffer in it (as the caller's CUDA tensor would be).
 
 use super::*;
-use crate::gpu::ipc::reference::{RefReceiver, RefSender, SharedSim};
+use crate::gpu::ipc::reference::{RefReceiver, RefSender, SharedSim, SimMemory as _};
 use crate::gpu::reference::rng;
 
 type Sender = PayloadSender<RefSender<SharedSim>>;
@@ -18,6 +18,24 @@ const SHAPES: [(u64, usize); 6] = [
     (9000, 2),
     (300_000, 1),
 ];
+
+/// The tensors' names for a state checksum: key, dtype of their width, shape.
+fn names() -> Vec<(String, crate::tensor::DType, Vec<usize>)> {
+    use crate::tensor::DType;
+    SHAPES
+        .iter()
+        .enumerate()
+        .map(|(k, &(n, w))| {
+            let dtype = match w {
+                1 => DType::U8,
+                2 => DType::Bf16,
+                4 => DType::F32,
+                _ => DType::I64,
+            };
+            (format!("t{k}"), dtype, vec![n as usize])
+        })
+        .collect()
+}
 
 fn layout() -> Layout {
     Layout::new(&SHAPES).unwrap()
@@ -74,14 +92,15 @@ fn pair() -> (SharedSim, Sender, Vec<u64>, Receiver, Vec<u64>) {
     let state = tensors(&sim, 1);
     let mine = tensors(&sim, 2);
     copy_into(&sim, &state, &mine);
-    let tx = Sender::new(RefSender::new(sim.clone(), state.clone()), layout(), 0).unwrap();
-    let rx = Receiver::new(RefReceiver::new(sim.clone(), mine.clone()), layout(), 0);
+    let tx = Sender::new(RefSender::new(sim.clone(), state.clone()), layout(), 0, 0).unwrap();
+    let rx = Receiver::new(RefReceiver::new(sim.clone(), mine.clone()), layout(), 0, 0);
     (sim, tx, state, rx, mine)
 }
 
 /// Build and fill the next payload into a new buffer of the simulated memory: its address, length, report.
 fn send(sim: &SharedSim, tx: &mut Sender) -> (u64, u64, PayloadReport) {
-    let len = tx.build().unwrap();
+    // The caller's version label: ten per payload.
+    let len = tx.build(10 * (tx.sequence() + 1)).unwrap();
     let addr = sim.lock().mem.alloc(&vec![0xee; len as usize]);
     let rep = tx.fill(addr, len).unwrap();
     (addr, len, rep)
@@ -115,18 +134,29 @@ fn the_receiver_follows_the_sender_bitwise_through_patches_and_an_overflow() {
         let stride = if round == 4 { 3 } else { 0 };
         mutate(&sim, &state, round, stride);
         let (addr, len, rep) = send(&sim, &mut tx);
-        assert_eq!(rep.version, round);
+        assert_eq!((rep.sequence, rep.version), (round, 10 * round));
         assert_eq!(rep.full, round == 4, "round {round}: {rep:?}");
         if !rep.full {
             assert!(len < snapshot / 2, "round {round}: a patch of {len} bytes");
             let changed: u64 = rep.changes.iter().map(|c| c.1).sum();
             assert!(changed > 0, "round {round}");
         }
-        assert_eq!(rx.apply(addr, len).unwrap(), round);
-        assert_eq!(rx.version(), round);
-        assert_eq!(contents(&sim, &mine), contents(&sim, &state), "round {round}");
+        assert_eq!(rx.apply(addr, len).unwrap(), 10 * round);
+        assert_eq!((rx.sequence(), rx.version()), (round, 10 * round));
+        assert_eq!(
+            contents(&sim, &mine),
+            contents(&sim, &state),
+            "round {round}"
+        );
         let last = rx.last().unwrap();
-        assert_eq!((last.version, last.full), (round, rep.full));
+        assert_eq!((last.sequence, last.full), (round, rep.full));
+        // The sender's checksum (of its snapshot copy) is the receiver's state checksum.
+        let names = names();
+        let theirs = crate::gpu::checksum::Plan::of_device(&names, &mine);
+        let sum = sim
+            .with(|mem| theirs.finish_on(mem, std::num::NonZeroUsize::MIN))
+            .unwrap();
+        assert_eq!(tx.checksum(&names).unwrap(), sum, "round {round}");
     }
     assert_eq!(tx.fallbacks, 0);
 }
@@ -137,7 +167,7 @@ fn an_unchanged_state_sends_an_empty_patch_that_still_advances_the_version() {
     let (addr, len, rep) = send(&sim, &mut tx);
     assert!(!rep.full);
     assert!(rep.changes.iter().all(|c| c.1 == 0), "{rep:?}");
-    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+    assert_eq!(rx.apply(addr, len).unwrap(), 10);
 }
 
 #[test]
@@ -167,7 +197,11 @@ fn a_corrupted_byte_anywhere_is_rejected_and_the_tensors_and_version_stay() {
         assert_eq!(rx.staged_version(), None);
     }
     put(&sim, addr, &good);
-    assert_eq!(rx.apply(addr, len).unwrap(), 1, "the intact payload applies");
+    assert_eq!(
+        rx.apply(addr, len).unwrap(),
+        10,
+        "the intact payload applies"
+    );
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
 }
 
@@ -195,7 +229,7 @@ fn truncated_replayed_misaligned_and_foreign_payloads_are_rejected() {
         rejected(rx.apply(other, coded.len() as u64)),
         Reject::Header(wire::HeaderError::Magic { .. })
     ));
-    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+    assert_eq!(rx.apply(addr, len).unwrap(), 10);
     // The same payload again: its base is behind the receiver.
     let before = contents(&sim, &mine);
     assert!(matches!(
@@ -213,7 +247,8 @@ fn truncated_replayed_misaligned_and_foreign_payloads_are_rejected() {
             .map(|&(n, w)| h.mem.alloc(&vec![0; n as usize * w]))
             .collect()
     };
-    let mut stranger = PayloadReceiver::new(RefReceiver::new(sim.clone(), theirs), other_layout, 0);
+    let mut stranger =
+        PayloadReceiver::new(RefReceiver::new(sim.clone(), theirs), other_layout, 0, 0);
     assert!(matches!(
         rejected(stranger.apply(addr, len)),
         Reject::Layout { .. }
@@ -230,30 +265,33 @@ fn a_lost_payload_or_an_unfilled_build_makes_the_next_one_full_and_a_receiver_ca
     mutate(&sim, &state, 2, 0);
     let (addr, len, rep) = send(&sim, &mut tx);
     assert!(rep.full, "{rep:?}");
-    assert_eq!(rep.version, 2);
-    assert_eq!(rx.apply(addr, len).unwrap(), 2);
+    assert_eq!(rep.sequence, 2);
+    assert_eq!(rx.apply(addr, len).unwrap(), 20);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
     // A build whose payload was never filled: the next build is full, the version did not skip.
     mutate(&sim, &state, 3, 0);
-    tx.build().unwrap();
+    tx.build(1).unwrap();
     mutate(&sim, &state, 4, 0);
     let (addr, len, rep) = send(&sim, &mut tx);
     assert!(rep.full);
-    assert_eq!(rep.version, 3);
-    assert_eq!(rx.apply(addr, len).unwrap(), 3);
+    assert_eq!(rep.sequence, 3);
+    assert_eq!(rx.apply(addr, len).unwrap(), 30);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
     // Back to patches; an older full payload is stale.
     mutate(&sim, &state, 5, 0);
     let (a5, l5, rep) = send(&sim, &mut tx);
     assert!(!rep.full);
-    assert_eq!(rx.apply(a5, l5).unwrap(), 4);
+    assert_eq!(rx.apply(a5, l5).unwrap(), 40);
     assert!(matches!(
         rejected(rx.apply(addr, len)),
-        Reject::Stale { version: 3, have: 4 }
+        Reject::Stale {
+            sequence: 3,
+            have: 4
+        }
     ));
     // Too small a buffer: an error, and the payload can still be filled.
     mutate(&sim, &state, 6, 0);
-    let need = tx.build().unwrap();
+    let need = tx.build(60).unwrap();
     let small = sim.lock().mem.alloc(&vec![0; need as usize - 1]);
     assert!(matches!(
         tx.fill(small, need - 1),
@@ -261,7 +299,7 @@ fn a_lost_payload_or_an_unfilled_build_makes_the_next_one_full_and_a_receiver_ca
     ));
     let buf = sim.lock().mem.alloc(&vec![0; need as usize]);
     tx.fill(buf, need).unwrap();
-    assert_eq!(rx.apply(buf, need).unwrap(), 5);
+    assert_eq!(rx.apply(buf, need).unwrap(), 60);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
 }
 
@@ -280,12 +318,12 @@ fn a_failed_own_check_sends_the_version_in_full_from_the_state() {
     let (addr, len, rep) = send(&sim, &mut tx);
     assert!(rep.full);
     assert_eq!(tx.fallbacks, 1);
-    assert_eq!(rx.apply(addr, len).unwrap(), 1);
+    assert_eq!(rx.apply(addr, len).unwrap(), 10);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
     mutate(&sim, &state, 2, 0);
     let (addr, len, rep) = send(&sim, &mut tx);
     assert!(!rep.full, "patches again, on the refreshed snapshot copy");
-    assert_eq!(rx.apply(addr, len).unwrap(), 2);
+    assert_eq!(rx.apply(addr, len).unwrap(), 20);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
 }
 
@@ -295,13 +333,13 @@ fn stage_holds_a_verified_payload_until_commit_and_abort_drops_it() {
     let before = contents(&sim, &mine);
     mutate(&sim, &state, 1, 0);
     let (addr, len, _) = send(&sim, &mut tx);
-    assert_eq!(rx.stage(addr, len).unwrap(), 1);
-    assert_eq!(rx.staged_version(), Some(1));
+    assert_eq!(rx.stage(addr, len).unwrap(), 10);
+    assert_eq!(rx.staged_version(), Some(10));
     assert_eq!(contents(&sim, &mine), before, "staging writes nothing");
     assert_eq!(rx.version(), 0);
-    assert_eq!(rx.abort(), Some(1));
+    assert_eq!(rx.abort(), Some(10));
     assert!(matches!(rx.commit(), Err(PayloadError::NotStaged)));
-    assert_eq!(rx.stage(addr, len).unwrap(), 1);
-    assert_eq!(rx.commit().unwrap(), 1);
+    assert_eq!(rx.stage(addr, len).unwrap(), 10);
+    assert_eq!(rx.commit().unwrap(), 10);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
 }

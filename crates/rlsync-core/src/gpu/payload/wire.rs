@@ -6,14 +6,15 @@
 //! the host in one copy) is:
 //! ```text
 //! 0 magic "RLDP" | 4 wire version u16 (= WIRE_VERSION) | 6 mode u8 (0 patch, 1 full) | 7 nwidths u8 |
-//! 8 header length u32 | 12 ntensors u32 | 16 session u64 | 24 version u64 | 32 base u64 | 40 total u64 |
-//! 48 layout u64 | 56 snapshot offset u64 | 64 snapshot bytes u64 |
-//! 72 per width, 64 bytes: width u8, 7 zero bytes, ntiles u64, entries u64, dir/idx/vals offsets u64 ×3,
+//! 8 header length u32 | 12 ntensors u32 | 16 session u64 | 24 sequence u64 | 32 base u64 | 40 version u64 |
+//! 48 total u64 | 56 layout u64 | 64 snapshot offset u64 | 72 snapshot bytes u64 |
+//! 80 per width, 64 bytes: width u8, 7 zero bytes, ntiles u64, entries u64, dir/idx/vals offsets u64 ×3,
 //!    pool checksum u64, count u64 |
 //! end-8 checksum u64 = xxh3_64(header[..end-8])
 //! ```
-//! Every integer is little-endian. `session` is the sender's random id (fixed for its life), `version` the
-//! weights' version this payload brings, `base` the version a patch applies to (what the receiver must hold),
+//! Every integer is little-endian. `session` is the sender's random id (fixed for its life), `sequence` the
+//! payload's number (one more per payload, continuing the syncer's), `base` the sequence a patch applies to
+//! (what the receiver must hold), `version` the caller's label of the weights (RLinf's `version`),
 //! `total` the payload's length in bytes, `layout` the digest of the synced tensors' (elements, width) list
 //! ([`layout_digest`]). A patch lists per width `diff_compact`'s directory (`ntiles` entries at `dir`), index
 //! and value pool (`entries` entries at `idx`, `vals`), in the kernels' format ([`crate::gpu::compact`]); a
@@ -35,7 +36,7 @@ pub const MAX_HEADER: usize = 512;
 /// Alignment of every section.
 pub const ALIGN: u64 = 256;
 /// Fixed part before the widths.
-const FIXED: usize = 72;
+const FIXED: usize = 80;
 /// Bytes per width entry.
 const PER_WIDTH: usize = 64;
 /// The trailing checksum.
@@ -103,8 +104,10 @@ pub struct Header {
     pub mode: Mode,
     pub ntensors: u32,
     pub session: u64,
-    pub version: u64,
+    pub sequence: u64,
     pub base: u64,
+    /// The caller's version label.
+    pub version: u64,
     pub total: u64,
     pub layout: u64,
     pub snapshot_off: u64,
@@ -134,8 +137,9 @@ impl Header {
         w.u32(self.len() as u32).u32(self.ntensors);
         for v in [
             self.session,
-            self.version,
+            self.sequence,
             self.base,
+            self.version,
             self.total,
             self.layout,
             self.snapshot_off,
@@ -205,11 +209,20 @@ impl Header {
             return Err(HeaderError::Checksum { stated, actual });
         }
         let ntensors = r.u32()?;
-        let mut f = [0u64; 7];
+        let mut f = [0u64; 8];
         for v in &mut f {
             *v = r.u64()?;
         }
-        let [session, version, base, total, layout, snapshot_off, snapshot_bytes] = f;
+        let [
+            session,
+            sequence,
+            base,
+            version,
+            total,
+            layout,
+            snapshot_off,
+            snapshot_bytes,
+        ] = f;
         let mut widths = Vec::with_capacity(usize::from(nwidths));
         for _ in 0..nwidths {
             let width = r.u8()?;
@@ -240,8 +253,9 @@ impl Header {
             mode,
             ntensors,
             session,
-            version,
+            sequence,
             base,
+            version,
             total,
             layout,
             snapshot_off,
@@ -265,11 +279,11 @@ pub fn layout_digest(tensors: impl IntoIterator<Item = (u64, usize)>) -> u64 {
     xxh3_64(&w.into_vec())
 }
 
-/// The pool checksums' seed of one payload: its sender's session and its version, so a pool of another
-/// sender or another version never matches.
-pub fn seed(session: u64, version: u64) -> u64 {
+/// The pool checksums' seed of one payload: its sender's session and its sequence number, so a pool of
+/// another sender or another payload never matches.
+pub fn seed(session: u64, sequence: u64) -> u64 {
     use crate::gpu::reference::mix64;
-    mix64(session ^ mix64(version ^ 0x524c_4450))
+    mix64(session ^ mix64(sequence ^ 0x524c_4450))
 }
 
 #[cfg(test)]
@@ -281,8 +295,9 @@ mod tests {
             mode: Mode::Patch,
             ntensors: 3,
             session: 7,
-            version: 5,
+            sequence: 5,
             base: 4,
+            version: 12,
             total: 4096,
             layout: 99,
             snapshot_off: 0,
