@@ -299,6 +299,50 @@ async def _drive(op: _native.Op, send: SendFn | None, recv: RecvFn | None, timeo
         raise
 
 
+class _DeviceArrived(Exception):
+    """``recv`` returned a device payload: the host op ends, and the payload is installed on the GPU."""
+
+    def __init__(self, payload: Any) -> None:
+        super().__init__("a device payload arrived")
+        self.payload = payload
+
+
+_DEVICE_MAGIC = b"RLDP"
+
+
+def _is_device_payload(payload: Any) -> bool:
+    """Whether a received payload is a device payload (its first bytes; on a GPU that reads 4 bytes back)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(payload, torch.Tensor):
+        if payload.dtype != torch.uint8 or payload.numel() < 4:
+            return False
+        return bytes(payload.detach().reshape(-1)[:4].cpu().tolist()) == _DEVICE_MAGIC
+    try:
+        return bytes(memoryview(payload)[:4]) == _DEVICE_MAGIC
+    except TypeError:
+        return False
+
+
+def _synced(state_dict: StateDictLike, keys: list[str]) -> list[tuple]:
+    """The descriptions of ``keys`` (the synced keys, in the syncer's order) in ``state_dict``."""
+    by_name = {d[0]: d for d in _describe(state_dict)}
+    missing = [k for k in keys if k not in by_name]
+    if missing:
+        raise KeyError(f"the state dict lacks the synced key(s) {missing[:3]} (it must hold the keys of init)")
+    return [by_name[k] for k in keys]
+
+
+def _timeout(awaited: str, version: int | None, seconds: float) -> Exception:
+    """:class:`rlsync.Timeout` with the attributes the native module gives it."""
+    err = _native.Timeout(f"timed out after {seconds} s: {awaited}")
+    err.awaited = awaited
+    err.rank = None
+    err.ranks = []
+    err.version = version
+    err.seconds = seconds
+    return err
+
+
 @dataclass
 class CollectiveGroupOptions:
     """RLinf's collective options, as :attr:`WeightSyncer.comm_options` holds them (the fields of RLinf's
@@ -359,6 +403,13 @@ class WeightSyncer:
         self._attrs: dict[str, Any] = {}
         # Host-shared receiver: this process's reader of the arena, which its model's tensors view.
         self._host_reader: Any = None
+        # Device payloads (a patch syncer's ``transport_device="cuda"``, see :class:`PatchWeightSyncer`): the
+        # sending end once init chose them, the receiving end once the first one arrived, the synced keys in
+        # the sender's order, and the payload tensor a staged device payload reads.
+        self._dev_tx: Any = None
+        self._dev_rx: Any = None
+        self._dev_keys: list[str] = []
+        self._dev_staged: Any = None
 
     @classmethod
     def create(cls, config: Any, *, threads: int = 0) -> "WeightSyncer":
@@ -433,6 +484,11 @@ class WeightSyncer:
                 await recv()
             return
         names = list(param_names_need_sync)
+        if self._dev_tx is not None:
+            # Initialised again: a fresh sender (the device payloads' end and its buffers go).
+            self._dev_tx.close()
+            self._dev_tx = None
+            self._native = _native.NativeSyncer(json.dumps(self._config), self._threads)
         descs = self._stage(state_dict)
         # RLinf's patch syncer checks that both state dicts have the same keys; its bucket syncer loads with
         # strict=False: only the synced keys must match, other keys of either side are left alone.
@@ -449,6 +505,37 @@ class WeightSyncer:
             return
         op = self._native.begin_init_sender(descs, names, None, same_keys, timeout=timeout)
         await _drive(op, self._send(send), recv, timeout)
+        if self._wants_device_payloads():
+            self._start_device_payloads(state_dict)
+
+    def _wants_device_payloads(self) -> bool:
+        """Whether this syncer's sends should be device payloads: a patch syncer whose payloads go to ``send`` on
+        a CUDA ``transport_device``, uncompressed (compression codes on the host)."""
+        device = self._attrs.get("transport_device")
+        patch = self._config.get("patch") or {}
+        return (
+            self._config.get("type") == "patch"
+            and device is not None
+            and device.type == "cuda"
+            and patch.get("compression", "none") == "none"
+        )
+
+    def _start_device_payloads(self, state_dict: StateDictLike) -> None:
+        """After a handshake over the caller's ``send``/``recv``: where every synced tensor is a CUDA tensor of one
+        device, the sends from now on are device payloads, built on that GPU against a snapshot copy there (made
+        now from the state, which the receivers hold), and the host end (its snapshot, its host copies) is
+        released. Otherwise the payloads stay host-coded."""
+        keys = list(self._native.synced_keys)
+        descs = _synced(state_dict, keys)
+        devices = {d[6] for d in descs}
+        if not descs or len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
+            return
+        torch = _torch()
+        stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
+        held = list(self._native.synced_dtypes)
+        self._dev_tx = _native.DevicePayloadSender(descs, held, self._native.sequence, self._native.version, stream)
+        self._dev_keys = keys
+        self._native.retire()
 
     async def _init_described_sender(
         self, descs: list[tuple], names: list[str], send: SendFn, timeout: float | None = None
@@ -589,6 +676,14 @@ class WeightSyncer:
         if not self._active:
             return
         version = _version(version)
+        if self._dev_tx is not None:
+            if wait == "applied":
+                raise _native.RlsyncError(
+                    "sync(wait='applied') needs acknowledgements, which need an rlsync channel; device payloads go "
+                    "through your send"
+                )
+            await self._device_sync(state_dict, send, version, timeout)
+            return
         descs = self._stage(state_dict)
         if self._native.on_shm:
             self._check_channel(send)
@@ -597,6 +692,65 @@ class WeightSyncer:
         else:
             op = self._native.begin_sync(descs, version, None, wait == "applied")
             await _drive(op, self._send(send), None, timeout)
+
+    async def _device_sync(self, state_dict: StateDictLike, send: SendFn, version: int, timeout: float | None) -> None:
+        """One device payload: built on the GPU, written into a uint8 CUDA tensor allocated here (on the state's
+        device, on the current stream), moved to ``transport_device`` where that names another GPU, sent. A send
+        that fails or times out makes the next payload a full one (the receivers may not have this one)."""
+        torch = _torch()
+        descs = _synced(state_dict, self._dev_keys)
+        device = descs[0][1].device
+        stream = torch.cuda.current_stream(device).cuda_stream
+        size = self._dev_tx.build(descs, stream, version)
+        payload = torch.empty(size, dtype=torch.uint8, device=device)
+        self._dev_tx.fill(payload.data_ptr(), size)
+        target = self._attrs["transport_device"]
+        if target.index is not None and target != device:
+            payload = payload.to(target)
+        try:
+            if timeout is None:
+                await send(payload)
+            else:
+                try:
+                    await asyncio.wait_for(send(payload), timeout)
+                except asyncio.TimeoutError:
+                    raise _timeout(f"send of version {version}, waiting on your send", version, timeout) from None
+        except BaseException:
+            self._dev_tx.lost()
+            raise
+
+    async def _device_install(self, model: StateDictLike, payload: Any, commit: bool = True) -> int:
+        """Verify a device payload on this receiver's GPU (checksums over the payload before anything is
+        written) and, with ``commit``, install it into ``model``'s CUDA tensors; its version. Without ``commit``
+        the payload tensor is kept for :meth:`commit`."""
+        torch = _torch()
+        keys = self._dev_keys or list(self._native.synced_keys)
+        descs = _synced(model, keys)
+        devices = {d[6] for d in descs}
+        if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
+            raise _native.RlsyncError(
+                "a device payload arrived (the sender's transport_device is a GPU), but this receiver's synced "
+                f"tensors are on {sorted(devices)}: device payloads install into the CUDA tensors of one device. Put "
+                "the model on a GPU, or give the sender transport_device='cpu' (host-coded payloads)"
+            )
+        device = descs[0][1].device
+        if self._dev_rx is None:
+            self._dev_rx = _native.DevicePayloadReceiver(descs, self._native.sequence, self._native.version)
+            self._dev_keys = keys
+        if not isinstance(payload, torch.Tensor):
+            payload = torch.frombuffer(bytearray(_as_bytes(payload)), dtype=torch.uint8)
+        payload = payload.detach().reshape(-1)
+        if payload.device != device:
+            payload = payload.to(device)
+        if not payload.is_contiguous() or payload.data_ptr() % 8:
+            payload = payload.clone()
+        stream = torch.cuda.current_stream(device).cuda_stream
+        self._dev_staged = None
+        version = self._dev_rx.stage(payload.data_ptr(), payload.numel(), descs, stream)
+        if not commit:
+            self._dev_staged = payload
+            return version
+        return self._dev_rx.commit(descs, stream)
 
     async def flush(self, *, timeout: float | None = None) -> None:
         """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
@@ -654,7 +808,26 @@ class WeightSyncer:
         if native.on_shm:
             self._check_channel(recv)
             return await asyncio.to_thread(native.begin_apply(descs, timeout).run)
-        return await _drive(native.begin_apply(descs), None, recv, timeout)
+        if self._dev_rx is not None and self._dev_rx.staged_version is not None:
+            raise _native.RlsyncError("a version is staged: commit() or abort() it before apply()")
+        try:
+            return await _drive(native.begin_apply(descs), None, self._watched(recv), timeout)
+        except _DeviceArrived as arrived:
+            return await self._device_install(model, arrived.payload)
+
+    def _watched(self, recv: RecvFn) -> RecvFn:
+        """``recv`` for a patch receiver over the caller's transport: a device payload (its sender's
+        ``transport_device`` is a GPU) ends the host op (:class:`_DeviceArrived`) and is installed on the GPU."""
+        if self._config.get("type") != "patch":
+            return recv
+
+        async def watched() -> Any:
+            payload = await recv()
+            if _is_device_payload(payload):
+                raise _DeviceArrived(payload)
+            return payload
+
+        return watched
 
     async def _apply_host_shared(self, recv: Any, timeout: float | None) -> int:
         """A host-shared receiver's apply: wait for the back buffer (readers leave it between their steps),
@@ -706,7 +879,15 @@ class WeightSyncer:
         if native.on_shm:
             self._check_channel(recv)
             return await asyncio.to_thread(native.begin_stage(timeout).run)
-        return await _drive(native.begin_stage(), None, recv, timeout)
+        if self._dev_rx is not None and self._dev_rx.staged_version is not None:
+            raise _native.RlsyncError("a version is already staged: commit() or abort() it first")
+        try:
+            return await _drive(native.begin_stage(), None, self._watched(recv), timeout)
+        except _DeviceArrived as arrived:
+            model = getattr(self, "_receiver_state", None)
+            if model is None:
+                raise TypeError("stage() of a device payload needs the state dict given to init_receiver") from None
+            return await self._device_install(model, arrived.payload, commit=False)
 
     async def commit(self, model: StateDictLike | None = None) -> int:
         """Install the staged version in place (into ``model``, by default the state dict given to
@@ -718,6 +899,14 @@ class WeightSyncer:
             model = getattr(self, "_receiver_state", None)
             if model is None:
                 raise TypeError("commit() needs the model: this syncer was not initialised as a receiver")
+        if self._dev_rx is not None and self._dev_rx.staged_version is not None:
+            torch = _torch()
+            descs = _synced(model, self._dev_keys)
+            stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
+            try:
+                return self._dev_rx.commit(descs, stream)
+            finally:
+                self._dev_staged = None
         native = self._rx_native or self._native
         descs = self._stage(model, native)
         op = native.begin_commit(descs)
@@ -732,6 +921,11 @@ class WeightSyncer:
         (:class:`rlsync.PayloadRejected`, "a full resync is needed"); a bucket syncer's next version installs
         as usual. Without a staged version: :class:`rlsync.RlsyncError`."""
         self._refuse_host_shared("abort")
+        if self._dev_rx is not None and self._dev_rx.staged_version is not None:
+            # Over your own transport nobody hears of it: the next patch then fails its base check.
+            self._dev_rx.abort()
+            self._dev_staged = None
+            return
         native = self._rx_native or self._native
         op = native.begin_abort(str(reason))
         if native.on_shm:
@@ -742,6 +936,8 @@ class WeightSyncer:
     @property
     def staged_version(self) -> int | None:
         """The version :meth:`stage` holds, not yet committed or aborted (``None``: nothing is staged)."""
+        if self._dev_rx is not None and self._dev_rx.staged_version is not None:
+            return self._dev_rx.staged_version
         return (self._rx_native or self._native).staged_version
 
     def acked_versions(self) -> dict[int, int]:
@@ -791,19 +987,34 @@ class WeightSyncer:
     @property
     def version(self) -> int:
         """Sender: the last version sent. Receiver: the version applied. 0 before the first sync."""
-        return self._native.version
+        device = self._dev_tx or self._dev_rx
+        return device.version if device is not None else self._native.version
 
     @property
     def synced_keys(self) -> list[str]:
         """The keys each sync covers (one name per tied group), known after init."""
+        if self._dev_tx is not None:
+            return list(self._dev_keys)
         return self._native.synced_keys
 
     def checksum(self, state_dict: StateDictLike) -> int:
-        """xxh3 checksum of the synced keys. A receiver's equals its sender's after every applied version."""
+        """xxh3 checksum of the synced keys. A receiver's equals its sender's after every applied version
+        (a patch sender's is of its snapshot: what the receivers hold; with device payloads hashed on its GPU)."""
+        if self._dev_tx is not None:
+            return self._dev_tx.checksum()
         return self._native.checksum(self._stage(state_dict))
 
     def last_report(self) -> dict[str, Any]:
-        """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds)."""
+        """Sizes and timings of the last finished init / sync / apply (bytes, elements, seconds). With device
+        payloads ``device`` is ``"cuda (device payload)"``, and the report has ``full`` (a full payload),
+        ``sequence``, the sender's ``build_s`` / ``fill_s`` or the receiver's ``read_s`` / ``check_s`` /
+        ``apply_s``."""
+        device = self._dev_tx if self._dev_tx is not None else self._dev_rx
+        if device is not None:
+            report = dict(device.last_report())
+            if report:
+                report.update(device="cuda (device payload)", kind="patch")
+                return report
         return self._native.last_report()
 
     @property

@@ -56,7 +56,7 @@ fn ipc_error(err: &IpcError) -> PyErr {
 
 /// The device ordinal the descriptions' tensors live on (0 when none is a CUDA tensor: opening it then
 /// reports a missing driver or build as it should, and the tensors are refused after).
-fn ordinal_of(descs: &[Desc]) -> PyResult<usize> {
+pub(crate) fn ordinal_of(descs: &[Desc]) -> PyResult<usize> {
     for d in descs {
         if let Some(o) = cuda_ordinal(&d.6) {
             return o.map_err(|()| {
@@ -71,20 +71,20 @@ fn ordinal_of(descs: &[Desc]) -> PyResult<usize> {
 }
 
 /// Open the GPU of the tensors (first, so no CUDA is a `CudaError` whatever the tensors are).
-fn open(descs: &[Desc]) -> PyResult<Gpu> {
+pub(crate) fn open(descs: &[Desc]) -> PyResult<Gpu> {
     let ordinal = ordinal_of(descs)?;
     Gpu::open(ordinal).map_err(|e| gpu_error(&e))
 }
 
 /// Every tensor a contiguous CUDA tensor of `gpu`'s device: (address, elements, element width) in order.
-fn tensors(descs: &[Desc], gpu: &Gpu) -> PyResult<Vec<(u64, u64, usize)>> {
+pub(crate) fn tensors(descs: &[Desc], gpu: &Gpu) -> PyResult<Vec<(u64, u64, usize)>> {
     descs
         .iter()
         .map(|d| {
             let on = cuda_ordinal(&d.6).and_then(Result::ok);
             if on != Some(gpu.ordinal()) {
                 return Err(PyValueError::new_err(format!(
-                    "tensor '{}' is on {}: the GPU channel takes the CUDA tensors of cuda:{} only",
+                    "tensor '{}' is on {}: rlsync's device path (the GPU channel, device payloads) takes the CUDA tensors of one device, cuda:{}",
                     d.0,
                     d.6,
                     gpu.ordinal()
@@ -98,13 +98,13 @@ fn tensors(descs: &[Desc], gpu: &Gpu) -> PyResult<Vec<(u64, u64, usize)>> {
         .collect()
 }
 
-fn layout_of(ts: &[(u64, u64, usize)]) -> PyResult<Layout> {
+pub(crate) fn layout_of(ts: &[(u64, u64, usize)]) -> PyResult<Layout> {
     let shapes: Vec<(u64, usize)> = ts.iter().map(|&(_, n, w)| (n, w)).collect();
     Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))
 }
 
 /// The addresses of `descs` for the next operation, which must have the construction's layout.
-fn addresses(descs: &[Desc], gpu: &Gpu, layout: &Layout) -> PyResult<Vec<u64>> {
+pub(crate) fn addresses(descs: &[Desc], gpu: &Gpu, layout: &Layout) -> PyResult<Vec<u64>> {
     let ts = tensors(descs, gpu)?;
     if layout_of(&ts)? != *layout {
         return Err(HandshakeError::new_err(format!(
@@ -118,7 +118,7 @@ fn addresses(descs: &[Desc], gpu: &Gpu, layout: &Layout) -> PyResult<Vec<u64>> {
 
 /// The end's state for one call. An end runs one call at a time: a second one from another thread gets an
 /// error rather than waiting for the lock while it holds the GIL (the running call needs the GIL to finish).
-fn take<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
+pub(crate) fn take<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     match m.try_lock() {
         Ok(g) => Ok(g),
         Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
@@ -128,7 +128,7 @@ fn take<T>(m: &Mutex<T>) -> PyResult<MutexGuard<'_, T>> {
     }
 }
 
-fn closed() -> PyErr {
+pub(crate) fn closed() -> PyErr {
     RlsyncError::new_err("the GPU channel end is closed")
 }
 
@@ -181,7 +181,7 @@ fn timings<'py>(
 }
 
 /// The sender's device: its tensors cast first where the receivers hold floating tensors in another dtype.
-type SenderDevice = Casting<CudaSender, Option<CudaCast>>;
+pub(crate) type SenderDevice = Casting<CudaSender, Option<CudaCast>>;
 
 /// An open sending end.
 struct SenderEnd {
@@ -197,7 +197,7 @@ struct SenderEnd {
 
 /// Each tensor of `descs`: its dtype and the receivers' (`dtype`, a floating dtype's name, for floating
 /// tensors, their own otherwise; `None`: their own).
-fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType, DType)>> {
+pub(crate) fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType, DType)>> {
     let to = match dtype {
         None => None,
         Some(name) => match DType::from_name(name) {
@@ -219,6 +219,63 @@ fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType,
             Ok((from, to.filter(|_| from.is_floating()).unwrap_or(from)))
         })
         .collect()
+}
+
+/// The sender's device for the tensors `ts` of `descs` (checked by [`tensors`]) whose receivers hold them in
+/// `casts`' second dtypes: the layout in the receivers' dtypes, and a [`CudaSender`] that casts first where
+/// they differ (its state addresses are set per call).
+pub(crate) fn casting_sender(
+    gpu: &Gpu,
+    descs: &[Desc],
+    ts: &[(u64, u64, usize)],
+    casts: &[(DType, DType)],
+) -> PyResult<(Layout, SenderDevice)> {
+    let held: Vec<(u64, usize)> = ts
+        .iter()
+        .zip(casts)
+        .map(|(&(_, n, _), (_, to))| (n, to.size_bytes()))
+        .collect();
+    let layout = Layout::new(&held).map_err(|e| PyValueError::new_err(chain(&e)))?;
+    let plan = CastPlan::of(
+        descs
+            .iter()
+            .zip(ts)
+            .zip(casts)
+            .map(|((d, &(_, n, _)), &(from, to))| (d.0.as_str(), from, to, n)),
+    )
+    .map_err(PyValueError::new_err)?;
+    let addrs: Vec<u64> = ts.iter().map(|t| t.0).collect();
+    let cast = if plan.is_empty() {
+        None
+    } else {
+        // SAFETY: `addrs` are the caller's contiguous CUDA tensors of `gpu` in the plan's state dtypes
+        // (checked by `tensors`); every operation points the casts at the tensors of its own call first.
+        let (cast, _) = unsafe { CudaCast::new(gpu.clone(), plan, addrs, Stream(0)) }
+            .map_err(|e| CudaError::new_err(chain(&e)))?;
+        Some(cast)
+    };
+    Ok((
+        layout,
+        Casting {
+            inner: CudaSender::new(gpu.clone()),
+            cast,
+        },
+    ))
+}
+
+/// Point `dev` at this call's tensors `addrs` on `stream`: the casts read them, the diff reads the casts'
+/// copies.
+///
+/// # Safety
+/// `addrs` are the call's tensors, checked against the state's layout (dtypes, sizes, the device), and the
+/// caller holds them until the operation that reads them returned.
+pub(crate) unsafe fn retarget(dev: &mut SenderDevice, addrs: Vec<u64>, stream: Stream) {
+    let read = match &mut dev.cast {
+        // SAFETY: forwarded to the caller.
+        Some(cast) => unsafe { cast.retarget(addrs, stream) },
+        None => addrs,
+    };
+    dev.inner.set_state(read, stream);
 }
 
 /// The sending end (`rlsync.cuda_ipc_sender`).
@@ -253,34 +310,7 @@ impl CudaIpcSender {
         let ts = tensors(&descs, &gpu)?;
         let state = layout_of(&ts)?;
         let casts = receivers_dtypes(&descs, dtype)?;
-        let held: Vec<(u64, usize)> = ts
-            .iter()
-            .zip(&casts)
-            .map(|(&(_, n, _), (_, to))| (n, to.size_bytes()))
-            .collect();
-        let layout = Layout::new(&held).map_err(|e| PyValueError::new_err(chain(&e)))?;
-        let plan = CastPlan::of(
-            descs
-                .iter()
-                .zip(&ts)
-                .zip(&casts)
-                .map(|((d, &(_, n, _)), &(from, to))| (d.0.as_str(), from, to, n)),
-        )
-        .map_err(PyValueError::new_err)?;
-        let addrs: Vec<u64> = ts.iter().map(|t| t.0).collect();
-        let cast = if plan.is_empty() {
-            None
-        } else {
-            // SAFETY: `addrs` are the caller's contiguous CUDA tensors of `gpu` in the plan's state dtypes
-            // (checked by `tensors`); every operation points the casts at the tensors of its own call first.
-            let (cast, _) = unsafe { CudaCast::new(gpu.clone(), plan, addrs, Stream(0)) }
-                .map_err(|e| CudaError::new_err(chain(&e)))?;
-            Some(cast)
-        };
-        let dev = Casting {
-            inner: CudaSender::new(gpu.clone()),
-            cast,
-        };
+        let (layout, dev) = casting_sender(&gpu, &descs, &ts, &casts)?;
         let tx = py
             .detach(|| IpcSender::bind(&path, dev, layout, receivers, timeout))
             .map_err(|e| ipc_error(&e))?;
@@ -396,15 +426,9 @@ impl CudaIpcSender {
                 d.0, d.3
             )));
         }
-        let stream = Stream(stream);
-        let dev = tx.device_mut();
-        let read = match &mut dev.cast {
-            // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes, the
-            // device); the caller holds them for the call.
-            Some(cast) => unsafe { cast.retarget(addrs, stream) },
-            None => addrs,
-        };
-        dev.inner.set_state(read, stream);
+        // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes, the
+        // device); the caller holds them for the call.
+        unsafe { retarget(tx.device_mut(), addrs, Stream(stream)) };
         let r = py.detach(|| op(tx)).map_err(|e| ipc_error(&e))?;
         report(py, &r)
     }

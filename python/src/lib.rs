@@ -9,6 +9,8 @@
 //! - [`worker`]: Python workers run by rlsync (`run_worker`) and the named-array trajectory codec.
 //! - [`device`]: CUDA tensors: a syncer's device side (host copies, stream) and `cuda_available()`.
 //! - [`ipc`]: the same-host GPU channel (`CudaIpcSender` / `CudaIpcReceiver`, CUDA IPC of the diff output).
+//! - [`payload`]: device payloads (`DevicePayloadSender` / `DevicePayloadReceiver`, a patch syncer's
+//!   `transport_device="cuda"`: the diff output in a CUDA tensor handed to the caller's `send`).
 //! - [`checkpoint`]: a Python trainer's own state (`state_dict()`) in `optimizer.safetensors`.
 //! - [`host_shared`]: a reader of a host-shared arena (`HostSharedReader`) and the arena's unlink.
 //! - [`tcp`]: rlsync's TCP channel ends across hosts (`TcpSender` / `TcpReceiver`).
@@ -18,6 +20,7 @@ mod device;
 mod errors;
 mod host_shared;
 mod ipc;
+mod payload;
 mod runtime;
 mod syncer;
 mod tcp;
@@ -34,6 +37,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tcp::register(m)?;
     worker::register(m)?;
     ipc::register(m)?;
+    payload::register(m)?;
     host_shared::register(m)?;
     m.add_function(wrap_pyfunction!(device::cuda_available, m)?)?;
     Ok(())

@@ -157,13 +157,15 @@ enum Slot {
     Ready(Box<End>),
     Busy { op: &'static str, kind: EndKind },
     Lost { kind: EndKind },
+    /// A sender that handed its sends over to device payloads (`retire`; Python's syncer routes there).
+    Moved { kind: EndKind },
 }
 
 impl Slot {
     fn kind(&self) -> EndKind {
         match self {
             Slot::Ready(end) => end.kind(),
-            Slot::Busy { kind, .. } | Slot::Lost { kind } => *kind,
+            Slot::Busy { kind, .. } | Slot::Lost { kind } | Slot::Moved { kind } => *kind,
         }
     }
 }
@@ -304,6 +306,9 @@ impl NativeSyncer {
                     Slot::Busy { op, .. } => RlsyncError::new_err(format!(
                         "another operation ({op}) is running on this syncer; await it first"
                     )),
+                    Slot::Moved { .. } => RlsyncError::new_err(
+                        "this sender's payloads are device payloads now (transport_device=cuda): its host end was released",
+                    ),
                     _ => RlsyncError::new_err(
                         "this syncer was lost: an earlier operation on it was abandoned midway",
                     ),
@@ -1037,7 +1042,7 @@ impl NativeSyncer {
                 End::Applier(a) => a.active().map_or(0, |h| h.sequence),
                 End::Unready(_) => 0,
             },
-            Slot::Busy { .. } | Slot::Lost { .. } => 0,
+            Slot::Busy { .. } | Slot::Lost { .. } | Slot::Moved { .. } => 0,
         }
     }
 
@@ -1063,8 +1068,45 @@ impl NativeSyncer {
                 End::Applier(a) => a.synced_keys().to_vec(),
                 End::Unready(_) => Vec::new(),
             },
-            Slot::Busy { .. } | Slot::Lost { .. } => Vec::new(),
+            Slot::Busy { .. } | Slot::Lost { .. } | Slot::Moved { .. } => Vec::new(),
         }
+    }
+
+    /// Sender: the receivers' dtype of each synced key (`synced_keys`' order), known after init.
+    #[getter]
+    fn synced_dtypes(&self) -> Vec<String> {
+        match &lock(&self.inner).end {
+            Slot::Ready(end) => match end.as_ref() {
+                End::Sender(s) => s.synced_dtypes().iter().map(|d| d.name().into()).collect(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        }
+    }
+
+    /// Sender over the caller's `send`/`recv`: hand the sends over to device payloads. The crate sender (its
+    /// host snapshot) and the host copies of CUDA tensors are released; every later call on this end is an
+    /// error saying so. Returns the (sequence, version) the receivers hold.
+    fn retire(&self) -> PyResult<(u64, u64)> {
+        let mut g = lock(&self.inner);
+        if !matches!(g.channel, Channel::Bridge(_)) {
+            return Err(RlsyncError::new_err(
+                "device payloads are for a sender over the caller's send/recv, not rlsync's channels",
+            ));
+        }
+        let held = match &g.end {
+            Slot::Ready(end) => match end.as_ref() {
+                End::Sender(s) => (s.sequence(), s.version()),
+                _ => return Err(wrong_end("device payloads", EndKind::Sender)),
+            },
+            _ => return Err(wrong_end("device payloads", EndKind::Sender)),
+        };
+        g.end = Slot::Moved {
+            kind: EndKind::Sender,
+        };
+        g.device = None;
+        g.staged = None;
+        Ok(held)
     }
 
     /// xxh3 checksum of the synced keys as the receivers hold them (sender) or hold them (receiver). CUDA

@@ -1,0 +1,340 @@
+//! Device payloads in Python: `DevicePayloadSender` / `DevicePayloadReceiver` over a state dict's CUDA tensors
+//! (the crate's `gpu::payload` with the GPU channel's CUDA devices), which `PatchWeightSyncer` switches to with
+//! `transport_device="cuda"` (`rlsync/syncer.py`).
+//!
+//! The sender builds on its GPU and writes each payload into a uint8 CUDA tensor the Python side allocates
+//! (PyTorch's memory, written on the caller's stream, never freed here); the receiver reads the payload tensor
+//! its `recv` returned in place. Each call takes the tensors' descriptions (the synced keys, in the syncer's
+//! order) and the caller's current stream, checked against the layout fixed at construction; the blocking
+//! work runs without the GIL. Without CUDA every constructor raises `rlsync.CudaError`.
+
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use rlsync_core::gpu::compact::Layout;
+use rlsync_core::gpu::ipc::CudaReceiver;
+use rlsync_core::gpu::payload::{
+    InstallReport, PayloadError, PayloadReceiver, PayloadReport, PayloadSender,
+};
+use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::tensor::DType;
+
+use crate::errors::{CudaError, PayloadRejected, RlsyncError, chain};
+use crate::ipc::{
+    SenderDevice, addresses, casting_sender, closed, layout_of, open, retarget, take, tensors,
+};
+use crate::syncer::Desc;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DevicePayloadSender>()?;
+    m.add_class::<DevicePayloadReceiver>()?;
+    Ok(())
+}
+
+fn payload_error(err: &PayloadError) -> PyErr {
+    let msg = chain(err);
+    match err {
+        PayloadError::Gpu(_) => CudaError::new_err(msg),
+        PayloadError::Rejected { .. } => PayloadRejected::new_err(msg),
+        PayloadError::Buffer { .. } | PayloadError::NotBuilt | PayloadError::NotStaged => {
+            RlsyncError::new_err(msg)
+        }
+    }
+}
+
+/// Each tensor's dtype and the receivers' (`held[k]`, a dtype name): the same, or both floating (a cast).
+fn casts(descs: &[Desc], held: &[String]) -> PyResult<Vec<(DType, DType)>> {
+    if held.len() != descs.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} receivers' dtypes for {} tensors",
+            held.len(),
+            descs.len()
+        )));
+    }
+    descs
+        .iter()
+        .zip(held)
+        .map(|(d, to)| {
+            let name = |n: &str| {
+                DType::from_name(n).ok_or_else(|| {
+                    PyValueError::new_err(format!("tensor '{}': unsupported dtype {n}", d.0))
+                })
+            };
+            let (from, to) = (name(&d.3)?, name(to)?);
+            if from != to && !(from.is_floating() && to.is_floating()) {
+                return Err(PyValueError::new_err(format!(
+                    "tensor '{}' is {} here and {} on the receivers: only floating tensors are cast",
+                    d.0, d.3, to
+                )));
+            }
+            Ok((from, to))
+        })
+        .collect()
+}
+
+fn report<'py>(py: Python<'py>, r: &PayloadReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("sequence", r.sequence)?;
+    d.set_item("version", r.version)?;
+    d.set_item("full", r.full)?;
+    d.set_item("payload_bytes", r.bytes)?;
+    d.set_item("changed", r.changes.iter().map(|c| c.1).sum::<u64>())?;
+    d.set_item("widths", r.changes.clone())?;
+    d.set_item("build_s", r.build_s)?;
+    d.set_item("fill_s", r.fill_s)?;
+    Ok(d)
+}
+
+fn install_report<'py>(py: Python<'py>, r: &InstallReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("sequence", r.sequence)?;
+    d.set_item("version", r.version)?;
+    d.set_item("full", r.full)?;
+    d.set_item("payload_bytes", r.bytes)?;
+    d.set_item("changed", r.changes.iter().map(|c| c.1).sum::<u64>())?;
+    d.set_item("widths", r.changes.clone())?;
+    d.set_item("read_s", r.read_s)?;
+    d.set_item("check_s", r.check_s)?;
+    d.set_item("apply_s", r.apply_s)?;
+    Ok(d)
+}
+
+/// An open sending end.
+struct SenderEnd {
+    gpu: Gpu,
+    tx: PayloadSender<SenderDevice>,
+    /// The state's own layout and dtypes, which every call's tensors must have.
+    state: Layout,
+    dtypes: Vec<String>,
+    /// Each tensor as the receivers hold it (key, dtype, shape), for the checksum.
+    names: Vec<(String, DType, Vec<usize>)>,
+    /// The last payload's report.
+    last: Option<PayloadReport>,
+}
+
+/// A patch syncer's sending end on device payloads.
+#[pyclass(module = "rlsync._native", frozen)]
+pub struct DevicePayloadSender {
+    inner: Mutex<Option<SenderEnd>>,
+}
+
+#[pymethods]
+impl DevicePayloadSender {
+    /// Allocate the snapshot copy and the diff's outputs for the tensors of `descs` (the synced keys in the
+    /// syncer's order) on their device and copy the tensors into the snapshot (the receivers hold them, at
+    /// sequence `sequence` labelled `version`). `held`: each tensor's dtype on the receivers.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        descs: Vec<Desc>,
+        held: Vec<String>,
+        sequence: u64,
+        version: u64,
+        stream: u64,
+    ) -> PyResult<DevicePayloadSender> {
+        let gpu = open(&descs)?;
+        let ts = tensors(&descs, &gpu)?;
+        let state = layout_of(&ts)?;
+        let casts = casts(&descs, &held)?;
+        let (layout, mut dev) = casting_sender(&gpu, &descs, &ts, &casts)?;
+        let addrs = ts.iter().map(|t| t.0).collect();
+        // SAFETY: `addrs` are the tensors of `descs`, just checked (`tensors`: contiguous CUDA tensors of this
+        // device, their sizes; `casting_sender` built the casts for their dtypes); the caller holds them.
+        unsafe { retarget(&mut dev, addrs, Stream(stream)) };
+        let names = descs
+            .iter()
+            .zip(&casts)
+            .map(|(d, &(_, to))| (d.0.clone(), to, d.4.clone()))
+            .collect();
+        let tx = py
+            .detach(|| PayloadSender::new(dev, layout, sequence, version))
+            .map_err(|e| payload_error(&e))?;
+        Ok(DevicePayloadSender {
+            inner: Mutex::new(Some(SenderEnd {
+                gpu,
+                tx,
+                state,
+                dtypes: descs.iter().map(|d| d.3.clone()).collect(),
+                names,
+                last: None,
+            })),
+        })
+    }
+
+    /// Build the next payload, labelled `version`, from the tensors of `descs` on `stream`; its length in
+    /// bytes (allocate that, then `fill`).
+    fn build(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64, version: u64) -> PyResult<u64> {
+        let mut g = take(&self.inner)?;
+        let end = g.as_mut().ok_or_else(closed)?;
+        let addrs = addresses(&descs, &end.gpu, &end.state)?;
+        if let Some((d, was)) = descs.iter().zip(&end.dtypes).find(|(d, was)| d.3 != **was) {
+            return Err(PyValueError::new_err(format!(
+                "tensor '{}' is {} now, the syncer was initialised with {was}",
+                d.0, d.3
+            )));
+        }
+        // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes, the
+        // device); the caller holds them until `build` returns (the build waits for its kernels).
+        unsafe { retarget(end.tx.device_mut(), addrs, Stream(stream)) };
+        let tx = &mut end.tx;
+        py.detach(|| tx.build(version))
+            .map_err(|e| payload_error(&e))
+    }
+
+    /// Write the built payload into the CUDA buffer at `addr` (`len` bytes, on the tensors' device), waited
+    /// for; its report.
+    fn fill<'py>(&self, py: Python<'py>, addr: u64, len: u64) -> PyResult<Bound<'py, PyDict>> {
+        let mut g = take(&self.inner)?;
+        let end = g.as_mut().ok_or_else(closed)?;
+        let tx = &mut end.tx;
+        let r = py
+            .detach(|| tx.fill(addr, len))
+            .map_err(|e| payload_error(&e))?;
+        let d = report(py, &r)?;
+        end.last = Some(r);
+        Ok(d)
+    }
+
+    /// The last payload did not reach the receivers (the caller's `send` failed): the next one is full.
+    fn lost(&self) -> PyResult<()> {
+        let mut g = take(&self.inner)?;
+        g.as_mut().ok_or_else(closed)?.tx.lost();
+        Ok(())
+    }
+
+    /// The state checksum of what the receivers hold after the last payload (the snapshot copy), on the GPU.
+    fn checksum(&self, py: Python<'_>) -> PyResult<u64> {
+        let mut g = take(&self.inner)?;
+        let end = g.as_mut().ok_or_else(closed)?;
+        let (tx, names) = (&mut end.tx, &end.names);
+        py.detach(|| tx.checksum(names))
+            .map_err(|e| payload_error(&e))
+    }
+
+    /// The version label of the last payload.
+    #[getter]
+    fn version(&self) -> PyResult<u64> {
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.version())
+    }
+
+    /// The sequence number of the last payload.
+    #[getter]
+    fn sequence(&self) -> PyResult<u64> {
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.sequence())
+    }
+
+    /// Payloads sent in full because the sender's own check of a build failed.
+    #[getter]
+    fn fallbacks(&self) -> PyResult<u64> {
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.fallbacks)
+    }
+
+    /// The last payload's report (empty before the first).
+    fn last_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let g = take(&self.inner)?;
+        match g.as_ref().ok_or_else(closed)?.last.as_ref() {
+            Some(r) => report(py, r),
+            None => Ok(PyDict::new(py)),
+        }
+    }
+
+    /// Free the device buffers.
+    fn close(&self) -> PyResult<()> {
+        drop(take(&self.inner)?.take());
+        Ok(())
+    }
+}
+
+/// An open receiving end.
+struct ReceiverEnd {
+    gpu: Gpu,
+    rx: PayloadReceiver<CudaReceiver>,
+}
+
+/// A patch syncer's receiving end of device payloads.
+#[pyclass(module = "rlsync._native", frozen)]
+pub struct DevicePayloadReceiver {
+    inner: Mutex<Option<ReceiverEnd>>,
+}
+
+#[pymethods]
+impl DevicePayloadReceiver {
+    /// A receiver into the tensors of `descs` (the synced keys in the syncer's order) on their device, which
+    /// hold sequence `sequence` labelled `version`.
+    #[new]
+    fn new(descs: Vec<Desc>, sequence: u64, version: u64) -> PyResult<DevicePayloadReceiver> {
+        let gpu = open(&descs)?;
+        let ts = tensors(&descs, &gpu)?;
+        let layout = layout_of(&ts)?;
+        let rx = PayloadReceiver::new(CudaReceiver::new(gpu.clone()), layout, sequence, version);
+        Ok(DevicePayloadReceiver {
+            inner: Mutex::new(Some(ReceiverEnd { gpu, rx })),
+        })
+    }
+
+    /// Verify the payload at `addr` (`len` bytes of a CUDA tensor on the tensors' device, kept alive by the
+    /// caller until `commit` or `abort`) on `stream`, whose work (the `recv` that wrote it) comes first; its
+    /// version label. Rejected: `PayloadRejected`, tensors and version untouched.
+    fn stage(
+        &self,
+        py: Python<'_>,
+        addr: u64,
+        len: u64,
+        descs: Vec<Desc>,
+        stream: u64,
+    ) -> PyResult<u64> {
+        let mut g = take(&self.inner)?;
+        let ReceiverEnd { gpu, rx } = g.as_mut().ok_or_else(closed)?;
+        let addrs = addresses(&descs, gpu, rx.layout())?;
+        rx.device_mut().set_tensors(addrs, Stream(stream));
+        py.detach(|| rx.stage(addr, len))
+            .map_err(|e| payload_error(&e))
+    }
+
+    /// Install the staged payload into the tensors of `descs` on `stream`, waited for; its version label.
+    fn commit(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64) -> PyResult<u64> {
+        let mut g = take(&self.inner)?;
+        let ReceiverEnd { gpu, rx } = g.as_mut().ok_or_else(closed)?;
+        let addrs = addresses(&descs, gpu, rx.layout())?;
+        rx.device_mut().set_tensors(addrs, Stream(stream));
+        py.detach(|| rx.commit()).map_err(|e| payload_error(&e))
+    }
+
+    /// Drop the staged payload; its version label, if one was staged.
+    fn abort(&self) -> PyResult<Option<u64>> {
+        Ok(take(&self.inner)?.as_mut().ok_or_else(closed)?.rx.abort())
+    }
+
+    #[getter]
+    fn staged_version(&self) -> PyResult<Option<u64>> {
+        Ok(take(&self.inner)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .rx
+            .staged_version())
+    }
+
+    /// The version label installed last.
+    #[getter]
+    fn version(&self) -> PyResult<u64> {
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.rx.version())
+    }
+
+    /// The sequence number installed last.
+    #[getter]
+    fn sequence(&self) -> PyResult<u64> {
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.rx.sequence())
+    }
+
+    /// The last install's report (empty before the first).
+    fn last_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let g = take(&self.inner)?;
+        match g.as_ref().ok_or_else(closed)?.rx.last() {
+            Some(r) => install_report(py, r),
+            None => Ok(PyDict::new(py)),
+        }
+    }
+}

@@ -1,0 +1,102 @@
+"""Device payloads (``PatchWeightSyncer(transport_device="cuda")`` over CUDA state dicts) on a machine without a
+GPU: what the routing does around them. The payloads themselves (build, fill, verify, install on the GPU) are
+tested in the core on the reference kernels and on a GPU by ``scripts/gpu_check.sh``'s ``payload`` stage."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import rlsync
+from rlsync import _native
+from rlsync import syncer as rs
+from test_api_timeouts import make, state
+
+
+def test_device_payloads_are_told_apart_by_their_first_bytes() -> None:
+    assert rs._is_device_payload(b"RLDP\x01\x00")
+    assert rs._is_device_payload(torch.tensor(list(b"RLDPxyz"), dtype=torch.uint8))
+    assert not rs._is_device_payload(b"RLSW\x01\x00"), "host-coded payloads start with RLSW"
+    assert not rs._is_device_payload(b"RL")
+    assert not rs._is_device_payload(torch.zeros(8, dtype=torch.float32))
+    assert not rs._is_device_payload(object())
+
+
+def test_a_device_payload_at_a_cpu_receiver_is_a_clear_error_and_the_receiver_goes_on(link) -> None:
+    """A receiver whose synced tensors are on the CPU cannot install a device payload: the error says what to
+    change, the weights and version stay, and the next (host-coded) payload installs as usual."""
+
+    async def main() -> None:
+        ln = link()
+        tx_sd, rx_sd = state(1), state(2)
+        s, r = make("patch"), make("patch")
+        await asyncio.gather(
+            s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
+        )
+        before = {k: v.clone() for k, v in rx_sd.items()}
+        await ln.send(b"RLDP" + bytes(200))
+        with pytest.raises(rlsync.RlsyncError, match="device payloads install into the CUDA tensors of one device"):
+            await r.apply(rx_sd, ln.recv, timeout=5)
+        assert all(torch.equal(before[k], rx_sd[k]) for k in rx_sd)
+        assert r.version == 0 and r.staged_version is None
+        await ln.send(b"RLDP" + bytes(200))
+        with pytest.raises(rlsync.RlsyncError, match="CUDA tensors of one device"):
+            await r.stage(ln.recv, timeout=5)
+        assert r.staged_version is None
+        with torch.no_grad():
+            tx_sd["w"][3] += 1.0
+        await s.sync(tx_sd, ln.send, 4)
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 4
+        assert r.checksum(rx_sd) == s.checksum(tx_sd)
+
+    asyncio.run(main())
+
+
+def test_a_cpu_state_keeps_host_coded_payloads_under_a_cuda_transport(link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``transport_device="cuda"`` asks for device payloads, which need the synced tensors on a GPU: a CPU state
+    dict keeps the host-coded payloads (moved to the transport device as before; here the move is observed)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    moved: list = []
+
+    def tensor_send(send, device=None):  # the move to the GPU, observed instead of done
+        async def wrapped(p):
+            moved.append(device)
+            await send(bytes(p))
+
+        return wrapped
+
+    monkeypatch.setattr(rs, "_tensor_send", tensor_send)
+
+    async def main() -> None:
+        ln = link()
+        tx_sd, rx_sd = state(1), state(2)
+        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
+        r = make("patch")
+        assert s._wants_device_payloads()
+        await asyncio.gather(
+            s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
+        )
+        assert s._dev_tx is None, "a CPU state dict keeps host-coded payloads"
+        with torch.no_grad():
+            tx_sd["w"][1] -= 2.0
+        await s.sync(tx_sd, ln.send, 1)
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 1
+        assert moved and all(d == torch.device("cuda") for d in moved)
+        assert r.checksum(rx_sd) == s.checksum(tx_sd)
+
+    asyncio.run(main())
+    lz4 = rlsync.PatchWeightSyncer(transport_device="cuda", compression_algorithm="lz4")
+    assert not lz4._wants_device_payloads(), "compression codes on the host"
+
+
+def test_the_device_ends_need_cuda() -> None:
+    """Without a usable driver (this machine) the device payload ends are an ``rlsync.CudaError``, never a crash."""
+    t = torch.zeros(4)
+    desc = ("w", t, t.data_ptr(), "float32", (4,), (1,), "cuda:0")
+    with pytest.raises(rlsync.CudaError):
+        _native.DevicePayloadReceiver([desc], 0, 0)
+    with pytest.raises(rlsync.CudaError):
+        _native.DevicePayloadSender([desc], ["float32"], 0, 0, 0)
