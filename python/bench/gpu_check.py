@@ -708,13 +708,22 @@ def stage_density(ctx: Ctx) -> dict[str, Any]:
 
 
 def _rlsync_7b(ctx: Ctx, rlsync: Any, tx_state: dict, rx_state: dict, snapshot_device: str, density: float,
-               gen: torch.Generator, version: list[int], until: float) -> dict[str, Any]:
-    """rlsync's patch sync of the state at ``density`` per step: timed end to end, then checked."""
+               gen: torch.Generator, version: list[int], until: float,
+               transport_device: Any = None) -> dict[str, Any]:
+    """rlsync's patch sync of the state at ``density`` per step: timed end to end, then checked. With a CUDA
+    ``transport_device`` the payloads are device payloads (handed over in process, as RLinf's variant's)."""
     out: dict[str, Any] = {"snapshot_device": snapshot_device}
+    if transport_device is not None:
+        out["transport_device"] = str(transport_device)
+        out["transport"] = "in process (the payload tensor handed over, no copy)"
     rx_module = as_module(rx_state)
 
     async def main() -> None:
-        tx, rx = rlsync_pair(rlsync, "patch", snapshot_device)
+        if transport_device is None:
+            tx, rx = rlsync_pair(rlsync, "patch", snapshot_device)
+        else:
+            tx, rx = (rlsync.PatchWeightSyncer(snapshot_device=snapshot_device, transport_device=transport_device),
+                      rlsync.PatchWeightSyncer(snapshot_device=snapshot_device))
         link = Link()
         t0 = time.perf_counter()
         await rlsync_init(tx, rx, tx_state, rx_module, link)
@@ -742,13 +751,17 @@ def _rlsync_7b(ctx: Ctx, rlsync: Any, tx_state: dict, rx_state: dict, snapshot_d
         out["timed_reps"] = len(timed_reps)
         for k in ("sender_s", "receiver_s", "e2e_s"):
             out[f"{k[:-2]}_median_s"] = median([r[k] for r in timed_reps])
-        for side, key in (("sender", "build_s"), ("sender", "encode_s"), ("receiver", "decode_s"),
+        for side, key in (("sender", "build_s"), ("sender", "encode_s"), ("sender", "fill_s"),
+                          ("receiver", "decode_s"), ("receiver", "read_s"), ("receiver", "check_s"),
                           ("receiver", "apply_s")):
             vals = [r[f"{side}_report"].get(key) for r in timed_reps if r[f"{side}_report"].get(key) is not None]
             out[f"{side}_{key[:-2]}_median_s"] = median(vals)
         out["install_median_s"] = out.get("receiver_apply_median_s")
         out["payload_bytes"] = median([r["sender_report"].get("payload_bytes", 0) for r in timed_reps])
         out["changed"] = median([r["sender_report"].get("changed", 0) for r in timed_reps])
+        out["paths"] = sorted({f"{r['sender_report'].get('device')} -> {r['receiver_report'].get('device')}"
+                               for r in reps})
+        out["full_payloads"] = sum(1 for r in reps if r["sender_report"].get("full"))
         out["receiver_equal"] = states_equal(tx_state, rx_state)
         # The receiver's checksum of CUDA tensors is hashed on the GPU (xxh3_chunks), the sender's is of its
         # snapshot, hashed on the host: equal only if the kernel is XXH3.
@@ -832,6 +845,12 @@ def stage_timing_7b(ctx: Ctx) -> dict[str, Any]:
     # On the GPU: the snapshot on the GPU only (the correctness stage runs snapshot_device=cpu; at 7B its
     # one-time pinning of the snapshot copy would eat the stage's time).
     snap_devices = ["cuda"] if ctx.dev.type == "cuda" else ["cpu"]
+    # Device payloads (transport_device on the GPU: RLinf's interface without the host round trip) first: the
+    # host-coded run after it is the slow one.
+    if rlsync is not None and ctx.dev.type == "cuda":
+        variants.append(("rlsync_patch_device_payload",
+                         lambda until: _rlsync_7b(ctx, rlsync, tx_state, rx_state, "cuda", density, gen, version,
+                                                  until, transport_device=ctx.dev)))
     for sd in snap_devices:
         if rlsync is not None:
             variants.append((f"rlsync_patch_snapshot_{sd}",
@@ -882,6 +901,16 @@ def stage_timing_7b(ctx: Ctx) -> dict[str, Any]:
         if build and copy.get("d2d_foreach_copy", {}).get("median_s"):
             summary["rlsync_build_over_state_copy"] = build / copy["d2d_foreach_copy"]["median_s"]
         summary["rlsync_install_s"] = ours.get("install_median_s")
+    dev_p = out.get("rlsync_patch_device_payload", {})
+    if dev_p.get("e2e_median_s"):
+        if theirs.get("e2e_median_s"):
+            summary["rlinf_over_rlsync_device_payload_e2e"] = theirs["e2e_median_s"] / dev_p["e2e_median_s"]
+        if copy.get("load_state_dict", {}).get("median_s"):
+            summary["load_state_dict_over_rlsync_device_payload_e2e"] = (
+                copy["load_state_dict"]["median_s"] / dev_p["e2e_median_s"])
+        if ours.get("e2e_median_s"):
+            summary["host_coded_over_device_payload_e2e"] = ours["e2e_median_s"] / dev_p["e2e_median_s"]
+        summary["rlsync_device_payload_install_s"] = dev_p.get("install_median_s")
     gpu_b, host_b = out.get("rlsync_bucket_device_cuda", {}), out.get("rlsync_bucket_device_cpu", {})
     if gpu_b.get("sender_sync_median_s") and host_b.get("sender_sync_median_s"):
         summary["bucket_host_over_gpu_staged_sender"] = host_b["sender_sync_median_s"] / gpu_b["sender_sync_median_s"]
@@ -1080,6 +1109,22 @@ def _correctness_run(ctx: Ctx, rlsync: Any, kind: str, device: str, shapes, mast
     return res
 
 
+def _payload_spots(head: bytes) -> list[int]:
+    """Bytes of a device payload that its checks cover (rlsync's gpu/payload/wire.rs layout): one in the header,
+    then per width a directory count and, where it has changes, an index and a value."""
+    import struct
+
+    nwidths = head[7]
+    spots = [9]
+    for k in range(nwidths):
+        at = 80 + 64 * k
+        _ntiles, entries, dir_off, idx_off, vals_off = struct.unpack_from("<5Q", head, at + 8)
+        spots.append(dir_off + 8)
+        if entries:
+            spots += [idx_off, vals_off + 5]
+    return spots
+
+
 def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, syncs: int = 3) -> dict[str, Any]:
     """``PatchWeightSyncer(transport_device=<the GPU>)``: every payload handed to ``send`` is a 1-D uint8 tensor
     on that GPU (RLinf's ``transport_device``), the receiver takes it as it comes and ends equal to the sender."""
@@ -1107,6 +1152,51 @@ def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, syncs: int = 3) -> 
                 failures.append(f"sync {v}: another version applied")
             if not states_equal(tx_state, rx_state):
                 failures.append(f"sync {v}: the receiver differs from the sender")
+            if tx.checksum(tx_state) != rx.checksum(rx_state):
+                failures.append(f"sync {v}: the checksums differ")
+        res["sender_path"] = tx.last_report().get("device")
+        res["receiver_path"] = rx.last_report().get("device")
+        if res["sender_path"] != "cuda (device payload)" or res["receiver_path"] != "cuda (device payload)":
+            failures.append(f"not device payloads: {res['sender_path']} -> {res['receiver_path']}")
+        # Device payloads corrupted in transit: a byte of the header, of the first width's directory, of its
+        # pools; each rejected with the receiver untouched, then the intact payload installs.
+        perturb(tx_state, 0.01, gen)
+        v = syncs + 1
+        await tx.sync(tx_state, send, v)
+        good = (await link.recv()).clone()
+        spots = _payload_spots(bytes(good[:512].cpu().tolist()))
+        rejected = 0
+        for at in spots:
+            bad = good.clone()
+            bad[at] ^= 0x10
+            before = {k: t.clone() for k, t in rx_state.items()}
+            await link.send(bad)
+            try:
+                await rx.apply(rx_state, link.recv)
+                failures.append(f"a payload with byte {at} flipped was installed")
+            except rlsync.PayloadRejected:
+                rejected += 1
+            if not states_equal(before, rx_state):
+                failures.append(f"a rejected payload (byte {at}) changed the receiver")
+        res["corrupted_rejected"] = f"{rejected}/{len(spots)}"
+        await link.send(good)
+        if await rx.apply(rx_state, link.recv) != v or not states_equal(tx_state, rx_state):
+            failures.append("the intact payload after the corrupted ones did not install")
+        # A payload lost in transit: the next one is full and the receiver catches up.
+        perturb(tx_state, 0.01, gen)
+
+        async def lose(p: Any) -> None:
+            raise ConnectionError("lost in transit (the check's transport)")
+
+        try:
+            await tx.sync(tx_state, lose, v + 1)
+        except ConnectionError:
+            pass
+        perturb(tx_state, 0.01, gen)
+        await tx.sync(tx_state, send, v + 2)
+        res["after_loss_full"] = bool(tx.last_report().get("full"))
+        if await rx.apply(rx_state, link.recv) != v + 2 or not states_equal(tx_state, rx_state):
+            failures.append("after a lost payload the receiver did not catch up")
 
     try:
         asyncio.run(main())
