@@ -197,7 +197,10 @@ struct SenderEnd {
 
 /// Each tensor of `descs`: its dtype and the receivers' (`dtype`, a floating dtype's name, for floating
 /// tensors, their own otherwise; `None`: their own).
-pub(crate) fn receivers_dtypes(descs: &[Desc], dtype: Option<&str>) -> PyResult<Vec<(DType, DType)>> {
+pub(crate) fn receivers_dtypes(
+    descs: &[Desc],
+    dtype: Option<&str>,
+) -> PyResult<Vec<(DType, DType)>> {
     let to = match dtype {
         None => None,
         Some(name) => match DType::from_name(name) {

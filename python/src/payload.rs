@@ -223,7 +223,11 @@ impl DevicePayloadSender {
     /// The sequence number of the last payload.
     #[getter]
     fn sequence(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.sequence())
+        Ok(take(&self.inner)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .tx
+            .sequence())
     }
 
     /// Payloads sent in full because the sender's own check of a build failed.
@@ -326,7 +330,11 @@ impl DevicePayloadReceiver {
     /// The sequence number installed last.
     #[getter]
     fn sequence(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.rx.sequence())
+        Ok(take(&self.inner)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .rx
+            .sequence())
     }
 
     /// The last install's report (empty before the first).

@@ -155,10 +155,17 @@ impl End {
 /// lost with an op abandoned midway (`kind`: its kind).
 enum Slot {
     Ready(Box<End>),
-    Busy { op: &'static str, kind: EndKind },
-    Lost { kind: EndKind },
+    Busy {
+        op: &'static str,
+        kind: EndKind,
+    },
+    Lost {
+        kind: EndKind,
+    },
     /// A sender that handed its sends over to device payloads (`retire`; Python's syncer routes there).
-    Moved { kind: EndKind },
+    Moved {
+        kind: EndKind,
+    },
 }
 
 impl Slot {

@@ -269,14 +269,14 @@ impl<D: PayloadOut> PayloadSender<D> {
     /// [`Self::fill`].
     pub fn build(&mut self, version: u64) -> Result<u64, PayloadError> {
         let t0 = std::time::Instant::now();
-        if self.planned.take().is_some() {
-            // A build that was never filled advanced the snapshot past what the receivers hold.
-            self.full_next = true;
-        }
+        let unfilled = self.planned.take().is_some();
         let sequence = self.sequence + 1;
         let seed = wire::seed(self.session, sequence);
+        // Until this build is planned, a failure leaves the snapshot copy in an unknown state: the next
+        // payload is a full one. A build that was never filled advanced the snapshot past what the receivers
+        // hold: this one is.
+        let mut full = std::mem::replace(&mut self.full_next, true) || unfilled;
         let built = self.dev.build(&self.layout, &self.offsets, seed)?;
-        let mut full = std::mem::take(&mut self.full_next);
         let mut parts_patch = Vec::new();
         let mut widths = Vec::new();
         let mut at = align(Header::len_for(self.widths.len()) as u64);
@@ -367,6 +367,7 @@ impl<D: PayloadOut> PayloadSender<D> {
             parts_patch
         };
         let total = header.total;
+        self.full_next = false;
         self.planned = Some(Planned { header, parts });
         self.build_s = t0.elapsed().as_secs_f64();
         Ok(total)
