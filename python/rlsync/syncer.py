@@ -602,6 +602,8 @@ class WeightSyncer:
             return
         descs = self._stage(state_dict)
         self._receiver_state = state_dict
+        # Initialised again: device payloads start over from this init's sequence.
+        self._dev_rx, self._dev_staged = None, None
         if isinstance(recv, _CHANNEL_RECEIVERS):
             self._channel = recv
             op = self._native.begin_init_receiver(descs, recv, timeout=timeout)
@@ -987,7 +989,7 @@ class WeightSyncer:
     @property
     def version(self) -> int:
         """Sender: the last version sent. Receiver: the version applied. 0 before the first sync."""
-        device = self._dev_tx or self._dev_rx
+        device = self._dev_tx if self._dev_tx is not None else self._dev_rx
         return device.version if device is not None else self._native.version
 
     @property
