@@ -722,21 +722,25 @@ class WeightSyncer:
             raise
 
     async def _device_install(self, model: StateDictLike, payload: Any, commit: bool = True) -> int:
-        """Verify a device payload on this receiver's GPU (checksums over the payload before anything is
-        written) and, with ``commit``, install it into ``model``'s CUDA tensors; its version. Without ``commit``
-        the payload tensor is kept for :meth:`commit`."""
+        """Verify a device payload (checksums over the payload before anything is written) and, with ``commit``,
+        install it into ``model``'s tensors: on their GPU, or on the CPU (the same checks and writes, by the
+        kernels' reference) where they are CPU tensors; its version. Without ``commit`` the payload tensor is
+        kept for :meth:`commit`."""
         torch = _torch()
         keys = self._dev_keys or list(self._native.synced_keys)
         descs = _synced(model, keys)
         devices = {d[6] for d in descs}
-        if len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
+        if len(devices) > 1:
             raise _native.RlsyncError(
                 "a device payload arrived (the sender's transport_device is a GPU), but this receiver's synced "
-                f"tensors are on {sorted(devices)}: device payloads install into the CUDA tensors of one device. Put "
-                "the model on a GPU, or give the sender transport_device='cpu' (host-coded payloads)"
+                f"tensors are on {sorted(devices)}: device payloads install into the tensors of one device (a GPU, "
+                "or the CPU). Keep the model on one device, or give the sender transport_device='cpu' (host-coded "
+                "payloads)"
             )
-        device = descs[0][1].device
-        if self._dev_rx is None:
+        device = descs[0][1].device if descs else torch.device("cpu")
+        if self._dev_rx is None or self._dev_rx.sequence < self._native.sequence:
+            # Made at the first device payload, from what the host end installed last (again if the host end
+            # installed since: the sender's payloads continue its sequence).
             self._dev_rx = _native.DevicePayloadReceiver(descs, self._native.sequence, self._native.version)
             self._dev_keys = keys
         if not isinstance(payload, torch.Tensor):
@@ -746,7 +750,7 @@ class WeightSyncer:
             payload = payload.to(device)
         if not payload.is_contiguous() or payload.data_ptr() % 8:
             payload = payload.clone()
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
         self._dev_staged = None
         version = self._dev_rx.stage(payload.data_ptr(), payload.numel(), descs, stream)
         if not commit:
@@ -904,7 +908,8 @@ class WeightSyncer:
         if self._dev_rx is not None and self._dev_rx.staged_version is not None:
             torch = _torch()
             descs = _synced(model, self._dev_keys)
-            stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
+            device = descs[0][1].device if descs else torch.device("cpu")
+            stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
             try:
                 return self._dev_rx.commit(descs, stream)
             finally:
@@ -989,8 +994,14 @@ class WeightSyncer:
     @property
     def version(self) -> int:
         """Sender: the last version sent. Receiver: the version applied. 0 before the first sync."""
-        device = self._dev_tx if self._dev_tx is not None else self._dev_rx
+        device = self._dev_tx if self._dev_tx is not None else self._device_rx_ahead()
         return device.version if device is not None else self._native.version
+
+    def _device_rx_ahead(self) -> Any:
+        """The device payloads' receiving end where it installed the latest version (a later sequence than the
+        host end's), else ``None``."""
+        rx = self._dev_rx
+        return rx if rx is not None and rx.sequence > self._native.sequence else None
 
     @property
     def synced_keys(self) -> list[str]:
@@ -1011,11 +1022,12 @@ class WeightSyncer:
         payloads ``device`` is ``"cuda (device payload)"``, and the report has ``full`` (a full payload),
         ``sequence``, the sender's ``build_s`` / ``fill_s`` or the receiver's ``read_s`` / ``check_s`` /
         ``apply_s``."""
-        device = self._dev_tx if self._dev_tx is not None else self._dev_rx
+        device = self._dev_tx if self._dev_tx is not None else self._device_rx_ahead()
         if device is not None:
             report = dict(device.last_report())
             if report:
-                report.update(device="cuda (device payload)", kind="patch")
+                on_host = self._dev_tx is None and self._dev_rx.on_host
+                report.update(device="cpu (device payload)" if on_host else "cuda (device payload)", kind="patch")
                 return report
         return self._native.last_report()
 

@@ -16,13 +16,16 @@ use pyo3::types::PyDict;
 
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::CudaReceiver;
+use rlsync_core::gpu::payload::host::HostReceiver;
 use rlsync_core::gpu::payload::{
     InstallReport, PayloadError, PayloadReceiver, PayloadReport, PayloadSender,
 };
 use rlsync_core::gpu::{Gpu, Stream};
 use rlsync_core::tensor::DType;
+use rlsync_core::tensor::borrowed::check_device_memory;
 
-use crate::errors::{CudaError, PayloadRejected, RlsyncError, chain};
+use crate::device;
+use crate::errors::{CudaError, HandshakeError, PayloadRejected, RlsyncError, borrow_error, chain};
 use crate::ipc::{
     SenderDevice, addresses, casting_sender, closed, layout_of, open, retarget, take, tensors,
 };
@@ -252,10 +255,85 @@ impl DevicePayloadSender {
     }
 }
 
-/// An open receiving end.
-struct ReceiverEnd {
-    gpu: Gpu,
-    rx: PayloadReceiver<CudaReceiver>,
+/// An open receiving end: on the GPU of the tensors, or on the CPU where they are CPU tensors.
+enum ReceiverEnd {
+    Cuda {
+        gpu: Gpu,
+        rx: PayloadReceiver<CudaReceiver>,
+    },
+    Host {
+        rx: PayloadReceiver<HostReceiver>,
+    },
+}
+
+impl ReceiverEnd {
+    fn version(&self) -> u64 {
+        match self {
+            ReceiverEnd::Cuda { rx, .. } => rx.version(),
+            ReceiverEnd::Host { rx } => rx.version(),
+        }
+    }
+
+    fn sequence(&self) -> u64 {
+        match self {
+            ReceiverEnd::Cuda { rx, .. } => rx.sequence(),
+            ReceiverEnd::Host { rx } => rx.sequence(),
+        }
+    }
+
+    fn staged_version(&self) -> Option<u64> {
+        match self {
+            ReceiverEnd::Cuda { rx, .. } => rx.staged_version(),
+            ReceiverEnd::Host { rx } => rx.staged_version(),
+        }
+    }
+
+    fn abort(&mut self) -> Option<u64> {
+        match self {
+            ReceiverEnd::Cuda { rx, .. } => rx.abort(),
+            ReceiverEnd::Host { rx } => rx.abort(),
+        }
+    }
+
+    fn last(&self) -> Option<&InstallReport> {
+        match self {
+            ReceiverEnd::Cuda { rx, .. } => rx.last(),
+            ReceiverEnd::Host { rx } => rx.last(),
+        }
+    }
+}
+
+/// Every tensor a contiguous CPU tensor: (address, bytes, elements, element width) in order.
+fn host_tensors(descs: &[Desc]) -> PyResult<Vec<(u64, u64, u64, usize)>> {
+    descs
+        .iter()
+        .map(|d| {
+            if d.6 != "cpu" {
+                return Err(PyValueError::new_err(format!(
+                    "tensor '{}' is on {}: a receiver on the CPU takes CPU tensors only",
+                    d.0, d.6
+                )));
+            }
+            let (dtype, bytes) =
+                check_device_memory(&device::raw_tensor(d)).map_err(|e| borrow_error(&e))?;
+            let w = dtype.size_bytes();
+            Ok((d.2 as u64, bytes as u64, (bytes / w) as u64, w))
+        })
+        .collect()
+}
+
+/// The host receiver's tensors of this call, checked against its layout.
+fn host_regions(descs: &[Desc], layout: &Layout) -> PyResult<Vec<(u64, u64)>> {
+    let ts = host_tensors(descs)?;
+    let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.2, t.3)).collect();
+    if Layout::new(&shapes).ok().as_ref() != Some(layout) {
+        return Err(HandshakeError::new_err(format!(
+            "the state dict's tensors ({}) are not those the receiver was made for ({}, same shapes and dtypes in the same order)",
+            ts.len(),
+            layout.tensors().len()
+        )));
+    }
+    Ok(ts.into_iter().map(|t| (t.0, t.1)).collect())
 }
 
 /// A patch syncer's receiving end of device payloads.
@@ -266,22 +344,43 @@ pub struct DevicePayloadReceiver {
 
 #[pymethods]
 impl DevicePayloadReceiver {
-    /// A receiver into the tensors of `descs` (the synced keys in the syncer's order) on their device, which
-    /// hold sequence `sequence` labelled `version`.
+    /// A receiver into the tensors of `descs` (the synced keys in the syncer's order), which hold sequence
+    /// `sequence` labelled `version`: on their GPU, or on the CPU where they are all CPU tensors.
     #[new]
     fn new(descs: Vec<Desc>, sequence: u64, version: u64) -> PyResult<DevicePayloadReceiver> {
-        let gpu = open(&descs)?;
-        let ts = tensors(&descs, &gpu)?;
-        let layout = layout_of(&ts)?;
-        let rx = PayloadReceiver::new(CudaReceiver::new(gpu.clone()), layout, sequence, version);
+        let end = if descs.iter().all(|d| d.6 == "cpu") {
+            let ts = host_tensors(&descs)?;
+            let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.2, t.3)).collect();
+            let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
+            ReceiverEnd::Host {
+                rx: PayloadReceiver::new(HostReceiver::new(), layout, sequence, version),
+            }
+        } else {
+            let gpu = open(&descs)?;
+            let ts = tensors(&descs, &gpu)?;
+            let layout = layout_of(&ts)?;
+            let rx =
+                PayloadReceiver::new(CudaReceiver::new(gpu.clone()), layout, sequence, version);
+            ReceiverEnd::Cuda { gpu, rx }
+        };
         Ok(DevicePayloadReceiver {
-            inner: Mutex::new(Some(ReceiverEnd { gpu, rx })),
+            inner: Mutex::new(Some(end)),
         })
     }
 
-    /// Verify the payload at `addr` (`len` bytes of a CUDA tensor on the tensors' device, kept alive by the
-    /// caller until `commit` or `abort`) on `stream`, whose work (the `recv` that wrote it) comes first; its
-    /// version label. Rejected: `PayloadRejected`, tensors and version untouched.
+    /// Whether this receiver installs on the CPU (its tensors are CPU tensors).
+    #[getter]
+    fn on_host(&self) -> PyResult<bool> {
+        Ok(matches!(
+            take(&self.inner)?.as_ref().ok_or_else(closed)?,
+            ReceiverEnd::Host { .. }
+        ))
+    }
+
+    /// Verify the payload at `addr` (`len` bytes: of a CUDA tensor on the tensors' device, or of a CPU tensor
+    /// for a receiver on the CPU; kept alive and unchanged by the caller until `commit` or `abort`) on
+    /// `stream`, whose work (the `recv` that wrote it) comes first; its version label. Rejected:
+    /// `PayloadRejected`, tensors and version untouched.
     fn stage(
         &self,
         py: Python<'_>,
@@ -291,25 +390,49 @@ impl DevicePayloadReceiver {
         stream: u64,
     ) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
-        let ReceiverEnd { gpu, rx } = g.as_mut().ok_or_else(closed)?;
-        let addrs = addresses(&descs, gpu, rx.layout())?;
-        rx.device_mut().set_tensors(addrs, Stream(stream));
-        py.detach(|| rx.stage(addr, len))
-            .map_err(|e| payload_error(&e))
+        let staged = match g.as_mut().ok_or_else(closed)? {
+            ReceiverEnd::Cuda { gpu, rx } => {
+                let addrs = addresses(&descs, gpu, rx.layout())?;
+                rx.device_mut().set_tensors(addrs, Stream(stream));
+                py.detach(|| rx.stage(addr, len))
+            }
+            ReceiverEnd::Host { rx } => {
+                let regions = host_regions(&descs, rx.layout())?;
+                // SAFETY: the tensors of `descs` (checked: contiguous CPU tensors of these sizes), which the
+                // caller holds for this call, and the payload, which it holds until the commit or abort; the
+                // syncer's API says neither is used elsewhere meanwhile.
+                unsafe {
+                    rx.device_mut().set_tensors(&regions);
+                    rx.device_mut().set_payload(addr, len);
+                }
+                py.detach(|| rx.stage(addr, len))
+            }
+        };
+        staged.map_err(|e| payload_error(&e))
     }
 
     /// Install the staged payload into the tensors of `descs` on `stream`, waited for; its version label.
     fn commit(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
-        let ReceiverEnd { gpu, rx } = g.as_mut().ok_or_else(closed)?;
-        let addrs = addresses(&descs, gpu, rx.layout())?;
-        rx.device_mut().set_tensors(addrs, Stream(stream));
-        py.detach(|| rx.commit()).map_err(|e| payload_error(&e))
+        let done = match g.as_mut().ok_or_else(closed)? {
+            ReceiverEnd::Cuda { gpu, rx } => {
+                let addrs = addresses(&descs, gpu, rx.layout())?;
+                rx.device_mut().set_tensors(addrs, Stream(stream));
+                py.detach(|| rx.commit())
+            }
+            ReceiverEnd::Host { rx } => {
+                let regions = host_regions(&descs, rx.layout())?;
+                // SAFETY: as in `stage`; the staged payload stays registered from there.
+                unsafe { rx.device_mut().set_tensors(&regions) };
+                py.detach(|| rx.commit())
+            }
+        };
+        done.map_err(|e| payload_error(&e))
     }
 
     /// Drop the staged payload; its version label, if one was staged.
     fn abort(&self) -> PyResult<Option<u64>> {
-        Ok(take(&self.inner)?.as_mut().ok_or_else(closed)?.rx.abort())
+        Ok(take(&self.inner)?.as_mut().ok_or_else(closed)?.abort())
     }
 
     #[getter]
@@ -317,30 +440,25 @@ impl DevicePayloadReceiver {
         Ok(take(&self.inner)?
             .as_ref()
             .ok_or_else(closed)?
-            .rx
             .staged_version())
     }
 
     /// The version label installed last.
     #[getter]
     fn version(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.rx.version())
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.version())
     }
 
     /// The sequence number installed last.
     #[getter]
     fn sequence(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?
-            .as_ref()
-            .ok_or_else(closed)?
-            .rx
-            .sequence())
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.sequence())
     }
 
     /// The last install's report (empty before the first).
     fn last_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let g = take(&self.inner)?;
-        match g.as_ref().ok_or_else(closed)?.rx.last() {
+        match g.as_ref().ok_or_else(closed)?.last() {
             Some(r) => install_report(py, r),
             None => Ok(PyDict::new(py)),
         }

@@ -24,9 +24,10 @@ def test_device_payloads_are_told_apart_by_their_first_bytes() -> None:
     assert not rs._is_device_payload(object())
 
 
-def test_a_device_payload_at_a_cpu_receiver_is_a_clear_error_and_the_receiver_goes_on(link) -> None:
-    """A receiver whose synced tensors are on the CPU cannot install a device payload: the error says what to
-    change, the weights and version stay, and the next (host-coded) payload installs as usual."""
+def test_a_corrupt_device_payload_at_a_cpu_receiver_is_rejected_and_the_receiver_goes_on(link) -> None:
+    """A receiver on the CPU takes device payloads (installed by the kernels' reference): one that is not valid is
+    ``PayloadRejected`` with the weights and version untouched, and the next (host-coded) payload installs as
+    usual."""
 
     async def main() -> None:
         ln = link()
@@ -37,18 +38,20 @@ def test_a_device_payload_at_a_cpu_receiver_is_a_clear_error_and_the_receiver_go
         )
         before = {k: v.clone() for k, v in rx_sd.items()}
         await ln.send(b"RLDP" + bytes(200))
-        with pytest.raises(rlsync.RlsyncError, match="device payloads install into the CUDA tensors of one device"):
+        with pytest.raises(rlsync.PayloadRejected, match="device payload rejected"):
             await r.apply(rx_sd, ln.recv, timeout=5)
         assert all(torch.equal(before[k], rx_sd[k]) for k in rx_sd)
         assert r.version == 0 and r.staged_version is None
-        await ln.send(b"RLDP" + bytes(200))
-        with pytest.raises(rlsync.RlsyncError, match="CUDA tensors of one device"):
+        await ln.send(torch.tensor(list(b"RLDP" + bytes(100)), dtype=torch.uint8))
+        with pytest.raises(rlsync.PayloadRejected):
             await r.stage(ln.recv, timeout=5)
         assert r.staged_version is None
         with torch.no_grad():
             tx_sd["w"][3] += 1.0
         await s.sync(tx_sd, ln.send, 4)
         assert await r.apply(rx_sd, ln.recv, timeout=5) == 4
+        assert r.version == 4, "the host end installed the latest version"
+        assert r.last_report()["device"] == "cpu"
         assert r.checksum(rx_sd) == s.checksum(tx_sd)
 
     asyncio.run(main())

@@ -22,6 +22,7 @@
 //! [`PayloadReceiver::commit`] installs it (`apply_compact` per width, or a copy per tensor), waited for on the
 //! receiver's stream.
 
+pub mod host;
 pub mod wire;
 
 #[cfg(test)]

@@ -78,8 +78,19 @@ impl Memory {
         let (k, off) = self.locate(addr, len)?;
         Ok(&mut self.bufs[k][off..off + len as usize])
     }
+}
 
+/// The element access the reference kernels make: the simulated device's [`Memory`], or host memory a receiver
+/// on the CPU installs into (`gpu::payload::host`).
+pub trait Elements {
     /// Element `i` of the `width`-byte array at `addr`, zero-extended.
+    fn load(&self, addr: u64, i: u64, width: usize) -> Result<u64, ReferenceError>;
+    /// Store the low `width` bytes of `v` as element `i` of the array at `addr` (little-endian, the
+    /// device's byte order; `compact` asserts the host's is the same).
+    fn store(&mut self, addr: u64, i: u64, width: usize, v: u64) -> Result<(), ReferenceError>;
+}
+
+impl Elements for Memory {
     fn load(&self, addr: u64, i: u64, width: usize) -> Result<u64, ReferenceError> {
         let w = width as u64;
         Ok(read_uint(
@@ -87,8 +98,6 @@ impl Memory {
         ))
     }
 
-    /// Store the low `width` bytes of `v` as element `i` of the array at `addr` (little-endian, the
-    /// device's byte order; `compact` asserts the host's is the same).
     fn store(&mut self, addr: u64, i: u64, width: usize, v: u64) -> Result<(), ReferenceError> {
         let w = width as u64;
         let dst = self.write(addr.wrapping_add(i.wrapping_mul(w)), w)?;
@@ -289,7 +298,7 @@ pub fn scatter(
 /// `apply_compact_w{width}`: each tile's entries (per `dir`) into `dst`, or an overflowing tile copied from
 /// `dense_src` (left alone when that is 0).
 pub fn apply_compact(
-    mem: &mut Memory,
+    mem: &mut impl Elements,
     width: usize,
     jobs: &[ApplyJob],
     ntiles: u64,
@@ -399,7 +408,7 @@ pub fn dense_hash(tile_key: u64, pos: u64, v: u64) -> u64 {
 /// hashed. The per-entry hashes are summed (wrapping): the sum does not depend on the pool's order.
 #[allow(clippy::too_many_arguments)]
 pub fn checksum_compact(
-    mem: &Memory,
+    mem: &impl Elements,
     width: usize,
     jobs: &[ApplyJob],
     ntiles: u64,

@@ -343,3 +343,82 @@ fn stage_holds_a_verified_payload_until_commit_and_abort_drops_it() {
     assert_eq!(rx.commit().unwrap(), 10);
     assert_eq!(contents(&sim, &mine), contents(&sim, &state));
 }
+
+/// A receiver on the CPU: its tensors and the payload in host memory.
+struct Host {
+    rx: PayloadReceiver<host::HostReceiver>,
+    tensors: Vec<Vec<u8>>,
+    /// The payload, 8-byte aligned.
+    payload: Vec<u64>,
+}
+
+impl Host {
+    fn new(tensors: Vec<Vec<u8>>) -> Host {
+        Host {
+            rx: PayloadReceiver::new(host::HostReceiver::new(), layout(), 0, 0),
+            tensors,
+            payload: Vec::new(),
+        }
+    }
+
+    /// Stage and commit `bytes` (at `skew` bytes past an aligned start) into the tensors.
+    fn apply(&mut self, bytes: &[u8], skew: usize) -> Result<u64, PayloadError> {
+        self.payload = vec![0; (bytes.len() + skew).div_ceil(8)];
+        let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut self.payload);
+        buf[skew..skew + bytes.len()].copy_from_slice(bytes);
+        let addr = buf.as_ptr() as u64 + skew as u64;
+        let regions: Vec<(u64, u64)> = self
+            .tensors
+            .iter_mut()
+            .map(|t| (t.as_mut_ptr() as u64, t.len() as u64))
+            .collect();
+        let dev = self.rx.device_mut();
+        // SAFETY: the tensors and the payload are this test's buffers, alive and untouched during the apply.
+        unsafe {
+            dev.set_tensors(&regions);
+            dev.set_payload(addr, bytes.len() as u64);
+        }
+        self.rx.apply(addr, bytes.len() as u64)
+    }
+}
+
+#[test]
+fn a_receiver_on_the_cpu_installs_device_payloads_bit_for_bit_and_rejects_corrupt_ones() {
+    let (sim, mut tx, state, _rx, _mine) = pair();
+    let mut host = Host::new(contents(&sim, &state));
+    for round in 1..=5u64 {
+        let stride = if round == 3 { 3 } else { 0 };
+        mutate(&sim, &state, round, stride);
+        let (addr, len, rep) = send(&sim, &mut tx);
+        assert_eq!(rep.full, round == 3);
+        let bytes = bytes_at(&sim, addr, len);
+        let before = host.tensors.clone();
+        // Corrupted in a pool (or the image) and in the header: rejected, nothing written.
+        let h = Header::decode(&bytes).unwrap();
+        let inside = match h.mode {
+            wire::Mode::Full => h.snapshot_off + h.snapshot_bytes / 2,
+            wire::Mode::Patch => {
+                let p = h.widths.iter().rfind(|p| p.entries > 0).unwrap();
+                p.vals_off + 8 * (p.entries - 1) + 5
+            }
+        };
+        for at in [inside as usize, 20] {
+            let mut bad = bytes.clone();
+            bad[at] ^= 4;
+            assert!(
+                matches!(host.apply(&bad, 0), Err(PayloadError::Rejected { .. })),
+                "round {round}, byte {at}"
+            );
+            assert_eq!(host.tensors, before, "round {round}, byte {at}");
+        }
+        assert!(matches!(
+            host.apply(&bytes, 4),
+            Err(PayloadError::Rejected {
+                reason: Reject::Misaligned { .. },
+                ..
+            })
+        ));
+        assert_eq!(host.apply(&bytes, 0).unwrap(), 10 * round);
+        assert_eq!(host.tensors, contents(&sim, &state), "round {round}");
+    }
+}

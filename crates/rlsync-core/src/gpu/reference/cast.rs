@@ -1,7 +1,7 @@
 //! CPU reference of `cast_gather` (kernels/rlsync.cu, "Bucket casts"): the same bit operations per element,
 //! over a [`Memory`], so the bucket device path is checked bit for bit against `tensor::cast_bytes` here.
 
-use super::{Memory, ReferenceError};
+use super::{Elements as _, Memory, ReferenceError};
 use crate::gpu::bucket::{CastJob, DT_BF16, DT_F16, DT_F64, code_width};
 
 /// f32 → bf16 (`cast_f32_bf16`).
