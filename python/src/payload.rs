@@ -78,27 +78,31 @@ fn casts(descs: &[Desc], held: &[String]) -> PyResult<Vec<(DType, DType)>> {
         .collect()
 }
 
-fn report<'py>(py: Python<'py>, r: &PayloadReport) -> PyResult<Bound<'py, PyDict>> {
+/// A report's common part: what the payload carried.
+fn carried<'py>(
+    py: Python<'py>,
+    (sequence, version, full, bytes): (u64, u64, bool, u64),
+    changes: &[(u8, u64)],
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("sequence", r.sequence)?;
-    d.set_item("version", r.version)?;
-    d.set_item("full", r.full)?;
-    d.set_item("payload_bytes", r.bytes)?;
-    d.set_item("changed", r.changes.iter().map(|c| c.1).sum::<u64>())?;
-    d.set_item("widths", r.changes.clone())?;
+    d.set_item("sequence", sequence)?;
+    d.set_item("version", version)?;
+    d.set_item("full", full)?;
+    d.set_item("payload_bytes", bytes)?;
+    d.set_item("changed", changes.iter().map(|c| c.1).sum::<u64>())?;
+    d.set_item("widths", changes.to_vec())?;
+    Ok(d)
+}
+
+fn report<'py>(py: Python<'py>, r: &PayloadReport) -> PyResult<Bound<'py, PyDict>> {
+    let d = carried(py, (r.sequence, r.version, r.full, r.bytes), &r.changes)?;
     d.set_item("build_s", r.build_s)?;
     d.set_item("fill_s", r.fill_s)?;
     Ok(d)
 }
 
 fn install_report<'py>(py: Python<'py>, r: &InstallReport) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("sequence", r.sequence)?;
-    d.set_item("version", r.version)?;
-    d.set_item("full", r.full)?;
-    d.set_item("payload_bytes", r.bytes)?;
-    d.set_item("changed", r.changes.iter().map(|c| c.1).sum::<u64>())?;
-    d.set_item("widths", r.changes.clone())?;
+    let d = carried(py, (r.sequence, r.version, r.full, r.bytes), &r.changes)?;
     d.set_item("read_s", r.read_s)?;
     d.set_item("check_s", r.check_s)?;
     d.set_item("apply_s", r.apply_s)?;

@@ -1687,4 +1687,4 @@ mod device;
 pub use device::{CudaReceiver, CudaSender};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

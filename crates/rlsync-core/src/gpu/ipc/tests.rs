@@ -20,7 +20,7 @@ fn lock(h: &Shared) -> std::sync::MutexGuard<'_, SharedHost> {
 
 /// (elements, width) of the test state: partial tiles, an empty tensor, every width, and one u8 tensor
 /// large enough for its pool (1/16) to overflow.
-const SHAPES: [(u64, usize); 6] = [
+pub(crate) const SHAPES: [(u64, usize); 6] = [
     (4096 * 3 + 5, 2),
     (0, 4),
     (1000, 4),
@@ -29,12 +29,12 @@ const SHAPES: [(u64, usize); 6] = [
     (1_200_000, 1),
 ];
 
-fn layout() -> Layout {
+pub(crate) fn layout() -> Layout {
     Layout::new(&SHAPES).unwrap()
 }
 
 /// Tensors of SHAPES in `host` filled from `seed`; their addresses.
-fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
+pub(crate) fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
     let mut h = lock(host);
     // A distinct odd seed per tensor (`rng::bytes` sets the low bit).
     let mut x = seed | 1;
@@ -48,7 +48,7 @@ fn tensors(host: &Shared, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-fn contents(host: &Shared, addrs: &[u64]) -> Vec<Vec<u8>> {
+pub(crate) fn contents(host: &Shared, addrs: &[u64]) -> Vec<Vec<u8>> {
     let h = lock(host);
     addrs
         .iter()
@@ -58,7 +58,7 @@ fn contents(host: &Shared, addrs: &[u64]) -> Vec<Vec<u8>> {
 }
 
 /// Change `count` elements of every tensor (every `stride`-th byte of tensor 5 when `stride` > 0).
-fn mutate(host: &Shared, addrs: &[u64], round: u64, stride: usize) {
+pub(crate) fn mutate(host: &Shared, addrs: &[u64], round: u64, stride: usize) {
     let mut h = lock(host);
     for (k, (&a, (n, w))) in addrs.iter().zip(SHAPES).enumerate() {
         if n == 0 {

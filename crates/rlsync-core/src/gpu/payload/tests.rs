@@ -3,21 +3,12 @@
 
 use super::*;
 use crate::gpu::ipc::reference::{RefReceiver, RefSender, SharedSim, SimMemory as _};
-use crate::gpu::reference::rng;
+// The GPU channel's test state: every width, partial tiles, an empty tensor, a u8 tensor whose pool overflows
+// when every third byte changes.
+use crate::gpu::ipc::tests::{SHAPES, contents, layout, mutate, tensors};
 
 type Sender = PayloadSender<RefSender<SharedSim>>;
 type Receiver = PayloadReceiver<RefReceiver<SharedSim>>;
-
-/// (elements, width): partial tiles, an empty tensor, every width, and one u8 tensor large enough for its
-/// pool (1/16) to overflow when every third byte changes.
-const SHAPES: [(u64, usize); 6] = [
-    (4096 * 3 + 5, 2),
-    (0, 4),
-    (1000, 4),
-    (333, 8),
-    (9000, 2),
-    (300_000, 1),
-];
 
 /// The tensors' names for a state checksum: key, dtype of their width, shape.
 fn names() -> Vec<(String, crate::tensor::DType, Vec<usize>)> {
@@ -37,52 +28,11 @@ fn names() -> Vec<(String, crate::tensor::DType, Vec<usize>)> {
         .collect()
 }
 
-fn layout() -> Layout {
-    Layout::new(&SHAPES).unwrap()
-}
-
-/// Tensors of SHAPES filled from `seed`; their addresses.
-fn tensors(sim: &SharedSim, seed: u64) -> Vec<u64> {
-    let mut h = sim.lock();
-    let mut x = seed | 1;
-    SHAPES
-        .iter()
-        .map(|&(n, w)| {
-            x = x.wrapping_add(2);
-            h.mem.alloc(&rng::bytes(n as usize * w, x))
-        })
-        .collect()
-}
-
-fn contents(sim: &SharedSim, addrs: &[u64]) -> Vec<Vec<u8>> {
-    let h = sim.lock();
-    addrs
-        .iter()
-        .zip(SHAPES)
-        .map(|(&a, (n, w))| h.mem.read(a, n * w as u64).unwrap().to_vec())
-        .collect()
-}
-
 fn copy_into(sim: &SharedSim, from: &[u64], to: &[u64]) {
     let data = contents(sim, from);
     let mut h = sim.lock();
     for ((&a, d), (n, w)) in to.iter().zip(data).zip(SHAPES) {
         h.mem.write(a, n * w as u64).unwrap().copy_from_slice(&d);
-    }
-}
-
-/// Change every 97th byte of every tensor (every `stride`-th of the u8 tensor when `stride` > 0).
-fn mutate(sim: &SharedSim, addrs: &[u64], round: u64, stride: usize) {
-    let mut h = sim.lock();
-    for (k, (&a, (n, w))) in addrs.iter().zip(SHAPES).enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let bytes = h.mem.write(a, n * w as u64).unwrap();
-        let step = if k == 5 && stride > 0 { stride } else { 97 };
-        for i in (round as usize % step..bytes.len()).step_by(step) {
-            bytes[i] = bytes[i].wrapping_add(1 + round as u8);
-        }
     }
 }
 
