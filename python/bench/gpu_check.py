@@ -1125,14 +1125,15 @@ def _payload_spots(head: bytes) -> list[int]:
     return spots
 
 
-def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, syncs: int = 3) -> dict[str, Any]:
+def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, snapshot_device: str = "cuda",
+                        syncs: int = 3) -> dict[str, Any]:
     """``PatchWeightSyncer(transport_device=<the GPU>)``: every payload handed to ``send`` is a 1-D uint8 tensor
     on that GPU (RLinf's ``transport_device``), the receiver takes it as it comes and ends equal to the sender."""
-    res: dict[str, Any] = {"kind": "patch", "transport_device": str(ctx.dev)}
+    res: dict[str, Any] = {"kind": "patch", "transport_device": str(ctx.dev), "snapshot_device": snapshot_device}
     failures: list[str] = []
     tx_state = {k: v.clone() for k, v in params.items()}
     rx_state = {k: torch.zeros_like(v) for k, v in params.items()}
-    tx = rlsync.PatchWeightSyncer(snapshot_device="cuda", transport_device=ctx.dev, init_sync_enabled=True)
+    tx = rlsync.PatchWeightSyncer(snapshot_device=snapshot_device, transport_device=ctx.dev, init_sync_enabled=True)
     rx = rlsync.PatchWeightSyncer(snapshot_device="cuda", init_sync_enabled=True)
     link = Link()
     kinds: set[str] = set()
@@ -1241,9 +1242,11 @@ def stage_correctness(ctx: Ctx) -> dict[str, Any]:
         until = time.monotonic() + left * weights[i] / sum(weights[i:])
         results.append(_correctness_run(ctx, rlsync, kind, device, shapes, master, params, opt, 30, until))
         free_memory()
-    if ctx.dev.type == "cuda" and ctx.left() > 3:
-        results.append(_transport_cuda_run(ctx, rlsync, params))
-        free_memory()
+    # Device payloads with the snapshot copy on the GPU, then in pinned host memory (RLinf's default).
+    for sd in ("cuda", "cpu"):
+        if ctx.dev.type == "cuda" and ctx.left() > 3:
+            results.append(_transport_cuda_run(ctx, rlsync, params, sd))
+            free_memory()
     out["runs"] = results
     ran = [r for r in results if "passed" in r]
     out["passed"] = bool(ran) and all(r["passed"] for r in ran)

@@ -533,7 +533,9 @@ class WeightSyncer:
         torch = _torch()
         stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
         held = list(self._native.synced_dtypes)
-        self._dev_tx = _native.DevicePayloadSender(descs, held, self._native.sequence, self._native.version, stream)
+        self._dev_tx = _native.DevicePayloadSender(
+            descs, held, self._native.sequence, self._native.version, stream, self._attrs["snapshot_device"].type
+        )
         self._dev_keys = keys
         self._native.retire()
 

@@ -21,6 +21,7 @@ use rlsync_core::gpu::ipc::{
     CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, ReceiverTiming, SyncReport,
 };
 use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::syncer::settings::Device;
 use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
@@ -225,13 +226,14 @@ pub(crate) fn receivers_dtypes(
 }
 
 /// The sender's device for the tensors `ts` of `descs` (checked by [`tensors`]) whose receivers hold them in
-/// `casts`' second dtypes: the layout in the receivers' dtypes, and a [`CudaSender`] that casts first where
-/// they differ (its state addresses are set per call).
+/// `casts`' second dtypes: the layout in the receivers' dtypes, and a [`CudaSender`] with its snapshot copy in
+/// `place` that casts first where they differ (its state addresses are set per call).
 pub(crate) fn casting_sender(
     gpu: &Gpu,
     descs: &[Desc],
     ts: &[(u64, u64, usize)],
     casts: &[(DType, DType)],
+    place: Device,
 ) -> PyResult<(Layout, SenderDevice)> {
     let held: Vec<(u64, usize)> = ts
         .iter()
@@ -260,7 +262,7 @@ pub(crate) fn casting_sender(
     Ok((
         layout,
         Casting {
-            inner: CudaSender::new(gpu.clone()),
+            inner: CudaSender::with_snapshot(gpu.clone(), place),
             cast,
         },
     ))
@@ -313,7 +315,7 @@ impl CudaIpcSender {
         let ts = tensors(&descs, &gpu)?;
         let state = layout_of(&ts)?;
         let casts = receivers_dtypes(&descs, dtype)?;
-        let (layout, dev) = casting_sender(&gpu, &descs, &ts, &casts)?;
+        let (layout, dev) = casting_sender(&gpu, &descs, &ts, &casts, Device::Cuda)?;
         let tx = py
             .detach(|| IpcSender::bind(&path, dev, layout, receivers, timeout))
             .map_err(|e| ipc_error(&e))?;

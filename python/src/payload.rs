@@ -21,6 +21,7 @@ use rlsync_core::gpu::payload::{
     InstallReport, PayloadError, PayloadReceiver, PayloadReport, PayloadSender,
 };
 use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::syncer::settings::Device;
 use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
@@ -130,10 +131,12 @@ pub struct DevicePayloadSender {
 
 #[pymethods]
 impl DevicePayloadSender {
-    /// Allocate the snapshot copy and the diff's outputs for the tensors of `descs` (the synced keys in the
-    /// syncer's order) on their device and copy the tensors into the snapshot (the receivers hold them, at
+    /// Allocate the snapshot copy (on the tensors' GPU with `snapshot_device="cuda"`, in pinned host memory
+    /// the kernels read over the bus with `"cpu"`) and the diff's outputs for the tensors of `descs` (the
+    /// synced keys in the syncer's order) and copy the tensors into the snapshot (the receivers hold them, at
     /// sequence `sequence` labelled `version`). `held`: each tensor's dtype on the receivers.
     #[new]
+    #[pyo3(signature = (descs, held, sequence, version, stream, snapshot_device="cuda"))]
     fn new(
         py: Python<'_>,
         descs: Vec<Desc>,
@@ -141,12 +144,22 @@ impl DevicePayloadSender {
         sequence: u64,
         version: u64,
         stream: u64,
+        snapshot_device: &str,
     ) -> PyResult<DevicePayloadSender> {
+        let place = match snapshot_device {
+            "cuda" => Device::Cuda,
+            "cpu" => Device::Cpu,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "snapshot_device '{other}': 'cuda' or 'cpu'"
+                )));
+            }
+        };
         let gpu = open(&descs)?;
         let ts = tensors(&descs, &gpu)?;
         let state = layout_of(&ts)?;
         let casts = casts(&descs, &held)?;
-        let (layout, mut dev) = casting_sender(&gpu, &descs, &ts, &casts)?;
+        let (layout, mut dev) = casting_sender(&gpu, &descs, &ts, &casts, place)?;
         let addrs = ts.iter().map(|t| t.0).collect();
         // SAFETY: `addrs` are the tensors of `descs`, just checked (`tensors`: contiguous CUDA tensors of this
         // device, their sizes; `casting_sender` built the casts for their dtypes); the caller holds them.

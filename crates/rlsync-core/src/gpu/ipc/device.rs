@@ -10,7 +10,11 @@ use crate::gpu::payload::wire::MAX_HEADER;
 use crate::gpu::payload::{Part, PayloadIn, PayloadOut, Src};
 use crate::gpu::reference::PoolSum;
 use crate::gpu::{Arg, DeviceBuf, DiffLaunch, Gpu, GpuError, Kernel, PinnedBuf, Stream};
+use crate::gpu::{IPC_HANDLE_BYTES, IpcHandle};
+use crate::syncer::settings::Device;
 use crate::tensor::DType;
+use crate::tensor::checksum::{Piece, StateHasher};
+use crate::tensor::parallel::resolve_threads;
 
 /// One wave of resident blocks of `kernel` for `width` (the driver's occupancy), at most one per tile: the
 /// grid of a grid-striding launch over `ntiles` tiles. Asked once per end and width, not per sync.
@@ -98,13 +102,34 @@ struct SenderWidth {
     sum_grid: u32,
 }
 
+/// Where a sender's snapshot copy lives.
+enum SnapshotBuf {
+    /// Device memory (exported to the GPU channel's receivers).
+    Device(DeviceBuf),
+    /// Pinned host memory mapped for the device, which the kernels read and write over the bus (device
+    /// payloads with `snapshot_device: cpu`; not exported).
+    Host { buf: PinnedBuf, addr: u64 },
+}
+
+impl SnapshotBuf {
+    /// Its address for the kernels.
+    fn addr(&self) -> u64 {
+        match self {
+            SnapshotBuf::Device(b) => b.addr(),
+            SnapshotBuf::Host { addr, .. } => *addr,
+        }
+    }
+}
+
 /// [`SenderDevice`] on CUDA: the state is the caller's CUDA tensors ([`CudaSender::set_state`] before each
 /// sync), the snapshot copy and the outputs are rlsync's allocations.
 pub struct CudaSender {
     gpu: Gpu,
     state: Vec<u64>,
     stream: Stream,
-    snapshot: Option<DeviceBuf>,
+    /// Where `prepare` puts the snapshot copy.
+    place: Device,
+    snapshot: Option<SnapshotBuf>,
     widths: Vec<SenderWidth>,
     /// The state checksum on the GPU (created by the first one).
     checksum: Option<DeviceChecksum>,
@@ -113,11 +138,19 @@ pub struct CudaSender {
 }
 
 impl CudaSender {
+    /// A sender whose snapshot copy is device memory (what the GPU channel exports).
     pub fn new(gpu: Gpu) -> CudaSender {
+        CudaSender::with_snapshot(gpu, Device::Cuda)
+    }
+
+    /// A sender whose snapshot copy is in `place`: device memory, or (`Cpu`, device payloads only: it cannot
+    /// be exported) pinned host memory the kernels read over the bus, which costs no GPU memory.
+    pub fn with_snapshot(gpu: Gpu, place: Device) -> CudaSender {
         CudaSender {
             gpu,
             state: Vec::new(),
             stream: Stream::default(),
+            place,
             snapshot: None,
             widths: Vec::new(),
             checksum: None,
@@ -156,9 +189,23 @@ impl SenderDevice for CudaSender {
         snapshot_bytes: u64,
     ) -> Result<(Export, Vec<WidthExport>), GpuError> {
         let gpu = &self.gpu;
-        let snap = gpu.alloc(snapshot_bytes as usize)?;
+        let (snap, snapshot) = match self.place {
+            Device::Cuda => {
+                let buf = gpu.alloc(snapshot_bytes as usize)?;
+                let handle = gpu.ipc_handle(&buf)?;
+                (SnapshotBuf::Device(buf), handle)
+            }
+            Device::Cpu => {
+                let buf = gpu.pinned(snapshot_bytes as usize)?;
+                let addr = buf.device_addr()?;
+                (
+                    SnapshotBuf::Host { buf, addr },
+                    IpcHandle([0; IPC_HANDLE_BYTES]),
+                )
+            }
+        };
         let snapshot = Export {
-            handle: gpu.ipc_handle(&snap)?,
+            handle: snapshot,
             bytes: snapshot_bytes,
         };
         let mut exports = Vec::new();
@@ -191,20 +238,27 @@ impl SenderDevice for CudaSender {
     }
 
     fn bootstrap(&mut self, layout: &Layout, offsets: &[u64]) -> Result<(), GpuError> {
-        let state = self.state_of(layout)?;
-        let Some(snap) = self.snapshot.as_ref() else {
+        let state = self.state_of(layout)?.to_vec();
+        let (gpu, stream) = (&self.gpu, self.stream);
+        let Some(snap) = self.snapshot.as_mut() else {
             return Ok(());
         };
         for (t, (&src, &off)) in layout.tensors().iter().zip(state.iter().zip(offsets)) {
             let bytes = t.numel as usize * t.width;
             // SAFETY: the caller's live tensor of `bytes` bytes into this sender's snapshot allocation, sized
-            // for every tensor at its offset; nothing else writes it (one version in flight).
+            // for every tensor at its offset (device memory, or pinned host memory copied into from the
+            // device); nothing else writes it (one version in flight) before the stream sync below.
             unsafe {
-                self.gpu
-                    .copy_async(snap.addr() + off, src, bytes, self.stream)?
+                match snap {
+                    SnapshotBuf::Device(b) => gpu.copy_async(b.addr() + off, src, bytes, stream)?,
+                    SnapshotBuf::Host { buf, .. } => {
+                        let dst = buf[off as usize..].as_mut_ptr();
+                        gpu.read_async(dst, src, bytes, stream)?
+                    }
+                }
             };
         }
-        self.gpu.sync(self.stream)
+        gpu.sync(stream)
     }
 
     fn build(
@@ -340,18 +394,27 @@ impl PayloadOut for CudaSender {
         // SAFETY: `dst` is the caller's device allocation of the payload's length (checked by the payload
         // sender against the plan that made `parts`), unused by anything else until this returns; each part
         // lies inside this sender's snapshot copy or width output (the plan's offsets are `width_plan`'s); the
-        // pinned header stays untouched until the stream sync below.
+        // pinned header and a host snapshot copy stay untouched until the stream sync below.
         unsafe {
             gpu.write_async(dst, pinned.as_ptr(), header.len(), stream)?;
             for p in parts {
-                let src = match p.src {
-                    Src::Snapshot => snap.addr(),
-                    Src::Width(k) => match self.widths.get(k) {
-                        Some(w) => w.out.addr(),
-                        None => continue,
+                let to = dst + p.dst_off;
+                let len = p.len as usize;
+                match p.src {
+                    Src::Snapshot => match snap {
+                        SnapshotBuf::Device(b) => {
+                            gpu.copy_async(to, b.addr() + p.src_off, len, stream)?
+                        }
+                        SnapshotBuf::Host { buf, .. } => {
+                            gpu.write_async(to, buf[p.src_off as usize..].as_ptr(), len, stream)?
+                        }
                     },
-                };
-                gpu.copy_async(dst + p.dst_off, src + p.src_off, p.len as usize, stream)?;
+                    Src::Width(k) => {
+                        if let Some(w) = self.widths.get(k) {
+                            gpu.copy_async(to, w.out.addr() + p.src_off, len, stream)?;
+                        }
+                    }
+                }
             }
         }
         gpu.sync(stream)
@@ -369,6 +432,23 @@ impl PayloadOut for CudaSender {
                 name: "the sender's buffers are not prepared".into(),
             });
         };
+        if let SnapshotBuf::Host { buf, .. } = snap {
+            // Host memory: hashed here, on the host's threads (the last build or bootstrap was waited for).
+            let pieces: Vec<Piece<'_>> = names
+                .iter()
+                .zip(offsets)
+                .map(|((key, dtype, shape), &off)| {
+                    let len = shape.iter().product::<usize>() * dtype.size_bytes();
+                    Piece::Tensor {
+                        layout: Some((key.as_str(), *dtype, shape.as_slice())),
+                        bytes: &buf[off as usize..off as usize + len],
+                    }
+                })
+                .collect();
+            let mut h = StateHasher::new();
+            h.pieces(&pieces, resolve_threads(0));
+            return Ok(h.finish());
+        }
         let addrs: Vec<u64> = offsets.iter().map(|&o| snap.addr() + o).collect();
         let plan = Plan::of_device(names, &addrs);
         let gpu = &self.gpu;
