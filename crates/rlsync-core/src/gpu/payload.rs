@@ -15,9 +15,9 @@
 //!
 //! A receiver checks before it writes anything: the header (magic, wire version, its own checksum), the layout
 //! (same tensors, same order), the sequence numbers (a patch's base is the one it holds; a full payload is
-//! newer),
-//! every section inside the buffer and aligned, then `checksum_compact` over the buffer's sections, which must
-//! give each width's sum and count in the header. A payload that fails is rejected ([`PayloadError::Rejected`])
+//! newer), every section inside the buffer and aligned, then `checksum_compact` over the buffer's sections,
+//! which must give each width's sum and count in the header. A receiver on the GPU runs the kernels there
+//! ([`crate::gpu::ipc::CudaReceiver`]); one whose tensors are host memory runs their reference ([`host`]). A payload that fails is rejected ([`PayloadError::Rejected`])
 //! with the tensors and the version untouched. [`PayloadReceiver::stage`] verifies and holds a payload,
 //! [`PayloadReceiver::commit`] installs it (`apply_compact` per width, or a copy per tensor), waited for on the
 //! receiver's stream.
