@@ -29,6 +29,7 @@ import ctypes
 import json
 import numbers
 import sys
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
@@ -533,9 +534,18 @@ class WeightSyncer:
         torch = _torch()
         stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
         held = list(self._native.synced_dtypes)
-        self._dev_tx = _native.DevicePayloadSender(
-            descs, held, self._native.sequence, self._native.version, stream, self._attrs["snapshot_device"].type
-        )
+        try:
+            self._dev_tx = _native.DevicePayloadSender(
+                descs, held, self._native.sequence, self._native.version, stream, self._attrs["snapshot_device"].type
+            )
+        except _native.CudaError as exc:
+            # The handshake is done and the receivers wait for payloads: host-coded ones still reach them.
+            warnings.warn(
+                f"device payloads could not start ({exc}); this sender's payloads stay host-coded",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
         self._dev_keys = keys
         self._native.retire()
 

@@ -103,3 +103,47 @@ def test_the_device_ends_need_cuda() -> None:
         _native.DevicePayloadReceiver([desc], 0, 0)
     with pytest.raises(rlsync.CudaError):
         _native.DevicePayloadSender([desc], ["float32"], 0, 0, 0)
+
+
+def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Init is done when device payloads would start: if they cannot (here: no CUDA driver behind what looks like
+    a CUDA state dict), a warning says so and the payloads stay host-coded, so the receivers still get them."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+    class Stream:
+        cuda_stream = 0
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    real = rs._synced
+
+    def as_if_on_a_gpu(state_dict, keys):  # the descriptions a CUDA state dict would give
+        return [d[:6] + ("cuda:0",) for d in real(state_dict, keys)]
+
+    monkeypatch.setattr(rs, "_synced", as_if_on_a_gpu)
+
+    def tensor_send(send, device=None):
+        async def wrapped(p):
+            await send(bytes(p))
+
+        return wrapped
+
+    monkeypatch.setattr(rs, "_tensor_send", tensor_send)
+
+    async def main() -> None:
+        ln = link()
+        tx_sd, rx_sd = state(1), state(2)
+        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
+        r = make("patch")
+        with pytest.warns(RuntimeWarning, match="device payloads could not start"):
+            await asyncio.gather(
+                s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
+            )
+        assert s._dev_tx is None and s._native.end == "sender"
+        with torch.no_grad():
+            tx_sd["b"] += 0.5
+        await s.sync(tx_sd, ln.send, 2)
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 2
+        assert r.checksum(rx_sd) == s.checksum(tx_sd)
+
+    asyncio.run(main())
