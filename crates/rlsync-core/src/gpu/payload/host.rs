@@ -3,6 +3,7 @@
 //! do, so a rollout whose model lives on the CPU takes the payloads of a sender on the GPU.
 
 use super::{PayloadIn, Setup};
+use crate::bytes::read_uint;
 use crate::gpu::GpuError;
 use crate::gpu::compact::{Layout, TileDir};
 use crate::gpu::ipc::ReceiverDevice;
@@ -59,17 +60,16 @@ impl Regions {
 impl Elements for Regions {
     fn load(&self, addr: u64, i: u64, width: usize) -> Result<u64, ReferenceError> {
         let w = width as u64;
-        let at = addr.wrapping_add(i.wrapping_mul(w));
-        let mut v = [0u8; 8];
-        v[..width].copy_from_slice(self.bytes(at, w)?);
-        Ok(u64::from_le_bytes(v))
+        Ok(read_uint(
+            self.bytes(addr.wrapping_add(i.wrapping_mul(w)), w)?,
+        ))
     }
 
     fn store(&mut self, addr: u64, i: u64, width: usize, v: u64) -> Result<(), ReferenceError> {
         let w = width as u64;
         let at = addr.wrapping_add(i.wrapping_mul(w));
         self.bytes_mut(at, w)?
-            .copy_from_slice(&v.to_le_bytes()[..width]);
+            .copy_from_slice(&bytemuck::bytes_of(&v)[..width]);
         Ok(())
     }
 }
