@@ -57,14 +57,12 @@ def test_a_corrupt_device_payload_at_a_cpu_receiver_is_rejected_and_the_receiver
     asyncio.run(main())
 
 
-def test_a_cpu_state_keeps_host_coded_payloads_under_a_cuda_transport(link, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``transport_device="cuda"`` asks for device payloads, which need the synced tensors on a GPU: a CPU state
-    dict keeps the host-coded payloads (moved to the transport device as before; here the move is observed)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+def _observe_moves(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Host-coded payloads' move to the GPU, observed instead of done (this machine has none): the devices asked
+    for, in order."""
     moved: list = []
 
-    def tensor_send(send, device=None):  # the move to the GPU, observed instead of done
+    def tensor_send(send, device=None):
         async def wrapped(p):
             moved.append(device)
             await send(bytes(p))
@@ -72,6 +70,15 @@ def test_a_cpu_state_keeps_host_coded_payloads_under_a_cuda_transport(link, monk
         return wrapped
 
     monkeypatch.setattr(rs, "_tensor_send", tensor_send)
+    return moved
+
+
+def test_a_cpu_state_keeps_host_coded_payloads_under_a_cuda_transport(link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``transport_device="cuda"`` asks for device payloads, which need the synced tensors on a GPU: a CPU state
+    dict keeps the host-coded payloads (moved to the transport device as before; here the move is observed)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    moved = _observe_moves(monkeypatch)
 
     async def main() -> None:
         ln = link()
@@ -122,13 +129,7 @@ def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monke
 
     monkeypatch.setattr(rs, "_synced", as_if_on_a_gpu)
 
-    def tensor_send(send, device=None):
-        async def wrapped(p):
-            await send(bytes(p))
-
-        return wrapped
-
-    monkeypatch.setattr(rs, "_tensor_send", tensor_send)
+    _observe_moves(monkeypatch)
 
     async def main() -> None:
         ln = link()

@@ -33,7 +33,6 @@ use super::IpcHandle;
 use super::compact::{Layout, TileDir};
 use super::ipc::wire::{Export, Setup, WidthExport};
 use super::ipc::{ReceiverDevice, SenderDevice, facts, snapshot_offsets, width_export};
-use super::reference::PoolSum;
 use crate::tensor::DType;
 use wire::{ALIGN, Header, MAX_HEADER, Mode, WidthPart};
 
@@ -280,7 +279,7 @@ impl<D: PayloadOut> PayloadSender<D> {
         let built = self.dev.build(&self.layout, &self.offsets, seed)?;
         let mut parts_patch = Vec::new();
         let mut widths = Vec::new();
-        let mut at = align(Header::len_for(self.widths.len()) as u64);
+        let mut at = align(wire::header_len(self.widths.len()) as u64);
         for (k, (w, b)) in self.widths.iter().zip(&built).enumerate() {
             if b.sum.count != b.cursor {
                 tracing::warn!(
@@ -411,26 +410,6 @@ impl<D: PayloadOut> PayloadSender<D> {
     }
 }
 
-impl Header {
-    /// The encoded length of a header with `nwidths` widths.
-    pub fn len_for(nwidths: usize) -> usize {
-        Header {
-            mode: Mode::Patch,
-            ntensors: 0,
-            session: 0,
-            sequence: 0,
-            base: 0,
-            version: 0,
-            total: 0,
-            layout: 0,
-            snapshot_off: 0,
-            snapshot_bytes: 0,
-            widths: vec![WidthPart::default(); nwidths],
-        }
-        .len()
-    }
-}
-
 /// The layout's digest for the header.
 fn digest(layout: &Layout) -> u64 {
     wire::layout_digest(layout.tensors().iter().map(|t| (t.numel, t.width)))
@@ -454,7 +433,9 @@ fn session_id() -> u64 {
 #[derive(Debug, Clone)]
 struct Staged {
     header: Header,
-    addr: u64,
+    /// The sections as the device kernels read them, and their addresses.
+    setup: Setup,
+    addrs: Vec<u64>,
 }
 
 /// What one install did.
@@ -563,13 +544,9 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         let addrs = self.addrs_of(&header, addr);
         let full = header.mode == Mode::Full;
         let seed = wire::seed(header.session, header.sequence);
-        self.dev.attach(&setup, addrs)?;
+        self.dev.attach(&setup, addrs.clone())?;
         let sums = self.dev.checksum(&setup, &self.layout, seed, full)?;
-        for (p, s) in header.widths.iter().zip(&sums) {
-            let found = PoolSum {
-                sum: s.sum,
-                count: s.count,
-            };
+        for (p, found) in header.widths.iter().zip(&sums) {
             if found.count != p.count {
                 return Err(reject(Reject::Count {
                     width: p.width,
@@ -587,7 +564,11 @@ impl<R: PayloadIn> PayloadReceiver<R> {
         }
         self.stage_s = (read_s, t1.elapsed().as_secs_f64());
         let version = header.version;
-        self.staged = Some(Staged { header, addr });
+        self.staged = Some(Staged {
+            header,
+            setup,
+            addrs,
+        });
         Ok(version)
     }
 
@@ -596,14 +577,13 @@ impl<R: PayloadIn> PayloadReceiver<R> {
     pub fn commit(&mut self) -> Result<u64, PayloadError> {
         let staged = self.staged.take().ok_or(PayloadError::NotStaged)?;
         let t0 = std::time::Instant::now();
-        let h = &staged.header;
-        let setup = self.setup_of(h);
-        self.dev.attach(&setup, self.addrs_of(h, staged.addr))?;
+        let (h, setup) = (&staged.header, &staged.setup);
+        self.dev.attach(setup, staged.addrs.clone())?;
         let full = h.mode == Mode::Full;
         if full {
-            self.dev.full(&setup)?;
+            self.dev.full(setup)?;
         } else {
-            self.dev.apply(&setup, &self.layout)?;
+            self.dev.apply(setup, &self.layout)?;
         }
         self.sequence = h.sequence;
         self.version = h.version;

@@ -118,7 +118,7 @@ pub struct Header {
 impl Header {
     /// Encoded length: where the first section may start (before alignment).
     pub fn len(&self) -> usize {
-        FIXED + PER_WIDTH * self.widths.len() + CHECKSUM
+        header_len(self.widths.len())
     }
 
     /// Always false: a header has its fixed part.
@@ -190,7 +190,7 @@ impl Header {
             });
         }
         let len = r.u32()? as usize;
-        let expected = FIXED + PER_WIDTH * usize::from(nwidths) + CHECKSUM;
+        let expected = header_len(usize::from(nwidths));
         if len != expected {
             return Err(HeaderError::Field {
                 field: "header length",
@@ -263,6 +263,11 @@ impl Header {
             widths,
         })
     }
+}
+
+/// The encoded length of a header listing `nwidths` widths.
+pub const fn header_len(nwidths: usize) -> usize {
+    FIXED + PER_WIDTH * nwidths + CHECKSUM
 }
 
 /// Whether `bytes` (a payload's first bytes) start like a device payload.
