@@ -1126,13 +1126,16 @@ def _payload_spots(head: bytes) -> list[int]:
 
 
 def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, snapshot_device: str = "cuda",
-                        syncs: int = 3) -> dict[str, Any]:
+                        syncs: int = 3, mixed: bool = False) -> dict[str, Any]:
     """``PatchWeightSyncer(transport_device=<the GPU>)``: every payload handed to ``send`` is a 1-D uint8 tensor
-    on that GPU (RLinf's ``transport_device``), the receiver takes it as it comes and ends equal to the sender."""
-    res: dict[str, Any] = {"kind": "patch", "transport_device": str(ctx.dev), "snapshot_device": snapshot_device}
+    on that GPU (RLinf's ``transport_device``), the receiver takes it as it comes and ends equal to the sender.
+    ``mixed``: every other tensor of the receiver's state dict is a CPU tensor (each device installs its own)."""
+    res: dict[str, Any] = {"kind": "patch", "transport_device": str(ctx.dev), "snapshot_device": snapshot_device,
+                           "receiver_devices": "cuda+cpu" if mixed else "cuda"}
     failures: list[str] = []
     tx_state = {k: v.clone() for k, v in params.items()}
-    rx_state = {k: torch.zeros_like(v) for k, v in params.items()}
+    rx_state = {k: torch.zeros_like(v, device="cpu" if mixed and i % 2 else None)
+                for i, (k, v) in enumerate(params.items())}
     tx = rlsync.PatchWeightSyncer(snapshot_device=snapshot_device, transport_device=ctx.dev, init_sync_enabled=True)
     rx = rlsync.PatchWeightSyncer(snapshot_device="cuda", init_sync_enabled=True)
     link = Link()
@@ -1157,7 +1160,8 @@ def _transport_cuda_run(ctx: Ctx, rlsync: Any, params: dict, snapshot_device: st
                 failures.append(f"sync {v}: the checksums differ")
         res["sender_path"] = tx.last_report().get("device")
         res["receiver_path"] = rx.last_report().get("device")
-        if res["sender_path"] != "cuda (device payload)" or res["receiver_path"] != "cuda (device payload)":
+        want = "cuda+cpu (device payload)" if mixed else "cuda (device payload)"
+        if res["sender_path"] != "cuda (device payload)" or res["receiver_path"] != want:
             failures.append(f"not device payloads: {res['sender_path']} -> {res['receiver_path']}")
         # Device payloads corrupted in transit: a byte of the header, of the first width's directory, of its
         # pools; each rejected with the receiver untouched, then the intact payload installs.
@@ -1247,6 +1251,12 @@ def stage_correctness(ctx: Ctx) -> dict[str, Any]:
         if ctx.dev.type == "cuda" and ctx.left() > 3:
             results.append(_transport_cuda_run(ctx, rlsync, params, sd))
             free_memory()
+    # A receiver on the GPU and the CPU (the CPU share checks every payload by the kernels' reference on the
+    # host: a few small tensors keep that short).
+    if ctx.dev.type == "cuda" and ctx.left() > 3:
+        small = dict(list((k, v) for k, v in params.items() if v.numel() <= 1 << 22)[:16])
+        results.append(_transport_cuda_run(ctx, rlsync, small, "cuda", mixed=True))
+        free_memory()
     out["runs"] = results
     ran = [r for r in results if "passed" in r]
     out["passed"] = bool(ran) and all(r["passed"] for r in ran)

@@ -333,6 +333,35 @@ def _synced(state_dict: StateDictLike, keys: list[str]) -> list[tuple]:
     return [by_name[k] for k in keys]
 
 
+def _host_coded_only(recv: RecvFn) -> RecvFn:
+    """``recv`` for a host-shared receiver: a device payload (its sender's ``transport_device`` is a GPU) is
+    refused by name, weights and version untouched (the arena's applier installs host-coded payloads)."""
+
+    async def checked() -> Any:
+        payload = await recv()
+        if _is_device_payload(payload):
+            raise _native.RlsyncError(
+                "a device payload arrived (the sender's transport_device is a GPU and its tensors are CUDA tensors), "
+                "but a host-shared receiver installs host-coded payloads into its arena: give the sender "
+                "transport_device='cpu' (weights and version untouched)"
+            )
+        return payload
+
+    return checked
+
+
+def _streams(devices: list[str]) -> list[int]:
+    """The caller's current stream on each of ``devices`` (``cuda:N``, ``cpu``: 0)."""
+    torch = _torch()
+    return [torch.cuda.current_stream(d).cuda_stream if d.startswith("cuda") else 0 for d in devices]
+
+
+def _device_kinds(devices: list[str]) -> str:
+    """``cuda``, ``cpu`` or ``cuda+cpu``: where a device payloads' receiver installs."""
+    kinds = ["cuda"] if any(d.startswith("cuda") for d in devices) else []
+    return "+".join(kinds + (["cpu"] if "cpu" in devices else []))
+
+
 def _timeout(awaited: str, version: int | None, seconds: float) -> Exception:
     """:class:`rlsync.Timeout` with the attributes the native module gives it."""
     err = _native.Timeout(f"timed out after {seconds} s: {awaited}")
@@ -736,20 +765,12 @@ class WeightSyncer:
     async def _device_install(self, model: StateDictLike, payload: Any, commit: bool = True) -> int:
         """Verify a device payload (checksums over the payload before anything is written) and, with ``commit``,
         install it into ``model``'s tensors: on their GPU, or on the CPU (the same checks and writes, by the
-        kernels' reference) where they are CPU tensors; its version. Without ``commit`` the payload tensor is
-        kept for :meth:`commit`."""
+        kernels' reference) where they are CPU tensors; a model on several devices takes one copy of the payload
+        per device, each checked there before any is installed. Its version. Without ``commit`` the payload
+        copies are kept for :meth:`commit`."""
         torch = _torch()
         keys = self._dev_keys or list(self._native.synced_keys)
         descs = _synced(model, keys)
-        devices = {d[6] for d in descs}
-        if len(devices) > 1:
-            raise _native.RlsyncError(
-                "a device payload arrived (the sender's transport_device is a GPU), but this receiver's synced "
-                f"tensors are on {sorted(devices)}: device payloads install into the tensors of one device (a GPU, "
-                "or the CPU). Keep the model on one device, or give the sender transport_device='cpu' (host-coded "
-                "payloads)"
-            )
-        device = descs[0][1].device if descs else torch.device("cpu")
         if self._dev_rx is None or self._dev_rx.sequence < self._native.sequence:
             # Made at the first device payload, from what the host end installed last (again if the host end
             # installed since: the sender's payloads continue its sequence).
@@ -758,17 +779,19 @@ class WeightSyncer:
         if not isinstance(payload, torch.Tensor):
             payload = torch.frombuffer(bytearray(_as_bytes(payload)), dtype=torch.uint8)
         payload = payload.detach().reshape(-1)
-        if payload.device != device:
-            payload = payload.to(device)
-        if not payload.is_contiguous() or payload.data_ptr() % 8:
-            payload = payload.clone()
-        stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+        copies = []
+        for name in self._dev_rx.devices:
+            copy = payload if payload.device == torch.device(name) else payload.to(name)
+            if not copy.is_contiguous() or copy.data_ptr() % 8:
+                copy = copy.clone()
+            copies.append(copy)
+        streams = _streams(self._dev_rx.devices)
         self._dev_staged = None
-        version = self._dev_rx.stage(payload.data_ptr(), payload.numel(), descs, stream)
+        version = self._dev_rx.stage([(c.data_ptr(), c.numel()) for c in copies], descs, streams)
         if not commit:
-            self._dev_staged = payload
+            self._dev_staged = copies
             return version
-        return self._dev_rx.commit(descs, stream)
+        return self._dev_rx.commit(descs, streams)
 
     async def flush(self, *, timeout: float | None = None) -> None:
         """Sender on rlsync's shm channel: wait until every receiver has released every payload sent so far.
@@ -856,7 +879,7 @@ class WeightSyncer:
             self._check_channel(recv)
             version = await asyncio.to_thread(op.run)
         else:
-            version = await _drive(op, None, recv, timeout)
+            version = await _drive(op, None, _host_coded_only(recv), timeout)
         self._host_reader.refresh()
         return version
 
@@ -918,12 +941,9 @@ class WeightSyncer:
             if model is None:
                 raise TypeError("commit() needs the model: this syncer was not initialised as a receiver")
         if self._dev_rx is not None and self._dev_rx.staged_version is not None:
-            torch = _torch()
             descs = _synced(model, self._dev_keys)
-            device = descs[0][1].device if descs else torch.device("cpu")
-            stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
             try:
-                return self._dev_rx.commit(descs, stream)
+                return self._dev_rx.commit(descs, _streams(self._dev_rx.devices))
             finally:
                 self._dev_staged = None
         native = self._rx_native or self._native
@@ -1038,8 +1058,8 @@ class WeightSyncer:
         if device is not None:
             report = dict(device.last_report())
             if report:
-                on_host = self._dev_tx is None and self._dev_rx.on_host
-                report.update(device="cpu (device payload)" if on_host else "cuda (device payload)", kind="patch")
+                where = "cuda" if self._dev_tx is not None else _device_kinds(self._dev_rx.devices)
+                report.update(device=f"{where} (device payload)", kind="patch")
                 return report
         return self._native.last_report()
 

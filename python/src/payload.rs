@@ -25,8 +25,10 @@ use rlsync_core::syncer::settings::Device;
 use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
-use crate::device;
-use crate::errors::{CudaError, HandshakeError, PayloadRejected, RlsyncError, borrow_error, chain};
+use crate::device::{self, cuda_ordinal};
+use crate::errors::{
+    CudaError, HandshakeError, PayloadRejected, RlsyncError, borrow_error, chain, gpu_error,
+};
 use crate::ipc::{
     SenderDevice, addresses, casting_sender, closed, layout_of, open, retarget, take, tensors,
 };
@@ -272,85 +274,197 @@ impl DevicePayloadSender {
     }
 }
 
-/// An open receiving end: on the GPU of the tensors, or on the CPU where they are CPU tensors.
-enum ReceiverEnd {
-    Cuda {
-        gpu: Gpu,
-        rx: PayloadReceiver<CudaReceiver>,
-    },
-    Host {
-        rx: PayloadReceiver<HostReceiver>,
-    },
+/// One device's share of a receiver: the tensors on one GPU, or on the CPU. Each share holds the whole
+/// layout and installs its own tensors (the others it holds elsewhere: address 0).
+enum Share {
+    Cuda { rx: PayloadReceiver<CudaReceiver> },
+    Host { rx: PayloadReceiver<HostReceiver> },
 }
 
-impl ReceiverEnd {
+impl Share {
+    fn stage(
+        &mut self,
+        py: Python<'_>,
+        (addr, len): (u64, u64),
+        tensors: &[(u64, u64)],
+        stream: u64,
+    ) -> Result<u64, PayloadError> {
+        match self {
+            Share::Cuda { rx } => {
+                let addrs = tensors.iter().map(|t| t.0).collect();
+                rx.device_mut().set_tensors(addrs, Stream(stream));
+                py.detach(|| rx.stage(addr, len))
+            }
+            Share::Host { rx } => {
+                // SAFETY: the CPU tensors of this call (checked: contiguous, these sizes), which the caller
+                // holds for the call, and the payload, which it holds until the commit or abort; the syncer's
+                // API says neither is used elsewhere meanwhile.
+                unsafe {
+                    rx.device_mut().set_tensors(tensors);
+                    rx.device_mut().set_payload(addr, len);
+                }
+                py.detach(|| rx.stage(addr, len))
+            }
+        }
+    }
+
+    fn commit(
+        &mut self,
+        py: Python<'_>,
+        tensors: &[(u64, u64)],
+        stream: u64,
+    ) -> Result<u64, PayloadError> {
+        match self {
+            Share::Cuda { rx } => {
+                let addrs = tensors.iter().map(|t| t.0).collect();
+                rx.device_mut().set_tensors(addrs, Stream(stream));
+                py.detach(|| rx.commit())
+            }
+            Share::Host { rx } => {
+                // SAFETY: as in `stage`; the staged payload stays registered from there.
+                unsafe { rx.device_mut().set_tensors(tensors) };
+                py.detach(|| rx.commit())
+            }
+        }
+    }
+
     fn version(&self) -> u64 {
         match self {
-            ReceiverEnd::Cuda { rx, .. } => rx.version(),
-            ReceiverEnd::Host { rx } => rx.version(),
+            Share::Cuda { rx } => rx.version(),
+            Share::Host { rx } => rx.version(),
         }
     }
 
     fn sequence(&self) -> u64 {
         match self {
-            ReceiverEnd::Cuda { rx, .. } => rx.sequence(),
-            ReceiverEnd::Host { rx } => rx.sequence(),
+            Share::Cuda { rx } => rx.sequence(),
+            Share::Host { rx } => rx.sequence(),
         }
     }
 
     fn staged_version(&self) -> Option<u64> {
         match self {
-            ReceiverEnd::Cuda { rx, .. } => rx.staged_version(),
-            ReceiverEnd::Host { rx } => rx.staged_version(),
+            Share::Cuda { rx } => rx.staged_version(),
+            Share::Host { rx } => rx.staged_version(),
         }
     }
 
     fn abort(&mut self) -> Option<u64> {
         match self {
-            ReceiverEnd::Cuda { rx, .. } => rx.abort(),
-            ReceiverEnd::Host { rx } => rx.abort(),
+            Share::Cuda { rx } => rx.abort(),
+            Share::Host { rx } => rx.abort(),
         }
     }
 
     fn last(&self) -> Option<&InstallReport> {
         match self {
-            ReceiverEnd::Cuda { rx, .. } => rx.last(),
-            ReceiverEnd::Host { rx } => rx.last(),
+            Share::Cuda { rx } => rx.last(),
+            Share::Host { rx } => rx.last(),
         }
     }
 }
 
-/// Every tensor a contiguous CPU tensor: (address, bytes, elements, element width) in order.
-fn host_tensors(descs: &[Desc]) -> PyResult<Vec<(u64, u64, u64, usize)>> {
+/// An open receiving end: one share per device its tensors live on.
+struct ReceiverEnd {
+    /// Each share's device (`cuda:N` or `cpu`), in the order the tensors first name them.
+    devices: Vec<String>,
+    shares: Vec<Share>,
+    layout: Layout,
+}
+
+/// Where one synced tensor is, and its size.
+struct Placed {
+    /// `cuda:N` or `cpu`.
+    device: String,
+    addr: u64,
+    bytes: u64,
+    numel: u64,
+    width: usize,
+}
+
+/// Every tensor a contiguous tensor of a GPU or the CPU, in order.
+fn placed(descs: &[Desc]) -> PyResult<Vec<Placed>> {
     descs
         .iter()
         .map(|d| {
-            if d.6 != "cpu" {
-                return Err(PyValueError::new_err(format!(
-                    "tensor '{}' is on {}: a receiver on the CPU takes CPU tensors only",
-                    d.0, d.6
-                )));
-            }
+            let device = match cuda_ordinal(&d.6) {
+                Some(Ok(o)) => format!("cuda:{o}"),
+                None if d.6 == "cpu" => d.6.clone(),
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "tensor '{}' is on {}: device payloads install into CUDA or CPU tensors",
+                        d.0, d.6
+                    )));
+                }
+            };
             let (dtype, bytes) =
                 check_device_memory(&device::raw_tensor(d)).map_err(|e| borrow_error(&e))?;
             let w = dtype.size_bytes();
-            Ok((d.2 as u64, bytes as u64, (bytes / w) as u64, w))
+            Ok(Placed {
+                device,
+                addr: d.2 as u64,
+                bytes: bytes as u64,
+                numel: (bytes / w) as u64,
+                width: w,
+            })
         })
         .collect()
 }
 
-/// The host receiver's tensors of this call, checked against its layout.
-fn host_regions(descs: &[Desc], layout: &Layout) -> PyResult<Vec<(u64, u64)>> {
-    let ts = host_tensors(descs)?;
-    let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.2, t.3)).collect();
-    if Layout::new(&shapes).ok().as_ref() != Some(layout) {
-        return Err(HandshakeError::new_err(format!(
-            "the state dict's tensors ({}) are not those the receiver was made for ({}, same shapes and dtypes in the same order)",
-            ts.len(),
-            layout.tensors().len()
-        )));
+impl ReceiverEnd {
+    /// Each share's tensors of this call, (address, bytes) in layout order (0 where another share's), checked
+    /// against the layout and the devices of the construction.
+    fn tensors_of(&self, descs: &[Desc]) -> PyResult<Vec<Vec<(u64, u64)>>> {
+        let ts = placed(descs)?;
+        let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
+        if Layout::new(&shapes).ok().as_ref() != Some(&self.layout) {
+            return Err(HandshakeError::new_err(format!(
+                "the state dict's tensors ({}) are not those the receiver was made for ({}, same shapes and dtypes in the same order)",
+                ts.len(),
+                self.layout.tensors().len()
+            )));
+        }
+        if let Some(t) = ts.iter().find(|t| !self.devices.contains(&t.device)) {
+            return Err(PyValueError::new_err(format!(
+                "a synced tensor is on {}, a device this receiver was not made for (its devices: {:?}): keep the model where it was at the first device payload",
+                t.device, self.devices
+            )));
+        }
+        Ok(self
+            .devices
+            .iter()
+            .map(|dev| {
+                ts.iter()
+                    .map(|t| {
+                        if &t.device == dev {
+                            (t.addr, t.bytes)
+                        } else {
+                            (0, 0)
+                        }
+                    })
+                    .collect()
+            })
+            .collect())
     }
-    Ok(ts.into_iter().map(|t| (t.0, t.1)).collect())
+
+    /// Drop what every share holds staged; the version label staged, if any.
+    fn abort(&mut self) -> Option<u64> {
+        let dropped: Vec<Option<u64>> = self.shares.iter_mut().map(Share::abort).collect();
+        dropped.into_iter().flatten().next()
+    }
+
+    /// One entry per share, or an error naming what the caller gave.
+    fn per_share<T>(&self, what: &str, items: Vec<T>) -> PyResult<Vec<T>> {
+        if items.len() != self.shares.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} {what} for a receiver on {} devices {:?}",
+                items.len(),
+                self.shares.len(),
+                self.devices
+            )));
+        }
+        Ok(items)
+    }
 }
 
 /// A patch syncer's receiving end of device payloads.
@@ -362,89 +476,112 @@ pub struct DevicePayloadReceiver {
 #[pymethods]
 impl DevicePayloadReceiver {
     /// A receiver into the tensors of `descs` (the synced keys in the syncer's order), which hold sequence
-    /// `sequence` labelled `version`: on their GPU, or on the CPU where they are all CPU tensors.
+    /// `sequence` labelled `version`: one share per device the tensors live on (each GPU, the CPU), each
+    /// verifying every payload and installing its own tensors.
     #[new]
     fn new(descs: Vec<Desc>, sequence: u64, version: u64) -> PyResult<DevicePayloadReceiver> {
-        let end = if descs.iter().all(|d| d.6 == "cpu") {
-            let ts = host_tensors(&descs)?;
-            let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.2, t.3)).collect();
-            let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
-            ReceiverEnd::Host {
-                rx: PayloadReceiver::new(HostReceiver::new(), layout, sequence, version),
+        let ts = placed(&descs)?;
+        let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
+        let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
+        let mut devices: Vec<String> = Vec::new();
+        for t in &ts {
+            if !devices.contains(&t.device) {
+                devices.push(t.device.clone());
             }
-        } else {
-            let gpu = open(&descs)?;
-            let ts = tensors(&descs, &gpu)?;
-            let layout = layout_of(&ts)?;
-            let rx =
-                PayloadReceiver::new(CudaReceiver::new(gpu.clone()), layout, sequence, version);
-            ReceiverEnd::Cuda { gpu, rx }
-        };
+        }
+        if devices.is_empty() {
+            devices.push("cpu".into());
+        }
+        let shares = devices
+            .iter()
+            .map(|dev| -> PyResult<Share> {
+                Ok(match cuda_ordinal(dev) {
+                    Some(Ok(o)) => {
+                        let gpu = Gpu::open(o).map_err(|e| gpu_error(&e))?;
+                        let dev = CudaReceiver::new(gpu);
+                        Share::Cuda {
+                            rx: PayloadReceiver::new(dev, layout.clone(), sequence, version),
+                        }
+                    }
+                    _ => Share::Host {
+                        rx: PayloadReceiver::new(
+                            HostReceiver::new(),
+                            layout.clone(),
+                            sequence,
+                            version,
+                        ),
+                    },
+                })
+            })
+            .collect::<PyResult<Vec<Share>>>()?;
         Ok(DevicePayloadReceiver {
-            inner: Mutex::new(Some(end)),
+            inner: Mutex::new(Some(ReceiverEnd {
+                devices,
+                shares,
+                layout,
+            })),
         })
     }
 
-    /// Whether this receiver installs on the CPU (its tensors are CPU tensors).
+    /// The devices of the shares (`cuda:N`, `cpu`), in the order `stage` takes their payloads and streams.
     #[getter]
-    fn on_host(&self) -> PyResult<bool> {
-        Ok(matches!(
-            take(&self.inner)?.as_ref().ok_or_else(closed)?,
-            ReceiverEnd::Host { .. }
-        ))
+    fn devices(&self) -> PyResult<Vec<String>> {
+        Ok(take(&self.inner)?
+            .as_ref()
+            .ok_or_else(closed)?
+            .devices
+            .clone())
     }
 
-    /// Verify the payload at `addr` (`len` bytes: of a CUDA tensor on the tensors' device, or of a CPU tensor
-    /// for a receiver on the CPU; kept alive and unchanged by the caller until `commit` or `abort`) on
-    /// `stream`, whose work (the `recv` that wrote it) comes first; its version label. Rejected:
-    /// `PayloadRejected`, tensors and version untouched.
+    /// Verify the payload, one copy per share (`payloads[k]`: (address, bytes) of a uint8 tensor on
+    /// `devices[k]`, kept alive and unchanged by the caller until `commit` or `abort`), each on its stream
+    /// (`streams[k]`, 0 for the CPU), whose work (the `recv` and copy that wrote it) comes first; its version
+    /// label. Every share checks its copy before any share is held: rejected, `PayloadRejected`, tensors
+    /// and version untouched.
     fn stage(
         &self,
         py: Python<'_>,
-        addr: u64,
-        len: u64,
+        payloads: Vec<(u64, u64)>,
         descs: Vec<Desc>,
-        stream: u64,
+        streams: Vec<u64>,
     ) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
-        let staged = match g.as_mut().ok_or_else(closed)? {
-            ReceiverEnd::Cuda { gpu, rx } => {
-                let addrs = addresses(&descs, gpu, rx.layout())?;
-                rx.device_mut().set_tensors(addrs, Stream(stream));
-                py.detach(|| rx.stage(addr, len))
-            }
-            ReceiverEnd::Host { rx } => {
-                let regions = host_regions(&descs, rx.layout())?;
-                // SAFETY: the tensors of `descs` (checked: contiguous CPU tensors of these sizes), which the
-                // caller holds for this call, and the payload, which it holds until the commit or abort; the
-                // syncer's API says neither is used elsewhere meanwhile.
-                unsafe {
-                    rx.device_mut().set_tensors(&regions);
-                    rx.device_mut().set_payload(addr, len);
+        let end = g.as_mut().ok_or_else(closed)?;
+        let payloads = end.per_share("payloads", payloads)?;
+        let streams = end.per_share("streams", streams)?;
+        let tensors = end.tensors_of(&descs)?;
+        let mut version = 0;
+        for k in 0..end.shares.len() {
+            match end.shares[k].stage(py, payloads[k], &tensors[k], streams[k]) {
+                Ok(v) => version = v,
+                Err(e) => {
+                    end.abort();
+                    return Err(payload_error(&e));
                 }
-                py.detach(|| rx.stage(addr, len))
             }
-        };
-        staged.map_err(|e| payload_error(&e))
+        }
+        Ok(version)
     }
 
-    /// Install the staged payload into the tensors of `descs` on `stream`, waited for; its version label.
-    fn commit(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64) -> PyResult<u64> {
+    /// Install the staged payload into the tensors of `descs`, each share on its stream, waited for; its
+    /// version label. A GPU failure midway leaves the shares before it installed: the next patch is then
+    /// rejected by the others (a full resync is needed), as after any failed install.
+    fn commit(&self, py: Python<'_>, descs: Vec<Desc>, streams: Vec<u64>) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
-        let done = match g.as_mut().ok_or_else(closed)? {
-            ReceiverEnd::Cuda { gpu, rx } => {
-                let addrs = addresses(&descs, gpu, rx.layout())?;
-                rx.device_mut().set_tensors(addrs, Stream(stream));
-                py.detach(|| rx.commit())
+        let end = g.as_mut().ok_or_else(closed)?;
+        let streams = end.per_share("streams", streams)?;
+        let tensors = end.tensors_of(&descs)?;
+        let mut version = 0;
+        for k in 0..end.shares.len() {
+            match end.shares[k].commit(py, &tensors[k], streams[k]) {
+                Ok(v) => version = v,
+                Err(e) => {
+                    end.abort();
+                    return Err(payload_error(&e));
+                }
             }
-            ReceiverEnd::Host { rx } => {
-                let regions = host_regions(&descs, rx.layout())?;
-                // SAFETY: as in `stage`; the staged payload stays registered from there.
-                unsafe { rx.device_mut().set_tensors(&regions) };
-                py.detach(|| rx.commit())
-            }
-        };
-        done.map_err(|e| payload_error(&e))
+        }
+        Ok(version)
     }
 
     /// Drop the staged payload; its version label, if one was staged.
@@ -454,30 +591,46 @@ impl DevicePayloadReceiver {
 
     #[getter]
     fn staged_version(&self) -> PyResult<Option<u64>> {
-        Ok(take(&self.inner)?
-            .as_ref()
-            .ok_or_else(closed)?
-            .staged_version())
+        let g = take(&self.inner)?;
+        Ok(g.as_ref().ok_or_else(closed)?.shares[0].staged_version())
     }
 
-    /// The version label installed last.
+    /// The version label installed last (the first share's: all agree unless an install failed midway).
     #[getter]
     fn version(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.version())
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.shares[0].version())
     }
 
-    /// The sequence number installed last.
+    /// The sequence number installed last: the lowest of the shares' (where an install failed midway, the
+    /// one the sender's next full payload must come after).
     #[getter]
     fn sequence(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.sequence())
+        let g = take(&self.inner)?;
+        let end = g.as_ref().ok_or_else(closed)?;
+        Ok(end
+            .shares
+            .iter()
+            .map(Share::sequence)
+            .min()
+            .unwrap_or_default())
     }
 
-    /// The last install's report (empty before the first).
+    /// The last install's report (empty before the first): the first share's, its seconds summed over the
+    /// shares (they run one after another).
     fn last_report<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let g = take(&self.inner)?;
-        match g.as_ref().ok_or_else(closed)?.last() {
-            Some(r) => install_report(py, r),
-            None => Ok(PyDict::new(py)),
-        }
+        let end = g.as_ref().ok_or_else(closed)?;
+        let reports: Vec<&InstallReport> = end.shares.iter().filter_map(Share::last).collect();
+        let Some(&first) = reports.first() else {
+            return Ok(PyDict::new(py));
+        };
+        let total = |f: fn(&InstallReport) -> f64| reports.iter().map(|r| f(r)).sum::<f64>();
+        let merged = InstallReport {
+            read_s: total(|r| r.read_s),
+            check_s: total(|r| r.check_s),
+            apply_s: total(|r| r.apply_s),
+            ..first.clone()
+        };
+        install_report(py, &merged)
     }
 }

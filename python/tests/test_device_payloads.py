@@ -112,6 +112,35 @@ def test_the_device_ends_need_cuda() -> None:
         _native.DevicePayloadSender([desc], ["float32"], 0, 0, 0)
 
 
+def test_a_receiver_has_one_share_per_device_of_its_tensors() -> None:
+    """A device payloads' receiver takes one copy of each payload per device its tensors live on: a CPU state dict
+    is one share on the CPU; a state dict that also holds CUDA tensors opens their GPU (here: no driver, a clean
+    ``CudaError``); the per-share arguments are checked against the shares."""
+    w, b = torch.zeros(6, dtype=torch.bfloat16), torch.zeros(3)
+    cpu = [("w", w, w.data_ptr(), "bfloat16", (6,), (1,), "cpu"), ("b", b, b.data_ptr(), "float32", (3,), (1,), "cpu")]
+    rx = _native.DevicePayloadReceiver(cpu, 0, 0)
+    assert rx.devices == ["cpu"]
+    assert rx.version == 0 and rx.sequence == 0 and rx.staged_version is None and rx.last_report() == {}
+    payload = torch.zeros(64, dtype=torch.int64)
+    with pytest.raises(ValueError, match="2 payloads for a receiver on 1 devices"):
+        rx.stage([(payload.data_ptr(), 512)] * 2, cpu, [0])
+    with pytest.raises(ValueError, match="2 streams"):
+        rx.stage([(payload.data_ptr(), 512)], cpu, [0, 0])
+    with pytest.raises(rlsync.PayloadRejected, match="device payload rejected"):
+        rx.stage([(payload.data_ptr(), 512)], cpu, [0])
+    assert rx.abort() is None and rx.version == 0
+    other = [cpu[1], cpu[0]]
+    with pytest.raises(rlsync.HandshakeError, match="not those the receiver was made for"):
+        rx.stage([(payload.data_ptr(), 512)], other, [0])
+    mixed = [cpu[0][:6] + ("cuda:0",), cpu[1]]
+    with pytest.raises(rlsync.CudaError):
+        _native.DevicePayloadReceiver(mixed, 0, 0)
+    with pytest.raises(ValueError, match="device payloads install into CUDA or CPU tensors"):
+        _native.DevicePayloadReceiver([cpu[0][:6] + ("meta",)], 0, 0)
+    assert rs._device_kinds(["cuda:0", "cpu"]) == "cuda+cpu"
+    assert rs._device_kinds(["cuda:1", "cuda:0"]) == "cuda" and rs._device_kinds(["cpu"]) == "cpu"
+
+
 def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monkeypatch: pytest.MonkeyPatch) -> None:
     """Init is done when device payloads would start: if they cannot (here: no CUDA driver behind what looks like
     a CUDA state dict), a warning says so and the payloads stay host-coded, so the receivers still get them."""

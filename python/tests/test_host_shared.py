@@ -134,6 +134,11 @@ def test_a_corrupt_payload_leaves_the_weights_and_the_version() -> None:
         with pytest.raises(rlsync.PayloadRejected):
             await rx.apply(rollout, link.recv)
         assert whole(rollout) == 1 and rx.host_shared.version == 1
+        # A device payload (a sender on a GPU with transport_device="cuda") is refused by name.
+        await link.to_rx.put(b"RLDP" + bytes(300))
+        with pytest.raises(rlsync.RlsyncError, match="host-shared receiver installs host-coded payloads"):
+            await rx.apply(rollout, link.recv)
+        assert whole(rollout) == 1 and rx.host_shared.version == 1
         await link.to_rx.put(good)
         assert await rx.apply(rollout, link.recv) == 2 and whole(rollout) == 2
         with pytest.raises(rlsync.RlsyncError, match="host-shared receiver installs in apply"):

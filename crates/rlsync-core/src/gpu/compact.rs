@@ -292,6 +292,20 @@ impl Layout {
             .collect()
     }
 
+    /// The `apply_compact` job table of one width for an install: [`Self::apply_jobs`] without the tensors
+    /// whose destination is 0 (held elsewhere: a receiver whose tensors live on several devices installs each
+    /// device's share with its own job table). The kernel and its reference skip a tile with no job of its
+    /// tensor (it lies past the previous job's tiles, or before the first job's).
+    pub fn install_jobs(
+        &self,
+        width: usize,
+        ptrs: impl FnMut(usize) -> (u64, u64),
+    ) -> Vec<ApplyJob> {
+        let mut jobs = self.apply_jobs(width, ptrs);
+        jobs.retain(|j| j.dst != 0);
+        jobs
+    }
+
     /// Start a build over this layout: every segment in place and empty, no changes counted.
     pub fn prepare(&self, built: &mut Built) {
         for (c, &(pos, base, span)) in built

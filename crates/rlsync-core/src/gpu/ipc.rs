@@ -444,13 +444,15 @@ pub trait SenderDevice {
     fn state_checksum(&mut self, names: &[(String, DType, Vec<usize>)]) -> Result<u64, GpuError>;
 }
 
-/// The receiver's device work.
+/// The receiver's device work. A tensor whose address the caller set to 0 is held elsewhere (a receiver
+/// whose tensors live on several devices installs each device's share through its own device): `full` and
+/// `apply` write nothing of it; the checksums, which read the payload, cover it.
 pub trait ReceiverDevice {
     /// Open the setup's allocations (closed on drop).
     fn open(&mut self, setup: &Setup) -> Result<(), GpuError>;
     /// Every tensor := its copy in the sender's snapshot, waited for.
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError>;
-    /// `apply_compact` per width of the setup, waited for.
+    /// `apply_compact` per width of the setup ([`Layout::install_jobs`]), waited for.
     fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError>;
     /// Wait for the work already queued on the receiver's stream (the caller's), so the phases after it time
     /// rlsync's work only.

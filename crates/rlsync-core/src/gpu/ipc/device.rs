@@ -665,6 +665,9 @@ impl ReceiverDevice for CudaReceiver {
         let tensors = self.tensors_for(setup)?;
         let snap = self.opened[0];
         for ((t, &dst), &off) in setup.tensors.iter().zip(tensors).zip(&setup.offsets) {
+            if dst == 0 {
+                continue; // held elsewhere
+            }
             let bytes = t.numel as usize * usize::from(t.width);
             // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
             // receiver's live tensor of the same size; the sender does not write it before this ack.
@@ -678,7 +681,10 @@ impl ReceiverDevice for CudaReceiver {
         let snap = self.opened[0];
         for (k, w) in setup.widths.iter().enumerate() {
             let width = usize::from(w.width);
-            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            let jobs = layout.install_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+            if jobs.is_empty() {
+                continue; // every tensor of this width is held elsewhere
+            }
             let bytes = compact::as_bytes(&jobs);
             let rw = &mut self.widths[k];
             let (dev, host) = (&rw.jobs, &mut rw.jobs_host);

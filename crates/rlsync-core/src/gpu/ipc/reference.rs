@@ -607,6 +607,9 @@ impl<M: SimMemory> ReceiverDevice for RefReceiver<M> {
         let snap = self.snap()?;
         self.fresh(|mem| {
             for ((t, &dst), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
+                if dst == 0 {
+                    continue; // held elsewhere
+                }
                 copy(mem, dst, snap + off, t.numel * u64::from(t.width))?;
             }
             Ok(())
@@ -623,8 +626,8 @@ impl<M: SimMemory> ReceiverDevice for RefReceiver<M> {
                 let dir: Vec<TileDir> = read_vec(mem, base + w.dir_off, w.ntiles)?;
                 let idx: Vec<u32> = read_vec(mem, base + w.idx_off, w.capacity)?;
                 let vals: Vec<u64> = read_vec(mem, base + w.vals_off, w.capacity * words)?;
-                let jobs =
-                    layout.apply_jobs(width, |pos| (self.tensors[pos], snap + setup.offsets[pos]));
+                let jobs = layout
+                    .install_jobs(width, |pos| (self.tensors[pos], snap + setup.offsets[pos]));
                 reference::apply_compact(mem, width, &jobs, w.ntiles, &dir, &idx, &vals)
                     .map_err(|e| sim_error(e.to_string()))?;
             }

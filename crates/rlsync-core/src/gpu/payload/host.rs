@@ -105,7 +105,9 @@ impl HostReceiver {
         HostReceiver::default()
     }
 
-    /// The receiver's tensors for the next stage or commit: (address, bytes) of each, in the layout's order.
+    /// The receiver's tensors for the next stage or commit: (address, bytes) of each, in the layout's order;
+    /// address 0 for a tensor held elsewhere (on a GPU of a receiver whose tensors live on several devices:
+    /// nothing of it is written here).
     ///
     /// # Safety
     /// Each range is host memory that stays alive, and is neither read nor written by anything else, until
@@ -117,7 +119,13 @@ impl HostReceiver {
 
     /// The registry := the tensors and the payload.
     fn register(&mut self) {
-        let regions = self.tensors.iter().copied().chain(self.payload).collect();
+        let regions = self
+            .tensors
+            .iter()
+            .copied()
+            .filter(|&(addr, _)| addr != 0)
+            .chain(self.payload)
+            .collect();
         self.mem.set(regions);
     }
 
@@ -164,6 +172,9 @@ impl ReceiverDevice for HostReceiver {
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let snap = self.base(0)?;
         for ((t, &(dst, _)), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
+            if dst == 0 {
+                continue; // held elsewhere
+            }
             let len = t.numel * u64::from(t.width);
             let src = self.mem.bytes(snap + off, len).map_err(sim)?.to_vec();
             self.mem
@@ -179,7 +190,7 @@ impl ReceiverDevice for HostReceiver {
         for (k, w) in setup.widths.iter().enumerate() {
             let (dir, idx, vals) = self.pools(self.base(1 + k)?, w)?;
             let width = usize::from(w.width);
-            let jobs = layout.apply_jobs(width, |pos| {
+            let jobs = layout.install_jobs(width, |pos| {
                 (self.tensors[pos].0, snap + setup.offsets[pos])
             });
             reference::apply_compact(&mut self.mem, width, &jobs, w.ntiles, &dir, &idx, &vals)

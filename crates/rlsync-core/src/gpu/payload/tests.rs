@@ -298,21 +298,25 @@ fn stage_holds_a_verified_payload_until_commit_and_abort_drops_it() {
 struct Host {
     rx: PayloadReceiver<host::HostReceiver>,
     tensors: Vec<Vec<u8>>,
+    /// Which tensors this receiver installs (the others are held elsewhere: address 0).
+    here: Vec<bool>,
     /// The payload, 8-byte aligned.
     payload: Vec<u64>,
 }
 
 impl Host {
     fn new(tensors: Vec<Vec<u8>>) -> Host {
+        let here = vec![true; tensors.len()];
         Host {
             rx: PayloadReceiver::new(host::HostReceiver::new(), layout(), 0, 0),
             tensors,
+            here,
             payload: Vec::new(),
         }
     }
 
-    /// Stage and commit `bytes` (at `skew` bytes past an aligned start) into the tensors.
-    fn apply(&mut self, bytes: &[u8], skew: usize) -> Result<u64, PayloadError> {
+    /// Stage `bytes` (at `skew` bytes past an aligned start) for the tensors.
+    fn stage(&mut self, bytes: &[u8], skew: usize) -> Result<u64, PayloadError> {
         self.payload = vec![0; (bytes.len() + skew).div_ceil(8)];
         let buf: &mut [u8] = bytemuck::cast_slice_mut(&mut self.payload);
         buf[skew..skew + bytes.len()].copy_from_slice(bytes);
@@ -320,16 +324,39 @@ impl Host {
         let regions: Vec<(u64, u64)> = self
             .tensors
             .iter_mut()
-            .map(|t| (t.as_mut_ptr() as u64, t.len() as u64))
+            .zip(&self.here)
+            .map(|(t, &here)| match here {
+                true => (t.as_mut_ptr() as u64, t.len() as u64),
+                false => (0, 0),
+            })
             .collect();
         let dev = self.rx.device_mut();
-        // SAFETY: the tensors and the payload are this test's buffers, alive and untouched during the apply.
+        // SAFETY: the tensors and the payload are this test's buffers, alive and untouched until the commit.
         unsafe {
             dev.set_tensors(&regions);
             dev.set_payload(addr, bytes.len() as u64);
         }
-        self.rx.apply(addr, bytes.len() as u64)
+        self.rx.stage(addr, bytes.len() as u64)
     }
+
+    /// Stage and commit `bytes` (at `skew` bytes past an aligned start) into the tensors.
+    fn apply(&mut self, bytes: &[u8], skew: usize) -> Result<u64, PayloadError> {
+        self.stage(bytes, skew)?;
+        self.rx.commit()
+    }
+}
+
+/// A byte the payload's checksums cover, past the header: in the last value of a patch, or mid-image.
+fn inside(payload: &[u8]) -> usize {
+    let h = Header::decode(payload).unwrap();
+    let at = match h.mode {
+        wire::Mode::Full => h.snapshot_off + h.snapshot_bytes / 2,
+        wire::Mode::Patch => {
+            let p = h.widths.iter().rfind(|p| p.entries > 0).unwrap();
+            p.vals_off + 8 * (p.entries - 1) + 5
+        }
+    };
+    at as usize
 }
 
 #[test]
@@ -344,15 +371,7 @@ fn a_receiver_on_the_cpu_installs_device_payloads_bit_for_bit_and_rejects_corrup
         let bytes = bytes_at(&sim, addr, len);
         let before = host.tensors.clone();
         // Corrupted in a pool (or the image) and in the header: rejected, nothing written.
-        let h = Header::decode(&bytes).unwrap();
-        let inside = match h.mode {
-            wire::Mode::Full => h.snapshot_off + h.snapshot_bytes / 2,
-            wire::Mode::Patch => {
-                let p = h.widths.iter().rfind(|p| p.entries > 0).unwrap();
-                p.vals_off + 8 * (p.entries - 1) + 5
-            }
-        };
-        for at in [inside as usize, 20] {
+        for at in [inside(&bytes), 20] {
             let mut bad = bytes.clone();
             bad[at] ^= 4;
             assert!(
@@ -370,5 +389,76 @@ fn a_receiver_on_the_cpu_installs_device_payloads_bit_for_bit_and_rejects_corrup
         ));
         assert_eq!(host.apply(&bytes, 0).unwrap(), 10 * round);
         assert_eq!(host.tensors, contents(&sim, &state), "round {round}");
+    }
+}
+
+#[test]
+fn a_receiver_on_two_devices_installs_each_share_on_its_own_and_rejects_as_one() {
+    // Even tensors on the (simulated) GPU, odd ones on the CPU: two receivers of the same layout, each with
+    // the other's tensors held elsewhere (address 0), staged both before either commits.
+    let (sim, mut tx, state, _rx, mine) = pair();
+    let on_gpu = |k: usize| k.is_multiple_of(2);
+    let gpu_addrs: Vec<u64> = mine
+        .iter()
+        .enumerate()
+        .map(|(k, &a)| if on_gpu(k) { a } else { 0 })
+        .collect();
+    let mut gpu = Receiver::new(RefReceiver::new(sim.clone(), gpu_addrs), layout(), 0, 0);
+    let mut host = Host::new(contents(&sim, &state));
+    host.here = (0..SHAPES.len()).map(|k| !on_gpu(k)).collect();
+    // What each device holds of the other's tensors, which no install may touch.
+    let untouched_gpu = contents(&sim, &mine);
+    let untouched_host: Vec<Vec<u8>> = host.tensors.iter().map(|t| vec![0x5a; t.len()]).collect();
+    for (k, t) in host.tensors.iter_mut().enumerate() {
+        if on_gpu(k) {
+            t.copy_from_slice(&untouched_host[k]);
+        }
+    }
+    for round in 1..=5u64 {
+        let stride = if round == 3 { 3 } else { 0 };
+        mutate(&sim, &state, round, stride);
+        let (addr, len, rep) = send(&sim, &mut tx);
+        assert_eq!(rep.full, round == 3, "round {round}");
+        let bytes = bytes_at(&sim, addr, len);
+        // The host's copy corrupted: its stage rejects, the GPU's staged payload is dropped, nothing written.
+        let mut bad = bytes.clone();
+        bad[inside(&bytes)] ^= 0x10;
+        let (gpu_before, host_before) = (contents(&sim, &mine), host.tensors.clone());
+        assert_eq!(gpu.stage(addr, len).unwrap(), 10 * round);
+        assert!(
+            matches!(host.stage(&bad, 0), Err(PayloadError::Rejected { .. })),
+            "round {round}"
+        );
+        assert_eq!(gpu.abort(), Some(10 * round));
+        assert_eq!(
+            (contents(&sim, &mine), &host.tensors),
+            (gpu_before, &host_before)
+        );
+        // The intact payload: both stage, both commit.
+        assert_eq!(gpu.stage(addr, len).unwrap(), 10 * round);
+        assert_eq!(host.stage(&bytes, 0).unwrap(), 10 * round);
+        assert_eq!(gpu.commit().unwrap(), 10 * round);
+        assert_eq!(host.rx.commit().unwrap(), 10 * round);
+        let want = contents(&sim, &state);
+        let got_gpu = contents(&sim, &mine);
+        for k in 0..SHAPES.len() {
+            if on_gpu(k) {
+                assert_eq!(got_gpu[k], want[k], "round {round}, tensor {k} on the GPU");
+                assert_eq!(
+                    host.tensors[k], untouched_host[k],
+                    "round {round}, tensor {k} not the CPU's"
+                );
+            } else {
+                assert_eq!(
+                    host.tensors[k], want[k],
+                    "round {round}, tensor {k} on the CPU"
+                );
+                assert_eq!(
+                    got_gpu[k], untouched_gpu[k],
+                    "round {round}, tensor {k} not the GPU's"
+                );
+            }
+        }
+        assert_eq!((gpu.sequence(), host.rx.sequence()), (round, round));
     }
 }
