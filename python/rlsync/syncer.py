@@ -333,6 +333,19 @@ def _synced(state_dict: StateDictLike, keys: list[str]) -> list[tuple]:
     return [by_name[k] for k in keys]
 
 
+def _on_one_gpu(descs: list[tuple]) -> bool:
+    """Whether the synced tensors are all CUDA tensors of one device (a sender of device payloads)."""
+    devices = {d[6] for d in descs}
+    return len(devices) == 1 and next(iter(devices)).startswith("cuda")
+
+
+def _device_payload_sender(
+    descs: list[tuple], held: list[str], sequence: int, version: int, stream: int, snapshot_device: str
+) -> Any:
+    """The device payloads' sending end over ``descs`` (the tests without a GPU put the kernels' reference here)."""
+    return _native.DevicePayloadSender(descs, held, sequence, version, stream, snapshot_device)
+
+
 def _host_coded_only(recv: RecvFn) -> RecvFn:
     """``recv`` for a host-shared receiver: a device payload (its sender's ``transport_device`` is a GPU) is
     refused by name, weights and version untouched (the arena's applier installs host-coded payloads)."""
@@ -557,14 +570,12 @@ class WeightSyncer:
         released. Otherwise the payloads stay host-coded."""
         keys = list(self._native.synced_keys)
         descs = _synced(state_dict, keys)
-        devices = {d[6] for d in descs}
-        if not descs or len(devices) != 1 or not next(iter(devices)).startswith("cuda"):
+        if not _on_one_gpu(descs):
             return
-        torch = _torch()
-        stream = torch.cuda.current_stream(descs[0][1].device).cuda_stream
+        stream = _streams([descs[0][6]])[0]
         held = list(self._native.synced_dtypes)
         try:
-            self._dev_tx = _native.DevicePayloadSender(
+            self._dev_tx = _device_payload_sender(
                 descs, held, self._native.sequence, self._native.version, stream, self._attrs["snapshot_device"].type
             )
         except _native.CudaError as exc:
@@ -743,7 +754,7 @@ class WeightSyncer:
         torch = _torch()
         descs = _synced(state_dict, self._dev_keys)
         device = descs[0][1].device
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = _streams([descs[0][6]])[0]
         size = self._dev_tx.build(descs, stream, version)
         payload = torch.empty(size, dtype=torch.uint8, device=device)
         self._dev_tx.fill(payload.data_ptr(), size)

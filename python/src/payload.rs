@@ -14,8 +14,10 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use rlsync_core::gpu::GpuError;
 use rlsync_core::gpu::compact::Layout;
 use rlsync_core::gpu::ipc::CudaReceiver;
+use rlsync_core::gpu::ipc::reference::{RefSender, SharedSim, SimMemory};
 use rlsync_core::gpu::payload::host::HostReceiver;
 use rlsync_core::gpu::payload::{
     InstallReport, PayloadError, PayloadReceiver, PayloadReport, PayloadSender,
@@ -112,10 +114,82 @@ fn install_report<'py>(py: Python<'py>, r: &InstallReport) -> PyResult<Bound<'py
     Ok(d)
 }
 
+/// The kernels' reference as a sending device: the state's bytes copied into a simulated device memory before
+/// each build, each payload built there and copied out to the caller's host buffer. It is how the Python side
+/// of device payloads is tested on machines without a GPU (`DevicePayloadSender.reference`): the same payloads,
+/// bit for bit, as the CUDA kernels are specified to write.
+struct Reference {
+    sim: SharedSim,
+    /// The state's copies in `sim`, in layout order.
+    state: Vec<u64>,
+    tx: PayloadSender<RefSender<SharedSim>>,
+}
+
+/// Copy the CPU tensors `ts` ((address, bytes) in layout order) into the simulated state at `state`.
+///
+/// # Safety
+/// Each range is host memory that stays alive and unwritten for the call.
+unsafe fn load(sim: &SharedSim, state: &[u64], ts: &[(u64, u64)]) -> Result<(), PayloadError> {
+    sim.with(|mem| {
+        for (&(addr, bytes), &at) in ts.iter().zip(state) {
+            // SAFETY: the caller's contract.
+            let src = unsafe { std::slice::from_raw_parts(addr as *const u8, bytes as usize) };
+            mem.write(at, bytes)
+                .map_err(reference_error)?
+                .copy_from_slice(src);
+        }
+        Ok(())
+    })
+}
+
+impl Reference {
+    /// Fill the built payload into the host buffer at `addr` (`len` bytes).
+    ///
+    /// # Safety
+    /// `addr` is `len` bytes of host memory the caller owns and nothing else uses for the call.
+    unsafe fn fill(&mut self, addr: u64, len: u64) -> Result<PayloadReport, PayloadError> {
+        let at = self.sim.with(|mem| mem.alloc(&vec![0; len as usize]));
+        let filled = self.tx.fill(at, len);
+        let copied = self.sim.with(|mem| {
+            let out = filled.as_ref().ok().map(|_| {
+                let bytes = mem.read(at, len).map_err(reference_error)?;
+                // SAFETY: the caller's contract.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len as usize)
+                };
+                Ok::<(), PayloadError>(())
+            });
+            mem.free(at);
+            out
+        });
+        if let Some(Err(e)) = copied {
+            self.tx.lost();
+            return Err(e);
+        }
+        filled
+    }
+}
+
+fn reference_error(e: rlsync_core::gpu::reference::ReferenceError) -> PayloadError {
+    PayloadError::Gpu(GpuError::Driver {
+        op: "reference payload",
+        code: 1,
+        name: e.to_string(),
+    })
+}
+
+/// Where an open sending end builds.
+enum Builder {
+    Cuda {
+        gpu: Gpu,
+        tx: PayloadSender<SenderDevice>,
+    },
+    Reference(Reference),
+}
+
 /// An open sending end.
 struct SenderEnd {
-    gpu: Gpu,
-    tx: PayloadSender<SenderDevice>,
+    builder: Builder,
     /// The state's own layout and dtypes, which every call's tensors must have.
     state: Layout,
     dtypes: Vec<String>,
@@ -125,10 +199,59 @@ struct SenderEnd {
     last: Option<PayloadReport>,
 }
 
+impl SenderEnd {
+    fn version(&self) -> u64 {
+        match &self.builder {
+            Builder::Cuda { tx, .. } => tx.version(),
+            Builder::Reference(r) => r.tx.version(),
+        }
+    }
+
+    fn sequence(&self) -> u64 {
+        match &self.builder {
+            Builder::Cuda { tx, .. } => tx.sequence(),
+            Builder::Reference(r) => r.tx.sequence(),
+        }
+    }
+
+    fn fallbacks(&self) -> u64 {
+        match &self.builder {
+            Builder::Cuda { tx, .. } => tx.fallbacks,
+            Builder::Reference(r) => r.tx.fallbacks,
+        }
+    }
+
+    fn lost(&mut self) {
+        match &mut self.builder {
+            Builder::Cuda { tx, .. } => tx.lost(),
+            Builder::Reference(r) => r.tx.lost(),
+        }
+    }
+
+    /// The tensors of `descs` with the state's dtypes (the syncer's init's).
+    fn same_dtypes(&self, descs: &[Desc]) -> PyResult<()> {
+        match descs.iter().zip(&self.dtypes).find(|(d, was)| d.3 != **was) {
+            Some((d, was)) => Err(PyValueError::new_err(format!(
+                "tensor '{}' is {} now, the syncer was initialised with {was}",
+                d.0, d.3
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A patch syncer's sending end on device payloads.
 #[pyclass(module = "rlsync._native", frozen)]
 pub struct DevicePayloadSender {
     inner: Mutex<Option<SenderEnd>>,
+}
+
+impl DevicePayloadSender {
+    fn open_end(end: SenderEnd) -> DevicePayloadSender {
+        DevicePayloadSender {
+            inner: Mutex::new(Some(end)),
+        }
+    }
 }
 
 #[pymethods]
@@ -174,16 +297,58 @@ impl DevicePayloadSender {
         let tx = py
             .detach(|| PayloadSender::new(dev, layout, sequence, version))
             .map_err(|e| payload_error(&e))?;
-        Ok(DevicePayloadSender {
-            inner: Mutex::new(Some(SenderEnd {
-                gpu,
-                tx,
-                state,
-                dtypes: descs.iter().map(|d| d.3.clone()).collect(),
-                names,
-                last: None,
-            })),
-        })
+        Ok(DevicePayloadSender::open_end(SenderEnd {
+            builder: Builder::Cuda { gpu, tx },
+            state,
+            dtypes: descs.iter().map(|d| d.3.clone()).collect(),
+            names,
+            last: None,
+        }))
+    }
+
+    /// A sender on the kernels' reference instead of a GPU: `descs` are CPU tensors (no casts), the payloads are
+    /// written into CPU uint8 tensors, bit for bit what the CUDA kernels are specified to write. For tests of
+    /// the Python side of device payloads on machines without a GPU; a product sender on the CPU sends
+    /// host-coded payloads.
+    #[staticmethod]
+    fn reference(
+        py: Python<'_>,
+        descs: Vec<Desc>,
+        sequence: u64,
+        version: u64,
+    ) -> PyResult<DevicePayloadSender> {
+        let (regions, layout) = host_tensors(&descs)?;
+        let sim = SharedSim::default();
+        let state: Vec<u64> = sim.with(|mem| {
+            regions
+                .iter()
+                .map(|t| mem.alloc(&vec![0; t.1 as usize]))
+                .collect()
+        });
+        let names = descs
+            .iter()
+            .map(|d| {
+                let dtype = DType::from_name(&d.3).ok_or_else(|| {
+                    PyValueError::new_err(format!("tensor '{}': dtype {}", d.0, d.3))
+                })?;
+                Ok((d.0.clone(), dtype, d.4.clone()))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let end = py.detach(|| {
+            // SAFETY: the CPU tensors of `descs` (checked: contiguous, these sizes), held by the caller.
+            unsafe { load(&sim, &state, &regions)? };
+            let dev = RefSender::new(sim.clone(), state.clone());
+            let tx = PayloadSender::new(dev, layout.clone(), sequence, version)?;
+            Ok::<Reference, PayloadError>(Reference { sim, state, tx })
+        });
+        let end = end.map_err(|e| payload_error(&e))?;
+        Ok(DevicePayloadSender::open_end(SenderEnd {
+            builder: Builder::Reference(end),
+            state: layout,
+            dtypes: descs.iter().map(|d| d.3.clone()).collect(),
+            names,
+            last: None,
+        }))
     }
 
     /// Build the next payload, labelled `version`, from the tensors of `descs` on `stream`; its length in
@@ -191,30 +356,38 @@ impl DevicePayloadSender {
     fn build(&self, py: Python<'_>, descs: Vec<Desc>, stream: u64, version: u64) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
         let end = g.as_mut().ok_or_else(closed)?;
-        let addrs = addresses(&descs, &end.gpu, &end.state)?;
-        if let Some((d, was)) = descs.iter().zip(&end.dtypes).find(|(d, was)| d.3 != **was) {
-            return Err(PyValueError::new_err(format!(
-                "tensor '{}' is {} now, the syncer was initialised with {was}",
-                d.0, d.3
-            )));
-        }
-        // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes, the
-        // device); the caller holds them until `build` returns (the build waits for its kernels).
-        unsafe { retarget(end.tx.device_mut(), addrs, Stream(stream)) };
-        let tx = &mut end.tx;
-        py.detach(|| tx.build(version))
-            .map_err(|e| payload_error(&e))
+        end.same_dtypes(&descs)?;
+        let built = match &mut end.builder {
+            Builder::Cuda { gpu, tx } => {
+                let addrs = addresses(&descs, gpu, &end.state)?;
+                // SAFETY: `addrs` are this call's tensors, checked against the state's layout (dtypes, sizes,
+                // the device); the caller holds them until `build` returns (the build waits for its kernels).
+                unsafe { retarget(tx.device_mut(), addrs, Stream(stream)) };
+                py.detach(|| tx.build(version))
+            }
+            Builder::Reference(r) => {
+                let regions = host_regions(&descs, &end.state)?;
+                py.detach(|| {
+                    // SAFETY: this call's CPU tensors, checked against the state's layout; held by the caller.
+                    unsafe { load(&r.sim, &r.state, &regions)? };
+                    r.tx.build(version)
+                })
+            }
+        };
+        built.map_err(|e| payload_error(&e))
     }
 
-    /// Write the built payload into the CUDA buffer at `addr` (`len` bytes, on the tensors' device), waited
-    /// for; its report.
+    /// Write the built payload into the buffer at `addr` (`len` bytes: a CUDA tensor on the tensors' device;
+    /// for a reference sender, a CPU tensor), waited for; its report.
     fn fill<'py>(&self, py: Python<'py>, addr: u64, len: u64) -> PyResult<Bound<'py, PyDict>> {
         let mut g = take(&self.inner)?;
         let end = g.as_mut().ok_or_else(closed)?;
-        let tx = &mut end.tx;
-        let r = py
-            .detach(|| tx.fill(addr, len))
-            .map_err(|e| payload_error(&e))?;
+        let filled = match &mut end.builder {
+            Builder::Cuda { tx, .. } => py.detach(|| tx.fill(addr, len)),
+            // SAFETY: the caller's buffer of `len` bytes (a CPU tensor it allocated for this payload).
+            Builder::Reference(r) => py.detach(|| unsafe { r.fill(addr, len) }),
+        };
+        let r = filled.map_err(|e| payload_error(&e))?;
         let d = report(py, &r)?;
         end.last = Some(r);
         Ok(d)
@@ -222,8 +395,7 @@ impl DevicePayloadSender {
 
     /// The last payload did not reach the receivers (the caller's `send` failed): the next one is full.
     fn lost(&self) -> PyResult<()> {
-        let mut g = take(&self.inner)?;
-        g.as_mut().ok_or_else(closed)?.tx.lost();
+        take(&self.inner)?.as_mut().ok_or_else(closed)?.lost();
         Ok(())
     }
 
@@ -231,31 +403,30 @@ impl DevicePayloadSender {
     fn checksum(&self, py: Python<'_>) -> PyResult<u64> {
         let mut g = take(&self.inner)?;
         let end = g.as_mut().ok_or_else(closed)?;
-        let (tx, names) = (&mut end.tx, &end.names);
-        py.detach(|| tx.checksum(names))
-            .map_err(|e| payload_error(&e))
+        let names = &end.names;
+        let sum = match &mut end.builder {
+            Builder::Cuda { tx, .. } => py.detach(|| tx.checksum(names)),
+            Builder::Reference(r) => py.detach(|| r.tx.checksum(names)),
+        };
+        sum.map_err(|e| payload_error(&e))
     }
 
     /// The version label of the last payload.
     #[getter]
     fn version(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.version())
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.version())
     }
 
     /// The sequence number of the last payload.
     #[getter]
     fn sequence(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?
-            .as_ref()
-            .ok_or_else(closed)?
-            .tx
-            .sequence())
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.sequence())
     }
 
     /// Payloads sent in full because the sender's own check of a build failed.
     #[getter]
     fn fallbacks(&self) -> PyResult<u64> {
-        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.tx.fallbacks)
+        Ok(take(&self.inner)?.as_ref().ok_or_else(closed)?.fallbacks())
     }
 
     /// The last payload's report (empty before the first).
@@ -409,6 +580,33 @@ fn placed(descs: &[Desc]) -> PyResult<Vec<Placed>> {
             })
         })
         .collect()
+}
+
+/// The tensors of `descs`, all contiguous CPU tensors: (address, bytes) in order, and their layout.
+fn host_tensors(descs: &[Desc]) -> PyResult<(Vec<(u64, u64)>, Layout)> {
+    let ts = placed(descs)?;
+    if let Some(t) = ts.iter().find(|t| t.device != "cpu") {
+        return Err(PyValueError::new_err(format!(
+            "a tensor is on {}: a reference sender takes CPU tensors only",
+            t.device
+        )));
+    }
+    let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
+    let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
+    Ok((ts.iter().map(|t| (t.addr, t.bytes)).collect(), layout))
+}
+
+/// [`host_tensors`] of this call, which must have the construction's layout.
+fn host_regions(descs: &[Desc], layout: &Layout) -> PyResult<Vec<(u64, u64)>> {
+    let (ts, found) = host_tensors(descs)?;
+    if found != *layout {
+        return Err(HandshakeError::new_err(format!(
+            "the state dict's tensors ({}) are not those the sender was made for ({}, same shapes and dtypes in the same order)",
+            ts.len(),
+            layout.tensors().len()
+        )));
+    }
+    Ok(ts)
 }
 
 impl ReceiverEnd {

@@ -1,10 +1,15 @@
 """Device payloads (``PatchWeightSyncer(transport_device="cuda")`` over CUDA state dicts) on a machine without a
-GPU: what the routing does around them. The payloads themselves (build, fill, verify, install on the GPU) are
-tested in the core on the reference kernels and on a GPU by ``scripts/gpu_check.sh``'s ``payload`` stage."""
+GPU: the routing around them, and the whole Python side end to end with the sending end on the kernels'
+reference (``DevicePayloadSender.reference``) and receivers on the CPU. The CUDA kernels' and devices' own work is
+tested in the core on the reference kernels and on a GPU by ``scripts/gpu_check.sh``."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -175,5 +180,175 @@ def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monke
         await s.sync(tx_sd, ln.send, 2)
         assert await r.apply(rx_sd, ln.recv, timeout=5) == 2
         assert r.checksum(rx_sd) == s.checksum(tx_sd)
+
+    asyncio.run(main())
+
+
+def _gpu_check() -> Any:
+    """python/bench/gpu_check.py as a module (its corruption spots are checked here against real payloads)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("rlsync_gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _on_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Device payloads on this machine (no GPU): a CPU state dict is taken for a GPU's, and the sending end is the
+    kernels' reference (``DevicePayloadSender.reference``: the same payloads, bit for bit, as the CUDA kernels are
+    specified to write), so everything the Python side does around them runs for real."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _observe_moves(monkeypatch)  # the init's host-coded payloads
+    monkeypatch.setattr(rs, "_on_one_gpu", lambda descs: True)
+    monkeypatch.setattr(
+        rs,
+        "_device_payload_sender",
+        lambda descs, held, sequence, version, stream, snapshot_device: _native.DevicePayloadSender.reference(
+            descs, sequence, version
+        ),
+    )
+
+
+def widths_state(seed: int) -> dict[str, torch.Tensor]:
+    """Every element width: fp32, bf16, int64, uint8; the larger tensors span several 4096-element tiles."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(96, 128, generator=g),
+        "h": torch.randn(9000, generator=g).to(torch.bfloat16),
+        "steps": torch.arange(5, dtype=torch.int64) * seed,
+        "mask": torch.randint(0, 255, (300_000,), generator=g, dtype=torch.uint8),
+    }
+
+
+def nudge(sd: dict[str, torch.Tensor], v: int, many: bool = False) -> None:
+    """A step's changes: a few elements of each tensor (``many``: a third of ``mask``, more than its pool holds: 1/16
+    of a width's elements, at least 65536)."""
+    with torch.no_grad():
+        sd["w"].view(-1)[v * 37 % 12288] += 0.5
+        sd["h"][v * 101 % 9000] -= 1.0
+        sd["steps"][v % 5] += 1
+        sd["mask"][(v * 13) % 300_000] ^= 1
+        if many:
+            sd["mask"][::3] ^= 2
+
+
+def equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
+
+
+def test_device_payloads_end_to_end_through_the_python_side(link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RLinf's interface with device payloads, the GPU's work done by the kernels' reference: the sender switches
+    after init and releases its host end, each ``sync`` hands ``send`` one uint8 tensor starting ``RLDP``, the
+    receiver installs it bit for bit (patches, and a full payload where a width's pool overflows), checksums and
+    versions agree; a corrupted payload is rejected with the weights untouched; stage / commit / abort; a
+    ``send`` that raised makes the next payload full and the receiver catches up."""
+    _on_the_reference(monkeypatch)
+
+    async def main() -> None:
+        ln = link()
+        tx_sd, rx_sd = widths_state(1), widths_state(2)
+        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
+        r = make("patch")
+        keys = list(tx_sd)
+        await asyncio.gather(s.init_sender(tx_sd, keys, ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send))
+        assert equal(tx_sd, rx_sd), "the init bootstrap (host-coded) made the receiver the sender"
+        assert s._dev_tx is not None, "device payloads started after the handshake"
+        assert s.synced_keys == keys and s.checksum(tx_sd) == r.checksum(rx_sd)
+        sent: list = []
+
+        async def send(p) -> None:
+            sent.append(p)
+            await ln.send(p)
+
+        for v in range(1, 6):
+            nudge(tx_sd, v, many=v == 3)
+            await s.sync(tx_sd, send, v)
+            p = sent[-1]
+            assert isinstance(p, torch.Tensor) and p.dtype == torch.uint8 and p.dim() == 1
+            assert bytes(p[:4].tolist()) == b"RLDP"
+            tx_report = s.last_report()
+            assert tx_report["device"] == "cuda (device payload)" and tx_report["version"] == v
+            assert tx_report["full"] == (v == 3), tx_report
+            assert await r.apply(rx_sd, ln.recv, timeout=5) == v
+            assert equal(tx_sd, rx_sd), f"version {v}"
+            rx_report = r.last_report()
+            assert rx_report["device"] == "cpu (device payload)" and rx_report["full"] == (v == 3)
+            assert rx_report["sequence"] == tx_report["sequence"]
+            assert s.version == r.version == v
+            assert s.checksum(tx_sd) == r.checksum(rx_sd)
+        assert tx_report["changed"] < 10, "a patch carries the changed elements only"
+
+        # Corrupted in transit, at each byte gpu_check's corruption run flips (the header, each width's directory,
+        # index and value): each rejected with nothing written; then the intact one installs.
+        nudge(tx_sd, 6)
+        await s.sync(tx_sd, send, 6)
+        good = (await ln.recv()).clone()
+        spots = _gpu_check()._payload_spots(bytes(good[:512].tolist()))
+        assert len(spots) == 1 + 3 * 4, f"the header, then three spots per width: {spots}"
+        before = {k: t.clone() for k, t in rx_sd.items()}
+        for at in spots:
+            bad = good.clone()
+            bad[at] ^= 0x40
+            await ln.send(bad)
+            with pytest.raises(rlsync.PayloadRejected):
+                await r.apply(rx_sd, ln.recv, timeout=5)
+            assert equal(before, rx_sd) and r.version == 5, f"byte {at}"
+        await ln.send(good)
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 6
+        assert equal(tx_sd, rx_sd)
+
+        # Stage, then commit; stage, then abort (weights untouched).
+        nudge(tx_sd, 7)
+        await s.sync(tx_sd, send, 7)
+        assert await r.stage(ln.recv, timeout=5) == 7 and r.staged_version == 7
+        assert not equal(tx_sd, rx_sd), "staged, not installed"
+        assert await r.commit() == 7 and r.staged_version is None and equal(tx_sd, rx_sd)
+        nudge(tx_sd, 8)
+        await s.sync(tx_sd, send, 8)
+        before = {k: t.clone() for k, t in rx_sd.items()}
+        assert await r.stage(ln.recv, timeout=5) == 8
+        await r.abort("the rollout keeps version 7")
+        assert r.staged_version is None and r.version == 7 and equal(before, rx_sd)
+
+        # The aborted payload counts as lost for this receiver: a send that raised makes the next one full.
+        async def lose(p) -> None:
+            raise ConnectionError("lost in transit")
+
+        nudge(tx_sd, 9)
+        with pytest.raises(ConnectionError):
+            await s.sync(tx_sd, lose, 9)
+        nudge(tx_sd, 10)
+        await s.sync(tx_sd, send, 10)
+        assert s.last_report()["full"], "after a lost payload the next one is full"
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 10
+        assert equal(tx_sd, rx_sd) and s.checksum(tx_sd) == r.checksum(rx_sd)
+
+    asyncio.run(main())
+
+
+def test_a_replayed_device_payload_is_rejected(link, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A patch applies to the sequence the receiver holds: the same payload again is refused, weights untouched."""
+    _on_the_reference(monkeypatch)
+
+    async def main() -> None:
+        ln = link()
+        tx_sd, rx_sd = widths_state(3), widths_state(4)
+        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
+        r = make("patch")
+        await asyncio.gather(
+            s.init_sender(tx_sd, list(tx_sd), ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
+        )
+        nudge(tx_sd, 1)
+        await s.sync(tx_sd, ln.send, 1)
+        payload = await ln.recv()
+        await ln.send(payload)
+        assert await r.apply(rx_sd, ln.recv, timeout=5) == 1
+        before = {k: t.clone() for k, t in rx_sd.items()}
+        await ln.send(payload)
+        with pytest.raises(rlsync.PayloadRejected, match="a replay, or a payload was missed"):
+            await r.apply(rx_sd, ln.recv, timeout=5)
+        assert equal(before, rx_sd) and r.version == 1
 
     asyncio.run(main())

@@ -43,6 +43,14 @@ impl Memory {
         self.bufs.len() as u64 * BUFFER_SPAN
     }
 
+    /// Drop the buffer at `addr` (a buffer's start): its bytes are released and any later access to it is an
+    /// [`ReferenceError::Address`]; its address is never handed out again.
+    pub fn free(&mut self, addr: u64) {
+        if let Ok((k, 0)) = self.locate(addr, 0) {
+            self.bufs[k] = Vec::new();
+        }
+    }
+
     /// The whole buffer at `addr` (which must be a buffer's start).
     pub fn buffer(&self, addr: u64) -> Option<&[u8]> {
         if !addr.is_multiple_of(BUFFER_SPAN) {

@@ -385,6 +385,24 @@ fn overflow_forces_exactly_the_segments_of_overflowing_tiles() {
 }
 
 #[test]
+fn a_freed_buffer_is_gone_and_its_address_never_returns() {
+    let mut mem = Memory::default();
+    let a = mem.alloc(&[1u8; 32]);
+    let b = mem.alloc(&[2u8; 32]);
+    mem.free(a + 8); // not a buffer's start: nothing happens
+    assert_eq!(mem.read(a, 32).unwrap(), &[1u8; 32]);
+    mem.free(a);
+    assert!(mem.read(a, 1).is_err() && mem.write(a, 1).is_err());
+    assert_eq!(
+        mem.read(b, 32).unwrap(),
+        &[2u8; 32],
+        "the other buffer stays"
+    );
+    let c = mem.alloc(&[3u8; 8]);
+    assert!(c != a && c != b);
+}
+
+#[test]
 fn reference_refuses_bad_tables_without_panicking() {
     let mut mem = Memory::default();
     let a = mem.alloc(&[0u8; 64]);
