@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -352,3 +353,34 @@ def test_a_replayed_device_payload_is_rejected(link, monkeypatch: pytest.MonkeyP
         assert equal(before, rx_sd) and r.version == 1
 
     asyncio.run(main())
+
+
+def test_gpu_checks_device_payload_runs_work_on_the_reference(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """gpu_check's GPU-only device payload runs (the correctness stage's transport runs, timing_7b's
+    ``rlsync_patch_device_payload``), their Python checked here on the kernels' reference before a GPU session
+    depends on them. On the CPU the device labels and the payloads' device are the CPU's: those are the only
+    failures the transport runs may report; everything they verify (bitwise equality, checksums, every corrupted
+    payload rejected, a lost payload's full resync) must hold."""
+    _on_the_reference(monkeypatch)
+    monkeypatch.setattr(rlsync.PatchWeightSyncer, "_wants_device_payloads", lambda self: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    gc = _gpu_check()
+    ctx = gc.Ctx(cpu=True, dev=torch.device("cpu"), out=tmp_path / "check.json", deadline=time.monotonic() + 300,
+                 results={"stages": {}}, bin=Path("rlsync"))
+    g = torch.Generator().manual_seed(5)
+    params = {f"layers.{i}.w": torch.randn(300, 70, generator=g).to(torch.bfloat16) for i in range(4)}
+    params["norm"] = torch.randn(70, generator=g).to(torch.bfloat16)
+    expected = ("not device payloads: cuda (device payload) -> cpu (device payload)", "send was handed")
+    for mixed in (False, True):
+        res = gc._transport_cuda_run(ctx, rlsync, params, "cuda", mixed=mixed)
+        assert res["corrupted_rejected"] == "4/4", res  # the header, then bf16's directory, index and value
+        assert res["after_loss_full"] is True, res
+        assert res["failures"] and all(f.startswith(expected) for f in res["failures"]), res["failures"]
+    tx_state = {k: v.clone() for k, v in params.items()}
+    rx_state = {k: v.clone() for k, v in params.items()}
+    out = gc._rlsync_7b(ctx, rlsync, tx_state, rx_state, "cuda", 0.04, torch.Generator().manual_seed(1), [0],
+                        time.monotonic() + 60, transport_device=ctx.dev)
+    assert out["paths"] == ["cuda (device payload) -> cpu (device payload)"], out["paths"]
+    assert out["receiver_equal"] and out["checksums_equal"] and out["full_payloads"] == 0, out
+    assert out["timed_reps"] >= 1 and out["changed"] > 0 and out["install_median_s"] is not None
+    assert out["sender_fill_median_s"] is not None and out["receiver_check_median_s"] is not None
