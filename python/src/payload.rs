@@ -452,6 +452,12 @@ enum Share {
     Host { rx: PayloadReceiver<HostReceiver> },
 }
 
+/// A GPU share's tensors (their addresses, 0 where another share's) and stream for the next stage or commit.
+fn aim(rx: &mut PayloadReceiver<CudaReceiver>, tensors: &[(u64, u64)], stream: u64) {
+    let addrs = tensors.iter().map(|t| t.0).collect();
+    rx.device_mut().set_tensors(addrs, Stream(stream));
+}
+
 impl Share {
     fn stage(
         &mut self,
@@ -462,8 +468,7 @@ impl Share {
     ) -> Result<u64, PayloadError> {
         match self {
             Share::Cuda { rx } => {
-                let addrs = tensors.iter().map(|t| t.0).collect();
-                rx.device_mut().set_tensors(addrs, Stream(stream));
+                aim(rx, tensors, stream);
                 py.detach(|| rx.stage(addr, len))
             }
             Share::Host { rx } => {
@@ -487,8 +492,7 @@ impl Share {
     ) -> Result<u64, PayloadError> {
         match self {
             Share::Cuda { rx } => {
-                let addrs = tensors.iter().map(|t| t.0).collect();
-                rx.device_mut().set_tensors(addrs, Stream(stream));
+                aim(rx, tensors, stream);
                 py.detach(|| rx.commit())
             }
             Share::Host { rx } => {
