@@ -48,7 +48,7 @@ enum Weights {
     /// Blocking mode: the syncer is used in place on `Apply`.
     Blocking(SyncReceiver),
     /// Background mode: a task owns the syncer and hands over one validated update at a time.
-    Background(mpsc::Receiver<Received>),
+    Background(Background),
     /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`): installed on `Apply`, into
     /// the workload's device tensors.
     Gpu(ChannelReceiver),
@@ -277,9 +277,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
     crate::worker::report_built(ctx, building).await?;
     loop {
         let event = match &mut weights {
-            Weights::Background(updates) => tokio::select! {
+            Weights::Background(bg) => tokio::select! {
                 frame = ctx.control.next() => Event::Command(frame?),
-                Some(received) = updates.recv() => Event::Update(Box::new(Arrival::Host(received))),
+                Some(received) = bg.updates.recv() => Event::Update(Box::new(Arrival::Host(received))),
             },
             Weights::GpuBackground(arrivals) => tokio::select! {
                 frame = ctx.control.next() => Event::Command(frame?),
@@ -515,8 +515,8 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     // Between chunks: install whatever arrived, never in the middle of one.
                     loop {
                         let arrival = match &mut weights {
-                            Weights::Background(updates) => {
-                                updates.try_recv().ok().map(Arrival::Host)
+                            Weights::Background(bg) => {
+                                bg.updates.try_recv().ok().map(Arrival::Host)
                             }
                             Weights::GpuBackground(arrivals) => {
                                 arrivals.try_recv().ok().map(Arrival::Gpu)
@@ -539,6 +539,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Stop => {
+                if let Weights::Background(bg) = &mut weights {
+                    bg.stop().await;
+                }
                 if let Some(local) = &mut me.local {
                     tokio::task::block_in_place(|| local.finish());
                 }
@@ -594,10 +597,32 @@ pub(crate) fn evaluate(
     })
 }
 
+/// A background receiver: the updates its task hands over, and the task, which is aborted when this is
+/// dropped. A worker that stops or fails leaves no receive behind: one still waiting (on a timer) when the
+/// runtime shuts down would be polled after the time driver is gone, which panics.
+struct Background {
+    updates: mpsc::Receiver<Received>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    /// Abort the task and wait until it is gone.
+    async fn stop(&mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Receive updates in the background: one at a time, the next only after the previous one is installed.
-fn spawn_receiver(mut syncer: SyncReceiver) -> mpsc::Receiver<Received> {
-    let (tx, rx) = mpsc::channel(1);
-    tokio::spawn(async move {
+fn spawn_receiver(mut syncer: SyncReceiver) -> Background {
+    let (tx, updates) = mpsc::channel(1);
+    let task = tokio::spawn(async move {
         loop {
             let update = syncer.receive().await;
             let failed = update.is_err();
@@ -607,7 +632,7 @@ fn spawn_receiver(mut syncer: SyncReceiver) -> mpsc::Receiver<Received> {
             }
         }
     });
-    rx
+    Background { updates, task }
 }
 
 /// Wait for the GPU channel's next sync on a thread of its own (the wait blocks until the trainer sends,
