@@ -7,6 +7,7 @@
 //! Workers never compose configs. Exit status: 0 after `Stop`, 1 on any error (the message is on stderr, which
 //! the orchestrator copies to `<run_dir>/logs/<role>-<rank>.log`, and in a `Failed` report when possible).
 
+mod background;
 pub mod gpu_channel;
 pub mod host_copies;
 pub mod host_shared;

@@ -15,9 +15,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
 use crate::protocol::launch::{HostShared, LoopKind};
+use crate::worker::background::Background;
 use crate::worker::rollout::{evaluate, generate};
 use crate::worker::workload::{SharedWeights, Workload};
 use crate::worker::{WorkerContext, WorkerError, kernel_threads};
@@ -42,8 +41,8 @@ enum Installer {
     /// Not the applier, or not bootstrapped yet.
     None,
     Blocking(Applier),
-    /// The task's outcomes: each installed version, or the failure that ended it.
-    Background(mpsc::Receiver<Result<Published, HostSharedError>>),
+    /// The task, and its outcomes: each installed version, or the failure that ended it.
+    Background(Background<Result<Published, HostSharedError>>),
 }
 
 struct Shared {
@@ -223,8 +222,8 @@ pub(crate) async fn run(
                 for chunk in first_chunk..first_chunk + u64::from(chunks) {
                     // Between chunks: hold the newest published version, never flip in the middle of one.
                     if background {
-                        if let Installer::Background(outcomes) = &mut me.installer {
-                            while let Ok(installed) = outcomes.try_recv() {
+                        if let Installer::Background(task) = &mut me.installer {
+                            while let Ok(installed) = task.results.try_recv() {
                                 installed?;
                             }
                         }
@@ -245,6 +244,9 @@ pub(crate) async fn run(
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Stop => {
+                if let Installer::Background(task) = &mut me.installer {
+                    task.stop().await;
+                }
                 if let Some(bytes) = workload.imported_weight_bytes() {
                     tracing::info!(
                         "copied {bytes} bytes of weights out of the host's shared buffers in this run"
@@ -349,8 +351,7 @@ fn start_background(me: &mut Shared) {
         return;
     };
     let wait = me.wait;
-    let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(async move {
+    me.installer = Installer::Background(Background::spawn(4, move |tx| async move {
         let mut applier = applier;
         loop {
             let installed = match back_buffer_free(&applier, wait) {
@@ -362,8 +363,7 @@ fn start_background(me: &mut Shared) {
                 break;
             }
         }
-    });
-    me.installer = Installer::Background(rx);
+    }));
 }
 
 /// Wait until no reader holds the back buffer. Readers leave it at their next chunk boundary, which may take
@@ -389,7 +389,7 @@ fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedE
 /// The next outcome of the background installer; never ready for a rollout without one.
 async fn next_installed(installer: &mut Installer) -> Result<(), WorkerError> {
     match installer {
-        Installer::Background(outcomes) => match outcomes.recv().await {
+        Installer::Background(task) => match task.results.recv().await {
             Some(installed) => installed.map(|_| ()).map_err(WorkerError::from),
             None => std::future::pending().await,
         },

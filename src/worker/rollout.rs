@@ -8,6 +8,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::schema::SyncerKind;
 use crate::protocol::launch::rollout_copy_file;
 use crate::worker::Stage;
+use crate::worker::background::Background;
 use crate::worker::gpu_channel::{self, ChannelReceiver};
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::{Workload, WorkloadError};
@@ -48,7 +49,7 @@ enum Weights {
     /// Blocking mode: the syncer is used in place on `Apply`.
     Blocking(SyncReceiver),
     /// Background mode: a task owns the syncer and hands over one validated update at a time.
-    Background(Background),
+    Background(Background<Received>),
     /// The same-host GPU channel (`weight_syncer.patch.transport_device: cuda`): installed on `Apply`, into
     /// the workload's device tensors.
     Gpu(ChannelReceiver),
@@ -279,7 +280,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         let event = match &mut weights {
             Weights::Background(bg) => tokio::select! {
                 frame = ctx.control.next() => Event::Command(frame?),
-                Some(received) = bg.updates.recv() => Event::Update(Box::new(Arrival::Host(received))),
+                Some(received) = bg.results.recv() => Event::Update(Box::new(Arrival::Host(received))),
             },
             Weights::GpuBackground(arrivals) => tokio::select! {
                 frame = ctx.control.next() => Event::Command(frame?),
@@ -516,7 +517,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     loop {
                         let arrival = match &mut weights {
                             Weights::Background(bg) => {
-                                bg.updates.try_recv().ok().map(Arrival::Host)
+                                bg.results.try_recv().ok().map(Arrival::Host)
                             }
                             Weights::GpuBackground(arrivals) => {
                                 arrivals.try_recv().ok().map(Arrival::Gpu)
@@ -597,32 +598,9 @@ pub(crate) fn evaluate(
     })
 }
 
-/// A background receiver: the updates its task hands over, and the task, which is aborted when this is
-/// dropped. A worker that stops or fails leaves no receive behind: one still waiting (on a timer) when the
-/// runtime shuts down would be polled after the time driver is gone, which panics.
-struct Background {
-    updates: mpsc::Receiver<Received>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Background {
-    /// Abort the task and wait until it is gone.
-    async fn stop(&mut self) {
-        self.task.abort();
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
 /// Receive updates in the background: one at a time, the next only after the previous one is installed.
-fn spawn_receiver(mut syncer: SyncReceiver) -> Background {
-    let (tx, updates) = mpsc::channel(1);
-    let task = tokio::spawn(async move {
+fn spawn_receiver(mut syncer: SyncReceiver) -> Background<Received> {
+    Background::spawn(1, |tx| async move {
         loop {
             let update = syncer.receive().await;
             let failed = update.is_err();
@@ -631,8 +609,7 @@ fn spawn_receiver(mut syncer: SyncReceiver) -> Background {
                 break;
             }
         }
-    });
-    Background { updates, task }
+    })
 }
 
 /// Wait for the GPU channel's next sync on a thread of its own (the wait blocks until the trainer sends,
