@@ -151,20 +151,21 @@ impl Reference {
         let at = self.sim.with(|mem| mem.alloc(&vec![0; len as usize]));
         let filled = self.tx.fill(at, len);
         let copied = self.sim.with(|mem| {
-            let out = filled.as_ref().ok().map(|_| {
-                let bytes = mem.read(at, len).map_err(reference_error)?;
-                // SAFETY: the caller's contract.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, len as usize)
-                };
-                Ok::<(), PayloadError>(())
-            });
+            let copied = match &filled {
+                Ok(_) => mem.read(at, len).map(|bytes| {
+                    // SAFETY: the caller's contract.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len())
+                    }
+                }),
+                Err(_) => Ok(()),
+            };
             mem.free(at);
-            out
+            copied
         });
-        if let Some(Err(e)) = copied {
+        if let Err(e) = copied {
             self.tx.lost();
-            return Err(e);
+            return Err(reference_error(e));
         }
         filled
     }
@@ -185,6 +186,15 @@ enum Builder {
         tx: PayloadSender<SenderDevice>,
     },
     Reference(Reference),
+}
+
+/// Each tensor as the receivers hold it (key, dtype after `casts`, shape), for the checksum.
+fn names(descs: &[Desc], casts: &[(DType, DType)]) -> Vec<(String, DType, Vec<usize>)> {
+    descs
+        .iter()
+        .zip(casts)
+        .map(|(d, &(_, to))| (d.0.clone(), to, d.4.clone()))
+        .collect()
 }
 
 /// An open sending end.
@@ -289,11 +299,7 @@ impl DevicePayloadSender {
         // SAFETY: `addrs` are the tensors of `descs`, just checked (`tensors`: contiguous CUDA tensors of this
         // device, their sizes; `casting_sender` built the casts for their dtypes); the caller holds them.
         unsafe { retarget(&mut dev, addrs, Stream(stream)) };
-        let names = descs
-            .iter()
-            .zip(&casts)
-            .map(|(d, &(_, to))| (d.0.clone(), to, d.4.clone()))
-            .collect();
+        let names = names(&descs, &casts);
         let tx = py
             .detach(|| PayloadSender::new(dev, layout, sequence, version))
             .map_err(|e| payload_error(&e))?;
@@ -317,23 +323,17 @@ impl DevicePayloadSender {
         sequence: u64,
         version: u64,
     ) -> PyResult<DevicePayloadSender> {
-        let (regions, layout) = host_tensors(&descs)?;
+        let ts = host_tensors(&descs)?;
+        let layout = layout_of_placed(&ts)?;
+        let regions = regions(&ts);
         let sim = SharedSim::default();
         let state: Vec<u64> = sim.with(|mem| {
-            regions
-                .iter()
-                .map(|t| mem.alloc(&vec![0; t.1 as usize]))
+            ts.iter()
+                .map(|t| mem.alloc(&vec![0; t.bytes as usize]))
                 .collect()
         });
-        let names = descs
-            .iter()
-            .map(|d| {
-                let dtype = DType::from_name(&d.3).ok_or_else(|| {
-                    PyValueError::new_err(format!("tensor '{}': dtype {}", d.0, d.3))
-                })?;
-                Ok((d.0.clone(), dtype, d.4.clone()))
-            })
-            .collect::<PyResult<Vec<_>>>()?;
+        let dtypes: Vec<String> = descs.iter().map(|d| d.3.clone()).collect();
+        let names = names(&descs, &casts(&descs, &dtypes)?);
         let end = py.detach(|| {
             // SAFETY: the CPU tensors of `descs` (checked: contiguous, these sizes), held by the caller.
             unsafe { load(&sim, &state, &regions)? };
@@ -345,7 +345,7 @@ impl DevicePayloadSender {
         Ok(DevicePayloadSender::open_end(SenderEnd {
             builder: Builder::Reference(end),
             state: layout,
-            dtypes: descs.iter().map(|d| d.3.clone()).collect(),
+            dtypes,
             names,
             last: None,
         }))
@@ -366,7 +366,9 @@ impl DevicePayloadSender {
                 py.detach(|| tx.build(version))
             }
             Builder::Reference(r) => {
-                let regions = host_regions(&descs, &end.state)?;
+                let ts = host_tensors(&descs)?;
+                same_layout(&ts, &end.state, "sender")?;
+                let regions = regions(&ts);
                 py.detach(|| {
                     // SAFETY: this call's CPU tensors, checked against the state's layout; held by the caller.
                     unsafe { load(&r.sim, &r.state, &regions)? };
@@ -586,8 +588,26 @@ fn placed(descs: &[Desc]) -> PyResult<Vec<Placed>> {
         .collect()
 }
 
-/// The tensors of `descs`, all contiguous CPU tensors: (address, bytes) in order, and their layout.
-fn host_tensors(descs: &[Desc]) -> PyResult<(Vec<(u64, u64)>, Layout)> {
+/// The layout of placed tensors.
+fn layout_of_placed(ts: &[Placed]) -> PyResult<Layout> {
+    let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
+    Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))
+}
+
+/// This call's tensors have the layout the end (`what`) was made for.
+fn same_layout(ts: &[Placed], layout: &Layout, what: &str) -> PyResult<()> {
+    if layout_of_placed(ts).ok().as_ref() != Some(layout) {
+        return Err(HandshakeError::new_err(format!(
+            "the state dict's tensors ({}) are not those the {what} was made for ({}, same shapes and dtypes in the same order)",
+            ts.len(),
+            layout.tensors().len()
+        )));
+    }
+    Ok(())
+}
+
+/// The tensors of `descs`, all contiguous CPU tensors (a reference sender's).
+fn host_tensors(descs: &[Desc]) -> PyResult<Vec<Placed>> {
     let ts = placed(descs)?;
     if let Some(t) = ts.iter().find(|t| t.device != "cpu") {
         return Err(PyValueError::new_err(format!(
@@ -595,22 +615,12 @@ fn host_tensors(descs: &[Desc]) -> PyResult<(Vec<(u64, u64)>, Layout)> {
             t.device
         )));
     }
-    let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
-    let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
-    Ok((ts.iter().map(|t| (t.addr, t.bytes)).collect(), layout))
+    Ok(ts)
 }
 
-/// [`host_tensors`] of this call, which must have the construction's layout.
-fn host_regions(descs: &[Desc], layout: &Layout) -> PyResult<Vec<(u64, u64)>> {
-    let (ts, found) = host_tensors(descs)?;
-    if found != *layout {
-        return Err(HandshakeError::new_err(format!(
-            "the state dict's tensors ({}) are not those the sender was made for ({}, same shapes and dtypes in the same order)",
-            ts.len(),
-            layout.tensors().len()
-        )));
-    }
-    Ok(ts)
+/// (address, bytes) of each placed tensor.
+fn regions(ts: &[Placed]) -> Vec<(u64, u64)> {
+    ts.iter().map(|t| (t.addr, t.bytes)).collect()
 }
 
 impl ReceiverEnd {
@@ -618,14 +628,7 @@ impl ReceiverEnd {
     /// against the layout and the devices of the construction.
     fn tensors_of(&self, descs: &[Desc]) -> PyResult<Vec<Vec<(u64, u64)>>> {
         let ts = placed(descs)?;
-        let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
-        if Layout::new(&shapes).ok().as_ref() != Some(&self.layout) {
-            return Err(HandshakeError::new_err(format!(
-                "the state dict's tensors ({}) are not those the receiver was made for ({}, same shapes and dtypes in the same order)",
-                ts.len(),
-                self.layout.tensors().len()
-            )));
-        }
+        same_layout(&ts, &self.layout, "receiver")?;
         if let Some(t) = ts.iter().find(|t| !self.devices.contains(&t.device)) {
             return Err(PyValueError::new_err(format!(
                 "a synced tensor is on {}, a device this receiver was not made for (its devices: {:?}): keep the model where it was at the first device payload",
@@ -647,6 +650,25 @@ impl ReceiverEnd {
                     .collect()
             })
             .collect())
+    }
+
+    /// `step` on each share in turn (they agree on the version label); on the first failure every share's
+    /// staged payload is dropped and the error raised.
+    fn each(
+        &mut self,
+        mut step: impl FnMut(usize, &mut Share) -> Result<u64, PayloadError>,
+    ) -> PyResult<u64> {
+        let mut version = 0;
+        for k in 0..self.shares.len() {
+            match step(k, &mut self.shares[k]) {
+                Ok(v) => version = v,
+                Err(e) => {
+                    self.abort();
+                    return Err(payload_error(&e));
+                }
+            }
+        }
+        Ok(version)
     }
 
     /// Drop what every share holds staged; the version label staged, if any.
@@ -683,8 +705,7 @@ impl DevicePayloadReceiver {
     #[new]
     fn new(descs: Vec<Desc>, sequence: u64, version: u64) -> PyResult<DevicePayloadReceiver> {
         let ts = placed(&descs)?;
-        let shapes: Vec<(u64, usize)> = ts.iter().map(|t| (t.numel, t.width)).collect();
-        let layout = Layout::new(&shapes).map_err(|e| PyValueError::new_err(chain(&e)))?;
+        let layout = layout_of_placed(&ts)?;
         let mut devices: Vec<String> = Vec::new();
         for t in &ts {
             if !devices.contains(&t.device) {
@@ -752,17 +773,7 @@ impl DevicePayloadReceiver {
         let payloads = end.per_share("payloads", payloads)?;
         let streams = end.per_share("streams", streams)?;
         let tensors = end.tensors_of(&descs)?;
-        let mut version = 0;
-        for k in 0..end.shares.len() {
-            match end.shares[k].stage(py, payloads[k], &tensors[k], streams[k]) {
-                Ok(v) => version = v,
-                Err(e) => {
-                    end.abort();
-                    return Err(payload_error(&e));
-                }
-            }
-        }
-        Ok(version)
+        end.each(|k, share| share.stage(py, payloads[k], &tensors[k], streams[k]))
     }
 
     /// Install the staged payload into the tensors of `descs`, each share on its stream, waited for; its
@@ -773,17 +784,7 @@ impl DevicePayloadReceiver {
         let end = g.as_mut().ok_or_else(closed)?;
         let streams = end.per_share("streams", streams)?;
         let tensors = end.tensors_of(&descs)?;
-        let mut version = 0;
-        for k in 0..end.shares.len() {
-            match end.shares[k].commit(py, &tensors[k], streams[k]) {
-                Ok(v) => version = v,
-                Err(e) => {
-                    end.abort();
-                    return Err(payload_error(&e));
-                }
-            }
-        }
-        Ok(version)
+        end.each(|k, share| share.commit(py, &tensors[k], streams[k]))
     }
 
     /// Drop the staged payload; its version label, if one was staged.

@@ -21,6 +21,17 @@ from rlsync import syncer as rs
 from test_api_timeouts import make, state
 
 
+async def start(ln, tx_sd: dict, rx_sd: dict, sender: rlsync.WeightSyncer | None = None) -> tuple:
+    """A patch sender (by default ``transport_device="cuda"``, asking for device payloads) and a patch receiver
+    over ``ln``, initialised over every key of ``tx_sd``."""
+    s = sender or rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
+    r = make("patch")
+    await asyncio.gather(
+        s.init_sender(tx_sd, list(tx_sd), ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
+    )
+    return s, r
+
+
 def test_device_payloads_are_told_apart_by_their_first_bytes() -> None:
     assert rs._is_device_payload(b"RLDP\x01\x00")
     assert rs._is_device_payload(torch.tensor(list(b"RLDPxyz"), dtype=torch.uint8))
@@ -38,10 +49,7 @@ def test_a_corrupt_device_payload_at_a_cpu_receiver_is_rejected_and_the_receiver
     async def main() -> None:
         ln = link()
         tx_sd, rx_sd = state(1), state(2)
-        s, r = make("patch"), make("patch")
-        await asyncio.gather(
-            s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
-        )
+        s, r = await start(ln, tx_sd, rx_sd, make("patch"))
         before = {k: v.clone() for k, v in rx_sd.items()}
         await ln.send(b"RLDP" + bytes(200))
         with pytest.raises(rlsync.PayloadRejected, match="device payload rejected"):
@@ -89,12 +97,8 @@ def test_a_cpu_state_keeps_host_coded_payloads_under_a_cuda_transport(link, monk
     async def main() -> None:
         ln = link()
         tx_sd, rx_sd = state(1), state(2)
-        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
-        r = make("patch")
+        s, r = await start(ln, tx_sd, rx_sd)
         assert s._wants_device_payloads()
-        await asyncio.gather(
-            s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
-        )
         assert s._dev_tx is None, "a CPU state dict keeps host-coded payloads"
         with torch.no_grad():
             tx_sd["w"][1] -= 2.0
@@ -169,12 +173,8 @@ def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monke
     async def main() -> None:
         ln = link()
         tx_sd, rx_sd = state(1), state(2)
-        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
-        r = make("patch")
         with pytest.warns(RuntimeWarning, match="device payloads could not start"):
-            await asyncio.gather(
-                s.init_sender(tx_sd, ["w", "b"], ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
-            )
+            s, r = await start(ln, tx_sd, rx_sd)
         assert s._dev_tx is None and s._native.end == "sender"
         with torch.no_grad():
             tx_sd["b"] += 0.5
@@ -250,10 +250,8 @@ def test_device_payloads_end_to_end_through_the_python_side(link, monkeypatch: p
     async def main() -> None:
         ln = link()
         tx_sd, rx_sd = widths_state(1), widths_state(2)
-        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
-        r = make("patch")
         keys = list(tx_sd)
-        await asyncio.gather(s.init_sender(tx_sd, keys, ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send))
+        s, r = await start(ln, tx_sd, rx_sd)
         assert equal(tx_sd, rx_sd), "the init bootstrap (host-coded) made the receiver the sender"
         assert s._dev_tx is not None, "device payloads started after the handshake"
         assert s.synced_keys == keys and s.checksum(tx_sd) == r.checksum(rx_sd)
@@ -336,11 +334,7 @@ def test_a_replayed_device_payload_is_rejected(link, monkeypatch: pytest.MonkeyP
     async def main() -> None:
         ln = link()
         tx_sd, rx_sd = widths_state(3), widths_state(4)
-        s = rlsync.PatchWeightSyncer(transport_device="cuda", init_sync_enabled=True)
-        r = make("patch")
-        await asyncio.gather(
-            s.init_sender(tx_sd, list(tx_sd), ln.send, ln.up_recv), r.init_receiver(rx_sd, ln.recv, ln.up_send)
-        )
+        s, r = await start(ln, tx_sd, rx_sd)
         nudge(tx_sd, 1)
         await s.sync(tx_sd, ln.send, 1)
         payload = await ln.recv()

@@ -664,11 +664,8 @@ impl ReceiverDevice for CudaReceiver {
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let tensors = self.tensors_for(setup)?;
         let snap = self.opened[0];
-        for ((t, &dst), &off) in setup.tensors.iter().zip(tensors).zip(&setup.offsets) {
-            if dst == 0 {
-                continue; // held elsewhere
-            }
-            let bytes = t.numel as usize * usize::from(t.width);
+        for (dst, off, bytes) in setup.full_copies(tensors.iter().copied()) {
+            let bytes = bytes as usize;
             // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
             // receiver's live tensor of the same size; the sender does not write it before this ack.
             unsafe { self.gpu.copy_async(dst, snap + off, bytes, self.stream)? };

@@ -606,11 +606,8 @@ impl<M: SimMemory> ReceiverDevice for RefReceiver<M> {
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let snap = self.snap()?;
         self.fresh(|mem| {
-            for ((t, &dst), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
-                if dst == 0 {
-                    continue; // held elsewhere
-                }
-                copy(mem, dst, snap + off, t.numel * u64::from(t.width))?;
+            for (dst, off, bytes) in setup.full_copies(self.tensors.iter().copied()) {
+                copy(mem, dst, snap + off, bytes)?;
             }
             Ok(())
         })

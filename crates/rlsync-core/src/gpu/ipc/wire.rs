@@ -106,6 +106,22 @@ pub struct Setup {
     pub widths: Vec<WidthExport>,
 }
 
+impl Setup {
+    /// A full copy's work: (destination, offset of its copy in the snapshot image, bytes) of each tensor
+    /// whose destination in `dsts` (layout order) is not 0 (0: held elsewhere, installed by another device).
+    pub fn full_copies<'a>(
+        &'a self,
+        dsts: impl IntoIterator<Item = u64> + 'a,
+    ) -> impl Iterator<Item = (u64, u64, u64)> + 'a {
+        self.tensors
+            .iter()
+            .zip(dsts)
+            .zip(&self.offsets)
+            .filter(|((_, dst), _)| *dst != 0)
+            .map(|((t, dst), &off)| (dst, off, t.numel * u64::from(t.width)))
+    }
+}
+
 /// One width's result of a build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WidthCount {

@@ -171,11 +171,7 @@ impl ReceiverDevice for HostReceiver {
 
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let snap = self.base(0)?;
-        for ((t, &(dst, _)), &off) in setup.tensors.iter().zip(&self.tensors).zip(&setup.offsets) {
-            if dst == 0 {
-                continue; // held elsewhere
-            }
-            let len = t.numel * u64::from(t.width);
+        for (dst, off, len) in setup.full_copies(self.tensors.iter().map(|t| t.0)) {
             let src = self.mem.bytes(snap + off, len).map_err(sim)?.to_vec();
             self.mem
                 .bytes_mut(dst, len)
