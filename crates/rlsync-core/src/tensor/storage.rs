@@ -75,11 +75,15 @@ pub struct Storage {
 #[derive(Debug)]
 enum Mem {
     Owned(Vec<Line>),
+    /// At least [`MAPPED_MIN`] bytes: anonymous pages straight from the kernel (zero until written, so a
+    /// model-sized storage costs its first touch once, by whoever writes it first, not a memset and then the
+    /// write), advised for transparent huge pages.
+    Mapped(memmap2::MmapMut),
     /// `len` bytes at this address, owned by the caller of [`Storage::borrowed`].
     Borrowed(std::ptr::NonNull<u8>),
 }
 
-// SAFETY: an owned storage is a Vec. A borrowed one is, by the contract of `Storage::borrowed`, memory that
+// SAFETY: an owned storage is a Vec, a mapped one a private mapping. A borrowed one is, by the contract of `Storage::borrowed`, memory that
 // stays valid and is accessed only through this storage while it lives, so moving it to or sharing it with
 // other threads is as safe as doing so with a `Vec<u8>`: `&self` gives shared reads, `&mut self` unique writes.
 unsafe impl Send for Storage {}
@@ -87,12 +91,16 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
-    /// `len` zero bytes (allocated zeroed, so untouched pages cost nothing).
+    /// `len` zero bytes. From [`MAPPED_MIN`] bytes up, fresh pages mapped for it: nothing is written until the
+    /// caller writes (untouched pages cost nothing); below, the allocator's cache lines.
     pub fn zeroed(len: usize) -> Storage {
-        Storage {
-            mem: Mem::Owned(zeroed_lines(len.div_ceil(64))),
-            len,
-        }
+        let mem = match len {
+            MAPPED_MIN.. => {
+                mapped(len).map_or_else(|| Mem::Owned(zeroed_lines(len.div_ceil(64))), Mem::Mapped)
+            }
+            _ => Mem::Owned(zeroed_lines(len.div_ceil(64))),
+        };
+        Storage { mem, len }
     }
 
     /// A storage over `len` bytes of CPU memory the caller owns (zero-copy). A null `ptr` is only accepted for
@@ -142,6 +150,7 @@ impl Storage {
                 let all = words_as_bytes(words);
                 &all[..self.len.min(all.len())]
             }
+            Mem::Mapped(m) => &m[..self.len.min(m.len())],
             // SAFETY: `Storage::borrowed`'s contract: `len` valid bytes for this storage's lifetime.
             Mem::Borrowed(p) => unsafe { std::slice::from_raw_parts(p.as_ptr(), self.len) },
         }
@@ -155,13 +164,39 @@ impl Storage {
                 let n = len.min(all.len());
                 &mut all[..n]
             }
+            Mem::Mapped(m) => {
+                let n = len.min(m.len());
+                &mut m[..n]
+            }
             // SAFETY: as in `bytes`; `&mut self` makes this the only access through the storage.
             Mem::Borrowed(p) => unsafe { std::slice::from_raw_parts_mut(p.as_ptr(), len) },
         }
     }
 }
 
-/// `n` zeroed lines from the allocator's zeroed path (fresh pages are not touched until used).
+/// Bytes from which a [`Storage::zeroed`] is mapped pages rather than the allocator's: glibc's largest mmap
+/// threshold, from which it maps fresh pages for every allocation itself. Below it the allocator reuses freed
+/// memory, which a buffer made and dropped per sync gains from (`cargo bench --bench storage`).
+pub(crate) const MAPPED_MIN: usize = 32 << 20;
+
+/// `len` bytes of fresh anonymous pages (page-aligned, zero), advised for transparent huge pages: a 2 MiB page
+/// per fault instead of a 4 KiB one where the kernel's THP mode is `madvise` (most distributions' default), ~5×
+/// faster first touch (`cargo bench --bench storage`). `RLSYNC_HUGE_PAGES=0` leaves the pages 4 KiB (for a host
+/// whose memory is so fragmented that the kernel's compaction for huge pages stalls). `None` when the kernel
+/// refuses the mapping (the caller falls back to the allocator).
+fn mapped(len: usize) -> Option<memmap2::MmapMut> {
+    static HUGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let m = memmap2::MmapMut::map_anon(len).ok()?;
+    if *HUGE.get_or_init(|| std::env::var_os("RLSYNC_HUGE_PAGES").is_none_or(|v| v != "0")) {
+        // Advice only: a kernel without THP keeps 4 KiB pages, which are as correct.
+        let _ = m.advise(memmap2::Advice::HugePage);
+    }
+    Some(m)
+}
+
+/// `n` zeroed lines from the allocator's zeroed path. A 64-byte alignment is above what `calloc` guarantees,
+/// so the allocator writes the zeros itself: fine for small storages, a whole extra pass for large ones
+/// (those are [`mapped`]).
 fn zeroed_lines(n: usize) -> Vec<Line> {
     let Ok(layout) = std::alloc::Layout::array::<Line>(n) else {
         std::alloc::handle_alloc_error(std::alloc::Layout::new::<Line>())
@@ -247,6 +282,32 @@ mod tests {
             pod_slice::<u32>(&s.bytes()[..12]).map(<[u32]>::len),
             Some(3)
         );
+    }
+
+    #[test]
+    fn a_large_storage_is_mapped_zeroed_aligned_and_owned() {
+        let len = MAPPED_MIN + 13;
+        let mut s = Storage::zeroed(len);
+        assert!(
+            matches!(s.mem, Mem::Mapped(_)),
+            "{len} bytes come from a mapping"
+        );
+        assert!(!s.is_borrowed());
+        assert_eq!(s.len(), len);
+        assert_eq!(s.bytes().as_ptr() as usize % 64, 0);
+        assert!(s.bytes().iter().all(|&b| b == 0));
+        s.bytes_mut()[0] = 1;
+        s.bytes_mut()[len - 1] = 9;
+        let d = s.duplicate();
+        assert!(matches!(d.mem, Mem::Mapped(_)));
+        assert_eq!(
+            (d.bytes()[0], d.bytes()[len - 1], d.bytes().len()),
+            (1, 9, len)
+        );
+        drop(s);
+        assert_eq!(d.bytes()[len - 1], 9, "a copy owns its own pages");
+        let small = Storage::zeroed(MAPPED_MIN - 1);
+        assert!(matches!(small.mem, Mem::Owned(_)));
     }
 
     #[test]
