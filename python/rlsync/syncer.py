@@ -578,7 +578,7 @@ class WeightSyncer:
             self._dev_tx = _device_payload_sender(
                 descs, held, self._native.sequence, self._native.version, stream, self._attrs["snapshot_device"].type
             )
-        except _native.CudaError as exc:
+        except (_native.CudaError, _native.HandshakeError, ValueError) as exc:
             # The handshake is done and the receivers wait for payloads: host-coded ones still reach them.
             warnings.warn(
                 f"device payloads could not start ({exc}); this sender's payloads stay host-coded",

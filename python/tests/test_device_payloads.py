@@ -151,9 +151,13 @@ def test_a_receiver_has_one_share_per_device_of_its_tensors() -> None:
     assert rs._device_kinds(["cuda:1", "cuda:0"]) == "cuda" and rs._device_kinds(["cpu"]) == "cpu"
 
 
-def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Init is done when device payloads would start: if they cannot (here: no CUDA driver behind what looks like
-    a CUDA state dict), a warning says so and the payloads stay host-coded, so the receivers still get them."""
+@pytest.mark.parametrize("failure", ["no driver", "ValueError", "HandshakeError"])
+def test_device_payloads_that_cannot_start_leave_host_coded_payloads(
+    link, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """Init is done when device payloads would start: if they cannot (no CUDA driver behind what looks like a CUDA
+    state dict, or the sender's constructor refusing the tensors), a warning says so and the payloads stay
+    host-coded, so the receivers still get them."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
 
@@ -167,6 +171,13 @@ def test_device_payloads_that_cannot_start_leave_host_coded_payloads(link, monke
         return [d[:6] + ("cuda:0",) for d in real(state_dict, keys)]
 
     monkeypatch.setattr(rs, "_synced", as_if_on_a_gpu)
+    if failure != "no driver":
+        refusal = ValueError("a tensor it cannot take") if failure == "ValueError" else _native.HandshakeError("no")
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise refusal
+
+        monkeypatch.setattr(rs, "_device_payload_sender", refuse)
 
     _observe_moves(monkeypatch)
 

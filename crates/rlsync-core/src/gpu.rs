@@ -294,6 +294,21 @@ impl Gpu {
         self.inner.sync(stream)
     }
 
+    /// Run `queue` (work it queues on `stream`, reading or writing rlsync's pinned buffers), then wait for
+    /// the stream whatever `queue` returned: a failure midway must not leave queued copies reading a pinned
+    /// buffer the next call rewrites. The first error is returned.
+    pub fn settled<T, E: From<GpuError>>(
+        &self,
+        stream: Stream,
+        queue: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let queued = queue();
+        let synced = self.sync(stream);
+        let value = queued?;
+        synced?;
+        Ok(value)
+    }
+
     /// The CUDA IPC handle of `buf` (another process of this host opens it with [`Gpu::ipc_open`]).
     pub fn ipc_handle(&self, buf: &DeviceBuf) -> Result<IpcHandle, GpuError> {
         self.inner.ipc_handle(buf.addr())

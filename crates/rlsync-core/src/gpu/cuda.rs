@@ -3,13 +3,14 @@
 //!
 //! Every driver call runs inside [`call`]: cudarc panics when `libcuda` or one of its symbols is missing, and
 //! [`probe`] loads the library without panicking first, so a missing driver is an error, never a crash. The
-//! context is the device's primary context (the one PyTorch uses), retained for as long as a [`Context`]
-//! lives and made current on the calling thread before each operation (the syncer's work runs on any of its
-//! threads). Nothing here frees or owns memory that PyTorch allocated: tensors are raw addresses.
+//! context is the device's primary context (the one PyTorch uses), retained for as long as a [`Context`] or
+//! any buffer made in it lives, and made current on the calling thread for each operation only (the syncer's
+//! work runs on any of its threads; the caller's current context, PyTorch's current device, is put back
+//! after). Nothing here frees or owns memory that PyTorch allocated: tensors are raw addresses.
 
 use std::ffi::{CString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
@@ -71,11 +72,66 @@ pub(super) fn probe() -> Result<DriverInfo, GpuError> {
     driver()
 }
 
+/// A device's primary context, retained while this lives (the [`Context`] and every buffer made in it hold it,
+/// so the context outlives the last of them whatever order they are dropped in).
+struct Primary {
+    dev: sys::CUdevice,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: driver handles usable from any thread; every use makes the context current on that thread first.
+unsafe impl Send for Primary {}
+// SAFETY: as for Send; the handles are never mutated.
+unsafe impl Sync for Primary {}
+
+impl Primary {
+    /// Make the context current on this thread until the guard drops, which puts back the one that was current
+    /// (the caller's: PyTorch's current device).
+    fn enter(&self) -> Result<Current, GpuError> {
+        let prev = call("cuCtxGetCurrent", result::ctx::get_current)?;
+        if prev != Some(self.ctx) {
+            // SAFETY: the context is retained while `self` lives.
+            call("cuCtxSetCurrent", || unsafe {
+                result::ctx::set_current(self.ctx)
+            })?;
+        }
+        Ok(Current {
+            restore: (prev != Some(self.ctx)).then_some(prev),
+        })
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        // SAFETY: balances the retain in `Context::open`.
+        let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
+            result::primary_ctx::release(self.dev)
+        });
+    }
+}
+
+/// While it lives, rlsync's context is current on this thread; dropped, the previous one is again.
+struct Current {
+    /// The context to make current again (`Some(None)`: none was), `None` when it already was rlsync's.
+    restore: Option<Option<sys::CUcontext>>,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Some(prev) = self.restore {
+            // SAFETY: the context that was current before (the caller's, still retained by its owner), or
+            // none.
+            let _ = call("cuCtxSetCurrent", || unsafe {
+                result::ctx::set_current(prev.unwrap_or(std::ptr::null_mut()))
+            });
+        }
+    }
+}
+
 /// An open device: its retained primary context and rlsync's module in it.
 pub(super) struct Context {
     ordinal: usize,
-    dev: sys::CUdevice,
-    ctx: sys::CUcontext,
+    primary: Arc<Primary>,
     module: sys::CUmodule,
     /// `[family][width slot]`, families in [`KERNELS`] order.
     functions: [[sys::CUfunction; 4]; KERNELS.len()],
@@ -104,17 +160,10 @@ impl Context {
         let ctx = call("cuDevicePrimaryCtxRetain", || unsafe {
             result::primary_ctx::retain(dev)
         })?;
-        let release = || {
-            // SAFETY: balances the retain above.
-            let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
-                result::primary_ctx::release(dev)
-            });
-        };
+        // Released when the last holder drops (below on failure).
+        let primary = Arc::new(Primary { dev, ctx });
         let loaded = (|| {
-            // SAFETY: `ctx` was just retained.
-            call("cuCtxSetCurrent", || unsafe {
-                result::ctx::set_current(ctx)
-            })?;
+            let _current = primary.enter()?;
             let image = CString::new(ptx.text.as_bytes()).map_err(|_| GpuError::PtxNul {
                 origin: ptx.origin.clone(),
             })?;
@@ -160,29 +209,20 @@ impl Context {
                 }
             }
         })();
-        match loaded {
-            Ok((module, functions, single, sms)) => Ok(Context {
-                ordinal,
-                dev,
-                ctx,
-                module,
-                functions,
-                single,
-                sms,
-            }),
-            Err(e) => {
-                release();
-                Err(e)
-            }
-        }
+        let (module, functions, single, sms) = loaded?;
+        Ok(Context {
+            ordinal,
+            primary,
+            module,
+            functions,
+            single,
+            sms,
+        })
     }
 
-    /// Make the context current on this thread.
-    fn enter(&self) -> Result<(), GpuError> {
-        // SAFETY: the context is retained while `self` lives.
-        call("cuCtxSetCurrent", || unsafe {
-            result::ctx::set_current(self.ctx)
-        })
+    /// Make the context current on this thread until the guard drops.
+    fn enter(&self) -> Result<Current, GpuError> {
+        self.primary.enter()
     }
 
     pub(super) fn ordinal(&self) -> usize {
@@ -190,7 +230,9 @@ impl Context {
     }
 
     pub(super) fn name(&self) -> Result<String, GpuError> {
-        call("cuDeviceGetName", || result::device::get_name(self.dev))
+        call("cuDeviceGetName", || {
+            result::device::get_name(self.primary.dev)
+        })
     }
 
     pub(super) fn sm_count(&self) -> usize {
@@ -201,9 +243,9 @@ impl Context {
         let Some(f) = self.function(kernel, width) else {
             return 1;
         };
-        if self.enter().is_err() {
+        let Ok(_current) = self.enter() else {
             return 1;
-        }
+        };
         // SAFETY: `f` belongs to the loaded module.
         call("cuOccupancyMaxActiveBlocksPerMultiprocessor", || unsafe {
             result::occupancy::max_active_block_per_multiprocessor(f, block as i32, 0)
@@ -212,7 +254,7 @@ impl Context {
     }
 
     pub(super) fn alloc(&self, bytes: usize) -> Result<DeviceBuf, GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: a fresh allocation of at least one byte in the current context.
         let ptr = call("cuMemAlloc", || unsafe {
             result::malloc_sync(bytes.max(1))
@@ -220,12 +262,12 @@ impl Context {
         Ok(DeviceBuf {
             ptr,
             len: bytes,
-            ctx: self.ctx,
+            primary: self.primary.clone(),
         })
     }
 
     pub(super) fn pinned(&self, bytes: usize) -> Result<PinnedBuf, GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         // Page-locked and cached (never write-combined: the host reads these buffers too), mapped into the
         // device's address space (the kernels may read and write it over the bus).
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
@@ -238,19 +280,19 @@ impl Context {
         Ok(PinnedBuf {
             ptr: ptr.cast(),
             len: bytes,
-            ctx: self.ctx,
+            primary: self.primary.clone(),
         })
     }
 
     /// # Safety
     /// See [`super::Gpu::register`].
     pub(super) unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Registered, GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         if len == 0 {
             return Ok(Registered {
                 host: std::ptr::null_mut(),
                 device: 0,
-                ctx: self.ctx,
+                primary: self.primary.clone(),
             });
         }
         let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
@@ -267,7 +309,7 @@ impl Context {
             Ok(()) => Ok(Registered {
                 host: ptr,
                 device,
-                ctx: self.ctx,
+                primary: self.primary.clone(),
             }),
             Err(e) => {
                 // SAFETY: balances the registration above.
@@ -291,7 +333,7 @@ impl Context {
         if len == 0 {
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges.
         call("cuMemcpyDtoHAsync", || unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw()).result()
@@ -310,7 +352,7 @@ impl Context {
         if len == 0 {
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges.
         call("cuMemcpyHtoDAsync", || unsafe {
             sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw()).result()
@@ -329,7 +371,7 @@ impl Context {
         if len == 0 {
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges.
         call("cuMemcpyDtoDAsync", || unsafe {
             result::memcpy_dtod_async(dst, src, len, stream.raw())
@@ -342,7 +384,7 @@ impl Context {
         if len == 0 {
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: the caller guarantees the range.
         call("cuMemsetD8Async", || unsafe {
             sys::cuMemsetD8Async(dst, 0, len, stream.raw()).result()
@@ -350,7 +392,7 @@ impl Context {
     }
 
     pub(super) fn sync(&self, stream: Stream) -> Result<(), GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: a stream of this context (the caller's or the legacy default stream).
         call("cuStreamSynchronize", || unsafe {
             result::stream::synchronize(stream.raw())
@@ -378,7 +420,7 @@ impl Context {
         if grid == 0 {
             return Ok(());
         }
-        self.enter()?;
+        let _current = self.enter()?;
         // The driver reads each parameter through a pointer to its value.
         let mut values: Vec<Arg> = args.to_vec();
         let mut params: Vec<*mut c_void> = values
@@ -411,7 +453,7 @@ impl Context {
     /// The CUDA IPC handle of device memory rlsync allocated (`cuIpcGetMemHandle`; `addr` is an allocation's
     /// start).
     pub(super) fn ipc_handle(&self, addr: u64) -> Result<IpcHandle, GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         let mut handle = sys::CUipcMemHandle {
             reserved: [0; IPC_HANDLE_BYTES],
         };
@@ -428,7 +470,7 @@ impl Context {
     /// # Safety
     /// The mapping must be closed once ([`Context::ipc_close`]) and not used after.
     pub(super) unsafe fn ipc_open(&self, handle: &IpcHandle) -> Result<u64, GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         let raw = sys::CUipcMemHandle {
             reserved: handle.0.map(|b| b as std::ffi::c_char),
         };
@@ -446,7 +488,7 @@ impl Context {
     /// # Safety
     /// `addr` came from `ipc_open` on this context, is closed once, and no queued work still uses it.
     pub(super) unsafe fn ipc_close(&self, addr: u64) -> Result<(), GpuError> {
-        self.enter()?;
+        let _current = self.enter()?;
         // SAFETY: forwarded to the caller.
         call("cuIpcCloseMemHandle", || unsafe {
             sys::cuIpcCloseMemHandle(addr).result()
@@ -456,14 +498,11 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        let _ = self.enter();
-        // SAFETY: the module was loaded in `open` and no launch can follow (the context is going away).
+        let _current = self.enter();
+        // SAFETY: the module was loaded in `open` and no launch can follow (every `Gpu` is gone). The primary
+        // context is released once the buffers still holding it are freed too.
         let _ = call("cuModuleUnload", || unsafe {
             result::module::unload(self.module)
-        });
-        // SAFETY: balances the retain in `open`.
-        let _ = call("cuDevicePrimaryCtxRelease", || unsafe {
-            result::primary_ctx::release(self.dev)
         });
     }
 }
@@ -478,7 +517,7 @@ impl Stream {
 pub struct DeviceBuf {
     ptr: sys::CUdeviceptr,
     len: usize,
-    ctx: sys::CUcontext,
+    primary: Arc<Primary>,
 }
 
 // SAFETY: a device address and its context handle; usable from any thread.
@@ -503,10 +542,8 @@ impl DeviceBuf {
 
 impl Drop for DeviceBuf {
     fn drop(&mut self) {
-        // SAFETY: the context outlives its buffers (a `Gpu` is held by everything that holds buffers).
-        let _ = call("cuCtxSetCurrent", || unsafe {
-            result::ctx::set_current(self.ctx)
-        });
+        // The buffer holds the context retained, so it is still there.
+        let _current = self.primary.enter();
         // SAFETY: allocated by `alloc`, freed once; the device work using it was waited for by its owner.
         let _ = call("cuMemFree", || unsafe { result::free_sync(self.ptr) });
     }
@@ -516,7 +553,7 @@ impl Drop for DeviceBuf {
 pub struct PinnedBuf {
     ptr: *mut u8,
     len: usize,
-    ctx: sys::CUcontext,
+    primary: Arc<Primary>,
 }
 
 // SAFETY: plain host memory owned by this value.
@@ -553,10 +590,8 @@ impl PinnedBuf {
 
 impl Drop for PinnedBuf {
     fn drop(&mut self) {
-        // SAFETY: the context outlives its buffers (see DeviceBuf).
-        let _ = call("cuCtxSetCurrent", || unsafe {
-            result::ctx::set_current(self.ctx)
-        });
+        // The buffer holds the context retained, so it is still there.
+        let _current = self.primary.enter();
         // SAFETY: allocated by `pinned`, freed once; copies into or out of it were waited for by its owner.
         let _ = call("cuMemFreeHost", || unsafe {
             result::free_host(self.ptr.cast())
@@ -568,7 +603,7 @@ impl Drop for PinnedBuf {
 pub struct Registered {
     host: *mut u8,
     device: u64,
-    ctx: sys::CUcontext,
+    primary: Arc<Primary>,
 }
 
 // SAFETY: the registration's handles; the memory is owned elsewhere.
@@ -588,10 +623,8 @@ impl Drop for Registered {
         if self.host.is_null() {
             return;
         }
-        // SAFETY: the context outlives its registrations (see DeviceBuf).
-        let _ = call("cuCtxSetCurrent", || unsafe {
-            result::ctx::set_current(self.ctx)
-        });
+        // The buffer holds the context retained, so it is still there.
+        let _current = self.primary.enter();
         // SAFETY: registered by `register`, unregistered once.
         let _ = call("cuMemHostUnregister", || unsafe {
             sys::cuMemHostUnregister(self.host.cast()).result()

@@ -440,61 +440,66 @@ impl PatchBuilder for GpuDiffer {
             }
             None => state_addrs,
         };
-        for wb in &mut ready.widths {
-            let jobs = ready
-                .layout
-                .diff_jobs(wb.width, |pos| (diff_addrs[pos], ready.snap_addrs[pos]));
-            let bytes = compact::as_bytes(&jobs);
-            wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
-            let launch = DiffLaunch {
-                width: wb.width,
-                jobs: wb.jobs.addr(),
-                njobs: jobs.len() as u32,
-                ntiles: wb.ntiles,
-                idx: wb.idx.addr(),
-                vals: wb.vals.addr(),
-                capacity: wb.capacity,
-                cursor: wb.cursor.addr(),
-                dir: wb.dir.addr(),
-            };
-            // SAFETY: rlsync's own buffers of the sizes prepared for this layout; the job table names live CUDA
-            // tensors (the caller keeps them alive during the sync) and snapshot memory this builder owns; the
-            // pinned sources and destinations are not touched again before the stream is synchronised below.
-            unsafe {
-                gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
-                gpu.queue_diff_compact(&launch, stream)?;
-                gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+        gpu.settled(stream, || {
+            for wb in &mut ready.widths {
+                let jobs = ready
+                    .layout
+                    .diff_jobs(wb.width, |pos| (diff_addrs[pos], ready.snap_addrs[pos]));
+                let bytes = compact::as_bytes(&jobs);
+                wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
+                let launch = DiffLaunch {
+                    width: wb.width,
+                    jobs: wb.jobs.addr(),
+                    njobs: jobs.len() as u32,
+                    ntiles: wb.ntiles,
+                    idx: wb.idx.addr(),
+                    vals: wb.vals.addr(),
+                    capacity: wb.capacity,
+                    cursor: wb.cursor.addr(),
+                    dir: wb.dir.addr(),
+                };
+                // SAFETY: rlsync's own buffers of the sizes prepared for this layout; the job table names live CUDA
+                // tensors (the caller keeps them alive during the sync) and snapshot memory this builder owns; the
+                // pinned sources and destinations are not touched again before `settled` synchronises the stream.
+                unsafe {
+                    gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
+                    gpu.queue_diff_compact(&launch, stream)?;
+                    gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+                }
             }
-        }
-        gpu.sync(stream)?;
+            Ok::<(), GpuError>(())
+        })?;
         let mut listed = Vec::with_capacity(ready.widths.len());
-        for wb in &mut ready.widths {
-            let cursor = compact::view::<u64>(&wb.cursor_host[..8])
-                .ok()
-                .and_then(|c| c.first().copied())
-                .unwrap_or(0);
-            let n = cursor.min(wb.capacity) as usize;
-            let (dir_len, idx_len, vals_len) = (
-                wb.ntiles as usize * size_of::<TileDir>(),
-                n * 4,
-                n * 8 * words(wb.width),
-            );
-            ensure(gpu, &mut wb.idx_host, idx_len)?;
-            ensure(gpu, &mut wb.vals_host, vals_len)?;
-            let (Some(idx_host), Some(vals_host)) = (wb.idx_host.as_mut(), wb.vals_host.as_mut())
-            else {
-                return Err(mismatch("the staging buffers were not allocated".into()));
-            };
-            // SAFETY: device buffers of at least these sizes (n ≤ capacity) copied into pinned buffers at
-            // least as large, untouched until the sync below.
-            unsafe {
-                gpu.read_async(wb.dir_host.as_mut_ptr(), wb.dir.addr(), dir_len, stream)?;
-                gpu.read_async(idx_host.as_mut_ptr(), wb.idx.addr(), idx_len, stream)?;
-                gpu.read_async(vals_host.as_mut_ptr(), wb.vals.addr(), vals_len, stream)?;
+        gpu.settled(stream, || {
+            for wb in &mut ready.widths {
+                let cursor = compact::view::<u64>(&wb.cursor_host[..8])
+                    .ok()
+                    .and_then(|c| c.first().copied())
+                    .unwrap_or(0);
+                let n = cursor.min(wb.capacity) as usize;
+                let (dir_len, idx_len, vals_len) = (
+                    wb.ntiles as usize * size_of::<TileDir>(),
+                    n * 4,
+                    n * 8 * words(wb.width),
+                );
+                ensure(gpu, &mut wb.idx_host, idx_len)?;
+                ensure(gpu, &mut wb.vals_host, vals_len)?;
+                let (Some(idx_host), Some(vals_host)) =
+                    (wb.idx_host.as_mut(), wb.vals_host.as_mut())
+                else {
+                    return Err(mismatch("the staging buffers were not allocated".into()));
+                };
+                // SAFETY: device buffers of at least these sizes (n ≤ capacity) copied into pinned buffers at
+                // least as large, untouched until `settled`'s sync.
+                unsafe {
+                    gpu.read_async(wb.dir_host.as_mut_ptr(), wb.dir.addr(), dir_len, stream)?;
+                    gpu.read_async(idx_host.as_mut_ptr(), wb.idx.addr(), idx_len, stream)?;
+                    gpu.read_async(vals_host.as_mut_ptr(), wb.vals.addr(), vals_len, stream)?;
+                }
+                listed.push((dir_len, idx_len, vals_len));
             }
-            listed.push((dir_len, idx_len, vals_len));
-        }
-        gpu.sync(stream)?;
+            Ok(())
+        })?;
         let t1 = std::time::Instant::now();
         ready.layout.prepare(built);
         let mut report = CollectReport::default();

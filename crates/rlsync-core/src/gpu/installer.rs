@@ -200,37 +200,42 @@ impl GpuInstaller {
         let addr_of = |ordinal: usize| addrs.get(ordinal).copied().flatten().unwrap_or(0);
         let gpu = &self.gpu;
         let grid_cap = gpu.sm_count() * BLOCKS_PER_SM;
-        for (slot, entries) in entries.iter().enumerate() {
-            let total: usize = entries.iter().map(|e| e.count).sum();
-            if total == 0 {
-                continue;
+        // The staging's pinned buffers are read by the queued copies: waited for whatever fails midway.
+        gpu.settled(stream, || {
+            for (slot, entries) in entries.iter().enumerate() {
+                let total: usize = entries.iter().map(|e| e.count).sum();
+                if total == 0 {
+                    continue;
+                }
+                let width = compact::WIDTHS[slot];
+                let jobs = compact::scatter_jobs(entries, addr_of);
+                let jobs_dev = staging.jobs[slot].upload(gpu, compact::as_bytes(&jobs), stream)?;
+                let grid = total.div_ceil(compact::BLOCK as usize).clamp(1, grid_cap) as u32;
+                let args = [
+                    Arg::U64(jobs_dev),
+                    Arg::U32(jobs.len() as u32),
+                    Arg::U64(total as u64),
+                    Arg::U64(staging.idx[slot].addr()),
+                    Arg::U64(staging.vals[slot].addr()),
+                ];
+                // SAFETY: the arguments follow scatter's signature; every job's destination is a live CUDA tensor
+                // of the receiver (kept alive by the caller during the install) and, the patch having been
+                // validated against its layout, every index lies inside it; the index and value lists were
+                // queued to the device on this stream before.
+                unsafe { gpu.launch(Kernel::Scatter, width, grid, compact::BLOCK, &args, stream) }?;
             }
-            let width = compact::WIDTHS[slot];
-            let jobs = compact::scatter_jobs(entries, addr_of);
-            let jobs_dev = staging.jobs[slot].upload(gpu, compact::as_bytes(&jobs), stream)?;
-            let grid = total.div_ceil(compact::BLOCK as usize).clamp(1, grid_cap) as u32;
-            let args = [
-                Arg::U64(jobs_dev),
-                Arg::U32(jobs.len() as u32),
-                Arg::U64(total as u64),
-                Arg::U64(staging.idx[slot].addr()),
-                Arg::U64(staging.vals[slot].addr()),
-            ];
-            // SAFETY: the arguments follow scatter's signature; every job's destination is a live CUDA tensor
-            // of the receiver (kept alive by the caller during the install) and, the patch having been
-            // validated against its layout, every index lies inside it; the index and value lists were
-            // queued to the device on this stream before.
-            unsafe { gpu.launch(Kernel::Scatter, width, grid, compact::BLOCK, &args, stream) }?;
-        }
-        if !dense.is_empty() {
-            let base = staging.dense.upload(gpu, dense_stream, stream)?;
-            for d in dense {
-                let dst = addr_of(d.ordinal) + (d.base * d.width) as u64;
-                // SAFETY: device to device, from the staged dense stream into the validated element range.
-                unsafe { gpu.copy_async(dst, base + d.bytes.start as u64, d.bytes.len(), stream) }?;
+            if !dense.is_empty() {
+                let base = staging.dense.upload(gpu, dense_stream, stream)?;
+                for d in dense {
+                    let dst = addr_of(d.ordinal) + (d.base * d.width) as u64;
+                    // SAFETY: device to device, from the staged dense stream into the validated element range.
+                    unsafe {
+                        gpu.copy_async(dst, base + d.bytes.start as u64, d.bytes.len(), stream)
+                    }?;
+                }
             }
-        }
-        gpu.sync(stream)
+            Ok(())
+        })
     }
 }
 

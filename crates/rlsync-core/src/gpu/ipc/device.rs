@@ -243,22 +243,26 @@ impl SenderDevice for CudaSender {
         let Some(snap) = self.snapshot.as_mut() else {
             return Ok(());
         };
-        for (t, (&src, &off)) in layout.tensors().iter().zip(state.iter().zip(offsets)) {
-            let bytes = t.numel as usize * t.width;
-            // SAFETY: the caller's live tensor of `bytes` bytes into this sender's snapshot allocation, sized
-            // for every tensor at its offset (device memory, or pinned host memory copied into from the
-            // device); nothing else writes it (one version in flight) before the stream sync below.
-            unsafe {
-                match snap {
-                    SnapshotBuf::Device(b) => gpu.copy_async(b.addr() + off, src, bytes, stream)?,
-                    SnapshotBuf::Host { buf, .. } => {
-                        let dst = buf[off as usize..].as_mut_ptr();
-                        gpu.read_async(dst, src, bytes, stream)?
+        gpu.settled(stream, || {
+            for (t, (&src, &off)) in layout.tensors().iter().zip(state.iter().zip(offsets)) {
+                let bytes = t.numel as usize * t.width;
+                // SAFETY: the caller's live tensor of `bytes` bytes into this sender's snapshot allocation,
+                // sized for every tensor at its offset (device memory, or pinned host memory copied into from
+                // the device); nothing else writes it (one version in flight) before `settled`'s stream sync.
+                unsafe {
+                    match snap {
+                        SnapshotBuf::Device(b) => {
+                            gpu.copy_async(b.addr() + off, src, bytes, stream)?
+                        }
+                        SnapshotBuf::Host { buf, .. } => {
+                            let dst = buf[off as usize..].as_mut_ptr();
+                            gpu.read_async(dst, src, bytes, stream)?
+                        }
                     }
-                }
-            };
-        }
-        gpu.sync(stream)
+                };
+            }
+            Ok(())
+        })
     }
 
     fn build(
@@ -272,44 +276,48 @@ impl SenderDevice for CudaSender {
             return Ok(Vec::new());
         };
         let (gpu, stream) = (&self.gpu, self.stream);
-        for wb in &mut self.widths {
-            let jobs = layout.diff_jobs(wb.width, |pos| (state[pos], snap.addr() + offsets[pos]));
-            let bytes = compact::as_bytes(&jobs);
-            wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
-            let (dir_off, idx_off, vals_off) = wb.offs;
-            let base = wb.out.addr();
-            let launch = DiffLaunch {
-                width: wb.width,
-                jobs: wb.jobs.addr(),
-                njobs: jobs.len() as u32,
-                ntiles: wb.ntiles,
-                idx: base + idx_off,
-                vals: base + vals_off,
-                capacity: wb.capacity,
-                cursor: wb.cursor.addr(),
-                dir: base + dir_off,
-            };
-            // SAFETY: rlsync's buffers sized for this layout (width_plan); the job table names the caller's
-            // live tensors and this sender's snapshot copy; the pinned job table is not touched again before
-            // the stream sync below; no receiver reads the outputs now (all acked the previous version).
-            unsafe {
-                gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
-                gpu.queue_diff_compact(&launch, stream)?;
-                gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+        let widths = &mut self.widths;
+        gpu.settled(stream, || {
+            for wb in widths.iter_mut() {
+                let jobs =
+                    layout.diff_jobs(wb.width, |pos| (state[pos], snap.addr() + offsets[pos]));
+                let bytes = compact::as_bytes(&jobs);
+                wb.jobs_host[..bytes.len()].copy_from_slice(bytes);
+                let (dir_off, idx_off, vals_off) = wb.offs;
+                let base = wb.out.addr();
+                let launch = DiffLaunch {
+                    width: wb.width,
+                    jobs: wb.jobs.addr(),
+                    njobs: jobs.len() as u32,
+                    ntiles: wb.ntiles,
+                    idx: base + idx_off,
+                    vals: base + vals_off,
+                    capacity: wb.capacity,
+                    cursor: wb.cursor.addr(),
+                    dir: base + dir_off,
+                };
+                // SAFETY: rlsync's buffers sized for this layout (width_plan); the job table names the caller's
+                // live tensors and this sender's snapshot copy; the pinned job table is not touched again before
+                // `settled`'s stream sync; no receiver reads the outputs now (all acked the previous version).
+                unsafe {
+                    gpu.write_async(wb.jobs.addr(), wb.jobs_host.as_ptr(), bytes.len(), stream)?;
+                    gpu.queue_diff_compact(&launch, stream)?;
+                    gpu.read_async(wb.cursor_host.as_mut_ptr(), wb.cursor.addr(), 8, stream)?;
+                }
+                // The checksum of what was just built, on the same stream (after diff_compact), seeded with the
+                // sync's sequence number.
+                queue_sum(
+                    gpu,
+                    wb,
+                    layout,
+                    |pos| snap.addr() + offsets[pos],
+                    seed,
+                    false,
+                    stream,
+                )?;
             }
-            // The checksum of what was just built, on the same stream (after diff_compact), seeded with the
-            // sync's sequence number.
-            queue_sum(
-                gpu,
-                wb,
-                layout,
-                |pos| snap.addr() + offsets[pos],
-                seed,
-                false,
-                stream,
-            )?;
-        }
-        gpu.sync(stream)?;
+            Ok(())
+        })?;
         Ok(self
             .widths
             .iter()
@@ -330,18 +338,21 @@ impl SenderDevice for CudaSender {
             return Ok(Vec::new());
         };
         let (gpu, stream) = (&self.gpu, self.stream);
-        for wb in &mut self.widths {
-            queue_sum(
-                gpu,
-                wb,
-                layout,
-                |pos| snap.addr() + offsets[pos],
-                seed,
-                true,
-                stream,
-            )?;
-        }
-        gpu.sync(stream)?;
+        let widths = &mut self.widths;
+        gpu.settled(stream, || {
+            for wb in widths.iter_mut() {
+                queue_sum(
+                    gpu,
+                    wb,
+                    layout,
+                    |pos| snap.addr() + offsets[pos],
+                    seed,
+                    true,
+                    stream,
+                )?;
+            }
+            Ok(())
+        })?;
         Ok(self
             .widths
             .iter()
@@ -394,8 +405,10 @@ impl PayloadOut for CudaSender {
         // SAFETY: `dst` is the caller's device allocation of the payload's length (checked by the payload
         // sender against the plan that made `parts`), unused by anything else until this returns; each part
         // lies inside this sender's snapshot copy or width output (the plan's offsets are `width_plan`'s); the
-        // pinned header and a host snapshot copy stay untouched until the stream sync below.
-        unsafe {
+        // pinned header and a host snapshot copy stay untouched until `settled`'s stream sync.
+        let widths = &self.widths;
+        // SAFETY: as above.
+        gpu.settled(stream, || unsafe {
             gpu.write_async(dst, pinned.as_ptr(), header.len(), stream)?;
             for p in parts {
                 let to = dst + p.dst_off;
@@ -410,14 +423,19 @@ impl PayloadOut for CudaSender {
                         }
                     },
                     Src::Width(k) => {
-                        if let Some(w) = self.widths.get(k) {
-                            gpu.copy_async(to, w.out.addr() + p.src_off, len, stream)?;
-                        }
+                        let Some(w) = widths.get(k) else {
+                            return Err(GpuError::Driver {
+                                op: "payload copy",
+                                code: 1,
+                                name: format!("no width {k} in this sender's buffers"),
+                            });
+                        };
+                        gpu.copy_async(to, w.out.addr() + p.src_off, len, stream)?;
                     }
                 }
             }
-        }
-        gpu.sync(stream)
+            Ok(())
+        })
     }
 
     fn snapshot_checksum(
@@ -616,44 +634,43 @@ impl ReceiverDevice for CudaReceiver {
     ) -> Result<Vec<PoolSum>, GpuError> {
         let tensors = self.tensors_for(setup)?.to_vec();
         let snap = self.opened[0];
-        for (k, w) in setup.widths.iter().enumerate() {
-            let width = usize::from(w.width);
-            let jobs = layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
-            let bytes = compact::as_bytes(&jobs);
-            let rw = &mut self.widths[k];
-            rw.jobs_host[..bytes.len()].copy_from_slice(bytes);
-            let base = self.opened[1 + k];
-            let l = SumLaunch {
-                width,
-                grid: rw.sum_grid,
-                jobs: rw.jobs.addr(),
-                njobs: jobs.len() as u32,
-                ntiles: w.ntiles,
-                dir: base + w.dir_off,
-                idx: base + w.idx_off,
-                vals: base + w.vals_off,
-                capacity: w.capacity,
-                seed,
-                full,
-                out: rw.sum.addr(),
-            };
-            // SAFETY: the job table names the sender's snapshot copy (checked against the layout at setup);
-            // the directory and pool (capacity entries) were checked to lie inside the opened allocation; the
-            // sender rewrites none of them before this ack; the pinned table and words stay untouched until
-            // the stream sync below.
-            unsafe {
-                self.gpu.write_async(
-                    rw.jobs.addr(),
-                    rw.jobs_host.as_ptr(),
-                    bytes.len(),
-                    self.stream,
-                )?;
-                queue_checksum(&self.gpu, &l, self.stream)?;
-                self.gpu
-                    .read_async(rw.sum_host.as_mut_ptr(), rw.sum.addr(), 16, self.stream)?;
+        let (gpu, stream) = (&self.gpu, self.stream);
+        let (opened, rws) = (&self.opened, &mut self.widths);
+        gpu.settled(stream, || {
+            for (k, w) in setup.widths.iter().enumerate() {
+                let width = usize::from(w.width);
+                let jobs =
+                    layout.apply_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+                let bytes = compact::as_bytes(&jobs);
+                let rw = &mut rws[k];
+                rw.jobs_host[..bytes.len()].copy_from_slice(bytes);
+                let base = opened[1 + k];
+                let l = SumLaunch {
+                    width,
+                    grid: rw.sum_grid,
+                    jobs: rw.jobs.addr(),
+                    njobs: jobs.len() as u32,
+                    ntiles: w.ntiles,
+                    dir: base + w.dir_off,
+                    idx: base + w.idx_off,
+                    vals: base + w.vals_off,
+                    capacity: w.capacity,
+                    seed,
+                    full,
+                    out: rw.sum.addr(),
+                };
+                // SAFETY: the job table names the sender's snapshot copy (checked against the layout at setup);
+                // the directory and pool (capacity entries) were checked to lie inside the opened allocation; the
+                // sender rewrites none of them before this ack; the pinned table and words stay untouched until
+                // `settled`'s stream sync.
+                unsafe {
+                    gpu.write_async(rw.jobs.addr(), rw.jobs_host.as_ptr(), bytes.len(), stream)?;
+                    queue_checksum(gpu, &l, stream)?;
+                    gpu.read_async(rw.sum_host.as_mut_ptr(), rw.sum.addr(), 16, stream)?;
+                }
             }
-        }
-        self.gpu.sync(self.stream)?;
+            Ok(())
+        })?;
         Ok(self
             .widths
             .iter()
@@ -664,57 +681,63 @@ impl ReceiverDevice for CudaReceiver {
     fn full(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let tensors = self.tensors_for(setup)?;
         let snap = self.opened[0];
-        for (dst, off, bytes) in setup.full_copies(tensors.iter().copied()) {
-            let bytes = bytes as usize;
-            // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
-            // receiver's live tensor of the same size; the sender does not write it before this ack.
-            unsafe { self.gpu.copy_async(dst, snap + off, bytes, self.stream)? };
-        }
-        self.gpu.sync(self.stream)
+        self.gpu.settled(self.stream, || {
+            for (dst, off, bytes) in setup.full_copies(tensors.iter().copied()) {
+                let bytes = bytes as usize;
+                // SAFETY: the sender's snapshot copy (opened, checked to hold the tensor at `off`) into the
+                // receiver's live tensor of the same size; the sender does not write it before this ack.
+                unsafe { self.gpu.copy_async(dst, snap + off, bytes, self.stream)? };
+            }
+            Ok(())
+        })
     }
 
     fn apply(&mut self, setup: &Setup, layout: &Layout) -> Result<(), GpuError> {
         let tensors = self.tensors_for(setup)?.to_vec();
         let snap = self.opened[0];
-        for (k, w) in setup.widths.iter().enumerate() {
-            let width = usize::from(w.width);
-            let jobs = layout.install_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
-            if jobs.is_empty() {
-                continue; // every tensor of this width is held elsewhere
+        let (gpu, stream) = (&self.gpu, self.stream);
+        let (opened, rws) = (&self.opened, &mut self.widths);
+        gpu.settled(stream, || {
+            for (k, w) in setup.widths.iter().enumerate() {
+                let width = usize::from(w.width);
+                let jobs =
+                    layout.install_jobs(width, |pos| (tensors[pos], snap + setup.offsets[pos]));
+                if jobs.is_empty() {
+                    continue; // every tensor of this width is held elsewhere
+                }
+                let bytes = compact::as_bytes(&jobs);
+                let rw = &mut rws[k];
+                let (dev, host) = (&rw.jobs, &mut rw.jobs_host);
+                host[..bytes.len()].copy_from_slice(bytes);
+                let base = opened[1 + k];
+                let args = [
+                    Arg::U64(dev.addr()),
+                    Arg::U32(jobs.len() as u32),
+                    Arg::U64(w.ntiles),
+                    Arg::U64(base + w.dir_off),
+                    Arg::U64(base + w.idx_off),
+                    Arg::U64(base + w.vals_off),
+                ];
+                // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
+                let grid = rw.apply_grid;
+                // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
+                // against the layout at setup); the directory and pool were checked to lie inside the opened
+                // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched
+                // until `settled`'s stream sync.
+                unsafe {
+                    gpu.write_async(dev.addr(), host.as_ptr(), bytes.len(), stream)?;
+                    gpu.launch(
+                        Kernel::ApplyCompact,
+                        width,
+                        grid,
+                        compact::BLOCK,
+                        &args,
+                        stream,
+                    )?;
+                }
             }
-            let bytes = compact::as_bytes(&jobs);
-            let rw = &mut self.widths[k];
-            let (dev, host) = (&rw.jobs, &mut rw.jobs_host);
-            host[..bytes.len()].copy_from_slice(bytes);
-            let base = self.opened[1 + k];
-            let args = [
-                Arg::U64(dev.addr()),
-                Arg::U32(jobs.len() as u32),
-                Arg::U64(w.ntiles),
-                Arg::U64(base + w.dir_off),
-                Arg::U64(base + w.idx_off),
-                Arg::U64(base + w.vals_off),
-            ];
-            // One wave of resident blocks (the driver's occupancy for this width's kernel), grid-striding.
-            let grid = rw.apply_grid;
-            // SAFETY: the job table names the receiver's live tensors and the sender's snapshot copy (checked
-            // against the layout at setup); the directory and pool were checked to lie inside the opened
-            // allocation; the sender rewrites none of them before this ack; the pinned table stays untouched
-            // until the stream sync below.
-            unsafe {
-                self.gpu
-                    .write_async(dev.addr(), host.as_ptr(), bytes.len(), self.stream)?;
-                self.gpu.launch(
-                    Kernel::ApplyCompact,
-                    width,
-                    grid,
-                    compact::BLOCK,
-                    &args,
-                    self.stream,
-                )?;
-            }
-        }
-        self.gpu.sync(self.stream)
+            Ok(())
+        })
     }
 
     fn device(&self) -> u32 {
@@ -728,13 +751,12 @@ impl PayloadIn for CudaReceiver {
             Some(h) if h.len() >= len => h,
             slot => slot.insert(self.gpu.pinned(len.max(MAX_HEADER))?),
         };
+        let (gpu, stream) = (&self.gpu, self.stream);
         // SAFETY: the caller's payload of at least `len` bytes at `addr` on this device, kept alive by the
-        // caller; the pinned buffer (`len` bytes at least) is untouched until the stream sync below.
-        unsafe {
-            self.gpu
-                .read_async(pinned.as_mut_ptr(), addr, len, self.stream)?
-        };
-        self.gpu.sync(self.stream)?;
+        // caller; the pinned buffer (`len` bytes at least) is untouched until `settled`'s stream sync.
+        gpu.settled(stream, || unsafe {
+            gpu.read_async(pinned.as_mut_ptr(), addr, len, stream)
+        })?;
         Ok(pinned[..len].to_vec())
     }
 
@@ -757,10 +779,11 @@ impl PayloadIn for CudaReceiver {
 
 impl Drop for CudaReceiver {
     fn drop(&mut self) {
-        let _ = self.gpu.sync(self.stream);
         if self.attached {
+            // Device payloads: every call waited for its work, and the caller's stream may be gone by now.
             return;
         }
+        let _ = self.gpu.sync(self.stream);
         for addr in self.opened.drain(..) {
             // SAFETY: opened once in `open`; every apply waited for its stream, and so did the line above.
             let _ = unsafe { self.gpu.ipc_close(addr) };
