@@ -193,6 +193,24 @@ class _Adapter:
         self._memory = {name: (ptr, str(tensor.device)) for name, tensor, ptr, *_ in descs}
         return descs, param_names_need_sync(model)
 
+    def _returned(self, method: str) -> None:
+        """After the user's ``method()``: its GPU work has finished (:meth:`_settle`) and ``model()``'s tensors are
+        still where rlsync holds them (:meth:`_check_in_place`)."""
+        self._settle()
+        self._check_in_place(method)
+
+    def _settle(self) -> None:
+        """Wait for every GPU the model lives on. rlsync's copies, builds and installs run on the legacy default
+        stream, which waits for torch's default stream but not for streams the user's code made
+        (``torch.cuda.Stream()`` is non-blocking): an optimizer step or a forward pass queued there could still be
+        writing or reading the weights when rlsync reads or installs them."""
+        gpus = sorted({d for _, d in (self._memory or {}).values() if d.startswith("cuda")})
+        if gpus:
+            import torch
+
+            for device in gpus:
+                torch.cuda.synchronize(device)
+
     def _check_in_place(self, method: str) -> None:
         """After the user's ``method()``: ``model()``'s tensors still live where rlsync reads and installs them
         (it holds their memory since ``describe``). A tensor given new memory (``p.data = ...``, ``model.to(...)``,
@@ -219,7 +237,7 @@ class _Adapter:
 
     def train(self, chunks: list) -> tuple[float, list[tuple[str, float]]]:
         stats = self.user.train([_arrays_in(c) for c in chunks])
-        self._check_in_place("train")
+        self._returned("train")
         if not isinstance(stats, dict) or "loss" not in stats:
             raise TypeError("train() must return a dict of floats with a 'loss' key")
         loss = float(stats["loss"])
@@ -230,7 +248,7 @@ class _Adapter:
 
     def rollout(self, steps: int, version: int) -> tuple[list, int, float]:
         out = self.user.rollout(steps)
-        self._check_in_place("rollout")
+        self._returned("rollout")
         if not (isinstance(out, tuple) and len(out) == 2):
             raise TypeError("rollout() must return (dict of arrays, dict of stats)")
         arrays, stats = out
@@ -288,7 +306,7 @@ class _Adapter:
         if not callable(hook):
             return None
         stats = hook()
-        self._check_in_place("evaluate")
+        self._returned("evaluate")
         if not isinstance(stats, dict) or "return" not in stats:
             raise TypeError("evaluate() must return a dict of floats with a 'return' key")
         values = (float(stats["return"]), float(stats.get("success_rate", 0.0)), float(stats.get("episode_len", 0.0)))

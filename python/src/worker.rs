@@ -168,7 +168,8 @@ impl Workload for PyWorkload {
                 .map_err(|e| bad_return("describe()", e))?;
             // CUDA tensors get host copies, the state dict the runtime reads; its syncs work on the tensors
             // themselves where they can (`attach_sender` / `attach_receiver`). The legacy default stream
-            // orders every copy, build and install after the model's own work on torch's default stream.
+            // orders every copy, build and install after the model's own work on torch's default stream (and the
+            // adapter waits for the model's GPUs after each call of the user's code: `_Adapter._settle`).
             let mut side: Option<SharedSide> = None;
             let (descs, dev) =
                 device::stage(descs, &mut side, 0).map_err(|e| WorkloadError::Foreign {

@@ -97,3 +97,23 @@ def test_arrays_a_rollout_returns_as_tensors_travel_from_the_host():
     items = rlsync_worker._arrays_out({"obs": torch.arange(6, dtype=torch.float32).reshape(2, 3)})
     assert items[0][:3] == ("obs", "<f4", (2, 3))
     assert items[0][3] == torch.arange(6, dtype=torch.float32).numpy().tobytes()
+
+
+def test_the_worker_waits_for_its_gpus_after_the_users_code(monkeypatch):
+    """After ``train()`` / ``rollout()`` / ``evaluate()`` the adapter waits for each GPU the model lives on (and no
+    other device): the user's work on streams of its own is done before rlsync reads or installs the weights."""
+    monkeypatch.syspath_prepend(str(WORKERS))
+    adapter = rlsync_worker._factory(job("cpu"), {"role": "rollout", "rank": 0, "rollouts": 1})
+    adapter.describe()
+    waited: list = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    adapter._settle()
+    assert waited == [], "a model on the CPU waits for no GPU"
+    adapter._memory = {"a": (0, "cuda:1"), "b": (8, "cpu"), "c": (16, "cuda:0"), "d": (24, "cuda:1")}
+    adapter._settle()
+    assert waited == ["cuda:0", "cuda:1"]
+    checked: list = []
+    monkeypatch.setattr(adapter, "_check_in_place", checked.append)
+    waited.clear()
+    adapter._returned("rollout")
+    assert waited == ["cuda:0", "cuda:1"] and checked == ["rollout"]

@@ -1374,6 +1374,20 @@ impl<D: SenderDevice> Drop for IpcSender<D> {
     }
 }
 
+/// `n` in base 36 (digits, then lowercase letters).
+fn base36(mut n: u64) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    String::from_utf8(digits).unwrap_or_default()
+}
+
 /// Bind a listening socket at `path`, 0600 from the moment it is reachable under that name: bound under a
 /// private temporary name, restricted, then renamed into place. A stale socket (nobody listening) is replaced.
 fn bind_private(path: &Path) -> Result<UnixListener, IpcError> {
@@ -1396,11 +1410,15 @@ fn bind_private(path: &Path) -> Result<UnixListener, IpcError> {
         }
         std::fs::remove_file(path).map_err(socket_err)?;
     }
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    // Unique between processes and within one (two channels bound at once), and short: a run checks its paths'
+    // limit of 107 bytes for the final name, `gpu.sock`, which this name (8 characters at most for the first
+    // 36 binds of a process) does not exceed.
+    static BOUND: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BOUND.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.unwrap_or_else(|| "rlsync-gpu".into()),
-        std::process::id()
+        ".{}{}",
+        base36(u64::from(std::process::id())),
+        base36(n)
     ));
     let _ = std::fs::remove_file(&tmp);
     let listener = UnixListener::bind(&tmp).map_err(socket_err)?;

@@ -779,13 +779,13 @@ impl PayloadIn for CudaReceiver {
 
 impl Drop for CudaReceiver {
     fn drop(&mut self) {
+        // Every operation waited for its work (`settled`), and the caller's stream may be gone by now: nothing
+        // to wait for before the buffers are closed.
         if self.attached {
-            // Device payloads: every call waited for its work, and the caller's stream may be gone by now.
             return;
         }
-        let _ = self.gpu.sync(self.stream);
         for addr in self.opened.drain(..) {
-            // SAFETY: opened once in `open`; every apply waited for its stream, and so did the line above.
+            // SAFETY: opened once in `open`; every operation on them waited for its stream.
             let _ = unsafe { self.gpu.ipc_close(addr) };
         }
     }

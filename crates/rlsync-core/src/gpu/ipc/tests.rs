@@ -700,9 +700,29 @@ fn the_socket_is_private_a_live_one_is_not_taken_over_and_a_stale_one_is_replace
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .map(|e| e.file_name())
+        .filter(|n| n.as_os_str() != "gpu.sock")
         .collect();
-    assert!(leftovers.is_empty());
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn a_socket_path_at_the_length_limit_binds() {
+    // A run checks its socket paths against 107 bytes (the longest `sun_path` with its NUL): the temporary
+    // name the socket is bound under first must fit wherever `gpu.sock` fits.
+    let dir = tempfile::tempdir().unwrap();
+    let room = 107 - dir.path().as_os_str().len() - "/".len() - "/gpu.sock".len();
+    let sub = dir.path().join("d".repeat(room));
+    std::fs::create_dir(&sub).unwrap();
+    let path = sub.join("gpu.sock");
+    assert_eq!(path.as_os_str().len(), 107);
+    for _ in 0..3 {
+        drop(bind_private(&path).unwrap());
+    }
+    assert_eq!(base36(0), "0");
+    assert_eq!(base36(35), "z");
+    assert_eq!(base36(36), "10");
+    assert_eq!(base36(u64::from(u32::MAX)), "1z141z3");
 }
 
 #[test]
