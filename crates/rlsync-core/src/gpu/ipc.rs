@@ -468,6 +468,9 @@ pub trait ReceiverDevice {
     ) -> Result<Vec<PoolSum>, GpuError>;
     /// The device ordinal (informational, in the hello).
     fn device(&self) -> u32;
+    /// Close the opened allocations now: the sender is closing the channel, and CUDA leaves an exporter's
+    /// free of an allocation that importers still have open undefined. Drop closes them otherwise.
+    fn close(&mut self) {}
 }
 
 /// A boxed device is a device (the worker runtime holds the one its workload opened).
@@ -531,6 +534,9 @@ impl<D: ReceiverDevice + ?Sized> ReceiverDevice for Box<D> {
     }
     fn device(&self) -> u32 {
         (**self).device()
+    }
+    fn close(&mut self) {
+        (**self).close()
     }
 }
 
@@ -1368,9 +1374,40 @@ fn io_peer(e: std::io::Error) -> PeerError {
     }
 }
 
+/// The longest a sender going away waits for its receivers to close its buffers (each does as soon as it reads
+/// the channel's end: a receiver waiting for a sync, or one that exited, takes no time).
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
 impl<D: SenderDevice> Drop for IpcSender<D> {
+    /// The receivers map this sender's buffers, and CUDA leaves freeing an exported allocation before its
+    /// importers closed it undefined: collect a sync still in flight (its receivers may be reading the
+    /// buffers), end the channel's stream to every receiver, and wait — at most [`CLOSE_WAIT`] or the channel's
+    /// timeout — until each has closed its side, which a receiver does once it closed the buffers
+    /// ([`IpcReceiver`] on reading the end). Only then are the buffers freed (`dev`, dropped after this).
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+        if self.pending.is_some() {
+            let _ = self.settle();
+        }
+        for p in &self.peers {
+            let _ = p.stream.shutdown(std::net::Shutdown::Write);
+        }
+        let deadline = Instant::now() + self.timeout.min(CLOSE_WAIT);
+        for p in &mut self.peers {
+            let mut sink = [0u8; 256];
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() || p.stream.set_read_timeout(Some(left)).is_err() {
+                    break;
+                }
+                match p.stream.read(&mut sink) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
+        }
     }
 }
 
@@ -1554,11 +1591,21 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
                 nix::sys::socket::MsgFlags::MSG_PEEK,
             );
             match peeked {
-                Ok(0) => return Err(sender_err(PeerError::Closed)),
+                Ok(0) => return Err(self.sender_closed()),
                 Ok(_) => return Ok(()),
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => return Err(sender_err(io_peer(std::io::Error::from(e)))),
             }
+        }
+    }
+
+    /// The sender ended the channel: close its buffers here, then this end of the stream (which tells the
+    /// sender they are closed and it may free them).
+    fn sender_closed(&mut self) -> IpcError {
+        self.dev.close();
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        IpcError::Sender {
+            source: PeerError::Closed,
         }
     }
 
@@ -1577,6 +1624,7 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
                 );
                 return Err(sender_err(PeerError::Wire(e)));
             }
+            Err(PeerError::Closed) => return Err(self.sender_closed()),
             Err(e) => return Err(sender_err(e)),
         };
         let read = monotonic_ns();

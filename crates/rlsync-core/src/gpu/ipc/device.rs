@@ -743,6 +743,17 @@ impl ReceiverDevice for CudaReceiver {
     fn device(&self) -> u32 {
         self.gpu.ordinal() as u32
     }
+
+    fn close(&mut self) {
+        if self.attached {
+            return; // a device payload's buffers are the caller's
+        }
+        for addr in self.opened.drain(..) {
+            // SAFETY: opened once in `open`, closed once (drained); every operation on them waited for its
+            // stream.
+            let _ = unsafe { self.gpu.ipc_close(addr) };
+        }
+    }
 }
 
 impl PayloadIn for CudaReceiver {
@@ -781,12 +792,6 @@ impl Drop for CudaReceiver {
     fn drop(&mut self) {
         // Every operation waited for its work (`settled`), and the caller's stream may be gone by now: nothing
         // to wait for before the buffers are closed.
-        if self.attached {
-            return;
-        }
-        for addr in self.opened.drain(..) {
-            // SAFETY: opened once in `open`; every operation on them waited for its stream.
-            let _ = unsafe { self.gpu.ipc_close(addr) };
-        }
+        self.close();
     }
 }

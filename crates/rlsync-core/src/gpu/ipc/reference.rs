@@ -97,6 +97,8 @@ pub struct SharedSim(Arc<Mutex<SharedHost>>);
 pub struct SharedHost {
     pub mem: Memory,
     pub open: usize,
+    /// Exported buffers the exporter freed while imports were open (what CUDA leaves undefined).
+    pub freed_while_open: usize,
 }
 
 impl SharedSim {
@@ -136,6 +138,13 @@ impl SimMemory for SharedSim {
     fn closed(&self, imports: usize) {
         let mut h = self.lock();
         h.open = h.open.saturating_sub(imports);
+    }
+
+    fn freed(&self, _addr: u64) {
+        let mut h = self.lock();
+        if h.open > 0 {
+            h.freed_while_open += 1;
+        }
     }
 }
 
@@ -552,9 +561,7 @@ impl<M: SimMemory> RefReceiver<M> {
 
 impl<M: SimMemory> Drop for RefReceiver<M> {
     fn drop(&mut self) {
-        if !self.attached {
-            self.sim.closed(self.opened.len());
-        }
+        self.close();
     }
 }
 
@@ -587,6 +594,13 @@ impl<M: SimMemory> PayloadIn for RefReceiver<M> {
 }
 
 impl<M: SimMemory> ReceiverDevice for RefReceiver<M> {
+    fn close(&mut self) {
+        if !self.attached {
+            self.sim.closed(self.opened.len());
+            self.opened.clear();
+        }
+    }
+
     fn open(&mut self, setup: &Setup) -> Result<(), GpuError> {
         let exports: Vec<Export> = std::iter::once(setup.snapshot)
             .chain(setup.widths.iter().map(|w| w.buf))

@@ -746,6 +746,39 @@ fn a_receiver_whose_sender_went_away_gets_an_error_not_a_hang() {
 }
 
 #[test]
+fn a_sender_going_away_frees_its_buffers_only_after_every_receiver_closed_them() {
+    // CUDA leaves an exporter's free of an allocation its importers still have open undefined: the sender's
+    // drop ends the channel, each receiver closes the buffers on reading the end, then the sender frees them.
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 2);
+    let (_a, ha) = receiver(&host, &path, 0, 3);
+    let (_b, hb) = receiver(&host, &path, 1, 3);
+    tx.sync(1).unwrap();
+    tx.detach_acks(true);
+    tx.sync(2).unwrap(); // in flight when the sender goes: collected before anything is freed
+    assert!(lock(&host).open > 0, "the receivers have the buffers open");
+    let t0 = Instant::now();
+    drop(tx);
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        lock(&host).freed_while_open,
+        0,
+        "freed while a receiver had them open"
+    );
+    assert_eq!(lock(&host).open, 0);
+    for h in [ha, hb] {
+        let got = h.join().unwrap();
+        assert_eq!(&got[..2], &[Ok(1), Ok(2)]);
+        assert!(
+            got[2].as_ref().is_err_and(|e| e.contains("closed")),
+            "{got:?}"
+        );
+    }
+}
+
+#[test]
 fn a_receiver_that_never_acks_fails_its_sync_at_the_deadline_by_rank() {
     let dir = tempfile::tempdir().unwrap();
     let path = sock(&dir);
