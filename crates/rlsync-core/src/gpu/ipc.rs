@@ -33,8 +33,10 @@
 //! Failures: a receiver that dies is noticed at once (EOF on its socket) and its sync ends with an error
 //! naming the rank ([`IpcError::Receiver`]); so does a rejection or a missed ack deadline. A failed receiver
 //! is dropped from the set (it may reconnect and gets a full copy). The sender's buffers are freed when it
-//! drops; mappings of a dead receiver are released by the driver with its process; a receiver closes its
-//! mappings on drop. The socket file is removed when the sender drops.
+//! drops, after every receiver closed its mappings: the sender ends the stream to each, a receiver closes its
+//! mappings on reading that end (or on drop) and then its side, and the sender waits for that (bounded);
+//! mappings of a dead receiver are released by the driver with its process. The socket file is removed when
+//! the sender drops.
 //!
 //! Elastic receivers ([`IpcSender::set_elastic`], restartable rollouts): a receiver whose socket closed (its
 //! process died) is dropped with a warning instead, and the sync succeeds for the others
