@@ -55,7 +55,7 @@ enum Weights {
     Gpu(ChannelReceiver),
     /// The GPU channel in the background: a thread waits for the next sync and hands it over with the
     /// channel's end; it is installed between chunks (or at once while idle).
-    GpuBackground(mpsc::Receiver<GpuArrival>),
+    GpuBackground(GpuWaiter),
 }
 
 struct Rollout {
@@ -282,9 +282,9 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 frame = ctx.control.next() => Event::Command(frame?),
                 Some(received) = bg.results.recv() => Event::Update(Box::new(Arrival::Host(received))),
             },
-            Weights::GpuBackground(arrivals) => tokio::select! {
+            Weights::GpuBackground(waiter) => tokio::select! {
                 frame = ctx.control.next() => Event::Command(frame?),
-                Some(arrival) = arrivals.recv() => Event::Update(Box::new(Arrival::Gpu(arrival))),
+                Some(arrival) = waiter.recv() => Event::Update(Box::new(Arrival::Gpu(arrival))),
             },
             _ => Event::Command(ctx.control.next().await?),
         };
@@ -519,9 +519,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                             Weights::Background(bg) => {
                                 bg.results.try_recv().ok().map(Arrival::Host)
                             }
-                            Weights::GpuBackground(arrivals) => {
-                                arrivals.try_recv().ok().map(Arrival::Gpu)
-                            }
+                            Weights::GpuBackground(waiter) => waiter.try_recv().map(Arrival::Gpu),
                             _ => None,
                         };
                         let Some(arrival) = arrival else {
@@ -540,8 +538,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 ctx.control.report(&report, &[]).await?;
             }
             Command::Stop => {
-                if let Weights::Background(bg) = &mut weights {
-                    bg.stop().await;
+                match &mut weights {
+                    Weights::Background(bg) => bg.stop().await,
+                    Weights::GpuBackground(waiter) => tokio::task::block_in_place(|| waiter.stop()),
+                    _ => {}
                 }
                 if let Some(local) = &mut me.local {
                     tokio::task::block_in_place(|| local.finish());
@@ -617,9 +617,10 @@ fn spawn_receiver(mut syncer: SyncReceiver) -> Background<Received> {
 fn spawn_gpu_waiter(
     mut channel: ChannelReceiver,
     timeout: std::time::Duration,
-) -> Result<mpsc::Receiver<GpuArrival>, WorkerError> {
+) -> Result<GpuWaiter, WorkerError> {
+    let socket = channel.shutdown_handle().map_err(WorkerError::Runtime)?;
     let (tx, rx) = mpsc::channel(1);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("rlsync-gpu-channel".into())
         .spawn(move || {
             let arrival = channel
@@ -629,5 +630,55 @@ fn spawn_gpu_waiter(
             let _ = tx.blocking_send(arrival);
         })
         .map_err(WorkerError::Runtime)?;
-    Ok(rx)
+    Ok(GpuWaiter {
+        arrivals: rx,
+        socket: Some(socket),
+        thread: Some(thread),
+    })
+}
+
+/// The GPU channel's waiter thread ([`spawn_gpu_waiter`]) and what it hands over. Stopped (at `Stop`, or
+/// dropped before it handed the channel over), it shuts the channel's socket down, which ends the thread's
+/// wait as the trainer's end would (the channel closes the trainer's buffers), and joins the thread.
+struct GpuWaiter {
+    arrivals: mpsc::Receiver<GpuArrival>,
+    /// A second handle on the channel's socket while the thread holds the channel (`None` once handed over:
+    /// the channel is the rollout's again and must not be shut down).
+    socket: Option<std::os::unix::net::UnixStream>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl GpuWaiter {
+    async fn recv(&mut self) -> Option<GpuArrival> {
+        let arrival = self.arrivals.recv().await;
+        self.handed(arrival)
+    }
+
+    fn try_recv(&mut self) -> Option<GpuArrival> {
+        let arrival = self.arrivals.try_recv().ok();
+        self.handed(arrival)
+    }
+
+    fn handed(&mut self, arrival: Option<GpuArrival>) -> Option<GpuArrival> {
+        if arrival.is_some() {
+            self.socket = None;
+        }
+        arrival
+    }
+
+    /// End the thread's wait (if it still holds the channel) and join it.
+    fn stop(&mut self) {
+        if let Some(socket) = self.socket.take() {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for GpuWaiter {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

@@ -1569,6 +1569,12 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
         self.installed
     }
 
+    /// A second handle on the channel's socket, to end a [`Self::wait`] blocked on another thread: shutting
+    /// it down ends the wait as the sender's end would (the receiver closes the sender's buffers).
+    pub fn shutdown_handle(&self) -> std::io::Result<UnixStream> {
+        self.stream.try_clone()
+    }
+
     /// Wait up to `timeout` for the next sync, validate it, verify the device buffers (pool checksum and
     /// count), install it and ack with the phases' times; its version. A message that fails validation or
     /// verification is acked as rejected and returned as [`IpcError::Rejected`], the tensors untouched.

@@ -779,6 +779,38 @@ fn a_sender_going_away_frees_its_buffers_only_after_every_receiver_closed_them()
 }
 
 #[test]
+fn a_receiver_waiting_on_another_thread_is_ended_by_its_shutdown_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sock(&dir);
+    let host = Shared::default();
+    let (mut tx, _state) = sender(&host, &path, 1);
+    let (p, h) = (path.clone(), host.clone());
+    let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+    let waiter = thread::spawn(move || {
+        let dev = FakeReceiver::new(h.clone(), tensors(&h, 100));
+        let mut rx = IpcReceiver::connect(&p, 0, layout(), dev, T).unwrap();
+        rx.apply(T).unwrap();
+        handle_tx.send(rx.shutdown_handle().unwrap()).unwrap();
+        rx.wait().map_err(|e| crate::error_chain(&e))
+    });
+    tx.sync(1).unwrap();
+    let handle = handle_rx.recv_timeout(T).unwrap();
+    assert!(lock(&host).open > 0);
+    thread::sleep(Duration::from_millis(50)); // the waiter blocks in wait()
+    handle.shutdown(std::net::Shutdown::Both).unwrap();
+    let ended = waiter.join().unwrap();
+    assert!(
+        ended.as_ref().is_err_and(|e| e.contains("closed")),
+        "{ended:?}"
+    );
+    assert_eq!(
+        lock(&host).open,
+        0,
+        "the receiver closed the sender's buffers"
+    );
+}
+
+#[test]
 fn a_receiver_that_never_acks_fails_its_sync_at_the_deadline_by_rank() {
     let dir = tempfile::tempdir().unwrap();
     let path = sock(&dir);
