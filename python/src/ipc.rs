@@ -387,11 +387,25 @@ impl CudaIpcSender {
         self.with(|tx| tx.ranks())
     }
 
-    /// Free the device buffers and remove the socket (receivers see the channel close).
-    fn close(&self) -> PyResult<()> {
+    /// Remove the socket, end the channel (receivers see it close and close the buffers), wait for that
+    /// (bounded) and free the device buffers; without the GIL, so receivers in this process's threads go on.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         let taken = take(&self.inner)?.take();
-        drop(taken);
+        py.detach(move || drop(taken));
         Ok(())
+    }
+}
+
+impl Drop for CudaIpcSender {
+    /// Collected without `close()`: the same, without the GIL.
+    fn drop(&mut self) {
+        let taken = self
+            .inner
+            .get_mut()
+            .map_or_else(|p| p.into_inner().take(), Option::take);
+        if taken.is_some() {
+            Python::attach(|py| py.detach(move || drop(taken)));
+        }
     }
 }
 
