@@ -321,7 +321,7 @@ async fn init_split(
         return Ok((end, report, None));
     };
     let far = new_syncer(cfg, cfg.chain_syncer(), threads)?;
-    let ((end, report), (mut far, _)) = tokio::try_join!(
+    let ((end, report), (mut far, far_report)) = tokio::try_join!(
         syncer.init_sender(state, keys, local),
         far.init_sender(state, keys, chain)
     )?;
@@ -333,7 +333,7 @@ async fn init_split(
         );
     }
     let remote = remote::Remote::new(&end, far, ctx.launch.weight_receivers())?;
-    Ok((end, report, Some(remote)))
+    Ok((end, remote::init_report(&report, far_report), Some(remote)))
 }
 
 /// After the host handshake and bootstrap by `end`: the same-host GPU channel at `socket` over the

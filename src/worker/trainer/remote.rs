@@ -4,10 +4,11 @@
 //! on other hosts too, the trainer runs a second host syncer whose channel is the TCP weight chain without a
 //! local fan-out: it bootstraps those rollouts beside this host's init and sends each later version as coded
 //! patches, built from the device against a pinned host snapshot (the GPU keeps one snapshot copy, the
-//! channel's). The chain numbers its receivers from 0; the run numbers them after this host's.
+//! channel's). The chain numbers its receivers from 0; the run numbers them after this host's. Its reports
+//! are what the run's `Synced` statistics carry: the bytes that crossed hosts.
 
 use rlsync_core::protocol::messages::SyncStats;
-use rlsync_core::syncer::SyncSender;
+use rlsync_core::syncer::{SyncReport, SyncSender};
 
 use crate::worker::WorkerError;
 
@@ -61,9 +62,46 @@ pub fn stats(channel: &SyncStats, chain: &SyncStats) -> SyncStats {
     }
 }
 
+/// The init's report when the other hosts are bootstrapped over the chain beside this host's: the chain's
+/// (what crossed hosts, as [`stats`] reports a version), waited for as long as the longer of the two, which
+/// ran at once.
+pub fn init_report(local: &SyncReport, chain: SyncReport) -> SyncReport {
+    SyncReport {
+        transfer: local.transfer.max(chain.transfer),
+        ..chain
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_init_reports_the_chains_bootstrap_and_the_longer_wait() {
+        let local = SyncReport {
+            payload_bytes: 4_000,
+            transfer: Duration::from_millis(300),
+            ..SyncReport::default()
+        };
+        let chain = SyncReport {
+            payload_bytes: 4_100,
+            messages: 3,
+            transfer: Duration::from_millis(200),
+            ..SyncReport::default()
+        };
+        let both = init_report(&local, chain.clone());
+        assert_eq!((both.payload_bytes, both.messages), (4_100, 3));
+        assert_eq!(both.transfer, Duration::from_millis(300));
+        let slower = SyncReport {
+            transfer: Duration::from_millis(900),
+            ..chain
+        };
+        assert_eq!(
+            init_report(&local, slower).transfer,
+            Duration::from_millis(900)
+        );
+    }
 
     #[test]
     fn a_version_sent_both_ways_counts_the_chains_bytes_and_both_times() {
