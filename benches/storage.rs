@@ -10,11 +10,6 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use rlsync_core::tensor::Storage;
 
-/// The previous `Storage::zeroed`: cache lines from the allocator's zeroed path.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u64; 8]);
-
 fn storage(c: &mut Criterion) {
     let bytes: usize = std::env::var("RLSYNC_BENCH_BYTES")
         .ok()
@@ -31,14 +26,20 @@ fn storage(c: &mut Criterion) {
             black_box(s.bytes()[bytes - 1]);
         })
     });
+    // The previous `Storage::zeroed`: 64-byte-aligned cache lines from the allocator's zeroed path.
+    let layout = std::alloc::Layout::from_size_align(bytes.next_multiple_of(64), 64)
+        .expect("a layout of RLSYNC_BENCH_BYTES");
     g.bench_function("aligned_alloc_zeroed_then_written", |b| {
         b.iter(|| {
-            let mut v = vec![Line([0; 8]); bytes.div_ceil(64)];
-            // SAFETY: `Line` is 64 plain bytes; the Vec holds at least `bytes` of them.
-            let view =
-                unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), bytes) };
-            view.copy_from_slice(&src);
-            black_box(view[bytes - 1]);
+            // SAFETY: a non-zero layout; the allocation is written within its size and freed with it.
+            unsafe {
+                let ptr = std::alloc::alloc_zeroed(layout);
+                assert!(!ptr.is_null(), "out of memory");
+                let view = std::slice::from_raw_parts_mut(ptr, bytes);
+                view.copy_from_slice(&src);
+                black_box(view[bytes - 1]);
+                std::alloc::dealloc(ptr, layout);
+            }
         })
     });
     g.finish();

@@ -83,9 +83,10 @@ enum Mem {
     Borrowed(std::ptr::NonNull<u8>),
 }
 
-// SAFETY: an owned storage is a Vec, a mapped one a private mapping. A borrowed one is, by the contract of `Storage::borrowed`, memory that
-// stays valid and is accessed only through this storage while it lives, so moving it to or sharing it with
-// other threads is as safe as doing so with a `Vec<u8>`: `&self` gives shared reads, `&mut self` unique writes.
+// SAFETY: an owned storage is a Vec, a mapped one a private mapping. A borrowed one is, by the contract of
+// `Storage::borrowed`, memory that stays valid and is accessed only through this storage while it lives, so
+// moving it to or sharing it with other threads is as safe as doing so with a `Vec<u8>`: `&self` gives shared
+// reads, `&mut self` unique writes.
 unsafe impl Send for Storage {}
 // SAFETY: as above.
 unsafe impl Sync for Storage {}
@@ -94,12 +95,10 @@ impl Storage {
     /// `len` zero bytes. From [`MAPPED_MIN`] bytes up, fresh pages mapped for it: nothing is written until the
     /// caller writes (untouched pages cost nothing); below, the allocator's cache lines.
     pub fn zeroed(len: usize) -> Storage {
-        let mem = match len {
-            MAPPED_MIN.. => {
-                mapped(len).map_or_else(|| Mem::Owned(zeroed_lines(len.div_ceil(64))), Mem::Mapped)
-            }
-            _ => Mem::Owned(zeroed_lines(len.div_ceil(64))),
-        };
+        let mem = (len >= MAPPED_MIN)
+            .then(|| mapped(len))
+            .flatten()
+            .map_or_else(|| Mem::Owned(zeroed_lines(len.div_ceil(64))), Mem::Mapped);
         Storage { mem, len }
     }
 
