@@ -153,6 +153,8 @@ class _Adapter:
         self._shared_views: dict[int, dict[str, Any]] = {}
         # Where model()'s tensors were when rlsync described them: (data_ptr, device) by name.
         self._memory: dict[str, tuple[int, str]] = {}
+        # The GPUs model() lives on (from describe), waited for after the user's code (_settle).
+        self._gpus: list[str] = []
         for method in ("model", "train") if role == "trainer" else ("model", "rollout"):
             if not callable(getattr(user, method, None)):
                 raise TypeError(f"the {role} worker object {type(user).__name__} has no method {method}()")
@@ -191,6 +193,7 @@ class _Adapter:
         model = self.user.model()
         descs = _describe(model)
         self._memory = {name: (ptr, str(tensor.device)) for name, tensor, ptr, *_ in descs}
+        self._gpus = sorted({device for _, device in self._memory.values() if device.startswith("cuda")})
         return descs, param_names_need_sync(model)
 
     def _returned(self, method: str) -> None:
@@ -204,11 +207,10 @@ class _Adapter:
         stream, which waits for torch's default stream but not for streams the user's code made
         (``torch.cuda.Stream()`` is non-blocking): an optimizer step or a forward pass queued there could still be
         writing or reading the weights when rlsync reads or installs them."""
-        gpus = sorted({d for _, d in (self._memory or {}).values() if d.startswith("cuda")})
-        if gpus:
+        if self._gpus:
             import torch
 
-            for device in gpus:
+            for device in self._gpus:
                 torch.cuda.synchronize(device)
 
     def _check_in_place(self, method: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -109,7 +110,12 @@ def test_the_worker_waits_for_its_gpus_after_the_users_code(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
     adapter._settle()
     assert waited == [], "a model on the CPU waits for no GPU"
-    adapter._memory = {"a": (0, "cuda:1"), "b": (8, "cpu"), "c": (16, "cuda:0"), "d": (24, "cuda:1")}
+    real_describe = rlsync_worker._describe
+    placed = {"a": "cuda:1", "b": "cpu", "c": "cuda:0", "d": "cuda:1"}
+    fake = [(n, SimpleNamespace(device=d), 8 * i, "float32", (1,), (1,), d) for i, (n, d) in enumerate(placed.items())]
+    monkeypatch.setattr(rlsync_worker, "_describe", lambda model: fake)
+    adapter.describe()
+    monkeypatch.setattr(rlsync_worker, "_describe", real_describe)
     adapter._settle()
     assert waited == ["cuda:0", "cuda:1"]
     checked: list = []
