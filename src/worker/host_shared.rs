@@ -245,6 +245,12 @@ pub(crate) async fn run(
             }
             Command::Stop => {
                 if let Installer::Background(task) = &mut me.installer {
+                    // The task may be waiting (blocking, so the stop cannot cut it short) for the back buffer
+                    // this process's own reader holds, which it leaves only at a chunk boundary: without this,
+                    // Stop would wait the transport timeout and the worker be killed after the grace period.
+                    if let Some(reader) = me.reader.as_mut() {
+                        let _ = reader.refresh();
+                    }
                     task.stop().await;
                 }
                 if let Some(bytes) = workload.imported_weight_bytes() {
