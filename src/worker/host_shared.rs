@@ -245,12 +245,9 @@ pub(crate) async fn run(
             }
             Command::Stop => {
                 if let Installer::Background(task) = &mut me.installer {
-                    // The task may be waiting (blocking, so the stop cannot cut it short) for the back buffer
-                    // this process's own reader holds, which it leaves only at a chunk boundary: without this,
-                    // Stop would wait the transport timeout and the worker be killed after the grace period.
-                    if let Some(reader) = me.reader.as_mut() {
-                        let _ = reader.refresh();
-                    }
+                    // The task may be waiting for the back buffer this process's own reader holds (it leaves
+                    // it only at a chunk boundary, and none comes now): that wait yields to tokio's timer, so
+                    // the abort ends it.
                     task.stop().await;
                 }
                 if let Some(bytes) = workload.imported_weight_bytes() {
@@ -360,7 +357,7 @@ fn start_background(me: &mut Shared) {
     me.installer = Installer::Background(Background::spawn(4, move |tx| async move {
         let mut applier = applier;
         loop {
-            let installed = match back_buffer_free(&applier, wait) {
+            let installed = match back_buffer_free(&applier, wait).await {
                 Ok(()) => applier.apply(wait).await,
                 Err(e) => Err(e),
             };
@@ -375,11 +372,11 @@ fn start_background(me: &mut Shared) {
 /// Wait until no reader holds the back buffer. Readers leave it at their next chunk boundary, which may take
 /// longer than one `wait`: the wait starts again while they do (fewer hold it after each), and fails
 /// ([`HostSharedError::BackBufferHeld`]) once the same readers held it for a whole `wait`, so at most one
-/// `wait` per holder and one more.
-fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedError> {
+/// `wait` per holder and one more. The waits yield (an abort of the task ends them).
+async fn back_buffer_free(applier: &Applier, wait: Duration) -> Result<(), HostSharedError> {
     let mut holders = applier.back_buffer_holders().len();
     loop {
-        match tokio::task::block_in_place(|| applier.wait_back_buffer(wait)) {
+        match applier.back_buffer_released(wait).await {
             Err(HostSharedError::BackBufferHeld { pids, .. }) if pids.len() < holders => {
                 tracing::debug!(
                     "the host's weights: {} reader(s) still hold the back buffer, waiting on",

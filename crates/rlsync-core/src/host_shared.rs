@@ -492,22 +492,35 @@ impl Applier {
     fn wait_back(&self, back: u8, wait: Duration) -> Result<(), HostSharedError> {
         let started = Instant::now();
         let mut backoff = Backoff::new();
-        loop {
-            let pids = self.seg.holders(back);
-            if pids.is_empty() {
-                return Ok(());
-            }
-            let waited = started.elapsed();
-            if waited >= wait {
-                return Err(HostSharedError::BackBufferHeld {
-                    name: self.name.clone(),
-                    buffer: back,
-                    pids,
-                    waited,
-                });
-            }
-            std::thread::sleep(backoff.next().min(wait - waited));
+        while let Some(pause) = self.back_pending(back, started, wait, &mut backoff)? {
+            std::thread::sleep(pause);
         }
+        Ok(())
+    }
+
+    /// One poll of a wait for `back` that began at `started`: `None` once no live reader names it, else how
+    /// long to sleep before the next poll; an error once the wait ran out.
+    fn back_pending(
+        &self,
+        back: u8,
+        started: Instant,
+        wait: Duration,
+        backoff: &mut Backoff,
+    ) -> Result<Option<Duration>, HostSharedError> {
+        let pids = self.seg.holders(back);
+        if pids.is_empty() {
+            return Ok(None);
+        }
+        let waited = started.elapsed();
+        if waited >= wait {
+            return Err(HostSharedError::BackBufferHeld {
+                name: self.name.clone(),
+                buffer: back,
+                pids,
+                waited,
+            });
+        }
+        Ok(Some(backoff.next().min(wait - waited)))
     }
 
     /// Publish `buffer` (its contents complete, `checksum` its synced keys' when verifying): its facts, then
@@ -633,6 +646,20 @@ impl Applier {
     /// buffer, so once this returns the back buffer stays free until the next publish.
     pub fn wait_back_buffer(&self, wait: Duration) -> Result<(), HostSharedError> {
         self.wait_back(1 - self.seg.active(), wait)
+    }
+
+    /// [`Applier::wait_back_buffer`] for a tokio task: the same bounded wait, with tokio's timer between the
+    /// polls, so dropping the future (the task aborted at a worker's `Stop`) ends it at once, where the
+    /// blocking wait would run on for up to `wait`. Needs a tokio runtime with its timer (the Python binding,
+    /// which drives the applier without one, uses the blocking wait).
+    pub async fn back_buffer_released(&self, wait: Duration) -> Result<(), HostSharedError> {
+        let back = 1 - self.seg.active();
+        let started = Instant::now();
+        let mut backoff = Backoff::new();
+        while let Some(pause) = self.back_pending(back, started, wait, &mut backoff)? {
+            tokio::time::sleep(pause).await;
+        }
+        Ok(())
     }
 
     /// The weight channel's receiver (after init or rejoin): its version, bounds, reports.

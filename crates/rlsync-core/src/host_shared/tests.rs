@@ -784,6 +784,42 @@ fn a_reader_in_another_process_sees_only_whole_versions() {
 }
 
 #[test]
+fn the_async_back_buffer_wait_yields_so_dropping_it_ends_it_and_it_ends_when_the_reader_leaves() {
+    let name = arena_name("released");
+    rt().block_on(async {
+        let mut rig = Rig::new(&name, SyncerKind::Patch, false).await;
+        // A reader of this process holds version 0's buffer A; version 1 goes to B, so A is the back buffer.
+        let mut reader = Reader::attach(&name, WAIT).await.unwrap();
+        assert_eq!(rig.next(3).await.unwrap().buffer, 1);
+        let me = std::process::id();
+        assert_eq!(rig.applier.back_buffer_holders(), [me]);
+        // Both branches are polled by this thread: a wait that blocked it would never let the timer win.
+        tokio::select! {
+            r = rig.applier.back_buffer_released(Duration::from_secs(3600)) => {
+                panic!("the wait ended while the reader held the back buffer: {r:?}")
+            }
+            () = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+        let err = rig
+            .applier
+            .back_buffer_released(Duration::from_millis(20))
+            .await
+            .unwrap_err();
+        match &err {
+            HostSharedError::BackBufferHeld { buffer, pids, .. } => {
+                assert_eq!((*buffer, pids.as_slice()), (0, &[me][..]), "{err}");
+            }
+            e => panic!("expected BackBufferHeld, got {e}"),
+        }
+        assert_eq!(reader.refresh().map(|h| h.buffer), Some(1));
+        rig.applier.back_buffer_released(WAIT).await.unwrap();
+        let p = rig.next(3).await.unwrap();
+        assert_eq!((p.version, p.buffer), (2, 0));
+        rig.check(&p);
+    });
+}
+
+#[test]
 fn a_live_reader_holding_the_back_buffer_times_out_apply_and_a_killed_one_is_cleared() {
     const TEST: &str = "host_shared::tests::a_live_reader_holding_the_back_buffer_times_out_apply_and_a_killed_one_is_cleared";
     if let Some((mode, name)) = child_role() {
