@@ -7,8 +7,14 @@
 //! instead of failing: its pending releases and segment mappings are dropped, payloads go to the live ranks
 //! only, and a later `Joined` event for the rank re-attaches it (parked until the old incarnation's `Gone`, so
 //! no event of a dead receiver is ever attributed to its successor). Payloads may also target one rank.
+//!
+//! Joiners wait in a [`Mailbox`] until the backend attaches them; each is numbered per rank, and its `Joined`
+//! event carries the number, so an event for a joiner that was replaced, or already attached as the
+//! mailbox's newest, neither admits nor parks anything (else a park could outlive its joiner and admit, when
+//! the attached receiver dies, a rank with no connection).
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -29,8 +35,9 @@ pub(crate) enum Event {
     Gone,
     /// The receiver broke the protocol (its stream is dropped); the reason says how.
     Violation(String),
-    /// A new receiver said hello for this rank (elastic channels only); the backend holds its stream.
-    Joined,
+    /// A new receiver said hello for this rank (elastic channels only); the backend's [`Mailbox`] holds its
+    /// stream under join number `join`.
+    Joined { join: u64 },
 }
 
 pub(crate) type EventTx = mpsc::UnboundedSender<(usize, Event)>;
@@ -66,8 +73,10 @@ pub(crate) struct Fanout {
     events: EventRx,
     /// Gone ranks are detached (and may rejoin) instead of failing every later payload.
     elastic: bool,
-    /// A joiner waits for its rank's old receiver to be reported gone.
-    parked: Vec<bool>,
+    /// A joiner (its join number) waits for its rank's old receiver to be reported gone.
+    parked: Vec<Option<u64>>,
+    /// The join number of each rank's attached receiver (0: the first, which did not join late).
+    attached: Vec<u64>,
     /// Ranks (re)admitted since the backend last took them.
     admitted: Vec<usize>,
 }
@@ -105,7 +114,8 @@ impl Fanout {
             gone: vec![false; receivers],
             events,
             elastic: false,
-            parked: vec![false; receivers],
+            parked: vec![None; receivers],
+            attached: vec![0; receivers],
             admitted: Vec::new(),
         }
     }
@@ -156,9 +166,23 @@ impl Fanout {
         }
     }
 
-    /// Ranks admitted since the last call (the backend attaches their streams).
+    /// Ranks admitted since the last call (the backend attaches their streams, then calls [`Fanout::attached`],
+    /// or [`Fanout::detach`] for a rank whose mailbox entry is missing).
     pub(crate) fn take_admitted(&mut self) -> Vec<usize> {
         std::mem::take(&mut self.admitted)
+    }
+
+    /// Record that the backend attached joiner `join` of `rank` (the mailbox's newest for it): a park by that
+    /// joiner or an earlier one is spent, and their `Joined` events still queued are ignored.
+    pub(crate) fn attached(&mut self, rank: usize, join: u64) {
+        if let Some(a) = self.attached.get_mut(rank) {
+            *a = (*a).max(join);
+        }
+        if let Some(p) = self.parked.get_mut(rank)
+            && p.is_some_and(|parked| parked <= join)
+        {
+            *p = None;
+        }
     }
 
     pub(crate) fn receivers(&self) -> usize {
@@ -519,16 +543,19 @@ impl Fanout {
                 }
                 tracing::warn!(rank, %reason, "receiver broke the protocol and was detached");
             }
-            Event::Joined => {
+            Event::Joined { join } => {
                 if !self.elastic {
                     return Err(protocol(
                         "joined a channel that admits no new receivers".into(),
                     ));
                 }
-                if self.gone.get(rank).copied().unwrap_or(false) {
+                if self.attached.get(rank).is_some_and(|&a| join <= a) {
+                    // Attached already, or replaced by a later joiner that was.
+                    tracing::debug!(rank, join, "a join event of an attached or replaced joiner");
+                } else if self.gone.get(rank).copied().unwrap_or(false) {
                     self.admit(rank);
                 } else if let Some(p) = self.parked.get_mut(rank) {
-                    *p = true;
+                    *p = Some(p.map_or(join, |parked| parked.max(join)));
                 }
             }
         }
@@ -540,7 +567,7 @@ impl Fanout {
             *g = false;
         }
         if let Some(p) = self.parked.get_mut(rank) {
-            *p = false;
+            *p = None;
         }
         self.admitted.retain(|&r| r != rank);
         self.admitted.push(rank);
@@ -581,7 +608,7 @@ impl Fanout {
                 }
             }
         }
-        if self.parked.get(rank).copied().unwrap_or(false) {
+        if self.parked.get(rank).is_some_and(Option::is_some) {
             self.admit(rank);
         }
     }
@@ -589,6 +616,72 @@ impl Fanout {
     /// Mark `rank` gone because writing to it failed (elastic channels: the same as its `Gone`).
     pub(crate) fn detach(&mut self, rank: usize) {
         self.mark_gone(rank);
+    }
+}
+
+/// Joiners' connections by rank, each under its join number, from a backend's acceptor (which puts them) to
+/// its sender (which takes them when the fanout admits the rank). A joiner not taken yet is replaced by the
+/// next for its rank (its connection closes: it fails and may retry).
+pub(crate) struct Mailbox<T>(Arc<Mutex<Vec<Waiting<T>>>>);
+
+struct Waiting<T> {
+    joins: u64,
+    joiner: Option<T>,
+}
+
+impl<T> Clone for Mailbox<T> {
+    fn clone(&self) -> Self {
+        Mailbox(self.0.clone())
+    }
+}
+
+impl<T> std::fmt::Debug for Mailbox<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let waiting: Vec<usize> = self
+            .lock()
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.joiner.is_some())
+            .map(|(rank, _)| rank)
+            .collect();
+        f.debug_struct("Mailbox")
+            .field("waiting", &waiting)
+            .finish()
+    }
+}
+
+impl<T> Mailbox<T> {
+    pub(crate) fn new(receivers: usize) -> Self {
+        let slots = (0..receivers)
+            .map(|_| Waiting {
+                joins: 0,
+                joiner: None,
+            })
+            .collect();
+        Mailbox(Arc::new(Mutex::new(slots)))
+    }
+
+    /// The slots; a panic elsewhere while one was held leaves them consistent (each update is one store).
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Waiting<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Leave `joiner` for `rank` (replacing one not taken yet): its join number (1, 2, … per rank), which its
+    /// `Joined` event must carry; `None` for a rank out of range.
+    pub(crate) fn put(&self, rank: usize, joiner: T) -> Option<u64> {
+        let mut slots = self.lock();
+        let slot = slots.get_mut(rank)?;
+        slot.joins += 1;
+        slot.joiner = Some(joiner);
+        Some(slot.joins)
+    }
+
+    /// Take `rank`'s waiting joiner and its join number.
+    pub(crate) fn take(&self, rank: usize) -> Option<(u64, T)> {
+        let mut slots = self.lock();
+        let slot = slots.get_mut(rank)?;
+        let joiner = slot.joiner.take()?;
+        Some((slot.joins, joiner))
     }
 }
 
@@ -709,6 +802,76 @@ mod tests {
             Fanout::new(receivers, slots, Duration::from_millis(50), rx),
             tx,
         )
+    }
+
+    fn elastic(receivers: usize) -> (Fanout, EventTx) {
+        let (f, tx) = fanout(receivers, 2);
+        (f.elastic(), tx)
+    }
+
+    #[test]
+    fn a_joiner_is_admitted_once_its_predecessor_is_gone() {
+        let (mut f, tx) = elastic(2);
+        // Joined while the first receiver lives: parked until its Gone.
+        tx.send((1, Event::Joined { join: 1 })).ok();
+        f.poll_events().unwrap();
+        assert!(f.take_admitted().is_empty());
+        tx.send((1, Event::Gone)).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.take_admitted(), [1]);
+        assert_eq!(f.live(), [0, 1]);
+        f.attached(1, 1);
+        // Joined after a Gone: admitted at once.
+        tx.send((1, Event::Gone)).ok();
+        tx.send((1, Event::Joined { join: 2 })).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.take_admitted(), [1]);
+    }
+
+    #[test]
+    fn join_events_of_attached_or_replaced_joiners_neither_admit_nor_park() {
+        let (mut f, tx) = elastic(2);
+        tx.send((1, Event::Gone)).ok();
+        tx.send((1, Event::Joined { join: 1 })).ok();
+        f.poll_events().unwrap();
+        // Joiner 2 replaced joiner 1 in the mailbox before the backend took it; its event finds rank 1 live.
+        tx.send((1, Event::Joined { join: 2 })).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.take_admitted(), [1]);
+        f.attached(1, 2);
+        tx.send((1, Event::Gone)).ok();
+        f.poll_events().unwrap();
+        assert!(
+            f.take_admitted().is_empty(),
+            "the park was joiner 2's, which is attached"
+        );
+        assert_eq!(f.live(), [0]);
+        // Joiner 3 was attached before its event was read (the backend took the mailbox's newest).
+        f.attached(1, 3);
+        tx.send((1, Event::Joined { join: 3 })).ok();
+        f.poll_events().unwrap();
+        assert!(f.take_admitted().is_empty());
+        assert_eq!(f.live(), [0]);
+        // A later joiner still parks while an attached receiver lives, and is admitted at its Gone.
+        tx.send((0, Event::Joined { join: 1 })).ok();
+        f.poll_events().unwrap();
+        assert!(f.take_admitted().is_empty());
+        tx.send((0, Event::Gone)).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.take_admitted(), [0]);
+    }
+
+    #[test]
+    fn the_mailbox_numbers_joiners_per_rank_and_keeps_the_newest() {
+        let m: Mailbox<&str> = Mailbox::new(2);
+        assert_eq!(m.put(1, "b"), Some(1));
+        assert_eq!(m.put(1, "c"), Some(2));
+        assert_eq!(m.put(0, "x"), Some(1));
+        assert_eq!(m.put(2, "out of range"), None);
+        assert_eq!(m.take(1), Some((2, "c")));
+        assert_eq!(m.take(1), None);
+        assert_eq!(m.put(1, "d"), Some(3));
+        assert_eq!(format!("{m:?}"), "Mailbox { waiting: [0, 1] }");
     }
 
     #[tokio::test]

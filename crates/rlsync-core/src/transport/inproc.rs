@@ -71,7 +71,7 @@ struct Published {
 
 type Inbox = mpsc::UnboundedSender<Published>;
 /// Inboxes of receivers that joined late, by rank, until the sender attaches them.
-type Mailbox = Arc<std::sync::Mutex<Vec<Option<Inbox>>>>;
+type Mailbox = super::fanout::Mailbox<Inbox>;
 
 /// The sending end of an in-process channel.
 pub struct InProcSender {
@@ -112,13 +112,15 @@ impl InProcJoiner {
             });
         }
         let (tx, inbox) = mpsc::unbounded_channel();
-        if let Ok(mut m) = self.mailbox.lock()
-            && let Some(entry) = m.get_mut(rank)
-        {
-            *entry = Some(tx);
-        }
+        let join = self
+            .mailbox
+            .put(rank, tx)
+            .ok_or(TransportError::NoSuchRank {
+                rank,
+                receivers: self.receivers,
+            })?;
         self.events
-            .send((rank, Event::Joined))
+            .send((rank, Event::Joined { join }))
             .map_err(|_| TransportError::PeerGone {
                 op: "joining the sender",
                 peer: Peer::Sender,
@@ -140,9 +142,7 @@ pub fn inproc_channel_elastic(
 ) -> (Sender, Vec<Receiver>, InProcJoiner) {
     let (event_tx, event_rx) = mpsc::unbounded_channel();
     let (mut sender, rxs) = build(receivers, timeout, event_tx.clone(), event_rx, true);
-    let mailbox: Mailbox = Arc::new(std::sync::Mutex::new(
-        (0..receivers).map(|_| None).collect(),
-    ));
+    let mailbox = Mailbox::new(receivers);
     sender.mailbox = Some(mailbox.clone());
     let joiner = InProcJoiner {
         mailbox,
@@ -231,12 +231,13 @@ impl InProcSender {
     fn housekeep(&mut self) -> Result<(), TransportError> {
         let polled = self.fanout.poll_events();
         for rank in self.fanout.take_admitted() {
-            let inbox = self
-                .mailbox
-                .as_ref()
-                .and_then(|m| m.lock().ok())
-                .and_then(|mut m| m.get_mut(rank).and_then(Option::take));
-            if let (Some(inbox), Some(out)) = (inbox, self.outs.get_mut(rank)) {
+            let Some((join, inbox)) = self.mailbox.as_ref().and_then(|m| m.take(rank)) else {
+                // Admitted without an inbox (the fanout's join numbers rule it out): not live.
+                self.fanout.detach(rank);
+                continue;
+            };
+            self.fanout.attached(rank, join);
+            if let Some(out) = self.outs.get_mut(rank) {
                 *out = Some(inbox);
                 self.fresh.retain(|&r| r != rank);
                 self.fresh.push(rank);
@@ -480,6 +481,51 @@ mod tests {
             "{err}"
         );
         tx.send(b"still usable").await.unwrap();
+    }
+
+    /// The interleaving of the fan-out's double replacement: joiner B is admitted during a wait (attached only
+    /// at the next housekeeping), C replaces it in the mailbox before that, and C's `Joined` arrives while the
+    /// rank counts as live. C is attached; when C goes, the rank is detached (it was admitted again by a park
+    /// C's own event had left, with no receiver to attach), and the next joiner is attached as usual.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_joiner_replaced_before_it_was_attached_leaves_no_park_behind() {
+        let (mut tx, mut rxs, joiner) = inproc_channel_elastic(2, Duration::from_secs(5));
+        let (Some(mut rx1), Some(mut rx0)) = (rxs.pop(), rxs.pop()) else {
+            panic!("two receivers")
+        };
+        tx.send(b"v0").await.unwrap();
+        for rx in [&mut rx0, &mut rx1] {
+            assert_eq!(rx.recv_with(|b| b.to_vec()).await.unwrap(), b"v0");
+        }
+        tx.flush().await.unwrap();
+        // recv_from housekeeps, then waits: rank 1's Gone and B's Joined are applied inside that wait.
+        let (up, b) = tokio::join!(tx.recv_from(0), async {
+            drop(rx1);
+            let b = joiner.join(1).unwrap();
+            rx0.send(b"up").await.unwrap();
+            b
+        });
+        assert_eq!(up.unwrap(), b"up");
+        let mut c = joiner.join(1).unwrap();
+        tx.wait_joined(1).await.unwrap();
+        tx.send_to(1, b"to c").await.unwrap();
+        assert_eq!(c.recv_with(|m| m.to_vec()).await.unwrap(), b"to c");
+        assert_eq!(tx.live(), [0, 1]);
+        drop(c);
+        tx.joined_ranks().unwrap();
+        assert_eq!(
+            tx.live(),
+            [0],
+            "rank 1's last receiver is gone and nobody waits to join"
+        );
+        let err = tx.send_to(1, b"to nobody").await.unwrap_err();
+        assert!(matches!(err, TransportError::PeerGone { .. }), "{err}");
+        let mut d = joiner.join(1).unwrap();
+        tx.wait_joined(1).await.unwrap();
+        tx.send_to(1, b"to d").await.unwrap();
+        assert_eq!(d.recv_with(|m| m.to_vec()).await.unwrap(), b"to d");
+        assert_eq!(tx.live(), [0, 1]);
+        drop(b);
     }
 
     #[tokio::test]

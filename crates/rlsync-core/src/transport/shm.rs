@@ -152,7 +152,7 @@ impl Drop for SocketFile {
 }
 
 /// Streams of receivers that joined late, by rank, until the sender attaches them.
-type Mailbox = std::sync::Arc<std::sync::Mutex<Vec<Option<Joined>>>>;
+type Mailbox = super::fanout::Mailbox<Joined>;
 
 /// The sending end of a shared-memory channel.
 #[derive(Debug)]
@@ -223,11 +223,9 @@ fn spawn_acceptor(
                         continue;
                     }
                     tracing::info!(rank, "a receiver joined late");
-                    if let Ok(mut slots) = mailbox.lock() && let Some(entry) = slots.get_mut(rank) {
-                        // A joiner not yet attached is replaced: its stream closes, it fails and may retry.
-                        *entry = Some(j);
-                    }
-                    if events.send((rank, Event::Joined)).is_err() {
+                    // A joiner not yet attached is replaced: its stream closes, it fails and may retry.
+                    let Some(join) = mailbox.put(rank, j) else { continue };
+                    if events.send((rank, Event::Joined { join })).is_err() {
                         return;
                     }
                 }
@@ -513,9 +511,7 @@ impl ShmSender {
                 fanout.detach(rank);
             }
             let welcome = welcome_as(true)?;
-            let mailbox: Mailbox = std::sync::Arc::new(std::sync::Mutex::new(
-                (0..cfg.receivers).map(|_| None).collect(),
-            ));
+            let mailbox = Mailbox::new(cfg.receivers);
             Some(Late {
                 acceptor: spawn_acceptor(
                     listener,
@@ -557,15 +553,12 @@ impl ShmSender {
             return;
         };
         for rank in admitted {
-            let joined = late
-                .mailbox
-                .lock()
-                .ok()
-                .and_then(|mut m| m.get_mut(rank).and_then(Option::take));
-            let Some(j) = joined else {
-                // Admitted without a stream: it was replaced by a later joiner that is admitted next.
+            let Some((join, j)) = late.mailbox.take(rank) else {
+                // Admitted without a stream (the fanout's join numbers rule it out): not live.
+                self.fanout.detach(rank);
                 continue;
             };
+            self.fanout.attached(rank, join);
             if let Some(w) = self.writers.get_mut(rank) {
                 *w = Some(j.writer);
             }

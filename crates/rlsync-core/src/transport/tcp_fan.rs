@@ -20,7 +20,6 @@
 //! the syncer then catches it up (`SyncSender::rejoin_joined`). The listening socket closes with the sender.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
@@ -162,7 +161,7 @@ struct Joined {
 type Hellos = JoinSet<Result<Joined, TransportError>>;
 
 /// Elastic channels: connections of receivers that joined late, by rank, until the sender attaches them.
-type Mailbox = Arc<Mutex<Vec<Option<Joined>>>>;
+type Mailbox = super::fanout::Mailbox<Joined>;
 
 /// A bound listener: where receivers connect, before they all joined.
 pub struct TcpFanListener {
@@ -285,7 +284,7 @@ impl TcpFanListener {
             for rank in detached {
                 fanout.detach(rank);
             }
-            let mailbox: Mailbox = Arc::new(Mutex::new((0..n).map(|_| None).collect()));
+            let mailbox = Mailbox::new(n);
             let acceptor = spawn_acceptor(
                 listener,
                 hellos,
@@ -406,11 +405,9 @@ fn spawn_acceptor(
                         continue;
                     }
                     tracing::info!(rank, "a receiver joined late");
-                    if let Ok(mut m) = mailbox.lock() && let Some(entry) = m.get_mut(rank) {
-                        // A joiner not attached yet is replaced: its connection closes, it fails and may retry.
-                        *entry = Some(j);
-                    }
-                    if events.send((rank, Event::Joined)).is_err() {
+                    // A joiner not attached yet is replaced: its connection closes, it fails and may retry.
+                    let Some(join) = mailbox.put(rank, j) else { continue };
+                    if events.send((rank, Event::Joined { join })).is_err() {
                         return;
                     }
                 }
@@ -644,15 +641,12 @@ impl TcpFanSender {
             return;
         };
         for rank in admitted {
-            let joined = late
-                .mailbox
-                .lock()
-                .ok()
-                .and_then(|mut m| m.get_mut(rank).and_then(Option::take));
-            let Some(j) = joined else {
-                // Admitted without a connection: it was replaced by a later joiner that is admitted next.
+            let Some((join, j)) = late.mailbox.take(rank) else {
+                // Admitted without a connection (the fanout's join numbers rule it out): not live.
+                self.fanout.detach(rank);
                 continue;
             };
+            self.fanout.attached(rank, join);
             if let Some(w) = self.writers.get_mut(rank) {
                 *w = Some(j.writer);
             }
