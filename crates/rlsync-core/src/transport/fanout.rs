@@ -8,10 +8,12 @@
 //! only, and a later `Joined` event for the rank re-attaches it (parked until the old incarnation's `Gone`, so
 //! no event of a dead receiver is ever attributed to its successor). Payloads may also target one rank.
 //!
-//! Joiners wait in a [`Mailbox`] until the backend attaches them; each is numbered per rank, and its `Joined`
-//! event carries the number, so an event for a joiner that was replaced, or already attached as the
-//! mailbox's newest, neither admits nor parks anything (else a park could outlive its joiner and admit, when
-//! the attached receiver dies, a rank with no connection).
+//! Joiners wait in a [`Mailbox`] until the backend attaches them; each is numbered per rank, and every event
+//! names its [`Origin`]: the rank and the join number of the receiver that sent it. Only the events of a
+//! rank's current receiver count (the attached one, or the joiner admitted to succeed it), so a dead
+//! receiver's late `Gone` cannot detach its successor, and the `Joined` of a joiner that was replaced, or
+//! attached already as the mailbox's newest, neither admits nor parks anything (else a park could outlive its
+//! joiner and admit, when the attached receiver dies, a rank with no connection).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -36,12 +38,27 @@ pub(crate) enum Event {
     /// The receiver broke the protocol (its stream is dropped); the reason says how.
     Violation(String),
     /// A new receiver said hello for this rank (elastic channels only); the backend's [`Mailbox`] holds its
-    /// stream under join number `join`.
-    Joined { join: u64 },
+    /// stream under the origin's join number.
+    Joined,
 }
 
-pub(crate) type EventTx = mpsc::UnboundedSender<(usize, Event)>;
-pub(crate) type EventRx = mpsc::UnboundedReceiver<(usize, Event)>;
+/// Who sent an event: rank `rank`'s receiver number `join` (0: the rank's first receiver; 1, 2, …: its
+/// joiners, as the [`Mailbox`] numbered them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Origin {
+    pub(crate) rank: usize,
+    pub(crate) join: u64,
+}
+
+impl Origin {
+    /// Rank `rank`'s first receiver (it did not join late).
+    pub(crate) fn first(rank: usize) -> Origin {
+        Origin { rank, join: 0 }
+    }
+}
+
+pub(crate) type EventTx = mpsc::UnboundedSender<(Origin, Event)>;
+pub(crate) type EventRx = mpsc::UnboundedReceiver<(Origin, Event)>;
 
 #[derive(Debug)]
 struct InFlight {
@@ -75,8 +92,9 @@ pub(crate) struct Fanout {
     elastic: bool,
     /// A joiner (its join number) waits for its rank's old receiver to be reported gone.
     parked: Vec<Option<u64>>,
-    /// The join number of each rank's attached receiver (0: the first, which did not join late).
-    attached: Vec<u64>,
+    /// The join number of each rank's current receiver, the only one whose events count: the attached one,
+    /// or from its admission on the joiner admitted to succeed it.
+    current: Vec<u64>,
     /// Ranks (re)admitted since the backend last took them.
     admitted: Vec<usize>,
 }
@@ -115,7 +133,7 @@ impl Fanout {
             events,
             elastic: false,
             parked: vec![None; receivers],
-            attached: vec![0; receivers],
+            current: vec![0; receivers],
             admitted: Vec::new(),
         }
     }
@@ -172,11 +190,12 @@ impl Fanout {
         std::mem::take(&mut self.admitted)
     }
 
-    /// Record that the backend attached joiner `join` of `rank` (the mailbox's newest for it): a park by that
-    /// joiner or an earlier one is spent, and their `Joined` events still queued are ignored.
+    /// Record that the backend attached joiner `join` of `rank` (the mailbox's newest for it) before its
+    /// first event: it is the rank's current receiver, a park by it or an earlier joiner is spent, and their
+    /// `Joined` events still queued are ignored.
     pub(crate) fn attached(&mut self, rank: usize, join: u64) {
-        if let Some(a) = self.attached.get_mut(rank) {
-            *a = (*a).max(join);
+        if let Some(c) = self.current.get_mut(rank) {
+            *c = (*c).max(join);
         }
         if let Some(p) = self.parked.get_mut(rank)
             && p.is_some_and(|parked| parked <= join)
@@ -436,7 +455,7 @@ impl Fanout {
                 peer: peer_of(waiting_on),
                 timeout: self.timeout_at(deadline),
             }),
-            Ok(Some((rank, event))) => self.apply(rank, event),
+            Ok(Some((origin, event))) => self.apply(origin, event),
             // Every event source is gone at once: all receivers have disconnected.
             Ok(None) => {
                 for rank in 0..self.receivers {
@@ -456,19 +475,34 @@ impl Fanout {
 
     /// Take already-delivered events without waiting (keeps acknowledgements flowing between waits).
     pub(crate) fn poll_events(&mut self) -> Result<(), TransportError> {
-        while let Ok((rank, event)) = self.events.try_recv() {
-            self.apply(rank, event)?;
+        while let Ok((origin, event)) = self.events.try_recv() {
+            self.apply(origin, event)?;
         }
         Ok(())
     }
 
-    fn apply(&mut self, rank: usize, event: Event) -> Result<(), TransportError> {
+    fn apply(&mut self, origin: Origin, event: Event) -> Result<(), TransportError> {
+        let Origin { rank, join } = origin;
         let protocol = |reason: String| TransportError::Protocol {
             peer: Peer::Receiver(rank),
             reason,
         };
         if rank >= self.receivers {
             return Err(protocol(format!("event from unknown rank {rank}")));
+        }
+        // Elastic: a receiver that was succeeded (or a joiner replaced before it was attached) speaks for
+        // nobody, whatever it sends after its successor's admission.
+        if self.elastic
+            && !matches!(event, Event::Joined)
+            && self.current.get(rank).is_some_and(|&c| c != join)
+        {
+            tracing::debug!(
+                rank,
+                join,
+                ?event,
+                "ignored an event of a succeeded receiver"
+            );
+            return Ok(());
         }
         // Elastic: what a detached rank's receiver sent before it died (read after the sender detached it, e.g.
         // on a failed write) concerns nothing any more: its payloads and segments were let go. A successor's
@@ -543,28 +577,39 @@ impl Fanout {
                 }
                 tracing::warn!(rank, %reason, "receiver broke the protocol and was detached");
             }
-            Event::Joined { join } => {
-                if !self.elastic {
-                    return Err(protocol(
-                        "joined a channel that admits no new receivers".into(),
-                    ));
-                }
-                if self.attached.get(rank).is_some_and(|&a| join <= a) {
-                    // Attached already, or replaced by a later joiner that was.
-                    tracing::debug!(rank, join, "a join event of an attached or replaced joiner");
-                } else if self.gone.get(rank).copied().unwrap_or(false) {
-                    self.admit(rank);
-                } else if let Some(p) = self.parked.get_mut(rank) {
-                    *p = Some(p.map_or(join, |parked| parked.max(join)));
-                }
-            }
+            Event::Joined => self.joined(origin)?,
         }
         Ok(())
     }
 
-    fn admit(&mut self, rank: usize) {
+    /// Joiner `origin.join` of `origin.rank` said hello: admitted at once where the rank's receiver is gone,
+    /// else parked until it is.
+    fn joined(&mut self, origin: Origin) -> Result<(), TransportError> {
+        let Origin { rank, join } = origin;
+        if !self.elastic {
+            return Err(TransportError::Protocol {
+                peer: Peer::Receiver(rank),
+                reason: "joined a channel that admits no new receivers".into(),
+            });
+        }
+        if self.current.get(rank).is_some_and(|&c| join <= c) {
+            // Admitted or attached already, or replaced by a later joiner that was.
+            tracing::debug!(rank, join, "a join event of an admitted or replaced joiner");
+        } else if self.gone.get(rank).copied().unwrap_or(false) {
+            self.admit(rank, join);
+        } else if let Some(p) = self.parked.get_mut(rank) {
+            *p = Some(p.map_or(join, |parked| parked.max(join)));
+        }
+        Ok(())
+    }
+
+    /// Joiner `join` succeeds `rank`'s gone receiver: live again, its events the ones that count.
+    fn admit(&mut self, rank: usize, join: u64) {
         if let Some(g) = self.gone.get_mut(rank) {
             *g = false;
+        }
+        if let Some(c) = self.current.get_mut(rank) {
+            *c = join;
         }
         if let Some(p) = self.parked.get_mut(rank) {
             *p = None;
@@ -608,8 +653,8 @@ impl Fanout {
                 }
             }
         }
-        if self.parked.get(rank).is_some_and(Option::is_some) {
-            self.admit(rank);
+        if let Some(join) = self.parked.get(rank).copied().flatten() {
+            self.admit(rank, join);
         }
     }
 
@@ -809,21 +854,25 @@ mod tests {
         (f.elastic(), tx)
     }
 
+    fn joiner(rank: usize, join: u64) -> Origin {
+        Origin { rank, join }
+    }
+
     #[test]
     fn a_joiner_is_admitted_once_its_predecessor_is_gone() {
         let (mut f, tx) = elastic(2);
         // Joined while the first receiver lives: parked until its Gone.
-        tx.send((1, Event::Joined { join: 1 })).ok();
+        tx.send((joiner(1, 1), Event::Joined)).ok();
         f.poll_events().unwrap();
         assert!(f.take_admitted().is_empty());
-        tx.send((1, Event::Gone)).ok();
+        tx.send((Origin::first(1), Event::Gone)).ok();
         f.poll_events().unwrap();
         assert_eq!(f.take_admitted(), [1]);
         assert_eq!(f.live(), [0, 1]);
         f.attached(1, 1);
         // Joined after a Gone: admitted at once.
-        tx.send((1, Event::Gone)).ok();
-        tx.send((1, Event::Joined { join: 2 })).ok();
+        tx.send((joiner(1, 1), Event::Gone)).ok();
+        tx.send((joiner(1, 2), Event::Joined)).ok();
         f.poll_events().unwrap();
         assert_eq!(f.take_admitted(), [1]);
     }
@@ -831,34 +880,69 @@ mod tests {
     #[test]
     fn join_events_of_attached_or_replaced_joiners_neither_admit_nor_park() {
         let (mut f, tx) = elastic(2);
-        tx.send((1, Event::Gone)).ok();
-        tx.send((1, Event::Joined { join: 1 })).ok();
+        tx.send((Origin::first(1), Event::Gone)).ok();
+        tx.send((joiner(1, 1), Event::Joined)).ok();
         f.poll_events().unwrap();
         // Joiner 2 replaced joiner 1 in the mailbox before the backend took it; its event finds rank 1 live.
-        tx.send((1, Event::Joined { join: 2 })).ok();
+        tx.send((joiner(1, 2), Event::Joined)).ok();
         f.poll_events().unwrap();
         assert_eq!(f.take_admitted(), [1]);
         f.attached(1, 2);
-        tx.send((1, Event::Gone)).ok();
+        tx.send((joiner(1, 2), Event::Gone)).ok();
         f.poll_events().unwrap();
         assert!(
             f.take_admitted().is_empty(),
             "the park was joiner 2's, which is attached"
         );
         assert_eq!(f.live(), [0]);
-        // Joiner 3 was attached before its event was read (the backend took the mailbox's newest).
-        f.attached(1, 3);
-        tx.send((1, Event::Joined { join: 3 })).ok();
+        // Joiner 3's event admits rank 1; the backend attaches the mailbox's newest, joiner 4, whose event is
+        // read only afterwards.
+        tx.send((joiner(1, 3), Event::Joined)).ok();
         f.poll_events().unwrap();
-        assert!(f.take_admitted().is_empty());
+        assert_eq!(f.take_admitted(), [1]);
+        f.attached(1, 4);
+        tx.send((joiner(1, 4), Event::Joined)).ok();
+        f.poll_events().unwrap();
+        tx.send((joiner(1, 4), Event::Gone)).ok();
+        f.poll_events().unwrap();
+        assert!(f.take_admitted().is_empty(), "nobody waits to join rank 1");
         assert_eq!(f.live(), [0]);
-        // A later joiner still parks while an attached receiver lives, and is admitted at its Gone.
-        tx.send((0, Event::Joined { join: 1 })).ok();
+        // A later joiner still parks while the attached receiver lives, and is admitted at its Gone.
+        tx.send((joiner(0, 1), Event::Joined)).ok();
         f.poll_events().unwrap();
         assert!(f.take_admitted().is_empty());
-        tx.send((0, Event::Gone)).ok();
+        tx.send((Origin::first(0), Event::Gone)).ok();
         f.poll_events().unwrap();
         assert_eq!(f.take_admitted(), [0]);
+    }
+
+    /// Rank 1's receiver is detached on a failed write and a joiner admitted before the dead receiver's own
+    /// events are read: they concern nobody (its Gone would otherwise detach the successor, its release
+    /// count as the successor's); the successor's count.
+    #[tokio::test]
+    async fn a_succeeded_receivers_late_events_are_ignored() {
+        let (mut f, tx) = elastic(2);
+        f.published(0, 0);
+        f.detach(1);
+        tx.send((joiner(1, 1), Event::Joined)).ok();
+        tx.send((Origin::first(1), Event::Released { seq: 0 })).ok();
+        tx.send((Origin::first(1), Event::Gone)).ok();
+        tx.send((Origin::first(0), Event::Released { seq: 0 })).ok();
+        f.poll_events().unwrap();
+        assert_eq!(f.take_admitted(), [1]);
+        assert_eq!(f.live(), [0, 1], "the successor stays admitted");
+        f.wait_all_free("t").await.unwrap();
+        f.attached(1, 1);
+        f.published_to(1, 1, &[0, 1]);
+        tx.send((Origin::first(1), Event::Released { seq: 1 })).ok();
+        tx.send((Origin::first(0), Event::Released { seq: 1 })).ok();
+        f.poll_events().unwrap();
+        assert!(
+            f.wait_slot_free(1, "t").await.is_err(),
+            "only the successor's release frees the slot"
+        );
+        tx.send((joiner(1, 1), Event::Released { seq: 1 })).ok();
+        f.wait_slot_free(1, "t").await.unwrap();
     }
 
     #[test]
@@ -878,7 +962,7 @@ mod tests {
     async fn slot_frees_only_after_every_rank_released() {
         let (mut f, tx) = fanout(2, 2);
         f.published(0, 0);
-        tx.send((0, Event::Released { seq: 0 })).ok();
+        tx.send((Origin::first(0), Event::Released { seq: 0 })).ok();
         let err = f.wait_slot_free(0, "test").await.unwrap_err();
         assert!(
             matches!(
@@ -890,7 +974,7 @@ mod tests {
             ),
             "{err}"
         );
-        tx.send((1, Event::Released { seq: 0 })).ok();
+        tx.send((Origin::first(1), Event::Released { seq: 0 })).ok();
         f.wait_slot_free(0, "test").await.unwrap();
         f.wait_all_free("test").await.unwrap();
     }
@@ -899,8 +983,8 @@ mod tests {
     async fn gone_rank_fails_waits_that_need_it() {
         let (mut f, tx) = fanout(3, 2);
         f.published(0, 0);
-        tx.send((0, Event::Released { seq: 0 })).ok();
-        tx.send((2, Event::Gone)).ok();
+        tx.send((Origin::first(0), Event::Released { seq: 0 })).ok();
+        tx.send((Origin::first(2), Event::Gone)).ok();
         let err = f.wait_all_free("flushing").await.unwrap_err();
         assert!(
             matches!(
@@ -932,9 +1016,12 @@ mod tests {
     #[tokio::test]
     async fn messages_queue_per_rank_in_order() {
         let (mut f, tx) = fanout(2, 1);
-        tx.send((1, Event::Message(b"a".to_vec()))).ok();
-        tx.send((0, Event::Message(b"b".to_vec()))).ok();
-        tx.send((1, Event::Message(b"c".to_vec()))).ok();
+        tx.send((Origin::first(1), Event::Message(b"a".to_vec())))
+            .ok();
+        tx.send((Origin::first(0), Event::Message(b"b".to_vec())))
+            .ok();
+        tx.send((Origin::first(1), Event::Message(b"c".to_vec())))
+            .ok();
         assert_eq!(f.wait_message(1, "t").await.unwrap(), b"a");
         assert_eq!(f.wait_message(1, "t").await.unwrap(), b"c");
         assert_eq!(f.wait_message(0, "t").await.unwrap(), b"b");
@@ -949,8 +1036,8 @@ mod tests {
         let check = |event: Event| async move {
             let (mut f, tx) = fanout(1, 1);
             f.published(0, 0);
-            tx.send((0, Event::Released { seq: 0 })).ok();
-            tx.send((0, event)).ok();
+            tx.send((Origin::first(0), Event::Released { seq: 0 })).ok();
+            tx.send((Origin::first(0), event)).ok();
             f.wait_all_free("t").await.unwrap();
             f.poll_events()
         };
@@ -986,7 +1073,7 @@ mod tests {
         let (mut f, tx) = fanout(2, 2);
         f.announced(1, 7);
         tx.send((
-            0,
+            Origin::first(0),
             Event::Mapped {
                 slot: 1,
                 generation: 7,
@@ -996,7 +1083,7 @@ mod tests {
         f.poll_events().unwrap();
         assert!(f.drain_fully_mapped().is_empty());
         tx.send((
-            1,
+            Origin::first(1),
             Event::Mapped {
                 slot: 1,
                 generation: 7,
@@ -1027,19 +1114,19 @@ mod tests {
             Event::Message(vec![1]),
             Event::Gone,
         ] {
-            tx.send((0, event)).ok();
+            tx.send((Origin::first(0), event)).ok();
         }
         f.poll_events().unwrap();
         assert!(f.is_gone(0));
         tx.send((
-            1,
+            Origin::first(1),
             Event::Mapped {
                 slot: 0,
                 generation: 5,
             },
         ))
         .ok();
-        tx.send((1, Event::Released { seq: 0 })).ok();
+        tx.send((Origin::first(1), Event::Released { seq: 0 })).ok();
         f.poll_events().unwrap();
         assert_eq!(f.drain_fully_mapped(), vec![(0, 5)]);
         f.wait_all_free("t").await.unwrap();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::fanout::{Event, EventTx, Fanout};
+use super::fanout::{Event, EventTx, Fanout, Origin};
 use super::{
     DEFAULT_SLOTS, DEFAULT_TIMEOUT, PAYLOAD_PAGE_OFFSET, Peer, Receiver, RecvBackend, SendBackend,
     Sender, Target, TransportError,
@@ -119,14 +119,15 @@ impl InProcJoiner {
                 rank,
                 receivers: self.receivers,
             })?;
+        let origin = Origin { rank, join };
         self.events
-            .send((rank, Event::Joined { join }))
+            .send((origin, Event::Joined))
             .map_err(|_| TransportError::PeerGone {
                 op: "joining the sender",
                 peer: Peer::Sender,
             })?;
         Ok(Receiver::InProc(InProcReceiver {
-            rank,
+            origin,
             timeout: self.timeout,
             bound: None,
             inbox,
@@ -157,7 +158,8 @@ const OP_REPORTS: &str = "waiting for receivers' reports";
 
 /// A receiving end of an in-process channel.
 pub struct InProcReceiver {
-    rank: usize,
+    /// Its rank, and its join number (0 unless it joined late).
+    origin: Origin,
     timeout: Duration,
     /// The caller's bound on the waits that follow (`set_bound`).
     bound: Option<(tokio::time::Instant, Duration)>,
@@ -177,7 +179,7 @@ impl std::fmt::Debug for InProcSender {
 impl std::fmt::Debug for InProcReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InProcReceiver")
-            .field("rank", &self.rank)
+            .field("rank", &self.origin.rank)
             .finish()
     }
 }
@@ -208,7 +210,7 @@ fn build(
         let (tx, inbox) = mpsc::unbounded_channel();
         outs.push(Some(tx));
         rxs.push(Receiver::InProc(InProcReceiver {
-            rank,
+            origin: Origin::first(rank),
             timeout,
             bound: None,
             inbox,
@@ -401,7 +403,7 @@ impl SendBackend for InProcSender {
 
 impl RecvBackend for InProcReceiver {
     fn rank(&self) -> usize {
-        self.rank
+        self.origin.rank
     }
 
     async fn recv_with<R>(&mut self, read: impl FnOnce(&[u8]) -> R) -> Result<R, TransportError> {
@@ -428,7 +430,7 @@ impl RecvBackend for InProcReceiver {
         // Drop our reference before releasing, so the sender can reuse the buffer in place.
         drop(published);
         // The read succeeded; a sender that vanished since will be reported by the next call.
-        let _ = self.events.send((self.rank, Event::Released { seq }));
+        let _ = self.events.send((self.origin, Event::Released { seq }));
         Ok(out)
     }
 
@@ -438,7 +440,7 @@ impl RecvBackend for InProcReceiver {
 
     async fn send(&mut self, msg: &[u8]) -> Result<(), TransportError> {
         self.events
-            .send((self.rank, Event::Message(msg.to_vec())))
+            .send((self.origin, Event::Message(msg.to_vec())))
             .map_err(|_| TransportError::PeerGone {
                 op: "sending an upstream message",
                 peer: Peer::Sender,
@@ -448,7 +450,7 @@ impl RecvBackend for InProcReceiver {
 
 impl Drop for InProcReceiver {
     fn drop(&mut self) {
-        let _ = self.events.send((self.rank, Event::Gone));
+        let _ = self.events.send((self.origin, Event::Gone));
     }
 }
 
@@ -485,8 +487,9 @@ mod tests {
 
     /// The interleaving of the fan-out's double replacement: joiner B is admitted during a wait (attached only
     /// at the next housekeeping), C replaces it in the mailbox before that, and C's `Joined` arrives while the
-    /// rank counts as live. C is attached; when C goes, the rank is detached (it was admitted again by a park
-    /// C's own event had left, with no receiver to attach), and the next joiner is attached as usual.
+    /// rank counts as live; B goes away. C is attached; when C goes, the rank is detached (before join numbers
+    /// it was admitted again by a park C's own event had left, with no receiver to attach), and the next
+    /// joiner is attached as usual.
     #[tokio::test(flavor = "current_thread")]
     async fn a_joiner_replaced_before_it_was_attached_leaves_no_park_behind() {
         let (mut tx, mut rxs, joiner) = inproc_channel_elastic(2, Duration::from_secs(5));
@@ -507,6 +510,8 @@ mod tests {
         });
         assert_eq!(up.unwrap(), b"up");
         let mut c = joiner.join(1).unwrap();
+        // B, replaced, goes away (its Gone admits C's park: the same C is attached either way).
+        drop(b);
         tx.wait_joined(1).await.unwrap();
         tx.send_to(1, b"to c").await.unwrap();
         assert_eq!(c.recv_with(|m| m.to_vec()).await.unwrap(), b"to c");
@@ -525,7 +530,6 @@ mod tests {
         tx.send_to(1, b"to d").await.unwrap();
         assert_eq!(d.recv_with(|m| m.to_vec()).await.unwrap(), b"to d");
         assert_eq!(tx.live(), [0, 1]);
-        drop(b);
     }
 
     #[tokio::test]

@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::fanout::{Event, EventTx, Fanout};
+use super::fanout::{Event, EventTx, Fanout, Origin};
 use super::frame::{Down, MAX_FRAME, SegmentInfo, Up, VERSION};
 use super::{DEFAULT_SLOTS, DEFAULT_TIMEOUT, Peer, SendBackend, Sender, Target, TransportError};
 use crate::protocol::frame::FrameReader;
@@ -225,7 +225,7 @@ fn spawn_acceptor(
                     tracing::info!(rank, "a receiver joined late");
                     // A joiner not yet attached is replaced: its stream closes, it fails and may retry.
                     let Some(join) = mailbox.put(rank, j) else { continue };
-                    if events.send((rank, Event::Joined { join })).is_err() {
+                    if events.send((Origin { rank, join }, Event::Joined)).is_err() {
                         return;
                     }
                 }
@@ -356,9 +356,9 @@ async fn accept_all(
     Ok(joined)
 }
 
-/// Forward one receiver's upstream frames as events until its stream ends.
+/// Forward one receiver's upstream frames as events (from `origin`) until its stream ends.
 fn spawn_reader(
-    rank: usize,
+    origin: Origin,
     mut reader: FrameReader<tokio::net::unix::OwnedReadHalf>,
     events: EventTx,
 ) -> JoinHandle<()> {
@@ -377,12 +377,12 @@ fn spawn_reader(
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
-                    tracing::debug!(rank, error = %crate::error_chain(&e), "receiver stream failed");
+                    tracing::debug!(rank = origin.rank, error = %crate::error_chain(&e), "receiver stream failed");
                     Event::Gone
                 }
             };
             let last = matches!(event, Event::Gone | Event::Violation(_));
-            if events.send((rank, event)).is_err() || last {
+            if events.send((origin, event)).is_err() || last {
                 return;
             }
         }
@@ -502,7 +502,11 @@ impl ShmSender {
                 Err(err) => return Err(err),
             }
             writers.push(Some(writer));
-            reader_tasks.push(Some(spawn_reader(rank, j.reader, event_tx.clone())));
+            reader_tasks.push(Some(spawn_reader(
+                Origin::first(rank),
+                j.reader,
+                event_tx.clone(),
+            )));
         }
         let mut fanout = Fanout::new(cfg.receivers, cfg.slots, cfg.timeout, event_rx);
         let late = if cfg.elastic {
@@ -563,7 +567,11 @@ impl ShmSender {
                 *w = Some(j.writer);
             }
             if let Some(t) = self.reader_tasks.get_mut(rank)
-                && let Some(old) = t.replace(spawn_reader(rank, j.reader, self.events.clone()))
+                && let Some(old) = t.replace(spawn_reader(
+                    Origin { rank, join },
+                    j.reader,
+                    self.events.clone(),
+                ))
             {
                 old.abort();
             }

@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use super::fanout::{Event, EventTx, Fanout};
+use super::fanout::{Event, EventTx, Fanout, Origin};
 use super::frame::{Down, MAX_FRAME, Up, VERSION};
 use super::inproc::AlignedBuf;
 use super::{
@@ -276,7 +276,11 @@ impl TcpFanListener {
                 Err(e) => return Err(e),
             }
             writers.push(Some(j.writer));
-            readers.push(Some(spawn_reader(rank, j.reader, event_tx.clone())));
+            readers.push(Some(spawn_reader(
+                Origin::first(rank),
+                j.reader,
+                event_tx.clone(),
+            )));
         }
         let mut fanout = Fanout::new(n, cfg.slots.max(1), cfg.timeout, event_rx);
         let late = if cfg.elastic {
@@ -407,7 +411,7 @@ fn spawn_acceptor(
                     tracing::info!(rank, "a receiver joined late");
                     // A joiner not attached yet is replaced: its connection closes, it fails and may retry.
                     let Some(join) = mailbox.put(rank, j) else { continue };
-                    if events.send((rank, Event::Joined { join })).is_err() {
+                    if events.send((Origin { rank, join }, Event::Joined)).is_err() {
                         return;
                     }
                 }
@@ -470,7 +474,7 @@ async fn hello(
 
 /// Forward one receiver's upstream frames as events until its connection ends.
 fn spawn_reader(
-    rank: usize,
+    origin: Origin,
     mut reader: FrameReader<OwnedReadHalf>,
     events: EventTx,
 ) -> JoinHandle<()> {
@@ -485,12 +489,12 @@ fn spawn_reader(
                 },
                 Ok(None) => Event::Gone,
                 Err(e) => {
-                    tracing::debug!(rank, error = %crate::error_chain(&e), "receiver connection failed");
+                    tracing::debug!(rank = origin.rank, error = %crate::error_chain(&e), "receiver connection failed");
                     Event::Gone
                 }
             };
             let last = matches!(event, Event::Gone | Event::Violation(_));
-            if events.send((rank, event)).is_err() || last {
+            if events.send((origin, event)).is_err() || last {
                 return;
             }
         }
@@ -650,7 +654,7 @@ impl TcpFanSender {
             if let Some(w) = self.writers.get_mut(rank) {
                 *w = Some(j.writer);
             }
-            let reader = spawn_reader(rank, j.reader, late.events.clone());
+            let reader = spawn_reader(Origin { rank, join }, j.reader, late.events.clone());
             if let Some(old) = self.readers.get_mut(rank).and_then(|t| t.replace(reader)) {
                 old.abort();
             }
