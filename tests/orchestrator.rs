@@ -132,6 +132,38 @@ fn check_embodied(kind: SyncerKind) {
             row["step"]
         );
     }
+    // The sync's phases: the trainer's build, encode and wait on the transport, and the slowest rollout's
+    // install, each within the step's sync time (the bootstrap's: `time/init_weights`) that holds them.
+    for (i, row) in rows.iter().enumerate() {
+        let t = |key: &str| {
+            row.get(key)
+                .and_then(Value::as_f64)
+                .unwrap_or_else(|| panic!("{kind:?}: step {i} lacks {key}: {row:?}"))
+        };
+        let (build, encode, transfer, apply) = (
+            t("time/sync_build"),
+            t("time/sync_encode"),
+            t("time/sync_transfer"),
+            t("time/sync_apply_max"),
+        );
+        let whole = if i == 0 {
+            t("time/init_weights")
+        } else {
+            t("time/sync_weights")
+        };
+        // A bucket's packing is its encoding; a patch builds.
+        assert!(
+            build >= 0.0 && encode >= 0.0 && build + encode > 0.0 && apply > 0.0,
+            "{kind:?} step {i}: {row:?}"
+        );
+        if kind == SyncerKind::Patch && i > 0 {
+            assert!(build > 0.0, "step {i}: {row:?}");
+        }
+        assert!(
+            build + encode + transfer <= whole && apply <= whole,
+            "{kind:?} step {i}: phases outside the sync's {whole} s: {row:?}"
+        );
+    }
     assert_eq!(rows[0]["sync/kind"], "init");
     // The bootstrap's time is its own key, not the first step's sync time.
     assert!(rows[0]["time/init_weights"].as_f64().unwrap() > 0.0);

@@ -81,20 +81,20 @@ impl Work {
     }
 }
 
-/// Collect the sync reports (when `syncing`) and the step's `chunks` trajectory chunks, in whatever order they
-/// come, while rollouts are lost and rejoin.
+/// Collect the sync reports (when `syncing`: its commands went out at `started`) and the step's `chunks`
+/// trajectory chunks, in whatever order they come, while rollouts are lost and rejoin.
 #[allow(clippy::too_many_arguments)]
 async fn gather(
     sup: &mut Supervisor,
     verifier: &mut Verifier,
     fleet: &mut Fleet,
     syncing: bool,
+    started: Instant,
     version: u64,
     chunks: u64,
     mut work: Work,
     mut applies: Vec<bool>,
 ) -> Result<(Gathered, Option<SyncOutcome>), OrchestratorError> {
-    let started = Instant::now();
     let mut got = Gathered::default();
     let mut received = 0u64;
     let mut stats: Option<SyncStats> = None;
@@ -383,6 +383,7 @@ pub async fn run(
             &mut verifier,
             &mut fleet,
             syncing,
+            step_start,
             published,
             chunks,
             work,

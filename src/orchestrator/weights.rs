@@ -178,6 +178,9 @@ impl SyncOutcome {
         rec.float("sync/compression_ratio", self.stats.compression_ratio);
         rec.int("sync/dense_segments", self.stats.dense_segments as i64);
         rec.flag("sync/verified", self.verified);
+        rec.float("time/sync_build", self.stats.build_s);
+        rec.float("time/sync_encode", self.stats.encode_s);
+        rec.float("time/sync_transfer", self.stats.seconds);
     }
 }
 
@@ -204,6 +207,8 @@ struct Since {
     bytes: u64,
     ms: f64,
     lost_trajs: u64,
+    /// The slowest install a rollout reported (its `Applied` seconds).
+    apply_max_s: Option<f64>,
 }
 
 /// The restart and rejoin traffic of the rollouts and what the rejoins cost (their phases are the
@@ -309,11 +314,15 @@ impl Fleet {
             }
             (
                 Report::Applied {
-                    version, checksum, ..
+                    version,
+                    checksum,
+                    seconds,
                 },
                 Role::Rollout,
             ) => {
                 verifier.rollout(id, *version, *checksum)?;
+                let slowest = self.since.apply_max_s.get_or_insert(*seconds);
+                *slowest = slowest.max(*seconds);
                 let was = sup.lifecycle_mut().applied(rank, *version);
                 let restarted = sup.lifecycle().restarts_of(rank) > 0;
                 if was == Phase::Joining && version == &0 && restarted {
@@ -333,7 +342,7 @@ impl Fleet {
         }
     }
 
-    /// Metrics of restarts, lost trajectories and catch-ups since the last record.
+    /// Metrics of restarts, lost trajectories, catch-ups and the slowest install since the last record.
     pub fn record(&mut self, sup: &Supervisor, rec: &mut StepRecord) {
         let since = std::mem::take(&mut self.since);
         rec.int("rollout/restarts", sup.restarts() as i64);
@@ -343,6 +352,9 @@ impl Fleet {
             rec.int("sync/catchup_kind", i64::from(since.full > 0));
             rec.int("sync/catchup_bytes", since.bytes as i64);
             rec.float("sync/catchup_ms", since.ms);
+        }
+        if let Some(seconds) = since.apply_max_s {
+            rec.float("time/sync_apply_max", seconds);
         }
     }
 }

@@ -255,7 +255,9 @@ pub fn stats(report: &SyncReport, state_bytes: u64) -> SyncStats {
             state_bytes as f64 / payload_bytes as f64
         },
         dense_segments: report.widths.iter().filter(|w| w.overflow).count() as u64,
-        seconds: report.build_s + report.acks_s,
+        build_s: report.build_s,
+        encode_s: 0.0,
+        seconds: report.acks_s,
     }
 }
 
@@ -357,7 +359,7 @@ mod tests {
         assert_eq!((s.version, s.changed), (7, 110));
         assert_eq!(s.payload_bytes, 100 * 8 + 10 * 12);
         assert_eq!(s.dense_segments, 1);
-        assert!((s.seconds - 0.75).abs() < 1e-12);
+        assert!((s.build_s - 0.25).abs() < 1e-12 && (s.seconds - 0.5).abs() < 1e-12);
         let full = SyncReport {
             full: true,
             ..patch

@@ -611,6 +611,8 @@ fn sync_stats(report: &SyncReport) -> SyncStats {
         state_bytes: report.state_bytes,
         compression_ratio: report.compression_ratio,
         dense_segments: report.dense_segments,
+        build_s: report.build.as_secs_f64(),
+        encode_s: report.encode.as_secs_f64(),
         seconds: report.transfer.as_secs_f64(),
     }
 }

@@ -54,9 +54,11 @@ impl Remote {
 }
 
 /// The `Synced` statistics of a version sent both ways: the chain's (what crossed hosts: its kind, coded
-/// bytes and ratio, the changes it counted), its seconds after the channel's.
+/// bytes and ratio, the changes it counted), its times after the channel's (the trainer did both in turn).
 pub fn stats(channel: &SyncStats, chain: &SyncStats) -> SyncStats {
     SyncStats {
+        build_s: channel.build_s + chain.build_s,
+        encode_s: channel.encode_s + chain.encode_s,
         seconds: channel.seconds + chain.seconds,
         ..chain.clone()
     }
@@ -113,17 +115,22 @@ mod tests {
             state_bytes: 10_000,
             compression_ratio: 12.5,
             dense_segments: 0,
+            build_s: 0.125,
+            encode_s: 0.0,
             seconds: 0.25,
         };
         let chain = SyncStats {
             payload_bytes: 300,
             compression_ratio: 10_000.0 / 300.0,
+            build_s: 0.25,
+            encode_s: 0.0625,
             seconds: 0.5,
             ..channel.clone()
         };
         let both = stats(&channel, &chain);
         assert_eq!((both.version, both.payload_bytes), (4, 300));
         assert!((both.seconds - 0.75).abs() < 1e-12);
+        assert!((both.build_s - 0.375).abs() < 1e-12 && (both.encode_s - 0.0625).abs() < 1e-12);
         assert!((both.compression_ratio - chain.compression_ratio).abs() < 1e-12);
     }
 }

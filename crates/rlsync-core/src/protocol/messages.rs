@@ -71,6 +71,15 @@ pub struct SyncStats {
     /// Patch segments sent dense (absent from older workers' reports: 0).
     #[serde(default)]
     pub dense_segments: u64,
+    /// The sender's build of the version, seconds: diff, gather and snapshot update (a GPU channel's device
+    /// build and checksum). Absent from older workers' reports: 0.
+    #[serde(default)]
+    pub build_s: f64,
+    /// The sender's encoding of the version, seconds: coding, compression, framing, copies into the
+    /// transport's buffers (0 on the GPU channel, which sends the build's output as it is).
+    #[serde(default)]
+    pub encode_s: f64,
+    /// The sender's wait on the transport, seconds: sending, and the receivers' acks where it waits for them.
     pub seconds: f64,
 }
 
