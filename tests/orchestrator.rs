@@ -267,6 +267,14 @@ fn check_async(no_wait: bool) {
     assert_eq!(summary.steps, 12);
     let rows = metrics(dir.path());
     assert_eq!(rows.len(), 12);
+    let patched = rows
+        .iter()
+        .filter(|r| r.get("sync/kind").and_then(Value::as_str) == Some("patch"))
+        .count();
+    assert!(
+        patched >= 6,
+        "no_wait={no_wait}: {patched} rows synced a patch"
+    );
     for row in &rows {
         let max = row["staleness/max"].as_i64().unwrap();
         assert!(
@@ -275,6 +283,15 @@ fn check_async(no_wait: bool) {
             row["step"]
         );
         assert!(row.contains_key("rollout/discarded_unused_trajs"));
+        // A step's sync holds the trainer's phases of it (in the background too: its Synced ends it).
+        if row.get("sync/kind").and_then(Value::as_str) == Some("patch") {
+            let t = |key: &str| row[key].as_f64().unwrap();
+            let phases = t("time/sync_build") + t("time/sync_encode") + t("time/sync_transfer");
+            assert!(
+                t("time/sync_build") > 0.0 && phases <= t("time/sync_weights"),
+                "no_wait={no_wait}: {row:?}"
+            );
+        }
         for key in REQUIRED_KEYS {
             assert!(
                 row.contains_key(*key),

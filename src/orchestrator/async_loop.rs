@@ -404,6 +404,8 @@ impl Loop<'_> {
                     self.eval_settle();
                 }
                 if version % self.set.sync_interval == 0 {
+                    // The sync's time starts as its command goes out (the trainer starts on it at once).
+                    let started = Instant::now();
                     self.sup
                         .send(WorkerId::TRAINER, &Command::Sync { version }, &[])
                         .await?;
@@ -426,7 +428,7 @@ impl Loop<'_> {
                         }
                     }
                     self.trainer = Trainer::Syncing {
-                        started: Instant::now(),
+                        started,
                         info,
                         stats: None,
                         waiting,
