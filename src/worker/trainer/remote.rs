@@ -65,10 +65,12 @@ pub fn stats(channel: &SyncStats, chain: &SyncStats) -> SyncStats {
 }
 
 /// The init's report when the other hosts are bootstrapped over the chain beside this host's: the chain's
-/// (what crossed hosts, as [`stats`] reports a version), waited for as long as the longer of the two, which
+/// (what crossed hosts, as [`stats`] reports a version), each phase as long as the longer of the two, which
 /// ran at once.
 pub fn init_report(local: &SyncReport, chain: SyncReport) -> SyncReport {
     SyncReport {
+        build: local.build.max(chain.build),
+        encode: local.encode.max(chain.encode),
         transfer: local.transfer.max(chain.transfer),
         ..chain
     }
@@ -83,18 +85,26 @@ mod tests {
     fn the_init_reports_the_chains_bootstrap_and_the_longer_wait() {
         let local = SyncReport {
             payload_bytes: 4_000,
+            build: Duration::from_millis(40),
+            encode: Duration::from_millis(10),
             transfer: Duration::from_millis(300),
             ..SyncReport::default()
         };
         let chain = SyncReport {
             payload_bytes: 4_100,
             messages: 3,
+            build: Duration::from_millis(30),
+            encode: Duration::from_millis(20),
             transfer: Duration::from_millis(200),
             ..SyncReport::default()
         };
         let both = init_report(&local, chain.clone());
         assert_eq!((both.payload_bytes, both.messages), (4_100, 3));
         assert_eq!(both.transfer, Duration::from_millis(300));
+        assert_eq!(
+            (both.build, both.encode),
+            (Duration::from_millis(40), Duration::from_millis(20))
+        );
         let slower = SyncReport {
             transfer: Duration::from_millis(900),
             ..chain
