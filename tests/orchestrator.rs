@@ -291,6 +291,17 @@ fn check_async(no_wait: bool) {
                 t("time/sync_build") > 0.0 && phases <= t("time/sync_weights"),
                 "no_wait={no_wait}: {row:?}"
             );
+            // A blocking sync waited for its installs and has the slowest; a background one waited for
+            // none (its installs land in later rows' `time/apply_max`).
+            let apply = row.get("time/sync_apply_max").and_then(Value::as_f64);
+            if no_wait {
+                assert_eq!(apply, None, "{row:?}");
+            } else {
+                assert!(
+                    apply.is_some_and(|a| a > 0.0 && a <= t("time/sync_weights")),
+                    "{row:?}"
+                );
+            }
         }
         for key in REQUIRED_KEYS {
             assert!(
@@ -316,6 +327,15 @@ fn check_async(no_wait: bool) {
             .sum::<u64>()
     );
     assert_eq!(rows[11]["actor/current_version"], 12);
+    // Every install is reported in some row, a background one too.
+    let reported = rows
+        .iter()
+        .filter(|r| {
+            r.get("time/apply_max")
+                .is_some_and(|a| a.as_f64() > Some(0.0))
+        })
+        .count();
+    assert!(reported >= 3, "no_wait={no_wait}: {reported} rows");
     assert_clean(dir.path());
 }
 
@@ -816,4 +836,19 @@ fn val_check_interval_evaluates_on_the_rollouts_with_the_trained_version() {
         .collect();
     assert_eq!(synced, [1, 2, 3, 4]);
     assert!(rows.iter().all(|r| r["sync/verified"] == true));
+    // Each row's slowest install is its own sync's, the syncs an evaluation made included (their installs
+    // come during the evaluation, a row before the row that carries the sync).
+    for row in &rows {
+        let apply = row.get("time/sync_apply_max").and_then(Value::as_f64);
+        let whole = row["time/sync_weights"].as_f64().unwrap();
+        let whole = if whole > 0.0 {
+            whole
+        } else {
+            row["time/init_weights"].as_f64().unwrap()
+        };
+        assert!(
+            apply.is_some_and(|a| a > 0.0 && a <= whole),
+            "{apply:?} outside the sync's {whole} s: {row:?}"
+        );
+    }
 }

@@ -14,7 +14,7 @@ use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
+use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier, slowest};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 
@@ -73,6 +73,8 @@ enum Trainer {
         stats: Option<SyncStats>,
         /// Rollouts whose apply the sync waits for (blocking mode; a lost one is no longer waited for).
         waiting: Vec<bool>,
+        /// The slowest of those applies so far.
+        apply_max_s: Option<f64>,
     },
 }
 
@@ -289,7 +291,11 @@ impl Loop<'_> {
                 }
                 Ok(())
             }
-            Handled::Applied { rank, version } => self.applied(rank, Some(version), sink),
+            Handled::Applied {
+                rank,
+                version,
+                seconds,
+            } => self.applied(rank, Some((version, seconds)), sink),
         }
     }
 
@@ -300,20 +306,27 @@ impl Loop<'_> {
         }
     }
 
-    /// Rollout `rank` installed `version` (or, `None`, was lost): the sync no longer waits for it.
+    /// Rollout `rank` installed a version in some seconds (or, `None`, was lost): the sync no longer waits
+    /// for it.
     fn applied(
         &mut self,
         rank: u32,
-        version: Option<u64>,
+        installed: Option<(u64, f64)>,
         sink: &mut MetricsSink,
     ) -> Result<(), OrchestratorError> {
-        if let (Some(v), Some(slot)) = (version, self.slots.get_mut(rank as usize)) {
+        if let (Some((v, _)), Some(slot)) = (installed, self.slots.get_mut(rank as usize)) {
             slot.version = slot.version.max(v);
         }
-        if let Trainer::Syncing { waiting, .. } = &mut self.trainer
+        if let Trainer::Syncing {
+            waiting,
+            apply_max_s,
+            ..
+        } = &mut self.trainer
             && let Some(w) = waiting.get_mut(rank as usize)
+            && std::mem::take(w)
+            && let Some((_, seconds)) = installed
         {
-            *w = false;
+            slowest(apply_max_s, seconds);
         }
         self.finish_sync(sink)
     }
@@ -432,6 +445,7 @@ impl Loop<'_> {
                         info,
                         stats: None,
                         waiting,
+                        apply_max_s: None,
                     };
                 } else {
                     self.emit(info, None, sink)?;
@@ -498,6 +512,7 @@ impl Loop<'_> {
             started,
             info,
             stats: Some(stats),
+            apply_max_s,
             ..
         } = std::mem::replace(
             &mut self.trainer,
@@ -512,6 +527,7 @@ impl Loop<'_> {
             stats,
             seconds: started.elapsed().as_secs_f64(),
             verified: self.verifier.all_matched(),
+            apply_max_s,
         };
         self.emit(info, Some(outcome), sink)
     }

@@ -12,7 +12,7 @@ use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier};
+use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier, slowest};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 
@@ -99,6 +99,7 @@ async fn gather(
     let mut received = 0u64;
     let mut stats: Option<SyncStats> = None;
     let mut sync_s = 0.0;
+    let mut apply_max_s = None;
     work.hand_out(sup).await?;
     while received < chunks || applies.iter().any(|a| *a) || (syncing && stats.is_none()) {
         let incoming = sup.recv("weight sync and rollout chunks").await?;
@@ -124,9 +125,15 @@ async fn gather(
                     *e = true;
                 }
             }
-            Handled::Applied { rank, version: v } => {
-                if let Some(a) = applies.get_mut(rank as usize) {
-                    *a = false;
+            Handled::Applied {
+                rank,
+                version: v,
+                seconds,
+            } => {
+                if let Some(a) = applies.get_mut(rank as usize)
+                    && std::mem::take(a)
+                {
+                    slowest(&mut apply_max_s, seconds);
                 }
                 if v == version
                     && let Some(e) = work.eligible.get_mut(rank as usize)
@@ -175,6 +182,7 @@ async fn gather(
         stats,
         seconds: sync_s,
         verified: verifier.all_matched(),
+        apply_max_s,
     });
     Ok((got, outcome))
 }
@@ -216,7 +224,7 @@ pub async fn evaluate(
         }
     }
     let mut tally = EvalTally::default();
-    let (mut stats, mut sync_s) = (None, 0.0);
+    let (mut stats, mut sync_s, mut apply_max_s) = (None, 0.0, None);
     while evaluating.iter().any(|e| *e)
         || applies.iter().any(|a| *a)
         || (syncing && stats.is_none())
@@ -231,9 +239,11 @@ pub async fn evaluate(
                     }
                 }
             }
-            Handled::Applied { rank, .. } => {
-                if let Some(a) = applies.get_mut(rank as usize) {
-                    *a = false;
+            Handled::Applied { rank, seconds, .. } => {
+                if let Some(a) = applies.get_mut(rank as usize)
+                    && std::mem::take(a)
+                {
+                    slowest(&mut apply_max_s, seconds);
                 }
             }
             Handled::Report(id, frame) => match frame.header {
@@ -271,6 +281,7 @@ pub async fn evaluate(
         stats,
         seconds: sync_s,
         verified: verifier.all_matched(),
+        apply_max_s,
     });
     Ok((tally, outcome))
 }

@@ -166,6 +166,13 @@ pub struct SyncOutcome {
     /// Wall time from the command until every required report arrived.
     pub seconds: f64,
     pub verified: bool,
+    /// The slowest of the installs the sync waited for (`None`: it waited for none, as a background sync).
+    pub apply_max_s: Option<f64>,
+}
+
+/// Fold one install's `seconds` into the slowest so far.
+pub fn slowest(so_far: &mut Option<f64>, seconds: f64) {
+    *so_far = Some(so_far.map_or(seconds, |s| s.max(seconds)));
 }
 
 impl SyncOutcome {
@@ -181,6 +188,9 @@ impl SyncOutcome {
         rec.float("time/sync_build", self.stats.build_s);
         rec.float("time/sync_encode", self.stats.encode_s);
         rec.float("time/sync_transfer", self.stats.seconds);
+        if let Some(seconds) = self.apply_max_s {
+            rec.float("time/sync_apply_max", seconds);
+        }
     }
 }
 
@@ -191,8 +201,14 @@ pub enum Handled {
     Report(WorkerId, Frame<Report>),
     /// Rollout `rank` is gone: its unfinished work is lost.
     Lost(u32),
-    /// Rollout `rank` installed (and, when verifying, verified) `version` after a sync or its bootstrap.
-    Applied { rank: u32, version: u64 },
+    /// Rollout `rank` installed (and, when verifying, verified) `version` after a sync or its bootstrap, in
+    /// `seconds` (its report's: the install and its checksum, for a blocking install with its wait for the
+    /// payload).
+    Applied {
+        rank: u32,
+        version: u64,
+        seconds: f64,
+    },
     /// Rollout `rank` caught up after a restart: it holds verified `version` and may take work.
     Ready { rank: u32, version: u64 },
     /// Nothing for the loop.
@@ -207,7 +223,7 @@ struct Since {
     bytes: u64,
     ms: f64,
     lost_trajs: u64,
-    /// The slowest install a rollout reported (its `Applied` seconds).
+    /// The slowest install a rollout reported (its `Applied` seconds), whatever sync it belonged to.
     apply_max_s: Option<f64>,
 }
 
@@ -321,8 +337,7 @@ impl Fleet {
                 Role::Rollout,
             ) => {
                 verifier.rollout(id, *version, *checksum)?;
-                let slowest = self.since.apply_max_s.get_or_insert(*seconds);
-                *slowest = slowest.max(*seconds);
+                slowest(&mut self.since.apply_max_s, *seconds);
                 let was = sup.lifecycle_mut().applied(rank, *version);
                 let restarted = sup.lifecycle().restarts_of(rank) > 0;
                 if was == Phase::Joining && version == &0 && restarted {
@@ -331,6 +346,7 @@ impl Fleet {
                 Ok(Handled::Applied {
                     rank,
                     version: *version,
+                    seconds: *seconds,
                 })
             }
             // A restarted rollout built its workload: its `init_weights` went out when it connected.
@@ -342,7 +358,8 @@ impl Fleet {
         }
     }
 
-    /// Metrics of restarts, lost trajectories, catch-ups and the slowest install since the last record.
+    /// Metrics of restarts, lost trajectories, catch-ups and the slowest install of any sync since the last
+    /// record (`time/apply_max`: background installs belong to no row's sync).
     pub fn record(&mut self, sup: &Supervisor, rec: &mut StepRecord) {
         let since = std::mem::take(&mut self.since);
         rec.int("rollout/restarts", sup.restarts() as i64);
@@ -354,7 +371,7 @@ impl Fleet {
             rec.float("sync/catchup_ms", since.ms);
         }
         if let Some(seconds) = since.apply_max_s {
-            rec.float("time/sync_apply_max", seconds);
+            rec.float("time/apply_max", seconds);
         }
     }
 }
@@ -375,6 +392,7 @@ async fn collect(
     started: Instant,
 ) -> Result<SyncOutcome, OrchestratorError> {
     let mut stats = None;
+    let mut apply_max_s = None;
     while stats.is_none() || !sup.lifecycle().settled() {
         let waiting = if stats.is_none() {
             "the trainer's sync"
@@ -384,6 +402,10 @@ async fn collect(
         let incoming = sup.recv(waiting).await?;
         let (id, frame) = match fleet.handle(sup, verifier, incoming).await? {
             Handled::Report(id, frame) => (id, frame),
+            Handled::Applied { seconds, .. } => {
+                slowest(&mut apply_max_s, seconds);
+                continue;
+            }
             _ => continue,
         };
         match frame.header {
@@ -402,6 +424,7 @@ async fn collect(
         stats,
         seconds: started.elapsed().as_secs_f64(),
         verified,
+        apply_max_s,
     })
 }
 
