@@ -53,6 +53,7 @@ mod receiver;
 mod rejoin;
 mod sender;
 pub mod settings;
+mod snapshot_sum;
 pub mod wire;
 
 use std::num::NonZeroUsize;

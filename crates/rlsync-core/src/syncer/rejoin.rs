@@ -36,16 +36,16 @@
 use std::collections::VecDeque;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::tensor::checksum::Piece;
-use crate::tensor::{CHECKSUM_CHUNK, DType, StateDict, StateHasher, state_checksum};
+use crate::tensor::{DType, StateDict, StateHasher, state_checksum};
 use crate::transport;
 
 use super::bootstrap::Selection;
 use super::bucket::{self, Planned};
 use super::patch::SnapTensor;
+use super::snapshot_sum::BackgroundSum;
+pub(super) use super::snapshot_sum::snapshot_checksum;
 use super::wire::{self, CatchUpMode, CatchUpPlan, Header, Held, KeyMeta, Kind, Stamp};
 use super::{Settings, SyncError, blocking, hash_cast, missing_key};
 
@@ -221,9 +221,10 @@ pub(super) struct RejoinInfo {
     pub log: ReplayLog,
     /// The checksum of the snapshot at a sequence, when computed for that sequence (patch syncer).
     pub checksum: std::sync::Mutex<Option<(u64, u64)>>,
-    /// The snapshot's checksum at a version being computed on a background thread (patch syncer with a
-    /// replay log): started once a version is sent, finished before the snapshot is next used.
-    pub hashing: std::sync::Mutex<Option<(u64, HashJob)>>,
+    /// The snapshot's checksum at a sequence being computed on a background thread (patch syncer with a
+    /// replay log): started once a version is sent, finished when the checksum is first needed, its thread
+    /// joined before the snapshot is next written.
+    pub hashing: std::sync::Mutex<Option<BackgroundSum>>,
     /// Threads of a snapshot checksum on the caller's path (the background one runs on one).
     pub threads: NonZeroUsize,
 }
@@ -268,23 +269,29 @@ impl RejoinInfo {
         c.filter(|(s, _)| *s == sequence).map(|(_, c)| c)
     }
 
-    /// Finish the background checksum, if one runs, and cache it: the thread is stopped where it got to and the
-    /// caller hashes the rest at its own priority, on the syncer's threads (a nice-19 thread on a busy host
-    /// may barely have started).
-    /// Afterwards no thread holds the snapshot.
+    /// Finish the background checksum, if one runs, and cache it: the thread is told to stop and the caller
+    /// hashes what it has not, at its own priority, on the syncer's threads, without waiting for it (a nice-19
+    /// thread on a busy host may not run for milliseconds).
     pub fn settle(&self) {
-        let job = self
+        let mut hashing = self.hashing.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sum) = hashing.as_mut().filter(|s| !s.finished()) {
+            let c = sum.finish(&self.meta, self.threads);
+            self.cache_checksum(sum.sequence, c);
+        }
+    }
+
+    /// [`RejoinInfo::settle`], then wait for the background thread to end: afterwards nothing else holds the
+    /// snapshot (it may be written). The thread was told to stop when the checksum was settled, normally a
+    /// training step before.
+    pub fn release(&self) {
+        self.settle();
+        let sum = self
             .hashing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        // A hashing thread that panicked leaves nothing cached: the checksum is computed again when needed.
-        if let Some((version, job)) = job {
-            job.stop.store(true, Ordering::Relaxed);
-            if let Ok((mut hash, done, snap)) = job.thread.join() {
-                let c = done.unwrap_or_else(|| hash.finish_on(&snap, &self.meta, self.threads));
-                self.cache_checksum(version, c);
-            }
+        if let Some(sum) = sum {
+            sum.join();
         }
     }
 
@@ -292,23 +299,9 @@ impl RejoinInfo {
     /// next `sync` finds the base checksum its log entry needs without hashing the whole snapshot on its
     /// critical path (the trainer's next step overlaps it instead). Inline if no thread can be started.
     pub fn checksum_in_background(&self, version: u64, snap: &Arc<Vec<SnapTensor>>) {
-        self.settle();
-        let (shared, meta) = (Arc::clone(snap), self.meta.clone());
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let spawned = std::thread::Builder::new()
-            .name("rlsync-snapsum".into())
-            .spawn(move || {
-                crate::tensor::parallel::lowest_priority();
-                let mut hash = SnapshotHash::default();
-                let done = hash.run(&shared, &meta, &stopped);
-                (hash, done, shared)
-            });
-        match spawned {
-            Ok(thread) => {
-                *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((version, HashJob { stop, thread }));
-            }
+        self.release();
+        match BackgroundSum::start(version, snap, crate::tensor::parallel::lowest_priority) {
+            Ok(sum) => *self.hashing.lock().unwrap_or_else(|p| p.into_inner()) = Some(sum),
             Err(_) => {
                 self.cache_checksum(version, snapshot_checksum(snap, &self.meta, self.threads))
             }
@@ -786,95 +779,6 @@ fn choose_buckets(source: Option<BucketSource<'_>>, last: Stamp) -> Choice<'_> {
     }
 }
 
-/// The checksum receivers report for the snapshot (as [`state_checksum`] over the synced keys), on up to
-/// `threads` threads.
-pub(super) fn snapshot_checksum(
-    snap: &[super::patch::SnapTensor],
-    meta: &[KeyMeta],
-    threads: NonZeroUsize,
-) -> u64 {
-    SnapshotHash::default().finish_on(snap, meta, threads)
-}
-
-/// What a background checksum's thread hands back: how far it got, the checksum if it got to the end, and the
-/// snapshot it held.
-type Hashed = (SnapshotHash, Option<u64>, Arc<Vec<SnapTensor>>);
-
-/// A background snapshot checksum: the flag that stops it, and its thread, which hands back how far it got
-/// and the snapshot it held.
-pub(super) struct HashJob {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Hashed>,
-}
-
-/// Bytes hashed between two looks at the stop flag (one after each piece): one checksum chunk, so a stopped
-/// hash always stops at a chunk boundary (or at a tensor's end).
-const HASH_PIECE: usize = CHECKSUM_CHUNK;
-
-/// [`snapshot_checksum`] in pieces, so that it can stop and go on elsewhere (the same value either way: the
-/// hash is streamed).
-#[derive(Default)]
-pub(super) struct SnapshotHash {
-    hasher: StateHasher,
-    /// The next tensor, whether its name and layout are hashed, and how many of its bytes.
-    tensor: usize,
-    begun: bool,
-    offset: usize,
-}
-
-impl SnapshotHash {
-    /// Hash on from where it stopped: the checksum, or `None` when `stop` was raised before the end (it is
-    /// looked at after each piece, so a call with `stop` raised hashes one piece).
-    fn run(&mut self, snap: &[SnapTensor], meta: &[KeyMeta], stop: &AtomicBool) -> Option<u64> {
-        while let Some(st) = snap.get(self.tensor) {
-            if !self.begun {
-                let shape = meta
-                    .get(st.ordinal as usize)
-                    .map(|m| m.shape.as_slice())
-                    .unwrap_or_default();
-                self.hasher.begin_tensor(&st.key, st.dtype, shape);
-                self.begun = true;
-            }
-            let bytes = st.storage.bytes();
-            while let Some(rest) = bytes.get(self.offset..).filter(|r| !r.is_empty()) {
-                let piece = &rest[..rest.len().min(HASH_PIECE)];
-                self.hasher.bytes(piece);
-                self.offset += piece.len();
-                if stop.load(Ordering::Relaxed) {
-                    return None;
-                }
-            }
-            (self.tensor, self.begun, self.offset) = (self.tensor + 1, false, 0);
-        }
-        Some(self.hasher.finish())
-    }
-
-    /// Hash what is left from where it stopped (at a chunk boundary) on up to `threads` threads: the remaining
-    /// chunks' digests in parallel, then into the stream in order. The same value as running on.
-    fn finish_on(&mut self, snap: &[SnapTensor], meta: &[KeyMeta], threads: NonZeroUsize) -> u64 {
-        let pieces: Vec<Piece<'_>> = snap
-            .iter()
-            .enumerate()
-            .skip(self.tensor)
-            .map(|(i, st)| {
-                let begun = i == self.tensor && self.begun;
-                let from = if i == self.tensor { self.offset } else { 0 };
-                let shape = meta
-                    .get(st.ordinal as usize)
-                    .map(|m| m.shape.as_slice())
-                    .unwrap_or_default();
-                Piece::Tensor {
-                    layout: (!begun).then_some((st.key.as_str(), st.dtype, shape)),
-                    bytes: st.storage.bytes().get(from..).unwrap_or_default(),
-                }
-            })
-            .collect();
-        self.hasher.pieces(&pieces, threads);
-        (self.tensor, self.begun, self.offset) = (snap.len(), false, 0);
-        self.hasher.finish()
-    }
-}
-
 /// The receiver's checksums of its synced and bootstrap-only keys.
 pub(super) fn held(
     state: &StateDict,
@@ -892,86 +796,12 @@ pub(super) fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::Storage;
 
     #[test]
-    fn a_snapshot_checksum_stopped_anywhere_goes_on_to_the_same_value() {
-        // Tensors of several pieces (one ending mid-piece), none, and a few bytes.
-        let sizes = [2 * HASH_PIECE + 5, 0, 3, HASH_PIECE];
-        let snap: Vec<SnapTensor> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                let mut storage = Storage::zeroed(n);
-                for (j, b) in storage.bytes_mut().iter_mut().enumerate() {
-                    *b = (j * 31 + i) as u8;
-                }
-                SnapTensor {
-                    key: format!("t{i}"),
-                    ordinal: i as u32,
-                    dtype: DType::U8,
-                    cols: n.max(1),
-                    storage,
-                }
-            })
-            .collect();
-        let meta: Vec<KeyMeta> = snap
-            .iter()
-            .map(|st| KeyMeta {
-                name: st.key.clone(),
-                dtype: DType::U8,
-                shape: vec![st.storage.len()],
-            })
-            .collect();
+    fn a_background_checksum_is_settled_to_the_snapshots_and_released_before_the_snapshot_is_written()
+     {
+        let (snap, meta) = super::super::snapshot_sum::test_snapshot();
         let whole = snapshot_checksum(&snap, &meta, NonZeroUsize::MIN);
-        assert_eq!(
-            whole,
-            snapshot_checksum(&snap, &meta, NonZeroUsize::new(3).unwrap())
-        );
-        // As the receivers compute it over the same tensors.
-        let mut sd = StateDict::new();
-        for st in &snap {
-            let t = crate::tensor::Tensor::from_bytes(
-                DType::U8,
-                &[st.storage.len()],
-                crate::tensor::Class::Trainable,
-                st.storage.bytes(),
-            )
-            .unwrap();
-            sd.insert(st.key.clone(), t);
-        }
-        let keys: Vec<String> = snap.iter().map(|st| st.key.clone()).collect();
-        assert_eq!(whole, state_checksum(&sd, &keys));
-        // Stopped after any number of pieces, then finished on several threads: the same value.
-        for pieces in 0..6 {
-            let (mut hash, stop) = (SnapshotHash::default(), AtomicBool::new(true));
-            for _ in 0..pieces {
-                if hash.run(&snap, &meta, &stop).is_some() {
-                    break;
-                }
-            }
-            let threads = NonZeroUsize::new(2).unwrap();
-            assert_eq!(
-                hash.finish_on(&snap, &meta, threads),
-                whole,
-                "{pieces} pieces"
-            );
-        }
-        // Stopped after every piece: one call per piece, then the end.
-        let (mut hash, stop, mut calls) = (SnapshotHash::default(), AtomicBool::new(true), 0);
-        let got = loop {
-            calls += 1;
-            if let Some(c) = hash.run(&snap, &meta, &stop) {
-                break c;
-            }
-        };
-        assert_eq!(got, whole);
-        assert_eq!(
-            calls,
-            3 + 1 + 1 + 1,
-            "one call per piece, the last one finishing"
-        );
-        // The background job stopped by settle, wherever it got to, caches the same value.
         let info = RejoinInfo {
             meta,
             synced_ordinals: vec![],
@@ -983,11 +813,12 @@ mod tests {
             hashing: std::sync::Mutex::new(None),
             threads: NonZeroUsize::new(2).unwrap(),
         };
-        let snap = Arc::new(snap);
         for version in 1..4 {
             info.checksum_in_background(version, &snap);
+            assert_eq!(info.cached_checksum(version), Some(whole));
             info.settle();
             assert_eq!(info.cached_checksum(version), Some(whole));
+            info.release();
             assert_eq!(Arc::strong_count(&snap), 1, "no thread holds the snapshot");
         }
     }

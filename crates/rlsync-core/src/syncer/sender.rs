@@ -494,7 +494,7 @@ impl SyncSender {
     /// way (the same-host GPU channel): the host channel, for the handshakes and frozen keys of restarted
     /// receivers ([`HostRejoin::serve`]). The snapshot, the replay log and any plan are freed.
     pub fn into_host_rejoin(self) -> HostRejoin {
-        self.rejoin.settle();
+        self.rejoin.release();
         let strategy = match self.strategy {
             SenderStrategy::Patch(_) => Strategy::Patch,
             SenderStrategy::Bucket(_) => Strategy::Bucket,
@@ -825,8 +825,8 @@ impl PatchSender {
             builder,
         } = self;
         // The log needs the checksum of the base (the snapshot before this build): normally computed in the
-        // background since the last sync (waited for here), else now.
-        rejoin.settle();
+        // background since the last sync (finished here), else now. The thread is gone before the build.
+        rejoin.release();
         let base_checksum = rejoin.log.is_enabled().then(|| {
             rejoin.cached_checksum(base.sequence).unwrap_or_else(|| {
                 let c =
@@ -835,7 +835,7 @@ impl PatchSender {
                 c
             })
         });
-        // No background checksum holds the snapshot any more (settled above).
+        // No background checksum holds the snapshot any more (released above).
         let snap = Arc::get_mut(shared).ok_or_else(|| SyncError::StateMismatch {
             key: "(snapshot)".into(),
             reason: "the snapshot is still being read by a checksum thread".into(),

@@ -158,6 +158,14 @@ pub fn state_checksum_threads(state: &StateDict, keys: &[String], threads: NonZe
 /// states take the parallel path too (the value never depends on the threads).
 const BYTES_PER_THREAD: usize = if cfg!(test) { CHUNK } else { 8 * CHUNK };
 
+/// The digests (`xxh3_64`) of `chunks`, in order, on up to `threads` threads (fewer for a few bytes).
+pub(crate) fn digest_chunks(chunks: Vec<&[u8]>, threads: NonZeroUsize) -> Vec<u64> {
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let threads =
+        threads.min(NonZeroUsize::new(total / BYTES_PER_THREAD).unwrap_or(NonZeroUsize::MIN));
+    map_items(chunks, threads, xxh3_64)
+}
+
 /// What [`StateHasher::pieces`] hashes, in order.
 pub(crate) enum Piece<'a> {
     /// A tensor: its layout (name, dtype, shape) and all its bytes, or (`layout` `None`) the rest of the
@@ -189,10 +197,7 @@ impl StateHasher {
             })
             .flat_map(|b| b.chunks(CHUNK))
             .collect();
-        let total: usize = chunks.iter().map(|c| c.len()).sum();
-        let threads =
-            threads.min(NonZeroUsize::new(total / BYTES_PER_THREAD).unwrap_or(NonZeroUsize::MIN));
-        let mut digests = map_items(chunks, threads, xxh3_64).into_iter();
+        let mut digests = digest_chunks(chunks, threads).into_iter();
         for p in pieces {
             match *p {
                 Piece::Tensor { layout, bytes } => {
