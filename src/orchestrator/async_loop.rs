@@ -70,7 +70,8 @@ enum Trainer {
     Syncing {
         started: Instant,
         info: StepInfo,
-        stats: Option<SyncStats>,
+        /// The trainer's report of it, and its seconds.
+        stats: Option<(SyncStats, f64)>,
         /// Rollouts whose apply the sync waits for (blocking mode; a lost one is no longer waited for).
         waiting: Vec<bool>,
         /// The slowest of those applies so far.
@@ -452,20 +453,22 @@ impl Loop<'_> {
                 }
             }
             Report::Synced {
-                stats, checksum, ..
+                stats,
+                checksum,
+                seconds,
             } if id == WorkerId::TRAINER => {
                 self.verifier.trainer(stats.version, checksum)?;
                 match &mut self.trainer {
                     Trainer::Syncing {
                         stats: slot @ None, ..
-                    } => *slot = Some(stats),
+                    } => *slot = Some((stats, seconds)),
                     _ => {
                         return Err(Self::unexpected(
                             id,
                             &Report::Synced {
                                 stats,
                                 checksum,
-                                seconds: 0.0,
+                                seconds,
                             },
                         ));
                     }
@@ -511,7 +514,7 @@ impl Loop<'_> {
         let Trainer::Syncing {
             started,
             info,
-            stats: Some(stats),
+            stats: Some((stats, trainer_s)),
             apply_max_s,
             ..
         } = std::mem::replace(
@@ -527,6 +530,7 @@ impl Loop<'_> {
             stats,
             seconds: started.elapsed().as_secs_f64(),
             verified: self.verifier.all_matched(),
+            trainer_s,
             apply_max_s,
         };
         self.emit(info, Some(outcome), sink)

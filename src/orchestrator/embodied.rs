@@ -99,7 +99,7 @@ async fn gather(
     let mut received = 0u64;
     let mut stats: Option<SyncStats> = None;
     let mut sync_s = 0.0;
-    let mut apply_max_s = None;
+    let (mut trainer_s, mut apply_max_s) = (0.0, None);
     work.hand_out(sup).await?;
     while received < chunks || applies.iter().any(|a| *a) || (syncing && stats.is_none()) {
         let incoming = sup.recv("weight sync and rollout chunks").await?;
@@ -160,10 +160,13 @@ async fn gather(
                     got.data.extend_from_slice(&frame.blob);
                 }
                 Report::Synced {
-                    stats: s, checksum, ..
+                    stats: s,
+                    checksum,
+                    seconds,
                 } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
                     verifier.trainer(s.version, checksum)?;
                     stats = Some(s);
+                    trainer_s = seconds;
                 }
                 other => {
                     return Err(OrchestratorError::Unexpected {
@@ -182,6 +185,7 @@ async fn gather(
         stats,
         seconds: sync_s,
         verified: verifier.all_matched(),
+        trainer_s,
         apply_max_s,
     });
     Ok((got, outcome))
@@ -224,7 +228,7 @@ pub async fn evaluate(
         }
     }
     let mut tally = EvalTally::default();
-    let (mut stats, mut sync_s, mut apply_max_s) = (None, 0.0, None);
+    let (mut stats, mut sync_s, mut trainer_s, mut apply_max_s) = (None, 0.0, 0.0, None);
     while evaluating.iter().any(|e| *e)
         || applies.iter().any(|a| *a)
         || (syncing && stats.is_none())
@@ -248,10 +252,13 @@ pub async fn evaluate(
             }
             Handled::Report(id, frame) => match frame.header {
                 Report::Synced {
-                    stats: s, checksum, ..
+                    stats: s,
+                    checksum,
+                    seconds,
                 } if id == WorkerId::TRAINER && syncing && stats.is_none() => {
                     verifier.trainer(s.version, checksum)?;
                     stats = Some(s);
+                    trainer_s = seconds;
                 }
                 Report::Evaluated {
                     version,
@@ -281,6 +288,7 @@ pub async fn evaluate(
         stats,
         seconds: sync_s,
         verified: verifier.all_matched(),
+        trainer_s,
         apply_max_s,
     });
     Ok((tally, outcome))

@@ -166,6 +166,9 @@ pub struct SyncOutcome {
     /// Wall time from the command until every required report arrived.
     pub seconds: f64,
     pub verified: bool,
+    /// The trainer's whole handling of the sync (its `Synced` seconds): the phases in `stats`, its host view
+    /// of the weights and its checksum.
+    pub trainer_s: f64,
     /// The slowest of the installs the sync waited for (`None`: it waited for none, as a background sync).
     pub apply_max_s: Option<f64>,
 }
@@ -188,6 +191,7 @@ impl SyncOutcome {
         rec.float("time/sync_build", self.stats.build_s);
         rec.float("time/sync_encode", self.stats.encode_s);
         rec.float("time/sync_transfer", self.stats.seconds);
+        rec.float("time/sync_trainer", self.trainer_s);
         if let Some(seconds) = self.apply_max_s {
             rec.float("time/sync_apply_max", seconds);
         }
@@ -391,8 +395,7 @@ async fn collect(
     fleet: &mut Fleet,
     started: Instant,
 ) -> Result<SyncOutcome, OrchestratorError> {
-    let mut stats = None;
-    let mut apply_max_s = None;
+    let (mut stats, mut trainer_s, mut apply_max_s) = (None, 0.0, None);
     while stats.is_none() || !sup.lifecycle().settled() {
         let waiting = if stats.is_none() {
             "the trainer's sync"
@@ -410,10 +413,13 @@ async fn collect(
         };
         match frame.header {
             Report::Synced {
-                stats: s, checksum, ..
+                stats: s,
+                checksum,
+                seconds,
             } if id == WorkerId::TRAINER && stats.is_none() => {
                 verifier.trainer(s.version, checksum)?;
                 stats = Some(s);
+                trainer_s = seconds;
             }
             other => return Err(unexpected(id, &other)),
         }
@@ -424,6 +430,7 @@ async fn collect(
         stats,
         seconds: started.elapsed().as_secs_f64(),
         verified,
+        trainer_s,
         apply_max_s,
     })
 }
