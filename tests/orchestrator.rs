@@ -165,6 +165,18 @@ fn check_embodied(kind: SyncerKind) {
             build + encode + transfer <= trainer && trainer <= whole && apply <= whole,
             "{kind:?} step {i}: phases outside the sync's {whole} s: {row:?}"
         );
+        // The slowest install's own phases (its receiver's wait, decode and write, the workload's load of
+        // the weights, the checksum `runner.verify_sync` asks for) lie within it; an install of changes
+        // writes.
+        let install = ["wait", "decode", "write", "load", "checksum"]
+            .map(|phase| t(&format!("time/sync_apply_{phase}")));
+        let changed = row["sync/changed"].as_u64().unwrap();
+        assert!(
+            install.iter().all(|&s| s >= 0.0)
+                && (changed == 0 || install[2] > 0.0)
+                && install.iter().sum::<f64>() <= apply + 1e-9,
+            "{kind:?} step {i}: install phases {install:?} outside its {apply} s: {row:?}"
+        );
     }
     assert_eq!(rows[0]["sync/kind"], "init");
     // The bootstrap's time is its own key, not the first step's sync time.
@@ -300,6 +312,7 @@ fn check_async(no_wait: bool) {
             let apply = row.get("time/sync_apply_max").and_then(Value::as_f64);
             if no_wait {
                 assert_eq!(apply, None, "{row:?}");
+                assert!(!row.contains_key("time/sync_apply_write"), "{row:?}");
             } else {
                 assert!(
                     apply.is_some_and(|a| a > 0.0 && a <= t("time/sync_weights")),

@@ -14,7 +14,7 @@ use crate::orchestrator::eval::{self, EvalTally};
 use crate::orchestrator::metrics::{MetricsSink, Staleness, StepRecord, staleness};
 use crate::orchestrator::plan::RunPlan;
 use crate::orchestrator::supervisor::{Supervisor, WorkerId};
-use crate::orchestrator::weights::{self, Fleet, Handled, SyncOutcome, Verifier, slowest};
+use crate::orchestrator::weights::{self, Fleet, Handled, Install, SyncOutcome, Verifier, slowest};
 use crate::orchestrator::{LoopTotals, OrchestratorError};
 use rlsync_core::protocol::messages::{Command, Report, SyncStats};
 
@@ -75,7 +75,7 @@ enum Trainer {
         /// Rollouts whose apply the sync waits for (blocking mode; a lost one is no longer waited for).
         waiting: Vec<bool>,
         /// The slowest of those applies so far.
-        apply_max_s: Option<f64>,
+        apply_max: Option<Install>,
     },
 }
 
@@ -295,8 +295,8 @@ impl Loop<'_> {
             Handled::Applied {
                 rank,
                 version,
-                seconds,
-            } => self.applied(rank, Some((version, seconds)), sink),
+                install,
+            } => self.applied(rank, Some((version, install)), sink),
         }
     }
 
@@ -307,27 +307,24 @@ impl Loop<'_> {
         }
     }
 
-    /// Rollout `rank` installed a version in some seconds (or, `None`, was lost): the sync no longer waits
-    /// for it.
+    /// Rollout `rank` installed a version (or, `None`, was lost): the sync no longer waits for it.
     fn applied(
         &mut self,
         rank: u32,
-        installed: Option<(u64, f64)>,
+        installed: Option<(u64, Install)>,
         sink: &mut MetricsSink,
     ) -> Result<(), OrchestratorError> {
         if let (Some((v, _)), Some(slot)) = (installed, self.slots.get_mut(rank as usize)) {
             slot.version = slot.version.max(v);
         }
         if let Trainer::Syncing {
-            waiting,
-            apply_max_s,
-            ..
+            waiting, apply_max, ..
         } = &mut self.trainer
             && let Some(w) = waiting.get_mut(rank as usize)
             && std::mem::take(w)
-            && let Some((_, seconds)) = installed
+            && let Some((_, install)) = installed
         {
-            slowest(apply_max_s, seconds);
+            slowest(apply_max, install);
         }
         self.finish_sync(sink)
     }
@@ -446,7 +443,7 @@ impl Loop<'_> {
                         info,
                         stats: None,
                         waiting,
-                        apply_max_s: None,
+                        apply_max: None,
                     };
                 } else {
                     self.emit(info, None, sink)?;
@@ -515,7 +512,7 @@ impl Loop<'_> {
             started,
             info,
             stats: Some((stats, trainer_s)),
-            apply_max_s,
+            apply_max,
             ..
         } = std::mem::replace(
             &mut self.trainer,
@@ -531,7 +528,7 @@ impl Loop<'_> {
             seconds: started.elapsed().as_secs_f64(),
             verified: self.verifier.all_matched(),
             trainer_s,
-            apply_max_s,
+            apply_max,
         };
         self.emit(info, Some(outcome), sink)
     }

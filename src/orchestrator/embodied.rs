@@ -99,7 +99,7 @@ async fn gather(
     let mut received = 0u64;
     let mut stats: Option<SyncStats> = None;
     let mut sync_s = 0.0;
-    let (mut trainer_s, mut apply_max_s) = (0.0, None);
+    let (mut trainer_s, mut apply_max) = (0.0, None);
     work.hand_out(sup).await?;
     while received < chunks || applies.iter().any(|a| *a) || (syncing && stats.is_none()) {
         let incoming = sup.recv("weight sync and rollout chunks").await?;
@@ -128,12 +128,12 @@ async fn gather(
             Handled::Applied {
                 rank,
                 version: v,
-                seconds,
+                install,
             } => {
                 if let Some(a) = applies.get_mut(rank as usize)
                     && std::mem::take(a)
                 {
-                    slowest(&mut apply_max_s, seconds);
+                    slowest(&mut apply_max, install);
                 }
                 if v == version
                     && let Some(e) = work.eligible.get_mut(rank as usize)
@@ -186,7 +186,7 @@ async fn gather(
         seconds: sync_s,
         verified: verifier.all_matched(),
         trainer_s,
-        apply_max_s,
+        apply_max,
     });
     Ok((got, outcome))
 }
@@ -228,7 +228,7 @@ pub async fn evaluate(
         }
     }
     let mut tally = EvalTally::default();
-    let (mut stats, mut sync_s, mut trainer_s, mut apply_max_s) = (None, 0.0, 0.0, None);
+    let (mut stats, mut sync_s, mut trainer_s, mut apply_max) = (None, 0.0, 0.0, None);
     while evaluating.iter().any(|e| *e)
         || applies.iter().any(|a| *a)
         || (syncing && stats.is_none())
@@ -243,11 +243,11 @@ pub async fn evaluate(
                     }
                 }
             }
-            Handled::Applied { rank, seconds, .. } => {
+            Handled::Applied { rank, install, .. } => {
                 if let Some(a) = applies.get_mut(rank as usize)
                     && std::mem::take(a)
                 {
-                    slowest(&mut apply_max_s, seconds);
+                    slowest(&mut apply_max, install);
                 }
             }
             Handled::Report(id, frame) => match frame.header {
@@ -289,7 +289,7 @@ pub async fn evaluate(
         seconds: sync_s,
         verified: verifier.all_matched(),
         trainer_s,
-        apply_max_s,
+        apply_max,
     });
     Ok((tally, outcome))
 }

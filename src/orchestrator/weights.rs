@@ -17,7 +17,7 @@ use crate::orchestrator::metrics::StepRecord;
 use crate::orchestrator::multinode::MultiNode;
 use crate::orchestrator::supervisor::lifecycle::Phase;
 use crate::orchestrator::supervisor::{Incoming, Supervisor, WorkerId};
-use rlsync_core::protocol::messages::{Command, Frame, Report, Role, SyncStats};
+use rlsync_core::protocol::messages::{Command, Frame, InstallPhases, Report, Role, SyncStats};
 
 /// Each rollout rank's receiver index on the trainer's weight channel: the channel numbers its receivers node by
 /// node in chain order (the trainer's node first), each node's in its channel order; in the host-shared mode a
@@ -170,12 +170,22 @@ pub struct SyncOutcome {
     /// of the weights and its checksum.
     pub trainer_s: f64,
     /// The slowest of the installs the sync waited for (`None`: it waited for none, as a background sync).
-    pub apply_max_s: Option<f64>,
+    pub apply_max: Option<Install>,
 }
 
-/// Fold one install's `seconds` into the slowest so far.
-pub fn slowest(so_far: &mut Option<f64>, seconds: f64) {
-    *so_far = Some(so_far.map_or(seconds, |s| s.max(seconds)));
+/// One rollout's install of a version, as its `Applied` reported it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Install {
+    pub seconds: f64,
+    /// Where the time went (a host receiver's install).
+    pub phases: Option<InstallPhases>,
+}
+
+/// Fold one install into the slowest so far (the first of equals stays).
+pub fn slowest(so_far: &mut Option<Install>, install: Install) {
+    if so_far.is_none_or(|s| install.seconds > s.seconds) {
+        *so_far = Some(install);
+    }
 }
 
 impl SyncOutcome {
@@ -192,8 +202,19 @@ impl SyncOutcome {
         rec.float("time/sync_encode", self.stats.encode_s);
         rec.float("time/sync_transfer", self.stats.seconds);
         rec.float("time/sync_trainer", self.trainer_s);
-        if let Some(seconds) = self.apply_max_s {
-            rec.float("time/sync_apply_max", seconds);
+        if let Some(slowest) = &self.apply_max {
+            rec.float("time/sync_apply_max", slowest.seconds);
+            if let Some(p) = &slowest.phases {
+                rec.float("time/sync_apply_wait", p.wait_s);
+                rec.float("time/sync_apply_decode", p.decode_s);
+                rec.float("time/sync_apply_write", p.write_s);
+                if let Some(seconds) = p.load_s {
+                    rec.float("time/sync_apply_load", seconds);
+                }
+                if let Some(seconds) = p.checksum_s {
+                    rec.float("time/sync_apply_checksum", seconds);
+                }
+            }
         }
     }
 }
@@ -206,12 +227,12 @@ pub enum Handled {
     /// Rollout `rank` is gone: its unfinished work is lost.
     Lost(u32),
     /// Rollout `rank` installed (and, when verifying, verified) `version` after a sync or its bootstrap, in
-    /// `seconds` (its report's: the install and its checksum, for a blocking install with its wait for the
-    /// payload).
+    /// `install.seconds` (its report's: the install and its checksum, for a blocking install with its wait
+    /// for the payload).
     Applied {
         rank: u32,
         version: u64,
-        seconds: f64,
+        install: Install,
     },
     /// Rollout `rank` caught up after a restart: it holds verified `version` and may take work.
     Ready { rank: u32, version: u64 },
@@ -227,8 +248,8 @@ struct Since {
     bytes: u64,
     ms: f64,
     lost_trajs: u64,
-    /// The slowest install a rollout reported (its `Applied` seconds), whatever sync it belonged to.
-    apply_max_s: Option<f64>,
+    /// The slowest install a rollout reported (its `Applied`), whatever sync it belonged to.
+    apply_max: Option<Install>,
 }
 
 /// The restart and rejoin traffic of the rollouts and what the rejoins cost (their phases are the
@@ -337,11 +358,16 @@ impl Fleet {
                     version,
                     checksum,
                     seconds,
+                    phases,
                 },
                 Role::Rollout,
             ) => {
                 verifier.rollout(id, *version, *checksum)?;
-                slowest(&mut self.since.apply_max_s, *seconds);
+                let install = Install {
+                    seconds: *seconds,
+                    phases: *phases,
+                };
+                slowest(&mut self.since.apply_max, install);
                 let was = sup.lifecycle_mut().applied(rank, *version);
                 let restarted = sup.lifecycle().restarts_of(rank) > 0;
                 if was == Phase::Joining && version == &0 && restarted {
@@ -350,7 +376,7 @@ impl Fleet {
                 Ok(Handled::Applied {
                     rank,
                     version: *version,
-                    seconds: *seconds,
+                    install,
                 })
             }
             // A restarted rollout built its workload: its `init_weights` went out when it connected.
@@ -374,8 +400,8 @@ impl Fleet {
             rec.int("sync/catchup_bytes", since.bytes as i64);
             rec.float("sync/catchup_ms", since.ms);
         }
-        if let Some(seconds) = since.apply_max_s {
-            rec.float("time/apply_max", seconds);
+        if let Some(slowest) = since.apply_max {
+            rec.float("time/apply_max", slowest.seconds);
         }
     }
 }
@@ -395,7 +421,7 @@ async fn collect(
     fleet: &mut Fleet,
     started: Instant,
 ) -> Result<SyncOutcome, OrchestratorError> {
-    let (mut stats, mut trainer_s, mut apply_max_s) = (None, 0.0, None);
+    let (mut stats, mut trainer_s, mut apply_max) = (None, 0.0, None);
     while stats.is_none() || !sup.lifecycle().settled() {
         let waiting = if stats.is_none() {
             "the trainer's sync"
@@ -405,8 +431,8 @@ async fn collect(
         let incoming = sup.recv(waiting).await?;
         let (id, frame) = match fleet.handle(sup, verifier, incoming).await? {
             Handled::Report(id, frame) => (id, frame),
-            Handled::Applied { seconds, .. } => {
-                slowest(&mut apply_max_s, seconds);
+            Handled::Applied { install, .. } => {
+                slowest(&mut apply_max, install);
                 continue;
             }
             _ => continue,
@@ -431,7 +457,7 @@ async fn collect(
         seconds: started.elapsed().as_secs_f64(),
         verified,
         trainer_s,
-        apply_max_s,
+        apply_max,
     })
 }
 

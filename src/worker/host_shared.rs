@@ -21,8 +21,8 @@ use crate::worker::rollout::{evaluate, generate};
 use crate::worker::workload::{SharedWeights, Workload};
 use crate::worker::{WorkerContext, WorkerError, kernel_threads};
 use rlsync_core::host_shared::{Applier, Held, HostSharedError, Published, Reader};
-use rlsync_core::protocol::messages::{Command, Report};
-use rlsync_core::syncer::{SyncOptions, WeightSyncer};
+use rlsync_core::protocol::messages::{Command, InstallPhases, Report};
+use rlsync_core::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::ShmReceiver;
 
@@ -82,11 +82,21 @@ impl Shared {
         }
     }
 
-    fn applied(&self, started: Instant) -> Report {
+    /// The report of an install started at `started`; `installed`: the applier's report of its install (a
+    /// reader's flip has none).
+    fn applied(&self, started: Instant, installed: Option<&SyncReport>) -> Report {
         Report::Applied {
             version: self.version(),
             checksum: self.checksum(),
             seconds: started.elapsed().as_secs_f64(),
+            phases: installed.map(|r| InstallPhases {
+                wait_s: r.transfer.as_secs_f64(),
+                decode_s: r.decode.as_secs_f64(),
+                write_s: r.apply.as_secs_f64(),
+                // The workload reads the arena in place; the applier's checksum is part of its decode.
+                load_s: None,
+                checksum_s: None,
+            }),
         }
     }
 
@@ -100,7 +110,7 @@ impl Shared {
             flipped.version,
             flipped.buffer
         );
-        Some(self.applied(started))
+        Some(self.applied(started, None))
     }
 }
 
@@ -165,18 +175,19 @@ pub(crate) async fn run(
                         me.version(),
                         me.spec.applier
                     );
-                    ctx.control.report(&me.applied(started), &[]).await?;
+                    ctx.control.report(&me.applied(started, None), &[]).await?;
                 }
                 let shared = workload.act_on_shared(me.reader()?.state())?;
                 log_shared(&shared, &me.spec.arena);
             }
             Command::Apply => {
                 let started = Instant::now();
+                let mut installed = None;
                 match std::mem::replace(&mut me.installer, Installer::None) {
                     Installer::Blocking(mut applier) => {
                         let published = applier.apply(me.wait).await;
                         me.installer = Installer::Blocking(applier);
-                        published?;
+                        installed = Some(published?.report);
                         me.refresh();
                     }
                     Installer::None if !is_applier => {
@@ -197,7 +208,9 @@ pub(crate) async fn run(
                     }
                 }
                 me.deferred = false;
-                ctx.control.report(&me.applied(started), &[]).await?;
+                ctx.control
+                    .report(&me.applied(started, installed.as_ref()), &[])
+                    .await?;
                 if no_wait {
                     background = true;
                     start_background(&mut me);
@@ -343,7 +356,9 @@ async fn init_applier(
     );
     me.reader = Some(Reader::attach(&name, me.wait).await?);
     me.installer = Installer::Blocking(applier);
-    ctx.control.report(&me.applied(started), &[]).await
+    ctx.control
+        .report(&me.applied(started, Some(&published.report)), &[])
+        .await
 }
 
 /// No-wait installs: the applier's task streams every update into the back buffer (it is nobody's), one at a

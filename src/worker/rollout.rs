@@ -1,7 +1,7 @@
 //! The rollout worker: holds a copy of the weights, generates trajectory chunks, installs weight updates
 //! only between chunks (blocking `Apply`, or received in the background with `sync_weight_no_wait`).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -14,9 +14,11 @@ use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::{Workload, WorkloadError};
 use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
 use rlsync_core::gpu::ipc::{Incoming, IpcError};
-use rlsync_core::protocol::messages::{Command, Frame, Report};
+use rlsync_core::protocol::messages::{Command, Frame, InstallPhases, Report};
 use rlsync_core::syncer::HoldPoint;
-use rlsync_core::syncer::{PendingUpdate, SyncError, SyncOptions, SyncReceiver, WeightSyncer};
+use rlsync_core::syncer::{
+    PendingUpdate, SyncError, SyncOptions, SyncReceiver, SyncReport, WeightSyncer,
+};
 use rlsync_core::tensor::{StateDict, state_checksum};
 use rlsync_core::transport::ShmReceiver;
 
@@ -91,11 +93,27 @@ impl Rollout {
         })
     }
 
-    fn applied(&mut self, started: Instant) -> Result<Report, WorkerError> {
+    /// The report of an install started at `started`; `host`: the host receiver's report of it and how long
+    /// the workload took to load the written weights ([`Rollout::installed`]).
+    fn applied(
+        &mut self,
+        started: Instant,
+        host: Option<(&SyncReport, Duration)>,
+    ) -> Result<Report, WorkerError> {
+        let hashing = Instant::now();
+        let checksum = self.checksum()?;
+        let checksum_s = hashing.elapsed().as_secs_f64();
         Ok(Report::Applied {
             version: self.version,
-            checksum: self.checksum()?,
+            checksum,
             seconds: started.elapsed().as_secs_f64(),
+            phases: host.map(|(report, load)| InstallPhases {
+                wait_s: report.transfer.as_secs_f64(),
+                decode_s: report.decode.as_secs_f64(),
+                write_s: report.apply.as_secs_f64(),
+                load_s: Some(load.as_secs_f64()),
+                checksum_s: self.verify.then_some(checksum_s),
+            }),
         })
     }
 
@@ -111,9 +129,12 @@ impl Rollout {
         Ok(())
     }
 
-    /// The receiver is set up (init or rejoin): it wrote `state`; from now on versions may go to the device.
-    fn received_on_host(&mut self, syncer: &SyncReceiver) -> Result<(), WorkerError> {
+    /// The receiver is set up (init or rejoin): it wrote `state`, which the workload takes (how long that
+    /// took); from now on versions may go to the device.
+    fn received_on_host(&mut self, syncer: &SyncReceiver) -> Result<Duration, WorkerError> {
+        let started = Instant::now();
         tokio::task::block_in_place(|| self.workload.weights_written(false))?;
+        let load = started.elapsed();
         self.device_install = match self.workload.attach_receiver(syncer) {
             Some(what) => {
                 tracing::info!("weights installed on the device from now on: {what}");
@@ -121,7 +142,7 @@ impl Rollout {
             }
             None => false,
         };
-        Ok(())
+        Ok(load)
     }
 
     /// Open the same-host GPU channel at `socket` as weight receiver `rank` once the host channel wrote
@@ -158,11 +179,13 @@ impl Rollout {
         self.host_link = restartable.then_some(syncer);
     }
 
-    /// After an install of the receiver's (device or host, as attached).
-    fn installed(&mut self) -> Result<(), WorkerError> {
+    /// After an install of the receiver's (device or host, as attached): the workload takes the weights; how
+    /// long that took.
+    fn installed(&mut self) -> Result<Duration, WorkerError> {
+        let started = Instant::now();
         let on_device = self.device_install;
         tokio::task::block_in_place(|| self.workload.weights_written(on_device))?;
-        Ok(())
+        Ok(started.elapsed())
     }
 
     /// A restarted worker: load the local copy, if there is a sound one, and return the version it holds
@@ -212,7 +235,7 @@ impl Rollout {
                 self.deferred = false;
                 *weights =
                     Weights::GpuBackground(spawn_gpu_waiter(channel, ctx.transport_timeout())?);
-                self.applied(started)
+                self.applied(started, None)
             }
         }
     }
@@ -222,12 +245,12 @@ impl Rollout {
         let started = Instant::now();
         let (update, next) = received;
         let report = update?.install(&mut self.state)?;
-        self.installed()?;
+        let load = self.installed()?;
         self.version = report.version;
         self.deferred = false;
         // The receiver task may now fetch the following update.
         let _ = next.send(());
-        let applied = self.applied(started)?;
+        let applied = self.applied(started, Some((&report, load)))?;
         self.keep_copy()?;
         Ok(applied)
     }
@@ -410,13 +433,15 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 if let Some(hold) = ctx.probe.as_ref().and_then(|p| p.at(Stage::Handshake)) {
                     hold.await;
                 }
-                let (syncer, _) = syncer.init_receiver(&mut me.state, rx).await?;
+                let (syncer, boot) = syncer.init_receiver(&mut me.state, rx).await?;
                 // The bootstrap holds the weights of the run's start version (the checkpoint's on a resume).
                 me.version = ctx.launch.start.version;
                 me.keys = syncer.synced_keys().to_vec();
+                // The bootstrap's phases, when the host receiver installed it whole.
+                let mut host = None;
                 weights = match &ctx.launch.gpu_socket {
                     None => {
-                        me.received_on_host(&syncer)?;
+                        host = Some(me.received_on_host(&syncer)?);
                         Weights::Blocking(syncer)
                     }
                     Some(socket) => {
@@ -443,7 +468,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     me.keys.len(),
                     ctx.launch.envs_per_rollout
                 );
-                let applied = me.applied(started)?;
+                let applied = me.applied(started, host.map(|load| (&boot, load)))?;
                 ctx.control.report(&applied, &[]).await?;
                 me.keep_copy()?;
             }
@@ -454,7 +479,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     let version = tokio::task::block_in_place(|| channel.apply(timeout))?;
                     me.installed()?;
                     me.version = version;
-                    let applied = me.applied(started)?;
+                    let applied = me.applied(started, None)?;
                     ctx.control.report(&applied, &[]).await?;
                     if no_wait
                         && let Weights::Gpu(channel) =
@@ -472,10 +497,10 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                 };
                 let started = Instant::now();
                 let report = syncer.apply(&mut me.state).await?;
-                me.installed()?;
+                let load = me.installed()?;
                 me.version = report.version;
                 me.deferred = false;
-                let applied = me.applied(started)?;
+                let applied = me.applied(started, Some((&report, load)))?;
                 ctx.control.report(&applied, &[]).await?;
                 me.keep_copy()?;
                 if no_wait

@@ -83,6 +83,27 @@ pub struct SyncStats {
     pub seconds: f64,
 }
 
+/// Where a rollout's install of a version went, seconds: its receiver's phases (the sync's `SyncReport`),
+/// then what the worker did with the installed weights.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct InstallPhases {
+    /// Waiting for the payload on the weight channel (a background install's was spent in the background,
+    /// outside its `seconds`).
+    pub wait_s: f64,
+    /// Checksum, decompression and validation of the payload, staging copies.
+    pub decode_s: f64,
+    /// Writing the version into the receiver's weights.
+    pub write_s: f64,
+    /// The workload taking the written weights (into its model, onto its device); absent where the
+    /// workload reads the receiver's weights in place (host-shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_s: Option<f64>,
+    /// The rollout's checksum of its weights for `runner.verify_sync` (absent where the receiver computes it
+    /// as it installs: host-shared, counted in `decode_s`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum_s: Option<f64>,
+}
+
 /// Orchestrator → worker commands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -140,11 +161,16 @@ pub enum Report {
         checksum: u64,
         seconds: f64,
     },
-    /// Rollout: a version is installed (after bootstrap, a blocking apply or a background install).
+    /// Rollout: a version is installed (after bootstrap, a blocking apply or a background install), in
+    /// `seconds` (a blocking install with its wait for the payload; a background install without it), and
+    /// where that time went when a host receiver installed it (absent for the same-host GPU channel, which
+    /// logs its phases per sync, and for host-shared readers, which install nothing).
     Applied {
         version: u64,
         checksum: u64,
         seconds: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        phases: Option<InstallPhases>,
     },
     /// Rollout: one trajectory chunk in the blob, produced entirely by weights `version`.
     Chunk {
