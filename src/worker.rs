@@ -401,9 +401,7 @@ pub(crate) fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
     if state_bytes < SMALL {
         return 1;
     }
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = rlsync_core::tensor::parallel::available_cores().get();
     (cores / sharers.max(1) as usize).max(1)
 }
 

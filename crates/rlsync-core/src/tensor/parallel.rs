@@ -1,13 +1,19 @@
 //! Run independent work items on scoped OS threads (kernels never run on tokio worker threads' behalf alone),
-//! and lower a background thread's priority.
+//! count the cores once, and lower a background thread's priority.
 
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
+
+/// The cores this process may use, asked once: `available_parallelism` reads the affinity mask and the
+/// cgroup's CPU quota files on every call (~50 µs on Linux), and every checksum resolves its threads.
+pub fn available_cores() -> NonZeroUsize {
+    static CORES: OnceLock<NonZeroUsize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+}
 
 /// Resolve a `threads` setting: `0` means every available core.
 pub fn resolve_threads(threads: usize) -> NonZeroUsize {
-    NonZeroUsize::new(threads)
-        .unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+    NonZeroUsize::new(threads).unwrap_or_else(available_cores)
 }
 
 /// Apply `f` to every item, on up to `threads` scoped threads (items are taken from a shared queue, so uneven
@@ -82,7 +88,10 @@ mod tests {
 
     #[test]
     fn zero_means_all_cores() {
-        assert!(resolve_threads(0).get() >= 1);
+        let all = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
+        // Asked once, then the same answer.
+        assert_eq!(resolve_threads(0), all);
+        assert_eq!(available_cores(), all);
         assert_eq!(resolve_threads(3).get(), 3);
     }
 }
