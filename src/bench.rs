@@ -100,10 +100,11 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let floors = memory_floors(&sender_state, &synced, threads);
+    // The sync kernels' threads: `bench.threads`, fewer for a small state (the sender says).
+    let mut kernel_threads = threads;
     let fmt = report::Printer::new(b.format);
     let mut records = Vec::with_capacity(steps as usize);
-    let result: Result<(), BenchError> = rt.block_on(async {
+    let result: Result<Floors, BenchError> = rt.block_on(async {
         let tx_ch = match tx_link {
             TxLink::Ready(ch) => ch,
             TxLink::Shm(cfg) => transport::ShmSender::bind(cfg)
@@ -111,8 +112,11 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
                 .map_err(SyncError::from)?,
         };
         let (mut sender, _) = sender.init_sender(&sender_state, &synced, tx_ch).await?;
+        kernel_threads = sender.threads();
         // Receivers report their init (bootstrap) as step 0.
         collect(&res_rx, receivers)?;
+        // The memory floors on the kernels' threads, measured between the bootstrap and the first step.
+        let floors = memory_floors(&sender_state, &synced, kernel_threads);
         for step in 1..=steps {
             let changed = model.step(mode, &mut sender_state, threads)?;
             let t0 = Instant::now();
@@ -142,13 +146,13 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
             fmt.step(&rec);
             records.push(rec);
         }
-        Ok(())
+        Ok(floors)
     });
     // The sending end went with the block, so every receiver thread ends.
     for h in handles {
         let _ = h.join();
     }
-    result?;
+    let floors = result?;
     let summary = BenchSummary::from_steps(
         &records,
         report::RunFacts {
@@ -158,7 +162,7 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
             synced_elems,
             memcpy_ms: floors.memcpy_ms,
             scan_ms: floors.scan_ms,
-            threads: threads.get(),
+            threads: kernel_threads.get(),
             receivers,
             transport: b.transport,
             update: b.update,

@@ -394,13 +394,9 @@ pub(crate) async fn report_built(
     ctx.control.report(&Report::Built { seconds }, &[]).await
 }
 
-/// Threads for the syncer's kernels in a worker: one for small states (spawning threads would cost more
-/// than the work), else the cores shared among the `sharers` workers that sync at the same time.
-pub(crate) fn kernel_threads(state_bytes: usize, sharers: u32) -> usize {
-    const SMALL: usize = 16 << 20;
-    if state_bytes < SMALL {
-        return 1;
-    }
+/// Threads for the syncer's kernels in a worker: the cores shared among the `sharers` workers that sync at the
+/// same time (the syncer runs a small state on fewer: `tensor::parallel::threads_for_state`).
+pub(crate) fn kernel_threads(sharers: u32) -> usize {
     let cores = rlsync_core::tensor::parallel::available_cores().get();
     (cores / sharers.max(1) as usize).max(1)
 }

@@ -427,6 +427,9 @@ class WeightSyncer:
     is either a sender (after :meth:`init_sender`) or a receiver (after :meth:`init_receiver`); an init that
     fails leaves it uninitialised, ready for another. A bucket syncer without a handshake may be both (RLinf's
     tests sync and apply through one object): see :class:`BucketWeightSyncer`.
+
+    ``threads`` is the most CPU threads its diff, coding and install run on (0: every core); the init fits them to
+    the state dict, one per 4 MiB at most, so a small policy syncs on one thread without paying for the others.
     """
 
     def __init__(self, config: Mapping[str, Any], *, threads: int = 0, payload_type: str = "bytes") -> None:

@@ -310,7 +310,7 @@ async fn init_applier(
 ) -> Result<(), WorkerError> {
     let cfg = ctx.config().clone();
     let rx = ShmReceiver::connect(&ctx.launch.weight_socket, 0, ctx.transport_timeout()).await?;
-    let threads = kernel_threads(template.total_bytes(), 1);
+    let threads = kernel_threads(1);
     let syncer = WeightSyncer::from_config(&cfg.weight_syncer, SyncOptions { threads })?;
     let name = me.spec.arena.clone();
     // The arena outlives its applier: a successor reopens it (the readers keep the active version meanwhile).

@@ -336,7 +336,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
                     ctx.transport_timeout(),
                 )
                 .await?;
-                let threads = kernel_threads(me.state.total_bytes(), ctx.launch.rollouts);
+                let threads = kernel_threads(ctx.launch.rollouts);
                 let mut syncer =
                     WeightSyncer::from_config(&cfg.host_syncer(), SyncOptions { threads })?;
                 if let Some(probe) = &ctx.probe {

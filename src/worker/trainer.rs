@@ -30,7 +30,7 @@ pub async fn run(ctx: &mut WorkerContext, build: WorkloadBuilder) -> Result<(), 
         tokio::task::block_in_place(|| workload.restore(&mut state, dir))?;
     }
     let keys = state.synced_keys();
-    let threads = kernel_threads(state.total_bytes(), 1);
+    let threads = kernel_threads(1);
     // The syncer until `InitWeights` makes it the sending end.
     let mut unready = Some(new_syncer(&cfg, cfg.host_syncer(), threads)?);
     let mut sender: Option<Publisher> = None;

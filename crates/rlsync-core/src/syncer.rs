@@ -61,7 +61,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::syncer::settings::{Compression, Device, SyncerKind, WeightSyncerConfig};
-use crate::tensor::parallel::resolve_threads;
+use crate::tensor::parallel::{resolve_threads, threads_for_state};
 use crate::tensor::{
     CastError, DType, StateDict, StateHasher, Storage, cast_bytes, state_checksum,
 };
@@ -80,7 +80,8 @@ pub use sender::{Declined, SyncSender};
 /// Runtime options that are not part of the weight_syncer config.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SyncOptions {
-    /// Threads for the diff / coding / install kernels (`0`: all cores).
+    /// Threads for the diff / coding / install kernels (`0`: all cores), at most: a state of less than
+    /// [`STATE_BYTES_PER_THREAD`](crate::tensor::parallel::STATE_BYTES_PER_THREAD) per thread syncs on fewer.
     pub threads: usize,
 }
 
@@ -436,6 +437,16 @@ impl WeightSyncer {
             },
             hold: None,
         })
+    }
+
+    /// Fit the kernels' threads to the size of `state`, the caller's end of the channel about to be made: a
+    /// small state syncs on fewer threads than asked ([`threads_for_state`]).
+    fn fit_threads(&mut self, state: &StateDict) {
+        let bytes = state
+            .iter()
+            .map(|(_, t)| t.numel() * t.dtype().size_bytes())
+            .sum();
+        self.settings.threads = threads_for_state(bytes, self.settings.threads);
     }
 
     /// Tests only: await `hold` once this receiver reaches `point` (the worker's `RLSYNC_TEST_HOLD` knob

@@ -119,6 +119,7 @@ impl WeightSyncer {
         state: &mut StateDict,
         mut ch: transport::Receiver,
     ) -> Result<(SyncReceiver, SyncReport), SyncError> {
+        self.fit_threads(state);
         let meta = metadata(state);
         ch.send(&wire::encode_metadata(&meta)).await?;
         let t_wait = Instant::now();
@@ -180,10 +181,11 @@ impl WeightSyncer {
     /// rejection naming the key, before anything is written; keys of `state` the sender does not send keep
     /// their values (RLinf's `strict=False`). Patch syncers need the handshake ([`SyncError::Config`]).
     pub async fn init_receiver_described(
-        self,
+        mut self,
         state: &StateDict,
         ch: transport::Receiver,
     ) -> Result<(SyncReceiver, SyncReport), SyncError> {
+        self.fit_threads(state);
         if self.settings.kind != SyncerKind::Bucket {
             return Err(SyncError::Config {
                 reason: "only the bucket syncer can run without a handshake (the patch syncer's receiver needs the sender's plan)".into(),
@@ -229,6 +231,7 @@ impl WeightSyncer {
         mut ch: transport::Receiver,
         held: u64,
     ) -> Result<(SyncReceiver, CatchUpReport), SyncError> {
+        self.fit_threads(state);
         let started = Instant::now();
         let meta = metadata(state);
         let msg = wire::encode_rejoin(&meta, held);

@@ -73,11 +73,12 @@ impl WeightSyncer {
     /// `keys_to_sync` are the keys every later `sync` covers (typically `state.synced_keys()`: trainable
     /// parameters and persistent buffers).
     pub async fn init_sender(
-        self,
+        mut self,
         state: &StateDict,
         keys_to_sync: &[String],
         mut ch: transport::Sender,
     ) -> Result<(SyncSender, SyncReport), SyncError> {
+        self.fit_threads(state);
         let settings = self.settings;
         let meta = gather_metadata(&mut ch).await?;
         let selection = match Selection::choose(&settings, &meta, state, keys_to_sync) {
@@ -135,12 +136,13 @@ impl WeightSyncer {
     /// up to `after` continues where its predecessor stopped. Patch syncers need the handshake
     /// ([`SyncError::Config`]).
     pub async fn init_sender_described(
-        self,
+        mut self,
         state: &StateDict,
         keys_to_sync: &[String],
         ch: transport::Sender,
         after: u64,
     ) -> Result<(SyncSender, SyncReport), SyncError> {
+        self.fit_threads(state);
         let mut settings = self.settings;
         if settings.kind != SyncerKind::Bucket {
             return Err(SyncError::Config {
@@ -615,6 +617,11 @@ impl SyncSender {
     /// The synced keys, in sync order.
     pub fn synced_keys(&self) -> &[String] {
         &self.synced_keys
+    }
+
+    /// The threads its kernels run on: the caller's `SyncOptions::threads`, fewer for a small state.
+    pub fn threads(&self) -> NonZeroUsize {
+        self.settings.threads
     }
 
     pub fn kind(&self) -> SyncerKind {

@@ -16,6 +16,20 @@ pub fn resolve_threads(threads: usize) -> NonZeroUsize {
     NonZeroUsize::new(threads).unwrap_or_else(available_cores)
 }
 
+/// Bytes of synced state per kernel thread, at least: below, one more scoped thread costs more (spawned and
+/// joined per kernel call, tens of µs each) than it saves. `rlsync bench_sync` of f32 states at 1 % density,
+/// one thread against two (docs/measurements.md "Kernel threads"): 40 KB 0.05 vs 0.49 ms per sync, 1 MB
+/// 0.25 vs 0.79, 4 MB 2.16 vs 2.23, 16 MB 8.38 vs 6.24. One byte in unit tests, so that their small states
+/// take the parallel paths too.
+pub const STATE_BYTES_PER_THREAD: usize = if cfg!(test) { 1 } else { 4 << 20 };
+
+/// The kernel threads for a state of `state_bytes`: at most `threads`, at most one per
+/// [`STATE_BYTES_PER_THREAD`], at least one.
+pub fn threads_for_state(state_bytes: usize, threads: NonZeroUsize) -> NonZeroUsize {
+    threads
+        .min(NonZeroUsize::new(state_bytes / STATE_BYTES_PER_THREAD).unwrap_or(NonZeroUsize::MIN))
+}
+
 /// Apply `f` to every item, on up to `threads` scoped threads (items are taken from a shared queue, so uneven
 /// items balance). Results come back in item order. With one thread (or one item) everything runs inline.
 pub fn map_items<T: Send, R: Send>(
@@ -93,5 +107,16 @@ mod tests {
         assert_eq!(resolve_threads(0), all);
         assert_eq!(available_cores(), all);
         assert_eq!(resolve_threads(3).get(), 3);
+    }
+
+    #[test]
+    fn a_small_state_gets_fewer_threads() {
+        let eight = NonZeroUsize::new(8).unwrap();
+        let per = STATE_BYTES_PER_THREAD;
+        assert_eq!(threads_for_state(0, eight).get(), 1);
+        assert_eq!(threads_for_state(per - 1, eight).get(), 1);
+        assert_eq!(threads_for_state(3 * per, eight).get(), 3);
+        assert_eq!(threads_for_state(3 * per + per / 2, eight).get(), 3);
+        assert_eq!(threads_for_state(100 * per, eight).get(), 8);
     }
 }
