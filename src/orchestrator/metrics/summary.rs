@@ -43,6 +43,13 @@ pub struct RunSummary {
     pub sync_ms_mean: f64,
     pub sync_ms_p50: f64,
     pub sync_ms_max: f64,
+    /// Medians over the per-step syncs that have them, in ms: the trainer's handling of a sync
+    /// (`time/sync_trainer`) and the slowest install it waited for (`time/sync_apply_max`).
+    pub trainer_ms_p50: Option<f64>,
+    pub install_ms_p50: Option<f64>,
+    /// Where the slowest installs went: the median of each phase (`time/sync_apply_<phase>`) the records
+    /// have, in ms, in [`INSTALL_PHASES`] order.
+    pub install_phases_ms_p50: Vec<(&'static str, f64)>,
     pub mean_step_ms: f64,
     pub mean_staleness: f64,
     pub max_staleness: u64,
@@ -69,6 +76,9 @@ const LEARNING_KEYS: [&str; 4] = [
     "eval/return",
 ];
 const LEARNING_WINDOW: usize = 10;
+
+/// The phases of a rollout's install the records may break `time/sync_apply_max` into.
+const INSTALL_PHASES: [&str; 5] = ["wait", "decode", "write", "load", "checksum"];
 
 fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = values.fold((0.0, 0u64), |(s, n), v| (s + v, n + 1));
@@ -100,6 +110,15 @@ impl RunSummary {
             .iter()
             .map(|r| get(r, "time/sync_weights") * 1e3)
             .collect();
+        // The median in ms of `key` over the per-step syncs that have it (`None`: none has).
+        let p50 = |key: &str| {
+            let ms: Vec<f64> = synced
+                .iter()
+                .filter_map(|r| r.get_f64(key))
+                .map(|s| s * 1e3)
+                .collect();
+            (!ms.is_empty()).then(|| median(ms))
+        };
         RunSummary {
             steps: records.len() as u64,
             final_version: records
@@ -122,6 +141,12 @@ impl RunSummary {
             sync_ms_mean: mean(sync_ms.iter().copied()),
             sync_ms_max: sync_ms.iter().copied().fold(0.0, f64::max),
             sync_ms_p50: median(sync_ms),
+            trainer_ms_p50: p50("time/sync_trainer"),
+            install_ms_p50: p50("time/sync_apply_max"),
+            install_phases_ms_p50: INSTALL_PHASES
+                .into_iter()
+                .filter_map(|phase| Some((phase, p50(&format!("time/sync_apply_{phase}"))?)))
+                .collect(),
             mean_step_ms: mean(records.iter().map(|r| get(r, "time/step") * 1e3)),
             verified_syncs: synced
                 .iter()
@@ -219,6 +244,25 @@ impl RunSummary {
                     self.sync_ms_mean, self.sync_ms_p50, self.sync_ms_max
                 ),
             ),
+        ];
+        if let (Some(trainer), Some(install)) = (self.trainer_ms_p50, self.install_ms_p50) {
+            rows.push((
+                "sync p50: trainer / slowest install".to_owned(),
+                format!("{trainer:.2} / {install:.2} ms"),
+            ));
+        }
+        if !self.install_phases_ms_p50.is_empty() {
+            let phases: Vec<String> = self
+                .install_phases_ms_p50
+                .iter()
+                .map(|(phase, ms)| format!("{phase} {ms:.2}"))
+                .collect();
+            rows.push((
+                "slowest install p50, by phase".to_owned(),
+                format!("{} ms", phases.join(", ")),
+            ));
+        }
+        rows.extend([
             (
                 "staleness mean / max".to_owned(),
                 format!("{:.2} / {}", self.mean_staleness, self.max_staleness),
@@ -235,7 +279,7 @@ impl RunSummary {
                     self.rollout_idle * 100.0
                 ),
             ),
-        ];
+        ]);
         rows.extend(
             self.learning
                 .iter()
@@ -295,6 +339,10 @@ mod tests {
         b.int("sync/bytes", 7);
         b.flag("sync/verified", true);
         b.float("time/sync_weights", 0.004);
+        b.float("time/sync_trainer", 0.001);
+        b.float("time/sync_apply_max", 0.003);
+        b.float("time/sync_apply_wait", 0.002);
+        b.float("time/sync_apply_write", 0.0005);
         let s = RunSummary::from_records(&[a, b], times(5.0, 2.0), 100);
         // The init bootstrap is no per-step sync: one sync of 7 bytes, the bootstrap's 100 apart.
         assert_eq!(
@@ -324,6 +372,9 @@ mod tests {
             ("loop time", "2.00 s"),
             ("loop throughput", "50.0 env steps/s"),
             ("sync time mean / p50 / max", "4.00 / 4.00 / 4.00 ms"),
+            ("sync p50: trainer / slowest install", "1.00 / 3.00 ms"),
+            // Only the phases the records have, in their order.
+            ("slowest install p50, by phase", "wait 2.00, write 0.50 ms"),
         ] {
             assert!(
                 table
@@ -374,6 +425,10 @@ mod tests {
         assert!((s.sync_ms_mean - 4.5).abs() < 1e-9, "{s:?}");
         assert!((s.sync_ms_p50 - 3.5).abs() < 1e-9, "{s:?}");
         assert!((s.sync_ms_max - 9.0).abs() < 1e-9, "{s:?}");
+        // Records without the phases' keys (a run with background syncs) show no such rows.
+        assert_eq!((s.trainer_ms_p50, s.install_ms_p50), (None, None));
+        let table = s.table();
+        assert!(!table.contains("slowest install"), "{table}");
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(Vec::new()), 0.0);
     }
