@@ -171,6 +171,14 @@ fn the_summary_reports_wall_start_up_bootstrap_and_loop_time_apart() {
     let sync = row("sync time mean / p50 / max");
     assert_eq!(sync.len(), 3, "{stdout}");
     assert!(sync[0] <= sync[2] && sync[1] <= sync[2], "{stdout}");
+    // Where a sync's time went: the trainer's handling and the slowest install, each within the longest sync,
+    // and that install's five phases (a host receiver's, verified).
+    let within = row("sync p50: trainer / slowest install");
+    assert!(
+        within.len() == 2 && within.iter().all(|ms| *ms <= sync[2]),
+        "{stdout}"
+    );
+    assert_eq!(row("slowest install p50, by phase").len(), 5, "{stdout}");
     let first = &rows(&dir.join("run/metrics.jsonl"))[0];
     assert!(
         first["time/init_weights"].as_f64().unwrap() > 0.0,
