@@ -100,11 +100,11 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    // The sync kernels' threads: `bench.threads`, fewer for a small state (the sender says).
-    let mut kernel_threads = threads;
     let fmt = report::Printer::new(b.format);
     let mut records = Vec::with_capacity(steps as usize);
-    let result: Result<Floors, BenchError> = rt.block_on(async {
+    // The memory floors and the sync kernels' threads (`bench.threads`, fewer for a small state: the sender
+    // says), the floors measured on as many, between the bootstrap and the first step.
+    let result: Result<(Floors, NonZeroUsize), BenchError> = rt.block_on(async {
         let tx_ch = match tx_link {
             TxLink::Ready(ch) => ch,
             TxLink::Shm(cfg) => transport::ShmSender::bind(cfg)
@@ -112,10 +112,9 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
                 .map_err(SyncError::from)?,
         };
         let (mut sender, _) = sender.init_sender(&sender_state, &synced, tx_ch).await?;
-        kernel_threads = sender.threads();
         // Receivers report their init (bootstrap) as step 0.
         collect(&res_rx, receivers)?;
-        // The memory floors on the kernels' threads, measured between the bootstrap and the first step.
+        let kernel_threads = sender.threads();
         let floors = memory_floors(&sender_state, &synced, kernel_threads);
         for step in 1..=steps {
             let changed = model.step(mode, &mut sender_state, threads)?;
@@ -146,13 +145,13 @@ pub fn run(cfg: &RunConfig) -> Result<BenchSummary, BenchError> {
             fmt.step(&rec);
             records.push(rec);
         }
-        Ok(floors)
+        Ok((floors, kernel_threads))
     });
     // The sending end went with the block, so every receiver thread ends.
     for h in handles {
         let _ = h.join();
     }
-    let floors = result?;
+    let (floors, kernel_threads) = result?;
     let summary = BenchSummary::from_steps(
         &records,
         report::RunFacts {

@@ -31,8 +31,9 @@ use crate::worker::workload::{Workload, WorkloadError};
 pub use probe::{Stage, StageProbe};
 use rlsync_core::protocol::ProtocolError;
 use rlsync_core::protocol::messages::{
-    self, Command, Frame, Hello, PROTOCOL_VERSION, Report, Role,
+    self, Command, Frame, Hello, InstallPhases, PROTOCOL_VERSION, Report, Role,
 };
+use rlsync_core::syncer::SyncReport;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -399,6 +400,22 @@ pub(crate) async fn report_built(
 pub(crate) fn kernel_threads(sharers: u32) -> usize {
     let cores = rlsync_core::tensor::parallel::available_cores().get();
     (cores / sharers.max(1) as usize).max(1)
+}
+
+/// Where a rollout's install went: its receiver's phases (`report`), then, where the worker did them apart,
+/// the workload's load of the written weights and the rollout's checksum.
+pub(crate) fn install_phases(
+    report: &SyncReport,
+    load: Option<Duration>,
+    checksum_s: Option<f64>,
+) -> InstallPhases {
+    InstallPhases {
+        wait_s: report.transfer.as_secs_f64(),
+        decode_s: report.decode.as_secs_f64(),
+        write_s: report.apply.as_secs_f64(),
+        load_s: load.map(|d| d.as_secs_f64()),
+        checksum_s,
+    }
 }
 
 /// The seed offset of a worker, so rollouts draw different trajectories.

@@ -19,9 +19,9 @@ use crate::protocol::launch::{HostShared, LoopKind};
 use crate::worker::background::Background;
 use crate::worker::rollout::{evaluate, generate};
 use crate::worker::workload::{SharedWeights, Workload};
-use crate::worker::{WorkerContext, WorkerError, kernel_threads};
+use crate::worker::{WorkerContext, WorkerError, install_phases, kernel_threads};
 use rlsync_core::host_shared::{Applier, Held, HostSharedError, Published, Reader};
-use rlsync_core::protocol::messages::{Command, InstallPhases, Report};
+use rlsync_core::protocol::messages::{Command, Report};
 use rlsync_core::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::ShmReceiver;
@@ -89,14 +89,8 @@ impl Shared {
             version: self.version(),
             checksum: self.checksum(),
             seconds: started.elapsed().as_secs_f64(),
-            phases: installed.map(|r| InstallPhases {
-                wait_s: r.transfer.as_secs_f64(),
-                decode_s: r.decode.as_secs_f64(),
-                write_s: r.apply.as_secs_f64(),
-                // The workload reads the arena in place; the applier's checksum is part of its decode.
-                load_s: None,
-                checksum_s: None,
-            }),
+            // The workload reads the arena in place; the applier's checksum is part of its decode.
+            phases: installed.map(|r| install_phases(r, None, None)),
         }
     }
 

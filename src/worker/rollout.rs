@@ -12,9 +12,9 @@ use crate::worker::background::Background;
 use crate::worker::gpu_channel::{self, ChannelReceiver};
 use crate::worker::local_copy::LocalCopy;
 use crate::worker::workload::{Workload, WorkloadError};
-use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, kernel_threads};
+use crate::worker::{WorkerContext, WorkerError, WorkloadBuilder, install_phases, kernel_threads};
 use rlsync_core::gpu::ipc::{Incoming, IpcError};
-use rlsync_core::protocol::messages::{Command, Frame, InstallPhases, Report};
+use rlsync_core::protocol::messages::{Command, Frame, Report};
 use rlsync_core::syncer::HoldPoint;
 use rlsync_core::syncer::{
     PendingUpdate, SyncError, SyncOptions, SyncReceiver, SyncReport, WeightSyncer,
@@ -107,12 +107,8 @@ impl Rollout {
             version: self.version,
             checksum,
             seconds: started.elapsed().as_secs_f64(),
-            phases: host.map(|(report, load)| InstallPhases {
-                wait_s: report.transfer.as_secs_f64(),
-                decode_s: report.decode.as_secs_f64(),
-                write_s: report.apply.as_secs_f64(),
-                load_s: Some(load.as_secs_f64()),
-                checksum_s: self.verify.then_some(checksum_s),
+            phases: host.map(|(report, load)| {
+                install_phases(report, Some(load), self.verify.then_some(checksum_s))
             }),
         })
     }

@@ -442,11 +442,7 @@ impl WeightSyncer {
     /// Fit the kernels' threads to the size of `state`, the caller's end of the channel about to be made: a
     /// small state syncs on fewer threads than asked ([`threads_for_state`]).
     fn fit_threads(&mut self, state: &StateDict) {
-        let bytes = state
-            .iter()
-            .map(|(_, t)| t.numel() * t.dtype().size_bytes())
-            .sum();
-        self.settings.threads = threads_for_state(bytes, self.settings.threads);
+        self.settings.threads = threads_for_state(state.total_bytes(), self.settings.threads);
     }
 
     /// Tests only: await `hold` once this receiver reaches `point` (the worker's `RLSYNC_TEST_HOLD` knob
