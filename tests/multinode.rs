@@ -20,13 +20,30 @@ use crate::util::{self, PATIENCE, Scratch, bin, processes_naming as processes_of
 /// node starved of CPU by a loaded machine must not look dead).
 const FAULT_NODE_TIMEOUT_S: f64 = 3.0;
 const NODE_TIMEOUT_S: f64 = 30.0;
+/// Ports of a run's `cluster.network.port_min..=port_max` (the nodes' chain listeners).
+const CHAIN_PORTS: u16 = 21;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The first of `len` consecutive loopback ports that are free now, below the kernel's ephemeral range: a port
+/// taken from that range (`bind(":0")`) may be handed to another process's connection between this pick and
+/// the run's own bind (seen: "Address already in use" for a rendezvous port); ports below it are only ever
+/// bound on purpose, and the random start keeps the tests that run at once apart.
+fn free_ports(len: u16) -> u16 {
+    use rand::Rng;
+    const LOWEST: u16 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let top = ephemeral.saturating_sub(len).max(LOWEST + 1);
+    for _ in 0..1000 {
+        let first = rand::thread_rng().gen_range(LOWEST..top);
+        let free = (first..first + len)
+            .all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+        if free {
+            return first;
+        }
+    }
+    panic!("no {len} consecutive free ports in {LOWEST}..{ephemeral}");
 }
 
 /// One run over `nodes` nodes: its run dir and private TMPDIR, the rendezvous port and the token.
@@ -55,11 +72,13 @@ struct Run {
 impl Run {
     fn new(nodes: u32) -> Run {
         let scratch = Scratch::new("mn");
+        // The rendezvous port, then the chain's range.
+        let port = free_ports(1 + CHAIN_PORTS);
         Run {
             run_dir: scratch.run_dir.clone(),
             nodes,
-            port: free_port(),
-            chain_ports: free_port(),
+            port,
+            chain_ports: port + 1,
             token: format!("{:032x}", rand::random::<u128>()),
             node_timeout_s: NODE_TIMEOUT_S,
             extra: Vec::new(),
@@ -135,7 +154,7 @@ impl Run {
         .arg(format!("cluster.network.port_min={}", self.chain_ports))
         .arg(format!(
             "cluster.network.port_max={}",
-            self.chain_ports.saturating_add(20)
+            self.chain_ports + CHAIN_PORTS - 1
         ))
         .args(&self.extra)
         .envs(self.env.iter().map(|(k, v)| (k, v)))
