@@ -492,6 +492,32 @@ async fn pair(socket: &Path, prefix: &str, timeout: Duration) -> (Sender, Receiv
 }
 
 #[tokio::test]
+async fn a_socket_path_too_long_for_a_unix_address_is_a_config_error_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let deep = dir.path().join("d".repeat(100));
+    std::fs::create_dir(&deep).expect("mkdir");
+    let socket = deep.join("s.sock");
+    let len = socket.as_os_str().len();
+    assert!(len > rlsync_core::transport::shm::MAX_SOCKET_PATH);
+    let prefix = unique_prefix("long");
+    let errors = [
+        ShmSender::bind(config(&socket, &prefix, 1)).await.err(),
+        ShmReceiver::connect(&socket, 0, TIMEOUT).await.err(),
+    ];
+    for err in errors {
+        let err = err.expect("refused");
+        let text = err.to_string();
+        assert!(matches!(err, TransportError::Config { .. }), "{text}");
+        assert!(
+            text.contains(&socket.display().to_string())
+                && text.contains(&format!("is {len} bytes")),
+            "{text}"
+        );
+    }
+    assert!(!socket.exists() && shm_files(&prefix).is_empty());
+}
+
+#[tokio::test]
 async fn shm_segments_are_private_and_unlinked_once_mapped() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");

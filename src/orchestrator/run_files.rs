@@ -17,8 +17,7 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use rlsync_core::atomic_file::{Access, AtomicFile};
 
-/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
+pub use rlsync_core::transport::shm::MAX_SOCKET_PATH;
 /// File names inside the private directory (short, so deep `TMPDIR`s still fit [`MAX_SOCKET_PATH`]).
 const CONTROL_SOCKET: &str = "control.sock";
 const WEIGHT_SOCKET: &str = "weights.sock";

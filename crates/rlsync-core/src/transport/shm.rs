@@ -105,6 +105,24 @@ pub fn pid_alive(pid: i32) -> bool {
     segment::pid_alive(pid)
 }
 
+/// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A socket path that fits [`MAX_SOCKET_PATH`], or the config error naming it and its length (the OS's own
+/// error, "path must be shorter than SUN_LEN", names neither).
+pub fn check_socket_path(path: &Path) -> Result<(), TransportError> {
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(TransportError::Config {
+            reason: format!(
+                "socket path {} is {len} bytes, more than the {MAX_SOCKET_PATH} a Unix socket address holds; choose a shorter socket directory",
+                path.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Remove the socket file at `path` if nobody listens on it (left by a crashed sender). Returns whether a
 /// file was removed; a live listener or a non-socket file is left alone (and reported as an error).
 pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {
@@ -419,6 +437,7 @@ impl ShmSender {
                 reason: "socket_path is empty".to_owned(),
             });
         }
+        check_socket_path(&cfg.socket_path)?;
         if cfg.slots == 0 {
             return Err(TransportError::Config {
                 reason: "slots must be at least 1".to_owned(),

@@ -107,6 +107,7 @@ impl ShmReceiver {
             rank,
             receivers: u32::MAX as usize,
         })?;
+        super::check_socket_path(socket_path)?;
         let stream = connect_stream(socket_path, deadline, timeout).await?;
         let (read, mut writer) = stream.into_split();
         let mut reader = FrameReader::new(read, MAX_FRAME);
