@@ -20,7 +20,7 @@ use rlsync_core::gpu::installer::GpuInstaller;
 use rlsync_core::gpu::ipc::cast::{Casting, CudaCast};
 use rlsync_core::gpu::ipc::{CudaReceiver, CudaSender, SenderDevice};
 use rlsync_core::gpu::mirror::{DeviceTensor, Mirror};
-use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream};
+use rlsync_core::gpu::{DeviceState, Gpu, GpuError, Stream, cuda_ordinal};
 use rlsync_core::syncer::BucketStager;
 use rlsync_core::syncer::settings::{Device, SyncerKind};
 use rlsync_core::syncer::{SyncReceiver, SyncSender};
@@ -133,16 +133,6 @@ impl HostCopies for CudaCopies {
     fn push(&mut self) -> Result<(), GpuError> {
         lock(&self.0).push()
     }
-}
-
-/// The CUDA device ordinal of a torch device string (`cuda`, `cuda:1`); `None` for other devices.
-pub(crate) fn cuda_ordinal(device: &str) -> Option<Result<usize, ()>> {
-    let rest = device.strip_prefix("cuda")?;
-    Some(match rest.strip_prefix(':') {
-        None if rest.is_empty() => Ok(0),
-        Some(n) => n.parse().map_err(|_| ()),
-        None => Err(()),
-    })
 }
 
 /// A description as the crate's [`RawTensor`] (for the checks of a tensor the crate cannot borrow).
@@ -375,7 +365,7 @@ pub(crate) fn stage(
         let Some(o) = cuda_ordinal(&d.6) else {
             continue;
         };
-        let o = o.map_err(|()| {
+        let o = o.map_err(|_| {
             pyo3::exceptions::PyValueError::new_err(format!(
                 "tensor '{}': cannot read its device '{}'",
                 d.0, d.6
@@ -498,21 +488,6 @@ pub(crate) fn stage(
     }
     drop(g);
     Ok((descs, Some(s.clone())))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cuda_device_strings_name_their_ordinal() {
-        assert_eq!(cuda_ordinal("cpu"), None);
-        assert_eq!(cuda_ordinal("meta"), None);
-        assert_eq!(cuda_ordinal("cuda"), Some(Ok(0)));
-        assert_eq!(cuda_ordinal("cuda:3"), Some(Ok(3)));
-        assert_eq!(cuda_ordinal("cuda:x"), Some(Err(())));
-        assert_eq!(cuda_ordinal("cudax"), Some(Err(())));
-    }
 }
 
 /// `rlsync.cuda_available()`: `(True, "<device count> device(s), driver <version>")` where CUDA tensors can

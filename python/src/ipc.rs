@@ -20,12 +20,12 @@ use rlsync_core::gpu::ipc::cast::{Casting, CudaCast};
 use rlsync_core::gpu::ipc::{
     CudaReceiver, CudaSender, IpcError, IpcReceiver, IpcSender, ReceiverTiming, SyncReport,
 };
-use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::gpu::{Gpu, Stream, cuda_ordinal};
 use rlsync_core::syncer::settings::Device;
 use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
-use crate::device::{self, cuda_ordinal};
+use crate::device;
 use crate::errors::{
     CudaError, HandshakeError, PayloadRejected, RlsyncError, TransportError, borrow_error, chain,
     gpu_error,
@@ -60,7 +60,7 @@ fn ipc_error(err: &IpcError) -> PyErr {
 pub(crate) fn ordinal_of(descs: &[Desc]) -> PyResult<usize> {
     for d in descs {
         if let Some(o) = cuda_ordinal(&d.6) {
-            return o.map_err(|()| {
+            return o.map_err(|_| {
                 PyValueError::new_err(format!(
                     "tensor '{}': cannot read its device '{}'",
                     d.0, d.6

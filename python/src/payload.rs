@@ -22,12 +22,12 @@ use rlsync_core::gpu::payload::host::HostReceiver;
 use rlsync_core::gpu::payload::{
     InstallReport, PayloadError, PayloadReceiver, PayloadReport, PayloadSender,
 };
-use rlsync_core::gpu::{Gpu, Stream};
+use rlsync_core::gpu::{Gpu, Stream, cuda_ordinal};
 use rlsync_core::syncer::settings::Device;
 use rlsync_core::tensor::DType;
 use rlsync_core::tensor::borrowed::check_device_memory;
 
-use crate::device::{self, cuda_ordinal};
+use crate::device;
 use crate::errors::{
     CudaError, HandshakeError, PayloadRejected, RlsyncError, borrow_error, chain, gpu_error,
 };

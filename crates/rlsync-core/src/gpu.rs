@@ -28,6 +28,12 @@ mod backend;
 #[cfg(not(feature = "cuda"))]
 #[path = "gpu/dummy.rs"]
 mod backend;
+/// The dummy in the CUDA build's unit tests too, where its answers are tested (`make test` runs the unit tests
+/// in that build only; the build without `cuda` is compiled and linted there, not run).
+#[cfg(all(feature = "cuda", test))]
+#[path = "gpu/dummy.rs"]
+#[allow(dead_code)]
+mod dummy;
 
 use std::sync::Arc;
 
@@ -65,6 +71,22 @@ pub enum GpuError {
     },
     #[error("the kernels' PTX ({origin}) has a NUL byte")]
     PtxNul { origin: String },
+}
+
+/// A `cuda…` device string that names no device (`cudax`, `cuda:x`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("not a CUDA device: expected cuda or cuda:N")]
+pub struct UnreadableDevice;
+
+/// The CUDA device ordinal of a torch device string (`cuda` is device 0, `cuda:N`); `None` for other devices
+/// (`cpu`, `meta`).
+pub fn cuda_ordinal(device: &str) -> Option<Result<usize, UnreadableDevice>> {
+    let rest = device.strip_prefix("cuda")?;
+    Some(match rest.strip_prefix(':') {
+        None if rest.is_empty() => Ok(0),
+        Some(n) => n.parse().map_err(|_| UnreadableDevice),
+        None => Err(UnreadableDevice),
+    })
 }
 
 /// What [`probe`] found.
@@ -387,6 +409,33 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cuda_device_strings_name_their_ordinal() {
+        assert_eq!(cuda_ordinal("cpu"), None);
+        assert_eq!(cuda_ordinal("meta"), None);
+        assert_eq!(cuda_ordinal("cuda"), Some(Ok(0)));
+        assert_eq!(cuda_ordinal("cuda:3"), Some(Ok(3)));
+        assert_eq!(cuda_ordinal("cuda:x"), Some(Err(UnreadableDevice)));
+        assert_eq!(cuda_ordinal("cudax"), Some(Err(UnreadableDevice)));
+    }
+
+    #[test]
+    fn a_build_without_cuda_answers_that_it_was_built_without_it() {
+        #[cfg(not(feature = "cuda"))]
+        use super::backend as without_cuda;
+        #[cfg(feature = "cuda")]
+        use super::dummy as without_cuda;
+        assert!(matches!(without_cuda::probe(), Err(GpuError::NotBuilt)));
+        let ptx = kernels::ptx().unwrap();
+        let open = without_cuda::Context::open(0, &ptx).err();
+        assert!(matches!(open, Some(GpuError::NotBuilt)));
+        let text = GpuError::NotBuilt.to_string();
+        assert!(
+            text.contains("built without CUDA") && text.contains("`cuda` feature"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn without_a_driver_or_the_backend_a_device_is_a_clear_error_not_a_panic() {
