@@ -14,7 +14,7 @@ SHARED      ?= ../shared
 CONFORMANCE ?= $(SHARED)/conformance
 CARGO       ?= cargo
 BIN         := target/release/rlsync
-VENV_STAMP  := $(VENV)/.rlsync-venv-v5
+VENV_STAMP  := $(VENV)/.rlsync-venv-v6
 # The pinned NVRTC (pip wheel) that compiles the CUDA kernels to the committed PTX (scripts/gen_ptx.py).
 NVRTC_REL   := 12.4.127
 NVRTC_DIR   := $(CACHE)/nvrtc-$(NVRTC_REL)
@@ -37,7 +37,7 @@ $(VENV_STAMP):
 	mkdir -p $(CACHE)
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check torch==2.13.0 hydra-core==1.3.8 pyyaml \
-		maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 \
+		maturin==1.16.0 pytest==9.2.0 pytest-xdist==3.8.0 numpy==2.4.6 \
 		torchrl==0.14.1 tensordict==0.14.3 "gymnasium[mujoco]==1.4.0" mujoco==4.0.0 tensorboard==2.21.0 safetensors==0.8.0 \
 		ray==2.60.0
 	touch $@
@@ -85,13 +85,17 @@ lint: venv
 	$(CARGO) clippy -p rlsync-core --all-targets --release --locked -- -D warnings
 	$(MAKE) doc
 
+# In the release profile, as clippy's: the dependencies' metadata and the build scripts clippy made serve
+# rustdoc too (the dev profile would compile them all again: 8.5 of a cold `make test`'s minutes).
 doc: venv
-	RUSTDOCFLAGS="-D warnings" $(TORCH_ENV) $(CARGO) doc --no-deps --workspace --document-private-items --locked
+	RUSTDOCFLAGS="-D warnings" $(TORCH_ENV) $(CARGO) doc --release --no-deps --workspace --document-private-items --locked
 
 # Every crate's unit tests and integration tests in one cargo invocation (the learner's runs need both
-# binaries, which `build` makes), then rlsync-core's GPU tests in a build without `cuda` (the dummy's errors),
-# then the binding's own unit tests (its extension module is tested from Python by test-python). cargo-nextest, where installed, runs them with per-test timings and the slow
-# ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
+# binaries, which `build` makes). One build: rlsync-core without `cuda` is compiled and linted by `lint`, and
+# its dummy backend's answers are tested in this build's unit tests (a second test build of the core took 3.4
+# of a cold run's minutes). The binding has no Rust tests of its own: its pure parts live in the crates below
+# it, and test-python tests its extension module. cargo-nextest, where installed, runs them with per-test
+# timings and the slow ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
 test-rust: build
 	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync --example held_worker
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
@@ -100,17 +104,19 @@ test-rust: build
 	else \
 		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python; \
 	fi
-	$(CARGO) test --release --locked -p rlsync-core --lib gpu::
-	$(TORCH_ENV) $(CARGO) test --release --locked -p rlsync-python --lib
 
 # The conformance kit (2720 process starts) runs against the shipped `rlsync`.
 conformance: build
 	$(PYTHON) $(CONFORMANCE)/run.py --bin "$(abspath $(BIN))" -j 2
 	$(PYTHON) tests/hydra_fixtures/check.py run --bin "$(abspath $(BIN))" --kit $(CONFORMANCE) -j 2
 
-# The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv).
+# The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv). Two
+# pytest processes (pytest-xdist), each taking whole files (a file's module fixtures, such as the Ray cluster,
+# are made once): most tests wait on child processes, so two keep CI's two cores busy (17 min -> 11.5 on this
+# 2-core VM). PYTEST_WORKERS=0 runs them in this process, one after another.
+PYTEST_WORKERS ?= 2
 test-python: build python
-	$(PYTHON) -m pytest -q python/tests
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile python/tests
 
 # NVRTC from PyPI's wheel, installed once outside the checkout (no CUDA toolkit, no GPU needed).
 nvrtc: $(NVRTC_STAMP)

@@ -39,3 +39,18 @@ def run(coro: Awaitable[Any]) -> Any:
 @pytest.fixture
 def link() -> Callable[[], Link]:
     return Link
+
+
+@pytest.fixture
+def sock_dir():
+    """A private directory with a short path for a test's Unix sockets: a socket's path holds at most 107 bytes,
+    and ``tmp_path`` under pytest-xdist (``/tmp/pytest-of-<user>/pytest-<n>/popen-gw<k>/<test name>/``) leaves
+    too little of them for a socket name."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="rls", dir="/tmp")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

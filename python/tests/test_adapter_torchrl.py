@@ -84,13 +84,13 @@ def test_bad_arguments_are_clear_errors():
 @pytest.mark.parametrize(
     "strategy,host_shared", [("patch", False), ("bucket", False), ("patch", True), ("bucket", True)]
 )
-def test_multi_sync_collector(strategy, host_shared, tmp_path):
+def test_multi_sync_collector(strategy, host_shared, sock_dir):
     """Two worker processes; the trainer changes its policy; after update_policy_weights_ every worker acts
     with the new weights and its policy version moved by exactly one. ``host_shared``: both act on one arena
     that worker 0 applies to; it is gone after shutdown."""
     before = shm_segments()
     policy = make_policy(0.0)
-    scheme = RlsyncWeightSyncScheme(strategy, socket_dir=str(tmp_path), timeout=60, host_shared=host_shared)
+    scheme = RlsyncWeightSyncScheme(strategy, socket_dir=sock_dir, timeout=60, host_shared=host_shared)
     collector = MultiSyncCollector(
         [make_env, make_env],
         policy,
@@ -144,9 +144,9 @@ def test_multi_sync_collector(strategy, host_shared, tmp_path):
     assert shm_segments() == before
 
 
-def test_multi_async_collector(tmp_path):
+def test_multi_async_collector(sock_dir):
     policy = make_policy(0.0)
-    scheme = RlsyncWeightSyncScheme("patch", socket_dir=str(tmp_path), timeout=60)
+    scheme = RlsyncWeightSyncScheme("patch", socket_dir=sock_dir, timeout=60)
     collector = MultiAsyncCollector(
         [make_env, make_env],
         policy,
@@ -168,9 +168,9 @@ def test_multi_async_collector(tmp_path):
         collector.shutdown()
 
 
-def test_subset_send_is_refused(tmp_path):
+def test_subset_send_is_refused(sock_dir):
     policy = make_policy(0.0)
-    scheme = RlsyncWeightSyncScheme("patch", socket_dir=str(tmp_path), timeout=60)
+    scheme = RlsyncWeightSyncScheme("patch", socket_dir=sock_dir, timeout=60)
     collector = MultiSyncCollector(
         [make_env, make_env], policy, frames_per_batch=20, total_frames=-1, weight_sync_schemes={"policy": scheme}
     )
@@ -218,12 +218,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_single_collector_receiver_in_another_process(tmp_path, transport):
+def test_single_collector_receiver_in_another_process(sock_dir, transport):
     trainer_policy = make_policy(0.25)
     if transport == "tcp":  # rlsync's authenticated TCP channel, as across hosts (here on loopback)
         kw = {"transport": "tcp", "address": f"127.0.0.1:{_free_port()}", "token": "s3cret-run-token"}
     else:
-        kw = {"socket_dir": str(tmp_path)}
+        kw = {"socket_dir": sock_dir}
     scheme = RlsyncWeightSyncScheme("patch", timeout=60, **kw)
     scheme.init_on_sender(model_id="policy", model=trainer_policy, num_workers=1)
     ctx = mp.get_context("spawn")
@@ -255,9 +255,9 @@ def _idle_worker(scheme, ready) -> None:
     time.sleep(600)
 
 
-def test_dead_worker_is_named_not_a_hang(tmp_path):
+def test_dead_worker_is_named_not_a_hang(sock_dir):
     policy = make_policy(0.0)
-    scheme = RlsyncWeightSyncScheme("patch", socket_dir=str(tmp_path), timeout=30)
+    scheme = RlsyncWeightSyncScheme("patch", socket_dir=sock_dir, timeout=30)
     scheme.init_on_sender(model_id="policy", model=policy, num_workers=1)
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
@@ -311,7 +311,7 @@ def _host_shared_rounds(strategy: str, socket_dir: str, rounds: int, versions: i
 
 
 @pytest.mark.parametrize("strategy", ["patch", "bucket"])
-def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, tmp_path):
+def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, sock_dir):
     """Host-shared inside MultiSyncCollector, in a child process bounded by a timeout (a hang fails the test):
     a reader that does not swap off the back buffer for longer than the applier's poll only delays that version
     (s12's hang: the applier's thread gave up, and every later send waited for its timeout); a second collector
@@ -320,7 +320,7 @@ def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, tmp_path):
     tests = Path(__file__).resolve().parent
     code = (
         "import test_adapter_torchrl as t; "
-        f"t._host_shared_rounds({strategy!r}, {str(tmp_path)!r}, rounds=2, versions=4)"
+        f"t._host_shared_rounds({strategy!r}, {sock_dir!r}, rounds=2, versions=4)"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
     child = subprocess.Popen(
