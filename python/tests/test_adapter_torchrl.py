@@ -54,8 +54,12 @@ def actions_match(batch, value: float) -> bool:
     return bool(torch.allclose(act, expected, atol=1e-5))
 
 
-def shm_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("rlsync")}
+def shm_segments(pid: int | None = None) -> set[str]:
+    """rlsync's shared memory named after process ``pid`` (this one by default): the channel segments of the
+    scheme's sender (``rlsync.<pid>.<n>.<n>``) and its arenas (``rlsync-torchrl-<pid>-<id>.arena``). Other
+    processes' segments (tests running at the same time) are not this test's."""
+    pid = os.getpid() if pid is None else pid
+    return {n for n in os.listdir("/dev/shm") if n.startswith("rlsync") and (f".{pid}." in n or f"-{pid}-" in n)}
 
 
 def test_registered_as_backend_and_no_io_in_init(tmp_path):
@@ -336,4 +340,4 @@ def test_host_shared_survives_a_stalled_reader_and_restarts(strategy, sock_dir):
     assert "FATAL" not in stderr, stderr[-4000:]
     # No arena and no channel segment of the child's (both are named after the trainer's pid: "rlsync-torchrl-<pid>-"
     # and "rlsync.<pid>."; other processes' segments on this host are not this test's).
-    assert [n for n in shm_segments() if f"-{child.pid}-" in n or f".{child.pid}." in n] == []
+    assert shm_segments(child.pid) == set()
