@@ -112,7 +112,7 @@ conformance: build
 
 # The worker tests run the rlsync binary with Python workers (python -m rlsync.worker from the venv). Two
 # pytest processes (pytest-xdist), each taking whole files (a file's module fixtures, such as the Ray cluster,
-# are made once): most tests wait on child processes, so two keep CI's two cores busy (17 min -> 11.5 on this
+# are made once): most tests wait on child processes, so two keep CI's two cores busy (17 min -> 11.5-13 on this
 # 2-core VM). PYTEST_WORKERS=0 runs them in this process, one after another.
 PYTEST_WORKERS ?= 2
 test-python: build python
