@@ -58,3 +58,26 @@ def processes(run_dir: Path) -> dict[int, str]:
         if str(run_dir) in cmd and int(pid) != os.getpid():
             found[int(pid)] = cmd
     return found
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, below the kernel's ephemeral range: a port taken from that range (binding
+    port 0) may be handed to another process's connection before the test binds it, which two pytest processes
+    and their runs make likely; ports below it are only bound on purpose (tests/multinode.rs picks the same way)."""
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for _ in range(1000):
+        port = random.randrange(10000, max(ephemeral, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in 10000..{ephemeral}")

@@ -27,6 +27,7 @@ from torchrl.weight_update.weight_sync_schemes import WeightSyncScheme  # noqa: 
 
 import rlsync  # noqa: E402
 from rlsync.torchrl import RlsyncWeightSyncScheme  # noqa: E402
+from python_runs import free_port  # noqa: E402
 
 OBS = 7
 
@@ -213,19 +214,11 @@ def _collector_worker(scheme, queue) -> None:
     collector.shutdown()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_single_collector_receiver_in_another_process(sock_dir, transport):
     trainer_policy = make_policy(0.25)
     if transport == "tcp":  # rlsync's authenticated TCP channel, as across hosts (here on loopback)
-        kw = {"transport": "tcp", "address": f"127.0.0.1:{_free_port()}", "token": "s3cret-run-token"}
+        kw = {"transport": "tcp", "address": f"127.0.0.1:{free_port()}", "token": "s3cret-run-token"}
     else:
         kw = {"socket_dir": sock_dir}
     scheme = RlsyncWeightSyncScheme("patch", timeout=60, **kw)

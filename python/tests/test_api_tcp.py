@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch
 
 import rlsync
+from python_runs import free_port
 from test_api_timeouts import make, state
 
 TOKEN = "run-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rollout(kind: str, addr: str, rank: int, versions: int, out: "mp.Queue", token: str = TOKEN) -> None:

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import rlsync
-from test_api_tcp import TOKEN, free_port
+from python_runs import free_port
+from test_api_tcp import TOKEN
 from test_api_timeouts import make, state
 
 

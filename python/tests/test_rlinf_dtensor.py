@@ -9,7 +9,6 @@ import asyncio
 import datetime
 import os
 import queue
-import socket
 import time
 import traceback
 from typing import Any
@@ -19,6 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 import rlsync
+from python_runs import free_port
 
 STEPS = 20
 WAIT_S = 60.0  # any single wait of a child (a queue get, gloo's collectives)
@@ -146,18 +146,12 @@ def rollout(kind: str, to_rollout: Any, to_actors: list[Any], results: Any) -> N
         raise
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("kind", ["patch", "bucket"])
 def test_fsdp2_shards_sync_from_two_actor_ranks(kind: str) -> None:
     ctx = mp.get_context("spawn")
     to_rollout, results = ctx.Queue(), ctx.Queue()
     to_actors = [ctx.Queue(), ctx.Queue()]
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=actor, args=(r, port, kind, to_rollout, to_actors[r], results), daemon=True)
         for r in (0, 1)
