@@ -51,7 +51,8 @@ fn ipc_error(err: &IpcError) -> PyErr {
         | IpcError::Connect { .. }
         | IpcError::Socket { .. }
         | IpcError::InUse { .. }
-        | IpcError::NoDir { .. } => TransportError::new_err(msg),
+        | IpcError::NoDir { .. }
+        | IpcError::PathTooLong { .. } => TransportError::new_err(msg),
     }
 }
 

@@ -87,6 +87,11 @@ pub enum IpcError {
     },
     #[error("the socket's directory {dir} does not exist")]
     NoDir { dir: PathBuf },
+    #[error(
+        "the socket path {path} is {len} bytes, more than the {max} a Unix socket address holds; choose a shorter socket directory",
+        max = crate::transport::shm::MAX_SOCKET_PATH
+    )]
+    PathTooLong { path: PathBuf, len: usize },
     #[error("another sender listens on {path}")]
     InUse { path: PathBuf },
     #[error("{missing} of {expected} receiver(s) did not connect within {secs:.1} s")]
@@ -1427,9 +1432,23 @@ fn base36(mut n: u64) -> String {
     String::from_utf8(digits).unwrap_or_default()
 }
 
+/// A socket path a Unix address holds, or the error naming it and its length (the OS's own error, "path must be
+/// shorter than SUN_LEN", names neither).
+fn check_path(path: &Path) -> Result<(), IpcError> {
+    let len = path.as_os_str().len();
+    if len > crate::transport::shm::MAX_SOCKET_PATH {
+        return Err(IpcError::PathTooLong {
+            path: path.to_owned(),
+            len,
+        });
+    }
+    Ok(())
+}
+
 /// Bind a listening socket at `path`, 0600 from the moment it is reachable under that name: bound under a
 /// private temporary name, restricted, then renamed into place. A stale socket (nobody listening) is replaced.
 fn bind_private(path: &Path) -> Result<UnixListener, IpcError> {
+    check_path(path)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let dir = dir.unwrap_or(Path::new("."));
     if !dir.is_dir() {
@@ -1492,6 +1511,7 @@ impl<D: ReceiverDevice> IpcReceiver<D> {
         mut dev: D,
         timeout: Duration,
     ) -> Result<IpcReceiver<D>, IpcError> {
+        check_path(path)?;
         let deadline = Instant::now() + timeout;
         let mut stream = loop {
             match UnixStream::connect(path) {

@@ -719,6 +719,23 @@ fn a_socket_path_at_the_length_limit_binds() {
     for _ in 0..3 {
         drop(bind_private(&path).unwrap());
     }
+    // One byte more is refused by name and length on both ends, before anything is bound or connected.
+    let long = sub.join("gpu.sock1");
+    let refused = |e: IpcError| match e {
+        IpcError::PathTooLong { path, len } => {
+            assert_eq!((path.as_path(), len), (long.as_path(), 108));
+            let msg = IpcError::PathTooLong { path, len }.to_string();
+            assert!(msg.contains("108 bytes") && msg.contains("107"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    };
+    refused(bind_private(&long).unwrap_err());
+    assert!(!long.exists());
+    let dev = FakeReceiver::new(Shared::default(), Vec::new());
+    match IpcReceiver::connect(&long, 0, layout(), dev, T) {
+        Err(e) => refused(e),
+        Ok(_) => panic!("connected through a path longer than the limit"),
+    }
     assert_eq!(base36(0), "0");
     assert_eq!(base36(35), "z");
     assert_eq!(base36(36), "10");
