@@ -95,15 +95,18 @@ doc: venv
 # its dummy backend's answers are tested in this build's unit tests (a second test build of the core took 3.4
 # of a cold run's minutes). The binding has no Rust tests of its own: its pure parts live in the crates below
 # it, and test-python tests its extension module. cargo-nextest, where installed, runs them with per-test
-# timings and the slow ones flagged (.config/nextest.toml); plain `cargo test` otherwise.
+# timings and the slow ones flagged (.config/nextest.toml); plain `cargo test` otherwise. `--tests`: the targets
+# that have tests (libraries, binaries, integration tests, the `held_worker` example), not the other examples,
+# which `cargo test` would otherwise compile in full only to see that they build (`chain_bench`: a minute of a
+# cold run's CPU); clippy checks them.
 test-rust: build
 	$(TORCH_ENV) $(CARGO) build --release --locked -p rlsync --example held_worker
 	if $(CARGO) nextest --version >/dev/null 2>&1; then \
-		$(TORCH_ENV) $(CARGO) nextest run --release --locked --workspace --exclude rlsync-python --profile ci; \
-		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python --doc; \
+		$(TORCH_ENV) $(CARGO) nextest run --release --locked --workspace --exclude rlsync-python --tests --profile ci; \
 	else \
-		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python; \
+		$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python --tests; \
 	fi
+	$(TORCH_ENV) $(CARGO) test --release --locked --workspace --exclude rlsync-python --doc
 
 # The conformance kit (2720 process starts) runs against the shipped `rlsync`.
 conformance: build
