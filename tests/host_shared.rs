@@ -100,6 +100,33 @@ fn assert_verified(dir: &Path, steps: usize) {
     }
 }
 
+/// Every row with a slowest install says where its time went, whether the applier or a reader (whose install
+/// is its wait for the applier's publish: nothing decoded or written) was the slowest.
+fn assert_install_phases(dir: &Path) {
+    let rows = metrics_of(dir);
+    let timed: Vec<_> = rows
+        .iter()
+        .filter(|r| r.contains_key("time/sync_apply_max"))
+        .collect();
+    assert!(!timed.is_empty(), "no row has a slowest install: {rows:?}");
+    for row in timed {
+        for key in [
+            "time/sync_apply_wait",
+            "time/sync_apply_decode",
+            "time/sync_apply_write",
+        ] {
+            let phase = row.get(key).and_then(Value::as_f64);
+            let max = row["time/sync_apply_max"].as_f64().unwrap();
+            assert!(
+                phase.is_some_and(|s| (0.0..=max).contains(&s)),
+                "{key} of step {:?}: {phase:?} (slowest install {max} s)",
+                row.get("step")
+            );
+        }
+        assert!(!row.contains_key("time/sync_apply_load"), "{row:?}");
+    }
+}
+
 fn check_run(entry: Entry, kind: SyncerKind, rollouts: u32, no_wait: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = config(kind, rollouts, 8);
@@ -113,6 +140,7 @@ fn check_run(entry: Entry, kind: SyncerKind, rollouts: u32, no_wait: bool) {
     if entry == Entry::Embodied || !no_wait {
         assert_verified(dir.path(), 8);
         assert_eq!(summary.verified_syncs, summary.syncs, "{summary:?}");
+        assert_install_phases(dir.path());
     }
     // The applier received for the host; the readers attached to its arena and never joined the channel.
     let log = |rank: u32| {

@@ -21,7 +21,7 @@ use crate::worker::rollout::{evaluate, generate};
 use crate::worker::workload::{SharedWeights, Workload};
 use crate::worker::{WorkerContext, WorkerError, install_phases, kernel_threads};
 use rlsync_core::host_shared::{Applier, Held, HostSharedError, Published, Reader};
-use rlsync_core::protocol::messages::{Command, Report};
+use rlsync_core::protocol::messages::{Command, InstallPhases, Report};
 use rlsync_core::syncer::{SyncOptions, SyncReport, WeightSyncer};
 use rlsync_core::tensor::StateDict;
 use rlsync_core::transport::ShmReceiver;
@@ -82,15 +82,14 @@ impl Shared {
         }
     }
 
-    /// The report of an install started at `started`; `installed`: the applier's report of its install (a
-    /// reader's flip has none).
-    fn applied(&self, started: Instant, installed: Option<&SyncReport>) -> Report {
+    /// The report of an install started at `started`, with where its time went (a flip between chunks has
+    /// no phases).
+    fn applied(&self, started: Instant, phases: Option<InstallPhases>) -> Report {
         Report::Applied {
             version: self.version(),
             checksum: self.checksum(),
             seconds: started.elapsed().as_secs_f64(),
-            // The workload reads the arena in place; the applier's checksum is part of its decode.
-            phases: installed.map(|r| install_phases(r, None, None)),
+            phases,
         }
     }
 
@@ -105,6 +104,25 @@ impl Shared {
             flipped.buffer
         );
         Some(self.applied(started, None))
+    }
+}
+
+/// The phases of the applier's install (`report`, its receiver's): the workload reads the arena in place (no
+/// load), and the checksum is part of the decode.
+fn applier_phases(report: &SyncReport) -> InstallPhases {
+    install_phases(report, None, None)
+}
+
+/// The phases of a reader's install: its wait for the applier to publish the version (the first: to create
+/// the arena too); it then only flips to the published buffer (nothing decoded or written, no load, the
+/// applier's checksum).
+fn reader_phases(waited: Duration) -> InstallPhases {
+    InstallPhases {
+        wait_s: waited.as_secs_f64(),
+        decode_s: 0.0,
+        write_s: 0.0,
+        load_s: None,
+        checksum_s: None,
     }
 }
 
@@ -169,19 +187,23 @@ pub(crate) async fn run(
                         me.version(),
                         me.spec.applier
                     );
-                    ctx.control.report(&me.applied(started, None), &[]).await?;
+                    // Its install is the wait for the applier's arena and first publish.
+                    let phases = reader_phases(started.elapsed());
+                    ctx.control
+                        .report(&me.applied(started, Some(phases)), &[])
+                        .await?;
                 }
                 let shared = workload.act_on_shared(me.reader()?.state())?;
                 log_shared(&shared, &me.spec.arena);
             }
             Command::Apply => {
                 let started = Instant::now();
-                let mut installed = None;
+                let phases;
                 match std::mem::replace(&mut me.installer, Installer::None) {
                     Installer::Blocking(mut applier) => {
                         let published = applier.apply(me.wait).await;
                         me.installer = Installer::Blocking(applier);
-                        installed = Some(published?.report);
+                        phases = applier_phases(&published?.report);
                         me.refresh();
                     }
                     Installer::None if !is_applier => {
@@ -191,7 +213,9 @@ pub(crate) async fn run(
                             role: "rollout",
                             command: "Apply (before InitWeights)".into(),
                         })?;
+                        let waiting = Instant::now();
                         reader.wait_newer(than, wait).await?;
+                        phases = reader_phases(waiting.elapsed());
                     }
                     other => {
                         me.installer = other;
@@ -203,7 +227,7 @@ pub(crate) async fn run(
                 }
                 me.deferred = false;
                 ctx.control
-                    .report(&me.applied(started, installed.as_ref()), &[])
+                    .report(&me.applied(started, Some(phases)), &[])
                     .await?;
                 if no_wait {
                     background = true;
@@ -351,7 +375,10 @@ async fn init_applier(
     me.reader = Some(Reader::attach(&name, me.wait).await?);
     me.installer = Installer::Blocking(applier);
     ctx.control
-        .report(&me.applied(started, Some(&published.report)), &[])
+        .report(
+            &me.applied(started, Some(applier_phases(&published.report))),
+            &[],
+        )
         .await
 }
 
