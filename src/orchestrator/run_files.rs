@@ -185,8 +185,7 @@ impl PrivateDir {
 }
 
 fn check_socket_path(path: &Path) -> Result<(), RunFilesError> {
-    let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH {
+    if let Some(len) = rlsync_core::transport::shm::socket_path_too_long(path) {
         return Err(RunFilesError::SocketPathTooLong {
             path: path.to_owned(),
             len,

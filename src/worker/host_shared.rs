@@ -213,9 +213,8 @@ pub(crate) async fn run(
                             role: "rollout",
                             command: "Apply (before InitWeights)".into(),
                         })?;
-                        let waiting = Instant::now();
                         reader.wait_newer(than, wait).await?;
-                        phases = reader_phases(waiting.elapsed());
+                        phases = reader_phases(started.elapsed());
                     }
                     other => {
                         me.installer = other;

@@ -1432,11 +1432,9 @@ fn base36(mut n: u64) -> String {
     String::from_utf8(digits).unwrap_or_default()
 }
 
-/// A socket path a Unix address holds, or the error naming it and its length (the OS's own error, "path must be
-/// shorter than SUN_LEN", names neither).
+/// A socket path a Unix address holds, or the error naming it and its length.
 fn check_path(path: &Path) -> Result<(), IpcError> {
-    let len = path.as_os_str().len();
-    if len > crate::transport::shm::MAX_SOCKET_PATH {
+    if let Some(len) = crate::transport::shm::socket_path_too_long(path) {
         return Err(IpcError::PathTooLong {
             path: path.to_owned(),
             len,

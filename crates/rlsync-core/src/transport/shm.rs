@@ -108,11 +108,17 @@ pub fn pid_alive(pid: i32) -> bool {
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes with its terminating NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 
-/// A socket path that fits [`MAX_SOCKET_PATH`], or the config error naming it and its length (the OS's own
-/// error, "path must be shorter than SUN_LEN", names neither).
-pub fn check_socket_path(path: &Path) -> Result<(), TransportError> {
+/// The length of `path` in bytes when it is longer than [`MAX_SOCKET_PATH`] (the one rule every socket of
+/// rlsync is checked by before binding or connecting; the OS's own error, "path must be shorter than SUN_LEN",
+/// names neither path nor length).
+pub fn socket_path_too_long(path: &Path) -> Option<usize> {
     let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH {
+    (len > MAX_SOCKET_PATH).then_some(len)
+}
+
+/// A socket path that fits [`MAX_SOCKET_PATH`], or the config error naming it and its length.
+pub fn check_socket_path(path: &Path) -> Result<(), TransportError> {
+    if let Some(len) = socket_path_too_long(path) {
         return Err(TransportError::Config {
             reason: format!(
                 "socket path {} is {len} bytes, more than the {MAX_SOCKET_PATH} a Unix socket address holds; choose a shorter socket directory",
